@@ -1,0 +1,1 @@
+//! Shared flag-parsing helpers for the command-line front ends.
