@@ -1,7 +1,7 @@
 //! Parsing of `tokenizer_config.json` and the companion files of a model directory.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{Map, Value as Json};
 
@@ -127,21 +127,33 @@ impl TokenizerConfig {
 
 /// mlx-lm's rule: `generation_config.json`'s `eos_token_id` when truthy, else `config.json`'s.
 fn read_eos_ids(dir: &Path) -> Result<Vec<u32>, TokenizerError> {
-    let from = |path: PathBuf| -> Result<Option<Vec<u32>>, TokenizerError> {
+    let field = |name: &str| -> Result<Option<Json>, TokenizerError> {
         // mlx-lm ignores a generation_config.json that does not parse.
-        let map = match read_json_object(&path) {
-            Ok(map) => map,
-            Err(TokenizerError::Json { .. }) => None,
-            Err(e) => return Err(e),
-        };
-        Ok(map.and_then(|m| m.get("eos_token_id").map(eos_ids)).filter(|ids| !ids.is_empty()))
-    };
-    if let Some(ids) = from(dir.join("generation_config.json"))? {
-        if ids.iter().any(|id| *id != 0) || ids.len() > 1 {
-            return Ok(ids);
+        match read_json_object(&dir.join(name)) {
+            Ok(map) => Ok(map.and_then(|mut m| m.remove("eos_token_id"))),
+            Err(TokenizerError::Json { .. }) | Err(TokenizerError::InvalidConfig(_)) => {
+                tracing::warn!("ignoring unparsable {name}");
+                Ok(None)
+            }
+            Err(e) => Err(e),
         }
+    };
+    if let Some(value) = field("generation_config.json")?.filter(is_truthy) {
+        return Ok(eos_ids(&value));
     }
-    Ok(from(dir.join("config.json"))?.unwrap_or_default())
+    Ok(field("config.json")?.map(|v| eos_ids(&v)).unwrap_or_default())
+}
+
+/// Python truthiness of a JSON value.
+fn is_truthy(value: &Json) -> bool {
+    match value {
+        Json::Null => false,
+        Json::Bool(b) => *b,
+        Json::Number(n) => n.as_f64().is_some_and(|x| x != 0.0),
+        Json::String(s) => !s.is_empty(),
+        Json::Array(a) => !a.is_empty(),
+        Json::Object(o) => !o.is_empty(),
+    }
 }
 
 /// `eos_token_id` as an int or a list of ints.

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 /// Errors from compiling or rendering a chat template.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {
     /// The template does not parse.
     #[error("chat template syntax error: {0}")]

@@ -1,0 +1,102 @@
+//! MLX's fused kernels (`mx.fast`).
+use crate::array::{opt, out1, Array};
+use crate::error::Result;
+use crate::ops::cstr;
+use mlx_sys as sys;
+
+/// RMS normalization over the last axis, optionally scaled by `weight`.
+#[track_caller]
+pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
+    out1(|o| unsafe { sys::mlxs_fast_rms_norm(o, x.as_raw(), opt(weight), eps, Array::s()) })
+}
+
+/// Layer normalization over the last axis.
+#[track_caller]
+pub fn layer_norm(x: &Array, weight: Option<&Array>, bias: Option<&Array>, eps: f32) -> Result<Array> {
+    out1(|o| unsafe {
+        sys::mlxs_fast_layer_norm(o, x.as_raw(), opt(weight), opt(bias), eps, Array::s())
+    })
+}
+
+/// Where a rotary embedding starts: a host integer, or an array (scalar or per batch).
+pub enum RopeOffset<'a> {
+    /// A fixed offset.
+    Int(i32),
+    /// An offset held in an array.
+    Array(&'a Array),
+}
+
+/// Rotary position embedding on the last `dims` features. Exactly one of `base` and
+/// `freqs` is given (custom frequencies for llama3 / yarn / longrope scaling).
+#[track_caller]
+pub fn rope(
+    x: &Array,
+    dims: i32,
+    traditional: bool,
+    base: Option<f32>,
+    scale: f32,
+    offset: RopeOffset<'_>,
+    freqs: Option<&Array>,
+) -> Result<Array> {
+    let (hb, b) = (base.is_some(), base.unwrap_or(0.0));
+    match offset {
+        RopeOffset::Int(off) => out1(|o| unsafe {
+            sys::mlxs_fast_rope(o, x.as_raw(), dims, traditional, hb, b, scale, off, opt(freqs), Array::s())
+        }),
+        RopeOffset::Array(off) => out1(|o| unsafe {
+            sys::mlxs_fast_rope_dynamic(
+                o,
+                x.as_raw(),
+                dims,
+                traditional,
+                hb,
+                b,
+                scale,
+                off.as_raw(),
+                opt(freqs),
+                Array::s(),
+            )
+        }),
+    }
+}
+
+/// The mask of [`scaled_dot_product_attention`].
+pub enum SdpaMask<'a> {
+    /// No mask.
+    None,
+    /// Causal mask (aligned to the end when keys are longer than queries).
+    Causal,
+    /// An additive (float) or boolean mask array, broadcastable to the scores.
+    Array(&'a Array),
+}
+
+/// `softmax(q @ k.T * scale + mask) @ v` with MLX's fused kernel; `sinks` optional.
+#[track_caller]
+pub fn scaled_dot_product_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    mask: SdpaMask<'_>,
+    sinks: Option<&Array>,
+) -> Result<Array> {
+    let (mode, arr) = match mask {
+        SdpaMask::None => ("", None),
+        SdpaMask::Causal => ("causal", None),
+        SdpaMask::Array(a) => ("array", Some(a)),
+    };
+    let mode = cstr(mode)?;
+    out1(|o| unsafe {
+        sys::mlxs_fast_sdpa(
+            o,
+            q.as_raw(),
+            k.as_raw(),
+            v.as_raw(),
+            scale,
+            mode.as_ptr(),
+            opt(arr),
+            opt(sinks),
+            Array::s(),
+        )
+    })
+}

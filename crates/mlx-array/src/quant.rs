@@ -1,0 +1,210 @@
+//! Quantization: `quantize`, `dequantize`, `quantized_matmul`, `gather_qmm`, `gather_mm`.
+//!
+//! Modes are MLX's: `affine` (scales and biases, 2-8 bits, any group size), `mxfp4`,
+//! `nvfp4` and `mxfp8` (scales only).
+use crate::array::{opt, out1, outv, Array};
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::ops::cstr;
+use mlx_sys as sys;
+
+/// A quantization mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantMode {
+    /// Per-group scale and bias.
+    Affine,
+    /// Microscaling FP4 (group 32, e8m0 scales).
+    Mxfp4,
+    /// NVIDIA FP4 (group 16, e4m3 scales).
+    Nvfp4,
+    /// Microscaling FP8.
+    Mxfp8,
+}
+
+impl QuantMode {
+    /// MLX's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantMode::Affine => "affine",
+            QuantMode::Mxfp4 => "mxfp4",
+            QuantMode::Nvfp4 => "nvfp4",
+            QuantMode::Mxfp8 => "mxfp8",
+        }
+    }
+    /// Parses MLX's name.
+    pub fn parse(s: &str) -> Result<QuantMode> {
+        Ok(match s {
+            "affine" => QuantMode::Affine,
+            "mxfp4" => QuantMode::Mxfp4,
+            "nvfp4" => QuantMode::Nvfp4,
+            "mxfp8" => QuantMode::Mxfp8,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown quantization mode `{other}` (expected affine, mxfp4, nvfp4 or mxfp8)"
+                )))
+            }
+        })
+    }
+    /// MLX's default `(group_size, bits)` for the mode.
+    pub fn defaults(self) -> (i32, i32) {
+        match self {
+            QuantMode::Affine => (64, 4),
+            QuantMode::Mxfp4 => (32, 4),
+            QuantMode::Nvfp4 => (16, 4),
+            QuantMode::Mxfp8 => (32, 8),
+        }
+    }
+}
+
+/// The parts of a quantized matrix.
+#[derive(Debug, Clone)]
+pub struct Quantized {
+    /// Packed weights (uint32).
+    pub weight: Array,
+    /// Per-group scales.
+    pub scales: Array,
+    /// Per-group biases (affine mode only).
+    pub biases: Option<Array>,
+}
+
+/// Quantize `w` along its last axis. `group_size`/`bits` of `None` take the mode's default.
+#[track_caller]
+pub fn quantize(w: &Array, group_size: Option<i32>, bits: Option<i32>, mode: QuantMode) -> Result<Quantized> {
+    let m = cstr(mode.name())?;
+    let mut parts = outv(|o| unsafe {
+        sys::mlxs_quantize(
+            o,
+            w.as_raw(),
+            group_size.unwrap_or(0),
+            bits.unwrap_or(0),
+            m.as_ptr(),
+            std::ptr::null_mut(),
+            Array::s(),
+        )
+    })?
+    .into_iter();
+    let (Some(weight), Some(scales)) = (parts.next(), parts.next()) else {
+        return Err(Error::InvalidArgument("quantize returned fewer than two arrays".into()));
+    };
+    Ok(Quantized { weight, scales, biases: parts.next() })
+}
+
+/// Undo [`quantize`]; `dtype = None` gives the scales' dtype.
+#[track_caller]
+pub fn dequantize(
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    group_size: Option<i32>,
+    bits: Option<i32>,
+    mode: QuantMode,
+    dtype: Option<Dtype>,
+) -> Result<Array> {
+    let m = cstr(mode.name())?;
+    out1(|o| unsafe {
+        sys::mlxs_dequantize(
+            o,
+            w.as_raw(),
+            scales.as_raw(),
+            opt(biases),
+            group_size.unwrap_or(0),
+            bits.unwrap_or(0),
+            m.as_ptr(),
+            std::ptr::null_mut(),
+            dtype.map_or(-1, |d| d.to_raw()),
+            Array::s(),
+        )
+    })
+}
+
+/// `x @ dequantize(w).T` (or without the transpose) in one kernel.
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+pub fn quantized_matmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    transpose: bool,
+    group_size: Option<i32>,
+    bits: Option<i32>,
+    mode: QuantMode,
+) -> Result<Array> {
+    let m = cstr(mode.name())?;
+    out1(|o| unsafe {
+        sys::mlxs_quantized_matmul(
+            o,
+            x.as_raw(),
+            w.as_raw(),
+            scales.as_raw(),
+            opt(biases),
+            transpose,
+            group_size.unwrap_or(0),
+            bits.unwrap_or(0),
+            m.as_ptr(),
+            Array::s(),
+        )
+    })
+}
+
+/// Quantized matmul with matrix-level gather (mixture-of-experts).
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+pub fn gather_qmm(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    lhs_indices: Option<&Array>,
+    rhs_indices: Option<&Array>,
+    transpose: bool,
+    group_size: Option<i32>,
+    bits: Option<i32>,
+    mode: QuantMode,
+    sorted_indices: bool,
+) -> Result<Array> {
+    let m = cstr(mode.name())?;
+    out1(|o| unsafe {
+        sys::mlxs_gather_qmm(
+            o,
+            x.as_raw(),
+            w.as_raw(),
+            scales.as_raw(),
+            opt(biases),
+            opt(lhs_indices),
+            opt(rhs_indices),
+            transpose,
+            group_size.unwrap_or(0),
+            bits.unwrap_or(0),
+            m.as_ptr(),
+            sorted_indices,
+            Array::s(),
+        )
+    })
+}
+
+/// Matmul with matrix-level gather (mixture-of-experts).
+#[track_caller]
+pub fn gather_mm(
+    a: &Array,
+    b: &Array,
+    lhs_indices: Option<&Array>,
+    rhs_indices: Option<&Array>,
+    sorted_indices: bool,
+) -> Result<Array> {
+    out1(|o| unsafe {
+        sys::mlxs_gather_mm(o, a.as_raw(), b.as_raw(), opt(lhs_indices), opt(rhs_indices), sorted_indices, Array::s())
+    })
+}
+
+/// Convert to E4M3 float8 (stored as uint8).
+#[track_caller]
+pub fn to_fp8(x: &Array) -> Result<Array> {
+    out1(|o| unsafe { sys::mlxs_to_fp8(o, x.as_raw(), Array::s()) })
+}
+
+/// Convert E4M3 float8 (uint8) to `dtype`.
+#[track_caller]
+pub fn from_fp8(x: &Array, dtype: Dtype) -> Result<Array> {
+    out1(|o| unsafe { sys::mlxs_from_fp8(o, x.as_raw(), dtype.to_raw(), Array::s()) })
+}
