@@ -1,0 +1,6 @@
+//! Model architectures and loading.
+#![warn(missing_docs)]
+
+pub mod model;
+
+pub use model::{CacheSpec, LanguageModel};

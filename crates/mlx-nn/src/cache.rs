@@ -1,0 +1,155 @@
+//! The KV-cache interface models call during their forward pass.
+//!
+//! Models never store a cache: the caller passes one per layer into `forward`, exactly
+//! like mlx-lm (`cache.update_and_fetch(keys, values)`, `cache.offset`,
+//! `cache.make_mask(...)`). Implementations (KVCache, RotatingKVCache, QuantizedKVCache,
+//! ...) live in the `mlx-cache` crate, one layer up; this module only fixes the contract.
+use mlx_array::{Array, Result};
+
+/// An attention mask as mlx-lm passes it to `scaled_dot_product_attention`.
+#[derive(Debug, Clone)]
+pub enum AttnMask {
+    /// No mask (single-token decode).
+    None,
+    /// The "causal" string mask, handled inside the fused kernel.
+    Causal,
+    /// An explicit boolean or additive mask.
+    Array(Array),
+}
+
+/// Keys and values handed back by a cache for attention.
+#[derive(Debug, Clone)]
+pub enum KvFetch {
+    /// Plain keys and values, `[B, n_kv_heads, T, head_dim]`.
+    Plain {
+        /// Keys.
+        keys: Array,
+        /// Values.
+        values: Array,
+    },
+    /// Affine-quantized keys and values as `(packed, scales, biases)` triples
+    /// (mlx-lm's QuantizedKVCache).
+    Quantized {
+        /// Keys.
+        keys: (Array, Array, Array),
+        /// Values.
+        values: (Array, Array, Array),
+        /// Quantization group size.
+        group_size: i32,
+        /// Bits per element.
+        bits: i32,
+    },
+}
+
+/// What a model asks of a per-layer KV cache.
+pub trait KvCache: Send {
+    /// Number of positions processed so far (the RoPE offset of the next token).
+    fn offset(&self) -> i32;
+
+    /// Appends `keys`/`values` (`[B, n_kv_heads, S, head_dim]`) and returns everything
+    /// attention should see.
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvFetch>;
+
+    /// The mask for `n` new positions, like mlx-lm's `cache.make_mask`.
+    fn make_mask(&self, n: i32, return_array: bool, window_size: Option<i32>) -> Result<AttnMask>;
+
+    /// Whether [`KvCache::trim`] can remove positions from the end.
+    fn is_trimmable(&self) -> bool {
+        false
+    }
+
+    /// Removes up to `n` positions from the end; returns how many were removed.
+    fn trim(&mut self, _n: i32) -> i32 {
+        0
+    }
+
+    /// Positions actually held (`min(offset, max_size)` for rotating caches).
+    fn size(&self) -> i32 {
+        self.offset()
+    }
+
+    /// Bytes held by the cache's arrays.
+    fn nbytes(&self) -> usize {
+        0
+    }
+
+    /// Whether nothing has been stored yet.
+    fn is_empty(&self) -> bool {
+        self.offset() == 0
+    }
+
+    /// The cache's arrays, in mlx-lm's `state` order (for prompt-cache files).
+    fn state(&self) -> Vec<Array>;
+
+    /// mlx-lm's `meta_state` strings (for prompt-cache files).
+    fn meta_state(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// mlx-lm's class name of this cache (`KVCache`, `RotatingKVCache`, ...).
+    fn class_name(&self) -> &'static str;
+
+    /// Lets callers reach the concrete type.
+    fn as_any(&self) -> &dyn std::any::Any;
+
+    /// Lets callers reach the concrete type mutably.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+/// mlx-lm's `create_causal_mask(N, offset, window_size)`: a boolean `[N, offset+N]` mask.
+#[track_caller]
+pub fn create_causal_mask(n: i32, offset: i32, window_size: Option<i32>) -> Result<Array> {
+    use mlx_array::{ops::arange, Dtype};
+    let rinds = arange(0.0, (offset + n) as f64, 1.0, Dtype::Int32)?;
+    let linds = if offset != 0 {
+        arange(offset as f64, (offset + n) as f64, 1.0, Dtype::Int32)?
+    } else {
+        rinds.clone()
+    };
+    let linds = linds.expand_dims(&[1])?;
+    let rinds = rinds.expand_dims(&[0])?;
+    let mut mask = linds.greater_equal(&rinds)?;
+    if let Some(w) = window_size {
+        mask = mask.logical_and(&linds.less(&rinds.add(w)?)?)?;
+    }
+    Ok(mask)
+}
+
+/// mlx-lm's `models.base.create_attention_mask(h, cache, window_size, return_array)`,
+/// with `n = h.shape[1]` and the first layer's cache.
+#[track_caller]
+pub fn create_attention_mask(
+    n: i32,
+    cache: Option<&dyn KvCache>,
+    window_size: Option<i32>,
+    return_array: bool,
+) -> Result<AttnMask> {
+    if let Some(c) = cache {
+        return c.make_mask(n, return_array, window_size);
+    }
+    if n == 1 {
+        return Ok(AttnMask::None);
+    }
+    if return_array || window_size.is_some_and(|w| n > w) {
+        return Ok(AttnMask::Array(create_causal_mask(n, 0, window_size)?));
+    }
+    Ok(AttnMask::Causal)
+}
+
+/// The mask a standard (non-rotating) cache returns from `make_mask`, mlx-lm's
+/// `cache.create_attention_mask(N, offset, return_array, window_size)`.
+#[track_caller]
+pub fn standard_cache_mask(
+    n: i32,
+    offset: i32,
+    return_array: bool,
+    window_size: Option<i32>,
+) -> Result<AttnMask> {
+    if window_size.is_some() || (n > 1 && return_array) {
+        Ok(AttnMask::Array(create_causal_mask(n, offset, window_size)?))
+    } else if n == 1 {
+        Ok(AttnMask::None)
+    } else {
+        Ok(AttnMask::Causal)
+    }
+}
