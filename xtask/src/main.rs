@@ -3,6 +3,7 @@ use anyhow::{bail, Result};
 use std::path::PathBuf;
 
 mod bindgen;
+mod goldens;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -19,6 +20,7 @@ fn main() -> Result<()> {
     let root = root();
     match args.first().map(String::as_str) {
         Some("bindgen") => bindgen::run(&root, args.iter().any(|a| a == "--check")),
+        Some("goldens") => goldens::run(&root),
         Some("-h") | Some("--help") | None => {
             println!("{USAGE}");
             Ok(())
