@@ -2,7 +2,7 @@
 //!
 //! Search order (the first that has `include/mlx/mlx.h` and `lib/libmlx.*` wins):
 //! 1. `MLX_DIR` (a prefix with `include/` and `lib/`);
-//! 2. the `mlx` package of a Python interpreter (`MLX_PYTHON`, else `python3`);
+//! 2. the `mlx` package of a Python interpreter (`MLX_PYTHON`, else the workspace `.venv`, else `python3`);
 //! 3. the pinned `mlx-cpu` wheel (Linux) / `mlx-metal` wheel (macOS), fetched with pip
 //!    into the build directory.
 //!
@@ -20,8 +20,24 @@ fn is_prefix(p: &Path) -> bool {
         && (lib.join("libmlx.so").is_file() || lib.join("libmlx.dylib").is_file())
 }
 
+/// The interpreter to ask: `MLX_PYTHON`, else the workspace's `.venv` (made by
+/// `scripts/setup.sh`), else `python3`.
+fn python() -> String {
+    if let Ok(p) = env::var("MLX_PYTHON") {
+        return p;
+    }
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
+    if let Some(ws) = manifest.ancestors().nth(2) {
+        let venv = ws.join(".venv/bin/python");
+        if venv.is_file() {
+            return venv.to_string_lossy().into_owned();
+        }
+    }
+    "python3".to_string()
+}
+
 fn from_python(tried: &mut Vec<String>) -> Option<PathBuf> {
-    let python = env::var("MLX_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let python = python();
     let out = Command::new(&python)
         .args(["-c", "import mlx, sys; sys.stdout.write(list(mlx.__path__)[0])"])
         .output();
@@ -48,7 +64,7 @@ fn from_wheel(tried: &mut Vec<String>) -> Option<PathBuf> {
     let pkg = if cfg!(target_os = "macos") { "mlx-metal" } else { "mlx-cpu" };
     let spec = format!("{pkg}=={MLX_VERSION}");
     let wheels = out_dir.join("wheels");
-    let python = env::var("MLX_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let python = python();
     let status = Command::new(&python)
         .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d"])
         .arg(&wheels)
