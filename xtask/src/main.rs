@@ -3,7 +3,8 @@ use anyhow::{bail, Result};
 use std::path::PathBuf;
 
 mod bindgen;
-mod goldens;
+mod install;
+mod test;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -13,14 +14,18 @@ fn root() -> PathBuf {
 }
 
 const USAGE: &str = "usage: cargo xtask <command>
-  bindgen [--check]   regenerate (or verify) crates/mlx-sys/src/bindings.rs";
+  test [--quick]      fmt, clippy, bindings check, parity, doc tests, all tests
+  bindgen [--check]   regenerate (or verify) crates/mlx-sys/src/bindings.rs
+  install [--prefix]  install release binaries and their mlx_lm.* aliases";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let root = root();
+    let rest = args.get(1..).unwrap_or(&[]);
     match args.first().map(String::as_str) {
+        Some("test") => test::run(&root, rest),
         Some("bindgen") => bindgen::run(&root, args.iter().any(|a| a == "--check")),
-        Some("goldens") => goldens::run(&root),
+        Some("install") => install::run(&root, rest),
         Some("-h") | Some("--help") | None => {
             println!("{USAGE}");
             Ok(())

