@@ -3,6 +3,7 @@ use anyhow::{bail, Result};
 use std::path::PathBuf;
 
 mod bindgen;
+mod goldens;
 mod install;
 mod test;
 
@@ -16,7 +17,8 @@ fn root() -> PathBuf {
 const USAGE: &str = "usage: cargo xtask <command>
   test [--quick]      fmt, clippy, bindings check, parity, doc tests, all tests
   bindgen [--check]   regenerate (or verify) crates/mlx-sys/src/bindings.rs
-  install [--prefix]  install release binaries and their mlx_lm.* aliases";
+  install [--prefix]  install release binaries and their mlx_lm.* aliases
+  goldens             regenerate goldens/ops with Python MLX";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -26,6 +28,7 @@ fn main() -> Result<()> {
         Some("test") => test::run(&root, rest),
         Some("bindgen") => bindgen::run(&root, args.iter().any(|a| a == "--check")),
         Some("install") => install::run(&root, rest),
+        Some("goldens") => goldens::run(&root),
         Some("-h") | Some("--help") | None => {
             println!("{USAGE}");
             Ok(())
