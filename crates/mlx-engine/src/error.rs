@@ -1,0 +1,18 @@
+//! Errors of the generation engine.
+
+/// What can go wrong while generating.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// An MLX operation failed.
+    #[error(transparent)]
+    Mlx(#[from] mlx_array::Error),
+    /// The tokenizer failed.
+    #[error(transparent)]
+    Tokenizer(#[from] mlx_tokenizer::TokenizerError),
+    /// The request itself is invalid.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -1,0 +1,210 @@
+//! `generate_step`: tokens in, sampled tokens and log-probabilities out.
+use crate::error::{EngineError, Result};
+use mlx_array::{memory, ops, transforms, Array, Dtype, Stream};
+use mlx_models::LanguageModel;
+use mlx_nn::KvCache;
+
+/// Picks the next token from log-probabilities `[1, vocab]`; returns `[1]` tokens.
+pub type Sampler = Box<dyn FnMut(&Array) -> mlx_array::Result<Array>>;
+
+/// Rewrites logits `[1, vocab]` given every token so far (`[n]`, prompt included).
+pub type LogitsProcessor = Box<dyn FnMut(&Array, &Array) -> mlx_array::Result<Array>>;
+
+/// Makes the per-layer caches when none is given (mlx-lm's `make_prompt_cache`).
+pub type CacheFactory = Box<dyn FnOnce(&dyn LanguageModel) -> mlx_array::Result<Vec<Box<dyn KvCache>>>>;
+
+/// Quantizes caches in place once they pass the start offset
+/// (mlx-lm's `maybe_quantize_kv_cache`).
+pub type KvQuantizer = Box<dyn FnMut(&mut Vec<Box<dyn KvCache>>) -> mlx_array::Result<()>>;
+
+/// Options of [`TokenGenerator`], with mlx-lm's defaults.
+pub struct GenerateOptions {
+    /// Tokens to generate; `-1` for no limit.
+    pub max_tokens: i64,
+    /// Prompt tokens per prefill chunk.
+    pub prefill_step_size: usize,
+    /// Sampler (greedy when `None`).
+    pub sampler: Option<Sampler>,
+    /// Logits processors, applied in order.
+    pub logits_processors: Vec<LogitsProcessor>,
+    /// KV-cache quantization hook, called after every model call.
+    pub kv_quantizer: Option<KvQuantizer>,
+    /// Called with (processed, total) prompt tokens.
+    pub prompt_progress: Option<Box<dyn FnMut(usize, usize)>>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: 256,
+            prefill_step_size: 2048,
+            sampler: None,
+            logits_processors: Vec::new(),
+            kv_quantizer: None,
+            prompt_progress: None,
+        }
+    }
+}
+
+/// mlx-lm's `generate_step` as an iterator-like object: the prompt is processed on the
+/// first call to [`TokenGenerator::next_token`], and each call queues the following step
+/// before returning the current token, so the host never waits on the device.
+pub struct TokenGenerator<'a> {
+    model: &'a dyn LanguageModel,
+    caches: &'a mut Vec<Box<dyn KvCache>>,
+    opts: GenerateOptions,
+    stream: Stream,
+    prompt: Option<Vec<u32>>,
+    tokens: Option<Array>,
+    current: Option<(Array, Array)>,
+    prompt_total: usize,
+    n: i64,
+}
+
+impl<'a> TokenGenerator<'a> {
+    /// Prepares generation. `caches` must hold one cache per layer (see
+    /// `mlx_cache::make_prompt_cache`); a prompt cache from a file continues from its
+    /// offset.
+    pub fn new(
+        model: &'a dyn LanguageModel,
+        prompt: &[u32],
+        caches: &'a mut Vec<Box<dyn KvCache>>,
+        opts: GenerateOptions,
+    ) -> Result<TokenGenerator<'a>> {
+        if prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt has no tokens".into()));
+        }
+        if caches.len() != model.num_layers() {
+            return Err(EngineError::Invalid(format!(
+                "{} caches given for a model of {} layers",
+                caches.len(),
+                model.num_layers()
+            )));
+        }
+        let device = mlx_array::Device::default_device()?;
+        Ok(TokenGenerator {
+            model,
+            caches,
+            opts,
+            stream: device.new_stream()?,
+            prompt: Some(prompt.to_vec()),
+            tokens: None,
+            current: None,
+            prompt_total: prompt.len(),
+            n: 0,
+        })
+    }
+
+    fn model_call(&mut self, input: &Array) -> Result<Array> {
+        let x = input.expand_dims(&[0])?;
+        Ok(self.model.forward(&x, self.caches.as_mut_slice())?)
+    }
+
+    fn quantize_caches(&mut self) -> Result<()> {
+        if let Some(q) = self.opts.kv_quantizer.as_mut() {
+            q(self.caches)?;
+        }
+        Ok(())
+    }
+
+    /// One decoding step on `input` (`[n]` tokens): logits of the last position,
+    /// processors, cache quantization, log-softmax, sampling.
+    fn step(&mut self, input: &Array) -> Result<(Array, Array)> {
+        let logits = self.model_call(input)?;
+        let l = logits.dim(1)?;
+        let v = logits.dim(2)?;
+        let mut logits = logits.slice(&[0, l - 1, 0], &[1, l, v], None)?.squeeze(Some(&[1]))?;
+        if !self.opts.logits_processors.is_empty() && input.size() > 0 {
+            let all = match &self.tokens {
+                Some(t) => ops::concatenate(&[t, input], 0)?,
+                None => input.clone(),
+            };
+            for p in self.opts.logits_processors.iter_mut() {
+                logits = p(&all, &logits)?;
+            }
+            self.tokens = Some(all);
+        }
+        self.quantize_caches()?;
+        let logprobs = logits.subtract(&logits.logsumexp(None, true)?)?;
+        let sampled = match self.opts.sampler.as_mut() {
+            Some(s) => s(&logprobs)?,
+            None => logprobs.argmax(Some(-1), false)?,
+        };
+        Ok((sampled, logprobs.squeeze(Some(&[0]))?))
+    }
+
+    fn prefill(&mut self, prompt: Vec<u32>) -> Result<()> {
+        let total = prompt.len();
+        let mut done = 0usize;
+        if let Some(cb) = self.opts.prompt_progress.as_mut() {
+            cb(0, total);
+        }
+        let step = self.opts.prefill_step_size.max(1);
+        while total - done > 1 {
+            let n = step.min(total - done - 1);
+            let chunk = Array::from_slice(&prompt[done..done + n], &[n as i32])?;
+            self.model_call(&chunk)?;
+            self.quantize_caches()?;
+            let state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
+            transforms::eval(&state.iter().collect::<Vec<_>>())?;
+            if !self.opts.logits_processors.is_empty() {
+                self.tokens = Some(match &self.tokens {
+                    Some(t) => ops::concatenate(&[t, &chunk], 0)?,
+                    None => chunk,
+                });
+            }
+            done += n;
+            if let Some(cb) = self.opts.prompt_progress.as_mut() {
+                cb(done, total);
+            }
+            memory::clear_cache();
+        }
+        let rest = Array::from_slice(&prompt[done..], &[(total - done) as i32])?;
+        let (y, lp) = self.step(&rest)?;
+        transforms::async_eval(&[&y, &lp])?;
+        self.current = Some((y, lp));
+        Ok(())
+    }
+
+    /// The next `(token, logprobs [vocab])`, or `None` once `max_tokens` are out.
+    pub fn next_token(&mut self) -> Result<Option<(u32, Array)>> {
+        let stream = self.stream;
+        mlx_array::with_stream(stream, || self.next_inner())
+    }
+
+    fn next_inner(&mut self) -> Result<Option<(u32, Array)>> {
+        if let Some(prompt) = self.prompt.take() {
+            self.prefill(prompt)?;
+        }
+        let Some((y, lp)) = self.current.take() else { return Ok(None) };
+        let mut next = None;
+        if self.n != self.opts.max_tokens {
+            let (ny, nlp) = self.step(&y)?;
+            transforms::async_eval(&[&ny, &nlp])?;
+            next = Some((ny, nlp));
+        }
+        if self.n == 0 {
+            y.eval()?;
+            let total = self.prompt_total;
+            if let Some(cb) = self.opts.prompt_progress.as_mut() {
+                cb(total, total);
+            }
+        }
+        if self.n == self.opts.max_tokens {
+            return Ok(None);
+        }
+        let token = read_token(&y)?;
+        if self.n % 256 == 0 {
+            memory::clear_cache();
+        }
+        self.current = next;
+        self.n += 1;
+        Ok(Some((token, lp)))
+    }
+}
+
+fn read_token(y: &Array) -> Result<u32> {
+    let y = if y.dtype() == Dtype::Uint32 { y.clone() } else { y.astype(Dtype::Uint32)? };
+    let v = y.to_vec::<u32>()?;
+    v.first().copied().ok_or_else(|| EngineError::Invalid("sampler returned no token".into()))
+}
