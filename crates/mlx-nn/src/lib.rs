@@ -1,6 +1,34 @@
 //! Neural-network layers over `mlx-array`, shaped like `mlx.nn` and mlx-lm's model code.
+//!
+//! - [`Module`] / [`Param`]: parameter trees with dotted checkpoint names, strict
+//!   loading, freezing ([`impl_module!`] implements it for a struct of layers).
+//! - Layers: [`Linear`], [`QuantizedLinear`], [`Embedding`], [`QuantizedEmbedding`]
+//!   (and the dense-or-quantized [`LinearLayer`], [`EmbeddingLayer`]), [`RmsNorm`],
+//!   [`LayerNorm`], [`Rope`] ([`initialize_rope`]), [`SwitchGlu`].
+//! - [`activations`] compiled like mlx.nn, [`attention::scaled_dot_product_attention`],
+//!   [`quantize::quantize_module`].
+//! - [`cache`]: the KV-cache contract models call.
 #![warn(missing_docs)]
 
+pub mod activations;
+pub mod attention;
 pub mod cache;
+pub mod embedding;
+mod error;
+pub mod linear;
+pub mod module;
+pub mod norm;
+pub mod quantize;
+pub mod rope;
+pub mod switch;
 
+pub use attention::scaled_dot_product_attention;
 pub use cache::{AttnMask, KvCache, KvFetch};
+pub use embedding::{Embedding, EmbeddingLayer, QuantizedEmbedding};
+pub use error::{Error, Result};
+pub use linear::{Linear, LinearLayer, QuantizedLinear};
+pub use module::{Module, Param};
+pub use norm::{LayerNorm, RmsNorm};
+pub use quantize::{dequantize_module, quantize_module, QuantSpec, Quantizable};
+pub use rope::{initialize_rope, Rope, RopeScaling};
+pub use switch::{QuantizedSwitchLinear, SwitchGlu, SwitchLinear, SwitchLinearLayer};

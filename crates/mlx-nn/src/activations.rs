@@ -1,0 +1,87 @@
+//! Activations compiled the way mlx.nn and mlx-lm compile them
+//! (`mx.compile(shapeless=True)`), so fused kernels match Python bit for bit.
+//!
+//! Each compiled function is built once per thread and kept for the thread's life.
+use mlx_array::{activations as raw, Array, Closure, Result};
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+type Body = fn(&[Array]) -> Result<Vec<Array>>;
+
+thread_local! {
+    static COMPILED: RefCell<HashMap<&'static str, &'static Closure>> = RefCell::new(HashMap::new());
+}
+
+/// Calls the shapeless-compiled version of `body`, cached per thread under `name`.
+#[track_caller]
+pub fn call_compiled(name: &'static str, body: Body, inputs: &[&Array]) -> Result<Array> {
+    let found = COMPILED.with(|c| c.borrow().get(name).copied());
+    let f = match found {
+        Some(f) => f,
+        None => {
+            let compiled = Closure::new(body)?.compile(true)?;
+            // Leaked on purpose: MLX keeps the compiled graph in a global cache that may
+            // be torn down before thread-locals, so these are never freed.
+            let f: &'static Closure = Box::leak(Box::new(compiled));
+            COMPILED.with(|c| c.borrow_mut().insert(name, f));
+            f
+        }
+    };
+    let mut out = f.call(inputs)?;
+    out.pop()
+        .ok_or_else(|| mlx_array::Error::InvalidArgument(format!("{name}: no output")))
+}
+
+macro_rules! unary_activation {
+    ($($(#[$m:meta])* $name:ident),* $(,)?) => {$(
+        $(#[$m])*
+        #[track_caller]
+        pub fn $name(x: &Array) -> Result<Array> {
+            call_compiled(stringify!($name), |a| Ok(vec![raw::$name(&a[0])?]), &[x])
+        }
+    )*};
+}
+
+unary_activation! {
+    /// mlx.nn `silu`: `x * sigmoid(x)`.
+    silu,
+    /// mlx.nn `relu`.
+    relu,
+    /// mlx.nn `relu2`.
+    relu2,
+    /// mlx.nn `gelu` (exact, erf based).
+    gelu,
+    /// mlx.nn `gelu_approx` (tanh approximation).
+    gelu_approx,
+    /// mlx.nn `gelu_fast_approx` (sigmoid approximation).
+    gelu_fast_approx,
+    /// mlx.nn `softplus`.
+    softplus,
+}
+
+/// mlx.nn `mish`: `x * tanh(softplus(x))` with the compiled `softplus` nested.
+#[track_caller]
+pub fn mish(x: &Array) -> Result<Array> {
+    call_compiled(
+        "mish",
+        |a| Ok(vec![a[0].multiply(&softplus(&a[0])?.tanh()?)?]),
+        &[x],
+    )
+}
+
+/// mlx.nn `sigmoid` (compiled `mx.sigmoid`).
+#[track_caller]
+pub fn sigmoid(x: &Array) -> Result<Array> {
+    call_compiled("sigmoid", |a| Ok(vec![a[0].sigmoid()?]), &[x])
+}
+
+/// mlx-lm's `swiglu(gate, x) = silu(gate) * x`, compiled with the compiled `silu`
+/// nested inside, as in `mlx_lm/models/activations.py`.
+#[track_caller]
+pub fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
+    call_compiled(
+        "swiglu",
+        |a| Ok(vec![silu(&a[0])?.multiply(&a[1])?]),
+        &[gate, x],
+    )
+}

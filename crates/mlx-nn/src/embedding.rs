@@ -1,0 +1,209 @@
+//! `Embedding` and `QuantizedEmbedding` (mlx.nn), and [`EmbeddingLayer`], which is either.
+use crate::error::Result as NnResult;
+use crate::module::{Module, Param, QuantVisitor};
+use crate::quantize::{QuantSpec, Quantizable};
+use mlx_array::quant::{dequantize, quantize, quantized_matmul};
+use mlx_array::{ops, Array, Dtype, Result};
+
+/// A lookup table `[num_embeddings, dims]`.
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    /// `[num_embeddings, dims]`.
+    pub weight: Param,
+}
+
+crate::impl_module!(Embedding { weight });
+
+impl Embedding {
+    /// A table of zero placeholders (lazy) to be loaded.
+    pub fn new(num_embeddings: i32, dims: i32) -> NnResult<Embedding> {
+        Ok(Embedding {
+            weight: Param::new(ops::zeros(&[num_embeddings, dims], Dtype::Float32)?),
+        })
+    }
+
+    /// `weight[x]`.
+    #[track_caller]
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        self.weight.take(x, Some(0))
+    }
+
+    /// `x @ weight.T`, for heads tied to the embeddings.
+    #[track_caller]
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        x.matmul(&self.weight.transpose(None)?)
+    }
+
+    /// The quantized version (mlx.nn `QuantizedEmbedding.from_embedding`).
+    pub fn to_quantized(&self, spec: QuantSpec) -> Result<QuantizedEmbedding> {
+        let q = quantize(
+            &self.weight,
+            Some(spec.group_size),
+            Some(spec.bits),
+            spec.mode,
+        )?;
+        Ok(QuantizedEmbedding {
+            weight: Param::frozen(q.weight),
+            scales: Param::frozen(q.scales),
+            biases: q.biases.map(Param::frozen),
+            spec,
+        })
+    }
+}
+
+/// An embedding table with quantized rows (mlx.nn `QuantizedEmbedding`).
+#[derive(Debug, Clone)]
+pub struct QuantizedEmbedding {
+    /// Packed rows.
+    pub weight: Param,
+    /// Per-group scales.
+    pub scales: Param,
+    /// Per-group biases (affine mode only).
+    pub biases: Option<Param>,
+    /// Group size, bits and mode.
+    pub spec: QuantSpec,
+}
+
+crate::impl_module!(QuantizedEmbedding {
+    weight,
+    scales,
+    biases
+});
+
+impl QuantizedEmbedding {
+    /// `dequantize(weight[x], scales[x], biases[x])`.
+    #[track_caller]
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let b = match &self.biases {
+            Some(b) => Some(b.take(x, Some(0))?),
+            None => None,
+        };
+        dequantize(
+            &self.weight.take(x, Some(0))?,
+            &self.scales.take(x, Some(0))?,
+            b.as_ref(),
+            Some(self.spec.group_size),
+            Some(self.spec.bits),
+            self.spec.mode,
+            None,
+        )
+    }
+
+    /// The table used as a quantized linear layer (tied heads).
+    #[track_caller]
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        quantized_matmul(
+            x,
+            &self.weight,
+            &self.scales,
+            self.biases.as_ref().map(|b| b.value()),
+            true,
+            Some(self.spec.group_size),
+            Some(self.spec.bits),
+            self.spec.mode,
+        )
+    }
+
+    /// The dense table.
+    pub fn to_dense(&self, dtype: Option<Dtype>) -> Result<Embedding> {
+        let w = dequantize(
+            &self.weight,
+            &self.scales,
+            self.biases.as_ref().map(|b| b.value()),
+            Some(self.spec.group_size),
+            Some(self.spec.bits),
+            self.spec.mode,
+            dtype,
+        )?;
+        Ok(Embedding {
+            weight: Param::new(w),
+        })
+    }
+}
+
+/// An embedding that is dense or quantized (see [`crate::LinearLayer`]).
+#[derive(Debug, Clone)]
+pub enum EmbeddingLayer {
+    /// Dense table.
+    Dense(Embedding),
+    /// Quantized table.
+    Quantized(QuantizedEmbedding),
+}
+
+impl EmbeddingLayer {
+    /// A dense table of zero placeholders.
+    pub fn new(num_embeddings: i32, dims: i32) -> NnResult<EmbeddingLayer> {
+        Ok(EmbeddingLayer::Dense(Embedding::new(num_embeddings, dims)?))
+    }
+
+    /// Looks up rows.
+    #[track_caller]
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            EmbeddingLayer::Dense(e) => e.forward(x),
+            EmbeddingLayer::Quantized(e) => e.forward(x),
+        }
+    }
+
+    /// Uses the table as the output projection.
+    #[track_caller]
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        match self {
+            EmbeddingLayer::Dense(e) => e.as_linear(x),
+            EmbeddingLayer::Quantized(e) => e.as_linear(x),
+        }
+    }
+}
+
+impl Module for EmbeddingLayer {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        match self {
+            EmbeddingLayer::Dense(l) => l.visit_params(prefix, f),
+            EmbeddingLayer::Quantized(l) => l.visit_params(prefix, f),
+        }
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        match self {
+            EmbeddingLayer::Dense(l) => l.visit_params_mut(prefix, f),
+            EmbeddingLayer::Quantized(l) => l.visit_params_mut(prefix, f),
+        }
+    }
+    fn visit_quantizable_mut(&mut self, prefix: &str, f: &mut QuantVisitor<'_>) -> NnResult<()> {
+        f(prefix, self)
+    }
+}
+
+impl Quantizable for EmbeddingLayer {
+    fn dense_weight_shape(&self) -> Vec<i32> {
+        match self {
+            EmbeddingLayer::Dense(e) => e.weight.shape(),
+            EmbeddingLayer::Quantized(q) => {
+                let s = q.weight.shape();
+                vec![s[0], s.last().copied().unwrap_or(0) * 32 / q.spec.bits]
+            }
+        }
+    }
+    fn quant_spec(&self) -> Option<QuantSpec> {
+        match self {
+            EmbeddingLayer::Dense(_) => None,
+            EmbeddingLayer::Quantized(q) => Some(q.spec),
+        }
+    }
+    fn quantize(&mut self, spec: QuantSpec) -> Result<()> {
+        match self {
+            EmbeddingLayer::Dense(e) => *self = EmbeddingLayer::Quantized(e.to_quantized(spec)?),
+            EmbeddingLayer::Quantized(q) if q.spec != spec => {
+                let dense = q.to_dense(None)?;
+                *self = EmbeddingLayer::Quantized(dense.to_quantized(spec)?);
+            }
+            EmbeddingLayer::Quantized(_) => {}
+        }
+        Ok(())
+    }
+    fn dequantize(&mut self, dtype: Option<Dtype>) -> Result<()> {
+        if let EmbeddingLayer::Quantized(q) = self {
+            *self = EmbeddingLayer::Dense(q.to_dense(dtype)?);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,211 @@
+//! `Linear` and `QuantizedLinear` (mlx.nn), and [`LinearLayer`], which is either.
+use crate::error::Result as NnResult;
+use crate::module::{Module, Param, QuantVisitor};
+use crate::quantize::{QuantSpec, Quantizable};
+use mlx_array::quant::{dequantize, quantize, quantized_matmul};
+use mlx_array::{ops, Array, Dtype, Result};
+
+/// `y = x W^T + b`, with `W` of shape `[output_dims, input_dims]`.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    /// `[output_dims, input_dims]`.
+    pub weight: Param,
+    /// `[output_dims]`, when the layer has a bias.
+    pub bias: Option<Param>,
+}
+
+crate::impl_module!(Linear { weight, bias });
+
+impl Linear {
+    /// A layer with zero placeholders (lazy, nothing is allocated until evaluated);
+    /// load real weights with [`Module::load_weights`].
+    pub fn new(input_dims: i32, output_dims: i32, bias: bool) -> NnResult<Linear> {
+        let weight = Param::new(ops::zeros(&[output_dims, input_dims], Dtype::Float32)?);
+        let bias = if bias {
+            Some(Param::new(ops::zeros(&[output_dims], Dtype::Float32)?))
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
+    }
+
+    /// A layer from given arrays.
+    pub fn from_weights(weight: Array, bias: Option<Array>) -> Linear {
+        Linear {
+            weight: Param::new(weight),
+            bias: bias.map(Param::new),
+        }
+    }
+
+    /// `addmm(b, x, W.T)` with a bias, else `x @ W.T`, exactly like mlx.nn.
+    #[track_caller]
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let wt = self.weight.transpose(None)?;
+        match &self.bias {
+            Some(b) => ops::addmm(b, x, &wt, 1.0, 1.0),
+            None => x.matmul(&wt),
+        }
+    }
+
+    /// The quantized version (mlx.nn `QuantizedLinear.from_linear`).
+    pub fn to_quantized(&self, spec: QuantSpec) -> Result<QuantizedLinear> {
+        let q = quantize(
+            &self.weight,
+            Some(spec.group_size),
+            Some(spec.bits),
+            spec.mode,
+        )?;
+        Ok(QuantizedLinear {
+            weight: Param::frozen(q.weight),
+            scales: Param::frozen(q.scales),
+            biases: q.biases.map(Param::frozen),
+            bias: self.bias.clone(),
+            spec,
+        })
+    }
+}
+
+/// A linear layer with a quantized weight matrix (mlx.nn `QuantizedLinear`).
+#[derive(Debug, Clone)]
+pub struct QuantizedLinear {
+    /// Packed weight, uint32 `[output_dims, input_dims * bits / 32]`.
+    pub weight: Param,
+    /// Per-group scales.
+    pub scales: Param,
+    /// Per-group biases (affine mode only).
+    pub biases: Option<Param>,
+    /// Output bias.
+    pub bias: Option<Param>,
+    /// Group size, bits and mode.
+    pub spec: QuantSpec,
+}
+
+crate::impl_module!(QuantizedLinear {
+    weight,
+    scales,
+    biases,
+    bias
+});
+
+impl QuantizedLinear {
+    /// `quantized_matmul(x, W, scales, biases, transpose=True) (+ bias)`.
+    #[track_caller]
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let y = quantized_matmul(
+            x,
+            &self.weight,
+            &self.scales,
+            self.biases.as_ref().map(|b| b.value()),
+            true,
+            Some(self.spec.group_size),
+            Some(self.spec.bits),
+            self.spec.mode,
+        )?;
+        match &self.bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+
+    /// Input dimension the packed weight unpacks to.
+    pub fn input_dims(&self) -> i32 {
+        self.weight.shape().last().copied().unwrap_or(0) * 32 / self.spec.bits
+    }
+
+    /// The dense layer (mlx-lm's `dequantize_model` for one layer).
+    pub fn to_dense(&self, dtype: Option<Dtype>) -> Result<Linear> {
+        let w = dequantize(
+            &self.weight,
+            &self.scales,
+            self.biases.as_ref().map(|b| b.value()),
+            Some(self.spec.group_size),
+            Some(self.spec.bits),
+            self.spec.mode,
+            dtype,
+        )?;
+        Ok(Linear {
+            weight: Param::new(w),
+            bias: self.bias.clone(),
+        })
+    }
+}
+
+/// A linear layer that is dense or quantized; models hold this so that loading a
+/// quantized checkpoint swaps the layer in place, like mlx.nn's `quantize`.
+#[derive(Debug, Clone)]
+pub enum LinearLayer {
+    /// Dense weights.
+    Dense(Linear),
+    /// Quantized weights.
+    Quantized(QuantizedLinear),
+}
+
+impl LinearLayer {
+    /// A dense layer with zero placeholders (see [`Linear::new`]).
+    pub fn new(input_dims: i32, output_dims: i32, bias: bool) -> NnResult<LinearLayer> {
+        Ok(LinearLayer::Dense(Linear::new(
+            input_dims,
+            output_dims,
+            bias,
+        )?))
+    }
+
+    /// Applies the layer.
+    #[track_caller]
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            LinearLayer::Dense(l) => l.forward(x),
+            LinearLayer::Quantized(l) => l.forward(x),
+        }
+    }
+}
+
+impl Module for LinearLayer {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        match self {
+            LinearLayer::Dense(l) => l.visit_params(prefix, f),
+            LinearLayer::Quantized(l) => l.visit_params(prefix, f),
+        }
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        match self {
+            LinearLayer::Dense(l) => l.visit_params_mut(prefix, f),
+            LinearLayer::Quantized(l) => l.visit_params_mut(prefix, f),
+        }
+    }
+    fn visit_quantizable_mut(&mut self, prefix: &str, f: &mut QuantVisitor<'_>) -> NnResult<()> {
+        f(prefix, self)
+    }
+}
+
+impl Quantizable for LinearLayer {
+    fn dense_weight_shape(&self) -> Vec<i32> {
+        match self {
+            LinearLayer::Dense(l) => l.weight.shape(),
+            LinearLayer::Quantized(q) => vec![q.weight.shape()[0], q.input_dims()],
+        }
+    }
+    fn quant_spec(&self) -> Option<QuantSpec> {
+        match self {
+            LinearLayer::Dense(_) => None,
+            LinearLayer::Quantized(q) => Some(q.spec),
+        }
+    }
+    fn quantize(&mut self, spec: QuantSpec) -> Result<()> {
+        match self {
+            LinearLayer::Dense(l) => *self = LinearLayer::Quantized(l.to_quantized(spec)?),
+            LinearLayer::Quantized(q) if q.spec != spec => {
+                let dense = q.to_dense(None)?;
+                *self = LinearLayer::Quantized(dense.to_quantized(spec)?);
+            }
+            LinearLayer::Quantized(_) => {}
+        }
+        Ok(())
+    }
+    fn dequantize(&mut self, dtype: Option<Dtype>) -> Result<()> {
+        if let LinearLayer::Quantized(q) = self {
+            *self = LinearLayer::Dense(q.to_dense(dtype)?);
+        }
+        Ok(())
+    }
+}

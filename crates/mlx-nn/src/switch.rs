@@ -1,0 +1,305 @@
+//! Mixture-of-experts layers of `mlx_lm/models/switch_layers.py`: `SwitchLinear`,
+//! `QuantizedSwitchLinear` and `SwitchGLU`, on `gather_mm` / `gather_qmm`.
+use crate::activations::swiglu;
+use crate::error::Result as NnResult;
+use crate::module::{Module, Param, QuantVisitor};
+use crate::quantize::{QuantSpec, Quantizable};
+use mlx_array::quant::{dequantize, gather_mm, gather_qmm, quantize};
+use mlx_array::{ops, Array, Dtype, Result};
+
+/// One linear layer per expert: weight `[num_experts, output_dims, input_dims]`.
+#[derive(Debug, Clone)]
+pub struct SwitchLinear {
+    /// `[num_experts, output_dims, input_dims]`.
+    pub weight: Param,
+    /// `[num_experts, output_dims]`.
+    pub bias: Option<Param>,
+}
+
+crate::impl_module!(SwitchLinear { weight, bias });
+
+impl SwitchLinear {
+    /// Zero placeholders to be loaded.
+    pub fn new(
+        input_dims: i32,
+        output_dims: i32,
+        num_experts: i32,
+        bias: bool,
+    ) -> NnResult<SwitchLinear> {
+        let weight = Param::new(ops::zeros(
+            &[num_experts, output_dims, input_dims],
+            Dtype::Float32,
+        )?);
+        let bias = if bias {
+            Some(Param::new(ops::zeros(
+                &[num_experts, output_dims],
+                Dtype::Float32,
+            )?))
+        } else {
+            None
+        };
+        Ok(SwitchLinear { weight, bias })
+    }
+
+    /// `gather_mm(x, W.swapaxes(-1, -2), rhs_indices=indices)` (+ `bias[indices]`).
+    #[track_caller]
+    pub fn forward(&self, x: &Array, indices: &Array, sorted_indices: bool) -> Result<Array> {
+        let y = gather_mm(
+            x,
+            &self.weight.swapaxes(-1, -2)?,
+            None,
+            Some(indices),
+            sorted_indices,
+        )?;
+        add_expert_bias(y, self.bias.as_ref(), indices)
+    }
+
+    /// The quantized version.
+    pub fn to_quantized(&self, spec: QuantSpec) -> Result<QuantizedSwitchLinear> {
+        let q = quantize(
+            &self.weight,
+            Some(spec.group_size),
+            Some(spec.bits),
+            spec.mode,
+        )?;
+        Ok(QuantizedSwitchLinear {
+            weight: Param::frozen(q.weight),
+            scales: Param::frozen(q.scales),
+            biases: q.biases.map(Param::frozen),
+            bias: self.bias.clone(),
+            spec,
+        })
+    }
+}
+
+fn add_expert_bias(y: Array, bias: Option<&Param>, indices: &Array) -> Result<Array> {
+    match bias {
+        // `self["bias"][indices]` indexes the first axis.
+        Some(b) => y.add(&b.take(indices, Some(0))?.expand_dims(&[-2])?),
+        None => Ok(y),
+    }
+}
+
+/// Quantized per-expert linear layers.
+#[derive(Debug, Clone)]
+pub struct QuantizedSwitchLinear {
+    /// Packed `[num_experts, output_dims, packed_in]`.
+    pub weight: Param,
+    /// Scales.
+    pub scales: Param,
+    /// Biases (affine only).
+    pub biases: Option<Param>,
+    /// Output bias `[num_experts, output_dims]`.
+    pub bias: Option<Param>,
+    /// Group size, bits and mode.
+    pub spec: QuantSpec,
+}
+
+crate::impl_module!(QuantizedSwitchLinear {
+    weight,
+    scales,
+    biases,
+    bias
+});
+
+impl QuantizedSwitchLinear {
+    /// `gather_qmm(x, W, scales, biases, rhs_indices=indices, transpose=True)`.
+    #[track_caller]
+    pub fn forward(&self, x: &Array, indices: &Array, sorted_indices: bool) -> Result<Array> {
+        let y = gather_qmm(
+            x,
+            &self.weight,
+            &self.scales,
+            self.biases.as_ref().map(|b| b.value()),
+            None,
+            Some(indices),
+            true,
+            Some(self.spec.group_size),
+            Some(self.spec.bits),
+            self.spec.mode,
+            sorted_indices,
+        )?;
+        add_expert_bias(y, self.bias.as_ref(), indices)
+    }
+
+    /// The dense layers.
+    pub fn to_dense(&self, dtype: Option<Dtype>) -> Result<SwitchLinear> {
+        let w = dequantize(
+            &self.weight,
+            &self.scales,
+            self.biases.as_ref().map(|b| b.value()),
+            Some(self.spec.group_size),
+            Some(self.spec.bits),
+            self.spec.mode,
+            dtype,
+        )?;
+        Ok(SwitchLinear {
+            weight: Param::new(w),
+            bias: self.bias.clone(),
+        })
+    }
+}
+
+/// A switch layer that is dense or quantized.
+#[derive(Debug, Clone)]
+pub enum SwitchLinearLayer {
+    /// Dense experts.
+    Dense(SwitchLinear),
+    /// Quantized experts.
+    Quantized(QuantizedSwitchLinear),
+}
+
+impl SwitchLinearLayer {
+    /// Applies the experts picked by `indices`.
+    #[track_caller]
+    pub fn forward(&self, x: &Array, indices: &Array, sorted_indices: bool) -> Result<Array> {
+        match self {
+            SwitchLinearLayer::Dense(l) => l.forward(x, indices, sorted_indices),
+            SwitchLinearLayer::Quantized(l) => l.forward(x, indices, sorted_indices),
+        }
+    }
+}
+
+impl Module for SwitchLinearLayer {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        match self {
+            SwitchLinearLayer::Dense(l) => l.visit_params(prefix, f),
+            SwitchLinearLayer::Quantized(l) => l.visit_params(prefix, f),
+        }
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        match self {
+            SwitchLinearLayer::Dense(l) => l.visit_params_mut(prefix, f),
+            SwitchLinearLayer::Quantized(l) => l.visit_params_mut(prefix, f),
+        }
+    }
+    fn visit_quantizable_mut(&mut self, prefix: &str, f: &mut QuantVisitor<'_>) -> NnResult<()> {
+        f(prefix, self)
+    }
+}
+
+impl Quantizable for SwitchLinearLayer {
+    fn dense_weight_shape(&self) -> Vec<i32> {
+        match self {
+            SwitchLinearLayer::Dense(l) => l.weight.shape(),
+            SwitchLinearLayer::Quantized(q) => {
+                let mut s = q.weight.shape();
+                if let Some(last) = s.last_mut() {
+                    *last = *last * 32 / q.spec.bits;
+                }
+                s
+            }
+        }
+    }
+    fn quant_spec(&self) -> Option<QuantSpec> {
+        match self {
+            SwitchLinearLayer::Dense(_) => None,
+            SwitchLinearLayer::Quantized(q) => Some(q.spec),
+        }
+    }
+    fn quantize(&mut self, spec: QuantSpec) -> Result<()> {
+        match self {
+            SwitchLinearLayer::Dense(l) => {
+                *self = SwitchLinearLayer::Quantized(l.to_quantized(spec)?)
+            }
+            SwitchLinearLayer::Quantized(q) if q.spec != spec => {
+                let dense = q.to_dense(None)?;
+                *self = SwitchLinearLayer::Quantized(dense.to_quantized(spec)?);
+            }
+            SwitchLinearLayer::Quantized(_) => {}
+        }
+        Ok(())
+    }
+    fn dequantize(&mut self, dtype: Option<Dtype>) -> Result<()> {
+        if let SwitchLinearLayer::Quantized(q) = self {
+            *self = SwitchLinearLayer::Dense(q.to_dense(dtype)?);
+        }
+        Ok(())
+    }
+}
+
+/// `SwitchGLU`: `down(swiglu(gate(x), up(x)))` with per-token experts.
+#[derive(Debug, Clone)]
+pub struct SwitchGlu {
+    /// Gate projections.
+    pub gate_proj: SwitchLinearLayer,
+    /// Up projections.
+    pub up_proj: SwitchLinearLayer,
+    /// Down projections.
+    pub down_proj: SwitchLinearLayer,
+}
+
+crate::impl_module!(SwitchGlu {
+    gate_proj,
+    up_proj,
+    down_proj
+});
+
+impl SwitchGlu {
+    /// Zero placeholders to be loaded.
+    pub fn new(
+        input_dims: i32,
+        hidden_dims: i32,
+        num_experts: i32,
+        bias: bool,
+    ) -> NnResult<SwitchGlu> {
+        let l = |i, o| -> NnResult<SwitchLinearLayer> {
+            Ok(SwitchLinearLayer::Dense(SwitchLinear::new(
+                i,
+                o,
+                num_experts,
+                bias,
+            )?))
+        };
+        Ok(SwitchGlu {
+            gate_proj: l(input_dims, hidden_dims)?,
+            up_proj: l(input_dims, hidden_dims)?,
+            down_proj: l(hidden_dims, input_dims)?,
+        })
+    }
+
+    /// `x`: `[..., dims]`, `indices`: `[..., k]` expert ids; returns `[..., k, dims]`.
+    #[track_caller]
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        let x = x.expand_dims(&[-2, -3])?;
+        let indices = indices.stop_gradient()?;
+        let do_sort = indices.size() >= 64;
+        let (x, idx, inv_order) = if do_sort {
+            let (x, idx, inv) = gather_sort(&x, &indices)?;
+            (x, idx, Some(inv))
+        } else {
+            (x, indices.clone(), None)
+        };
+        let x_up = self.up_proj.forward(&x, &idx, do_sort)?;
+        let x_gate = self.gate_proj.forward(&x, &idx, do_sort)?;
+        let mut y = self
+            .down_proj
+            .forward(&swiglu(&x_gate, &x_up)?, &idx, do_sort)?;
+        if let Some(inv) = inv_order {
+            y = scatter_unsort(&y, &inv, Some(&indices.shape()))?;
+        }
+        y.squeeze(Some(&[-2]))
+    }
+}
+
+/// `_gather_sort`: orders tokens by expert id.
+fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array)> {
+    let m = indices.dim(-1)?;
+    let flat = indices.flatten(0, -1)?;
+    let order = flat.argsort(Some(-1))?;
+    let inv_order = order.argsort(Some(-1))?;
+    let nd = x.ndim() as i32;
+    let xs = x
+        .flatten(0, nd - 3)?
+        .take(&order.floor_divide(m)?, Some(0))?;
+    Ok((xs, flat.take(&order, Some(0))?, inv_order))
+}
+
+/// `_scatter_unsort`: restores token order.
+fn scatter_unsort(x: &Array, inv_order: &Array, shape: Option<&[i32]>) -> Result<Array> {
+    let x = x.take(inv_order, Some(0))?;
+    match shape {
+        Some(s) => x.unflatten(0, s),
+        None => Ok(x),
+    }
+}
