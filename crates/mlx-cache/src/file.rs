@@ -1,0 +1,425 @@
+//! Prompt-cache files in mlx-lm's layout (`save_prompt_cache` / `load_prompt_cache`).
+//!
+//! The file is a `.safetensors` whose tensors are the flattened states of the caches
+//! (`"{layer}.{field}"`, quantized triples as `"{layer}.{field}.{k}"`) and whose string
+//! metadata is the flattened list `[user_metadata, class_names, scalars]`:
+//! `"0.{key}"` user entries, `"1.{layer}"` class names, `"2.0" = ""` then
+//! `"2.{n}.0" = tensor key`, `"2.{n}.1" = "scalar" | "string" | "none"` marking the
+//! tensors that stand for Python ints, strings and `None`s.
+use crate::error::{CacheError, Result};
+use crate::{ConcatenateKVCache, KVCache, KvCache, QuantTriple, QuantizedKVCache, RotatingKVCache};
+use mlx_array::{io, Array, Dtype};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// One leaf of a cache's state tree.
+enum Leaf {
+    Array(Array),
+    Int(i64),
+    Str(String),
+    None,
+}
+
+fn opt_leaf(a: Option<&Array>) -> Leaf {
+    a.map_or(Leaf::None, |a| Leaf::Array(a.clone()))
+}
+
+/// Pushes a quantized triple (or `None`) under `prefix`.
+fn push_triple(out: &mut Vec<(String, Leaf)>, prefix: String, t: Option<&QuantTriple>) {
+    match t {
+        Some(t) => {
+            for (k, a) in t.iter().enumerate() {
+                out.push((format!("{prefix}.{k}"), Leaf::Array(a.clone())));
+            }
+        }
+        None => out.push((prefix, Leaf::None)),
+    }
+}
+
+/// The flattened state of cache `i`, in mlx-lm's `state` order.
+fn flatten_state(i: usize, c: &dyn KvCache) -> Result<Vec<(String, Leaf)>> {
+    let any = c.as_any();
+    let mut out = Vec::new();
+    let key = |j: usize| format!("{i}.{j}");
+    if let Some(c) = any.downcast_ref::<KVCache>() {
+        out.push((key(0), opt_leaf(c.keys.as_ref())));
+        out.push((key(1), opt_leaf(c.values.as_ref())));
+        out.push((key(2), Leaf::Int(c.offset.into())));
+    } else if let Some(c) = any.downcast_ref::<RotatingKVCache>() {
+        out.push((key(0), opt_leaf(c.keys.as_ref())));
+        out.push((key(1), opt_leaf(c.values.as_ref())));
+        for (j, v) in [c.offset, c.keep, c.max_size, c.idx]
+            .into_iter()
+            .enumerate()
+        {
+            out.push((key(j + 2), Leaf::Int(v.into())));
+        }
+    } else if let Some(c) = any.downcast_ref::<QuantizedKVCache>() {
+        push_triple(&mut out, key(0), c.keys.as_ref());
+        push_triple(&mut out, key(1), c.values.as_ref());
+        for (j, v) in [c.offset, c.group_size(), c.bits()].into_iter().enumerate() {
+            out.push((key(j + 2), Leaf::Int(v.into())));
+        }
+    } else if let Some(c) = any.downcast_ref::<ConcatenateKVCache>() {
+        out.push((key(0), opt_leaf(c.keys.as_ref())));
+        out.push((key(1), opt_leaf(c.values.as_ref())));
+    } else {
+        return Err(CacheError::NotSerializable {
+            index: i,
+            class: c.class_name(),
+        });
+    }
+    Ok(out)
+}
+
+/// Writes `caches` and `metadata` to `path` exactly like mlx-lm's
+/// `save_prompt_cache(file_name, cache, metadata)`.
+pub fn save_prompt_cache(
+    path: impl AsRef<Path>,
+    caches: &[Box<dyn KvCache>],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let mut arrays: Vec<(String, Array)> = Vec::new();
+    let mut meta: Vec<(String, String)> = Vec::new();
+    for (k, v) in metadata {
+        meta.push((format!("0.{k}"), v.clone()));
+    }
+    meta.push(("2.0".into(), String::new()));
+    let mut n_scalars = 0;
+    for (i, c) in caches.iter().enumerate() {
+        meta.push((format!("1.{i}"), c.class_name().to_string()));
+        for (key, leaf) in flatten_state(i, c.as_ref())? {
+            let (array, kind) = match leaf {
+                Leaf::Array(a) => (a, None),
+                Leaf::Int(v) => (Array::scalar_i64(v, Dtype::Int32)?, Some("scalar")),
+                Leaf::Str(s) => {
+                    let codes: Vec<i32> = s.chars().map(|ch| ch as i32).collect();
+                    (Array::from_vec(codes)?, Some("string"))
+                }
+                Leaf::None => (Array::from_slice::<f32>(&[], &[0])?, Some("none")),
+            };
+            if let Some(kind) = kind {
+                n_scalars += 1;
+                meta.push((format!("2.{n_scalars}.0"), key.clone()));
+                meta.push((format!("2.{n_scalars}.1"), kind.to_string()));
+            }
+            arrays.push((key, array));
+        }
+    }
+    io::save_safetensors(
+        path,
+        arrays.iter().map(|(k, a)| (k.as_str(), a)),
+        meta.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    )?;
+    Ok(())
+}
+
+/// The parsed `__metadata__` of a prompt-cache file.
+struct Meta {
+    user: BTreeMap<String, String>,
+    classes: Vec<String>,
+    /// `(tensor key, kind)` in file order.
+    scalars: Vec<(String, String)>,
+}
+
+fn parse_meta(path: &Path, raw: BTreeMap<String, String>) -> Result<Meta> {
+    let bad = |message: String| CacheError::BadFile {
+        path: path.to_path_buf(),
+        message,
+    };
+    let stale = || {
+        bad(
+            "it was written by an older mlx-lm (meta_state layout); re-create it with \
+             mlx-lm 0.32 or this runtime"
+                .into(),
+        )
+    };
+    let mut user = BTreeMap::new();
+    let mut classes = BTreeMap::new();
+    let mut scalars: BTreeMap<usize, (Option<String>, Option<String>)> = BTreeMap::new();
+    let mut have_placeholder = false;
+    for (k, v) in raw {
+        let Some((head, rest)) = k.split_once('.') else {
+            return Err(bad(format!("unexpected metadata key `{k}`")));
+        };
+        match head {
+            "0" => {
+                user.insert(rest.to_string(), v);
+            }
+            "1" => {
+                let i: usize = rest.parse().map_err(|_| {
+                    if rest.contains('.') {
+                        stale()
+                    } else {
+                        bad(format!("metadata key `{k}` is not `1.<layer>`"))
+                    }
+                })?;
+                classes.insert(i, v);
+            }
+            "2" => match rest.split_once('.') {
+                None if rest == "0" && v.is_empty() => have_placeholder = true,
+                None => return Err(stale()),
+                Some((n, field)) => {
+                    let n: usize = n
+                        .parse()
+                        .map_err(|_| bad(format!("metadata key `{k}` is not `2.<n>.<0|1>`")))?;
+                    let e = scalars.entry(n).or_default();
+                    match field {
+                        "0" => e.0 = Some(v),
+                        "1" => e.1 = Some(v),
+                        _ => return Err(bad(format!("metadata key `{k}` is not `2.<n>.<0|1>`"))),
+                    }
+                }
+            },
+            _ => return Err(bad(format!("unexpected metadata key `{k}`"))),
+        }
+    }
+    if !have_placeholder {
+        return Err(bad(
+            "metadata key `2.0` (the scalar list marker) is missing".into(),
+        ));
+    }
+    let n = classes.len();
+    if classes.keys().copied().ne(0..n) {
+        return Err(bad(format!(
+            "class names are not numbered 0..{n}: {:?}",
+            classes.keys()
+        )));
+    }
+    let mut sc = Vec::new();
+    for (n, entry) in scalars {
+        match entry {
+            (Some(pos), Some(kind)) => sc.push((pos, kind)),
+            _ => return Err(bad(format!("scalar entry 2.{n} lacks its key or its kind"))),
+        }
+    }
+    Ok(Meta {
+        user,
+        classes: classes.into_values().collect(),
+        scalars: sc,
+    })
+}
+
+/// Reads the value of an integer scalar tensor.
+fn to_int(a: &Array) -> mlx_array::Result<i64> {
+    if a.dtype().is_floating() {
+        let f = a.astype(Dtype::Float64)?.item::<f64>()?;
+        if f.fract() != 0.0 {
+            return Err(mlx_array::Error::InvalidArgument(format!(
+                "{f} is not an integer"
+            )));
+        }
+        return Ok(f as i64);
+    }
+    a.astype(Dtype::Int64)?.item::<i64>()
+}
+
+/// Reads a prompt-cache file written by mlx-lm's `save_prompt_cache` (or by
+/// [`save_prompt_cache`]); returns the caches and the user metadata.
+///
+/// A file with another layout, an unknown cache class, or inconsistent state is refused
+/// with an error naming the offending key.
+pub fn load_prompt_cache(
+    path: impl AsRef<Path>,
+) -> Result<(Vec<Box<dyn KvCache>>, BTreeMap<String, String>)> {
+    let path = path.as_ref();
+    let (arrays, raw) = io::load_safetensors(path)?;
+    let meta = parse_meta(path, raw)?;
+    let bad = |message: String| CacheError::BadFile {
+        path: path.to_path_buf(),
+        message,
+    };
+
+    let mut leaves: BTreeMap<String, Leaf> = arrays
+        .into_iter()
+        .map(|(k, a)| (k, Leaf::Array(a)))
+        .collect();
+    for (pos, kind) in &meta.scalars {
+        let Some(Leaf::Array(a)) = leaves.remove(pos) else {
+            return Err(bad(format!(
+                "scalar entry names tensor `{pos}`, which is absent"
+            )));
+        };
+        let leaf = match kind.as_str() {
+            "scalar" => Leaf::Int(to_int(&a).map_err(|e| bad(format!("scalar `{pos}`: {e}")))?),
+            "string" => {
+                let codes = a.astype(Dtype::Int64)?.to_vec::<i64>()?;
+                Leaf::Str(
+                    codes
+                        .into_iter()
+                        .map(|c| {
+                            u32::try_from(c)
+                                .ok()
+                                .and_then(char::from_u32)
+                                .unwrap_or('\u{fffd}')
+                        })
+                        .collect(),
+                )
+            }
+            "none" => Leaf::None,
+            other => return Err(bad(format!("unknown scalar kind `{other}` for `{pos}`"))),
+        };
+        leaves.insert(pos.clone(), leaf);
+    }
+
+    let n = meta.classes.len();
+    let mut per_cache: Vec<BTreeMap<String, Leaf>> = (0..n).map(|_| BTreeMap::new()).collect();
+    for (k, leaf) in leaves {
+        let (i, rest) = k.split_once('.').unwrap_or((k.as_str(), ""));
+        let slot = i.parse::<usize>().ok().and_then(|i| per_cache.get_mut(i));
+        match slot {
+            Some(m) if !rest.is_empty() => {
+                m.insert(rest.to_string(), leaf);
+            }
+            _ => return Err(bad(format!("tensor `{k}` belongs to no cache of the file"))),
+        }
+    }
+
+    let mut caches: Vec<Box<dyn KvCache>> = Vec::with_capacity(n);
+    for (i, (class, state)) in meta.classes.iter().zip(per_cache).enumerate() {
+        let mut st = State {
+            path,
+            index: i,
+            class,
+            leaves: state,
+        };
+        let cache: Box<dyn KvCache> = match class.as_str() {
+            "KVCache" => {
+                let (k, v) = (st.array("0")?, st.array("1")?);
+                let offset = st.int("2")?;
+                st.finish()?;
+                st.check_kv(k.as_ref(), v.as_ref(), offset)?;
+                Box::new(KVCache::from_parts(k, v, offset))
+            }
+            "RotatingKVCache" => {
+                let (k, v) = (st.array("0")?, st.array("1")?);
+                let (offset, keep, max_size, idx) =
+                    (st.int("2")?, st.int("3")?, st.int("4")?, st.int("5")?);
+                st.finish()?;
+                st.check_kv(k.as_ref(), v.as_ref(), 0)?;
+                let len = k.as_ref().map_or(Ok(0), |k| k.dim(2))?;
+                if max_size <= 0 || keep < 0 || offset < 0 || idx < 0 || idx > len.max(max_size) {
+                    return Err(st.err(format!(
+                        "inconsistent state: offset {offset}, keep {keep}, max_size {max_size}, \
+                         _idx {idx}, buffer length {len}"
+                    )));
+                }
+                Box::new(RotatingKVCache::from_parts(
+                    k, v, offset, keep, max_size, idx,
+                ))
+            }
+            "QuantizedKVCache" => {
+                let (k, v) = (st.triple("0")?, st.triple("1")?);
+                let (offset, group_size, bits) = (st.int("2")?, st.int("3")?, st.int("4")?);
+                st.finish()?;
+                st.check_kv(k.as_ref().map(|t| &t[0]), v.as_ref().map(|t| &t[0]), offset)?;
+                if group_size <= 0 || !(1..=8).contains(&bits) {
+                    return Err(st.err(format!("bad group_size {group_size} or bits {bits}")));
+                }
+                Box::new(QuantizedKVCache::from_parts(k, v, offset, group_size, bits))
+            }
+            "ConcatenateKVCache" => {
+                let (k, v) = (st.array("0")?, st.array("1")?);
+                st.finish()?;
+                st.check_kv(k.as_ref(), v.as_ref(), 0)?;
+                Box::new(ConcatenateKVCache::from_parts(k, v)?)
+            }
+            other => {
+                return Err(CacheError::UnknownClass {
+                    path: path.to_path_buf(),
+                    index: i,
+                    class: other.to_string(),
+                })
+            }
+        };
+        caches.push(cache);
+    }
+    Ok((caches, meta.user))
+}
+
+/// The state leaves of one cache while it is rebuilt.
+struct State<'a> {
+    path: &'a Path,
+    index: usize,
+    class: &'a str,
+    leaves: BTreeMap<String, Leaf>,
+}
+
+impl State<'_> {
+    fn err(&self, what: String) -> CacheError {
+        CacheError::BadFile {
+            path: PathBuf::from(self.path),
+            message: format!("cache {} ({}): {what}", self.index, self.class),
+        }
+    }
+
+    fn array(&mut self, key: &str) -> Result<Option<Array>> {
+        match self.leaves.remove(key) {
+            Some(Leaf::Array(a)) => Ok(Some(a)),
+            Some(Leaf::None) => Ok(None),
+            Some(_) => Err(self.err(format!("state `{}.{key}` should be an array", self.index))),
+            None => Err(self.err(format!("state `{}.{key}` is missing", self.index))),
+        }
+    }
+
+    fn int(&mut self, key: &str) -> Result<i32> {
+        match self.leaves.remove(key) {
+            Some(Leaf::Int(v)) => i32::try_from(v).map_err(|_| {
+                self.err(format!(
+                    "state `{}.{key}` = {v} is out of range",
+                    self.index
+                ))
+            }),
+            Some(_) => Err(self.err(format!("state `{}.{key}` should be an integer", self.index))),
+            None => Err(self.err(format!("state `{}.{key}` is missing", self.index))),
+        }
+    }
+
+    fn triple(&mut self, key: &str) -> Result<Option<QuantTriple>> {
+        if let Some(Leaf::None) = self.leaves.get(key) {
+            self.leaves.remove(key);
+            return Ok(None);
+        }
+        let mut parts = Vec::with_capacity(3);
+        for j in 0..3 {
+            match self.array(&format!("{key}.{j}"))? {
+                Some(a) => parts.push(a),
+                None => return Err(self.err(format!("state `{}.{key}.{j}` is None", self.index))),
+            }
+        }
+        let [a, b, c]: [Array; 3] = parts
+            .try_into()
+            .map_err(|_| self.err(format!("state `{}.{key}` is not a triple", self.index)))?;
+        Ok(Some([a, b, c]))
+    }
+
+    /// Refuses leftover state entries (a class with a different state layout).
+    fn finish(&self) -> Result<()> {
+        match self.leaves.keys().next() {
+            Some(k) => Err(self.err(format!("unexpected state entry `{}.{k}`", self.index))),
+            None => Ok(()),
+        }
+    }
+
+    /// Keys and values must both be present (or both absent), 4-D, of one batch/heads
+    /// layout and length, and hold at least `offset` positions.
+    fn check_kv(&self, k: Option<&Array>, v: Option<&Array>, offset: i32) -> Result<()> {
+        match (k, v) {
+            (None, None) if offset == 0 => Ok(()),
+            (None, None) => Err(self.err(format!("no keys but offset {offset}"))),
+            (Some(k), Some(v)) => {
+                let (ks, vs) = (k.shape(), v.shape());
+                if ks.len() != 4 || vs.len() != 4 || ks[..3] != vs[..3] {
+                    return Err(self.err(format!(
+                        "keys {ks:?} and values {vs:?} are not [B, heads, S, dim] alike"
+                    )));
+                }
+                if offset < 0 || offset > ks[2] {
+                    return Err(self.err(format!("offset {offset} outside the {} stored", ks[2])));
+                }
+                Ok(())
+            }
+            _ => Err(self.err("keys and values must both be present or both None".into())),
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! KV caches with mlx-lm's exact semantics (`mlx_lm/models/cache.py`).
+//!
+//! Every cache implements [`mlx_nn::KvCache`], the interface models call during their
+//! forward pass. The op sequence of each update is mlx-lm's, so keys, values and masks
+//! are bit-identical to Python's.
+//!
+//! ```
+//! use mlx_cache::{KVCache, KvCache};
+//! use mlx_array::{ops::ones, Dtype};
+//! let mut c = KVCache::new();
+//! let k = ones(&[1, 2, 3, 4], Dtype::Float32)?;
+//! let (keys, _values) = c.update(&k, &k)?;
+//! assert_eq!(keys.shape(), vec![1, 2, 3, 4]);
+//! assert_eq!(c.offset(), 3);
+//! assert_eq!(c.keys().map(|b| b.shape()), Some(vec![1, 2, 256, 4])); // grows by 256
+//! # Ok::<(), mlx_array::Error>(())
+//! ```
+#![warn(missing_docs)]
+
+mod error;
+mod file;
+mod kv;
+mod quantized;
+mod rotating;
+mod util;
+
+pub use error::{CacheError, Result};
+pub use file::{load_prompt_cache, save_prompt_cache};
+pub use kv::{ConcatenateKVCache, KVCache, STEP};
+pub use mlx_models::CacheSpec;
+pub use mlx_nn::cache::{AttnMask, KvCache, KvFetch};
+pub use quantized::{QuantTriple, QuantizedKVCache};
+pub use rotating::RotatingKVCache;
+
+/// A list of per-layer caches, as models take them.
+pub type PromptCache = Vec<Box<dyn KvCache>>;
+
+/// Builds one cache per layer, like mlx-lm's `make_prompt_cache(model, max_kv_size)`.
+///
+/// `specs` is the model's `cache_specs()`. Without `max_kv_size` each layer gets the
+/// cache its spec names. With it, a model whose layers are all [`CacheSpec::Standard`]
+/// (mlx-lm: a model without its own `make_cache`) gets
+/// `RotatingKVCache(max_size=max_kv_size, keep=4)` for every layer; a model with
+/// sliding-window layers (one that defines `make_cache` in mlx-lm) keeps its own
+/// layout, since mlx-lm ignores `max_kv_size` for those.
+pub fn make_prompt_cache(specs: &[CacheSpec], max_kv_size: Option<i32>) -> Result<PromptCache> {
+    let all_standard = specs.iter().all(|s| *s == CacheSpec::Standard);
+    if let Some(m) = max_kv_size {
+        if m <= 0 {
+            return Err(CacheError::InvalidArgument(format!(
+                "max_kv_size must be positive, got {m}"
+            )));
+        }
+        if all_standard {
+            return Ok(specs
+                .iter()
+                .map(|_| Box::new(RotatingKVCache::new(m, 4)) as Box<dyn KvCache>)
+                .collect());
+        }
+    }
+    specs
+        .iter()
+        .map(|s| match *s {
+            CacheSpec::Standard => Ok(Box::new(KVCache::new()) as Box<dyn KvCache>),
+            CacheSpec::Rotating { max_size, keep } if max_size > 0 => {
+                Ok(Box::new(RotatingKVCache::new(max_size, keep)) as Box<dyn KvCache>)
+            }
+            CacheSpec::Rotating { max_size, .. } => Err(CacheError::InvalidArgument(format!(
+                "a rotating cache needs a positive max_size, got {max_size}"
+            ))),
+        })
+        .collect()
+}
+
+/// mlx-lm's `can_trim_prompt_cache`: whether every cache can be trimmed.
+pub fn can_trim_prompt_cache(caches: &[Box<dyn KvCache>]) -> bool {
+    caches.iter().all(|c| c.is_trimmable())
+}
+
+/// mlx-lm's `trim_prompt_cache`: trims `n` positions from every cache (if all can be
+/// trimmed) and returns how many the first one removed; 0 when nothing was trimmed.
+pub fn trim_prompt_cache(caches: &mut [Box<dyn KvCache>], n: i32) -> i32 {
+    if !can_trim_prompt_cache(caches) || caches.is_empty() {
+        return 0;
+    }
+    let trimmed: Vec<i32> = caches.iter_mut().map(|c| c.trim(n)).collect();
+    trimmed[0]
+}
+
+/// mlx-lm's `maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size,
+/// kv_bits)`: with `bits` set, every [`KVCache`] whose offset reached
+/// `quantized_kv_start` is replaced by its [`QuantizedKVCache`]. A
+/// [`RotatingKVCache`] that qualifies is an error, as in mlx-lm.
+pub fn maybe_quantize_kv_cache(
+    caches: &mut [Box<dyn KvCache>],
+    quantized_kv_start: i32,
+    group_size: i32,
+    bits: Option<i32>,
+) -> Result<()> {
+    let Some(bits) = bits else {
+        return Ok(());
+    };
+    for c in caches.iter_mut() {
+        if c.offset() < quantized_kv_start {
+            continue;
+        }
+        if let Some(kv) = c.as_any().downcast_ref::<KVCache>() {
+            let q = kv.to_quantized(group_size, bits)?;
+            *c = Box::new(q);
+        } else if let Some(r) = c.as_any().downcast_ref::<RotatingKVCache>() {
+            r.to_quantized(group_size, bits)?;
+        }
+    }
+    Ok(())
+}

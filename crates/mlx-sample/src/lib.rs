@@ -1,0 +1,1 @@
+//! Samplers and logits processors with mlx-lm's semantics.
