@@ -763,6 +763,10 @@ int mlxs_conv2d(mlxs_array* out, mlxs_array input, mlxs_array weight, const int3
                   {dilation[0], dilation[1]}, groups, S(s)));
 }
 
+int mlxs_depends(mlxs_vec* out, mlxs_vec inputs, mlxs_vec dependencies) {
+  return guard([&] { *out = wrapv(mx::depends(inputs->v, dependencies->v)); });
+}
+
 /* ---------- fast ---------- */
 int mlxs_fast_rms_norm(mlxs_array* out, mlxs_array x, mlxs_array w, float eps, mlxs_stream s) {
   OUT1(mx::fast::rms_norm(A(x), OPT(w), eps, S(s)));
@@ -925,6 +929,10 @@ int mlxs_random_truncated_normal(mlxs_array* out, mlxs_array lower, mlxs_array u
 }
 int mlxs_random_permutation(mlxs_array* out, mlxs_array x, int axis, mlxs_array key, mlxs_stream s) {
   OUT1(mx::random::permutation(A(x), axis, OPT(key), S(s)));
+}
+
+int mlxs_random_permutation_n(mlxs_array* out, int n, mlxs_array key, mlxs_stream s) {
+  OUT1(mx::random::permutation(n, OPT(key), S(s)));
 }
 
 /* ---------- linalg ---------- */

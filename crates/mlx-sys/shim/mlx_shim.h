@@ -283,6 +283,8 @@ int mlxs_conv1d(mlxs_array* out, mlxs_array input, mlxs_array weight, int stride
                 int dilation, int groups, mlxs_stream s);
 int mlxs_conv2d(mlxs_array* out, mlxs_array input, mlxs_array weight, const int32_t* stride,
                 const int32_t* padding, const int32_t* dilation, int groups, mlxs_stream s);
+/* `inputs` unchanged, but evaluated only after `dependencies` (mx.depends). */
+int mlxs_depends(mlxs_vec* out, mlxs_vec inputs, mlxs_vec dependencies);
 
 /* ---------- fast ---------- */
 int mlxs_fast_rms_norm(mlxs_array* out, mlxs_array x, mlxs_array weight, float eps, mlxs_stream s);
@@ -356,6 +358,8 @@ int mlxs_random_truncated_normal(mlxs_array* out, mlxs_array lower, mlxs_array u
                                  const int32_t* shape, size_t ndim, int32_t dtype, mlxs_array key,
                                  mlxs_stream s);
 int mlxs_random_permutation(mlxs_array* out, mlxs_array x, int axis, mlxs_array key, mlxs_stream s);
+/* A random permutation of arange(n), as uint32 (Python's `permutation(int)`). */
+int mlxs_random_permutation_n(mlxs_array* out, int n, mlxs_array key, mlxs_stream s);
 
 /* ---------- linalg ---------- */
 /* ord_kind: 0 default (Frobenius / 2-norm), 1 numeric ord, 2 string ord. axes NULL: all. */

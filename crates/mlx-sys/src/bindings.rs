@@ -1094,6 +1094,13 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
+    pub fn mlxs_depends(
+        out: *mut mlxs_vec,
+        inputs: mlxs_vec,
+        dependencies: mlxs_vec,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
     pub fn mlxs_fast_rms_norm(
         out: *mut mlxs_array,
         x: mlxs_array,
@@ -1382,6 +1389,14 @@ unsafe extern "C" {
         out: *mut mlxs_array,
         x: mlxs_array,
         axis: ::std::os::raw::c_int,
+        key: mlxs_array,
+        s: mlxs_stream,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_random_permutation_n(
+        out: *mut mlxs_array,
+        n: ::std::os::raw::c_int,
         key: mlxs_array,
         s: mlxs_stream,
     ) -> ::std::os::raw::c_int;
