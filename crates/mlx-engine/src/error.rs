@@ -6,6 +6,9 @@ pub enum EngineError {
     /// An MLX operation failed.
     #[error(transparent)]
     Mlx(#[from] mlx_array::Error),
+    /// A KV-cache operation failed.
+    #[error(transparent)]
+    Cache(#[from] mlx_cache::CacheError),
     /// The tokenizer failed.
     #[error(transparent)]
     Tokenizer(#[from] mlx_tokenizer::TokenizerError),

@@ -10,12 +10,17 @@ pub type Sampler = Box<dyn FnMut(&Array) -> mlx_array::Result<Array>>;
 /// Rewrites logits `[1, vocab]` given every token so far (`[n]`, prompt included).
 pub type LogitsProcessor = Box<dyn FnMut(&Array, &Array) -> mlx_array::Result<Array>>;
 
-/// Makes the per-layer caches when none is given (mlx-lm's `make_prompt_cache`).
-pub type CacheFactory = Box<dyn FnOnce(&dyn LanguageModel) -> mlx_array::Result<Vec<Box<dyn KvCache>>>>;
-
-/// Quantizes caches in place once they pass the start offset
-/// (mlx-lm's `maybe_quantize_kv_cache`).
-pub type KvQuantizer = Box<dyn FnMut(&mut Vec<Box<dyn KvCache>>) -> mlx_array::Result<()>>;
+/// KV-cache quantization (mlx-lm's `--kv-bits`, `--kv-group-size`,
+/// `--quantized-kv-start`): caches switch to quantized once their offset reaches `start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvQuantization {
+    /// Bits per element.
+    pub bits: i32,
+    /// Group size.
+    pub group_size: i32,
+    /// Offset from which caches are quantized.
+    pub start: i32,
+}
 
 /// Options of [`TokenGenerator`], with mlx-lm's defaults.
 pub struct GenerateOptions {
@@ -27,8 +32,8 @@ pub struct GenerateOptions {
     pub sampler: Option<Sampler>,
     /// Logits processors, applied in order.
     pub logits_processors: Vec<LogitsProcessor>,
-    /// KV-cache quantization hook, called after every model call.
-    pub kv_quantizer: Option<KvQuantizer>,
+    /// KV-cache quantization, applied after every model call.
+    pub kv_quantization: Option<KvQuantization>,
     /// Called with (processed, total) prompt tokens.
     pub prompt_progress: Option<Box<dyn FnMut(usize, usize)>>,
 }
@@ -40,7 +45,7 @@ impl Default for GenerateOptions {
             prefill_step_size: 2048,
             sampler: None,
             logits_processors: Vec::new(),
-            kv_quantizer: None,
+            kv_quantization: None,
             prompt_progress: None,
         }
     }
@@ -101,8 +106,8 @@ impl<'a> TokenGenerator<'a> {
     }
 
     fn quantize_caches(&mut self) -> Result<()> {
-        if let Some(q) = self.opts.kv_quantizer.as_mut() {
-            q(self.caches)?;
+        if let Some(q) = self.opts.kv_quantization {
+            mlx_cache::maybe_quantize_kv_cache(self.caches, q.start, q.group_size, Some(q.bits))?;
         }
         Ok(())
     }

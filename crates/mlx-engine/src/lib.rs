@@ -10,7 +10,5 @@ mod generate;
 mod stream;
 
 pub use error::{EngineError, Result};
-pub use generate::{
-    CacheFactory, GenerateOptions, KvQuantizer, LogitsProcessor, Sampler, TokenGenerator,
-};
+pub use generate::{GenerateOptions, KvQuantization, LogitsProcessor, Sampler, TokenGenerator};
 pub use stream::{stream_generate, FinishReason, GenerationResponse, PromptInput};
