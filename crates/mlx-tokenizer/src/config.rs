@@ -8,8 +8,15 @@ use serde_json::{Map, Value as Json};
 use crate::error::TokenizerError;
 
 /// Names of the standard special-token attributes, in transformers' order.
-pub const SPECIAL_TOKEN_NAMES: [&str; 7] =
-    ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
+pub const SPECIAL_TOKEN_NAMES: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
 
 /// Settings from `tokenizer_config.json` (merged with `special_tokens_map.json`,
 /// `chat_template.jinja` and `additional_chat_templates/`), or built by hand for
@@ -41,17 +48,24 @@ pub struct TokenizerConfig {
 impl TokenizerConfig {
     /// Parses the text of a `tokenizer_config.json`.
     pub fn from_json_str(text: &str) -> Result<Self, TokenizerError> {
-        let raw: Json = serde_json::from_str(text)
-            .map_err(|source| TokenizerError::Json { what: "tokenizer_config.json".into(), source })?;
+        let raw: Json = serde_json::from_str(text).map_err(|source| TokenizerError::Json {
+            what: "tokenizer_config.json".into(),
+            source,
+        })?;
         match raw {
             Json::Object(map) => Self::from_map(map),
-            _ => Err(TokenizerError::InvalidConfig("tokenizer_config.json is not an object".into())),
+            _ => Err(TokenizerError::InvalidConfig(
+                "tokenizer_config.json is not an object".into(),
+            )),
         }
     }
 
     /// Builds the config from a parsed `tokenizer_config.json` object.
     pub fn from_map(raw: Map<String, Json>) -> Result<Self, TokenizerError> {
-        let mut cfg = TokenizerConfig { raw, ..Default::default() };
+        let mut cfg = TokenizerConfig {
+            raw,
+            ..Default::default()
+        };
         let raw = &cfg.raw;
         for name in SPECIAL_TOKEN_NAMES {
             if let Some(tok) = raw.get(name).and_then(token_content) {
@@ -69,10 +83,18 @@ impl TokenizerConfig {
         cfg.chat_templates = parse_chat_template_field(raw.get("chat_template"))?;
         cfg.add_bos_token = raw.get("add_bos_token").and_then(Json::as_bool);
         cfg.add_eos_token = raw.get("add_eos_token").and_then(Json::as_bool);
-        cfg.tool_parser_type = raw.get("tool_parser_type").and_then(Json::as_str).map(str::to_string);
-        cfg.chat_template_type = raw.get("chat_template_type").and_then(Json::as_str).map(str::to_string);
-        cfg.clean_up_tokenization_spaces =
-            raw.get("clean_up_tokenization_spaces").and_then(Json::as_bool).unwrap_or(false);
+        cfg.tool_parser_type = raw
+            .get("tool_parser_type")
+            .and_then(Json::as_str)
+            .map(str::to_string);
+        cfg.chat_template_type = raw
+            .get("chat_template_type")
+            .and_then(Json::as_str)
+            .map(str::to_string);
+        cfg.clean_up_tokenization_spaces = raw
+            .get("clean_up_tokenization_spaces")
+            .and_then(Json::as_bool)
+            .unwrap_or(false);
         Ok(cfg)
     }
 
@@ -100,11 +122,16 @@ impl TokenizerConfig {
         }
         let extra_dir = dir.join("additional_chat_templates");
         if extra_dir.is_dir() {
-            let entries =
-                std::fs::read_dir(&extra_dir).map_err(|source| TokenizerError::Io { path: extra_dir.clone(), source })?;
+            let entries = std::fs::read_dir(&extra_dir).map_err(|source| TokenizerError::Io {
+                path: extra_dir.clone(),
+                source,
+            })?;
             for entry in entries.flatten() {
                 let path = entry.path();
-                let name = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".jinja"));
+                let name = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.strip_suffix(".jinja"));
                 if let Some(name) = name {
                     if let Some(text) = read_optional(&path)? {
                         files.insert(name.to_string(), text);
@@ -141,7 +168,9 @@ fn read_eos_ids(dir: &Path) -> Result<Vec<u32>, TokenizerError> {
     if let Some(value) = field("generation_config.json")?.filter(is_truthy) {
         return Ok(eos_ids(&value));
     }
-    Ok(field("config.json")?.map(|v| eos_ids(&v)).unwrap_or_default())
+    Ok(field("config.json")?
+        .map(|v| eos_ids(&v))
+        .unwrap_or_default())
 }
 
 /// Python truthiness of a JSON value.
@@ -159,8 +188,16 @@ fn is_truthy(value: &Json) -> bool {
 /// `eos_token_id` as an int or a list of ints.
 fn eos_ids(value: &Json) -> Vec<u32> {
     match value {
-        Json::Number(n) => n.as_u64().and_then(|v| u32::try_from(v).ok()).into_iter().collect(),
-        Json::Array(items) => items.iter().filter_map(|v| v.as_u64()).filter_map(|v| u32::try_from(v).ok()).collect(),
+        Json::Number(n) => n
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+            .into_iter()
+            .collect(),
+        Json::Array(items) => items
+            .iter()
+            .filter_map(|v| v.as_u64())
+            .filter_map(|v| u32::try_from(v).ok())
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -169,13 +206,18 @@ fn eos_ids(value: &Json) -> Vec<u32> {
 fn token_content(value: &Json) -> Option<String> {
     match value {
         Json::String(s) => Some(s.clone()),
-        Json::Object(map) => map.get("content").and_then(Json::as_str).map(str::to_string),
+        Json::Object(map) => map
+            .get("content")
+            .and_then(Json::as_str)
+            .map(str::to_string),
         _ => None,
     }
 }
 
 /// `chat_template`: a string, or a list of `{"name": ..., "template": ...}`.
-fn parse_chat_template_field(value: Option<&Json>) -> Result<BTreeMap<String, String>, TokenizerError> {
+fn parse_chat_template_field(
+    value: Option<&Json>,
+) -> Result<BTreeMap<String, String>, TokenizerError> {
     let mut out = BTreeMap::new();
     match value {
         None | Some(Json::Null) => {}
@@ -192,7 +234,8 @@ fn parse_chat_template_field(value: Option<&Json>) -> Result<BTreeMap<String, St
                     }
                     _ => {
                         return Err(TokenizerError::InvalidConfig(
-                            "chat_template list entries need string \"name\" and \"template\"".into(),
+                            "chat_template list entries need string \"name\" and \"template\""
+                                .into(),
                         ))
                     }
                 }
@@ -211,16 +254,29 @@ pub(crate) fn read_optional(path: &Path) -> Result<Option<String>, TokenizerErro
     match std::fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(TokenizerError::Io { path: path.to_path_buf(), source }),
+        Err(source) => Err(TokenizerError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 
 fn read_json_object(path: &Path) -> Result<Option<Map<String, Json>>, TokenizerError> {
-    let Some(text) = read_optional(path)? else { return Ok(None) };
-    let what = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    match serde_json::from_str(&text).map_err(|source| TokenizerError::Json { what: what.clone(), source })? {
+    let Some(text) = read_optional(path)? else {
+        return Ok(None);
+    };
+    let what = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match serde_json::from_str(&text).map_err(|source| TokenizerError::Json {
+        what: what.clone(),
+        source,
+    })? {
         Json::Object(map) => Ok(Some(map)),
-        _ => Err(TokenizerError::InvalidConfig(format!("{what} is not a JSON object"))),
+        _ => Err(TokenizerError::InvalidConfig(format!(
+            "{what} is not a JSON object"
+        ))),
     }
 }
 
@@ -237,10 +293,19 @@ mod tests {
                 "tool_parser_type": "json_tools", "clean_up_tokenization_spaces": true}"#,
         )
         .unwrap();
-        assert_eq!(cfg.special_tokens.get("bos_token").map(String::as_str), Some("<s>"));
-        assert_eq!(cfg.special_tokens.get("eos_token").map(String::as_str), Some("</s>"));
+        assert_eq!(
+            cfg.special_tokens.get("bos_token").map(String::as_str),
+            Some("<s>")
+        );
+        assert_eq!(
+            cfg.special_tokens.get("eos_token").map(String::as_str),
+            Some("</s>")
+        );
         assert!(!cfg.special_tokens.contains_key("pad_token"));
-        assert_eq!(cfg.special_tokens.get("image_token").map(String::as_str), Some("<img>"));
+        assert_eq!(
+            cfg.special_tokens.get("image_token").map(String::as_str),
+            Some("<img>")
+        );
         assert_eq!(cfg.chat_templates.len(), 2);
         assert_eq!(cfg.chat_templates["tool_use"], "B");
         assert_eq!(cfg.add_bos_token, Some(true));

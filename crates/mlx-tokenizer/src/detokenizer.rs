@@ -31,7 +31,9 @@ impl DetokenizerKind {
     /// mlx-lm's rule: exact SPM decoder sequences select SPM (with or without the
     /// final `Strip`), a `ByteLevel` decoder selects BPE, anything else Naive.
     pub fn from_decoder(decoder: Option<&Json>) -> Self {
-        let Some(decoder) = decoder else { return Self::Naive };
+        let Some(decoder) = decoder else {
+            return Self::Naive;
+        };
         let replace = json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "});
         let spm = json!({"type": "Sequence", "decoders": [
             replace, {"type": "ByteFallback"}, {"type": "Fuse"},
@@ -90,8 +92,15 @@ pub(crate) struct TokenBytes {
 
 impl TokenBytes {
     /// Builds the table from `(id -> token string)` for ids `0..n`.
-    pub(crate) fn build(n: usize, kind: DetokenizerKind, token: impl Fn(u32) -> Option<String>) -> Self {
-        let mut out = TokenBytes { offsets: Vec::with_capacity(n + 1), ..Default::default() };
+    pub(crate) fn build(
+        n: usize,
+        kind: DetokenizerKind,
+        token: impl Fn(u32) -> Option<String>,
+    ) -> Self {
+        let mut out = TokenBytes {
+            offsets: Vec::with_capacity(n + 1),
+            ..Default::default()
+        };
         out.offsets.push(0);
         for id in 0..n {
             let id = u32::try_from(id).unwrap_or(u32::MAX);
@@ -109,8 +118,10 @@ impl TokenBytes {
                         // byte decoder, or keep the token's own UTF-8 if one is
                         // outside the table (e.g. added tokens).
                         let table = byte_decoder();
-                        let bytes: Option<Vec<u8>> =
-                            tok.chars().map(|c| table.get(c as usize).copied().flatten()).collect();
+                        let bytes: Option<Vec<u8>> = tok
+                            .chars()
+                            .map(|c| table.get(c as usize).copied().flatten())
+                            .collect();
                         match bytes {
                             Some(b) => out.data.extend_from_slice(&b),
                             None => out.data.extend_from_slice(tok.as_bytes()),
@@ -144,7 +155,9 @@ fn spm_byte_token(tok: &str) -> Option<u8> {
 fn byte_decoder() -> &'static [Option<u8>] {
     static TABLE: OnceLock<Vec<Option<u8>>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+        let printable = |b: u32| {
+            (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+        };
         let mut table = vec![None; 256 + 68];
         let mut n = 0usize;
         for b in 0u32..256 {
@@ -263,7 +276,14 @@ pub struct SpmDetokenizer {
 
 impl SpmDetokenizer {
     pub(crate) fn new(map: Arc<TokenBytes>, trim_space: bool) -> Self {
-        Self { map, trim_space, tokens: Vec::new(), offset: 0, unflushed: Vec::new(), text: String::new() }
+        Self {
+            map,
+            trim_space,
+            tokens: Vec::new(),
+            offset: 0,
+            unflushed: Vec::new(),
+            text: String::new(),
+        }
     }
 
     fn try_flush(&mut self, force: bool) {
@@ -339,7 +359,13 @@ pub struct BpeDetokenizer {
 
 impl BpeDetokenizer {
     pub(crate) fn new(map: Arc<TokenBytes>) -> Self {
-        Self { map, tokens: Vec::new(), offset: 0, unflushed: Vec::new(), text: String::new() }
+        Self {
+            map,
+            tokens: Vec::new(),
+            offset: 0,
+            unflushed: Vec::new(),
+            text: String::new(),
+        }
     }
 
     fn push_trimmed(&mut self, current: &str) {
@@ -450,11 +476,20 @@ mod tests {
             {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
             {"type": "ByteFallback"}, {"type": "Fuse"},
             {"type": "Strip", "content": " ", "start": 1, "stop": 0}]});
-        assert_eq!(DetokenizerKind::from_decoder(Some(&spm)), DetokenizerKind::Spm { trim_space: true });
+        assert_eq!(
+            DetokenizerKind::from_decoder(Some(&spm)),
+            DetokenizerKind::Spm { trim_space: true }
+        );
         let bpe = json!({"type": "ByteLevel", "add_prefix_space": true});
-        assert_eq!(DetokenizerKind::from_decoder(Some(&bpe)), DetokenizerKind::Bpe);
+        assert_eq!(
+            DetokenizerKind::from_decoder(Some(&bpe)),
+            DetokenizerKind::Bpe
+        );
         let other = json!({"type": "WordPiece", "prefix": "##"});
-        assert_eq!(DetokenizerKind::from_decoder(Some(&other)), DetokenizerKind::Naive);
+        assert_eq!(
+            DetokenizerKind::from_decoder(Some(&other)),
+            DetokenizerKind::Naive
+        );
         assert_eq!(DetokenizerKind::from_decoder(None), DetokenizerKind::Naive);
     }
 
@@ -470,9 +505,11 @@ mod tests {
     #[test]
     fn spm_holds_back_split_byte_tokens() {
         let vocab = ["<0xE2>", "<0x82>", "<0xAC>", "\u{2581}a", "b"];
-        let map = Arc::new(TokenBytes::build(vocab.len(), DetokenizerKind::Spm { trim_space: true }, |i| {
-            vocab.get(i as usize).map(|s| s.to_string())
-        }));
+        let map = Arc::new(TokenBytes::build(
+            vocab.len(),
+            DetokenizerKind::Spm { trim_space: true },
+            |i| vocab.get(i as usize).map(|s| s.to_string()),
+        ));
         let mut d = SpmDetokenizer::new(map, true);
         let mut segments = Vec::new();
         for id in [3, 0, 1, 2, 4] {

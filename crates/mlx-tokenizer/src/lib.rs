@@ -20,6 +20,8 @@
 //! # }
 //! ```
 
+#![warn(missing_docs)]
+
 mod config;
 mod detokenizer;
 mod error;
@@ -29,7 +31,8 @@ mod tokenizer;
 
 pub use config::{TokenizerConfig, SPECIAL_TOKEN_NAMES};
 pub use detokenizer::{
-    BpeDetokenizer, Detokenizer, DetokenizerKind, NaiveDetokenizer, SpmDetokenizer, StreamingDetokenizer,
+    BpeDetokenizer, Detokenizer, DetokenizerKind, NaiveDetokenizer, SpmDetokenizer,
+    StreamingDetokenizer,
 };
 pub use error::{TemplateError, TokenizerError};
 pub use template::{ChatOptions, ChatTemplate, DEFAULT_TEMPLATE_FUEL};

@@ -155,7 +155,12 @@ pub(crate) fn json_dumps(value: &Value, opts: &DumpOptions) -> Result<String, Er
     Ok(out)
 }
 
-fn dump_into(out: &mut String, value: &Value, opts: &DumpOptions, level: usize) -> Result<(), Error> {
+fn dump_into(
+    out: &mut String,
+    value: &Value,
+    opts: &DumpOptions,
+    level: usize,
+) -> Result<(), Error> {
     let (item_sep, key_sep) = match &opts.separators {
         Some((i, k)) => (i.as_str(), k.as_str()),
         None if opts.indent.is_some() => (",", ": "),
@@ -179,7 +184,9 @@ fn dump_into(out: &mut String, value: &Value, opts: &DumpOptions, level: usize) 
         ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => out.push_str(&number_text(value, true)),
-        ValueKind::String => json_escape_into(out, value.as_str().unwrap_or_default(), opts.ensure_ascii),
+        ValueKind::String => {
+            json_escape_into(out, value.as_str().unwrap_or_default(), opts.ensure_ascii)
+        }
         ValueKind::Map => {
             let pairs = map_pairs(value, opts.sort_keys)?;
             if pairs.is_empty() {
@@ -228,7 +235,11 @@ fn dump_into(out: &mut String, value: &Value, opts: &DumpOptions, level: usize) 
 
 /// Python's `repr(str)`: single quotes unless the text has `'` and no `"`.
 pub(crate) fn py_str_repr(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut out = String::with_capacity(s.len() + 2);
     out.push(quote);
     for c in s.chars() {
@@ -241,7 +252,9 @@ pub(crate) fn py_str_repr(s: &str) -> String {
                 out.push('\\');
                 out.push(c);
             }
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
             c => out.push(c),
         }
     }
@@ -267,8 +280,10 @@ pub(crate) fn py_str(value: &Value) -> String {
         ValueKind::String => value.as_str().unwrap_or_default().to_string(),
         ValueKind::Map => match map_pairs(value, false) {
             Ok(pairs) => {
-                let parts: Vec<String> =
-                    pairs.iter().map(|(k, v)| format!("{}: {}", py_repr(k), py_repr(v))).collect();
+                let parts: Vec<String> = pairs
+                    .iter()
+                    .map(|(k, v)| format!("{}: {}", py_repr(k), py_repr(v)))
+                    .collect();
                 format!("{{{}}}", parts.join(", "))
             }
             Err(_) => value.to_string(),
@@ -310,13 +325,24 @@ mod tests {
 
     #[test]
     fn json_dumps_uses_python_separators_and_indent() {
-        let v = Value::from_serialize(serde_json::json!({"b": [1, 2.0, "é\n"], "a": {}, "c": null}));
+        let v =
+            Value::from_serialize(serde_json::json!({"b": [1, 2.0, "é\n"], "a": {}, "c": null}));
         let flat = json_dumps(&v, &DumpOptions::default()).unwrap();
         assert_eq!(flat, "{\"b\": [1, 2.0, \"é\\n\"], \"a\": {}, \"c\": null}");
-        let opts = DumpOptions { indent: Some("  ".into()), sort_keys: true, ..Default::default() };
+        let opts = DumpOptions {
+            indent: Some("  ".into()),
+            sort_keys: true,
+            ..Default::default()
+        };
         let pretty = json_dumps(&v, &opts).unwrap();
-        assert_eq!(pretty, "{\n  \"a\": {},\n  \"b\": [\n    1,\n    2.0,\n    \"é\\n\"\n  ],\n  \"c\": null\n}");
-        let ascii = DumpOptions { ensure_ascii: true, ..Default::default() };
+        assert_eq!(
+            pretty,
+            "{\n  \"a\": {},\n  \"b\": [\n    1,\n    2.0,\n    \"é\\n\"\n  ],\n  \"c\": null\n}"
+        );
+        let ascii = DumpOptions {
+            ensure_ascii: true,
+            ..Default::default()
+        };
         let v = Value::from("é😀");
         assert_eq!(json_dumps(&v, &ascii).unwrap(), "\"\\u00e9\\ud83d\\ude00\"");
     }

@@ -60,7 +60,9 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate").field("source_len", &self.source.len()).finish()
+        f.debug_struct("ChatTemplate")
+            .field("source_len", &self.source.len())
+            .finish()
     }
 }
 
@@ -98,8 +100,12 @@ impl ChatTemplate {
         });
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned(TEMPLATE_NAME, prepared).map_err(|e| TemplateError::Syntax(describe(&e)))?;
-        Ok(Self { env: Arc::new(env), source: source.into() })
+        env.add_template_owned(TEMPLATE_NAME, prepared)
+            .map_err(|e| TemplateError::Syntax(describe(&e)))?;
+        Ok(Self {
+            env: Arc::new(env),
+            source: source.into(),
+        })
     }
 
     /// The template text as given.
@@ -121,7 +127,9 @@ impl ChatTemplate {
         special_tokens: &Map<String, Json>,
     ) -> Result<String, TemplateError> {
         if messages.is_empty() {
-            return Err(TemplateError::InvalidChat("cannot apply chat template to an empty conversation".into()));
+            return Err(TemplateError::InvalidChat(
+                "cannot apply chat template to an empty conversation".into(),
+            ));
         }
         if opts.continue_final_message && opts.add_generation_prompt {
             return Err(TemplateError::InvalidChat(
@@ -130,23 +138,46 @@ impl ChatTemplate {
         }
         if let Some(docs) = &opts.documents {
             if docs.iter().any(|d| !d.is_object()) {
-                return Err(TemplateError::InvalidChat("documents must be a list of objects".into()));
+                return Err(TemplateError::InvalidChat(
+                    "documents must be a list of objects".into(),
+                ));
             }
         }
         let mut chat = normalize_messages(messages)?;
-        let final_message = if opts.continue_final_message { Some(self.tag_final_message(&mut chat)?) } else { None };
+        let final_message = if opts.continue_final_message {
+            Some(self.tag_final_message(&mut chat)?)
+        } else {
+            None
+        };
 
         let mut ctx = special_tokens.clone();
         for (k, v) in &opts.kwargs {
             ctx.insert(k.clone(), v.clone());
         }
         ctx.insert("messages".into(), Json::Array(chat));
-        ctx.insert("tools".into(), opts.tools.clone().map(Json::Array).unwrap_or(Json::Null));
-        ctx.insert("documents".into(), opts.documents.clone().map(Json::Array).unwrap_or(Json::Null));
-        ctx.insert("add_generation_prompt".into(), Json::Bool(opts.add_generation_prompt));
+        ctx.insert(
+            "tools".into(),
+            opts.tools.clone().map(Json::Array).unwrap_or(Json::Null),
+        );
+        ctx.insert(
+            "documents".into(),
+            opts.documents
+                .clone()
+                .map(Json::Array)
+                .unwrap_or(Json::Null),
+        );
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Json::Bool(opts.add_generation_prompt),
+        );
 
-        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(|e| TemplateError::Render(describe(&e)))?;
-        let rendered = tmpl.render(Value::from_serialize(&ctx)).map_err(|e| classify(&e))?;
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| TemplateError::Render(describe(&e)))?;
+        let rendered = tmpl
+            .render(Value::from_serialize(&ctx))
+            .map_err(|e| classify(&e))?;
 
         match final_message {
             Some(final_text) => cut_after_final_message(rendered, &final_text),
@@ -157,11 +188,17 @@ impl ChatTemplate {
     /// Appends the continuation tag to the final message's content and returns
     /// the original content text.
     fn tag_final_message(&self, chat: &mut [Json]) -> Result<String, TemplateError> {
-        let no_content = || TemplateError::InvalidChat("continue_final_message is set but the final message has no \"content\" to continue".into());
-        let last = chat.last_mut().and_then(Json::as_object_mut).ok_or_else(no_content)?;
+        let no_content = || {
+            TemplateError::InvalidChat("continue_final_message is set but the final message has no \"content\" to continue".into())
+        };
+        let last = chat
+            .last_mut()
+            .and_then(Json::as_object_mut)
+            .ok_or_else(no_content)?;
         if !self.source.contains("content") {
             return Err(TemplateError::InvalidChat(
-                "continue_final_message is set but the chat template does not use \"content\"".into(),
+                "continue_final_message is set but the chat template does not use \"content\""
+                    .into(),
             ));
         }
         match last.get_mut("content") {
@@ -213,9 +250,15 @@ fn normalize_messages(messages: &[Json]) -> Result<Vec<Json>, TemplateError> {
     let mut out = Vec::with_capacity(messages.len());
     for (i, message) in messages.iter().enumerate() {
         let Some(obj) = message.as_object() else {
-            return Err(TemplateError::InvalidChat(format!("message {i} is not an object")));
+            return Err(TemplateError::InvalidChat(format!(
+                "message {i} is not an object"
+            )));
         };
-        let mut msg: Map<String, Json> = obj.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut msg: Map<String, Json> = obj
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let reasoning = REASONING_FIELDS.iter().find_map(|k| msg.get(*k).cloned());
         if let Some(reasoning) = reasoning {
             // {"thinking": r, **message, "reasoning_content": r}
@@ -244,7 +287,8 @@ fn strip_generation_tags(src: &str) -> Cow<'_, str> {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tail = &rest[start..];
-        let Some(end) = tail.find("%}") else {
+        // Search past the opening "{%" so "{%}" is not taken for a whole tag.
+        let Some(end) = tail[2..].find("%}").map(|i| i + 2) else {
             out.push_str(tail);
             rest = "";
             break;
@@ -297,11 +341,18 @@ fn strftime_now(format: &str) -> Result<Value, Error> {
     use chrono::format::{Item, StrftimeItems};
     let items: Vec<Item<'_>> = StrftimeItems::new(format).collect();
     if items.iter().any(|i| matches!(i, Item::Error)) {
-        return Err(Error::new(ErrorKind::InvalidOperation, format!("invalid strftime format {format:?}")));
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("invalid strftime format {format:?}"),
+        ));
     }
     let mut out = String::new();
-    write!(out, "{}", chrono::Local::now().format_with_items(items.iter()))
-        .map_err(|_| Error::new(ErrorKind::InvalidOperation, "strftime formatting failed"))?;
+    write!(
+        out,
+        "{}",
+        chrono::Local::now().format_with_items(items.iter())
+    )
+    .map_err(|_| Error::new(ErrorKind::InvalidOperation, "strftime formatting failed"))?;
     Ok(Value::from(out))
 }
 
@@ -318,7 +369,10 @@ fn tojson_filter(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Val
     for (slot, name) in slots.iter_mut().zip(names) {
         if kwargs.has(name) {
             if slot.is_some() {
-                return Err(Error::new(ErrorKind::TooManyArguments, format!("tojson got multiple values for {name}")));
+                return Err(Error::new(
+                    ErrorKind::TooManyArguments,
+                    format!("tojson got multiple values for {name}"),
+                ));
             }
             *slot = Some(kwargs.get::<Value>(name)?);
         }
@@ -336,23 +390,41 @@ fn tojson_filter(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Val
         Some(v) => match (v.as_str(), v.as_i64()) {
             (Some(s), _) => Some(s.to_string()),
             (None, Some(n)) => Some(" ".repeat(n.clamp(0, 1024) as usize)),
-            _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson indent must be an int or a string")),
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson indent must be an int or a string",
+                ))
+            }
         },
     };
     if let Some(sep) = separators.filter(|v| !v.is_none() && !v.is_undefined()) {
         let parts: Vec<Value> = sep.try_iter()?.collect();
         match parts.as_slice() {
             [a, b] if a.as_str().is_some() && b.as_str().is_some() => {
-                opts.separators = Some((a.as_str().unwrap_or_default().into(), b.as_str().unwrap_or_default().into()));
+                opts.separators = Some((
+                    a.as_str().unwrap_or_default().into(),
+                    b.as_str().unwrap_or_default().into(),
+                ));
             }
-            _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson separators must be two strings")),
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson separators must be two strings",
+                ))
+            }
         }
     }
     json_dumps(value, &opts).map(Value::from)
 }
 
 /// Python `str`/`dict`/`list` methods: minijinja-contrib's set plus a few more.
-fn python_methods(state: &State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
+fn python_methods(
+    state: &State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
     if let (Some(s), [arg]) = (value.as_str(), args) {
         if let Some(affix) = arg.as_str() {
             match method {
@@ -397,7 +469,14 @@ mod tests {
     #[test]
     fn generation_tags_become_noop_blocks() {
         let src = "a{%- generation %}b{% endgeneration -%}c{% if x %}{% endif %}";
-        assert_eq!(strip_generation_tags(src), "a{%- if true %}b{% endif -%}c{% if x %}{% endif %}");
+        assert_eq!(
+            strip_generation_tags(src),
+            "a{%- if true %}b{% endif -%}c{% if x %}{% endif %}"
+        );
         assert!(matches!(strip_generation_tags("plain"), Cow::Borrowed(_)));
+        assert_eq!(
+            strip_generation_tags("{%}generation{%-%}{%"),
+            "{%}generation{%-%}{%"
+        );
     }
 }

@@ -1,6 +1,5 @@
 //! The [`Tokenizer`]: a Hugging Face `tokenizer.json` plus mlx-lm's wrapper logic.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::str::FromStr;
@@ -12,7 +11,8 @@ use tokenizers::models::ModelWrapper;
 
 use crate::config::{read_optional, TokenizerConfig};
 use crate::detokenizer::{
-    BpeDetokenizer, DecodeFn, Detokenizer, DetokenizerKind, NaiveDetokenizer, SpmDetokenizer, TokenBytes,
+    BpeDetokenizer, DecodeFn, Detokenizer, DetokenizerKind, NaiveDetokenizer, SpmDetokenizer,
+    TokenBytes,
 };
 use crate::error::{TemplateError, TokenizerError};
 use crate::template::{ChatOptions, ChatTemplate};
@@ -72,7 +72,8 @@ impl Tokenizer {
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self, TokenizerError> {
         let dir = dir.as_ref();
         let path = dir.join("tokenizer.json");
-        let json = read_optional(&path)?.ok_or_else(|| TokenizerError::MissingTokenizerJson(dir.to_path_buf()))?;
+        let json = read_optional(&path)?
+            .ok_or_else(|| TokenizerError::MissingTokenizerJson(dir.to_path_buf()))?;
         let config = TokenizerConfig::from_dir(dir)?;
         Self::from_json_str(&json, config)
     }
@@ -80,19 +81,30 @@ impl Tokenizer {
     /// Builds a tokenizer from the text of a `tokenizer.json` (e.g. one made
     /// from GGUF metadata) and a config. BOS/EOS added by `encode` come from the
     /// tokenizer.json post-processor, as in transformers.
-    pub fn from_json_str(tokenizer_json: &str, config: TokenizerConfig) -> Result<Self, TokenizerError> {
-        let probe: DecoderProbe = serde_json::from_str(tokenizer_json)
-            .map_err(|source| TokenizerError::Json { what: "tokenizer.json".into(), source })?;
-        let mut inner =
-            tokenizers::Tokenizer::from_str(tokenizer_json).map_err(|e| TokenizerError::Backend(e.to_string()))?;
+    pub fn from_json_str(
+        tokenizer_json: &str,
+        config: TokenizerConfig,
+    ) -> Result<Self, TokenizerError> {
+        let probe: DecoderProbe =
+            serde_json::from_str(tokenizer_json).map_err(|source| TokenizerError::Json {
+                what: "tokenizer.json".into(),
+                source,
+            })?;
+        let mut inner = tokenizers::Tokenizer::from_str(tokenizer_json)
+            .map_err(|e| TokenizerError::Backend(e.to_string()))?;
         // transformers encodes without the truncation/padding stored in the file.
-        inner.with_truncation(None).map_err(|e| TokenizerError::Backend(e.to_string()))?;
+        inner
+            .with_truncation(None)
+            .map_err(|e| TokenizerError::Backend(e.to_string()))?;
         inner.with_padding(None);
         let detokenizer_kind = DetokenizerKind::from_decoder(probe.decoder.as_ref());
-        let clean_up_on_decode =
-            config.clean_up_tokenization_spaces && !matches!(inner.get_model(), ModelWrapper::BPE(_));
-        let templates =
-            config.chat_templates.iter().map(|(name, src)| (name.clone(), (src.clone(), OnceLock::new()))).collect();
+        let clean_up_on_decode = config.clean_up_tokenization_spaces
+            && !matches!(inner.get_model(), ModelWrapper::BPE(_));
+        let templates = config
+            .chat_templates
+            .iter()
+            .map(|(name, src)| (name.clone(), (src.clone(), OnceLock::new())))
+            .collect();
         let mut tok = Tokenizer {
             inner: Arc::new(inner),
             eos_token_ids: config.eos_token_ids.iter().copied().collect(),
@@ -109,7 +121,11 @@ impl Tokenizer {
             tok.eos_token_ids.insert(id);
         }
         tok.thinking = tok.infer_thinking();
-        tok.tool_parser_type = tok.config.tool_parser_type.clone().or_else(|| tok.infer_tool_parser());
+        tok.tool_parser_type = tok
+            .config
+            .tool_parser_type
+            .clone()
+            .or_else(|| tok.infer_tool_parser());
         Ok(tok)
     }
 
@@ -125,7 +141,10 @@ impl Tokenizer {
 
     /// Token ids of `text`; `add_special_tokens` applies the post-processor (BOS...).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
-        let enc = self.inner.encode_fast(text, add_special_tokens).map_err(|e| TokenizerError::Backend(e.to_string()))?;
+        let enc = self
+            .inner
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| TokenizerError::Backend(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -142,7 +161,12 @@ impl Tokenizer {
     /// Text of `ids`, like transformers' `decode` (including its space clean-up
     /// for non-BPE models that ask for it).
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
-        decode_with(&self.inner, ids, skip_special_tokens, self.clean_up_on_decode)
+        decode_with(
+            &self.inner,
+            ids,
+            skip_special_tokens,
+            self.clean_up_on_decode,
+        )
     }
 
     /// Size of the vocabulary including added tokens (Python's `len(tokenizer)`).
@@ -198,8 +222,12 @@ impl Tokenizer {
     /// Adds an EOS id given as a number or a token string (`--extra-eos-token`).
     pub fn add_eos_token(&mut self, token: &str) -> Result<u32, TokenizerError> {
         let id = match token.trim().parse::<i64>() {
-            Ok(n) => u32::try_from(n).map_err(|_| TokenizerError::UnknownToken(token.to_string()))?,
-            Err(_) => self.token_to_id(token).ok_or_else(|| TokenizerError::UnknownToken(token.to_string()))?,
+            Ok(n) => {
+                u32::try_from(n).map_err(|_| TokenizerError::UnknownToken(token.to_string()))?
+            }
+            Err(_) => self
+                .token_to_id(token)
+                .ok_or_else(|| TokenizerError::UnknownToken(token.to_string()))?,
         };
         self.eos_token_ids.insert(id);
         Ok(id)
@@ -207,7 +235,11 @@ impl Tokenizer {
 
     /// Variables the chat template sees for the named special tokens.
     pub fn special_tokens_map(&self) -> Map<String, Json> {
-        self.config.special_tokens.iter().map(|(k, v)| (k.clone(), Json::String(v.clone()))).collect()
+        self.config
+            .special_tokens
+            .iter()
+            .map(|(k, v)| (k.clone(), Json::String(v.clone())))
+            .collect()
     }
 
     /// Whether a Jinja chat template is available.
@@ -228,12 +260,17 @@ impl Tokenizer {
     /// Sets or replaces the default chat template (e.g. `--chat-template`).
     pub fn set_chat_template(&mut self, source: impl Into<String>) {
         self.templates.clear();
-        self.templates.insert("default".into(), (source.into(), OnceLock::new()));
+        self.templates
+            .insert("default".into(), (source.into(), OnceLock::new()));
     }
 
     /// transformers' template choice: the named one, else `tool_use` when tools
     /// are given, else `default`.
-    fn select_template(&self, name: Option<&str>, has_tools: bool) -> Result<&ChatTemplate, TokenizerError> {
+    fn select_template(
+        &self,
+        name: Option<&str>,
+        has_tools: bool,
+    ) -> Result<&ChatTemplate, TokenizerError> {
         if self.templates.is_empty() {
             return Err(TokenizerError::NoChatTemplate);
         }
@@ -242,27 +279,38 @@ impl Tokenizer {
             None if has_tools && self.templates.contains_key("tool_use") => Some("tool_use"),
             None => self.templates.contains_key("default").then_some("default"),
         };
-        let entry = key.and_then(|k| self.templates.get(k)).ok_or_else(|| TokenizerError::NoSuchTemplate {
-            requested: name.map(str::to_string),
-            available: self.templates.keys().cloned().collect(),
+        let entry = key.and_then(|k| self.templates.get(k)).ok_or_else(|| {
+            TokenizerError::NoSuchTemplate {
+                requested: name.map(str::to_string),
+                available: self.templates.keys().cloned().collect(),
+            }
         })?;
         let compiled = entry.1.get_or_init(|| ChatTemplate::new(entry.0.as_str()));
-        compiled.as_ref().map_err(|e| TokenizerError::Template(e.clone()))
+        compiled
+            .as_ref()
+            .map_err(|e| TokenizerError::Template(e.clone()))
     }
 
     /// Renders a conversation to text like mlx-lm's `apply_chat_template(...,
     /// tokenize=False)`: `enable_thinking` defaults to [`Self::has_thinking`].
-    pub fn apply_chat_template(&self, messages: &[Json], opts: &ChatOptions) -> Result<String, TokenizerError> {
+    pub fn apply_chat_template(
+        &self,
+        messages: &[Json],
+        opts: &ChatOptions,
+    ) -> Result<String, TokenizerError> {
         let template = self.select_template(opts.template_name.as_deref(), opts.tools.is_some())?;
-        let mut opts = Cow::Borrowed(opts);
-        if !opts.kwargs.contains_key("enable_thinking") {
-            opts.to_mut().kwargs.insert("enable_thinking".into(), Json::Bool(self.has_thinking()));
-        }
-        Ok(template.render(messages, &opts, &self.special_tokens_map())?)
+        // The default sits below `opts.kwargs`, which override it.
+        let mut base = self.special_tokens_map();
+        base.insert("enable_thinking".into(), Json::Bool(self.has_thinking()));
+        Ok(template.render(messages, opts, &base)?)
     }
 
     /// [`Self::apply_chat_template`] then encode without adding special tokens.
-    pub fn apply_chat_template_ids(&self, messages: &[Json], opts: &ChatOptions) -> Result<Vec<u32>, TokenizerError> {
+    pub fn apply_chat_template_ids(
+        &self,
+        messages: &[Json],
+        opts: &ChatOptions,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let text = self.apply_chat_template(messages, opts)?;
         self.encode(&text, false)
     }
@@ -272,11 +320,19 @@ impl Tokenizer {
         self.detokenizer_kind
     }
 
-    /// A fresh streaming detokenizer (tables are built on first use, then shared).
+    /// A fresh streaming detokenizer of [`Self::detokenizer_kind`] (tables are
+    /// built on first use, then shared by all detokenizers of this tokenizer).
     pub fn detokenizer(&self) -> Detokenizer {
-        match self.detokenizer_kind {
+        self.detokenizer_of_kind(self.detokenizer_kind)
+    }
+
+    /// A fresh streaming detokenizer of the given kind (e.g. `Naive` for any tokenizer).
+    pub fn detokenizer_of_kind(&self, kind: DetokenizerKind) -> Detokenizer {
+        match kind {
             DetokenizerKind::Naive => {
-                let clean = *self.naive_clean_spaces.get_or_init(|| self.probe_clean_spaces());
+                let clean = *self
+                    .naive_clean_spaces
+                    .get_or_init(|| self.probe_clean_spaces());
                 let inner = Arc::clone(&self.inner);
                 let clean_up = self.clean_up_on_decode;
                 let decode: Arc<DecodeFn> = Arc::new(move |ids: &[u32]| {
@@ -287,18 +343,33 @@ impl Tokenizer {
                 });
                 Detokenizer::Naive(NaiveDetokenizer::new(decode, clean))
             }
-            DetokenizerKind::Spm { trim_space } => Detokenizer::Spm(SpmDetokenizer::new(self.token_bytes(), trim_space)),
-            DetokenizerKind::Bpe => Detokenizer::Bpe(BpeDetokenizer::new(self.token_bytes())),
+            DetokenizerKind::Spm { trim_space } => {
+                Detokenizer::Spm(SpmDetokenizer::new(self.token_bytes(kind), trim_space))
+            }
+            DetokenizerKind::Bpe => Detokenizer::Bpe(BpeDetokenizer::new(self.token_bytes(kind))),
         }
     }
 
-    fn token_bytes(&self) -> Arc<TokenBytes> {
-        let table = self.token_bytes.get_or_init(|| {
+    fn token_bytes(&self, kind: DetokenizerKind) -> Arc<TokenBytes> {
+        let build = || {
             let max_added = self.inner.get_added_tokens_decoder().keys().copied().max();
-            let n = max_added.map_or(0, |id| id as usize + 1).max(self.vocab_size());
-            Arc::new(TokenBytes::build(n, self.detokenizer_kind, |id| self.inner.id_to_token(id)))
-        });
-        Arc::clone(table)
+            let n = max_added
+                .map_or(0, |id| id as usize + 1)
+                .max(self.vocab_size());
+            Arc::new(TokenBytes::build(n, kind, |id| self.inner.id_to_token(id)))
+        };
+        let same_family = |a: DetokenizerKind, b: DetokenizerKind| {
+            matches!(
+                (a, b),
+                (DetokenizerKind::Bpe, DetokenizerKind::Bpe)
+                    | (DetokenizerKind::Spm { .. }, DetokenizerKind::Spm { .. })
+            )
+        };
+        if same_family(kind, self.detokenizer_kind) {
+            Arc::clone(self.token_bytes.get_or_init(build))
+        } else {
+            build()
+        }
     }
 
     /// mlx-lm's probe: does decode drop the space in "a ,b"?
@@ -329,16 +400,26 @@ impl Tokenizer {
     }
 
     fn is_xtml_vocab(&self) -> bool {
-        ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"].iter().all(|t| self.in_vocab(t))
+        ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
+            .iter()
+            .all(|t| self.in_vocab(t))
     }
 
     /// Port of mlx-lm's `_infer_thinking`.
     fn infer_thinking(&self) -> Option<ThinkMarkers> {
-        const SINGLE: [(&str, &str); 3] =
-            [("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"), ("<|think:start|>", "<|think:end|>")];
+        const SINGLE: [(&str, &str); 3] = [
+            ("<think>", "</think>"),
+            ("<longcat_think>", "</longcat_think>"),
+            ("<|think:start|>", "<|think:end|>"),
+        ];
         for (start, end) in SINGLE {
             if let (Some(s), Some(e)) = (self.token_to_id(start), self.token_to_id(end)) {
-                return Some(ThinkMarkers { start: start.into(), end: end.into(), start_tokens: vec![s], end_tokens: vec![e] });
+                return Some(ThinkMarkers {
+                    start: start.into(),
+                    end: end.into(),
+                    start_tokens: vec![s],
+                    end_tokens: vec![e],
+                });
             }
         }
         let multi = if self.in_vocab("<|channel>") && self.in_vocab("<channel|>") {
@@ -412,8 +493,14 @@ fn decode_with(
     skip_special_tokens: bool,
     clean_up: bool,
 ) -> Result<String, TokenizerError> {
-    let text = inner.decode(ids, skip_special_tokens).map_err(|e| TokenizerError::Backend(e.to_string()))?;
-    Ok(if clean_up { clean_up_tokenization(&text) } else { text })
+    let text = inner
+        .decode(ids, skip_special_tokens)
+        .map_err(|e| TokenizerError::Backend(e.to_string()))?;
+    Ok(if clean_up {
+        clean_up_tokenization(&text)
+    } else {
+        text
+    })
 }
 
 /// transformers' `clean_up_tokenization` (WordPiece-era space removal).
@@ -434,4 +521,24 @@ fn clean_up_tokenization(text: &str) -> String {
         out = out.replace(from, to);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_and_detokenizer_can_cross_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Tokenizer>();
+        assert_send_sync::<Detokenizer>();
+    }
+
+    #[test]
+    fn clean_up_tokenization_removes_spaces_before_punctuation() {
+        assert_eq!(
+            clean_up_tokenization("a , b . c 's d n't"),
+            "a, b. c's dn't"
+        );
+    }
 }

@@ -213,9 +213,95 @@ def golden(name):
     }
 
 
+# Template snippets exercising Python/Jinja2 behaviour; rendered with
+# transformers' render_jinja_template (the engine of apply_chat_template).
+SNIPPET_MESSAGES = [{"role": "user", "content": "  Hello World  "}]
+SNIPPETS = [
+    ("tojson_default", "{{ x | tojson }}", {"x": {"b": [1, 2.5, 1e-05, 1e16, True, None], "a": "é\n\"q\"<&>"}}),
+    ("tojson_indent", "{{ x | tojson(indent=2) }}", {"x": {"k": [1, {"z": []}, {}], "s": "ü"}}),
+    ("tojson_sort_keys_separators", "{{ x | tojson(sort_keys=true, separators=[',', ':']) }}", {"x": {"b": 1, "a": [1, 2]}}),
+    ("tojson_ensure_ascii", "{{ x | tojson(ensure_ascii=true) }}", {"x": "naïve 😀\u007f"}),
+    ("tojson_float_forms", "{{ [0.1, 100.0, 123456789.125, 2.5e-07, -0.0, 3e20] | tojson }}", {}),
+    ("print_python_literals", "{{ t }}|{{ f }}|{{ n }}|{{ l }}|{{ d }}|{{ 1.0 }}|{{ 7 }}", {"t": True, "f": False, "n": None, "l": [1, "a", None], "d": {"k": "it's", "v": 1.5}}),
+    ("string_filter_python_str", "{{ d | string }}|{{ 3 | string }}", {"d": {"a": [True]}}),
+    ("str_methods", "{{ messages[0].content.strip() }}|{{ messages[0]['content'].lstrip() }}|{{ s.rstrip('x') }}|{{ s.split('-') }}|{{ 'a b  c'.split() }}|{{ s.startswith('ab') }}|{{ s.endswith('x') }}|{{ s.upper() }}|{{ 'hello world'.title() }}|{{ s.replace('-', '+') }}|{{ '\n\nz\n'.strip('\n') }}", {"s": "ab-cd-xx"}),
+    ("dict_methods", "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{{ d.keys() | list }}{{ d.get('a') }}{{ d.get('zz', 'dflt') }}{{ d.get('zz') }}", {"d": {"b": 2, "a": 1}}),
+    ("namespace_loop_controls", "{% set ns = namespace(total=0, seen=[]) %}{% for i in range(10) %}{% if i == 2 %}{% continue %}{% endif %}{% if i > 5 %}{% break %}{% endif %}{% set ns.total = ns.total + i %}{% endfor %}{{ ns.total }}", {}),
+    ("slicing_and_tests", "{{ (l[::-1]) }}{{ l[1:] }}{{ l[-1] }}{{ 'abc'[::-1] }}{% if l is sequence and 'x' is string and d is mapping and n is none and u is not defined %}ok{% endif %}{{ l | length }}", {"l": [1, 2, 3], "d": {}, "n": None}),
+    ("trim_and_lstrip_blocks", "{% for m in messages %}\n    {% if true %}\n[{{ m.role }}]\n    {% endif %}\n{% endfor %}\n", {}),
+    ("generation_tag", "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}", {}),
+    ("dict_global_and_equality", "{% set a = dict(x=1, y=[1]) %}{{ a == {'x': 1, 'y': [1]} }}|{{ a['y'] }}", {}),
+    ("selectattr_map_join", "{{ items | selectattr('on') | map(attribute='n') | join(', ') }}|{{ items | rejectattr('on') | list | length }}", {"items": [{"n": "a", "on": True}, {"n": "b", "on": False}, {"n": "c", "on": True}]}),
+    ("undefined_prints_empty", "[{{ missing }}][{{ messages[0].nothing }}]{% if missing is undefined %}u{% endif %}", {}),
+    ("raise_exception", "{{ raise_exception('bad role: ' + messages[0].role) }}", {}),
+]
+
+# (name, template, messages, options) rendered like apply_chat_template does
+# (None-valued keys dropped, then render_jinja_template).
+CHAT_CASES = [
+    ("continue_keeps_exact_spacing", "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}",
+     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, "}], {"continue_final_message": True}),
+    ("continue_after_trimmed_content", "{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</{{ m.role }}>\n{% endfor %}",
+     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, "}], {"continue_final_message": True}),
+    ("continue_last_text_block", "{% for m in messages %}{% for b in m.content %}{{ b.text }}|{% endfor %}{% endfor %}",
+     [{"role": "assistant", "content": [{"type": "text", "text": "one"}, {"type": "image"}, {"type": "text", "text": "two"}]}],
+     {"continue_final_message": True}),
+    ("continue_with_generation_prompt_fails", "{{ messages[0].content }}",
+     [{"role": "user", "content": "x"}], {"continue_final_message": True, "add_generation_prompt": True}),
+    ("continue_when_template_drops_content_fails", "{% for m in messages %}{{ m.role }}{% endfor %}{# content #}",
+     [{"role": "user", "content": "x"}], {"continue_final_message": True}),
+    ("reasoning_fields_aliased", "{% for m in messages %}{% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}{% endfor %}",
+     [{"role": "assistant", "reasoning": "why", "content": "a", "tool_calls": None}], {}),
+    ("documents_and_tools_visible", "{{ tools | length }}|{{ documents[0].title }}|{{ tools is none }}",
+     [{"role": "user", "content": "x"}], {"documents": [{"title": "Doc", "text": "body"}], "tools": [{"name": "t"}]}),
+    ("no_tools_is_none", "{{ tools is none }}|{{ documents is none }}|{{ add_generation_prompt }}",
+     [{"role": "user", "content": "x"}], {}),
+]
+
+
+def snippets():
+    from transformers.utils.chat_template_utils import (
+        _compile_jinja_template,
+        _normalize_chat_messages,
+        render_jinja_template,
+    )
+
+    out = {"snippet_messages": SNIPPET_MESSAGES, "snippets": [], "chat_cases": []}
+    for name, src, ctx in SNIPPETS:
+        case = {"name": name, "template": src, "context": ctx}
+        try:
+            case["rendered"] = _compile_jinja_template(src).render(
+                messages=SNIPPET_MESSAGES, tools=None, documents=None, add_generation_prompt=False, **ctx
+            )
+        except Exception as e:
+            case["error"] = f"{type(e).__name__}: {e}"
+        out["snippets"].append(case)
+    for name, src, messages, opts in CHAT_CASES:
+        case = {"name": name, "template": src, "messages": messages, "options": opts}
+        try:
+            rendered, _ = render_jinja_template(
+                conversations=[_normalize_chat_messages(json.loads(json.dumps(messages)))],
+                tools=opts.get("tools"),
+                documents=opts.get("documents"),
+                chat_template=src,
+                continue_final_message=opts.get("continue_final_message", False),
+                add_generation_prompt=opts.get("add_generation_prompt", False),
+            )
+            if opts.get("continue_final_message") and opts.get("add_generation_prompt"):
+                raise ValueError("continue_final_message and add_generation_prompt are not compatible")
+            case["rendered"] = rendered[0]
+        except Exception as e:
+            case["error"] = f"{type(e).__name__}: {e}"
+        out["chat_cases"].append(case)
+    return out
+
+
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "smollm_template.jinja").write_text(SMOL_TEMPLATE, encoding="utf-8")
+    target = OUT / "template_snippets.json"
+    target.write_text(json.dumps(snippets(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {target}")
     for name in TOKENIZERS:
         data = golden(name)
         target = OUT / f"{name}.json"

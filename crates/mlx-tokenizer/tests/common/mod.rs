@@ -13,7 +13,10 @@ pub const TOKENIZERS: [&str; 5] = ["llama3_2", "qwen2_5", "qwen3", "gemma3", "mi
 pub fn repo_root() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let manifest = manifest.canonicalize().unwrap_or(manifest);
-    manifest.join("../..").canonicalize().expect("repository root")
+    manifest
+        .join("../..")
+        .canonicalize()
+        .expect("repository root")
 }
 
 /// `$MLX_TEST_ASSETS`, or `<repo>/.cache/test-assets`.
@@ -45,8 +48,12 @@ pub fn load(name: &str) -> Tokenizer {
 /// The golden JSON written by `tests/gen_goldens.py` for a tokenizer.
 pub fn golden(name: &str) -> Value {
     let path = repo_root().join(format!("goldens/tokenizer/{name}.json"));
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e} (regenerate with tests/gen_goldens.py)", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "reading {}: {e} (regenerate with tests/gen_goldens.py)",
+            path.display()
+        )
+    });
     serde_json::from_str(&text).expect("golden JSON")
 }
 
@@ -58,4 +65,17 @@ pub fn ids(value: &Value) -> Vec<u32> {
         .iter()
         .map(|v| u32::try_from(v.as_u64().expect("id")).expect("u32 id"))
         .collect()
+}
+
+/// Loads (once per test binary) one of the real tokenizers.
+pub fn cached(name: &str) -> std::sync::Arc<Tokenizer> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Tokenizer>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
+    Arc::clone(
+        map.entry(name.to_string())
+            .or_insert_with(|| Arc::new(load(name))),
+    )
 }
