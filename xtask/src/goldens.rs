@@ -32,7 +32,12 @@ pub fn run(root: &Path) -> Result<()> {
         .arg(&out)
         .current_dir(root)
         .status()
-        .with_context(|| format!("running {} (set MLX_PYTHON to a Python with mlx)", py.display()))?;
+        .with_context(|| {
+            format!(
+                "running {} (set MLX_PYTHON to a Python with mlx)",
+                py.display()
+            )
+        })?;
     if !status.success() {
         bail!("{SCRIPT} failed ({status}) with {}", py.display());
     }

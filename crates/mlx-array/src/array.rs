@@ -30,7 +30,9 @@ impl Clone for Array {
     fn clone(&self) -> Self {
         // SAFETY: clone of a valid handle returns a new valid, owned handle.
         let p = unsafe { sys::mlxs_array_clone(self.raw.as_ptr()) };
-        Array { raw: NonNull::new(p).expect("mlxs_array_clone returned null for a valid handle") }
+        Array {
+            raw: NonNull::new(p).expect("mlxs_array_clone returned null for a valid handle"),
+        }
     }
 }
 
@@ -53,7 +55,9 @@ impl Array {
     /// # Safety
     /// `p` must be a valid, owned, non-null handle from the shim.
     pub unsafe fn from_raw(p: sys::mlxs_array) -> Array {
-        Array { raw: NonNull::new(p).expect("null array handle from the shim") }
+        Array {
+            raw: NonNull::new(p).expect("null array handle from the shim"),
+        }
     }
 
     /// The raw handle, still owned by `self`.
@@ -139,15 +143,33 @@ impl Array {
 
     /// A Python-style "weak" scalar next to `like`: a float takes `like`'s dtype when that
     /// is floating (else float32); an integer takes `like`'s dtype unless it is bool.
-    /// This reproduces what `x * 0.5` does in MLX's Python API.
+    /// This reproduces what `x * 0.5` does in MLX's Python API, including its refusal of an
+    /// integer that does not fit an integer dtype (`uint8_array + 300` is an error).
     #[track_caller]
     pub fn weak_scalar(v: Scalar, like: Dtype) -> Result<Array> {
         match v {
-            Scalar::Float(f) => {
-                Array::scalar_f64(f, if like.is_floating() { like } else { Dtype::Float32 })
-            }
+            Scalar::Float(f) => Array::scalar_f64(
+                f,
+                if like.is_floating() {
+                    like
+                } else {
+                    Dtype::Float32
+                },
+            ),
             Scalar::Int(i) => {
-                Array::scalar_i64(i, if like == Dtype::Bool { Dtype::Int32 } else { like })
+                let dt = if like == Dtype::Bool {
+                    Dtype::Int32
+                } else {
+                    like
+                };
+                if let Some((lo, hi)) = dt.int_range() {
+                    if i128::from(i) < lo || i128::from(i) > hi {
+                        return Err(Error::InvalidArgument(format!(
+                            "converting {i} to {dt} would result in overflow"
+                        )));
+                    }
+                }
+                Array::scalar_i64(i, dt)
             }
             Scalar::Bool(b) => out1(|o| unsafe { sys::mlxs_array_from_bool(o, b) }),
         }
@@ -209,7 +231,10 @@ impl Array {
     #[track_caller]
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         if self.dtype() != T::DTYPE {
-            return Err(Error::DtypeMismatch { actual: self.dtype(), requested: T::DTYPE });
+            return Err(Error::DtypeMismatch {
+                actual: self.dtype(),
+                requested: T::DTYPE,
+            });
         }
         let mut v = vec![T::default(); self.size()];
         check(unsafe {
@@ -303,7 +328,10 @@ scalar_operand!(f32 => Float as f64, f64 => Float as f64, i32 => Int as i64, i64
     u32 => Int as i64, usize => Int as i64);
 impl Operand<'static> for bool {
     fn resolve(self, _other: Dtype) -> Result<ArrayRef<'static>> {
-        Ok(ArrayRef::Owned(Array::weak_scalar(Scalar::Bool(self), Dtype::Bool)?))
+        Ok(ArrayRef::Owned(Array::weak_scalar(
+            Scalar::Bool(self),
+            Dtype::Bool,
+        )?))
     }
 }
 
@@ -342,7 +370,9 @@ impl VecHandle {
     }
     pub(crate) fn to_arrays(&self) -> Vec<Array> {
         let n = unsafe { sys::mlxs_vec_len(self.0) };
-        (0..n).map(|i| unsafe { Array::from_raw(sys::mlxs_vec_get(self.0, i)) }).collect()
+        (0..n)
+            .map(|i| unsafe { Array::from_raw(sys::mlxs_vec_get(self.0, i)) })
+            .collect()
     }
     /// Takes ownership of a raw vector written by the shim.
     pub(crate) unsafe fn from_raw(p: sys::mlxs_vec) -> VecHandle {
@@ -360,7 +390,9 @@ impl Drop for VecHandle {
 
 /// Calls a shim function that writes a vector of arrays.
 #[track_caller]
-pub(crate) fn outv(f: impl FnOnce(*mut sys::mlxs_vec) -> std::os::raw::c_int) -> Result<Vec<Array>> {
+pub(crate) fn outv(
+    f: impl FnOnce(*mut sys::mlxs_vec) -> std::os::raw::c_int,
+) -> Result<Vec<Array>> {
     let mut p: sys::mlxs_vec = std::ptr::null_mut();
     check(f(&mut p))?;
     let v = unsafe { VecHandle::from_raw(p) };

@@ -31,21 +31,35 @@ pub struct Device {
 impl Device {
     /// The CPU.
     pub const fn cpu() -> Device {
-        Device { kind: DeviceType::Cpu, index: 0 }
+        Device {
+            kind: DeviceType::Cpu,
+            index: 0,
+        }
     }
     /// The first GPU.
     pub const fn gpu() -> Device {
-        Device { kind: DeviceType::Gpu, index: 0 }
+        Device {
+            kind: DeviceType::Gpu,
+            index: 0,
+        }
     }
     pub(crate) fn raw(self) -> sys::mlxs_device {
         sys::mlxs_device {
-            type_: if self.kind == DeviceType::Gpu { sys::MLXS_GPU } else { sys::MLXS_CPU } as i32,
+            type_: if self.kind == DeviceType::Gpu {
+                sys::MLXS_GPU
+            } else {
+                sys::MLXS_CPU
+            } as i32,
             index: self.index,
         }
     }
     pub(crate) fn from_raw(d: sys::mlxs_device) -> Device {
         Device {
-            kind: if d.type_ == sys::MLXS_GPU as i32 { DeviceType::Gpu } else { DeviceType::Cpu },
+            kind: if d.type_ == sys::MLXS_GPU as i32 {
+                DeviceType::Gpu
+            } else {
+                DeviceType::Cpu
+            },
             index: d.index,
         }
     }
@@ -90,12 +104,19 @@ pub struct Stream(pub(crate) sys::mlxs_stream);
 
 impl Stream {
     /// The default stream of the default device.
-    pub const DEFAULT: Stream =
-        Stream(sys::mlxs_stream { kind: 0, index: 0, device: sys::mlxs_device { type_: 0, index: 0 } });
+    pub const DEFAULT: Stream = Stream(sys::mlxs_stream {
+        kind: 0,
+        index: 0,
+        device: sys::mlxs_device { type_: 0, index: 0 },
+    });
 
     /// The default stream of `device`.
     pub fn of_device(device: Device) -> Stream {
-        Stream(sys::mlxs_stream { kind: 1, index: 0, device: device.raw() })
+        Stream(sys::mlxs_stream {
+            kind: 1,
+            index: 0,
+            device: device.raw(),
+        })
     }
 
     /// The device this stream runs on, when it names one.

@@ -56,6 +56,34 @@ impl Dtype {
         )
     }
 
+    /// The `(min, max)` values of an integer dtype; `None` for bool and floating dtypes.
+    pub fn int_range(self) -> Option<(i128, i128)> {
+        Some(match self {
+            Dtype::Uint8 => (0, u8::MAX.into()),
+            Dtype::Uint16 => (0, u16::MAX.into()),
+            Dtype::Uint32 => (0, u32::MAX.into()),
+            Dtype::Uint64 => (0, u64::MAX.into()),
+            Dtype::Int8 => (i8::MIN.into(), i8::MAX.into()),
+            Dtype::Int16 => (i16::MIN.into(), i16::MAX.into()),
+            Dtype::Int32 => (i32::MIN.into(), i32::MAX.into()),
+            Dtype::Int64 => (i64::MIN.into(), i64::MAX.into()),
+            _ => return None,
+        })
+    }
+
+    /// The `(lowest, highest)` finite values of a floating dtype, like `mx.finfo(d).min`
+    /// and `.max`; `None` for other dtypes.
+    pub fn finfo(self) -> Option<(f64, f64)> {
+        let max = match self {
+            Dtype::Float16 => f64::from(half::f16::MAX),
+            Dtype::Bfloat16 => f64::from(half::bf16::MAX),
+            Dtype::Float32 | Dtype::Complex64 => f64::from(f32::MAX),
+            Dtype::Float64 => f64::MAX,
+            _ => return None,
+        };
+        Some((-max, max))
+    }
+
     /// MLX's name for the dtype (`float32`, `bfloat16`, ...).
     pub fn name(self) -> &'static str {
         match self {

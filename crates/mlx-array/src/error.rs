@@ -53,7 +53,10 @@ pub(crate) fn check(rc: std::os::raw::c_int) -> Result<()> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(Error::Mlx { message: last_error(), location: Location::caller() })
+        Err(Error::Mlx {
+            message: last_error(),
+            location: Location::caller(),
+        })
     }
 }
 

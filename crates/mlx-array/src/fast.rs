@@ -12,7 +12,12 @@ pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
 
 /// Layer normalization over the last axis.
 #[track_caller]
-pub fn layer_norm(x: &Array, weight: Option<&Array>, bias: Option<&Array>, eps: f32) -> Result<Array> {
+pub fn layer_norm(
+    x: &Array,
+    weight: Option<&Array>,
+    bias: Option<&Array>,
+    eps: f32,
+) -> Result<Array> {
     out1(|o| unsafe {
         sys::mlxs_fast_layer_norm(o, x.as_raw(), opt(weight), opt(bias), eps, Array::s())
     })
@@ -41,7 +46,18 @@ pub fn rope(
     let (hb, b) = (base.is_some(), base.unwrap_or(0.0));
     match offset {
         RopeOffset::Int(off) => out1(|o| unsafe {
-            sys::mlxs_fast_rope(o, x.as_raw(), dims, traditional, hb, b, scale, off, opt(freqs), Array::s())
+            sys::mlxs_fast_rope(
+                o,
+                x.as_raw(),
+                dims,
+                traditional,
+                hb,
+                b,
+                scale,
+                off,
+                opt(freqs),
+                Array::s(),
+            )
         }),
         RopeOffset::Array(off) => out1(|o| unsafe {
             sys::mlxs_fast_rope_dynamic(

@@ -13,7 +13,10 @@ fn path_cstr(path: &Path) -> Result<CString> {
 
 fn file_err(path: &Path, e: Error) -> Error {
     match e {
-        Error::Mlx { message, .. } => Error::File { path: path.to_path_buf(), message },
+        Error::Mlx { message, .. } => Error::File {
+            path: path.to_path_buf(),
+            message,
+        },
         other => other,
     }
 }
@@ -28,10 +31,15 @@ unsafe fn cs(p: *const std::os::raw::c_char) -> String {
 
 /// Loads every tensor and the string metadata of a `.safetensors` file.
 #[track_caller]
-pub fn load_safetensors(path: impl AsRef<Path>) -> Result<(BTreeMap<String, Array>, BTreeMap<String, String>)> {
+pub fn load_safetensors(
+    path: impl AsRef<Path>,
+) -> Result<(BTreeMap<String, Array>, BTreeMap<String, String>)> {
     let path = path.as_ref();
     if !path.is_file() {
-        return Err(Error::File { path: path.into(), message: "no such file".into() });
+        return Err(Error::File {
+            path: path.into(),
+            message: "no such file".into(),
+        });
     }
     let c = path_cstr(path)?;
     let (mut m, mut md) = (std::ptr::null_mut(), std::ptr::null_mut());
@@ -41,10 +49,16 @@ pub fn load_safetensors(path: impl AsRef<Path>) -> Result<(BTreeMap<String, Arra
     let mut meta = BTreeMap::new();
     unsafe {
         for i in 0..sys::mlxs_map_len(m) {
-            arrays.insert(cs(sys::mlxs_map_key(m, i)), Array::from_raw(sys::mlxs_map_value(m, i)));
+            arrays.insert(
+                cs(sys::mlxs_map_key(m, i)),
+                Array::from_raw(sys::mlxs_map_value(m, i)),
+            );
         }
         for i in 0..sys::mlxs_strmap_len(md) {
-            meta.insert(cs(sys::mlxs_strmap_key(md, i)), cs(sys::mlxs_strmap_value(md, i)));
+            meta.insert(
+                cs(sys::mlxs_strmap_key(md, i)),
+                cs(sys::mlxs_strmap_value(md, i)),
+            );
         }
         sys::mlxs_map_free(m);
         sys::mlxs_strmap_free(md);
@@ -71,7 +85,9 @@ pub fn save_safetensors<'a>(
             }
         }
     }
-    let maps = Maps(unsafe { sys::mlxs_map_new() }, unsafe { sys::mlxs_strmap_new() });
+    let maps = Maps(unsafe { sys::mlxs_map_new() }, unsafe {
+        sys::mlxs_strmap_new()
+    });
     for (k, a) in arrays {
         let k = crate::ops::cstr(k)?;
         unsafe { sys::mlxs_map_insert(maps.0, k.as_ptr(), a.as_raw()) };
@@ -80,7 +96,8 @@ pub fn save_safetensors<'a>(
         let (k, v) = (crate::ops::cstr(k)?, crate::ops::cstr(v)?);
         unsafe { sys::mlxs_strmap_insert(maps.1, k.as_ptr(), v.as_ptr()) };
     }
-    check(unsafe { sys::mlxs_save_safetensors(c.as_ptr(), maps.0, maps.1) }).map_err(|e| file_err(path, e))
+    check(unsafe { sys::mlxs_save_safetensors(c.as_ptr(), maps.0, maps.1) })
+        .map_err(|e| file_err(path, e))
 }
 
 /// One GGUF metadata value as MLX reads it.
@@ -99,19 +116,28 @@ pub enum GgufValue {
 /// Loads the tensors (Q4_0/Q4_1/Q8_0 come back as affine-quantized triples
 /// `name`, `name.scales`, `name.biases`) and the metadata of a `.gguf` file.
 #[track_caller]
-pub fn load_gguf(path: impl AsRef<Path>) -> Result<(BTreeMap<String, Array>, BTreeMap<String, GgufValue>)> {
+pub fn load_gguf(
+    path: impl AsRef<Path>,
+) -> Result<(BTreeMap<String, Array>, BTreeMap<String, GgufValue>)> {
     let path = path.as_ref();
     if !path.is_file() {
-        return Err(Error::File { path: path.into(), message: "no such file".into() });
+        return Err(Error::File {
+            path: path.into(),
+            message: "no such file".into(),
+        });
     }
     let c = path_cstr(path)?;
     let (mut m, mut md) = (std::ptr::null_mut(), std::ptr::null_mut());
-    check(unsafe { sys::mlxs_load_gguf(c.as_ptr(), Array::s(), &mut m, &mut md) }).map_err(|e| file_err(path, e))?;
+    check(unsafe { sys::mlxs_load_gguf(c.as_ptr(), Array::s(), &mut m, &mut md) })
+        .map_err(|e| file_err(path, e))?;
     let mut arrays = BTreeMap::new();
     let mut meta = BTreeMap::new();
     unsafe {
         for i in 0..sys::mlxs_map_len(m) {
-            arrays.insert(cs(sys::mlxs_map_key(m, i)), Array::from_raw(sys::mlxs_map_value(m, i)));
+            arrays.insert(
+                cs(sys::mlxs_map_key(m, i)),
+                Array::from_raw(sys::mlxs_map_value(m, i)),
+            );
         }
         for i in 0..sys::mlxs_gguf_meta_len(md) {
             let v = match sys::mlxs_gguf_meta_kind(md, i) {
@@ -137,7 +163,8 @@ pub fn load_gguf(path: impl AsRef<Path>) -> Result<(BTreeMap<String, Array>, BTr
 pub fn load_npy(path: impl AsRef<Path>) -> Result<Array> {
     let path = path.as_ref();
     let c = path_cstr(path)?;
-    out1(|o| unsafe { sys::mlxs_load_npy(c.as_ptr(), Array::s(), o) }).map_err(|e| file_err(path, e))
+    out1(|o| unsafe { sys::mlxs_load_npy(c.as_ptr(), Array::s(), o) })
+        .map_err(|e| file_err(path, e))
 }
 
 /// Writes a `.npy` file.

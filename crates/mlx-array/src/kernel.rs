@@ -71,8 +71,14 @@ impl CustomKernel {
         atomic_outputs: bool,
     ) -> Result<CustomKernel> {
         let name = cstr(name)?;
-        let ins = input_names.iter().map(|s| cstr(s)).collect::<Result<Vec<_>>>()?;
-        let outs = output_names.iter().map(|s| cstr(s)).collect::<Result<Vec<_>>>()?;
+        let ins = input_names
+            .iter()
+            .map(|s| cstr(s))
+            .collect::<Result<Vec<_>>>()?;
+        let outs = output_names
+            .iter()
+            .map(|s| cstr(s))
+            .collect::<Result<Vec<_>>>()?;
         let in_p: Vec<_> = ins.iter().map(|c| c.as_ptr()).collect();
         let out_p: Vec<_> = outs.iter().map(|c| c.as_ptr()).collect();
         let (src, hdr) = (cstr(source)?, cstr(header)?);
@@ -80,7 +86,11 @@ impl CustomKernel {
         check(unsafe {
             sys::mlxs_kernel_new(
                 &mut raw,
-                if backend == KernelBackend::Metal { 0 } else { 1 },
+                if backend == KernelBackend::Metal {
+                    0
+                } else {
+                    1
+                },
                 name.as_ptr(),
                 in_p.as_ptr(),
                 in_p.len(),
@@ -108,7 +118,11 @@ impl CustomKernel {
                 "custom kernel: one dtype per output shape is needed".into(),
             ));
         }
-        let names = launch.template.iter().map(|(n, _)| cstr(n)).collect::<Result<Vec<_>>>()?;
+        let names = launch
+            .template
+            .iter()
+            .map(|(n, _)| cstr(n))
+            .collect::<Result<Vec<_>>>()?;
         let name_p: Vec<_> = names.iter().map(|c| c.as_ptr()).collect();
         let (kinds, values): (Vec<i32>, Vec<i32>) = launch
             .template

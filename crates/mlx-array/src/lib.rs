@@ -41,5 +41,7 @@ pub use transforms::{async_eval, eval, Closure};
 
 /// The MLX version this build runs against.
 pub fn mlx_version() -> String {
-    unsafe { std::ffi::CStr::from_ptr(mlx_sys::mlxs_version()) }.to_string_lossy().into_owned()
+    unsafe { std::ffi::CStr::from_ptr(mlx_sys::mlxs_version()) }
+        .to_string_lossy()
+        .into_owned()
 }

@@ -24,7 +24,19 @@ pub fn norm(a: &Array, ord: NormOrd<'_>, axes: Option<&[i32]>, keepdims: bool) -
     };
     let name = cstr(&name)?;
     let (p, n) = axes.map_or((std::ptr::null(), 0), |a| (a.as_ptr(), a.len()));
-    out1(|o| unsafe { sys::mlxs_linalg_norm(o, a.as_raw(), kind, num, name.as_ptr(), p, n, keepdims, Array::s()) })
+    out1(|o| unsafe {
+        sys::mlxs_linalg_norm(
+            o,
+            a.as_raw(),
+            kind,
+            num,
+            name.as_ptr(),
+            p,
+            n,
+            keepdims,
+            Array::s(),
+        )
+    })
 }
 
 /// QR decomposition `(q, r)`.
@@ -81,7 +93,9 @@ pub fn solve(a: &Array, b: &Array) -> Result<Array> {
 /// Solve a triangular system.
 #[track_caller]
 pub fn solve_triangular(a: &Array, b: &Array, upper: bool) -> Result<Array> {
-    out1(|o| unsafe { sys::mlxs_linalg_solve_triangular(o, a.as_raw(), b.as_raw(), upper, Array::s()) })
+    out1(|o| unsafe {
+        sys::mlxs_linalg_solve_triangular(o, a.as_raw(), b.as_raw(), upper, Array::s())
+    })
 }
 
 /// Eigen-decomposition of a symmetric matrix: `(eigenvalues, eigenvectors)`.

@@ -481,7 +481,9 @@ impl Array {
     /// Broadcast to `shape`.
     #[track_caller]
     pub fn broadcast_to(&self, shape: &[i32]) -> Result<Array> {
-        out1(|o| unsafe { sys::mlxs_broadcast_to(o, self.as_raw(), shape.as_ptr(), shape.len(), s()) })
+        out1(|o| unsafe {
+            sys::mlxs_broadcast_to(o, self.as_raw(), shape.as_ptr(), shape.len(), s())
+        })
     }
     /// Reverse along `axes` (`None`: all).
     #[track_caller]
@@ -504,7 +506,15 @@ impl Array {
             ));
         }
         out1(|o| unsafe {
-            sys::mlxs_as_strided(o, self.as_raw(), shape.as_ptr(), shape.len(), strides.as_ptr(), offset, s())
+            sys::mlxs_as_strided(
+                o,
+                self.as_raw(),
+                shape.as_ptr(),
+                shape.len(),
+                strides.as_ptr(),
+                offset,
+                s(),
+            )
         })
     }
 
@@ -515,7 +525,15 @@ impl Array {
         let strides = strides.unwrap_or(&ones);
         check_len3(start, stop, strides)?;
         out1(|o| unsafe {
-            sys::mlxs_slice(o, self.as_raw(), start.as_ptr(), stop.as_ptr(), strides.as_ptr(), start.len(), s())
+            sys::mlxs_slice(
+                o,
+                self.as_raw(),
+                start.as_ptr(),
+                stop.as_ptr(),
+                strides.as_ptr(),
+                start.len(),
+                s(),
+            )
         })
     }
     /// `a[..., start:stop, ...]` along one axis.
@@ -539,7 +557,16 @@ impl Array {
     #[track_caller]
     pub fn slice_dynamic(&self, start: &Array, axes: &[i32], size: &[i32]) -> Result<Array> {
         out1(|o| unsafe {
-            sys::mlxs_slice_dynamic(o, self.as_raw(), start.as_raw(), axes.as_ptr(), axes.len(), size.as_ptr(), size.len(), s())
+            sys::mlxs_slice_dynamic(
+                o,
+                self.as_raw(),
+                start.as_raw(),
+                axes.as_ptr(),
+                axes.len(),
+                size.as_ptr(),
+                size.len(),
+                s(),
+            )
         })
     }
     /// A copy of `self` with `self[start:stop:strides] = update`.
@@ -569,9 +596,22 @@ impl Array {
     }
     /// `slice_update` with start offsets held in an array.
     #[track_caller]
-    pub fn slice_update_dynamic(&self, update: &Array, start: &Array, axes: &[i32]) -> Result<Array> {
+    pub fn slice_update_dynamic(
+        &self,
+        update: &Array,
+        start: &Array,
+        axes: &[i32],
+    ) -> Result<Array> {
         out1(|o| unsafe {
-            sys::mlxs_slice_update_dynamic(o, self.as_raw(), update.as_raw(), start.as_raw(), axes.as_ptr(), axes.len(), s())
+            sys::mlxs_slice_update_dynamic(
+                o,
+                self.as_raw(),
+                update.as_raw(),
+                start.as_raw(),
+                axes.as_ptr(),
+                axes.len(),
+                s(),
+            )
         })
     }
     /// Gather elements at `indices` along `axis` (`None`: flattened).
@@ -583,13 +623,22 @@ impl Array {
     /// Gather along `axis` with an index array of matching rank.
     #[track_caller]
     pub fn take_along_axis(&self, indices: &Array, axis: i32) -> Result<Array> {
-        out1(|o| unsafe { sys::mlxs_take_along_axis(o, self.as_raw(), indices.as_raw(), axis, s()) })
+        out1(|o| unsafe {
+            sys::mlxs_take_along_axis(o, self.as_raw(), indices.as_raw(), axis, s())
+        })
     }
     /// A copy with `values` written at `indices` along `axis`.
     #[track_caller]
     pub fn put_along_axis(&self, indices: &Array, values: &Array, axis: i32) -> Result<Array> {
         out1(|o| unsafe {
-            sys::mlxs_put_along_axis(o, self.as_raw(), indices.as_raw(), values.as_raw(), axis, s())
+            sys::mlxs_put_along_axis(
+                o,
+                self.as_raw(),
+                indices.as_raw(),
+                values.as_raw(),
+                axis,
+                s(),
+            )
         })
     }
     /// General gather (MLX's `gather`).
@@ -597,7 +646,16 @@ impl Array {
     pub fn gather(&self, indices: &[&Array], axes: &[i32], slice_sizes: &[i32]) -> Result<Array> {
         let v = VecHandle::from_arrays(indices.iter().copied());
         out1(|o| unsafe {
-            sys::mlxs_gather(o, self.as_raw(), v.0, axes.as_ptr(), axes.len(), slice_sizes.as_ptr(), slice_sizes.len(), s())
+            sys::mlxs_gather(
+                o,
+                self.as_raw(),
+                v.0,
+                axes.as_ptr(),
+                axes.len(),
+                slice_sizes.as_ptr(),
+                slice_sizes.len(),
+                s(),
+            )
         })
     }
     /// General scatter (MLX's `scatter`, `scatter_add`, ...).
@@ -611,13 +669,24 @@ impl Array {
     ) -> Result<Array> {
         let v = VecHandle::from_arrays(indices.iter().copied());
         out1(|o| unsafe {
-            sys::mlxs_scatter(o, kind as i32, self.as_raw(), v.0, updates.as_raw(), axes.as_ptr(), axes.len(), s())
+            sys::mlxs_scatter(
+                o,
+                kind as i32,
+                self.as_raw(),
+                v.0,
+                updates.as_raw(),
+                axes.as_ptr(),
+                axes.len(),
+                s(),
+            )
         })
     }
     /// Write `src` into the positions where `mask` is true.
     #[track_caller]
     pub fn masked_scatter(&self, mask: &Array, src: &Array) -> Result<Array> {
-        out1(|o| unsafe { sys::mlxs_masked_scatter(o, self.as_raw(), mask.as_raw(), src.as_raw(), s()) })
+        out1(|o| unsafe {
+            sys::mlxs_masked_scatter(o, self.as_raw(), mask.as_raw(), src.as_raw(), s())
+        })
     }
     /// Lower triangle (below diagonal `k`).
     #[track_caller]
@@ -642,13 +711,21 @@ impl Array {
     /// Sum along a diagonal.
     #[track_caller]
     pub fn trace(&self, offset: i32, axis1: i32, axis2: i32, dtype: Dtype) -> Result<Array> {
-        out1(|o| unsafe { sys::mlxs_trace(o, self.as_raw(), offset, axis1, axis2, dtype.to_raw(), s()) })
+        out1(|o| unsafe {
+            sys::mlxs_trace(o, self.as_raw(), offset, axis1, axis2, dtype.to_raw(), s())
+        })
     }
     /// Walsh-Hadamard transform along the last axis.
     #[track_caller]
     pub fn hadamard_transform(&self, scale: Option<f32>) -> Result<Array> {
         out1(|o| unsafe {
-            sys::mlxs_hadamard_transform(o, self.as_raw(), scale.is_some(), scale.unwrap_or(1.0), s())
+            sys::mlxs_hadamard_transform(
+                o,
+                self.as_raw(),
+                scale.is_some(),
+                scale.unwrap_or(1.0),
+                s(),
+            )
         })
     }
 }
@@ -762,7 +839,14 @@ pub fn ones_like(like: &Array) -> Result<Array> {
 #[track_caller]
 pub fn full(shape: &[i32], value: &Array, dtype: Dtype) -> Result<Array> {
     out1(|o| unsafe {
-        sys::mlxs_full(o, shape.as_ptr(), shape.len(), value.as_raw(), dtype.to_raw(), s())
+        sys::mlxs_full(
+            o,
+            shape.as_ptr(),
+            shape.len(),
+            value.as_raw(),
+            dtype.to_raw(),
+            s(),
+        )
     })
 }
 
@@ -795,7 +879,16 @@ pub fn conv1d(
     groups: i32,
 ) -> Result<Array> {
     out1(|o| unsafe {
-        sys::mlxs_conv1d(o, input.as_raw(), weight.as_raw(), stride, padding, dilation, groups, s())
+        sys::mlxs_conv1d(
+            o,
+            input.as_raw(),
+            weight.as_raw(),
+            stride,
+            padding,
+            dilation,
+            groups,
+            s(),
+        )
     })
 }
 
@@ -821,4 +914,12 @@ pub fn conv2d(
             s(),
         )
     })
+}
+
+/// The same `inputs`, evaluated only after `dependencies` (`mx.depends`).
+#[track_caller]
+pub fn depends(inputs: &[&Array], dependencies: &[&Array]) -> Result<Vec<Array>> {
+    let i = VecHandle::from_arrays(inputs.iter().copied());
+    let d = VecHandle::from_arrays(dependencies.iter().copied());
+    outv(|o| unsafe { sys::mlxs_depends(o, i.0, d.0) })
 }

@@ -69,7 +69,12 @@ pub struct Quantized {
 
 /// Quantize `w` along its last axis. `group_size`/`bits` of `None` take the mode's default.
 #[track_caller]
-pub fn quantize(w: &Array, group_size: Option<i32>, bits: Option<i32>, mode: QuantMode) -> Result<Quantized> {
+pub fn quantize(
+    w: &Array,
+    group_size: Option<i32>,
+    bits: Option<i32>,
+    mode: QuantMode,
+) -> Result<Quantized> {
     let m = cstr(mode.name())?;
     let mut parts = outv(|o| unsafe {
         sys::mlxs_quantize(
@@ -84,9 +89,15 @@ pub fn quantize(w: &Array, group_size: Option<i32>, bits: Option<i32>, mode: Qua
     })?
     .into_iter();
     let (Some(weight), Some(scales)) = (parts.next(), parts.next()) else {
-        return Err(Error::InvalidArgument("quantize returned fewer than two arrays".into()));
+        return Err(Error::InvalidArgument(
+            "quantize returned fewer than two arrays".into(),
+        ));
     };
-    Ok(Quantized { weight, scales, biases: parts.next() })
+    Ok(Quantized {
+        weight,
+        scales,
+        biases: parts.next(),
+    })
 }
 
 /// Undo [`quantize`]; `dtype = None` gives the scales' dtype.
@@ -193,7 +204,15 @@ pub fn gather_mm(
     sorted_indices: bool,
 ) -> Result<Array> {
     out1(|o| unsafe {
-        sys::mlxs_gather_mm(o, a.as_raw(), b.as_raw(), opt(lhs_indices), opt(rhs_indices), sorted_indices, Array::s())
+        sys::mlxs_gather_mm(
+            o,
+            a.as_raw(),
+            b.as_raw(),
+            opt(lhs_indices),
+            opt(rhs_indices),
+            sorted_indices,
+            Array::s(),
+        )
     })
 }
 

@@ -26,14 +26,31 @@ pub fn split(key: &Array, num: i32) -> Result<Array> {
 /// Random bits of `width` bytes per element.
 #[track_caller]
 pub fn bits(shape: &[i32], width: i32, key: Option<&Array>) -> Result<Array> {
-    out1(|o| unsafe { sys::mlxs_random_bits(o, shape.as_ptr(), shape.len(), width, opt(key), Array::s()) })
+    out1(|o| unsafe {
+        sys::mlxs_random_bits(o, shape.as_ptr(), shape.len(), width, opt(key), Array::s())
+    })
 }
 
 /// Uniform in `[low, high)`.
 #[track_caller]
-pub fn uniform(low: &Array, high: &Array, shape: &[i32], dtype: Dtype, key: Option<&Array>) -> Result<Array> {
+pub fn uniform(
+    low: &Array,
+    high: &Array,
+    shape: &[i32],
+    dtype: Dtype,
+    key: Option<&Array>,
+) -> Result<Array> {
     out1(|o| unsafe {
-        sys::mlxs_random_uniform(o, low.as_raw(), high.as_raw(), shape.as_ptr(), shape.len(), dtype.to_raw(), opt(key), Array::s())
+        sys::mlxs_random_uniform(
+            o,
+            low.as_raw(),
+            high.as_raw(),
+            shape.as_ptr(),
+            shape.len(),
+            dtype.to_raw(),
+            opt(key),
+            Array::s(),
+        )
     })
 }
 
@@ -47,36 +64,90 @@ pub fn normal(
     key: Option<&Array>,
 ) -> Result<Array> {
     out1(|o| unsafe {
-        sys::mlxs_random_normal(o, shape.as_ptr(), shape.len(), dtype.to_raw(), opt(loc), opt(scale), opt(key), Array::s())
+        sys::mlxs_random_normal(
+            o,
+            shape.as_ptr(),
+            shape.len(),
+            dtype.to_raw(),
+            opt(loc),
+            opt(scale),
+            opt(key),
+            Array::s(),
+        )
     })
 }
 
 /// Integers in `[low, high)`.
 #[track_caller]
-pub fn randint(low: &Array, high: &Array, shape: &[i32], dtype: Dtype, key: Option<&Array>) -> Result<Array> {
+pub fn randint(
+    low: &Array,
+    high: &Array,
+    shape: &[i32],
+    dtype: Dtype,
+    key: Option<&Array>,
+) -> Result<Array> {
     out1(|o| unsafe {
-        sys::mlxs_random_randint(o, low.as_raw(), high.as_raw(), shape.as_ptr(), shape.len(), dtype.to_raw(), opt(key), Array::s())
+        sys::mlxs_random_randint(
+            o,
+            low.as_raw(),
+            high.as_raw(),
+            shape.as_ptr(),
+            shape.len(),
+            dtype.to_raw(),
+            opt(key),
+            Array::s(),
+        )
     })
 }
 
 /// Bernoulli draws with probability `p`.
 #[track_caller]
 pub fn bernoulli(p: &Array, shape: &[i32], key: Option<&Array>) -> Result<Array> {
-    out1(|o| unsafe { sys::mlxs_random_bernoulli(o, p.as_raw(), shape.as_ptr(), shape.len(), opt(key), Array::s()) })
+    out1(|o| unsafe {
+        sys::mlxs_random_bernoulli(
+            o,
+            p.as_raw(),
+            shape.as_ptr(),
+            shape.len(),
+            opt(key),
+            Array::s(),
+        )
+    })
 }
 
 /// Standard Gumbel draws.
 #[track_caller]
 pub fn gumbel(shape: &[i32], dtype: Dtype, key: Option<&Array>) -> Result<Array> {
-    out1(|o| unsafe { sys::mlxs_random_gumbel(o, shape.as_ptr(), shape.len(), dtype.to_raw(), opt(key), Array::s()) })
+    out1(|o| unsafe {
+        sys::mlxs_random_gumbel(
+            o,
+            shape.as_ptr(),
+            shape.len(),
+            dtype.to_raw(),
+            opt(key),
+            Array::s(),
+        )
+    })
 }
 
 /// Samples from the categorical distribution given by unnormalized `logits` along
 /// `axis`; `num_samples = None` draws one and removes the axis.
 #[track_caller]
-pub fn categorical(logits: &Array, axis: i32, num_samples: Option<i32>, key: Option<&Array>) -> Result<Array> {
+pub fn categorical(
+    logits: &Array,
+    axis: i32,
+    num_samples: Option<i32>,
+    key: Option<&Array>,
+) -> Result<Array> {
     out1(|o| unsafe {
-        sys::mlxs_random_categorical(o, logits.as_raw(), axis, num_samples.unwrap_or(0), opt(key), Array::s())
+        sys::mlxs_random_categorical(
+            o,
+            logits.as_raw(),
+            axis,
+            num_samples.unwrap_or(0),
+            opt(key),
+            Array::s(),
+        )
     })
 }
 
@@ -90,7 +161,16 @@ pub fn truncated_normal(
     key: Option<&Array>,
 ) -> Result<Array> {
     out1(|o| unsafe {
-        sys::mlxs_random_truncated_normal(o, lower.as_raw(), upper.as_raw(), shape.as_ptr(), shape.len(), dtype.to_raw(), opt(key), Array::s())
+        sys::mlxs_random_truncated_normal(
+            o,
+            lower.as_raw(),
+            upper.as_raw(),
+            shape.as_ptr(),
+            shape.len(),
+            dtype.to_raw(),
+            opt(key),
+            Array::s(),
+        )
     })
 }
 
@@ -98,4 +178,10 @@ pub fn truncated_normal(
 #[track_caller]
 pub fn permutation(x: &Array, axis: i32, key: Option<&Array>) -> Result<Array> {
     out1(|o| unsafe { sys::mlxs_random_permutation(o, x.as_raw(), axis, opt(key), Array::s()) })
+}
+
+/// A random permutation of `0..n` as uint32, like Python's `mx.random.permutation(n)`.
+#[track_caller]
+pub fn permutation_n(n: i32, key: Option<&Array>) -> Result<Array> {
+    out1(|o| unsafe { sys::mlxs_random_permutation_n(o, n, opt(key), Array::s()) })
 }

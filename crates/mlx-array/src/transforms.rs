@@ -22,12 +22,18 @@ pub fn async_eval(arrays: &[&Array]) -> Result<()> {
 
 type DynFn<'a> = dyn Fn(&[Array]) -> Result<Vec<Array>> + 'a;
 
-unsafe extern "C" fn trampoline(payload: *mut c_void, inputs: sys::mlxs_vec, outputs: sys::mlxs_vec) -> i32 {
+unsafe extern "C" fn trampoline(
+    payload: *mut c_void,
+    inputs: sys::mlxs_vec,
+    outputs: sys::mlxs_vec,
+) -> i32 {
     // SAFETY: payload is the `Box<DynFn>` made in `Closure::make`.
     let f = unsafe { &*(payload as *const Box<DynFn<'static>>) };
     let ins = {
         let n = unsafe { sys::mlxs_vec_len(inputs) };
-        (0..n).map(|i| unsafe { Array::from_raw(sys::mlxs_vec_get(inputs, i)) }).collect::<Vec<_>>()
+        (0..n)
+            .map(|i| unsafe { Array::from_raw(sys::mlxs_vec_get(inputs, i)) })
+            .collect::<Vec<_>>()
     };
     let res = catch_unwind(AssertUnwindSafe(|| f(&ins)));
     let msg = match res {
@@ -80,10 +86,13 @@ impl Closure {
     /// The closure must outlive every use of the returned handle by MLX.
     #[track_caller]
     unsafe fn make<'a>(f: Box<DynFn<'a>>) -> Result<Closure> {
-        let f: Box<DynFn<'static>> = unsafe { std::mem::transmute::<Box<DynFn<'a>>, Box<DynFn<'static>>>(f) };
+        let f: Box<DynFn<'static>> =
+            unsafe { std::mem::transmute::<Box<DynFn<'a>>, Box<DynFn<'static>>>(f) };
         let payload = Box::into_raw(Box::new(f)) as *mut c_void;
         let mut raw = std::ptr::null_mut();
-        let rc = unsafe { sys::mlxs_closure_new(&mut raw, Some(trampoline), payload, Some(drop_payload)) };
+        let rc = unsafe {
+            sys::mlxs_closure_new(&mut raw, Some(trampoline), payload, Some(drop_payload))
+        };
         if rc != 0 {
             unsafe { drop_payload(payload) };
         }
@@ -160,7 +169,12 @@ pub fn vjp(
     with_temp_closure(&f, |cl| {
         let (mut o, mut g) = (std::ptr::null_mut(), std::ptr::null_mut());
         check(unsafe { sys::mlxs_vjp(&mut o, &mut g, cl.raw, p.0, c.0) })?;
-        Ok(unsafe { (VecHandle::from_raw(o).to_arrays(), VecHandle::from_raw(g).to_arrays()) })
+        Ok(unsafe {
+            (
+                VecHandle::from_raw(o).to_arrays(),
+                VecHandle::from_raw(g).to_arrays(),
+            )
+        })
     })
 }
 
@@ -176,7 +190,12 @@ pub fn jvp(
     with_temp_closure(&f, |cl| {
         let (mut o, mut g) = (std::ptr::null_mut(), std::ptr::null_mut());
         check(unsafe { sys::mlxs_jvp(&mut o, &mut g, cl.raw, p.0, t.0) })?;
-        Ok(unsafe { (VecHandle::from_raw(o).to_arrays(), VecHandle::from_raw(g).to_arrays()) })
+        Ok(unsafe {
+            (
+                VecHandle::from_raw(o).to_arrays(),
+                VecHandle::from_raw(g).to_arrays(),
+            )
+        })
     })
 }
 
@@ -200,7 +219,14 @@ pub fn value_and_grad(
     let i = VecHandle::from_arrays(inputs.iter().copied());
     with_temp_closure(&f, |cl| {
         let (mut v, mut g) = (std::ptr::null_mut(), std::ptr::null_mut());
-        check(unsafe { sys::mlxs_value_and_grad(&mut v, &mut g, cl.raw, i.0, argnums.as_ptr(), argnums.len()) })?;
-        Ok(unsafe { (VecHandle::from_raw(v).to_arrays(), VecHandle::from_raw(g).to_arrays()) })
+        check(unsafe {
+            sys::mlxs_value_and_grad(&mut v, &mut g, cl.raw, i.0, argnums.as_ptr(), argnums.len())
+        })?;
+        Ok(unsafe {
+            (
+                VecHandle::from_raw(v).to_arrays(),
+                VecHandle::from_raw(g).to_arrays(),
+            )
+        })
     })
 }

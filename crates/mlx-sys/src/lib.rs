@@ -7,7 +7,12 @@
 //! Conventions of the shim: fallible functions return `0` on success; on failure the
 //! message is kept per thread and read with [`mlxs_last_error`]. No C++ exception crosses
 //! the boundary. Handles are owned by the caller and freed with their `*_free` function.
-#![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, missing_docs)]
+#![allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    missing_docs
+)]
 #![allow(clippy::all)]
 
 include!("bindings.rs");
