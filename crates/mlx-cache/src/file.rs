@@ -7,7 +7,10 @@
 //! `"2.{n}.0" = tensor key`, `"2.{n}.1" = "scalar" | "string" | "none"` marking the
 //! tensors that stand for Python ints, strings and `None`s.
 use crate::error::{CacheError, Result};
-use crate::{ConcatenateKVCache, KVCache, KvCache, QuantTriple, QuantizedKVCache, RotatingKVCache};
+use crate::{
+    ConcatenateKVCache, KVCache, KvCache, PromptCache, QuantTriple, QuantizedKVCache,
+    RotatingKVCache,
+};
 use mlx_array::{io, Array, Dtype};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -221,7 +224,7 @@ fn to_int(a: &Array) -> mlx_array::Result<i64> {
 /// with an error naming the offending key.
 pub fn load_prompt_cache(
     path: impl AsRef<Path>,
-) -> Result<(Vec<Box<dyn KvCache>>, BTreeMap<String, String>)> {
+) -> Result<(PromptCache, BTreeMap<String, String>)> {
     let path = path.as_ref();
     let (arrays, raw) = io::load_safetensors(path)?;
     let meta = parse_meta(path, raw)?;
