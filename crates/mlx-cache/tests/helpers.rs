@@ -2,7 +2,7 @@
 use mlx_array::{ops::ones, Dtype};
 use mlx_cache::{
     can_trim_prompt_cache, make_prompt_cache, maybe_quantize_kv_cache, trim_prompt_cache,
-    CacheError, CacheSpec, KvCache, PromptCache, RotatingKVCache,
+    CacheError, CacheSpec, PromptCache, RotatingKVCache,
 };
 
 fn fill(caches: &mut PromptCache, n: i32) {
