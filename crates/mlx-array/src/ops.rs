@@ -437,7 +437,8 @@ impl Array {
             sys::mlxs_split_indices(o, self.as_raw(), indices.as_ptr(), indices.len(), axis, s())
         })
     }
-    /// Pad `axes` with `low`/`high` elements; `mode` is "constant" or "edge".
+    /// Pad `axes` with `low`/`high` elements; `mode` is "constant", "edge", "reflect" or
+    /// "symmetric"; `value` (constant mode) defaults to 0.
     #[track_caller]
     pub fn pad(
         &self,
@@ -451,6 +452,12 @@ impl Array {
             return Err(crate::Error::InvalidArgument(
                 "pad: axes, low and high must have the same length".into(),
             ));
+        }
+        if !matches!(mode, "constant" | "edge" | "reflect" | "symmetric") {
+            // MLX's C++ pad treats any unknown mode as "constant"; Python refuses it.
+            return Err(crate::Error::InvalidArgument(format!(
+                "Invalid padding mode ({mode}) passed to pad"
+            )));
         }
         let mode = cstr(mode)?;
         out1(|o| unsafe {

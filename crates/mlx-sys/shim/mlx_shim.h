@@ -230,7 +230,7 @@ int mlxs_stack(mlxs_array* out, mlxs_vec arrays, int axis, mlxs_stream s);
 int mlxs_split_sections(mlxs_vec* out, mlxs_array a, int num_splits, int axis, mlxs_stream s);
 int mlxs_split_indices(mlxs_vec* out, mlxs_array a, const int32_t* indices, size_t n, int axis,
                        mlxs_stream s);
-/* mode: "constant" or "edge". */
+/* mode: "constant", "edge", "reflect" or "symmetric". */
 int mlxs_pad(mlxs_array* out, mlxs_array a, const int32_t* axes, const int32_t* low,
              const int32_t* high, size_t n, mlxs_array pad_value, const char* mode, mlxs_stream s);
 int mlxs_repeat(mlxs_array* out, mlxs_array a, int repeats, bool has_axis, int axis, mlxs_stream s);
