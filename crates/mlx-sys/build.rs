@@ -206,5 +206,9 @@ fn main() {
     println!("cargo:root={}", prefix.display());
     println!("cargo:lib={}", lib.display());
     println!("cargo:include={}", include.display());
-    println!("cargo:warning=mlx-sys: using MLX from {}", prefix.display());
+    // Say where MLX came from only when asked: a warning on every build is noise.
+    println!("cargo:rerun-if-env-changed=MLX_SYS_VERBOSE");
+    if env::var_os("MLX_SYS_VERBOSE").is_some() {
+        println!("cargo:warning=mlx-sys: using MLX from {}", prefix.display());
+    }
 }

@@ -326,6 +326,10 @@ def gen_shape_index():
     case("pad_edge", "pad", {"axes": [0, 1, 2], "low": [0, 2, 1], "high": [0, 1, 1],
                              "value": None, "mode": "edge"}, [x],
          lambda v: mx.pad(v, [(0, 0), (2, 1), (1, 1)], mode="edge"))
+    for mode in ("reflect", "symmetric"):
+        case(f"pad_{mode}", "pad", {"axes": [1, 2], "low": [2, 1], "high": [1, 3], "value": None,
+                                    "mode": mode}, [x],
+             lambda v, m=mode: mx.pad(v, [(0, 0), (2, 1), (1, 3)], mode=m))
     case("repeat_ax", "repeat", {"repeats": 2, "axis": 1}, [x], lambda v: mx.repeat(v, 2, axis=1))
     case("repeat_flat", "repeat", {"repeats": 3, "axis": None}, [x], lambda v: mx.repeat(v, 3))
     case("tile", "tile", {"reps": [2, 1, 3]}, [x], lambda v: mx.tile(v, [2, 1, 3]))

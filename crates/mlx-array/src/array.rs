@@ -10,6 +10,20 @@ use std::ptr::NonNull;
 ///
 /// `Drop` releases the handle, `Clone` shares the same underlying array (cheap).
 /// `Array` is `Send` but not `Sync`: see [`crate::device`] for the threading rule.
+///
+/// An array can move to another thread:
+/// ```
+/// let a = mlx_array::Array::from_slice(&[1.0f32, 2.0], &[2])?;
+/// let v = std::thread::spawn(move || a.square()?.to_vec::<f32>()).join().unwrap()?;
+/// assert_eq!(v, vec![1.0, 4.0]);
+/// # Ok::<(), mlx_array::Error>(())
+/// ```
+/// but cannot be shared between threads:
+/// ```compile_fail
+/// fn shared<T: Sync>(_: &T) {}
+/// let a = mlx_array::Array::from_slice(&[1.0f32], &[1]).unwrap();
+/// shared(&a); // error: `NonNull<mlxs_array_s>` cannot be shared between threads safely
+/// ```
 #[repr(transparent)]
 pub struct Array {
     raw: NonNull<sys::mlxs_array_s>,

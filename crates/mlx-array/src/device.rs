@@ -6,6 +6,11 @@
 //! thread) but not `Sync`: one thread at a time builds and evaluates a graph. Programs
 //! that serve many clients keep one thread that owns the model and all evaluation, and
 //! talk to it over channels.
+//!
+//! Since MLX 0.32 every thread has its own streams, so evaluate an array on the thread
+//! that built it before sending it elsewhere: an unevaluated graph evaluated on another
+//! thread fails with `There is no Stream(cpu, 0) in current thread` (an `Err`, as in
+//! Python). Evaluated arrays can be used freely as inputs on the receiving thread.
 use crate::error::{check, Result};
 use mlx_sys as sys;
 use std::cell::Cell;

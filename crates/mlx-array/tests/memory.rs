@@ -1,0 +1,174 @@
+//! No leaks: MLX's active memory returns to its baseline after arrays, compiled closures
+//! and gradient transforms are created, used and dropped.
+use mlx_array::transforms::{jvp, value_and_grad, vjp};
+use mlx_array::{memory, ops, random, synchronize, Array, Closure, Dtype};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Active bytes once queued work is done and the buffer cache is emptied.
+fn settled() -> usize {
+    synchronize().expect("synchronize");
+    memory::clear_cache();
+    memory::active_memory()
+}
+
+/// Runs some ops once so lazily made global state (random key, ...) exists before the
+/// baseline is taken.
+fn warm_up() -> usize {
+    let k = random::normal(&[4], Dtype::Float32, None, None, None).unwrap();
+    k.eval().unwrap();
+    drop(k);
+    settled()
+}
+
+/// A float32 array of `n` elements (4n bytes), evaluated.
+fn big(n: i32) -> Array {
+    let a = ops::arange(0.0, f64::from(n), 1.0, Dtype::Float32).unwrap();
+    a.eval().unwrap();
+    a
+}
+
+/// Counts drops of the value it is attached to.
+struct DropCounter(Arc<AtomicUsize>);
+impl Drop for DropCounter {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn active_memory_returns_to_baseline_after_array_loop() {
+    let base = warm_up();
+    for i in 0..200 {
+        let a = big(16 * 1024);
+        let b = a
+            .multiply(2.0)
+            .unwrap()
+            .add(&a)
+            .unwrap()
+            .reshape(&[128, 128])
+            .unwrap();
+        let c = b
+            .matmul(&b.transpose(None).unwrap())
+            .unwrap()
+            .sum(Some(&[0]), false)
+            .unwrap();
+        c.eval().unwrap();
+        if i == 0 {
+            assert!(
+                memory::active_memory() > base + 64 * 1024,
+                "arrays are counted while alive"
+            );
+        }
+    }
+    assert_eq!(settled(), base, "active memory after dropping every array");
+}
+
+#[test]
+fn dropping_a_compiled_closure_frees_its_cache_entry_and_captures() {
+    let base = warm_up();
+    let drops = Arc::new(AtomicUsize::new(0));
+    for cycle in 0..20 {
+        // A 1 MiB constant captured by the closure becomes part of the compiled graph.
+        let constant = big(256 * 1024);
+        let counter = DropCounter(drops.clone());
+        let f = Closure::new(move |a: &[Array]| {
+            let _keep = &counter;
+            let n = a[0].size() as i32;
+            let c = constant.slice(&[0], &[n], None)?.reshape(&a[0].shape())?;
+            Ok(vec![a[0].exp()?.multiply(&c)?.add(1.0)?])
+        })
+        .unwrap();
+        let compiled = f.compile(false).unwrap();
+        // Two shapes: two traces in the compile cache.
+        for n in [8, 16] {
+            let x = big(n);
+            let y = compiled.call(&[&x]).unwrap();
+            let plain = f.call(&[&x]).unwrap();
+            assert_eq!(
+                y[0].to_vec::<f32>().unwrap(),
+                plain[0].to_vec::<f32>().unwrap()
+            );
+        }
+        assert!(
+            memory::active_memory() >= base + 1024 * 1024,
+            "constant alive while compiled"
+        );
+        drop(f);
+        drop(compiled);
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            cycle + 1,
+            "closure payload freed on drop"
+        );
+        assert_eq!(
+            settled(),
+            base,
+            "cycle {cycle}: compiled closure left memory behind"
+        );
+    }
+}
+
+#[test]
+fn shapeless_compile_cycles_do_not_grow_memory() {
+    let base = warm_up();
+    let mut after_first = None;
+    for _ in 0..30 {
+        let w = big(64 * 1024);
+        let f = Closure::new(move |a: &[Array]| Ok(vec![a[0].multiply(&w.sum(None, false)?)?]))
+            .unwrap()
+            .compile(true)
+            .unwrap();
+        for n in [3, 5, 9] {
+            f.call(&[&big(n)]).unwrap()[0].eval().unwrap();
+        }
+        drop(f);
+        let now = settled();
+        let first = *after_first.get_or_insert(now);
+        assert_eq!(now, first, "memory grows across compile/drop cycles");
+    }
+    assert_eq!(after_first, Some(base));
+}
+
+#[test]
+fn gradient_transforms_leave_no_memory_behind() {
+    let base = warm_up();
+    for _ in 0..50 {
+        let x = big(4096);
+        let w = big(4096).multiply(1e-3).unwrap();
+        let (v, g) = value_and_grad(
+            |a: &[Array]| Ok(vec![a[0].multiply(&a[1])?.sin()?.sum(None, false)?]),
+            &[&x, &w],
+            &[0, 1],
+        )
+        .unwrap();
+        mlx_array::eval(&[&v[0], &g[0], &g[1]]).unwrap();
+        let (o, ct) = vjp(|a: &[Array]| Ok(vec![a[0].square()?]), &[&x], &[&w]).unwrap();
+        let (o2, t) = jvp(|a: &[Array]| Ok(vec![a[0].tanh()?]), &[&x], &[&w]).unwrap();
+        mlx_array::eval(&[&o[0], &ct[0], &o2[0], &t[0]]).unwrap();
+        let ck = Closure::new(|a: &[Array]| Ok(vec![a[0].exp()?.sum(None, false)?]))
+            .unwrap()
+            .checkpoint()
+            .unwrap();
+        ck.call(&[&x]).unwrap()[0].eval().unwrap();
+    }
+    assert_eq!(
+        settled(),
+        base,
+        "value_and_grad / vjp / jvp / checkpoint leaked"
+    );
+}
+
+#[test]
+fn peak_memory_tracks_the_largest_live_set() {
+    warm_up();
+    memory::reset_peak_memory();
+    let a = big(1 << 20);
+    let peak = memory::peak_memory();
+    assert!(peak >= 4 << 20, "peak {peak} below the 4 MiB array");
+    drop(a);
+    assert!(
+        memory::peak_memory() >= peak,
+        "peak does not drop with the array"
+    );
+}
