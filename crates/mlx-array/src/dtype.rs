@@ -4,21 +4,34 @@ use std::fmt;
 
 /// The element type of an [`Array`](crate::Array), MLX's `Dtype`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(missing_docs)]
 pub enum Dtype {
+    /// Boolean (`bool_`).
     Bool,
+    /// Unsigned 8-bit integer.
     Uint8,
+    /// Unsigned 16-bit integer.
     Uint16,
+    /// Unsigned 32-bit integer (packed quantized weights use it).
     Uint32,
+    /// Unsigned 64-bit integer.
     Uint64,
+    /// Signed 8-bit integer.
     Int8,
+    /// Signed 16-bit integer.
     Int16,
+    /// Signed 32-bit integer (MLX's default integer type).
     Int32,
+    /// Signed 64-bit integer.
     Int64,
+    /// IEEE half precision.
     Float16,
+    /// IEEE single precision (MLX's default float type).
     Float32,
+    /// IEEE double precision (CPU only in MLX).
     Float64,
+    /// Brain float: float32's exponent range with 8 bits of mantissa.
     Bfloat16,
+    /// Complex number of two float32.
     Complex64,
 }
 
