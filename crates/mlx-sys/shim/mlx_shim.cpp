@@ -935,6 +935,8 @@ int mlxs_random_permutation_n(mlxs_array* out, int n, mlxs_array key, mlxs_strea
   OUT1(mx::random::permutation(n, OPT(key), S(s)));
 }
 
+int mlxs_random_next_key(mlxs_array* out) { OUT1(mx::random::KeySequence::default_().next()); }
+
 /* ---------- linalg ---------- */
 int mlxs_linalg_norm(mlxs_array* out, mlxs_array a, int ord_kind, double ord, const char* ord_str,
                      const int32_t* axes, size_t naxes, bool keepdims, mlxs_stream s) {

@@ -360,6 +360,8 @@ int mlxs_random_truncated_normal(mlxs_array* out, mlxs_array lower, mlxs_array u
 int mlxs_random_permutation(mlxs_array* out, mlxs_array x, int axis, mlxs_array key, mlxs_stream s);
 /* A random permutation of arange(n), as uint32 (Python's `permutation(int)`). */
 int mlxs_random_permutation_n(mlxs_array* out, int n, mlxs_array key, mlxs_stream s);
+/* The next key of this thread's global key sequence (what a draw without a key uses). */
+int mlxs_random_next_key(mlxs_array* out);
 
 /* ---------- linalg ---------- */
 /* ord_kind: 0 default (Frobenius / 2-norm), 1 numeric ord, 2 string ord. axes NULL: all. */

@@ -1402,6 +1402,9 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
+    pub fn mlxs_random_next_key(out: *mut mlxs_array) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
     pub fn mlxs_linalg_norm(
         out: *mut mlxs_array,
         a: mlxs_array,
