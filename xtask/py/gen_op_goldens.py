@@ -701,6 +701,17 @@ def gen_random():
 
     case("seed_sequence", "random_sequence", {"seed": 42}, [], seq)
 
+    # mlx-lm's compiled sampler (random state as compile input/output) after a seed.
+    def sampler(l):
+        mx.random.seed(7)
+        a = categorical_sampling(l, 0.8)
+        b = categorical_sampling(l, 0.8)
+        return [a, b]
+
+    from mlx_lm.sample_utils import categorical_sampling
+
+    case("compiled_sampler_sequence", "random_sampler", {"seed": 7, "temp": 0.8}, [lbf], sampler)
+
 
 # --------------------------------------------------------------- linalg, transforms
 def gen_linalg_transforms():

@@ -185,3 +185,13 @@ pub fn permutation(x: &Array, axis: i32, key: Option<&Array>) -> Result<Array> {
 pub fn permutation_n(n: i32, key: Option<&Array>) -> Result<Array> {
     out1(|o| unsafe { sys::mlxs_random_permutation_n(o, n, opt(key), Array::s()) })
 }
+
+/// The next key of this thread's global key sequence: what a draw with `key = None` would
+/// use, and what Python's `mx.compile(inputs=mx.random.state, ...)` samplers consume. Pass
+/// it to a draw inside a compiled closure so each call gets fresh randomness with the same
+/// bits as the Python sampler. The global sequence is per thread ([`seed`] seeds the
+/// calling thread's).
+#[track_caller]
+pub fn next_key() -> Result<Array> {
+    out1(|o| unsafe { sys::mlxs_random_next_key(o) })
+}

@@ -574,6 +574,24 @@ fn run_more(op: &str, p: &P<'_>, x: &[Array]) -> Result<Vec<Array>> {
             let e = random::normal(&[3], Dtype::Float32, None, None, None)?;
             Ok(vec![a, b, c, d, e])
         }
+        "random_sampler" => {
+            // mlx-lm's `categorical_sampling`, compiled, with the key passed in explicitly.
+            let seed = p.get("seed")?.as_u64().ok_or_else(|| bad("seed".into()))?;
+            let inv_temp = 1.0 / p.f64("temp")?;
+            let f = Closure::new(move |a: &[Array]| {
+                Ok(vec![random::categorical(
+                    &a[0].multiply(inv_temp)?,
+                    -1,
+                    None,
+                    Some(&a[1]),
+                )?])
+            })?
+            .compile(false)?;
+            random::seed(seed)?;
+            let first = f.call(&[&x[0], &random::next_key()?])?;
+            let second = f.call(&[&x[0], &random::next_key()?])?;
+            Ok(first.into_iter().chain(second).collect())
+        }
         "linalg" => run_linalg(p, x),
         "value_and_grad" => {
             let (v, g) = value_and_grad(loss, &[&x[0], &x[1]], &p.ints("argnums")?)?;
