@@ -3,7 +3,15 @@
 use mlx_array::transforms::{jvp, value_and_grad, vjp};
 use mlx_array::{memory, ops, random, synchronize, Array, Closure, Dtype};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Active memory is process-wide: under `cargo test` (threads, one process) the tests of
+/// this file take turns; under nextest each runs in its own process anyway.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Active bytes once queued work is done and the buffer cache is emptied.
 fn settled() -> usize {
@@ -38,6 +46,7 @@ impl Drop for DropCounter {
 
 #[test]
 fn active_memory_returns_to_baseline_after_array_loop() {
+    let _serial = serial();
     let base = warm_up();
     for i in 0..200 {
         let a = big(16 * 1024);
@@ -66,6 +75,7 @@ fn active_memory_returns_to_baseline_after_array_loop() {
 
 #[test]
 fn dropping_a_compiled_closure_frees_its_cache_entry_and_captures() {
+    let _serial = serial();
     let base = warm_up();
     let drops = Arc::new(AtomicUsize::new(0));
     for cycle in 0..20 {
@@ -111,6 +121,7 @@ fn dropping_a_compiled_closure_frees_its_cache_entry_and_captures() {
 
 #[test]
 fn shapeless_compile_cycles_do_not_grow_memory() {
+    let _serial = serial();
     let base = warm_up();
     let mut after_first = None;
     for _ in 0..30 {
@@ -132,6 +143,7 @@ fn shapeless_compile_cycles_do_not_grow_memory() {
 
 #[test]
 fn gradient_transforms_leave_no_memory_behind() {
+    let _serial = serial();
     let base = warm_up();
     for _ in 0..50 {
         let x = big(4096);
@@ -161,6 +173,7 @@ fn gradient_transforms_leave_no_memory_behind() {
 
 #[test]
 fn peak_memory_tracks_the_largest_live_set() {
+    let _serial = serial();
     warm_up();
     memory::reset_peak_memory();
     let a = big(1 << 20);
