@@ -1,6 +1,6 @@
 //! The interface every architecture implements.
 use mlx_array::{Array, Result};
-use mlx_nn::KvCache;
+use mlx_nn::{KvCache, Module};
 
 /// The kind of KV cache a layer wants (mlx-lm's `model.make_cache()`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,4 +34,14 @@ pub trait LanguageModel: Send {
 
     /// Number of transformer layers.
     fn num_layers(&self) -> usize;
+
+    /// The parameter tree (names, freezing, updates), where the model exposes one.
+    fn as_module(&self) -> Option<&dyn Module> {
+        None
+    }
+
+    /// The parameter tree, mutably.
+    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
+        None
+    }
 }

@@ -1,0 +1,89 @@
+//! Reading config.json sections into typed arguments.
+use crate::error::{Error, Result};
+use mlx_nn::RopeScaling;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Deserializes a model's arguments from its config, ignoring unknown keys; a missing
+/// or mistyped key is an error naming the key.
+pub fn parse_args<T: DeserializeOwned>(config: &Value, what: &str) -> Result<T> {
+    serde_path_to_error::deserialize(config).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        let message = if path.is_empty() || path == "." {
+            inner
+        } else {
+            format!("key `{path}`: {inner}")
+        };
+        Error::Config {
+            path: format!("config.json ({what})"),
+            message,
+        }
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum FloatOrList {
+    One(f64),
+    Many(Vec<f64>),
+}
+
+impl FloatOrList {
+    fn into_vec(self) -> Vec<f64> {
+        match self {
+            FloatOrList::One(v) => vec![v],
+            FloatOrList::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct RopeScalingJson {
+    #[serde(rename = "type")]
+    ty: Option<String>,
+    rope_type: Option<String>,
+    factor: Option<f64>,
+    low_freq_factor: Option<f64>,
+    high_freq_factor: Option<f64>,
+    original_max_position_embeddings: Option<f64>,
+    beta_fast: Option<f64>,
+    beta_slow: Option<f64>,
+    mscale: Option<f64>,
+    mscale_all_dim: Option<f64>,
+    short_factor: Option<FloatOrList>,
+    long_factor: Option<FloatOrList>,
+    partial_rotary_factor: Option<f64>,
+}
+
+/// Reads a `rope_scaling` (or `rope_parameters`) section; the type is `type`, else
+/// `rope_type`, else `default`, as in mlx-lm's `initialize_rope`.
+pub fn rope_scaling(v: Option<&Value>) -> Result<Option<RopeScaling>> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let j: RopeScalingJson = parse_args(v, "rope_scaling")?;
+    Ok(Some(RopeScaling {
+        rope_type: j
+            .ty
+            .filter(|t| !t.is_empty())
+            .or(j.rope_type)
+            .unwrap_or_else(|| "default".into()),
+        factor: j.factor,
+        low_freq_factor: j.low_freq_factor,
+        high_freq_factor: j.high_freq_factor,
+        original_max_position_embeddings: j.original_max_position_embeddings,
+        beta_fast: j.beta_fast,
+        beta_slow: j.beta_slow,
+        mscale: j.mscale,
+        mscale_all_dim: j.mscale_all_dim,
+        short_factor: j.short_factor.map(FloatOrList::into_vec),
+        long_factor: j.long_factor.map(FloatOrList::into_vec),
+        partial_rotary_factor: j.partial_rotary_factor,
+    }))
+}
+
+pub(crate) fn default_true() -> bool {
+    true
+}

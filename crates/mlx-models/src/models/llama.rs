@@ -1,0 +1,337 @@
+//! Llama (and Mistral), following `mlx_lm/models/llama.py`.
+use super::{
+    batch_len, cache_at, drop_rotary_inv_freq, layer_caches, merge_heads, rope_attend, split_heads,
+};
+use super::{Architecture, Weights};
+use crate::config::{default_true, parse_args, rope_scaling};
+use crate::model::{CacheSpec, LanguageModel};
+use mlx_array::{Array, Result};
+use mlx_nn::activations::swiglu;
+use mlx_nn::cache::create_attention_mask;
+use mlx_nn::{
+    impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, RmsNorm,
+    Rope,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// config.json keys read by Llama.
+#[derive(Debug, Clone, Deserialize)]
+#[allow(missing_docs)]
+pub struct ModelArgs {
+    pub model_type: String,
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub rms_norm_eps: f64,
+    pub vocab_size: i32,
+    #[serde(default)]
+    pub head_dim: Option<i32>,
+    #[serde(default)]
+    pub max_position_embeddings: Option<i32>,
+    #[serde(default)]
+    pub num_key_value_heads: Option<i32>,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub mlp_bias: bool,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    #[serde(default)]
+    pub rope_traditional: bool,
+    #[serde(default)]
+    pub rope_scaling: Option<Value>,
+    #[serde(default = "default_true")]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+    #[serde(default)]
+    pub sliding_window: Option<i32>,
+}
+
+fn default_rope_theta() -> f64 {
+    10000.0
+}
+
+/// Self-attention.
+#[derive(Debug)]
+pub struct Attention {
+    q_proj: LinearLayer,
+    k_proj: LinearLayer,
+    v_proj: LinearLayer,
+    o_proj: LinearLayer,
+    rope: Rope,
+    n_heads: i32,
+    n_kv_heads: i32,
+    scale: f64,
+}
+impl_module!(Attention {
+    q_proj,
+    k_proj,
+    v_proj,
+    o_proj
+});
+
+impl Attention {
+    pub(crate) fn new(args: &ModelArgs) -> crate::Result<Attention> {
+        let dim = args.hidden_size;
+        let n_heads = args.num_attention_heads;
+        let n_kv_heads = args.num_key_value_heads.unwrap_or(n_heads);
+        let head_dim = args.head_dim.filter(|&d| d > 0).unwrap_or(dim / n_heads);
+        let bias = args.attention_bias;
+        Ok(Attention {
+            q_proj: LinearLayer::new(dim, n_heads * head_dim, bias)?,
+            k_proj: LinearLayer::new(dim, n_kv_heads * head_dim, bias)?,
+            v_proj: LinearLayer::new(dim, n_kv_heads * head_dim, bias)?,
+            o_proj: LinearLayer::new(n_heads * head_dim, dim, bias)?,
+            rope: initialize_rope(
+                head_dim,
+                args.rope_theta,
+                args.rope_traditional,
+                rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
+                args.max_position_embeddings,
+            )?,
+            n_heads,
+            n_kv_heads,
+            scale: (head_dim as f64).powf(-0.5),
+        })
+    }
+
+    pub(crate) fn forward(
+        &self,
+        x: &Array,
+        mask: &AttnMask,
+        cache: Option<&mut dyn KvCache>,
+    ) -> Result<Array> {
+        let (b, l) = batch_len(x)?;
+        let queries = split_heads(&self.q_proj.forward(x)?, b, l, self.n_heads)?;
+        let keys = split_heads(&self.k_proj.forward(x)?, b, l, self.n_kv_heads)?;
+        let values = split_heads(&self.v_proj.forward(x)?, b, l, self.n_kv_heads)?;
+        let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
+        self.o_proj.forward(&merge_heads(&out, b, l)?)
+    }
+}
+
+/// The SwiGLU feed-forward block.
+#[derive(Debug)]
+pub struct Mlp {
+    gate_proj: LinearLayer,
+    down_proj: LinearLayer,
+    up_proj: LinearLayer,
+}
+impl_module!(Mlp {
+    gate_proj,
+    down_proj,
+    up_proj
+});
+
+impl Mlp {
+    fn new(dim: i32, hidden: i32, bias: bool) -> crate::Result<Mlp> {
+        Ok(Mlp {
+            gate_proj: LinearLayer::new(dim, hidden, bias)?,
+            down_proj: LinearLayer::new(hidden, dim, bias)?,
+            up_proj: LinearLayer::new(dim, hidden, bias)?,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        self.down_proj.forward(&swiglu(
+            &self.gate_proj.forward(x)?,
+            &self.up_proj.forward(x)?,
+        )?)
+    }
+}
+
+/// One decoder layer.
+#[derive(Debug)]
+pub struct TransformerBlock {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+    use_sliding: bool,
+}
+impl_module!(TransformerBlock {
+    self_attn,
+    mlp,
+    input_layernorm,
+    post_attention_layernorm
+});
+
+impl TransformerBlock {
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &AttnMask,
+        cache: Option<&mut dyn KvCache>,
+    ) -> Result<Array> {
+        let r = self
+            .self_attn
+            .forward(&self.input_layernorm.forward(x)?, mask, cache)?;
+        let h = x.add(&r)?;
+        let r = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?)?;
+        h.add(&r)
+    }
+}
+
+/// The decoder stack.
+#[derive(Debug)]
+pub struct LlamaModel {
+    embed_tokens: EmbeddingLayer,
+    layers: Vec<TransformerBlock>,
+    norm: RmsNorm,
+    fa_idx: usize,
+    swa_idx: Option<usize>,
+    sliding_window: Option<i32>,
+}
+impl_module!(LlamaModel {
+    embed_tokens,
+    layers,
+    norm
+});
+
+impl LlamaModel {
+    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let mut h = self.embed_tokens.forward(inputs)?;
+        let n = h.dim(1)?;
+        let fa_mask = create_attention_mask(n, cache_at(caches, self.fa_idx), None, false)?;
+        let swa_mask = match self.swa_idx {
+            Some(i) => Some(create_attention_mask(
+                n,
+                cache_at(caches, i),
+                self.sliding_window,
+                false,
+            )?),
+            None => None,
+        };
+        for (layer, cache) in self
+            .layers
+            .iter()
+            .zip(layer_caches(caches, self.layers.len())?)
+        {
+            let mask = match (&swa_mask, layer.use_sliding) {
+                (Some(m), true) => m,
+                _ => &fa_mask,
+            };
+            h = layer.forward(&h, mask, cache)?;
+        }
+        self.norm.forward(&h)
+    }
+}
+
+/// Llama with its output head.
+#[derive(Debug)]
+pub struct Model {
+    args: ModelArgs,
+    model: LlamaModel,
+    lm_head: Option<LinearLayer>,
+}
+impl_module!(Model { model, lm_head });
+
+impl Model {
+    /// Builds the model (zero placeholders) from config.json.
+    pub fn new(args: ModelArgs) -> crate::Result<Model> {
+        let layer_types = args
+            .layer_types
+            .clone()
+            .unwrap_or_else(|| vec!["full_attention".into(); args.num_hidden_layers as usize]);
+        let layers = layer_types
+            .iter()
+            .map(|t| {
+                Ok(TransformerBlock {
+                    self_attn: Attention::new(&args)?,
+                    mlp: Mlp::new(args.hidden_size, args.intermediate_size, args.mlp_bias)?,
+                    input_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
+                    post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
+                    use_sliding: t == "sliding_attention",
+                })
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        let fa_idx = layer_types
+            .iter()
+            .position(|t| t == "full_attention")
+            .ok_or_else(|| crate::Error::Config {
+                path: "config.json (llama)".into(),
+                message: "key `layer_types`: no \"full_attention\" layer".into(),
+            })?;
+        let swa_idx = layers.iter().position(|l| l.use_sliding);
+        let model = LlamaModel {
+            embed_tokens: EmbeddingLayer::new(args.vocab_size, args.hidden_size)?,
+            layers,
+            norm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
+            fa_idx,
+            swa_idx,
+            sliding_window: args.sliding_window,
+        };
+        let lm_head = if args.tie_word_embeddings {
+            None
+        } else {
+            Some(LinearLayer::new(args.hidden_size, args.vocab_size, false)?)
+        };
+        Ok(Model {
+            args,
+            model,
+            lm_head,
+        })
+    }
+}
+
+/// Registry entry.
+pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
+    Ok(Box::new(Model::new(parse_args(config, "llama")?)?))
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let out = self.model.forward(tokens, caches)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&out),
+            None => self.model.embed_tokens.as_linear(&out),
+        }
+    }
+    fn cache_specs(&self) -> Vec<CacheSpec> {
+        let window = self.args.sliding_window.unwrap_or(0);
+        self.model
+            .layers
+            .iter()
+            .map(|l| {
+                if l.use_sliding {
+                    CacheSpec::Rotating {
+                        max_size: window,
+                        keep: 0,
+                    }
+                } else {
+                    CacheSpec::Standard
+                }
+            })
+            .collect()
+    }
+    fn model_type(&self) -> &str {
+        &self.args.model_type
+    }
+    fn vocab_size(&self) -> i32 {
+        self.args.vocab_size
+    }
+    fn num_layers(&self) -> usize {
+        self.model.layers.len()
+    }
+    fn as_module(&self) -> Option<&dyn Module> {
+        Some(self)
+    }
+    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
+        Some(self)
+    }
+}
+
+impl Architecture for Model {
+    fn sanitize(&mut self, weights: Weights) -> crate::Result<Weights> {
+        let mut weights = drop_rotary_inv_freq(weights);
+        if self.args.tie_word_embeddings {
+            weights.remove("lm_head.weight");
+        }
+        Ok(weights)
+    }
+}

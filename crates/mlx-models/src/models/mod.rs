@@ -1,0 +1,127 @@
+//! One module per architecture, each following one mlx-lm file, plus the pieces they
+//! share (head reshapes, the RoPE + cache + SDPA step, per-layer cache handout).
+use crate::model::LanguageModel;
+use mlx_array::{Array, Error, Result};
+use mlx_nn::{scaled_dot_product_attention, AttnMask, KvCache, KvFetch, Module, Rope};
+use std::collections::BTreeMap;
+
+pub mod gemma2;
+pub mod gemma3;
+pub mod gemma3_text;
+pub mod llama;
+pub mod mixtral;
+pub mod phi3;
+pub mod qwen2;
+pub mod qwen3;
+pub mod qwen3_moe;
+
+/// Flat weight map (checkpoint name -> array).
+pub type Weights = BTreeMap<String, Array>;
+
+/// Converts a boxed architecture into the public trait object.
+pub trait IntoLanguageModel {
+    /// The model as a `LanguageModel`.
+    fn into_language_model(self: Box<Self>) -> Box<dyn LanguageModel>;
+}
+
+impl<T: LanguageModel + 'static> IntoLanguageModel for T {
+    fn into_language_model(self: Box<Self>) -> Box<dyn LanguageModel> {
+        self
+    }
+}
+
+/// What the loader needs from an architecture beyond [`LanguageModel`].
+pub trait Architecture: LanguageModel + Module + IntoLanguageModel {
+    /// mlx-lm's `Model.sanitize(weights)`: renames, stacks or drops checkpoint tensors
+    /// so they match [`Module::parameters`] (it may also adjust the model, like
+    /// gemma3's tied head).
+    fn sanitize(&mut self, weights: Weights) -> crate::Result<Weights> {
+        Ok(weights)
+    }
+}
+
+/// `x.reshape(B, L, n, -1).transpose(0, 2, 1, 3)`.
+pub(crate) fn split_heads(x: &Array, b: i32, l: i32, n: i32) -> Result<Array> {
+    x.reshape(&[b, l, n, -1])?.transpose(Some(&[0, 2, 1, 3]))
+}
+
+/// `x.transpose(0, 2, 1, 3).reshape(B, L, -1)`.
+pub(crate) fn merge_heads(x: &Array, b: i32, l: i32) -> Result<Array> {
+    x.transpose(Some(&[0, 2, 1, 3]))?.reshape(&[b, l, -1])
+}
+
+/// `(B, L)` of a `[B, L, D]` activation.
+pub(crate) fn batch_len(x: &Array) -> Result<(i32, i32)> {
+    let s = x.shape();
+    if s.len() != 3 {
+        return Err(Error::InvalidArgument(format!(
+            "expected [B, L, D] activations, got {s:?}"
+        )));
+    }
+    Ok((s[0], s[1]))
+}
+
+/// RoPE at the cache offset, cache update, then mlx-lm's SDPA: the common tail of
+/// every attention block.
+pub(crate) fn rope_attend(
+    queries: &Array,
+    keys: &Array,
+    values: Array,
+    rope: &Rope,
+    cache: Option<&mut dyn KvCache>,
+    scale: f64,
+    mask: &AttnMask,
+) -> Result<Array> {
+    let (queries, fetch) = match cache {
+        Some(c) => {
+            let offset = c.offset();
+            let q = rope.forward(queries, offset)?;
+            let k = rope.forward(keys, offset)?;
+            (q, c.update_and_fetch(&k, &values)?)
+        }
+        None => {
+            let q = rope.forward(queries, 0)?;
+            (
+                q,
+                KvFetch::Plain {
+                    keys: rope.forward(keys, 0)?,
+                    values,
+                },
+            )
+        }
+    };
+    scaled_dot_product_attention(&queries, &fetch, scale, mask, None)
+}
+
+/// One optional cache per layer: all `None` when `caches` is empty.
+pub(crate) fn layer_caches(
+    caches: &mut [Box<dyn KvCache>],
+    n: usize,
+) -> Result<Vec<Option<&mut dyn KvCache>>> {
+    if caches.is_empty() {
+        return Ok((0..n).map(|_| None).collect());
+    }
+    if caches.len() != n {
+        return Err(Error::InvalidArgument(format!(
+            "the model has {n} layers but {} caches were passed",
+            caches.len()
+        )));
+    }
+    Ok(caches
+        .iter_mut()
+        .map(|c| Some(c.as_mut() as &mut dyn KvCache))
+        .collect())
+}
+
+/// The cache of layer `i`, for mask creation (`None` without caches).
+pub(crate) fn cache_at(caches: &[Box<dyn KvCache>], i: usize) -> Option<&dyn KvCache> {
+    caches.get(i).map(|c| c.as_ref())
+}
+
+/// Drops the precomputed rotary buffers HF checkpoints may carry.
+pub(crate) fn drop_rotary_inv_freq(weights: Weights) -> Weights {
+    weights
+        .into_iter()
+        .filter(|(k, _)| !k.contains("self_attn.rotary_emb.inv_freq"))
+        .collect()
+}
