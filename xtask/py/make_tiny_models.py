@@ -1,0 +1,351 @@
+"""Writes seeded tiny random checkpoints for the parity harness.
+
+Each model is a directory shaped like a Hugging Face checkpoint (config.json +
+model.safetensors, or shards with model.safetensors.index.json) with HF tensor names
+(per-expert MoE weights, rotary inv_freq buffers, a redundant lm_head where the real
+checkpoints have one). Quantized variants are written by mlx-lm's own
+`quantize_model` / `save_model` / `save_config`, so they are in mlx-community format.
+
+usage: make_tiny_models.py OUT_DIR [--only NAME[,NAME...]] [--list]
+"""
+
+import argparse
+import copy
+import json
+import shutil
+import sys
+import zlib
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.utils import _get_classes, load_model, quantize_model, save_config, save_model
+
+BASE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+}
+# Small enough to commit as goldens (affine quantization needs group size 32 here).
+SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+ARCHS = {
+    "llama": {"model_type": "llama", "rope_theta": 10000.0, "tie_word_embeddings": True},
+    "qwen2": {"model_type": "qwen2", "rope_theta": 1000000.0, "tie_word_embeddings": True},
+    "qwen3": {
+        "model_type": "qwen3",
+        "head_dim": 16,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+    },
+    "phi3": {"model_type": "phi3", "rope_theta": 10000.0, "tie_word_embeddings": False},
+    "gemma2": {
+        "model_type": "gemma2",
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "query_pre_attn_scalar": 16.0,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+    },
+    "gemma3_text": {
+        "model_type": "gemma3_text",
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 4,
+        "sliding_window_pattern": 2,
+        "rope_local_base_freq": 10000.0,
+        "rope_theta": 1000000.0,
+    },
+    "qwen3_moe": {
+        "model_type": "qwen3_moe",
+        "head_dim": 16,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [1],
+        "moe_intermediate_size": 64,
+        "norm_topk_prob": True,
+    },
+    "mixtral": {
+        "model_type": "mixtral",
+        "rope_theta": 1000000.0,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+    },
+}
+
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+
+# name -> (arch, config overrides, options)
+#   dtype: weight dtype; extras: add HF-only tensors that sanitize must drop;
+#   shards: write that many shard files with an index; quant: mlx-lm quantization.
+VARIANTS = {
+    "llama-f32-tied": ("llama", {}, {"extras": True}),
+    "llama-f32-untied-bias-gqa4": (
+        "llama",
+        {"tie_word_embeddings": False, "attention_bias": True, "mlp_bias": True,
+         "num_attention_heads": 8, "head_dim": 8},
+        {},
+    ),
+    "llama-f32-mha-traditional": ("llama", {"num_key_value_heads": 4, "rope_traditional": True}, {}),
+    "llama-f32-rope-llama3": ("llama", {"rope_scaling": LLAMA3}, {}),
+    "llama-f32-rope-linear": ("llama", {"rope_scaling": {"type": "linear", "factor": 2.0}}, {}),
+    "llama-f32-rope-yarn": ("llama", {"rope_scaling": YARN}, {}),
+    "llama-f32-rope-dynamic": (
+        "llama", {"rope_scaling": {"type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8}, {}),
+    "llama-f32-sliding": (
+        "llama", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}, {}),
+    "llama-bf16": ("llama", {}, {"dtype": "bfloat16"}),
+    "llama-f16": ("llama", {}, {"dtype": "float16"}),
+    "mistral-f32-sharded": ("llama", {"model_type": "mistral", "tie_word_embeddings": False}, {"shards": 2}),
+    "llama-q4-g32": ("llama", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "llama-q8-g64": ("llama", {"tie_word_embeddings": False}, {"quant": {"bits": 8, "group_size": 64}}),
+    "llama-q3-g64": ("llama", {}, {"quant": {"bits": 3, "group_size": 64}}),
+    "llama-bf16-q4": ("llama", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "llama-mxfp4": ("llama", {}, {"quant": {"mode": "mxfp4"}}),
+    "llama-mxfp8": ("llama", {}, {"quant": {"mode": "mxfp8"}}),
+    "llama-nvfp4": ("llama", {}, {"quant": {"mode": "nvfp4"}}),
+    "llama-q4-mixed": ("llama", {"tie_word_embeddings": False}, {"quant": {"bits": 4, "group_size": 64, "mixed": True}}),
+    "qwen2-f32-tied": ("qwen2", {}, {"extras": True}),
+    "qwen2-bf16-untied": ("qwen2", {"tie_word_embeddings": False}, {"dtype": "bfloat16"}),
+    "qwen2-q4": ("qwen2", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "qwen3-f32-tied": ("qwen3", {}, {}),
+    "qwen3-f32-untied-gqa4": ("qwen3", {"tie_word_embeddings": False, "num_attention_heads": 8, "head_dim": 8}, {}),
+    "qwen3-bf16": ("qwen3", {}, {"dtype": "bfloat16"}),
+    "qwen3-f32-rope-yarn": ("qwen3", {"rope_scaling": YARN}, {}),
+    "qwen3-q8": ("qwen3", {}, {"quant": {"bits": 8, "group_size": 64}}),
+    "phi3-f32": ("phi3", {}, {}),
+    "phi3-f32-longrope": (
+        "phi3",
+        {"rope_scaling": {"type": "longrope",
+                          "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7],
+                          "long_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5]},
+         "max_position_embeddings": 512, "original_max_position_embeddings": 64},
+        {},
+    ),
+    "phi3-f32-partial-rotary": ("phi3", {"partial_rotary_factor": 0.5}, {}),
+    "phi3-bf16": ("phi3", {}, {"dtype": "bfloat16"}),
+    "phi3-q4": ("phi3", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "gemma2-f32": ("gemma2", {}, {}),
+    "gemma2-bf16": ("gemma2", {}, {"dtype": "bfloat16"}),
+    "gemma2-q4": ("gemma2", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "gemma3_text-f32-tied": ("gemma3_text", {}, {}),
+    "gemma3_text-f32-untied": ("gemma3_text", {}, {"lm_head": True}),
+    "gemma3_text-bf16": ("gemma3_text", {}, {"dtype": "bfloat16"}),
+    "gemma3_text-f16": ("gemma3_text", {}, {"dtype": "float16"}),
+    "gemma3_text-q4": ("gemma3_text", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "gemma3-f32-multimodal": ("gemma3_text", {}, {"wrap_gemma3": True}),
+    "qwen3_moe-f32": ("qwen3_moe", {}, {}),
+    "qwen3_moe-q4": ("qwen3_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "mixtral-f32": ("mixtral", {}, {}),
+    "mixtral-q4": ("mixtral", {}, {"quant": {"bits": 4, "group_size": 64}}),
+}
+
+# Small twins committed under goldens/models/ (checked by `cargo test -p mlx-models`).
+GOLDENS = {
+    "llama-small-f32-tied": ("llama", dict(SMALL), {"extras": True}),
+    "llama-small-bf16-untied-bias": (
+        "llama", dict(SMALL, tie_word_embeddings=False, attention_bias=True, mlp_bias=True), {"dtype": "bfloat16"}),
+    "llama-small-f32-sliding-llama3": (
+        "llama", dict(SMALL, rope_scaling=LLAMA3, layer_types=["sliding_attention", "full_attention"],
+                      sliding_window=4), {}),
+    "llama-small-q4-g32": ("llama", dict(SMALL), {"quant": {"bits": 4, "group_size": 32}}),
+    "llama-small-mxfp4": ("llama", dict(SMALL), {"quant": {"mode": "mxfp4"}}),
+    "qwen2-small-f32": ("qwen2", dict(SMALL), {}),
+    "qwen3-small-bf16": ("qwen3", dict(SMALL, head_dim=8), {"dtype": "bfloat16"}),
+    "qwen3-small-q8-g32": ("qwen3", dict(SMALL, head_dim=8), {"quant": {"bits": 8, "group_size": 32}}),
+    "phi3-small-f32-longrope": (
+        "phi3",
+        dict(SMALL, rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
+                                  "long_factor": [1.0, 1.5, 2.0, 2.5]},
+             max_position_embeddings=512, original_max_position_embeddings=64),
+        {},
+    ),
+    "gemma2-small-f32": ("gemma2", dict(SMALL, head_dim=8, query_pre_attn_scalar=8.0), {}),
+    "gemma3_text-small-bf16": ("gemma3_text", dict(SMALL, head_dim=8, query_pre_attn_scalar=8), {"dtype": "bfloat16"}),
+    "qwen3_moe-small-f32": (
+        "qwen3_moe", dict(SMALL, head_dim=8, moe_intermediate_size=32), {}),
+    "mixtral-small-f32": ("mixtral", dict(SMALL, intermediate_size=32), {}),
+}
+
+
+def seed_of(name):
+    return zlib.crc32(name.encode())
+
+
+def mlx_names(config):
+    """Parameter names and shapes of mlx-lm's model for this config."""
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(copy.deepcopy(config)))
+    return [(k, v.shape) for k, v in tree_flatten(model.parameters())]
+
+
+def random_weights(config, rng):
+    out = {}
+    gemma = config["model_type"].startswith("gemma")
+    for name, shape in mlx_names(config):
+        if name.endswith("norm.weight"):
+            base = 0.0 if gemma else 1.0
+            w = base + 0.1 * rng.standard_normal(shape)
+        elif name.endswith("bias"):
+            w = 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in name:
+            w = rng.standard_normal(shape)
+        else:
+            w = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        out[name] = w.astype(np.float32)
+    return out
+
+
+def to_hf_names(config, weights, opts, rng):
+    """Undo mlx-lm's sanitize so the files look like HF checkpoints."""
+    mt = config["model_type"]
+    out = {}
+    for k, v in weights.items():
+        if mt == "qwen3_moe" and ".mlp.switch_mlp." in k:
+            proj = k.split(".")[-2]
+            prefix = k.split(".mlp.switch_mlp.")[0]
+            for e in range(v.shape[0]):
+                out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
+        elif mt == "mixtral" and ".block_sparse_moe.switch_mlp." in k:
+            proj = k.split(".")[-2]
+            w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[proj]
+            prefix = k.split(".block_sparse_moe.switch_mlp.")[0]
+            for e in range(v.shape[0]):
+                out[f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight"] = v[e]
+        else:
+            out[k] = v
+    if opts.get("extras"):
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        for i in range(config["num_hidden_layers"]):
+            out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = rng.standard_normal(
+                (head_dim // 2,)).astype(np.float32)
+        if config.get("tie_word_embeddings", True):
+            out["lm_head.weight"] = out["model.embed_tokens.weight"].copy()
+    return out
+
+
+def save_weights(path, weights, dtype, shards):
+    arrays = {k: mx.array(v).astype(getattr(mx, dtype)) for k, v in weights.items()}
+    path.mkdir(parents=True, exist_ok=True)
+    if shards <= 1:
+        mx.save_safetensors(str(path / "model.safetensors"), arrays, metadata={"format": "pt"})
+        return
+    names = sorted(arrays)
+    per = (len(names) + shards - 1) // shards
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: arrays[k] for k in names[s * per:(s + 1) * per]}
+        mx.save_safetensors(str(path / fname), part, metadata={"format": "pt"})
+        weight_map.update({k: fname for k in part})
+    total = sum(a.nbytes for a in arrays.values())
+    with open(path / "model.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+def mixed_predicate(path, module):
+    if path.endswith("layers.0.mlp.down_proj"):
+        return False
+    if path.endswith("lm_head") or path.endswith("embed_tokens"):
+        return {"group_size": 32, "bits": 8}
+    if path.endswith("self_attn.v_proj"):
+        return {"group_size": 64, "bits": 6}
+    return True
+
+
+def write_dense(out, name, arch, overrides, opts):
+    config = dict(BASE)
+    config.update(ARCHS[arch])
+    config.update(overrides)
+    rng = np.random.default_rng(seed_of(name))
+    weights = random_weights(config, rng)
+    if opts.get("lm_head"):
+        weights["lm_head.weight"] = (rng.standard_normal(
+            (config["vocab_size"], config["hidden_size"])) / np.sqrt(config["hidden_size"])).astype(np.float32)
+    elif arch == "gemma3_text":
+        weights.pop("lm_head.weight", None)
+    weights = to_hf_names(config, weights, opts, rng)
+    if opts.get("wrap_gemma3"):
+        text_config = dict(config)
+        config = {"model_type": "gemma3", "vocab_size": config["vocab_size"], "text_config": text_config,
+                  "vision_config": {"hidden_size": 8}}
+        weights = {f"language_model.{k}": v for k, v in weights.items()}
+        weights["vision_tower.vision_model.embeddings.patch_embedding.weight"] = np.ones((4, 4), np.float32)
+        weights["multi_modal_projector.mm_input_projection_weight"] = np.ones((4, 4), np.float32)
+    dest = out / name
+    save_weights(dest, weights, opts.get("dtype", "float32"), opts.get("shards", 1))
+    with open(dest / "config.json", "w") as f:
+        json.dump(config, f, indent=2)
+    return dest
+
+
+def write_quantized(out, name, arch, overrides, opts):
+    q = opts["quant"]
+    tmp = write_dense(out, name + ".dense", arch, overrides, {k: v for k, v in opts.items() if k != "quant"})
+    model, config = load_model(tmp)
+    mode = q.get("mode", "affine")
+    model, qconfig = quantize_model(
+        model, config, q.get("group_size"), q.get("bits"), mode=mode,
+        quant_predicate=mixed_predicate if q.get("mixed") else None,
+    )
+    dest = out / name
+    save_model(dest, model)
+    if q.get("mixed"):
+        # An explicit `false` entry, as hand-edited mixed configs carry.
+        qconfig["quantization"]["model.layers.0.mlp.down_proj"] = False
+    save_config(qconfig, config_path=dest / "config.json")
+    shutil.rmtree(tmp)
+    return dest
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--goldens", action="store_true", help="write the small golden set instead")
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args()
+    table = GOLDENS if a.goldens else VARIANTS
+    if a.list:
+        print("\n".join(table))
+        return
+    only = {s for s in a.only.split(",") if s}
+    unknown = only - set(table)
+    if unknown:
+        sys.exit(f"unknown variant(s): {', '.join(sorted(unknown))}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    mx.set_default_device(mx.cpu)
+    for name, (arch, overrides, opts) in table.items():
+        if only and name not in only:
+            continue
+        dest = out / name
+        if dest.exists():
+            shutil.rmtree(dest)
+        if "quant" in opts:
+            write_quantized(out, name, arch, overrides, opts)
+        else:
+            write_dense(out, name, arch, overrides, opts)
+        print(f"wrote {dest}")
+
+
+if __name__ == "__main__":
+    main()
