@@ -5,6 +5,7 @@ use std::path::PathBuf;
 mod bindgen;
 mod goldens;
 mod install;
+mod parity;
 mod test;
 
 fn root() -> PathBuf {
@@ -18,7 +19,9 @@ const USAGE: &str = "usage: cargo xtask <command>
   test [--quick]      fmt, clippy, bindings check, parity, doc tests, all tests
   bindgen [--check]   regenerate (or verify) crates/mlx-sys/src/bindings.rs
   install [--prefix]  install release binaries and their mlx_lm.* aliases
-  goldens             regenerate goldens/ops with Python MLX";
+  goldens             regenerate goldens/ops with Python MLX
+  parity [--only a,b] [--regen] [--goldens]
+                      logits of tiny models vs mlx-lm, bit for bit";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -29,6 +32,7 @@ fn main() -> Result<()> {
         Some("bindgen") => bindgen::run(&root, args.iter().any(|a| a == "--check")),
         Some("install") => install::run(&root, rest),
         Some("goldens") => goldens::run(&root),
+        Some("parity") => parity::run_parity(&root, rest),
         Some("-h") | Some("--help") | None => {
             println!("{USAGE}");
             Ok(())
