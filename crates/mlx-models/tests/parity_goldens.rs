@@ -1,0 +1,103 @@
+//! Bit-exact parity with mlx-lm on the committed tiny checkpoints in `goldens/models/`
+//! (written by `cargo xtask parity --goldens`): full forward, batch of two, and cached
+//! decode with mlx-cache's caches.
+use mlx_array::{Array, Dtype};
+use mlx_models::parity::{check_model_dir, compare, summarize, Outcome};
+use mlx_models::LanguageModel;
+use mlx_nn::KvCache;
+use std::path::PathBuf;
+
+fn golden(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../goldens/models")
+        .join(name)
+}
+
+fn caches(model: &dyn LanguageModel) -> Result<Vec<Box<dyn KvCache>>, String> {
+    mlx_cache::make_prompt_cache(&model.cache_specs(), None).map_err(|e| e.to_string())
+}
+
+fn assert_identical(name: &str) {
+    let cases = check_model_dir(&golden(name), Some(&caches)).expect("golden model runs");
+    assert_eq!(
+        cases.len(),
+        9,
+        "{name}: expected 4 full, 1 batch and 4 decode cases"
+    );
+    let (ok, line) = summarize(&cases);
+    assert!(ok, "{name}: {line}");
+}
+
+macro_rules! golden_tests {
+    ($($test:ident => $dir:literal),* $(,)?) => {$(
+        #[test]
+        fn $test() {
+            assert_identical($dir);
+        }
+    )*};
+}
+
+golden_tests! {
+    llama_f32_tied_logits_match_mlx_lm => "llama-small-f32-tied",
+    llama_bf16_untied_bias_logits_match_mlx_lm => "llama-small-bf16-untied-bias",
+    llama_sliding_llama3_rope_logits_match_mlx_lm => "llama-small-f32-sliding-llama3",
+    llama_affine_q4_logits_match_mlx_lm => "llama-small-q4-g32",
+    llama_mxfp4_logits_match_mlx_lm => "llama-small-mxfp4",
+    qwen2_logits_match_mlx_lm => "qwen2-small-f32",
+    qwen3_bf16_logits_match_mlx_lm => "qwen3-small-bf16",
+    qwen3_affine_q8_logits_match_mlx_lm => "qwen3-small-q8-g32",
+    phi3_longrope_logits_match_mlx_lm => "phi3-small-f32-longrope",
+    gemma2_logits_match_mlx_lm => "gemma2-small-f32",
+    gemma3_text_bf16_logits_match_mlx_lm => "gemma3_text-small-bf16",
+    qwen3_moe_logits_match_mlx_lm => "qwen3_moe-small-f32",
+    mixtral_logits_match_mlx_lm => "mixtral-small-f32",
+}
+
+#[test]
+fn every_golden_directory_has_a_test() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../goldens/models");
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("config.json").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let src = include_str!("parity_goldens.rs");
+    for n in names {
+        assert!(src.contains(&format!("\"{n}\"")), "golden {n} has no test");
+    }
+}
+
+#[test]
+fn a_one_ulp_difference_is_reported_with_its_size() {
+    let a = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let b = Array::from_slice(&[1.0f32, 2.0, 3.0 + f32::EPSILON * 2.0], &[3]).unwrap();
+    assert_eq!(compare(&a, &a.copy().unwrap()), Outcome::Identical);
+    match compare(&a, &b) {
+        Outcome::Differs(d) => assert!(d > 0.0 && d < 1e-5, "{d}"),
+        other => panic!("expected a difference, got {other:?}"),
+    }
+    let c = a.astype(Dtype::Bfloat16).unwrap();
+    assert!(matches!(compare(&a, &c), Outcome::Failed(_)));
+}
+
+#[test]
+fn logits_of_another_model_are_not_identical() {
+    // The oracle of one golden against the weights of another must be caught.
+    let tmp = std::env::temp_dir().join(format!("mlx-models-swap-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(golden("qwen2-small-f32").join(f), tmp.join(f)).unwrap();
+    }
+    std::fs::copy(
+        golden("llama-small-f32-tied").join("oracle.safetensors"),
+        tmp.join("oracle.safetensors"),
+    )
+    .unwrap();
+    let cases = check_model_dir(&tmp, None).unwrap();
+    let (ok, line) = summarize(&cases);
+    std::fs::remove_dir_all(&tmp).ok();
+    assert!(!ok, "{line}");
+    assert!(line.contains("max abs diff"), "{line}");
+}
