@@ -1,4 +1,4 @@
-//! `cargo run -p mlx-gguf --example gguf_import -- <file.gguf> <out_dir> [float16|bfloat16|float32|keep]`: import a GGUF.
+//! `cargo run -p mlx-gguf --example gguf_import -- <file.gguf> <out_dir> [keep|float16|bfloat16|float32]`: import a GGUF.
 use mlx_gguf::{import_gguf, ImportOptions};
 use std::path::PathBuf;
 
@@ -8,8 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: gguf_import <file.gguf> <out_dir>".into());
     };
     let dtype = match args.next().as_deref() {
-        None | Some("float16") => Some(mlx_array::Dtype::Float16),
-        Some("keep") => None,
+        None | Some("keep") => None,
         Some(other) => {
             Some(mlx_array::Dtype::from_name(other).ok_or(format!("unknown dtype {other}"))?)
         }

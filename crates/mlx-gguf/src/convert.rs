@@ -74,7 +74,7 @@ pub fn check_types(header: &GgufHeader, allow_dequantize: bool) -> Result<()> {
 pub fn unpermute_rows(a: &Array, heads: u64, name: &str) -> Result<Array> {
     let shape = a.shape();
     let rows = shape.first().copied().unwrap_or(0) as u64;
-    if heads == 0 || rows % (2 * heads) != 0 {
+    if heads == 0 || !rows.is_multiple_of(2 * heads) {
         return Err(GgufError::BadTensor {
             tensor: name.into(),
             problem: format!("{rows} rows cannot be split into {heads} heads of an even size"),
@@ -117,7 +117,11 @@ pub fn convert(
             arch: arch.gguf_name.into(),
         };
         let (module, leaf) = split_leaf(&t.name).ok_or_else(unknown)?;
-        let Some((hf_module, role)) = map_module(module, arch)? else {
+        let mapped = map_module(module, arch).map_err(|e| match e {
+            GgufError::UnknownTensor { .. } => unknown(),
+            other => other,
+        })?;
+        let Some((hf_module, role)) = mapped else {
             out.dropped.push(t.name.clone());
             continue;
         };

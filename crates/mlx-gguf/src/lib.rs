@@ -36,9 +36,11 @@ use std::path::{Path, PathBuf};
 /// Options of [`import_gguf`].
 #[derive(Debug, Clone)]
 pub struct ImportOptions {
-    /// Cast unquantized float tensors and the quantization scales/biases to this dtype
-    /// (`None` keeps what MLX loaded: float32 norms, float16 scales). Default float16, the
-    /// dtype of the scales MLX produces, like `mlx_lm.convert`'s default.
+    /// Cast unquantized float tensors and the quantization scales/biases to this dtype.
+    /// Default `None`: keep what MLX loaded (float32 norms and F32 tensors, float16 F16
+    /// tensors and scales/biases), so nothing is rounded and the model computes in float32
+    /// like llama.cpp. (MLX's CPU kernels are much slower in float16: on CPU keep `None`
+    /// or pick float32.)
     pub dtype: Option<Dtype>,
     /// Accept tensor types that MLX can only dequantize to float16 (Q2_K, Q4_K, Q6_K, BF16).
     /// Default true.
@@ -52,7 +54,7 @@ pub struct ImportOptions {
 impl Default for ImportOptions {
     fn default() -> Self {
         ImportOptions {
-            dtype: Some(Dtype::Float16),
+            dtype: None,
             allow_dequantize: true,
             overwrite: false,
             max_shard_bytes: 5 << 30,
