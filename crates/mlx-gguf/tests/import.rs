@@ -295,3 +295,88 @@ fn small_shard_limit_splits_weights_across_files() {
     }
     assert_eq!(total, map.len());
 }
+
+#[test]
+fn qwen_architectures_keep_row_order_and_map_biases_and_norms() {
+    for arch in ["qwen2", "qwen3"] {
+        let tmp = TempDir::new(arch);
+        let (gguf, weights) = write_tiny(tmp.path(), arch, 8, None);
+        let out = tmp.path().join("model");
+        let r = import_gguf(&gguf, &out, &ImportOptions::default()).unwrap();
+        assert_eq!(r.model_type, arch);
+        let arrays = load_dir(&out);
+        for w in weights.iter().filter(|w| w.ggml_type == 0) {
+            assert_eq!(
+                output_values(&arrays, &w.hf_name),
+                w.values,
+                "{arch} {}",
+                w.hf_name
+            );
+        }
+        let c = read_json(&out.join("config.json"));
+        assert_eq!(c["model_type"], json!(arch));
+        if arch == "qwen2" {
+            assert_eq!(c["attention_bias"], json!(true));
+            assert!(arrays.contains_key("model.layers.1.self_attn.v_proj.bias"));
+        } else {
+            assert_eq!(c["head_dim"], json!(HEAD_DIM));
+            assert!(arrays.contains_key("model.layers.0.self_attn.q_norm.weight"));
+        }
+    }
+}
+
+/// mlx-lm's own loader (strict: every parameter present, shapes and quantization
+/// matching) accepts the imported directories. Needs a Python with mlx-lm
+/// (`$MLX_LM_PYTHON`, else the workspace `.venv`).
+#[test]
+fn mlx_lm_loads_imported_tiny_models_strictly() {
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .unwrap()
+        .to_path_buf();
+    let python = std::env::var_os("MLX_LM_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| ws.join(".venv/bin/python"));
+    assert!(
+        python.exists(),
+        "no Python with mlx-lm at {} (set MLX_LM_PYTHON)",
+        python.display()
+    );
+    let tmp = TempDir::new("mlxlm");
+    let mut dirs = Vec::new();
+    for (arch, lm_head) in [
+        ("llama", Some(0)),
+        ("llama", None),
+        ("qwen2", None),
+        ("qwen3", Some(8)),
+    ] {
+        let sub = tmp.path().join(format!("{arch}-{}", lm_head.is_some()));
+        std::fs::create_dir_all(&sub).unwrap();
+        let (gguf, _) = write_tiny(&sub, arch, 8, lm_head);
+        let out = sub.join("model");
+        import_gguf(&gguf, &out, &ImportOptions::default()).unwrap();
+        dirs.push(out);
+    }
+    let script = "import sys\nfrom pathlib import Path\nimport mlx.core as mx\nfrom mlx_lm.utils import load_model\n\
+                  for d in sys.argv[1:]:\n    m, _ = load_model(Path(d), strict=True)\n    \
+                  y = m(mx.array([[1, 5, 7]]))\n    mx.eval(y)\n    print(d, y.shape, y.dtype)\n";
+    let out = std::process::Command::new(&python)
+        .arg("-c")
+        .arg(script)
+        .args(&dirs)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    let vocab = vocab().0.len();
+    assert_eq!(
+        text.matches(&format!("(1, 3, {vocab})")).count(),
+        dirs.len(),
+        "{text}"
+    );
+}

@@ -309,6 +309,13 @@ pub struct Weight {
 /// The tiny llama's weights; `embed_type`/`lm_head` choose the embedding type and whether
 /// an untied `output` exists.
 pub fn tiny_llama_weights(embed_type: u32, lm_head: Option<u32>) -> Vec<Weight> {
+    tiny_weights("llama", embed_type, lm_head)
+}
+
+/// The tiny model's weights for `arch` (`llama`: Q/K rows permuted in the file; `qwen2`:
+/// Q/K/V biases; `qwen3`: Q/K norms).
+pub fn tiny_weights(arch: &str, embed_type: u32, lm_head: Option<u32>) -> Vec<Weight> {
+    let llama = arch == "llama";
     let vocab = vocab().0.len();
     let mut seed = 0u64;
     let mut w = |g: &str, hf: &str, rows: usize, cols: usize, ty: u32, heads: usize| {
@@ -335,13 +342,14 @@ pub fn tiny_llama_weights(embed_type: u32, lm_head: Option<u32>) -> Vec<Weight> 
         let b = |s: &str| format!("blk.{l}.{s}.weight");
         let m = |s: &str| format!("model.layers.{l}.{s}.weight");
         out.push(w(&b("attn_norm"), &m("input_layernorm"), 1, HIDDEN, 0, 0));
+        let (qh, kh) = if llama { (HEADS, KV_HEADS) } else { (0, 0) };
         out.push(w(
             &b("attn_q"),
             &m("self_attn.q_proj"),
             HEADS * HEAD_DIM,
             HIDDEN,
             3,
-            HEADS,
+            qh,
         ));
         out.push(w(
             &b("attn_k"),
@@ -349,8 +357,40 @@ pub fn tiny_llama_weights(embed_type: u32, lm_head: Option<u32>) -> Vec<Weight> 
             KV_HEADS * HEAD_DIM,
             HIDDEN,
             0,
-            KV_HEADS,
+            kh,
         ));
+        if arch == "qwen2" {
+            let biases = [
+                ("attn_q", "self_attn.q_proj", HEADS),
+                ("attn_k", "self_attn.k_proj", KV_HEADS),
+                ("attn_v", "self_attn.v_proj", KV_HEADS),
+            ];
+            for (g, hf, n) in biases {
+                let (gn, hn) = (
+                    format!("blk.{l}.{g}.bias"),
+                    format!("model.layers.{l}.{hf}.bias"),
+                );
+                out.push(w(&gn, &hn, 1, n * HEAD_DIM, 0, 0));
+            }
+        }
+        if arch == "qwen3" {
+            out.push(w(
+                &b("attn_q_norm"),
+                &m("self_attn.q_norm"),
+                1,
+                HEAD_DIM,
+                0,
+                0,
+            ));
+            out.push(w(
+                &b("attn_k_norm"),
+                &m("self_attn.k_norm"),
+                1,
+                HEAD_DIM,
+                0,
+                0,
+            ));
+        }
         out.push(w(
             &b("attn_v"),
             &m("self_attn.v_proj"),
@@ -455,9 +495,19 @@ pub fn write_tiny_llama(
     embed_type: u32,
     lm_head: Option<u32>,
 ) -> (PathBuf, Vec<Weight>) {
-    let weights = tiny_llama_weights(embed_type, lm_head);
+    write_tiny(dir, "llama", embed_type, lm_head)
+}
+
+/// Writes a tiny GGUF of `arch` into `dir` and returns its path and the HF-layout weights.
+pub fn write_tiny(
+    dir: &Path,
+    arch: &str,
+    embed_type: u32,
+    lm_head: Option<u32>,
+) -> (PathBuf, Vec<Weight>) {
+    let weights = tiny_weights(arch, embed_type, lm_head);
     let tensors: Vec<Tensor> = weights.iter().map(encode).collect();
-    let path = dir.join("tiny.gguf");
-    std::fs::write(&path, gguf_bytes(&tiny_llama_kvs("llama"), &tensors)).unwrap();
+    let path = dir.join(format!("tiny-{arch}.gguf"));
+    std::fs::write(&path, gguf_bytes(&tiny_llama_kvs(arch), &tensors)).unwrap();
     (path, weights)
 }
