@@ -91,57 +91,52 @@ impl QuantizedKVCache {
             )));
         }
         let prev = self.offset;
-        let grow = match &self.keys {
-            None => true,
-            Some(k) => prev + s > k[0].dim(-2)?,
-        };
-        if grow {
-            let el_per_int = 8 * Dtype::Uint32.size() as i32 / self.bits;
-            let new_steps = (self.step + s - 1) / self.step * self.step;
-            let shape = [b, h, new_steps];
-            match (self.keys.take(), self.values.take()) {
-                (Some(k), Some(v)) => {
-                    let trim = |t: QuantTriple| -> Result<QuantTriple> {
-                        if prev % self.step != 0 {
-                            map3(&t, |x| seq(x, None, Some(prev)))
-                        } else {
-                            Ok(t)
-                        }
-                    };
-                    let expand = |t: QuantTriple| -> Result<QuantTriple> {
-                        map3(&t, |x| {
-                            let last = x.dim(-1)?;
-                            let z = zeros(&[shape[0], shape[1], shape[2], last], x.dtype())?;
-                            cat2(&[x, &z])
-                        })
-                    };
-                    self.keys = Some(expand(trim(k)?)?);
-                    self.values = Some(expand(trim(v)?)?);
-                }
-                _ => {
-                    let init = |dim: i32| -> Result<QuantTriple> {
-                        let g = dim / self.group_size;
-                        Ok([
-                            zeros(&[b, h, new_steps, dim / el_per_int], Dtype::Uint32)?,
-                            zeros(&[b, h, new_steps, g], keys.dtype())?,
-                            zeros(&[b, h, new_steps, g], keys.dtype())?,
-                        ])
-                    };
-                    self.keys = Some(init(kd)?);
-                    self.values = Some(init(vd)?);
+        let step = self.step;
+        // Work on copies so that a failure leaves the cache as it was.
+        let (mut kb, mut vb) = match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if prev + s <= k[0].dim(-2)? => (k.clone(), v.clone()),
+            (old_k, old_v) => {
+                let new_steps = (step + s - 1) / step * step;
+                match (old_k, old_v) {
+                    (Some(k), Some(v)) => {
+                        let grow = |t: &QuantTriple| -> Result<QuantTriple> {
+                            map3(t, |x| {
+                                let x = if prev % step != 0 {
+                                    seq(x, None, Some(prev))?
+                                } else {
+                                    x.clone()
+                                };
+                                let z = zeros(&[b, h, new_steps, x.dim(-1)?], x.dtype())?;
+                                cat2(&[&x, &z])
+                            })
+                        };
+                        (grow(k)?, grow(v)?)
+                    }
+                    _ => {
+                        let el_per_int = 8 * Dtype::Uint32.size() as i32 / self.bits;
+                        let init = |dim: i32| -> Result<QuantTriple> {
+                            let g = dim / self.group_size;
+                            Ok([
+                                zeros(&[b, h, new_steps, dim / el_per_int], Dtype::Uint32)?,
+                                zeros(&[b, h, new_steps, g], keys.dtype())?,
+                                zeros(&[b, h, new_steps, g], keys.dtype())?,
+                            ])
+                        };
+                        (init(kd)?, init(vd)?)
+                    }
                 }
             }
-        }
-        self.offset += s;
+        };
+        let end = prev + s;
         let qk = quantize3(keys, self.group_size, self.bits)?;
         let qv = quantize3(values, self.group_size, self.bits)?;
-        let end = self.offset;
-        if let (Some(kb), Some(vb)) = (&mut self.keys, &mut self.values) {
-            for i in 0..3 {
-                kb[i] = seq_update(&kb[i], &qk[i], prev, end)?;
-                vb[i] = seq_update(&vb[i], &qv[i], prev, end)?;
-            }
+        for i in 0..3 {
+            kb[i] = seq_update(&kb[i], &qk[i], prev, end)?;
+            vb[i] = seq_update(&vb[i], &qv[i], prev, end)?;
         }
+        self.offset = end;
+        self.keys = Some(kb);
+        self.values = Some(vb);
         self.keys_and_values()
     }
 

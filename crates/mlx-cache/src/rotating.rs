@@ -149,36 +149,34 @@ impl RotatingKVCache {
                 prev >= len && len < self.max_size
             }
         };
-        if grow {
-            let new_size = self.step.min(self.max_size - prev);
-            let new_k = zeros(&[b, h, new_size, kd], keys.dtype())?;
-            let new_v = zeros(&[b, h, new_size, vd], values.dtype())?;
-            let (k, v) = match (&self.keys, &self.values) {
-                (Some(k), Some(v)) => (cat2(&[k, &new_k])?, cat2(&[v, &new_v])?),
-                _ => (new_k, new_v),
-            };
-            self.keys = Some(k);
-            self.values = Some(v);
-            self.idx = prev;
-        }
-        let (Some(mut kbuf), Some(mut vbuf)) = (self.keys.clone(), self.values.clone()) else {
-            return Err(mlx_array::Error::InvalidArgument(
-                "RotatingKVCache: no buffer after growing".into(),
-            ));
+        // Work on copies so that a failure leaves the cache as it was.
+        let mut idx = self.idx;
+        let (mut kbuf, mut vbuf) = match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if !grow => (k.clone(), v.clone()),
+            (old_k, old_v) => {
+                let new_size = self.step.min(self.max_size - prev);
+                let new_k = zeros(&[b, h, new_size, kd], keys.dtype())?;
+                let new_v = zeros(&[b, h, new_size, vd], values.dtype())?;
+                idx = prev;
+                match (old_k, old_v) {
+                    (Some(k), Some(v)) => (cat2(&[k, &new_k])?, cat2(&[v, &new_v])?),
+                    _ => (new_k, new_v),
+                }
+            }
         };
         let trim_size = kbuf.dim(2)? - self.max_size;
         if trim_size > 0 {
             kbuf = self.trim_buf(trim_size, &kbuf, None)?;
             vbuf = self.trim_buf(trim_size, &vbuf, None)?;
-            self.idx = self.max_size;
+            idx = self.max_size;
         }
-        if self.idx == self.max_size {
-            self.idx = self.keep;
+        if idx == self.max_size {
+            idx = self.keep;
         }
-        kbuf = seq_update(&kbuf, keys, self.idx, self.idx + s)?;
-        vbuf = seq_update(&vbuf, values, self.idx, self.idx + s)?;
+        kbuf = seq_update(&kbuf, keys, idx, idx + s)?;
+        vbuf = seq_update(&vbuf, values, idx, idx + s)?;
         self.offset += s;
-        self.idx += s;
+        self.idx = idx + s;
         self.keys = Some(kbuf);
         self.values = Some(vbuf);
         self.keys_and_values()
