@@ -9,6 +9,9 @@ pub enum EngineError {
     /// A KV-cache operation failed.
     #[error(transparent)]
     Cache(#[from] mlx_cache::CacheError),
+    /// A sampler or logits processor failed.
+    #[error(transparent)]
+    Sample(#[from] mlx_sample::SampleError),
     /// The tokenizer failed.
     #[error(transparent)]
     Tokenizer(#[from] mlx_tokenizer::TokenizerError),

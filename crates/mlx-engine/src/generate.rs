@@ -4,11 +4,7 @@ use mlx_array::{memory, ops, transforms, Array, Dtype, Stream};
 use mlx_models::LanguageModel;
 use mlx_nn::KvCache;
 
-/// Picks the next token from log-probabilities `[1, vocab]`; returns `[1]` tokens.
-pub type Sampler = Box<dyn FnMut(&Array) -> mlx_array::Result<Array>>;
-
-/// Rewrites logits `[1, vocab]` given every token so far (`[n]`, prompt included).
-pub type LogitsProcessor = Box<dyn FnMut(&Array, &Array) -> mlx_array::Result<Array>>;
+pub use mlx_sample::{LogitsProcessor, Sampler};
 
 /// KV-cache quantization (mlx-lm's `--kv-bits`, `--kv-group-size`,
 /// `--quantized-kv-start`): caches switch to quantized once their offset reaches `start`.
@@ -28,10 +24,10 @@ pub struct GenerateOptions {
     pub max_tokens: i64,
     /// Prompt tokens per prefill chunk.
     pub prefill_step_size: usize,
-    /// Sampler (greedy when `None`).
-    pub sampler: Option<Sampler>,
-    /// Logits processors, applied in order.
-    pub logits_processors: Vec<LogitsProcessor>,
+    /// Picks the next token from log-probabilities `[1, vocab]` (greedy when `None`).
+    pub sampler: Option<Box<dyn Sampler>>,
+    /// Rewrite logits `[1, vocab]` given all tokens so far, in order.
+    pub logits_processors: Vec<Box<dyn LogitsProcessor>>,
     /// KV-cache quantization, applied after every model call.
     pub kv_quantization: Option<KvQuantization>,
     /// Called with (processed, total) prompt tokens.
@@ -124,15 +120,15 @@ impl<'a> TokenGenerator<'a> {
                 Some(t) => ops::concatenate(&[t, input], 0)?,
                 None => input.clone(),
             };
-            for p in self.opts.logits_processors.iter_mut() {
-                logits = p(&all, &logits)?;
+            for p in &self.opts.logits_processors {
+                logits = p.process(&all, &logits)?;
             }
             self.tokens = Some(all);
         }
         self.quantize_caches()?;
         let logprobs = logits.subtract(&logits.logsumexp(None, true)?)?;
-        let sampled = match self.opts.sampler.as_mut() {
-            Some(s) => s(&logprobs)?,
+        let sampled = match &self.opts.sampler {
+            Some(s) => s.sample(&logprobs)?,
             None => logprobs.argmax(Some(-1), false)?,
         };
         Ok((sampled, logprobs.squeeze(Some(&[0]))?))

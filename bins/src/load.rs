@@ -1,0 +1,85 @@
+//! Loading a model and its tokenizer the way mlx-lm's `utils.load` does, plus the small
+//! checks the generation commands share.
+use anyhow::{bail, Context, Result};
+use mlx_array::{Device, DeviceType};
+use mlx_engine::KvQuantization;
+use mlx_models::LanguageModel;
+use mlx_nn::KvCache;
+use mlx_tokenizer::Tokenizer;
+use std::path::PathBuf;
+
+/// What to load.
+pub struct LoadArgs<'a> {
+    /// `--model`: a directory, an HF cache id, a `.gguf` file, or `None` for the default.
+    pub model: Option<&'a str>,
+    /// Keep quantized weights quantized on the CPU.
+    pub keep_quantized: bool,
+}
+
+/// A loaded model with its tokenizer.
+pub struct Loaded {
+    /// The model.
+    pub model: Box<dyn LanguageModel>,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Where it was loaded from.
+    pub path: PathBuf,
+}
+
+/// Resolves `--model`, loads weights and tokenizer.
+pub fn load(args: &LoadArgs<'_>) -> Result<Loaded> {
+    let path = mlx_hub::resolve_model(args.model)?;
+    let on_cpu = Device::default_device()?.kind == DeviceType::Cpu;
+    let opts = mlx_models::LoadOptions {
+        dequantize: on_cpu && !args.keep_quantized,
+        ..Default::default()
+    };
+    let (model, _config) = mlx_models::load_model_with(&path, &opts)
+        .with_context(|| format!("loading the model in {}", path.display()))?;
+    let tokenizer = Tokenizer::from_dir(&path)
+        .with_context(|| format!("loading the tokenizer in {}", path.display()))?;
+    Ok(Loaded { model, tokenizer, path })
+}
+
+/// `--use-default-chat-template`: mlx-lm falls back to a ChatML template.
+pub fn use_default_chat_template(tok: &mut Tokenizer) -> Result<()> {
+    if !tok.has_chat_template() {
+        tok.set_chat_template(CHATML);
+    }
+    Ok(())
+}
+
+const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// Refuses a prompt cache whose quantization differs from `--kv-bits`/`--kv-group-size`.
+pub fn check_cache_kv_bits(caches: &[Box<dyn KvCache>], kv_bits: Option<i32>, group: i32) -> Result<()> {
+    if let Some(q) = caches.first().and_then(|c| c.as_any().downcast_ref::<mlx_cache::QuantizedKVCache>()) {
+        if kv_bits.is_some_and(|b| b != q.bits()) {
+            bail!("--kv-bits does not match the kv cache loaded from --prompt-cache-file");
+        }
+        if group != q.group_size() {
+            bail!("--kv-group-size does not match the kv cache loaded from --prompt-cache-file");
+        }
+    }
+    Ok(())
+}
+
+/// A rotating cache keeps `max_kv_size` positions (the first 4 always). A prompt longer
+/// than that would silently lose its beginning (mlx-lm drops it without a word), so it
+/// is refused; generation past the window still rotates as in mlx-lm.
+pub fn check_prompt_fits(prompt_len: usize, max_kv_size: i32) -> Result<()> {
+    if max_kv_size <= 4 {
+        bail!("--max-kv-size must be larger than 4 (the kept prefix), got {max_kv_size}");
+    }
+    if prompt_len > max_kv_size as usize {
+        bail!(
+            "the prompt has {prompt_len} tokens but --max-kv-size {max_kv_size} keeps only {max_kv_size}: raise --max-kv-size or shorten the prompt"
+        );
+    }
+    Ok(())
+}
+
+/// `--kv-bits` and friends as the engine's option.
+pub fn kv_quantization(bits: Option<i32>, group_size: i32, start: i32) -> Option<KvQuantization> {
+    bits.map(|bits| KvQuantization { bits, group_size, start })
+}
