@@ -50,11 +50,14 @@ pub trait Quantizable {
     fn dequantize(&mut self, dtype: Option<Dtype>) -> mlx_array::Result<()>;
 }
 
+/// Decides how (or whether) the layer at a path is quantized.
+pub type QuantPredicate<'a> = dyn FnMut(&str, &dyn Quantizable) -> Result<Option<QuantSpec>> + 'a;
+
 /// Quantizes every quantizable layer for which `predicate(path, layer)` returns a spec,
 /// the way `mlx.nn.quantize(model, class_predicate=...)` does. Errors name the layer.
 pub fn quantize_module(
     module: &mut dyn Module,
-    predicate: &mut dyn FnMut(&str, &dyn Quantizable) -> Result<Option<QuantSpec>>,
+    predicate: &mut QuantPredicate<'_>,
 ) -> Result<()> {
     module.visit_quantizable_mut("", &mut |path, layer| {
         if let Some(spec) = predicate(path, layer)? {
