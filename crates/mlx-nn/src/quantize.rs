@@ -55,10 +55,7 @@ pub type QuantPredicate<'a> = dyn FnMut(&str, &dyn Quantizable) -> Result<Option
 
 /// Quantizes every quantizable layer for which `predicate(path, layer)` returns a spec,
 /// the way `mlx.nn.quantize(model, class_predicate=...)` does. Errors name the layer.
-pub fn quantize_module(
-    module: &mut dyn Module,
-    predicate: &mut QuantPredicate<'_>,
-) -> Result<()> {
+pub fn quantize_module(module: &mut dyn Module, predicate: &mut QuantPredicate<'_>) -> Result<()> {
     module.visit_quantizable_mut("", &mut |path, layer| {
         if let Some(spec) = predicate(path, layer)? {
             let in_dims = layer.dense_weight_shape().last().copied().unwrap_or(0);
