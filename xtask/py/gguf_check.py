@@ -14,6 +14,10 @@
 3. With --rope-check (llama): re-applying llama.cpp's Q/K row permutation and switching to
    interleaved RoPE (the GGUF's own formulation) must reproduce the logits.
 
+Helpers for the mlx-gguf SentencePiece test:
+    python gguf_check.py spm-fixture <dir>        # train a small SPM BPE model, write spm.json
+    python gguf_check.py spm-compare <model_dir> <dir>/spm.json
+
 Prints one JSON summary line and exits non-zero on the first failed check.
 """
 
@@ -239,7 +243,106 @@ def check_generation(model_dir, expect, max_tokens, summary):
         fail(f"generation does not mention {expect!r}", chat=answer, plain=plain)
 
 
+SPM_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Sphinx of black quartz, judge my vow!",
+    "Pack my box with five dozen liquor jugs; then they were lost.",
+    "How vexingly quick daft zebras jump, and how the river flows!",
+    "In 2024 the model read 12,345 tokens at 3.5 tokens per second.",
+    "def hello(name):\n    return 'hello ' + name\n",
+    "Les élèves étudient à l'école; naïve café résumé.",
+    "Tokenizers split text into pieces, then merge the pieces again.",
+]
+SPM_TEXTS = [
+    "Hello world",
+    "The quick brown fox",
+    " leading space and  double  spaces ",
+    "line one\nline two\n\n",
+    "numbers 1234567 and 3.14",
+    "unicode: 你好 ✓ Ωmega",
+    "quartz jugs zebras",
+    "tab\tseparated",
+]
+
+
+def spm_fixture(out_dir):
+    """Trains a small SentencePiece BPE model (llama-style settings) and writes its
+    pieces, scores and types plus the ids SentencePiece itself gives for SPM_TEXTS."""
+    import sentencepiece as spm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    corpus = out_dir / "corpus.txt"
+    corpus.write_text("\n".join(SPM_CORPUS * 20) + "\n")
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(out_dir / "spm"),
+        model_type="bpe",
+        vocab_size=480,
+        byte_fallback=True,
+        character_coverage=1.0,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=True,
+        user_defined_symbols=["<think>"],
+        num_threads=1,
+        minloglevel=2,
+    )
+    sp = spm.SentencePieceProcessor(model_file=str(out_dir / "spm.model"))
+    types = []
+    for i in range(sp.get_piece_size()):
+        if sp.is_unknown(i):
+            types.append(2)
+        elif sp.is_control(i):
+            types.append(3)
+        elif sp.is_byte(i):
+            types.append(6)
+        elif sp.is_unused(i):
+            types.append(5)
+        elif sp.id_to_piece(i) == "<think>":
+            types.append(4)
+        else:
+            types.append(1)
+    fixture = {
+        "tokens": [sp.id_to_piece(i) for i in range(sp.get_piece_size())],
+        "scores": [sp.get_score(i) for i in range(sp.get_piece_size())],
+        "types": types,
+        "texts": SPM_TEXTS,
+        "ids": [sp.encode(t) for t in SPM_TEXTS],
+    }
+    (out_dir / "spm.json").write_text(json.dumps(fixture, ensure_ascii=False))
+    print(json.dumps({"ok": True, "pieces": len(types)}))
+
+
+def spm_compare(model_dir, fixture_path):
+    """The tokenizer mlx-lm loads from the imported directory gives SentencePiece's ids
+    (plus BOS) and decodes them back."""
+    from mlx_lm.utils import load_tokenizer
+
+    fx = json.loads(Path(fixture_path).read_text())
+    tok = load_tokenizer(model_dir)
+    hf = tok._tokenizer
+    for text, want in zip(fx["texts"], fx["ids"]):
+        got = hf.encode(text, add_special_tokens=True)
+        if got != [hf.bos_token_id] + want:
+            fail("SentencePiece tokenization differs", text=text, sentencepiece=want, mlx_lm=got)
+        back = hf.decode(got, skip_special_tokens=True)
+        if back != text:
+            fail("decode(encode(text)) != text", text=text, decoded=back)
+    detok = tok.detokenizer
+    detok.reset()
+    for i in hf.encode(fx["texts"][0], add_special_tokens=False):
+        detok.add_token(i)
+    detok.finalize()
+    if detok.text != fx["texts"][0]:
+        fail("streaming detokenizer differs", text=fx["texts"][0], streamed=detok.text)
+    print(json.dumps({"ok": True, "texts": len(fx["texts"]), "detokenizer": type(detok).__name__}))
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "spm-fixture":
+        return spm_fixture(Path(sys.argv[2]))
+    if len(sys.argv) == 4 and sys.argv[1] == "spm-compare":
+        return spm_compare(Path(sys.argv[2]), sys.argv[3])
     ap = argparse.ArgumentParser()
     ap.add_argument("model_dir", type=Path)
     ap.add_argument("--gguf", type=Path)

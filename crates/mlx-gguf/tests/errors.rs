@@ -149,20 +149,20 @@ fn unknown_tensor_name_is_named() {
 }
 
 #[test]
-fn sentencepiece_tokenizer_is_reported_unsupported() {
+fn unknown_tokenizer_model_is_reported_unsupported() {
     let tmp = TempDir::new("spm");
     let tensors: Vec<Tensor> = tiny_llama_weights(8, None).iter().map(encode).collect();
     let mut kvs = tiny_llama_kvs("llama");
     for (k, v) in kvs.iter_mut() {
         if *k == "tokenizer.ggml.model" {
-            *v = Kv::Str("llama".into());
+            *v = Kv::Str("bert".into());
         }
     }
     let p = tmp.path().join("s.gguf");
     std::fs::write(&p, gguf_bytes(&kvs, &tensors)).unwrap();
     let e = import(&p, &tmp).unwrap_err();
     assert!(
-        matches!(e, GgufError::Tokenizer(_)) && e.to_string().contains("`llama`"),
+        matches!(e, GgufError::Tokenizer(_)) && e.to_string().contains("`bert`"),
         "{e}"
     );
 }

@@ -12,6 +12,7 @@ pub enum Kv {
     Str(String),
     Strs(Vec<String>),
     I32s(Vec<i32>),
+    F32s(Vec<f32>),
 }
 
 /// A tensor to write: GGML type id, GGML dims (`[cols, rows]`) and raw bytes.
@@ -58,6 +59,14 @@ pub fn gguf_bytes(kvs: &[(&str, Kv)], tensors: &[Tensor]) -> Vec<u8> {
                 out.extend((items.len() as u64).to_le_bytes());
                 for s in items {
                     put_str(&mut out, s);
+                }
+            }
+            Kv::F32s(items) => {
+                out.extend(9u32.to_le_bytes());
+                out.extend(6u32.to_le_bytes());
+                out.extend((items.len() as u64).to_le_bytes());
+                for x in items {
+                    out.extend(x.to_le_bytes());
                 }
             }
             Kv::I32s(items) => {
@@ -253,6 +262,10 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        if std::env::var_os("MLX_GGUF_KEEP_TMP").is_some() {
+            eprintln!("kept {}", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
@@ -315,8 +328,17 @@ pub fn tiny_llama_weights(embed_type: u32, lm_head: Option<u32>) -> Vec<Weight> 
 /// The tiny model's weights for `arch` (`llama`: Q/K rows permuted in the file; `qwen2`:
 /// Q/K/V biases; `qwen3`: Q/K norms).
 pub fn tiny_weights(arch: &str, embed_type: u32, lm_head: Option<u32>) -> Vec<Weight> {
+    tiny_weights_n(arch, embed_type, lm_head, vocab().0.len())
+}
+
+/// [`tiny_weights`] with a vocabulary of `vocab` rows.
+pub fn tiny_weights_n(
+    arch: &str,
+    embed_type: u32,
+    lm_head: Option<u32>,
+    vocab: usize,
+) -> Vec<Weight> {
     let llama = arch == "llama";
-    let vocab = vocab().0.len();
     let mut seed = 0u64;
     let mut w = |g: &str, hf: &str, rows: usize, cols: usize, ty: u32, heads: usize| {
         seed += 1;
