@@ -104,6 +104,7 @@ VARIANTS = {
          "num_attention_heads": 8, "head_dim": 8},
         {},
     ),
+    "llama-f32-hd32": ("llama", {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}, {}),
     "llama-f32-mha-traditional": ("llama", {"num_key_value_heads": 4, "rope_traditional": True}, {}),
     "llama-f32-rope-llama3": ("llama", {"rope_scaling": LLAMA3}, {}),
     "llama-f32-rope-linear": ("llama", {"rope_scaling": {"type": "linear", "factor": 2.0}}, {}),
@@ -130,6 +131,8 @@ VARIANTS = {
     "qwen3-f32-untied-gqa4": ("qwen3", {"tie_word_embeddings": False, "num_attention_heads": 8, "head_dim": 8}, {}),
     "qwen3-bf16": ("qwen3", {}, {"dtype": "bfloat16"}),
     "qwen3-f32-rope-yarn": ("qwen3", {"rope_scaling": YARN}, {}),
+    "qwen3-f32-hd32": ("qwen3", {"head_dim": 32}, {}),
+    "qwen3-bf16-hd32-q4": ("qwen3", {"head_dim": 32}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
     "qwen3-q8": ("qwen3", {}, {"quant": {"bits": 8, "group_size": 64}}),
     "phi3-f32": ("phi3", {}, {}),
     "phi3-f32-longrope": (
@@ -166,6 +169,7 @@ GOLDENS = {
     "llama-small-f32-sliding-llama3": (
         "llama", dict(SMALL, rope_scaling=LLAMA3, layer_types=["sliding_attention", "full_attention"],
                       sliding_window=4), {}),
+    "llama-small-f32-hd32": ("llama", dict(SMALL, num_attention_heads=2, num_key_value_heads=1, head_dim=32), {}),
     "llama-small-q4-g32": ("llama", dict(SMALL), {"quant": {"bits": 4, "group_size": 32}}),
     "llama-small-mxfp4": ("llama", dict(SMALL), {"quant": {"mode": "mxfp4"}}),
     "qwen2-small-f32": ("qwen2", dict(SMALL), {}),

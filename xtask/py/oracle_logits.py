@@ -7,6 +7,9 @@ For each model directory it loads the model with `mlx_lm.utils.load_model` and w
                                          one token at a time (logits concatenated)
   decode.{i}.prefill                     prefix length (int32 scalar)
   batch.tokens / batch.logits            a batch of two prompts, no cache
+  qdecode.{j}.*                          like decode, with the caches quantized after
+                                         the prefill (mlx-lm's kv_bits=8,
+                                         kv_group_size=32); only where mlx-lm can
 
 usage: oracle_logits.py MODEL_DIR [MODEL_DIR ...]
 """
@@ -15,6 +18,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+from mlx_lm.generate import maybe_quantize_kv_cache
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
@@ -28,6 +32,21 @@ PROMPTS = [
 ]
 DECODE = [(1, 1), (1, 2), (2, 5), (3, 30)]  # (prompt index, prefill length)
 BATCH = [[5, 6, 7, 8, 9], [100, 101, 3, 4, 127]]
+QDECODE = [(2, 5)]
+KV_GROUP, KV_BITS = 32, 8
+
+
+def decode(model, p, k, kv_bits=None):
+    """Prefill p[:k], then one token at a time, quantizing the caches after each call
+    the way mlx-lm's generate_step does."""
+    cache = make_prompt_cache(model)
+    steps = [model(mx.array([p[:k]], dtype=mx.int32), cache=cache)]
+    maybe_quantize_kv_cache(cache, 0, KV_GROUP, kv_bits)
+    for t in p[k:]:
+        steps.append(model(mx.array([[t]], dtype=mx.int32), cache=cache))
+        maybe_quantize_kv_cache(cache, 0, KV_GROUP, kv_bits)
+        mx.eval(steps[-1])
+    return mx.concatenate(steps, axis=1)
 
 
 def oracle(model_dir):
@@ -39,14 +58,19 @@ def oracle(model_dir):
         out[f"full.{i}.logits"] = model(tokens)
     for j, (i, k) in enumerate(DECODE):
         p = PROMPTS[i]
-        cache = make_prompt_cache(model)
-        steps = [model(mx.array([p[:k]], dtype=mx.int32), cache=cache)]
-        for t in p[k:]:
-            steps.append(model(mx.array([[t]], dtype=mx.int32), cache=cache))
-            mx.eval(steps[-1])
         out[f"decode.{j}.tokens"] = mx.array([p], dtype=mx.int32)
         out[f"decode.{j}.prefill"] = mx.array(k, dtype=mx.int32)
-        out[f"decode.{j}.logits"] = mx.concatenate(steps, axis=1)
+        out[f"decode.{j}.logits"] = decode(model, p, k)
+    for j, (i, k) in enumerate(QDECODE):
+        p = PROMPTS[i]
+        try:
+            logits = decode(model, p, k, kv_bits=KV_BITS)
+            mx.eval(logits)
+        except Exception:  # head_dim not a multiple of 32, rotating caches, gemma2
+            continue
+        out[f"qdecode.{j}.tokens"] = mx.array([p], dtype=mx.int32)
+        out[f"qdecode.{j}.prefill"] = mx.array(k, dtype=mx.int32)
+        out[f"qdecode.{j}.logits"] = logits
     batch = mx.array(BATCH, dtype=mx.int32)
     out["batch.tokens"] = batch
     out["batch.logits"] = model(batch)

@@ -11,7 +11,7 @@
 //! Python: `MLX_PYTHON`, else `.venv` (created with the pinned mlx and mlx-lm when
 //! missing).
 use anyhow::{bail, Context, Result};
-use mlx_models::parity::{check_model_dir, summarize};
+use mlx_models::parity::{check_model_dir, summarize, Decoding};
 use mlx_models::LanguageModel;
 use mlx_nn::KvCache;
 use std::path::{Path, PathBuf};
@@ -51,6 +51,11 @@ fn run(cmd: &mut Command) -> Result<()> {
 
 fn caches(model: &dyn LanguageModel) -> Result<Vec<Box<dyn KvCache>>, String> {
     mlx_cache::make_prompt_cache(&model.cache_specs(), None).map_err(|e| e.to_string())
+}
+
+/// mlx-lm's `maybe_quantize_kv_cache(cache, 0, 32, 8)` (the oracle's qdecode cases).
+fn quantize(caches: &mut [Box<dyn KvCache>]) -> Result<(), String> {
+    mlx_cache::maybe_quantize_kv_cache(caches, 0, 32, Some(8)).map_err(|e| e.to_string())
 }
 
 /// Runs the command (see the module docs).
@@ -109,7 +114,13 @@ pub fn run_parity(root: &Path, args: &[String]) -> Result<()> {
     println!("{:width$}  result", "model");
     for dir in &dirs {
         let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let (ok, line) = match check_model_dir(dir, Some(&caches)) {
+        let (ok, line) = match check_model_dir(
+            dir,
+            Some(Decoding {
+                make_caches: &caches,
+                quantize_caches: Some(&quantize),
+            }),
+        ) {
             Ok(cases) => summarize(&cases),
             Err(e) => (false, format!("FAILED: {e}")),
         };

@@ -10,6 +10,19 @@ use std::path::Path;
 /// Makes the per-layer caches mlx-lm's `make_prompt_cache(model)` would.
 pub type CacheFactory<'a> = &'a dyn Fn(&dyn LanguageModel) -> Result<Vec<Box<dyn KvCache>>, String>;
 
+/// Quantizes caches in place like mlx-lm's
+/// `maybe_quantize_kv_cache(caches, 0, kv_group_size=32, kv_bits=8)`.
+pub type CacheQuantizer<'a> = &'a dyn Fn(&mut [Box<dyn KvCache>]) -> Result<(), String>;
+
+/// What decode cases need: the caches, and for `qdecode` cases a quantizer.
+#[derive(Clone, Copy)]
+pub struct Decoding<'a> {
+    /// Builds the caches.
+    pub make_caches: CacheFactory<'a>,
+    /// Quantizes them after every model call (`qdecode` cases are skipped without it).
+    pub quantize_caches: Option<CacheQuantizer<'a>>,
+}
+
 /// How one case compares.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
@@ -70,17 +83,21 @@ fn run_decode(
     tokens: &Array,
     prefill: i32,
     make: CacheFactory<'_>,
+    quantize: Option<CacheQuantizer<'_>>,
 ) -> Result<Array, String> {
     let e = |e: mlx_array::Error| e.to_string();
+    let q = |c: &mut [Box<dyn KvCache>]| quantize.map_or(Ok(()), |f| f(c));
     let mut caches = make(model)?;
     let len = tokens.dim(1).map_err(e)?;
     let mut steps = vec![model
         .forward(&tokens.slice_axis(1, 0, prefill).map_err(e)?, &mut caches)
         .map_err(e)?];
+    q(&mut caches)?;
     for t in prefill..len {
         let step = model
             .forward(&tokens.slice_axis(1, t, t + 1).map_err(e)?, &mut caches)
             .map_err(e)?;
+        q(&mut caches)?;
         step.eval().map_err(e)?;
         steps.push(step);
     }
@@ -89,10 +106,10 @@ fn run_decode(
 }
 
 /// Loads the model in `model_dir` and runs every case of its `oracle.safetensors`;
-/// decode cases need `make_caches` (they are skipped without it).
+/// decode cases need `decoding` (they are skipped without it).
 pub fn check_model_dir(
     model_dir: &Path,
-    make_caches: Option<CacheFactory<'_>>,
+    decoding: Option<Decoding<'_>>,
 ) -> Result<Vec<Case>, String> {
     let oracle_path = model_dir.join("oracle.safetensors");
     let (oracle, _) = mlx_array::io::load_safetensors(&oracle_path).map_err(|e| e.to_string())?;
@@ -124,19 +141,26 @@ pub fn check_model_dir(
             get(&oracle, "batch.logits").and_then(|w| full(tok, w)),
         );
     }
-    if let Some(make) = make_caches {
+    let Some(d) = decoding else {
+        return Ok(cases);
+    };
+    for (kind, quantize) in [("decode", None), ("qdecode", d.quantize_caches)] {
+        if kind == "qdecode" && quantize.is_none() {
+            continue;
+        }
         for j in 0.. {
-            let Some(tok) = oracle.get(&format!("decode.{j}.tokens")) else {
+            let Some(tok) = oracle.get(&format!("{kind}.{j}.tokens")) else {
                 break;
             };
             let r = (|| {
-                let prefill = get(&oracle, &format!("decode.{j}.prefill"))?
+                let prefill = get(&oracle, &format!("{kind}.{j}.prefill"))?
                     .item::<i32>()
                     .map_err(|e| e.to_string())?;
-                let want = get(&oracle, &format!("decode.{j}.logits"))?;
-                Ok(compare(&run_decode(model, tok, prefill, make)?, want))
+                let want = get(&oracle, &format!("{kind}.{j}.logits"))?;
+                let got = run_decode(model, tok, prefill, d.make_caches, quantize)?;
+                Ok(compare(&got, want))
             })();
-            push(format!("decode.{j}"), r);
+            push(format!("{kind}.{j}"), r);
         }
     }
     Ok(cases)

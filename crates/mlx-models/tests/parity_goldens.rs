@@ -2,7 +2,7 @@
 //! (written by `cargo xtask parity --goldens`): full forward, batch of two, and cached
 //! decode with mlx-cache's caches.
 use mlx_array::{Array, Dtype};
-use mlx_models::parity::{check_model_dir, compare, summarize, Outcome};
+use mlx_models::parity::{check_model_dir, compare, summarize, Decoding, Outcome};
 use mlx_models::LanguageModel;
 use mlx_nn::KvCache;
 use std::path::PathBuf;
@@ -17,12 +17,20 @@ fn caches(model: &dyn LanguageModel) -> Result<Vec<Box<dyn KvCache>>, String> {
     mlx_cache::make_prompt_cache(&model.cache_specs(), None).map_err(|e| e.to_string())
 }
 
+fn quantize(caches: &mut [Box<dyn KvCache>]) -> Result<(), String> {
+    mlx_cache::maybe_quantize_kv_cache(caches, 0, 32, Some(8)).map_err(|e| e.to_string())
+}
+
+const DECODING: Decoding<'static> = Decoding {
+    make_caches: &caches,
+    quantize_caches: Some(&quantize),
+};
+
 fn assert_identical(name: &str) {
-    let cases = check_model_dir(&golden(name), Some(&caches)).expect("golden model runs");
-    assert_eq!(
-        cases.len(),
-        9,
-        "{name}: expected 4 full, 1 batch and 4 decode cases"
+    let cases = check_model_dir(&golden(name), Some(DECODING)).expect("golden model runs");
+    assert!(
+        cases.len() >= 9,
+        "{name}: expected 4 full, 1 batch and 4 decode cases at least"
     );
     let (ok, line) = summarize(&cases);
     assert!(ok, "{name}: {line}");
@@ -42,6 +50,7 @@ golden_tests! {
     llama_bf16_untied_bias_logits_match_mlx_lm => "llama-small-bf16-untied-bias",
     llama_sliding_llama3_rope_logits_match_mlx_lm => "llama-small-f32-sliding-llama3",
     llama_affine_q4_logits_match_mlx_lm => "llama-small-q4-g32",
+    llama_head_dim_32_with_quantized_kv_cache_matches_mlx_lm => "llama-small-f32-hd32",
     llama_mxfp4_logits_match_mlx_lm => "llama-small-mxfp4",
     qwen2_logits_match_mlx_lm => "qwen2-small-f32",
     qwen3_bf16_logits_match_mlx_lm => "qwen3-small-bf16",
@@ -100,4 +109,12 @@ fn logits_of_another_model_are_not_identical() {
     std::fs::remove_dir_all(&tmp).ok();
     assert!(!ok, "{line}");
     assert!(line.contains("max abs diff"), "{line}");
+}
+
+#[test]
+fn the_head_dim_32_golden_covers_the_quantized_kv_cache() {
+    let cases = check_model_dir(&golden("llama-small-f32-hd32"), Some(DECODING)).unwrap();
+    assert!(cases
+        .iter()
+        .any(|c| c.name == "qdecode.0" && c.outcome == Outcome::Identical));
 }
