@@ -197,7 +197,7 @@ fn switch_glu_sorted_path_matches_per_token_experts() {
     glu.load_weights(w, true).unwrap();
     // 40 tokens x top-2 = 80 >= 64 slots: the sorted gather path.
     let x = randn(&[1, 40, 8], 20);
-    let idx: Vec<i32> = (0..80).map(|i| (i * 7 % 4) as i32).collect();
+    let idx: Vec<i32> = (0..80).map(|i| i * 7 % 4).collect();
     let idx = Array::from_slice(&idx, &[1, 40, 2]).unwrap();
     let y = glu.forward(&x, &idx).unwrap();
     assert_eq!(y.shape(), [1, 40, 2, 8]);
