@@ -1,0 +1,470 @@
+//! The engine thread: it owns the model, the prompt cache and every MLX evaluation;
+//! HTTP handlers submit requests over a channel and receive events on their own.
+//!
+//! Scheduling is continuous: up to `decode_concurrency` sequences hold a slot; each loop
+//! prefills one chunk of up to `prompt_concurrency` new prompts, then runs one decode
+//! step of every decoding sequence (each with batch size 1 and its own cache, so tokens
+//! do not depend on what else runs), queuing all steps before reading any token.
+use crate::error::{ApiError, ServerError};
+use crate::metrics::Metrics;
+use crate::prompt_cache::{CacheKind, PromptCache};
+use crate::sequence::{mlx_err, EngineEvent, GenerationRequest, Job, Sequence};
+use mlx_array::{transforms, Array};
+use mlx_engine::KvQuantization;
+use mlx_models::LanguageModel;
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// Engine settings (from the server flags).
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Sequences holding a slot at once.
+    pub decode_concurrency: usize,
+    /// Prompts prefilled per loop.
+    pub prompt_concurrency: usize,
+    /// Tokens per prefill chunk.
+    pub prefill_step_size: usize,
+    /// Prompt-cache entries.
+    pub prompt_cache_size: usize,
+    /// Prompt-cache bytes.
+    pub prompt_cache_bytes: Option<u64>,
+    /// KV-cache quantization.
+    pub kv_quantization: Option<KvQuantization>,
+    /// Requests waiting for a slot beyond this are refused (429).
+    pub max_queue: usize,
+}
+
+enum Command {
+    Submit(Box<Job>),
+    Shutdown,
+}
+
+/// A submitted request: its events, and cancellation when dropped.
+pub struct Submission {
+    /// Events of all choices.
+    pub events: UnboundedReceiver<EngineEvent>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Submission {
+    /// Stops the generation (also done on drop).
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// A guard that cancels the generation when dropped (held by a streamed body, so a
+    /// client that goes away stops its generation).
+    pub fn guard(&self) -> CancelGuard {
+        CancelGuard(Arc::clone(&self.cancel))
+    }
+}
+
+/// Cancels a generation when dropped.
+pub struct CancelGuard(Arc<AtomicBool>);
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Submission {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+/// Handle to the engine thread.
+pub struct Engine {
+    tx: Mutex<Sender<Command>>,
+    queued: Arc<AtomicUsize>,
+    max_queue: usize,
+    alive: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Engine {
+    /// Starts the engine thread with `model`.
+    pub fn start(
+        model: Box<dyn LanguageModel>,
+        opts: EngineOptions,
+        metrics: Arc<Metrics>,
+    ) -> Result<Engine, ServerError> {
+        let (tx, rx) = mpsc::channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let alive = Arc::new(AtomicBool::new(true));
+        let max_queue = opts.max_queue;
+        let state = State {
+            cache: PromptCache::new(opts.prompt_cache_size, opts.prompt_cache_bytes),
+            opts,
+            model,
+            metrics: Arc::clone(&metrics),
+            queued: Arc::clone(&queued),
+            waiting: VecDeque::new(),
+            slots: Vec::new(),
+            loops: 0,
+        };
+        let alive2 = Arc::clone(&alive);
+        let thread = std::thread::Builder::new()
+            .name("mlx-engine".into())
+            .spawn(move || {
+                run(state, rx);
+                alive2.store(false, Ordering::SeqCst);
+            })
+            .map_err(|e| ServerError::Engine(format!("cannot start the engine thread: {e}")))?;
+        Ok(Engine {
+            tx: Mutex::new(tx),
+            queued,
+            max_queue,
+            alive,
+            metrics,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Whether the engine thread is running.
+    pub fn is_healthy(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Requests waiting for a slot.
+    pub fn queue_depth(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+
+    /// Queues `req` (its `n` choices); 429 when the queue is full, 503 when the
+    /// engine is gone.
+    pub fn submit(&self, req: GenerationRequest) -> Result<Submission, ApiError> {
+        let n = req.n.max(1);
+        let prev = self.queued.fetch_add(n, Ordering::SeqCst);
+        if prev + n > self.max_queue {
+            self.queued.fetch_sub(n, Ordering::SeqCst);
+            self.metrics.rejected_queue_full.add(1);
+            return Err(ApiError::new(
+                crate::error::ErrorKind::RateLimit,
+                format!("the server is busy: {prev} requests are waiting (--max-queue {})", self.max_queue),
+            ));
+        }
+        self.metrics.queue_depth.set((prev + n) as u64);
+        let (etx, erx) = unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let req = Arc::new(req);
+        let submitted = Instant::now();
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        for choice in 0..n {
+            let job = Job {
+                req: Arc::clone(&req),
+                choice,
+                events: etx.clone(),
+                cancel: Arc::clone(&cancel),
+                submitted,
+            };
+            if tx.send(Command::Submit(Box::new(job))).is_err() {
+                self.queued.fetch_sub(n - choice, Ordering::SeqCst);
+                return Err(ApiError::unavailable("the generation engine is not running"));
+            }
+        }
+        Ok(Submission { events: erx, cancel })
+    }
+
+    /// Stops the engine: queued and running requests get 503; waits for the thread.
+    pub fn shutdown(&self) {
+        let _ = self.tx.lock().unwrap_or_else(|e| e.into_inner()).send(Command::Shutdown);
+        let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+struct State {
+    opts: EngineOptions,
+    model: Box<dyn LanguageModel>,
+    metrics: Arc<Metrics>,
+    queued: Arc<AtomicUsize>,
+    cache: PromptCache,
+    waiting: VecDeque<Box<Job>>,
+    slots: Vec<Sequence>,
+    loops: u64,
+}
+
+fn run(mut st: State, rx: Receiver<Command>) {
+    let stream = mlx_array::Device::default_device().and_then(|d| d.new_stream());
+    let stream = match stream {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("engine: cannot create an MLX stream: {e}");
+            return;
+        }
+    };
+    mlx_array::with_stream(stream, || loop {
+        let idle = st.slots.is_empty() && st.waiting.is_empty();
+        let mut shutdown = false;
+        if idle {
+            match rx.recv_timeout(Duration::from_millis(500)) {
+                Ok(Command::Submit(job)) => st.waiting.push_back(job),
+                Ok(Command::Shutdown) | Err(RecvTimeoutError::Disconnected) => shutdown = true,
+                Err(RecvTimeoutError::Timeout) => continue,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(Command::Submit(job)) => st.waiting.push_back(job),
+                Ok(Command::Shutdown) | Err(TryRecvError::Disconnected) => {
+                    shutdown = true;
+                    break;
+                }
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        if shutdown {
+            st.fail_all(ApiError::unavailable("the server is shutting down"));
+            return;
+        }
+        if catch_unwind(AssertUnwindSafe(|| st.iterate())).is_err() {
+            tracing::error!("engine: a generation step panicked; failing the running requests");
+            st.fail_all(ApiError::internal("internal error in the generation engine"));
+        }
+    })
+}
+
+impl State {
+    fn fail_all(&mut self, err: ApiError) {
+        for job in self.waiting.drain(..) {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            job.send(EngineEvent::Failed { choice: job.choice, error: err.clone() });
+        }
+        for s in self.slots.drain(..) {
+            s.job.send(EngineEvent::Failed { choice: s.job.choice, error: err.clone() });
+        }
+        self.metrics.queue_depth.set(self.queued.load(Ordering::SeqCst) as u64);
+        self.metrics.active_sequences.set(0);
+    }
+
+    fn iterate(&mut self) {
+        self.drop_cancelled();
+        self.admit();
+        self.prefill();
+        self.decode();
+        self.loops += 1;
+        if self.loops % 256 == 0 {
+            mlx_array::memory::clear_cache();
+        }
+        self.metrics.active_sequences.set(self.slots.len() as u64);
+        self.metrics.queue_depth.set(self.queued.load(Ordering::SeqCst) as u64);
+    }
+
+    fn drop_cancelled(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|j| !j.cancelled());
+        let gone = before - self.waiting.len();
+        if gone > 0 {
+            self.queued.fetch_sub(gone, Ordering::SeqCst);
+            self.metrics.cancelled.add(gone as u64);
+            tracing::info!("engine: {gone} queued request(s) cancelled by their clients");
+        }
+        let metrics = &self.metrics;
+        self.slots.retain(|s| {
+            if s.job.cancelled() {
+                metrics.cancelled.add(1);
+                tracing::info!(
+                    "engine: client disconnected; generation stopped after {} tokens",
+                    s.generated
+                );
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    fn admit(&mut self) {
+        while self.slots.len() < self.opts.decode_concurrency {
+            let Some(job) = self.waiting.pop_front() else { break };
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            let prompt = &job.req.prompt;
+            let (caches, cached) = match self.cache.fetch_nearest(prompt) {
+                Some(hit) => {
+                    self.metrics.cache_hits.add(1);
+                    (hit.caches, hit.cached_tokens)
+                }
+                None => {
+                    self.metrics.cache_misses.add(1);
+                    match mlx_cache::make_prompt_cache(&self.model.cache_specs(), None) {
+                        Ok(c) => (c, 0),
+                        Err(e) => {
+                            job.send(EngineEvent::Failed {
+                                choice: job.choice,
+                                error: ApiError::unavailable(format!("cannot make a KV cache: {e}")),
+                            });
+                            continue;
+                        }
+                    }
+                }
+            };
+            self.metrics.prompt_tokens.add(prompt.len() as u64);
+            self.metrics.cached_prompt_tokens.add(cached as u64);
+            let choice = job.choice;
+            let events = job.events.clone();
+            match Sequence::new(*job, caches, cached) {
+                Ok(seq) => {
+                    seq.job.send(EngineEvent::Started { choice, cached_tokens: cached });
+                    self.slots.push(seq);
+                }
+                Err(error) => {
+                    let _ = events.send(EngineEvent::Failed { choice, error });
+                }
+            }
+        }
+        if let Some(limit) = self.opts.prompt_cache_bytes {
+            let active: u64 = self.slots.iter().map(|s| s.nbytes() as u64).sum();
+            self.cache.trim_to(usize::MAX, limit.saturating_sub(active));
+            self.update_cache_metrics();
+        }
+    }
+
+    fn update_cache_metrics(&self) {
+        self.metrics.cache_entries.set(self.cache.len() as u64);
+        self.metrics.cache_bytes.set(self.cache.nbytes());
+    }
+
+    fn fail(&mut self, i: usize, error: ApiError) {
+        let s = self.slots.remove(i);
+        if error.status.is_server_error() {
+            self.metrics.engine_errors.add(1);
+            tracing::warn!("engine: request failed: {}", error.message);
+        }
+        s.job.send(EngineEvent::Failed { choice: s.job.choice, error });
+    }
+
+    fn prefill(&mut self) {
+        let mut budget = self.opts.prompt_concurrency;
+        let mut i = 0;
+        while i < self.slots.len() && budget > 0 {
+            if self.slots[i].decoding() {
+                i += 1;
+                continue;
+            }
+            budget -= 1;
+            let (step, kv) = (self.opts.prefill_step_size, self.opts.kv_quantization);
+            let model = self.model.as_ref();
+            match self.slots[i].prefill(model, step, kv) {
+                Ok(Some((processed, total))) => {
+                    let s = &self.slots[i];
+                    tracing::debug!("prompt processing progress: {processed}/{total}");
+                    s.job.send(EngineEvent::Progress { choice: s.job.choice, processed, total });
+                    i += 1;
+                }
+                Ok(None) => i += 1,
+                Err(e) => self.fail(i, e),
+            }
+        }
+    }
+
+    fn decode(&mut self) {
+        let model = self.model.as_ref();
+        let kv = self.opts.kv_quantization;
+        let mut nexts: Vec<Option<(Array, Array)>> = Vec::with_capacity(self.slots.len());
+        let mut failed: Vec<(usize, ApiError)> = Vec::new();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if !s.decoding() {
+                nexts.push(None);
+                continue;
+            }
+            match s.queue_next(model, kv) {
+                Ok(n) => nexts.push(n),
+                Err(e) => {
+                    nexts.push(None);
+                    failed.push((i, e));
+                }
+            }
+        }
+        let pending: Vec<&Array> = nexts.iter().flatten().flat_map(|(y, lp)| [y, lp]).collect();
+        if !pending.is_empty() {
+            if let Err(e) = transforms::async_eval(&pending) {
+                tracing::warn!("engine: batched evaluation failed ({e}); evaluating per sequence");
+                for (i, n) in nexts.iter().enumerate() {
+                    if let Some((y, lp)) = n {
+                        if let Err(e) = transforms::eval(&[y, lp]) {
+                            failed.push((i, mlx_err(e)));
+                        }
+                    }
+                }
+            }
+        }
+        let now = Instant::now();
+        let mut finished: Vec<(usize, bool)> = Vec::new();
+        for (i, next) in nexts.into_iter().enumerate() {
+            if failed.iter().any(|(f, _)| *f == i) {
+                continue;
+            }
+            let s = &mut self.slots[i];
+            if !s.decoding() {
+                continue;
+            }
+            match s.emit(next) {
+                Ok(out) => {
+                    self.metrics.generation_tokens.add(1);
+                    match s.last_token_at {
+                        None => self.metrics.ttft.observe((now - s.job.submitted).as_secs_f64()),
+                        Some(t) => self.metrics.tpot.observe((now - t).as_secs_f64()),
+                    }
+                    s.last_token_at = Some(now);
+                    let done = out.finish.is_some();
+                    let delivered = s.job.send(EngineEvent::Token { choice: s.job.choice, out });
+                    if done || !delivered {
+                        finished.push((i, done && delivered));
+                    }
+                }
+                Err(e) => failed.push((i, e)),
+            }
+        }
+        // Remove from the back so indices stay valid.
+        let mut removals: Vec<(usize, Option<ApiError>, bool)> = failed
+            .into_iter()
+            .map(|(i, e)| (i, Some(e), false))
+            .chain(finished.into_iter().map(|(i, keep)| (i, None, keep)))
+            .collect();
+        removals.sort_by(|a, b| b.0.cmp(&a.0));
+        removals.dedup_by_key(|r| r.0);
+        for (i, err, keep) in removals {
+            match err {
+                Some(e) => self.fail(i, e),
+                None => {
+                    let s = self.slots.remove(i);
+                    if keep {
+                        self.store(s);
+                    } else {
+                        self.metrics.cancelled.add(1);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Keeps a finished sequence's caches for later prompts sharing its prefix.
+    fn store(&mut self, s: Sequence) {
+        if self.opts.prompt_cache_size == 0 {
+            return;
+        }
+        let Sequence { caches, processed, .. } = s;
+        let consistent = caches.first().is_none_or(|c| c.offset() as usize == processed.len());
+        if consistent {
+            self.cache.insert(processed, caches, CacheKind::Assistant);
+            self.update_cache_metrics();
+        }
+    }
+}

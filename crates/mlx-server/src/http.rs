@@ -1,0 +1,360 @@
+//! HTTP plumbing on hyper 1: routing, body limits, API keys, CORS, JSON and SSE
+//! responses, graceful shutdown.
+use crate::config::ServerConfig;
+use crate::engine::{CancelGuard, Engine};
+use crate::error::{ApiError, Dialect, ErrorKind, ServerError};
+use crate::metrics::Metrics;
+use crate::tools::ToolFormat;
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited};
+use hyper::body::{Body as HttpBody, Frame, Incoming};
+use hyper::header::{HeaderValue, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, VARY};
+use hyper::{Method, Request, Response, StatusCode};
+use mlx_tokenizer::Tokenizer;
+use serde_json::{Map, Value as Json};
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::sync::mpsc;
+
+/// The response body type.
+pub type Body = BoxBody<Bytes, Infallible>;
+
+/// Facts about the loaded model the handlers need.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// Tool-call format.
+    pub tool_format: Option<ToolFormat>,
+    /// Token ids XTC never removes (`"\n"` and EOS, as mlx-lm).
+    pub xtc_special_tokens: Vec<i32>,
+    /// Vocabulary size of the model.
+    pub vocab_size: usize,
+    /// Server start time (Unix seconds), the `created` of responses.
+    pub created: u64,
+    /// `system_fingerprint`.
+    pub fingerprint: String,
+}
+
+/// Shared by all handlers.
+pub struct AppState {
+    /// Settings.
+    pub cfg: ServerConfig,
+    /// The engine.
+    pub engine: Engine,
+    /// The tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Model facts.
+    pub info: ModelInfo,
+}
+
+/// `n` random lowercase hex digits (ids of responses and tool calls).
+pub fn random_hex(n: usize) -> String {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut out = String::with_capacity(n + 16);
+    while out.len() < n {
+        let mut h = RandomState::new().build_hasher();
+        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        out.push_str(&format!("{:016x}", h.finish()));
+    }
+    out.truncate(n);
+    out
+}
+
+/// A JSON response.
+pub fn json_response(status: StatusCode, body: &Json) -> Response<Body> {
+    let bytes = Bytes::from(body.to_string());
+    let mut r = Response::new(Full::new(bytes).boxed());
+    *r.status_mut() = status;
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// An error response in the route's dialect.
+pub fn error_response(dialect: Dialect, e: &ApiError) -> Response<Body> {
+    json_response(e.status, &dialect.error_body(e))
+}
+
+/// `data: <json>\n\n`.
+pub fn sse_data(v: &Json) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// `event: <name>\ndata: <json>\n\n`.
+pub fn sse_event(name: &str, v: &Json) -> Bytes {
+    Bytes::from(format!("event: {name}\ndata: {v}\n\n"))
+}
+
+/// An SSE comment line (keep-alive).
+pub fn sse_comment(text: &str) -> Bytes {
+    Bytes::from(format!(": {text}\n\n"))
+}
+
+/// A streamed body fed by a channel; dropping it (the client went away) cancels the
+/// generation behind it.
+pub struct SseBody {
+    rx: mpsc::Receiver<Bytes>,
+    _cancel: Option<CancelGuard>,
+}
+
+impl HttpBody for SseBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(b)) => Poll::Ready(Some(Ok(Frame::data(b)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// An SSE response and the sender that feeds it.
+pub fn sse_response(cancel: Option<CancelGuard>) -> (Response<Body>, mpsc::Sender<Bytes>) {
+    let (tx, rx) = mpsc::channel(256);
+    let mut r = Response::new(SseBody { rx, _cancel: cancel }.boxed());
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(hyper::header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    (r, tx)
+}
+
+/// Reads the body as a JSON object: 413 over the limit, 400 for anything not an object.
+pub async fn read_json(req: Request<Incoming>, limit: usize) -> Result<Map<String, Json>, ApiError> {
+    let too_large = || ApiError::new(ErrorKind::TooLarge, format!("the request body is larger than {limit} bytes"));
+    if let Some(len) = req.headers().get(CONTENT_LENGTH) {
+        let len: u64 = len
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| ApiError::bad_request("Invalid Content-Length header"))?;
+        if len > limit as u64 {
+            return Err(too_large());
+        }
+    }
+    let bytes = match Limited::new(req.into_body(), limit).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return Err(too_large()),
+        Err(e) => return Err(ApiError::bad_request(format!("could not read the request body: {e}"))),
+    };
+    let value: Json = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
+    match value {
+        Json::Object(m) => Ok(m),
+        _ => Err(ApiError::bad_request("Request should be a JSON dictionary")),
+    }
+}
+
+/// Compares two byte strings in time independent of where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
+    let n = a.len().max(b.len());
+    for i in 0..n {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= x ^ y;
+    }
+    diff == 0
+}
+
+fn authorized(cfg: &ServerConfig, req: &Request<Incoming>) -> bool {
+    let Some(key) = &cfg.api_key else { return true };
+    let h = req.headers();
+    let bearer = h
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim);
+    let x_api_key = h.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim);
+    let ok_bearer = bearer.is_some_and(|b| constant_time_eq(b.as_bytes(), key.as_bytes()));
+    let ok_header = x_api_key.is_some_and(|b| constant_time_eq(b.as_bytes(), key.as_bytes()));
+    ok_bearer | ok_header
+}
+
+fn cors(cfg: &ServerConfig, origin: Option<&HeaderValue>, r: &mut Response<Body>) {
+    let h = r.headers_mut();
+    if cfg.allowed_origins.iter().any(|o| o == "*") {
+        h.insert(ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+    } else if let Some(o) = origin {
+        let allowed = o.to_str().ok().is_some_and(|o| cfg.allowed_origins.iter().any(|a| a == o));
+        if allowed {
+            h.insert(ACCESS_CONTROL_ALLOW_ORIGIN, o.clone());
+            h.insert(VARY, HeaderValue::from_static("Origin"));
+        }
+    }
+    h.insert(ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("*"));
+    h.insert(ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("*"));
+}
+
+/// The routes, for dispatch and metric labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Chat,
+    Completions,
+    Models,
+    Health,
+    Metrics,
+    Messages,
+    CountTokens,
+    Responses,
+    Unknown,
+}
+
+impl Route {
+    fn of(path: &str) -> Route {
+        match path.trim_end_matches('/') {
+            "/v1/chat/completions" | "/chat/completions" => Route::Chat,
+            "/v1/completions" | "/completions" => Route::Completions,
+            "/health" => Route::Health,
+            "/metrics" => Route::Metrics,
+            "/v1/messages" => Route::Messages,
+            "/v1/messages/count_tokens" => Route::CountTokens,
+            "/v1/responses" => Route::Responses,
+            p if p == "/v1/models" || p.starts_with("/v1/models/") => Route::Models,
+            _ => Route::Unknown,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Route::Chat => "/v1/chat/completions",
+            Route::Completions => "/v1/completions",
+            Route::Models => "/v1/models",
+            Route::Health => "/health",
+            Route::Metrics => "/metrics",
+            Route::Messages => "/v1/messages",
+            Route::CountTokens => "/v1/messages/count_tokens",
+            Route::Responses => "/v1/responses",
+            Route::Unknown => "other",
+        }
+    }
+
+    fn dialect(self) -> Dialect {
+        match self {
+            Route::Messages | Route::CountTokens => Dialect::Anthropic,
+            _ => Dialect::OpenAi,
+        }
+    }
+
+    fn method(self) -> Option<Method> {
+        match self {
+            Route::Models | Route::Health | Route::Metrics => Some(Method::GET),
+            Route::Unknown => None,
+            _ => Some(Method::POST),
+        }
+    }
+}
+
+/// Serves one request.
+pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().to_string();
+    let route = Route::of(&path);
+    let origin = req.headers().get(ORIGIN).cloned();
+    let mut resp = if req.method() == Method::OPTIONS {
+        let mut r = Response::new(Full::new(Bytes::new()).boxed());
+        *r.status_mut() = StatusCode::NO_CONTENT;
+        r
+    } else {
+        dispatch(&state, route, &path, req).await
+    };
+    cors(&state.cfg, origin.as_ref(), &mut resp);
+    state.metrics.record_request(route.label(), resp.status().as_u16());
+    Ok(resp)
+}
+
+async fn dispatch(state: &Arc<AppState>, route: Route, path: &str, req: Request<Incoming>) -> Response<Body> {
+    let dialect = route.dialect();
+    if route != Route::Health && !authorized(&state.cfg, &req) {
+        let e = ApiError::new(ErrorKind::Authentication, "Invalid or missing API key (use `Authorization: Bearer <key>` or `x-api-key`)");
+        return error_response(dialect, &e);
+    }
+    match route.method() {
+        None => return error_response(dialect, &ApiError::not_found(format!("Not found: {path}"))),
+        Some(m) if m != req.method() => {
+            let e = ApiError::new(ErrorKind::MethodNotAllowed, format!("{} is not allowed on {path}", req.method()));
+            return error_response(dialect, &e);
+        }
+        Some(_) => {}
+    }
+    match route {
+        Route::Health => {
+            let ok = state.engine.is_healthy();
+            let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            json_response(status, &serde_json::json!({"status": if ok { "ok" } else { "unavailable" }}))
+        }
+        Route::Metrics => {
+            let mut r = Response::new(Full::new(Bytes::from(state.metrics.render())).boxed());
+            r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+            r
+        }
+        Route::Models => crate::openai::models(state, path),
+        _ => {
+            let body = match read_json(req, state.cfg.max_request_bytes).await {
+                Ok(b) => b,
+                Err(e) => return error_response(dialect, &e),
+            };
+            let result = match route {
+                Route::Chat => crate::openai::chat(Arc::clone(state), body).await,
+                Route::Completions => crate::openai::completions(Arc::clone(state), body).await,
+                Route::Messages => crate::anthropic::messages(Arc::clone(state), body).await,
+                Route::CountTokens => crate::anthropic::count_tokens(Arc::clone(state), body).await,
+                Route::Responses => crate::responses::responses(Arc::clone(state), body).await,
+                _ => Err(ApiError::not_found(format!("Not found: {path}"))),
+            };
+            result.unwrap_or_else(|e| error_response(dialect, &e))
+        }
+    }
+}
+
+/// Accepts connections until `shutdown` resolves, then lets open requests finish for
+/// up to `grace` before returning.
+pub async fn accept_loop(
+    state: Arc<AppState>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+    grace: std::time::Duration,
+) -> Result<(), ServerError> {
+    use hyper_util::rt::TokioIo;
+    use hyper_util::server::graceful::GracefulShutdown;
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let st = Arc::clone(&state);
+                let service = hyper::service::service_fn(move |req| handle(Arc::clone(&st), req));
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .keep_alive(true)
+                    .serve_connection(TokioIo::new(stream), service);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!("connection from {peer}: {e}");
+                    }
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!("shutting down: waiting for open requests");
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!("open requests did not finish within {grace:?}; stopping them");
+    }
+    Ok(())
+}

@@ -1,0 +1,157 @@
+//! An OpenAI- and Anthropic-compatible HTTP server for MLX language models, the
+//! counterpart of `mlx_lm.server`.
+//!
+//! One engine thread owns the model and every MLX evaluation ([`engine`]); HTTP handlers
+//! (tokio + hyper) tokenize, submit over a channel and turn engine events into
+//! responses. Endpoints: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+//! `/health`, `/metrics`, `/v1/messages` (+ `count_tokens`), `/v1/responses`.
+//!
+//! ```no_run
+//! # async fn run(model: Box<dyn mlx_models::LanguageModel>, tok: mlx_tokenizer::Tokenizer)
+//! # -> Result<(), mlx_server::ServerError> {
+//! let cfg = mlx_server::ServerConfig { port: 0, ..Default::default() };
+//! let server = mlx_server::Server::start(cfg, model, tok).await?;
+//! println!("listening on {}", server.local_addr());
+//! server.shutdown().await
+//! # }
+//! ```
+#![warn(missing_docs)]
+
+pub mod anthropic;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod openai;
+pub mod output;
+pub mod params;
+pub mod prompt;
+pub mod prompt_cache;
+mod pylit;
+pub mod responses;
+pub mod sequence;
+pub mod text;
+pub mod tools;
+
+pub use config::ServerConfig;
+pub use error::{ApiError, ServerError};
+pub use metrics::Metrics;
+
+use engine::{Engine, EngineOptions};
+use http::{AppState, ModelInfo};
+use mlx_models::LanguageModel;
+use mlx_tokenizer::Tokenizer;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// How long open requests may run on after a shutdown request.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// A running server.
+pub struct Server {
+    addr: SocketAddr,
+    state: Arc<AppState>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), ServerError>>>,
+}
+
+impl Server {
+    /// Binds `cfg.host:cfg.port` (port 0: any free port), starts the engine thread with
+    /// `model` and serves on the current tokio runtime.
+    pub async fn start(cfg: ServerConfig, model: Box<dyn LanguageModel>, tokenizer: Tokenizer) -> Result<Server, ServerError> {
+        cfg.validate().map_err(ServerError::Config)?;
+        let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port))
+            .await
+            .map_err(|source| ServerError::Io { what: format!("binding {}:{}", cfg.host, cfg.port), source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ServerError::Io { what: "reading the bound address".into(), source })?;
+        let metrics = Arc::new(Metrics::default());
+        let mut xtc: Vec<i32> = tokenizer.encode("\n", false).unwrap_or_default().into_iter().map(|t| t as i32).collect();
+        xtc.extend(tokenizer.eos_token_ids().iter().map(|&t| t as i32));
+        let info = ModelInfo {
+            tool_format: prompt::detect_tool_format(&tokenizer),
+            xtc_special_tokens: xtc,
+            vocab_size: model.vocab_size().max(0) as usize,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            fingerprint: format!("mlx-server-{}", env!("CARGO_PKG_VERSION")),
+        };
+        let opts = EngineOptions {
+            decode_concurrency: cfg.decode_concurrency,
+            prompt_concurrency: cfg.prompt_concurrency,
+            prefill_step_size: cfg.prefill_step_size,
+            prompt_cache_size: cfg.prompt_cache_size,
+            prompt_cache_bytes: cfg.prompt_cache_bytes,
+            kv_quantization: cfg.kv_bits.map(|bits| mlx_engine::KvQuantization {
+                bits,
+                group_size: cfg.kv_group_size,
+                start: cfg.quantized_kv_start,
+            }),
+            max_queue: cfg.max_queue,
+        };
+        let engine = Engine::start(model, opts, Arc::clone(&metrics))?;
+        let state = Arc::new(AppState { cfg, engine, tokenizer: Arc::new(tokenizer), metrics, info });
+        let (stop, stopped) = oneshot::channel::<()>();
+        let st = Arc::clone(&state);
+        let task = tokio::spawn(async move {
+            let signal = async move {
+                let _ = stopped.await;
+            };
+            http::accept_loop(st, listener, signal, SHUTDOWN_GRACE).await
+        });
+        tracing::info!("mlx-server listening on http://{addr}");
+        Ok(Server { addr, state, stop: Some(stop), task: Some(task) })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.state.metrics
+    }
+
+    /// Whether the engine thread is running.
+    pub fn is_healthy(&self) -> bool {
+        self.state.engine.is_healthy()
+    }
+
+    /// Stops accepting, lets open requests finish (up to [`SHUTDOWN_GRACE`]), then stops
+    /// the engine.
+    pub async fn shutdown(mut self) -> Result<(), ServerError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let result = match self.task.take() {
+            Some(t) => t.await.map_err(|e| ServerError::Engine(format!("server task failed: {e}")))?,
+            None => Ok(()),
+        };
+        let state = Arc::clone(&self.state);
+        let _ = tokio::task::spawn_blocking(move || state.engine.shutdown()).await;
+        result
+    }
+
+    /// Serves until `signal` resolves (e.g. SIGINT/SIGTERM), then shuts down gracefully.
+    pub async fn run_until(self, signal: impl std::future::Future<Output = ()>) -> Result<(), ServerError> {
+        signal.await;
+        tracing::info!("shutdown requested");
+        self.shutdown().await
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Request fields shared by the endpoints, read and checked like mlx-lm's
+//! `validate_model_parameters` (types and ranges), with OpenAI's extras (`n`,
+//! `tool_choice`, `max_completion_tokens`, integer `logprobs` on completions).
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+use crate::sequence::Sampling;
+use mlx_sample::{LogitsParams, SamplerParams};
+use serde_json::{Map, Value as Json};
+
+/// Largest `max_tokens` accepted.
+pub const MAX_TOKENS_LIMIT: i64 = 1 << 31;
+/// Largest `n` accepted.
+pub const MAX_N: i64 = 16;
+/// Largest `top_logprobs` accepted (OpenAI's bound).
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+
+/// A request body as a JSON object with typed getters that answer 400 on bad values.
+pub struct Body<'a>(pub &'a Map<String, Json>);
+
+fn type_err(name: &str, what: &str) -> ApiError {
+    ApiError::invalid_param(name, format!("{name} must be {what}"))
+}
+
+impl<'a> Body<'a> {
+    /// The raw value (`null` counts as absent).
+    pub fn get(&self, name: &str) -> Option<&'a Json> {
+        self.0.get(name).filter(|v| !v.is_null())
+    }
+
+    /// A boolean.
+    pub fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Json::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(type_err(name, "a boolean")),
+        }
+    }
+
+    /// An integer within `[min, max]`.
+    pub fn int(&self, name: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
+        let Some(v) = self.get(name) else { return Ok(None) };
+        let i = v.as_i64().ok_or_else(|| type_err(name, "an integer"))?;
+        if i < min {
+            return Err(ApiError::invalid_param(name, format!("{name} must be at least {min}")));
+        }
+        if i > max {
+            return Err(ApiError::invalid_param(name, format!("{name} must be at most {max}")));
+        }
+        Ok(Some(i))
+    }
+
+    /// A number within `[min, max]`.
+    pub fn num(&self, name: &str, min: f64, max: f64) -> Result<Option<f64>, ApiError> {
+        let Some(v) = self.get(name) else { return Ok(None) };
+        let f = v.as_f64().filter(|f| f.is_finite()).ok_or_else(|| type_err(name, "a number"))?;
+        if f < min {
+            return Err(ApiError::invalid_param(name, format!("{name} must be at least {min}")));
+        }
+        if f > max {
+            return Err(ApiError::invalid_param(name, format!("{name} must be at most {max}")));
+        }
+        Ok(Some(f))
+    }
+
+    /// A string.
+    pub fn str(&self, name: &str) -> Result<Option<&'a str>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Json::String(s)) => Ok(Some(s)),
+            Some(_) => Err(type_err(name, "a string")),
+        }
+    }
+
+    /// An object.
+    pub fn object(&self, name: &str) -> Result<Option<&'a Map<String, Json>>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Json::Object(m)) => Ok(Some(m)),
+            Some(_) => Err(type_err(name, "an object")),
+        }
+    }
+
+    /// An array.
+    pub fn array(&self, name: &str) -> Result<Option<&'a Vec<Json>>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Json::Array(a)) => Ok(Some(a)),
+            Some(_) => Err(type_err(name, "an array")),
+        }
+    }
+}
+
+/// Generation settings common to all endpoints.
+#[derive(Debug, Clone)]
+pub struct CommonParams {
+    /// The model name to echo.
+    pub model: String,
+    /// Stream the answer.
+    pub stream: bool,
+    /// Send a usage chunk at the end of a stream.
+    pub include_usage: bool,
+    /// Token budget.
+    pub max_tokens: usize,
+    /// Sampler settings.
+    pub sampling: Sampling,
+    /// Logits processors.
+    pub logits: LogitsParams,
+    /// Stop words.
+    pub stop: Vec<String>,
+    /// Per-token log-probabilities.
+    pub logprobs: bool,
+    /// Alternatives per token.
+    pub top_logprobs: usize,
+    /// Choices.
+    pub n: usize,
+    /// Extra chat-template variables.
+    pub chat_template_kwargs: Map<String, Json>,
+}
+
+/// Which names the endpoint uses for a few fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions` (`logprobs` may be an integer).
+    Completions,
+    /// `/v1/messages` (`stop_sequences`, `max_tokens` required).
+    Anthropic,
+    /// `/v1/responses` (`max_output_tokens`).
+    Responses,
+}
+
+/// Checks the request's `model` against the served one (404 when unknown).
+pub fn check_model(body: &Body<'_>, cfg: &ServerConfig) -> Result<String, ApiError> {
+    let model = body.str("model")?.unwrap_or("default_model");
+    if !cfg.serves_model(model) {
+        return Err(ApiError {
+            param: Some("model".into()),
+            ..ApiError::not_found(format!(
+                "The model `{model}` does not exist; this server serves `{}`",
+                cfg.model_id
+            ))
+        });
+    }
+    Ok(model.to_string())
+}
+
+fn stop_words(v: Option<&Json>, name: &str) -> Result<Vec<String>, ApiError> {
+    match v {
+        None | Some(Json::Null) => Ok(Vec::new()),
+        Some(Json::String(s)) => Ok(if s.is_empty() { Vec::new() } else { vec![s.clone()] }),
+        Some(Json::Array(a)) => a
+            .iter()
+            .map(|w| w.as_str().map(str::to_string).ok_or_else(|| type_err(name, "a string or a list of strings")))
+            .filter(|w| !matches!(w, Ok(s) if s.is_empty()))
+            .collect(),
+        Some(_) => Err(type_err(name, "a string or a list of strings")),
+    }
+}
+
+/// Reads the common fields with the server defaults.
+pub fn common(body: &Body<'_>, cfg: &ServerConfig, flavor: Flavor) -> Result<CommonParams, ApiError> {
+    let model = check_model(body, cfg)?;
+    let stream = body.bool("stream")?.unwrap_or(false);
+    let include_usage = match body.object("stream_options")? {
+        Some(o) => Body(o).bool("include_usage")?.unwrap_or(false),
+        None => false,
+    };
+    let max_tokens = match flavor {
+        Flavor::Responses => body.int("max_output_tokens", 1, MAX_TOKENS_LIMIT)?,
+        Flavor::Anthropic => Some(
+            body.int("max_tokens", 1, MAX_TOKENS_LIMIT)?
+                .ok_or_else(|| ApiError::invalid_param("max_tokens", "max_tokens: Field required"))?,
+        ),
+        _ => match body.int("max_completion_tokens", 1, MAX_TOKENS_LIMIT)? {
+            Some(m) => Some(m),
+            None => body.int("max_tokens", 1, MAX_TOKENS_LIMIT)?,
+        },
+    }
+    .unwrap_or(cfg.max_tokens);
+    let temp = body.num("temperature", 0.0, f64::MAX)?.unwrap_or(cfg.temp);
+    let top_p = body.num("top_p", 0.0, 1.0)?.unwrap_or(cfg.top_p);
+    let top_k = body.int("top_k", 0, i32::MAX as i64)?.unwrap_or(cfg.top_k);
+    let min_p = body.num("min_p", 0.0, 1.0)?.unwrap_or(cfg.min_p);
+    let xtc_probability = body.num("xtc_probability", 0.0, 1.0)?.unwrap_or(0.0);
+    let xtc_threshold = body.num("xtc_threshold", 0.0, 0.5)?.unwrap_or(0.1);
+    let seed = body.int("seed", 0, i64::MAX)?.map(|s| s as u64);
+    let ctx_max = i32::MAX as i64;
+    let logits = LogitsParams {
+        logit_bias: logit_bias(body)?,
+        repetition_penalty: body.num("repetition_penalty", 0.0, f64::MAX)?,
+        repetition_context_size: body.int("repetition_context_size", 0, ctx_max)?.unwrap_or(20) as i32,
+        presence_penalty: body.num("presence_penalty", f64::MIN, f64::MAX)?,
+        presence_context_size: body.int("presence_context_size", 0, ctx_max)?.unwrap_or(20) as i32,
+        frequency_penalty: body.num("frequency_penalty", f64::MIN, f64::MAX)?,
+        frequency_context_size: body.int("frequency_context_size", 0, ctx_max)?.unwrap_or(20) as i32,
+    };
+    let (logprobs, top_logprobs) = match (flavor, body.get("logprobs")) {
+        (Flavor::Completions, Some(Json::Number(_))) => {
+            let k = body.int("logprobs", 0, MAX_TOP_LOGPROBS)?.unwrap_or(0);
+            (true, k as usize)
+        }
+        _ => {
+            let lp = body.bool("logprobs")?.unwrap_or(false);
+            let top = body.int("top_logprobs", -1, MAX_TOP_LOGPROBS)?.unwrap_or(-1);
+            (lp, top.max(0) as usize)
+        }
+    };
+    let stop = match flavor {
+        Flavor::Anthropic => stop_words(body.get("stop_sequences"), "stop_sequences")?,
+        _ => stop_words(body.get("stop"), "stop")?,
+    };
+    let n = body.int("n", 1, MAX_N)?.unwrap_or(1) as usize;
+    let chat_template_kwargs = body.object("chat_template_kwargs")?.cloned().unwrap_or_default();
+    let sampling = Sampling {
+        params: SamplerParams {
+            temp,
+            top_p,
+            min_p,
+            top_k: top_k as i32,
+            xtc_probability,
+            xtc_threshold,
+            ..Default::default()
+        },
+        seed,
+    };
+    Ok(CommonParams {
+        model,
+        stream,
+        include_usage,
+        max_tokens: max_tokens as usize,
+        sampling,
+        logits,
+        stop,
+        logprobs,
+        top_logprobs,
+        n,
+        chat_template_kwargs,
+    })
+}
+
+fn logit_bias(body: &Body<'_>) -> Result<Vec<(i32, f64)>, ApiError> {
+    let Some(m) = body.object("logit_bias")? else { return Ok(Vec::new()) };
+    m.iter()
+        .map(|(k, v)| {
+            let id: i32 = k.trim().parse().ok().filter(|i| *i >= 0).ok_or_else(|| {
+                ApiError::invalid_param("logit_bias", "logit_bias must be a dict of int to float")
+            })?;
+            let b = v
+                .as_f64()
+                .filter(|b| b.is_finite())
+                .ok_or_else(|| ApiError::invalid_param("logit_bias", "logit_bias must be a dict of int to float"))?;
+            Ok((id, b))
+        })
+        .collect()
+}
+
+/// OpenAI's `tool_choice`: which tools the template sees. `none` hides them; a named
+/// function keeps only that one; `auto` and `required` keep all (the server cannot
+/// force a call, see docs/server.md).
+pub fn apply_tool_choice(tools: Option<Vec<Json>>, choice: Option<&Json>) -> Result<Option<Vec<Json>>, ApiError> {
+    let bad = || ApiError::invalid_param("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    match choice {
+        None | Some(Json::Null) => Ok(tools),
+        Some(Json::String(s)) => match s.as_str() {
+            "none" => Ok(None),
+            "auto" | "required" | "any" => Ok(tools),
+            _ => Err(bad()),
+        },
+        Some(Json::Object(o)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .or_else(|| o.get("name"))
+                .and_then(Json::as_str);
+            let kind = o.get("type").and_then(Json::as_str);
+            match (kind, name) {
+                (Some("auto" | "any"), _) => Ok(tools),
+                (Some("none"), _) => Ok(None),
+                (_, Some(name)) => {
+                    let kept: Vec<Json> = tools
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|t| tool_name(t) == Some(name))
+                        .collect();
+                    if kept.is_empty() {
+                        return Err(ApiError::invalid_param("tool_choice", format!("tool_choice names `{name}`, which is not in tools")));
+                    }
+                    Ok(Some(kept))
+                }
+                _ => Err(bad()),
+            }
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+/// The function name of an OpenAI tool (`{"function": {"name"}}`) or a flat one (`{"name"}`).
+pub fn tool_name(t: &Json) -> Option<&str> {
+    t.get("function").and_then(|f| f.get("name")).or_else(|| t.get("name")).and_then(Json::as_str)
+}
+
+/// Checks that tools are objects with a function name.
+pub fn check_tools(tools: &[Json]) -> Result<(), ApiError> {
+    for (i, t) in tools.iter().enumerate() {
+        if !t.is_object() || tool_name(t).is_none() {
+            return Err(ApiError::invalid_param("tools", format!("tools[{i}] must be an object with a function name")));
+        }
+    }
+    Ok(())
+}

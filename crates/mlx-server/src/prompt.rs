@@ -1,0 +1,226 @@
+//! Prompts: chat messages through the chat template (mlx-lm's
+//! `process_message_content` + `apply_chat_template`), plain text, and the assembly of
+//! an engine request with its stop sequences.
+use crate::error::ApiError;
+use crate::http::AppState;
+use crate::output::{initial_channel, OutputSpec};
+use crate::params::CommonParams;
+use crate::sequence::GenerationRequest;
+use crate::text::{Channel, Markers};
+use crate::tools::ToolFormat;
+use mlx_tokenizer::{ChatOptions, Tokenizer, TokenizerError};
+use serde_json::{Map, Value as Json};
+
+/// A tokenized prompt ready to submit.
+pub struct Prepared {
+    /// Token ids.
+    pub prompt: Vec<u32>,
+    /// Where the answer starts.
+    pub initial: Channel,
+    /// Tools given to the template.
+    pub tools: Option<Vec<Json>>,
+}
+
+/// The text of a message `content`: a string, `null`, or a list of text parts.
+pub fn content_text(content: Option<&Json>, field: &str) -> Result<String, ApiError> {
+    match content {
+        None | Some(Json::Null) => Ok(String::new()),
+        Some(Json::String(s)) => Ok(s.clone()),
+        Some(Json::Array(parts)) => {
+            let mut out = String::new();
+            for p in parts {
+                let kind = p.get("type").and_then(Json::as_str).unwrap_or("");
+                match (kind, p.get("text").and_then(Json::as_str)) {
+                    ("text" | "input_text" | "output_text", Some(t)) => out.push_str(t),
+                    _ => {
+                        return Err(ApiError::invalid_param(
+                            field,
+                            "Only 'text' content type is supported.",
+                        ))
+                    }
+                }
+            }
+            Ok(out)
+        }
+        Some(_) => Err(ApiError::invalid_param(field, format!("{field} must be a string or a list of content parts"))),
+    }
+}
+
+/// mlx-lm's `process_message_content`: text parts joined, `null` content as `""`, tool
+/// call arguments given as JSON strings parsed to objects.
+pub fn normalize_messages(messages: &[Json]) -> Result<Vec<Json>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid_param("messages", "messages must not be empty"));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let Json::Object(obj) = m else {
+            return Err(ApiError::invalid_param("messages", format!("messages[{i}] must be an object")));
+        };
+        if !obj.get("role").is_some_and(Json::is_string) {
+            return Err(ApiError::invalid_param("messages", format!("messages[{i}].role must be a string")));
+        }
+        let mut obj = obj.clone();
+        let text = content_text(obj.get("content"), &format!("messages[{i}].content"))?;
+        obj.insert("content".into(), Json::String(text));
+        if let Some(Json::Array(calls)) = obj.get_mut("tool_calls") {
+            for c in calls.iter_mut() {
+                if let Some(Json::String(args)) = c.get("function").and_then(|f| f.get("arguments")) {
+                    let parsed: Json = serde_json::from_str(args).map_err(|e| {
+                        ApiError::invalid_param("messages", format!("messages[{i}]: tool call arguments are not JSON: {e}"))
+                    })?;
+                    if let Some(f) = c.get_mut("function").and_then(Json::as_object_mut) {
+                        f.insert("arguments".into(), parsed);
+                    }
+                }
+            }
+        }
+        out.push(Json::Object(obj));
+    }
+    Ok(out)
+}
+
+/// mlx-lm's `convert_chat`: the fallback prompt for tokenizers without a template.
+fn convert_chat(messages: &[Json], role_mapping: Option<&Map<String, Json>>) -> String {
+    let default = |k: &str| -> &'static str {
+        match k {
+            "system_prompt" => "A chat between a curious user and an artificial intelligence assistant. The assistant follows the given rules no matter what.",
+            "system" => "ASSISTANT's RULE: ",
+            "user" => "USER: ",
+            "assistant" => "ASSISTANT: ",
+            "stop" => "\n",
+            _ => "",
+        }
+    };
+    let get = |k: &str| -> String {
+        match role_mapping {
+            Some(m) => m.get(k).and_then(Json::as_str).unwrap_or("").to_string(),
+            None => default(k).to_string(),
+        }
+    };
+    let mut prompt = String::new();
+    for m in messages {
+        let role = m.get("role").and_then(Json::as_str).unwrap_or("");
+        let content = m.get("content").and_then(Json::as_str).unwrap_or("");
+        prompt.push_str(&format!("{}{}{}", get(role), content, get("stop")));
+    }
+    prompt.push_str(&get("assistant"));
+    prompt.trim_end().to_string()
+}
+
+fn template_error(e: TokenizerError) -> ApiError {
+    ApiError::bad_request(format!("the chat template failed: {e}"))
+}
+
+/// Renders and tokenizes a chat.
+pub fn chat_prompt(
+    state: &AppState,
+    messages: &[Json],
+    tools: Option<Vec<Json>>,
+    kwargs: &Map<String, Json>,
+    role_mapping: Option<&Map<String, Json>>,
+) -> Result<Prepared, ApiError> {
+    let tok = &state.tokenizer;
+    let messages = normalize_messages(messages)?;
+    if !tok.has_chat_template() {
+        let text = convert_chat(&messages, role_mapping);
+        let prompt = tok.encode(&text, true).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        return Ok(Prepared { prompt, initial: Channel::Normal, tools: None });
+    }
+    if tools.is_some() && state.info.tool_format.is_none() {
+        tracing::warn!("received tools but the model's tool-call format is not supported; calls will be returned as text");
+    }
+    let mut all_kwargs = state.cfg.chat_template_args.clone();
+    all_kwargs.extend(kwargs.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let opts = ChatOptions {
+        add_generation_prompt: true,
+        tools: tools.clone(),
+        kwargs: all_kwargs,
+        ..Default::default()
+    };
+    let prompt = tok.apply_chat_template_ids(&messages, &opts).map_err(template_error)?;
+    let initial = initial_channel(tok, &prompt);
+    Ok(Prepared { prompt, initial, tools })
+}
+
+/// Tokenizes a completion prompt (a string, or a list of token ids).
+pub fn text_prompt(tok: &Tokenizer, vocab: usize, prompt: &Json) -> Result<Vec<u32>, ApiError> {
+    match prompt {
+        Json::String(s) => tok.encode(s, true).map_err(|e| ApiError::bad_request(e.to_string())),
+        Json::Array(a) if a.iter().all(Json::is_u64) && !a.is_empty() => a
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|i| u32::try_from(i).ok())
+                    .filter(|i| (*i as usize) < vocab)
+                    .ok_or_else(|| ApiError::invalid_param("prompt", "token ids must be valid vocabulary ids"))
+            })
+            .collect(),
+        Json::Array(a) if a.len() == 1 && a[0].is_string() => text_prompt(tok, vocab, &a[0]),
+        _ => Err(ApiError::invalid_param("prompt", "prompt must be a string (or a list of token ids)")),
+    }
+}
+
+/// Checks the prompt length and assembles the engine request and output settings.
+pub fn finish_request(
+    state: &AppState,
+    prepared: Prepared,
+    params: &CommonParams,
+    chat: bool,
+) -> Result<(GenerationRequest, OutputSpec), ApiError> {
+    let Prepared { prompt, initial, tools } = prepared;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
+    }
+    if let Some(ctx) = state.cfg.context_length {
+        if prompt.len() >= ctx {
+            return Err(ApiError::invalid_param(
+                "messages",
+                format!("the prompt has {} tokens but the model's context length is {ctx}", prompt.len()),
+            ));
+        }
+    }
+    let tok = &state.tokenizer;
+    let mut stop_sequences: Vec<Vec<u32>> = tok.eos_token_ids().iter().map(|&id| vec![id]).collect();
+    let n_eos = stop_sequences.len();
+    for w in &params.stop {
+        let ids = tok.encode(w, false).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        stop_sequences.push(ids);
+    }
+    let mut sampling = params.sampling.clone();
+    sampling.params.xtc_special_tokens = state.info.xtc_special_tokens.clone();
+    let req = GenerationRequest {
+        prompt,
+        max_tokens: params.max_tokens,
+        sampling,
+        logits: params.logits.clone(),
+        stop_sequences,
+        logprobs: params.logprobs,
+        top_logprobs: params.top_logprobs,
+        n: params.n,
+    };
+    let tool_format = if chat && tools.is_some() { state.info.tool_format } else { None };
+    let markers = Markers {
+        think: if chat { tok.think_markers().map(|m| (m.start.clone(), m.end.clone())) } else { None },
+        tool: tool_format.map(|f| {
+            let (s, e) = f.markers();
+            (s.to_string(), e.to_string())
+        }),
+        stop_words: params.stop.clone(),
+    };
+    let spec = OutputSpec {
+        tokenizer: std::sync::Arc::clone(&state.tokenizer),
+        markers,
+        initial: if chat { initial } else { Channel::Normal },
+        tool_format,
+        tools,
+        n: params.n,
+        n_eos,
+    };
+    Ok((req, spec))
+}
+
+/// The tool-call format of a tokenizer (mlx-lm's inference, plus Llama 3 JSON).
+pub fn detect_tool_format(tok: &Tokenizer) -> Option<ToolFormat> {
+    ToolFormat::detect(tok.tool_parser_type(), tok.chat_template())
+}
