@@ -74,18 +74,23 @@ pub fn run_parity(root: &Path, args: &[String]) -> Result<()> {
         root.join(".cache/parity/models")
     };
     let stamp = out.join(".stamp");
-    let script_hash = format!(
-        "{}{}",
-        std::fs::read_to_string(root.join(MAKE))
-            .unwrap_or_default()
-            .len(),
-        std::fs::read_to_string(root.join(ORACLE))
-            .unwrap_or_default()
-            .len()
-    );
+    let script_hash = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for script in [MAKE, ORACLE] {
+            std::fs::read(root.join(script))
+                .unwrap_or_default()
+                .hash(&mut h);
+        }
+        format!("{:016x}", h.finish())
+    };
     let fresh = std::fs::read_to_string(&stamp).is_ok_and(|s| s == script_hash);
     if goldens || flag("--regen") || !fresh || !only.is_empty() {
         let py = python(root)?;
+        if only.is_empty() && out.is_dir() {
+            // A full run rewrites the whole set, so variants dropped from the script go.
+            std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
+        }
         let mut make = Command::new(&py);
         make.arg(root.join(MAKE)).arg(&out);
         if goldens {

@@ -47,6 +47,12 @@ pub fn load_model_with(
 ) -> Result<(Box<dyn LanguageModel>, ModelConfig)> {
     let dir = dir.as_ref();
     let raw = load_config(dir)?;
+    if raw.get("quantize_activations").and_then(Value::as_bool) == Some(true) {
+        return Err(Error::Quantization(
+            "activation quantization (`quantize_activations`, mlx.nn QQLinear) is not supported"
+                .into(),
+        ));
+    }
     let weights = load_weights(dir)?;
     let mut model = build_model(&raw)?;
     let weights = model.sanitize(weights)?;
