@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 /// Options beyond what mlx-lm does at load time.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoadOptions {
-    /// Replace quantized layers with dense ones (to `dtype`, else float32): MLX's CPU
-    /// quantized matmul is slow, so CPU runs prefer dequantized weights.
+    /// Replace quantized layers with dense ones and bring every floating parameter to
+    /// `dtype`, else float32: MLX's CPU quantized (and bf16) matmuls are slow, so CPU
+    /// runs prefer dense float32 weights.
     pub dequantize: bool,
     /// Cast every floating-point parameter to this dtype after loading (mlx-lm keeps
     /// the checkpoint's dtypes; this is `convert --dtype` applied at load).
@@ -67,13 +68,15 @@ pub fn load_model_with(
         })?;
     }
     model.load_weights(weights, true)?;
+    let dtype = match (options.dtype, options.dequantize) {
+        (Some(d), _) => Some(d),
+        (None, true) => Some(Dtype::Float32),
+        (None, false) => None,
+    };
     if options.dequantize {
-        dequantize_module(
-            model.as_mut(),
-            Some(options.dtype.unwrap_or(Dtype::Float32)),
-        )?;
+        dequantize_module(model.as_mut(), dtype)?;
     }
-    if let Some(dtype) = options.dtype {
+    if let Some(dtype) = dtype {
         model.cast_floating(dtype)?;
     }
     if !options.lazy {

@@ -274,6 +274,35 @@ fn dequantized_loading_gives_dense_float32_layers_with_close_logits() {
 }
 
 #[test]
+fn dequantizing_a_bfloat16_checkpoint_makes_every_parameter_float32() {
+    let (dir, _) = quantized_checkpoint("dequant-bf16");
+    // Re-save the checkpoint's floating tensors as bfloat16 (scales and norms).
+    let (w, _) = io::load_safetensors(dir.join("model.safetensors")).unwrap();
+    let w: BTreeMap<String, Array> = w
+        .into_iter()
+        .map(|(k, v)| {
+            let v = if v.dtype() == Dtype::Float32 {
+                v.astype(Dtype::Bfloat16).unwrap()
+            } else {
+                v
+            };
+            (k, v)
+        })
+        .collect();
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    write_checkpoint(&dir, &config, &w);
+    let opts = LoadOptions {
+        dequantize: true,
+        ..Default::default()
+    };
+    let (loaded, _) = load_model_with(&dir, &opts).unwrap();
+    for (name, p) in loaded.as_module().unwrap().parameters() {
+        assert_eq!(p.dtype(), Dtype::Float32, "{name}");
+    }
+}
+
+#[test]
 fn the_dtype_option_casts_floating_parameters() {
     let (dir, _) = llama_checkpoint("dtype");
     let opts = LoadOptions {
