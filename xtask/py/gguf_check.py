@@ -17,6 +17,7 @@
 Helpers for the mlx-gguf SentencePiece test:
     python gguf_check.py spm-fixture <dir>        # train a small SPM BPE model, write spm.json
     python gguf_check.py spm-compare <model_dir> <dir>/spm.json
+    python gguf_check.py kquant-goldens goldens/gguf/blocks.json  # needs the `gguf` package
 
 Prints one JSON summary line and exits non-zero on the first failed check.
 """
@@ -338,7 +339,50 @@ def spm_compare(model_dir, fixture_path):
     print(json.dumps({"ok": True, "texts": len(fx["texts"]), "detokenizer": type(detok).__name__}))
 
 
+# ggml block layouts: (type id, name, elements per block, bytes per block, offsets of f16 fields)
+KQUANT_TYPES = [
+    (2, "Q4_0", 32, 18, [0]),
+    (3, "Q4_1", 32, 20, [0, 2]),
+    (6, "Q5_0", 32, 22, [0]),
+    (7, "Q5_1", 32, 24, [0, 2]),
+    (8, "Q8_0", 32, 34, [0]),
+    (10, "Q2_K", 256, 84, [80, 82]),
+    (11, "Q3_K", 256, 110, [108]),
+    (12, "Q4_K", 256, 144, [0, 2]),
+    (13, "Q5_K", 256, 176, [0, 2]),
+    (14, "Q6_K", 256, 210, [208]),
+]
+
+
+def kquant_goldens(out_path):
+    """Random blocks of every block type and their values according to llama.cpp's own
+    Python reference (the `gguf` package: `gguf.quants.dequantize`), for mlx-gguf's decoder
+    tests. Needs `gguf` importable (e.g. PYTHONPATH of `pip install --target DIR gguf`)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    rng = np.random.default_rng(20251130)
+    out = {"source": "gguf.quants.dequantize (gguf-py)", "elements": 512, "types": []}
+    for type_id, name, per_block, block_bytes, f16_fields in KQUANT_TYPES:
+        blocks = 512 // per_block
+        raw = bytearray(rng.integers(0, 256, size=blocks * block_bytes, dtype=np.uint8).tobytes())
+        for b in range(blocks):
+            for off in f16_fields:
+                v = np.float16(rng.uniform(-0.05, 0.05) if off and name in ("Q4_1", "Q5_1") else rng.uniform(0.001, 0.05))
+                raw[b * block_bytes + off : b * block_bytes + off + 2] = v.tobytes()
+        data = np.frombuffer(bytes(raw), dtype=np.uint8).reshape(2, -1)
+        values = dequantize(data, GGMLQuantizationType(type_id)).astype(np.float32).reshape(-1)
+        out["types"].append(
+            {"type": type_id, "name": name, "hex": bytes(raw).hex(), "values": [float(v) for v in values]}
+        )
+    Path(out_path).write_text(json.dumps(out, separators=(",", ":")) + "\n")
+    print(json.dumps({"ok": True, "types": [t[1] for t in KQUANT_TYPES]}))
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "kquant-goldens":
+        return kquant_goldens(sys.argv[2])
     if len(sys.argv) == 3 and sys.argv[1] == "spm-fixture":
         return spm_fixture(Path(sys.argv[2]))
     if len(sys.argv) == 4 and sys.argv[1] == "spm-compare":

@@ -3,7 +3,8 @@
 use crate::arch::{map_module, split_leaf, Arch, Role};
 use crate::config::TensorFacts;
 use crate::error::{mlx_err, GgufError, Result};
-use crate::header::{GgufHeader, MlxSupport};
+use crate::header::GgufHeader;
+use crate::native::{form, Form};
 use mlx_array::{Array, Dtype};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -28,7 +29,7 @@ pub struct ConvertedTensor {
     pub ggml_type: String,
     /// Its quantization in the output (`None`: a plain array).
     pub quantization: Option<QuantSpec>,
-    /// It was dequantized to float16 by MLX (K-quants, BF16).
+    /// It was dequantized to float16 (Q2_K, Q3_K, Q6_K).
     pub dequantized: bool,
 }
 
@@ -46,17 +47,17 @@ pub struct Converted {
     pub facts: TensorFacts,
 }
 
-/// Checks that every tensor type can be loaded, before MLX reads any data.
+/// Checks that every tensor type can be decoded, before any data is read.
 pub fn check_types(header: &GgufHeader, allow_dequantize: bool) -> Result<()> {
     for t in &header.tensors {
-        match t.ggml_type.mlx_support() {
-            MlxSupport::Unsupported => {
+        match form(t.ggml_type) {
+            None => {
                 return Err(GgufError::UnsupportedTensorType {
                     tensor: t.name.clone(),
                     type_name: t.ggml_type.name(),
                 })
             }
-            MlxSupport::DequantizedF16 if !allow_dequantize => {
+            Some(Form::Dequantized) if !allow_dequantize => {
                 return Err(GgufError::DequantizeRefused {
                     tensor: t.name.clone(),
                     type_name: t.ggml_type.name(),
@@ -125,9 +126,9 @@ pub fn convert(
             out.dropped.push(t.name.clone());
             continue;
         };
-        let support = t.ggml_type.mlx_support();
+        let support = form(t.ggml_type);
         let mut parts: Vec<(String, Array)> = match support {
-            MlxSupport::Quantized { .. } => {
+            Some(Form::Affine { .. }) => {
                 if leaf != "weight" {
                     return Err(GgufError::BadTensor {
                         tensor: t.name.clone(),
@@ -171,7 +172,7 @@ pub fn convert(
             }
         }
         let quantization = match support {
-            MlxSupport::Quantized { bits, group_size } => Some(QuantSpec { group_size, bits }),
+            Some(Form::Affine { bits, group_size }) => Some(QuantSpec { group_size, bits }),
             _ => None,
         };
         if leaf == "weight" && t.dims.len() == 2 {
@@ -191,7 +192,7 @@ pub fn convert(
             hf_name: format!("{hf_module}.{leaf}"),
             ggml_type: t.ggml_type.name(),
             quantization,
-            dequantized: support == MlxSupport::DequantizedF16,
+            dequantized: support == Some(Form::Dequantized),
         });
         out.arrays.extend(parts);
     }

@@ -50,7 +50,8 @@ pub enum GgufError {
     /// A tensor is stored in a GGML type that MLX cannot load.
     #[error(
         "tensor `{tensor}` is stored as {type_name}, which is not supported \
-         (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0 and, dequantized to float16, Q2_K, Q4_K, Q6_K)"
+         (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and, dequantized to \
+         float16, Q2_K, Q3_K, Q6_K)"
     )]
     UnsupportedTensorType {
         /// The GGUF tensor name.
@@ -58,9 +59,10 @@ pub enum GgufError {
         /// The GGML type's name (e.g. `Q5_K`).
         type_name: String,
     },
-    /// A tensor is stored in a type MLX can only dequantize, and the options forbid that.
+    /// A tensor is stored in a type that can only be dequantized (its groups are 16 wide,
+    /// MLX's are at least 32), and the options forbid that.
     #[error(
-        "tensor `{tensor}` is stored as {type_name}, which MLX can only dequantize to float16; \
+        "tensor `{tensor}` is stored as {type_name}, which can only be dequantized to float16; \
          set ImportOptions::allow_dequantize to accept that"
     )]
     DequantizeRefused {

@@ -13,24 +13,6 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GgmlType(pub u32);
 
-/// How MLX's GGUF loader handles a tensor type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MlxSupport {
-    /// Loaded as a plain array of the same type.
-    Native,
-    /// Loaded as an affine-quantized triple (`weight`, `scales`, `biases`).
-    Quantized {
-        /// Bits per weight.
-        bits: i32,
-        /// Elements per group.
-        group_size: i32,
-    },
-    /// Loaded as float16 after dequantization (lossy for BF16's range, exact otherwise).
-    DequantizedF16,
-    /// Not loadable.
-    Unsupported,
-}
-
 impl GgmlType {
     /// The type's llama.cpp name (`F32`, `Q4_1`, ...), or `type <id>` when unknown.
     pub fn name(self) -> String {
@@ -111,21 +93,12 @@ impl GgmlType {
         })
     }
 
-    /// What MLX 0.32's GGUF loader does with this type.
-    pub fn mlx_support(self) -> MlxSupport {
-        match self.0 {
-            0 | 1 | 24 | 25 | 26 => MlxSupport::Native,
-            2 | 3 => MlxSupport::Quantized {
-                bits: 4,
-                group_size: 32,
-            },
-            8 => MlxSupport::Quantized {
-                bits: 8,
-                group_size: 32,
-            },
-            10 | 12 | 14 | 30 => MlxSupport::DequantizedF16,
-            _ => MlxSupport::Unsupported,
-        }
+    /// Whether MLX 0.32's own GGUF loader reads this type exactly: F32, F16, I8/I16/I32,
+    /// and Q4_0, Q4_1, Q8_0 (as affine triples). It dequantizes Q2_K, Q6_K and BF16 to
+    /// float16 (BF16 losing range), dequantizes Q4_K wrongly (sub-blocks after the first use
+    /// the wrong scales), and cannot load the rest.
+    pub fn mlx_loads_exactly(self) -> bool {
+        matches!(self.0, 0 | 1 | 2 | 3 | 8 | 24 | 25 | 26)
     }
 }
 

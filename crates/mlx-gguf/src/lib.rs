@@ -1,9 +1,12 @@
 //! Import llama.cpp GGUF files into MLX model directories.
 //!
-//! [`import_gguf`] reads a `.gguf` (tensors through MLX's loader: Q4_0, Q4_1 and Q8_0 stay
-//! affine-quantized with group size 32; F32/F16 stay plain; Q2_K, Q4_K, Q6_K and BF16 are
-//! dequantized to float16 by MLX) and writes a directory in mlx-community's layout that
-//! mlx-lm and this workspace's loader both read:
+//! [`import_gguf`] reads a `.gguf` and writes a directory in mlx-community's layout that
+//! mlx-lm and this workspace's loader both read. Tensors: F32/F16/BF16 stay plain; Q4_0,
+//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K become MLX affine-quantized weights (group size 32,
+//! 4, 5 or 8 bits) holding the same values; Q2_K, Q3_K and Q6_K (16-wide groups) are
+//! dequantized to float16. Files of F32/F16/Q4_0/Q4_1/Q8_0 only are read with MLX's own
+//! loader (`mlx_array::io::load_gguf`); others with this crate's decoder ([`native`]),
+//! because MLX 0.32 dequantizes Q4_K wrongly and cannot read the rest.
 //!
 //! - `model.safetensors` (or shards) with Hugging Face tensor names, Q/K rows restored to
 //!   the Hugging Face order for llama, and `model.safetensors.index.json`;
@@ -20,6 +23,7 @@ pub mod config;
 pub mod convert;
 mod error;
 pub mod header;
+pub mod native;
 pub mod tokenizer;
 mod write;
 
@@ -104,8 +108,19 @@ pub fn import_gguf(gguf: &Path, out_dir: &Path, opts: &ImportOptions) -> Result<
         "importing GGUF"
     );
 
-    let (mut arrays, _) =
-        mlx_array::io::load_gguf(gguf).map_err(mlx_err(format!("loading {}", gguf.display())))?;
+    // MLX's loader where it reads every tensor exactly, this crate's decoder otherwise.
+    let mut arrays = if header
+        .tensors
+        .iter()
+        .all(|t| t.ggml_type.mlx_loads_exactly())
+    {
+        mlx_array::io::load_gguf(gguf)
+            .map_err(mlx_err(format!("loading {}", gguf.display())))?
+            .0
+    } else {
+        tracing::info!("decoding tensors in Rust (types MLX's loader does not read exactly)");
+        native::load_tensors(&header)?
+    };
     let mut rope = config::rope_scaling(&header, &arch)?;
     if let Some(freqs) = arrays.remove("rope_freqs.weight") {
         let v = freqs

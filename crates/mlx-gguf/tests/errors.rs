@@ -58,12 +58,12 @@ fn truncated_file_is_reported_at_every_cut() {
 fn unsupported_tensor_type_names_the_tensor_and_type() {
     let tmp = TempDir::new("q5k");
     let mut tensors: Vec<Tensor> = tiny_llama_weights(8, None).iter().map(encode).collect();
-    // Replace one tensor by a Q5_K block (256 elements, 176 bytes), which MLX cannot load.
+    // Replace one tensor by an IQ4_XS block (256 elements, 136 bytes): not decodable here.
     tensors[1] = Tensor {
         name: "blk.0.attn_norm.weight".into(),
         dims: vec![256],
-        ggml_type: 13,
-        data: vec![0; 176],
+        ggml_type: 23,
+        data: vec![0; 136],
     };
     let p = tmp.path().join("q5k.gguf");
     std::fs::write(&p, gguf_bytes(&tiny_llama_kvs("llama"), &tensors)).unwrap();
@@ -71,12 +71,12 @@ fn unsupported_tensor_type_names_the_tensor_and_type() {
     match &e {
         GgufError::UnsupportedTensorType { tensor, type_name } => {
             assert_eq!(tensor, "blk.0.attn_norm.weight");
-            assert_eq!(type_name, "Q5_K");
+            assert_eq!(type_name, "IQ4_XS");
         }
         other => panic!("{other:?}"),
     }
     assert!(
-        e.to_string().contains("Q5_K") && e.to_string().contains("Q4_1"),
+        e.to_string().contains("IQ4_XS") && e.to_string().contains("Q4_K"),
         "{e}"
     );
 }
@@ -88,8 +88,8 @@ fn dequantized_types_are_refused_when_not_allowed() {
     tensors[1] = Tensor {
         name: "blk.0.attn_norm.weight".into(),
         dims: vec![256],
-        ggml_type: 12,
-        data: vec![0; 144],
+        ggml_type: 14,
+        data: vec![0; 210],
     };
     let p = tmp.path().join("q4k.gguf");
     std::fs::write(&p, gguf_bytes(&tiny_llama_kvs("llama"), &tensors)).unwrap();
@@ -99,7 +99,7 @@ fn dequantized_types_are_refused_when_not_allowed() {
     };
     let e = import_gguf(&p, &tmp.path().join("out"), &opts).unwrap_err();
     assert!(
-        matches!(&e, GgufError::DequantizeRefused { tensor, type_name } if tensor == "blk.0.attn_norm.weight" && type_name == "Q4_K"),
+        matches!(&e, GgufError::DequantizeRefused { tensor, type_name } if tensor == "blk.0.attn_norm.weight" && type_name == "Q6_K"),
         "{e:?}"
     );
 }

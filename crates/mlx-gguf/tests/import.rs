@@ -380,3 +380,79 @@ fn mlx_lm_loads_imported_tiny_models_strictly() {
         "{text}"
     );
 }
+
+#[test]
+fn k_quants_import_as_affine_or_float16_and_bf16_stays_bf16() {
+    let tmp = TempDir::new("kquant");
+    let weights = tiny_llama_weights(8, None);
+    let mut tensors: Vec<Tensor> = weights.iter().map(encode).collect();
+    let goldens = goldens();
+    let golden = |name: &str| goldens.iter().find(|g| g.name == name).unwrap();
+    let mut expected = Vec::new();
+    // ffn_down is 64 x 256: 32 copies of a golden's two 256-value rows.
+    for (tensor, kind) in [
+        ("blk.0.ffn_down.weight", "Q4_K"),
+        ("blk.1.ffn_down.weight", "Q6_K"),
+    ] {
+        let g = golden(kind);
+        let t = tensors.iter_mut().find(|t| t.name == tensor).unwrap();
+        t.ggml_type = g.ggml_type;
+        t.data = g.bytes.repeat(32);
+        expected.push((
+            tensor
+                .replace("blk.", "model.layers.")
+                .replace("ffn_down", "mlp.down_proj"),
+            g.values.repeat(32),
+        ));
+    }
+    let up = tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.0.ffn_up.weight")
+        .unwrap();
+    let bf16: Vec<f32> = noise(99, FFN * HIDDEN)
+        .iter()
+        .map(|v| f32::from_bits(v.to_bits() & 0xffff_0000))
+        .collect();
+    up.ggml_type = 30;
+    up.data = bf16
+        .iter()
+        .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+        .collect();
+    let gguf = tmp.path().join("k.gguf");
+    std::fs::write(&gguf, gguf_bytes(&tiny_llama_kvs("llama"), &tensors)).unwrap();
+    let out = tmp.path().join("model");
+    let r = import_gguf(&gguf, &out, &ImportOptions::default()).unwrap();
+    let arrays = load_dir(&out);
+    let q = &read_json(&out.join("config.json"))["quantization"];
+    // Q4_K: 4-bit group-32 affine, the default spec (no per-module entry).
+    assert!(q.get("model.layers.0.mlp.down_proj").is_none());
+    assert_eq!(
+        arrays["model.layers.0.mlp.down_proj.weight"].dtype(),
+        Dtype::Uint32
+    );
+    // Q6_K: dequantized to float16, marked unquantized.
+    assert_eq!(q["model.layers.1.mlp.down_proj"], json!(false));
+    assert_eq!(
+        arrays["model.layers.1.mlp.down_proj.weight"].dtype(),
+        Dtype::Float16
+    );
+    assert!(r
+        .tensors
+        .iter()
+        .any(|t| t.gguf_name == "blk.1.ffn_down.weight" && t.dequantized));
+    for (hf, want) in &expected {
+        let got = output_values(&arrays, hf);
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = max_diff(&got, want);
+        assert!(d <= 2e-3 * scale, "{hf}: max diff {d} (scale {scale})");
+    }
+    assert_eq!(
+        arrays["model.layers.0.mlp.up_proj.weight"].dtype(),
+        Dtype::Bfloat16
+    );
+    assert_eq!(
+        output_values(&arrays, "model.layers.0.mlp.up_proj.weight"),
+        bf16
+    );
+    assert_eq!(q["model.layers.0.mlp.up_proj"], json!(false));
+}

@@ -275,7 +275,7 @@ pub const HIDDEN: usize = 64;
 pub const HEADS: usize = 4;
 pub const KV_HEADS: usize = 2;
 pub const HEAD_DIM: usize = 16;
-pub const FFN: usize = 128;
+pub const FFN: usize = 256;
 pub const LAYERS: usize = 2;
 
 /// A byte-level vocabulary: 3 specials, the 256 byte symbols, and a few merges.
@@ -532,4 +532,40 @@ pub fn write_tiny(
     let path = dir.join(format!("tiny-{arch}.gguf"));
     std::fs::write(&path, gguf_bytes(&tiny_llama_kvs(arch), &tensors)).unwrap();
     (path, weights)
+}
+
+/// One entry of goldens/gguf/blocks.json: 512 values of a block type, with their bytes.
+pub struct Golden {
+    pub ggml_type: u32,
+    pub name: String,
+    pub bytes: Vec<u8>,
+    pub values: Vec<f32>,
+}
+
+/// Blocks of every type with llama.cpp's reference values (see xtask/py/gguf_check.py).
+pub fn goldens() -> Vec<Golden> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../goldens/gguf/blocks.json");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    v["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let hex = t["hex"].as_str().unwrap();
+            Golden {
+                ggml_type: t["type"].as_u64().unwrap() as u32,
+                name: t["name"].as_str().unwrap().to_string(),
+                bytes: (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                    .collect(),
+                values: t["values"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap() as f32)
+                    .collect(),
+            }
+        })
+        .collect()
 }
