@@ -71,3 +71,72 @@ pub fn read_prompt(p: &str, expand_escapes: bool) -> anyhow::Result<String> {
     }
     Ok(p)
 }
+
+/// Python's `json.dumps` of a JSON object (`", "` and `": "` separators, non-ASCII
+/// escaped), so files we write carry the same metadata text as mlx-lm's.
+pub fn py_json_dumps(map: &serde_json::Map<String, serde_json::Value>) -> String {
+    fn value(v: &serde_json::Value, out: &mut String) {
+        match v {
+            serde_json::Value::Object(m) => {
+                out.push('{');
+                for (i, (k, v)) in m.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    string(k, out);
+                    out.push_str(": ");
+                    value(v, out);
+                }
+                out.push('}');
+            }
+            serde_json::Value::Array(a) => {
+                out.push('[');
+                for (i, v) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    value(v, out);
+                }
+                out.push(']');
+            }
+            serde_json::Value::String(s) => string(s, out),
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    fn string(s: &str, out: &mut String) {
+        out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c if (c as u32) < 0x20 || (c as u32) > 0x7e => {
+                    let mut buf = [0u16; 2];
+                    for u in c.encode_utf16(&mut buf) {
+                        out.push_str(&format!("\\u{:04x}", u));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    let mut out = String::new();
+    value(&serde_json::Value::Object(map.clone()), &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn py_json_dumps_matches_python_spacing_and_escapes() {
+        let v = serde_json::json!({"trust_remote_code": false, "eos_token": "<|im_end|>\u{00e9}\n"});
+        let m = v.as_object().cloned().unwrap_or_default();
+        assert_eq!(
+            super::py_json_dumps(&m),
+            r#"{"trust_remote_code": false, "eos_token": "<|im_end|>\u00e9\n"}"#
+        );
+    }
+}

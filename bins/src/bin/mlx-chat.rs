@@ -1,0 +1,160 @@
+//! `mlx-chat`: mlx-lm's `mlx_lm.chat` terminal REPL. History lives in the prompt cache:
+//! each turn sends only the new message, like mlx-lm.
+use anyhow::Result;
+use clap::Parser;
+use mlx_bins::load::{load, LoadArgs};
+use mlx_engine::{stream_generate, GenerateOptions, PromptInput};
+use mlx_tokenizer::ChatOptions;
+use serde_json::json;
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+
+/// Chat with an LLM
+#[derive(Parser, Debug)]
+#[command(name = "mlx-chat", version, infer_long_args = true)]
+struct Args {
+    /// The path to the local model directory or Hugging Face repo (default: the embedded
+    /// SmolLM2-135M-Instruct).
+    #[arg(long)]
+    model: Option<String>,
+    /// Enable trusting remote code for tokenizer (accepted; no remote code ever runs here).
+    #[arg(long)]
+    trust_remote_code: bool,
+    /// Optional path for the trained adapter weights and config.
+    #[arg(long)]
+    adapter_path: Option<String>,
+    /// Sampling temperature
+    #[arg(long, default_value_t = 0.0)]
+    temp: f64,
+    /// Sampling top-p
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
+    /// Probability of XTC sampling to happen each next token
+    #[arg(long, default_value_t = 0.0)]
+    xtc_probability: f64,
+    /// Thresold the probs of each next token candidate to be sampled by XTC
+    #[arg(long, default_value_t = 0.1)]
+    xtc_threshold: f64,
+    /// PRNG seed
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Set the maximum key-value cache size
+    #[arg(long)]
+    max_kv_size: Option<i32>,
+    /// Number of prompt tokens to process at a time.
+    #[arg(long, default_value_t = 2048)]
+    prefill_step_size: usize,
+    /// Maximum number of tokens to generate
+    #[arg(long, short = 'm', default_value_t = 256, allow_negative_numbers = true)]
+    max_tokens: i64,
+    /// System prompt to be used for the chat template
+    #[arg(long)]
+    system_prompt: Option<String>,
+    /// Use pipelining instead of tensor parallelism
+    #[arg(long)]
+    pipeline: bool,
+    /// Keep a quantized model quantized on the CPU.
+    #[arg(long)]
+    keep_quantized: bool,
+}
+
+fn main() -> ExitCode {
+    mlx_bins::init_logging(None);
+    let args = Args::parse();
+    mlx_bins::run(|| chat(args))
+}
+
+fn chat(args: Args) -> Result<()> {
+    mlx_bins::unsupported("--adapter-path", args.adapter_path.is_some())?;
+    mlx_bins::unsupported("--pipeline (distributed inference)", args.pipeline)?;
+    if args.max_tokens == 0 || args.max_tokens < -1 {
+        anyhow::bail!("--max-tokens must be positive or -1 (no limit), got {}", args.max_tokens);
+    }
+    mlx_array::random::seed(args.seed)?;
+    let loaded = load(&LoadArgs { model: args.model.as_deref(), keep_quantized: args.keep_quantized })?;
+    let tok = &loaded.tokenizer;
+    let model = loaded.model.as_ref();
+    let tty = std::io::stdin().is_terminal();
+
+    println!("mlx-chat  model {}", loaded.path.display());
+    println!("          max tokens {}", args.max_tokens);
+    if let Some(sp) = &args.system_prompt {
+        let short: String = if sp.chars().count() > 60 {
+            sp.chars().take(57).collect::<String>() + "..."
+        } else {
+            sp.clone()
+        };
+        println!("          system {short}");
+    }
+    print_help();
+
+    let mut caches = mlx_cache::make_prompt_cache(&model.cache_specs(), args.max_kv_size)?;
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        if tty {
+            print!("› ");
+            std::io::stdout().flush()?;
+        }
+        let Some(line) = lines.next() else { break };
+        let query = line?;
+        match query.as_str() {
+            "q" => {
+                println!("bye");
+                break;
+            }
+            "r" => {
+                caches = mlx_cache::make_prompt_cache(&model.cache_specs(), args.max_kv_size)?;
+                println!("  reset context cleared");
+                continue;
+            }
+            "h" => {
+                print_help();
+                continue;
+            }
+            _ => {}
+        }
+        let mut messages = Vec::new();
+        if let Some(sp) = &args.system_prompt {
+            messages.push(json!({"role": "system", "content": sp}));
+        }
+        messages.push(json!({"role": "user", "content": query}));
+        let opts = ChatOptions { add_generation_prompt: true, ..Default::default() };
+        let ids = tok.apply_chat_template_ids(&messages, &opts)?;
+
+        let mut xtc_special = tok.encode("\n", false)?;
+        xtc_special.extend(tok.eos_token_ids().iter().copied());
+        let sampler = mlx_sample::make_sampler(&mlx_sample::SamplerParams {
+            temp: args.temp,
+            top_p: args.top_p,
+            xtc_probability: args.xtc_probability,
+            xtc_threshold: args.xtc_threshold,
+            xtc_special_tokens: xtc_special.iter().map(|&t| t as i32).collect(),
+            ..Default::default()
+        })?;
+        let gen_opts = GenerateOptions {
+            max_tokens: args.max_tokens,
+            prefill_step_size: args.prefill_step_size,
+            sampler: Some(sampler),
+            ..Default::default()
+        };
+        let mut out = std::io::stdout();
+        let last = stream_generate(model, tok, PromptInput::Tokens(&ids), &mut caches, gen_opts, |r| {
+            let _ = write!(out, "{}", r.text);
+            let _ = out.flush();
+            true
+        })?;
+        println!();
+        if let Some(r) = last {
+            println!(
+                "  {} tokens · {:.1} tok/s · prompt {:.1} tok/s · peak {:.2} GB",
+                r.generation_tokens, r.generation_tps, r.prompt_tps, r.peak_memory
+            );
+        }
+    }
+    Ok(())
+}
+
+fn print_help() {
+    println!("  commands    q exit   r reset   h help");
+}
