@@ -75,7 +75,7 @@ pub fn check_types(header: &GgufHeader, allow_dequantize: bool) -> Result<()> {
 pub fn unpermute_rows(a: &Array, heads: u64, name: &str) -> Result<Array> {
     let shape = a.shape();
     let rows = shape.first().copied().unwrap_or(0) as u64;
-    if heads == 0 || !rows.is_multiple_of(2 * heads) {
+    if heads == 0 || rows % (2 * heads) != 0 {
         return Err(GgufError::BadTensor {
             tensor: name.into(),
             problem: format!("{rows} rows cannot be split into {heads} heads of an even size"),
