@@ -74,7 +74,7 @@ struct Args {
     #[arg(long)]
     chat_template_config: Option<String>,
     /// Log verbose output when 'True' or 'T' or only print the response when 'False' or 'F'
-    #[arg(long, default_value = "True", value_parser = mlx_bins::str2bool)]
+    #[arg(long, default_value = "True", value_parser = mlx_bins::str2bool, action = clap::ArgAction::Set)]
     verbose: bool,
     /// Set the maximum key-value cache size
     #[arg(long)]
