@@ -1,0 +1,135 @@
+//! `mlx-benchmark`: mlx-lm's `mlx_lm.benchmark`, with the same flags, definitions and
+//! output (per-trial prompt_tps, generation_tps, peak_memory, total_time; then averages).
+use anyhow::{bail, Result};
+use clap::Parser;
+use mlx_bins::load::{load, LoadArgs};
+use mlx_engine::{stream_generate, GenerateOptions, PromptInput};
+use mlx_array::{random, Array, Dtype};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// LLM benchmarking script
+#[derive(Parser, Debug)]
+#[command(name = "mlx-benchmark", version, infer_long_args = true)]
+struct Args {
+    /// The path to the local model directory or Hugging Face repo (default: the embedded
+    /// SmolLM2-135M-Instruct).
+    #[arg(long)]
+    model: Option<String>,
+    /// Length of prompt
+    #[arg(long, short = 'p', default_value_t = 512)]
+    prompt_tokens: i32,
+    /// Length of completion
+    #[arg(long, short = 'g', default_value_t = 1024)]
+    generation_tokens: i64,
+    /// Batch size
+    #[arg(long, short = 'b', default_value_t = 1)]
+    batch_size: i32,
+    /// Number of timing trials
+    #[arg(long, short = 'n', default_value_t = 5)]
+    num_trials: usize,
+    /// Use pipelining instead of tensor parallelism
+    #[arg(long)]
+    pipeline: bool,
+    /// Quantize activations using the same quantization config as the corresponding layer.
+    #[arg(long)]
+    quantize_activations: bool,
+    /// Step size for prefill processing
+    #[arg(long, default_value_t = 2048)]
+    prefill_step_size: usize,
+    /// Delay between each test in seconds
+    #[arg(long, default_value_t = 0)]
+    delay: u64,
+    /// Enable trusting remote code for tokenizer/model loading (accepted; meaningless here).
+    #[arg(long)]
+    trust_remote_code: bool,
+    /// Keep a quantized model quantized on the CPU.
+    #[arg(long)]
+    keep_quantized: bool,
+}
+
+fn main() -> ExitCode {
+    mlx_bins::init_logging(None);
+    let args = Args::parse_from(mlx_bins::normalized_args(&[("-qa", "--quantize-activations")]));
+    mlx_bins::run(|| bench(args))
+}
+
+struct Trial {
+    prompt_tps: f64,
+    generation_tps: f64,
+    peak_memory: f64,
+}
+
+fn bench(args: Args) -> Result<()> {
+    mlx_bins::unsupported("--pipeline (distributed inference)", args.pipeline)?;
+    mlx_bins::unsupported("--quantize-activations (-qa)", args.quantize_activations)?;
+    if args.batch_size != 1 {
+        bail!("--batch-size > 1 is not yet supported (batched generation lands with the server's batching engine)");
+    }
+    if args.prompt_tokens < 1 || args.generation_tokens < 1 || args.num_trials < 1 {
+        bail!("--prompt-tokens, --generation-tokens and --num-trials must be positive");
+    }
+    random::seed(0)?;
+    let mut loaded = load(&LoadArgs { model: args.model.as_deref(), keep_quantized: args.keep_quantized })?;
+    // Empty to avoid early stopping.
+    loaded.tokenizer.set_eos_token_ids([]);
+    let model = loaded.model.as_ref();
+    let vocab = model.vocab_size();
+    let prompts = random::randint(
+        &Array::scalar(0i32)?,
+        &Array::scalar(vocab)?,
+        &[args.batch_size, args.prompt_tokens],
+        Dtype::Int32,
+        None,
+    )?;
+    let prompt: Vec<u32> = prompts.to_vec::<i32>()?[..args.prompt_tokens as usize]
+        .iter()
+        .map(|&t| t as u32)
+        .collect();
+
+    let run_once = || -> Result<Trial> {
+        let mut caches = mlx_cache::make_prompt_cache(&model.cache_specs(), None)?;
+        let opts = GenerateOptions {
+            max_tokens: args.generation_tokens,
+            prefill_step_size: args.prefill_step_size,
+            ..Default::default()
+        };
+        let last = stream_generate(model, &loaded.tokenizer, PromptInput::Tokens(&prompt), &mut caches, opts, |_| true)?;
+        let Some(r) = last else { bail!("no tokens were generated") };
+        Ok(Trial { prompt_tps: r.prompt_tps, generation_tps: r.generation_tps, peak_memory: r.peak_memory })
+    };
+
+    println!("Running warmup..");
+    run_once()?;
+    println!(
+        "Timing with prompt_tokens={}, generation_tokens={}, batch_size={}.",
+        args.prompt_tokens, args.generation_tokens, args.batch_size
+    );
+    let mut trials = Vec::new();
+    for i in 0..args.num_trials {
+        if args.delay > 0 {
+            std::thread::sleep(std::time::Duration::from_secs(args.delay));
+        }
+        let tic = Instant::now();
+        let t = run_once()?;
+        let total = tic.elapsed().as_secs_f64();
+        println!(
+            "Trial {}:  prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}, total_time={:.3}",
+            i + 1,
+            t.prompt_tps,
+            t.generation_tps,
+            t.peak_memory,
+            total
+        );
+        trials.push(t);
+    }
+    let n = trials.len() as f64;
+    let avg = |f: fn(&Trial) -> f64| trials.iter().map(f).sum::<f64>() / n;
+    println!(
+        "Averages: prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}",
+        avg(|t| t.prompt_tps),
+        avg(|t| t.generation_tps),
+        avg(|t| t.peak_memory)
+    );
+    Ok(())
+}
