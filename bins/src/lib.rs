@@ -61,13 +61,21 @@ pub fn unsupported(flag: &str, given: bool) -> anyhow::Result<()> {
 /// Reads a prompt: `-` means standard input (which must be UTF-8); `\n` and `\t`
 /// escapes are expanded like mlx-lm does.
 pub fn read_prompt(p: &str, expand_escapes: bool) -> anyhow::Result<String> {
-    let p = if expand_escapes { p.replace("\\n", "\n").replace("\\t", "\t") } else { p.to_string() };
+    let p = if expand_escapes {
+        p.replace("\\n", "\n").replace("\\t", "\t")
+    } else {
+        p.to_string()
+    };
     if p == "-" {
         use std::io::Read;
         let mut buf = Vec::new();
         std::io::stdin().read_to_end(&mut buf)?;
-        return String::from_utf8(buf)
-            .map_err(|e| anyhow::anyhow!("standard input is not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()));
+        return String::from_utf8(buf).map_err(|e| {
+            anyhow::anyhow!(
+                "standard input is not valid UTF-8 (at byte {})",
+                e.utf8_error().valid_up_to()
+            )
+        });
     }
     Ok(p)
 }
@@ -132,7 +140,8 @@ pub fn py_json_dumps(map: &serde_json::Map<String, serde_json::Value>) -> String
 mod tests {
     #[test]
     fn py_json_dumps_matches_python_spacing_and_escapes() {
-        let v = serde_json::json!({"trust_remote_code": false, "eos_token": "<|im_end|>\u{00e9}\n"});
+        let v =
+            serde_json::json!({"trust_remote_code": false, "eos_token": "<|im_end|>\u{00e9}\n"});
         let m = v.as_object().cloned().unwrap_or_default();
         assert_eq!(
             super::py_json_dumps(&m),

@@ -38,7 +38,11 @@ pub fn load(args: &LoadArgs<'_>) -> Result<Loaded> {
         .with_context(|| format!("loading the model in {}", path.display()))?;
     let tokenizer = Tokenizer::from_dir(&path)
         .with_context(|| format!("loading the tokenizer in {}", path.display()))?;
-    Ok(Loaded { model, tokenizer, path })
+    Ok(Loaded {
+        model,
+        tokenizer,
+        path,
+    })
 }
 
 /// `--use-default-chat-template`: mlx-lm falls back to a ChatML template.
@@ -52,8 +56,15 @@ pub fn use_default_chat_template(tok: &mut Tokenizer) -> Result<()> {
 const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 /// Refuses a prompt cache whose quantization differs from `--kv-bits`/`--kv-group-size`.
-pub fn check_cache_kv_bits(caches: &[Box<dyn KvCache>], kv_bits: Option<i32>, group: i32) -> Result<()> {
-    if let Some(q) = caches.first().and_then(|c| c.as_any().downcast_ref::<mlx_cache::QuantizedKVCache>()) {
+pub fn check_cache_kv_bits(
+    caches: &[Box<dyn KvCache>],
+    kv_bits: Option<i32>,
+    group: i32,
+) -> Result<()> {
+    if let Some(q) = caches
+        .first()
+        .and_then(|c| c.as_any().downcast_ref::<mlx_cache::QuantizedKVCache>())
+    {
         if kv_bits.is_some_and(|b| b != q.bits()) {
             bail!("--kv-bits does not match the kv cache loaded from --prompt-cache-file");
         }
@@ -81,5 +92,9 @@ pub fn check_prompt_fits(prompt_len: usize, max_kv_size: i32) -> Result<()> {
 
 /// `--kv-bits` and friends as the engine's option.
 pub fn kv_quantization(bits: Option<i32>, group_size: i32, start: i32) -> Option<KvQuantization> {
-    bits.map(|bits| KvQuantization { bits, group_size, start })
+    bits.map(|bits| KvQuantization {
+        bits,
+        group_size,
+        start,
+    })
 }

@@ -58,7 +58,11 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let mlx = std::fs::canonicalize(release.join("mlx-prefix"))
         .context("target/release/mlx-prefix missing: did mlx-sys build?")?;
     copy_dir(&mlx.join("lib"), &lib_dir.join("mlx-prefix/lib"))?;
-    if let Some(libs) = mlx.parent().map(|p| p.join("mlx_cpu.libs")).filter(|p| p.is_dir()) {
+    if let Some(libs) = mlx
+        .parent()
+        .map(|p| p.join("mlx_cpu.libs"))
+        .filter(|p| p.is_dir())
+    {
         copy_dir(&libs, &lib_dir.join("mlx_cpu.libs"))?;
     }
     for name in bin_names(root)? {
@@ -77,5 +81,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
 }
 
 fn dirs_home() -> PathBuf {
-    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/local"))
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/local"))
 }

@@ -3,6 +3,7 @@ use anyhow::{bail, Result};
 use std::path::PathBuf;
 
 mod bindgen;
+mod gen_parity;
 mod goldens;
 mod install;
 mod parity;
@@ -20,8 +21,10 @@ const USAGE: &str = "usage: cargo xtask <command>
   bindgen [--check]   regenerate (or verify) crates/mlx-sys/src/bindings.rs
   install [--prefix]  install release binaries and their mlx_lm.* aliases
   goldens             regenerate goldens/ops with Python MLX
-  parity [--only a,b] [--regen] [--goldens]
-                      logits of tiny models vs mlx-lm, bit for bit";
+  parity [--only a,b] [--regen] [--goldens] [--no-gen | --gen-only]
+         [--gen-filter S] [--no-build]
+                      logits of tiny models vs mlx-lm, bit for bit, then the
+                      text of mlx-generate vs mlx_lm generate";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -6,7 +6,10 @@ use std::process::Command;
 
 fn step(root: &Path, name: &str, program: &str, args: &[&str]) -> Result<()> {
     eprintln!("\n==> {name}: {program} {}", args.join(" "));
-    let status = Command::new(program).args(args).current_dir(root).status()?;
+    let status = Command::new(program)
+        .args(args)
+        .current_dir(root)
+        .status()?;
     if !status.success() {
         bail!("step `{name}` failed ({status})");
     }
@@ -24,16 +27,35 @@ pub fn run(root: &Path, extra: &[String]) -> Result<()> {
         root,
         "clippy",
         "cargo",
-        &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
     )?;
     if !quick {
         step(root, "parity", "cargo", &["xtask", "parity"])?;
     }
-    step(root, "doc tests", "cargo", &["test", "--workspace", "--doc"])?;
+    step(
+        root,
+        "doc tests",
+        "cargo",
+        &["test", "--workspace", "--doc"],
+    )?;
     step(
         root,
         "tests",
         "cargo",
-        &["nextest", "run", "--workspace", "--no-fail-fast", "--profile", "ci"],
+        &[
+            "nextest",
+            "run",
+            "--workspace",
+            "--no-fail-fast",
+            "--profile",
+            "ci",
+        ],
     )
 }

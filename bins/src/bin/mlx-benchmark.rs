@@ -2,9 +2,9 @@
 //! output (per-trial prompt_tps, generation_tps, peak_memory, total_time; then averages).
 use anyhow::{bail, Result};
 use clap::Parser;
+use mlx_array::{random, Array, Dtype};
 use mlx_bins::load::{load, LoadArgs};
 use mlx_engine::{stream_generate, GenerateOptions, PromptInput};
-use mlx_array::{random, Array, Dtype};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -50,7 +50,10 @@ struct Args {
 
 fn main() -> ExitCode {
     mlx_bins::init_logging(None);
-    let args = Args::parse_from(mlx_bins::normalized_args(&[("-qa", "--quantize-activations")]));
+    let args = Args::parse_from(mlx_bins::normalized_args(&[(
+        "-qa",
+        "--quantize-activations",
+    )]));
     mlx_bins::run(|| bench(args))
 }
 
@@ -70,7 +73,10 @@ fn bench(args: Args) -> Result<()> {
         bail!("--prompt-tokens, --generation-tokens and --num-trials must be positive");
     }
     random::seed(0)?;
-    let mut loaded = load(&LoadArgs { model: args.model.as_deref(), keep_quantized: args.keep_quantized })?;
+    let mut loaded = load(&LoadArgs {
+        model: args.model.as_deref(),
+        keep_quantized: args.keep_quantized,
+    })?;
     // Empty to avoid early stopping.
     loaded.tokenizer.set_eos_token_ids([]);
     let model = loaded.model.as_ref();
@@ -94,9 +100,22 @@ fn bench(args: Args) -> Result<()> {
             prefill_step_size: args.prefill_step_size,
             ..Default::default()
         };
-        let last = stream_generate(model, &loaded.tokenizer, PromptInput::Tokens(&prompt), &mut caches, opts, |_| true)?;
-        let Some(r) = last else { bail!("no tokens were generated") };
-        Ok(Trial { prompt_tps: r.prompt_tps, generation_tps: r.generation_tps, peak_memory: r.peak_memory })
+        let last = stream_generate(
+            model,
+            &loaded.tokenizer,
+            PromptInput::Tokens(&prompt),
+            &mut caches,
+            opts,
+            |_| true,
+        )?;
+        let Some(r) = last else {
+            bail!("no tokens were generated")
+        };
+        Ok(Trial {
+            prompt_tps: r.prompt_tps,
+            generation_tps: r.generation_tps,
+            peak_memory: r.peak_memory,
+        })
     };
 
     println!("Running warmup..");

@@ -61,7 +61,10 @@ fn cache_prompt(args: Args) -> Result<()> {
     // `mlx_model` (mlx-lm's default) only means something if it exists; "default"
     // resolves to our embedded model.
     let spec = (args.model != "default").then_some(args.model.as_str());
-    let mut loaded = load(&LoadArgs { model: spec, keep_quantized: args.keep_quantized })?;
+    let mut loaded = load(&LoadArgs {
+        model: spec,
+        keep_quantized: args.keep_quantized,
+    })?;
     let mut tokenizer_config = serde_json::Map::new();
     tokenizer_config.insert("trust_remote_code".into(), json!(args.trust_remote_code));
     if let Some(eos) = &args.eos_token {
@@ -97,7 +100,11 @@ fn cache_prompt(args: Args) -> Result<()> {
     };
     let opts = GenerateOptions {
         max_tokens: 0,
-        kv_quantization: mlx_bins::load::kv_quantization(args.kv_bits, args.kv_group_size, args.quantized_kv_start),
+        kv_quantization: mlx_bins::load::kv_quantization(
+            args.kv_bits,
+            args.kv_group_size,
+            args.quantized_kv_start,
+        ),
         prompt_progress: Some(Box::new(progress)),
         ..Default::default()
     };
@@ -106,11 +113,17 @@ fn cache_prompt(args: Args) -> Result<()> {
         while gen.next_token()?.is_some() {}
     }
     println!();
-    println!("Peak memory: {:.3} GB", mlx_array::memory::peak_memory() as f64 / 1e9);
+    println!(
+        "Peak memory: {:.3} GB",
+        mlx_array::memory::peak_memory() as f64 / 1e9
+    );
     println!("Saving...");
     let mut metadata = BTreeMap::new();
     metadata.insert("model".to_string(), args.model.clone());
-    metadata.insert("tokenizer_config".to_string(), mlx_bins::py_json_dumps(&tokenizer_config));
+    metadata.insert(
+        "tokenizer_config".to_string(),
+        mlx_bins::py_json_dumps(&tokenizer_config),
+    );
     mlx_cache::save_prompt_cache(&args.prompt_cache_file, &caches, &metadata)
         .with_context(|| format!("saving {}", args.prompt_cache_file))?;
     Ok(())

@@ -45,7 +45,12 @@ struct Args {
     #[arg(long, default_value_t = 2048)]
     prefill_step_size: usize,
     /// Maximum number of tokens to generate
-    #[arg(long, short = 'm', default_value_t = 256, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        short = 'm',
+        default_value_t = 256,
+        allow_negative_numbers = true
+    )]
     max_tokens: i64,
     /// System prompt to be used for the chat template
     #[arg(long)]
@@ -68,10 +73,16 @@ fn chat(args: Args) -> Result<()> {
     mlx_bins::unsupported("--adapter-path", args.adapter_path.is_some())?;
     mlx_bins::unsupported("--pipeline (distributed inference)", args.pipeline)?;
     if args.max_tokens == 0 || args.max_tokens < -1 {
-        anyhow::bail!("--max-tokens must be positive or -1 (no limit), got {}", args.max_tokens);
+        anyhow::bail!(
+            "--max-tokens must be positive or -1 (no limit), got {}",
+            args.max_tokens
+        );
     }
     mlx_array::random::seed(args.seed)?;
-    let loaded = load(&LoadArgs { model: args.model.as_deref(), keep_quantized: args.keep_quantized })?;
+    let loaded = load(&LoadArgs {
+        model: args.model.as_deref(),
+        keep_quantized: args.keep_quantized,
+    })?;
     let tok = &loaded.tokenizer;
     let model = loaded.model.as_ref();
     let tty = std::io::stdin().is_terminal();
@@ -119,7 +130,10 @@ fn chat(args: Args) -> Result<()> {
             messages.push(json!({"role": "system", "content": sp}));
         }
         messages.push(json!({"role": "user", "content": query}));
-        let opts = ChatOptions { add_generation_prompt: true, ..Default::default() };
+        let opts = ChatOptions {
+            add_generation_prompt: true,
+            ..Default::default()
+        };
         let ids = tok.apply_chat_template_ids(&messages, &opts)?;
 
         let mut xtc_special = tok.encode("\n", false)?;
@@ -139,11 +153,18 @@ fn chat(args: Args) -> Result<()> {
             ..Default::default()
         };
         let mut out = std::io::stdout();
-        let last = stream_generate(model, tok, PromptInput::Tokens(&ids), &mut caches, gen_opts, |r| {
-            let _ = write!(out, "{}", r.text);
-            let _ = out.flush();
-            true
-        })?;
+        let last = stream_generate(
+            model,
+            tok,
+            PromptInput::Tokens(&ids),
+            &mut caches,
+            gen_opts,
+            |r| {
+                let _ = write!(out, "{}", r.text);
+                let _ = out.flush();
+                true
+            },
+        )?;
         println!();
         if let Some(r) = last {
             println!(

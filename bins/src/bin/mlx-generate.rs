@@ -38,7 +38,12 @@ struct Args {
     #[arg(long, allow_hyphen_values = true)]
     prefill_response: Option<String>,
     /// Maximum number of tokens to generate
-    #[arg(long, short = 'm', default_value_t = 100, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        short = 'm',
+        default_value_t = 100,
+        allow_negative_numbers = true
+    )]
     max_tokens: i64,
     /// Sampling temperature
     #[arg(long, default_value_t = 0.0)]
@@ -111,7 +116,10 @@ struct Args {
 
 fn main() -> ExitCode {
     mlx_bins::init_logging(None);
-    let args = Args::parse_from(mlx_bins::normalized_args(&[("-qa", "--quantize-activations")]));
+    let args = Args::parse_from(mlx_bins::normalized_args(&[(
+        "-qa",
+        "--quantize-activations",
+    )]));
     mlx_bins::run(|| generate(args))
 }
 
@@ -124,7 +132,10 @@ fn generate(args: Args) -> Result<()> {
         bail!("--max-tokens must be non-zero (use -1 for no limit)");
     }
     if args.max_tokens < -1 {
-        bail!("--max-tokens must be positive or -1 (no limit), got {}", args.max_tokens);
+        bail!(
+            "--max-tokens must be positive or -1 (no limit), got {}",
+            args.max_tokens
+        );
     }
     if let Some(s) = args.seed {
         mlx_array::random::seed(s)?;
@@ -148,7 +159,10 @@ fn generate(args: Args) -> Result<()> {
         caches_from_file = Some(caches);
     }
 
-    let mut loaded = load(&LoadArgs { model: model_spec.as_deref(), keep_quantized: args.keep_quantized })?;
+    let mut loaded = load(&LoadArgs {
+        model: model_spec.as_deref(),
+        keep_quantized: args.keep_quantized,
+    })?;
     for t in &args.extra_eos_token {
         loaded.tokenizer.add_eos_token(t)?;
     }
@@ -185,7 +199,10 @@ fn generate(args: Args) -> Result<()> {
             if let Some(last) = messages.last_mut() {
                 last["content"] = json!("<query>");
             }
-            let probe_opts = ChatOptions { kwargs: Default::default(), ..opts };
+            let probe_opts = ChatOptions {
+                kwargs: Default::default(),
+                ..opts
+            };
             let probe = tok.apply_chat_template(&messages, &probe_opts)?;
             if let Some(i) = probe.find("<query>") {
                 text = text.get(i..).unwrap_or_default().to_string();
@@ -223,7 +240,11 @@ fn generate(args: Args) -> Result<()> {
         prefill_step_size: args.prefill_step_size,
         sampler: Some(sampler),
         logits_processors: Vec::new(),
-        kv_quantization: mlx_bins::load::kv_quantization(args.kv_bits, args.kv_group_size, args.quantized_kv_start),
+        kv_quantization: mlx_bins::load::kv_quantization(
+            args.kv_bits,
+            args.kv_group_size,
+            args.quantized_kv_start,
+        ),
         prompt_progress: None,
     };
 
@@ -233,21 +254,34 @@ fn generate(args: Args) -> Result<()> {
         println!("==========");
     }
     let mut out = std::io::stdout();
-    let last = stream_generate(model, tok, PromptInput::Tokens(&ids), &mut caches, opts, |r| {
-        if verbose {
-            let _ = write!(out, "{}", r.text);
-            let _ = out.flush();
-        }
-        text.push_str(&r.text);
-        true
-    })?;
+    let last = stream_generate(
+        model,
+        tok,
+        PromptInput::Tokens(&ids),
+        &mut caches,
+        opts,
+        |r| {
+            if verbose {
+                let _ = write!(out, "{}", r.text);
+                let _ = out.flush();
+            }
+            text.push_str(&r.text);
+            true
+        },
+    )?;
     if verbose {
         println!();
         println!("==========");
         match last {
             Some(r) if !text.is_empty() => {
-                println!("Prompt: {} tokens, {:.3} tokens-per-sec", r.prompt_tokens, r.prompt_tps);
-                println!("Generation: {} tokens, {:.3} tokens-per-sec", r.generation_tokens, r.generation_tps);
+                println!(
+                    "Prompt: {} tokens, {:.3} tokens-per-sec",
+                    r.prompt_tokens, r.prompt_tps
+                );
+                println!(
+                    "Generation: {} tokens, {:.3} tokens-per-sec",
+                    r.generation_tokens, r.generation_tps
+                );
                 println!("Peak memory: {:.3} GB", r.peak_memory);
             }
             _ => println!("No text generated for this prompt"),

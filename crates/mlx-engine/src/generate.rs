@@ -114,7 +114,9 @@ impl<'a> TokenGenerator<'a> {
         let logits = self.model_call(input)?;
         let l = logits.dim(1)?;
         let v = logits.dim(2)?;
-        let mut logits = logits.slice(&[0, l - 1, 0], &[1, l, v], None)?.squeeze(Some(&[1]))?;
+        let mut logits = logits
+            .slice(&[0, l - 1, 0], &[1, l, v], None)?
+            .squeeze(Some(&[1]))?;
         if !self.opts.logits_processors.is_empty() && input.size() > 0 {
             let all = match &self.tokens {
                 Some(t) => ops::concatenate(&[t, input], 0)?,
@@ -177,7 +179,9 @@ impl<'a> TokenGenerator<'a> {
         if let Some(prompt) = self.prompt.take() {
             self.prefill(prompt)?;
         }
-        let Some((y, lp)) = self.current.take() else { return Ok(None) };
+        let Some((y, lp)) = self.current.take() else {
+            return Ok(None);
+        };
         let mut next = None;
         if self.n != self.opts.max_tokens {
             let (ny, nlp) = self.step(&y)?;
@@ -205,7 +209,13 @@ impl<'a> TokenGenerator<'a> {
 }
 
 fn read_token(y: &Array) -> Result<u32> {
-    let y = if y.dtype() == Dtype::Uint32 { y.clone() } else { y.astype(Dtype::Uint32)? };
+    let y = if y.dtype() == Dtype::Uint32 {
+        y.clone()
+    } else {
+        y.astype(Dtype::Uint32)?
+    };
     let v = y.to_vec::<u32>()?;
-    v.first().copied().ok_or_else(|| EngineError::Invalid("sampler returned no token".into()))
+    v.first()
+        .copied()
+        .ok_or_else(|| EngineError::Invalid("sampler returned no token".into()))
 }

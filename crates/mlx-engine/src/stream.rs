@@ -121,9 +121,15 @@ pub fn stream_generate(
         }
         n += 1;
     }
-    let Some((token, logprobs)) = last else { return Ok(None) };
+    let Some((token, logprobs)) = last else {
+        return Ok(None);
+    };
     detok.finalize();
-    let reason = if eos.contains(&token) { FinishReason::Stop } else { FinishReason::Length };
+    let reason = if eos.contains(&token) {
+        FinishReason::Stop
+    } else {
+        FinishReason::Length
+    };
     let resp = GenerationResponse {
         text: detok.last_segment(),
         token,
