@@ -2,6 +2,7 @@
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 
+mod bench;
 mod bindgen;
 mod gen_parity;
 mod goldens;
@@ -18,6 +19,7 @@ fn root() -> PathBuf {
 
 const USAGE: &str = "usage: cargo xtask <command>
   test [--quick]      fmt, clippy, bindings check, parity, doc tests, all tests
+  bench [--model M] [-p N] [-g N] [-n N] [--out F]   ours vs mlx_lm.benchmark
   bindgen [--check]   regenerate (or verify) crates/mlx-sys/src/bindings.rs
   install [--prefix]  install release binaries and their mlx_lm.* aliases
   goldens             regenerate goldens/ops with Python MLX
@@ -32,6 +34,7 @@ fn main() -> Result<()> {
     let rest = args.get(1..).unwrap_or(&[]);
     match args.first().map(String::as_str) {
         Some("test") => test::run(&root, rest),
+        Some("bench") => bench::run(&root, rest),
         Some("bindgen") => bindgen::run(&root, args.iter().any(|a| a == "--check")),
         Some("install") => install::run(&root, rest),
         Some("goldens") => goldens::run(&root),
