@@ -22,7 +22,7 @@ const ORACLE: &str = "xtask/py/oracle_logits.py";
 const MLX: &str = "mlx[cpu]==0.32.4";
 const MLX_LM: &str = "mlx-lm==0.32.2";
 
-fn python(root: &Path) -> Result<PathBuf> {
+pub(crate) fn python(root: &Path) -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("MLX_PYTHON").filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
@@ -41,7 +41,7 @@ fn python(root: &Path) -> Result<PathBuf> {
     Ok(py)
 }
 
-fn run(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
     if !status.success() {
         bail!("{cmd:?} failed ({status})");
@@ -61,6 +61,9 @@ fn quantize(caches: &mut [Box<dyn KvCache>]) -> Result<(), String> {
 /// Runs the command (see the module docs).
 pub fn run_parity(root: &Path, args: &[String]) -> Result<()> {
     let flag = |f: &str| args.iter().any(|a| a == f);
+    if flag("--gen-only") {
+        return crate::gen_parity::run_gen_parity(root, &python(root)?, args);
+    }
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -134,11 +137,16 @@ pub fn run_parity(root: &Path, args: &[String]) -> Result<()> {
         }
         println!("{name:width$}  {line}");
     }
+    let generation = if flag("--no-gen") || goldens {
+        Ok(())
+    } else {
+        python(root).and_then(|py| crate::gen_parity::run_gen_parity(root, &py, args))
+    };
     if failed > 0 {
         bail!("{failed} of {} models differ from mlx-lm", dirs.len());
     }
     println!("parity: all {} models identical to mlx-lm", dirs.len());
-    Ok(())
+    generation
 }
 
 fn model_dirs(out: &Path, only: &str) -> Result<Vec<PathBuf>> {
