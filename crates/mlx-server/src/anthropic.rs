@@ -24,38 +24,61 @@ pub fn to_chat(body: &Req<'_>) -> Result<Vec<Json>, ApiError> {
             let text = content_text(Some(s), "system")?;
             out.push(json!({"role": "system", "content": text}));
         }
-        Some(_) => return Err(ApiError::invalid_param("system", "system must be a string or a list of text blocks")),
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "system",
+                "system must be a string or a list of text blocks",
+            ))
+        }
     }
     let messages = body
         .array("messages")?
         .ok_or_else(|| ApiError::invalid_param("messages", "messages: Field required"))?;
     if messages.is_empty() {
-        return Err(ApiError::invalid_param("messages", "messages must not be empty"));
+        return Err(ApiError::invalid_param(
+            "messages",
+            "messages must not be empty",
+        ));
     }
     for (i, m) in messages.iter().enumerate() {
         let role = m.get("role").and_then(Json::as_str).unwrap_or("");
         if role != "user" && role != "assistant" {
-            return Err(ApiError::invalid_param("messages", format!("messages[{i}].role must be \"user\" or \"assistant\"")));
+            return Err(ApiError::invalid_param(
+                "messages",
+                format!("messages[{i}].role must be \"user\" or \"assistant\""),
+            ));
         }
         let blocks = match m.get("content") {
             Some(Json::String(s)) => vec![json!({"type": "text", "text": s})],
             Some(Json::Array(a)) => a.clone(),
-            _ => return Err(ApiError::invalid_param("messages", format!("messages[{i}].content must be a string or a list of blocks"))),
+            _ => {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    format!("messages[{i}].content must be a string or a list of blocks"),
+                ))
+            }
         };
         let (mut text, mut thinking, mut calls) = (String::new(), String::new(), Vec::new());
         for b in &blocks {
             let kind = b.get("type").and_then(Json::as_str).unwrap_or("");
             match kind {
                 "text" => text.push_str(b.get("text").and_then(Json::as_str).unwrap_or("")),
-                "thinking" => thinking.push_str(b.get("thinking").and_then(Json::as_str).unwrap_or("")),
+                "thinking" => {
+                    thinking.push_str(b.get("thinking").and_then(Json::as_str).unwrap_or(""))
+                }
                 "redacted_thinking" => {}
                 "tool_use" if role == "assistant" => {
                     let name = b.get("name").and_then(Json::as_str).ok_or_else(|| {
-                        ApiError::invalid_param("messages", format!("messages[{i}]: tool_use needs a name"))
+                        ApiError::invalid_param(
+                            "messages",
+                            format!("messages[{i}]: tool_use needs a name"),
+                        )
                     })?;
                     let input = b.get("input").cloned().unwrap_or(json!({}));
-                    calls.push(json!({"id": b.get("id").cloned().unwrap_or(Json::Null), "type": "function",
-                                      "function": {"name": name, "arguments": input}}));
+                    calls.push(
+                        json!({"id": b.get("id").cloned().unwrap_or(Json::Null), "type": "function",
+                                      "function": {"name": name, "arguments": input}}),
+                    );
                 }
                 "tool_result" if role == "user" => {
                     let content = match b.get("content") {
@@ -68,12 +91,19 @@ pub fn to_chat(body: &Req<'_>) -> Result<Vec<Json>, ApiError> {
                 other => {
                     return Err(ApiError::invalid_param(
                         "messages",
-                        format!("messages[{i}]: content blocks of type {other:?} are not supported"),
+                        format!(
+                            "messages[{i}]: content blocks of type {other:?} are not supported"
+                        ),
                     ))
                 }
             }
         }
-        if role == "user" && text.is_empty() && blocks.iter().all(|b| b.get("type").and_then(Json::as_str) == Some("tool_result")) {
+        if role == "user"
+            && text.is_empty()
+            && blocks
+                .iter()
+                .all(|b| b.get("type").and_then(Json::as_str) == Some("tool_result"))
+        {
             continue;
         }
         let mut msg = json!({"role": role, "content": text});
@@ -90,16 +120,17 @@ pub fn to_chat(body: &Req<'_>) -> Result<Vec<Json>, ApiError> {
 
 /// Anthropic tools (`{name, description, input_schema}`) as OpenAI function tools.
 fn to_openai_tools(body: &Req<'_>) -> Result<Option<Vec<Json>>, ApiError> {
-    let Some(tools) = body.array("tools")? else { return Ok(None) };
+    let Some(tools) = body.array("tools")? else {
+        return Ok(None);
+    };
     if tools.is_empty() {
         return Ok(None);
     }
     let mut out = Vec::new();
     for (i, t) in tools.iter().enumerate() {
-        let name = t
-            .get("name")
-            .and_then(Json::as_str)
-            .ok_or_else(|| ApiError::invalid_param("tools", format!("tools[{i}].name: Field required")))?;
+        let name = t.get("name").and_then(Json::as_str).ok_or_else(|| {
+            ApiError::invalid_param("tools", format!("tools[{i}].name: Field required"))
+        })?;
         let mut f = json!({"name": name, "parameters": t.get("input_schema").cloned().unwrap_or(json!({"type": "object"}))});
         if let Some(d) = t.get("description") {
             f["description"] = d.clone();
@@ -110,13 +141,22 @@ fn to_openai_tools(body: &Req<'_>) -> Result<Option<Vec<Json>>, ApiError> {
 }
 
 fn tool_choice(body: &Req<'_>) -> Result<Option<Json>, ApiError> {
-    let Some(c) = body.object("tool_choice")? else { return Ok(None) };
+    let Some(c) = body.object("tool_choice")? else {
+        return Ok(None);
+    };
     Ok(Some(match c.get("type").and_then(Json::as_str) {
         Some("auto") => json!("auto"),
         Some("any") => json!("required"),
         Some("none") => json!("none"),
-        Some("tool") => json!({"type": "function", "function": {"name": c.get("name").cloned().unwrap_or(Json::Null)}}),
-        _ => return Err(ApiError::invalid_param("tool_choice", "tool_choice.type must be auto, any, tool or none")),
+        Some("tool") => {
+            json!({"type": "function", "function": {"name": c.get("name").cloned().unwrap_or(Json::Null)}})
+        }
+        _ => {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                "tool_choice.type must be auto, any, tool or none",
+            ))
+        }
     }))
 }
 
@@ -125,7 +165,12 @@ fn thinking_kwargs(body: &Req<'_>, kwargs: &mut Map<String, Json>) -> Result<(),
         match t.get("type").and_then(Json::as_str) {
             Some("enabled") => kwargs.insert("enable_thinking".into(), json!(true)),
             Some("disabled") => kwargs.insert("enable_thinking".into(), json!(false)),
-            _ => return Err(ApiError::invalid_param("thinking", "thinking.type must be enabled or disabled")),
+            _ => {
+                return Err(ApiError::invalid_param(
+                    "thinking",
+                    "thinking.type must be enabled or disabled",
+                ))
+            }
         };
     }
     Ok(())
@@ -145,7 +190,10 @@ fn tool_use_block(c: &ToolCallOut) -> Json {
 }
 
 /// `POST /v1/messages`.
-pub async fn messages(state: Arc<AppState>, body: Map<String, Json>) -> Result<Response<Body>, ApiError> {
+pub async fn messages(
+    state: Arc<AppState>,
+    body: Map<String, Json>,
+) -> Result<Response<Body>, ApiError> {
     let b = Req(&body);
     let mut params = params::common(&b, &state.cfg, Flavor::Anthropic)?;
     params.n = 1;
@@ -159,7 +207,7 @@ pub async fn messages(state: Arc<AppState>, body: Map<String, Json>) -> Result<R
     let input_tokens = req.prompt.len();
     let id = format!("msg_{}", random_hex(24));
     let model = params.model.clone();
-    let sub = state.engine.submit(req)?;
+    let sub = crate::http::submit(&state, req)?;
     let guard = sub.guard();
     let gen = Generation::new(sub, spec);
     if !params.stream {
@@ -192,38 +240,45 @@ pub async fn messages(state: Arc<AppState>, body: Map<String, Json>) -> Result<R
     let _ = tx.send(sse_event("ping", &json!({"type": "ping"}))).await;
     let mut blocks = BlockWriter::default();
     let mut finish: (Option<&'static str>, Option<String>) = (None, None);
-    tokio::spawn(pump(gen, tx, state.cfg.keepalive_interval, move |u, gen| match u {
-        Some(Update::Delta { delta, .. }) => {
-            let mut frames = Vec::new();
-            if !delta.reasoning.is_empty() {
-                blocks.text(&mut frames, "thinking", &delta.reasoning);
+    tokio::spawn(pump(
+        gen,
+        tx,
+        state.cfg.keepalive_interval,
+        move |u, gen| match u {
+            Some(Update::Delta { delta, .. }) => {
+                let mut frames = Vec::new();
+                if !delta.reasoning.is_empty() {
+                    blocks.text(&mut frames, "thinking", &delta.reasoning);
+                }
+                if !delta.content.is_empty() {
+                    blocks.text(&mut frames, "text", &delta.content);
+                }
+                for c in &delta.tool_calls {
+                    blocks.tool(&mut frames, c);
+                }
+                (frames, false)
             }
-            if !delta.content.is_empty() {
-                blocks.text(&mut frames, "text", &delta.content);
+            Some(Update::Finished {
+                reason, stop_word, ..
+            }) => {
+                finish = (Some(reason), stop_word);
+                (Vec::new(), false)
             }
-            for c in &delta.tool_calls {
-                blocks.tool(&mut frames, c);
-            }
-            (frames, false)
-        }
-        Some(Update::Finished { reason, stop_word, .. }) => {
-            finish = (Some(reason), stop_word);
-            (Vec::new(), false)
-        }
-        Some(Update::Failed(e)) => (vec![sse_event("error", &e.anthropic_body())], true),
-        Some(_) => (Vec::new(), false),
-        None => {
-            let mut frames = Vec::new();
-            blocks.close(&mut frames);
-            let delta = json!({"type": "message_delta",
+            Some(Update::Failed(e)) => (vec![sse_event("error", &e.anthropic_body())], true),
+            Some(_) => (Vec::new(), false),
+            None => {
+                let mut frames = Vec::new();
+                blocks.close(&mut frames);
+                let delta = json!({"type": "message_delta",
                 "delta": {"stop_reason": stop_reason(finish.0, &finish.1), "stop_sequence": finish.1},
                 "usage": {"output_tokens": gen.completion_tokens(), "input_tokens": input_tokens,
                           "cache_read_input_tokens": gen.cached_tokens()}});
-            frames.push(sse_event("message_delta", &delta));
-            frames.push(sse_event("message_stop", &json!({"type": "message_stop"})));
-            (frames, true)
-        }
-    }));
+                frames.push(sse_event("message_delta", &delta));
+                frames.push(sse_event("message_stop", &json!({"type": "message_stop"})));
+                (frames, true)
+            }
+        },
+    ));
     Ok(response)
 }
 
@@ -242,7 +297,10 @@ impl BlockWriter {
                                "delta": {"type": "signature_delta", "signature": ""}});
                 frames.push(sse_event("content_block_delta", &d));
             }
-            frames.push(sse_event("content_block_stop", &json!({"type": "content_block_stop", "index": self.index})));
+            frames.push(sse_event(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": self.index}),
+            ));
             self.index += 1;
         }
     }
@@ -255,7 +313,8 @@ impl BlockWriter {
             } else {
                 json!({"type": "text", "text": ""})
             };
-            let s = json!({"type": "content_block_start", "index": self.index, "content_block": block});
+            let s =
+                json!({"type": "content_block_start", "index": self.index, "content_block": block});
             frames.push(sse_event("content_block_start", &s));
             self.open = Some(kind);
         }
@@ -276,20 +335,32 @@ impl BlockWriter {
         let d = json!({"type": "content_block_delta", "index": self.index,
                        "delta": {"type": "input_json_delta", "partial_json": c.arguments.to_string()}});
         frames.push(sse_event("content_block_delta", &d));
-        frames.push(sse_event("content_block_stop", &json!({"type": "content_block_stop", "index": self.index})));
+        frames.push(sse_event(
+            "content_block_stop",
+            &json!({"type": "content_block_stop", "index": self.index}),
+        ));
         self.index += 1;
     }
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt length the request would have.
-pub async fn count_tokens(state: Arc<AppState>, body: Map<String, Json>) -> Result<Response<Body>, ApiError> {
+pub async fn count_tokens(
+    state: Arc<AppState>,
+    body: Map<String, Json>,
+) -> Result<Response<Body>, ApiError> {
     let b = Req(&body);
     params::check_model(&b, &state.cfg)?;
     let messages = to_chat(&b)?;
     let tools = apply_tool_choice(to_openai_tools(&b)?, tool_choice(&b)?.as_ref())?;
-    let mut kwargs = b.object("chat_template_kwargs")?.cloned().unwrap_or_default();
+    let mut kwargs = b
+        .object("chat_template_kwargs")?
+        .cloned()
+        .unwrap_or_default();
     thinking_kwargs(&b, &mut kwargs)?;
     let st = Arc::clone(&state);
     let prepared = blocking(move || chat_prompt(&st, &messages, tools, &kwargs, None)).await?;
-    Ok(json_response(StatusCode::OK, &json!({"input_tokens": prepared.prompt.len()})))
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"input_tokens": prepared.prompt.len()}),
+    ))
 }

@@ -112,7 +112,7 @@ impl ServerConfig {
         if self.max_tokens < 1 {
             return Err("--max-tokens must be at least 1".into());
         }
-        if !(self.temp >= 0.0) {
+        if self.temp.is_nan() || self.temp < 0.0 {
             return Err("--temp must be at least 0".into());
         }
         if !(0.0..=1.0).contains(&self.top_p) || !(0.0..=1.0).contains(&self.min_p) {

@@ -58,6 +58,11 @@ impl Submission {
         self.cancel.store(true, Ordering::Relaxed);
     }
 
+    /// The cancel flag, weakly (for watchers of the client connection).
+    pub fn flag(&self) -> std::sync::Weak<AtomicBool> {
+        Arc::downgrade(&self.cancel)
+    }
+
     /// A guard that cancels the generation when dropped (held by a streamed body, so a
     /// client that goes away stops its generation).
     pub fn guard(&self) -> CancelGuard {
@@ -149,7 +154,10 @@ impl Engine {
             self.metrics.rejected_queue_full.add(1);
             return Err(ApiError::new(
                 crate::error::ErrorKind::RateLimit,
-                format!("the server is busy: {prev} requests are waiting (--max-queue {})", self.max_queue),
+                format!(
+                    "the server is busy: {prev} requests are waiting (--max-queue {})",
+                    self.max_queue
+                ),
             ));
         }
         self.metrics.queue_depth.set((prev + n) as u64);
@@ -168,15 +176,24 @@ impl Engine {
             };
             if tx.send(Command::Submit(Box::new(job))).is_err() {
                 self.queued.fetch_sub(n - choice, Ordering::SeqCst);
-                return Err(ApiError::unavailable("the generation engine is not running"));
+                return Err(ApiError::unavailable(
+                    "the generation engine is not running",
+                ));
             }
         }
-        Ok(Submission { events: erx, cancel })
+        Ok(Submission {
+            events: erx,
+            cancel,
+        })
     }
 
     /// Stops the engine: queued and running requests get 503; waits for the thread.
     pub fn shutdown(&self) {
-        let _ = self.tx.lock().unwrap_or_else(|e| e.into_inner()).send(Command::Shutdown);
+        let _ = self
+            .tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Command::Shutdown);
         let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(h) = handle {
             let _ = h.join();
@@ -236,7 +253,9 @@ fn run(mut st: State, rx: Receiver<Command>) {
         }
         if catch_unwind(AssertUnwindSafe(|| st.iterate())).is_err() {
             tracing::error!("engine: a generation step panicked; failing the running requests");
-            st.fail_all(ApiError::internal("internal error in the generation engine"));
+            st.fail_all(ApiError::internal(
+                "internal error in the generation engine",
+            ));
         }
     })
 }
@@ -245,12 +264,20 @@ impl State {
     fn fail_all(&mut self, err: ApiError) {
         for job in self.waiting.drain(..) {
             self.queued.fetch_sub(1, Ordering::SeqCst);
-            job.send(EngineEvent::Failed { choice: job.choice, error: err.clone() });
+            job.send(EngineEvent::Failed {
+                choice: job.choice,
+                error: err.clone(),
+            });
         }
         for s in self.slots.drain(..) {
-            s.job.send(EngineEvent::Failed { choice: s.job.choice, error: err.clone() });
+            s.job.send(EngineEvent::Failed {
+                choice: s.job.choice,
+                error: err.clone(),
+            });
         }
-        self.metrics.queue_depth.set(self.queued.load(Ordering::SeqCst) as u64);
+        self.metrics
+            .queue_depth
+            .set(self.queued.load(Ordering::SeqCst) as u64);
         self.metrics.active_sequences.set(0);
     }
 
@@ -264,7 +291,9 @@ impl State {
             mlx_array::memory::clear_cache();
         }
         self.metrics.active_sequences.set(self.slots.len() as u64);
-        self.metrics.queue_depth.set(self.queued.load(Ordering::SeqCst) as u64);
+        self.metrics
+            .queue_depth
+            .set(self.queued.load(Ordering::SeqCst) as u64);
     }
 
     fn drop_cancelled(&mut self) {
@@ -293,7 +322,9 @@ impl State {
 
     fn admit(&mut self) {
         while self.slots.len() < self.opts.decode_concurrency {
-            let Some(job) = self.waiting.pop_front() else { break };
+            let Some(job) = self.waiting.pop_front() else {
+                break;
+            };
             self.queued.fetch_sub(1, Ordering::SeqCst);
             let prompt = &job.req.prompt;
             let (caches, cached) = match self.cache.fetch_nearest(prompt) {
@@ -308,7 +339,9 @@ impl State {
                         Err(e) => {
                             job.send(EngineEvent::Failed {
                                 choice: job.choice,
-                                error: ApiError::unavailable(format!("cannot make a KV cache: {e}")),
+                                error: ApiError::unavailable(format!(
+                                    "cannot make a KV cache: {e}"
+                                )),
                             });
                             continue;
                         }
@@ -321,7 +354,10 @@ impl State {
             let events = job.events.clone();
             match Sequence::new(*job, caches, cached) {
                 Ok(seq) => {
-                    seq.job.send(EngineEvent::Started { choice, cached_tokens: cached });
+                    seq.job.send(EngineEvent::Started {
+                        choice,
+                        cached_tokens: cached,
+                    });
                     self.slots.push(seq);
                 }
                 Err(error) => {
@@ -347,7 +383,10 @@ impl State {
             self.metrics.engine_errors.add(1);
             tracing::warn!("engine: request failed: {}", error.message);
         }
-        s.job.send(EngineEvent::Failed { choice: s.job.choice, error });
+        s.job.send(EngineEvent::Failed {
+            choice: s.job.choice,
+            error,
+        });
     }
 
     fn prefill(&mut self) {
@@ -365,7 +404,11 @@ impl State {
                 Ok(Some((processed, total))) => {
                     let s = &self.slots[i];
                     tracing::debug!("prompt processing progress: {processed}/{total}");
-                    s.job.send(EngineEvent::Progress { choice: s.job.choice, processed, total });
+                    s.job.send(EngineEvent::Progress {
+                        choice: s.job.choice,
+                        processed,
+                        total,
+                    });
                     i += 1;
                 }
                 Ok(None) => i += 1,
@@ -419,12 +462,18 @@ impl State {
                 Ok(out) => {
                     self.metrics.generation_tokens.add(1);
                     match s.last_token_at {
-                        None => self.metrics.ttft.observe((now - s.job.submitted).as_secs_f64()),
+                        None => self
+                            .metrics
+                            .ttft
+                            .observe((now - s.job.submitted).as_secs_f64()),
                         Some(t) => self.metrics.tpot.observe((now - t).as_secs_f64()),
                     }
                     s.last_token_at = Some(now);
                     let done = out.finish.is_some();
-                    let delivered = s.job.send(EngineEvent::Token { choice: s.job.choice, out });
+                    let delivered = s.job.send(EngineEvent::Token {
+                        choice: s.job.choice,
+                        out,
+                    });
                     if done || !delivered {
                         finished.push((i, done && delivered));
                     }
@@ -438,7 +487,7 @@ impl State {
             .map(|(i, e)| (i, Some(e), false))
             .chain(finished.into_iter().map(|(i, keep)| (i, None, keep)))
             .collect();
-        removals.sort_by(|a, b| b.0.cmp(&a.0));
+        removals.sort_by_key(|r| std::cmp::Reverse(r.0));
         removals.dedup_by_key(|r| r.0);
         for (i, err, keep) in removals {
             match err {
@@ -460,8 +509,12 @@ impl State {
         if self.opts.prompt_cache_size == 0 {
             return;
         }
-        let Sequence { caches, processed, .. } = s;
-        let consistent = caches.first().is_none_or(|c| c.offset() as usize == processed.len());
+        let Sequence {
+            caches, processed, ..
+        } = s;
+        let consistent = caches
+            .first()
+            .is_none_or(|c| c.offset() as usize == processed.len());
         if consistent {
             self.cache.insert(processed, caches, CacheKind::Assistant);
             self.update_cache_metrics();

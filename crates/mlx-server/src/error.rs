@@ -73,7 +73,12 @@ impl ApiError {
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         };
-        ApiError { status, kind, message: message.into(), param: None }
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            param: None,
+        }
     }
 
     /// 400 with a message.
@@ -83,7 +88,10 @@ impl ApiError {
 
     /// 400 naming the field at fault.
     pub fn invalid_param(param: &str, message: impl Into<String>) -> ApiError {
-        ApiError { param: Some(param.to_string()), ..ApiError::bad_request(message) }
+        ApiError {
+            param: Some(param.to_string()),
+            ..ApiError::bad_request(message)
+        }
     }
 
     /// 404.

@@ -8,7 +8,10 @@ use crate::tools::ToolFormat;
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited};
 use hyper::body::{Body as HttpBody, Frame, Incoming};
-use hyper::header::{HeaderValue, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, VARY};
+use hyper::header::{
+    HeaderValue, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS,
+    ACCESS_CONTROL_ALLOW_ORIGIN, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, VARY,
+};
 use hyper::{Method, Request, Response, StatusCode};
 use mlx_tokenizer::Tokenizer;
 use serde_json::{Map, Value as Json};
@@ -66,12 +69,96 @@ pub fn random_hex(n: usize) -> String {
     out
 }
 
+/// Cancel flags of the requests of one client connection, set when the client closes
+/// it: a generation stops at its next step even while nothing is being written.
+#[derive(Default)]
+pub struct ConnWatch {
+    flags: std::sync::Mutex<Vec<std::sync::Weak<std::sync::atomic::AtomicBool>>>,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl ConnWatch {
+    fn register(&self, flag: std::sync::Weak<std::sync::atomic::AtomicBool>) {
+        use std::sync::atomic::Ordering;
+        let mut flags = self.flags.lock().unwrap_or_else(|e| e.into_inner());
+        flags.retain(|f| f.strong_count() > 0);
+        if self.closed.load(Ordering::SeqCst) {
+            if let Some(f) = flag.upgrade() {
+                f.store(true, Ordering::Relaxed);
+            }
+        }
+        flags.push(flag);
+    }
+
+    fn close(&self) {
+        use std::sync::atomic::Ordering;
+        self.closed.store(true, Ordering::SeqCst);
+        let flags = self.flags.lock().unwrap_or_else(|e| e.into_inner());
+        let mut n = 0;
+        for f in flags.iter().filter_map(|f| f.upgrade()) {
+            f.store(true, Ordering::Relaxed);
+            n += 1;
+        }
+        if n > 0 {
+            tracing::info!("client closed its connection; cancelling {n} generation(s)");
+        }
+    }
+}
+
+tokio::task_local! {
+    static CONN: Arc<ConnWatch>;
+}
+
+/// Submits to the engine and ties the request to its client connection.
+pub fn submit(
+    state: &AppState,
+    req: crate::sequence::GenerationRequest,
+) -> Result<crate::engine::Submission, ApiError> {
+    let sub = state.engine.submit(req)?;
+    let _ = CONN.try_with(|w| w.register(sub.flag()));
+    Ok(sub)
+}
+
+/// Watches a duplicate of the client socket for end-of-file (the client went away)
+/// until `done` is notified.
+#[cfg(unix)]
+async fn watch_eof(
+    sock: tokio::net::TcpStream,
+    watch: Arc<ConnWatch>,
+    done: Arc<tokio::sync::Notify>,
+) {
+    let mut buf = [0u8; 1];
+    loop {
+        tokio::select! {
+            r = sock.peek(&mut buf) => match r {
+                Ok(0) | Err(_) => {
+                    watch.close();
+                    return;
+                }
+                // A next request is waiting (pipelining): look again later.
+                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            },
+            _ = done.notified() => return,
+        }
+    }
+}
+
+#[cfg(unix)]
+fn duplicate(stream: &tokio::net::TcpStream) -> Option<tokio::net::TcpStream> {
+    use std::os::fd::AsFd;
+    let fd = stream.as_fd().try_clone_to_owned().ok()?;
+    let std = std::net::TcpStream::from(fd);
+    std.set_nonblocking(true).ok()?;
+    tokio::net::TcpStream::from_std(std).ok()
+}
+
 /// A JSON response.
 pub fn json_response(status: StatusCode, body: &Json) -> Response<Body> {
     let bytes = Bytes::from(body.to_string());
     let mut r = Response::new(Full::new(bytes).boxed());
     *r.status_mut() = status;
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
 }
 
@@ -106,7 +193,10 @@ impl HttpBody for SseBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.rx.poll_recv(cx) {
             Poll::Ready(Some(b)) => Poll::Ready(Some(Ok(Frame::data(b)))),
             Poll::Ready(None) => Poll::Ready(None),
@@ -118,16 +208,33 @@ impl HttpBody for SseBody {
 /// An SSE response and the sender that feeds it.
 pub fn sse_response(cancel: Option<CancelGuard>) -> (Response<Body>, mpsc::Sender<Bytes>) {
     let (tx, rx) = mpsc::channel(256);
-    let mut r = Response::new(SseBody { rx, _cancel: cancel }.boxed());
+    let mut r = Response::new(
+        SseBody {
+            rx,
+            _cancel: cancel,
+        }
+        .boxed(),
+    );
     let h = r.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    h.insert(hyper::header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(
+        hyper::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
     (r, tx)
 }
 
 /// Reads the body as a JSON object: 413 over the limit, 400 for anything not an object.
-pub async fn read_json(req: Request<Incoming>, limit: usize) -> Result<Map<String, Json>, ApiError> {
-    let too_large = || ApiError::new(ErrorKind::TooLarge, format!("the request body is larger than {limit} bytes"));
+pub async fn read_json(
+    req: Request<Incoming>,
+    limit: usize,
+) -> Result<Map<String, Json>, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            ErrorKind::TooLarge,
+            format!("the request body is larger than {limit} bytes"),
+        )
+    };
     if let Some(len) = req.headers().get(CONTENT_LENGTH) {
         let len: u64 = len
             .to_str()
@@ -140,8 +247,17 @@ pub async fn read_json(req: Request<Incoming>, limit: usize) -> Result<Map<Strin
     }
     let bytes = match Limited::new(req.into_body(), limit).collect().await {
         Ok(c) => c.to_bytes(),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return Err(too_large()),
-        Err(e) => return Err(ApiError::bad_request(format!("could not read the request body: {e}"))),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return Err(too_large())
+        }
+        Err(e) => {
+            return Err(ApiError::bad_request(format!(
+                "could not read the request body: {e}"
+            )))
+        }
     };
     let value: Json = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
@@ -169,9 +285,15 @@ fn authorized(cfg: &ServerConfig, req: &Request<Incoming>) -> bool {
     let bearer = h
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .map(str::trim);
-    let x_api_key = h.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim);
+    let x_api_key = h
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
     let ok_bearer = bearer.is_some_and(|b| constant_time_eq(b.as_bytes(), key.as_bytes()));
     let ok_header = x_api_key.is_some_and(|b| constant_time_eq(b.as_bytes(), key.as_bytes()));
     ok_bearer | ok_header
@@ -182,7 +304,10 @@ fn cors(cfg: &ServerConfig, origin: Option<&HeaderValue>, r: &mut Response<Body>
     if cfg.allowed_origins.iter().any(|o| o == "*") {
         h.insert(ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
     } else if let Some(o) = origin {
-        let allowed = o.to_str().ok().is_some_and(|o| cfg.allowed_origins.iter().any(|a| a == o));
+        let allowed = o
+            .to_str()
+            .ok()
+            .is_some_and(|o| cfg.allowed_origins.iter().any(|a| a == o));
         if allowed {
             h.insert(ACCESS_CONTROL_ALLOW_ORIGIN, o.clone());
             h.insert(VARY, HeaderValue::from_static("Origin"));
@@ -252,7 +377,10 @@ impl Route {
 }
 
 /// Serves one request.
-pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+pub async fn handle(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path().to_string();
     let route = Route::of(&path);
     let origin = req.headers().get(ORIGIN).cloned();
@@ -264,20 +392,33 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Result<Resp
         dispatch(&state, route, &path, req).await
     };
     cors(&state.cfg, origin.as_ref(), &mut resp);
-    state.metrics.record_request(route.label(), resp.status().as_u16());
+    state
+        .metrics
+        .record_request(route.label(), resp.status().as_u16());
     Ok(resp)
 }
 
-async fn dispatch(state: &Arc<AppState>, route: Route, path: &str, req: Request<Incoming>) -> Response<Body> {
+async fn dispatch(
+    state: &Arc<AppState>,
+    route: Route,
+    path: &str,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let dialect = route.dialect();
     if route != Route::Health && !authorized(&state.cfg, &req) {
-        let e = ApiError::new(ErrorKind::Authentication, "Invalid or missing API key (use `Authorization: Bearer <key>` or `x-api-key`)");
+        let e = ApiError::new(
+            ErrorKind::Authentication,
+            "Invalid or missing API key (use `Authorization: Bearer <key>` or `x-api-key`)",
+        );
         return error_response(dialect, &e);
     }
     match route.method() {
         None => return error_response(dialect, &ApiError::not_found(format!("Not found: {path}"))),
         Some(m) if m != req.method() => {
-            let e = ApiError::new(ErrorKind::MethodNotAllowed, format!("{} is not allowed on {path}", req.method()));
+            let e = ApiError::new(
+                ErrorKind::MethodNotAllowed,
+                format!("{} is not allowed on {path}", req.method()),
+            );
             return error_response(dialect, &e);
         }
         Some(_) => {}
@@ -285,12 +426,22 @@ async fn dispatch(state: &Arc<AppState>, route: Route, path: &str, req: Request<
     match route {
         Route::Health => {
             let ok = state.engine.is_healthy();
-            let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-            json_response(status, &serde_json::json!({"status": if ok { "ok" } else { "unavailable" }}))
+            let status = if ok {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            json_response(
+                status,
+                &serde_json::json!({"status": if ok { "ok" } else { "unavailable" }}),
+            )
         }
         Route::Metrics => {
             let mut r = Response::new(Full::new(Bytes::from(state.metrics.render())).boxed());
-            r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+            r.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
             r
         }
         Route::Models => crate::openai::models(state, path),
@@ -336,8 +487,16 @@ pub async fn accept_loop(
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                let watch = Arc::new(ConnWatch::default());
+                let done = Arc::new(tokio::sync::Notify::new());
+                #[cfg(unix)]
+                if let Some(dup) = duplicate(&stream) {
+                    tokio::spawn(watch_eof(dup, Arc::clone(&watch), Arc::clone(&done)));
+                }
                 let st = Arc::clone(&state);
-                let service = hyper::service::service_fn(move |req| handle(Arc::clone(&st), req));
+                let service = hyper::service::service_fn(move |req| {
+                    CONN.scope(Arc::clone(&watch), handle(Arc::clone(&st), req))
+                });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .keep_alive(true)
                     .serve_connection(TokioIo::new(stream), service);
@@ -346,6 +505,7 @@ pub async fn accept_loop(
                     if let Err(e) = conn.await {
                         tracing::debug!("connection from {peer}: {e}");
                     }
+                    done.notify_one();
                 });
             }
             _ = &mut shutdown => break,
@@ -353,7 +513,10 @@ pub async fn accept_loop(
     }
     drop(listener);
     tracing::info!("shutting down: waiting for open requests");
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!("open requests did not finish within {grace:?}; stopping them");
     }
     Ok(())

@@ -62,16 +62,29 @@ pub struct Server {
 impl Server {
     /// Binds `cfg.host:cfg.port` (port 0: any free port), starts the engine thread with
     /// `model` and serves on the current tokio runtime.
-    pub async fn start(cfg: ServerConfig, model: Box<dyn LanguageModel>, tokenizer: Tokenizer) -> Result<Server, ServerError> {
+    pub async fn start(
+        cfg: ServerConfig,
+        model: Box<dyn LanguageModel>,
+        tokenizer: Tokenizer,
+    ) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
         let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port))
             .await
-            .map_err(|source| ServerError::Io { what: format!("binding {}:{}", cfg.host, cfg.port), source })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| ServerError::Io { what: "reading the bound address".into(), source })?;
+            .map_err(|source| ServerError::Io {
+                what: format!("binding {}:{}", cfg.host, cfg.port),
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Io {
+            what: "reading the bound address".into(),
+            source,
+        })?;
         let metrics = Arc::new(Metrics::default());
-        let mut xtc: Vec<i32> = tokenizer.encode("\n", false).unwrap_or_default().into_iter().map(|t| t as i32).collect();
+        let mut xtc: Vec<i32> = tokenizer
+            .encode("\n", false)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| t as i32)
+            .collect();
         xtc.extend(tokenizer.eos_token_ids().iter().map(|&t| t as i32));
         let info = ModelInfo {
             tool_format: prompt::detect_tool_format(&tokenizer),
@@ -97,7 +110,13 @@ impl Server {
             max_queue: cfg.max_queue,
         };
         let engine = Engine::start(model, opts, Arc::clone(&metrics))?;
-        let state = Arc::new(AppState { cfg, engine, tokenizer: Arc::new(tokenizer), metrics, info });
+        let state = Arc::new(AppState {
+            cfg,
+            engine,
+            tokenizer: Arc::new(tokenizer),
+            metrics,
+            info,
+        });
         let (stop, stopped) = oneshot::channel::<()>();
         let st = Arc::clone(&state);
         let task = tokio::spawn(async move {
@@ -107,7 +126,12 @@ impl Server {
             http::accept_loop(st, listener, signal, SHUTDOWN_GRACE).await
         });
         tracing::info!("mlx-server listening on http://{addr}");
-        Ok(Server { addr, state, stop: Some(stop), task: Some(task) })
+        Ok(Server {
+            addr,
+            state,
+            stop: Some(stop),
+            task: Some(task),
+        })
     }
 
     /// The bound address.
@@ -132,7 +156,9 @@ impl Server {
             let _ = stop.send(());
         }
         let result = match self.task.take() {
-            Some(t) => t.await.map_err(|e| ServerError::Engine(format!("server task failed: {e}")))?,
+            Some(t) => t
+                .await
+                .map_err(|e| ServerError::Engine(format!("server task failed: {e}")))?,
             None => Ok(()),
         };
         let state = Arc::clone(&self.state);
@@ -141,7 +167,10 @@ impl Server {
     }
 
     /// Serves until `signal` resolves (e.g. SIGINT/SIGTERM), then shuts down gracefully.
-    pub async fn run_until(self, signal: impl std::future::Future<Output = ()>) -> Result<(), ServerError> {
+    pub async fn run_until(
+        self,
+        signal: impl std::future::Future<Output = ()>,
+    ) -> Result<(), ServerError> {
         signal.await;
         tracing::info!("shutdown requested");
         self.shutdown().await
@@ -153,5 +182,90 @@ impl Drop for Server {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!("cannot listen for Ctrl-C: {e}");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+/// Serves on a runtime of its own until SIGINT/SIGTERM, then shuts down gracefully
+/// (what the `mlx-server` binary runs). `on_ready` gets the bound address.
+pub fn serve_blocking(
+    cfg: ServerConfig,
+    model: Box<dyn LanguageModel>,
+    tokenizer: Tokenizer,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServerError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("mlx-server-http")
+        .build()
+        .map_err(|source| ServerError::Io {
+            what: "starting the async runtime".into(),
+            source,
+        })?;
+    rt.block_on(async move {
+        let server = Server::start(cfg, model, tokenizer).await?;
+        on_ready(server.local_addr());
+        server.run_until(shutdown_signal()).await
+    })
+}
+
+/// mlx-lm's `_parse_size`: a number with an optional `M`, `MB`, `G` or `GB` suffix
+/// (powers of ten), e.g. `"1.5GB"`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let digits: f64 = text[..split]
+        .parse()
+        .map_err(|_| format!("invalid size {text:?}"))?;
+    let scale = match text[split..].trim().to_ascii_uppercase().as_str() {
+        "" => 1.0,
+        "M" | "MB" => 1e6,
+        "G" | "GB" => 1e9,
+        other => {
+            return Err(format!(
+                "invalid size unit {other:?} in {text:?} (use M, MB, G or GB)"
+            ))
+        }
+    };
+    Ok((digits * scale).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes_parse_like_mlx_lm() {
+        assert_eq!(super::parse_size("1024"), Ok(1024));
+        assert_eq!(super::parse_size("1.5GB"), Ok(1_500_000_000));
+        assert_eq!(super::parse_size("20 m"), Ok(20_000_000));
+        assert!(super::parse_size("3TB").is_err());
+        assert!(super::parse_size("GB").is_err());
     }
 }

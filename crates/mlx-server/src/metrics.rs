@@ -35,7 +35,12 @@ impl Histogram {
         let mut cur = self.sum_bits.load(Ordering::Relaxed);
         loop {
             let next = (f64::from_bits(cur) + v).to_bits();
-            match self.sum_bits.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+            match self.sum_bits.compare_exchange_weak(
+                cur,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => break,
                 Err(actual) => cur = actual,
             }
@@ -50,17 +55,29 @@ impl Histogram {
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for (b, c) in self.bounds.iter().zip(&self.counts) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {}", c.load(Ordering::Relaxed));
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{b}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
         }
         let n = self.count();
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
-        let _ = writeln!(out, "{name}_sum {}", f64::from_bits(self.sum_bits.load(Ordering::Relaxed)));
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            f64::from_bits(self.sum_bits.load(Ordering::Relaxed))
+        );
         let _ = writeln!(out, "{name}_count {n}");
     }
 }
 
-const TTFT_BOUNDS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
-const TPOT_BOUNDS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+const TTFT_BOUNDS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+const TPOT_BOUNDS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
 
 /// A monotonically increasing counter.
 #[derive(Debug, Default)]
@@ -92,7 +109,11 @@ impl Gauge {
     }
     /// Removes one (never below zero).
     pub fn dec(&self) {
-        let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(1)));
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(1))
+            });
     }
     /// The current value.
     pub fn get(&self) -> u64 {
@@ -184,29 +205,93 @@ impl Metrics {
             }
         }
         let counters: [(&str, &str, &Counter); 8] = [
-            ("mlx_server_prompt_tokens_total", "Prompt tokens of admitted requests.", &self.prompt_tokens),
-            ("mlx_server_cached_prompt_tokens_total", "Prompt tokens served from the prompt cache.", &self.cached_prompt_tokens),
-            ("mlx_server_generation_tokens_total", "Generated tokens.", &self.generation_tokens),
-            ("mlx_server_prompt_cache_hits_total", "Prompt-cache lookups that reused a prefix.", &self.cache_hits),
-            ("mlx_server_prompt_cache_misses_total", "Prompt-cache lookups that found nothing.", &self.cache_misses),
-            ("mlx_server_cancelled_total", "Generations stopped because the client disconnected.", &self.cancelled),
-            ("mlx_server_rejected_total", "Requests refused because the queue was full.", &self.rejected_queue_full),
-            ("mlx_server_engine_errors_total", "Requests failed by an engine (MLX) error.", &self.engine_errors),
+            (
+                "mlx_server_prompt_tokens_total",
+                "Prompt tokens of admitted requests.",
+                &self.prompt_tokens,
+            ),
+            (
+                "mlx_server_cached_prompt_tokens_total",
+                "Prompt tokens served from the prompt cache.",
+                &self.cached_prompt_tokens,
+            ),
+            (
+                "mlx_server_generation_tokens_total",
+                "Generated tokens.",
+                &self.generation_tokens,
+            ),
+            (
+                "mlx_server_prompt_cache_hits_total",
+                "Prompt-cache lookups that reused a prefix.",
+                &self.cache_hits,
+            ),
+            (
+                "mlx_server_prompt_cache_misses_total",
+                "Prompt-cache lookups that found nothing.",
+                &self.cache_misses,
+            ),
+            (
+                "mlx_server_cancelled_total",
+                "Generations stopped because the client disconnected.",
+                &self.cancelled,
+            ),
+            (
+                "mlx_server_rejected_total",
+                "Requests refused because the queue was full.",
+                &self.rejected_queue_full,
+            ),
+            (
+                "mlx_server_engine_errors_total",
+                "Requests failed by an engine (MLX) error.",
+                &self.engine_errors,
+            ),
         ];
         for (name, help, c) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.get());
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                c.get()
+            );
         }
         let gauges: [(&str, &str, &Gauge); 4] = [
-            ("mlx_server_queue_depth", "Requests waiting for a decode slot.", &self.queue_depth),
-            ("mlx_server_active_sequences", "Sequences prefilling or decoding.", &self.active_sequences),
-            ("mlx_server_prompt_cache_entries", "Entries in the prompt cache.", &self.cache_entries),
-            ("mlx_server_prompt_cache_bytes", "Bytes held by the prompt cache.", &self.cache_bytes),
+            (
+                "mlx_server_queue_depth",
+                "Requests waiting for a decode slot.",
+                &self.queue_depth,
+            ),
+            (
+                "mlx_server_active_sequences",
+                "Sequences prefilling or decoding.",
+                &self.active_sequences,
+            ),
+            (
+                "mlx_server_prompt_cache_entries",
+                "Entries in the prompt cache.",
+                &self.cache_entries,
+            ),
+            (
+                "mlx_server_prompt_cache_bytes",
+                "Bytes held by the prompt cache.",
+                &self.cache_bytes,
+            ),
         ];
         for (name, help, g) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", g.get());
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
+                g.get()
+            );
         }
-        self.ttft.render(&mut out, "mlx_server_time_to_first_token_seconds", "Seconds from admission to the first generated token.");
-        self.tpot.render(&mut out, "mlx_server_time_per_output_token_seconds", "Seconds between consecutive generated tokens of one sequence.");
+        self.ttft.render(
+            &mut out,
+            "mlx_server_time_to_first_token_seconds",
+            "Seconds from admission to the first generated token.",
+        );
+        self.tpot.render(
+            &mut out,
+            "mlx_server_time_per_output_token_seconds",
+            "Seconds between consecutive generated tokens of one sequence.",
+        );
         out
     }
 }

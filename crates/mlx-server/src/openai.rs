@@ -67,7 +67,10 @@ impl Collected {
 }
 
 /// Waits for every choice to finish.
-pub async fn collect(mut gen: Generation, n: usize) -> Result<(Vec<Collected>, Generation), ApiError> {
+pub async fn collect(
+    mut gen: Generation,
+    n: usize,
+) -> Result<(Vec<Collected>, Generation), ApiError> {
     let mut out = vec![Collected::default(); n.max(1)];
     while let Some(u) = gen.next().await {
         match u {
@@ -76,7 +79,11 @@ pub async fn collect(mut gen: Generation, n: usize) -> Result<(Vec<Collected>, G
                     c.add(delta);
                 }
             }
-            Update::Finished { choice, reason, stop_word } => {
+            Update::Finished {
+                choice,
+                reason,
+                stop_word,
+            } => {
                 if let Some(c) = out.get_mut(choice) {
                     c.finish = Some(reason);
                     c.stop_word = stop_word;
@@ -113,7 +120,14 @@ fn chat_message(c: &Collected, stream: bool, tool_index: &mut usize) -> Json {
     let mut m = Map::new();
     m.insert("role".into(), json!("assistant"));
     if !stream {
-        m.insert("content".into(), if c.content.is_empty() { Json::Null } else { json!(c.content) });
+        m.insert(
+            "content".into(),
+            if c.content.is_empty() {
+                Json::Null
+            } else {
+                json!(c.content)
+            },
+        );
     } else if !c.content.is_empty() {
         m.insert("content".into(), json!(c.content));
     }
@@ -139,7 +153,10 @@ fn chat_message(c: &Collected, stream: bool, tool_index: &mut usize) -> Json {
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat(state: Arc<AppState>, body: Map<String, Json>) -> Result<Response<Body>, ApiError> {
+pub async fn chat(
+    state: Arc<AppState>,
+    body: Map<String, Json>,
+) -> Result<Response<Body>, ApiError> {
     let b = Req(&body);
     let params = params::common(&b, &state.cfg, Flavor::Chat)?;
     let messages = b
@@ -154,7 +171,9 @@ pub async fn chat(state: Arc<AppState>, body: Map<String, Json>) -> Result<Respo
     let role_mapping = b.object("role_mapping")?.cloned();
     let kwargs = params.chat_template_kwargs.clone();
     let st = Arc::clone(&state);
-    let prepared = blocking(move || chat_prompt(&st, &messages, tools, &kwargs, role_mapping.as_ref())).await?;
+    let prepared =
+        blocking(move || chat_prompt(&st, &messages, tools, &kwargs, role_mapping.as_ref()))
+            .await?;
     let (req, spec) = finish_request(&state, prepared, &params, true)?;
     let meta = Meta {
         id: format!("chatcmpl-{}", random_hex(32)),
@@ -163,7 +182,7 @@ pub async fn chat(state: Arc<AppState>, body: Map<String, Json>) -> Result<Respo
         fingerprint: state.info.fingerprint.clone(),
         prompt_tokens: req.prompt.len(),
     };
-    let sub = state.engine.submit(req)?;
+    let sub = crate::http::submit(&state, req)?;
     let guard = sub.guard();
     let gen = Generation::new(sub, spec);
     if !params.stream {
@@ -182,55 +201,83 @@ pub async fn chat(state: Arc<AppState>, body: Map<String, Json>) -> Result<Respo
             })
             .collect();
         resp.insert("choices".into(), Json::Array(list));
-        resp.insert("usage".into(), usage_json(meta.prompt_tokens, gen.completion_tokens(), gen.cached_tokens()));
+        resp.insert(
+            "usage".into(),
+            usage_json(
+                meta.prompt_tokens,
+                gen.completion_tokens(),
+                gen.cached_tokens(),
+            ),
+        );
         return Ok(json_response(StatusCode::OK, &Json::Object(resp)));
     }
     let (response, tx) = sse_response(Some(guard));
     let want_lp = params.logprobs || params.top_logprobs > 0;
     let include_usage = params.include_usage;
     let mut tool_index = vec![0usize; params.n.max(1)];
-    tokio::spawn(pump(gen, tx, state.cfg.keepalive_interval, move |u, gen| {
-        let chunk = |choice: usize, delta: Json, finish: Option<&str>, lp: Option<Json>| {
-            let mut c = json!({"index": choice, "finish_reason": finish, "delta": delta});
-            if let Some(lp) = lp {
-                c["logprobs"] = lp;
-            }
-            let mut m = meta.head("chat.completion.chunk");
-            m.insert("choices".into(), json!([c]));
-            sse_data(&Json::Object(m))
-        };
-        match u {
-            Some(Update::Delta { choice, delta }) => {
-                let lp = (want_lp && !delta.logprobs.is_empty()).then(|| {
+    tokio::spawn(pump(
+        gen,
+        tx,
+        state.cfg.keepalive_interval,
+        move |u, gen| {
+            let chunk = |choice: usize, delta: Json, finish: Option<&str>, lp: Option<Json>| {
+                let mut c = json!({"index": choice, "finish_reason": finish, "delta": delta});
+                if let Some(lp) = lp {
+                    c["logprobs"] = lp;
+                }
+                let mut m = meta.head("chat.completion.chunk");
+                m.insert("choices".into(), json!([c]));
+                sse_data(&Json::Object(m))
+            };
+            match u {
+                Some(Update::Delta { choice, delta }) => {
+                    let lp = (want_lp && !delta.logprobs.is_empty()).then(|| {
                     json!({"content": delta.logprobs.iter().map(LogprobOut::chat_json).collect::<Vec<_>>()})
                 });
-                let mut c = Collected::default();
-                c.add(delta);
-                let mut spare = 0;
-                let idx = match tool_index.get_mut(choice) {
-                    Some(i) => i,
-                    None => &mut spare,
-                };
-                (vec![chunk(choice, chat_message(&c, true, idx), None, lp)], false)
-            }
-            Some(Update::Finished { choice, reason, .. }) => {
-                (vec![chunk(choice, json!({"role": "assistant"}), Some(reason), None)], false)
-            }
-            Some(Update::Failed(e)) => (vec![sse_data(&e.openai_body()), sse_done()], true),
-            Some(_) => (Vec::new(), false),
-            None => {
-                let mut frames = Vec::new();
-                if include_usage {
-                    let mut m = meta.head("chat.completion.chunk");
-                    m.insert("choices".into(), json!([]));
-                    m.insert("usage".into(), usage_json(meta.prompt_tokens, gen.completion_tokens(), gen.cached_tokens()));
-                    frames.push(sse_data(&Json::Object(m)));
+                    let mut c = Collected::default();
+                    c.add(delta);
+                    let mut spare = 0;
+                    let idx = match tool_index.get_mut(choice) {
+                        Some(i) => i,
+                        None => &mut spare,
+                    };
+                    (
+                        vec![chunk(choice, chat_message(&c, true, idx), None, lp)],
+                        false,
+                    )
                 }
-                frames.push(sse_done());
-                (frames, true)
+                Some(Update::Finished { choice, reason, .. }) => (
+                    vec![chunk(
+                        choice,
+                        json!({"role": "assistant"}),
+                        Some(reason),
+                        None,
+                    )],
+                    false,
+                ),
+                Some(Update::Failed(e)) => (vec![sse_data(&e.openai_body()), sse_done()], true),
+                Some(_) => (Vec::new(), false),
+                None => {
+                    let mut frames = Vec::new();
+                    if include_usage {
+                        let mut m = meta.head("chat.completion.chunk");
+                        m.insert("choices".into(), json!([]));
+                        m.insert(
+                            "usage".into(),
+                            usage_json(
+                                meta.prompt_tokens,
+                                gen.completion_tokens(),
+                                gen.cached_tokens(),
+                            ),
+                        );
+                        frames.push(sse_data(&Json::Object(m)));
+                    }
+                    frames.push(sse_done());
+                    (frames, true)
+                }
             }
-        }
-    }));
+        },
+    ));
     Ok(response)
 }
 
@@ -250,7 +297,11 @@ fn legacy_logprobs(lps: &[LogprobOut], offset0: usize, want_top: bool) -> Json {
         Json::Array(
             lps.iter()
                 .map(|l| {
-                    let m: Map<String, Json> = l.top.iter().map(|(_, t, lp)| (t.clone(), json!(lp))).collect();
+                    let m: Map<String, Json> = l
+                        .top
+                        .iter()
+                        .map(|(_, t, lp)| (t.clone(), json!(lp)))
+                        .collect();
                     Json::Object(m)
                 })
                 .collect(),
@@ -267,7 +318,10 @@ fn legacy_logprobs(lps: &[LogprobOut], offset0: usize, want_top: bool) -> Json {
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(state: Arc<AppState>, body: Map<String, Json>) -> Result<Response<Body>, ApiError> {
+pub async fn completions(
+    state: Arc<AppState>,
+    body: Map<String, Json>,
+) -> Result<Response<Body>, ApiError> {
     let b = Req(&body);
     let params = params::common(&b, &state.cfg, Flavor::Completions)?;
     let prompt = b
@@ -278,9 +332,20 @@ pub async fn completions(state: Arc<AppState>, body: Map<String, Json>) -> Resul
     let st = Arc::clone(&state);
     let vocab = state.info.vocab_size;
     let ids = blocking(move || text_prompt(&st.tokenizer, vocab, &prompt)).await?;
-    let prepared = crate::prompt::Prepared { prompt: ids, initial: crate::text::Channel::Normal, tools: None };
+    let prepared = crate::prompt::Prepared {
+        prompt: ids,
+        initial: crate::text::Channel::Normal,
+        tools: None,
+    };
     let (req, spec) = finish_request(&state, prepared, &params, false)?;
-    let echo_text = if echo { state.tokenizer.decode(&req.prompt, false).unwrap_or_default() } else { String::new() };
+    let echo_text = if echo {
+        state
+            .tokenizer
+            .decode(&req.prompt, false)
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
     let meta = Meta {
         id: format!("cmpl-{}", random_hex(32)),
         model: params.model.clone(),
@@ -288,7 +353,7 @@ pub async fn completions(state: Arc<AppState>, body: Map<String, Json>) -> Resul
         fingerprint: state.info.fingerprint.clone(),
         prompt_tokens: req.prompt.len(),
     };
-    let sub = state.engine.submit(req)?;
+    let sub = crate::http::submit(&state, req)?;
     let guard = sub.guard();
     let gen = Generation::new(sub, spec);
     let want_lp = params.logprobs;
@@ -306,68 +371,100 @@ pub async fn completions(state: Arc<AppState>, body: Map<String, Json>) -> Resul
             .collect();
         let mut resp = meta.head("text_completion");
         resp.insert("choices".into(), Json::Array(list));
-        resp.insert("usage".into(), usage_json(meta.prompt_tokens, gen.completion_tokens(), gen.cached_tokens()));
+        resp.insert(
+            "usage".into(),
+            usage_json(
+                meta.prompt_tokens,
+                gen.completion_tokens(),
+                gen.cached_tokens(),
+            ),
+        );
         return Ok(json_response(StatusCode::OK, &Json::Object(resp)));
     }
     let (response, tx) = sse_response(Some(guard));
     let include_usage = params.include_usage;
     let mut offsets = vec![echo_text.len(); params.n.max(1)];
     let mut echoed = vec![!echo; params.n.max(1)];
-    tokio::spawn(pump(gen, tx, state.cfg.keepalive_interval, move |u, gen| {
-        let chunk = |choice: usize, text: String, finish: Option<&str>, lp: Json| {
-            let mut m = meta.head("text_completion");
-            m.insert("choices".into(), json!([{"index": choice, "text": text, "finish_reason": finish, "logprobs": lp}]));
-            sse_data(&Json::Object(m))
-        };
-        match u {
-            Some(Update::Delta { choice, delta }) => {
-                let mut text = String::new();
-                if let Some(e) = echoed.get_mut(choice) {
-                    if !*e {
-                        text.push_str(&echo_text);
-                        *e = true;
+    tokio::spawn(pump(
+        gen,
+        tx,
+        state.cfg.keepalive_interval,
+        move |u, gen| {
+            let chunk = |choice: usize, text: String, finish: Option<&str>, lp: Json| {
+                let mut m = meta.head("text_completion");
+                m.insert("choices".into(), json!([{"index": choice, "text": text, "finish_reason": finish, "logprobs": lp}]));
+                sse_data(&Json::Object(m))
+            };
+            match u {
+                Some(Update::Delta { choice, delta }) => {
+                    let mut text = String::new();
+                    if let Some(e) = echoed.get_mut(choice) {
+                        if !*e {
+                            text.push_str(&echo_text);
+                            *e = true;
+                        }
                     }
+                    text.push_str(&delta.content);
+                    let off = offsets.get(choice).copied().unwrap_or(0);
+                    let lp = if want_lp {
+                        legacy_logprobs(&delta.logprobs, off, want_top)
+                    } else {
+                        Json::Null
+                    };
+                    if let Some(o) = offsets.get_mut(choice) {
+                        *o += delta.logprobs.iter().map(|l| l.token.len()).sum::<usize>();
+                    }
+                    if text.is_empty() && !want_lp {
+                        return (Vec::new(), false);
+                    }
+                    (vec![chunk(choice, text, None, lp)], false)
                 }
-                text.push_str(&delta.content);
-                let off = offsets.get(choice).copied().unwrap_or(0);
-                let lp = if want_lp { legacy_logprobs(&delta.logprobs, off, want_top) } else { Json::Null };
-                if let Some(o) = offsets.get_mut(choice) {
-                    *o += delta.logprobs.iter().map(|l| l.token.len()).sum::<usize>();
+                Some(Update::Finished { choice, reason, .. }) => (
+                    vec![chunk(choice, String::new(), Some(reason), Json::Null)],
+                    false,
+                ),
+                Some(Update::Failed(e)) => (vec![sse_data(&e.openai_body()), sse_done()], true),
+                Some(_) => (Vec::new(), false),
+                None => {
+                    let mut frames = Vec::new();
+                    if include_usage {
+                        let mut m = meta.head("text_completion");
+                        m.insert("choices".into(), json!([]));
+                        m.insert(
+                            "usage".into(),
+                            usage_json(
+                                meta.prompt_tokens,
+                                gen.completion_tokens(),
+                                gen.cached_tokens(),
+                            ),
+                        );
+                        frames.push(sse_data(&Json::Object(m)));
+                    }
+                    frames.push(sse_done());
+                    (frames, true)
                 }
-                if text.is_empty() && !want_lp {
-                    return (Vec::new(), false);
-                }
-                (vec![chunk(choice, text, None, lp)], false)
             }
-            Some(Update::Finished { choice, reason, .. }) => (vec![chunk(choice, String::new(), Some(reason), Json::Null)], false),
-            Some(Update::Failed(e)) => (vec![sse_data(&e.openai_body()), sse_done()], true),
-            Some(_) => (Vec::new(), false),
-            None => {
-                let mut frames = Vec::new();
-                if include_usage {
-                    let mut m = meta.head("text_completion");
-                    m.insert("choices".into(), json!([]));
-                    m.insert("usage".into(), usage_json(meta.prompt_tokens, gen.completion_tokens(), gen.cached_tokens()));
-                    frames.push(sse_data(&Json::Object(m)));
-                }
-                frames.push(sse_done());
-                (frames, true)
-            }
-        }
-    }));
+        },
+    ));
     Ok(response)
 }
 
 /// `GET /v1/models` (and `/v1/models/{id}`): the served model.
 pub fn models(state: &AppState, path: &str) -> Response<Body> {
     let entry = |id: &str| json!({"id": id, "object": "model", "created": state.info.created, "owned_by": "mlx-server"});
-    let wanted = path.trim_end_matches('/').strip_prefix("/v1/models/").filter(|s| !s.is_empty());
+    let wanted = path
+        .trim_end_matches('/')
+        .strip_prefix("/v1/models/")
+        .filter(|s| !s.is_empty());
     match wanted {
         Some(id) if state.cfg.serves_model(id) => json_response(StatusCode::OK, &entry(id)),
         Some(id) => crate::http::error_response(
             crate::error::Dialect::OpenAi,
             &ApiError::not_found(format!("The model `{id}` does not exist")),
         ),
-        None => json_response(StatusCode::OK, &json!({"object": "list", "data": [entry(&state.cfg.model_id)]})),
+        None => json_response(
+            StatusCode::OK,
+            &json!({"object": "list", "data": [entry(&state.cfg.model_id)]}),
+        ),
     }
 }

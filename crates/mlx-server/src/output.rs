@@ -88,7 +88,10 @@ pub struct Delta {
 impl Delta {
     /// Whether there is anything to send.
     pub fn is_empty(&self) -> bool {
-        self.content.is_empty() && self.reasoning.is_empty() && self.tool_calls.is_empty() && self.logprobs.is_empty()
+        self.content.is_empty()
+            && self.reasoning.is_empty()
+            && self.tool_calls.is_empty()
+            && self.logprobs.is_empty()
     }
 }
 
@@ -168,7 +171,14 @@ impl Generation {
                 finished: false,
             })
             .collect();
-        Generation { sub, spec, choices, queued: Default::default(), started: false, cached_tokens: 0 }
+        Generation {
+            sub,
+            spec,
+            choices,
+            queued: Default::default(),
+            started: false,
+            cached_tokens: 0,
+        }
     }
 
     /// Completion tokens generated so far (all choices, EOS included as in mlx-lm).
@@ -196,7 +206,9 @@ impl Generation {
                 return None;
             }
             let Some(event) = self.sub.events.recv().await else {
-                return Some(Update::Failed(ApiError::unavailable("the generation engine stopped")));
+                return Some(Update::Failed(ApiError::unavailable(
+                    "the generation engine stopped",
+                )));
             };
             self.handle(event);
         }
@@ -204,7 +216,10 @@ impl Generation {
 
     fn handle(&mut self, event: EngineEvent) {
         match event {
-            EngineEvent::Started { cached_tokens, choice } => {
+            EngineEvent::Started {
+                cached_tokens,
+                choice,
+            } => {
                 if choice == 0 {
                     self.cached_tokens = cached_tokens;
                 }
@@ -213,9 +228,9 @@ impl Generation {
                     self.queued.push_back(Update::Started { cached_tokens });
                 }
             }
-            EngineEvent::Progress { processed, total, .. } => {
-                self.queued.push_back(Update::Progress { processed, total })
-            }
+            EngineEvent::Progress {
+                processed, total, ..
+            } => self.queued.push_back(Update::Progress { processed, total }),
             EngineEvent::Failed { error, .. } => {
                 for c in &mut self.choices {
                     c.finished = true;
@@ -231,14 +246,22 @@ impl Generation {
         let tok = &self.spec.tokenizer;
         let text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
         let lp = out.logprob?;
-        let mut top: Vec<(u32, String, f32)> = out.top.iter().map(|(id, l)| (*id, text(*id), *l)).collect();
+        let mut top: Vec<(u32, String, f32)> =
+            out.top.iter().map(|(id, l)| (*id, text(*id), *l)).collect();
         top.sort_by(|a, b| b.2.total_cmp(&a.2));
-        Some(LogprobOut { id: out.token, token: text(out.token), logprob: lp, top })
+        Some(LogprobOut {
+            id: out.token,
+            token: text(out.token),
+            logprob: lp,
+            top,
+        })
     }
 
     fn on_token(&mut self, choice: usize, out: TokenOut) {
         let lp = self.logprob_out(&out);
-        let Some(c) = self.choices.get_mut(choice) else { return };
+        let Some(c) = self.choices.get_mut(choice) else {
+            return;
+        };
         if c.finished {
             return;
         }
@@ -282,7 +305,11 @@ impl Generation {
                 }
             }
         }
-        let finish = if text_stop { Some(Finish::Stop) } else { out.finish };
+        let finish = if text_stop {
+            Some(Finish::Stop)
+        } else {
+            out.finish
+        };
         if let Some(f) = finish {
             self.close_tool(choice, &mut delta);
             if let Some(held) = self.choices[choice].json_candidate.take() {
@@ -290,14 +317,22 @@ impl Generation {
             }
             let c = &mut self.choices[choice];
             c.finished = true;
-            let reason = if f == Finish::Stop && c.made_tool_call { "tool_calls" } else { f.as_str() };
+            let reason = if f == Finish::Stop && c.made_tool_call {
+                "tool_calls"
+            } else {
+                f.as_str()
+            };
             if text_stop && self.choices.iter().all(|c| c.finished) {
                 self.sub.cancel();
             }
             if !delta.is_empty() {
                 self.queued.push_back(Update::Delta { choice, delta });
             }
-            self.queued.push_back(Update::Finished { choice, reason, stop_word });
+            self.queued.push_back(Update::Finished {
+                choice,
+                reason,
+                stop_word,
+            });
         } else if !delta.is_empty() {
             self.queued.push_back(Update::Delta { choice, delta });
         }
@@ -331,7 +366,11 @@ impl Generation {
     fn add_calls(&mut self, choice: usize, delta: &mut Delta, calls: Vec<ParsedCall>) {
         for call in calls {
             let id = call.id.unwrap_or_else(new_call_id);
-            delta.tool_calls.push(ToolCallOut { id, name: call.name, arguments: call.arguments });
+            delta.tool_calls.push(ToolCallOut {
+                id,
+                name: call.name,
+                arguments: call.arguments,
+            });
         }
         self.choices[choice].made_tool_call = true;
     }
@@ -360,12 +399,16 @@ impl Generation {
 /// Where the answer starts: inside reasoning when the prompt's last think-start comes
 /// after its last think-end (mlx-lm's `rfind_think_start > rfind_think_end`).
 pub fn initial_channel(tokenizer: &Tokenizer, prompt: &[u32]) -> Channel {
-    let Some(m) = tokenizer.think_markers() else { return Channel::Normal };
+    let Some(m) = tokenizer.think_markers() else {
+        return Channel::Normal;
+    };
     let rfind = |pat: &[u32]| -> Option<usize> {
         if pat.is_empty() || pat.len() > prompt.len() {
             return None;
         }
-        (0..=prompt.len() - pat.len()).rev().find(|&i| prompt[i..].starts_with(pat))
+        (0..=prompt.len() - pat.len())
+            .rev()
+            .find(|&i| prompt[i..].starts_with(pat))
     };
     match (rfind(&m.start_tokens), rfind(&m.end_tokens)) {
         (Some(s), Some(e)) if s > e => Channel::Reasoning,

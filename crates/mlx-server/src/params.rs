@@ -38,26 +38,45 @@ impl<'a> Body<'a> {
 
     /// An integer within `[min, max]`.
     pub fn int(&self, name: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
-        let Some(v) = self.get(name) else { return Ok(None) };
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
         let i = v.as_i64().ok_or_else(|| type_err(name, "an integer"))?;
         if i < min {
-            return Err(ApiError::invalid_param(name, format!("{name} must be at least {min}")));
+            return Err(ApiError::invalid_param(
+                name,
+                format!("{name} must be at least {min}"),
+            ));
         }
         if i > max {
-            return Err(ApiError::invalid_param(name, format!("{name} must be at most {max}")));
+            return Err(ApiError::invalid_param(
+                name,
+                format!("{name} must be at most {max}"),
+            ));
         }
         Ok(Some(i))
     }
 
     /// A number within `[min, max]`.
     pub fn num(&self, name: &str, min: f64, max: f64) -> Result<Option<f64>, ApiError> {
-        let Some(v) = self.get(name) else { return Ok(None) };
-        let f = v.as_f64().filter(|f| f.is_finite()).ok_or_else(|| type_err(name, "a number"))?;
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        let f = v
+            .as_f64()
+            .filter(|f| f.is_finite())
+            .ok_or_else(|| type_err(name, "a number"))?;
         if f < min {
-            return Err(ApiError::invalid_param(name, format!("{name} must be at least {min}")));
+            return Err(ApiError::invalid_param(
+                name,
+                format!("{name} must be at least {min}"),
+            ));
         }
         if f > max {
-            return Err(ApiError::invalid_param(name, format!("{name} must be at most {max}")));
+            return Err(ApiError::invalid_param(
+                name,
+                format!("{name} must be at most {max}"),
+            ));
         }
         Ok(Some(f))
     }
@@ -148,10 +167,18 @@ pub fn check_model(body: &Body<'_>, cfg: &ServerConfig) -> Result<String, ApiErr
 fn stop_words(v: Option<&Json>, name: &str) -> Result<Vec<String>, ApiError> {
     match v {
         None | Some(Json::Null) => Ok(Vec::new()),
-        Some(Json::String(s)) => Ok(if s.is_empty() { Vec::new() } else { vec![s.clone()] }),
+        Some(Json::String(s)) => Ok(if s.is_empty() {
+            Vec::new()
+        } else {
+            vec![s.clone()]
+        }),
         Some(Json::Array(a)) => a
             .iter()
-            .map(|w| w.as_str().map(str::to_string).ok_or_else(|| type_err(name, "a string or a list of strings")))
+            .map(|w| {
+                w.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| type_err(name, "a string or a list of strings"))
+            })
             .filter(|w| !matches!(w, Ok(s) if s.is_empty()))
             .collect(),
         Some(_) => Err(type_err(name, "a string or a list of strings")),
@@ -159,25 +186,29 @@ fn stop_words(v: Option<&Json>, name: &str) -> Result<Vec<String>, ApiError> {
 }
 
 /// Reads the common fields with the server defaults.
-pub fn common(body: &Body<'_>, cfg: &ServerConfig, flavor: Flavor) -> Result<CommonParams, ApiError> {
+pub fn common(
+    body: &Body<'_>,
+    cfg: &ServerConfig,
+    flavor: Flavor,
+) -> Result<CommonParams, ApiError> {
     let model = check_model(body, cfg)?;
     let stream = body.bool("stream")?.unwrap_or(false);
     let include_usage = match body.object("stream_options")? {
         Some(o) => Body(o).bool("include_usage")?.unwrap_or(false),
         None => false,
     };
-    let max_tokens = match flavor {
-        Flavor::Responses => body.int("max_output_tokens", 1, MAX_TOKENS_LIMIT)?,
-        Flavor::Anthropic => Some(
-            body.int("max_tokens", 1, MAX_TOKENS_LIMIT)?
-                .ok_or_else(|| ApiError::invalid_param("max_tokens", "max_tokens: Field required"))?,
-        ),
-        _ => match body.int("max_completion_tokens", 1, MAX_TOKENS_LIMIT)? {
-            Some(m) => Some(m),
-            None => body.int("max_tokens", 1, MAX_TOKENS_LIMIT)?,
-        },
-    }
-    .unwrap_or(cfg.max_tokens);
+    let max_tokens =
+        match flavor {
+            Flavor::Responses => body.int("max_output_tokens", 1, MAX_TOKENS_LIMIT)?,
+            Flavor::Anthropic => Some(body.int("max_tokens", 1, MAX_TOKENS_LIMIT)?.ok_or_else(
+                || ApiError::invalid_param("max_tokens", "max_tokens: Field required"),
+            )?),
+            _ => match body.int("max_completion_tokens", 1, MAX_TOKENS_LIMIT)? {
+                Some(m) => Some(m),
+                None => body.int("max_tokens", 1, MAX_TOKENS_LIMIT)?,
+            },
+        }
+        .unwrap_or(cfg.max_tokens);
     let temp = body.num("temperature", 0.0, f64::MAX)?.unwrap_or(cfg.temp);
     let top_p = body.num("top_p", 0.0, 1.0)?.unwrap_or(cfg.top_p);
     let top_k = body.int("top_k", 0, i32::MAX as i64)?.unwrap_or(cfg.top_k);
@@ -189,11 +220,15 @@ pub fn common(body: &Body<'_>, cfg: &ServerConfig, flavor: Flavor) -> Result<Com
     let logits = LogitsParams {
         logit_bias: logit_bias(body)?,
         repetition_penalty: body.num("repetition_penalty", 0.0, f64::MAX)?,
-        repetition_context_size: body.int("repetition_context_size", 0, ctx_max)?.unwrap_or(20) as i32,
+        repetition_context_size: body
+            .int("repetition_context_size", 0, ctx_max)?
+            .unwrap_or(20) as i32,
         presence_penalty: body.num("presence_penalty", f64::MIN, f64::MAX)?,
         presence_context_size: body.int("presence_context_size", 0, ctx_max)?.unwrap_or(20) as i32,
         frequency_penalty: body.num("frequency_penalty", f64::MIN, f64::MAX)?,
-        frequency_context_size: body.int("frequency_context_size", 0, ctx_max)?.unwrap_or(20) as i32,
+        frequency_context_size: body
+            .int("frequency_context_size", 0, ctx_max)?
+            .unwrap_or(20) as i32,
     };
     let (logprobs, top_logprobs) = match (flavor, body.get("logprobs")) {
         (Flavor::Completions, Some(Json::Number(_))) => {
@@ -202,7 +237,9 @@ pub fn common(body: &Body<'_>, cfg: &ServerConfig, flavor: Flavor) -> Result<Com
         }
         _ => {
             let lp = body.bool("logprobs")?.unwrap_or(false);
-            let top = body.int("top_logprobs", -1, MAX_TOP_LOGPROBS)?.unwrap_or(-1);
+            let top = body
+                .int("top_logprobs", -1, MAX_TOP_LOGPROBS)?
+                .unwrap_or(-1);
             (lp, top.max(0) as usize)
         }
     };
@@ -211,7 +248,10 @@ pub fn common(body: &Body<'_>, cfg: &ServerConfig, flavor: Flavor) -> Result<Com
         _ => stop_words(body.get("stop"), "stop")?,
     };
     let n = body.int("n", 1, MAX_N)?.unwrap_or(1) as usize;
-    let chat_template_kwargs = body.object("chat_template_kwargs")?.cloned().unwrap_or_default();
+    let chat_template_kwargs = body
+        .object("chat_template_kwargs")?
+        .cloned()
+        .unwrap_or_default();
     let sampling = Sampling {
         params: SamplerParams {
             temp,
@@ -240,16 +280,17 @@ pub fn common(body: &Body<'_>, cfg: &ServerConfig, flavor: Flavor) -> Result<Com
 }
 
 fn logit_bias(body: &Body<'_>) -> Result<Vec<(i32, f64)>, ApiError> {
-    let Some(m) = body.object("logit_bias")? else { return Ok(Vec::new()) };
+    let Some(m) = body.object("logit_bias")? else {
+        return Ok(Vec::new());
+    };
     m.iter()
         .map(|(k, v)| {
             let id: i32 = k.trim().parse().ok().filter(|i| *i >= 0).ok_or_else(|| {
                 ApiError::invalid_param("logit_bias", "logit_bias must be a dict of int to float")
             })?;
-            let b = v
-                .as_f64()
-                .filter(|b| b.is_finite())
-                .ok_or_else(|| ApiError::invalid_param("logit_bias", "logit_bias must be a dict of int to float"))?;
+            let b = v.as_f64().filter(|b| b.is_finite()).ok_or_else(|| {
+                ApiError::invalid_param("logit_bias", "logit_bias must be a dict of int to float")
+            })?;
             Ok((id, b))
         })
         .collect()
@@ -258,8 +299,13 @@ fn logit_bias(body: &Body<'_>) -> Result<Vec<(i32, f64)>, ApiError> {
 /// OpenAI's `tool_choice`: which tools the template sees. `none` hides them; a named
 /// function keeps only that one; `auto` and `required` keep all (the server cannot
 /// force a call, see docs/server.md).
-pub fn apply_tool_choice(tools: Option<Vec<Json>>, choice: Option<&Json>) -> Result<Option<Vec<Json>>, ApiError> {
-    let bad = || ApiError::invalid_param("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+pub fn apply_tool_choice(
+    tools: Option<Vec<Json>>,
+    choice: Option<&Json>,
+) -> Result<Option<Vec<Json>>, ApiError> {
+    let bad = || {
+        ApiError::invalid_param("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+    };
     match choice {
         None | Some(Json::Null) => Ok(tools),
         Some(Json::String(s)) => match s.as_str() {
@@ -284,7 +330,10 @@ pub fn apply_tool_choice(tools: Option<Vec<Json>>, choice: Option<&Json>) -> Res
                         .filter(|t| tool_name(t) == Some(name))
                         .collect();
                     if kept.is_empty() {
-                        return Err(ApiError::invalid_param("tool_choice", format!("tool_choice names `{name}`, which is not in tools")));
+                        return Err(ApiError::invalid_param(
+                            "tool_choice",
+                            format!("tool_choice names `{name}`, which is not in tools"),
+                        ));
                     }
                     Ok(Some(kept))
                 }
@@ -297,14 +346,20 @@ pub fn apply_tool_choice(tools: Option<Vec<Json>>, choice: Option<&Json>) -> Res
 
 /// The function name of an OpenAI tool (`{"function": {"name"}}`) or a flat one (`{"name"}`).
 pub fn tool_name(t: &Json) -> Option<&str> {
-    t.get("function").and_then(|f| f.get("name")).or_else(|| t.get("name")).and_then(Json::as_str)
+    t.get("function")
+        .and_then(|f| f.get("name"))
+        .or_else(|| t.get("name"))
+        .and_then(Json::as_str)
 }
 
 /// Checks that tools are objects with a function name.
 pub fn check_tools(tools: &[Json]) -> Result<(), ApiError> {
     for (i, t) in tools.iter().enumerate() {
         if !t.is_object() || tool_name(t).is_none() {
-            return Err(ApiError::invalid_param("tools", format!("tools[{i}] must be an object with a function name")));
+            return Err(ApiError::invalid_param(
+                "tools",
+                format!("tools[{i}] must be an object with a function name"),
+            ));
         }
     }
     Ok(())

@@ -42,7 +42,10 @@ pub fn content_text(content: Option<&Json>, field: &str) -> Result<String, ApiEr
             }
             Ok(out)
         }
-        Some(_) => Err(ApiError::invalid_param(field, format!("{field} must be a string or a list of content parts"))),
+        Some(_) => Err(ApiError::invalid_param(
+            field,
+            format!("{field} must be a string or a list of content parts"),
+        )),
     }
 }
 
@@ -50,24 +53,37 @@ pub fn content_text(content: Option<&Json>, field: &str) -> Result<String, ApiEr
 /// call arguments given as JSON strings parsed to objects.
 pub fn normalize_messages(messages: &[Json]) -> Result<Vec<Json>, ApiError> {
     if messages.is_empty() {
-        return Err(ApiError::invalid_param("messages", "messages must not be empty"));
+        return Err(ApiError::invalid_param(
+            "messages",
+            "messages must not be empty",
+        ));
     }
     let mut out = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         let Json::Object(obj) = m else {
-            return Err(ApiError::invalid_param("messages", format!("messages[{i}] must be an object")));
+            return Err(ApiError::invalid_param(
+                "messages",
+                format!("messages[{i}] must be an object"),
+            ));
         };
         if !obj.get("role").is_some_and(Json::is_string) {
-            return Err(ApiError::invalid_param("messages", format!("messages[{i}].role must be a string")));
+            return Err(ApiError::invalid_param(
+                "messages",
+                format!("messages[{i}].role must be a string"),
+            ));
         }
         let mut obj = obj.clone();
         let text = content_text(obj.get("content"), &format!("messages[{i}].content"))?;
         obj.insert("content".into(), Json::String(text));
         if let Some(Json::Array(calls)) = obj.get_mut("tool_calls") {
             for c in calls.iter_mut() {
-                if let Some(Json::String(args)) = c.get("function").and_then(|f| f.get("arguments")) {
+                if let Some(Json::String(args)) = c.get("function").and_then(|f| f.get("arguments"))
+                {
                     let parsed: Json = serde_json::from_str(args).map_err(|e| {
-                        ApiError::invalid_param("messages", format!("messages[{i}]: tool call arguments are not JSON: {e}"))
+                        ApiError::invalid_param(
+                            "messages",
+                            format!("messages[{i}]: tool call arguments are not JSON: {e}"),
+                        )
                     })?;
                     if let Some(f) = c.get_mut("function").and_then(Json::as_object_mut) {
                         f.insert("arguments".into(), parsed);
@@ -124,8 +140,14 @@ pub fn chat_prompt(
     let messages = normalize_messages(messages)?;
     if !tok.has_chat_template() {
         let text = convert_chat(&messages, role_mapping);
-        let prompt = tok.encode(&text, true).map_err(|e| ApiError::bad_request(e.to_string()))?;
-        return Ok(Prepared { prompt, initial: Channel::Normal, tools: None });
+        let prompt = tok
+            .encode(&text, true)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        return Ok(Prepared {
+            prompt,
+            initial: Channel::Normal,
+            tools: None,
+        });
     }
     if tools.is_some() && state.info.tool_format.is_none() {
         tracing::warn!("received tools but the model's tool-call format is not supported; calls will be returned as text");
@@ -138,26 +160,39 @@ pub fn chat_prompt(
         kwargs: all_kwargs,
         ..Default::default()
     };
-    let prompt = tok.apply_chat_template_ids(&messages, &opts).map_err(template_error)?;
+    let prompt = tok
+        .apply_chat_template_ids(&messages, &opts)
+        .map_err(template_error)?;
     let initial = initial_channel(tok, &prompt);
-    Ok(Prepared { prompt, initial, tools })
+    Ok(Prepared {
+        prompt,
+        initial,
+        tools,
+    })
 }
 
 /// Tokenizes a completion prompt (a string, or a list of token ids).
 pub fn text_prompt(tok: &Tokenizer, vocab: usize, prompt: &Json) -> Result<Vec<u32>, ApiError> {
     match prompt {
-        Json::String(s) => tok.encode(s, true).map_err(|e| ApiError::bad_request(e.to_string())),
+        Json::String(s) => tok
+            .encode(s, true)
+            .map_err(|e| ApiError::bad_request(e.to_string())),
         Json::Array(a) if a.iter().all(Json::is_u64) && !a.is_empty() => a
             .iter()
             .map(|v| {
                 v.as_u64()
                     .and_then(|i| u32::try_from(i).ok())
                     .filter(|i| (*i as usize) < vocab)
-                    .ok_or_else(|| ApiError::invalid_param("prompt", "token ids must be valid vocabulary ids"))
+                    .ok_or_else(|| {
+                        ApiError::invalid_param("prompt", "token ids must be valid vocabulary ids")
+                    })
             })
             .collect(),
         Json::Array(a) if a.len() == 1 && a[0].is_string() => text_prompt(tok, vocab, &a[0]),
-        _ => Err(ApiError::invalid_param("prompt", "prompt must be a string (or a list of token ids)")),
+        _ => Err(ApiError::invalid_param(
+            "prompt",
+            "prompt must be a string (or a list of token ids)",
+        )),
     }
 }
 
@@ -168,7 +203,11 @@ pub fn finish_request(
     params: &CommonParams,
     chat: bool,
 ) -> Result<(GenerationRequest, OutputSpec), ApiError> {
-    let Prepared { prompt, initial, tools } = prepared;
+    let Prepared {
+        prompt,
+        initial,
+        tools,
+    } = prepared;
     if prompt.is_empty() {
         return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
     }
@@ -176,15 +215,21 @@ pub fn finish_request(
         if prompt.len() >= ctx {
             return Err(ApiError::invalid_param(
                 "messages",
-                format!("the prompt has {} tokens but the model's context length is {ctx}", prompt.len()),
+                format!(
+                    "the prompt has {} tokens but the model's context length is {ctx}",
+                    prompt.len()
+                ),
             ));
         }
     }
     let tok = &state.tokenizer;
-    let mut stop_sequences: Vec<Vec<u32>> = tok.eos_token_ids().iter().map(|&id| vec![id]).collect();
+    let mut stop_sequences: Vec<Vec<u32>> =
+        tok.eos_token_ids().iter().map(|&id| vec![id]).collect();
     let n_eos = stop_sequences.len();
     for w in &params.stop {
-        let ids = tok.encode(w, false).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let ids = tok
+            .encode(w, false)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
         stop_sequences.push(ids);
     }
     let mut sampling = params.sampling.clone();
@@ -199,9 +244,18 @@ pub fn finish_request(
         top_logprobs: params.top_logprobs,
         n: params.n,
     };
-    let tool_format = if chat && tools.is_some() { state.info.tool_format } else { None };
+    let tool_format = if chat && tools.is_some() {
+        state.info.tool_format
+    } else {
+        None
+    };
     let markers = Markers {
-        think: if chat { tok.think_markers().map(|m| (m.start.clone(), m.end.clone())) } else { None },
+        think: if chat {
+            tok.think_markers()
+                .map(|m| (m.start.clone(), m.end.clone()))
+        } else {
+            None
+        },
         tool: tool_format.map(|f| {
             let (s, e) = f.markers();
             (s.to_string(), e.to_string())

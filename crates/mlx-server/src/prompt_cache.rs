@@ -123,7 +123,10 @@ impl PromptCache {
             let lcp = common_prefix(&e.tokens, tokens);
             common = common.max(lcp);
             let is_prefix = lcp == e.tokens.len() && e.tokens.len() < tokens.len();
-            if is_prefix && e.tokens.len() > 1 && shorter.is_none_or(|s| s.tokens.len() < e.tokens.len()) {
+            if is_prefix
+                && e.tokens.len() > 1
+                && shorter.is_none_or(|s| s.tokens.len() < e.tokens.len())
+            {
                 shorter = Some(e);
             }
         }
@@ -132,7 +135,9 @@ impl PromptCache {
         let longer = self
             .entries
             .iter()
-            .filter(|e| common > 0 && common_prefix(&e.tokens, tokens) == common && e.tokens.len() >= common)
+            .filter(|e| {
+                common > 0 && common_prefix(&e.tokens, tokens) == common && e.tokens.len() >= common
+            })
             .filter(|e| e.tokens.len() > short_len)
             .min_by_key(|e| e.tokens.len());
         if let Some(e) = longer {
@@ -144,12 +149,18 @@ impl PromptCache {
                     if n > 0 {
                         trim_prompt_cache(&mut caches, n);
                     }
-                    return Some(CacheHit { caches, cached_tokens: prefix });
+                    return Some(CacheHit {
+                        caches,
+                        cached_tokens: prefix,
+                    });
                 }
             }
         }
         let s = shorter?;
-        Some(CacheHit { caches: copy_caches(&s.caches)?, cached_tokens: s.tokens.len() })
+        Some(CacheHit {
+            caches: copy_caches(&s.caches)?,
+            cached_tokens: s.tokens.len(),
+        })
     }
 
     /// mlx-lm's `insert_cache`: stores `caches` under `tokens` (replacing an entry with
@@ -178,13 +189,19 @@ impl PromptCache {
         }
         self.nbytes += nbytes as u64;
         self.lru[kind_index(kind)].push_back(tokens.clone());
-        self.entries.push(Entry { tokens, caches, nbytes, kind });
+        self.entries.push(Entry {
+            tokens,
+            caches,
+            nbytes,
+            kind,
+        });
         self.trim_to(self.max_entries, self.max_bytes);
     }
 
     /// Evicts (mlx-lm's order) until at most `n_entries` entries and `n_bytes` bytes remain.
     pub fn trim_to(&mut self, n_entries: usize, n_bytes: u64) {
-        while self.entries.len() > n_entries || (self.nbytes > n_bytes && !self.entries.is_empty()) {
+        while self.entries.len() > n_entries || (self.nbytes > n_bytes && !self.entries.is_empty())
+        {
             let Some(tokens) = self.pop_lru() else { break };
             if let Some(i) = self.position(&tokens) {
                 let e = self.entries.swap_remove(i);
@@ -200,7 +217,11 @@ impl PromptCache {
                 return self.lru[i].pop_front();
             }
         }
-        self.lru.iter_mut().rev().find(|l| !l.is_empty()).and_then(|l| l.pop_front())
+        self.lru
+            .iter_mut()
+            .rev()
+            .find(|l| !l.is_empty())
+            .and_then(|l| l.pop_front())
     }
 
     fn remove_at(&mut self, i: usize) {

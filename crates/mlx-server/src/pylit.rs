@@ -14,7 +14,12 @@ type R<T> = Result<T, String>;
 
 impl<'a> Reader<'a> {
     fn new(text: &'a str, json_names: bool) -> Reader<'a> {
-        Reader { s: text.as_bytes(), text, pos: 0, json_names }
+        Reader {
+            s: text.as_bytes(),
+            text,
+            pos: 0,
+            json_names,
+        }
     }
 
     fn ws(&mut self) {
@@ -127,7 +132,10 @@ impl<'a> Reader<'a> {
         while let Some(c) = self.peek() {
             if c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-' | b'+' | b'_') {
                 // A sign is only part of the number at the start or after an exponent.
-                if matches!(c, b'-' | b'+') && self.pos > start && !matches!(self.s[self.pos - 1], b'e' | b'E') {
+                if matches!(c, b'-' | b'+')
+                    && self.pos > start
+                    && !matches!(self.s[self.pos - 1], b'e' | b'E')
+                {
                     break;
                 }
                 self.pos += 1;
@@ -135,12 +143,17 @@ impl<'a> Reader<'a> {
                 break;
             }
         }
-        let raw: String = self.text[start..self.pos].chars().filter(|c| *c != '_').collect();
+        let raw: String = self.text[start..self.pos]
+            .chars()
+            .filter(|c| *c != '_')
+            .collect();
         if let Ok(i) = raw.parse::<i64>() {
             return Ok(Json::from(i));
         }
         let f: f64 = raw.parse().map_err(|_| format!("not a number: {raw:?}"))?;
-        Number::from_f64(f).map(Json::Number).ok_or_else(|| format!("not a finite number: {raw:?}"))
+        Number::from_f64(f)
+            .map(Json::Number)
+            .ok_or_else(|| format!("not a finite number: {raw:?}"))
     }
 
     fn string(&mut self, raw: bool) -> R<Json> {
@@ -163,7 +176,10 @@ impl<'a> Reader<'a> {
                 out.push(c);
                 continue;
             }
-            let e = self.text[self.pos..].chars().next().ok_or("unterminated escape")?;
+            let e = self.text[self.pos..]
+                .chars()
+                .next()
+                .ok_or("unterminated escape")?;
             self.pos += e.len_utf8();
             match e {
                 'n' => out.push('\n'),
@@ -180,7 +196,10 @@ impl<'a> Reader<'a> {
                         'u' => 4,
                         _ => 8,
                     };
-                    let hex = self.text.get(self.pos..self.pos + n).ok_or("short escape")?;
+                    let hex = self
+                        .text
+                        .get(self.pos..self.pos + n)
+                        .ok_or("short escape")?;
                     let cp = u32::from_str_radix(hex, 16).map_err(|_| "bad escape")?;
                     out.push(char::from_u32(cp).ok_or("bad code point")?);
                     self.pos += n;
@@ -211,9 +230,12 @@ pub fn literal(text: &str) -> Result<Json, String> {
     Ok(v)
 }
 
+/// A call: the (dotted) function name and its keyword arguments.
+pub type Call = (String, Map<String, Json>);
+
 /// A Python list of keyword-only calls: `[(name, kwargs), ...]`; names may be dotted,
 /// values are literals where `true`/`false`/`null` are accepted.
-pub fn call_list(text: &str) -> Result<Vec<(String, Map<String, Json>)>, String> {
+pub fn call_list(text: &str) -> Result<Vec<Call>, String> {
     let mut r = Reader::new(text, true);
     r.expect(b'[')?;
     let mut calls = Vec::new();
@@ -265,8 +287,14 @@ mod tests {
 
     #[test]
     fn literals_follow_python_syntax() {
-        assert_eq!(literal("[1, -2.5, 'a\\nb', None, True, (3,)]").unwrap(), json!([1, -2.5, "a\nb", null, true, [3]]));
-        assert_eq!(literal("{'k': {\"x\": 1e3}}").unwrap(), json!({"k": {"x": 1000.0}}));
+        assert_eq!(
+            literal("[1, -2.5, 'a\\nb', None, True, (3,)]").unwrap(),
+            json!([1, -2.5, "a\nb", null, true, [3]])
+        );
+        assert_eq!(
+            literal("{'k': {\"x\": 1e3}}").unwrap(),
+            json!({"k": {"x": 1000.0}})
+        );
         assert!(literal("true").is_err());
         assert!(literal("1 2").is_err());
         assert!(literal("'open").is_err());
@@ -274,11 +302,18 @@ mod tests {
 
     #[test]
     fn call_lists_take_keyword_arguments_and_json_names() {
-        let calls = call_list("[get_weather(city=\"Paris\", days=3), a.b(flag=true, x=[null])]").unwrap();
+        let calls =
+            call_list("[get_weather(city=\"Paris\", days=3), a.b(flag=true, x=[null])]").unwrap();
         assert_eq!(calls[0].0, "get_weather");
-        assert_eq!(Json::Object(calls[0].1.clone()), json!({"city": "Paris", "days": 3}));
+        assert_eq!(
+            Json::Object(calls[0].1.clone()),
+            json!({"city": "Paris", "days": 3})
+        );
         assert_eq!(calls[1].0, "a.b");
-        assert_eq!(Json::Object(calls[1].1.clone()), json!({"flag": true, "x": [null]}));
+        assert_eq!(
+            Json::Object(calls[1].1.clone()),
+            json!({"flag": true, "x": [null]})
+        );
         assert!(call_list("[f(1)]").is_err());
         assert!(call_list("[]").is_err());
     }

@@ -24,25 +24,36 @@ fn to_chat(b: &Req<'_>) -> Result<Vec<Json>, ApiError> {
                 match kind {
                     "message" => {
                         let role = item.get("role").and_then(Json::as_str).ok_or_else(|| {
-                            ApiError::invalid_param("input", format!("input[{i}].role must be a string"))
+                            ApiError::invalid_param(
+                                "input",
+                                format!("input[{i}].role must be a string"),
+                            )
                         })?;
                         let role = if role == "developer" { "system" } else { role };
-                        let text = content_text(item.get("content"), &format!("input[{i}].content"))?;
+                        let text =
+                            content_text(item.get("content"), &format!("input[{i}].content"))?;
                         out.push(json!({"role": role, "content": text}));
                     }
                     "function_call" => {
                         let name = item.get("name").and_then(Json::as_str).ok_or_else(|| {
-                            ApiError::invalid_param("input", format!("input[{i}].name must be a string"))
+                            ApiError::invalid_param(
+                                "input",
+                                format!("input[{i}].name must be a string"),
+                            )
                         })?;
                         let args = item.get("arguments").and_then(Json::as_str).unwrap_or("{}");
                         let args: Json = serde_json::from_str(args).map_err(|e| {
-                            ApiError::invalid_param("input", format!("input[{i}].arguments is not JSON: {e}"))
+                            ApiError::invalid_param(
+                                "input",
+                                format!("input[{i}].arguments is not JSON: {e}"),
+                            )
                         })?;
                         let call = json!({"id": item.get("call_id").cloned().unwrap_or(Json::Null), "type": "function",
                                           "function": {"name": name, "arguments": args}});
                         // Consecutive calls belong to one assistant turn.
                         let merged = out.last_mut().is_some_and(|last: &mut Json| {
-                            let is_calls = last.get("role") == Some(&json!("assistant")) && last.get("tool_calls").is_some();
+                            let is_calls = last.get("role") == Some(&json!("assistant"))
+                                && last.get("tool_calls").is_some();
                             if is_calls {
                                 if let Some(Json::Array(calls)) = last.get_mut("tool_calls") {
                                     calls.push(call.clone());
@@ -51,13 +62,17 @@ fn to_chat(b: &Req<'_>) -> Result<Vec<Json>, ApiError> {
                             is_calls
                         });
                         if !merged {
-                            out.push(json!({"role": "assistant", "content": "", "tool_calls": [call]}));
+                            out.push(
+                                json!({"role": "assistant", "content": "", "tool_calls": [call]}),
+                            );
                         }
                     }
                     "function_call_output" => {
                         let output = match item.get("output") {
                             Some(Json::String(s)) => s.clone(),
-                            Some(other) => content_text(Some(other), &format!("input[{i}].output"))?,
+                            Some(other) => {
+                                content_text(Some(other), &format!("input[{i}].output"))?
+                            }
                             None => String::new(),
                         };
                         out.push(json!({"role": "tool", "tool_call_id": item.get("call_id").cloned().unwrap_or(Json::Null),
@@ -65,24 +80,37 @@ fn to_chat(b: &Req<'_>) -> Result<Vec<Json>, ApiError> {
                     }
                     "reasoning" => {}
                     other => {
-                        return Err(ApiError::invalid_param("input", format!("input items of type {other:?} are not supported")))
+                        return Err(ApiError::invalid_param(
+                            "input",
+                            format!("input items of type {other:?} are not supported"),
+                        ))
                     }
                 }
             }
         }
         None => return Err(ApiError::invalid_param("input", "input: Field required")),
-        Some(_) => return Err(ApiError::invalid_param("input", "input must be a string or a list of items")),
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "input",
+                "input must be a string or a list of items",
+            ))
+        }
     }
     Ok(out)
 }
 
 /// Responses tools (`{type: function, name, parameters}`) as chat-completions tools.
 fn to_openai_tools(b: &Req<'_>) -> Result<Option<Vec<Json>>, ApiError> {
-    let Some(tools) = b.array("tools")? else { return Ok(None) };
+    let Some(tools) = b.array("tools")? else {
+        return Ok(None);
+    };
     let mut out = Vec::new();
     for (i, t) in tools.iter().enumerate() {
         if t.get("type").and_then(Json::as_str) != Some("function") {
-            return Err(ApiError::invalid_param("tools", format!("tools[{i}]: only function tools are supported")));
+            return Err(ApiError::invalid_param(
+                "tools",
+                format!("tools[{i}]: only function tools are supported"),
+            ));
         }
         if t.get("function").is_some() {
             out.push(t.clone());
@@ -124,7 +152,11 @@ fn reasoning_item(id: &str, text: &str, status: &str) -> Json {
 }
 
 fn message_item(id: &str, text: &str, status: &str) -> Json {
-    let content = if status == "in_progress" { json!([]) } else { json!([text_part(text)]) };
+    let content = if status == "in_progress" {
+        json!([])
+    } else {
+        json!([text_part(text)])
+    };
     json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
 }
 
@@ -144,7 +176,14 @@ struct Shell {
 }
 
 impl Shell {
-    fn response(&self, id: &str, status: &str, output: Vec<Json>, usage: Option<Json>, incomplete: bool) -> Json {
+    fn response(
+        &self,
+        id: &str,
+        status: &str,
+        output: Vec<Json>,
+        usage: Option<Json>,
+        incomplete: bool,
+    ) -> Json {
         let b = &self.body;
         json!({
             "id": id, "object": "response", "created_at": self.created, "status": status,
@@ -169,7 +208,10 @@ fn usage(prompt: usize, output: usize, cached: usize) -> Json {
 }
 
 /// `POST /v1/responses`.
-pub async fn responses(state: Arc<AppState>, body: Map<String, Json>) -> Result<Response<Body>, ApiError> {
+pub async fn responses(
+    state: Arc<AppState>,
+    body: Map<String, Json>,
+) -> Result<Response<Body>, ApiError> {
     let b = Req(&body);
     if b.get("previous_response_id").is_some() {
         return Err(ApiError::invalid_param(
@@ -191,8 +233,12 @@ pub async fn responses(state: Arc<AppState>, body: Map<String, Json>) -> Result<
         message: format!("msg_{}", random_hex(32)),
         reasoning: format!("rs_{}", random_hex(32)),
     };
-    let shell = Shell { model: params.model.clone(), created: state.info.created, body };
-    let sub = state.engine.submit(req)?;
+    let shell = Shell {
+        model: params.model.clone(),
+        created: state.info.created,
+        body,
+    };
+    let sub = crate::http::submit(&state, req)?;
     let guard = sub.guard();
     let gen = Generation::new(sub, spec);
     if !params.stream {
@@ -200,12 +246,25 @@ pub async fn responses(state: Arc<AppState>, body: Map<String, Json>) -> Result<
         let c = choices.into_iter().next().unwrap_or_default();
         let incomplete = c.finish == Some("length");
         let u = usage(prompt_tokens, gen.completion_tokens(), gen.cached_tokens());
-        let status = if incomplete { "incomplete" } else { "completed" };
-        let resp = shell.response(&ids.response, status, output_items(&c, &ids), Some(u), incomplete);
+        let status = if incomplete {
+            "incomplete"
+        } else {
+            "completed"
+        };
+        let resp = shell.response(
+            &ids.response,
+            status,
+            output_items(&c, &ids),
+            Some(u),
+            incomplete,
+        );
         return Ok(json_response(StatusCode::OK, &resp));
     }
     let (response, tx) = sse_response(Some(guard));
-    let mut w = EventWriter { seq: 0, frames: Vec::new() };
+    let mut w = EventWriter {
+        seq: 0,
+        frames: Vec::new(),
+    };
     let created = shell.response(&ids.response, "in_progress", Vec::new(), None, false);
     w.emit("response.created", json!({"response": created.clone()}));
     w.emit("response.in_progress", json!({"response": created}));
@@ -216,49 +275,62 @@ pub async fn responses(state: Arc<AppState>, body: Map<String, Json>) -> Result<
     }
     let mut items = ItemState::default();
     let mut all = Collected::default();
-    tokio::spawn(pump(gen, tx, state.cfg.keepalive_interval, move |u, gen| {
-        match u {
-            Some(Update::Delta { delta, .. }) => {
-                if !delta.reasoning.is_empty() {
-                    items.text(&mut w, &ids, true, &delta.reasoning);
-                    all.reasoning.push_str(&delta.reasoning);
+    tokio::spawn(pump(
+        gen,
+        tx,
+        state.cfg.keepalive_interval,
+        move |u, gen| {
+            match u {
+                Some(Update::Delta { delta, .. }) => {
+                    if !delta.reasoning.is_empty() {
+                        items.text(&mut w, &ids, true, &delta.reasoning);
+                        all.reasoning.push_str(&delta.reasoning);
+                    }
+                    if !delta.content.is_empty() {
+                        items.text(&mut w, &ids, false, &delta.content);
+                        all.content.push_str(&delta.content);
+                    }
+                    for c in &delta.tool_calls {
+                        items.call(&mut w, &ids, c);
+                        all.tool_calls.push(c.clone());
+                    }
                 }
-                if !delta.content.is_empty() {
-                    items.text(&mut w, &ids, false, &delta.content);
-                    all.content.push_str(&delta.content);
+                Some(Update::Finished { reason, .. }) => all.finish = Some(reason),
+                Some(Update::Failed(e)) => {
+                    w.emit("error", json!({"code": e.status.as_u16().to_string(), "message": e.message, "param": e.param}));
+                    return (std::mem::take(&mut w.frames), true);
                 }
-                for c in &delta.tool_calls {
-                    items.call(&mut w, &ids, c);
-                    all.tool_calls.push(c.clone());
+                Some(_) => {}
+                None => {
+                    items.close(&mut w, &ids);
+                    let incomplete = all.finish == Some("length");
+                    let u = usage(prompt_tokens, gen.completion_tokens(), gen.cached_tokens());
+                    let status = if incomplete {
+                        "incomplete"
+                    } else {
+                        "completed"
+                    };
+                    let mut output = Vec::new();
+                    if !all.reasoning.is_empty() {
+                        output.push(reasoning_item(&ids.reasoning, &all.reasoning, "completed"));
+                    }
+                    if items.message_opened {
+                        output.push(message_item(&ids.message, &all.content, "completed"));
+                    }
+                    output.extend(all.tool_calls.iter().map(|t| call_item(t, "completed")));
+                    let resp = shell.response(&ids.response, status, output, Some(u), incomplete);
+                    let name = if incomplete {
+                        "response.incomplete"
+                    } else {
+                        "response.completed"
+                    };
+                    w.emit(name, json!({"response": resp}));
+                    return (std::mem::take(&mut w.frames), true);
                 }
             }
-            Some(Update::Finished { reason, .. }) => all.finish = Some(reason),
-            Some(Update::Failed(e)) => {
-                w.emit("error", json!({"code": e.status.as_u16().to_string(), "message": e.message, "param": e.param}));
-                return (std::mem::take(&mut w.frames), true);
-            }
-            Some(_) => {}
-            None => {
-                items.close(&mut w, &ids);
-                let incomplete = all.finish == Some("length");
-                let u = usage(prompt_tokens, gen.completion_tokens(), gen.cached_tokens());
-                let status = if incomplete { "incomplete" } else { "completed" };
-                let mut output = Vec::new();
-                if !all.reasoning.is_empty() {
-                    output.push(reasoning_item(&ids.reasoning, &all.reasoning, "completed"));
-                }
-                if items.message_opened {
-                    output.push(message_item(&ids.message, &all.content, "completed"));
-                }
-                output.extend(all.tool_calls.iter().map(|t| call_item(t, "completed")));
-                let resp = shell.response(&ids.response, status, output, Some(u), incomplete);
-                let name = if incomplete { "response.incomplete" } else { "response.completed" };
-                w.emit(name, json!({"response": resp}));
-                return (std::mem::take(&mut w.frames), true);
-            }
-        }
-        (std::mem::take(&mut w.frames), false)
-    }));
+            (std::mem::take(&mut w.frames), false)
+        },
+    ));
     Ok(response)
 }
 
@@ -289,18 +361,29 @@ struct ItemState {
 
 impl ItemState {
     fn close(&mut self, w: &mut EventWriter, ids: &Ids) {
-        let Some(reasoning) = self.open.take() else { return };
+        let Some(reasoning) = self.open.take() else {
+            return;
+        };
         let index = self.next_index - 1;
         let text = std::mem::take(&mut self.text);
         if reasoning {
             let id = &ids.reasoning;
-            w.emit("response.reasoning_text.done", json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}));
-            w.emit("response.output_item.done", json!({"output_index": index, "item": reasoning_item(id, &text, "completed")}));
+            w.emit(
+                "response.reasoning_text.done",
+                json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
+            );
+            w.emit(
+                "response.output_item.done",
+                json!({"output_index": index, "item": reasoning_item(id, &text, "completed")}),
+            );
         } else {
             let id = &ids.message;
             w.emit("response.output_text.done", json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}));
             w.emit("response.content_part.done", json!({"item_id": id, "output_index": index, "content_index": 0, "part": text_part(&text)}));
-            w.emit("response.output_item.done", json!({"output_index": index, "item": message_item(id, &text, "completed")}));
+            w.emit(
+                "response.output_item.done",
+                json!({"output_index": index, "item": message_item(id, &text, "completed")}),
+            );
         }
     }
 
@@ -312,7 +395,10 @@ impl ItemState {
             self.open = Some(reasoning);
             if reasoning {
                 let item = json!({"type": "reasoning", "id": ids.reasoning, "status": "in_progress", "summary": [], "content": []});
-                w.emit("response.output_item.added", json!({"output_index": index, "item": item}));
+                w.emit(
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": item}),
+                );
             } else {
                 self.message_opened = true;
                 w.emit("response.output_item.added", json!({"output_index": index, "item": message_item(&ids.message, "", "in_progress")}));
@@ -336,12 +422,24 @@ impl ItemState {
         let id = item["id"].clone();
         let mut added = item.clone();
         added["arguments"] = json!("");
-        w.emit("response.output_item.added", json!({"output_index": index, "item": added}));
+        w.emit(
+            "response.output_item.added",
+            json!({"output_index": index, "item": added}),
+        );
         let args = c.arguments_string();
-        w.emit("response.function_call_arguments.delta", json!({"item_id": id, "output_index": index, "delta": args}));
-        w.emit("response.function_call_arguments.done", json!({"item_id": id, "output_index": index, "arguments": args}));
+        w.emit(
+            "response.function_call_arguments.delta",
+            json!({"item_id": id, "output_index": index, "delta": args}),
+        );
+        w.emit(
+            "response.function_call_arguments.done",
+            json!({"item_id": id, "output_index": index, "arguments": args}),
+        );
         let mut done = item;
         done["status"] = json!("completed");
-        w.emit("response.output_item.done", json!({"output_index": index, "item": done}));
+        w.emit(
+            "response.output_item.done",
+            json!({"output_index": index, "item": done}),
+        );
     }
 }

@@ -176,7 +176,11 @@ fn step_seed(seed: u64, step: u64) -> u64 {
 impl Sequence {
     /// Builds the sequence: sampler and processors from the request, `caches` holding
     /// the first `cached` prompt tokens.
-    pub fn new(job: Job, caches: Vec<Box<dyn KvCache>>, cached: usize) -> Result<Sequence, ApiError> {
+    pub fn new(
+        job: Job,
+        caches: Vec<Box<dyn KvCache>>,
+        cached: usize,
+    ) -> Result<Sequence, ApiError> {
         let req = &job.req;
         let sampler = mlx_sample::make_sampler(&req.sampling.params)
             .map_err(|e| ApiError::bad_request(format!("invalid sampling parameters: {e}")))?;
@@ -217,8 +221,13 @@ impl Sequence {
 
     fn quantize(&mut self, kv: Option<mlx_engine::KvQuantization>) -> Result<(), ApiError> {
         if let Some(q) = kv {
-            mlx_cache::maybe_quantize_kv_cache(&mut self.caches, q.start, q.group_size, Some(q.bits))
-                .map_err(|e| ApiError::unavailable(format!("KV-cache quantization failed: {e}")))?;
+            mlx_cache::maybe_quantize_kv_cache(
+                &mut self.caches,
+                q.start,
+                q.group_size,
+                Some(q.bits),
+            )
+            .map_err(|e| ApiError::unavailable(format!("KV-cache quantization failed: {e}")))?;
         }
         Ok(())
     }
@@ -232,7 +241,10 @@ impl Sequence {
         kv: Option<mlx_engine::KvQuantization>,
     ) -> Result<(Array, Array), ApiError> {
         let logits = self.model_call(model, input)?;
-        let (l, v) = (logits.dim(1).map_err(mlx_err)?, logits.dim(2).map_err(mlx_err)?);
+        let (l, v) = (
+            logits.dim(1).map_err(mlx_err)?,
+            logits.dim(2).map_err(mlx_err)?,
+        );
         let mut logits = logits
             .slice(&[0, l - 1, 0], &[1, l, v], None)
             .and_then(|a| a.squeeze(Some(&[1])))
@@ -242,7 +254,8 @@ impl Sequence {
                 Some(t) => ops::concatenate(&[t, input], 0).map_err(mlx_err)?,
                 None => input.clone(),
             };
-            logits = mlx_sample::apply_processors(&self.processors, &all, &logits).map_err(sample_err)?;
+            logits = mlx_sample::apply_processors(&self.processors, &all, &logits)
+                .map_err(sample_err)?;
             self.history = Some(all);
         }
         self.quantize(kv)?;
@@ -304,7 +317,9 @@ impl Sequence {
         model: &dyn LanguageModel,
         kv: Option<mlx_engine::KvQuantization>,
     ) -> Result<Option<(Array, Array)>, ApiError> {
-        let Some((y, _)) = &self.current else { return Ok(None) };
+        let Some((y, _)) = &self.current else {
+            return Ok(None);
+        };
         if self.generated + 1 >= self.job.req.max_tokens {
             return Ok(None);
         }
@@ -316,7 +331,10 @@ impl Sequence {
     /// Reads the current token and moves `next` in; the token's output, its finish set
     /// when it ends the sequence.
     pub fn emit(&mut self, next: Option<(Array, Array)>) -> Result<TokenOut, ApiError> {
-        let (y, lp) = self.current.take().ok_or_else(|| ApiError::internal("no queued token"))?;
+        let (y, lp) = self
+            .current
+            .take()
+            .ok_or_else(|| ApiError::internal("no queued token"))?;
         let token = read_token(&y)?;
         self.generated += 1;
         if next.is_some() {
@@ -329,7 +347,11 @@ impl Sequence {
         } else {
             None
         };
-        let top = if req.top_logprobs > 0 { top_logprobs(&lp, req.top_logprobs)? } else { Vec::new() };
+        let top = if req.top_logprobs > 0 {
+            top_logprobs(&lp, req.top_logprobs)?
+        } else {
+            Vec::new()
+        };
         let stop_index = self.stop.advance(token);
         let finish = if stop_index.is_some() {
             Some(Finish::Stop)
@@ -339,7 +361,13 @@ impl Sequence {
             None
         };
         self.current = next;
-        Ok(TokenOut { token, logprob, top, finish, stop_index })
+        Ok(TokenOut {
+            token,
+            logprob,
+            top,
+            finish,
+            stop_index,
+        })
     }
 
     /// Bytes held by the caches.
@@ -349,7 +377,11 @@ impl Sequence {
 }
 
 fn read_token(y: &Array) -> Result<u32, ApiError> {
-    let y = if y.dtype() == Dtype::Uint32 { y.clone() } else { y.astype(Dtype::Uint32).map_err(mlx_err)? };
+    let y = if y.dtype() == Dtype::Uint32 {
+        y.clone()
+    } else {
+        y.astype(Dtype::Uint32).map_err(mlx_err)?
+    };
     y.to_vec::<u32>()
         .map_err(mlx_err)?
         .first()
@@ -359,8 +391,15 @@ fn read_token(y: &Array) -> Result<u32, ApiError> {
 
 fn scalar_at(lp: &Array, token: u32) -> Result<f32, ApiError> {
     let idx = Array::from_slice(&[token], &[1]).map_err(mlx_err)?;
-    let v = lp.take(&idx, Some(0)).and_then(|a| a.astype(Dtype::Float32)).map_err(mlx_err)?;
-    v.to_vec::<f32>().map_err(mlx_err)?.first().copied().ok_or_else(|| ApiError::internal("empty logprob"))
+    let v = lp
+        .take(&idx, Some(0))
+        .and_then(|a| a.astype(Dtype::Float32))
+        .map_err(mlx_err)?;
+    v.to_vec::<f32>()
+        .map_err(mlx_err)?
+        .first()
+        .copied()
+        .ok_or_else(|| ApiError::internal("empty logprob"))
 }
 
 /// mlx-lm's `_format_top_logprobs`: `argpartition(-logprobs, kth=n-1)[:n]`, unsorted.
@@ -375,8 +414,14 @@ fn top_logprobs(lp: &Array, n: usize) -> Result<Vec<(u32, f32)>, ApiError> {
         .and_then(|neg| neg.argpartition(n as i32 - 1, Some(-1)))
         .and_then(|p| p.slice(&[0], &[n as i32], None))
         .map_err(mlx_err)?;
-    let vals = lp.take(&idx, Some(0)).and_then(|v| v.astype(Dtype::Float32)).map_err(mlx_err)?;
-    let ids = idx.astype(Dtype::Uint32).and_then(|i| i.to_vec::<u32>()).map_err(mlx_err)?;
+    let vals = lp
+        .take(&idx, Some(0))
+        .and_then(|v| v.astype(Dtype::Float32))
+        .map_err(mlx_err)?;
+    let ids = idx
+        .astype(Dtype::Uint32)
+        .and_then(|i| i.to_vec::<u32>())
+        .map_err(mlx_err)?;
     let vals = vals.to_vec::<f32>().map_err(mlx_err)?;
     Ok(ids.into_iter().zip(vals).collect())
 }

@@ -55,7 +55,12 @@ pub struct TextRouter {
 impl TextRouter {
     /// A router starting in `initial` (reasoning when the prompt opened a think section).
     pub fn new(markers: Markers, initial: Channel) -> TextRouter {
-        TextRouter { markers, state: initial, buf: String::new(), stopped: false }
+        TextRouter {
+            markers,
+            state: initial,
+            buf: String::new(),
+            stopped: false,
+        }
     }
 
     /// The current channel.
@@ -144,7 +149,9 @@ impl TextRouter {
                 Action::Stop(i) => {
                     self.stopped = true;
                     self.buf.clear();
-                    out.push(Piece::Stop(self.markers.stop_words.get(i).cloned().unwrap_or_default()));
+                    out.push(Piece::Stop(
+                        self.markers.stop_words.get(i).cloned().unwrap_or_default(),
+                    ));
                     return out;
                 }
                 Action::Goto(next) => {
@@ -192,7 +199,11 @@ impl StopMatcher {
     pub fn new(sequences: Vec<Vec<u32>>) -> StopMatcher {
         let sequences: Vec<Vec<u32>> = sequences.into_iter().filter(|s| !s.is_empty()).collect();
         let longest = sequences.iter().map(Vec::len).max().unwrap_or(0);
-        StopMatcher { sequences, recent: Vec::new(), longest }
+        StopMatcher {
+            sequences,
+            recent: Vec::new(),
+            longest,
+        }
     }
 
     /// Consumes one token; the index of the sequence that just completed, if any.
@@ -244,7 +255,15 @@ mod tests {
     #[test]
     fn markers_split_across_chunks_are_stripped_and_routed() {
         let mut r = TextRouter::new(qwen_markers(&[]), Channel::Normal);
-        let pieces = collect(&mut r, &["<thi", "nk>why</th", "ink>Hi <tool", "_call>{}</tool_call> ok"]);
+        let pieces = collect(
+            &mut r,
+            &[
+                "<thi",
+                "nk>why</th",
+                "ink>Hi <tool",
+                "_call>{}</tool_call> ok",
+            ],
+        );
         assert_eq!(
             pieces,
             vec![
@@ -260,15 +279,27 @@ mod tests {
     #[test]
     fn partial_marker_text_is_released_when_it_diverges() {
         let mut r = TextRouter::new(qwen_markers(&[]), Channel::Normal);
-        assert_eq!(r.feed("a <th"), vec![Piece::Text(Channel::Normal, "a ".into())]);
-        assert_eq!(r.feed("e end"), vec![Piece::Text(Channel::Normal, "<the end".into())]);
+        assert_eq!(
+            r.feed("a <th"),
+            vec![Piece::Text(Channel::Normal, "a ".into())]
+        );
+        assert_eq!(
+            r.feed("e end"),
+            vec![Piece::Text(Channel::Normal, "<the end".into())]
+        );
     }
 
     #[test]
     fn stop_word_ends_output_and_drops_the_rest() {
         let mut r = TextRouter::new(qwen_markers(&["END"]), Channel::Normal);
         let pieces = collect(&mut r, &["one E", "ND two"]);
-        assert_eq!(pieces, vec![Piece::Text(Channel::Normal, "one ".into()), Piece::Stop("END".into())]);
+        assert_eq!(
+            pieces,
+            vec![
+                Piece::Text(Channel::Normal, "one ".into()),
+                Piece::Stop("END".into())
+            ]
+        );
         assert!(r.feed("more").is_empty());
     }
 

@@ -97,7 +97,9 @@ impl ToolFormat {
 }
 
 fn call_from_object(v: &Json, arg_keys: &[&str]) -> Result<ParsedCall, String> {
-    let obj = v.as_object().ok_or_else(|| format!("a tool call must be a JSON object, got {v}"))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| format!("a tool call must be a JSON object, got {v}"))?;
     let name = obj
         .get("name")
         .and_then(Json::as_str)
@@ -109,19 +111,27 @@ fn call_from_object(v: &Json, arg_keys: &[&str]) -> Result<ParsedCall, String> {
         .cloned()
         .unwrap_or(Json::Object(Map::new()));
     if let Json::String(s) = &arguments {
-        arguments = serde_json::from_str(s).map_err(|e| format!("tool arguments are not JSON: {e}"))?;
+        arguments =
+            serde_json::from_str(s).map_err(|e| format!("tool arguments are not JSON: {e}"))?;
     }
     if !arguments.is_object() {
         return Err(format!("tool arguments must be an object, got {arguments}"));
     }
     let id = obj.get("id").and_then(Json::as_str).map(str::to_string);
-    Ok(ParsedCall { name, arguments, id })
+    Ok(ParsedCall {
+        name,
+        arguments,
+        id,
+    })
 }
 
 fn parse_json_calls(text: &str, arg_keys: &[&str]) -> Result<Vec<ParsedCall>, String> {
     let v: Json = serde_json::from_str(text).map_err(|e| format!("tool call is not JSON: {e}"))?;
     match &v {
-        Json::Array(items) => items.iter().map(|i| call_from_object(i, arg_keys)).collect(),
+        Json::Array(items) => items
+            .iter()
+            .map(|i| call_from_object(i, arg_keys))
+            .collect(),
         _ => Ok(vec![call_from_object(&v, arg_keys)?]),
     }
 }
@@ -159,7 +169,10 @@ fn parse_llama3(text: &str) -> Result<Vec<ParsedCall>, String> {
 /// headers (several may follow each other).
 fn parse_mistral(text: &str) -> Result<Vec<ParsedCall>, String> {
     if let Ok(Json::Array(items)) = serde_json::from_str::<Json>(text) {
-        return items.iter().map(|i| call_from_object(i, &["arguments"])).collect();
+        return items
+            .iter()
+            .map(|i| call_from_object(i, &["arguments"]))
+            .collect();
     }
     let mut calls = Vec::new();
     let mut pos = 0;
@@ -186,7 +199,11 @@ fn parse_mistral(text: &str) -> Result<Vec<ParsedCall>, String> {
             _ => return Err(format!("could not parse tool call from {text:?}")),
         };
         pos = args_start + skipped + it.byte_offset();
-        calls.push(ParsedCall { name, arguments, id: None });
+        calls.push(ParsedCall {
+            name,
+            arguments,
+            id: None,
+        });
     }
     Ok(calls)
 }
@@ -197,31 +214,45 @@ fn word_char(c: char) -> bool {
 
 /// mlx-lm's `qwen3_coder` parser, with its schema-driven value conversion.
 fn parse_qwen3_coder(text: &str, tools: Option<&[Json]>) -> Result<ParsedCall, String> {
-    let start = text.find("<function=").ok_or("no <function= in tool call")?;
+    let start = text
+        .find("<function=")
+        .ok_or("no <function= in tool call")?;
     let body = text[start + "<function=".len()..].trim_end();
-    let body = body.strip_suffix("</function>").ok_or("tool call does not end with </function>")?;
+    let body = body
+        .strip_suffix("</function>")
+        .ok_or("tool call does not end with </function>")?;
     let (name, params) = split_name(body).ok_or("no function name provided")?;
     let config = tools.and_then(|t| argument_config(&name, t));
     let mut arguments = Map::new();
     let mut rest = params;
     while let Some(s) = rest.find("<parameter=") {
         let after = &rest[s + "<parameter=".len()..];
-        let Some(e) = after.find("</parameter>") else { break };
+        let Some(e) = after.find("</parameter>") else {
+            break;
+        };
         let inner = &after[..e];
         rest = &after[e + "</parameter>".len()..];
-        let Some((pname, value)) = split_name(inner) else { continue };
+        let Some((pname, value)) = split_name(inner) else {
+            continue;
+        };
         let value = value.strip_prefix('\n').unwrap_or(value);
         let value = value.strip_suffix('\n').unwrap_or(value);
         let converted = convert_param(value, config.as_ref().and_then(|c| c.get(&pname)))?;
         arguments.insert(pname, converted);
     }
-    Ok(ParsedCall { name, arguments: Json::Object(arguments), id: None })
+    Ok(ParsedCall {
+        name,
+        arguments: Json::Object(arguments),
+        id: None,
+    })
 }
 
 /// `\s*([^\s<>]+)>?` then the rest.
 fn split_name(s: &str) -> Option<(String, &str)> {
     let t = s.trim_start();
-    let end = t.find(|c: char| c.is_whitespace() || c == '<' || c == '>').unwrap_or(t.len());
+    let end = t
+        .find(|c: char| c.is_whitespace() || c == '<' || c == '>')
+        .unwrap_or(t.len());
     if end == 0 {
         return None;
     }
@@ -233,7 +264,12 @@ fn argument_config(name: &str, tools: &[Json]) -> Option<Map<String, Json>> {
     tools.iter().find_map(|t| {
         let f = t.get("function")?;
         (f.get("name")?.as_str()? == name)
-            .then(|| f.get("parameters").and_then(|p| p.get("properties")).and_then(Json::as_object).cloned())
+            .then(|| {
+                f.get("parameters")
+                    .and_then(|p| p.get("properties"))
+                    .and_then(Json::as_object)
+                    .cloned()
+            })
             .flatten()
     })
 }
@@ -255,22 +291,31 @@ fn convert_param(value: &str, schema: Option<&Json>) -> Result<Json, String> {
         Json::String(s) => s.trim().to_lowercase(),
         other => other.to_string().to_lowercase(),
     };
-    let int_like = ["int", "uint", "long", "short", "unsigned"].iter().any(|p| ty.starts_with(p));
+    let int_like = ["int", "uint", "long", "short", "unsigned"]
+        .iter()
+        .any(|p| ty.starts_with(p));
     if ["string", "str", "text", "varchar", "char", "enum"].contains(&ty.as_str()) {
         Ok(Json::String(value.to_string()))
     } else if int_like || ty.starts_with("num") || ty.starts_with("float") {
-        let f: f64 = value.trim().parse().map_err(|_| format!("invalid number {value:?}"))?;
+        let f: f64 = value
+            .trim()
+            .parse()
+            .map_err(|_| format!("invalid number {value:?}"))?;
         if f.fract() == 0.0 && f.abs() < 9.0e15 {
             Ok(Json::from(f as i64))
         } else if int_like {
             Err(format!("invalid integer literal {value:?}"))
         } else {
-            Ok(serde_json::Number::from_f64(f).map(Json::Number).unwrap_or(Json::Null))
+            Ok(serde_json::Number::from_f64(f)
+                .map(Json::Number)
+                .unwrap_or(Json::Null))
         }
     } else if ["boolean", "bool", "binary"].contains(&ty.as_str()) {
         Ok(Json::Bool(value.eq_ignore_ascii_case("true")))
     } else {
-        let obj_like = ["object", "array", "arr"].contains(&ty.as_str()) || ty.starts_with("dict") || ty.starts_with("list");
+        let obj_like = ["object", "array", "arr"].contains(&ty.as_str())
+            || ty.starts_with("dict")
+            || ty.starts_with("list");
         if obj_like {
             if let Ok(v) = serde_json::from_str::<Json>(value) {
                 return Ok(v);
@@ -288,7 +333,11 @@ fn parse_pythonic(text: &str) -> Result<Vec<ParsedCall>, String> {
             if let Ok(calls) = pylit::call_list(&text[s..=e]) {
                 return Ok(calls
                     .into_iter()
-                    .map(|(name, arguments)| ParsedCall { name, arguments: Json::Object(arguments), id: None })
+                    .map(|(name, arguments)| ParsedCall {
+                        name,
+                        arguments: Json::Object(arguments),
+                        id: None,
+                    })
                     .collect());
             }
         }
@@ -300,12 +349,19 @@ fn pythonic_fallback(text: &str) -> Result<ParsedCall, String> {
     let mut search = 0;
     while let Some(b) = text[search..].find('[') {
         let open = search + b + 1;
-        let name: String = text[open..].chars().take_while(|c| word_char(*c) || *c == '.').collect();
+        let name: String = text[open..]
+            .chars()
+            .take_while(|c| word_char(*c) || *c == '.')
+            .collect();
         let after = open + name.len();
         if !name.is_empty() && text[after..].starts_with('(') {
             if let Some(close) = text[after + 1..].find(")]") {
                 let args = &text[after + 1..after + 1 + close];
-                return Ok(ParsedCall { name, arguments: Json::Object(fallback_args(args)), id: None });
+                return Ok(ParsedCall {
+                    name,
+                    arguments: Json::Object(fallback_args(args)),
+                    id: None,
+                });
             }
         }
         search = open;
@@ -328,7 +384,10 @@ fn fallback_args(args: &str) -> Map<String, Json> {
             _ => {
                 let end = v.find(',').unwrap_or(v.len());
                 let bare = v[..end].trim();
-                (pylit::literal(bare).unwrap_or_else(|_| Json::String(bare.to_string())), &v[end..])
+                (
+                    pylit::literal(bare).unwrap_or_else(|_| Json::String(bare.to_string())),
+                    &v[end..],
+                )
             }
         };
         if !key.is_empty() && key.chars().all(word_char) {
@@ -356,7 +415,9 @@ fn parse_function_gemma(text: &str) -> Result<ParsedCall, String> {
     };
     let mut arguments = Map::new();
     while !args.is_empty() {
-        let colon = args.find(':').ok_or_else(|| format!("no ':' in tool arguments {args:?}"))?;
+        let colon = args
+            .find(':')
+            .ok_or_else(|| format!("no ':' in tool arguments {args:?}"))?;
         let key = args[..colon].to_string();
         args = &args[colon + 1..];
         if let Some(s) = args.strip_prefix(ESC) {
@@ -373,7 +434,11 @@ fn parse_function_gemma(text: &str) -> Result<ParsedCall, String> {
         );
         args = args.get(end + 1..).unwrap_or("");
     }
-    Ok(ParsedCall { name, arguments: Json::Object(arguments), id: None })
+    Ok(ParsedCall {
+        name,
+        arguments: Json::Object(arguments),
+        id: None,
+    })
 }
 
 const G4Q: &str = "<|\"|>";
@@ -417,7 +482,9 @@ fn gemma4_args_to_json(s: &str) -> String {
             i = (end + G4Q.len()).min(s.len());
             continue;
         }
-        let Some(c) = s[i..].chars().next() else { break };
+        let Some(c) = s[i..].chars().next() else {
+            break;
+        };
         out.push(c);
         i += c.len_utf8();
         if c == '{' || c == ',' {
@@ -436,16 +503,26 @@ fn parse_gemma4(text: &str) -> Result<Vec<ParsedCall>, String> {
     let mut search = 0;
     while let Some(f) = text[search..].find("call:") {
         let at = search + f + 5;
-        let name: String = text[at..].chars().take_while(|c| word_char(*c) || *c == '-').collect();
+        let name: String = text[at..]
+            .chars()
+            .take_while(|c| word_char(*c) || *c == '-')
+            .collect();
         let brace = at + name.len();
         search = at;
         if name.is_empty() || !text[brace..].starts_with('{') {
             continue;
         }
-        let Some(len) = balanced_braces(&text[brace..]) else { continue };
+        let Some(len) = balanced_braces(&text[brace..]) else {
+            continue;
+        };
         let json = gemma4_args_to_json(&text[brace..brace + len]);
-        let arguments: Json = serde_json::from_str(&json).map_err(|e| format!("gemma4 arguments: {e}"))?;
-        calls.push(ParsedCall { name, arguments, id: None });
+        let arguments: Json =
+            serde_json::from_str(&json).map_err(|e| format!("gemma4 arguments: {e}"))?;
+        calls.push(ParsedCall {
+            name,
+            arguments,
+            id: None,
+        });
         search = brace + len;
     }
     if calls.is_empty() {

@@ -18,7 +18,10 @@ use tokio::net::TcpStream;
 /// Repository root.
 pub fn repo_root() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest.join("../..").canonicalize().unwrap_or(manifest.join("../.."))
+    manifest
+        .join("../..")
+        .canonicalize()
+        .unwrap_or(manifest.join("../.."))
 }
 
 /// The Qwen3 tokenizer of the npm test assets (chat template with tools and thinking).
@@ -121,10 +124,13 @@ pub const WEATHER_ANSWER: &str = "Let me check.<tool_call>\n{\"name\": \"get_wea
 /// The answer to prompts mentioning `ponder`.
 pub const THINK_ANSWER: &str = "<think>\nThe user wants a number.\n</think>\n\nSeven.";
 /// The answer to prompts mentioning `broken`: a tool call that is not JSON.
-pub const BROKEN_TOOL_ANSWER: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\"\n</tool_call>";
+pub const BROKEN_TOOL_ANSWER: &str =
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\"\n</tool_call>";
 /// The answer to prompts mentioning `essay`: a long text.
 pub fn essay_answer() -> String {
-    (0..60).map(|i| format!("Sentence number {i} of the essay. ")).collect()
+    (0..60)
+        .map(|i| format!("Sentence number {i} of the essay. "))
+        .collect()
 }
 
 impl ScriptedModel {
@@ -153,13 +159,24 @@ impl ScriptedModel {
         let start = (0..history.len().saturating_sub(m.len() - 1))
             .rev()
             .find(|&i| history[i..].starts_with(m));
-        let Some(start) = start else { return Ok(self.default[0]) };
-        let text = self.tok.decode(&history[..start], false).unwrap_or_default();
+        let Some(start) = start else {
+            return Ok(self.default[0]);
+        };
+        let text = self
+            .tok
+            .decode(&history[..start], false)
+            .unwrap_or_default();
         // The last user turn picks the script.
-        let prompt = text.rsplit("<|im_start|>user").next().unwrap_or(&text).to_string();
+        let prompt = text
+            .rsplit("<|im_start|>user")
+            .next()
+            .unwrap_or(&text)
+            .to_string();
         let k = history.len() - start - m.len();
         if prompt.contains("POISON") && k >= 2 {
-            return Err(mlx_array::Error::InvalidArgument("simulated MLX failure (out of memory)".into()));
+            return Err(mlx_array::Error::InvalidArgument(
+                "simulated MLX failure (out of memory)".into(),
+            ));
         }
         let script = self
             .scripts
@@ -180,9 +197,15 @@ impl LanguageModel for ScriptedModel {
         let ids = tokens.reshape(&[1, 1, l, 1])?.astype(Dtype::Float32)?;
         let history: Vec<u32> = match caches.first_mut() {
             Some(c) => match c.update_and_fetch(&ids, &ids)? {
-                mlx_nn::cache::KvFetch::Plain { keys, .. } => keys.to_vec::<f32>()?.into_iter().map(|v| v as u32).collect(),
+                mlx_nn::cache::KvFetch::Plain { keys, .. } => keys
+                    .to_vec::<f32>()?
+                    .into_iter()
+                    .map(|v| v as u32)
+                    .collect(),
                 mlx_nn::cache::KvFetch::Quantized { .. } => {
-                    return Err(mlx_array::Error::InvalidArgument("scripted model needs a plain cache".into()))
+                    return Err(mlx_array::Error::InvalidArgument(
+                        "scripted model needs a plain cache".into(),
+                    ))
                 }
             },
             None => tokens.astype(Dtype::Uint32)?.to_vec::<u32>()?,
@@ -213,7 +236,11 @@ impl LanguageModel for ScriptedModel {
 
 /// Starts a server with `model` on an ephemeral port.
 pub async fn start(model: Box<dyn LanguageModel>, tok: Tokenizer, cfg: ServerConfig) -> Server {
-    let cfg = ServerConfig { host: "127.0.0.1".into(), port: 0, ..cfg };
+    let cfg = ServerConfig {
+        host: "127.0.0.1".into(),
+        port: 0,
+        ..cfg
+    };
     Server::start(cfg, model, tok).await.expect("server starts")
 }
 
@@ -244,14 +271,21 @@ impl Resp {
 
     /// A header value.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The `data:` payloads of an SSE body (`[DONE]` included).
     pub fn sse_data(&self) -> Vec<String> {
         String::from_utf8_lossy(&self.body)
             .split("\n\n")
-            .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data: ")).map(str::to_string))
+            .filter_map(|ev| {
+                ev.lines()
+                    .find_map(|l| l.strip_prefix("data: "))
+                    .map(str::to_string)
+            })
             .collect()
     }
 }
@@ -259,7 +293,11 @@ impl Resp {
 async fn read_head(r: &mut BufReader<TcpStream>) -> (u16, Vec<(String, String)>) {
     let mut line = String::new();
     r.read_line(&mut line).await.expect("status line");
-    let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("bad status line {line:?}"));
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {line:?}"));
     let mut headers = Vec::new();
     loop {
         let mut h = String::new();
@@ -295,8 +333,13 @@ pub async fn raw(addr: std::net::SocketAddr, request: &[u8]) -> Resp {
     r.get_mut().write_all(request).await.expect("write");
     let (status, headers) = read_head(&mut r).await;
     let mut body = Vec::new();
-    let chunked = headers.iter().any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
-    let len = headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse::<usize>().ok());
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let len = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| v.parse::<usize>().ok());
     if chunked {
         while let Some(c) = read_chunk(&mut r).await {
             body.extend(c);
@@ -307,7 +350,11 @@ pub async fn raw(addr: std::net::SocketAddr, request: &[u8]) -> Resp {
     } else {
         r.read_to_end(&mut body).await.expect("body");
     }
-    Resp { status, headers, body }
+    Resp {
+        status,
+        headers,
+        body,
+    }
 }
 
 fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
@@ -322,14 +369,27 @@ fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]
 }
 
 /// A request with a body.
-pub async fn request(addr: std::net::SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+pub async fn request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Resp {
     raw(addr, &request_bytes(method, path, headers, body)).await
 }
 
 /// `POST` of a JSON body.
 pub async fn post(addr: std::net::SocketAddr, path: &str, body: &Json) -> Resp {
     let b = body.to_string();
-    request(addr, "POST", path, &[("Content-Type", "application/json")], b.as_bytes()).await
+    request(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        b.as_bytes(),
+    )
+    .await
 }
 
 /// `GET`.
@@ -352,10 +412,20 @@ impl SseStream {
         let stream = TcpStream::connect(addr).await.expect("connect");
         let mut r = BufReader::new(stream);
         let b = body.to_string();
-        let req = request_bytes("POST", path, &[("Content-Type", "application/json")], b.as_bytes());
+        let req = request_bytes(
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            b.as_bytes(),
+        );
         r.get_mut().write_all(&req).await.expect("write");
         let (status, _) = read_head(&mut r).await;
-        SseStream { r, status, buf: String::new(), done: false }
+        SseStream {
+            r,
+            status,
+            buf: String::new(),
+            done: false,
+        }
     }
 
     /// The next event (its raw text, comments included); `None` at the end.
@@ -418,7 +488,12 @@ pub fn chat_stream_text(data: &[String]) -> (String, Option<String>) {
 }
 
 /// Polls `/metrics` until `name` reaches at least `min` (or the timeout passes).
-pub async fn wait_metric(addr: std::net::SocketAddr, name: &str, min: f64, timeout: Duration) -> f64 {
+pub async fn wait_metric(
+    addr: std::net::SocketAddr,
+    name: &str,
+    min: f64,
+    timeout: Duration,
+) -> f64 {
     let deadline = std::time::Instant::now() + timeout;
     loop {
         let v = metric(addr, name).await;
@@ -433,6 +508,10 @@ pub async fn wait_metric(addr: std::net::SocketAddr, name: &str, min: f64, timeo
 pub async fn metric(addr: std::net::SocketAddr, name: &str) -> f64 {
     let text = String::from_utf8(get(addr, "/metrics").await.body).expect("utf8 metrics");
     text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|r| r.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+        })
         .unwrap_or(0.0)
 }
