@@ -90,7 +90,7 @@ struct Args {
     /// A file containing saved KV caches to avoid recomputing them
     #[arg(long)]
     prompt_cache_file: Option<String>,
-    /// Quantize activations using the same quantization config as the corresponding layer.
+    /// Quantize activations using the same quantization config as the corresponding layer (also -qa).
     #[arg(long)]
     quantize_activations: bool,
     /// Number of bits for KV cache quantization. Defaults to no quantization.
