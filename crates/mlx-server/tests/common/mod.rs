@@ -52,7 +52,7 @@ pub fn tiny_model_dir() -> &'static Path {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let tok = tokenizer();
         let vocab = tok.vocab_size() as i32;
-        let (hidden, inter, layers, heads, kv_heads) = (64, 128, 2, 4, 2);
+        let (hidden, inter, layers, heads, kv_heads) = (64, 128, 2, 2, 1);
         let config = json!({
             "model_type": "llama", "hidden_size": hidden, "intermediate_size": inter,
             "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,

@@ -1,0 +1,100 @@
+//! The server's tokens equal the engine's `generate_step` port (mlx-lm's op sequence)
+//! for the same prompt, with plain and quantized KV caches, and a follow-up that reuses
+//! the prompt cache still answers.
+mod common;
+
+use common::*;
+use mlx_engine::{GenerateOptions, KvQuantization, TokenGenerator};
+use mlx_server::ServerConfig;
+use serde_json::{json, Value as Json};
+
+/// Greedy tokens of `mlx_engine::TokenGenerator` (no EOS handling: `max` tokens).
+fn engine_tokens(prompt: &[u32], max: usize, kv: Option<KvQuantization>) -> Vec<u32> {
+    let (model, _tok) = tiny_model();
+    let mut caches = mlx_cache::make_prompt_cache(&model.cache_specs(), None).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: max as i64,
+        kv_quantization: kv,
+        ..Default::default()
+    };
+    let mut gen = TokenGenerator::new(model.as_ref(), prompt, &mut caches, opts).unwrap();
+    let mut out = Vec::new();
+    while let Some((t, _)) = gen.next_token().unwrap() {
+        out.push(t);
+    }
+    out
+}
+
+/// A completion whose prompt is given as token ids.
+async fn completion(addr: std::net::SocketAddr, prompt: &[u32], max: usize) -> Json {
+    let body = json!({"prompt": prompt, "max_tokens": max, "temperature": 0});
+    let r = post(addr, "/v1/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()
+}
+
+async fn chat_ids(addr: std::net::SocketAddr, messages: &Json, max: usize) -> (Vec<u32>, Json) {
+    let body = json!({"messages": messages, "max_tokens": max, "logprobs": true});
+    let v = post(addr, "/v1/chat/completions", &body).await.json();
+    let ids = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_u64().unwrap() as u32)
+        .collect();
+    (ids, v)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_tokens_equal_the_engine_generate_loop() {
+    let tok = tokenizer();
+    let messages = json!([{"role": "user", "content": "Tell me about the moon."}]);
+    let prompt = tok
+        .apply_chat_template_ids(
+            messages.as_array().unwrap(),
+            &mlx_tokenizer::ChatOptions {
+                add_generation_prompt: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    for kv in [
+        None,
+        Some(KvQuantization {
+            bits: 8,
+            group_size: 32,
+            start: 0,
+        }),
+    ] {
+        let want = engine_tokens(&prompt, 12, kv);
+        let (model, tok) = tiny_model();
+        let cfg = ServerConfig {
+            kv_bits: kv.map(|q| q.bits),
+            kv_group_size: 32,
+            quantized_kv_start: 0,
+            ..Default::default()
+        };
+        let server = start(model, tok, cfg).await;
+        let addr = server.local_addr();
+        let (got, v) = chat_ids(addr, &messages, 12).await;
+        assert_eq!(got, want, "kv {kv:?}: {v}");
+        let v = completion(addr, &prompt, 4).await;
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+        assert_eq!(v["usage"]["completion_tokens"], 4);
+        // A follow-up turn: its prefix comes from the prompt cache.
+        let mut follow = messages.as_array().unwrap().clone();
+        follow.push(json!({"role": "assistant", "content": v["choices"][0]["text"]}));
+        follow.push(json!({"role": "user", "content": "And the sun?"}));
+        let (ids, v) = chat_ids(addr, &Json::Array(follow), 6).await;
+        assert_eq!(ids.len(), 6, "{v}");
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(
+            cached >= prompt.len() as u64,
+            "cached {cached} of a {}-token shared prefix",
+            prompt.len()
+        );
+        server.shutdown().await.unwrap();
+    }
+}
