@@ -220,13 +220,16 @@ fn check_options(opts: &ConvertOptions) -> Result<()> {
     Ok(())
 }
 
+/// A per-layer choice function (layer path -> choice).
+pub type BoxedPredicate = Box<dyn FnMut(&str) -> Result<LayerChoice>>;
+
 /// The predicate `mlx_lm.convert` quantizes with: the recipe's, else the model's own,
 /// else every layer with the defaults.
 pub fn convert_predicate(
     model: &mut LoadedModel,
     recipe: Option<Recipe>,
     group_size: Option<i32>,
-) -> Result<Box<dyn FnMut(&str) -> Result<LayerChoice>>> {
+) -> Result<BoxedPredicate> {
     let model_type = model.model.model_type().to_string();
     if let Some(recipe) = recipe {
         let num_layers = model.model.num_layers();
@@ -267,6 +270,27 @@ pub(crate) fn save_model_dir(
     }
     write_model_card(staging, &source.dir, source.hf_repo.as_deref())?;
     Ok((saved, copied))
+}
+
+/// Writes `model` to `out` (which must not exist) through a staging directory renamed
+/// into place at the end: weights, config, side files of `source`, model card. Returns
+/// the shards written and the side files copied.
+pub fn save_converted(
+    out: &Path,
+    model: LoadedModel,
+    source: &Source,
+    max_shard_bytes: u64,
+    verbose: bool,
+) -> Result<(SavedWeights, Vec<String>)> {
+    if out.exists() {
+        return Err(QuantError::OutputExists {
+            path: out.to_path_buf(),
+        });
+    }
+    let staging = Scratch::beside(out, "partial")?;
+    let saved = save_model_dir(staging.path(), model, source, max_shard_bytes, verbose)?;
+    staging.persist(out)?;
+    Ok(saved)
 }
 
 /// Runs the conversion (see the module docs).
@@ -319,15 +343,13 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport> {
         info("Dequantizing".into());
         dequantize_model(&mut model)?;
     }
-    let staging = Scratch::beside(&opts.mlx_path, "partial")?;
-    let (weights, copied) = save_model_dir(
-        staging.path(),
+    let (weights, copied) = save_converted(
+        &opts.mlx_path,
         model,
         &source,
         opts.max_shard_bytes,
         opts.verbose,
     )?;
-    staging.persist(&opts.mlx_path)?;
     Ok(ConvertReport {
         out_dir: opts.mlx_path.clone(),
         source_dir: source.dir.clone(),

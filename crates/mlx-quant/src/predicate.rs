@@ -158,11 +158,12 @@ impl MixedPredicate {
         let use_more_bits =
             index < n / 8 || index >= 7 * n / 8 || (index - n / 8).rem_euclid(3) == 2;
         let (low, high) = self.recipe.bits();
+        // The v projections and down_proj of the chosen layers, and lm_head.
+        let v_proj = ["v_proj", "v_a_proj", "v_b_proj"]
+            .iter()
+            .any(|k| path.contains(k));
         let high_layer =
-            ((path.contains("v_proj") || path.contains("v_a_proj") || path.contains("v_b_proj"))
-                && use_more_bits)
-                || (path.contains("down_proj") && use_more_bits)
-                || path.contains("lm_head");
+            (use_more_bits && (v_proj || path.contains("down_proj"))) || path.contains("lm_head");
         let bits = if high_layer { high } else { low };
         let Value::Object(m) = json!({
             "group_size": self.group_size,

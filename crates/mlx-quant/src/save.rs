@@ -142,11 +142,101 @@ pub fn save_weights(
     })
 }
 
-/// Writes `value` as JSON indented by 4 spaces, like Python's `json.dump(indent=4)`.
+/// A float as Python's `repr` writes it (`1e-05`, `10000.0`, `1e+16`), so configs read
+/// the same as mlx-lm's.
+pub fn py_float(v: f64) -> String {
+    if !v.is_finite() {
+        return if v.is_nan() {
+            "NaN".into()
+        } else if v > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
+    }
+    if v == 0.0 {
+        return if v.is_sign_negative() { "-0.0" } else { "0.0" }.into();
+    }
+    let sign = if v < 0.0 { "-" } else { "" };
+    let sci = format!("{:e}", v.abs());
+    let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let digits: String = mant.chars().filter(char::is_ascii_digit).collect();
+    let body = if (-4..16).contains(&exp) {
+        if exp >= 0 {
+            let int_len = exp as usize + 1;
+            let padded = format!("{digits:0<int_len$}");
+            let (int, frac) = padded.split_at(int_len);
+            format!("{int}.{}", if frac.is_empty() { "0" } else { frac })
+        } else {
+            format!("0.{}{digits}", "0".repeat((-exp - 1) as usize))
+        }
+    } else {
+        let (first, rest) = digits.split_at(1);
+        let frac = if rest.is_empty() {
+            String::new()
+        } else {
+            format!(".{rest}")
+        };
+        let esign = if exp < 0 { '-' } else { '+' };
+        format!("{first}{frac}e{esign}{:02}", exp.abs())
+    };
+    format!("{sign}{body}")
+}
+
+/// serde_json's pretty printer (4-space indent) with Python's float spelling.
+struct PyFormatter(serde_json::ser::PrettyFormatter<'static>);
+
+impl serde_json::ser::Formatter for PyFormatter {
+    fn write_f64<W: ?Sized + std::io::Write>(&mut self, w: &mut W, v: f64) -> std::io::Result<()> {
+        w.write_all(py_float(v).as_bytes())
+    }
+    fn write_f32<W: ?Sized + std::io::Write>(&mut self, w: &mut W, v: f32) -> std::io::Result<()> {
+        w.write_all(py_float(v as f64).as_bytes())
+    }
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_array(w)
+    }
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array(w)
+    }
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.0.begin_array_value(w, first)
+    }
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array_value(w)
+    }
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object(w)
+    }
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object(w)
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.0.begin_object_key(w, first)
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object_value(w)
+    }
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object_value(w)
+    }
+}
+
+/// Writes `value` as JSON indented by 4 spaces with Python's float spelling, like
+/// Python's `json.dump(indent=4)`.
 pub fn write_json(path: &Path, value: &Value) -> Result<()> {
     use serde::Serialize;
     let mut buf = Vec::new();
-    let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+    let fmt = PyFormatter(serde_json::ser::PrettyFormatter::with_indent(b"    "));
     let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
     value.serialize(&mut ser).map_err(|e| QuantError::Json {
         path: path.to_path_buf(),
@@ -304,6 +394,30 @@ mod tests {
             "---\nlicense: apache-2.0\nlanguage:\n- en\ntags:\n- foo\n- mlx\nzeta: 1\n\
              base_model: org/x\nlibrary_name: mlx\npipeline_tag: text-generation\n---\n"
         );
+    }
+
+    #[test]
+    fn floats_are_spelled_like_python_repr() {
+        let cases = [
+            (1e-5, "1e-05"),
+            (1e-6, "1e-06"),
+            (10000.0, "10000.0"),
+            (1000000.0, "1000000.0"),
+            (0.5, "0.5"),
+            (0.0001, "0.0001"),
+            (0.02, "0.02"),
+            (1e16, "1e+16"),
+            (1.5e16, "1.5e+16"),
+            (123.456, "123.456"),
+            (-2.0, "-2.0"),
+            (0.0, "0.0"),
+            (50.0, "50.0"),
+            (1e22, "1e+22"),
+            (3.0517578125e-05, "3.0517578125e-05"),
+        ];
+        for (v, want) in cases {
+            assert_eq!(py_float(v), want, "{v}");
+        }
     }
 
     #[test]
