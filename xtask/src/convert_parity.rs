@@ -1,0 +1,494 @@
+//! The convert section of `cargo xtask parity`: `mlx_lm.convert` against `mlx-convert`.
+//!
+//! For tiny checkpoints of the parity set (given a small tokenizer by
+//! `xtask/py/convert_oracle.py prepare`), both converters run with the same flags (every
+//! mode, bit width, mixed recipe, `--dtype`, `-d`, quantized sources, and flag sets mlx-lm
+//! refuses). Checked per case: the same tensors (names, dtypes, shapes, bytes), configs
+//! equal up to key order, the same index and model card, or both refusing. Then mlx-lm
+//! loads our outputs and we load mlx-lm's, and both greedy-decode the same prompt: all
+//! four token sequences must agree. Last, the default SmolLM2 GGUF is converted by us
+//! (plain and `-d`), compared with mlx-lm's conversion of the same import, and loaded and
+//! run by mlx-lm.
+use anyhow::{bail, Context, Result};
+use mlx_array::quant::QuantMode;
+use mlx_array::{Array, Dtype};
+use mlx_quant::{convert, ConvertOptions, Recipe};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const ORACLE: &str = "xtask/py/convert_oracle.py";
+const PROMPT: [i32; 7] = [1, 17, 33, 2, 90, 5, 64];
+const STEPS: usize = 6;
+const SMOL_TEXT: &str = "The capital of France is";
+const SMOL_STEPS: usize = 8;
+
+/// (label, parity variant, torch_dtype written into the copy's config).
+///
+/// gemma2's tiny config has `query_pre_attn_scalar: 16.0`, which mlx-lm's strict
+/// dataclass refuses (it wants an int) while our loader accepts it; the copy gets `16`.
+const SOURCES: &[(&str, &str, Option<&str>)] = &[
+    ("llama", "llama-f32-untied-bias-gqa4", None),
+    ("llama-tied", "llama-f32-tied", None),
+    ("llama-td-bf16", "llama-f32-tied", Some("bfloat16")),
+    ("llama-bf16-td-f32", "llama-bf16", Some("float32")),
+    ("mistral-sharded", "mistral-f32-sharded", None),
+    ("qwen2", "qwen2-f32-tied", None),
+    ("qwen3", "qwen3-f32-untied-gqa4", None),
+    ("phi3", "phi3-f32", None),
+    ("gemma2", "gemma2-f32", None),
+    ("gemma3_text", "gemma3_text-f32-untied", None),
+    ("gemma3-mm", "gemma3-f32-multimodal", None),
+    ("qwen3_moe", "qwen3_moe-f32", None),
+    ("mixtral", "mixtral-f32", None),
+    ("q-llama-q4", "llama-q4-g32", None),
+    ("q-llama-mixed", "llama-q4-mixed", None),
+    ("q-llama-mxfp4", "llama-mxfp4", None),
+    ("q-llama-bf16-q4", "llama-bf16-q4", None),
+    ("q-qwen3_moe", "qwen3_moe-q4", None),
+];
+
+fn cases() -> Vec<(String, &'static str, Vec<String>)> {
+    let mut out: Vec<(String, &'static str, Vec<String>)> = Vec::new();
+    let mut add = |src: &'static str, flags: &str| {
+        let name = format!(
+            "{src}{}",
+            flags
+                .split_whitespace()
+                .map(|f| f.trim_start_matches('-'))
+                .fold(String::new(), |acc, f| acc + "_" + f)
+        );
+        out.push((
+            name,
+            src,
+            flags.split_whitespace().map(str::to_string).collect(),
+        ));
+    };
+    // The main model (untied head, biases): every flag.
+    for flags in [
+        "",
+        "--dtype float16",
+        "--dtype bfloat16",
+        "--dtype float32",
+        "-q",
+        "-q --q-bits 2 --q-group-size 32",
+        "-q --q-bits 3",
+        "-q --q-bits 5 --q-group-size 32",
+        "-q --q-bits 6",
+        "-q --q-bits 8 --q-group-size 32",
+        "-q --q-group-size 128",
+        "-q --q-mode mxfp4",
+        "-q --q-mode nvfp4",
+        "-q --q-mode mxfp8",
+        "-q --q-mode nvfp4 --dtype bfloat16",
+        "-q --dtype bfloat16",
+        "-q --dtype float16 --q-bits 8",
+        "-q --quant-predicate mixed_2_6",
+        "-q --quant-predicate mixed_3_4 --q-group-size 32",
+        "-q --quant-predicate mixed_3_6",
+        "-q --quant-predicate mixed_4_6 --q-group-size 64",
+        "-q --quant-predicate mixed_3_6 --dtype bfloat16",
+        "--quant-predicate mixed_3_6",
+        "-q --q-mode mxfp4 --quant-predicate mixed_3_6",
+        "-q -d",
+        "-d",
+    ] {
+        add("llama", flags);
+    }
+    for src in [
+        "llama-tied",
+        "qwen2",
+        "qwen3",
+        "phi3",
+        "gemma2",
+        "gemma3_text",
+    ] {
+        for flags in ["", "-q", "-q --quant-predicate mixed_3_6 --q-group-size 32"] {
+            add(src, flags);
+        }
+    }
+    for flags in ["", "-q --q-group-size 32", "-q --q-mode mxfp8"] {
+        add("gemma3-mm", flags);
+        add("qwen3_moe", flags);
+        add("mixtral", flags);
+    }
+    add(
+        "qwen3_moe",
+        "-q --quant-predicate mixed_2_6 --q-group-size 32",
+    );
+    add("mistral-sharded", "");
+    add("mistral-sharded", "-q --q-bits 8");
+    add("llama-td-bf16", "");
+    add("llama-td-bf16", "-q");
+    add("llama-td-bf16", "--dtype float32");
+    add("llama-bf16-td-f32", "");
+    add("llama-bf16-td-f32", "-q --q-group-size 32");
+    for src in [
+        "q-llama-q4",
+        "q-llama-mixed",
+        "q-llama-mxfp4",
+        "q-llama-bf16-q4",
+        "q-qwen3_moe",
+    ] {
+        for flags in ["", "-d", "-d --dtype float16", "-q", "--dtype bfloat16"] {
+            add(src, flags);
+        }
+    }
+    out
+}
+
+fn run_py(py: &Path, root: &Path, args: &[&str]) -> Result<()> {
+    let status = Command::new(py)
+        .arg(root.join(ORACLE))
+        .args(args)
+        .status()
+        .with_context(|| format!("running {ORACLE}"))?;
+    if !status.success() {
+        bail!("{ORACLE} {} failed ({status})", args.first().unwrap_or(&""));
+    }
+    Ok(())
+}
+
+/// Our `ConvertOptions` for mlx_lm.convert CLI flags.
+fn options(src: &Path, out: &Path, flags: &[String]) -> Result<ConvertOptions> {
+    let mut o = ConvertOptions {
+        hf_path: src.to_string_lossy().into_owned(),
+        mlx_path: out.to_path_buf(),
+        ..Default::default()
+    };
+    let mut it = flags.iter();
+    while let Some(f) = it.next() {
+        let mut val = || it.next().cloned().context("flag without a value");
+        match f.as_str() {
+            "-q" => o.quantize = true,
+            "-d" => o.dequantize = true,
+            "--q-bits" => o.q_bits = Some(val()?.parse()?),
+            "--q-group-size" => o.q_group_size = Some(val()?.parse()?),
+            "--q-mode" => o.q_mode = QuantMode::parse(&val()?)?,
+            "--quant-predicate" => o.quant_predicate = Some(Recipe::parse(&val()?)?),
+            "--dtype" => o.dtype = Dtype::from_name(&val()?),
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    Ok(o)
+}
+
+fn tensors(dir: &Path) -> Result<BTreeMap<String, Array>> {
+    let mut all = BTreeMap::new();
+    for f in mlx_models::loader::weight_files(dir)? {
+        all.extend(mlx_array::io::load_safetensors(&f)?.0);
+    }
+    Ok(all)
+}
+
+/// Differences between two converted directories (empty: identical).
+fn compare_dirs(py: &Path, rs: &Path) -> Result<Vec<String>> {
+    let mut diffs = Vec::new();
+    let (a, b) = (tensors(py)?, tensors(rs)?);
+    let (ka, kb): (Vec<_>, Vec<_>) = (a.keys().collect(), b.keys().collect());
+    if ka != kb {
+        let only_py: Vec<_> = ka.iter().filter(|k| !b.contains_key(**k)).collect();
+        let only_rs: Vec<_> = kb.iter().filter(|k| !a.contains_key(**k)).collect();
+        diffs.push(format!(
+            "tensor names differ: only mlx-lm {only_py:?}, only ours {only_rs:?}"
+        ));
+    }
+    for (k, x) in &a {
+        let Some(y) = b.get(k) else { continue };
+        if x.dtype() != y.dtype() || x.shape() != y.shape() {
+            diffs.push(format!(
+                "{k}: {:?}{:?} vs ours {:?}{:?}",
+                x.dtype(),
+                x.shape(),
+                y.dtype(),
+                y.shape()
+            ));
+        } else if x.to_bytes()? != y.to_bytes()? {
+            diffs.push(format!("{k}: values differ"));
+        }
+    }
+    let json = |d: &Path, f: &str| -> Result<Value> {
+        let p = d.join(f);
+        let text = std::fs::read_to_string(&p).with_context(|| format!("{}", p.display()))?;
+        Ok(serde_json::from_str(&text)?)
+    };
+    for f in ["config.json", "model.safetensors.index.json"] {
+        if json(py, f)? != json(rs, f)? {
+            diffs.push(format!("{f} differs"));
+        }
+    }
+    let card = |d: &Path| std::fs::read_to_string(d.join("README.md")).unwrap_or_default();
+    if card(py) != card(rs) {
+        diffs.push("README.md differs".into());
+    }
+    for f in ["tokenizer.json", "generation_config.json"] {
+        if !rs.join(f).is_file() {
+            diffs.push(format!("ours lacks {f}"));
+        }
+    }
+    Ok(diffs)
+}
+
+/// Greedy continuation with full forward passes (no cache), like the oracle's.
+fn greedy(dir: &Path, prompt: &[i32], steps: usize) -> Result<Vec<i64>> {
+    let (model, _) = mlx_models::load_model(dir)?;
+    let mut tokens = prompt.to_vec();
+    for _ in 0..steps {
+        let x = Array::from_slice(&tokens, &[1, tokens.len() as i32])?;
+        let logits = model.forward(&x, &mut [])?;
+        let l = logits.dim(1)?;
+        let next = logits
+            .slice_axis(1, l - 1, l)?
+            .argmax(Some(-1), false)?
+            .astype(Dtype::Int32)?
+            .to_vec::<i32>()?;
+        tokens.push(*next.first().context("empty argmax")?);
+    }
+    Ok(tokens[prompt.len()..].iter().map(|&t| t as i64).collect())
+}
+
+fn ids(v: &Value) -> Vec<i64> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_i64).collect())
+        .unwrap_or_default()
+}
+
+fn python(root: &Path) -> PathBuf {
+    match std::env::var_os("MLX_PYTHON").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None if root.join(".venv/bin/python").is_file() => root.join(".venv/bin/python"),
+        None => PathBuf::from("python3"),
+    }
+}
+
+/// After a full `cargo xtask parity` run (not with `--only`, `--goldens` or
+/// `--no-convert`): the convert section.
+pub fn after_parity(root: &Path, args: &[String]) -> Result<()> {
+    let skip = ["--only", "--goldens", "--no-convert"];
+    if args.iter().any(|a| skip.contains(&a.as_str())) {
+        return Ok(());
+    }
+    run(root, &python(root), &root.join(".cache/parity/models"))
+}
+
+/// `cargo xtask parity --convert-only`: makes the tiny checkpoints it needs if they are
+/// missing, then runs the section.
+pub fn run_section(root: &Path) -> Result<()> {
+    let py = python(root);
+    let models = root.join(".cache/parity/models");
+    let missing: Vec<&str> = SOURCES
+        .iter()
+        .map(|s| s.1)
+        .filter(|v| !models.join(v).join("config.json").is_file())
+        .collect();
+    if !missing.is_empty() {
+        let status = Command::new(&py)
+            .arg(root.join("xtask/py/make_tiny_models.py"))
+            .arg(&models)
+            .args(["--only", &missing.join(",")])
+            .status()?;
+        if !status.success() {
+            bail!("make_tiny_models.py failed ({status})");
+        }
+    }
+    run(root, &py, &models)
+}
+
+/// Runs the section; `models` holds the parity set's tiny checkpoints.
+pub fn run(root: &Path, py: &Path, models: &Path) -> Result<()> {
+    let work = root.join(".cache/parity/convert");
+    if work.exists() {
+        std::fs::remove_dir_all(&work)?;
+    }
+    std::fs::create_dir_all(work.join("py"))?;
+    std::fs::create_dir_all(work.join("rs"))?;
+    let specs: Vec<Value> = SOURCES
+        .iter()
+        .map(|(label, variant, td)| {
+            let config = if *label == "gemma2" {
+                json!({"query_pre_attn_scalar": 16})
+            } else {
+                json!({})
+            };
+            json!({"src": models.join(variant), "dest": work.join("src").join(label),
+                   "torch_dtype": td, "config": config})
+        })
+        .collect();
+    let specs_path = work.join("sources.json");
+    std::fs::write(&specs_path, serde_json::to_string(&specs)?)?;
+    run_py(py, root, &["prepare", &specs_path.to_string_lossy()])?;
+
+    let cases = cases();
+    let list: Vec<Value> = cases
+        .iter()
+        .map(|(name, src, flags)| {
+            json!({"src": work.join("src").join(src), "out": work.join("py").join(name),
+                   "args": flags})
+        })
+        .collect();
+    let cases_path = work.join("cases.json");
+    std::fs::write(&cases_path, serde_json::to_string(&list)?)?;
+    run_py(py, root, &["convert", &cases_path.to_string_lossy()])?;
+
+    let width = cases.iter().map(|c| c.0.len()).max().unwrap_or(10);
+    let mut failed = Vec::new();
+    let mut loadable = Vec::new();
+    println!("\n{:width$}  convert parity", "case");
+    for (name, src, flags) in &cases {
+        let (pyd, rsd) = (work.join("py").join(name), work.join("rs").join(name));
+        let py_err = std::fs::read_to_string(pyd.join("error")).ok();
+        let ours = options(&work.join("src").join(src), &rsd, flags)
+            .and_then(|o| convert(&o).map_err(anyhow::Error::from));
+        let line = match (py_err, ours) {
+            (Some(pe), Err(e)) => format!("ok (both refuse: mlx-lm `{pe}`; ours `{e}`)"),
+            (Some(pe), Ok(_)) => format!("DIFFERS: mlx-lm refuses ({pe}), ours converts"),
+            (None, Err(e)) => format!("DIFFERS: ours fails: {e:#}"),
+            (None, Ok(r)) => match compare_dirs(&pyd, &rsd) {
+                Ok(d) if d.is_empty() => {
+                    loadable.push(name.clone());
+                    format!(
+                        "ok ({} tensors identical{})",
+                        r.weights.tensors,
+                        r.bits_per_weight
+                            .map(|b| format!(", {b:.3} bpw"))
+                            .unwrap_or_default()
+                    )
+                }
+                Ok(d) => format!("DIFFERS: {}", d.join("; ")),
+                Err(e) => format!("DIFFERS: comparing: {e:#}"),
+            },
+        };
+        if !line.starts_with("ok") {
+            failed.push(name.clone());
+        }
+        println!("{name:width$}  {line}");
+    }
+
+    // Cross-loading: mlx-lm on ours and on its own, us on its and on ours.
+    let gen_path = work.join("generate.json");
+    let mut dirs: Vec<String> = Vec::new();
+    for n in &loadable {
+        for side in ["py", "rs"] {
+            dirs.push(work.join(side).join(n).to_string_lossy().into_owned());
+        }
+    }
+    let mut args: Vec<&str> = vec!["generate", gen_path.to_str().unwrap_or_default()];
+    args.extend(dirs.iter().map(String::as_str));
+    run_py(py, root, &args)?;
+    let oracle: Value = serde_json::from_str(&std::fs::read_to_string(&gen_path)?)?;
+    let mut gen_ok = 0;
+    let mut cpu_limited = Vec::new();
+    for n in &loadable {
+        let (pyd, rsd) = (work.join("py").join(n), work.join("rs").join(n));
+        if let Some(e) = oracle[rsd.to_string_lossy().as_ref()].get("error") {
+            // mlx-lm cannot run it here (MLX's CPU GatherMM is float32-only): check that
+            // we load it at least.
+            let ours = greedy(&pyd, &PROMPT, STEPS).and_then(|_| greedy(&rsd, &PROMPT, STEPS));
+            cpu_limited.push(format!(
+                "{n} (mlx-lm: {}; ours: {})",
+                e.as_str().unwrap_or_default(),
+                match ours {
+                    Ok(_) => "runs".to_string(),
+                    Err(e) => format!("{e:#}"),
+                }
+            ));
+            continue;
+        }
+        let lm_on_ours = ids(&oracle[rsd.to_string_lossy().as_ref()]);
+        let lm_on_lm = ids(&oracle[pyd.to_string_lossy().as_ref()]);
+        let res = greedy(&pyd, &PROMPT, STEPS).and_then(|a| Ok((a, greedy(&rsd, &PROMPT, STEPS)?)));
+        match res {
+            Ok((us_on_lm, us_on_ours))
+                if lm_on_ours.len() == STEPS
+                    && [&lm_on_lm, &us_on_lm, &us_on_ours]
+                        .iter()
+                        .all(|t| **t == lm_on_ours) =>
+            {
+                gen_ok += 1
+            }
+            Ok((a, b)) => {
+                failed.push(format!("{n} (generation)"));
+                println!(
+                    "{n}: generation differs: mlx-lm on ours {lm_on_ours:?}, on its own \
+                     {lm_on_lm:?}; ours on mlx-lm's {a:?}, on ours {b:?}"
+                );
+            }
+            Err(e) => {
+                failed.push(format!("{n} (loading)"));
+                println!("{n}: we cannot load or run mlx-lm's output: {e:#}");
+            }
+        }
+    }
+    println!(
+        "cross-loading: {gen_ok} of {} converted models generate the same {STEPS} tokens in \
+         mlx-lm and here, from either converter's output",
+        loadable.len()
+    );
+    for c in &cpu_limited {
+        println!("  not run by mlx-lm on this CPU: {c}");
+    }
+
+    smollm2(root, py, &work, &mut failed)?;
+    if !failed.is_empty() {
+        bail!(
+            "convert parity: {} failures: {}",
+            failed.len(),
+            failed.join(", ")
+        );
+    }
+    println!(
+        "convert parity: all {} cases identical to mlx_lm.convert",
+        cases.len()
+    );
+    Ok(())
+}
+
+/// The default model's GGUF through our converter, against mlx-lm's convert of the same
+/// import, then loaded and run by mlx-lm and by us.
+fn smollm2(root: &Path, py: &Path, work: &Path, failed: &mut Vec<String>) -> Result<()> {
+    let gguf = mlx_hub::fetch_default_gguf(&work.join("gguf")).context("fetching SmolLM2")?;
+    let import = mlx_quant::resolve_source(&gguf.to_string_lossy(), &work.join("smol-import"))?;
+    for (name, flags) in [("smollm2", ""), ("smollm2-d", "-d")] {
+        let rsd: PathBuf = work.join("rs").join(name);
+        let pyd: PathBuf = work.join("py").join(name);
+        let flags: Vec<String> = flags.split_whitespace().map(str::to_string).collect();
+        convert(&options(&gguf, &rsd, &flags)?)?;
+        let case = json!([{"src": import.dir, "out": pyd, "args": flags}]);
+        let cases_path = work.join(format!("{name}.json"));
+        std::fs::write(&cases_path, case.to_string())?;
+        run_py(py, root, &["convert", &cases_path.to_string_lossy()])?;
+        let mut diffs = compare_dirs(&pyd, &rsd)?;
+        // The import directory is a scratch path, so only the cards' wording may differ.
+        diffs.retain(|d| !d.starts_with("README"));
+        let out = work.join(format!("{name}-gen.json"));
+        run_py(
+            py,
+            root,
+            &[
+                "generate-text",
+                &out.to_string_lossy(),
+                &rsd.to_string_lossy(),
+                SMOL_TEXT,
+                &SMOL_STEPS.to_string(),
+            ],
+        )?;
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
+        let prompt: Vec<i32> = ids(&v["prompt"]).into_iter().map(|t| t as i32).collect();
+        let lm = ids(&v["tokens"]);
+        let ours = greedy(&rsd, &prompt, SMOL_STEPS)?;
+        if lm != ours {
+            diffs.push(format!("generation: mlx-lm {lm:?}, ours {ours:?}"));
+        }
+        if diffs.is_empty() {
+            println!(
+                "{name}: GGUF -> ours identical to mlx_lm.convert of the import; mlx-lm and we \
+                 generate {lm:?} from it"
+            );
+        } else {
+            println!("{name}: DIFFERS: {}", diffs.join("; "));
+            failed.push(name.to_string());
+        }
+    }
+    Ok(())
+}
