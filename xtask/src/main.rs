@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 mod bench;
 mod bindgen;
+mod convert_parity;
 mod gen_parity;
 mod goldens;
 mod install;
@@ -26,7 +27,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   parity [--only a,b] [--regen] [--goldens] [--no-gen | --gen-only]
          [--gen-filter S] [--no-build]
                       logits of tiny models vs mlx-lm, bit for bit, then the
-                      text of mlx-generate vs mlx_lm generate";
+                      text of mlx-generate vs mlx_lm generate
+                      --convert-only / --no-convert: mlx-convert vs mlx_lm.convert";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -38,7 +40,12 @@ fn main() -> Result<()> {
         Some("bindgen") => bindgen::run(&root, args.iter().any(|a| a == "--check")),
         Some("install") => install::run(&root, rest),
         Some("goldens") => goldens::run(&root),
-        Some("parity") => parity::run_parity(&root, rest),
+        Some("parity") if rest.iter().any(|a| a == "--convert-only") => {
+            convert_parity::run_section(&root)
+        }
+        Some("parity") => {
+            parity::run_parity(&root, rest).and_then(|()| convert_parity::after_parity(&root, rest))
+        }
         Some("-h") | Some("--help") | None => {
             println!("{USAGE}");
             Ok(())
