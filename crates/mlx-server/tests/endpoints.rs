@@ -645,3 +645,39 @@ async fn shutdown_lets_open_requests_finish() {
         "the listener is closed"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streams_send_keepalive_comments_while_queued_and_prefilling() {
+    let cfg = ServerConfig {
+        decode_concurrency: 1,
+        prefill_step_size: 8,
+        keepalive_interval: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let server = scripted_server(cfg, Duration::from_millis(10)).await;
+    let addr = server.local_addr();
+    let essay = json!({"messages": user("write an essay"), "stream": true, "max_tokens": 60});
+    let mut running = SseStream::open(addr, "/v1/chat/completions", &essay).await;
+    // A long prompt is prefilled in chunks of 8 tokens, each reported as a comment.
+    let long =
+        json!({"messages": user(&"many words here ".repeat(20)), "stream": true, "max_tokens": 2});
+    let mut queued = SseStream::open(addr, "/v1/chat/completions", &long).await;
+    let mut events = Vec::new();
+    while let Some(ev) = queued.next_event().await {
+        if ev.starts_with("data: ") {
+            break;
+        }
+        events.push(ev);
+    }
+    assert!(
+        events.iter().any(|e| e == ": keepalive"),
+        "interval keep-alive while queued: {events:?}"
+    );
+    let progress: Vec<&String> = events
+        .iter()
+        .filter(|e| e.starts_with(": keepalive ") && e.contains('/'))
+        .collect();
+    assert!(progress.len() >= 5, "prefill progress comments: {events:?}");
+    assert!(running.collect_data().await.len() > 2);
+    server.shutdown().await.unwrap();
+}
