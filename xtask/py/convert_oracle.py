@@ -118,7 +118,7 @@ GOLDEN_CASES = {
     "llama-q3-g32-bf16": ("llama-small-f32-tied", ["-q", "--q-bits", "3", "--q-group-size", "32", "--dtype", "bfloat16"]),
     "llama-nvfp4": ("llama-small-f32-tied", ["-q", "--q-mode", "nvfp4"]),
     "llama-q4-dequantized-f16": ("llama-small-q4-g32", ["-d", "--dtype", "float16"]),
-    "qwen3_moe-q8-g32": ("qwen3_moe-small-f32", ["-q", "--q-bits", "8", "--q-group-size", "32"]),
+    "mixtral-q8-g32": ("mixtral-small-f32", ["-q", "--q-bits", "8", "--q-group-size", "32"]),
 }
 DYNAMIC_MODEL = "llama-small-f32-tied"
 

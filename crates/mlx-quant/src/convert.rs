@@ -359,3 +359,47 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport> {
         copied,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("mlxq-scratch-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn staging_directory_is_removed_unless_persisted() {
+        let d = tmp("drop");
+        let target = d.join("model");
+        {
+            let s = Scratch::beside(&target, "partial").unwrap();
+            std::fs::create_dir_all(s.path()).unwrap();
+            std::fs::write(s.path().join("model.safetensors"), b"half").unwrap();
+            assert!(s.path().starts_with(&d));
+        }
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
+        let s = Scratch::beside(&target, "partial").unwrap();
+        std::fs::create_dir_all(s.path()).unwrap();
+        s.persist(&target).unwrap();
+        assert!(target.is_dir());
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn persisting_onto_an_existing_path_fails_and_cleans_up() {
+        let d = tmp("exists");
+        let target = d.join("model");
+        std::fs::create_dir_all(&target).unwrap();
+        let s = Scratch::beside(&target, "partial").unwrap();
+        std::fs::create_dir_all(s.path()).unwrap();
+        let err = s.persist(&target).unwrap_err();
+        assert!(matches!(err, QuantError::OutputExists { .. }));
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
