@@ -53,6 +53,12 @@ pub struct Submission {
 }
 
 impl Submission {
+    /// A submission fed by `events` instead of the engine (to drive [`crate::output`]
+    /// directly, e.g. in tests).
+    pub fn from_events(events: UnboundedReceiver<EngineEvent>) -> Submission {
+        Submission { events, cancel: Arc::new(AtomicBool::new(false)) }
+    }
+
     /// Stops the generation (also done on drop).
     pub fn cancel(&self) {
         self.cancel.store(true, Ordering::Relaxed);
