@@ -1,0 +1,78 @@
+//! Shared helpers of the binary tests: paths, running a binary, temp model dirs.
+#![allow(dead_code)]
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The workspace root (goldens' relative paths are relative to it).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("bins/ has a parent")
+        .to_path_buf()
+}
+
+/// `goldens/generate`.
+pub fn goldens() -> PathBuf {
+    root().join("goldens/generate")
+}
+
+/// A tiny model with a tokenizer, committed in goldens/generate/models.
+pub fn golden_model(name: &str) -> PathBuf {
+    goldens().join("models").join(name)
+}
+
+/// Runs `mlx-generate` in the workspace root with `args`, feeding `stdin`.
+pub fn generate(args: &[&str], stdin: &[u8]) -> Output {
+    run(env!("CARGO_BIN_EXE_mlx-generate"), args, stdin)
+}
+
+/// Runs `bin` in the workspace root.
+pub fn run(bin: &str, args: &[&str], stdin: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(bin)
+        .args(args)
+        .current_dir(root())
+        .env_remove("MLX_LOG")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    if let Some(mut pipe) = child.stdin.take() {
+        // The binary may exit before reading: a broken pipe is fine here.
+        let _ = pipe.write_all(stdin);
+    }
+    child.wait_with_output().expect("the binary finishes")
+}
+
+/// A directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// A fresh, empty directory named after `tag` and this process.
+    pub fn new(tag: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("mlx-bins-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+
+    /// A copy of a golden model in this directory.
+    pub fn copy_model(&self, name: &str) -> PathBuf {
+        let src = golden_model(name);
+        let dst = self.0.join(name);
+        std::fs::create_dir_all(&dst).expect("model dir");
+        for entry in std::fs::read_dir(&src).expect("golden model dir") {
+            let entry = entry.expect("dir entry");
+            std::fs::copy(entry.path(), dst.join(entry.file_name())).expect("copy");
+        }
+        dst
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
