@@ -3,7 +3,9 @@
 Subcommands:
   models OUT_DIR --tokenizer DIR [--only a,b]
       Tiny seeded checkpoints (make_tiny_models.py's variants) whose vocab_size is the
-      tokenizer's, with the tokenizer files copied in, so `mlx_lm generate` runs on them.
+      tokenizer's, with the tokenizer files copied in, so `mlx_lm generate` runs on them
+      (xtask passes goldens/generate/tokenizer: a byte-level BPE trained here, small
+      enough that a debug build loads it in milliseconds).
   dequantize SRC DST
       A float32 copy of a quantized model (mlx-lm's dequantize_model; tokenizer files
       copied verbatim), so mlx-lm's slow CPU quantized path is avoided.
@@ -11,10 +13,11 @@ Subcommands:
       Runs `mlx_lm generate` / `mlx_lm cache_prompt` cases in this one process (same
       `main()` as `python -m mlx_lm ...`, one import instead of one per case) and writes
       each case's stdout (or error), the prompt ids and generated tokens.
-  goldens OUT_DIR
-      The small committed set in goldens/generate: a trained byte-level BPE tokenizer,
-      tiny models using it, an mlx-lm prompt cache file and cases.json with mlx-lm's
-      outputs (checked by bins/tests/generate_goldens.rs without Python).
+  goldens OUT_DIR [--root DIR]
+      The small committed set in goldens/generate: tokenizer/ (a byte-level BPE trained
+      on a fixed text, ChatML template), tiny models using it, an mlx-lm prompt cache
+      file, cases.json with mlx-lm's outputs (checked by bins/tests/generate_goldens.rs
+      without Python) and mlx_lm_generate_help.txt (bins/tests/help_flags.rs).
 
 A case is {"id", "cmd": "generate"|"cache_prompt"|"compare_caches", "args": [...],
 "stdin": optional text, "reseed": optional bool}. With "reseed", the PRNG is seeded
@@ -125,6 +128,10 @@ def copy_tokenizer(tok_dir, dest):
 
 def write_model(out, name, arch, overrides, opts, tok_dir, vocab):
     overrides = dict(overrides, vocab_size=vocab)
+    if arch == "gemma2":
+        # mlx_lm.load validates the config strictly: this field must be an int.
+        qpas = overrides.get("query_pre_attn_scalar", tiny.ARCHS[arch]["query_pre_attn_scalar"])
+        overrides["query_pre_attn_scalar"] = int(qpas)
     if "quant" in opts:
         dest = tiny.write_quantized(out, name, arch, overrides, opts)
     else:
@@ -264,8 +271,10 @@ def cmd_run(a):
     cases = json.loads(Path(a.cases).read_text())
     mx.set_default_device(mx.cpu)
     results = {}
-    for case in cases:
+    for i, case in enumerate(cases):
+        print(f"\rmlx-lm {i + 1}/{len(cases)}", end="", file=sys.stderr, flush=True)
         results[case["id"]] = run_case(case)
+    print(file=sys.stderr)
     Path(a.out).write_text(json.dumps(results, indent=1, ensure_ascii=False))
 
 
@@ -282,6 +291,16 @@ def key_draws(model_dir):
             return n
         mx.random.uniform()
     return -1
+
+
+def write_help(dest):
+    """`mlx_lm generate --help` at a fixed width (argparse wraps by $COLUMNS)."""
+    os.environ["COLUMNS"] = "100"
+    from mlx_lm.generate import setup_arg_parser
+
+    parser = setup_arg_parser()
+    parser.prog = "mlx_lm.generate"
+    dest.write_text(parser.format_help())
 
 
 def write_small_tokenizer(dest):
@@ -333,12 +352,16 @@ def golden_cases(models_rel, pc_rel):
          chat + ["--temp", "1.0", "--top-k", "5", "--seed", "3", "--verbose", "False"], {"seeded": True}),
         ("llama-min-p-seed", m("llama-small-f32"),
          chat + ["--temp", "0.7", "--min-p", "0.1", "--seed", "11", "--verbose", "False"], {"seeded": True}),
-        ("llama-max-kv-size", m("llama-small-f32"),
+        # mlx-lm's llama defines make_cache, so it ignores --max-kv-size; qwen3 rotates.
+        ("llama-max-kv-size-ignored", m("llama-small-f32"),
          ["--prompt", "Once upon a time, there was a tiny model", "--ignore-chat-template",
-          "--max-kv-size", "12", "--max-tokens", "24", "--verbose", "False"], {}),
-        ("llama-max-kv-size-seed", m("llama-small-f32"),
+          "--max-kv-size", "24", "--max-tokens", "24", "--verbose", "False"], {}),
+        ("qwen3-max-kv-size", m("qwen3-small-bf16"),
          ["--prompt", "Once upon a time, there was a tiny model", "--ignore-chat-template",
-          "--max-kv-size", "12", "--max-tokens", "24", "--temp", "0.9", "--seed", "13", "--verbose", "False"],
+          "--max-kv-size", "24", "--max-tokens", "24", "--verbose", "False"], {}),
+        ("qwen3-max-kv-size-seed", m("qwen3-small-bf16"),
+         ["--prompt", "Once upon a time, there was a tiny model", "--ignore-chat-template",
+          "--max-kv-size", "24", "--max-tokens", "24", "--temp", "0.9", "--seed", "13", "--verbose", "False"],
          {"seeded": True}),
         ("llama-system-prefill-step", m("llama-small-f32"),
          ["--prompt", "Hello", "--system-prompt", "Be brief.", "--prefill-step-size", "4",
@@ -368,7 +391,7 @@ def cmd_goldens(a):
     mx.set_default_device(mx.cpu)
     for name, (arch, overrides, opts) in GOLDEN_VARIANTS.items():
         write_model(models, name, arch, overrides, opts, tok_dir, vocab)
-    shutil.rmtree(tok_dir)
+    write_help(out / "mlx_lm_generate_help.txt")
     rel = lambda p: os.path.relpath(p, root)  # noqa: E731
     pc = out / "llama-small-f32.prompt-cache.safetensors"
     os.chdir(root)
@@ -389,7 +412,7 @@ def cmd_goldens(a):
             "name": name,
             "model": model,
             "args": full,
-            "ours_extra_args": ["--keep-quantized"] if opts.get("keep_quantized") else [],
+            "ours_extra_args": ["--keep-quantized"] if opts.get("keep_quantized") or "bf16" in model else [],
             "seeded": bool(opts.get("seeded")),
             "stdout": res["stdout"],
             "prompt_ids": res["prompt_ids"],

@@ -2,498 +2,39 @@
 //! against `python -m mlx_lm generate` with the same flags.
 //!
 //! Models: tiny seeded checkpoints of every architecture (make_tiny_models.py's
-//! variants, written by `xtask/py/gen_oracle.py models` with the default model's
-//! tokenizer and a matching vocab_size, into `.cache/parity/generate/models`), and the
-//! default model (SmolLM2-135M-Instruct): ours dequantized vs mlx-lm on a float32 copy,
-//! plus one short `--keep-quantized` run vs mlx-lm's 4-bit path.
+//! variants, written by `xtask/py/gen_oracle.py models` into
+//! `.cache/parity/generate/models` with the committed byte-level BPE tokenizer of
+//! `goldens/generate/tokenizer` and a matching vocab_size), and the default model
+//! (SmolLM2-135M-Instruct, its real tokenizer): ours dequantized on load vs mlx-lm on a
+//! float32 copy, plus one short `--keep-quantized` run vs mlx-lm's 4-bit path.
 //!
-//! Cases: greedy (verbose output, timing numbers masked), raw prompt, seeded top-p /
-//! top-k / min-p / XTC, `--kv-bits` with a small `--quantized-kv-start`, `--max-kv-size`
-//! crossed by generation, `--prompt-cache-file` written by `mlx_lm cache_prompt` and by
-//! our `mlx-cache-prompt` (both files loaded by both sides, and compared tensor by
-//! tensor), and the prompt/template flags. mlx-lm runs all cases in one process
-//! (`gen_oracle.py run`, the same `main()` as the CLI); its answers are cached by a hash
-//! of the cases. A seeded case that differs is run again by mlx-lm with the PRNG
-//! seeded after loading: "PRNG" in the table means only the random keys mlx-lm's
-//! model construction draws make the difference.
+//! Cases (see `cases.rs`): greedy (verbose output, timing numbers masked), raw prompt,
+//! seeded top-p / top-k / min-p / XTC, `--kv-bits` with a small `--quantized-kv-start`,
+//! `--max-kv-size` crossed by generation, `--prompt-cache-file` written by
+//! `mlx_lm cache_prompt` and by our `mlx-cache-prompt` (both files loaded by both
+//! sides, and compared tensor by tensor), and the prompt/template flags. mlx-lm runs
+//! all cases in one process (`gen_oracle.py run`, the same `main()` as the CLI); its
+//! answers are cached under `.cache/parity/generate` by a hash of the cases.
+//!
+//! A seeded case that differs is run again by mlx-lm with the PRNG seeded after
+//! loading: `PRNG` in the table means the only difference is the random keys mlx-lm's
+//! model construction draws. `known` marks a deliberate difference (not a failure).
 //!
 //! Options (after `cargo xtask parity`): `--gen-only`, `--no-gen`, `--gen-filter S`
-//! (cases whose id contains S), `--no-build` (use the binaries as they are).
+//! (cases whose `row/col` contains S), `--no-build` (use the binaries as built).
 use anyhow::{bail, Context, Result};
+use cases::{p, Case, Cmd};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+mod cases;
+
 const GEN_ORACLE: &str = "xtask/py/gen_oracle.py";
 const MAKE: &str = "xtask/py/make_tiny_models.py";
+const TOKENIZER: &str = "goldens/generate/tokenizer";
 const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
-
-/// Tiny generation models (names of make_tiny_models.py variants, see gen_oracle.py).
-const TINY: &[&str] = &[
-    "llama-f32-tied",
-    "llama-bf16",
-    "llama-f32-hd32",
-    "llama-f32-sliding",
-    "llama-q4-g32",
-    "mistral-f32-sharded",
-    "qwen2-f32-tied",
-    "qwen3-f32-tied",
-    "qwen3-f32-hd32",
-    "qwen3-q8",
-    "phi3-f32",
-    "gemma2-f32",
-    "gemma3_text-f32-tied",
-    "gemma3-f32-multimodal",
-    "qwen3_moe-f32",
-    "mixtral-f32",
-];
-/// Head dim 32: the KV cache can be quantized with group size 32.
-const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];
-/// Prompt-cache cases run on these.
-const PROMPT_CACHE: &[&str] = &[
-    "llama-f32-tied",
-    "qwen3-f32-tied",
-    "gemma3_text-f32-tied",
-    "llama-f32-hd32",
-];
-const QUANTIZED: &[&str] = &["llama-q4-g32", "qwen3-q8"];
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Cmd {
-    Generate,
-    CachePrompt,
-    CompareCaches,
-}
-
-impl Cmd {
-    fn oracle_name(self) -> &'static str {
-        match self {
-            Cmd::Generate => "generate",
-            Cmd::CachePrompt => "cache_prompt",
-            Cmd::CompareCaches => "compare_caches",
-        }
-    }
-}
-
-/// One comparison: mlx-lm with `py_args`, ours with `our_args`.
-struct Case {
-    /// Table row.
-    row: String,
-    /// Table column.
-    col: &'static str,
-    cmd: Cmd,
-    py_args: Vec<String>,
-    our_args: Vec<String>,
-    stdin: Option<String>,
-    seeded: bool,
-    /// Ours runs before the oracle (it writes a file mlx-lm reads).
-    ours_first: bool,
-}
-
-impl Case {
-    fn id(&self) -> String {
-        format!("{}/{}", self.row, self.col)
-    }
-}
-
-fn s(v: &[&str]) -> Vec<String> {
-    v.iter().map(|x| x.to_string()).collect()
-}
-
-fn p(path: &Path) -> String {
-    path.to_string_lossy().into_owned()
-}
-
-/// A case run with the same flags on both sides.
-fn same(row: &str, col: &'static str, args: Vec<String>, ours_extra: &[&str]) -> Case {
-    let mut our_args = args.clone();
-    our_args.extend(s(ours_extra));
-    let seeded = args.iter().any(|a| a == "--seed");
-    Case {
-        row: row.into(),
-        col,
-        cmd: Cmd::Generate,
-        py_args: args,
-        our_args,
-        stdin: None,
-        seeded,
-        ours_first: false,
-    }
-}
-
-fn with_model(model: &Path, rest: &[String]) -> Vec<String> {
-    let mut v = vec!["--model".to_string(), p(model)];
-    v.extend(rest.iter().cloned());
-    v
-}
-
-const CHAT: &[&str] = &["--prompt", "Tell me a story", "--max-tokens", "12"];
-const RAW: &[&str] = &[
-    "--prompt",
-    "Once upon a time",
-    "--ignore-chat-template",
-    "--max-tokens",
-    "12",
-];
-const QUIET: &[&str] = &["--verbose", "False"];
-
-fn cat(parts: &[&[&str]]) -> Vec<String> {
-    parts
-        .iter()
-        .flat_map(|p| p.iter())
-        .map(|x| x.to_string())
-        .collect()
-}
-
-fn tiny_cases(models: &Path, pc_dir: &Path, have_cache_prompt: bool) -> Vec<Case> {
-    let mut cases = Vec::new();
-    for &name in TINY {
-        let dir = models.join(name);
-        let extra: &[&str] = if QUANTIZED.contains(&name) {
-            &["--keep-quantized"]
-        } else {
-            &[]
-        };
-        let add = |cases: &mut Vec<Case>, col: &'static str, rest: Vec<String>| {
-            cases.push(same(name, col, with_model(&dir, &rest), extra));
-        };
-        add(&mut cases, "greedy", cat(&[CHAT]));
-        add(&mut cases, "raw", cat(&[RAW, QUIET]));
-        add(
-            &mut cases,
-            "top-p",
-            cat(&[
-                CHAT,
-                QUIET,
-                &["--temp", "0.8", "--top-p", "0.9", "--seed", "7"],
-            ]),
-        );
-        add(
-            &mut cases,
-            "top-k",
-            cat(&[
-                CHAT,
-                QUIET,
-                &["--temp", "1.0", "--top-k", "5", "--seed", "3"],
-            ]),
-        );
-        add(
-            &mut cases,
-            "min-p",
-            cat(&[
-                CHAT,
-                QUIET,
-                &["--temp", "0.7", "--min-p", "0.1", "--seed", "11"],
-            ]),
-        );
-        add(
-            &mut cases,
-            "kv-size",
-            cat(&[
-                &[
-                    "--prompt",
-                    "Once upon a time, there was",
-                    "--ignore-chat-template",
-                ],
-                &["--max-kv-size", "12", "--max-tokens", "20"],
-                QUIET,
-            ]),
-        );
-        if HD32.contains(&name) {
-            add(
-                &mut cases,
-                "kv-bits",
-                cat(&[
-                    CHAT,
-                    QUIET,
-                    &[
-                        "--kv-bits",
-                        "4",
-                        "--kv-group-size",
-                        "32",
-                        "--quantized-kv-start",
-                        "8",
-                    ],
-                ]),
-            );
-        }
-        if PROMPT_CACHE.contains(&name) {
-            let kv: &[&str] = if HD32.contains(&name) {
-                &[
-                    "--kv-bits",
-                    "8",
-                    "--kv-group-size",
-                    "32",
-                    "--quantized-kv-start",
-                    "0",
-                ]
-            } else {
-                &[]
-            };
-            let gen_kv: &[&str] = if kv.is_empty() {
-                &[]
-            } else {
-                &["--kv-bits", "8", "--kv-group-size", "32"]
-            };
-            prompt_cache_cases(
-                &mut cases,
-                name,
-                &dir,
-                pc_dir,
-                kv,
-                gen_kv,
-                extra,
-                have_cache_prompt,
-            );
-        }
-    }
-    cases
-}
-
-#[allow(clippy::too_many_arguments)]
-fn prompt_cache_cases(
-    cases: &mut Vec<Case>,
-    row: &str,
-    dir: &Path,
-    pc_dir: &Path,
-    kv: &[&str],
-    gen_kv: &[&str],
-    extra: &[&str],
-    have_cache_prompt: bool,
-) {
-    let py_file = pc_dir.join(format!("{row}.mlx-lm.safetensors"));
-    let our_file = pc_dir.join(format!("{row}.ours.safetensors"));
-    let make = |file: &Path| {
-        let mut a = with_model(dir, &s(&["--prompt", "Tell me a story"]));
-        a.extend(["--prompt-cache-file".to_string(), p(file)]);
-        a.extend(s(kv));
-        a
-    };
-    let gen = |file: &Path| {
-        // No --model: both take it from the file's metadata.
-        let mut a = s(&[
-            "--prompt",
-            " about dragons",
-            "--max-tokens",
-            "10",
-            "--verbose",
-            "False",
-        ]);
-        a.extend(["--prompt-cache-file".to_string(), p(file)]);
-        a.extend(s(gen_kv));
-        a
-    };
-    cases.push(Case {
-        row: row.into(),
-        col: "pc-write",
-        cmd: Cmd::CachePrompt,
-        py_args: make(&py_file),
-        our_args: Vec::new(),
-        stdin: None,
-        seeded: false,
-        ours_first: false,
-    });
-    cases.push(same(row, "pc-mlx-lm", gen(&py_file), extra));
-    if have_cache_prompt {
-        let mut our_args = make(&our_file);
-        our_args.extend(s(extra));
-        cases.push(Case {
-            row: row.into(),
-            col: "pc-ours-file",
-            cmd: Cmd::CachePrompt,
-            py_args: Vec::new(),
-            our_args,
-            stdin: None,
-            seeded: false,
-            ours_first: true,
-        });
-        cases.push(Case {
-            row: row.into(),
-            col: "pc-files-equal",
-            cmd: Cmd::CompareCaches,
-            py_args: vec![p(&py_file), p(&our_file)],
-            our_args: Vec::new(),
-            stdin: None,
-            seeded: false,
-            ours_first: false,
-        });
-        cases.push(same(row, "pc-ours", gen(&our_file), extra));
-    }
-}
-
-/// Prompt and template flags, on one model.
-fn flag_cases(models: &Path) -> Vec<Case> {
-    let name = "llama-f32-tied";
-    let dir = models.join(name);
-    let row = "flags(llama-f32-tied)";
-    let mut cases = Vec::new();
-    let mut add = |col: &'static str, rest: Vec<String>| {
-        cases.push(same(row, col, with_model(&dir, &rest), &[]))
-    };
-    add(
-        "system",
-        cat(&[CHAT, QUIET, &["--system-prompt", "Be brief."]]),
-    );
-    add(
-        "prefill",
-        cat(&[CHAT, QUIET, &["--prefill-response", "Sure, here"]]),
-    );
-    add(
-        "escapes",
-        cat(&[
-            &["--prompt", "line one\\nline\\ttwo", "--max-tokens", "8"],
-            QUIET,
-        ]),
-    );
-    add("step-3", cat(&[CHAT, QUIET, &["--prefill-step-size", "3"]]));
-    add(
-        "eos",
-        cat(&[CHAT, QUIET, &["--extra-eos-token", "Ġthe", "Ġa"]]),
-    );
-    add(
-        "tmpl-cfg",
-        cat(&[
-            CHAT,
-            QUIET,
-            &[
-                "--use-default-chat-template",
-                "--chat-template-config",
-                "{\"x\": 1}",
-            ],
-        ]),
-    );
-    add(
-        "xtc",
-        cat(&[
-            CHAT,
-            QUIET,
-            &[
-                "--temp",
-                "1.0",
-                "--xtc-probability",
-                "0.5",
-                "--xtc-threshold",
-                "0.01",
-                "--seed",
-                "9",
-            ],
-        ]),
-    );
-    add(
-        "min-keep",
-        cat(&[
-            CHAT,
-            QUIET,
-            &[
-                "--temp",
-                "1.0",
-                "--min-p",
-                "0.5",
-                "--min-tokens-to-keep",
-                "4",
-                "--seed",
-                "2",
-            ],
-        ]),
-    );
-    add(
-        "top-p+k",
-        cat(&[
-            CHAT,
-            QUIET,
-            &[
-                "--temp", "0.6", "--top-p", "0.5", "--top-k", "20", "--seed", "4",
-            ],
-        ]),
-    );
-    let mut stdin = same(
-        row,
-        "stdin",
-        with_model(
-            &dir,
-            &cat(&[&["--prompt", "-", "--max-tokens", "8"], QUIET]),
-        ),
-        &[],
-    );
-    stdin.stdin = Some("From standard input: héllo\n".into());
-    cases.push(stdin);
-    cases
-}
-
-/// The default model: ours (dequantized on load) vs mlx-lm on a float32 copy.
-fn default_cases(q4: &Path, f32: &Path, pc_dir: &Path, have_cache_prompt: bool) -> Vec<Case> {
-    let row = "SmolLM2-135M";
-    let mut cases = Vec::new();
-    let chat: &[&str] = &[
-        "--prompt",
-        "What is the capital of France?",
-        "--max-tokens",
-        "16",
-    ];
-    let both = |col: &'static str, rest: Vec<String>, ours_q4: bool| {
-        let mut c = same(row, col, with_model(f32, &rest), &[]);
-        if ours_q4 {
-            c.our_args = with_model(q4, &rest);
-        }
-        c
-    };
-    cases.push(both("greedy", cat(&[chat]), true));
-    cases.push(both("greedy-f32", cat(&[chat, QUIET]), false));
-    let mut dflt = both("default", cat(&[chat, QUIET]), false);
-    dflt.our_args = cat(&[chat, QUIET]);
-    cases.push(dflt);
-    cases.push(both(
-        "top-p",
-        cat(&[
-            chat,
-            QUIET,
-            &["--temp", "0.8", "--top-p", "0.9", "--seed", "42"],
-        ]),
-        true,
-    ));
-    cases.push(both(
-        "kv-bits",
-        cat(&[
-            chat,
-            QUIET,
-            &["--kv-bits", "8", "--quantized-kv-start", "8"],
-        ]),
-        true,
-    ));
-    cases.push(both(
-        "kv-size",
-        cat(&[chat, QUIET, &["--max-kv-size", "40", "--max-tokens", "24"]]),
-        true,
-    ));
-    let q4_args = cat(&[
-        &[
-            "--prompt",
-            "hello",
-            "--ignore-chat-template",
-            "--max-tokens",
-            "4",
-        ],
-        QUIET,
-    ]);
-    cases.push(same(
-        row,
-        "q4-keep",
-        with_model(q4, &q4_args),
-        &["--keep-quantized"],
-    ));
-    prompt_cache_cases(
-        &mut cases,
-        row,
-        f32,
-        pc_dir,
-        &[],
-        &[],
-        &[],
-        have_cache_prompt,
-    );
-    cases
-}
 
 fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
@@ -566,16 +107,17 @@ fn hex(h: impl Hasher) -> String {
 
 /// Writes the tiny models and the float32 copy of the default model when stale.
 fn prepare_models(root: &Path, py: &Path, gen_dir: &Path, default: &Path) -> Result<()> {
+    let tokenizer = root.join(TOKENIZER);
     let mut h = std::collections::hash_map::DefaultHasher::new();
     hash_files(
         &mut h,
         &[
             root.join(MAKE),
             root.join(GEN_ORACLE),
-            default.join("tokenizer.json"),
+            tokenizer.join("tokenizer.json"),
         ],
     );
-    TINY.hash(&mut h);
+    cases::TINY.hash(&mut h);
     let stamp = gen_dir.join(".stamp");
     let key = hex(h);
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == key) {
@@ -590,17 +132,20 @@ fn prepare_models(root: &Path, py: &Path, gen_dir: &Path, default: &Path) -> Res
             .with_context(|| format!("clearing {}", gen_dir.display()))?;
     }
     std::fs::create_dir_all(gen_dir)?;
-    crate::parity::run(Command::new(py).arg(root.join(GEN_ORACLE)).args([
+    let oracle = root.join(GEN_ORACLE);
+    let models = p(&gen_dir.join("models"));
+    crate::parity::run(Command::new(py).arg(&oracle).args([
         "models",
-        &p(&gen_dir.join("models")),
+        &models,
         "--tokenizer",
-        &p(default),
+        &p(&tokenizer),
     ]))?;
-    crate::parity::run(Command::new(py).arg(root.join(GEN_ORACLE)).args([
-        "dequantize",
-        &p(default),
-        &p(&gen_dir.join("smollm2-f32")),
-    ]))?;
+    let f32 = p(&gen_dir.join("smollm2-f32"));
+    crate::parity::run(
+        Command::new(py)
+            .arg(&oracle)
+            .args(["dequantize", &p(default), &f32]),
+    )?;
     std::fs::write(&stamp, key)?;
     Ok(())
 }
@@ -612,35 +157,36 @@ struct Output {
     error: Option<String>,
 }
 
-fn json_str(v: &serde_json::Value, k: &str) -> Option<String> {
-    v.get(k).and_then(|x| x.as_str()).map(str::to_string)
-}
-
-/// Runs the mlx-lm side for `cases` (cached by a hash of the cases and the files they read).
+/// Runs the mlx-lm side of `cases` (cached by a hash of the cases, the files they
+/// read, and `salt`), as the file `oracle-<tag>-<hash>.json`.
 fn oracle(
     root: &Path,
     py: &Path,
     gen_dir: &Path,
+    tag: &str,
     cases: &[serde_json::Value],
-    extra_hash: &str,
+    salt: &str,
 ) -> Result<HashMap<String, Output>> {
+    if cases.is_empty() {
+        return Ok(HashMap::new());
+    }
     let text = serde_json::to_string_pretty(cases)?;
     let mut h = std::collections::hash_map::DefaultHasher::new();
     text.hash(&mut h);
-    extra_hash.hash(&mut h);
-    hash_files(&mut h, &[root.join(GEN_ORACLE)]);
-    let key = hex(h);
-    let answers = gen_dir.join(format!("oracle-{key}.json"));
+    salt.hash(&mut h);
+    hash_files(&mut h, &[root.join(GEN_ORACLE), gen_dir.join(".stamp")]);
+    let answers = gen_dir.join(format!("oracle-{tag}-{}.json", hex(h)));
     if !answers.is_file() {
+        let prefix = format!("oracle-{tag}-");
         for e in std::fs::read_dir(gen_dir)?.flatten() {
-            if e.file_name().to_string_lossy().starts_with("oracle-") {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
                 let _ = std::fs::remove_file(e.path());
             }
         }
-        let cases_file = gen_dir.join("cases.json");
+        let cases_file = gen_dir.join(format!("cases-{tag}.json"));
         std::fs::write(&cases_file, &text)?;
         let tmp = gen_dir.join("oracle.tmp.json");
-        eprintln!("parity: running {} mlx-lm cases", cases.len());
+        eprintln!("parity: running {} mlx-lm cases ({tag})", cases.len());
         crate::parity::run(Command::new(py).arg(root.join(GEN_ORACLE)).args([
             "run",
             &p(&cases_file),
@@ -649,17 +195,18 @@ fn oracle(
         std::fs::rename(&tmp, &answers)?;
     }
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&answers)?)?;
+    let field =
+        |r: &serde_json::Value, k: &str| r.get(k).and_then(|x| x.as_str()).map(str::to_string);
     let mut out = HashMap::new();
-    if let Some(obj) = v.as_object() {
-        for (k, r) in obj {
-            out.insert(
-                k.clone(),
-                Output {
-                    stdout: json_str(r, "stdout").unwrap_or_default(),
-                    error: json_str(r, "error"),
-                },
-            );
-        }
+    for (k, r) in v.as_object().into_iter().flatten() {
+        let stdout = field(r, "stdout").unwrap_or_default();
+        out.insert(
+            k.clone(),
+            Output {
+                stdout,
+                error: field(r, "error"),
+            },
+        );
     }
     Ok(out)
 }
@@ -677,27 +224,29 @@ fn ours(bin: &Path, args: &[String], stdin: Option<&str>) -> Result<Output> {
         let _ = pipe.write_all(stdin.unwrap_or_default().as_bytes());
     }
     let out = child.wait_with_output()?;
-    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr)
+        .trim()
+        .replace('\n', " | ");
     Ok(Output {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        error: (!out.status.success()).then(|| format!("{} {stderr}", out.status)),
+        error: (!out.status.success()).then(|| format!("{}: {stderr}", out.status)),
     })
 }
 
 /// Masks the timing numbers of verbose output (token counts stay).
 fn normalize(text: &str) -> String {
+    let masked = |line: &str, prefix: &str| {
+        line.strip_prefix(prefix)
+            .and_then(|rest| rest.split_once(" tokens, "))
+            .map(|(n, _)| format!("{prefix}{n} tokens, <tps>"))
+    };
     text.split('\n')
         .map(|line| {
-            let masked = |prefix: &str| {
-                line.strip_prefix(prefix)
-                    .and_then(|rest| rest.split_once(" tokens, "))
-                    .map(|(n, _)| format!("{prefix}{n} tokens, <tps>"))
-            };
             if line.starts_with("Peak memory: ") {
                 "Peak memory: <gb>".to_string()
             } else {
-                masked("Prompt: ")
-                    .or_else(|| masked("Generation: "))
+                masked(line, "Prompt: ")
+                    .or_else(|| masked(line, "Generation: "))
                     .unwrap_or_else(|| line.to_string())
             }
         })
@@ -718,11 +267,12 @@ fn first_difference(a: &str, b: &str) -> String {
 }
 
 fn oracle_case(c: &Case, reseed: bool) -> serde_json::Value {
-    let mut v = serde_json::json!({
-        "id": if reseed { format!("{}#reseed", c.id()) } else { c.id() },
-        "cmd": c.cmd.oracle_name(),
-        "args": c.py_args,
-    });
+    let id = if reseed {
+        format!("{}#reseed", c.id())
+    } else {
+        c.id()
+    };
+    let mut v = serde_json::json!({"id": id, "cmd": c.cmd.oracle_name(), "args": c.py_args});
     if let Some(s) = &c.stdin {
         v["stdin"] = serde_json::json!(s);
     }
@@ -730,6 +280,63 @@ fn oracle_case(c: &Case, reseed: bool) -> serde_json::Value {
         v["reseed"] = serde_json::json!(true);
     }
     v
+}
+
+/// A table cell and, when not "ok", the line that explains it.
+struct Verdict {
+    cell: &'static str,
+    detail: Option<String>,
+}
+
+impl Verdict {
+    fn ok() -> Verdict {
+        Verdict {
+            cell: "ok",
+            detail: None,
+        }
+    }
+    fn bad(cell: &'static str, detail: String) -> Verdict {
+        Verdict {
+            cell,
+            detail: Some(detail),
+        }
+    }
+    fn failed(&self) -> bool {
+        !matches!(self.cell, "ok" | "known")
+    }
+}
+
+fn compare_generation(c: &Case, mine: &Output, py: Option<&Output>) -> Verdict {
+    let id = c.id();
+    let Some(py) = py else {
+        return Verdict::bad("-", format!("{id}: no mlx-lm answer"));
+    };
+    if let (Some(why), true) = (c.known, mine.error.is_some() || py.error.is_some()) {
+        let err = mine
+            .error
+            .as_ref()
+            .or(py.error.as_ref())
+            .cloned()
+            .unwrap_or_default();
+        return Verdict::bad("known", format!("{id}: {why}; {err}"));
+    }
+    match (&mine.error, &py.error) {
+        (Some(a), Some(b)) => {
+            return Verdict::bad("ERR", format!("{id}: both failed: ours {a} | mlx-lm {b}"))
+        }
+        (Some(a), None) => return Verdict::bad("ERR", format!("{id}: ours failed: {a}")),
+        (None, Some(b)) => return Verdict::bad("ERR", format!("{id}: mlx-lm failed: {b}")),
+        (None, None) => {}
+    }
+    let (a, b) = (normalize(&mine.stdout), normalize(&py.stdout));
+    if a == b {
+        return Verdict::ok();
+    }
+    let diff = first_difference(&a, &b);
+    match c.known {
+        Some(why) => Verdict::bad("known", format!("{id}: {why}; {diff}")),
+        None => Verdict::bad("DIFF", format!("{id}: {diff}")),
+    }
 }
 
 /// Runs the generation parity check and prints its table.
@@ -751,9 +358,9 @@ pub fn run_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
 
     let models = gen_dir.join("models");
     let have_cp = cp_bin.is_some();
-    let mut cases = tiny_cases(&models, &pc_dir, have_cp);
-    cases.extend(flag_cases(&models));
-    cases.extend(default_cases(
+    let mut cases = cases::tiny_cases(&models, &pc_dir, have_cp);
+    cases.extend(cases::flag_cases(&models));
+    cases.extend(cases::default_cases(
         &default,
         &gen_dir.join("smollm2-f32"),
         &pc_dir,
@@ -762,156 +369,145 @@ pub fn run_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
     cases.retain(|c| filter.is_empty() || c.id().contains(&filter));
 
     // Our prompt-cache files first: mlx-lm reads them.
-    let mut results: BTreeMap<String, Option<Output>> = BTreeMap::new();
-    let mut extra = std::collections::hash_map::DefaultHasher::new();
-    for c in cases.iter().filter(|c| c.ours_first) {
+    let mut verdicts: HashMap<String, Verdict> = HashMap::new();
+    let mut salt = std::collections::hash_map::DefaultHasher::new();
+    for c in cases
+        .iter()
+        .filter(|c| c.cmd == Cmd::CachePrompt && !c.our_args.is_empty())
+    {
         let Some(cp) = &cp_bin else { continue };
         let out = ours(cp, &c.our_args, c.stdin.as_deref())?;
-        if let Some(f) = c
+        let file = c
             .our_args
             .iter()
             .skip_while(|a| *a != "--prompt-cache-file")
-            .nth(1)
-        {
-            hash_files(&mut extra, &[PathBuf::from(f)]);
-        }
-        results.insert(c.id(), Some(out));
+            .nth(1);
+        hash_files(
+            &mut salt,
+            &file.map(PathBuf::from).into_iter().collect::<Vec<_>>(),
+        );
+        let v = match out.error {
+            Some(e) => Verdict::bad("ERR", format!("{}: ours failed: {e}", c.id())),
+            None => Verdict::ok(),
+        };
+        verdicts.insert(c.id(), v);
     }
-    let oracle_cases: Vec<serde_json::Value> = cases
+    let first: Vec<serde_json::Value> = cases
         .iter()
         .filter(|c| !c.py_args.is_empty())
-        .flat_map(|c| {
-            let mut v = vec![oracle_case(c, false)];
-            if c.seeded {
-                v.push(oracle_case(c, true));
-            }
-            v
-        })
+        .map(|c| oracle_case(c, false))
         .collect();
-    let expected = oracle(root, py, &gen_dir, &oracle_cases, &hex(extra))?;
+    let expected = oracle(root, py, &gen_dir, "main", &first, &hex(salt))?;
 
-    let mut table: BTreeMap<String, Vec<(&'static str, String)>> = BTreeMap::new();
-    let mut row_order: Vec<String> = Vec::new();
-    let mut details = Vec::new();
-    let mut failed = 0;
+    let mut outputs: HashMap<String, Output> = HashMap::new();
+    let total = cases.iter().filter(|c| c.cmd == Cmd::Generate).count();
+    let mut done = 0;
     for c in &cases {
         let id = c.id();
-        let py = expected.get(&id).cloned();
-        let cell = match c.cmd {
-            Cmd::CompareCaches => match py {
-                Some(o) if o.stdout == "identical" => "ok".to_string(),
-                Some(o) => {
-                    details.push(format!("{id}: {}{}", o.stdout, o.error.unwrap_or_default()));
-                    "DIFF".into()
-                }
-                None => "-".into(),
+        let py_out = expected.get(&id);
+        let v = match c.cmd {
+            Cmd::CompareCaches => match py_out {
+                Some(o) if o.stdout == "identical" => Verdict::ok(),
+                Some(o) => Verdict::bad(
+                    "DIFF",
+                    format!("{id}: {}{}", o.stdout, o.error.clone().unwrap_or_default()),
+                ),
+                None => Verdict::bad("-", format!("{id}: no mlx-lm answer")),
             },
-            Cmd::CachePrompt if c.ours_first => match results.get(&id).cloned().flatten() {
-                Some(Output { error: Some(e), .. }) => {
-                    details.push(format!("{id}: ours failed: {e}"));
-                    "ERR".into()
-                }
-                _ => "ok".into(),
-            },
-            Cmd::CachePrompt => match py.and_then(|o| o.error) {
-                Some(e) => {
-                    details.push(format!("{id}: mlx-lm failed: {e}"));
-                    "ERR".into()
-                }
-                None => "ok".into(),
+            Cmd::CachePrompt if c.py_args.is_empty() => continue,
+            Cmd::CachePrompt => match py_out.and_then(|o| o.error.clone()) {
+                Some(e) => Verdict::bad("ERR", format!("{id}: mlx-lm failed: {e}")),
+                None => Verdict::ok(),
             },
             Cmd::Generate => {
+                done += 1;
+                eprint!("\rparity: mlx-generate {done}/{total}");
                 let mine = ours(&gen_bin, &c.our_args, c.stdin.as_deref())?;
-                compare(
-                    c,
-                    &mine,
-                    py.as_ref(),
-                    expected.get(&format!("{id}#reseed")),
-                    &mut details,
-                )
+                let v = compare_generation(c, &mine, py_out);
+                outputs.insert(id.clone(), mine);
+                v
             }
         };
-        if cell != "ok" {
-            failed += 1;
-        }
-        if !table.contains_key(&c.row) {
-            row_order.push(c.row.clone());
-        }
-        table.entry(c.row.clone()).or_default().push((c.col, cell));
+        verdicts.insert(id, v);
     }
-    print_table(&row_order, &table);
-    for d in &details {
-        println!("  {d}");
+    eprintln!();
+
+    // Seeded cases that differ: does mlx-lm, seeded again after loading, agree?
+    let retry: Vec<&Case> = cases
+        .iter()
+        .filter(|c| c.seeded && verdicts.get(&c.id()).is_some_and(|v| v.cell == "DIFF"))
+        .collect();
+    let second: Vec<serde_json::Value> = retry.iter().map(|c| oracle_case(c, true)).collect();
+    let reseeded = oracle(root, py, &gen_dir, "reseed", &second, "")?;
+    for c in retry {
+        let id = c.id();
+        let (Some(mine), Some(r)) = (outputs.get(&id), reseeded.get(&format!("{id}#reseed")))
+        else {
+            continue;
+        };
+        if r.error.is_none() && normalize(&r.stdout) == normalize(&mine.stdout) {
+            let detail = verdicts
+                .get(&id)
+                .and_then(|v| v.detail.clone())
+                .unwrap_or_default();
+            verdicts.insert(
+                id,
+                Verdict::bad(
+                    "PRNG",
+                    format!("{detail} (equal once mlx-lm is seeded after loading)"),
+                ),
+            );
+        }
     }
+
+    let failed = report(&cases, &verdicts);
     if !have_cp {
         println!("  (mlx-cache-prompt is not built: our prompt-cache files were not checked)");
     }
-    let n = cases.len();
-    let secs = start.elapsed().as_secs_f64();
+    let (n, secs) = (verdicts.len(), start.elapsed().as_secs_f64());
     if failed > 0 {
-        println!(
-            "  PRNG = ours equals mlx-lm once mlx-lm's model-construction key draws are taken out"
-        );
         bail!("generation parity: {failed} of {n} cases differ from mlx-lm ({secs:.0} s)");
     }
-    println!("generation parity: all {n} cases identical to mlx-lm ({secs:.0} s)");
+    println!("generation parity: all {n} cases match mlx-lm ({secs:.0} s)");
     Ok(())
 }
 
-fn compare(
-    c: &Case,
-    mine: &Output,
-    py: Option<&Output>,
-    reseeded: Option<&Output>,
-    details: &mut Vec<String>,
-) -> String {
-    let id = c.id();
-    let Some(py) = py else { return "-".into() };
-    match (&mine.error, &py.error) {
-        (Some(a), Some(b)) => {
-            details.push(format!("{id}: both failed: ours {a} | mlx-lm {b}"));
-            return "ERR".into();
+/// Prints the table (one row per model, `col:verdict` cells) and the details; returns
+/// how many cases failed.
+fn report(cases: &[Case], verdicts: &HashMap<String, Verdict>) -> usize {
+    let mut rows: Vec<&str> = Vec::new();
+    let mut cells: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for c in cases {
+        let Some(v) = verdicts.get(&c.id()) else {
+            continue;
+        };
+        if !cells.contains_key(c.row.as_str()) {
+            rows.push(&c.row);
         }
-        (Some(a), None) => {
-            details.push(format!("{id}: ours failed: {a}"));
-            return "ERR".into();
-        }
-        (None, Some(b)) => {
-            details.push(format!("{id}: mlx-lm failed: {b}"));
-            return "ERR".into();
-        }
-        (None, None) => {}
+        cells
+            .entry(&c.row)
+            .or_default()
+            .push(format!("{}:{}", c.col, v.cell));
     }
-    let (a, b) = (normalize(&mine.stdout), normalize(&py.stdout));
-    if a == b {
-        return "ok".into();
-    }
-    if reseeded.is_some_and(|r| r.error.is_none() && normalize(&r.stdout) == a) {
-        details.push(format!(
-            "{id}: equal to mlx-lm seeded after loading; {}",
-            first_difference(&a, &b)
-        ));
-        return "PRNG".into();
-    }
-    details.push(format!("{id}: {}", first_difference(&a, &b)));
-    "DIFF".into()
-}
-
-fn print_table(rows: &[String], table: &BTreeMap<String, Vec<(&'static str, String)>>) {
     let width = rows.iter().map(|r| r.len()).max().unwrap_or(10);
     println!(
-        "\n{:width$}  generation (mlx-generate vs mlx_lm generate)",
+        "\n{:width$}  generation: mlx-generate vs mlx_lm generate",
         "model"
     );
-    for row in rows {
-        let cells: Vec<String> = table
-            .get(row)
-            .map(|v| {
-                v.iter()
-                    .map(|(col, cell)| format!("{col}:{cell}"))
-                    .collect()
-            })
-            .unwrap_or_default();
-        println!("{row:width$}  {}", cells.join(" "));
+    for row in &rows {
+        println!(
+            "{row:width$}  {}",
+            cells.get(row).map(|v| v.join(" ")).unwrap_or_default()
+        );
     }
+    let mut failed = 0;
+    for c in cases {
+        if let Some(v) = verdicts.get(&c.id()) {
+            if let Some(d) = &v.detail {
+                println!("  {d}");
+            }
+            failed += usize::from(v.failed());
+        }
+    }
+    failed
 }

@@ -1,0 +1,451 @@
+//! The cases of the generation parity check: which flags, on which models.
+use std::path::Path;
+
+/// Tiny generation models (names of make_tiny_models.py's variants; see gen_oracle.py).
+pub const TINY: &[&str] = &[
+    "llama-f32-tied",
+    "llama-bf16",
+    "llama-f32-hd32",
+    "llama-f32-sliding",
+    "llama-q4-g32",
+    "mistral-f32-sharded",
+    "qwen2-f32-tied",
+    "qwen3-f32-tied",
+    "qwen3-f32-hd32",
+    "qwen3-q8",
+    "phi3-f32",
+    "gemma2-f32",
+    "gemma3_text-f32-tied",
+    "gemma3-f32-multimodal",
+    "qwen3_moe-f32",
+    "mixtral-f32",
+];
+/// Head dim 32: the KV cache can be quantized with group size 32.
+const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];
+/// Prompt-cache cases run on these.
+const PROMPT_CACHE: &[&str] = &[
+    "llama-f32-tied",
+    "qwen3-f32-tied",
+    "gemma3_text-f32-tied",
+    "llama-f32-hd32",
+];
+/// Not float32: ours keeps their dtype only with --keep-quantized (by default it
+/// dequantizes and upcasts to float32 on the CPU).
+const NOT_F32: &[&str] = &["llama-q4-g32", "qwen3-q8", "llama-bf16"];
+
+/// Which mlx-lm command a case runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Cmd {
+    /// `mlx_lm generate` vs `mlx-generate`.
+    Generate,
+    /// `mlx_lm cache_prompt` (py_args) or `mlx-cache-prompt` (our_args).
+    CachePrompt,
+    /// Tensor-by-tensor comparison of two prompt-cache files (py_args: the paths).
+    CompareCaches,
+}
+
+impl Cmd {
+    /// The oracle's name for it.
+    pub fn oracle_name(self) -> &'static str {
+        match self {
+            Cmd::Generate => "generate",
+            Cmd::CachePrompt => "cache_prompt",
+            Cmd::CompareCaches => "compare_caches",
+        }
+    }
+}
+
+/// One comparison: mlx-lm with `py_args`, ours with `our_args`.
+pub struct Case {
+    /// Table row.
+    pub row: String,
+    /// Table column.
+    pub col: &'static str,
+    /// What runs.
+    pub cmd: Cmd,
+    /// mlx-lm's arguments (empty: mlx-lm does not run).
+    pub py_args: Vec<String>,
+    /// Our arguments (empty: ours does not run).
+    pub our_args: Vec<String>,
+    /// Standard input for both.
+    pub stdin: Option<String>,
+    /// Uses `--seed`.
+    pub seeded: bool,
+    /// A deliberate difference: reported, not a failure.
+    pub known: Option<&'static str>,
+}
+
+impl Case {
+    /// `row/col`.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.row, self.col)
+    }
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+/// A path as an argument.
+pub fn p(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+fn cat(parts: &[&[&str]]) -> Vec<String> {
+    parts
+        .iter()
+        .flat_map(|p| p.iter())
+        .map(|x| x.to_string())
+        .collect()
+}
+
+/// A case run with the same flags on both sides (plus `ours_extra` on ours).
+fn same(row: &str, col: &'static str, args: Vec<String>, ours_extra: &[&str]) -> Case {
+    let mut our_args = args.clone();
+    our_args.extend(s(ours_extra));
+    let seeded = args.iter().any(|a| a == "--seed");
+    Case {
+        row: row.into(),
+        col,
+        cmd: Cmd::Generate,
+        py_args: args,
+        our_args,
+        stdin: None,
+        seeded,
+        known: None,
+    }
+}
+
+fn with_model(model: &Path, rest: &[String]) -> Vec<String> {
+    let mut v = vec!["--model".to_string(), p(model)];
+    v.extend(rest.iter().cloned());
+    v
+}
+
+const CHAT: &[&str] = &["--prompt", "Tell me a story", "--max-tokens", "12"];
+const RAW: &[&str] = &[
+    "--prompt",
+    "Once upon a time",
+    "--ignore-chat-template",
+    "--max-tokens",
+    "12",
+];
+const QUIET: &[&str] = &["--verbose", "False"];
+/// A raw prompt of 16 tokens, then 24 new ones through a 20-position window.
+const WINDOW: &[&str] = &[
+    "--prompt",
+    "Once upon a time, there was",
+    "--ignore-chat-template",
+    "--max-kv-size",
+    "20",
+    "--max-tokens",
+    "24",
+];
+
+/// The cases of every tiny model.
+pub fn tiny_cases(models: &Path, pc_dir: &Path, have_cache_prompt: bool) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for &name in TINY {
+        let dir = models.join(name);
+        let extra: &[&str] = if NOT_F32.contains(&name) {
+            &["--keep-quantized"]
+        } else {
+            &[]
+        };
+        let mut add = |col: &'static str, rest: Vec<String>| {
+            cases.push(same(name, col, with_model(&dir, &rest), extra));
+        };
+        add("greedy", cat(&[CHAT]));
+        add("raw", cat(&[RAW, QUIET]));
+        add(
+            "top-p",
+            cat(&[
+                CHAT,
+                QUIET,
+                &["--temp", "0.8", "--top-p", "0.9", "--seed", "7"],
+            ]),
+        );
+        add(
+            "top-k",
+            cat(&[
+                CHAT,
+                QUIET,
+                &["--temp", "1.0", "--top-k", "5", "--seed", "3"],
+            ]),
+        );
+        add(
+            "min-p",
+            cat(&[
+                CHAT,
+                QUIET,
+                &["--temp", "0.7", "--min-p", "0.1", "--seed", "11"],
+            ]),
+        );
+        add("kv-size", cat(&[WINDOW, QUIET]));
+        if HD32.contains(&name) {
+            let kv = &[
+                "--kv-bits",
+                "4",
+                "--kv-group-size",
+                "32",
+                "--quantized-kv-start",
+                "8",
+            ];
+            add("kv-bits", cat(&[CHAT, QUIET, kv]));
+        }
+        if name == "qwen3-f32-tied" {
+            let mut short = cat(&[WINDOW, QUIET]);
+            if let Some(i) = short.iter().position(|a| a == "20") {
+                short[i] = "8".into();
+            }
+            let mut c = same(name, "kv-size<prompt", with_model(&dir, &short), extra);
+            c.known = Some(
+                "mlx-generate refuses a prompt longer than --max-kv-size (mlx-lm silently keeps its end)",
+            );
+            cases.push(c);
+        }
+        if name == "llama-bf16" {
+            let mut c = same(
+                name,
+                "f32-default",
+                with_model(&dir, &cat(&[CHAT, QUIET])),
+                &[],
+            );
+            c.known = Some(
+                "without --keep-quantized mlx-generate upcasts bf16 weights to float32 on the CPU",
+            );
+            cases.push(c);
+        }
+        if PROMPT_CACHE.contains(&name) {
+            let kv: &[&str] = if HD32.contains(&name) {
+                &[
+                    "--kv-bits",
+                    "8",
+                    "--kv-group-size",
+                    "32",
+                    "--quantized-kv-start",
+                    "0",
+                ]
+            } else {
+                &[]
+            };
+            prompt_cache_cases(&mut cases, name, &dir, pc_dir, kv, extra, have_cache_prompt);
+        }
+    }
+    cases
+}
+
+/// `cache_prompt` by mlx-lm and by ours, the two files compared, and generation from
+/// each file on both sides. `kv` goes to cache_prompt; generation gets its bits and
+/// group size.
+fn prompt_cache_cases(
+    cases: &mut Vec<Case>,
+    row: &str,
+    dir: &Path,
+    pc_dir: &Path,
+    kv: &[&str],
+    extra: &[&str],
+    have_cache_prompt: bool,
+) {
+    let py_file = pc_dir.join(format!("{row}.mlx-lm.safetensors"));
+    let our_file = pc_dir.join(format!("{row}.ours.safetensors"));
+    let make = |file: &Path| {
+        let mut a = with_model(dir, &s(&["--prompt", "Tell me a story"]));
+        a.extend(["--prompt-cache-file".to_string(), p(file)]);
+        a.extend(s(kv));
+        a
+    };
+    let gen_kv: Vec<String> = kv
+        .chunks(2)
+        .filter(|f| matches!(f[0], "--kv-bits" | "--kv-group-size"))
+        .flat_map(|f| f.iter().map(|x| x.to_string()))
+        .collect();
+    let gen = |file: &Path| {
+        // No --model: both take it from the file's metadata.
+        let mut a = cat(&[&["--prompt", " about dragons", "--max-tokens", "6"], QUIET]);
+        a.extend(["--prompt-cache-file".to_string(), p(file)]);
+        a.extend(gen_kv.iter().cloned());
+        a
+    };
+    let plain = |col: &'static str, cmd: Cmd, py_args: Vec<String>, our_args: Vec<String>| Case {
+        row: row.into(),
+        col,
+        cmd,
+        py_args,
+        our_args,
+        stdin: None,
+        seeded: false,
+        known: None,
+    };
+    cases.push(plain(
+        "pc-write",
+        Cmd::CachePrompt,
+        make(&py_file),
+        Vec::new(),
+    ));
+    cases.push(same(row, "pc-mlx-lm", gen(&py_file), extra));
+    if have_cache_prompt {
+        let mut ours = make(&our_file);
+        ours.extend(s(extra));
+        cases.push(plain("pc-ours-file", Cmd::CachePrompt, Vec::new(), ours));
+        cases.push(plain(
+            "pc-files-equal",
+            Cmd::CompareCaches,
+            vec![p(&py_file), p(&our_file)],
+            Vec::new(),
+        ));
+        cases.push(same(row, "pc-ours", gen(&our_file), extra));
+    }
+}
+
+/// Prompt and template flags, on one model.
+pub fn flag_cases(models: &Path) -> Vec<Case> {
+    let dir = models.join("llama-f32-tied");
+    let row = "flags(llama-f32-tied)";
+    let mut cases = Vec::new();
+    let mut add = |col: &'static str, rest: Vec<String>| {
+        cases.push(same(row, col, with_model(&dir, &rest), &[]))
+    };
+    add(
+        "system",
+        cat(&[CHAT, QUIET, &["--system-prompt", "Be brief."]]),
+    );
+    add(
+        "prefill",
+        cat(&[CHAT, QUIET, &["--prefill-response", "Sure, here"]]),
+    );
+    add(
+        "escapes",
+        cat(&[
+            &["--prompt", "line one\\nline\\ttwo", "--max-tokens", "8"],
+            QUIET,
+        ]),
+    );
+    add("step-3", cat(&[CHAT, QUIET, &["--prefill-step-size", "3"]]));
+    add(
+        "eos",
+        cat(&[CHAT, QUIET, &["--extra-eos-token", "Ġt", "e"]]),
+    );
+    add(
+        "tmpl-cfg",
+        cat(&[
+            CHAT,
+            QUIET,
+            &[
+                "--use-default-chat-template",
+                "--chat-template-config",
+                "{\"x\": 1}",
+            ],
+        ]),
+    );
+    add(
+        "xtc",
+        cat(&[
+            CHAT,
+            QUIET,
+            &[
+                "--temp",
+                "1.0",
+                "--xtc-probability",
+                "0.5",
+                "--xtc-threshold",
+                "0.01",
+                "--seed",
+                "9",
+            ],
+        ]),
+    );
+    add(
+        "min-keep",
+        cat(&[
+            CHAT,
+            QUIET,
+            &[
+                "--temp",
+                "1.0",
+                "--min-p",
+                "0.5",
+                "--min-tokens-to-keep",
+                "4",
+                "--seed",
+                "2",
+            ],
+        ]),
+    );
+    add(
+        "top-p+k",
+        cat(&[
+            CHAT,
+            QUIET,
+            &[
+                "--temp", "0.6", "--top-p", "0.5", "--top-k", "20", "--seed", "4",
+            ],
+        ]),
+    );
+    let stdin_args = with_model(
+        &dir,
+        &cat(&[&["--prompt", "-", "--max-tokens", "8"], QUIET]),
+    );
+    let mut stdin = same(row, "stdin", stdin_args, &[]);
+    stdin.stdin = Some("From standard input: héllo\n".into());
+    cases.push(stdin);
+    cases
+}
+
+/// The default model: ours (the 4-bit directory, dequantized on load; `--model` left
+/// out once so the default is resolved) vs mlx-lm on a float32 copy, and one 4-bit run
+/// with --keep-quantized. Short prompts and few tokens: a 135M model on 2 CPU cores.
+pub fn default_cases(q4: &Path, f32: &Path, pc_dir: &Path, have_cache_prompt: bool) -> Vec<Case> {
+    let row = "SmolLM2-135M";
+    let mut cases = Vec::new();
+    let raw: &[&str] = &[
+        "--prompt",
+        "The capital of France is",
+        "--ignore-chat-template",
+        "--max-tokens",
+        "8",
+    ];
+    let both = |col: &'static str, rest: Vec<String>| {
+        let mut c = same(row, col, with_model(f32, &rest), &[]);
+        c.our_args = with_model(q4, &rest);
+        c
+    };
+    let mut chat = both(
+        "chat-no-model-flag",
+        cat(&[&["--prompt", "Hi", "--max-tokens", "8"]]),
+    );
+    chat.our_args = cat(&[&["--prompt", "Hi", "--max-tokens", "8"]]);
+    cases.push(chat);
+    cases.push(both("raw", cat(&[raw, QUIET])));
+    cases.push(both(
+        "top-p",
+        cat(&[
+            raw,
+            QUIET,
+            &["--temp", "0.8", "--top-p", "0.9", "--seed", "42"],
+        ]),
+    ));
+    cases.push(both(
+        "kv-bits",
+        cat(&[raw, QUIET, &["--kv-bits", "8", "--quantized-kv-start", "4"]]),
+    ));
+    cases.push(both("kv-size", cat(&[raw, QUIET, &["--max-kv-size", "8"]])));
+    let q4_args = cat(&[
+        &[
+            "--prompt",
+            "hello",
+            "--ignore-chat-template",
+            "--max-tokens",
+            "4",
+        ],
+        QUIET,
+    ]);
+    cases.push(same(
+        row,
+        "q4-keep",
+        with_model(q4, &q4_args),
+        &["--keep-quantized"],
+    ));
+    prompt_cache_cases(&mut cases, row, f32, pc_dir, &[], &[], have_cache_prompt);
+    cases
+}
