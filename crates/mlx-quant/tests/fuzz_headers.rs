@@ -111,6 +111,13 @@ struct Outcome {
 
 static PANIC_AT: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 
+fn payload_text(p: &(dyn std::any::Any + Send)) -> &str {
+    p.downcast_ref::<&str>()
+        .copied()
+        .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
+}
+
 fn capture_panic_locations() {
     std::panic::set_hook(Box::new(|info| {
         let at = info
@@ -118,10 +125,7 @@ fn capture_panic_locations() {
             .map(|l| format!("{}:{}", l.file(), l.line()))
             .unwrap_or_default();
         if let Ok(mut slot) = PANIC_AT.lock() {
-            *slot = Some(format!(
-                "{at}: {}",
-                info.payload_as_str().unwrap_or("(no message)")
-            ));
+            *slot = Some(format!("{at}: {}", payload_text(info.payload())));
         }
     }));
 }
@@ -275,9 +279,8 @@ fn gguf_seed() -> Vec<u8> {
         b.extend(ty.to_le_bytes());
         b.extend(off.to_le_bytes());
     }
-    while b.len() % 32 != 0 {
-        b.push(0);
-    }
+    let pad = (32 - b.len() % 32) % 32;
+    b.resize(b.len() + pad, 0);
     let mut data = Vec::new();
     for i in 0..96 {
         data.extend((i as f32 * 0.01).to_le_bytes());
