@@ -235,6 +235,32 @@ impl Cmd {
     }
 }
 
+/// One benchmark process. A process that printed its trial and then died on the way out
+/// (seen once: glibc's "corrupted double-linked list" at Python's exit) still counts,
+/// with a warning; anything else that fails is an error.
+fn run_trial(cmd: &Cmd) -> Result<Trial> {
+    let out = cmd
+        .command()
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("starting `{cmd}`"))?;
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    match parse_trial(&text) {
+        Ok(t) if out.status.success() => Ok(t),
+        Ok(t) => {
+            eprintln!(
+                "bench: warning: `{cmd}` printed its trial, then exited with {}; kept:\n{}",
+                out.status,
+                tail(&text, 3)
+            );
+            Ok(t)
+        }
+        Err(e) if out.status.success() => Err(e.context(format!("parsing the output of `{cmd}`"))),
+        Err(_) => bail!("`{cmd}` failed ({}):\n{}", out.status, tail(&text, 30)),
+    }
+}
+
 impl std::fmt::Display for Cmd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let quoted: Vec<String> = self.0.iter().map(|a| shell_quote(a)).collect();
@@ -437,8 +463,8 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     );
     eprintln!("  ours:   {ours}\n  mlx-lm: {theirs}");
     eprintln!("bench: untimed first run of each");
-    parse_trial(&ours.output()?).context("our mlx-benchmark")?;
-    parse_trial(&theirs.output()?).context("mlx_lm benchmark")?;
+    run_trial(&ours)?;
+    run_trial(&theirs)?;
     let (mut t_ours, mut t_theirs) = (Vec::new(), Vec::new());
     for round in 0..o.trials {
         let order: [(&Cmd, bool); 2] = if round % 2 == 0 {
@@ -447,8 +473,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
             [(&theirs, false), (&ours, true)]
         };
         for (cmd, is_ours) in order {
-            let t = parse_trial(&cmd.output()?)
-                .with_context(|| format!("parsing the output of `{cmd}`"))?;
+            let t = run_trial(cmd)?;
             eprintln!(
                 "  trial {} {:6}: prompt_tps={:.3} generation_tps={:.3} peak_memory={:.3} total_time={:.3}",
                 round + 1,
@@ -520,8 +545,11 @@ struct Report<'a> {
     provenance: &'a str,
 }
 
+/// Reads one number of a trial.
+type Metric = fn(&Trial) -> f64;
+
 fn report(r: &Report<'_>) -> String {
-    let col = |ts: &[Trial], f: fn(&Trial) -> f64| ts.iter().map(f).collect::<Vec<f64>>();
+    let col = |ts: &[Trial], f: Metric| ts.iter().map(f).collect::<Vec<f64>>();
     let mut s = String::new();
     let o = r.o;
     let _ = writeln!(
@@ -533,7 +561,7 @@ fn report(r: &Report<'_>) -> String {
         s,
         "| metric | ours | mlx-lm | ours/mlx-lm |\n| --- | ---: | ---: | ---: |"
     );
-    let rows: [(&str, fn(&Trial) -> f64, usize); 4] = [
+    let rows: [(&str, Metric, usize); 4] = [
         ("prefill tok/s (prompt_tps)", |t| t.prompt_tps, 1),
         ("decode tok/s (generation_tps)", |t| t.generation_tps, 1),
         ("peak memory GB", |t| t.peak_memory, 3),
