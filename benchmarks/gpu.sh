@@ -57,12 +57,12 @@ LOG=$OUT/log.txt
 T0=$(date +%s)
 log() { echo "[gpu.sh +$(($(date +%s) - T0))s] $*" | tee -a "$LOG" >&2; }
 
-if ! python3 -c 'import mlx_lm' 2>/dev/null && [ -f /root/stash/activate.sh ]; then
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import mlx_lm' 2>/dev/null && [ -f /root/stash/activate.sh ]; then
   log "sourcing /root/stash/activate.sh"
   # shellcheck disable=SC1091
   source /root/stash/activate.sh >>"$LOG" 2>&1
 fi
-PY=${PYTHON:-python3}
 OURS_BENCH=$BIN/mlx-benchmark
 OURS_GEN=$BIN/mlx-generate
 for b in "$OURS_BENCH" "$OURS_GEN"; do
@@ -132,6 +132,7 @@ bench_model() {
       log "$name: trial $i $who: $(trial_line "$f")"
     done
   done
+  [ "${SKIP_STARTUP:-0}" = 1 ] && return 0
   local gen=(--model "$dir" --prompt hi -m 1 --verbose False)
   printf '%q ' "$OURS_GEN" "${gen[@]}" >"$raw/cmd-startup-ours.txt"
   printf '%q ' "$PY" -m mlx_lm generate "${gen[@]}" >"$raw/cmd-startup-mlx-lm.txt"
