@@ -82,12 +82,11 @@ impl<'a> TokenGenerator<'a> {
                 model.num_layers()
             )));
         }
-        let device = mlx_array::Device::default_device()?;
         Ok(TokenGenerator {
             model,
             caches,
             opts,
-            stream: device.new_stream()?,
+            stream: generation_stream()?,
             prompt: Some(prompt.to_vec()),
             tokens: None,
             current: None,
@@ -206,6 +205,24 @@ impl<'a> TokenGenerator<'a> {
         self.n += 1;
         Ok(Some((token, lp)))
     }
+}
+
+thread_local! {
+    static GENERATION_STREAM: std::cell::OnceCell<Stream> = const { std::cell::OnceCell::new() };
+}
+
+/// The stream generation runs on: one per thread, made once on the default device (like
+/// mlx-lm's module-level `generation_stream`), so a warm-up warms the stream that later
+/// generations use.
+pub fn generation_stream() -> Result<Stream> {
+    GENERATION_STREAM.with(|cell| {
+        if let Some(s) = cell.get() {
+            return Ok(*s);
+        }
+        let s = mlx_array::Device::default_device()?.new_stream()?;
+        let _ = cell.set(s);
+        Ok(s)
+    })
 }
 
 fn read_token(y: &Array) -> Result<u32> {

@@ -10,5 +10,7 @@ mod generate;
 mod stream;
 
 pub use error::{EngineError, Result};
-pub use generate::{GenerateOptions, KvQuantization, LogitsProcessor, Sampler, TokenGenerator};
+pub use generate::{
+    generation_stream, GenerateOptions, KvQuantization, LogitsProcessor, Sampler, TokenGenerator,
+};
 pub use stream::{stream_generate, FinishReason, GenerationResponse, PromptInput};

@@ -236,7 +236,11 @@ int mlxs_array_eval(mlxs_array a) {
 }
 int mlxs_array_read(mlxs_array a, void* dst, size_t nbytes) {
   return guard([&] {
-    auto c = mx::contiguous(A(a));
+    // Fast path: an evaluated row-contiguous array is read in place, with no new op
+    // (a new op would run on the default stream and wait on the array's own stream).
+    mx::array arr = A(a);
+    arr.eval();
+    auto c = arr.flags().row_contiguous ? arr : mx::contiguous(arr);
     c.eval();
     if (c.nbytes() != nbytes) {
       throw std::invalid_argument("read buffer has " + std::to_string(nbytes) +
