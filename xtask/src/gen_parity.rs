@@ -398,6 +398,7 @@ pub fn run_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
         .map(|c| oracle_case(c, false))
         .collect();
     let expected = oracle(root, py, &gen_dir, "main", &first, &hex(salt))?;
+    let oracle_done = start.elapsed().as_secs_f64();
 
     let mut outputs: HashMap<String, Output> = HashMap::new();
     let total = cases.iter().filter(|c| c.cmd == Cmd::Generate).count();
@@ -431,6 +432,7 @@ pub fn run_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
         verdicts.insert(id, v);
     }
     eprintln!();
+    let ours_done = start.elapsed().as_secs_f64();
 
     // Seeded cases that differ: does mlx-lm, seeded again after loading, agree?
     let retry: Vec<&Case> = cases
@@ -465,6 +467,11 @@ pub fn run_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
         println!("  (mlx-cache-prompt is not built: our prompt-cache files were not checked)");
     }
     let (n, secs) = (verdicts.len(), start.elapsed().as_secs_f64());
+    println!(
+        "  time: {oracle_done:.0} s to mlx-lm's answers (models, builds included), {:.0} s ours, {:.0} s reseeded mlx-lm",
+        ours_done - oracle_done,
+        secs - ours_done
+    );
     if failed > 0 {
         bail!("generation parity: {failed} of {n} cases differ from mlx-lm ({secs:.0} s)");
     }

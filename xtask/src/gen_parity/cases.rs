@@ -29,6 +29,14 @@ const PROMPT_CACHE: &[&str] = &[
     "gemma3_text-f32-tied",
     "llama-f32-hd32",
 ];
+/// Top-k and min-p run on these (top-p on all).
+const ALL_SAMPLERS: &[&str] = &[
+    "llama-f32-tied",
+    "qwen3-f32-tied",
+    "phi3-f32",
+    "gemma3_text-f32-tied",
+    "qwen3_moe-f32",
+];
 /// Not float32: ours keeps their dtype only with --keep-quantized (by default it
 /// dequantizes and upcasts to float32 on the CPU).
 const NOT_F32: &[&str] = &["llama-q4-g32", "qwen3-q8", "llama-bf16"];
@@ -165,22 +173,12 @@ pub fn tiny_cases(models: &Path, pc_dir: &Path, have_cache_prompt: bool) -> Vec<
                 &["--temp", "0.8", "--top-p", "0.9", "--seed", "7"],
             ]),
         );
-        add(
-            "top-k",
-            cat(&[
-                CHAT,
-                QUIET,
-                &["--temp", "1.0", "--top-k", "5", "--seed", "3"],
-            ]),
-        );
-        add(
-            "min-p",
-            cat(&[
-                CHAT,
-                QUIET,
-                &["--temp", "0.7", "--min-p", "0.1", "--seed", "11"],
-            ]),
-        );
+        if ALL_SAMPLERS.contains(&name) {
+            let top_k = &["--temp", "1.0", "--top-k", "5", "--seed", "3"];
+            add("top-k", cat(&[CHAT, QUIET, top_k]));
+            let min_p = &["--temp", "0.7", "--min-p", "0.1", "--seed", "11"];
+            add("min-p", cat(&[CHAT, QUIET, min_p]));
+        }
         add("kv-size", cat(&[WINDOW, QUIET]));
         if HD32.contains(&name) {
             let kv = &[
@@ -416,7 +414,6 @@ pub fn default_cases(q4: &Path, f32: &Path, pc_dir: &Path, have_cache_prompt: bo
     );
     chat.our_args = cat(&[&["--prompt", "Hi", "--max-tokens", "8"]]);
     cases.push(chat);
-    cases.push(both("raw", cat(&[raw, QUIET])));
     cases.push(both(
         "top-p",
         cat(&[
