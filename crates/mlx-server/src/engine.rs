@@ -45,23 +45,47 @@ enum Command {
     Shutdown,
 }
 
-/// A submitted request: its events, and cancellation when dropped.
+/// A submitted request: its events, and cancellation when dropped before it is
+/// [released](Submission::release).
 pub struct Submission {
     /// Events of all choices.
     pub events: UnboundedReceiver<EngineEvent>,
     cancel: Arc<AtomicBool>,
+    choices: Vec<Arc<AtomicBool>>,
+    done: Arc<AtomicBool>,
 }
 
 impl Submission {
     /// A submission fed by `events` instead of the engine (to drive [`crate::output`]
     /// directly, e.g. in tests).
     pub fn from_events(events: UnboundedReceiver<EngineEvent>) -> Submission {
-        Submission { events, cancel: Arc::new(AtomicBool::new(false)) }
+        Submission {
+            events,
+            cancel: Arc::new(AtomicBool::new(false)),
+            choices: Vec::new(),
+            done: Arc::new(AtomicBool::new(false)),
+        }
     }
 
-    /// Stops the generation (also done on drop).
+    /// Stops the generation: the client is gone (also done on drop).
     pub fn cancel(&self) {
         self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// Stops one choice (the others go on).
+    pub fn cancel_choice(&self, choice: usize) {
+        if let Some(c) = self.choices.get(choice) {
+            c.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The answer is complete: stops whatever still runs without counting it as a
+    /// client disconnect, and disarms the drop guards.
+    pub fn release(&self) {
+        self.done.store(true, Ordering::Relaxed);
+        for c in &self.choices {
+            c.store(true, Ordering::Relaxed);
+        }
     }
 
     /// The cancel flag, weakly (for watchers of the client connection).
@@ -69,25 +93,35 @@ impl Submission {
         Arc::downgrade(&self.cancel)
     }
 
-    /// A guard that cancels the generation when dropped (held by a streamed body, so a
-    /// client that goes away stops its generation).
+    /// A guard that cancels the generation when dropped before the answer is complete
+    /// (held by a streamed body, so a client that goes away stops its generation).
     pub fn guard(&self) -> CancelGuard {
-        CancelGuard(Arc::clone(&self.cancel))
+        CancelGuard {
+            cancel: Arc::clone(&self.cancel),
+            done: Arc::clone(&self.done),
+        }
     }
 }
 
-/// Cancels a generation when dropped.
-pub struct CancelGuard(Arc<AtomicBool>);
+/// Cancels a generation when dropped, unless it was released.
+pub struct CancelGuard {
+    cancel: Arc<AtomicBool>,
+    done: Arc<AtomicBool>,
+}
 
 impl Drop for CancelGuard {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        if !self.done.load(Ordering::Relaxed) {
+            self.cancel.store(true, Ordering::Relaxed);
+        }
     }
 }
 
 impl Drop for Submission {
     fn drop(&mut self) {
-        self.cancel();
+        if !self.done.load(Ordering::Relaxed) {
+            self.cancel();
+        }
     }
 }
 
@@ -171,13 +205,16 @@ impl Engine {
         let cancel = Arc::new(AtomicBool::new(false));
         let req = Arc::new(req);
         let submitted = Instant::now();
+        let choices: Vec<Arc<AtomicBool>> =
+            (0..n).map(|_| Arc::new(AtomicBool::new(false))).collect();
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        for choice in 0..n {
+        for (choice, choice_cancel) in choices.iter().enumerate() {
             let job = Job {
                 req: Arc::clone(&req),
                 choice,
                 events: etx.clone(),
                 cancel: Arc::clone(&cancel),
+                choice_cancel: Arc::clone(choice_cancel),
                 submitted,
             };
             if tx.send(Command::Submit(Box::new(job))).is_err() {
@@ -190,6 +227,8 @@ impl Engine {
         Ok(Submission {
             events: erx,
             cancel,
+            choices,
+            done: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -304,25 +343,36 @@ impl State {
 
     fn drop_cancelled(&mut self) {
         let before = self.waiting.len();
-        self.waiting.retain(|j| !j.cancelled());
-        let gone = before - self.waiting.len();
-        if gone > 0 {
-            self.queued.fetch_sub(gone, Ordering::SeqCst);
-            self.metrics.cancelled.add(gone as u64);
-            tracing::info!("engine: {gone} queued request(s) cancelled by their clients");
+        let mut gone = 0u64;
+        self.waiting.retain(|j| {
+            gone += u64::from(j.client_gone());
+            !j.cancelled()
+        });
+        let dropped = before - self.waiting.len();
+        if dropped > 0 {
+            self.queued.fetch_sub(dropped, Ordering::SeqCst);
+            self.metrics.cancelled.add(gone);
+            tracing::info!("engine: {dropped} queued request(s) cancelled");
         }
         let metrics = &self.metrics;
         self.slots.retain(|s| {
-            if s.job.cancelled() {
+            if !s.job.cancelled() {
+                return true;
+            }
+            if s.job.client_gone() {
                 metrics.cancelled.add(1);
                 tracing::info!(
                     "engine: client disconnected; generation stopped after {} tokens",
                     s.generated
                 );
-                false
             } else {
-                true
+                tracing::debug!(
+                    "engine: choice {} stopped after {} tokens",
+                    s.job.choice,
+                    s.generated
+                );
             }
+            false
         });
     }
 
@@ -502,7 +552,7 @@ impl State {
                     let s = self.slots.remove(i);
                     if keep {
                         self.store(s);
-                    } else {
+                    } else if s.job.client_gone() {
                         self.metrics.cancelled.add(1);
                     }
                 }

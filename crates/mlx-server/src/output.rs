@@ -191,9 +191,15 @@ impl Generation {
         self.cached_tokens
     }
 
-    /// Stops the generation.
+    /// Stops the generation as abandoned by the client.
     pub fn cancel(&self) {
         self.sub.cancel();
+    }
+
+    /// Ends the generation normally (stops any choice still running, e.g. after a text
+    /// stop word, without counting a disconnect).
+    pub fn release(&self) {
+        self.sub.release();
     }
 
     /// The next update; `None` when every choice has finished.
@@ -203,6 +209,7 @@ impl Generation {
                 return Some(u);
             }
             if self.choices.iter().all(|c| c.finished) {
+                self.sub.release();
                 return None;
             }
             let Some(event) = self.sub.events.recv().await else {
@@ -235,7 +242,7 @@ impl Generation {
                 for c in &mut self.choices {
                     c.finished = true;
                 }
-                self.sub.cancel();
+                self.sub.release();
                 self.queued.push_back(Update::Failed(error));
             }
             EngineEvent::Token { choice, out } => self.on_token(choice, out),
@@ -322,8 +329,9 @@ impl Generation {
             } else {
                 f.as_str()
             };
-            if text_stop && self.choices.iter().all(|c| c.finished) {
-                self.sub.cancel();
+            if text_stop {
+                // The engine would go on to EOS or the token budget: stop this choice.
+                self.sub.cancel_choice(choice);
             }
             if !delta.is_empty() {
                 self.queued.push_back(Update::Delta { choice, delta });
@@ -458,7 +466,7 @@ pub async fn pump(
             }
         }
         if stop || end {
-            gen.cancel();
+            gen.release();
             return;
         }
     }

@@ -121,6 +121,8 @@ pub struct Job {
     pub events: UnboundedSender<EngineEvent>,
     /// Set when the client went away.
     pub cancel: Arc<AtomicBool>,
+    /// Set when this choice alone is no longer wanted (its text hit a stop word).
+    pub choice_cancel: Arc<AtomicBool>,
     /// When the request was submitted.
     pub submitted: Instant,
 }
@@ -128,7 +130,15 @@ pub struct Job {
 impl Job {
     /// Whether the client is gone.
     pub fn cancelled(&self) -> bool {
-        self.cancel.load(Ordering::Relaxed) || self.events.is_closed()
+        self.cancel.load(Ordering::Relaxed)
+            || self.choice_cancel.load(Ordering::Relaxed)
+            || self.events.is_closed()
+    }
+
+    /// Whether the client went away (as opposed to the choice being stopped on purpose).
+    pub fn client_gone(&self) -> bool {
+        !self.choice_cancel.load(Ordering::Relaxed)
+            && (self.cancel.load(Ordering::Relaxed) || self.events.is_closed())
     }
 
     /// Sends an event; `false` when the receiver is gone.

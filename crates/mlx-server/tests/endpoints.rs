@@ -681,3 +681,33 @@ async fn streams_send_keepalive_comments_while_queued_and_prefilling() {
     assert!(running.collect_data().await.len() > 2);
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn text_stop_ends_each_choice_generation() {
+    let server = scripted_server(ServerConfig::default(), Duration::from_millis(10)).await;
+    let addr = server.local_addr();
+    let body = json!({"messages": user("write an essay"), "n": 2, "stop": ["number 2 "], "max_tokens": 1000});
+    let v = post(addr, "/v1/chat/completions", &body).await.json();
+    for c in v["choices"].as_array().unwrap() {
+        assert_eq!(
+            c["message"]["content"],
+            "Sentence number 0 of the essay. Sentence number 1 of the essay. Sentence "
+        );
+        assert_eq!(c["finish_reason"], "stop");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let produced = metric(addr, "mlx_server_generation_tokens_total").await;
+    // Without the stop both choices would run to ~1,200 tokens; a little lag of the
+    // handler behind the engine is allowed.
+    assert!(
+        produced < 300.0,
+        "generation went on after the stop word: {produced} tokens"
+    );
+    assert_eq!(
+        metric(addr, "mlx_server_cancelled_total").await,
+        0.0,
+        "not a disconnect"
+    );
+    assert_eq!(metric(addr, "mlx_server_active_sequences").await, 0.0);
+    server.shutdown().await.unwrap();
+}
