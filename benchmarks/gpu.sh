@@ -5,23 +5,31 @@
 # Run from the repository root, after `source /root/stash/activate.sh` (MLX CUDA + mlx-lm
 # on PYTHONPATH, libmlx on LD_LIBRARY_PATH; sourced here when PYTHONPATH lacks it):
 #
-#   bash benchmarks/gpu.sh [BIN_DIR] [--big] [-p N] [-g N] [-n N] [--models DIR] [--only LIST]
+#   bash benchmarks/gpu.sh [BIN_DIR] [--big] [--only LIST] [-p N] [-g N] [-n N]
+#                          [--rounds R] [--startup-runs S] [--budget SECONDS] [--models DIR]
 #
-#   BIN_DIR     our release binaries (mlx-benchmark, mlx-generate); default .gpu/bin
-#   --big       also Llama-3.1-8B (bf16 and 4-bit; ~21 GB of weights written to disk)
-#   -p/-g/-n    prompt tokens, generated tokens, timed trials per tool (512 / 256 / 3)
-#   --models    where the models are written (default /tmp/bench-models)
-#   --only      comma-separated model variants (e.g. llama-3.2-1b-4bit)
+#   BIN_DIR         our release binaries (mlx-benchmark, mlx-generate); default .gpu/bin
+#   --big           also Llama-3.1-8B (bf16 + 4-bit, ~21 GB written; better in its own call:
+#                   --only llama-3.1-8b)
+#   --only          comma-separated shapes or variants (e.g. qwen2.5-0.5b,llama-3.2-1b-4bit)
+#   -p/-g           prompt tokens, generated tokens (512 / 256)
+#   -n              timed trials inside each process (3); each process warms up first
+#   --rounds        processes per tool, alternating ours / mlx-lm, order flipped each round (2)
+#   --startup-runs  process start to first token runs per tool, best kept (2; 0 or
+#                   SKIP_STARTUP=1 skips)
+#   --budget        start no new model after this many seconds (default 500), so the
+#                   summary is written inside the runner's 600 s limit
+#   --models        where the models are written (default /tmp/bench-models)
 #
 # Tokenizers come from BIN_DIR/tok or .gpu/tok (written here by
 # `python xtask/py/make_bench_models.py --pack-tokenizers .gpu/tok`); without them the
-# models get a synthetic tokenizer of the same vocabulary size (noted in the summary).
+# models get a synthetic tokenizer of the same vocabulary size (logged).
 #
-# For each model: one untimed run of each tool, then N trials alternating ours / mlx-lm
-# (order flipped every round), each a fresh process with `-n 1` (each process warms up at
-# the same shapes first); then process start to first token, best of 3, alternating.
-# Writes $OUT/raw/<model>/*.txt (every output), $OUT/summary.md, $OUT/summary.json and
-# $OUT/log.txt. Uses no network.
+# A Python process costs ~15-20 s on that machine (imports, CUDA start, kernel JIT), so
+# each process runs several trials: R rounds x N trials per tool. Writes $OUT/summary.md
+# and $OUT/summary.json (rewritten after every model, so a cut-short run still has one),
+# $OUT/log.txt, $OUT/provenance.txt and $OUT/raw/<model>.txt (every command and output).
+# Uses no network.
 set -euo pipefail
 
 BIN=.gpu/bin
@@ -29,6 +37,9 @@ BIG=0
 P=512
 G=256
 N=3
+ROUNDS=2
+STARTUP_RUNS=2
+BUDGET=500
 MODELS=/tmp/bench-models
 ONLY=""
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}
@@ -38,17 +49,22 @@ while [ $# -gt 0 ]; do
     -p) P=$2; shift ;;
     -g) G=$2; shift ;;
     -n) N=$2; shift ;;
+    --rounds) ROUNDS=$2; shift ;;
+    --startup-runs) STARTUP_RUNS=$2; shift ;;
+    --budget) BUDGET=$2; shift ;;
     --models) MODELS=$2; shift ;;
     --only) ONLY=$2; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     -*) echo "gpu.sh: unknown option $1" >&2; exit 2 ;;
     *) BIN=$1 ;;
   esac
   shift
 done
-for v in "$P" "$G" "$N"; do
-  [[ "$v" =~ ^[1-9][0-9]*$ ]] || { echo "gpu.sh: -p/-g/-n take positive integers, got $v" >&2; exit 2; }
+for v in "$P" "$G" "$N" "$ROUNDS" "$BUDGET"; do
+  [[ "$v" =~ ^[1-9][0-9]*$ ]] || { echo "gpu.sh: -p/-g/-n/--rounds/--budget take positive integers, got $v" >&2; exit 2; }
 done
+[[ "$STARTUP_RUNS" =~ ^[0-9]+$ ]] || { echo "gpu.sh: --startup-runs takes an integer, got $STARTUP_RUNS" >&2; exit 2; }
+[ "${SKIP_STARTUP:-0}" = 1 ] && STARTUP_RUNS=0
 
 OUT=${OUT:-/tmp/bench-out}
 mkdir -p "$OUT/raw"
@@ -78,7 +94,7 @@ done
   echo "nproc: $(nproc)"
   echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo unknown)"
   echo "mlx: $("$PY" -c 'import mlx.core as mx, importlib.metadata as m; print(mx.__version__, mx.default_device(), "mlx-lm", m.version("mlx-lm"))')"
-  echo "settings: -p $P -g $G -n $N"
+  echo "settings: -p $P -g $G, $ROUNDS processes per tool alternating, -n $N trials each; startup best of $STARTUP_RUNS"
 } >"$OUT/provenance.txt"
 cat "$OUT/provenance.txt" | tee -a "$LOG" >&2
 
@@ -101,75 +117,83 @@ for s in ${SHAPES//,/ }; do
   esac
 done
 
-# ---- one process, its output kept; fails (non-zero) on error or timeout
-run_to() {
-  local out=$1; shift
-  echo "\$ $*" >"$out"
-  timeout "$STEP_TIMEOUT" "$@" >>"$out" 2>&1
+# ---- one process: its command and output appended to the model's raw file; a
+# `### who kind i ms=T` line records its wall time. Non-zero on failure or timeout.
+run_one() {
+  local raw=$1 who=$2 kind=$3 i=$4; shift 4
+  local a b rc=0
+  printf '### %s %s %s $ %s\n' "$who" "$kind" "$i" "$(printf '%q ' "$@")" >>"$raw"
+  a=$(date +%s%N)
+  timeout "$STEP_TIMEOUT" "$@" >>"$raw" 2>&1 || rc=$?
+  b=$(date +%s%N)
+  printf '### %s %s %s ms=%d rc=%d\n' "$who" "$kind" "$i" "$(((b - a) / 1000000))" "$rc" >>"$raw"
+  return $rc
 }
-trial_line() { grep -m1 '^Trial 1:' "$1" || true; }
 
 bench_model() {
-  local name=$1 dir=$MODELS/$1 raw=$OUT/raw/$1
-  mkdir -p "$raw"
-  local common=(--model "$dir" -p "$P" -g "$G" -n 1)
+  local name=$1 dir=$MODELS/$1 raw=$OUT/raw/$1.txt
+  : >"$raw"
+  local common=(--model "$dir" -p "$P" -g "$G" -n "$N")
   local ours=("$OURS_BENCH" "${common[@]}")
   local theirs=("$PY" -m mlx_lm benchmark "${common[@]}")
-  printf '%q ' "${ours[@]}" >"$raw/cmd-ours.txt"
-  printf '%q ' "${theirs[@]}" >"$raw/cmd-mlx-lm.txt"
-  log "$name: untimed first run of each"
-  run_to "$raw/first-ours.txt" "${ours[@]}" || { log "$name: ours failed: $(tail -3 "$raw/first-ours.txt")"; return 1; }
-  run_to "$raw/first-mlx-lm.txt" "${theirs[@]}" || { log "$name: mlx-lm failed: $(tail -3 "$raw/first-mlx-lm.txt")"; return 1; }
-  local i
-  for ((i = 1; i <= N; i++)); do
-    local order=(ours mlx-lm)
-    ((i % 2 == 0)) && order=(mlx-lm ours)
-    local who
-    for who in "${order[@]}"; do
-      local f=$raw/trial$i-$who.txt
-      if [ "$who" = ours ]; then run_to "$f" "${ours[@]}" || { log "$name: ours trial $i failed"; return 1; }
-      else run_to "$f" "${theirs[@]}" || { log "$name: mlx-lm trial $i failed"; return 1; }; fi
-      log "$name: trial $i $who: $(trial_line "$f")"
-    done
-  done
-  [ "${SKIP_STARTUP:-0}" = 1 ] && return 0
   local gen=(--model "$dir" --prompt hi -m 1 --verbose False)
-  printf '%q ' "$OURS_GEN" "${gen[@]}" >"$raw/cmd-startup-ours.txt"
-  printf '%q ' "$PY" -m mlx_lm generate "${gen[@]}" >"$raw/cmd-startup-mlx-lm.txt"
-  for ((i = 1; i <= 3; i++)); do
+  local i who
+  for ((i = 1; i <= ROUNDS; i++)); do
     local order=(ours mlx-lm)
     ((i % 2 == 0)) && order=(mlx-lm ours)
     for who in "${order[@]}"; do
-      local a b
-      a=$(date +%s%N)
-      if [ "$who" = ours ]; then run_to "$raw/startup$i-ours.txt" "$OURS_GEN" "${gen[@]}" || { log "$name: ours startup failed"; return 1; }
-      else run_to "$raw/startup$i-mlx-lm.txt" "$PY" -m mlx_lm generate "${gen[@]}" || { log "$name: mlx-lm startup failed"; return 1; }; fi
-      b=$(date +%s%N)
-      echo "$(((b - a) / 1000000))" >>"$raw/startup-ms-$who.txt"
+      local done_before rc=0
+      done_before=$(grep -c '^Averages:' "$raw" || true)
+      if [ "$who" = ours ]; then run_one "$raw" ours bench "$i" "${ours[@]}" || rc=$?
+      else run_one "$raw" mlx-lm bench "$i" "${theirs[@]}" || rc=$?; fi
+      if [ "$rc" != 0 ]; then
+        # A process that printed all its trials and then died on the way out (seen on
+        # the CPU: glibc heap-corruption aborts at exit, in both tools) still counts.
+        if [ "$(grep -c '^Averages:' "$raw" || true)" -gt "$done_before" ]; then
+          log "$name: WARNING: $who exited with $rc after printing its trials (kept): $(tail -3 "$raw" | head -2 | tr '\n' ' ')"
+        else
+          log "$name: $who failed (rc $rc): $(tail -4 "$raw" | tr '\n' ' ')"
+          return 1
+        fi
+      fi
+      log "$name: round $i $who: $(grep '^Averages:' "$raw" | tail -1) ($(tail -1 "$raw" | sed 's/.*ms=//'))"
     done
   done
-  log "$name: startup ms ours [$(paste -sd, "$raw/startup-ms-ours.txt")] mlx-lm [$(paste -sd, "$raw/startup-ms-mlx-lm.txt")]"
+  for ((i = 1; i <= STARTUP_RUNS; i++)); do
+    local order=(ours mlx-lm)
+    ((i % 2 == 0)) && order=(mlx-lm ours)
+    for who in "${order[@]}"; do
+      if [ "$who" = ours ]; then run_one "$raw" ours startup "$i" "$OURS_GEN" "${gen[@]}" || { log "$name: ours startup failed"; return 1; }
+      else run_one "$raw" mlx-lm startup "$i" "$PY" -m mlx_lm generate "${gen[@]}" || { log "$name: mlx-lm startup failed"; return 1; }; fi
+      log "$name: startup $i $who: $(tail -1 "$raw" | sed 's/.*ms=//')"
+    done
+  done
 }
 
-FAILED=()
-for m in "${VARIANTS[@]}"; do
-  if [ ! -f "$MODELS/$m/config.json" ]; then log "$m: model missing, skipped"; FAILED+=("$m"); continue; fi
-  bench_model "$m" || FAILED+=("$m")
-done
-
-# ---- summary
-"$PY" - "$OUT" "$N" "${VARIANTS[@]}" <<'PY' | tee -a "$LOG"
+summary() {
+  "$PY" - "$OUT" "$@" <<'PY'
 import json, re, sys
 from pathlib import Path
 
-out, n, models = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+out, models = Path(sys.argv[1]), sys.argv[2:]
 keys = ("prompt_tps", "generation_tps", "peak_memory", "total_time")
 
-def trial(path):
+def parse(path):
+    """{who: {"trials": [...], "startup_s": [...]}} from a model's raw file."""
+    res = {w: {"trials": [], "startup_s": []} for w in ("ours", "mlx-lm")}
+    who = kind = None
     for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("Trial 1:"):
-            return {k: float(re.search(k + r"=([0-9.]+)", line).group(1)) for k in keys}
-    return None
+        m = re.match(r"### (\S+) (\S+) (\d+) (\$|ms=(\d+) rc=(\d+))", line)
+        if m:
+            who, kind = m.group(1), m.group(2)
+            if m.group(5) is not None and kind == "startup" and m.group(6) == "0":
+                res[who]["startup_s"].append(int(m.group(5)) / 1000)
+            continue
+        if kind == "bench" and line.startswith("Trial "):
+            vals = {k: re.search(k + r"=([0-9.]+)", line) for k in keys}
+            if all(vals.values()):
+                res[who]["trials"].append({k: float(v.group(1)) for k, v in vals.items()})
+    return res
 
 def mean(v):
     return sum(v) / len(v) if v else float("nan")
@@ -180,27 +204,19 @@ def ratio(a, b):
 prov = (out / "provenance.txt").read_text()
 rows, data = [], {}
 for m in models:
-    raw = out / "raw" / m
-    res = {}
-    for who in ("ours", "mlx-lm"):
-        ts = []
-        for i in range(1, n + 1):
-            p = raw / f"trial{i}-{who}.txt"
-            t = trial(p) if p.exists() else None
-            if t:
-                ts.append(t)
-        ms = raw / f"startup-ms-{who}.txt"
-        start = [int(x) / 1000 for x in ms.read_text().split()] if ms.exists() else []
-        res[who] = {
-            **{k: mean([t[k] for t in ts]) for k in keys},
-            "trials": ts,
-            "startup_s": start,
-            "startup_best_s": min(start) if start else float("nan"),
-        }
+    raw = out / "raw" / f"{m}.txt"
+    if not raw.exists():
+        rows.append(f"| {m} | not run | | | | | | | | | | | |")
+        continue
+    res = parse(raw)
+    for r in res.values():
+        for k in keys:
+            r[k] = mean([t[k] for t in r["trials"]])
+        r["startup_best_s"] = min(r["startup_s"]) if r["startup_s"] else float("nan")
     data[m] = res
     a, b = res["ours"], res["mlx-lm"]
     if not a["trials"] or not b["trials"]:
-        rows.append(f"| {m} | failed (see raw/{m}) | | | | | | | | | | | |")
+        rows.append(f"| {m} | failed (see raw/{m}.txt) | | | | | | | | | | | |")
         continue
     rows.append(
         f"| {m} | {a['prompt_tps']:.0f} | {b['prompt_tps']:.0f} | {ratio(a['prompt_tps'], b['prompt_tps'])} "
@@ -214,18 +230,30 @@ head = (
     "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 )
 md = head + "\n" + "\n".join(rows) + "\n\n" + "\n".join("- " + l for l in prov.strip().splitlines()) + "\n"
-cmds = []
-for m in models[:1]:
-    raw = out / "raw" / m
-    for f in ("cmd-ours", "cmd-mlx-lm", "cmd-startup-ours", "cmd-startup-mlx-lm"):
-        p = raw / f"{f}.txt"
-        if p.exists():
-            cmds.append(f"- {f[4:]} (first model): `{p.read_text().strip()}`")
-md += "\n".join(cmds) + "\n"
+for m in data:
+    cmds = [l[4:].split(" $ ", 1) for l in (out / "raw" / f"{m}.txt").read_text(errors="replace").splitlines() if l.startswith("### ") and " $ " in l]
+    seen = {}
+    for who_kind, cmd in cmds:
+        key = " ".join(who_kind.split()[:2])
+        seen.setdefault(key, cmd.strip())
+    md += "".join(f"- {k} (first model): `{c}`\n" for k, c in seen.items())
+    break
 (out / "summary.md").write_text(md)
 (out / "summary.json").write_text(json.dumps({"provenance": prov, "models": data}, indent=1))
 print(md)
 PY
+}
+
+FAILED=()
+for m in "${VARIANTS[@]}"; do
+  if (($(date +%s) - T0 > BUDGET)); then log "$m: skipped, past the ${BUDGET} s budget"; FAILED+=("$m"); continue; fi
+  if [ ! -f "$MODELS/$m/config.json" ]; then log "$m: model missing, skipped"; FAILED+=("$m"); continue; fi
+  bench_model "$m" || FAILED+=("$m")
+  summary "${VARIANTS[@]}" >/dev/null || log "summary failed"
+done
+
+# ---- summary
+summary "${VARIANTS[@]}" | tee -a "$LOG"
 if [ ${#FAILED[@]} -gt 0 ]; then
   log "failed: ${FAILED[*]}"
   exit 1
