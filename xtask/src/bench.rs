@@ -511,7 +511,17 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         start_ours: &s_ours,
         start_theirs: &s_theirs,
         commands: [&ours, &theirs, &ours_gen, &theirs_gen],
-        provenance: &provenance(root, &py),
+        provenance: &format!(
+            "{}- ours built: {}\n",
+            provenance(root, &py),
+            first_line(
+                Cmd::new("date")
+                    .arg("-u")
+                    .arg("-r")
+                    .arg(bench_bin.to_string_lossy())
+                    .arg("+%Y-%m-%d %H:%M UTC")
+            )
+        ),
     });
     println!("{block}");
     if let Some(out) = &o.out {
