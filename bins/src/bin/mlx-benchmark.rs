@@ -10,7 +10,12 @@ use std::time::Instant;
 
 /// LLM benchmarking script
 #[derive(Parser, Debug)]
-#[command(name = "mlx-benchmark", version, infer_long_args = true)]
+#[command(
+    name = "mlx-benchmark",
+    version,
+    infer_long_args = true,
+    args_override_self = true
+)]
 struct Args {
     /// The path to the local model directory or Hugging Face repo (default: the embedded
     /// SmolLM2-135M-Instruct).

@@ -13,7 +13,12 @@ use std::time::Instant;
 
 /// Cache the state of a prompt to be reused with mlx_lm.generate
 #[derive(Parser, Debug)]
-#[command(name = "mlx-cache-prompt", version, infer_long_args = true)]
+#[command(
+    name = "mlx-cache-prompt",
+    version,
+    infer_long_args = true,
+    args_override_self = true
+)]
 struct Args {
     /// The path to the local model directory or Hugging Face repo.
     #[arg(long, default_value = "mlx_model")]

@@ -11,7 +11,12 @@ use std::process::ExitCode;
 
 /// Chat with an LLM
 #[derive(Parser, Debug)]
-#[command(name = "mlx-chat", version, infer_long_args = true)]
+#[command(
+    name = "mlx-chat",
+    version,
+    infer_long_args = true,
+    args_override_self = true
+)]
 struct Args {
     /// The path to the local model directory or Hugging Face repo (default: the embedded
     /// SmolLM2-135M-Instruct).

@@ -10,7 +10,12 @@ use std::process::ExitCode;
 
 /// LLM inference script
 #[derive(Parser, Debug)]
-#[command(name = "mlx-generate", version, infer_long_args = true)]
+#[command(
+    name = "mlx-generate",
+    version,
+    infer_long_args = true,
+    args_override_self = true
+)]
 struct Args {
     /// The path to a local model directory, a Hugging Face repo in the local HF cache, or
     /// a .gguf file. Default: the embedded SmolLM2-135M-Instruct.
