@@ -13,7 +13,7 @@ use std::process::ExitCode;
 struct Args {
     /// Path to the model: a local directory, a Hugging Face repo id in the local HF cache,
     /// or a .gguf file. Default: the embedded SmolLM2-135M-Instruct.
-    #[arg(long = "hf-path", alias = "model")]
+    #[arg(long = "hf-path", visible_alias = "model")]
     hf_path: Option<String>,
     /// Path to save the MLX model.
     #[arg(long, default_value = "mlx_model")]
