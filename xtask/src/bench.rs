@@ -512,8 +512,11 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         start_theirs: &s_theirs,
         commands: [&ours, &theirs, &ours_gen, &theirs_gen],
         provenance: &format!(
-            "{}- ours built: {}\n",
+            "{}- run: `{}`; ours built: {}\n",
             provenance(root, &py),
+            Cmd::new("cargo")
+                .args(["xtask", "bench"])
+                .args(args.iter().cloned()),
             first_line(
                 Cmd::new("date")
                     .arg("-u")
