@@ -4,10 +4,13 @@
 //! Both servers are started on free local ports with the same model. For each
 //! concurrency level (ours and theirs alternating, after one untimed request each), N
 //! threads each send one streaming `POST /v1/completions` (greedy, `max_tokens` = `-g`,
-//! a prompt of about `-p` tokens, usage requested in the last chunk) at the same time.
+//! a prompt of about `-p` tokens with a real tokenizer, starting with a number unique to
+//! the request so that no prompt cache is reused, usage requested in the last chunk) at
+//! the same time.
 //! Reported: aggregate decode throughput (completion tokens of all streams / wall time
 //! from the first request sent to the last stream closed) and time to first token (send
-//! to the first chunk carrying text) at p50 and p99. The client is plain HTTP/1.1 over
+//! to the first chunk carrying text: the servers send none while the detokenizer holds
+//! back an incomplete character) at p50 and p99. The client is plain HTTP/1.1 over
 //! `std::net` with one thread a stream, so it needs no async runtime.
 use super::{append, our_bins, provenance, python, Cmd, Opts};
 use anyhow::{anyhow, bail, Context, Result};
@@ -17,6 +20,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A server child process, killed when dropped.
@@ -255,12 +259,18 @@ fn one_stream(port: u16, body: &str) -> Result<(Stream, Instant)> {
     ))
 }
 
+/// Stands for a number unique to each request at the start of the prompt, so that no
+/// request reuses another's prompt cache.
+const REQUEST_ID: &str = "@@REQUEST@@";
+
 /// Aggregate tok/s, TTFT p50, TTFT p99 of `n` concurrent streams.
 fn level(port: u16, body: &str, n: u32) -> Result<(f64, f64, f64)> {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
     let t0 = Instant::now();
     let handles: Vec<_> = (0..n)
         .map(|_| {
-            let body = body.to_string();
+            let id = NEXT.fetch_add(1, Ordering::Relaxed);
+            let body = body.replace(REQUEST_ID, &format!("{}", id * 7919));
             std::thread::spawn(move || one_stream(port, &body))
         })
         .collect();
@@ -323,10 +333,13 @@ pub fn run(root: &Path, o: &Opts) -> Result<()> {
     eprintln!("bench --server: starting\n  ours:   {ours_cmd}\n  mlx-lm: {theirs_cmd}");
     let ours = start("ours", ours_cmd, p1, &logs.join("ours.log"))?;
     let theirs = start("mlx-lm", theirs_cmd, p2, &logs.join("mlx-lm.log"))?;
-    let prompt = "hello ".repeat(o.prompt_tokens.saturating_sub(1) as usize + 1);
+    let prompt = format!(
+        "{REQUEST_ID}{}",
+        " hello".repeat(o.prompt_tokens.saturating_sub(1) as usize)
+    );
     let body = serde_json::json!({
         "model": model_s,
-        "prompt": prompt.trim_end(),
+        "prompt": prompt,
         "max_tokens": o.generation_tokens,
         "temperature": 0.0,
         "stream": true,
