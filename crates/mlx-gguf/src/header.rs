@@ -188,9 +188,13 @@ impl TensorInfo {
         self.dims.iter().rev().copied().collect()
     }
 
-    /// Number of elements.
+    /// Number of elements (saturating: a header whose dims overflow u64 reports
+    /// `u64::MAX`, which no file can hold, so the extent check refuses it).
     pub fn elements(&self) -> u64 {
-        self.dims.iter().product()
+        self.dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .unwrap_or(u64::MAX)
     }
 }
 
@@ -411,7 +415,7 @@ impl GgufHeader {
                     ),
                 });
             }
-            let bytes = n / per_block * block_bytes;
+            let bytes = (n / per_block).saturating_mul(block_bytes);
             let end = self
                 .data_offset
                 .saturating_add(t.offset)

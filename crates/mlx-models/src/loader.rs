@@ -245,7 +245,10 @@ pub fn check_safetensors(path: &Path) -> Result<()> {
         if off.len() != 2 || off[0] > off[1] {
             return Err(err(format!("tensor `{name}`: bad data offsets {off:?}")));
         }
-        let expected = shape.iter().product::<u64>() * size;
+        let expected = shape
+            .iter()
+            .try_fold(size, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| err(format!("tensor `{name}`: shape {shape:?} is too large")))?;
         if off[1] - off[0] != expected {
             return Err(err(format!(
                 "tensor `{name}`: {} bytes for shape {shape:?} of {dtype} (expected {expected})",
