@@ -38,11 +38,28 @@ pub fn load(args: &LoadArgs<'_>) -> Result<Loaded> {
         .with_context(|| format!("loading the model in {}", path.display()))?;
     let tokenizer = Tokenizer::from_dir(&path)
         .with_context(|| format!("loading the tokenizer in {}", path.display()))?;
+    skip_init_keys(&path)?;
     Ok(Loaded {
         model,
         tokenizer,
         path,
     })
+}
+
+/// mlx-lm's commands seed MLX's global key sequence before loading, and building the
+/// model takes keys from it for the random initial weights it then overwrites. Take
+/// as many here, so a sampler seeded before [`load`] draws the keys mlx-lm's does.
+fn skip_init_keys(path: &std::path::Path) -> Result<()> {
+    let draws = mlx_models::model::mlx_lm_init_key_draws(path).with_context(|| {
+        format!(
+            "counting the initial-weight draws of the model in {}",
+            path.display()
+        )
+    })?;
+    for _ in 0..draws {
+        mlx_array::random::next_key()?;
+    }
+    Ok(())
 }
 
 /// `--use-default-chat-template`: mlx-lm falls back to a ChatML template.

@@ -129,11 +129,27 @@ fn byte_zero_token_prints_like_mlx_lm() {
 }
 
 #[test]
-#[ignore = "mlx-lm seeds before loading and its model construction draws random initial \
-            weights from the global key sequence (key_draws in cases.json); mlx-generate \
-            does not draw them, so its samples differ"]
 fn seeded_generations_print_mlx_lm_text() {
-    check_text(|c| c.seeded);
+    check_text(|c| c.seeded && !prints_byte_zero_char(c));
+}
+
+/// mlx-lm's model construction takes `key_draws` keys from the global sequence (one per
+/// Linear/Embedding weight and Linear bias, one more per quantized layer); loading
+/// must take as many.
+#[test]
+fn init_key_draws_match_mlx_lm_construction() {
+    let mut seen = std::collections::BTreeMap::new();
+    for c in cases() {
+        if let Some(m) = flag(&c.args, "--model") {
+            seen.insert(m.to_string(), c.key_draws);
+        }
+    }
+    assert!(seen.len() >= 4, "too few models in cases.json: {seen:?}");
+    for (model, expected) in seen {
+        let dir = common::root().join(&model);
+        let n = mlx_models::model::mlx_lm_init_key_draws(&dir).expect("count draws");
+        assert_eq!(n, expected, "{model}");
+    }
 }
 
 #[test]
@@ -157,9 +173,9 @@ fn num<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-/// Generates from mlx-lm's prompt ids with the case's options, in process. With a
-/// seed, the key sequence is first advanced past the `key_draws` keys mlx-lm's model
-/// construction takes, so the sampler sees mlx-lm's keys.
+/// Generates from mlx-lm's prompt ids with the case's options, in process. The seed is
+/// set before loading, like mlx-lm: `load` takes the keys mlx-lm's model construction
+/// takes, so the sampler sees mlx-lm's keys.
 fn engine_tokens(case: &Case) -> anyhow::Result<Vec<u32>> {
     let a: Vec<String> = case
         .args
@@ -179,9 +195,6 @@ fn engine_tokens(case: &Case) -> anyhow::Result<Vec<u32>> {
     let model = model.map(|m| common::root().join(m).to_string_lossy().into_owned());
     if let Some(seed) = flag(&a, "--seed") {
         mlx_array::random::seed(seed.parse()?)?;
-        for _ in 0..case.key_draws {
-            mlx_array::random::next_key()?;
-        }
     }
     let loaded = load(&LoadArgs {
         model: model.as_deref(),

@@ -45,3 +45,51 @@ pub trait LanguageModel: Send {
         None
     }
 }
+
+/// How many keys mlx-lm's `load_model(dir)` takes from MLX's global random sequence.
+///
+/// Building the model draws initial weights: one key per `nn.Linear` weight and bias,
+/// `nn.Embedding` weight and `SwitchLinear` weight (norms start from ones, a switch
+/// bias from zeros). Each layer `nn.quantize` then replaces draws one more key for its
+/// own random initial weight. Modules dropped by `sanitize` (gemma3's tied `lm_head`)
+/// were built, so they count. mlx-lm's commands seed before loading, so a sampler
+/// seeded the same way sees mlx-lm's keys only after as many
+/// [`mlx_array::random::next_key`] calls as this returns.
+///
+/// Reads config.json, and for a quantized model the weight files' headers (the
+/// tensors stay unread).
+pub fn mlx_lm_init_key_draws(dir: &std::path::Path) -> crate::Result<usize> {
+    let raw = crate::loader::load_config(dir)?;
+    let mut model = crate::registry::build_model(&raw)?;
+    // Quantizable layers of the freshly built model: path -> rank of the dense weight
+    // (2: Linear or Embedding, 3: SwitchLinear).
+    let mut layers = std::collections::BTreeMap::new();
+    model.visit_quantizable_mut("", &mut |path, layer| {
+        layers.insert(path.to_string(), layer.dense_weight_shape().len());
+        Ok(())
+    })?;
+    let mut draws = layers.len();
+    model.visit_params("", &mut |name, _| {
+        let linear_bias = name
+            .strip_suffix(".bias")
+            .and_then(|path| layers.get(path))
+            .is_some_and(|&rank| rank == 2);
+        draws += usize::from(linear_bias);
+    });
+    let Some(quantization) = crate::QuantizationConfig::from_config(&raw)? else {
+        return Ok(draws);
+    };
+    let weights = model.sanitize(crate::loader::load_weights(dir)?)?;
+    let mut quantized = 0;
+    model.visit_quantizable_mut("", &mut |path, layer| {
+        let spec = quantization.spec_for(path, layer, &weights).map_err(|e| {
+            mlx_nn::Error::Quantization {
+                path: path.to_string(),
+                message: e.to_string(),
+            }
+        })?;
+        quantized += usize::from(spec.is_some());
+        Ok(())
+    })?;
+    Ok(draws + quantized)
+}
