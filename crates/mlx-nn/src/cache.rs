@@ -41,10 +41,39 @@ pub enum KvFetch {
     },
 }
 
+/// Where the rotary embedding of the next positions starts: mlx-lm's `cache.offset`,
+/// an `int` for single-sequence caches, an `mx.array` of one offset per row for batch
+/// caches (`BatchKVCache`, `BatchRotatingKVCache`).
+#[derive(Debug, Clone)]
+pub enum RopePosition {
+    /// One offset for the whole (batch-1) input.
+    Scalar(i32),
+    /// One offset per batch row (int32 `[B]`).
+    PerRow(Array),
+}
+
+impl RopePosition {
+    /// The offset in the form [`mlx_array::fast::rope`] takes.
+    pub fn as_rope_offset(&self) -> mlx_array::fast::RopeOffset<'_> {
+        match self {
+            RopePosition::Scalar(o) => mlx_array::fast::RopeOffset::Int(*o),
+            RopePosition::PerRow(a) => mlx_array::fast::RopeOffset::Array(a),
+        }
+    }
+}
+
 /// What a model asks of a per-layer KV cache.
 pub trait KvCache: Send {
-    /// Number of positions processed so far (the RoPE offset of the next token).
+    /// Number of positions processed so far (the RoPE offset of the next token). Batch
+    /// caches return the length of their (left-padded) buffer; their per-row offsets come
+    /// from [`KvCache::rope_offset`].
     fn offset(&self) -> i32;
+
+    /// What models pass to RoPE (mlx-lm's `cache.offset`): [`RopePosition::Scalar`] of
+    /// [`KvCache::offset`] unless the cache holds several sequences.
+    fn rope_offset(&self) -> Result<RopePosition> {
+        Ok(RopePosition::Scalar(self.offset()))
+    }
 
     /// Appends `keys`/`values` (`[B, n_kv_heads, S, head_dim]`) and returns everything
     /// attention should see.

@@ -269,21 +269,21 @@ impl Rope {
     /// Rotates `x` (`[B, heads, L, head_dim]`) for positions `offset..offset + L`.
     #[track_caller]
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
+        self.forward_at(x, RopeOffset::Int(offset))
+    }
+
+    /// [`Rope::forward`] at an offset that may be an array (one per batch row, as
+    /// mlx-lm passes a batch cache's `offset`). The dynamic-NTK variant needs a host
+    /// offset (its base depends on it), as in mlx-lm.
+    #[track_caller]
+    pub fn forward_at(&self, x: &Array, offset: RopeOffset<'_>) -> Result<Array> {
         match self {
             Rope::Default {
                 dims,
                 traditional,
                 base,
                 scale,
-            } => fast::rope(
-                x,
-                *dims,
-                *traditional,
-                Some(*base),
-                *scale,
-                RopeOffset::Int(offset),
-                None,
-            ),
+            } => fast::rope(x, *dims, *traditional, Some(*base), *scale, offset, None),
             Rope::Dynamic {
                 dims,
                 max_position_embeddings,
@@ -291,6 +291,11 @@ impl Rope {
                 base,
                 factor,
             } => {
+                let RopeOffset::Int(offset) = offset else {
+                    return Err(mlx_array::Error::InvalidArgument(
+                        "dynamic NTK RoPE needs a scalar offset (no batch caches)".into(),
+                    ));
+                };
                 let seq_len = (x.dim(-2)? + offset).max(*max_position_embeddings) as f64;
                 let mp = *max_position_embeddings as f64;
                 let d = *dims as f64;
@@ -315,15 +320,7 @@ impl Rope {
                     Some(s) => scale_leading(x, *dims, *s)?,
                     None => x.clone(),
                 };
-                fast::rope(
-                    &x,
-                    *dims,
-                    *traditional,
-                    None,
-                    1.0,
-                    RopeOffset::Int(offset),
-                    Some(freqs),
-                )
+                fast::rope(&x, *dims, *traditional, None, 1.0, offset, Some(freqs))
             }
         }
     }

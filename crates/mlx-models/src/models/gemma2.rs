@@ -6,7 +6,7 @@ use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{fast, ops, Array, Dtype, Result};
 use mlx_nn::activations::gelu_approx;
 use mlx_nn::attention::finfo_min;
-use mlx_nn::cache::create_attention_mask;
+use mlx_nn::cache::{create_attention_mask, RopePosition};
 use mlx_nn::{
     impl_module, AttnMask, EmbeddingLayer, KvCache, KvFetch, LinearLayer, Module, Param, Rope,
 };
@@ -131,9 +131,12 @@ impl Attention {
         let queries = split_heads(&self.q_proj.forward(x)?, b, l, self.n_heads)?;
         let keys = split_heads(&self.k_proj.forward(x)?, b, l, self.n_kv_heads)?;
         let values = split_heads(&self.v_proj.forward(x)?, b, l, self.n_kv_heads)?;
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
-        let queries = self.rope.forward(&queries, offset)?;
-        let keys = self.rope.forward(&keys, offset)?;
+        let offset = match cache.as_ref() {
+            Some(c) => c.rope_offset()?,
+            None => RopePosition::Scalar(0),
+        };
+        let queries = self.rope.forward_at(&queries, offset.as_rope_offset())?;
+        let keys = self.rope.forward_at(&keys, offset.as_rope_offset())?;
         let (keys, values) = match cache {
             Some(c) => match c.update_and_fetch(&keys, &values)? {
                 KvFetch::Plain { keys, values } => (keys, values),
@@ -158,6 +161,16 @@ impl Attention {
             .divide(self.softcap)?
             .tanh()?
             .multiply(self.softcap)?;
+        // A batch cache's mask is `[B, 1, N, T]`: with grouped heads it needs an axis for
+        // the repeats (mlx-lm fails to broadcast it there and cannot batch gemma2).
+        let grouped;
+        let mask = match mask {
+            AttnMask::Array(m) if self.repeats > 1 && m.ndim() == 4 => {
+                grouped = AttnMask::Array(m.expand_dims(&[2])?);
+                &grouped
+            }
+            other => other,
+        };
         let scores = match mask {
             AttnMask::None => scores,
             AttnMask::Array(m) if m.dtype() == Dtype::Bool => {

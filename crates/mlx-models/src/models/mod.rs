@@ -74,9 +74,9 @@ pub(crate) fn rope_attend(
 ) -> Result<Array> {
     let (queries, fetch) = match cache {
         Some(c) => {
-            let offset = c.offset();
-            let q = rope.forward(queries, offset)?;
-            let k = rope.forward(keys, offset)?;
+            let offset = c.rope_offset()?;
+            let q = rope.forward_at(queries, offset.as_rope_offset())?;
+            let k = rope.forward_at(keys, offset.as_rope_offset())?;
             (q, c.update_and_fetch(&k, &values)?)
         }
         None => {
