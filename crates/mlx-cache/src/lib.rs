@@ -4,6 +4,12 @@
 //! forward pass. The op sequence of each update is mlx-lm's, so keys, values and masks
 //! are bit-identical to Python's.
 //!
+//! For continuous batching, [`BatchKVCache`] and [`BatchRotatingKVCache`] (mlx-lm's
+//! left-padded batch caches, with per-row RoPE offsets) hold several sequences;
+//! [`BatchPromptCache`] merges single-sequence caches into a batch, drops finished rows,
+//! appends new ones and extracts one row's caches again. Quantized caches are not
+//! batched (mlx-lm's `QuantizedKVCache` has no `merge` either).
+//!
 //! ```
 //! use mlx_cache::{KVCache, KvCache};
 //! use mlx_array::{ops::ones, Dtype};
@@ -17,6 +23,9 @@
 //! ```
 #![warn(missing_docs)]
 
+mod batch;
+mod batch_prompt;
+mod batch_rotating;
 mod error;
 mod file;
 mod kv;
@@ -24,11 +33,14 @@ mod quantized;
 mod rotating;
 mod util;
 
+pub use batch::{batch_causal_mask, BatchKVCache};
+pub use batch_prompt::{is_batchable, BatchPromptCache};
+pub use batch_rotating::BatchRotatingKVCache;
 pub use error::{CacheError, Result};
 pub use file::{load_prompt_cache, save_prompt_cache};
 pub use kv::{ConcatenateKVCache, KVCache, STEP};
 pub use mlx_models::CacheSpec;
-pub use mlx_nn::cache::{AttnMask, KvCache, KvFetch};
+pub use mlx_nn::cache::{AttnMask, KvCache, KvFetch, RopePosition};
 pub use quantized::{QuantTriple, QuantizedKVCache};
 pub use rotating::RotatingKVCache;
 

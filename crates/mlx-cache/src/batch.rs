@@ -1,0 +1,411 @@
+//! mlx-lm's `BatchKVCache`: several sequences in one left-padded buffer, so that one
+//! forward pass decodes all of them.
+//!
+//! Row `i` holds its positions at `left_padding[i]..idx` of the buffer; its RoPE offset
+//! (`offsets[i]`, the number of real positions) differs per row, which is why models
+//! take [`KvCache::rope_offset`] instead of [`KvCache::offset`]. Rows are dropped with
+//! [`BatchKVCache::filter`], added with [`BatchKVCache::extend`] (after
+//! [`BatchKVCache::merge`] of single-sequence caches) and taken out again with
+//! [`BatchKVCache::extract`]. The bookkeeping (`left_padding`, `offset`) lives on the
+//! host; the arrays built from it equal the int32 arrays mlx-lm keeps.
+use crate::kv::{KVCache, STEP};
+use crate::util::{cat2, dims4, seq, seq_update};
+use mlx_array::{ops::arange, ops::zeros, Array, Dtype, Result};
+use mlx_nn::cache::{AttnMask, KvCache, KvFetch, RopePosition};
+use std::any::Any;
+
+/// mlx-lm's `BatchKVCache(left_padding)`.
+#[derive(Debug, Clone)]
+pub struct BatchKVCache {
+    pub(crate) keys: Option<Array>,
+    pub(crate) values: Option<Array>,
+    pub(crate) left_padding: Vec<i32>,
+    pub(crate) offsets: Vec<i32>,
+    pub(crate) idx: i32,
+}
+
+/// An int32 `[n]` array of `v` (`mx.array(list)`).
+pub(crate) fn int_array(v: &[i32]) -> Result<Array> {
+    Array::from_slice(v, &[v.len() as i32])
+}
+
+/// `x[indices]` along the batch axis (Python indexing with a list of ints).
+pub(crate) fn take_rows(x: &Array, rows: &[usize]) -> Result<Array> {
+    let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
+    x.take(&int_array(&idx)?, Some(0))
+}
+
+/// `x[i : i + 1]`.
+pub(crate) fn row(x: &Array, i: i32) -> Result<Array> {
+    let mut lo = vec![0; x.ndim()];
+    let mut hi = x.shape();
+    lo[0] = i;
+    hi[0] = i + 1;
+    x.slice(&lo, &hi, None)
+}
+
+/// `mx.pad(x, [(0, 0), (0, 0), (left, right), (0, 0)])`.
+pub(crate) fn pad_seq(x: &Array, left: i32, right: i32) -> Result<Array> {
+    x.pad(
+        &[0, 1, 2, 3],
+        &[0, 0, left, 0],
+        &[0, 0, right, 0],
+        None,
+        "constant",
+    )
+}
+
+/// mlx-lm's `create_causal_mask(N, offset, window_size, left_padding=lp)`: a boolean
+/// `[B, 1, N, offset + N]` mask that also hides each row's padding.
+#[track_caller]
+pub fn batch_causal_mask(
+    n: i32,
+    offset: i32,
+    window_size: Option<i32>,
+    left_padding: &[i32],
+) -> Result<Array> {
+    let rinds = arange(0.0, (offset + n) as f64, 1.0, Dtype::Int32)?;
+    let linds = if offset != 0 {
+        arange(offset as f64, (offset + n) as f64, 1.0, Dtype::Int32)?
+    } else {
+        rinds.clone()
+    };
+    let linds = linds.expand_dims(&[1])?;
+    let rinds = rinds.expand_dims(&[0])?;
+    let mut mask = linds.greater_equal(&rinds)?;
+    if let Some(w) = window_size {
+        mask = mask.logical_and(&linds.less(&rinds.add(w)?)?)?;
+    }
+    let lp = int_array(left_padding)?.expand_dims(&[1, 2, 3])?;
+    mask.logical_and(&lp.less_equal(&rinds)?)
+}
+
+impl BatchKVCache {
+    /// An empty cache for rows left-padded by `left_padding` positions.
+    pub fn new(left_padding: &[i32]) -> BatchKVCache {
+        BatchKVCache {
+            keys: None,
+            values: None,
+            left_padding: left_padding.to_vec(),
+            offsets: left_padding.iter().map(|l| -l).collect(),
+            idx: 0,
+        }
+    }
+
+    /// Rows in the batch.
+    pub fn batch_size(&self) -> usize {
+        self.offsets.len()
+    }
+
+    /// Padding positions before each row's first real one.
+    pub fn left_padding(&self) -> &[i32] {
+        &self.left_padding
+    }
+
+    /// Real positions of each row (its RoPE offset).
+    pub fn offsets(&self) -> &[i32] {
+        &self.offsets
+    }
+
+    /// Positions used in the buffer (padding included).
+    pub fn idx(&self) -> i32 {
+        self.idx
+    }
+
+    /// The whole key buffer (including unused capacity), if any.
+    pub fn keys(&self) -> Option<&Array> {
+        self.keys.as_ref()
+    }
+
+    /// The whole value buffer (including unused capacity), if any.
+    pub fn values(&self) -> Option<&Array> {
+        self.values.as_ref()
+    }
+
+    /// Appends `keys`/`values` (`[B, H, S, D]`) for every row and returns the first
+    /// `idx` positions, as mlx-lm's `update_and_fetch`.
+    #[track_caller]
+    pub fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let [b, h, s, kd] = dims4(keys, "keys")?;
+        let [_, _, _, vd] = dims4(values, "values")?;
+        let prev = self.idx;
+        let (mut kbuf, mut vbuf) = match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if prev + s <= k.dim(2)? => (k.clone(), v.clone()),
+            (old_k, old_v) => {
+                let n = (STEP + s - 1) / STEP * STEP;
+                let new_k = zeros(&[b, h, n, kd], keys.dtype())?;
+                let new_v = zeros(&[b, h, n, vd], values.dtype())?;
+                match (old_k, old_v) {
+                    (Some(k), Some(v)) => {
+                        let (k, v) = if prev % STEP != 0 {
+                            (seq(k, None, Some(prev))?, seq(v, None, Some(prev))?)
+                        } else {
+                            (k.clone(), v.clone())
+                        };
+                        (cat2(&[&k, &new_k])?, cat2(&[&v, &new_v])?)
+                    }
+                    _ => (new_k, new_v),
+                }
+            }
+        };
+        for o in &mut self.offsets {
+            *o += s;
+        }
+        self.idx += s;
+        kbuf = seq_update(&kbuf, keys, prev, self.idx)?;
+        vbuf = seq_update(&vbuf, values, prev, self.idx)?;
+        self.keys = Some(kbuf);
+        self.values = Some(vbuf);
+        self.keys_and_values()
+    }
+
+    /// `keys[..., :idx, :]`, `values[..., :idx, :]`.
+    #[track_caller]
+    pub fn keys_and_values(&self) -> Result<(Array, Array)> {
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            return Err(mlx_array::Error::InvalidArgument(
+                "BatchKVCache: keys_and_values called on an empty cache".into(),
+            ));
+        };
+        Ok((seq(k, None, Some(self.idx))?, seq(v, None, Some(self.idx))?))
+    }
+
+    /// Keeps only the rows `batch_indices` (in that order), then drops the padding
+    /// columns every remaining row has (mlx-lm's `filter`).
+    #[track_caller]
+    pub fn filter(&mut self, batch_indices: &[usize]) -> Result<()> {
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            self.keys = Some(take_rows(k, batch_indices)?);
+            self.values = Some(take_rows(v, batch_indices)?);
+        }
+        let pick = |v: &[i32]| -> Result<Vec<i32>> {
+            batch_indices
+                .iter()
+                .map(|&i| {
+                    v.get(i).copied().ok_or_else(|| {
+                        mlx_array::Error::InvalidArgument(format!(
+                            "BatchKVCache::filter: row {i} of {}",
+                            v.len()
+                        ))
+                    })
+                })
+                .collect()
+        };
+        self.offsets = pick(&self.offsets)?;
+        self.left_padding = pick(&self.left_padding)?;
+        let min_left = self.left_padding.iter().copied().min().unwrap_or(0);
+        if min_left > 0 {
+            if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+                self.keys = Some(seq(k, Some(min_left), None)?);
+                self.values = Some(seq(v, Some(min_left), None)?);
+            }
+            self.idx -= min_left;
+            for l in &mut self.left_padding {
+                *l -= min_left;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends the rows of `other` (mlx-lm's `extend`): both buffers are padded so their
+    /// used positions end at the same column.
+    #[track_caller]
+    pub fn extend(&mut self, other: &BatchKVCache) -> Result<()> {
+        if self.keys.is_none() && other.keys.is_none() {
+            self.left_padding.extend_from_slice(&other.left_padding);
+            self.offsets.extend_from_slice(&other.offsets);
+            return Ok(());
+        }
+        let max_idx = self.idx.max(other.idx);
+        let template = match (&self.keys, &self.values, &other.keys, &other.values) {
+            (_, _, Some(k), Some(v)) | (Some(k), Some(v), _, _) => (k, v),
+            _ => {
+                return Err(mlx_array::Error::InvalidArgument(
+                    "BatchKVCache::extend: keys without values".into(),
+                ))
+            }
+        };
+        let [_, h, _, d] = dims4(template.0, "keys")?;
+        let m = template.1.dim(3)?;
+        let dtype = match &self.keys {
+            Some(k) => k.dtype(),
+            None => template.0.dtype(),
+        };
+        let len = |c: &BatchKVCache| -> Result<i32> {
+            Ok(match &c.keys {
+                Some(k) => k.dim(2)?,
+                None => 0,
+            })
+        };
+        let max_size = len(self)?.max(len(other)?);
+        let pad = |c: &BatchKVCache| -> Result<(Array, Array, Vec<i32>)> {
+            let (mut k, mut v) = match (&c.keys, &c.values) {
+                (Some(k), Some(v)) => (k.clone(), v.clone()),
+                _ => {
+                    let bc = c.offsets.len() as i32;
+                    (zeros(&[bc, h, 0, d], dtype)?, zeros(&[bc, h, 0, m], dtype)?)
+                }
+            };
+            let left = max_idx - c.idx;
+            let mut right = max_size - k.dim(2)? - left;
+            if right < 0 {
+                k = seq(&k, None, Some(right))?;
+                v = seq(&v, None, Some(right))?;
+                right = 0;
+            }
+            if left != 0 || right != 0 {
+                k = pad_seq(&k, left, right)?;
+                v = pad_seq(&v, left, right)?;
+            }
+            Ok((k, v, c.left_padding.iter().map(|l| l + left).collect()))
+        };
+        let (k1, v1, lp1) = pad(self)?;
+        let (k2, v2, lp2) = pad(other)?;
+        self.keys = Some(mlx_array::concatenate(&[&k1, &k2], 0)?);
+        self.values = Some(mlx_array::concatenate(&[&v1, &v2], 0)?);
+        self.offsets.extend_from_slice(&other.offsets);
+        self.left_padding = lp1.into_iter().chain(lp2).collect();
+        self.idx = max_idx;
+        Ok(())
+    }
+
+    /// Row `i` as a single-sequence [`KVCache`] holding only its real positions
+    /// (mlx-lm's `extract`).
+    #[track_caller]
+    pub fn extract(&self, i: usize) -> Result<KVCache> {
+        let padding = *self.left_padding.get(i).ok_or_else(|| {
+            mlx_array::Error::InvalidArgument(format!(
+                "BatchKVCache::extract: row {i} of {}",
+                self.left_padding.len()
+            ))
+        })?;
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            return Ok(KVCache::new());
+        };
+        let cut = |x: &Array| -> Result<Array> {
+            seq(&row(x, i as i32)?, Some(padding), Some(self.idx))?.contiguous()
+        };
+        let (keys, values) = (cut(k)?, cut(v)?);
+        let offset = keys.dim(2)?;
+        Ok(KVCache::from_parts(Some(keys), Some(values), offset))
+    }
+
+    /// One batch from single-sequence caches, right-aligned with left padding (mlx-lm's
+    /// `BatchKVCache.merge`).
+    #[track_caller]
+    pub fn merge(caches: &[&KVCache]) -> Result<BatchKVCache> {
+        let lengths: Vec<i32> = caches.iter().map(|c| c.offset).collect();
+        let max_length = lengths.iter().copied().max().unwrap_or(0);
+        if max_length == 0 {
+            return Ok(BatchKVCache::new(&vec![0; caches.len()]));
+        }
+        let padding: Vec<i32> = lengths.iter().map(|l| max_length - l).collect();
+        let present: Vec<(&Array, &Array)> = caches
+            .iter()
+            .filter_map(|c| c.keys.as_ref().zip(c.values.as_ref()))
+            .collect();
+        let max_dim = |i: i32, values: bool| -> Result<i32> {
+            present
+                .iter()
+                .map(|p| if values { p.1 } else { p.0 }.dim(i))
+                .try_fold(0, |m, d| Ok(m.max(d?)))
+        };
+        let (h, dk, dv) = (max_dim(1, false)?, max_dim(3, false)?, max_dim(3, true)?);
+        let dt = present.first().map_or(Dtype::Float32, |p| p.0.dtype());
+        let b = caches.len() as i32;
+        let mut keys = zeros(&[b, h, max_length, dk], dt)?;
+        let mut values = zeros(&[b, h, max_length, dv], dt)?;
+        for (i, (p, c)) in padding.iter().zip(caches).enumerate() {
+            let (Some(ck), Some(cv)) = (&c.keys, &c.values) else {
+                continue;
+            };
+            let i = i as i32;
+            let (lo_k, hi_k) = ([i, 0, *p, 0], [i + 1, h, p + c.offset, dk]);
+            keys = keys.slice_update(&seq(ck, None, Some(c.offset))?, &lo_k, &hi_k, None)?;
+            let hi_v = [i + 1, h, p + c.offset, dv];
+            values = values.slice_update(&seq(cv, None, Some(c.offset))?, &lo_k, &hi_v, None)?;
+        }
+        let mut cache = BatchKVCache::new(&padding);
+        cache.keys = Some(keys);
+        cache.values = Some(values);
+        for o in &mut cache.offsets {
+            *o += max_length;
+        }
+        cache.idx = max_length;
+        Ok(cache)
+    }
+}
+
+impl KvCache for BatchKVCache {
+    /// The buffer length (`idx`); the per-row offsets are [`KvCache::rope_offset`].
+    fn offset(&self) -> i32 {
+        self.idx
+    }
+
+    fn rope_offset(&self) -> Result<RopePosition> {
+        Ok(RopePosition::PerRow(int_array(&self.offsets)?))
+    }
+
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvFetch> {
+        let (keys, values) = self.update(keys, values)?;
+        Ok(KvFetch::Plain { keys, values })
+    }
+
+    /// Always an array: `create_causal_mask(n, idx, window_size, left_padding)`.
+    fn make_mask(&self, n: i32, _return_array: bool, window_size: Option<i32>) -> Result<AttnMask> {
+        Ok(AttnMask::Array(batch_causal_mask(
+            n,
+            self.idx,
+            window_size,
+            &self.left_padding,
+        )?))
+    }
+
+    fn is_trimmable(&self) -> bool {
+        true
+    }
+
+    fn trim(&mut self, n: i32) -> i32 {
+        let n = self.idx.min(n);
+        self.idx -= n;
+        for o in &mut self.offsets {
+            *o -= n;
+        }
+        n
+    }
+
+    fn size(&self) -> i32 {
+        self.idx
+    }
+
+    fn nbytes(&self) -> usize {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => k.nbytes() + v.nbytes(),
+            _ => 0,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.keys.is_none()
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.keys
+            .iter()
+            .chain(self.values.iter())
+            .cloned()
+            .collect()
+    }
+
+    fn class_name(&self) -> &'static str {
+        "BatchKVCache"
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}

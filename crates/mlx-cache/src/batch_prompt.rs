@@ -1,0 +1,214 @@
+//! The per-layer caches of a decode batch: mlx-lm's `_merge_caches`, `_extend_cache`
+//! and the `filter` / `extract` loops of `GenerationBatch`, over every layer at once.
+use crate::batch::BatchKVCache;
+use crate::batch_rotating::BatchRotatingKVCache;
+use crate::error::{CacheError, Result};
+use crate::kv::KVCache;
+use crate::rotating::RotatingKVCache;
+use crate::PromptCache;
+use mlx_nn::cache::KvCache;
+
+/// One batch cache per layer ([`BatchKVCache`] or [`BatchRotatingKVCache`]) holding the
+/// same rows. Pass [`BatchPromptCache::layers_mut`] to a model's `forward` with inputs
+/// `[rows, L]`.
+#[derive(Default)]
+pub struct BatchPromptCache {
+    layers: Vec<Box<dyn KvCache>>,
+    rows: usize,
+}
+
+impl std::fmt::Debug for BatchPromptCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchPromptCache")
+            .field("layers", &self.layers.len())
+            .field("rows", &self.rows)
+            .finish()
+    }
+}
+
+/// Whether a single-sequence cache can join a batch: a [`KVCache`], or a
+/// [`RotatingKVCache`] that keeps no leading positions (mlx-lm: the classes with a
+/// `merge`; quantized caches have none).
+pub fn is_batchable(cache: &dyn KvCache) -> bool {
+    let any = cache.as_any();
+    any.is::<KVCache>()
+        || any
+            .downcast_ref::<RotatingKVCache>()
+            .is_some_and(|r| r.keep == 0)
+}
+
+fn layer_mismatch(layer: usize, what: &str) -> CacheError {
+    CacheError::InvalidArgument(format!(
+        "layer {layer}: {what} (batch caches must be BatchKVCache or BatchRotatingKVCache \
+         and rows must share the layer layout)"
+    ))
+}
+
+impl BatchPromptCache {
+    /// An empty batch (no rows, no layers).
+    pub fn new() -> BatchPromptCache {
+        BatchPromptCache::default()
+    }
+
+    /// Rows in the batch.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Whether the batch has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// The per-layer caches, as models take them.
+    pub fn layers_mut(&mut self) -> &mut [Box<dyn KvCache>] {
+        &mut self.layers
+    }
+
+    /// The per-layer caches.
+    pub fn layers(&self) -> &[Box<dyn KvCache>] {
+        &self.layers
+    }
+
+    /// Bytes held by all layers.
+    pub fn nbytes(&self) -> usize {
+        self.layers.iter().map(|c| c.nbytes()).sum()
+    }
+
+    /// Merges the caches of `rows` sequences (each one cache per layer) into one batch,
+    /// layer by layer (mlx-lm's `_merge_caches`).
+    pub fn merge(rows: &[&[Box<dyn KvCache>]]) -> Result<BatchPromptCache> {
+        let Some(first) = rows.first() else {
+            return Ok(BatchPromptCache::new());
+        };
+        let n_layers = first.len();
+        if let Some(bad) = rows.iter().position(|r| r.len() != n_layers) {
+            return Err(CacheError::InvalidArgument(format!(
+                "row {bad} has {} layer caches, row 0 has {n_layers}",
+                rows[bad].len()
+            )));
+        }
+        let mut layers: Vec<Box<dyn KvCache>> = Vec::with_capacity(n_layers);
+        for l in 0..n_layers {
+            let plain: Option<Vec<&KVCache>> = rows
+                .iter()
+                .map(|r| r[l].as_any().downcast_ref::<KVCache>())
+                .collect();
+            if let Some(plain) = plain {
+                layers.push(Box::new(BatchKVCache::merge(&plain)?));
+                continue;
+            }
+            let rotating: Option<Vec<&RotatingKVCache>> = rows
+                .iter()
+                .map(|r| r[l].as_any().downcast_ref::<RotatingKVCache>())
+                .collect();
+            match rotating {
+                Some(rot) => layers.push(Box::new(BatchRotatingKVCache::merge(&rot)?)),
+                None => {
+                    return Err(CacheError::Unsupported {
+                        class: first[l].class_name(),
+                        op: "batching",
+                    })
+                }
+            }
+        }
+        Ok(BatchPromptCache {
+            layers,
+            rows: rows.len(),
+        })
+    }
+
+    /// Keeps only the rows `keep`, in that order; with none left the batch is emptied.
+    pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        if let Some(&bad) = keep.iter().find(|&&i| i >= self.rows) {
+            return Err(CacheError::InvalidArgument(format!(
+                "row {bad} is not in a batch of {}",
+                self.rows
+            )));
+        }
+        if keep.is_empty() {
+            self.layers.clear();
+            self.rows = 0;
+            return Ok(());
+        }
+        for (l, c) in self.layers.iter_mut().enumerate() {
+            let any = c.as_any_mut();
+            if let Some(b) = any.downcast_mut::<BatchKVCache>() {
+                b.filter(keep)?;
+            } else if let Some(b) = any.downcast_mut::<BatchRotatingKVCache>() {
+                b.filter(keep)?;
+            } else {
+                return Err(layer_mismatch(l, "not a batch cache"));
+            }
+        }
+        self.rows = keep.len();
+        Ok(())
+    }
+
+    /// Appends the rows of `other` after this batch's (mlx-lm's `_extend_cache`).
+    pub fn extend(&mut self, mut other: BatchPromptCache) -> Result<()> {
+        if self.rows == 0 {
+            *self = other;
+            return Ok(());
+        }
+        if other.rows == 0 {
+            return Ok(());
+        }
+        if other.layers.len() != self.layers.len() {
+            return Err(CacheError::InvalidArgument(format!(
+                "cannot extend a batch of {} layers with one of {}",
+                self.layers.len(),
+                other.layers.len()
+            )));
+        }
+        for (l, (a, b)) in self
+            .layers
+            .iter_mut()
+            .zip(other.layers.iter_mut())
+            .enumerate()
+        {
+            let (a, b) = (a.as_any_mut(), b.as_any_mut());
+            if let Some(a) = a.downcast_mut::<BatchKVCache>() {
+                match b.downcast_ref::<BatchKVCache>() {
+                    Some(b) => a.extend(b)?,
+                    None => return Err(layer_mismatch(l, "different cache classes")),
+                }
+                continue;
+            }
+            match (
+                a.downcast_mut::<BatchRotatingKVCache>(),
+                b.downcast_mut::<BatchRotatingKVCache>(),
+            ) {
+                (Some(a), Some(b)) => a.extend(b)?,
+                _ => return Err(layer_mismatch(l, "different cache classes")),
+            }
+        }
+        self.rows += other.rows;
+        Ok(())
+    }
+
+    /// Row `row` as single-sequence caches (one per layer) holding only its real
+    /// positions, e.g. to store in a prompt cache (mlx-lm's `extract_cache`).
+    pub fn extract(&self, row: usize) -> Result<PromptCache> {
+        if row >= self.rows {
+            return Err(CacheError::InvalidArgument(format!(
+                "row {row} is not in a batch of {}",
+                self.rows
+            )));
+        }
+        self.layers
+            .iter()
+            .enumerate()
+            .map(|(l, c)| {
+                let any = c.as_any();
+                if let Some(b) = any.downcast_ref::<BatchKVCache>() {
+                    Ok(Box::new(b.extract(row)?) as Box<dyn KvCache>)
+                } else if let Some(b) = any.downcast_ref::<BatchRotatingKVCache>() {
+                    Ok(Box::new(b.extract(row)?) as Box<dyn KvCache>)
+                } else {
+                    Err(layer_mismatch(l, "not a batch cache"))
+                }
+            })
+            .collect()
+    }
+}

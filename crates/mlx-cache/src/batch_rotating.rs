@@ -1,0 +1,540 @@
+//! mlx-lm's `BatchRotatingKVCache`: sliding-window caches of several sequences in one
+//! left-padded buffer (the batch counterpart of [`RotatingKVCache`] with `keep = 0`).
+//!
+//! The buffer holds at most `max_size` positions; once full, single-token updates
+//! overwrite the oldest column and the mask is rolled to match. As in mlx-lm, the
+//! right-padded batched prefill (`prepare` / `finalize`) is not needed here: rows are
+//! prefilled alone and joined with [`BatchRotatingKVCache::merge`] and
+//! [`BatchRotatingKVCache::extend`].
+use crate::batch::{int_array, pad_seq, row, take_rows};
+use crate::error::CacheError;
+use crate::kv::STEP;
+use crate::rotating::RotatingKVCache;
+use crate::util::{cat2, dims4, seq, seq_update};
+use mlx_array::{ops::arange, ops::zeros, Array, Dtype, Result};
+use mlx_nn::cache::{AttnMask, KvCache, KvFetch, RopePosition};
+use std::any::Any;
+
+/// mlx-lm's `BatchRotatingKVCache(max_size, left_padding)`.
+#[derive(Debug, Clone)]
+pub struct BatchRotatingKVCache {
+    pub(crate) keys: Option<Array>,
+    pub(crate) values: Option<Array>,
+    pub(crate) left_padding: Vec<i32>,
+    pub(crate) offsets: Vec<i32>,
+    pub(crate) max_size: i32,
+    /// Write position in the buffer (mlx-lm's `_idx`).
+    pub(crate) idx: i32,
+    /// Positions written in total, padding included (mlx-lm's `_offset`).
+    pub(crate) written: i32,
+    pub(crate) rotated: bool,
+}
+
+fn bad(msg: String) -> mlx_array::Error {
+    mlx_array::Error::InvalidArgument(msg)
+}
+
+impl BatchRotatingKVCache {
+    /// An empty cache of window `max_size` for rows left-padded by `left_padding`.
+    pub fn new(max_size: i32, left_padding: &[i32]) -> BatchRotatingKVCache {
+        BatchRotatingKVCache {
+            keys: None,
+            values: None,
+            left_padding: left_padding.to_vec(),
+            offsets: left_padding.iter().map(|l| -l).collect(),
+            max_size,
+            idx: 0,
+            written: 0,
+            rotated: false,
+        }
+    }
+
+    /// Rows in the batch.
+    pub fn batch_size(&self) -> usize {
+        self.offsets.len()
+    }
+
+    /// The window size.
+    pub fn max_size(&self) -> i32 {
+        self.max_size
+    }
+
+    /// Padding positions before each row's first real one (negative once the window
+    /// has slid past the padding).
+    pub fn left_padding(&self) -> &[i32] {
+        &self.left_padding
+    }
+
+    /// Real positions of each row (its RoPE offset).
+    pub fn offsets(&self) -> &[i32] {
+        &self.offsets
+    }
+
+    /// The write position in the buffer (mlx-lm's `_idx`).
+    pub fn idx(&self) -> i32 {
+        self.idx
+    }
+
+    /// Whether the buffer has wrapped around.
+    pub fn rotated(&self) -> bool {
+        self.rotated
+    }
+
+    /// The raw key buffer, if any.
+    pub fn keys(&self) -> Option<&Array> {
+        self.keys.as_ref()
+    }
+
+    /// The raw value buffer, if any.
+    pub fn values(&self) -> Option<&Array> {
+        self.values.as_ref()
+    }
+
+    /// mlx-lm's `_trim`: drops the first `trim_size` positions, then appends.
+    fn trim_buf(trim_size: i32, v: &Array, append: Option<&Array>) -> Result<Array> {
+        let v = if trim_size > 0 {
+            seq(v, Some(trim_size), None)?
+        } else {
+            v.clone()
+        };
+        match append {
+            Some(a) => cat2(&[&v, a]),
+            None => Ok(v),
+        }
+    }
+
+    /// mlx-lm's `_temporal_order`: unrolls a wrapped buffer (oldest column first).
+    fn temporal_order(&mut self) -> Result<()> {
+        if self.rotated {
+            if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+                let (k, v) = (k.roll(-self.idx, Some(2))?, v.roll(-self.idx, Some(2))?);
+                self.idx = k.dim(2)?;
+                self.keys = Some(k);
+                self.values = Some(v);
+            }
+            self.rotated = false;
+        }
+        Ok(())
+    }
+
+    fn update_concat(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let s = keys.dim(2)?;
+        match (self.keys.clone(), self.values.clone()) {
+            (Some(_), Some(_)) => {
+                self.temporal_order()?;
+                let (mut k, mut v) = match (&self.keys, &self.values) {
+                    (Some(k), Some(v)) => (k.clone(), v.clone()),
+                    _ => return Err(bad("BatchRotatingKVCache: lost its buffers".into())),
+                };
+                if k.dim(2)? > self.idx {
+                    k = seq(&k, None, Some(self.idx))?;
+                    v = seq(&v, None, Some(self.idx))?;
+                }
+                let trim_size = self.idx - self.max_size + 1;
+                if trim_size > 0 {
+                    for l in &mut self.left_padding {
+                        *l -= trim_size;
+                    }
+                }
+                self.keys = Some(Self::trim_buf(trim_size, &k, Some(keys))?);
+                self.values = Some(Self::trim_buf(trim_size, &v, Some(values))?);
+            }
+            _ => {
+                self.keys = Some(keys.clone());
+                self.values = Some(values.clone());
+            }
+        }
+        for o in &mut self.offsets {
+            *o += s;
+        }
+        self.written += s;
+        let (k, v) = match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => (k.clone(), v.clone()),
+            _ => return Err(bad("BatchRotatingKVCache: lost its buffers".into())),
+        };
+        self.idx = k.dim(2)?;
+        Ok((k, v))
+    }
+
+    fn update_in_place(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let [b, h, s, kd] = dims4(keys, "keys")?;
+        let [_, _, _, vd] = dims4(values, "values")?;
+        let prev = self.written;
+        let grow = match &self.keys {
+            None => true,
+            Some(k) => {
+                let len = k.dim(2)?;
+                prev >= len && len < self.max_size
+            }
+        };
+        let (mut kbuf, mut vbuf) = match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if !grow => (k.clone(), v.clone()),
+            (old_k, old_v) => {
+                let new_size = STEP.min(self.max_size - prev);
+                let new_k = zeros(&[b, h, new_size, kd], keys.dtype())?;
+                let new_v = zeros(&[b, h, new_size, vd], values.dtype())?;
+                self.idx = prev;
+                match (old_k, old_v) {
+                    (Some(k), Some(v)) => (cat2(&[k, &new_k])?, cat2(&[v, &new_v])?),
+                    _ => (new_k, new_v),
+                }
+            }
+        };
+        let trim_size = kbuf.dim(2)? - self.max_size;
+        if trim_size > 0 {
+            kbuf = Self::trim_buf(trim_size, &kbuf, None)?;
+            vbuf = Self::trim_buf(trim_size, &vbuf, None)?;
+            self.idx = self.max_size;
+            for l in &mut self.left_padding {
+                *l -= trim_size;
+            }
+        }
+        if self.idx == self.max_size {
+            self.rotated = true;
+            self.idx = 0;
+        }
+        if self.rotated {
+            for l in &mut self.left_padding {
+                *l -= s;
+            }
+        }
+        kbuf = seq_update(&kbuf, keys, self.idx, self.idx + s)?;
+        vbuf = seq_update(&vbuf, values, self.idx, self.idx + s)?;
+        self.written += s;
+        for o in &mut self.offsets {
+            *o += s;
+        }
+        self.idx += s;
+        self.keys = Some(kbuf);
+        self.values = Some(vbuf);
+        self.keys_and_values()
+    }
+
+    /// Appends `keys`/`values` (in place for one token, by concatenation otherwise) and
+    /// returns what attention should see, as mlx-lm's `update_and_fetch`.
+    #[track_caller]
+    pub fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        if dims4(keys, "keys")?[2] == 1 {
+            self.update_in_place(keys, values)
+        } else {
+            self.update_concat(keys, values)
+        }
+    }
+
+    /// The first `written` positions while the buffer is larger, else the whole buffer.
+    #[track_caller]
+    pub fn keys_and_values(&self) -> Result<(Array, Array)> {
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            return Err(bad(
+                "BatchRotatingKVCache: keys_and_values called on an empty cache".into(),
+            ));
+        };
+        if self.written < k.dim(2)? {
+            Ok((
+                seq(k, None, Some(self.written))?,
+                seq(v, None, Some(self.written))?,
+            ))
+        } else {
+            Ok((k.clone(), v.clone()))
+        }
+    }
+
+    /// mlx-lm's `make_mask`: causal, windowed, padding hidden, rolled like the buffer
+    /// for single-token steps after a wrap. Always a boolean `[B, 1, N, T]` array.
+    #[track_caller]
+    pub fn mask(&self, n: i32, window_size: Option<i32>) -> Result<Array> {
+        let window = window_size.unwrap_or(self.max_size);
+        let offset = (self.max_size - 1).min(self.written);
+        let rinds = arange(0.0, (offset + n) as f64, 1.0, Dtype::Int32)?;
+        let linds = if offset != 0 {
+            arange(offset as f64, (offset + n) as f64, 1.0, Dtype::Int32)?
+        } else {
+            rinds.clone()
+        };
+        let linds = linds.expand_dims(&[1])?;
+        let rinds = rinds.expand_dims(&[0])?;
+        let mut mask = linds.greater_equal(&rinds)?;
+        mask = mask.logical_and(&linds.less(&rinds.add(window)?)?)?;
+        let mut left: Vec<i32> = self.left_padding.clone();
+        let trim_size = self.idx - self.max_size + i32::from(n > 1);
+        if trim_size > 0 {
+            left.iter_mut().for_each(|l| *l -= trim_size);
+        }
+        let rotated = n == 1 && (self.rotated || self.idx >= self.max_size);
+        if rotated {
+            left.iter_mut().for_each(|l| *l -= 1);
+        }
+        let lp = int_array(&left)?.expand_dims(&[1, 2, 3])?;
+        mask = mask.logical_and(&rinds.greater_equal(&lp)?)?;
+        if rotated {
+            let idx = if self.idx >= self.max_size {
+                0
+            } else {
+                self.idx
+            };
+            mask = mask.roll(idx + 1, Some(-1))?;
+        }
+        Ok(mask)
+    }
+
+    /// Keeps only the rows `batch_indices`, in that order (mlx-lm's `filter`).
+    #[track_caller]
+    pub fn filter(&mut self, batch_indices: &[usize]) -> Result<()> {
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            self.keys = Some(take_rows(k, batch_indices)?);
+            self.values = Some(take_rows(v, batch_indices)?);
+        }
+        let pick = |v: &[i32]| -> Result<Vec<i32>> {
+            batch_indices
+                .iter()
+                .map(|&i| {
+                    v.get(i).copied().ok_or_else(|| {
+                        bad(format!(
+                            "BatchRotatingKVCache::filter: row {i} of {}",
+                            v.len()
+                        ))
+                    })
+                })
+                .collect()
+        };
+        self.offsets = pick(&self.offsets)?;
+        self.left_padding = pick(&self.left_padding)?;
+        Ok(())
+    }
+
+    /// Appends the rows of `other` (mlx-lm's `extend`); both are put in temporal order
+    /// first when their write positions differ. `other` is rearranged too.
+    #[track_caller]
+    pub fn extend(&mut self, other: &mut BatchRotatingKVCache) -> Result<()> {
+        if self.keys.is_none() && other.keys.is_none() {
+            self.left_padding.extend_from_slice(&other.left_padding);
+            self.offsets.extend_from_slice(&other.offsets);
+            return Ok(());
+        }
+        if self.rotated != other.rotated || self.idx != other.idx {
+            self.temporal_order()?;
+            other.temporal_order()?;
+        }
+        let max_idx = self.idx.max(other.idx);
+        let template = match (&self.keys, &self.values, &other.keys, &other.values) {
+            (_, _, Some(k), Some(v)) | (Some(k), Some(v), _, _) => (k.clone(), v.clone()),
+            _ => {
+                return Err(bad(
+                    "BatchRotatingKVCache::extend: keys without values".into()
+                ))
+            }
+        };
+        let [_, h, _, d] = dims4(&template.0, "keys")?;
+        let m = template.1.dim(3)?;
+        let dtype = match &self.keys {
+            Some(k) => k.dtype(),
+            None => template.0.dtype(),
+        };
+        let len = |c: &BatchRotatingKVCache| -> Result<i32> {
+            Ok(match &c.keys {
+                Some(k) => k.dim(2)?,
+                None => 0,
+            })
+        };
+        let max_size = len(self)?.max(len(other)?);
+        let pad = |c: &BatchRotatingKVCache| -> Result<(Array, Array, Vec<i32>)> {
+            let left = max_idx - c.idx;
+            let (mut k, mut v) = match (&c.keys, &c.values) {
+                (Some(k), Some(v)) => (k.clone(), v.clone()),
+                _ => {
+                    let bc = c.offsets.len() as i32;
+                    (zeros(&[bc, h, 0, d], dtype)?, zeros(&[bc, h, 0, m], dtype)?)
+                }
+            };
+            let mut right = max_size - k.dim(2)? - left;
+            if right < 0 {
+                k = seq(&k, None, Some(right))?;
+                v = seq(&v, None, Some(right))?;
+                right = 0;
+            }
+            if left != 0 || right != 0 {
+                k = pad_seq(&k, left, right)?;
+                v = pad_seq(&v, left, right)?;
+            }
+            Ok((k, v, c.left_padding.iter().map(|l| l + left).collect()))
+        };
+        let (k1, v1, lp1) = pad(self)?;
+        let (k2, v2, lp2) = pad(other)?;
+        self.keys = Some(mlx_array::concatenate(&[&k1, &k2], 0)?);
+        self.values = Some(mlx_array::concatenate(&[&v1, &v2], 0)?);
+        self.offsets.extend_from_slice(&other.offsets);
+        self.left_padding = lp1.into_iter().chain(lp2).collect();
+        self.idx = max_idx;
+        self.written = self.written.max(other.written);
+        Ok(())
+    }
+
+    /// Row `i` as a single-sequence [`RotatingKVCache`] (`keep = 0`) in temporal order
+    /// (mlx-lm's `extract`).
+    #[track_caller]
+    pub fn extract(&self, i: usize) -> Result<RotatingKVCache> {
+        let (Some(&padding), Some(&offset)) = (self.left_padding.get(i), self.offsets.get(i))
+        else {
+            return Err(bad(format!(
+                "BatchRotatingKVCache::extract: row {i} of {}",
+                self.offsets.len()
+            )));
+        };
+        let padding = padding.max(0);
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            return Ok(RotatingKVCache::new(self.max_size, 0));
+        };
+        let (mut k, mut v) = (row(k, i as i32)?, row(v, i as i32)?);
+        let mut idx = self.idx;
+        if self.rotated {
+            k = k.roll(-self.idx, Some(2))?;
+            v = v.roll(-self.idx, Some(2))?;
+            idx = self.max_size;
+        }
+        let k = seq(&k, Some(padding), Some(idx))?.contiguous()?;
+        let v = seq(&v, Some(padding), Some(idx))?.contiguous()?;
+        let idx = k.dim(2)?;
+        Ok(RotatingKVCache::from_parts(
+            Some(k),
+            Some(v),
+            offset,
+            0,
+            self.max_size,
+            idx,
+        ))
+    }
+
+    /// One batch from single-sequence rotating caches of the same window (mlx-lm's
+    /// `BatchRotatingKVCache.merge`). Caches that keep leading positions (`keep > 0`)
+    /// cannot be batched (mlx-lm would silently drop that property).
+    #[track_caller]
+    pub fn merge(caches: &[&RotatingKVCache]) -> Result<BatchRotatingKVCache, CacheError> {
+        let Some(first) = caches.first() else {
+            return Err(CacheError::InvalidArgument(
+                "BatchRotatingKVCache::merge needs at least one cache".into(),
+            ));
+        };
+        let max_size = first.max_size;
+        if caches.iter().any(|c| c.max_size != max_size) {
+            return Err(CacheError::InvalidArgument(
+                "BatchRotatingKVCache can only merge caches with the same maximum size".into(),
+            ));
+        }
+        if caches.iter().any(|c| c.keep != 0) {
+            return Err(CacheError::Unsupported {
+                class: "RotatingKVCache",
+                op: "batching with keep > 0",
+            });
+        }
+        let offsets: Vec<i32> = caches.iter().map(|c| c.offset).collect();
+        let lengths: Vec<i32> = caches.iter().map(|c| c.size()).collect();
+        let max_length = lengths.iter().copied().max().unwrap_or(0);
+        if max_length == 0 {
+            return Ok(BatchRotatingKVCache::new(max_size, &vec![0; caches.len()]));
+        }
+        let padding: Vec<i32> = lengths.iter().map(|l| max_length - l).collect();
+        let present: Vec<(&Array, &Array)> = caches
+            .iter()
+            .filter_map(|c| c.keys.as_ref().zip(c.values.as_ref()))
+            .collect();
+        let max_dim = |i: i32, values: bool| -> Result<i32> {
+            present
+                .iter()
+                .map(|p| if values { p.1 } else { p.0 }.dim(i))
+                .try_fold(0, |m, d| Ok(m.max(d?)))
+        };
+        let (h, dk, dv) = (max_dim(1, false)?, max_dim(3, false)?, max_dim(3, true)?);
+        let dt = present.first().map_or(Dtype::Float32, |p| p.0.dtype());
+        let b = caches.len() as i32;
+        let mut keys = zeros(&[b, h, max_length, dk], dt)?;
+        let mut values = zeros(&[b, h, max_length, dv], dt)?;
+        for (i, ((p, l), c)) in padding.iter().zip(&lengths).zip(caches).enumerate() {
+            let (Some(ck), Some(cv)) = (&c.keys, &c.values) else {
+                continue;
+            };
+            let i = i as i32;
+            let ck = seq(&c.temporal_order(ck)?, Some(-l), None)?;
+            let cv = seq(&c.temporal_order(cv)?, Some(-l), None)?;
+            let lo = [i, 0, *p, 0];
+            keys = keys.slice_update(&ck, &lo, &[i + 1, h, p + l, dk], None)?;
+            values = values.slice_update(&cv, &lo, &[i + 1, h, p + l, dv], None)?;
+        }
+        let mut cache = BatchRotatingKVCache::new(max_size, &padding);
+        cache.keys = Some(keys);
+        cache.values = Some(values);
+        cache.offsets = offsets;
+        cache.idx = max_length;
+        cache.written = max_length;
+        Ok(cache)
+    }
+}
+
+impl KvCache for BatchRotatingKVCache {
+    /// Positions written to the buffer, padding included (mlx-lm's `_offset`); the
+    /// per-row offsets are [`KvCache::rope_offset`].
+    fn offset(&self) -> i32 {
+        self.written
+    }
+
+    fn rope_offset(&self) -> Result<RopePosition> {
+        Ok(RopePosition::PerRow(int_array(&self.offsets)?))
+    }
+
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvFetch> {
+        let (keys, values) = self.update(keys, values)?;
+        Ok(KvFetch::Plain { keys, values })
+    }
+
+    fn make_mask(&self, n: i32, _return_array: bool, window_size: Option<i32>) -> Result<AttnMask> {
+        Ok(AttnMask::Array(self.mask(n, window_size)?))
+    }
+
+    fn is_trimmable(&self) -> bool {
+        self.written < self.max_size
+    }
+
+    fn trim(&mut self, n: i32) -> i32 {
+        let n = self.written.min(n);
+        self.written -= n;
+        self.idx -= n;
+        for o in &mut self.offsets {
+            *o -= n;
+        }
+        n
+    }
+
+    fn size(&self) -> i32 {
+        self.written.min(self.max_size)
+    }
+
+    fn nbytes(&self) -> usize {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => k.nbytes() + v.nbytes(),
+            _ => 0,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.keys.is_none()
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.keys
+            .iter()
+            .chain(self.values.iter())
+            .cloned()
+            .collect()
+    }
+
+    fn class_name(&self) -> &'static str {
+        "BatchRotatingKVCache"
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}

@@ -1,0 +1,233 @@
+//! Batched decoding through [`BatchPromptCache`] with the committed tiny models
+//! (`goldens/models/*`, every architecture, plain and sliding-window caches): each row,
+//! prefilled alone and then decoded among others that join and leave between steps,
+//! gets the same greedy tokens and ends with the same cache as the same prompt decoded
+//! alone with batch size 1. With plain caches the logits are bit-identical on the CPU.
+//! Sliding-window layers attend to the same positions but, once a batch buffer wraps,
+//! in another order than a single row's buffer (mlx-lm's `BatchRotatingKVCache` does
+//! the same), so there the logits agree to float rounding only.
+use mlx_array::{transforms, Array, Dtype};
+use mlx_cache::{make_prompt_cache, BatchPromptCache, KvCache, PromptCache, RotatingKVCache};
+use mlx_models::LanguageModel;
+use std::path::PathBuf;
+
+const STEPS: usize = 7;
+
+fn models_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../goldens/models")
+}
+
+fn prompts(vocab: i32) -> Vec<Vec<u32>> {
+    (0..4u32)
+        .map(|i| {
+            (0..3 + 4 * i)
+                .map(|j| (7 * i + 13 * j + 1) % (vocab as u32 - 1) + 1)
+                .collect()
+        })
+        .collect()
+}
+
+fn last_logits(logits: &Array, row: i32) -> Array {
+    let s = logits.shape();
+    logits
+        .slice(&[row, s[1] - 1, 0], &[row + 1, s[1], s[2]], None)
+        .and_then(|a| a.reshape(&[s[2]]))
+        .and_then(|a| a.astype(Dtype::Float32))
+        .expect("slice logits")
+}
+
+fn greedy(logits: &Array) -> u32 {
+    logits
+        .argmax(Some(-1), false)
+        .and_then(|a| a.astype(Dtype::Uint32))
+        .and_then(|a| a.item::<u32>())
+        .expect("argmax")
+}
+
+/// All but the last prompt token, alone (what the server's prefill does).
+fn prefill(model: &dyn LanguageModel, prompt: &[u32]) -> PromptCache {
+    let mut caches = make_prompt_cache(&model.cache_specs(), None).expect("caches");
+    let n = prompt.len() - 1;
+    let x = Array::from_slice(&prompt[..n], &[1, n as i32]).expect("tokens");
+    model.forward(&x, &mut caches).expect("prefill");
+    let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
+    transforms::eval(&state.iter().collect::<Vec<_>>()).expect("eval");
+    caches
+}
+
+/// Greedy logits of `STEPS` steps with batch size 1, and the final caches.
+fn alone(model: &dyn LanguageModel, prompt: &[u32]) -> (Vec<Array>, PromptCache) {
+    let mut caches = prefill(model, prompt);
+    let mut tok = *prompt.last().expect("prompt");
+    let mut out = Vec::new();
+    for _ in 0..STEPS {
+        let x = Array::from_slice(&[tok], &[1, 1]).expect("token");
+        let l = last_logits(&model.forward(&x, &mut caches).expect("step"), 0);
+        tok = greedy(&l);
+        out.push(l);
+    }
+    (out, caches)
+}
+
+struct Row {
+    id: usize,
+    next: u32,
+    logits: Vec<Array>,
+}
+
+/// The cached keys oldest first (the last `size` positions).
+fn cache_keys(c: &dyn KvCache) -> Array {
+    let s = c.state();
+    let mut k = s[0].clone();
+    if let Some(r) = c.as_any().downcast_ref::<RotatingKVCache>() {
+        k = r.temporal_order(&k).expect("temporal order");
+    }
+    let (size, shape) = (c.size(), k.shape());
+    let end = if c.as_any().is::<RotatingKVCache>() {
+        shape[2]
+    } else {
+        size
+    };
+    k.slice(&[0, 0, end - size, 0], &[1, shape[1], end, shape[3]], None)
+        .expect("keys")
+}
+
+fn max_diff(a: &Array, b: &Array) -> f32 {
+    a.subtract(b)
+        .and_then(|d| d.abs())
+        .and_then(|d| d.max(None, false))
+        .and_then(|d| d.item::<f32>())
+        .unwrap_or(f32::NAN)
+}
+
+/// `exact`: logits bit-identical; otherwise within 1e-4 and the same greedy tokens.
+fn check_model(name: &str, exact: bool) {
+    let (model, _) = mlx_models::load_model(models_dir().join(name)).expect("load model");
+    let model = model.as_ref();
+    let prompts = prompts(model.vocab_size());
+    let want: Vec<(Vec<Array>, PromptCache)> = prompts.iter().map(|p| alone(model, p)).collect();
+    // Rows 0 and 1 start together, row 2 joins after 2 steps, row 3 after 4; each leaves
+    // after STEPS tokens.
+    let joins = [0usize, 0, 2, 4];
+    let mut batch = BatchPromptCache::new();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut finished = 0;
+    for step in 0.. {
+        let joining: Vec<usize> = (0..prompts.len()).filter(|&i| joins[i] == step).collect();
+        if !joining.is_empty() {
+            let caches: Vec<PromptCache> = joining
+                .iter()
+                .map(|&i| prefill(model, &prompts[i]))
+                .collect();
+            let refs: Vec<&[Box<dyn KvCache>]> = caches.iter().map(|c| c.as_slice()).collect();
+            batch
+                .extend(BatchPromptCache::merge(&refs).expect("merge"))
+                .expect("extend");
+            for i in joining {
+                rows.push(Row {
+                    id: i,
+                    next: *prompts[i].last().expect("prompt"),
+                    logits: Vec::new(),
+                });
+            }
+        }
+        if rows.is_empty() {
+            break;
+        }
+        let toks: Vec<u32> = rows.iter().map(|r| r.next).collect();
+        let x = Array::from_slice(&toks, &[toks.len() as i32, 1]).expect("tokens");
+        let logits = model.forward(&x, batch.layers_mut()).expect("batched step");
+        for (b, r) in rows.iter_mut().enumerate() {
+            let l = last_logits(&logits, b as i32);
+            r.next = greedy(&l);
+            r.logits.push(l);
+        }
+        let keep: Vec<usize> = (0..rows.len())
+            .filter(|&b| rows[b].logits.len() < STEPS)
+            .collect();
+        for (b, r) in rows.iter().enumerate() {
+            if keep.contains(&b) {
+                continue;
+            }
+            let (want_logits, want_caches) = &want[r.id];
+            for (s, (got, exp)) in r.logits.iter().zip(want_logits).enumerate() {
+                let what = format!("{name}: prompt {} step {s}", r.id);
+                if exact {
+                    let same = got.array_equal(exp, false).and_then(|a| a.item::<bool>());
+                    assert!(
+                        same.expect("compare"),
+                        "{what}: batched logits differ from alone (max |diff| {})",
+                        max_diff(got, exp)
+                    );
+                } else {
+                    assert!(max_diff(got, exp) < 1e-4, "{what}: {}", max_diff(got, exp));
+                    assert_eq!(greedy(got), greedy(exp), "{what}: greedy token");
+                }
+            }
+            let extracted = batch.extract(b).expect("extract");
+            for (l, (got, exp)) in extracted.iter().zip(want_caches).enumerate() {
+                assert_eq!(
+                    got.offset(),
+                    exp.offset(),
+                    "{name} prompt {} layer {l}",
+                    r.id
+                );
+                let (gk, ek) = (cache_keys(got.as_ref()), cache_keys(exp.as_ref()));
+                assert_eq!(gk.shape(), ek.shape(), "{name} prompt {} layer {l}", r.id);
+                let diff = max_diff(
+                    &gk.astype(Dtype::Float32).expect("cast"),
+                    &ek.astype(Dtype::Float32).expect("cast"),
+                );
+                let bound = if exact { 0.0 } else { 1e-4 };
+                assert!(
+                    diff <= bound,
+                    "{name} prompt {} layer {l}: keys differ by {diff}",
+                    r.id
+                );
+            }
+            finished += 1;
+        }
+        rows = keep
+            .iter()
+            .map(|&b| {
+                std::mem::replace(
+                    &mut rows[b],
+                    Row {
+                        id: 0,
+                        next: 0,
+                        logits: Vec::new(),
+                    },
+                )
+            })
+            .collect();
+        batch.filter(&keep).expect("filter");
+        assert_eq!(batch.rows(), rows.len());
+    }
+    assert_eq!(finished, prompts.len(), "{name}");
+}
+
+macro_rules! model_tests {
+    ($($test:ident => $dir:literal, $exact:literal;)*) => {$(
+        #[test]
+        fn $test() {
+            check_model($dir, $exact);
+        }
+    )*};
+}
+
+model_tests! {
+    batched_decode_equals_alone_gemma2 => "gemma2-small-f32", true;
+    batched_decode_matches_alone_gemma3_text_sliding => "gemma3_text-small-bf16", false;
+    batched_decode_equals_alone_llama_bias => "llama-small-bf16-untied-bias", true;
+    batched_decode_equals_alone_llama_hd32 => "llama-small-f32-hd32", true;
+    batched_decode_matches_alone_llama_sliding_llama3_rope => "llama-small-f32-sliding-llama3", false;
+    batched_decode_equals_alone_llama_tied => "llama-small-f32-tied", true;
+    batched_decode_equals_alone_llama_mxfp4 => "llama-small-mxfp4", true;
+    batched_decode_equals_alone_llama_q4 => "llama-small-q4-g32", true;
+    batched_decode_equals_alone_mixtral => "mixtral-small-f32", true;
+    batched_decode_equals_alone_phi3_longrope => "phi3-small-f32-longrope", true;
+    batched_decode_equals_alone_qwen2 => "qwen2-small-f32", true;
+    batched_decode_equals_alone_qwen3 => "qwen3-small-bf16", true;
+    batched_decode_equals_alone_qwen3_q8 => "qwen3-small-q8-g32", true;
+    batched_decode_equals_alone_qwen3_moe => "qwen3_moe-small-f32", true;
+}
