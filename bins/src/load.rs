@@ -92,6 +92,24 @@ pub fn check_cache_kv_bits(
     Ok(())
 }
 
+/// The window `--max-kv-size` gives the caches, as mlx-lm's
+/// `make_prompt_cache(model, max_kv_size)` decides: none for a model whose mlx-lm class
+/// defines `make_cache` (llama and mistral, gemma3_text, gemma3 keep their own caches
+/// and mlx-lm ignores the flag; a warning says so), else `max_kv_size` (every layer
+/// then gets `RotatingKVCache(max_kv_size, keep=4)` from
+/// [`mlx_cache::make_prompt_cache`]).
+pub fn rotating_window(model: &dyn LanguageModel, max_kv_size: Option<i32>) -> Option<i32> {
+    let max = max_kv_size?;
+    if model.defines_make_cache() {
+        tracing::warn!(
+            "--max-kv-size {max} is ignored: {} models make their own caches (as in mlx-lm)",
+            model.model_type()
+        );
+        return None;
+    }
+    Some(max)
+}
+
 /// A rotating cache keeps `max_kv_size` positions (the first 4 always). A prompt longer
 /// than that would silently lose its beginning (mlx-lm drops it without a word), so it
 /// is refused; generation past the window still rotates as in mlx-lm.

@@ -61,10 +61,6 @@ fn cases() -> Vec<Case> {
         .collect()
 }
 
-/// mlx-lm ignores `--max-kv-size` for models that define `make_cache` (llama, gemma3);
-/// mlx-generate gives them a rotating cache. Checked by its own (ignored) test.
-const LLAMA_MAX_KV: &str = "llama-max-kv-size-ignored";
-
 /// mlx-lm's BPE detokenizer prints the byte-level character of byte 0 ('Ā', U+0100)
 /// instead of a NUL byte (`_decode_bytes` tests the decoded byte for truth).
 fn prints_byte_zero_char(c: &Case) -> bool {
@@ -118,7 +114,7 @@ fn check_text(select: impl Fn(&Case) -> bool) {
 
 #[test]
 fn greedy_generations_print_mlx_lm_text() {
-    check_text(|c| !c.seeded && c.name != LLAMA_MAX_KV && !prints_byte_zero_char(c));
+    check_text(|c| !c.seeded && !prints_byte_zero_char(c));
 }
 
 #[test]
@@ -152,11 +148,30 @@ fn init_key_draws_match_mlx_lm_construction() {
     }
 }
 
+/// mlx-lm's llama defines `make_cache`, so `--max-kv-size` leaves its caches alone.
 #[test]
-#[ignore = "mlx-lm's llama defines make_cache and ignores --max-kv-size; mlx-cache's \
-            make_prompt_cache gives every all-standard model a rotating cache"]
 fn llama_ignores_max_kv_size_like_mlx_lm() {
-    check_text(|c| c.name == LLAMA_MAX_KV);
+    check_text(|c| c.name == "llama-max-kv-size-ignored");
+}
+
+/// mlx-lm's `make_prompt_cache(model, max_kv_size)` returns `model.make_cache()` where
+/// the class defines it (llama, gemma3_text): only the others get a rotating window.
+#[test]
+fn max_kv_size_gives_a_window_only_to_models_without_make_cache() {
+    for (name, window) in [
+        ("llama-small-f32", None),
+        ("gemma3_text-small-f32", None),
+        ("qwen3-small-bf16", Some(20)),
+    ] {
+        let dir = common::goldens().join("models").join(name);
+        let loaded = load(&LoadArgs {
+            model: dir.to_str(),
+            keep_quantized: false,
+        })
+        .expect("load");
+        let got = mlx_bins::load::rotating_window(loaded.model.as_ref(), Some(20));
+        assert_eq!(got, window, "{name}");
+    }
 }
 
 /// The value after `flag` in `args`.
@@ -216,7 +231,10 @@ fn engine_tokens(case: &Case) -> anyhow::Result<Vec<u32>> {
     let max_kv = flag(&a, "--max-kv-size").map(|v| v.parse()).transpose()?;
     let mut caches = match caches_from_file {
         Some(c) => c,
-        None => mlx_cache::make_prompt_cache(&loaded.model.cache_specs(), max_kv)?,
+        None => {
+            let window = mlx_bins::load::rotating_window(loaded.model.as_ref(), max_kv);
+            mlx_cache::make_prompt_cache(&loaded.model.cache_specs(), window)?
+        }
     };
     let kv_quantization = flag(&a, "--kv-bits")
         .map(|b| -> anyhow::Result<KvQuantization> {
@@ -274,7 +292,7 @@ fn check_tokens(select: impl Fn(&Case) -> bool) {
 
 #[test]
 fn greedy_token_ids_match_mlx_lm() {
-    check_tokens(|c| !c.seeded && c.name != LLAMA_MAX_KV);
+    check_tokens(|c| !c.seeded);
 }
 
 #[test]

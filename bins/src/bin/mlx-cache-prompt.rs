@@ -90,10 +90,11 @@ fn cache_prompt(args: Args) -> Result<()> {
         tok.encode(&text, true)?
     };
     let model = loaded.model.as_ref();
-    if let Some(max) = args.max_kv_size {
+    let window = mlx_bins::load::rotating_window(model, args.max_kv_size);
+    if let Some(max) = window {
         mlx_bins::load::check_prompt_fits(ids.len(), max)?;
     }
-    let mut caches = mlx_cache::make_prompt_cache(&model.cache_specs(), args.max_kv_size)?;
+    let mut caches = mlx_cache::make_prompt_cache(&model.cache_specs(), window)?;
     let start = Instant::now();
     let mut max_len = 0usize;
     let progress = move |processed: usize, _total: usize| {

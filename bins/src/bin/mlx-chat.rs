@@ -104,7 +104,8 @@ fn chat(args: Args) -> Result<()> {
     }
     print_help();
 
-    let mut caches = mlx_cache::make_prompt_cache(&model.cache_specs(), args.max_kv_size)?;
+    let window = mlx_bins::load::rotating_window(model, args.max_kv_size);
+    let mut caches = mlx_cache::make_prompt_cache(&model.cache_specs(), window)?;
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -120,7 +121,7 @@ fn chat(args: Args) -> Result<()> {
                 break;
             }
             "r" => {
-                caches = mlx_cache::make_prompt_cache(&model.cache_specs(), args.max_kv_size)?;
+                caches = mlx_cache::make_prompt_cache(&model.cache_specs(), window)?;
                 println!("  reset context cleared");
                 continue;
             }

@@ -235,11 +235,14 @@ fn generate(args: Args) -> Result<()> {
     let model = loaded.model.as_ref();
     let mut caches = match caches_from_file {
         Some(c) => c,
-        None => mlx_cache::make_prompt_cache(&model.cache_specs(), args.max_kv_size)?,
+        None => {
+            let window = mlx_bins::load::rotating_window(model, args.max_kv_size);
+            if let Some(max) = window {
+                mlx_bins::load::check_prompt_fits(ids.len(), max)?;
+            }
+            mlx_cache::make_prompt_cache(&model.cache_specs(), window)?
+        }
     };
-    if let Some(max) = args.max_kv_size {
-        mlx_bins::load::check_prompt_fits(ids.len(), max)?;
-    }
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         prefill_step_size: args.prefill_step_size,

@@ -44,6 +44,13 @@ pub trait LanguageModel: Send {
     fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
         None
     }
+
+    /// Whether mlx-lm's class for this model defines `make_cache` (llama and mistral,
+    /// gemma3_text, gemma3): mlx-lm's `make_prompt_cache(model, max_kv_size)` then
+    /// returns the model's own caches and ignores `max_kv_size`.
+    fn defines_make_cache(&self) -> bool {
+        false
+    }
 }
 
 /// How many keys mlx-lm's `load_model(dir)` takes from MLX's global random sequence.

@@ -60,6 +60,9 @@ impl LanguageModel for Model {
     fn num_layers(&self) -> usize {
         self.language_model.num_layers()
     }
+    fn defines_make_cache(&self) -> bool {
+        true
+    }
     fn as_module(&self) -> Option<&dyn Module> {
         Some(self)
     }

@@ -347,6 +347,9 @@ impl LanguageModel for Model {
     fn num_layers(&self) -> usize {
         self.model.layers.len()
     }
+    fn defines_make_cache(&self) -> bool {
+        true
+    }
     fn as_module(&self) -> Option<&dyn Module> {
         Some(self)
     }
