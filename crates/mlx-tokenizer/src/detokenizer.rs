@@ -88,6 +88,9 @@ pub(crate) struct TokenBytes {
     offsets: Vec<usize>,
     /// Byte-level BPE: ids whose token is the single-space marker `Ġ`.
     space_ids: Vec<u32>,
+    /// Byte-level BPE: ids whose token holds `Ā` (byte 0), with the bytes mlx-lm's
+    /// `finalize` gives them (`Ā` as a NUL byte; `data` has it as the UTF-8 of `Ā`).
+    finalize_bytes: Vec<(u32, Vec<u8>)>,
 }
 
 impl TokenBytes {
@@ -114,17 +117,9 @@ impl TokenBytes {
                         if tok == "\u{120}" {
                             out.space_ids.push(id);
                         }
-                        // As the ByteLevel decoder: map every char through the
-                        // byte decoder, or keep the token's own UTF-8 if one is
-                        // outside the table (e.g. added tokens).
-                        let table = byte_decoder();
-                        let bytes: Option<Vec<u8>> = tok
-                            .chars()
-                            .map(|c| table.get(c as usize).copied().flatten())
-                            .collect();
-                        match bytes {
-                            Some(b) => out.data.extend_from_slice(&b),
-                            None => out.data.extend_from_slice(tok.as_bytes()),
+                        out.data.extend_from_slice(&bpe_bytes(&tok, false));
+                        if tok.contains('\u{100}') {
+                            out.finalize_bytes.push((id, bpe_bytes(&tok, true)));
                         }
                     }
                     DetokenizerKind::Naive => out.data.extend_from_slice(tok.as_bytes()),
@@ -140,6 +135,30 @@ impl TokenBytes {
         let (start, end) = (*self.offsets.get(i)?, *self.offsets.get(i + 1)?);
         self.data.get(start..end)
     }
+
+    /// The bytes of `id` as mlx-lm's BPE `finalize` maps them.
+    fn get_for_finalize(&self, id: u32) -> Option<&[u8]> {
+        match self.finalize_bytes.binary_search_by_key(&id, |(i, _)| *i) {
+            Ok(i) => self.finalize_bytes.get(i).map(|(_, b)| b.as_slice()),
+            Err(_) => self.get(id),
+        }
+    }
+}
+
+/// A byte-level BPE token's bytes, char by char as mlx-lm's BPE detokenizer maps
+/// them: a char of the GPT-2 table gives its byte, any other char its own UTF-8.
+/// `Ā` (byte 0) is the exception: `add_token` (`_decode_bytes`) tests the byte for
+/// truth, so it keeps the UTF-8 of `Ā`, while `finalize` (`nul_byte`) gives byte 0.
+fn bpe_bytes(tok: &str, nul_byte: bool) -> Vec<u8> {
+    let table = byte_decoder();
+    let mut out = Vec::with_capacity(tok.len());
+    for c in tok.chars() {
+        match table.get(c as usize).copied().flatten() {
+            Some(b) if b != 0 || nul_byte => out.push(b),
+            _ => out.extend_from_slice(c.encode_utf8(&mut [0u8; 4]).as_bytes()),
+        }
+    }
+    out
 }
 
 /// `<0xXX>` byte-fallback token value.
@@ -354,6 +373,8 @@ pub struct BpeDetokenizer {
     tokens: Vec<u32>,
     offset: usize,
     unflushed: Vec<u8>,
+    /// The ids behind `unflushed` (`finalize` maps their chars its own way).
+    unflushed_ids: Vec<u32>,
     text: String,
 }
 
@@ -364,6 +385,7 @@ impl BpeDetokenizer {
             tokens: Vec::new(),
             offset: 0,
             unflushed: Vec::new(),
+            unflushed_ids: Vec::new(),
             text: String::new(),
         }
     }
@@ -380,6 +402,7 @@ impl StreamingDetokenizer for BpeDetokenizer {
     fn reset(&mut self) {
         self.offset = 0;
         self.unflushed.clear();
+        self.unflushed_ids.clear();
         self.text.clear();
         self.tokens.clear();
     }
@@ -389,18 +412,25 @@ impl StreamingDetokenizer for BpeDetokenizer {
         // mlx-lm's fallback for ids past the vocabulary (padded embeddings).
         let bytes = self.map.get(id).unwrap_or(b"!");
         self.unflushed.extend_from_slice(bytes);
+        self.unflushed_ids.push(id);
         let is_space = self.map.space_ids.binary_search(&id).is_ok();
         if !is_space && !ends_incomplete(&self.unflushed) {
             let text = String::from_utf8_lossy(&self.unflushed).into_owned();
             self.push_trimmed(&text);
             self.unflushed.clear();
+            self.unflushed_ids.clear();
         }
     }
 
     fn finalize(&mut self) {
-        let text = String::from_utf8_lossy(&self.unflushed).into_owned();
+        let mut bytes = Vec::with_capacity(self.unflushed.len());
+        for &id in &self.unflushed_ids {
+            bytes.extend_from_slice(self.map.get_for_finalize(id).unwrap_or(b"!"));
+        }
+        let text = String::from_utf8_lossy(&bytes).into_owned();
         self.push_trimmed(&text);
         self.unflushed.clear();
+        self.unflushed_ids.clear();
     }
 
     fn text(&mut self) -> &str {
@@ -541,5 +571,44 @@ mod tests {
         d.add_token(99);
         d.finalize();
         assert_eq!(d.text(), "hi xé!");
+    }
+
+    /// Segments mlx-lm's `BPEStreamingDetokenizer` gives for these ids over the same
+    /// vocabulary (recorded from mlx-lm 0.32.2).
+    #[test]
+    fn bpe_maps_chars_like_mlx_lm_byte_zero_included() {
+        let vocab = [
+            "\u{100}",
+            "x",
+            "\u{120}\u{4e2d}",
+            "\u{e2}",
+            "\u{100}\u{e2}",
+            "\u{120}",
+        ];
+        let map = Arc::new(TokenBytes::build(vocab.len(), DetokenizerKind::Bpe, |i| {
+            vocab.get(i as usize).map(|s| s.to_string())
+        }));
+        let cases: [(&[u32], &[&str]); 6] = [
+            // Byte 0 streamed: `Ā` itself (mlx-lm tests the decoded byte for truth).
+            (&[1, 0], &["x", "\u{100}", ""]),
+            (&[3, 0], &["", "\u{fffd}\u{100}", ""]),
+            // Byte 0 held back until finalize: a NUL byte there.
+            (&[4], &["", "\0\u{fffd}"]),
+            // A char outside the byte table keeps its own UTF-8, char by char.
+            (&[5, 2, 1], &["", " \u{4e2d}", "x", ""]),
+            (&[1, 4, 1], &["x", "", "\u{100}\u{fffd}x", ""]),
+            (&[1, 99], &["x", "!", ""]),
+        ];
+        for (ids, expected) in cases {
+            let mut d = BpeDetokenizer::new(map.clone());
+            let mut segments = Vec::new();
+            for &id in ids {
+                d.add_token(id);
+                segments.push(d.last_segment());
+            }
+            d.finalize();
+            segments.push(d.last_segment());
+            assert_eq!(segments, expected, "ids {ids:?}");
+        }
     }
 }
