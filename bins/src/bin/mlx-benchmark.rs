@@ -4,6 +4,7 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use mlx_array::{random, Array, Dtype};
 use mlx_bins::load::{load, LoadArgs};
+use mlx_bins::outln;
 use mlx_engine::{stream_generate, GenerateOptions, PromptInput};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -123,12 +124,14 @@ fn bench(args: Args) -> Result<()> {
         })
     };
 
-    println!("Running warmup..");
+    outln!("Running warmup..")?;
     run_once()?;
-    println!(
+    outln!(
         "Timing with prompt_tokens={}, generation_tokens={}, batch_size={}.",
-        args.prompt_tokens, args.generation_tokens, args.batch_size
-    );
+        args.prompt_tokens,
+        args.generation_tokens,
+        args.batch_size
+    )?;
     let mut trials = Vec::new();
     for i in 0..args.num_trials {
         if args.delay > 0 {
@@ -137,23 +140,23 @@ fn bench(args: Args) -> Result<()> {
         let tic = Instant::now();
         let t = run_once()?;
         let total = tic.elapsed().as_secs_f64();
-        println!(
+        outln!(
             "Trial {}:  prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}, total_time={:.3}",
             i + 1,
             t.prompt_tps,
             t.generation_tps,
             t.peak_memory,
             total
-        );
+        )?;
         trials.push(t);
     }
     let n = trials.len() as f64;
     let avg = |f: fn(&Trial) -> f64| trials.iter().map(f).sum::<f64>() / n;
-    println!(
+    outln!(
         "Averages: prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}",
         avg(|t| t.prompt_tps),
         avg(|t| t.generation_tps),
         avg(|t| t.peak_memory)
-    );
+    )?;
     Ok(())
 }

@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 use mlx_bins::load::{load, LoadArgs};
+use mlx_bins::{out, outln};
 use mlx_engine::{GenerateOptions, TokenGenerator};
 use mlx_tokenizer::ChatOptions;
 use serde_json::json;
@@ -101,7 +102,8 @@ fn cache_prompt(args: Args) -> Result<()> {
         let speed = processed as f64 / start.elapsed().as_secs_f64().max(1e-9);
         let msg = format!("\rProcessed {processed:6} tokens ({speed:6.2} tok/s)");
         max_len = max_len.max(msg.len());
-        print!("{msg}{}", " ".repeat(max_len - msg.len()));
+        // Progress only: a closed pipe shows up at the next line written.
+        let _ = out!("{msg}{}", " ".repeat(max_len - msg.len()));
         let _ = std::io::stdout().flush();
     };
     let opts = GenerateOptions {
@@ -118,12 +120,12 @@ fn cache_prompt(args: Args) -> Result<()> {
         let mut gen = TokenGenerator::new(model, &ids, &mut caches, opts)?;
         while gen.next_token()?.is_some() {}
     }
-    println!();
-    println!(
+    outln!()?;
+    outln!(
         "Peak memory: {:.3} GB",
         mlx_array::memory::peak_memory() as f64 / 1e9
-    );
-    println!("Saving...");
+    )?;
+    outln!("Saving...")?;
     let mut metadata = BTreeMap::new();
     metadata.insert("model".to_string(), args.model.clone());
     metadata.insert(

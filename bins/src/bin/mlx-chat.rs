@@ -3,6 +3,7 @@
 use anyhow::Result;
 use clap::Parser;
 use mlx_bins::load::{load, LoadArgs};
+use mlx_bins::{out, outln};
 use mlx_engine::{stream_generate, GenerateOptions, PromptInput};
 use mlx_tokenizer::ChatOptions;
 use serde_json::json;
@@ -92,17 +93,17 @@ fn chat(args: Args) -> Result<()> {
     let model = loaded.model.as_ref();
     let tty = std::io::stdin().is_terminal();
 
-    println!("mlx-chat  model {}", loaded.path.display());
-    println!("          max tokens {}", args.max_tokens);
+    outln!("mlx-chat  model {}", loaded.path.display())?;
+    outln!("          max tokens {}", args.max_tokens)?;
     if let Some(sp) = &args.system_prompt {
         let short: String = if sp.chars().count() > 60 {
             sp.chars().take(57).collect::<String>() + "..."
         } else {
             sp.clone()
         };
-        println!("          system {short}");
+        outln!("          system {short}")?;
     }
-    print_help();
+    print_help()?;
 
     let window = mlx_bins::load::rotating_window(model, args.max_kv_size);
     let mut caches = mlx_cache::make_prompt_cache(&model.cache_specs(), window)?;
@@ -110,23 +111,23 @@ fn chat(args: Args) -> Result<()> {
     let mut lines = stdin.lock().lines();
     loop {
         if tty {
-            print!("› ");
+            out!("› ")?;
             std::io::stdout().flush()?;
         }
         let Some(line) = lines.next() else { break };
         let query = line?;
         match query.as_str() {
             "q" => {
-                println!("bye");
+                outln!("bye")?;
                 break;
             }
             "r" => {
                 caches = mlx_cache::make_prompt_cache(&model.cache_specs(), window)?;
-                println!("  reset context cleared");
+                outln!("  reset context cleared")?;
                 continue;
             }
             "h" => {
-                print_help();
+                print_help()?;
                 continue;
             }
             _ => {}
@@ -158,7 +159,7 @@ fn chat(args: Args) -> Result<()> {
             sampler: Some(sampler),
             ..Default::default()
         };
-        let mut out = std::io::stdout();
+        let mut write_error = None;
         let last = stream_generate(
             model,
             tok,
@@ -166,22 +167,33 @@ fn chat(args: Args) -> Result<()> {
             &mut caches,
             gen_opts,
             |r| {
-                let _ = write!(out, "{}", r.text);
-                let _ = out.flush();
-                true
+                let mut out = std::io::stdout().lock();
+                match write!(out, "{}", r.text).and_then(|()| out.flush()) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        write_error = Some(e);
+                        false
+                    }
+                }
             },
         )?;
-        println!();
+        if let Some(e) = write_error {
+            return Err(e.into());
+        }
+        outln!()?;
         if let Some(r) = last {
-            println!(
+            outln!(
                 "  {} tokens · {:.1} tok/s · prompt {:.1} tok/s · peak {:.2} GB",
-                r.generation_tokens, r.generation_tps, r.prompt_tps, r.peak_memory
-            );
+                r.generation_tokens,
+                r.generation_tps,
+                r.prompt_tps,
+                r.peak_memory
+            )?;
         }
     }
     Ok(())
 }
 
-fn print_help() {
-    println!("  commands    q exit   r reset   h help");
+fn print_help() -> std::io::Result<()> {
+    outln!("  commands    q exit   r reset   h help")
 }

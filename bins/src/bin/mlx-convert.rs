@@ -3,6 +3,7 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use mlx_array::quant::QuantMode;
 use mlx_array::Dtype;
+use mlx_bins::outln;
 use mlx_quant::{convert, ConvertOptions, Recipe};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -87,21 +88,19 @@ fn run(args: Args) -> Result<()> {
         ..Default::default()
     };
     let report = convert(&opts)?;
-    println!(
+    outln!(
         "[INFO] Saved {} tensors in {} shard(s) to {}",
         report.weights.tensors,
         report.weights.shards.len(),
         report.out_dir.display()
-    );
+    )?;
     Ok(())
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("mlx-convert: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    let code = match run(Args::parse()) {
+        Ok(()) => 0,
+        Err(e) => mlx_bins::error_exit_code(&e, "mlx-convert: "),
+    };
+    mlx_bins::exit(code)
 }

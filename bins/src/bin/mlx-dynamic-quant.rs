@@ -6,6 +6,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mlx_array::quant::QuantMode;
 use mlx_array::Dtype;
+use mlx_bins::outln;
 use mlx_quant::dynamic::{
     calibration_data, estimate_sensitivities, estimate_threshold, perplexity, threshold_predicate,
     BitChoices, CALIBRATION_TEXT,
@@ -94,20 +95,20 @@ fn run(args: Args) -> Result<()> {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
         }
         None => {
-            println!(
+            outln!(
                 "[INFO] Calibrating on the built-in text (mlx-lm's calibration file cannot be \
                  downloaded here; pass --data FILE for your own)"
-            );
+            )?;
             CALIBRATION_TEXT.to_string()
         }
     };
     let tokens = tokenizer.encode(&text, true)?;
     let data = calibration_data(&tokens, args.sequence_length, args.seed)?;
-    println!(
+    outln!(
         "[INFO] Calibration data: {} sequences of {} tokens",
         data.dim(0)?,
         args.sequence_length
-    );
+    )?;
 
     let sensitivities: Vec<(String, f64)> = match &args.sensitivities {
         Some(p) => {
@@ -128,7 +129,7 @@ fn run(args: Args) -> Result<()> {
             let json: Vec<Value> = s.iter().map(|(k, v)| serde_json::json!([k, v])).collect();
             std::fs::write(&name, serde_json::to_string(&json)?)
                 .with_context(|| format!("writing {name}"))?;
-            println!("[INFO] Wrote {name}");
+            outln!("[INFO] Wrote {name}")?;
             s
         }
     };
@@ -136,18 +137,18 @@ fn run(args: Args) -> Result<()> {
 
     let base_ppl = if args.report_ppl {
         let ppl = perplexity(model.model.as_ref(), &data, 8)?;
-        println!("Original PPL: {ppl:.3}");
+        outln!("Original PPL: {ppl:.3}")?;
         Some(ppl)
     } else {
         None
     };
     let threshold = estimate_threshold(&mut model, &sensitivities, args.target_bpw, bits)?;
     let high = sensitivities.values().filter(|s| **s > threshold).count();
-    println!(
+    outln!(
         "[INFO] Threshold {threshold:.6}: {high} of {} layers at {} bits",
         sensitivities.len(),
         bits.high_bits
-    );
+    )?;
     let mut predicate = threshold_predicate(sensitivities, threshold, bits);
     let quant = QuantArgs {
         group_size: Some(bits.low_group_size),
@@ -155,32 +156,30 @@ fn run(args: Args) -> Result<()> {
         mode: QuantMode::Affine,
     };
     let bpw = quantize_model(&mut model, quant, &mut predicate)?;
-    println!("[INFO] Quantized model with {bpw:.3} bits per weight.");
+    outln!("[INFO] Quantized model with {bpw:.3} bits per weight.")?;
     if let Some(base) = base_ppl {
         let ppl = perplexity(model.model.as_ref(), &data, 8)?;
-        println!("Quantized PPL: {ppl:.3}");
-        println!(
+        outln!("Quantized PPL: {ppl:.3}")?;
+        outln!(
             "[INFO] Perplexity change: {:+.3} ({:+.2}%)",
             ppl - base,
             (ppl / base - 1.0) * 100.0
-        );
+        )?;
     }
     let (saved, _) = save_converted(&args.mlx_path, model, &source, 5 << 30, true)?;
-    println!(
+    outln!(
         "[INFO] Saved {} tensors to {} (target {:.3} bpw, achieved {bpw:.3})",
         saved.tensors,
         args.mlx_path.display(),
         args.target_bpw
-    );
+    )?;
     Ok(())
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("mlx-dynamic-quant: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    let code = match run(Args::parse()) {
+        Ok(()) => 0,
+        Err(e) => mlx_bins::error_exit_code(&e, "mlx-dynamic-quant: "),
+    };
+    mlx_bins::exit(code)
 }

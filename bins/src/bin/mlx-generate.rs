@@ -2,6 +2,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mlx_bins::load::{load, LoadArgs};
+use mlx_bins::outln;
 use mlx_engine::{stream_generate, GenerateOptions, PromptInput};
 use mlx_tokenizer::ChatOptions;
 use serde_json::json;
@@ -259,9 +260,10 @@ fn generate(args: Args) -> Result<()> {
     let verbose = args.verbose;
     let mut text = String::new();
     if verbose {
-        println!("==========");
+        outln!("==========")?;
     }
-    let mut out = std::io::stdout();
+    // A failed write (a closed pipe) stops generation and is returned below.
+    let mut write_error = None;
     let last = stream_generate(
         model,
         tok,
@@ -270,32 +272,41 @@ fn generate(args: Args) -> Result<()> {
         opts,
         |r| {
             if verbose {
-                let _ = write!(out, "{}", r.text);
-                let _ = out.flush();
+                let mut out = std::io::stdout().lock();
+                if let Err(e) = write!(out, "{}", r.text).and_then(|()| out.flush()) {
+                    write_error = Some(e);
+                    return false;
+                }
             }
             text.push_str(&r.text);
             true
         },
     )?;
+    if let Some(e) = write_error {
+        return Err(e).context("writing the generated text");
+    }
     if verbose {
-        println!();
-        println!("==========");
+        outln!()?;
+        outln!("==========")?;
         match last {
             Some(r) if !text.is_empty() => {
-                println!(
+                outln!(
                     "Prompt: {} tokens, {:.3} tokens-per-sec",
-                    r.prompt_tokens, r.prompt_tps
-                );
-                println!(
+                    r.prompt_tokens,
+                    r.prompt_tps
+                )?;
+                outln!(
                     "Generation: {} tokens, {:.3} tokens-per-sec",
-                    r.generation_tokens, r.generation_tps
-                );
-                println!("Peak memory: {:.3} GB", r.peak_memory);
+                    r.generation_tokens,
+                    r.generation_tps
+                )?;
+                outln!("Peak memory: {:.3} GB", r.peak_memory)?;
             }
-            _ => println!("No text generated for this prompt"),
+            _ => outln!("No text generated for this prompt")?,
         }
     } else {
-        println!("{text}");
+        outln!("{text}")?;
     }
+    std::io::stdout().flush()?;
     Ok(())
 }
