@@ -16,9 +16,11 @@
 //! all cases in one process (`gen_oracle.py run`, the same `main()` as the CLI); its
 //! answers are cached under `.cache/parity/generate` by a hash of the cases.
 //!
-//! A seeded case that differs is run again by mlx-lm with the PRNG seeded after
-//! loading: `PRNG` in the table means the only difference is the random keys mlx-lm's
-//! model construction draws. `known` marks a deliberate difference (not a failure).
+//! Both sides seed before loading, and our loader takes the keys mlx-lm's model
+//! construction draws (`mlx_models::model::mlx_lm_init_key_draws`). A seeded case that
+//! differs is run again by mlx-lm with the PRNG seeded after loading: `PRNG` in the
+//! table (a failure) means only that key count is off. `known` marks a deliberate
+//! difference (not a failure).
 //!
 //! Options (after `cargo xtask parity`): `--gen-only`, `--no-gen`, `--gen-filter S`
 //! (cases whose `row/col` contains S), `--no-build` (use the binaries as built).
