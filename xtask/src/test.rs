@@ -37,15 +37,9 @@ pub fn run(root: &Path, extra: &[String]) -> Result<()> {
         ],
     )?;
     if !quick {
-        // Logits and generation parity gate CI (generation: ~3.5 min from a cold
-        // cache on 2 cores). Convert parity is new: run it with `cargo xtask parity`
-        // until it is green.
-        step(
-            root,
-            "parity",
-            "cargo",
-            &["xtask", "parity", "--no-convert"],
-        )?;
+        // Logits, generation and convert parity gate CI (generation ~3.5 min and
+        // convert ~3.5 min from a cold cache on 2 cores).
+        step(root, "parity", "cargo", &["xtask", "parity"])?;
     }
     step(
         root,

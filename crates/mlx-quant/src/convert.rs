@@ -304,7 +304,10 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport> {
     let source = resolve_source(&opts.hf_path, &opts.mlx_path)?;
     let info = |msg: String| {
         if opts.verbose {
-            println!("[INFO] {msg}");
+            // mlx-lm prints these to stdout; a closed stdout must not stop (or panic) a
+            // conversion, so write errors are ignored.
+            use std::io::Write;
+            let _ = writeln!(std::io::stdout().lock(), "[INFO] {msg}");
         }
     };
     info("Loading".into());
