@@ -31,7 +31,7 @@ impl Embedding {
     /// `x @ weight.T`, for heads tied to the embeddings.
     #[track_caller]
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
-        x.matmul(&self.weight.transpose(None)?)
+        x.matmul(&self.weight.transposed()?)
     }
 
     /// The quantized version (mlx.nn `QuantizedEmbedding.from_embedding`).

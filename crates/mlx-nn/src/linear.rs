@@ -40,7 +40,7 @@ impl Linear {
     /// `addmm(b, x, W.T)` with a bias, else `x @ W.T`, exactly like mlx.nn.
     #[track_caller]
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let wt = self.weight.transpose(None)?;
+        let wt = self.weight.transposed()?;
         match &self.bias {
             Some(b) => ops::addmm(b, x, &wt, 1.0, 1.0),
             None => x.matmul(&wt),

@@ -13,6 +13,10 @@ use std::collections::BTreeMap;
 pub struct Param {
     value: Array,
     frozen: bool,
+    /// `value.T` and the thread that made it, made on first use and dropped whenever
+    /// the value changes, so a linear layer adds no transpose node to every forward (see
+    /// [`Param::transposed`]).
+    transposed: std::cell::RefCell<Option<(std::thread::ThreadId, Array)>>,
 }
 
 impl Param {
@@ -21,6 +25,7 @@ impl Param {
         Param {
             value,
             frozen: false,
+            transposed: std::cell::RefCell::new(None),
         }
     }
 
@@ -29,6 +34,7 @@ impl Param {
         Param {
             value,
             frozen: true,
+            transposed: std::cell::RefCell::new(None),
         }
     }
 
@@ -40,6 +46,26 @@ impl Param {
     /// Replaces the array, keeping the frozen flag.
     pub fn set(&mut self, value: Array) {
         self.value = value;
+        self.transposed = std::cell::RefCell::new(None);
+    }
+
+    /// `value.transpose()` (all axes reversed), the same lazy view the op would make,
+    /// built once and reused until [`Param::set`] replaces the value. Once evaluated it
+    /// is a plain view of the weight's buffer, so later graphs skip a transpose node
+    /// (construction and scheduling) per use at no memory cost, with bit-identical
+    /// results. The view is remade on another thread than the one that made it: an
+    /// unevaluated view belongs to that thread's stream.
+    #[track_caller]
+    pub fn transposed(&self) -> mlx_array::Result<Array> {
+        let me = std::thread::current().id();
+        if let Some((tid, t)) = self.transposed.borrow().as_ref() {
+            if *tid == me {
+                return Ok(t.clone());
+            }
+        }
+        let t = self.value.transpose(None)?;
+        *self.transposed.borrow_mut() = Some((me, t.clone()));
+        Ok(t)
     }
 
     /// Whether the parameter is frozen.
