@@ -41,12 +41,24 @@ pub trait Architecture: LanguageModel + Module + IntoLanguageModel {
 }
 
 /// `x.reshape(B, L, n, -1).transpose(0, 2, 1, 3)`.
+///
+/// With one position (`L == 1`, every decode step) the transpose only moves a size-1
+/// axis, so one reshape gives the same elements in the same order and the same
+/// row-contiguity (MLX ignores size-1 axes there): one graph node instead of two per
+/// call, which the host builds and schedules every token.
 pub(crate) fn split_heads(x: &Array, b: i32, l: i32, n: i32) -> Result<Array> {
+    if l == 1 {
+        return x.reshape(&[b, n, 1, -1]);
+    }
     x.reshape(&[b, l, n, -1])?.transpose(Some(&[0, 2, 1, 3]))
 }
 
-/// `x.transpose(0, 2, 1, 3).reshape(B, L, -1)`.
+/// `x.transpose(0, 2, 1, 3).reshape(B, L, -1)`; a single reshape when `L == 1` (same
+/// element order, see [`split_heads`]).
 pub(crate) fn merge_heads(x: &Array, b: i32, l: i32) -> Result<Array> {
+    if l == 1 {
+        return x.reshape(&[b, 1, -1]);
+    }
     x.transpose(Some(&[0, 2, 1, 3]))?.reshape(&[b, l, -1])
 }
 
