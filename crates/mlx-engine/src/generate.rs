@@ -3,6 +3,7 @@ use crate::error::{EngineError, Result};
 use mlx_array::{memory, ops, transforms, Array, Dtype, Stream};
 use mlx_models::LanguageModel;
 use mlx_nn::KvCache;
+use std::time::Instant;
 
 pub use mlx_sample::{LogitsProcessor, Sampler};
 
@@ -60,6 +61,15 @@ pub struct TokenGenerator<'a> {
     current: Option<(Array, Array)>,
     prompt_total: usize,
     n: i64,
+    profile: Option<crate::profile::DecodeProfile>,
+}
+
+impl Drop for TokenGenerator<'_> {
+    fn drop(&mut self) {
+        if let Some(line) = self.profile.as_ref().and_then(|p| p.summary()) {
+            eprintln!("{line}");
+        }
+    }
 }
 
 impl<'a> TokenGenerator<'a> {
@@ -92,6 +102,7 @@ impl<'a> TokenGenerator<'a> {
             current: None,
             prompt_total: prompt.len(),
             n: 0,
+            profile: crate::profile::enabled().then(Default::default),
         })
     }
 
@@ -182,11 +193,15 @@ impl<'a> TokenGenerator<'a> {
             return Ok(None);
         };
         let mut next = None;
+        let t0 = self.profile.is_some().then(Instant::now);
+        let mut t1 = t0;
         if self.n != self.opts.max_tokens {
             let (ny, nlp) = self.step(&y)?;
+            t1 = t0.map(|_| Instant::now());
             transforms::async_eval(&[&ny, &nlp])?;
             next = Some((ny, nlp));
         }
+        let t2 = t0.map(|_| Instant::now());
         if self.n == 0 {
             y.eval()?;
             let total = self.prompt_total;
@@ -198,6 +213,13 @@ impl<'a> TokenGenerator<'a> {
             return Ok(None);
         }
         let token = read_token(&y)?;
+        if let (Some(p), Some(t0), Some(t1), Some(t2)) = (self.profile.as_mut(), t0, t1, t2) {
+            if self.n == 0 {
+                p.start();
+            } else {
+                p.add(t1 - t0, t2 - t1, t2.elapsed());
+            }
+        }
         if self.n % 256 == 0 {
             memory::clear_cache();
         }
@@ -215,6 +237,12 @@ thread_local! {
 /// mlx-lm's module-level `generation_stream`), so a warm-up warms the stream that later
 /// generations use.
 pub fn generation_stream() -> Result<Stream> {
+    // Links mimalloc's malloc/free overrides into the binary (see the crate feature).
+    #[cfg(feature = "mimalloc")]
+    // SAFETY: frees the block it just allocated.
+    unsafe {
+        libmimalloc_sys::mi_free(libmimalloc_sys::mi_malloc(8));
+    }
     GENERATION_STREAM.with(|cell| {
         if let Some(s) = cell.get() {
             return Ok(*s);
