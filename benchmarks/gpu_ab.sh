@@ -6,7 +6,7 @@
 #
 #   bash benchmarks/gpu_ab.sh ARM [ARM ...]
 #
-#   ARM  NAME=BIN_DIR[:VAR=VALUE,VAR=VALUE...], e.g. base=.gpu/B:MLX_EXP_NO_VIEWS=1
+#   ARM  NAME=BIN_DIR[:VAR=VALUE,VAR=VALUE...], e.g. nograph=.gpu/bin:MLX_USE_CUDA_GRAPHS=0
 #        BIN_DIR holds mlx-benchmark (and decode_build for MICRO / SPLIT)
 #
 # Environment: OUT (/tmp/ab-out), MODELS (/tmp/bench-models), ONLY (shapes, default
@@ -96,9 +96,9 @@ arm = model = kind = None
 skip = 0
 vals = collections.defaultdict(list)
 for line in open(sys.argv[1], errors="replace"):
-    m = re.match(r"\[\+\d+s\] == (ab|split|micro) (\S+)(?: (\S+))?", line)
+    m = re.match(r"\[\+\d+s\] == (ab|split|micro|mlx-lm) ?(\S+)?(?: (\S+))?", line)
     if m:
-        kind, arm, model = m.group(1), m.group(2), m.group(3)
+        kind, arm, model = m.group(1), m.group(2) or m.group(1), m.group(3)
         skip = 1 if kind == "ab" else 0
         continue
     m = re.search(r"\[mlx-engine profile\].*build (\d+) us, async_eval (\d+) us.*token-to-token (\d+) us", line)

@@ -11,7 +11,7 @@
 # Environment: OUT (default /tmp/prof-out), MODELS (/tmp/bench-models), ONLY (shapes,
 # default qwen2.5-0.5b,llama-3.2-1b), P / G (prompt / generated tokens, 512 / 256),
 # KNOBS=0 skips the MLX_MAX_OPS_PER_BUFFER sweep, EXTRA_ENV (space-separated VAR=VALUE
-# sets, each run as one more variant of ours, e.g. "MLX_EXP_NO_TCACHE=1").
+# sets, each run as one more variant of ours, e.g. "MLX_USE_CUDA_GRAPHS=0").
 #
 # For every model it records, in $OUT/log.txt:
 #   - ours: `MLX_ENGINE_PROFILE=1 mlx-benchmark` (one line per generation: graph
