@@ -5,7 +5,8 @@
 //! file and the same tokens come out as from mlx-lm for the same inputs.
 //!
 //! Performance notes (batch-1 decode is bound by host time per token, see
-//! benchmarks/GPU.md): with the default `mimalloc` feature the process allocates through
+//! benchmarks/GPU.md): with the `mimalloc` feature (off by
+//! default; our binaries turn it on) the process allocates through
 //! mimalloc (libmlx's own C++ allocations included); `MLX_ENGINE_PROFILE=1` prints, when
 //! a generation ends, the mean host time per decode step spent building the graph, in
 //! `async_eval` and waiting for the token (`examples/decode_build.rs` times the same
