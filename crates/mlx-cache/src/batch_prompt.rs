@@ -161,6 +161,16 @@ impl BatchPromptCache {
                 other.layers.len()
             )));
         }
+        let same_kinds = self.layers.iter().zip(&other.layers).all(|(a, b)| {
+            let (a, b) = (a.as_any(), b.as_any());
+            (a.is::<BatchKVCache>() && b.is::<BatchKVCache>())
+                || (a.is::<BatchRotatingKVCache>() && b.is::<BatchRotatingKVCache>())
+        });
+        if !same_kinds {
+            return Err(CacheError::InvalidArgument(
+                "cannot extend a batch with one of other cache classes".into(),
+            ));
+        }
         for (l, (a, b)) in self
             .layers
             .iter_mut()

@@ -2,16 +2,22 @@
 //! HTTP handlers submit requests over a channel and receive events on their own.
 //!
 //! Scheduling is continuous: up to `decode_concurrency` sequences hold a slot; each loop
-//! prefills one chunk of up to `prompt_concurrency` new prompts, then runs one decode
-//! step of every decoding sequence (each with batch size 1 and its own cache, so tokens
-//! do not depend on what else runs), queuing all steps before reading any token.
+//! prefills one chunk of up to `prompt_concurrency` new prompts (each alone, with its
+//! own cache), then runs one decode step. Sequences whose prompt is prefilled but for
+//! the last token join the [`DecodeBatch`], which decodes all of them in one forward
+//! pass per step with batch caches (mlx-lm's `BatchGenerator`); each keeps its own
+//! sampler, processors and stop state. With KV-cache quantization (which mlx-lm does
+//! not batch either) or caches that cannot be batched, every sequence decodes alone
+//! with batch size 1, all steps queued before any token is read.
+use crate::batch::{DecodeBatch, Leave};
 use crate::error::{ApiError, ServerError};
 use crate::metrics::Metrics;
 use crate::prompt_cache::{CacheKind, PromptCache};
-use crate::sequence::{mlx_err, EngineEvent, GenerationRequest, Job, Sequence};
+use crate::sequence::{mlx_err, EngineEvent, GenerationRequest, Job, Prefill, Sequence};
 use mlx_array::{transforms, Array};
+use mlx_cache::PromptCache as LayerCaches;
 use mlx_engine::KvQuantization;
-use mlx_models::LanguageModel;
+use mlx_models::{CacheSpec, LanguageModel};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -146,7 +152,14 @@ impl Engine {
         let queued = Arc::new(AtomicUsize::new(0));
         let alive = Arc::new(AtomicBool::new(true));
         let max_queue = opts.max_queue;
+        let batched = opts.kv_quantization.is_none()
+            && model.cache_specs().iter().all(|s| match s {
+                CacheSpec::Standard => true,
+                CacheSpec::Rotating { keep, .. } => *keep == 0,
+            });
         let state = State {
+            batched,
+            batch: DecodeBatch::new(),
             cache: PromptCache::new(opts.prompt_cache_size, opts.prompt_cache_bytes),
             opts,
             model,
@@ -253,6 +266,9 @@ impl Drop for Engine {
 }
 
 struct State {
+    /// Whether sequences decode together in `batch` (else each alone).
+    batched: bool,
+    batch: DecodeBatch,
     opts: EngineOptions,
     model: Box<dyn LanguageModel>,
     metrics: Arc<Metrics>,
@@ -273,7 +289,7 @@ fn run(mut st: State, rx: Receiver<Command>) {
         }
     };
     mlx_array::with_stream(stream, || loop {
-        let idle = st.slots.is_empty() && st.waiting.is_empty();
+        let idle = st.running() == 0 && st.waiting.is_empty();
         let mut shutdown = false;
         if idle {
             match rx.recv_timeout(Duration::from_millis(500)) {
@@ -306,6 +322,10 @@ fn run(mut st: State, rx: Receiver<Command>) {
 }
 
 impl State {
+    fn running(&self) -> usize {
+        self.slots.len() + self.batch.len()
+    }
+
     fn fail_all(&mut self, err: ApiError) {
         for job in self.waiting.drain(..) {
             self.queued.fetch_sub(1, Ordering::SeqCst);
@@ -314,7 +334,7 @@ impl State {
                 error: err.clone(),
             });
         }
-        for s in self.slots.drain(..) {
+        for s in self.slots.drain(..).chain(self.batch.drain()) {
             s.job.send(EngineEvent::Failed {
                 choice: s.job.choice,
                 error: err.clone(),
@@ -331,11 +351,12 @@ impl State {
         self.admit();
         self.prefill();
         self.decode();
+        self.decode_batch();
         self.loops += 1;
         if self.loops % 256 == 0 {
             mlx_array::memory::clear_cache();
         }
-        self.metrics.active_sequences.set(self.slots.len() as u64);
+        self.metrics.active_sequences.set(self.running() as u64);
         self.metrics
             .queue_depth
             .set(self.queued.load(Ordering::SeqCst) as u64);
@@ -359,25 +380,28 @@ impl State {
             if !s.job.cancelled() {
                 return true;
             }
-            if s.job.client_gone() {
-                metrics.cancelled.add(1);
-                tracing::info!(
-                    "engine: client disconnected; generation stopped after {} tokens",
-                    s.generated
-                );
-            } else {
-                tracing::debug!(
-                    "engine: choice {} stopped after {} tokens",
-                    s.job.choice,
-                    s.generated
-                );
-            }
+            log_stopped(metrics, s);
             false
         });
+        let gone: Vec<(usize, Leave)> = (0..self.batch.len())
+            .filter(|&i| self.batch.rows()[i].job.cancelled())
+            .map(|i| (i, Leave::Dropped))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        match self.batch.remove(gone) {
+            Ok(removed) => {
+                for (s, _) in removed {
+                    log_stopped(&self.metrics, &s);
+                }
+            }
+            Err(e) => self.fail_batch(e),
+        }
     }
 
     fn admit(&mut self) {
-        while self.slots.len() < self.opts.decode_concurrency {
+        while self.running() < self.opts.decode_concurrency {
             let Some(job) = self.waiting.pop_front() else {
                 break;
             };
@@ -422,7 +446,8 @@ impl State {
             }
         }
         if let Some(limit) = self.opts.prompt_cache_bytes {
-            let active: u64 = self.slots.iter().map(|s| s.nbytes() as u64).sum();
+            let active: u64 = self.slots.iter().map(|s| s.nbytes() as u64).sum::<u64>()
+                + self.batch.nbytes() as u64;
             self.cache.trim_to(usize::MAX, limit.saturating_sub(active));
             self.update_cache_metrics();
         }
@@ -435,6 +460,10 @@ impl State {
 
     fn fail(&mut self, i: usize, error: ApiError) {
         let s = self.slots.remove(i);
+        self.fail_seq(s, error);
+    }
+
+    fn fail_seq(&self, s: Sequence, error: ApiError) {
         if error.status.is_server_error() {
             self.metrics.engine_errors.add(1);
             tracing::warn!("engine: request failed: {}", error.message);
@@ -449,15 +478,15 @@ impl State {
         let mut budget = self.opts.prompt_concurrency;
         let mut i = 0;
         while i < self.slots.len() && budget > 0 {
-            if self.slots[i].decoding() {
+            if self.slots[i].decoding() || self.slots[i].ready {
                 i += 1;
                 continue;
             }
             budget -= 1;
             let (step, kv) = (self.opts.prefill_step_size, self.opts.kv_quantization);
             let model = self.model.as_ref();
-            match self.slots[i].prefill(model, step, kv) {
-                Ok(Some((processed, total))) => {
+            match self.slots[i].prefill(model, step, kv, self.batched) {
+                Ok(Prefill::Chunk(processed, total)) => {
                     let s = &self.slots[i];
                     tracing::debug!("prompt processing progress: {processed}/{total}");
                     s.job.send(EngineEvent::Progress {
@@ -467,7 +496,7 @@ impl State {
                     });
                     i += 1;
                 }
-                Ok(None) => i += 1,
+                Ok(Prefill::Started | Prefill::Ready) => i += 1,
                 Err(e) => self.fail(i, e),
             }
         }
@@ -484,7 +513,13 @@ impl State {
                 continue;
             }
             match s.queue_next(model, kv) {
-                Ok(n) => nexts.push(n),
+                Ok(n) => {
+                    if n.is_some() {
+                        self.metrics.decode_steps.add(1);
+                        self.metrics.decode_rows.add(1);
+                    }
+                    nexts.push(n)
+                }
                 Err(e) => {
                     nexts.push(None);
                     failed.push((i, e));
@@ -516,14 +551,7 @@ impl State {
             }
             match s.emit(next) {
                 Ok(out) => {
-                    self.metrics.generation_tokens.add(1);
-                    match s.last_token_at {
-                        None => self
-                            .metrics
-                            .ttft
-                            .observe((now - s.job.submitted).as_secs_f64()),
-                        Some(t) => self.metrics.tpot.observe((now - t).as_secs_f64()),
-                    }
+                    count_token(&self.metrics, s.last_token_at, s.job.submitted, now);
                     s.last_token_at = Some(now);
                     let done = out.finish.is_some();
                     let delivered = s.job.send(EngineEvent::Token {
@@ -560,14 +588,100 @@ impl State {
         }
     }
 
-    /// Keeps a finished sequence's caches for later prompts sharing its prefix.
-    fn store(&mut self, s: Sequence) {
-        if self.opts.prompt_cache_size == 0 {
+    /// Sequences done with their prefill join the batch, then one batched step runs;
+    /// finished, failed and abandoned rows leave it.
+    fn decode_batch(&mut self) {
+        if !self.batched {
             return;
         }
+        let (ready, waiting): (Vec<Sequence>, Vec<Sequence>) =
+            self.slots.drain(..).partition(|s| s.ready);
+        self.slots = waiting;
+        if let Err((seqs, e)) = self.batch.join(ready) {
+            for s in seqs {
+                self.fail_seq(s, e.clone());
+            }
+        }
+        if self.batch.is_empty() {
+            return;
+        }
+        let rows = self.batch.len() as u64;
+        let (emitted, failed) = match self.batch.step(self.model.as_ref()) {
+            Ok(r) => r,
+            Err(e) => return self.fail_batch(e),
+        };
+        self.metrics.decode_steps.add(1);
+        self.metrics.decode_rows.add(rows);
+        let now = Instant::now();
+        let mut leaving: Vec<(usize, Leave)> = Vec::new();
+        let mut reasons: Vec<Option<ApiError>> = Vec::new();
+        for (i, e) in failed {
+            if !leaving.iter().any(|(j, _)| *j == i) {
+                leaving.push((i, Leave::Dropped));
+                reasons.push(Some(e));
+            }
+        }
+        for (i, out) in emitted {
+            if leaving.iter().any(|(j, _)| *j == i) {
+                continue;
+            }
+            let s = &self.batch.rows()[i];
+            count_token(&self.metrics, s.last_token_at, s.job.submitted, now);
+            let done = out.finish.is_some();
+            let delivered = s.job.send(EngineEvent::Token {
+                choice: s.job.choice,
+                out,
+            });
+            if let Some(s) = self.batch.row_mut(i) {
+                s.last_token_at = Some(now);
+            }
+            if done || !delivered {
+                let how = if done && delivered {
+                    Leave::Finished
+                } else {
+                    Leave::Dropped
+                };
+                leaving.push((i, how));
+                reasons.push(None);
+            }
+        }
+        let removed = match self.batch.remove(leaving) {
+            Ok(r) => r,
+            Err(e) => return self.fail_batch(e),
+        };
+        for ((s, caches), reason) in removed.into_iter().zip(reasons) {
+            match (reason, caches) {
+                (Some(e), _) => self.fail_seq(s, e),
+                (None, Some(caches)) => self.store_caches(s.processed, caches),
+                (None, None) => {
+                    if s.job.client_gone() {
+                        self.metrics.cancelled.add(1);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A batched step failed: every row gets the error, the batch starts over.
+    fn fail_batch(&mut self, e: ApiError) {
+        tracing::warn!("engine: batched decoding failed: {}", e.message);
+        for s in self.batch.drain() {
+            self.fail_seq(s, e.clone());
+        }
+    }
+
+    /// Keeps a finished sequence's caches for later prompts sharing its prefix.
+    fn store(&mut self, s: Sequence) {
         let Sequence {
             caches, processed, ..
         } = s;
+        self.store_caches(processed, caches);
+    }
+
+    fn store_caches(&mut self, processed: Vec<u32>, caches: LayerCaches) {
+        if self.opts.prompt_cache_size == 0 {
+            return;
+        }
         let consistent = caches
             .first()
             .is_none_or(|c| c.offset() as usize == processed.len());
@@ -575,5 +689,31 @@ impl State {
             self.cache.insert(processed, caches, CacheKind::Assistant);
             self.update_cache_metrics();
         }
+    }
+}
+
+/// Metrics of one emitted token: time to first token, else time since the previous one.
+fn count_token(metrics: &Metrics, last: Option<Instant>, submitted: Instant, now: Instant) {
+    metrics.generation_tokens.add(1);
+    match last {
+        None => metrics.ttft.observe((now - submitted).as_secs_f64()),
+        Some(t) => metrics.tpot.observe((now - t).as_secs_f64()),
+    }
+}
+
+/// Logs (and counts, for a client that went away) a sequence dropped mid-generation.
+fn log_stopped(metrics: &Metrics, s: &Sequence) {
+    if s.job.client_gone() {
+        metrics.cancelled.add(1);
+        tracing::info!(
+            "engine: client disconnected; generation stopped after {} tokens",
+            s.generated
+        );
+    } else {
+        tracing::debug!(
+            "engine: choice {} stopped after {} tokens",
+            s.job.choice,
+            s.generated
+        );
     }
 }

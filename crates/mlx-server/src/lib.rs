@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod anthropic;
+pub mod batch;
 pub mod config;
 pub mod engine;
 pub mod error;

@@ -149,6 +149,10 @@ pub struct Metrics {
     pub rejected_queue_full: Counter,
     /// Engine failures answered with 503.
     pub engine_errors: Counter,
+    /// Decoding forward passes (one per step of the decode batch).
+    pub decode_steps: Counter,
+    /// Sequences fed through those passes (divided by the steps: the mean batch size).
+    pub decode_rows: Counter,
     /// Seconds from admission to the first token.
     pub ttft: Histogram,
     /// Seconds between consecutive tokens of one sequence.
@@ -171,6 +175,8 @@ impl Default for Metrics {
             cancelled: Counter::default(),
             rejected_queue_full: Counter::default(),
             engine_errors: Counter::default(),
+            decode_steps: Counter::default(),
+            decode_rows: Counter::default(),
             ttft: Histogram::new(TTFT_BOUNDS),
             tpot: Histogram::new(TPOT_BOUNDS),
         }
@@ -204,7 +210,7 @@ impl Metrics {
                 );
             }
         }
-        let counters: [(&str, &str, &Counter); 8] = [
+        let counters: [(&str, &str, &Counter); 10] = [
             (
                 "mlx_server_prompt_tokens_total",
                 "Prompt tokens of admitted requests.",
@@ -244,6 +250,16 @@ impl Metrics {
                 "mlx_server_engine_errors_total",
                 "Requests failed by an engine (MLX) error.",
                 &self.engine_errors,
+            ),
+            (
+                "mlx_server_decode_steps_total",
+                "Decoding forward passes (one per step of the decode batch).",
+                &self.decode_steps,
+            ),
+            (
+                "mlx_server_decode_rows_total",
+                "Sequences fed through decoding passes (rows / steps: mean batch size).",
+                &self.decode_rows,
             ),
         ];
         for (name, help, c) in counters {

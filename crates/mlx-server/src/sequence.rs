@@ -170,6 +170,20 @@ pub struct Sequence {
     step_index: u64,
     /// When the last token was emitted.
     pub last_token_at: Option<Instant>,
+    /// Batched decoding: every prompt token but the last is in `caches`, so the sequence
+    /// can join the decode batch.
+    pub ready: bool,
+}
+
+/// What one [`Sequence::prefill`] call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefill {
+    /// A chunk of the prompt: `(processed, total)` of the uncached prompt.
+    Chunk(usize, usize),
+    /// The first decoding step was queued (per-sequence decoding).
+    Started,
+    /// Only the last prompt token is left: the sequence can join the decode batch.
+    Ready,
 }
 
 /// A seed for the `step`-th draw of a request seeded with `seed`.
@@ -216,6 +230,7 @@ impl Sequence {
             stop,
             step_index: 0,
             last_token_at: None,
+            ready: false,
         })
     }
 
@@ -259,38 +274,69 @@ impl Sequence {
             .slice(&[0, l - 1, 0], &[1, l, v], None)
             .and_then(|a| a.squeeze(Some(&[1])))
             .map_err(mlx_err)?;
-        if !self.processors.is_empty() && input.size() > 0 {
-            let all = match &self.history {
-                Some(t) => ops::concatenate(&[t, input], 0).map_err(mlx_err)?,
-                None => input.clone(),
-            };
-            logits = mlx_sample::apply_processors(&self.processors, &all, &logits)
-                .map_err(sample_err)?;
-            self.history = Some(all);
+        if input.size() > 0 {
+            logits = self.process(&logits, input)?;
         }
         self.quantize(kv)?;
         let lse = logits.logsumexp(None, true).map_err(mlx_err)?;
         let logprobs = logits.subtract(&lse).map_err(mlx_err)?;
+        let sampled = self.sample(&logprobs)?;
+        Ok((sampled, logprobs.squeeze(Some(&[0])).map_err(mlx_err)?))
+    }
+
+    /// Whether the sequence rewrites its logits (penalties, bias).
+    pub fn has_processors(&self) -> bool {
+        !self.processors.is_empty()
+    }
+
+    /// The logits processors of mlx-lm's `_step` on `logits` (`[1, vocab]`), with the
+    /// history extended by `input` (the tokens just fed to the model).
+    pub fn process(&mut self, logits: &Array, input: &Array) -> Result<Array, ApiError> {
+        if self.processors.is_empty() {
+            return Ok(logits.clone());
+        }
+        let all = match &self.history {
+            Some(t) => ops::concatenate(&[t, input], 0).map_err(mlx_err)?,
+            None => input.clone(),
+        };
+        let out =
+            mlx_sample::apply_processors(&self.processors, &all, logits).map_err(sample_err)?;
+        self.history = Some(all);
+        Ok(out)
+    }
+
+    /// Seeds the generator for this draw when the request has a seed, and counts it.
+    pub fn seed_draw(&mut self) -> Result<(), ApiError> {
         if let Some(seed) = self.job.req.sampling.seed {
             mlx_array::random::seed(step_seed(seed, self.step_index)).map_err(mlx_err)?;
         }
         self.step_index += 1;
-        let sampled = self.sampler.sample(&logprobs).map_err(sample_err)?;
-        Ok((sampled, logprobs.squeeze(Some(&[0])).map_err(mlx_err)?))
+        Ok(())
+    }
+
+    /// Samples from `logprobs` (`[rows, vocab]`) with this sequence's sampler, seeded.
+    pub fn sample(&mut self, logprobs: &Array) -> Result<Array, ApiError> {
+        self.seed_draw()?;
+        self.sampler.sample(logprobs).map_err(sample_err)
     }
 
     /// One prefill chunk (at most `step_size` tokens, always leaving the last prompt
-    /// token), or when only that one is left, the first decoding step. Returns
-    /// `(processed, total)` of the uncached prompt after a chunk.
+    /// token), or when only that one is left, the first decoding step (per-sequence
+    /// decoding) or [`Prefill::Ready`] (`batched`: the decode batch feeds the last token).
     pub fn prefill(
         &mut self,
         model: &dyn LanguageModel,
         step_size: usize,
         kv: Option<mlx_engine::KvQuantization>,
-    ) -> Result<Option<(usize, usize)>, ApiError> {
+        batched: bool,
+    ) -> Result<Prefill, ApiError> {
         let prompt = Arc::clone(&self.job.req);
         let prompt = &prompt.prompt;
         let remaining = prompt.len() - self.done;
+        if batched && remaining <= 1 {
+            self.ready = true;
+            return Ok(Prefill::Ready);
+        }
         if remaining > 1 {
             let n = step_size.max(1).min(remaining - 1);
             let part = &prompt[self.done..self.done + n];
@@ -308,7 +354,11 @@ impl Sequence {
             self.processed.extend_from_slice(part);
             self.done += n;
             mlx_array::memory::clear_cache();
-            return Ok(Some((self.done - self.cached, prompt.len() - self.cached)));
+            self.ready = batched && prompt.len() - self.done <= 1;
+            return Ok(Prefill::Chunk(
+                self.done - self.cached,
+                prompt.len() - self.cached,
+            ));
         }
         let rest = &prompt[self.done..];
         let input = Array::from_slice(rest, &[rest.len() as i32]).map_err(mlx_err)?;
@@ -317,7 +367,22 @@ impl Sequence {
         self.processed.extend_from_slice(rest);
         self.done = prompt.len();
         self.current = Some((y, lp));
-        Ok(None)
+        Ok(Prefill::Started)
+    }
+
+    /// The last prompt token when it is the only one left (what a sequence joining the
+    /// decode batch feeds first).
+    pub fn last_prompt_token(&self) -> Option<u32> {
+        let prompt = &self.job.req.prompt;
+        (self.done + 1 == prompt.len()).then(|| prompt[self.done])
+    }
+
+    /// Counts the last prompt token as fed to the model (by the decode batch).
+    pub fn feed_last_prompt_token(&mut self) {
+        if let Some(t) = self.last_prompt_token() {
+            self.processed.push(t);
+            self.done += 1;
+        }
     }
 
     /// Queues the step after the current token (pipelining, as `generate_step` does),
@@ -346,13 +411,8 @@ impl Sequence {
             .take()
             .ok_or_else(|| ApiError::internal("no queued token"))?;
         let token = read_token(&y)?;
-        self.generated += 1;
-        if next.is_some() {
-            // The queued step fed this token to the model: the caches hold it.
-            self.processed.push(token);
-        }
         let req = Arc::clone(&self.job.req);
-        let logprob = if req.logprobs || req.top_logprobs > 0 {
+        let logprob = if self.wants_logprobs() {
             Some(scalar_at(&lp, token)?)
         } else {
             None
@@ -362,22 +422,45 @@ impl Sequence {
         } else {
             Vec::new()
         };
+        // With a queued step, the model was fed this token: the caches hold it.
+        let out = self.record(token, logprob, top, next.is_some());
+        self.current = next;
+        Ok(out)
+    }
+
+    /// Whether the request wants the log-probability of its tokens.
+    pub fn wants_logprobs(&self) -> bool {
+        self.job.req.logprobs || self.job.req.top_logprobs > 0
+    }
+
+    /// Counts a generated token (`fed`: the caches already hold it) and decides whether
+    /// it ends the sequence.
+    pub fn record(
+        &mut self,
+        token: u32,
+        logprob: Option<f32>,
+        top: Vec<(u32, f32)>,
+        fed: bool,
+    ) -> TokenOut {
+        self.generated += 1;
+        if fed {
+            self.processed.push(token);
+        }
         let stop_index = self.stop.advance(token);
         let finish = if stop_index.is_some() {
             Some(Finish::Stop)
-        } else if self.generated >= req.max_tokens {
+        } else if self.generated >= self.job.req.max_tokens {
             Some(Finish::Length)
         } else {
             None
         };
-        self.current = next;
-        Ok(TokenOut {
+        TokenOut {
             token,
             logprob,
             top,
             finish,
             stop_index,
-        })
+        }
     }
 
     /// Bytes held by the caches.
@@ -413,7 +496,7 @@ fn scalar_at(lp: &Array, token: u32) -> Result<f32, ApiError> {
 }
 
 /// mlx-lm's `_format_top_logprobs`: `argpartition(-logprobs, kth=n-1)[:n]`, unsorted.
-fn top_logprobs(lp: &Array, n: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+pub(crate) fn top_logprobs(lp: &Array, n: usize) -> Result<Vec<(u32, f32)>, ApiError> {
     let vocab = lp.size();
     let n = n.min(vocab);
     if n == 0 {

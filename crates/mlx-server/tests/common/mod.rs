@@ -193,28 +193,44 @@ impl LanguageModel for ScriptedModel {
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }
-        let l = tokens.dim(1)?;
-        let ids = tokens.reshape(&[1, 1, l, 1])?.astype(Dtype::Float32)?;
-        let history: Vec<u32> = match caches.first_mut() {
+        let (b, l) = (tokens.dim(0)?, tokens.dim(1)?);
+        // Ids are stored plus one, so that a batch cache's left padding (zeros) is skipped.
+        let ids = tokens
+            .astype(Dtype::Float32)?
+            .add(1.0)?
+            .reshape(&[b, 1, l, 1])?;
+        let histories: Vec<Vec<u32>> = match caches.first_mut() {
             Some(c) => match c.update_and_fetch(&ids, &ids)? {
-                mlx_nn::cache::KvFetch::Plain { keys, .. } => keys
-                    .to_vec::<f32>()?
-                    .into_iter()
-                    .map(|v| v as u32)
-                    .collect(),
+                mlx_nn::cache::KvFetch::Plain { keys, .. } => {
+                    let t = keys.dim(2)?.max(1) as usize;
+                    keys.to_vec::<f32>()?
+                        .chunks(t)
+                        .map(|row| {
+                            row.iter()
+                                .filter(|&&v| v > 0.0)
+                                .map(|&v| v as u32 - 1)
+                                .collect()
+                        })
+                        .collect()
+                }
                 mlx_nn::cache::KvFetch::Quantized { .. } => {
                     return Err(mlx_array::Error::InvalidArgument(
                         "scripted model needs a plain cache".into(),
                     ))
                 }
             },
-            None => tokens.astype(Dtype::Uint32)?.to_vec::<u32>()?,
+            None => {
+                let all = tokens.astype(Dtype::Uint32)?.to_vec::<u32>()?;
+                all.chunks(l as usize).map(<[u32]>::to_vec).collect()
+            }
         };
-        let next = self.next_token(&history)?;
-        let mut row = vec![0f32; self.vocab as usize];
-        row[next as usize] = 30.0;
-        let last = Array::from_slice(&row, &[1, 1, self.vocab])?;
-        last.broadcast_to(&[1, l, self.vocab])
+        let mut rows = vec![0f32; b as usize * self.vocab as usize];
+        for (i, h) in histories.iter().enumerate() {
+            let next = self.next_token(h)?;
+            rows[i * self.vocab as usize + next as usize] = 30.0;
+        }
+        let last = Array::from_slice(&rows, &[b, 1, self.vocab])?;
+        last.broadcast_to(&[b, l, self.vocab])
     }
 
     fn cache_specs(&self) -> Vec<CacheSpec> {

@@ -1,0 +1,181 @@
+//! Batched decoding in the server (tiny model on the CPU): requests with their own
+//! sampler settings, logits processors, seeds and log-probabilities decode in one batch
+//! and each gets exactly what it gets alone; a finished row's KV cache, extracted from
+//! the batch, is stored and reused by a later prompt.
+mod common;
+
+use common::*;
+use mlx_server::ServerConfig;
+use serde_json::{json, Value as Json};
+
+/// Token ids and log-probabilities (with the top alternatives) of a chat answer.
+type Answer = (Vec<u64>, Vec<f64>, Vec<Vec<(u64, f64)>>);
+
+async fn answer(addr: std::net::SocketAddr, body: &Json) -> Answer {
+    let r = post(addr, "/v1/chat/completions", body).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no logprobs in {v}"))
+        .clone();
+    let ids = content.iter().map(|c| c["id"].as_u64().unwrap()).collect();
+    let lps = content
+        .iter()
+        .map(|c| c["logprob"].as_f64().unwrap())
+        .collect();
+    let tops = content
+        .iter()
+        .map(|c| {
+            c["top_logprobs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| (t["id"].as_u64().unwrap(), t["logprob"].as_f64().unwrap()))
+                .collect()
+        })
+        .collect();
+    (ids, lps, tops)
+}
+
+fn request(prompt: &str, extra: Json) -> Json {
+    let mut body = json!({
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 10,
+        "temperature": 0.0,
+        "logprobs": true,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mixed_requests_decode_together_exactly_as_alone() {
+    let (model, tok) = tiny_model();
+    let cfg = ServerConfig {
+        prompt_cache_size: 0,
+        ..Default::default()
+    };
+    let server = start(model, tok, cfg).await;
+    let addr = server.local_addr();
+    let first = request("Name three rivers.", json!({"top_logprobs": 3}));
+    let plain = answer(addr, &first).await;
+    // Banning the second token changes the answer from there on.
+    let banned = plain.0[1].to_string();
+    let bodies = [
+        first,
+        request(
+            "Name three rivers.",
+            json!({"repetition_penalty": 1.4, "logit_bias": {banned: -100.0}}),
+        ),
+        request(
+            "Tell me a story about a fox.",
+            json!({"temperature": 0.9, "top_p": 0.9, "seed": 42}),
+        ),
+        request(
+            "Count to five.",
+            json!({"temperature": 0.7, "top_k": 20, "seed": 3, "presence_penalty": 0.5}),
+        ),
+        request(
+            "Count to five.",
+            json!({"frequency_penalty": 0.8, "max_tokens": 6}),
+        ),
+    ];
+    let mut alone = Vec::new();
+    for b in &bodies {
+        alone.push(answer(addr, b).await);
+    }
+    assert_eq!(alone[0], plain);
+    assert_eq!(
+        alone[0].0[..1],
+        alone[1].0[..1],
+        "the bias leaves the first token"
+    );
+    assert_ne!(
+        alone[0].0[1], alone[1].0[1],
+        "the bias bans the second token"
+    );
+    assert_eq!(alone[0].2.iter().map(Vec::len).max(), Some(3));
+    let decode_stats = || async {
+        (
+            metric(addr, "mlx_server_decode_steps_total").await,
+            metric(addr, "mlx_server_decode_rows_total").await,
+        )
+    };
+    let (steps0, rows0) = decode_stats().await;
+    assert_eq!(steps0, rows0, "alone, every step decodes one sequence");
+    let tasks: Vec<_> = (0..3 * bodies.len())
+        .map(|k| {
+            let body = bodies[k % bodies.len()].clone();
+            tokio::spawn(async move { (k % 5, answer(addr, &body).await) })
+        })
+        .collect();
+    for t in tasks {
+        let (i, got) = t.await.unwrap();
+        assert_eq!(got.0, alone[i].0, "request {i}: tokens differ from alone");
+        assert_eq!(got.1, alone[i].1, "request {i}: logprobs differ from alone");
+        let sorted = |t: &Vec<Vec<(u64, f64)>>| {
+            t.iter()
+                .map(|v| {
+                    let mut v = v.clone();
+                    v.sort_by_key(|a| a.0);
+                    v
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            sorted(&got.2),
+            sorted(&alone[i].2),
+            "request {i}: top logprobs"
+        );
+    }
+    let (steps, rows) = decode_stats().await;
+    let (steps, rows) = (steps - steps0, rows - rows0);
+    assert!(
+        rows >= 3.0 * steps,
+        "15 concurrent requests were not decoded together: {rows} rows in {steps} steps"
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn caches_extracted_from_the_batch_are_reused() {
+    let (model, tok) = tiny_model();
+    let server = start(model, tok, ServerConfig::default()).await;
+    let addr = server.local_addr();
+    let prompts = [
+        "Why is the sky blue?",
+        "What is rust?",
+        "Say something nice.",
+    ];
+    let tasks: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let body = request(p, json!({"max_tokens": 8}));
+            tokio::spawn(async move { answer(addr, &body).await })
+        })
+        .collect();
+    let mut first = Vec::new();
+    for t in tasks {
+        first.push(t.await.unwrap());
+    }
+    for (p, want) in prompts.iter().zip(&first) {
+        let body = request(p, json!({"max_tokens": 8}));
+        let r = post(addr, "/v1/chat/completions", &body).await.json();
+        let cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        let prompt_tokens = r["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert_eq!(
+            cached,
+            prompt_tokens - 1,
+            "{p}: the stored cache covers the prompt"
+        );
+        let again = answer(addr, &body).await;
+        assert_eq!(again.0, want.0, "{p}: same tokens from the cached prefix");
+        assert_eq!(again.1, want.1, "{p}: same logprobs from the cached prefix");
+    }
+    server.shutdown().await.unwrap();
+}
