@@ -113,6 +113,14 @@ def run(name, kind, dtype, ops, out_dir, seed):
             entry["extract_idx"] = getattr(row, "_idx", row.offset)
         elif what == "trim":
             entry["trimmed"] = cache.trim(op["n"])
+        elif what == "prepare":
+            cache.prepare(
+                left_padding=op.get("pad_left"),
+                lengths=op.get("chunk_lengths"),
+                right_padding=op.get("pad_right"),
+            )
+        elif what == "finalize":
+            cache.finalize()
         else:
             raise ValueError(what)
         record_state(cache, arrays, step, entry)
@@ -166,8 +174,41 @@ def scenarios():
         + updates(4)
         + [{"op": "extract", "row": 1}]
     )
+    # Right-padded prefill chunks (prepare / update / finalize), as BatchGenerator runs
+    # them, then decoding.
+    def chunk(lengths):
+        top = max(lengths)
+        return [
+            {"op": "prepare", "chunk_lengths": lengths, "pad_right": [top - n for n in lengths]},
+            {"op": "update", "S": top},
+        ]
+
+    kv_prefill = (
+        [{"op": "merge", "rows": [[3], [], [1]]}]
+        + chunk([4, 2, 5])
+        + [{"op": "finalize"}]
+        + updates(2)
+        + chunk([1, 3, 2])
+        + [{"op": "finalize"}]
+        + updates(2)
+        + [{"op": "extract", "row": i} for i in range(3)]
+        + [{"op": "merge", "rows": [[], []]}, {"op": "prepare", "pad_left": [2, 0]}]
+        + updates(1, 3)
+        + updates(2)
+        + [{"op": "extract", "row": 0}]
+    )
+    rot_prefill = (
+        [{"op": "merge", "rows": [[2], [], [4]]}]
+        + chunk([5, 3, 7])
+        + chunk([4, 1, 2])
+        + [{"op": "finalize"}]
+        + updates(5)
+        + [{"op": "extract", "row": i} for i in range(3)]
+    )
     return [
         ("kv", "kv", mx.float16, kv, 1),
+        ("kv_prefill", "kv", mx.float32, kv_prefill, 5),
+        ("rotating_6_prefill", 6, mx.float32, rot_prefill, 6),
         ("kv_f32", "kv", mx.float32, kv[:10], 2),
         ("rotating_6", 6, mx.bfloat16, rot, 3),
         ("rotating_5_empty", 5, mx.float32, rot_empty, 4),

@@ -22,6 +22,8 @@ pub struct BatchKVCache {
     pub(crate) left_padding: Vec<i32>,
     pub(crate) offsets: Vec<i32>,
     pub(crate) idx: i32,
+    /// Right padding of the rows of a prefill chunk, rolled away by `finalize`.
+    pub(crate) right_padding: Option<Vec<i32>>,
 }
 
 /// An int32 `[n]` array of `v` (`mx.array(list)`).
@@ -42,6 +44,28 @@ pub(crate) fn row(x: &Array, i: i32) -> Result<Array> {
     lo[0] = i;
     hi[0] = i + 1;
     x.slice(&lo, &hi, None)
+}
+
+/// mlx-lm's `dynamic_roll(x, shifts[:, None], axis=2)`: row `b` of `x` (`[B, H, T, D]`)
+/// rolled by `shifts[b]` positions along the sequence axis.
+#[track_caller]
+pub(crate) fn dynamic_roll(x: &Array, shifts: &[i32]) -> Result<Array> {
+    let n = x.dim(2)?;
+    let positions = arange(0.0, n as f64, 1.0, Dtype::Int32)?.expand_dims(&[1])?;
+    let shifts = int_array(shifts)?.reshape(&[-1, 1, 1, 1])?;
+    let idx = positions.subtract(&shifts)?.remainder(n)?;
+    x.take_along_axis(&idx, 2)
+}
+
+/// Checks mlx-lm's `prepare` arguments against the batch size.
+pub(crate) fn check_rows(what: &str, v: Option<&[i32]>, rows: usize) -> Result<()> {
+    match v {
+        Some(v) if v.len() != rows => Err(mlx_array::Error::InvalidArgument(format!(
+            "prepare: {what} has {} entries for {rows} rows",
+            v.len()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// `mx.pad(x, [(0, 0), (0, 0), (left, right), (0, 0)])`.
@@ -89,7 +113,62 @@ impl BatchKVCache {
             left_padding: left_padding.to_vec(),
             offsets: left_padding.iter().map(|l| -l).collect(),
             idx: 0,
+            right_padding: None,
         }
+    }
+
+    /// mlx-lm's `prepare`: more left padding (only while empty), or the right padding of
+    /// the next (right-padded) prefill chunk, which [`BatchKVCache::finalize`] turns into
+    /// left padding. `lengths` (the chunk's real lengths) is not needed here.
+    #[track_caller]
+    pub fn prepare(
+        &mut self,
+        left_padding: Option<&[i32]>,
+        lengths: Option<&[i32]>,
+        right_padding: Option<&[i32]>,
+    ) -> Result<()> {
+        let rows = self.offsets.len();
+        check_rows("left_padding", left_padding, rows)?;
+        check_rows("lengths", lengths, rows)?;
+        check_rows("right_padding", right_padding, rows)?;
+        if let Some(lp) = left_padding {
+            if self.keys.is_some() {
+                return Err(mlx_array::Error::InvalidArgument(
+                    "Left padding can only be added to an empty BatchKVCache".into(),
+                ));
+            }
+            for ((l, o), p) in self.left_padding.iter_mut().zip(&mut self.offsets).zip(lp) {
+                *l += p;
+                *o -= p;
+            }
+        }
+        if let Some(rp) = right_padding.filter(|rp| rp.iter().any(|&p| p > 0)) {
+            self.right_padding = Some(rp.to_vec());
+        }
+        Ok(())
+    }
+
+    /// mlx-lm's `finalize`: rolls each row right by its chunk padding, so the padding
+    /// positions end up before the row (masked) and the real ones end at `idx`.
+    #[track_caller]
+    pub fn finalize(&mut self) -> Result<()> {
+        let Some(padding) = self.right_padding.take() else {
+            return Ok(());
+        };
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            self.keys = Some(dynamic_roll(k, &padding)?);
+            self.values = Some(dynamic_roll(v, &padding)?);
+        }
+        for ((o, l), p) in self
+            .offsets
+            .iter_mut()
+            .zip(&mut self.left_padding)
+            .zip(&padding)
+        {
+            *o -= p;
+            *l += p;
+        }
+        Ok(())
     }
 
     /// Rows in the batch.

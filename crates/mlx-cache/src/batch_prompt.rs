@@ -197,6 +197,65 @@ impl BatchPromptCache {
         Ok(())
     }
 
+    /// mlx-lm's `prepare(lengths=, right_padding=)` on every layer before a right-padded
+    /// prefill chunk: `lengths` are the rows' real chunk lengths, `right_padding` what
+    /// was added to reach the longest.
+    pub fn prepare_right_padding(&mut self, lengths: &[i32], right_padding: &[i32]) -> Result<()> {
+        for (l, c) in self.layers.iter_mut().enumerate() {
+            let any = c.as_any_mut();
+            if let Some(b) = any.downcast_mut::<BatchKVCache>() {
+                b.prepare(None, Some(lengths), Some(right_padding))?;
+            } else if let Some(b) = any.downcast_mut::<BatchRotatingKVCache>() {
+                b.prepare(None, Some(lengths), Some(right_padding))?;
+            } else {
+                return Err(layer_mismatch(l, "not a batch cache"));
+            }
+        }
+        Ok(())
+    }
+
+    /// mlx-lm's `finalize` on every layer after a right-padded prefill chunk.
+    pub fn finalize(&mut self) -> Result<()> {
+        for (l, c) in self.layers.iter_mut().enumerate() {
+            let any = c.as_any_mut();
+            if let Some(b) = any.downcast_mut::<BatchKVCache>() {
+                b.finalize()?;
+            } else if let Some(b) = any.downcast_mut::<BatchRotatingKVCache>() {
+                b.finalize()?;
+            } else {
+                return Err(layer_mismatch(l, "not a batch cache"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the rows `indices` (in that order) into a batch of their own and keeps the
+    /// others here (mlx-lm's `PromptProcessingBatch.split`).
+    pub fn split(&mut self, indices: &[usize]) -> Result<BatchPromptCache> {
+        if indices.is_empty() {
+            return Ok(BatchPromptCache::new());
+        }
+        let rest: Vec<usize> = (0..self.rows).filter(|i| !indices.contains(i)).collect();
+        let mut layers: Vec<Box<dyn KvCache>> = Vec::with_capacity(self.layers.len());
+        for (l, c) in self.layers.iter().enumerate() {
+            let any = c.as_any();
+            if let Some(b) = any.downcast_ref::<BatchKVCache>() {
+                layers.push(Box::new(b.clone()));
+            } else if let Some(b) = any.downcast_ref::<BatchRotatingKVCache>() {
+                layers.push(Box::new(b.clone()));
+            } else {
+                return Err(layer_mismatch(l, "not a batch cache"));
+            }
+        }
+        let mut taken = BatchPromptCache {
+            layers,
+            rows: self.rows,
+        };
+        taken.filter(indices)?;
+        self.filter(&rest)?;
+        Ok(taken)
+    }
+
     /// Row `row` as single-sequence caches (one per layer) holding only its real
     /// positions, e.g. to store in a prompt cache (mlx-lm's `extract_cache`).
     pub fn extract(&self, row: usize) -> Result<PromptCache> {

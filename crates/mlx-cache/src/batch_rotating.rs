@@ -6,7 +6,7 @@
 //! right-padded batched prefill (`prepare` / `finalize`) is not needed here: rows are
 //! prefilled alone and joined with [`BatchRotatingKVCache::merge`] and
 //! [`BatchRotatingKVCache::extend`].
-use crate::batch::{int_array, pad_seq, row, take_rows};
+use crate::batch::{check_rows, dynamic_roll, int_array, pad_seq, row, take_rows};
 use crate::error::CacheError;
 use crate::kv::STEP;
 use crate::rotating::RotatingKVCache;
@@ -28,6 +28,8 @@ pub struct BatchRotatingKVCache {
     /// Positions written in total, padding included (mlx-lm's `_offset`).
     pub(crate) written: i32,
     pub(crate) rotated: bool,
+    /// Real end of each row during a right-padded prefill (mlx-lm's `_lengths`).
+    pub(crate) lengths: Option<Vec<i32>>,
 }
 
 fn bad(msg: String) -> mlx_array::Error {
@@ -46,7 +48,87 @@ impl BatchRotatingKVCache {
             idx: 0,
             written: 0,
             rotated: false,
+            lengths: None,
         }
+    }
+
+    /// mlx-lm's `prepare`: more left padding (only while empty), or the real `lengths`
+    /// of a right-padded prefill chunk (with its `right_padding`), so padding never
+    /// evicts real positions and [`BatchRotatingKVCache::finalize`] can roll it away.
+    #[track_caller]
+    pub fn prepare(
+        &mut self,
+        left_padding: Option<&[i32]>,
+        lengths: Option<&[i32]>,
+        right_padding: Option<&[i32]>,
+    ) -> Result<()> {
+        let rows = self.offsets.len();
+        check_rows("left_padding", left_padding, rows)?;
+        check_rows("lengths", lengths, rows)?;
+        check_rows("right_padding", right_padding, rows)?;
+        if let Some(lp) = left_padding {
+            if self.keys.is_some() {
+                return Err(bad(
+                    "Left padding can only be added to an empty BatchRotatingKVCache".into(),
+                ));
+            }
+            for ((l, o), p) in self.left_padding.iter_mut().zip(&mut self.offsets).zip(lp) {
+                *l += p;
+                *o -= p;
+            }
+        }
+        if right_padding.is_some_and(|rp| rp.iter().any(|&p| p > 0)) {
+            let lengths = lengths.ok_or_else(|| {
+                bad("BatchRotatingKVCache::prepare: right padding needs the lengths".into())
+            })?;
+            self.lengths = Some(
+                lengths
+                    .iter()
+                    .zip(&self.offsets)
+                    .map(|(l, o)| l + o)
+                    .collect(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Rolls each row right by how far it ran past its real length, turning the chunk's
+    /// right padding into left padding (mlx-lm's roll in `finalize` / `_update_concat`).
+    fn roll_padding(&mut self) -> Result<()> {
+        let Some(lengths) = &self.lengths else {
+            return Ok(());
+        };
+        let roll: Vec<i32> = self
+            .offsets
+            .iter()
+            .zip(lengths)
+            .map(|(o, l)| (o - l).max(0))
+            .collect();
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            self.keys = Some(dynamic_roll(k, &roll)?);
+            self.values = Some(dynamic_roll(v, &roll)?);
+        }
+        for ((l, o), r) in self
+            .left_padding
+            .iter_mut()
+            .zip(&mut self.offsets)
+            .zip(&roll)
+        {
+            *l += r;
+            *o -= r;
+        }
+        Ok(())
+    }
+
+    /// mlx-lm's `finalize`: after a right-padded prefill, the padding is rolled to the
+    /// front of each row.
+    #[track_caller]
+    pub fn finalize(&mut self) -> Result<()> {
+        if self.lengths.is_some() {
+            self.roll_padding()?;
+            self.lengths = None;
+        }
+        Ok(())
     }
 
     /// Rows in the batch.
@@ -130,6 +212,15 @@ impl BatchRotatingKVCache {
                     k = seq(&k, None, Some(self.idx))?;
                     v = seq(&v, None, Some(self.idx))?;
                 }
+                if self.lengths.is_some() {
+                    self.keys = Some(k);
+                    self.values = Some(v);
+                    self.roll_padding()?;
+                    (k, v) = match (&self.keys, &self.values) {
+                        (Some(k), Some(v)) => (k.clone(), v.clone()),
+                        _ => return Err(bad("BatchRotatingKVCache: lost its buffers".into())),
+                    };
+                }
                 let trim_size = self.idx - self.max_size + 1;
                 if trim_size > 0 {
                     for l in &mut self.left_padding {
@@ -157,6 +248,11 @@ impl BatchRotatingKVCache {
     }
 
     fn update_in_place(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        if self.lengths.is_some() {
+            return Err(bad(
+                "finalize() should be called before decoding with BatchRotatingKVCache".into(),
+            ));
+        }
         let [b, h, s, kd] = dims4(keys, "keys")?;
         let [_, _, _, vd] = dims4(values, "values")?;
         let prev = self.written;

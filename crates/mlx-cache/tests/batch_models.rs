@@ -2,7 +2,9 @@
 //! (`goldens/models/*`, every architecture, plain and sliding-window caches): each row,
 //! prefilled alone and then decoded among others that join and leave between steps,
 //! gets the same greedy tokens and ends with the same cache as the same prompt decoded
-//! alone with batch size 1. With plain caches the logits are bit-identical on the CPU.
+//! alone with batch size 1, whether the prompts were prefilled alone or together in
+//! right-padded chunks (mlx-lm's `PromptProcessingBatch`, rows leaving the prefill batch
+//! when done). With plain caches the logits are bit-identical on the CPU.
 //! Sliding-window layers attend to the same positions but, once a batch buffer wraps,
 //! in another order than a single row's buffer (mlx-lm's `BatchRotatingKVCache` does
 //! the same), so there the logits agree to float rounding only.
@@ -100,8 +102,81 @@ fn max_diff(a: &Array, b: &Array) -> f32 {
         .unwrap_or(f32::NAN)
 }
 
+/// Prompt tokens per prefill chunk when prompts are prefilled together.
+const CHUNK: usize = 4;
+
+/// Prompts prefilled together, right-padded chunk by chunk like mlx-lm's
+/// `PromptProcessingBatch`; rows done with their prompt (all but the last token) leave.
+#[derive(Default)]
+struct Prefilling {
+    cache: BatchPromptCache,
+    /// (prompt index, tokens prefilled).
+    rows: Vec<(usize, usize)>,
+}
+
+impl Prefilling {
+    fn add(&mut self, model: &dyn LanguageModel, ids: &[usize]) {
+        let empty: Vec<PromptCache> = ids
+            .iter()
+            .map(|_| make_prompt_cache(&model.cache_specs(), None).expect("caches"))
+            .collect();
+        let refs: Vec<&[Box<dyn KvCache>]> = empty.iter().map(|c| c.as_slice()).collect();
+        self.cache
+            .extend(BatchPromptCache::merge(&refs).expect("merge"))
+            .expect("extend");
+        self.rows.extend(ids.iter().map(|&i| (i, 0)));
+    }
+
+    /// One chunk for every row; returns the rows now ready to decode with their caches.
+    fn chunk(
+        &mut self,
+        model: &dyn LanguageModel,
+        prompts: &[Vec<u32>],
+    ) -> Option<(Vec<usize>, BatchPromptCache)> {
+        if self.rows.is_empty() {
+            return None;
+        }
+        let parts: Vec<&[u32]> = self
+            .rows
+            .iter()
+            .map(|&(i, done)| &prompts[i][done..(done + CHUNK).min(prompts[i].len() - 1)])
+            .collect();
+        let longest = parts.iter().map(|p| p.len()).max().unwrap_or(0);
+        let lengths: Vec<i32> = parts.iter().map(|p| p.len() as i32).collect();
+        let padding: Vec<i32> = lengths.iter().map(|l| longest as i32 - l).collect();
+        let mut tokens = Vec::with_capacity(parts.len() * longest);
+        for p in &parts {
+            tokens.extend_from_slice(p);
+            tokens.extend(std::iter::repeat_n(0, longest - p.len()));
+        }
+        let x = Array::from_slice(&tokens, &[parts.len() as i32, longest as i32]).expect("x");
+        if padding.iter().any(|&p| p > 0) {
+            self.cache
+                .prepare_right_padding(&lengths, &padding)
+                .expect("prepare");
+        }
+        model.forward(&x, self.cache.layers_mut()).expect("prefill");
+        self.cache.finalize().expect("finalize");
+        for (r, n) in self.rows.iter_mut().zip(&lengths) {
+            r.1 += *n as usize;
+        }
+        let ready: Vec<usize> = (0..self.rows.len())
+            .filter(|&b| self.rows[b].1 + 1 == prompts[self.rows[b].0].len())
+            .collect();
+        let ids: Vec<usize> = ready.iter().map(|&b| self.rows[b].0).collect();
+        let cache = self.cache.split(&ready).expect("split");
+        self.rows = (0..self.rows.len())
+            .filter(|b| !ready.contains(b))
+            .map(|b| self.rows[b])
+            .collect();
+        assert_eq!(self.cache.rows(), self.rows.len());
+        Some((ids, cache))
+    }
+}
+
 /// `exact`: logits bit-identical; otherwise within 1e-4 and the same greedy tokens.
-fn check_model(name: &str, exact: bool) {
+/// `together`: prompts are prefilled together (right-padded chunks) instead of alone.
+fn check_model(name: &str, exact: bool, together: bool) {
     let (model, _) = mlx_models::load_model(models_dir().join(name)).expect("load model");
     let model = model.as_ref();
     let prompts = prompts(model.vocab_size());
@@ -112,8 +187,23 @@ fn check_model(name: &str, exact: bool) {
     let mut batch = BatchPromptCache::new();
     let mut rows: Vec<Row> = Vec::new();
     let mut finished = 0;
+    let mut prefilling = Prefilling::default();
     for step in 0.. {
-        let joining: Vec<usize> = (0..prompts.len()).filter(|&i| joins[i] == step).collect();
+        let mut joining: Vec<usize> = (0..prompts.len()).filter(|&i| joins[i] == step).collect();
+        if together {
+            prefilling.add(model, &joining);
+            joining.clear();
+            if let Some((ids, cache)) = prefilling.chunk(model, &prompts) {
+                batch.extend(cache).expect("extend");
+                for i in ids {
+                    rows.push(Row {
+                        id: i,
+                        next: *prompts[i].last().expect("prompt"),
+                        logits: Vec::new(),
+                    });
+                }
+            }
+        }
         if !joining.is_empty() {
             let caches: Vec<PromptCache> = joining
                 .iter()
@@ -132,7 +222,10 @@ fn check_model(name: &str, exact: bool) {
             }
         }
         if rows.is_empty() {
-            break;
+            if step > joins[joins.len() - 1] && prefilling.rows.is_empty() {
+                break;
+            }
+            continue;
         }
         let toks: Vec<u32> = rows.iter().map(|r| r.next).collect();
         let x = Array::from_slice(&toks, &[toks.len() as i32, 1]).expect("tokens");
@@ -207,27 +300,46 @@ fn check_model(name: &str, exact: bool) {
 }
 
 macro_rules! model_tests {
-    ($($test:ident => $dir:literal, $exact:literal;)*) => {$(
+    ($($test:ident, $together:ident => $dir:literal, $exact:literal;)*) => {$(
         #[test]
         fn $test() {
-            check_model($dir, $exact);
+            check_model($dir, $exact, false);
+        }
+        #[test]
+        fn $together() {
+            check_model($dir, $exact, true);
         }
     )*};
 }
 
 model_tests! {
-    batched_decode_equals_alone_gemma2 => "gemma2-small-f32", true;
-    batched_decode_matches_alone_gemma3_text_sliding => "gemma3_text-small-bf16", false;
-    batched_decode_equals_alone_llama_bias => "llama-small-bf16-untied-bias", true;
-    batched_decode_equals_alone_llama_hd32 => "llama-small-f32-hd32", true;
-    batched_decode_matches_alone_llama_sliding_llama3_rope => "llama-small-f32-sliding-llama3", false;
-    batched_decode_equals_alone_llama_tied => "llama-small-f32-tied", true;
-    batched_decode_equals_alone_llama_mxfp4 => "llama-small-mxfp4", true;
-    batched_decode_equals_alone_llama_q4 => "llama-small-q4-g32", true;
-    batched_decode_equals_alone_mixtral => "mixtral-small-f32", true;
-    batched_decode_equals_alone_phi3_longrope => "phi3-small-f32-longrope", true;
-    batched_decode_equals_alone_qwen2 => "qwen2-small-f32", true;
-    batched_decode_equals_alone_qwen3 => "qwen3-small-bf16", true;
-    batched_decode_equals_alone_qwen3_q8 => "qwen3-small-q8-g32", true;
-    batched_decode_equals_alone_qwen3_moe => "qwen3_moe-small-f32", true;
+    batched_decode_equals_alone_gemma2, prefilled_together_equals_alone_gemma2
+        => "gemma2-small-f32", true;
+    batched_decode_matches_alone_gemma3_text_sliding,
+    prefilled_together_matches_alone_gemma3_text_sliding => "gemma3_text-small-bf16", false;
+    batched_decode_equals_alone_llama_bias, prefilled_together_equals_alone_llama_bias
+        => "llama-small-bf16-untied-bias", true;
+    batched_decode_equals_alone_llama_hd32, prefilled_together_equals_alone_llama_hd32
+        => "llama-small-f32-hd32", true;
+    batched_decode_matches_alone_llama_sliding_llama3_rope,
+    prefilled_together_matches_alone_llama_sliding_llama3_rope
+        => "llama-small-f32-sliding-llama3", false;
+    batched_decode_equals_alone_llama_tied, prefilled_together_equals_alone_llama_tied
+        => "llama-small-f32-tied", true;
+    batched_decode_equals_alone_llama_mxfp4, prefilled_together_equals_alone_llama_mxfp4
+        => "llama-small-mxfp4", true;
+    batched_decode_equals_alone_llama_q4, prefilled_together_equals_alone_llama_q4
+        => "llama-small-q4-g32", true;
+    batched_decode_equals_alone_mixtral, prefilled_together_equals_alone_mixtral
+        => "mixtral-small-f32", true;
+    batched_decode_equals_alone_phi3_longrope, prefilled_together_equals_alone_phi3_longrope
+        => "phi3-small-f32-longrope", true;
+    batched_decode_equals_alone_qwen2, prefilled_together_equals_alone_qwen2
+        => "qwen2-small-f32", true;
+    batched_decode_equals_alone_qwen3, prefilled_together_equals_alone_qwen3
+        => "qwen3-small-bf16", true;
+    batched_decode_equals_alone_qwen3_q8, prefilled_together_equals_alone_qwen3_q8
+        => "qwen3-small-q8-g32", true;
+    batched_decode_equals_alone_qwen3_moe, prefilled_together_equals_alone_qwen3_moe
+        => "qwen3_moe-small-f32", true;
 }

@@ -1,7 +1,7 @@
 //! Batch caches replayed against goldens from mlx-lm's `BatchKVCache` and
 //! `BatchRotatingKVCache` (xtask/py/batch_cache_oracle.py): merge, update, masks,
-//! filter, extend, extract and trim must leave the same buffers and bookkeeping as
-//! Python, bit for bit.
+//! filter, extend, extract, trim and right-padded prefill chunks (prepare / finalize)
+//! must leave the same buffers and bookkeeping as Python, bit for bit.
 mod common;
 
 use common::{assert_bits_eq, load_golden};
@@ -199,6 +199,19 @@ fn replay(name: &str) {
                 );
                 assert_eq!(idx as i64, op["extract_idx"].as_i64().unwrap(), "{at}");
             }
+            Some("prepare") => {
+                let opt = |k: &str| (!op[k].is_null()).then(|| ints(&op[k]));
+                let (lp, len, rp) = (opt("pad_left"), opt("chunk_lengths"), opt("pad_right"));
+                let (lp, len, rp) = (lp.as_deref(), len.as_deref(), rp.as_deref());
+                match cache.as_mut().expect("a batch") {
+                    Batch::Kv(c) => c.prepare(lp, len, rp).expect("prepare"),
+                    Batch::Rot(c) => c.prepare(lp, len, rp).expect("prepare"),
+                }
+            }
+            Some("finalize") => match cache.as_mut().expect("a batch") {
+                Batch::Kv(c) => c.finalize().expect("finalize"),
+                Batch::Rot(c) => c.finalize().expect("finalize"),
+            },
             Some("trim") => {
                 let n = op["n"].as_i64().expect("n") as i32;
                 let got = cache.as_mut().expect("a batch").cache_mut().trim(n);
@@ -264,6 +277,16 @@ fn batch_kv_cache_matches_mlx_lm_f32() {
 #[test]
 fn batch_rotating_cache_matches_mlx_lm_through_wraps_filters_and_extends() {
     replay("rotating_6");
+}
+
+#[test]
+fn right_padded_prefill_chunks_roll_like_mlx_lm() {
+    replay("kv_prefill");
+}
+
+#[test]
+fn right_padded_prefill_chunks_never_evict_real_positions_like_mlx_lm() {
+    replay("rotating_6_prefill");
 }
 
 #[test]
