@@ -130,6 +130,31 @@ impl DecodeBatch {
         Ok(())
     }
 
+    /// Adds sequences prefilled together, with their batch caches (rows in the same
+    /// order). On failure the sequences come back with the error.
+    pub fn join_prefilled(
+        &mut self,
+        mut seqs: Vec<Sequence>,
+        cache: BatchPromptCache,
+    ) -> Result<(), (Vec<Sequence>, ApiError)> {
+        let tokens: Option<Vec<u32>> = seqs.iter().map(|s| s.last_prompt_token()).collect();
+        let Some(tokens) = tokens.filter(|t| t.len() == cache.rows()) else {
+            return Err((
+                seqs,
+                ApiError::internal("a sequence joined before its prefill"),
+            ));
+        };
+        if let Err(e) = self.cache.extend(cache) {
+            return Err((seqs, cache_err(e)));
+        }
+        for s in &mut seqs {
+            s.feed_last_prompt_token();
+        }
+        self.rows.extend(seqs);
+        self.joined.extend(tokens);
+        Ok(())
+    }
+
     /// Runs one batched forward for every row and reads the previous step's tokens.
     /// Returns the tokens of the rows that had one pending (row index, output) and the
     /// rows whose processors or sampler failed. An `Err` means the step failed for the

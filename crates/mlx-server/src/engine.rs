@@ -2,16 +2,18 @@
 //! HTTP handlers submit requests over a channel and receive events on their own.
 //!
 //! Scheduling is continuous: up to `decode_concurrency` sequences hold a slot; each loop
-//! prefills one chunk of up to `prompt_concurrency` new prompts (each alone, with its
-//! own cache), then runs one decode step. Sequences whose prompt is prefilled but for
-//! the last token join the [`DecodeBatch`], which decodes all of them in one forward
-//! pass per step with batch caches (mlx-lm's `BatchGenerator`); each keeps its own
-//! sampler, processors and stop state. With KV-cache quantization (which mlx-lm does
-//! not batch either) or caches that cannot be batched, every sequence decodes alone
-//! with batch size 1, all steps queued before any token is read.
+//! runs one prefill step, then one decode step. Up to `prompt_concurrency` prompts
+//! prefill together ([`PrefillBatch`], one chunk each per loop in one forward pass);
+//! once only its last prompt token is left, a sequence moves to the [`DecodeBatch`],
+//! which decodes all of them in one forward pass per step with batch caches (mlx-lm's
+//! `BatchGenerator`); each keeps its own sampler, processors and stop state. With
+//! KV-cache quantization (which mlx-lm does not batch either) or caches that cannot be
+//! batched, every sequence prefills and decodes alone with batch size 1, all decode
+//! steps queued before any token is read.
 use crate::batch::{DecodeBatch, Leave};
 use crate::error::{ApiError, ServerError};
 use crate::metrics::Metrics;
+use crate::prefill::PrefillBatch;
 use crate::prompt_cache::{CacheKind, PromptCache};
 use crate::sequence::{mlx_err, EngineEvent, GenerationRequest, Job, Prefill, Sequence};
 use mlx_array::{transforms, Array};
@@ -159,6 +161,7 @@ impl Engine {
             });
         let state = State {
             batched,
+            prefilling: PrefillBatch::new(),
             batch: DecodeBatch::new(),
             cache: PromptCache::new(opts.prompt_cache_size, opts.prompt_cache_bytes),
             opts,
@@ -266,8 +269,9 @@ impl Drop for Engine {
 }
 
 struct State {
-    /// Whether sequences decode together in `batch` (else each alone).
+    /// Whether sequences prefill and decode in batches (else each alone).
     batched: bool,
+    prefilling: PrefillBatch,
     batch: DecodeBatch,
     opts: EngineOptions,
     model: Box<dyn LanguageModel>,
@@ -323,7 +327,7 @@ fn run(mut st: State, rx: Receiver<Command>) {
 
 impl State {
     fn running(&self) -> usize {
-        self.slots.len() + self.batch.len()
+        self.slots.len() + self.prefilling.len() + self.batch.len()
     }
 
     fn fail_all(&mut self, err: ApiError) {
@@ -334,7 +338,13 @@ impl State {
                 error: err.clone(),
             });
         }
-        for s in self.slots.drain(..).chain(self.batch.drain()) {
+        let prefilling = self.prefilling.drain();
+        for s in self
+            .slots
+            .drain(..)
+            .chain(prefilling)
+            .chain(self.batch.drain())
+        {
             s.job.send(EngineEvent::Failed {
                 choice: s.job.choice,
                 error: err.clone(),
@@ -383,6 +393,20 @@ impl State {
             log_stopped(metrics, s);
             false
         });
+        let gone: Vec<usize> = (0..self.prefilling.len())
+            .filter(|&i| self.prefilling.rows()[i].job.cancelled())
+            .collect();
+        match self.prefilling.remove(&gone) {
+            Ok(removed) => {
+                for s in removed {
+                    log_stopped(&self.metrics, &s);
+                }
+            }
+            Err(e) => {
+                let seqs = self.prefilling.drain();
+                self.fail_seqs(seqs, e);
+            }
+        }
         let gone: Vec<(usize, Leave)> = (0..self.batch.len())
             .filter(|&i| self.batch.rows()[i].job.cancelled())
             .map(|i| (i, Leave::Dropped))
@@ -447,7 +471,7 @@ impl State {
         }
         if let Some(limit) = self.opts.prompt_cache_bytes {
             let active: u64 = self.slots.iter().map(|s| s.nbytes() as u64).sum::<u64>()
-                + self.batch.nbytes() as u64;
+                + (self.prefilling.nbytes() + self.batch.nbytes()) as u64;
             self.cache.trim_to(usize::MAX, limit.saturating_sub(active));
             self.update_cache_metrics();
         }
@@ -475,30 +499,85 @@ impl State {
     }
 
     fn prefill(&mut self) {
+        if self.batched {
+            return self.prefill_batched();
+        }
         let mut budget = self.opts.prompt_concurrency;
         let mut i = 0;
         while i < self.slots.len() && budget > 0 {
-            if self.slots[i].decoding() || self.slots[i].ready {
+            if self.slots[i].decoding() {
                 i += 1;
                 continue;
             }
             budget -= 1;
             let (step, kv) = (self.opts.prefill_step_size, self.opts.kv_quantization);
             let model = self.model.as_ref();
-            match self.slots[i].prefill(model, step, kv, self.batched) {
+            match self.slots[i].prefill(model, step, kv) {
                 Ok(Prefill::Chunk(processed, total)) => {
-                    let s = &self.slots[i];
-                    tracing::debug!("prompt processing progress: {processed}/{total}");
-                    s.job.send(EngineEvent::Progress {
-                        choice: s.job.choice,
-                        processed,
-                        total,
-                    });
+                    send_progress(&self.slots[i], processed, total);
                     i += 1;
                 }
-                Ok(Prefill::Started | Prefill::Ready) => i += 1,
+                Ok(Prefill::Started) => i += 1,
                 Err(e) => self.fail(i, e),
             }
+        }
+    }
+
+    /// Batched mode: sequences with only their last prompt token left (a prompt-cache
+    /// hit) join the decode batch; up to `prompt_concurrency` others prefill together,
+    /// one chunk each per loop, and join it once prefilled.
+    fn prefill_batched(&mut self) {
+        let (ready, rest): (Vec<Sequence>, Vec<Sequence>) = self
+            .slots
+            .drain(..)
+            .partition(|s| s.last_prompt_token().is_some());
+        self.slots = rest;
+        if let Err((seqs, e)) = self.batch.join(ready) {
+            self.fail_seqs(seqs, e);
+        }
+        let room = self
+            .opts
+            .prompt_concurrency
+            .saturating_sub(self.prefilling.len())
+            .min(self.slots.len());
+        let new: Vec<Sequence> = self.slots.drain(..room).collect();
+        if let Err((seqs, e)) = self.prefilling.add(new) {
+            self.fail_seqs(seqs, e);
+        }
+        if self.prefilling.is_empty() {
+            return;
+        }
+        match self
+            .prefilling
+            .step(self.model.as_ref(), self.opts.prefill_step_size)
+        {
+            Ok(progress) => {
+                for (i, processed, total) in progress {
+                    send_progress(&self.prefilling.rows()[i], processed, total);
+                }
+            }
+            Err(e) => {
+                let seqs = self.prefilling.drain();
+                return self.fail_seqs(seqs, e);
+            }
+        }
+        match self.prefilling.take_ready() {
+            Ok(Some((seqs, cache))) => {
+                if let Err((seqs, e)) = self.batch.join_prefilled(seqs, cache) {
+                    self.fail_seqs(seqs, e);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let seqs = self.prefilling.drain();
+                self.fail_seqs(seqs, e);
+            }
+        }
+    }
+
+    fn fail_seqs(&self, seqs: Vec<Sequence>, e: ApiError) {
+        for s in seqs {
+            self.fail_seq(s, e.clone());
         }
     }
 
@@ -591,18 +670,7 @@ impl State {
     /// Sequences done with their prefill join the batch, then one batched step runs;
     /// finished, failed and abandoned rows leave it.
     fn decode_batch(&mut self) {
-        if !self.batched {
-            return;
-        }
-        let (ready, waiting): (Vec<Sequence>, Vec<Sequence>) =
-            self.slots.drain(..).partition(|s| s.ready);
-        self.slots = waiting;
-        if let Err((seqs, e)) = self.batch.join(ready) {
-            for s in seqs {
-                self.fail_seq(s, e.clone());
-            }
-        }
-        if self.batch.is_empty() {
+        if !self.batched || self.batch.is_empty() {
             return;
         }
         let rows = self.batch.len() as u64;
@@ -716,4 +784,14 @@ fn log_stopped(metrics: &Metrics, s: &Sequence) {
             s.generated
         );
     }
+}
+
+/// Tells a request how far its prompt processing got.
+fn send_progress(s: &Sequence, processed: usize, total: usize) {
+    tracing::debug!("prompt processing progress: {processed}/{total}");
+    s.job.send(EngineEvent::Progress {
+        choice: s.job.choice,
+        processed,
+        total,
+    });
 }

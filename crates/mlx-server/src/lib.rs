@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod openai;
 pub mod output;
 pub mod params;
+pub mod prefill;
 pub mod prompt;
 pub mod prompt_cache;
 mod pylit;

@@ -170,9 +170,6 @@ pub struct Sequence {
     step_index: u64,
     /// When the last token was emitted.
     pub last_token_at: Option<Instant>,
-    /// Batched decoding: every prompt token but the last is in `caches`, so the sequence
-    /// can join the decode batch.
-    pub ready: bool,
 }
 
 /// What one [`Sequence::prefill`] call did.
@@ -180,10 +177,8 @@ pub struct Sequence {
 pub enum Prefill {
     /// A chunk of the prompt: `(processed, total)` of the uncached prompt.
     Chunk(usize, usize),
-    /// The first decoding step was queued (per-sequence decoding).
+    /// The first decoding step was queued.
     Started,
-    /// Only the last prompt token is left: the sequence can join the decode batch.
-    Ready,
 }
 
 /// A seed for the `step`-th draw of a request seeded with `seed`.
@@ -230,7 +225,6 @@ impl Sequence {
             stop,
             step_index: 0,
             last_token_at: None,
-            ready: false,
         })
     }
 
@@ -322,43 +316,25 @@ impl Sequence {
 
     /// One prefill chunk (at most `step_size` tokens, always leaving the last prompt
     /// token), or when only that one is left, the first decoding step (per-sequence
-    /// decoding) or [`Prefill::Ready`] (`batched`: the decode batch feeds the last token).
+    /// decoding; the decode batch prefills through [`crate::prefill::PrefillBatch`]).
     pub fn prefill(
         &mut self,
         model: &dyn LanguageModel,
         step_size: usize,
         kv: Option<mlx_engine::KvQuantization>,
-        batched: bool,
     ) -> Result<Prefill, ApiError> {
-        let prompt = Arc::clone(&self.job.req);
-        let prompt = &prompt.prompt;
-        let remaining = prompt.len() - self.done;
-        if batched && remaining <= 1 {
-            self.ready = true;
-            return Ok(Prefill::Ready);
-        }
-        if remaining > 1 {
-            let n = step_size.max(1).min(remaining - 1);
-            let part = &prompt[self.done..self.done + n];
-            let chunk = Array::from_slice(part, &[n as i32]).map_err(mlx_err)?;
+        let req = Arc::clone(&self.job.req);
+        let prompt = &req.prompt;
+        let part = self.next_chunk(step_size).to_vec();
+        if !part.is_empty() {
+            let chunk = Array::from_slice(&part, &[part.len() as i32]).map_err(mlx_err)?;
             self.model_call(model, &chunk)?;
             self.quantize(kv)?;
             let state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
             transforms::eval(&state.iter().collect::<Vec<_>>()).map_err(mlx_err)?;
-            if !self.processors.is_empty() {
-                self.history = Some(match &self.history {
-                    Some(t) => ops::concatenate(&[t, &chunk], 0).map_err(mlx_err)?,
-                    None => chunk,
-                });
-            }
-            self.processed.extend_from_slice(part);
-            self.done += n;
             mlx_array::memory::clear_cache();
-            self.ready = batched && prompt.len() - self.done <= 1;
-            return Ok(Prefill::Chunk(
-                self.done - self.cached,
-                prompt.len() - self.cached,
-            ));
+            let (processed, total) = self.advance_prefill(part.len())?;
+            return Ok(Prefill::Chunk(processed, total));
         }
         let rest = &prompt[self.done..];
         let input = Array::from_slice(rest, &[rest.len() as i32]).map_err(mlx_err)?;
@@ -368,6 +344,35 @@ impl Sequence {
         self.done = prompt.len();
         self.current = Some((y, lp));
         Ok(Prefill::Started)
+    }
+
+    /// The next prefill chunk: at most `step_size` prompt tokens, never the last one
+    /// (empty when only that one is left).
+    pub fn next_chunk(&self, step_size: usize) -> &[u32] {
+        let prompt = &self.job.req.prompt;
+        let remaining = prompt.len().saturating_sub(self.done);
+        let n = step_size.max(1).min(remaining.saturating_sub(1));
+        &prompt[self.done..self.done + n]
+    }
+
+    /// Counts the next `n` prompt tokens as in the caches (and in the processors'
+    /// history); returns `(processed, total)` of the uncached prompt.
+    pub fn advance_prefill(&mut self, n: usize) -> Result<(usize, usize), ApiError> {
+        let req = Arc::clone(&self.job.req);
+        let prompt = &req.prompt;
+        let part = prompt
+            .get(self.done..self.done + n)
+            .ok_or_else(|| ApiError::internal("prefilled past the prompt"))?;
+        if !self.processors.is_empty() {
+            let chunk = Array::from_slice(part, &[n as i32]).map_err(mlx_err)?;
+            self.history = Some(match &self.history {
+                Some(t) => ops::concatenate(&[t, &chunk], 0).map_err(mlx_err)?,
+                None => chunk,
+            });
+        }
+        self.processed.extend_from_slice(part);
+        self.done += n;
+        Ok((self.done - self.cached, prompt.len() - self.cached))
     }
 
     /// The last prompt token when it is the only one left (what a sequence joining the

@@ -179,3 +179,46 @@ async fn caches_extracted_from_the_batch_are_reused() {
     }
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prompts_prefilled_together_in_padded_chunks_answer_as_alone() {
+    let (model, tok) = tiny_model();
+    // Chunks of 5 tokens: every prompt takes several, of different lengths, so the
+    // rows are right-padded and leave the prefill batch at different loops.
+    let cfg = ServerConfig {
+        prefill_step_size: 5,
+        prompt_concurrency: 4,
+        prompt_cache_size: 0,
+        ..Default::default()
+    };
+    let server = start(model, tok, cfg).await;
+    let addr = server.local_addr();
+    let prompts = [
+        "Hi.",
+        "What is the tallest mountain on Earth?",
+        "Write one sentence about the ocean, the wind and the moon at night.",
+        "Why?",
+        "List the planets of the solar system in order from the sun outwards.",
+        "Name a color.",
+    ];
+    let bodies: Vec<Json> = prompts
+        .iter()
+        .map(|p| request(p, json!({"max_tokens": 6})))
+        .collect();
+    let mut alone = Vec::new();
+    for b in &bodies {
+        alone.push(answer(addr, b).await);
+    }
+    let tasks: Vec<_> = bodies
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(i, body)| tokio::spawn(async move { (i, answer(addr, &body).await) }))
+        .collect();
+    for t in tasks {
+        let (i, got) = t.await.unwrap();
+        assert_eq!(got.0, alone[i].0, "prompt {i}: tokens differ from alone");
+        assert_eq!(got.1, alone[i].1, "prompt {i}: logprobs differ from alone");
+    }
+    server.shutdown().await.unwrap();
+}
