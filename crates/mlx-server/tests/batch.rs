@@ -1,7 +1,8 @@
 //! Batched decoding in the server (tiny model on the CPU): requests with their own
 //! sampler settings, logits processors, seeds and log-probabilities decode in one batch
-//! and each gets exactly what it gets alone; a finished row's KV cache, extracted from
-//! the batch, is stored and reused by a later prompt.
+//! and each gets exactly what it gets alone, also when prompts are prefilled together in
+//! right-padded chunks; a finished row's KV cache, extracted from the batch, is stored
+//! and reused by a later prompt; sliding-window (rotating) caches wrap inside the batch.
 mod common;
 
 use common::*;
@@ -220,5 +221,100 @@ async fn prompts_prefilled_together_in_padded_chunks_answer_as_alone() {
         assert_eq!(got.0, alone[i].0, "prompt {i}: tokens differ from alone");
         assert_eq!(got.1, alone[i].1, "prompt {i}: logprobs differ from alone");
     }
+    server.shutdown().await.unwrap();
+}
+
+/// The tiny model with a sliding window of 8 on its first layer (rotating caches).
+fn sliding_model() -> (Box<dyn mlx_models::LanguageModel>, mlx_tokenizer::Tokenizer) {
+    let src = tiny_model_dir();
+    let dir = std::env::temp_dir().join(format!("mlx-server-sliding-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in [
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut config: Json =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["layer_types"] = json!(["sliding_attention", "full_attention"]);
+    config["sliding_window"] = json!(8);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let (model, _) = mlx_models::load_model(&dir).expect("loading the sliding model");
+    let tok = mlx_tokenizer::Tokenizer::from_dir(&dir).expect("tokenizer");
+    (model, tok)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sliding_window_rows_wrap_in_the_batch_and_answer_as_alone() {
+    let (model, tok) = sliding_model();
+    assert!(matches!(
+        model.cache_specs()[0],
+        mlx_models::CacheSpec::Rotating { max_size: 8, .. }
+    ));
+    let cfg = ServerConfig {
+        prefill_step_size: 6,
+        ..Default::default()
+    };
+    let server = start(model, tok, cfg).await;
+    let addr = server.local_addr();
+    let prompts = [
+        "Tell me about the moon.",
+        "What is two plus two?",
+        "Describe a long walk along a windy beach in winter.",
+        "Hello!",
+    ];
+    // 12 tokens after prompts of 10-20: every window wraps while decoding.
+    let bodies: Vec<Json> = prompts
+        .iter()
+        .map(|p| request(p, json!({"max_tokens": 12})))
+        .collect();
+    let mut alone = Vec::new();
+    for b in &bodies {
+        alone.push(answer(addr, b).await);
+    }
+    let n = bodies.len();
+    let tasks: Vec<_> = (0..2 * n)
+        .map(|k| {
+            let body = bodies[k % n].clone();
+            tokio::spawn(async move { (k % n, answer(addr, &body).await) })
+        })
+        .collect();
+    for t in tasks {
+        let (i, got) = t.await.unwrap();
+        // Same tokens; the log-probabilities agree to float rounding (a wrapped batch
+        // buffer holds the window in another order than a single sequence's).
+        assert_eq!(got.0, alone[i].0, "prompt {i}: tokens differ from alone");
+        for (g, w) in got.1.iter().zip(&alone[i].1) {
+            assert!((g - w).abs() < 1e-4, "prompt {i}: logprob {g} vs {w} alone");
+        }
+    }
+    // A prompt continuing one of them reuses the rotating caches extracted from the
+    // batch (a sliding-window cache past its window is not trimmable, so only a stored
+    // entry that is a prefix of the new prompt can serve).
+    let messages = json!([{"role": "user", "content": prompts[2]}]);
+    let opts = mlx_tokenizer::ChatOptions {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let mut ids: Vec<u64> = tokenizer()
+        .apply_chat_template_ids(messages.as_array().unwrap(), &opts)
+        .unwrap()
+        .into_iter()
+        .map(u64::from)
+        .collect();
+    let stored = ids.len() + alone[2].0.len();
+    ids.extend(&alone[2].0);
+    ids.extend([785, 3974, 13]);
+    let body = json!({"prompt": ids, "max_tokens": 4, "temperature": 0});
+    let r = post(addr, "/v1/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    assert_eq!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        Some(stored as u64),
+        "{v}"
+    );
     server.shutdown().await.unwrap();
 }
