@@ -21,6 +21,9 @@ pub struct BatchKVCache {
     pub(crate) values: Option<Array>,
     pub(crate) left_padding: Vec<i32>,
     pub(crate) offsets: Vec<i32>,
+    /// `offsets` as an int32 array, advanced with `+ S` on every update like mlx-lm's
+    /// `offset` (rebuilt from the host values after any other change).
+    pub(crate) offset_array: Option<Array>,
     pub(crate) idx: i32,
     /// Right padding of the rows of a prefill chunk, rolled away by `finalize`.
     pub(crate) right_padding: Option<Vec<i32>>,
@@ -112,9 +115,22 @@ impl BatchKVCache {
             values: None,
             left_padding: left_padding.to_vec(),
             offsets: left_padding.iter().map(|l| -l).collect(),
+            offset_array: None,
             idx: 0,
             right_padding: None,
         }
+    }
+
+    /// Every row advanced by `s` positions: host offsets, and their array by `+ s`.
+    fn advance(&mut self, s: i32) -> Result<()> {
+        for o in &mut self.offsets {
+            *o += s;
+        }
+        self.offset_array = Some(match self.offset_array.take() {
+            Some(a) => a.add(s)?,
+            None => int_array(&self.offsets)?,
+        });
+        Ok(())
     }
 
     /// mlx-lm's `prepare`: more left padding (only while empty), or the right padding of
@@ -127,6 +143,7 @@ impl BatchKVCache {
         lengths: Option<&[i32]>,
         right_padding: Option<&[i32]>,
     ) -> Result<()> {
+        self.offset_array = None;
         let rows = self.offsets.len();
         check_rows("left_padding", left_padding, rows)?;
         check_rows("lengths", lengths, rows)?;
@@ -155,6 +172,7 @@ impl BatchKVCache {
         let Some(padding) = self.right_padding.take() else {
             return Ok(());
         };
+        self.offset_array = None;
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
             self.keys = Some(dynamic_roll(k, &padding)?);
             self.values = Some(dynamic_roll(v, &padding)?);
@@ -227,9 +245,7 @@ impl BatchKVCache {
                 }
             }
         };
-        for o in &mut self.offsets {
-            *o += s;
-        }
+        self.advance(s)?;
         self.idx += s;
         kbuf = seq_update(&kbuf, keys, prev, self.idx)?;
         vbuf = seq_update(&vbuf, values, prev, self.idx)?;
@@ -271,6 +287,7 @@ impl BatchKVCache {
                 .collect()
         };
         self.offsets = pick(&self.offsets)?;
+        self.offset_array = None;
         self.left_padding = pick(&self.left_padding)?;
         let min_left = self.left_padding.iter().copied().min().unwrap_or(0);
         if min_left > 0 {
@@ -293,6 +310,7 @@ impl BatchKVCache {
         if self.keys.is_none() && other.keys.is_none() {
             self.left_padding.extend_from_slice(&other.left_padding);
             self.offsets.extend_from_slice(&other.offsets);
+            self.offset_array = None;
             return Ok(());
         }
         let max_idx = self.idx.max(other.idx);
@@ -343,6 +361,7 @@ impl BatchKVCache {
         self.keys = Some(mlx_array::concatenate(&[&k1, &k2], 0)?);
         self.values = Some(mlx_array::concatenate(&[&v1, &v2], 0)?);
         self.offsets.extend_from_slice(&other.offsets);
+        self.offset_array = None;
         self.left_padding = lp1.into_iter().chain(lp2).collect();
         self.idx = max_idx;
         Ok(())
@@ -422,7 +441,10 @@ impl KvCache for BatchKVCache {
     }
 
     fn rope_offset(&self) -> Result<RopePosition> {
-        Ok(RopePosition::PerRow(int_array(&self.offsets)?))
+        Ok(RopePosition::PerRow(match &self.offset_array {
+            Some(a) => a.clone(),
+            None => int_array(&self.offsets)?,
+        }))
     }
 
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvFetch> {
@@ -450,6 +472,7 @@ impl KvCache for BatchKVCache {
         for o in &mut self.offsets {
             *o -= n;
         }
+        self.offset_array = None;
         n
     }
 

@@ -22,6 +22,9 @@ pub struct BatchRotatingKVCache {
     pub(crate) values: Option<Array>,
     pub(crate) left_padding: Vec<i32>,
     pub(crate) offsets: Vec<i32>,
+    /// `offsets` as an int32 array, advanced with `+ S` on every update like mlx-lm's
+    /// `offset` (rebuilt from the host values after any other change).
+    pub(crate) offset_array: Option<Array>,
     pub(crate) max_size: i32,
     /// Write position in the buffer (mlx-lm's `_idx`).
     pub(crate) idx: i32,
@@ -44,12 +47,25 @@ impl BatchRotatingKVCache {
             values: None,
             left_padding: left_padding.to_vec(),
             offsets: left_padding.iter().map(|l| -l).collect(),
+            offset_array: None,
             max_size,
             idx: 0,
             written: 0,
             rotated: false,
             lengths: None,
         }
+    }
+
+    /// Every row advanced by `s` positions: host offsets, and their array by `+ s`.
+    fn advance(&mut self, s: i32) -> Result<()> {
+        for o in &mut self.offsets {
+            *o += s;
+        }
+        self.offset_array = Some(match self.offset_array.take() {
+            Some(a) => a.add(s)?,
+            None => int_array(&self.offsets)?,
+        });
+        Ok(())
     }
 
     /// mlx-lm's `prepare`: more left padding (only while empty), or the real `lengths`
@@ -62,6 +78,7 @@ impl BatchRotatingKVCache {
         lengths: Option<&[i32]>,
         right_padding: Option<&[i32]>,
     ) -> Result<()> {
+        self.offset_array = None;
         let rows = self.offsets.len();
         check_rows("left_padding", left_padding, rows)?;
         check_rows("lengths", lengths, rows)?;
@@ -98,6 +115,7 @@ impl BatchRotatingKVCache {
         let Some(lengths) = &self.lengths else {
             return Ok(());
         };
+        self.offset_array = None;
         let roll: Vec<i32> = self
             .offsets
             .iter()
@@ -235,9 +253,7 @@ impl BatchRotatingKVCache {
                 self.values = Some(values.clone());
             }
         }
-        for o in &mut self.offsets {
-            *o += s;
-        }
+        self.advance(s)?;
         self.written += s;
         let (k, v) = match (&self.keys, &self.values) {
             (Some(k), Some(v)) => (k.clone(), v.clone()),
@@ -297,9 +313,7 @@ impl BatchRotatingKVCache {
         kbuf = seq_update(&kbuf, keys, self.idx, self.idx + s)?;
         vbuf = seq_update(&vbuf, values, self.idx, self.idx + s)?;
         self.written += s;
-        for o in &mut self.offsets {
-            *o += s;
-        }
+        self.advance(s)?;
         self.idx += s;
         self.keys = Some(kbuf);
         self.values = Some(vbuf);
@@ -394,6 +408,7 @@ impl BatchRotatingKVCache {
                 .collect()
         };
         self.offsets = pick(&self.offsets)?;
+        self.offset_array = None;
         self.left_padding = pick(&self.left_padding)?;
         Ok(())
     }
@@ -405,6 +420,7 @@ impl BatchRotatingKVCache {
         if self.keys.is_none() && other.keys.is_none() {
             self.left_padding.extend_from_slice(&other.left_padding);
             self.offsets.extend_from_slice(&other.offsets);
+            self.offset_array = None;
             return Ok(());
         }
         if self.rotated != other.rotated || self.idx != other.idx {
@@ -459,6 +475,7 @@ impl BatchRotatingKVCache {
         self.keys = Some(mlx_array::concatenate(&[&k1, &k2], 0)?);
         self.values = Some(mlx_array::concatenate(&[&v1, &v2], 0)?);
         self.offsets.extend_from_slice(&other.offsets);
+        self.offset_array = None;
         self.left_padding = lp1.into_iter().chain(lp2).collect();
         self.idx = max_idx;
         self.written = self.written.max(other.written);
@@ -573,7 +590,10 @@ impl KvCache for BatchRotatingKVCache {
     }
 
     fn rope_offset(&self) -> Result<RopePosition> {
-        Ok(RopePosition::PerRow(int_array(&self.offsets)?))
+        Ok(RopePosition::PerRow(match &self.offset_array {
+            Some(a) => a.clone(),
+            None => int_array(&self.offsets)?,
+        }))
     }
 
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvFetch> {
@@ -596,6 +616,7 @@ impl KvCache for BatchRotatingKVCache {
         for o in &mut self.offsets {
             *o -= n;
         }
+        self.offset_array = None;
         n
     }
 
