@@ -2,7 +2,9 @@
 //! concurrent streaming requests.
 //!
 //! Both servers are started on free local ports with the same model. For each
-//! concurrency level (ours and theirs alternating, after one untimed request each), N
+//! concurrency level (ours and theirs alternating, after one untimed request each, and
+//! one untimed round at that level, so kernels built for a new batch size are not
+//! timed), N
 //! threads each send one streaming `POST /v1/completions` (greedy, `max_tokens` = `-g`,
 //! a prompt of about `-p` tokens with a real tokenizer, starting with a number unique to
 //! the request so that no prompt cache is reused, usage requested in the last chunk) at
@@ -373,6 +375,13 @@ pub fn run(root: &Path, o: &Opts) -> Result<()> {
         };
         let mut res = [(0.0, 0.0, 0.0); 2];
         for srv in order {
+            // An untimed round at the same concurrency first: a new batch size makes
+            // MLX build (on CUDA: JIT-compile) kernels for new shapes, which would
+            // otherwise land on whichever server meets that size first.
+            if n > 1 {
+                level(srv.port, &body, n)
+                    .with_context(|| format!("warm-up of {} at {n} streams", srv.name))?;
+            }
             let r = level(srv.port, &body, n)
                 .with_context(|| format!("{} at {n} streams", srv.name))?;
             eprintln!(
