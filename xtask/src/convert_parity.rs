@@ -262,10 +262,10 @@ fn python(root: &Path) -> PathBuf {
     }
 }
 
-/// After a full `cargo xtask parity` run (not with `--only`, `--goldens` or
-/// `--no-convert`): the convert section.
+/// After a full `cargo xtask parity` run (not with `--only`, `--goldens`,
+/// `--no-convert` or `--gen-only`): the convert section.
 pub fn after_parity(root: &Path, args: &[String]) -> Result<()> {
-    let skip = ["--only", "--goldens", "--no-convert"];
+    let skip = ["--only", "--goldens", "--no-convert", "--gen-only"];
     if args.iter().any(|a| skip.contains(&a.as_str())) {
         return Ok(());
     }

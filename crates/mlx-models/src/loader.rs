@@ -14,9 +14,10 @@ use std::path::{Path, PathBuf};
 /// Options beyond what mlx-lm does at load time.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoadOptions {
-    /// Replace quantized layers with dense ones and bring every floating parameter to
-    /// `dtype`, else float32: MLX's CPU quantized (and bf16) matmuls are slow, so CPU
-    /// runs prefer dense float32 weights.
+    /// Replace quantized layers with dense ones and, for a quantized checkpoint, bring
+    /// every floating parameter to `dtype`, else float32: MLX's CPU quantized matmul is
+    /// slow, so CPU runs prefer dense float32 weights there. A checkpoint that is not
+    /// quantized keeps its dtypes (MLX's CPU bf16 matmul is faster than float32 here).
     pub dequantize: bool,
     /// Cast every floating-point parameter to this dtype after loading (mlx-lm keeps
     /// the checkpoint's dtypes; this is `convert --dtype` applied at load).
@@ -68,10 +69,10 @@ pub fn load_model_with(
         })?;
     }
     model.load_weights(weights, true)?;
-    let dtype = match (options.dtype, options.dequantize) {
-        (Some(d), _) => Some(d),
-        (None, true) => Some(Dtype::Float32),
-        (None, false) => None,
+    let dtype = match (options.dtype, options.dequantize, &quantization) {
+        (Some(d), _, _) => Some(d),
+        (None, true, Some(_)) => Some(Dtype::Float32),
+        _ => None,
     };
     if options.dequantize {
         dequantize_module(model.as_mut(), dtype)?;

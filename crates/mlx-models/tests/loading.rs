@@ -303,6 +303,26 @@ fn dequantizing_a_bfloat16_checkpoint_makes_every_parameter_float32() {
 }
 
 #[test]
+fn dequantize_leaves_a_checkpoint_that_is_not_quantized_in_its_dtype() {
+    // The CPU default (`dequantize: true`) is for quantized checkpoints; a bf16 model
+    // keeps bf16, the arithmetic mlx-lm runs.
+    let (dir, w) = llama_checkpoint("dequant-dense-bf16");
+    let w: BTreeMap<String, Array> = w
+        .into_iter()
+        .map(|(k, v)| (k, v.astype(Dtype::Bfloat16).unwrap()))
+        .collect();
+    write_checkpoint(&dir, &tiny("llama"), &w);
+    let opts = LoadOptions {
+        dequantize: true,
+        ..Default::default()
+    };
+    let (loaded, _) = load_model_with(&dir, &opts).unwrap();
+    for (name, p) in loaded.as_module().unwrap().parameters() {
+        assert_eq!(p.dtype(), Dtype::Bfloat16, "{name}");
+    }
+}
+
+#[test]
 fn the_dtype_option_casts_floating_parameters() {
     let (dir, _) = llama_checkpoint("dtype");
     let opts = LoadOptions {
