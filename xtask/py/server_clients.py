@@ -6,6 +6,11 @@ prompts mentioning "weather", and a think section to prompts mentioning "ponder"
 
     python xtask/py/server_clients.py --base-url http://127.0.0.1:8080 --api-key KEY
 
+With --real-model the checks instead suit a real model (the default SmolLM2-135M): no
+fixed answers, but greedy requests must agree with each other across endpoints, streaming
+and non-streaming, `stop` must cut the greedy text where the stop string first appears,
+and tools must be accepted.
+
 The SDKs are installed with pip into the running interpreter when missing. Exits 0 when
 every check passes, 1 (with the failing check) otherwise.
 """
@@ -250,24 +255,123 @@ def anthropic_tools_and_thinking(oa, an, base, key):
     expect(kinds == ["thinking", "text"], f"blocks {kinds}")
 
 
+REAL_CHECKS = []
+
+
+def real_check(fn):
+    REAL_CHECKS.append(fn)
+    return fn
+
+
+QUESTION = "What is the capital of France?"
+
+
+def greedy_chat(oa, **kw):
+    return oa.chat.completions.create(
+        model="default_model", messages=user(QUESTION), temperature=0, max_tokens=12, **kw
+    )
+
+
+@real_check
+def real_openai_chat_and_stream_agree(oa, an, base, key):
+    r = greedy_chat(oa)
+    text = r.choices[0].message.content
+    expect(text.strip() != "", f"empty answer {text!r}")
+    expect(r.choices[0].finish_reason in ("stop", "length"), r.choices[0].finish_reason)
+    u = r.usage
+    expect(u.prompt_tokens > 0 and u.completion_tokens > 0, f"usage {u}")
+    expect(u.total_tokens == u.prompt_tokens + u.completion_tokens, "total")
+    streamed, usage = "", None
+    for chunk in greedy_chat(oa, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            streamed += c.delta.content or ""
+    expect(streamed == text, f"streamed {streamed!r} vs {text!r}")
+    expect(usage is not None and usage.completion_tokens == u.completion_tokens, f"usage {usage}")
+    again = greedy_chat(oa)
+    expect(again.usage.prompt_tokens_details.cached_tokens >= 0, "cached_tokens")
+    expect(again.choices[0].message.content == text, "a repeated greedy request differs")
+
+
+@real_check
+def real_openai_stop_is_honoured(oa, an, base, key):
+    text = greedy_chat(oa).choices[0].message.content
+    words = [w for w in text.split() if len(w) >= 3]
+    expect(len(words) >= 2, f"answer too short to pick a stop string: {text!r}")
+    stop = words[1]
+    want = text[: text.index(stop)]
+    r = greedy_chat(oa, stop=[stop])
+    expect(r.choices[0].message.content == want, f"{r.choices[0].message.content!r} vs {want!r}")
+    expect(r.choices[0].finish_reason == "stop", r.choices[0].finish_reason)
+    streamed = "".join(c.choices[0].delta.content or "" for c in greedy_chat(oa, stop=stop, stream=True) if c.choices)
+    expect(streamed == want, f"streamed {streamed!r} vs {want!r}")
+
+
+@real_check
+def real_openai_completions(oa, an, base, key):
+    prompt = "The capital of France is"
+    r = oa.completions.create(model="default_model", prompt=prompt, max_tokens=8, temperature=0)
+    text = r.choices[0].text
+    expect(text.strip() != "", repr(text))
+    expect(r.usage.completion_tokens > 0, f"usage {r.usage}")
+    s = oa.completions.create(model="default_model", prompt=prompt, max_tokens=8, temperature=0, stream=True)
+    streamed = "".join(c.choices[0].text for c in s if c.choices)
+    expect(streamed == text, f"streamed {streamed!r} vs {text!r}")
+    r = oa.completions.create(model="default_model", prompt=prompt, max_tokens=3, temperature=0)
+    expect(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3, f"{r}")
+
+
+@real_check
+def real_openai_tools_are_accepted(oa, an, base, key):
+    r = oa.chat.completions.create(
+        model="default_model",
+        messages=user("What is the weather in Paris?"),
+        tools=OPENAI_TOOLS,
+        temperature=0,
+        max_tokens=24,
+    )
+    c = r.choices[0]
+    expect(c.finish_reason in ("stop", "length", "tool_calls"), c.finish_reason)
+    expect(c.message.content is not None or c.message.tool_calls, f"empty message {c.message}")
+
+
+@real_check
+def real_anthropic_agrees_with_openai(oa, an, base, key):
+    # No temperature: the server's default (--temp 0.0, like mlx_lm.server) is greedy.
+    text = greedy_chat(oa).choices[0].message.content
+    r = an.messages.create(model="default_model", max_tokens=12, messages=user(QUESTION))
+    expect(r.content and r.content[0].type == "text", f"content {r.content}")
+    expect(r.content[0].text == text, f"{r.content[0].text!r} vs {text!r}")
+    expect(r.stop_reason in ("end_turn", "max_tokens"), r.stop_reason)
+    expect(r.usage.input_tokens > 0 and r.usage.output_tokens > 0, f"usage {r.usage}")
+    with an.messages.stream(model="default_model", max_tokens=12, messages=user(QUESTION)) as s:
+        streamed = "".join(s.text_stream)
+    expect(streamed == text, f"streamed {streamed!r} vs {text!r}")
+    n = an.messages.count_tokens(model="default_model", messages=user(QUESTION))
+    expect(n.input_tokens == r.usage.input_tokens, f"count {n.input_tokens} vs {r.usage.input_tokens}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--api-key", default=None)
+    ap.add_argument("--real-model", action="store_true", help="checks for a real model")
     args = ap.parse_args()
+    checks = REAL_CHECKS if args.real_model else CHECKS
     openai, anthropic = ensure("openai", "anthropic")
     key = args.api_key
     oa = openai.OpenAI(base_url=f"{args.base_url}/v1", api_key=key or "unused", max_retries=0, timeout=120)
     an = anthropic.Anthropic(base_url=args.base_url, api_key=key or "unused", max_retries=0, timeout=120)
     failed = 0
-    for fn in CHECKS:
+    for fn in checks:
         try:
             fn(oa, an, args.base_url, key)
             print(f"ok   {fn.__name__}", flush=True)
         except Exception as e:  # report every failing check, then fail
             failed += 1
             print(f"FAIL {fn.__name__}: {type(e).__name__}: {e}", flush=True)
-    print(f"{len(CHECKS) - failed}/{len(CHECKS)} checks passed", flush=True)
+    print(f"{len(checks) - failed}/{len(checks)} checks passed", flush=True)
     sys.exit(1 if failed else 0)
 
 

@@ -7,8 +7,8 @@ use common::*;
 use mlx_server::ServerConfig;
 use std::time::Duration;
 
-#[tokio::test(flavor = "multi_thread")]
-async fn official_python_sdks_work_against_the_server() {
+/// Runs `xtask/py/server_clients.py` against `base` and asserts every check passed.
+async fn run_sdk_checks(base: &str, key: &str, extra: &[&str]) {
     let root = repo_root();
     let python = root.join(".venv/bin/python");
     assert!(
@@ -16,16 +16,11 @@ async fn official_python_sdks_work_against_the_server() {
         "no Python at {}: create the repository's virtual environment (e.g. scripts/setup) to run the SDK checks",
         python.display()
     );
-    let cfg = ServerConfig {
-        api_key: Some("test-key".into()),
-        ..Default::default()
-    };
-    let server = scripted_server(cfg, Duration::ZERO).await;
-    let base = format!("http://{}", server.local_addr());
     let script = root.join("xtask/py/server_clients.py");
     let run = tokio::process::Command::new(&python)
         .arg(&script)
-        .args(["--base-url", &base, "--api-key", "test-key"])
+        .args(["--base-url", base, "--api-key", key])
+        .args(extra)
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(900), run)
@@ -43,5 +38,42 @@ async fn official_python_sdks_work_against_the_server() {
         stdout.contains("checks passed") && !stdout.contains("FAIL"),
         "{stdout}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn official_python_sdks_work_against_the_server() {
+    let cfg = ServerConfig {
+        api_key: Some("test-key".into()),
+        ..Default::default()
+    };
+    let server = scripted_server(cfg, Duration::ZERO).await;
+    let base = format!("http://{}", server.local_addr());
+    run_sdk_checks(&base, "test-key", &[]).await;
+    server.shutdown().await.unwrap();
+}
+
+/// The same SDKs against the default model (SmolLM2-135M-Instruct through mlx-hub):
+/// greedy answers agree across endpoints and streaming, `stop` cuts them, tools are
+/// accepted (`--real-model` checks of the script).
+#[tokio::test(flavor = "multi_thread")]
+async fn official_python_sdks_work_with_the_default_model() {
+    let dir = mlx_hub::resolve_model(None)
+        .unwrap_or_else(|e| panic!("the default model is not available: {e}"));
+    let on_cpu = mlx_array::Device::default_device()
+        .map(|d| d.kind == mlx_array::DeviceType::Cpu)
+        .unwrap_or(true);
+    let opts = mlx_models::LoadOptions {
+        dequantize: on_cpu,
+        ..Default::default()
+    };
+    let (model, _) = mlx_models::load_model_with(&dir, &opts).expect("loading the default model");
+    let tok = mlx_tokenizer::Tokenizer::from_dir(&dir).expect("tokenizer");
+    let cfg = ServerConfig {
+        api_key: Some("test-key".into()),
+        ..Default::default()
+    };
+    let server = start(model, tok, cfg).await;
+    let base = format!("http://{}", server.local_addr());
+    run_sdk_checks(&base, "test-key", &["--real-model"]).await;
     server.shutdown().await.unwrap();
 }
