@@ -34,6 +34,42 @@ pub(crate) fn int_array(v: &[i32]) -> Result<Array> {
     Array::from_slice(v, &[v.len() as i32])
 }
 
+/// Every row advanced by `s` positions: the host offsets, and their array by `+ s`
+/// (mlx-lm's op) when one is live, else built from the host values.
+pub(crate) fn advance_offsets(
+    offsets: &mut [i32],
+    offset_array: &mut Option<Array>,
+    s: i32,
+) -> Result<()> {
+    for o in offsets.iter_mut() {
+        *o += s;
+    }
+    *offset_array = Some(match offset_array.take() {
+        Some(a) => a.add(s)?,
+        None => int_array(offsets)?,
+    });
+    Ok(())
+}
+
+/// The per-row RoPE offsets: the live array, or one built from the host values.
+pub(crate) fn per_row_offsets(
+    offset_array: Option<&Array>,
+    offsets: &[i32],
+) -> Result<RopePosition> {
+    Ok(RopePosition::PerRow(match offset_array {
+        Some(a) => a.clone(),
+        None => int_array(offsets)?,
+    }))
+}
+
+/// `extra` more left padding for every row, each offset moved back by as much.
+pub(crate) fn add_left_padding(left_padding: &mut [i32], offsets: &mut [i32], extra: &[i32]) {
+    for ((l, o), p) in left_padding.iter_mut().zip(offsets.iter_mut()).zip(extra) {
+        *l += p;
+        *o -= p;
+    }
+}
+
 /// `x[indices]` along the batch axis (Python indexing with a list of ints).
 pub(crate) fn take_rows(x: &Array, rows: &[usize]) -> Result<Array> {
     let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
@@ -121,18 +157,6 @@ impl BatchKVCache {
         }
     }
 
-    /// Every row advanced by `s` positions: host offsets, and their array by `+ s`.
-    fn advance(&mut self, s: i32) -> Result<()> {
-        for o in &mut self.offsets {
-            *o += s;
-        }
-        self.offset_array = Some(match self.offset_array.take() {
-            Some(a) => a.add(s)?,
-            None => int_array(&self.offsets)?,
-        });
-        Ok(())
-    }
-
     /// mlx-lm's `prepare`: more left padding (only while empty), or the right padding of
     /// the next (right-padded) prefill chunk, which [`BatchKVCache::finalize`] turns into
     /// left padding. `lengths` (the chunk's real lengths) is not needed here.
@@ -154,10 +178,7 @@ impl BatchKVCache {
                     "Left padding can only be added to an empty BatchKVCache".into(),
                 ));
             }
-            for ((l, o), p) in self.left_padding.iter_mut().zip(&mut self.offsets).zip(lp) {
-                *l += p;
-                *o -= p;
-            }
+            add_left_padding(&mut self.left_padding, &mut self.offsets, lp);
         }
         if let Some(rp) = right_padding.filter(|rp| rp.iter().any(|&p| p > 0)) {
             self.right_padding = Some(rp.to_vec());
@@ -245,7 +266,7 @@ impl BatchKVCache {
                 }
             }
         };
-        self.advance(s)?;
+        advance_offsets(&mut self.offsets, &mut self.offset_array, s)?;
         self.idx += s;
         kbuf = seq_update(&kbuf, keys, prev, self.idx)?;
         vbuf = seq_update(&vbuf, values, prev, self.idx)?;
@@ -441,10 +462,7 @@ impl KvCache for BatchKVCache {
     }
 
     fn rope_offset(&self) -> Result<RopePosition> {
-        Ok(RopePosition::PerRow(match &self.offset_array {
-            Some(a) => a.clone(),
-            None => int_array(&self.offsets)?,
-        }))
+        per_row_offsets(self.offset_array.as_ref(), &self.offsets)
     }
 
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvFetch> {

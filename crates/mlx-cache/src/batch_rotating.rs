@@ -6,7 +6,10 @@
 //! right-padded batched prefill (`prepare` / `finalize`) is not needed here: rows are
 //! prefilled alone and joined with [`BatchRotatingKVCache::merge`] and
 //! [`BatchRotatingKVCache::extend`].
-use crate::batch::{check_rows, dynamic_roll, int_array, pad_seq, row, take_rows};
+use crate::batch::{
+    add_left_padding, advance_offsets, check_rows, dynamic_roll, int_array, pad_seq,
+    per_row_offsets, row, take_rows,
+};
 use crate::error::CacheError;
 use crate::kv::STEP;
 use crate::rotating::RotatingKVCache;
@@ -56,18 +59,6 @@ impl BatchRotatingKVCache {
         }
     }
 
-    /// Every row advanced by `s` positions: host offsets, and their array by `+ s`.
-    fn advance(&mut self, s: i32) -> Result<()> {
-        for o in &mut self.offsets {
-            *o += s;
-        }
-        self.offset_array = Some(match self.offset_array.take() {
-            Some(a) => a.add(s)?,
-            None => int_array(&self.offsets)?,
-        });
-        Ok(())
-    }
-
     /// mlx-lm's `prepare`: more left padding (only while empty), or the real `lengths`
     /// of a right-padded prefill chunk (with its `right_padding`), so padding never
     /// evicts real positions and [`BatchRotatingKVCache::finalize`] can roll it away.
@@ -89,10 +80,7 @@ impl BatchRotatingKVCache {
                     "Left padding can only be added to an empty BatchRotatingKVCache".into(),
                 ));
             }
-            for ((l, o), p) in self.left_padding.iter_mut().zip(&mut self.offsets).zip(lp) {
-                *l += p;
-                *o -= p;
-            }
+            add_left_padding(&mut self.left_padding, &mut self.offsets, lp);
         }
         if right_padding.is_some_and(|rp| rp.iter().any(|&p| p > 0)) {
             let lengths = lengths.ok_or_else(|| {
@@ -253,7 +241,7 @@ impl BatchRotatingKVCache {
                 self.values = Some(values.clone());
             }
         }
-        self.advance(s)?;
+        advance_offsets(&mut self.offsets, &mut self.offset_array, s)?;
         self.written += s;
         let (k, v) = match (&self.keys, &self.values) {
             (Some(k), Some(v)) => (k.clone(), v.clone()),
@@ -313,7 +301,7 @@ impl BatchRotatingKVCache {
         kbuf = seq_update(&kbuf, keys, self.idx, self.idx + s)?;
         vbuf = seq_update(&vbuf, values, self.idx, self.idx + s)?;
         self.written += s;
-        self.advance(s)?;
+        advance_offsets(&mut self.offsets, &mut self.offset_array, s)?;
         self.idx += s;
         self.keys = Some(kbuf);
         self.values = Some(vbuf);
@@ -590,10 +578,7 @@ impl KvCache for BatchRotatingKVCache {
     }
 
     fn rope_offset(&self) -> Result<RopePosition> {
-        Ok(RopePosition::PerRow(match &self.offset_array {
-            Some(a) => a.clone(),
-            None => int_array(&self.offsets)?,
-        }))
+        per_row_offsets(self.offset_array.as_ref(), &self.offsets)
     }
 
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvFetch> {
