@@ -12,24 +12,6 @@ use mlx_server::ServerConfig;
 use serde_json::{json, Value as Json};
 use std::time::{Duration, Instant};
 
-/// The default model (SmolLM2-135M-Instruct through mlx-hub) and its tokenizer.
-fn default_model() -> (Box<dyn mlx_models::LanguageModel>, mlx_tokenizer::Tokenizer) {
-    let dir = mlx_hub::resolve_model(None)
-        .unwrap_or_else(|e| panic!("the default model is not available: {e}"));
-    let on_cpu = mlx_array::Device::default_device()
-        .map(|d| d.kind == mlx_array::DeviceType::Cpu)
-        .unwrap_or(true);
-    let opts = mlx_models::LoadOptions {
-        dequantize: on_cpu,
-        ..Default::default()
-    };
-    let (model, _) = mlx_models::load_model_with(&dir, &opts).expect("loading the default model");
-    (
-        model,
-        mlx_tokenizer::Tokenizer::from_dir(&dir).expect("tokenizer"),
-    )
-}
-
 const PROMPTS: [&str; 8] = [
     "What is the capital of France?",
     "Write a haiku about the sea.",

@@ -169,17 +169,7 @@ const MLX_LM_FRANCE: &str = "The capital of France is Paris.";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn default_model_answers_like_mlx_lm() {
-    let dir = mlx_hub::resolve_model(None)
-        .unwrap_or_else(|e| panic!("the default model is not available: {e}"));
-    let on_cpu = mlx_array::Device::default_device()
-        .map(|d| d.kind == mlx_array::DeviceType::Cpu)
-        .unwrap_or(true);
-    let opts = mlx_models::LoadOptions {
-        dequantize: on_cpu,
-        ..Default::default()
-    };
-    let (model, _) = mlx_models::load_model_with(&dir, &opts).expect("loading the default model");
-    let tok = mlx_tokenizer::Tokenizer::from_dir(&dir).expect("tokenizer");
+    let (model, tok) = default_model();
     let server = start(model, tok, ServerConfig::default()).await;
     let body = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12});
     let v = post(server.local_addr(), "/v1/chat/completions", &body)

@@ -57,17 +57,7 @@ async fn official_python_sdks_work_against_the_server() {
 /// accepted (`--real-model` checks of the script).
 #[tokio::test(flavor = "multi_thread")]
 async fn official_python_sdks_work_with_the_default_model() {
-    let dir = mlx_hub::resolve_model(None)
-        .unwrap_or_else(|e| panic!("the default model is not available: {e}"));
-    let on_cpu = mlx_array::Device::default_device()
-        .map(|d| d.kind == mlx_array::DeviceType::Cpu)
-        .unwrap_or(true);
-    let opts = mlx_models::LoadOptions {
-        dequantize: on_cpu,
-        ..Default::default()
-    };
-    let (model, _) = mlx_models::load_model_with(&dir, &opts).expect("loading the default model");
-    let tok = mlx_tokenizer::Tokenizer::from_dir(&dir).expect("tokenizer");
+    let (model, tok) = default_model();
     let cfg = ServerConfig {
         api_key: Some("test-key".into()),
         ..Default::default()

@@ -96,6 +96,22 @@ pub fn tiny_model_dir() -> &'static Path {
     })
 }
 
+/// The default model (SmolLM2-135M-Instruct through mlx-hub, dequantized on the CPU
+/// like the binaries do) and its tokenizer.
+pub fn default_model() -> (Box<dyn LanguageModel>, Tokenizer) {
+    let dir = mlx_hub::resolve_model(None)
+        .unwrap_or_else(|e| panic!("the default model is not available: {e}"));
+    let on_cpu = mlx_array::Device::default_device()
+        .map(|d| d.kind == mlx_array::DeviceType::Cpu)
+        .unwrap_or(true);
+    let opts = mlx_models::LoadOptions {
+        dequantize: on_cpu,
+        ..Default::default()
+    };
+    let (model, _) = mlx_models::load_model_with(&dir, &opts).expect("loading the default model");
+    (model, Tokenizer::from_dir(&dir).expect("tokenizer"))
+}
+
 /// Loads the tiny random model and its tokenizer.
 pub fn tiny_model() -> (Box<dyn LanguageModel>, Tokenizer) {
     let dir = tiny_model_dir();
