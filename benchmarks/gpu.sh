@@ -5,7 +5,7 @@
 # Run from the repository root, after `source /root/stash/activate.sh` (MLX CUDA + mlx-lm
 # on PYTHONPATH, libmlx on LD_LIBRARY_PATH; sourced here when PYTHONPATH lacks it):
 #
-#   bash benchmarks/gpu.sh [BIN_DIR] [--big] [--only LIST] [-p N] [-g N] [-n N]
+#   bash benchmarks/gpu.sh [BIN_DIR] [--big] [--only LIST] [-p N] [-g N] [-b N] [-n N]
 #                          [--rounds R] [--startup-runs S] [--budget SECONDS] [--models DIR]
 #
 #   BIN_DIR         our release binaries (mlx-benchmark, mlx-generate); default .gpu/bin
@@ -13,6 +13,7 @@
 #                   --only llama-3.1-8b)
 #   --only          comma-separated shapes or variants (e.g. qwen2.5-0.5b,llama-3.2-1b-4bit)
 #   -p/-g           prompt tokens, generated tokens (512 / 256)
+#   -b              batch size (1; above 1 both tools run their batch generators)
 #   -n              timed trials inside each process (3); each process warms up first
 #   --rounds        processes per tool, alternating ours / mlx-lm, order flipped each round (2)
 #   --startup-runs  process start to first token runs per tool, best kept (2; 0 or
@@ -36,6 +37,7 @@ BIN=.gpu/bin
 BIG=0
 P=512
 G=256
+B=1
 N=3
 ROUNDS=2
 STARTUP_RUNS=2
@@ -48,20 +50,21 @@ while [ $# -gt 0 ]; do
     --big) BIG=1 ;;
     -p) P=$2; shift ;;
     -g) G=$2; shift ;;
+    -b) B=$2; shift ;;
     -n) N=$2; shift ;;
     --rounds) ROUNDS=$2; shift ;;
     --startup-runs) STARTUP_RUNS=$2; shift ;;
     --budget) BUDGET=$2; shift ;;
     --models) MODELS=$2; shift ;;
     --only) ONLY=$2; shift ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     -*) echo "gpu.sh: unknown option $1" >&2; exit 2 ;;
     *) BIN=$1 ;;
   esac
   shift
 done
-for v in "$P" "$G" "$N" "$ROUNDS" "$BUDGET"; do
-  [[ "$v" =~ ^[1-9][0-9]*$ ]] || { echo "gpu.sh: -p/-g/-n/--rounds/--budget take positive integers, got $v" >&2; exit 2; }
+for v in "$P" "$G" "$B" "$N" "$ROUNDS" "$BUDGET"; do
+  [[ "$v" =~ ^[1-9][0-9]*$ ]] || { echo "gpu.sh: -p/-g/-b/-n/--rounds/--budget take positive integers, got $v" >&2; exit 2; }
 done
 [[ "$STARTUP_RUNS" =~ ^[0-9]+$ ]] || { echo "gpu.sh: --startup-runs takes an integer, got $STARTUP_RUNS" >&2; exit 2; }
 [ "${SKIP_STARTUP:-0}" = 1 ] && STARTUP_RUNS=0
@@ -94,7 +97,7 @@ done
   echo "nproc: $(nproc)"
   echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo unknown)"
   echo "mlx: $("$PY" -c 'import mlx.core as mx, importlib.metadata as m; print(mx.__version__, mx.default_device(), "mlx-lm", m.version("mlx-lm"))')"
-  echo "settings: -p $P -g $G, $ROUNDS processes per tool alternating, -n $N trials each; startup best of $STARTUP_RUNS"
+  echo "settings: -p $P -g $G -b $B, $ROUNDS processes per tool alternating, -n $N trials each; startup best of $STARTUP_RUNS"
 } >"$OUT/provenance.txt"
 cat "$OUT/provenance.txt" | tee -a "$LOG" >&2
 
@@ -133,7 +136,7 @@ run_one() {
 bench_model() {
   local name=$1 dir=$MODELS/$1 raw=$OUT/raw/$1.txt
   : >"$raw"
-  local common=(--model "$dir" -p "$P" -g "$G" -n "$N")
+  local common=(--model "$dir" -p "$P" -g "$G" -b "$B" -n "$N")
   local ours=("$OURS_BENCH" "${common[@]}")
   local theirs=("$PY" -m mlx_lm benchmark "${common[@]}")
   local gen=(--model "$dir" --prompt hi -m 1 --verbose False)

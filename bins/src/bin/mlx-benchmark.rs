@@ -6,6 +6,7 @@ use mlx_array::{random, Array, Dtype};
 use mlx_bins::load::{load, LoadArgs};
 use mlx_bins::outln;
 use mlx_engine::{stream_generate, GenerateOptions, PromptInput};
+use mlx_server::batch_generate::{BatchGenerator, BatchOptions};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -72,20 +73,22 @@ struct Trial {
 fn bench(args: Args) -> Result<()> {
     mlx_bins::unsupported("--pipeline (distributed inference)", args.pipeline)?;
     mlx_bins::unsupported("--quantize-activations (-qa)", args.quantize_activations)?;
-    if args.batch_size != 1 {
-        bail!("--batch-size > 1 is not yet supported (batched generation lands with the server's batching engine)");
-    }
-    if args.prompt_tokens < 1 || args.generation_tokens < 1 || args.num_trials < 1 {
-        bail!("--prompt-tokens, --generation-tokens and --num-trials must be positive");
+    if args.prompt_tokens < 1
+        || args.generation_tokens < 1
+        || args.num_trials < 1
+        || args.batch_size < 1
+        || args.prefill_step_size < 1
+    {
+        bail!("--prompt-tokens, --generation-tokens, --batch-size, --num-trials and --prefill-step-size must be positive");
     }
     random::seed(0)?;
-    let mut loaded = load(&LoadArgs {
+    let loaded = load(&LoadArgs {
         model: args.model.as_deref(),
         keep_quantized: args.keep_quantized,
     })?;
+    let (model, mut tokenizer) = (loaded.model, loaded.tokenizer);
     // Empty to avoid early stopping.
-    loaded.tokenizer.set_eos_token_ids([]);
-    let model = loaded.model.as_ref();
+    tokenizer.set_eos_token_ids([]);
     let vocab = model.vocab_size();
     let prompts = random::randint(
         &Array::scalar(0i32)?,
@@ -94,12 +97,36 @@ fn bench(args: Args) -> Result<()> {
         Dtype::Int32,
         None,
     )?;
-    let prompt: Vec<u32> = prompts.to_vec::<i32>()?[..args.prompt_tokens as usize]
-        .iter()
-        .map(|&t| t as u32)
+    let prompts: Vec<Vec<u32>> = prompts
+        .to_vec::<i32>()?
+        .chunks(args.prompt_tokens as usize)
+        .map(|row| row.iter().map(|&t| t as u32).collect())
         .collect();
 
+    // Batch size 1 runs stream_generate (mlx-lm's single_bench); more runs the batch
+    // engine the server uses (mlx-lm's batch_generate with its BatchGenerator).
+    let (single, batch) = if args.batch_size > 1 {
+        let opts = BatchOptions {
+            prefill_step_size: args.prefill_step_size,
+            ..Default::default()
+        };
+        (None, Some(BatchGenerator::start(model, opts)?))
+    } else {
+        (Some(model), None)
+    };
+    let max_tokens = usize::try_from(args.generation_tokens)?;
     let run_once = || -> Result<Trial> {
+        if let Some(gen) = &batch {
+            let s = gen.generate(&prompts, max_tokens)?.stats;
+            return Ok(Trial {
+                prompt_tps: s.prompt_tps(),
+                generation_tps: s.generation_tps(),
+                peak_memory: s.peak_memory,
+            });
+        }
+        let Some(model) = single.as_deref() else {
+            bail!("no model")
+        };
         let mut caches = mlx_cache::make_prompt_cache(&model.cache_specs(), None)?;
         let opts = GenerateOptions {
             max_tokens: args.generation_tokens,
@@ -108,8 +135,8 @@ fn bench(args: Args) -> Result<()> {
         };
         let last = stream_generate(
             model,
-            &loaded.tokenizer,
-            PromptInput::Tokens(&prompt),
+            &tokenizer,
+            PromptInput::Tokens(&prompts[0]),
             &mut caches,
             opts,
             |_| true,

@@ -430,6 +430,10 @@ impl State {
                 break;
             };
             self.queued.fetch_sub(1, Ordering::SeqCst);
+            tracing::debug!(
+                "engine: admitted {:.1} ms after submission",
+                job.submitted.elapsed().as_secs_f64() * 1e3
+            );
             let prompt = &job.req.prompt;
             let (caches, cached) = match self.cache.fetch_nearest(prompt) {
                 Some(hit) => {
@@ -512,7 +516,12 @@ impl State {
             budget -= 1;
             let (step, kv) = (self.opts.prefill_step_size, self.opts.kv_quantization);
             let model = self.model.as_ref();
-            match self.slots[i].prefill(model, step, kv) {
+            let tic = Instant::now();
+            let r = self.slots[i].prefill(model, step, kv);
+            self.metrics
+                .prefill_micros
+                .add(tic.elapsed().as_micros() as u64);
+            match r {
                 Ok(Prefill::Chunk(processed, total)) => {
                     send_progress(&self.slots[i], processed, total);
                     i += 1;
@@ -547,10 +556,18 @@ impl State {
         if self.prefilling.is_empty() {
             return;
         }
-        match self
+        let tic = Instant::now();
+        let stepped = self
             .prefilling
-            .step(self.model.as_ref(), self.opts.prefill_step_size)
-        {
+            .step(self.model.as_ref(), self.opts.prefill_step_size);
+        let took = tic.elapsed();
+        self.metrics.prefill_micros.add(took.as_micros() as u64);
+        tracing::debug!(
+            "engine: prefill step of {} prompt(s) in {:.1} ms",
+            self.prefilling.len(),
+            took.as_secs_f64() * 1e3
+        );
+        match stepped {
             Ok(progress) => {
                 for (i, processed, total) in progress {
                     send_progress(&self.prefilling.rows()[i], processed, total);
@@ -764,7 +781,11 @@ impl State {
 fn count_token(metrics: &Metrics, last: Option<Instant>, submitted: Instant, now: Instant) {
     metrics.generation_tokens.add(1);
     match last {
-        None => metrics.ttft.observe((now - submitted).as_secs_f64()),
+        None => {
+            let ttft = (now - submitted).as_secs_f64();
+            tracing::debug!("engine: first token {:.1} ms after submission", ttft * 1e3);
+            metrics.ttft.observe(ttft)
+        }
         Some(t) => metrics.tpot.observe((now - t).as_secs_f64()),
     }
 }

@@ -19,6 +19,7 @@
 
 pub mod anthropic;
 pub mod batch;
+pub mod batch_generate;
 pub mod config;
 pub mod engine;
 pub mod error;

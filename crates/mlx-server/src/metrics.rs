@@ -153,6 +153,9 @@ pub struct Metrics {
     pub decode_steps: Counter,
     /// Sequences fed through those passes (divided by the steps: the mean batch size).
     pub decode_rows: Counter,
+    /// Microseconds spent in prompt processing (the prefill steps, evaluation
+    /// included; mlx-lm's `BatchCounters.prompt_time`).
+    pub prefill_micros: Counter,
     /// Seconds from admission to the first token.
     pub ttft: Histogram,
     /// Seconds between consecutive tokens of one sequence.
@@ -177,6 +180,7 @@ impl Default for Metrics {
             engine_errors: Counter::default(),
             decode_steps: Counter::default(),
             decode_rows: Counter::default(),
+            prefill_micros: Counter::default(),
             ttft: Histogram::new(TTFT_BOUNDS),
             tpot: Histogram::new(TPOT_BOUNDS),
         }
@@ -269,6 +273,13 @@ impl Metrics {
                 c.get()
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP mlx_server_prefill_seconds_total Seconds spent processing prompts.\n\
+             # TYPE mlx_server_prefill_seconds_total counter\n\
+             mlx_server_prefill_seconds_total {}",
+            self.prefill_micros.get() as f64 / 1e6
+        );
         let gauges: [(&str, &str, &Gauge); 4] = [
             (
                 "mlx_server_queue_depth",
