@@ -93,6 +93,18 @@ fn exponents(dims: i32, step_dtype: Dtype) -> Result<Array> {
     ops::arange(0.0, dims as f64, 2.0, step_dtype)?.divide(dims)
 }
 
+/// Evaluates precomputed frequencies now. An unevaluated array belongs to the stream of
+/// the thread that made it, and MLX's GPU backends cannot evaluate it on another thread
+/// ("There is no Stream(gpu, 0) in current thread"): a model loaded on one thread and
+/// run on another (the server's engine thread) would fail at its first forward pass.
+/// The values are those the first forward pass would compute.
+fn materialized(rope: Rope) -> NnResult<Rope> {
+    if let Rope::Freqs { freqs, .. } = &rope {
+        mlx_array::transforms::eval(&[freqs])?;
+    }
+    Ok(rope)
+}
+
 fn f32_scalar(v: f64) -> Result<Array> {
     Array::scalar_f64(v, Dtype::Float32)
 }
@@ -137,7 +149,7 @@ impl Rope {
             .add(&smooth)?;
         let smooth_freqs = freqs.divide(&denom)?;
         let freqs = ops::where_(&is_medium, &smooth_freqs, &freqs)?;
-        Ok(Rope::Freqs {
+        materialized(Rope::Freqs {
             dims,
             traditional,
             freqs,
@@ -199,7 +211,7 @@ impl Rope {
         } else {
             None
         };
-        Ok(Rope::Freqs {
+        materialized(Rope::Freqs {
             dims,
             traditional,
             freqs,
@@ -229,7 +241,7 @@ impl Rope {
         } else {
             (1.0 + factor.ln() / original_max_position_embeddings.ln()).sqrt()
         };
-        Ok(Rope::Freqs {
+        materialized(Rope::Freqs {
             dims,
             traditional: false,
             freqs,
@@ -258,7 +270,7 @@ impl Rope {
             Dtype::Float32,
         )?;
         let freqs = ops::concatenate(&[&finite, &inf], 0)?;
-        Ok(Rope::Freqs {
+        materialized(Rope::Freqs {
             dims,
             traditional,
             freqs,

@@ -261,8 +261,8 @@ fn one_stream(port: u16, body: &str) -> Result<(Stream, Instant)> {
     ))
 }
 
-/// Stands for a number unique to each request at the start of the prompt, so that no
-/// request reuses another's prompt cache.
+/// Stands for a number unique to each request (nine digits) at the start of the
+/// prompt, so that no request reuses another's prompt cache.
 const REQUEST_ID: &str = "@@REQUEST@@";
 
 /// Aggregate tok/s, TTFT p50, TTFT p99 of `n` concurrent streams.
@@ -272,7 +272,12 @@ fn level(port: u16, body: &str, n: u32) -> Result<(f64, f64, f64)> {
     let handles: Vec<_> = (0..n)
         .map(|_| {
             let id = NEXT.fetch_add(1, Ordering::Relaxed);
-            let body = body.replace(REQUEST_ID, &format!("{}", id * 7919));
+            // Fixed width: every prompt has the same token count (tokenizers that
+            // split digits, like Qwen's, would otherwise give a 4-digit id one token
+            // fewer than a 5-digit one, and a server meeting a new length pays for new
+            // kernels and graphs that the warm-up did not build).
+            let tag = format!("{}{:08}", id % 9 + 1, (id * 7919) % 100_000_000);
+            let body = body.replace(REQUEST_ID, &tag);
             std::thread::spawn(move || one_stream(port, &body))
         })
         .collect();
