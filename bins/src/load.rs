@@ -32,6 +32,8 @@ pub fn load(args: &LoadArgs<'_>) -> Result<Loaded> {
     let on_cpu = Device::default_device()?.kind == DeviceType::Cpu;
     let opts = mlx_models::LoadOptions {
         dequantize: on_cpu && !args.keep_quantized,
+        // MLX_FUSED_PROJECTIONS=0: every projection its own matmul (for A/B runs).
+        unfused: std::env::var("MLX_FUSED_PROJECTIONS").is_ok_and(|v| v == "0"),
         ..Default::default()
     };
     let (model, _config) = mlx_models::load_model_with(&path, &opts)

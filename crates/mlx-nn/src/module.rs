@@ -17,6 +17,13 @@ pub struct Param {
     /// the value changes, so a linear layer adds no transpose node to every forward (see
     /// [`Param::transposed`]).
     transposed: std::cell::RefCell<Option<(std::thread::ThreadId, Array)>>,
+    /// Unique to this value: a new one on every [`Param::set`] (see [`Param::id`]).
+    id: u64,
+}
+
+fn next_param_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Param {
@@ -26,6 +33,7 @@ impl Param {
             value,
             frozen: false,
             transposed: std::cell::RefCell::new(None),
+            id: next_param_id(),
         }
     }
 
@@ -35,6 +43,7 @@ impl Param {
             value,
             frozen: true,
             transposed: std::cell::RefCell::new(None),
+            id: next_param_id(),
         }
     }
 
@@ -47,6 +56,14 @@ impl Param {
     pub fn set(&mut self, value: Array) {
         self.value = value;
         self.transposed = std::cell::RefCell::new(None);
+        self.id = next_param_id();
+    }
+
+    /// An id of the current value, unique in the process: a parameter keeps it until
+    /// [`Param::set`] replaces the value (clones share it). Lets a layer tell whether
+    /// something it derived from the value (e.g. [`crate::FusedLinears`]) still holds.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// `value.transpose()` (all axes reversed), the same lazy view the op would make,

@@ -49,6 +49,8 @@ pub fn load(dir: &Path, lazy: bool) -> Result<LoadedModel> {
         dir,
         &LoadOptions {
             lazy,
+            // Conversion replaces the layers: fused copies would only hold memory.
+            unfused: true,
             ..Default::default()
         },
     )?;

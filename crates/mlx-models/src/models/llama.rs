@@ -2,15 +2,15 @@
 use super::{
     batch_len, cache_at, drop_rotary_inv_freq, layer_caches, merge_heads, rope_attend, split_heads,
 };
-use super::{Architecture, Weights};
+use super::{fuse, project, Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::activations::swiglu;
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
-    impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, RmsNorm,
-    Rope,
+    impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
+    Module, RmsNorm, Rope,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -65,6 +65,8 @@ pub struct Attention {
     n_heads: i32,
     n_kv_heads: i32,
     scale: f64,
+    /// q/k/v as one matmul for decoding steps (set by the loader).
+    qkv: Option<FusedLinears>,
 }
 impl_module!(Attention {
     q_proj,
@@ -95,6 +97,7 @@ impl Attention {
             n_heads,
             n_kv_heads,
             scale: (head_dim as f64).powf(-0.5),
+            qkv: None,
         })
     }
 
@@ -105,11 +108,21 @@ impl Attention {
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
         let (b, l) = batch_len(x)?;
-        let queries = split_heads(&self.q_proj.forward(x)?, b, l, self.n_heads)?;
-        let keys = split_heads(&self.k_proj.forward(x)?, b, l, self.n_kv_heads)?;
-        let values = split_heads(&self.v_proj.forward(x)?, b, l, self.n_kv_heads)?;
+        let [q, k, v] = project(
+            self.qkv.as_ref(),
+            [&self.q_proj, &self.k_proj, &self.v_proj],
+            x,
+        )?;
+        let queries = split_heads(&q, b, l, self.n_heads)?;
+        let keys = split_heads(&k, b, l, self.n_kv_heads)?;
+        let values = split_heads(&v, b, l, self.n_kv_heads)?;
         let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
         self.o_proj.forward(&merge_heads(&out, b, l)?)
+    }
+
+    fn fuse(&mut self) -> crate::Result<()> {
+        self.qkv = fuse([&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
+        Ok(())
     }
 }
 
@@ -119,6 +132,8 @@ pub struct Mlp {
     gate_proj: LinearLayer,
     down_proj: LinearLayer,
     up_proj: LinearLayer,
+    /// gate/up as one matmul for decoding steps (set by the loader).
+    gate_up: Option<FusedLinears>,
 }
 impl_module!(Mlp {
     gate_proj,
@@ -132,14 +147,18 @@ impl Mlp {
             gate_proj: LinearLayer::new(dim, hidden, bias)?,
             down_proj: LinearLayer::new(hidden, dim, bias)?,
             up_proj: LinearLayer::new(dim, hidden, bias)?,
+            gate_up: None,
         })
     }
 
     fn forward(&self, x: &Array) -> Result<Array> {
-        self.down_proj.forward(&swiglu(
-            &self.gate_proj.forward(x)?,
-            &self.up_proj.forward(x)?,
-        )?)
+        let [gate, up] = project(self.gate_up.as_ref(), [&self.gate_proj, &self.up_proj], x)?;
+        self.down_proj.forward(&swiglu(&gate, &up)?)
+    }
+
+    fn fuse(&mut self) -> crate::Result<()> {
+        self.gate_up = fuse([&mut self.gate_proj, &mut self.up_proj])?;
+        Ok(())
     }
 }
 
@@ -336,5 +355,12 @@ impl Architecture for Model {
             weights.remove("lm_head.weight");
         }
         Ok(weights)
+    }
+    fn fuse_projections(&mut self) -> crate::Result<()> {
+        for layer in &mut self.model.layers {
+            layer.self_attn.fuse()?;
+            layer.mlp.fuse()?;
+        }
+        Ok(())
     }
 }

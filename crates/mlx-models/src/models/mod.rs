@@ -2,7 +2,10 @@
 //! share (head reshapes, the RoPE + cache + SDPA step, per-layer cache handout).
 use crate::model::LanguageModel;
 use mlx_array::{Array, Error, Result};
-use mlx_nn::{scaled_dot_product_attention, AttnMask, KvCache, KvFetch, Module, Rope};
+use mlx_nn::{
+    scaled_dot_product_attention, AttnMask, FusedLinears, KvCache, KvFetch, LinearLayer, Module,
+    Rope,
+};
 use std::collections::BTreeMap;
 
 pub mod gemma2;
@@ -38,6 +41,44 @@ pub trait Architecture: LanguageModel + Module + IntoLanguageModel {
     fn sanitize(&mut self, weights: Weights) -> crate::Result<Weights> {
         Ok(weights)
     }
+
+    /// Concatenates the weights of projections that read the same input (q/k/v, gate/up)
+    /// so single-position steps run one matmul for them ([`FusedLinears`]); called by
+    /// the loader once the weights are in. Architectures without it do nothing.
+    fn fuse_projections(&mut self) -> crate::Result<()> {
+        Ok(())
+    }
+}
+
+/// [`FusedLinears::fuse`] over a fixed set of layers.
+pub(crate) fn fuse<const N: usize>(
+    layers: [&mut LinearLayer; N],
+) -> crate::Result<Option<FusedLinears>> {
+    let mut layers = layers;
+    Ok(FusedLinears::fuse(&mut layers)?)
+}
+
+/// The outputs of `layers` for `x`: from the fused matmul when `x` has one position per
+/// row and the fused weights still match the layers, else layer by layer.
+pub(crate) fn project<const N: usize>(
+    fused: Option<&FusedLinears>,
+    layers: [&LinearLayer; N],
+    x: &Array,
+) -> Result<[Array; N]> {
+    if let Some(f) = fused {
+        if x.ndim() == 3 && x.dim(1)? == 1 && f.matches(&layers) {
+            let outs = f.forward(x)?;
+            if let Ok(outs) = <[Array; N]>::try_from(outs) {
+                return Ok(outs);
+            }
+        }
+    }
+    let mut outs = Vec::with_capacity(N);
+    for l in layers {
+        outs.push(l.forward(x)?);
+    }
+    <[Array; N]>::try_from(outs)
+        .map_err(|_| Error::InvalidArgument("projection count mismatch".into()))
 }
 
 /// `x.reshape(B, L, n, -1).transpose(0, 2, 1, 3)`.

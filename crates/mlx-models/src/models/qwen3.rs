@@ -1,14 +1,14 @@
 //! Qwen3, following `mlx_lm/models/qwen3.py`.
 use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads};
-use super::{Architecture, Weights};
+use super::{fuse, project, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::activations::swiglu;
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
-    impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, RmsNorm,
-    Rope,
+    impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
+    Module, RmsNorm, Rope,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -75,6 +75,8 @@ pub struct Attention {
     n_heads: i32,
     n_kv_heads: i32,
     scale: f64,
+    /// q/k/v as one matmul for decoding steps (set by the loader).
+    qkv: Option<FusedLinears>,
 }
 impl_module!(Attention {
     q_proj,
@@ -107,6 +109,7 @@ impl Attention {
             n_heads,
             n_kv_heads,
             scale: (head_dim as f64).powf(-0.5),
+            qkv: None,
         })
     }
 
@@ -117,19 +120,26 @@ impl Attention {
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
         let (b, l) = batch_len(x)?;
-        let queries = self.q_proj.forward(x)?.reshape(&[b, l, self.n_heads, -1])?;
+        let [q, k, v] = project(
+            self.qkv.as_ref(),
+            [&self.q_proj, &self.k_proj, &self.v_proj],
+            x,
+        )?;
+        let queries = q.reshape(&[b, l, self.n_heads, -1])?;
         let queries = self
             .q_norm
             .forward(&queries)?
             .transpose(Some(&[0, 2, 1, 3]))?;
-        let keys = self
-            .k_proj
-            .forward(x)?
-            .reshape(&[b, l, self.n_kv_heads, -1])?;
+        let keys = k.reshape(&[b, l, self.n_kv_heads, -1])?;
         let keys = self.k_norm.forward(&keys)?.transpose(Some(&[0, 2, 1, 3]))?;
-        let values = split_heads(&self.v_proj.forward(x)?, b, l, self.n_kv_heads)?;
+        let values = split_heads(&v, b, l, self.n_kv_heads)?;
         let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
         self.o_proj.forward(&merge_heads(&out, b, l)?)
+    }
+
+    fn fuse(&mut self) -> crate::Result<()> {
+        self.qkv = fuse([&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
+        Ok(())
     }
 }
 
@@ -139,6 +149,8 @@ pub struct Mlp {
     gate_proj: LinearLayer,
     down_proj: LinearLayer,
     up_proj: LinearLayer,
+    /// gate/up as one matmul for decoding steps (set by the loader).
+    gate_up: Option<FusedLinears>,
 }
 impl_module!(Mlp {
     gate_proj,
@@ -152,14 +164,18 @@ impl Mlp {
             gate_proj: LinearLayer::new(dim, hidden, false)?,
             down_proj: LinearLayer::new(hidden, dim, false)?,
             up_proj: LinearLayer::new(dim, hidden, false)?,
+            gate_up: None,
         })
     }
 
     fn forward(&self, x: &Array) -> Result<Array> {
-        self.down_proj.forward(&swiglu(
-            &self.gate_proj.forward(x)?,
-            &self.up_proj.forward(x)?,
-        )?)
+        let [gate, up] = project(self.gate_up.as_ref(), [&self.gate_proj, &self.up_proj], x)?;
+        self.down_proj.forward(&swiglu(&gate, &up)?)
+    }
+
+    fn fuse(&mut self) -> crate::Result<()> {
+        self.gate_up = fuse([&mut self.gate_proj, &mut self.up_proj])?;
+        Ok(())
     }
 }
 
@@ -304,5 +320,12 @@ impl Architecture for Model {
             weights.remove("lm_head.weight");
         }
         Ok(weights)
+    }
+    fn fuse_projections(&mut self) -> crate::Result<()> {
+        for layer in &mut self.model.layers {
+            layer.self_attn.fuse()?;
+            layer.mlp.fuse()?;
+        }
+        Ok(())
     }
 }

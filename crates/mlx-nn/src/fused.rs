@@ -1,0 +1,263 @@
+//! [`FusedLinears`]: linear layers that read the same input (an attention block's q/k/v
+//! projections, an MLP's gate and up projections) stored as one concatenated weight, so
+//! a single-position step (decoding) runs one matmul instead of one per layer.
+//!
+//! Each output element of a matmul is the same dot product of an input row with a
+//! weight row whichever other rows the weight holds, so the fused step is meant to give
+//! the separate layers' values bit for bit; `mlx-engine`'s `fused_check` example checks
+//! that on a device, and the models' parity tests on the CPU. Every other step
+//! (prefill, several positions) runs the separate layers, whose weights are now views
+//! into the fused buffer: same shapes, same data, no extra memory.
+//!
+//! The fused weights follow the layers' parameters: when any of them is replaced
+//! (loading other weights, quantizing, LoRA) the layers no longer match
+//! ([`FusedLinears::matches`]) and callers go back to the separate layers.
+use crate::error::Result as NnResult;
+use crate::linear::LinearLayer;
+use crate::quantize::QuantSpec;
+use mlx_array::quant::quantized_matmul;
+use mlx_array::{ops, transforms, Array, Result};
+
+/// The concatenated weights of several [`LinearLayer`]s with the same input.
+#[derive(Debug)]
+pub struct FusedLinears {
+    /// Output features of each layer, in order.
+    sizes: Vec<i32>,
+    kind: Kind,
+    /// [`crate::Param::id`]s of every parameter of the layers, as fused.
+    ids: Vec<u64>,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Dense {
+        /// `weight.T` of the concatenated `[N, K]` weight.
+        weight_t: Array,
+        bias: Option<Array>,
+    },
+    Quantized {
+        weight: Array,
+        scales: Array,
+        biases: Option<Array>,
+        bias: Option<Array>,
+        spec: QuantSpec,
+    },
+}
+
+fn param_ids(layers: &[&LinearLayer]) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for l in layers {
+        match l {
+            LinearLayer::Dense(d) => {
+                ids.push(d.weight.id());
+                ids.extend(d.bias.as_ref().map(|b| b.id()));
+            }
+            LinearLayer::Quantized(q) => {
+                ids.push(q.weight.id());
+                ids.push(q.scales.id());
+                ids.extend(q.biases.as_ref().map(|b| b.id()));
+                ids.extend(q.bias.as_ref().map(|b| b.id()));
+            }
+        }
+    }
+    ids
+}
+
+/// Concatenates `parts` along axis 0, evaluates the result and returns it with a view
+/// of each part's rows (evaluated: they share the concatenated buffer).
+fn concat_with_views(parts: &[&Array]) -> Result<(Array, Vec<Array>)> {
+    let fused = ops::concatenate(parts, 0)?;
+    transforms::eval(&[&fused])?;
+    let mut views = Vec::with_capacity(parts.len());
+    let mut start = 0;
+    for p in parts {
+        let shape = p.shape();
+        let rows = shape[0];
+        let mut begin = vec![0; shape.len()];
+        begin[0] = start;
+        let mut end = shape.clone();
+        end[0] = start + rows;
+        views.push(fused.slice(&begin, &end, None)?);
+        start += rows;
+    }
+    let refs: Vec<&Array> = views.iter().collect();
+    transforms::eval(&refs)?;
+    Ok((fused, views))
+}
+
+impl FusedLinears {
+    /// Fuses `layers` when they can be: all dense with one dtype and input size, or all
+    /// quantized alike; biases on all or none. Their parameters become views into the
+    /// fused buffers (the separate arrays are released). `None` when they differ.
+    pub fn fuse(layers: &mut [&mut LinearLayer]) -> NnResult<Option<FusedLinears>> {
+        if layers.len() < 2 {
+            return Ok(None);
+        }
+        let sizes: Vec<i32> = layers
+            .iter()
+            .map(|l| match &**l {
+                LinearLayer::Dense(d) => d.weight.shape()[0],
+                LinearLayer::Quantized(q) => q.weight.shape()[0],
+            })
+            .collect();
+        let kind = if layers.iter().all(|l| matches!(&**l, LinearLayer::Dense(_))) {
+            let dense: Vec<&mut crate::linear::Linear> = layers
+                .iter_mut()
+                .filter_map(|l| match &mut **l {
+                    LinearLayer::Dense(d) => Some(d),
+                    LinearLayer::Quantized(_) => None,
+                })
+                .collect();
+            let first = &dense[0].weight;
+            let alike = dense.iter().all(|d| {
+                d.weight.ndim() == 2
+                    && d.weight.dtype() == first.dtype()
+                    && d.weight.shape()[1] == first.shape()[1]
+                    && d.bias.is_some() == dense[0].bias.is_some()
+                    && d.bias.as_ref().is_none_or(|b| b.dtype() == first.dtype())
+            });
+            if !alike {
+                return Ok(None);
+            }
+            let ws: Vec<&Array> = dense.iter().map(|d| d.weight.value()).collect();
+            let (weight, views) = concat_with_views(&ws)?;
+            let mut dense = dense;
+            for (d, v) in dense.iter_mut().zip(views) {
+                d.weight.set(v);
+            }
+            let bias = if dense[0].bias.is_some() {
+                let bs: Vec<&Array> = dense
+                    .iter()
+                    .filter_map(|d| d.bias.as_ref().map(|b| b.value()))
+                    .collect();
+                let (bias, views) = concat_with_views(&bs)?;
+                for (d, v) in dense.iter_mut().zip(views) {
+                    if let Some(b) = d.bias.as_mut() {
+                        b.set(v);
+                    }
+                }
+                Some(bias)
+            } else {
+                None
+            };
+            let weight_t = weight.transpose(None)?;
+            transforms::eval(&[&weight_t])?;
+            Kind::Dense { weight_t, bias }
+        } else if layers
+            .iter()
+            .all(|l| matches!(&**l, LinearLayer::Quantized(_)))
+        {
+            let mut qs: Vec<&mut crate::linear::QuantizedLinear> = layers
+                .iter_mut()
+                .filter_map(|l| match &mut **l {
+                    LinearLayer::Quantized(q) => Some(q),
+                    LinearLayer::Dense(_) => None,
+                })
+                .collect();
+            let (spec, k) = (qs[0].spec, qs[0].weight.shape().get(1).copied());
+            let alike = qs.iter().all(|q| {
+                q.spec == spec
+                    && q.weight.ndim() == 2
+                    && q.weight.shape().get(1).copied() == k
+                    && q.scales.dtype() == qs[0].scales.dtype()
+                    && q.biases.is_some() == qs[0].biases.is_some()
+                    && q.bias.is_some() == qs[0].bias.is_some()
+            });
+            if !alike {
+                return Ok(None);
+            }
+            type Q = crate::linear::QuantizedLinear;
+            let weight = fuse_field(&mut qs, |q| Some(&q.weight), |q| Some(&mut q.weight))?;
+            let scales = fuse_field(&mut qs, |q| Some(&q.scales), |q| Some(&mut q.scales))?;
+            let biases = fuse_field(&mut qs, |q: &Q| q.biases.as_ref(), |q| q.biases.as_mut())?;
+            let bias = fuse_field(&mut qs, |q: &Q| q.bias.as_ref(), |q| q.bias.as_mut())?;
+            let (Some(weight), Some(scales)) = (weight, scales) else {
+                return Ok(None);
+            };
+            Kind::Quantized {
+                weight,
+                scales,
+                biases,
+                bias,
+                spec,
+            }
+        } else {
+            return Ok(None);
+        };
+        let refs: Vec<&LinearLayer> = layers.iter().map(|l| &**l).collect();
+        Ok(Some(FusedLinears {
+            sizes,
+            kind,
+            ids: param_ids(&refs),
+        }))
+    }
+
+    /// Whether `layers` still hold the parameters that were fused.
+    pub fn matches(&self, layers: &[&LinearLayer]) -> bool {
+        param_ids(layers) == self.ids
+    }
+
+    /// Every layer's output for `x`, from one matmul (and one bias add), split along the
+    /// last axis.
+    #[track_caller]
+    pub fn forward(&self, x: &Array) -> Result<Vec<Array>> {
+        let y = match &self.kind {
+            Kind::Dense { weight_t, bias } => match bias {
+                Some(b) => ops::addmm(b, x, weight_t, 1.0, 1.0)?,
+                None => x.matmul(weight_t)?,
+            },
+            Kind::Quantized {
+                weight,
+                scales,
+                biases,
+                bias,
+                spec,
+            } => {
+                let y = quantized_matmul(
+                    x,
+                    weight,
+                    scales,
+                    biases.as_ref(),
+                    true,
+                    Some(spec.group_size),
+                    Some(spec.bits),
+                    spec.mode,
+                )?;
+                match bias {
+                    Some(b) => y.add(b)?,
+                    None => y,
+                }
+            }
+        };
+        let mut cuts = Vec::with_capacity(self.sizes.len() - 1);
+        let mut at = 0;
+        for s in &self.sizes[..self.sizes.len() - 1] {
+            at += s;
+            cuts.push(at);
+        }
+        y.split_at(&cuts, -1)
+    }
+}
+
+/// Concatenates one parameter of every quantized layer (`None` when a layer lacks it)
+/// and points each layer's parameter at its rows of the result.
+fn fuse_field(
+    qs: &mut [&mut crate::linear::QuantizedLinear],
+    get: impl Fn(&crate::linear::QuantizedLinear) -> Option<&crate::Param>,
+    get_mut: impl Fn(&mut crate::linear::QuantizedLinear) -> Option<&mut crate::Param>,
+) -> Result<Option<Array>> {
+    let parts: Vec<&Array> = qs
+        .iter()
+        .filter_map(|q| get(q).map(|p| p.value()))
+        .collect();
+    if parts.len() != qs.len() {
+        return Ok(None);
+    }
+    let (fused, views) = concat_with_views(&parts)?;
+    for (q, v) in qs.iter_mut().zip(views) {
+        if let Some(p) = get_mut(q) {
+            p.set(v);
+        }
+    }
+    Ok(Some(fused))
+}

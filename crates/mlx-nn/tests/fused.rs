@@ -1,0 +1,150 @@
+//! `FusedLinears`: one matmul for several projections gives each projection's output bit
+//! for bit, the layers keep working on views of the fused buffer, and replacing a
+//! parameter makes the fusion stale.
+use mlx_array::quant::QuantMode;
+use mlx_array::{random, Array, Dtype};
+use mlx_nn::{FusedLinears, Linear, LinearLayer, QuantSpec, Quantizable};
+
+fn randn(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
+    let k = random::key(seed).unwrap();
+    random::normal(shape, Dtype::Float32, None, None, Some(&k))
+        .unwrap()
+        .astype(dtype)
+        .unwrap()
+}
+
+fn bits(a: &Array) -> Vec<u32> {
+    a.astype(Dtype::Float32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+fn layers(dtype: Dtype, bias: bool, quantized: bool) -> Vec<LinearLayer> {
+    [(96, 1), (32, 2), (32, 3)]
+        .iter()
+        .map(|&(out, seed)| {
+            let w = randn(&[out, 64], seed, dtype);
+            let b = bias.then(|| randn(&[out], seed + 10, dtype));
+            let mut l = LinearLayer::Dense(Linear::from_weights(w, b));
+            if quantized {
+                l.quantize(QuantSpec {
+                    group_size: 32,
+                    bits: 4,
+                    mode: QuantMode::Affine,
+                })
+                .unwrap();
+            }
+            l
+        })
+        .collect()
+}
+
+#[test]
+fn fused_outputs_are_the_separate_outputs_bit_for_bit() {
+    for (dtype, bias, quantized) in [
+        (Dtype::Float32, false, false),
+        (Dtype::Float32, true, false),
+        (Dtype::Bfloat16, true, false),
+        (Dtype::Bfloat16, false, true),
+        (Dtype::Float32, true, true),
+    ] {
+        let what = format!("{dtype:?} bias={bias} quantized={quantized}");
+        let mut ls = layers(dtype, bias, quantized);
+        // One position per row (decoding), batch of 1 and of 3.
+        let xs = [randn(&[1, 1, 64], 7, dtype), randn(&[3, 1, 64], 8, dtype)];
+        let before: Vec<Vec<Vec<u32>>> = xs
+            .iter()
+            .map(|x| ls.iter().map(|l| bits(&l.forward(x).unwrap())).collect())
+            .collect();
+        let fused = {
+            let mut refs: Vec<&mut LinearLayer> = ls.iter_mut().collect();
+            FusedLinears::fuse(&mut refs).unwrap().expect("fusable")
+        };
+        let refs: Vec<&LinearLayer> = ls.iter().collect();
+        assert!(fused.matches(&refs), "{what}");
+        for (x, want) in xs.iter().zip(&before) {
+            let got: Vec<Vec<u32>> = fused.forward(x).unwrap().iter().map(bits).collect();
+            assert_eq!(&got, want, "{what}: fused");
+            // The layers themselves now read views of the fused buffer.
+            let sep: Vec<Vec<u32>> = ls.iter().map(|l| bits(&l.forward(x).unwrap())).collect();
+            assert_eq!(&sep, want, "{what}: views");
+        }
+        // Several positions (prefill) through the views.
+        let x = randn(&[2, 5, 64], 9, dtype);
+        for l in &ls {
+            assert_eq!(l.forward(&x).unwrap().shape(), [2, 5, l_out(l)]);
+        }
+    }
+}
+
+fn l_out(l: &LinearLayer) -> i32 {
+    l.dense_weight_shape()[0]
+}
+
+#[test]
+fn replacing_a_parameter_makes_the_fusion_stale() {
+    let mut ls = layers(Dtype::Float32, true, false);
+    let fused = {
+        let mut refs: Vec<&mut LinearLayer> = ls.iter_mut().collect();
+        FusedLinears::fuse(&mut refs).unwrap().unwrap()
+    };
+    if let LinearLayer::Dense(d) = &mut ls[1] {
+        d.weight.set(randn(&[32, 64], 99, Dtype::Float32));
+    }
+    let refs: Vec<&LinearLayer> = ls.iter().collect();
+    assert!(!fused.matches(&refs));
+    // Quantizing replaces the layer (and its parameters) too.
+    let mut ls = layers(Dtype::Float32, false, false);
+    let fused = {
+        let mut refs: Vec<&mut LinearLayer> = ls.iter_mut().collect();
+        FusedLinears::fuse(&mut refs).unwrap().unwrap()
+    };
+    ls[0]
+        .quantize(QuantSpec {
+            group_size: 32,
+            bits: 8,
+            mode: QuantMode::Affine,
+        })
+        .unwrap();
+    let refs: Vec<&LinearLayer> = ls.iter().collect();
+    assert!(!fused.matches(&refs));
+}
+
+#[test]
+fn unlike_layers_are_not_fused() {
+    // Mixed dense and quantized.
+    let mut ls = layers(Dtype::Float32, false, false);
+    ls[2]
+        .quantize(QuantSpec {
+            group_size: 32,
+            bits: 4,
+            mode: QuantMode::Affine,
+        })
+        .unwrap();
+    let mut refs: Vec<&mut LinearLayer> = ls.iter_mut().collect();
+    assert!(FusedLinears::fuse(&mut refs).unwrap().is_none());
+    // Different input sizes.
+    let mut a = LinearLayer::Dense(Linear::from_weights(
+        randn(&[8, 64], 1, Dtype::Float32),
+        None,
+    ));
+    let mut b = LinearLayer::Dense(Linear::from_weights(
+        randn(&[8, 32], 2, Dtype::Float32),
+        None,
+    ));
+    assert!(FusedLinears::fuse(&mut [&mut a, &mut b]).unwrap().is_none());
+    // Bias on one only.
+    let mut c = LinearLayer::Dense(Linear::from_weights(
+        randn(&[8, 64], 3, Dtype::Float32),
+        Some(randn(&[8], 4, Dtype::Float32)),
+    ));
+    let mut d = LinearLayer::Dense(Linear::from_weights(
+        randn(&[8, 64], 5, Dtype::Float32),
+        None,
+    ));
+    assert!(FusedLinears::fuse(&mut [&mut c, &mut d]).unwrap().is_none());
+}
