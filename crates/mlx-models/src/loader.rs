@@ -24,10 +24,10 @@ pub struct LoadOptions {
     pub dtype: Option<Dtype>,
     /// Leave the weights unevaluated (read from disk on first use).
     pub lazy: bool,
-    /// Keep every projection its own matmul in decoding steps. By default the
-    /// projections that read the same input (q/k/v, gate/up of Llama, Mistral, Qwen2,
-    /// Qwen3) are concatenated at load so a decoding step runs one matmul for them
-    /// (`mlx_nn::FusedLinears`: fewer graph nodes per token, the same values).
+    /// Keep every projection its own matmul in decoding steps. By default the dense
+    /// (not quantized) projections that read the same input (q/k/v, gate/up of Llama,
+    /// Mistral, Qwen2, Qwen3) are concatenated at load so a decoding step runs one matmul
+    /// for them (`mlx_nn::FusedLinears`: fewer graph nodes per token, the same values).
     pub unfused: bool,
 }
 

@@ -50,10 +50,20 @@ pub trait Architecture: LanguageModel + Module + IntoLanguageModel {
     }
 }
 
-/// [`FusedLinears::fuse`] over a fixed set of layers.
+/// [`FusedLinears::fuse`] over a fixed set of dense layers. Quantized layers stay
+/// separate: on the H200 (benchmarks/GPU.md, run 5) fused 4-bit projections were
+/// bit-identical but slower for llama-3.2-1b-4bit (decode ~-20%, prefill through the
+/// weight views ~-10%), while fused dense ones sped decoding up (qwen2.5-0.5b-bf16, whose
+/// biased projections are `addmm`s: +20-50%).
 pub(crate) fn fuse<const N: usize>(
     layers: [&mut LinearLayer; N],
 ) -> crate::Result<Option<FusedLinears>> {
+    if layers
+        .iter()
+        .any(|l| !matches!(&**l, LinearLayer::Dense(_)))
+    {
+        return Ok(None);
+    }
     let mut layers = layers;
     Ok(FusedLinears::fuse(&mut layers)?)
 }
