@@ -66,7 +66,7 @@ pub struct Attention {
     n_kv_heads: i32,
     scale: f64,
     /// q/k/v as one matmul for decoding steps (set by the loader).
-    qkv: Option<FusedLinears>,
+    qkv: Option<Box<FusedLinears>>,
 }
 impl_module!(Attention {
     q_proj,
@@ -109,7 +109,7 @@ impl Attention {
     ) -> Result<Array> {
         let (b, l) = batch_len(x)?;
         let [q, k, v] = project(
-            self.qkv.as_ref(),
+            self.qkv.as_deref(),
             [&self.q_proj, &self.k_proj, &self.v_proj],
             x,
         )?;
@@ -133,7 +133,7 @@ pub struct Mlp {
     down_proj: LinearLayer,
     up_proj: LinearLayer,
     /// gate/up as one matmul for decoding steps (set by the loader).
-    gate_up: Option<FusedLinears>,
+    gate_up: Option<Box<FusedLinears>>,
 }
 impl_module!(Mlp {
     gate_proj,
@@ -152,7 +152,7 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Array) -> Result<Array> {
-        let [gate, up] = project(self.gate_up.as_ref(), [&self.gate_proj, &self.up_proj], x)?;
+        let [gate, up] = project(self.gate_up.as_deref(), [&self.gate_proj, &self.up_proj], x)?;
         self.down_proj.forward(&swiglu(&gate, &up)?)
     }
 

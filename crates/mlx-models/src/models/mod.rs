@@ -57,7 +57,7 @@ pub trait Architecture: LanguageModel + Module + IntoLanguageModel {
 /// biased projections are `addmm`s: +20-50%).
 pub(crate) fn fuse<const N: usize>(
     layers: [&mut LinearLayer; N],
-) -> crate::Result<Option<FusedLinears>> {
+) -> crate::Result<Option<Box<FusedLinears>>> {
     if layers
         .iter()
         .any(|l| !matches!(&**l, LinearLayer::Dense(_)))
@@ -65,7 +65,7 @@ pub(crate) fn fuse<const N: usize>(
         return Ok(None);
     }
     let mut layers = layers;
-    Ok(FusedLinears::fuse(&mut layers)?)
+    Ok(FusedLinears::fuse(&mut layers)?.map(Box::new))
 }
 
 /// The outputs of `layers` for `x`: from the fused matmul when `x` has one position per

@@ -116,9 +116,9 @@ impl SparseMoeBlock {
 #[derive(Debug)]
 pub enum FeedForward {
     /// Experts.
-    Sparse(SparseMoeBlock),
+    Sparse(Box<SparseMoeBlock>),
     /// Dense.
-    Dense(Mlp),
+    Dense(Box<Mlp>),
 }
 
 impl FeedForward {
@@ -222,7 +222,7 @@ impl Model {
                     && args.decoder_sparse_step > 0
                     && (i + 1) % args.decoder_sparse_step == 0;
                 let mlp = if sparse {
-                    FeedForward::Sparse(SparseMoeBlock {
+                    FeedForward::Sparse(Box::new(SparseMoeBlock {
                         gate: LinearLayer::new(dim, args.num_experts, false)?,
                         switch_mlp: SwitchGlu::new(
                             dim,
@@ -232,13 +232,13 @@ impl Model {
                         )?,
                         top_k: args.num_experts_per_tok,
                         norm_topk_prob: args.norm_topk_prob,
-                    })
+                    }))
                 } else {
-                    FeedForward::Dense(Mlp {
+                    FeedForward::Dense(Box::new(Mlp {
                         gate_proj: LinearLayer::new(dim, args.intermediate_size, false)?,
                         down_proj: LinearLayer::new(args.intermediate_size, dim, false)?,
                         up_proj: LinearLayer::new(dim, args.intermediate_size, false)?,
-                    })
+                    }))
                 };
                 Ok(DecoderLayer {
                     self_attn: Attention::new(&attn_args)?,
