@@ -1,8 +1,6 @@
 //! Llama (and Mistral), following `mlx_lm/models/llama.py`.
-use super::{
-    batch_len, cache_at, drop_rotary_inv_freq, layer_caches, merge_heads, rope_attend, split_heads,
-};
-use super::{fuse, project, Architecture, Weights};
+use super::{batch_len, cache_at, drop_rotary_inv_freq, layer_caches, merge_heads, rope_attend};
+use super::{fuse, project, qkv_heads, Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
@@ -108,14 +106,13 @@ impl Attention {
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
         let (b, l) = batch_len(x)?;
-        let [q, k, v] = project(
+        let (queries, keys, values) = qkv_heads(
             self.qkv.as_deref(),
             [&self.q_proj, &self.k_proj, &self.v_proj],
             x,
+            self.n_heads,
+            self.n_kv_heads,
         )?;
-        let queries = split_heads(&q, b, l, self.n_heads)?;
-        let keys = split_heads(&k, b, l, self.n_kv_heads)?;
-        let values = split_heads(&v, b, l, self.n_kv_heads)?;
         let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
         self.o_proj.forward(&merge_heads(&out, b, l)?)
     }

@@ -156,6 +156,24 @@ pub(crate) fn rope_attend(
     scaled_dot_product_attention(&queries, &fetch, scale, mask, None)
 }
 
+/// The q/k/v projections of `[B, L, D]` activations (fused at one position, see
+/// [`project`]) split into heads: `[B, heads, L, head_dim]` each.
+pub(crate) fn qkv_heads(
+    fused: Option<&FusedLinears>,
+    layers: [&LinearLayer; 3],
+    x: &Array,
+    n_heads: i32,
+    n_kv_heads: i32,
+) -> Result<(Array, Array, Array)> {
+    let (b, l) = batch_len(x)?;
+    let [q, k, v] = project(fused, layers, x)?;
+    Ok((
+        split_heads(&q, b, l, n_heads)?,
+        split_heads(&k, b, l, n_kv_heads)?,
+        split_heads(&v, b, l, n_kv_heads)?,
+    ))
+}
+
 /// One optional cache per layer: all `None` when `caches` is empty.
 pub(crate) fn layer_caches(
     caches: &mut [Box<dyn KvCache>],
