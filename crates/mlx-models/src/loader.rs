@@ -89,6 +89,8 @@ pub fn load_model_with(
         model.eval_parameters()?;
         if !options.unfused {
             model.fuse_projections()?;
+            // The separate weights the fused buffers replaced sit in MLX's buffer cache.
+            mlx_array::memory::clear_cache();
         }
     }
     let model_type = raw
