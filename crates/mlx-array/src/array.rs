@@ -189,6 +189,13 @@ impl Array {
         }
     }
 
+    /// Whether the data exists: the array was evaluated or made from host data. An
+    /// array that is not is a node of a lazy graph, which belongs to the stream (and on
+    /// the GPU, the thread) it was made on.
+    pub fn is_available(&self) -> bool {
+        unsafe { sys::mlxs_array_is_available(self.as_raw()) }
+    }
+
     /// Number of dimensions.
     pub fn ndim(&self) -> usize {
         unsafe { sys::mlxs_array_ndim(self.as_raw()) }

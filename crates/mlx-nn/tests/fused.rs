@@ -66,6 +66,15 @@ fn fused_outputs_are_the_separate_outputs_bit_for_bit() {
         };
         let refs: Vec<&LinearLayer> = ls.iter().collect();
         assert!(fused.matches(&refs), "{what}");
+        // The views hold data (no lazy node tied to this thread's stream).
+        for l in &ls {
+            match l {
+                LinearLayer::Dense(d) => assert!(d.weight.is_available(), "{what}"),
+                LinearLayer::Quantized(q) => {
+                    assert!(q.weight.is_available() && q.scales.is_available(), "{what}")
+                }
+            }
+        }
         for (x, want) in xs.iter().zip(&before) {
             let got: Vec<Vec<u32>> = fused.forward(x).unwrap().iter().map(bits).collect();
             assert_eq!(&got, want, "{what}: fused");

@@ -210,3 +210,47 @@ fn switch_glu_sorted_path_matches_per_token_experts() {
         assert!(d < 1e-5, "token {t}: {d}");
     }
 }
+
+/// Precomputed RoPE frequencies hold data as soon as the layer is built: a lazy array
+/// belongs to the thread that made it, and MLX's GPU backend cannot evaluate it from
+/// another one (the server runs the model on its engine thread). The CPU backend does
+/// not mind, so this checks the array itself.
+#[test]
+fn precomputed_rope_frequencies_are_evaluated_when_built() {
+    let configs = [
+        RopeScaling {
+            rope_type: "llama3".into(),
+            factor: Some(8.0),
+            low_freq_factor: Some(1.0),
+            high_freq_factor: Some(4.0),
+            original_max_position_embeddings: Some(8192.0),
+            ..Default::default()
+        },
+        RopeScaling {
+            rope_type: "yarn".into(),
+            factor: Some(4.0),
+            original_max_position_embeddings: Some(4096.0),
+            ..Default::default()
+        },
+        RopeScaling {
+            rope_type: "longrope".into(),
+            short_factor: Some(vec![1.0; 4]),
+            long_factor: Some(vec![2.0; 4]),
+            original_max_position_embeddings: Some(4096.0),
+            ..Default::default()
+        },
+        RopeScaling {
+            rope_type: "proportional".into(),
+            partial_rotary_factor: Some(0.5),
+            ..Default::default()
+        },
+    ];
+    for cfg in &configs {
+        match initialize_rope(8, 10000.0, false, Some(cfg), Some(131072)).unwrap() {
+            Rope::Freqs { freqs, .. } => {
+                assert!(freqs.is_available(), "{}: lazy frequencies", cfg.rope_type)
+            }
+            other => panic!("{}: {other:?}", cfg.rope_type),
+        }
+    }
+}

@@ -229,6 +229,7 @@ size_t mlxs_array_ndim(mlxs_array a) { return a->a.ndim(); }
 const int32_t* mlxs_array_shape(mlxs_array a) { return a->a.shape().data(); }
 int32_t mlxs_array_dtype(mlxs_array a) { return from_dtype(a->a.dtype()); }
 size_t mlxs_array_size(mlxs_array a) { return a->a.size(); }
+bool mlxs_array_is_available(mlxs_array a) { return a->a.is_available(); }
 size_t mlxs_array_nbytes(mlxs_array a) { return a->a.nbytes(); }
 size_t mlxs_array_itemsize(mlxs_array a) { return a->a.itemsize(); }
 int mlxs_array_eval(mlxs_array a) {

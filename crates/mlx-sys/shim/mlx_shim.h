@@ -87,6 +87,8 @@ size_t mlxs_array_ndim(mlxs_array a);
 const int32_t* mlxs_array_shape(mlxs_array a);
 int32_t mlxs_array_dtype(mlxs_array a);
 size_t mlxs_array_size(mlxs_array a);
+/* Whether the array's data exists (evaluated, or made from host data). */
+bool mlxs_array_is_available(mlxs_array a);
 size_t mlxs_array_nbytes(mlxs_array a);
 size_t mlxs_array_itemsize(mlxs_array a);
 int mlxs_array_eval(mlxs_array a);

@@ -146,6 +146,9 @@ unsafe extern "C" {
     pub fn mlxs_array_size(a: mlxs_array) -> usize;
 }
 unsafe extern "C" {
+    pub fn mlxs_array_is_available(a: mlxs_array) -> bool;
+}
+unsafe extern "C" {
     pub fn mlxs_array_nbytes(a: mlxs_array) -> usize;
 }
 unsafe extern "C" {
