@@ -64,6 +64,12 @@ fn main() -> ExitCode {
     mlx_bins::run(|| bench(args))
 }
 
+/// What runs a trial: mlx-lm's `single_bench` (stream_generate) or `batch_bench`.
+enum Runner {
+    Single(Box<dyn mlx_models::LanguageModel>),
+    Batch(Box<BatchGenerator>),
+}
+
 struct Trial {
     prompt_tps: f64,
     generation_tps: f64,
@@ -105,27 +111,27 @@ fn bench(args: Args) -> Result<()> {
 
     // Batch size 1 runs stream_generate (mlx-lm's single_bench); more runs the batch
     // engine the server uses (mlx-lm's batch_generate with its BatchGenerator).
-    let (single, batch) = if args.batch_size > 1 {
+    let runner = if args.batch_size > 1 {
         let opts = BatchOptions {
             prefill_step_size: args.prefill_step_size,
             ..Default::default()
         };
-        (None, Some(BatchGenerator::start(model, opts)?))
+        Runner::Batch(Box::new(BatchGenerator::start(model, opts)?))
     } else {
-        (Some(model), None)
+        Runner::Single(model)
     };
     let max_tokens = usize::try_from(args.generation_tokens)?;
     let run_once = || -> Result<Trial> {
-        if let Some(gen) = &batch {
-            let s = gen.generate(&prompts, max_tokens)?.stats;
-            return Ok(Trial {
-                prompt_tps: s.prompt_tps(),
-                generation_tps: s.generation_tps(),
-                peak_memory: s.peak_memory,
-            });
-        }
-        let Some(model) = single.as_deref() else {
-            bail!("no model")
+        let model = match &runner {
+            Runner::Single(model) => model.as_ref(),
+            Runner::Batch(gen) => {
+                let s = gen.generate(&prompts, max_tokens)?.stats;
+                return Ok(Trial {
+                    prompt_tps: s.prompt_tps(),
+                    generation_tps: s.generation_tps(),
+                    peak_memory: s.peak_memory,
+                });
+            }
         };
         let mut caches = mlx_cache::make_prompt_cache(&model.cache_specs(), None)?;
         let opts = GenerateOptions {

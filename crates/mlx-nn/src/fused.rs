@@ -46,23 +46,22 @@ enum Kind {
     },
 }
 
-fn param_ids(layers: &[&LinearLayer]) -> Vec<u64> {
-    let mut ids = Vec::new();
+/// Calls `f` with the [`crate::Param::id`] of every parameter of `layers`, in order.
+fn for_each_id(layers: &[&LinearLayer], mut f: impl FnMut(u64)) {
     for l in layers {
         match l {
             LinearLayer::Dense(d) => {
-                ids.push(d.weight.id());
-                ids.extend(d.bias.as_ref().map(|b| b.id()));
+                f(d.weight.id());
+                d.bias.iter().for_each(|b| f(b.id()));
             }
             LinearLayer::Quantized(q) => {
-                ids.push(q.weight.id());
-                ids.push(q.scales.id());
-                ids.extend(q.biases.as_ref().map(|b| b.id()));
-                ids.extend(q.bias.as_ref().map(|b| b.id()));
+                f(q.weight.id());
+                f(q.scales.id());
+                q.biases.iter().for_each(|b| f(b.id()));
+                q.bias.iter().for_each(|b| f(b.id()));
             }
         }
     }
-    ids
 }
 
 /// Concatenates `parts` along axis 0, evaluates the result and returns it with a view
@@ -103,7 +102,7 @@ impl FusedLinears {
             })
             .collect();
         let kind = if layers.iter().all(|l| matches!(&**l, LinearLayer::Dense(_))) {
-            let dense: Vec<&mut crate::linear::Linear> = layers
+            let mut dense: Vec<&mut crate::linear::Linear> = layers
                 .iter_mut()
                 .filter_map(|l| match &mut **l {
                     LinearLayer::Dense(d) => Some(d),
@@ -121,26 +120,11 @@ impl FusedLinears {
             if !alike {
                 return Ok(None);
             }
-            let ws: Vec<&Array> = dense.iter().map(|d| d.weight.value()).collect();
-            let (weight, views) = concat_with_views(&ws)?;
-            let mut dense = dense;
-            for (d, v) in dense.iter_mut().zip(views) {
-                d.weight.set(v);
-            }
-            let bias = if dense[0].bias.is_some() {
-                let bs: Vec<&Array> = dense
-                    .iter()
-                    .filter_map(|d| d.bias.as_ref().map(|b| b.value()))
-                    .collect();
-                let (bias, views) = concat_with_views(&bs)?;
-                for (d, v) in dense.iter_mut().zip(views) {
-                    if let Some(b) = d.bias.as_mut() {
-                        b.set(v);
-                    }
-                }
-                Some(bias)
-            } else {
-                None
+            type D = crate::linear::Linear;
+            let weight = fuse_param(&mut dense, |d| Some(&d.weight), |d| Some(&mut d.weight))?;
+            let bias = fuse_param(&mut dense, |d: &D| d.bias.as_ref(), |d| d.bias.as_mut())?;
+            let Some(weight) = weight else {
+                return Ok(None);
             };
             let weight_t = weight.transpose(None)?;
             transforms::eval(&[&weight_t])?;
@@ -169,10 +153,10 @@ impl FusedLinears {
                 return Ok(None);
             }
             type Q = crate::linear::QuantizedLinear;
-            let weight = fuse_field(&mut qs, |q| Some(&q.weight), |q| Some(&mut q.weight))?;
-            let scales = fuse_field(&mut qs, |q| Some(&q.scales), |q| Some(&mut q.scales))?;
-            let biases = fuse_field(&mut qs, |q: &Q| q.biases.as_ref(), |q| q.biases.as_mut())?;
-            let bias = fuse_field(&mut qs, |q: &Q| q.bias.as_ref(), |q| q.bias.as_mut())?;
+            let weight = fuse_param(&mut qs, |q| Some(&q.weight), |q| Some(&mut q.weight))?;
+            let scales = fuse_param(&mut qs, |q| Some(&q.scales), |q| Some(&mut q.scales))?;
+            let biases = fuse_param(&mut qs, |q: &Q| q.biases.as_ref(), |q| q.biases.as_mut())?;
+            let bias = fuse_param(&mut qs, |q: &Q| q.bias.as_ref(), |q| q.bias.as_mut())?;
             let (Some(weight), Some(scales)) = (weight, scales) else {
                 return Ok(None);
             };
@@ -187,16 +171,20 @@ impl FusedLinears {
             return Ok(None);
         };
         let refs: Vec<&LinearLayer> = layers.iter().map(|l| &**l).collect();
-        Ok(Some(FusedLinears {
-            sizes,
-            kind,
-            ids: param_ids(&refs),
-        }))
+        let mut ids = Vec::new();
+        for_each_id(&refs, |id| ids.push(id));
+        Ok(Some(FusedLinears { sizes, kind, ids }))
     }
 
-    /// Whether `layers` still hold the parameters that were fused.
+    /// Whether `layers` still hold the parameters that were fused (checked on every
+    /// decoding step, so without allocating).
     pub fn matches(&self, layers: &[&LinearLayer]) -> bool {
-        param_ids(layers) == self.ids
+        let (mut n, mut same) = (0, true);
+        for_each_id(layers, |id| {
+            same &= self.ids.get(n) == Some(&id);
+            n += 1;
+        });
+        same && n == self.ids.len()
     }
 
     /// Every layer's output for `x`, from one matmul (and one bias add), split along the
@@ -241,23 +229,23 @@ impl FusedLinears {
     }
 }
 
-/// Concatenates one parameter of every quantized layer (`None` when a layer lacks it)
-/// and points each layer's parameter at its rows of the result.
-fn fuse_field(
-    qs: &mut [&mut crate::linear::QuantizedLinear],
-    get: impl Fn(&crate::linear::QuantizedLinear) -> Option<&crate::Param>,
-    get_mut: impl Fn(&mut crate::linear::QuantizedLinear) -> Option<&mut crate::Param>,
+/// Concatenates one parameter of every layer (`None` when a layer lacks it) and points
+/// each layer's parameter at its rows of the result.
+fn fuse_param<T>(
+    layers: &mut [&mut T],
+    get: impl Fn(&T) -> Option<&crate::Param>,
+    get_mut: impl Fn(&mut T) -> Option<&mut crate::Param>,
 ) -> Result<Option<Array>> {
-    let parts: Vec<&Array> = qs
+    let parts: Vec<&Array> = layers
         .iter()
-        .filter_map(|q| get(q).map(|p| p.value()))
+        .filter_map(|l| get(l).map(|p| p.value()))
         .collect();
-    if parts.len() != qs.len() {
+    if parts.len() != layers.len() {
         return Ok(None);
     }
     let (fused, views) = concat_with_views(&parts)?;
-    for (q, v) in qs.iter_mut().zip(views) {
-        if let Some(p) = get_mut(q) {
+    for (l, v) in layers.iter_mut().zip(views) {
+        if let Some(p) = get_mut(l) {
             p.set(v);
         }
     }

@@ -83,10 +83,10 @@ pub(crate) fn project<const N: usize>(
             }
         }
     }
-    let mut outs = Vec::with_capacity(N);
-    for l in layers {
-        outs.push(l.forward(x)?);
-    }
+    let outs = layers
+        .iter()
+        .map(|l| l.forward(x))
+        .collect::<Result<Vec<_>>>()?;
     <[Array; N]>::try_from(outs)
         .map_err(|_| Error::InvalidArgument("projection count mismatch".into()))
 }
