@@ -16,8 +16,8 @@
 #   -b              batch size (1; above 1 both tools run their batch generators)
 #   -n              timed trials inside each process (3); each process warms up first
 #   --rounds        processes per tool, alternating ours / mlx-lm, order flipped each round (2)
-#   --startup-runs  process start to first token runs per tool, best kept (2; 0 or
-#                   SKIP_STARTUP=1 skips)
+#   --startup-runs  process start to first token runs per tool, best kept, after one
+#                   untimed run of ours (2; 0 or SKIP_STARTUP=1 skips)
 #   --budget        start no new model after this many seconds (default 500), so the
 #                   summary is written inside the runner's 600 s limit
 #   --models        where the models are written (default /tmp/bench-models)
@@ -162,6 +162,12 @@ bench_model() {
       log "$name: round $i $who: $(grep '^Averages:' "$raw" | tail -1) ($(tail -1 "$raw" | sed 's/.*ms=//'))"
     done
   done
+  # One untimed run first: MLX compiles some CUDA kernels for the prompt's shapes on first
+  # use and caches them on disk for every later process (of either tool), so without it
+  # whichever tool starts first on a fresh machine pays for that (runs 5 and 6: 27-39 s).
+  if ((STARTUP_RUNS > 0)); then
+    run_one "$raw" ours warm 0 "$OURS_GEN" "${gen[@]}" || log "$name: untimed warm start failed (continuing)"
+  fi
   for ((i = 1; i <= STARTUP_RUNS; i++)); do
     local order=(ours mlx-lm)
     ((i % 2 == 0)) && order=(mlx-lm ours)
@@ -215,6 +221,9 @@ for m in models:
     for r in res.values():
         for k in keys:
             r[k] = mean([t[k] for t in r["trials"]])
+        # peak_memory is cumulative over a process (both tools read MLX's peak without
+        # resetting it), so a tool's peak is the highest any of its trials reported.
+        r["peak_memory"] = max([t["peak_memory"] for t in r["trials"]], default=float("nan"))
         r["startup_best_s"] = min(r["startup_s"]) if r["startup_s"] else float("nan")
     data[m] = res
     a, b = res["ours"], res["mlx-lm"]

@@ -148,6 +148,8 @@ fn main() {
     println!("cargo:rerun-if-env-changed=MLX_PYTHON");
     println!("cargo:rerun-if-changed=shim/mlx_shim.cpp");
     println!("cargo:rerun-if-changed=shim/mlx_shim.h");
+    println!("cargo:rerun-if-changed=shim/fast_qmv.cpp");
+    println!("cargo:rerun-if-changed=shim/fast_qmv.h");
 
     let mut tried = Vec::new();
     let prefix = match env::var("MLX_DIR") {
@@ -181,6 +183,7 @@ fn main() {
         .cpp(true)
         .std("c++20")
         .file("shim/mlx_shim.cpp")
+        .file("shim/fast_qmv.cpp")
         .include(&include)
         .include("shim")
         .flag_if_supported("-Wno-unused-parameter")

@@ -581,7 +581,16 @@ fn report(r: &Report<'_>) -> String {
         ("trial wall time s", |t| t.total_time, 3),
     ];
     for (name, f, d) in rows {
-        let (a, b) = (mean(&col(r.ours, f)), mean(&col(r.theirs, f)));
+        // peak_memory is cumulative over a process (neither tool resets MLX's peak), so
+        // a tool's peak is the highest any of its trials reported, not their mean.
+        let pick = |v: &[f64]| {
+            if name.starts_with("peak") {
+                v.iter().cloned().fold(f64::NAN, f64::max)
+            } else {
+                mean(v)
+            }
+        };
+        let (a, b) = (pick(&col(r.ours, f)), pick(&col(r.theirs, f)));
         let _ = writeln!(s, "| {name} | {a:.d$} | {b:.d$} | {} |", ratio(a, b));
     }
     if !r.start_ours.is_empty() {

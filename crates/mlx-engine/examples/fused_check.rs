@@ -1,11 +1,16 @@
-//! Checks on the current device that fused projections (`mlx_nn::FusedLinears`, the
-//! loader's default) give the logits of separate projections bit for bit: loads the
-//! model twice (fused and `unfused`), prefills the same random prompts, then decodes
-//! greedily at batch 1 and batch 4, comparing every step's logits exactly; then times
-//! the decode steps of both.
+//! Checks on the current device that a decoding speed-up gives the same logits bit for
+//! bit, and times it:
+//! - `fused` (default): fused projections (`mlx_nn::FusedLinears`, the loader's default)
+//!   against separate ones (the model loaded twice, `unfused` and fused);
+//! - `qmv`: our one-row 4-bit kernel (`mlx_array::quant::set_fast_qmv`) against MLX's
+//!   `qmv`: first every product shape of the supported models (three group sizes, three
+//!   inputs each), then the model with the kernel off and on.
+//!
+//! Each arm prefills the same random prompts, then decodes greedily at batch 1 and batch 4,
+//! comparing every step's logits exactly; then the decode steps of both are timed.
 //!
 //! ```sh
-//! cargo run --release -p mlx-engine --example fused_check -- MODEL_DIR [PROMPT] [STEPS]
+//! cargo run --release -p mlx-engine --example fused_check -- MODEL_DIR [PROMPT] [STEPS] [fused|qmv]
 //! ```
 use mlx_array::{random, transforms, Array, Dtype};
 use mlx_models::{load_model_with, LanguageModel, LoadOptions};
@@ -50,29 +55,132 @@ fn run(model: &dyn LanguageModel, batch: i32, prompt: i32, steps: usize) -> Res<
     Ok((out, t / (steps.max(2) - 1) as f64))
 }
 
+/// Our one-row 4-bit kernel against MLX's on the projection shapes of Qwen2.5-0.5B,
+/// Llama-3.2-1B and Llama-3.1-8B ([K, N]); returns whether all were identical.
+fn qmv_shapes() -> Res<bool> {
+    use mlx_array::quant::{
+        fast_qmv_launches, quantize, quantized_matmul, set_fast_qmv, QuantMode,
+    };
+    let shapes = [
+        (896, 4864),
+        (4864, 896),
+        (2048, 3072),
+        (2048, 8192),
+        (8192, 2048),
+        (4096, 4096),
+        (4096, 6144),
+        (4096, 14336),
+        (14336, 4096),
+        (4096, 28672),
+    ];
+    let mut all = true;
+    let key = random::key(7)?;
+    for (k, n) in shapes {
+        for gs in [32, 64, 128] {
+            if k % gs != 0 {
+                continue;
+            }
+            let w = random::normal(&[n, k], Dtype::Float32, None, None, Some(&key))?
+                .multiply(&Array::scalar(0.05f32)?)?
+                .astype(Dtype::Bfloat16)?;
+            let q = quantize(&w, Some(gs), Some(4), QuantMode::Affine)?;
+            let mut same = true;
+            for t in 0..3 {
+                let x =
+                    random::normal(&[1, k], Dtype::Float32, None, None, Some(&random::key(t)?))?
+                        .multiply(&Array::scalar(1.0 + 3.0 * t as f32)?)?
+                        .astype(Dtype::Bfloat16)?;
+                let mm = |on: bool| -> Res<Array> {
+                    set_fast_qmv(on);
+                    let y = quantized_matmul(
+                        &x,
+                        &q.weight,
+                        &q.scales,
+                        q.biases.as_ref(),
+                        true,
+                        Some(gs),
+                        Some(4),
+                        QuantMode::Affine,
+                    )?;
+                    transforms::eval(&[&y])?;
+                    Ok(y)
+                };
+                let before = fast_qmv_launches();
+                let ours = mm(true)?;
+                if fast_qmv_launches() == before && (n as i64) * (k as i64) >= 6 << 20 && n <= 16384
+                {
+                    println!("  [{k}, {n}] g{gs}: our kernel was not used");
+                }
+                let theirs = mm(false)?;
+                same &= ours.array_equal(&theirs, false)?.item::<bool>()?;
+            }
+            set_fast_qmv(true);
+            all &= same;
+            println!(
+                "qmv K={k} N={n} group {gs}: {}",
+                if same { "identical" } else { "DIFFER" }
+            );
+        }
+    }
+    Ok(all)
+}
+
 fn main() -> Res<()> {
     let mut args = std::env::args().skip(1);
     let dir = args
         .next()
-        .ok_or("usage: fused_check MODEL_DIR [PROMPT] [STEPS]")?;
+        .ok_or("usage: fused_check MODEL_DIR [PROMPT] [STEPS] [fused|qmv]")?;
     let prompt: i32 = args.next().map_or(Ok(64), |s| s.parse())?;
     let steps: usize = args.next().map_or(Ok(32), |s| s.parse())?;
-    let (unfused, _) = load_model_with(
-        &dir,
-        &LoadOptions {
-            unfused: true,
-            ..Default::default()
-        },
-    )?;
-    let (fused, _) = load_model_with(&dir, &LoadOptions::default())?;
+    let what = args.next().unwrap_or_else(|| "fused".into());
     let mut all_equal = true;
+    // The two arms: (label, model, fast qmv on).
+    let arms: [(&str, Box<dyn LanguageModel>, bool); 2] = match what.as_str() {
+        "fused" => [
+            (
+                "unfused",
+                load_model_with(
+                    &dir,
+                    &LoadOptions {
+                        unfused: true,
+                        ..Default::default()
+                    },
+                )?
+                .0,
+                true,
+            ),
+            (
+                "fused",
+                load_model_with(&dir, &LoadOptions::default())?.0,
+                true,
+            ),
+        ],
+        "qmv" => {
+            all_equal &= qmv_shapes()?;
+            [
+                (
+                    "mlx qmv",
+                    load_model_with(&dir, &LoadOptions::default())?.0,
+                    false,
+                ),
+                (
+                    "our qmv",
+                    load_model_with(&dir, &LoadOptions::default())?.0,
+                    true,
+                ),
+            ]
+        }
+        other => return Err(format!("unknown check {other:?} (fused or qmv)").into()),
+    };
     for batch in [1, 4] {
         // Twice each, so the timing of the second round has its kernels built.
         let mut times = (0.0, 0.0);
         let mut diffs = Vec::new();
         for _ in 0..2 {
-            let (a, ta) = run(unfused.as_ref(), batch, prompt, steps)?;
-            let (b, tb) = run(fused.as_ref(), batch, prompt, steps)?;
+            mlx_array::quant::set_fast_qmv(arms[0].2);
+            let (a, ta) = run(arms[0].1.as_ref(), batch, prompt, steps)?;
+            mlx_array::quant::set_fast_qmv(arms[1].2);
+            let (b, tb) = run(arms[1].1.as_ref(), batch, prompt, steps)?;
             times = (ta, tb);
             diffs.clear();
             for (x, y) in a.iter().zip(&b) {
@@ -90,17 +198,20 @@ fn main() -> Res<()> {
         all_equal &= identical;
         let worst = diffs.iter().map(|d| d.1).fold(0f32, f32::max);
         println!(
-            "batch {batch}: {} steps, logits {} (max abs diff {worst:e}); decode step unfused {:.3} ms, fused {:.3} ms ({:.2}x)",
+            "batch {batch}: {} steps, logits {} (max abs diff {worst:e}); decode step {} {:.3} ms, {} {:.3} ms ({:.2}x)",
             diffs.len(),
             if identical { "identical" } else { "DIFFER" },
+            arms[0].0,
             times.0 * 1e3,
+            arms[1].0,
             times.1 * 1e3,
             times.0 / times.1
         );
     }
     println!(
-        "fused_check {dir}: {}",
-        if all_equal { "identical" } else { "DIFFER" }
+        "fused_check {what} {dir}: {} (our qmv kernel used {} times)",
+        if all_equal { "identical" } else { "DIFFER" },
+        mlx_array::quant::fast_qmv_launches()
     );
     Ok(())
 }

@@ -3,6 +3,8 @@
 // plus a per-thread message, so nothing from MLX ever unwinds into Rust.
 #include "mlx_shim.h"
 
+#include "fast_qmv.h"
+
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -870,9 +872,18 @@ int mlxs_dequantize(mlxs_array* out, mlxs_array w, mlxs_array scales, mlxs_array
 int mlxs_quantized_matmul(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
                           mlxs_array biases, bool transpose, int group_size, int bits,
                           const char* mode, mlxs_stream s) {
-  OUT1(mx::quantized_matmul(A(x), A(w), A(scales), OPT(biases), transpose, OPTI(group_size),
-                            OPTI(bits), mode ? mode : "affine", S(s)));
+  return guard([&] {
+    std::string m = mode ? mode : "affine";
+    auto fast = mlxs_detail::try_fast_qmv(A(x), A(w), A(scales), OPT(biases), transpose,
+                                          OPTI(group_size), OPTI(bits), m, S(s));
+    *out = wrap(fast ? std::move(*fast)
+                     : mx::quantized_matmul(A(x), A(w), A(scales), OPT(biases), transpose,
+                                            OPTI(group_size), OPTI(bits), m, S(s)));
+  });
 }
+void mlxs_set_fast_qmv(bool on) { mlxs_detail::set_fast_qmv(on); }
+bool mlxs_fast_qmv_enabled(void) { return mlxs_detail::fast_qmv_enabled(); }
+uint64_t mlxs_fast_qmv_launches(void) { return mlxs_detail::fast_qmv_launches(); }
 int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
                     mlxs_array biases, mlxs_array lhs, mlxs_array rhs, bool transpose,
                     int group_size, int bits, const char* mode, bool sorted, mlxs_stream s) {

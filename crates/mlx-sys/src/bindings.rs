@@ -1243,6 +1243,15 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
+    pub fn mlxs_set_fast_qmv(on: bool);
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_qmv_enabled() -> bool;
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_qmv_launches() -> u64;
+}
+unsafe extern "C" {
     pub fn mlxs_gather_qmm(
         out: *mut mlxs_array,
         x: mlxs_array,
