@@ -150,6 +150,9 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/mlx_shim.h");
     println!("cargo:rerun-if-changed=shim/fast_qmv.cpp");
     println!("cargo:rerun-if-changed=shim/fast_qmv.h");
+    println!("cargo:rerun-if-changed=shim/cpu_gemv.cpp");
+    println!("cargo:rerun-if-changed=shim/cpu_gemv.h");
+    println!("cargo:rerun-if-changed=shim/kernel_switch.h");
 
     let mut tried = Vec::new();
     let prefix = match env::var("MLX_DIR") {
@@ -184,10 +187,13 @@ fn main() {
         .std("c++20")
         .file("shim/mlx_shim.cpp")
         .file("shim/fast_qmv.cpp")
+        .file("shim/cpu_gemv.cpp")
         .include(&include)
         .include("shim")
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")
+        // cpu_gemv.cpp must multiply and add separately, as MLX's CPU matmul does.
+        .flag_if_supported("-ffp-contract=off")
         .opt_level(2)
         .compile("mlx_shim");
 

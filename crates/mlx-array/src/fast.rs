@@ -116,3 +116,24 @@ pub fn scaled_dot_product_attention(
         )
     })
 }
+
+/// Turns our CPU matmul on or off (default on; the environment variable
+/// `MLX_FAST_CPU_GEMV=0` starts it off). On the CPU, `matmul` of a `[..., M, K]` by a
+/// `[K, N]` (and `addmm` with alpha and beta 1) of float32, bfloat16 or float16 runs
+/// through our primitive of MLX's CPU arithmetic (each output the float32 sum of its
+/// products in order, rounded once; `crates/mlx-sys/shim/cpu_gemv.cpp`): the same bits as
+/// MLX's matmul, ~2.5x faster for a decoding step of a small model, ~1.8x for its prefill.
+/// Elsewhere nothing changes.
+pub fn set_cpu_gemv(on: bool) {
+    unsafe { sys::mlxs_set_fast_cpu_gemv(on) }
+}
+
+/// Whether [`set_cpu_gemv`] is on.
+pub fn cpu_gemv_enabled() -> bool {
+    unsafe { sys::mlxs_fast_cpu_gemv_enabled() }
+}
+
+/// How many matmuls of this process were built with our CPU primitive.
+pub fn cpu_gemv_uses() -> u64 {
+    unsafe { sys::mlxs_fast_cpu_gemv_uses() }
+}

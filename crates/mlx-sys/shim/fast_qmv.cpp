@@ -27,9 +27,8 @@
 // turns it off.
 #include "fast_qmv.h"
 
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
+#include "kernel_switch.h"
+
 #include <map>
 #include <mutex>
 #include <string>
@@ -51,18 +50,7 @@ constexpr long long kMinElements = 6LL << 20;
 // MLX's limits for taking `qmv` on sm90 (larger N or K go through its `qmm` kernels).
 constexpr int kMaxDim = 16384;
 
-std::atomic<int> g_enabled{-1};
-std::atomic<unsigned long long> g_launches{0};
-
-bool enabled() {
-  int e = g_enabled.load(std::memory_order_relaxed);
-  if (e < 0) {
-    const char* v = std::getenv("MLX_FAST_QMV");
-    e = (v != nullptr && std::strcmp(v, "0") == 0) ? 0 : 1;
-    g_enabled.store(e, std::memory_order_relaxed);
-  }
-  return e == 1;
-}
+KernelSwitch g_switch("MLX_FAST_QMV");
 
 // The kernel's source for one (K, group size): the body is the same for all, K and GS
 // are compile-time constants so the chunk loop unrolls and its loads can be hoisted.
@@ -188,7 +176,7 @@ std::optional<mx::array> try_fast_qmv(
     std::optional<int> bits,
     const std::string& mode,
     mx::StreamOrDevice s) {
-  if (!enabled() || !transpose || mode != "affine" || !biases) return std::nullopt;
+  if (!g_switch.on() || !transpose || mode != "affine" || !biases) return std::nullopt;
   int gs = group_size.value_or(64);
   if (bits.value_or(4) != 4 || (gs != 32 && gs != 64 && gs != 128)) return std::nullopt;
   if (x.dtype() != mx::bfloat16 || scales.dtype() != mx::bfloat16 ||
@@ -224,20 +212,12 @@ std::optional<mx::array> try_fast_qmv(
       std::nullopt,
       false,
       st);
-  g_launches.fetch_add(1, std::memory_order_relaxed);
+  g_switch.count();
   return outs[0];
 }
 
-void set_fast_qmv(bool on) {
-  g_enabled.store(on ? 1 : 0, std::memory_order_relaxed);
-}
-
-bool fast_qmv_enabled() {
-  return enabled();
-}
-
-unsigned long long fast_qmv_launches() {
-  return g_launches.load(std::memory_order_relaxed);
-}
+void set_fast_qmv(bool on) { g_switch.set(on); }
+bool fast_qmv_enabled() { return g_switch.on(); }
+unsigned long long fast_qmv_launches() { return g_switch.uses(); }
 
 }  // namespace mlxs_detail

@@ -3,6 +3,7 @@
 // plus a per-thread message, so nothing from MLX ever unwinds into Rust.
 #include "mlx_shim.h"
 
+#include "cpu_gemv.h"
 #include "fast_qmv.h"
 
 #include <cstring>
@@ -473,7 +474,10 @@ int mlxs_binary(mlxs_array* out, int32_t op, mlxs_array a_, mlxs_array b_, mlxs_
         case MLXS_RIGHT_SHIFT: return mx::right_shift(a, b, s);
         case MLXS_ARCTAN2: return mx::arctan2(a, b, s);
         case MLXS_LOGADDEXP: return mx::logaddexp(a, b, s);
-        case MLXS_MATMUL: return mx::matmul(a, b, s);
+        case MLXS_MATMUL: {
+          auto fast = mlxs_detail::try_cpu_gemv(a, b, std::nullopt, s);
+          return fast ? std::move(*fast) : mx::matmul(a, b, s);
+        }
         case MLXS_INNER: return mx::inner(a, b, s);
         case MLXS_OUTER: return mx::outer(a, b, s);
         case MLXS_KRON: return mx::kron(a, b, s);
@@ -511,8 +515,15 @@ int mlxs_array_equal(mlxs_array* out, mlxs_array a, mlxs_array b, bool equal_nan
 }
 int mlxs_addmm(mlxs_array* out, mlxs_array c, mlxs_array a, mlxs_array b, float alpha, float beta,
                mlxs_stream s) {
-  OUT1(mx::addmm(A(c), A(a), A(b), alpha, beta, S(s)));
+  return guard([&] {
+    std::optional<mx::array> fast;
+    if (alpha == 1.0f && beta == 1.0f) fast = mlxs_detail::try_cpu_gemv(A(a), A(b), A(c), S(s));
+    *out = wrap(fast ? std::move(*fast) : mx::addmm(A(c), A(a), A(b), alpha, beta, S(s)));
+  });
 }
+void mlxs_set_fast_cpu_gemv(bool on) { mlxs_detail::set_fast_cpu_gemv(on); }
+bool mlxs_fast_cpu_gemv_enabled(void) { return mlxs_detail::fast_cpu_gemv_enabled(); }
+uint64_t mlxs_fast_cpu_gemv_uses(void) { return mlxs_detail::fast_cpu_gemv_uses(); }
 int mlxs_astype(mlxs_array* out, mlxs_array a, int32_t dtype, mlxs_stream s) {
   OUT1(mx::astype(A(a), to_dtype(dtype), S(s)));
 }

@@ -183,6 +183,13 @@ int mlxs_isclose(mlxs_array* out, mlxs_array a, mlxs_array b, double rtol, doubl
 int mlxs_allclose(mlxs_array* out, mlxs_array a, mlxs_array b, double rtol, double atol,
                   bool equal_nan, mlxs_stream s);
 int mlxs_array_equal(mlxs_array* out, mlxs_array a, mlxs_array b, bool equal_nan, mlxs_stream s);
+/* On the CPU, matmul / addmm (alpha = beta = 1) of a [..., M, K] by a [K, N] of float32,
+   bfloat16 or float16 go through our primitive of MLX's arithmetic (cpu_gemv.cpp): same
+   bits, faster.
+   On or off (default on; MLX_FAST_CPU_GEMV=0 turns it off); how many products used it. */
+void mlxs_set_fast_cpu_gemv(bool on);
+bool mlxs_fast_cpu_gemv_enabled(void);
+uint64_t mlxs_fast_cpu_gemv_uses(void);
 int mlxs_addmm(mlxs_array* out, mlxs_array c, mlxs_array a, mlxs_array b, float alpha,
                float beta, mlxs_stream s);
 int mlxs_astype(mlxs_array* out, mlxs_array a, int32_t dtype, mlxs_stream s);

@@ -479,6 +479,15 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
+    pub fn mlxs_set_fast_cpu_gemv(on: bool);
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_cpu_gemv_enabled() -> bool;
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_cpu_gemv_uses() -> u64;
+}
+unsafe extern "C" {
     pub fn mlxs_addmm(
         out: *mut mlxs_array,
         c: mlxs_array,

@@ -1,0 +1,171 @@
+//! Our few-row CPU matmul (`fast::set_cpu_gemv`, shim/cpu_gemv.cpp) against MLX's own CPU
+//! matmul and addmm, bit for bit: float32, bfloat16 and float16; 1 to 300 rows; ragged
+//! K and N; the weight as a transposed view (linear layers), contiguous, or strided; a
+//! strided input; biases of every broadcast shape; and gradients through it.
+use mlx_array::fast::{cpu_gemv_enabled, cpu_gemv_uses, set_cpu_gemv};
+use mlx_array::ops::addmm;
+use mlx_array::transforms::value_and_grad;
+use mlx_array::{random, Array, Device, DeviceType, Dtype};
+use std::sync::{Mutex, MutexGuard};
+
+/// The switch is process-wide: under `cargo test` (threads) these tests take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> Option<MutexGuard<'static, ()>> {
+    let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // A GPU default device never takes this path; these tests are about the CPU.
+    (Device::default_device().unwrap().kind == DeviceType::Cpu).then_some(g)
+}
+
+fn normal(shape: &[i32], dtype: Dtype, seed: u64) -> Array {
+    let key = random::key(seed).unwrap();
+    random::normal(shape, Dtype::Float32, None, None, Some(&key))
+        .unwrap()
+        .astype(dtype)
+        .unwrap()
+}
+
+/// Bit patterns, so that -0.0 and NaN compare exactly.
+fn bits(a: &Array) -> Vec<u32> {
+    let f = a.astype(Dtype::Float32).unwrap();
+    f.eval().unwrap();
+    f.to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+/// `f()` with our primitive, then with MLX's: (ours, theirs, whether ours was used).
+fn both(f: impl Fn() -> Array) -> (Vec<u32>, Vec<u32>, bool) {
+    set_cpu_gemv(true);
+    let before = cpu_gemv_uses();
+    let ours = f();
+    let used = cpu_gemv_uses() > before;
+    let ours = bits(&ours);
+    set_cpu_gemv(false);
+    let theirs = bits(&f());
+    set_cpu_gemv(true);
+    (ours, theirs, used)
+}
+
+const DTYPES: [Dtype; 3] = [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16];
+
+#[test]
+fn matmul_is_mlx_bit_for_bit() {
+    let Some(_g) = serial() else { return };
+    let mut seed = 0;
+    for dtype in DTYPES {
+        for (m, k, n) in [
+            (1, 256, 768),
+            (1, 7, 5),
+            (1, 8, 8),
+            (3, 100, 17),
+            (16, 64, 64),
+            (2, 1, 9),
+            (1, 257, 1000),
+            (128, 64, 40),
+            (300, 33, 9),
+        ] {
+            seed += 1;
+            let x = normal(&[1, m, k], dtype, seed);
+            let w = normal(&[n, k], dtype, seed + 100);
+            // A linear layer: x @ W.T, the weight's rows contiguous in k.
+            let wt = w.transpose(None).unwrap();
+            let (a, b, used) = both(|| x.matmul(&wt).unwrap());
+            assert!(used, "{dtype:?} {m}x{k}x{n}: not taken");
+            assert_eq!(a, b, "{dtype:?} x @ W.T, {m}x{k}x{n}");
+            // A weight contiguous in n.
+            let kn = normal(&[k, n], dtype, seed + 200);
+            let (a, b, _) = both(|| x.matmul(&kn).unwrap());
+            assert_eq!(a, b, "{dtype:?} x @ B, {m}x{k}x{n}");
+            // Strided weight (every other column of a wider one) and a transposed input.
+            let wide = normal(&[k, 2 * n], dtype, seed + 300);
+            let strided = wide.slice(&[0, 0], &[k, 2 * n], Some(&[1, 2])).unwrap();
+            let xt = normal(&[k, m], dtype, seed + 400).transpose(None).unwrap();
+            let (a, b, _) = both(|| xt.matmul(&strided).unwrap());
+            assert_eq!(a, b, "{dtype:?} strided, {m}x{k}x{n}");
+        }
+    }
+}
+
+#[test]
+fn addmm_is_mlx_bit_for_bit() {
+    let Some(_g) = serial() else { return };
+    for dtype in DTYPES {
+        let (m, k, n) = (3, 96, 40);
+        let x = normal(&[m, k], dtype, 1);
+        let wt = normal(&[n, k], dtype, 2).transpose(None).unwrap();
+        let kn = normal(&[k, n], dtype, 5);
+        let strided = normal(&[k, 2 * n], dtype, 6)
+            .slice(&[0, 0], &[k, 2 * n], Some(&[1, 2]))
+            .unwrap();
+        for (layout, w) in [("W.T", &wt), ("contiguous", &kn), ("strided", &strided)] {
+            for bias_shape in [vec![n], vec![1, n], vec![m, n], vec![m, 1]] {
+                let c = normal(&bias_shape, dtype, 3);
+                let (a, b, used) = both(|| addmm(&c, &x, w, 1.0, 1.0).unwrap());
+                assert!(used, "{dtype:?} {layout} bias {bias_shape:?}: not taken");
+                assert_eq!(a, b, "{dtype:?} addmm {layout}, bias {bias_shape:?}");
+            }
+        }
+        // Other alpha / beta stay with MLX.
+        let c = normal(&[n], dtype, 4);
+        let (a, b, used) = both(|| addmm(&c, &x, &wt, 0.5, 2.0).unwrap());
+        assert!(!used);
+        assert_eq!(a, b);
+    }
+}
+
+#[test]
+fn what_it_does_not_cover_stays_with_mlx() {
+    let Some(_g) = serial() else { return };
+    let k = 32;
+    let cases = [
+        // A vector (1-D), mixed dtypes, a batched weight.
+        (
+            normal(&[k], Dtype::Float32, 1),
+            normal(&[k, 8], Dtype::Float32, 2),
+        ),
+        (
+            normal(&[1, k], Dtype::Float32, 3),
+            normal(&[k, 8], Dtype::Bfloat16, 4),
+        ),
+        (
+            normal(&[2, 1, k], Dtype::Float32, 5),
+            normal(&[2, k, 8], Dtype::Float32, 6),
+        ),
+    ];
+    for (x, w) in &cases {
+        let (a, b, used) = both(|| x.matmul(w).unwrap());
+        assert!(!used, "{:?} @ {:?}", x.shape(), w.shape());
+        assert_eq!(a, b);
+    }
+}
+
+#[test]
+fn gradients_through_it_are_mlx_gradients() {
+    let Some(_g) = serial() else { return };
+    let x = normal(&[2, 24], Dtype::Float32, 7);
+    let w = normal(&[24, 10], Dtype::Float32, 8);
+    let c = normal(&[10], Dtype::Float32, 9);
+    let grads = |on: bool| -> Vec<Vec<u32>> {
+        set_cpu_gemv(on);
+        let f = |p: &[Array]| -> mlx_array::Result<Vec<Array>> {
+            let y = addmm(&p[2], &p[0], &p[1], 1.0, 1.0)?;
+            Ok(vec![y.square()?.sum(None, false)?])
+        };
+        let (_, g) = value_and_grad(f, &[&x, &w, &c], &[0, 1, 2]).unwrap();
+        set_cpu_gemv(true);
+        g.iter().map(bits).collect()
+    };
+    assert_eq!(grads(true), grads(false));
+}
+
+#[test]
+fn the_switch_reads_back() {
+    let Some(_g) = serial() else { return };
+    set_cpu_gemv(false);
+    assert!(!cpu_gemv_enabled());
+    set_cpu_gemv(true);
+    assert!(cpu_gemv_enabled());
+}

@@ -1,0 +1,335 @@
+// cpu_gemv.cpp: matmuls of a few rows on the CPU (a decoding step's projections and head)
+// with MLX's arithmetic, faster.
+//
+// MLX 0.32.4's CPU matmul gives every output element the float32 sum of its products in
+// the order of k, one multiply and one add each (no FMA), starting from 0, then rounds it
+// to the output dtype once; `addmm` (alpha = beta = 1) adds the bias to that float sum
+// before the rounding (float32 with a weight not laid out as W.T: the sum starts from
+// the bias instead, as the reference BLAS's loops do). Float32 goes to the bundled reference BLAS, bfloat16 / float16 to
+// MLX's blocked `simd_gemm`, whose SIMD width is 1 on Linux: both sum in order, and both
+// stream the weight at ~1-2 GFLOP/s, which is most of a small model's decoding step.
+//
+// This primitive keeps exactly that sum (same products, same order, same single rounding)
+// and only vectorizes across outputs: eight outputs' sums advance together, one k at a
+// time (AVX2 where the CPU has it, with the weight rows transposed in registers, eight by
+// eight). `tests/cpu_gemv.rs` in mlx-array checks it bit for bit against MLX's matmul and
+// addmm for float32, bfloat16 and float16, every weight layout, ragged sizes and 1 to 300
+// rows; the parity suites (`cargo xtask parity`) run every model through it.
+//
+// It is used for CPU matmuls x [..., M, K] @ b [K, N] (b any strides; any M: prefill
+// too, ~1.8x there on the tiny benchmark model) of float32, bfloat16 or float16 operands
+// of one dtype. MLX_FAST_CPU_GEMV=0 or
+// mlxs_set_fast_cpu_gemv(false) turns it off.
+#include "cpu_gemv.h"
+
+#include "kernel_switch.h"
+
+#include <type_traits>
+#include <vector>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define MLXS_X86 1
+#endif
+
+namespace mx = mlx::core;
+
+namespace mlxs_detail {
+namespace {
+
+
+KernelSwitch g_switch("MLX_FAST_CPU_GEMV");
+
+template <typename T>
+inline float to_f32(T v) {
+  return static_cast<float>(v);
+}
+
+// One output element's sum, in order: the reference for every path below.
+template <typename T>
+float dot_in_order(float s, const float* x, const T* w, int64_t k_stride, int k) {
+  for (int i = 0; i < k; ++i) {
+    float p = x[i] * to_f32(w[i * k_stride]);
+    s = s + p;
+  }
+  return s;
+}
+
+#ifdef MLXS_X86
+// Eight consecutive elements as float32.
+template <typename T>
+__attribute__((target("avx2"))) inline __m256 load8(const T* p);
+
+template <>
+__attribute__((target("avx2"))) inline __m256 load8<float>(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+
+template <>
+__attribute__((target("avx2"))) inline __m256 load8<mx::bfloat16_t>(const mx::bfloat16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx2"))) inline void transpose8(__m256* r) {
+  __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]);
+  __m256 t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]);
+  __m256 t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]);
+  __m256 t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]);
+  __m256 t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// Outputs n0..n0+7 of one row, weight rows contiguous in k (w[n * ld + k]).
+template <typename T>
+__attribute__((target("avx2"))) void rows8_avx2(
+    const float* x, const T* w, int64_t ld, int k, float* out) {
+  __m256 acc = _mm256_loadu_ps(out);
+  int kb = 0;
+  for (; kb + 8 <= k; kb += 8) {
+    __m256 r[8];
+    for (int i = 0; i < 8; ++i) r[i] = load8<T>(w + i * ld + kb);
+    transpose8(r);  // r[j] = the eight outputs' weights at k = kb + j
+    for (int j = 0; j < 8; ++j) {
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(x[kb + j]), r[j]));
+    }
+  }
+  alignas(32) float a[8];
+  _mm256_store_ps(a, acc);
+  for (int i = 0; i < 8; ++i) {
+    float s = a[i];
+    for (int kk = kb; kk < k; ++kk) s = s + x[kk] * to_f32(w[i * ld + kk]);
+    out[i] = s;
+  }
+}
+
+// Outputs n0..n0+7 of one row, weight contiguous in n (b[k * ld + n]).
+template <typename T>
+__attribute__((target("avx2"))) void cols8_avx2(
+    const float* x, const T* b, int64_t ld, int k, float* out) {
+  __m256 acc = _mm256_loadu_ps(out);
+  for (int kk = 0; kk < k; ++kk) {
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(x[kk]), load8<T>(b + kk * ld)));
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+#endif
+
+// All N sums of one row of x: b(k, n) at b[k * sk + n * sn]; each starts from out[n].
+template <typename T>
+void row_sums(const float* x, const T* b, int64_t sk, int64_t sn, int k, int n, float* out) {
+  int j = 0;
+#ifdef MLXS_X86
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, mx::bfloat16_t>) {
+    if (has_avx2() && sk == 1) {
+      for (; j + 8 <= n; j += 8) rows8_avx2<T>(x, b + j * sn, sn, k, out + j);
+    } else if (has_avx2() && sn == 1) {
+      for (; j + 8 <= n; j += 8) cols8_avx2<T>(x, b + j, sk, k, out + j);
+    }
+  }
+#endif
+  for (; j < n; ++j) out[j] = dot_in_order<T>(out[j], x, b + j * sn, sk, k);
+}
+
+// Offset of element `i` of a row-major enumeration of `shape` with `strides`.
+int64_t offset_of(int64_t i, const mx::Shape& shape, const mx::Strides& strides) {
+  int64_t off = 0;
+  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+    off += (i % shape[d]) * strides[d];
+    i /= shape[d];
+  }
+  return off;
+}
+
+template <typename T>
+void run(const mx::array& a, const mx::array& b, const mx::array* c, mx::array& out) {
+  const int k = b.shape(0);
+  const int n = b.shape(1);
+  const int rows = static_cast<int>(a.size() / k);
+  const T* ap = a.data<T>();
+  const T* bp = b.data<T>();
+  T* op = out.data<T>();
+  std::vector<float> xrow(k);
+  std::vector<float> sums(n);
+  // Where the bias goes: MLX's bfloat16 / float16 gemm adds it to the finished sum; for
+  // float32 the reference BLAS does too when it takes b as transposed (b's strides
+  // [1, K], a linear layer's W.T), and otherwise starts each sum from it.
+  const bool bias_first =
+      std::is_same_v<T, float> && !(b.strides()[0] == 1 && b.strides()[1] == k);
+  // The bias's strides broadcast to the output's shape.
+  mx::Strides cs(out.ndim(), 0);
+  if (c != nullptr) {
+    const int lead = static_cast<int>(out.ndim()) - static_cast<int>(c->ndim());
+    for (int d = 0; d < static_cast<int>(c->ndim()); ++d) {
+      if (c->shape(d) != 1) cs[lead + d] = c->strides()[d];
+    }
+  }
+  for (int m = 0; m < rows; ++m) {
+    for (int kk = 0; kk < k; ++kk) {
+      xrow[kk] = to_f32(ap[offset_of(static_cast<int64_t>(m) * k + kk, a.shape(), a.strides())]);
+    }
+    auto bias = [&](int j) {
+      return to_f32(c->data<T>()[offset_of(static_cast<int64_t>(m) * n + j, out.shape(), cs)]);
+    };
+    for (int j = 0; j < n; ++j) sums[j] = (c != nullptr && bias_first) ? bias(j) : 0.0f;
+    row_sums<T>(xrow.data(), bp, b.strides()[0], b.strides()[1], k, n, sums.data());
+    for (int j = 0; j < n; ++j) {
+      float s = sums[j];
+      if (c != nullptr && !bias_first) s = s + bias(j);
+      op[static_cast<int64_t>(m) * n + j] = static_cast<T>(s);
+    }
+  }
+}
+
+class RowMatmul : public mx::UnaryPrimitive {
+ public:
+  RowMatmul(mx::Stream s, bool has_bias) : mx::UnaryPrimitive(s), has_bias_(has_bias) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto& in : inputs) enc.set_input_array(in);
+    enc.set_output_array(out);
+    enc.dispatch([a = mx::array::unsafe_weak_copy(inputs[0]),
+                  b = mx::array::unsafe_weak_copy(inputs[1]),
+                  c = has_bias_ ? std::optional<mx::array>(mx::array::unsafe_weak_copy(inputs[2]))
+                                : std::nullopt,
+                  out = mx::array::unsafe_weak_copy(out)]() mutable {
+      const mx::array* cp = c ? &*c : nullptr;
+      switch (out.dtype().val()) {
+        case mx::Dtype::Val::float32: run<float>(a, b, cp, out); break;
+        case mx::Dtype::Val::bfloat16: run<mx::bfloat16_t>(a, b, cp, out); break;
+        case mx::Dtype::Val::float16: run<mx::float16_t>(a, b, cp, out); break;
+        default: throw std::runtime_error("[RowMatmul] unsupported dtype");
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[RowMatmul] runs on the CPU only");
+  }
+
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>& outputs) override {
+    const auto& a = primals[0];
+    const auto& b = primals[1];
+    const auto& cot = cotangents[0];
+    std::vector<mx::array> grads;
+    for (int arg : argnums) {
+      if (arg == 0) {
+        grads.push_back(mx::matmul(cot, mx::transpose(b, stream()), stream()));
+      } else if (arg == 1) {
+        int k = a.shape(-1);
+        int n = b.shape(1);
+        auto a2 = mx::reshape(a, {-1, k}, stream());
+        auto c2 = mx::reshape(cot, {-1, n}, stream());
+        grads.push_back(mx::matmul(mx::transpose(a2, stream()), c2, stream()));
+      } else {
+        // The bias was broadcast to the output: sum the cotangent back to its shape.
+        const auto& c = primals[2];
+        auto g = cot;
+        while (g.ndim() > c.ndim()) g = mx::sum(g, 0, false, stream());
+        for (int d = 0; d < static_cast<int>(c.ndim()); ++d) {
+          if (c.shape(d) == 1 && g.shape(d) != 1) g = mx::sum(g, d, true, stream());
+        }
+        grads.push_back(g);
+      }
+    }
+    return grads;
+  }
+
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override {
+    std::optional<mx::array> t;
+    for (size_t i = 0; i < argnums.size(); ++i) {
+      mx::array term = argnums[i] == 0   ? mx::matmul(tangents[i], primals[1], stream())
+                       : argnums[i] == 1 ? mx::matmul(primals[0], tangents[i], stream())
+                                         : tangents[i];
+      t = t ? mx::add(*t, term, stream()) : term;
+    }
+    return {*t};
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape s = inputs[0].shape();
+    s.back() = inputs[1].shape(1);
+    return {s};
+  }
+
+  const char* name() const override { return "RowMatmul"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const RowMatmul*>(&other);
+    return o != nullptr && o->has_bias_ == has_bias_;
+  }
+
+ private:
+  bool has_bias_;
+};
+
+}  // namespace
+
+std::optional<mx::array> try_cpu_gemv(const mx::array& a, const mx::array& b,
+                                      const std::optional<mx::array>& c, mx::StreamOrDevice s) {
+  if (!g_switch.on() || a.ndim() < 2 || b.ndim() != 2 || a.dtype() != b.dtype()) {
+    return std::nullopt;
+  }
+  const auto dt = a.dtype();
+  if (dt != mx::float32 && dt != mx::bfloat16 && dt != mx::float16) return std::nullopt;
+  const int k = a.shape(-1);
+  const int n = b.shape(1);
+  if (k <= 0 || n <= 0 || b.shape(0) != k) return std::nullopt;
+  mx::Stream st = mx::to_stream(s);
+  if (st.device != mx::Device::cpu) return std::nullopt;
+  mx::Shape out_shape = a.shape();
+  out_shape.back() = n;
+  std::vector<mx::array> inputs = {a, b};
+  if (c) {
+    if (c->dtype() != dt) return std::nullopt;
+    // addmm broadcasts c to the output; anything else is MLX's to report.
+    if (c->ndim() > out_shape.size()) return std::nullopt;
+    const int lead = static_cast<int>(out_shape.size()) - static_cast<int>(c->ndim());
+    for (int d = 0; d < static_cast<int>(c->ndim()); ++d) {
+      if (c->shape(d) != 1 && c->shape(d) != out_shape[lead + d]) return std::nullopt;
+    }
+    inputs.push_back(*c);
+  }
+  g_switch.count();
+  return mx::array(out_shape, dt, std::make_shared<RowMatmul>(st, c.has_value()), inputs);
+}
+
+void set_fast_cpu_gemv(bool on) { g_switch.set(on); }
+bool fast_cpu_gemv_enabled() { return g_switch.on(); }
+unsigned long long fast_cpu_gemv_uses() { return g_switch.uses(); }
+
+}  // namespace mlxs_detail

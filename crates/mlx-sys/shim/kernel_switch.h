@@ -1,0 +1,34 @@
+// kernel_switch.h: internal to the shim. The on/off switch and use count of one of our
+// kernels: on unless its environment variable is "0" at first use, settable at any time.
+#pragma once
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace mlxs_detail {
+
+class KernelSwitch {
+ public:
+  explicit KernelSwitch(const char* env) : env_(env) {}
+
+  bool on() {
+    int s = state_.load(std::memory_order_relaxed);
+    if (s < 0) {
+      const char* v = std::getenv(env_);
+      s = (v != nullptr && std::strcmp(v, "0") == 0) ? 0 : 1;
+      state_.store(s, std::memory_order_relaxed);
+    }
+    return s == 1;
+  }
+  void set(bool on) { state_.store(on ? 1 : 0, std::memory_order_relaxed); }
+  void count() { uses_.fetch_add(1, std::memory_order_relaxed); }
+  unsigned long long uses() const { return uses_.load(std::memory_order_relaxed); }
+
+ private:
+  const char* env_;
+  std::atomic<int> state_{-1};
+  std::atomic<unsigned long long> uses_{0};
+};
+
+}  // namespace mlxs_detail
