@@ -24,6 +24,7 @@
 
 #include "kernel_switch.h"
 
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -102,38 +103,48 @@ __attribute__((target("avx2"))) inline void transpose8(__m256* r) {
   r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
-// Outputs n0..n0+7 of one row, weight rows contiguous in k (w[n * ld + k]).
-template <typename T>
+// Outputs n0..n0+7 of R rows of x (row r at x + r * xs, its sums at out + r * os), weight
+// rows contiguous in k (w[n * ld + k]): each transposed block of weights serves all R rows.
+template <typename T, int R>
 __attribute__((target("avx2"))) void rows8_avx2(
-    const float* x, const T* w, int64_t ld, int k, float* out) {
-  __m256 acc = _mm256_loadu_ps(out);
+    const float* x, int64_t xs, const T* w, int64_t ld, int k, float* out, int64_t os) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_loadu_ps(out + r * os);
   int kb = 0;
   for (; kb + 8 <= k; kb += 8) {
-    __m256 r[8];
-    for (int i = 0; i < 8; ++i) r[i] = load8<T>(w + i * ld + kb);
-    transpose8(r);  // r[j] = the eight outputs' weights at k = kb + j
+    __m256 v[8];
+    for (int i = 0; i < 8; ++i) v[i] = load8<T>(w + i * ld + kb);
+    transpose8(v);  // v[j] = the eight outputs' weights at k = kb + j
     for (int j = 0; j < 8; ++j) {
-      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(x[kb + j]), r[j]));
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_set1_ps(x[r * xs + kb + j]), v[j]));
+      }
     }
   }
-  alignas(32) float a[8];
-  _mm256_store_ps(a, acc);
-  for (int i = 0; i < 8; ++i) {
-    float s = a[i];
-    for (int kk = kb; kk < k; ++kk) s = s + x[kk] * to_f32(w[i * ld + kk]);
-    out[i] = s;
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float a[8];
+    _mm256_store_ps(a, acc[r]);
+    for (int i = 0; i < 8; ++i) {
+      float s = a[i];
+      for (int kk = kb; kk < k; ++kk) s = s + x[r * xs + kk] * to_f32(w[i * ld + kk]);
+      out[r * os + i] = s;
+    }
   }
 }
 
-// Outputs n0..n0+7 of one row, weight contiguous in n (b[k * ld + n]).
-template <typename T>
+// The same with the weight contiguous in n (b[k * ld + n]).
+template <typename T, int R>
 __attribute__((target("avx2"))) void cols8_avx2(
-    const float* x, const T* b, int64_t ld, int k, float* out) {
-  __m256 acc = _mm256_loadu_ps(out);
+    const float* x, int64_t xs, const T* b, int64_t ld, int k, float* out, int64_t os) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_loadu_ps(out + r * os);
   for (int kk = 0; kk < k; ++kk) {
-    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(x[kk]), load8<T>(b + kk * ld)));
+    __m256 v = load8<T>(b + kk * ld);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_set1_ps(x[r * xs + kk]), v));
+    }
   }
-  _mm256_storeu_ps(out, acc);
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * os, acc[r]);
 }
 
 bool has_avx2() {
@@ -142,21 +153,29 @@ bool has_avx2() {
 }
 #endif
 
-// All N sums of one row of x: b(k, n) at b[k * sk + n * sn]; each starts from out[n].
-template <typename T>
+// All N sums of R rows of x (row r at x + r * k, its sums at out + r * n, each starting
+// from its value there): b(k, n) at b[k * sk + n * sn].
+template <typename T, int R>
 void row_sums(const float* x, const T* b, int64_t sk, int64_t sn, int k, int n, float* out) {
   int j = 0;
 #ifdef MLXS_X86
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, mx::bfloat16_t>) {
     if (has_avx2() && sk == 1) {
-      for (; j + 8 <= n; j += 8) rows8_avx2<T>(x, b + j * sn, sn, k, out + j);
+      for (; j + 8 <= n; j += 8) rows8_avx2<T, R>(x, k, b + j * sn, sn, k, out + j, n);
     } else if (has_avx2() && sn == 1) {
-      for (; j + 8 <= n; j += 8) cols8_avx2<T>(x, b + j, sk, k, out + j);
+      for (; j + 8 <= n; j += 8) cols8_avx2<T, R>(x, k, b + j, sk, k, out + j, n);
     }
   }
 #endif
-  for (; j < n; ++j) out[j] = dot_in_order<T>(out[j], x, b + j * sn, sk, k);
+  for (int r = 0; r < R; ++r) {
+    for (int jj = j; jj < n; ++jj) {
+      out[r * n + jj] = dot_in_order<T>(out[r * n + jj], x + r * k, b + jj * sn, sk, k);
+    }
+  }
 }
+
+// Rows of x taken together by the vectorized paths.
+constexpr int kRowBlock = 4;
 
 // Offset of element `i` of a row-major enumeration of `shape` with `strides`.
 int64_t offset_of(int64_t i, const mx::Shape& shape, const mx::Strides& strides) {
@@ -176,8 +195,8 @@ void run(const mx::array& a, const mx::array& b, const mx::array* c, mx::array& 
   const T* ap = a.data<T>();
   const T* bp = b.data<T>();
   T* op = out.data<T>();
-  std::vector<float> xrow(k);
-  std::vector<float> sums(n);
+  std::vector<float> xrows(static_cast<size_t>(kRowBlock) * k);
+  std::vector<float> sums(static_cast<size_t>(kRowBlock) * n);
   // Where the bias goes: MLX's bfloat16 / float16 gemm adds it to the finished sum; for
   // float32 the reference BLAS does too when it takes b as transposed (b's strides
   // [1, K], a linear layer's W.T), and otherwise starts each sum from it.
@@ -191,19 +210,34 @@ void run(const mx::array& a, const mx::array& b, const mx::array* c, mx::array& 
       if (c->shape(d) != 1) cs[lead + d] = c->strides()[d];
     }
   }
-  for (int m = 0; m < rows; ++m) {
-    for (int kk = 0; kk < k; ++kk) {
-      xrow[kk] = to_f32(ap[offset_of(static_cast<int64_t>(m) * k + kk, a.shape(), a.strides())]);
+  auto bias = [&](int m, int j) {
+    return to_f32(c->data<T>()[offset_of(static_cast<int64_t>(m) * n + j, out.shape(), cs)]);
+  };
+  for (int m0 = 0; m0 < rows; m0 += kRowBlock) {
+    const int block = std::min(kRowBlock, rows - m0);
+    for (int r = 0; r < block; ++r) {
+      const int64_t m = m0 + r;
+      for (int kk = 0; kk < k; ++kk) {
+        xrows[r * k + kk] = to_f32(ap[offset_of(m * k + kk, a.shape(), a.strides())]);
+      }
+      for (int j = 0; j < n; ++j) {
+        sums[r * n + j] = (c != nullptr && bias_first) ? bias(m0 + r, j) : 0.0f;
+      }
     }
-    auto bias = [&](int j) {
-      return to_f32(c->data<T>()[offset_of(static_cast<int64_t>(m) * n + j, out.shape(), cs)]);
-    };
-    for (int j = 0; j < n; ++j) sums[j] = (c != nullptr && bias_first) ? bias(j) : 0.0f;
-    row_sums<T>(xrow.data(), bp, b.strides()[0], b.strides()[1], k, n, sums.data());
-    for (int j = 0; j < n; ++j) {
-      float s = sums[j];
-      if (c != nullptr && !bias_first) s = s + bias(j);
-      op[static_cast<int64_t>(m) * n + j] = static_cast<T>(s);
+    if (block == kRowBlock) {
+      row_sums<T, kRowBlock>(xrows.data(), bp, b.strides()[0], b.strides()[1], k, n, sums.data());
+    } else {
+      for (int r = 0; r < block; ++r) {
+        row_sums<T, 1>(xrows.data() + r * k, bp, b.strides()[0], b.strides()[1], k, n,
+                       sums.data() + r * n);
+      }
+    }
+    for (int r = 0; r < block; ++r) {
+      for (int j = 0; j < n; ++j) {
+        float s = sums[r * n + j];
+        if (c != nullptr && !bias_first) s = s + bias(m0 + r, j);
+        op[static_cast<int64_t>(m0 + r) * n + j] = static_cast<T>(s);
+      }
     }
   }
 }
