@@ -162,6 +162,21 @@ fn gradients_through_it_are_mlx_gradients() {
 }
 
 #[test]
+fn batched_and_empty_inputs() {
+    let Some(_g) = serial() else { return };
+    let w = normal(&[24, 12], Dtype::Bfloat16, 11);
+    for shape in [vec![2, 3, 24], vec![0, 24], vec![2, 0, 24]] {
+        let x = normal(&shape, Dtype::Bfloat16, 12);
+        let (a, b, used) = both(|| x.matmul(&w).unwrap());
+        assert!(used, "{shape:?}");
+        assert_eq!(a, b, "{shape:?}");
+        let mut want = shape.clone();
+        *want.last_mut().unwrap() = 12;
+        assert_eq!(x.matmul(&w).unwrap().shape(), want);
+    }
+}
+
+#[test]
 fn the_switch_reads_back() {
     let Some(_g) = serial() else { return };
     set_cpu_gemv(false);
