@@ -177,6 +177,77 @@ fn batched_and_empty_inputs() {
 }
 
 #[test]
+fn quantized_4_and_8_bit_are_mlx_bit_for_bit() {
+    use mlx_array::quant::{quantize, quantized_matmul, QuantMode};
+    let Some(_g) = serial() else { return };
+    let mut seed = 50;
+    // (activations, weights / scales): bf16 throughout; float32 activations with float32,
+    // float16 or bfloat16 scales (a GGUF import keeps float16 ones).
+    let types = [
+        (Dtype::Bfloat16, Dtype::Bfloat16),
+        (Dtype::Float32, Dtype::Float32),
+        (Dtype::Float32, Dtype::Float16),
+        (Dtype::Float32, Dtype::Bfloat16),
+    ];
+    for (gs, (xt, wt)) in [32, 64, 128]
+        .into_iter()
+        .flat_map(|g| types.map(|t| (g, t)))
+    {
+        let shapes = [(1, 256, 64), (3, 128, 13), (17, 384, 40), (1, 128, 8)];
+        for (bits, (m, k, n)) in [4, 8].into_iter().flat_map(|b| shapes.map(|s| (b, s))) {
+            seed += 1;
+            let w = normal(&[n, k], wt, seed);
+            let q = quantize(&w, Some(gs), Some(bits), QuantMode::Affine).unwrap();
+            let x = normal(&[1, m, k], xt, seed + 1);
+            let mm = || {
+                quantized_matmul(
+                    &x,
+                    &q.weight,
+                    &q.scales,
+                    q.biases.as_ref(),
+                    true,
+                    Some(gs),
+                    Some(bits),
+                    QuantMode::Affine,
+                )
+                .unwrap()
+            };
+            let (a, b, used) = both(mm);
+            let what = format!("{xt:?}/{wt:?} {bits}-bit g{gs} {m}x{k}x{n}");
+            assert!(used, "{what}: not taken");
+            assert_eq!(a, b, "{what}");
+        }
+    }
+    // Gradients with respect to x go through MLX's transposed product, as for MLX's own.
+    let w = normal(&[24, 64], Dtype::Bfloat16, 90);
+    let q = quantize(&w, Some(32), Some(4), QuantMode::Affine).unwrap();
+    let x = normal(&[2, 64], Dtype::Bfloat16, 91);
+    let grads = |on: bool| {
+        set_cpu_gemv(on);
+        let f = |p: &[Array]| -> mlx_array::Result<Vec<Array>> {
+            let y = quantized_matmul(
+                &p[0],
+                &q.weight,
+                &q.scales,
+                q.biases.as_ref(),
+                true,
+                Some(32),
+                Some(4),
+                QuantMode::Affine,
+            )?;
+            Ok(vec![y
+                .astype(Dtype::Float32)?
+                .square()?
+                .sum(None, false)?])
+        };
+        let (_, g) = value_and_grad(f, &[&x], &[0]).unwrap();
+        set_cpu_gemv(true);
+        bits(&g[0])
+    };
+    assert_eq!(grads(true), grads(false));
+}
+
+#[test]
 fn the_switch_reads_back() {
     let Some(_g) = serial() else { return };
     set_cpu_gemv(false);

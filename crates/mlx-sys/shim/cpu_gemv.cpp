@@ -217,8 +217,10 @@ void run(const mx::array& a, const mx::array& b, const mx::array* c, mx::array& 
     const int block = std::min(kRowBlock, rows - m0);
     for (int r = 0; r < block; ++r) {
       const int64_t m = m0 + r;
+      const bool adense = a.flags().row_contiguous;
       for (int kk = 0; kk < k; ++kk) {
-        xrows[r * k + kk] = to_f32(ap[offset_of(m * k + kk, a.shape(), a.strides())]);
+        const int64_t e = m * k + kk;
+        xrows[r * k + kk] = to_f32(adense ? ap[e] : ap[offset_of(e, a.shape(), a.strides())]);
       }
       for (int j = 0; j < n; ++j) {
         sums[r * n + j] = (c != nullptr && bias_first) ? bias(m0 + r, j) : 0.0f;
@@ -331,6 +333,209 @@ class RowMatmul : public mx::UnaryPrimitive {
   bool has_bias_;
 };
 
+
+// ---- 4- and 8-bit quantized products in bfloat16 or float32 (MLX's CPU `_qmm_t`) ----
+//
+// MLX 0.32.4's CPU quantized matmul (transposed weight, SIMD width 1 on Linux) computes
+// each output in bfloat16, element after element in the order of k (low bits first):
+// `sum += x * (scale * q + bias)`, where every bfloat16 product and sum is a float32
+// operation rounded to bfloat16 (MLX's `_MLX_BFloat16` operators): four roundings a
+// weight (float32: the same operations without them). The kernel below does the same
+// operations in the same order, eight outputs at a time.
+
+inline float bf16_round(float f) {
+  return static_cast<float>(static_cast<mx::bfloat16_t>(f));
+}
+
+// One output, as MLX computes it (the reference for the vectorized path); RND: the
+// bfloat16 roundings of a bfloat16 product (float32 products have none).
+template <bool RND, int BITS>
+float qdot_in_order(const float* x, const uint8_t* w, const float* sc, const float* bi,
+                    int k, int gs) {
+  auto r = [](float f) { return RND ? bf16_round(f) : f; };
+  float sum = 0.0f;
+  for (int kk = 0; kk < k; ++kk) {
+    const float q = BITS == 8 ? static_cast<float>(w[kk])
+                              : static_cast<float>((w[kk / 2] >> (4 * (kk & 1))) & 0xF);
+    const float t = r(r(sc[kk / gs] * q) + bi[kk / gs]);
+    sum = r(sum + r(x[kk] * t));
+  }
+  return sum;
+}
+
+#ifdef MLXS_X86
+// float32 -> bfloat16 -> float32 as MLX rounds (nearest even; NaN -> 0x7FC0).
+__attribute__((target("avx2"))) inline __m256 bf16_round8(__m256 f) {
+  __m256i u = _mm256_castps_si256(f);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+  __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000));
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), qnan, nan);
+}
+
+template <bool RND>
+__attribute__((target("avx2"))) inline __m256 round8(__m256 f) {
+  if constexpr (RND) {
+    return bf16_round8(f);
+  } else {
+    return f;
+  }
+}
+
+// Outputs n0..n0+7: row i's packed weight at w + i * wld (bytes), its scales / biases
+// (as float) at sc / bi + i * g.
+template <bool RND, int BITS>
+__attribute__((target("avx2"))) void qrows8_avx2(const float* x, const uint8_t* w,
+                                                 int64_t wld, const float* sc,
+                                                 const float* bi, int g, int k, int gs,
+                                                 float* out) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int gi = 0; gi < k / gs; ++gi) {
+    const __m256 s = _mm256_i32gather_ps(sc + gi, _mm256_mullo_epi32(idx, _mm256_set1_epi32(g)), 4);
+    const __m256 b = _mm256_i32gather_ps(bi + gi, _mm256_mullo_epi32(idx, _mm256_set1_epi32(g)), 4);
+    for (int k0 = gi * gs; k0 < (gi + 1) * gs; k0 += 8) {
+      // Each row's next eight weights: one word (4-bit) or two (8-bit), lane = row.
+      uint32_t lo[8], hi[8] = {};
+      for (int i = 0; i < 8; ++i) {
+        std::memcpy(&lo[i], w + i * wld + k0 * BITS / 8, 4);
+        if (BITS == 8) std::memcpy(&hi[i], w + i * wld + k0 + 4, 4);
+      }
+      const __m256i wlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo));
+      const __m256i whi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi));
+      const __m256i mask = _mm256_set1_epi32((1 << BITS) - 1);
+      for (int j = 0; j < 8; ++j) {
+        const __m256i word = (BITS == 8 && j >= 4) ? whi : wlo;
+        const int shift = BITS == 8 ? 8 * (j & 3) : 4 * j;
+        const __m256 q = _mm256_cvtepi32_ps(
+            _mm256_and_si256(_mm256_srl_epi32(word, _mm_cvtsi32_si128(shift)), mask));
+        __m256 t = round8<RND>(_mm256_mul_ps(s, q));
+        t = round8<RND>(_mm256_add_ps(t, b));
+        const __m256 p = round8<RND>(_mm256_mul_ps(_mm256_set1_ps(x[k0 + j]), t));
+        acc = round8<RND>(_mm256_add_ps(acc, p));
+      }
+    }
+  }
+  _mm256_storeu_ps(out, acc);
+}
+#endif
+
+template <typename T, int BITS>
+void run_q(const mx::array& x, const mx::array& w, const mx::array& scales,
+           const mx::array& biases, int gs, mx::array& out) {
+  constexpr bool RND = std::is_same_v<T, mx::bfloat16_t>;
+  const int k = x.shape(-1);
+  const int n = w.shape(0);
+  const int g = k / gs;
+  const int rows = static_cast<int>(x.size() / k);
+  const auto* xp = x.data<T>();
+  const auto* wp = reinterpret_cast<const uint8_t*>(w.data<uint32_t>());
+  const auto* sp = scales.data<T>();
+  const auto* bp = biases.data<T>();
+  auto* op = out.data<T>();
+  const int64_t wld = static_cast<int64_t>(k) * BITS / 8;  // bytes a row
+  // Scales and biases as float, row-major [n, g] (exact).
+  std::vector<float> sc(static_cast<size_t>(n) * g), bi(static_cast<size_t>(n) * g);
+  const bool dense = scales.flags().row_contiguous && biases.flags().row_contiguous;
+  for (int64_t e = 0; e < static_cast<int64_t>(n) * g; ++e) {
+    sc[e] = static_cast<float>(dense ? sp[e] : sp[offset_of(e, scales.shape(), scales.strides())]);
+    bi[e] = static_cast<float>(dense ? bp[e] : bp[offset_of(e, biases.shape(), biases.strides())]);
+  }
+  std::vector<float> xrow(k), sums(n);
+  for (int m = 0; m < rows; ++m) {
+    const bool xdense = x.flags().row_contiguous;
+    for (int kk = 0; kk < k; ++kk) {
+      const int64_t e = static_cast<int64_t>(m) * k + kk;
+      xrow[kk] = static_cast<float>(xdense ? xp[e] : xp[offset_of(e, x.shape(), x.strides())]);
+    }
+    int j = 0;
+#ifdef MLXS_X86
+    if (has_avx2()) {
+      for (; j + 8 <= n; j += 8) {
+        qrows8_avx2<RND, BITS>(xrow.data(), wp + j * wld, wld, sc.data() + static_cast<int64_t>(j) * g,
+                    bi.data() + static_cast<int64_t>(j) * g, g, k, gs, sums.data() + j);
+      }
+    }
+#endif
+    for (; j < n; ++j) {
+      sums[j] = qdot_in_order<RND, BITS>(xrow.data(), wp + j * wld, sc.data() + static_cast<int64_t>(j) * g,
+                              bi.data() + static_cast<int64_t>(j) * g, k, gs);
+    }
+    for (int jj = 0; jj < n; ++jj) {
+      op[static_cast<int64_t>(m) * n + jj] = static_cast<T>(sums[jj]);
+    }
+  }
+}
+
+class RowQuantizedMatmul : public mx::UnaryPrimitive {
+ public:
+  RowQuantizedMatmul(mx::Stream s, int group_size, int bits)
+      : mx::UnaryPrimitive(s), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto& in : inputs) enc.set_input_array(in);
+    enc.set_output_array(out);
+    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+                  w = mx::array::unsafe_weak_copy(inputs[1]),
+                  sc = mx::array::unsafe_weak_copy(inputs[2]),
+                  bi = mx::array::unsafe_weak_copy(inputs[3]),
+                  out = mx::array::unsafe_weak_copy(out), gs = group_size_,
+                  bits = bits_]() mutable {
+      if (!w.flags().row_contiguous) {
+        throw std::runtime_error("[RowQuantizedMatmul] the packed weight must be row-contiguous");
+      }
+      const bool b16 = out.dtype() == mx::bfloat16;
+      if (bits == 4) {
+        b16 ? run_q<mx::bfloat16_t, 4>(x, w, sc, bi, gs, out) : run_q<float, 4>(x, w, sc, bi, gs, out);
+      } else {
+        b16 ? run_q<mx::bfloat16_t, 8>(x, w, sc, bi, gs, out) : run_q<float, 8>(x, w, sc, bi, gs, out);
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[RowQuantizedMatmul] runs on the CPU only");
+  }
+
+  // Gradients with respect to x, as MLX's QuantizedMatmul gives them (the weight is
+  // constant): cotangent @ dequantize(w).
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>&) override {
+    std::vector<mx::array> grads;
+    for (int arg : argnums) {
+      if (arg != 0) {
+        throw std::invalid_argument("[RowQuantizedMatmul] no gradient for the quantized weight");
+      }
+      grads.push_back(mx::quantized_matmul(cotangents[0], primals[1], primals[2], primals[3],
+                                           false, group_size_, bits_, "affine", stream()));
+    }
+    return grads;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape s = inputs[0].shape();
+    s.back() = inputs[1].shape(0);
+    return {s};
+  }
+
+  const char* name() const override { return "RowQuantizedMatmul"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const RowQuantizedMatmul*>(&other);
+    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_;
+  }
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
 }  // namespace
 
 std::optional<mx::array> try_cpu_gemv(const mx::array& a, const mx::array& b,
@@ -365,5 +570,49 @@ std::optional<mx::array> try_cpu_gemv(const mx::array& a, const mx::array& b,
 void set_fast_cpu_gemv(bool on) { g_switch.set(on); }
 bool fast_cpu_gemv_enabled() { return g_switch.on(); }
 unsigned long long fast_cpu_gemv_uses() { return g_switch.uses(); }
+
+}  // namespace mlxs_detail
+
+namespace mlxs_detail {
+
+std::optional<mx::array> try_cpu_qmv(const mx::array& x, const mx::array& w,
+                                     const mx::array& scales,
+                                     const std::optional<mx::array>& biases, bool transpose,
+                                     std::optional<int> group_size, std::optional<int> bits,
+                                     const std::string& mode, mx::StreamOrDevice s) {
+  if (!g_switch.on() || !transpose || mode != "affine" || !biases) return std::nullopt;
+  const int gs = group_size.value_or(64);
+  const int nbits = bits.value_or(4);
+  if ((nbits != 4 && nbits != 8) || (gs != 32 && gs != 64 && gs != 128)) return std::nullopt;
+  // bfloat16 throughout, or float32 activations with scales of any float type (MLX
+  // casts them to float32 first, as done below).
+  const bool bf16 = x.dtype() == mx::bfloat16 && scales.dtype() == mx::bfloat16 &&
+                    biases->dtype() == mx::bfloat16;
+  auto floating = [](mx::Dtype d) {
+    return d == mx::float32 || d == mx::float16 || d == mx::bfloat16;
+  };
+  const bool f32 = x.dtype() == mx::float32 && floating(scales.dtype()) &&
+                   floating(biases->dtype());
+  if ((!bf16 && !f32) || w.dtype() != mx::uint32) return std::nullopt;
+  if (x.ndim() < 1 || w.ndim() != 2 || scales.ndim() != 2 || biases->shape() != scales.shape()) {
+    return std::nullopt;
+  }
+  const int k = x.shape(-1);
+  const int n = w.shape(0);
+  if (k <= 0 || n <= 0 || k % gs != 0 || w.shape(1) * (32 / nbits) != k || scales.shape(0) != n ||
+      scales.shape(1) != k / gs) {
+    return std::nullopt;
+  }
+  mx::Stream st = mx::to_stream(s);
+  if (st.device != mx::Device::cpu) return std::nullopt;
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = n;
+  g_switch.count();
+  // The packed weight is read row by row: make sure it is row-contiguous.
+  const mx::Dtype dt = x.dtype();
+  return mx::array(out_shape, dt, std::make_shared<RowQuantizedMatmul>(st, gs, nbits),
+                   {x, mx::contiguous(w, false, st), mx::astype(scales, dt, st),
+                    mx::astype(*biases, dt, st)});
+}
 
 }  // namespace mlxs_detail

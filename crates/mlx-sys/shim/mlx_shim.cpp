@@ -887,6 +887,10 @@ int mlxs_quantized_matmul(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_arra
     std::string m = mode ? mode : "affine";
     auto fast = mlxs_detail::try_fast_qmv(A(x), A(w), A(scales), OPT(biases), transpose,
                                           OPTI(group_size), OPTI(bits), m, S(s));
+    if (!fast) {
+      fast = mlxs_detail::try_cpu_qmv(A(x), A(w), A(scales), OPT(biases), transpose,
+                                      OPTI(group_size), OPTI(bits), m, S(s));
+    }
     *out = wrap(fast ? std::move(*fast)
                      : mx::quantized_matmul(A(x), A(w), A(scales), OPT(biases), transpose,
                                             OPTI(group_size), OPTI(bits), m, S(s)));
