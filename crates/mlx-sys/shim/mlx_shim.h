@@ -184,8 +184,8 @@ int mlxs_allclose(mlxs_array* out, mlxs_array a, mlxs_array b, double rtol, doub
                   bool equal_nan, mlxs_stream s);
 int mlxs_array_equal(mlxs_array* out, mlxs_array a, mlxs_array b, bool equal_nan, mlxs_stream s);
 /* On the CPU, matmul / addmm (alpha = beta = 1) of a [..., M, K] by a [K, N] of float32,
-   bfloat16 or float16 go through our primitive of MLX's arithmetic (cpu_gemv.cpp): same
-   bits, faster.
+   bfloat16 or float16, and quantized_matmul of 4- / 8-bit affine weights, go through our
+   primitives of MLX's arithmetic (cpu_gemv.cpp): same bits, faster.
    On or off (default on; MLX_FAST_CPU_GEMV=0 turns it off); how many products used it. */
 void mlxs_set_fast_cpu_gemv(bool on);
 bool mlxs_fast_cpu_gemv_enabled(void);
