@@ -248,6 +248,55 @@ fn quantized_4_and_8_bit_are_mlx_bit_for_bit() {
 }
 
 #[test]
+fn forward_derivatives_through_it_are_mlx_derivatives() {
+    use mlx_array::quant::{quantize, quantized_matmul, QuantMode};
+    use mlx_array::transforms::jvp;
+    let Some(_g) = serial() else { return };
+    let x = normal(&[2, 32], Dtype::Float32, 21);
+    let w = normal(&[32, 16], Dtype::Float32, 22);
+    let c = normal(&[16], Dtype::Float32, 23);
+    let (tx, tw, tc) = (
+        normal(&[2, 32], Dtype::Float32, 24),
+        normal(&[32, 16], Dtype::Float32, 25),
+        normal(&[16], Dtype::Float32, 26),
+    );
+    let q = quantize(
+        &normal(&[16, 32], Dtype::Float32, 27),
+        Some(32),
+        Some(4),
+        QuantMode::Affine,
+    )
+    .unwrap();
+    let run = |on: bool| -> Vec<Vec<u32>> {
+        set_cpu_gemv(on);
+        let mm = |p: &[Array]| -> mlx_array::Result<Vec<Array>> { Ok(vec![p[0].matmul(&p[1])?]) };
+        let am = |p: &[Array]| -> mlx_array::Result<Vec<Array>> {
+            Ok(vec![addmm(&p[2], &p[0], &p[1], 1.0, 1.0)?])
+        };
+        let qm = |p: &[Array]| -> mlx_array::Result<Vec<Array>> {
+            Ok(vec![quantized_matmul(
+                &p[0],
+                &q.weight,
+                &q.scales,
+                q.biases.as_ref(),
+                true,
+                Some(32),
+                Some(4),
+                QuantMode::Affine,
+            )?])
+        };
+        let out = vec![
+            bits(&jvp(mm, &[&x, &w], &[&tx, &tw]).unwrap().1[0]),
+            bits(&jvp(am, &[&x, &w, &c], &[&tx, &tw, &tc]).unwrap().1[0]),
+            bits(&jvp(qm, &[&x], &[&tx]).unwrap().1[0]),
+        ];
+        set_cpu_gemv(true);
+        out
+    };
+    assert_eq!(run(true), run(false));
+}
+
+#[test]
 fn the_switch_reads_back() {
     let Some(_g) = serial() else { return };
     set_cpu_gemv(false);

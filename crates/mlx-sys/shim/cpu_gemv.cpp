@@ -306,14 +306,16 @@ class RowMatmul : public mx::UnaryPrimitive {
   std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
                              const std::vector<mx::array>& tangents,
                              const std::vector<int>& argnums) override {
-    std::optional<mx::array> t;
-    for (size_t i = 0; i < argnums.size(); ++i) {
-      mx::array term = argnums[i] == 0   ? mx::matmul(tangents[i], primals[1], stream())
-                       : argnums[i] == 1 ? mx::matmul(primals[0], tangents[i], stream())
-                                         : tangents[i];
-      t = t ? mx::add(*t, term, stream()) : term;
-    }
-    return {*t};
+    // MLX's own derivative of the same product (zero tangents for the other inputs).
+    std::vector<mx::array> all;
+    for (const auto& p : primals) all.push_back(mx::zeros_like(p, stream()));
+    for (size_t i = 0; i < argnums.size(); ++i) all[argnums[i]] = tangents[i];
+    const bool bias = has_bias_;
+    auto s = stream();
+    auto f = [bias, s](const std::vector<mx::array>& in) -> std::vector<mx::array> {
+      return {bias ? mx::addmm(in[2], in[0], in[1], 1.0f, 1.0f, s) : mx::matmul(in[0], in[1], s)};
+    };
+    return mx::jvp(f, primals, all).second;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -516,6 +518,16 @@ class RowQuantizedMatmul : public mx::UnaryPrimitive {
                                            false, group_size_, bits_, "affine", stream()));
     }
     return grads;
+  }
+
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override {
+    if (argnums.size() != 1 || argnums[0] != 0) {
+      throw std::invalid_argument("[RowQuantizedMatmul] no derivative for the quantized weight");
+    }
+    return {mx::quantized_matmul(tangents[0], primals[1], primals[2], primals[3], true,
+                                 group_size_, bits_, "affine", stream())};
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
