@@ -118,7 +118,8 @@ pub fn scaled_dot_product_attention(
 }
 
 /// Turns our CPU matmul on or off (default on; the environment variable
-/// `MLX_FAST_CPU_GEMV=0` starts it off). On the CPU, `matmul` of a `[..., M, K]` by a
+/// `MLX_FAST_CPU_GEMV=0` starts it off). On the CPU of Linux x86-64 builds (elsewhere
+/// MLX's CPU kernels sum in another order, and keep the products), `matmul` of a `[..., M, K]` by a
 /// `[K, N]` (and `addmm` with alpha and beta 1) of float32, bfloat16 or float16 runs
 /// through our primitive of MLX's CPU arithmetic (each output the float32 sum of its
 /// products in order, rounded once; `crates/mlx-sys/shim/cpu_gemv.cpp`): the same bits as

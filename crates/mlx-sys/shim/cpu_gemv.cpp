@@ -16,7 +16,8 @@
 // addmm for float32, bfloat16 and float16, every weight layout, ragged sizes and 1 to 300
 // rows; the parity suites (`cargo xtask parity`) run every model through it.
 //
-// It is used for CPU matmuls x [..., M, K] @ b [K, N] (b any strides; any M: prefill
+// It is used (on Linux x86-64, where MLX's arithmetic is the one described) for CPU
+// matmuls x [..., M, K] @ b [K, N] (b any strides; any M: prefill
 // too, ~1.8x there on the tiny benchmark model) of float32, bfloat16 or float16 operands
 // of one dtype. MLX_FAST_CPU_GEMV=0 or
 // mlxs_set_fast_cpu_gemv(false) turns it off.
@@ -35,6 +36,15 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define MLXS_X86 1
+#endif
+
+// Where the arithmetic above is MLX's: Linux x86-64 builds (bundled reference BLAS, SIMD
+// width 1 in MLX's CPU kernels). macOS (Accelerate, 8-wide SIMD) and ARM (NEON) sum in
+// other orders, so there MLX keeps its own kernels.
+#if defined(__linux__) && defined(MLXS_X86)
+constexpr bool kSameArithmetic = true;
+#else
+constexpr bool kSameArithmetic = false;
 #endif
 
 namespace mx = mlx::core;
@@ -552,7 +562,8 @@ class RowQuantizedMatmul : public mx::UnaryPrimitive {
 
 std::optional<mx::array> try_cpu_gemv(const mx::array& a, const mx::array& b,
                                       const std::optional<mx::array>& c, mx::StreamOrDevice s) {
-  if (!g_switch.on() || a.ndim() < 2 || b.ndim() != 2 || a.dtype() != b.dtype()) {
+  if (!kSameArithmetic || !g_switch.on() || a.ndim() < 2 || b.ndim() != 2 ||
+      a.dtype() != b.dtype()) {
     return std::nullopt;
   }
   const auto dt = a.dtype();
@@ -592,7 +603,9 @@ std::optional<mx::array> try_cpu_qmv(const mx::array& x, const mx::array& w,
                                      const std::optional<mx::array>& biases, bool transpose,
                                      std::optional<int> group_size, std::optional<int> bits,
                                      const std::string& mode, mx::StreamOrDevice s) {
-  if (!g_switch.on() || !transpose || mode != "affine" || !biases) return std::nullopt;
+  if (!kSameArithmetic || !g_switch.on() || !transpose || mode != "affine" || !biases) {
+    return std::nullopt;
+  }
   const int gs = group_size.value_or(64);
   const int nbits = bits.value_or(4);
   if ((nbits != 4 && nbits != 8) || (gs != 32 && gs != 64 && gs != 128)) return std::nullopt;
