@@ -11,8 +11,8 @@
 //
 // This primitive keeps exactly that sum (same products, same order, same single rounding)
 // and only vectorizes across outputs: eight outputs' sums advance together, one k at a
-// time (AVX2 where the CPU has it, with the weight rows transposed in registers, eight by
-// eight). `tests/cpu_gemv.rs` in mlx-array checks it bit for bit against MLX's matmul and
+// time (AVX2 + F16C where the CPU has them, with the weight rows transposed in registers,
+// eight by eight). `tests/cpu_gemv.rs` in mlx-array checks it bit for bit against MLX's matmul and
 // addmm for float32, bfloat16 and float16, every weight layout, ragged sizes and 1 to 300
 // rows; the parity suites (`cargo xtask parity`) run every model through it.
 //
@@ -73,20 +73,26 @@ float dot_in_order(float s, const float* x, const T* w, int64_t k_stride, int k)
 #ifdef MLXS_X86
 // Eight consecutive elements as float32.
 template <typename T>
-__attribute__((target("avx2"))) inline __m256 load8(const T* p);
+__attribute__((target("avx2,f16c"))) inline __m256 load8(const T* p);
 
 template <>
-__attribute__((target("avx2"))) inline __m256 load8<float>(const float* p) {
+__attribute__((target("avx2,f16c"))) inline __m256 load8<float>(const float* p) {
   return _mm256_loadu_ps(p);
 }
 
 template <>
-__attribute__((target("avx2"))) inline __m256 load8<mx::bfloat16_t>(const mx::bfloat16_t* p) {
+__attribute__((target("avx2,f16c"))) inline __m256 load8<mx::float16_t>(const mx::float16_t* p) {
+  // Exact, as every float16 -> float32 conversion.
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <>
+__attribute__((target("avx2,f16c"))) inline __m256 load8<mx::bfloat16_t>(const mx::bfloat16_t* p) {
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-__attribute__((target("avx2"))) inline void transpose8(__m256* r) {
+__attribute__((target("avx2,f16c"))) inline void transpose8(__m256* r) {
   __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]);
   __m256 t1 = _mm256_unpackhi_ps(r[0], r[1]);
   __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -116,7 +122,7 @@ __attribute__((target("avx2"))) inline void transpose8(__m256* r) {
 // Outputs n0..n0+7 of R rows of x (row r at x + r * xs, its sums at out + r * os), weight
 // rows contiguous in k (w[n * ld + k]): each transposed block of weights serves all R rows.
 template <typename T, int R>
-__attribute__((target("avx2"))) void rows8_avx2(
+__attribute__((target("avx2,f16c"))) void rows8_avx2(
     const float* x, int64_t xs, const T* w, int64_t ld, int k, float* out, int64_t os) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_loadu_ps(out + r * os);
@@ -144,7 +150,7 @@ __attribute__((target("avx2"))) void rows8_avx2(
 
 // The same with the weight contiguous in n (b[k * ld + n]).
 template <typename T, int R>
-__attribute__((target("avx2"))) void cols8_avx2(
+__attribute__((target("avx2,f16c"))) void cols8_avx2(
     const float* x, int64_t xs, const T* b, int64_t ld, int k, float* out, int64_t os) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_loadu_ps(out + r * os);
@@ -158,7 +164,7 @@ __attribute__((target("avx2"))) void cols8_avx2(
 }
 
 bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   return yes;
 }
 #endif
@@ -169,7 +175,8 @@ template <typename T, int R>
 void row_sums(const float* x, const T* b, int64_t sk, int64_t sn, int k, int n, float* out) {
   int j = 0;
 #ifdef MLXS_X86
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, mx::bfloat16_t>) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, mx::bfloat16_t> ||
+                std::is_same_v<T, mx::float16_t>) {
     if (has_avx2() && sk == 1) {
       for (; j + 8 <= n; j += 8) rows8_avx2<T, R>(x, k, b + j * sn, sn, k, out + j, n);
     } else if (has_avx2() && sn == 1) {
@@ -377,7 +384,7 @@ float qdot_in_order(const float* x, const uint8_t* w, const float* sc, const flo
 
 #ifdef MLXS_X86
 // float32 -> bfloat16 -> float32 as MLX rounds (nearest even; NaN -> 0x7FC0).
-__attribute__((target("avx2"))) inline __m256 bf16_round8(__m256 f) {
+__attribute__((target("avx2,f16c"))) inline __m256 bf16_round8(__m256 f) {
   __m256i u = _mm256_castps_si256(f);
   __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
@@ -388,7 +395,7 @@ __attribute__((target("avx2"))) inline __m256 bf16_round8(__m256 f) {
 }
 
 template <bool RND>
-__attribute__((target("avx2"))) inline __m256 round8(__m256 f) {
+__attribute__((target("avx2,f16c"))) inline __m256 round8(__m256 f) {
   if constexpr (RND) {
     return bf16_round8(f);
   } else {
@@ -399,7 +406,7 @@ __attribute__((target("avx2"))) inline __m256 round8(__m256 f) {
 // Outputs n0..n0+7: row i's packed weight at w + i * wld (bytes), its scales / biases
 // (as float) at sc / bi + i * g.
 template <bool RND, int BITS>
-__attribute__((target("avx2"))) void qrows8_avx2(const float* x, const uint8_t* w,
+__attribute__((target("avx2,f16c"))) void qrows8_avx2(const float* x, const uint8_t* w,
                                                  int64_t wld, const float* sc,
                                                  const float* bi, int g, int k, int gs,
                                                  float* out) {
