@@ -153,6 +153,7 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/cpu_gemv.cpp");
     println!("cargo:rerun-if-changed=shim/cpu_gemv.h");
     println!("cargo:rerun-if-changed=shim/kernel_switch.h");
+    println!("cargo:rerun-if-changed=shim/affine_operands.h");
 
     let mut tried = Vec::new();
     let prefix = match env::var("MLX_DIR") {

@@ -561,6 +561,9 @@ struct Report<'a> {
 /// Reads one number of a trial.
 type Metric = fn(&Trial) -> f64;
 
+/// Combines one number of a tool's trials into its figure.
+type Combine = fn(&[f64]) -> f64;
+
 fn report(r: &Report<'_>) -> String {
     let col = |ts: &[Trial], f: Metric| ts.iter().map(f).collect::<Vec<f64>>();
     let mut s = String::new();
@@ -574,23 +577,22 @@ fn report(r: &Report<'_>) -> String {
         s,
         "| metric | ours | mlx-lm | ours/mlx-lm |\n| --- | ---: | ---: | ---: |"
     );
-    let rows: [(&str, Metric, usize); 4] = [
-        ("prefill tok/s (prompt_tps)", |t| t.prompt_tps, 1),
-        ("decode tok/s (generation_tps)", |t| t.generation_tps, 1),
-        ("peak memory GB", |t| t.peak_memory, 3),
-        ("trial wall time s", |t| t.total_time, 3),
+    // How a tool's trials combine into its number: the mean, except for peak_memory, which
+    // is cumulative over a process (neither tool resets MLX's peak): its highest trial.
+    let highest = |v: &[f64]| v.iter().cloned().fold(f64::NAN, f64::max);
+    let rows: [(&str, Metric, usize, Combine); 4] = [
+        ("prefill tok/s (prompt_tps)", |t| t.prompt_tps, 1, mean),
+        (
+            "decode tok/s (generation_tps)",
+            |t| t.generation_tps,
+            1,
+            mean,
+        ),
+        ("peak memory GB", |t| t.peak_memory, 3, highest),
+        ("trial wall time s", |t| t.total_time, 3, mean),
     ];
-    for (name, f, d) in rows {
-        // peak_memory is cumulative over a process (neither tool resets MLX's peak), so
-        // a tool's peak is the highest any of its trials reported, not their mean.
-        let pick = |v: &[f64]| {
-            if name.starts_with("peak") {
-                v.iter().cloned().fold(f64::NAN, f64::max)
-            } else {
-                mean(v)
-            }
-        };
-        let (a, b) = (pick(&col(r.ours, f)), pick(&col(r.theirs, f)));
+    for (name, f, d, combine) in rows {
+        let (a, b) = (combine(&col(r.ours, f)), combine(&col(r.theirs, f)));
         let _ = writeln!(s, "| {name} | {a:.d$} | {b:.d$} | {} |", ratio(a, b));
     }
     if !r.start_ours.is_empty() {

@@ -49,6 +49,21 @@ fn both(f: impl Fn() -> Array) -> (Vec<u32>, Vec<u32>, bool) {
     (ours, theirs, used)
 }
 
+/// `x @ dequantize(q).T` (affine, transposed weight).
+fn qmm(x: &Array, q: &mlx_array::quant::Quantized, gs: i32, bits: i32) -> mlx_array::Result<Array> {
+    use mlx_array::quant::{quantized_matmul, QuantMode};
+    quantized_matmul(
+        x,
+        &q.weight,
+        &q.scales,
+        q.biases.as_ref(),
+        true,
+        Some(gs),
+        Some(bits),
+        QuantMode::Affine,
+    )
+}
+
 const DTYPES: [Dtype; 3] = [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16];
 
 /// Where the primitives stand in for MLX's (Linux x86-64: elsewhere MLX's CPU kernels sum
@@ -185,7 +200,7 @@ fn batched_and_empty_inputs() {
 
 #[test]
 fn quantized_4_and_8_bit_are_mlx_bit_for_bit() {
-    use mlx_array::quant::{quantize, quantized_matmul, QuantMode};
+    use mlx_array::quant::{quantize, QuantMode};
     let Some(_g) = serial() else { return };
     let mut seed = 50;
     // (activations, weights / scales): bf16 throughout; float32 activations with float32,
@@ -206,19 +221,7 @@ fn quantized_4_and_8_bit_are_mlx_bit_for_bit() {
             let w = normal(&[n, k], wt, seed);
             let q = quantize(&w, Some(gs), Some(bits), QuantMode::Affine).unwrap();
             let x = normal(&[1, m, k], xt, seed + 1);
-            let mm = || {
-                quantized_matmul(
-                    &x,
-                    &q.weight,
-                    &q.scales,
-                    q.biases.as_ref(),
-                    true,
-                    Some(gs),
-                    Some(bits),
-                    QuantMode::Affine,
-                )
-                .unwrap()
-            };
+            let mm = || qmm(&x, &q, gs, bits).unwrap();
             let (a, b, used) = both(mm);
             let what = format!("{xt:?}/{wt:?} {bits}-bit g{gs} {m}x{k}x{n}");
             assert_eq!(used, TAKES_IT, "{what}: not taken");
@@ -232,16 +235,7 @@ fn quantized_4_and_8_bit_are_mlx_bit_for_bit() {
     let grads = |on: bool| {
         set_cpu_gemv(on);
         let f = |p: &[Array]| -> mlx_array::Result<Vec<Array>> {
-            let y = quantized_matmul(
-                &p[0],
-                &q.weight,
-                &q.scales,
-                q.biases.as_ref(),
-                true,
-                Some(32),
-                Some(4),
-                QuantMode::Affine,
-            )?;
+            let y = qmm(&p[0], &q, 32, 4)?;
             Ok(vec![y
                 .astype(Dtype::Float32)?
                 .square()?
@@ -256,7 +250,7 @@ fn quantized_4_and_8_bit_are_mlx_bit_for_bit() {
 
 #[test]
 fn forward_derivatives_through_it_are_mlx_derivatives() {
-    use mlx_array::quant::{quantize, quantized_matmul, QuantMode};
+    use mlx_array::quant::{quantize, QuantMode};
     use mlx_array::transforms::jvp;
     let Some(_g) = serial() else { return };
     let x = normal(&[2, 32], Dtype::Float32, 21);
@@ -280,18 +274,8 @@ fn forward_derivatives_through_it_are_mlx_derivatives() {
         let am = |p: &[Array]| -> mlx_array::Result<Vec<Array>> {
             Ok(vec![addmm(&p[2], &p[0], &p[1], 1.0, 1.0)?])
         };
-        let qm = |p: &[Array]| -> mlx_array::Result<Vec<Array>> {
-            Ok(vec![quantized_matmul(
-                &p[0],
-                &q.weight,
-                &q.scales,
-                q.biases.as_ref(),
-                true,
-                Some(32),
-                Some(4),
-                QuantMode::Affine,
-            )?])
-        };
+        let qm =
+            |p: &[Array]| -> mlx_array::Result<Vec<Array>> { Ok(vec![qmm(&p[0], &q, 32, 4)?]) };
         let out = vec![
             bits(&jvp(mm, &[&x, &w], &[&tx, &tw]).unwrap().1[0]),
             bits(&jvp(am, &[&x, &w, &c], &[&tx, &tw, &tc]).unwrap().1[0]),

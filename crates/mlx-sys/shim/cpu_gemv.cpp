@@ -1,28 +1,28 @@
-// cpu_gemv.cpp: matmuls of a few rows on the CPU (a decoding step's projections and head)
-// with MLX's arithmetic, faster.
+// cpu_gemv.cpp: CPU matmuls and quantized matmuls with MLX's arithmetic, faster.
 //
 // MLX 0.32.4's CPU matmul gives every output element the float32 sum of its products in
 // the order of k, one multiply and one add each (no FMA), starting from 0, then rounds it
 // to the output dtype once; `addmm` (alpha = beta = 1) adds the bias to that float sum
-// before the rounding (float32 with a weight not laid out as W.T: the sum starts from
-// the bias instead, as the reference BLAS's loops do). Float32 goes to the bundled reference BLAS, bfloat16 / float16 to
-// MLX's blocked `simd_gemm`, whose SIMD width is 1 on Linux: both sum in order, and both
-// stream the weight at ~1-2 GFLOP/s, which is most of a small model's decoding step.
+// before the rounding (float32 with a weight not laid out as W.T: the sum starts from the
+// bias instead, as the reference BLAS's loops do). Float32 goes to the bundled reference
+// BLAS, bfloat16 / float16 to MLX's blocked `simd_gemm`, whose SIMD width is 1 on Linux:
+// both sum in order, and both stream the weight at ~1-2 GFLOP/s, which is most of a small
+// model's decoding step. Its quantized matmul (`_qmm_t`, below) is a scalar chain too.
 //
-// This primitive keeps exactly that sum (same products, same order, same single rounding)
-// and only vectorizes across outputs: eight outputs' sums advance together, one k at a
-// time (AVX2 + F16C where the CPU has them, with the weight rows transposed in registers,
-// eight by eight). `tests/cpu_gemv.rs` in mlx-array checks it bit for bit against MLX's matmul and
-// addmm for float32, bfloat16 and float16, every weight layout, ragged sizes and 1 to 300
-// rows; the parity suites (`cargo xtask parity`) run every model through it.
+// The primitives here keep exactly those operations (same products, same order, same
+// roundings) and only vectorize across outputs: eight outputs' sums advance together, one
+// k at a time (AVX2 + F16C where the CPU has them, the weight rows transposed in registers
+// eight by eight). `tests/cpu_gemv.rs` in mlx-array checks them bit for bit against MLX's
+// matmul, addmm and quantized_matmul (dtypes, weight layouts, ragged sizes, 1 to 300 rows,
+// derivatives); the parity suites (`cargo xtask parity`) run every model through them.
 //
-// It is used (on Linux x86-64, where MLX's arithmetic is the one described) for CPU
-// matmuls x [..., M, K] @ b [K, N] (b any strides; any M: prefill
-// too, ~1.8x there on the tiny benchmark model) of float32, bfloat16 or float16 operands
-// of one dtype. MLX_FAST_CPU_GEMV=0 or
-// mlxs_set_fast_cpu_gemv(false) turns it off.
+// They are used on Linux x86-64, where MLX's arithmetic is the one described, for CPU
+// matmuls x [..., M, K] @ b [K, N] (b any strides, any M) of float32, bfloat16 or float16
+// operands of one dtype, and for 4- / 8-bit affine quantized matmuls (see try_cpu_qmv).
+// MLX_FAST_CPU_GEMV=0 or mlxs_set_fast_cpu_gemv(false) turns them off.
 #include "cpu_gemv.h"
 
+#include "affine_operands.h"
 #include "kernel_switch.h"
 
 #include <algorithm>
@@ -51,7 +51,6 @@ namespace mx = mlx::core;
 
 namespace mlxs_detail {
 namespace {
-
 
 KernelSwitch g_switch("MLX_FAST_CPU_GEMV");
 
@@ -194,6 +193,18 @@ void row_sums(const float* x, const T* b, int64_t sk, int64_t sn, int k, int n, 
 // Rows of x taken together by the vectorized paths.
 constexpr int kRowBlock = 4;
 
+// The start of our primitives' CPU evaluation, as MLX's own CPU primitives do it: allocates
+// `out` (before the work that captures it is made) and registers the arrays with the
+// stream's encoder, which the caller then gives the work.
+mx::cpu::CommandEncoder& cpu_encoder_for(mx::Stream stream, const std::vector<mx::array>& inputs,
+                                         mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream);
+  for (auto& in : inputs) enc.set_input_array(in);
+  enc.set_output_array(out);
+  return enc;
+}
+
 // Offset of element `i` of a row-major enumeration of `shape` with `strides`.
 int64_t offset_of(int64_t i, const mx::Shape& shape, const mx::Strides& strides) {
   int64_t off = 0;
@@ -266,10 +277,7 @@ class RowMatmul : public mx::UnaryPrimitive {
   RowMatmul(mx::Stream s, bool has_bias) : mx::UnaryPrimitive(s), has_bias_(has_bias) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (auto& in : inputs) enc.set_input_array(in);
-    enc.set_output_array(out);
+    auto& enc = cpu_encoder_for(stream(), inputs, out);
     enc.dispatch([a = mx::array::unsafe_weak_copy(inputs[0]),
                   b = mx::array::unsafe_weak_copy(inputs[1]),
                   c = has_bias_ ? std::optional<mx::array>(mx::array::unsafe_weak_copy(inputs[2]))
@@ -411,10 +419,12 @@ __attribute__((target("avx2,f16c"))) void qrows8_avx2(const float* x, const uint
                                                  const float* bi, int g, int k, int gs,
                                                  float* out) {
   __m256 acc = _mm256_setzero_ps();
-  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  // Lane i reads row i's scale and bias: g floats apart.
+  const __m256i rows = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                          _mm256_set1_epi32(g));
   for (int gi = 0; gi < k / gs; ++gi) {
-    const __m256 s = _mm256_i32gather_ps(sc + gi, _mm256_mullo_epi32(idx, _mm256_set1_epi32(g)), 4);
-    const __m256 b = _mm256_i32gather_ps(bi + gi, _mm256_mullo_epi32(idx, _mm256_set1_epi32(g)), 4);
+    const __m256 s = _mm256_i32gather_ps(sc + gi, rows, 4);
+    const __m256 b = _mm256_i32gather_ps(bi + gi, rows, 4);
     for (int k0 = gi * gs; k0 < (gi + 1) * gs; k0 += 8) {
       // Each row's next eight weights: one word (4-bit) or two (8-bit), lane = row.
       uint32_t lo[8], hi[8] = {};
@@ -455,35 +465,41 @@ void run_q(const mx::array& x, const mx::array& w, const mx::array& scales,
   const auto* bp = biases.data<T>();
   auto* op = out.data<T>();
   const int64_t wld = static_cast<int64_t>(k) * BITS / 8;  // bytes a row
-  // Scales and biases as float, row-major [n, g] (exact).
-  std::vector<float> sc(static_cast<size_t>(n) * g), bi(static_cast<size_t>(n) * g);
-  const bool dense = scales.flags().row_contiguous && biases.flags().row_contiguous;
-  for (int64_t e = 0; e < static_cast<int64_t>(n) * g; ++e) {
-    sc[e] = static_cast<float>(dense ? sp[e] : sp[offset_of(e, scales.shape(), scales.strides())]);
-    bi[e] = static_cast<float>(dense ? bp[e] : bp[offset_of(e, biases.shape(), biases.strides())]);
+  // Every row of x as float (exact).
+  std::vector<float> xs(static_cast<size_t>(rows) * k);
+  const bool xdense = x.flags().row_contiguous;
+  for (int64_t e = 0; e < static_cast<int64_t>(rows) * k; ++e) {
+    xs[e] = static_cast<float>(xdense ? xp[e] : xp[offset_of(e, x.shape(), x.strides())]);
   }
-  std::vector<float> xrow(k), sums(n);
-  for (int m = 0; m < rows; ++m) {
-    const bool xdense = x.flags().row_contiguous;
-    for (int kk = 0; kk < k; ++kk) {
-      const int64_t e = static_cast<int64_t>(m) * k + kk;
-      xrow[kk] = static_cast<float>(xdense ? xp[e] : xp[offset_of(e, x.shape(), x.strides())]);
+  // Eight weight rows at a time: their scales and biases as float, [8, g] (exact), then
+  // their outputs for every row of x.
+  constexpr int kBlock = 8;
+  std::vector<float> sc(static_cast<size_t>(kBlock) * g), bi(static_cast<size_t>(kBlock) * g);
+  const bool dense = scales.flags().row_contiguous && biases.flags().row_contiguous;
+  for (int j0 = 0; j0 < n; j0 += kBlock) {
+    const int block = std::min(kBlock, n - j0);
+    for (int64_t e = 0; e < static_cast<int64_t>(block) * g; ++e) {
+      const int64_t at = static_cast<int64_t>(j0) * g + e;
+      sc[e] = static_cast<float>(dense ? sp[at] : sp[offset_of(at, scales.shape(), scales.strides())]);
+      bi[e] = static_cast<float>(dense ? bp[at] : bp[offset_of(at, biases.shape(), biases.strides())]);
     }
-    int j = 0;
+    for (int m = 0; m < rows; ++m) {
+      const float* xrow = xs.data() + static_cast<int64_t>(m) * k;
+      float sums[kBlock];
+      int j = 0;
 #ifdef MLXS_X86
-    if (has_avx2()) {
-      for (; j + 8 <= n; j += 8) {
-        qrows8_avx2<RND, BITS>(xrow.data(), wp + j * wld, wld, sc.data() + static_cast<int64_t>(j) * g,
-                    bi.data() + static_cast<int64_t>(j) * g, g, k, gs, sums.data() + j);
+      if (has_avx2() && block == kBlock) {
+        qrows8_avx2<RND, BITS>(xrow, wp + j0 * wld, wld, sc.data(), bi.data(), g, k, gs, sums);
+        j = kBlock;
       }
-    }
 #endif
-    for (; j < n; ++j) {
-      sums[j] = qdot_in_order<RND, BITS>(xrow.data(), wp + j * wld, sc.data() + static_cast<int64_t>(j) * g,
-                              bi.data() + static_cast<int64_t>(j) * g, k, gs);
-    }
-    for (int jj = 0; jj < n; ++jj) {
-      op[static_cast<int64_t>(m) * n + jj] = static_cast<T>(sums[jj]);
+      for (; j < block; ++j) {
+        sums[j] = qdot_in_order<RND, BITS>(xrow, wp + (j0 + j) * wld, sc.data() + j * g,
+                                           bi.data() + j * g, k, gs);
+      }
+      for (j = 0; j < block; ++j) {
+        op[static_cast<int64_t>(m) * n + j0 + j] = static_cast<T>(sums[j]);
+      }
     }
   }
 }
@@ -494,10 +510,7 @@ class RowQuantizedMatmul : public mx::UnaryPrimitive {
       : mx::UnaryPrimitive(s), group_size_(group_size), bits_(bits) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (auto& in : inputs) enc.set_input_array(in);
-    enc.set_output_array(out);
+    auto& enc = cpu_encoder_for(stream(), inputs, out);
     enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
                   w = mx::array::unsafe_weak_copy(inputs[1]),
                   sc = mx::array::unsafe_weak_copy(inputs[2]),
@@ -597,25 +610,17 @@ std::optional<mx::array> try_cpu_gemv(const mx::array& a, const mx::array& b,
   return mx::array(out_shape, dt, std::make_shared<RowMatmul>(st, c.has_value()), inputs);
 }
 
-void set_fast_cpu_gemv(bool on) { g_switch.set(on); }
-bool fast_cpu_gemv_enabled() { return g_switch.on(); }
-unsigned long long fast_cpu_gemv_uses() { return g_switch.uses(); }
-
-}  // namespace mlxs_detail
-
-namespace mlxs_detail {
-
 std::optional<mx::array> try_cpu_qmv(const mx::array& x, const mx::array& w,
                                      const mx::array& scales,
                                      const std::optional<mx::array>& biases, bool transpose,
                                      std::optional<int> group_size, std::optional<int> bits,
                                      const std::string& mode, mx::StreamOrDevice s) {
-  if (!kSameArithmetic || !g_switch.on() || !transpose || mode != "affine" || !biases) {
-    return std::nullopt;
-  }
+  if (!kSameArithmetic || !g_switch.on()) return std::nullopt;
   const int gs = group_size.value_or(64);
   const int nbits = bits.value_or(4);
-  if ((nbits != 4 && nbits != 8) || (gs != 32 && gs != 64 && gs != 128)) return std::nullopt;
+  auto kn = affine_operands(x, w, scales, biases, transpose, mode, gs, nbits);
+  if (!kn) return std::nullopt;
+  const int n = kn->second;
   // bfloat16 throughout, or float32 activations with scales of any float type (MLX
   // casts them to float32 first, as done below).
   const bool bf16 = x.dtype() == mx::bfloat16 && scales.dtype() == mx::bfloat16 &&
@@ -625,16 +630,7 @@ std::optional<mx::array> try_cpu_qmv(const mx::array& x, const mx::array& w,
   };
   const bool f32 = x.dtype() == mx::float32 && floating(scales.dtype()) &&
                    floating(biases->dtype());
-  if ((!bf16 && !f32) || w.dtype() != mx::uint32) return std::nullopt;
-  if (x.ndim() < 1 || w.ndim() != 2 || scales.ndim() != 2 || biases->shape() != scales.shape()) {
-    return std::nullopt;
-  }
-  const int k = x.shape(-1);
-  const int n = w.shape(0);
-  if (k <= 0 || n <= 0 || k % gs != 0 || w.shape(1) * (32 / nbits) != k || scales.shape(0) != n ||
-      scales.shape(1) != k / gs) {
-    return std::nullopt;
-  }
+  if (!bf16 && !f32) return std::nullopt;
   mx::Stream st = mx::to_stream(s);
   if (st.device != mx::Device::cpu) return std::nullopt;
   mx::Shape out_shape = x.shape();
@@ -646,5 +642,9 @@ std::optional<mx::array> try_cpu_qmv(const mx::array& x, const mx::array& w,
                    {x, mx::contiguous(w, false, st), mx::astype(scales, dt, st),
                     mx::astype(*biases, dt, st)});
 }
+
+void set_fast_cpu_gemv(bool on) { g_switch.set(on); }
+bool fast_cpu_gemv_enabled() { return g_switch.on(); }
+unsigned long long fast_cpu_gemv_uses() { return g_switch.uses(); }
 
 }  // namespace mlxs_detail

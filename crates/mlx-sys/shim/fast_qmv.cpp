@@ -27,6 +27,7 @@
 // turns it off.
 #include "fast_qmv.h"
 
+#include "affine_operands.h"
 #include "kernel_switch.h"
 
 #include <map>
@@ -176,23 +177,15 @@ std::optional<mx::array> try_fast_qmv(
     std::optional<int> bits,
     const std::string& mode,
     mx::StreamOrDevice s) {
-  if (!g_switch.on() || !transpose || mode != "affine" || !biases) return std::nullopt;
-  int gs = group_size.value_or(64);
-  if (bits.value_or(4) != 4 || (gs != 32 && gs != 64 && gs != 128)) return std::nullopt;
-  if (x.dtype() != mx::bfloat16 || scales.dtype() != mx::bfloat16 ||
-      biases->dtype() != mx::bfloat16 || w.dtype() != mx::uint32) {
+  if (!g_switch.on() || bits.value_or(4) != 4) return std::nullopt;
+  const int gs = group_size.value_or(64);
+  auto kn = affine_operands(x, w, scales, biases, transpose, mode, gs, 4);
+  if (!kn || x.dtype() != mx::bfloat16 || scales.dtype() != mx::bfloat16 ||
+      biases->dtype() != mx::bfloat16) {
     return std::nullopt;
   }
-  if (x.ndim() < 1 || w.ndim() != 2 || scales.ndim() != 2 || biases->ndim() != 2) {
-    return std::nullopt;
-  }
-  const int k = x.shape(-1);
-  const int n = w.shape(0);
-  if (static_cast<long long>(x.size()) != k || k % gs != 0 || k % 32 != 0) return std::nullopt;
-  if (w.shape(1) * 8 != k || scales.shape(0) != n || scales.shape(1) != k / gs ||
-      biases->shape() != scales.shape()) {
-    return std::nullopt;
-  }
+  const auto [k, n] = *kn;
+  if (static_cast<long long>(x.size()) != k || k % 32 != 0) return std::nullopt;
   if (n > kMaxDim || k > kMaxDim || static_cast<long long>(n) * k < kMinElements) {
     return std::nullopt;
   }
