@@ -53,8 +53,8 @@ fn quantized(n: i32, k: i32, seed: u64) -> Quantized {
     .unwrap()
 }
 
-/// A one-row product of a shape the kernel takes on a CUDA device (4096 x 2048 >= 6M
-/// elements, bfloat16, 4-bit affine, group 64): (with the kernel on, with it off).
+/// A one-row product of a shape the kernel takes on a CUDA device (bfloat16, 4-bit
+/// affine, group 64): (with the kernel on, with it off).
 fn both(k: i32, n: i32) -> (Array, Array) {
     let q = quantized(n, k, 3);
     let x = bf16_normal(&[1, 1, k], 4);
