@@ -394,6 +394,9 @@ std::optional<mx::array> try_fast_qmv(
   const auto [k, n] = *kn;
   if (static_cast<long long>(x.size()) != k || k % 32 != 0) return std::nullopt;
   if (k > kMaxK || static_cast<long long>(n) * k < min_elements()) return std::nullopt;
+  // MLX's sm90 `qmm` is eligible only for rows no longer than a group (K % 64 == 0,
+  // group size >= K); there MLX keeps `qmv` only up to 16384 outputs, so leave it those.
+  if (k % 64 == 0 && gs >= k && n > 16384) return std::nullopt;
   const Layout l = layout_for(n, k);
   const long long rows_per_block = static_cast<long long>(l.rows) * l.rw;
   const long long blocks = (n + rows_per_block - 1) / rows_per_block;
