@@ -101,9 +101,26 @@ Layout layout_for(int n, int k) {
   return {0, 4, 1, 32, false};
 }
 
+// Both bodies load one chunk's 16 activations the same way: a view of x may start
+// anywhere, so 16-byte loads only where it is aligned.
+const std::string kLoadX = R"(    uint4 xa, xb;
+    if (x_aligned) {
+      xa = *reinterpret_cast<const uint4*>(x + idx);
+      xb = *reinterpret_cast<const uint4*>(x + idx + 8);
+    } else {
+      __nv_bfloat16* pa = reinterpret_cast<__nv_bfloat16*>(&xa);
+      __nv_bfloat16* pb = reinterpret_cast<__nv_bfloat16*>(&xb);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        pa[e] = x[idx + e];
+        pb[e] = x[idx + 8 + e];
+      }
+    }
+)";
+
 // The kernel's source for one (K, group size): the body is the same for all, K and GS
 // are compile-time constants so the chunk loop unrolls and its loads can be hoisted.
-const char* kBody = R"(
+const std::string kBody = R"(
   constexpr int NCH = K / 512;
   constexpr int REST = K % 512;
   constexpr int G = K / GS;
@@ -123,20 +140,7 @@ const char* kBody = R"(
   const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
   // One chunk: 16 weights (8 bytes, low nibble first) against 16 activations.
   auto tile = [&](int idx, uint2 wv, __nv_bfloat16 s, __nv_bfloat16 b) {
-    uint4 xa, xb;
-    if (x_aligned) {
-      xa = *reinterpret_cast<const uint4*>(x + idx);
-      xb = *reinterpret_cast<const uint4*>(x + idx + 8);
-    } else {
-      __nv_bfloat16* pa = reinterpret_cast<__nv_bfloat16*>(&xa);
-      __nv_bfloat16* pb = reinterpret_cast<__nv_bfloat16*>(&xb);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        pa[e] = x[idx + e];
-        pb[e] = x[idx + 8 + e];
-      }
-    }
-    const __nv_bfloat162* x0 = reinterpret_cast<const __nv_bfloat162*>(&xa);
+)" + kLoadX + R"(    const __nv_bfloat162* x0 = reinterpret_cast<const __nv_bfloat162*>(&xa);
     const __nv_bfloat162* x1 = reinterpret_cast<const __nv_bfloat162*>(&xb);
     __nv_bfloat162 s2 = __bfloat162bfloat162(s);
     __nv_bfloat162 b2 = __bfloat162bfloat162(b);
@@ -192,7 +196,7 @@ const char* kBody = R"(
 // unpacked as the pairs (e, e + 4) of each 32-bit word and x permuted to match (each
 // element keeps its own accumulator, so the pairing changes no result), and the loads
 // either issued `U` chunks ahead of their arithmetic (WIN) or `U` chunks at a time.
-const char* kBodyRows = R"(
+const std::string kBodyRows = R"(
   constexpr int NCH = K / 512;
   constexpr int REST = K % 512;
   constexpr int G = K / GS;
@@ -222,20 +226,7 @@ const char* kBodyRows = R"(
   auto bf2 = [](uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); };
   // x of one chunk as the pairs (e, e + 4) and (8 + e, 12 + e), e = 0..3.
   auto xpairs = [&](int idx, __nv_bfloat162* xp) {
-    uint4 xa, xb;
-    if (x_aligned) {
-      xa = *reinterpret_cast<const uint4*>(x + idx);
-      xb = *reinterpret_cast<const uint4*>(x + idx + 8);
-    } else {
-      __nv_bfloat16* pa = reinterpret_cast<__nv_bfloat16*>(&xa);
-      __nv_bfloat16* pb = reinterpret_cast<__nv_bfloat16*>(&xb);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        pa[e] = x[idx + e];
-        pb[e] = x[idx + 8 + e];
-      }
-    }
-    xp[0] = bf2(__byte_perm(xa.x, xa.z, 0x5410));
+)" + kLoadX + R"(    xp[0] = bf2(__byte_perm(xa.x, xa.z, 0x5410));
     xp[1] = bf2(__byte_perm(xa.x, xa.z, 0x7632));
     xp[2] = bf2(__byte_perm(xa.y, xa.w, 0x5410));
     xp[3] = bf2(__byte_perm(xa.y, xa.w, 0x7632));
