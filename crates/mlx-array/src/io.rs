@@ -167,6 +167,16 @@ pub fn load_npy(path: impl AsRef<Path>) -> Result<Array> {
         .map_err(|e| file_err(path, e))
 }
 
+/// Writes the graph that evaluating `outputs` would run as a Graphviz dot file
+/// (`mx.export_to_dot`): one rectangle per primitive, evaluated arrays as sources.
+#[track_caller]
+pub fn export_to_dot(path: impl AsRef<Path>, outputs: &[&Array]) -> Result<()> {
+    let path = path.as_ref();
+    let c = path_cstr(path)?;
+    let v = crate::array::VecHandle::from_arrays(outputs.iter().copied());
+    check(unsafe { sys::mlxs_export_to_dot(c.as_ptr(), v.0) }).map_err(|e| file_err(path, e))
+}
+
 /// Writes a `.npy` file.
 #[track_caller]
 pub fn save_npy(path: impl AsRef<Path>, a: &Array) -> Result<()> {

@@ -287,3 +287,35 @@ fn bad_arguments_are_errors_before_reaching_mlx() {
     assert!(ops::concatenate(&[], 0).is_err());
     still_works();
 }
+
+#[test]
+fn export_to_dot_writes_the_unevaluated_graph_and_names_an_unwritable_path() {
+    let dir = TempDir::new("dot");
+    let a = arr(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+    a.eval().expect("eval");
+    let y = a.add(1.0).and_then(|s| s.multiply(&a)).expect("graph");
+    let path = dir.0.join("g.dot");
+    io::export_to_dot(&path, &[&y]).expect("export");
+    let dot = std::fs::read_to_string(&path).expect("read dot");
+    assert!(dot.starts_with("digraph {"), "{dot}");
+    let labels: Vec<&str> = dot
+        .lines()
+        .filter_map(|l| l.split("[label =\"").nth(1))
+        .filter_map(|l| l.split('"').next())
+        .collect();
+    // The evaluated input is a source; the add, its broadcast scalar and the multiply
+    // are primitives (nothing was evaluated by exporting).
+    assert!(
+        labels.contains(&"Add") && labels.contains(&"Multiply"),
+        "{labels:?}"
+    );
+    assert_eq!(
+        y.add(0.0).and_then(|z| z.to_vec::<f32>()).expect("y"),
+        [2.0, 6.0, 12.0, 20.0]
+    );
+
+    let bad = dir.0.join("missing-dir").join("g.dot");
+    let e = io::export_to_dot(&bad, &[&y]).expect_err("unwritable path");
+    assert!(message(&e).contains("missing-dir"), "{}", message(&e));
+    still_works();
+}

@@ -8,6 +8,7 @@
 //! cargo run --release -p mlx-engine --example decode_build -- micro 0 CHAIN_LENGTH
 //! ```
 //! The second form times chains of single ops (host cost per node of each kind).
+//! `DECODE_BUILD_DOT=FILE` also writes the first decode step's graph as Graphviz dot.
 use mlx_array::{transforms, Array};
 use std::time::Instant;
 
@@ -67,7 +68,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             transforms::eval(&[&out])?;
             let mut y = Array::from_slice(&[1u32], &[1])?;
             let (mut build, mut eval, mut build_cpu, mut encode) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-            for _ in 0..steps {
+            for step in 0..steps {
                 let t0 = Instant::now();
                 let c0 = thread_cpu();
                 let logits = model.forward(&y.expand_dims(&[0])?, &mut caches)?;
@@ -79,6 +80,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let next = logprobs.argmax(Some(-1), false)?;
                 let lp = logprobs.squeeze(Some(&[0]))?;
                 let t1 = Instant::now();
+                if let (0, Some(path)) = (round + step, std::env::var_os("DECODE_BUILD_DOT")) {
+                    // The first step's graph (benchmarks/graph_nodes.py counts it).
+                    mlx_array::io::export_to_dot(&path, &[&next, &lp])?;
+                }
                 build_cpu += thread_cpu() - c0;
                 transforms::async_eval(&[&next, &lp])?;
                 let ta = Instant::now();

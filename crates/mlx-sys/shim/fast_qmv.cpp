@@ -23,9 +23,10 @@
 // Outputs are bit-identical (checked on the H200 against MLX's kernel for every product
 // shape of the benchmark models at group sizes 32/64/128, heads included, and for the
 // logits of whole decoding runs: `fused_check MODEL ... qmv` in mlx-engine's examples,
-// benchmarks/GPU.md runs 6 and 7). Under ncu (cold L2) they beat MLX's at every shape
-// measured: 4096 x 14336 36 -> 18 us, 14336 x 4096 38 -> 21 us, the 8B head 287 -> 118 us,
-// 512 x 2048 4.7 -> 3.8 us.
+// benchmarks/GPU.md runs 6 and 7). Under ncu (cold L2), kBody beat MLX's kernel at every
+// shape measured (4096 x 14336 36 -> 18 us, the 8B head 287 -> 135 us, 512 x 2048
+// 4.7 -> 3.8 us), and a prototype of kBodyRows did better still on down projections and
+// heads (14336 x 4096 38 -> 21 us, the 8B head -> 118 us).
 //
 // The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC on first use,
 // cached on disk by MLX). They are used only where MLX itself would run `qmv` (the
@@ -90,9 +91,10 @@ struct Layout {
   }
 };
 
-// Measured on the H200 under ncu (benchmarks/GPU.md run 7): long rows (down projections:
-// 14336 x 4096 29.3 -> 21.3 us) and very many rows (vocabulary heads: 128256 x 4096
-// 135 -> 118 us) stream faster with the pipelined layouts; kBody stays best elsewhere.
+// Chosen on the H200 (benchmarks/GPU.md run 7): under ncu, a prototype of kBodyRows
+// streamed long rows (down projections: 14336 x 4096 29.3 -> 21.3 us) and very many rows
+// (vocabulary heads: 128256 x 4096 135 -> 118 us) faster than kBody, which stayed best
+// elsewhere; end to end, these layouts took the 8B model from 264 to 304 tok/s.
 Layout layout_for(int n, int k) {
   if (g_pipelined.on()) {
     if (n > 16384) return {1, 4, 2, 8, false};

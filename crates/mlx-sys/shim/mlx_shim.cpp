@@ -7,6 +7,7 @@
 #include "fast_qmv.h"
 
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -15,6 +16,7 @@
 
 #include "mlx/compile_impl.h"
 #include "mlx/einsum.h"
+#include "mlx/graph_utils.h"
 #include "mlx/mlx.h"
 #include "mlx/version.h"
 
@@ -783,6 +785,15 @@ int mlxs_conv2d(mlxs_array* out, mlxs_array input, mlxs_array weight, const int3
 
 int mlxs_depends(mlxs_vec* out, mlxs_vec inputs, mlxs_vec dependencies) {
   return guard([&] { *out = wrapv(mx::depends(inputs->v, dependencies->v)); });
+}
+int mlxs_export_to_dot(const char* path, mlxs_vec outputs) {
+  return guard([&] {
+    std::ofstream f(path);
+    if (!f) throw std::runtime_error(std::string("cannot open ") + path + " for writing");
+    mx::export_to_dot(f, outputs->v);
+    f.flush();
+    if (!f) throw std::runtime_error(std::string("cannot write ") + path);
+  });
 }
 
 /* ---------- fast ---------- */

@@ -294,6 +294,8 @@ int mlxs_conv2d(mlxs_array* out, mlxs_array input, mlxs_array weight, const int3
                 const int32_t* padding, const int32_t* dilation, int groups, mlxs_stream s);
 /* `inputs` unchanged, but evaluated only after `dependencies` (mx.depends). */
 int mlxs_depends(mlxs_vec* out, mlxs_vec inputs, mlxs_vec dependencies);
+/* Writes the unevaluated graph behind `outputs` as Graphviz dot (mx.export_to_dot). */
+int mlxs_export_to_dot(const char* path, mlxs_vec outputs);
 
 /* ---------- fast ---------- */
 int mlxs_fast_rms_norm(mlxs_array* out, mlxs_array x, mlxs_array weight, float eps, mlxs_stream s);

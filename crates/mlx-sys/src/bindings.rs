@@ -1113,6 +1113,12 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
+    pub fn mlxs_export_to_dot(
+        path: *const ::std::os::raw::c_char,
+        outputs: mlxs_vec,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
     pub fn mlxs_fast_rms_norm(
         out: *mut mlxs_array,
         x: mlxs_array,
