@@ -101,73 +101,20 @@ impl FusedLinears {
                 LinearLayer::Quantized(q) => q.weight.shape()[0],
             })
             .collect();
-        let kind = if layers.iter().all(|l| matches!(&**l, LinearLayer::Dense(_))) {
-            let mut dense: Vec<&mut crate::linear::Linear> = layers
-                .iter_mut()
-                .filter_map(|l| match &mut **l {
-                    LinearLayer::Dense(d) => Some(d),
-                    LinearLayer::Quantized(_) => None,
-                })
-                .collect();
-            let first = &dense[0].weight;
-            let alike = dense.iter().all(|d| {
-                d.weight.ndim() == 2
-                    && d.weight.dtype() == first.dtype()
-                    && d.weight.shape()[1] == first.shape()[1]
-                    && d.bias.is_some() == dense[0].bias.is_some()
-                    && d.bias.as_ref().is_none_or(|b| b.dtype() == first.dtype())
-            });
-            if !alike {
-                return Ok(None);
-            }
-            type D = crate::linear::Linear;
-            let weight = fuse_param(&mut dense, |d| Some(&d.weight), |d| Some(&mut d.weight))?;
-            let bias = fuse_param(&mut dense, |d: &D| d.bias.as_ref(), |d| d.bias.as_mut())?;
-            let Some(weight) = weight else {
-                return Ok(None);
-            };
-            let weight_t = weight.transpose(None)?;
-            transforms::eval(&[&weight_t])?;
-            Kind::Dense { weight_t, bias }
-        } else if layers
-            .iter()
-            .all(|l| matches!(&**l, LinearLayer::Quantized(_)))
-        {
-            let mut qs: Vec<&mut crate::linear::QuantizedLinear> = layers
-                .iter_mut()
-                .filter_map(|l| match &mut **l {
-                    LinearLayer::Quantized(q) => Some(q),
-                    LinearLayer::Dense(_) => None,
-                })
-                .collect();
-            let (spec, k) = (qs[0].spec, qs[0].weight.shape().get(1).copied());
-            let alike = qs.iter().all(|q| {
-                q.spec == spec
-                    && q.weight.ndim() == 2
-                    && q.weight.shape().get(1).copied() == k
-                    && q.scales.dtype() == qs[0].scales.dtype()
-                    && q.biases.is_some() == qs[0].biases.is_some()
-                    && q.bias.is_some() == qs[0].bias.is_some()
-            });
-            if !alike {
-                return Ok(None);
-            }
-            type Q = crate::linear::QuantizedLinear;
-            let weight = fuse_param(&mut qs, |q| Some(&q.weight), |q| Some(&mut q.weight))?;
-            let scales = fuse_param(&mut qs, |q| Some(&q.scales), |q| Some(&mut q.scales))?;
-            let biases = fuse_param(&mut qs, |q: &Q| q.biases.as_ref(), |q| q.biases.as_mut())?;
-            let bias = fuse_param(&mut qs, |q: &Q| q.bias.as_ref(), |q| q.bias.as_mut())?;
-            let (Some(weight), Some(scales)) = (weight, scales) else {
-                return Ok(None);
-            };
-            Kind::Quantized {
-                weight,
-                scales,
-                biases,
-                bias,
-                spec,
-            }
+        let kind = if let Some(mut dense) = pick(layers, |l| match l {
+            LinearLayer::Dense(d) => Some(d),
+            LinearLayer::Quantized(_) => None,
+        }) {
+            fuse_dense(&mut dense)?
+        } else if let Some(mut qs) = pick(layers, |l| match l {
+            LinearLayer::Quantized(q) => Some(q),
+            LinearLayer::Dense(_) => None,
+        }) {
+            fuse_quantized(&mut qs)?
         } else {
+            None
+        };
+        let Some(kind) = kind else {
             return Ok(None);
         };
         let refs: Vec<&LinearLayer> = layers.iter().map(|l| &**l).collect();
@@ -227,6 +174,71 @@ impl FusedLinears {
         }
         y.split_at(&cuts, -1)
     }
+}
+
+/// Every layer as one kind (`get` picks it), or `None` when any layer is of another.
+fn pick<'a, T>(
+    layers: &'a mut [&mut LinearLayer],
+    get: fn(&'a mut LinearLayer) -> Option<&'a mut T>,
+) -> Option<Vec<&'a mut T>> {
+    let n = layers.len();
+    let picked: Vec<&'a mut T> = layers.iter_mut().filter_map(|l| get(l)).collect();
+    (picked.len() == n).then_some(picked)
+}
+
+/// Dense layers of one dtype and input size, biases on all or none.
+fn fuse_dense(dense: &mut [&mut crate::linear::Linear]) -> Result<Option<Kind>> {
+    let first = &dense[0].weight;
+    let alike = dense.iter().all(|d| {
+        d.weight.ndim() == 2
+            && d.weight.dtype() == first.dtype()
+            && d.weight.shape()[1] == first.shape()[1]
+            && d.bias.is_some() == dense[0].bias.is_some()
+            && d.bias.as_ref().is_none_or(|b| b.dtype() == first.dtype())
+    });
+    if !alike {
+        return Ok(None);
+    }
+    type D = crate::linear::Linear;
+    let weight = fuse_param(dense, |d| Some(&d.weight), |d| Some(&mut d.weight))?;
+    let bias = fuse_param(dense, |d: &D| d.bias.as_ref(), |d| d.bias.as_mut())?;
+    let Some(weight) = weight else {
+        return Ok(None);
+    };
+    let weight_t = weight.transpose(None)?;
+    transforms::eval(&[&weight_t])?;
+    Ok(Some(Kind::Dense { weight_t, bias }))
+}
+
+/// Quantized layers of one spec, input size and scale dtype, biases on all or none.
+fn fuse_quantized(qs: &mut [&mut crate::linear::QuantizedLinear]) -> Result<Option<Kind>> {
+    let (spec, k) = (qs[0].spec, qs[0].weight.shape().get(1).copied());
+    let alike = qs.iter().all(|q| {
+        q.spec == spec
+            && q.weight.ndim() == 2
+            && q.weight.shape().get(1).copied() == k
+            && q.scales.dtype() == qs[0].scales.dtype()
+            && q.biases.is_some() == qs[0].biases.is_some()
+            && q.bias.is_some() == qs[0].bias.is_some()
+    });
+    if !alike {
+        return Ok(None);
+    }
+    type Q = crate::linear::QuantizedLinear;
+    let weight = fuse_param(qs, |q| Some(&q.weight), |q| Some(&mut q.weight))?;
+    let scales = fuse_param(qs, |q| Some(&q.scales), |q| Some(&mut q.scales))?;
+    let biases = fuse_param(qs, |q: &Q| q.biases.as_ref(), |q| q.biases.as_mut())?;
+    let bias = fuse_param(qs, |q: &Q| q.bias.as_ref(), |q| q.bias.as_mut())?;
+    let (Some(weight), Some(scales)) = (weight, scales) else {
+        return Ok(None);
+    };
+    Ok(Some(Kind::Quantized {
+        weight,
+        scales,
+        biases,
+        bias,
+        spec,
+    }))
 }
 
 /// Concatenates one parameter of every layer (`None` when a layer lacks it) and points
