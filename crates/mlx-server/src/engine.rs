@@ -563,9 +563,12 @@ impl State {
         let took = tic.elapsed();
         self.metrics.prefill_micros.add(took.as_micros() as u64);
         tracing::debug!(
-            "engine: prefill step of {} prompt(s) in {:.1} ms",
+            "engine: prefill step of {} prompt(s) in {:.1} ms (MLX memory: active {:.3} GB, \
+             peak {:.3} GB)",
             self.prefilling.len(),
-            took.as_secs_f64() * 1e3
+            took.as_secs_f64() * 1e3,
+            mlx_array::memory::active_memory() as f64 / 1e9,
+            mlx_array::memory::peak_memory() as f64 / 1e9,
         );
         match stepped {
             Ok(progress) => {
@@ -580,9 +583,17 @@ impl State {
         }
         match self.prefilling.take_ready() {
             Ok(Some((seqs, cache))) => {
+                let n = seqs.len();
                 if let Err((seqs, e)) = self.batch.join_prefilled(seqs, cache) {
                     self.fail_seqs(seqs, e);
                 }
+                tracing::debug!(
+                    "engine: {n} prefilled sequence(s) joined decoding, {} decoding (MLX \
+                     memory: active {:.3} GB, peak {:.3} GB)",
+                    self.batch.len(),
+                    mlx_array::memory::active_memory() as f64 / 1e9,
+                    mlx_array::memory::peak_memory() as f64 / 1e9,
+                );
             }
             Ok(None) => {}
             Err(e) => {

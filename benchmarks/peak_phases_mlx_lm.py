@@ -1,0 +1,57 @@
+"""mlx-lm's batch_generate with MLX memory printed after each phase, to set beside our
+`MLX_LOG=mlx_server=debug mlx-benchmark -b N ...` lines (prefill steps, sequences joining
+decoding). Same prompts as `mlx_lm.benchmark` (seed 0).
+
+    python benchmarks/peak_phases_mlx_lm.py MODEL_DIR [-b 32] [-p 128] [-g 128]
+"""
+import argparse
+import importlib
+
+import mlx.core as mx
+from mlx_lm import batch_generate, load
+
+# `mlx_lm.generate` the module (the package re-exports a function of that name).
+gen = importlib.import_module("mlx_lm.generate")
+
+
+def report(what):
+    print(f"{what}: active {mx.get_active_memory() / 1e9:.3f} GB, "
+          f"peak {mx.get_peak_memory() / 1e9:.3f} GB", flush=True)
+
+
+def wrap(cls, name, label):
+    orig = getattr(cls, name)
+
+    def f(self, *a, **k):
+        out = orig(self, *a, **k)
+        rows = a[0] if a else None
+        if isinstance(rows, list) and rows:
+            report(f"{label} ({len(rows)} rows)")
+        return out
+
+    setattr(cls, name, f)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("-b", type=int, default=32)
+    ap.add_argument("-p", type=int, default=128)
+    ap.add_argument("-g", type=int, default=128)
+    args = ap.parse_args()
+    mx.random.seed(0)
+    model, tokenizer, config = load(args.model, return_config=True)
+    tokenizer._eos_token_ids = {}
+    vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]
+    prompts = mx.random.randint(0, vocab, (args.b, args.p)).tolist()
+    report("loaded")
+    wrap(gen.PromptProcessingBatch, "prompt", "prefill step")
+    wrap(gen.PromptProcessingBatch, "generate", "prefilled sequences start decoding")
+    for trial in ("warm-up", "trial"):
+        mx.reset_peak_memory()
+        stats = batch_generate(model, tokenizer, prompts, max_tokens=args.g).stats
+        report(f"{trial} done (peak_memory as mlx_lm.benchmark prints it: {stats.peak_memory:.3f})")
+
+
+if __name__ == "__main__":
+    main()
