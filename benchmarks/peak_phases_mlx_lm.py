@@ -50,7 +50,7 @@ def main():
     for trial in ("warm-up", "trial"):
         mx.reset_peak_memory()
         stats = batch_generate(model, tokenizer, prompts, max_tokens=args.g).stats
-        report(f"{trial} done (peak_memory as mlx_lm.benchmark prints it: {stats.peak_memory:.3f})")
+        report(f"{trial} done (batch_generate peak_memory, since the reset: {stats.peak_memory:.3f})")
 
 
 if __name__ == "__main__":
