@@ -228,8 +228,8 @@ pub fn from_fp8(x: &Array, dtype: Dtype) -> Result<Array> {
     out1(|o| unsafe { sys::mlxs_from_fp8(o, x.as_raw(), dtype.to_raw(), Array::s()) })
 }
 
-/// Turns our one-row CUDA kernel for 4-bit [`quantized_matmul`] on or off (default on;
-/// the environment variable `MLX_FAST_QMV=0` starts it off). On the CUDA backend, products
+/// Turns our one-row CUDA kernels for 4-bit [`quantized_matmul`] on or off (default on;
+/// the environment variable `MLX_FAST_QMV=0` starts them off). On the CUDA backend, products
 /// of one bfloat16 row with a 4-bit affine weight (K <= 16384), which MLX runs through its
 /// `qmv` kernel, run through ours instead: the same arithmetic in the same order
 /// (bit-identical results), with the weight loads issued ahead: about 2x faster on an

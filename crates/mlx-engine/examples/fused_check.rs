@@ -2,9 +2,9 @@
 //! bit, and times it:
 //! - `fused` (default): fused projections (`mlx_nn::FusedLinears`, the loader's default)
 //!   against separate ones (the model loaded twice, `unfused` and fused);
-//! - `qmv`: our one-row 4-bit kernel (`mlx_array::quant::set_fast_qmv`) against MLX's
+//! - `qmv`: our one-row 4-bit kernels (`mlx_array::quant::set_fast_qmv`) against MLX's
 //!   `qmv`: first every product shape of the supported models (three group sizes, three
-//!   inputs each), then the model with the kernel off and on.
+//!   inputs each), then the model with the kernels off and on.
 //!
 //! Each arm prefills the same random prompts, then decodes greedily at batch 1 and batch 4,
 //! comparing every step's logits exactly; then the decode steps of both are timed.
@@ -55,8 +55,9 @@ fn run(model: &dyn LanguageModel, batch: i32, prompt: i32, steps: usize) -> Res<
     Ok((out, t / (steps.max(2) - 1) as f64))
 }
 
-/// Our one-row 4-bit kernel against MLX's on the projection shapes of Qwen2.5-0.5B,
-/// Llama-3.2-1B and Llama-3.1-8B ([K, N]); returns whether all were identical.
+/// Our one-row 4-bit kernels against MLX's on the product shapes (projections and heads)
+/// of Qwen2.5-0.5B, Llama-3.2-1B and Llama-3.1-8B ([K, N]); returns whether all were
+/// identical.
 fn qmv_shapes() -> Res<bool> {
     use mlx_array::quant::{
         fast_qmv_launches, quantize, quantized_matmul, set_fast_qmv, QuantMode,

@@ -563,12 +563,10 @@ impl State {
         let took = tic.elapsed();
         self.metrics.prefill_micros.add(took.as_micros() as u64);
         tracing::debug!(
-            "engine: prefill step of {} prompt(s) in {:.1} ms (MLX memory: active {:.3} GB, \
-             peak {:.3} GB)",
+            "engine: prefill step of {} prompt(s) in {:.1} ms ({})",
             self.prefilling.len(),
             took.as_secs_f64() * 1e3,
-            mlx_array::memory::active_memory() as f64 / 1e9,
-            mlx_array::memory::peak_memory() as f64 / 1e9,
+            memory_note(),
         );
         match stepped {
             Ok(progress) => {
@@ -588,11 +586,9 @@ impl State {
                     self.fail_seqs(seqs, e);
                 }
                 tracing::debug!(
-                    "engine: {n} prefilled sequence(s) joined decoding, {} decoding (MLX \
-                     memory: active {:.3} GB, peak {:.3} GB)",
+                    "engine: {n} prefilled sequence(s) joined decoding, {} decoding ({})",
                     self.batch.len(),
-                    mlx_array::memory::active_memory() as f64 / 1e9,
-                    mlx_array::memory::peak_memory() as f64 / 1e9,
+                    memory_note(),
                 );
             }
             Ok(None) => {}
@@ -816,6 +812,15 @@ fn log_stopped(metrics: &Metrics, s: &Sequence) {
             s.generated
         );
     }
+}
+
+/// MLX's active and peak memory, for debug lines (called only when they are logged).
+fn memory_note() -> String {
+    format!(
+        "MLX memory: active {:.3} GB, peak {:.3} GB",
+        mlx_array::memory::active_memory() as f64 / 1e9,
+        mlx_array::memory::peak_memory() as f64 / 1e9
+    )
 }
 
 /// Tells a request how far its prompt processing got.

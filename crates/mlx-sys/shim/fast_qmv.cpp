@@ -335,8 +335,9 @@ const std::string kBodyRows = R"(
   }
 )";
 
-// The kernel for one (K, group size), built once: K and GS are compile-time constants, so
-// the chunk loop unrolls and its loads can be issued ahead of the arithmetic.
+// The kernel for one (K, group size, layout), built once: K, GS and the layout are
+// compile-time constants, so the chunk loops unroll and their loads can be issued ahead of
+// the arithmetic.
 const mx::fast::CustomKernelFunction& kernel_for(int k, int gs, const Layout& l) {
   static std::mutex mu;
   static std::map<std::tuple<int, int, Layout>, mx::fast::CustomKernelFunction> kernels;
@@ -378,6 +379,10 @@ std::optional<mx::array> try_fast_qmv(
     const std::string& mode,
     mx::StreamOrDevice s) {
   if (!g_switch.on() || bits.value_or(4) != 4) return std::nullopt;
+  // First the stream: on other devices the caller goes on to the CPU kernel, which checks
+  // the operands itself.
+  mx::Stream st = mx::to_stream(s);
+  if (st.device.type != mx::Device::gpu || !mx::cu::is_available()) return std::nullopt;
   const int gs = group_size.value_or(64);
   auto kn = affine_operands(x, w, scales, biases, transpose, mode, gs, 4);
   if (!kn || x.dtype() != mx::bfloat16 || scales.dtype() != mx::bfloat16 ||
@@ -394,8 +399,6 @@ std::optional<mx::array> try_fast_qmv(
   const long long rows_per_block = static_cast<long long>(l.rows) * l.rw;
   const long long blocks = (n + rows_per_block - 1) / rows_per_block;
   if (blocks > kMaxBlocksY) return std::nullopt;
-  mx::Stream st = mx::to_stream(s);
-  if (st.device.type != mx::Device::gpu || !mx::cu::is_available()) return std::nullopt;
 
   mx::Shape out_shape = x.shape();
   out_shape.back() = n;

@@ -334,11 +334,12 @@ int mlxs_dequantize(mlxs_array* out, mlxs_array w, mlxs_array scales, mlxs_array
                     int group_size, int bits, const char* mode, mlxs_array global_scale,
                     int32_t dtype, mlxs_stream s);
 /* On the CUDA backend, one-row bfloat16 x 4-bit affine products that MLX runs through its
-   `qmv` kernel go through our faster kernel of the same arithmetic (fast_qmv.cpp). */
+   `qmv` kernel go through our faster kernels of the same arithmetic (fast_qmv.cpp). */
 int mlxs_quantized_matmul(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
                           mlxs_array biases, bool transpose, int group_size, int bits,
                           const char* mode, mlxs_stream s);
-/* That kernel on or off (default on; the environment variable MLX_FAST_QMV=0 turns it off). */
+/* Those kernels on or off (default on; the environment variable MLX_FAST_QMV=0 turns them
+   off). */
 void mlxs_set_fast_qmv(bool on);
 bool mlxs_fast_qmv_enabled(void);
 /* How many products have been built with it in this process. */
