@@ -2,7 +2,7 @@
 //!
 //! Modes are MLX's: `affine` (scales and biases, 2-8 bits, any group size), `mxfp4`,
 //! `nvfp4` and `mxfp8` (scales only).
-use crate::array::{opt, out1, outv, Array};
+use crate::array::{opt, out1, outv, Array, VecHandle};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::ops::cstr;
@@ -150,6 +150,57 @@ pub fn quantized_matmul(
             scales.as_raw(),
             opt(biases),
             transpose,
+            group_size.unwrap_or(0),
+            bits.unwrap_or(0),
+            m.as_ptr(),
+            Array::s(),
+        )
+    })
+}
+
+/// One packed weight for [`quantized_matmul_many`]: `weight`, `scales` and the affine
+/// `biases` (`None` in the other modes), as [`quantize`] returns them.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantizedWeight<'a> {
+    /// Packed weight, uint32 `[N, K * bits / 32]`.
+    pub weight: &'a Array,
+    /// Per-group scales.
+    pub scales: &'a Array,
+    /// Per-group biases (affine mode).
+    pub biases: Option<&'a Array>,
+}
+
+/// `quantized_matmul(x, w, scales, biases, transpose = true)` for every weight of
+/// `weights`, all of the same group size, bits and mode: the same arrays as one call each.
+/// The projections of one input (q/k/v, gate/up) in a decoding step run as one launch of
+/// our CUDA kernels where each of them would take those kernels alone (on the CUDA
+/// backend, one bfloat16 row by 4-bit affine weights); `MLX_FAST_QMV_MANY=0` keeps one
+/// launch each.
+#[track_caller]
+pub fn quantized_matmul_many(
+    x: &Array,
+    weights: &[QuantizedWeight<'_>],
+    group_size: Option<i32>,
+    bits: Option<i32>,
+    mode: QuantMode,
+) -> Result<Vec<Array>> {
+    let with_biases = weights.iter().filter(|w| w.biases.is_some()).count();
+    if with_biases != 0 && with_biases != weights.len() {
+        return Err(Error::InvalidArgument(
+            "quantized_matmul_many: either every weight has biases or none has".into(),
+        ));
+    }
+    let m = cstr(mode.name())?;
+    let ws = VecHandle::from_arrays(weights.iter().map(|w| w.weight));
+    let scales = VecHandle::from_arrays(weights.iter().map(|w| w.scales));
+    let biases = VecHandle::from_arrays(weights.iter().filter_map(|w| w.biases));
+    outv(|o| unsafe {
+        sys::mlxs_quantized_matmul_many(
+            o,
+            x.as_raw(),
+            ws.0,
+            scales.0,
+            biases.0,
             group_size.unwrap_or(0),
             bits.unwrap_or(0),
             m.as_ptr(),

@@ -4,8 +4,8 @@
 //! (every projection shape of Qwen2.5-0.5B / Llama-3.2-1B / Llama-3.1-8B, three group sizes,
 //! identical on the H200: benchmarks/GPU.md, run 6); these tests run on any backend.
 use mlx_array::quant::{
-    fast_qmv_enabled, fast_qmv_launches, quantize, quantized_matmul, set_fast_qmv, QuantMode,
-    Quantized,
+    fast_qmv_enabled, fast_qmv_launches, quantize, quantized_matmul, quantized_matmul_many,
+    set_fast_qmv, QuantMode, Quantized, QuantizedWeight,
 };
 use mlx_array::{random, Array, Device, DeviceType, Dtype};
 use std::sync::{Mutex, MutexGuard};
@@ -103,14 +103,76 @@ fn shapes_it_does_not_cover_leave_mlx_in_charge() {
     set_fast_qmv(true);
     let q = quantized(256, 512, 5);
     let before = fast_qmv_launches();
-    // Several rows, a small weight, float32 activations: never ours, on any device.
+    // Several rows, float32 activations: never ours, on any device.
     let f32_row = random::normal(&[1, 512], Dtype::Float32, None, None, None).unwrap();
-    for x in [
-        bf16_normal(&[3, 512], 6),
-        bf16_normal(&[1, 512], 7),
-        f32_row,
-    ] {
+    for x in [bf16_normal(&[3, 512], 6), f32_row] {
         assert_eq!(*qmm(&x, &q).shape().last().unwrap(), 256);
     }
     assert_eq!(fast_qmv_launches(), before);
+}
+
+fn weight(q: &Quantized) -> QuantizedWeight<'_> {
+    QuantizedWeight {
+        weight: &q.weight,
+        scales: &q.scales,
+        biases: q.biases.as_ref(),
+    }
+}
+
+#[test]
+fn quantized_matmul_many_gives_each_products_own_array() {
+    let _g = serial();
+    set_fast_qmv(true);
+    // q/k/v-like: three weights of one K, one of them with fewer rows.
+    let qs = [
+        quantized(256, 512, 8),
+        quantized(64, 512, 9),
+        quantized(64, 512, 10),
+    ];
+    let ws: Vec<_> = qs.iter().map(weight).collect();
+    for x in [bf16_normal(&[1, 1, 512], 11), bf16_normal(&[2, 3, 512], 12)] {
+        let many = quantized_matmul_many(&x, &ws, Some(64), Some(4), QuantMode::Affine).unwrap();
+        assert_eq!(many.len(), 3);
+        for (y, q) in many.iter().zip(&qs) {
+            let one = qmm(&x, q);
+            assert_eq!(y.shape(), one.shape());
+            assert!(y.array_equal(&one, false).unwrap().item::<bool>().unwrap());
+        }
+    }
+}
+
+#[test]
+fn quantized_matmul_many_checks_its_operands() {
+    let _g = serial();
+    let a = quantized(64, 512, 13);
+    let b = quantized(64, 512, 14);
+    let x = bf16_normal(&[1, 1, 512], 15);
+    // Biases on one weight only.
+    let mixed = [
+        weight(&a),
+        QuantizedWeight {
+            biases: None,
+            ..weight(&b)
+        },
+    ];
+    let err = quantized_matmul_many(&x, &mixed, Some(64), Some(4), QuantMode::Affine)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("biases"), "{err}");
+    // A weight of another K: MLX's own shape error, not a crash.
+    let c = quantized(64, 1024, 16);
+    let err = quantized_matmul_many(
+        &x,
+        &[weight(&a), weight(&c)],
+        Some(64),
+        Some(4),
+        QuantMode::Affine,
+    );
+    assert!(err.is_err());
+    // No weights: no arrays.
+    assert!(
+        quantized_matmul_many(&x, &[], Some(64), Some(4), QuantMode::Affine)
+            .unwrap()
+            .is_empty()
+    );
 }

@@ -4,7 +4,9 @@
 //!   against separate ones (the model loaded twice, `unfused` and fused);
 //! - `qmv`: our one-row 4-bit kernels (`mlx_array::quant::set_fast_qmv`) against MLX's
 //!   `qmv`: first every product shape of the supported models (three group sizes, three
-//!   inputs each), then the model with the kernels off and on.
+//!   inputs each), then their q/k/v and gate/up groups as one launch
+//!   (`quantized_matmul_many`; groups over the size bound print "not one launch" unless
+//!   `MLX_FAST_QMV_MANY_MAX_ELEMENTS` is raised), then the model with the kernels off and on.
 //!
 //! Each arm prefills the same random prompts, then decodes greedily at batch 1 and batch 4,
 //! comparing every step's logits exactly; then the decode steps of both are timed.
@@ -55,13 +57,28 @@ fn run(model: &dyn LanguageModel, batch: i32, prompt: i32, steps: usize) -> Res<
     Ok((out, t / (steps.max(2) - 1) as f64))
 }
 
+/// `x @ dequantize(q).T` for 4-bit affine `q` of group size `gs`, evaluated.
+fn qmm4(x: &Array, q: &mlx_array::quant::Quantized, gs: i32) -> Res<Array> {
+    use mlx_array::quant::{quantized_matmul, QuantMode};
+    let y = quantized_matmul(
+        x,
+        &q.weight,
+        &q.scales,
+        q.biases.as_ref(),
+        true,
+        Some(gs),
+        Some(4),
+        QuantMode::Affine,
+    )?;
+    transforms::eval(&[&y])?;
+    Ok(y)
+}
+
 /// Our one-row 4-bit kernels against MLX's on the product shapes (projections and heads)
 /// of Qwen2.5-0.5B, Llama-3.2-1B and Llama-3.1-8B ([K, N]); returns whether all were
 /// identical.
 fn qmv_shapes() -> Res<bool> {
-    use mlx_array::quant::{
-        fast_qmv_launches, quantize, quantized_matmul, set_fast_qmv, QuantMode,
-    };
+    use mlx_array::quant::{fast_qmv_launches, quantize, set_fast_qmv, QuantMode};
     let shapes = [
         (896, 896),
         (896, 128),
@@ -102,18 +119,7 @@ fn qmv_shapes() -> Res<bool> {
                         .astype(Dtype::Bfloat16)?;
                 let mm = |on: bool| -> Res<Array> {
                     set_fast_qmv(on);
-                    let y = quantized_matmul(
-                        &x,
-                        &q.weight,
-                        &q.scales,
-                        q.biases.as_ref(),
-                        true,
-                        Some(gs),
-                        Some(4),
-                        QuantMode::Affine,
-                    )?;
-                    transforms::eval(&[&y])?;
-                    Ok(y)
+                    qmm4(&x, &q, gs)
                 };
                 let before = fast_qmv_launches();
                 let ours = mm(true)?;
@@ -127,6 +133,80 @@ fn qmv_shapes() -> Res<bool> {
                 "qmv K={k} N={n} group {gs}: {}{}",
                 if same { "identical" } else { "DIFFER" },
                 if used { "" } else { " (our kernel not used)" }
+            );
+        }
+    }
+    all &= qmv_many_shapes()?;
+    Ok(all)
+}
+
+/// `quantized_matmul_many` (one launch for the q/k/v or gate/up weights of one input)
+/// against MLX's `qmv` one weight at a time, on those models' groups of projections.
+fn qmv_many_shapes() -> Res<bool> {
+    use mlx_array::quant::{
+        fast_qmv_launches, quantize, quantized_matmul_many, set_fast_qmv, QuantMode,
+        QuantizedWeight,
+    };
+    let groups: [(i32, &[i32]); 6] = [
+        (896, &[896, 128, 128]),
+        (896, &[4864, 4864]),
+        (2048, &[2048, 512, 512]),
+        (2048, &[8192, 8192]),
+        (4096, &[4096, 1024, 1024]),
+        (4096, &[14336, 14336]),
+    ];
+    let mut all = true;
+    for (k, ns) in groups {
+        for gs in [32, 64, 128] {
+            let mut qs = Vec::new();
+            for (i, &n) in ns.iter().enumerate() {
+                let w = random::normal(
+                    &[n, k],
+                    Dtype::Float32,
+                    None,
+                    None,
+                    Some(&random::key(20 + i as u64)?),
+                )?
+                .multiply(&Array::scalar(0.05f32)?)?
+                .astype(Dtype::Bfloat16)?;
+                qs.push(quantize(&w, Some(gs), Some(4), QuantMode::Affine)?);
+            }
+            let ws: Vec<QuantizedWeight<'_>> = qs
+                .iter()
+                .map(|q| QuantizedWeight {
+                    weight: &q.weight,
+                    scales: &q.scales,
+                    biases: q.biases.as_ref(),
+                })
+                .collect();
+            let mut same = true;
+            let mut one_launch = true;
+            for t in 0..3 {
+                let x = random::normal(
+                    &[1, 1, k],
+                    Dtype::Float32,
+                    None,
+                    None,
+                    Some(&random::key(t)?),
+                )?
+                .multiply(&Array::scalar(1.0 + 3.0 * t as f32)?)?
+                .astype(Dtype::Bfloat16)?;
+                set_fast_qmv(true);
+                let before = fast_qmv_launches();
+                let ours = quantized_matmul_many(&x, &ws, Some(gs), Some(4), QuantMode::Affine)?;
+                one_launch &= fast_qmv_launches() == before + 1;
+                transforms::eval(&ours.iter().collect::<Vec<_>>())?;
+                set_fast_qmv(false);
+                for (y, q) in ours.iter().zip(&qs) {
+                    same &= y.array_equal(&qmm4(&x, q, gs)?, false)?.item::<bool>()?;
+                }
+            }
+            set_fast_qmv(true);
+            all &= same;
+            println!(
+                "qmv many K={k} N={ns:?} group {gs}: {}{}",
+                if same { "identical" } else { "DIFFER" },
+                if one_launch { "" } else { " (not one launch)" }
             );
         }
     }

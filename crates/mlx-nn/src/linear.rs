@@ -2,7 +2,9 @@
 use crate::error::Result as NnResult;
 use crate::module::{Module, Param, QuantVisitor};
 use crate::quantize::{QuantSpec, Quantizable};
-use mlx_array::quant::{dequantize, quantize, quantized_matmul};
+use mlx_array::quant::{
+    dequantize, quantize, quantized_matmul, quantized_matmul_many, QuantizedWeight,
+};
 use mlx_array::{ops, Array, Dtype, Result};
 
 /// `y = x W^T + b`, with `W` of shape `[output_dims, input_dims]`.
@@ -157,6 +159,55 @@ impl LinearLayer {
             LinearLayer::Dense(l) => l.forward(x),
             LinearLayer::Quantized(l) => l.forward(x),
         }
+    }
+}
+
+impl LinearLayer {
+    /// Each layer of `layers` applied to the same `x`: the same arrays as calling
+    /// [`LinearLayer::forward`] on each. Quantized layers of one spec go through one
+    /// [`quantized_matmul_many`], so a decoding step's q/k/v or gate/up projections can
+    /// run as one launch of our kernels.
+    #[track_caller]
+    pub fn forward_many(layers: &[&LinearLayer], x: &Array) -> Result<Vec<Array>> {
+        let quantized: Vec<&QuantizedLinear> = layers
+            .iter()
+            .filter_map(|l| match l {
+                LinearLayer::Quantized(q) => Some(q),
+                LinearLayer::Dense(_) => None,
+            })
+            .collect();
+        let shared = match quantized.first() {
+            Some(q0) if quantized.len() == layers.len() && layers.len() > 1 => quantized
+                .iter()
+                .all(|q| q.spec == q0.spec && q.biases.is_some() == q0.biases.is_some()),
+            _ => false,
+        };
+        if !shared {
+            return layers.iter().map(|l| l.forward(x)).collect();
+        }
+        let spec = quantized[0].spec;
+        let weights: Vec<QuantizedWeight<'_>> = quantized
+            .iter()
+            .map(|q| QuantizedWeight {
+                weight: q.weight.value(),
+                scales: q.scales.value(),
+                biases: q.biases.as_ref().map(|b| b.value()),
+            })
+            .collect();
+        let ys = quantized_matmul_many(
+            x,
+            &weights,
+            Some(spec.group_size),
+            Some(spec.bits),
+            spec.mode,
+        )?;
+        ys.into_iter()
+            .zip(&quantized)
+            .map(|(y, q)| match &q.bias {
+                Some(b) => y.add(b),
+                None => Ok(y),
+            })
+            .collect()
     }
 }
 

@@ -157,3 +157,33 @@ fn unlike_layers_are_not_fused() {
     ));
     assert!(FusedLinears::fuse(&mut [&mut c, &mut d]).unwrap().is_none());
 }
+
+/// `LinearLayer::forward_many` gives each layer's own `forward`, bit for bit: quantized
+/// layers of one spec (with and without output biases) through one
+/// `quantized_matmul_many`, a mix of dense and quantized layers one by one.
+#[test]
+fn forward_many_matches_each_layers_forward() {
+    for (bias, quantized) in [(false, true), (true, true), (true, false)] {
+        let ls = layers(Dtype::Bfloat16, bias, quantized);
+        let refs: Vec<&LinearLayer> = ls.iter().collect();
+        for x in [
+            randn(&[1, 1, 64], 40, Dtype::Bfloat16),
+            randn(&[2, 5, 64], 41, Dtype::Bfloat16),
+        ] {
+            let many = LinearLayer::forward_many(&refs, &x).unwrap();
+            assert_eq!(many.len(), ls.len());
+            for (y, l) in many.iter().zip(&ls) {
+                let one = l.forward(&x).unwrap();
+                assert_eq!(y.shape(), one.shape());
+                assert_eq!(bits(y), bits(&one), "bias {bias}, quantized {quantized}");
+            }
+        }
+    }
+    // Dense and quantized together.
+    let q = layers(Dtype::Bfloat16, false, true);
+    let d = layers(Dtype::Bfloat16, false, false);
+    let x = randn(&[1, 1, 64], 42, Dtype::Bfloat16);
+    let many = LinearLayer::forward_many(&[&q[0], &d[1]], &x).unwrap();
+    assert_eq!(bits(&many[0]), bits(&q[0].forward(&x).unwrap()));
+    assert_eq!(bits(&many[1]), bits(&d[1].forward(&x).unwrap()));
+}

@@ -28,23 +28,39 @@
 // 4.7 -> 3.8 us), and a prototype of kBodyRows did better still on down projections and
 // heads (14336 x 4096 38 -> 21 us, the 8B head -> 118 us).
 //
+// The projections of one input (q/k/v, gate/up) can run as one launch
+// (`try_fast_qmv_many`): each weight's rows run the same body as alone, so every output
+// is the same as its own launch's; one launch fewer matters where the step is bound by the
+// host (small models), so only groups of a bounded size take it (`kManyMaxElements`).
+//
 // The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC on first use,
-// cached on disk by MLX). They are used only where MLX itself would run `qmv` (the
-// conditions below), on the CUDA backend, for bfloat16 activations, 4-bit affine weights,
+// cached on disk by MLX), with the device code in a header file (`device_header`) so each
+// kernel's own source is one line: MLX's scheduling cost per call grows with the source.
+// They are used only where MLX itself would run `qmv` (the conditions below), on the CUDA
+// backend, for bfloat16 activations, 4-bit affine weights,
 // group sizes 32, 64, 128 and K <= 16384. `MLX_FAST_QMV=0` or `mlxs_set_fast_qmv(false)`
 // turns them off; `MLX_FAST_QMV_PIPELINED=0` keeps every shape on kBody;
-// `MLX_FAST_QMV_MIN_ELEMENTS=N` leaves weights of fewer than N elements to MLX.
+// `MLX_FAST_QMV_MIN_ELEMENTS=N` leaves weights of fewer than N elements to MLX;
+// `MLX_FAST_QMV_MANY=0` keeps one launch per weight, `MLX_FAST_QMV_MANY_MAX_ELEMENTS=N`
+// sets the size bound of one launch for several.
 #include "fast_qmv.h"
 
 #include "affine_operands.h"
 #include "kernel_switch.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "mlx/backend/cuda/cuda.h"
 #include "mlx/mlx.h"
@@ -66,15 +82,34 @@ constexpr long long kMaxBlocksY = 65535;
 
 KernelSwitch g_switch("MLX_FAST_QMV");
 KernelSwitch g_pipelined("MLX_FAST_QMV_PIPELINED");
+KernelSwitch g_many("MLX_FAST_QMV_MANY");
+// The most weights one launch takes (q/k/v).
+constexpr size_t kMaxParts = 4;
+// One launch for several weights only while they hold at most this many elements in all.
+// Small models' decoding steps are bound by the host, where a launch fewer counts
+// (qwen2.5-0.5b-4bit: 422 -> 483 tok/s with this and the one-line kernel sources below);
+// llama-3.1-8b-4bit, bound by the GPU, measured 289 -> 265 tok/s with its 25M- and
+// 117M-element groups as one launch, so groups that large stay separate (benchmarks/GPU.md
+// run 8).
+// MLX_FAST_QMV_MANY_MAX_ELEMENTS=N sets another limit (0: never one launch).
+constexpr long long kManyMaxElements = 16ll << 20;
+
+// A non-negative integer from the environment variable `name`, else `fallback`.
+long long env_count(const char* name, long long fallback) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return fallback;
+  char* end = nullptr;
+  long long n = std::strtoll(e, &end, 10);
+  return (end != nullptr && *end == '\0' && n >= 0) ? n : fallback;
+}
 
 long long min_elements() {
-  static const long long v = [] {
-    const char* e = std::getenv("MLX_FAST_QMV_MIN_ELEMENTS");
-    if (e == nullptr || *e == '\0') return kMinElements;
-    char* end = nullptr;
-    long long n = std::strtoll(e, &end, 10);
-    return (end != nullptr && *end == '\0' && n >= 0) ? n : kMinElements;
-  }();
+  static const long long v = env_count("MLX_FAST_QMV_MIN_ELEMENTS", kMinElements);
+  return v;
+}
+
+long long many_max_elements() {
+  static const long long v = env_count("MLX_FAST_QMV_MANY_MAX_ELEMENTS", kManyMaxElements);
   return v;
 }
 
@@ -103,33 +138,52 @@ Layout layout_for(int n, int k) {
   return {0, 4, 1, 32, false};
 }
 
-// Both bodies load one chunk's 16 activations the same way: a view of x may start
-// anywhere, so 16-byte loads only where it is aligned.
-const std::string kLoadX = R"(    uint4 xa, xb;
-    if (x_aligned) {
-      xa = *reinterpret_cast<const uint4*>(x + idx);
-      xb = *reinterpret_cast<const uint4*>(x + idx + 8);
-    } else {
-      __nv_bfloat16* pa = reinterpret_cast<__nv_bfloat16*>(&xa);
-      __nv_bfloat16* pb = reinterpret_cast<__nv_bfloat16*>(&xb);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        pa[e] = x[idx + e];
-        pb[e] = x[idx + 8 + e];
-      }
-    }
-)";
+// The device code of every kernel below: two row bodies as templates over the
+// (compile-time) K, group size and layout, so their chunk loops unroll and loads can be
+// issued ahead of the arithmetic. Each kernel's own source is one call of a body per
+// weight it covers (`kernel_for`), and this text reaches NVRTC through an #include of a
+// file holding it (`device_header`): `async_eval` of a `cuda_kernel` call costs ~0.25 us
+// more per KB of its source on the H200's host (10 KB of comments: 2.1 -> 4.6 us a call;
+// the same 10 KB behind an #include: 2.1 us; benchmarks/GPU.md run 8), and a decoding
+// step makes ~100 of these calls.
+const char* const kDeviceCode = R"(// mlx-rs: the one-row 4-bit kernels of fast_qmv.cpp.
+#pragma once
+#include <cooperative_groups/reduce.h>
 
-// The kernel's source for one (K, group size): the body is the same for all, K and GS
-// are compile-time constants so the chunk loop unrolls and its loads can be hoisted.
-const std::string kBody = R"(
+namespace mlxs_qmv {
+namespace cg = cooperative_groups;
+
+// One chunk's 16 activations: a view of x may start anywhere, so 16-byte loads only where
+// it is aligned.
+__device__ __forceinline__ void load_x16(const __nv_bfloat16* x, int idx, bool x_aligned,
+                                         uint4& xa, uint4& xb) {
+  if (x_aligned) {
+    xa = *reinterpret_cast<const uint4*>(x + idx);
+    xb = *reinterpret_cast<const uint4*>(x + idx + 8);
+  } else {
+    __nv_bfloat16* pa = reinterpret_cast<__nv_bfloat16*>(&xa);
+    __nv_bfloat16* pb = reinterpret_cast<__nv_bfloat16*>(&xb);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      pa[e] = x[idx + e];
+      pb[e] = x[idx + 8 + e];
+    }
+  }
+}
+
+// One row a warp (row `block * ROWS + threadIdx.y` of n), all of a lane's loads issued
+// before its arithmetic (`U` chunks at a time).
+template <int K, int GS, int ROWS, int U>
+__device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
+                                      const __nv_bfloat16* scales,
+                                      const __nv_bfloat16* biases, __nv_bfloat16* out,
+                                      const int n, const int block) {
   constexpr int NCH = K / 512;
   constexpr int REST = K % 512;
   constexpr int G = K / GS;
   auto warp = cg::tiled_partition<32>(cg::this_thread_block());
   const int lane = threadIdx.x;
-  const int row = blockIdx.y * ROWS + threadIdx.y;
-  const int n = w_shape[0];
+  const int row = block * ROWS + threadIdx.y;
   if (row >= n) return;
   const uint8_t* wr = reinterpret_cast<const uint8_t*>(w) + (size_t)row * (K / 2);
   const __nv_bfloat16* sr = scales + (size_t)row * G;
@@ -137,12 +191,13 @@ const std::string kBody = R"(
   __nv_bfloat162 acc[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j] = __floats2bfloat162_rn(0.f, 0.f);
-  // A view of x may start anywhere: 16-byte loads only where it is aligned.
   const bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
   // One chunk: 16 weights (8 bytes, low nibble first) against 16 activations.
   auto tile = [&](int idx, uint2 wv, __nv_bfloat16 s, __nv_bfloat16 b) {
-)" + kLoadX + R"(    const __nv_bfloat162* x0 = reinterpret_cast<const __nv_bfloat162*>(&xa);
+    uint4 xa, xb;
+    load_x16(x, idx, x_aligned, xa, xb);
+    const __nv_bfloat162* x0 = reinterpret_cast<const __nv_bfloat162*>(&xa);
     const __nv_bfloat162* x1 = reinterpret_cast<const __nv_bfloat162*>(&xb);
     __nv_bfloat162 s2 = __bfloat162bfloat162(s);
     __nv_bfloat162 b2 = __bfloat162bfloat162(b);
@@ -192,21 +247,24 @@ const std::string kBody = R"(
   }
   sum = cg::reduce(warp, sum, cg::plus<float>());
   if (lane == 0) out[row] = __float2bfloat16_rn(sum);
-)";
+}
 
 // The same arithmetic, `RW` rows a warp (x is read once for them), the weights' nibbles
 // unpacked as the pairs (e, e + 4) of each 32-bit word and x permuted to match (each
 // element keeps its own accumulator, so the pairing changes no result), and the loads
 // either issued `U` chunks ahead of their arithmetic (WIN) or `U` chunks at a time.
-const std::string kBodyRows = R"(
+template <int K, int GS, int ROWS, int U, int RW, bool WIN>
+__device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w,
+                                       const __nv_bfloat16* scales,
+                                       const __nv_bfloat16* biases, __nv_bfloat16* out,
+                                       const int n, const int block) {
   constexpr int NCH = K / 512;
   constexpr int REST = K % 512;
   constexpr int G = K / GS;
   constexpr int NB = NCH > 0 ? NCH : 1;
   auto warp = cg::tiled_partition<32>(cg::this_thread_block());
   const int lane = threadIdx.x;
-  const int n = w_shape[0];
-  const int row0 = (blockIdx.y * ROWS + threadIdx.y) * RW;
+  const int row0 = (block * ROWS + threadIdx.y) * RW;
   if (row0 >= n) return;
   const uint8_t* wr[RW];
   const __nv_bfloat16* sr[RW];
@@ -228,7 +286,9 @@ const std::string kBodyRows = R"(
   auto bf2 = [](uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); };
   // x of one chunk as the pairs (e, e + 4) and (8 + e, 12 + e), e = 0..3.
   auto xpairs = [&](int idx, __nv_bfloat162* xp) {
-)" + kLoadX + R"(    xp[0] = bf2(__byte_perm(xa.x, xa.z, 0x5410));
+    uint4 xa, xb;
+    load_x16(x, idx, x_aligned, xa, xb);
+    xp[0] = bf2(__byte_perm(xa.x, xa.z, 0x5410));
     xp[1] = bf2(__byte_perm(xa.x, xa.z, 0x7632));
     xp[2] = bf2(__byte_perm(xa.y, xa.w, 0x5410));
     xp[3] = bf2(__byte_perm(xa.y, xa.w, 0x7632));
@@ -333,37 +393,185 @@ const std::string kBodyRows = R"(
     sum = cg::reduce(warp, sum, cg::plus<float>());
     if (lane == 0 && row0 + i < n) out[row0 + i] = __float2bfloat16_rn(sum);
   }
+}
+
+}  // namespace mlxs_qmv
 )";
 
-// The kernel for one (K, group size, layout), built once: K, GS and the layout are
-// compile-time constants, so the chunk loops unroll and their loads can be issued ahead of
-// the arithmetic.
-const mx::fast::CustomKernelFunction& kernel_for(int k, int gs, const Layout& l) {
+// 64-bit FNV-1a, to name the device-code file by its content.
+unsigned long long fnv1a(const std::string& s) {
+  unsigned long long h = 14695981039346656037ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Whether `path` holds exactly `text`.
+bool file_holds(const std::string& path, const std::string& text) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  std::string got((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return got == text;
+}
+
+// The `header` of every kernel: an #include of a file holding kDeviceCode, written once
+// into the user's cache (`$XDG_CACHE_HOME` or `~/.cache`, `mlx-rs/kernels/`, named by
+// the content's hash; written to a temporary name and renamed, so concurrent processes
+// never see a partial file). Where no such file can be written, the device code itself,
+// which compiles to the same kernels and costs only host time per launch.
+const std::string& device_header() {
+  static const std::string header = [] {
+    const std::string code = kDeviceCode;
+    std::string base;
+    if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x == '/') {
+      base = x;
+    } else if (const char* h = std::getenv("HOME"); h != nullptr && *h == '/') {
+      base = std::string(h) + "/.cache";
+    }
+    // The path goes between quotes in an #include: leave out anything that would need
+    // escaping there.
+    if (base.empty() || base.find_first_of("\"\\\n") != std::string::npos) return code;
+    char name[64];
+    std::snprintf(name, sizeof(name), "mlxs_qmv_%016llx.cuh", fnv1a(code));
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path dir = fs::path(base) / "mlx-rs" / "kernels";
+    fs::create_directories(dir, ec);
+    const std::string path = (dir / name).string();
+    if (!file_holds(path, code)) {
+      const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+      {
+        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+        f << code;
+        if (!f.flush()) {
+          fs::remove(tmp, ec);
+          return code;
+        }
+      }
+      fs::rename(tmp, path, ec);
+      if (ec || !file_holds(path, code)) {
+        fs::remove(tmp, ec);
+        return code;
+      }
+    }
+    return "#include \"" + path + "\"\n";
+  }();
+  return header;
+}
+
+// One kernel: the products of x by `ns.size()` weights of the same K and group size,
+// `ns[i]` rows each, in one launch (block b belongs to the first weight whose blocks have
+// not all been counted before b). Every weight's rows run the same body as alone.
+struct KernelKey {
+  int k;
+  int gs;
+  Layout layout;
+  std::vector<int> ns;
+  bool operator<(const KernelKey& o) const {
+    return std::tie(k, gs, layout, ns) < std::tie(o.k, o.gs, o.layout, o.ns);
+  }
+};
+
+const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, Layout>, mx::fast::CustomKernelFunction> kernels;
+  static std::map<KernelKey, mx::fast::CustomKernelFunction> kernels;
   std::lock_guard<std::mutex> lock(mu);
-  auto key = std::make_tuple(k, gs, l);
   auto it = kernels.find(key);
   if (it != kernels.end()) return it->second;
-  auto def = [](const char* name, int v) {
-    return std::string("  constexpr int ") + name + " = " + std::to_string(v) + ";\n";
-  };
-  std::string src = def("K", k) + def("GS", gs) + def("ROWS", l.rows) + def("U", l.u);
-  std::string name = "mlxs_qmv_bf16_q4_k" + std::to_string(k) + "_g" + std::to_string(gs);
+  const Layout& l = key.layout;
+  const int parts = static_cast<int>(key.ns.size());
+  const int rows_per_block = l.rows * l.rw;
+  std::string body = "mlxs_qmv::";
+  body += l.body == 1 ? "rows_n<" : "rows1<";
+  body += std::to_string(key.k) + ", " + std::to_string(key.gs) + ", " + std::to_string(l.rows) +
+          ", " + std::to_string(l.u);
+  if (l.body == 1) body += ", " + std::to_string(l.rw) + (l.window ? ", true>" : ", false>");
+  else body += ">";
+  std::string name = "mlxs_qmv_k" + std::to_string(key.k) + "_g" + std::to_string(key.gs);
   if (l.body == 1) {
-    src += def("RW", l.rw) + "  constexpr bool WIN = " + (l.window ? "true" : "false") + ";\n";
     name += "_r" + std::to_string(l.rows) + "x" + std::to_string(l.rw) + (l.window ? "w" : "u") +
             std::to_string(l.u);
   }
-  src += l.body == 1 ? kBodyRows : kBody;
-  auto fn = mx::fast::cuda_kernel(
-      name,
-      {"x", "w", "scales", "biases"},
-      {"out"},
-      src,
-      "#include <cooperative_groups/reduce.h>\n",
-      /* ensure_row_contiguous */ true);
+  std::vector<std::string> inputs{"x"};
+  std::vector<std::string> outputs;
+  std::string src;
+  int first = 0;  // the first block of part i
+  for (int i = 0; i < parts; ++i) {
+    const std::string sfx = parts == 1 ? "" : std::to_string(i);
+    const std::string w = "w" + sfx, s = parts == 1 ? "scales" : "s" + sfx,
+                      b = parts == 1 ? "biases" : "b" + sfx, o = "out" + sfx;
+    inputs.insert(inputs.end(), {w, s, b});
+    outputs.push_back(o);
+    name += "_n" + std::to_string(key.ns[i]);
+    const int blocks = (key.ns[i] + rows_per_block - 1) / rows_per_block;
+    const std::string call = body + "(x, " + w + ", " + s + ", " + b + ", " + o + ", " +
+                             std::to_string(key.ns[i]) + ", blockIdx.y - " +
+                             std::to_string(first) + ");";
+    if (i + 1 < parts) {
+      src += "  if (blockIdx.y < " + std::to_string(first + blocks) + ") {\n    " + call +
+             "\n    return;\n  }\n";
+    } else {
+      src += "  " + call + "\n";
+    }
+    first += blocks;
+  }
+  auto fn = mx::fast::cuda_kernel(name, inputs, outputs, src, device_header(),
+                                  /* ensure_row_contiguous */ true);
   return kernels.emplace(key, std::move(fn)).first->second;
+}
+
+// K and N of one 4-bit product that our kernels take (the stream already checked to be a
+// GPU one), or nullopt.
+std::optional<std::pair<int, int>> eligible(const mx::array& x, const mx::array& w,
+                                            const mx::array& scales,
+                                            const std::optional<mx::array>& biases,
+                                            bool transpose, int gs, const std::string& mode) {
+  auto kn = affine_operands(x, w, scales, biases, transpose, mode, gs, 4);
+  if (!kn || x.dtype() != mx::bfloat16 || scales.dtype() != mx::bfloat16 ||
+      biases->dtype() != mx::bfloat16) {
+    return std::nullopt;
+  }
+  const auto [k, n] = *kn;
+  if (static_cast<long long>(x.size()) != k || k % 32 != 0) return std::nullopt;
+  if (k > kMaxK || static_cast<long long>(n) * k < min_elements()) return std::nullopt;
+  // MLX's sm90 `qmm` is eligible only for rows no longer than a group (K % 64 == 0,
+  // group size >= K); there MLX keeps `qmv` only up to 16384 outputs, so leave it those.
+  if (k % 64 == 0 && gs >= k && n > 16384) return std::nullopt;
+  return kn;
+}
+
+bool on_gpu(const mx::Stream& st) {
+  return st.device.type == mx::Device::gpu && mx::cu::is_available();
+}
+
+// Launches the kernel of `key` over x and `weights` (w, scales, biases per part).
+std::vector<mx::array> launch(const KernelKey& key, const mx::array& x,
+                              const std::vector<mx::array>& weights, const mx::Stream& st) {
+  const Layout& l = key.layout;
+  const long long rows_per_block = static_cast<long long>(l.rows) * l.rw;
+  long long blocks = 0;
+  std::vector<mx::Shape> shapes;
+  for (int n : key.ns) {
+    blocks += (n + rows_per_block - 1) / rows_per_block;
+    mx::Shape sh = x.shape();
+    sh.back() = n;
+    shapes.push_back(std::move(sh));
+  }
+  std::vector<mx::array> inputs{x};
+  inputs.insert(inputs.end(), weights.begin(), weights.end());
+  auto outs = kernel_for(key)(inputs, shapes,
+                              std::vector<mx::Dtype>(key.ns.size(), mx::bfloat16),
+                              std::make_tuple(32, static_cast<int>(blocks * l.rows), 1),
+                              std::make_tuple(32, l.rows, 1), {}, std::nullopt, false, st);
+  g_switch.count();
+  return outs;
+}
+
+long long blocks_of(const Layout& l, long long n) {
+  const long long rows_per_block = static_cast<long long>(l.rows) * l.rw;
+  return (n + rows_per_block - 1) / rows_per_block;
 }
 
 }  // namespace
@@ -381,39 +589,57 @@ std::optional<mx::array> try_fast_qmv(
   if (!g_switch.on() || bits.value_or(4) != 4) return std::nullopt;
   // First the stream: on other devices the caller goes on to the CPU kernel, which checks
   // the operands itself.
-  mx::Stream st = mx::to_stream(s);
-  if (st.device.type != mx::Device::gpu || !mx::cu::is_available()) return std::nullopt;
+  const mx::Stream st = mx::to_stream(s);
+  if (!on_gpu(st)) return std::nullopt;
   const int gs = group_size.value_or(64);
-  auto kn = affine_operands(x, w, scales, biases, transpose, mode, gs, 4);
-  if (!kn || x.dtype() != mx::bfloat16 || scales.dtype() != mx::bfloat16 ||
-      biases->dtype() != mx::bfloat16) {
+  auto kn = eligible(x, w, scales, biases, transpose, gs, mode);
+  if (!kn) return std::nullopt;
+  const auto [k, n] = *kn;
+  const Layout l = layout_for(n, k);
+  if (blocks_of(l, n) > kMaxBlocksY) return std::nullopt;
+  return launch(KernelKey{k, gs, l, {n}}, x, {w, scales, *biases}, st)[0];
+}
+
+std::optional<std::vector<mx::array>> try_fast_qmv_many(
+    const mx::array& x,
+    const std::vector<mx::array>& ws,
+    const std::vector<mx::array>& scales,
+    const std::vector<std::optional<mx::array>>& biases,
+    std::optional<int> group_size,
+    std::optional<int> bits,
+    const std::string& mode,
+    mx::StreamOrDevice s) {
+  if (!g_switch.on() || !g_many.on() || bits.value_or(4) != 4) return std::nullopt;
+  if (ws.size() < 2 || ws.size() > kMaxParts || scales.size() != ws.size() ||
+      biases.size() != ws.size()) {
     return std::nullopt;
   }
-  const auto [k, n] = *kn;
-  if (static_cast<long long>(x.size()) != k || k % 32 != 0) return std::nullopt;
-  if (k > kMaxK || static_cast<long long>(n) * k < min_elements()) return std::nullopt;
-  // MLX's sm90 `qmm` is eligible only for rows no longer than a group (K % 64 == 0,
-  // group size >= K); there MLX keeps `qmv` only up to 16384 outputs, so leave it those.
-  if (k % 64 == 0 && gs >= k && n > 16384) return std::nullopt;
-  const Layout l = layout_for(n, k);
-  const long long rows_per_block = static_cast<long long>(l.rows) * l.rw;
-  const long long blocks = (n + rows_per_block - 1) / rows_per_block;
-  if (blocks > kMaxBlocksY) return std::nullopt;
-
-  mx::Shape out_shape = x.shape();
-  out_shape.back() = n;
-  auto outs = kernel_for(k, gs, l)(
-      {x, w, scales, *biases},
-      {out_shape},
-      {mx::bfloat16},
-      std::make_tuple(32, static_cast<int>(blocks * l.rows), 1),
-      std::make_tuple(32, l.rows, 1),
-      {},
-      std::nullopt,
-      false,
-      st);
-  g_switch.count();
-  return outs[0];
+  const mx::Stream st = mx::to_stream(s);
+  if (!on_gpu(st)) return std::nullopt;
+  const int gs = group_size.value_or(64);
+  const Layout one_row = {0, 4, 1, 32, false};
+  std::vector<int> ns;
+  std::vector<mx::array> operands;
+  long long blocks = 0;
+  int k0 = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    auto kn = eligible(x, ws[i], scales[i], biases[i], true, gs, mode);
+    if (!kn) return std::nullopt;
+    const auto [k, n] = *kn;
+    // One launch shares one layout: only weights that run kBody alone.
+    const Layout l = layout_for(n, k);
+    if (l.body != one_row.body || l.rows != one_row.rows || (i > 0 && k != k0)) {
+      return std::nullopt;
+    }
+    k0 = k;
+    ns.push_back(n);
+    blocks += blocks_of(one_row, n);
+    operands.insert(operands.end(), {ws[i], scales[i], *biases[i]});
+  }
+  long long elements = 0;
+  for (int n : ns) elements += static_cast<long long>(n) * k0;
+  if (blocks > kMaxBlocksY || elements > many_max_elements()) return std::nullopt;
+  return launch(KernelKey{k0, gs, one_row, ns}, x, operands, st);
 }
 
 void set_fast_qmv(bool on) { g_switch.set(on); }

@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "mlx/mlx.h"
 
@@ -16,6 +17,19 @@ std::optional<mlx::core::array> try_fast_qmv(
     const mlx::core::array& scales,
     const std::optional<mlx::core::array>& biases,
     bool transpose,
+    std::optional<int> group_size,
+    std::optional<int> bits,
+    const std::string& mode,
+    mlx::core::StreamOrDevice s);
+
+// The products of one x by several weights (q/k/v, gate/up) in one launch of the same
+// kernels, each output bit-identical to its own `try_fast_qmv`; nullopt when any of them
+// would not take our one-row body alone (the caller then runs them one by one).
+std::optional<std::vector<mlx::core::array>> try_fast_qmv_many(
+    const mlx::core::array& x,
+    const std::vector<mlx::core::array>& ws,
+    const std::vector<mlx::core::array>& scales,
+    const std::vector<std::optional<mlx::core::array>>& biases,
     std::optional<int> group_size,
     std::optional<int> bits,
     const std::string& mode,

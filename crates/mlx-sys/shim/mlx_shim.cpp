@@ -891,20 +891,55 @@ int mlxs_dequantize(mlxs_array* out, mlxs_array w, mlxs_array scales, mlxs_array
                                mode ? mode : "affine", OPT(global_scale), dt, S(s)));
   });
 }
+namespace {
+// One quantized_matmul: our CUDA or CPU kernel where it covers the product (same bits),
+// else MLX's.
+mx::array quantized_matmul_one(const mx::array& x, const mx::array& w, const mx::array& scales,
+                               const std::optional<mx::array>& biases, bool transpose,
+                               std::optional<int> group_size, std::optional<int> bits,
+                               const std::string& mode, mx::StreamOrDevice s) {
+  auto fast = mlxs_detail::try_fast_qmv(x, w, scales, biases, transpose, group_size, bits, mode, s);
+  if (!fast) {
+    fast = mlxs_detail::try_cpu_qmv(x, w, scales, biases, transpose, group_size, bits, mode, s);
+  }
+  return fast ? std::move(*fast)
+              : mx::quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode, s);
+}
+}  // namespace
+
 int mlxs_quantized_matmul(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
                           mlxs_array biases, bool transpose, int group_size, int bits,
                           const char* mode, mlxs_stream s) {
   return guard([&] {
-    std::string m = mode ? mode : "affine";
-    auto fast = mlxs_detail::try_fast_qmv(A(x), A(w), A(scales), OPT(biases), transpose,
-                                          OPTI(group_size), OPTI(bits), m, S(s));
-    if (!fast) {
-      fast = mlxs_detail::try_cpu_qmv(A(x), A(w), A(scales), OPT(biases), transpose,
-                                      OPTI(group_size), OPTI(bits), m, S(s));
+    *out = wrap(quantized_matmul_one(A(x), A(w), A(scales), OPT(biases), transpose,
+                                     OPTI(group_size), OPTI(bits), mode ? mode : "affine", S(s)));
+  });
+}
+int mlxs_quantized_matmul_many(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_vec scales,
+                               mlxs_vec biases, int group_size, int bits, const char* mode,
+                               mlxs_stream s) {
+  return guard([&] {
+    const size_t n = ws->v.size();
+    if (scales->v.size() != n || (biases->v.size() != n && !biases->v.empty())) {
+      throw std::invalid_argument(
+          "[quantized_matmul_many] expected as many scales (and biases, if any) as weights");
     }
-    *out = wrap(fast ? std::move(*fast)
-                     : mx::quantized_matmul(A(x), A(w), A(scales), OPT(biases), transpose,
+    std::vector<std::optional<mx::array>> bs;
+    for (size_t i = 0; i < n; ++i) {
+      bs.push_back(biases->v.empty() ? std::nullopt : std::make_optional(biases->v[i]));
+    }
+    const std::string m = mode ? mode : "affine";
+    auto many = mlxs_detail::try_fast_qmv_many(A(x), ws->v, scales->v, bs, OPTI(group_size),
+                                               OPTI(bits), m, S(s));
+    if (!many) {
+      std::vector<mx::array> outs;
+      for (size_t i = 0; i < n; ++i) {
+        outs.push_back(quantized_matmul_one(A(x), ws->v[i], scales->v[i], bs[i], true,
                                             OPTI(group_size), OPTI(bits), m, S(s)));
+      }
+      many = std::move(outs);
+    }
+    *out = wrapv(std::move(*many));
   });
 }
 void mlxs_set_fast_qmv(bool on) { mlxs_detail::set_fast_qmv(on); }

@@ -338,6 +338,13 @@ int mlxs_dequantize(mlxs_array* out, mlxs_array w, mlxs_array scales, mlxs_array
 int mlxs_quantized_matmul(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
                           mlxs_array biases, bool transpose, int group_size, int bits,
                           const char* mode, mlxs_stream s);
+/* quantized_matmul(x, ws[i], scales[i], biases[i], transpose=true) for every i (biases
+   empty: none), the same arrays as one call each; on the CUDA backend one-row products go
+   through one launch of those kernels for all of them where each would take them alone
+   (MLX_FAST_QMV_MANY=0: one launch each). */
+int mlxs_quantized_matmul_many(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_vec scales,
+                               mlxs_vec biases, int group_size, int bits, const char* mode,
+                               mlxs_stream s);
 /* Those kernels on or off (default on; the environment variable MLX_FAST_QMV=0 turns them
    off). */
 void mlxs_set_fast_qmv(bool on);

@@ -1258,6 +1258,19 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
+    pub fn mlxs_quantized_matmul_many(
+        out: *mut mlxs_vec,
+        x: mlxs_array,
+        ws: mlxs_vec,
+        scales: mlxs_vec,
+        biases: mlxs_vec,
+        group_size: ::std::os::raw::c_int,
+        bits: ::std::os::raw::c_int,
+        mode: *const ::std::os::raw::c_char,
+        s: mlxs_stream,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
     pub fn mlxs_set_fast_qmv(on: bool);
 }
 unsafe extern "C" {

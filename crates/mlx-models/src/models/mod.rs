@@ -69,7 +69,8 @@ pub(crate) fn fuse<const N: usize>(
 }
 
 /// The outputs of `layers` for `x`: from the fused matmul when `x` has one position per
-/// row and the fused weights still match the layers, else layer by layer.
+/// row and the fused weights still match the layers, else layer by layer (quantized ones
+/// through one [`LinearLayer::forward_many`]: one launch for all in a decoding step).
 pub(crate) fn project<const N: usize>(
     fused: Option<&FusedLinears>,
     layers: [&LinearLayer; N],
@@ -83,10 +84,7 @@ pub(crate) fn project<const N: usize>(
             }
         }
     }
-    let outs = layers
-        .iter()
-        .map(|l| l.forward(x))
-        .collect::<Result<Vec<_>>>()?;
+    let outs = LinearLayer::forward_many(&layers, x)?;
     <[Array; N]>::try_from(outs)
         .map_err(|_| Error::InvalidArgument("projection count mismatch".into()))
 }
