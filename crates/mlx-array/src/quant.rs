@@ -290,6 +290,13 @@ pub fn set_fast_qmv(on: bool) {
     unsafe { sys::mlxs_set_fast_qmv(on) }
 }
 
+/// One launch of those kernels for several weights in [`quantized_matmul_many`] on or off
+/// (default on; `MLX_FAST_QMV_MANY=0` at start turns it off): off, each weight gets its
+/// own launch, with the same results.
+pub fn set_fast_qmv_many(on: bool) {
+    unsafe { sys::mlxs_set_fast_qmv_many(on) }
+}
+
 /// Whether [`set_fast_qmv`] is on.
 pub fn fast_qmv_enabled() -> bool {
     unsafe { sys::mlxs_fast_qmv_enabled() }

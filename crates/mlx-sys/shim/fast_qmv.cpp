@@ -643,6 +643,7 @@ std::optional<std::vector<mx::array>> try_fast_qmv_many(
 }
 
 void set_fast_qmv(bool on) { g_switch.set(on); }
+void set_fast_qmv_many(bool on) { g_many.set(on); }
 bool fast_qmv_enabled() { return g_switch.on(); }
 unsigned long long fast_qmv_launches() { return g_switch.uses(); }
 

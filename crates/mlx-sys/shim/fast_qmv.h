@@ -36,6 +36,7 @@ std::optional<std::vector<mlx::core::array>> try_fast_qmv_many(
     mlx::core::StreamOrDevice s);
 
 void set_fast_qmv(bool on);
+void set_fast_qmv_many(bool on);
 bool fast_qmv_enabled();
 unsigned long long fast_qmv_launches();
 

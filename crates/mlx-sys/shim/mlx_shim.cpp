@@ -943,6 +943,7 @@ int mlxs_quantized_matmul_many(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_ve
   });
 }
 void mlxs_set_fast_qmv(bool on) { mlxs_detail::set_fast_qmv(on); }
+void mlxs_set_fast_qmv_many(bool on) { mlxs_detail::set_fast_qmv_many(on); }
 bool mlxs_fast_qmv_enabled(void) { return mlxs_detail::fast_qmv_enabled(); }
 uint64_t mlxs_fast_qmv_launches(void) { return mlxs_detail::fast_qmv_launches(); }
 int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,

@@ -348,6 +348,9 @@ int mlxs_quantized_matmul_many(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_ve
 /* Those kernels on or off (default on; the environment variable MLX_FAST_QMV=0 turns them
    off). */
 void mlxs_set_fast_qmv(bool on);
+/* One launch for several weights in quantized_matmul_many on or off (default on;
+   MLX_FAST_QMV_MANY=0 turns it off). */
+void mlxs_set_fast_qmv_many(bool on);
 bool mlxs_fast_qmv_enabled(void);
 /* How many products have been built with it in this process. */
 uint64_t mlxs_fast_qmv_launches(void);

@@ -1274,6 +1274,9 @@ unsafe extern "C" {
     pub fn mlxs_set_fast_qmv(on: bool);
 }
 unsafe extern "C" {
+    pub fn mlxs_set_fast_qmv_many(on: bool);
+}
+unsafe extern "C" {
     pub fn mlxs_fast_qmv_enabled() -> bool;
 }
 unsafe extern "C" {
