@@ -158,6 +158,38 @@ pub fn quantized_matmul(
     })
 }
 
+/// `residual + quantized_matmul(x, w, scales, biases, transpose = true)`: the same array
+/// as the two ops. With [`set_fast_qmv_residual`] on (off by default) and a one-row
+/// product our CUDA kernels take, the add runs in the product's launch.
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+pub fn quantized_matmul_add(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    residual: &Array,
+    group_size: Option<i32>,
+    bits: Option<i32>,
+    mode: QuantMode,
+) -> Result<Array> {
+    let m = cstr(mode.name())?;
+    out1(|o| unsafe {
+        sys::mlxs_quantized_matmul_add(
+            o,
+            x.as_raw(),
+            w.as_raw(),
+            scales.as_raw(),
+            opt(biases),
+            residual.as_raw(),
+            group_size.unwrap_or(0),
+            bits.unwrap_or(0),
+            m.as_ptr(),
+            Array::s(),
+        )
+    })
+}
+
 /// One packed weight for [`quantized_matmul_many`]: `weight`, `scales` and the affine
 /// `biases` (`None` in the other modes), as [`quantize`] returns them.
 #[derive(Debug, Clone, Copy)]
@@ -295,6 +327,13 @@ pub fn set_fast_qmv(on: bool) {
 /// own launch, with the same results.
 pub fn set_fast_qmv_many(on: bool) {
     unsafe { sys::mlxs_set_fast_qmv_many(on) }
+}
+
+/// The residual add of [`quantized_matmul_add`] inside our kernel on or off (default off,
+/// or `MLX_FAST_QMV_RESIDUAL=1` at start): experimental until checked against MLX's `add`
+/// on a CUDA device (`fused_check MODEL ... qmv`).
+pub fn set_fast_qmv_residual(on: bool) {
+    unsafe { sys::mlxs_set_fast_qmv_residual(on) }
 }
 
 /// Whether [`set_fast_qmv`] is on.

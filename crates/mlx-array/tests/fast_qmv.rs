@@ -4,8 +4,9 @@
 //! (every projection shape of Qwen2.5-0.5B / Llama-3.2-1B / Llama-3.1-8B, three group sizes,
 //! identical on the H200: benchmarks/GPU.md, run 6); these tests run on any backend.
 use mlx_array::quant::{
-    fast_qmv_enabled, fast_qmv_launches, quantize, quantized_matmul, quantized_matmul_many,
-    set_fast_qmv, QuantMode, Quantized, QuantizedWeight,
+    fast_qmv_enabled, fast_qmv_launches, quantize, quantized_matmul, quantized_matmul_add,
+    quantized_matmul_many, set_fast_qmv, set_fast_qmv_residual, QuantMode, Quantized,
+    QuantizedWeight,
 };
 use mlx_array::{random, Array, Device, DeviceType, Dtype};
 use std::sync::{Mutex, MutexGuard};
@@ -175,4 +176,51 @@ fn quantized_matmul_many_checks_its_operands() {
             .unwrap()
             .is_empty()
     );
+}
+
+fn qmm_add(x: &Array, q: &Quantized, r: &Array) -> mlx_array::Result<Array> {
+    let y = quantized_matmul_add(
+        x,
+        &q.weight,
+        &q.scales,
+        q.biases.as_ref(),
+        r,
+        Some(64),
+        Some(4),
+        QuantMode::Affine,
+    )?;
+    y.eval()?;
+    Ok(y)
+}
+
+#[test]
+fn quantized_matmul_add_is_the_residual_plus_the_product() {
+    let _g = serial();
+    let q = quantized(128, 512, 17);
+    for residual_kernel in [false, true] {
+        set_fast_qmv_residual(residual_kernel);
+        // One row, several rows, and a residual that broadcasts (MLX's add decides).
+        for (x, r) in [
+            (bf16_normal(&[1, 1, 512], 18), bf16_normal(&[1, 1, 128], 19)),
+            (bf16_normal(&[2, 3, 512], 20), bf16_normal(&[2, 3, 128], 21)),
+            (bf16_normal(&[1, 1, 512], 22), bf16_normal(&[128], 23)),
+        ] {
+            let fused = qmm_add(&x, &q, &r).unwrap();
+            let two_ops = r.add(&qmm(&x, &q)).unwrap();
+            assert_eq!(fused.shape(), two_ops.shape());
+            assert!(fused
+                .array_equal(&two_ops, false)
+                .unwrap()
+                .item::<bool>()
+                .unwrap());
+        }
+        // A residual that cannot be added: MLX's broadcast error, as the two ops give it.
+        let err = qmm_add(
+            &bf16_normal(&[1, 1, 512], 24),
+            &q,
+            &bf16_normal(&[1, 1, 7], 25),
+        );
+        assert!(err.is_err());
+    }
+    set_fast_qmv_residual(false);
 }

@@ -11,11 +11,12 @@
 //! cargo run --release -p mlx-engine --example decode_ab -- MODEL_DIR [PROMPT] [TOKENS] [ROUNDS] [ARM ...]
 //! ```
 //! An arm is `NAME` or `NAME:SETTING,...` with the settings `qmv=0|1` (our one-row 4-bit
-//! kernels, `set_fast_qmv`) and `many=0|1` (one launch for q/k/v and gate/up,
-//! `set_fast_qmv_many`); the default arms are `ours` (both on), `single:many=0` and
+//! kernels, `set_fast_qmv`), `many=0|1` (one launch for q/k/v and gate/up,
+//! `set_fast_qmv_many`) and `residual=0|1` (the residual adds in our kernels,
+//! `set_fast_qmv_residual`, off unless given); the default arms are `ours` (both on), `single:many=0` and
 //! `mlx:qmv=0`. Prints every round's decode tok/s per arm, then each arm's mean and its
 //! mean ratio to the first arm over the rounds (each round's pair from the same moment).
-use mlx_array::quant::{set_fast_qmv, set_fast_qmv_many};
+use mlx_array::quant::{set_fast_qmv, set_fast_qmv_many, set_fast_qmv_residual};
 use mlx_engine::{GenerateOptions, TokenGenerator};
 use std::time::Instant;
 
@@ -26,6 +27,7 @@ struct Arm {
     name: String,
     qmv: bool,
     many: bool,
+    residual: bool,
 }
 
 fn parse_arm(spec: &str) -> Res<Arm> {
@@ -34,6 +36,7 @@ fn parse_arm(spec: &str) -> Res<Arm> {
         name: name.to_string(),
         qmv: true,
         many: true,
+        residual: false,
     };
     for s in settings.split(',').filter(|s| !s.is_empty()) {
         let on = match s.split_once('=') {
@@ -44,7 +47,12 @@ fn parse_arm(spec: &str) -> Res<Arm> {
         match s.split_once('=').map(|(k, _)| k) {
             Some("qmv") => arm.qmv = on,
             Some("many") => arm.many = on,
-            _ => return Err(format!("arm {spec:?}: unknown setting {s:?} (qmv, many)").into()),
+            Some("residual") => arm.residual = on,
+            _ => {
+                return Err(
+                    format!("arm {spec:?}: unknown setting {s:?} (qmv, many, residual)").into(),
+                )
+            }
         }
     }
     Ok(arm)
@@ -96,6 +104,7 @@ fn main() -> Res<()> {
     let set = |a: &Arm| {
         set_fast_qmv(a.qmv);
         set_fast_qmv_many(a.many);
+        set_fast_qmv_residual(a.residual);
     };
     // Warm-up: every arm once (kernels compiled, the allocator's cache filled).
     for a in &arms {

@@ -6,7 +6,9 @@
 //!   `qmv`: first every product shape of the supported models (three group sizes, three
 //!   inputs each), then their q/k/v and gate/up groups as one launch
 //!   (`quantized_matmul_many`; groups over the size bound print "not one launch" unless
-//!   `MLX_FAST_QMV_MANY_MAX_ELEMENTS` is raised), then the model with the kernels off and on.
+//!   `MLX_FAST_QMV_MANY_MAX_ELEMENTS` is raised), then the residual add in our kernel
+//!   (`quantized_matmul_add`), then the model with the kernels off and on (with
+//!   `MLX_FAST_QMV_RESIDUAL=1`, the "on" arm adds the residuals in the kernels too).
 //!
 //! Each arm prefills the same random prompts, then decodes greedily at batch 1 and batch 4,
 //! comparing every step's logits exactly; then the decode steps of both are timed.
@@ -57,6 +59,15 @@ fn run(model: &dyn LanguageModel, batch: i32, prompt: i32, steps: usize) -> Res<
     Ok((out, t / (steps.max(2) - 1) as f64))
 }
 
+/// Standard normal values from `seed`, times `scale`, in bfloat16.
+fn scaled_normal(shape: &[i32], seed: u64, scale: f32) -> Res<Array> {
+    Ok(
+        random::normal(shape, Dtype::Float32, None, None, Some(&random::key(seed)?))?
+            .multiply(&Array::scalar(scale)?)?
+            .astype(Dtype::Bfloat16)?,
+    )
+}
+
 /// `x @ dequantize(q).T` for 4-bit affine `q` of group size `gs`, evaluated.
 fn qmm4(x: &Array, q: &mlx_array::quant::Quantized, gs: i32) -> Res<Array> {
     use mlx_array::quant::{quantized_matmul, QuantMode};
@@ -100,23 +111,17 @@ fn qmv_shapes() -> Res<bool> {
         (4096, 28672),
     ];
     let mut all = true;
-    let key = random::key(7)?;
     for (k, n) in shapes {
         for gs in [32, 64, 128] {
             if k % gs != 0 {
                 continue;
             }
-            let w = random::normal(&[n, k], Dtype::Float32, None, None, Some(&key))?
-                .multiply(&Array::scalar(0.05f32)?)?
-                .astype(Dtype::Bfloat16)?;
+            let w = scaled_normal(&[n, k], 7, 0.05)?;
             let q = quantize(&w, Some(gs), Some(4), QuantMode::Affine)?;
             let mut same = true;
             let mut used = false;
             for t in 0..3 {
-                let x =
-                    random::normal(&[1, k], Dtype::Float32, None, None, Some(&random::key(t)?))?
-                        .multiply(&Array::scalar(1.0 + 3.0 * t as f32)?)?
-                        .astype(Dtype::Bfloat16)?;
+                let x = scaled_normal(&[1, k], t, 1.0 + 3.0 * t as f32)?;
                 let mm = |on: bool| -> Res<Array> {
                     set_fast_qmv(on);
                     qmm4(&x, &q, gs)
@@ -137,6 +142,69 @@ fn qmv_shapes() -> Res<bool> {
         }
     }
     all &= qmv_many_shapes()?;
+    all &= qmv_residual_shapes()?;
+    Ok(all)
+}
+
+/// `quantized_matmul_add` with the residual added in our kernel (`set_fast_qmv_residual`)
+/// against MLX's `qmv` and `add`, on every kernel layout (one row a warp, the window
+/// layout of long rows, two rows a warp of heads).
+fn qmv_residual_shapes() -> Res<bool> {
+    use mlx_array::quant::{
+        fast_qmv_launches, quantize, quantized_matmul_add, set_fast_qmv, set_fast_qmv_residual,
+        QuantMode,
+    };
+    let shapes = [
+        (896, 896),
+        (4864, 896),
+        (2048, 2048),
+        (8192, 2048),
+        (4096, 4096),
+        (14336, 4096),
+        (2048, 128256),
+    ];
+    let mut all = true;
+    for (k, n) in shapes {
+        for gs in [32, 64, 128] {
+            let w = scaled_normal(&[n, k], 30, 0.05)?;
+            let q = quantize(&w, Some(gs), Some(4), QuantMode::Affine)?;
+            let mut same = true;
+            let mut used = true;
+            for t in 0..3 {
+                let x = scaled_normal(&[1, 1, k], t, 1.0 + 3.0 * t as f32)?;
+                let r = scaled_normal(&[1, 1, n], 40 + t, 4.0)?;
+                let mm = |on: bool| -> Res<Array> {
+                    set_fast_qmv(on);
+                    set_fast_qmv_residual(on);
+                    let y = quantized_matmul_add(
+                        &x,
+                        &q.weight,
+                        &q.scales,
+                        q.biases.as_ref(),
+                        &r,
+                        Some(gs),
+                        Some(4),
+                        QuantMode::Affine,
+                    )?;
+                    transforms::eval(&[&y])?;
+                    Ok(y)
+                };
+                let before = fast_qmv_launches();
+                let ours = mm(true)?;
+                used &= fast_qmv_launches() == before + 1;
+                let theirs = mm(false)?;
+                same &= ours.array_equal(&theirs, false)?.item::<bool>()?;
+            }
+            all &= same;
+            println!(
+                "qmv + residual K={k} N={n} group {gs}: {}{}",
+                if same { "identical" } else { "DIFFER" },
+                if used { "" } else { " (our kernel not used)" }
+            );
+        }
+    }
+    set_fast_qmv(true);
+    set_fast_qmv_residual(std::env::var("MLX_FAST_QMV_RESIDUAL").as_deref() == Ok("1"));
     Ok(all)
 }
 
@@ -160,15 +228,7 @@ fn qmv_many_shapes() -> Res<bool> {
         for gs in [32, 64, 128] {
             let mut qs = Vec::new();
             for (i, &n) in ns.iter().enumerate() {
-                let w = random::normal(
-                    &[n, k],
-                    Dtype::Float32,
-                    None,
-                    None,
-                    Some(&random::key(20 + i as u64)?),
-                )?
-                .multiply(&Array::scalar(0.05f32)?)?
-                .astype(Dtype::Bfloat16)?;
+                let w = scaled_normal(&[n, k], 20 + i as u64, 0.05)?;
                 qs.push(quantize(&w, Some(gs), Some(4), QuantMode::Affine)?);
             }
             let ws: Vec<QuantizedWeight<'_>> = qs
@@ -182,15 +242,7 @@ fn qmv_many_shapes() -> Res<bool> {
             let mut same = true;
             let mut one_launch = true;
             for t in 0..3 {
-                let x = random::normal(
-                    &[1, 1, k],
-                    Dtype::Float32,
-                    None,
-                    None,
-                    Some(&random::key(t)?),
-                )?
-                .multiply(&Array::scalar(1.0 + 3.0 * t as f32)?)?
-                .astype(Dtype::Bfloat16)?;
+                let x = scaled_normal(&[1, 1, k], t, 1.0 + 3.0 * t as f32)?;
                 set_fast_qmv(true);
                 let before = fast_qmv_launches();
                 let ours = quantized_matmul_many(&x, &ws, Some(gs), Some(4), QuantMode::Affine)?;

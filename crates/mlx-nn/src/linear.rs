@@ -3,7 +3,8 @@ use crate::error::Result as NnResult;
 use crate::module::{Module, Param, QuantVisitor};
 use crate::quantize::{QuantSpec, Quantizable};
 use mlx_array::quant::{
-    dequantize, quantize, quantized_matmul, quantized_matmul_many, QuantizedWeight,
+    dequantize, quantize, quantized_matmul, quantized_matmul_add, quantized_matmul_many,
+    QuantizedWeight,
 };
 use mlx_array::{ops, Array, Dtype, Result};
 
@@ -163,6 +164,26 @@ impl LinearLayer {
 }
 
 impl LinearLayer {
+    /// `residual + self.forward(x)`, the same array: for a quantized layer without an
+    /// output bias through one [`quantized_matmul_add`] (which can do the add in our
+    /// kernel's launch).
+    #[track_caller]
+    pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        match self {
+            LinearLayer::Quantized(q) if q.bias.is_none() => quantized_matmul_add(
+                x,
+                &q.weight,
+                &q.scales,
+                q.biases.as_ref().map(|b| b.value()),
+                residual,
+                Some(q.spec.group_size),
+                Some(q.spec.bits),
+                q.spec.mode,
+            ),
+            _ => residual.add(&self.forward(x)?),
+        }
+    }
+
     /// Each layer of `layers` applied to the same `x`: the same arrays as calling
     /// [`LinearLayer::forward`] on each. Quantized layers of one spec go through one
     /// [`quantized_matmul_many`], so a decoding step's q/k/v or gate/up projections can

@@ -187,3 +187,27 @@ fn forward_many_matches_each_layers_forward() {
     assert_eq!(bits(&many[0]), bits(&q[0].forward(&x).unwrap()));
     assert_eq!(bits(&many[1]), bits(&d[1].forward(&x).unwrap()));
 }
+
+/// `LinearLayer::forward_add` is `residual + forward(x)`, bit for bit, for quantized
+/// layers with and without an output bias and for dense ones.
+#[test]
+fn forward_add_is_the_residual_plus_the_output() {
+    for (bias, quantized) in [(false, true), (true, true), (false, false), (true, false)] {
+        let ls = layers(Dtype::Bfloat16, bias, quantized);
+        for x in [
+            randn(&[1, 1, 64], 50, Dtype::Bfloat16),
+            randn(&[2, 5, 64], 51, Dtype::Bfloat16),
+        ] {
+            let shape = [x.dim(0).unwrap(), x.dim(1).unwrap(), 32];
+            let r = randn(&shape, 52, Dtype::Bfloat16);
+            let y = ls[1].forward_add(&x, &r).unwrap();
+            let expected = r.add(&ls[1].forward(&x).unwrap()).unwrap();
+            assert_eq!(y.shape(), expected.shape());
+            assert_eq!(
+                bits(&y),
+                bits(&expected),
+                "bias {bias}, quantized {quantized}"
+            );
+        }
+    }
+}

@@ -33,6 +33,11 @@
 // is the same as its own launch's; one launch fewer matters where the step is bound by the
 // host (small models), so only groups of a bounded size take it (`kManyMaxElements`).
 //
+// A projection's output can also come with its residual added (`try_fast_qmv_add`: MLX's
+// bfloat16 add of the rounded product, in the same launch: an `add` node fewer twice a
+// layer). Off by default (`MLX_FAST_QMV_RESIDUAL=1` turns it on) until `fused_check`
+// has compared it with MLX's `add` on a CUDA device.
+//
 // The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC on first use,
 // cached on disk by MLX), with the device code in a header file (`device_header`) so each
 // kernel's own source is one line: MLX's scheduling cost per call grows with the source.
@@ -83,6 +88,10 @@ constexpr long long kMaxBlocksY = 65535;
 KernelSwitch g_switch("MLX_FAST_QMV");
 KernelSwitch g_pipelined("MLX_FAST_QMV_PIPELINED");
 KernelSwitch g_many("MLX_FAST_QMV_MANY");
+// The residual add fused into the product (`try_fast_qmv_add`): off unless
+// MLX_FAST_QMV_RESIDUAL=1 (or `set_fast_qmv_residual(true)`) until it has been checked
+// against MLX's `add` on a device.
+KernelSwitch g_residual("MLX_FAST_QMV_RESIDUAL", false);
 // The most weights one launch takes (q/k/v).
 constexpr size_t kMaxParts = 4;
 // One launch for several weights only while they hold at most this many elements in all.
@@ -171,13 +180,27 @@ __device__ __forceinline__ void load_x16(const __nv_bfloat16* x, int idx, bool x
   }
 }
 
+// The output of one row: the product rounded to bfloat16, plus `res`'s element in
+// bfloat16 where RES (MLX's `add` of the residual, fused).
+template <bool RES>
+__device__ __forceinline__ void store(__nv_bfloat16* out, const __nv_bfloat16* res, int row,
+                                      float sum) {
+  const __nv_bfloat16 y = __float2bfloat16_rn(sum);
+  if constexpr (RES) {
+    out[row] = __hadd(res[row], y);
+  } else {
+    out[row] = y;
+  }
+}
+
 // One row a warp (row `block * ROWS + threadIdx.y` of n), all of a lane's loads issued
 // before its arithmetic (`U` chunks at a time).
-template <int K, int GS, int ROWS, int U>
+template <int K, int GS, int ROWS, int U, bool RES>
 __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
                                       const __nv_bfloat16* scales,
                                       const __nv_bfloat16* biases, __nv_bfloat16* out,
-                                      const int n, const int block) {
+                                      const int n, const int block,
+                                      const __nv_bfloat16* res) {
   constexpr int NCH = K / 512;
   constexpr int REST = K % 512;
   constexpr int G = K / GS;
@@ -246,18 +269,19 @@ __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
     sum += __high2float(acc[j]);
   }
   sum = cg::reduce(warp, sum, cg::plus<float>());
-  if (lane == 0) out[row] = __float2bfloat16_rn(sum);
+  if (lane == 0) store<RES>(out, res, row, sum);
 }
 
 // The same arithmetic, `RW` rows a warp (x is read once for them), the weights' nibbles
 // unpacked as the pairs (e, e + 4) of each 32-bit word and x permuted to match (each
 // element keeps its own accumulator, so the pairing changes no result), and the loads
 // either issued `U` chunks ahead of their arithmetic (WIN) or `U` chunks at a time.
-template <int K, int GS, int ROWS, int U, int RW, bool WIN>
+template <int K, int GS, int ROWS, int U, int RW, bool WIN, bool RES>
 __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w,
                                        const __nv_bfloat16* scales,
                                        const __nv_bfloat16* biases, __nv_bfloat16* out,
-                                       const int n, const int block) {
+                                       const int n, const int block,
+                                       const __nv_bfloat16* res) {
   constexpr int NCH = K / 512;
   constexpr int REST = K % 512;
   constexpr int G = K / GS;
@@ -391,7 +415,7 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
 #pragma unroll
     for (int j = 4; j < 8; ++j) sum += __high2float(acc[i][j]);
     sum = cg::reduce(warp, sum, cg::plus<float>());
-    if (lane == 0 && row0 + i < n) out[row0 + i] = __float2bfloat16_rn(sum);
+    if (lane == 0 && row0 + i < n) store<RES>(out, res, row0 + i, sum);
   }
 }
 
@@ -416,49 +440,57 @@ bool file_holds(const std::string& path, const std::string& text) {
   return got == text;
 }
 
-// The `header` of every kernel: an #include of a file holding kDeviceCode, written once
-// into the user's cache (`$XDG_CACHE_HOME` or `~/.cache`, `mlx-rs/kernels/`, named by
-// the content's hash; written to a temporary name and renamed, so concurrent processes
-// never see a partial file). Where no such file can be written, the device code itself,
-// which compiles to the same kernels and costs only host time per launch.
-const std::string& device_header() {
-  static const std::string header = [] {
-    const std::string code = kDeviceCode;
+// Writes `code` to `path` unless it already holds it (to a temporary name, then renamed,
+// so concurrent processes never see a partial file); whether `path` holds it after.
+bool write_once(const std::string& path, const std::string& code) {
+  if (file_holds(path, code)) return true;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << code;
+    if (!f.flush()) {
+      fs::remove(tmp, ec);
+      return false;
+    }
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) fs::remove(tmp, ec);
+  return file_holds(path, code);
+}
+
+// Where the device code goes: `$XDG_CACHE_HOME` or `~/.cache`, `mlx-rs/kernels/`, named
+// by the content's hash; empty where there is no such directory or its path would need
+// escaping between the quotes of an #include.
+const std::string& device_code_path() {
+  static const std::string path = []() -> std::string {
     std::string base;
     if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x == '/') {
       base = x;
     } else if (const char* h = std::getenv("HOME"); h != nullptr && *h == '/') {
       base = std::string(h) + "/.cache";
     }
-    // The path goes between quotes in an #include: leave out anything that would need
-    // escaping there.
-    if (base.empty() || base.find_first_of("\"\\\n") != std::string::npos) return code;
+    if (base.empty() || base.find_first_of("\"\\\n") != std::string::npos) return "";
     char name[64];
-    std::snprintf(name, sizeof(name), "mlxs_qmv_%016llx.cuh", fnv1a(code));
+    std::snprintf(name, sizeof(name), "mlxs_qmv_%016llx.cuh", fnv1a(kDeviceCode));
     namespace fs = std::filesystem;
     std::error_code ec;
     const fs::path dir = fs::path(base) / "mlx-rs" / "kernels";
     fs::create_directories(dir, ec);
-    const std::string path = (dir / name).string();
-    if (!file_holds(path, code)) {
-      const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-      {
-        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        f << code;
-        if (!f.flush()) {
-          fs::remove(tmp, ec);
-          return code;
-        }
-      }
-      fs::rename(tmp, path, ec);
-      if (ec || !file_holds(path, code)) {
-        fs::remove(tmp, ec);
-        return code;
-      }
-    }
-    return "#include \"" + path + "\"\n";
+    return (dir / name).string();
   }();
-  return header;
+  return path;
+}
+
+// The `header` of a kernel about to be built: an #include of the file holding kDeviceCode
+// (checked, and written if missing, each time a kernel is built, since NVRTC reads it
+// then), or the device code itself where no such file can be written: the same kernels,
+// at the host cost per launch described above.
+std::string device_header() {
+  const std::string& path = device_code_path();
+  if (path.empty() || !write_once(path, kDeviceCode)) return kDeviceCode;
+  return "#include \"" + path + "\"\n";
 }
 
 // One kernel: the products of x by `ns.size()` weights of the same K and group size,
@@ -469,8 +501,9 @@ struct KernelKey {
   int gs;
   Layout layout;
   std::vector<int> ns;
+  bool res = false;  // one weight, its output added to an input `res` (same shape)
   bool operator<(const KernelKey& o) const {
-    return std::tie(k, gs, layout, ns) < std::tie(o.k, o.gs, o.layout, o.ns);
+    return std::tie(k, gs, layout, ns, res) < std::tie(o.k, o.gs, o.layout, o.ns, o.res);
   }
 };
 
@@ -487,8 +520,8 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
   body += l.body == 1 ? "rows_n<" : "rows1<";
   body += std::to_string(key.k) + ", " + std::to_string(key.gs) + ", " + std::to_string(l.rows) +
           ", " + std::to_string(l.u);
-  if (l.body == 1) body += ", " + std::to_string(l.rw) + (l.window ? ", true>" : ", false>");
-  else body += ">";
+  if (l.body == 1) body += ", " + std::to_string(l.rw) + (l.window ? ", true" : ", false");
+  body += key.res ? ", true>" : ", false>";
   std::string name = "mlxs_qmv_k" + std::to_string(key.k) + "_g" + std::to_string(key.gs);
   if (l.body == 1) {
     name += "_r" + std::to_string(l.rows) + "x" + std::to_string(l.rw) + (l.window ? "w" : "u") +
@@ -508,7 +541,7 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
     const int blocks = (key.ns[i] + rows_per_block - 1) / rows_per_block;
     const std::string call = body + "(x, " + w + ", " + s + ", " + b + ", " + o + ", " +
                              std::to_string(key.ns[i]) + ", blockIdx.y - " +
-                             std::to_string(first) + ");";
+                             std::to_string(first) + (key.res ? ", res);" : ", nullptr);");
     if (i + 1 < parts) {
       src += "  if (blockIdx.y < " + std::to_string(first + blocks) + ") {\n    " + call +
              "\n    return;\n  }\n";
@@ -516,6 +549,10 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
       src += "  " + call + "\n";
     }
     first += blocks;
+  }
+  if (key.res) {
+    inputs.push_back("res");
+    name += "_res";
   }
   auto fn = mx::fast::cuda_kernel(name, inputs, outputs, src, device_header(),
                                   /* ensure_row_contiguous */ true);
@@ -546,9 +583,11 @@ bool on_gpu(const mx::Stream& st) {
   return st.device.type == mx::Device::gpu && mx::cu::is_available();
 }
 
-// Launches the kernel of `key` over x and `weights` (w, scales, biases per part).
+// Launches the kernel of `key` over x and `weights` (w, scales, biases per part), and the
+// residual `res` where `key.res`.
 std::vector<mx::array> launch(const KernelKey& key, const mx::array& x,
-                              const std::vector<mx::array>& weights, const mx::Stream& st) {
+                              const std::vector<mx::array>& weights, const mx::Stream& st,
+                              const std::optional<mx::array>& res = std::nullopt) {
   const Layout& l = key.layout;
   const long long rows_per_block = static_cast<long long>(l.rows) * l.rw;
   long long blocks = 0;
@@ -561,6 +600,7 @@ std::vector<mx::array> launch(const KernelKey& key, const mx::array& x,
   }
   std::vector<mx::array> inputs{x};
   inputs.insert(inputs.end(), weights.begin(), weights.end());
+  if (key.res && res) inputs.push_back(*res);
   auto outs = kernel_for(key)(inputs, shapes,
                               std::vector<mx::Dtype>(key.ns.size(), mx::bfloat16),
                               std::make_tuple(32, static_cast<int>(blocks * l.rows), 1),
@@ -598,6 +638,34 @@ std::optional<mx::array> try_fast_qmv(
   const Layout l = layout_for(n, k);
   if (blocks_of(l, n) > kMaxBlocksY) return std::nullopt;
   return launch(KernelKey{k, gs, l, {n}}, x, {w, scales, *biases}, st)[0];
+}
+
+std::optional<mx::array> try_fast_qmv_add(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& biases,
+    const mx::array& residual,
+    std::optional<int> group_size,
+    std::optional<int> bits,
+    const std::string& mode,
+    mx::StreamOrDevice s) {
+  if (!g_switch.on() || !g_residual.on() || bits.value_or(4) != 4) return std::nullopt;
+  const mx::Stream st = mx::to_stream(s);
+  if (!on_gpu(st)) return std::nullopt;
+  const int gs = group_size.value_or(64);
+  auto kn = eligible(x, w, scales, biases, true, gs, mode);
+  if (!kn) return std::nullopt;
+  const auto [k, n] = *kn;
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = n;
+  // Only where MLX's add would give the product's shape and dtype back unchanged.
+  if (residual.dtype() != mx::bfloat16 || residual.shape() != out_shape) return std::nullopt;
+  const Layout l = layout_for(n, k);
+  if (blocks_of(l, n) > kMaxBlocksY) return std::nullopt;
+  KernelKey key{k, gs, l, {n}};
+  key.res = true;
+  return launch(key, x, {w, scales, *biases}, st, residual)[0];
 }
 
 std::optional<std::vector<mx::array>> try_fast_qmv_many(
@@ -644,6 +712,7 @@ std::optional<std::vector<mx::array>> try_fast_qmv_many(
 
 void set_fast_qmv(bool on) { g_switch.set(on); }
 void set_fast_qmv_many(bool on) { g_many.set(on); }
+void set_fast_qmv_residual(bool on) { g_residual.set(on); }
 bool fast_qmv_enabled() { return g_switch.on(); }
 unsigned long long fast_qmv_launches() { return g_switch.uses(); }
 

@@ -35,7 +35,22 @@ std::optional<std::vector<mlx::core::array>> try_fast_qmv_many(
     const std::string& mode,
     mlx::core::StreamOrDevice s);
 
+// `residual + quantized_matmul(x, w, scales, biases, transpose=True)` with the add done
+// by the kernel (MLX's bfloat16 add of the rounded product), where the product alone
+// would take our kernels and `residual` has its shape and dtype; nullopt otherwise.
+std::optional<mlx::core::array> try_fast_qmv_add(
+    const mlx::core::array& x,
+    const mlx::core::array& w,
+    const mlx::core::array& scales,
+    const std::optional<mlx::core::array>& biases,
+    const mlx::core::array& residual,
+    std::optional<int> group_size,
+    std::optional<int> bits,
+    const std::string& mode,
+    mlx::core::StreamOrDevice s);
+
 void set_fast_qmv(bool on);
+void set_fast_qmv_residual(bool on);
 void set_fast_qmv_many(bool on);
 bool fast_qmv_enabled();
 unsigned long long fast_qmv_launches();

@@ -1,5 +1,6 @@
 // kernel_switch.h: internal to the shim. The on/off switch and use count of one of our
-// kernels: on unless its environment variable is "0" at first use, settable at any time.
+// kernels: on unless its environment variable is "0" at first use (or, for a switch made
+// off by default, off unless it is "1"), settable at any time.
 #pragma once
 
 #include <atomic>
@@ -10,13 +11,18 @@ namespace mlxs_detail {
 
 class KernelSwitch {
  public:
-  explicit KernelSwitch(const char* env) : env_(env) {}
+  explicit KernelSwitch(const char* env, bool on_by_default = true)
+      : env_(env), default_(on_by_default) {}
 
   bool on() {
     int s = state_.load(std::memory_order_relaxed);
     if (s < 0) {
       const char* v = std::getenv(env_);
-      s = (v != nullptr && std::strcmp(v, "0") == 0) ? 0 : 1;
+      if (default_) {
+        s = (v != nullptr && std::strcmp(v, "0") == 0) ? 0 : 1;
+      } else {
+        s = (v != nullptr && std::strcmp(v, "1") == 0) ? 1 : 0;
+      }
       state_.store(s, std::memory_order_relaxed);
     }
     return s == 1;
@@ -27,6 +33,7 @@ class KernelSwitch {
 
  private:
   const char* env_;
+  bool default_;
   std::atomic<int> state_{-1};
   std::atomic<unsigned long long> uses_{0};
 };

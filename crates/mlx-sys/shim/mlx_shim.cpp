@@ -915,6 +915,20 @@ int mlxs_quantized_matmul(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_arra
                                      OPTI(group_size), OPTI(bits), mode ? mode : "affine", S(s)));
   });
 }
+int mlxs_quantized_matmul_add(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
+                              mlxs_array biases, mlxs_array residual, int group_size, int bits,
+                              const char* mode, mlxs_stream s) {
+  return guard([&] {
+    const std::string m = mode ? mode : "affine";
+    auto fused = mlxs_detail::try_fast_qmv_add(A(x), A(w), A(scales), OPT(biases), A(residual),
+                                               OPTI(group_size), OPTI(bits), m, S(s));
+    *out = wrap(fused ? std::move(*fused)
+                      : mx::add(A(residual),
+                                quantized_matmul_one(A(x), A(w), A(scales), OPT(biases), true,
+                                                     OPTI(group_size), OPTI(bits), m, S(s)),
+                                S(s)));
+  });
+}
 int mlxs_quantized_matmul_many(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_vec scales,
                                mlxs_vec biases, int group_size, int bits, const char* mode,
                                mlxs_stream s) {
@@ -944,6 +958,7 @@ int mlxs_quantized_matmul_many(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_ve
 }
 void mlxs_set_fast_qmv(bool on) { mlxs_detail::set_fast_qmv(on); }
 void mlxs_set_fast_qmv_many(bool on) { mlxs_detail::set_fast_qmv_many(on); }
+void mlxs_set_fast_qmv_residual(bool on) { mlxs_detail::set_fast_qmv_residual(on); }
 bool mlxs_fast_qmv_enabled(void) { return mlxs_detail::fast_qmv_enabled(); }
 uint64_t mlxs_fast_qmv_launches(void) { return mlxs_detail::fast_qmv_launches(); }
 int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,

@@ -342,6 +342,12 @@ int mlxs_quantized_matmul(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_arra
    empty: none), the same arrays as one call each; on the CUDA backend one-row products go
    through one launch of those kernels for all of them where each would take them alone
    (MLX_FAST_QMV_MANY=0: one launch each). */
+/* add(residual, quantized_matmul(x, w, scales, biases, transpose=true)): the same array;
+   on the CUDA backend, with mlxs_set_fast_qmv_residual(true) or MLX_FAST_QMV_RESIDUAL=1
+   (off by default), a one-row product our kernels take does the add in the same launch. */
+int mlxs_quantized_matmul_add(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
+                              mlxs_array biases, mlxs_array residual, int group_size, int bits,
+                              const char* mode, mlxs_stream s);
 int mlxs_quantized_matmul_many(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_vec scales,
                                mlxs_vec biases, int group_size, int bits, const char* mode,
                                mlxs_stream s);
@@ -351,6 +357,8 @@ void mlxs_set_fast_qmv(bool on);
 /* One launch for several weights in quantized_matmul_many on or off (default on;
    MLX_FAST_QMV_MANY=0 turns it off). */
 void mlxs_set_fast_qmv_many(bool on);
+/* The residual add of mlxs_quantized_matmul_add in our kernel on or off (default off). */
+void mlxs_set_fast_qmv_residual(bool on);
 bool mlxs_fast_qmv_enabled(void);
 /* How many products have been built with it in this process. */
 uint64_t mlxs_fast_qmv_launches(void);

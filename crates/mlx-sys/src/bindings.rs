@@ -1258,6 +1258,20 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
+    pub fn mlxs_quantized_matmul_add(
+        out: *mut mlxs_array,
+        x: mlxs_array,
+        w: mlxs_array,
+        scales: mlxs_array,
+        biases: mlxs_array,
+        residual: mlxs_array,
+        group_size: ::std::os::raw::c_int,
+        bits: ::std::os::raw::c_int,
+        mode: *const ::std::os::raw::c_char,
+        s: mlxs_stream,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
     pub fn mlxs_quantized_matmul_many(
         out: *mut mlxs_vec,
         x: mlxs_array,
@@ -1275,6 +1289,9 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn mlxs_set_fast_qmv_many(on: bool);
+}
+unsafe extern "C" {
+    pub fn mlxs_set_fast_qmv_residual(on: bool);
 }
 unsafe extern "C" {
     pub fn mlxs_fast_qmv_enabled() -> bool;

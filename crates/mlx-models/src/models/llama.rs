@@ -1,6 +1,6 @@
 //! Llama (and Mistral), following `mlx_lm/models/llama.py`.
 use super::{batch_len, cache_at, drop_rotary_inv_freq, layer_caches, merge_heads, rope_attend};
-use super::{fuse, project, qkv_heads, Architecture, Weights};
+use super::{fuse, project, project_out, qkv_heads, Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
@@ -104,6 +104,7 @@ impl Attention {
         x: &Array,
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
+        residual: Option<&Array>,
     ) -> Result<Array> {
         let (b, l) = batch_len(x)?;
         let (queries, keys, values) = qkv_heads(
@@ -114,7 +115,7 @@ impl Attention {
             self.n_kv_heads,
         )?;
         let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
-        self.o_proj.forward(&merge_heads(&out, b, l)?)
+        project_out(&self.o_proj, &merge_heads(&out, b, l)?, residual)
     }
 
     fn fuse(&mut self) -> crate::Result<()> {
@@ -148,9 +149,9 @@ impl Mlp {
         })
     }
 
-    fn forward(&self, x: &Array) -> Result<Array> {
+    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
         let [gate, up] = project(self.gate_up.as_deref(), [&self.gate_proj, &self.up_proj], x)?;
-        self.down_proj.forward(&swiglu(&gate, &up)?)
+        project_out(&self.down_proj, &swiglu(&gate, &up)?, residual)
     }
 
     fn fuse(&mut self) -> crate::Result<()> {
@@ -182,14 +183,11 @@ impl TransformerBlock {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        let r = self
+        let h = self
             .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache)?;
-        let h = x.add(&r)?;
-        let r = self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&h)?)?;
-        h.add(&r)
+            .forward(&self.input_layernorm.forward(x)?, mask, cache, Some(x))?;
+        self.mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?, Some(&h))
     }
 }
 

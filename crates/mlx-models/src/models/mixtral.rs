@@ -127,10 +127,9 @@ impl DecoderLayer {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        let r = self
+        let h = self
             .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache)?;
-        let h = x.add(&r)?;
+            .forward(&self.input_layernorm.forward(x)?, mask, cache, Some(x))?;
         let r = self
             .block_sparse_moe
             .forward(&self.post_attention_layernorm.forward(&h)?)?;

@@ -89,6 +89,20 @@ pub(crate) fn project<const N: usize>(
         .map_err(|_| Error::InvalidArgument("projection count mismatch".into()))
 }
 
+/// `layer.forward(x)`, plus `residual` when given: the same arrays as `residual +
+/// layer.forward(x)`, as one op for a quantized layer (`LinearLayer::forward_add`, which
+/// can add the residual in our kernel's launch).
+pub(crate) fn project_out(
+    layer: &LinearLayer,
+    x: &Array,
+    residual: Option<&Array>,
+) -> Result<Array> {
+    match residual {
+        Some(r) => layer.forward_add(x, r),
+        None => layer.forward(x),
+    }
+}
+
 /// `x.reshape(B, L, n, -1).transpose(0, 2, 1, 3)`.
 ///
 /// With one position (`L == 1`, every decode step) the transpose only moves a size-1

@@ -1,6 +1,6 @@
 //! Qwen3, following `mlx_lm/models/qwen3.py`.
 use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads};
-use super::{fuse, project, Architecture, Weights};
+use super::{fuse, project, project_out, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
@@ -118,6 +118,7 @@ impl Attention {
         x: &Array,
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
+        residual: Option<&Array>,
     ) -> Result<Array> {
         let (b, l) = batch_len(x)?;
         let [q, k, v] = project(
@@ -134,7 +135,7 @@ impl Attention {
         let keys = self.k_norm.forward(&keys)?.transpose(Some(&[0, 2, 1, 3]))?;
         let values = split_heads(&v, b, l, self.n_kv_heads)?;
         let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
-        self.o_proj.forward(&merge_heads(&out, b, l)?)
+        project_out(&self.o_proj, &merge_heads(&out, b, l)?, residual)
     }
 
     fn fuse(&mut self) -> crate::Result<()> {
@@ -168,9 +169,9 @@ impl Mlp {
         })
     }
 
-    fn forward(&self, x: &Array) -> Result<Array> {
+    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
         let [gate, up] = project(self.gate_up.as_deref(), [&self.gate_proj, &self.up_proj], x)?;
-        self.down_proj.forward(&swiglu(&gate, &up)?)
+        project_out(&self.down_proj, &swiglu(&gate, &up)?, residual)
     }
 
     fn fuse(&mut self) -> crate::Result<()> {
@@ -201,14 +202,11 @@ impl TransformerBlock {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        let r = self
+        let h = self
             .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache)?;
-        let h = x.add(&r)?;
-        let r = self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&h)?)?;
-        h.add(&r)
+            .forward(&self.input_layernorm.forward(x)?, mask, cache, Some(x))?;
+        self.mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?, Some(&h))
     }
 }
 
