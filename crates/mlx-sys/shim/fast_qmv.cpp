@@ -96,7 +96,8 @@ KernelSwitch g_residual("MLX_FAST_QMV_RESIDUAL", false);
 constexpr size_t kMaxParts = 4;
 // One launch for several weights only while they hold at most this many elements in all.
 // Small models' decoding steps are bound by the host, where a launch fewer counts
-// (qwen2.5-0.5b-4bit: 422 -> 483 tok/s with this and the one-line kernel sources below);
+// (qwen2.5-0.5b-4bit pinned to cores: 422 -> 483 tok/s with this and the one-line kernel
+// sources below; between unpinned processes the change was inside their noise);
 // llama-3.1-8b-4bit, bound by the GPU, measured 289 -> 265 tok/s with its 25M- and
 // 117M-element groups as one launch, so groups that large stay separate (benchmarks/GPU.md
 // run 8).
