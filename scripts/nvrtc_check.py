@@ -3,9 +3,10 @@ machine (no GPU needed), for every kernel form the shim builds: one weight on ea
 several weights in one launch, and the residual add. Catches compile errors before a
 device session does.
 
-    pip download --no-deps -d /tmp/nvpk nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 nvidia-cuda-cccl-cu12
-    mkdir /tmp/nvx && for w in /tmp/nvpk/*.whl; do unzip -q -o -d /tmp/nvx $w; done
-    python3 scripts/nvrtc_check.py /tmp/nvx [--arch sm_90]
+    python3 scripts/nvrtc_check.py .cache/nvrtc [--arch sm_90]
+
+fetches (once, ~100 MB from PyPI: nvidia-cuda-nvrtc-cu12, nvidia-cuda-runtime-cu12,
+nvidia-cuda-cccl-cu12) and unpacks the CUDA wheels it needs into the given folder.
 
 Each kernel is wrapped the way MLX's `fast::cuda_kernel` wraps a source (a `__global__`
 function with the inputs as `const T*` and the outputs as `T*` in namespace
@@ -14,9 +15,12 @@ wheels, so the bfloat16 and cooperative-groups headers it brings stand in for it
 """
 import argparse
 import ctypes
+import glob
 import os
 import re
+import subprocess
 import sys
+import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHIM = os.path.join(HERE, "..", "crates", "mlx-sys", "shim", "fast_qmv.cpp")
@@ -60,11 +64,29 @@ def kernel(name, k, gs, layout, ns, res):
     )
 
 
+WHEELS = ("nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cuda-cccl-cu12")
+
+
+def fetch(root):
+    """Downloads and unpacks the CUDA wheels into `root` unless they are there."""
+    if os.path.exists(os.path.join(root, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.12")):
+        return
+    dl = os.path.join(root, "wheels")
+    os.makedirs(dl, exist_ok=True)
+    print(f"fetching {', '.join(WHEELS)} into {dl}", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", dl, *WHEELS],
+                   check=True)
+    for w in glob.glob(os.path.join(dl, "*.whl")):
+        with zipfile.ZipFile(w) as z:
+            z.extractall(root)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("root", help="folder holding nvidia/cuda_nvrtc, cuda_runtime, cuda_cccl")
+    ap.add_argument("root", help="folder for the CUDA wheels (nvidia/cuda_nvrtc, ...)")
     ap.add_argument("--arch", default="sm_90")
     a = ap.parse_args()
+    fetch(a.root)
     nv = os.path.join(a.root, "nvidia")
     lib = ctypes.CDLL(os.path.join(nv, "cuda_nvrtc", "lib", "libnvrtc.so.12"))
     incs = [os.path.join(nv, d, "include") for d in ("cuda_runtime", "cuda_cccl")]
