@@ -104,6 +104,11 @@ impl QuantizedLinear {
             Some(self.spec.bits),
             self.spec.mode,
         )?;
+        self.add_bias(y)
+    }
+
+    /// `y` plus the output bias, if the layer has one.
+    fn add_bias(&self, y: Array) -> Result<Array> {
         match &self.bias {
             Some(b) => y.add(b),
             None => Ok(y),
@@ -161,9 +166,7 @@ impl LinearLayer {
             LinearLayer::Quantized(l) => l.forward(x),
         }
     }
-}
 
-impl LinearLayer {
     /// `residual + self.forward(x)`, the same array: for a quantized layer without an
     /// output bias through one [`quantized_matmul_add`] (which can do the add in our
     /// kernel's launch).
@@ -224,10 +227,7 @@ impl LinearLayer {
         )?;
         ys.into_iter()
             .zip(&quantized)
-            .map(|(y, q)| match &q.bias {
-                Some(b) => y.add(b),
-                None => Ok(y),
-            })
+            .map(|(y, q)| q.add_bias(y))
             .collect()
     }
 }

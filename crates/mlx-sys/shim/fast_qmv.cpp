@@ -140,12 +140,21 @@ struct Layout {
 // streamed long rows (down projections: 14336 x 4096 29.3 -> 21.3 us) and very many rows
 // (vocabulary heads: 128256 x 4096 135 -> 118 us) faster than kBody, which stayed best
 // elsewhere; end to end, these layouts took the 8B model from 264 to 304 tok/s.
+// kBody: one row a warp, 4 warps a block, all of a row's loads issued first.
+constexpr Layout kOneRow = {0, 4, 1, 32, false};
+
 Layout layout_for(int n, int k) {
   if (g_pipelined.on()) {
     if (n > 16384) return {1, 4, 2, 8, false};
     if (k >= 12288) return {1, 4, 1, 4, true};
   }
-  return {0, 4, 1, 32, false};
+  return kOneRow;
+}
+
+// Blocks of `l` that cover n rows.
+long long blocks_of(const Layout& l, long long n) {
+  const long long rows_per_block = static_cast<long long>(l.rows) * l.rw;
+  return (n + rows_per_block - 1) / rows_per_block;
 }
 
 // The device code of every kernel below: two row bodies as templates over the
@@ -516,7 +525,6 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
   if (it != kernels.end()) return it->second;
   const Layout& l = key.layout;
   const int parts = static_cast<int>(key.ns.size());
-  const int rows_per_block = l.rows * l.rw;
   std::string body = "mlxs_qmv::";
   body += l.body == 1 ? "rows_n<" : "rows1<";
   body += std::to_string(key.k) + ", " + std::to_string(key.gs) + ", " + std::to_string(l.rows) +
@@ -539,7 +547,7 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
     inputs.insert(inputs.end(), {w, s, b});
     outputs.push_back(o);
     name += "_n" + std::to_string(key.ns[i]);
-    const int blocks = (key.ns[i] + rows_per_block - 1) / rows_per_block;
+    const int blocks = static_cast<int>(blocks_of(l, key.ns[i]));
     const std::string call = body + "(x, " + w + ", " + s + ", " + b + ", " + o + ", " +
                              std::to_string(key.ns[i]) + ", blockIdx.y - " +
                              std::to_string(first) + (key.res ? ", res);" : ", nullptr);");
@@ -584,24 +592,23 @@ bool on_gpu(const mx::Stream& st) {
   return st.device.type == mx::Device::gpu && mx::cu::is_available();
 }
 
-// Launches the kernel of `key` over x and `weights` (w, scales, biases per part), and the
-// residual `res` where `key.res`.
+// Launches the kernel of `key` over x and `weights` (w, scales, biases per part), with
+// `res` as its last input where `key.res`.
 std::vector<mx::array> launch(const KernelKey& key, const mx::array& x,
                               const std::vector<mx::array>& weights, const mx::Stream& st,
-                              const std::optional<mx::array>& res = std::nullopt) {
+                              const mx::array* res = nullptr) {
   const Layout& l = key.layout;
-  const long long rows_per_block = static_cast<long long>(l.rows) * l.rw;
   long long blocks = 0;
   std::vector<mx::Shape> shapes;
   for (int n : key.ns) {
-    blocks += (n + rows_per_block - 1) / rows_per_block;
+    blocks += blocks_of(l, n);
     mx::Shape sh = x.shape();
     sh.back() = n;
     shapes.push_back(std::move(sh));
   }
   std::vector<mx::array> inputs{x};
   inputs.insert(inputs.end(), weights.begin(), weights.end());
-  if (key.res && res) inputs.push_back(*res);
+  if (key.res) inputs.push_back(*res);
   auto outs = kernel_for(key)(inputs, shapes,
                               std::vector<mx::Dtype>(key.ns.size(), mx::bfloat16),
                               std::make_tuple(32, static_cast<int>(blocks * l.rows), 1),
@@ -610,9 +617,35 @@ std::vector<mx::array> launch(const KernelKey& key, const mx::array& x,
   return outs;
 }
 
-long long blocks_of(const Layout& l, long long n) {
-  const long long rows_per_block = static_cast<long long>(l.rows) * l.rw;
-  return (n + rows_per_block - 1) / rows_per_block;
+// One weight's product through our kernels, with `residual` added in the kernel when
+// given (only where MLX's add would give the product's shape and dtype back unchanged).
+std::optional<mx::array> fast_one(const mx::array& x, const mx::array& w,
+                                  const mx::array& scales,
+                                  const std::optional<mx::array>& biases, bool transpose,
+                                  std::optional<int> group_size, std::optional<int> bits,
+                                  const std::string& mode, mx::StreamOrDevice s,
+                                  const mx::array* residual) {
+  if (!g_switch.on() || bits.value_or(4) != 4) return std::nullopt;
+  // First the stream: on other devices the caller goes on to the CPU kernel, which checks
+  // the operands itself.
+  const mx::Stream st = mx::to_stream(s);
+  if (!on_gpu(st)) return std::nullopt;
+  const int gs = group_size.value_or(64);
+  auto kn = eligible(x, w, scales, biases, transpose, gs, mode);
+  if (!kn) return std::nullopt;
+  const auto [k, n] = *kn;
+  if (residual != nullptr) {
+    mx::Shape out_shape = x.shape();
+    out_shape.back() = n;
+    if (residual->dtype() != mx::bfloat16 || residual->shape() != out_shape) {
+      return std::nullopt;
+    }
+  }
+  const Layout l = layout_for(n, k);
+  if (blocks_of(l, n) > kMaxBlocksY) return std::nullopt;
+  KernelKey key{k, gs, l, {n}};
+  key.res = residual != nullptr;
+  return launch(key, x, {w, scales, *biases}, st, residual)[0];
 }
 
 }  // namespace
@@ -627,18 +660,7 @@ std::optional<mx::array> try_fast_qmv(
     std::optional<int> bits,
     const std::string& mode,
     mx::StreamOrDevice s) {
-  if (!g_switch.on() || bits.value_or(4) != 4) return std::nullopt;
-  // First the stream: on other devices the caller goes on to the CPU kernel, which checks
-  // the operands itself.
-  const mx::Stream st = mx::to_stream(s);
-  if (!on_gpu(st)) return std::nullopt;
-  const int gs = group_size.value_or(64);
-  auto kn = eligible(x, w, scales, biases, transpose, gs, mode);
-  if (!kn) return std::nullopt;
-  const auto [k, n] = *kn;
-  const Layout l = layout_for(n, k);
-  if (blocks_of(l, n) > kMaxBlocksY) return std::nullopt;
-  return launch(KernelKey{k, gs, l, {n}}, x, {w, scales, *biases}, st)[0];
+  return fast_one(x, w, scales, biases, transpose, group_size, bits, mode, s, nullptr);
 }
 
 std::optional<mx::array> try_fast_qmv_add(
@@ -651,22 +673,8 @@ std::optional<mx::array> try_fast_qmv_add(
     std::optional<int> bits,
     const std::string& mode,
     mx::StreamOrDevice s) {
-  if (!g_switch.on() || !g_residual.on() || bits.value_or(4) != 4) return std::nullopt;
-  const mx::Stream st = mx::to_stream(s);
-  if (!on_gpu(st)) return std::nullopt;
-  const int gs = group_size.value_or(64);
-  auto kn = eligible(x, w, scales, biases, true, gs, mode);
-  if (!kn) return std::nullopt;
-  const auto [k, n] = *kn;
-  mx::Shape out_shape = x.shape();
-  out_shape.back() = n;
-  // Only where MLX's add would give the product's shape and dtype back unchanged.
-  if (residual.dtype() != mx::bfloat16 || residual.shape() != out_shape) return std::nullopt;
-  const Layout l = layout_for(n, k);
-  if (blocks_of(l, n) > kMaxBlocksY) return std::nullopt;
-  KernelKey key{k, gs, l, {n}};
-  key.res = true;
-  return launch(key, x, {w, scales, *biases}, st, residual)[0];
+  if (!g_residual.on()) return std::nullopt;
+  return fast_one(x, w, scales, biases, true, group_size, bits, mode, s, &residual);
 }
 
 std::optional<std::vector<mx::array>> try_fast_qmv_many(
@@ -686,10 +694,10 @@ std::optional<std::vector<mx::array>> try_fast_qmv_many(
   const mx::Stream st = mx::to_stream(s);
   if (!on_gpu(st)) return std::nullopt;
   const int gs = group_size.value_or(64);
-  const Layout one_row = {0, 4, 1, 32, false};
   std::vector<int> ns;
   std::vector<mx::array> operands;
   long long blocks = 0;
+  long long elements = 0;
   int k0 = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
     auto kn = eligible(x, ws[i], scales[i], biases[i], true, gs, mode);
@@ -697,18 +705,17 @@ std::optional<std::vector<mx::array>> try_fast_qmv_many(
     const auto [k, n] = *kn;
     // One launch shares one layout: only weights that run kBody alone.
     const Layout l = layout_for(n, k);
-    if (l.body != one_row.body || l.rows != one_row.rows || (i > 0 && k != k0)) {
+    if (l.body != kOneRow.body || l.rows != kOneRow.rows || (i > 0 && k != k0)) {
       return std::nullopt;
     }
     k0 = k;
     ns.push_back(n);
-    blocks += blocks_of(one_row, n);
+    blocks += blocks_of(kOneRow, n);
+    elements += static_cast<long long>(n) * k;
     operands.insert(operands.end(), {ws[i], scales[i], *biases[i]});
   }
-  long long elements = 0;
-  for (int n : ns) elements += static_cast<long long>(n) * k0;
   if (blocks > kMaxBlocksY || elements > many_max_elements()) return std::nullopt;
-  return launch(KernelKey{k0, gs, one_row, ns}, x, operands, st);
+  return launch(KernelKey{k0, gs, kOneRow, ns}, x, operands, st);
 }
 
 void set_fast_qmv(bool on) { g_switch.set(on); }
