@@ -5,13 +5,16 @@ device session does.
 
     python3 scripts/nvrtc_check.py .cache/nvrtc [--arch sm_90]
 
-fetches (once, ~100 MB from PyPI: nvidia-cuda-nvrtc-cu12, nvidia-cuda-runtime-cu12,
-nvidia-cuda-cccl-cu12) and unpacks the CUDA wheels it needs into the given folder.
+fetches (once, ~190 MB from PyPI: nvidia-cuda-nvrtc-cu12, nvidia-cuda-runtime-cu12,
+nvidia-cuda-cccl-cu12 and MLX's own mlx-cuda-13) and unpacks what it needs into the given
+folder.
 
-Each kernel is wrapped the way MLX's `fast::cuda_kernel` wraps a source (a `__global__`
-function with the inputs as `const T*` and the outputs as `T*` in namespace
-`mlx::core::cu`, after its default header); MLX's own `device/utils.cuh` is not in its
-wheels, so the bfloat16 and cooperative-groups headers it brings stand in for it.
+Each kernel is wrapped the way MLX's `fast::cuda_kernel` wraps a source (its default
+header, then the kernel's header, then a `__global__` function with the inputs as
+`const T*` and the outputs as `T*` in namespace `mlx::core::cu`). MLX's device headers
+(`mlx/backend/cuda/device/*.cuh`) are not files in its wheels but strings inside the CUDA
+build's libmlx.so, which its JIT hands to NVRTC by name; this script finds them there
+and hands them over the same way.
 """
 import argparse
 import ctypes
@@ -34,6 +37,28 @@ def device_code():
     return m.group(1)
 
 
+def swiglu_kernel(name, k, gs, n):
+    """The source of the shim's swiglu form (gate and up rows of one block, see kernel_for)."""
+    rows, u = 4, 32
+    ins = ["const __nv_bfloat16* x"]
+    for i in (0, 1):
+        ins += [f"const uint32_t* w{i}", f"const __nv_bfloat16* s{i}", f"const __nv_bfloat16* b{i}"]
+    call = f"mlxs_qmv::swiglu_rows<{k}, {gs}, {rows}, {u}>(x, w0, s0, b0, w1, s1, b1, out, {n}, blockIdx.y);"
+    return wrap(name, ins, ["__nv_bfloat16* out"], f"  {call}\n")
+
+
+def wrap(name, ins, outs, src):
+    """MLX's wrapping of a custom kernel's source, with the shim's header."""
+    return (
+        '#include "mlx/backend/cuda/device/utils.cuh"\n#include <cooperative_groups.h>\n'
+        '#include "mlx/backend/cuda/device/binary_ops.cuh"\n'
+        + device_code()
+        + "\nnamespace mlx::core::cu {\nnamespace cg = cooperative_groups;\n"
+        + f"__global__ void {name}(\n    " + ",\n    ".join(ins + outs) + ") {\n"
+        + src + "}\n}  // namespace mlx::core::cu\n"
+    )
+
+
 def kernel(name, k, gs, layout, ns, res):
     """The source MLX would compile for one of the shim's kernels (see kernel_for)."""
     body, rows, rw, u, win = layout
@@ -54,22 +79,49 @@ def kernel(name, k, gs, layout, ns, res):
         first += blocks
     if res:
         ins.append("const __nv_bfloat16* res")
-    return (
-        "#include <cuda_bf16.h>\n#include <cooperative_groups.h>\n#include <cuda/std/cstdint>\n"
-        "using cuda::std::uint8_t;\nusing cuda::std::uint32_t;\nusing cuda::std::uintptr_t;\n"
-        + device_code()
-        + "\nnamespace mlx::core::cu {\nnamespace cg = cooperative_groups;\n"
-        + f"__global__ void {name}(\n    " + ",\n    ".join(ins + outs) + ") {\n"
-        + src + "}\n}  // namespace mlx::core::cu\n"
-    )
+    return wrap(name, ins, outs, src)
 
 
-WHEELS = ("nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cuda-cccl-cu12")
+WHEELS = ("nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cuda-cccl-cu12",
+          "mlx-cuda-13==0.32.4")
+
+# MLX's device headers, found among libmlx.so's strings by a line each holds.
+MLX_HEADERS = {
+    "utils.cuh": "struct Limits",
+    "unary_ops.cuh": "struct Sigmoid {\n  template <typename T>\n  __device__",
+    "binary_ops.cuh": "struct Multiply {\n  template <typename T>\n  __device__",
+    "fp16_math.cuh": "#define MLX_DEFINE_BINARY_OP",
+    "complex.cuh": "struct is_complex",
+    "cast_op.cuh": "struct CastOp",
+}
+
+
+def mlx_headers(root):
+    """(names, sources) of MLX's device headers, from the CUDA wheel's libmlx.so."""
+    so = open(os.path.join(root, "mlx", "lib", "libmlx.so"), "rb").read()
+    names, srcs = [], []
+    for name, marker in MLX_HEADERS.items():
+        found = None
+        for m in re.finditer(re.escape(marker.encode()), so):
+            start = so.rfind(b"\0", 0, m.start()) + 1
+            text = so[start:so.find(b"\0", m.start())]
+            if text.startswith(b"// Copyright"):
+                found = text
+                break
+        if found is None:
+            sys.exit(f"{name} not found in libmlx.so")
+        names.append(f"mlx/backend/cuda/device/{name}".encode())
+        srcs.append(found)
+    config = os.path.join(root, "mlx", "include", "mlx", "backend", "cuda", "device", "config.h")
+    names.append(b"mlx/backend/cuda/device/config.h")
+    srcs.append(open(config, "rb").read())
+    return names, srcs
 
 
 def fetch(root):
     """Downloads and unpacks the CUDA wheels into `root` unless they are there."""
-    if os.path.exists(os.path.join(root, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.12")):
+    if os.path.exists(os.path.join(root, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.12")) and \
+            os.path.exists(os.path.join(root, "mlx", "lib", "libmlx.so")):
         return
     dl = os.path.join(root, "wheels")
     os.makedirs(dl, exist_ok=True)
@@ -102,12 +154,20 @@ def main():
         ("gate/up in one launch", 2048, 128, one, [8192, 8192], False),
         ("residual, one row a warp", 2048, 64, one, [2048], True),
         ("residual, window layout", 14336, 128, window, [4096], True),
+        ("swiglu of gate/up", 2048, 64, None, [8192], False),
+        ("swiglu, K not a multiple of 512", 896, 32, None, [4864], False),
     ]
+    hnames, hsrcs = mlx_headers(a.root)
+    hn = (ctypes.c_char_p * len(hnames))(*hnames)
+    hs = (ctypes.c_char_p * len(hsrcs))(*hsrcs)
     failed = 0
     for i, (what, k, gs, layout, ns, res) in enumerate(cases):
-        src = kernel(f"mlxs_check_{i}", k, gs, layout, ns, res).encode()
+        if layout is None:
+            src = swiglu_kernel(f"mlxs_check_{i}", k, gs, ns[0]).encode()
+        else:
+            src = kernel(f"mlxs_check_{i}", k, gs, layout, ns, res).encode()
         prog = ctypes.c_void_p()
-        rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"check.cu", 0, None, None)
+        rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"check.cu", len(hnames), hs, hn)
         if rc:
             sys.exit(f"nvrtcCreateProgram failed ({rc})")
         arr = (ctypes.c_char_p * len(opts))(*opts)

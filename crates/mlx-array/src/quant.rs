@@ -159,7 +159,7 @@ pub fn quantized_matmul(
 }
 
 /// `residual + quantized_matmul(x, w, scales, biases, transpose = true)`: the same array
-/// as the two ops. With [`set_fast_qmv_residual`] on (off by default) and a one-row
+/// as the two ops. With [`set_fast_qmv_residual`] on (the default) and a one-row
 /// product our CUDA kernels take, the add runs in the product's launch.
 #[allow(clippy::too_many_arguments)]
 #[track_caller]
@@ -239,6 +239,45 @@ pub fn quantized_matmul_many(
             Array::s(),
         )
     })
+}
+
+/// mlx-lm's `swiglu(x @ gate.T, x @ up.T)` of two 4-bit affine weights as one launch of
+/// our CUDA kernels (both products and MLX's compiled swiglu arithmetic in bfloat16: the
+/// same bits as [`quantized_matmul`] twice and `mlx_nn::activations::swiglu`), where that
+/// launch covers the call: the CUDA backend, one bfloat16 row, two weights of one shape
+/// that [`quantized_matmul_many`] would run as one launch. `None` otherwise (the caller
+/// computes the two products and the swiglu itself). [`set_fast_qmv_swiglu`] or
+/// `MLX_FAST_QMV_SWIGLU=0` turns it off.
+#[track_caller]
+pub fn try_quantized_swiglu(
+    x: &Array,
+    gate: QuantizedWeight<'_>,
+    up: QuantizedWeight<'_>,
+    group_size: Option<i32>,
+    bits: Option<i32>,
+    mode: QuantMode,
+) -> Result<Option<Array>> {
+    let (Some(gb), Some(ub)) = (gate.biases, up.biases) else {
+        return Ok(None);
+    };
+    let m = cstr(mode.name())?;
+    let ws = VecHandle::from_arrays([gate.weight, up.weight]);
+    let scales = VecHandle::from_arrays([gate.scales, up.scales]);
+    let biases = VecHandle::from_arrays([gb, ub]);
+    let mut out = outv(|o| unsafe {
+        sys::mlxs_quantized_swiglu(
+            o,
+            x.as_raw(),
+            ws.0,
+            scales.0,
+            biases.0,
+            group_size.unwrap_or(0),
+            bits.unwrap_or(0),
+            m.as_ptr(),
+            Array::s(),
+        )
+    })?;
+    Ok(out.pop())
 }
 
 /// Quantized matmul with matrix-level gather (mixture-of-experts).
@@ -329,11 +368,24 @@ pub fn set_fast_qmv_many(on: bool) {
     unsafe { sys::mlxs_set_fast_qmv_many(on) }
 }
 
-/// The residual add of [`quantized_matmul_add`] inside our kernel on or off (default off,
-/// or `MLX_FAST_QMV_RESIDUAL=1` at start): experimental until checked against MLX's `add`
-/// on a CUDA device (`fused_check MODEL ... qmv`).
+/// The residual add of [`quantized_matmul_add`] inside our kernel on or off (default on;
+/// `MLX_FAST_QMV_RESIDUAL=0` at start turns it off): the same bits as MLX's `add` of the
+/// rounded product (checked on an H200 with `fused_check MODEL ... qmv`), an `add` node
+/// fewer per product.
 pub fn set_fast_qmv_residual(on: bool) {
     unsafe { sys::mlxs_set_fast_qmv_residual(on) }
+}
+
+/// The swiglu launch of [`try_quantized_swiglu`] on or off (default on;
+/// `MLX_FAST_QMV_SWIGLU=0` at start turns it off). It also needs [`set_fast_qmv_many`] on.
+pub fn set_fast_qmv_swiglu(on: bool) {
+    unsafe { sys::mlxs_set_fast_qmv_swiglu(on) }
+}
+
+/// Weights of fewer than `n` elements stay on MLX's own kernels (default 0: every size;
+/// `MLX_FAST_QMV_MIN_ELEMENTS=N` at start sets another).
+pub fn set_fast_qmv_min_elements(n: u64) {
+    unsafe { sys::mlxs_set_fast_qmv_min_elements(i64::try_from(n).unwrap_or(i64::MAX)) }
 }
 
 /// Whether [`set_fast_qmv`] is on.

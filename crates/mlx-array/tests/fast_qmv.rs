@@ -222,5 +222,5 @@ fn quantized_matmul_add_is_the_residual_plus_the_product() {
         );
         assert!(err.is_err());
     }
-    set_fast_qmv_residual(false);
+    set_fast_qmv_residual(true);
 }

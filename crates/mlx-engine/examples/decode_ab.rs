@@ -12,11 +12,17 @@
 //! ```
 //! An arm is `NAME` or `NAME:SETTING,...` with the settings `qmv=0|1` (our one-row 4-bit
 //! kernels, `set_fast_qmv`), `many=0|1` (one launch for q/k/v and gate/up,
-//! `set_fast_qmv_many`) and `residual=0|1` (the residual adds in our kernels,
-//! `set_fast_qmv_residual`, off unless given); the default arms are `ours` (both on), `single:many=0` and
-//! `mlx:qmv=0`. Prints every round's decode tok/s per arm, then each arm's mean and its
-//! mean ratio to the first arm over the rounds (each round's pair from the same moment).
-use mlx_array::quant::{set_fast_qmv, set_fast_qmv_many, set_fast_qmv_residual};
+//! `set_fast_qmv_many`), `residual=0|1` (the residual adds in our kernels,
+//! `set_fast_qmv_residual`) and `swiglu=0|1` (gate/up and their swiglu in one launch,
+//! `set_fast_qmv_swiglu`), and `min=N` (weights under N elements left to MLX's kernels,
+//! `set_fast_qmv_min_elements`); each switch not given is on, as shipped. The
+//! default arms are `ours`, `noswiglu:swiglu=0`, `nores:residual=0` and `mlx:qmv=0`.
+//! Prints every round's decode tok/s per arm, then each arm's mean and its mean ratio to
+//! the first arm over the rounds (each round's pair from the same moment).
+use mlx_array::quant::{
+    set_fast_qmv, set_fast_qmv_many, set_fast_qmv_min_elements, set_fast_qmv_residual,
+    set_fast_qmv_swiglu,
+};
 use mlx_engine::{GenerateOptions, TokenGenerator};
 use std::time::Instant;
 
@@ -28,6 +34,8 @@ struct Arm {
     qmv: bool,
     many: bool,
     residual: bool,
+    swiglu: bool,
+    min: u64,
 }
 
 fn parse_arm(spec: &str) -> Res<Arm> {
@@ -36,9 +44,17 @@ fn parse_arm(spec: &str) -> Res<Arm> {
         name: name.to_string(),
         qmv: true,
         many: true,
-        residual: false,
+        residual: true,
+        swiglu: true,
+        min: 0,
     };
     for s in settings.split(',').filter(|s| !s.is_empty()) {
+        if let Some(n) = s.strip_prefix("min=") {
+            arm.min = n
+                .parse()
+                .map_err(|e| format!("arm {spec:?}: min={n:?}: {e}"))?;
+            continue;
+        }
         let on = match s.split_once('=') {
             Some((_, "1")) => true,
             Some((_, "0")) => false,
@@ -48,10 +64,12 @@ fn parse_arm(spec: &str) -> Res<Arm> {
             Some("qmv") => arm.qmv = on,
             Some("many") => arm.many = on,
             Some("residual") => arm.residual = on,
+            Some("swiglu") => arm.swiglu = on,
             _ => {
-                return Err(
-                    format!("arm {spec:?}: unknown setting {s:?} (qmv, many, residual)").into(),
+                return Err(format!(
+                    "arm {spec:?}: unknown setting {s:?} (qmv, many, residual, swiglu)"
                 )
+                .into())
             }
         }
     }
@@ -93,7 +111,7 @@ fn main() -> Res<()> {
     let rounds: usize = args.next().map_or(Ok(6), |s| s.parse())?;
     let mut arms = args.map(|a| parse_arm(&a)).collect::<Res<Vec<_>>>()?;
     if arms.is_empty() {
-        arms = ["ours", "single:many=0", "mlx:qmv=0"]
+        arms = ["ours", "noswiglu:swiglu=0", "nores:residual=0", "mlx:qmv=0"]
             .iter()
             .map(|a| parse_arm(a))
             .collect::<Res<_>>()?;
@@ -105,6 +123,8 @@ fn main() -> Res<()> {
         set_fast_qmv(a.qmv);
         set_fast_qmv_many(a.many);
         set_fast_qmv_residual(a.residual);
+        set_fast_qmv_swiglu(a.swiglu);
+        set_fast_qmv_min_elements(a.min);
     };
     // Warm-up: every arm once (kernels compiled, the allocator's cache filled).
     for a in &arms {

@@ -7,9 +7,11 @@
 //!   inputs each), then their q/k/v and gate/up groups as one launch
 //!   (`quantized_matmul_many`; groups over the size bound print "not one launch" unless
 //!   `MLX_FAST_QMV_MANY_MAX_ELEMENTS` is raised), then the residual add in our kernel
-//!   (`quantized_matmul_add`), then the model with the kernels off and on (with
-//!   `MLX_FAST_QMV_RESIDUAL=1`, the "on" arm adds the residuals in the kernels too);
-//!   `FUSED_CHECK_SHAPES=0` leaves out the shape sweeps (one NVRTC compile per shape).
+//!   (`quantized_matmul_add`), then gate/up with their swiglu in one launch
+//!   (`try_quantized_swiglu`), then the model with the kernels off and on (the "on" arm
+//!   adds the residuals and the swiglu in the kernels too, unless `MLX_FAST_QMV_RESIDUAL=0`
+//!   / `MLX_FAST_QMV_SWIGLU=0`); `FUSED_CHECK_SHAPES=0` leaves out the shape sweeps (one
+//!   NVRTC compile per shape), `FUSED_CHECK_SHAPES=swiglu` runs the swiglu sweep alone.
 //!
 //! Each arm prefills the same random prompts, then decodes greedily at batch 1 and batch 4,
 //! comparing every step's logits exactly; then the decode steps of both are timed.
@@ -70,6 +72,15 @@ fn scaled_normal(shape: &[i32], seed: u64, scale: f32) -> Res<Array> {
 }
 
 /// `x @ dequantize(q).T` for 4-bit affine `q` of group size `gs`, evaluated.
+/// The three arrays of `q` as one weight of `quantized_matmul_many` / `try_quantized_swiglu`.
+fn weight_of(q: &mlx_array::quant::Quantized) -> mlx_array::quant::QuantizedWeight<'_> {
+    mlx_array::quant::QuantizedWeight {
+        weight: &q.weight,
+        scales: &q.scales,
+        biases: q.biases.as_ref(),
+    }
+}
+
 fn qmm4(x: &Array, q: &mlx_array::quant::Quantized, gs: i32) -> Res<Array> {
     use mlx_array::quant::{quantized_matmul, QuantMode};
     let y = quantized_matmul(
@@ -144,6 +155,7 @@ fn qmv_shapes() -> Res<bool> {
     }
     all &= qmv_many_shapes()?;
     all &= qmv_residual_shapes()?;
+    all &= qmv_swiglu_shapes()?;
     Ok(all)
 }
 
@@ -205,7 +217,62 @@ fn qmv_residual_shapes() -> Res<bool> {
         }
     }
     set_fast_qmv(true);
-    set_fast_qmv_residual(std::env::var("MLX_FAST_QMV_RESIDUAL").as_deref() == Ok("1"));
+    set_fast_qmv_residual(std::env::var("MLX_FAST_QMV_RESIDUAL").as_deref() != Ok("0"));
+    Ok(all)
+}
+
+/// `try_quantized_swiglu` (gate/up products and their swiglu in one launch) against
+/// MLX's `qmv` twice and the compiled `swiglu`, on the models' gate/up shapes (the 8B
+/// model's pair is over the size bound of one launch: "not taken" unless
+/// `MLX_FAST_QMV_MANY_MAX_ELEMENTS` is raised). Gates of three scales reach both sides of
+/// the sigmoid's branch and its saturation.
+fn qmv_swiglu_shapes() -> Res<bool> {
+    use mlx_array::quant::{quantize, set_fast_qmv, try_quantized_swiglu, QuantMode};
+    let mut all = true;
+    for (k, n) in [(896, 4864), (2048, 8192), (4096, 14336)] {
+        for gs in [32, 64, 128] {
+            let qg = quantize(
+                &scaled_normal(&[n, k], 50, 0.05)?,
+                Some(gs),
+                Some(4),
+                QuantMode::Affine,
+            )?;
+            let qu = quantize(
+                &scaled_normal(&[n, k], 51, 0.05)?,
+                Some(gs),
+                Some(4),
+                QuantMode::Affine,
+            )?;
+            let mut same = true;
+            let mut taken = true;
+            for t in 0..3 {
+                let x = scaled_normal(&[1, 1, k], 60 + t, 0.3 + 3.0 * t as f32)?;
+                set_fast_qmv(true);
+
+                let ours = try_quantized_swiglu(
+                    &x,
+                    weight_of(&qg),
+                    weight_of(&qu),
+                    Some(gs),
+                    Some(4),
+                    QuantMode::Affine,
+                )?;
+                set_fast_qmv(false);
+                let theirs = mlx_nn::activations::swiglu(&qmm4(&x, &qg, gs)?, &qmm4(&x, &qu, gs)?)?;
+                match ours {
+                    Some(y) => same &= y.array_equal(&theirs, false)?.item::<bool>()?,
+                    None => taken = false,
+                }
+            }
+            set_fast_qmv(true);
+            all &= same;
+            println!(
+                "qmv swiglu K={k} N={n} group {gs}: {}{}",
+                if same { "identical" } else { "DIFFER" },
+                if taken { "" } else { " (not taken)" }
+            );
+        }
+    }
     Ok(all)
 }
 
@@ -299,8 +366,10 @@ fn main() -> Res<()> {
         "qmv" => {
             // Each shape is a kernel to compile (N is a compile-time constant): the sweeps
             // take minutes on a fresh machine, so they can be left out for other models.
-            if std::env::var("FUSED_CHECK_SHAPES").as_deref() != Ok("0") {
-                all_equal &= qmv_shapes()?;
+            match std::env::var("FUSED_CHECK_SHAPES").as_deref() {
+                Ok("0") => {}
+                Ok("swiglu") => all_equal &= qmv_swiglu_shapes()?,
+                _ => all_equal &= qmv_shapes()?,
             }
             [
                 (

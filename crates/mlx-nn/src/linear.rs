@@ -4,7 +4,7 @@ use crate::module::{Module, Param, QuantVisitor};
 use crate::quantize::{QuantSpec, Quantizable};
 use mlx_array::quant::{
     dequantize, quantize, quantized_matmul, quantized_matmul_add, quantized_matmul_many,
-    QuantizedWeight,
+    try_quantized_swiglu, QuantizedWeight,
 };
 use mlx_array::{ops, Array, Dtype, Result};
 
@@ -105,6 +105,15 @@ impl QuantizedLinear {
             self.spec.mode,
         )?;
         self.add_bias(y)
+    }
+
+    /// The packed weight with its scales and affine biases (`None` in the other modes).
+    fn affine_weight(&self) -> Option<QuantizedWeight<'_>> {
+        self.biases.as_ref().map(|b| QuantizedWeight {
+            weight: self.weight.value(),
+            scales: self.scales.value(),
+            biases: Some(b.value()),
+        })
     }
 
     /// `y` plus the output bias, if the layer has one.
@@ -229,6 +238,35 @@ impl LinearLayer {
             .zip(&quantized)
             .map(|(y, q)| q.add_bias(y))
             .collect()
+    }
+
+    /// mlx-lm's `swiglu(gate(x), up(x))`, the same array as
+    /// [`crate::activations::swiglu`] of [`LinearLayer::forward_many`]'s two outputs: for
+    /// two quantized layers of one spec without output biases, one launch of our CUDA
+    /// kernels where [`try_quantized_swiglu`] takes them (a decoding step's MLP).
+    #[track_caller]
+    pub fn forward_swiglu(gate: &LinearLayer, up: &LinearLayer, x: &Array) -> Result<Array> {
+        if let (LinearLayer::Quantized(g), LinearLayer::Quantized(u)) = (gate, up) {
+            if g.spec == u.spec && g.bias.is_none() && u.bias.is_none() {
+                if let (Some(gw), Some(uw)) = (g.affine_weight(), u.affine_weight()) {
+                    let spec = g.spec;
+                    if let Some(y) = try_quantized_swiglu(
+                        x,
+                        gw,
+                        uw,
+                        Some(spec.group_size),
+                        Some(spec.bits),
+                        spec.mode,
+                    )? {
+                        return Ok(y);
+                    }
+                }
+            }
+        }
+        let [g, u]: [Array; 2] = LinearLayer::forward_many(&[gate, up], x)?
+            .try_into()
+            .map_err(|_| mlx_array::Error::InvalidArgument("forward_many: two outputs".into()))?;
+        crate::activations::swiglu(&g, &u)
     }
 }
 

@@ -211,3 +211,48 @@ fn forward_add_is_the_residual_plus_the_output() {
         }
     }
 }
+
+/// `LinearLayer::forward_swiglu` is mlx-lm's `swiglu(gate(x), up(x))`, bit for bit, for
+/// quantized layers (one spec, with and without output biases), dense ones and a mix;
+/// and `try_quantized_swiglu` leaves a call it does not cover to the caller (here every
+/// call: its one launch is a CUDA kernel).
+#[test]
+fn forward_swiglu_is_the_swiglu_of_the_two_outputs() {
+    use mlx_array::quant::{try_quantized_swiglu, QuantizedWeight};
+    use mlx_nn::activations::swiglu;
+    for (bias, quantized) in [(false, true), (true, true), (false, false)] {
+        let ls = layers(Dtype::Bfloat16, bias, quantized);
+        for x in [
+            randn(&[1, 1, 64], 60, Dtype::Bfloat16),
+            randn(&[2, 5, 64], 61, Dtype::Bfloat16),
+        ] {
+            let y = LinearLayer::forward_swiglu(&ls[1], &ls[2], &x).unwrap();
+            let expected =
+                swiglu(&ls[1].forward(&x).unwrap(), &ls[2].forward(&x).unwrap()).unwrap();
+            assert_eq!(y.shape(), expected.shape());
+            assert_eq!(
+                bits(&y),
+                bits(&expected),
+                "bias {bias}, quantized {quantized}"
+            );
+        }
+    }
+    let q = layers(Dtype::Bfloat16, false, true);
+    let d = layers(Dtype::Bfloat16, false, false);
+    let x = randn(&[1, 1, 64], 62, Dtype::Bfloat16);
+    let y = LinearLayer::forward_swiglu(&q[1], &d[2], &x).unwrap();
+    let expected = swiglu(&q[1].forward(&x).unwrap(), &d[2].forward(&x).unwrap()).unwrap();
+    assert_eq!(bits(&y), bits(&expected));
+    let LinearLayer::Quantized(g) = &q[1] else {
+        panic!("quantized layer expected")
+    };
+    let w = QuantizedWeight {
+        weight: g.weight.value(),
+        scales: g.scales.value(),
+        biases: g.biases.as_ref().map(|b| b.value()),
+    };
+    let spec = g.spec;
+    let none =
+        try_quantized_swiglu(&x, w, w, Some(spec.group_size), Some(spec.bits), spec.mode).unwrap();
+    assert!(none.is_none());
+}

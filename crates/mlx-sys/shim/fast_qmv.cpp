@@ -35,8 +35,9 @@
 //
 // A projection's output can also come with its residual added (`try_fast_qmv_add`: MLX's
 // bfloat16 add of the rounded product, in the same launch: an `add` node fewer twice a
-// layer). Off by default (`MLX_FAST_QMV_RESIDUAL=1` turns it on) until `fused_check`
-// has compared it with MLX's `add` on a CUDA device.
+// layer). On by default (`MLX_FAST_QMV_RESIDUAL=0` turns it off): `fused_check` found
+// the logits identical to MLX's separate `add` on three models, and decoding 10-12%
+// faster on the two small ones (benchmarks/GPU.md run 9).
 //
 // The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC on first use,
 // cached on disk by MLX), with the device code in a header file (`device_header`) so each
@@ -55,6 +56,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -88,10 +90,12 @@ constexpr long long kMaxBlocksY = 65535;
 KernelSwitch g_switch("MLX_FAST_QMV");
 KernelSwitch g_pipelined("MLX_FAST_QMV_PIPELINED");
 KernelSwitch g_many("MLX_FAST_QMV_MANY");
-// The residual add fused into the product (`try_fast_qmv_add`): off unless
-// MLX_FAST_QMV_RESIDUAL=1 (or `set_fast_qmv_residual(true)`) until it has been checked
-// against MLX's `add` on a device.
-KernelSwitch g_residual("MLX_FAST_QMV_RESIDUAL", false);
+// The residual add fused into the product (`try_fast_qmv_add`); MLX_FAST_QMV_RESIDUAL=0
+// (or `set_fast_qmv_residual(false)`) leaves the add to MLX.
+KernelSwitch g_residual("MLX_FAST_QMV_RESIDUAL");
+// mlx-lm's swiglu of a gate/up pair computed in their launch (`try_fast_qmv_swiglu`);
+// MLX_FAST_QMV_SWIGLU=0 (or `set_fast_qmv_swiglu(false)`) leaves it to MLX.
+KernelSwitch g_swiglu("MLX_FAST_QMV_SWIGLU");
 // The most weights one launch takes (q/k/v).
 constexpr size_t kMaxParts = 4;
 // One launch for several weights only while they hold at most this many elements in all.
@@ -113,8 +117,16 @@ long long env_count(const char* name, long long fallback) {
   return (end != nullptr && *end == '\0' && n >= 0) ? n : fallback;
 }
 
+// The floor in force: MLX_FAST_QMV_MIN_ELEMENTS (or kMinElements) until
+// `set_fast_qmv_min_elements` sets another.
+std::atomic<long long> g_min_elements{-1};
+
 long long min_elements() {
-  static const long long v = env_count("MLX_FAST_QMV_MIN_ELEMENTS", kMinElements);
+  long long v = g_min_elements.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = env_count("MLX_FAST_QMV_MIN_ELEMENTS", kMinElements);
+    g_min_elements.store(v, std::memory_order_relaxed);
+  }
   return v;
 }
 
@@ -203,21 +215,17 @@ __device__ __forceinline__ void store(__nv_bfloat16* out, const __nv_bfloat16* r
   }
 }
 
-// One row a warp (row `block * ROWS + threadIdx.y` of n), all of a lane's loads issued
+// The float sum of row `row` of a warp (every lane gets it), all of a lane's loads issued
 // before its arithmetic (`U` chunks at a time).
-template <int K, int GS, int ROWS, int U, bool RES>
-__device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
-                                      const __nv_bfloat16* scales,
-                                      const __nv_bfloat16* biases, __nv_bfloat16* out,
-                                      const int n, const int block,
-                                      const __nv_bfloat16* res) {
+template <int K, int GS, int U>
+__device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t* w,
+                                         const __nv_bfloat16* scales,
+                                         const __nv_bfloat16* biases, const int row) {
   constexpr int NCH = K / 512;
   constexpr int REST = K % 512;
   constexpr int G = K / GS;
   auto warp = cg::tiled_partition<32>(cg::this_thread_block());
   const int lane = threadIdx.x;
-  const int row = block * ROWS + threadIdx.y;
-  if (row >= n) return;
   const uint8_t* wr = reinterpret_cast<const uint8_t*>(w) + (size_t)row * (K / 2);
   const __nv_bfloat16* sr = scales + (size_t)row * G;
   const __nv_bfloat16* br = biases + (size_t)row * G;
@@ -278,8 +286,48 @@ __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
     sum += __low2float(acc[j]);
     sum += __high2float(acc[j]);
   }
-  sum = cg::reduce(warp, sum, cg::plus<float>());
-  if (lane == 0) store<RES>(out, res, row, sum);
+  return cg::reduce(warp, sum, cg::plus<float>());
+}
+
+// One row a warp: row `block * ROWS + threadIdx.y` of n.
+template <int K, int GS, int ROWS, int U, bool RES>
+__device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
+                                      const __nv_bfloat16* scales,
+                                      const __nv_bfloat16* biases, __nv_bfloat16* out,
+                                      const int n, const int block,
+                                      const __nv_bfloat16* res) {
+  const int row = block * ROWS + threadIdx.y;
+  if (row >= n) return;
+  const float sum = row_sum<K, GS, U>(x, w, scales, biases, row);
+  if (threadIdx.x == 0) store<RES>(out, res, row, sum);
+}
+
+// mlx-lm's `swiglu(gate, up)` of two products, compiled by MLX into one elementwise
+// kernel over bfloat16 values: Multiply(Multiply(g, Sigmoid(g)), u) with MLX's own device
+// functors. Rows `block * ROWS + i` of both weights: warp i the gate's, warp ROWS + i the
+// up's, each the same row body as alone, its product rounded to bfloat16 as MLX stores it.
+template <int K, int GS, int ROWS, int U>
+__device__ __forceinline__ void swiglu_rows(const __nv_bfloat16* x, const uint32_t* wg,
+                                            const __nv_bfloat16* sg,
+                                            const __nv_bfloat16* bg, const uint32_t* wu,
+                                            const __nv_bfloat16* su,
+                                            const __nv_bfloat16* bu, __nv_bfloat16* out,
+                                            const int n, const int block) {
+  __shared__ __nv_bfloat16 prod[2][ROWS];
+  const int up = threadIdx.y >= ROWS;
+  const int i = threadIdx.y - up * ROWS;
+  const int row = block * ROWS + i;
+  if (row < n) {
+    const float sum = row_sum<K, GS, U>(x, up ? wu : wg, up ? su : sg, up ? bu : bg, row);
+    if (threadIdx.x == 0) prod[up][i] = __float2bfloat16_rn(sum);
+  }
+  __syncthreads();
+  if (threadIdx.y == 0 && threadIdx.x < ROWS && block * ROWS + threadIdx.x < n) {
+    namespace cu = mlx::core::cu;
+    const __nv_bfloat16 g = prod[0][threadIdx.x];
+    out[block * ROWS + threadIdx.x] =
+        cu::Multiply{}(cu::Multiply{}(g, cu::Sigmoid{}(g)), prod[1][threadIdx.x]);
+  }
 }
 
 // The same arithmetic, `RW` rows a warp (x is read once for them), the weights' nibbles
@@ -497,10 +545,15 @@ const std::string& device_code_path() {
 // (checked, and written if missing, each time a kernel is built, since NVRTC reads it
 // then), or the device code itself where no such file can be written: the same kernels,
 // at the host cost per launch described above.
+// MLX's own device headers come first (its JIT compiler has them in memory): the swiglu
+// form calls MLX's `Sigmoid` and `Multiply` functors.
 std::string device_header() {
+  const std::string mlx_headers =
+      "#include \"mlx/backend/cuda/device/binary_ops.cuh\"\n"
+      "#include \"mlx/backend/cuda/device/unary_ops.cuh\"\n";
   const std::string& path = device_code_path();
-  if (path.empty() || !write_once(path, kDeviceCode)) return kDeviceCode;
-  return "#include \"" + path + "\"\n";
+  if (path.empty() || !write_once(path, kDeviceCode)) return mlx_headers + kDeviceCode;
+  return mlx_headers + "#include \"" + path + "\"\n";
 }
 
 // One kernel: the products of x by `ns.size()` weights of the same K and group size,
@@ -511,10 +564,14 @@ struct KernelKey {
   int gs;
   Layout layout;
   std::vector<int> ns;
-  bool res = false;  // one weight, its output added to an input `res` (same shape)
+  bool res = false;     // one weight, its output added to an input `res` (same shape)
+  bool swiglu = false;  // two weights (gate, up) of one size, one output: their swiglu
   bool operator<(const KernelKey& o) const {
-    return std::tie(k, gs, layout, ns, res) < std::tie(o.k, o.gs, o.layout, o.ns, o.res);
+    return std::tie(k, gs, layout, ns, res, swiglu) <
+           std::tie(o.k, o.gs, o.layout, o.ns, o.res, o.swiglu);
   }
+  // Warps a block: the swiglu form runs each row of both weights in one block.
+  int warps() const { return swiglu ? 2 * layout.rows : layout.rows; }
 };
 
 const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
@@ -539,8 +596,16 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
   std::vector<std::string> inputs{"x"};
   std::vector<std::string> outputs;
   std::string src;
+  if (key.swiglu) {
+    inputs.insert(inputs.end(), {"w0", "s0", "b0", "w1", "s1", "b1"});
+    outputs.push_back("out");
+    name += "_n" + std::to_string(key.ns[0]) + "_swiglu";
+    src = "  mlxs_qmv::swiglu_rows<" + std::to_string(key.k) + ", " + std::to_string(key.gs) +
+          ", " + std::to_string(l.rows) + ", " + std::to_string(l.u) +
+          ">(x, w0, s0, b0, w1, s1, b1, out, " + std::to_string(key.ns[0]) + ", blockIdx.y);\n";
+  }
   int first = 0;  // the first block of part i
-  for (int i = 0; i < parts; ++i) {
+  for (int i = 0; i < (key.swiglu ? 0 : parts); ++i) {
     const std::string sfx = parts == 1 ? "" : std::to_string(i);
     const std::string w = "w" + sfx, s = parts == 1 ? "scales" : "s" + sfx,
                       b = parts == 1 ? "biases" : "b" + sfx, o = "out" + sfx;
@@ -563,6 +628,12 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
     inputs.push_back("res");
     name += "_res";
   }
+  // MLX caches compiled kernels on disk by name alone (and loads them in later processes
+  // without looking at the source), so the name carries a hash of everything compiled:
+  // a build with other device code never picks up this one's binary.
+  char tag[24];
+  std::snprintf(tag, sizeof(tag), "_h%016llx", fnv1a(std::string(kDeviceCode) + src));
+  name += tag;
   auto fn = mx::fast::cuda_kernel(name, inputs, outputs, src, device_header(),
                                   /* ensure_row_contiguous */ true);
   return kernels.emplace(key, std::move(fn)).first->second;
@@ -600,19 +671,19 @@ std::vector<mx::array> launch(const KernelKey& key, const mx::array& x,
   const Layout& l = key.layout;
   long long blocks = 0;
   std::vector<mx::Shape> shapes;
-  for (int n : key.ns) {
-    blocks += blocks_of(l, n);
+  for (size_t i = 0; i < (key.swiglu ? 1 : key.ns.size()); ++i) {
+    blocks += blocks_of(l, key.ns[i]);
     mx::Shape sh = x.shape();
-    sh.back() = n;
+    sh.back() = key.ns[i];
     shapes.push_back(std::move(sh));
   }
   std::vector<mx::array> inputs{x};
   inputs.insert(inputs.end(), weights.begin(), weights.end());
   if (key.res) inputs.push_back(*res);
-  auto outs = kernel_for(key)(inputs, shapes,
-                              std::vector<mx::Dtype>(key.ns.size(), mx::bfloat16),
-                              std::make_tuple(32, static_cast<int>(blocks * l.rows), 1),
-                              std::make_tuple(32, l.rows, 1), {}, std::nullopt, false, st);
+  const int warps = key.warps();
+  auto outs = kernel_for(key)(inputs, shapes, std::vector<mx::Dtype>(shapes.size(), mx::bfloat16),
+                              std::make_tuple(32, static_cast<int>(blocks * warps), 1),
+                              std::make_tuple(32, warps, 1), {}, std::nullopt, false, st);
   g_switch.count();
   return outs;
 }
@@ -677,6 +748,57 @@ std::optional<mx::array> try_fast_qmv_add(
   return fast_one(x, w, scales, biases, true, group_size, bits, mode, s, &residual);
 }
 
+namespace {
+
+// Weights of one K and group size that all run kBody alone, for one launch over x: their
+// row counts and operands (w, scales, biases per weight); nullopt otherwise, or over the
+// bounds of one launch.
+struct OneRowGroup {
+  int k = 0;
+  std::vector<int> ns;
+  std::vector<mx::array> operands;
+};
+
+std::optional<OneRowGroup> one_row_group(const mx::array& x, const std::vector<mx::array>& ws,
+                                         const std::vector<mx::array>& scales,
+                                         const std::vector<std::optional<mx::array>>& biases,
+                                         int gs, const std::string& mode) {
+  if (ws.size() < 2 || ws.size() > kMaxParts || scales.size() != ws.size() ||
+      biases.size() != ws.size()) {
+    return std::nullopt;
+  }
+  OneRowGroup g;
+  long long blocks = 0;
+  long long elements = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    auto kn = eligible(x, ws[i], scales[i], biases[i], true, gs, mode);
+    if (!kn) return std::nullopt;
+    const auto [k, n] = *kn;
+    // One launch shares one layout: only weights that run kBody alone.
+    const Layout l = layout_for(n, k);
+    if (l.body != kOneRow.body || l.rows != kOneRow.rows || (i > 0 && k != g.k)) {
+      return std::nullopt;
+    }
+    g.k = k;
+    g.ns.push_back(n);
+    blocks += blocks_of(kOneRow, n);
+    elements += static_cast<long long>(n) * k;
+    g.operands.insert(g.operands.end(), {ws[i], scales[i], *biases[i]});
+  }
+  if (blocks > kMaxBlocksY || elements > many_max_elements()) return std::nullopt;
+  return g;
+}
+
+// The stream of `s` where our kernels can run with these settings, else nullopt.
+std::optional<mx::Stream> gpu_stream(mx::StreamOrDevice s, std::optional<int> bits) {
+  if (!g_switch.on() || !g_many.on() || bits.value_or(4) != 4) return std::nullopt;
+  const mx::Stream st = mx::to_stream(s);
+  if (!on_gpu(st)) return std::nullopt;
+  return st;
+}
+
+}  // namespace
+
 std::optional<std::vector<mx::array>> try_fast_qmv_many(
     const mx::array& x,
     const std::vector<mx::array>& ws,
@@ -686,41 +808,41 @@ std::optional<std::vector<mx::array>> try_fast_qmv_many(
     std::optional<int> bits,
     const std::string& mode,
     mx::StreamOrDevice s) {
-  if (!g_switch.on() || !g_many.on() || bits.value_or(4) != 4) return std::nullopt;
-  if (ws.size() < 2 || ws.size() > kMaxParts || scales.size() != ws.size() ||
-      biases.size() != ws.size()) {
-    return std::nullopt;
-  }
-  const mx::Stream st = mx::to_stream(s);
-  if (!on_gpu(st)) return std::nullopt;
+  const auto st = gpu_stream(s, bits);
+  if (!st) return std::nullopt;
   const int gs = group_size.value_or(64);
-  std::vector<int> ns;
-  std::vector<mx::array> operands;
-  long long blocks = 0;
-  long long elements = 0;
-  int k0 = 0;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    auto kn = eligible(x, ws[i], scales[i], biases[i], true, gs, mode);
-    if (!kn) return std::nullopt;
-    const auto [k, n] = *kn;
-    // One launch shares one layout: only weights that run kBody alone.
-    const Layout l = layout_for(n, k);
-    if (l.body != kOneRow.body || l.rows != kOneRow.rows || (i > 0 && k != k0)) {
-      return std::nullopt;
-    }
-    k0 = k;
-    ns.push_back(n);
-    blocks += blocks_of(kOneRow, n);
-    elements += static_cast<long long>(n) * k;
-    operands.insert(operands.end(), {ws[i], scales[i], *biases[i]});
-  }
-  if (blocks > kMaxBlocksY || elements > many_max_elements()) return std::nullopt;
-  return launch(KernelKey{k0, gs, kOneRow, ns}, x, operands, st);
+  auto g = one_row_group(x, ws, scales, biases, gs, mode);
+  if (!g) return std::nullopt;
+  return launch(KernelKey{g->k, gs, kOneRow, g->ns}, x, g->operands, *st);
+}
+
+std::optional<mx::array> try_fast_qmv_swiglu(
+    const mx::array& x,
+    const std::vector<mx::array>& ws,
+    const std::vector<mx::array>& scales,
+    const std::vector<std::optional<mx::array>>& biases,
+    std::optional<int> group_size,
+    std::optional<int> bits,
+    const std::string& mode,
+    mx::StreamOrDevice s) {
+  if (!g_swiglu.on() || ws.size() != 2) return std::nullopt;
+  const auto st = gpu_stream(s, bits);
+  if (!st) return std::nullopt;
+  const int gs = group_size.value_or(64);
+  auto g = one_row_group(x, ws, scales, biases, gs, mode);
+  if (!g || g->ns[0] != g->ns[1]) return std::nullopt;
+  KernelKey key{g->k, gs, kOneRow, g->ns};
+  key.swiglu = true;
+  return launch(key, x, g->operands, *st)[0];
 }
 
 void set_fast_qmv(bool on) { g_switch.set(on); }
 void set_fast_qmv_many(bool on) { g_many.set(on); }
 void set_fast_qmv_residual(bool on) { g_residual.set(on); }
+void set_fast_qmv_swiglu(bool on) { g_swiglu.set(on); }
+void set_fast_qmv_min_elements(long long n) {
+  g_min_elements.store(n < 0 ? 0 : n, std::memory_order_relaxed);
+}
 bool fast_qmv_enabled() { return g_switch.on(); }
 unsigned long long fast_qmv_launches() { return g_switch.uses(); }
 

@@ -49,7 +49,23 @@ std::optional<mlx::core::array> try_fast_qmv_add(
     const std::string& mode,
     mlx::core::StreamOrDevice s);
 
+// mlx-lm's `swiglu(x @ gate.T, x @ up.T)` (MLX's compiled elementwise kernel of it, same
+// bits) with both products and the swiglu in one launch, for a gate/up pair (`ws`,
+// `scales`, `biases` of two weights with the same shape) that `try_fast_qmv_many` would
+// take; nullopt otherwise.
+std::optional<mlx::core::array> try_fast_qmv_swiglu(
+    const mlx::core::array& x,
+    const std::vector<mlx::core::array>& ws,
+    const std::vector<mlx::core::array>& scales,
+    const std::vector<std::optional<mlx::core::array>>& biases,
+    std::optional<int> group_size,
+    std::optional<int> bits,
+    const std::string& mode,
+    mlx::core::StreamOrDevice s);
+
 void set_fast_qmv(bool on);
+void set_fast_qmv_swiglu(bool on);
+void set_fast_qmv_min_elements(long long n);
 void set_fast_qmv_residual(bool on);
 void set_fast_qmv_many(bool on);
 bool fast_qmv_enabled();

@@ -956,7 +956,23 @@ int mlxs_quantized_matmul_many(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_ve
     *out = wrapv(std::move(*many));
   });
 }
+int mlxs_quantized_swiglu(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_vec scales,
+                          mlxs_vec biases, int group_size, int bits, const char* mode,
+                          mlxs_stream s) {
+  return guard([&] {
+    std::vector<mx::array> outs;
+    if (ws->v.size() == 2 && scales->v.size() == 2 && biases->v.size() == 2) {
+      std::vector<std::optional<mx::array>> bs(biases->v.begin(), biases->v.end());
+      auto y = mlxs_detail::try_fast_qmv_swiglu(A(x), ws->v, scales->v, bs, OPTI(group_size),
+                                                OPTI(bits), mode ? mode : "affine", S(s));
+      if (y) outs.push_back(std::move(*y));
+    }
+    *out = wrapv(std::move(outs));
+  });
+}
 void mlxs_set_fast_qmv(bool on) { mlxs_detail::set_fast_qmv(on); }
+void mlxs_set_fast_qmv_swiglu(bool on) { mlxs_detail::set_fast_qmv_swiglu(on); }
+void mlxs_set_fast_qmv_min_elements(int64_t n) { mlxs_detail::set_fast_qmv_min_elements(n); }
 void mlxs_set_fast_qmv_many(bool on) { mlxs_detail::set_fast_qmv_many(on); }
 void mlxs_set_fast_qmv_residual(bool on) { mlxs_detail::set_fast_qmv_residual(on); }
 bool mlxs_fast_qmv_enabled(void) { return mlxs_detail::fast_qmv_enabled(); }

@@ -343,8 +343,9 @@ int mlxs_quantized_matmul(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_arra
    through one launch of those kernels for all of them where each would take them alone
    (MLX_FAST_QMV_MANY=0: one launch each). */
 /* add(residual, quantized_matmul(x, w, scales, biases, transpose=true)): the same array;
-   on the CUDA backend, with mlxs_set_fast_qmv_residual(true) or MLX_FAST_QMV_RESIDUAL=1
-   (off by default), a one-row product our kernels take does the add in the same launch. */
+   on the CUDA backend (unless mlxs_set_fast_qmv_residual(false) or
+   MLX_FAST_QMV_RESIDUAL=0), a one-row product our kernels take does the add in the same
+   launch. */
 int mlxs_quantized_matmul_add(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
                               mlxs_array biases, mlxs_array residual, int group_size, int bits,
                               const char* mode, mlxs_stream s);
@@ -357,8 +358,21 @@ void mlxs_set_fast_qmv(bool on);
 /* One launch for several weights in quantized_matmul_many on or off (default on;
    MLX_FAST_QMV_MANY=0 turns it off). */
 void mlxs_set_fast_qmv_many(bool on);
-/* The residual add of mlxs_quantized_matmul_add in our kernel on or off (default off). */
+/* The residual add of mlxs_quantized_matmul_add in our kernel on or off (default on). */
 void mlxs_set_fast_qmv_residual(bool on);
+/* mlx-lm's swiglu(x @ ws[0].T, x @ ws[1].T) (two affine weights with scales and biases)
+   as one launch of our kernels, the same bits as MLX's quantized_matmul and compiled
+   swiglu: one array in *out where that launch covers the call (the CUDA backend, a
+   one-row bfloat16 x, 4-bit weights of one shape that quantized_matmul_many would run as
+   one launch), else none, and the caller computes it. */
+int mlxs_quantized_swiglu(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_vec scales,
+                          mlxs_vec biases, int group_size, int bits, const char* mode,
+                          mlxs_stream s);
+/* That launch on or off (default on; MLX_FAST_QMV_SWIGLU=0 turns it off). */
+void mlxs_set_fast_qmv_swiglu(bool on);
+/* Weights of fewer than n elements stay on MLX's kernels (default 0, or
+   MLX_FAST_QMV_MIN_ELEMENTS). */
+void mlxs_set_fast_qmv_min_elements(int64_t n);
 bool mlxs_fast_qmv_enabled(void);
 /* How many products have been built with it in this process. */
 uint64_t mlxs_fast_qmv_launches(void);

@@ -1294,6 +1294,25 @@ unsafe extern "C" {
     pub fn mlxs_set_fast_qmv_residual(on: bool);
 }
 unsafe extern "C" {
+    pub fn mlxs_quantized_swiglu(
+        out: *mut mlxs_vec,
+        x: mlxs_array,
+        ws: mlxs_vec,
+        scales: mlxs_vec,
+        biases: mlxs_vec,
+        group_size: ::std::os::raw::c_int,
+        bits: ::std::os::raw::c_int,
+        mode: *const ::std::os::raw::c_char,
+        s: mlxs_stream,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_set_fast_qmv_swiglu(on: bool);
+}
+unsafe extern "C" {
+    pub fn mlxs_set_fast_qmv_min_elements(n: i64);
+}
+unsafe extern "C" {
     pub fn mlxs_fast_qmv_enabled() -> bool;
 }
 unsafe extern "C" {

@@ -89,6 +89,22 @@ pub(crate) fn project<const N: usize>(
         .map_err(|_| Error::InvalidArgument("projection count mismatch".into()))
 }
 
+/// mlx-lm's `swiglu(gate(x), up(x))`: through the fused dense matmul where the layers
+/// have one (see [`project`]), else [`LinearLayer::forward_swiglu`] (one launch of our
+/// kernels for quantized layers in a decoding step).
+pub(crate) fn swiglu_mlp(
+    fused: Option<&FusedLinears>,
+    gate: &LinearLayer,
+    up: &LinearLayer,
+    x: &Array,
+) -> Result<Array> {
+    if fused.is_none() {
+        return LinearLayer::forward_swiglu(gate, up, x);
+    }
+    let [g, u] = project(fused, [gate, up], x)?;
+    mlx_nn::activations::swiglu(&g, &u)
+}
+
 /// `layer.forward(x)`, plus `residual` when given: the same arrays as `residual +
 /// layer.forward(x)`, as one op for a quantized layer (`LinearLayer::forward_add`, which
 /// can add the residual in our kernel's launch).

@@ -1,10 +1,9 @@
 //! Qwen2, following `mlx_lm/models/qwen2.py`.
 use super::{batch_len, cache_at, drop_rotary_inv_freq, layer_caches, merge_heads, rope_attend};
-use super::{fuse, project, project_out, qkv_heads, Architecture, Weights};
+use super::{fuse, project_out, qkv_heads, swiglu_mlp, Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::activations::swiglu;
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
@@ -140,8 +139,8 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
-        let [gate, up] = project(self.gate_up.as_deref(), [&self.gate_proj, &self.up_proj], x)?;
-        project_out(&self.down_proj, &swiglu(&gate, &up)?, residual)
+        let h = swiglu_mlp(self.gate_up.as_deref(), &self.gate_proj, &self.up_proj, x)?;
+        project_out(&self.down_proj, &h, residual)
     }
 
     fn fuse(&mut self) -> crate::Result<()> {

@@ -1,10 +1,9 @@
 //! Qwen3, following `mlx_lm/models/qwen3.py`.
 use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads};
-use super::{fuse, project, project_out, Architecture, Weights};
+use super::{fuse, project, project_out, swiglu_mlp, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::activations::swiglu;
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
@@ -170,8 +169,8 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
-        let [gate, up] = project(self.gate_up.as_deref(), [&self.gate_proj, &self.up_proj], x)?;
-        project_out(&self.down_proj, &swiglu(&gate, &up)?, residual)
+        let h = swiglu_mlp(self.gate_up.as_deref(), &self.gate_proj, &self.up_proj, x)?;
+        project_out(&self.down_proj, &h, residual)
     }
 
     fn fuse(&mut self) -> crate::Result<()> {
