@@ -36,8 +36,15 @@
 // A projection's output can also come with its residual added (`try_fast_qmv_add`: MLX's
 // bfloat16 add of the rounded product, in the same launch: an `add` node fewer twice a
 // layer). On by default (`MLX_FAST_QMV_RESIDUAL=0` turns it off): `fused_check` found
-// the logits identical to MLX's separate `add` on three models, and decoding 10-12%
-// faster on the two small ones (benchmarks/GPU.md run 9).
+// the logits identical to MLX's separate `add` on three models, and decoding 4-12%
+// faster on the two small ones in one process (benchmarks/GPU.md run 9).
+//
+// A gate/up pair that would run as one launch can also give mlx-lm's swiglu of the two
+// products instead (`try_fast_qmv_swiglu`): warps of one block compute row r of both
+// weights, round each product to bfloat16 as MLX stores it, and one lane applies MLX's
+// own `Sigmoid` and `Multiply` device functors in the order of MLX's compiled swiglu
+// kernel. Identical on qwen2.5-0.5b's shapes and logits (run 9); `MLX_FAST_QMV_SWIGLU=0`
+// turns it off.
 //
 // The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC on first use,
 // cached on disk by MLX), with the device code in a header file (`device_header`) so each
