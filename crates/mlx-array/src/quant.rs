@@ -216,18 +216,96 @@ pub fn quantized_matmul_many(
     bits: Option<i32>,
     mode: QuantMode,
 ) -> Result<Vec<Array>> {
+    many_call(
+        "quantized_matmul_many",
+        sys::mlxs_quantized_matmul_many,
+        x,
+        weights,
+        group_size,
+        bits,
+        mode,
+    )
+}
+
+/// What [`quantized_matmul_swiglu`] gives back.
+#[derive(Debug)]
+pub enum GateUp {
+    /// mlx-lm's `swiglu(gate, up)` of the two products, from one launch of our kernels.
+    Swiglu(Array),
+    /// The two products (as [`quantized_matmul_many`] gives them), for the caller's swiglu.
+    Products(Array, Array),
+}
+
+/// mlx-lm's `swiglu(x @ gate.T, x @ up.T)` of a gate/up pair of one group size, bits and
+/// mode: as one launch of our CUDA kernels where that launch covers the call (both products
+/// and MLX's compiled swiglu arithmetic in bfloat16: the same bits as [`quantized_matmul`]
+/// twice and `mlx_nn::activations::swiglu`; the CUDA backend, one bfloat16 row, two 4-bit
+/// affine weights of one shape that [`quantized_matmul_many`] would run as one launch),
+/// else the two products ([`GateUp::Products`]), in one call either way.
+/// [`set_fast_qmv_swiglu`] or `MLX_FAST_QMV_SWIGLU=0` turns the launch off.
+#[track_caller]
+pub fn quantized_matmul_swiglu(
+    x: &Array,
+    gate: QuantizedWeight<'_>,
+    up: QuantizedWeight<'_>,
+    group_size: Option<i32>,
+    bits: Option<i32>,
+    mode: QuantMode,
+) -> Result<GateUp> {
+    let mut outs = many_call(
+        "quantized_matmul_swiglu",
+        sys::mlxs_quantized_swiglu,
+        x,
+        &[gate, up],
+        group_size,
+        bits,
+        mode,
+    )?
+    .into_iter();
+    match (outs.next(), outs.next(), outs.next()) {
+        (Some(y), None, None) => Ok(GateUp::Swiglu(y)),
+        (Some(g), Some(u), None) => Ok(GateUp::Products(g, u)),
+        _ => Err(Error::InvalidArgument(
+            "quantized_matmul_swiglu: expected one or two outputs".into(),
+        )),
+    }
+}
+
+/// The shim's many-weight calls (weights, scales and biases as three vectors).
+type ManyFn = unsafe extern "C" fn(
+    *mut sys::mlxs_vec,
+    sys::mlxs_array,
+    sys::mlxs_vec,
+    sys::mlxs_vec,
+    sys::mlxs_vec,
+    std::os::raw::c_int,
+    std::os::raw::c_int,
+    *const std::os::raw::c_char,
+    sys::mlxs_stream,
+) -> std::os::raw::c_int;
+
+#[track_caller]
+fn many_call(
+    op: &str,
+    f: ManyFn,
+    x: &Array,
+    weights: &[QuantizedWeight<'_>],
+    group_size: Option<i32>,
+    bits: Option<i32>,
+    mode: QuantMode,
+) -> Result<Vec<Array>> {
     let with_biases = weights.iter().filter(|w| w.biases.is_some()).count();
     if with_biases != 0 && with_biases != weights.len() {
-        return Err(Error::InvalidArgument(
-            "quantized_matmul_many: either every weight has biases or none has".into(),
-        ));
+        return Err(Error::InvalidArgument(format!(
+            "{op}: either every weight has biases or none has"
+        )));
     }
     let m = cstr(mode.name())?;
     let ws = VecHandle::from_arrays(weights.iter().map(|w| w.weight));
     let scales = VecHandle::from_arrays(weights.iter().map(|w| w.scales));
     let biases = VecHandle::from_arrays(weights.iter().filter_map(|w| w.biases));
     outv(|o| unsafe {
-        sys::mlxs_quantized_matmul_many(
+        f(
             o,
             x.as_raw(),
             ws.0,
@@ -239,45 +317,6 @@ pub fn quantized_matmul_many(
             Array::s(),
         )
     })
-}
-
-/// mlx-lm's `swiglu(x @ gate.T, x @ up.T)` of two 4-bit affine weights as one launch of
-/// our CUDA kernels (both products and MLX's compiled swiglu arithmetic in bfloat16: the
-/// same bits as [`quantized_matmul`] twice and `mlx_nn::activations::swiglu`), where that
-/// launch covers the call: the CUDA backend, one bfloat16 row, two weights of one shape
-/// that [`quantized_matmul_many`] would run as one launch. `None` otherwise (the caller
-/// computes the two products and the swiglu itself). [`set_fast_qmv_swiglu`] or
-/// `MLX_FAST_QMV_SWIGLU=0` turns it off.
-#[track_caller]
-pub fn try_quantized_swiglu(
-    x: &Array,
-    gate: QuantizedWeight<'_>,
-    up: QuantizedWeight<'_>,
-    group_size: Option<i32>,
-    bits: Option<i32>,
-    mode: QuantMode,
-) -> Result<Option<Array>> {
-    let (Some(gb), Some(ub)) = (gate.biases, up.biases) else {
-        return Ok(None);
-    };
-    let m = cstr(mode.name())?;
-    let ws = VecHandle::from_arrays([gate.weight, up.weight]);
-    let scales = VecHandle::from_arrays([gate.scales, up.scales]);
-    let biases = VecHandle::from_arrays([gb, ub]);
-    let mut out = outv(|o| unsafe {
-        sys::mlxs_quantized_swiglu(
-            o,
-            x.as_raw(),
-            ws.0,
-            scales.0,
-            biases.0,
-            group_size.unwrap_or(0),
-            bits.unwrap_or(0),
-            m.as_ptr(),
-            Array::s(),
-        )
-    })?;
-    Ok(out.pop())
 }
 
 /// Quantized matmul with matrix-level gather (mixture-of-experts).
@@ -376,7 +415,7 @@ pub fn set_fast_qmv_residual(on: bool) {
     unsafe { sys::mlxs_set_fast_qmv_residual(on) }
 }
 
-/// The swiglu launch of [`try_quantized_swiglu`] on or off (default on;
+/// The swiglu launch of [`quantized_matmul_swiglu`] on or off (default on;
 /// `MLX_FAST_QMV_SWIGLU=0` at start turns it off). It also needs [`set_fast_qmv_many`] on.
 pub fn set_fast_qmv_swiglu(on: bool) {
     unsafe { sys::mlxs_set_fast_qmv_swiglu(on) }

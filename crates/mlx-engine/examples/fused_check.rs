@@ -8,7 +8,7 @@
 //!   (`quantized_matmul_many`; groups over the size bound print "not one launch" unless
 //!   `MLX_FAST_QMV_MANY_MAX_ELEMENTS` is raised), then the residual add in our kernel
 //!   (`quantized_matmul_add`), then gate/up with their swiglu in one launch
-//!   (`try_quantized_swiglu`), then the model with the kernels off and on (the "on" arm
+//!   (`quantized_matmul_swiglu`), then the model with the kernels off and on (the "on" arm
 //!   adds the residuals and the swiglu in the kernels too, unless `MLX_FAST_QMV_RESIDUAL=0`
 //!   / `MLX_FAST_QMV_SWIGLU=0`); `FUSED_CHECK_SHAPES=0` leaves out the shape sweeps (one
 //!   NVRTC compile per shape), `FUSED_CHECK_SHAPES=swiglu` runs the swiglu sweep alone.
@@ -72,7 +72,7 @@ fn scaled_normal(shape: &[i32], seed: u64, scale: f32) -> Res<Array> {
 }
 
 /// `x @ dequantize(q).T` for 4-bit affine `q` of group size `gs`, evaluated.
-/// The three arrays of `q` as one weight of `quantized_matmul_many` / `try_quantized_swiglu`.
+/// The three arrays of `q` as one weight of `quantized_matmul_many` / `_swiglu`.
 fn weight_of(q: &mlx_array::quant::Quantized) -> mlx_array::quant::QuantizedWeight<'_> {
     mlx_array::quant::QuantizedWeight {
         weight: &q.weight,
@@ -221,13 +221,13 @@ fn qmv_residual_shapes() -> Res<bool> {
     Ok(all)
 }
 
-/// `try_quantized_swiglu` (gate/up products and their swiglu in one launch) against
+/// `quantized_matmul_swiglu` (gate/up products and their swiglu in one launch) against
 /// MLX's `qmv` twice and the compiled `swiglu`, on the models' gate/up shapes
 /// (llama-3.2-1b's and the 8B's pairs are over the size bound of one launch: "not taken",
-/// nothing compared, unless `MLX_FAST_QMV_MANY_MAX_ELEMENTS` is raised). Gates of three scales reach both sides of
-/// the sigmoid's branch and its saturation.
+/// nothing compared, unless `MLX_FAST_QMV_MANY_MAX_ELEMENTS` is raised). Gates of three
+/// scales reach both sides of the sigmoid's branch and its saturation.
 fn qmv_swiglu_shapes() -> Res<bool> {
-    use mlx_array::quant::{quantize, set_fast_qmv, try_quantized_swiglu, QuantMode};
+    use mlx_array::quant::{quantize, quantized_matmul_swiglu, set_fast_qmv, GateUp, QuantMode};
     let mut all = true;
     for (k, n) in [(896, 4864), (2048, 8192), (4096, 14336)] {
         for gs in [32, 64, 128] {
@@ -241,8 +241,7 @@ fn qmv_swiglu_shapes() -> Res<bool> {
             for t in 0..3 {
                 let x = scaled_normal(&[1, 1, k], 60 + t, 0.3 + 3.0 * t as f32)?;
                 set_fast_qmv(true);
-
-                let ours = try_quantized_swiglu(
+                let ours = quantized_matmul_swiglu(
                     &x,
                     weight_of(&qg),
                     weight_of(&qu),
@@ -253,8 +252,8 @@ fn qmv_swiglu_shapes() -> Res<bool> {
                 set_fast_qmv(false);
                 let theirs = mlx_nn::activations::swiglu(&qmm4(&x, &qg, gs)?, &qmm4(&x, &qu, gs)?)?;
                 match ours {
-                    Some(y) => same &= y.array_equal(&theirs, false)?.item::<bool>()?,
-                    None => taken = false,
+                    GateUp::Swiglu(y) => same &= y.array_equal(&theirs, false)?.item::<bool>()?,
+                    GateUp::Products(..) => taken = false,
                 }
             }
             set_fast_qmv(true);

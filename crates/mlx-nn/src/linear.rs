@@ -4,7 +4,7 @@ use crate::module::{Module, Param, QuantVisitor};
 use crate::quantize::{QuantSpec, Quantizable};
 use mlx_array::quant::{
     dequantize, quantize, quantized_matmul, quantized_matmul_add, quantized_matmul_many,
-    try_quantized_swiglu, QuantizedWeight,
+    quantized_matmul_swiglu, GateUp, QuantizedWeight,
 };
 use mlx_array::{ops, Array, Dtype, Result};
 
@@ -108,12 +108,12 @@ impl QuantizedLinear {
     }
 
     /// The packed weight with its scales and affine biases (`None` in the other modes).
-    fn affine_weight(&self) -> Option<QuantizedWeight<'_>> {
-        self.biases.as_ref().map(|b| QuantizedWeight {
+    fn packed(&self) -> QuantizedWeight<'_> {
+        QuantizedWeight {
             weight: self.weight.value(),
             scales: self.scales.value(),
-            biases: Some(b.value()),
-        })
+            biases: self.biases.as_ref().map(|b| b.value()),
+        }
     }
 
     /// `y` plus the output bias, if the layer has one.
@@ -219,14 +219,7 @@ impl LinearLayer {
             return layers.iter().map(|l| l.forward(x)).collect();
         }
         let spec = quantized[0].spec;
-        let weights: Vec<QuantizedWeight<'_>> = quantized
-            .iter()
-            .map(|q| QuantizedWeight {
-                weight: q.weight.value(),
-                scales: q.scales.value(),
-                biases: q.biases.as_ref().map(|b| b.value()),
-            })
-            .collect();
+        let weights: Vec<QuantizedWeight<'_>> = quantized.iter().map(|q| q.packed()).collect();
         let ys = quantized_matmul_many(
             x,
             &weights,
@@ -242,30 +235,37 @@ impl LinearLayer {
 
     /// mlx-lm's `swiglu(gate(x), up(x))`, the same array as
     /// [`crate::activations::swiglu`] of [`LinearLayer::forward_many`]'s two outputs: for
-    /// two quantized layers of one spec without output biases, one launch of our CUDA
-    /// kernels where [`try_quantized_swiglu`] takes them (a decoding step's MLP).
+    /// two quantized layers of one spec without output biases through one
+    /// [`quantized_matmul_swiglu`] (one launch of our CUDA kernels for both products and
+    /// the swiglu where it covers them: a decoding step's MLP).
     #[track_caller]
     pub fn forward_swiglu(gate: &LinearLayer, up: &LinearLayer, x: &Array) -> Result<Array> {
-        if let (LinearLayer::Quantized(g), LinearLayer::Quantized(u)) = (gate, up) {
-            if g.spec == u.spec && g.bias.is_none() && u.bias.is_none() {
-                if let (Some(gw), Some(uw)) = (g.affine_weight(), u.affine_weight()) {
-                    let spec = g.spec;
-                    if let Some(y) = try_quantized_swiglu(
-                        x,
-                        gw,
-                        uw,
-                        Some(spec.group_size),
-                        Some(spec.bits),
-                        spec.mode,
-                    )? {
-                        return Ok(y);
-                    }
+        let (g, u) = match (gate, up) {
+            (LinearLayer::Quantized(g), LinearLayer::Quantized(u))
+                if g.spec == u.spec && g.bias.is_none() && u.bias.is_none() =>
+            {
+                let spec = g.spec;
+                match quantized_matmul_swiglu(
+                    x,
+                    g.packed(),
+                    u.packed(),
+                    Some(spec.group_size),
+                    Some(spec.bits),
+                    spec.mode,
+                )? {
+                    GateUp::Swiglu(y) => return Ok(y),
+                    GateUp::Products(g, u) => (g, u),
                 }
             }
-        }
-        let [g, u]: [Array; 2] = LinearLayer::forward_many(&[gate, up], x)?
-            .try_into()
-            .map_err(|_| mlx_array::Error::InvalidArgument("forward_many: two outputs".into()))?;
+            _ => {
+                let [g, u]: [Array; 2] = LinearLayer::forward_many(&[gate, up], x)?
+                    .try_into()
+                    .map_err(|_| {
+                        mlx_array::Error::InvalidArgument("forward_many: two outputs".into())
+                    })?;
+                (g, u)
+            }
+        };
         crate::activations::swiglu(&g, &u)
     }
 }

@@ -212,13 +212,23 @@ fn forward_add_is_the_residual_plus_the_output() {
     }
 }
 
+/// The three arrays of a quantized layer as one weight of the many-weight products.
+fn packed(l: &mlx_nn::QuantizedLinear) -> mlx_array::quant::QuantizedWeight<'_> {
+    mlx_array::quant::QuantizedWeight {
+        weight: l.weight.value(),
+        scales: l.scales.value(),
+        biases: l.biases.as_ref().map(|b| b.value()),
+    }
+}
+
 /// `LinearLayer::forward_swiglu` is mlx-lm's `swiglu(gate(x), up(x))`, bit for bit, for
 /// quantized layers (one spec, with and without output biases), dense ones and a mix;
-/// and `try_quantized_swiglu` leaves a call it does not cover to the caller (here every
-/// call: its one launch is a CUDA kernel).
+/// and `quantized_matmul_swiglu` gives back the two products, each as its own layer gives
+/// it, where its one launch does not cover the call (here every call: that launch is a
+/// CUDA kernel).
 #[test]
 fn forward_swiglu_is_the_swiglu_of_the_two_outputs() {
-    use mlx_array::quant::{try_quantized_swiglu, QuantizedWeight};
+    use mlx_array::quant::{quantized_matmul_swiglu, GateUp};
     use mlx_nn::activations::swiglu;
     for (bias, quantized) in [(false, true), (true, true), (false, false)] {
         let ls = layers(Dtype::Bfloat16, bias, quantized);
@@ -243,16 +253,22 @@ fn forward_swiglu_is_the_swiglu_of_the_two_outputs() {
     let y = LinearLayer::forward_swiglu(&q[1], &d[2], &x).unwrap();
     let expected = swiglu(&q[1].forward(&x).unwrap(), &d[2].forward(&x).unwrap()).unwrap();
     assert_eq!(bits(&y), bits(&expected));
-    let LinearLayer::Quantized(g) = &q[1] else {
-        panic!("quantized layer expected")
-    };
-    let w = QuantizedWeight {
-        weight: g.weight.value(),
-        scales: g.scales.value(),
-        biases: g.biases.as_ref().map(|b| b.value()),
+    let (LinearLayer::Quantized(g), LinearLayer::Quantized(u)) = (&q[1], &q[2]) else {
+        panic!("quantized layers expected")
     };
     let spec = g.spec;
-    let none =
-        try_quantized_swiglu(&x, w, w, Some(spec.group_size), Some(spec.bits), spec.mode).unwrap();
-    assert!(none.is_none());
+    let out = quantized_matmul_swiglu(
+        &x,
+        packed(g),
+        packed(u),
+        Some(spec.group_size),
+        Some(spec.bits),
+        spec.mode,
+    )
+    .unwrap();
+    let GateUp::Products(pg, pu) = out else {
+        panic!("the swiglu launch is a CUDA kernel: two products expected here")
+    };
+    assert_eq!(bits(&pg), bits(&q[1].forward(&x).unwrap()));
+    assert_eq!(bits(&pu), bits(&q[2].forward(&x).unwrap()));
 }

@@ -589,12 +589,9 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
   if (it != kernels.end()) return it->second;
   const Layout& l = key.layout;
   const int parts = static_cast<int>(key.ns.size());
-  std::string body = "mlxs_qmv::";
-  body += l.body == 1 ? "rows_n<" : "rows1<";
-  body += std::to_string(key.k) + ", " + std::to_string(key.gs) + ", " + std::to_string(l.rows) +
-          ", " + std::to_string(l.u);
-  if (l.body == 1) body += ", " + std::to_string(l.rw) + (l.window ? ", true" : ", false");
-  body += key.res ? ", true>" : ", false>";
+  // The body's template arguments: K, group size, warps a block, chunks a load.
+  const std::string targs = std::to_string(key.k) + ", " + std::to_string(key.gs) + ", " +
+                            std::to_string(l.rows) + ", " + std::to_string(l.u);
   std::string name = "mlxs_qmv_k" + std::to_string(key.k) + "_g" + std::to_string(key.gs);
   if (l.body == 1) {
     name += "_r" + std::to_string(l.rows) + "x" + std::to_string(l.rw) + (l.window ? "w" : "u") +
@@ -607,29 +604,33 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
     inputs.insert(inputs.end(), {"w0", "s0", "b0", "w1", "s1", "b1"});
     outputs.push_back("out");
     name += "_n" + std::to_string(key.ns[0]) + "_swiglu";
-    src = "  mlxs_qmv::swiglu_rows<" + std::to_string(key.k) + ", " + std::to_string(key.gs) +
-          ", " + std::to_string(l.rows) + ", " + std::to_string(l.u) +
-          ">(x, w0, s0, b0, w1, s1, b1, out, " + std::to_string(key.ns[0]) + ", blockIdx.y);\n";
-  }
-  int first = 0;  // the first block of part i
-  for (int i = 0; i < (key.swiglu ? 0 : parts); ++i) {
-    const std::string sfx = parts == 1 ? "" : std::to_string(i);
-    const std::string w = "w" + sfx, s = parts == 1 ? "scales" : "s" + sfx,
-                      b = parts == 1 ? "biases" : "b" + sfx, o = "out" + sfx;
-    inputs.insert(inputs.end(), {w, s, b});
-    outputs.push_back(o);
-    name += "_n" + std::to_string(key.ns[i]);
-    const int blocks = static_cast<int>(blocks_of(l, key.ns[i]));
-    const std::string call = body + "(x, " + w + ", " + s + ", " + b + ", " + o + ", " +
-                             std::to_string(key.ns[i]) + ", blockIdx.y - " +
-                             std::to_string(first) + (key.res ? ", res);" : ", nullptr);");
-    if (i + 1 < parts) {
-      src += "  if (blockIdx.y < " + std::to_string(first + blocks) + ") {\n    " + call +
-             "\n    return;\n  }\n";
-    } else {
-      src += "  " + call + "\n";
+    src = "  mlxs_qmv::swiglu_rows<" + targs + ">(x, w0, s0, b0, w1, s1, b1, out, " +
+          std::to_string(key.ns[0]) + ", blockIdx.y);\n";
+  } else {
+    std::string body = l.body == 1 ? "mlxs_qmv::rows_n<" : "mlxs_qmv::rows1<";
+    body += targs;
+    if (l.body == 1) body += ", " + std::to_string(l.rw) + (l.window ? ", true" : ", false");
+    body += key.res ? ", true>" : ", false>";
+    int first = 0;  // the first block of part i
+    for (int i = 0; i < parts; ++i) {
+      const std::string sfx = parts == 1 ? "" : std::to_string(i);
+      const std::string w = "w" + sfx, s = parts == 1 ? "scales" : "s" + sfx,
+                        b = parts == 1 ? "biases" : "b" + sfx, o = "out" + sfx;
+      inputs.insert(inputs.end(), {w, s, b});
+      outputs.push_back(o);
+      name += "_n" + std::to_string(key.ns[i]);
+      const int blocks = static_cast<int>(blocks_of(l, key.ns[i]));
+      const std::string call = body + "(x, " + w + ", " + s + ", " + b + ", " + o + ", " +
+                               std::to_string(key.ns[i]) + ", blockIdx.y - " +
+                               std::to_string(first) + (key.res ? ", res);" : ", nullptr);");
+      if (i + 1 < parts) {
+        src += "  if (blockIdx.y < " + std::to_string(first + blocks) + ") {\n    " + call +
+               "\n    return;\n  }\n";
+      } else {
+        src += "  " + call + "\n";
+      }
+      first += blocks;
     }
-    first += blocks;
   }
   if (key.res) {
     inputs.push_back("res");

@@ -929,45 +929,63 @@ int mlxs_quantized_matmul_add(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_
                                 S(s)));
   });
 }
+namespace {
+// The biases of `ws` for the many-weight products: one per weight, or none at all.
+std::vector<std::optional<mx::array>> biases_of(mlxs_vec ws, mlxs_vec scales, mlxs_vec biases,
+                                                const char* op) {
+  const size_t n = ws->v.size();
+  if (scales->v.size() != n || (biases->v.size() != n && !biases->v.empty())) {
+    throw std::invalid_argument(std::string("[") + op +
+                                "] expected as many scales (and biases, if any) as weights");
+  }
+  std::vector<std::optional<mx::array>> bs;
+  for (size_t i = 0; i < n; ++i) {
+    bs.push_back(biases->v.empty() ? std::nullopt : std::make_optional(biases->v[i]));
+  }
+  return bs;
+}
+
+// x by every weight: one launch of our kernels where it covers them, else one product each.
+std::vector<mx::array> many_products(const mx::array& x, const std::vector<mx::array>& ws,
+                                     const std::vector<mx::array>& scales,
+                                     const std::vector<std::optional<mx::array>>& bs,
+                                     std::optional<int> group_size, std::optional<int> bits,
+                                     const std::string& m, mx::StreamOrDevice s) {
+  if (auto many = mlxs_detail::try_fast_qmv_many(x, ws, scales, bs, group_size, bits, m, s)) {
+    return std::move(*many);
+  }
+  std::vector<mx::array> outs;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    outs.push_back(
+        quantized_matmul_one(x, ws[i], scales[i], bs[i], true, group_size, bits, m, s));
+  }
+  return outs;
+}
+}  // namespace
+
 int mlxs_quantized_matmul_many(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_vec scales,
                                mlxs_vec biases, int group_size, int bits, const char* mode,
                                mlxs_stream s) {
   return guard([&] {
-    const size_t n = ws->v.size();
-    if (scales->v.size() != n || (biases->v.size() != n && !biases->v.empty())) {
-      throw std::invalid_argument(
-          "[quantized_matmul_many] expected as many scales (and biases, if any) as weights");
-    }
-    std::vector<std::optional<mx::array>> bs;
-    for (size_t i = 0; i < n; ++i) {
-      bs.push_back(biases->v.empty() ? std::nullopt : std::make_optional(biases->v[i]));
-    }
-    const std::string m = mode ? mode : "affine";
-    auto many = mlxs_detail::try_fast_qmv_many(A(x), ws->v, scales->v, bs, OPTI(group_size),
-                                               OPTI(bits), m, S(s));
-    if (!many) {
-      std::vector<mx::array> outs;
-      for (size_t i = 0; i < n; ++i) {
-        outs.push_back(quantized_matmul_one(A(x), ws->v[i], scales->v[i], bs[i], true,
-                                            OPTI(group_size), OPTI(bits), m, S(s)));
-      }
-      many = std::move(outs);
-    }
-    *out = wrapv(std::move(*many));
+    const auto bs = biases_of(ws, scales, biases, "quantized_matmul_many");
+    *out = wrapv(many_products(A(x), ws->v, scales->v, bs, OPTI(group_size), OPTI(bits),
+                               mode ? mode : "affine", S(s)));
   });
 }
 int mlxs_quantized_swiglu(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_vec scales,
                           mlxs_vec biases, int group_size, int bits, const char* mode,
                           mlxs_stream s) {
   return guard([&] {
-    std::vector<mx::array> outs;
-    if (ws->v.size() == 2 && scales->v.size() == 2 && biases->v.size() == 2) {
-      std::vector<std::optional<mx::array>> bs(biases->v.begin(), biases->v.end());
-      auto y = mlxs_detail::try_fast_qmv_swiglu(A(x), ws->v, scales->v, bs, OPTI(group_size),
-                                                OPTI(bits), mode ? mode : "affine", S(s));
-      if (y) outs.push_back(std::move(*y));
+    if (ws->v.size() != 2) {
+      throw std::invalid_argument("[quantized_swiglu] expected two weights (gate, up)");
     }
-    *out = wrapv(std::move(outs));
+    const auto bs = biases_of(ws, scales, biases, "quantized_swiglu");
+    const std::string m = mode ? mode : "affine";
+    auto y = mlxs_detail::try_fast_qmv_swiglu(A(x), ws->v, scales->v, bs, OPTI(group_size),
+                                              OPTI(bits), m, S(s));
+    *out = wrapv(y ? std::vector<mx::array>{std::move(*y)}
+                   : many_products(A(x), ws->v, scales->v, bs, OPTI(group_size), OPTI(bits), m,
+                                   S(s)));
   });
 }
 void mlxs_set_fast_qmv(bool on) { mlxs_detail::set_fast_qmv(on); }

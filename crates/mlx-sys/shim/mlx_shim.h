@@ -360,11 +360,11 @@ void mlxs_set_fast_qmv(bool on);
 void mlxs_set_fast_qmv_many(bool on);
 /* The residual add of mlxs_quantized_matmul_add in our kernel on or off (default on). */
 void mlxs_set_fast_qmv_residual(bool on);
-/* mlx-lm's swiglu(x @ ws[0].T, x @ ws[1].T) (two affine weights with scales and biases)
-   as one launch of our kernels, the same bits as MLX's quantized_matmul and compiled
-   swiglu: one array in *out where that launch covers the call (the CUDA backend, a
-   one-row bfloat16 x, 4-bit weights of one shape that quantized_matmul_many would run as
-   one launch), else none, and the caller computes it. */
+/* mlx-lm's swiglu(x @ ws[0].T, x @ ws[1].T) of a gate/up pair: one array in *out, from
+   one launch of our kernels (the same bits as MLX's quantized_matmul and compiled swiglu),
+   where that launch covers the call (the CUDA backend, a one-row bfloat16 x, affine 4-bit
+   weights of one shape that quantized_matmul_many would run as one launch); else the two
+   products, as mlxs_quantized_matmul_many gives them, for the caller's swiglu. */
 int mlxs_quantized_swiglu(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_vec scales,
                           mlxs_vec biases, int group_size, int bits, const char* mode,
                           mlxs_stream s);
