@@ -202,6 +202,17 @@ pub struct QuantizedWeight<'a> {
     pub biases: Option<&'a Array>,
 }
 
+impl<'a> From<&'a Quantized> for QuantizedWeight<'a> {
+    /// The three arrays of [`quantize`]'s result as one weight.
+    fn from(q: &'a Quantized) -> QuantizedWeight<'a> {
+        QuantizedWeight {
+            weight: &q.weight,
+            scales: &q.scales,
+            biases: q.biases.as_ref(),
+        }
+    }
+}
+
 /// `quantized_matmul(x, w, scales, biases, transpose = true)` for every weight of
 /// `weights`, all of the same group size, bits and mode: the same arrays as one call each.
 /// The projections of one input (q/k/v, gate/up) in a decoding step run as one launch of

@@ -112,14 +112,6 @@ fn shapes_it_does_not_cover_leave_mlx_in_charge() {
     assert_eq!(fast_qmv_launches(), before);
 }
 
-fn weight(q: &Quantized) -> QuantizedWeight<'_> {
-    QuantizedWeight {
-        weight: &q.weight,
-        scales: &q.scales,
-        biases: q.biases.as_ref(),
-    }
-}
-
 #[test]
 fn quantized_matmul_many_gives_each_products_own_array() {
     let _g = serial();
@@ -130,7 +122,7 @@ fn quantized_matmul_many_gives_each_products_own_array() {
         quantized(64, 512, 9),
         quantized(64, 512, 10),
     ];
-    let ws: Vec<_> = qs.iter().map(weight).collect();
+    let ws: Vec<_> = qs.iter().map(QuantizedWeight::from).collect();
     for x in [bf16_normal(&[1, 1, 512], 11), bf16_normal(&[2, 3, 512], 12)] {
         let many = quantized_matmul_many(&x, &ws, Some(64), Some(4), QuantMode::Affine).unwrap();
         assert_eq!(many.len(), 3);
@@ -150,10 +142,10 @@ fn quantized_matmul_many_checks_its_operands() {
     let x = bf16_normal(&[1, 1, 512], 15);
     // Biases on one weight only.
     let mixed = [
-        weight(&a),
+        QuantizedWeight::from(&a),
         QuantizedWeight {
             biases: None,
-            ..weight(&b)
+            ..QuantizedWeight::from(&b)
         },
     ];
     let err = quantized_matmul_many(&x, &mixed, Some(64), Some(4), QuantMode::Affine)
@@ -164,7 +156,7 @@ fn quantized_matmul_many_checks_its_operands() {
     let c = quantized(64, 1024, 16);
     let err = quantized_matmul_many(
         &x,
-        &[weight(&a), weight(&c)],
+        &[QuantizedWeight::from(&a), QuantizedWeight::from(&c)],
         Some(64),
         Some(4),
         QuantMode::Affine,

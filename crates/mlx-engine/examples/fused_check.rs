@@ -72,15 +72,6 @@ fn scaled_normal(shape: &[i32], seed: u64, scale: f32) -> Res<Array> {
 }
 
 /// `x @ dequantize(q).T` for 4-bit affine `q` of group size `gs`, evaluated.
-/// The three arrays of `q` as one weight of `quantized_matmul_many` / `_swiglu`.
-fn weight_of(q: &mlx_array::quant::Quantized) -> mlx_array::quant::QuantizedWeight<'_> {
-    mlx_array::quant::QuantizedWeight {
-        weight: &q.weight,
-        scales: &q.scales,
-        biases: q.biases.as_ref(),
-    }
-}
-
 fn qmm4(x: &Array, q: &mlx_array::quant::Quantized, gs: i32) -> Res<Array> {
     use mlx_array::quant::{quantized_matmul, QuantMode};
     let y = quantized_matmul(
@@ -243,8 +234,8 @@ fn qmv_swiglu_shapes() -> Res<bool> {
                 set_fast_qmv(true);
                 let ours = quantized_matmul_swiglu(
                     &x,
-                    weight_of(&qg),
-                    weight_of(&qu),
+                    (&qg).into(),
+                    (&qu).into(),
                     Some(gs),
                     Some(4),
                     QuantMode::Affine,
@@ -294,14 +285,7 @@ fn qmv_many_shapes() -> Res<bool> {
                 let w = scaled_normal(&[n, k], 20 + i as u64, 0.05)?;
                 qs.push(quantize(&w, Some(gs), Some(4), QuantMode::Affine)?);
             }
-            let ws: Vec<QuantizedWeight<'_>> = qs
-                .iter()
-                .map(|q| QuantizedWeight {
-                    weight: &q.weight,
-                    scales: &q.scales,
-                    biases: q.biases.as_ref(),
-                })
-                .collect();
+            let ws: Vec<QuantizedWeight<'_>> = qs.iter().map(QuantizedWeight::from).collect();
             let mut same = true;
             let mut one_launch = true;
             for t in 0..3 {
