@@ -485,6 +485,10 @@ fn smollm2(root: &Path, py: &Path, work: &Path, failed: &mut Vec<String>) -> Res
                 "{name}: GGUF -> ours identical to mlx_lm.convert of the import; mlx-lm and we \
                  generate {lm:?} from it"
             );
+            // Both conversions of the 135M model (~650 MB for -d) are kept only on failure.
+            for d in [&rsd, &pyd] {
+                std::fs::remove_dir_all(d)?;
+            }
         } else {
             println!("{name}: DIFFERS: {}", diffs.join("; "));
             failed.push(name.to_string());

@@ -12,10 +12,15 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-fn temp_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mlx-cache-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir.join(name)
+/// A fresh file path named like `name` (stem and extension kept), removed when dropped.
+fn temp_path(name: &str) -> tempfile::TempPath {
+    let (stem, ext) = name.rsplit_once('.').unwrap_or((name, ""));
+    tempfile::Builder::new()
+        .prefix(&format!("mlx-cache-test-{stem}-"))
+        .suffix(&format!(".{ext}"))
+        .tempfile()
+        .expect("temp file")
+        .into_temp_path()
 }
 
 /// Flattens what a cache returns into `"{i}.k"`/`"{i}.v"` (quantized: `.k.0..2`).
@@ -274,7 +279,7 @@ fn our_files_round_trip_through_our_loader() {
     assert_same_outputs(&apply(&mut loaded, &updates), &apply(&mut caches, &updates));
 }
 
-fn write_raw(name: &str, arrays: &[(&str, Array)], meta: &[(&str, &str)]) -> PathBuf {
+fn write_raw(name: &str, arrays: &[(&str, Array)], meta: &[(&str, &str)]) -> tempfile::TempPath {
     let p = temp_path(name);
     io::save_safetensors(
         &p,

@@ -24,11 +24,11 @@ fn write_checkpoint(dir: &Path, config: &Value, weights: &BTreeMap<String, Array
     .unwrap();
 }
 
-fn llama_checkpoint(name: &str) -> (std::path::PathBuf, BTreeMap<String, Array>) {
+fn llama_checkpoint(name: &str) -> (tempfile::TempDir, BTreeMap<String, Array>) {
     let dir = scratch(name);
     let m = random_model(&tiny("llama"), 11);
     let w: BTreeMap<String, Array> = m.parameters().into_iter().collect();
-    write_checkpoint(&dir, &tiny("llama"), &w);
+    write_checkpoint(dir.path(), &tiny("llama"), &w);
     (dir, w)
 }
 
@@ -41,7 +41,8 @@ fn load_err(dir: &Path) -> String {
 
 #[test]
 fn a_saved_checkpoint_loads_back_with_the_same_logits() {
-    let (dir, w) = llama_checkpoint("roundtrip");
+    let (tmp, w) = llama_checkpoint("roundtrip");
+    let dir = tmp.path();
     let mut m = mlx_models::build_model(&tiny("llama")).unwrap();
     m.load_weights(w, true).unwrap();
     let t = tokens(&[&[1, 2, 3, 4]]);
@@ -55,7 +56,8 @@ fn a_saved_checkpoint_loads_back_with_the_same_logits() {
 
 #[test]
 fn a_missing_tensor_is_named() {
-    let (dir, mut w) = llama_checkpoint("missing");
+    let (tmp, mut w) = llama_checkpoint("missing");
+    let dir = tmp.path();
     w.remove("model.layers.1.mlp.up_proj.weight");
     write_checkpoint(&dir, &tiny("llama"), &w);
     let e = load_err(&dir);
@@ -67,7 +69,8 @@ fn a_missing_tensor_is_named() {
 
 #[test]
 fn an_unexpected_tensor_is_named() {
-    let (dir, mut w) = llama_checkpoint("unexpected");
+    let (tmp, mut w) = llama_checkpoint("unexpected");
+    let dir = tmp.path();
     w.insert(
         "model.layers.0.self_attn.q_proj.bias".into(),
         Array::from_slice(&[0f32; 32], &[32]).unwrap(),
@@ -79,7 +82,8 @@ fn an_unexpected_tensor_is_named() {
 
 #[test]
 fn a_wrongly_shaped_tensor_is_named_with_both_shapes() {
-    let (dir, mut w) = llama_checkpoint("shape");
+    let (tmp, mut w) = llama_checkpoint("shape");
+    let dir = tmp.path();
     w.insert(
         "model.norm.weight".into(),
         Array::from_slice(&[1f32; 31], &[31]).unwrap(),
@@ -94,7 +98,8 @@ fn a_wrongly_shaped_tensor_is_named_with_both_shapes() {
 
 #[test]
 fn an_unknown_model_type_lists_the_supported_ones() {
-    let (dir, w) = llama_checkpoint("unknown");
+    let (tmp, w) = llama_checkpoint("unknown");
+    let dir = tmp.path();
     let mut c = tiny("llama");
     c["model_type"] = json!("not_a_model");
     write_checkpoint(&dir, &c, &w);
@@ -116,7 +121,8 @@ fn an_unknown_model_type_lists_the_supported_ones() {
 
 #[test]
 fn a_missing_config_key_is_named() {
-    let (dir, w) = llama_checkpoint("nokey");
+    let (tmp, w) = llama_checkpoint("nokey");
+    let dir = tmp.path();
     let mut c = tiny("llama");
     c.as_object_mut().unwrap().remove("num_hidden_layers");
     write_checkpoint(&dir, &c, &w);
@@ -129,7 +135,8 @@ fn a_missing_config_key_is_named() {
 
 #[test]
 fn a_mistyped_config_key_is_named() {
-    let (dir, w) = llama_checkpoint("badkey");
+    let (tmp, w) = llama_checkpoint("badkey");
+    let dir = tmp.path();
     let mut c = tiny("llama");
     c["rms_norm_eps"] = json!("small");
     write_checkpoint(&dir, &c, &w);
@@ -139,7 +146,8 @@ fn a_mistyped_config_key_is_named() {
 
 #[test]
 fn malformed_json_names_the_file() {
-    let (dir, _) = llama_checkpoint("badjson");
+    let (tmp, _) = llama_checkpoint("badjson");
+    let dir = tmp.path();
     std::fs::write(dir.join("config.json"), "{\"model_type\": \"llama\",").unwrap();
     let e = load_err(&dir);
     assert!(e.contains("config.json"), "{e}");
@@ -147,7 +155,8 @@ fn malformed_json_names_the_file() {
 
 #[test]
 fn a_truncated_weight_file_names_the_file_and_a_tensor() {
-    let (dir, _) = llama_checkpoint("truncated");
+    let (tmp, _) = llama_checkpoint("truncated");
+    let dir = tmp.path();
     let f = dir.join("model.safetensors");
     let bytes = std::fs::read(&f).unwrap();
     std::fs::write(&f, &bytes[..bytes.len() - 100]).unwrap();
@@ -160,7 +169,8 @@ fn a_truncated_weight_file_names_the_file_and_a_tensor() {
 
 #[test]
 fn a_corrupt_header_names_the_file() {
-    let (dir, _) = llama_checkpoint("corrupt");
+    let (tmp, _) = llama_checkpoint("corrupt");
+    let dir = tmp.path();
     let f = dir.join("model.safetensors");
     let mut bytes = std::fs::read(&f).unwrap();
     bytes[8] = b'#';
@@ -174,7 +184,8 @@ fn a_corrupt_header_names_the_file() {
 
 #[test]
 fn no_weight_files_is_an_error() {
-    let (dir, _) = llama_checkpoint("noweights");
+    let (tmp, _) = llama_checkpoint("noweights");
+    let dir = tmp.path();
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
     let e = load_err(&dir);
     assert!(e.contains("no model*.safetensors"), "{e}");
@@ -182,7 +193,8 @@ fn no_weight_files_is_an_error() {
 
 #[test]
 fn a_shard_missing_from_the_index_is_named() {
-    let (dir, _) = llama_checkpoint("shards");
+    let (tmp, _) = llama_checkpoint("shards");
+    let dir = tmp.path();
     std::fs::write(
         dir.join("model.safetensors.index.json"),
         r#"{"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}"#,
@@ -197,7 +209,8 @@ fn a_shard_missing_from_the_index_is_named() {
 
 #[test]
 fn tied_heads_drop_a_redundant_lm_head_and_rotary_buffers() {
-    let dir = scratch("tied");
+    let tmp = scratch("tied");
+    let dir = tmp.path();
     let mut c = tiny("llama");
     c["tie_word_embeddings"] = json!(true);
     let m = random_model(&c, 12);
@@ -216,7 +229,7 @@ fn tied_heads_drop_a_redundant_lm_head_and_rotary_buffers() {
     assert!(!names.contains_key("lm_head.weight"));
 }
 
-fn quantized_checkpoint(name: &str) -> (std::path::PathBuf, Box<dyn mlx_models::Architecture>) {
+fn quantized_checkpoint(name: &str) -> (tempfile::TempDir, Box<dyn mlx_models::Architecture>) {
     let dir = scratch(name);
     let mut m = random_model(&tiny("llama"), 13);
     // 8-bit for the head, 4-bit group 32 elsewhere, embeddings left dense.
@@ -231,13 +244,14 @@ fn quantized_checkpoint(name: &str) -> (std::path::PathBuf, Box<dyn mlx_models::
     let mut c = tiny("llama");
     c["quantization"] = json!({"group_size": 64, "bits": 4, "lm_head": {"group_size": 32, "bits": 8},
                                "model.embed_tokens": false});
-    write_checkpoint(&dir, &c, &m.parameters().into_iter().collect());
+    write_checkpoint(dir.path(), &c, &m.parameters().into_iter().collect());
     (dir, m)
 }
 
 #[test]
 fn a_quantized_checkpoint_loads_with_per_layer_settings() {
-    let (dir, m) = quantized_checkpoint("quant");
+    let (tmp, m) = quantized_checkpoint("quant");
+    let dir = tmp.path();
     let (loaded, cfg) = load_model(&dir).unwrap();
     let q = cfg.quantization.unwrap();
     assert_eq!(
@@ -257,7 +271,8 @@ fn a_quantized_checkpoint_loads_with_per_layer_settings() {
 
 #[test]
 fn dequantized_loading_gives_dense_float32_layers_with_close_logits() {
-    let (dir, m) = quantized_checkpoint("dequant");
+    let (tmp, m) = quantized_checkpoint("dequant");
+    let dir = tmp.path();
     let opts = LoadOptions {
         dequantize: true,
         ..Default::default()
@@ -275,7 +290,8 @@ fn dequantized_loading_gives_dense_float32_layers_with_close_logits() {
 
 #[test]
 fn dequantizing_a_bfloat16_checkpoint_makes_every_parameter_float32() {
-    let (dir, _) = quantized_checkpoint("dequant-bf16");
+    let (tmp, _) = quantized_checkpoint("dequant-bf16");
+    let dir = tmp.path();
     // Re-save the checkpoint's floating tensors as bfloat16 (scales and norms).
     let (w, _) = io::load_safetensors(dir.join("model.safetensors")).unwrap();
     let w: BTreeMap<String, Array> = w
@@ -306,7 +322,8 @@ fn dequantizing_a_bfloat16_checkpoint_makes_every_parameter_float32() {
 fn dequantize_leaves_a_checkpoint_that_is_not_quantized_in_its_dtype() {
     // The CPU default (`dequantize: true`) is for quantized checkpoints; a bf16 model
     // keeps bf16, the arithmetic mlx-lm runs.
-    let (dir, w) = llama_checkpoint("dequant-dense-bf16");
+    let (tmp, w) = llama_checkpoint("dequant-dense-bf16");
+    let dir = tmp.path();
     let w: BTreeMap<String, Array> = w
         .into_iter()
         .map(|(k, v)| (k, v.astype(Dtype::Bfloat16).unwrap()))
@@ -324,7 +341,8 @@ fn dequantize_leaves_a_checkpoint_that_is_not_quantized_in_its_dtype() {
 
 #[test]
 fn the_dtype_option_casts_floating_parameters() {
-    let (dir, _) = llama_checkpoint("dtype");
+    let (tmp, _) = llama_checkpoint("dtype");
+    let dir = tmp.path();
     let opts = LoadOptions {
         dtype: Some(Dtype::Bfloat16),
         ..Default::default()
@@ -336,7 +354,8 @@ fn the_dtype_option_casts_floating_parameters() {
 
 #[test]
 fn an_unsupported_legacy_quant_method_is_named() {
-    let (dir, w) = llama_checkpoint("awq");
+    let (tmp, w) = llama_checkpoint("awq");
+    let dir = tmp.path();
     let mut c = tiny("llama");
     c["quantization_config"] = json!({"quant_method": "awq", "bits": 4});
     write_checkpoint(&dir, &c, &w);

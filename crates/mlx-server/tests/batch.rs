@@ -227,20 +227,20 @@ async fn prompts_prefilled_together_in_padded_chunks_answer_as_alone() {
 /// The tiny model with a sliding window of 8 on its first layer (rotating caches).
 fn sliding_model() -> (Box<dyn mlx_models::LanguageModel>, mlx_tokenizer::Tokenizer) {
     let src = tiny_model_dir();
-    let dir = std::env::temp_dir().join(format!("mlx-server-sliding-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in [
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    ] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-    }
-    let mut config: Json =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    config["layer_types"] = json!(["sliding_attention", "full_attention"]);
-    config["sliding_window"] = json!(8);
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let dir = common::shared_dir("tiny-llama-sliding", include_str!("batch.rs"), |dir| {
+        for f in [
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ] {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        }
+        let text = std::fs::read_to_string(src.join("config.json")).unwrap();
+        let mut config: Json = serde_json::from_str(&text).unwrap();
+        config["layer_types"] = json!(["sliding_attention", "full_attention"]);
+        config["sliding_window"] = json!(8);
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    });
     let (model, _) = mlx_models::load_model(&dir).expect("loading the sliding model");
     let tok = mlx_tokenizer::Tokenizer::from_dir(&dir).expect("tokenizer");
     (model, tok)

@@ -5,7 +5,6 @@ use mlx_models::{build_model, Architecture, LanguageModel};
 use mlx_nn::{KvCache, Module};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 /// A tiny config of each architecture.
 pub fn tiny(model_type: &str) -> Value {
@@ -89,12 +88,12 @@ pub fn tokens(rows: &[&[i32]]) -> Array {
     Array::from_slice(&flat, &[rows.len() as i32, rows[0].len() as i32]).unwrap()
 }
 
-/// A fresh scratch directory.
-pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mlx-models-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh scratch directory, removed when dropped.
+pub fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("mlx-models-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// Largest absolute difference.

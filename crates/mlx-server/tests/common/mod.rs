@@ -43,57 +43,124 @@ pub fn tokenizer() -> Tokenizer {
     Tokenizer::from_dir(tokenizer_dir()).expect("loading the test tokenizer")
 }
 
-/// A tiny random llama (2 layers, hidden 64) over the Qwen3 vocabulary, written once per
-/// test process from a fixed seed: config.json, model.safetensors and the tokenizer.
+/// A directory under the build's scratch folder (`CARGO_TARGET_TMPDIR`), made once for
+/// every test process: `fill` writes a private folder that is then renamed into place, so
+/// no process sees a half-written one, and nothing is left behind per process. Its name
+/// carries a hash of this file and of `source` (the caller's own file), so changing how it
+/// is made gives a new directory.
+pub fn shared_dir(name: &str, source: &str, fill: impl FnOnce(&Path)) -> PathBuf {
+    let hash = include_str!("mod.rs")
+        .bytes()
+        .chain(source.bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = root.join(format!("{name}-{hash:016x}"));
+    if dir.is_dir() {
+        return dir;
+    }
+    std::fs::create_dir_all(root).expect("scratch folder");
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}-"))
+        .tempdir_in(root)
+        .expect("temp dir");
+    fill(tmp.path());
+    let tmp = tmp.keep();
+    if std::fs::rename(&tmp, &dir).is_err() {
+        // Another process got there first.
+        let _ = std::fs::remove_dir_all(&tmp);
+        assert!(dir.is_dir(), "could not create {}", dir.display());
+    }
+    dir
+}
+
+/// A tiny random llama (2 layers, hidden 64) over the Qwen3 vocabulary, made from a fixed
+/// seed: config.json, model.safetensors and the tokenizer ([`shared_dir`]).
 pub fn tiny_model_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("mlx-server-tiny-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let tok = tokenizer();
-        let vocab = tok.vocab_size() as i32;
-        let (hidden, inter, layers, heads, kv_heads) = (64, 128, 2, 2, 1);
-        let config = json!({
-            "model_type": "llama", "hidden_size": hidden, "intermediate_size": inter,
-            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-            "rms_norm_eps": 1e-5, "vocab_size": vocab, "max_position_embeddings": 4096,
-            "rope_theta": 10000.0, "tie_word_embeddings": true,
-        });
-        std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
-        let key = random::key(1234).unwrap();
-        let keys = random::split(&key, 64).unwrap();
-        let mut n = 0;
-        let mut rand = |shape: &[i32], scale: f32| -> Array {
-            let k = keys.slice(&[n, 0], &[n + 1, 2], None).unwrap().squeeze(Some(&[0])).unwrap();
-            n += 1;
-            let s = Array::from_slice(&[scale], &[1]).unwrap();
-            random::normal(shape, Dtype::Float32, None, Some(&s), Some(&k)).unwrap()
-        };
-        let hd = hidden / heads;
-        let mut weights: Vec<(String, Array)> = vec![
-            ("model.embed_tokens.weight".into(), rand(&[vocab, hidden], 0.5)),
-            ("model.norm.weight".into(), mlx_array::ops::ones(&[hidden], Dtype::Float32).unwrap()),
-        ];
-        for l in 0..layers {
-            let p = format!("model.layers.{l}");
-            let ones = || mlx_array::ops::ones(&[hidden], Dtype::Float32).unwrap();
-            weights.push((format!("{p}.input_layernorm.weight"), ones()));
-            weights.push((format!("{p}.post_attention_layernorm.weight"), ones()));
-            weights.push((format!("{p}.self_attn.q_proj.weight"), rand(&[heads * hd, hidden], 0.15)));
-            weights.push((format!("{p}.self_attn.k_proj.weight"), rand(&[kv_heads * hd, hidden], 0.15)));
-            weights.push((format!("{p}.self_attn.v_proj.weight"), rand(&[kv_heads * hd, hidden], 0.15)));
-            weights.push((format!("{p}.self_attn.o_proj.weight"), rand(&[hidden, heads * hd], 0.15)));
-            weights.push((format!("{p}.mlp.gate_proj.weight"), rand(&[inter, hidden], 0.15)));
-            weights.push((format!("{p}.mlp.up_proj.weight"), rand(&[inter, hidden], 0.15)));
-            weights.push((format!("{p}.mlp.down_proj.weight"), rand(&[hidden, inter], 0.15)));
-        }
-        let refs: Vec<(&str, &Array)> = weights.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        mlx_array::io::save_safetensors(dir.join("model.safetensors"), refs, [("format", "mlx")]).unwrap();
-        for f in ["tokenizer.json", "tokenizer_config.json"] {
-            std::fs::copy(tokenizer_dir().join(f), dir.join(f)).unwrap();
-        }
-        dir
-    })
+    DIR.get_or_init(|| shared_dir("tiny-llama", "", write_tiny_model))
+}
+
+fn write_tiny_model(dir: &Path) {
+    let tok = tokenizer();
+    let vocab = tok.vocab_size() as i32;
+    let (hidden, inter, layers, heads, kv_heads) = (64, 128, 2, 2, 1);
+    let config = json!({
+        "model_type": "llama", "hidden_size": hidden, "intermediate_size": inter,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-5, "vocab_size": vocab, "max_position_embeddings": 4096,
+        "rope_theta": 10000.0, "tie_word_embeddings": true,
+    });
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config).unwrap(),
+    )
+    .unwrap();
+    let key = random::key(1234).unwrap();
+    let keys = random::split(&key, 64).unwrap();
+    let mut n = 0;
+    let mut rand = |shape: &[i32], scale: f32| -> Array {
+        let k = keys
+            .slice(&[n, 0], &[n + 1, 2], None)
+            .unwrap()
+            .squeeze(Some(&[0]))
+            .unwrap();
+        n += 1;
+        let s = Array::from_slice(&[scale], &[1]).unwrap();
+        random::normal(shape, Dtype::Float32, None, Some(&s), Some(&k)).unwrap()
+    };
+    let hd = hidden / heads;
+    let mut weights: Vec<(String, Array)> = vec![
+        (
+            "model.embed_tokens.weight".into(),
+            rand(&[vocab, hidden], 0.5),
+        ),
+        (
+            "model.norm.weight".into(),
+            mlx_array::ops::ones(&[hidden], Dtype::Float32).unwrap(),
+        ),
+    ];
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        let ones = || mlx_array::ops::ones(&[hidden], Dtype::Float32).unwrap();
+        weights.push((format!("{p}.input_layernorm.weight"), ones()));
+        weights.push((format!("{p}.post_attention_layernorm.weight"), ones()));
+        weights.push((
+            format!("{p}.self_attn.q_proj.weight"),
+            rand(&[heads * hd, hidden], 0.15),
+        ));
+        weights.push((
+            format!("{p}.self_attn.k_proj.weight"),
+            rand(&[kv_heads * hd, hidden], 0.15),
+        ));
+        weights.push((
+            format!("{p}.self_attn.v_proj.weight"),
+            rand(&[kv_heads * hd, hidden], 0.15),
+        ));
+        weights.push((
+            format!("{p}.self_attn.o_proj.weight"),
+            rand(&[hidden, heads * hd], 0.15),
+        ));
+        weights.push((
+            format!("{p}.mlp.gate_proj.weight"),
+            rand(&[inter, hidden], 0.15),
+        ));
+        weights.push((
+            format!("{p}.mlp.up_proj.weight"),
+            rand(&[inter, hidden], 0.15),
+        ));
+        weights.push((
+            format!("{p}.mlp.down_proj.weight"),
+            rand(&[hidden, inter], 0.15),
+        ));
+    }
+    let refs: Vec<(&str, &Array)> = weights.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    mlx_array::io::save_safetensors(dir.join("model.safetensors"), refs, [("format", "mlx")])
+        .unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tokenizer_dir().join(f), dir.join(f)).unwrap();
+    }
 }
 
 /// The default model (SmolLM2-135M-Instruct through mlx-hub, dequantized on the CPU
