@@ -1,8 +1,11 @@
-"""mlx-lm's batch_generate with MLX memory printed after each phase, to set beside our
-`MLX_LOG=mlx_server=debug mlx-benchmark -b N ...` lines (prefill steps, sequences joining
-decoding). Same prompts as `mlx_lm.benchmark` (seed 0).
+"""mlx-lm's generation with MLX memory printed after each phase, to set beside ours:
+`MLX_LOG=mlx_server=trace mlx-benchmark -b N ...` (batched: prefill steps, sequences
+joining decoding, every decoding step) or `MLX_LOG=mlx_benchmark=debug,mlx_engine=debug mlx-benchmark -b 1
+...` (one sequence: loading, prefill chunks, first token). Same prompts as
+`mlx_lm.benchmark` (seed 0). With `--steps`, a decoding step is printed where it raised
+the peak.
 
-    python benchmarks/peak_phases_mlx_lm.py MODEL_DIR [-b 32] [-p 128] [-g 128]
+    python benchmarks/peak_phases_mlx_lm.py MODEL_DIR [-b 32] [-p 128] [-g 128] [--steps]
 """
 import argparse
 import importlib
@@ -15,8 +18,8 @@ gen = importlib.import_module("mlx_lm.generate")
 
 
 def report(what):
-    print(f"{what}: active {mx.get_active_memory() / 1e9:.3f} GB, "
-          f"peak {mx.get_peak_memory() / 1e9:.3f} GB", flush=True)
+    print(f"{what}: active {mx.get_active_memory() / 1e9:.4f} GB, "
+          f"peak {mx.get_peak_memory() / 1e9:.4f} GB", flush=True)
 
 
 def wrap(cls, name, label):
@@ -32,12 +35,31 @@ def wrap(cls, name, label):
     setattr(cls, name, f)
 
 
+def wrap_steps(cls, name, label):
+    orig = getattr(cls, name)
+    state = {"n": 0, "peak": 0}
+
+    def f(self, *a, **k):
+        out = orig(self, *a, **k)
+        state["n"] += 1
+        peak = mx.get_peak_memory()
+        if peak < state["peak"]:  # the peak was reset (a new trial)
+            state["peak"] = 0
+        if peak > state["peak"]:
+            state["peak"] = peak
+            report(f"{label} {state['n']} ({len(self)} rows) raised the peak")
+        return out
+
+    setattr(cls, name, f)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("-b", type=int, default=32)
     ap.add_argument("-p", type=int, default=128)
     ap.add_argument("-g", type=int, default=128)
+    ap.add_argument("--steps", action="store_true")
     args = ap.parse_args()
     mx.random.seed(0)
     model, tokenizer, config = load(args.model, return_config=True)
@@ -45,6 +67,22 @@ def main():
     vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]
     prompts = mx.random.randint(0, vocab, (args.b, args.p)).tolist()
     report("loaded")
+    if args.b == 1:
+        for trial in ("warm-up", "trial"):
+            mx.reset_peak_memory()
+
+            def progress(done, total):
+                report(f"{trial}: prompt {done}/{total}")
+
+            for i, r in enumerate(gen.stream_generate(model, tokenizer, prompts[0],
+                                                      max_tokens=args.g,
+                                                      prompt_progress_callback=progress)):
+                if i == 0:
+                    report(f"{trial}: first token")
+            report(f"{trial} done (stream_generate peak_memory: {r.peak_memory:.3f})")
+        return
+    if args.steps:
+        wrap_steps(gen.GenerationBatch, "next", "decoding step")
     wrap(gen.PromptProcessingBatch, "prompt", "prefill step")
     wrap(gen.PromptProcessingBatch, "generate", "prefilled sequences start decoding")
     for trial in ("warm-up", "trial"):

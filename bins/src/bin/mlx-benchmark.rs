@@ -93,6 +93,7 @@ fn bench(args: Args) -> Result<()> {
         keep_quantized: args.keep_quantized,
     })?;
     let (model, mut tokenizer) = (loaded.model, loaded.tokenizer);
+    tracing::debug!("loaded ({})", mlx_array::memory::note());
     // Empty to avoid early stopping.
     tokenizer.set_eos_token_ids([]);
     let vocab = model.vocab_size();

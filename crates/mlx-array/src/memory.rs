@@ -43,3 +43,12 @@ pub fn set_wired_limit(bytes: usize) -> Result<usize> {
 pub fn clear_cache() {
     unsafe { sys::mlxs_clear_cache() }
 }
+
+/// `"MLX memory: active A GB, peak P GB"` (1e9 bytes, four decimals), for log lines.
+pub fn note() -> String {
+    format!(
+        "MLX memory: active {:.4} GB, peak {:.4} GB",
+        active_memory() as f64 / 1e9,
+        peak_memory() as f64 / 1e9
+    )
+}

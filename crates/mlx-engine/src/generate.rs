@@ -167,6 +167,7 @@ impl<'a> TokenGenerator<'a> {
                 });
             }
             done += n;
+            tracing::debug!("prefill: {done}/{total} prompt tokens ({})", memory::note());
             if let Some(cb) = self.opts.prompt_progress.as_mut() {
                 cb(done, total);
             }
@@ -204,6 +205,7 @@ impl<'a> TokenGenerator<'a> {
         let t2 = t0.map(|_| Instant::now());
         if self.n == 0 {
             y.eval()?;
+            tracing::debug!("first token ({})", memory::note());
             let total = self.prompt_total;
             if let Some(cb) = self.opts.prompt_progress.as_mut() {
                 cb(total, total);

@@ -46,7 +46,7 @@ fn a_saved_checkpoint_loads_back_with_the_same_logits() {
     let mut m = mlx_models::build_model(&tiny("llama")).unwrap();
     m.load_weights(w, true).unwrap();
     let t = tokens(&[&[1, 2, 3, 4]]);
-    let (loaded, cfg) = load_model(&dir).unwrap();
+    let (loaded, cfg) = load_model(dir).unwrap();
     assert_eq!(cfg.model_type, "llama");
     assert_eq!(loaded.model_type(), "llama");
     let a = m.forward(&t, &mut []).unwrap();
@@ -59,8 +59,8 @@ fn a_missing_tensor_is_named() {
     let (tmp, mut w) = llama_checkpoint("missing");
     let dir = tmp.path();
     w.remove("model.layers.1.mlp.up_proj.weight");
-    write_checkpoint(&dir, &tiny("llama"), &w);
-    let e = load_err(&dir);
+    write_checkpoint(dir, &tiny("llama"), &w);
+    let e = load_err(dir);
     assert!(
         e.contains("missing") && e.contains("model.layers.1.mlp.up_proj.weight"),
         "{e}"
@@ -75,8 +75,8 @@ fn an_unexpected_tensor_is_named() {
         "model.layers.0.self_attn.q_proj.bias".into(),
         Array::from_slice(&[0f32; 32], &[32]).unwrap(),
     );
-    write_checkpoint(&dir, &tiny("llama"), &w);
-    let e = load_err(&dir);
+    write_checkpoint(dir, &tiny("llama"), &w);
+    let e = load_err(dir);
     assert!(e.contains("model.layers.0.self_attn.q_proj.bias"), "{e}");
 }
 
@@ -88,8 +88,8 @@ fn a_wrongly_shaped_tensor_is_named_with_both_shapes() {
         "model.norm.weight".into(),
         Array::from_slice(&[1f32; 31], &[31]).unwrap(),
     );
-    write_checkpoint(&dir, &tiny("llama"), &w);
-    let e = load_err(&dir);
+    write_checkpoint(dir, &tiny("llama"), &w);
+    let e = load_err(dir);
     assert!(
         e.contains("model.norm.weight") && e.contains("[32]") && e.contains("[31]"),
         "{e}"
@@ -102,8 +102,8 @@ fn an_unknown_model_type_lists_the_supported_ones() {
     let dir = tmp.path();
     let mut c = tiny("llama");
     c["model_type"] = json!("not_a_model");
-    write_checkpoint(&dir, &c, &w);
-    let e = load_err(&dir);
+    write_checkpoint(dir, &c, &w);
+    let e = load_err(dir);
     for t in [
         "not_a_model",
         "llama",
@@ -125,8 +125,8 @@ fn a_missing_config_key_is_named() {
     let dir = tmp.path();
     let mut c = tiny("llama");
     c.as_object_mut().unwrap().remove("num_hidden_layers");
-    write_checkpoint(&dir, &c, &w);
-    let e = load_err(&dir);
+    write_checkpoint(dir, &c, &w);
+    let e = load_err(dir);
     assert!(
         e.contains("num_hidden_layers") && e.contains("config.json"),
         "{e}"
@@ -139,8 +139,8 @@ fn a_mistyped_config_key_is_named() {
     let dir = tmp.path();
     let mut c = tiny("llama");
     c["rms_norm_eps"] = json!("small");
-    write_checkpoint(&dir, &c, &w);
-    let e = load_err(&dir);
+    write_checkpoint(dir, &c, &w);
+    let e = load_err(dir);
     assert!(e.contains("rms_norm_eps"), "{e}");
 }
 
@@ -149,7 +149,7 @@ fn malformed_json_names_the_file() {
     let (tmp, _) = llama_checkpoint("badjson");
     let dir = tmp.path();
     std::fs::write(dir.join("config.json"), "{\"model_type\": \"llama\",").unwrap();
-    let e = load_err(&dir);
+    let e = load_err(dir);
     assert!(e.contains("config.json"), "{e}");
 }
 
@@ -160,7 +160,7 @@ fn a_truncated_weight_file_names_the_file_and_a_tensor() {
     let f = dir.join("model.safetensors");
     let bytes = std::fs::read(&f).unwrap();
     std::fs::write(&f, &bytes[..bytes.len() - 100]).unwrap();
-    let e = load_err(&dir);
+    let e = load_err(dir);
     assert!(
         e.contains("model.safetensors") && e.contains("tensor `") && e.contains("truncated"),
         "{e}"
@@ -175,7 +175,7 @@ fn a_corrupt_header_names_the_file() {
     let mut bytes = std::fs::read(&f).unwrap();
     bytes[8] = b'#';
     std::fs::write(&f, &bytes).unwrap();
-    let e = load_err(&dir);
+    let e = load_err(dir);
     assert!(
         e.contains("model.safetensors") && e.contains("corrupt header"),
         "{e}"
@@ -187,7 +187,7 @@ fn no_weight_files_is_an_error() {
     let (tmp, _) = llama_checkpoint("noweights");
     let dir = tmp.path();
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
-    let e = load_err(&dir);
+    let e = load_err(dir);
     assert!(e.contains("no model*.safetensors"), "{e}");
 }
 
@@ -200,7 +200,7 @@ fn a_shard_missing_from_the_index_is_named() {
         r#"{"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}"#,
     )
     .unwrap();
-    let e = load_err(&dir);
+    let e = load_err(dir);
     assert!(
         e.contains("model-00002-of-00002.safetensors") && e.contains("model.norm.weight"),
         "{e}"
@@ -223,8 +223,8 @@ fn tied_heads_drop_a_redundant_lm_head_and_rotary_buffers() {
         "model.layers.0.self_attn.rotary_emb.inv_freq".into(),
         Array::from_slice(&[1f32; 4], &[4]).unwrap(),
     );
-    write_checkpoint(&dir, &c, &w);
-    let (loaded, _) = load_model(&dir).unwrap();
+    write_checkpoint(dir, &c, &w);
+    let (loaded, _) = load_model(dir).unwrap();
     let names = loaded.as_module().unwrap().parameter_shapes();
     assert!(!names.contains_key("lm_head.weight"));
 }
@@ -252,7 +252,7 @@ fn quantized_checkpoint(name: &str) -> (tempfile::TempDir, Box<dyn mlx_models::A
 fn a_quantized_checkpoint_loads_with_per_layer_settings() {
     let (tmp, m) = quantized_checkpoint("quant");
     let dir = tmp.path();
-    let (loaded, cfg) = load_model(&dir).unwrap();
+    let (loaded, cfg) = load_model(dir).unwrap();
     let q = cfg.quantization.unwrap();
     assert_eq!(
         q.default,
@@ -277,7 +277,7 @@ fn dequantized_loading_gives_dense_float32_layers_with_close_logits() {
         dequantize: true,
         ..Default::default()
     };
-    let (loaded, _) = load_model_with(&dir, &opts).unwrap();
+    let (loaded, _) = load_model_with(dir, &opts).unwrap();
     let shapes = loaded.as_module().unwrap().parameter_shapes();
     assert_eq!(shapes["lm_head.weight"], [64, 32]);
     assert!(!shapes.contains_key("lm_head.scales"));
@@ -307,12 +307,12 @@ fn dequantizing_a_bfloat16_checkpoint_makes_every_parameter_float32() {
         .collect();
     let config: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    write_checkpoint(&dir, &config, &w);
+    write_checkpoint(dir, &config, &w);
     let opts = LoadOptions {
         dequantize: true,
         ..Default::default()
     };
-    let (loaded, _) = load_model_with(&dir, &opts).unwrap();
+    let (loaded, _) = load_model_with(dir, &opts).unwrap();
     for (name, p) in loaded.as_module().unwrap().parameters() {
         assert_eq!(p.dtype(), Dtype::Float32, "{name}");
     }
@@ -328,12 +328,12 @@ fn dequantize_leaves_a_checkpoint_that_is_not_quantized_in_its_dtype() {
         .into_iter()
         .map(|(k, v)| (k, v.astype(Dtype::Bfloat16).unwrap()))
         .collect();
-    write_checkpoint(&dir, &tiny("llama"), &w);
+    write_checkpoint(dir, &tiny("llama"), &w);
     let opts = LoadOptions {
         dequantize: true,
         ..Default::default()
     };
-    let (loaded, _) = load_model_with(&dir, &opts).unwrap();
+    let (loaded, _) = load_model_with(dir, &opts).unwrap();
     for (name, p) in loaded.as_module().unwrap().parameters() {
         assert_eq!(p.dtype(), Dtype::Bfloat16, "{name}");
     }
@@ -347,7 +347,7 @@ fn the_dtype_option_casts_floating_parameters() {
         dtype: Some(Dtype::Bfloat16),
         ..Default::default()
     };
-    let (loaded, _) = load_model_with(&dir, &opts).unwrap();
+    let (loaded, _) = load_model_with(dir, &opts).unwrap();
     let y = loaded.forward(&tokens(&[&[1, 2]]), &mut []).unwrap();
     assert_eq!(y.dtype(), Dtype::Bfloat16);
 }
@@ -358,8 +358,8 @@ fn an_unsupported_legacy_quant_method_is_named() {
     let dir = tmp.path();
     let mut c = tiny("llama");
     c["quantization_config"] = json!({"quant_method": "awq", "bits": 4});
-    write_checkpoint(&dir, &c, &w);
-    let e = load_err(&dir);
+    write_checkpoint(dir, &c, &w);
+    let e = load_err(dir);
     assert!(e.contains("awq"), "{e}");
-    assert!(matches!(load_model(&dir), Err(Error::Quantization(_))));
+    assert!(matches!(load_model(dir), Err(Error::Quantization(_))));
 }

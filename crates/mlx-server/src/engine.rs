@@ -566,7 +566,7 @@ impl State {
             "engine: prefill step of {} prompt(s) in {:.1} ms ({})",
             self.prefilling.len(),
             took.as_secs_f64() * 1e3,
-            memory_note(),
+            mlx_array::memory::note(),
         );
         match stepped {
             Ok(progress) => {
@@ -588,7 +588,7 @@ impl State {
                 tracing::debug!(
                     "engine: {n} prefilled sequence(s) joined decoding, {} decoding ({})",
                     self.batch.len(),
-                    memory_note(),
+                    mlx_array::memory::note(),
                 );
             }
             Ok(None) => {}
@@ -704,6 +704,10 @@ impl State {
         };
         self.metrics.decode_steps.add(1);
         self.metrics.decode_rows.add(rows);
+        tracing::trace!(
+            "engine: decoding step of {rows} row(s) queued ({})",
+            mlx_array::memory::note()
+        );
         let now = Instant::now();
         let mut leaving: Vec<(usize, Leave)> = Vec::new();
         let mut reasons: Vec<Option<ApiError>> = Vec::new();
@@ -812,15 +816,6 @@ fn log_stopped(metrics: &Metrics, s: &Sequence) {
             s.generated
         );
     }
-}
-
-/// MLX's active and peak memory, for debug lines (called only when they are logged).
-fn memory_note() -> String {
-    format!(
-        "MLX memory: active {:.3} GB, peak {:.3} GB",
-        mlx_array::memory::active_memory() as f64 / 1e9,
-        mlx_array::memory::peak_memory() as f64 / 1e9
-    )
 }
 
 /// Tells a request how far its prompt processing got.
