@@ -44,27 +44,6 @@ import mlx.core as mx  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
-# One or more variants per architecture; quantized ones are run with --keep-quantized
-# on our side.
-GEN_VARIANTS = [
-    "llama-f32-tied",
-    "llama-bf16",
-    "llama-f32-hd32",
-    "llama-f32-sliding",
-    "llama-q4-g32",
-    "mistral-f32-sharded",
-    "qwen2-f32-tied",
-    "qwen3-f32-tied",
-    "qwen3-f32-hd32",
-    "qwen3-q8",
-    "phi3-f32",
-    "gemma2-f32",
-    "gemma3_text-f32-tied",
-    "gemma3-f32-multimodal",
-    "qwen3_moe-f32",
-    "mixtral-f32",
-]
-
 SMALL = tiny.SMALL
 GOLDEN_VARIANTS = {
     "llama-small-f32": ("llama", dict(SMALL, tie_word_embeddings=False), {}),
@@ -144,11 +123,9 @@ def cmd_models(a):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     vocab = vocab_size(a.tokenizer)
-    only = {s for s in a.only.split(",") if s}
     mx.set_default_device(mx.cpu)
-    for name in GEN_VARIANTS:
-        if only and name not in only:
-            continue
+    # The variants come from the caller (xtask's gen_parity/cases.rs `TINY`).
+    for name in [s for s in a.variants.split(",") if s]:
         arch, overrides, opts = tiny.VARIANTS[name]
         dest = out / name
         if dest.exists():
@@ -429,7 +406,7 @@ def main():
     p = sub.add_parser("models")
     p.add_argument("out")
     p.add_argument("--tokenizer", required=True)
-    p.add_argument("--only", default="")
+    p.add_argument("--variants", required=True, help="make_tiny_models.py variants, comma-separated")
     p = sub.add_parser("dequantize")
     p.add_argument("src")
     p.add_argument("dst")

@@ -75,6 +75,23 @@ ARCHS = {
         "moe_intermediate_size": 64,
         "norm_topk_prob": True,
     },
+    "granite": {
+        "model_type": "granite",
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "logits_scaling": 4.0,
+        "attention_multiplier": 0.0625,
+        "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.22,
+    },
+    "smollm3": {
+        "model_type": "smollm3",
+        "rope_theta": 5000000.0,
+        "tie_word_embeddings": True,
+        "no_rope_layer_interval": 2,
+    },
     "mixtral": {
         "model_type": "mixtral",
         "rope_theta": 1000000.0,
@@ -157,6 +174,14 @@ VARIANTS = {
     "gemma3-f32-multimodal": ("gemma3_text", {}, {"wrap_gemma3": True}),
     "qwen3_moe-f32": ("qwen3_moe", {}, {}),
     "qwen3_moe-q4": ("qwen3_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "granite-f32-tied": ("granite", {}, {}),
+    "granite-f32-untied-bias": (
+        "granite", {"tie_word_embeddings": False, "attention_bias": True, "mlp_bias": True}, {}),
+    "granite-bf16-q4": ("granite", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "smollm3-f32-tied": ("smollm3", {}, {"extras": True}),
+    "smollm3-f32-layer-list": (
+        "smollm3", {"num_hidden_layers": 3, "no_rope_layers": [0, 1, 0], "tie_word_embeddings": False}, {}),
+    "smollm3-bf16-q4": ("smollm3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
     "mixtral-f32": ("mixtral", {}, {}),
     "mixtral-q4": ("mixtral", {}, {"quant": {"bits": 4, "group_size": 64}}),
 }

@@ -42,6 +42,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("gemma3-mm", "gemma3-f32-multimodal", None),
     ("qwen3_moe", "qwen3_moe-f32", None),
     ("mixtral", "mixtral-f32", None),
+    ("granite", "granite-f32-untied-bias", None),
+    ("smollm3", "smollm3-f32-tied", None),
     ("q-llama-q4", "llama-q4-g32", None),
     ("q-llama-mixed", "llama-q4-mixed", None),
     ("q-llama-mxfp4", "llama-mxfp4", None),
@@ -117,6 +119,18 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "qwen3_moe",
         "-q --quant-predicate mixed_2_6 --q-group-size 32",
     );
+    // granite's own quant_predicate (8 bits for o_proj, down_proj, lm_head), which a
+    // recipe replaces.
+    for flags in [
+        "",
+        "-q",
+        "-q --q-mode nvfp4",
+        "-q --quant-predicate mixed_3_6 --q-group-size 32",
+    ] {
+        add("granite", flags);
+    }
+    add("smollm3", "");
+    add("smollm3", "-q");
     add("mistral-sharded", "");
     add("mistral-sharded", "-q --q-bits 8");
     add("llama-td-bf16", "");

@@ -141,6 +141,8 @@ fn prepare_models(root: &Path, py: &Path, gen_dir: &Path, default: &Path) -> Res
         &models,
         "--tokenizer",
         &p(&tokenizer),
+        "--variants",
+        &cases::TINY.join(","),
     ]))?;
     let f32 = p(&gen_dir.join("smollm2-f32"));
     crate::parity::run(

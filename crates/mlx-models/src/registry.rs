@@ -10,12 +10,14 @@ const ARCHITECTURES: &[(&str, Builder)] = &[
     ("gemma2", models::gemma2::build),
     ("gemma3", models::gemma3::build),
     ("gemma3_text", models::gemma3_text::build),
+    ("granite", models::granite::build),
     ("llama", models::llama::build),
     ("mixtral", models::mixtral::build),
     ("phi3", models::phi3::build),
     ("qwen2", models::qwen2::build),
     ("qwen3", models::qwen3::build),
     ("qwen3_moe", models::qwen3_moe::build),
+    ("smollm3", models::smollm3::build),
 ];
 
 /// `model_type`s served by another architecture's file (mlx-lm `MODEL_REMAPPING`).

@@ -86,6 +86,9 @@ pub enum Rope {
         /// Scale applied to the rotated features before the rotation.
         input_scale: Option<f64>,
     },
+    /// No rotation: the input as it is (mlx-lm's `NoPE`, for SmolLM3's layers without
+    /// positional encoding).
+    Identity,
 }
 
 fn exponents(dims: i32, step_dtype: Dtype) -> Result<Array> {
@@ -290,6 +293,7 @@ impl Rope {
     #[track_caller]
     pub fn forward_at(&self, x: &Array, offset: RopeOffset<'_>) -> Result<Array> {
         match self {
+            Rope::Identity => Ok(x.clone()),
             Rope::Default {
                 dims,
                 traditional,

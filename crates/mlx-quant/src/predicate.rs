@@ -177,17 +177,29 @@ impl MixedPredicate {
 }
 
 /// The `quant_predicate` property some mlx-lm models define (used when no recipe is
-/// given): qwen3_moe keeps its router (`mlp.gate`) at 8 bits, group size 64.
+/// given): qwen3_moe keeps its router (`mlp.gate`) at 8 bits, group size 64; granite
+/// its `o_proj`, `down_proj` and `lm_head` (affine, whatever the mode asked for).
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
-    match model_type {
-        "qwen3_moe" => Some(if path.ends_with("mlp.gate") {
-            let mut m = Map::new();
-            m.insert("group_size".into(), 64.into());
-            m.insert("bits".into(), 8.into());
-            LayerChoice::Params(m)
+    let eight_bits = || {
+        let mut m = Map::new();
+        m.insert("group_size".into(), 64.into());
+        m.insert("bits".into(), 8.into());
+        LayerChoice::Params(m)
+    };
+    let choose = |high: bool| {
+        if high {
+            eight_bits()
         } else {
             LayerChoice::Default
-        }),
+        }
+    };
+    match model_type {
+        "qwen3_moe" => Some(choose(path.ends_with("mlp.gate"))),
+        "granite" => Some(choose(
+            path.ends_with("self_attn.o_proj")
+                || path.ends_with("mlp.down_proj")
+                || path == "lm_head",
+        )),
         _ => None,
     }
 }

@@ -98,6 +98,11 @@ impl Attention {
         })
     }
 
+    /// The same attention with another softmax scale (Granite's `attention_multiplier`).
+    pub(crate) fn with_scale(self, scale: f64) -> Attention {
+        Attention { scale, ..self }
+    }
+
     pub(crate) fn forward(
         &self,
         x: &Array,
@@ -117,7 +122,7 @@ impl Attention {
         project_out(&self.o_proj, &merge_heads(&out, b, l)?, residual)
     }
 
-    fn fuse(&mut self) -> crate::Result<()> {
+    pub(crate) fn fuse(&mut self) -> crate::Result<()> {
         self.qkv = fuse([&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
         Ok(())
     }
@@ -139,7 +144,7 @@ impl_module!(Mlp {
 });
 
 impl Mlp {
-    fn new(dim: i32, hidden: i32, bias: bool) -> crate::Result<Mlp> {
+    pub(crate) fn new(dim: i32, hidden: i32, bias: bool) -> crate::Result<Mlp> {
         Ok(Mlp {
             gate_proj: LinearLayer::new(dim, hidden, bias)?,
             down_proj: LinearLayer::new(hidden, dim, bias)?,
@@ -148,12 +153,12 @@ impl Mlp {
         })
     }
 
-    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
+    pub(crate) fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
         let h = swiglu_mlp(self.gate_up.as_deref(), &self.gate_proj, &self.up_proj, x)?;
         project_out(&self.down_proj, &h, residual)
     }
 
-    fn fuse(&mut self) -> crate::Result<()> {
+    pub(crate) fn fuse(&mut self) -> crate::Result<()> {
         self.gate_up = fuse([&mut self.gate_proj, &mut self.up_proj])?;
         Ok(())
     }
@@ -241,6 +246,7 @@ pub struct Model {
     args: ModelArgs,
     model: LlamaModel,
     lm_head: Option<LinearLayer>,
+    makes_cache: bool,
 }
 impl_module!(Model { model, lm_head });
 
@@ -288,7 +294,22 @@ impl Model {
             args,
             model,
             lm_head,
+            makes_cache: true,
         })
+    }
+}
+
+impl Model {
+    /// SmolLM3: no rotary embedding in the layers whose flag is `false`, and no
+    /// `make_cache` of its own (mlx-lm's smollm3 class does not define one).
+    pub(crate) fn into_smollm3(mut self, uses_rope: &[bool]) -> Model {
+        for (layer, &uses) in self.model.layers.iter_mut().zip(uses_rope) {
+            if !uses {
+                layer.self_attn.rope = Rope::Identity;
+            }
+        }
+        self.makes_cache = false;
+        self
     }
 }
 
@@ -332,7 +353,7 @@ impl LanguageModel for Model {
         self.model.layers.len()
     }
     fn defines_make_cache(&self) -> bool {
-        true
+        self.makes_cache
     }
     fn as_module(&self) -> Option<&dyn Module> {
         Some(self)

@@ -11,12 +11,14 @@ use std::collections::BTreeMap;
 pub mod gemma2;
 pub mod gemma3;
 pub mod gemma3_text;
+pub mod granite;
 pub mod llama;
 pub mod mixtral;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_moe;
+pub mod smollm3;
 
 /// Flat weight map (checkpoint name -> array).
 pub type Weights = BTreeMap<String, Array>;
