@@ -86,6 +86,9 @@ ARCHS = {
         "embedding_multiplier": 12.0,
         "residual_multiplier": 0.22,
     },
+    "olmo2": {"model_type": "olmo2", "rope_theta": 500000.0, "tie_word_embeddings": False},
+    "starcoder2": {"model_type": "starcoder2", "norm_epsilon": 1e-5, "rope_theta": 100000.0,
+                   "tie_word_embeddings": True},
     "smollm3": {
         "model_type": "smollm3",
         "rope_theta": 5000000.0,
@@ -178,6 +181,14 @@ VARIANTS = {
     "granite-f32-untied-bias": (
         "granite", {"tie_word_embeddings": False, "attention_bias": True, "mlp_bias": True}, {}),
     "granite-bf16-q4": ("granite", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "olmo2-f32": ("olmo2", {}, {"extras": True}),
+    "olmo2-f32-tied-gqa4-bias": (
+        "olmo2", {"tie_word_embeddings": True, "num_attention_heads": 8, "head_dim": 8,
+                  "attention_bias": True, "mlp_bias": True}, {}),
+    "olmo2-bf16-q4": ("olmo2", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "starcoder2-f32-tied": ("starcoder2", {}, {}),
+    "starcoder2-f32-untied-mha": ("starcoder2", {"tie_word_embeddings": False, "num_key_value_heads": 4}, {}),
+    "starcoder2-bf16-q4": ("starcoder2", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
     "smollm3-f32-tied": ("smollm3", {}, {"extras": True}),
     "smollm3-f32-layer-list": (
         "smollm3", {"num_hidden_layers": 3, "no_rope_layers": [0, 1, 0], "tie_word_embeddings": False}, {}),

@@ -44,6 +44,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("mixtral", "mixtral-f32", None),
     ("granite", "granite-f32-untied-bias", None),
     ("smollm3", "smollm3-f32-tied", None),
+    ("olmo2", "olmo2-f32", None),
+    ("starcoder2", "starcoder2-f32-untied-mha", None),
     ("q-llama-q4", "llama-q4-g32", None),
     ("q-llama-mixed", "llama-q4-mixed", None),
     ("q-llama-mxfp4", "llama-mxfp4", None),
@@ -129,8 +131,10 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     ] {
         add("granite", flags);
     }
-    add("smollm3", "");
-    add("smollm3", "-q");
+    for src in ["smollm3", "olmo2", "starcoder2"] {
+        add(src, "");
+        add(src, "-q");
+    }
     add("mistral-sharded", "");
     add("mistral-sharded", "-q --q-bits 8");
     add("llama-td-bf16", "");

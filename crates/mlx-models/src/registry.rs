@@ -13,11 +13,13 @@ const ARCHITECTURES: &[(&str, Builder)] = &[
     ("granite", models::granite::build),
     ("llama", models::llama::build),
     ("mixtral", models::mixtral::build),
+    ("olmo2", models::olmo2::build),
     ("phi3", models::phi3::build),
     ("qwen2", models::qwen2::build),
     ("qwen3", models::qwen3::build),
     ("qwen3_moe", models::qwen3_moe::build),
     ("smollm3", models::smollm3::build),
+    ("starcoder2", models::starcoder2::build),
 ];
 
 /// `model_type`s served by another architecture's file (mlx-lm `MODEL_REMAPPING`).

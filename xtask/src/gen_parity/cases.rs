@@ -21,6 +21,8 @@ pub const TINY: &[&str] = &[
     "mixtral-f32",
     "smollm3-f32-tied",
     "granite-f32-tied",
+    "olmo2-f32",
+    "starcoder2-f32-tied",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];

@@ -14,11 +14,13 @@ pub mod gemma3_text;
 pub mod granite;
 pub mod llama;
 pub mod mixtral;
+pub mod olmo2;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_moe;
 pub mod smollm3;
+pub mod starcoder2;
 
 /// Flat weight map (checkpoint name -> array).
 pub type Weights = BTreeMap<String, Array>;

@@ -1,0 +1,277 @@
+//! OLMo 2, following `mlx_lm/models/olmo2.py`: Llama's layers with RMS norms over the
+//! whole q and k projections, and norms after (not before) attention and feed-forward.
+use super::llama::Mlp;
+use super::{batch_len, cache_at, drop_rotary_inv_freq, layer_caches, merge_heads};
+use super::{fuse, project, rope_attend, split_heads, Architecture, Weights};
+use crate::config::{default_true, parse_args, rope_scaling};
+use crate::model::{CacheSpec, LanguageModel};
+use mlx_array::{Array, Result};
+use mlx_nn::cache::create_attention_mask;
+use mlx_nn::{
+    impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
+    Module, RmsNorm, Rope,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// config.json keys read by OLMo 2.
+#[derive(Debug, Clone, Deserialize)]
+#[allow(missing_docs)]
+pub struct ModelArgs {
+    pub model_type: String,
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub rms_norm_eps: f64,
+    pub vocab_size: i32,
+    #[serde(default)]
+    pub head_dim: Option<i32>,
+    #[serde(default)]
+    pub max_position_embeddings: Option<i32>,
+    #[serde(default)]
+    pub num_key_value_heads: Option<i32>,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub mlp_bias: bool,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    #[serde(default)]
+    pub rope_traditional: bool,
+    #[serde(default)]
+    pub rope_scaling: Option<Value>,
+    #[serde(default = "default_true")]
+    pub tie_word_embeddings: bool,
+}
+
+fn default_rope_theta() -> f64 {
+    10000.0
+}
+
+/// Self-attention with RMS norms over the full q and k projections.
+#[derive(Debug)]
+pub struct Attention {
+    q_proj: LinearLayer,
+    k_proj: LinearLayer,
+    v_proj: LinearLayer,
+    o_proj: LinearLayer,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    rope: Rope,
+    n_heads: i32,
+    n_kv_heads: i32,
+    scale: f64,
+    /// q/k/v as one matmul for decoding steps (set by the loader).
+    qkv: Option<Box<FusedLinears>>,
+}
+impl_module!(Attention {
+    q_proj,
+    k_proj,
+    v_proj,
+    o_proj,
+    q_norm,
+    k_norm
+});
+
+impl Attention {
+    fn new(args: &ModelArgs) -> crate::Result<Attention> {
+        let dim = args.hidden_size;
+        let n_heads = args.num_attention_heads;
+        let n_kv_heads = args.num_key_value_heads.unwrap_or(n_heads);
+        let head_dim = args.head_dim.filter(|&d| d > 0).unwrap_or(dim / n_heads);
+        let bias = args.attention_bias;
+        Ok(Attention {
+            q_proj: LinearLayer::new(dim, n_heads * head_dim, bias)?,
+            k_proj: LinearLayer::new(dim, n_kv_heads * head_dim, bias)?,
+            v_proj: LinearLayer::new(dim, n_kv_heads * head_dim, bias)?,
+            o_proj: LinearLayer::new(n_heads * head_dim, dim, bias)?,
+            q_norm: RmsNorm::new(n_heads * head_dim, args.rms_norm_eps)?,
+            k_norm: RmsNorm::new(n_kv_heads * head_dim, args.rms_norm_eps)?,
+            rope: initialize_rope(
+                head_dim,
+                args.rope_theta,
+                args.rope_traditional,
+                rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
+                args.max_position_embeddings,
+            )?,
+            n_heads,
+            n_kv_heads,
+            scale: (head_dim as f64).powf(-0.5),
+            qkv: None,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &AttnMask,
+        cache: Option<&mut dyn KvCache>,
+    ) -> Result<Array> {
+        let (b, l) = batch_len(x)?;
+        let [q, k, v] = project(
+            self.qkv.as_deref(),
+            [&self.q_proj, &self.k_proj, &self.v_proj],
+            x,
+        )?;
+        let queries = split_heads(&self.q_norm.forward(&q)?, b, l, self.n_heads)?;
+        let keys = split_heads(&self.k_norm.forward(&k)?, b, l, self.n_kv_heads)?;
+        let values = split_heads(&v, b, l, self.n_kv_heads)?;
+        let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
+        self.o_proj.forward(&merge_heads(&out, b, l)?)
+    }
+
+    fn fuse(&mut self) -> crate::Result<()> {
+        self.qkv = fuse([&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
+        Ok(())
+    }
+}
+
+/// One decoder layer: `h = x + norm(attn(x))`, `out = h + norm(mlp(h))`.
+#[derive(Debug)]
+pub struct TransformerBlock {
+    self_attn: Attention,
+    mlp: Mlp,
+    post_attention_layernorm: RmsNorm,
+    post_feedforward_layernorm: RmsNorm,
+}
+impl_module!(TransformerBlock {
+    self_attn,
+    mlp,
+    post_attention_layernorm,
+    post_feedforward_layernorm
+});
+
+impl TransformerBlock {
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &AttnMask,
+        cache: Option<&mut dyn KvCache>,
+    ) -> Result<Array> {
+        let r = self
+            .post_attention_layernorm
+            .forward(&self.self_attn.forward(x, mask, cache)?)?;
+        let h = x.add(&r)?;
+        let r = self
+            .post_feedforward_layernorm
+            .forward(&self.mlp.forward(&h, None)?)?;
+        h.add(&r)
+    }
+}
+
+/// The decoder stack.
+#[derive(Debug)]
+pub struct Olmo2Model {
+    embed_tokens: EmbeddingLayer,
+    layers: Vec<TransformerBlock>,
+    norm: RmsNorm,
+}
+impl_module!(Olmo2Model {
+    embed_tokens,
+    layers,
+    norm
+});
+
+impl Olmo2Model {
+    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let mut h = self.embed_tokens.forward(inputs)?;
+        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
+        for (layer, cache) in self
+            .layers
+            .iter()
+            .zip(layer_caches(caches, self.layers.len())?)
+        {
+            h = layer.forward(&h, &mask, cache)?;
+        }
+        self.norm.forward(&h)
+    }
+}
+
+/// OLMo 2 with its output head.
+#[derive(Debug)]
+pub struct Model {
+    args: ModelArgs,
+    model: Olmo2Model,
+    lm_head: Option<LinearLayer>,
+}
+impl_module!(Model { model, lm_head });
+
+impl Model {
+    /// Builds the model (zero placeholders) from config.json.
+    pub fn new(args: ModelArgs) -> crate::Result<Model> {
+        let layers = (0..args.num_hidden_layers)
+            .map(|_| {
+                Ok(TransformerBlock {
+                    self_attn: Attention::new(&args)?,
+                    mlp: Mlp::new(args.hidden_size, args.intermediate_size, args.mlp_bias)?,
+                    post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
+                    post_feedforward_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
+                })
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        let model = Olmo2Model {
+            embed_tokens: EmbeddingLayer::new(args.vocab_size, args.hidden_size)?,
+            layers,
+            norm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
+        };
+        let lm_head = if args.tie_word_embeddings {
+            None
+        } else {
+            Some(LinearLayer::new(args.hidden_size, args.vocab_size, false)?)
+        };
+        Ok(Model {
+            args,
+            model,
+            lm_head,
+        })
+    }
+}
+
+/// Registry entry.
+pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
+    Ok(Box::new(Model::new(parse_args(config, "olmo2")?)?))
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let out = self.model.forward(tokens, caches)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&out),
+            None => self.model.embed_tokens.as_linear(&out),
+        }
+    }
+    fn cache_specs(&self) -> Vec<CacheSpec> {
+        vec![CacheSpec::Standard; self.model.layers.len()]
+    }
+    fn model_type(&self) -> &str {
+        &self.args.model_type
+    }
+    fn vocab_size(&self) -> i32 {
+        self.args.vocab_size
+    }
+    fn num_layers(&self) -> usize {
+        self.model.layers.len()
+    }
+    fn as_module(&self) -> Option<&dyn Module> {
+        Some(self)
+    }
+    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
+        Some(self)
+    }
+}
+
+impl Architecture for Model {
+    /// mlx-lm drops only the rotary buffers (a tied checkpoint's `lm_head.weight` stays,
+    /// and loading then refuses it as unexpected, as mlx-lm does).
+    fn sanitize(&mut self, weights: Weights) -> crate::Result<Weights> {
+        Ok(drop_rotary_inv_freq(weights))
+    }
+    fn fuse_projections(&mut self) -> crate::Result<()> {
+        for layer in &mut self.model.layers {
+            layer.self_attn.fuse()?;
+            layer.mlp.fuse()?;
+        }
+        Ok(())
+    }
+}
