@@ -45,6 +45,7 @@ ARCHS = {
         "tie_word_embeddings": True,
     },
     "phi3": {"model_type": "phi3", "rope_theta": 10000.0, "tie_word_embeddings": False},
+    "gemma": {"model_type": "gemma", "head_dim": 16, "rms_norm_eps": 1e-6},
     "gemma2": {
         "model_type": "gemma2",
         "head_dim": 16,
@@ -166,6 +167,9 @@ VARIANTS = {
     "phi3-f32-partial-rotary": ("phi3", {"partial_rotary_factor": 0.5}, {}),
     "phi3-bf16": ("phi3", {}, {"dtype": "bfloat16"}),
     "phi3-q4": ("phi3", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "gemma-f32": ("gemma", {}, {}),
+    "gemma-f32-mha-traditional": ("gemma", {"num_key_value_heads": 4, "rope_traditional": True}, {}),
+    "gemma-bf16-q4": ("gemma", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
     "gemma2-f32": ("gemma2", {}, {}),
     "gemma2-bf16": ("gemma2", {}, {"dtype": "bfloat16"}),
     "gemma2-q4": ("gemma2", {}, {"quant": {"bits": 4, "group_size": 64}}),

@@ -46,6 +46,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("smollm3", "smollm3-f32-tied", None),
     ("olmo2", "olmo2-f32", None),
     ("starcoder2", "starcoder2-f32-untied-mha", None),
+    ("gemma", "gemma-f32", None),
     ("q-llama-q4", "llama-q4-g32", None),
     ("q-llama-mixed", "llama-q4-mixed", None),
     ("q-llama-mxfp4", "llama-mxfp4", None),
@@ -131,7 +132,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     ] {
         add("granite", flags);
     }
-    for src in ["smollm3", "olmo2", "starcoder2"] {
+    for src in ["smollm3", "olmo2", "starcoder2", "gemma"] {
         add(src, "");
         add(src, "-q");
     }

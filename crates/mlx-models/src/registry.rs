@@ -7,6 +7,7 @@ type Builder = fn(&Value) -> Result<Box<dyn Architecture>>;
 
 /// Every architecture, by the `model_type` of its mlx-lm file.
 const ARCHITECTURES: &[(&str, Builder)] = &[
+    ("gemma", models::gemma::build),
     ("gemma2", models::gemma2::build),
     ("gemma3", models::gemma3::build),
     ("gemma3_text", models::gemma3_text::build),

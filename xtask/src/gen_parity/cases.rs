@@ -23,6 +23,7 @@ pub const TINY: &[&str] = &[
     "granite-f32-tied",
     "olmo2-f32",
     "starcoder2-f32-tied",
+    "gemma-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];

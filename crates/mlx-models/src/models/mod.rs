@@ -8,6 +8,7 @@ use mlx_nn::{
 };
 use std::collections::BTreeMap;
 
+pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
 pub mod gemma3_text;

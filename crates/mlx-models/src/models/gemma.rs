@@ -1,0 +1,268 @@
+//! Gemma (the first generation), following `mlx_lm/models/gemma.py`: `1 + weight` RMS
+//! norms, a scaled embedding, a GELU-gated feed-forward and the tied head.
+use super::gemma2::RmsNorm;
+use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads};
+use super::{fuse, project, project_out, Architecture};
+use crate::config::parse_args;
+use crate::model::{CacheSpec, LanguageModel};
+use mlx_array::{Array, Result};
+use mlx_nn::activations::gelu;
+use mlx_nn::cache::create_attention_mask;
+use mlx_nn::{
+    impl_module, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer, Module, Rope,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// config.json keys read by Gemma.
+#[derive(Debug, Clone, Deserialize)]
+#[allow(missing_docs)]
+pub struct ModelArgs {
+    pub model_type: String,
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub head_dim: i32,
+    pub rms_norm_eps: f64,
+    pub vocab_size: i32,
+    pub num_key_value_heads: i32,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    #[serde(default)]
+    pub rope_traditional: bool,
+}
+
+fn default_rope_theta() -> f64 {
+    10000.0
+}
+
+/// Self-attention.
+#[derive(Debug)]
+pub struct Attention {
+    q_proj: LinearLayer,
+    k_proj: LinearLayer,
+    v_proj: LinearLayer,
+    o_proj: LinearLayer,
+    rope: Rope,
+    n_heads: i32,
+    n_kv_heads: i32,
+    scale: f64,
+    /// q/k/v as one matmul for decoding steps (set by the loader).
+    qkv: Option<Box<FusedLinears>>,
+}
+impl_module!(Attention {
+    q_proj,
+    k_proj,
+    v_proj,
+    o_proj
+});
+
+impl Attention {
+    fn new(args: &ModelArgs) -> crate::Result<Attention> {
+        let dim = args.hidden_size;
+        let (n_heads, n_kv_heads, head_dim) = (
+            args.num_attention_heads,
+            args.num_key_value_heads,
+            args.head_dim,
+        );
+        Ok(Attention {
+            q_proj: LinearLayer::new(dim, n_heads * head_dim, false)?,
+            k_proj: LinearLayer::new(dim, n_kv_heads * head_dim, false)?,
+            v_proj: LinearLayer::new(dim, n_kv_heads * head_dim, false)?,
+            o_proj: LinearLayer::new(n_heads * head_dim, dim, false)?,
+            rope: Rope::new(head_dim, args.rope_traditional, args.rope_theta, 1.0),
+            n_heads,
+            n_kv_heads,
+            scale: (head_dim as f64).powf(-0.5),
+            qkv: None,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &AttnMask,
+        cache: Option<&mut dyn KvCache>,
+        residual: &Array,
+    ) -> Result<Array> {
+        let (b, l) = batch_len(x)?;
+        let [q, k, v] = project(
+            self.qkv.as_deref(),
+            [&self.q_proj, &self.k_proj, &self.v_proj],
+            x,
+        )?;
+        let queries = split_heads(&q, b, l, self.n_heads)?;
+        let keys = split_heads(&k, b, l, self.n_kv_heads)?;
+        let values = split_heads(&v, b, l, self.n_kv_heads)?;
+        let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
+        project_out(&self.o_proj, &merge_heads(&out, b, l)?, Some(residual))
+    }
+
+    fn fuse(&mut self) -> crate::Result<()> {
+        self.qkv = fuse([&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
+        Ok(())
+    }
+}
+
+/// `down(gelu(gate(x)) * up(x))`.
+#[derive(Debug)]
+pub struct Mlp {
+    gate_proj: LinearLayer,
+    down_proj: LinearLayer,
+    up_proj: LinearLayer,
+    /// gate/up as one matmul for decoding steps (set by the loader).
+    gate_up: Option<Box<FusedLinears>>,
+}
+impl_module!(Mlp {
+    gate_proj,
+    down_proj,
+    up_proj
+});
+
+impl Mlp {
+    fn forward(&self, x: &Array, residual: &Array) -> Result<Array> {
+        let [g, u] = project(self.gate_up.as_deref(), [&self.gate_proj, &self.up_proj], x)?;
+        project_out(&self.down_proj, &gelu(&g)?.multiply(&u)?, Some(residual))
+    }
+}
+
+/// One decoder layer (pre-norm).
+#[derive(Debug)]
+pub struct TransformerBlock {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+impl_module!(TransformerBlock {
+    self_attn,
+    mlp,
+    input_layernorm,
+    post_attention_layernorm
+});
+
+impl TransformerBlock {
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &AttnMask,
+        cache: Option<&mut dyn KvCache>,
+    ) -> Result<Array> {
+        let h = self
+            .self_attn
+            .forward(&self.input_layernorm.forward(x)?, mask, cache, x)?;
+        self.mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?, &h)
+    }
+}
+
+/// The decoder stack.
+#[derive(Debug)]
+pub struct GemmaModel {
+    embed_tokens: EmbeddingLayer,
+    layers: Vec<TransformerBlock>,
+    norm: RmsNorm,
+    hidden_size: i32,
+}
+impl_module!(GemmaModel {
+    embed_tokens,
+    layers,
+    norm
+});
+
+impl GemmaModel {
+    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let h = self.embed_tokens.forward(inputs)?;
+        let mut h = h.multiply((self.hidden_size as f64).powf(0.5))?;
+        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
+        for (layer, cache) in self
+            .layers
+            .iter()
+            .zip(layer_caches(caches, self.layers.len())?)
+        {
+            h = layer.forward(&h, &mask, cache)?;
+        }
+        self.norm.forward(&h)
+    }
+}
+
+/// Gemma (the head is always the tied embedding).
+#[derive(Debug)]
+pub struct Model {
+    args: ModelArgs,
+    model: GemmaModel,
+}
+impl_module!(Model { model });
+
+impl Model {
+    /// Builds the model (zero placeholders) from config.json.
+    pub fn new(args: ModelArgs) -> crate::Result<Model> {
+        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+        let layers = (0..args.num_hidden_layers)
+            .map(|_| {
+                Ok(TransformerBlock {
+                    self_attn: Attention::new(&args)?,
+                    mlp: Mlp {
+                        gate_proj: LinearLayer::new(dim, args.intermediate_size, false)?,
+                        down_proj: LinearLayer::new(args.intermediate_size, dim, false)?,
+                        up_proj: LinearLayer::new(dim, args.intermediate_size, false)?,
+                        gate_up: None,
+                    },
+                    input_layernorm: RmsNorm::new(dim, eps)?,
+                    post_attention_layernorm: RmsNorm::new(dim, eps)?,
+                })
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        let model = GemmaModel {
+            embed_tokens: EmbeddingLayer::new(args.vocab_size, dim)?,
+            layers,
+            norm: RmsNorm::new(dim, eps)?,
+            hidden_size: dim,
+        };
+        Ok(Model { args, model })
+    }
+}
+
+/// Registry entry.
+pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
+    Ok(Box::new(Model::new(parse_args(config, "gemma")?)?))
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let out = self.model.forward(tokens, caches)?;
+        self.model.embed_tokens.as_linear(&out)
+    }
+    fn cache_specs(&self) -> Vec<CacheSpec> {
+        vec![CacheSpec::Standard; self.model.layers.len()]
+    }
+    fn model_type(&self) -> &str {
+        &self.args.model_type
+    }
+    fn vocab_size(&self) -> i32 {
+        self.args.vocab_size
+    }
+    fn num_layers(&self) -> usize {
+        self.model.layers.len()
+    }
+    fn as_module(&self) -> Option<&dyn Module> {
+        Some(self)
+    }
+    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
+        Some(self)
+    }
+}
+
+/// mlx-lm's class has no `sanitize`: the checkpoint's tensors load as they are.
+impl Architecture for Model {
+    fn fuse_projections(&mut self) -> crate::Result<()> {
+        for layer in &mut self.model.layers {
+            let attn = &mut layer.self_attn;
+            attn.fuse()?;
+            let mlp = &mut layer.mlp;
+            mlp.gate_up = fuse([&mut mlp.gate_proj, &mut mlp.up_proj])?;
+        }
+        Ok(())
+    }
+}
