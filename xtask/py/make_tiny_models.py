@@ -76,6 +76,15 @@ ARCHS = {
         "moe_intermediate_size": 64,
         "norm_topk_prob": True,
     },
+    "gpt_oss": {
+        "model_type": "gpt_oss",
+        "head_dim": 16,
+        "intermediate_size": 64,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 4,
+        "rope_theta": 150000.0,
+    },
     "granite": {
         "model_type": "granite",
         "rope_theta": 10000.0,
@@ -116,6 +125,8 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 
 # name -> (arch, config overrides, options)
 #   dtype: weight dtype; extras: add HF-only tensors that sanitize must drop;
+#   hf_mxfp4: gpt_oss experts as the original checkpoints store them (interleaved
+#   gate_up_proj, MXFP4 `_blocks` / `_scales`, `quant_method: mxfp4`);
 #   shards: write that many shard files with an index; quant: mlx-lm quantization.
 VARIANTS = {
     "llama-f32-tied": ("llama", {}, {"extras": True}),
@@ -181,6 +192,11 @@ VARIANTS = {
     "gemma3-f32-multimodal": ("gemma3_text", {}, {"wrap_gemma3": True}),
     "qwen3_moe-f32": ("qwen3_moe", {}, {}),
     "qwen3_moe-q4": ("qwen3_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "gpt_oss-f32": ("gpt_oss", {}, {}),
+    "gpt_oss-f32-full-first-yarn": (
+        "gpt_oss", {"layer_types": ["full_attention", "sliding_attention"], "rope_scaling": YARN}, {}),
+    "gpt_oss-bf16-mxfp4": ("gpt_oss", {}, {"dtype": "bfloat16", "quant": {"mode": "mxfp4"}}),
+    "gpt_oss-bf16-hf-mxfp4": ("gpt_oss", {}, {"dtype": "bfloat16", "hf_mxfp4": True}),
     "granite-f32-tied": ("granite", {}, {}),
     "granite-f32-untied-bias": (
         "granite", {"tie_word_embeddings": False, "attention_bias": True, "mlp_bias": True}, {}),
@@ -227,6 +243,12 @@ GOLDENS = {
     "qwen3_moe-small-f32": (
         "qwen3_moe", dict(SMALL, head_dim=8, moe_intermediate_size=32), {}),
     "mixtral-small-f32": ("mixtral", dict(SMALL, intermediate_size=32), {}),
+    "gemma-small-f32": ("gemma", dict(SMALL, head_dim=8), {}),
+    "gpt_oss-small-f32": ("gpt_oss", dict(SMALL, head_dim=8, intermediate_size=32), {}),
+    "granite-small-f32": ("granite", dict(SMALL), {}),
+    "olmo2-small-f32": ("olmo2", dict(SMALL), {}),
+    "smollm3-small-f32": ("smollm3", dict(SMALL), {}),
+    "starcoder2-small-f32": ("starcoder2", dict(SMALL), {}),
 }
 
 
@@ -276,6 +298,8 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight"] = v[e]
         else:
             out[k] = v
+    if opts.get("hf_mxfp4"):
+        out = gpt_oss_hf_experts(out)
     if opts.get("extras"):
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         for i in range(config["num_hidden_layers"]):
@@ -286,8 +310,44 @@ def to_hf_names(config, weights, opts, rng):
     return out
 
 
+def gpt_oss_hf_experts(weights):
+    """gpt_oss experts in the original checkpoints' layout: gate and up interleaved
+    row by row in `gate_up_proj`, the weights MXFP4 (`uint8` blocks of 16 bytes per 32
+    values and `uint8` scales), the biases dense."""
+    out = {}
+    for k, v in weights.items():
+        if ".mlp.experts." not in k:
+            out[k] = v
+            continue
+        prefix, rest = k.split(".mlp.experts.")
+        proj, kind = rest.split(".")
+        base = f"{prefix}.mlp.experts."
+        if proj == "up_proj":
+            continue
+        if proj == "gate_proj":
+            up = weights[f"{base}up_proj.{kind}"]
+            both = np.stack([v, up], axis=-2 if kind == "weight" else -1)
+            v = both.reshape(*v.shape[:-2], -1, v.shape[-1]) if kind == "weight" else both.reshape(
+                *v.shape[:-1], -1)
+            name = "gate_up_proj"
+        else:
+            name = "down_proj"
+        if kind == "bias":
+            out[f"{base}{name}_bias"] = v
+            continue
+        wq, scales = mx.quantize(mx.array(v), group_size=32, bits=4, mode="mxfp4")
+        blocks = np.array(wq.view(mx.uint8)).reshape(*v.shape[:-1], -1, 16)
+        out[f"{base}{name}_blocks"] = blocks
+        out[f"{base}{name}_scales"] = np.array(scales)
+    return out
+
+
 def save_weights(path, weights, dtype, shards):
-    arrays = {k: mx.array(v).astype(getattr(mx, dtype)) for k, v in weights.items()}
+    def cast(v):
+        a = mx.array(v)
+        return a.astype(getattr(mx, dtype)) if mx.issubdtype(a.dtype, mx.floating) else a
+
+    arrays = {k: cast(v) for k, v in weights.items()}
     path.mkdir(parents=True, exist_ok=True)
     if shards <= 1:
         mx.save_safetensors(str(path / "model.safetensors"), arrays, metadata={"format": "pt"})
@@ -334,6 +394,8 @@ def write_dense(out, name, arch, overrides, opts):
         weights = {f"language_model.{k}": v for k, v in weights.items()}
         weights["vision_tower.vision_model.embeddings.patch_embedding.weight"] = np.ones((4, 4), np.float32)
         weights["multi_modal_projector.mm_input_projection_weight"] = np.ones((4, 4), np.float32)
+    if opts.get("hf_mxfp4"):
+        config["quantization_config"] = {"quant_method": "mxfp4"}
     dest = out / name
     save_weights(dest, weights, opts.get("dtype", "float32"), opts.get("shards", 1))
     with open(dest / "config.json", "w") as f:

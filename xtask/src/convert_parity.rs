@@ -47,6 +47,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("olmo2", "olmo2-f32", None),
     ("starcoder2", "starcoder2-f32-untied-mha", None),
     ("gemma", "gemma-f32", None),
+    ("gpt_oss", "gpt_oss-f32", None),
+    ("gpt_oss-hf-mxfp4", "gpt_oss-bf16-hf-mxfp4", None),
     ("q-llama-q4", "llama-q4-g32", None),
     ("q-llama-mixed", "llama-q4-mixed", None),
     ("q-llama-mxfp4", "llama-mxfp4", None),
@@ -132,6 +134,12 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     ] {
         add("granite", flags);
     }
+    // gpt_oss: its 8-bit router predicate; the original MXFP4 layout kept or dequantized.
+    for flags in ["", "-q", "-q --q-mode mxfp4"] {
+        add("gpt_oss", flags);
+    }
+    add("gpt_oss-hf-mxfp4", "");
+    add("gpt_oss-hf-mxfp4", "-d");
     for src in ["smollm3", "olmo2", "starcoder2", "gemma"] {
         add(src, "");
         add(src, "-q");

@@ -342,4 +342,16 @@ model_tests! {
         => "qwen3-small-q8-g32", true;
     batched_decode_equals_alone_qwen3_moe, prefilled_together_equals_alone_qwen3_moe
         => "qwen3_moe-small-f32", true;
+    batched_decode_equals_alone_gemma, prefilled_together_equals_alone_gemma
+        => "gemma-small-f32", true;
+    batched_decode_matches_alone_gpt_oss_sliding_sinks,
+    prefilled_together_matches_alone_gpt_oss_sliding_sinks => "gpt_oss-small-f32", false;
+    batched_decode_equals_alone_granite, prefilled_together_equals_alone_granite
+        => "granite-small-f32", true;
+    batched_decode_equals_alone_olmo2, prefilled_together_equals_alone_olmo2
+        => "olmo2-small-f32", true;
+    batched_decode_equals_alone_smollm3_nope, prefilled_together_equals_alone_smollm3_nope
+        => "smollm3-small-f32", true;
+    batched_decode_equals_alone_starcoder2, prefilled_together_equals_alone_starcoder2
+        => "starcoder2-small-f32", true;
 }

@@ -60,6 +60,12 @@ golden_tests! {
     gemma3_text_bf16_logits_match_mlx_lm => "gemma3_text-small-bf16",
     qwen3_moe_logits_match_mlx_lm => "qwen3_moe-small-f32",
     mixtral_logits_match_mlx_lm => "mixtral-small-f32",
+    gemma_logits_match_mlx_lm => "gemma-small-f32",
+    gpt_oss_sinks_sliding_experts_logits_match_mlx_lm => "gpt_oss-small-f32",
+    granite_logits_match_mlx_lm => "granite-small-f32",
+    olmo2_logits_match_mlx_lm => "olmo2-small-f32",
+    smollm3_nope_logits_match_mlx_lm => "smollm3-small-f32",
+    starcoder2_logits_match_mlx_lm => "starcoder2-small-f32",
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! (`mx.compile(shapeless=True)`), so fused kernels match Python bit for bit.
 //!
 //! Each compiled function is built once per thread and kept for the thread's life.
-use mlx_array::{activations as raw, Array, Closure, Result};
+use mlx_array::{activations as raw, Array, Closure, Result, Scalar};
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -82,6 +82,27 @@ pub fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
     call_compiled(
         "swiglu",
         |a| Ok(vec![silu(&a[0])?.multiply(&a[1])?]),
+        &[gate, x],
+    )
+}
+
+/// mlx-lm's `swiglu_oai(gate, x)` (GPT-OSS; alpha 1.702, limit 7.0, its defaults):
+/// `gate` clipped from above, `x` to +-limit, then `(x + 1) * (gate * sigmoid(alpha *
+/// gate))`, compiled.
+#[track_caller]
+pub fn swiglu_oai(gate: &Array, x: &Array) -> Result<Array> {
+    call_compiled(
+        "swiglu_oai",
+        |a| {
+            let (gate, x) = (&a[0], &a[1]);
+            let (alpha, limit) = (1.702, 7.0);
+            let gate = gate.minimum(limit)?;
+            let lo = Array::weak_scalar(Scalar::Float(-limit), x.dtype())?;
+            let hi = Array::weak_scalar(Scalar::Float(limit), x.dtype())?;
+            let x = x.clip(Some(&lo), Some(&hi))?;
+            let glu = gate.multiply(&gate.multiply(alpha)?.sigmoid()?)?;
+            Ok(vec![x.add(1.0)?.multiply(&glu)?])
+        },
         &[gate, x],
     )
 }

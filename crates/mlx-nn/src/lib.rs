@@ -33,4 +33,6 @@ pub use module::{Module, Param};
 pub use norm::{LayerNorm, RmsNorm};
 pub use quantize::{dequantize_module, quantize_module, QuantSpec, Quantizable};
 pub use rope::{initialize_rope, Rope, RopeScaling};
-pub use switch::{QuantizedSwitchLinear, SwitchGlu, SwitchLinear, SwitchLinearLayer};
+pub use switch::{
+    GluActivation, QuantizedSwitchLinear, SwitchGlu, SwitchLinear, SwitchLinearLayer,
+};

@@ -1,6 +1,6 @@
 //! Mixture-of-experts layers of `mlx_lm/models/switch_layers.py`: `SwitchLinear`,
 //! `QuantizedSwitchLinear` and `SwitchGLU`, on `gather_mm` / `gather_qmm`.
-use crate::activations::swiglu;
+use crate::activations::{swiglu, swiglu_oai};
 use crate::error::Result as NnResult;
 use crate::module::{Module, Param, QuantVisitor};
 use crate::quantize::{QuantSpec, Quantizable};
@@ -218,7 +218,17 @@ impl Quantizable for SwitchLinearLayer {
     }
 }
 
-/// `SwitchGLU`: `down(swiglu(gate(x), up(x)))` with per-token experts.
+/// The gated activation of a [`SwitchGlu`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GluActivation {
+    /// mlx-lm's `SwiGLU`: `silu(gate) * up`.
+    #[default]
+    Swiglu,
+    /// mlx-lm's `SwigluOAI` (GPT-OSS): [`swiglu_oai`].
+    SwigluOai,
+}
+
+/// `SwitchGLU`: `down(activation(gate(x), up(x)))` with per-token experts.
 #[derive(Debug, Clone)]
 pub struct SwitchGlu {
     /// Gate projections.
@@ -227,6 +237,8 @@ pub struct SwitchGlu {
     pub up_proj: SwitchLinearLayer,
     /// Down projections.
     pub down_proj: SwitchLinearLayer,
+    /// The gated activation (SwiGLU unless set).
+    pub activation: GluActivation,
 }
 
 crate::impl_module!(SwitchGlu {
@@ -255,7 +267,13 @@ impl SwitchGlu {
             gate_proj: l(input_dims, hidden_dims)?,
             up_proj: l(input_dims, hidden_dims)?,
             down_proj: l(hidden_dims, input_dims)?,
+            activation: GluActivation::Swiglu,
         })
+    }
+
+    /// The same layers with another gated activation.
+    pub fn with_activation(self, activation: GluActivation) -> SwitchGlu {
+        SwitchGlu { activation, ..self }
     }
 
     /// `x`: `[..., dims]`, `indices`: `[..., k]` expert ids; returns `[..., k, dims]`.
@@ -272,9 +290,11 @@ impl SwitchGlu {
         };
         let x_up = self.up_proj.forward(&x, &idx, do_sort)?;
         let x_gate = self.gate_proj.forward(&x, &idx, do_sort)?;
-        let mut y = self
-            .down_proj
-            .forward(&swiglu(&x_gate, &x_up)?, &idx, do_sort)?;
+        let h = match self.activation {
+            GluActivation::Swiglu => swiglu(&x_gate, &x_up)?,
+            GluActivation::SwigluOai => swiglu_oai(&x_gate, &x_up)?,
+        };
+        let mut y = self.down_proj.forward(&h, &idx, do_sort)?;
         if let Some(inv) = inv_order {
             y = scatter_unsort(&y, &inv, Some(&indices.shape()))?;
         }

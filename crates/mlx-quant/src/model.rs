@@ -107,14 +107,28 @@ pub fn layer_specs(module: &mut dyn Module) -> Result<Vec<(String, Option<QuantS
 }
 
 /// mlx-lm's `get_total_parameters`: a quantized layer counts the elements its packed
-/// weight unpacks to (plus its bias), other parameters count their size.
+/// weight unpacks to (plus its bias), other parameters of leaf modules their size.
 pub fn total_parameters(params: &[(String, Array)], specs: &[(String, Option<QuantSpec>)]) -> u64 {
     let quantized: BTreeMap<&str, QuantSpec> = specs
         .iter()
         .filter_map(|(p, s)| s.map(|s| (p.as_str(), s)))
         .collect();
+    // mlx-lm counts the parameters of leaf modules only: an array held by a module that
+    // also has child modules (gpt_oss's attention `sinks`) is not counted.
+    let owner = |name: &str| name.rsplit_once('.').map_or("", |(o, _)| o).to_string();
+    let inner: std::collections::BTreeSet<String> = params
+        .iter()
+        .flat_map(|(name, _)| {
+            let o = owner(name);
+            o.match_indices('.')
+                .map(|(i, _)| o[..i].to_string())
+                .chain(std::iter::once(String::new()).filter(|_| !o.is_empty()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
     params
         .iter()
+        .filter(|(name, _)| !inner.contains(&owner(name)))
         .map(|(name, a)| {
             let (layer, leaf) = name.rsplit_once('.').unwrap_or(("", name));
             match (quantized.get(layer), leaf) {

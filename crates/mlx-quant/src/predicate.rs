@@ -177,8 +177,9 @@ impl MixedPredicate {
 }
 
 /// The `quant_predicate` property some mlx-lm models define (used when no recipe is
-/// given): qwen3_moe keeps its router (`mlp.gate`) at 8 bits, group size 64; granite
-/// its `o_proj`, `down_proj` and `lm_head` (affine, whatever the mode asked for).
+/// given): qwen3_moe keeps its router (`mlp.gate`) at 8 bits, group size 64, gpt_oss
+/// its `router`, granite its `o_proj`, `down_proj` and `lm_head` (affine, whatever the
+/// mode asked for).
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
     let eight_bits = || {
         let mut m = Map::new();
@@ -195,6 +196,7 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
     };
     match model_type {
         "qwen3_moe" => Some(choose(path.ends_with("mlp.gate"))),
+        "gpt_oss" => Some(choose(path.ends_with("router"))),
         "granite" => Some(choose(
             path.ends_with("self_attn.o_proj")
                 || path.ends_with("mlp.down_proj")

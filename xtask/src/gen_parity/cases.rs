@@ -24,6 +24,7 @@ pub const TINY: &[&str] = &[
     "olmo2-f32",
     "starcoder2-f32-tied",
     "gemma-f32",
+    "gpt_oss-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];

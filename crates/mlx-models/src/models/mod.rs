@@ -12,6 +12,7 @@ pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
 pub mod gemma3_text;
+pub mod gpt_oss;
 pub mod granite;
 pub mod llama;
 pub mod mixtral;
@@ -168,6 +169,21 @@ pub(crate) fn rope_attend(
     scale: f64,
     mask: &AttnMask,
 ) -> Result<Array> {
+    rope_attend_sinks(queries, keys, values, rope, cache, scale, mask, None)
+}
+
+/// [`rope_attend`] with attention sinks (one logit per head, GPT-OSS).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rope_attend_sinks(
+    queries: &Array,
+    keys: &Array,
+    values: Array,
+    rope: &Rope,
+    cache: Option<&mut dyn KvCache>,
+    scale: f64,
+    mask: &AttnMask,
+    sinks: Option<&Array>,
+) -> Result<Array> {
     let (queries, fetch) = match cache {
         Some(c) => {
             let offset = c.rope_offset()?;
@@ -186,7 +202,7 @@ pub(crate) fn rope_attend(
             )
         }
     };
-    scaled_dot_product_attention(&queries, &fetch, scale, mask, None)
+    scaled_dot_product_attention(&queries, &fetch, scale, mask, sinks)
 }
 
 /// The q/k/v projections of `[B, L, D]` activations (fused at one position, see
