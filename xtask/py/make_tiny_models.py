@@ -99,6 +99,8 @@ ARCHS = {
     "olmo2": {"model_type": "olmo2", "rope_theta": 500000.0, "tie_word_embeddings": False},
     "starcoder2": {"model_type": "starcoder2", "norm_epsilon": 1e-5, "rope_theta": 100000.0,
                    "tie_word_embeddings": True},
+    "olmo3": {"model_type": "olmo3", "rope_theta": 500000.0, "sliding_window": 4,
+              "num_hidden_layers": 4},
     "smollm3": {
         "model_type": "smollm3",
         "rope_theta": 5000000.0,
@@ -209,6 +211,11 @@ VARIANTS = {
     "starcoder2-f32-tied": ("starcoder2", {}, {}),
     "starcoder2-f32-untied-mha": ("starcoder2", {"tie_word_embeddings": False, "num_key_value_heads": 4}, {}),
     "starcoder2-bf16-q4": ("starcoder2", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "olmo3-f32": ("olmo3", {}, {}),
+    "olmo3-f32-tied-yarn-layer-list": (
+        "olmo3", {"tie_word_embeddings": True, "rope_scaling": YARN, "num_hidden_layers": 3,
+                  "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}, {}),
+    "olmo3-bf16-q4": ("olmo3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
     "smollm3-f32-tied": ("smollm3", {}, {"extras": True}),
     "smollm3-f32-layer-list": (
         "smollm3", {"num_hidden_layers": 3, "no_rope_layers": [0, 1, 0], "tie_word_embeddings": False}, {}),
@@ -247,6 +254,7 @@ GOLDENS = {
     "gpt_oss-small-f32": ("gpt_oss", dict(SMALL, head_dim=8, intermediate_size=32), {}),
     "granite-small-f32": ("granite", dict(SMALL), {}),
     "olmo2-small-f32": ("olmo2", dict(SMALL), {}),
+    "olmo3-small-f32": ("olmo3", dict(SMALL), {}),
     "smollm3-small-f32": ("smollm3", dict(SMALL), {}),
     "starcoder2-small-f32": ("starcoder2", dict(SMALL), {}),
 }

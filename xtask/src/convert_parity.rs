@@ -45,6 +45,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("granite", "granite-f32-untied-bias", None),
     ("smollm3", "smollm3-f32-tied", None),
     ("olmo2", "olmo2-f32", None),
+    ("olmo3", "olmo3-f32", None),
     ("starcoder2", "starcoder2-f32-untied-mha", None),
     ("gemma", "gemma-f32", None),
     ("gpt_oss", "gpt_oss-f32", None),
@@ -140,7 +141,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     }
     add("gpt_oss-hf-mxfp4", "");
     add("gpt_oss-hf-mxfp4", "-d");
-    for src in ["smollm3", "olmo2", "starcoder2", "gemma"] {
+    for src in ["smollm3", "olmo2", "olmo3", "starcoder2", "gemma"] {
         add(src, "");
         add(src, "-q");
     }

@@ -350,6 +350,8 @@ model_tests! {
         => "granite-small-f32", true;
     batched_decode_equals_alone_olmo2, prefilled_together_equals_alone_olmo2
         => "olmo2-small-f32", true;
+    batched_decode_matches_alone_olmo3_sliding, prefilled_together_matches_alone_olmo3_sliding
+        => "olmo3-small-f32", false;
     batched_decode_equals_alone_smollm3_nope, prefilled_together_equals_alone_smollm3_nope
         => "smollm3-small-f32", true;
     batched_decode_equals_alone_starcoder2, prefilled_together_equals_alone_starcoder2

@@ -16,6 +16,7 @@ const ARCHITECTURES: &[(&str, Builder)] = &[
     ("llama", models::llama::build),
     ("mixtral", models::mixtral::build),
     ("olmo2", models::olmo2::build),
+    ("olmo3", models::olmo3::build),
     ("phi3", models::phi3::build),
     ("qwen2", models::qwen2::build),
     ("qwen3", models::qwen3::build),

@@ -64,6 +64,7 @@ golden_tests! {
     gpt_oss_sinks_sliding_experts_logits_match_mlx_lm => "gpt_oss-small-f32",
     granite_logits_match_mlx_lm => "granite-small-f32",
     olmo2_logits_match_mlx_lm => "olmo2-small-f32",
+    olmo3_sliding_logits_match_mlx_lm => "olmo3-small-f32",
     smollm3_nope_logits_match_mlx_lm => "smollm3-small-f32",
     starcoder2_logits_match_mlx_lm => "starcoder2-small-f32",
 }

@@ -22,6 +22,7 @@ pub const TINY: &[&str] = &[
     "smollm3-f32-tied",
     "granite-f32-tied",
     "olmo2-f32",
+    "olmo3-f32",
     "starcoder2-f32-tied",
     "gemma-f32",
     "gpt_oss-f32",

@@ -17,6 +17,7 @@ pub mod granite;
 pub mod llama;
 pub mod mixtral;
 pub mod olmo2;
+pub mod olmo3;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;

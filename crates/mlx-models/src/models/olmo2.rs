@@ -74,12 +74,19 @@ impl_module!(Attention {
     k_norm
 });
 
+/// Head size: `head_dim`, else `hidden_size / num_attention_heads`.
+pub(crate) fn head_dim(args: &ModelArgs) -> i32 {
+    args.head_dim
+        .filter(|&d| d > 0)
+        .unwrap_or(args.hidden_size / args.num_attention_heads)
+}
+
 impl Attention {
-    fn new(args: &ModelArgs) -> crate::Result<Attention> {
+    fn new(args: &ModelArgs, rope: Rope) -> crate::Result<Attention> {
         let dim = args.hidden_size;
         let n_heads = args.num_attention_heads;
         let n_kv_heads = args.num_key_value_heads.unwrap_or(n_heads);
-        let head_dim = args.head_dim.filter(|&d| d > 0).unwrap_or(dim / n_heads);
+        let head_dim = head_dim(args);
         let bias = args.attention_bias;
         Ok(Attention {
             q_proj: LinearLayer::new(dim, n_heads * head_dim, bias)?,
@@ -88,13 +95,7 @@ impl Attention {
             o_proj: LinearLayer::new(n_heads * head_dim, dim, bias)?,
             q_norm: RmsNorm::new(n_heads * head_dim, args.rms_norm_eps)?,
             k_norm: RmsNorm::new(n_kv_heads * head_dim, args.rms_norm_eps)?,
-            rope: initialize_rope(
-                head_dim,
-                args.rope_theta,
-                args.rope_traditional,
-                rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
-                args.max_position_embeddings,
-            )?,
+            rope,
             n_heads,
             n_kv_heads,
             scale: (head_dim as f64).powf(-0.5),
@@ -143,7 +144,24 @@ impl_module!(TransformerBlock {
 });
 
 impl TransformerBlock {
-    fn forward(
+    /// One layer whose attention rotates with `rope`.
+    pub(crate) fn new(args: &ModelArgs, rope: Rope) -> crate::Result<TransformerBlock> {
+        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+        Ok(TransformerBlock {
+            self_attn: Attention::new(args, rope)?,
+            mlp: Mlp::new(dim, args.intermediate_size, args.mlp_bias)?,
+            post_attention_layernorm: RmsNorm::new(dim, eps)?,
+            post_feedforward_layernorm: RmsNorm::new(dim, eps)?,
+        })
+    }
+
+    /// Fuses the dense q/k/v and gate/up projections (see `fuse_projections`).
+    pub(crate) fn fuse(&mut self) -> crate::Result<()> {
+        self.self_attn.fuse()?;
+        self.mlp.fuse()
+    }
+
+    pub(crate) fn forward(
         &self,
         x: &Array,
         mask: &AttnMask,
@@ -202,12 +220,14 @@ impl Model {
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
         let layers = (0..args.num_hidden_layers)
             .map(|_| {
-                Ok(TransformerBlock {
-                    self_attn: Attention::new(&args)?,
-                    mlp: Mlp::new(args.hidden_size, args.intermediate_size, args.mlp_bias)?,
-                    post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
-                    post_feedforward_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
-                })
+                let rope = initialize_rope(
+                    head_dim(&args),
+                    args.rope_theta,
+                    args.rope_traditional,
+                    rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
+                    args.max_position_embeddings,
+                )?;
+                TransformerBlock::new(&args, rope)
             })
             .collect::<crate::Result<Vec<_>>>()?;
         let model = Olmo2Model {
@@ -268,10 +288,9 @@ impl Architecture for Model {
         Ok(drop_rotary_inv_freq(weights))
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        for layer in &mut self.model.layers {
-            layer.self_attn.fuse()?;
-            layer.mlp.fuse()?;
-        }
-        Ok(())
+        self.model
+            .layers
+            .iter_mut()
+            .try_for_each(TransformerBlock::fuse)
     }
 }
