@@ -107,6 +107,13 @@ ARCHS = {
         "tie_word_embeddings": True,
         "no_rope_layer_interval": 2,
     },
+    "ministral3": {
+        "model_type": "ministral3",
+        "head_dim": 16,
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
+                            "llama_4_scaling_beta": 0.1, "rope_theta": 1000000.0,
+                            "beta_fast": 32.0, "beta_slow": 1.0},
+    },
     "mixtral": {
         "model_type": "mixtral",
         "rope_theta": 1000000.0,
@@ -127,6 +134,8 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 
 # name -> (arch, config overrides, options)
 #   dtype: weight dtype; extras: add HF-only tensors that sanitize must drop;
+#   wrap_mistral3: the text model inside a mistral3 config with vision weights, named
+#   "old" (language_model.*) or "new" (model.language_model.*, lm_head.* at the top);
 #   hf_mxfp4: gpt_oss experts as the original checkpoints store them (interleaved
 #   gate_up_proj, MXFP4 `_blocks` / `_scales`, `quant_method: mxfp4`);
 #   shards: write that many shard files with an index; quant: mlx-lm quantization.
@@ -220,6 +229,14 @@ VARIANTS = {
     "smollm3-f32-layer-list": (
         "smollm3", {"num_hidden_layers": 3, "no_rope_layers": [0, 1, 0], "tie_word_embeddings": False}, {}),
     "smollm3-bf16-q4": ("smollm3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "ministral3-f32-tied": ("ministral3", {}, {"extras": True}),
+    "ministral3-f32-sliding-untied": (
+        "ministral3", {"tie_word_embeddings": False, "layer_types": ["sliding_attention", "full_attention"],
+                       "sliding_window": 4}, {}),
+    "ministral3-bf16-q4": ("ministral3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "mistral3-f32-ministral3": ("ministral3", {"tie_word_embeddings": False}, {"wrap_mistral3": "old"}),
+    "mistral3-f32-mistral": (
+        "llama", {"model_type": "mistral", "tie_word_embeddings": False}, {"wrap_mistral3": "new"}),
     "mixtral-f32": ("mixtral", {}, {}),
     "mixtral-q4": ("mixtral", {}, {"quant": {"bits": 4, "group_size": 64}}),
 }
@@ -250,6 +267,9 @@ GOLDENS = {
     "qwen3_moe-small-f32": (
         "qwen3_moe", dict(SMALL, head_dim=8, moe_intermediate_size=32), {}),
     "mixtral-small-f32": ("mixtral", dict(SMALL, intermediate_size=32), {}),
+    "ministral3-small-f32-sliding": (
+        "ministral3", dict(SMALL, head_dim=8, layer_types=["sliding_attention", "full_attention"],
+                           sliding_window=4), {}),
     "gemma-small-f32": ("gemma", dict(SMALL, head_dim=8), {}),
     "gpt_oss-small-f32": ("gpt_oss", dict(SMALL, head_dim=8, intermediate_size=32), {}),
     "granite-small-f32": ("granite", dict(SMALL), {}),
@@ -402,6 +422,15 @@ def write_dense(out, name, arch, overrides, opts):
         weights = {f"language_model.{k}": v for k, v in weights.items()}
         weights["vision_tower.vision_model.embeddings.patch_embedding.weight"] = np.ones((4, 4), np.float32)
         weights["multi_modal_projector.mm_input_projection_weight"] = np.ones((4, 4), np.float32)
+    if opts.get("wrap_mistral3"):
+        config = {"model_type": "mistral3", "text_config": dict(config), "vision_config": {"hidden_size": 8}}
+        if opts["wrap_mistral3"] == "old":
+            weights = {f"language_model.{k}": v for k, v in weights.items()}
+        else:
+            weights = {(k if k.startswith("lm_head.") else "model.language_model." + k.removeprefix("model.")): v
+                       for k, v in weights.items()}
+        weights["vision_tower.patch_conv.weight"] = np.ones((4, 4), np.float32)
+        weights["multi_modal_projector.linear_1.weight"] = np.ones((4, 4), np.float32)
     if opts.get("hf_mxfp4"):
         config["quantization_config"] = {"quant_method": "mxfp4"}
     dest = out / name

@@ -49,6 +49,9 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("starcoder2", "starcoder2-f32-untied-mha", None),
     ("gemma", "gemma-f32", None),
     ("gpt_oss", "gpt_oss-f32", None),
+    ("ministral3", "ministral3-f32-sliding-untied", None),
+    ("mistral3-mm", "mistral3-f32-ministral3", None),
+    ("mistral3-mistral", "mistral3-f32-mistral", None),
     ("gpt_oss-hf-mxfp4", "gpt_oss-bf16-hf-mxfp4", None),
     ("q-llama-q4", "llama-q4-g32", None),
     ("q-llama-mixed", "llama-q4-mixed", None),
@@ -141,7 +144,16 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     }
     add("gpt_oss-hf-mxfp4", "");
     add("gpt_oss-hf-mxfp4", "-d");
-    for src in ["smollm3", "olmo2", "olmo3", "starcoder2", "gemma"] {
+    for src in [
+        "smollm3",
+        "olmo2",
+        "olmo3",
+        "starcoder2",
+        "gemma",
+        "ministral3",
+        "mistral3-mm",
+        "mistral3-mistral",
+    ] {
         add(src, "");
         add(src, "-q");
     }

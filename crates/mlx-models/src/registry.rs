@@ -14,6 +14,8 @@ const ARCHITECTURES: &[(&str, Builder)] = &[
     ("gpt_oss", models::gpt_oss::build),
     ("granite", models::granite::build),
     ("llama", models::llama::build),
+    ("ministral3", models::ministral3::build),
+    ("mistral3", models::mistral3::build),
     ("mixtral", models::mixtral::build),
     ("olmo2", models::olmo2::build),
     ("olmo3", models::olmo3::build),

@@ -26,6 +26,8 @@ pub const TINY: &[&str] = &[
     "starcoder2-f32-tied",
     "gemma-f32",
     "gpt_oss-f32",
+    "ministral3-f32-sliding-untied",
+    "mistral3-f32-ministral3",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];

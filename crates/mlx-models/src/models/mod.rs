@@ -15,6 +15,8 @@ pub mod gemma3_text;
 pub mod gpt_oss;
 pub mod granite;
 pub mod llama;
+pub mod ministral3;
+pub mod mistral3;
 pub mod mixtral;
 pub mod olmo2;
 pub mod olmo3;
@@ -185,7 +187,20 @@ pub(crate) fn rope_attend_sinks(
     mask: &AttnMask,
     sinks: Option<&Array>,
 ) -> Result<Array> {
-    let (queries, fetch) = match cache {
+    let (queries, fetch) = rope_cache(queries, keys, values, rope, cache)?;
+    scaled_dot_product_attention(&queries, &fetch, scale, mask, sinks)
+}
+
+/// The head of [`rope_attend`]: queries and keys rotated at the cache offset, the cache
+/// updated; returns the queries and what attention reads.
+pub(crate) fn rope_cache(
+    queries: &Array,
+    keys: &Array,
+    values: Array,
+    rope: &Rope,
+    cache: Option<&mut dyn KvCache>,
+) -> Result<(Array, KvFetch)> {
+    Ok(match cache {
         Some(c) => {
             let offset = c.rope_offset()?;
             let q = rope.forward_at(queries, offset.as_rope_offset())?;
@@ -202,8 +217,7 @@ pub(crate) fn rope_attend_sinks(
                 },
             )
         }
-    };
-    scaled_dot_product_attention(&queries, &fetch, scale, mask, sinks)
+    })
 }
 
 /// The q/k/v projections of `[B, L, D]` activations (fused at one position, see

@@ -1,0 +1,404 @@
+//! Ministral 3, following `mlx_lm/models/ministral3.py`: Llama's layers (optionally
+//! sliding-window) with RoPE from `rope_parameters` and Llama 4's position-dependent
+//! query scale, `1 + beta * log(1 + floor(pos / original_max_position_embeddings))`.
+use super::llama::Mlp;
+use super::{batch_len, cache_at, drop_rotary_inv_freq, layer_caches, merge_heads, rope_cache};
+use super::{fuse, project, project_out, split_heads, Architecture, Weights};
+use crate::config::{default_true, parse_args, rope_scaling};
+use crate::model::{CacheSpec, LanguageModel};
+use mlx_array::{ops, Array, Dtype, Result};
+use mlx_nn::attention::scaled_dot_product_attention;
+use mlx_nn::cache::{create_attention_mask, RopePosition};
+use mlx_nn::{
+    impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
+    Module, RmsNorm, Rope,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// config.json keys read by Ministral 3.
+#[derive(Debug, Clone, Deserialize)]
+#[allow(missing_docs)]
+pub struct ModelArgs {
+    pub model_type: String,
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub rms_norm_eps: f64,
+    pub vocab_size: i32,
+    #[serde(default)]
+    pub head_dim: Option<i32>,
+    #[serde(default)]
+    pub max_position_embeddings: Option<i32>,
+    #[serde(default)]
+    pub num_key_value_heads: Option<i32>,
+    /// `rope_theta`, the scaling (`rope_type` ...), `llama_4_scaling_beta` and
+    /// `original_max_position_embeddings`.
+    pub rope_parameters: serde_json::Map<String, Value>,
+    #[serde(default = "default_true")]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+    #[serde(default)]
+    pub sliding_window: Option<i32>,
+}
+
+fn config_err(message: String) -> crate::Error {
+    crate::Error::Config {
+        path: "config.json (ministral3)".into(),
+        message,
+    }
+}
+
+impl ModelArgs {
+    fn rope_number(&self, key: &str) -> crate::Result<f64> {
+        self.rope_parameters
+            .get(key)
+            .and_then(Value::as_f64)
+            .ok_or_else(|| config_err(format!("key `rope_parameters.{key}` is missing")))
+    }
+}
+
+/// Llama 4's query scale for `size` positions from `offset`: `[size, 1]` for one
+/// offset, `[B, 1, size, 1]` for one per row.
+fn llama4_attn_scale(size: i32, offset: &RopePosition, beta: f64, max_pos: f64) -> Result<Array> {
+    let positions = ops::arange(0.0, size as f64, 1.0, Dtype::Int32)?;
+    let positions = match offset {
+        RopePosition::Scalar(o) => positions.add(*o)?,
+        RopePosition::PerRow(o) => positions.add(&o.expand_dims(&[1])?)?,
+    };
+    let scaling = positions
+        .divide(max_pos)?
+        .floor()?
+        .add(1.0)?
+        .log()?
+        .multiply(beta)?
+        .add(1.0)?;
+    if scaling.ndim() == 2 {
+        let b = scaling.dim(0)?;
+        scaling.reshape(&[b, 1, size, 1])
+    } else {
+        scaling.expand_dims(&[1])
+    }
+}
+
+/// Self-attention whose queries take the position scale after the rotation.
+#[derive(Debug)]
+pub struct Attention {
+    q_proj: LinearLayer,
+    k_proj: LinearLayer,
+    v_proj: LinearLayer,
+    o_proj: LinearLayer,
+    rope: Rope,
+    n_heads: i32,
+    n_kv_heads: i32,
+    scale: f64,
+    /// q/k/v as one matmul for decoding steps (set by the loader).
+    qkv: Option<Box<FusedLinears>>,
+}
+impl_module!(Attention {
+    q_proj,
+    k_proj,
+    v_proj,
+    o_proj
+});
+
+impl Attention {
+    fn new(args: &ModelArgs) -> crate::Result<Attention> {
+        let dim = args.hidden_size;
+        let n_heads = args.num_attention_heads;
+        let n_kv_heads = args.num_key_value_heads.unwrap_or(n_heads);
+        let head_dim = args.head_dim.filter(|&d| d > 0).unwrap_or(dim / n_heads);
+        let scaling = Value::Object(args.rope_parameters.clone());
+        Ok(Attention {
+            q_proj: LinearLayer::new(dim, n_heads * head_dim, false)?,
+            k_proj: LinearLayer::new(dim, n_kv_heads * head_dim, false)?,
+            v_proj: LinearLayer::new(dim, n_kv_heads * head_dim, false)?,
+            o_proj: LinearLayer::new(n_heads * head_dim, dim, false)?,
+            rope: initialize_rope(
+                head_dim,
+                args.rope_number("rope_theta")?,
+                false,
+                rope_scaling(Some(&scaling))?.as_ref(),
+                args.max_position_embeddings,
+            )?,
+            n_heads,
+            n_kv_heads,
+            scale: (head_dim as f64).powf(-0.5),
+            qkv: None,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Array,
+        attn_scale: &Array,
+        mask: &AttnMask,
+        cache: Option<&mut dyn KvCache>,
+        residual: &Array,
+    ) -> Result<Array> {
+        let (b, l) = batch_len(x)?;
+        let [q, k, v] = project(
+            self.qkv.as_deref(),
+            [&self.q_proj, &self.k_proj, &self.v_proj],
+            x,
+        )?;
+        let queries = split_heads(&q, b, l, self.n_heads)?;
+        let keys = split_heads(&k, b, l, self.n_kv_heads)?;
+        let values = split_heads(&v, b, l, self.n_kv_heads)?;
+        let (queries, fetch) = rope_cache(&queries, &keys, values, &self.rope, cache)?;
+        let queries = queries.multiply(attn_scale)?;
+        let out = scaled_dot_product_attention(&queries, &fetch, self.scale, mask, None)?;
+        project_out(&self.o_proj, &merge_heads(&out, b, l)?, Some(residual))
+    }
+}
+
+/// One decoder layer.
+#[derive(Debug)]
+pub struct TransformerBlock {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+    use_sliding: bool,
+}
+impl_module!(TransformerBlock {
+    self_attn,
+    mlp,
+    input_layernorm,
+    post_attention_layernorm
+});
+
+impl TransformerBlock {
+    fn forward(
+        &self,
+        x: &Array,
+        attn_scale: &Array,
+        mask: &AttnMask,
+        cache: Option<&mut dyn KvCache>,
+    ) -> Result<Array> {
+        let h = self.self_attn.forward(
+            &self.input_layernorm.forward(x)?,
+            attn_scale,
+            mask,
+            cache,
+            x,
+        )?;
+        self.mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?, Some(&h))
+    }
+}
+
+/// The decoder stack.
+#[derive(Debug)]
+pub struct Ministral3Model {
+    embed_tokens: EmbeddingLayer,
+    layers: Vec<TransformerBlock>,
+    norm: RmsNorm,
+    fa_idx: usize,
+    swa_idx: Option<usize>,
+    sliding_window: Option<i32>,
+    scaling_beta: f64,
+    original_max_position_embeddings: f64,
+}
+impl_module!(Ministral3Model {
+    embed_tokens,
+    layers,
+    norm
+});
+
+impl Ministral3Model {
+    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let mut h = self.embed_tokens.forward(inputs)?;
+        let n = h.dim(1)?;
+        let offset = match cache_at(caches, 0) {
+            Some(c) => c.rope_offset()?,
+            None => RopePosition::Scalar(0),
+        };
+        let fa_mask = create_attention_mask(n, cache_at(caches, self.fa_idx), None, false)?;
+        let swa_mask = match self.swa_idx {
+            Some(i) => Some(create_attention_mask(
+                n,
+                cache_at(caches, i),
+                self.sliding_window,
+                false,
+            )?),
+            None => None,
+        };
+        let attn_scale = llama4_attn_scale(
+            inputs.dim(1)?,
+            &offset,
+            self.scaling_beta,
+            self.original_max_position_embeddings,
+        )?
+        .astype(h.dtype())?;
+        for (layer, cache) in self
+            .layers
+            .iter()
+            .zip(layer_caches(caches, self.layers.len())?)
+        {
+            let mask = match (&swa_mask, layer.use_sliding) {
+                (Some(m), true) => m,
+                _ => &fa_mask,
+            };
+            h = layer.forward(&h, &attn_scale, mask, cache)?;
+        }
+        self.norm.forward(&h)
+    }
+}
+
+/// Ministral 3 with its output head.
+#[derive(Debug)]
+pub struct Model {
+    args: ModelArgs,
+    model: Ministral3Model,
+    lm_head: Option<LinearLayer>,
+}
+impl_module!(Model { model, lm_head });
+
+impl Model {
+    /// Builds the model (zero placeholders) from config.json.
+    pub fn new(args: ModelArgs) -> crate::Result<Model> {
+        let types = args
+            .layer_types
+            .clone()
+            .unwrap_or_else(|| vec!["full_attention".into(); args.num_hidden_layers as usize]);
+        let fa_idx = types
+            .iter()
+            .position(|t| t == "full_attention")
+            .ok_or_else(|| config_err("key `layer_types`: no \"full_attention\" layer".into()))?;
+        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+        let layers = types
+            .iter()
+            .map(|t| {
+                Ok(TransformerBlock {
+                    self_attn: Attention::new(&args)?,
+                    mlp: Mlp::new(dim, args.intermediate_size, false)?,
+                    input_layernorm: RmsNorm::new(dim, eps)?,
+                    post_attention_layernorm: RmsNorm::new(dim, eps)?,
+                    use_sliding: t == "sliding_attention",
+                })
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        let swa_idx = layers.iter().position(|l| l.use_sliding);
+        if swa_idx.is_some() && args.sliding_window.is_none() {
+            return Err(config_err(
+                "sliding-window layers need the key `sliding_window`".into(),
+            ));
+        }
+        let model = Ministral3Model {
+            embed_tokens: EmbeddingLayer::new(args.vocab_size, dim)?,
+            layers,
+            norm: RmsNorm::new(dim, eps)?,
+            fa_idx,
+            swa_idx,
+            sliding_window: args.sliding_window,
+            scaling_beta: args.rope_number("llama_4_scaling_beta")?,
+            original_max_position_embeddings: args
+                .rope_number("original_max_position_embeddings")?,
+        };
+        let lm_head = if args.tie_word_embeddings {
+            None
+        } else {
+            Some(LinearLayer::new(dim, args.vocab_size, false)?)
+        };
+        Ok(Model {
+            args,
+            model,
+            lm_head,
+        })
+    }
+
+    /// From a config object (mistral3's `text_config`).
+    pub fn from_config(config: &Value) -> crate::Result<Model> {
+        Model::new(parse_args(config, "ministral3")?)
+    }
+}
+
+/// Registry entry.
+pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
+    Ok(Box::new(Model::from_config(config)?))
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let out = self.model.forward(tokens, caches)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&out),
+            None => self.model.embed_tokens.as_linear(&out),
+        }
+    }
+    fn cache_specs(&self) -> Vec<CacheSpec> {
+        let window = self.args.sliding_window.unwrap_or(0);
+        self.model
+            .layers
+            .iter()
+            .map(|l| {
+                if l.use_sliding {
+                    CacheSpec::Rotating {
+                        max_size: window,
+                        keep: 0,
+                    }
+                } else {
+                    CacheSpec::Standard
+                }
+            })
+            .collect()
+    }
+    fn model_type(&self) -> &str {
+        &self.args.model_type
+    }
+    fn vocab_size(&self) -> i32 {
+        self.args.vocab_size
+    }
+    fn num_layers(&self) -> usize {
+        self.model.layers.len()
+    }
+    fn defines_make_cache(&self) -> bool {
+        true
+    }
+    fn as_module(&self) -> Option<&dyn Module> {
+        Some(self)
+    }
+    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
+        Some(self)
+    }
+}
+
+impl Architecture for Model {
+    /// Drops the rotary buffers (and a tied head's copy); FP8 weights with a
+    /// `weight_scale_inv` are multiplied by it, `activation_scale`s dropped.
+    fn sanitize(&mut self, weights: Weights) -> crate::Result<Weights> {
+        let mut weights = drop_rotary_inv_freq(weights);
+        if self.args.tie_word_embeddings {
+            weights.remove("lm_head.weight");
+        }
+        let mut out = Weights::new();
+        for (k, v) in &weights {
+            if k.contains("weight_scale_inv") {
+                let wk = k.replace("_scale_inv", "");
+                let Some(w) = weights.get(&wk) else {
+                    return Err(crate::Error::Config {
+                        path: "weights".into(),
+                        message: format!("`{k}` has no weight `{wk}`"),
+                    });
+                };
+                out.insert(wk, w.multiply(v)?);
+            } else if k.contains("activation_scale") {
+                continue;
+            } else if !out.contains_key(k) {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+        Ok(out)
+    }
+    fn fuse_projections(&mut self) -> crate::Result<()> {
+        for layer in &mut self.model.layers {
+            let a = &mut layer.self_attn;
+            a.qkv = fuse([&mut a.q_proj, &mut a.k_proj, &mut a.v_proj])?;
+            layer.mlp.fuse()?;
+        }
+        Ok(())
+    }
+}
