@@ -76,6 +76,8 @@ ARCHS = {
         "moe_intermediate_size": 64,
         "norm_topk_prob": True,
     },
+    "glm4": {"model_type": "glm4", "head_dim": 16, "attention_bias": True, "partial_rotary_factor": 0.5,
+             "rope_theta": 10000.0},
     "gpt_oss": {
         "model_type": "gpt_oss",
         "head_dim": 16,
@@ -203,6 +205,10 @@ VARIANTS = {
     "gemma3-f32-multimodal": ("gemma3_text", {}, {"wrap_gemma3": True}),
     "qwen3_moe-f32": ("qwen3_moe", {}, {}),
     "qwen3_moe-q4": ("qwen3_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "glm4-f32": ("glm4", {}, {}),
+    "glm4-f32-nobias-full-rotary-halves": (
+        "glm4", {"attention_bias": False, "partial_rotary_factor": 1.0, "rope_traditional": False}, {}),
+    "glm4-bf16-q4": ("glm4", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
     "gpt_oss-f32": ("gpt_oss", {}, {}),
     "gpt_oss-f32-full-first-yarn": (
         "gpt_oss", {"layer_types": ["full_attention", "sliding_attention"], "rope_scaling": YARN}, {}),
@@ -271,6 +277,7 @@ GOLDENS = {
         "ministral3", dict(SMALL, head_dim=8, layer_types=["sliding_attention", "full_attention"],
                            sliding_window=4), {}),
     "gemma-small-f32": ("gemma", dict(SMALL, head_dim=8), {}),
+    "glm4-small-f32": ("glm4", dict(SMALL, head_dim=8), {}),
     "gpt_oss-small-f32": ("gpt_oss", dict(SMALL, head_dim=8, intermediate_size=32), {}),
     "granite-small-f32": ("granite", dict(SMALL), {}),
     "olmo2-small-f32": ("olmo2", dict(SMALL), {}),

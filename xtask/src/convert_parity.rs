@@ -49,6 +49,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("starcoder2", "starcoder2-f32-untied-mha", None),
     ("gemma", "gemma-f32", None),
     ("gpt_oss", "gpt_oss-f32", None),
+    ("glm4", "glm4-f32", None),
     ("ministral3", "ministral3-f32-sliding-untied", None),
     ("mistral3-mm", "mistral3-f32-ministral3", None),
     ("mistral3-mistral", "mistral3-f32-mistral", None),
@@ -153,6 +154,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "ministral3",
         "mistral3-mm",
         "mistral3-mistral",
+        "glm4",
     ] {
         add(src, "");
         add(src, "-q");

@@ -11,6 +11,7 @@ const ARCHITECTURES: &[(&str, Builder)] = &[
     ("gemma2", models::gemma2::build),
     ("gemma3", models::gemma3::build),
     ("gemma3_text", models::gemma3_text::build),
+    ("glm4", models::glm4::build),
     ("gpt_oss", models::gpt_oss::build),
     ("granite", models::granite::build),
     ("llama", models::llama::build),

@@ -61,6 +61,7 @@ golden_tests! {
     qwen3_moe_logits_match_mlx_lm => "qwen3_moe-small-f32",
     mixtral_logits_match_mlx_lm => "mixtral-small-f32",
     gemma_logits_match_mlx_lm => "gemma-small-f32",
+    glm4_logits_match_mlx_lm => "glm4-small-f32",
     ministral3_sliding_llama4_scale_logits_match_mlx_lm => "ministral3-small-f32-sliding",
     gpt_oss_sinks_sliding_experts_logits_match_mlx_lm => "gpt_oss-small-f32",
     granite_logits_match_mlx_lm => "granite-small-f32",

@@ -12,6 +12,7 @@ pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
 pub mod gemma3_text;
+pub mod glm4;
 pub mod gpt_oss;
 pub mod granite;
 pub mod llama;

@@ -1,0 +1,273 @@
+//! GLM-4, following `mlx_lm/models/glm4.py`: partial (traditional by default) rotary
+//! embeddings, one `gate_up_proj` matmul split in two, and norms after both sub-blocks.
+use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads};
+use super::{fuse, project, project_out, Architecture};
+use crate::config::parse_args;
+use crate::model::{CacheSpec, LanguageModel};
+use mlx_array::{Array, Result};
+use mlx_nn::activations::swiglu;
+use mlx_nn::cache::create_attention_mask;
+use mlx_nn::{
+    impl_module, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer, Module, RmsNorm,
+    Rope,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// config.json keys read by GLM-4.
+#[derive(Debug, Clone, Deserialize)]
+#[allow(missing_docs)]
+pub struct ModelArgs {
+    pub model_type: String,
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub attention_bias: bool,
+    pub head_dim: i32,
+    pub rms_norm_eps: f64,
+    pub vocab_size: i32,
+    pub num_key_value_heads: i32,
+    pub partial_rotary_factor: f64,
+    pub rope_theta: f64,
+    #[serde(default = "crate::config::default_true")]
+    pub rope_traditional: bool,
+    #[serde(default = "default_max_position_embeddings")]
+    pub max_position_embeddings: i32,
+}
+
+fn default_max_position_embeddings() -> i32 {
+    32768
+}
+
+/// Self-attention (q/k/v biased where `attention_bias`, o_proj never).
+#[derive(Debug)]
+pub struct Attention {
+    q_proj: LinearLayer,
+    k_proj: LinearLayer,
+    v_proj: LinearLayer,
+    o_proj: LinearLayer,
+    rope: Rope,
+    n_heads: i32,
+    n_kv_heads: i32,
+    scale: f64,
+    /// q/k/v as one matmul for decoding steps (set by the loader).
+    qkv: Option<Box<FusedLinears>>,
+}
+impl_module!(Attention {
+    q_proj,
+    k_proj,
+    v_proj,
+    o_proj
+});
+
+impl Attention {
+    fn new(args: &ModelArgs) -> crate::Result<Attention> {
+        let dim = args.hidden_size;
+        let (n_heads, n_kv_heads, d) = (
+            args.num_attention_heads,
+            args.num_key_value_heads,
+            args.head_dim,
+        );
+        let bias = args.attention_bias;
+        let rotary = (d as f64 * args.partial_rotary_factor) as i32;
+        Ok(Attention {
+            q_proj: LinearLayer::new(dim, n_heads * d, bias)?,
+            k_proj: LinearLayer::new(dim, n_kv_heads * d, bias)?,
+            v_proj: LinearLayer::new(dim, n_kv_heads * d, bias)?,
+            o_proj: LinearLayer::new(n_heads * d, dim, false)?,
+            rope: Rope::new(rotary, args.rope_traditional, args.rope_theta, 1.0),
+            n_heads,
+            n_kv_heads,
+            scale: (d as f64).powf(-0.5),
+            qkv: None,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &AttnMask,
+        cache: Option<&mut dyn KvCache>,
+    ) -> Result<Array> {
+        let (b, l) = batch_len(x)?;
+        let [q, k, v] = project(
+            self.qkv.as_deref(),
+            [&self.q_proj, &self.k_proj, &self.v_proj],
+            x,
+        )?;
+        let queries = split_heads(&q, b, l, self.n_heads)?;
+        let keys = split_heads(&k, b, l, self.n_kv_heads)?;
+        let values = split_heads(&v, b, l, self.n_kv_heads)?;
+        let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
+        self.o_proj.forward(&merge_heads(&out, b, l)?)
+    }
+}
+
+/// `down(swiglu(*split(gate_up(x), 2)))`.
+#[derive(Debug)]
+pub struct Mlp {
+    gate_up_proj: LinearLayer,
+    down_proj: LinearLayer,
+}
+impl_module!(Mlp {
+    gate_up_proj,
+    down_proj
+});
+
+impl Mlp {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let parts = self.gate_up_proj.forward(x)?.split_sections(2, -1)?;
+        let [gate, up] = <[Array; 2]>::try_from(parts).map_err(|_| {
+            mlx_array::Error::InvalidArgument("gate_up_proj: expected two halves".into())
+        })?;
+        project_out(&self.down_proj, &swiglu(&gate, &up)?, None)
+    }
+}
+
+/// One decoder layer: norms before and after attention and feed-forward.
+#[derive(Debug)]
+pub struct DecoderLayer {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+    post_self_attn_layernorm: RmsNorm,
+    post_mlp_layernorm: RmsNorm,
+}
+impl_module!(DecoderLayer {
+    self_attn,
+    mlp,
+    input_layernorm,
+    post_attention_layernorm,
+    post_self_attn_layernorm,
+    post_mlp_layernorm
+});
+
+impl DecoderLayer {
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &AttnMask,
+        cache: Option<&mut dyn KvCache>,
+    ) -> Result<Array> {
+        let a = self
+            .self_attn
+            .forward(&self.input_layernorm.forward(x)?, mask, cache)?;
+        let x = x.add(&self.post_self_attn_layernorm.forward(&a)?)?;
+        let m = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&x)?)?;
+        self.post_mlp_layernorm.forward(&m)?.add(&x)
+    }
+}
+
+/// The decoder stack.
+#[derive(Debug)]
+pub struct Glm4Model {
+    embed_tokens: EmbeddingLayer,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+}
+impl_module!(Glm4Model {
+    embed_tokens,
+    layers,
+    norm
+});
+
+impl Glm4Model {
+    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let mut h = self.embed_tokens.forward(inputs)?;
+        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
+        for (layer, cache) in self
+            .layers
+            .iter()
+            .zip(layer_caches(caches, self.layers.len())?)
+        {
+            h = layer.forward(&h, &mask, cache)?;
+        }
+        self.norm.forward(&h)
+    }
+}
+
+/// GLM-4 with its (untied) output head.
+#[derive(Debug)]
+pub struct Model {
+    args: ModelArgs,
+    model: Glm4Model,
+    lm_head: LinearLayer,
+}
+impl_module!(Model { model, lm_head });
+
+impl Model {
+    /// Builds the model (zero placeholders) from config.json.
+    pub fn new(args: ModelArgs) -> crate::Result<Model> {
+        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+        let layers = (0..args.num_hidden_layers)
+            .map(|_| {
+                Ok(DecoderLayer {
+                    self_attn: Attention::new(&args)?,
+                    mlp: Mlp {
+                        gate_up_proj: LinearLayer::new(dim, 2 * args.intermediate_size, false)?,
+                        down_proj: LinearLayer::new(args.intermediate_size, dim, false)?,
+                    },
+                    input_layernorm: RmsNorm::new(dim, eps)?,
+                    post_attention_layernorm: RmsNorm::new(dim, eps)?,
+                    post_self_attn_layernorm: RmsNorm::new(dim, eps)?,
+                    post_mlp_layernorm: RmsNorm::new(dim, eps)?,
+                })
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        let model = Glm4Model {
+            embed_tokens: EmbeddingLayer::new(args.vocab_size, dim)?,
+            layers,
+            norm: RmsNorm::new(dim, eps)?,
+        };
+        let lm_head = LinearLayer::new(dim, args.vocab_size, false)?;
+        Ok(Model {
+            args,
+            model,
+            lm_head,
+        })
+    }
+}
+
+/// Registry entry.
+pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
+    Ok(Box::new(Model::new(parse_args(config, "glm4")?)?))
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        self.lm_head.forward(&self.model.forward(tokens, caches)?)
+    }
+    fn cache_specs(&self) -> Vec<CacheSpec> {
+        vec![CacheSpec::Standard; self.model.layers.len()]
+    }
+    fn model_type(&self) -> &str {
+        &self.args.model_type
+    }
+    fn vocab_size(&self) -> i32 {
+        self.args.vocab_size
+    }
+    fn num_layers(&self) -> usize {
+        self.model.layers.len()
+    }
+    fn as_module(&self) -> Option<&dyn Module> {
+        Some(self)
+    }
+    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
+        Some(self)
+    }
+}
+
+/// mlx-lm's class has no `sanitize`: the checkpoint's tensors load as they are.
+impl Architecture for Model {
+    fn fuse_projections(&mut self) -> crate::Result<()> {
+        for layer in &mut self.model.layers {
+            let a = &mut layer.self_attn;
+            a.qkv = fuse([&mut a.q_proj, &mut a.k_proj, &mut a.v_proj])?;
+        }
+        Ok(())
+    }
+}
