@@ -1,8 +1,8 @@
 //! Gemma (the first generation), following `mlx_lm/models/gemma.py`: `1 + weight` RMS
 //! norms, a scaled embedding, a GELU-gated feed-forward and the tied head.
+use super::attention::{Attention, AttentionDims, Extras};
 use super::gemma2::RmsNorm;
-use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads};
-use super::{fuse, project, project_out, Architecture};
+use super::{cache_at, fuse, layer_caches, project, project_out, Architecture};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
@@ -11,6 +11,19 @@ use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     impl_module, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer, Module, Rope,
 };
+
+fn attention(args: &ModelArgs) -> crate::Result<Attention> {
+    let d = AttentionDims {
+        dim: args.hidden_size,
+        n_heads: args.num_attention_heads,
+        n_kv_heads: args.num_key_value_heads,
+        head_dim: args.head_dim,
+        qkv_bias: false,
+        o_bias: false,
+    };
+    let rope = Rope::new(args.head_dim, args.rope_traditional, args.rope_theta, 1.0);
+    Attention::new(d, rope, (args.head_dim as f64).powf(-0.5))
+}
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -35,74 +48,6 @@ pub struct ModelArgs {
 
 fn default_rope_theta() -> f64 {
     10000.0
-}
-
-/// Self-attention.
-#[derive(Debug)]
-pub struct Attention {
-    q_proj: LinearLayer,
-    k_proj: LinearLayer,
-    v_proj: LinearLayer,
-    o_proj: LinearLayer,
-    rope: Rope,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f64,
-    /// q/k/v as one matmul for decoding steps (set by the loader).
-    qkv: Option<Box<FusedLinears>>,
-}
-impl_module!(Attention {
-    q_proj,
-    k_proj,
-    v_proj,
-    o_proj
-});
-
-impl Attention {
-    fn new(args: &ModelArgs) -> crate::Result<Attention> {
-        let dim = args.hidden_size;
-        let (n_heads, n_kv_heads, head_dim) = (
-            args.num_attention_heads,
-            args.num_key_value_heads,
-            args.head_dim,
-        );
-        Ok(Attention {
-            q_proj: LinearLayer::new(dim, n_heads * head_dim, false)?,
-            k_proj: LinearLayer::new(dim, n_kv_heads * head_dim, false)?,
-            v_proj: LinearLayer::new(dim, n_kv_heads * head_dim, false)?,
-            o_proj: LinearLayer::new(n_heads * head_dim, dim, false)?,
-            rope: Rope::new(head_dim, args.rope_traditional, args.rope_theta, 1.0),
-            n_heads,
-            n_kv_heads,
-            scale: (head_dim as f64).powf(-0.5),
-            qkv: None,
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-        residual: &Array,
-    ) -> Result<Array> {
-        let (b, l) = batch_len(x)?;
-        let [q, k, v] = project(
-            self.qkv.as_deref(),
-            [&self.q_proj, &self.k_proj, &self.v_proj],
-            x,
-        )?;
-        let queries = split_heads(&q, b, l, self.n_heads)?;
-        let keys = split_heads(&k, b, l, self.n_kv_heads)?;
-        let values = split_heads(&v, b, l, self.n_kv_heads)?;
-        let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
-        project_out(&self.o_proj, &merge_heads(&out, b, l)?, Some(residual))
-    }
-
-    fn fuse(&mut self) -> crate::Result<()> {
-        self.qkv = fuse([&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
-        Ok(())
-    }
 }
 
 /// `down(gelu(gate(x)) * up(x))`.
@@ -149,9 +94,13 @@ impl TransformerBlock {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        let h = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache, x)?;
+        let h = self.self_attn.forward(
+            &self.input_layernorm.forward(x)?,
+            mask,
+            cache,
+            Some(x),
+            Extras::default(),
+        )?;
         self.mlp
             .forward(&self.post_attention_layernorm.forward(&h)?, &h)
     }
@@ -202,7 +151,7 @@ impl Model {
         let layers = (0..args.num_hidden_layers)
             .map(|_| {
                 Ok(TransformerBlock {
-                    self_attn: Attention::new(&args)?,
+                    self_attn: attention(&args)?,
                     mlp: Mlp {
                         gate_proj: LinearLayer::new(dim, args.intermediate_size, false)?,
                         down_proj: LinearLayer::new(args.intermediate_size, dim, false)?,
@@ -258,8 +207,7 @@ impl LanguageModel for Model {
 impl Architecture for Model {
     fn fuse_projections(&mut self) -> crate::Result<()> {
         for layer in &mut self.model.layers {
-            let attn = &mut layer.self_attn;
-            attn.fuse()?;
+            layer.self_attn.fuse()?;
             let mlp = &mut layer.mlp;
             mlp.gate_up = fuse([&mut mlp.gate_proj, &mut mlp.up_proj])?;
         }

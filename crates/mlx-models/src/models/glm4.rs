@@ -1,16 +1,13 @@
 //! GLM-4, following `mlx_lm/models/glm4.py`: partial (traditional by default) rotary
 //! embeddings, one `gate_up_proj` matmul split in two, and norms after both sub-blocks.
-use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads};
-use super::{fuse, project, project_out, Architecture};
+use super::attention::{Attention, AttentionDims, Extras};
+use super::{cache_at, layer_caches, project_out, Architecture};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::activations::swiglu;
 use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{
-    impl_module, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer, Module, RmsNorm,
-    Rope,
-};
+use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, RmsNorm, Rope};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -40,68 +37,21 @@ fn default_max_position_embeddings() -> i32 {
     32768
 }
 
-/// Self-attention (q/k/v biased where `attention_bias`, o_proj never).
-#[derive(Debug)]
-pub struct Attention {
-    q_proj: LinearLayer,
-    k_proj: LinearLayer,
-    v_proj: LinearLayer,
-    o_proj: LinearLayer,
-    rope: Rope,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f64,
-    /// q/k/v as one matmul for decoding steps (set by the loader).
-    qkv: Option<Box<FusedLinears>>,
-}
-impl_module!(Attention {
-    q_proj,
-    k_proj,
-    v_proj,
-    o_proj
-});
-
-impl Attention {
-    fn new(args: &ModelArgs) -> crate::Result<Attention> {
-        let dim = args.hidden_size;
-        let (n_heads, n_kv_heads, d) = (
-            args.num_attention_heads,
-            args.num_key_value_heads,
-            args.head_dim,
-        );
-        let bias = args.attention_bias;
-        let rotary = (d as f64 * args.partial_rotary_factor) as i32;
-        Ok(Attention {
-            q_proj: LinearLayer::new(dim, n_heads * d, bias)?,
-            k_proj: LinearLayer::new(dim, n_kv_heads * d, bias)?,
-            v_proj: LinearLayer::new(dim, n_kv_heads * d, bias)?,
-            o_proj: LinearLayer::new(n_heads * d, dim, false)?,
-            rope: Rope::new(rotary, args.rope_traditional, args.rope_theta, 1.0),
-            n_heads,
-            n_kv_heads,
-            scale: (d as f64).powf(-0.5),
-            qkv: None,
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-    ) -> Result<Array> {
-        let (b, l) = batch_len(x)?;
-        let [q, k, v] = project(
-            self.qkv.as_deref(),
-            [&self.q_proj, &self.k_proj, &self.v_proj],
-            x,
-        )?;
-        let queries = split_heads(&q, b, l, self.n_heads)?;
-        let keys = split_heads(&k, b, l, self.n_kv_heads)?;
-        let values = split_heads(&v, b, l, self.n_kv_heads)?;
-        let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
-        self.o_proj.forward(&merge_heads(&out, b, l)?)
-    }
+/// q/k/v biased where `attention_bias`, o never; `partial_rotary_factor` of each head
+/// rotated.
+fn attention(args: &ModelArgs) -> crate::Result<Attention> {
+    let head_dim = args.head_dim;
+    let d = AttentionDims {
+        dim: args.hidden_size,
+        n_heads: args.num_attention_heads,
+        n_kv_heads: args.num_key_value_heads,
+        head_dim,
+        qkv_bias: args.attention_bias,
+        o_bias: false,
+    };
+    let rotary = (head_dim as f64 * args.partial_rotary_factor) as i32;
+    let rope = Rope::new(rotary, args.rope_traditional, args.rope_theta, 1.0);
+    Attention::new(d, rope, (head_dim as f64).powf(-0.5))
 }
 
 /// `down(swiglu(*split(gate_up(x), 2)))`.
@@ -151,9 +101,13 @@ impl DecoderLayer {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        let a = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache)?;
+        let a = self.self_attn.forward(
+            &self.input_layernorm.forward(x)?,
+            mask,
+            cache,
+            None,
+            Extras::default(),
+        )?;
         let x = x.add(&self.post_self_attn_layernorm.forward(&a)?)?;
         let m = self
             .mlp
@@ -206,7 +160,7 @@ impl Model {
         let layers = (0..args.num_hidden_layers)
             .map(|_| {
                 Ok(DecoderLayer {
-                    self_attn: Attention::new(&args)?,
+                    self_attn: attention(&args)?,
                     mlp: Mlp {
                         gate_up_proj: LinearLayer::new(dim, 2 * args.intermediate_size, false)?,
                         down_proj: LinearLayer::new(args.intermediate_size, dim, false)?,
@@ -265,8 +219,7 @@ impl LanguageModel for Model {
 impl Architecture for Model {
     fn fuse_projections(&mut self) -> crate::Result<()> {
         for layer in &mut self.model.layers {
-            let a = &mut layer.self_attn;
-            a.qkv = fuse([&mut a.q_proj, &mut a.k_proj, &mut a.v_proj])?;
+            layer.self_attn.fuse()?;
         }
         Ok(())
     }

@@ -2,15 +2,15 @@
 //! biased projections, sliding-window layers alternating with full ones, and top-k
 //! routed SwitchGLU experts with the `SwigluOAI` activation. `sanitize` reads the
 //! original checkpoints (interleaved `gate_up_proj`, MXFP4 `_blocks` / `_scales`).
-use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend_sinks, split_heads};
-use super::{fuse, project, project_out, Architecture, Weights};
+use super::attention::{Attention, AttentionDims, Extras};
+use super::{cache_at, layer_caches, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{ops, Array, Dtype, Result};
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
-    impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, GluActivation, KvCache,
-    LinearLayer, Module, Param, RmsNorm, Rope, SwitchGlu,
+    impl_module, initialize_rope, AttnMask, EmbeddingLayer, GluActivation, KvCache, LinearLayer,
+    Module, Param, RmsNorm, SwitchGlu,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -88,54 +88,39 @@ fn default_rope_theta() -> f64 {
     150000.0
 }
 
-/// Self-attention with one learned sink logit per head.
+/// Self-attention (biased projections) with one learned sink logit per head.
 #[derive(Debug)]
 pub struct AttentionBlock {
-    q_proj: LinearLayer,
-    k_proj: LinearLayer,
-    v_proj: LinearLayer,
-    o_proj: LinearLayer,
+    attn: Attention,
     sinks: Param,
-    rope: Rope,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f64,
-    /// q/k/v as one matmul for decoding steps (set by the loader).
-    qkv: Option<Box<FusedLinears>>,
 }
+
 impl_module!(AttentionBlock {
-    sinks,
-    q_proj,
-    k_proj,
-    v_proj,
-    o_proj
+    attn as "",
+    sinks
 });
 
 impl AttentionBlock {
     fn new(args: &ModelArgs) -> crate::Result<AttentionBlock> {
-        let dim = args.hidden_size;
-        let (n_heads, n_kv_heads, d) = (
-            args.num_attention_heads,
-            args.num_key_value_heads,
-            args.head_dim,
-        );
+        let d = args.head_dim;
+        let dims = AttentionDims {
+            dim: args.hidden_size,
+            n_heads: args.num_attention_heads,
+            n_kv_heads: args.num_key_value_heads,
+            head_dim: d,
+            qkv_bias: true,
+            o_bias: true,
+        };
+        let rope = initialize_rope(
+            d,
+            args.rope_theta,
+            false,
+            rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
+            None,
+        )?;
         Ok(AttentionBlock {
-            q_proj: LinearLayer::new(dim, n_heads * d, true)?,
-            k_proj: LinearLayer::new(dim, n_kv_heads * d, true)?,
-            v_proj: LinearLayer::new(dim, n_kv_heads * d, true)?,
-            o_proj: LinearLayer::new(n_heads * d, dim, true)?,
-            sinks: Param::new(ops::zeros(&[n_heads], Dtype::Float32)?),
-            rope: initialize_rope(
-                d,
-                args.rope_theta,
-                false,
-                rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
-                None,
-            )?,
-            n_heads,
-            n_kv_heads,
-            scale: 1.0 / (d as f64).sqrt(),
-            qkv: None,
+            attn: Attention::new(dims, rope, 1.0 / (d as f64).sqrt())?,
+            sinks: Param::new(ops::zeros(&[args.num_attention_heads], Dtype::Float32)?),
         })
     }
 
@@ -146,26 +131,11 @@ impl AttentionBlock {
         cache: Option<&mut dyn KvCache>,
         residual: &Array,
     ) -> Result<Array> {
-        let (b, l) = batch_len(x)?;
-        let [q, k, v] = project(
-            self.qkv.as_deref(),
-            [&self.q_proj, &self.k_proj, &self.v_proj],
-            x,
-        )?;
-        let queries = split_heads(&q, b, l, self.n_heads)?;
-        let keys = split_heads(&k, b, l, self.n_kv_heads)?;
-        let values = split_heads(&v, b, l, self.n_kv_heads)?;
-        let out = rope_attend_sinks(
-            &queries,
-            &keys,
-            values,
-            &self.rope,
-            cache,
-            self.scale,
-            mask,
-            Some(self.sinks.value()),
-        )?;
-        project_out(&self.o_proj, &merge_heads(&out, b, l)?, Some(residual))
+        let extras = Extras {
+            sinks: Some(self.sinks.value()),
+            query_scale: None,
+        };
+        self.attn.forward(x, mask, cache, Some(residual), extras)
     }
 }
 
@@ -454,8 +424,7 @@ impl Architecture for Model {
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
         for layer in &mut self.model.layers {
-            let a = &mut layer.self_attn;
-            a.qkv = fuse([&mut a.q_proj, &mut a.k_proj, &mut a.v_proj])?;
+            layer.self_attn.attn.fuse()?;
         }
         Ok(())
     }

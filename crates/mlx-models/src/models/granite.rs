@@ -1,6 +1,7 @@
 //! Granite, following `mlx_lm/models/granite.py`: Llama's blocks with a scaled
 //! embedding, attention scale, residual branches and logits.
-use super::llama::{self, Attention, Mlp};
+use super::attention::{Attention, Extras};
+use super::llama::{self, Mlp};
 use super::{cache_at, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -87,9 +88,13 @@ impl TransformerBlock {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        let r = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache, None)?;
+        let r = self.self_attn.forward(
+            &self.input_layernorm.forward(x)?,
+            mask,
+            cache,
+            None,
+            Extras::default(),
+        )?;
         let h = x.add(&r.multiply(self.residual_multiplier)?)?;
         let r = self
             .mlp
@@ -146,7 +151,7 @@ impl Model {
         let layers = (0..args.num_hidden_layers)
             .map(|_| {
                 Ok(TransformerBlock {
-                    self_attn: Attention::new(&base)?.with_scale(args.attention_multiplier),
+                    self_attn: llama::attention(&base, Some(args.attention_multiplier))?,
                     mlp: Mlp::new(args.hidden_size, args.intermediate_size, args.mlp_bias)?,
                     input_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
                     post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,

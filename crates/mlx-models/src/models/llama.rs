@@ -1,6 +1,7 @@
 //! Llama (and Mistral), following `mlx_lm/models/llama.py`.
-use super::{batch_len, cache_at, drop_rotary_inv_freq, layer_caches, merge_heads, rope_attend};
-use super::{fuse, project_out, qkv_heads, swiglu_mlp, Architecture, Weights};
+use super::attention::{Attention, AttentionDims, Extras};
+use super::{cache_at, drop_rotary_inv_freq, fuse, layer_caches, project_out, swiglu_mlp};
+use super::{Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
@@ -51,81 +52,29 @@ fn default_rope_theta() -> f64 {
     10000.0
 }
 
-/// Self-attention.
-#[derive(Debug)]
-pub struct Attention {
-    q_proj: LinearLayer,
-    k_proj: LinearLayer,
-    v_proj: LinearLayer,
-    o_proj: LinearLayer,
-    rope: Rope,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f64,
-    /// q/k/v as one matmul for decoding steps (set by the loader).
-    qkv: Option<Box<FusedLinears>>,
-}
-impl_module!(Attention {
-    q_proj,
-    k_proj,
-    v_proj,
-    o_proj
-});
-
-impl Attention {
-    pub(crate) fn new(args: &ModelArgs) -> crate::Result<Attention> {
-        let dim = args.hidden_size;
-        let n_heads = args.num_attention_heads;
-        let n_kv_heads = args.num_key_value_heads.unwrap_or(n_heads);
-        let head_dim = args.head_dim.filter(|&d| d > 0).unwrap_or(dim / n_heads);
-        let bias = args.attention_bias;
-        Ok(Attention {
-            q_proj: LinearLayer::new(dim, n_heads * head_dim, bias)?,
-            k_proj: LinearLayer::new(dim, n_kv_heads * head_dim, bias)?,
-            v_proj: LinearLayer::new(dim, n_kv_heads * head_dim, bias)?,
-            o_proj: LinearLayer::new(n_heads * head_dim, dim, bias)?,
-            rope: initialize_rope(
-                head_dim,
-                args.rope_theta,
-                args.rope_traditional,
-                rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
-                args.max_position_embeddings,
-            )?,
-            n_heads,
-            n_kv_heads,
-            scale: (head_dim as f64).powf(-0.5),
-            qkv: None,
-        })
-    }
-
-    /// The same attention with another softmax scale (Granite's `attention_multiplier`).
-    pub(crate) fn with_scale(self, scale: f64) -> Attention {
-        Attention { scale, ..self }
-    }
-
-    pub(crate) fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-        residual: Option<&Array>,
-    ) -> Result<Array> {
-        let (b, l) = batch_len(x)?;
-        let (queries, keys, values) = qkv_heads(
-            self.qkv.as_deref(),
-            [&self.q_proj, &self.k_proj, &self.v_proj],
-            x,
-            self.n_heads,
-            self.n_kv_heads,
-        )?;
-        let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
-        project_out(&self.o_proj, &merge_heads(&out, b, l)?, residual)
-    }
-
-    pub(crate) fn fuse(&mut self) -> crate::Result<()> {
-        self.qkv = fuse([&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
-        Ok(())
-    }
+/// Self-attention; `scale` (default `head_dim ** -0.5`) multiplies the logits.
+pub(crate) fn attention(args: &ModelArgs, scale: Option<f64>) -> crate::Result<Attention> {
+    let n_heads = args.num_attention_heads;
+    let head_dim = args
+        .head_dim
+        .filter(|&d| d > 0)
+        .unwrap_or(args.hidden_size / n_heads);
+    let d = AttentionDims {
+        dim: args.hidden_size,
+        n_heads,
+        n_kv_heads: args.num_key_value_heads.unwrap_or(n_heads),
+        head_dim,
+        qkv_bias: args.attention_bias,
+        o_bias: args.attention_bias,
+    };
+    let rope = initialize_rope(
+        head_dim,
+        args.rope_theta,
+        args.rope_traditional,
+        rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
+        args.max_position_embeddings,
+    )?;
+    Attention::new(d, rope, scale.unwrap_or((head_dim as f64).powf(-0.5)))
 }
 
 /// The SwiGLU feed-forward block.
@@ -187,9 +136,13 @@ impl TransformerBlock {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        let h = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache, Some(x))?;
+        let h = self.self_attn.forward(
+            &self.input_layernorm.forward(x)?,
+            mask,
+            cache,
+            Some(x),
+            Extras::default(),
+        )?;
         self.mlp
             .forward(&self.post_attention_layernorm.forward(&h)?, Some(&h))
     }
@@ -261,7 +214,7 @@ impl Model {
             .iter()
             .map(|t| {
                 Ok(TransformerBlock {
-                    self_attn: Attention::new(&args)?,
+                    self_attn: attention(&args, None)?,
                     mlp: Mlp::new(args.hidden_size, args.intermediate_size, args.mlp_bias)?,
                     input_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
                     post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
@@ -305,7 +258,7 @@ impl Model {
     pub(crate) fn into_smollm3(mut self, uses_rope: &[bool]) -> Model {
         for (layer, &uses) in self.model.layers.iter_mut().zip(uses_rope) {
             if !uses {
-                layer.self_attn.rope = Rope::Identity;
+                layer.self_attn.set_rope(Rope::Identity);
             }
         }
         self.makes_cache = false;

@@ -1,17 +1,15 @@
 //! Ministral 3, following `mlx_lm/models/ministral3.py`: Llama's layers (optionally
 //! sliding-window) with RoPE from `rope_parameters` and Llama 4's position-dependent
 //! query scale, `1 + beta * log(1 + floor(pos / original_max_position_embeddings))`.
+use super::attention::{Attention, AttentionDims, Extras};
 use super::llama::Mlp;
-use super::{batch_len, cache_at, drop_rotary_inv_freq, layer_caches, merge_heads, rope_cache};
-use super::{fuse, project, project_out, split_heads, Architecture, Weights};
+use super::{cache_at, drop_rotary_inv_freq, layer_caches, Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{ops, Array, Dtype, Result};
-use mlx_nn::attention::scaled_dot_product_attention;
 use mlx_nn::cache::{create_attention_mask, RopePosition};
 use mlx_nn::{
-    impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
-    Module, RmsNorm, Rope,
+    impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, RmsNorm,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -60,6 +58,32 @@ impl ModelArgs {
     }
 }
 
+/// Unbiased projections, RoPE from `rope_parameters`.
+fn attention(args: &ModelArgs) -> crate::Result<Attention> {
+    let n_heads = args.num_attention_heads;
+    let head_dim = args
+        .head_dim
+        .filter(|&d| d > 0)
+        .unwrap_or(args.hidden_size / n_heads);
+    let d = AttentionDims {
+        dim: args.hidden_size,
+        n_heads,
+        n_kv_heads: args.num_key_value_heads.unwrap_or(n_heads),
+        head_dim,
+        qkv_bias: false,
+        o_bias: false,
+    };
+    let scaling = Value::Object(args.rope_parameters.clone());
+    let rope = initialize_rope(
+        head_dim,
+        args.rope_number("rope_theta")?,
+        false,
+        rope_scaling(Some(&scaling))?.as_ref(),
+        args.max_position_embeddings,
+    )?;
+    Attention::new(d, rope, (head_dim as f64).powf(-0.5))
+}
+
 /// Llama 4's query scale for `size` positions from `offset`: `[size, 1]` for one
 /// offset, `[B, 1, size, 1]` for one per row.
 fn llama4_attn_scale(size: i32, offset: &RopePosition, beta: f64, max_pos: f64) -> Result<Array> {
@@ -80,77 +104,6 @@ fn llama4_attn_scale(size: i32, offset: &RopePosition, beta: f64, max_pos: f64) 
         scaling.reshape(&[b, 1, size, 1])
     } else {
         scaling.expand_dims(&[1])
-    }
-}
-
-/// Self-attention whose queries take the position scale after the rotation.
-#[derive(Debug)]
-pub struct Attention {
-    q_proj: LinearLayer,
-    k_proj: LinearLayer,
-    v_proj: LinearLayer,
-    o_proj: LinearLayer,
-    rope: Rope,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f64,
-    /// q/k/v as one matmul for decoding steps (set by the loader).
-    qkv: Option<Box<FusedLinears>>,
-}
-impl_module!(Attention {
-    q_proj,
-    k_proj,
-    v_proj,
-    o_proj
-});
-
-impl Attention {
-    fn new(args: &ModelArgs) -> crate::Result<Attention> {
-        let dim = args.hidden_size;
-        let n_heads = args.num_attention_heads;
-        let n_kv_heads = args.num_key_value_heads.unwrap_or(n_heads);
-        let head_dim = args.head_dim.filter(|&d| d > 0).unwrap_or(dim / n_heads);
-        let scaling = Value::Object(args.rope_parameters.clone());
-        Ok(Attention {
-            q_proj: LinearLayer::new(dim, n_heads * head_dim, false)?,
-            k_proj: LinearLayer::new(dim, n_kv_heads * head_dim, false)?,
-            v_proj: LinearLayer::new(dim, n_kv_heads * head_dim, false)?,
-            o_proj: LinearLayer::new(n_heads * head_dim, dim, false)?,
-            rope: initialize_rope(
-                head_dim,
-                args.rope_number("rope_theta")?,
-                false,
-                rope_scaling(Some(&scaling))?.as_ref(),
-                args.max_position_embeddings,
-            )?,
-            n_heads,
-            n_kv_heads,
-            scale: (head_dim as f64).powf(-0.5),
-            qkv: None,
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        attn_scale: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-        residual: &Array,
-    ) -> Result<Array> {
-        let (b, l) = batch_len(x)?;
-        let [q, k, v] = project(
-            self.qkv.as_deref(),
-            [&self.q_proj, &self.k_proj, &self.v_proj],
-            x,
-        )?;
-        let queries = split_heads(&q, b, l, self.n_heads)?;
-        let keys = split_heads(&k, b, l, self.n_kv_heads)?;
-        let values = split_heads(&v, b, l, self.n_kv_heads)?;
-        let (queries, fetch) = rope_cache(&queries, &keys, values, &self.rope, cache)?;
-        let queries = queries.multiply(attn_scale)?;
-        let out = scaled_dot_product_attention(&queries, &fetch, self.scale, mask, None)?;
-        project_out(&self.o_proj, &merge_heads(&out, b, l)?, Some(residual))
     }
 }
 
@@ -178,12 +131,16 @@ impl TransformerBlock {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
+        let extras = Extras {
+            sinks: None,
+            query_scale: Some(attn_scale),
+        };
         let h = self.self_attn.forward(
             &self.input_layernorm.forward(x)?,
-            attn_scale,
             mask,
             cache,
-            x,
+            Some(x),
+            extras,
         )?;
         self.mlp
             .forward(&self.post_attention_layernorm.forward(&h)?, Some(&h))
@@ -273,7 +230,7 @@ impl Model {
             .iter()
             .map(|t| {
                 Ok(TransformerBlock {
-                    self_attn: Attention::new(&args)?,
+                    self_attn: attention(&args)?,
                     mlp: Mlp::new(dim, args.intermediate_size, false)?,
                     input_layernorm: RmsNorm::new(dim, eps)?,
                     post_attention_layernorm: RmsNorm::new(dim, eps)?,
@@ -395,8 +352,7 @@ impl Architecture for Model {
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
         for layer in &mut self.model.layers {
-            let a = &mut layer.self_attn;
-            a.qkv = fuse([&mut a.q_proj, &mut a.k_proj, &mut a.v_proj])?;
+            layer.self_attn.fuse()?;
             layer.mlp.fuse()?;
         }
         Ok(())

@@ -1,6 +1,7 @@
 //! Mixtral, following `mlx_lm/models/mixtral.py` (Llama attention, top-k routed
 //! SwitchGLU experts with softmax over the chosen logits).
-use super::llama::Attention;
+use super::attention::{Attention, Extras};
+use super::llama;
 use super::{cache_at, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -127,9 +128,13 @@ impl DecoderLayer {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        let h = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache, Some(x))?;
+        let h = self.self_attn.forward(
+            &self.input_layernorm.forward(x)?,
+            mask,
+            cache,
+            Some(x),
+            Extras::default(),
+        )?;
         let r = self
             .block_sparse_moe
             .forward(&self.post_attention_layernorm.forward(&h)?)?;
@@ -167,7 +172,7 @@ impl Model {
         let layers = (0..args.num_hidden_layers)
             .map(|_| {
                 Ok(DecoderLayer {
-                    self_attn: Attention::new(&attn_args)?,
+                    self_attn: llama::attention(&attn_args, None)?,
                     block_sparse_moe: SparseMoeBlock {
                         gate: LinearLayer::new(dim, args.num_local_experts, false)?,
                         switch_mlp: SwitchGlu::new(

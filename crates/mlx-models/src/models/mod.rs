@@ -8,6 +8,7 @@ use mlx_nn::{
 };
 use std::collections::BTreeMap;
 
+pub mod attention;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
@@ -173,23 +174,8 @@ pub(crate) fn rope_attend(
     scale: f64,
     mask: &AttnMask,
 ) -> Result<Array> {
-    rope_attend_sinks(queries, keys, values, rope, cache, scale, mask, None)
-}
-
-/// [`rope_attend`] with attention sinks (one logit per head, GPT-OSS).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn rope_attend_sinks(
-    queries: &Array,
-    keys: &Array,
-    values: Array,
-    rope: &Rope,
-    cache: Option<&mut dyn KvCache>,
-    scale: f64,
-    mask: &AttnMask,
-    sinks: Option<&Array>,
-) -> Result<Array> {
     let (queries, fetch) = rope_cache(queries, keys, values, rope, cache)?;
-    scaled_dot_product_attention(&queries, &fetch, scale, mask, sinks)
+    scaled_dot_product_attention(&queries, &fetch, scale, mask, None)
 }
 
 /// The head of [`rope_attend`]: queries and keys rotated at the cache offset, the cache
@@ -219,24 +205,6 @@ pub(crate) fn rope_cache(
             )
         }
     })
-}
-
-/// The q/k/v projections of `[B, L, D]` activations (fused at one position, see
-/// [`project`]) split into heads: `[B, heads, L, head_dim]` each.
-pub(crate) fn qkv_heads(
-    fused: Option<&FusedLinears>,
-    layers: [&LinearLayer; 3],
-    x: &Array,
-    n_heads: i32,
-    n_kv_heads: i32,
-) -> Result<(Array, Array, Array)> {
-    let (b, l) = batch_len(x)?;
-    let [q, k, v] = project(fused, layers, x)?;
-    Ok((
-        split_heads(&q, b, l, n_heads)?,
-        split_heads(&k, b, l, n_kv_heads)?,
-        split_heads(&v, b, l, n_kv_heads)?,
-    ))
 }
 
 /// One optional cache per layer: all `None` when `caches` is empty.

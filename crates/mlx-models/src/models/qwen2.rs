@@ -1,13 +1,13 @@
 //! Qwen2, following `mlx_lm/models/qwen2.py`.
-use super::{batch_len, cache_at, drop_rotary_inv_freq, layer_caches, merge_heads, rope_attend};
-use super::{fuse, project_out, qkv_heads, swiglu_mlp, Architecture, Weights};
+use super::attention::{Attention, AttentionDims, Extras};
+use super::llama::Mlp;
+use super::{cache_at, drop_rotary_inv_freq, layer_caches, Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
-    impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
-    Module, RmsNorm, Rope,
+    impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, RmsNorm,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -44,109 +44,24 @@ fn default_rope_theta() -> f64 {
 }
 
 /// Self-attention with biased q/k/v projections.
-#[derive(Debug)]
-pub struct Attention {
-    q_proj: LinearLayer,
-    k_proj: LinearLayer,
-    v_proj: LinearLayer,
-    o_proj: LinearLayer,
-    rope: Rope,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f64,
-    /// q/k/v as one matmul for decoding steps (set by the loader).
-    qkv: Option<Box<FusedLinears>>,
-}
-impl_module!(Attention {
-    q_proj,
-    k_proj,
-    v_proj,
-    o_proj
-});
-
-impl Attention {
-    fn new(args: &ModelArgs) -> crate::Result<Attention> {
-        let dim = args.hidden_size;
-        let (n_heads, n_kv_heads) = (args.num_attention_heads, args.num_key_value_heads);
-        let head_dim = dim / n_heads;
-        Ok(Attention {
-            q_proj: LinearLayer::new(dim, n_heads * head_dim, true)?,
-            k_proj: LinearLayer::new(dim, n_kv_heads * head_dim, true)?,
-            v_proj: LinearLayer::new(dim, n_kv_heads * head_dim, true)?,
-            o_proj: LinearLayer::new(n_heads * head_dim, dim, false)?,
-            rope: initialize_rope(
-                head_dim,
-                args.rope_theta,
-                args.rope_traditional,
-                rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
-                Some(args.max_position_embeddings),
-            )?,
-            n_heads,
-            n_kv_heads,
-            scale: (head_dim as f64).powf(-0.5),
-            qkv: None,
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-        residual: Option<&Array>,
-    ) -> Result<Array> {
-        let (b, l) = batch_len(x)?;
-        let (queries, keys, values) = qkv_heads(
-            self.qkv.as_deref(),
-            [&self.q_proj, &self.k_proj, &self.v_proj],
-            x,
-            self.n_heads,
-            self.n_kv_heads,
-        )?;
-        let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
-        project_out(&self.o_proj, &merge_heads(&out, b, l)?, residual)
-    }
-
-    fn fuse(&mut self) -> crate::Result<()> {
-        self.qkv = fuse([&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
-        Ok(())
-    }
-}
-
-/// The SwiGLU feed-forward block.
-#[derive(Debug)]
-pub struct Mlp {
-    gate_proj: LinearLayer,
-    down_proj: LinearLayer,
-    up_proj: LinearLayer,
-    /// gate/up as one matmul for decoding steps (set by the loader).
-    gate_up: Option<Box<FusedLinears>>,
-}
-impl_module!(Mlp {
-    gate_proj,
-    down_proj,
-    up_proj
-});
-
-impl Mlp {
-    fn new(dim: i32, hidden: i32) -> crate::Result<Mlp> {
-        Ok(Mlp {
-            gate_proj: LinearLayer::new(dim, hidden, false)?,
-            down_proj: LinearLayer::new(hidden, dim, false)?,
-            up_proj: LinearLayer::new(dim, hidden, false)?,
-            gate_up: None,
-        })
-    }
-
-    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
-        let h = swiglu_mlp(self.gate_up.as_deref(), &self.gate_proj, &self.up_proj, x)?;
-        project_out(&self.down_proj, &h, residual)
-    }
-
-    fn fuse(&mut self) -> crate::Result<()> {
-        self.gate_up = fuse([&mut self.gate_proj, &mut self.up_proj])?;
-        Ok(())
-    }
+fn attention(args: &ModelArgs) -> crate::Result<Attention> {
+    let head_dim = args.hidden_size / args.num_attention_heads;
+    let d = AttentionDims {
+        dim: args.hidden_size,
+        n_heads: args.num_attention_heads,
+        n_kv_heads: args.num_key_value_heads,
+        head_dim,
+        qkv_bias: true,
+        o_bias: false,
+    };
+    let rope = initialize_rope(
+        head_dim,
+        args.rope_theta,
+        args.rope_traditional,
+        rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
+        Some(args.max_position_embeddings),
+    )?;
+    Attention::new(d, rope, (head_dim as f64).powf(-0.5))
 }
 
 /// One decoder layer.
@@ -171,9 +86,13 @@ impl TransformerBlock {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        let h = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache, Some(x))?;
+        let h = self.self_attn.forward(
+            &self.input_layernorm.forward(x)?,
+            mask,
+            cache,
+            Some(x),
+            Extras::default(),
+        )?;
         self.mlp
             .forward(&self.post_attention_layernorm.forward(&h)?, Some(&h))
     }
@@ -222,8 +141,8 @@ impl Model {
         let layers = (0..args.num_hidden_layers)
             .map(|_| {
                 Ok(TransformerBlock {
-                    self_attn: Attention::new(&args)?,
-                    mlp: Mlp::new(args.hidden_size, args.intermediate_size)?,
+                    self_attn: attention(&args)?,
+                    mlp: Mlp::new(args.hidden_size, args.intermediate_size, false)?,
                     input_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
                     post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
                 })

@@ -1,14 +1,14 @@
 //! StarCoder2, following `mlx_lm/models/starcoder2.py`: biased projections, layer
 //! norms and a GELU feed-forward (`c_fc`, `c_proj`).
-use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads};
-use super::{fuse, project, project_out, Architecture};
+use super::attention::{Attention, AttentionDims, Extras};
+use super::{cache_at, layer_caches, project_out, Architecture};
 use crate::config::{default_true, parse_args};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
-    activations, impl_module, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LayerNorm,
-    LinearLayer, Module, Rope,
+    activations, impl_module, AttnMask, EmbeddingLayer, KvCache, LayerNorm, LinearLayer, Module,
+    Rope,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -45,69 +45,19 @@ fn default_rope_theta() -> f64 {
     100000.0
 }
 
-/// Self-attention (every projection biased).
-#[derive(Debug)]
-pub struct Attention {
-    q_proj: LinearLayer,
-    k_proj: LinearLayer,
-    v_proj: LinearLayer,
-    o_proj: LinearLayer,
-    rope: Rope,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f64,
-    /// q/k/v as one matmul for decoding steps (set by the loader).
-    qkv: Option<Box<FusedLinears>>,
-}
-impl_module!(Attention {
-    q_proj,
-    k_proj,
-    v_proj,
-    o_proj
-});
-
-impl Attention {
-    fn new(args: &ModelArgs) -> crate::Result<Attention> {
-        let dim = args.hidden_size;
-        let (n_heads, n_kv_heads) = (args.num_attention_heads, args.num_key_value_heads);
-        let head_dim = dim / n_heads;
-        Ok(Attention {
-            q_proj: LinearLayer::new(dim, n_heads * head_dim, true)?,
-            k_proj: LinearLayer::new(dim, n_kv_heads * head_dim, true)?,
-            v_proj: LinearLayer::new(dim, n_kv_heads * head_dim, true)?,
-            o_proj: LinearLayer::new(n_heads * head_dim, dim, true)?,
-            rope: Rope::new(head_dim, false, args.rope_theta, 1.0),
-            n_heads,
-            n_kv_heads,
-            scale: (head_dim as f64).powf(-0.5),
-            qkv: None,
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-        residual: &Array,
-    ) -> Result<Array> {
-        let (b, l) = batch_len(x)?;
-        let [q, k, v] = project(
-            self.qkv.as_deref(),
-            [&self.q_proj, &self.k_proj, &self.v_proj],
-            x,
-        )?;
-        let queries = split_heads(&q, b, l, self.n_heads)?;
-        let keys = split_heads(&k, b, l, self.n_kv_heads)?;
-        let values = split_heads(&v, b, l, self.n_kv_heads)?;
-        let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
-        project_out(&self.o_proj, &merge_heads(&out, b, l)?, Some(residual))
-    }
-
-    fn fuse(&mut self) -> crate::Result<()> {
-        self.qkv = fuse([&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
-        Ok(())
-    }
+/// Every projection biased, head size `hidden_size / num_attention_heads`.
+fn attention(args: &ModelArgs) -> crate::Result<Attention> {
+    let head_dim = args.hidden_size / args.num_attention_heads;
+    let d = AttentionDims {
+        dim: args.hidden_size,
+        n_heads: args.num_attention_heads,
+        n_kv_heads: args.num_key_value_heads,
+        head_dim,
+        qkv_bias: true,
+        o_bias: true,
+    };
+    let rope = Rope::new(head_dim, false, args.rope_theta, 1.0);
+    Attention::new(d, rope, (head_dim as f64).powf(-0.5))
 }
 
 /// `c_proj(gelu(c_fc(x)))`.
@@ -140,9 +90,13 @@ impl TransformerBlock {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        let h = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache, x)?;
+        let h = self.self_attn.forward(
+            &self.input_layernorm.forward(x)?,
+            mask,
+            cache,
+            Some(x),
+            Extras::default(),
+        )?;
         let up = self
             .mlp
             .c_fc
@@ -195,7 +149,7 @@ impl Model {
         let layers = (0..args.num_hidden_layers)
             .map(|_| {
                 Ok(TransformerBlock {
-                    self_attn: Attention::new(&args)?,
+                    self_attn: attention(&args)?,
                     mlp: Mlp {
                         c_fc: LinearLayer::new(dim, args.intermediate_size, true)?,
                         c_proj: LinearLayer::new(args.intermediate_size, dim, true)?,
