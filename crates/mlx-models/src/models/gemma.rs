@@ -8,9 +8,7 @@ use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::activations::gelu;
 use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{
-    impl_module, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer, Module, Rope,
-};
+use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer, Rope};
 
 fn attention(args: &ModelArgs) -> crate::Result<Attention> {
     let d = AttentionDims {
@@ -186,21 +184,7 @@ impl LanguageModel for Model {
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]
     }
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
-    }
-    fn num_layers(&self) -> usize {
-        self.model.layers.len()
-    }
-    fn as_module(&self) -> Option<&dyn Module> {
-        Some(self)
-    }
-    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
-        Some(self)
-    }
+    decoder_accessors!();
 }
 
 /// mlx-lm's class has no `sanitize`: the checkpoint's tensors load as they are.

@@ -7,9 +7,7 @@ use mlx_array::{fast, ops, Array, Dtype, Result};
 use mlx_nn::activations::gelu_approx;
 use mlx_nn::attention::finfo_min;
 use mlx_nn::cache::{create_attention_mask, RopePosition};
-use mlx_nn::{
-    impl_module, AttnMask, EmbeddingLayer, KvCache, KvFetch, LinearLayer, Module, Param, Rope,
-};
+use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, KvFetch, LinearLayer, Param, Rope};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -340,21 +338,7 @@ impl LanguageModel for Model {
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]
     }
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
-    }
-    fn num_layers(&self) -> usize {
-        self.model.layers.len()
-    }
-    fn as_module(&self) -> Option<&dyn Module> {
-        Some(self)
-    }
-    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
-        Some(self)
-    }
+    decoder_accessors!();
 }
 
 impl Architecture for Model {}

@@ -9,9 +9,7 @@ use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Dtype, Result};
 use mlx_nn::activations::call_compiled;
 use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{
-    impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, Rope,
-};
+use mlx_nn::{impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Rope};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -338,23 +336,9 @@ impl LanguageModel for Model {
             })
             .collect()
     }
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
-    }
-    fn num_layers(&self) -> usize {
-        self.model.layers.len()
-    }
+    decoder_accessors!();
     fn defines_make_cache(&self) -> bool {
         true
-    }
-    fn as_module(&self) -> Option<&dyn Module> {
-        Some(self)
-    }
-    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
-        Some(self)
     }
 }
 

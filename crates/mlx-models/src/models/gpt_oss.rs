@@ -10,7 +10,7 @@ use mlx_array::{ops, Array, Dtype, Result};
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     impl_module, initialize_rope, AttnMask, EmbeddingLayer, GluActivation, KvCache, LinearLayer,
-    Module, Param, RmsNorm, SwitchGlu,
+    Param, RmsNorm, SwitchGlu,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -341,23 +341,9 @@ impl LanguageModel for Model {
             })
             .collect()
     }
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
-    }
-    fn num_layers(&self) -> usize {
-        self.model.layers.len()
-    }
+    decoder_accessors!();
     fn defines_make_cache(&self) -> bool {
         true
-    }
-    fn as_module(&self) -> Option<&dyn Module> {
-        Some(self)
-    }
-    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
-        Some(self)
     }
 }
 

@@ -8,7 +8,7 @@ use mlx_array::{Array, Result};
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
-    Module, RmsNorm, Rope,
+    RmsNorm, Rope,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -296,23 +296,9 @@ impl LanguageModel for Model {
             })
             .collect()
     }
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
-    }
-    fn num_layers(&self) -> usize {
-        self.model.layers.len()
-    }
+    decoder_accessors!();
     fn defines_make_cache(&self) -> bool {
         self.makes_cache
-    }
-    fn as_module(&self) -> Option<&dyn Module> {
-        Some(self)
-    }
-    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
-        Some(self)
     }
 }
 

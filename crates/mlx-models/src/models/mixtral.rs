@@ -7,9 +7,7 @@ use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{ops, Array, Result};
 use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{
-    impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, RmsNorm, SwitchGlu,
-};
+use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, SwitchGlu};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -228,21 +226,7 @@ impl LanguageModel for Model {
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]
     }
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
-    }
-    fn num_layers(&self) -> usize {
-        self.model.layers.len()
-    }
-    fn as_module(&self) -> Option<&dyn Module> {
-        Some(self)
-    }
-    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
-        Some(self)
-    }
+    decoder_accessors!();
 }
 
 impl Architecture for Model {

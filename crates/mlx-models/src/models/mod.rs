@@ -8,6 +8,28 @@ use mlx_nn::{
 };
 use std::collections::BTreeMap;
 
+/// The [`LanguageModel`] methods every decoder file writes the same way, for a model
+/// with `args.model_type`, `args.vocab_size` and `model.layers` that is its own module.
+macro_rules! decoder_accessors {
+    () => {
+        fn model_type(&self) -> &str {
+            &self.args.model_type
+        }
+        fn vocab_size(&self) -> i32 {
+            self.args.vocab_size
+        }
+        fn num_layers(&self) -> usize {
+            self.model.layers.len()
+        }
+        fn as_module(&self) -> Option<&dyn mlx_nn::Module> {
+            Some(self)
+        }
+        fn as_module_mut(&mut self) -> Option<&mut dyn mlx_nn::Module> {
+            Some(self)
+        }
+    };
+}
+
 pub mod attention;
 pub mod gemma;
 pub mod gemma2;
