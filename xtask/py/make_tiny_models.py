@@ -64,6 +64,14 @@ ARCHS = {
         "rope_local_base_freq": 10000.0,
         "rope_theta": 1000000.0,
     },
+    "qwen2_moe": {
+        "model_type": "qwen2_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
+        "rope_theta": 1000000.0,
+    },
     "qwen3_moe": {
         "model_type": "qwen3_moe",
         "head_dim": 16,
@@ -203,6 +211,9 @@ VARIANTS = {
     "gemma3_text-f16": ("gemma3_text", {}, {"dtype": "float16"}),
     "gemma3_text-q4": ("gemma3_text", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "gemma3-f32-multimodal": ("gemma3_text", {}, {"wrap_gemma3": True}),
+    "qwen2_moe-f32": ("qwen2_moe", {}, {}),
+    "qwen2_moe-f32-mha-traditional": ("qwen2_moe", {"num_key_value_heads": 4, "rope_traditional": True}, {}),
+    "qwen2_moe-bf16-q4": ("qwen2_moe", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
     "qwen3_moe-f32": ("qwen3_moe", {}, {}),
     "qwen3_moe-q4": ("qwen3_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "glm4-f32": ("glm4", {}, {}),
@@ -270,6 +281,7 @@ GOLDENS = {
     ),
     "gemma2-small-f32": ("gemma2", dict(SMALL, head_dim=8, query_pre_attn_scalar=8.0), {}),
     "gemma3_text-small-bf16": ("gemma3_text", dict(SMALL, head_dim=8, query_pre_attn_scalar=8), {"dtype": "bfloat16"}),
+    "qwen2_moe-small-f32": ("qwen2_moe", dict(SMALL, moe_intermediate_size=32), {}),
     "qwen3_moe-small-f32": (
         "qwen3_moe", dict(SMALL, head_dim=8, moe_intermediate_size=32), {}),
     "mixtral-small-f32": ("mixtral", dict(SMALL, intermediate_size=32), {}),
@@ -320,7 +332,7 @@ def to_hf_names(config, weights, opts, rng):
     mt = config["model_type"]
     out = {}
     for k, v in weights.items():
-        if mt == "qwen3_moe" and ".mlp.switch_mlp." in k:
+        if mt in ("qwen3_moe", "qwen2_moe") and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):

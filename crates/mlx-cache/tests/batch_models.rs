@@ -346,6 +346,8 @@ model_tests! {
         => "gemma-small-f32", true;
     batched_decode_equals_alone_glm4, prefilled_together_equals_alone_glm4
         => "glm4-small-f32", true;
+    batched_decode_equals_alone_qwen2_moe, prefilled_together_equals_alone_qwen2_moe
+        => "qwen2_moe-small-f32", true;
     batched_decode_matches_alone_ministral3_sliding,
     prefilled_together_matches_alone_ministral3_sliding => "ministral3-small-f32-sliding", false;
     batched_decode_matches_alone_gpt_oss_sliding_sinks,

@@ -22,6 +22,7 @@ const ARCHITECTURES: &[(&str, Builder)] = &[
     ("olmo3", models::olmo3::build),
     ("phi3", models::phi3::build),
     ("qwen2", models::qwen2::build),
+    ("qwen2_moe", models::qwen2_moe::build),
     ("qwen3", models::qwen3::build),
     ("qwen3_moe", models::qwen3_moe::build),
     ("smollm3", models::smollm3::build),

@@ -59,6 +59,7 @@ golden_tests! {
     gemma2_logits_match_mlx_lm => "gemma2-small-f32",
     gemma3_text_bf16_logits_match_mlx_lm => "gemma3_text-small-bf16",
     qwen3_moe_logits_match_mlx_lm => "qwen3_moe-small-f32",
+    qwen2_moe_shared_expert_logits_match_mlx_lm => "qwen2_moe-small-f32",
     mixtral_logits_match_mlx_lm => "mixtral-small-f32",
     gemma_logits_match_mlx_lm => "gemma-small-f32",
     glm4_logits_match_mlx_lm => "glm4-small-f32",

@@ -46,6 +46,7 @@ pub mod olmo2;
 pub mod olmo3;
 pub mod phi3;
 pub mod qwen2;
+pub mod qwen2_moe;
 pub mod qwen3;
 pub mod qwen3_moe;
 pub mod smollm3;
