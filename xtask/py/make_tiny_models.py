@@ -45,6 +45,9 @@ ARCHS = {
         "tie_word_embeddings": True,
     },
     "phi3": {"model_type": "phi3", "rope_theta": 10000.0, "tie_word_embeddings": False},
+    "exaone4": {"model_type": "exaone4", "head_dim": 16, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+                "rope_scaling": None, "sliding_window": 4, "sliding_window_pattern": "LLLG",
+                "num_hidden_layers": 4},
     "gemma": {"model_type": "gemma", "head_dim": 16, "rms_norm_eps": 1e-6},
     "gemma2": {
         "model_type": "gemma2",
@@ -199,6 +202,11 @@ VARIANTS = {
     "phi3-f32-partial-rotary": ("phi3", {"partial_rotary_factor": 0.5}, {}),
     "phi3-bf16": ("phi3", {}, {"dtype": "bfloat16"}),
     "phi3-q4": ("phi3", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "exaone4-f32-hybrid": ("exaone4", {}, {}),
+    "exaone4-f32-tied-full-llama3": (
+        "exaone4", {"tie_word_embeddings": True, "sliding_window_pattern": None, "sliding_window": None,
+                    "num_hidden_layers": 2, "rope_scaling": LLAMA3}, {}),
+    "exaone4-bf16-q4": ("exaone4", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
     "gemma-f32": ("gemma", {}, {}),
     "gemma-f32-mha-traditional": ("gemma", {"num_key_value_heads": 4, "rope_traditional": True}, {}),
     "gemma-bf16-q4": ("gemma", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
@@ -288,6 +296,7 @@ GOLDENS = {
     "ministral3-small-f32-sliding": (
         "ministral3", dict(SMALL, head_dim=8, layer_types=["sliding_attention", "full_attention"],
                            sliding_window=4), {}),
+    "exaone4-small-f32-hybrid": ("exaone4", dict(SMALL, head_dim=8), {}),
     "gemma-small-f32": ("gemma", dict(SMALL, head_dim=8), {}),
     "glm4-small-f32": ("glm4", dict(SMALL, head_dim=8), {}),
     "gpt_oss-small-f32": ("gpt_oss", dict(SMALL, head_dim=8, intermediate_size=32), {}),

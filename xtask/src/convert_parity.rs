@@ -51,6 +51,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("gpt_oss", "gpt_oss-f32", None),
     ("glm4", "glm4-f32", None),
     ("qwen2_moe", "qwen2_moe-f32", None),
+    ("exaone4", "exaone4-f32-hybrid", None),
     ("ministral3", "ministral3-f32-sliding-untied", None),
     ("mistral3-mm", "mistral3-f32-ministral3", None),
     ("mistral3-mistral", "mistral3-f32-mistral", None),
@@ -157,6 +158,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "mistral3-mistral",
         "glm4",
         "qwen2_moe",
+        "exaone4",
     ] {
         add(src, "");
         add(src, "-q");

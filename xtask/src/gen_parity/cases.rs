@@ -30,6 +30,7 @@ pub const TINY: &[&str] = &[
     "mistral3-f32-ministral3",
     "glm4-f32",
     "qwen2_moe-f32",
+    "exaone4-f32-hybrid",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];
