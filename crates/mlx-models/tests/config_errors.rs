@@ -1,0 +1,138 @@
+//! Malformed configs of the architectures with layer patterns or nested settings are
+//! refused at build time with an error naming the key, never a panic.
+use mlx_models::build_model;
+use serde_json::{json, Value};
+
+fn base(model_type: &str) -> Value {
+    json!({
+        "model_type": model_type, "hidden_size": 32, "num_hidden_layers": 2,
+        "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "vocab_size": 64, "max_position_embeddings": 128,
+        "rope_theta": 10000.0, "head_dim": 8, "tie_word_embeddings": false,
+    })
+}
+
+fn with(mut c: Value, extra: Value) -> Value {
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        c[k] = v.clone();
+    }
+    c
+}
+
+fn err(c: &Value) -> String {
+    match build_model(c) {
+        Ok(_) => panic!("{c} should be refused"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn gpt_oss_layer_types_need_both_kinds_and_one_per_layer() {
+    let c = with(
+        base("gpt_oss"),
+        json!({"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 4}),
+    );
+    assert!(build_model(&c).is_ok());
+    let e = err(&with(
+        c.clone(),
+        json!({"layer_types": ["full_attention", "full_attention"]}),
+    ));
+    assert!(
+        e.contains("layer_types") && e.contains("sliding_attention"),
+        "{e}"
+    );
+    let e = err(&with(c, json!({"layer_types": ["full_attention"]})));
+    assert!(
+        e.contains("layer_types") && e.contains("1 entries for 2 layers"),
+        "{e}"
+    );
+}
+
+#[test]
+fn smollm3_no_rope_layers_must_match_the_layers() {
+    let c = base("smollm3");
+    assert!(build_model(&c).is_ok());
+    let e = err(&with(c.clone(), json!({"no_rope_layers": [1, 0, 1]})));
+    assert!(
+        e.contains("no_rope_layers") && e.contains("3 entries for 2 layers"),
+        "{e}"
+    );
+    let e = err(&with(c, json!({"no_rope_layer_interval": 0})));
+    assert!(e.contains("no_rope_layer_interval"), "{e}");
+}
+
+#[test]
+fn ministral3_needs_its_rope_parameters() {
+    let rope = json!({"rope_type": "default", "rope_theta": 10000.0,
+                      "llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 64});
+    let c = with(base("ministral3"), json!({"rope_parameters": rope}));
+    assert!(build_model(&c).is_ok());
+    let mut missing = rope.clone();
+    missing
+        .as_object_mut()
+        .map(|m| m.remove("llama_4_scaling_beta"));
+    let e = err(&with(c.clone(), json!({"rope_parameters": missing})));
+    assert!(e.contains("rope_parameters.llama_4_scaling_beta"), "{e}");
+    let e = err(&with(
+        c,
+        json!({"layer_types": ["sliding_attention", "full_attention"]}),
+    ));
+    assert!(e.contains("sliding_window"), "{e}");
+}
+
+#[test]
+fn mistral3_reads_its_text_config_and_refuses_unknown_text_models() {
+    let text = with(base("mistral"), json!({}));
+    let c = json!({"model_type": "mistral3", "text_config": text});
+    let m = build_model(&c).expect("a mistral text model");
+    assert_eq!(m.model_type(), "mistral3");
+    let e = err(
+        &json!({"model_type": "mistral3", "text_config": with(text, json!({"model_type": "mistral4"}))}),
+    );
+    assert!(e.contains("mistral4"), "{e}");
+}
+
+#[test]
+fn olmo3_and_exaone4_patterns_need_both_kinds_of_layer() {
+    // Two layers by the default pattern (every fourth full) have no full layer, which
+    // mlx-lm cannot build either; four have one.
+    let olmo3 = with(base("olmo3"), json!({"sliding_window": 4}));
+    let e = err(&olmo3);
+    assert!(e.contains("full_attention"), "{e}");
+    assert!(build_model(&with(olmo3.clone(), json!({"num_hidden_layers": 4}))).is_ok());
+    let e = err(&with(
+        olmo3,
+        json!({"layer_types": ["sliding_attention", "sliding_attention"]}),
+    ));
+    assert!(e.contains("full_attention"), "{e}");
+    let exaone = with(
+        base("exaone4"),
+        json!({"rope_scaling": null, "sliding_window": 4, "sliding_window_pattern": "LG"}),
+    );
+    assert!(build_model(&exaone).is_ok());
+    let e = err(&with(
+        exaone.clone(),
+        json!({"sliding_window_pattern": "LL"}),
+    ));
+    assert!(e.contains("sliding_window_pattern"), "{e}");
+    let e = err(&with(exaone, json!({"sliding_window": null})));
+    assert!(e.contains("sliding_window"), "{e}");
+}
+
+#[test]
+fn granite_and_qwen2_moe_refuse_what_mlx_lm_refuses() {
+    // Granite's multipliers are required keys.
+    let e = err(&base("granite"));
+    assert!(e.contains("logits_scaling"), "{e}");
+    let moe = with(
+        base("qwen2_moe"),
+        json!({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+               "shared_expert_intermediate_size": 32}),
+    );
+    assert!(build_model(&moe).is_ok());
+    let e = err(&with(
+        moe,
+        json!({"rope_scaling": {"type": "yarn", "factor": 2.0}}),
+    ));
+    assert!(e.contains("rope_scaling") && e.contains("linear"), "{e}");
+}
