@@ -114,6 +114,8 @@ ARCHS = {
                    "tie_word_embeddings": True},
     "olmo3": {"model_type": "olmo3", "rope_theta": 500000.0, "sliding_window": 4,
               "num_hidden_layers": 4},
+    "seed_oss": {"model_type": "seed_oss", "head_dim": 16, "rope_theta": 10000000.0, "attention_bias": True,
+                 "attention_out_bias": False, "tie_word_embeddings": True},
     "smollm3": {
         "model_type": "smollm3",
         "rope_theta": 5000000.0,
@@ -250,6 +252,13 @@ VARIANTS = {
         "olmo3", {"tie_word_embeddings": True, "rope_scaling": YARN, "num_hidden_layers": 3,
                   "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}, {}),
     "olmo3-bf16-q4": ("olmo3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "seed_oss-f32-tied-bias": ("seed_oss", {}, {}),
+    "seed_oss-f32-untied-out-bias": (
+        "seed_oss", {"tie_word_embeddings": False, "attention_out_bias": True, "mlp_bias": True}, {}),
+    # Untied: mlx-lm's tied head is `h @ embed_tokens.weight.T`, which fails on a
+    # quantized embedding (ours uses the quantized embedding as the head).
+    "seed_oss-bf16-untied-q4": (
+        "seed_oss", {"tie_word_embeddings": False}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
     "smollm3-f32-tied": ("smollm3", {}, {"extras": True}),
     "smollm3-f32-layer-list": (
         "smollm3", {"num_hidden_layers": 3, "no_rope_layers": [0, 1, 0], "tie_word_embeddings": False}, {}),
@@ -303,6 +312,7 @@ GOLDENS = {
     "granite-small-f32": ("granite", dict(SMALL), {}),
     "olmo2-small-f32": ("olmo2", dict(SMALL), {}),
     "olmo3-small-f32": ("olmo3", dict(SMALL), {}),
+    "seed_oss-small-f32": ("seed_oss", dict(SMALL, head_dim=8), {}),
     "smollm3-small-f32": ("smollm3", dict(SMALL), {}),
     "starcoder2-small-f32": ("starcoder2", dict(SMALL), {}),
 }

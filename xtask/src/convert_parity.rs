@@ -52,6 +52,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("glm4", "glm4-f32", None),
     ("qwen2_moe", "qwen2_moe-f32", None),
     ("exaone4", "exaone4-f32-hybrid", None),
+    ("seed_oss", "seed_oss-f32-untied-out-bias", None),
     ("ministral3", "ministral3-f32-sliding-untied", None),
     ("mistral3-mm", "mistral3-f32-ministral3", None),
     ("mistral3-mistral", "mistral3-f32-mistral", None),
@@ -159,6 +160,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "glm4",
         "qwen2_moe",
         "exaone4",
+        "seed_oss",
     ] {
         add(src, "");
         add(src, "-q");

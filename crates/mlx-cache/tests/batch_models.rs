@@ -364,4 +364,6 @@ model_tests! {
         => "smollm3-small-f32", true;
     batched_decode_equals_alone_starcoder2, prefilled_together_equals_alone_starcoder2
         => "starcoder2-small-f32", true;
+    batched_decode_equals_alone_seed_oss, prefilled_together_equals_alone_seed_oss
+        => "seed_oss-small-f32", true;
 }

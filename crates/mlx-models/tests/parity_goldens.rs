@@ -70,6 +70,7 @@ golden_tests! {
     olmo2_logits_match_mlx_lm => "olmo2-small-f32",
     olmo3_sliding_logits_match_mlx_lm => "olmo3-small-f32",
     smollm3_nope_logits_match_mlx_lm => "smollm3-small-f32",
+    seed_oss_logits_match_mlx_lm => "seed_oss-small-f32",
     starcoder2_logits_match_mlx_lm => "starcoder2-small-f32",
 }
 

@@ -151,7 +151,7 @@ impl Model {
         let layers = (0..args.num_hidden_layers)
             .map(|_| {
                 Ok(TransformerBlock {
-                    self_attn: llama::attention(&base, Some(args.attention_multiplier))?,
+                    self_attn: llama::attention(&base, Some(args.attention_multiplier), None)?,
                     mlp: Mlp::new(args.hidden_size, args.intermediate_size, args.mlp_bias)?,
                     input_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
                     post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,

@@ -52,8 +52,13 @@ fn default_rope_theta() -> f64 {
     10000.0
 }
 
-/// Self-attention; `scale` (default `head_dim ** -0.5`) multiplies the logits.
-pub(crate) fn attention(args: &ModelArgs, scale: Option<f64>) -> crate::Result<Attention> {
+/// Self-attention; `scale` (default `head_dim ** -0.5`) multiplies the logits, `o_bias`
+/// (default `attention_bias`) puts a bias on `o_proj`.
+pub(crate) fn attention(
+    args: &ModelArgs,
+    scale: Option<f64>,
+    o_bias: Option<bool>,
+) -> crate::Result<Attention> {
     let n_heads = args.num_attention_heads;
     let head_dim = args
         .head_dim
@@ -65,7 +70,7 @@ pub(crate) fn attention(args: &ModelArgs, scale: Option<f64>) -> crate::Result<A
         n_kv_heads: args.num_key_value_heads.unwrap_or(n_heads),
         head_dim,
         qkv_bias: args.attention_bias,
-        o_bias: args.attention_bias,
+        o_bias: o_bias.unwrap_or(args.attention_bias),
     };
     let rope = initialize_rope(
         head_dim,
@@ -214,7 +219,7 @@ impl Model {
             .iter()
             .map(|t| {
                 Ok(TransformerBlock {
-                    self_attn: attention(&args, None)?,
+                    self_attn: attention(&args, None, None)?,
                     mlp: Mlp::new(args.hidden_size, args.intermediate_size, args.mlp_bias)?,
                     input_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
                     post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
@@ -263,6 +268,15 @@ impl Model {
         }
         self.makes_cache = false;
         self
+    }
+
+    /// Seed-OSS: `o_proj` biased by `attention_out_bias`, no `make_cache` of its own.
+    pub(crate) fn into_seed_oss(mut self, out_bias: bool) -> crate::Result<Model> {
+        for layer in &mut self.model.layers {
+            layer.self_attn = attention(&self.args, None, Some(out_bias))?;
+        }
+        self.makes_cache = false;
+        Ok(self)
     }
 }
 

@@ -170,7 +170,7 @@ impl Model {
         let layers = (0..args.num_hidden_layers)
             .map(|_| {
                 Ok(DecoderLayer {
-                    self_attn: llama::attention(&attn_args, None)?,
+                    self_attn: llama::attention(&attn_args, None, None)?,
                     block_sparse_moe: SparseMoeBlock {
                         gate: LinearLayer::new(dim, args.num_local_experts, false)?,
                         switch_mlp: SwitchGlu::new(

@@ -50,6 +50,7 @@ pub mod qwen2;
 pub mod qwen2_moe;
 pub mod qwen3;
 pub mod qwen3_moe;
+pub mod seed_oss;
 pub mod smollm3;
 pub mod starcoder2;
 
