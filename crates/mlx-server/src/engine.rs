@@ -382,6 +382,11 @@ impl State {
         let dropped = before - self.waiting.len();
         if dropped > 0 {
             self.queued.fetch_sub(dropped, Ordering::SeqCst);
+            // The gauge first, so a reader who sees the cancellation also sees the
+            // shorter queue (the end of the loop would set it one step later).
+            self.metrics
+                .queue_depth
+                .set(self.queued.load(Ordering::SeqCst) as u64);
             self.metrics.cancelled.add(gone);
             tracing::info!("engine: {dropped} queued request(s) cancelled");
         }
