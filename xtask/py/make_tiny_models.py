@@ -45,9 +45,12 @@ ARCHS = {
         "tie_word_embeddings": True,
     },
     "phi3": {"model_type": "phi3", "rope_theta": 10000.0, "tie_word_embeddings": False},
+    # `layer_types` as the real configs carry it (mlx-lm ignores it; transformers' config
+    # class reads it instead of the "LLLG" pattern string).
     "exaone4": {"model_type": "exaone4", "head_dim": 16, "rope_theta": 1000000.0, "tie_word_embeddings": False,
                 "rope_scaling": None, "sliding_window": 4, "sliding_window_pattern": "LLLG",
-                "num_hidden_layers": 4},
+                "num_hidden_layers": 4,
+                "layer_types": ["sliding_attention"] * 3 + ["full_attention"]},
     "gemma": {"model_type": "gemma", "head_dim": 16, "rms_norm_eps": 1e-6},
     "gemma2": {
         "model_type": "gemma2",
@@ -207,7 +210,8 @@ VARIANTS = {
     "exaone4-f32-hybrid": ("exaone4", {}, {}),
     "exaone4-f32-tied-full-llama3": (
         "exaone4", {"tie_word_embeddings": True, "sliding_window_pattern": None, "sliding_window": None,
-                    "num_hidden_layers": 2, "rope_scaling": LLAMA3}, {}),
+                    "num_hidden_layers": 2, "rope_scaling": LLAMA3,
+                    "layer_types": ["full_attention"] * 2}, {}),
     "exaone4-bf16-q4": ("exaone4", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
     "gemma-f32": ("gemma", {}, {}),
     "gemma-f32-mha-traditional": ("gemma", {"num_key_value_heads": 4, "rope_traditional": True}, {}),
