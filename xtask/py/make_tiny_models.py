@@ -45,6 +45,8 @@ ARCHS = {
         "tie_word_embeddings": True,
     },
     "phi3": {"model_type": "phi3", "rope_theta": 10000.0, "tie_word_embeddings": False},
+    "cohere2": {"model_type": "cohere2", "head_dim": 16, "num_hidden_layers": 4, "rope_theta": 50000.0,
+                "layer_norm_eps": 1e-5, "logit_scale": 0.25, "sliding_window": 4, "sliding_window_pattern": 4},
     # `layer_types` as the real configs carry it (mlx-lm ignores it; transformers' config
     # class reads it instead of the "LLLG" pattern string).
     "exaone4": {"model_type": "exaone4", "head_dim": 16, "rope_theta": 1000000.0, "tie_word_embeddings": False,
@@ -207,6 +209,11 @@ VARIANTS = {
     "phi3-f32-partial-rotary": ("phi3", {"partial_rotary_factor": 0.5}, {}),
     "phi3-bf16": ("phi3", {}, {"dtype": "bfloat16"}),
     "phi3-q4": ("phi3", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "cohere2-f32": ("cohere2", {}, {}),
+    "cohere2-f32-bias-pattern2": (
+        "cohere2", {"attention_bias": True, "layer_norm_bias": True, "sliding_window_pattern": 2}, {}),
+    "cohere2-f16": ("cohere2", {}, {"dtype": "float16"}),
+    "cohere2-bf16-q4": ("cohere2", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
     "exaone4-f32-hybrid": ("exaone4", {}, {}),
     "exaone4-f32-tied-full-llama3": (
         "exaone4", {"tie_word_embeddings": True, "sliding_window_pattern": None, "sliding_window": None,
@@ -309,6 +316,7 @@ GOLDENS = {
     "ministral3-small-f32-sliding": (
         "ministral3", dict(SMALL, head_dim=8, layer_types=["sliding_attention", "full_attention"],
                            sliding_window=4), {}),
+    "cohere2-small-f32": ("cohere2", dict(SMALL, head_dim=8), {}),
     "exaone4-small-f32-hybrid": ("exaone4", dict(SMALL, head_dim=8), {}),
     "gemma-small-f32": ("gemma", dict(SMALL, head_dim=8), {}),
     "glm4-small-f32": ("glm4", dict(SMALL, head_dim=8), {}),

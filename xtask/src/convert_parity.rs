@@ -53,6 +53,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("qwen2_moe", "qwen2_moe-f32", None),
     ("exaone4", "exaone4-f32-hybrid", None),
     ("seed_oss", "seed_oss-f32-untied-out-bias", None),
+    ("cohere2", "cohere2-f32-bias-pattern2", None),
     ("ministral3", "ministral3-f32-sliding-untied", None),
     ("mistral3-mm", "mistral3-f32-ministral3", None),
     ("mistral3-mistral", "mistral3-f32-mistral", None),
@@ -161,6 +162,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "qwen2_moe",
         "exaone4",
         "seed_oss",
+        "cohere2",
     ] {
         add(src, "");
         add(src, "-q");

@@ -344,6 +344,8 @@ model_tests! {
         => "qwen3_moe-small-f32", true;
     batched_decode_equals_alone_gemma, prefilled_together_equals_alone_gemma
         => "gemma-small-f32", true;
+    batched_decode_matches_alone_cohere2_sliding,
+    prefilled_together_matches_alone_cohere2_sliding => "cohere2-small-f32", false;
     batched_decode_matches_alone_exaone4_hybrid,
     prefilled_together_matches_alone_exaone4_hybrid => "exaone4-small-f32-hybrid", false;
     batched_decode_equals_alone_glm4, prefilled_together_equals_alone_glm4

@@ -7,6 +7,7 @@ type Builder = fn(&Value) -> Result<Box<dyn Architecture>>;
 
 /// Every architecture, by the `model_type` of its mlx-lm file.
 const ARCHITECTURES: &[(&str, Builder)] = &[
+    ("cohere2", models::cohere2::build),
     ("exaone4", models::exaone4::build),
     ("gemma", models::gemma::build),
     ("gemma2", models::gemma2::build),

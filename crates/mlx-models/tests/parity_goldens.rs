@@ -62,6 +62,7 @@ golden_tests! {
     qwen2_moe_shared_expert_logits_match_mlx_lm => "qwen2_moe-small-f32",
     mixtral_logits_match_mlx_lm => "mixtral-small-f32",
     gemma_logits_match_mlx_lm => "gemma-small-f32",
+    cohere2_parallel_sliding_logits_match_mlx_lm => "cohere2-small-f32",
     exaone4_hybrid_logits_match_mlx_lm => "exaone4-small-f32-hybrid",
     glm4_logits_match_mlx_lm => "glm4-small-f32",
     ministral3_sliding_llama4_scale_logits_match_mlx_lm => "ministral3-small-f32-sliding",

@@ -32,6 +32,7 @@ pub const TINY: &[&str] = &[
     "qwen2_moe-f32",
     "exaone4-f32-hybrid",
     "seed_oss-f32-tied-bias",
+    "cohere2-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];

@@ -3,7 +3,7 @@
 //! that differ between architectures (biases, head size, rotation, scale, sinks, a
 //! query scale) are parameters.
 use super::{batch_len, fuse, merge_heads, project, project_out, rope_cache, split_heads};
-use mlx_array::{Array, Result};
+use mlx_array::{Array, Dtype, Result};
 use mlx_nn::{
     impl_module, scaled_dot_product_attention, AttnMask, FusedLinears, KvCache, LinearLayer, Rope,
 };
@@ -29,6 +29,9 @@ pub(crate) struct Extras<'a> {
     pub sinks: Option<&'a Array>,
     /// Multiplies the rotated queries (Ministral 3's position scale).
     pub query_scale: Option<&'a Array>,
+    /// Runs SDPA on float32 queries when they are float16 (Cohere 2), the output cast
+    /// back.
+    pub f16_queries_in_f32: bool,
 }
 
 /// `o_proj(sdpa(rope(q), rope(k), v))` with the cache in between.
@@ -90,7 +93,14 @@ impl Attention {
         if let Some(s) = extras.query_scale {
             queries = queries.multiply(s)?;
         }
-        let out = scaled_dot_product_attention(&queries, &fetch, self.scale, mask, extras.sinks)?;
+        let dtype = queries.dtype();
+        let out = if extras.f16_queries_in_f32 && dtype == Dtype::Float16 {
+            let q = queries.astype(Dtype::Float32)?;
+            scaled_dot_product_attention(&q, &fetch, self.scale, mask, extras.sinks)?
+                .astype(dtype)?
+        } else {
+            scaled_dot_product_attention(&queries, &fetch, self.scale, mask, extras.sinks)?
+        };
         project_out(&self.o_proj, &merge_heads(&out, b, l)?, residual)
     }
 

@@ -133,7 +133,7 @@ impl AttentionBlock {
     ) -> Result<Array> {
         let extras = Extras {
             sinks: Some(self.sinks.value()),
-            query_scale: None,
+            ..Default::default()
         };
         self.attn.forward(x, mask, cache, Some(residual), extras)
     }

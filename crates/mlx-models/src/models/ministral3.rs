@@ -132,8 +132,8 @@ impl TransformerBlock {
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
         let extras = Extras {
-            sinks: None,
             query_scale: Some(attn_scale),
+            ..Default::default()
         };
         let h = self.self_attn.forward(
             &self.input_layernorm.forward(x)?,

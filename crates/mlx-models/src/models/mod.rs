@@ -31,6 +31,7 @@ macro_rules! decoder_accessors {
 }
 
 pub mod attention;
+pub mod cohere2;
 pub mod exaone4;
 pub mod gemma;
 pub mod gemma2;
