@@ -4,6 +4,7 @@
 //! the tied head scaled by `logit_scale`.
 use super::attention::{Attention, AttentionDims, Extras};
 use super::llama::Mlp;
+use super::window_cache_specs;
 use super::{cache_at, layer_caches, Architecture};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -235,20 +236,8 @@ impl LanguageModel for Model {
             .multiply(self.args.logit_scale)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        self.model
-            .layers
-            .iter()
-            .map(|l| {
-                if l.global {
-                    CacheSpec::Standard
-                } else {
-                    CacheSpec::Rotating {
-                        max_size: self.args.sliding_window,
-                        keep: 0,
-                    }
-                }
-            })
-            .collect()
+        let sliding = self.model.layers.iter().map(|l| !l.global);
+        window_cache_specs(sliding, self.args.sliding_window)
     }
     fn defines_make_cache(&self) -> bool {
         true

@@ -2,6 +2,7 @@
 //! attention and feed-forward, and with a `sliding_window_pattern` ("LLLG"...) local
 //! layers in a sliding window with RoPE and global layers without it.
 use super::llama::Mlp;
+use super::window_cache_specs;
 use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads};
 use super::{fuse, project, Architecture};
 use crate::config::{parse_args, rope_scaling};
@@ -280,21 +281,8 @@ impl LanguageModel for Model {
         }
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        let window = self.args.sliding_window.unwrap_or(0);
-        self.model
-            .layers
-            .iter()
-            .map(|l| {
-                if l.self_attn.is_local {
-                    CacheSpec::Rotating {
-                        max_size: window,
-                        keep: 0,
-                    }
-                } else {
-                    CacheSpec::Standard
-                }
-            })
-            .collect()
+        let sliding = self.model.layers.iter().map(|l| l.self_attn.is_local);
+        window_cache_specs(sliding, self.args.sliding_window.unwrap_or(0))
     }
     fn defines_make_cache(&self) -> bool {
         true

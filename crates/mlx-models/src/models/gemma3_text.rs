@@ -1,6 +1,7 @@
 //! Gemma 3 text model, following `mlx_lm/models/gemma3_text.py` (interleaved sliding
 //! and global attention, q/k norms, bf16-rounded embedding scale, clipped residuals).
 use super::gemma2::{Mlp, RmsNorm};
+use super::window_cache_specs;
 use super::{
     batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads, Architecture, Weights,
 };
@@ -323,18 +324,8 @@ impl LanguageModel for Model {
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         let p = self.args.sliding_window_pattern;
-        (0..self.args.num_hidden_layers)
-            .map(|i| {
-                if i % p == p - 1 {
-                    CacheSpec::Standard
-                } else {
-                    CacheSpec::Rotating {
-                        max_size: self.args.sliding_window,
-                        keep: 0,
-                    }
-                }
-            })
-            .collect()
+        let sliding = (0..self.args.num_hidden_layers).map(|i| i % p != p - 1);
+        window_cache_specs(sliding, self.args.sliding_window)
     }
     decoder_accessors!();
     fn defines_make_cache(&self) -> bool {

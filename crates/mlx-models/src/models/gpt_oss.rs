@@ -3,7 +3,9 @@
 //! routed SwitchGLU experts with the `SwigluOAI` activation. `sanitize` reads the
 //! original checkpoints (interleaved `gate_up_proj`, MXFP4 `_blocks` / `_scales`).
 use super::attention::{Attention, AttentionDims, Extras};
+use super::top_k_indices;
 use super::{cache_at, layer_caches, Architecture, Weights};
+use super::{layer_type_index, window_cache_specs};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{ops, Array, Dtype, Result};
@@ -153,9 +155,7 @@ impl MlpBlock {
         let g = self.router.forward(x)?;
         let k = self.top_k;
         // mlx-lm's `mlx_topk`: the last k of an argpartition, then their values.
-        let part = g.argpartition(-k, Some(-1))?;
-        let last = part.dim(-1)?;
-        let indices = part.slice_axis(-1, last - k, last)?.stop_gradient()?;
+        let indices = top_k_indices(&g, k)?;
         let weights = g
             .take_along_axis(&indices, -1)?
             .softmax(Some(&[-1]), true)?;
@@ -269,13 +269,8 @@ impl Model {
                 args.num_hidden_layers
             )));
         }
-        let position = |kind: &str| {
-            layer_types
-                .iter()
-                .position(|t| t == kind)
-                .ok_or_else(|| config_err(format!("key `layer_types`: no \"{kind}\" layer")))
-        };
-        let (swa_idx, ga_idx) = (position("sliding_attention")?, position("full_attention")?);
+        let swa_idx = layer_type_index(&layer_types, "sliding_attention", "gpt_oss")?;
+        let ga_idx = layer_type_index(&layer_types, "full_attention", "gpt_oss")?;
         let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
         let layers = layer_types
             .iter()
@@ -326,20 +321,8 @@ impl LanguageModel for Model {
         self.lm_head.forward(&self.model.forward(tokens, caches)?)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        self.model
-            .layers
-            .iter()
-            .map(|l| {
-                if l.sliding {
-                    CacheSpec::Rotating {
-                        max_size: self.args.sliding_window,
-                        keep: 0,
-                    }
-                } else {
-                    CacheSpec::Standard
-                }
-            })
-            .collect()
+        let sliding = self.model.layers.iter().map(|l| l.sliding);
+        window_cache_specs(sliding, self.args.sliding_window)
     }
     decoder_accessors!();
     fn defines_make_cache(&self) -> bool {

@@ -1,6 +1,7 @@
 //! Llama (and Mistral), following `mlx_lm/models/llama.py`.
 use super::attention::{Attention, AttentionDims, Extras};
 use super::{cache_at, drop_rotary_inv_freq, fuse, layer_caches, project_out, swiglu_mlp};
+use super::{layer_type_index, window_cache_specs};
 use super::{Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
@@ -211,6 +212,11 @@ impl_module!(Model { model, lm_head });
 impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
+        Model::with_out_bias(args, None)
+    }
+
+    /// [`Model::new`] with `o_proj`'s bias set apart from `attention_bias` (Seed-OSS).
+    fn with_out_bias(args: ModelArgs, o_bias: Option<bool>) -> crate::Result<Model> {
         let layer_types = args
             .layer_types
             .clone()
@@ -219,7 +225,7 @@ impl Model {
             .iter()
             .map(|t| {
                 Ok(TransformerBlock {
-                    self_attn: attention(&args, None, None)?,
+                    self_attn: attention(&args, None, o_bias)?,
                     mlp: Mlp::new(args.hidden_size, args.intermediate_size, args.mlp_bias)?,
                     input_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
                     post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
@@ -227,13 +233,7 @@ impl Model {
                 })
             })
             .collect::<crate::Result<Vec<_>>>()?;
-        let fa_idx = layer_types
-            .iter()
-            .position(|t| t == "full_attention")
-            .ok_or_else(|| crate::Error::Config {
-                path: "config.json (llama)".into(),
-                message: "key `layer_types`: no \"full_attention\" layer".into(),
-            })?;
+        let fa_idx = layer_type_index(&layer_types, "full_attention", "llama")?;
         let swa_idx = layers.iter().position(|l| l.use_sliding);
         let model = LlamaModel {
             embed_tokens: EmbeddingLayer::new(args.vocab_size, args.hidden_size)?,
@@ -271,12 +271,10 @@ impl Model {
     }
 
     /// Seed-OSS: `o_proj` biased by `attention_out_bias`, no `make_cache` of its own.
-    pub(crate) fn into_seed_oss(mut self, out_bias: bool) -> crate::Result<Model> {
-        for layer in &mut self.model.layers {
-            layer.self_attn = attention(&self.args, None, Some(out_bias))?;
-        }
-        self.makes_cache = false;
-        Ok(self)
+    pub(crate) fn seed_oss(args: ModelArgs, out_bias: bool) -> crate::Result<Model> {
+        let mut model = Model::with_out_bias(args, Some(out_bias))?;
+        model.makes_cache = false;
+        Ok(model)
     }
 }
 
@@ -294,21 +292,8 @@ impl LanguageModel for Model {
         }
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        let window = self.args.sliding_window.unwrap_or(0);
-        self.model
-            .layers
-            .iter()
-            .map(|l| {
-                if l.use_sliding {
-                    CacheSpec::Rotating {
-                        max_size: window,
-                        keep: 0,
-                    }
-                } else {
-                    CacheSpec::Standard
-                }
-            })
-            .collect()
+        let sliding = self.model.layers.iter().map(|l| l.use_sliding);
+        window_cache_specs(sliding, self.args.sliding_window.unwrap_or(0))
     }
     decoder_accessors!();
     fn defines_make_cache(&self) -> bool {

@@ -4,6 +4,7 @@
 use super::attention::{Attention, AttentionDims, Extras};
 use super::llama::Mlp;
 use super::{cache_at, drop_rotary_inv_freq, layer_caches, Architecture, Weights};
+use super::{layer_type_index, window_cache_specs};
 use crate::config::{default_true, parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{ops, Array, Dtype, Result};
@@ -221,10 +222,7 @@ impl Model {
             .layer_types
             .clone()
             .unwrap_or_else(|| vec!["full_attention".into(); args.num_hidden_layers as usize]);
-        let fa_idx = types
-            .iter()
-            .position(|t| t == "full_attention")
-            .ok_or_else(|| config_err("key `layer_types`: no \"full_attention\" layer".into()))?;
+        let fa_idx = layer_type_index(&types, "full_attention", "ministral3")?;
         let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
         let layers = types
             .iter()
@@ -287,21 +285,8 @@ impl LanguageModel for Model {
         }
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        let window = self.args.sliding_window.unwrap_or(0);
-        self.model
-            .layers
-            .iter()
-            .map(|l| {
-                if l.use_sliding {
-                    CacheSpec::Rotating {
-                        max_size: window,
-                        keep: 0,
-                    }
-                } else {
-                    CacheSpec::Standard
-                }
-            })
-            .collect()
+        let sliding = self.model.layers.iter().map(|l| l.use_sliding);
+        window_cache_specs(sliding, self.args.sliding_window.unwrap_or(0))
     }
     decoder_accessors!();
     fn defines_make_cache(&self) -> bool {

@@ -2,6 +2,7 @@
 //! SwitchGLU experts with softmax over the chosen logits).
 use super::attention::{Attention, Extras};
 use super::llama;
+use super::top_k_indices_of_negated;
 use super::{cache_at, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -90,11 +91,7 @@ impl SparseMoeBlock {
     fn forward(&self, x: &Array) -> Result<Array> {
         let gates = self.gate.forward(x)?;
         let k = self.top_k;
-        let inds = gates
-            .negative()?
-            .argpartition(k - 1, Some(-1))?
-            .slice_axis(-1, 0, k)?
-            .stop_gradient()?;
+        let inds = top_k_indices_of_negated(&gates, k)?;
         let scores = gates
             .take_along_axis(&inds, -1)?
             .softmax(Some(&[-1]), true)?;

@@ -233,6 +233,57 @@ pub(crate) fn rope_cache(
     })
 }
 
+/// mlx-lm's `make_cache` for models with sliding-window layers: a `RotatingKVCache(max_size
+/// = window, keep = 0)` for each sliding layer, a plain `KVCache` for the others.
+pub(crate) fn window_cache_specs(
+    sliding: impl IntoIterator<Item = bool>,
+    window: i32,
+) -> Vec<crate::model::CacheSpec> {
+    sliding
+        .into_iter()
+        .map(|s| {
+            if s {
+                crate::model::CacheSpec::Rotating {
+                    max_size: window,
+                    keep: 0,
+                }
+            } else {
+                crate::model::CacheSpec::Standard
+            }
+        })
+        .collect()
+}
+
+/// The indices of the `k` largest entries of the last axis, unordered: the last `k` of
+/// `argpartition(x, kth=-k)`, as mlx-lm's routers take them.
+pub(crate) fn top_k_indices(x: &Array, k: i32) -> Result<Array> {
+    let part = x.argpartition(-k, Some(-1))?;
+    let last = part.dim(-1)?;
+    part.slice_axis(-1, last - k, last)?.stop_gradient()
+}
+
+/// The same `k` indices the other way round: the first `k` of
+/// `argpartition(-x, kth=k - 1)` (mixtral's and qwen2_moe's form; the order within the
+/// `k` can differ from [`top_k_indices`], so each model keeps mlx-lm's own).
+pub(crate) fn top_k_indices_of_negated(x: &Array, k: i32) -> Result<Array> {
+    x.negative()?
+        .argpartition(k - 1, Some(-1))?
+        .slice_axis(-1, 0, k)?
+        .stop_gradient()
+}
+
+/// The first layer of `kind` in `layer_types` (where mlx-lm's `layer_types.index(kind)`
+/// would raise, a config error naming the key).
+pub(crate) fn layer_type_index(types: &[String], kind: &str, model: &str) -> crate::Result<usize> {
+    types
+        .iter()
+        .position(|t| t == kind)
+        .ok_or_else(|| crate::Error::Config {
+            path: format!("config.json ({model})"),
+            message: format!("key `layer_types`: no \"{kind}\" layer"),
+        })
+}
+
 /// One optional cache per layer: all `None` when `caches` is empty.
 pub(crate) fn layer_caches(
     caches: &mut [Box<dyn KvCache>],

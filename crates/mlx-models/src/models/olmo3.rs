@@ -2,6 +2,7 @@
 //! layers to one full one by default; only the full layers take `rope_scaling`.
 use super::olmo2::{self, head_dim, TransformerBlock};
 use super::{cache_at, layer_caches, Architecture};
+use super::{layer_type_index, window_cache_specs};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
@@ -143,13 +144,8 @@ impl Model {
                 args.num_hidden_layers
             )));
         }
-        let position = |kind: &str| {
-            types
-                .iter()
-                .position(|t| t == kind)
-                .ok_or_else(|| config_err(format!("key `layer_types`: no \"{kind}\" layer")))
-        };
-        let (swa_idx, ga_idx) = (position("sliding_attention")?, position("full_attention")?);
+        let swa_idx = layer_type_index(&types, "sliding_attention", "olmo3")?;
+        let ga_idx = layer_type_index(&types, "full_attention", "olmo3")?;
         let base = args.as_olmo2();
         let d = head_dim(&base);
         let sliding: Vec<bool> = types.iter().map(|t| t != "full_attention").collect();
@@ -206,20 +202,7 @@ impl LanguageModel for Model {
         }
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        self.model
-            .sliding
-            .iter()
-            .map(|&s| {
-                if s {
-                    CacheSpec::Rotating {
-                        max_size: self.args.sliding_window,
-                        keep: 0,
-                    }
-                } else {
-                    CacheSpec::Standard
-                }
-            })
-            .collect()
+        window_cache_specs(self.model.sliding.iter().copied(), self.args.sliding_window)
     }
     decoder_accessors!();
     fn defines_make_cache(&self) -> bool {

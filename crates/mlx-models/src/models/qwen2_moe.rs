@@ -2,6 +2,7 @@
 //! softmax-routed SwitchGLU experts plus a sigmoid-gated shared expert in every layer.
 use super::attention::{Attention, AttentionDims, Extras};
 use super::llama::Mlp;
+use super::top_k_indices_of_negated;
 use super::{cache_at, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -84,11 +85,7 @@ impl SparseMoeBlock {
     fn forward(&self, x: &Array) -> Result<Array> {
         let gates = self.gate.forward(x)?.softmax(Some(&[-1]), true)?;
         let k = self.top_k;
-        let inds = gates
-            .negative()?
-            .argpartition(k - 1, Some(-1))?
-            .slice_axis(-1, 0, k)?
-            .stop_gradient()?;
+        let inds = top_k_indices_of_negated(&gates, k)?;
         let scores = gates.take_along_axis(&inds, -1)?;
         let y = self
             .switch_mlp

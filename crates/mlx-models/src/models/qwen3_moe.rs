@@ -1,6 +1,7 @@
 //! Qwen3-MoE, following `mlx_lm/models/qwen3_moe.py` (Qwen3 attention, softmax-routed
 //! SwitchGLU experts on sparse layers, dense MLPs on `mlp_only_layers`).
 use super::qwen3::Attention;
+use super::top_k_indices;
 use super::{cache_at, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -97,9 +98,7 @@ impl SparseMoeBlock {
     fn forward(&self, x: &Array) -> Result<Array> {
         let gates = self.gate.forward(x)?.softmax(Some(&[-1]), true)?;
         let k = self.top_k;
-        let inds = gates.argpartition(-k, Some(-1))?;
-        let last = inds.dim(-1)?;
-        let inds = inds.slice_axis(-1, last - k, last)?.stop_gradient()?;
+        let inds = top_k_indices(&gates, k)?;
         let mut scores = gates.take_along_axis(&inds, -1)?;
         if self.norm_topk_prob {
             scores = scores.divide(&scores.sum(Some(&[-1]), true)?)?;

@@ -15,6 +15,9 @@ struct OutBias {
 /// Registry entry.
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
     let extra: OutBias = parse_args(config, "seed_oss")?;
-    let model = llama::Model::new(parse_args(config, "seed_oss")?)?;
-    Ok(Box::new(model.into_seed_oss(extra.attention_out_bias)?))
+    let args = parse_args(config, "seed_oss")?;
+    Ok(Box::new(llama::Model::seed_oss(
+        args,
+        extra.attention_out_bias,
+    )?))
 }
