@@ -10,7 +10,7 @@ Subcommands:
       A float32 copy of a quantized model (mlx-lm's dequantize_model; tokenizer files
       copied verbatim), so mlx-lm's slow CPU quantized path is avoided.
   run CASES_JSON OUT_JSON
-      Runs `mlx_lm generate` / `mlx_lm cache_prompt` cases in this one process (same
+      Runs `mlx_lm generate` / `cache_prompt` / `perplexity` cases in this one process (same
       `main()` as `python -m mlx_lm ...`, one import instead of one per case) and writes
       each case's stdout (or error), the prompt ids and generated tokens.
   goldens OUT_DIR [--root DIR]
@@ -19,7 +19,7 @@ Subcommands:
       file, cases.json with mlx-lm's outputs (checked by bins/tests/generate_goldens.rs
       without Python) and mlx_lm_generate_help.txt (bins/tests/help_flags.rs).
 
-A case is {"id", "cmd": "generate"|"cache_prompt"|"compare_caches", "args": [...],
+A case is {"id", "cmd": "generate"|"cache_prompt"|"perplexity"|"compare_caches", "args": [...],
 "stdin": optional text, "reseed": optional bool}. With "reseed", the PRNG is seeded
 again after loading: mlx-lm's model construction draws random initial weights from the
 global key sequence, which shifts every later sample; "reseed" shows whether the rest
@@ -32,9 +32,11 @@ import importlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import traceback
+import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -212,11 +214,43 @@ def compare_caches(a, b):
     return "identical" if not diffs else "; ".join(diffs[:4])
 
 
+def local_datasets():
+    """A stand-in for Hugging Face's `datasets` package (not installed, and no hub here):
+    `load_dataset(DIR, split)` reads DIR/train.jsonl for "train" and "train[:N]", the
+    splits mlx_lm.perplexity asks for, so its own data code runs unchanged."""
+    mod = types.ModuleType("datasets")
+
+    def load_dataset(path, split=None, **_):
+        rows = [json.loads(l) for l in (Path(path) / "train.jsonl").read_text().splitlines()
+                if l.strip()]
+        if split == "train":
+            return rows
+        m = re.fullmatch(r"train\[:(\d+)\]", split or "")
+        if m:
+            return rows[: int(m.group(1))]
+        raise ValueError(f"split {split!r} is not in the local stand-in")
+
+    mod.load_dataset = load_dataset
+    mod.exceptions = types.SimpleNamespace(DatasetNotFoundError=FileNotFoundError)
+    return mod
+
+
 def run_case(case):
     cmd = case["cmd"]
     if cmd == "compare_caches":
         return {"stdout": compare_caches(*case["args"])}
     module = importlib.import_module(f"mlx_lm.{cmd}")
+    exact = []
+    if cmd == "perplexity":
+        sys.modules["datasets"] = local_datasets()
+        orig_eval = module.eval_ppl
+
+        def eval_ppl(*a, **k):
+            ppl, se = orig_eval(*a, **k)
+            exact.extend([ppl, se])
+            return ppl, se
+
+        module.eval_ppl = eval_ppl
     out = io.StringIO()
     old_argv, old_stdin = sys.argv, sys.stdin
     sys.argv = [f"mlx_lm.{cmd}"] + case["args"]
@@ -240,6 +274,12 @@ def run_case(case):
         result["traceback"] = traceback.format_exc(limit=3)
     finally:
         sys.argv, sys.stdin = old_argv, old_stdin
+        if cmd == "perplexity":
+            module.eval_ppl = orig_eval
+    if exact:
+        # repr: the shortest text that reads back to the same double (JSON numbers
+        # may not, through a parser without exact float reading).
+        result["exact"] = [repr(float(x)) for x in exact]
     result["stdout"] = out.getvalue()
     return result
 

@@ -12,7 +12,8 @@
 //! seeded top-p / top-k / min-p / XTC, `--kv-bits` with a small `--quantized-kv-start`,
 //! `--max-kv-size` crossed by generation, `--prompt-cache-file` written by
 //! `mlx_lm cache_prompt` and by our `mlx-cache-prompt` (both files loaded by both
-//! sides, and compared tensor by tensor), and the prompt/template flags. mlx-lm runs
+//! sides, and compared tensor by tensor), the prompt/template flags, and `mlx-perplexity`
+//! against `mlx_lm perplexity` (report and unrounded values). mlx-lm runs
 //! all cases in one process (`gen_oracle.py run`, the same `main()` as the CLI); its
 //! answers are cached under `.cache/parity/generate` by a hash of the cases.
 //!
@@ -60,6 +61,8 @@ fn binaries(root: &Path, build: bool) -> Result<(PathBuf, Option<PathBuf>)> {
             "mlx-bins",
             "--bin",
             "mlx-generate",
+            "--bin",
+            "mlx-perplexity",
         ]);
         if has_cp_src {
             cmd.args(["--bin", "mlx-cache-prompt"]);
@@ -159,6 +162,8 @@ fn prepare_models(root: &Path, py: &Path, gen_dir: &Path, default: &Path) -> Res
 struct Output {
     stdout: String,
     error: Option<String>,
+    /// Perplexity and its standard error, unrounded (perplexity cases).
+    exact: Option<(f64, f64)>,
 }
 
 /// Runs the mlx-lm side of `cases` (cached by a hash of the cases, the files they
@@ -209,6 +214,10 @@ fn oracle(
             Output {
                 stdout,
                 error: field(r, "error"),
+                exact: r.get("exact").and_then(|e| {
+                    let num = |i: usize| e.get(i)?.as_str()?.parse::<f64>().ok();
+                    Some((num(0)?, num(1)?))
+                }),
             },
         );
     }
@@ -216,9 +225,20 @@ fn oracle(
 }
 
 fn ours(bin: &Path, args: &[String], stdin: Option<&str>) -> Result<Output> {
+    ours_with(bin, args, stdin, &[]).map(|(o, _)| o)
+}
+
+/// [`ours`] with extra environment variables; also returns standard error.
+fn ours_with(
+    bin: &Path,
+    args: &[String],
+    stdin: Option<&str>,
+    env: &[(&str, &str)],
+) -> Result<(Output, String)> {
     use std::io::Write;
     let mut child = Command::new(bin)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -228,13 +248,63 @@ fn ours(bin: &Path, args: &[String], stdin: Option<&str>) -> Result<Output> {
         let _ = pipe.write_all(stdin.unwrap_or_default().as_bytes());
     }
     let out = child.wait_with_output()?;
-    let stderr = String::from_utf8_lossy(&out.stderr)
-        .trim()
-        .replace('\n', " | ");
-    Ok(Output {
+    let full = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stderr = full.trim().replace('\n', " | ");
+    let output = Output {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         error: (!out.status.success()).then(|| format!("{}: {stderr}", out.status)),
-    })
+        exact: None,
+    };
+    Ok((output, full))
+}
+
+/// Runs `mlx-perplexity` with its debug log on, reading the unrounded values from it.
+fn ours_perplexity(bin: &Path, c: &Case) -> Result<Output> {
+    let env = [("MLX_LOG", "mlx_perplexity=debug"), ("NO_COLOR", "1")];
+    let (mut out, stderr) = ours_with(bin, &c.our_args, None, &env)?;
+    out.exact = stderr.lines().find_map(|l| {
+        let rest = l.split_once("perplexity ")?.1;
+        let (ppl, rest) = rest.split_once(" ± ")?;
+        let se = rest.split_whitespace().next()?;
+        Some((ppl.parse().ok()?, se.parse().ok()?))
+    });
+    // The report names the model: the same text on both sides where they load
+    // different copies of it.
+    let (mine, theirs) = (model_arg(&c.our_args), model_arg(&c.py_args));
+    if let (Some(m), Some(t)) = (mine, theirs) {
+        out.stdout = out.stdout.replace(m, t);
+    }
+    Ok(out)
+}
+
+fn model_arg(args: &[String]) -> Option<&str> {
+    let i = args.iter().position(|a| a == "--model")?;
+    args.get(i + 1).map(String::as_str)
+}
+
+/// A perplexity case: the same report (timings masked) and the same unrounded values.
+fn compare_perplexity(c: &Case, mine: &Output, py: Option<&Output>) -> Verdict {
+    let v = compare_generation(c, mine, py);
+    if v.cell != "ok" {
+        return v;
+    }
+    let id = c.id();
+    match (mine.exact, py.and_then(|o| o.exact)) {
+        (Some(a), Some(b)) if a.0.to_bits() == b.0.to_bits() && a.1.to_bits() == b.1.to_bits() => {
+            Verdict::ok()
+        }
+        (Some(a), Some(b)) => Verdict::bad(
+            "DIFF",
+            format!(
+                "{id}: perplexity {:?} ± {:?} vs mlx-lm {:?} ± {:?}",
+                a.0, a.1, b.0, b.1
+            ),
+        ),
+        (a, b) => Verdict::bad(
+            "-",
+            format!("{id}: unrounded values missing (ours {a:?}, mlx-lm {b:?})"),
+        ),
+    }
 }
 
 /// Masks the timing numbers of verbose output (token counts stay).
@@ -248,6 +318,10 @@ fn normalize(text: &str) -> String {
         .map(|line| {
             if line.starts_with("Peak memory: ") {
                 "Peak memory: <gb>".to_string()
+            } else if line.starts_with("Evaluation time: ") {
+                "Evaluation time: <s>".to_string()
+            } else if line.starts_with("Tokens per second: ") {
+                "Tokens per second: <tps>".to_string()
             } else {
                 masked(line, "Prompt: ")
                     .or_else(|| masked(line, "Generation: "))
@@ -370,11 +444,24 @@ pub fn run_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
         &pc_dir,
         have_cp,
     ));
+    let ppl_data = cases::write_perplexity_data(&gen_dir.join("perplexity-data"))?;
+    cases.extend(cases::perplexity_cases(
+        &models,
+        &ppl_data,
+        &default,
+        &gen_dir.join("smollm2-f32"),
+    ));
+    let ppl_bin = gen_bin.with_file_name("mlx-perplexity");
     cases.retain(|c| filter.is_empty() || c.id().contains(&filter));
 
     // Our prompt-cache files first: mlx-lm reads them.
     let mut verdicts: HashMap<String, Verdict> = HashMap::new();
     let mut salt = std::collections::hash_map::DefaultHasher::new();
+    let data_files: Vec<PathBuf> = ppl_data
+        .iter()
+        .map(|(_, d)| d.join("train.jsonl"))
+        .collect();
+    hash_files(&mut salt, &data_files);
     for c in cases
         .iter()
         .filter(|c| c.cmd == Cmd::CachePrompt && !c.our_args.is_empty())
@@ -424,6 +511,10 @@ pub fn run_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
                 Some(e) => Verdict::bad("ERR", format!("{id}: mlx-lm failed: {e}")),
                 None => Verdict::ok(),
             },
+            Cmd::Perplexity => {
+                let mine = ours_perplexity(&ppl_bin, c)?;
+                compare_perplexity(c, &mine, py_out)
+            }
             Cmd::Generate => {
                 done += 1;
                 eprint!("\rparity: mlx-generate {done}/{total}");

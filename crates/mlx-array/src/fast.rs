@@ -10,6 +10,17 @@ pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
     out1(|o| unsafe { sys::mlxs_fast_rms_norm(o, x.as_raw(), opt(weight), eps, Array::s()) })
 }
 
+/// Cross-entropy of `logits` `[..., V]` against integer class `targets` `[...]`, one loss
+/// per target in the logits' dtype: a fused kernel (float32 accumulation) on the GPU;
+/// MLX composes it from ops on the CPU. `mlx.nn.losses.cross_entropy` takes this path on
+/// the GPU only (see `mlx_nn::losses::cross_entropy`).
+#[track_caller]
+pub fn cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
+    out1(|o| unsafe {
+        sys::mlxs_fast_cross_entropy(o, logits.as_raw(), targets.as_raw(), Array::s())
+    })
+}
+
 /// Layer normalization over the last axis.
 #[track_caller]
 pub fn layer_norm(

@@ -42,6 +42,9 @@ pub enum Error {
     /// A RoPE scaling configuration that is incomplete or unknown.
     #[error("rope_scaling: {0}")]
     RopeConfig(String),
+    /// Arguments a function cannot take together (shapes, dtypes).
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// Result alias of this crate.

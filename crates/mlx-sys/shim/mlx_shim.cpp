@@ -800,6 +800,9 @@ int mlxs_export_to_dot(const char* path, mlxs_vec outputs) {
 int mlxs_fast_rms_norm(mlxs_array* out, mlxs_array x, mlxs_array w, float eps, mlxs_stream s) {
   OUT1(mx::fast::rms_norm(A(x), OPT(w), eps, S(s)));
 }
+int mlxs_fast_cross_entropy(mlxs_array* out, mlxs_array logits, mlxs_array targets, mlxs_stream s) {
+  OUT1(mx::fast::cross_entropy(A(logits), A(targets), S(s)));
+}
 int mlxs_fast_layer_norm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array b, float eps,
                          mlxs_stream s) {
   OUT1(mx::fast::layer_norm(A(x), OPT(w), OPT(b), eps, S(s)));

@@ -299,6 +299,9 @@ int mlxs_export_to_dot(const char* path, mlxs_vec outputs);
 
 /* ---------- fast ---------- */
 int mlxs_fast_rms_norm(mlxs_array* out, mlxs_array x, mlxs_array weight, float eps, mlxs_stream s);
+/* Cross-entropy of `logits` [..., V] against integer `targets` [...]: one fused kernel on GPU
+   backends (float32 accumulation); MLX composes it from ops elsewhere. */
+int mlxs_fast_cross_entropy(mlxs_array* out, mlxs_array logits, mlxs_array targets, mlxs_stream s);
 int mlxs_fast_layer_norm(mlxs_array* out, mlxs_array x, mlxs_array weight, mlxs_array bias,
                          float eps, mlxs_stream s);
 /* has_base == false: freqs must be given. */

@@ -1128,6 +1128,14 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
+    pub fn mlxs_fast_cross_entropy(
+        out: *mut mlxs_array,
+        logits: mlxs_array,
+        targets: mlxs_array,
+        s: mlxs_stream,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
     pub fn mlxs_fast_layer_norm(
         out: *mut mlxs_array,
         x: mlxs_array,

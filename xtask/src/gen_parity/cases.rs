@@ -1,5 +1,5 @@
 //! The cases of the generation parity check: which flags, on which models.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Tiny generation models (names of make_tiny_models.py's variants; see gen_oracle.py).
 pub const TINY: &[&str] = &[
@@ -65,6 +65,8 @@ pub enum Cmd {
     CachePrompt,
     /// Tensor-by-tensor comparison of two prompt-cache files (py_args: the paths).
     CompareCaches,
+    /// `mlx_lm perplexity` vs `mlx-perplexity`: the printed report and the exact values.
+    Perplexity,
 }
 
 impl Cmd {
@@ -74,6 +76,7 @@ impl Cmd {
             Cmd::Generate => "generate",
             Cmd::CachePrompt => "cache_prompt",
             Cmd::CompareCaches => "compare_caches",
+            Cmd::Perplexity => "perplexity",
         }
     }
 }
@@ -464,5 +467,174 @@ pub fn default_cases(q4: &Path, f32: &Path, pc_dir: &Path, have_cache_prompt: bo
         &["--keep-quantized"],
     ));
     prompt_cache_cases(&mut cases, row, f32, pc_dir, &[], &[], have_cache_prompt);
+    cases
+}
+
+/// Words of the perplexity datasets' rows.
+const WORDS: &[&str] = &[
+    "the", "dragon", "lived", "in", "a", "castle", "by", "sea", "and", "every", "morning", "she",
+    "flew", "over", "quiet", "town", "story", "small", "model", "writes", "about", "brown", "fox",
+    "jumps", "lazy", "dog", "hello", "there", "how", "are", "you", "today",
+];
+
+/// A deterministic sentence of `n` words (a linear congruential walk over [`WORDS`]).
+fn sentence(state: &mut u64, n: usize) -> String {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        *state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        out.push(WORDS[(*state >> 33) as usize % WORDS.len()]);
+    }
+    let mut s = out.join(" ");
+    s.push('.');
+    s
+}
+
+/// Writes the perplexity datasets (mlx-lm's local layout: `<dir>/<format>/train.jsonl`)
+/// and returns their directories by format name.
+pub fn write_perplexity_data(dir: &Path) -> std::io::Result<Vec<(&'static str, PathBuf)>> {
+    use serde_json::json;
+    let mut state = 7u64;
+    let mut out = Vec::new();
+    for format in ["text", "chat", "completions"] {
+        let mut lines = Vec::new();
+        for i in 0..14 {
+            let n = 6 + (i * 5) % 17;
+            let a = sentence(&mut state, n);
+            let b = sentence(&mut state, 3 + i % 7);
+            let row = match format {
+                "text" => json!({"text": format!("{a} {b}")}),
+                "chat" if i % 4 == 0 => json!({"messages": [
+                    {"role": "system", "content": "You tell short stories."},
+                    {"role": "user", "content": b},
+                    {"role": "assistant", "content": a},
+                ]}),
+                "chat" => json!({"messages": [
+                    {"role": "user", "content": b},
+                    {"role": "assistant", "content": a},
+                ]}),
+                _ => json!({"prompt": b, "completion": a}),
+            };
+            lines.push(row.to_string());
+        }
+        let d = dir.join(format);
+        std::fs::create_dir_all(&d)?;
+        std::fs::write(d.join("train.jsonl"), lines.join("\n") + "\n")?;
+        out.push((format, d));
+    }
+    Ok(out)
+}
+
+/// `mlx_lm perplexity` vs `mlx-perplexity` on the datasets of
+/// [`write_perplexity_data`]: text, chat and completions rows, a partial last batch,
+/// another seed; tiny models and the default model (ours on its 4-bit directory,
+/// dequantized; mlx-lm on the float32 copy).
+pub fn perplexity_cases(
+    models: &Path,
+    data: &[(&'static str, PathBuf)],
+    q4: &Path,
+    f32: &Path,
+) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let base = |model: &Path, data: &Path, rest: &[&str]| {
+        let mut v = with_model(model, &s(&["--data-path"]));
+        v.push(p(data));
+        v.extend(s(rest));
+        v
+    };
+    let case = |row: &str, col: &'static str, py: Vec<String>, ours: Vec<String>| Case {
+        row: row.into(),
+        col,
+        cmd: Cmd::Perplexity,
+        py_args: py,
+        our_args: ours,
+        stdin: None,
+        seeded: false,
+        known: None,
+    };
+    let mut add = |c: Case| cases.push(c);
+    let small = [
+        "--sequence-length",
+        "32",
+        "--num-samples",
+        "6",
+        "--batch-size",
+        "4",
+    ];
+    for (name, extra) in [
+        ("llama-f32-tied", &[][..]),
+        ("qwen3-f32-tied", &[]),
+        ("gemma3_text-f32-tied", &[]),
+        ("qwen3_moe-f32", &[]),
+        ("llama-q4-g32", &["--keep-quantized"]),
+    ] {
+        let dir = models.join(name);
+        for (format, d) in data {
+            let col = match *format {
+                "text" => "ppl-text",
+                "chat" => "ppl-chat",
+                _ => "ppl-completions",
+            };
+            let py = base(&dir, d, &small);
+            let mut ours = py.clone();
+            ours.extend(s(extra));
+            add(case(name, col, py, ours));
+        }
+    }
+    let dir = models.join("llama-f32-tied");
+    let text = &data[0].1;
+    let py = base(
+        &dir,
+        text,
+        &[
+            "--sequence-length",
+            "16",
+            "--num-samples",
+            "5",
+            "--batch-size",
+            "2",
+            "--seed",
+            "7",
+        ],
+    );
+    add(case("llama-f32-tied", "ppl-seed", py.clone(), py));
+    let all = base(
+        &dir,
+        text,
+        &["--sequence-length", "24", "--num-samples", "-1"],
+    );
+    add(Case {
+        known: Some(
+            "mlx-lm's --num-samples -1 reads past the last row (IndexError); ours uses every row",
+        ),
+        ..case("llama-f32-tied", "ppl-all", all.clone(), all)
+    });
+    let chat = &data[1].1;
+    let py = base(
+        f32,
+        chat,
+        &[
+            "--sequence-length",
+            "32",
+            "--num-samples",
+            "4",
+            "--batch-size",
+            "2",
+        ],
+    );
+    let ours = base(
+        q4,
+        chat,
+        &[
+            "--sequence-length",
+            "32",
+            "--num-samples",
+            "4",
+            "--batch-size",
+            "2",
+        ],
+    );
+    add(case("SmolLM2-135M", "ppl-chat", py, ours));
     cases
 }
