@@ -38,6 +38,9 @@ pub enum HubError {
         /// The directory.
         path: PathBuf,
     },
+    /// The Hugging Face cache is missing or not a directory.
+    #[error("{0}")]
+    Cache(String),
     /// A helper program (pip, python) could not be run or failed.
     #[error("`{command}` failed: {detail}")]
     Command {

@@ -12,6 +12,7 @@
 //! `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`.
 #![warn(missing_docs)]
 
+pub mod cache_scan;
 mod error;
 pub mod fetch;
 
