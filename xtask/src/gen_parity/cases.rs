@@ -611,30 +611,15 @@ pub fn perplexity_cases(
         ..case("llama-f32-tied", "ppl-all", all.clone(), all)
     });
     let chat = &data[1].1;
-    let py = base(
-        f32,
-        chat,
-        &[
-            "--sequence-length",
-            "32",
-            "--num-samples",
-            "4",
-            "--batch-size",
-            "2",
-        ],
-    );
-    let ours = base(
-        q4,
-        chat,
-        &[
-            "--sequence-length",
-            "32",
-            "--num-samples",
-            "4",
-            "--batch-size",
-            "2",
-        ],
-    );
+    let flags = [
+        "--sequence-length",
+        "32",
+        "--num-samples",
+        "4",
+        "--batch-size",
+        "2",
+    ];
+    let (py, ours) = (base(f32, chat, &flags), base(q4, chat, &flags));
     add(case("SmolLM2-135M", "ppl-chat", py, ours));
     cases
 }
