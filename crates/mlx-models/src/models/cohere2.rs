@@ -5,11 +5,11 @@
 use super::attention::{Attention, AttentionDims, Extras};
 use super::llama::Mlp;
 use super::window_cache_specs;
-use super::{cache_at, layer_caches, Architecture};
+use super::LayerMasks;
+use super::{layer_caches, Architecture};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LayerNorm, Rope};
 use serde::Deserialize;
 use serde_json::Value;
@@ -144,16 +144,13 @@ impl CohereModel {
     fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
         let n = h.dim(1)?;
-        let full_mask = create_attention_mask(n, cache_at(caches, self.pattern - 1), None, false)?;
-        let swa_mask =
-            create_attention_mask(n, cache_at(caches, 0), Some(self.window_size), false)?;
+        let masks = LayerMasks::new(n, caches, self.pattern - 1, Some(0), Some(self.window_size))?;
         for (layer, cache) in self
             .layers
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            let mask = if layer.global { &full_mask } else { &swa_mask };
-            h = layer.forward(&h, mask, cache)?;
+            h = layer.forward(&h, masks.get(!layer.global), cache)?;
         }
         self.norm.forward(&h)
     }

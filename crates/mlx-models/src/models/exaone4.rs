@@ -3,12 +3,12 @@
 //! layers in a sliding window with RoPE and global layers without it.
 use super::llama::Mlp;
 use super::window_cache_specs;
-use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads};
+use super::LayerMasks;
+use super::{batch_len, layer_caches, merge_heads, rope_attend, split_heads};
 use super::{fuse, project, Architecture};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
     RmsNorm, Rope,
@@ -173,25 +173,13 @@ impl ExaoneModel {
     fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
         let n = h.dim(1)?;
-        let global_mask = create_attention_mask(n, cache_at(caches, self.full_idx), None, false)?;
-        let swa_mask = match self.swa_idx {
-            Some(i) => Some(create_attention_mask(
-                n,
-                cache_at(caches, i),
-                self.window_size,
-                false,
-            )?),
-            None => None,
-        };
+        let masks = LayerMasks::new(n, caches, self.full_idx, self.swa_idx, self.window_size)?;
         for (layer, cache) in self
             .layers
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            let mask = match (&swa_mask, layer.self_attn.is_local) {
-                (Some(m), true) => m,
-                _ => &global_mask,
-            };
+            let mask = masks.get(layer.self_attn.is_local);
             h = layer.forward(&h, mask, cache)?;
         }
         self.norm.forward(&h)

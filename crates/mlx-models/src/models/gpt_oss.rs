@@ -4,12 +4,12 @@
 //! original checkpoints (interleaved `gate_up_proj`, MXFP4 `_blocks` / `_scales`).
 use super::attention::{Attention, AttentionDims, Extras};
 use super::top_k_indices;
-use super::{cache_at, layer_caches, Architecture, Weights};
+use super::LayerMasks;
+use super::{layer_caches, Architecture, Weights};
 use super::{layer_type_index, window_cache_specs};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{ops, Array, Dtype, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     impl_module, initialize_rope, AttnMask, EmbeddingLayer, GluActivation, KvCache, LinearLayer,
     Param, RmsNorm, SwitchGlu,
@@ -219,20 +219,19 @@ impl GptOssMoeModel {
     fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let mut x = self.embed_tokens.forward(inputs)?;
         let n = x.dim(1)?;
-        let full_mask = create_attention_mask(n, cache_at(caches, self.ga_idx), None, false)?;
-        let swa_mask = create_attention_mask(
+        let masks = LayerMasks::new(
             n,
-            cache_at(caches, self.swa_idx),
+            caches,
+            self.ga_idx,
+            Some(self.swa_idx),
             Some(self.window_size),
-            false,
         )?;
         for (layer, cache) in self
             .layers
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            let mask = if layer.sliding { &swa_mask } else { &full_mask };
-            x = layer.forward(&x, mask, cache)?;
+            x = layer.forward(&x, masks.get(layer.sliding), cache)?;
         }
         self.norm.forward(&x)
     }

@@ -1,12 +1,12 @@
 //! Llama (and Mistral), following `mlx_lm/models/llama.py`.
 use super::attention::{Attention, AttentionDims, Extras};
-use super::{cache_at, drop_rotary_inv_freq, fuse, layer_caches, project_out, swiglu_mlp};
+use super::LayerMasks;
+use super::{drop_rotary_inv_freq, fuse, layer_caches, project_out, swiglu_mlp};
 use super::{layer_type_index, window_cache_specs};
 use super::{Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
     RmsNorm, Rope,
@@ -174,25 +174,13 @@ impl LlamaModel {
     fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
         let n = h.dim(1)?;
-        let fa_mask = create_attention_mask(n, cache_at(caches, self.fa_idx), None, false)?;
-        let swa_mask = match self.swa_idx {
-            Some(i) => Some(create_attention_mask(
-                n,
-                cache_at(caches, i),
-                self.sliding_window,
-                false,
-            )?),
-            None => None,
-        };
+        let masks = LayerMasks::new(n, caches, self.fa_idx, self.swa_idx, self.sliding_window)?;
         for (layer, cache) in self
             .layers
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            let mask = match (&swa_mask, layer.use_sliding) {
-                (Some(m), true) => m,
-                _ => &fa_mask,
-            };
+            let mask = masks.get(layer.use_sliding);
             h = layer.forward(&h, mask, cache)?;
         }
         self.norm.forward(&h)

@@ -3,12 +3,13 @@
 //! query scale, `1 + beta * log(1 + floor(pos / original_max_position_embeddings))`.
 use super::attention::{Attention, AttentionDims, Extras};
 use super::llama::Mlp;
+use super::LayerMasks;
 use super::{cache_at, drop_rotary_inv_freq, layer_caches, Architecture, Weights};
 use super::{layer_type_index, window_cache_specs};
 use crate::config::{default_true, parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{ops, Array, Dtype, Result};
-use mlx_nn::cache::{create_attention_mask, RopePosition};
+use mlx_nn::cache::RopePosition;
 use mlx_nn::{
     impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm,
 };
@@ -174,16 +175,7 @@ impl Ministral3Model {
             Some(c) => c.rope_offset()?,
             None => RopePosition::Scalar(0),
         };
-        let fa_mask = create_attention_mask(n, cache_at(caches, self.fa_idx), None, false)?;
-        let swa_mask = match self.swa_idx {
-            Some(i) => Some(create_attention_mask(
-                n,
-                cache_at(caches, i),
-                self.sliding_window,
-                false,
-            )?),
-            None => None,
-        };
+        let masks = LayerMasks::new(n, caches, self.fa_idx, self.swa_idx, self.sliding_window)?;
         let attn_scale = llama4_attn_scale(
             inputs.dim(1)?,
             &offset,
@@ -196,10 +188,7 @@ impl Ministral3Model {
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            let mask = match (&swa_mask, layer.use_sliding) {
-                (Some(m), true) => m,
-                _ => &fa_mask,
-            };
+            let mask = masks.get(layer.use_sliding);
             h = layer.forward(&h, &attn_scale, mask, cache)?;
         }
         self.norm.forward(&h)

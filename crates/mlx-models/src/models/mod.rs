@@ -309,6 +309,48 @@ pub(crate) fn cache_at(caches: &[Box<dyn KvCache>], i: usize) -> Option<&dyn KvC
     caches.get(i).map(|c| c.as_ref())
 }
 
+/// The causal masks of a stack that mixes global and sliding-window layers (mlx-lm's
+/// `fa_mask` / `swa_mask`): the global one from the cache at `full_idx`, and, where the
+/// model has sliding layers (`swa_idx`, the first of them), the windowed one from that
+/// layer's cache.
+pub(crate) struct LayerMasks {
+    full: AttnMask,
+    sliding: Option<AttnMask>,
+}
+
+impl LayerMasks {
+    /// Both masks for `n` new positions.
+    pub(crate) fn new(
+        n: i32,
+        caches: &[Box<dyn KvCache>],
+        full_idx: usize,
+        swa_idx: Option<usize>,
+        window: Option<i32>,
+    ) -> Result<LayerMasks> {
+        let full =
+            mlx_nn::cache::create_attention_mask(n, cache_at(caches, full_idx), None, false)?;
+        let sliding = match swa_idx {
+            Some(i) => Some(mlx_nn::cache::create_attention_mask(
+                n,
+                cache_at(caches, i),
+                window,
+                false,
+            )?),
+            None => None,
+        };
+        Ok(LayerMasks { full, sliding })
+    }
+
+    /// A layer's mask: the windowed one where the layer slides (and the model has one),
+    /// else the global one.
+    pub(crate) fn get(&self, sliding: bool) -> &AttnMask {
+        match (&self.sliding, sliding) {
+            (Some(m), true) => m,
+            _ => &self.full,
+        }
+    }
+}
+
 /// Drops the precomputed rotary buffers HF checkpoints may carry.
 pub(crate) fn drop_rotary_inv_freq(weights: Weights) -> Weights {
     weights

@@ -1,12 +1,12 @@
 //! OLMo 3, following `mlx_lm/models/olmo3.py`: OLMo 2's layers, three sliding-window
 //! layers to one full one by default; only the full layers take `rope_scaling`.
 use super::olmo2::{self, head_dim, TransformerBlock};
-use super::{cache_at, layer_caches, Architecture};
+use super::LayerMasks;
+use super::{layer_caches, Architecture};
 use super::{layer_type_index, window_cache_specs};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{impl_module, initialize_rope, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, Rope};
 use serde::Deserialize;
 use serde_json::Value;
@@ -109,12 +109,12 @@ impl Olmo3Model {
     fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
         let n = h.dim(1)?;
-        let full_mask = create_attention_mask(n, cache_at(caches, self.ga_idx), None, false)?;
-        let swa_mask = create_attention_mask(
+        let masks = LayerMasks::new(
             n,
-            cache_at(caches, self.swa_idx),
+            caches,
+            self.ga_idx,
+            Some(self.swa_idx),
             Some(self.sliding_window),
-            false,
         )?;
         for ((layer, cache), &sliding) in self
             .layers
@@ -122,8 +122,7 @@ impl Olmo3Model {
             .zip(layer_caches(caches, self.layers.len())?)
             .zip(&self.sliding)
         {
-            let mask = if sliding { &swa_mask } else { &full_mask };
-            h = layer.forward(&h, mask, cache)?;
+            h = layer.forward(&h, masks.get(sliding), cache)?;
         }
         self.norm.forward(&h)
     }
