@@ -67,9 +67,13 @@ fn perplexity(args: Args) -> Result<()> {
     // mlx-lm seeds NumPy (the data order) and MLX.
     let mut rng = RandomState::new(args.seed);
     mlx_array::random::seed(u64::from(args.seed))?;
-    // Check the data path before the (slower) model load.
-    let data_path = Path::new(&args.data_path);
-    let train = datasets::split_file(data_path, "train")?;
+    // The rows are read (and checked) before the slower model load.
+    let dataset = datasets::load_split(
+        Path::new(&args.data_path),
+        "train",
+        &Features::default(),
+        false,
+    )?;
 
     outln!("Loading model from {}...", args.model)?;
     let mut loaded = load(&LoadArgs {
@@ -77,10 +81,7 @@ fn perplexity(args: Args) -> Result<()> {
         keep_quantized: args.keep_quantized,
     })?;
     let total = match loaded.model.as_module_mut() {
-        Some(m) => {
-            let specs = mlx_quant::model::layer_specs(m)?;
-            mlx_quant::model::total_parameters(&m.parameters(), &specs)
-        }
+        Some(m) => mlx_quant::model::model_parameters(m)?,
         None => 0,
     };
     outln!("Model loaded: {:.1}M parameters", total as f64 / 1e6)?;
@@ -88,13 +89,6 @@ fn perplexity(args: Args) -> Result<()> {
     outln!("\nLoading dataset...")?;
     outln!("  Sequence length: {}", args.sequence_length)?;
     outln!("Loading Hugging Face dataset {}.", args.data_path)?;
-    let rows = datasets::read_jsonl(&train)?;
-    let dataset = mlx_eval::Dataset::new(
-        rows,
-        &Features::default(),
-        false,
-        &train.display().to_string(),
-    )?;
     let data = load_data(
         &loaded.tokenizer,
         &dataset,

@@ -26,10 +26,9 @@ pub fn load_data(
         )));
     }
     let perm = rng.permutation(dataset.len());
-    let wanted = usize::try_from(num_samples)
-        .ok()
-        .filter(|&n| n > 0)
-        .map(|n| n.saturating_mul(sequence_length));
+    // `None`: every row.
+    let asked = usize::try_from(num_samples).ok().filter(|&n| n > 0);
+    let wanted = asked.map(|n| n.saturating_mul(sequence_length));
     let mut data: Vec<i32> = Vec::new();
     for &i in &perm {
         if wanted.is_some_and(|w| data.len() >= w) {
@@ -45,7 +44,7 @@ pub fn load_data(
             data.len()
         )));
     }
-    let rows = match usize::try_from(num_samples).ok().filter(|&n| n > 0) {
+    let rows = match asked {
         Some(n) if n > rows => {
             tracing::warn!(
                 "the dataset gives {rows} sequences of {sequence_length} tokens, not the \

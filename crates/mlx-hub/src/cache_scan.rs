@@ -8,14 +8,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Entries of a cache directory that are not repos.
-const IGNORED: &[&str] = &[
-    ".DS_Store",
-    "Thumbs.db",
-    "desktop.ini",
-    ".locks",
-    "CACHEDIR.TAG",
-];
+/// Operating-system helper files, skipped wherever they are.
+const OS_FILES: &[&str] = &[".DS_Store", "Thumbs.db", "desktop.ini"];
+/// Entries of a cache directory that are not repos (besides [`OS_FILES`]).
+const NOT_REPOS: &[&str] = &[".locks", "CACHEDIR.TAG"];
 
 /// One cached repo.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,7 +60,7 @@ pub fn scan_cache_dir(cache_dir: &Path) -> Result<CacheScan> {
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or_default();
-        if IGNORED.contains(&name) {
+        if OS_FILES.contains(&name) || NOT_REPOS.contains(&name) {
             continue;
         }
         match scan_repo(&path) {
@@ -124,7 +120,7 @@ fn scan_repo(path: &Path) -> std::result::Result<CachedRepo, String> {
     for rev in entries {
         let rev = rev.map_err(|e| format!("{shown}: {e}"))?.path();
         let rev_name = rev.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if IGNORED[..3].contains(&rev_name) {
+        if OS_FILES.contains(&rev_name) {
             continue;
         }
         if !rev.is_dir() {

@@ -140,6 +140,12 @@ pub fn total_parameters(params: &[(String, Array)], specs: &[(String, Option<Qua
         .sum()
 }
 
+/// mlx-lm's `get_total_parameters(model)`: [`total_parameters`] of a model's tree.
+pub fn model_parameters(module: &mut dyn Module) -> Result<u64> {
+    let specs = layer_specs(module)?;
+    Ok(total_parameters(&module.parameters(), &specs))
+}
+
 /// mlx-lm's `compute_bits_per_weight`: bytes of every parameter * 8 / parameters.
 pub fn bits_per_weight(module: &mut dyn Module) -> Result<f64> {
     let specs = layer_specs(module)?;
