@@ -8,7 +8,9 @@
 //! cargo run --release -p mlx-engine --example decode_build -- micro 0 CHAIN_LENGTH
 //! ```
 //! The second form times chains of single ops (host cost per node of each kind).
-//! `DECODE_BUILD_DOT=FILE` also writes the first decode step's graph as Graphviz dot.
+//! `DECODE_BUILD_DOT=FILE` also writes the first decode step's graph as Graphviz dot;
+//! `DECODE_BUILD_PREFILL_DOT=FILE` writes the prefill's (the forward of PROMPT - 1 tokens
+//! into fresh caches, up to the caches' state, as the engine evaluates it) and exits.
 use mlx_array::{transforms, Array};
 use std::time::Instant;
 
@@ -58,6 +60,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "build only (no cache): {:.0} us thread CPU per step",
                 (thread_cpu() - c0) * 1e6 / steps as f64
             );
+            return Ok(());
+        }
+        if let Some(path) = std::env::var_os("DECODE_BUILD_PREFILL_DOT") {
+            let mut caches = mlx_cache::make_prompt_cache(&model.cache_specs(), None)?;
+            let n = prompt.saturating_sub(1).max(1);
+            let ids: Vec<u32> = (0..n as u32).map(|i| (i * 7919) % 1000).collect();
+            let x = Array::from_slice(&ids, &[1, n as i32])?;
+            model.forward(&x, &mut caches)?;
+            let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
+            mlx_array::io::export_to_dot(&path, &state.iter().collect::<Vec<_>>())?;
             return Ok(());
         }
         for round in 0..2 {

@@ -85,6 +85,18 @@ impl<'a> TokenGenerator<'a> {
         if prompt.is_empty() {
             return Err(EngineError::Invalid("the prompt has no tokens".into()));
         }
+        let vocab = model.vocab_size();
+        if let Some((i, &id)) = prompt
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| vocab > 0 && id as i64 >= vocab as i64)
+        {
+            // MLX's gather does not check bounds: such an id would read arbitrary memory.
+            return Err(EngineError::Invalid(format!(
+                "prompt token {i} is id {id}, outside the model's vocabulary of {vocab} \
+                 (is the tokenizer the model's?)"
+            )));
+        }
         if caches.len() != model.num_layers() {
             return Err(EngineError::Invalid(format!(
                 "{} caches given for a model of {} layers",
@@ -156,7 +168,10 @@ impl<'a> TokenGenerator<'a> {
         while total - done > 1 {
             let n = step.min(total - done - 1);
             let chunk = Array::from_slice(&prompt[done..done + n], &[n as i32])?;
-            self.model_call(&chunk)?;
+            {
+                let _pipelined = mlx_nn::pipeline::PipelinedPrefill::from_env();
+                self.model_call(&chunk)?;
+            }
             self.quantize_caches()?;
             let state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
             transforms::eval(&state.iter().collect::<Vec<_>>())?;

@@ -20,6 +20,7 @@ pub mod linear;
 pub mod losses;
 pub mod module;
 pub mod norm;
+pub mod pipeline;
 pub mod quantize;
 pub mod rope;
 pub mod switch;

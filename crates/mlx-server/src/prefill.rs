@@ -104,9 +104,12 @@ impl PrefillBatch {
                 .prepare_right_padding(&lens, &padding)
                 .map_err(cache_err)?;
         }
-        model
-            .forward(&x, self.cache.layers_mut())
-            .map_err(mlx_err)?;
+        {
+            let _pipelined = mlx_nn::pipeline::PipelinedPrefill::from_env();
+            model
+                .forward(&x, self.cache.layers_mut())
+                .map_err(mlx_err)?;
+        }
         self.eval_state()?;
         if padded {
             self.cache.finalize().map_err(cache_err)?;

@@ -328,7 +328,10 @@ impl Sequence {
         let part = self.next_chunk(step_size).to_vec();
         if !part.is_empty() {
             let chunk = Array::from_slice(&part, &[part.len() as i32]).map_err(mlx_err)?;
-            self.model_call(model, &chunk)?;
+            {
+                let _pipelined = mlx_nn::pipeline::PipelinedPrefill::from_env();
+                self.model_call(model, &chunk)?;
+            }
             self.quantize(kv)?;
             let state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
             transforms::eval(&state.iter().collect::<Vec<_>>()).map_err(mlx_err)?;

@@ -136,7 +136,7 @@ impl Attention {
         let queries = self.rope.forward_at(&queries, offset.as_rope_offset())?;
         let keys = self.rope.forward_at(&keys, offset.as_rope_offset())?;
         let (keys, values) = match cache {
-            Some(c) => match c.update_and_fetch(&keys, &values)? {
+            Some(c) => match mlx_nn::pipeline::update_and_fetch(c, &keys, &values)? {
                 KvFetch::Plain { keys, values } => (keys, values),
                 KvFetch::Quantized { .. } => {
                     return Err(mlx_array::Error::InvalidArgument(

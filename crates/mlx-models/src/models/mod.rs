@@ -218,7 +218,7 @@ pub(crate) fn rope_cache(
             let offset = c.rope_offset()?;
             let q = rope.forward_at(queries, offset.as_rope_offset())?;
             let k = rope.forward_at(keys, offset.as_rope_offset())?;
-            (q, c.update_and_fetch(&k, &values)?)
+            (q, mlx_nn::pipeline::update_and_fetch(c, &k, &values)?)
         }
         None => {
             let q = rope.forward(queries, 0)?;
