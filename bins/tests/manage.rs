@@ -8,22 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
 fn python() -> PathBuf {
-    let venv = common::root().join(".venv/bin/python");
-    let candidates: Vec<PathBuf> = std::env::var_os("MLX_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(std::iter::once(venv))
-        .collect();
-    for py in &candidates {
-        let ok = Command::new(py)
-            .args(["-c", "import mlx_lm.manage"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if ok {
-            return py.clone();
-        }
-    }
-    panic!("this test needs Python with mlx-lm 0.32.2 (tried {candidates:?}): run scripts/setup.sh or set MLX_PYTHON");
+    common::mlx_lm_python("mlx_lm.manage")
 }
 
 /// A repo with one snapshot whose files link to blobs; blob times `age` ago

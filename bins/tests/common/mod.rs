@@ -76,3 +76,24 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A Python with mlx-lm 0.32.2 that can import `module`: `MLX_PYTHON`, else the
+/// project's `.venv` (scripts/setup.sh makes it).
+pub fn mlx_lm_python(module: &str) -> PathBuf {
+    let venv = root().join(".venv/bin/python");
+    let candidates: Vec<PathBuf> = std::env::var_os("MLX_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(std::iter::once(venv))
+        .collect();
+    for py in &candidates {
+        let ok = Command::new(py)
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return py.clone();
+        }
+    }
+    panic!("this test needs Python with mlx-lm 0.32.2 (tried {candidates:?}): run scripts/setup.sh or set MLX_PYTHON");
+}

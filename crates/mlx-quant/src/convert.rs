@@ -293,6 +293,47 @@ pub fn save_converted(
     Ok(saved)
 }
 
+/// Writes `model` to `out` like mlx-lm's `save`, which writes into an existing directory:
+/// everything is written to a staging directory first; then, if `out` exists, its weight
+/// shards and index (which the new ones replace) are removed and the staged files moved
+/// in, other files of `out` staying. Returns the shards written and the side files copied.
+pub fn save_model_over(
+    out: &Path,
+    model: LoadedModel,
+    source: &Source,
+    max_shard_bytes: u64,
+    verbose: bool,
+) -> Result<(SavedWeights, Vec<String>)> {
+    if !out.exists() {
+        return save_converted(out, model, source, max_shard_bytes, verbose);
+    }
+    if !out.is_dir() {
+        return Err(QuantError::Options(format!(
+            "cannot save to {}: it exists and is not a directory",
+            out.display()
+        )));
+    }
+    let staging = Scratch::beside(out, "partial")?;
+    let saved = save_model_dir(staging.path(), model, source, max_shard_bytes, verbose)?;
+    for e in std::fs::read_dir(out).map_err(io_err(out))?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let shard = name.starts_with("model")
+            && (name.ends_with(".safetensors") || name == "model.safetensors.index.json");
+        if shard {
+            tracing::info!(file = %e.path().display(), "replacing the old weights");
+            std::fs::remove_file(e.path()).map_err(io_err(e.path()))?;
+        }
+    }
+    for e in std::fs::read_dir(staging.path())
+        .map_err(io_err(staging.path()))?
+        .flatten()
+    {
+        let dest = out.join(e.file_name());
+        std::fs::rename(e.path(), &dest).map_err(io_err(&dest))?;
+    }
+    Ok(saved)
+}
+
 /// Runs the conversion (see the module docs).
 pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport> {
     check_options(opts)?;

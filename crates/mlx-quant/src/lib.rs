@@ -16,7 +16,9 @@ pub mod model;
 pub mod predicate;
 pub mod save;
 
-pub use convert::{convert, resolve_source, ConvertOptions, ConvertReport, Source};
+pub use convert::{
+    convert, resolve_source, save_model_over, ConvertOptions, ConvertReport, Source,
+};
 pub use error::{QuantError, Result};
 pub use model::{LoadedModel, QuantArgs};
 pub use predicate::{LayerChoice, MixedPredicate, Recipe};

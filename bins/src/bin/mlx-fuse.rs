@@ -1,0 +1,83 @@
+//! `mlx-fuse`: mlx-lm's `mlx_lm.fuse`: folds trained adapters (LoRA, DoRA or a full
+//! fine-tune, as `mlx_lm.lora` writes them) into the base model and saves the result.
+//! Same flags and defaults; `--export-gguf` and `--upload-repo` are refused (not built yet).
+use anyhow::{bail, Result};
+use clap::Parser;
+use mlx_bins::outln;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Fuse fine-tuned adapters into the base model.
+#[derive(Parser, Debug)]
+#[command(
+    name = "mlx-fuse",
+    version,
+    infer_long_args = true,
+    args_override_self = true
+)]
+struct Args {
+    /// The path to the local model directory or Hugging Face repo (in the local cache).
+    #[arg(long, default_value = "mlx_model")]
+    model: String,
+    /// The path to save the fused model.
+    #[arg(long, default_value = "fused_model")]
+    save_path: PathBuf,
+    /// Path to the trained adapter weights and config.
+    #[arg(long, default_value = "adapters")]
+    adapter_path: PathBuf,
+    /// The Hugging Face repo to upload the model to.
+    #[arg(long)]
+    upload_repo: Option<String>,
+    /// Generate a dequantized model.
+    #[arg(long)]
+    dequantize: bool,
+    /// Export model weights in GGUF format.
+    #[arg(long)]
+    export_gguf: bool,
+    /// Path to save the exported GGUF format model weights.
+    #[arg(long, default_value = "ggml-model-f16.gguf")]
+    gguf_path: String,
+    /// Enable trusting remote code for tokenizer/model loading (accepted; no code is run).
+    #[arg(long)]
+    trust_remote_code: bool,
+}
+
+fn main() -> ExitCode {
+    mlx_bins::init_logging(None);
+    let args = Args::parse_from(mlx_bins::normalized_args(&[]));
+    mlx_bins::run(|| fuse(args))
+}
+
+fn fuse(args: Args) -> Result<()> {
+    if args.export_gguf {
+        bail!("--export-gguf is not supported yet (mlx-fuse writes MLX safetensors only)");
+    }
+    if args.upload_repo.is_some() {
+        bail!(
+            "--upload-repo is not supported yet: no Hugging Face upload; copy {} yourself",
+            args.save_path.display()
+        );
+    }
+    let _ = (args.trust_remote_code, &args.gguf_path);
+    outln!("Loading pretrained model")?;
+    let source = mlx_quant::resolve_source(&args.model, &args.save_path)?;
+    let adapters = mlx_train::Adapters::load(&args.adapter_path)?;
+    let mut model = mlx_quant::model::load(&source.dir, true)?;
+    if args.dequantize {
+        outln!("Dequantizing model")?;
+    }
+    let report = mlx_train::fuse_adapters(&mut model, &adapters, args.dequantize)?;
+    tracing::info!(
+        layers = report.layers.len(),
+        kind = adapters.config.fine_tune_type.name(),
+        "adapters fused"
+    );
+    mlx_quant::save_model_over(
+        &args.save_path,
+        model,
+        &source,
+        mlx_quant::save::MAX_SHARD_BYTES,
+        false,
+    )?;
+    Ok(())
+}
