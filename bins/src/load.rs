@@ -14,6 +14,8 @@ pub struct LoadArgs<'a> {
     pub model: Option<&'a str>,
     /// Keep quantized weights quantized on the CPU.
     pub keep_quantized: bool,
+    /// `--adapter-path`: adapters (as `mlx_lm.lora` writes them) applied unfused.
+    pub adapter_path: Option<&'a str>,
 }
 
 /// A loaded model with its tokenizer.
@@ -32,20 +34,41 @@ pub fn load(args: &LoadArgs<'_>) -> Result<Loaded> {
     let on_cpu = Device::default_device()?.kind == DeviceType::Cpu;
     let opts = mlx_models::LoadOptions {
         dequantize: on_cpu && !args.keep_quantized,
-        // MLX_FUSED_PROJECTIONS=0: every projection its own matmul (for A/B runs).
-        unfused: std::env::var("MLX_FUSED_PROJECTIONS").is_ok_and(|v| v == "0"),
+        // MLX_FUSED_PROJECTIONS=0: every projection its own matmul (for A/B runs). Adapted
+        // layers run on their own too.
+        unfused: args.adapter_path.is_some()
+            || std::env::var("MLX_FUSED_PROJECTIONS").is_ok_and(|v| v == "0"),
         ..Default::default()
     };
-    let (model, _config) = mlx_models::load_model_with(&path, &opts)
+    let (mut model, _config) = mlx_models::load_model_with(&path, &opts)
         .with_context(|| format!("loading the model in {}", path.display()))?;
     let tokenizer = Tokenizer::from_dir(&path)
         .with_context(|| format!("loading the tokenizer in {}", path.display()))?;
     skip_init_keys(&path)?;
+    if let Some(dir) = args.adapter_path {
+        apply_adapters(model.as_mut(), dir)?;
+    }
     Ok(Loaded {
         model,
         tokenizer,
         path,
     })
+}
+
+/// mlx-lm's `load_adapters`: the adapted layers get their adapters (after as many key
+/// draws as its `linear_to_lora_layers` takes).
+fn apply_adapters(model: &mut dyn LanguageModel, dir: &str) -> Result<()> {
+    let adapters = mlx_train::Adapters::load(dir)?;
+    let ty = model.model_type().to_string();
+    let module = model
+        .as_module_mut()
+        .with_context(|| format!("model type `{ty}` does not expose its layers for adapters"))?;
+    for _ in 0..mlx_train::lora_init_key_draws(module, &adapters)? {
+        mlx_array::random::next_key()?;
+    }
+    let layers = mlx_train::apply_adapters(module, &adapters)?;
+    tracing::info!(adapters = dir, layers = layers.len(), "adapters applied");
+    Ok(())
 }
 
 /// mlx-lm's commands seed MLX's global key sequence before loading, and building the

@@ -163,8 +163,7 @@ fn negative_max_tokens_other_than_minus_one_is_an_error() {
 #[test]
 fn unsupported_flags_say_not_yet_supported() {
     let model = model_arg("llama-small-f32");
-    let cases: [(&[&str], &str); 5] = [
-        (&["--adapter-path", "adapters"], "--adapter-path"),
+    let cases: [(&[&str], &str); 4] = [
         (&["--draft-model", "draft"], "--draft-model"),
         (&["-qa"], "--quantize-activations"),
         (&["--quantize-activations"], "--quantize-activations"),
@@ -176,6 +175,26 @@ fn unsupported_flags_say_not_yet_supported() {
         let out = common::generate(&args, b"");
         assert_one_line_error(&out, &[name, "not yet supported"]);
     }
+}
+
+#[test]
+fn a_missing_adapter_path_is_an_error_naming_it() {
+    let model = model_arg("llama-small-f32");
+    let out = common::generate(
+        &[
+            "--model",
+            &model,
+            "--max-tokens",
+            "2",
+            "--adapter-path",
+            "/nonexistent/adapters",
+        ],
+        b"",
+    );
+    assert_one_line_error(
+        &out,
+        &["/nonexistent/adapters: the adapter path does not exist"],
+    );
 }
 
 #[test]

@@ -10,43 +10,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const MAKE_ADAPTERS: &str = r#"
-import json, pathlib, sys
-import mlx.core as mx
-from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.utils import load_model
-from mlx_lm.tuner.utils import linear_to_lora_layers
-
-model_dir, out, kind = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
-num_layers = 2
-mx.random.seed(7)
-model, _ = load_model(pathlib.Path(model_dir))
-model.freeze()
-params = {"rank": 4, "scale": 7.5, "dropout": 0.0}
-if kind == "full":
-    for layer in model.layers[-num_layers:]:
-        layer.unfreeze()
-else:
-    linear_to_lora_layers(model, num_layers, params, use_dora=(kind == "dora"))
-trained = []
-for name, p in tree_flatten(model.trainable_parameters()):
-    noise = mx.random.normal(p.shape).astype(p.dtype)
-    if name.endswith("lora_b"):
-        p = 0.05 * noise
-    elif name.endswith(".m"):
-        p = p * (1 + 0.1 * noise)
-    elif kind == "full":
-        p = p + 0.01 * noise
-    trained.append((name, p))
-model.update(tree_unflatten(trained))
-out.mkdir(parents=True, exist_ok=True)
-mx.save_safetensors(str(out / "adapters.safetensors"), dict(tree_flatten(model.trainable_parameters())))
-cfg = {"fine_tune_type": kind, "num_layers": num_layers}
-if kind != "full":
-    cfg["lora_parameters"] = params
-(out / "adapter_config.json").write_text(json.dumps(cfg))
-"#;
-
 fn python() -> PathBuf {
     common::mlx_lm_python("mlx_lm.fuse")
 }
@@ -66,14 +29,7 @@ fn model_with_tokenizer(tmp: &TempDir, name: &str) -> PathBuf {
     dst
 }
 
-fn check(out: &std::process::Output, what: &str) {
-    assert!(
-        out.status.success(),
-        "{what} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use common::check;
 
 /// Every tensor of a saved model: name -> (dtype, shape, bytes).
 fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<i32>, Vec<u8>)> {
@@ -105,17 +61,7 @@ fn case(model: &str, kind: &str, dequantize: bool) {
     let tmp = TempDir::new(&format!("fuse-{model}-{kind}-{dequantize}"));
     let m = model_with_tokenizer(&tmp, model);
     let adapters = tmp.0.join("adapters");
-    let made = Command::new(&py)
-        .args([
-            "-c",
-            MAKE_ADAPTERS,
-            m.to_str().unwrap(),
-            adapters.to_str().unwrap(),
-            kind,
-        ])
-        .output()
-        .unwrap();
-    check(&made, "making the adapters");
+    common::make_adapters(&py, &m, &adapters, kind);
     let (ours, theirs) = (tmp.0.join("ours"), tmp.0.join("theirs"));
     let mut args = vec![
         "--model".to_string(),

@@ -165,6 +165,7 @@ fn max_kv_size_gives_a_window_only_to_models_without_make_cache() {
         let loaded = load(&LoadArgs {
             model: dir.to_str(),
             keep_quantized: false,
+            adapter_path: None,
         })
         .expect("load");
         let got = mlx_bins::load::rotating_window(loaded.model.as_ref(), Some(20));
@@ -212,6 +213,7 @@ fn engine_tokens(case: &Case) -> anyhow::Result<Vec<u32>> {
     let loaded = load(&LoadArgs {
         model: model.as_deref(),
         keep_quantized: keep,
+        adapter_path: None,
     })?;
     let tok = &loaded.tokenizer;
     let mut special: Vec<i32> = tok.encode("\n", false)?.iter().map(|&t| t as i32).collect();

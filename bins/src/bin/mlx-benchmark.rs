@@ -91,6 +91,7 @@ fn bench(args: Args) -> Result<()> {
     let loaded = load(&LoadArgs {
         model: args.model.as_deref(),
         keep_quantized: args.keep_quantized,
+        adapter_path: None,
     })?;
     let (model, mut tokenizer) = (loaded.model, loaded.tokenizer);
     tracing::debug!("loaded ({})", mlx_array::memory::note());

@@ -63,13 +63,13 @@ fn main() -> ExitCode {
 }
 
 fn cache_prompt(args: Args) -> Result<()> {
-    mlx_bins::unsupported("--adapter-path", args.adapter_path.is_some())?;
     // `mlx_model` (mlx-lm's default) only means something if it exists; "default"
     // resolves to our embedded model.
     let spec = (args.model != "default").then_some(args.model.as_str());
     let mut loaded = load(&LoadArgs {
         model: spec,
         keep_quantized: args.keep_quantized,
+        adapter_path: args.adapter_path.as_deref(),
     })?;
     let mut tokenizer_config = serde_json::Map::new();
     tokenizer_config.insert("trust_remote_code".into(), json!(args.trust_remote_code));

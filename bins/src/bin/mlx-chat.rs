@@ -76,7 +76,6 @@ fn main() -> ExitCode {
 }
 
 fn chat(args: Args) -> Result<()> {
-    mlx_bins::unsupported("--adapter-path", args.adapter_path.is_some())?;
     mlx_bins::unsupported("--pipeline (distributed inference)", args.pipeline)?;
     if args.max_tokens == 0 || args.max_tokens < -1 {
         anyhow::bail!(
@@ -88,6 +87,7 @@ fn chat(args: Args) -> Result<()> {
     let loaded = load(&LoadArgs {
         model: args.model.as_deref(),
         keep_quantized: args.keep_quantized,
+        adapter_path: args.adapter_path.as_deref(),
     })?;
     let tok = &loaded.tokenizer;
     let model = loaded.model.as_ref();

@@ -130,7 +130,6 @@ fn main() -> ExitCode {
 }
 
 fn generate(args: Args) -> Result<()> {
-    mlx_bins::unsupported("--adapter-path", args.adapter_path.is_some())?;
     mlx_bins::unsupported("--draft-model", args.draft_model.is_some())?;
     mlx_bins::unsupported("--quantize-activations (-qa)", args.quantize_activations)?;
     mlx_bins::unsupported("--image", !args.image.is_empty())?;
@@ -168,6 +167,7 @@ fn generate(args: Args) -> Result<()> {
     let mut loaded = load(&LoadArgs {
         model: model_spec.as_deref(),
         keep_quantized: args.keep_quantized,
+        adapter_path: args.adapter_path.as_deref(),
     })?;
     for t in &args.extra_eos_token {
         loaded.tokenizer.add_eos_token(t)?;

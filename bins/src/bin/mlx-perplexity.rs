@@ -79,6 +79,7 @@ fn perplexity(args: Args) -> Result<()> {
     let mut loaded = load(&LoadArgs {
         model: Some(&args.model),
         keep_quantized: args.keep_quantized,
+        adapter_path: None,
     })?;
     let total = match loaded.model.as_module_mut() {
         Some(m) => mlx_quant::model::model_parameters(m)?,

@@ -141,6 +141,7 @@ fn main() -> ExitCode {
         let loaded = load(&LoadArgs {
             model: args.model.as_deref(),
             keep_quantized: args.keep_quantized,
+            adapter_path: None,
         })?;
         let mut tokenizer = loaded.tokenizer;
         if !args.chat_template.is_empty() {

@@ -97,3 +97,68 @@ pub fn mlx_lm_python(module: &str) -> PathBuf {
     }
     panic!("this test needs Python with mlx-lm 0.32.2 (tried {candidates:?}): run scripts/setup.sh or set MLX_PYTHON");
 }
+
+/// Makes adapters for `model` in `out` with mlx-lm's own `linear_to_lora_layers`
+/// (`kind`: lora, dora or full; rank 4, scale 7.5, the last two layers), their `lora_b`
+/// and DoRA magnitudes perturbed (a fresh adapter's `lora_b` is zero) so every adapted
+/// weight changes; a full fine-tune perturbs the last two layers' weights.
+pub fn make_adapters(py: &Path, model: &Path, out: &Path, kind: &str) {
+    let made = Command::new(py)
+        .args([
+            "-c",
+            MAKE_ADAPTERS,
+            model.to_str().unwrap(),
+            out.to_str().unwrap(),
+            kind,
+        ])
+        .output()
+        .expect("python runs");
+    check(&made, "making the adapters");
+}
+
+/// Panics with both streams unless `out` succeeded.
+pub fn check(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const MAKE_ADAPTERS: &str = r#"
+import json, pathlib, sys
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.utils import load_model
+from mlx_lm.tuner.utils import linear_to_lora_layers
+
+model_dir, out, kind = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
+num_layers = 2
+mx.random.seed(7)
+model, _ = load_model(pathlib.Path(model_dir))
+model.freeze()
+params = {"rank": 4, "scale": 7.5, "dropout": 0.0}
+if kind == "full":
+    for layer in model.layers[-num_layers:]:
+        layer.unfreeze()
+else:
+    linear_to_lora_layers(model, num_layers, params, use_dora=(kind == "dora"))
+trained = []
+for name, p in tree_flatten(model.trainable_parameters()):
+    noise = mx.random.normal(p.shape).astype(p.dtype)
+    if name.endswith("lora_b"):
+        p = 0.05 * noise
+    elif name.endswith(".m"):
+        p = p * (1 + 0.1 * noise)
+    elif kind == "full":
+        p = p + 0.01 * noise
+    trained.append((name, p))
+model.update(tree_unflatten(trained))
+out.mkdir(parents=True, exist_ok=True)
+mx.save_safetensors(str(out / "adapters.safetensors"), dict(tree_flatten(model.trainable_parameters())))
+cfg = {"fine_tune_type": kind, "num_layers": num_layers}
+if kind != "full":
+    cfg["lora_parameters"] = params
+(out / "adapter_config.json").write_text(json.dumps(cfg))
+"#;

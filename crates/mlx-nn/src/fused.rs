@@ -16,7 +16,7 @@
 //! ([`FusedLinears::matches`]) and callers go back to the separate layers.
 use crate::error::Result as NnResult;
 use crate::linear::LinearLayer;
-use crate::quantize::QuantSpec;
+use crate::quantize::{QuantSpec, Quantizable};
 use mlx_array::quant::quantized_matmul;
 use mlx_array::{ops, transforms, Array, Result};
 
@@ -48,8 +48,19 @@ enum Kind {
 
 /// Calls `f` with the [`crate::Param::id`] of every parameter of `layers`, in order.
 fn for_each_id(layers: &[&LinearLayer], mut f: impl FnMut(u64)) {
+    for_each_id_dyn(layers, &mut f)
+}
+
+fn for_each_id_dyn(layers: &[&LinearLayer], f: &mut dyn FnMut(u64)) {
     for l in layers {
         match l {
+            // The adapter's parameters count too, so a layer given an adapter after the
+            // fusion no longer matches it (and runs on its own, adapter included).
+            LinearLayer::Lora(a) => {
+                for_each_id_dyn(&[&a.base], f);
+                f(a.lora_a.id());
+                f(a.lora_b.id());
+            }
             LinearLayer::Dense(d) => {
                 f(d.weight.id());
                 d.bias.iter().for_each(|b| f(b.id()));
@@ -91,7 +102,7 @@ impl FusedLinears {
     /// quantized alike; biases on all or none. Their parameters become views into the
     /// fused buffers (the separate arrays are released). `None` when they differ.
     pub fn fuse(layers: &mut [&mut LinearLayer]) -> NnResult<Option<FusedLinears>> {
-        if layers.len() < 2 {
+        if layers.len() < 2 || layers.iter().any(|l| matches!(**l, LinearLayer::Lora(_))) {
             return Ok(None);
         }
         let sizes: Vec<i32> = layers
@@ -99,16 +110,17 @@ impl FusedLinears {
             .map(|l| match &**l {
                 LinearLayer::Dense(d) => d.weight.shape()[0],
                 LinearLayer::Quantized(q) => q.weight.shape()[0],
+                LinearLayer::Lora(a) => a.base.dense_weight_shape()[0],
             })
             .collect();
         let kind = if let Some(mut dense) = pick(layers, |l| match l {
             LinearLayer::Dense(d) => Some(d),
-            LinearLayer::Quantized(_) => None,
+            LinearLayer::Quantized(_) | LinearLayer::Lora(_) => None,
         }) {
             fuse_dense(&mut dense)?
         } else if let Some(mut qs) = pick(layers, |l| match l {
             LinearLayer::Quantized(q) => Some(q),
-            LinearLayer::Dense(_) => None,
+            LinearLayer::Dense(_) | LinearLayer::Lora(_) => None,
         }) {
             fuse_quantized(&mut qs)?
         } else {

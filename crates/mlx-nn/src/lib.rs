@@ -17,6 +17,7 @@ pub mod embedding;
 mod error;
 pub mod fused;
 pub mod linear;
+pub mod lora;
 pub mod losses;
 pub mod module;
 pub mod norm;

@@ -1,5 +1,6 @@
 //! `Linear` and `QuantizedLinear` (mlx.nn), and [`LinearLayer`], which is either.
 use crate::error::Result as NnResult;
+use crate::lora::LoraLinear;
 use crate::module::{Module, Param, QuantVisitor};
 use crate::quantize::{QuantSpec, Quantizable};
 use mlx_array::quant::{
@@ -155,6 +156,8 @@ pub enum LinearLayer {
     Dense(Linear),
     /// Quantized weights.
     Quantized(QuantizedLinear),
+    /// Either, with a low-rank adapter (mlx-lm's `LoRALinear` / `DoRALinear`).
+    Lora(Box<LoraLinear>),
 }
 
 impl LinearLayer {
@@ -173,7 +176,50 @@ impl LinearLayer {
         match self {
             LinearLayer::Dense(l) => l.forward(x),
             LinearLayer::Quantized(l) => l.forward(x),
+            LinearLayer::Lora(l) => l.forward(x),
         }
+    }
+
+    /// The dense weight (dequantized, in the scales' dtype, for a quantized layer) and
+    /// the output bias, of the layer under any adapter.
+    pub fn dense_weight_and_bias(&self) -> Result<(Array, Option<Array>)> {
+        match self {
+            LinearLayer::Dense(l) => Ok((
+                l.weight.value().clone(),
+                l.bias.as_ref().map(|b| b.value().clone()),
+            )),
+            LinearLayer::Quantized(q) => {
+                let d = q.to_dense(None)?;
+                Ok((
+                    d.weight.value().clone(),
+                    q.bias.as_ref().map(|b| b.value().clone()),
+                ))
+            }
+            LinearLayer::Lora(l) => l.base.dense_weight_and_bias(),
+        }
+    }
+
+    /// Puts a low-rank adapter on the layer (see [`LoraLinear`]); an adapter already
+    /// there is replaced.
+    pub fn add_adapter(
+        &mut self,
+        lora_a: Array,
+        lora_b: Array,
+        magnitude: Option<Array>,
+        scale: f64,
+    ) {
+        let placeholder = LinearLayer::Dense(Linear::from_weights(lora_a.clone(), None));
+        let base = match std::mem::replace(self, placeholder) {
+            LinearLayer::Lora(l) => l.base,
+            other => other,
+        };
+        *self = LinearLayer::Lora(Box::new(LoraLinear {
+            base,
+            lora_a: Param::frozen(lora_a),
+            lora_b: Param::frozen(lora_b),
+            magnitude: magnitude.map(Param::frozen),
+            scale,
+        }));
     }
 
     /// `residual + self.forward(x)`, the same array: for a quantized layer without an
@@ -206,7 +252,7 @@ impl LinearLayer {
             .iter()
             .filter_map(|l| match l {
                 LinearLayer::Quantized(q) => Some(q),
-                LinearLayer::Dense(_) => None,
+                LinearLayer::Dense(_) | LinearLayer::Lora(_) => None,
             })
             .collect();
         let shared = match quantized.first() {
@@ -275,12 +321,14 @@ impl Module for LinearLayer {
         match self {
             LinearLayer::Dense(l) => l.visit_params(prefix, f),
             LinearLayer::Quantized(l) => l.visit_params(prefix, f),
+            LinearLayer::Lora(l) => l.visit_params(prefix, f),
         }
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
         match self {
             LinearLayer::Dense(l) => l.visit_params_mut(prefix, f),
             LinearLayer::Quantized(l) => l.visit_params_mut(prefix, f),
+            LinearLayer::Lora(l) => l.visit_params_mut(prefix, f),
         }
     }
     fn visit_quantizable_mut(&mut self, prefix: &str, f: &mut QuantVisitor<'_>) -> NnResult<()> {
@@ -293,12 +341,14 @@ impl Quantizable for LinearLayer {
         match self {
             LinearLayer::Dense(l) => l.weight.shape(),
             LinearLayer::Quantized(q) => vec![q.weight.shape()[0], q.input_dims()],
+            LinearLayer::Lora(l) => l.base.dense_weight_shape(),
         }
     }
     fn quant_spec(&self) -> Option<QuantSpec> {
         match self {
             LinearLayer::Dense(_) => None,
             LinearLayer::Quantized(q) => Some(q.spec),
+            LinearLayer::Lora(l) => l.base.quant_spec(),
         }
     }
     fn quantize(&mut self, spec: QuantSpec) -> Result<()> {
@@ -309,13 +359,19 @@ impl Quantizable for LinearLayer {
                 *self = LinearLayer::Quantized(dense.to_quantized(spec)?);
             }
             LinearLayer::Quantized(_) => {}
+            LinearLayer::Lora(l) => l.base.quantize(spec)?,
         }
         Ok(())
     }
     fn dequantize(&mut self, dtype: Option<Dtype>) -> Result<()> {
-        if let LinearLayer::Quantized(q) = self {
-            *self = LinearLayer::Dense(q.to_dense(dtype)?);
+        match self {
+            LinearLayer::Quantized(q) => *self = LinearLayer::Dense(q.to_dense(dtype)?),
+            LinearLayer::Lora(l) => l.base.dequantize(dtype)?,
+            LinearLayer::Dense(_) => {}
         }
         Ok(())
+    }
+    fn as_linear_layer_mut(&mut self) -> Option<&mut LinearLayer> {
+        Some(self)
     }
 }

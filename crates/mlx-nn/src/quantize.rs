@@ -48,6 +48,11 @@ pub trait Quantizable {
     /// Replaces the quantized weight with a dense one of `dtype` (`None`: the scales'
     /// dtype, like `mx.dequantize`). A dense layer is left as is.
     fn dequantize(&mut self, dtype: Option<Dtype>) -> mlx_array::Result<()>;
+
+    /// The layer as a [`crate::LinearLayer`], when it is one (adapters go on those).
+    fn as_linear_layer_mut(&mut self) -> Option<&mut crate::LinearLayer> {
+        None
+    }
 }
 
 /// Decides how (or whether) the layer at a path is quantized.

@@ -2,7 +2,7 @@
 //! for bit, the layers keep working on views of the fused buffer, and replacing a
 //! parameter makes the fusion stale.
 use mlx_array::quant::QuantMode;
-use mlx_array::{random, Array, Dtype};
+use mlx_array::{ops, random, Array, Dtype};
 use mlx_nn::{FusedLinears, Linear, LinearLayer, QuantSpec, Quantizable};
 
 fn randn(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
@@ -73,6 +73,7 @@ fn fused_outputs_are_the_separate_outputs_bit_for_bit() {
                 LinearLayer::Quantized(q) => {
                     assert!(q.weight.is_available() && q.scales.is_available(), "{what}")
                 }
+                LinearLayer::Lora(_) => panic!("{what}: no adapters here"),
             }
         }
         for (x, want) in xs.iter().zip(&before) {
@@ -121,6 +122,60 @@ fn replacing_a_parameter_makes_the_fusion_stale() {
         .unwrap();
     let refs: Vec<&LinearLayer> = ls.iter().collect();
     assert!(!fused.matches(&refs));
+    // So does an adapter put on one of them after the fusion (the layer then runs on
+    // its own, adapter included), and layers with adapters are not fused.
+    for quantized in [false, true] {
+        let mut ls = layers(Dtype::Float32, false, quantized);
+        let fused = {
+            let mut refs: Vec<&mut LinearLayer> = ls.iter_mut().collect();
+            FusedLinears::fuse(&mut refs).unwrap().unwrap()
+        };
+        ls[1].add_adapter(
+            randn(&[64, 4], 5, Dtype::Float32),
+            randn(&[4, 32], 6, Dtype::Float32),
+            None,
+            2.0,
+        );
+        let refs: Vec<&LinearLayer> = ls.iter().collect();
+        assert!(!fused.matches(&refs), "quantized: {quantized}");
+        let mut refs: Vec<&mut LinearLayer> = ls.iter_mut().collect();
+        assert!(
+            FusedLinears::fuse(&mut refs).unwrap().is_none(),
+            "quantized: {quantized}"
+        );
+    }
+}
+
+#[test]
+fn an_adapter_adds_its_scaled_low_rank_product() {
+    // base(x) + (scale * ((x @ A) @ B)).astype(x.dtype), mlx-lm's LoRALinear.
+    let mut ls = layers(Dtype::Bfloat16, true, false);
+    let x = randn(&[3, 64], 7, Dtype::Bfloat16);
+    let (a, b) = (
+        randn(&[64, 4], 8, Dtype::Float32),
+        randn(&[4, 32], 9, Dtype::Float32),
+    );
+    let base = ls[1].forward(&x).unwrap();
+    ls[1].add_adapter(a.clone(), b.clone(), None, 2.5);
+    let want = base
+        .add(
+            &x.matmul(&a)
+                .unwrap()
+                .matmul(&b)
+                .unwrap()
+                .multiply(2.5f32)
+                .unwrap()
+                .astype(Dtype::Bfloat16)
+                .unwrap(),
+        )
+        .unwrap();
+    let got = ls[1].forward(&x).unwrap();
+    assert_eq!(got.dtype(), Dtype::Bfloat16);
+    assert_eq!(bits(&got), bits(&want));
+    assert_ne!(bits(&got), bits(&base));
+    // A second adapter replaces the first.
+    ls[1].add_adapter(a, ops::zeros(&[4, 32], Dtype::Float32).unwrap(), None, 2.5);
+    assert_eq!(bits(&ls[1].forward(&x).unwrap()), bits(&base));
 }
 
 #[test]

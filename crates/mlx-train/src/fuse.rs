@@ -77,12 +77,25 @@ pub fn fuse_adapters(
     }
 }
 
-fn fuse_full(module: &mut dyn Module, adapters: &Adapters) -> Result<FuseReport> {
+pub(crate) fn fuse_full(module: &mut dyn Module, adapters: &Adapters) -> Result<FuseReport> {
     let shapes = module.parameter_shapes();
+    let dtypes: BTreeMap<String, mlx_array::Dtype> = module
+        .parameters()
+        .into_iter()
+        .map(|(k, a)| (k, a.dtype()))
+        .collect();
     let mut errors = Vec::new();
     for (name, w) in &adapters.weights {
+        // A float weight may come back in another float dtype (as mlx-lm loads it); a
+        // packed (integer) one must stay what the layer unpacks.
+        let packed = dtypes.get(name).filter(|d| !d.is_floating());
         match shapes.get(name) {
             None => errors.push(format!("  {name}: not a parameter of the model")),
+            Some(_) if packed.is_some_and(|d| *d != w.dtype()) => errors.push(format!(
+                "  {name}: {} in the adapters, {} (packed) in the model",
+                w.dtype().name(),
+                packed.map(|d| d.name()).unwrap_or_default()
+            )),
             Some(s) if *s != w.shape() => errors.push(format!(
                 "  {name}: shape {:?} in the adapters, {s:?} in the model",
                 w.shape()
@@ -100,9 +113,9 @@ fn fuse_full(module: &mut dyn Module, adapters: &Adapters) -> Result<FuseReport>
 }
 
 /// The adapted layers and their `(lora_a, lora_b, m)`.
-type Parts<'a> = BTreeMap<String, [Option<&'a Array>; 3]>;
+pub(crate) type Parts<'a> = BTreeMap<String, [Option<&'a Array>; 3]>;
 
-fn group(adapters: &Adapters, dora: bool) -> Result<Parts<'_>> {
+pub(crate) fn group(adapters: &Adapters, dora: bool) -> Result<Parts<'_>> {
     let mut parts: Parts = BTreeMap::new();
     let mut errors = Vec::new();
     for (name, w) in &adapters.weights {

@@ -3,6 +3,8 @@
 //!
 //! - [`adapters`]: reading an adapter directory: the fine-tune type (`lora`, `dora`,
 //!   `full`), the LoRA parameters, the weights, with errors naming what is wrong.
+//! - [`apply`]: adapters applied at inference, unfused, as mlx-lm's `load` does with an
+//!   `adapter_path` (LoRA and DoRA on linear layers, full fine-tunes).
 //! - [`fuse`]: every adapted layer's weight becomes `W + scale * (B^T A^T)` (DoRA: then
 //!   rescaled row by row to the learned magnitude), computed with mlx-lm's ops in its
 //!   order, re-quantized with the layer's own quantization unless the model is
@@ -10,9 +12,11 @@
 #![warn(missing_docs)]
 
 pub mod adapters;
+pub mod apply;
 mod error;
 pub mod fuse;
 
 pub use adapters::{AdapterConfig, Adapters, FineTuneType};
+pub use apply::{apply_adapters, lora_init_key_draws};
 pub use error::{Result, TrainError};
 pub use fuse::{fuse_adapters, FuseReport};

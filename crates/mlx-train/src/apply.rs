@@ -1,0 +1,117 @@
+//! Adapters applied at inference, unfused (mlx-lm's `load(..., adapter_path=...)`):
+//! each adapted linear layer becomes an [`mlx_nn::lora::LoraLinear`] computing mlx-lm's
+//! `LoRALinear` / `DoRALinear`; a full fine-tune's weights replace the model's.
+use crate::adapters::{Adapters, FineTuneType};
+use crate::error::{Result, TrainError};
+use crate::fuse::{fuse_full, group};
+use mlx_nn::Module;
+use std::collections::BTreeSet;
+
+/// Applies `adapters` to `module` (loaded unfused: fused projection copies would not see
+/// the adapters). Returns the adapted layers (or replaced weights). Adapters on
+/// embeddings or expert stacks are refused: fuse those with [`crate::fuse_adapters`].
+pub fn apply_adapters(module: &mut dyn Module, adapters: &Adapters) -> Result<Vec<String>> {
+    let dora = match adapters.config.fine_tune_type {
+        FineTuneType::Full => return Ok(fuse_full(module, adapters)?.layers),
+        t => t == FineTuneType::Dora,
+    };
+    let scale = adapters
+        .config
+        .lora
+        .as_ref()
+        .map(|l| l.scale)
+        .ok_or_else(|| TrainError::Unsupported("LoRA adapters without lora_parameters".into()))?;
+    let parts = group(adapters, dora)?;
+    let mut errors = Vec::new();
+    let mut done = Vec::new();
+    module.visit_quantizable_mut("", &mut |path, layer| {
+        let Some(p) = parts.get(path) else {
+            return Ok(());
+        };
+        let (Some(a), Some(b)) = (p[0], p[1]) else {
+            return Ok(());
+        };
+        let dense = layer.dense_weight_shape();
+        let Some(linear) = layer.as_linear_layer_mut() else {
+            errors.push(format!(
+                "  {path}: adapters on embedding and expert layers are not applied at inference yet; \
+                 fuse them into the model with mlx-fuse"
+            ));
+            return Ok(());
+        };
+        let (out, inp) = match dense[..] {
+            [o, i] => (o, i),
+            _ => (-1, -1),
+        };
+        let (sa, sb) = (a.shape(), b.shape());
+        let fits = sa.len() == 2 && sb.len() == 2 && sa[0] == inp && sb[1] == out && sa[1] == sb[0];
+        let m_fits = p[2].is_none_or(|m| m.shape() == [out]);
+        if !fits || !m_fits {
+            errors.push(format!(
+                "  {path}: lora_a {sa:?}, lora_b {sb:?}{} do not fit its weight {dense:?}",
+                p[2].map(|m| format!(", m {:?}", m.shape())).unwrap_or_default()
+            ));
+            return Ok(());
+        }
+        linear.add_adapter(a.clone(), b.clone(), p[2].cloned(), scale);
+        done.push(path.to_string());
+        Ok(())
+    })?;
+    let found: BTreeSet<&str> = done.iter().map(String::as_str).collect();
+    for path in parts.keys() {
+        if !found.contains(path.as_str())
+            && !errors.iter().any(|e| e.starts_with(&format!("  {path}:")))
+        {
+            errors.push(format!("  {path}: not a linear layer of the model"));
+        }
+    }
+    if !errors.is_empty() {
+        return Err(TrainError::Mismatch(errors.join("\n")));
+    }
+    tracing::info!(layers = done.len(), "adapters applied");
+    Ok(done)
+}
+
+/// How many random keys mlx-lm's `linear_to_lora_layers` takes from MLX's global key
+/// sequence for these adapters: two per layer it converts (the placeholder layer's
+/// initial weight and `lora_a`'s), the layers being the linear, embedding and expert
+/// layers (with `lora_parameters.keys`: those keys) of the last `num_layers` decoder
+/// layers. A full fine-tune takes none. A command that seeds before loading takes as
+/// many, so its sampler draws the keys mlx-lm's does.
+pub fn lora_init_key_draws(module: &mut dyn Module, adapters: &Adapters) -> Result<usize> {
+    let Some(lora) = adapters.config.lora.as_ref() else {
+        return Ok(0);
+    };
+    if adapters.config.fine_tune_type == FineTuneType::Full {
+        return Ok(0);
+    }
+    // (decoder layer index, path inside it) of every quantizable layer.
+    let mut inside: Vec<(usize, String)> = Vec::new();
+    module.visit_quantizable_mut("", &mut |path, _| {
+        let segs: Vec<&str> = path.split('.').collect();
+        let at = segs.windows(2).position(|w| {
+            matches!(w[0], "layers" | "h" | "blocks") && w[1].parse::<usize>().is_ok()
+        });
+        if let Some(i) = at {
+            if let Ok(n) = segs[i + 1].parse::<usize>() {
+                inside.push((n, segs[i + 2..].join(".")));
+            }
+        }
+        Ok(())
+    })?;
+    let layers = inside.iter().map(|(n, _)| n + 1).max().unwrap_or(0);
+    let keys: BTreeSet<String> = match &lora.keys {
+        Some(k) => k.iter().cloned().collect(),
+        None => inside.iter().map(|(_, k)| k.clone()).collect(),
+    };
+    let num = adapters.config.num_layers.unwrap_or(0);
+    // Python's `layers[-max(num, 0):]`: `-0` is the whole list.
+    let first = match num.max(0) as usize {
+        0 => 0,
+        n => layers.saturating_sub(n),
+    };
+    Ok(2 * inside
+        .iter()
+        .filter(|(n, k)| *n >= first && keys.contains(k))
+        .count())
+}
