@@ -116,3 +116,79 @@ fn adapters_for_another_model_are_refused_by_name() {
         "{err}"
     );
 }
+
+/// POSTs `body` to `path` on 127.0.0.1:`port` (HTTP/1.1, connection closed after).
+fn post(port: u16, path: &str, body: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+#[test]
+fn the_server_answers_with_the_adapters() {
+    // The adapters are used on the server's engine thread, not the one that loaded them.
+    let py = common::mlx_lm_python("mlx_lm.generate");
+    let tmp = TempDir::new("adapters-server");
+    let m = common::golden_model("llama-small-f32");
+    let a = tmp.0.join("adapters");
+    common::make_adapters(&py, &m, &a, "lora");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_mlx-server"))
+        .args([
+            "--model",
+            m.to_str().unwrap(),
+            "--adapter-path",
+            a.to_str().unwrap(),
+        ])
+        .args(["--port", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let body = r#"{"prompt": "hello world", "max_tokens": 16, "temperature": 0}"#;
+    let mut answer = None;
+    for _ in 0..100 {
+        if let Some(r) = post(port, "/v1/completions", body) {
+            answer = Some(r);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let answer = answer.expect("the server answered");
+    let v: serde_json::Value =
+        serde_json::from_str(answer.trim()).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    let got = v["choices"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .to_string();
+    let m = m.display().to_string();
+    let args = [
+        "--model",
+        &m,
+        "--adapter-path",
+        a.to_str().unwrap(),
+        "--prompt",
+        "hello world",
+        "-m",
+        "16",
+        "--temp",
+        "0",
+        "--ignore-chat-template",
+    ];
+    let gen = common::run(env!("CARGO_BIN_EXE_mlx-generate"), &args, b"");
+    common::check(&gen, "mlx-generate");
+    assert_eq!(got, text(&gen));
+}

@@ -15,7 +15,7 @@ struct Args {
     /// Face repo in the local cache, or a .gguf file). Default: SmolLM2-135M-Instruct.
     #[arg(long)]
     model: Option<String>,
-    /// Optional path for the trained adapter weights and config (not yet supported).
+    /// Optional path for the trained adapter weights and config.
     #[arg(long)]
     adapter_path: Option<String>,
     /// Host for the HTTP server (default: 127.0.0.1)
@@ -130,7 +130,6 @@ fn main() -> ExitCode {
         // Accepted for compatibility; they change nothing here.
         let _ = (args.num_draft_tokens, args.trust_remote_code);
         mlx_bins::init_logging(Some(log_filter(&args.log_level)));
-        mlx_bins::unsupported("--adapter-path", args.adapter_path.is_some())?;
         mlx_bins::unsupported("--draft-model", args.draft_model.is_some())?;
         mlx_bins::unsupported("--pipeline", args.pipeline)?;
         let template_args: Json = serde_json::from_str(&args.chat_template_args)
@@ -141,7 +140,7 @@ fn main() -> ExitCode {
         let loaded = load(&LoadArgs {
             model: args.model.as_deref(),
             keep_quantized: args.keep_quantized,
-            adapter_path: None,
+            adapter_path: args.adapter_path.as_deref(),
         })?;
         let mut tokenizer = loaded.tokenizer;
         if !args.chat_template.is_empty() {

@@ -152,6 +152,14 @@ pub enum Flavor {
 /// Checks the request's `model` against the served one (404 when unknown).
 pub fn check_model(body: &Body<'_>, cfg: &ServerConfig) -> Result<String, ApiError> {
     let model = body.str("model")?.unwrap_or("default_model");
+    // mlx-lm's server loads a request's `adapters` on the fly; this one serves the
+    // adapters it was started with only, so such a request is refused, not ignored.
+    if body.str("adapters")?.is_some() {
+        return Err(ApiError::invalid_param(
+            "adapters",
+            "per-request adapters are not supported: start the server with --adapter-path",
+        ));
+    }
     if !cfg.serves_model(model) {
         return Err(ApiError {
             param: Some("model".into()),

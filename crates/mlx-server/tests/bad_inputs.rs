@@ -73,6 +73,12 @@ fn cases() -> Vec<Case> {
         raw_case("JSON array body", "POST", CHAT, b"[1, 2]", 400),
         raw_case("JSON string body", "POST", CHAT, b"\"hi\"", 400),
         case("no messages", CHAT, json!({"max_tokens": 3}), 400),
+        case(
+            "per-request adapters",
+            CHAT,
+            json!({"messages": [{"role": "user", "content": "hi"}], "adapters": "my-adapters"}),
+            400,
+        ),
         case("messages is a string", CHAT, json!({"messages": "hi"}), 400),
         case("messages is empty", CHAT, json!({"messages": []}), 400),
         case("message is a number", CHAT, json!({"messages": [1]}), 400),

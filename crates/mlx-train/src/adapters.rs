@@ -218,6 +218,9 @@ impl Adapters {
         if weights.is_empty() {
             return Err(config_err(&weights_path, "holds no tensors"));
         }
+        // Read now: a lazy array belongs to the stream (thread) it was made on, and the
+        // adapters may be used on another (the server's engine thread).
+        mlx_array::transforms::eval(&weights.values().collect::<Vec<_>>())?;
         Ok(Adapters {
             dir: dir.to_path_buf(),
             config,
