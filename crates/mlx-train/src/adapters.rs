@@ -194,6 +194,17 @@ fn lora_parameters(raw: &Map<String, Value>, path: &Path) -> Result<LoraParamete
 }
 
 impl Adapters {
+    /// The LoRA / DoRA `scale` (an error for a full fine-tune, which has none).
+    pub fn lora_scale(&self) -> Result<f64> {
+        self.config.lora.as_ref().map(|l| l.scale).ok_or_else(|| {
+            TrainError::Unsupported(format!(
+                "{}: {} adapters have no lora_parameters",
+                self.dir.display(),
+                self.config.fine_tune_type.name()
+            ))
+        })
+    }
+
     /// Reads `dir/adapter_config.json` and `dir/adapters.safetensors` (mlx-lm's
     /// `load_adapters` without the model: [`crate::fuse`] checks the fit).
     pub fn load(dir: impl AsRef<Path>) -> Result<Adapters> {

@@ -15,12 +15,7 @@ pub fn apply_adapters(module: &mut dyn Module, adapters: &Adapters) -> Result<Ve
         FineTuneType::Full => return Ok(fuse_full(module, adapters)?.layers),
         t => t == FineTuneType::Dora,
     };
-    let scale = adapters
-        .config
-        .lora
-        .as_ref()
-        .map(|l| l.scale)
-        .ok_or_else(|| TrainError::Unsupported("LoRA adapters without lora_parameters".into()))?;
+    let scale = adapters.lora_scale()?;
     let parts = group(adapters, dora)?;
     let mut errors = Vec::new();
     let mut done = Vec::new();

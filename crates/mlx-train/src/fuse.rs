@@ -185,12 +185,7 @@ fn param(params: &BTreeMap<String, Array>, name: &str) -> Result<Array> {
 }
 
 fn fuse_low_rank(module: &mut dyn Module, adapters: &Adapters, dora: bool) -> Result<FuseReport> {
-    let scale = adapters
-        .config
-        .lora
-        .as_ref()
-        .map(|l| l.scale)
-        .ok_or_else(|| TrainError::Unsupported("LoRA adapters without lora_parameters".into()))?;
+    let scale = adapters.lora_scale()?;
     let parts = group(adapters, dora)?;
     let layers = layers(module)?;
     let params: BTreeMap<String, Array> = module.parameters().into_iter().collect();
