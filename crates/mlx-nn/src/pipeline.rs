@@ -85,19 +85,21 @@ impl Drop for PipelinedPrefill {
 /// trait method.
 pub fn update_and_fetch(cache: &mut dyn KvCache, keys: &Array, values: &Array) -> Result<KvFetch> {
     let fetch = cache.update_and_fetch(keys, values)?;
-    let positions = keys.shape().get(2).copied().unwrap_or(1);
-    if positions > 1 {
-        queue(&fetch)?;
-    }
+    queue(keys, &fetch)?;
     Ok(fetch)
 }
 
-fn queue(fetch: &KvFetch) -> Result<()> {
+/// Queues `fetch` when a scope is open and `keys` holds more than one position. The
+/// scope is looked up first: outside one (every decoding step) nothing else is done.
+fn queue(keys: &Array, fetch: &KvFetch) -> Result<()> {
     PIPELINE.with(|p| {
         let mut p = p.borrow_mut();
         let Some(p) = p.as_mut() else {
             return Ok(());
         };
+        if keys.ndim() < 3 || keys.dim(2)? <= 1 {
+            return Ok(());
+        }
         let arrays = match fetch {
             KvFetch::Plain { keys, values } => vec![keys.clone(), values.clone()],
             KvFetch::Quantized { keys, values, .. } => vec![
