@@ -3,7 +3,7 @@
 //! `LoRALinear` / `DoRALinear`; a full fine-tune's weights replace the model's.
 use crate::adapters::{Adapters, FineTuneType};
 use crate::error::{Result, TrainError};
-use crate::fuse::{fuse_full, group};
+use crate::fuse::{fits_linear, fits_magnitude, fuse_full, group};
 use mlx_nn::Module;
 use std::collections::BTreeSet;
 
@@ -34,14 +34,9 @@ pub fn apply_adapters(module: &mut dyn Module, adapters: &Adapters) -> Result<Ve
             ));
             return Ok(());
         };
-        let (out, inp) = match dense[..] {
-            [o, i] => (o, i),
-            _ => (-1, -1),
-        };
         let (sa, sb) = (a.shape(), b.shape());
-        let fits = sa.len() == 2 && sb.len() == 2 && sa[0] == inp && sb[1] == out && sa[1] == sb[0];
-        let m_fits = p[2].is_none_or(|m| m.shape() == [out]);
-        if !fits || !m_fits {
+        let m_fits = p[2].is_none_or(|m| fits_magnitude(&dense, m));
+        if !fits_linear(&dense, &sa, &sb) || !m_fits {
             errors.push(format!(
                 "  {path}: lora_a {sa:?}, lora_b {sb:?}{} do not fit its weight {dense:?}",
                 p[2].map(|m| format!(", m {:?}", m.shape())).unwrap_or_default()

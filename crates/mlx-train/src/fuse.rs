@@ -41,7 +41,7 @@ struct Layer {
 enum Kind {
     Linear,
     Embedding,
-    Switch,
+    Switch { experts: i32, input_dims: i32 },
 }
 
 fn layers(module: &mut dyn Module) -> Result<BTreeMap<String, Layer>> {
@@ -159,10 +159,13 @@ fn kind(path: &str, dense: &[i32], a: &[i32], b: &[i32]) -> Option<Kind> {
         (&[e, out, inp], &[ea, _, ia], &[eb, ob, _])
             if ea == e && eb == e && ia == inp && ob == out =>
         {
-            Some(Kind::Switch)
+            Some(Kind::Switch {
+                experts: e,
+                input_dims: inp,
+            })
         }
         (&[d0, d1], &[a0, ra], &[rb, b1]) if ra == rb => {
-            let linear = a0 == d1 && b1 == d0;
+            let linear = fits_linear(dense, a, b);
             let embedding = a0 == d0 && b1 == d1;
             let leaf = path.rsplit('.').next().unwrap_or(path);
             let named = leaf.contains("embed") || leaf == "wte" || leaf == "tok_embeddings";
@@ -175,6 +178,18 @@ fn kind(path: &str, dense: &[i32], a: &[i32], b: &[i32]) -> Option<Kind> {
         }
         _ => None,
     }
+}
+
+/// Whether `lora_a` / `lora_b` shapes fit a linear layer's `[out, in]` weight:
+/// `[in, r]` and `[r, out]`.
+pub(crate) fn fits_linear(dense: &[i32], a: &[i32], b: &[i32]) -> bool {
+    matches!((dense, a, b), (&[out, inp], &[a0, ra], &[rb, b1]) if a0 == inp && b1 == out && ra == rb)
+}
+
+/// Whether DoRA's magnitude fits the weight: one value per row (`[out]` of a linear
+/// layer, `[num]` of an embedding).
+pub(crate) fn fits_magnitude(dense: &[i32], m: &Array) -> bool {
+    dense.len() == 2 && m.shape() == [dense[0]]
 }
 
 fn param(params: &BTreeMap<String, Array>, name: &str) -> Result<Array> {
@@ -202,6 +217,15 @@ fn fuse_low_rank(module: &mut dyn Module, adapters: &Adapters, dora: bool) -> Re
             continue;
         };
         match kind(path, &layer.dense, &a.shape(), &b.shape()) {
+            Some(Kind::Linear | Kind::Embedding)
+                if p[2].is_some_and(|m| !fits_magnitude(&layer.dense, m)) =>
+            {
+                errors.push(format!(
+                    "  {path}: m {:?} does not fit its weight {:?} (one value per row)",
+                    p[2].map(|m| m.shape()).unwrap_or_default(),
+                    layer.dense
+                ))
+            }
             Some(k) => plan.push((path, k, a, b, p[2], layer)),
             None => errors.push(format!(
                 "  {path}: lora_a {:?} and lora_b {:?} do not fit its weight {:?}",
@@ -217,7 +241,7 @@ fn fuse_low_rank(module: &mut dyn Module, adapters: &Adapters, dora: bool) -> Re
     let mut updates = BTreeMap::new();
     let mut fused = Vec::new();
     for (path, kind, a, b, m, layer) in plan {
-        if dora && kind == Kind::Switch {
+        if dora && matches!(kind, Kind::Switch { .. }) {
             return Err(TrainError::Unsupported(format!(
                 "{path}: DoRA adapters on expert layers are not supported (nor by mlx-lm)"
             )));
@@ -250,12 +274,12 @@ fn fuse_low_rank(module: &mut dyn Module, adapters: &Adapters, dora: bool) -> Re
                 .multiply(scale)?
                 .matmul(&a.transpose(None)?)?,
             Kind::Embedding => a.multiply(scale)?.matmul(b)?,
-            Kind::Switch => {
-                let [e, _, inp] = layer.dense[..] else {
-                    unreachable!("an expert layer's weight has three dimensions")
-                };
-                b.multiply(scale)?.matmul(&a.reshape(&[e, -1, inp])?)?
-            }
+            Kind::Switch {
+                experts,
+                input_dims,
+            } => b
+                .multiply(scale)?
+                .matmul(&a.reshape(&[experts, -1, input_dims])?)?,
         };
         let mut w = w.add(&delta.astype(w.dtype())?)?;
         if let Some(m) = m {

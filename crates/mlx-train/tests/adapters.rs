@@ -169,6 +169,18 @@ fn adapters_that_do_not_fit_the_model_are_named() {
         "{e}"
     );
     let e = fuse_err(&adapters(
+        "dora",
+        vec![
+            ("model.layers.0.self_attn.q_proj.lora_a", zeros(&[inp, 2])),
+            ("model.layers.0.self_attn.q_proj.lora_b", zeros(&[2, out])),
+            ("model.layers.0.self_attn.q_proj.m", zeros(&[1])),
+        ],
+    ));
+    assert!(
+        e.contains("model.layers.0.self_attn.q_proj: m [1] does not fit its weight"),
+        "{e}"
+    );
+    let e = fuse_err(&adapters(
         "full",
         vec![(
             "model.layers.0.self_attn.q_proj.weight",
