@@ -211,8 +211,8 @@ impl Array {
         unsafe { std::slice::from_raw_parts(sys::mlxs_array_shape(self.as_raw()), n).to_vec() }
     }
 
-    /// Size of one axis; negative axes count from the end. Panics on a bad axis only in
-    /// the sense of returning an error.
+    /// Size of one axis; negative axes count from the end. An axis out of range is an
+    /// error.
     #[track_caller]
     pub fn dim(&self, axis: i32) -> Result<i32> {
         let shape = self.shape();

@@ -45,9 +45,9 @@ pub trait LanguageModel: Send {
         None
     }
 
-    /// Whether mlx-lm's class for this model defines `make_cache` (llama and mistral,
-    /// gemma3_text, gemma3): mlx-lm's `make_prompt_cache(model, max_kv_size)` then
-    /// returns the model's own caches and ignores `max_kv_size`.
+    /// Whether mlx-lm's class for this model defines `make_cache`: mlx-lm's
+    /// `make_prompt_cache(model, max_kv_size)` then returns the model's own caches and
+    /// ignores `max_kv_size`. Each architecture answers for its own mlx-lm class.
     fn defines_make_cache(&self) -> bool {
         false
     }

@@ -1,36 +1,7 @@
 //! `model_type` -> architecture, with mlx-lm's aliases (`MODEL_REMAPPING`).
 use crate::error::{Error, Result};
-use crate::models::{self, Architecture};
+use crate::models::{Architecture, ARCHITECTURES};
 use serde_json::Value;
-
-type Builder = fn(&Value) -> Result<Box<dyn Architecture>>;
-
-/// Every architecture, by the `model_type` of its mlx-lm file.
-const ARCHITECTURES: &[(&str, Builder)] = &[
-    ("cohere2", models::cohere2::build),
-    ("exaone4", models::exaone4::build),
-    ("gemma", models::gemma::build),
-    ("gemma2", models::gemma2::build),
-    ("gemma3", models::gemma3::build),
-    ("gemma3_text", models::gemma3_text::build),
-    ("glm4", models::glm4::build),
-    ("gpt_oss", models::gpt_oss::build),
-    ("granite", models::granite::build),
-    ("llama", models::llama::build),
-    ("ministral3", models::ministral3::build),
-    ("mistral3", models::mistral3::build),
-    ("mixtral", models::mixtral::build),
-    ("olmo2", models::olmo2::build),
-    ("olmo3", models::olmo3::build),
-    ("phi3", models::phi3::build),
-    ("qwen2", models::qwen2::build),
-    ("qwen2_moe", models::qwen2_moe::build),
-    ("qwen3", models::qwen3::build),
-    ("qwen3_moe", models::qwen3_moe::build),
-    ("seed_oss", models::seed_oss::build),
-    ("smollm3", models::smollm3::build),
-    ("starcoder2", models::starcoder2::build),
-];
 
 /// `model_type`s served by another architecture's file (mlx-lm `MODEL_REMAPPING`).
 const ALIASES: &[(&str, &str)] = &[

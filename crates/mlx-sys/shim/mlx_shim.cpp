@@ -1,6 +1,10 @@
 // mlx_shim.cpp: implementation of mlx_shim.h over MLX's C++ API.
-// Every entry point catches all exceptions and turns them into a status code
-// plus a per-thread message, so nothing from MLX ever unwinds into Rust.
+// Entry points that run MLX operations catch all exceptions and turn them into a
+// status code plus a per-thread message, so nothing from MLX unwinds into Rust.
+// The small handle and container helpers (mlxs_array_clone, mlxs_vec_*, mlxs_map_*,
+// mlxs_strmap_*, mlxs_gguf_meta_array) are not guarded: they only copy handles or
+// push into std containers, and an allocation failure (std::bad_alloc) there is not
+// caught.
 #include "mlx_shim.h"
 
 #include "cpu_gemv.h"

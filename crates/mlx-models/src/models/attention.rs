@@ -1,11 +1,12 @@
 //! The self-attention most mlx-lm files write out again: q/k/v projections split into
 //! heads, RoPE at the cache offset, the cache update, SDPA and `o_proj`. The parts
 //! that differ between architectures (biases, head size, rotation, scale, sinks, a
-//! query scale) are parameters.
+//! query scale, q/k norms and where they apply) are parameters.
 use super::{batch_len, fuse, merge_heads, project, project_out, rope_cache, split_heads};
 use mlx_array::{Array, Dtype, Result};
 use mlx_nn::{
-    impl_module, scaled_dot_product_attention, AttnMask, FusedLinears, KvCache, LinearLayer, Rope,
+    impl_module, scaled_dot_product_attention, AttnMask, FusedLinears, KvCache, LinearLayer,
+    Module, Param, RmsNorm, Rope,
 };
 
 /// Sizes and biases of an [`Attention`].
@@ -34,6 +35,48 @@ pub(crate) struct Extras<'a> {
     pub f16_queries_in_f32: bool,
 }
 
+/// Where an attention block's `q_norm` / `k_norm` apply, as each mlx-lm file writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NormAt {
+    /// Over the whole projection, before the head split (`q_norm(q_proj(x))`).
+    Projection,
+    /// Over each head: `norm(q.reshape(B, L, n, -1)).transpose(0, 2, 1, 3)`.
+    Heads,
+    /// Over each head after the split: `norm(q.reshape(B, L, n, -1).transpose(0, 2, 1, 3))`.
+    SplitHeads,
+}
+
+/// A q or k norm: mlx.nn's `RMSNorm`, or Gemma's (`1 + weight`).
+#[derive(Debug)]
+pub(crate) enum HeadNorm {
+    Rms(RmsNorm),
+    Gemma(super::gemma2::RmsNorm),
+}
+
+impl HeadNorm {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            HeadNorm::Rms(n) => n.forward(x),
+            HeadNorm::Gemma(n) => n.forward(x),
+        }
+    }
+}
+
+impl Module for HeadNorm {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        match self {
+            HeadNorm::Rms(n) => n.visit_params(prefix, f),
+            HeadNorm::Gemma(n) => n.visit_params(prefix, f),
+        }
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        match self {
+            HeadNorm::Rms(n) => n.visit_params_mut(prefix, f),
+            HeadNorm::Gemma(n) => n.visit_params_mut(prefix, f),
+        }
+    }
+}
+
 /// `o_proj(sdpa(rope(q), rope(k), v))` with the cache in between.
 #[derive(Debug)]
 pub struct Attention {
@@ -41,9 +84,13 @@ pub struct Attention {
     k_proj: LinearLayer,
     v_proj: LinearLayer,
     o_proj: LinearLayer,
+    q_norm: Option<HeadNorm>,
+    k_norm: Option<HeadNorm>,
+    norm_at: NormAt,
     rope: Rope,
     n_heads: i32,
     n_kv_heads: i32,
+    head_dim: i32,
     scale: f64,
     /// q/k/v as one matmul for decoding steps (set by the loader).
     qkv: Option<Box<FusedLinears>>,
@@ -52,7 +99,9 @@ impl_module!(Attention {
     q_proj,
     k_proj,
     v_proj,
-    o_proj
+    o_proj,
+    q_norm,
+    k_norm
 });
 
 impl Attention {
@@ -63,12 +112,47 @@ impl Attention {
             k_proj: LinearLayer::new(d.dim, d.n_kv_heads * d.head_dim, d.qkv_bias)?,
             v_proj: LinearLayer::new(d.dim, d.n_kv_heads * d.head_dim, d.qkv_bias)?,
             o_proj: LinearLayer::new(d.n_heads * d.head_dim, d.dim, d.o_bias)?,
+            q_norm: None,
+            k_norm: None,
+            norm_at: NormAt::Heads,
             rope,
             n_heads: d.n_heads,
             n_kv_heads: d.n_kv_heads,
+            head_dim: d.head_dim,
             scale,
             qkv: None,
         })
+    }
+
+    /// Adds `q_norm` and `k_norm` applied `at`; `norm(dims)` builds one of `dims` features.
+    pub(crate) fn with_qk_norms(
+        mut self,
+        at: NormAt,
+        norm: impl Fn(i32) -> crate::Result<HeadNorm>,
+    ) -> crate::Result<Attention> {
+        let (q, k) = match at {
+            NormAt::Projection => (
+                self.n_heads * self.head_dim,
+                self.n_kv_heads * self.head_dim,
+            ),
+            NormAt::Heads | NormAt::SplitHeads => (self.head_dim, self.head_dim),
+        };
+        self.q_norm = Some(norm(q)?);
+        self.k_norm = Some(norm(k)?);
+        self.norm_at = at;
+        Ok(self)
+    }
+
+    /// `[B, n, L, head_dim]` heads of a projection, through `norm` where there is one.
+    fn heads(&self, a: &Array, b: i32, l: i32, n: i32, norm: Option<&HeadNorm>) -> Result<Array> {
+        match (norm, self.norm_at) {
+            (None, _) => split_heads(a, b, l, n),
+            (Some(norm), NormAt::Projection) => split_heads(&norm.forward(a)?, b, l, n),
+            (Some(norm), NormAt::Heads) => norm
+                .forward(&a.reshape(&[b, l, n, -1])?)?
+                .transpose(Some(&[0, 2, 1, 3])),
+            (Some(norm), NormAt::SplitHeads) => norm.forward(&split_heads(a, b, l, n)?),
+        }
     }
 
     /// The attention output (plus `residual`, added as `residual + o_proj(..)` would).
@@ -86,8 +170,8 @@ impl Attention {
             [&self.q_proj, &self.k_proj, &self.v_proj],
             x,
         )?;
-        let queries = split_heads(&q, b, l, self.n_heads)?;
-        let keys = split_heads(&k, b, l, self.n_kv_heads)?;
+        let queries = self.heads(&q, b, l, self.n_heads, self.q_norm.as_ref())?;
+        let keys = self.heads(&k, b, l, self.n_kv_heads, self.k_norm.as_ref())?;
         let values = split_heads(&v, b, l, self.n_kv_heads)?;
         let (mut queries, fetch) = rope_cache(&queries, &keys, values, &self.rope, cache)?;
         if let Some(s) = extras.query_scale {

@@ -3,11 +3,12 @@
 //! (traditional) RoPE and every `sliding_window_pattern`-th layer global without it,
 //! the tied head scaled by `logit_scale`.
 use super::attention::{Attention, AttentionDims, Extras};
-use super::llama::Mlp;
+use super::mlp::Mlp;
 use super::window_cache_specs;
 use super::LayerMasks;
 use super::{layer_caches, Architecture};
 use crate::config::parse_args;
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LayerNorm, Rope};
@@ -227,10 +228,8 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        self.model
-            .embed_tokens
-            .as_linear(&out)?
-            .multiply(self.args.logit_scale)
+        let scale = LogitScale::Times(self.args.logit_scale);
+        head::logits(&self.model.embed_tokens, None, &out, scale)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         let sliding = self.model.layers.iter().map(|l| !l.global);

@@ -1,18 +1,16 @@
 //! EXAONE 4, following `mlx_lm/models/exaone4.py`: per-head q/k RMS norms, norms after
 //! attention and feed-forward, and with a `sliding_window_pattern` ("LLLG"...) local
 //! layers in a sliding window with RoPE and global layers without it.
-use super::llama::Mlp;
+use super::mlp::Mlp;
 use super::window_cache_specs;
 use super::LayerMasks;
-use super::{batch_len, layer_caches, merge_heads, rope_attend, split_heads};
-use super::{fuse, project, Architecture};
+use super::attention::{Attention, AttentionDims, Extras, HeadNorm, NormAt};
+use super::{layer_caches, Architecture};
 use crate::config::{parse_args, rope_scaling};
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::{
-    impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
-    RmsNorm, Rope,
-};
+use mlx_nn::{impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, Rope};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -38,90 +36,31 @@ pub struct ModelArgs {
 }
 
 /// Self-attention with per-head q/k norms; RoPE unless the layer is global in a
-/// patterned model.
-#[derive(Debug)]
-pub struct Attention {
-    q_proj: LinearLayer,
-    k_proj: LinearLayer,
-    v_proj: LinearLayer,
-    o_proj: LinearLayer,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    rope: Rope,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f64,
-    is_local: bool,
-    /// q/k/v as one matmul for decoding steps (set by the loader).
-    qkv: Option<Box<FusedLinears>>,
-}
-impl_module!(Attention {
-    q_proj,
-    k_proj,
-    v_proj,
-    o_proj,
-    q_norm,
-    k_norm
-});
-
-impl Attention {
-    /// `is_local`: `None` without a pattern (RoPE, full attention).
-    fn new(args: &ModelArgs, is_local: Option<bool>) -> crate::Result<Attention> {
-        let dim = args.hidden_size;
-        let (n_heads, n_kv_heads, d) = (
-            args.num_attention_heads,
-            args.num_key_value_heads,
-            args.head_dim,
-        );
-        let rope = if is_local.unwrap_or(true) {
-            initialize_rope(
-                d,
-                args.rope_theta,
-                false,
-                rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
-                Some(args.max_position_embeddings),
-            )?
-        } else {
-            Rope::Identity
-        };
-        Ok(Attention {
-            q_proj: LinearLayer::new(dim, n_heads * d, false)?,
-            k_proj: LinearLayer::new(dim, n_kv_heads * d, false)?,
-            v_proj: LinearLayer::new(dim, n_kv_heads * d, false)?,
-            o_proj: LinearLayer::new(n_heads * d, dim, false)?,
-            q_norm: RmsNorm::new(d, args.rms_norm_eps)?,
-            k_norm: RmsNorm::new(d, args.rms_norm_eps)?,
-            rope,
-            n_heads,
-            n_kv_heads,
-            scale: (d as f64).powf(-0.5),
-            is_local: is_local.unwrap_or(false),
-            qkv: None,
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-    ) -> Result<Array> {
-        let (b, l) = batch_len(x)?;
-        let [q, k, v] = project(
-            self.qkv.as_deref(),
-            [&self.q_proj, &self.k_proj, &self.v_proj],
-            x,
-        )?;
-        let heads = |a: &Array, n: i32, norm: &RmsNorm| -> Result<Array> {
-            norm.forward(&a.reshape(&[b, l, n, -1])?)?
-                .transpose(Some(&[0, 2, 1, 3]))
-        };
-        let queries = heads(&q, self.n_heads, &self.q_norm)?;
-        let keys = heads(&k, self.n_kv_heads, &self.k_norm)?;
-        let values = split_heads(&v, b, l, self.n_kv_heads)?;
-        let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
-        self.o_proj.forward(&merge_heads(&out, b, l)?)
-    }
+/// patterned model (`is_local`: `None` without a pattern).
+fn attention(args: &ModelArgs, is_local: Option<bool>) -> crate::Result<Attention> {
+    let d = args.head_dim;
+    let rope = if is_local.unwrap_or(true) {
+        initialize_rope(
+            d,
+            args.rope_theta,
+            false,
+            rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
+            Some(args.max_position_embeddings),
+        )?
+    } else {
+        Rope::Identity
+    };
+    let dims = AttentionDims {
+        dim: args.hidden_size,
+        n_heads: args.num_attention_heads,
+        n_kv_heads: args.num_key_value_heads,
+        head_dim: d,
+        qkv_bias: false,
+        o_bias: false,
+    };
+    let eps = args.rms_norm_eps;
+    Attention::new(dims, rope, (d as f64).powf(-0.5))?
+        .with_qk_norms(NormAt::Heads, |n| Ok(HeadNorm::Rms(RmsNorm::new(n, eps)?)))
 }
 
 /// One decoder layer: `h = x + norm(attn(x))`, `out = h + norm(mlp(h))`.
@@ -131,6 +70,7 @@ pub struct TransformerBlock {
     mlp: Mlp,
     post_attention_layernorm: RmsNorm,
     post_feedforward_layernorm: RmsNorm,
+    is_local: bool,
 }
 impl_module!(TransformerBlock {
     self_attn,
@@ -146,7 +86,7 @@ impl TransformerBlock {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        let r = self.self_attn.forward(x, mask, cache)?;
+        let r = self.self_attn.forward(x, mask, cache, None, Extras::default())?;
         let h = x.add(&self.post_attention_layernorm.forward(&r)?)?;
         let r = self.mlp.forward(&h, None)?;
         h.add(&self.post_feedforward_layernorm.forward(&r)?)
@@ -179,7 +119,7 @@ impl ExaoneModel {
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            let mask = masks.get(layer.self_attn.is_local);
+            let mask = masks.get(layer.is_local);
             h = layer.forward(&h, mask, cache)?;
         }
         self.norm.forward(&h)
@@ -227,10 +167,11 @@ impl Model {
             .map(|i| {
                 let is_local = pattern.as_ref().map(|p| p[i % p.len()] == 'L');
                 Ok(TransformerBlock {
-                    self_attn: Attention::new(&args, is_local)?,
+                    self_attn: attention(&args, is_local)?,
                     mlp: Mlp::new(dim, args.intermediate_size, false)?,
                     post_attention_layernorm: RmsNorm::new(dim, eps)?,
                     post_feedforward_layernorm: RmsNorm::new(dim, eps)?,
+                    is_local: is_local.unwrap_or(false),
                 })
             })
             .collect::<crate::Result<Vec<_>>>()?;
@@ -242,11 +183,7 @@ impl Model {
             full_idx,
             window_size: args.sliding_window,
         };
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(LinearLayer::new(dim, args.vocab_size, false)?)
-        };
+        let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
         Ok(Model {
             args,
             model,
@@ -263,13 +200,10 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => self.model.embed_tokens.as_linear(&out),
-        }
+        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        let sliding = self.model.layers.iter().map(|l| l.self_attn.is_local);
+        let sliding = self.model.layers.iter().map(|l| l.is_local);
         window_cache_specs(sliding, self.args.sliding_window.unwrap_or(0))
     }
     fn defines_make_cache(&self) -> bool {
@@ -282,8 +216,7 @@ impl LanguageModel for Model {
 impl Architecture for Model {
     fn fuse_projections(&mut self) -> crate::Result<()> {
         for layer in &mut self.model.layers {
-            let a = &mut layer.self_attn;
-            a.qkv = fuse([&mut a.q_proj, &mut a.k_proj, &mut a.v_proj])?;
+            layer.self_attn.fuse()?;
             layer.mlp.fuse()?;
         }
         Ok(())

@@ -4,6 +4,7 @@ use super::attention::{Attention, AttentionDims, Extras};
 use super::gemma2::RmsNorm;
 use super::{cache_at, fuse, layer_caches, project, project_out, Architecture};
 use crate::config::parse_args;
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::activations::gelu;
@@ -179,7 +180,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        self.model.embed_tokens.as_linear(&out)
+        head::logits(&self.model.embed_tokens, None, &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]

@@ -2,6 +2,7 @@
 //! with plain ops, `1 + weight` RMS norms, scaled embeddings, soft-capped logits).
 use super::{batch_len, cache_at, layer_caches, merge_heads, split_heads, Architecture};
 use crate::config::parse_args;
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{fast, ops, Array, Dtype, Result};
 use mlx_nn::activations::gelu_approx;
@@ -331,9 +332,8 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        let out = self.model.embed_tokens.as_linear(&out)?;
-        let cap = self.args.final_logit_softcapping;
-        out.divide(cap)?.tanh()?.multiply(cap)
+        let scale = LogitScale::SoftCap(self.args.final_logit_softcapping);
+        head::logits(&self.model.embed_tokens, None, &out, scale)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]

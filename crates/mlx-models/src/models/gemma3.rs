@@ -94,5 +94,7 @@ impl Architecture for Model {
                 .map(|(k, v)| (format!("language_model.{k}"), v)),
         );
         Ok(rest)
+    }    fn fuse_projections(&mut self) -> crate::Result<()> {
+        self.language_model.fuse_projections()
     }
 }

@@ -2,15 +2,15 @@
 //! and global attention, q/k norms, bf16-rounded embedding scale, clipped residuals).
 use super::gemma2::{Mlp, RmsNorm};
 use super::window_cache_specs;
-use super::{
-    batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads, Architecture, Weights,
-};
+use super::attention::{Attention, AttentionDims, Extras, HeadNorm, NormAt};
+use super::{cache_at, layer_caches, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Dtype, Result};
 use mlx_nn::activations::call_compiled;
 use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Rope};
+use mlx_nn::{impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -61,81 +61,30 @@ impl Default for ModelArgs {
 }
 
 /// Self-attention with q/k norms; sliding layers use the local RoPE base.
-#[derive(Debug)]
-pub struct Attention {
-    q_proj: LinearLayer,
-    k_proj: LinearLayer,
-    v_proj: LinearLayer,
-    o_proj: LinearLayer,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    rope: Rope,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f64,
-}
-impl_module!(Attention {
-    q_proj,
-    k_proj,
-    v_proj,
-    o_proj,
-    q_norm,
-    k_norm
-});
-
-impl Attention {
-    fn new(args: &ModelArgs, is_sliding: bool) -> crate::Result<Attention> {
-        let (dim, n_heads, n_kv_heads, head_dim) = (
-            args.hidden_size,
-            args.num_attention_heads,
-            args.num_key_value_heads,
-            args.head_dim,
-        );
-        let rope = if is_sliding {
-            initialize_rope(head_dim, args.rope_local_base_freq, false, None, None)?
-        } else {
-            initialize_rope(
-                head_dim,
-                args.rope_theta,
-                false,
-                rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
-                Some(args.max_position_embeddings),
-            )?
-        };
-        Ok(Attention {
-            q_proj: LinearLayer::new(dim, n_heads * head_dim, false)?,
-            k_proj: LinearLayer::new(dim, n_kv_heads * head_dim, false)?,
-            v_proj: LinearLayer::new(dim, n_kv_heads * head_dim, false)?,
-            o_proj: LinearLayer::new(n_heads * head_dim, dim, false)?,
-            q_norm: RmsNorm::new(head_dim, args.rms_norm_eps)?,
-            k_norm: RmsNorm::new(head_dim, args.rms_norm_eps)?,
-            rope,
-            n_heads,
-            n_kv_heads,
-            scale: args.query_pre_attn_scalar.powf(-0.5),
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-    ) -> Result<Array> {
-        let (b, l) = batch_len(x)?;
-        let queries =
-            self.q_norm
-                .forward(&split_heads(&self.q_proj.forward(x)?, b, l, self.n_heads)?)?;
-        let keys = self.k_norm.forward(&split_heads(
-            &self.k_proj.forward(x)?,
-            b,
-            l,
-            self.n_kv_heads,
-        )?)?;
-        let values = split_heads(&self.v_proj.forward(x)?, b, l, self.n_kv_heads)?;
-        let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
-        self.o_proj.forward(&merge_heads(&out, b, l)?)
-    }
+fn attention(args: &ModelArgs, is_sliding: bool) -> crate::Result<Attention> {
+    let head_dim = args.head_dim;
+    let rope = if is_sliding {
+        initialize_rope(head_dim, args.rope_local_base_freq, false, None, None)?
+    } else {
+        initialize_rope(
+            head_dim,
+            args.rope_theta,
+            false,
+            rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
+            Some(args.max_position_embeddings),
+        )?
+    };
+    let d = AttentionDims {
+        dim: args.hidden_size,
+        n_heads: args.num_attention_heads,
+        n_kv_heads: args.num_key_value_heads,
+        head_dim,
+        qkv_bias: false,
+        o_bias: false,
+    };
+    let eps = args.rms_norm_eps;
+    Attention::new(d, rope, args.query_pre_attn_scalar.powf(-0.5))?
+        .with_qk_norms(NormAt::SplitHeads, |n| Ok(HeadNorm::Gemma(RmsNorm::new(n, eps)?)))
 }
 
 /// mlx-lm's compiled `clip_residual`: `x + y`, computed in float32 and clipped to the
@@ -189,7 +138,7 @@ impl TransformerBlock {
     ) -> Result<Array> {
         let r = self
             .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache)?;
+            .forward(&self.input_layernorm.forward(x)?, mask, cache, None, Extras::default())?;
         let h = clip_residual(x, &self.post_attention_layernorm.forward(&r)?)?;
         let r = self
             .mlp
@@ -271,7 +220,7 @@ impl Model {
             .map(|i| {
                 let is_sliding = (i + 1) % args.sliding_window_pattern != 0;
                 Ok(TransformerBlock {
-                    self_attn: Attention::new(&args, is_sliding)?,
+                    self_attn: attention(&args, is_sliding)?,
                     mlp: Mlp::new(dim, args.intermediate_size)?,
                     input_layernorm: RmsNorm::new(dim, eps)?,
                     post_attention_layernorm: RmsNorm::new(dim, eps)?,
@@ -317,10 +266,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => self.model.embed_tokens.as_linear(&out),
-        }
+        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         let p = self.args.sliding_window_pattern;
@@ -339,5 +285,10 @@ impl Architecture for Model {
             self.lm_head = None;
         }
         Ok(weights)
+    }    fn fuse_projections(&mut self) -> crate::Result<()> {
+        for layer in &mut self.model.layers {
+            layer.self_attn.fuse()?;
+        }
+        Ok(())
     }
 }

@@ -1,9 +1,11 @@
 //! Granite, following `mlx_lm/models/granite.py`: Llama's blocks with a scaled
 //! embedding, attention scale, residual branches and logits.
 use super::attention::{Attention, Extras};
-use super::llama::{self, Mlp};
+use super::llama;
+use super::mlp::Mlp;
 use super::{cache_at, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::cache::create_attention_mask;
@@ -165,11 +167,7 @@ impl Model {
             norm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
             embedding_multiplier: args.embedding_multiplier,
         };
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(LinearLayer::new(args.hidden_size, args.vocab_size, false)?)
-        };
+        let lm_head = head::untied(args.tie_word_embeddings, args.hidden_size, args.vocab_size)?;
         Ok(Model {
             args,
             model,
@@ -186,11 +184,8 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(&out)?,
-            None => self.model.embed_tokens.as_linear(&out)?,
-        };
-        logits.divide(self.args.logits_scaling)
+        let scale = LogitScale::Over(self.args.logits_scaling);
+        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, scale)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]

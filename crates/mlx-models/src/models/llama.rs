@@ -1,14 +1,16 @@
 //! Llama (and Mistral), following `mlx_lm/models/llama.py`.
 use super::attention::{Attention, AttentionDims, Extras};
 use super::LayerMasks;
-use super::{drop_rotary_inv_freq, fuse, layer_caches, project_out, swiglu_mlp};
+use super::mlp::Mlp;
+use super::{drop_rotary_inv_freq, layer_caches};
 use super::{layer_type_index, window_cache_specs};
 use super::{Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::{
-    impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
+    impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer,
     RmsNorm, Rope,
 };
 use serde::Deserialize;
@@ -81,42 +83,6 @@ pub(crate) fn attention(
         args.max_position_embeddings,
     )?;
     Attention::new(d, rope, scale.unwrap_or((head_dim as f64).powf(-0.5)))
-}
-
-/// The SwiGLU feed-forward block.
-#[derive(Debug)]
-pub struct Mlp {
-    gate_proj: LinearLayer,
-    down_proj: LinearLayer,
-    up_proj: LinearLayer,
-    /// gate/up as one matmul for decoding steps (set by the loader).
-    gate_up: Option<Box<FusedLinears>>,
-}
-impl_module!(Mlp {
-    gate_proj,
-    down_proj,
-    up_proj
-});
-
-impl Mlp {
-    pub(crate) fn new(dim: i32, hidden: i32, bias: bool) -> crate::Result<Mlp> {
-        Ok(Mlp {
-            gate_proj: LinearLayer::new(dim, hidden, bias)?,
-            down_proj: LinearLayer::new(hidden, dim, bias)?,
-            up_proj: LinearLayer::new(dim, hidden, bias)?,
-            gate_up: None,
-        })
-    }
-
-    pub(crate) fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
-        let h = swiglu_mlp(self.gate_up.as_deref(), &self.gate_proj, &self.up_proj, x)?;
-        project_out(&self.down_proj, &h, residual)
-    }
-
-    pub(crate) fn fuse(&mut self) -> crate::Result<()> {
-        self.gate_up = fuse([&mut self.gate_proj, &mut self.up_proj])?;
-        Ok(())
-    }
 }
 
 /// One decoder layer.
@@ -231,11 +197,7 @@ impl Model {
             swa_idx,
             sliding_window: args.sliding_window,
         };
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(LinearLayer::new(args.hidden_size, args.vocab_size, false)?)
-        };
+        let lm_head = head::untied(args.tie_word_embeddings, args.hidden_size, args.vocab_size)?;
         Ok(Model {
             args,
             model,
@@ -274,10 +236,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => self.model.embed_tokens.as_linear(&out),
-        }
+        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         let sliding = self.model.layers.iter().map(|l| l.use_sliding);

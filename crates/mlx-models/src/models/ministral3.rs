@@ -2,11 +2,12 @@
 //! sliding-window) with RoPE from `rope_parameters` and Llama 4's position-dependent
 //! query scale, `1 + beta * log(1 + floor(pos / original_max_position_embeddings))`.
 use super::attention::{Attention, AttentionDims, Extras};
-use super::llama::Mlp;
+use super::mlp::Mlp;
 use super::LayerMasks;
 use super::{cache_at, drop_rotary_inv_freq, layer_caches, Architecture, Weights};
 use super::{layer_type_index, window_cache_specs};
 use crate::config::{default_true, parse_args, rope_scaling};
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{ops, Array, Dtype, Result};
 use mlx_nn::cache::RopePosition;
@@ -242,11 +243,7 @@ impl Model {
             original_max_position_embeddings: args
                 .rope_number("original_max_position_embeddings")?,
         };
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(LinearLayer::new(dim, args.vocab_size, false)?)
-        };
+        let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
         Ok(Model {
             args,
             model,
@@ -268,10 +265,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => self.model.embed_tokens.as_linear(&out),
-        }
+        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         let sliding = self.model.layers.iter().map(|l| l.use_sliding);

@@ -5,6 +5,7 @@ use super::llama;
 use super::top_k_indices_of_negated;
 use super::{cache_at, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{ops, Array, Result};
 use mlx_nn::cache::create_attention_mask;
@@ -188,11 +189,7 @@ impl Model {
             layers,
             norm: RmsNorm::new(dim, eps)?,
         };
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(LinearLayer::new(dim, args.vocab_size, false)?)
-        };
+        let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
         Ok(Model {
             args,
             model,
@@ -215,10 +212,7 @@ impl LanguageModel for Model {
             h = layer.forward(&h, &mask, cache)?;
         }
         let out = m.norm.forward(&h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => m.embed_tokens.as_linear(&out),
-        }
+        head::logits(&m.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]
@@ -259,5 +253,10 @@ impl Architecture for Model {
             }
         }
         Ok(weights)
+    }    fn fuse_projections(&mut self) -> crate::Result<()> {
+        for layer in &mut self.model.layers {
+            layer.self_attn.fuse()?;
+        }
+        Ok(())
     }
 }

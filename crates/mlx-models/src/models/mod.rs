@@ -31,29 +31,50 @@ macro_rules! decoder_accessors {
 }
 
 pub mod attention;
-pub mod cohere2;
-pub mod exaone4;
-pub mod gemma;
-pub mod gemma2;
-pub mod gemma3;
-pub mod gemma3_text;
-pub mod glm4;
-pub mod gpt_oss;
-pub mod granite;
-pub mod llama;
-pub mod ministral3;
-pub mod mistral3;
-pub mod mixtral;
-pub mod olmo2;
-pub mod olmo3;
-pub mod phi3;
-pub mod qwen2;
-pub mod qwen2_moe;
-pub mod qwen3;
-pub mod qwen3_moe;
-pub mod seed_oss;
-pub mod smollm3;
-pub mod starcoder2;
+pub mod head;
+pub mod mlp;
+
+/// Builds an architecture (zero placeholder weights) from config.json.
+pub(crate) type Builder = fn(&serde_json::Value) -> crate::Result<Box<dyn Architecture>>;
+
+/// Declares one module per architecture and [`ARCHITECTURES`], the registry's list, from
+/// one list of names: each module is the mlx-lm file of that `model_type` and has a
+/// `build` function.
+macro_rules! architectures {
+    ($($name:ident),* $(,)?) => {
+        $(pub mod $name;)*
+
+        /// Every architecture, by the `model_type` of its mlx-lm file.
+        pub(crate) const ARCHITECTURES: &[(&str, Builder)] = &[$((stringify!($name), $name::build)),*];
+    };
+}
+
+// One line per architecture.
+architectures! {
+    cohere2,
+    exaone4,
+    gemma,
+    gemma2,
+    gemma3,
+    gemma3_text,
+    glm4,
+    gpt_oss,
+    granite,
+    llama,
+    ministral3,
+    mistral3,
+    mixtral,
+    olmo2,
+    olmo3,
+    phi3,
+    qwen2,
+    qwen2_moe,
+    qwen3,
+    qwen3_moe,
+    seed_oss,
+    smollm3,
+    starcoder2,
+}
 
 /// Flat weight map (checkpoint name -> array).
 pub type Weights = BTreeMap<String, Array>;

@@ -1,16 +1,14 @@
 //! OLMo 2, following `mlx_lm/models/olmo2.py`: Llama's layers with RMS norms over the
 //! whole q and k projections, and norms after (not before) attention and feed-forward.
-use super::llama::Mlp;
-use super::{batch_len, cache_at, drop_rotary_inv_freq, layer_caches, merge_heads};
-use super::{fuse, project, rope_attend, split_heads, Architecture, Weights};
+use super::mlp::Mlp;
+use super::attention::{Attention, AttentionDims, Extras, HeadNorm, NormAt};
+use super::{cache_at, drop_rotary_inv_freq, layer_caches, Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{
-    impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
-    RmsNorm, Rope,
-};
+use mlx_nn::{impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, Rope};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -49,31 +47,6 @@ fn default_rope_theta() -> f64 {
     10000.0
 }
 
-/// Self-attention with RMS norms over the full q and k projections.
-#[derive(Debug)]
-pub struct Attention {
-    q_proj: LinearLayer,
-    k_proj: LinearLayer,
-    v_proj: LinearLayer,
-    o_proj: LinearLayer,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    rope: Rope,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f64,
-    /// q/k/v as one matmul for decoding steps (set by the loader).
-    qkv: Option<Box<FusedLinears>>,
-}
-impl_module!(Attention {
-    q_proj,
-    k_proj,
-    v_proj,
-    o_proj,
-    q_norm,
-    k_norm
-});
-
 /// Head size: `head_dim`, else `hidden_size / num_attention_heads`.
 pub(crate) fn head_dim(args: &ModelArgs) -> i32 {
     args.head_dim
@@ -81,51 +54,21 @@ pub(crate) fn head_dim(args: &ModelArgs) -> i32 {
         .unwrap_or(args.hidden_size / args.num_attention_heads)
 }
 
-impl Attention {
-    fn new(args: &ModelArgs, rope: Rope) -> crate::Result<Attention> {
-        let dim = args.hidden_size;
-        let n_heads = args.num_attention_heads;
-        let n_kv_heads = args.num_key_value_heads.unwrap_or(n_heads);
-        let head_dim = head_dim(args);
-        let bias = args.attention_bias;
-        Ok(Attention {
-            q_proj: LinearLayer::new(dim, n_heads * head_dim, bias)?,
-            k_proj: LinearLayer::new(dim, n_kv_heads * head_dim, bias)?,
-            v_proj: LinearLayer::new(dim, n_kv_heads * head_dim, bias)?,
-            o_proj: LinearLayer::new(n_heads * head_dim, dim, bias)?,
-            q_norm: RmsNorm::new(n_heads * head_dim, args.rms_norm_eps)?,
-            k_norm: RmsNorm::new(n_kv_heads * head_dim, args.rms_norm_eps)?,
-            rope,
-            n_heads,
-            n_kv_heads,
-            scale: (head_dim as f64).powf(-0.5),
-            qkv: None,
-        })
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-    ) -> Result<Array> {
-        let (b, l) = batch_len(x)?;
-        let [q, k, v] = project(
-            self.qkv.as_deref(),
-            [&self.q_proj, &self.k_proj, &self.v_proj],
-            x,
-        )?;
-        let queries = split_heads(&self.q_norm.forward(&q)?, b, l, self.n_heads)?;
-        let keys = split_heads(&self.k_norm.forward(&k)?, b, l, self.n_kv_heads)?;
-        let values = split_heads(&v, b, l, self.n_kv_heads)?;
-        let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
-        self.o_proj.forward(&merge_heads(&out, b, l)?)
-    }
-
-    fn fuse(&mut self) -> crate::Result<()> {
-        self.qkv = fuse([&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
-        Ok(())
-    }
+/// Self-attention with RMS norms over the full q and k projections.
+fn attention(args: &ModelArgs, rope: Rope) -> crate::Result<Attention> {
+    let n_heads = args.num_attention_heads;
+    let head_dim = head_dim(args);
+    let d = AttentionDims {
+        dim: args.hidden_size,
+        n_heads,
+        n_kv_heads: args.num_key_value_heads.unwrap_or(n_heads),
+        head_dim,
+        qkv_bias: args.attention_bias,
+        o_bias: args.attention_bias,
+    };
+    let eps = args.rms_norm_eps;
+    Attention::new(d, rope, (head_dim as f64).powf(-0.5))?
+        .with_qk_norms(NormAt::Projection, |n| Ok(HeadNorm::Rms(RmsNorm::new(n, eps)?)))
 }
 
 /// One decoder layer: `h = x + norm(attn(x))`, `out = h + norm(mlp(h))`.
@@ -148,7 +91,7 @@ impl TransformerBlock {
     pub(crate) fn new(args: &ModelArgs, rope: Rope) -> crate::Result<TransformerBlock> {
         let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
         Ok(TransformerBlock {
-            self_attn: Attention::new(args, rope)?,
+            self_attn: attention(args, rope)?,
             mlp: Mlp::new(dim, args.intermediate_size, args.mlp_bias)?,
             post_attention_layernorm: RmsNorm::new(dim, eps)?,
             post_feedforward_layernorm: RmsNorm::new(dim, eps)?,
@@ -169,7 +112,7 @@ impl TransformerBlock {
     ) -> Result<Array> {
         let r = self
             .post_attention_layernorm
-            .forward(&self.self_attn.forward(x, mask, cache)?)?;
+            .forward(&self.self_attn.forward(x, mask, cache, None, Extras::default())?)?;
         let h = x.add(&r)?;
         let r = self
             .post_feedforward_layernorm
@@ -235,11 +178,7 @@ impl Model {
             layers,
             norm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
         };
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(LinearLayer::new(args.hidden_size, args.vocab_size, false)?)
-        };
+        let lm_head = head::untied(args.tie_word_embeddings, args.hidden_size, args.vocab_size)?;
         Ok(Model {
             args,
             model,
@@ -256,10 +195,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => self.model.embed_tokens.as_linear(&out),
-        }
+        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]

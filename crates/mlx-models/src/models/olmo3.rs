@@ -5,6 +5,7 @@ use super::LayerMasks;
 use super::{layer_caches, Architecture};
 use super::{layer_type_index, window_cache_specs};
 use crate::config::{parse_args, rope_scaling};
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::{impl_module, initialize_rope, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, Rope};
@@ -174,11 +175,7 @@ impl Model {
             ga_idx,
             sliding_window: args.sliding_window,
         };
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(LinearLayer::new(args.hidden_size, args.vocab_size, false)?)
-        };
+        let lm_head = head::untied(args.tie_word_embeddings, args.hidden_size, args.vocab_size)?;
         Ok(Model {
             args,
             model,
@@ -195,10 +192,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => self.model.embed_tokens.as_linear(&out),
-        }
+        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         window_cache_specs(self.model.sliding.iter().copied(), self.args.sliding_window)

@@ -1,8 +1,9 @@
 //! Qwen2, following `mlx_lm/models/qwen2.py`.
 use super::attention::{Attention, AttentionDims, Extras};
-use super::llama::Mlp;
+use super::mlp::Mlp;
 use super::{cache_at, drop_rotary_inv_freq, layer_caches, Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::cache::create_attention_mask;
@@ -153,11 +154,7 @@ impl Model {
             layers,
             norm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
         };
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(LinearLayer::new(args.hidden_size, args.vocab_size, false)?)
-        };
+        let lm_head = head::untied(args.tie_word_embeddings, args.hidden_size, args.vocab_size)?;
         Ok(Model {
             args,
             model,
@@ -174,10 +171,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => self.model.embed_tokens.as_linear(&out),
-        }
+        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]

@@ -1,7 +1,7 @@
 //! Qwen2-MoE, following `mlx_lm/models/qwen2_moe.py`: Qwen2 attention (plain RoPE),
 //! softmax-routed SwitchGLU experts plus a sigmoid-gated shared expert in every layer.
 use super::attention::{Attention, AttentionDims, Extras};
-use super::llama::Mlp;
+use super::mlp::Mlp;
 use super::top_k_indices_of_negated;
 use super::{cache_at, layer_caches, Architecture, Weights};
 use crate::config::parse_args;

@@ -1,14 +1,13 @@
 //! Qwen3, following `mlx_lm/models/qwen3.py`.
-use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads};
-use super::{fuse, project, project_out, swiglu_mlp, Architecture, Weights};
+use super::attention::{Attention, AttentionDims, Extras, HeadNorm, NormAt};
+use super::mlp::Mlp;
+use super::{cache_at, layer_caches, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{
-    impl_module, initialize_rope, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer,
-    RmsNorm, Rope,
-};
+use mlx_nn::{impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -62,121 +61,26 @@ impl ModelArgs {
 }
 
 /// Self-attention with per-head q/k RMS norms.
-#[derive(Debug)]
-pub struct Attention {
-    q_proj: LinearLayer,
-    k_proj: LinearLayer,
-    v_proj: LinearLayer,
-    o_proj: LinearLayer,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    rope: Rope,
-    n_heads: i32,
-    n_kv_heads: i32,
-    scale: f64,
-    /// q/k/v as one matmul for decoding steps (set by the loader).
-    qkv: Option<Box<FusedLinears>>,
-}
-impl_module!(Attention {
-    q_proj,
-    k_proj,
-    v_proj,
-    o_proj,
-    q_norm,
-    k_norm
-});
-
-impl Attention {
-    pub(crate) fn new(args: &ModelArgs) -> crate::Result<Attention> {
-        let dim = args.hidden_size;
-        let (n_heads, n_kv_heads) = (args.num_attention_heads, args.num_key_value_heads);
-        let head_dim = args.head_dim;
-        Ok(Attention {
-            q_proj: LinearLayer::new(dim, n_heads * head_dim, false)?,
-            k_proj: LinearLayer::new(dim, n_kv_heads * head_dim, false)?,
-            v_proj: LinearLayer::new(dim, n_kv_heads * head_dim, false)?,
-            o_proj: LinearLayer::new(n_heads * head_dim, dim, false)?,
-            q_norm: RmsNorm::new(head_dim, args.rms_norm_eps)?,
-            k_norm: RmsNorm::new(head_dim, args.rms_norm_eps)?,
-            rope: initialize_rope(
-                head_dim,
-                args.rope_theta.unwrap_or_default(),
-                false,
-                rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
-                Some(args.max_position_embeddings),
-            )?,
-            n_heads,
-            n_kv_heads,
-            scale: (head_dim as f64).powf(-0.5),
-            qkv: None,
-        })
-    }
-
-    pub(crate) fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-        residual: Option<&Array>,
-    ) -> Result<Array> {
-        let (b, l) = batch_len(x)?;
-        let [q, k, v] = project(
-            self.qkv.as_deref(),
-            [&self.q_proj, &self.k_proj, &self.v_proj],
-            x,
-        )?;
-        let queries = q.reshape(&[b, l, self.n_heads, -1])?;
-        let queries = self
-            .q_norm
-            .forward(&queries)?
-            .transpose(Some(&[0, 2, 1, 3]))?;
-        let keys = k.reshape(&[b, l, self.n_kv_heads, -1])?;
-        let keys = self.k_norm.forward(&keys)?.transpose(Some(&[0, 2, 1, 3]))?;
-        let values = split_heads(&v, b, l, self.n_kv_heads)?;
-        let out = rope_attend(&queries, &keys, values, &self.rope, cache, self.scale, mask)?;
-        project_out(&self.o_proj, &merge_heads(&out, b, l)?, residual)
-    }
-
-    fn fuse(&mut self) -> crate::Result<()> {
-        self.qkv = fuse([&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
-        Ok(())
-    }
-}
-
-/// The SwiGLU feed-forward block.
-#[derive(Debug)]
-pub struct Mlp {
-    gate_proj: LinearLayer,
-    down_proj: LinearLayer,
-    up_proj: LinearLayer,
-    /// gate/up as one matmul for decoding steps (set by the loader).
-    gate_up: Option<Box<FusedLinears>>,
-}
-impl_module!(Mlp {
-    gate_proj,
-    down_proj,
-    up_proj
-});
-
-impl Mlp {
-    fn new(dim: i32, hidden: i32) -> crate::Result<Mlp> {
-        Ok(Mlp {
-            gate_proj: LinearLayer::new(dim, hidden, false)?,
-            down_proj: LinearLayer::new(hidden, dim, false)?,
-            up_proj: LinearLayer::new(dim, hidden, false)?,
-            gate_up: None,
-        })
-    }
-
-    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
-        let h = swiglu_mlp(self.gate_up.as_deref(), &self.gate_proj, &self.up_proj, x)?;
-        project_out(&self.down_proj, &h, residual)
-    }
-
-    fn fuse(&mut self) -> crate::Result<()> {
-        self.gate_up = fuse([&mut self.gate_proj, &mut self.up_proj])?;
-        Ok(())
-    }
+pub(crate) fn attention(args: &ModelArgs) -> crate::Result<Attention> {
+    let head_dim = args.head_dim;
+    let d = AttentionDims {
+        dim: args.hidden_size,
+        n_heads: args.num_attention_heads,
+        n_kv_heads: args.num_key_value_heads,
+        head_dim,
+        qkv_bias: false,
+        o_bias: false,
+    };
+    let rope = initialize_rope(
+        head_dim,
+        args.rope_theta.unwrap_or_default(),
+        false,
+        rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
+        Some(args.max_position_embeddings),
+    )?;
+    let eps = args.rms_norm_eps;
+    Attention::new(d, rope, (head_dim as f64).powf(-0.5))?
+        .with_qk_norms(NormAt::Heads, |n| Ok(HeadNorm::Rms(RmsNorm::new(n, eps)?)))
 }
 
 /// One decoder layer.
@@ -201,9 +105,13 @@ impl TransformerBlock {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        let h = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache, Some(x))?;
+        let h = self.self_attn.forward(
+            &self.input_layernorm.forward(x)?,
+            mask,
+            cache,
+            Some(x),
+            Extras::default(),
+        )?;
         self.mlp
             .forward(&self.post_attention_layernorm.forward(&h)?, Some(&h))
     }
@@ -252,8 +160,8 @@ impl Model {
         let layers = (0..args.num_hidden_layers)
             .map(|_| {
                 Ok(TransformerBlock {
-                    self_attn: Attention::new(&args)?,
-                    mlp: Mlp::new(args.hidden_size, args.intermediate_size)?,
+                    self_attn: attention(&args)?,
+                    mlp: Mlp::new(args.hidden_size, args.intermediate_size, false)?,
                     input_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
                     post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
                 })
@@ -264,11 +172,7 @@ impl Model {
             layers,
             norm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
         };
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(LinearLayer::new(args.hidden_size, args.vocab_size, false)?)
-        };
+        let lm_head = head::untied(args.tie_word_embeddings, args.hidden_size, args.vocab_size)?;
         Ok(Model {
             args,
             model,
@@ -286,10 +190,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => self.model.embed_tokens.as_linear(&out),
-        }
+        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]

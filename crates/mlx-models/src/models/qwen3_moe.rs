@@ -1,12 +1,14 @@
 //! Qwen3-MoE, following `mlx_lm/models/qwen3_moe.py` (Qwen3 attention, softmax-routed
 //! SwitchGLU experts on sparse layers, dense MLPs on `mlp_only_layers`).
-use super::qwen3::Attention;
+use super::attention::{Attention, Extras};
+use super::mlp::Mlp;
+use super::qwen3::attention;
 use super::top_k_indices;
 use super::{cache_at, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
+use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{ops, Array, Result};
-use mlx_nn::activations::swiglu;
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, RmsNorm, SwitchGlu,
@@ -62,28 +64,6 @@ impl ModelArgs {
     }
 }
 
-/// The dense SwiGLU block of non-sparse layers.
-#[derive(Debug)]
-pub struct Mlp {
-    gate_proj: LinearLayer,
-    down_proj: LinearLayer,
-    up_proj: LinearLayer,
-}
-impl_module!(Mlp {
-    gate_proj,
-    down_proj,
-    up_proj
-});
-
-impl Mlp {
-    fn forward(&self, x: &Array) -> Result<Array> {
-        self.down_proj.forward(&swiglu(
-            &self.gate_proj.forward(x)?,
-            &self.up_proj.forward(x)?,
-        )?)
-    }
-}
-
 /// Softmax router over experts, top-k, optionally renormalized.
 #[derive(Debug)]
 pub struct SparseMoeBlock {
@@ -124,7 +104,7 @@ impl FeedForward {
     fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             FeedForward::Sparse(m) => m.forward(x),
-            FeedForward::Dense(m) => m.forward(x),
+            FeedForward::Dense(m) => m.forward(x, None),
         }
     }
 }
@@ -176,9 +156,13 @@ impl DecoderLayer {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        let h = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache, Some(x))?;
+        let h = self.self_attn.forward(
+            &self.input_layernorm.forward(x)?,
+            mask,
+            cache,
+            Some(x),
+            Extras::default(),
+        )?;
         let r = self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&h)?)?;
@@ -232,14 +216,10 @@ impl Model {
                         norm_topk_prob: args.norm_topk_prob,
                     }))
                 } else {
-                    FeedForward::Dense(Box::new(Mlp {
-                        gate_proj: LinearLayer::new(dim, args.intermediate_size, false)?,
-                        down_proj: LinearLayer::new(args.intermediate_size, dim, false)?,
-                        up_proj: LinearLayer::new(dim, args.intermediate_size, false)?,
-                    }))
+                    FeedForward::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?))
                 };
                 Ok(DecoderLayer {
-                    self_attn: Attention::new(&attn_args)?,
+                    self_attn: attention(&attn_args)?,
                     mlp,
                     input_layernorm: RmsNorm::new(dim, eps)?,
                     post_attention_layernorm: RmsNorm::new(dim, eps)?,
@@ -251,11 +231,7 @@ impl Model {
             layers,
             norm: RmsNorm::new(dim, eps)?,
         };
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(LinearLayer::new(dim, args.vocab_size, false)?)
-        };
+        let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
         Ok(Model {
             args,
             model,
@@ -278,10 +254,7 @@ impl LanguageModel for Model {
             h = layer.forward(&h, &mask, cache)?;
         }
         let out = m.norm.forward(&h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => m.embed_tokens.as_linear(&out),
-        }
+        head::logits(&m.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]
@@ -322,5 +295,13 @@ impl Architecture for Model {
             }
         }
         Ok(weights)
+    }    fn fuse_projections(&mut self) -> crate::Result<()> {
+        for layer in &mut self.model.layers {
+            layer.self_attn.fuse()?;
+            if let FeedForward::Dense(mlp) = &mut layer.mlp {
+                mlp.fuse()?;
+            }
+        }
+        Ok(())
     }
 }
