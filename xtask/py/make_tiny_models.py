@@ -143,6 +143,17 @@ ARCHS = {
     },
 }
 
+# Issue 26, dense and MoE families (one entry each).
+ARCHS.update({
+    "olmoe": {"model_type": "olmoe", "rope_theta": 10000.0, "num_experts": 4, "num_experts_per_tok": 2},
+    "mimo": {"model_type": "mimo", "rope_theta": 640000.0, "num_nextn_predict_layers": 1},
+    "helium": {"model_type": "helium", "rope_theta": 100000.0, "attention_bias": False, "mlp_bias": False,
+               "head_dim": 16, "tie_word_embeddings": False},
+    "ernie4_5": {"model_type": "ernie4_5", "rope_theta": 500000.0, "use_bias": False, "head_dim": 16,
+                 "tie_word_embeddings": True},
+    "internlm3": {"model_type": "internlm3", "rope_theta": 50000000.0, "tie_word_embeddings": False},
+})
+
 LLAMA3 = {
     "rope_type": "llama3",
     "factor": 8.0,
@@ -286,6 +297,30 @@ VARIANTS = {
     "mixtral-q4": ("mixtral", {}, {"quant": {"bits": 4, "group_size": 64}}),
 }
 
+# Issue 26, dense and MoE families.
+VARIANTS.update({
+    "olmoe-f32": ("olmoe", {}, {}),
+    "olmoe-f32-untied-bias-normtopk": (
+        "olmoe", {"tie_word_embeddings": False, "attention_bias": True, "norm_topk_prob": True}, {}),
+    "olmoe-q4": ("olmoe", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "mimo-f32-mtp": ("mimo", {}, {"extras": True, "mtp": True}),
+    "mimo-f32-tied-yarn": ("mimo", {"tie_word_embeddings": True, "rope_scaling": YARN}, {}),
+    "mimo-bf16-q4": ("mimo", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "helium-f32": ("helium", {}, {}),
+    "helium-f32-bias-tied": ("helium", {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True},
+                             {}),
+    "helium-bf16-q4": ("helium", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "ernie4_5-f32-tied": ("ernie4_5", {}, {}),
+    "ernie4_5-f32-bias-untied-hd8": (
+        "ernie4_5", {"use_bias": True, "tie_word_embeddings": False, "num_attention_heads": 8, "head_dim": 8}, {}),
+    "ernie4_5-bf16-q4": ("ernie4_5", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "internlm3-f32": ("internlm3", {}, {}),
+    "internlm3-f32-bias-tied-dynamic": (
+        "internlm3", {"bias": True, "qkv_bias": True, "tie_word_embeddings": True,
+                      "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8}, {}),
+    "internlm3-bf16-q4": ("internlm3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+
 # Small twins committed under goldens/models/ (checked by `cargo test -p mlx-models`).
 GOLDENS = {
     "llama-small-f32-tied": ("llama", dict(SMALL), {"extras": True}),
@@ -329,6 +364,15 @@ GOLDENS = {
     "starcoder2-small-f32": ("starcoder2", dict(SMALL), {}),
 }
 
+# Issue 26, dense and MoE families.
+GOLDENS.update({
+    "olmoe-small-f32": ("olmoe", dict(SMALL, intermediate_size=32), {}),
+    "mimo-small-f32": ("mimo", dict(SMALL), {"mtp": True}),
+    "helium-small-f32": ("helium", dict(SMALL, head_dim=8), {}),
+    "ernie4_5-small-f32": ("ernie4_5", dict(SMALL, head_dim=8, use_bias=True), {}),
+    "internlm3-small-f32": ("internlm3", dict(SMALL, qkv_bias=True, bias=True), {}),
+})
+
 
 def seed_of(name):
     return zlib.crc32(name.encode())
@@ -363,7 +407,7 @@ def to_hf_names(config, weights, opts, rng):
     mt = config["model_type"]
     out = {}
     for k, v in weights.items():
-        if mt in ("qwen3_moe", "qwen2_moe") and ".mlp.switch_mlp." in k:
+        if mt in ("qwen3_moe", "qwen2_moe", "olmoe") and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
@@ -378,6 +422,10 @@ def to_hf_names(config, weights, opts, rng):
             out[k] = v
     if opts.get("hf_mxfp4"):
         out = gpt_oss_hf_experts(out)
+    if opts.get("mtp"):
+        # MiMo's multi-token-prediction layer, which mlx-lm's sanitize drops.
+        out["model.mtp_layers.0.input_layernorm.weight"] = np.ones((config["hidden_size"],), np.float32)
+        out["model.mtp_layers.0.token_layernorm.weight"] = np.ones((config["hidden_size"],), np.float32)
     if opts.get("extras"):
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         for i in range(config["num_hidden_layers"]):

@@ -63,6 +63,12 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-llama-mxfp4", "llama-mxfp4", None),
     ("q-llama-bf16-q4", "llama-bf16-q4", None),
     ("q-qwen3_moe", "qwen3_moe-q4", None),
+    // Issue 26, dense and MoE families.
+    ("olmoe", "olmoe-f32-untied-bias-normtopk", None),
+    ("mimo", "mimo-f32-mtp", None),
+    ("helium", "helium-f32", None),
+    ("ernie4_5", "ernie4_5-f32-bias-untied-hd8", None),
+    ("internlm3", "internlm3-f32-bias-tied-dynamic", None),
 ];
 
 fn cases() -> Vec<(String, &'static str, Vec<String>)> {
@@ -163,6 +169,12 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "exaone4",
         "seed_oss",
         "cohere2",
+        // Issue 26, dense and MoE families.
+        "olmoe",
+        "mimo",
+        "helium",
+        "ernie4_5",
+        "internlm3",
     ] {
         add(src, "");
         add(src, "-q");

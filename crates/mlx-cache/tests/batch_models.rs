@@ -368,4 +368,15 @@ model_tests! {
         => "starcoder2-small-f32", true;
     batched_decode_equals_alone_seed_oss, prefilled_together_equals_alone_seed_oss
         => "seed_oss-small-f32", true;
+    // Issue 26, dense and MoE families.
+    batched_decode_equals_alone_olmoe, prefilled_together_equals_alone_olmoe
+        => "olmoe-small-f32", true;
+    batched_decode_equals_alone_mimo, prefilled_together_equals_alone_mimo
+        => "mimo-small-f32", true;
+    batched_decode_equals_alone_helium, prefilled_together_equals_alone_helium
+        => "helium-small-f32", true;
+    batched_decode_equals_alone_ernie4_5, prefilled_together_equals_alone_ernie4_5
+        => "ernie4_5-small-f32", true;
+    batched_decode_equals_alone_internlm3, prefilled_together_equals_alone_internlm3
+        => "internlm3-small-f32", true;
 }

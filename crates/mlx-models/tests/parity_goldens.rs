@@ -73,6 +73,12 @@ golden_tests! {
     smollm3_nope_logits_match_mlx_lm => "smollm3-small-f32",
     seed_oss_logits_match_mlx_lm => "seed_oss-small-f32",
     starcoder2_logits_match_mlx_lm => "starcoder2-small-f32",
+    // Issue 26, dense and MoE families.
+    olmoe_logits_match_mlx_lm => "olmoe-small-f32",
+    mimo_drops_mtp_layers_logits_match_mlx_lm => "mimo-small-f32",
+    helium_logits_match_mlx_lm => "helium-small-f32",
+    ernie4_5_bias_logits_match_mlx_lm => "ernie4_5-small-f32",
+    internlm3_bias_logits_match_mlx_lm => "internlm3-small-f32",
 }
 
 #[test]

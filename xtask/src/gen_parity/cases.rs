@@ -33,6 +33,12 @@ pub const TINY: &[&str] = &[
     "exaone4-f32-hybrid",
     "seed_oss-f32-tied-bias",
     "cohere2-f32",
+    // Issue 26, dense and MoE families.
+    "olmoe-f32",
+    "mimo-f32-mtp",
+    "helium-f32",
+    "ernie4_5-f32-tied",
+    "internlm3-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];

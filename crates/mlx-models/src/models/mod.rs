@@ -31,6 +31,7 @@ macro_rules! decoder_accessors {
 }
 
 pub mod attention;
+pub mod decoder;
 pub mod head;
 pub mod mlp;
 
@@ -74,6 +75,12 @@ architectures! {
     seed_oss,
     smollm3,
     starcoder2,
+    // Issue 26, dense and MoE families on the shared pieces:
+    olmoe,
+    mimo,
+    helium,
+    ernie4_5,
+    internlm3,
 }
 
 /// Flat weight map (checkpoint name -> array).

@@ -1,0 +1,229 @@
+//! The decoder stack most mlx-lm files write out again: `model.embed_tokens`, then
+//! `model.layers` of `h = x + self_attn(input_layernorm(x))`,
+//! `out = h + mlp(post_attention_layernorm(h))`, then `model.norm`, with one causal mask
+//! made from the first layer's cache. What differs between those files (the attention's
+//! options, the feed-forward block, its name) is a parameter; the head and `sanitize`
+//! stay in each model's file.
+use super::attention::{Attention, Extras};
+use super::mlp::Mlp;
+use super::{cache_at, layer_caches};
+use mlx_array::{Array, Result};
+use mlx_nn::cache::create_attention_mask;
+use mlx_nn::module::{join, QuantVisitor};
+use mlx_nn::{EmbeddingLayer, KvCache, Module, Param, RmsNorm};
+
+/// A layer's feed-forward block.
+pub trait FeedForward: Module + std::fmt::Debug + Send {
+    /// `residual + block(x)` (`block(x)` without a residual).
+    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array>;
+
+    /// Fuses dense projections that read the same input (see [`super::fuse`]).
+    fn fuse(&mut self) -> crate::Result<()> {
+        Ok(())
+    }
+}
+
+impl FeedForward for Mlp {
+    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
+        Mlp::forward(self, x, residual)
+    }
+    fn fuse(&mut self) -> crate::Result<()> {
+        Mlp::fuse(self)
+    }
+}
+
+/// `residual + r` (`r` alone without a residual), as mlx-lm's `h + r`.
+pub(crate) fn add_residual(r: Array, residual: Option<&Array>) -> Result<Array> {
+    match residual {
+        Some(h) => h.add(&r),
+        None => Ok(r),
+    }
+}
+
+/// One pre-norm decoder layer; its feed-forward block is named `ff_name`.
+#[derive(Debug)]
+pub struct DecoderLayer<F> {
+    pub(crate) self_attn: Attention,
+    pub(crate) mlp: F,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+    ff_name: &'static str,
+}
+
+impl<F: FeedForward> DecoderLayer<F> {
+    /// A layer of `self_attn` and `mlp` (named `ff_name`) with RMS norms of `dim`.
+    pub(crate) fn new(
+        self_attn: Attention,
+        mlp: F,
+        ff_name: &'static str,
+        dim: i32,
+        eps: f64,
+    ) -> crate::Result<DecoderLayer<F>> {
+        Ok(DecoderLayer {
+            self_attn,
+            mlp,
+            input_layernorm: RmsNorm::new(dim, eps)?,
+            post_attention_layernorm: RmsNorm::new(dim, eps)?,
+            ff_name,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &mlx_nn::AttnMask,
+        cache: Option<&mut dyn KvCache>,
+    ) -> Result<Array> {
+        let h = self.self_attn.forward(
+            &self.input_layernorm.forward(x)?,
+            mask,
+            cache,
+            Some(x),
+            Extras::default(),
+        )?;
+        self.mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?, Some(&h))
+    }
+}
+
+impl<F: FeedForward> Module for DecoderLayer<F> {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        self.self_attn.visit_params(&join(prefix, "self_attn"), f);
+        self.mlp.visit_params(&join(prefix, self.ff_name), f);
+        self.input_layernorm
+            .visit_params(&join(prefix, "input_layernorm"), f);
+        self.post_attention_layernorm
+            .visit_params(&join(prefix, "post_attention_layernorm"), f);
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.self_attn
+            .visit_params_mut(&join(prefix, "self_attn"), f);
+        self.mlp.visit_params_mut(&join(prefix, self.ff_name), f);
+        self.input_layernorm
+            .visit_params_mut(&join(prefix, "input_layernorm"), f);
+        self.post_attention_layernorm
+            .visit_params_mut(&join(prefix, "post_attention_layernorm"), f);
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        self.self_attn
+            .visit_quantizable_mut(&join(prefix, "self_attn"), f)?;
+        self.mlp
+            .visit_quantizable_mut(&join(prefix, self.ff_name), f)
+    }
+}
+
+/// `embed_tokens`, the layers and the final `norm`.
+#[derive(Debug)]
+pub struct Decoder<F> {
+    pub(crate) embed_tokens: EmbeddingLayer,
+    pub(crate) layers: Vec<DecoderLayer<F>>,
+    norm: RmsNorm,
+}
+
+impl<F: FeedForward> Decoder<F> {
+    /// The stack over `layers`, with a `vocab x dim` embedding.
+    pub(crate) fn new(
+        vocab: i32,
+        dim: i32,
+        eps: f64,
+        layers: Vec<DecoderLayer<F>>,
+    ) -> crate::Result<Decoder<F>> {
+        Ok(Decoder {
+            embed_tokens: EmbeddingLayer::new(vocab, dim)?,
+            layers,
+            norm: RmsNorm::new(dim, eps)?,
+        })
+    }
+
+    /// The normed hidden states of `inputs`.
+    pub(crate) fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let mut h = self.embed_tokens.forward(inputs)?;
+        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
+        for (layer, cache) in self
+            .layers
+            .iter()
+            .zip(layer_caches(caches, self.layers.len())?)
+        {
+            h = layer.forward(&h, &mask, cache)?;
+        }
+        self.norm.forward(&h)
+    }
+
+    /// Fuses every layer's q/k/v and its feed-forward block's projections.
+    pub(crate) fn fuse(&mut self) -> crate::Result<()> {
+        for layer in &mut self.layers {
+            layer.self_attn.fuse()?;
+            layer.mlp.fuse()?;
+        }
+        Ok(())
+    }
+}
+
+impl<F: FeedForward> Module for Decoder<F> {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        self.embed_tokens
+            .visit_params(&join(prefix, "embed_tokens"), f);
+        self.layers.visit_params(&join(prefix, "layers"), f);
+        self.norm.visit_params(&join(prefix, "norm"), f);
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.embed_tokens
+            .visit_params_mut(&join(prefix, "embed_tokens"), f);
+        self.layers.visit_params_mut(&join(prefix, "layers"), f);
+        self.norm.visit_params_mut(&join(prefix, "norm"), f);
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        self.embed_tokens
+            .visit_quantizable_mut(&join(prefix, "embed_tokens"), f)?;
+        self.layers
+            .visit_quantizable_mut(&join(prefix, "layers"), f)
+    }
+}
+
+/// mlx-lm's expert stacking in `sanitize`: for each of `layers` layers, the
+/// `{prefix}.experts.{e}.{name}.{kind}` tensors of `n_experts` experts become one
+/// `{prefix}.switch_mlp.{proj}.{kind}` (`prefix` formats the layer index; `names` pairs
+/// each checkpoint name with its `switch_mlp` projection; `kinds` are the tensor kinds
+/// the mlx-lm file stacks). Kinds a checkpoint lacks (`scales`, `biases` of unquantized
+/// ones) are skipped; a missing expert is an error.
+pub(crate) fn stack_experts(
+    weights: &mut super::Weights,
+    layers: i32,
+    prefix: impl Fn(i32) -> String,
+    names: &[(&str, &str)],
+    kinds: &[&str],
+    n_experts: i32,
+) -> crate::Result<()> {
+    for l in 0..layers {
+        let prefix = prefix(l);
+        for (name, proj) in names {
+            for kind in kinds {
+                if !weights.contains_key(&format!("{prefix}.experts.0.{name}.{kind}")) {
+                    continue;
+                }
+                let mut parts = Vec::new();
+                for e in 0..n_experts {
+                    let key = format!("{prefix}.experts.{e}.{name}.{kind}");
+                    parts.push(weights.remove(&key).ok_or_else(|| crate::Error::Weights {
+                        path: "model weights".into(),
+                        message: format!("missing expert tensor `{key}`"),
+                    })?);
+                }
+                let refs: Vec<&Array> = parts.iter().collect();
+                weights.insert(
+                    format!("{prefix}.switch_mlp.{proj}.{kind}"),
+                    mlx_array::ops::stack(&refs, 0)?,
+                );
+            }
+        }
+    }
+    Ok(())
+}
