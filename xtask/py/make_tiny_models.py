@@ -152,6 +152,11 @@ ARCHS.update({
     "ernie4_5": {"model_type": "ernie4_5", "rope_theta": 500000.0, "use_bias": False, "head_dim": 16,
                  "tie_word_embeddings": True},
     "internlm3": {"model_type": "internlm3", "rope_theta": 50000000.0, "tie_word_embeddings": False},
+    "glm4_moe": {"model_type": "glm4_moe", "head_dim": 16, "moe_intermediate_size": 64, "norm_topk_prob": True,
+                 "n_group": 2, "topk_group": 1, "n_shared_experts": 1, "n_routed_experts": 8,
+                 "routed_scaling_factor": 2.5, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+                 "num_hidden_layers": 3, "rope_theta": 1000000.0, "rope_scaling": None, "use_qk_norm": True,
+                 "tie_word_embeddings": False, "attention_bias": True, "partial_rotary_factor": 0.5},
 })
 
 LLAMA3 = {
@@ -319,6 +324,11 @@ VARIANTS.update({
         "internlm3", {"bias": True, "qkv_bias": True, "tie_word_embeddings": True,
                       "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8}, {}),
     "internlm3-bf16-q4": ("internlm3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "glm4_moe-f32-mtp": ("glm4_moe", {}, {"mtp": True}),
+    "glm4_moe-f32-one-group-no-shared-noqknorm": (
+        "glm4_moe", {"n_group": 1, "topk_group": 1, "n_shared_experts": None, "use_qk_norm": False,
+                     "attention_bias": False, "norm_topk_prob": False, "first_k_dense_replace": 0}, {}),
+    "glm4_moe-q4": ("glm4_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
 })
 
 # Small twins committed under goldens/models/ (checked by `cargo test -p mlx-models`).
@@ -371,6 +381,7 @@ GOLDENS.update({
     "helium-small-f32": ("helium", dict(SMALL, head_dim=8), {}),
     "ernie4_5-small-f32": ("ernie4_5", dict(SMALL, head_dim=8, use_bias=True), {}),
     "internlm3-small-f32": ("internlm3", dict(SMALL, qkv_bias=True, bias=True), {}),
+    "glm4_moe-small-f32": ("glm4_moe", dict(SMALL, head_dim=8, moe_intermediate_size=16), {"mtp": True}),
 })
 
 
@@ -407,7 +418,7 @@ def to_hf_names(config, weights, opts, rng):
     mt = config["model_type"]
     out = {}
     for k, v in weights.items():
-        if mt in ("qwen3_moe", "qwen2_moe", "olmoe") and ".mlp.switch_mlp." in k:
+        if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe") and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
@@ -422,7 +433,12 @@ def to_hf_names(config, weights, opts, rng):
             out[k] = v
     if opts.get("hf_mxfp4"):
         out = gpt_oss_hf_experts(out)
-    if opts.get("mtp"):
+    if opts.get("mtp") and mt == "glm4_moe":
+        # GLM's multi-token-prediction layer (one past the last), which sanitize drops.
+        n = config["num_hidden_layers"]
+        out[f"model.layers.{n}.eh_proj.weight"] = np.ones((config["hidden_size"], 2 * config["hidden_size"]), np.float32)
+        out[f"model.layers.{n}.enorm.weight"] = np.ones((config["hidden_size"],), np.float32)
+    elif opts.get("mtp"):
         # MiMo's multi-token-prediction layer, which mlx-lm's sanitize drops.
         out["model.mtp_layers.0.input_layernorm.weight"] = np.ones((config["hidden_size"],), np.float32)
         out["model.mtp_layers.0.token_layernorm.weight"] = np.ones((config["hidden_size"],), np.float32)

@@ -69,6 +69,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("helium", "helium-f32", None),
     ("ernie4_5", "ernie4_5-f32-bias-untied-hd8", None),
     ("internlm3", "internlm3-f32-bias-tied-dynamic", None),
+    ("glm4_moe", "glm4_moe-f32-mtp", None),
 ];
 
 fn cases() -> Vec<(String, &'static str, Vec<String>)> {
@@ -175,10 +176,13 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "helium",
         "ernie4_5",
         "internlm3",
+        "glm4_moe",
     ] {
         add(src, "");
         add(src, "-q");
     }
+    // glm4_moe's cast_predicate: e_score_correction_bias keeps float32.
+    add("glm4_moe", "--dtype bfloat16");
     add("mistral-sharded", "");
     add("mistral-sharded", "-q --q-bits 8");
     add("llama-td-bf16", "");

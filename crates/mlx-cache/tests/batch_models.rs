@@ -379,4 +379,6 @@ model_tests! {
         => "ernie4_5-small-f32", true;
     batched_decode_equals_alone_internlm3, prefilled_together_equals_alone_internlm3
         => "internlm3-small-f32", true;
+    batched_decode_equals_alone_glm4_moe, prefilled_together_equals_alone_glm4_moe
+        => "glm4_moe-small-f32", true;
 }

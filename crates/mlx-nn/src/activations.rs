@@ -32,6 +32,35 @@ pub fn call_compiled(name: &'static str, body: Body, inputs: &[&Array]) -> Resul
         .ok_or_else(|| mlx_array::Error::InvalidArgument(format!("{name}: no output")))
 }
 
+thread_local! {
+    static COMPILED_KEYED: RefCell<HashMap<String, &'static Closure>> = RefCell::new(HashMap::new());
+}
+
+/// The function `make` returns, compiled as `mx.compile` compiles a function that is not
+/// shapeless (traced again for each new input shape), built once per thread for each
+/// `key`. `key` must name the function and every constant it captures (mlx-lm's compiled
+/// routers take their top-k and scaling as Python constants).
+#[track_caller]
+pub fn call_compiled_keyed(
+    key: &str,
+    make: impl FnOnce() -> Box<dyn Fn(&[Array]) -> Result<Vec<Array>>>,
+    inputs: &[&Array],
+) -> Result<Vec<Array>> {
+    let found = COMPILED_KEYED.with(|c| c.borrow().get(key).copied());
+    let f = match found {
+        Some(f) => f,
+        None => {
+            let body = make();
+            let compiled = Closure::new(move |a| body(a))?.compile(false)?;
+            // Leaked on purpose, as in `call_compiled`.
+            let f: &'static Closure = Box::leak(Box::new(compiled));
+            COMPILED_KEYED.with(|c| c.borrow_mut().insert(key.to_string(), f));
+            f
+        }
+    };
+    f.call(inputs)
+}
+
 macro_rules! unary_activation {
     ($($(#[$m:meta])* $name:ident),* $(,)?) => {$(
         $(#[$m])*
@@ -65,6 +94,16 @@ pub fn mish(x: &Array) -> Result<Array> {
     call_compiled(
         "mish",
         |a| Ok(vec![a[0].multiply(&softplus(&a[0])?.tanh()?)?]),
+        &[x],
+    )
+}
+
+/// mlx.nn `softmax` over the last axis (compiled `mx.softmax(x, axis=-1)`).
+#[track_caller]
+pub fn softmax(x: &Array) -> Result<Array> {
+    call_compiled(
+        "softmax",
+        |a| Ok(vec![a[0].softmax(Some(&[-1]), false)?]),
         &[x],
     )
 }

@@ -81,6 +81,7 @@ architectures! {
     helium,
     ernie4_5,
     internlm3,
+    glm4_moe,
 }
 
 /// Flat weight map (checkpoint name -> array).
