@@ -157,6 +157,9 @@ ARCHS.update({
                  "routed_scaling_factor": 2.5, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
                  "num_hidden_layers": 3, "rope_theta": 1000000.0, "rope_scaling": None, "use_qk_norm": True,
                  "tie_word_embeddings": False, "attention_bias": True, "partial_rotary_factor": 0.5},
+    "ernie4_5_moe": {"model_type": "ernie4_5_moe", "rope_theta": 500000.0, "use_bias": False, "head_dim": 16,
+                     "tie_word_embeddings": True, "moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 64,
+                     "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "num_hidden_layers": 3},
 })
 
 LLAMA3 = {
@@ -329,6 +332,12 @@ VARIANTS.update({
         "glm4_moe", {"n_group": 1, "topk_group": 1, "n_shared_experts": None, "use_qk_norm": False,
                      "attention_bias": False, "norm_topk_prob": False, "first_k_dense_replace": 0}, {}),
     "glm4_moe-q4": ("glm4_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "ernie4_5_moe-f32-mtp": ("ernie4_5_moe", {}, {"mtp": True}),
+    "ernie4_5_moe-f32-sigmoid-interval2-lists": (
+        "ernie4_5_moe", {"moe_gate_act": "sigmoid", "moe_layer_interval": 2, "moe_layer_start_index": [0, 1],
+                         "moe_layer_end_index": [1, 2], "moe_num_shared_experts": 0,
+                         "tie_word_embeddings": False}, {}),
+    "ernie4_5_moe-q4": ("ernie4_5_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
 })
 
 # Small twins committed under goldens/models/ (checked by `cargo test -p mlx-models`).
@@ -382,6 +391,7 @@ GOLDENS.update({
     "ernie4_5-small-f32": ("ernie4_5", dict(SMALL, head_dim=8, use_bias=True), {}),
     "internlm3-small-f32": ("internlm3", dict(SMALL, qkv_bias=True, bias=True), {}),
     "glm4_moe-small-f32": ("glm4_moe", dict(SMALL, head_dim=8, moe_intermediate_size=16), {"mtp": True}),
+    "ernie4_5_moe-small-f32": ("ernie4_5_moe", dict(SMALL, head_dim=8, moe_intermediate_size=16), {"mtp": True}),
 })
 
 
@@ -418,7 +428,7 @@ def to_hf_names(config, weights, opts, rng):
     mt = config["model_type"]
     out = {}
     for k, v in weights.items():
-        if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe") and ".mlp.switch_mlp." in k:
+        if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe", "ernie4_5_moe") and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
@@ -438,6 +448,12 @@ def to_hf_names(config, weights, opts, rng):
         n = config["num_hidden_layers"]
         out[f"model.layers.{n}.eh_proj.weight"] = np.ones((config["hidden_size"], 2 * config["hidden_size"]), np.float32)
         out[f"model.layers.{n}.enorm.weight"] = np.ones((config["hidden_size"],), np.float32)
+    elif opts.get("mtp") and mt == "ernie4_5_moe":
+        # ERNIE's multi-token-prediction tensors and routers' correction biases, dropped by sanitize.
+        h = config["hidden_size"]
+        out["model.mtp_block.0.input_layernorm.weight"] = np.ones((h,), np.float32)
+        out["model.mtp_linear_proj.0.weight"] = np.ones((h, 2 * h), np.float32)
+        out["model.layers.1.mlp.moe_statics.e_score_correction_bias"] = np.zeros((1, 4), np.float32)
     elif opts.get("mtp"):
         # MiMo's multi-token-prediction layer, which mlx-lm's sanitize drops.
         out["model.mtp_layers.0.input_layernorm.weight"] = np.ones((config["hidden_size"],), np.float32)

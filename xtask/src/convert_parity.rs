@@ -70,6 +70,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("ernie4_5", "ernie4_5-f32-bias-untied-hd8", None),
     ("internlm3", "internlm3-f32-bias-tied-dynamic", None),
     ("glm4_moe", "glm4_moe-f32-mtp", None),
+    ("ernie4_5_moe", "ernie4_5_moe-f32-sigmoid-interval2-lists", None),
 ];
 
 fn cases() -> Vec<(String, &'static str, Vec<String>)> {
@@ -177,6 +178,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "ernie4_5",
         "internlm3",
         "glm4_moe",
+        "ernie4_5_moe",
     ] {
         add(src, "");
         add(src, "-q");

@@ -381,4 +381,6 @@ model_tests! {
         => "internlm3-small-f32", true;
     batched_decode_equals_alone_glm4_moe, prefilled_together_equals_alone_glm4_moe
         => "glm4_moe-small-f32", true;
+    batched_decode_equals_alone_ernie4_5_moe, prefilled_together_equals_alone_ernie4_5_moe
+        => "ernie4_5_moe-small-f32", true;
 }

@@ -80,6 +80,7 @@ golden_tests! {
     ernie4_5_bias_logits_match_mlx_lm => "ernie4_5-small-f32",
     internlm3_bias_logits_match_mlx_lm => "internlm3-small-f32",
     glm4_moe_group_routing_shared_experts_logits_match_mlx_lm => "glm4_moe-small-f32",
+    ernie4_5_moe_logits_match_mlx_lm => "ernie4_5_moe-small-f32",
 }
 
 #[test]

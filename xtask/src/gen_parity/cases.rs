@@ -40,6 +40,7 @@ pub const TINY: &[&str] = &[
     "ernie4_5-f32-tied",
     "internlm3-f32",
     "glm4_moe-f32-mtp",
+    "ernie4_5_moe-f32-mtp",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];

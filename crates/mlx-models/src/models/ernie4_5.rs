@@ -32,7 +32,7 @@ pub struct ModelArgs {
 }
 
 /// Self-attention, every projection biased by `use_bias`, a traditional RoPE.
-fn attention(args: &ModelArgs) -> crate::Result<Attention> {
+pub(crate) fn attention(args: &ModelArgs) -> crate::Result<Attention> {
     let head_dim = args
         .head_dim
         .filter(|&d| d > 0)

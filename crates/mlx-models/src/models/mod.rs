@@ -82,6 +82,7 @@ architectures! {
     ernie4_5,
     internlm3,
     glm4_moe,
+    ernie4_5_moe,
 }
 
 /// Flat weight map (checkpoint name -> array).
