@@ -160,6 +160,8 @@ ARCHS.update({
     "ernie4_5_moe": {"model_type": "ernie4_5_moe", "rope_theta": 500000.0, "use_bias": False, "head_dim": 16,
                      "tie_word_embeddings": True, "moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 64,
                      "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "num_hidden_layers": 3},
+    "hunyuan_v1_dense": {"model_type": "hunyuan_v1_dense", "rope_theta": 10000.0, "head_dim": 16,
+                         "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"}},
 })
 
 LLAMA3 = {
@@ -333,11 +335,21 @@ VARIANTS.update({
                      "attention_bias": False, "norm_topk_prob": False, "first_k_dense_replace": 0}, {}),
     "glm4_moe-q4": ("glm4_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "ernie4_5_moe-f32-mtp": ("ernie4_5_moe", {}, {"mtp": True}),
-    "ernie4_5_moe-f32-sigmoid-interval2-lists": (
+    "ernie4_5_moe-f32-sigmoid-lists": (
         "ernie4_5_moe", {"moe_gate_act": "sigmoid", "moe_layer_interval": 2, "moe_layer_start_index": [0, 1],
                          "moe_layer_end_index": [1, 2], "moe_num_shared_experts": 0,
                          "tie_word_embeddings": False}, {}),
     "ernie4_5_moe-q4": ("ernie4_5_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "hunyuan_v1_dense-f32": ("hunyuan_v1_dense", {}, {}),
+    "hunyuan_v1_dense-f32-tied-noqk": (
+        "hunyuan_v1_dense", {"tie_word_embeddings": True, "attention_bias": True, "use_qk_norm": False,
+                             "rope_scaling": None}, {"lm_head": True}),
+    "hunyuan_v1_dense-bf16-q4": ("hunyuan_v1_dense", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "qwen2_vl-f32-flat": ("qwen2", {}, {"wrap_vl": ("qwen2_vl", "flat")}),
+    "qwen2_5_vl-f32-nested-untied": ("qwen2", {"tie_word_embeddings": False}, {"wrap_vl": ("qwen2_5_vl", "nested")}),
+    "qwen3_vl-f32-nested-untied": ("qwen3", {"tie_word_embeddings": False}, {"wrap_vl": ("qwen3_vl", "nested")}),
+    "qwen3_vl-bf16-q4": ("qwen3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64},
+                                       "wrap_vl": ("qwen3_vl", "flat")}),
 })
 
 # Small twins committed under goldens/models/ (checked by `cargo test -p mlx-models`).
@@ -392,6 +404,10 @@ GOLDENS.update({
     "internlm3-small-f32": ("internlm3", dict(SMALL, qkv_bias=True, bias=True), {}),
     "glm4_moe-small-f32": ("glm4_moe", dict(SMALL, head_dim=8, moe_intermediate_size=16), {"mtp": True}),
     "ernie4_5_moe-small-f32": ("ernie4_5_moe", dict(SMALL, head_dim=8, moe_intermediate_size=16), {"mtp": True}),
+    "qwen2_vl-small-f32": ("qwen2", dict(SMALL), {"wrap_vl": ("qwen2_vl", "flat")}),
+    "hunyuan_v1_dense-small-f32": ("hunyuan_v1_dense", dict(SMALL, head_dim=8), {}),
+    "qwen3_vl-small-f32": ("qwen3", dict(SMALL, head_dim=8, tie_word_embeddings=False),
+                           {"wrap_vl": ("qwen3_vl", "nested")}),
 })
 
 
@@ -561,6 +577,20 @@ def write_dense(out, name, arch, overrides, opts):
                        for k, v in weights.items()}
         weights["vision_tower.patch_conv.weight"] = np.ones((4, 4), np.float32)
         weights["multi_modal_projector.linear_1.weight"] = np.ones((4, 4), np.float32)
+    if opts.get("wrap_vl"):
+        # A Qwen2-VL / Qwen3-VL checkpoint: "flat" keeps the text config at the top and the
+        # text weights as they are; "nested" has a text_config and the newer
+        # `model.language_model.*` names with `lm_head` at the top. Vision weights dropped.
+        vl_type, layout = opts["wrap_vl"]
+        if layout == "flat":
+            config = dict(config, model_type=vl_type)
+            weights["visual.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)
+        else:
+            config = {"model_type": vl_type, "text_config": dict(config, model_type=vl_type + "_text"),
+                      "vision_config": {"hidden_size": 8}}
+            weights = {(k if k.startswith("lm_head.") else "model.language_model." + k.removeprefix("model.")): v
+                       for k, v in weights.items()}
+            weights["model.visual.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)
     if opts.get("hf_mxfp4"):
         config["quantization_config"] = {"quant_method": "mxfp4"}
     dest = out / name

@@ -70,7 +70,10 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("ernie4_5", "ernie4_5-f32-bias-untied-hd8", None),
     ("internlm3", "internlm3-f32-bias-tied-dynamic", None),
     ("glm4_moe", "glm4_moe-f32-mtp", None),
-    ("ernie4_5_moe", "ernie4_5_moe-f32-sigmoid-interval2-lists", None),
+    ("ernie4_5_moe", "ernie4_5_moe-f32-sigmoid-lists", None),
+    ("qwen2_5_vl", "qwen2_5_vl-f32-nested-untied", None),
+    ("qwen3_vl", "qwen3_vl-f32-nested-untied", None),
+    ("hunyuan_v1_dense", "hunyuan_v1_dense-f32-tied-noqk", None),
 ];
 
 fn cases() -> Vec<(String, &'static str, Vec<String>)> {
@@ -179,6 +182,9 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "internlm3",
         "glm4_moe",
         "ernie4_5_moe",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "hunyuan_v1_dense",
     ] {
         add(src, "");
         add(src, "-q");

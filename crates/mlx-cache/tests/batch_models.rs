@@ -383,4 +383,10 @@ model_tests! {
         => "glm4_moe-small-f32", true;
     batched_decode_equals_alone_ernie4_5_moe, prefilled_together_equals_alone_ernie4_5_moe
         => "ernie4_5_moe-small-f32", true;
+    batched_decode_equals_alone_qwen2_vl, prefilled_together_equals_alone_qwen2_vl
+        => "qwen2_vl-small-f32", true;
+    batched_decode_equals_alone_qwen3_vl, prefilled_together_equals_alone_qwen3_vl
+        => "qwen3_vl-small-f32", true;
+    batched_decode_equals_alone_hunyuan_v1_dense, prefilled_together_equals_alone_hunyuan_v1_dense
+        => "hunyuan_v1_dense-small-f32", true;
 }

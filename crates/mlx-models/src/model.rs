@@ -75,7 +75,7 @@ pub fn mlx_lm_init_key_draws(dir: &std::path::Path) -> crate::Result<usize> {
         layers.insert(path.to_string(), layer.dense_weight_shape().len());
         Ok(())
     })?;
-    let mut draws = layers.len();
+    let mut draws = layers.len() + model.discarded_init_key_draws();
     model.visit_params("", &mut |name, _| {
         let linear_bias = name
             .strip_suffix(".bias")

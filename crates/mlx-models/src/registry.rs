@@ -8,6 +8,7 @@ const ALIASES: &[(&str, &str)] = &[
     ("mistral", "llama"),
     ("iquestcoder", "llama"),
     ("xverse", "llama"),
+    ("qwen2_5_vl", "qwen2_vl"),
 ];
 
 /// The architecture file a `model_type` resolves to.

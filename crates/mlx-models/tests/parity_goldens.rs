@@ -81,6 +81,9 @@ golden_tests! {
     internlm3_bias_logits_match_mlx_lm => "internlm3-small-f32",
     glm4_moe_group_routing_shared_experts_logits_match_mlx_lm => "glm4_moe-small-f32",
     ernie4_5_moe_logits_match_mlx_lm => "ernie4_5_moe-small-f32",
+    qwen2_vl_text_logits_match_mlx_lm => "qwen2_vl-small-f32",
+    qwen3_vl_nested_text_logits_match_mlx_lm => "qwen3_vl-small-f32",
+    hunyuan_v1_dense_norms_after_rope_logits_match_mlx_lm => "hunyuan_v1_dense-small-f32",
 }
 
 #[test]

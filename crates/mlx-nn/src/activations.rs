@@ -36,6 +36,9 @@ thread_local! {
     static COMPILED_KEYED: RefCell<HashMap<String, &'static Closure>> = RefCell::new(HashMap::new());
 }
 
+/// A function [`call_compiled_keyed`] compiles.
+pub type KeyedBody = Box<dyn Fn(&[Array]) -> Result<Vec<Array>>>;
+
 /// The function `make` returns, compiled as `mx.compile` compiles a function that is not
 /// shapeless (traced again for each new input shape), built once per thread for each
 /// `key`. `key` must name the function and every constant it captures (mlx-lm's compiled
@@ -43,7 +46,7 @@ thread_local! {
 #[track_caller]
 pub fn call_compiled_keyed(
     key: &str,
-    make: impl FnOnce() -> Box<dyn Fn(&[Array]) -> Result<Vec<Array>>>,
+    make: impl FnOnce() -> KeyedBody,
     inputs: &[&Array],
 ) -> Result<Vec<Array>> {
     let found = COMPILED_KEYED.with(|c| c.borrow().get(key).copied());

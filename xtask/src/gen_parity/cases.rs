@@ -41,6 +41,9 @@ pub const TINY: &[&str] = &[
     "internlm3-f32",
     "glm4_moe-f32-mtp",
     "ernie4_5_moe-f32-mtp",
+    "qwen2_vl-f32-flat",
+    "qwen3_vl-f32-nested-untied",
+    "hunyuan_v1_dense-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];

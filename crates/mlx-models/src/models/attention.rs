@@ -2,11 +2,12 @@
 //! heads, RoPE at the cache offset, the cache update, SDPA and `o_proj`. The parts
 //! that differ between architectures (biases, head size, rotation, scale, sinks, a
 //! query scale, q/k norms and where they apply) are parameters.
-use super::{batch_len, fuse, merge_heads, project, project_out, rope_cache, split_heads};
+use super::{batch_len, fuse, merge_heads, project, project_out, rope_cache_with, split_heads};
 use mlx_array::{Array, Dtype, Result};
+use mlx_nn::module::{join, QuantVisitor};
 use mlx_nn::{
-    impl_module, scaled_dot_product_attention, AttnMask, FusedLinears, KvCache, LinearLayer,
-    Module, Param, RmsNorm, Rope,
+    scaled_dot_product_attention, AttnMask, FusedLinears, KvCache, LinearLayer, Module, Param,
+    RmsNorm, Rope,
 };
 
 /// Sizes and biases of an [`Attention`].
@@ -44,6 +45,8 @@ pub(crate) enum NormAt {
     Heads,
     /// Over each head after the split: `norm(q.reshape(B, L, n, -1).transpose(0, 2, 1, 3))`.
     SplitHeads,
+    /// Over each head after the split and the rotation, before the cache update.
+    AfterRope,
 }
 
 /// A q or k norm: mlx.nn's `RMSNorm`, or Gemma's (`1 + weight`).
@@ -86,6 +89,8 @@ pub struct Attention {
     o_proj: LinearLayer,
     q_norm: Option<HeadNorm>,
     k_norm: Option<HeadNorm>,
+    /// The checkpoint names of `q_norm` and `k_norm`.
+    norm_names: [&'static str; 2],
     norm_at: NormAt,
     rope: Rope,
     n_heads: i32,
@@ -95,14 +100,41 @@ pub struct Attention {
     /// q/k/v as one matmul for decoding steps (set by the loader).
     qkv: Option<Box<FusedLinears>>,
 }
-impl_module!(Attention {
-    q_proj,
-    k_proj,
-    v_proj,
-    o_proj,
-    q_norm,
-    k_norm
-});
+
+impl Module for Attention {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        self.q_proj.visit_params(&join(prefix, "q_proj"), f);
+        self.k_proj.visit_params(&join(prefix, "k_proj"), f);
+        self.v_proj.visit_params(&join(prefix, "v_proj"), f);
+        self.o_proj.visit_params(&join(prefix, "o_proj"), f);
+        let [q, k] = self.norm_names;
+        self.q_norm.visit_params(&join(prefix, q), f);
+        self.k_norm.visit_params(&join(prefix, k), f);
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.q_proj.visit_params_mut(&join(prefix, "q_proj"), f);
+        self.k_proj.visit_params_mut(&join(prefix, "k_proj"), f);
+        self.v_proj.visit_params_mut(&join(prefix, "v_proj"), f);
+        self.o_proj.visit_params_mut(&join(prefix, "o_proj"), f);
+        let [q, k] = self.norm_names;
+        self.q_norm.visit_params_mut(&join(prefix, q), f);
+        self.k_norm.visit_params_mut(&join(prefix, k), f);
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        self.q_proj
+            .visit_quantizable_mut(&join(prefix, "q_proj"), f)?;
+        self.k_proj
+            .visit_quantizable_mut(&join(prefix, "k_proj"), f)?;
+        self.v_proj
+            .visit_quantizable_mut(&join(prefix, "v_proj"), f)?;
+        self.o_proj
+            .visit_quantizable_mut(&join(prefix, "o_proj"), f)
+    }
+}
 
 impl Attention {
     /// Zero placeholders; `scale` multiplies the attention logits.
@@ -114,6 +146,7 @@ impl Attention {
             o_proj: LinearLayer::new(d.n_heads * d.head_dim, d.dim, d.o_bias)?,
             q_norm: None,
             k_norm: None,
+            norm_names: ["q_norm", "k_norm"],
             norm_at: NormAt::Heads,
             rope,
             n_heads: d.n_heads,
@@ -135,12 +168,20 @@ impl Attention {
                 self.n_heads * self.head_dim,
                 self.n_kv_heads * self.head_dim,
             ),
-            NormAt::Heads | NormAt::SplitHeads => (self.head_dim, self.head_dim),
+            NormAt::Heads | NormAt::SplitHeads | NormAt::AfterRope => {
+                (self.head_dim, self.head_dim)
+            }
         };
         self.q_norm = Some(norm(q)?);
         self.k_norm = Some(norm(k)?);
         self.norm_at = at;
         Ok(self)
+    }
+
+    /// Names the q/k norms as the checkpoint does (default `q_norm`, `k_norm`).
+    pub(crate) fn with_norm_names(mut self, q: &'static str, k: &'static str) -> Attention {
+        self.norm_names = [q, k];
+        self
     }
 
     /// `[B, n, L, head_dim]` heads of a projection, through `norm` where there is one.
@@ -152,6 +193,7 @@ impl Attention {
                 .forward(&a.reshape(&[b, l, n, -1])?)?
                 .transpose(Some(&[0, 2, 1, 3])),
             (Some(norm), NormAt::SplitHeads) => norm.forward(&split_heads(a, b, l, n)?),
+            (Some(_), NormAt::AfterRope) => split_heads(a, b, l, n),
         }
     }
 
@@ -173,7 +215,16 @@ impl Attention {
         let queries = self.heads(&q, b, l, self.n_heads, self.q_norm.as_ref())?;
         let keys = self.heads(&k, b, l, self.n_kv_heads, self.k_norm.as_ref())?;
         let values = split_heads(&v, b, l, self.n_kv_heads)?;
-        let (mut queries, fetch) = rope_cache(&queries, &keys, values, &self.rope, cache)?;
+        let after_rope = |q: Array, k: Array| -> Result<(Array, Array)> {
+            match (&self.q_norm, &self.k_norm) {
+                (Some(qn), Some(kn)) => Ok((qn.forward(&q)?, kn.forward(&k)?)),
+                _ => Ok((q, k)),
+            }
+        };
+        let post: Option<&dyn Fn(Array, Array) -> Result<(Array, Array)>> =
+            (self.norm_at == NormAt::AfterRope).then_some(&after_rope);
+        let (mut queries, fetch) =
+            rope_cache_with(&queries, &keys, values, &self.rope, cache, post)?;
         if let Some(s) = extras.query_scale {
             queries = queries.multiply(s)?;
         }

@@ -105,7 +105,7 @@ impl FeedForward for MoeMlp {
 #[derive(Debug)]
 pub enum Ffn {
     /// Dense SwiGLU.
-    Dense(Mlp),
+    Dense(Box<Mlp>),
     /// Experts.
     Moe(Box<MoeMlp>),
 }
@@ -209,7 +209,7 @@ impl Model {
                         sigmoid,
                     }))
                 } else {
-                    Ffn::Dense(Mlp::new(dim, args.intermediate_size, bias)?)
+                    Ffn::Dense(Box::new(Mlp::new(dim, args.intermediate_size, bias)?))
                 };
                 DecoderLayer::new(attention(&args)?, ffn, "mlp", dim, eps)
             })

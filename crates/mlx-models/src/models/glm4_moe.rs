@@ -11,7 +11,7 @@ use super::{top_k_indices_of_negated, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Dtype, Result};
-use mlx_nn::activations::call_compiled_keyed;
+use mlx_nn::activations::{call_compiled_keyed, KeyedBody};
 use mlx_nn::module::{join, QuantVisitor};
 use mlx_nn::{impl_module, KvCache, LinearLayer, Module, Param, RmsNorm, Rope, SwitchGlu};
 use serde::Deserialize;
@@ -132,7 +132,7 @@ impl MoeGate {
         let (k, g, tg) = (self.top_k, self.n_group, self.topk_group);
         let (s, norm) = (self.routed_scaling_factor, self.norm_topk_prob);
         let key = format!("glm4_moe.group_expert_select:{k}:{g}:{tg}:{s:e}:{norm}");
-        let make = move || -> Box<dyn Fn(&[Array]) -> Result<Vec<Array>>> {
+        let make = move || -> KeyedBody {
             Box::new(move |a| group_expert_select(&a[0], &a[1], k, g, tg, s, norm))
         };
         let mut out = call_compiled_keyed(&key, make, &[&gates, &self.e_score_correction_bias])?;
@@ -185,7 +185,7 @@ impl FeedForward for Moe {
 #[derive(Debug)]
 pub enum Ffn {
     /// Dense SwiGLU.
-    Dense(Mlp),
+    Dense(Box<Mlp>),
     /// Experts.
     Moe(Box<Moe>),
 }
@@ -284,7 +284,7 @@ impl Model {
                         shared_experts: shared,
                     }))
                 } else {
-                    Ffn::Dense(Mlp::new(dim, args.intermediate_size, false)?)
+                    Ffn::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?))
                 };
                 DecoderLayer::new(attention(&args)?, ffn, "mlp", dim, eps)
             })

@@ -83,6 +83,9 @@ architectures! {
     internlm3,
     glm4_moe,
     ernie4_5_moe,
+    qwen2_vl,
+    qwen3_vl,
+    hunyuan_v1_dense,
 }
 
 /// Flat weight map (checkpoint name -> array).
@@ -114,6 +117,13 @@ pub trait Architecture: LanguageModel + Module + IntoLanguageModel {
     /// the loader once the weights are in. Architectures without it do nothing.
     fn fuse_projections(&mut self) -> crate::Result<()> {
         Ok(())
+    }
+
+    /// Keys mlx-lm's constructor draws for modules the built model does not keep (a
+    /// layer it builds and then replaces), on top of those
+    /// [`crate::model::mlx_lm_init_key_draws`] counts from the parameters.
+    fn discarded_init_key_draws(&self) -> usize {
+        0
     }
 }
 
@@ -243,22 +253,34 @@ pub(crate) fn rope_cache(
     rope: &Rope,
     cache: Option<&mut dyn KvCache>,
 ) -> Result<(Array, KvFetch)> {
+    rope_cache_with(queries, keys, values, rope, cache, None)
+}
+
+/// Queries and keys rotated, then passed through `after_rope` (a model that normalizes
+/// them there), before the cache update: [`rope_cache`] with that extra step.
+pub(crate) fn rope_cache_with(
+    queries: &Array,
+    keys: &Array,
+    values: Array,
+    rope: &Rope,
+    cache: Option<&mut dyn KvCache>,
+    after_rope: Option<&dyn Fn(Array, Array) -> Result<(Array, Array)>>,
+) -> Result<(Array, KvFetch)> {
+    let post = |q: Array, k: Array| match after_rope {
+        Some(f) => f(q, k),
+        None => Ok((q, k)),
+    };
     Ok(match cache {
         Some(c) => {
             let offset = c.rope_offset()?;
             let q = rope.forward_at(queries, offset.as_rope_offset())?;
             let k = rope.forward_at(keys, offset.as_rope_offset())?;
+            let (q, k) = post(q, k)?;
             (q, mlx_nn::pipeline::update_and_fetch(c, &k, &values)?)
         }
         None => {
-            let q = rope.forward(queries, 0)?;
-            (
-                q,
-                KvFetch::Plain {
-                    keys: rope.forward(keys, 0)?,
-                    values,
-                },
-            )
+            let (q, keys) = post(rope.forward(queries, 0)?, rope.forward(keys, 0)?)?;
+            (q, KvFetch::Plain { keys, values })
         }
     })
 }
