@@ -2,7 +2,8 @@
 //! heads, RoPE at the cache offset, the cache update, SDPA and `o_proj`. The parts
 //! that differ between architectures (biases, head size, rotation, scale, sinks, a
 //! query scale, q/k norms and where they apply) are parameters.
-use super::{batch_len, fuse, merge_heads, project, project_out, rope_cache_with, split_heads};
+use super::{batch_len, fuse, merge_heads, project, project_out, split_heads};
+use super::{rope_cache_with, AfterRope};
 use mlx_array::{Array, Dtype, Result};
 use mlx_nn::module::{join, QuantVisitor};
 use mlx_nn::{
@@ -221,7 +222,7 @@ impl Attention {
                 _ => Ok((q, k)),
             }
         };
-        let post: Option<&dyn Fn(Array, Array) -> Result<(Array, Array)>> =
+        let post: Option<AfterRope<'_>> =
             (self.norm_at == NormAt::AfterRope).then_some(&after_rope);
         let (mut queries, fetch) =
             rope_cache_with(&queries, &keys, values, &self.rope, cache, post)?;

@@ -256,6 +256,9 @@ pub(crate) fn rope_cache(
     rope_cache_with(queries, keys, values, rope, cache, None)
 }
 
+/// What a model does to the rotated queries and keys before the cache update.
+pub(crate) type AfterRope<'a> = &'a dyn Fn(Array, Array) -> Result<(Array, Array)>;
+
 /// Queries and keys rotated, then passed through `after_rope` (a model that normalizes
 /// them there), before the cache update: [`rope_cache`] with that extra step.
 pub(crate) fn rope_cache_with(
@@ -264,7 +267,7 @@ pub(crate) fn rope_cache_with(
     values: Array,
     rope: &Rope,
     cache: Option<&mut dyn KvCache>,
-    after_rope: Option<&dyn Fn(Array, Array) -> Result<(Array, Array)>>,
+    after_rope: Option<AfterRope<'_>>,
 ) -> Result<(Array, KvFetch)> {
     let post = |q: Array, k: Array| match after_rope {
         Some(f) => f(q, k),
