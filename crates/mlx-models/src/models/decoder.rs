@@ -32,6 +32,56 @@ impl FeedForward for Mlp {
     }
 }
 
+/// A layer's feed-forward block in the MoE models whose first (or every n-th) layers
+/// stay dense: the SwiGLU [`Mlp`] or the model's expert block `M`.
+#[derive(Debug)]
+pub enum DenseOrMoe<M> {
+    /// Dense SwiGLU.
+    Dense(Box<Mlp>),
+    /// Experts.
+    Moe(Box<M>),
+}
+
+impl<M: FeedForward> Module for DenseOrMoe<M> {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        match self {
+            DenseOrMoe::Dense(m) => m.visit_params(prefix, f),
+            DenseOrMoe::Moe(m) => m.visit_params(prefix, f),
+        }
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        match self {
+            DenseOrMoe::Dense(m) => m.visit_params_mut(prefix, f),
+            DenseOrMoe::Moe(m) => m.visit_params_mut(prefix, f),
+        }
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        match self {
+            DenseOrMoe::Dense(m) => m.visit_quantizable_mut(prefix, f),
+            DenseOrMoe::Moe(m) => m.visit_quantizable_mut(prefix, f),
+        }
+    }
+}
+
+impl<M: FeedForward> FeedForward for DenseOrMoe<M> {
+    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
+        match self {
+            DenseOrMoe::Dense(m) => m.forward(x, residual),
+            DenseOrMoe::Moe(m) => m.forward(x, residual),
+        }
+    }
+    fn fuse(&mut self) -> crate::Result<()> {
+        match self {
+            DenseOrMoe::Dense(m) => m.fuse(),
+            DenseOrMoe::Moe(m) => m.fuse(),
+        }
+    }
+}
+
 /// `residual + r` (`r` alone without a residual), as mlx-lm's `h + r`.
 pub(crate) fn add_residual(r: Array, residual: Option<&Array>) -> Result<Array> {
     match residual {

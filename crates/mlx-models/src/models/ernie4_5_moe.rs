@@ -2,7 +2,7 @@
 //! feed-forward of every `moe_layer_interval`-th layer between the start and end indices
 //! being softmax- (or sigmoid-) gated top-k SwitchGLU experts plus optional shared
 //! experts.
-use super::decoder::{add_residual, stack_experts, Decoder, DecoderLayer, FeedForward};
+use super::decoder::{add_residual, stack_experts, Decoder, DecoderLayer, DenseOrMoe, FeedForward};
 use super::ernie4_5::{self, attention};
 use super::head::{self, LogitScale};
 use super::mlp::Mlp;
@@ -10,8 +10,7 @@ use super::{top_k_indices_of_negated, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Dtype, Result};
-use mlx_nn::module::QuantVisitor;
-use mlx_nn::{impl_module, KvCache, LinearLayer, Module, Param, SwitchGlu};
+use mlx_nn::{impl_module, KvCache, LinearLayer, SwitchGlu};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -101,54 +100,8 @@ impl FeedForward for MoeMlp {
     }
 }
 
-/// A layer's feed-forward block: experts or a dense MLP.
-#[derive(Debug)]
-pub enum Ffn {
-    /// Dense SwiGLU.
-    Dense(Box<Mlp>),
-    /// Experts.
-    Moe(Box<MoeMlp>),
-}
-
-impl Module for Ffn {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        match self {
-            Ffn::Dense(m) => m.visit_params(prefix, f),
-            Ffn::Moe(m) => m.visit_params(prefix, f),
-        }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        match self {
-            Ffn::Dense(m) => m.visit_params_mut(prefix, f),
-            Ffn::Moe(m) => m.visit_params_mut(prefix, f),
-        }
-    }
-    fn visit_quantizable_mut(
-        &mut self,
-        prefix: &str,
-        f: &mut QuantVisitor<'_>,
-    ) -> mlx_nn::Result<()> {
-        match self {
-            Ffn::Dense(m) => m.visit_quantizable_mut(prefix, f),
-            Ffn::Moe(m) => m.visit_quantizable_mut(prefix, f),
-        }
-    }
-}
-
-impl FeedForward for Ffn {
-    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
-        match self {
-            Ffn::Dense(m) => m.forward(x, residual),
-            Ffn::Moe(m) => m.forward(x, residual),
-        }
-    }
-    fn fuse(&mut self) -> crate::Result<()> {
-        match self {
-            Ffn::Dense(m) => m.fuse(),
-            Ffn::Moe(m) => m.fuse(),
-        }
-    }
-}
+/// A layer's feed-forward block.
+pub type Ffn = DenseOrMoe<MoeMlp>;
 
 /// ERNIE 4.5 MoE with its output head.
 #[derive(Debug)]
@@ -201,7 +154,7 @@ impl Model {
                     let shared = (moe.moe_num_shared_experts > 0)
                         .then(|| Mlp::new(dim, moe_hidden * moe.moe_num_shared_experts, bias))
                         .transpose()?;
-                    Ffn::Moe(Box::new(MoeMlp {
+                    DenseOrMoe::Moe(Box::new(MoeMlp {
                         gate: LinearLayer::new(dim, moe.moe_num_experts, false)?,
                         switch_mlp: SwitchGlu::new(dim, moe_hidden, moe.moe_num_experts, bias)?,
                         shared_experts: shared,
@@ -209,7 +162,7 @@ impl Model {
                         sigmoid,
                     }))
                 } else {
-                    Ffn::Dense(Box::new(Mlp::new(dim, args.intermediate_size, bias)?))
+                    DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, bias)?))
                 };
                 DecoderLayer::new(attention(&args)?, ffn, "mlp", dim, eps)
             })

@@ -4,7 +4,7 @@
 //! shared experts in the rest; an untied head; the checkpoint's multi-token-prediction
 //! layer is dropped.
 use super::attention::{Attention, AttentionDims, HeadNorm, NormAt};
-use super::decoder::{add_residual, stack_experts, Decoder, DecoderLayer, FeedForward};
+use super::decoder::{add_residual, stack_experts, Decoder, DecoderLayer, DenseOrMoe, FeedForward};
 use super::head::{self, LogitScale};
 use super::mlp::Mlp;
 use super::{top_k_indices_of_negated, Architecture, Weights};
@@ -181,54 +181,8 @@ impl FeedForward for Moe {
     }
 }
 
-/// A layer's feed-forward block: dense in the first layers, experts after.
-#[derive(Debug)]
-pub enum Ffn {
-    /// Dense SwiGLU.
-    Dense(Box<Mlp>),
-    /// Experts.
-    Moe(Box<Moe>),
-}
-
-impl Module for Ffn {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        match self {
-            Ffn::Dense(m) => m.visit_params(prefix, f),
-            Ffn::Moe(m) => m.visit_params(prefix, f),
-        }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        match self {
-            Ffn::Dense(m) => m.visit_params_mut(prefix, f),
-            Ffn::Moe(m) => m.visit_params_mut(prefix, f),
-        }
-    }
-    fn visit_quantizable_mut(
-        &mut self,
-        prefix: &str,
-        f: &mut QuantVisitor<'_>,
-    ) -> mlx_nn::Result<()> {
-        match self {
-            Ffn::Dense(m) => m.visit_quantizable_mut(prefix, f),
-            Ffn::Moe(m) => m.visit_quantizable_mut(prefix, f),
-        }
-    }
-}
-
-impl FeedForward for Ffn {
-    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
-        match self {
-            Ffn::Dense(m) => m.forward(x, residual),
-            Ffn::Moe(m) => m.forward(x, residual),
-        }
-    }
-    fn fuse(&mut self) -> crate::Result<()> {
-        match self {
-            Ffn::Dense(m) => m.fuse(),
-            Ffn::Moe(m) => m.fuse(),
-        }
-    }
-}
+/// A layer's feed-forward block.
+pub type Ffn = DenseOrMoe<Moe>;
 
 /// GLM-4.5 MoE with its (always untied) head.
 #[derive(Debug)]
@@ -259,7 +213,7 @@ impl Model {
                         .n_shared_experts
                         .map(|n| Mlp::new(dim, args.moe_intermediate_size * n, false))
                         .transpose()?;
-                    Ffn::Moe(Box::new(Moe {
+                    DenseOrMoe::Moe(Box::new(Moe {
                         switch_mlp: SwitchGlu::new(
                             dim,
                             args.moe_intermediate_size,
@@ -284,7 +238,7 @@ impl Model {
                         shared_experts: shared,
                     }))
                 } else {
-                    Ffn::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?))
+                    DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?))
                 };
                 DecoderLayer::new(attention(&args)?, ffn, "mlp", dim, eps)
             })
