@@ -70,7 +70,9 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("ernie4_5", "ernie4_5-f32-bias-untied-hd8", None),
     ("internlm3", "internlm3-f32-bias-tied-dynamic", None),
     ("glm4_moe", "glm4_moe-f32-mtp", None),
-    ("ernie4_5_moe", "ernie4_5_moe-f32-sigmoid-lists", None),
+    // Not the list-valued layer indices: transformers' strict config class refuses those
+    // in mlx_lm.convert (mlx-lm's model and ours read them).
+    ("ernie4_5_moe", "ernie4_5_moe-f32-mtp", None),
     ("qwen2_5_vl", "qwen2_5_vl-f32-nested-untied", None),
     ("qwen3_vl", "qwen3_vl-f32-nested-untied", None),
     ("hunyuan_v1_dense", "hunyuan_v1_dense-f32-tied-noqk", None),
