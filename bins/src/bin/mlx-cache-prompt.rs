@@ -51,9 +51,8 @@ struct Args {
     /// When --kv-bits is set, start quantizing the KV cache from this step onwards.
     #[arg(long, default_value_t = 5000)]
     quantized_kv_start: i32,
-    /// Keep a quantized model quantized on the CPU.
-    #[arg(long)]
-    keep_quantized: bool,
+    #[command(flatten)]
+    cpu_weights: mlx_bins::load::CpuWeights,
 }
 
 fn main() -> ExitCode {
@@ -68,7 +67,7 @@ fn cache_prompt(args: Args) -> Result<()> {
     let spec = (args.model != "default").then_some(args.model.as_str());
     let mut loaded = load(&LoadArgs {
         model: spec,
-        keep_quantized: args.keep_quantized,
+        cpu_weights: args.cpu_weights,
         adapter_path: args.adapter_path.as_deref(),
     })?;
     let mut tokenizer_config = serde_json::Map::new();

@@ -43,9 +43,8 @@ struct Args {
     /// Random seed for data sampling
     #[arg(long, default_value_t = 123)]
     seed: u32,
-    /// Keep a quantized model quantized on the CPU.
-    #[arg(long)]
-    keep_quantized: bool,
+    #[command(flatten)]
+    cpu_weights: mlx_bins::load::CpuWeights,
 }
 
 fn main() -> ExitCode {
@@ -78,7 +77,7 @@ fn perplexity(args: Args) -> Result<()> {
     outln!("Loading model from {}...", args.model)?;
     let mut loaded = load(&LoadArgs {
         model: Some(&args.model),
-        keep_quantized: args.keep_quantized,
+        cpu_weights: args.cpu_weights,
         adapter_path: None,
     })?;
     let total = match loaded.model.as_module_mut() {
