@@ -168,6 +168,9 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/_stats":
             self.body()
             return self.send(200, GETS)
+        if path == "/api/validate-yaml":
+            self.body()
+            return self.send(200, {})
         if path == "/api/repos/create":
             return self.create(json.loads(self.body()))
         m = re.fullmatch(r"/api/(models|datasets)/([^/]+/[^/]+)/preupload/([^/]+)", path)

@@ -223,7 +223,7 @@ impl Locations {
             };
         }
         looked.push(format!(
-            "Hugging Face Hub: `{spec}` is not an `org/name` repo id"
+            "Hugging Face Hub: `{spec}` is not an `org/name` id"
         ));
         Err(HubError::NotFound {
             spec: spec.to_string(),
