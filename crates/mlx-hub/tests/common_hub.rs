@@ -25,7 +25,9 @@ pub fn python() -> Option<PathBuf> {
             .is_ok_and(|o| o.status.success())
     });
     if found.is_none() {
-        eprintln!("SKIPPED: no Python with huggingface_hub (set MLX_PYTHON or run scripts/setup.sh)");
+        eprintln!(
+            "SKIPPED: no Python with huggingface_hub (set MLX_PYTHON or run scripts/setup.sh)"
+        );
     }
     found
 }
@@ -70,7 +72,11 @@ impl Server {
         std::io::BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        let port = line.trim().strip_prefix("PORT ").expect("PORT line").to_string();
+        let port = line
+            .trim()
+            .strip_prefix("PORT ")
+            .expect("PORT line")
+            .to_string();
         Server {
             child,
             endpoint: format!("http://127.0.0.1:{port}"),
@@ -142,13 +148,19 @@ impl Drop for Server {
 /// Every entry under `dir`: relative path, and `link -> target`, `file <sha-ish>` or `dir`.
 pub fn tree(dir: &Path) -> Vec<String> {
     fn walk(root: &Path, d: &Path, out: &mut Vec<String>) {
-        let mut es: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()).collect();
+        let mut es: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
         es.sort();
         for p in es {
             let rel = p.strip_prefix(root).unwrap().display().to_string();
             let m = std::fs::symlink_metadata(&p).unwrap();
             if m.file_type().is_symlink() {
-                out.push(format!("{rel} -> {}", std::fs::read_link(&p).unwrap().display()));
+                out.push(format!(
+                    "{rel} -> {}",
+                    std::fs::read_link(&p).unwrap().display()
+                ));
             } else if m.is_dir() {
                 out.push(format!("{rel}/"));
                 walk(root, &p, out);
@@ -158,7 +170,11 @@ pub fn tree(dir: &Path) -> Vec<String> {
                 out.push(format!(
                     "{rel} ({} bytes{})",
                     bytes.len(),
-                    if lock { String::new() } else { format!(", {:016x}", fnv(&bytes)) }
+                    if lock {
+                        String::new()
+                    } else {
+                        format!(", {:016x}", fnv(&bytes))
+                    }
                 ));
             }
         }
@@ -169,7 +185,9 @@ pub fn tree(dir: &Path) -> Vec<String> {
 }
 
 fn fnv(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf29ce484222325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x100000001b3))
+    b.iter().fold(0xcbf29ce484222325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 /// A model folder to upload: the golden tiny llama plus files mlx-lm does not fetch and a

@@ -26,16 +26,31 @@ fn served(t: &Tmp) -> Option<Server> {
 }
 
 fn sha256_of_safetensors(s: &Server, cache: &Path) -> String {
-    let snap = snapshot_download(&s.client(), cache, &model("org/tiny"), "main", Some(&["config.json"])).unwrap();
+    let snap = snapshot_download(
+        &s.client(),
+        cache,
+        &model("org/tiny"),
+        "main",
+        Some(&["config.json"]),
+    )
+    .unwrap();
     let _ = snap;
     let tree: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(
-            std::fs::read_dir(cache.join("models--org--tiny/trees")).unwrap().next().unwrap().unwrap().path(),
+            std::fs::read_dir(cache.join("models--org--tiny/trees"))
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path(),
         )
         .unwrap(),
     )
     .unwrap();
-    tree["files"]["model.safetensors"]["lfs_sha256"].as_str().unwrap().to_string()
+    tree["files"]["model.safetensors"]["lfs_sha256"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -46,10 +61,25 @@ fn download_matches_huggingface_hub_snapshot_download_and_mlx_lm_loads_it() {
     let theirs = t.0.join("theirs");
     let snap = snapshot_download(&s.client(), &ours, &model("org/tiny"), "main", ALLOW).unwrap();
     assert!(snap.join("config.json").is_file() && snap.join("model.safetensors").is_file());
-    assert!(!snap.join("pytorch_model.bin").exists(), "mlx-lm's patterns skip .bin");
+    assert!(
+        !snap.join("pytorch_model.bin").exists(),
+        "mlx-lm's patterns skip .bin"
+    );
     assert!(snap.join("extra/notes.txt").is_file());
-    let out = s.py(&["snapshot", &s.endpoint, theirs.to_str().unwrap(), "org/tiny", "--mlx-lm-patterns"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), theirs.join(snap.strip_prefix(&ours).unwrap()).display().to_string());
+    let out = s.py(&[
+        "snapshot",
+        &s.endpoint,
+        theirs.to_str().unwrap(),
+        "org/tiny",
+        "--mlx-lm-patterns",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        theirs
+            .join(snap.strip_prefix(&ours).unwrap())
+            .display()
+            .to_string()
+    );
     assert_eq!(tree(&ours), tree(&theirs));
     // A second run changes nothing and asks for no bytes.
     let before = s.gets();
@@ -61,11 +91,15 @@ fn download_matches_huggingface_hub_snapshot_download_and_mlx_lm_loads_it() {
         .env("HF_HUB_OFFLINE", "1")
         .env("HF_HUB_CACHE", &ours)
         .env("HF_HUB_DISABLE_TELEMETRY", "1")
-        .args(["-c", "from mlx_lm import load; m, tok = load('org/tiny'); print(type(m).__module__)"])
+        .args([
+            "-c",
+            "from mlx_lm import load; m, tok = load('org/tiny'); print(type(m).__module__)",
+        ])
         .output()
         .unwrap();
     assert!(
-        load.status.success() && String::from_utf8_lossy(&load.stdout).contains("mlx_lm.models.llama"),
+        load.status.success()
+            && String::from_utf8_lossy(&load.stdout).contains("mlx_lm.models.llama"),
         "mlx-lm could not load our download:\n{}\n{}",
         String::from_utf8_lossy(&load.stdout),
         String::from_utf8_lossy(&load.stderr)
@@ -81,30 +115,56 @@ fn an_interrupted_download_resumes_with_a_range_request() {
     s.control(serde_json::json!({"truncate_once": {&oid: 50_000}}));
     let e = snapshot_download(&s.client(), &cache, &model("org/tiny"), "main", ALLOW).unwrap_err();
     assert!(matches!(e, HubError::Truncated { got: 50_000, .. }), "{e}");
-    assert!(e.to_string().contains("run the command again to resume"), "{e}");
+    assert!(
+        e.to_string().contains("run the command again to resume"),
+        "{e}"
+    );
     let storage = cache.join("models--org--tiny");
     let partial = storage.join("blobs").join(format!("{oid}.incomplete"));
     assert_eq!(std::fs::metadata(&partial).unwrap().len(), 50_000);
     assert!(!storage.join("blobs").join(&oid).exists());
-    let snap = std::fs::read_dir(storage.join("snapshots")).unwrap().next().unwrap().unwrap().path();
-    assert!(!snap.join("model.safetensors").exists(), "no pointer to a half-written blob");
+    let snap = std::fs::read_dir(storage.join("snapshots"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(
+        !snap.join("model.safetensors").exists(),
+        "no pointer to a half-written blob"
+    );
     snapshot_download(&s.client(), &cache, &model("org/tiny"), "main", ALLOW).unwrap();
     assert_eq!(s.gets()[&oid], serde_json::json!([0, 50_000]));
     assert!(!partial.exists());
     let theirs = t.0.join("theirs");
-    s.py(&["snapshot", &s.endpoint, theirs.to_str().unwrap(), "org/tiny", "--mlx-lm-patterns"]);
+    s.py(&[
+        "snapshot",
+        &s.endpoint,
+        theirs.to_str().unwrap(),
+        "org/tiny",
+        "--mlx-lm-patterns",
+    ]);
     assert_eq!(tree(&cache), tree(&theirs));
 }
 
 /// Nothing for the file in the cache: no blob, no partial, no pointer.
 fn nothing_for(cache: &Path, etag: &str, file: &str) {
     let storage = cache.join("models--org--tiny");
-    for e in std::fs::read_dir(storage.join("blobs")).into_iter().flatten() {
+    for e in std::fs::read_dir(storage.join("blobs"))
+        .into_iter()
+        .flatten()
+    {
         let name = e.unwrap().file_name().to_string_lossy().into_owned();
         assert!(!name.starts_with(etag), "left {name} in the cache");
     }
-    for e in std::fs::read_dir(storage.join("snapshots")).into_iter().flatten() {
-        assert!(!e.unwrap().path().join(file).exists(), "left a pointer to {file}");
+    for e in std::fs::read_dir(storage.join("snapshots"))
+        .into_iter()
+        .flatten()
+    {
+        assert!(
+            !e.unwrap().path().join(file).exists(),
+            "left a pointer to {file}"
+        );
     }
 }
 
@@ -115,17 +175,27 @@ fn wrong_bytes_sizes_and_etags_are_refused_and_leave_nothing() {
     let oid = sha256_of_safetensors(&s, &t.0.join("probe"));
     for (i, (fault, needle)) in [
         (serde_json::json!({"corrupt": {&oid: true}}), "expected"),
-        (serde_json::json!({"corrupt": {}, "wrong_size": {&oid: 7}}), "announces"),
-        (serde_json::json!({"wrong_size": {}, "bad_etag": {&oid: true}}), "ETag"),
+        (
+            serde_json::json!({"corrupt": {}, "wrong_size": {&oid: 7}}),
+            "announces",
+        ),
+        (
+            serde_json::json!({"wrong_size": {}, "bad_etag": {&oid: true}}),
+            "ETag",
+        ),
     ]
     .into_iter()
     .enumerate()
     {
         s.control(fault);
         let cache = t.0.join(format!("cache{i}"));
-        let e = snapshot_download(&s.client(), &cache, &model("org/tiny"), "main", ALLOW).unwrap_err();
+        let e =
+            snapshot_download(&s.client(), &cache, &model("org/tiny"), "main", ALLOW).unwrap_err();
         assert!(matches!(e, HubError::Integrity { .. }), "{e:?}");
-        assert!(e.to_string().contains(needle) && e.to_string().contains("model.safetensors"), "{e}");
+        assert!(
+            e.to_string().contains(needle) && e.to_string().contains("model.safetensors"),
+            "{e}"
+        );
         nothing_for(&cache, &oid, "model.safetensors");
     }
 }
@@ -135,10 +205,17 @@ fn traversal_bad_ids_and_bad_revisions_are_refused() {
     let t = Tmp::new("traversal");
     let Some(s) = served(&t) else { return };
     let cache = t.0.join("cache");
-    for bad in ["../../evil.json", "/tmp/evil.json", "a/../../evil.json", "a\\..\\evil.json"] {
-        let entry = serde_json::json!({"type": "file", "oid": "0".repeat(40), "size": 2, "path": bad});
+    for bad in [
+        "../../evil.json",
+        "/tmp/evil.json",
+        "a/../../evil.json",
+        "a\\..\\evil.json",
+    ] {
+        let entry =
+            serde_json::json!({"type": "file", "oid": "0".repeat(40), "size": 2, "path": bad});
         s.control(serde_json::json!({"extra_tree": {"org/tiny": [entry]}}));
-        let e = snapshot_download(&s.client(), &cache, &model("org/tiny"), "main", None).unwrap_err();
+        let e =
+            snapshot_download(&s.client(), &cache, &model("org/tiny"), "main", None).unwrap_err();
         assert!(matches!(e, HubError::BadPath { .. }), "{bad}: {e:?}");
         assert!(e.to_string().contains(bad), "{e}");
     }
@@ -147,13 +224,28 @@ fn traversal_bad_ids_and_bad_revisions_are_refused() {
         let e = snapshot_download(&s.client(), &cache, &model("org/tiny"), rev, None).unwrap_err();
         assert!(matches!(e, HubError::BadPath { .. }), "{rev}: {e:?}");
     }
-    for id in ["../x", "org/../x", "/abs/x", "a/b/c", "org", "org/na me", "org--x/y"] {
+    for id in [
+        "../x",
+        "org/../x",
+        "/abs/x",
+        "a/b/c",
+        "org",
+        "org/na me",
+        "org--x/y",
+    ] {
         let e = RepoId::new(id, RepoType::Model).unwrap_err();
         assert!(e.to_string().contains("not a valid repo id"), "{e}");
     }
     // A revision that does not exist and a repo that does not exist name themselves.
     s.control(serde_json::json!({"extra_tree": {}}));
-    let e = snapshot_download(&s.client(), &cache, &model("org/tiny"), "no-such-branch", None).unwrap_err();
+    let e = snapshot_download(
+        &s.client(),
+        &cache,
+        &model("org/tiny"),
+        "no-such-branch",
+        None,
+    )
+    .unwrap_err();
     assert!(matches!(e, HubError::RevisionNotFound { .. }), "{e:?}");
     let e = snapshot_download(&s.client(), &cache, &model("org/absent"), "main", None).unwrap_err();
     assert!(matches!(e, HubError::RepoNotFound { .. }), "{e:?}");
@@ -168,31 +260,58 @@ fn private_gated_and_offline_say_what_to_do() {
     let anon = mlx_hub::HubClient::new(s.endpoint.clone(), None, false).unwrap();
     s.control(serde_json::json!({"private": ["org/tiny"]}));
     let e = snapshot_download(&anon, &cache, &model("org/tiny"), "main", ALLOW).unwrap_err();
-    assert!(matches!(e, HubError::RepoNotFound { .. }) && e.to_string().contains("HF_TOKEN"), "{e}");
+    assert!(
+        matches!(e, HubError::RepoNotFound { .. }) && e.to_string().contains("HF_TOKEN"),
+        "{e}"
+    );
     s.control(serde_json::json!({"private": [], "gated": ["org/tiny"]}));
     let e = snapshot_download(&anon, &cache, &model("org/tiny"), "main", ALLOW).unwrap_err();
-    assert!(matches!(e, HubError::Gated { .. }) && e.to_string().contains("HF_TOKEN"), "{e}");
+    assert!(
+        matches!(e, HubError::Gated { .. }) && e.to_string().contains("HF_TOKEN"),
+        "{e}"
+    );
     let offline = mlx_hub::HubClient::new(s.endpoint.clone(), None, true).unwrap();
     let e = snapshot_download(&offline, &cache, &model("org/tiny"), "main", ALLOW).unwrap_err();
-    assert!(matches!(e, HubError::Offline { .. }) && e.to_string().contains("HF_HUB_OFFLINE"), "{e}");
+    assert!(
+        matches!(e, HubError::Offline { .. }) && e.to_string().contains("HF_HUB_OFFLINE"),
+        "{e}"
+    );
     // With the token it downloads; then offline (and a gated answer) use the cache.
     let snap = snapshot_download(&s.client(), &cache, &model("org/tiny"), "main", ALLOW).unwrap();
-    assert_eq!(snapshot_download(&offline, &cache, &model("org/tiny"), "main", ALLOW).unwrap(), snap);
-    assert_eq!(snapshot_download(&anon, &cache, &model("org/tiny"), "main", ALLOW).unwrap(), snap);
+    assert_eq!(
+        snapshot_download(&offline, &cache, &model("org/tiny"), "main", ALLOW).unwrap(),
+        snap
+    );
+    assert_eq!(
+        snapshot_download(&anon, &cache, &model("org/tiny"), "main", ALLOW).unwrap(),
+        snap
+    );
     // An incomplete snapshot is not passed off as complete offline.
     std::fs::remove_file(snap.join("tokenizer.json")).unwrap();
     let e = snapshot_download(&offline, &cache, &model("org/tiny"), "main", ALLOW).unwrap_err();
-    assert!(e.to_string().contains("incomplete") && e.to_string().contains("tokenizer.json"), "{e}");
+    assert!(
+        e.to_string().contains("incomplete") && e.to_string().contains("tokenizer.json"),
+        "{e}"
+    );
 }
 
 /// Run by [`two_processes_download_the_same_repo_at_once`] in child processes.
 #[test]
 #[ignore = "a child of two_processes_download_the_same_repo_at_once"]
 fn child_download() {
-    let Ok(endpoint) = std::env::var("HUB_TEST_ENDPOINT") else { return };
+    let Ok(endpoint) = std::env::var("HUB_TEST_ENDPOINT") else {
+        return;
+    };
     let cache = std::env::var("HUB_TEST_CACHE").unwrap();
     let client = mlx_hub::HubClient::new(endpoint, Some(common_hub::TOKEN.into()), false).unwrap();
-    snapshot_download(&client, Path::new(&cache), &model("org/tiny"), "main", ALLOW).unwrap();
+    snapshot_download(
+        &client,
+        Path::new(&cache),
+        &model("org/tiny"),
+        "main",
+        ALLOW,
+    )
+    .unwrap();
 }
 
 #[test]
@@ -216,8 +335,17 @@ fn two_processes_download_the_same_repo_at_once() {
         (a.join().unwrap().unwrap(), b.join().unwrap().unwrap())
     });
     for o in [&a, &b] {
-        assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        assert!(String::from_utf8_lossy(&o.stdout).contains("1 passed"), "{}", String::from_utf8_lossy(&o.stdout));
+        assert!(
+            o.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("1 passed"),
+            "{}",
+            String::from_utf8_lossy(&o.stdout)
+        );
     }
     s.control(serde_json::json!({"delay": 0}));
     // Each blob was fetched once: the second process waited on the lock, then found it.
@@ -225,7 +353,13 @@ fn two_processes_download_the_same_repo_at_once() {
         assert_eq!(starts, &serde_json::json!([0]), "{etag} fetched {starts}");
     }
     let theirs = t.0.join("theirs");
-    s.py(&["snapshot", &s.endpoint, theirs.to_str().unwrap(), "org/tiny", "--mlx-lm-patterns"]);
+    s.py(&[
+        "snapshot",
+        &s.endpoint,
+        theirs.to_str().unwrap(),
+        "org/tiny",
+        "--mlx-lm-patterns",
+    ]);
     assert_eq!(tree(&cache), tree(&theirs));
 }
 
@@ -249,13 +383,29 @@ fn our_upload_reads_back_through_huggingface_hub_with_mlx_lms_card() {
     mlx_hub::hub::upload::create_repo(&s.client(), &repo).unwrap(); // exists: fine
     mlx_hub::hub::upload::upload_folder(&s.client(), &repo, &folder, "Upload").unwrap();
     // mlx-lm's upload_to_hub of the same folder.
-    s.py(&["mlx-upload", &s.endpoint, theirs_src.to_str().unwrap(), "me/ours"]);
+    s.py(&[
+        "mlx-upload",
+        &s.endpoint,
+        theirs_src.to_str().unwrap(),
+        "me/ours",
+    ]);
     // Read both back with huggingface_hub: every file, byte for byte; the cards are equal.
     let back = t.0.join("back");
     let out = s.py(&["snapshot", &s.endpoint, back.to_str().unwrap(), "me/ours"]);
     let snap = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    for rel in ["config.json", "model.safetensors", "tokenizer.json", "extra/notes.txt", "pytorch_model.bin", "README.md"] {
-        assert_eq!(std::fs::read(folder.join(rel)).unwrap(), std::fs::read(snap.join(rel)).unwrap(), "{rel}");
+    for rel in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "extra/notes.txt",
+        "pytorch_model.bin",
+        "README.md",
+    ] {
+        assert_eq!(
+            std::fs::read(folder.join(rel)).unwrap(),
+            std::fs::read(snap.join(rel)).unwrap(),
+            "{rel}"
+        );
     }
     assert_eq!(
         std::fs::read_to_string(folder.join("README.md")).unwrap(),

@@ -49,8 +49,9 @@ pub fn hf_home() -> Option<PathBuf> {
 
 /// Whether `$HF_HUB_OFFLINE` asks for no network.
 pub fn offline_from_env() -> bool {
-    env("HF_HUB_OFFLINE")
-        .is_some_and(|v| ["1", "ON", "YES", "TRUE"].contains(&v.trim().to_ascii_uppercase().as_str()))
+    env("HF_HUB_OFFLINE").is_some_and(|v| {
+        ["1", "ON", "YES", "TRUE"].contains(&v.trim().to_ascii_uppercase().as_str())
+    })
 }
 
 fn token_from_env() -> Option<String> {
@@ -77,7 +78,11 @@ impl HubClient {
     }
 
     /// A client for `endpoint` with `token`.
-    pub fn new(endpoint: String, token: Option<String>, offline: bool) -> Result<HubClient, HubError> {
+    pub fn new(
+        endpoint: String,
+        token: Option<String>,
+        offline: bool,
+    ) -> Result<HubClient, HubError> {
         let agent = format!("mlx-rs-lm/{}; hf_hub/rust", env!("CARGO_PKG_VERSION"));
         let build = |redirects: reqwest::redirect::Policy| {
             Client::builder()
@@ -117,7 +122,12 @@ impl HubClient {
     }
 
     /// Sends `rb` and turns an error status into the error that names its cause.
-    pub(crate) fn send_ok(&self, rb: RequestBuilder, url: &str, repo: &str) -> Result<Response, HubError> {
+    pub(crate) fn send_ok(
+        &self,
+        rb: RequestBuilder,
+        url: &str,
+        repo: &str,
+    ) -> Result<Response, HubError> {
         let resp = self.send(rb, url)?;
         check_status(resp, url, repo, self.token.is_some())
     }
@@ -136,11 +146,18 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 fn header(h: &HeaderMap, name: &str) -> Option<String> {
-    h.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+    h.get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
 }
 
 /// Passes a success (or a redirect) through; names the cause of an error status.
-pub(crate) fn check_status(resp: Response, url: &str, repo: &str, have_token: bool) -> Result<Response, HubError> {
+pub(crate) fn check_status(
+    resp: Response,
+    url: &str,
+    repo: &str,
+    have_token: bool,
+) -> Result<Response, HubError> {
     let status = resp.status();
     if status.is_success() || status.is_redirection() {
         return Ok(resp);
@@ -157,7 +174,8 @@ pub(crate) fn check_status(resp: Response, url: &str, repo: &str, have_token: bo
     let token_hint = if have_token {
         "the token in use (HF_TOKEN or the token file) has no access to it".to_string()
     } else {
-        "no token was sent: set HF_TOKEN, or write one to $HF_HOME/token (`hf auth login`)".to_string()
+        "no token was sent: set HF_TOKEN, or write one to $HF_HOME/token (`hf auth login`)"
+            .to_string()
     };
     Err(match (status.as_u16(), code.as_str()) {
         (_, "GatedRepo") => HubError::Gated {
@@ -179,7 +197,11 @@ pub(crate) fn check_status(resp: Response, url: &str, repo: &str, have_token: bo
         _ => HubError::Http {
             url: url.into(),
             status: status.as_u16(),
-            detail: if code.is_empty() { detail } else { format!("{code}: {detail}") },
+            detail: if code.is_empty() {
+                detail
+            } else {
+                format!("{code}: {detail}")
+            },
         },
     })
 }

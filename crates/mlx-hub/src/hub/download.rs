@@ -114,7 +114,11 @@ impl CacheRepo {
     /// The cached snapshot of `revision` if every file the patterns select is there (by
     /// the cached tree listing; without one, the snapshot directory existing is all huggingface_hub
     /// checks too). `Err` says what is missing.
-    pub fn cached_snapshot(&self, revision: &str, allow: Option<&[&str]>) -> std::result::Result<PathBuf, String> {
+    pub fn cached_snapshot(
+        &self,
+        revision: &str,
+        allow: Option<&[&str]>,
+    ) -> std::result::Result<PathBuf, String> {
         check_relative("revision", revision).map_err(|e| e.to_string())?;
         let storage = self.storage();
         let Some(commit) = self.cached_commit(revision) else {
@@ -134,7 +138,12 @@ impl CacheRepo {
                     "the snapshot {} is incomplete: {} file(s) missing ({})",
                     snap.display(),
                     missing.len(),
-                    missing.iter().take(3).map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                    missing
+                        .iter()
+                        .take(3)
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ));
             }
         }
@@ -152,7 +161,9 @@ fn write_atomic(path: &Path, text: &[u8]) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     let tmp = dir.join(format!(
         ".{}.{}.tmp",
-        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
         crate::fetch::unique("w")
     ));
     std::fs::write(&tmp, text).map_err(io_err(&tmp))?;
@@ -172,7 +183,10 @@ fn tree_json(files: &BTreeMap<String, TreeEntry>) -> Vec<u8> {
         files: files.clone(),
     };
     let mut out = Vec::new();
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(b" "));
+    let mut ser = serde_json::Serializer::with_formatter(
+        &mut out,
+        serde_json::ser::PrettyFormatter::with_indent(b" "),
+    );
     // Serializing owned strings and integers cannot fail.
     let _ = t.serialize(&mut ser);
     let s = String::from_utf8_lossy(&out);
@@ -256,11 +270,13 @@ pub fn snapshot_download(
         repo: repo.clone(),
     };
     if client.offline {
-        return cr.cached_snapshot(revision, allow).map_err(|detail| HubError::Offline {
-            repo: repo.id.clone(),
-            cache: cache.to_path_buf(),
-            detail: format!(": {detail}"),
-        });
+        return cr
+            .cached_snapshot(revision, allow)
+            .map_err(|detail| HubError::Offline {
+                repo: repo.id.clone(),
+                cache: cache.to_path_buf(),
+                detail: format!(": {detail}"),
+            });
     }
     let online = (|| {
         let commit = if is_commit_hash(revision) {
@@ -306,7 +322,8 @@ pub fn snapshot_download(
     }
     let snap = storage.join("snapshots").join(&commit);
     std::fs::create_dir_all(&snap).map_err(io_err(&snap))?;
-    let files: Vec<(&String, &TreeEntry)> = tree.iter().filter(|(p, _)| selected(p, allow)).collect();
+    let files: Vec<(&String, &TreeEntry)> =
+        tree.iter().filter(|(p, _)| selected(p, allow)).collect();
     if files.is_empty() {
         tracing::warn!(repo = %repo.id, "no files matched the patterns");
     }
@@ -327,7 +344,9 @@ pub fn snapshot_download(
         for _ in 0..WORKERS.min(files.len()) {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
-                let Some((path, entry)) = files.get(i) else { break };
+                let Some((path, entry)) = files.get(i) else {
+                    break;
+                };
                 if let Err(e) = ctx.fetch(path, entry) {
                     let mut slot = first_err.lock().unwrap_or_else(|p| p.into_inner());
                     slot.get_or_insert(e);
@@ -342,7 +361,12 @@ pub fn snapshot_download(
 }
 
 fn api_url(client: &HubClient, repo: &RepoId, tail: &str) -> String {
-    format!("{}/api/{}s/{}/{tail}", client.endpoint, repo.kind.as_str(), repo.id)
+    format!(
+        "{}/api/{}s/{}/{tail}",
+        client.endpoint,
+        repo.kind.as_str(),
+        repo.id
+    )
 }
 
 fn revision_commit(client: &HubClient, repo: &RepoId, revision: &str) -> Result<String> {
@@ -391,7 +415,11 @@ fn is_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-fn list_tree(client: &HubClient, repo: &RepoId, commit: &str) -> Result<BTreeMap<String, TreeEntry>> {
+fn list_tree(
+    client: &HubClient,
+    repo: &RepoId,
+    commit: &str,
+) -> Result<BTreeMap<String, TreeEntry>> {
     let mut url = api_url(client, repo, &format!("tree/{commit}?recursive=true"));
     let mut out = BTreeMap::new();
     for _page in 0..10_000 {
@@ -401,10 +429,12 @@ fn list_tree(client: &HubClient, repo: &RepoId, commit: &str) -> Result<BTreeMap
             .get("Link")
             .and_then(|v| v.to_str().ok())
             .and_then(|l| {
-                l.split(',').find(|p| p.contains("rel=\"next\"")).and_then(|p| {
-                    let (a, b) = (p.find('<')?, p.find('>')?);
-                    Some(p[a + 1..b].to_string())
-                })
+                l.split(',')
+                    .find(|p| p.contains("rel=\"next\""))
+                    .and_then(|p| {
+                        let (a, b) = (p.find('<')?, p.find('>')?);
+                        Some(p[a + 1..b].to_string())
+                    })
             });
         let entries: Vec<RawEntry> = resp.json().map_err(|e| HubError::Http {
             url: url.clone(),
@@ -419,11 +449,17 @@ fn list_tree(client: &HubClient, repo: &RepoId, commit: &str) -> Result<BTreeMap
                 why,
             };
             if !is_hex(&e.oid, 40) {
-                return Err(bad(format!("the tree listing's blob id `{}` is not a sha1", e.oid)));
+                return Err(bad(format!(
+                    "the tree listing's blob id `{}` is not a sha1",
+                    e.oid
+                )));
             }
             if let Some(l) = &e.lfs {
                 if !is_hex(&l.oid, 64) {
-                    return Err(bad(format!("the tree listing's LFS oid `{}` is not a sha256", l.oid)));
+                    return Err(bad(format!(
+                        "the tree listing's LFS oid `{}` is not a sha256",
+                        l.oid
+                    )));
                 }
             }
             out.insert(
@@ -465,7 +501,10 @@ struct Meta {
 }
 
 fn normalize_etag(e: &str) -> String {
-    e.trim().trim_start_matches("W/").trim_matches('"').to_string()
+    e.trim()
+        .trim_start_matches("W/")
+        .trim_matches('"')
+        .to_string()
 }
 
 impl FileCtx<'_> {
@@ -556,7 +595,11 @@ impl FileCtx<'_> {
                 .map(|e| normalize_etag(&e))
                 .ok_or_else(|| self.err(path, "the server sent no ETag".into()))?;
             let size = get("X-Linked-Size")
-                .or_else(|| (!resp.status().is_redirection()).then(|| get("Content-Length")).flatten())
+                .or_else(|| {
+                    (!resp.status().is_redirection())
+                        .then(|| get("Content-Length"))
+                        .flatten()
+                })
                 .and_then(|s| s.trim().parse().ok());
             let location = match location {
                 Some(l) if l.starts_with('/') => format!("{}{l}", self.client.endpoint),
@@ -578,16 +621,31 @@ impl FileCtx<'_> {
         let etag = entry.etag();
         let meta = self.head(path)?;
         if meta.etag != etag {
-            return Err(self.err(path, format!("the server's ETag {} is not the tree listing's {etag}", meta.etag)));
+            return Err(self.err(
+                path,
+                format!(
+                    "the server's ETag {} is not the tree listing's {etag}",
+                    meta.etag
+                ),
+            ));
         }
         if meta.size.is_some_and(|s| s != expected_size) {
             return Err(self.err(
                 path,
-                format!("the server announces {} bytes, the tree listing {expected_size}", meta.size.unwrap_or(0)),
+                format!(
+                    "the server announces {} bytes, the tree listing {expected_size}",
+                    meta.size.unwrap_or(0)
+                ),
             ));
         }
         if meta.commit.as_deref().is_some_and(|c| c != self.commit) {
-            return Err(self.err(path, format!("the server answered for commit {:?}, not {}", meta.commit, self.commit)));
+            return Err(self.err(
+                path,
+                format!(
+                    "the server answered for commit {:?}, not {}",
+                    meta.commit, self.commit
+                ),
+            ));
         }
         let dir = blob.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
@@ -609,8 +667,10 @@ impl FileCtx<'_> {
         }
         let bar = self.bars.add(ProgressBar::new(expected_size));
         bar.set_style(
-            ProgressStyle::with_template("{msg:30!} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{msg:30!} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         bar.set_message(path.to_string());
         bar.set_position(have);
@@ -624,18 +684,37 @@ impl FileCtx<'_> {
         };
         if actual != etag {
             let _ = std::fs::remove_file(&incomplete);
-            let algo = if entry.lfs_sha256.is_some() { "sha256" } else { "git blob sha1" };
-            return Err(self.err(path, format!("the downloaded bytes have {algo} {actual}, expected {etag}")));
+            let algo = if entry.lfs_sha256.is_some() {
+                "sha256"
+            } else {
+                "git blob sha1"
+            };
+            return Err(self.err(
+                path,
+                format!("the downloaded bytes have {algo} {actual}, expected {etag}"),
+            ));
         }
         std::fs::rename(&incomplete, blob).map_err(io_err(blob))
     }
 
-    fn transfer(&self, path: &str, url: &str, incomplete: &Path, mut have: u64, size: u64, bar: &ProgressBar) -> Result<()> {
+    fn transfer(
+        &self,
+        path: &str,
+        url: &str,
+        incomplete: &Path,
+        mut have: u64,
+        size: u64,
+        bar: &ProgressBar,
+    ) -> Result<()> {
         if have == size {
             return Ok(());
         }
         let same_host = url.starts_with(&self.client.endpoint);
-        let mut rb = self.client.http.get(url).header("Accept-Encoding", "identity");
+        let mut rb = self
+            .client
+            .http
+            .get(url)
+            .header("Accept-Encoding", "identity");
         if have > 0 {
             rb = rb.header("Range", format!("bytes={have}-"));
         }
@@ -677,7 +756,10 @@ impl FileCtx<'_> {
             if have + n as u64 > size {
                 drop(f);
                 let _ = std::fs::remove_file(incomplete);
-                return Err(self.err(path, format!("the server sent more than the {size} bytes announced")));
+                return Err(self.err(
+                    path,
+                    format!("the server sent more than the {size} bytes announced"),
+                ));
             }
             if let Err(e) = f.write_all(&buf[..n]) {
                 drop(f);

@@ -50,7 +50,8 @@ fn id_part_ok(p: &str) -> bool {
 /// Whether `s` is an `org/name` id (the rules of `huggingface_hub.validate_repo_id`, with
 /// the namespace required).
 pub fn is_repo_id(s: &str) -> bool {
-    s.len() <= 96 && matches!(s.split_once('/'), Some((org, name)) if id_part_ok(org) && id_part_ok(name))
+    s.len() <= 96
+        && matches!(s.split_once('/'), Some((org, name)) if id_part_ok(org) && id_part_ok(name))
 }
 
 impl RepoId {
@@ -59,9 +60,10 @@ impl RepoId {
         if !is_repo_id(id) {
             return Err(HubError::BadRepoId {
                 id: id.to_string(),
-                why: "a repo id is `org/name`: letters, digits, `-`, `_` and `.`, no `--` or `..`, \
+                why:
+                    "a repo id is `org/name`: letters, digits, `-`, `_` and `.`, no `--` or `..`, \
                       not starting or ending with `-` or `.`, at most 96 characters"
-                    .into(),
+                        .into(),
             });
         }
         Ok(RepoId {
@@ -103,7 +105,9 @@ pub fn check_relative(what: &str, p: &str) -> Result<(), HubError> {
 
 /// Whether `s` is a full commit hash (40 lowercase hex digits).
 pub fn is_commit_hash(s: &str) -> bool {
-    s.len() == 40 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == 40
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Percent-encodes `s` like Python's `urllib.parse.quote(s, safe)`.
@@ -174,8 +178,17 @@ mod tests {
         assert!(is_repo_id("HuggingFaceTB/SmolLM2-135M-Instruct"));
         assert!(is_repo_id("mlx-community/Qwen2.5-0.5B-Instruct-4bit"));
         for bad in [
-            "name", "/abs/path", "a/b/c", "./x", "../x", "org/", "org/na me", "a--b/c", "a/b..c",
-            "org/.x", "org/x-",
+            "name",
+            "/abs/path",
+            "a/b/c",
+            "./x",
+            "../x",
+            "org/",
+            "org/na me",
+            "a--b/c",
+            "a/b..c",
+            "org/.x",
+            "org/x-",
         ] {
             assert!(!is_repo_id(bad), "{bad}");
         }
@@ -186,7 +199,16 @@ mod tests {
         for ok in ["config.json", "sub/dir/x.txt", "refs/pr/1", "main"] {
             check_relative("file", ok).unwrap();
         }
-        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "a/./b", "a\\b", "x/"] {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "a/./b",
+            "a\\b",
+            "x/",
+        ] {
             assert!(check_relative("file", bad).is_err(), "{bad}");
         }
     }
@@ -195,7 +217,10 @@ mod tests {
     fn fnmatch_like_python() {
         assert!(fnmatch("*.json", "config.json"));
         assert!(fnmatch("*.json", "sub/config.json"));
-        assert!(fnmatch("model*.safetensors", "model-00001-of-00002.safetensors"));
+        assert!(fnmatch(
+            "model*.safetensors",
+            "model-00001-of-00002.safetensors"
+        ));
         assert!(!fnmatch("model*.safetensors", "consolidated.safetensors"));
         assert!(fnmatch("tokenizer.model", "tokenizer.model"));
         assert!(!fnmatch("tokenizer.model", "xtokenizer.model"));

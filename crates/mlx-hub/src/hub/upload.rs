@@ -47,7 +47,9 @@ pub fn model_card(existing: Option<&str>, upload_repo: &str) -> String {
 fn front_matter(text: &str) -> Option<String> {
     let t = text.trim_start();
     let rest = t.strip_prefix("---")?;
-    let rest = rest.strip_prefix("\r\n").or_else(|| rest.strip_prefix('\n'))?;
+    let rest = rest
+        .strip_prefix("\r\n")
+        .or_else(|| rest.strip_prefix('\n'))?;
     let mut yaml = Vec::new();
     for line in rest.lines() {
         if line.trim_end() == "---" {
@@ -161,7 +163,9 @@ pub(crate) fn base64(data: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut s = String::with_capacity(data.len().div_ceil(3) * 4);
     for c in data.chunks(3) {
-        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
         for i in 0..4 {
             if i <= c.len() {
                 s.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
@@ -188,32 +192,51 @@ fn sha256_hex(path: &Path) -> Result<String> {
 }
 
 fn json_of(resp: reqwest::blocking::Response, repo: &RepoId, what: &str) -> Result<Value> {
-    resp.json()
-        .map_err(|e| upload_err(repo, format!("unreadable {what} answer: {}", error_chain(&e))))
+    resp.json().map_err(|e| {
+        upload_err(
+            repo,
+            format!("unreadable {what} answer: {}", error_chain(&e)),
+        )
+    })
 }
 
 /// The URL the Hub gave, with its host swapped for `HF_ENDPOINT`'s when it names the
 /// public Hub (huggingface_hub's `fix_hf_endpoint_in_url`).
 fn fix_endpoint(client: &HubClient, url: &str) -> String {
     match url.strip_prefix(super::client::DEFAULT_ENDPOINT) {
-        Some(rest) if client.endpoint != super::client::DEFAULT_ENDPOINT => format!("{}{rest}", client.endpoint),
+        Some(rest) if client.endpoint != super::client::DEFAULT_ENDPOINT => {
+            format!("{}{rest}", client.endpoint)
+        }
         _ => url.to_string(),
     }
 }
 
 /// Uploads every file under `folder` to `repo`'s `main` branch in one commit; returns the
 /// commit's URL as the Hub gives it.
-pub fn upload_folder(client: &HubClient, repo: &RepoId, folder: &Path, summary: &str) -> Result<String> {
+pub fn upload_folder(
+    client: &HubClient,
+    repo: &RepoId,
+    folder: &Path,
+    summary: &str,
+) -> Result<String> {
     if client.offline {
         return Err(upload_err(repo, "HF_HUB_OFFLINE is set"));
     }
     let mut items = Vec::new();
     walk(folder, folder, &mut items)?;
     if items.is_empty() {
-        return Err(upload_err(repo, format!("{} holds no files", folder.display())));
+        return Err(upload_err(
+            repo,
+            format!("{} holds no files", folder.display()),
+        ));
     }
     let revision = "main";
-    let api = format!("{}/api/{}s/{}", client.endpoint, repo.kind.as_str(), repo.id);
+    let api = format!(
+        "{}/api/{}s/{}",
+        client.endpoint,
+        repo.kind.as_str(),
+        repo.id
+    );
     // 1. Which files go through LFS.
     let mut modes = std::collections::HashMap::new();
     for chunk in items.chunks(PREUPLOAD_CHUNK) {
@@ -227,15 +250,22 @@ pub fn upload_folder(client: &HubClient, repo: &RepoId, folder: &Path, summary: 
             let (Some(p), Some(m)) = (f["path"].as_str(), f["uploadMode"].as_str()) else {
                 return Err(upload_err(repo, format!("malformed preupload answer: {f}")));
             };
-            modes.insert(p.to_string(), (m == "lfs", f["shouldIgnore"].as_bool().unwrap_or(false)));
+            modes.insert(
+                p.to_string(),
+                (m == "lfs", f["shouldIgnore"].as_bool().unwrap_or(false)),
+            );
         }
     }
     // 2. LFS files: hash them, ask the batch API where to put them, put them.
-    let mut lines = vec![json!({"key": "header", "value": {"summary": summary, "description": ""}})];
+    let mut lines =
+        vec![json!({"key": "header", "value": {"summary": summary, "description": ""}})];
     let mut lfs = Vec::new();
     for it in &items {
         let Some(&(is_lfs, ignore)) = modes.get(&it.path) else {
-            return Err(upload_err(repo, format!("the preupload answer does not mention {}", it.path)));
+            return Err(upload_err(
+                repo,
+                format!("the preupload answer does not mention {}", it.path),
+            ));
         };
         if ignore {
             tracing::info!(file = %it.path, "the Hub ignores this file (.gitignore); not uploaded");
@@ -266,8 +296,18 @@ pub fn upload_folder(client: &HubClient, repo: &RepoId, folder: &Path, summary: 
     Ok(v["commitUrl"].as_str().unwrap_or_default().to_string())
 }
 
-fn lfs_upload(client: &HubClient, repo: &RepoId, revision: &str, files: &[(&Item, String)]) -> Result<()> {
-    let url = format!("{}/{}{}.git/info/lfs/objects/batch", client.endpoint, repo.kind.url_prefix(), repo.id);
+fn lfs_upload(
+    client: &HubClient,
+    repo: &RepoId,
+    revision: &str,
+    files: &[(&Item, String)],
+) -> Result<()> {
+    let url = format!(
+        "{}/{}{}.git/info/lfs/objects/batch",
+        client.endpoint,
+        repo.kind.url_prefix(),
+        repo.id
+    );
     let body = json!({
         "operation": "upload",
         "transfers": ["basic", "multipart"],
@@ -289,7 +329,10 @@ fn lfs_upload(client: &HubClient, repo: &RepoId, revision: &str, files: &[(&Item
             return Err(upload_err(repo, format!("LFS object {oid}: {err}")));
         }
         let Some((item, _)) = files.iter().find(|(_, o)| o == oid) else {
-            return Err(upload_err(repo, format!("the LFS batch answer names an unknown object {oid}")));
+            return Err(upload_err(
+                repo,
+                format!("the LFS batch answer names an unknown object {oid}"),
+            ));
         };
         let Some(actions) = obj.get("actions") else {
             continue; // Already on the Hub.
@@ -305,23 +348,47 @@ fn lfs_upload(client: &HubClient, repo: &RepoId, revision: &str, files: &[(&Item
                 .as_u64()
                 .or_else(|| chunk.as_str().and_then(|s| s.parse().ok()))
                 .filter(|&c| c > 0)
-                .ok_or_else(|| upload_err(repo, format!("LFS object {oid}: bad chunk_size {chunk}")))?;
+                .ok_or_else(|| {
+                    upload_err(repo, format!("LFS object {oid}: bad chunk_size {chunk}"))
+                })?;
             multipart(client, repo, item, oid, &header, chunk, &href)?;
         } else {
-            let data = std::fs::read(&item.local).map_err(io_err(&item.local))?;
-            let resp = client.send(client.http.put(&href).body(data), &href)?;
+            // Streamed with its length: storage behind the href wants a Content-Length.
+            let f = std::fs::File::open(&item.local).map_err(io_err(&item.local))?;
+            let body = reqwest::blocking::Body::sized(f, item.size);
+            // No token: the href is a presigned storage URL, not the Hub.
+            let resp = client
+                .http
+                .put(&href)
+                .body(body)
+                .send()
+                .map_err(|e| HubError::Network {
+                    url: href.clone(),
+                    detail: error_chain(&e),
+                })?;
             super::client::check_status(resp, &href, &repo.id, false)?;
         }
         if let Some(verify) = actions.get("verify").and_then(|a| a["href"].as_str()) {
             let verify = fix_endpoint(client, verify);
-            let rb = client.http.post(&verify).json(&json!({"oid": oid, "size": item.size}));
+            let rb = client
+                .http
+                .post(&verify)
+                .json(&json!({"oid": oid, "size": item.size}));
             client.send_ok(rb, &verify, &repo.id)?;
         }
     }
     Ok(())
 }
 
-fn multipart(client: &HubClient, repo: &RepoId, item: &Item, oid: &str, header: &Value, chunk: u64, href: &str) -> Result<()> {
+fn multipart(
+    client: &HubClient,
+    repo: &RepoId,
+    item: &Item,
+    oid: &str,
+    header: &Value,
+    chunk: u64,
+    href: &str,
+) -> Result<()> {
     let mut parts: Vec<(u32, String)> = header
         .as_object()
         .into_iter()
@@ -330,17 +397,32 @@ fn multipart(client: &HubClient, repo: &RepoId, item: &Item, oid: &str, header: 
         .collect();
     parts.sort();
     if (parts.len() as u64) != item.size.div_ceil(chunk) {
-        return Err(upload_err(repo, format!("LFS object {oid}: {} part URLs for {} bytes in chunks of {chunk}", parts.len(), item.size)));
+        return Err(upload_err(
+            repo,
+            format!(
+                "LFS object {oid}: {} part URLs for {} bytes in chunks of {chunk}",
+                parts.len(),
+                item.size
+            ),
+        ));
     }
     let mut f = std::fs::File::open(&item.local).map_err(io_err(&item.local))?;
     let mut etags = Vec::new();
     for (n, url) in &parts {
         let mut buf = Vec::with_capacity(chunk as usize);
-        (&mut f).take(chunk).read_to_end(&mut buf).map_err(io_err(&item.local))?;
-        let resp = client.http.put(url).body(buf).send().map_err(|e| HubError::Network {
-            url: url.clone(),
-            detail: error_chain(&e),
-        })?;
+        (&mut f)
+            .take(chunk)
+            .read_to_end(&mut buf)
+            .map_err(io_err(&item.local))?;
+        let resp = client
+            .http
+            .put(url)
+            .body(buf)
+            .send()
+            .map_err(|e| HubError::Network {
+                url: url.clone(),
+                detail: error_chain(&e),
+            })?;
         let resp = super::client::check_status(resp, url, &repo.id, false)?;
         let etag = resp
             .headers()
@@ -349,7 +431,10 @@ fn multipart(client: &HubClient, repo: &RepoId, item: &Item, oid: &str, header: 
             .ok_or_else(|| upload_err(repo, format!("LFS part {n} of {oid}: no ETag")))?;
         etags.push(json!({"partNumber": n, "etag": etag}));
     }
-    let rb = client.http.post(href).json(&json!({"oid": oid, "parts": etags}));
+    let rb = client
+        .http
+        .post(href)
+        .json(&json!({"oid": oid, "parts": etags}));
     client.send_ok(rb, href, &repo.id).map(|_| ())
 }
 
@@ -379,12 +464,22 @@ mod tests {
 
     #[test]
     fn card_keeps_yaml_and_names_the_base_model() {
-        let c = model_card(Some("---\nbase_model: a/b\nlibrary_name: mlx\n---\nold text"), "o/n");
-        assert!(c.starts_with("---\nbase_model: a/b\nlibrary_name: mlx\n---\n\n# o/n\n\nThis model [o/n]"));
-        assert!(c.contains("from [a/b](https://huggingface.co/a/b)\nusing mlx-lm version **0.32.2**.\n\n## Use"));
+        let c = model_card(
+            Some("---\nbase_model: a/b\nlibrary_name: mlx\n---\nold text"),
+            "o/n",
+        );
+        assert!(c.starts_with(
+            "---\nbase_model: a/b\nlibrary_name: mlx\n---\n\n# o/n\n\nThis model [o/n]"
+        ));
+        assert!(c.contains(
+            "from [a/b](https://huggingface.co/a/b)\nusing mlx-lm version **0.32.2**.\n\n## Use"
+        ));
         assert!(!c.contains("old text"));
         let c = model_card(None, "o/n");
         assert!(c.starts_with("---\n{}\n---\n\n# o/n\n\n## Use with mlx\n"));
-        assert_eq!(base_model("base_model:\n- a/b\n- c/d\ntags: []").as_deref(), Some("['a/b', 'c/d']"));
+        assert_eq!(
+            base_model("base_model:\n- a/b\n- c/d\ntags: []").as_deref(),
+            Some("['a/b', 'c/d']")
+        );
     }
 }
