@@ -27,6 +27,11 @@ fn bin(name: &str, s: &Server, cache: &Path, args: &[&str]) -> Command {
     c
 }
 
+/// The generated text (between mlx-generate's `==========` lines; the speeds differ).
+fn text(out: &str) -> String {
+    out.split("==========").nth(1).unwrap_or(out).to_string()
+}
+
 fn ok(o: &Output, what: &str) -> String {
     assert!(
         o.status.success(),
@@ -74,7 +79,8 @@ fn generate_takes_a_repo_id_and_works_offline_from_the_cache() {
             .unwrap(),
         "repo id",
     );
-    assert_eq!(hub, local);
+    assert!(!text(&local).trim().is_empty(), "{local}");
+    assert_eq!(text(&hub), text(&local));
     assert!(cache.join("models--org--tiny/refs/main").is_file());
     let offline = ok(
         &bin(gen, &s, &cache, &[])
@@ -84,7 +90,7 @@ fn generate_takes_a_repo_id_and_works_offline_from_the_cache() {
             .unwrap(),
         "offline",
     );
-    assert_eq!(offline, local);
+    assert_eq!(text(&offline), text(&local));
     // Offline with nothing cached, and a repo the Hub does not have: one clear line each.
     for (repo, offline, wanted) in [
         ("org/absent", "1", "HF_HUB_OFFLINE is set"),

@@ -7,7 +7,12 @@ use std::process::{Child, Command, Output, Stdio};
 pub const TOKEN: &str = "secret-token";
 
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    // The workspace root, from crates/mlx-hub or from bins (this file is shared).
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .find(|d| d.join("xtask/py/hub_server.py").is_file())
+        .expect("the workspace root holds xtask/py/hub_server.py")
+        .to_path_buf()
 }
 
 /// A Python that imports huggingface_hub (`MLX_PYTHON`, else the project's .venv), or
