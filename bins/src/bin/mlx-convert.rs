@@ -1,5 +1,5 @@
 //! `mlx-convert`: mlx-lm's `mlx_lm.convert`, with its flags and defaults.
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Parser;
 use mlx_array::quant::QuantMode;
 use mlx_array::Dtype;

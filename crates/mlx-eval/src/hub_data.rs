@@ -124,6 +124,9 @@ fn kind(path: &str) -> Option<Kind> {
     }
 }
 
+/// A config's name and its `(split, path patterns)` entries.
+type Config = (String, Vec<(String, Vec<String>)>);
+
 /// The data-file patterns the README's YAML `configs` give `split` (None: no configs).
 fn readme_patterns(root: &Path, split: &str) -> Option<Vec<String>> {
     let text = std::fs::read_to_string(root.join("README.md")).ok()?;
@@ -132,7 +135,7 @@ fn readme_patterns(root: &Path, split: &str) -> Option<Vec<String>> {
     let start = yaml.lines().position(|l| l.trim_end() == "configs:")?;
     // Configs: `- config_name: X` items, each with `data_files:` of `- split: S` / `path: P`
     // (a string or a `- item` list) entries. The `default` config, else the first.
-    let mut configs: Vec<(String, Vec<(String, Vec<String>)>)> = Vec::new();
+    let mut configs: Vec<Config> = Vec::new();
     let mut cur_split: Option<String> = None;
     let mut in_path_list = false;
     for line in yaml.lines().skip(start + 1) {
@@ -242,7 +245,7 @@ pub fn split_files(root: &Path, split: &str) -> Result<Vec<PathBuf>> {
             }
         }
     }
-    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
     let top = counts[0];
     if top.1 == 0 {
         return Err(EvalError::Data(format!(
