@@ -295,9 +295,10 @@ fn private_gated_and_offline_say_what_to_do() {
     );
 }
 
-/// Run by [`two_processes_download_the_same_repo_at_once`] in child processes.
+/// Run by [`concurrent_downloads_by_us_and_huggingface_hub_fetch_each_blob_once`] in
+/// child processes.
 #[test]
-#[ignore = "a child of two_processes_download_the_same_repo_at_once"]
+#[ignore = "a child of concurrent_downloads_by_us_and_huggingface_hub_fetch_each_blob_once"]
 fn child_download() {
     let Ok(endpoint) = std::env::var("HUB_TEST_ENDPOINT") else {
         return;
@@ -315,12 +316,12 @@ fn child_download() {
 }
 
 #[test]
-fn two_processes_download_the_same_repo_at_once() {
+fn concurrent_downloads_by_us_and_huggingface_hub_fetch_each_blob_once() {
     let t = Tmp::new("concurrent");
     let Some(s) = served(&t) else { return };
     let cache = t.0.join("cache");
-    // Slow transfers so that the two runs overlap.
-    s.control(serde_json::json!({"delay": 0.05}));
+    // Slow transfers (a second per 64 KiB) so that the runs overlap.
+    s.control(serde_json::json!({"delay": 1.0}));
     let exe = std::env::current_exe().unwrap();
     let spawn = || {
         std::process::Command::new(&exe)
@@ -329,11 +330,27 @@ fn two_processes_download_the_same_repo_at_once() {
             .env("HUB_TEST_CACHE", &cache)
             .output()
     };
-    let (a, b) = std::thread::scope(|sc| {
+    // Two of ours and huggingface_hub's snapshot_download, all at once.
+    let (a, b, p) = std::thread::scope(|sc| {
         let a = sc.spawn(spawn);
         let b = sc.spawn(spawn);
-        (a.join().unwrap().unwrap(), b.join().unwrap().unwrap())
+        let p = sc.spawn(|| {
+            s.py_cmd(&[
+                "snapshot",
+                &s.endpoint,
+                cache.to_str().unwrap(),
+                "org/tiny",
+                "--mlx-lm-patterns",
+            ])
+            .output()
+        });
+        (
+            a.join().unwrap().unwrap(),
+            b.join().unwrap().unwrap(),
+            p.join().unwrap().unwrap(),
+        )
     });
+    assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
     for o in [&a, &b] {
         assert!(
             o.status.success(),
@@ -348,7 +365,8 @@ fn two_processes_download_the_same_repo_at_once() {
         );
     }
     s.control(serde_json::json!({"delay": 0}));
-    // Each blob was fetched once: the second process waited on the lock, then found it.
+    // Each blob was fetched once: the others waited on its lock (the same flock
+    // huggingface_hub takes), then found it.
     for (etag, starts) in s.gets().as_object().unwrap() {
         assert_eq!(starts, &serde_json::json!([0]), "{etag} fetched {starts}");
     }
@@ -425,4 +443,31 @@ fn copy_dir(src: &Path, dst: &Path) {
             std::fs::copy(&p, &to).unwrap();
         }
     }
+}
+
+#[test]
+fn the_environment_names_endpoint_token_and_offline_mode() {
+    let t = Tmp::new("env");
+    std::fs::write(t.0.join("token"), "file-token\n").unwrap();
+    // SAFETY: nextest runs each test in its own process.
+    unsafe {
+        std::env::set_var("HF_HOME", &t.0);
+        std::env::remove_var("HF_TOKEN");
+        std::env::remove_var("HF_TOKEN_PATH");
+        std::env::set_var("HF_ENDPOINT", "http://hub.invalid:9/");
+        std::env::set_var("HF_HUB_OFFLINE", "yes");
+    }
+    let c = mlx_hub::HubClient::from_env().unwrap();
+    assert_eq!(c.endpoint, "http://hub.invalid:9");
+    assert_eq!(c.token.as_deref(), Some("file-token"));
+    assert!(c.offline);
+    unsafe {
+        std::env::set_var("HF_TOKEN", "env-token");
+        std::env::set_var("HF_HUB_OFFLINE", "0");
+        std::env::remove_var("HF_ENDPOINT");
+    }
+    let c = mlx_hub::HubClient::from_env().unwrap();
+    assert_eq!(c.token.as_deref(), Some("env-token"));
+    assert_eq!(c.endpoint, "https://huggingface.co");
+    assert!(!c.offline);
 }
