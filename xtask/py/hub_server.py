@@ -2,9 +2,9 @@
 
 Speaks: repo create, model/dataset info (siblings, sha, /revision/<rev>), the recursive
 tree listing, resolve (HEAD/GET; LFS files redirect to a CDN path with X-Linked-Etag /
-X-Linked-Size, the CDN honours Range), preupload, the LFS batch API with basic transfers
-(and verify), and NDJSON commits. Repos live in memory. Tests steer faults through
-POST /_control (see FAULTS).
+X-Linked-Size, the CDN honours Range), preupload, the LFS batch API (basic transfers;
+multipart ones, in 64 KiB parts, for objects over 100 kB; verify), and NDJSON commits.
+Repos live in memory. Tests steer faults through POST /_control (see FAULTS).
 
 usage:
   hub_server.py serve            prints "PORT <n>" then serves on 127.0.0.1
@@ -25,6 +25,11 @@ from urllib.parse import unquote, urlparse
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".parquet", ".npz")
 LFS_MIN = 10 * 1024 * 1024
+# LFS objects larger than this upload in parts of MULTIPART_CHUNK bytes (the Hub's
+# multipart transfer, scaled down so that test files exercise it).
+MULTIPART_MIN = 100_000
+MULTIPART_CHUNK = 65_536
+PARTS = {}  # oid -> {part number: bytes}
 
 LOCK = threading.Lock()
 REPOS = {}  # (type, id) -> {"commits": {sha: files}, "main": sha}; files: path -> entry
@@ -150,6 +155,12 @@ class Handler(BaseHTTPRequestHandler):
         self.error(404, "EntryNotFound", f"no route {path}")
 
     def do_PUT(self):
+        m = re.fullmatch(r"/lfs-part/([0-9a-f]{64})/(\d+)", urlparse(self.path).path)
+        if m:
+            data = self.body()
+            with LOCK:
+                PARTS.setdefault(m.group(1), {})[int(m.group(2))] = data
+            return self.send(200, b"", {"ETag": f'"{hashlib.md5(data).hexdigest()}"'}, ctype="text/plain")
         m = re.fullmatch(r"/lfs-upload/([0-9a-f]{64})", urlparse(self.path).path)
         if not m:
             return self.error(404, "EntryNotFound", "no route")
@@ -179,6 +190,22 @@ class Handler(BaseHTTPRequestHandler):
         m = re.fullmatch(r"/(datasets/)?([^/]+/[^/]+)\.git/info/lfs/objects/batch", path)
         if m:
             return self.lfs_batch(json.loads(self.body()))
+        m = re.fullmatch(r"/lfs-multipart/([0-9a-f]{64})", path)
+        if m:
+            req = json.loads(self.body())
+            parts = PARTS.pop(m.group(1), {})
+            nums = [p["partNumber"] for p in req["parts"]]
+            if req["oid"] != m.group(1) or nums != sorted(parts):
+                return self.error(400, "BadRequest", f"parts {nums} do not match {sorted(parts)}")
+            for p in req["parts"]:
+                if p["etag"] != f'"{hashlib.md5(parts[p["partNumber"]]).hexdigest()}"':
+                    return self.error(400, "BadRequest", f"part {p['partNumber']}: wrong etag")
+            data = b"".join(parts[n] for n in nums)
+            if hashlib.sha256(data).hexdigest() != m.group(1):
+                return self.error(400, "BadRequest", "sha256 mismatch")
+            with LOCK:
+                LFS[m.group(1)] = data
+            return self.send(200, {})
         m = re.fullmatch(r"/lfs-verify/([0-9a-f]{64})", path)
         if m:
             self.body()
@@ -311,8 +338,13 @@ class Handler(BaseHTTPRequestHandler):
         for o in req["objects"]:
             item = {"oid": o["oid"], "size": o["size"], "authenticated": True}
             if o["oid"] not in LFS:
-                item["actions"] = {"upload": {"href": f"{self.base()}/lfs-upload/{o['oid']}"},
-                                   "verify": {"href": f"{self.base()}/lfs-verify/{o['oid']}"}}
+                upload = {"href": f"{self.base()}/lfs-upload/{o['oid']}"}
+                if o["size"] > MULTIPART_MIN:
+                    n = -(-o["size"] // MULTIPART_CHUNK)
+                    header = {"chunk_size": str(MULTIPART_CHUNK)}
+                    header.update({f"{i:05d}": f"{self.base()}/lfs-part/{o['oid']}/{i}" for i in range(1, n + 1)})
+                    upload = {"href": f"{self.base()}/lfs-multipart/{o['oid']}", "header": header}
+                item["actions"] = {"upload": upload, "verify": {"href": f"{self.base()}/lfs-verify/{o['oid']}"}}
             objs.append(item)
         self.send(200, {"transfer": "basic", "objects": objs}, ctype="application/vnd.git-lfs+json")
 
