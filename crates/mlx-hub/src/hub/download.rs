@@ -9,13 +9,14 @@
 //! run left part of it, checked against the size and hash the tree listing announced (the
 //! sha256 of an LFS file, the git blob sha1 of any other) and only then renamed into place.
 use super::client::{check_status, error_chain, HubClient};
+use super::disk::{free_bytes, hash_file, write_atomic, FileLock};
 use super::repo::{check_relative, fnmatch, is_commit_hash, quote, RepoId};
 use crate::error::io_err;
 use crate::{HubError, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use sha1::Sha1;
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -155,27 +156,6 @@ fn selected(path: &str, allow: Option<&[&str]>) -> bool {
     allow.is_none_or(|pats| pats.iter().any(|p| fnmatch(p, path)))
 }
 
-/// Writes `text` to `path` through a unique temporary sibling and a rename.
-fn write_atomic(path: &Path, text: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name()
-            .map(|n| n.to_string_lossy())
-            .unwrap_or_default(),
-        crate::fetch::unique("w")
-    ));
-    std::fs::write(&tmp, text).map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        HubError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        }
-    })
-}
-
 /// Python's `json.dump(data, indent=1)` (ensure_ascii) of a tree listing.
 fn tree_json(files: &BTreeMap<String, TreeEntry>) -> Vec<u8> {
     let t = TreeCache {
@@ -202,55 +182,6 @@ fn tree_json(files: &BTreeMap<String, TreeEntry>) -> Vec<u8> {
         }
     }
     ascii.into_bytes()
-}
-
-/// An exclusive `flock` on a lock file, released on drop.
-struct FileLock(std::fs::File);
-
-impl FileLock {
-    fn acquire(path: &Path) -> Result<FileLock> {
-        if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d).map_err(io_err(d))?;
-        }
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .map_err(io_err(path))?;
-        use std::os::fd::AsRawFd;
-        loop {
-            // SAFETY: flock on a descriptor this File owns for the lock's lifetime.
-            let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-            if rc == 0 {
-                return Ok(FileLock(f));
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(HubError::Io {
-                    path: path.to_path_buf(),
-                    source: e,
-                });
-            }
-        }
-    }
-}
-
-impl Drop for FileLock {
-    fn drop(&mut self) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: unlocking the descriptor locked in `acquire`.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
-    }
-}
-
-fn free_bytes(dir: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes into the zeroed struct we own; the path is NUL-terminated.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// Downloads `repo` at `revision` (the files `allow` selects, all when `None`) into the
@@ -797,24 +728,6 @@ impl FileCtx<'_> {
             detail,
         }
     }
-}
-
-/// The hex digest of a file; with `git_size`, of git's blob form (`blob <size>\0` first).
-fn hash_file<D: Digest>(path: &Path, git_size: Option<u64>) -> Result<String> {
-    let mut h = D::new();
-    if let Some(n) = git_size {
-        h.update(format!("blob {n}\0").as_bytes());
-    }
-    let mut f = std::fs::File::open(path).map_err(io_err(path))?;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(io_err(path))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! which huggingface_hub uses to tell a complete snapshot from an interrupted one), and
 //! does not check the downloaded bytes against the sha256 / git blob id the Hub announces.
 pub mod client;
+mod disk;
 pub mod download;
 pub mod repo;
 pub mod upload;
