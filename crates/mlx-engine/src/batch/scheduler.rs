@@ -292,7 +292,7 @@ impl Scheduler {
             self.step_alone();
         }
         self.loops += 1;
-        if self.loops % 256 == 0 {
+        if self.loops.is_multiple_of(256) {
             mlx_array::memory::clear_cache();
         }
         let m = &self.shared.metrics;
