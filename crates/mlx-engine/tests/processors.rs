@@ -9,7 +9,7 @@ use mlx_engine::batch::{Engine, EngineEvent, EngineMetrics, EngineOptions, Gener
 use mlx_engine::{GenerateOptions, KvQuantization, TokenGenerator, TokenIterator};
 use mlx_sample::{BuildProcessor, LogitsProcessor};
 use std::path::PathBuf;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 
 fn model(dir: &str) -> Box<dyn mlx_models::LanguageModel> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -121,9 +121,7 @@ fn run_engine(dir: &str, kv: Option<KvQuantization>) {
                     .push(Arc::new(BuildCounting { base: 30, vocab }));
             }
             let (tx, rx) = mpsc::channel();
-            let sub = engine
-                .submit(req, Arc::new(Mutex::new(tx)))
-                .expect("submit");
+            let sub = engine.submit(req, Arc::new(tx)).expect("submit");
             subs.push((sub, rx));
         }
         subs.into_iter()

@@ -21,7 +21,7 @@ use crate::error::{EngineError, Result};
 use crate::step::Sampling;
 use mlx_models::LanguageModel;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Settings of a [`BatchGenerator`]; the defaults are those of mlx-lm's
@@ -171,7 +171,7 @@ impl BatchGenerator {
                 stop_sequences: self.opts.stop_sequences.clone(),
                 ..GenerationRequest::new(p.clone(), max_tokens)
             };
-            let sub = self.engine.submit(req, Arc::new(Mutex::new(tx)))?;
+            let sub = self.engine.submit(req, Arc::new(tx))?;
             subs.push((sub, rx));
         }
         let mut tokens = Vec::with_capacity(subs.len());

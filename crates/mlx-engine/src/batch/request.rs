@@ -133,12 +133,9 @@ pub trait EventSink: Send + Sync {
     }
 }
 
-impl EventSink for std::sync::Mutex<std::sync::mpsc::Sender<EngineEvent>> {
+impl EventSink for std::sync::mpsc::Sender<EngineEvent> {
     fn send(&self, event: EngineEvent) -> bool {
-        self.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(event)
-            .is_ok()
+        std::sync::mpsc::Sender::send(self, event).is_ok()
     }
 }
 

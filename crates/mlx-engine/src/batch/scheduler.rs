@@ -3,14 +3,14 @@
 //! [`EventSink`].
 //!
 //! Scheduling is continuous. Every choice of a request is a sequence with a stable
-//! [`SeqId`]; it moves through stages, each its own object: waiting (no slot yet), then
-//! in batched mode prefilling ([`PrefillBatch`]: up to `prompt_concurrency` prompts, one
-//! chunk each per loop in one forward pass) and decoding ([`DecodeBatch`]: one forward
+//! [`SeqId`]; it moves through stages (`Stages`), each its own object: waiting (no
+//! slot yet), then in batched mode prefilling (`PrefillBatch`: up to `prompt_concurrency` prompts, one
+//! chunk each per loop in one forward pass) and decoding (`DecodeBatch`: one forward
 //! pass per step for all, mlx-lm's `BatchGenerator`), or, with KV-cache quantization or
-//! caches that cannot be batched, alone ([`Alone`]: batch size 1, every step queued
+//! caches that cannot be batched, alone (`Alone`: batch size 1, every step queued
 //! before any token is read). Up to `decode_concurrency` sequences hold a slot. Each
 //! loop drops cancelled sequences, admits waiting ones, runs one prefill step and one
-//! decode step; every step's results go, by id, through [`Shared::route`], which sends
+//! decode step; every step's results go, by id, through `Shared::route`, which sends
 //! the events and takes finished, failed and abandoned sequences out of their stage.
 use super::alone::Alone;
 use super::decode::DecodeBatch;
@@ -83,12 +83,17 @@ impl Engine {
                 CacheSpec::Standard => true,
                 CacheSpec::Rotating { keep, .. } => *keep == 0,
             });
+        let stages = if batched {
+            Stages::Batched {
+                prefilling: PrefillBatch::default(),
+                decoding: DecodeBatch::default(),
+            }
+        } else {
+            Stages::Alone(Alone::default())
+        };
         let state = Scheduler {
-            batched,
             waiting: VecDeque::new(),
-            prefilling: PrefillBatch::default(),
-            decoding: DecodeBatch::default(),
-            alone: Alone::default(),
+            stages,
             shared: Shared {
                 cache: PromptCache::new(opts.prompt_cache_size, opts.prompt_cache_bytes),
                 opts,
@@ -202,13 +207,61 @@ struct Shared {
     cache: PromptCache,
 }
 
+/// The stages a sequence goes through after waiting for a slot.
+enum Stages {
+    /// Prompts prefill together, then decode together in one batch.
+    Batched {
+        prefilling: PrefillBatch,
+        decoding: DecodeBatch,
+    },
+    /// Every sequence prefills and decodes alone (KV-cache quantization, or caches that
+    /// cannot be batched).
+    Alone(Alone),
+}
+
+impl Stages {
+    fn each(&mut self) -> Vec<&mut dyn Stage> {
+        match self {
+            Stages::Batched {
+                prefilling,
+                decoding,
+            } => vec![prefilling, decoding],
+            Stages::Alone(alone) => vec![alone],
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Stages::Batched {
+                prefilling,
+                decoding,
+            } => prefilling.len() + decoding.len(),
+            Stages::Alone(alone) => alone.len(),
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        match self {
+            Stages::Batched {
+                prefilling,
+                decoding,
+            } => prefilling.nbytes() + decoding.nbytes(),
+            Stages::Alone(alone) => alone.nbytes(),
+        }
+    }
+
+    /// An admitted sequence enters its first stage.
+    fn push(&mut self, seq: Sequence) {
+        match self {
+            Stages::Batched { prefilling, .. } => prefilling.push(seq),
+            Stages::Alone(alone) => alone.push(seq),
+        }
+    }
+}
+
 struct Scheduler {
-    /// Whether sequences prefill and decode in batches (else each alone).
-    batched: bool,
     waiting: VecDeque<Box<Job>>,
-    prefilling: PrefillBatch,
-    decoding: DecodeBatch,
-    alone: Alone,
+    stages: Stages,
     shared: Shared,
     model: Box<dyn LanguageModel>,
     queued: Arc<AtomicUsize>,
@@ -260,7 +313,7 @@ fn run(mut st: Scheduler, rx: Receiver<Command>) {
 
 impl Scheduler {
     fn running(&self) -> usize {
-        self.prefilling.len() + self.decoding.len() + self.alone.len()
+        self.stages.len()
     }
 
     fn fail_all(&mut self, err: EngineError) {
@@ -268,14 +321,10 @@ impl Scheduler {
             self.queued.fetch_sub(1, Ordering::SeqCst);
             job.fail(err.clone());
         }
-        let seqs = self
-            .prefilling
-            .drain()
-            .into_iter()
-            .chain(self.decoding.drain())
-            .chain(self.alone.drain());
-        for s in seqs {
-            s.job().fail(err.clone());
+        for stage in self.stages.each() {
+            for s in stage.drain() {
+                s.job().fail(err.clone());
+            }
         }
         let m = &self.shared.metrics;
         m.queue_depth.set(self.queued.load(Ordering::SeqCst) as u64);
@@ -285,11 +334,16 @@ impl Scheduler {
     fn iterate(&mut self) {
         self.drop_cancelled();
         self.admit();
-        if self.batched {
-            self.prefill_batched();
-            self.decode_batched();
-        } else {
-            self.step_alone();
+        let model = self.model.as_ref();
+        match &mut self.stages {
+            Stages::Batched {
+                prefilling,
+                decoding,
+            } => {
+                self.shared.prefill_batched(model, prefilling, decoding);
+                self.shared.decode_batched(model, decoding);
+            }
+            Stages::Alone(alone) => self.shared.step_alone(model, alone),
         }
         self.loops += 1;
         if self.loops.is_multiple_of(256) {
@@ -317,17 +371,14 @@ impl Scheduler {
             m.cancelled.add(gone);
             tracing::info!("engine: {dropped} queued request(s) cancelled");
         }
-        let shared = &mut self.shared;
-        shared.drop_cancelled(&mut self.prefilling);
-        shared.drop_cancelled(&mut self.decoding);
-        shared.drop_cancelled(&mut self.alone);
+        for stage in self.stages.each() {
+            self.shared.drop_cancelled(stage);
+        }
     }
 
     fn admit(&mut self) {
         let shared = &mut self.shared;
-        while self.prefilling.len() + self.decoding.len() + self.alone.len()
-            < shared.opts.decode_concurrency
-        {
+        while self.stages.len() < shared.opts.decode_concurrency {
             let Some(job) = self.waiting.pop_front() else {
                 break;
             };
@@ -336,114 +387,108 @@ impl Scheduler {
                 "engine: admitted {:.1} ms after submission",
                 job.submitted.elapsed().as_secs_f64() * 1e3
             );
-            let Some(seq) = shared.start(*job, self.model.as_ref()) else {
-                continue;
-            };
-            if self.batched {
-                self.prefilling.push(seq);
-            } else {
-                self.alone.push(seq);
+            if let Some(seq) = shared.start(*job, self.model.as_ref()) {
+                self.stages.push(seq);
             }
         }
         if let Some(limit) = shared.opts.prompt_cache_bytes {
-            let active =
-                (self.prefilling.nbytes() + self.decoding.nbytes() + self.alone.nbytes()) as u64;
+            let active = self.stages.nbytes() as u64;
             shared
                 .cache
                 .trim_to(usize::MAX, limit.saturating_sub(active));
             shared.update_cache_metrics();
         }
     }
+}
 
-    /// Batched mode: sequences with only their last prompt token left (a prompt-cache
-    /// hit) join the decode batch; up to `prompt_concurrency` others prefill together,
-    /// one chunk each per loop, and join it once prefilled.
-    fn prefill_batched(&mut self) {
-        let shared = &mut self.shared;
-        let hits = self.prefilling.take_cache_hits();
-        if let Err((seqs, e)) = self.decoding.join(hits) {
-            shared.fail_seqs(seqs, e);
+impl Shared {
+    /// Batched mode, prefill: sequences with only their last prompt token left (a
+    /// prompt-cache hit) join the decode batch; up to `prompt_concurrency` others
+    /// prefill together, one chunk each per loop, and join it once prefilled.
+    fn prefill_batched(
+        &mut self,
+        model: &dyn LanguageModel,
+        prefilling: &mut PrefillBatch,
+        decoding: &mut DecodeBatch,
+    ) {
+        let hits = prefilling.take_cache_hits();
+        if let Err((seqs, e)) = decoding.join(hits) {
+            self.fail_seqs(seqs, e);
         }
-        if let Err((seqs, e)) = self.prefilling.fill(shared.opts.prompt_concurrency) {
-            shared.fail_seqs(seqs, e);
+        if let Err((seqs, e)) = prefilling.fill(self.opts.prompt_concurrency) {
+            self.fail_seqs(seqs, e);
         }
-        if self.prefilling.prefilling() == 0 {
+        if prefilling.prefilling() == 0 {
             return;
         }
         let tic = Instant::now();
-        let stepped = self
-            .prefilling
-            .step(self.model.as_ref(), shared.opts.prefill_step_size);
+        let stepped = prefilling.step(model, self.opts.prefill_step_size);
         let took = tic.elapsed();
-        shared.metrics.prefill_micros.add(took.as_micros() as u64);
+        self.metrics.prefill_micros.add(took.as_micros() as u64);
         tracing::debug!(
             "engine: prefill step of {} prompt(s) in {:.1} ms ({})",
-            self.prefilling.prefilling(),
+            prefilling.prefilling(),
             took.as_secs_f64() * 1e3,
             mlx_array::memory::note(),
         );
         match stepped {
-            Ok(progress) => shared.route(&mut self.prefilling, progress),
-            Err(e) => return shared.fail_seqs(self.prefilling.drain_rows(), e),
+            Ok(progress) => self.route(prefilling, progress),
+            Err(e) => return self.fail_seqs(prefilling.drain_rows(), e),
         }
-        match self.prefilling.take_ready() {
+        match prefilling.take_ready() {
             Ok(Some((seqs, cache))) => {
                 let n = seqs.len();
-                if let Err((seqs, e)) = self.decoding.join_prefilled(seqs, cache) {
-                    shared.fail_seqs(seqs, e);
+                if let Err((seqs, e)) = decoding.join_prefilled(seqs, cache) {
+                    self.fail_seqs(seqs, e);
                 }
                 tracing::debug!(
                     "engine: {n} prefilled sequence(s) joined decoding, {} decoding ({})",
-                    self.decoding.len(),
+                    decoding.len(),
                     mlx_array::memory::note(),
                 );
             }
             Ok(None) => {}
-            Err(e) => shared.fail_seqs(self.prefilling.drain_rows(), e),
+            Err(e) => self.fail_seqs(prefilling.drain_rows(), e),
         }
     }
 
-    /// One batched decoding step; finished, failed and abandoned rows leave the batch.
-    fn decode_batched(&mut self) {
-        if self.decoding.len() == 0 {
+    /// Batched mode, decode: one step of the batch; finished, failed and abandoned rows
+    /// leave it.
+    fn decode_batched(&mut self, model: &dyn LanguageModel, decoding: &mut DecodeBatch) {
+        if decoding.len() == 0 {
             return;
         }
-        let shared = &mut self.shared;
-        let rows = self.decoding.len() as u64;
-        let outcomes = match self.decoding.step(self.model.as_ref()) {
+        let rows = decoding.len() as u64;
+        let outcomes = match decoding.step(model) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!("engine: batched decoding failed: {e}");
-                return shared.fail_seqs(self.decoding.drain(), e);
+                return self.fail_seqs(decoding.drain(), e);
             }
         };
-        shared.metrics.decode_steps.add(1);
-        shared.metrics.decode_rows.add(rows);
+        self.metrics.decode_steps.add(1);
+        self.metrics.decode_rows.add(rows);
         tracing::trace!(
             "engine: decoding step of {rows} row(s) queued ({})",
             mlx_array::memory::note()
         );
-        shared.route(&mut self.decoding, outcomes);
+        self.route(decoding, outcomes);
     }
 
     /// Sequences alone: one prefill step each (up to `prompt_concurrency`), then one
     /// decoding step of every decoding sequence.
-    fn step_alone(&mut self) {
-        let shared = &mut self.shared;
-        let model = self.model.as_ref();
+    fn step_alone(&mut self, model: &dyn LanguageModel, alone: &mut Alone) {
         let (budget, step, kv) = (
-            shared.opts.prompt_concurrency,
-            shared.opts.prefill_step_size,
-            shared.opts.kv_quantization,
+            self.opts.prompt_concurrency,
+            self.opts.prefill_step_size,
+            self.opts.kv_quantization,
         );
-        let progress = self.alone.prefill(model, budget, step, kv, &shared.metrics);
-        shared.route(&mut self.alone, progress);
-        let outcomes = self.alone.decode(model, kv, &shared.metrics);
-        shared.route(&mut self.alone, outcomes);
+        let progress = alone.prefill(model, budget, step, kv, &self.metrics);
+        self.route(alone, progress);
+        let outcomes = alone.decode(model, kv, &self.metrics);
+        self.route(alone, outcomes);
     }
-}
 
-impl Shared {
     /// A sequence for `job`: its caches from the prompt cache (or new); `Started` sent.
     fn start(&mut self, job: Job, model: &dyn LanguageModel) -> Option<Sequence> {
         let prompt = &job.req.prompt;
