@@ -223,9 +223,12 @@ pub fn make_logits_processors(p: &LogitsParams) -> Result<LogitsProcessors> {
     Ok(LogitsProcessors::new(out))
 }
 
-fn history_len(tokens: &Array) -> Result<i32> {
+/// The last `context_size` tokens of the 1-D history (`tokens[-context_size:]`), or
+/// `None` when the history is empty (the penalties then leave the logits as they are).
+fn recent_tokens(tokens: &Array, context_size: i32) -> Result<Option<Array>> {
     match tokens.shape().as_slice() {
-        [n] => Ok(*n),
+        [0] => Ok(None),
+        [_] => Ok(Some(last_tokens(tokens, context_size)?)),
         s => Err(SampleError::param(
             "tokens",
             "must be a 1-D array of token ids",
@@ -299,10 +302,9 @@ impl LogitsProcessor for RepetitionPenalty {
     }
 
     fn process(&mut self, tokens: &Array, logits: &Array) -> Result<Array> {
-        if history_len(tokens)? == 0 {
+        let Some(recent) = recent_tokens(tokens, self.context_size)? else {
             return Ok(logits.clone());
-        }
-        let recent = last_tokens(tokens, self.context_size)?;
+        };
         let selected = logits.take(&recent, Some(1))?;
         let dt = selected.dtype();
         let neg = selected.less(&Array::scalar_i64(0, zero_dtype(dt))?)?;
@@ -337,10 +339,9 @@ impl LogitsProcessor for PresencePenalty {
     }
 
     fn process(&mut self, tokens: &Array, logits: &Array) -> Result<Array> {
-        if history_len(tokens)? == 0 {
+        let Some(recent) = recent_tokens(tokens, self.context_size)? else {
             return Ok(logits.clone());
-        }
-        let recent = last_tokens(tokens, self.context_size)?;
+        };
         let selected = logits.take(&recent, Some(1))?;
         let updated = selected.subtract(&py_float(self.penalty, selected.dtype())?)?;
         scatter_cols(ScatterKind::Set, logits, &recent, &updated)
@@ -363,10 +364,9 @@ impl LogitsProcessor for FrequencyPenalty {
     }
 
     fn process(&mut self, tokens: &Array, logits: &Array) -> Result<Array> {
-        if history_len(tokens)? == 0 {
+        let Some(recent) = recent_tokens(tokens, self.context_size)? else {
             return Ok(logits.clone());
-        }
-        let recent = last_tokens(tokens, self.context_size)?;
+        };
         let update = py_float(self.penalty, logits.dtype())?.negative()?;
         scatter_cols(ScatterKind::Add, logits, &recent, &update)
     }

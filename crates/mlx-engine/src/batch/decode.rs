@@ -65,16 +65,8 @@ impl DecodeBatch {
         let Some(tokens) = seqs.iter().map(|s| s.last_prompt_token()).collect() else {
             return Err((seqs, not_prefilled()));
         };
-        let caches: Vec<PromptCache> = seqs.iter_mut().map(|s| s.take_caches()).collect();
-        let merged = {
-            let refs: Vec<&[Box<dyn KvCache>]> = caches.iter().map(|c| c.as_slice()).collect();
-            BatchPromptCache::merge(&refs)
-        };
-        if let Err(e) = merged.and_then(|m| self.cache.extend(m)) {
-            for (s, c) in seqs.iter_mut().zip(caches) {
-                s.restore_caches(c);
-            }
-            return Err((seqs, cache_err(e)));
+        if let Err(e) = merge_caches(&mut self.cache, &mut seqs) {
+            return Err((seqs, e));
         }
         self.admit(seqs, tokens);
         Ok(())
@@ -296,6 +288,23 @@ impl Stage for DecodeBatch {
         self.joined.clear();
         std::mem::take(&mut self.rows)
     }
+}
+
+/// Moves the sequences' own caches into `batch` as new rows (in order); on failure
+/// each sequence gets its caches back.
+pub(crate) fn merge_caches(batch: &mut BatchPromptCache, seqs: &mut [Sequence]) -> Result<()> {
+    let caches: Vec<PromptCache> = seqs.iter_mut().map(|s| s.take_caches()).collect();
+    let merged = {
+        let refs: Vec<&[Box<dyn KvCache>]> = caches.iter().map(|c| c.as_slice()).collect();
+        BatchPromptCache::merge(&refs)
+    };
+    if let Err(e) = merged.and_then(|m| batch.extend(m)) {
+        for (s, c) in seqs.iter_mut().zip(caches) {
+            s.restore_caches(c);
+        }
+        return Err(cache_err(e));
+    }
+    Ok(())
 }
 
 fn not_prefilled() -> EngineError {

@@ -5,14 +5,14 @@
 //! (`prepare`), the padding then rolled in front of each row (`finalize`). A sequence
 //! whose prompt is in the cache but for its last token is split off, with its rows of
 //! the cache, to the decode batch.
-use super::decode::cache_err;
+use super::decode::{cache_err, merge_caches};
 use super::request::SeqId;
 use super::sequence::Sequence;
 use super::stage::{Leave, Left, Outcome, Stage};
 use crate::error::{EngineError, Result};
 use crate::step;
 use mlx_array::Array;
-use mlx_cache::{BatchPromptCache, KvCache, PromptCache};
+use mlx_cache::BatchPromptCache;
 use mlx_models::LanguageModel;
 use std::collections::VecDeque;
 
@@ -57,16 +57,8 @@ impl PrefillBatch {
             return Ok(());
         }
         let mut seqs: Vec<Sequence> = self.queue.drain(..room).collect();
-        let caches: Vec<PromptCache> = seqs.iter_mut().map(|s| s.take_caches()).collect();
-        let merged = {
-            let refs: Vec<&[Box<dyn KvCache>]> = caches.iter().map(|c| c.as_slice()).collect();
-            BatchPromptCache::merge(&refs)
-        };
-        if let Err(e) = merged.and_then(|m| self.cache.extend(m)) {
-            for (s, c) in seqs.iter_mut().zip(caches) {
-                s.restore_caches(c);
-            }
-            return Err((seqs, cache_err(e)));
+        if let Err(e) = merge_caches(&mut self.cache, &mut seqs) {
+            return Err((seqs, e));
         }
         self.rows.extend(seqs);
         Ok(())
