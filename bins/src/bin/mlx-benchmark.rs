@@ -5,8 +5,8 @@ use clap::Parser;
 use mlx_array::{random, Array, Dtype};
 use mlx_bins::load::{load, LoadArgs};
 use mlx_bins::outln;
+use mlx_engine::batch::{BatchGenerator, BatchOptions};
 use mlx_engine::{stream_generate, GenerateOptions, PromptInput};
-use mlx_server::batch_generate::{BatchGenerator, BatchOptions};
 use std::process::ExitCode;
 use std::time::Instant;
 

@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use mlx_bins::load::{load, LoadArgs};
 use mlx_bins::{out, outln};
-use mlx_engine::{GenerateOptions, TokenGenerator};
+use mlx_engine::{GenerateOptions, TokenGenerator, TokenIterator};
 use mlx_tokenizer::ChatOptions;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -129,7 +129,7 @@ fn cache_prompt(args: Args) -> Result<()> {
     metadata.insert("model".to_string(), args.model.clone());
     metadata.insert(
         "tokenizer_config".to_string(),
-        mlx_bins::py_json_dumps(&tokenizer_config),
+        mlx_tokenizer::py_json_dumps(&serde_json::Value::Object(tokenizer_config), true),
     );
     mlx_cache::save_prompt_cache(&args.prompt_cache_file, &caches, &metadata)
         .with_context(|| format!("saving {}", args.prompt_cache_file))?;
