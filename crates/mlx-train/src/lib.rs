@@ -13,8 +13,17 @@
 
 pub mod adapters;
 pub mod apply;
+pub mod batches;
+pub mod config;
 mod error;
 pub mod fuse;
+pub mod lora_layers;
+pub mod optim;
+pub mod pyval;
+pub mod run;
+pub mod schedule;
+pub mod trainer;
+pub mod ui;
 
 pub use adapters::{AdapterConfig, Adapters, FineTuneType};
 pub use apply::{apply_adapters, lora_init_key_draws};
