@@ -98,7 +98,9 @@ impl BatchIter {
         repeat: bool,
     ) -> Result<BatchIter> {
         if batch_size == 0 {
-            return Err(TrainError::Invalid("--batch-size must be at least 1".into()));
+            return Err(TrainError::Invalid(
+                "--batch-size must be at least 1".into(),
+            ));
         }
         let mut idx: Vec<usize> = (0..data.len()).collect();
         idx.sort_by_key(|&i| data.itemlen(i));

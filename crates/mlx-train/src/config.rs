@@ -168,14 +168,20 @@ impl LoraArgs {
                 }
             };
             for (k, v) in items {
-                let unset = ns.iter().find(|(n, _)| *n == k).is_none_or(|(_, x)| x.is_none());
+                let unset = ns
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .is_none_or(|(_, x)| x.is_none());
                 if unset {
                     set(&mut ns, &k, v);
                 }
             }
         }
         for (k, v) in config_defaults() {
-            let unset = ns.iter().find(|(n, _)| *n == k).is_none_or(|(_, x)| x.is_none());
+            let unset = ns
+                .iter()
+                .find(|(n, _)| *n == k)
+                .is_none_or(|(_, x)| x.is_none());
             if unset {
                 set(&mut ns, &k, v);
             }
@@ -288,7 +294,9 @@ mod tests {
         assert_eq!(a.int("clear_cache_threshold").unwrap(), 0);
         assert_eq!(a.int("num_layers").unwrap(), 16);
         let json = a.adapter_config_json();
-        assert!(json.contains("\"lora_parameters\": {\n        \"scale\": 10.0,\n        \"rank\": 4,"));
+        assert!(
+            json.contains("\"lora_parameters\": {\n        \"scale\": 10.0,\n        \"rank\": 4,")
+        );
         assert!(json.contains("\"learning_rate\": 0.0001,"));
     }
 
@@ -297,7 +305,10 @@ mod tests {
         let yaml = "batch_size: four\n";
         let a = LoraArgs::merge(vec![], Some((Path::new("c.yaml"), yaml))).unwrap();
         let e = a.positive("batch_size").unwrap_err().to_string();
-        assert_eq!(e, "option batch_size: expected an integer, got str \"four\"");
+        assert_eq!(
+            e,
+            "option batch_size: expected an integer, got str \"four\""
+        );
     }
 
     #[test]

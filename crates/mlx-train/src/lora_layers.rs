@@ -110,8 +110,9 @@ pub fn make_trainable(
     // Every quantizable module: (path, layer index and inner path, is a linear layer).
     let mut all: Vec<Site> = Vec::new();
     module.visit_quantizable_mut("", &mut |path, layer| {
-        let linear = layer.as_linear_layer_mut().is_some();
-        all.push((path.to_string(), split_layer_path(path), linear));
+        let adaptable = layer.as_linear_layer_mut().is_some()
+            || (!dora && layer.as_switch_layer_mut().is_some());
+        all.push((path.to_string(), split_layer_path(path), adaptable));
         Ok(())
     })?;
     let keys: BTreeSet<String> = match &spec.keys {
@@ -138,31 +139,38 @@ pub fn make_trainable(
         in_layer.reverse();
         targets.extend(in_layer);
     }
-    if let Some((p, _, _)) = targets.iter().find(|(_, _, linear)| !linear) {
+    if let Some((p, _, _)) = targets.iter().find(|(_, _, ok)| !ok) {
+        let what = if dora {
+            "an embedding or expert (SwitchLinear) layer: DoRA on those"
+        } else {
+            "an embedding layer: LoRA on embeddings"
+        };
         return Err(TrainError::Unsupported(format!(
-            "`{p}` is an embedding or expert (SwitchLinear) layer: training adapters on \
-             those is not supported by this build yet (set lora_parameters.keys to linear \
-             layers)"
+            "`{p}` is {what} is not supported by this build (set lora_parameters.keys to \
+             other layers)"
         )));
     }
     // Draw the keys in mlx-lm's order, then attach.
     let mut inits: std::collections::HashMap<String, Array> = Default::default();
-    let mut dims: std::collections::HashMap<String, (i32, i32)> = Default::default();
+    // Dense weight shapes: `[out, in]`, or `[experts, out, in]` for a switch layer.
+    let mut dims: std::collections::HashMap<String, Vec<i32>> = Default::default();
     module.visit_quantizable_mut("", &mut |path, layer| {
-        dims.insert(path.to_string(), {
-            let s = layer.dense_weight_shape();
-            (s[0], s[1])
-        });
+        dims.insert(path.to_string(), layer.dense_weight_shape());
         Ok(())
     })?;
     for (path, _, _) in &targets {
-        let (_out, input) = dims[path.as_str()];
+        let shape = &dims[path.as_str()];
+        let input = shape[shape.len() - 1];
         let _placeholder = random::next_key()?;
         let key = random::next_key()?;
         let s = 1.0 / (input as f64).sqrt();
         let lo = Array::from_slice(&[-s as f32], &[])?;
         let hi = Array::from_slice(&[s as f32], &[])?;
-        let a = random::uniform(&lo, &hi, &[input, spec.rank], Dtype::Float32, Some(&key))?;
+        let a_shape = match shape.len() {
+            3 => vec![shape[0], spec.rank, input],
+            _ => vec![input, spec.rank],
+        };
+        let a = random::uniform(&lo, &hi, &a_shape, Dtype::Float32, Some(&key))?;
         inits.insert(path.clone(), a);
     }
     let mut done = Vec::new();
@@ -170,7 +178,14 @@ pub fn make_trainable(
         let Some(a) = inits.remove(path) else {
             return Ok(());
         };
-        let out = dims[path].0;
+        let shape = dims[path].clone();
+        if let Some(switch) = layer.as_switch_layer_mut() {
+            let b = ops::zeros(&[shape[0], shape[1], spec.rank], Dtype::Float32)?;
+            switch.add_adapter(a, b, spec.scale);
+            done.push(path.to_string());
+            return Ok(());
+        }
+        let out = shape[0];
         let Some(linear) = layer.as_linear_layer_mut() else {
             return Ok(());
         };

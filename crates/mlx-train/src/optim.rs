@@ -53,11 +53,9 @@ fn bad(message: String) -> TrainError {
 fn num(cfg: &Map<String, Value>, opt: &str, key: &str, default: f64) -> Result<f64> {
     match cfg.get(key) {
         None => Ok(default),
-        Some(v) => v.as_f64().ok_or_else(|| {
-            bad(format!(
-                "optimizer_config.{opt}.{key} is {v}, not a number"
-            ))
-        }),
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| bad(format!("optimizer_config.{opt}.{key} is {v}, not a number"))),
     }
 }
 
@@ -321,7 +319,9 @@ impl Optimizer {
                 let base = Array::from_slice(&[b as f32], &[])?;
                 Ok(base.power(&self.step)?)
             };
-            let c1 = lr.divide(&rsub_scalar(1.0, &pow(b1)?)?)?.astype(g.dtype())?;
+            let c1 = lr
+                .divide(&rsub_scalar(1.0, &pow(b1)?)?)?
+                .astype(g.dtype())?;
             let c2 = rsub_scalar(1.0, &pow(b2)?)?.rsqrt()?.astype(g.dtype())?;
             let numerator = c1.multiply(&m)?;
             let denominator = v.sqrt()?.multiply(&c2)?.add(eps)?;

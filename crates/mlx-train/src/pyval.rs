@@ -61,7 +61,9 @@ impl PyVal {
             PyVal::Float(f) => serde_json::Number::from_f64(*f).map_or(Value::Null, Value::Number),
             PyVal::Str(s) => Value::String(s.clone()),
             PyVal::List(l) => Value::Array(l.iter().map(PyVal::to_json).collect()),
-            PyVal::Dict(d) => Value::Object(d.iter().map(|(k, v)| (k.clone(), v.to_json())).collect()),
+            PyVal::Dict(d) => {
+                Value::Object(d.iter().map(|(k, v)| (k.clone(), v.to_json())).collect())
+            }
         }
     }
 
@@ -71,9 +73,13 @@ impl PyVal {
             Yaml::Null => PyVal::None,
             Yaml::Boolean(b) => PyVal::Bool(*b),
             Yaml::Integer(i) => PyVal::Int(*i),
-            Yaml::Real(s) => PyVal::Float(parse_yaml_float(s).ok_or_else(|| format!("bad float {s:?}"))?),
+            Yaml::Real(s) => {
+                PyVal::Float(parse_yaml_float(s).ok_or_else(|| format!("bad float {s:?}"))?)
+            }
             Yaml::String(s) => PyVal::Str(s.clone()),
-            Yaml::Array(a) => PyVal::List(a.iter().map(PyVal::from_yaml).collect::<Result<_, _>>()?),
+            Yaml::Array(a) => {
+                PyVal::List(a.iter().map(PyVal::from_yaml).collect::<Result<_, _>>()?)
+            }
             Yaml::Hash(h) => {
                 let mut items = Vec::new();
                 for (k, v) in h {
@@ -230,6 +236,17 @@ pub fn py_exp(x: f64, prec: usize) -> String {
     }
 }
 
+/// Python's `f"{x:.{prec}f}"` (`nan`, `inf` and `-inf` as Python writes them).
+pub fn py_fixed(x: f64, prec: usize) -> String {
+    if x.is_nan() {
+        "nan".into()
+    } else if x.is_infinite() {
+        if x > 0.0 { "inf" } else { "-inf" }.into()
+    } else {
+        format!("{x:.prec$}")
+    }
+}
+
 /// Python's `f"{n:,}"` of an integer.
 pub fn py_thousands(n: i64) -> String {
     let s = n.unsigned_abs().to_string();
@@ -270,7 +287,10 @@ mod tests {
     #[test]
     fn dicts_print_as_json_dumps_indent_4() {
         let v = PyVal::Dict(vec![
-            ("a".into(), PyVal::List(vec![PyVal::Int(1), PyVal::Float(0.5)])),
+            (
+                "a".into(),
+                PyVal::List(vec![PyVal::Int(1), PyVal::Float(0.5)]),
+            ),
             ("b".into(), PyVal::Dict(vec![])),
             ("c".into(), PyVal::Str("é\"".into())),
         ]);

@@ -307,6 +307,52 @@ fn resume(module: &mut dyn Module, file: &Path) -> Result<()> {
     Ok(())
 }
 
+/// mlx-lm's `tuner.utils.load_adapters`: the adapter layers its config describes (as
+/// `linear_to_lora_layers` makes them: dense, quantized and expert layers), then the
+/// weights, each of which must be an adapter parameter of the model with its shape.
+fn load_adapters(module: &mut dyn Module, dir: &Path) -> Result<()> {
+    let adapters = Adapters::load(dir)?;
+    let cfg = &adapters.config;
+    let num_layers = cfg.num_layers.ok_or_else(|| TrainError::Config {
+        path: dir.join("adapter_config.json"),
+        message: "no num_layers".into(),
+    })?;
+    let spec = cfg.lora.as_ref().map(|l| LoraSpec {
+        rank: l.rank as i32,
+        scale: l.scale,
+        // Dropout is off outside training.
+        dropout: 0.0,
+        keys: l.keys.clone(),
+    });
+    if cfg.fine_tune_type != FineTuneType::Full {
+        make_trainable(module, cfg.fine_tune_type, num_layers, spec.as_ref())?;
+    }
+    let shapes = module.parameter_shapes();
+    let mut errors = Vec::new();
+    for (name, w) in &adapters.weights {
+        let leaf = name.rsplit('.').next().unwrap_or("");
+        let allowed =
+            cfg.fine_tune_type == FineTuneType::Full || matches!(leaf, "lora_a" | "lora_b" | "m");
+        match shapes.get(name) {
+            Some(s) if allowed && *s != w.shape() => errors.push(format!(
+                "  {name}: adapter shape {:?} does not match model parameter shape {s:?}",
+                w.shape()
+            )),
+            Some(_) if allowed => {}
+            _ => errors.push(format!("  {name}: not an adapter parameter in the model")),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(TrainError::Mismatch(format!(
+            "Adapter at {} contains incompatible tensors:\n{}",
+            dir.display(),
+            errors.join("\n")
+        )));
+    }
+    module.update(adapters.weights)?;
+    Ok(())
+}
+
 fn module_of(model: &mut dyn LanguageModel) -> Result<&mut dyn Module> {
     let ty = model.model_type().to_string();
     model
@@ -333,8 +379,7 @@ pub fn run(
     let [train_set, valid_set, test_set] = load_datasets(plan)?;
     if plan.train && train_set.is_none() {
         return Err(TrainError::Data(
-            "Training set not found or empty. Must provide training set for fine-tuning."
-                .into(),
+            "Training set not found or empty. Must provide training set for fine-tuning.".into(),
         ));
     }
     if plan.train && valid_set.is_none() {
@@ -352,8 +397,7 @@ pub fn run(
     }
     if plan.test && !plan.train {
         if !plan.adapter_path.as_os_str().is_empty() {
-            let adapters = Adapters::load(&plan.adapter_path)?;
-            crate::apply::apply_adapters(module_of(model)?, &adapters)?;
+            load_adapters(module_of(model)?, &plan.adapter_path)?;
         }
     } else if plan.train {
         writeln!(out, "Training").map_err(io)?;
@@ -394,7 +438,13 @@ pub fn run(
             &mut || {},
         )?;
         let loss = f64::from(loss);
-        writeln!(out, "Test loss {loss:.3}, Test ppl {:.3}.", loss.exp()).map_err(io)?;
+        writeln!(
+            out,
+            "Test loss {}, Test ppl {}.",
+            crate::pyval::py_fixed(loss, 3),
+            crate::pyval::py_fixed(loss.exp(), 3)
+        )
+        .map_err(io)?;
     }
     Ok(())
 }
@@ -425,7 +475,12 @@ fn train_model(
         resume(module, file)?;
     }
     let type_label = match (&plan.lora, plan.kind) {
-        (Some(l), k) => format!("{} · {} layers · rank {}", k.name(), plan.num_layers, l.rank),
+        (Some(l), k) => format!(
+            "{} · {} layers · rank {}",
+            k.name(),
+            plan.num_layers,
+            l.rank
+        ),
         (None, _) => format!("full · {} layers", plan.num_layers),
     };
     let lr = match plan.lr {

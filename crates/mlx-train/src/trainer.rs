@@ -42,7 +42,10 @@ pub fn default_loss(
         .map_err(mlx_err)?
         .multiply(&mask)?;
     let ntoks = mask.sum(None, false)?;
-    let ce = ce.astype(Dtype::Float32)?.sum(None, false)?.divide(&ntoks)?;
+    let ce = ce
+        .astype(Dtype::Float32)?
+        .sum(None, false)?
+        .divide(&ntoks)?;
     Ok((ce, ntoks))
 }
 
@@ -264,6 +267,36 @@ fn python_order(names: &[String]) -> Vec<usize> {
     order
 }
 
+/// The error for a non-finite loss at iteration `it`: the loss was computed with the
+/// weights after iteration `it - 1`, so the last good checkpoint is one saved before
+/// that; `adapters.safetensors` is put back to it (or removed when there is none, so no
+/// diverged weights are left under the name mlx-lm loads).
+fn diverged(loss: f32, it: usize, saved: &[(usize, PathBuf)], adapter_file: &Path) -> TrainError {
+    let good = saved.iter().rev().find(|(j, _)| j + 1 < it);
+    let kept = match good {
+        Some((j, p)) => match std::fs::copy(p, adapter_file) {
+            Ok(_) => format!(
+                "{} holds the weights of iteration {j}, the last good checkpoint ({})",
+                adapter_file.display(),
+                p.display()
+            ),
+            Err(e) => format!(
+                "the last good checkpoint is {} (copying it to {} failed: {e})",
+                p.display(),
+                adapter_file.display()
+            ),
+        },
+        None => {
+            let _ = std::fs::remove_file(adapter_file);
+            "no checkpoint before it was good, so no adapters were kept".to_string()
+        }
+    };
+    TrainError::Diverged(format!(
+        "the training loss is {loss} at iteration {it}: training stopped; {kept}. Try a lower \
+         learning rate"
+    ))
+}
+
 /// mlx-lm's `train`. `rng` is NumPy's global state (seeded by the caller); the model's
 /// trainable parameters are the ones trained.
 #[allow(clippy::too_many_arguments)]
@@ -284,7 +317,9 @@ pub fn train(
     }
     let trainable = Trainable::of(module_mut(model)?);
     if trainable.names().is_empty() {
-        return Err(TrainError::Invalid("the model has no trainable parameter".into()));
+        return Err(TrainError::Invalid(
+            "the model has no trainable parameter".into(),
+        ));
     }
     let mut batches = BatchIter::new(train_set, args.batch_size, args.max_seq_length, true)?;
     let mut losses: Option<Array> = None;
@@ -293,7 +328,7 @@ pub fn train(
     let mut trained_tokens = 0u64;
     let mut train_time = 0f64;
     let mut grad_accum: Option<Vec<Array>> = None;
-    let mut last_saved: Option<PathBuf> = None;
+    let mut saved: Vec<(usize, PathBuf)> = Vec::new();
     for it in 1..=args.iters {
         let mut warnings = Vec::new();
         let batch = batches
@@ -304,8 +339,7 @@ pub fn train(
         }
         let mut tic = Instant::now();
         if let Some(val) = val_set.as_deref_mut() {
-            if !val.is_empty() && (it == 1 || it % args.steps_per_eval == 0 || it == args.iters)
-            {
+            if !val.is_empty() && (it == 1 || it % args.steps_per_eval == 0 || it == args.iters) {
                 let per_pass = val.len() / args.batch_size;
                 let total = if args.val_batches < 0 {
                     per_pass
@@ -384,14 +418,7 @@ pub fn train(
         train_time += tic.elapsed().as_secs_f64();
         let lv = lvalue.item::<f32>()?;
         if !lv.is_finite() {
-            let kept = match &last_saved {
-                Some(p) => format!("the last good checkpoint is {}", p.display()),
-                None => "no checkpoint was written before it".to_string(),
-            };
-            return Err(TrainError::Diverged(format!(
-                "the training loss is {lv} at iteration {it}: stopping ({kept}; try a lower \
-                 learning rate)"
-            )));
+            return Err(diverged(lv, it, &saved, &args.adapter_file));
         }
         cb.advance();
         if it % args.steps_per_report == 0 || it == args.iters {
@@ -429,7 +456,7 @@ pub fn train(
             let checkpoint = dir.join(format!("{it:07}_adapters.safetensors"));
             save_adapters(&checkpoint, trainable.names(), &values)?;
             cb.saved(&checkpoint);
-            last_saved = Some(checkpoint);
+            saved.push((it, checkpoint));
         }
     }
     let values = trainable.values(module_mut(model)?);

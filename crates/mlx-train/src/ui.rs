@@ -2,7 +2,7 @@
 //! training table, validation and save lines, the final progress bar), with the same
 //! numbers and formats, as plain text (mlx-lm colours it with rich), and the JSON Lines
 //! metrics file written in place of wandb / swanlab reports.
-use crate::pyval::{py_exp, py_thousands};
+use crate::pyval::{py_exp, py_fixed, py_thousands};
 use crate::trainer::{TrainCallback, TrainReport};
 use std::io::Write;
 use std::path::Path;
@@ -19,7 +19,11 @@ fn width() -> usize {
 /// mlx-lm's `print_lora_run_header` panel.
 pub fn header(rows: &[(&str, String)]) -> String {
     let w = width();
-    let label_w = rows.iter().map(|(k, _)| k.chars().count()).max().unwrap_or(0);
+    let label_w = rows
+        .iter()
+        .map(|(k, _)| k.chars().count())
+        .max()
+        .unwrap_or(0);
     let title = " mlx_lm.lora ";
     let mut out = format!(
         "╭─{title}{}╮\n",
@@ -120,7 +124,10 @@ impl<W: Write> TextUi<W> {
 
 impl<W: Write> TrainCallback for TextUi<W> {
     fn val_loss(&mut self, it: usize, val_loss: f64, val_time: f64) {
-        self.line(&format!("  {it:>4}    val {val_loss:>5.3}    {val_time:.2}s"));
+        self.line(&format!(
+            "  {it:>4}    val {:>5}    {val_time:.2}s",
+            py_fixed(val_loss, 3)
+        ));
         self.metric(serde_json::json!({
             "iteration": it - 1, "val_loss": val_loss, "val_time": val_time,
         }));
@@ -133,9 +140,9 @@ impl<W: Write> TrainCallback for TextUi<W> {
         };
         self.prev_train_loss = Some(r.train_loss);
         self.line(&format!(
-            "  {:>4}    {:>5.3} {arrow}    {:>5}    {:>5.1}k",
+            "  {:>4}    {:>5} {arrow}    {:>5}    {:>5.1}k",
             r.iteration,
-            r.train_loss,
+            py_fixed(r.train_loss, 3),
             thousands_f(r.tokens_per_second),
             r.trained_tokens as f64 / 1000.0
         ));
