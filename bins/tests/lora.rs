@@ -19,6 +19,53 @@ struct Case {
     config: Option<&'static str>,
 }
 
+/// Cases whose saved weights may differ from mlx-lm's in the last bits, with the
+/// largest difference allowed (docs/parity.md says why): Muon's Newton-Schulz steps
+/// round differently inside mlx-lm's compiled step (`mx.compile` fuses them); without
+/// the compile, mlx-lm's weights are ours byte for byte.
+const TOLERANCE: &[(&str, f32)] = &[("dora-muon", 1e-6)];
+
+/// The largest absolute difference between the tensors of two safetensors files
+/// (`None` when their names or shapes differ).
+fn max_diff(a: &Path, b: &Path) -> Option<f32> {
+    let (x, _) = mlx_array::io::load_safetensors(a).ok()?;
+    let (y, _) = mlx_array::io::load_safetensors(b).ok()?;
+    if x.keys().ne(y.keys()) {
+        return None;
+    }
+    let mut worst = 0f32;
+    for (k, u) in &x {
+        let v = &y[k];
+        if u.shape() != v.shape() {
+            return None;
+        }
+        let d = u
+            .subtract(v)
+            .ok()?
+            .abs()
+            .ok()?
+            .max(None, false)
+            .ok()?
+            .astype(mlx_array::Dtype::Float32)
+            .ok()?
+            .item::<f32>()
+            .ok()?;
+        worst = worst.max(d);
+    }
+    Some(worst)
+}
+
+/// Testing alone: `--test` on the adapters an earlier case trained (each side its own).
+const TEST_ALONE: &[&str] = &[
+    "--test",
+    "--adapter-path",
+    "../lora-4bit-chat-mask/adapters",
+    "--batch-size",
+    "2",
+    "--test-batches",
+    "-1",
+];
+
 const BASE: &[&str] = &[
     "--train",
     "--iters",
@@ -98,11 +145,41 @@ fn cases() -> Vec<Case> {
             config: Some("optimizer_config:\n  sgd:\n    momentum: 0.9\n"),
         },
         Case {
+            name: "lora-adafactor",
+            model: "llama-small-f32",
+            data: "text",
+            args: &["--optimizer", "adafactor"],
+            config: Some(
+                "optimizer_config:\n  adafactor:\n    beta_1: 0.9\n    weight_decay: 0.01\n",
+            ),
+        },
+        Case {
+            name: "dora-muon",
+            model: "llama-small-f32",
+            data: "text",
+            args: &[
+                "--optimizer",
+                "muon",
+                "--fine-tune-type",
+                "dora",
+                "--learning-rate",
+                "1e-2",
+            ],
+            config: None,
+        },
+        Case {
             name: "lora-adam-bias-correction-bf16",
             model: "qwen3-small-bf16",
             data: "text",
             args: &["--learning-rate", "1e-3", "--max-seq-length", "24"],
             config: Some("optimizer_config:\n  adam:\n    bias_correction: true\n"),
+        },
+        Case {
+            name: "test-alone",
+            model: "llama-small-q4-g32",
+            data: "chat",
+            args: TEST_ALONE,
+            config: None,
         },
     ]
 }
@@ -214,7 +291,9 @@ fn training_matches_mlx_lm() {
             "--data".into(),
             data.join(c.data).display().to_string(),
         ];
-        a.extend(BASE.iter().map(|s| s.to_string()));
+        if c.name != "test-alone" {
+            a.extend(BASE.iter().map(|s| s.to_string()));
+        }
         a.extend(c.args.iter().map(|s| s.to_string()));
         if let Some(cfg) = c.config {
             std::fs::create_dir_all(dir).unwrap();
@@ -270,7 +349,7 @@ fn training_matches_mlx_lm() {
             numbers(&String::from_utf8_lossy(&ours.stdout)),
             numbers(&theirs),
         );
-        assert!(b.len() >= 4, "{}: mlx-lm printed {theirs}", c.name);
+        assert!(!b.is_empty(), "{}: mlx-lm printed {theirs}", c.name);
         if a != b {
             failures.push(format!("{}: printed\n ours   {a:?}\n mlx-lm {b:?}", c.name));
         }
@@ -282,8 +361,18 @@ fn training_matches_mlx_lm() {
                 std::fs::read(pa.join(n)).unwrap(),
                 std::fs::read(ra.join(n)).unwrap(),
             );
-            if x != y {
-                failures.push(format!("{}: {n} differs", c.name));
+            if x == y {
+                continue;
+            }
+            let tol = TOLERANCE.iter().find(|(name, _)| *name == c.name);
+            match (tol, n.ends_with(".safetensors")) {
+                (Some(&(_, tol)), true) => {
+                    let d = max_diff(&pa.join(n), &ra.join(n));
+                    if !d.is_some_and(|d| d <= tol) {
+                        failures.push(format!("{}: {n} differs by {d:?} (> {tol})", c.name));
+                    }
+                }
+                _ => failures.push(format!("{}: {n} differs", c.name)),
             }
         }
     }
@@ -388,8 +477,18 @@ fn reporting_services_and_unsupported_options_are_refused() {
     fails_with(&out, "--report-to wandb");
     let out = run_in(&tmp.0.join("b"), &data, &["--train", "--grad-checkpoint"]);
     fails_with(&out, "--grad-checkpoint is not supported");
-    let out = run_in(&tmp.0.join("c"), &data, &["--train", "--optimizer", "muon"]);
-    fails_with(&out, "--optimizer muon is not supported");
+    std::fs::write(
+        tmp.0.join("d.yaml"),
+        "lora_parameters:\n  rank: 8\n  scale: 20.0\n  dropout: 0.1\n",
+    )
+    .unwrap();
+    let d = tmp.0.join("d.yaml");
+    let out = run_in(
+        &tmp.0.join("c"),
+        &data,
+        &["--train", "-c", d.to_str().unwrap()],
+    );
+    fails_with(&out, "lora_parameters.dropout 0.1 is not supported");
 }
 
 #[test]

@@ -210,8 +210,12 @@ pub fn plan(args: &LoraArgs) -> Result<Plan> {
         lr,
         training,
         test_batches: args.int("test_batches")?,
-        seed: u64::try_from(seed)
-            .map_err(|_| TrainError::Invalid(format!("option seed: {seed} is negative")))?,
+        // NumPy's `np.random.seed` takes 0 ..= 2**32 - 1.
+        seed: u32::try_from(seed).map(u64::from).map_err(|_| {
+            TrainError::Invalid(format!(
+                "option seed: {seed} is not between 0 and 2**32 - 1 (NumPy's seed range)"
+            ))
+        })?,
         adapter_path,
         resume: args.opt_str("resume_adapter_file")?.map(PathBuf::from),
         data: PathBuf::from(args.str("data")?),
