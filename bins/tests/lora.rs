@@ -168,6 +168,13 @@ fn cases() -> Vec<Case> {
             config: None,
         },
         Case {
+            name: "lora-dropout",
+            model: "llama-small-f32",
+            data: "text",
+            args: &["--learning-rate", "1e-3", "--seed", "3"],
+            config: Some("lora_parameters:\n  rank: 4\n  scale: 10.0\n  dropout: 0.1\n"),
+        },
+        Case {
             name: "lora-adam-bias-correction-bf16",
             model: "qwen3-small-bf16",
             data: "text",
@@ -477,18 +484,14 @@ fn reporting_services_and_unsupported_options_are_refused() {
     fails_with(&out, "--report-to wandb");
     let out = run_in(&tmp.0.join("b"), &data, &["--train", "--grad-checkpoint"]);
     fails_with(&out, "--grad-checkpoint is not supported");
-    std::fs::write(
-        tmp.0.join("d.yaml"),
-        "lora_parameters:\n  rank: 8\n  scale: 20.0\n  dropout: 0.1\n",
-    )
-    .unwrap();
+    std::fs::write(tmp.0.join("d.yaml"), "hf_dataset:\n  path: some/dataset\n").unwrap();
     let d = tmp.0.join("d.yaml");
     let out = run_in(
         &tmp.0.join("c"),
         &data,
         &["--train", "-c", d.to_str().unwrap()],
     );
-    fails_with(&out, "lora_parameters.dropout 0.1 is not supported");
+    fails_with(&out, "hf_dataset: Hugging Face datasets are not downloaded");
 }
 
 #[test]

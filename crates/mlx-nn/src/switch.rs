@@ -178,7 +178,15 @@ impl SwitchLinearLayer {
             lora_a: Param::frozen(lora_a),
             lora_b: Param::frozen(lora_b),
             scale,
+            dropout: 0.0,
         }));
+    }
+
+    /// Sets the training dropout of the layer's adapters (no-op without them).
+    pub fn set_adapter_dropout(&mut self, p: f64) {
+        if let SwitchLinearLayer::Lora(l) = self {
+            l.dropout = p;
+        }
     }
 }
 

@@ -24,7 +24,7 @@ pub struct LoraSpec {
     pub rank: i32,
     /// `scale`.
     pub scale: f64,
-    /// `dropout` (only 0 is supported: dropout draws random masks every step).
+    /// `dropout` of the adapters' input in training.
     pub dropout: f64,
     /// `keys`: the module paths inside a decoder layer to adapt (all linear, embedding
     /// and expert layers when `None`).
@@ -94,9 +94,9 @@ pub fn make_trainable(
     let spec = spec.ok_or_else(|| {
         TrainError::Invalid("LoRA config is missing required key 'scale'.".into())
     })?;
-    if spec.dropout != 0.0 {
-        return Err(TrainError::Unsupported(format!(
-            "lora_parameters.dropout {} is not supported by this build yet (only 0.0)",
+    if !(0.0..1.0).contains(&spec.dropout) {
+        return Err(TrainError::Invalid(format!(
+            "The dropout probability {} is not in [0, 1)",
             spec.dropout
         )));
     }
@@ -182,6 +182,7 @@ pub fn make_trainable(
         if let Some(switch) = layer.as_switch_layer_mut() {
             let b = ops::zeros(&[shape[0], shape[1], spec.rank], Dtype::Float32)?;
             switch.add_adapter(a, b, spec.scale);
+            switch.set_adapter_dropout(spec.dropout);
             done.push(path.to_string());
             return Ok(());
         }
@@ -202,6 +203,7 @@ pub fn make_trainable(
             None
         };
         linear.add_adapter(a, b, m, spec.scale);
+        linear.set_adapter_dropout(spec.dropout);
         done.push(path.to_string());
         Ok(())
     })?;

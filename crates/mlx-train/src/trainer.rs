@@ -155,6 +155,8 @@ pub fn evaluate(
     warn: &mut dyn FnMut(&str),
     progress: &mut dyn FnMut(),
 ) -> Result<f32> {
+    // `model.eval()`: no dropout.
+    mlx_nn::lora::set_training(false);
     let mut all_losses = Array::from_slice(&[0.0f32], &[])?;
     let mut ntokens = Array::from_slice(&[0i32], &[])?;
     let mut it = BatchIter::new(data, batch_size, max_seq_length, false)?;
@@ -322,6 +324,15 @@ pub fn train(
         ));
     }
     let mut batches = BatchIter::new(train_set, args.batch_size, args.max_seq_length, true)?;
+    // `model.train()`: adapter dropout on (off again however this returns).
+    struct TrainMode;
+    impl Drop for TrainMode {
+        fn drop(&mut self) {
+            mlx_nn::lora::set_training(false);
+        }
+    }
+    let _mode = TrainMode;
+    mlx_nn::lora::set_training(true);
     let mut losses: Option<Array> = None;
     let mut n_tokens: Option<Array> = None;
     let mut steps = 0usize;
@@ -364,6 +375,7 @@ pub fn train(
                 }
                 let val_time = tic.elapsed().as_secs_f64();
                 cb.val_loss(it, f64::from(val_loss), val_time);
+                mlx_nn::lora::set_training(true);
                 tic = Instant::now();
             }
         }
