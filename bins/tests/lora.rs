@@ -66,16 +66,18 @@ const TEST_ALONE: &[&str] = &[
     "-1",
 ];
 
+/// 20 iterations, each one's loss printed, validation every 5 (and at 1 and 20),
+/// checkpoints at 8 and 16.
 const BASE: &[&str] = &[
     "--train",
     "--iters",
-    "6",
+    "20",
     "--steps-per-report",
-    "2",
+    "1",
     "--steps-per-eval",
-    "3",
+    "5",
     "--save-every",
-    "4",
+    "8",
     "--val-batches",
     "2",
     "--batch-size",
