@@ -184,6 +184,18 @@ fn cases() -> Vec<Case> {
             config: Some("optimizer_config:\n  adam:\n    bias_correction: true\n"),
         },
         Case {
+            name: "lora-resume",
+            model: "llama-small-f32",
+            data: "text",
+            args: &[
+                "--learning-rate",
+                "1e-3",
+                "--resume-adapter-file",
+                "../lora-adam-text/adapters/0000008_adapters.safetensors",
+            ],
+            config: None,
+        },
+        Case {
             name: "test-alone",
             model: "llama-small-q4-g32",
             data: "chat",
