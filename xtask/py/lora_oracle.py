@@ -2,7 +2,7 @@
 
   lora_oracle.py data OUT_DIR
       Writes a small local dataset per format under OUT_DIR: text/, completions/ (with
-      custom keys question/answer), chat/ (messages, one row with tools); each with
+      custom keys question/answer), chat/ (messages, every fourth row with tools); each with
       train.jsonl, valid.jsonl and test.jsonl of seeded random words.
   lora_oracle.py run CASES_JSON
       Runs `mlx_lm lora` once per case in this one process (the same `main()` as
@@ -24,6 +24,20 @@ WORDS = (
     "the quick brown fox jumps over a lazy dog while cats sleep in warm sun and "
     "birds sing loud songs near old trees by the river"
 ).split()
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 def sentence(rng, lo, hi):
@@ -52,6 +66,10 @@ def cmd_data(out):
                                 {"role": "assistant", "content": sentence(rng, 2, 16)},
                             ]
                         }
+                        if i % 4 == 1:
+                            # A second key: mlx-lm sorts rows by len(row), so these
+                            # rows move to the end of the batch order.
+                            row["tools"] = [TOOL]
                     f.write(json.dumps(row) + "\n")
 
 
