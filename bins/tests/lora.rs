@@ -184,6 +184,16 @@ fn cases() -> Vec<Case> {
             config: Some("optimizer_config:\n  adam:\n    bias_correction: true\n"),
         },
         Case {
+            name: "lora-keys-lm-head",
+            model: "llama-small-f32",
+            data: "text",
+            args: &["--learning-rate", "1e-3", "--num-layers", "1"],
+            config: Some(
+                "lora_parameters:\n  rank: 4\n  scale: 10.0\n  dropout: 0.0\n  \
+                 keys: [self_attn.v_proj, mlp.down_proj, lm_head]\n",
+            ),
+        },
+        Case {
             name: "lora-resume",
             model: "llama-small-f32",
             data: "text",

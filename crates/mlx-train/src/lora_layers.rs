@@ -122,13 +122,6 @@ pub fn make_trainable(
             .filter_map(|(_, l, _)| l.as_ref().map(|(_, k)| k.clone()))
             .collect(),
     };
-    if let Some(top) = all.iter().find(|(p, _, _)| keys.contains(p)) {
-        return Err(TrainError::Unsupported(format!(
-            "lora_parameters.keys names `{}`, a module outside the decoder layers: adapting \
-             those is not supported by this build yet",
-            top.0
-        )));
-    }
     // The draw order: layers ascending, modules of a layer last to first.
     let mut targets: Vec<&Site> = Vec::new();
     for i in first..layers {
@@ -139,6 +132,20 @@ pub fn make_trainable(
         in_layer.reverse();
         targets.extend(in_layer);
     }
+    // mlx-lm's second pass: modules of the whole model whose full path is a key (e.g.
+    // `lm_head`), in `model.named_modules()` order (last to first).
+    let whole: Vec<&Site> = all
+        .iter()
+        .rev()
+        .filter(|(p, _, _)| keys.contains(p))
+        .collect();
+    if let Some((p, _, _)) = whole.iter().find(|w| targets.iter().any(|t| t.0 == w.0)) {
+        return Err(TrainError::Invalid(format!(
+            "lora_parameters.keys adapts `{p}` twice (by its path in a layer and by its \
+             full path)"
+        )));
+    }
+    targets.extend(whole);
     if let Some((p, _, _)) = targets.iter().find(|(_, _, ok)| !ok) {
         let what = if dora {
             "an embedding or expert (SwitchLinear) layer: DoRA on those"
