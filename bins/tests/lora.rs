@@ -215,8 +215,8 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// The lines that carry numbers, without rich's colours: the trainable-parameter
-/// line, validation and training rows (without tokens/s, a timing), saves, warnings
+/// The lines that carry numbers, without rich's colours: the run header's rows, the
+/// trainable-parameter line, validation and training rows (without tokens/s, a timing), saves, warnings
 /// and the test line.
 fn numbers(stdout: &str) -> Vec<String> {
     let ansi = |s: &str| {
@@ -240,6 +240,7 @@ fn numbers(stdout: &str) -> Vec<String> {
         let t = line.trim();
         let words: Vec<&str> = t.split_whitespace().collect();
         if t.starts_with("Trainable parameters")
+            || t.starts_with('│')
             || t.starts_with("Test loss")
             || t.starts_with("[WARNING]")
             || t.starts_with("save ")

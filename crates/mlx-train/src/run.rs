@@ -487,9 +487,11 @@ fn train_model(
         ),
         (None, _) => format!("full · {} layers", plan.num_layers),
     };
-    let lr = match plan.lr {
-        LearningRate::Constant(v) => Some(v),
-        LearningRate::Scheduled(_) => None,
+    // mlx-lm shows `learning_rate` whenever it is a number, even under a schedule.
+    let lr = match args.get("learning_rate") {
+        PyVal::Int(i) => Some(*i as f64),
+        PyVal::Float(f) => Some(*f),
+        _ => None,
     };
     let rows = [
         ("model", args.str("model")?),
