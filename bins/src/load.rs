@@ -12,10 +12,28 @@ use std::path::PathBuf;
 pub struct LoadArgs<'a> {
     /// `--model`: a directory, an HF cache id, a `.gguf` file, or `None` for the default.
     pub model: Option<&'a str>,
-    /// Keep quantized weights quantized on the CPU.
-    pub keep_quantized: bool,
+    /// How quantized weights run on the CPU.
+    pub cpu_weights: CpuWeights,
     /// `--adapter-path`: adapters (as `mlx_lm.lora` writes them) applied unfused.
     pub adapter_path: Option<&'a str>,
+}
+
+/// The flags that choose how a quantized model runs on the CPU. By default it stays
+/// quantized, as in mlx-lm: same arithmetic, same tokens. `--cpu-dequantize` trades
+/// that for speed: the weights are dequantized to float32 once at load (about 6x the
+/// memory of 4-bit weights, faster decoding on the CPU, different bits from mlx-lm).
+/// No effect on other devices or on models that are not quantized.
+#[derive(clap::Args, Debug, Clone, Copy, Default)]
+pub struct CpuWeights {
+    /// On the CPU, dequantize a quantized model to float32 at load: faster decoding,
+    /// ~6x the memory of 4-bit weights, and tokens that may differ from mlx-lm's
+    /// (default: keep it quantized, with mlx-lm's arithmetic).
+    #[arg(long)]
+    pub cpu_dequantize: bool,
+    /// Keep a quantized model quantized on the CPU: the default, accepted for scripts
+    /// written before `--cpu-dequantize` existed.
+    #[arg(long, hide = true, conflicts_with = "cpu_dequantize")]
+    pub keep_quantized: bool,
 }
 
 /// A loaded model with its tokenizer.
@@ -33,7 +51,7 @@ pub fn load(args: &LoadArgs<'_>) -> Result<Loaded> {
     let path = mlx_hub::resolve_model(args.model)?;
     let on_cpu = Device::default_device()?.kind == DeviceType::Cpu;
     let opts = mlx_models::LoadOptions {
-        dequantize: on_cpu && !args.keep_quantized,
+        dequantize: on_cpu && args.cpu_weights.cpu_dequantize,
         // MLX_FUSED_PROJECTIONS=0: every projection its own matmul (for A/B runs). Adapted
         // layers run on their own too.
         unfused: args.adapter_path.is_some()
@@ -135,20 +153,29 @@ pub fn rotating_window(model: &dyn LanguageModel, max_kv_size: Option<i32>) -> O
     Some(max)
 }
 
-/// A rotating cache keeps `max_kv_size` positions (the first 4 always). A prompt longer
-/// than that would silently lose its beginning (mlx-lm drops it without a word), so it
-/// is refused; generation past the window still rotates as in mlx-lm.
+/// A rotating cache keeps `max_kv_size` positions: the first 4 tokens and a sliding
+/// window of the latest. A longer prompt is run as mlx-lm runs it (its beginning, past
+/// the first 4 tokens, falls out of the window), with a one-line warning saying so.
+/// A size below 1 is refused (mlx-lm fails on it with a shape error).
 pub fn check_prompt_fits(prompt_len: usize, max_kv_size: i32) -> Result<()> {
-    if max_kv_size <= 4 {
-        bail!("--max-kv-size must be larger than 4 (the kept prefix), got {max_kv_size}");
+    if max_kv_size < 1 {
+        bail!("--max-kv-size must be at least 1, got {max_kv_size}");
     }
     if prompt_len > max_kv_size as usize {
-        bail!(
-            "the prompt has {prompt_len} tokens but --max-kv-size {max_kv_size} keeps only {max_kv_size}: raise --max-kv-size or shorten the prompt"
+        let window = if max_kv_size > KEEP {
+            format!("the first {KEEP} and the last {}", max_kv_size - KEEP)
+        } else {
+            format!("the first {max_kv_size}, with no sliding window")
+        };
+        tracing::warn!(
+            "the prompt has {prompt_len} tokens but --max-kv-size {max_kv_size} keeps only {window}: the rest of the prompt falls out of the attention window"
         );
     }
     Ok(())
 }
+
+/// The tokens a rotating cache always keeps (mlx-lm's `make_prompt_cache`: `keep=4`).
+const KEEP: i32 = 4;
 
 /// `--kv-bits` and friends as the engine's option.
 pub fn kv_quantization(bits: Option<i32>, group_size: i32, start: i32) -> Option<KvQuantization> {

@@ -32,9 +32,7 @@ fn case(model: &str, kind: &str) {
             .chain(["--adapter-path", a.as_str()])
             .chain(sampling.iter().copied())
             .collect();
-        let mut ours_args = with.clone();
-        ours_args.push("--keep-quantized");
-        let ours = common::run(env!("CARGO_BIN_EXE_mlx-generate"), &ours_args, b"");
+        let ours = common::run(env!("CARGO_BIN_EXE_mlx-generate"), &with, b"");
         common::check(&ours, "mlx-generate");
         let theirs = Command::new(&py)
             .args(["-m", "mlx_lm", "generate"])
@@ -47,7 +45,6 @@ fn case(model: &str, kind: &str) {
             .iter()
             .copied()
             .chain(sampling.iter().copied())
-            .chain(["--keep-quantized"])
             .collect();
         let without = common::run(env!("CARGO_BIN_EXE_mlx-generate"), &plain, b"");
         common::check(&without, "mlx-generate without adapters");

@@ -119,8 +119,9 @@ fn missing_weights_are_an_error() {
 }
 
 #[test]
-fn prompt_longer_than_max_kv_size_is_refused() {
-    // qwen3 has no make_cache in mlx-lm, so --max-kv-size gives it a rotating cache.
+fn prompt_longer_than_max_kv_size_runs_with_a_warning() {
+    // qwen3 has no make_cache in mlx-lm, so --max-kv-size gives it a rotating cache;
+    // mlx-lm runs a longer prompt through it (parity checks the tokens).
     let prompt = "Once upon a time, there was a tiny model that could only say a few words";
     let model = model_arg("qwen3-small-bf16");
     let args = [
@@ -131,9 +132,31 @@ fn prompt_longer_than_max_kv_size_is_refused() {
         "--ignore-chat-template",
         "--max-kv-size",
         "8",
+        "--max-tokens",
+        "4",
+        "--verbose",
+        "False",
     ];
     let out = common::generate(&args, b"");
-    assert_one_line_error(&out, &["--max-kv-size", "prompt"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "failed: {stderr}");
+    assert!(!out.stdout.is_empty(), "no text");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("falls out of the attention window"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one warning line expected: {stderr}");
+    assert!(warnings[0].contains("--max-kv-size 8"), "{stderr}");
+}
+
+#[test]
+fn max_kv_size_below_one_is_an_error() {
+    let model = model_arg("qwen3-small-bf16");
+    let out = common::generate(
+        &["--model", &model, "--prompt", "hi", "--max-kv-size", "0"],
+        b"",
+    );
+    assert_one_line_error(&out, &["--max-kv-size", "at least 1"]);
 }
 
 #[test]

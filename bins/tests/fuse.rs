@@ -165,8 +165,8 @@ fn unsupported_flags_and_missing_adapters_fail_in_one_line() {
     for (extra, wanted) in [
         (&["--export-gguf"][..], "--export-gguf is not supported yet"),
         (
-            &["--upload-repo", "me/x"][..],
-            "--upload-repo is not supported yet",
+            &["--upload-repo", "../x"][..],
+            "`../x` is not a valid repo id",
         ),
         (
             &["--adapter-path", "/nonexistent/adapters"][..],

@@ -164,7 +164,7 @@ fn max_kv_size_gives_a_window_only_to_models_without_make_cache() {
         let dir = common::goldens().join("models").join(name);
         let loaded = load(&LoadArgs {
             model: dir.to_str(),
-            keep_quantized: false,
+            cpu_weights: Default::default(),
             adapter_path: None,
         })
         .expect("load");
@@ -197,7 +197,10 @@ fn engine_tokens(case: &Case) -> anyhow::Result<Vec<u32>> {
         .chain(&case.ours_extra_args)
         .cloned()
         .collect();
-    let keep = a.iter().any(|x| x == "--keep-quantized");
+    let cpu_weights = mlx_bins::load::CpuWeights {
+        cpu_dequantize: a.iter().any(|x| x == "--cpu-dequantize"),
+        keep_quantized: false,
+    };
     let cache_file = flag(&a, "--prompt-cache-file").map(|f| common::root().join(f));
     let mut caches_from_file = None;
     let mut model = flag(&a, "--model").map(str::to_string);
@@ -212,7 +215,7 @@ fn engine_tokens(case: &Case) -> anyhow::Result<Vec<u32>> {
     }
     let loaded = load(&LoadArgs {
         model: model.as_deref(),
-        keep_quantized: keep,
+        cpu_weights,
         adapter_path: None,
     })?;
     let tok = &loaded.tokenizer;

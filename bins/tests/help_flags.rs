@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeSet;
 
 /// Flags of our own, beyond mlx-lm's.
-const OURS_ONLY: &[&str] = &["--keep-quantized", "--version", "-V"];
+const OURS_ONLY: &[&str] = &["--cpu-dequantize", "--version", "-V"];
 
 /// Every `-x` / `--name` token in a help text.
 fn flags(help: &str) -> BTreeSet<String> {

@@ -516,7 +516,10 @@ fn reporting_services_and_unsupported_options_are_refused() {
         &data,
         &["--train", "-c", d.to_str().unwrap()],
     );
-    fails_with(&out, "hf_dataset: Hugging Face datasets are not downloaded");
+    fails_with(
+        &out,
+        "hf_dataset: Hugging Face datasets are not supported by mlx-lora yet",
+    );
 }
 
 #[test]

@@ -71,9 +71,18 @@ fn assert_one_line_error(out: &std::process::Output, expect: &str) {
 fn unusable_data_is_a_one_line_error() {
     let model = common::golden_model("llama-small-f32");
     let m = model.to_str().unwrap();
-    // The default data path is a Hugging Face id: not downloaded here.
-    assert_one_line_error(&ppl(&["--model", m]), "allenai/tulu-3-sft-mixture");
+    // The default data path is a Hugging Face id: offline, with nothing cached, it is a
+    // one-line error naming it (never a network call from the test).
     let dir = common::TempDir::new("ppl");
+    let offline = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-perplexity"))
+        .args(["--model", m])
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HUB_CACHE", dir.0.join("hub"))
+        .env_remove("MLX_LOG")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert_one_line_error(&offline, "allenai/tulu-3-sft-mixture");
     let bad = dir.0.join("bad.jsonl");
     std::fs::write(&bad, "{\"text\": \"a\"}\nnot json\n").unwrap();
     assert_one_line_error(

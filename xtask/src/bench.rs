@@ -32,7 +32,7 @@ const USAGE: &str = "usage: cargo xtask bench [options]
   --ours PATH              our mlx-benchmark binary, or the directory holding it and
                            mlx-generate (default: $CARGO_TARGET_DIR or target, /release;
                            built with `cargo build --release -p mlx-bins` when missing)
-  --ours-arg ARG           extra argument for our binaries (repeatable), e.g. --keep-quantized
+  --ours-arg ARG           extra argument for our binaries (repeatable), e.g. --cpu-dequantize
   --label TEXT             name of the row block (default: the model directory's name)
   --out FILE               append the markdown block with provenance to FILE
   --server                 compare mlx-server with mlx_lm.server instead (1, 8, 32 streams)
@@ -689,12 +689,12 @@ mod tests {
     #[test]
     fn parse_reads_short_long_and_inline_flags() {
         let o = parse(&args(
-            "--model m -p 64 --generation-tokens=8 --num-trials 2 --ours-arg --keep-quantized --out r.md",
+            "--model m -p 64 --generation-tokens=8 --num-trials 2 --ours-arg --cpu-dequantize --out r.md",
         ))
         .unwrap();
         assert_eq!(o.model, "m");
         assert_eq!((o.prompt_tokens, o.generation_tokens, o.trials), (64, 8, 2));
-        assert_eq!(o.ours_args, vec!["--keep-quantized"]);
+        assert_eq!(o.ours_args, vec!["--cpu-dequantize"]);
         assert_eq!(o.out, Some(PathBuf::from("r.md")));
         assert_eq!(o.batch_size, 1);
     }

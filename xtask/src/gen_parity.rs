@@ -5,12 +5,20 @@
 //! variants, written by `xtask/py/gen_oracle.py models` into
 //! `.cache/parity/generate/models` with the committed byte-level BPE tokenizer of
 //! `goldens/generate/tokenizer` and a matching vocab_size), and the default model
-//! (SmolLM2-135M-Instruct, its real tokenizer): ours dequantized on load vs mlx-lm on a
-//! float32 copy, plus one short `--keep-quantized` run vs mlx-lm's 4-bit path.
+//! (SmolLM2-135M-Instruct, its real tokenizer; its 4-bit directory on both sides, and
+//! our opt-in `--cpu-dequantize` against mlx-lm on a float32 copy). Both sides always run
+//! with the same flags: a quantized model stays quantized by default, as in mlx-lm.
+//!
+//! The config sweep (`xtask/py/sweep_models.py`): three tiny configs of every
+//! architecture whose switches (biases, tied heads, GQA ratios, head_dim, rope variants,
+//! sliding windows, dtypes, quantization bits and group sizes, where the EOS token is
+//! declared) are drawn from a fixed seed, each run greedy with mlx-lm's default flags and
+//! with seeded sampling.
 //!
 //! Cases (see `cases.rs`): greedy (verbose output, timing numbers masked), raw prompt,
 //! seeded top-p / top-k / min-p / XTC, `--kv-bits` with a small `--quantized-kv-start`,
-//! `--max-kv-size` crossed by generation, `--prompt-cache-file` written by
+//! `--max-kv-size` crossed by generation and shorter than the prompt,
+//! `--prompt-cache-file` written by
 //! `mlx_lm cache_prompt` and by our `mlx-cache-prompt` (both files loaded by both
 //! sides, and compared tensor by tensor), the prompt/template flags, and `mlx-perplexity`
 //! against `mlx_lm perplexity` (report and unrounded values). mlx-lm runs
@@ -36,6 +44,7 @@ mod cases;
 
 const GEN_ORACLE: &str = "xtask/py/gen_oracle.py";
 const MAKE: &str = "xtask/py/make_tiny_models.py";
+const SWEEP: &str = "xtask/py/sweep_models.py";
 const TOKENIZER: &str = "goldens/generate/tokenizer";
 const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
 
@@ -119,6 +128,7 @@ fn prepare_models(root: &Path, py: &Path, gen_dir: &Path, default: &Path) -> Res
         &[
             root.join(MAKE),
             root.join(GEN_ORACLE),
+            root.join(SWEEP),
             tokenizer.join("tokenizer.json"),
         ],
     );
@@ -146,6 +156,12 @@ fn prepare_models(root: &Path, py: &Path, gen_dir: &Path, default: &Path) -> Res
         &p(&tokenizer),
         "--variants",
         &cases::TINY.join(","),
+    ]))?;
+    eprintln!("parity: writing the config sweep");
+    crate::parity::run(Command::new(py).arg(root.join(SWEEP)).args([
+        &p(&gen_dir.join("sweep")),
+        "--tokenizer",
+        &p(&tokenizer),
     ]))?;
     let f32 = p(&gen_dir.join("smollm2-f32"));
     crate::parity::run(
@@ -438,6 +454,7 @@ pub fn run_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
     let have_cp = cp_bin.is_some();
     let mut cases = cases::tiny_cases(&models, &pc_dir, have_cp);
     cases.extend(cases::flag_cases(&models));
+    cases.extend(cases::sweep_cases(&gen_dir.join("sweep"))?);
     cases.extend(cases::default_cases(
         &default,
         &gen_dir.join("smollm2-f32"),
@@ -445,12 +462,7 @@ pub fn run_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
         have_cp,
     ));
     let ppl_data = cases::write_perplexity_data(&gen_dir.join("perplexity-data"))?;
-    cases.extend(cases::perplexity_cases(
-        &models,
-        &ppl_data,
-        &default,
-        &gen_dir.join("smollm2-f32"),
-    ));
+    cases.extend(cases::perplexity_cases(&models, &ppl_data, &default));
     let ppl_bin = gen_bin.with_file_name("mlx-perplexity");
     cases.retain(|c| filter.is_empty() || c.id().contains(&filter));
 
@@ -557,7 +569,15 @@ pub fn run_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
         }
     }
 
-    let failed = report(&cases, &verdicts);
+    let mut failed = report(&cases, &verdicts);
+    let key_draws = cases::sweep_key_draw_mismatches(&gen_dir.join("sweep"))?;
+    for line in &key_draws {
+        println!("  {line}");
+    }
+    if key_draws.is_empty() {
+        println!("  sweep: every config's loading takes mlx-lm's number of keys");
+    }
+    failed += key_draws.len();
     if !have_cp {
         println!("  (mlx-cache-prompt is not built: our prompt-cache files were not checked)");
     }

@@ -5,8 +5,8 @@ use clap::Parser;
 use mlx_array::{random, Array, Dtype};
 use mlx_bins::load::{load, LoadArgs};
 use mlx_bins::outln;
+use mlx_engine::batch::{BatchGenerator, BatchOptions};
 use mlx_engine::{stream_generate, GenerateOptions, PromptInput};
-use mlx_server::batch_generate::{BatchGenerator, BatchOptions};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -50,9 +50,8 @@ struct Args {
     /// Enable trusting remote code for tokenizer/model loading (accepted; meaningless here).
     #[arg(long)]
     trust_remote_code: bool,
-    /// Keep a quantized model quantized on the CPU.
-    #[arg(long)]
-    keep_quantized: bool,
+    #[command(flatten)]
+    cpu_weights: mlx_bins::load::CpuWeights,
 }
 
 fn main() -> ExitCode {
@@ -90,7 +89,7 @@ fn bench(args: Args) -> Result<()> {
     random::seed(0)?;
     let loaded = load(&LoadArgs {
         model: args.model.as_deref(),
-        keep_quantized: args.keep_quantized,
+        cpu_weights: args.cpu_weights,
         adapter_path: None,
     })?;
     let (model, mut tokenizer) = (loaded.model, loaded.tokenizer);

@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use mlx_bins::load::{load, LoadArgs};
 use mlx_bins::{out, outln};
-use mlx_engine::{GenerateOptions, TokenGenerator};
+use mlx_engine::{GenerateOptions, TokenGenerator, TokenIterator};
 use mlx_tokenizer::ChatOptions;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -51,9 +51,8 @@ struct Args {
     /// When --kv-bits is set, start quantizing the KV cache from this step onwards.
     #[arg(long, default_value_t = 5000)]
     quantized_kv_start: i32,
-    /// Keep a quantized model quantized on the CPU.
-    #[arg(long)]
-    keep_quantized: bool,
+    #[command(flatten)]
+    cpu_weights: mlx_bins::load::CpuWeights,
 }
 
 fn main() -> ExitCode {
@@ -68,7 +67,7 @@ fn cache_prompt(args: Args) -> Result<()> {
     let spec = (args.model != "default").then_some(args.model.as_str());
     let mut loaded = load(&LoadArgs {
         model: spec,
-        keep_quantized: args.keep_quantized,
+        cpu_weights: args.cpu_weights,
         adapter_path: args.adapter_path.as_deref(),
     })?;
     let mut tokenizer_config = serde_json::Map::new();
@@ -130,7 +129,7 @@ fn cache_prompt(args: Args) -> Result<()> {
     metadata.insert("model".to_string(), args.model.clone());
     metadata.insert(
         "tokenizer_config".to_string(),
-        mlx_bins::py_json_dumps(&tokenizer_config),
+        mlx_tokenizer::py_json_dumps(&serde_json::Value::Object(tokenizer_config), true),
     );
     mlx_cache::save_prompt_cache(&args.prompt_cache_file, &caches, &metadata)
         .with_context(|| format!("saving {}", args.prompt_cache_file))?;

@@ -64,9 +64,8 @@ struct Args {
     /// Use pipelining instead of tensor parallelism
     #[arg(long)]
     pipeline: bool,
-    /// Keep a quantized model quantized on the CPU.
-    #[arg(long)]
-    keep_quantized: bool,
+    #[command(flatten)]
+    cpu_weights: mlx_bins::load::CpuWeights,
 }
 
 fn main() -> ExitCode {
@@ -86,7 +85,7 @@ fn chat(args: Args) -> Result<()> {
     mlx_array::random::seed(args.seed)?;
     let loaded = load(&LoadArgs {
         model: args.model.as_deref(),
-        keep_quantized: args.keep_quantized,
+        cpu_weights: args.cpu_weights,
         adapter_path: args.adapter_path.as_deref(),
     })?;
     let tok = &loaded.tokenizer;
@@ -142,6 +141,11 @@ fn chat(args: Args) -> Result<()> {
             ..Default::default()
         };
         let ids = tok.apply_chat_template_ids(&messages, &opts)?;
+        if let Some(max) = window {
+            // The conversation so far plus this turn's prompt.
+            let context = caches.first().map_or(0, |c| c.offset()) as usize + ids.len();
+            mlx_bins::load::check_prompt_fits(context, max)?;
+        }
 
         let mut xtc_special = tok.encode("\n", false)?;
         xtc_special.extend(tok.eos_token_ids().iter().copied());

@@ -1,5 +1,5 @@
 //! `mlx-convert`: mlx-lm's `mlx_lm.convert`, with its flags and defaults.
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Parser;
 use mlx_array::quant::QuantMode;
 use mlx_array::Dtype;
@@ -38,8 +38,7 @@ struct Args {
     /// or the current model weights dtype.
     #[arg(long, value_parser = ["float16", "bfloat16", "float32"])]
     dtype: Option<String>,
-    /// The Hugging Face repo to upload the model to (not supported yet: upload the
-    /// directory with `huggingface-cli upload` instead).
+    /// The Hugging Face repo to upload the model to.
     #[arg(long)]
     upload_repo: Option<String>,
     /// Dequantize a quantized model.
@@ -53,12 +52,8 @@ struct Args {
 
 fn run(args: Args) -> Result<()> {
     if let Some(repo) = &args.upload_repo {
-        bail!(
-            "--upload-repo {repo}: uploading to the Hugging Face hub is not supported yet; \
-             convert without --upload-repo and upload the directory yourself \
-             (e.g. `huggingface-cli upload {repo} {}`)",
-            args.mlx_path.display()
-        );
+        // A bad repo id fails before the conversion, not after it.
+        mlx_hub::RepoId::new(repo, mlx_hub::RepoType::Model)?;
     }
     if args.trust_remote_code {
         eprintln!(
@@ -94,6 +89,10 @@ fn run(args: Args) -> Result<()> {
         report.weights.shards.len(),
         report.out_dir.display()
     )?;
+    if let Some(repo) = &args.upload_repo {
+        let url = mlx_hub::hub::upload::upload_to_hub(&report.out_dir, repo)?;
+        outln!("Upload successful, go to {url} for details.")?;
+    }
     Ok(())
 }
 

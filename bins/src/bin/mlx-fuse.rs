@@ -1,6 +1,7 @@
 //! `mlx-fuse`: mlx-lm's `mlx_lm.fuse`: folds trained adapters (LoRA, DoRA or a full
 //! fine-tune, as `mlx_lm.lora` writes them) into the base model and saves the result.
-//! Same flags and defaults; `--export-gguf` and `--upload-repo` are refused (not built yet).
+//! Same flags and defaults; `--upload-repo` uploads the result (`mlx_lm.upload`);
+//! `--export-gguf` is refused (not built yet).
 use anyhow::{bail, Result};
 use clap::Parser;
 use mlx_bins::outln;
@@ -52,11 +53,8 @@ fn fuse(args: Args) -> Result<()> {
     if args.export_gguf {
         bail!("--export-gguf is not supported yet (mlx-fuse writes MLX safetensors only)");
     }
-    if args.upload_repo.is_some() {
-        bail!(
-            "--upload-repo is not supported yet: no Hugging Face upload; copy {} yourself",
-            args.save_path.display()
-        );
+    if let Some(repo) = &args.upload_repo {
+        mlx_hub::RepoId::new(repo, mlx_hub::RepoType::Model)?;
     }
     let _ = (args.trust_remote_code, &args.gguf_path);
     outln!("Loading pretrained model")?;
@@ -79,5 +77,9 @@ fn fuse(args: Args) -> Result<()> {
         mlx_quant::save::MAX_SHARD_BYTES,
         false,
     )?;
+    if let Some(repo) = &args.upload_repo {
+        let url = mlx_hub::hub::upload::upload_to_hub(&args.save_path, repo)?;
+        outln!("Upload successful, go to {url} for details.")?;
+    }
     Ok(())
 }

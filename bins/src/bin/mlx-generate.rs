@@ -114,10 +114,8 @@ struct Args {
     /// Number of tokens to draft when using speculative decoding.
     #[arg(long, default_value_t = 3)]
     num_draft_tokens: i32,
-    /// Keep a quantized model quantized on the CPU (default: dequantize to float32,
-    /// since MLX's CPU quantized matmul is slow).
-    #[arg(long)]
-    keep_quantized: bool,
+    #[command(flatten)]
+    cpu_weights: mlx_bins::load::CpuWeights,
 }
 
 fn main() -> ExitCode {
@@ -166,7 +164,7 @@ fn generate(args: Args) -> Result<()> {
 
     let mut loaded = load(&LoadArgs {
         model: model_spec.as_deref(),
-        keep_quantized: args.keep_quantized,
+        cpu_weights: args.cpu_weights,
         adapter_path: args.adapter_path.as_deref(),
     })?;
     for t in &args.extra_eos_token {

@@ -23,7 +23,7 @@ struct Args {
     #[arg(long)]
     train: bool,
     /// Directory with {train, valid, test}.jsonl files (Hugging Face dataset names are
-    /// not downloaded by this build)
+    /// not supported by mlx-lora yet)
     #[arg(long)]
     data: Option<String>,
     /// Type of fine-tuning to perform: lora, dora, or full.

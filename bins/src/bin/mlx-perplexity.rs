@@ -1,7 +1,8 @@
 //! `mlx-perplexity`: mlx-lm's `mlx_lm.perplexity`, with the same flags, defaults, data
 //! order (NumPy's seeded permutation of the rows), arithmetic and output. Data come from
-//! a local dataset: a directory with `train.jsonl` or one `.jsonl` file, in mlx-lm's
-//! text / chat / completions formats.
+//! a local dataset (a directory with `train.jsonl` or one `.jsonl` file) or a Hugging Face
+//! dataset id (downloaded into the Hugging Face cache; its `train` split as
+//! `datasets.load_dataset` finds it), in mlx-lm's text / chat / completions formats.
 use anyhow::{Context, Result};
 use clap::Parser;
 use mlx_bins::load::{load, LoadArgs};
@@ -36,16 +37,15 @@ struct Args {
     /// Number of samples to use (-1 for all available)
     #[arg(long, default_value_t = 256, allow_negative_numbers = true)]
     num_samples: i64,
-    /// A dataset in an mlx-lm dataset format: a directory with train.jsonl, or a .jsonl
-    /// file (Hugging Face dataset ids are not downloaded by this build).
+    /// A dataset in an mlx-lm dataset format: a directory with train.jsonl, a .jsonl
+    /// file, or a Hugging Face dataset id (JSON Lines, JSON or Parquet files).
     #[arg(long, default_value = "allenai/tulu-3-sft-mixture")]
     data_path: String,
     /// Random seed for data sampling
     #[arg(long, default_value_t = 123)]
     seed: u32,
-    /// Keep a quantized model quantized on the CPU.
-    #[arg(long)]
-    keep_quantized: bool,
+    #[command(flatten)]
+    cpu_weights: mlx_bins::load::CpuWeights,
 }
 
 fn main() -> ExitCode {
@@ -68,17 +68,19 @@ fn perplexity(args: Args) -> Result<()> {
     let mut rng = RandomState::new(args.seed);
     mlx_array::random::seed(u64::from(args.seed))?;
     // The rows are read (and checked) before the slower model load.
-    let dataset = datasets::load_split(
-        Path::new(&args.data_path),
-        "train",
-        &Features::default(),
-        false,
-    )?;
+    let local = Path::new(&args.data_path);
+    let dataset = if !local.exists() && mlx_hub::is_repo_id(&args.data_path) {
+        let snap = mlx_hub::Locations::from_env()?.hub_dataset(&args.data_path, "main")?;
+        let (rows, source) = mlx_eval::hub_data::read_split(&snap, "train")?;
+        datasets::Dataset::new(rows, &Features::default(), false, &source)?
+    } else {
+        datasets::load_split(local, "train", &Features::default(), false)?
+    };
 
     outln!("Loading model from {}...", args.model)?;
     let mut loaded = load(&LoadArgs {
         model: Some(&args.model),
-        keep_quantized: args.keep_quantized,
+        cpu_weights: args.cpu_weights,
         adapter_path: None,
     })?;
     let total = match loaded.model.as_module_mut() {

@@ -100,9 +100,8 @@ struct Args {
     /// Requests allowed to wait for a decode slot; more get 429.
     #[arg(long, default_value_t = 1024)]
     max_queue: usize,
-    /// Keep quantized weights quantized on the CPU (default: dequantize there).
-    #[arg(long)]
-    keep_quantized: bool,
+    #[command(flatten)]
+    cpu_weights: mlx_bins::load::CpuWeights,
 }
 
 fn log_filter(level: &str) -> &'static str {
@@ -139,7 +138,7 @@ fn main() -> ExitCode {
         };
         let loaded = load(&LoadArgs {
             model: args.model.as_deref(),
-            keep_quantized: args.keep_quantized,
+            cpu_weights: args.cpu_weights,
             adapter_path: args.adapter_path.as_deref(),
         })?;
         let mut tokenizer = loaded.tokenizer;

@@ -2,10 +2,12 @@
 //! left-padded buffer (the batch counterpart of [`RotatingKVCache`] with `keep = 0`).
 //!
 //! The buffer holds at most `max_size` positions; once full, single-token updates
-//! overwrite the oldest column and the mask is rolled to match. As in mlx-lm, the
-//! right-padded batched prefill (`prepare` / `finalize`) is not needed here: rows are
-//! prefilled alone and joined with [`BatchRotatingKVCache::merge`] and
-//! [`BatchRotatingKVCache::extend`].
+//! overwrite the oldest column and the mask is rolled to match. Rows join with
+//! [`BatchRotatingKVCache::merge`] and [`BatchRotatingKVCache::extend`]; prompts
+//! prefilled together in right-padded chunks go through
+//! [`BatchRotatingKVCache::prepare`] (with `right_padding`) and
+//! [`BatchRotatingKVCache::finalize`], which rolls each row's padding in front, as in
+//! mlx-lm.
 use crate::batch::{
     add_left_padding, advance_offsets, check_rows, dynamic_roll, int_array, pad_seq,
     per_row_offsets, row, take_rows,

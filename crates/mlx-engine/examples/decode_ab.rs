@@ -23,7 +23,7 @@ use mlx_array::quant::{
     set_fast_qmv, set_fast_qmv_many, set_fast_qmv_min_elements, set_fast_qmv_residual,
     set_fast_qmv_swiglu,
 };
-use mlx_engine::{GenerateOptions, TokenGenerator};
+use mlx_engine::{GenerateOptions, TokenGenerator, TokenIterator};
 use std::time::Instant;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;

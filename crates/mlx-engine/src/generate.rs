@@ -1,22 +1,25 @@
-//! `generate_step`: tokens in, sampled tokens and log-probabilities out.
+//! `generate_step`: tokens in, sampled tokens and log-probabilities out, behind the
+//! [`TokenIterator`] trait that `stream_generate` and the command-line tools drive.
 use crate::error::{EngineError, Result};
-use mlx_array::{memory, ops, transforms, Array, Dtype, Stream};
+use crate::step::{self, KvQuantization, LogSoftmax, RowSampling};
+use mlx_array::{memory, transforms, Array, Stream};
 use mlx_models::LanguageModel;
 use mlx_nn::KvCache;
 use std::time::Instant;
 
-pub use mlx_sample::{LogitsProcessor, Sampler};
+pub use mlx_sample::{LogitsProcessor, LogitsProcessors, Sampler};
 
-/// KV-cache quantization (mlx-lm's `--kv-bits`, `--kv-group-size`,
-/// `--quantized-kv-start`): caches switch to quantized once their offset reaches `start`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvQuantization {
-    /// Bits per element.
-    pub bits: i32,
-    /// Group size.
-    pub group_size: i32,
-    /// Offset from which caches are quantized.
-    pub start: i32,
+/// A source of generated tokens, one at a time (mlx-swift-lm's `TokenIteratorProtocol`):
+/// [`TokenGenerator`] is mlx-lm's `generate_step`; a speculative or a constrained
+/// generator is another implementation that [`crate::stream_generate_with`] and the
+/// command-line tools drive the same way.
+pub trait TokenIterator {
+    /// The next `(token, logprobs [vocab])`, or `None` once the generator is done
+    /// (e.g. `max_tokens` are out).
+    fn next_token(&mut self) -> Result<Option<(u32, Array)>>;
+
+    /// Prompt tokens the generator processes (for statistics).
+    fn prompt_tokens(&self) -> usize;
 }
 
 /// Options of [`TokenGenerator`], with mlx-lm's defaults.
@@ -54,10 +57,13 @@ impl Default for GenerateOptions {
 pub struct TokenGenerator<'a> {
     model: &'a dyn LanguageModel,
     caches: &'a mut Vec<Box<dyn KvCache>>,
-    opts: GenerateOptions,
+    max_tokens: i64,
+    prefill_step_size: usize,
+    kv_quantization: Option<KvQuantization>,
+    prompt_progress: Option<Box<dyn FnMut(usize, usize)>>,
+    sampling: RowSampling,
     stream: Stream,
     prompt: Option<Vec<u32>>,
-    tokens: Option<Array>,
     current: Option<(Array, Array)>,
     prompt_total: usize,
     n: i64,
@@ -107,10 +113,13 @@ impl<'a> TokenGenerator<'a> {
         Ok(TokenGenerator {
             model,
             caches,
-            opts,
+            max_tokens: opts.max_tokens,
+            prefill_step_size: opts.prefill_step_size,
+            kv_quantization: opts.kv_quantization,
+            prompt_progress: opts.prompt_progress,
+            sampling: RowSampling::new(opts.sampler, LogitsProcessors::new(opts.logits_processors)),
             stream: generation_stream()?,
             prompt: Some(prompt.to_vec()),
-            tokens: None,
             current: None,
             prompt_total: prompt.len(),
             n: 0,
@@ -120,70 +129,34 @@ impl<'a> TokenGenerator<'a> {
 
     fn model_call(&mut self, input: &Array) -> Result<Array> {
         let x = input.expand_dims(&[0])?;
-        Ok(self.model.forward(&x, self.caches.as_mut_slice())?)
+        step::forward(self.model, &x, self.caches, self.kv_quantization)
     }
 
-    fn quantize_caches(&mut self) -> Result<()> {
-        if let Some(q) = self.opts.kv_quantization {
-            mlx_cache::maybe_quantize_kv_cache(self.caches, q.start, q.group_size, Some(q.bits))?;
-        }
-        Ok(())
-    }
-
-    /// One decoding step on `input` (`[n]` tokens): logits of the last position,
-    /// processors, cache quantization, log-softmax, sampling.
+    /// One decoding step on `input` (`[1]`): [`step::forward`] then [`step::sample`].
     fn step(&mut self, input: &Array) -> Result<(Array, Array)> {
         let logits = self.model_call(input)?;
-        let l = logits.dim(1)?;
-        let v = logits.dim(2)?;
-        let mut logits = logits
-            .slice(&[0, l - 1, 0], &[1, l, v], None)?
-            .squeeze(Some(&[1]))?;
-        if !self.opts.logits_processors.is_empty() && input.size() > 0 {
-            let all = match &self.tokens {
-                Some(t) => ops::concatenate(&[t, input], 0)?,
-                None => input.clone(),
-            };
-            for p in &self.opts.logits_processors {
-                logits = p.process(&all, &logits)?;
-            }
-            self.tokens = Some(all);
+        let mut s = step::sample(&mut [&mut self.sampling], input, &logits, LogSoftmax::Whole)?;
+        if let Some((_, e)) = s.failed.pop() {
+            return Err(e);
         }
-        self.quantize_caches()?;
-        let logprobs = logits.subtract(&logits.logsumexp(None, true)?)?;
-        let sampled = match &self.opts.sampler {
-            Some(s) => s.sample(&logprobs)?,
-            None => logprobs.argmax(Some(-1), false)?,
-        };
-        Ok((sampled, logprobs.squeeze(Some(&[0]))?))
+        Ok((s.tokens, s.logprobs.squeeze(Some(&[0]))?))
     }
 
     fn prefill(&mut self, prompt: Vec<u32>) -> Result<()> {
         let total = prompt.len();
         let mut done = 0usize;
-        if let Some(cb) = self.opts.prompt_progress.as_mut() {
+        if let Some(cb) = self.prompt_progress.as_mut() {
             cb(0, total);
         }
-        let step = self.opts.prefill_step_size.max(1);
+        let step = self.prefill_step_size.max(1);
         while total - done > 1 {
             let n = step.min(total - done - 1);
-            let chunk = Array::from_slice(&prompt[done..done + n], &[n as i32])?;
-            {
-                let _pipelined = mlx_nn::pipeline::PipelinedPrefill::from_env();
-                self.model_call(&chunk)?;
-            }
-            self.quantize_caches()?;
-            let state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
-            transforms::eval(&state.iter().collect::<Vec<_>>())?;
-            if !self.opts.logits_processors.is_empty() {
-                self.tokens = Some(match &self.tokens {
-                    Some(t) => ops::concatenate(&[t, &chunk], 0)?,
-                    None => chunk,
-                });
-            }
+            let chunk = Array::from_slice(&prompt[done..done + n], &[1, n as i32])?;
+            step::prefill(self.model, &chunk, self.caches, self.kv_quantization)?;
+            self.sampling.prompt(&prompt[done..done + n])?;
             done += n;
             tracing::debug!("prefill: {done}/{total} prompt tokens ({})", memory::note());
-            if let Some(cb) = self.opts.prompt_progress.as_mut() {
+            if let Some(cb) = self.prompt_progress.as_mut() {
                 cb(done, total);
             }
             memory::clear_cache();
@@ -195,12 +168,6 @@ impl<'a> TokenGenerator<'a> {
         Ok(())
     }
 
-    /// The next `(token, logprobs [vocab])`, or `None` once `max_tokens` are out.
-    pub fn next_token(&mut self) -> Result<Option<(u32, Array)>> {
-        let stream = self.stream;
-        mlx_array::with_stream(stream, || self.next_inner())
-    }
-
     fn next_inner(&mut self) -> Result<Option<(u32, Array)>> {
         if let Some(prompt) = self.prompt.take() {
             self.prefill(prompt)?;
@@ -208,10 +175,18 @@ impl<'a> TokenGenerator<'a> {
         let Some((y, lp)) = self.current.take() else {
             return Ok(None);
         };
+        // A processor that needs the accepted token: read it before the next step.
+        let early = if self.sampling.needs_accepted_token() && self.n != self.max_tokens {
+            let token = step::read_token(&y)?;
+            self.sampling.accept(token)?;
+            Some(token)
+        } else {
+            None
+        };
         let mut next = None;
         let t0 = self.profile.is_some().then(Instant::now);
         let mut t1 = t0;
-        if self.n != self.opts.max_tokens {
+        if self.n != self.max_tokens {
             let (ny, nlp) = self.step(&y)?;
             t1 = t0.map(|_| Instant::now());
             transforms::async_eval(&[&ny, &nlp])?;
@@ -222,14 +197,21 @@ impl<'a> TokenGenerator<'a> {
             y.eval()?;
             tracing::debug!("first token ({})", memory::note());
             let total = self.prompt_total;
-            if let Some(cb) = self.opts.prompt_progress.as_mut() {
+            if let Some(cb) = self.prompt_progress.as_mut() {
                 cb(total, total);
             }
         }
-        if self.n == self.opts.max_tokens {
+        if self.n == self.max_tokens {
             return Ok(None);
         }
-        let token = read_token(&y)?;
+        let token = match early {
+            Some(t) => t,
+            None => {
+                let t = step::read_token(&y)?;
+                self.sampling.accept(t)?;
+                t
+            }
+        };
         if let (Some(p), Some(t0), Some(t1), Some(t2)) = (self.profile.as_mut(), t0, t1, t2) {
             if self.n == 0 {
                 p.start();
@@ -243,6 +225,17 @@ impl<'a> TokenGenerator<'a> {
         self.current = next;
         self.n += 1;
         Ok(Some((token, lp)))
+    }
+}
+
+impl TokenIterator for TokenGenerator<'_> {
+    fn next_token(&mut self) -> Result<Option<(u32, Array)>> {
+        let stream = self.stream;
+        mlx_array::with_stream(stream, || self.next_inner())
+    }
+
+    fn prompt_tokens(&self) -> usize {
+        self.prompt_total
     }
 }
 
@@ -268,16 +261,4 @@ pub fn generation_stream() -> Result<Stream> {
         let _ = cell.set(s);
         Ok(s)
     })
-}
-
-fn read_token(y: &Array) -> Result<u32> {
-    let y = if y.dtype() == Dtype::Uint32 {
-        y.clone()
-    } else {
-        y.astype(Dtype::Uint32)?
-    };
-    let v = y.to_vec::<u32>()?;
-    v.first()
-        .copied()
-        .ok_or_else(|| EngineError::Invalid("sampler returned no token".into()))
 }

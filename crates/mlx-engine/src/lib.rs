@@ -1,8 +1,12 @@
 //! The generation engine: mlx-lm's `generate_step` (chunked prefill, pipelined decode
-//! with `async_eval`) and `stream_generate` (detokenized text, stop on EOS, statistics).
+//! with `async_eval`), `stream_generate` (detokenized text, stop on EOS, statistics)
+//! and its `BatchGenerator` (continuous batching of many sequences, [`batch`]).
 //!
-//! Samplers, logits processors and KV caches are passed in, so the loop stays one small
-//! file and the same tokens come out as from mlx-lm for the same inputs.
+//! Every path builds its decoding steps from one step function ([`step`]: model call,
+//! KV-cache quantization, logits processors, log-softmax, sampler) and reads tokens back
+//! one way. Generators implement [`TokenIterator`], which `stream_generate` and the
+//! command-line tools drive; samplers, logits processors and KV caches are passed in,
+//! so the same tokens come out as from mlx-lm for the same inputs.
 //!
 //! Performance notes (batch-1 decode is bound by host time per token, see
 //! benchmarks/GPU.md): with the `mimalloc` feature (off by
@@ -13,13 +17,19 @@
 //! pieces in isolation).
 #![warn(missing_docs)]
 
+pub mod batch;
 mod error;
 mod generate;
 mod profile;
+pub mod step;
 mod stream;
 
 pub use error::{EngineError, Result};
 pub use generate::{
-    generation_stream, GenerateOptions, KvQuantization, LogitsProcessor, Sampler, TokenGenerator,
+    generation_stream, GenerateOptions, LogitsProcessor, LogitsProcessors, Sampler, TokenGenerator,
+    TokenIterator,
 };
-pub use stream::{stream_generate, FinishReason, GenerationResponse, PromptInput};
+pub use step::{KvQuantization, Sampling};
+pub use stream::{
+    stream_generate, stream_generate_with, FinishReason, GenerationResponse, PromptInput,
+};

@@ -1,6 +1,6 @@
 //! `stream_generate`: text segments with statistics, stopping on EOS.
 use crate::error::{EngineError, Result};
-use crate::generate::{GenerateOptions, TokenGenerator};
+use crate::generate::{GenerateOptions, TokenGenerator, TokenIterator};
 use mlx_array::{memory, Array};
 use mlx_models::LanguageModel;
 use mlx_nn::KvCache;
@@ -66,7 +66,7 @@ pub fn stream_generate(
     prompt: PromptInput<'_>,
     caches: &mut Vec<Box<dyn KvCache>>,
     opts: GenerateOptions,
-    mut on_response: impl FnMut(&GenerationResponse) -> bool,
+    on_response: impl FnMut(&GenerationResponse) -> bool,
 ) -> Result<Option<GenerationResponse>> {
     if opts.max_tokens == 0 {
         return Err(EngineError::Invalid(
@@ -81,8 +81,25 @@ pub fn stream_generate(
         }
     };
     let max_tokens = opts.max_tokens;
-    let mut detok = tokenizer.detokenizer();
     let mut gen = TokenGenerator::new(model, &ids, caches, opts)?;
+    stream_generate_with(&mut gen, tokenizer, max_tokens, on_response)
+}
+
+/// [`stream_generate`] over any [`TokenIterator`]: detokenized segments with statistics,
+/// stopping on EOS or after `max_tokens` (`-1`: no limit).
+pub fn stream_generate_with(
+    gen: &mut dyn TokenIterator,
+    tokenizer: &Tokenizer,
+    max_tokens: i64,
+    mut on_response: impl FnMut(&GenerationResponse) -> bool,
+) -> Result<Option<GenerationResponse>> {
+    if max_tokens == 0 {
+        return Err(EngineError::Invalid(
+            "maximum number of tokens must be non-zero (use -1 for no limit)".into(),
+        ));
+    }
+    let prompt_tokens = gen.prompt_tokens();
+    let mut detok = tokenizer.detokenizer();
     let eos = tokenizer.eos_token_ids().clone();
 
     let mut tic = Instant::now();
@@ -93,7 +110,7 @@ pub fn stream_generate(
     while let Some((token, logprobs)) = gen.next_token()? {
         if n == 0 {
             let prompt_time = tic.elapsed().as_secs_f64();
-            prompt_tps = ids.len() as f64 / prompt_time.max(1e-9);
+            prompt_tps = prompt_tokens as f64 / prompt_time.max(1e-9);
             tic = Instant::now();
         }
         last = Some((token, logprobs.clone()));
@@ -108,7 +125,7 @@ pub fn stream_generate(
             text: detok.last_segment(),
             token,
             logprobs,
-            prompt_tokens: ids.len(),
+            prompt_tokens,
             prompt_tps,
             generation_tokens: n + 1,
             generation_tps: (n + 1) as f64 / tic.elapsed().as_secs_f64().max(1e-9),
@@ -134,7 +151,7 @@ pub fn stream_generate(
         text: detok.last_segment(),
         token,
         logprobs,
-        prompt_tokens: ids.len(),
+        prompt_tokens,
         prompt_tps,
         generation_tokens: n + 1,
         generation_tps: (n + 1) as f64 / tic.elapsed().as_secs_f64().max(1e-9),

@@ -1,6 +1,6 @@
 //! `TokenGenerator` refuses prompt ids outside the model's vocabulary (MLX's gather
 //! would read past the embedding table) and generates from ids inside it.
-use mlx_engine::{GenerateOptions, TokenGenerator};
+use mlx_engine::{GenerateOptions, TokenGenerator, TokenIterator};
 use std::path::PathBuf;
 
 fn model() -> Box<dyn mlx_models::LanguageModel> {

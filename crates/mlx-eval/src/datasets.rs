@@ -253,8 +253,8 @@ pub fn split_file(path: &Path, split: &str) -> Result<PathBuf> {
         )));
     }
     Err(EvalError::Data(format!(
-        "`{}` is not a local dataset (a directory with {split}.jsonl, or a .jsonl file); \
-         Hugging Face dataset ids are not downloaded by this build",
+        "`{}` is not a local dataset (a directory with {split}.jsonl, or a .jsonl file) \
+         nor an `org/name` Hugging Face dataset id",
         path.display()
     )))
 }

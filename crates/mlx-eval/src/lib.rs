@@ -5,6 +5,7 @@
 
 pub mod datasets;
 mod error;
+pub mod hub_data;
 pub mod nprandom;
 pub mod perplexity;
 

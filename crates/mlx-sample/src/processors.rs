@@ -1,26 +1,164 @@
 //! Logits processors: mlx-lm's `make_logits_processors` (logit bias, repetition,
-//! presence and frequency penalties).
+//! presence and frequency penalties) on a stateful processor interface.
 //!
-//! Each processor gets the 1-D token history (prompt and generated tokens so far, as
-//! mlx-lm's `generate_step` passes it) and the logits `[B, V]`, and returns new logits.
-//! Reads and writes of `logits[:, tokens]` use the same gather/scatter MLX's Python
-//! indexing builds, so results are bit-identical.
+//! A [`LogitsProcessor`] sees, like mlx-lm's processors, the 1-D token history (prompt
+//! and generated tokens so far, the step's input included, as a device array) and the
+//! logits `[B, V]`, and returns new logits. It may also keep host state: it is told the
+//! prompt ([`LogitsProcessor::prompt`]) and every token the sequence accepts
+//! ([`LogitsProcessor::accept`], on the host, once the token is read back), can be
+//! forked for a sibling sequence, and can ask for the accepted token before the next
+//! step is built ([`LogitsProcessor::needs_accepted_token`]: a grammar needs the last
+//! token to compute the next mask; penalties do not, so their sequences keep
+//! queueing a step ahead). [`LogitsProcessors`] is one sequence's chain with its
+//! history. Reads and writes of `logits[:, tokens]` use the same gather/scatter MLX's
+//! Python indexing builds, so results are bit-identical.
 use crate::error::{Result, SampleError};
 use crate::util::{column_scatter_args, last_tokens, py_float};
-use mlx_array::{ops::ScatterKind, where_, Array, Dtype};
+use mlx_array::{ops, ops::ScatterKind, where_, Array, Dtype};
 
-/// Rewrites the logits given the tokens so far.
+/// Rewrites the logits of one sequence, given the tokens so far.
 pub trait LogitsProcessor: Send {
-    /// `tokens` is 1-D, `logits` is `[B, V]`.
-    fn process(&self, tokens: &Array, logits: &Array) -> Result<Array>;
+    /// Prompt tokens that go into the caches without a sample (prompt-cache prefix,
+    /// prefill chunks), in order; called before the first [`Self::process`], possibly
+    /// several times. The default ignores them.
+    fn prompt(&mut self, _tokens: &[u32]) -> Result<()> {
+        Ok(())
+    }
+
+    /// `history` is 1-D (every token so far, this step's input included), `logits` is
+    /// `[B, V]`.
+    fn process(&mut self, history: &Array, logits: &Array) -> Result<Array>;
+
+    /// The token the sequence accepted, on the host (once read back). Unless
+    /// [`Self::needs_accepted_token`], the next step may already have been built. The
+    /// default ignores it.
+    fn accept(&mut self, _token: u32) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether [`Self::process`] needs the previous token [accepted](Self::accept)
+    /// first: the sequence then waits for each token before building its next step
+    /// (other sequences keep queueing ahead). `false` by default.
+    fn needs_accepted_token(&self) -> bool {
+        false
+    }
+
+    /// A copy in the same state, for another sequence continuing from here.
+    fn fork(&self) -> Box<dyn LogitsProcessor>;
 }
 
 impl<F> LogitsProcessor for F
 where
-    F: Fn(&Array, &Array) -> Result<Array> + Send,
+    F: Fn(&Array, &Array) -> Result<Array> + Clone + Send + 'static,
 {
-    fn process(&self, tokens: &Array, logits: &Array) -> Result<Array> {
-        self(tokens, logits)
+    fn process(&mut self, history: &Array, logits: &Array) -> Result<Array> {
+        self(history, logits)
+    }
+
+    fn fork(&self) -> Box<dyn LogitsProcessor> {
+        Box::new(self.clone())
+    }
+}
+
+/// Builds a fresh processor for each sequence of a request (e.g. from its fields).
+pub trait BuildProcessor: Send + Sync + std::fmt::Debug {
+    /// A new processor in its initial state.
+    fn build(&self) -> Result<Box<dyn LogitsProcessor>>;
+}
+
+/// One sequence's processors, in order, with the token history they see (kept only
+/// when there is a processor).
+#[derive(Default)]
+pub struct LogitsProcessors {
+    list: Vec<Box<dyn LogitsProcessor>>,
+    history: Option<Array>,
+}
+
+impl LogitsProcessors {
+    /// A chain of `list`, with an empty history.
+    pub fn new(list: Vec<Box<dyn LogitsProcessor>>) -> LogitsProcessors {
+        LogitsProcessors {
+            list,
+            history: None,
+        }
+    }
+
+    /// Appends a processor (applied after the others).
+    pub fn push(&mut self, p: Box<dyn LogitsProcessor>) {
+        self.list.push(p);
+    }
+
+    /// Number of processors.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Whether there is none (the logits pass through untouched).
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Whether some processor needs each accepted token before the next step.
+    pub fn needs_accepted_token(&self) -> bool {
+        self.list.iter().any(|p| p.needs_accepted_token())
+    }
+
+    /// Prompt tokens put into the caches without a sample: extends the history and
+    /// tells every processor.
+    pub fn prompt(&mut self, tokens: &[u32]) -> Result<()> {
+        if self.list.is_empty() || tokens.is_empty() {
+            return Ok(());
+        }
+        let chunk = Array::from_slice(tokens, &[tokens.len() as i32])?;
+        self.history = Some(match &self.history {
+            Some(t) => ops::concatenate(&[t, &chunk], 0)?,
+            None => chunk,
+        });
+        for p in &mut self.list {
+            p.prompt(tokens)?;
+        }
+        Ok(())
+    }
+
+    /// mlx-lm's processor loop of `_step`: the history grows by `input` (the tokens
+    /// fed to the model this step, 1-D) and every processor rewrites `logits` in turn.
+    pub fn process(&mut self, input: &Array, logits: &Array) -> Result<Array> {
+        if self.list.is_empty() {
+            return Ok(logits.clone());
+        }
+        let all = match &self.history {
+            Some(t) => ops::concatenate(&[t, input], 0)?,
+            None => input.clone(),
+        };
+        let out = self.process_with_history(&all, logits)?;
+        self.history = Some(all);
+        Ok(out)
+    }
+
+    /// Every processor on `logits` with the given full `history` (the stored history
+    /// is neither used nor changed).
+    pub fn process_with_history(&mut self, history: &Array, logits: &Array) -> Result<Array> {
+        let mut l = logits.clone();
+        for p in &mut self.list {
+            l = p.process(history, &l)?;
+        }
+        Ok(l)
+    }
+
+    /// Tells every processor the token the sequence accepted.
+    pub fn accept(&mut self, token: u32) -> Result<()> {
+        for p in &mut self.list {
+            p.accept(token)?;
+        }
+        Ok(())
+    }
+
+    /// A copy with the same history and processor states.
+    pub fn fork(&self) -> LogitsProcessors {
+        LogitsProcessors {
+            list: self.list.iter().map(|p| p.fork()).collect(),
+            history: self.history.clone(),
+        }
     }
 }
 
@@ -59,7 +197,7 @@ impl Default for LogitsParams {
 
 /// mlx-lm's `make_logits_processors`: the bias (if any), then the repetition, presence
 /// and frequency penalties that are set and non-zero, in that order.
-pub fn make_logits_processors(p: &LogitsParams) -> Result<Vec<Box<dyn LogitsProcessor>>> {
+pub fn make_logits_processors(p: &LogitsParams) -> Result<LogitsProcessors> {
     let mut out: Vec<Box<dyn LogitsProcessor>> = Vec::new();
     if !p.logit_bias.is_empty() {
         out.push(Box::new(LogitBias::new(&p.logit_bias)?));
@@ -82,25 +220,15 @@ pub fn make_logits_processors(p: &LogitsParams) -> Result<Vec<Box<dyn LogitsProc
             context_size: p.frequency_context_size,
         }));
     }
-    Ok(out)
+    Ok(LogitsProcessors::new(out))
 }
 
-/// Applies `processors` in order (mlx-lm's loop in `generate_step`).
-pub fn apply_processors(
-    processors: &[Box<dyn LogitsProcessor>],
-    tokens: &Array,
-    logits: &Array,
-) -> Result<Array> {
-    let mut l = logits.clone();
-    for p in processors {
-        l = p.process(tokens, &l)?;
-    }
-    Ok(l)
-}
-
-fn history_len(tokens: &Array) -> Result<i32> {
+/// The last `context_size` tokens of the 1-D history (`tokens[-context_size:]`), or
+/// `None` when the history is empty (the penalties then leave the logits as they are).
+fn recent_tokens(tokens: &Array, context_size: i32) -> Result<Option<Array>> {
     match tokens.shape().as_slice() {
-        [n] => Ok(*n),
+        [0] => Ok(None),
+        [_] => Ok(Some(last_tokens(tokens, context_size)?)),
         s => Err(SampleError::param(
             "tokens",
             "must be a 1-D array of token ids",
@@ -133,7 +261,11 @@ impl LogitBias {
 }
 
 impl LogitsProcessor for LogitBias {
-    fn process(&self, _tokens: &Array, logits: &Array) -> Result<Array> {
+    fn fork(&self) -> Box<dyn LogitsProcessor> {
+        Box::new(self.clone())
+    }
+
+    fn process(&mut self, _tokens: &Array, logits: &Array) -> Result<Array> {
         let values = self.values.astype(logits.dtype())?;
         scatter_cols(ScatterKind::Add, logits, &self.ids, &values)
     }
@@ -165,11 +297,14 @@ impl RepetitionPenalty {
 }
 
 impl LogitsProcessor for RepetitionPenalty {
-    fn process(&self, tokens: &Array, logits: &Array) -> Result<Array> {
-        if history_len(tokens)? == 0 {
+    fn fork(&self) -> Box<dyn LogitsProcessor> {
+        Box::new(self.clone())
+    }
+
+    fn process(&mut self, tokens: &Array, logits: &Array) -> Result<Array> {
+        let Some(recent) = recent_tokens(tokens, self.context_size)? else {
             return Ok(logits.clone());
-        }
-        let recent = last_tokens(tokens, self.context_size)?;
+        };
         let selected = logits.take(&recent, Some(1))?;
         let dt = selected.dtype();
         let neg = selected.less(&Array::scalar_i64(0, zero_dtype(dt))?)?;
@@ -199,11 +334,14 @@ pub struct PresencePenalty {
 }
 
 impl LogitsProcessor for PresencePenalty {
-    fn process(&self, tokens: &Array, logits: &Array) -> Result<Array> {
-        if history_len(tokens)? == 0 {
+    fn fork(&self) -> Box<dyn LogitsProcessor> {
+        Box::new(self.clone())
+    }
+
+    fn process(&mut self, tokens: &Array, logits: &Array) -> Result<Array> {
+        let Some(recent) = recent_tokens(tokens, self.context_size)? else {
             return Ok(logits.clone());
-        }
-        let recent = last_tokens(tokens, self.context_size)?;
+        };
         let selected = logits.take(&recent, Some(1))?;
         let updated = selected.subtract(&py_float(self.penalty, selected.dtype())?)?;
         scatter_cols(ScatterKind::Set, logits, &recent, &updated)
@@ -221,11 +359,14 @@ pub struct FrequencyPenalty {
 }
 
 impl LogitsProcessor for FrequencyPenalty {
-    fn process(&self, tokens: &Array, logits: &Array) -> Result<Array> {
-        if history_len(tokens)? == 0 {
+    fn fork(&self) -> Box<dyn LogitsProcessor> {
+        Box::new(self.clone())
+    }
+
+    fn process(&mut self, tokens: &Array, logits: &Array) -> Result<Array> {
+        let Some(recent) = recent_tokens(tokens, self.context_size)? else {
             return Ok(logits.clone());
-        }
-        let recent = last_tokens(tokens, self.context_size)?;
+        };
         let update = py_float(self.penalty, logits.dtype())?.negative()?;
         scatter_cols(ScatterKind::Add, logits, &recent, &update)
     }

@@ -2,8 +2,8 @@
 //! same seed gives the same tokens, filters and processors the same bits.
 use mlx_array::{io, random, Array};
 use mlx_sample::{
-    apply_min_p, apply_processors, apply_top_k, apply_top_p, apply_xtc, categorical_sampling,
-    make_logits_processors, make_sampler, LogitsParams, SamplerParams,
+    apply_min_p, apply_top_k, apply_top_p, apply_xtc, categorical_sampling, make_logits_processors,
+    make_sampler, LogitsParams, SamplerParams,
 };
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -151,7 +151,7 @@ fn logits_processors_match_mlx_lm_bit_for_bit() {
     let (arrays, meta) = golden("processors.safetensors");
     let cases: Value = serde_json::from_str(&meta["cases"]).expect("cases json");
     for (c, case) in cases.as_array().expect("list").iter().enumerate() {
-        let procs = make_logits_processors(&logits_params(&case["params"])).expect("make");
+        let mut procs = make_logits_processors(&logits_params(&case["params"])).expect("make");
         assert_eq!(
             procs.len() as i64,
             case["n_processors"].as_i64().expect("n"),
@@ -159,7 +159,9 @@ fn logits_processors_match_mlx_lm_bit_for_bit() {
         );
         let logits = get(&arrays, &format!("logits.{}", case["logits"]));
         let history = get(&arrays, &format!("history.{}", case["history"]));
-        let got = apply_processors(&procs, history, logits).expect("process");
+        let got = procs
+            .process_with_history(history, logits)
+            .expect("process");
         assert_bits_eq(
             &got,
             get(&arrays, &format!("proc.{c}")),

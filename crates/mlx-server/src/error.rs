@@ -155,6 +155,26 @@ impl ApiError {
     }
 }
 
+/// An engine error as the answer to its request: the request's fault is 400, a full
+/// queue 429, a bug 500, anything else (an MLX failure such as running out of memory, a
+/// shutdown) 503, after which the server keeps serving.
+impl From<mlx_engine::EngineError> for ApiError {
+    fn from(e: mlx_engine::EngineError) -> ApiError {
+        use mlx_engine::EngineError as E;
+        let kind = match &e {
+            e if e.is_invalid_request() => ErrorKind::InvalidRequest,
+            E::Busy(_) => ErrorKind::RateLimit,
+            E::Internal(_) => ErrorKind::Internal,
+            _ => ErrorKind::Unavailable,
+        };
+        let message = match &e {
+            E::Mlx(_) | E::Cache(_) => format!("generation failed: {e}"),
+            _ => e.to_string(),
+        };
+        ApiError::new(kind, message)
+    }
+}
+
 /// Which body shape errors of a route use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {

@@ -112,7 +112,7 @@ tokio::task_local! {
 /// Submits to the engine and ties the request to its client connection.
 pub fn submit(
     state: &AppState,
-    req: crate::sequence::GenerationRequest,
+    req: mlx_engine::batch::GenerationRequest,
 ) -> Result<crate::engine::Submission, ApiError> {
     let sub = state.engine.submit(req)?;
     let _ = CONN.try_with(|w| w.register(sub.flag()));

@@ -1,9 +1,11 @@
 //! An OpenAI- and Anthropic-compatible HTTP server for MLX language models, the
 //! counterpart of `mlx_lm.server`.
 //!
-//! One engine thread owns the model and every MLX evaluation ([`engine`]); HTTP handlers
-//! (tokio + hyper) tokenize, submit over a channel and turn engine events into
-//! responses. Endpoints: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+//! The generation engine (`mlx_engine::batch`: one thread that owns the model and every
+//! MLX evaluation, with continuous batching) does the tensor work; this crate serves
+//! HTTP: handlers (tokio + hyper) parse the protocol, tokenize, submit through a thin
+//! handle ([`engine`]) and turn engine events into responses (tool calls, reasoning,
+//! stop words). Endpoints: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 //! `/health`, `/metrics`, `/v1/messages` (+ `count_tokens`), `/v1/responses`.
 //!
 //! ```no_run
@@ -18,8 +20,6 @@
 #![warn(missing_docs)]
 
 pub mod anthropic;
-pub mod batch;
-pub mod batch_generate;
 pub mod config;
 pub mod engine;
 pub mod error;
@@ -28,12 +28,9 @@ pub mod metrics;
 pub mod openai;
 pub mod output;
 pub mod params;
-pub mod prefill;
 pub mod prompt;
-pub mod prompt_cache;
 mod pylit;
 pub mod responses;
-pub mod sequence;
 pub mod text;
 pub mod tools;
 
@@ -41,8 +38,9 @@ pub use config::ServerConfig;
 pub use error::{ApiError, ServerError};
 pub use metrics::Metrics;
 
-use engine::{Engine, EngineOptions};
+use engine::Engine;
 use http::{AppState, ModelInfo};
+use mlx_engine::batch::EngineOptions;
 use mlx_models::LanguageModel;
 use mlx_tokenizer::Tokenizer;
 use std::net::SocketAddr;
@@ -112,7 +110,7 @@ impl Server {
             }),
             max_queue: cfg.max_queue,
         };
-        let engine = Engine::start(model, opts, Arc::clone(&metrics))?;
+        let engine = Engine::start(model, opts, Arc::clone(metrics.engine()))?;
         let state = Arc::new(AppState {
             cfg,
             engine,

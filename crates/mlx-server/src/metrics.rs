@@ -1,193 +1,43 @@
 //! Prometheus metrics (`GET /metrics`): requests, tokens, queue depth, time to first
 //! token and per-token latency histograms, prompt-cache hits, cancellations.
+use mlx_engine::batch::{Counter, EngineMetrics, Gauge, Histogram};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-/// A cumulative histogram with fixed upper bounds (seconds).
-#[derive(Debug)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<AtomicU64>,
-    count: AtomicU64,
-    sum_bits: AtomicU64,
+fn render_histogram(h: &Histogram, out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for (b, c) in h.buckets() {
+        let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+    }
+    let n = h.count();
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
+    let _ = writeln!(out, "{name}_sum {}", h.sum());
+    let _ = writeln!(out, "{name}_count {n}");
 }
 
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram {
-            bounds,
-            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
-            count: AtomicU64::new(0),
-            sum_bits: AtomicU64::new(0f64.to_bits()),
-        }
-    }
-
-    /// Records one observation.
-    pub fn observe(&self, v: f64) {
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            if v <= *b {
-                c.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let mut cur = self.sum_bits.load(Ordering::Relaxed);
-        loop {
-            let next = (f64::from_bits(cur) + v).to_bits();
-            match self.sum_bits.compare_exchange_weak(
-                cur,
-                next,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => break,
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Observations so far.
-    pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{b}\"}} {}",
-                c.load(Ordering::Relaxed)
-            );
-        }
-        let n = self.count();
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
-        let _ = writeln!(
-            out,
-            "{name}_sum {}",
-            f64::from_bits(self.sum_bits.load(Ordering::Relaxed))
-        );
-        let _ = writeln!(out, "{name}_count {n}");
-    }
-}
-
-const TTFT_BOUNDS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-];
-const TPOT_BOUNDS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-];
-
-/// A monotonically increasing counter.
+/// All server metrics: requests by route and status here, the engine's counters
+/// (tokens, queue, prompt cache, latencies) in [`EngineMetrics`].
 #[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
-
-impl Counter {
-    /// Adds `n`.
-    pub fn add(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
-    }
-    /// The current value.
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// A value that goes up and down.
-#[derive(Debug, Default)]
-pub struct Gauge(AtomicU64);
-
-impl Gauge {
-    /// Sets the value.
-    pub fn set(&self, v: u64) {
-        self.0.store(v, Ordering::Relaxed);
-    }
-    /// Adds one.
-    pub fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-    /// Removes one (never below zero).
-    pub fn dec(&self) {
-        let _ = self
-            .0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(1))
-            });
-    }
-    /// The current value.
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// All server metrics; shared by the HTTP side and the engine thread.
-#[derive(Debug)]
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
-    /// Prompt tokens of admitted requests.
-    pub prompt_tokens: Counter,
-    /// Prompt tokens found in the prompt cache.
-    pub cached_prompt_tokens: Counter,
-    /// Generated tokens.
-    pub generation_tokens: Counter,
-    /// Requests waiting for a slot.
-    pub queue_depth: Gauge,
-    /// Sequences prefilling or decoding.
-    pub active_sequences: Gauge,
-    /// Prompt-cache lookups that found a prefix.
-    pub cache_hits: Counter,
-    /// Prompt-cache lookups that found nothing.
-    pub cache_misses: Counter,
-    /// Entries in the prompt cache.
-    pub cache_entries: Gauge,
-    /// Bytes held by the prompt cache.
-    pub cache_bytes: Gauge,
-    /// Generations stopped because the client went away.
-    pub cancelled: Counter,
-    /// Requests refused with 429.
-    pub rejected_queue_full: Counter,
-    /// Engine failures answered with 503.
-    pub engine_errors: Counter,
-    /// Decoding forward passes (one per step of the decode batch).
-    pub decode_steps: Counter,
-    /// Sequences fed through those passes (divided by the steps: the mean batch size).
-    pub decode_rows: Counter,
-    /// Microseconds spent in prompt processing (the prefill steps, evaluation
-    /// included; mlx-lm's `BatchCounters.prompt_time`).
-    pub prefill_micros: Counter,
-    /// Seconds from admission to the first token.
-    pub ttft: Histogram,
-    /// Seconds between consecutive tokens of one sequence.
-    pub tpot: Histogram,
+    engine: Arc<EngineMetrics>,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics {
-            requests: Mutex::new(BTreeMap::new()),
-            prompt_tokens: Counter::default(),
-            cached_prompt_tokens: Counter::default(),
-            generation_tokens: Counter::default(),
-            queue_depth: Gauge::default(),
-            active_sequences: Gauge::default(),
-            cache_hits: Counter::default(),
-            cache_misses: Counter::default(),
-            cache_entries: Gauge::default(),
-            cache_bytes: Gauge::default(),
-            cancelled: Counter::default(),
-            rejected_queue_full: Counter::default(),
-            engine_errors: Counter::default(),
-            decode_steps: Counter::default(),
-            decode_rows: Counter::default(),
-            prefill_micros: Counter::default(),
-            ttft: Histogram::new(TTFT_BOUNDS),
-            tpot: Histogram::new(TPOT_BOUNDS),
-        }
+impl std::ops::Deref for Metrics {
+    type Target = EngineMetrics;
+
+    fn deref(&self) -> &EngineMetrics {
+        &self.engine
     }
 }
 
 impl Metrics {
+    /// The engine's counters (shared with the engine thread).
+    pub fn engine(&self) -> &Arc<EngineMetrics> {
+        &self.engine
+    }
+
     /// Counts one answered request.
     pub fn record_request(&self, route: &str, status: u16) {
         let mut m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
@@ -309,12 +159,14 @@ impl Metrics {
                 g.get()
             );
         }
-        self.ttft.render(
+        render_histogram(
+            &self.ttft,
             &mut out,
             "mlx_server_time_to_first_token_seconds",
             "Seconds from admission to the first generated token.",
         );
-        self.tpot.render(
+        render_histogram(
+            &self.tpot,
             &mut out,
             "mlx_server_time_per_output_token_seconds",
             "Seconds between consecutive generated tokens of one sequence.",

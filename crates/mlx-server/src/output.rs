@@ -2,9 +2,9 @@
 //! tool-call parsing and log-probabilities, shared by every endpoint.
 use crate::engine::Submission;
 use crate::error::ApiError;
-use crate::sequence::{EngineEvent, Finish, TokenOut};
 use crate::text::{Channel, Markers, Piece, TextRouter};
-use crate::tools::{py_json_dumps, ParsedCall, ToolFormat};
+use crate::tools::{ParsedCall, ToolFormat};
+use mlx_engine::batch::{EngineEvent, Finish, TokenOut};
 use mlx_tokenizer::{Detokenizer, StreamingDetokenizer, Tokenizer};
 use serde_json::{json, Value as Json};
 use std::sync::Arc;
@@ -42,7 +42,8 @@ pub struct ToolCallOut {
 impl ToolCallOut {
     /// Arguments as the JSON string OpenAI sends.
     pub fn arguments_string(&self) -> String {
-        py_json_dumps(&self.arguments)
+        // mlx-lm's `json.dumps(arguments, ensure_ascii=False)`.
+        mlx_tokenizer::py_json_dumps(&self.arguments, false)
     }
 }
 
@@ -243,7 +244,7 @@ impl Generation {
                     c.finished = true;
                 }
                 self.sub.release();
-                self.queued.push_back(Update::Failed(error));
+                self.queued.push_back(Update::Failed(error.into()));
             }
             EngineEvent::Token { choice, out } => self.on_token(choice, out),
         }

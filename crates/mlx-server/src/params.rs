@@ -3,7 +3,7 @@
 //! `tool_choice`, `max_completion_tokens`, integer `logprobs` on completions).
 use crate::config::ServerConfig;
 use crate::error::ApiError;
-use crate::sequence::Sampling;
+use mlx_engine::Sampling;
 use mlx_sample::{LogitsParams, SamplerParams};
 use serde_json::{Map, Value as Json};
 

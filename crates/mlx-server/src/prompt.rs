@@ -5,9 +5,9 @@ use crate::error::ApiError;
 use crate::http::AppState;
 use crate::output::{initial_channel, OutputSpec};
 use crate::params::CommonParams;
-use crate::sequence::GenerationRequest;
 use crate::text::{Channel, Markers};
 use crate::tools::ToolFormat;
+use mlx_engine::batch::GenerationRequest;
 use mlx_tokenizer::{ChatOptions, Tokenizer, TokenizerError};
 use serde_json::{Map, Value as Json};
 
@@ -239,6 +239,7 @@ pub fn finish_request(
         max_tokens: params.max_tokens,
         sampling,
         logits: params.logits.clone(),
+        processors: Vec::new(),
         stop_sequences,
         logprobs: params.logprobs,
         top_logprobs: params.top_logprobs,

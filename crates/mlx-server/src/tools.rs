@@ -531,41 +531,6 @@ fn parse_gemma4(text: &str) -> Result<Vec<ParsedCall>, String> {
     Ok(calls)
 }
 
-/// Python's `json.dumps(v, ensure_ascii=False)`: `", "` and `": "` separators.
-pub fn py_json_dumps(v: &Json) -> String {
-    let mut out = String::new();
-    write_py(v, &mut out);
-    out
-}
-
-fn write_py(v: &Json, out: &mut String) {
-    match v {
-        Json::Array(items) => {
-            out.push('[');
-            for (i, x) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_py(x, out);
-            }
-            out.push(']');
-        }
-        Json::Object(m) => {
-            out.push('{');
-            for (i, (k, x)) in m.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                out.push_str(&Json::String(k.clone()).to_string());
-                out.push_str(": ");
-                write_py(x, out);
-            }
-            out.push('}');
-        }
-        other => out.push_str(&other.to_string()),
-    }
-}
-
 #[cfg(test)]
 #[path = "tools_tests.rs"]
 mod tests;

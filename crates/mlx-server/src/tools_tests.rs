@@ -174,11 +174,3 @@ fn formats_are_detected_from_parser_names_and_templates() {
     );
     assert_eq!(ToolFormat::detect(None, Some("plain")), None);
 }
-
-#[test]
-fn python_style_dumps_uses_spaced_separators() {
-    assert_eq!(
-        py_json_dumps(&json!({"a": [1, "é"], "b": null})),
-        "{\"a\": [1, \"é\"], \"b\": null}"
-    );
-}

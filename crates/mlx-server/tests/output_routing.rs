@@ -2,8 +2,8 @@
 //! detokenizer, the think/tool state machine and the tool parsers of each format.
 mod common;
 
+use mlx_engine::batch::{EngineEvent, Finish, TokenOut};
 use mlx_server::output::{Generation, OutputSpec, Update};
-use mlx_server::sequence::{EngineEvent, Finish, TokenOut};
 use mlx_server::text::{Channel, Markers};
 use mlx_server::tools::ToolFormat;
 use mlx_tokenizer::Tokenizer;

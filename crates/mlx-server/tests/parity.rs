@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use mlx_engine::{GenerateOptions, KvQuantization, TokenGenerator};
+use mlx_engine::{GenerateOptions, KvQuantization, TokenGenerator, TokenIterator};
 use mlx_server::ServerConfig;
 use serde_json::{json, Value as Json};
 

@@ -35,5 +35,6 @@ pub use detokenizer::{
     StreamingDetokenizer,
 };
 pub use error::{TemplateError, TokenizerError};
+pub use pyfmt::py_json_dumps;
 pub use template::{ChatOptions, ChatTemplate, DEFAULT_TEMPLATE_FUEL};
 pub use tokenizer::{ThinkMarkers, Tokenizer};

@@ -233,6 +233,53 @@ fn dump_into(
     Ok(())
 }
 
+/// Python's `json.dumps(value)` (`", "` and `": "` separators, keys in their order,
+/// floats by `repr`, so `1e-05` and `1e+16` as Python prints them) for a JSON value;
+/// `ensure_ascii` escapes every character outside `' '..='~'` as `\uXXXX` (Python's
+/// default), `false` keeps non-ASCII text as is (`ensure_ascii=False`).
+pub fn py_json_dumps(value: &serde_json::Value, ensure_ascii: bool) -> String {
+    let mut out = String::new();
+    dump_json_into(&mut out, value, ensure_ascii);
+    out
+}
+
+fn dump_json_into(out: &mut String, value: &serde_json::Value, ensure_ascii: bool) {
+    use serde_json::Value as Json;
+    match value {
+        Json::Null => out.push_str("null"),
+        Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Json::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => out.push_str(&i.to_string()),
+            (None, Some(u), _) => out.push_str(&u.to_string()),
+            (None, None, Some(x)) => out.push_str(&json_float(x)),
+            _ => out.push_str(&n.to_string()),
+        },
+        Json::String(s) => json_escape_into(out, s, ensure_ascii),
+        Json::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                dump_json_into(out, v, ensure_ascii);
+            }
+            out.push(']');
+        }
+        Json::Object(map) => {
+            out.push('{');
+            for (i, (k, v)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                json_escape_into(out, k, ensure_ascii);
+                out.push_str(": ");
+                dump_json_into(out, v, ensure_ascii);
+            }
+            out.push('}');
+        }
+    }
+}
+
 /// Python's `repr(str)`: single quotes unless the text has `'` and no `"`.
 pub(crate) fn py_str_repr(s: &str) -> String {
     let quote = if s.contains('\'') && !s.contains('"') {
@@ -345,6 +392,25 @@ mod tests {
         };
         let v = Value::from("é😀");
         assert_eq!(json_dumps(&v, &ascii).unwrap(), "\"\\u00e9\\ud83d\\ude00\"");
+    }
+
+    /// The expected texts are Python 3's `json.dumps(v)` and
+    /// `json.dumps(v, ensure_ascii=False)` of the same value.
+    #[test]
+    fn py_json_dumps_matches_python_floats_unicode_and_nesting() {
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"f": [1.0, 0.1, 1e-5, 1e16, 1e15, 123.456, -2.5e-7, 3e20, -0.0, 1e-4,
+                5e-324, 1.7976931348623157e308], "i": [0, -7, 12345678901234567890],
+                "s": "\u00e9\ud83d\ude00\n\t\"\\\u0001\u007f<",
+                "n": {"a": [], "b": {}, "c": null, "d": true, "e": [{"x": false}]}}"#,
+        )
+        .unwrap();
+        let floats = r#"{"f": [1.0, 0.1, 1e-05, 1e+16, 1000000000000000.0, 123.456, -2.5e-07, 3e+20, -0.0, 0.0001, 5e-324, 1.7976931348623157e+308], "i": [0, -7, 12345678901234567890], "s": "#;
+        let nested = r#", "n": {"a": [], "b": {}, "c": null, "d": true, "e": [{"x": false}]}}"#;
+        let ascii = format!(r#"{floats}"\u00e9\ud83d\ude00\n\t\"\\\u0001\u007f<"{nested}"#);
+        let raw = format!("{floats}\"é😀\\n\\t\\\"\\\\\\u0001\u{7f}<\"{nested}");
+        assert_eq!(py_json_dumps(&v, true), ascii);
+        assert_eq!(py_json_dumps(&v, false), raw);
     }
 
     #[test]

@@ -71,7 +71,7 @@ pub fn plan(args: &LoraArgs) -> Result<Plan> {
     }
     if !args.get("hf_dataset").is_none() {
         return Err(unsupported(
-            "hf_dataset: Hugging Face datasets are not downloaded by this build; use a local \
+            "hf_dataset: Hugging Face datasets are not supported by mlx-lora yet; use a local \
              directory with train.jsonl, valid.jsonl and test.jsonl",
         ));
     }
@@ -234,8 +234,8 @@ fn load_datasets(plan: &Plan) -> Result<[Option<Dataset>; 3]> {
     if !plan.data.exists() {
         return Err(TrainError::Data(format!(
             "--data {}: no such directory (a local dataset is a directory with train.jsonl, \
-             valid.jsonl and test.jsonl; Hugging Face dataset ids are not downloaded by this \
-             build)",
+             valid.jsonl and test.jsonl; Hugging Face dataset ids are not supported by \
+             mlx-lora yet)",
             plan.data.display()
         )));
     }

@@ -51,11 +51,6 @@ const ALL_SAMPLERS: &[&str] = &[
     "gemma3_text-f32-tied",
     "qwen3_moe-f32",
 ];
-/// Not float32: the cases pass --keep-quantized (ours dequantizes a quantized model to
-/// float32 on the CPU by default; a bf16 model keeps bf16 either way, which the
-/// `cpu-default` case checks without the flag).
-const NOT_F32: &[&str] = &["llama-q4-g32", "qwen3-q8", "llama-bf16"];
-
 /// Which mlx-lm command a case runs.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Cmd {
@@ -173,11 +168,9 @@ pub fn tiny_cases(models: &Path, pc_dir: &Path, have_cache_prompt: bool) -> Vec<
     let mut cases = Vec::new();
     for &name in TINY {
         let dir = models.join(name);
-        let extra: &[&str] = if NOT_F32.contains(&name) {
-            &["--keep-quantized"]
-        } else {
-            &[]
-        };
+        // Both sides run with the same flags: a quantized model stays quantized on the
+        // CPU by default, as in mlx-lm.
+        let extra: &[&str] = &[];
         let mut add = |col: &'static str, rest: Vec<String>| {
             cases.push(same(name, col, with_model(&dir, &rest), extra));
         };
@@ -209,27 +202,13 @@ pub fn tiny_cases(models: &Path, pc_dir: &Path, have_cache_prompt: bool) -> Vec<
             ];
             add("kv-bits", cat(&[CHAT, QUIET, kv]));
         }
-        if name == "qwen3-f32-tied" {
-            let mut short = cat(&[WINDOW, QUIET]);
-            if let Some(i) = short.iter().position(|a| a == "20") {
-                short[i] = "8".into();
-            }
-            let mut c = same(name, "kv-size<prompt", with_model(&dir, &short), extra);
-            c.known = Some(
-                "mlx-generate refuses a prompt longer than --max-kv-size (mlx-lm silently keeps its end)",
-            );
-            cases.push(c);
+        // A prompt of 16 tokens through an 8-position window: mlx-lm keeps the first 4
+        // tokens and a sliding window (models with their own caches ignore the flag).
+        let mut short = cat(&[WINDOW, QUIET]);
+        if let Some(i) = short.iter().position(|a| a == "20") {
+            short[i] = "8".into();
         }
-        if name == "llama-bf16" {
-            let c = same(
-                name,
-                "cpu-default",
-                with_model(&dir, &cat(&[CHAT, QUIET])),
-                &[],
-            );
-            // The CPU default dequantizes quantized checkpoints only: bf16 stays bf16.
-            cases.push(c);
-        }
+        add("kv-size<prompt", short);
         if PROMPT_CACHE.contains(&name) {
             let kv: &[&str] = if HD32.contains(&name) {
                 &[
@@ -310,6 +289,53 @@ fn prompt_cache_cases(
         ));
         cases.push(same(row, "pc-ours", gen(&our_file), extra));
     }
+}
+
+/// Sweep configs whose loading takes another number of keys from MLX's global sequence
+/// than mlx-lm's (`mlx_models::model::mlx_lm_init_key_draws` against the count
+/// `sweep_models.py` measured in mlx-lm): a seeded sampler would then see other keys.
+pub fn sweep_key_draw_mismatches(sweep: &Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(sweep.join("sweep.json"))?;
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&text)?;
+    let mut bad = Vec::new();
+    for e in entries {
+        let name = e.get("name").and_then(|v| v.as_str()).unwrap_or_default();
+        let theirs = e.get("key_draws").and_then(|v| v.as_u64());
+        let ours = mlx_models::model::mlx_lm_init_key_draws(&sweep.join(name))?;
+        if theirs != Some(ours as u64) {
+            bad.push(format!(
+                "sweep {name}: loading takes {ours} keys, mlx-lm's {theirs:?}"
+            ));
+        }
+    }
+    Ok(bad)
+}
+
+/// The seeded config sweep (`xtask/py/sweep_models.py`: three tiny configs of every
+/// architecture, each switch of its config drawn from a fixed seed; `sweep.json` lists
+/// them): greedy decoding with mlx-lm's default flags, and seeded sampling.
+pub fn sweep_cases(sweep: &Path) -> anyhow::Result<Vec<Case>> {
+    use anyhow::Context;
+    let manifest = sweep.join("sweep.json");
+    let text = std::fs::read_to_string(&manifest)
+        .with_context(|| format!("reading {}", manifest.display()))?;
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&text)?;
+    let mut cases = Vec::new();
+    for e in entries {
+        let field = |k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or_default();
+        let (name, switches) = (field("name"), field("switches"));
+        let seed = e
+            .get("seed")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0)
+            .to_string();
+        let dir = sweep.join(name);
+        let row = format!("sweep {name} ({switches})");
+        cases.push(same(&row, "greedy", with_model(&dir, &s(CHAT)), &[]));
+        let seeded = cat(&[CHAT, QUIET, &["--temp", "0.9", "--seed", &seed]]);
+        cases.push(same(&row, "seeded", with_model(&dir, &seeded), &[]));
+    }
+    Ok(cases)
 }
 
 /// Prompt and template flags, on one model.
@@ -406,9 +432,10 @@ pub fn flag_cases(models: &Path) -> Vec<Case> {
     cases
 }
 
-/// The default model: ours (the 4-bit directory, dequantized on load; `--model` left
-/// out once so the default is resolved) vs mlx-lm on a float32 copy (seeded sampling:
-/// both on the copy), and one 4-bit run with --keep-quantized. Short prompts and few tokens: a 135M model on 2 CPU cores.
+/// The default model (its 4-bit directory, kept quantized on both sides, as a user runs
+/// it; `--model` left out once on ours so the default is resolved), and once with
+/// `--cpu-dequantize`, which must give mlx-lm's tokens on a float32 copy of the model.
+/// Short prompts and few tokens: a 135M model on 2 CPU cores.
 pub fn default_cases(q4: &Path, f32: &Path, pc_dir: &Path, have_cache_prompt: bool) -> Vec<Case> {
     let row = "SmolLM2-135M";
     let mut cases = Vec::new();
@@ -419,54 +446,37 @@ pub fn default_cases(q4: &Path, f32: &Path, pc_dir: &Path, have_cache_prompt: bo
         "--max-tokens",
         "8",
     ];
-    let both = |col: &'static str, rest: Vec<String>| {
-        let mut c = same(row, col, with_model(f32, &rest), &[]);
-        c.our_args = with_model(q4, &rest);
-        c
-    };
-    let mut chat = both(
-        "chat-no-model-flag",
-        cat(&[&["--prompt", "Hi", "--max-tokens", "8"]]),
-    );
-    chat.our_args = cat(&[&["--prompt", "Hi", "--max-tokens", "8"]]);
+    let on_q4 = |col: &'static str, rest: Vec<String>| same(row, col, with_model(q4, &rest), &[]);
+    let chat_args = cat(&[&["--prompt", "Hi", "--max-tokens", "8"]]);
+    let mut chat = on_q4("chat-no-model-flag", chat_args.clone());
+    chat.our_args = chat_args;
     cases.push(chat);
-    // Seeded: both on the float32 copy. Loading the 4-bit directory, mlx-lm draws one
-    // more key per quantized layer (and so does ours), which shifts every sample.
-    cases.push(same(
-        row,
+    cases.push(on_q4(
         "top-p",
-        with_model(
-            f32,
-            &cat(&[
-                raw,
-                QUIET,
-                &["--temp", "0.8", "--top-p", "0.9", "--seed", "42"],
-            ]),
-        ),
-        &[],
+        cat(&[
+            raw,
+            QUIET,
+            &["--temp", "0.8", "--top-p", "0.9", "--seed", "42"],
+        ]),
     ));
-    cases.push(both(
+    cases.push(on_q4(
         "kv-bits",
         cat(&[raw, QUIET, &["--kv-bits", "8", "--quantized-kv-start", "4"]]),
     ));
-    cases.push(both("kv-size", cat(&[raw, QUIET, &["--max-kv-size", "8"]])));
-    let q4_args = cat(&[
-        &[
-            "--prompt",
-            "hello",
-            "--ignore-chat-template",
-            "--max-tokens",
-            "4",
-        ],
-        QUIET,
-    ]);
-    cases.push(same(
-        row,
-        "q4-keep",
-        with_model(q4, &q4_args),
-        &["--keep-quantized"],
+    cases.push(on_q4(
+        "kv-size",
+        cat(&[raw, QUIET, &["--max-kv-size", "8"]]),
     ));
-    prompt_cache_cases(&mut cases, row, f32, pc_dir, &[], &[], have_cache_prompt);
+    // The opt-in float32 path is mlx-lm's arithmetic on a dequantized copy.
+    let mut dequantized = same(
+        row,
+        "cpu-dequantize",
+        with_model(f32, &cat(&[raw, QUIET])),
+        &[],
+    );
+    dequantized.our_args = with_model(q4, &cat(&[raw, QUIET, &["--cpu-dequantize"]]));
+    cases.push(dequantized);
+    prompt_cache_cases(&mut cases, row, q4, pc_dir, &[], &[], have_cache_prompt);
     cases
 }
 
@@ -528,14 +538,8 @@ pub fn write_perplexity_data(dir: &Path) -> std::io::Result<Vec<(&'static str, P
 
 /// `mlx_lm perplexity` vs `mlx-perplexity` on the datasets of
 /// [`write_perplexity_data`]: text, chat and completions rows, a partial last batch,
-/// another seed; tiny models and the default model (ours on its 4-bit directory,
-/// dequantized; mlx-lm on the float32 copy).
-pub fn perplexity_cases(
-    models: &Path,
-    data: &[(&'static str, PathBuf)],
-    q4: &Path,
-    f32: &Path,
-) -> Vec<Case> {
+/// another seed; tiny models and the default model (its 4-bit directory on both sides).
+pub fn perplexity_cases(models: &Path, data: &[(&'static str, PathBuf)], q4: &Path) -> Vec<Case> {
     let mut cases = Vec::new();
     let base = |model: &Path, data: &Path, rest: &[&str]| {
         let mut v = with_model(model, &s(&["--data-path"]));
@@ -567,7 +571,7 @@ pub fn perplexity_cases(
         ("qwen3-f32-tied", &[]),
         ("gemma3_text-f32-tied", &[]),
         ("qwen3_moe-f32", &[]),
-        ("llama-q4-g32", &["--keep-quantized"]),
+        ("llama-q4-g32", &[]),
     ] {
         let dir = models.join(name);
         for (format, d) in data {
@@ -619,7 +623,7 @@ pub fn perplexity_cases(
         "--batch-size",
         "2",
     ];
-    let (py, ours) = (base(f32, chat, &flags), base(q4, chat, &flags));
-    add(case("SmolLM2-135M", "ppl-chat", py, ours));
+    let py = base(q4, chat, &flags);
+    add(case("SmolLM2-135M", "ppl-chat", py.clone(), py));
     cases
 }

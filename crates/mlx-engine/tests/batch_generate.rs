@@ -3,7 +3,7 @@
 //! (goldens/generate/batch_generate.json, from xtask/py/batch_generate_oracle.py):
 //! prompts of different lengths, prefilled together in padded chunks, some waiting for
 //! a slot, generate exactly mlx-lm's greedy tokens; and the statistics count what ran.
-use mlx_server::batch_generate::{BatchGenerator, BatchOptions};
+use mlx_engine::batch::{BatchGenerator, BatchOptions};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 
@@ -91,14 +91,14 @@ fn bad_batches_are_refused() {
     };
     let (model2, _) = mlx_models::load_model(&dir).expect("tiny model");
     let e = BatchGenerator::start(model2, zero).err().expect("refused");
-    assert!(e.message.contains("completion_batch_size"), "{}", e.message);
+    assert!(e.to_string().contains("completion_batch_size"), "{e}");
     let gen = BatchGenerator::start(model, BatchOptions::default()).expect("engine");
     let e = gen
         .generate(&[vec![1, 2], vec![]], 4)
         .expect_err("empty prompt");
-    assert!(e.message.contains("prompt 1 is empty"), "{}", e.message);
+    assert!(e.to_string().contains("prompt 1 is empty"), "{e}");
     let e = gen.generate(&[vec![1, 2]], 0).expect_err("max_tokens 0");
-    assert!(e.message.contains("max_tokens"), "{}", e.message);
+    assert!(e.to_string().contains("max_tokens"), "{e}");
     // Still usable after the refusals.
     let out = gen.generate(&[vec![1, 2]], 3).expect("batch");
     assert_eq!(out.tokens[0].len(), 3);

@@ -1,25 +1,26 @@
 //! In-process batch generation over the [`Engine`] (mlx-lm's `batch_generate` and
-//! `BatchGenerator.stats()`): many prompts at once, no HTTP, greedy by default, with
-//! the statistics `mlx_lm.benchmark -b N` reports.
+//! `BatchGenerator.stats()`): many prompts at once, greedy by default, with the
+//! statistics `mlx_lm.benchmark -b N` reports.
 //!
 //! The engine schedules exactly as the server does: up to `prompt_concurrency` prompts
 //! prefill together, up to `decode_concurrency` sequences decode in one forward pass
 //! per step, and sequences waiting for a slot join as others finish.
 //!
 //! ```no_run
-//! # fn run(model: Box<dyn mlx_models::LanguageModel>) -> Result<(), mlx_server::ApiError> {
-//! use mlx_server::batch_generate::{BatchGenerator, BatchOptions};
+//! # fn run(model: Box<dyn mlx_models::LanguageModel>) -> mlx_engine::Result<()> {
+//! use mlx_engine::batch::{BatchGenerator, BatchOptions};
 //! let gen = BatchGenerator::start(model, BatchOptions::default())?;
 //! let out = gen.generate(&[vec![1, 2, 3], vec![4, 5]], 16)?;
 //! println!("{:?} at {:.1} tok/s", out.tokens, out.stats.generation_tps());
 //! # Ok(()) }
 //! ```
-use crate::engine::{Engine, EngineOptions, Submission};
-use crate::error::ApiError;
-use crate::metrics::Metrics;
-use crate::sequence::{EngineEvent, GenerationRequest, Sampling};
+use super::metrics::EngineMetrics;
+use super::request::{EngineEvent, GenerationRequest, Submission};
+use super::scheduler::{Engine, EngineOptions};
+use crate::error::{EngineError, Result};
+use crate::step::Sampling;
 use mlx_models::LanguageModel;
-use mlx_sample::LogitsParams;
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -106,22 +107,24 @@ pub struct BatchResponse {
 /// An engine thread that generates batches of prompts, one call at a time.
 pub struct BatchGenerator {
     engine: Engine,
-    metrics: Arc<Metrics>,
+    metrics: Arc<EngineMetrics>,
     opts: BatchOptions,
 }
 
 impl BatchGenerator {
     /// Starts the engine with `model`. No prompt cache is kept between calls.
-    pub fn start(model: Box<dyn LanguageModel>, opts: BatchOptions) -> Result<Self, ApiError> {
+    pub fn start(model: Box<dyn LanguageModel>, opts: BatchOptions) -> Result<Self> {
         if opts.completion_batch_size == 0 || opts.prefill_batch_size == 0 {
-            return Err(ApiError::bad_request(
-                "completion_batch_size and prefill_batch_size must be positive",
+            return Err(EngineError::Invalid(
+                "completion_batch_size and prefill_batch_size must be positive".into(),
             ));
         }
         if opts.prefill_step_size == 0 {
-            return Err(ApiError::bad_request("prefill_step_size must be positive"));
+            return Err(EngineError::Invalid(
+                "prefill_step_size must be positive".into(),
+            ));
         }
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(EngineMetrics::default());
         let engine = Engine::start(
             model,
             EngineOptions {
@@ -134,8 +137,7 @@ impl BatchGenerator {
                 max_queue: usize::MAX,
             },
             Arc::clone(&metrics),
-        )
-        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+        )?;
         Ok(BatchGenerator {
             engine,
             metrics,
@@ -145,16 +147,12 @@ impl BatchGenerator {
 
     /// Generates up to `max_tokens` tokens for each prompt; returns when all are done.
     /// Fails on an empty prompt, `max_tokens` 0, or the first sequence that fails.
-    pub fn generate(
-        &self,
-        prompts: &[Vec<u32>],
-        max_tokens: usize,
-    ) -> Result<BatchResponse, ApiError> {
+    pub fn generate(&self, prompts: &[Vec<u32>], max_tokens: usize) -> Result<BatchResponse> {
         if max_tokens == 0 {
-            return Err(ApiError::bad_request("max_tokens must be at least 1"));
+            return Err(EngineError::Invalid("max_tokens must be at least 1".into()));
         }
         if let Some(i) = prompts.iter().position(|p| p.is_empty()) {
-            return Err(ApiError::bad_request(format!("prompt {i} is empty")));
+            return Err(EngineError::Invalid(format!("prompt {i} is empty")));
         }
         let m = &self.metrics;
         let (prompt0, cached0, gen0, prefill0) = (
@@ -164,37 +162,34 @@ impl BatchGenerator {
             m.prefill_micros.get(),
         );
         let tic = Instant::now();
-        let subs: Vec<Submission> = prompts
-            .iter()
-            .map(|p| {
-                self.engine.submit(GenerationRequest {
-                    prompt: p.clone(),
-                    max_tokens,
-                    sampling: self.opts.sampling.clone(),
-                    logits: LogitsParams::default(),
-                    stop_sequences: self.opts.stop_sequences.clone(),
-                    logprobs: false,
-                    top_logprobs: 0,
-                    n: 1,
-                })
-            })
-            .collect::<Result<_, _>>()?;
+        let mut subs: Vec<(Submission, mpsc::Receiver<EngineEvent>)> =
+            Vec::with_capacity(prompts.len());
+        for p in prompts {
+            let (tx, rx) = mpsc::channel();
+            let req = GenerationRequest {
+                sampling: self.opts.sampling.clone(),
+                stop_sequences: self.opts.stop_sequences.clone(),
+                ..GenerationRequest::new(p.clone(), max_tokens)
+            };
+            let sub = self.engine.submit(req, Arc::new(tx))?;
+            subs.push((sub, rx));
+        }
         let mut tokens = Vec::with_capacity(subs.len());
-        for mut sub in subs {
+        for (sub, events) in subs {
             let mut out = Vec::new();
             loop {
-                match sub.events.blocking_recv() {
-                    Some(EngineEvent::Token { out: t, .. }) => {
+                match events.recv() {
+                    Ok(EngineEvent::Token { out: t, .. }) => {
                         out.push(t.token);
                         if t.finish.is_some() {
                             break;
                         }
                     }
-                    Some(EngineEvent::Failed { error, .. }) => return Err(error),
-                    Some(_) => {}
-                    None => {
-                        return Err(ApiError::unavailable(
-                            "the generation engine stopped before the batch finished",
+                    Ok(EngineEvent::Failed { error, .. }) => return Err(error),
+                    Ok(_) => {}
+                    Err(_) => {
+                        return Err(EngineError::Unavailable(
+                            "the generation engine stopped before the batch finished".into(),
                         ))
                     }
                 }

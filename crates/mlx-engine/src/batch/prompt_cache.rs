@@ -51,7 +51,7 @@ pub struct PromptCache {
 
 /// A private copy of per-layer caches. MLX arrays are immutable (updates build new
 /// arrays), so cloning the handles copies the cache; `None` for cache types this
-/// server does not know how to copy.
+/// engine does not know how to copy.
 pub fn copy_caches(caches: &[Box<dyn KvCache>]) -> Option<Vec<Box<dyn KvCache>>> {
     caches
         .iter()

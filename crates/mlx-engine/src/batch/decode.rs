@@ -1,0 +1,316 @@
+//! The decode batch: every sequence past its prefill decodes in one forward pass per step
+//! (mlx-lm's `GenerationBatch`), through left-padded batch KV caches with per-row RoPE
+//! offsets (`mlx_cache::BatchPromptCache`).
+//!
+//! A step feeds each row its input (the token sampled for it by the previous step, or
+//! for a row that just joined its last prompt token) through [`step::forward`] and
+//! [`step::sample`] (each row's processors and sampler), queues that evaluation, and
+//! only then reads the previous step's tokens (mlx-lm's pipelining). When a row's
+//! processors need the accepted token first, the previous tokens are read between the
+//! forward and the sampling instead, while the device runs the forward. Rows are
+//! removed by id between steps; newly prefilled sequences are merged in.
+use super::request::{SeqId, TokenOut};
+use super::sequence::Sequence;
+use super::stage::{Leave, Left, Outcome, Stage};
+use crate::error::{EngineError, Result};
+use crate::step::{self, LogSoftmax, RowSampling};
+use mlx_array::{ops, transforms, Array, Dtype};
+use mlx_cache::{BatchPromptCache, KvCache, PromptCache};
+use mlx_models::LanguageModel;
+
+/// The sequences decoding together and their batch caches.
+#[derive(Default)]
+pub(crate) struct DecodeBatch {
+    rows: Vec<Sequence>,
+    cache: BatchPromptCache,
+    /// Rows (a prefix of `rows`) whose output of the last step is not read yet.
+    pending_rows: usize,
+    /// That output.
+    pending: Option<Pending>,
+    /// Input tokens of rows that joined since the last step, in row order after the
+    /// pending ones.
+    joined: Vec<u32>,
+}
+
+/// The output of a step, read during the next one.
+struct Pending {
+    /// Sampled tokens `[rows]`.
+    tokens: Array,
+    /// Log-probabilities `[rows, vocab]`.
+    logprobs: Array,
+    /// The log-probability of each sampled token `[rows, 1]`, when a row asks for it.
+    chosen: Option<Array>,
+}
+
+impl Pending {
+    fn take_rows(&self, idx: &Array) -> mlx_array::Result<Pending> {
+        Ok(Pending {
+            tokens: self.tokens.take(idx, Some(0))?,
+            logprobs: self.logprobs.take(idx, Some(0))?,
+            chosen: match &self.chosen {
+                Some(c) => Some(c.take(idx, Some(0))?),
+                None => None,
+            },
+        })
+    }
+}
+
+impl DecodeBatch {
+    /// Adds sequences whose prompt is prefilled but for the last token; their own
+    /// caches are merged into the batch. On failure the sequences come back.
+    pub fn join(&mut self, mut seqs: Vec<Sequence>) -> Result<(), (Vec<Sequence>, EngineError)> {
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        let Some(tokens) = seqs.iter().map(|s| s.last_prompt_token()).collect() else {
+            return Err((seqs, not_prefilled()));
+        };
+        if let Err(e) = merge_caches(&mut self.cache, &mut seqs) {
+            return Err((seqs, e));
+        }
+        self.admit(seqs, tokens);
+        Ok(())
+    }
+
+    /// Adds sequences prefilled together, with their batch caches (rows in the same
+    /// order). On failure the sequences come back.
+    pub fn join_prefilled(
+        &mut self,
+        seqs: Vec<Sequence>,
+        cache: BatchPromptCache,
+    ) -> Result<(), (Vec<Sequence>, EngineError)> {
+        let tokens: Option<Vec<u32>> = seqs.iter().map(|s| s.last_prompt_token()).collect();
+        let Some(tokens) = tokens.filter(|t| t.len() == cache.rows()) else {
+            return Err((seqs, not_prefilled()));
+        };
+        if let Err(e) = self.cache.extend(cache) {
+            return Err((seqs, cache_err(e)));
+        }
+        self.admit(seqs, tokens);
+        Ok(())
+    }
+
+    fn admit(&mut self, mut seqs: Vec<Sequence>, tokens: Vec<u32>) {
+        for s in &mut seqs {
+            s.feed_last_prompt_token();
+        }
+        self.rows.extend(seqs);
+        self.joined.extend(tokens);
+    }
+
+    /// Runs one batched forward for every row and reads the previous step's tokens:
+    /// the outcomes by id (rows whose processors or sampler failed first). An `Err`
+    /// means the step failed for the whole batch.
+    pub fn step(&mut self, model: &dyn LanguageModel) -> Result<Vec<(SeqId, Outcome)>> {
+        if self.rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let b = self.rows.len() as i32;
+        let joined = || Array::from_slice(&self.joined, &[self.joined.len() as i32]);
+        let inputs = match &self.pending {
+            Some(p) if self.joined.is_empty() => p.tokens.clone(),
+            Some(p) => ops::concatenate(&[&p.tokens.astype(Dtype::Uint32)?, &joined()?], 0)?,
+            None => joined()?,
+        };
+        let logits = step::forward(
+            model,
+            &inputs.reshape(&[b, 1])?,
+            self.cache.layers_mut(),
+            None,
+        )?;
+        // Rows whose processors need their last token get it while the forward runs.
+        let read_first = self.rows.iter().any(|r| r.needs_accepted_token());
+        let mut emitted = Vec::new();
+        if read_first {
+            transforms::async_eval(&[&logits])?;
+            emitted = self.read_pending()?;
+        }
+        let mut rows: Vec<&mut RowSampling> =
+            self.rows.iter_mut().map(|r| r.sampling_mut()).collect();
+        let sampled = step::sample(&mut rows, &inputs, &logits, LogSoftmax::PerRow)?;
+        let chosen = if self.rows.iter().any(|r| r.job().req.wants_logprobs()) {
+            let idx = sampled.tokens.reshape(&[b, 1])?;
+            Some(sampled.logprobs.take_along_axis(&idx, -1)?)
+        } else {
+            None
+        };
+        let mut queued = vec![&sampled.tokens, &sampled.logprobs];
+        queued.extend(chosen.as_ref());
+        transforms::async_eval(&queued)?;
+        if !read_first {
+            emitted = self.read_pending()?;
+        }
+        let mut out: Vec<(SeqId, Outcome)> = sampled
+            .failed
+            .into_iter()
+            .map(|(i, e)| (self.rows[i].id(), Outcome::Failed(e)))
+            .collect();
+        out.extend(emitted.into_iter().map(|(id, t)| (id, Outcome::Token(t))));
+        self.pending = Some(Pending {
+            tokens: sampled.tokens,
+            logprobs: sampled.logprobs,
+            chosen,
+        });
+        self.pending_rows = self.rows.len();
+        self.joined.clear();
+        Ok(out)
+    }
+
+    /// Reads the previous step's tokens (and log-probabilities where asked for); the
+    /// step being built fed them to the model, so the caches hold them.
+    fn read_pending(&mut self) -> Result<Vec<(SeqId, TokenOut)>> {
+        let Some(Pending {
+            tokens,
+            logprobs,
+            chosen,
+        }) = self.pending.take()
+        else {
+            return Ok(Vec::new());
+        };
+        let n = self.pending_rows;
+        let ids = step::read_tokens(&tokens)?;
+        if ids.len() != n {
+            return Err(EngineError::Internal(
+                "the sampler returned a wrong number of tokens".into(),
+            ));
+        }
+        let chosen = match chosen {
+            Some(c) => c.astype(Dtype::Float32)?.to_vec::<f32>()?,
+            None => Vec::new(),
+        };
+        let v = logprobs.dim(1)?;
+        let mut out = Vec::with_capacity(n);
+        for (i, (r, &token)) in self.rows[..n].iter_mut().zip(&ids).enumerate() {
+            let req = std::sync::Arc::clone(&r.job().req);
+            let logprob = if req.wants_logprobs() {
+                chosen.get(i).copied()
+            } else {
+                None
+            };
+            let top = if req.top_logprobs > 0 {
+                let i32_ = i as i32;
+                let row = logprobs
+                    .slice(&[i32_, 0], &[i32_ + 1, v], None)?
+                    .reshape(&[v])?;
+                step::top_logprobs(&row, req.top_logprobs)?
+            } else {
+                Vec::new()
+            };
+            out.push((r.id(), r.record(token, logprob, top, true)?));
+        }
+        Ok(out)
+    }
+
+    fn position(&self, id: SeqId) -> Option<usize> {
+        self.rows.iter().position(|r| r.id() == id)
+    }
+}
+
+impl Stage for DecodeBatch {
+    fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn nbytes(&self) -> usize {
+        self.cache.nbytes()
+    }
+
+    fn get_mut(&mut self, id: SeqId) -> Option<&mut Sequence> {
+        self.rows.iter_mut().find(|r| r.id() == id)
+    }
+
+    fn cancelled(&self) -> Vec<SeqId> {
+        self.rows
+            .iter()
+            .filter(|r| r.job().cancelled())
+            .map(|r| r.id())
+            .collect()
+    }
+
+    /// Finished rows come back with their caches extracted from the batch, dropped ones
+    /// without.
+    fn remove(&mut self, leaving: &[(SeqId, Leave)]) -> Result<Vec<Left>> {
+        let mut gone: Vec<(usize, Option<PromptCache>)> = Vec::with_capacity(leaving.len());
+        for (id, how) in leaving {
+            let Some(i) = self.position(*id) else {
+                continue;
+            };
+            if gone.iter().any(|(j, _)| *j == i) {
+                continue;
+            }
+            let caches = match how {
+                Leave::Finished => self.cache.extract(i).ok(),
+                Leave::Dropped => None,
+            };
+            gone.push((i, caches));
+        }
+        if gone.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keep: Vec<usize> = (0..self.rows.len())
+            .filter(|i| !gone.iter().any(|(j, _)| j == i))
+            .collect();
+        self.cache.filter(&keep).map_err(cache_err)?;
+        let keep_pending: Vec<usize> = keep
+            .iter()
+            .copied()
+            .filter(|&i| i < self.pending_rows)
+            .collect();
+        if let Some(p) = self.pending.take() {
+            if !keep_pending.is_empty() {
+                let idx: Vec<i32> = keep_pending.iter().map(|&i| i as i32).collect();
+                let idx = Array::from_slice(&idx, &[idx.len() as i32])?;
+                self.pending = Some(p.take_rows(&idx)?);
+            }
+        }
+        let joined_keep: Vec<u32> = keep
+            .iter()
+            .filter(|&&i| i >= self.pending_rows)
+            .map(|&i| self.joined[i - self.pending_rows])
+            .collect();
+        self.pending_rows = keep_pending.len();
+        self.joined = joined_keep;
+        let mut rows: Vec<Option<Sequence>> = std::mem::take(&mut self.rows)
+            .into_iter()
+            .map(Some)
+            .collect();
+        self.rows = keep.iter().filter_map(|&i| rows[i].take()).collect();
+        Ok(gone
+            .into_iter()
+            .filter_map(|(i, caches)| rows[i].take().map(|seq| Left { seq, caches }))
+            .collect())
+    }
+
+    fn drain(&mut self) -> Vec<Sequence> {
+        self.cache = BatchPromptCache::new();
+        self.pending = None;
+        self.pending_rows = 0;
+        self.joined.clear();
+        std::mem::take(&mut self.rows)
+    }
+}
+
+/// Moves the sequences' own caches into `batch` as new rows (in order); on failure
+/// each sequence gets its caches back.
+pub(crate) fn merge_caches(batch: &mut BatchPromptCache, seqs: &mut [Sequence]) -> Result<()> {
+    let caches: Vec<PromptCache> = seqs.iter_mut().map(|s| s.take_caches()).collect();
+    let merged = {
+        let refs: Vec<&[Box<dyn KvCache>]> = caches.iter().map(|c| c.as_slice()).collect();
+        BatchPromptCache::merge(&refs)
+    };
+    if let Err(e) = merged.and_then(|m| batch.extend(m)) {
+        for (s, c) in seqs.iter_mut().zip(caches) {
+            s.restore_caches(c);
+        }
+        return Err(cache_err(e));
+    }
+    Ok(())
+}
+
+fn not_prefilled() -> EngineError {
+    EngineError::Internal("a sequence joined the decode batch before its prefill".into())
+}
+
+pub(crate) fn cache_err(e: mlx_cache::CacheError) -> EngineError {
+    EngineError::Unavailable(format!("batching the KV caches failed: {e}"))
+}

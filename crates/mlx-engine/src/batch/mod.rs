@@ -1,0 +1,29 @@
+//! Continuous batching (mlx-lm's `BatchGenerator`): one engine thread schedules many
+//! sequences through prefill and decode stages, each decoding step one forward pass for
+//! every sequence, each sequence with its own sampler, logits processors and stop
+//! sequences. The HTTP server and [`BatchGenerator`] (`mlx-benchmark -b N`) drive it.
+//!
+//! [`Engine`] is the handle: [`Engine::submit`] queues a [`GenerationRequest`] and
+//! returns a [`Submission`]; the request's [`EngineEvent`]s go to the caller's
+//! [`EventSink`]. Errors are [`crate::EngineError`]s: `Invalid` (the request),
+//! `Busy` (the queue is full), `Unavailable` (an MLX failure, a shutdown), `Internal`.
+mod alone;
+mod decode;
+mod generator;
+mod metrics;
+mod prefill;
+mod prompt_cache;
+mod request;
+mod scheduler;
+mod sequence;
+mod stage;
+mod stop;
+
+pub use generator::{BatchGenerator, BatchOptions, BatchResponse, BatchStats};
+pub use metrics::{Counter, EngineMetrics, Gauge, Histogram};
+pub use prompt_cache::{copy_caches, CacheHit, CacheKind, PromptCache};
+pub use request::{
+    CancelGuard, EngineEvent, EventSink, Finish, GenerationRequest, SeqId, Submission, TokenOut,
+};
+pub use scheduler::{Engine, EngineOptions};
+pub use stop::StopMatcher;

@@ -1,0 +1,270 @@
+//! What a caller hands the scheduler (a [`GenerationRequest`] and an [`EventSink`]) and
+//! what it gets back: [`EngineEvent`]s, and a [`Submission`] to cancel with.
+use crate::error::EngineError;
+use crate::step::Sampling;
+use mlx_sample::{BuildProcessor, LogitsParams};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What one request asks of the engine.
+#[derive(Debug, Clone)]
+pub struct GenerationRequest {
+    /// Prompt token ids (non-empty).
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most (at least 1).
+    pub max_tokens: usize,
+    /// Sampler settings.
+    pub sampling: Sampling,
+    /// mlx-lm's logits processors (bias and penalties).
+    pub logits: LogitsParams,
+    /// Further logits processors, built fresh for every choice and applied after
+    /// `logits`'s (e.g. a grammar).
+    pub processors: Vec<Arc<dyn BuildProcessor>>,
+    /// Token sequences that end generation: EOS ids first, then the encoded stop words.
+    pub stop_sequences: Vec<Vec<u32>>,
+    /// Log-probability of each token wanted.
+    pub logprobs: bool,
+    /// Number of alternatives per position wanted (0: none).
+    pub top_logprobs: usize,
+    /// Independent completions of the same prompt (OpenAI's `n`).
+    pub n: usize,
+}
+
+impl GenerationRequest {
+    /// A request for up to `max_tokens` tokens after `prompt`, greedy, nothing else set.
+    pub fn new(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
+        GenerationRequest {
+            prompt,
+            max_tokens,
+            sampling: Sampling::default(),
+            logits: LogitsParams::default(),
+            processors: Vec::new(),
+            stop_sequences: Vec::new(),
+            logprobs: false,
+            top_logprobs: 0,
+            n: 1,
+        }
+    }
+
+    /// Whether the log-probability of each token is wanted.
+    pub fn wants_logprobs(&self) -> bool {
+        self.logprobs || self.top_logprobs > 0
+    }
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// EOS or a stop sequence.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+impl Finish {
+    /// OpenAI's `finish_reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// One generated token.
+#[derive(Debug, Clone)]
+pub struct TokenOut {
+    /// Token id.
+    pub token: u32,
+    /// Its log-probability (when asked for).
+    pub logprob: Option<f32>,
+    /// The most likely alternatives `(id, logprob)` (when asked for).
+    pub top: Vec<(u32, f32)>,
+    /// Set on the last token.
+    pub finish: Option<Finish>,
+    /// Which of the request's stop sequences ended it (when `finish` is `Stop`).
+    pub stop_index: Option<usize>,
+}
+
+/// What the engine tells a request, tagged with the choice index.
+#[derive(Debug, Clone)]
+pub enum EngineEvent {
+    /// The sequence got a slot; `cached_tokens` prompt tokens came from the prompt cache.
+    Started {
+        /// Choice index.
+        choice: usize,
+        /// Prompt tokens reused from the prompt cache.
+        cached_tokens: usize,
+    },
+    /// A prefill chunk finished.
+    Progress {
+        /// Choice index.
+        choice: usize,
+        /// Prompt tokens processed so far (of those not cached).
+        processed: usize,
+        /// Prompt tokens to process.
+        total: usize,
+    },
+    /// A token.
+    Token {
+        /// Choice index.
+        choice: usize,
+        /// The token.
+        out: TokenOut,
+    },
+    /// The sequence failed; no more events follow for this choice.
+    Failed {
+        /// Choice index.
+        choice: usize,
+        /// What went wrong.
+        error: EngineError,
+    },
+}
+
+/// Where a request's events go (a channel of the caller's choice).
+pub trait EventSink: Send + Sync {
+    /// Delivers an event; `false` when the receiver is gone.
+    fn send(&self, event: EngineEvent) -> bool;
+
+    /// Whether the receiver is gone (checked between steps; `false` if unknown).
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+impl EventSink for std::sync::mpsc::Sender<EngineEvent> {
+    fn send(&self, event: EngineEvent) -> bool {
+        std::sync::mpsc::Sender::send(self, event).is_ok()
+    }
+}
+
+/// A stable sequence id, handed out when a choice is queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// One queued or running choice of a request.
+pub(crate) struct Job {
+    /// Its id.
+    pub id: SeqId,
+    /// The request (shared by the `n` choices).
+    pub req: Arc<GenerationRequest>,
+    /// Choice index.
+    pub choice: usize,
+    /// Where events go.
+    pub events: Arc<dyn EventSink>,
+    /// Set when the client went away.
+    pub cancel: Arc<AtomicBool>,
+    /// Set when this choice alone is no longer wanted (its text hit a stop word).
+    pub choice_cancel: Arc<AtomicBool>,
+    /// When the request was submitted.
+    pub submitted: Instant,
+}
+
+impl Job {
+    /// Whether the choice is no longer wanted.
+    pub fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+            || self.choice_cancel.load(Ordering::Relaxed)
+            || self.events.is_closed()
+    }
+
+    /// Whether the client went away (as opposed to the choice being stopped on purpose).
+    pub fn client_gone(&self) -> bool {
+        !self.choice_cancel.load(Ordering::Relaxed)
+            && (self.cancel.load(Ordering::Relaxed) || self.events.is_closed())
+    }
+
+    /// Sends an event; `false` when the receiver is gone.
+    pub fn send(&self, e: EngineEvent) -> bool {
+        self.events.send(e)
+    }
+
+    /// Sends `Failed`.
+    pub fn fail(&self, error: EngineError) {
+        self.send(EngineEvent::Failed {
+            choice: self.choice,
+            error,
+        });
+    }
+}
+
+/// A submitted request: cancels its generation when dropped before it is
+/// [released](Submission::release).
+pub struct Submission {
+    cancel: Arc<AtomicBool>,
+    choices: Vec<Arc<AtomicBool>>,
+    done: Arc<AtomicBool>,
+}
+
+impl Submission {
+    pub(crate) fn new(cancel: Arc<AtomicBool>, choices: Vec<Arc<AtomicBool>>) -> Submission {
+        Submission {
+            cancel,
+            choices,
+            done: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A handle tied to no generation (for callers that feed events themselves).
+    pub fn detached() -> Submission {
+        Submission::new(Arc::new(AtomicBool::new(false)), Vec::new())
+    }
+
+    /// Stops the generation: the client is gone (also done on drop).
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// Stops one choice (the others go on).
+    pub fn cancel_choice(&self, choice: usize) {
+        if let Some(c) = self.choices.get(choice) {
+            c.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The answer is complete: stops whatever still runs without counting it as a
+    /// client disconnect, and disarms the drop guards.
+    pub fn release(&self) {
+        self.done.store(true, Ordering::Relaxed);
+        for c in &self.choices {
+            c.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The cancel flag, weakly (for watchers of the client connection).
+    pub fn flag(&self) -> std::sync::Weak<AtomicBool> {
+        Arc::downgrade(&self.cancel)
+    }
+
+    /// A guard that cancels the generation when dropped before the answer is complete
+    /// (held by a streamed body, so a client that goes away stops its generation).
+    pub fn guard(&self) -> CancelGuard {
+        CancelGuard {
+            cancel: Arc::clone(&self.cancel),
+            done: Arc::clone(&self.done),
+        }
+    }
+}
+
+impl Drop for Submission {
+    fn drop(&mut self) {
+        if !self.done.load(Ordering::Relaxed) {
+            self.cancel();
+        }
+    }
+}
+
+/// Cancels a generation when dropped, unless it was released.
+pub struct CancelGuard {
+    cancel: Arc<AtomicBool>,
+    done: Arc<AtomicBool>,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if !self.done.load(Ordering::Relaxed) {
+            self.cancel.store(true, Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,692 @@
+//! The engine thread: it owns the model, the prompt cache and every MLX evaluation;
+//! callers submit requests over a channel and receive events through their own
+//! [`EventSink`].
+//!
+//! Scheduling is continuous. Every choice of a request is a sequence with a stable
+//! [`SeqId`]; it moves through stages (`Stages`), each its own object: waiting (no
+//! slot yet), then in batched mode prefilling (`PrefillBatch`: up to `prompt_concurrency` prompts, one
+//! chunk each per loop in one forward pass) and decoding (`DecodeBatch`: one forward
+//! pass per step for all, mlx-lm's `BatchGenerator`), or, with KV-cache quantization or
+//! caches that cannot be batched, alone (`Alone`: batch size 1, every step queued
+//! before any token is read). Up to `decode_concurrency` sequences hold a slot. Each
+//! loop drops cancelled sequences, admits waiting ones, runs one prefill step and one
+//! decode step; every step's results go, by id, through `Shared::route`, which sends
+//! the events and takes finished, failed and abandoned sequences out of their stage.
+use super::alone::Alone;
+use super::decode::DecodeBatch;
+use super::metrics::EngineMetrics;
+use super::prefill::PrefillBatch;
+use super::prompt_cache::{CacheKind, PromptCache};
+use super::request::{EngineEvent, EventSink, GenerationRequest, Job, SeqId, Submission};
+use super::sequence::Sequence;
+use super::stage::{Leave, Outcome, Stage};
+use crate::error::{EngineError, Result};
+use crate::step::KvQuantization;
+use mlx_cache::PromptCache as LayerCaches;
+use mlx_models::{CacheSpec, LanguageModel};
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Scheduler settings.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Sequences holding a slot at once.
+    pub decode_concurrency: usize,
+    /// Prompts prefilled per loop.
+    pub prompt_concurrency: usize,
+    /// Tokens per prefill chunk.
+    pub prefill_step_size: usize,
+    /// Prompt-cache entries.
+    pub prompt_cache_size: usize,
+    /// Prompt-cache bytes.
+    pub prompt_cache_bytes: Option<u64>,
+    /// KV-cache quantization.
+    pub kv_quantization: Option<KvQuantization>,
+    /// Requests waiting for a slot beyond this are refused ([`EngineError::Busy`]).
+    pub max_queue: usize,
+}
+
+enum Command {
+    Submit(Box<Job>),
+    Shutdown,
+}
+
+/// Handle to the engine thread.
+pub struct Engine {
+    tx: Mutex<Sender<Command>>,
+    queued: Arc<AtomicUsize>,
+    next_id: AtomicU64,
+    max_queue: usize,
+    alive: Arc<AtomicBool>,
+    metrics: Arc<EngineMetrics>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Engine {
+    /// Starts the engine thread with `model`.
+    pub fn start(
+        model: Box<dyn LanguageModel>,
+        opts: EngineOptions,
+        metrics: Arc<EngineMetrics>,
+    ) -> Result<Engine> {
+        let (tx, rx) = mpsc::channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let alive = Arc::new(AtomicBool::new(true));
+        let max_queue = opts.max_queue;
+        let batched = opts.kv_quantization.is_none()
+            && model.cache_specs().iter().all(|s| match s {
+                CacheSpec::Standard => true,
+                CacheSpec::Rotating { keep, .. } => *keep == 0,
+            });
+        let stages = if batched {
+            Stages::Batched {
+                prefilling: PrefillBatch::default(),
+                decoding: DecodeBatch::default(),
+            }
+        } else {
+            Stages::Alone(Alone::default())
+        };
+        let state = Scheduler {
+            waiting: VecDeque::new(),
+            stages,
+            shared: Shared {
+                cache: PromptCache::new(opts.prompt_cache_size, opts.prompt_cache_bytes),
+                opts,
+                metrics: Arc::clone(&metrics),
+            },
+            model,
+            queued: Arc::clone(&queued),
+            loops: 0,
+        };
+        let alive2 = Arc::clone(&alive);
+        let thread = std::thread::Builder::new()
+            .name("mlx-engine".into())
+            .spawn(move || {
+                run(state, rx);
+                alive2.store(false, Ordering::SeqCst);
+            })
+            .map_err(|e| {
+                EngineError::Unavailable(format!("cannot start the engine thread: {e}"))
+            })?;
+        Ok(Engine {
+            tx: Mutex::new(tx),
+            queued,
+            next_id: AtomicU64::new(0),
+            max_queue,
+            alive,
+            metrics,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Whether the engine thread is running.
+    pub fn is_healthy(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Requests waiting for a slot.
+    pub fn queue_depth(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+
+    /// The engine's counters.
+    pub fn metrics(&self) -> &Arc<EngineMetrics> {
+        &self.metrics
+    }
+
+    /// Queues `req` (its `n` choices, each a sequence), its events going to `events`;
+    /// [`EngineError::Busy`] when the queue is full, [`EngineError::Unavailable`] when
+    /// the engine is gone.
+    pub fn submit(&self, req: GenerationRequest, events: Arc<dyn EventSink>) -> Result<Submission> {
+        let n = req.n.max(1);
+        let prev = self.queued.fetch_add(n, Ordering::SeqCst);
+        if prev + n > self.max_queue {
+            self.queued.fetch_sub(n, Ordering::SeqCst);
+            self.metrics.rejected_queue_full.add(1);
+            return Err(EngineError::Busy(format!(
+                "the server is busy: {prev} requests are waiting (--max-queue {})",
+                self.max_queue
+            )));
+        }
+        self.metrics.queue_depth.set((prev + n) as u64);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let req = Arc::new(req);
+        let submitted = Instant::now();
+        let choices: Vec<Arc<AtomicBool>> =
+            (0..n).map(|_| Arc::new(AtomicBool::new(false))).collect();
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        for (choice, choice_cancel) in choices.iter().enumerate() {
+            let job = Job {
+                id: SeqId(self.next_id.fetch_add(1, Ordering::Relaxed)),
+                req: Arc::clone(&req),
+                choice,
+                events: Arc::clone(&events),
+                cancel: Arc::clone(&cancel),
+                choice_cancel: Arc::clone(choice_cancel),
+                submitted,
+            };
+            if tx.send(Command::Submit(Box::new(job))).is_err() {
+                self.queued.fetch_sub(n - choice, Ordering::SeqCst);
+                return Err(EngineError::Unavailable(
+                    "the generation engine is not running".into(),
+                ));
+            }
+        }
+        Ok(Submission::new(cancel, choices))
+    }
+
+    /// Stops the engine: queued and running requests fail; waits for the thread.
+    pub fn shutdown(&self) {
+        let _ = self
+            .tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Command::Shutdown);
+        let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// What routing results needs besides the stages.
+struct Shared {
+    opts: EngineOptions,
+    metrics: Arc<EngineMetrics>,
+    cache: PromptCache,
+}
+
+/// The stages a sequence goes through after waiting for a slot.
+enum Stages {
+    /// Prompts prefill together, then decode together in one batch.
+    Batched {
+        prefilling: PrefillBatch,
+        decoding: DecodeBatch,
+    },
+    /// Every sequence prefills and decodes alone (KV-cache quantization, or caches that
+    /// cannot be batched).
+    Alone(Alone),
+}
+
+impl Stages {
+    fn each(&mut self) -> Vec<&mut dyn Stage> {
+        match self {
+            Stages::Batched {
+                prefilling,
+                decoding,
+            } => vec![prefilling, decoding],
+            Stages::Alone(alone) => vec![alone],
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Stages::Batched {
+                prefilling,
+                decoding,
+            } => prefilling.len() + decoding.len(),
+            Stages::Alone(alone) => alone.len(),
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        match self {
+            Stages::Batched {
+                prefilling,
+                decoding,
+            } => prefilling.nbytes() + decoding.nbytes(),
+            Stages::Alone(alone) => alone.nbytes(),
+        }
+    }
+
+    /// An admitted sequence enters its first stage.
+    fn push(&mut self, seq: Sequence) {
+        match self {
+            Stages::Batched { prefilling, .. } => prefilling.push(seq),
+            Stages::Alone(alone) => alone.push(seq),
+        }
+    }
+}
+
+struct Scheduler {
+    waiting: VecDeque<Box<Job>>,
+    stages: Stages,
+    shared: Shared,
+    model: Box<dyn LanguageModel>,
+    queued: Arc<AtomicUsize>,
+    loops: u64,
+}
+
+fn run(mut st: Scheduler, rx: Receiver<Command>) {
+    let stream = match crate::generation_stream() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("engine: cannot create an MLX stream: {e}");
+            return;
+        }
+    };
+    mlx_array::with_stream(stream, || loop {
+        let idle = st.running() == 0 && st.waiting.is_empty();
+        let mut shutdown = false;
+        if idle {
+            match rx.recv_timeout(Duration::from_millis(500)) {
+                Ok(Command::Submit(job)) => st.waiting.push_back(job),
+                Ok(Command::Shutdown) | Err(RecvTimeoutError::Disconnected) => shutdown = true,
+                Err(RecvTimeoutError::Timeout) => continue,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(Command::Submit(job)) => st.waiting.push_back(job),
+                Ok(Command::Shutdown) | Err(TryRecvError::Disconnected) => {
+                    shutdown = true;
+                    break;
+                }
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        if shutdown {
+            st.fail_all(EngineError::Unavailable(
+                "the server is shutting down".into(),
+            ));
+            return;
+        }
+        if catch_unwind(AssertUnwindSafe(|| st.iterate())).is_err() {
+            tracing::error!("engine: a generation step panicked; failing the running requests");
+            st.fail_all(EngineError::Internal(
+                "internal error in the generation engine".into(),
+            ));
+        }
+    })
+}
+
+impl Scheduler {
+    fn running(&self) -> usize {
+        self.stages.len()
+    }
+
+    fn fail_all(&mut self, err: EngineError) {
+        for job in self.waiting.drain(..) {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            job.fail(err.clone());
+        }
+        for stage in self.stages.each() {
+            for s in stage.drain() {
+                s.job().fail(err.clone());
+            }
+        }
+        let m = &self.shared.metrics;
+        m.queue_depth.set(self.queued.load(Ordering::SeqCst) as u64);
+        m.active_sequences.set(0);
+    }
+
+    fn iterate(&mut self) {
+        self.drop_cancelled();
+        self.admit();
+        let model = self.model.as_ref();
+        match &mut self.stages {
+            Stages::Batched {
+                prefilling,
+                decoding,
+            } => {
+                self.shared.prefill_batched(model, prefilling, decoding);
+                self.shared.decode_batched(model, decoding);
+            }
+            Stages::Alone(alone) => self.shared.step_alone(model, alone),
+        }
+        self.loops += 1;
+        if self.loops.is_multiple_of(256) {
+            mlx_array::memory::clear_cache();
+        }
+        let m = &self.shared.metrics;
+        m.active_sequences.set(self.running() as u64);
+        m.queue_depth.set(self.queued.load(Ordering::SeqCst) as u64);
+    }
+
+    fn drop_cancelled(&mut self) {
+        let before = self.waiting.len();
+        let mut gone = 0u64;
+        self.waiting.retain(|j| {
+            gone += u64::from(j.client_gone());
+            !j.cancelled()
+        });
+        let dropped = before - self.waiting.len();
+        let m = &self.shared.metrics;
+        if dropped > 0 {
+            self.queued.fetch_sub(dropped, Ordering::SeqCst);
+            // The gauge first, so a reader who sees the cancellation also sees the
+            // shorter queue (the end of the loop would set it one step later).
+            m.queue_depth.set(self.queued.load(Ordering::SeqCst) as u64);
+            m.cancelled.add(gone);
+            tracing::info!("engine: {dropped} queued request(s) cancelled");
+        }
+        for stage in self.stages.each() {
+            self.shared.drop_cancelled(stage);
+        }
+    }
+
+    fn admit(&mut self) {
+        let shared = &mut self.shared;
+        while self.stages.len() < shared.opts.decode_concurrency {
+            let Some(job) = self.waiting.pop_front() else {
+                break;
+            };
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            tracing::debug!(
+                "engine: admitted {:.1} ms after submission",
+                job.submitted.elapsed().as_secs_f64() * 1e3
+            );
+            if let Some(seq) = shared.start(*job, self.model.as_ref()) {
+                self.stages.push(seq);
+            }
+        }
+        if let Some(limit) = shared.opts.prompt_cache_bytes {
+            let active = self.stages.nbytes() as u64;
+            shared
+                .cache
+                .trim_to(usize::MAX, limit.saturating_sub(active));
+            shared.update_cache_metrics();
+        }
+    }
+}
+
+impl Shared {
+    /// Batched mode, prefill: sequences with only their last prompt token left (a
+    /// prompt-cache hit) join the decode batch; up to `prompt_concurrency` others
+    /// prefill together, one chunk each per loop, and join it once prefilled.
+    fn prefill_batched(
+        &mut self,
+        model: &dyn LanguageModel,
+        prefilling: &mut PrefillBatch,
+        decoding: &mut DecodeBatch,
+    ) {
+        let hits = prefilling.take_cache_hits();
+        if let Err((seqs, e)) = decoding.join(hits) {
+            self.fail_seqs(seqs, e);
+        }
+        if let Err((seqs, e)) = prefilling.fill(self.opts.prompt_concurrency) {
+            self.fail_seqs(seqs, e);
+        }
+        if prefilling.prefilling() == 0 {
+            return;
+        }
+        let tic = Instant::now();
+        let stepped = prefilling.step(model, self.opts.prefill_step_size);
+        let took = tic.elapsed();
+        self.metrics.prefill_micros.add(took.as_micros() as u64);
+        tracing::debug!(
+            "engine: prefill step of {} prompt(s) in {:.1} ms ({})",
+            prefilling.prefilling(),
+            took.as_secs_f64() * 1e3,
+            mlx_array::memory::note(),
+        );
+        match stepped {
+            Ok(progress) => self.route(prefilling, progress),
+            Err(e) => return self.fail_seqs(prefilling.drain_rows(), e),
+        }
+        match prefilling.take_ready() {
+            Ok(Some((seqs, cache))) => {
+                let n = seqs.len();
+                if let Err((seqs, e)) = decoding.join_prefilled(seqs, cache) {
+                    self.fail_seqs(seqs, e);
+                }
+                tracing::debug!(
+                    "engine: {n} prefilled sequence(s) joined decoding, {} decoding ({})",
+                    decoding.len(),
+                    mlx_array::memory::note(),
+                );
+            }
+            Ok(None) => {}
+            Err(e) => self.fail_seqs(prefilling.drain_rows(), e),
+        }
+    }
+
+    /// Batched mode, decode: one step of the batch; finished, failed and abandoned rows
+    /// leave it.
+    fn decode_batched(&mut self, model: &dyn LanguageModel, decoding: &mut DecodeBatch) {
+        if decoding.len() == 0 {
+            return;
+        }
+        let rows = decoding.len() as u64;
+        let outcomes = match decoding.step(model) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("engine: batched decoding failed: {e}");
+                return self.fail_seqs(decoding.drain(), e);
+            }
+        };
+        self.metrics.decode_steps.add(1);
+        self.metrics.decode_rows.add(rows);
+        tracing::trace!(
+            "engine: decoding step of {rows} row(s) queued ({})",
+            mlx_array::memory::note()
+        );
+        self.route(decoding, outcomes);
+    }
+
+    /// Sequences alone: one prefill step each (up to `prompt_concurrency`), then one
+    /// decoding step of every decoding sequence.
+    fn step_alone(&mut self, model: &dyn LanguageModel, alone: &mut Alone) {
+        let (budget, step, kv) = (
+            self.opts.prompt_concurrency,
+            self.opts.prefill_step_size,
+            self.opts.kv_quantization,
+        );
+        let progress = alone.prefill(model, budget, step, kv, &self.metrics);
+        self.route(alone, progress);
+        let outcomes = alone.decode(model, kv, &self.metrics);
+        self.route(alone, outcomes);
+    }
+
+    /// A sequence for `job`: its caches from the prompt cache (or new); `Started` sent.
+    fn start(&mut self, job: Job, model: &dyn LanguageModel) -> Option<Sequence> {
+        let prompt = &job.req.prompt;
+        let (caches, cached) = match self.cache.fetch_nearest(prompt) {
+            Some(hit) => {
+                self.metrics.cache_hits.add(1);
+                (hit.caches, hit.cached_tokens)
+            }
+            None => {
+                self.metrics.cache_misses.add(1);
+                match mlx_cache::make_prompt_cache(&model.cache_specs(), None) {
+                    Ok(c) => (c, 0),
+                    Err(e) => {
+                        job.fail(EngineError::Unavailable(format!(
+                            "cannot make a KV cache: {e}"
+                        )));
+                        return None;
+                    }
+                }
+            }
+        };
+        self.metrics.prompt_tokens.add(prompt.len() as u64);
+        self.metrics.cached_prompt_tokens.add(cached as u64);
+        let (choice, events) = (job.choice, Arc::clone(&job.events));
+        match Sequence::new(job, caches, cached) {
+            Ok(seq) => {
+                seq.job().send(EngineEvent::Started {
+                    choice,
+                    cached_tokens: cached,
+                });
+                Some(seq)
+            }
+            Err(error) => {
+                events.send(EngineEvent::Failed { choice, error });
+                None
+            }
+        }
+    }
+
+    fn update_cache_metrics(&self) {
+        self.metrics.cache_entries.set(self.cache.len() as u64);
+        self.metrics.cache_bytes.set(self.cache.nbytes());
+    }
+
+    /// Takes the stage's cancelled sequences out.
+    fn drop_cancelled(&mut self, stage: &mut dyn Stage) {
+        let gone: Vec<(SeqId, Leave)> = stage
+            .cancelled()
+            .into_iter()
+            .map(|id| (id, Leave::Dropped))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        match stage.remove(&gone) {
+            Ok(left) => {
+                for l in left {
+                    log_stopped(&self.metrics, &l.seq);
+                }
+            }
+            Err(e) => self.fail_seqs(stage.drain(), e),
+        }
+    }
+
+    /// The one place results go: events out by id, metrics counted; finished, failed
+    /// and abandoned sequences leave `stage` (finished ones give their caches to the
+    /// prompt cache).
+    fn route(&mut self, stage: &mut dyn Stage, outcomes: Vec<(SeqId, Outcome)>) {
+        let now = Instant::now();
+        let mut leaving: Vec<(SeqId, Leave)> = Vec::new();
+        let mut errors: Vec<(SeqId, EngineError)> = Vec::new();
+        for (id, outcome) in outcomes {
+            if leaving.iter().any(|(j, _)| *j == id) {
+                continue;
+            }
+            let Some(s) = stage.get_mut(id) else {
+                continue;
+            };
+            match outcome {
+                Outcome::Progress { processed, total } => {
+                    tracing::debug!("prompt processing progress: {processed}/{total}");
+                    s.job().send(EngineEvent::Progress {
+                        choice: s.job().choice,
+                        processed,
+                        total,
+                    });
+                }
+                Outcome::Failed(e) => {
+                    leaving.push((id, Leave::Dropped));
+                    errors.push((id, e));
+                }
+                Outcome::Token(out) => {
+                    count_token(&self.metrics, s.last_token_at(), s.job().submitted, now);
+                    s.set_last_token_at(now);
+                    let done = out.finish.is_some();
+                    let delivered = s.job().send(EngineEvent::Token {
+                        choice: s.job().choice,
+                        out,
+                    });
+                    if done || !delivered {
+                        let how = if done && delivered {
+                            Leave::Finished
+                        } else {
+                            Leave::Dropped
+                        };
+                        leaving.push((id, how));
+                    }
+                }
+            }
+        }
+        if leaving.is_empty() {
+            return;
+        }
+        let left = match stage.remove(&leaving) {
+            Ok(left) => left,
+            Err(e) => {
+                tracing::warn!("engine: removing finished sequences failed: {e}");
+                return self.fail_seqs(stage.drain(), e);
+            }
+        };
+        for l in left {
+            let id = l.seq.id();
+            if let Some(p) = errors.iter().position(|(j, _)| *j == id) {
+                let (_, e) = errors.swap_remove(p);
+                self.fail_seq(l.seq, e);
+                continue;
+            }
+            let finished = leaving
+                .iter()
+                .any(|(j, how)| *j == id && *how == Leave::Finished);
+            if finished {
+                let (fed, own) = l.seq.into_fed_and_caches();
+                // A batch row's caches were extracted (none if that failed); a sequence
+                // alone kept its own.
+                if let Some(caches) = l.caches.or((!own.is_empty()).then_some(own)) {
+                    self.store_caches(fed, caches);
+                }
+            } else if l.seq.job().client_gone() {
+                self.metrics.cancelled.add(1);
+            }
+        }
+    }
+
+    fn fail_seq(&self, s: Sequence, error: EngineError) {
+        if !error.is_invalid_request() {
+            self.metrics.engine_errors.add(1);
+            tracing::warn!("engine: request failed: {error}");
+        }
+        s.job().fail(error);
+    }
+
+    fn fail_seqs(&self, seqs: Vec<Sequence>, e: EngineError) {
+        for s in seqs {
+            self.fail_seq(s, e.clone());
+        }
+    }
+
+    /// Keeps a finished sequence's caches for later prompts sharing its prefix.
+    fn store_caches(&mut self, fed: Vec<u32>, caches: LayerCaches) {
+        if self.opts.prompt_cache_size == 0 {
+            return;
+        }
+        let consistent = caches
+            .first()
+            .is_none_or(|c| c.offset() as usize == fed.len());
+        if consistent {
+            self.cache.insert(fed, caches, CacheKind::Assistant);
+            self.update_cache_metrics();
+        }
+    }
+}
+
+/// Metrics of one emitted token: time to first token, else time since the previous one.
+fn count_token(metrics: &EngineMetrics, last: Option<Instant>, submitted: Instant, now: Instant) {
+    metrics.generation_tokens.add(1);
+    match last {
+        None => {
+            let ttft = (now - submitted).as_secs_f64();
+            tracing::debug!("engine: first token {:.1} ms after submission", ttft * 1e3);
+            metrics.ttft.observe(ttft)
+        }
+        Some(t) => metrics.tpot.observe((now - t).as_secs_f64()),
+    }
+}
+
+/// Logs (and counts, for a client that went away) a sequence dropped mid-generation.
+fn log_stopped(metrics: &EngineMetrics, s: &Sequence) {
+    if s.job().client_gone() {
+        metrics.cancelled.add(1);
+        tracing::info!(
+            "engine: client disconnected; generation stopped after {} tokens",
+            s.generated()
+        );
+    } else {
+        tracing::debug!(
+            "engine: choice {} stopped after {} tokens",
+            s.job().choice,
+            s.generated()
+        );
+    }
+}

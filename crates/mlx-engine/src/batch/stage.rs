@@ -1,0 +1,56 @@
+//! What every stage of the scheduler (prefilling, decoding, decoding alone) offers, so
+//! that cancellation, removal and the routing of results work by sequence id the same
+//! way for all of them.
+use super::request::{SeqId, TokenOut};
+use super::sequence::Sequence;
+use crate::error::{EngineError, Result};
+use mlx_cache::PromptCache;
+
+/// What a stage's step produced for one sequence.
+pub(crate) enum Outcome {
+    /// A prefill chunk finished: `processed` of `total` uncached prompt tokens.
+    Progress {
+        /// Prompt tokens processed so far.
+        processed: usize,
+        /// Prompt tokens to process.
+        total: usize,
+    },
+    /// A token.
+    Token(TokenOut),
+    /// The sequence failed (the others go on).
+    Failed(EngineError),
+}
+
+/// How a sequence leaves a stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leave {
+    /// Finished: its caches go to the prompt cache.
+    Finished,
+    /// Dropped (cancelled, failed, or its receiver gone).
+    Dropped,
+}
+
+/// A sequence that left a stage, with its caches when it finished.
+pub(crate) struct Left {
+    /// The sequence.
+    pub seq: Sequence,
+    /// Its caches (finished sequences only).
+    pub caches: Option<PromptCache>,
+}
+
+/// A stage holding sequences by id.
+pub(crate) trait Stage {
+    /// Sequences in the stage.
+    fn len(&self) -> usize;
+    /// Bytes of KV cache the stage holds.
+    fn nbytes(&self) -> usize;
+    /// The sequence `id`, if it is here.
+    fn get_mut(&mut self, id: SeqId) -> Option<&mut Sequence>;
+    /// Ids of the sequences no longer wanted.
+    fn cancelled(&self) -> Vec<SeqId>;
+    /// Takes sequences out by id (ids not here are ignored). An `Err` means the
+    /// stage's shared state is broken: the caller drains it.
+    fn remove(&mut self, leaving: &[(SeqId, Leave)]) -> Result<Vec<Left>>;
+    /// Empties the stage, handing every sequence back (after a failure).
+    fn drain(&mut self) -> Vec<Sequence>;
+}

@@ -1,0 +1,363 @@
+//! mlx-lm's `_step`, written once: the model call on the last position, KV-cache
+//! quantization, each row's logits processors, log-softmax and each row's sampler.
+//! [`crate::TokenGenerator`] (one sequence), the scheduler's sequences decoding alone
+//! and the decode batch all build their steps from [`forward`] and [`sample`], prefill
+//! with [`prefill`], and read their tokens back with [`read_tokens`].
+//!
+//! The two halves are separate so a step can read the previous tokens back between
+//! them: a row whose processors need the accepted token before processing
+//! ([`RowSampling::needs_accepted_token`]) gets it while the device runs the forward.
+use crate::error::{EngineError, Result};
+use mlx_array::{ops, transforms, Array, Dtype};
+use mlx_models::LanguageModel;
+use mlx_nn::KvCache;
+use mlx_sample::{LogitsParams, LogitsProcessors, Sampler, SamplerParams};
+
+/// KV-cache quantization (mlx-lm's `--kv-bits`, `--kv-group-size`,
+/// `--quantized-kv-start`): caches switch to quantized once their offset reaches `start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvQuantization {
+    /// Bits per element.
+    pub bits: i32,
+    /// Group size.
+    pub group_size: i32,
+    /// Offset from which caches are quantized.
+    pub start: i32,
+}
+
+/// Sampling settings of a request (mlx-lm's `make_sampler` arguments plus a seed).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sampling {
+    /// `make_sampler` arguments.
+    pub params: SamplerParams,
+    /// Per-request seed: sampling is then reproducible whatever else runs.
+    pub seed: Option<u64>,
+}
+
+/// How log-probabilities are normalized: mlx-lm's `generate_step` reduces over the
+/// whole `[1, vocab]` array, its `BatchGenerator` over each row (the two reductions
+/// can differ in the last bit, so each path keeps its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogSoftmax {
+    /// `logits - logsumexp(logits, keepdims=True)`.
+    Whole,
+    /// `logits - logsumexp(logits, axis=-1, keepdims=True)`.
+    PerRow,
+}
+
+/// The sampling side of one sequence: its sampler, logits processors and seed.
+pub struct RowSampling {
+    sampler: Box<dyn Sampler>,
+    /// Rows with equal settings and no seed may sample in one call.
+    settings: Option<Sampling>,
+    processors: LogitsProcessors,
+    draws: u64,
+}
+
+impl RowSampling {
+    /// `sampler` (greedy when `None`) and `processors`; never shares a sampler call
+    /// with other rows.
+    pub fn new(sampler: Option<Box<dyn Sampler>>, processors: LogitsProcessors) -> RowSampling {
+        RowSampling {
+            sampler: sampler.unwrap_or_else(|| Box::new(mlx_sample::GreedySampler)),
+            settings: None,
+            processors,
+            draws: 0,
+        }
+    }
+
+    /// The sampler of `sampling` (seeded per draw when it has a seed) and the
+    /// processors of `logits` followed by `extra` (each built fresh).
+    pub fn from_request(
+        sampling: &Sampling,
+        logits: &LogitsParams,
+        extra: &[std::sync::Arc<dyn mlx_sample::BuildProcessor>],
+    ) -> Result<RowSampling> {
+        let sampler = mlx_sample::make_sampler(&sampling.params)
+            .map_err(|e| EngineError::Invalid(format!("invalid sampling parameters: {e}")))?;
+        let mut processors = mlx_sample::make_logits_processors(logits)
+            .map_err(|e| EngineError::Invalid(format!("invalid logits parameters: {e}")))?;
+        for b in extra {
+            processors.push(
+                b.build()
+                    .map_err(|e| EngineError::Invalid(format!("invalid logits processor: {e}")))?,
+            );
+        }
+        Ok(RowSampling {
+            sampler,
+            settings: Some(sampling.clone()),
+            processors,
+            draws: 0,
+        })
+    }
+
+    /// Whether the row rewrites its logits.
+    pub fn has_processors(&self) -> bool {
+        !self.processors.is_empty()
+    }
+
+    /// Whether the row's processors need each token accepted before the next step
+    /// (the row then does not queue a step ahead).
+    pub fn needs_accepted_token(&self) -> bool {
+        self.processors.needs_accepted_token()
+    }
+
+    /// Prompt tokens put into the caches without a sample.
+    pub fn prompt(&mut self, tokens: &[u32]) -> Result<()> {
+        Ok(self.processors.prompt(tokens)?)
+    }
+
+    /// The token the sequence accepted (read back on the host).
+    pub fn accept(&mut self, token: u32) -> Result<()> {
+        Ok(self.processors.accept(token)?)
+    }
+
+    /// A copy in the same state (another sequence continuing from here).
+    pub fn fork(&self) -> Result<RowSampling> {
+        let sampler = match &self.settings {
+            Some(s) => mlx_sample::make_sampler(&s.params)?,
+            None => {
+                return Err(EngineError::Invalid(
+                    "a sampler given as an object cannot be forked".into(),
+                ))
+            }
+        };
+        Ok(RowSampling {
+            sampler,
+            settings: self.settings.clone(),
+            processors: self.processors.fork(),
+            draws: self.draws,
+        })
+    }
+
+    fn process(&mut self, input: &Array, logits: &Array) -> Result<Array> {
+        Ok(self.processors.process(input, logits)?)
+    }
+
+    /// Seeds MLX's generator for this draw when the row has a seed, and counts it.
+    fn seed_draw(&mut self) -> Result<()> {
+        if let Some(seed) = self.settings.as_ref().and_then(|s| s.seed) {
+            mlx_array::random::seed(step_seed(seed, self.draws))?;
+        }
+        self.draws += 1;
+        Ok(())
+    }
+
+    fn sample(&mut self, logprobs: &Array) -> Result<Array> {
+        self.seed_draw()?;
+        Ok(self.sampler.sample(logprobs)?)
+    }
+
+    fn shares_sampler_with(&self, other: &RowSampling) -> bool {
+        match (&self.settings, &other.settings) {
+            (Some(a), Some(b)) => a.seed.is_none() && a == b,
+            _ => false,
+        }
+    }
+}
+
+/// A seed for the `step`-th draw of a request seeded with `seed`.
+fn step_seed(seed: u64, step: u64) -> u64 {
+    if step == 0 {
+        return seed;
+    }
+    let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A prefill chunk `tokens` (`[B, L]`) into the caches, its logits unused: the model
+/// call (pipelined layer by layer, `mlx_nn::pipeline`), KV-cache quantization when `kv`
+/// says so, and evaluation of the caches' state (so the chunk's intermediates can be
+/// freed before the next).
+pub fn prefill(
+    model: &dyn LanguageModel,
+    tokens: &Array,
+    caches: &mut [Box<dyn KvCache>],
+    kv: Option<KvQuantization>,
+) -> Result<()> {
+    {
+        let _pipelined = mlx_nn::pipeline::PipelinedPrefill::from_env();
+        model.forward(tokens, caches)?;
+    }
+    if let Some(q) = kv {
+        mlx_cache::maybe_quantize_kv_cache(caches, q.start, q.group_size, Some(q.bits))?;
+    }
+    eval_state(caches)
+}
+
+/// Evaluates the caches' state.
+pub fn eval_state(caches: &[Box<dyn KvCache>]) -> Result<()> {
+    let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
+    Ok(transforms::eval(&state.iter().collect::<Vec<_>>())?)
+}
+
+/// The model on `inputs` (`[B, L]`): logits of the last position `[B, vocab]`; the
+/// caches are then quantized when `kv` says so.
+pub fn forward(
+    model: &dyn LanguageModel,
+    inputs: &Array,
+    caches: &mut [Box<dyn KvCache>],
+    kv: Option<KvQuantization>,
+) -> Result<Array> {
+    let logits = model.forward(inputs, caches)?;
+    let (b, l, v) = (logits.dim(0)?, logits.dim(1)?, logits.dim(2)?);
+    let last = logits
+        .slice(&[0, l - 1, 0], &[b, l, v], None)?
+        .squeeze(Some(&[1]))?;
+    if let Some(q) = kv {
+        mlx_cache::maybe_quantize_kv_cache(caches, q.start, q.group_size, Some(q.bits))?;
+    }
+    Ok(last)
+}
+
+/// What [`sample`] queued.
+pub struct Sampled {
+    /// One token per row `[B]`.
+    pub tokens: Array,
+    /// Log-probabilities `[B, vocab]`.
+    pub logprobs: Array,
+    /// Rows whose processors or sampler failed (their token is meaningless).
+    pub failed: Vec<(usize, EngineError)>,
+}
+
+/// Each row's processors on its logits (with `inputs` `[B]`, the tokens just fed),
+/// log-softmax, and each row's sampler: one sampler call for all rows when they share
+/// their settings and have no seed (greedy is the common case), else one call per row.
+/// A row that fails is reported in [`Sampled::failed`]; the others go on.
+pub fn sample(
+    rows: &mut [&mut RowSampling],
+    inputs: &Array,
+    logits: &Array,
+    norm: LogSoftmax,
+) -> Result<Sampled> {
+    let mut failed: Vec<(usize, EngineError)> = Vec::new();
+    let logits = if rows.iter().any(|r| r.has_processors()) {
+        process_rows(rows, inputs, logits, &mut failed)?
+    } else {
+        logits.clone()
+    };
+    let logprobs = match norm {
+        LogSoftmax::Whole => logits.subtract(&logits.logsumexp(None, true)?)?,
+        LogSoftmax::PerRow => logits.subtract(&logits.logsumexp(Some(&[-1]), true)?)?,
+    };
+    let tokens = sample_rows(rows, &logprobs, &mut failed)?;
+    Ok(Sampled {
+        tokens,
+        logprobs,
+        failed,
+    })
+}
+
+fn process_rows(
+    rows: &mut [&mut RowSampling],
+    inputs: &Array,
+    logits: &Array,
+    failed: &mut Vec<(usize, EngineError)>,
+) -> Result<Array> {
+    if let [row] = rows {
+        return row.process(inputs, logits);
+    }
+    let v = logits.dim(1)?;
+    let mut parts = Vec::with_capacity(rows.len());
+    for (e, r) in rows.iter_mut().enumerate() {
+        let e32 = e as i32;
+        let row = logits.slice(&[e32, 0], &[e32 + 1, v], None)?;
+        if !r.has_processors() {
+            parts.push(row);
+            continue;
+        }
+        let input = inputs.slice(&[e32], &[e32 + 1], None)?;
+        match r.process(&input, &row) {
+            Ok(p) => parts.push(p),
+            Err(err) => {
+                failed.push((e, err));
+                parts.push(row);
+            }
+        }
+    }
+    let refs: Vec<&Array> = parts.iter().collect();
+    Ok(ops::concatenate(&refs, 0)?)
+}
+
+fn sample_rows(
+    rows: &mut [&mut RowSampling],
+    logprobs: &Array,
+    failed: &mut Vec<(usize, EngineError)>,
+) -> Result<Array> {
+    let Some((first, rest)) = rows.split_first_mut() else {
+        return Err(EngineError::Internal("a step with no rows".into()));
+    };
+    if rest.is_empty() {
+        return first.sample(logprobs);
+    }
+    if rest.iter().all(|r| first.shares_sampler_with(r)) {
+        if let Ok(t) = first.sample(logprobs) {
+            for r in rest.iter_mut() {
+                r.seed_draw()?;
+            }
+            return Ok(t);
+        }
+    }
+    let v = logprobs.dim(1)?;
+    let mut parts = Vec::with_capacity(rows.len());
+    for (e, r) in rows.iter_mut().enumerate() {
+        let e32 = e as i32;
+        let row = logprobs.slice(&[e32, 0], &[e32 + 1, v], None)?;
+        match r.sample(&row) {
+            Ok(t) => parts.push(t.astype(Dtype::Uint32)?),
+            Err(err) => {
+                failed.push((e, err));
+                parts.push(Array::from_slice(&[0u32], &[1])?);
+            }
+        }
+    }
+    let refs: Vec<&Array> = parts.iter().collect();
+    Ok(ops::concatenate(&refs, 0)?)
+}
+
+/// Reads sampled tokens back to the host (waiting for them).
+pub fn read_tokens(tokens: &Array) -> Result<Vec<u32>> {
+    let t = if tokens.dtype() == Dtype::Uint32 {
+        tokens.clone()
+    } else {
+        tokens.astype(Dtype::Uint32)?
+    };
+    Ok(t.to_vec::<u32>()?)
+}
+
+/// Reads the one token of a single-row step.
+pub fn read_token(tokens: &Array) -> Result<u32> {
+    read_tokens(tokens)?
+        .first()
+        .copied()
+        .ok_or_else(|| EngineError::Internal("the sampler returned no token".into()))
+}
+
+/// The log-probability of `token` in `logprobs` (`[vocab]`).
+pub fn logprob_of(logprobs: &Array, token: u32) -> Result<f32> {
+    let idx = Array::from_slice(&[token], &[1])?;
+    let v = logprobs.take(&idx, Some(0))?.astype(Dtype::Float32)?;
+    v.to_vec::<f32>()?
+        .first()
+        .copied()
+        .ok_or_else(|| EngineError::Internal("empty log-probabilities".into()))
+}
+
+/// mlx-lm's `_format_top_logprobs`: `argpartition(-logprobs, kth=n-1)[:n]`, unsorted,
+/// as `(id, logprob)` pairs.
+pub fn top_logprobs(logprobs: &Array, n: usize) -> Result<Vec<(u32, f32)>> {
+    let n = n.min(logprobs.size());
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let idx = logprobs
+        .negative()?
+        .argpartition(n as i32 - 1, Some(-1))?
+        .slice(&[0], &[n as i32], None)?;
+    let vals = logprobs.take(&idx, Some(0))?.astype(Dtype::Float32)?;
+    let ids = idx.astype(Dtype::Uint32)?.to_vec::<u32>()?;
+    let vals = vals.to_vec::<f32>()?;
+    Ok(ids.into_iter().zip(vals).collect())
+}
