@@ -219,7 +219,15 @@ impl LinearLayer {
             lora_b: Param::frozen(lora_b),
             magnitude: magnitude.map(Param::frozen),
             scale,
+            dropout: 0.0,
         }));
+    }
+
+    /// Sets the training dropout of the layer's adapter (no-op without one).
+    pub fn set_adapter_dropout(&mut self, p: f64) {
+        if let LinearLayer::Lora(l) = self {
+            l.dropout = p;
+        }
     }
 
     /// `residual + self.forward(x)`, the same array: for a quantized layer without an

@@ -53,6 +53,12 @@ pub trait Quantizable {
     fn as_linear_layer_mut(&mut self) -> Option<&mut crate::LinearLayer> {
         None
     }
+
+    /// The layer as a [`crate::SwitchLinearLayer`], when it is one (expert adapters go
+    /// on those).
+    fn as_switch_layer_mut(&mut self) -> Option<&mut crate::SwitchLinearLayer> {
+        None
+    }
 }
 
 /// Decides how (or whether) the layer at a path is quantized.

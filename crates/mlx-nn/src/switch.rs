@@ -147,6 +147,8 @@ pub enum SwitchLinearLayer {
     Dense(SwitchLinear),
     /// Quantized experts.
     Quantized(QuantizedSwitchLinear),
+    /// Either, with per-expert low-rank adapters (mlx-lm's `LoRASwitchLinear`).
+    Lora(Box<crate::lora::LoraSwitchLinear>),
 }
 
 impl SwitchLinearLayer {
@@ -156,6 +158,34 @@ impl SwitchLinearLayer {
         match self {
             SwitchLinearLayer::Dense(l) => l.forward(x, indices, sorted_indices),
             SwitchLinearLayer::Quantized(l) => l.forward(x, indices, sorted_indices),
+            SwitchLinearLayer::Lora(l) => l.forward(x, indices, sorted_indices),
+        }
+    }
+
+    /// Puts per-expert low-rank adapters on the layer (`lora_a` `[E, r, in]`, `lora_b`
+    /// `[E, out, r]`, frozen until unfrozen); an adapter already there is replaced.
+    pub fn add_adapter(&mut self, lora_a: Array, lora_b: Array, scale: f64) {
+        let placeholder = SwitchLinearLayer::Dense(SwitchLinear {
+            weight: Param::frozen(lora_a.clone()),
+            bias: None,
+        });
+        let base = match std::mem::replace(self, placeholder) {
+            SwitchLinearLayer::Lora(l) => l.base,
+            other => other,
+        };
+        *self = SwitchLinearLayer::Lora(Box::new(crate::lora::LoraSwitchLinear {
+            base,
+            lora_a: Param::frozen(lora_a),
+            lora_b: Param::frozen(lora_b),
+            scale,
+            dropout: 0.0,
+        }));
+    }
+
+    /// Sets the training dropout of the layer's adapters (no-op without them).
+    pub fn set_adapter_dropout(&mut self, p: f64) {
+        if let SwitchLinearLayer::Lora(l) = self {
+            l.dropout = p;
         }
     }
 }
@@ -165,12 +195,14 @@ impl Module for SwitchLinearLayer {
         match self {
             SwitchLinearLayer::Dense(l) => l.visit_params(prefix, f),
             SwitchLinearLayer::Quantized(l) => l.visit_params(prefix, f),
+            SwitchLinearLayer::Lora(l) => l.visit_params(prefix, f),
         }
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
         match self {
             SwitchLinearLayer::Dense(l) => l.visit_params_mut(prefix, f),
             SwitchLinearLayer::Quantized(l) => l.visit_params_mut(prefix, f),
+            SwitchLinearLayer::Lora(l) => l.visit_params_mut(prefix, f),
         }
     }
     fn visit_quantizable_mut(&mut self, prefix: &str, f: &mut QuantVisitor<'_>) -> NnResult<()> {
@@ -189,12 +221,14 @@ impl Quantizable for SwitchLinearLayer {
                 }
                 s
             }
+            SwitchLinearLayer::Lora(l) => l.base.dense_weight_shape(),
         }
     }
     fn quant_spec(&self) -> Option<QuantSpec> {
         match self {
             SwitchLinearLayer::Dense(_) => None,
             SwitchLinearLayer::Quantized(q) => Some(q.spec),
+            SwitchLinearLayer::Lora(l) => l.base.quant_spec(),
         }
     }
     fn quantize(&mut self, spec: QuantSpec) -> Result<()> {
@@ -207,14 +241,20 @@ impl Quantizable for SwitchLinearLayer {
                 *self = SwitchLinearLayer::Quantized(dense.to_quantized(spec)?);
             }
             SwitchLinearLayer::Quantized(_) => {}
+            SwitchLinearLayer::Lora(l) => l.base.quantize(spec)?,
         }
         Ok(())
     }
     fn dequantize(&mut self, dtype: Option<Dtype>) -> Result<()> {
-        if let SwitchLinearLayer::Quantized(q) = self {
-            *self = SwitchLinearLayer::Dense(q.to_dense(dtype)?);
+        match self {
+            SwitchLinearLayer::Quantized(q) => *self = SwitchLinearLayer::Dense(q.to_dense(dtype)?),
+            SwitchLinearLayer::Lora(l) => l.base.dequantize(dtype)?,
+            SwitchLinearLayer::Dense(_) => {}
         }
         Ok(())
+    }
+    fn as_switch_layer_mut(&mut self) -> Option<&mut SwitchLinearLayer> {
+        Some(self)
     }
 }
 

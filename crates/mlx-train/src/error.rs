@@ -33,6 +33,18 @@ pub enum TrainError {
     /// A layer-level failure (updating parameters).
     #[error(transparent)]
     Nn(#[from] mlx_nn::Error),
+    /// A bad argument or option value.
+    #[error("{0}")]
+    Invalid(String),
+    /// The training data are unusable.
+    #[error("{0}")]
+    Data(String),
+    /// The loss stopped being a number.
+    #[error("{0}")]
+    Diverged(String),
+    /// Reading or tokenizing a dataset failed.
+    #[error(transparent)]
+    Eval(#[from] mlx_eval::EvalError),
     /// An MLX operation failed.
     #[error(transparent)]
     Mlx(#[from] mlx_array::Error),

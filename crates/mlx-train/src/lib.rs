@@ -1,6 +1,20 @@
-//! Fine-tuning adapters as mlx-lm writes them (`mlx_lm.lora`'s `adapters.safetensors`
-//! and `adapter_config.json`) and fusing them into the base model (`mlx_lm.fuse`).
+//! Fine-tuning as `mlx_lm.lora` does it, and its adapters (`adapters.safetensors` and
+//! `adapter_config.json`) applied at inference or fused into the base model
+//! (`mlx_lm.fuse`).
 //!
+//! Training:
+//! - [`config`]: the flags, `-c/--config` YAML and `CONFIG_DEFAULTS` merged as mlx-lm
+//!   merges them, written back as `adapter_config.json` ([`pyval`]: Python's values and
+//!   formats).
+//! - [`lora_layers`]: `linear_to_lora_layers` (LoRA / DoRA on linear, quantized and
+//!   expert layers, mlx-lm's random initial weights) and the full fine-tune's unfreezing.
+//! - [`batches`]: `iterate_batches` (length sort, NumPy's seeded permutation, padding).
+//! - [`trainer`]: the masked loss, `value_and_grad` over the trainable parameters,
+//!   `evaluate` and the training loop; [`optim`] and [`schedule`]: MLX's optimizers and
+//!   learning-rate schedules; [`ui`]: the printed report and the metrics file.
+//! - [`run`]: `mlx_lm.lora`'s `run` after loading (datasets, training, testing).
+//!
+//! Adapters:
 //! - [`adapters`]: reading an adapter directory: the fine-tune type (`lora`, `dora`,
 //!   `full`), the LoRA parameters, the weights, with errors naming what is wrong.
 //! - [`apply`]: adapters applied at inference, unfused, as mlx-lm's `load` does with an
@@ -13,8 +27,17 @@
 
 pub mod adapters;
 pub mod apply;
+pub mod batches;
+pub mod config;
 mod error;
 pub mod fuse;
+pub mod lora_layers;
+pub mod optim;
+pub mod pyval;
+pub mod run;
+pub mod schedule;
+pub mod trainer;
+pub mod ui;
 
 pub use adapters::{AdapterConfig, Adapters, FineTuneType};
 pub use apply::{apply_adapters, lora_init_key_draws};
