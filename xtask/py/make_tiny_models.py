@@ -92,6 +92,30 @@ ARCHS = {
         "moe_intermediate_size": 64,
         "norm_topk_prob": True,
     },
+    # Gated delta-net layers with full attention on every second layer (mlx-lm masks
+    # full attention with layer `full_attention_interval - 1`'s cache, so the interval
+    # must not exceed the layer count), experts on every layer but the dense third.
+    "qwen3_next": {
+        "model_type": "qwen3_next",
+        "num_hidden_layers": 4,
+        "head_dim": 16,
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "tie_word_embeddings": False,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "shared_expert_intermediate_size": 32,
+        "mlp_only_layers": [2],
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+        "full_attention_interval": 2,
+    },
     "glm4": {"model_type": "glm4", "head_dim": 16, "attention_bias": True, "partial_rotary_factor": 0.5,
              "rope_theta": 10000.0},
     "gpt_oss": {
@@ -237,6 +261,13 @@ VARIANTS = {
     "qwen2_moe-bf16-q4": ("qwen2_moe", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
     "qwen3_moe-f32": ("qwen3_moe", {}, {}),
     "qwen3_moe-q4": ("qwen3_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "qwen3_next-f32": ("qwen3_next", {}, {}),
+    "qwen3_next-f32-tied-interval4": (
+        "qwen3_next", {"tie_word_embeddings": True, "full_attention_interval": 4, "mlp_only_layers": [],
+                       "linear_num_value_heads": 2, "attention_bias": True}, {}),
+    # bfloat16 experts need quantized weights on the CPU (MLX's GatherMM is float32 only).
+    "qwen3_next-bf16-q4": ("qwen3_next", {"moe_intermediate_size": 64}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "qwen3_next-q4": ("qwen3_next", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "glm4-f32": ("glm4", {}, {}),
     "glm4-f32-nobias-full-rotary-halves": (
         "glm4", {"attention_bias": False, "partial_rotary_factor": 1.0, "rope_traditional": False}, {}),
@@ -312,6 +343,9 @@ GOLDENS = {
     "qwen2_moe-small-f32": ("qwen2_moe", dict(SMALL, moe_intermediate_size=32), {}),
     "qwen3_moe-small-f32": (
         "qwen3_moe", dict(SMALL, head_dim=8, moe_intermediate_size=32), {}),
+    "qwen3_next-small-f32": (
+        "qwen3_next", dict(SMALL, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
+                           moe_intermediate_size=16, shared_expert_intermediate_size=16), {}),
     "mixtral-small-f32": ("mixtral", dict(SMALL, intermediate_size=32), {}),
     "ministral3-small-f32-sliding": (
         "ministral3", dict(SMALL, head_dim=8, layer_types=["sliding_attention", "full_attention"],
@@ -358,6 +392,10 @@ def random_weights(config, rng):
     return out
 
 
+QWEN3_NEXT_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+                    ".q_norm.weight", ".k_norm.weight")
+
+
 def to_hf_names(config, weights, opts, rng):
     """Undo mlx-lm's sanitize so the files look like HF checkpoints."""
     mt = config["model_type"]
@@ -368,6 +406,19 @@ def to_hf_names(config, weights, opts, rng):
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
                 out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
+        elif mt == "qwen3_next":
+            # HF layout: per-expert weights, zero-centred norms, conv1d as [C, 1, K].
+            if ".mlp.switch_mlp." in k:
+                proj = k.split(".")[-2]
+                prefix = k.split(".mlp.switch_mlp.")[0]
+                for e in range(v.shape[0]):
+                    out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
+            elif k.endswith(QWEN3_NEXT_NORMS):
+                out[k] = v - np.float32(1.0)
+            elif k.endswith("conv1d.weight"):
+                out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))
+            else:
+                out[k] = v
         elif mt == "mixtral" and ".block_sparse_moe.switch_mlp." in k:
             proj = k.split(".")[-2]
             w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[proj]
@@ -376,6 +427,8 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight"] = v[e]
         else:
             out[k] = v
+    if mt == "qwen3_next":
+        out["mtp.fc.weight"] = rng.standard_normal((4, 4)).astype(np.float32)  # sanitize drops it
     if opts.get("hf_mxfp4"):
         out = gpt_oss_hf_experts(out)
     if opts.get("extras"):

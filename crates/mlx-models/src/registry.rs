@@ -27,6 +27,7 @@ const ARCHITECTURES: &[(&str, Builder)] = &[
     ("qwen2_moe", models::qwen2_moe::build),
     ("qwen3", models::qwen3::build),
     ("qwen3_moe", models::qwen3_moe::build),
+    ("qwen3_next", models::qwen3_next::build),
     ("seed_oss", models::seed_oss::build),
     ("smollm3", models::smollm3::build),
     ("starcoder2", models::starcoder2::build),

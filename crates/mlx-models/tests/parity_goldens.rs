@@ -60,6 +60,7 @@ golden_tests! {
     gemma3_text_bf16_logits_match_mlx_lm => "gemma3_text-small-bf16",
     qwen3_moe_logits_match_mlx_lm => "qwen3_moe-small-f32",
     qwen2_moe_shared_expert_logits_match_mlx_lm => "qwen2_moe-small-f32",
+    qwen3_next_gated_delta_hybrid_logits_match_mlx_lm => "qwen3_next-small-f32",
     mixtral_logits_match_mlx_lm => "mixtral-small-f32",
     gemma_logits_match_mlx_lm => "gemma-small-f32",
     cohere2_parallel_sliding_logits_match_mlx_lm => "cohere2-small-f32",

@@ -158,6 +158,7 @@ impl Engine {
             && model.cache_specs().iter().all(|s| match s {
                 CacheSpec::Standard => true,
                 CacheSpec::Rotating { keep, .. } => *keep == 0,
+                CacheSpec::Arrays { .. } => false,
             });
         let state = State {
             batched,

@@ -51,6 +51,7 @@ pub mod qwen2;
 pub mod qwen2_moe;
 pub mod qwen3;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 pub mod seed_oss;
 pub mod smollm3;
 pub mod starcoder2;
@@ -77,6 +78,13 @@ pub trait Architecture: LanguageModel + Module + IntoLanguageModel {
     /// gemma3's tied head).
     fn sanitize(&mut self, weights: Weights) -> crate::Result<Weights> {
         Ok(weights)
+    }
+
+    /// Keys mlx-lm's constructor draws besides those of its `Linear`, `Embedding` and
+    /// `SwitchLinear` layers (convolution weights, random initial parameters); see
+    /// [`crate::model::mlx_lm_init_key_draws`].
+    fn extra_init_key_draws(&self) -> usize {
+        0
     }
 
     /// Concatenates the weights of projections that read the same input (q/k/v, gate/up)
