@@ -80,6 +80,16 @@ struct Row {
 /// The cached keys oldest first (the last `size` positions).
 fn cache_keys(c: &dyn KvCache) -> Array {
     let s = c.state();
+    if c.arrays().is_some() {
+        // A recurrent state: every slot, flattened.
+        let flat: Vec<Array> = s
+            .iter()
+            .map(|a| a.reshape(&[-1]).expect("flatten"))
+            .collect();
+        return mlx_array::ops::concatenate(&flat.iter().collect::<Vec<_>>(), 0)
+            .and_then(|a| a.reshape(&[1, 1, -1, 1]))
+            .expect("state");
+    }
     let mut k = s[0].clone();
     if let Some(r) = c.as_any().downcast_ref::<RotatingKVCache>() {
         k = r.temporal_order(&k).expect("temporal order");
@@ -340,6 +350,8 @@ model_tests! {
         => "qwen3-small-bf16", true;
     batched_decode_equals_alone_qwen3_q8, prefilled_together_equals_alone_qwen3_q8
         => "qwen3-small-q8-g32", true;
+    batched_decode_equals_alone_qwen3_next, prefilled_together_equals_alone_qwen3_next
+        => "qwen3_next-small-f32", true;
     batched_decode_equals_alone_qwen3_moe, prefilled_together_equals_alone_qwen3_moe
         => "qwen3_moe-small-f32", true;
     batched_decode_equals_alone_gemma, prefilled_together_equals_alone_gemma
