@@ -116,6 +116,39 @@ ARCHS = {
         "norm_topk_prob": True,
         "full_attention_interval": 2,
     },
+    # Qwen3.5: the same layers with four linear-attention projections and mlx-lm's
+    # rope_parameters handling; the MoE twin nests its text model in `text_config`.
+    "qwen3_5": {
+        "model_type": "qwen3_5",
+        "num_hidden_layers": 4,
+        "head_dim": 16,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                            "mrope_section": [1, 1, 0], "mrope_interleaved": True},
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 2,
+    },
+    "qwen3_5_moe": {
+        "model_type": "qwen3_5_moe",
+        "num_hidden_layers": 4,
+        "head_dim": 16,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 2,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "shared_expert_intermediate_size": 32,
+        "moe_intermediate_size": 32,
+    },
     "glm4": {"model_type": "glm4", "head_dim": 16, "attention_bias": True, "partial_rotary_factor": 0.5,
              "rope_theta": 10000.0},
     "gpt_oss": {
@@ -268,6 +301,14 @@ VARIANTS = {
     # bfloat16 experts need quantized weights on the CPU (MLX's GatherMM is float32 only).
     "qwen3_next-bf16-q4": ("qwen3_next", {"moe_intermediate_size": 64}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
     "qwen3_next-q4": ("qwen3_next", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "qwen3_5-f32": ("qwen3_5", {}, {}),
+    "qwen3_5-f32-tied-bias-interval4": (
+        "qwen3_5", {"tie_word_embeddings": True, "attention_bias": True, "full_attention_interval": 4,
+                    "rope_parameters": None, "rope_theta": 50000.0, "partial_rotary_factor": 0.5}, {}),
+    "qwen3_5-bf16": ("qwen3_5", {}, {"dtype": "bfloat16"}),
+    "qwen3_5-q4": ("qwen3_5", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "qwen3_5_moe-f32": ("qwen3_5_moe", {}, {"text_config": True}),
+    "qwen3_5_moe-q4": ("qwen3_5_moe", {}, {"text_config": True, "quant": {"bits": 4, "group_size": 64}}),
     "glm4-f32": ("glm4", {}, {}),
     "glm4-f32-nobias-full-rotary-halves": (
         "glm4", {"attention_bias": False, "partial_rotary_factor": 1.0, "rope_traditional": False}, {}),
@@ -346,6 +387,11 @@ GOLDENS = {
     "qwen3_next-small-f32": (
         "qwen3_next", dict(SMALL, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
                            moe_intermediate_size=16, shared_expert_intermediate_size=16), {}),
+    "qwen3_5-small-f32": (
+        "qwen3_5", dict(SMALL, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8), {}),
+    "qwen3_5_moe-small-f32": (
+        "qwen3_5_moe", dict(SMALL, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
+                            moe_intermediate_size=16, shared_expert_intermediate_size=16), {"text_config": True}),
     "mixtral-small-f32": ("mixtral", dict(SMALL, intermediate_size=32), {}),
     "ministral3-small-f32-sliding": (
         "ministral3", dict(SMALL, head_dim=8, layer_types=["sliding_attention", "full_attention"],
@@ -419,6 +465,25 @@ def to_hf_names(config, weights, opts, rng):
                 out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))
             else:
                 out[k] = v
+        elif mt in ("qwen3_5", "qwen3_5_moe"):
+            # HF layout: the text model under model.language_model, the head at the top,
+            # zero-centred norms, conv1d as [C, 1, K], experts as fused gate_up_proj.
+            name = "lm_head.weight" if k == "language_model.lm_head.weight" else \
+                "model.language_model." + k.removeprefix("language_model.model.")
+            if k.endswith(QWEN3_NEXT_NORMS):
+                v = v - np.float32(1.0)
+            elif k.endswith("conv1d.weight"):
+                v = np.ascontiguousarray(np.moveaxis(v, 1, 2))
+            if ".mlp.switch_mlp." in name:
+                prefix = name.split(".switch_mlp.")[0]
+                proj = name.split(".")[-2]
+                if proj == "down_proj":
+                    out[f"{prefix}.experts.down_proj"] = v
+                elif proj == "gate_proj":
+                    up = weights[k.replace("gate_proj", "up_proj")]
+                    out[f"{prefix}.experts.gate_up_proj"] = np.concatenate([v, up], axis=-2)
+            else:
+                out[name] = v
         elif mt == "mixtral" and ".block_sparse_moe.switch_mlp." in k:
             proj = k.split(".")[-2]
             w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[proj]
@@ -427,8 +492,10 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight"] = v[e]
         else:
             out[k] = v
-    if mt == "qwen3_next":
+    if mt in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
         out["mtp.fc.weight"] = rng.standard_normal((4, 4)).astype(np.float32)  # sanitize drops it
+    if mt in ("qwen3_5", "qwen3_5_moe"):
+        out["model.visual.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)
     if opts.get("hf_mxfp4"):
         out = gpt_oss_hf_experts(out)
     if opts.get("extras"):
@@ -536,6 +603,10 @@ def write_dense(out, name, arch, overrides, opts):
         weights["multi_modal_projector.linear_1.weight"] = np.ones((4, 4), np.float32)
     if opts.get("hf_mxfp4"):
         config["quantization_config"] = {"quant_method": "mxfp4"}
+    if opts.get("text_config"):
+        text = dict(config, model_type=config["model_type"] + "_text")
+        config = {"model_type": config["model_type"], "text_config": text,
+                  "vision_config": {"hidden_size": 8}, "tie_word_embeddings": text["tie_word_embeddings"]}
     dest = out / name
     save_weights(dest, weights, opts.get("dtype", "float32"), opts.get("shards", 1))
     with open(dest / "config.json", "w") as f:

@@ -26,6 +26,8 @@ const ARCHITECTURES: &[(&str, Builder)] = &[
     ("qwen2", models::qwen2::build),
     ("qwen2_moe", models::qwen2_moe::build),
     ("qwen3", models::qwen3::build),
+    ("qwen3_5", models::qwen3_5::build),
+    ("qwen3_5_moe", models::qwen3_5::build_moe),
     ("qwen3_moe", models::qwen3_moe::build),
     ("qwen3_next", models::qwen3_next::build),
     ("seed_oss", models::seed_oss::build),

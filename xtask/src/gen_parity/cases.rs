@@ -33,6 +33,7 @@ pub const TINY: &[&str] = &[
     "exaone4-f32-hybrid",
     "seed_oss-f32-tied-bias",
     "cohere2-f32",
+    "qwen3_next-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];
@@ -42,6 +43,7 @@ const PROMPT_CACHE: &[&str] = &[
     "qwen3-f32-tied",
     "gemma3_text-f32-tied",
     "llama-f32-hd32",
+    "qwen3_next-f32",
 ];
 /// Top-k and min-p run on these (top-p on all).
 const ALL_SAMPLERS: &[&str] = &[
@@ -50,6 +52,7 @@ const ALL_SAMPLERS: &[&str] = &[
     "phi3-f32",
     "gemma3_text-f32-tied",
     "qwen3_moe-f32",
+    "qwen3_next-f32",
 ];
 /// Not float32: the cases pass --keep-quantized (ours dequantizes a quantized model to
 /// float32 on the CPU by default; a bf16 model keeps bf16 either way, which the

@@ -50,6 +50,7 @@ pub mod phi3;
 pub mod qwen2;
 pub mod qwen2_moe;
 pub mod qwen3;
+pub mod qwen3_5;
 pub mod qwen3_moe;
 pub mod qwen3_next;
 pub mod seed_oss;

@@ -160,12 +160,96 @@ impl Attention {
     }
 }
 
+/// The input projections of a gated delta-net: Qwen3-Next's two fused ones (q, k, v,
+/// z interleaved per key head; b, a likewise), or Qwen3.5's four.
+#[derive(Debug)]
+enum InProj {
+    Fused {
+        in_proj_qkvz: LinearLayer,
+        in_proj_ba: LinearLayer,
+    },
+    Split {
+        in_proj_qkv: LinearLayer,
+        in_proj_z: LinearLayer,
+        in_proj_b: LinearLayer,
+        in_proj_a: LinearLayer,
+    },
+}
+
+impl Module for InProj {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        for (name, l) in self.layers() {
+            l.visit_params(&mlx_nn::module::join(prefix, name), f);
+        }
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        for (name, l) in self.layers_mut() {
+            l.visit_params_mut(&mlx_nn::module::join(prefix, name), f);
+        }
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut mlx_nn::module::QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        for (name, l) in self.layers_mut() {
+            l.visit_quantizable_mut(&mlx_nn::module::join(prefix, name), f)?;
+        }
+        Ok(())
+    }
+}
+
+impl InProj {
+    fn layers(&self) -> Vec<(&'static str, &LinearLayer)> {
+        match self {
+            InProj::Fused {
+                in_proj_qkvz,
+                in_proj_ba,
+            } => {
+                vec![("in_proj_qkvz", in_proj_qkvz), ("in_proj_ba", in_proj_ba)]
+            }
+            InProj::Split {
+                in_proj_qkv,
+                in_proj_z,
+                in_proj_b,
+                in_proj_a,
+            } => vec![
+                ("in_proj_qkv", in_proj_qkv),
+                ("in_proj_z", in_proj_z),
+                ("in_proj_b", in_proj_b),
+                ("in_proj_a", in_proj_a),
+            ],
+        }
+    }
+
+    fn layers_mut(&mut self) -> Vec<(&'static str, &mut LinearLayer)> {
+        match self {
+            InProj::Fused {
+                in_proj_qkvz,
+                in_proj_ba,
+            } => {
+                vec![("in_proj_qkvz", in_proj_qkvz), ("in_proj_ba", in_proj_ba)]
+            }
+            InProj::Split {
+                in_proj_qkv,
+                in_proj_z,
+                in_proj_b,
+                in_proj_a,
+            } => vec![
+                ("in_proj_qkv", in_proj_qkv),
+                ("in_proj_z", in_proj_z),
+                ("in_proj_b", in_proj_b),
+                ("in_proj_a", in_proj_a),
+            ],
+        }
+    }
+}
+
 /// The gated delta-net (linear attention) block.
 #[derive(Debug)]
 struct GatedDeltaNet {
+    proj: InProj,
     conv1d: Conv1dWeight,
-    in_proj_qkvz: LinearLayer,
-    in_proj_ba: LinearLayer,
     dt_bias: Param,
     a_log: Param,
     norm: GatedRmsNorm,
@@ -177,9 +261,8 @@ struct GatedDeltaNet {
     kernel: i32,
 }
 impl_module!(GatedDeltaNet {
+    proj as "",
     conv1d,
-    in_proj_qkvz,
-    in_proj_ba,
     dt_bias,
     a_log as "A_log",
     norm,
@@ -194,7 +277,7 @@ struct Conv1dWeight {
 impl_module!(Conv1dWeight { weight });
 
 impl GatedDeltaNet {
-    fn new(a: &ModelArgs) -> crate::Result<GatedDeltaNet> {
+    fn new(a: &ModelArgs, split: bool) -> crate::Result<GatedDeltaNet> {
         let (nk, nv, dk, dv) = (
             a.linear_num_key_heads,
             a.linear_num_value_heads,
@@ -209,12 +292,25 @@ impl GatedDeltaNet {
         let (key_dim, value_dim) = (nk * dk, nv * dv);
         let conv_dim = key_dim * 2 + value_dim;
         let zeros = |s: &[i32]| ops::zeros(s, Dtype::Float32);
+        let d = a.hidden_size;
+        let proj = if split {
+            InProj::Split {
+                in_proj_qkv: LinearLayer::new(d, key_dim * 2 + value_dim, false)?,
+                in_proj_z: LinearLayer::new(d, value_dim, false)?,
+                in_proj_b: LinearLayer::new(d, nv, false)?,
+                in_proj_a: LinearLayer::new(d, nv, false)?,
+            }
+        } else {
+            InProj::Fused {
+                in_proj_qkvz: LinearLayer::new(d, key_dim * 2 + value_dim * 2, false)?,
+                in_proj_ba: LinearLayer::new(d, nv * 2, false)?,
+            }
+        };
         Ok(GatedDeltaNet {
+            proj,
             conv1d: Conv1dWeight {
                 weight: Param::new(zeros(&[conv_dim, a.linear_conv_kernel_dim, 1])?),
             },
-            in_proj_qkvz: LinearLayer::new(a.hidden_size, key_dim * 2 + value_dim * 2, false)?,
-            in_proj_ba: LinearLayer::new(a.hidden_size, nv * 2, false)?,
             dt_bias: Param::new(ops::ones(&[nv], Dtype::Float32)?),
             a_log: Param::new(zeros(&[nv])?),
             norm: GatedRmsNorm {
@@ -238,34 +334,52 @@ impl GatedDeltaNet {
     ) -> Result<Array> {
         let (b, s) = batch_len(inputs)?;
         let (nk, nv, dk, dv) = (self.nk, self.nv, self.dk, self.dv);
-        // fix_query_key_value_ordering
-        let qkvz = self
-            .in_proj_qkvz
-            .forward(inputs)?
-            .reshape(&[b, s, nk, -1])?;
-        let ba = self.in_proj_ba.forward(inputs)?.reshape(&[b, s, nk, -1])?;
-        let r = nv / nk;
-        let p = qkvz.split_at(&[dk, 2 * dk, 2 * dk + r * dv], -1)?;
-        let pb = ba.split_at(&[r], -1)?;
-        let (q, k) = (&p[0], &p[1]);
-        let v = p[2].reshape(&[b, s, -1, dv])?;
-        let z = p[3].reshape(&[b, s, -1, dv])?;
-        let bb = pb[0].reshape(&[b, s, nv])?;
-        let a = pb[1].reshape(&[b, s, nv])?;
+        let (mut mixed, z, bb, a) = match &self.proj {
+            InProj::Fused {
+                in_proj_qkvz,
+                in_proj_ba,
+            } => {
+                // fix_query_key_value_ordering
+                let qkvz = in_proj_qkvz.forward(inputs)?.reshape(&[b, s, nk, -1])?;
+                let ba = in_proj_ba.forward(inputs)?.reshape(&[b, s, nk, -1])?;
+                let r = nv / nk;
+                let p = qkvz.split_at(&[dk, 2 * dk, 2 * dk + r * dv], -1)?;
+                let pb = ba.split_at(&[r], -1)?;
+                let v = p[2].reshape(&[b, s, -1, dv])?;
+                let mixed = ops::concatenate(
+                    &[
+                        &p[0].reshape(&[b, s, -1])?,
+                        &p[1].reshape(&[b, s, -1])?,
+                        &v.reshape(&[b, s, -1])?,
+                    ],
+                    -1,
+                )?;
+                let z = p[3].reshape(&[b, s, -1, dv])?;
+                (
+                    mixed,
+                    z,
+                    pb[0].reshape(&[b, s, nv])?,
+                    pb[1].reshape(&[b, s, nv])?,
+                )
+            }
+            InProj::Split {
+                in_proj_qkv,
+                in_proj_z,
+                in_proj_b,
+                in_proj_a,
+            } => (
+                in_proj_qkv.forward(inputs)?,
+                in_proj_z.forward(inputs)?.reshape(&[b, s, nv, dv])?,
+                in_proj_b.forward(inputs)?,
+                in_proj_a.forward(inputs)?,
+            ),
+        };
 
         let conv_dim = self.conv1d.weight.dim(0)?;
         let conv_state = match cache.as_deref().and_then(|c| c.get(0)) {
             Some(c) => c.clone(),
             None => ops::zeros(&[b, self.kernel - 1, conv_dim], inputs.dtype())?,
         };
-        let mut mixed = ops::concatenate(
-            &[
-                &q.reshape(&[b, s, -1])?,
-                &k.reshape(&[b, s, -1])?,
-                &v.reshape(&[b, s, -1])?,
-            ],
-            -1,
-        )?;
         if let Some(m) = mask {
             let zero = Array::weak_scalar(Scalar::Int(0), mixed.dtype())?;
             mixed = ops::where_(&m.expand_dims(&[-1])?, &mixed, &zero)?;
@@ -467,9 +581,28 @@ pub struct Model {
 }
 impl_module!(Model { model, lm_head });
 
+/// How a checkpoint of the family lays its layers out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    /// Four linear-attention input projections (Qwen3.5) instead of two fused ones.
+    pub split_projections: bool,
+    /// Experts on every layer when `num_experts > 0` (Qwen3.5), instead of
+    /// `decoder_sparse_step` and `mlp_only_layers` choosing.
+    pub experts_everywhere: bool,
+}
+
 impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
+        let layout = Layout {
+            split_projections: false,
+            experts_everywhere: false,
+        };
+        Model::with_layout(args, layout)
+    }
+
+    /// The model with the layer layout of another file of the family.
+    pub(crate) fn with_layout(args: ModelArgs, layout: Layout) -> crate::Result<Model> {
         let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
         let interval = args.full_attention_interval;
         if interval <= 0 || interval > args.num_hidden_layers {
@@ -483,14 +616,21 @@ impl Model {
         let layers = (0..args.num_hidden_layers)
             .map(|i| {
                 let mixer = if (i + 1) % interval != 0 {
-                    Mixer::Linear(Box::new(GatedDeltaNet::new(&args)?))
+                    Mixer::Linear(Box::new(GatedDeltaNet::new(
+                        &args,
+                        layout.split_projections,
+                    )?))
                 } else {
                     Mixer::Full(Box::new(Attention::new(&args)?))
                 };
-                let sparse = !args.mlp_only_layers.contains(&i)
-                    && args.num_experts > 0
-                    && args.decoder_sparse_step > 0
-                    && (i + 1) % args.decoder_sparse_step == 0;
+                let sparse = if layout.experts_everywhere {
+                    args.num_experts > 0
+                } else {
+                    !args.mlp_only_layers.contains(&i)
+                        && args.num_experts > 0
+                        && args.decoder_sparse_step > 0
+                        && (i + 1) % args.decoder_sparse_step == 0
+                };
                 let mlp = if sparse {
                     FeedForward::Sparse(Box::new(SparseMoeBlock {
                         gate: LinearLayer::new(dim, args.num_experts, false)?,
@@ -604,6 +744,21 @@ impl LanguageModel for Model {
     decoder_accessors!();
 }
 
+impl Model {
+    /// Each gated delta-net draws two keys besides its linears: its `nn.Conv1d` weight
+    /// and the uniform `A` behind `A_log`.
+    pub(crate) fn tied(&self) -> bool {
+        self.args.tie_word_embeddings
+    }
+
+    pub(crate) fn delta_net_key_draws(&self) -> usize {
+        let linear = self.model.layers.iter();
+        2 * linear
+            .filter(|l| matches!(l.mixer, Mixer::Linear(_)))
+            .count()
+    }
+}
+
 fn wrong_cache(layer: usize) -> Error {
     Error::InvalidArgument(format!(
         "layer {layer} is a linear-attention layer and needs an ArraysCache (its recurrent \
@@ -615,10 +770,7 @@ impl Architecture for Model {
     /// Each gated delta-net draws two keys besides its linears: its `nn.Conv1d` weight
     /// and the uniform `A` behind `A_log`.
     fn extra_init_key_draws(&self) -> usize {
-        let linear = self.model.layers.iter();
-        2 * linear
-            .filter(|l| matches!(l.mixer, Mixer::Linear(_)))
-            .count()
+        self.delta_net_key_draws()
     }
 
     /// mlx-lm's sanitize: only for checkpoints with per-expert weights (HF layout):
