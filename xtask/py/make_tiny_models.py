@@ -149,6 +149,23 @@ ARCHS = {
         "shared_expert_intermediate_size": 32,
         "moe_intermediate_size": 32,
     },
+    # Short-convolution layers with attention on layers 1 and 3 (the feed-forward size
+    # auto-adjusted: int(2 * 128 / 3) rounded up to 64 -> 128).
+    "lfm2": {
+        "model_type": "lfm2",
+        "num_hidden_layers": 4,
+        "norm_eps": 1e-5,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "block_dim": 64,
+        "block_ff_dim": 128,
+        "block_multiple_of": 64,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": True,
+        "rope_theta": 1000000.0,
+        "full_attn_idxs": [1, 3],
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+    },
     "glm4": {"model_type": "glm4", "head_dim": 16, "attention_bias": True, "partial_rotary_factor": 0.5,
              "rope_theta": 10000.0},
     "gpt_oss": {
@@ -309,6 +326,14 @@ VARIANTS = {
     "qwen3_5-q4": ("qwen3_5", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "qwen3_5_moe-f32": ("qwen3_5_moe", {}, {"text_config": True}),
     "qwen3_5_moe-q4": ("qwen3_5_moe", {}, {"text_config": True, "quant": {"bits": 4, "group_size": 64}}),
+    "lfm2-f32": ("lfm2", {}, {}),
+    "lfm2-f32-bias-layer-types": (
+        "lfm2", {"conv_bias": True, "full_attn_idxs": None, "block_ff_dim": None, "intermediate_size": 96,
+                 "block_auto_adjust_ff_dim": False, "num_key_value_heads": None,
+                 "rope_parameters": {"rope_theta": 50000.0},
+                 "layer_types": ["full_attention", "conv", "conv", "full_attention"]}, {}),
+    "lfm2-bf16": ("lfm2", {}, {"dtype": "bfloat16"}),
+    "lfm2-q4": ("lfm2", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "glm4-f32": ("glm4", {}, {}),
     "glm4-f32-nobias-full-rotary-halves": (
         "glm4", {"attention_bias": False, "partial_rotary_factor": 1.0, "rope_traditional": False}, {}),
@@ -392,6 +417,7 @@ GOLDENS = {
     "qwen3_5_moe-small-f32": (
         "qwen3_5_moe", dict(SMALL, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
                             moe_intermediate_size=16, shared_expert_intermediate_size=16), {"text_config": True}),
+    "lfm2-small-f32": ("lfm2", dict(SMALL, block_dim=32, block_ff_dim=64, block_multiple_of=16), {}),
     "mixtral-small-f32": ("mixtral", dict(SMALL, intermediate_size=32), {}),
     "ministral3-small-f32-sliding": (
         "ministral3", dict(SMALL, head_dim=8, layer_types=["sliding_attention", "full_attention"],
@@ -484,6 +510,8 @@ def to_hf_names(config, weights, opts, rng):
                     out[f"{prefix}.experts.gate_up_proj"] = np.concatenate([v, up], axis=-2)
             else:
                 out[name] = v
+        elif mt == "lfm2" and k.endswith("conv.conv.weight"):
+            out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "mixtral" and ".block_sparse_moe.switch_mlp." in k:
             proj = k.split(".")[-2]
             w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[proj]

@@ -16,6 +16,7 @@ const ARCHITECTURES: &[(&str, Builder)] = &[
     ("glm4", models::glm4::build),
     ("gpt_oss", models::gpt_oss::build),
     ("granite", models::granite::build),
+    ("lfm2", models::lfm2::build),
     ("llama", models::llama::build),
     ("ministral3", models::ministral3::build),
     ("mistral3", models::mistral3::build),
