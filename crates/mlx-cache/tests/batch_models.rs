@@ -352,6 +352,12 @@ model_tests! {
         => "qwen3-small-q8-g32", true;
     batched_decode_equals_alone_qwen3_next, prefilled_together_equals_alone_qwen3_next
         => "qwen3_next-small-f32", true;
+    batched_decode_equals_alone_qwen3_5, prefilled_together_equals_alone_qwen3_5
+        => "qwen3_5-small-f32", true;
+    batched_decode_equals_alone_qwen3_5_moe, prefilled_together_equals_alone_qwen3_5_moe
+        => "qwen3_5_moe-small-f32", true;
+    batched_decode_equals_alone_lfm2, prefilled_together_equals_alone_lfm2
+        => "lfm2-small-f32", true;
     batched_decode_equals_alone_qwen3_moe, prefilled_together_equals_alone_qwen3_moe
         => "qwen3_moe-small-f32", true;
     batched_decode_equals_alone_gemma, prefilled_together_equals_alone_gemma

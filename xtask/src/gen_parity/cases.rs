@@ -34,6 +34,9 @@ pub const TINY: &[&str] = &[
     "seed_oss-f32-tied-bias",
     "cohere2-f32",
     "qwen3_next-f32",
+    "qwen3_5-f32",
+    "qwen3_5_moe-f32",
+    "lfm2-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];
@@ -44,6 +47,7 @@ const PROMPT_CACHE: &[&str] = &[
     "gemma3_text-f32-tied",
     "llama-f32-hd32",
     "qwen3_next-f32",
+    "lfm2-f32",
 ];
 /// Top-k and min-p run on these (top-p on all).
 const ALL_SAMPLERS: &[&str] = &[
