@@ -166,6 +166,21 @@ ARCHS = {
         "full_attn_idxs": [1, 3],
         "layer_types": ["conv", "full_attention", "conv", "full_attention"],
     },
+    # Every layer a Mamba-2 block (8 heads of 8 in 2 groups, state 16).
+    "mamba2": {
+        "model_type": "mamba2",
+        "num_heads": 8,
+        "head_dim": 8,
+        "state_size": 16,
+        "layer_norm_epsilon": 1e-5,
+        "conv_kernel": 4,
+        "n_groups": 2,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "tie_word_embeddings": False,
+        "time_step_limit": [0.001, 100.0],
+        "time_step_rank": "auto",
+    },
     "glm4": {"model_type": "glm4", "head_dim": 16, "attention_bias": True, "partial_rotary_factor": 0.5,
              "rope_theta": 10000.0},
     "gpt_oss": {
@@ -334,6 +349,12 @@ VARIANTS = {
                  "layer_types": ["full_attention", "conv", "conv", "full_attention"]}, {}),
     "lfm2-bf16": ("lfm2", {}, {"dtype": "bfloat16"}),
     "lfm2-q4": ("lfm2", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "mamba2-f32": ("mamba2", {}, {}),
+    "mamba2-f32-tied-bias-g1": (
+        "mamba2", {"tie_word_embeddings": True, "use_bias": True, "use_conv_bias": False, "n_groups": 1,
+                   "time_step_limit": [0.0, 10.0], "time_step_rank": 4}, {}),
+    "mamba2-bf16": ("mamba2", {}, {"dtype": "bfloat16"}),
+    "mamba2-q4": ("mamba2", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "glm4-f32": ("glm4", {}, {}),
     "glm4-f32-nobias-full-rotary-halves": (
         "glm4", {"attention_bias": False, "partial_rotary_factor": 1.0, "rope_traditional": False}, {}),
@@ -418,6 +439,7 @@ GOLDENS = {
         "qwen3_5_moe", dict(SMALL, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
                             moe_intermediate_size=16, shared_expert_intermediate_size=16), {"text_config": True}),
     "lfm2-small-f32": ("lfm2", dict(SMALL, block_dim=32, block_ff_dim=64, block_multiple_of=16), {}),
+    "mamba2-small-f32": ("mamba2", dict(SMALL, num_heads=4, head_dim=8, state_size=8), {}),
     "mixtral-small-f32": ("mixtral", dict(SMALL, intermediate_size=32), {}),
     "ministral3-small-f32-sliding": (
         "ministral3", dict(SMALL, head_dim=8, layer_types=["sliding_attention", "full_attention"],
@@ -510,6 +532,8 @@ def to_hf_names(config, weights, opts, rng):
                     out[f"{prefix}.experts.gate_up_proj"] = np.concatenate([v, up], axis=-2)
             else:
                 out[name] = v
+        elif mt == "mamba2" and k.endswith("conv1d.weight"):
+            out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "lfm2" and k.endswith("conv.conv.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "mixtral" and ".block_sparse_moe.switch_mlp." in k:

@@ -18,6 +18,7 @@ const ARCHITECTURES: &[(&str, Builder)] = &[
     ("granite", models::granite::build),
     ("lfm2", models::lfm2::build),
     ("llama", models::llama::build),
+    ("mamba2", models::mamba2::build),
     ("ministral3", models::ministral3::build),
     ("mistral3", models::mistral3::build),
     ("mixtral", models::mixtral::build),

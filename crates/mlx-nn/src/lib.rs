@@ -8,7 +8,8 @@
 //! - [`activations`] compiled like mlx.nn, [`attention::scaled_dot_product_attention`],
 //!   [`quantize::quantize_module`].
 //! - [`cache`]: the KV-cache contract models call (with [`ArraysState`] for recurrent
-//!   layers); [`gated_delta`]: the gated delta rule of linear-attention layers.
+//!   layers); [`gated_delta`]: the gated delta rule of linear-attention layers; [`ssm`]:
+//!   the SSD scan of Mamba-2 layers.
 #![warn(missing_docs)]
 
 pub mod activations;
@@ -26,6 +27,7 @@ pub mod norm;
 pub mod pipeline;
 pub mod quantize;
 pub mod rope;
+pub mod ssm;
 pub mod switch;
 
 pub use attention::scaled_dot_product_attention;

@@ -42,6 +42,7 @@ pub mod gpt_oss;
 pub mod granite;
 pub mod lfm2;
 pub mod llama;
+pub mod mamba2;
 pub mod ministral3;
 pub mod mistral3;
 pub mod mixtral;
