@@ -358,6 +358,8 @@ model_tests! {
         => "qwen3_5_moe-small-f32", true;
     batched_decode_equals_alone_lfm2, prefilled_together_equals_alone_lfm2
         => "lfm2-small-f32", true;
+    batched_decode_equals_alone_mamba2, prefilled_together_equals_alone_mamba2
+        => "mamba2-small-f32", true;
     batched_decode_equals_alone_qwen3_moe, prefilled_together_equals_alone_qwen3_moe
         => "qwen3_moe-small-f32", true;
     batched_decode_equals_alone_gemma, prefilled_together_equals_alone_gemma
