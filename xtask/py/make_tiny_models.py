@@ -181,6 +181,33 @@ ARCHS = {
         "time_step_limit": [0.001, 100.0],
         "time_step_rank": "auto",
     },
+    # Granite 4 hybrid: mamba layers around one attention layer, experts beside a
+    # shared MLP, Granite's multipliers.
+    "granitemoehybrid": {
+        "model_type": "granitemoehybrid",
+        "num_hidden_layers": 4,
+        "intermediate_size": 32,
+        "layer_types": ["mamba", "attention", "mamba", "mamba"],
+        "attention_bias": False,
+        "embedding_multiplier": 12.0,
+        "attention_multiplier": 0.0625,
+        "logits_scaling": 4.0,
+        "residual_multiplier": 0.22,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "shared_intermediate_size": 64,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 8,
+        "mamba_proj_bias": False,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_n_groups": 1,
+        "mamba_conv_bias": True,
+        "tie_word_embeddings": True,
+        "time_step_limit": [0.001, 100.0],
+        "rope_theta": 10000.0,
+        "position_embedding_type": "rope",
+    },
     "glm4": {"model_type": "glm4", "head_dim": 16, "attention_bias": True, "partial_rotary_factor": 0.5,
              "rope_theta": 10000.0},
     "gpt_oss": {
@@ -355,6 +382,13 @@ VARIANTS = {
                    "time_step_limit": [0.0, 10.0], "time_step_rank": 4}, {}),
     "mamba2-bf16": ("mamba2", {}, {"dtype": "bfloat16"}),
     "mamba2-q4": ("mamba2", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "granitemoehybrid-f32": ("granitemoehybrid", {}, {}),
+    "granitemoehybrid-f32-dense-nope": (
+        "granitemoehybrid", {"num_local_experts": 0, "intermediate_size": 96, "position_embedding_type": "nope",
+                             "tie_word_embeddings": False, "attention_bias": True, "mamba_n_groups": 2,
+                             "mamba_proj_bias": True, "layer_types": ["attention", "mamba", "mamba", "attention"],
+                             "rope_parameters": {"rope_theta": 5000.0}}, {}),
+    "granitemoehybrid-q4": ("granitemoehybrid", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "glm4-f32": ("glm4", {}, {}),
     "glm4-f32-nobias-full-rotary-halves": (
         "glm4", {"attention_bias": False, "partial_rotary_factor": 1.0, "rope_traditional": False}, {}),
@@ -440,6 +474,9 @@ GOLDENS = {
                             moe_intermediate_size=16, shared_expert_intermediate_size=16), {"text_config": True}),
     "lfm2-small-f32": ("lfm2", dict(SMALL, block_dim=32, block_ff_dim=64, block_multiple_of=16), {}),
     "mamba2-small-f32": ("mamba2", dict(SMALL, num_heads=4, head_dim=8, state_size=8), {}),
+    "granitemoehybrid-small-f32": (
+        "granitemoehybrid", dict(SMALL, intermediate_size=16, shared_intermediate_size=32, mamba_n_heads=4,
+                                 mamba_d_state=8), {}),
     "mixtral-small-f32": ("mixtral", dict(SMALL, intermediate_size=32), {}),
     "ministral3-small-f32-sliding": (
         "ministral3", dict(SMALL, head_dim=8, layer_types=["sliding_attention", "full_attention"],
@@ -532,7 +569,23 @@ def to_hf_names(config, weights, opts, rng):
                     out[f"{prefix}.experts.gate_up_proj"] = np.concatenate([v, up], axis=-2)
             else:
                 out[name] = v
-        elif mt == "mamba2" and k.endswith("conv1d.weight"):
+        elif mt == "granitemoehybrid" and ".block_sparse_moe.switch_mlp." in k:
+            prefix = k.split(".switch_mlp.")[0]
+            proj = k.split(".")[-2]
+            if proj == "down_proj":
+                out[f"{prefix}.output_linear.weight"] = v
+            elif proj == "gate_proj":
+                up = weights[k.replace("gate_proj", "up_proj")]
+                out[f"{prefix}.input_linear.weight"] = np.concatenate([v, up], axis=1)
+        elif mt == "granitemoehybrid" and ".mlp." in k and not config.get("num_local_experts"):
+            prefix = k.split(".mlp.")[0] + ".shared_mlp"
+            proj = k.split(".")[-2]
+            if proj == "down_proj":
+                out[f"{prefix}.output_linear.weight"] = v
+            elif proj == "gate_proj":
+                up = weights[k.replace("gate_proj", "up_proj")]
+                out[f"{prefix}.input_linear.weight"] = np.concatenate([v, up], axis=0)
+        elif mt in ("mamba2", "granitemoehybrid") and k.endswith("conv1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "lfm2" and k.endswith("conv.conv.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
@@ -544,6 +597,8 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight"] = v[e]
         else:
             out[k] = v
+    if mt == "granitemoehybrid" and config.get("tie_word_embeddings", True):
+        out["lm_head.weight"] = out["model.embed_tokens.weight"].copy()  # sanitize drops it
     if mt in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
         out["mtp.fc.weight"] = rng.standard_normal((4, 4)).astype(np.float32)  # sanitize drops it
     if mt in ("qwen3_5", "qwen3_5_moe"):

@@ -16,6 +16,7 @@ const ARCHITECTURES: &[(&str, Builder)] = &[
     ("glm4", models::glm4::build),
     ("gpt_oss", models::gpt_oss::build),
     ("granite", models::granite::build),
+    ("granitemoehybrid", models::granitemoehybrid::build),
     ("lfm2", models::lfm2::build),
     ("llama", models::llama::build),
     ("mamba2", models::mamba2::build),

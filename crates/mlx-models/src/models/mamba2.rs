@@ -65,9 +65,28 @@ struct Conv {
 }
 impl_module!(Conv { weight, bias });
 
+/// The sizes and options of a [`Mamba2Block`] (every Mamba-2-style mixer of mlx-lm:
+/// mamba2, granitemoehybrid, ...).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MixerDims {
+    pub hidden_size: i32,
+    pub num_heads: i32,
+    pub head_dim: i32,
+    pub n_groups: i32,
+    pub state_size: i32,
+    pub conv_kernel: i32,
+    pub conv_bias: bool,
+    pub proj_bias: bool,
+    /// The gated norm's eps.
+    pub norm_eps: f64,
+    pub time_step_limit: (f64, f64),
+    /// Casts `D` to the activations' dtype before the scan (granitemoehybrid).
+    pub cast_d: bool,
+}
+
 /// The Mamba-2 mixer.
 #[derive(Debug)]
-struct Mamba2Block {
+pub(crate) struct Mamba2Block {
     conv1d: Conv,
     in_proj: LinearLayer,
     dt_bias: Param,
@@ -81,6 +100,7 @@ struct Mamba2Block {
     state_size: i32,
     kernel: i32,
     limit: (f64, f64),
+    cast_d: bool,
 }
 impl_module!(Mamba2Block {
     conv1d,
@@ -92,42 +112,64 @@ impl_module!(Mamba2Block {
     out_proj
 });
 
+impl ModelArgs {
+    fn mixer_dims(&self) -> MixerDims {
+        MixerDims {
+            hidden_size: self.hidden_size,
+            num_heads: self.num_heads,
+            head_dim: self.head_dim,
+            n_groups: self.n_groups,
+            state_size: self.ssm_state_size.unwrap_or(self.state_size),
+            conv_kernel: self.conv_kernel,
+            conv_bias: self.use_conv_bias,
+            proj_bias: self.use_bias,
+            norm_eps: self.layer_norm_epsilon,
+            time_step_limit: self.time_step_limit,
+            cast_d: false,
+        }
+    }
+}
+
 impl Mamba2Block {
-    fn new(a: &ModelArgs) -> crate::Result<Mamba2Block> {
-        let state = a.ssm_state_size.unwrap_or(a.state_size);
+    pub(crate) fn new(a: &MixerDims, model: &str) -> crate::Result<Mamba2Block> {
+        let state = a.state_size;
         let inner = a.num_heads * a.head_dim;
         let conv_dim = inner + 2 * a.n_groups * state;
         if a.n_groups <= 0 || a.num_heads % a.n_groups != 0 {
-            return Err(config_error(format!(
-                "n_groups ({}) must divide num_heads ({})",
-                a.n_groups, a.num_heads
-            )));
+            return Err(crate::Error::Config {
+                path: format!("config.json ({model})"),
+                message: format!(
+                    "the mamba groups ({}) must divide the mamba heads ({})",
+                    a.n_groups, a.num_heads
+                ),
+            });
         }
         let f32z = |s: &[i32]| ops::zeros(s, Dtype::Float32);
         Ok(Mamba2Block {
             conv1d: Conv {
                 weight: Param::new(f32z(&[conv_dim, a.conv_kernel, 1])?),
-                bias: if a.use_conv_bias {
+                bias: if a.conv_bias {
                     Some(Param::new(f32z(&[conv_dim])?))
                 } else {
                     None
                 },
             },
-            in_proj: LinearLayer::new(a.hidden_size, inner + conv_dim + a.num_heads, a.use_bias)?,
+            in_proj: LinearLayer::new(a.hidden_size, inner + conv_dim + a.num_heads, a.proj_bias)?,
             dt_bias: Param::new(ops::ones(&[a.num_heads], Dtype::Float32)?),
             a_log: Param::new(f32z(&[a.num_heads])?),
             d: Param::new(ops::ones(&[a.num_heads], Dtype::Float32)?),
             norm: GatedNorm {
                 weight: Param::new(ops::ones(&[inner], Dtype::Float32)?),
-                eps: a.layer_norm_epsilon as f32,
+                eps: a.norm_eps as f32,
             },
-            out_proj: LinearLayer::new(inner, a.hidden_size, a.use_bias)?,
+            out_proj: LinearLayer::new(inner, a.hidden_size, a.proj_bias)?,
             num_heads: a.num_heads,
             head_dim: a.head_dim,
             n_groups: a.n_groups,
             state_size: state,
             kernel: a.conv_kernel,
             limit: a.time_step_limit,
+            cast_d: a.cast_d,
         })
     }
 
@@ -176,7 +218,7 @@ impl Mamba2Block {
         silu(&out)
     }
 
-    fn forward(
+    pub(crate) fn forward(
         &self,
         x: &Array,
         mask: Option<&Array>,
@@ -200,9 +242,14 @@ impl Mamba2Block {
             Some(c) => (c.get(1).cloned(), c.lengths.clone()),
             None => (None, None),
         };
+        let d = if self.cast_d {
+            self.d.astype(hs.dtype())?
+        } else {
+            self.d.value().clone()
+        };
         let params = SsmParams {
             a_log: &self.a_log,
-            d: &self.d,
+            d: &d,
             dt_bias: &self.dt_bias,
             time_step_limit: self.limit,
         };
@@ -274,7 +321,7 @@ impl Model {
         let layers = (0..args.num_hidden_layers)
             .map(|_| {
                 Ok(ResidualBlock {
-                    mixer: Mamba2Block::new(&args)?,
+                    mixer: Mamba2Block::new(&args.mixer_dims(), "mamba2")?,
                     // mlx-lm builds this norm with RMSNorm's default eps.
                     norm: RmsNorm::new(args.hidden_size, 1e-5)?,
                 })

@@ -40,6 +40,7 @@ pub mod gemma3_text;
 pub mod glm4;
 pub mod gpt_oss;
 pub mod granite;
+pub mod granitemoehybrid;
 pub mod lfm2;
 pub mod llama;
 pub mod mamba2;
