@@ -166,11 +166,13 @@ ARCHS = {
         "full_attn_idxs": [1, 3],
         "layer_types": ["conv", "full_attention", "conv", "full_attention"],
     },
-    # Every layer a Mamba-2 block (8 heads of 8 in 2 groups, state 16).
+    # Every layer a Mamba-2 block (16 heads of 8 in 2 groups, state 16; transformers'
+    # config check wants num_heads * head_dim = expand * hidden_size).
     "mamba2": {
         "model_type": "mamba2",
-        "num_heads": 8,
+        "num_heads": 16,
         "head_dim": 8,
+        "expand": 2,
         "state_size": 16,
         "layer_norm_epsilon": 1e-5,
         "conv_kernel": 4,
@@ -207,6 +209,23 @@ ARCHS = {
         "time_step_limit": [0.001, 100.0],
         "rope_theta": 10000.0,
         "position_embedding_type": "rope",
+    },
+    # Nemotron-H: mamba mixers, attention without RoPE and squared-ReLU MLP blocks
+    # (the pattern as HF writes it, a string); time_step_limit left to its (0, inf).
+    "nemotron_h": {
+        "model_type": "nemotron_h",
+        "attention_bias": False,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 8,
+        "mamba_proj_bias": False,
+        "ssm_state_size": 16,
+        "conv_kernel": 4,
+        "n_groups": 2,
+        "mlp_bias": False,
+        "layer_norm_epsilon": 1e-5,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "hybrid_override_pattern": "M-*M-",
     },
     "glm4": {"model_type": "glm4", "head_dim": 16, "attention_bias": True, "partial_rotary_factor": 0.5,
              "rope_theta": 10000.0},
@@ -389,6 +408,13 @@ VARIANTS = {
                              "mamba_proj_bias": True, "layer_types": ["attention", "mamba", "mamba", "attention"],
                              "rope_parameters": {"rope_theta": 5000.0}}, {}),
     "granitemoehybrid-q4": ("granitemoehybrid", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "nemotron_h-f32": ("nemotron_h", {}, {}),
+    "nemotron_h-f32-block-types-bias": (
+        "nemotron_h", {"hybrid_override_pattern": None, "attention_bias": True, "mlp_bias": True,
+                       "mamba_proj_bias": True, "use_conv_bias": False, "n_groups": 1, "head_dim": 8,
+                       "time_step_limit": [0.001, 50.0],
+                       "layers_block_type": ["attention", "mamba", "mlp", "mamba"]}, {}),
+    "nemotron_h-q4": ("nemotron_h", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "glm4-f32": ("glm4", {}, {}),
     "glm4-f32-nobias-full-rotary-halves": (
         "glm4", {"attention_bias": False, "partial_rotary_factor": 1.0, "rope_traditional": False}, {}),
@@ -473,10 +499,11 @@ GOLDENS = {
         "qwen3_5_moe", dict(SMALL, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
                             moe_intermediate_size=16, shared_expert_intermediate_size=16), {"text_config": True}),
     "lfm2-small-f32": ("lfm2", dict(SMALL, block_dim=32, block_ff_dim=64, block_multiple_of=16), {}),
-    "mamba2-small-f32": ("mamba2", dict(SMALL, num_heads=4, head_dim=8, state_size=8), {}),
+    "mamba2-small-f32": ("mamba2", dict(SMALL, num_heads=8, head_dim=8, state_size=8), {}),
     "granitemoehybrid-small-f32": (
         "granitemoehybrid", dict(SMALL, intermediate_size=16, shared_intermediate_size=32, mamba_n_heads=4,
                                  mamba_d_state=8), {}),
+    "nemotron_h-small-f32": ("nemotron_h", dict(SMALL, mamba_num_heads=4, ssm_state_size=8), {}),
     "mixtral-small-f32": ("mixtral", dict(SMALL, intermediate_size=32), {}),
     "ministral3-small-f32-sliding": (
         "ministral3", dict(SMALL, head_dim=8, layer_types=["sliding_attention", "full_attention"],
@@ -585,7 +612,7 @@ def to_hf_names(config, weights, opts, rng):
             elif proj == "gate_proj":
                 up = weights[k.replace("gate_proj", "up_proj")]
                 out[f"{prefix}.input_linear.weight"] = np.concatenate([v, up], axis=0)
-        elif mt in ("mamba2", "granitemoehybrid") and k.endswith("conv1d.weight"):
+        elif mt in ("mamba2", "granitemoehybrid", "nemotron_h") and k.endswith("conv1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "lfm2" and k.endswith("conv.conv.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
@@ -599,7 +626,7 @@ def to_hf_names(config, weights, opts, rng):
             out[k] = v
     if mt == "granitemoehybrid" and config.get("tie_word_embeddings", True):
         out["lm_head.weight"] = out["model.embed_tokens.weight"].copy()  # sanitize drops it
-    if mt in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+    if mt in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h"):
         out["mtp.fc.weight"] = rng.standard_normal((4, 4)).astype(np.float32)  # sanitize drops it
     if mt in ("qwen3_5", "qwen3_5_moe"):
         out["model.visual.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)

@@ -23,6 +23,7 @@ const ARCHITECTURES: &[(&str, Builder)] = &[
     ("ministral3", models::ministral3::build),
     ("mistral3", models::mistral3::build),
     ("mixtral", models::mixtral::build),
+    ("nemotron_h", models::nemotron_h::build),
     ("olmo2", models::olmo2::build),
     ("olmo3", models::olmo3::build),
     ("phi3", models::phi3::build),

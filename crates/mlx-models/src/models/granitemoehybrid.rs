@@ -114,6 +114,8 @@ impl ModelArgs {
             norm_eps: self.rms_norm_eps,
             time_step_limit: self.time_step_limit,
             cast_d: true,
+            norm_group_size: None,
+            scan_lengths: true,
         })
     }
 }

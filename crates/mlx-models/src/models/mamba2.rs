@@ -49,11 +49,13 @@ fn config_error(message: String) -> crate::Error {
     }
 }
 
-/// `MambaRMSNormGated`: `rms_norm(silu(gate) * x)`.
+/// `MambaRMSNormGated`: `rms_norm(silu(gate) * x)`, over groups of channels where
+/// `group_size` is set.
 #[derive(Debug)]
 struct GatedNorm {
     weight: Param,
     eps: f32,
+    group_size: Option<i32>,
 }
 impl_module!(GatedNorm { weight });
 
@@ -82,6 +84,11 @@ pub(crate) struct MixerDims {
     pub time_step_limit: (f64, f64),
     /// Casts `D` to the activations' dtype before the scan (granitemoehybrid).
     pub cast_d: bool,
+    /// The gated norm normalizes groups of this many channels (nemotron_h) instead of
+    /// all of them.
+    pub norm_group_size: Option<i32>,
+    /// Hands a batch's remaining lengths to the scan (nemotron_h does not).
+    pub scan_lengths: bool,
 }
 
 /// The Mamba-2 mixer.
@@ -101,6 +108,7 @@ pub(crate) struct Mamba2Block {
     kernel: i32,
     limit: (f64, f64),
     cast_d: bool,
+    scan_lengths: bool,
 }
 impl_module!(Mamba2Block {
     conv1d,
@@ -126,6 +134,8 @@ impl ModelArgs {
             norm_eps: self.layer_norm_epsilon,
             time_step_limit: self.time_step_limit,
             cast_d: false,
+            norm_group_size: None,
+            scan_lengths: true,
         }
     }
 }
@@ -161,6 +171,7 @@ impl Mamba2Block {
             norm: GatedNorm {
                 weight: Param::new(ops::ones(&[inner], Dtype::Float32)?),
                 eps: a.norm_eps as f32,
+                group_size: a.norm_group_size,
             },
             out_proj: LinearLayer::new(inner, a.hidden_size, a.proj_bias)?,
             num_heads: a.num_heads,
@@ -170,6 +181,7 @@ impl Mamba2Block {
             kernel: a.conv_kernel,
             limit: a.time_step_limit,
             cast_d: a.cast_d,
+            scan_lengths: a.scan_lengths,
         })
     }
 
@@ -239,7 +251,10 @@ impl Mamba2Block {
         let bb = parts[1].reshape(&[b, l, self.n_groups, self.state_size])?;
         let cc = parts[2].reshape(&[b, l, self.n_groups, self.state_size])?;
         let (state, lengths) = match cache.as_deref() {
-            Some(c) => (c.get(1).cloned(), c.lengths.clone()),
+            Some(c) => (
+                c.get(1).cloned(),
+                c.lengths.clone().filter(|_| self.scan_lengths),
+            ),
             None => (None, None),
         };
         let d = if self.cast_d {
@@ -269,9 +284,15 @@ impl Mamba2Block {
             }
             c.advance(l)?;
         }
-        let y = y.reshape(&[b, l, inner])?;
-        let y =
-            mlx_array::fast::rms_norm(&swiglu(gate, &y)?, Some(&self.norm.weight), self.norm.eps)?;
+        let y = swiglu(gate, &y.reshape(&[b, l, inner])?)?;
+        let y = match self.norm.group_size {
+            None => mlx_array::fast::rms_norm(&y, Some(&self.norm.weight), self.norm.eps)?,
+            Some(g) => {
+                let y =
+                    mlx_array::fast::rms_norm(&y.unflatten(-1, &[-1, g])?, None, self.norm.eps)?;
+                self.norm.weight.multiply(&y.flatten(-2, -1)?)?
+            }
+        };
         self.out_proj.forward(&y)
     }
 }

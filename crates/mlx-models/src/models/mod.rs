@@ -47,6 +47,7 @@ pub mod mamba2;
 pub mod ministral3;
 pub mod mistral3;
 pub mod mixtral;
+pub mod nemotron_h;
 pub mod olmo2;
 pub mod olmo3;
 pub mod phi3;
