@@ -332,6 +332,16 @@ fn prefilled_together_matches_alone_granitemoehybrid_chunked_scan() {
     check_model("granitemoehybrid-small-f32", false, true);
 }
 
+#[test]
+fn batched_decode_equals_alone_nemotron_h() {
+    check_model("nemotron_h-small-f32", true, false);
+}
+
+// No right-padded prefill test for nemotron_h: mlx-lm's mixer gives the scan no lengths,
+// so the state carried out of a chunk is read at the padded last position, and a row
+// shorter than the chunk loses that chunk's tokens from it (in mlx-lm as here); the
+// server does not form batches of hybrid models yet.
+
 macro_rules! model_tests {
     ($($test:ident, $together:ident => $dir:literal, $exact:literal;)*) => {$(
         #[test]

@@ -38,6 +38,8 @@ pub const TINY: &[&str] = &[
     "qwen3_5_moe-f32",
     "lfm2-f32",
     "mamba2-f32",
+    "granitemoehybrid-f32",
+    "nemotron_h-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];
