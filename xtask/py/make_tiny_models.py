@@ -184,7 +184,8 @@ ARCHS = {
         "time_step_rank": "auto",
     },
     # Granite 4 hybrid: mamba layers around one attention layer, experts beside a
-    # shared MLP, Granite's multipliers.
+    # shared MLP, Granite's multipliers (transformers' config check wants
+    # mamba_n_heads * mamba_d_head = mamba_expand * hidden_size).
     "granitemoehybrid": {
         "model_type": "granitemoehybrid",
         "num_hidden_layers": 4,
@@ -198,8 +199,9 @@ ARCHS = {
         "num_local_experts": 4,
         "num_experts_per_tok": 2,
         "shared_intermediate_size": 64,
-        "mamba_n_heads": 8,
+        "mamba_n_heads": 16,
         "mamba_d_head": 8,
+        "mamba_expand": 2,
         "mamba_proj_bias": False,
         "mamba_d_state": 16,
         "mamba_d_conv": 4,
@@ -501,7 +503,7 @@ GOLDENS = {
     "lfm2-small-f32": ("lfm2", dict(SMALL, block_dim=32, block_ff_dim=64, block_multiple_of=16), {}),
     "mamba2-small-f32": ("mamba2", dict(SMALL, num_heads=8, head_dim=8, state_size=8), {}),
     "granitemoehybrid-small-f32": (
-        "granitemoehybrid", dict(SMALL, intermediate_size=16, shared_intermediate_size=32, mamba_n_heads=4,
+        "granitemoehybrid", dict(SMALL, intermediate_size=16, shared_intermediate_size=32, mamba_n_heads=8,
                                  mamba_d_state=8), {}),
     "nemotron_h-small-f32": ("nemotron_h", dict(SMALL, mamba_num_heads=4, ssm_state_size=8), {}),
     "mixtral-small-f32": ("mixtral", dict(SMALL, intermediate_size=32), {}),

@@ -3,15 +3,16 @@
 //! Granite's embedding / attention / residual / logits multipliers, and either routed
 //! experts beside a shared MLP or a dense MLP.
 use super::mamba2::{Mamba2Block, MixerDims};
+use super::recurrent::recurrent_state;
 use super::{batch_len, layer_caches, rope_cache, top_k_indices, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
-use mlx_array::{Array, Error, Result};
+use mlx_array::{Array, Result};
 use mlx_nn::activations::swiglu;
 use mlx_nn::cache::{create_attention_mask, KvFetch};
 use mlx_nn::{
     impl_module, initialize_rope, scaled_dot_product_attention, AttnMask, EmbeddingLayer, KvCache,
-    LinearLayer, Module, Param, RmsNorm, Rope, SwitchGlu,
+    LinearLayer, Module, RmsNorm, Rope, SwitchGlu,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -269,98 +270,34 @@ enum Mixer {
     Attention(Box<Attention>),
 }
 
+/// Routed experts beside the shared MLP.
+#[derive(Debug)]
+struct MoeFf {
+    shared_mlp: SharedMlp,
+    block_sparse_moe: Moe,
+}
+impl_module!(MoeFf {
+    shared_mlp,
+    block_sparse_moe
+});
+
 /// A layer's feed-forward part.
 #[derive(Debug)]
 enum FeedForward {
-    Moe {
-        shared_mlp: Box<SharedMlp>,
-        block_sparse_moe: Box<Moe>,
-    },
+    Moe(Box<MoeFf>),
     Dense(Box<Mlp>),
 }
 
-impl Module for Mixer {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        match self {
-            Mixer::Mamba(m) => m.visit_params(&mlx_nn::module::join(prefix, "mamba"), f),
-            Mixer::Attention(m) => m.visit_params(&mlx_nn::module::join(prefix, "self_attn"), f),
-        }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        match self {
-            Mixer::Mamba(m) => m.visit_params_mut(&mlx_nn::module::join(prefix, "mamba"), f),
-            Mixer::Attention(m) => {
-                m.visit_params_mut(&mlx_nn::module::join(prefix, "self_attn"), f)
-            }
-        }
-    }
-    fn visit_quantizable_mut(
-        &mut self,
-        prefix: &str,
-        f: &mut mlx_nn::module::QuantVisitor<'_>,
-    ) -> mlx_nn::Result<()> {
-        match self {
-            Mixer::Mamba(m) => m.visit_quantizable_mut(&mlx_nn::module::join(prefix, "mamba"), f),
-            Mixer::Attention(m) => {
-                m.visit_quantizable_mut(&mlx_nn::module::join(prefix, "self_attn"), f)
-            }
-        }
-    }
-}
-
-impl Module for FeedForward {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        let j = |n| mlx_nn::module::join(prefix, n);
-        match self {
-            FeedForward::Moe {
-                shared_mlp,
-                block_sparse_moe,
-            } => {
-                shared_mlp.visit_params(&j("shared_mlp"), f);
-                block_sparse_moe.visit_params(&j("block_sparse_moe"), f);
-            }
-            FeedForward::Dense(m) => m.visit_params(&j("mlp"), f),
-        }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        let j = |n| mlx_nn::module::join(prefix, n);
-        match self {
-            FeedForward::Moe {
-                shared_mlp,
-                block_sparse_moe,
-            } => {
-                shared_mlp.visit_params_mut(&j("shared_mlp"), f);
-                block_sparse_moe.visit_params_mut(&j("block_sparse_moe"), f);
-            }
-            FeedForward::Dense(m) => m.visit_params_mut(&j("mlp"), f),
-        }
-    }
-    fn visit_quantizable_mut(
-        &mut self,
-        prefix: &str,
-        f: &mut mlx_nn::module::QuantVisitor<'_>,
-    ) -> mlx_nn::Result<()> {
-        let j = |n| mlx_nn::module::join(prefix, n);
-        match self {
-            FeedForward::Moe {
-                shared_mlp,
-                block_sparse_moe,
-            } => {
-                shared_mlp.visit_quantizable_mut(&j("shared_mlp"), f)?;
-                block_sparse_moe.visit_quantizable_mut(&j("block_sparse_moe"), f)
-            }
-            FeedForward::Dense(m) => m.visit_quantizable_mut(&j("mlp"), f),
-        }
-    }
-}
+enum_module!(Mixer { Mamba => "mamba", Attention => "self_attn" });
+enum_module!(FeedForward { Moe => "", Dense => "mlp" });
 
 impl FeedForward {
     fn forward(&self, x: &Array) -> Result<Array> {
         match self {
-            FeedForward::Moe {
-                shared_mlp,
-                block_sparse_moe,
-            } => block_sparse_moe.forward(x)?.add(&shared_mlp.forward(x)?),
+            FeedForward::Moe(m) => m
+                .block_sparse_moe
+                .forward(x)?
+                .add(&m.shared_mlp.forward(x)?),
             FeedForward::Dense(m) => m
                 .down_proj
                 .forward(&swiglu(&m.gate_proj.forward(x)?, &m.up_proj.forward(x)?)?),
@@ -440,12 +377,12 @@ impl Model {
                     let top_k = args.num_experts_per_tok.ok_or_else(|| {
                         config_error("key `num_experts_per_tok` is needed with experts".into())
                     })?;
-                    FeedForward::Moe {
-                        shared_mlp: Box::new(SharedMlp {
+                    FeedForward::Moe(Box::new(MoeFf {
+                        shared_mlp: SharedMlp {
                             input_linear: LinearLayer::new(dim, shared * 2, false)?,
                             output_linear: LinearLayer::new(shared, dim, false)?,
-                        }),
-                        block_sparse_moe: Box::new(Moe {
+                        },
+                        block_sparse_moe: Moe {
                             switch_mlp: SwitchGlu::new(
                                 dim,
                                 args.intermediate_size,
@@ -456,8 +393,8 @@ impl Model {
                                 layer: LinearLayer::new(dim, experts, false)?,
                                 top_k,
                             },
-                        }),
-                    }
+                        },
+                    }))
                 } else {
                     let (h, bias) = (args.intermediate_size, args.mlp_bias);
                     FeedForward::Dense(Box::new(Mlp {
@@ -534,15 +471,7 @@ impl LanguageModel for Model {
             let x = layer.input_layernorm.forward(&h)?;
             let r = match &layer.mixer {
                 Mixer::Mamba(mx) => {
-                    let state = match cache {
-                        Some(c) => Some(c.arrays_mut().ok_or_else(|| {
-                            Error::InvalidArgument(format!(
-                                "layer {i} is a mamba layer and needs an ArraysCache, not a \
-                                 key/value cache"
-                            ))
-                        })?),
-                        None => None,
-                    };
+                    let state = recurrent_state(cache, i, "mamba")?;
                     mx.forward(&x, ssm_mask.as_ref(), state)?
                 }
                 Mixer::Attention(at) => at.forward(&x, &attn_mask, cache)?,

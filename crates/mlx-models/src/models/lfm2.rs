@@ -1,15 +1,16 @@
 //! LFM2, following `mlx_lm/models/lfm2.py`: gated short-convolution layers (their
 //! convolution window in an [`ArraysState`] of one slot) mixed with attention layers
 //! (per-head q/k norms), SwiGLU feed-forward, the embedding as head.
+use super::recurrent::{conv_window_or_zeros, keep_conv_window, mask_positions, recurrent_state};
 use super::{batch_len, layer_caches, rope_cache, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
-use mlx_array::{ops, Array, Dtype, Error, Result, Scalar};
+use mlx_array::{ops, Array, Dtype, Result};
 use mlx_nn::activations::swiglu;
 use mlx_nn::cache::{create_attention_mask, ArraysState};
 use mlx_nn::{
     impl_module, scaled_dot_product_attention, AttnMask, EmbeddingLayer, KvCache, LinearLayer,
-    Module, Param, RmsNorm, Rope,
+    Param, RmsNorm, Rope,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -220,35 +221,15 @@ impl ShortConv {
     ) -> Result<Array> {
         let parts = self.in_proj.forward(x)?.split_sections(3, -1)?;
         let (bg, c, xx) = (&parts[0], &parts[1], &parts[2]);
-        let mut bx = bg.multiply(xx)?;
-        if let Some(m) = mask {
-            let zero = Array::weak_scalar(Scalar::Int(0), bx.dtype())?;
-            bx = ops::where_(&m.expand_dims(&[-1])?, &bx, &zero)?;
-        }
+        let mut bx = mask_positions(bg.multiply(xx)?, mask)?;
         let n_keep = self.l_cache - 1;
         match cache {
             Some(cache) => {
-                let state = match cache.get(0) {
-                    Some(s) => s.clone(),
-                    None => ops::zeros(&[bx.dim(0)?, n_keep, bx.dim(2)?], bx.dtype())?,
-                };
+                let (b, c) = (bx.dim(0)?, bx.dim(2)?);
+                let state = conv_window_or_zeros(Some(cache), b, n_keep, c, bx.dtype())?;
                 bx = ops::concatenate(&[&state, &bx], 1)?;
                 let t = xx.dim(1)?;
-                let kept = match &cache.lengths {
-                    Some(lengths) => {
-                        let lo = Array::weak_scalar(Scalar::Int(0), lengths.dtype())?;
-                        let hi = Array::weak_scalar(Scalar::Int(t.into()), lengths.dtype())?;
-                        let ends = lengths.clip(Some(&lo), Some(&hi))?;
-                        let steps = ops::arange(0.0, n_keep as f64, 1.0, Dtype::Int32)?;
-                        let pos = ends.expand_dims(&[1])?.add(&steps)?.expand_dims(&[-1])?;
-                        bx.take_along_axis(&pos, 1)?
-                    }
-                    None => {
-                        let len = bx.dim(1)?;
-                        bx.slice_axis(1, len - n_keep, len)?
-                    }
-                };
-                cache.set(0, kept)?;
+                keep_conv_window(cache, &bx, n_keep, t, false)?;
                 cache.advance(t)?;
             }
             None => bx = bx.pad(&[1], &[n_keep], &[0], None, "constant")?,
@@ -308,33 +289,7 @@ enum Operator {
     Attention(Box<Attention>),
 }
 
-impl Module for Operator {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        let j = |n| mlx_nn::module::join(prefix, n);
-        match self {
-            Operator::Conv(m) => m.visit_params(&j("conv"), f),
-            Operator::Attention(m) => m.visit_params(&j("self_attn"), f),
-        }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        let j = |n| mlx_nn::module::join(prefix, n);
-        match self {
-            Operator::Conv(m) => m.visit_params_mut(&j("conv"), f),
-            Operator::Attention(m) => m.visit_params_mut(&j("self_attn"), f),
-        }
-    }
-    fn visit_quantizable_mut(
-        &mut self,
-        prefix: &str,
-        f: &mut mlx_nn::module::QuantVisitor<'_>,
-    ) -> mlx_nn::Result<()> {
-        let j = |n| mlx_nn::module::join(prefix, n);
-        match self {
-            Operator::Conv(m) => m.visit_quantizable_mut(&j("conv"), f),
-            Operator::Attention(m) => m.visit_quantizable_mut(&j("self_attn"), f),
-        }
-    }
-}
+enum_module!(Operator { Conv => "conv", Attention => "self_attn" });
 
 /// One decoder layer.
 #[derive(Debug)]
@@ -453,15 +408,7 @@ impl LanguageModel for Model {
             let r = match &layer.op {
                 Operator::Attention(a) => a.forward(&x, &attn_mask, cache)?,
                 Operator::Conv(c) => {
-                    let state = match cache {
-                        Some(c) => Some(c.arrays_mut().ok_or_else(|| {
-                            Error::InvalidArgument(format!(
-                                "layer {i} is a convolution layer and needs an ArraysCache, \
-                                 not a key/value cache"
-                            ))
-                        })?),
-                        None => None,
-                    };
+                    let state = recurrent_state(cache, i, "convolution")?;
                     c.forward(&x, conv_mask.as_ref(), state)?
                 }
             };

@@ -1,10 +1,11 @@
 //! Mamba-2, following `mlx_lm/models/mamba2.py`: every layer a Mamba-2 block (gated
 //! depthwise convolution, then the SSD scan of `mlx_nn::ssm`), its convolution window
 //! and SSM state in a two-slot [`ArraysState`].
+use super::recurrent::{conv_window_or_zeros, keep_conv_window, mask_positions, recurrent_state};
 use super::{batch_len, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
-use mlx_array::{ops, Array, Dtype, Error, Result, Scalar};
+use mlx_array::{ops, Array, Dtype, Result};
 use mlx_nn::activations::{silu, swiglu};
 use mlx_nn::cache::ArraysState;
 use mlx_nn::ssm::{ssm_attn, SsmParams};
@@ -191,34 +192,15 @@ impl Mamba2Block {
         cache: Option<&mut ArraysState>,
         mask: Option<&Array>,
     ) -> Result<Array> {
-        let mut input = input.clone();
-        if let Some(m) = mask {
-            let zero = Array::weak_scalar(Scalar::Int(0), input.dtype())?;
-            input = ops::where_(&m.expand_dims(&[-1])?, &input, &zero)?;
-        }
+        let input = mask_positions(input.clone(), mask)?;
         let n_keep = self.kernel - 1;
         let channels = self.conv1d.weight.dim(0)?;
         let padded = match cache {
             Some(cache) => {
-                let state = match cache.get(0) {
-                    Some(s) => s.clone(),
-                    None => ops::zeros(&[input.dim(0)?, n_keep, channels], input.dtype())?,
-                };
+                let (b, dtype) = (input.dim(0)?, input.dtype());
+                let state = conv_window_or_zeros(Some(cache), b, n_keep, channels, dtype)?;
                 let padded = ops::concatenate(&[&state, &input], 1)?;
-                let t = padded.dim(1)?;
-                let kept = match &cache.lengths {
-                    Some(lengths) => {
-                        let lo = Array::weak_scalar(Scalar::Int(0), lengths.dtype())?;
-                        let hi =
-                            Array::weak_scalar(Scalar::Int((t - n_keep).into()), lengths.dtype())?;
-                        let ends = lengths.clip(Some(&lo), Some(&hi))?;
-                        let steps = ops::arange(0.0, n_keep as f64, 1.0, Dtype::Int32)?;
-                        let pos = ends.expand_dims(&[1])?.add(&steps)?.expand_dims(&[-1])?;
-                        padded.take_along_axis(&pos, 1)?
-                    }
-                    None => padded.slice_axis(1, t - n_keep, t)?,
-                };
-                cache.set(0, kept)?;
+                keep_conv_window(cache, &padded, n_keep, padded.dim(1)? - n_keep, false)?;
                 padded
             }
             None => input.pad(&[1], &[n_keep], &[0], None, "constant")?,
@@ -386,15 +368,7 @@ impl LanguageModel for Model {
             .zip(layer_caches(caches, m.layers.len())?)
             .enumerate()
         {
-            let state = match cache {
-                Some(c) => Some(c.arrays_mut().ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "layer {i} is a state-space layer and needs an ArraysCache, not a \
-                         key/value cache"
-                    ))
-                })?),
-                None => None,
-            };
+            let state = recurrent_state(cache, i, "state-space")?;
             let out = layer
                 .mixer
                 .forward(&layer.norm.forward(&h)?, mask.as_ref(), state)?;

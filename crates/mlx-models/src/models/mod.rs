@@ -31,6 +31,8 @@ macro_rules! decoder_accessors {
 }
 
 pub mod attention;
+#[macro_use]
+mod recurrent;
 pub mod cohere2;
 pub mod exaone4;
 pub mod gemma;

@@ -5,6 +5,7 @@
 //! hold caches. The routed-expert layers (`E`, Nemotron 3 MoE checkpoints) are not
 //! ported: such a config is refused at load.
 use super::mamba2::{Mamba2Block, MixerDims};
+use super::recurrent::recurrent_state;
 use super::{batch_len, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -13,7 +14,7 @@ use mlx_nn::activations::relu2;
 use mlx_nn::cache::{create_attention_mask, KvFetch};
 use mlx_nn::{
     impl_module, scaled_dot_product_attention, AttnMask, EmbeddingLayer, KvCache, LinearLayer,
-    Module, Param, RmsNorm,
+    Module, RmsNorm,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -211,33 +212,7 @@ enum Mixer {
     Mlp(Box<Mlp>),
 }
 
-impl Module for Mixer {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        match self {
-            Mixer::Mamba(m) => m.visit_params(prefix, f),
-            Mixer::Attention(m) => m.visit_params(prefix, f),
-            Mixer::Mlp(m) => m.visit_params(prefix, f),
-        }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        match self {
-            Mixer::Mamba(m) => m.visit_params_mut(prefix, f),
-            Mixer::Attention(m) => m.visit_params_mut(prefix, f),
-            Mixer::Mlp(m) => m.visit_params_mut(prefix, f),
-        }
-    }
-    fn visit_quantizable_mut(
-        &mut self,
-        prefix: &str,
-        f: &mut mlx_nn::module::QuantVisitor<'_>,
-    ) -> mlx_nn::Result<()> {
-        match self {
-            Mixer::Mamba(m) => m.visit_quantizable_mut(prefix, f),
-            Mixer::Attention(m) => m.visit_quantizable_mut(prefix, f),
-            Mixer::Mlp(m) => m.visit_quantizable_mut(prefix, f),
-        }
-    }
-}
+enum_module!(Mixer { Mamba => "", Attention => "", Mlp => "" });
 
 /// One block: `x + mixer(norm(x))`.
 #[derive(Debug)]
@@ -374,16 +349,8 @@ impl LanguageModel for Model {
             let x = layer.norm.forward(&h)?;
             let r = match &layer.mixer {
                 Mixer::Mamba(mx) => {
-                    let state = match next.next() {
-                        Some(c) => Some(c.arrays_mut().ok_or_else(|| {
-                            Error::InvalidArgument(format!(
-                                "layer {i} is a mamba layer and needs an ArraysCache, not a \
-                                 key/value cache"
-                            ))
-                        })?),
-                        None => None,
-                    };
-                    mx.forward(&x, ssm_mask.as_ref(), state)?
+                    let cache = next.next().map(|c| c.as_mut() as &mut dyn KvCache);
+                    mx.forward(&x, ssm_mask.as_ref(), recurrent_state(cache, i, "mamba")?)?
                 }
                 Mixer::Attention(a) => {
                     let cache = next.next().map(|c| c.as_mut() as &mut dyn KvCache);

@@ -2,16 +2,17 @@
 //! attention (an [`ArraysState`] of convolution window and recurrent state) on three of
 //! every `full_attention_interval` layers, gated full attention on the others, and
 //! softmax-routed experts with a gated shared expert.
+use super::recurrent::{conv_window_or_zeros, keep_conv_window, mask_positions, recurrent_state};
 use super::{batch_len, layer_caches, top_k_indices, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
-use mlx_array::{ops, Array, Dtype, Error, Result, Scalar};
+use mlx_array::{ops, Array, Dtype, Error, Result};
 use mlx_nn::activations::{silu, swiglu};
 use mlx_nn::cache::{create_attention_mask, ArraysState};
 use mlx_nn::gated_delta::{gated_delta_update, normalize_qk, precise_swiglu};
 use mlx_nn::{
     impl_module, initialize_rope, scaled_dot_product_attention, AttnMask, EmbeddingLayer, KvCache,
-    LinearLayer, Module, Param, RmsNorm, Rope, SwitchGlu,
+    LinearLayer, Param, RmsNorm, Rope, SwitchGlu,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -160,90 +161,40 @@ impl Attention {
     }
 }
 
-/// The input projections of a gated delta-net: Qwen3-Next's two fused ones (q, k, v,
-/// z interleaved per key head; b, a likewise), or Qwen3.5's four.
+/// Qwen3-Next's two fused input projections (q, k, v, z interleaved per key head; b, a
+/// likewise).
+#[derive(Debug)]
+struct FusedProj {
+    in_proj_qkvz: LinearLayer,
+    in_proj_ba: LinearLayer,
+}
+impl_module!(FusedProj {
+    in_proj_qkvz,
+    in_proj_ba
+});
+
+/// Qwen3.5's four input projections.
+#[derive(Debug)]
+struct SplitProj {
+    in_proj_qkv: LinearLayer,
+    in_proj_z: LinearLayer,
+    in_proj_b: LinearLayer,
+    in_proj_a: LinearLayer,
+}
+impl_module!(SplitProj {
+    in_proj_qkv,
+    in_proj_z,
+    in_proj_b,
+    in_proj_a
+});
+
+/// The input projections of a gated delta-net.
 #[derive(Debug)]
 enum InProj {
-    Fused {
-        in_proj_qkvz: LinearLayer,
-        in_proj_ba: LinearLayer,
-    },
-    Split {
-        in_proj_qkv: LinearLayer,
-        in_proj_z: LinearLayer,
-        in_proj_b: LinearLayer,
-        in_proj_a: LinearLayer,
-    },
+    Fused(Box<FusedProj>),
+    Split(Box<SplitProj>),
 }
-
-impl Module for InProj {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        for (name, l) in self.layers() {
-            l.visit_params(&mlx_nn::module::join(prefix, name), f);
-        }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        for (name, l) in self.layers_mut() {
-            l.visit_params_mut(&mlx_nn::module::join(prefix, name), f);
-        }
-    }
-    fn visit_quantizable_mut(
-        &mut self,
-        prefix: &str,
-        f: &mut mlx_nn::module::QuantVisitor<'_>,
-    ) -> mlx_nn::Result<()> {
-        for (name, l) in self.layers_mut() {
-            l.visit_quantizable_mut(&mlx_nn::module::join(prefix, name), f)?;
-        }
-        Ok(())
-    }
-}
-
-impl InProj {
-    fn layers(&self) -> Vec<(&'static str, &LinearLayer)> {
-        match self {
-            InProj::Fused {
-                in_proj_qkvz,
-                in_proj_ba,
-            } => {
-                vec![("in_proj_qkvz", in_proj_qkvz), ("in_proj_ba", in_proj_ba)]
-            }
-            InProj::Split {
-                in_proj_qkv,
-                in_proj_z,
-                in_proj_b,
-                in_proj_a,
-            } => vec![
-                ("in_proj_qkv", in_proj_qkv),
-                ("in_proj_z", in_proj_z),
-                ("in_proj_b", in_proj_b),
-                ("in_proj_a", in_proj_a),
-            ],
-        }
-    }
-
-    fn layers_mut(&mut self) -> Vec<(&'static str, &mut LinearLayer)> {
-        match self {
-            InProj::Fused {
-                in_proj_qkvz,
-                in_proj_ba,
-            } => {
-                vec![("in_proj_qkvz", in_proj_qkvz), ("in_proj_ba", in_proj_ba)]
-            }
-            InProj::Split {
-                in_proj_qkv,
-                in_proj_z,
-                in_proj_b,
-                in_proj_a,
-            } => vec![
-                ("in_proj_qkv", in_proj_qkv),
-                ("in_proj_z", in_proj_z),
-                ("in_proj_b", in_proj_b),
-                ("in_proj_a", in_proj_a),
-            ],
-        }
-    }
-}
+enum_module!(InProj { Fused => "", Split => "" });
 
 /// The gated delta-net (linear attention) block.
 #[derive(Debug)]
@@ -294,17 +245,17 @@ impl GatedDeltaNet {
         let zeros = |s: &[i32]| ops::zeros(s, Dtype::Float32);
         let d = a.hidden_size;
         let proj = if split {
-            InProj::Split {
+            InProj::Split(Box::new(SplitProj {
                 in_proj_qkv: LinearLayer::new(d, key_dim * 2 + value_dim, false)?,
                 in_proj_z: LinearLayer::new(d, value_dim, false)?,
                 in_proj_b: LinearLayer::new(d, nv, false)?,
                 in_proj_a: LinearLayer::new(d, nv, false)?,
-            }
+            }))
         } else {
-            InProj::Fused {
+            InProj::Fused(Box::new(FusedProj {
                 in_proj_qkvz: LinearLayer::new(d, key_dim * 2 + value_dim * 2, false)?,
                 in_proj_ba: LinearLayer::new(d, nv * 2, false)?,
-            }
+            }))
         };
         Ok(GatedDeltaNet {
             proj,
@@ -334,14 +285,11 @@ impl GatedDeltaNet {
     ) -> Result<Array> {
         let (b, s) = batch_len(inputs)?;
         let (nk, nv, dk, dv) = (self.nk, self.nv, self.dk, self.dv);
-        let (mut mixed, z, bb, a) = match &self.proj {
-            InProj::Fused {
-                in_proj_qkvz,
-                in_proj_ba,
-            } => {
+        let (mixed, z, bb, a) = match &self.proj {
+            InProj::Fused(f) => {
                 // fix_query_key_value_ordering
-                let qkvz = in_proj_qkvz.forward(inputs)?.reshape(&[b, s, nk, -1])?;
-                let ba = in_proj_ba.forward(inputs)?.reshape(&[b, s, nk, -1])?;
+                let qkvz = f.in_proj_qkvz.forward(inputs)?.reshape(&[b, s, nk, -1])?;
+                let ba = f.in_proj_ba.forward(inputs)?.reshape(&[b, s, nk, -1])?;
                 let r = nv / nk;
                 let p = qkvz.split_at(&[dk, 2 * dk, 2 * dk + r * dv], -1)?;
                 let pb = ba.split_at(&[r], -1)?;
@@ -362,46 +310,22 @@ impl GatedDeltaNet {
                     pb[1].reshape(&[b, s, nv])?,
                 )
             }
-            InProj::Split {
-                in_proj_qkv,
-                in_proj_z,
-                in_proj_b,
-                in_proj_a,
-            } => (
-                in_proj_qkv.forward(inputs)?,
-                in_proj_z.forward(inputs)?.reshape(&[b, s, nv, dv])?,
-                in_proj_b.forward(inputs)?,
-                in_proj_a.forward(inputs)?,
+            InProj::Split(p) => (
+                p.in_proj_qkv.forward(inputs)?,
+                p.in_proj_z.forward(inputs)?.reshape(&[b, s, nv, dv])?,
+                p.in_proj_b.forward(inputs)?,
+                p.in_proj_a.forward(inputs)?,
             ),
         };
 
         let conv_dim = self.conv1d.weight.dim(0)?;
-        let conv_state = match cache.as_deref().and_then(|c| c.get(0)) {
-            Some(c) => c.clone(),
-            None => ops::zeros(&[b, self.kernel - 1, conv_dim], inputs.dtype())?,
-        };
-        if let Some(m) = mask {
-            let zero = Array::weak_scalar(Scalar::Int(0), mixed.dtype())?;
-            mixed = ops::where_(&m.expand_dims(&[-1])?, &mixed, &zero)?;
-        }
+        let n_keep = self.kernel - 1;
+        let conv_state =
+            conv_window_or_zeros(cache.as_deref(), b, n_keep, conv_dim, inputs.dtype())?;
+        let mixed = mask_positions(mixed, mask)?;
         let conv_input = ops::concatenate(&[&conv_state, &mixed], 1)?;
         if let Some(c) = cache.as_deref_mut() {
-            let n_keep = self.kernel - 1;
-            let kept = match &c.lengths {
-                Some(lengths) => {
-                    let lo = Array::weak_scalar(Scalar::Int(0), lengths.dtype())?;
-                    let hi = Array::weak_scalar(Scalar::Int(s.into()), lengths.dtype())?;
-                    let ends = lengths.clip(Some(&lo), Some(&hi))?;
-                    let steps = ops::arange(0.0, n_keep as f64, 1.0, Dtype::Int32)?;
-                    let positions = ends.expand_dims(&[1])?.add(&steps)?.expand_dims(&[-1])?;
-                    conv_input.take_along_axis(&positions, 1)?
-                }
-                None => {
-                    let len = conv_input.dim(1)?;
-                    conv_input.slice_axis(1, len - n_keep, len)?.contiguous()?
-                }
-            };
-            c.set(0, kept)?;
+            keep_conv_window(c, &conv_input, n_keep, s, true)?;
         }
         let conv_out = silu(&ops::conv1d(
             &conv_input,
@@ -522,27 +446,8 @@ enum FeedForward {
     Dense(Box<Mlp>),
 }
 
-macro_rules! forward_module {
-    ($ty:ident { $($var:ident => $name:literal),* }) => {
-        impl Module for $ty {
-            fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-                match self {$($ty::$var(m) => m.visit_params(&mlx_nn::module::join(prefix, $name), f)),*}
-            }
-            fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-                match self {$($ty::$var(m) => m.visit_params_mut(&mlx_nn::module::join(prefix, $name), f)),*}
-            }
-            fn visit_quantizable_mut(
-                &mut self,
-                prefix: &str,
-                f: &mut mlx_nn::module::QuantVisitor<'_>,
-            ) -> mlx_nn::Result<()> {
-                match self {$($ty::$var(m) => m.visit_quantizable_mut(&mlx_nn::module::join(prefix, $name), f)),*}
-            }
-        }
-    };
-}
-forward_module!(Mixer { Linear => "linear_attn", Full => "self_attn" });
-forward_module!(FeedForward { Sparse => "", Dense => "" });
+enum_module!(Mixer { Linear => "linear_attn", Full => "self_attn" });
+enum_module!(FeedForward { Sparse => "", Dense => "" });
 
 /// One decoder layer.
 #[derive(Debug)]
@@ -700,10 +605,7 @@ impl LanguageModel for Model {
             let x = layer.input_layernorm.forward(&h)?;
             let r = match &layer.mixer {
                 Mixer::Linear(l) => {
-                    let state = match cache {
-                        Some(c) => Some(c.arrays_mut().ok_or_else(|| wrong_cache(i))?),
-                        None => None,
-                    };
+                    let state = recurrent_state(cache, i, "linear-attention")?;
                     l.forward(&x, ssm_mask.as_ref(), state)?
                 }
                 Mixer::Full(a) => a.forward(&x, &fa_mask, cache)?,
@@ -757,13 +659,6 @@ impl Model {
             .filter(|l| matches!(l.mixer, Mixer::Linear(_)))
             .count()
     }
-}
-
-fn wrong_cache(layer: usize) -> Error {
-    Error::InvalidArgument(format!(
-        "layer {layer} is a linear-attention layer and needs an ArraysCache (its recurrent \
-         state), not a key/value cache"
-    ))
 }
 
 impl Architecture for Model {
