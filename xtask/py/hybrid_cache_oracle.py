@@ -21,7 +21,7 @@ from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache, save_promp
 from mlx_lm.utils import load_model
 
 MODELS = ["qwen3_next-small-f32", "qwen3_5-small-f32", "qwen3_5_moe-small-f32", "lfm2-small-f32", "mamba2-small-f32",
-          "granitemoehybrid-small-f32", "nemotron_h-small-f32"]
+          "granitemoehybrid-small-f32", "nemotron_h-small-f32", "mamba-small-f32"]
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79, 32]
 NEXT = [38, 46, 26]
 ROOT = Path(__file__).resolve().parents[2]

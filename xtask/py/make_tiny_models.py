@@ -229,6 +229,18 @@ ARCHS = {
         "use_conv_bias": True,
         "hybrid_override_pattern": "M-*M-",
     },
+    # Mamba: selective scan one token at a time (intermediate = 2 * hidden).
+    "mamba": {
+        "model_type": "mamba",
+        "intermediate_size": 128,
+        "state_size": 16,
+        "conv_kernel": 4,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_rank": "auto",
+        "tie_word_embeddings": True,
+        "expand": 2,
+    },
     "glm4": {"model_type": "glm4", "head_dim": 16, "attention_bias": True, "partial_rotary_factor": 0.5,
              "rope_theta": 10000.0},
     "gpt_oss": {
@@ -417,6 +429,11 @@ VARIANTS = {
                        "time_step_limit": [0.001, 50.0],
                        "layers_block_type": ["attention", "mamba", "mlp", "mamba"]}, {}),
     "nemotron_h-q4": ("nemotron_h", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "mamba-f32": ("mamba", {}, {}),
+    "falcon_mamba-f32-untied-bias": (
+        "mamba", {"model_type": "falcon_mamba", "tie_word_embeddings": False, "use_bias": True,
+                  "use_conv_bias": False, "time_step_rank": 8, "mixer_rms_eps": 1e-5}, {}),
+    "mamba-q4": ("mamba", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "glm4-f32": ("glm4", {}, {}),
     "glm4-f32-nobias-full-rotary-halves": (
         "glm4", {"attention_bias": False, "partial_rotary_factor": 1.0, "rope_traditional": False}, {}),
@@ -506,6 +523,7 @@ GOLDENS = {
         "granitemoehybrid", dict(SMALL, intermediate_size=16, shared_intermediate_size=32, mamba_n_heads=8,
                                  mamba_d_state=8), {}),
     "nemotron_h-small-f32": ("nemotron_h", dict(SMALL, mamba_num_heads=4, ssm_state_size=8), {}),
+    "mamba-small-f32": ("mamba", dict(SMALL, intermediate_size=64, state_size=8), {}),
     "mixtral-small-f32": ("mixtral", dict(SMALL, intermediate_size=32), {}),
     "ministral3-small-f32-sliding": (
         "ministral3", dict(SMALL, head_dim=8, layer_types=["sliding_attention", "full_attention"],
@@ -614,7 +632,8 @@ def to_hf_names(config, weights, opts, rng):
             elif proj == "gate_proj":
                 up = weights[k.replace("gate_proj", "up_proj")]
                 out[f"{prefix}.input_linear.weight"] = np.concatenate([v, up], axis=0)
-        elif mt in ("mamba2", "granitemoehybrid", "nemotron_h") and k.endswith("conv1d.weight"):
+        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h") \
+                and k.endswith("conv1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "lfm2" and k.endswith("conv.conv.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]

@@ -71,6 +71,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("mamba2", "mamba2-f32", None),
     ("granitemoehybrid", "granitemoehybrid-f32", None),
     ("nemotron_h", "nemotron_h-f32", None),
+    ("mamba", "mamba-f32", None),
     ("q-qwen3_next", "qwen3_next-q4", None),
 ];
 
@@ -204,6 +205,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "mamba2",
         "granitemoehybrid",
         "nemotron_h",
+        "mamba",
     ] {
         for flags in ["", "-q", "--dtype bfloat16", "-q --dtype bfloat16"] {
             add(src, flags);

@@ -332,6 +332,12 @@ fn prefilled_together_matches_alone_granitemoehybrid_chunked_scan() {
     check_model("granitemoehybrid-small-f32", false, true);
 }
 
+// mamba's block takes no padding mask (as mlx-lm's): only decoding is batched.
+#[test]
+fn batched_decode_equals_alone_mamba() {
+    check_model("mamba-small-f32", true, false);
+}
+
 #[test]
 fn batched_decode_equals_alone_nemotron_h() {
     check_model("nemotron_h-small-f32", true, false);

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// The committed hybrid goldens (`hybrid_cache_oracle.py`'s MODELS).
-const MODELS: [&str; 7] = [
+const MODELS: [&str; 8] = [
     "qwen3_next-small-f32",
     "qwen3_5-small-f32",
     "qwen3_5_moe-small-f32",
@@ -25,6 +25,7 @@ const MODELS: [&str; 7] = [
     "mamba2-small-f32",
     "granitemoehybrid-small-f32",
     "nemotron_h-small-f32",
+    "mamba-small-f32",
 ];
 const PROMPT: [i32; 9] = [3, 14, 15, 92, 65, 35, 89, 79, 32];
 const NEXT: [i32; 3] = [38, 46, 26];

@@ -19,6 +19,7 @@ const ARCHITECTURES: &[(&str, Builder)] = &[
     ("granitemoehybrid", models::granitemoehybrid::build),
     ("lfm2", models::lfm2::build),
     ("llama", models::llama::build),
+    ("mamba", models::mamba::build),
     ("mamba2", models::mamba2::build),
     ("ministral3", models::ministral3::build),
     ("mistral3", models::mistral3::build),
@@ -44,6 +45,7 @@ const ALIASES: &[(&str, &str)] = &[
     ("mistral", "llama"),
     ("iquestcoder", "llama"),
     ("xverse", "llama"),
+    ("falcon_mamba", "mamba"),
 ];
 
 /// The architecture file a `model_type` resolves to.

@@ -65,6 +65,7 @@ golden_tests! {
     qwen3_5_moe_text_config_logits_match_mlx_lm => "qwen3_5_moe-small-f32",
     lfm2_short_conv_hybrid_logits_match_mlx_lm => "lfm2-small-f32",
     mamba2_ssd_scan_logits_match_mlx_lm => "mamba2-small-f32",
+    mamba_selective_scan_logits_match_mlx_lm => "mamba-small-f32",
     granitemoehybrid_mamba_experts_logits_match_mlx_lm => "granitemoehybrid-small-f32",
     nemotron_h_mamba_attention_mlp_logits_match_mlx_lm => "nemotron_h-small-f32",
     mixtral_logits_match_mlx_lm => "mixtral-small-f32",

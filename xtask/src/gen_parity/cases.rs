@@ -40,6 +40,7 @@ pub const TINY: &[&str] = &[
     "mamba2-f32",
     "granitemoehybrid-f32",
     "nemotron_h-f32",
+    "mamba-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];

@@ -45,6 +45,7 @@ pub mod granite;
 pub mod granitemoehybrid;
 pub mod lfm2;
 pub mod llama;
+pub mod mamba;
 pub mod mamba2;
 pub mod ministral3;
 pub mod mistral3;
