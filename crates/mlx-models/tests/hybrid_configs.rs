@@ -147,3 +147,24 @@ fn mamba2_refuses_groups_that_do_not_divide_the_heads() {
     let m = build_model(&with(c, json!({"n_groups": 2}))).expect("builds");
     assert_eq!(m.cache_specs(), vec![CacheSpec::Arrays { size: 2 }]);
 }
+
+#[test]
+fn an_unknown_model_type_lists_the_hybrid_ones() {
+    let e = err(&json!({"model_type": "not_a_model"}));
+    for t in [
+        "falcon_mamba",
+        "granitemoehybrid",
+        "lfm2",
+        "mamba",
+        "mamba2",
+        "nemotron_h",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "qwen3_next",
+    ] {
+        let listed = e
+            .split_once("supported: ")
+            .map(|(_, l)| l.split(", ").any(|x| x == t));
+        assert_eq!(listed, Some(true), "{t} not in: {e}");
+    }
+}
