@@ -5,7 +5,8 @@
 //! metadata is the flattened list `[user_metadata, class_names, scalars]`:
 //! `"0.{key}"` user entries, `"1.{layer}"` class names, `"2.0" = ""` then
 //! `"2.{n}.0" = tensor key`, `"2.{n}.1" = "scalar" | "string" | "none"` marking the
-//! tensors that stand for Python ints, strings and `None`s.
+//! tensors that stand for Python ints, strings and `None`s. An `ArraysCache`'s state is
+//! `(slots, left_padding, lengths)`: `"{layer}.0.{slot}"`, `"{layer}.1"`, `"{layer}.2"`.
 use crate::error::{CacheError, Result};
 use crate::{
     ArraysCache, ConcatenateKVCache, KVCache, KvCache, PromptCache, QuantTriple, QuantizedKVCache,
