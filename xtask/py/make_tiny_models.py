@@ -92,6 +92,155 @@ ARCHS = {
         "moe_intermediate_size": 64,
         "norm_topk_prob": True,
     },
+    # Gated delta-net layers with full attention on every second layer (mlx-lm masks
+    # full attention with layer `full_attention_interval - 1`'s cache, so the interval
+    # must not exceed the layer count), experts on every layer but the dense third.
+    "qwen3_next": {
+        "model_type": "qwen3_next",
+        "num_hidden_layers": 4,
+        "head_dim": 16,
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "tie_word_embeddings": False,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "shared_expert_intermediate_size": 32,
+        "mlp_only_layers": [2],
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+        "full_attention_interval": 2,
+    },
+    # Qwen3.5: the same layers with four linear-attention projections and mlx-lm's
+    # rope_parameters handling; the MoE twin nests its text model in `text_config`.
+    "qwen3_5": {
+        "model_type": "qwen3_5",
+        "num_hidden_layers": 4,
+        "head_dim": 16,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                            "mrope_section": [1, 1, 0], "mrope_interleaved": True},
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 2,
+    },
+    "qwen3_5_moe": {
+        "model_type": "qwen3_5_moe",
+        "num_hidden_layers": 4,
+        "head_dim": 16,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 2,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "shared_expert_intermediate_size": 32,
+        "moe_intermediate_size": 32,
+    },
+    # Short-convolution layers with attention on layers 1 and 3 (the feed-forward size
+    # auto-adjusted: int(2 * 128 / 3) rounded up to 64 -> 128).
+    "lfm2": {
+        "model_type": "lfm2",
+        "num_hidden_layers": 4,
+        "norm_eps": 1e-5,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "block_dim": 64,
+        "block_ff_dim": 128,
+        "block_multiple_of": 64,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": True,
+        "rope_theta": 1000000.0,
+        "full_attn_idxs": [1, 3],
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+    },
+    # Every layer a Mamba-2 block (16 heads of 8 in 2 groups, state 16; transformers'
+    # config check wants num_heads * head_dim = expand * hidden_size).
+    "mamba2": {
+        "model_type": "mamba2",
+        "num_heads": 16,
+        "head_dim": 8,
+        "expand": 2,
+        "state_size": 16,
+        "layer_norm_epsilon": 1e-5,
+        "conv_kernel": 4,
+        "n_groups": 2,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "tie_word_embeddings": False,
+        "time_step_limit": [0.001, 100.0],
+        "time_step_rank": "auto",
+    },
+    # Granite 4 hybrid: mamba layers around one attention layer, experts beside a
+    # shared MLP, Granite's multipliers (transformers' config check wants
+    # mamba_n_heads * mamba_d_head = mamba_expand * hidden_size).
+    "granitemoehybrid": {
+        "model_type": "granitemoehybrid",
+        "num_hidden_layers": 4,
+        "intermediate_size": 32,
+        "layer_types": ["mamba", "attention", "mamba", "mamba"],
+        "attention_bias": False,
+        "embedding_multiplier": 12.0,
+        "attention_multiplier": 0.0625,
+        "logits_scaling": 4.0,
+        "residual_multiplier": 0.22,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "shared_intermediate_size": 64,
+        "mamba_n_heads": 16,
+        "mamba_d_head": 8,
+        "mamba_expand": 2,
+        "mamba_proj_bias": False,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_n_groups": 1,
+        "mamba_conv_bias": True,
+        "tie_word_embeddings": True,
+        "time_step_limit": [0.001, 100.0],
+        "rope_theta": 10000.0,
+        "position_embedding_type": "rope",
+    },
+    # Nemotron-H: mamba mixers, attention without RoPE and squared-ReLU MLP blocks
+    # (the pattern as HF writes it, a string); time_step_limit left to its (0, inf).
+    "nemotron_h": {
+        "model_type": "nemotron_h",
+        "attention_bias": False,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 8,
+        "mamba_proj_bias": False,
+        "ssm_state_size": 16,
+        "conv_kernel": 4,
+        "n_groups": 2,
+        "mlp_bias": False,
+        "layer_norm_epsilon": 1e-5,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "hybrid_override_pattern": "M-*M-",
+    },
+    # Mamba: selective scan one token at a time (intermediate = 2 * hidden).
+    "mamba": {
+        "model_type": "mamba",
+        "intermediate_size": 128,
+        "state_size": 16,
+        "conv_kernel": 4,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_rank": "auto",
+        "tie_word_embeddings": True,
+        "expand": 2,
+    },
     "glm4": {"model_type": "glm4", "head_dim": 16, "attention_bias": True, "partial_rotary_factor": 0.5,
              "rope_theta": 10000.0},
     "gpt_oss": {
@@ -258,6 +407,54 @@ VARIANTS = {
     "qwen2_moe-bf16-q4": ("qwen2_moe", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
     "qwen3_moe-f32": ("qwen3_moe", {}, {}),
     "qwen3_moe-q4": ("qwen3_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "qwen3_next-f32": ("qwen3_next", {}, {}),
+    "qwen3_next-f32-tied-interval4": (
+        "qwen3_next", {"tie_word_embeddings": True, "full_attention_interval": 4, "mlp_only_layers": [],
+                       "linear_num_value_heads": 2, "attention_bias": True}, {}),
+    # bfloat16 experts need quantized weights on the CPU (MLX's GatherMM is float32 only).
+    "qwen3_next-bf16-q4": ("qwen3_next", {"moe_intermediate_size": 64}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "qwen3_next-q4": ("qwen3_next", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "qwen3_5-f32": ("qwen3_5", {}, {}),
+    "qwen3_5-f32-tied-bias-interval4": (
+        "qwen3_5", {"tie_word_embeddings": True, "attention_bias": True, "full_attention_interval": 4,
+                    "rope_parameters": None, "rope_theta": 50000.0, "partial_rotary_factor": 0.5}, {}),
+    "qwen3_5-bf16": ("qwen3_5", {}, {"dtype": "bfloat16"}),
+    "qwen3_5-q4": ("qwen3_5", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "qwen3_5_moe-f32": ("qwen3_5_moe", {}, {"text_config": True}),
+    "qwen3_5_moe-q4": ("qwen3_5_moe", {}, {"text_config": True, "quant": {"bits": 4, "group_size": 64}}),
+    "lfm2-f32": ("lfm2", {}, {}),
+    "lfm2-f32-bias-layer-types": (
+        "lfm2", {"conv_bias": True, "full_attn_idxs": None, "block_ff_dim": None, "intermediate_size": 96,
+                 "block_auto_adjust_ff_dim": False, "num_key_value_heads": None,
+                 "rope_parameters": {"rope_theta": 50000.0},
+                 "layer_types": ["full_attention", "conv", "conv", "full_attention"]}, {}),
+    "lfm2-bf16": ("lfm2", {}, {"dtype": "bfloat16"}),
+    "lfm2-q4": ("lfm2", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "mamba2-f32": ("mamba2", {}, {}),
+    "mamba2-f32-tied-bias-g1": (
+        "mamba2", {"tie_word_embeddings": True, "use_bias": True, "use_conv_bias": False, "n_groups": 1,
+                   "time_step_limit": [0.0, 10.0], "time_step_rank": 4}, {}),
+    "mamba2-bf16": ("mamba2", {}, {"dtype": "bfloat16"}),
+    "mamba2-q4": ("mamba2", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "granitemoehybrid-f32": ("granitemoehybrid", {}, {}),
+    "granitemoehybrid-f32-dense-nope": (
+        "granitemoehybrid", {"num_local_experts": 0, "intermediate_size": 96, "position_embedding_type": "nope",
+                             "tie_word_embeddings": False, "attention_bias": True, "mamba_n_groups": 2,
+                             "mamba_proj_bias": True, "layer_types": ["attention", "mamba", "mamba", "attention"],
+                             "rope_parameters": {"rope_theta": 5000.0}}, {}),
+    "granitemoehybrid-q4": ("granitemoehybrid", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "nemotron_h-f32": ("nemotron_h", {}, {}),
+    "nemotron_h-f32-block-types-bias": (
+        "nemotron_h", {"hybrid_override_pattern": None, "attention_bias": True, "mlp_bias": True,
+                       "mamba_proj_bias": True, "use_conv_bias": False, "n_groups": 1, "head_dim": 8,
+                       "time_step_limit": [0.001, 50.0],
+                       "layers_block_type": ["attention", "mamba", "mlp", "mamba"]}, {}),
+    "nemotron_h-q4": ("nemotron_h", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "mamba-f32": ("mamba", {}, {}),
+    "falcon_mamba-f32-untied-bias": (
+        "mamba", {"model_type": "falcon_mamba", "tie_word_embeddings": False, "use_bias": True,
+                  "use_conv_bias": False, "time_step_rank": 8, "mixer_rms_eps": 1e-5}, {}),
+    "mamba-q4": ("mamba", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "glm4-f32": ("glm4", {}, {}),
     "glm4-f32-nobias-full-rotary-halves": (
         "glm4", {"attention_bias": False, "partial_rotary_factor": 1.0, "rope_traditional": False}, {}),
@@ -378,6 +575,21 @@ GOLDENS = {
     "qwen2_moe-small-f32": ("qwen2_moe", dict(SMALL, moe_intermediate_size=32), {}),
     "qwen3_moe-small-f32": (
         "qwen3_moe", dict(SMALL, head_dim=8, moe_intermediate_size=32), {}),
+    "qwen3_next-small-f32": (
+        "qwen3_next", dict(SMALL, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
+                           moe_intermediate_size=16, shared_expert_intermediate_size=16), {}),
+    "qwen3_5-small-f32": (
+        "qwen3_5", dict(SMALL, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8), {}),
+    "qwen3_5_moe-small-f32": (
+        "qwen3_5_moe", dict(SMALL, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
+                            moe_intermediate_size=16, shared_expert_intermediate_size=16), {"text_config": True}),
+    "lfm2-small-f32": ("lfm2", dict(SMALL, block_dim=32, block_ff_dim=64, block_multiple_of=16), {}),
+    "mamba2-small-f32": ("mamba2", dict(SMALL, num_heads=8, head_dim=8, state_size=8), {}),
+    "granitemoehybrid-small-f32": (
+        "granitemoehybrid", dict(SMALL, intermediate_size=16, shared_intermediate_size=32, mamba_n_heads=8,
+                                 mamba_d_state=8), {}),
+    "nemotron_h-small-f32": ("nemotron_h", dict(SMALL, mamba_num_heads=4, ssm_state_size=8), {}),
+    "mamba-small-f32": ("mamba", dict(SMALL, intermediate_size=64, state_size=8), {}),
     "mixtral-small-f32": ("mixtral", dict(SMALL, intermediate_size=32), {}),
     "ministral3-small-f32-sliding": (
         "ministral3", dict(SMALL, head_dim=8, layer_types=["sliding_attention", "full_attention"],
@@ -439,6 +651,10 @@ def random_weights(config, rng):
     return out
 
 
+QWEN3_NEXT_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+                    ".q_norm.weight", ".k_norm.weight")
+
+
 def to_hf_names(config, weights, opts, rng):
     """Undo mlx-lm's sanitize so the files look like HF checkpoints."""
     mt = config["model_type"]
@@ -449,6 +665,59 @@ def to_hf_names(config, weights, opts, rng):
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
                 out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
+        elif mt == "qwen3_next":
+            # HF layout: per-expert weights, zero-centred norms, conv1d as [C, 1, K].
+            if ".mlp.switch_mlp." in k:
+                proj = k.split(".")[-2]
+                prefix = k.split(".mlp.switch_mlp.")[0]
+                for e in range(v.shape[0]):
+                    out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
+            elif k.endswith(QWEN3_NEXT_NORMS):
+                out[k] = v - np.float32(1.0)
+            elif k.endswith("conv1d.weight"):
+                out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))
+            else:
+                out[k] = v
+        elif mt in ("qwen3_5", "qwen3_5_moe"):
+            # HF layout: the text model under model.language_model, the head at the top,
+            # zero-centred norms, conv1d as [C, 1, K], experts as fused gate_up_proj.
+            name = "lm_head.weight" if k == "language_model.lm_head.weight" else \
+                "model.language_model." + k.removeprefix("language_model.model.")
+            if k.endswith(QWEN3_NEXT_NORMS):
+                v = v - np.float32(1.0)
+            elif k.endswith("conv1d.weight"):
+                v = np.ascontiguousarray(np.moveaxis(v, 1, 2))
+            if ".mlp.switch_mlp." in name:
+                prefix = name.split(".switch_mlp.")[0]
+                proj = name.split(".")[-2]
+                if proj == "down_proj":
+                    out[f"{prefix}.experts.down_proj"] = v
+                elif proj == "gate_proj":
+                    up = weights[k.replace("gate_proj", "up_proj")]
+                    out[f"{prefix}.experts.gate_up_proj"] = np.concatenate([v, up], axis=-2)
+            else:
+                out[name] = v
+        elif mt == "granitemoehybrid" and ".block_sparse_moe.switch_mlp." in k:
+            prefix = k.split(".switch_mlp.")[0]
+            proj = k.split(".")[-2]
+            if proj == "down_proj":
+                out[f"{prefix}.output_linear.weight"] = v
+            elif proj == "gate_proj":
+                up = weights[k.replace("gate_proj", "up_proj")]
+                out[f"{prefix}.input_linear.weight"] = np.concatenate([v, up], axis=1)
+        elif mt == "granitemoehybrid" and ".mlp." in k and not config.get("num_local_experts"):
+            prefix = k.split(".mlp.")[0] + ".shared_mlp"
+            proj = k.split(".")[-2]
+            if proj == "down_proj":
+                out[f"{prefix}.output_linear.weight"] = v
+            elif proj == "gate_proj":
+                up = weights[k.replace("gate_proj", "up_proj")]
+                out[f"{prefix}.input_linear.weight"] = np.concatenate([v, up], axis=0)
+        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h") \
+                and k.endswith("conv1d.weight"):
+            out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
+        elif mt == "lfm2" and k.endswith("conv.conv.weight"):
+            out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "mixtral" and ".block_sparse_moe.switch_mlp." in k:
             proj = k.split(".")[-2]
             w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[proj]
@@ -457,6 +726,12 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight"] = v[e]
         else:
             out[k] = v
+    if mt == "granitemoehybrid" and config.get("tie_word_embeddings", True):
+        out["lm_head.weight"] = out["model.embed_tokens.weight"].copy()  # sanitize drops it
+    if mt in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h"):
+        out["mtp.fc.weight"] = rng.standard_normal((4, 4)).astype(np.float32)  # sanitize drops it
+    if mt in ("qwen3_5", "qwen3_5_moe"):
+        out["model.visual.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)
     if opts.get("hf_mxfp4"):
         out = gpt_oss_hf_experts(out)
     if opts.get("mtp") and mt == "glm4_moe":
@@ -593,6 +868,10 @@ def write_dense(out, name, arch, overrides, opts):
             weights["model.visual.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)
     if opts.get("hf_mxfp4"):
         config["quantization_config"] = {"quant_method": "mxfp4"}
+    if opts.get("text_config"):
+        text = dict(config, model_type=config["model_type"] + "_text")
+        config = {"model_type": config["model_type"], "text_config": text,
+                  "vision_config": {"hidden_size": 8}, "tie_word_embeddings": text["tie_word_embeddings"]}
     dest = out / name
     save_weights(dest, weights, opts.get("dtype", "float32"), opts.get("shards", 1))
     with open(dest / "config.json", "w") as f:

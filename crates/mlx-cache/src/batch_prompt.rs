@@ -1,5 +1,7 @@
-//! The per-layer caches of a decode batch: mlx-lm's `_merge_caches`, `_extend_cache`
+//! The per-layer caches of a decode batch (recurrent layers' [`ArraysCache`]s batch
+//! as themselves, as in mlx-lm): mlx-lm's `_merge_caches`, `_extend_cache`
 //! and the `filter` / `extract` loops of `GenerationBatch`, over every layer at once.
+use crate::arrays::ArraysCache;
 use crate::batch::BatchKVCache;
 use crate::batch_rotating::BatchRotatingKVCache;
 use crate::error::{CacheError, Result};
@@ -26,12 +28,13 @@ impl std::fmt::Debug for BatchPromptCache {
     }
 }
 
-/// Whether a single-sequence cache can join a batch: a [`KVCache`], or a
-/// [`RotatingKVCache`] that keeps no leading positions (mlx-lm: the classes with a
-/// `merge`; quantized caches have none).
+/// Whether a single-sequence cache can join a batch: a [`KVCache`], an
+/// [`ArraysCache`], or a [`RotatingKVCache`] that keeps no leading positions (mlx-lm:
+/// the classes with a `merge`; quantized caches have none).
 pub fn is_batchable(cache: &dyn KvCache) -> bool {
     let any = cache.as_any();
     any.is::<KVCache>()
+        || any.is::<ArraysCache>()
         || any
             .downcast_ref::<RotatingKVCache>()
             .is_some_and(|r| r.keep == 0)
@@ -39,8 +42,8 @@ pub fn is_batchable(cache: &dyn KvCache) -> bool {
 
 fn layer_mismatch(layer: usize, what: &str) -> CacheError {
     CacheError::InvalidArgument(format!(
-        "layer {layer}: {what} (batch caches must be BatchKVCache or BatchRotatingKVCache \
-         and rows must share the layer layout)"
+        "layer {layer}: {what} (batch caches must be BatchKVCache, BatchRotatingKVCache or \
+         ArraysCache and rows must share the layer layout)"
     ))
 }
 
@@ -98,6 +101,14 @@ impl BatchPromptCache {
                 layers.push(Box::new(BatchKVCache::merge(&plain)?));
                 continue;
             }
+            let arrays: Option<Vec<&ArraysCache>> = rows
+                .iter()
+                .map(|r| r[l].as_any().downcast_ref::<ArraysCache>())
+                .collect();
+            if let Some(arrays) = arrays {
+                layers.push(Box::new(ArraysCache::merge(&arrays)?));
+                continue;
+            }
             let rotating: Option<Vec<&RotatingKVCache>> = rows
                 .iter()
                 .map(|r| r[l].as_any().downcast_ref::<RotatingKVCache>())
@@ -137,6 +148,9 @@ impl BatchPromptCache {
                 b.filter(keep)?;
             } else if let Some(b) = any.downcast_mut::<BatchRotatingKVCache>() {
                 b.filter(keep)?;
+            } else if let Some(b) = any.downcast_mut::<ArraysCache>() {
+                let idx: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+                b.filter(&mlx_array::Array::from_slice(&idx, &[idx.len() as i32])?)?;
             } else {
                 return Err(layer_mismatch(l, "not a batch cache"));
             }
@@ -165,6 +179,7 @@ impl BatchPromptCache {
             let (a, b) = (a.as_any(), b.as_any());
             (a.is::<BatchKVCache>() && b.is::<BatchKVCache>())
                 || (a.is::<BatchRotatingKVCache>() && b.is::<BatchRotatingKVCache>())
+                || (a.is::<ArraysCache>() && b.is::<ArraysCache>())
         });
         if !same_kinds {
             return Err(CacheError::InvalidArgument(
@@ -180,6 +195,13 @@ impl BatchPromptCache {
             let (a, b) = (a.as_any_mut(), b.as_any_mut());
             if let Some(a) = a.downcast_mut::<BatchKVCache>() {
                 match b.downcast_ref::<BatchKVCache>() {
+                    Some(b) => a.extend(b)?,
+                    None => return Err(layer_mismatch(l, "different cache classes")),
+                }
+                continue;
+            }
+            if let Some(a) = a.downcast_mut::<ArraysCache>() {
+                match b.downcast_ref::<ArraysCache>() {
                     Some(b) => a.extend(b)?,
                     None => return Err(layer_mismatch(l, "different cache classes")),
                 }
@@ -207,6 +229,8 @@ impl BatchPromptCache {
                 b.prepare(None, Some(lengths), Some(right_padding))?;
             } else if let Some(b) = any.downcast_mut::<BatchRotatingKVCache>() {
                 b.prepare(None, Some(lengths), Some(right_padding))?;
+            } else if let Some(b) = any.downcast_mut::<ArraysCache>() {
+                b.prepare(lengths)?;
             } else {
                 return Err(layer_mismatch(l, "not a batch cache"));
             }
@@ -222,6 +246,8 @@ impl BatchPromptCache {
                 b.finalize()?;
             } else if let Some(b) = any.downcast_mut::<BatchRotatingKVCache>() {
                 b.finalize()?;
+            } else if let Some(b) = any.downcast_mut::<ArraysCache>() {
+                b.finalize();
             } else {
                 return Err(layer_mismatch(l, "not a batch cache"));
             }
@@ -242,6 +268,8 @@ impl BatchPromptCache {
             if let Some(b) = any.downcast_ref::<BatchKVCache>() {
                 layers.push(Box::new(b.clone()));
             } else if let Some(b) = any.downcast_ref::<BatchRotatingKVCache>() {
+                layers.push(Box::new(b.clone()));
+            } else if let Some(b) = any.downcast_ref::<ArraysCache>() {
                 layers.push(Box::new(b.clone()));
             } else {
                 return Err(layer_mismatch(l, "not a batch cache"));
@@ -274,6 +302,8 @@ impl BatchPromptCache {
                     Ok(Box::new(b.extract(row)?) as Box<dyn KvCache>)
                 } else if let Some(b) = any.downcast_ref::<BatchRotatingKVCache>() {
                     Ok(Box::new(b.extract(row)?) as Box<dyn KvCache>)
+                } else if let Some(b) = any.downcast_ref::<ArraysCache>() {
+                    Ok(Box::new(b.extract(row as i32)?) as Box<dyn KvCache>)
                 } else {
                     Err(layer_mismatch(l, "not a batch cache"))
                 }

@@ -5,10 +5,11 @@
 //! metadata is the flattened list `[user_metadata, class_names, scalars]`:
 //! `"0.{key}"` user entries, `"1.{layer}"` class names, `"2.0" = ""` then
 //! `"2.{n}.0" = tensor key`, `"2.{n}.1" = "scalar" | "string" | "none"` marking the
-//! tensors that stand for Python ints, strings and `None`s.
+//! tensors that stand for Python ints, strings and `None`s. An `ArraysCache`'s state is
+//! `(slots, left_padding, lengths)`: `"{layer}.0.{slot}"`, `"{layer}.1"`, `"{layer}.2"`.
 use crate::error::{CacheError, Result};
 use crate::{
-    ConcatenateKVCache, KVCache, KvCache, PromptCache, QuantTriple, QuantizedKVCache,
+    ArraysCache, ConcatenateKVCache, KVCache, KvCache, PromptCache, QuantTriple, QuantizedKVCache,
     RotatingKVCache,
 };
 use mlx_array::{io, Array, Dtype};
@@ -66,6 +67,13 @@ fn flatten_state(i: usize, c: &dyn KvCache) -> Result<Vec<(String, Leaf)>> {
     } else if let Some(c) = any.downcast_ref::<ConcatenateKVCache>() {
         out.push((key(0), opt_leaf(c.keys.as_ref())));
         out.push((key(1), opt_leaf(c.values.as_ref())));
+    } else if let Some(c) = any.downcast_ref::<ArraysCache>() {
+        // state = (cache list, left_padding, lengths)
+        for (j, a) in c.state.cache.iter().enumerate() {
+            out.push((format!("{i}.0.{j}"), opt_leaf(a.as_ref())));
+        }
+        out.push((key(1), opt_leaf(c.state.left_padding.as_ref())));
+        out.push((key(2), opt_leaf(c.state.lengths.as_ref())));
     } else {
         return Err(CacheError::NotSerializable {
             index: i,
@@ -326,6 +334,26 @@ pub fn load_prompt_cache(
                 st.finish()?;
                 st.check_kv(k.as_ref(), v.as_ref(), 0)?;
                 Box::new(ConcatenateKVCache::from_parts(k, v)?)
+            }
+            "ArraysCache" => {
+                let mut slots = Vec::new();
+                while st.leaves.contains_key(&format!("0.{}", slots.len())) {
+                    slots.push(st.array(&format!("0.{}", slots.len()))?);
+                }
+                if slots.is_empty() {
+                    return Err(st.err(format!("state `{i}.0` holds no slots")));
+                }
+                let (left_padding, lengths) = (st.array("1")?, st.array("2")?);
+                st.finish()?;
+                let rows = slots
+                    .iter()
+                    .flatten()
+                    .map(|a| a.dim(0))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if rows.windows(2).any(|w| w[0] != w[1]) {
+                    return Err(st.err(format!("state slots disagree on the batch size: {rows:?}")));
+                }
+                Box::new(ArraysCache::from_parts(slots, left_padding, lengths))
             }
             other => {
                 return Err(CacheError::UnknownClass {

@@ -4,6 +4,9 @@
 //! forward pass. The op sequence of each update is mlx-lm's, so keys, values and masks
 //! are bit-identical to Python's.
 //!
+//! Linear-attention and state-space layers keep their recurrent state in an
+//! [`ArraysCache`] (mlx-lm's class of that name: array slots, not trimmable).
+//!
 //! For continuous batching, [`BatchKVCache`] and [`BatchRotatingKVCache`] (mlx-lm's
 //! left-padded batch caches, with per-row RoPE offsets) hold several sequences;
 //! [`BatchPromptCache`] merges single-sequence caches into a batch, drops finished rows,
@@ -23,6 +26,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod arrays;
 mod batch;
 mod batch_prompt;
 mod batch_rotating;
@@ -33,6 +37,7 @@ mod quantized;
 mod rotating;
 mod util;
 
+pub use arrays::ArraysCache;
 pub use batch::{batch_causal_mask, BatchKVCache};
 pub use batch_prompt::{is_batchable, BatchPromptCache};
 pub use batch_rotating::BatchRotatingKVCache;
@@ -80,6 +85,7 @@ pub fn make_prompt_cache(specs: &[CacheSpec], max_kv_size: Option<i32>) -> Resul
             CacheSpec::Rotating { max_size, .. } => Err(CacheError::InvalidArgument(format!(
                 "a rotating cache needs a positive max_size, got {max_size}"
             ))),
+            CacheSpec::Arrays { size } => Ok(Box::new(ArraysCache::new(size)) as Box<dyn KvCache>),
         })
         .collect()
 }

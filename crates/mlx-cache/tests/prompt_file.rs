@@ -307,7 +307,7 @@ fn unknown_cache_class_is_refused() {
         "unknown.safetensors",
         &[("0.0", int(1))],
         &[
-            ("1.0", "ArraysCache"),
+            ("1.0", "NoSuchCache"),
             ("2.0", ""),
             ("2.1.0", "0.0"),
             ("2.1.1", "scalar"),
@@ -316,7 +316,7 @@ fn unknown_cache_class_is_refused() {
     match load_err(&p) {
         CacheError::UnknownClass {
             class, index: 0, ..
-        } => assert_eq!(class, "ArraysCache"),
+        } => assert_eq!(class, "NoSuchCache"),
         other => panic!("expected UnknownClass, got {other:?}"),
     }
 }

@@ -14,6 +14,12 @@ pub enum CacheSpec {
         /// Leading positions never evicted.
         keep: i32,
     },
+    /// Recurrent state of a linear-attention or state-space layer (mlx-lm
+    /// `ArraysCache(size)`): `size` arrays, no keys or values.
+    Arrays {
+        /// Number of state arrays.
+        size: usize,
+    },
 }
 
 /// A causal language model: token ids in, logits out.
@@ -75,7 +81,7 @@ pub fn mlx_lm_init_key_draws(dir: &std::path::Path) -> crate::Result<usize> {
         layers.insert(path.to_string(), layer.dense_weight_shape().len());
         Ok(())
     })?;
-    let mut draws = layers.len() + model.discarded_init_key_draws();
+    let mut draws = layers.len() + model.extra_init_key_draws();
     model.visit_params("", &mut |name, _| {
         let linear_bias = name
             .strip_suffix(".bias")

@@ -9,6 +9,7 @@ const ALIASES: &[(&str, &str)] = &[
     ("iquestcoder", "llama"),
     ("xverse", "llama"),
     ("qwen2_5_vl", "qwen2_vl"),
+    ("falcon_mamba", "mamba"),
 ];
 
 /// The architecture file a `model_type` resolves to.

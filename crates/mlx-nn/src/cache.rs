@@ -118,11 +118,98 @@ pub trait KvCache: Send {
     /// mlx-lm's class name of this cache (`KVCache`, `RotatingKVCache`, ...).
     fn class_name(&self) -> &'static str;
 
+    /// The slots of a recurrent-state cache (mlx-lm's `ArraysCache`: convolution and
+    /// SSM / delta-net states), which linear-attention layers read and write instead of
+    /// keys and values; `None` for key/value caches.
+    fn arrays(&self) -> Option<&ArraysState> {
+        None
+    }
+
+    /// The slots of a recurrent-state cache, mutably (see [`KvCache::arrays`]).
+    fn arrays_mut(&mut self) -> Option<&mut ArraysState> {
+        None
+    }
+
     /// Lets callers reach the concrete type.
     fn as_any(&self) -> &dyn std::any::Any;
 
     /// Lets callers reach the concrete type mutably.
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+/// What a recurrent-state cache holds (mlx-lm's `ArraysCache` fields): `size` array
+/// slots (`cache[i]`, `None` until a layer writes it), and for batches the rows' left
+/// padding and, while a batch is prefilled, their remaining lengths.
+#[derive(Debug, Clone, Default)]
+pub struct ArraysState {
+    /// The state arrays (`cache[0]`, `cache[1]`, ...).
+    pub cache: Vec<Option<Array>>,
+    /// Per-row left padding (int32 `[B]`), for batches.
+    pub left_padding: Option<Array>,
+    /// Per-row tokens still to process (int32 `[B]`), while a batch is prefilled.
+    pub lengths: Option<Array>,
+}
+
+impl ArraysState {
+    /// `size` empty slots.
+    pub fn new(size: usize) -> ArraysState {
+        ArraysState {
+            cache: vec![None; size],
+            left_padding: None,
+            lengths: None,
+        }
+    }
+
+    /// `cache[i]` (`None` when unset or out of range).
+    pub fn get(&self, i: usize) -> Option<&Array> {
+        self.cache.get(i).and_then(Option::as_ref)
+    }
+
+    /// `cache[i] = value`; an index past the slots is an error.
+    #[track_caller]
+    pub fn set(&mut self, i: usize, value: Array) -> Result<()> {
+        let n = self.cache.len();
+        match self.cache.get_mut(i) {
+            Some(slot) => {
+                *slot = Some(value);
+                Ok(())
+            }
+            None => Err(mlx_array::Error::InvalidArgument(format!(
+                "state slot {i} of a cache with {n} slots"
+            ))),
+        }
+    }
+
+    /// mlx-lm's `advance(N)`: `lengths -= N`, `left_padding -= N`.
+    #[track_caller]
+    pub fn advance(&mut self, n: i32) -> Result<()> {
+        if let Some(l) = &self.lengths {
+            self.lengths = Some(l.subtract(n)?);
+        }
+        if let Some(p) = &self.left_padding {
+            self.left_padding = Some(p.subtract(n)?);
+        }
+        Ok(())
+    }
+
+    /// mlx-lm's `ArraysCache.make_mask(N)`: `[B, N]` booleans, true at positions past the
+    /// row's left padding and within its remaining length; `None` for a single sequence.
+    #[track_caller]
+    pub fn make_mask(&self, n: i32) -> Result<Option<Array>> {
+        let pos = mlx_array::ops::arange(0.0, n as f64, 1.0, mlx_array::Dtype::Int32)?;
+        let mut mask = None;
+        if let Some(p) = &self.left_padding {
+            mask = Some(pos.greater_equal(&p.expand_dims(&[1])?)?);
+        }
+        if let Some(l) = &self.lengths {
+            let in_length = pos.less(&l.expand_dims(&[1])?)?;
+            mask = Some(match mask {
+                None => in_length,
+                Some(m) => m.logical_and(&in_length)?,
+            });
+        }
+        Ok(mask)
+    }
 }
 
 /// mlx-lm's `create_causal_mask(N, offset, window_size)`: a boolean `[N, offset+N]` mask.

@@ -7,7 +7,9 @@
 //!   [`LayerNorm`], [`Rope`] ([`initialize_rope`]), [`SwitchGlu`].
 //! - [`activations`] compiled like mlx.nn, [`attention::scaled_dot_product_attention`],
 //!   [`quantize::quantize_module`].
-//! - [`cache`]: the KV-cache contract models call.
+//! - [`cache`]: the KV-cache contract models call (with [`ArraysState`] for recurrent
+//!   layers); [`gated_delta`]: the gated delta rule of linear-attention layers; [`ssm`]:
+//!   the SSD scan of Mamba-2 layers.
 #![warn(missing_docs)]
 
 pub mod activations;
@@ -16,6 +18,7 @@ pub mod cache;
 pub mod embedding;
 mod error;
 pub mod fused;
+pub mod gated_delta;
 pub mod linear;
 pub mod lora;
 pub mod losses;
@@ -24,10 +27,11 @@ pub mod norm;
 pub mod pipeline;
 pub mod quantize;
 pub mod rope;
+pub mod ssm;
 pub mod switch;
 
 pub use attention::scaled_dot_product_attention;
-pub use cache::{AttnMask, KvCache, KvFetch};
+pub use cache::{ArraysState, AttnMask, KvCache, KvFetch};
 pub use embedding::{Embedding, EmbeddingLayer, QuantizedEmbedding};
 pub use error::{Error, Result};
 pub use fused::FusedLinears;

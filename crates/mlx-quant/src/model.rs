@@ -43,6 +43,26 @@ fn no_tree(model_type: &str) -> QuantError {
     ))
 }
 
+/// What mlx-lm's model arguments change in the config dict they were read from (and so
+/// in the config `mlx_lm.convert` saves): qwen3_5's `__post_init__` renames
+/// `rope_parameters.rope_type` to `type` in place.
+fn args_side_effects(model_type: &str, config: &mut Map<String, Value>) {
+    if !matches!(model_type, "qwen3_5" | "qwen3_5_moe") {
+        return;
+    }
+    let text = match config.get_mut("text_config") {
+        Some(Value::Object(t)) => t,
+        _ => config,
+    };
+    if let Some(Value::Object(rp)) = text.get_mut("rope_parameters") {
+        if !rp.contains_key("type") {
+            if let Some(t) = rp.remove("rope_type") {
+                rp.insert("type".into(), t);
+            }
+        }
+    }
+}
+
 /// Loads `dir` lazily, like `mlx_lm.utils.load(..., lazy=True)`.
 pub fn load(dir: &Path, lazy: bool) -> Result<LoadedModel> {
     let (model, cfg) = mlx_models::load_model_with(
@@ -67,6 +87,7 @@ pub fn load(dir: &Path, lazy: bool) -> Result<LoadedModel> {
             config.insert("quantization_config".into(), q);
         }
     }
+    args_side_effects(model.model_type(), &mut config);
     if !config.contains_key("quantization") {
         if let Some(q) = &cfg.quantization {
             // A legacy method mlx-lm turns into a section and records in both keys.
@@ -259,10 +280,25 @@ pub fn dequantize_model(model: &mut LoadedModel) -> Result<()> {
     Ok(())
 }
 
-/// Casts every floating-point parameter to `dtype` (convert's `set_dtype`).
+/// Casts every floating-point parameter to `dtype` (convert's `set_dtype`), except those
+/// the model's `cast_predicate` keeps ([`crate::predicate::model_keeps_dtype`]).
 pub fn cast_model(model: &mut LoadedModel, dtype: Dtype) -> Result<()> {
-    model.module_mut()?.cast_floating(dtype)?;
-    Ok(())
+    let model_type = model.model.model_type().to_string();
+    let mut err = None;
+    model.module_mut()?.visit_params_mut("", &mut |path, p| {
+        if err.is_some()
+            || crate::predicate::model_keeps_dtype(&model_type, path)
+            || !p.dtype().is_floating()
+            || p.dtype() == dtype
+        {
+            return;
+        }
+        match p.astype(dtype) {
+            Ok(a) => p.set(a),
+            Err(e) => err = Some(e),
+        }
+    });
+    err.map_or(Ok(()), |e| Err(e.into()))
 }
 
 /// Checks a config's `quantization` section parses (what the loader will read back).

@@ -178,8 +178,9 @@ impl MixedPredicate {
 
 /// The `quant_predicate` property some mlx-lm models define (used when no recipe is
 /// given): qwen3_moe keeps its router (`mlp.gate`) at 8 bits, group size 64, gpt_oss
-/// its `router`, granite its `o_proj`, `down_proj` and `lm_head` (affine, whatever the
-/// mode asked for).
+/// its `router`, granite its `o_proj`, `down_proj` and `lm_head`, the qwen3_next family
+/// its router and shared-expert gate, granitemoehybrid its `router.layer` (affine,
+/// whatever the mode asked for).
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
     let eight_bits = || {
         let mut m = Map::new();
@@ -202,7 +203,23 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
                 || path.ends_with("mlp.down_proj")
                 || path == "lm_head",
         )),
+        // Without experts (dense qwen3_5) neither layer exists, as mlx-lm's `None`.
+        "qwen3_next" | "qwen3_5" | "qwen3_5_moe" => Some(choose(
+            path.ends_with("mlp.gate") || path.ends_with("shared_expert_gate"),
+        )),
+        "granitemoehybrid" => Some(choose(path.ends_with("router.layer"))),
         _ => None,
+    }
+}
+
+/// The `cast_predicate` some mlx-lm models define: parameters `--dtype` leaves in their
+/// own dtype (the SSM decay `A_log` of qwen3_5 and nemotron_h, nemotron_h's router
+/// correction bias).
+pub fn model_keeps_dtype(model_type: &str, path: &str) -> bool {
+    match model_type {
+        "qwen3_5" | "qwen3_5_moe" => path.ends_with("A_log"),
+        "nemotron_h" => path.contains("e_score_correction_bias") || path.contains("A_log"),
+        _ => false,
     }
 }
 

@@ -44,6 +44,15 @@ pub const TINY: &[&str] = &[
     "qwen2_vl-f32-flat",
     "qwen3_vl-f32-nested-untied",
     "hunyuan_v1_dense-f32",
+    // Issue 26, hybrid and state-space families.
+    "qwen3_next-f32",
+    "qwen3_5-f32",
+    "qwen3_5_moe-f32",
+    "lfm2-f32",
+    "mamba2-f32",
+    "granitemoehybrid-f32",
+    "nemotron_h-f32",
+    "mamba-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];
@@ -53,6 +62,8 @@ const PROMPT_CACHE: &[&str] = &[
     "qwen3-f32-tied",
     "gemma3_text-f32-tied",
     "llama-f32-hd32",
+    "qwen3_next-f32",
+    "lfm2-f32",
 ];
 /// Top-k and min-p run on these (top-p on all).
 const ALL_SAMPLERS: &[&str] = &[
@@ -61,6 +72,7 @@ const ALL_SAMPLERS: &[&str] = &[
     "phi3-f32",
     "gemma3_text-f32-tied",
     "qwen3_moe-f32",
+    "qwen3_next-f32",
 ];
 /// Which mlx-lm command a case runs.
 #[derive(Clone, Copy, PartialEq, Eq)]

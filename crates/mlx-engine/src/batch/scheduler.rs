@@ -82,6 +82,8 @@ impl Engine {
             && model.cache_specs().iter().all(|s| match s {
                 CacheSpec::Standard => true,
                 CacheSpec::Rotating { keep, .. } => *keep == 0,
+                // Recurrent state (ArraysCache): each sequence decodes on its own.
+                CacheSpec::Arrays { .. } => false,
             });
         let stages = if batched {
             Stages::Batched {

@@ -98,7 +98,7 @@ impl Architecture for Model {
     /// mlx-lm's class has no `sanitize`: the checkpoint's tensors load as they are.
     ///
     /// Untied, mlx-lm builds `lm_head` twice (the first one is replaced): one more key.
-    fn discarded_init_key_draws(&self) -> usize {
+    fn extra_init_key_draws(&self) -> usize {
         usize::from(!self.args.tie_word_embeddings)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {

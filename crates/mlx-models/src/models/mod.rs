@@ -31,6 +31,8 @@ macro_rules! decoder_accessors {
 }
 
 pub mod attention;
+#[macro_use]
+mod recurrent;
 pub mod decoder;
 pub mod head;
 pub mod mlp;
@@ -86,6 +88,15 @@ architectures! {
     qwen2_vl,
     qwen3_vl,
     hunyuan_v1_dense,
+    // Issue 26, hybrid linear-attention and state-space families (`recurrent`):
+    qwen3_next,
+    qwen3_5,
+    qwen3_5_moe,
+    lfm2,
+    granitemoehybrid,
+    nemotron_h,
+    mamba,
+    mamba2,
 }
 
 /// Flat weight map (checkpoint name -> array).
@@ -112,18 +123,19 @@ pub trait Architecture: LanguageModel + Module + IntoLanguageModel {
         Ok(weights)
     }
 
+    /// Keys mlx-lm's constructor draws besides those of the built model's `Linear`,
+    /// `Embedding` and `SwitchLinear` layers: convolution weights, random initial
+    /// parameters, and modules it builds and then replaces or drops; see
+    /// [`crate::model::mlx_lm_init_key_draws`].
+    fn extra_init_key_draws(&self) -> usize {
+        0
+    }
+
     /// Concatenates the weights of projections that read the same input (q/k/v, gate/up)
     /// so single-position steps run one matmul for them ([`FusedLinears`]); called by
     /// the loader once the weights are in. Architectures without it do nothing.
     fn fuse_projections(&mut self) -> crate::Result<()> {
         Ok(())
-    }
-
-    /// Keys mlx-lm's constructor draws for modules the built model does not keep (a
-    /// layer it builds and then replaces), on top of those
-    /// [`crate::model::mlx_lm_init_key_draws`] counts from the parameters.
-    fn discarded_init_key_draws(&self) -> usize {
-        0
     }
 }
 

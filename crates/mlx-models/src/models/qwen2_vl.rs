@@ -113,7 +113,7 @@ impl Architecture for VlText {
     fn fuse_projections(&mut self) -> crate::Result<()> {
         self.language_model.fuse_projections()
     }
-    fn discarded_init_key_draws(&self) -> usize {
-        self.language_model.discarded_init_key_draws()
+    fn extra_init_key_draws(&self) -> usize {
+        self.language_model.extra_init_key_draws()
     }
 }
