@@ -335,9 +335,11 @@ VARIANTS.update({
                      "attention_bias": False, "norm_topk_prob": False, "first_k_dense_replace": 0}, {}),
     "glm4_moe-q4": ("glm4_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "ernie4_5_moe-f32-mtp": ("ernie4_5_moe", {}, {"mtp": True}),
-    "ernie4_5_moe-f32-sigmoid-lists": (
-        "ernie4_5_moe", {"moe_gate_act": "sigmoid", "moe_layer_interval": 2, "moe_layer_start_index": [0, 1],
-                         "moe_layer_end_index": [1, 2], "moe_num_shared_experts": 0,
+    # Integer layer indices: transformers' strict config class (which the tokenizer loading
+    # of the generation sweep goes through) refuses lists.
+    "ernie4_5_moe-f32-sigmoid-interval2": (
+        "ernie4_5_moe", {"moe_gate_act": "sigmoid", "moe_layer_interval": 2, "moe_layer_start_index": 0,
+                         "moe_layer_end_index": 2, "moe_num_shared_experts": 0,
                          "tie_word_embeddings": False}, {}),
     "ernie4_5_moe-q4": ("ernie4_5_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "hunyuan_v1_dense-f32": ("hunyuan_v1_dense", {}, {}),
