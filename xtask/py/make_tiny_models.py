@@ -330,8 +330,10 @@ VARIANTS.update({
                       "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8}, {}),
     "internlm3-bf16-q4": ("internlm3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
     "glm4_moe-f32-mtp": ("glm4_moe", {}, {"mtp": True}),
-    "glm4_moe-f32-one-group-no-shared-noqknorm": (
-        "glm4_moe", {"n_group": 1, "topk_group": 1, "n_shared_experts": None, "use_qk_norm": False,
+    # n_shared_experts stays an int: transformers' strict config (the generation sweep's
+    # tokenizer loading) refuses null.
+    "glm4_moe-f32-one-group-noqknorm": (
+        "glm4_moe", {"n_group": 1, "topk_group": 1, "n_shared_experts": 2, "use_qk_norm": False,
                      "attention_bias": False, "norm_topk_prob": False, "first_k_dense_replace": 0}, {}),
     "glm4_moe-q4": ("glm4_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "ernie4_5_moe-f32-mtp": ("ernie4_5_moe", {}, {"mtp": True}),
