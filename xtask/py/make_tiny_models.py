@@ -527,14 +527,18 @@ VARIANTS.update({
                       "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8}, {}),
     "internlm3-bf16-q4": ("internlm3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
     "glm4_moe-f32-mtp": ("glm4_moe", {}, {"mtp": True}),
-    "glm4_moe-f32-one-group-no-shared-noqknorm": (
-        "glm4_moe", {"n_group": 1, "topk_group": 1, "n_shared_experts": None, "use_qk_norm": False,
+    # n_shared_experts stays an int: transformers' strict config (the generation sweep's
+    # tokenizer loading) refuses null.
+    "glm4_moe-f32-one-group-noqknorm": (
+        "glm4_moe", {"n_group": 1, "topk_group": 1, "n_shared_experts": 2, "use_qk_norm": False,
                      "attention_bias": False, "norm_topk_prob": False, "first_k_dense_replace": 0}, {}),
     "glm4_moe-q4": ("glm4_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "ernie4_5_moe-f32-mtp": ("ernie4_5_moe", {}, {"mtp": True}),
-    "ernie4_5_moe-f32-sigmoid-lists": (
-        "ernie4_5_moe", {"moe_gate_act": "sigmoid", "moe_layer_interval": 2, "moe_layer_start_index": [0, 1],
-                         "moe_layer_end_index": [1, 2], "moe_num_shared_experts": 0,
+    # Integer layer indices: transformers' strict config class (which the tokenizer loading
+    # of the generation sweep goes through) refuses lists.
+    "ernie4_5_moe-f32-sigmoid-interval2": (
+        "ernie4_5_moe", {"moe_gate_act": "sigmoid", "moe_layer_interval": 2, "moe_layer_start_index": 0,
+                         "moe_layer_end_index": 2, "moe_num_shared_experts": 0,
                          "tie_word_embeddings": False}, {}),
     "ernie4_5_moe-q4": ("ernie4_5_moe", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "hunyuan_v1_dense-f32": ("hunyuan_v1_dense", {}, {}),
