@@ -21,6 +21,7 @@ try:
 
     import lm_eval
     from lm_eval.api.model import LM
+    from lm_eval.tasks import TaskManager
 except ImportError as e:
     sys.stderr.write(
         f"mlx-evaluate: the Python package lm_eval (lm-evaluation-harness) cannot be "
@@ -77,7 +78,7 @@ def main():
     hello = _call("hello")
     task_manager = None
     if args.get("include_path"):
-        task_manager = lm_eval.tasks.TaskManager(include_path=args["include_path"])
+        task_manager = TaskManager(include_path=args["include_path"])
     lm = MLXBridge(hello["tokenizer_name"])
     seed = args["seed"]
     results = lm_eval.simple_evaluate(
