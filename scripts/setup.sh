@@ -22,7 +22,7 @@ fi
 # lm-evaluation-harness for mlx-evaluate's tests (bins/tests/evaluate.rs): the pinned
 # version mlx_lm.evaluate and the mlx-evaluate adapter run in the .venv. Those tests skip
 # with a message where this install fails (no network).
-LM_EVAL_VERSION=0.4.9.1
+LM_EVAL_VERSION=0.4.13
 if ! .venv/bin/python - <<PY 2>/dev/null
 import importlib.metadata as m, sys
 sys.exit(0 if m.version("lm_eval") == "$LM_EVAL_VERSION" else 1)
