@@ -317,3 +317,18 @@ fn generate_one(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::rstrip_until;
+
+    #[test]
+    fn rstrip_until_cuts_at_the_first_stop_like_mlx_lm() {
+        let u = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(rstrip_until("a\n\nb\nc", &u(&["\n\n", "b"])), "a");
+        assert_eq!(rstrip_until("xb\n\n", &u(&["\n\n", "b"])), "x");
+        assert_eq!(rstrip_until("abc", &u(&["z"])), "abc");
+        // Python's "abc".find("") is 0.
+        assert_eq!(rstrip_until("abc", &u(&[""])), "");
+    }
+}
