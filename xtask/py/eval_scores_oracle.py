@@ -2,13 +2,14 @@
 
 Reads a JSON case from stdin: {"model": DIR, "chat": bool, "max_tokens": int|null,
 "batch_size": int, "score": [[ids...]...], "step_size": int,
-"loglikelihood": [[context, continuation]...], "rolling": [text...]} and prints
+"loglikelihood": [[context, continuation]...], "rolling": [text...], "generate": [[context, gen_kwargs]...]} and prints
 {"score": {"scores": [[repr...]], "is_greedy": [[bool]]}, "loglikelihood": [[repr, bool]],
-"rolling": [repr...]} with floats as Python reprs (exact round trip, -inf included).
+"rolling": [repr...], "generate": [text...]} with floats as Python reprs (exact round trip, -inf included).
 
 mlx_lm/evaluate.py imports lm_eval at module level; where lm_eval is not installed a
 stand-in with the two names it uses (LM, register_model) takes its place.
 """
+import contextlib
 import json
 import sys
 import types
@@ -70,6 +71,11 @@ def main():
     if case.get("rolling"):
         reqs = [SimpleNamespace(args=(t,)) for t in case["rolling"]]
         out["rolling"] = [repr(float(s)) for s in lm.loglikelihood_rolling(reqs)]
+    if case.get("generate"):
+        reqs = [SimpleNamespace(args=(c, k)) for c, k in case["generate"]]
+        # batch_generate(verbose=True) prints its progress to stdout.
+        with contextlib.redirect_stdout(sys.stderr):
+            out["generate"] = lm.generate_until(reqs)
     mx.eval(mx.array(0))
     json.dump(out, sys.stdout)
 

@@ -224,11 +224,13 @@ fn answer(
             Ok(Answer::Result(json!(out)))
         }
         "generate_until" => {
-            let mut texts = Vec::new();
-            for r in list("requests")? {
-                texts.push(generate_one(model, tok, opts, &r[0], &r[1])?);
-            }
-            Ok(Answer::Result(json!(texts)))
+            let reqs: Vec<(Value, Value)> = list("requests")?
+                .iter()
+                .map(|r| (r[0].clone(), r[1].clone()))
+                .collect();
+            Ok(Answer::Result(json!(generate_until(
+                model, tok, opts, &reqs
+            )?)))
         }
         "results" => {
             let each = list("each")?
@@ -254,6 +256,24 @@ pub fn rstrip_until<'a>(s: &'a str, untils: &[String]) -> &'a str {
         .min()
         .unwrap_or(s.len());
     &s[..cut]
+}
+
+/// mlx-lm's `MLXLM.generate_until` for `(context, gen_kwargs)` requests: each context
+/// tokenized (special tokens unless a chat template is in use), generated with the
+/// `--temp/--top-p/--top-k` sampler up to `--max-tokens`, else the request's
+/// `max_gen_toks`, else [`DEFAULT_MAX_TOKENS`], then cut at the first stop string (and
+/// after the reasoning end marker where the vocabulary has one). mlx-lm batches the
+/// requests; here they run one at a time through mlx-engine.
+pub fn generate_until(
+    model: &dyn LanguageModel,
+    tok: &Tokenizer,
+    opts: &HarnessOptions,
+    requests: &[(Value, Value)],
+) -> Result<Vec<String>> {
+    requests
+        .iter()
+        .map(|(c, k)| generate_one(model, tok, opts, c, k))
+        .collect()
 }
 
 fn generate_one(

@@ -1,7 +1,7 @@
 //! lm-evaluation-harness scoring against live mlx-lm: `_score_fn` (several step sizes,
 //! a padded batch), `loglikelihood` (shared contexts, one-token continuations, an empty
 //! context, truncation by `max_tokens`) and `loglikelihood_rolling` equal mlx-lm
-//! 0.32.2's `MLXLM` methods bit for bit (`xtask/py/eval_scores_oracle.py`, run with
+//! 0.32.2's `MLXLM` methods bit for bit, and greedy `generate_until` gives its texts (`xtask/py/eval_scores_oracle.py`, run with
 //! `$MLX_PYTHON`, else `.venv/bin/python`).
 use mlx_eval::scoring::{loglikelihood, loglikelihood_rolling, score};
 use serde_json::{json, Value};
@@ -173,4 +173,56 @@ fn scoring_refuses_bad_input() {
     assert!(score(model.as_ref(), &[], None, 2048).is_err());
     let two: &[u32] = &[1, 2];
     assert!(score(model.as_ref(), &[two], None, 0).is_err());
+}
+
+#[test]
+fn generate_until_equals_mlx_lm_greedy() {
+    let dir = root().join("goldens/generate/models/llama-small-f32");
+    let reqs = vec![
+        (
+            json!("The cat"),
+            json!({"until": ["\n\n"], "max_gen_toks": 12}),
+        ),
+        (
+            json!("Once upon a time"),
+            json!({"until": [" the"], "max_gen_toks": 20}),
+        ),
+        (
+            json!("Q: 1 2 3\nA:"),
+            json!({"until": ["\n", "."], "max_gen_toks": 8}),
+        ),
+    ];
+    let want = oracle(&json!({
+        "model": dir,
+        "chat": false,
+        "batch_size": 2,
+        "generate": reqs.iter().map(|(c, k)| json!([c, k])).collect::<Vec<_>>(),
+    }));
+    let (model, _) = mlx_models::load_model(&dir).unwrap();
+    let tok = mlx_tokenizer::Tokenizer::from_dir(&dir).unwrap();
+    let opts = mlx_eval::harness::HarnessOptions {
+        python: String::new(),
+        tasks: Vec::new(),
+        num_shots: None,
+        limit: None,
+        seed: 123,
+        fewshot_as_multiturn: false,
+        use_chat_template: false,
+        chat_template_args: Default::default(),
+        confirm_run_unsafe_code: false,
+        max_tokens: None,
+        batch_size: 2,
+        temp: 0.0,
+        top_p: 1.0,
+        top_k: 0,
+        include_path: None,
+        tokenizer_name: String::new(),
+    };
+    let got = mlx_eval::harness::generate_until(model.as_ref(), &tok, &opts, &reqs).unwrap();
+    let want: Vec<String> = serde_json::from_value(want["generate"].clone()).unwrap();
+    assert_eq!(got, want);
+    assert!(
+        got.iter().any(|t| !t.is_empty()),
+        "nothing generated: {got:?}"
+    );
 }
