@@ -19,6 +19,20 @@ then
     "mlx[cpu]==$MLX_VERSION" "mlx-lm==$MLX_LM_VERSION"
 fi
 
+# lm-evaluation-harness for mlx-evaluate's tests (bins/tests/evaluate.rs): the pinned
+# version mlx_lm.evaluate and the mlx-evaluate adapter run in the .venv. Those tests skip
+# with a message where this install fails (no network).
+LM_EVAL_VERSION=0.4.13
+if ! .venv/bin/python - <<PY 2>/dev/null
+import importlib.metadata as m, sys
+sys.exit(0 if m.version("lm_eval") == "$LM_EVAL_VERSION" else 1)
+PY
+then
+  echo "setup: installing lm-eval==$LM_EVAL_VERSION into .venv"
+  .venv/bin/pip install --quiet --disable-pip-version-check "lm-eval==$LM_EVAL_VERSION" ||
+    echo "setup: lm-eval could not be installed; mlx-evaluate's tests will skip" >&2
+fi
+
 if [ -x scripts/fetch-test-assets.sh ] || [ -f scripts/fetch-test-assets.sh ]; then
   bash scripts/fetch-test-assets.sh
 fi

@@ -6,6 +6,9 @@ pub enum EvalError {
     /// An MLX operation failed.
     #[error(transparent)]
     Mlx(#[from] mlx_array::Error),
+    /// A KV cache could not be built.
+    #[error(transparent)]
+    Cache(#[from] mlx_cache::CacheError),
     /// A layer function refused its arguments.
     #[error(transparent)]
     Nn(#[from] mlx_nn::Error),
@@ -28,6 +31,9 @@ pub enum EvalError {
     /// Data that is not in a supported format, or too little of it.
     #[error("{0}")]
     Data(String),
+    /// The lm-evaluation-harness bridge failed (Python, lm_eval or the pipe).
+    #[error("{0}")]
+    Harness(String),
     /// Arguments that cannot work together.
     #[error("{0}")]
     Invalid(String),

@@ -1,13 +1,16 @@
-//! Model evaluation (layer 5): datasets in mlx-lm's formats and perplexity
-//! (`mlx_lm.perplexity`), with mlx-lm's data order and op sequence, so the same model,
-//! data and seed give the same numbers bit for bit.
+//! Model evaluation (layer 5): datasets in mlx-lm's formats, perplexity
+//! (`mlx_lm.perplexity`) and lm-evaluation-harness scoring (`mlx_lm.evaluate`,
+//! [`scoring`]), with mlx-lm's data order and op sequence, so the same model, data and
+//! seed give the same numbers bit for bit.
 #![warn(missing_docs)]
 
 pub mod datasets;
 mod error;
+pub mod harness;
 pub mod hub_data;
 pub mod nprandom;
 pub mod perplexity;
+pub mod scoring;
 
 pub use datasets::{Dataset, Features, Format};
 pub use error::{EvalError, Result};
