@@ -77,9 +77,8 @@ struct Args {
     /// Directory of local lm_eval task definitions (YAML), added to the harness's tasks.
     #[arg(long)]
     include_path: Option<String>,
-    /// Keep a quantized model quantized on the CPU (mlx-lm's arithmetic).
-    #[arg(long)]
-    keep_quantized: bool,
+    #[command(flatten)]
+    cpu_weights: mlx_bins::load::CpuWeights,
     /// Python interpreter with lm_eval installed [default: $MLX_EVAL_PYTHON, else python3]
     #[arg(long)]
     python: Option<String>,
@@ -105,7 +104,7 @@ fn evaluate(args: Args) -> Result<()> {
     mlx_array::random::seed(args.seed)?;
     let loaded = load(&LoadArgs {
         model: Some(&args.model),
-        keep_quantized: args.keep_quantized,
+        cpu_weights: args.cpu_weights,
         adapter_path: None,
     })?;
     let use_chat_template = if args.apply_chat_template {
