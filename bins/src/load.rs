@@ -158,6 +158,7 @@ pub fn rotating_window(model: &dyn LanguageModel, max_kv_size: Option<i32>) -> O
 /// the first 4 tokens, falls out of the window), with a one-line warning saying so.
 /// A size below 1 is refused (mlx-lm fails on it with a shape error).
 pub fn check_prompt_fits(prompt_len: usize, max_kv_size: i32) -> Result<()> {
+    const KEEP: i32 = mlx_cache::MAX_KV_SIZE_KEEP;
     if max_kv_size < 1 {
         bail!("--max-kv-size must be at least 1, got {max_kv_size}");
     }
@@ -173,9 +174,6 @@ pub fn check_prompt_fits(prompt_len: usize, max_kv_size: i32) -> Result<()> {
     }
     Ok(())
 }
-
-/// The tokens a rotating cache always keeps (mlx-lm's `make_prompt_cache`: `keep=4`).
-const KEEP: i32 = 4;
 
 /// `--kv-bits` and friends as the engine's option.
 pub fn kv_quantization(bits: Option<i32>, group_size: i32, start: i32) -> Option<KvQuantization> {

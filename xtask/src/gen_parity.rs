@@ -454,7 +454,9 @@ pub fn run_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
     let have_cp = cp_bin.is_some();
     let mut cases = cases::tiny_cases(&models, &pc_dir, have_cp);
     cases.extend(cases::flag_cases(&models));
-    cases.extend(cases::sweep_cases(&gen_dir.join("sweep"))?);
+    let sweep_dir = gen_dir.join("sweep");
+    let sweep = cases::read_sweep(&sweep_dir)?;
+    cases.extend(cases::sweep_cases(&sweep_dir, &sweep));
     cases.extend(cases::default_cases(
         &default,
         &gen_dir.join("smollm2-f32"),
@@ -570,7 +572,7 @@ pub fn run_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
     }
 
     let mut failed = report(&cases, &verdicts);
-    let key_draws = cases::sweep_key_draw_mismatches(&gen_dir.join("sweep"))?;
+    let key_draws = cases::sweep_key_draw_mismatches(&sweep_dir, &sweep)?;
     for line in &key_draws {
         println!("  {line}");
     }

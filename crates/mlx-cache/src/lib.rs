@@ -52,6 +52,10 @@ pub use rotating::RotatingKVCache;
 /// A list of per-layer caches, as models take them.
 pub type PromptCache = Vec<Box<dyn KvCache>>;
 
+/// The first tokens a `max_kv_size` rotating cache always keeps (mlx-lm's
+/// `make_prompt_cache`: `RotatingKVCache(max_size=max_kv_size, keep=4)`).
+pub const MAX_KV_SIZE_KEEP: i32 = 4;
+
 /// Builds one cache per layer, like mlx-lm's `make_prompt_cache(model, max_kv_size)`.
 ///
 /// `specs` is the model's `cache_specs()`. Without `max_kv_size` each layer gets the
@@ -71,7 +75,7 @@ pub fn make_prompt_cache(specs: &[CacheSpec], max_kv_size: Option<i32>) -> Resul
         if all_standard {
             return Ok(specs
                 .iter()
-                .map(|_| Box::new(RotatingKVCache::new(m, 4)) as Box<dyn KvCache>)
+                .map(|_| Box::new(RotatingKVCache::new(m, MAX_KV_SIZE_KEEP)) as Box<dyn KvCache>)
                 .collect());
         }
     }

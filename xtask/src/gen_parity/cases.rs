@@ -314,12 +314,22 @@ fn prompt_cache_cases(
     }
 }
 
+/// The entries of `sweep.json` (`xtask/py/sweep_models.py`'s manifest).
+pub fn read_sweep(sweep: &Path) -> anyhow::Result<Vec<serde_json::Value>> {
+    use anyhow::Context;
+    let manifest = sweep.join("sweep.json");
+    let text = std::fs::read_to_string(&manifest)
+        .with_context(|| format!("reading {}", manifest.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
 /// Sweep configs whose loading takes another number of keys from MLX's global sequence
 /// than mlx-lm's (`mlx_models::model::mlx_lm_init_key_draws` against the count
 /// `sweep_models.py` measured in mlx-lm): a seeded sampler would then see other keys.
-pub fn sweep_key_draw_mismatches(sweep: &Path) -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(sweep.join("sweep.json"))?;
-    let entries: Vec<serde_json::Value> = serde_json::from_str(&text)?;
+pub fn sweep_key_draw_mismatches(
+    sweep: &Path,
+    entries: &[serde_json::Value],
+) -> anyhow::Result<Vec<String>> {
     let mut bad = Vec::new();
     for e in entries {
         let name = e.get("name").and_then(|v| v.as_str()).unwrap_or_default();
@@ -337,12 +347,7 @@ pub fn sweep_key_draw_mismatches(sweep: &Path) -> anyhow::Result<Vec<String>> {
 /// The seeded config sweep (`xtask/py/sweep_models.py`: three tiny configs of every
 /// architecture, each switch of its config drawn from a fixed seed; `sweep.json` lists
 /// them): greedy decoding with mlx-lm's default flags, and seeded sampling.
-pub fn sweep_cases(sweep: &Path) -> anyhow::Result<Vec<Case>> {
-    use anyhow::Context;
-    let manifest = sweep.join("sweep.json");
-    let text = std::fs::read_to_string(&manifest)
-        .with_context(|| format!("reading {}", manifest.display()))?;
-    let entries: Vec<serde_json::Value> = serde_json::from_str(&text)?;
+pub fn sweep_cases(sweep: &Path, entries: &[serde_json::Value]) -> Vec<Case> {
     let mut cases = Vec::new();
     for e in entries {
         let field = |k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or_default();
@@ -358,7 +363,7 @@ pub fn sweep_cases(sweep: &Path) -> anyhow::Result<Vec<Case>> {
         let seeded = cat(&[CHAT, QUIET, &["--temp", "0.9", "--seed", &seed]]);
         cases.push(same(&row, "seeded", with_model(&dir, &seeded), &[]));
     }
-    Ok(cases)
+    cases
 }
 
 /// Prompt and template flags, on one model.
