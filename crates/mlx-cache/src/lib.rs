@@ -52,6 +52,23 @@ pub use rotating::RotatingKVCache;
 /// A list of per-layer caches, as models take them.
 pub type PromptCache = Vec<Box<dyn KvCache>>;
 
+/// A private copy of one layer's cache (mlx-lm: `copy.deepcopy(cache)`): MLX arrays are
+/// immutable and cache updates build new arrays, so cloning the handles copies the
+/// cache. `None` for a cache kind that has no copy here.
+pub fn copy_cache(cache: &dyn KvCache) -> Option<Box<dyn KvCache>> {
+    let any = cache.as_any();
+    if let Some(k) = any.downcast_ref::<KVCache>() {
+        Some(Box::new(k.clone()))
+    } else if let Some(r) = any.downcast_ref::<RotatingKVCache>() {
+        Some(Box::new(r.clone()))
+    } else if let Some(q) = any.downcast_ref::<QuantizedKVCache>() {
+        Some(Box::new(q.clone()))
+    } else {
+        any.downcast_ref::<ConcatenateKVCache>()
+            .map(|c| Box::new(c.clone()) as Box<dyn KvCache>)
+    }
+}
+
 /// The first tokens a `max_kv_size` rotating cache always keeps (mlx-lm's
 /// `make_prompt_cache`: `RotatingKVCache(max_size=max_kv_size, keep=4)`).
 pub const MAX_KV_SIZE_KEEP: i32 = 4;

@@ -6,7 +6,7 @@
 //! Only the single-process path of mlx-lm is ported (no `mx.distributed` ranks).
 use crate::{EvalError, Result};
 use mlx_array::{activations::log_softmax, memory, ops, transforms, Array, Dtype, Scalar};
-use mlx_cache::{ConcatenateKVCache, KVCache, PromptCache, QuantizedKVCache, RotatingKVCache};
+use mlx_cache::PromptCache;
 use mlx_models::LanguageModel;
 use mlx_tokenizer::Tokenizer;
 
@@ -28,27 +28,18 @@ pub struct Scores {
     pub is_greedy: Array,
 }
 
-/// A private copy of per-layer caches (mlx-lm: `copy.deepcopy(cache)`). MLX arrays are
-/// immutable and cache updates build new arrays, so cloning the handles copies the cache.
+/// A private copy of per-layer caches (mlx-lm: `copy.deepcopy(cache)`), through
+/// [`mlx_cache::copy_cache`]; a cache kind without a copy is an error naming it.
 pub fn copy_caches(caches: &PromptCache) -> Result<PromptCache> {
     caches
         .iter()
         .map(|c| {
-            let any = c.as_any();
-            if let Some(k) = any.downcast_ref::<KVCache>() {
-                Ok(Box::new(k.clone()) as Box<dyn mlx_cache::KvCache>)
-            } else if let Some(r) = any.downcast_ref::<RotatingKVCache>() {
-                Ok(Box::new(r.clone()) as Box<dyn mlx_cache::KvCache>)
-            } else if let Some(q) = any.downcast_ref::<QuantizedKVCache>() {
-                Ok(Box::new(q.clone()) as Box<dyn mlx_cache::KvCache>)
-            } else if let Some(c) = any.downcast_ref::<ConcatenateKVCache>() {
-                Ok(Box::new(c.clone()) as Box<dyn mlx_cache::KvCache>)
-            } else {
-                Err(EvalError::Invalid(format!(
+            mlx_cache::copy_cache(c.as_ref()).ok_or_else(|| {
+                EvalError::Invalid(format!(
                     "cannot copy a {} cache for prefix reuse",
                     c.class_name()
-                )))
-            }
+                ))
+            })
         })
         .collect()
 }

@@ -4,10 +4,7 @@
 //! Entries are few (`--prompt-cache-size`, default 10), so a linear scan replaces
 //! mlx-lm's trie; the answers are the same (exact, longest shorter prefix, shortest
 //! longer entry sharing the longest common prefix).
-use mlx_cache::{
-    can_trim_prompt_cache, trim_prompt_cache, ConcatenateKVCache, KVCache, KvCache,
-    QuantizedKVCache, RotatingKVCache,
-};
+use mlx_cache::{can_trim_prompt_cache, trim_prompt_cache, KvCache};
 use std::collections::VecDeque;
 
 /// Where an entry came from; decides eviction order like mlx-lm's `CacheOrder`.
@@ -49,25 +46,12 @@ pub struct PromptCache {
     nbytes: u64,
 }
 
-/// A private copy of per-layer caches. MLX arrays are immutable (updates build new
-/// arrays), so cloning the handles copies the cache; `None` for cache types this
-/// engine does not know how to copy.
+/// A private copy of per-layer caches ([`mlx_cache::copy_cache`] of each); `None` when
+/// a layer's cache kind has no copy.
 pub fn copy_caches(caches: &[Box<dyn KvCache>]) -> Option<Vec<Box<dyn KvCache>>> {
     caches
         .iter()
-        .map(|c| {
-            let any = c.as_any();
-            if let Some(k) = any.downcast_ref::<KVCache>() {
-                Some(Box::new(k.clone()) as Box<dyn KvCache>)
-            } else if let Some(r) = any.downcast_ref::<RotatingKVCache>() {
-                Some(Box::new(r.clone()) as Box<dyn KvCache>)
-            } else if let Some(q) = any.downcast_ref::<QuantizedKVCache>() {
-                Some(Box::new(q.clone()) as Box<dyn KvCache>)
-            } else {
-                any.downcast_ref::<ConcatenateKVCache>()
-                    .map(|c| Box::new(c.clone()) as Box<dyn KvCache>)
-            }
-        })
+        .map(|c| mlx_cache::copy_cache(c.as_ref()))
         .collect()
 }
 
@@ -238,6 +222,7 @@ impl PromptCache {
 mod tests {
     use super::*;
     use mlx_array::{ops::ones, Dtype};
+    use mlx_cache::KVCache;
 
     fn filled(n: i32) -> Vec<Box<dyn KvCache>> {
         let mut c = KVCache::new();
