@@ -42,10 +42,14 @@ impl Drop for Array {
 
 impl Clone for Array {
     fn clone(&self) -> Self {
-        // SAFETY: clone of a valid handle returns a new valid, owned handle.
+        // SAFETY: clone of a valid handle returns a new valid, owned handle, or null
+        // when allocating the handle failed.
         let p = unsafe { sys::mlxs_array_clone(self.raw.as_ptr()) };
-        Array {
-            raw: NonNull::new(p).expect("mlxs_array_clone returned null for a valid handle"),
+        match NonNull::new(p) {
+            Some(raw) => Array { raw },
+            // `Clone` cannot fail: out of memory for a handle ends the process, as Rust's
+            // own allocation failures do.
+            None => std::alloc::handle_alloc_error(std::alloc::Layout::new::<usize>()),
         }
     }
 }
@@ -379,20 +383,33 @@ impl fmt::Debug for Array {
 pub(crate) struct VecHandle(pub(crate) sys::mlxs_vec);
 
 impl VecHandle {
-    pub(crate) fn new() -> VecHandle {
-        VecHandle(unsafe { sys::mlxs_vec_new() })
+    #[track_caller]
+    pub(crate) fn new() -> Result<VecHandle> {
+        let mut p: sys::mlxs_vec = std::ptr::null_mut();
+        // SAFETY: the shim writes a new owned (empty) vector on success.
+        check(unsafe { sys::mlxs_vec_new(&mut p) })?;
+        Ok(VecHandle(p))
     }
-    pub(crate) fn from_arrays<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> VecHandle {
-        let v = VecHandle::new();
+    #[track_caller]
+    pub(crate) fn from_arrays<'a>(
+        arrays: impl IntoIterator<Item = &'a Array>,
+    ) -> Result<VecHandle> {
+        let v = VecHandle::new()?;
         for a in arrays {
-            unsafe { sys::mlxs_vec_push(v.0, a.as_raw()) };
+            // SAFETY: `v.0` is a live vector and `a` a live array; the shim copies the handle.
+            check(unsafe { sys::mlxs_vec_push(v.0, a.as_raw()) })?;
         }
-        v
+        Ok(v)
     }
-    pub(crate) fn to_arrays(&self) -> Vec<Array> {
+    #[track_caller]
+    pub(crate) fn to_arrays(&self) -> Result<Vec<Array>> {
+        // SAFETY: `self.0` is a live vector owned by this handle.
         let n = unsafe { sys::mlxs_vec_len(self.0) };
         (0..n)
-            .map(|i| unsafe { Array::from_raw(sys::mlxs_vec_get(self.0, i)) })
+            .map(|i| {
+                // SAFETY: `i < n`; on success the shim writes a new owned handle.
+                out1(|o| unsafe { sys::mlxs_vec_get(self.0, i, o) })
+            })
             .collect()
     }
     /// Takes ownership of a raw vector written by the shim.
@@ -417,5 +434,5 @@ pub(crate) fn outv(
     let mut p: sys::mlxs_vec = std::ptr::null_mut();
     check(f(&mut p))?;
     let v = unsafe { VecHandle::from_raw(p) };
-    Ok(v.to_arrays())
+    v.to_arrays()
 }

@@ -45,25 +45,83 @@ pub fn load_safetensors(
     let (mut m, mut md) = (std::ptr::null_mut(), std::ptr::null_mut());
     check(unsafe { sys::mlxs_load_safetensors(c.as_ptr(), Array::s(), &mut m, &mut md) })
         .map_err(|e| file_err(path, e))?;
-    let mut arrays = BTreeMap::new();
+    let (m, md) = (OwnedMap(m), OwnedStrMap(md));
+    let arrays = m.arrays()?;
     let mut meta = BTreeMap::new();
+    // SAFETY: `md` is the live string map the shim wrote; indices stay below its length.
     unsafe {
-        for i in 0..sys::mlxs_map_len(m) {
-            arrays.insert(
-                cs(sys::mlxs_map_key(m, i)),
-                Array::from_raw(sys::mlxs_map_value(m, i)),
-            );
-        }
-        for i in 0..sys::mlxs_strmap_len(md) {
+        for i in 0..sys::mlxs_strmap_len(md.0) {
             meta.insert(
-                cs(sys::mlxs_strmap_key(md, i)),
-                cs(sys::mlxs_strmap_value(md, i)),
+                cs(sys::mlxs_strmap_key(md.0, i)),
+                cs(sys::mlxs_strmap_value(md.0, i)),
             );
         }
-        sys::mlxs_map_free(m);
-        sys::mlxs_strmap_free(md);
     }
     Ok((arrays, meta))
+}
+
+/// An owned name -> array map written by the shim.
+struct OwnedMap(sys::mlxs_map);
+
+impl OwnedMap {
+    #[track_caller]
+    fn new() -> Result<OwnedMap> {
+        let mut p: sys::mlxs_map = std::ptr::null_mut();
+        // SAFETY: the shim writes a new owned map on success.
+        check(unsafe { sys::mlxs_map_new(&mut p) })?;
+        Ok(OwnedMap(p))
+    }
+
+    /// Every entry, as new array handles.
+    #[track_caller]
+    fn arrays(&self) -> Result<BTreeMap<String, Array>> {
+        let mut out = BTreeMap::new();
+        // SAFETY: `self.0` is a live map; indices stay below its length.
+        let n = unsafe { sys::mlxs_map_len(self.0) };
+        for i in 0..n {
+            let key = unsafe { cs(sys::mlxs_map_key(self.0, i)) };
+            let value = crate::array::out1(|o| unsafe { sys::mlxs_map_value(self.0, i, o) })?;
+            out.insert(key, value);
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for OwnedMap {
+    fn drop(&mut self) {
+        // SAFETY: we own the map (null-safe: `delete nullptr` is a no-op).
+        unsafe { sys::mlxs_map_free(self.0) }
+    }
+}
+
+/// An owned name -> string map written by the shim.
+struct OwnedStrMap(sys::mlxs_strmap);
+
+impl OwnedStrMap {
+    #[track_caller]
+    fn new() -> Result<OwnedStrMap> {
+        let mut p: sys::mlxs_strmap = std::ptr::null_mut();
+        // SAFETY: the shim writes a new owned map on success.
+        check(unsafe { sys::mlxs_strmap_new(&mut p) })?;
+        Ok(OwnedStrMap(p))
+    }
+}
+
+impl Drop for OwnedStrMap {
+    fn drop(&mut self) {
+        // SAFETY: we own the map (null-safe).
+        unsafe { sys::mlxs_strmap_free(self.0) }
+    }
+}
+
+/// Owned GGUF metadata written by the shim.
+struct OwnedGgufMeta(sys::mlxs_gguf_meta);
+
+impl Drop for OwnedGgufMeta {
+    fn drop(&mut self) {
+        // SAFETY: we own the metadata (null-safe).
+        unsafe { sys::mlxs_gguf_meta_free(self.0) }
+    }
 }
 
 /// Writes tensors and string metadata to a `.safetensors` file.
@@ -75,28 +133,18 @@ pub fn save_safetensors<'a>(
 ) -> Result<()> {
     let path = path.as_ref();
     let c = path_cstr(path)?;
-    // Keep the CStrings alive while the shim copies them.
-    struct Maps(sys::mlxs_map, sys::mlxs_strmap);
-    impl Drop for Maps {
-        fn drop(&mut self) {
-            unsafe {
-                sys::mlxs_map_free(self.0);
-                sys::mlxs_strmap_free(self.1);
-            }
-        }
-    }
-    let maps = Maps(unsafe { sys::mlxs_map_new() }, unsafe {
-        sys::mlxs_strmap_new()
-    });
+    let (arrays_map, meta_map) = (OwnedMap::new()?, OwnedStrMap::new()?);
     for (k, a) in arrays {
         let k = crate::ops::cstr(k)?;
-        unsafe { sys::mlxs_map_insert(maps.0, k.as_ptr(), a.as_raw()) };
+        // SAFETY: live map and array; the shim copies the key and the handle.
+        check(unsafe { sys::mlxs_map_insert(arrays_map.0, k.as_ptr(), a.as_raw()) })?;
     }
     for (k, v) in metadata {
         let (k, v) = (crate::ops::cstr(k)?, crate::ops::cstr(v)?);
-        unsafe { sys::mlxs_strmap_insert(maps.1, k.as_ptr(), v.as_ptr()) };
+        // SAFETY: live map; the shim copies both strings.
+        check(unsafe { sys::mlxs_strmap_insert(meta_map.0, k.as_ptr(), v.as_ptr()) })?;
     }
-    check(unsafe { sys::mlxs_save_safetensors(c.as_ptr(), maps.0, maps.1) })
+    check(unsafe { sys::mlxs_save_safetensors(c.as_ptr(), arrays_map.0, meta_map.0) })
         .map_err(|e| file_err(path, e))
 }
 
@@ -130,30 +178,26 @@ pub fn load_gguf(
     let (mut m, mut md) = (std::ptr::null_mut(), std::ptr::null_mut());
     check(unsafe { sys::mlxs_load_gguf(c.as_ptr(), Array::s(), &mut m, &mut md) })
         .map_err(|e| file_err(path, e))?;
-    let mut arrays = BTreeMap::new();
+    let (m, md) = (OwnedMap(m), OwnedGgufMeta(md));
+    let arrays = m.arrays()?;
     let mut meta = BTreeMap::new();
+    // SAFETY: `md` is the live metadata the shim wrote; indices stay below its lengths.
     unsafe {
-        for i in 0..sys::mlxs_map_len(m) {
-            arrays.insert(
-                cs(sys::mlxs_map_key(m, i)),
-                Array::from_raw(sys::mlxs_map_value(m, i)),
-            );
-        }
-        for i in 0..sys::mlxs_gguf_meta_len(md) {
-            let v = match sys::mlxs_gguf_meta_kind(md, i) {
-                1 => GgufValue::Array(Array::from_raw(sys::mlxs_gguf_meta_array(md, i))),
-                2 => GgufValue::String(cs(sys::mlxs_gguf_meta_string(md, i))),
+        for i in 0..sys::mlxs_gguf_meta_len(md.0) {
+            let v = match sys::mlxs_gguf_meta_kind(md.0, i) {
+                1 => GgufValue::Array(crate::array::out1(|o| {
+                    sys::mlxs_gguf_meta_array(md.0, i, o)
+                })?),
+                2 => GgufValue::String(cs(sys::mlxs_gguf_meta_string(md.0, i))),
                 3 => GgufValue::Strings(
-                    (0..sys::mlxs_gguf_meta_strings_len(md, i))
-                        .map(|j| cs(sys::mlxs_gguf_meta_strings_get(md, i, j)))
+                    (0..sys::mlxs_gguf_meta_strings_len(md.0, i))
+                        .map(|j| cs(sys::mlxs_gguf_meta_strings_get(md.0, i, j)))
                         .collect(),
                 ),
                 _ => GgufValue::None,
             };
-            meta.insert(cs(sys::mlxs_gguf_meta_key(md, i)), v);
+            meta.insert(cs(sys::mlxs_gguf_meta_key(md.0, i)), v);
         }
-        sys::mlxs_map_free(m);
-        sys::mlxs_gguf_meta_free(md);
     }
     Ok((arrays, meta))
 }
@@ -173,7 +217,7 @@ pub fn load_npy(path: impl AsRef<Path>) -> Result<Array> {
 pub fn export_to_dot(path: impl AsRef<Path>, outputs: &[&Array]) -> Result<()> {
     let path = path.as_ref();
     let c = path_cstr(path)?;
-    let v = crate::array::VecHandle::from_arrays(outputs.iter().copied());
+    let v = crate::array::VecHandle::from_arrays(outputs.iter().copied())?;
     check(unsafe { sys::mlxs_export_to_dot(c.as_ptr(), v.0) }).map_err(|e| file_err(path, e))
 }
 

@@ -109,7 +109,7 @@ impl CustomKernel {
     /// Runs the kernel on `inputs`.
     #[track_caller]
     pub fn apply(&self, inputs: &[&Array], launch: &KernelLaunch) -> Result<Vec<Array>> {
-        let v = VecHandle::from_arrays(inputs.iter().copied());
+        let v = VecHandle::from_arrays(inputs.iter().copied())?;
         let shapes: Vec<i32> = launch.output_shapes.iter().flatten().copied().collect();
         let ndims: Vec<usize> = launch.output_shapes.iter().map(|s| s.len()).collect();
         let dtypes: Vec<i32> = launch.output_dtypes.iter().map(|d| d.to_raw()).collect();
@@ -155,6 +155,6 @@ impl CustomKernel {
                 Array::s(),
             )
         })?;
-        Ok(unsafe { VecHandle::from_raw(out) }.to_arrays())
+        unsafe { VecHandle::from_raw(out) }.to_arrays()
     }
 }

@@ -312,9 +312,9 @@ fn many_call(
         )));
     }
     let m = cstr(mode.name())?;
-    let ws = VecHandle::from_arrays(weights.iter().map(|w| w.weight));
-    let scales = VecHandle::from_arrays(weights.iter().map(|w| w.scales));
-    let biases = VecHandle::from_arrays(weights.iter().filter_map(|w| w.biases));
+    let ws = VecHandle::from_arrays(weights.iter().map(|w| w.weight))?;
+    let scales = VecHandle::from_arrays(weights.iter().map(|w| w.scales))?;
+    let biases = VecHandle::from_arrays(weights.iter().filter_map(|w| w.biases))?;
     outv(|o| unsafe {
         f(
             o,

@@ -9,14 +9,14 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// Evaluates arrays together (one graph, shared work).
 #[track_caller]
 pub fn eval(arrays: &[&Array]) -> Result<()> {
-    let v = VecHandle::from_arrays(arrays.iter().copied());
+    let v = VecHandle::from_arrays(arrays.iter().copied())?;
     check(unsafe { sys::mlxs_eval(v.0) })
 }
 
 /// Queues evaluation and returns at once; a later `eval`/read waits for it.
 #[track_caller]
 pub fn async_eval(arrays: &[&Array]) -> Result<()> {
-    let v = VecHandle::from_arrays(arrays.iter().copied());
+    let v = VecHandle::from_arrays(arrays.iter().copied())?;
     check(unsafe { sys::mlxs_async_eval(v.0) })
 }
 
@@ -31,15 +31,25 @@ unsafe extern "C" fn trampoline(
     let f = unsafe { &*(payload as *const Box<DynFn<'static>>) };
     let ins = {
         let n = unsafe { sys::mlxs_vec_len(inputs) };
-        (0..n)
-            .map(|i| unsafe { Array::from_raw(sys::mlxs_vec_get(inputs, i)) })
-            .collect::<Vec<_>>()
+        let mut ins = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut p: sys::mlxs_array = std::ptr::null_mut();
+            // SAFETY: `i < n` indexes the live input vector; status 0 means a new owned handle.
+            if unsafe { sys::mlxs_vec_get(inputs, i, &mut p) } != 0 {
+                return 1; // the shim's message is already set
+            }
+            ins.push(unsafe { Array::from_raw(p) });
+        }
+        ins
     };
     let res = catch_unwind(AssertUnwindSafe(|| f(&ins)));
     let msg = match res {
         Ok(Ok(outs)) => {
             for a in &outs {
-                unsafe { sys::mlxs_vec_push(outputs, a.as_raw()) };
+                // SAFETY: `outputs` is the live vector the shim passed in.
+                if unsafe { sys::mlxs_vec_push(outputs, a.as_raw()) } != 0 {
+                    return 1; // the shim's message is already set
+                }
             }
             return 0;
         }
@@ -103,10 +113,10 @@ impl Closure {
     /// Calls the function.
     #[track_caller]
     pub fn call(&self, inputs: &[&Array]) -> Result<Vec<Array>> {
-        let v = VecHandle::from_arrays(inputs.iter().copied());
+        let v = VecHandle::from_arrays(inputs.iter().copied())?;
         let mut out = std::ptr::null_mut();
         check(unsafe { sys::mlxs_closure_apply(&mut out, self.raw, v.0) })?;
-        Ok(unsafe { VecHandle::from_raw(out) }.to_arrays())
+        unsafe { VecHandle::from_raw(out) }.to_arrays()
     }
 
     /// A compiled version (MLX traces once per input shape, or once when `shapeless`).
@@ -164,17 +174,14 @@ pub fn vjp(
     primals: &[&Array],
     cotangents: &[&Array],
 ) -> Result<(Vec<Array>, Vec<Array>)> {
-    let p = VecHandle::from_arrays(primals.iter().copied());
-    let c = VecHandle::from_arrays(cotangents.iter().copied());
+    let p = VecHandle::from_arrays(primals.iter().copied())?;
+    let c = VecHandle::from_arrays(cotangents.iter().copied())?;
     with_temp_closure(&f, |cl| {
         let (mut o, mut g) = (std::ptr::null_mut(), std::ptr::null_mut());
         check(unsafe { sys::mlxs_vjp(&mut o, &mut g, cl.raw, p.0, c.0) })?;
-        Ok(unsafe {
-            (
-                VecHandle::from_raw(o).to_arrays(),
-                VecHandle::from_raw(g).to_arrays(),
-            )
-        })
+        // SAFETY: on success the shim wrote two new owned vectors.
+        let (o, g) = unsafe { (VecHandle::from_raw(o), VecHandle::from_raw(g)) };
+        Ok((o.to_arrays()?, g.to_arrays()?))
     })
 }
 
@@ -185,17 +192,14 @@ pub fn jvp(
     primals: &[&Array],
     tangents: &[&Array],
 ) -> Result<(Vec<Array>, Vec<Array>)> {
-    let p = VecHandle::from_arrays(primals.iter().copied());
-    let t = VecHandle::from_arrays(tangents.iter().copied());
+    let p = VecHandle::from_arrays(primals.iter().copied())?;
+    let t = VecHandle::from_arrays(tangents.iter().copied())?;
     with_temp_closure(&f, |cl| {
         let (mut o, mut g) = (std::ptr::null_mut(), std::ptr::null_mut());
         check(unsafe { sys::mlxs_jvp(&mut o, &mut g, cl.raw, p.0, t.0) })?;
-        Ok(unsafe {
-            (
-                VecHandle::from_raw(o).to_arrays(),
-                VecHandle::from_raw(g).to_arrays(),
-            )
-        })
+        // SAFETY: on success the shim wrote two new owned vectors.
+        let (o, g) = unsafe { (VecHandle::from_raw(o), VecHandle::from_raw(g)) };
+        Ok((o.to_arrays()?, g.to_arrays()?))
     })
 }
 
@@ -216,17 +220,14 @@ pub fn value_and_grad(
     inputs: &[&Array],
     argnums: &[i32],
 ) -> Result<(Vec<Array>, Vec<Array>)> {
-    let i = VecHandle::from_arrays(inputs.iter().copied());
+    let i = VecHandle::from_arrays(inputs.iter().copied())?;
     with_temp_closure(&f, |cl| {
         let (mut v, mut g) = (std::ptr::null_mut(), std::ptr::null_mut());
         check(unsafe {
             sys::mlxs_value_and_grad(&mut v, &mut g, cl.raw, i.0, argnums.as_ptr(), argnums.len())
         })?;
-        Ok(unsafe {
-            (
-                VecHandle::from_raw(v).to_arrays(),
-                VecHandle::from_raw(g).to_arrays(),
-            )
-        })
+        // SAFETY: on success the shim wrote two new owned vectors.
+        let (v, g) = unsafe { (VecHandle::from_raw(v), VecHandle::from_raw(g)) };
+        Ok((v.to_arrays()?, g.to_arrays()?))
     })
 }

@@ -1,10 +1,11 @@
 // mlx_shim.cpp: implementation of mlx_shim.h over MLX's C++ API.
 // Entry points that run MLX operations catch all exceptions and turn them into a
 // status code plus a per-thread message, so nothing from MLX unwinds into Rust.
-// The small handle and container helpers (mlxs_array_clone, mlxs_vec_*, mlxs_map_*,
-// mlxs_strmap_*, mlxs_gguf_meta_array) are not guarded: they only copy handles or
-// push into std containers, and an allocation failure (std::bad_alloc) there is not
-// caught.
+// The handle and container helpers that allocate (mlxs_array_clone, mlxs_vec_*,
+// mlxs_map_*, mlxs_strmap_*, mlxs_gguf_meta_array) are guarded too: they return a status
+// (or a null handle with the message set), so even std::bad_alloc never unwinds into Rust.
+// Only accessors that return a pointer into an existing container (keys, lengths) are
+// left unguarded: they cannot throw.
 #include "mlx_shim.h"
 
 #include "cpu_gemv.h"
@@ -206,7 +207,11 @@ int mlxs_synchronize(mlxs_stream s) {
 
 /* ---------- array lifecycle and data ---------- */
 void mlxs_array_free(mlxs_array a) { delete a; }
-mlxs_array mlxs_array_clone(mlxs_array a) { return a ? wrap(a->a) : nullptr; }
+mlxs_array mlxs_array_clone(mlxs_array a) {
+  mlxs_array out = nullptr;
+  if (a && guard([&] { out = wrap(a->a); }) != 0) return nullptr;
+  return out;
+}
 
 int mlxs_array_from_data(mlxs_array* out, const void* data, size_t nbytes, const int32_t* shape,
                          size_t ndim, int32_t dtype) {
@@ -273,25 +278,43 @@ int mlxs_array_repr(mlxs_array a, char** out) {
 void mlxs_string_free(char* s) { std::free(s); }
 
 /* ---------- vectors ---------- */
-mlxs_vec mlxs_vec_new(void) { return new mlxs_vec_s{}; }
+int mlxs_vec_new(mlxs_vec* out) {
+  return guard([&] { *out = new mlxs_vec_s{}; });
+}
 void mlxs_vec_free(mlxs_vec v) { delete v; }
-void mlxs_vec_push(mlxs_vec v, mlxs_array a) { v->v.push_back(a->a); }
+int mlxs_vec_push(mlxs_vec v, mlxs_array a) {
+  return guard([&] { v->v.push_back(a->a); });
+}
 size_t mlxs_vec_len(mlxs_vec v) { return v->v.size(); }
-mlxs_array mlxs_vec_get(mlxs_vec v, size_t i) {
-  return i < v->v.size() ? wrap(v->v[i]) : nullptr;
+int mlxs_vec_get(mlxs_vec v, size_t i, mlxs_array* out) {
+  return guard([&] {
+    if (i >= v->v.size()) throw std::out_of_range("array list index out of range");
+    *out = wrap(v->v[i]);
+  });
 }
 
 /* ---------- maps ---------- */
-mlxs_map mlxs_map_new(void) { return new mlxs_map_s{}; }
+int mlxs_map_new(mlxs_map* out) {
+  return guard([&] { *out = new mlxs_map_s{}; });
+}
 void mlxs_map_free(mlxs_map m) { delete m; }
-void mlxs_map_insert(mlxs_map m, const char* key, mlxs_array a) { m->items.emplace_back(key, a->a); }
+int mlxs_map_insert(mlxs_map m, const char* key, mlxs_array a) {
+  return guard([&] { m->items.emplace_back(key, a->a); });
+}
 size_t mlxs_map_len(mlxs_map m) { return m->items.size(); }
 const char* mlxs_map_key(mlxs_map m, size_t i) { return m->items[i].first.c_str(); }
-mlxs_array mlxs_map_value(mlxs_map m, size_t i) { return wrap(m->items[i].second); }
-mlxs_strmap mlxs_strmap_new(void) { return new mlxs_strmap_s{}; }
+int mlxs_map_value(mlxs_map m, size_t i, mlxs_array* out) {
+  return guard([&] {
+    if (i >= m->items.size()) throw std::out_of_range("array map index out of range");
+    *out = wrap(m->items[i].second);
+  });
+}
+int mlxs_strmap_new(mlxs_strmap* out) {
+  return guard([&] { *out = new mlxs_strmap_s{}; });
+}
 void mlxs_strmap_free(mlxs_strmap m) { delete m; }
-void mlxs_strmap_insert(mlxs_strmap m, const char* key, const char* value) {
-  m->items.emplace_back(key, value);
+int mlxs_strmap_insert(mlxs_strmap m, const char* key, const char* value) {
+  return guard([&] { m->items.emplace_back(key, value); });
 }
 size_t mlxs_strmap_len(mlxs_strmap m) { return m->items.size(); }
 const char* mlxs_strmap_key(mlxs_strmap m, size_t i) { return m->items[i].first.c_str(); }
@@ -308,9 +331,12 @@ int32_t mlxs_gguf_meta_kind(mlxs_gguf_meta m, size_t i) {
   if (std::holds_alternative<std::vector<std::string>>(v)) return 3;
   return 0;
 }
-mlxs_array mlxs_gguf_meta_array(mlxs_gguf_meta m, size_t i) {
-  const auto* p = std::get_if<mx::array>(&m->items[i].second);
-  return p ? wrap(*p) : nullptr;
+int mlxs_gguf_meta_array(mlxs_gguf_meta m, size_t i, mlxs_array* out) {
+  return guard([&] {
+    const auto* p = std::get_if<mx::array>(&m->items.at(i).second);
+    if (!p) throw std::invalid_argument("GGUF metadata value is not an array");
+    *out = wrap(*p);
+  });
 }
 const char* mlxs_gguf_meta_string(mlxs_gguf_meta m, size_t i) {
   const auto* p = std::get_if<std::string>(&m->items[i].second);

@@ -77,6 +77,7 @@ int mlxs_synchronize(mlxs_stream s);
 
 /* ---------- array lifecycle and data ---------- */
 void mlxs_array_free(mlxs_array a);
+/* A new handle to the same array; null (message in mlxs_last_error) only if allocating fails. */
 mlxs_array mlxs_array_clone(mlxs_array a);
 int mlxs_array_from_data(mlxs_array* out, const void* data, size_t nbytes,
                          const int32_t* shape, size_t ndim, int32_t dtype);
@@ -99,22 +100,22 @@ int mlxs_array_repr(mlxs_array a, char** out);
 void mlxs_string_free(char* s);
 
 /* ---------- vectors of arrays ---------- */
-mlxs_vec mlxs_vec_new(void);
+int mlxs_vec_new(mlxs_vec* out);
 void mlxs_vec_free(mlxs_vec v);
-void mlxs_vec_push(mlxs_vec v, mlxs_array a);
+int mlxs_vec_push(mlxs_vec v, mlxs_array a);
 size_t mlxs_vec_len(mlxs_vec v);
-mlxs_array mlxs_vec_get(mlxs_vec v, size_t i);
+int mlxs_vec_get(mlxs_vec v, size_t i, mlxs_array* out);
 
 /* ---------- ordered maps: name -> array, name -> string ---------- */
-mlxs_map mlxs_map_new(void);
+int mlxs_map_new(mlxs_map* out);
 void mlxs_map_free(mlxs_map m);
-void mlxs_map_insert(mlxs_map m, const char* key, mlxs_array a);
+int mlxs_map_insert(mlxs_map m, const char* key, mlxs_array a);
 size_t mlxs_map_len(mlxs_map m);
 const char* mlxs_map_key(mlxs_map m, size_t i);
-mlxs_array mlxs_map_value(mlxs_map m, size_t i);
-mlxs_strmap mlxs_strmap_new(void);
+int mlxs_map_value(mlxs_map m, size_t i, mlxs_array* out);
+int mlxs_strmap_new(mlxs_strmap* out);
 void mlxs_strmap_free(mlxs_strmap m);
-void mlxs_strmap_insert(mlxs_strmap m, const char* key, const char* value);
+int mlxs_strmap_insert(mlxs_strmap m, const char* key, const char* value);
 size_t mlxs_strmap_len(mlxs_strmap m);
 const char* mlxs_strmap_key(mlxs_strmap m, size_t i);
 const char* mlxs_strmap_value(mlxs_strmap m, size_t i);
@@ -124,7 +125,7 @@ void mlxs_gguf_meta_free(mlxs_gguf_meta m);
 size_t mlxs_gguf_meta_len(mlxs_gguf_meta m);
 const char* mlxs_gguf_meta_key(mlxs_gguf_meta m, size_t i);
 int32_t mlxs_gguf_meta_kind(mlxs_gguf_meta m, size_t i);
-mlxs_array mlxs_gguf_meta_array(mlxs_gguf_meta m, size_t i);
+int mlxs_gguf_meta_array(mlxs_gguf_meta m, size_t i, mlxs_array* out);
 const char* mlxs_gguf_meta_string(mlxs_gguf_meta m, size_t i);
 size_t mlxs_gguf_meta_strings_len(mlxs_gguf_meta m, size_t i);
 const char* mlxs_gguf_meta_strings_get(mlxs_gguf_meta m, size_t i, size_t j);

@@ -174,28 +174,32 @@ unsafe extern "C" {
     pub fn mlxs_string_free(s: *mut ::std::os::raw::c_char);
 }
 unsafe extern "C" {
-    pub fn mlxs_vec_new() -> mlxs_vec;
+    pub fn mlxs_vec_new(out: *mut mlxs_vec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn mlxs_vec_free(v: mlxs_vec);
 }
 unsafe extern "C" {
-    pub fn mlxs_vec_push(v: mlxs_vec, a: mlxs_array);
+    pub fn mlxs_vec_push(v: mlxs_vec, a: mlxs_array) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn mlxs_vec_len(v: mlxs_vec) -> usize;
 }
 unsafe extern "C" {
-    pub fn mlxs_vec_get(v: mlxs_vec, i: usize) -> mlxs_array;
+    pub fn mlxs_vec_get(v: mlxs_vec, i: usize, out: *mut mlxs_array) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn mlxs_map_new() -> mlxs_map;
+    pub fn mlxs_map_new(out: *mut mlxs_map) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn mlxs_map_free(m: mlxs_map);
 }
 unsafe extern "C" {
-    pub fn mlxs_map_insert(m: mlxs_map, key: *const ::std::os::raw::c_char, a: mlxs_array);
+    pub fn mlxs_map_insert(
+        m: mlxs_map,
+        key: *const ::std::os::raw::c_char,
+        a: mlxs_array,
+    ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn mlxs_map_len(m: mlxs_map) -> usize;
@@ -204,10 +208,10 @@ unsafe extern "C" {
     pub fn mlxs_map_key(m: mlxs_map, i: usize) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
-    pub fn mlxs_map_value(m: mlxs_map, i: usize) -> mlxs_array;
+    pub fn mlxs_map_value(m: mlxs_map, i: usize, out: *mut mlxs_array) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn mlxs_strmap_new() -> mlxs_strmap;
+    pub fn mlxs_strmap_new(out: *mut mlxs_strmap) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn mlxs_strmap_free(m: mlxs_strmap);
@@ -217,7 +221,7 @@ unsafe extern "C" {
         m: mlxs_strmap,
         key: *const ::std::os::raw::c_char,
         value: *const ::std::os::raw::c_char,
-    );
+    ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn mlxs_strmap_len(m: mlxs_strmap) -> usize;
@@ -241,7 +245,11 @@ unsafe extern "C" {
     pub fn mlxs_gguf_meta_kind(m: mlxs_gguf_meta, i: usize) -> i32;
 }
 unsafe extern "C" {
-    pub fn mlxs_gguf_meta_array(m: mlxs_gguf_meta, i: usize) -> mlxs_array;
+    pub fn mlxs_gguf_meta_array(
+        m: mlxs_gguf_meta,
+        i: usize,
+        out: *mut mlxs_array,
+    ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn mlxs_gguf_meta_string(m: mlxs_gguf_meta, i: usize) -> *const ::std::os::raw::c_char;

@@ -119,7 +119,7 @@ pub fn conv2d(
 /// The same `inputs`, evaluated only after `dependencies` (`mx.depends`).
 #[track_caller]
 pub fn depends(inputs: &[&Array], dependencies: &[&Array]) -> Result<Vec<Array>> {
-    let i = VecHandle::from_arrays(inputs.iter().copied());
-    let d = VecHandle::from_arrays(dependencies.iter().copied());
+    let i = VecHandle::from_arrays(inputs.iter().copied())?;
+    let d = VecHandle::from_arrays(dependencies.iter().copied())?;
     outv(|o| unsafe { sys::mlxs_depends(o, i.0, d.0) })
 }

@@ -132,7 +132,7 @@ impl Array {
     /// General gather (MLX's `gather`).
     #[track_caller]
     pub fn gather(&self, indices: &[&Array], axes: &[i32], slice_sizes: &[i32]) -> Result<Array> {
-        let v = VecHandle::from_arrays(indices.iter().copied());
+        let v = VecHandle::from_arrays(indices.iter().copied())?;
         out1(|o| unsafe {
             sys::mlxs_gather(
                 o,
@@ -155,7 +155,7 @@ impl Array {
         updates: &Array,
         axes: &[i32],
     ) -> Result<Array> {
-        let v = VecHandle::from_arrays(indices.iter().copied());
+        let v = VecHandle::from_arrays(indices.iter().copied())?;
         out1(|o| unsafe {
             sys::mlxs_scatter(
                 o,

@@ -552,28 +552,28 @@ pub fn addmm(c: &Array, a: &Array, b: &Array, alpha: f32, beta: f32) -> Result<A
 /// Join arrays along an existing axis.
 #[track_caller]
 pub fn concatenate(arrays: &[&Array], axis: i32) -> Result<Array> {
-    let v = VecHandle::from_arrays(arrays.iter().copied());
+    let v = VecHandle::from_arrays(arrays.iter().copied())?;
     out1(|o| unsafe { sys::mlxs_concatenate(o, v.0, axis, s()) })
 }
 
 /// Join arrays along a new axis.
 #[track_caller]
 pub fn stack(arrays: &[&Array], axis: i32) -> Result<Array> {
-    let v = VecHandle::from_arrays(arrays.iter().copied());
+    let v = VecHandle::from_arrays(arrays.iter().copied())?;
     out1(|o| unsafe { sys::mlxs_stack(o, v.0, axis, s()) })
 }
 
 /// Broadcast arrays against each other.
 #[track_caller]
 pub fn broadcast_arrays(arrays: &[&Array]) -> Result<Vec<Array>> {
-    let v = VecHandle::from_arrays(arrays.iter().copied());
+    let v = VecHandle::from_arrays(arrays.iter().copied())?;
     outv(|o| unsafe { sys::mlxs_broadcast_arrays(o, v.0, s()) })
 }
 
 /// Einstein summation.
 #[track_caller]
 pub fn einsum(subscripts: &str, operands: &[&Array]) -> Result<Array> {
-    let v = VecHandle::from_arrays(operands.iter().copied());
+    let v = VecHandle::from_arrays(operands.iter().copied())?;
     let sub = cstr(subscripts)?;
     out1(|o| unsafe { sys::mlxs_einsum(o, sub.as_ptr(), v.0, s()) })
 }
