@@ -73,6 +73,7 @@ impl Array {
     /// # Safety
     /// `p` must be a valid, owned, non-null handle from the shim.
     pub unsafe fn from_raw(p: sys::mlxs_array) -> Array {
+        #[allow(clippy::expect_used)] // a null here breaks the caller's contract, not input
         Array {
             raw: NonNull::new(p).expect("null array handle from the shim"),
         }
@@ -106,6 +107,7 @@ impl Array {
                 })
             }
         }
+        // SAFETY: `data` holds exactly `nbytes` bytes of `T` and outlives the call; the shim copies them.
         out1(|o| unsafe {
             sys::mlxs_array_from_data(
                 o,
@@ -121,6 +123,7 @@ impl Array {
     /// Builds an array from raw little-endian bytes of the given dtype.
     #[track_caller]
     pub fn from_bytes(bytes: &[u8], shape: &[i32], dtype: Dtype) -> Result<Array> {
+        // SAFETY: `data` holds exactly `nbytes` bytes of `T` and outlives the call; the shim copies them.
         out1(|o| unsafe {
             sys::mlxs_array_from_data(
                 o,
@@ -150,12 +153,14 @@ impl Array {
     /// A scalar of `v` converted to `dtype`.
     #[track_caller]
     pub fn scalar_f64(v: f64, dtype: Dtype) -> Result<Array> {
+        // SAFETY: plain constructor call; the shim writes a new owned handle to `o` on success.
         out1(|o| unsafe { sys::mlxs_array_from_f64(o, v, dtype.to_raw()) })
     }
 
     /// A scalar of integer `v` converted to `dtype`.
     #[track_caller]
     pub fn scalar_i64(v: i64, dtype: Dtype) -> Result<Array> {
+        // SAFETY: plain constructor call; the shim writes a new owned handle to `o` on success.
         out1(|o| unsafe { sys::mlxs_array_from_i64(o, v, dtype.to_raw()) })
     }
 
@@ -189,6 +194,7 @@ impl Array {
                 }
                 Array::scalar_i64(i, dt)
             }
+            // SAFETY: plain constructor call; the shim writes a new owned handle to `o` on success.
             Scalar::Bool(b) => out1(|o| unsafe { sys::mlxs_array_from_bool(o, b) }),
         }
     }
@@ -197,11 +203,13 @@ impl Array {
     /// array that is not is a node of a lazy graph, which belongs to the stream (and on
     /// the GPU, the thread) it was made on.
     pub fn is_available(&self) -> bool {
+        // SAFETY: read-only query on the live handle `self`.
         unsafe { sys::mlxs_array_is_available(self.as_raw()) }
     }
 
     /// Number of dimensions.
     pub fn ndim(&self) -> usize {
+        // SAFETY: read-only query on the live handle `self`.
         unsafe { sys::mlxs_array_ndim(self.as_raw()) }
     }
 
@@ -232,22 +240,26 @@ impl Array {
 
     /// The element type.
     pub fn dtype(&self) -> Dtype {
+        // SAFETY: read-only query on the live handle `self`.
         Dtype::from_raw(unsafe { sys::mlxs_array_dtype(self.as_raw()) })
     }
 
     /// Number of elements.
     pub fn size(&self) -> usize {
+        // SAFETY: read-only query on the live handle `self`.
         unsafe { sys::mlxs_array_size(self.as_raw()) }
     }
 
     /// Bytes taken by the elements.
     pub fn nbytes(&self) -> usize {
+        // SAFETY: read-only query on the live handle `self`.
         unsafe { sys::mlxs_array_nbytes(self.as_raw()) }
     }
 
     /// Evaluates the array (and the graph it depends on).
     #[track_caller]
     pub fn eval(&self) -> Result<()> {
+        // SAFETY: evaluates the live handle `self`; errors come back as a status.
         check(unsafe { sys::mlxs_array_eval(self.as_raw()) })
     }
 
@@ -262,6 +274,7 @@ impl Array {
             });
         }
         let mut v = vec![T::default(); self.size()];
+        // SAFETY: `shape` outlives the call and the shim writes at most `shape.len()` entries.
         check(unsafe {
             sys::mlxs_array_read(
                 self.as_raw(),
@@ -276,6 +289,7 @@ impl Array {
     #[track_caller]
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut v = vec![0u8; self.nbytes()];
+        // SAFETY: `v` is a buffer of exactly `v.len()` bytes, the array's byte size checked above.
         check(unsafe { sys::mlxs_array_read(self.as_raw(), v.as_mut_ptr().cast(), v.len()) })?;
         Ok(v)
     }
@@ -363,11 +377,13 @@ impl Operand<'static> for bool {
 impl fmt::Display for Array {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut p: *mut std::os::raw::c_char = std::ptr::null_mut();
+        // SAFETY: on success the shim writes a new C string to `p`, freed below.
         if unsafe { sys::mlxs_array_repr(self.as_raw(), &mut p) } != 0 || p.is_null() {
             return write!(f, "array(<unprintable: {}>)", crate::error::last_error());
         }
         // SAFETY: the shim returned a malloc'd NUL-terminated string that we free here.
         let s = unsafe { std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned() };
+        // SAFETY: `p` came from mlxs_array_repr and is freed exactly once.
         unsafe { sys::mlxs_string_free(p) };
         f.write_str(&s)
     }
@@ -421,6 +437,7 @@ impl VecHandle {
 impl Drop for VecHandle {
     fn drop(&mut self) {
         if !self.0.is_null() {
+            // SAFETY: we own the vector and free it exactly once (non-null checked above).
             unsafe { sys::mlxs_vec_free(self.0) }
         }
     }
@@ -433,6 +450,7 @@ pub(crate) fn outv(
 ) -> Result<Vec<Array>> {
     let mut p: sys::mlxs_vec = std::ptr::null_mut();
     check(f(&mut p))?;
+    // SAFETY: on success the shim wrote a new owned vector to `p`.
     let v = unsafe { VecHandle::from_raw(p) };
     v.to_arrays()
 }

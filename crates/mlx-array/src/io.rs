@@ -25,6 +25,7 @@ unsafe fn cs(p: *const std::os::raw::c_char) -> String {
     if p.is_null() {
         String::new()
     } else {
+        // SAFETY: `p` is a NUL-terminated string owned by a live shim container (or a static).
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 }
@@ -43,6 +44,7 @@ pub fn load_safetensors(
     }
     let c = path_cstr(path)?;
     let (mut m, mut md) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: `c` is a NUL-terminated path; on success the shim writes two new owned maps.
     check(unsafe { sys::mlxs_load_safetensors(c.as_ptr(), Array::s(), &mut m, &mut md) })
         .map_err(|e| file_err(path, e))?;
     let (m, md) = (OwnedMap(m), OwnedStrMap(md));
@@ -79,7 +81,9 @@ impl OwnedMap {
         // SAFETY: `self.0` is a live map; indices stay below its length.
         let n = unsafe { sys::mlxs_map_len(self.0) };
         for i in 0..n {
+            // SAFETY: `i` is below the live map's length; the key stays valid while the map lives.
             let key = unsafe { cs(sys::mlxs_map_key(self.0, i)) };
+            // SAFETY: `i` is below the live map's length; on success the shim writes a new owned handle.
             let value = crate::array::out1(|o| unsafe { sys::mlxs_map_value(self.0, i, o) })?;
             out.insert(key, value);
         }
@@ -144,6 +148,7 @@ pub fn save_safetensors<'a>(
         // SAFETY: live map; the shim copies both strings.
         check(unsafe { sys::mlxs_strmap_insert(meta_map.0, k.as_ptr(), v.as_ptr()) })?;
     }
+    // SAFETY: `c` is a NUL-terminated path; both maps are live and only read.
     check(unsafe { sys::mlxs_save_safetensors(c.as_ptr(), arrays_map.0, meta_map.0) })
         .map_err(|e| file_err(path, e))
 }
@@ -176,6 +181,7 @@ pub fn load_gguf(
     }
     let c = path_cstr(path)?;
     let (mut m, mut md) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: `c` is a NUL-terminated path; on success the shim writes a new owned map and metadata.
     check(unsafe { sys::mlxs_load_gguf(c.as_ptr(), Array::s(), &mut m, &mut md) })
         .map_err(|e| file_err(path, e))?;
     let (m, md) = (OwnedMap(m), OwnedGgufMeta(md));
@@ -207,6 +213,7 @@ pub fn load_gguf(
 pub fn load_npy(path: impl AsRef<Path>) -> Result<Array> {
     let path = path.as_ref();
     let c = path_cstr(path)?;
+    // SAFETY: `c` is a NUL-terminated path; on success the shim writes a new owned handle.
     out1(|o| unsafe { sys::mlxs_load_npy(c.as_ptr(), Array::s(), o) })
         .map_err(|e| file_err(path, e))
 }
@@ -218,6 +225,7 @@ pub fn export_to_dot(path: impl AsRef<Path>, outputs: &[&Array]) -> Result<()> {
     let path = path.as_ref();
     let c = path_cstr(path)?;
     let v = crate::array::VecHandle::from_arrays(outputs.iter().copied())?;
+    // SAFETY: `c` is a NUL-terminated path and `v` a live vector, only read.
     check(unsafe { sys::mlxs_export_to_dot(c.as_ptr(), v.0) }).map_err(|e| file_err(path, e))
 }
 
@@ -226,5 +234,6 @@ pub fn export_to_dot(path: impl AsRef<Path>, outputs: &[&Array]) -> Result<()> {
 pub fn save_npy(path: impl AsRef<Path>, a: &Array) -> Result<()> {
     let path = path.as_ref();
     let c = path_cstr(path)?;
+    // SAFETY: `c` is a NUL-terminated path and `a` a live handle, only read.
     check(unsafe { sys::mlxs_save_npy(c.as_ptr(), a.as_raw()) }).map_err(|e| file_err(path, e))
 }

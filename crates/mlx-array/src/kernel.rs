@@ -52,6 +52,7 @@ pub struct CustomKernel {
 
 impl Drop for CustomKernel {
     fn drop(&mut self) {
+        // SAFETY: we own the kernel handle and free it exactly once.
         unsafe { sys::mlxs_kernel_free(self.raw) }
     }
 }
@@ -83,6 +84,7 @@ impl CustomKernel {
         let out_p: Vec<_> = outs.iter().map(|c| c.as_ptr()).collect();
         let (src, hdr) = (cstr(source)?, cstr(header)?);
         let mut raw = std::ptr::null_mut();
+        // SAFETY: every pointer/length pair describes a live Rust slice or CString for the whole call.
         check(unsafe {
             sys::mlxs_kernel_new(
                 &mut raw,
@@ -134,6 +136,7 @@ impl CustomKernel {
             })
             .unzip();
         let mut out = std::ptr::null_mut();
+        // SAFETY: every pointer/length pair describes a live Rust slice or CString for the whole call.
         check(unsafe {
             sys::mlxs_kernel_apply(
                 &mut out,
@@ -155,6 +158,7 @@ impl CustomKernel {
                 Array::s(),
             )
         })?;
+        // SAFETY: on success the shim wrote a new owned vector to `out`.
         unsafe { VecHandle::from_raw(out) }.to_arrays()
     }
 }

@@ -15,20 +15,37 @@
 //! ```
 //!
 //! Threading: `Array` is `Send` but not `Sync`; see [`device`].
+//!
+//! Safety: every `unsafe` block here is a call into the C shim (`mlx-sys`). The shim's
+//! contract: handles passed in are live (owned by an `Array` or a container guard) and
+//! only read; an entry point writes a new owned handle to its out-pointer only when it
+//! returns status 0; no C++ exception crosses into Rust. The operator modules (`ops`,
+//! `fast`, `linalg`, `random`, `quant`, `memory`, `device`, `activations`) make nothing
+//! but such plain calls, so their blocks carry no comments of their own; the modules
+//! that transfer ownership, pass raw buffers or hand Rust closures to MLX (`array`,
+//! `io`, `kernel`, `transforms`) say at each block why it holds.
 #![warn(missing_docs)]
 
+#[allow(clippy::undocumented_unsafe_blocks)] // plain shim calls: see the crate docs
 pub mod activations;
 mod array;
+#[allow(clippy::undocumented_unsafe_blocks)] // plain shim calls: see the crate docs
 pub mod device;
 mod dtype;
 mod error;
+#[allow(clippy::undocumented_unsafe_blocks)] // plain shim calls: see the crate docs
 pub mod fast;
 pub mod io;
 pub mod kernel;
+#[allow(clippy::undocumented_unsafe_blocks)] // plain shim calls: see the crate docs
 pub mod linalg;
+#[allow(clippy::undocumented_unsafe_blocks)] // plain shim calls: see the crate docs
 pub mod memory;
+#[allow(clippy::undocumented_unsafe_blocks)] // plain shim calls: see the crate docs
 pub mod ops;
+#[allow(clippy::undocumented_unsafe_blocks)] // plain shim calls: see the crate docs
 pub mod quant;
+#[allow(clippy::undocumented_unsafe_blocks)] // plain shim calls: see the crate docs
 pub mod random;
 pub mod transforms;
 
@@ -41,6 +58,7 @@ pub use transforms::{async_eval, eval, Closure};
 
 /// The MLX version this build runs against.
 pub fn mlx_version() -> String {
+    // SAFETY: mlxs_version returns a pointer to a static NUL-terminated string.
     unsafe { std::ffi::CStr::from_ptr(mlx_sys::mlxs_version()) }
         .to_string_lossy()
         .into_owned()

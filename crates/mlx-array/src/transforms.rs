@@ -10,6 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 #[track_caller]
 pub fn eval(arrays: &[&Array]) -> Result<()> {
     let v = VecHandle::from_arrays(arrays.iter().copied())?;
+    // SAFETY: `v` is a live vector of live handles.
     check(unsafe { sys::mlxs_eval(v.0) })
 }
 
@@ -17,6 +18,7 @@ pub fn eval(arrays: &[&Array]) -> Result<()> {
 #[track_caller]
 pub fn async_eval(arrays: &[&Array]) -> Result<()> {
     let v = VecHandle::from_arrays(arrays.iter().copied())?;
+    // SAFETY: `v` is a live vector of live handles.
     check(unsafe { sys::mlxs_async_eval(v.0) })
 }
 
@@ -30,6 +32,7 @@ unsafe extern "C" fn trampoline(
     // SAFETY: payload is the `Box<DynFn>` made in `Closure::make`.
     let f = unsafe { &*(payload as *const Box<DynFn<'static>>) };
     let ins = {
+        // SAFETY: `inputs` is the live vector MLX passed to the trampoline.
         let n = unsafe { sys::mlxs_vec_len(inputs) };
         let mut ins = Vec::with_capacity(n);
         for i in 0..n {
@@ -38,6 +41,7 @@ unsafe extern "C" fn trampoline(
             if unsafe { sys::mlxs_vec_get(inputs, i, &mut p) } != 0 {
                 return 1; // the shim's message is already set
             }
+            // SAFETY: status 0 above means the shim wrote a new owned handle to `p`.
             ins.push(unsafe { Array::from_raw(p) });
         }
         ins
@@ -64,6 +68,7 @@ unsafe extern "C" fn trampoline(
         }
     };
     let c = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    // SAFETY: `c` is a NUL-terminated string; the shim copies it.
     unsafe { sys::mlxs_set_last_error(c.as_ptr()) };
     1
 }
@@ -80,6 +85,7 @@ pub struct Closure {
 
 impl Drop for Closure {
     fn drop(&mut self) {
+        // SAFETY: we own the closure handle and free it exactly once.
         unsafe { sys::mlxs_closure_free(self.raw) }
     }
 }
@@ -97,13 +103,16 @@ impl Closure {
     #[track_caller]
     unsafe fn make<'a>(f: Box<DynFn<'a>>) -> Result<Closure> {
         let f: Box<DynFn<'static>> =
+            // SAFETY: the boxed closure only lives as long as `with_temp_closure`'s call, which frees the MLX closure (and so this payload) before returning; `'static` is never observed.
             unsafe { std::mem::transmute::<Box<DynFn<'a>>, Box<DynFn<'static>>>(f) };
         let payload = Box::into_raw(Box::new(f)) as *mut c_void;
         let mut raw = std::ptr::null_mut();
+        // SAFETY: `payload` is the boxed closure above, `trampoline` matches `mlxs_closure_fn`, and `drop_payload` frees it exactly once (here on failure, by MLX otherwise).
         let rc = unsafe {
             sys::mlxs_closure_new(&mut raw, Some(trampoline), payload, Some(drop_payload))
         };
         if rc != 0 {
+            // SAFETY: on failure MLX did not take the payload, so it is freed here, once.
             unsafe { drop_payload(payload) };
         }
         check(rc)?;
@@ -115,7 +124,9 @@ impl Closure {
     pub fn call(&self, inputs: &[&Array]) -> Result<Vec<Array>> {
         let v = VecHandle::from_arrays(inputs.iter().copied())?;
         let mut out = std::ptr::null_mut();
+        // SAFETY: `self.raw` is a live closure and `v` a live vector; on success the shim writes a new owned vector.
         check(unsafe { sys::mlxs_closure_apply(&mut out, self.raw, v.0) })?;
+        // SAFETY: on success the shim wrote a new owned vector to `out`.
         unsafe { VecHandle::from_raw(out) }.to_arrays()
     }
 
@@ -124,6 +135,7 @@ impl Closure {
     #[track_caller]
     pub fn compile(&self, shapeless: bool) -> Result<Closure> {
         let mut raw = std::ptr::null_mut();
+        // SAFETY: `self.raw` is a live closure; on success the shim writes a new owned closure.
         check(unsafe { sys::mlxs_compile(&mut raw, self.raw, shapeless) })?;
         Ok(Closure { raw })
     }
@@ -132,6 +144,7 @@ impl Closure {
     #[track_caller]
     pub fn checkpoint(&self) -> Result<Closure> {
         let mut raw = std::ptr::null_mut();
+        // SAFETY: `self.raw` is a live closure; on success the shim writes a new owned closure.
         check(unsafe { sys::mlxs_checkpoint(&mut raw, self.raw) })?;
         Ok(Closure { raw })
     }
@@ -153,6 +166,7 @@ pub enum CompileMode {
 /// Sets the global compile mode.
 #[track_caller]
 pub fn set_compile_mode(mode: CompileMode) -> Result<()> {
+    // SAFETY: plain setter of MLX's global compile mode.
     check(unsafe { sys::mlxs_set_compile_mode(mode as i32) })
 }
 
@@ -178,6 +192,7 @@ pub fn vjp(
     let c = VecHandle::from_arrays(cotangents.iter().copied())?;
     with_temp_closure(&f, |cl| {
         let (mut o, mut g) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: `cl.raw` is a live closure and `p`, `c` live vectors; on success the shim writes two new owned vectors.
         check(unsafe { sys::mlxs_vjp(&mut o, &mut g, cl.raw, p.0, c.0) })?;
         // SAFETY: on success the shim wrote two new owned vectors.
         let (o, g) = unsafe { (VecHandle::from_raw(o), VecHandle::from_raw(g)) };
@@ -196,6 +211,7 @@ pub fn jvp(
     let t = VecHandle::from_arrays(tangents.iter().copied())?;
     with_temp_closure(&f, |cl| {
         let (mut o, mut g) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: `cl.raw` is a live closure and `p`, `t` live vectors; on success the shim writes two new owned vectors.
         check(unsafe { sys::mlxs_jvp(&mut o, &mut g, cl.raw, p.0, t.0) })?;
         // SAFETY: on success the shim wrote two new owned vectors.
         let (o, g) = unsafe { (VecHandle::from_raw(o), VecHandle::from_raw(g)) };
@@ -223,6 +239,7 @@ pub fn value_and_grad(
     let i = VecHandle::from_arrays(inputs.iter().copied())?;
     with_temp_closure(&f, |cl| {
         let (mut v, mut g) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: `cl.raw` is a live closure, `i` a live vector and `argnums` a live slice; on success the shim writes two new owned vectors.
         check(unsafe {
             sys::mlxs_value_and_grad(&mut v, &mut g, cl.raw, i.0, argnums.as_ptr(), argnums.len())
         })?;

@@ -3,6 +3,7 @@
 //! kernel is checked on a CUDA device by `mlx-engine`'s `fused_check MODEL ... qmv`
 //! (every projection shape of Qwen2.5-0.5B / Llama-3.2-1B / Llama-3.1-8B, three group sizes,
 //! identical on the H200: benchmarks/GPU.md, run 6); these tests run on any backend.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::quant::{
     fast_qmv_enabled, fast_qmv_launches, quantize, quantized_matmul, quantized_matmul_add,
     quantized_matmul_many, set_fast_qmv, set_fast_qmv_residual, QuantMode, Quantized,

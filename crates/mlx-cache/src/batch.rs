@@ -9,10 +9,9 @@
 //! [`BatchKVCache::extract`]. The bookkeeping (`left_padding`, `offset`) lives on the
 //! host; the arrays built from it equal the int32 arrays mlx-lm keeps.
 use crate::kv::{KVCache, STEP};
-use crate::util::{cat2, dims4, seq, seq_update};
+use crate::util::{cat2, dims4, kv_pair_methods, seq, seq_update};
 use mlx_array::{ops::arange, ops::zeros, Array, Dtype, Result};
 use mlx_nn::cache::{AttnMask, KvCache, KvFetch, RopePosition};
-use std::any::Any;
 
 /// mlx-lm's `BatchKVCache(left_padding)`.
 #[derive(Debug, Clone)]
@@ -498,34 +497,5 @@ impl KvCache for BatchKVCache {
         self.idx
     }
 
-    fn nbytes(&self) -> usize {
-        match (&self.keys, &self.values) {
-            (Some(k), Some(v)) => k.nbytes() + v.nbytes(),
-            _ => 0,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.keys.is_none()
-    }
-
-    fn state(&self) -> Vec<Array> {
-        self.keys
-            .iter()
-            .chain(self.values.iter())
-            .cloned()
-            .collect()
-    }
-
-    fn class_name(&self) -> &'static str {
-        "BatchKVCache"
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
+    kv_pair_methods!("BatchKVCache");
 }

@@ -15,10 +15,9 @@ use crate::batch::{
 use crate::error::CacheError;
 use crate::kv::STEP;
 use crate::rotating::RotatingKVCache;
-use crate::util::{cat2, dims4, seq, seq_update};
+use crate::util::{cat2, dims4, kv_pair_methods, seq, seq_update};
 use mlx_array::{ops::arange, ops::zeros, Array, Dtype, Result};
 use mlx_nn::cache::{AttnMask, KvCache, KvFetch, RopePosition};
-use std::any::Any;
 
 /// mlx-lm's `BatchRotatingKVCache(max_size, left_padding)`.
 #[derive(Debug, Clone)]
@@ -611,34 +610,5 @@ impl KvCache for BatchRotatingKVCache {
         self.written.min(self.max_size)
     }
 
-    fn nbytes(&self) -> usize {
-        match (&self.keys, &self.values) {
-            (Some(k), Some(v)) => k.nbytes() + v.nbytes(),
-            _ => 0,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.keys.is_none()
-    }
-
-    fn state(&self) -> Vec<Array> {
-        self.keys
-            .iter()
-            .chain(self.values.iter())
-            .cloned()
-            .collect()
-    }
-
-    fn class_name(&self) -> &'static str {
-        "BatchRotatingKVCache"
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
+    kv_pair_methods!("BatchRotatingKVCache");
 }

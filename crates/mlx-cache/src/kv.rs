@@ -1,9 +1,8 @@
 //! mlx-lm's `KVCache` (a buffer grown in steps of 256) and `ConcatenateKVCache`.
 use crate::quantized::QuantizedKVCache;
-use crate::util::{cat2, dims4, seq, seq_update};
+use crate::util::{cat2, dims4, kv_pair_methods, seq, seq_update};
 use mlx_array::{ops::zeros, quant, Array, Result};
 use mlx_nn::cache::{standard_cache_mask, AttnMask, KvCache, KvFetch};
-use std::any::Any;
 
 /// The growth step of mlx-lm's caches.
 pub const STEP: i32 = 256;
@@ -171,40 +170,11 @@ impl KvCache for KVCache {
         self.offset
     }
 
-    fn nbytes(&self) -> usize {
-        match (&self.keys, &self.values) {
-            (Some(k), Some(v)) => k.nbytes() + v.nbytes(),
-            _ => 0,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.keys.is_none()
-    }
-
-    fn state(&self) -> Vec<Array> {
-        self.keys
-            .iter()
-            .chain(self.values.iter())
-            .cloned()
-            .collect()
-    }
-
     fn meta_state(&self) -> Vec<String> {
         vec![self.offset.to_string()]
     }
 
-    fn class_name(&self) -> &'static str {
-        "KVCache"
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
+    kv_pair_methods!("KVCache");
 }
 
 /// mlx-lm's `ConcatenateKVCache`: every update is concatenated onto the previous keys
@@ -291,34 +261,5 @@ impl KvCache for ConcatenateKVCache {
         0
     }
 
-    fn nbytes(&self) -> usize {
-        match (&self.keys, &self.values) {
-            (Some(k), Some(v)) => k.nbytes() + v.nbytes(),
-            _ => 0,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.keys.is_none()
-    }
-
-    fn state(&self) -> Vec<Array> {
-        self.keys
-            .iter()
-            .chain(self.values.iter())
-            .cloned()
-            .collect()
-    }
-
-    fn class_name(&self) -> &'static str {
-        "ConcatenateKVCache"
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
+    kv_pair_methods!("ConcatenateKVCache");
 }

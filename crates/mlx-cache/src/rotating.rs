@@ -2,10 +2,9 @@
 //! `keep` positions forever.
 use crate::error::CacheError;
 use crate::kv::STEP;
-use crate::util::{cat2, dims4, seq, seq_update};
+use crate::util::{cat2, dims4, kv_pair_methods, seq, seq_update};
 use mlx_array::{ops::arange, ops::zeros, Array, Dtype, Result};
 use mlx_nn::cache::{create_causal_mask, AttnMask, KvCache, KvFetch};
-use std::any::Any;
 
 /// mlx-lm's `RotatingKVCache`.
 ///
@@ -283,25 +282,6 @@ impl KvCache for RotatingKVCache {
         self.offset.min(self.max_size)
     }
 
-    fn nbytes(&self) -> usize {
-        match (&self.keys, &self.values) {
-            (Some(k), Some(v)) => k.nbytes() + v.nbytes(),
-            _ => 0,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.keys.is_none()
-    }
-
-    fn state(&self) -> Vec<Array> {
-        self.keys
-            .iter()
-            .chain(self.values.iter())
-            .cloned()
-            .collect()
-    }
-
     fn meta_state(&self) -> Vec<String> {
         [self.offset, self.keep, self.max_size, self.idx]
             .iter()
@@ -309,15 +289,5 @@ impl KvCache for RotatingKVCache {
             .collect()
     }
 
-    fn class_name(&self) -> &'static str {
-        "RotatingKVCache"
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
+    kv_pair_methods!("RotatingKVCache");
 }

@@ -1,4 +1,44 @@
 //! Small helpers shared by the cache implementations.
+
+/// The `KvCache` methods that read the same way in every cache whose state is
+/// `keys: Option<Array>` and `values: Option<Array>` (mlx-lm's `KVCache` family): bytes
+/// held, emptiness, the `[keys, values]` state, and the `Any` views, plus the class name
+/// mlx-lm's prompt-cache files record. Expanded inside `impl KvCache for ...`.
+macro_rules! kv_pair_methods {
+    ($class:literal) => {
+        fn nbytes(&self) -> usize {
+            match (&self.keys, &self.values) {
+                (Some(k), Some(v)) => k.nbytes() + v.nbytes(),
+                _ => 0,
+            }
+        }
+
+        fn is_empty(&self) -> bool {
+            self.keys.is_none()
+        }
+
+        fn state(&self) -> Vec<mlx_array::Array> {
+            self.keys
+                .iter()
+                .chain(self.values.iter())
+                .cloned()
+                .collect()
+        }
+
+        fn class_name(&self) -> &'static str {
+            $class
+        }
+
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+
+        fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+            self
+        }
+    };
+}
+pub(crate) use kv_pair_methods;
 use mlx_array::{Array, Error, Result};
 
 /// The 4 dimensions `[B, n_kv_heads, S, head_dim]` of a key or value tensor.

@@ -4,6 +4,7 @@
 //! mlx-lm's logits bit for bit; the file we write for the same prompt is mlx-lm's,
 //! tensor for tensor, and mlx-lm decodes it to the same logits; our own round trip
 //! keeps every array. Goldens: `xtask/py/hybrid_cache_oracle.py goldens`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 mod common;
 
 use common::{assert_bits_eq, golden_dir, load_golden, mlx_python};

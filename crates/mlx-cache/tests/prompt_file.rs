@@ -1,5 +1,6 @@
 //! Prompt-cache files: mlx-lm's files load here, ours load in mlx-lm, bad files are
 //! refused.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 mod common;
 
 use common::{assert_bits_eq, golden_dir, load_golden, mlx_python};

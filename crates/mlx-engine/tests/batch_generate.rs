@@ -3,6 +3,7 @@
 //! (goldens/generate/batch_generate.json, from xtask/py/batch_generate_oracle.py):
 //! prompts of different lengths, prefilled together in padded chunks, some waiting for
 //! a slot, generate exactly mlx-lm's greedy tokens; and the statistics count what ran.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_engine::batch::{BatchGenerator, BatchOptions};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};

@@ -4,6 +4,7 @@
 //! `TokenGenerator`, the batch scheduler next to unconstrained rows (which must give
 //! the same tokens as without it), and the scheduler with KV quantization (each
 //! sequence alone).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::{ops, Array, Dtype};
 use mlx_engine::batch::{Engine, EngineEvent, EngineMetrics, EngineOptions, GenerationRequest};
 use mlx_engine::{GenerateOptions, KvQuantization, TokenGenerator, TokenIterator};

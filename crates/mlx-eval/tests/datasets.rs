@@ -1,5 +1,6 @@
 //! Dataset formats and their tokenization (mlx-lm's `create_dataset` and dataset
 //! classes), and the errors bad data gets.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_eval::datasets::{load_split, read_jsonl, split_file};
 use mlx_eval::{Dataset, EvalError, Features, Format};
 use mlx_tokenizer::{ChatOptions, Tokenizer};

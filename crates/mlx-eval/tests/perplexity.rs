@@ -2,6 +2,7 @@
 //! sequences `load_data` cuts and the perplexity `eval_ppl` reports equal those of
 //! mlx-lm 0.32.2's `load_data` / `eval_ppl` bit for bit
 //! (`goldens/perplexity/expected.json`, written by `xtask/py/perplexity_goldens.py`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_eval::{datasets, eval_ppl, load_data, EvalError, Features, RandomState};
 use serde_json::Value;
 use std::path::{Path, PathBuf};

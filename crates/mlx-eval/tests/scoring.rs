@@ -3,6 +3,7 @@
 //! context, truncation by `max_tokens`) and `loglikelihood_rolling` equal mlx-lm
 //! 0.32.2's `MLXLM` methods bit for bit, and greedy `generate_until` gives its texts (`xtask/py/eval_scores_oracle.py`, run with
 //! `$MLX_PYTHON`, else `.venv/bin/python`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_eval::scoring::{loglikelihood, loglikelihood_rolling, score};
 use serde_json::{json, Value};
 use std::io::Write;

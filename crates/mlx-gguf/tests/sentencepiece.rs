@@ -2,6 +2,7 @@
 //! gives SentencePiece's own ids. The vocabulary comes from a small model trained by
 //! `xtask/py/gguf_check.py spm-fixture` (needs a Python with sentencepiece and mlx-lm:
 //! `$MLX_LM_PYTHON`, else the workspace `.venv`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 mod common;
 
 use common::*;

@@ -1,5 +1,6 @@
 //! A local Hub for tests (xtask/py/hub_server.py) and huggingface_hub as the referee.
 #![allow(dead_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

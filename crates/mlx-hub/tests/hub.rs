@@ -3,6 +3,7 @@
 //! `snapshot_download` writes, what we upload it reads back file for file, and mlx-lm
 //! loads our download offline by repo id. Faults: interrupted transfers resume, corrupt
 //! or mis-sized bytes and path traversal are refused with nothing left in the cache.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 mod common_hub;
 
 use common_hub::{model_folder, python, tree, Server, Tmp};
@@ -461,6 +462,7 @@ fn the_environment_names_endpoint_token_and_offline_mode() {
     assert_eq!(c.endpoint, "http://hub.invalid:9");
     assert_eq!(c.token.as_deref(), Some("file-token"));
     assert!(c.offline);
+    // SAFETY: nextest runs each test in its own process.
     unsafe {
         std::env::set_var("HF_TOKEN", "env-token");
         std::env::set_var("HF_HUB_OFFLINE", "0");

@@ -1,5 +1,6 @@
 //! Every architecture on a tiny config with random weights: logits shape and dtype,
 //! batches, and cached decoding against the full forward.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 mod common;
 use common::{caches, max_diff, random_model, tiny, tokens};
 use mlx_array::Dtype;

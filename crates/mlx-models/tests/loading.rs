@@ -1,5 +1,6 @@
 //! Loading checkpoint directories: round trips, quantized checkpoints, and errors that
 //! name what is wrong.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 mod common;
 use common::{max_diff, random_model, scratch, tiny, tokens};
 use mlx_array::quant::QuantMode;

@@ -1,4 +1,5 @@
 //! Layers against direct computations.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::quant::{dequantize, quantize, QuantMode};
 use mlx_array::{fast, random, Array, Dtype};
 use mlx_nn::attention::quantized_sdpa;

@@ -1,4 +1,5 @@
 //! `Param::transposed`: the cached `weight.T` that linear layers multiply by.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::{Array, Dtype};
 use mlx_nn::{Linear, Module, Param};
 use std::collections::BTreeMap;

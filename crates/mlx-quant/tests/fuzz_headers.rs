@@ -6,6 +6,7 @@
 //! Runs for `MLX_QUANT_FUZZ_SECS` seconds per target (default 5) from seed
 //! `MLX_QUANT_FUZZ_SEED` (default 0x5eed). The cargo-fuzz targets in `fuzz/` drive the same
 //! entry points under libFuzzer.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 mod common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

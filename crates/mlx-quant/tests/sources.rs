@@ -1,4 +1,5 @@
 //! Model sources: a repo id in the Hugging Face cache (with its model card carried over).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 mod common;
 
 use common::*;
@@ -41,6 +42,8 @@ fn repo_id_in_the_hf_cache_converts_with_the_source_card_and_base_model() {
 #[test]
 fn unknown_model_spec_names_the_places_looked() {
     let tmp = temp_dir("nomodel");
+    // SAFETY: nextest runs each test in its own process, and this one starts no threads
+    // before setting the variable.
     unsafe { std::env::set_var("HF_HUB_CACHE", tmp.join("hub")) };
     let err = mlx_quant::convert(&options(
         std::path::Path::new("nobody/nothing"),

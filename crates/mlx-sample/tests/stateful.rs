@@ -2,6 +2,7 @@
 //! `prompt` and each step's input through `process` give bit for bit what the
 //! processors give on the whole history at once (what mlx-lm's `generate_step` passes),
 //! and a fork goes on from the same history.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::{random, Array, Dtype};
 use mlx_sample::{make_logits_processors, LogitsParams};
 

@@ -1,6 +1,7 @@
 //! Endpoint behaviour with the scripted model: answers, streaming formats, stop words,
 //! tool calls, reasoning, prompt-cache reuse, Anthropic and Responses shapes, auth,
 //! CORS, metrics, queue limits, engine failures and graceful shutdown.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 mod common;
 
 use common::*;

@@ -5,6 +5,7 @@
 //! `tiny` (a 2-layer random llama over the Qwen3 vocabulary). Unset, the default model
 //! runs on a GPU and the tiny one on the CPU, where the default model decodes at only a
 //! few tokens per second on a busy 2-core machine (about 1,000 decode steps are needed).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 mod common;
 
 use common::*;
