@@ -145,12 +145,152 @@ TINY = {
     "vocab_size": 8192,
 }
 
+# Mixture-of-experts and hybrid shapes: each the real model's layer shapes with fewer
+# layers (the suffix says how many), so that decode and prefill per layer are the real
+# ones while the files stay a few GB.
+QWEN3_30B_A3B_L12 = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_hidden_layers": 12,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": False,
+    "vocab_size": 151936,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "torch_dtype": "bfloat16",
+}
+
+MIXTRAL_8X7B_L4 = {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 4,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "vocab_size": 32000,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+}
+
+QWEN3_NEXT_80B_A3B_L4 = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "hidden_size": 2048,
+    "intermediate_size": 5120,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_value_heads": 32,
+    "linear_num_key_heads": 16,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "num_hidden_layers": 4,
+    "full_attention_interval": 4,
+    "num_experts": 512,
+    "num_experts_per_tok": 10,
+    "decoder_sparse_step": 1,
+    "shared_expert_intermediate_size": 512,
+    "mlp_only_layers": [],
+    "moe_intermediate_size": 512,
+    "norm_topk_prob": True,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000000.0,
+    "partial_rotary_factor": 0.25,
+    "max_position_embeddings": 262144,
+    "tie_word_embeddings": False,
+    "vocab_size": 151936,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "torch_dtype": "bfloat16",
+}
+
+# DeepSeek-V3's shapes (MLA, 256 routed experts of 8 in groups, one shared expert, the
+# first 3 layers dense) with 4 layers: 3 dense and 1 MoE.
+DEEPSEEK_V3_L4 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "num_hidden_layers": 4,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "n_group": 8,
+    "topk_group": 4,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "max_position_embeddings": 163840,
+    "tie_word_embeddings": False,
+    "vocab_size": 129280,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "torch_dtype": "bfloat16",
+}
+
 # name -> (config, tokenizer family or None for synthetic)
 SHAPES = {
     "qwen2.5-0.5b": (QWEN25_05B, "qwen2"),
     "llama-3.2-1b": (LLAMA32_1B, "llama3"),
     "llama-3.1-8b": (LLAMA31_8B, "llama3"),
     "tiny": (TINY, None),
+    "qwen3-30b-a3b-l12": (QWEN3_30B_A3B_L12, "qwen2"),
+    "mixtral-8x7b-l4": (MIXTRAL_8X7B_L4, None),
+    "qwen3-next-80b-a3b-l4": (QWEN3_NEXT_80B_A3B_L4, "qwen2"),
+    "deepseek-v3-l4": (DEEPSEEK_V3_L4, None),
+}
+# Shapes built only when named (--only): large files, or architectures the default
+# benchmark does not cover.
+ON_REQUEST = {
+    "llama-3.1-8b",
+    "qwen3-30b-a3b-l12",
+    "mixtral-8x7b-l4",
+    "qwen3-next-80b-a3b-l4",
+    "deepseek-v3-l4",
 }
 VARIANTS = ("bf16", "4bit")
 GROUP_SIZE, BITS = 64, 4
@@ -369,7 +509,7 @@ def selected(only):
             sys.exit(f"unknown model `{item}`; known: {names}")
         wanted += [h for h in hit if h not in wanted]
     if not only:
-        wanted = [(n, v) for n in SHAPES for v in VARIANTS if n != "llama-3.1-8b"]
+        wanted = [(n, v) for n in SHAPES for v in VARIANTS if n not in ON_REQUEST]
     return wanted
 
 
@@ -380,7 +520,8 @@ def main():
         "--only",
         default="",
         help="comma-separated shapes or variants (e.g. tiny,llama-3.2-1b-4bit); "
-        "default: every shape but llama-3.1-8b, both variants",
+        "default: the small dense shapes (not llama-3.1-8b nor the MoE / hybrid ones), "
+        "both variants",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="rewrite models that exist")
