@@ -11,6 +11,7 @@
 #include "cpu_gemv.h"
 #include "fast_qmv.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -925,13 +926,72 @@ int mlxs_dequantize(mlxs_array* out, mlxs_array w, mlxs_array scales, mlxs_array
   });
 }
 namespace {
+// Quantized products of many rows (prefill chunks, batched decoding) on the GPU: MLX
+// 0.32.4's CUDA quantized matmul for more than one row (qmm) runs far below its dense GEMM
+// (Llama-3.1-8B 4-bit decodes ~12x slower than bf16 at batch 32 and prefills ~2.8x
+// slower), so the weight is dequantized to the activations' dtype (MLX's own `dequantize`,
+// the values MLX's kernels compute inside) and multiplied by MLX's dense matmul. The sums
+// are accumulated in another order than qmm's, so results round differently; one-row
+// products (batch-1 decoding) never take this path and keep mlx-lm's bits. The quality
+// gate (bins/tests/dequant_gemm.rs, and benchmarks/gpu_quality.sh on the H200) holds it to
+// perplexity within 0.1% of the exact path and the same greedy tokens.
+//   MLX_DEQUANT_GEMM=0      MLX's quantized matmul everywhere (the exact path);
+//   MLX_DEQUANT_GEMM=force  this path on the CPU too (for the quality gate);
+//   MLX_DEQUANT_GEMM_MIN_ROWS (2), MLX_DEQUANT_GEMM_MIN_ELEMENTS (16 Mi weight elements):
+//                           products with fewer rows, or smaller weights, stay with MLX.
+enum class DequantGemm { kOff, kGpu, kForce };
+
+DequantGemm dequant_gemm_mode() {
+  static const DequantGemm m = [] {
+    const char* v = std::getenv("MLX_DEQUANT_GEMM");
+    if (v != nullptr && std::strcmp(v, "0") == 0) return DequantGemm::kOff;
+    if (v != nullptr && std::strcmp(v, "force") == 0) return DequantGemm::kForce;
+    return DequantGemm::kGpu;
+  }();
+  return m;
+}
+
+long long env_nonneg(const char* name, long long fallback) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return fallback;
+  char* end = nullptr;
+  long long n = std::strtoll(e, &end, 10);
+  return (end != nullptr && *end == '\0' && n >= 0) ? n : fallback;
+}
+
+std::optional<mx::array> try_dequant_gemm(const mx::array& x, const mx::array& w,
+                                          const mx::array& scales,
+                                          const std::optional<mx::array>& biases,
+                                          bool transpose, std::optional<int> group_size,
+                                          std::optional<int> bits, const std::string& mode,
+                                          mx::StreamOrDevice s) {
+  static const long long min_rows = env_nonneg("MLX_DEQUANT_GEMM_MIN_ROWS", 2);
+  static const long long min_elements = env_nonneg("MLX_DEQUANT_GEMM_MIN_ELEMENTS", 16ll << 20);
+  const DequantGemm m = dequant_gemm_mode();
+  if (m == DequantGemm::kOff || !transpose || mode != "affine") return std::nullopt;
+  if (x.ndim() < 2 || w.ndim() != 2) return std::nullopt;
+  const mx::Dtype dt = x.dtype();
+  if (dt != mx::bfloat16 && dt != mx::float16 && dt != mx::float32) return std::nullopt;
+  if (m == DequantGemm::kGpu && mx::to_stream(s).device == mx::Device::cpu) return std::nullopt;
+  const long long k = x.shape(-1);
+  if (k <= 0) return std::nullopt;
+  const long long rows = static_cast<long long>(x.size()) / k;
+  const long long elements = static_cast<long long>(w.shape(0)) * k;
+  if (rows < std::max(min_rows, 2ll) || elements < min_elements) return std::nullopt;
+  auto wd = mx::dequantize(w, scales, biases, group_size, bits, mode, std::nullopt, dt, s);
+  return mx::matmul(x, mx::swapaxes(wd, -1, -2, s), s);
+}
+
 // One quantized_matmul: our CUDA or CPU kernel where it covers the product (same bits),
-// else MLX's.
+// the dequantized dense product for many rows on the GPU (above), else MLX's.
 mx::array quantized_matmul_one(const mx::array& x, const mx::array& w, const mx::array& scales,
                                const std::optional<mx::array>& biases, bool transpose,
                                std::optional<int> group_size, std::optional<int> bits,
                                const std::string& mode, mx::StreamOrDevice s) {
   auto fast = mlxs_detail::try_fast_qmv(x, w, scales, biases, transpose, group_size, bits, mode, s);
+  if (!fast) {
+    fast = try_dequant_gemm(x, w, scales, biases, transpose, group_size, bits, mode, s);
+  }
   if (!fast) {
     fast = mlxs_detail::try_cpu_qmv(x, w, scales, biases, transpose, group_size, bits, mode, s);
   }
