@@ -238,6 +238,25 @@ pub fn serve_blocking(
     tokenizer: Tokenizer,
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ServerError> {
+    let mut spec = ModelSpec::new(&cfg.model_id);
+    spec.aliases = cfg.model_aliases.clone();
+    let loaded = LoadedModel {
+        model,
+        tokenizer,
+        context_length: cfg.context_length,
+        aliases: Vec::new(),
+    };
+    serve_pool_blocking(cfg, PoolConfig::default(), Some((spec, loaded)), None, on_ready)
+}
+
+/// [`serve_blocking`] with a pool of models (see [`Server::start_pool`]).
+pub fn serve_pool_blocking(
+    cfg: ServerConfig,
+    pool_cfg: PoolConfig,
+    default: Option<(ModelSpec, LoadedModel)>,
+    loader: Option<Arc<dyn ModelLoader>>,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServerError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("mlx-server-http")
@@ -247,7 +266,7 @@ pub fn serve_blocking(
             source,
         })?;
     rt.block_on(async move {
-        let server = Server::start(cfg, model, tokenizer).await?;
+        let server = Server::start_pool(cfg, pool_cfg, default, loader).await?;
         on_ready(server.local_addr());
         server.run_until(shutdown_signal()).await
     })
