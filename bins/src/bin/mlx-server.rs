@@ -3,9 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 use mlx_bins::load::{load, use_default_chat_template, LoadArgs};
-use mlx_server::pool::{
-    AllowedModels, LoadError, LoadedModel, ModelLoader, ModelSpec, PoolConfig,
-};
+use mlx_server::pool::{AllowedModels, LoadError, LoadedModel, ModelLoader, ModelSpec, PoolConfig};
 use mlx_server::ServerConfig;
 use serde_json::Value as Json;
 use std::process::ExitCode;
@@ -123,6 +121,10 @@ struct Args {
     /// How long a request waits for its model to load, in seconds.
     #[arg(long, default_value_t = 300.0)]
     model_load_timeout: f64,
+    /// MLX's memory limit in megabytes (1e6 bytes); requests whose KV cache and
+    /// activations would pass it wait or get 503 [default: MLX's limit].
+    #[arg(long)]
+    memory_limit_mb: Option<u64>,
     #[command(flatten)]
     cpu_weights: mlx_bins::load::CpuWeights,
 }
@@ -156,6 +158,9 @@ impl Loader {
             tokenizer,
             context_length: context_length(&loaded.path),
             aliases: vec![loaded.path.display().to_string()],
+            config: std::fs::read_to_string(loaded.path.join("config.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok()),
         })
     }
 
@@ -183,8 +188,7 @@ impl ModelLoader for Loader {
         if spec.draft_model.is_some() {
             tracing::warn!(model = %spec.id, "draft_model is kept but not used: speculative decoding is not served yet");
         }
-        mlx_hub::resolve_model(Some(&spec.path))
-            .map_err(|e| LoadError::NotFound(e.to_string()))?;
+        mlx_hub::resolve_model(Some(&spec.path)).map_err(|e| LoadError::NotFound(e.to_string()))?;
         load(&self.load_args(&spec.path, spec.adapter_path.as_deref()))
             .and_then(|l| self.finish(l))
             .map_err(|e| LoadError::Failed(format!("{e:#}")))
@@ -280,7 +284,10 @@ fn main() -> ExitCode {
         };
         let budget = match args.models_memory_budget {
             Some(b) => Some(b),
-            None => default_models_budget(),
+            None => args
+                .memory_limit_mb
+                .map(|mb| mb.saturating_mul(1_000_000) / 4 * 3)
+                .or_else(default_models_budget),
         };
         let pool_cfg = PoolConfig {
             models,
@@ -351,6 +358,7 @@ fn main() -> ExitCode {
             kv_group_size: args.kv_group_size,
             quantized_kv_start: args.quantized_kv_start,
             context_length: loaded.context_length,
+            memory_limit_bytes: args.memory_limit_mb.map(|mb| mb.saturating_mul(1_000_000)),
             ..Default::default()
         };
         tracing::warn!("mlx-server only implements basic security checks; put it behind a proxy before exposing it");
@@ -362,10 +370,16 @@ fn main() -> ExitCode {
             tracing::info!("models memory budget: {:.3} GB", b as f64 / 1e9);
         }
         let loader: std::sync::Arc<dyn ModelLoader> = std::sync::Arc::new(loader);
-        mlx_server::serve_pool_blocking(cfg, pool_cfg, Some((spec, loaded)), Some(loader), |addr| {
-            tracing::info!("Starting httpd at {} on port {}...", addr.ip(), addr.port());
-            eprintln!("mlx-server listening on http://{addr}");
-        })?;
+        mlx_server::serve_pool_blocking(
+            cfg,
+            pool_cfg,
+            Some((spec, loaded)),
+            Some(loader),
+            |addr| {
+                tracing::info!("Starting httpd at {} on port {}...", addr.ip(), addr.port());
+                eprintln!("mlx-server listening on http://{addr}");
+            },
+        )?;
         Ok(())
     })
 }

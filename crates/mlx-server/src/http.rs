@@ -448,9 +448,12 @@ async fn dispatch(
             } else {
                 StatusCode::SERVICE_UNAVAILABLE
             };
+            let mut memory = crate::memory::report(state.cfg.memory_limit_bytes);
+            memory["models_bytes"] = serde_json::json!(state.pool.used_bytes());
+            memory["models_budget_bytes"] = serde_json::json!(state.pool.config().budget_bytes);
             json_response(
                 status,
-                &serde_json::json!({"status": if ok { "ok" } else { "unavailable" }}),
+                &serde_json::json!({"status": if ok { "ok" } else { "unavailable" }, "memory": memory}),
             )
         }
         Route::Metrics => {

@@ -24,6 +24,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod http;
+pub mod memory;
 pub mod metrics;
 pub mod openai;
 pub mod output;
@@ -75,6 +76,7 @@ impl Server {
             tokenizer,
             context_length: cfg.context_length,
             aliases: Vec::new(),
+            config: None,
         };
         Server::start_pool(cfg, PoolConfig::default(), Some((spec, loaded)), None).await
     }
@@ -89,6 +91,11 @@ impl Server {
         loader: Option<Arc<dyn ModelLoader>>,
     ) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
+        if let Some(limit) = cfg.memory_limit_bytes {
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            mlx_array::memory::set_memory_limit(limit)?;
+            tracing::info!("MLX memory limit: {:.3} GB", limit as f64 / 1e9);
+        }
         let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port))
             .await
             .map_err(|source| ServerError::Io {
@@ -245,8 +252,15 @@ pub fn serve_blocking(
         tokenizer,
         context_length: cfg.context_length,
         aliases: Vec::new(),
+        config: None,
     };
-    serve_pool_blocking(cfg, PoolConfig::default(), Some((spec, loaded)), None, on_ready)
+    serve_pool_blocking(
+        cfg,
+        PoolConfig::default(),
+        Some((spec, loaded)),
+        None,
+        on_ready,
+    )
 }
 
 /// [`serve_blocking`] with a pool of models (see [`Server::start_pool`]).

@@ -87,6 +87,8 @@ pub struct LoadedModel {
     pub context_length: Option<usize>,
     /// More names for it (e.g. the directory it was resolved to).
     pub aliases: Vec<String>,
+    /// Its config.json (sizes for the memory admission of its requests).
+    pub config: Option<Json>,
 }
 
 /// Why a model could not be loaded.
@@ -324,6 +326,7 @@ impl Pool {
             tokenizer,
             context_length,
             aliases,
+            config,
         } = loaded;
         let mut cfg = self.base.clone();
         cfg.model_id = spec.id.clone();
@@ -364,6 +367,12 @@ impl Pool {
                 start: cfg.quantized_kv_start,
             }),
             max_queue: cfg.max_queue,
+            memory: match (config, crate::memory::limit(cfg.memory_limit_bytes)) {
+                (Some(c), Some(limit)) => {
+                    crate::memory::admission(&c, limit, cfg.kv_bits, cfg.kv_group_size)
+                }
+                _ => None,
+            },
         };
         let engine = Engine::start(model, opts, Arc::clone(self.metrics.engine()))?;
         Ok(AppState {

@@ -5,9 +5,7 @@
 mod common;
 
 use common::{get, post, request, tiny_model_dir, tokenizer};
-use mlx_server::pool::{
-    AllowedModels, LoadError, LoadedModel, ModelLoader, ModelSpec, PoolConfig,
-};
+use mlx_server::pool::{AllowedModels, LoadError, LoadedModel, ModelLoader, ModelSpec, PoolConfig};
 use mlx_server::{Server, ServerConfig};
 use serde_json::{json, Value as Json};
 use std::path::PathBuf;
@@ -56,6 +54,7 @@ impl ModelLoader for TinyLoader {
                 .map_err(|e| LoadError::Failed(e.to_string()))?,
             context_length: Some(4096),
             aliases: Vec::new(),
+            config: None,
         })
     }
 
@@ -85,6 +84,7 @@ async fn three_models(loader: Arc<TinyLoader>, extra: PoolConfig, cfg: ServerCon
         tokenizer: tokenizer(),
         context_length: Some(4096),
         aliases: Vec::new(),
+        config: None,
     };
     let budget = loader.size() * 5 / 2;
     let mut models = vec![spec("b", false), spec("c", false)];
@@ -147,7 +147,12 @@ async fn complete(addr: std::net::SocketAddr, model: &str) -> (u16, Json) {
 #[tokio::test(flavor = "multi_thread")]
 async fn lru_unloads_to_fit_the_budget_and_never_the_pinned_model() {
     let loader = TinyLoader::new(Duration::ZERO);
-    let server = three_models(Arc::clone(&loader), PoolConfig::default(), Default::default()).await;
+    let server = three_models(
+        Arc::clone(&loader),
+        PoolConfig::default(),
+        Default::default(),
+    )
+    .await;
     let addr = server.local_addr();
 
     let s = states(addr).await;
@@ -273,7 +278,10 @@ async fn concurrent_requests_wait_for_loads_and_failures_stay_with_their_request
     assert_eq!(r3.0, 200, "{}", r3.1);
     assert_eq!(r4.0, 500, "{}", r4.1);
     let msg = r4.1["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("`broken` failed to load") && msg.contains("corrupt"), "{msg}");
+    assert!(
+        msg.contains("`broken` failed to load") && msg.contains("corrupt"),
+        "{msg}"
+    );
     assert_eq!(loader.loads.load(Ordering::SeqCst), 1);
     let (status, body) = complete(addr, "missing").await;
     assert_eq!(status, 404, "{body}");
