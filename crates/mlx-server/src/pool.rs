@@ -1028,56 +1028,6 @@ fn parse_model(v: &Json) -> Result<ModelSpec, String> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn models_files_parse_and_refuse_mistakes() {
-        let v = json!({"models": [
-            {"id": "a", "path": "/m/a", "pinned": true, "idle_timeout": 1.5,
-             "temperature": 0.7, "max_tokens": 64, "adapters": "/ad", "draft_model": "d"},
-            {"model": "org/b"},
-        ]});
-        let specs = parse_models(&v).unwrap();
-        assert_eq!(specs[0].id, "a");
-        assert_eq!(specs[0].path, "/m/a");
-        assert!(specs[0].pinned);
-        assert_eq!(specs[0].idle_timeout, Some(Duration::from_millis(1500)));
-        assert_eq!(specs[0].defaults.temp, Some(0.7));
-        assert_eq!(specs[0].defaults.max_tokens, Some(64));
-        assert_eq!(specs[0].adapter_path.as_deref(), Some("/ad"));
-        assert_eq!(specs[0].draft_model.as_deref(), Some("d"));
-        assert_eq!(specs[1].id, "org/b");
-        assert_eq!(specs[1].path, "org/b");
-        assert!(!specs[1].pinned);
-
-        let err = |v: Json| parse_models(&v).unwrap_err();
-        assert!(err(json!([{"id": "a", "pined": true}])).contains("unknown field `pined`"));
-        assert!(err(json!([{"id": "a", "top_p": 2}])).contains("`top_p`"));
-        assert!(err(json!([{"id": "a"}, {"id": "a"}])).contains("used twice"));
-        assert!(err(json!([{}])).contains("needs an `id`"));
-        assert!(err(json!({"model": []})).contains("unknown top-level field"));
-    }
-
-    #[test]
-    fn yaml_models_files_read_like_json() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("models.yaml");
-        std::fs::write(
-            &p,
-            "models:\n  - id: a\n    path: /m/a\n    pinned: true\n    top_k: 20\n    idle_timeout: 30\n",
-        )
-        .unwrap();
-        let specs = read_models_file(&p).unwrap();
-        assert_eq!(specs.len(), 1);
-        assert_eq!(specs[0].defaults.top_k, Some(20));
-        assert_eq!(specs[0].idle_timeout, Some(Duration::from_secs(30)));
-        std::fs::write(&p, "models:\n  - id: a\n    pinned: maybe\n").unwrap();
-        assert!(read_models_file(&p).unwrap_err().contains("`pinned`"));
-    }
-}
-
 /// `GET /v1/models` (configured, loaded and cached models with their state) and
 /// `GET /v1/models/{id}`.
 pub fn models_response(pool: &Pool, path: &str) -> hyper::Response<crate::http::Body> {
@@ -1125,5 +1075,55 @@ pub async fn model_action(pool: &Arc<Pool>, path: &str) -> hyper::Response<crate
             &json!({"id": id, "object": "model", "state": state.as_str()}),
         ),
         Err(e) => error_response(crate::error::Dialect::OpenAi, &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_files_parse_and_refuse_mistakes() {
+        let v = json!({"models": [
+            {"id": "a", "path": "/m/a", "pinned": true, "idle_timeout": 1.5,
+             "temperature": 0.7, "max_tokens": 64, "adapters": "/ad", "draft_model": "d"},
+            {"model": "org/b"},
+        ]});
+        let specs = parse_models(&v).unwrap();
+        assert_eq!(specs[0].id, "a");
+        assert_eq!(specs[0].path, "/m/a");
+        assert!(specs[0].pinned);
+        assert_eq!(specs[0].idle_timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(specs[0].defaults.temp, Some(0.7));
+        assert_eq!(specs[0].defaults.max_tokens, Some(64));
+        assert_eq!(specs[0].adapter_path.as_deref(), Some("/ad"));
+        assert_eq!(specs[0].draft_model.as_deref(), Some("d"));
+        assert_eq!(specs[1].id, "org/b");
+        assert_eq!(specs[1].path, "org/b");
+        assert!(!specs[1].pinned);
+
+        let err = |v: Json| parse_models(&v).unwrap_err();
+        assert!(err(json!([{"id": "a", "pined": true}])).contains("unknown field `pined`"));
+        assert!(err(json!([{"id": "a", "top_p": 2}])).contains("`top_p`"));
+        assert!(err(json!([{"id": "a"}, {"id": "a"}])).contains("used twice"));
+        assert!(err(json!([{}])).contains("needs an `id`"));
+        assert!(err(json!({"model": []})).contains("unknown top-level field"));
+    }
+
+    #[test]
+    fn yaml_models_files_read_like_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("models.yaml");
+        std::fs::write(
+            &p,
+            "models:\n  - id: a\n    path: /m/a\n    pinned: true\n    top_k: 20\n    idle_timeout: 30\n",
+        )
+        .unwrap();
+        let specs = read_models_file(&p).unwrap();
+        assert_eq!(specs.len(), 1);
+        assert_eq!(specs[0].defaults.top_k, Some(20));
+        assert_eq!(specs[0].idle_timeout, Some(Duration::from_secs(30)));
+        std::fs::write(&p, "models:\n  - id: a\n    pinned: maybe\n").unwrap();
+        assert!(read_models_file(&p).unwrap_err().contains("`pinned`"));
     }
 }

@@ -456,7 +456,7 @@ impl Shared {
         );
         let active = mlx_array::memory::active_memory() as u64;
         let decision = m.decide(need, active, running, self.cache.nbytes(), pending);
-        if decision != Admit::Later || self.cache.len() == 0 {
+        if decision != Admit::Later || self.cache.is_empty() {
             return (decision, need);
         }
         let short = (active + pending + need).saturating_sub(m.limit_bytes);
