@@ -60,6 +60,8 @@ pub struct ServerConfig {
     /// `--memory-limit-mb`: MLX's memory limit, set at start, and the bound requests
     /// are admitted under (default: MLX's own limit).
     pub memory_limit_bytes: Option<u64>,
+    /// The adapters the model is served with (a request's `adapters` must name these).
+    pub adapter_path: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -90,6 +92,7 @@ impl Default for ServerConfig {
             context_length: None,
             keepalive_interval: Duration::from_secs(10),
             memory_limit_bytes: None,
+            adapter_path: None,
         }
     }
 }

@@ -477,7 +477,8 @@ async fn dispatch(
                 .get("model")
                 .and_then(Json::as_str)
                 .unwrap_or("default_model");
-            let state = match state.pool.acquire(name).await {
+            let adapters = body.get("adapters").and_then(Json::as_str);
+            let state = match state.pool.acquire(name, adapters).await {
                 Ok(app) => app,
                 Err(e) => return error_response(dialect, &e),
             };

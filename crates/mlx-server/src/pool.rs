@@ -55,6 +55,9 @@ pub struct ModelSpec {
     pub idle_timeout: Option<Duration>,
     /// Sampling defaults.
     pub defaults: SamplingDefaults,
+    /// For a model served with a request's `adapters`: the id of the model they are
+    /// applied to (requests name that one).
+    pub base: Option<String>,
 }
 
 impl ModelSpec {
@@ -69,6 +72,7 @@ impl ModelSpec {
             pinned: false,
             idle_timeout: None,
             defaults: SamplingDefaults::default(),
+            base: None,
         }
     }
 
@@ -332,6 +336,13 @@ impl Pool {
         cfg.model_id = spec.id.clone();
         cfg.model_aliases = spec.aliases.clone();
         cfg.model_aliases.extend(aliases);
+        cfg.adapter_path = spec.adapter_path.clone();
+        if let Some(base) = &spec.base {
+            if let Some(b) = lock(&self.entries).iter().find(|e| e.spec.id == *base) {
+                cfg.model_aliases.push(b.spec.id.clone());
+                cfg.model_aliases.extend(b.spec.aliases.iter().cloned());
+            }
+        }
         let d = &spec.defaults;
         cfg.temp = d.temp.unwrap_or(cfg.temp);
         cfg.top_p = d.top_p.unwrap_or(cfg.top_p);
@@ -454,12 +465,21 @@ impl Pool {
 
     /// The loaded model answering to `name`: loads it first when needed (waiting up to
     /// the load timeout), unloading idle least-recently-used ones to stay in budget.
-    pub async fn acquire(self: &Arc<Pool>, name: &str) -> Result<Arc<AppState>, ApiError> {
+    ///
+    /// With `adapters` (a request's `adapters` field, as mlx-lm) other than the model's
+    /// own, the model is served with those adapters as an entry of its own,
+    /// `<id>@<adapters>`: the base weights are loaded again with the adapters applied
+    /// (mlx-lm reloads the model), and both stay resident under the budget.
+    pub async fn acquire(
+        self: &Arc<Pool>,
+        name: &str,
+        adapters: Option<&str>,
+    ) -> Result<Arc<AppState>, ApiError> {
         let deadline = Instant::now() + self.cfg.load_timeout;
         loop {
             let (mut rx, evicted) = {
                 let mut entries = lock(&self.entries);
-                let idx = match entries.iter().position(|e| e.spec.answers_to(name)) {
+                let mut idx = match entries.iter().position(|e| e.spec.answers_to(name)) {
                     Some(i) => i,
                     None if self.allowed(name) => {
                         entries.push(Entry {
@@ -474,6 +494,11 @@ impl Pool {
                     }
                     None => return Err(self.unknown(&entries, name)),
                 };
+                if let Some(a) = adapters {
+                    if entries[idx].spec.adapter_path.as_deref() != Some(a) {
+                        idx = self.with_adapters(&mut entries, idx, a)?;
+                    }
+                }
                 entries[idx].last_used = Instant::now();
                 match &entries[idx].slot {
                     Slot::Loaded(app) => return Ok(Arc::clone(app)),
@@ -503,6 +528,53 @@ impl Pool {
                 }
             }
         }
+    }
+
+    /// The entry of the model of entry `base` with `adapters` (made when new).
+    fn with_adapters(
+        &self,
+        entries: &mut Vec<Entry>,
+        base: usize,
+        adapters: &str,
+    ) -> Result<usize, ApiError> {
+        let id = format!("{}@{adapters}", entries[base].spec.id);
+        if let Some(i) = entries.iter().position(|e| e.spec.id == id) {
+            return Ok(i);
+        }
+        if !self.allowed(adapters) {
+            return Err(ApiError::invalid_param(
+                "adapters",
+                format!(
+                    "adapters `{adapters}` are not served here: {}",
+                    if self.loader.is_some() {
+                        "they are not in --allowed-models"
+                    } else {
+                        "this server cannot load models"
+                    }
+                ),
+            ));
+        }
+        let b = &entries[base].spec;
+        let spec = ModelSpec {
+            id,
+            path: b.path.clone(),
+            aliases: Vec::new(),
+            adapter_path: Some(adapters.to_string()),
+            draft_model: b.draft_model.clone(),
+            pinned: false,
+            idle_timeout: b.idle_timeout,
+            defaults: b.defaults.clone(),
+            base: Some(b.id.clone()),
+        };
+        entries.push(Entry {
+            spec,
+            slot: Slot::Unloaded,
+            last_used: Instant::now(),
+            bytes: 0,
+            configured: false,
+            reloadable: true,
+        });
+        Ok(entries.len() - 1)
     }
 
     /// Marks entry `idx` loading (after making room in the budget) and starts loading
@@ -677,7 +749,7 @@ impl Pool {
 
     /// Loads the model answering to `name` (`POST /v1/models/{id}/load`).
     pub async fn load(self: &Arc<Pool>, name: &str) -> Result<(), ApiError> {
-        self.acquire(name).await.map(drop)
+        self.acquire(name, None).await.map(drop)
     }
 
     /// Unloads the model answering to `name` (`POST /v1/models/{id}/unload`): 409 while
@@ -1025,6 +1097,7 @@ fn parse_model(v: &Json) -> Result<ModelSpec, String> {
             min_p: number("min_p", 0.0, 1.0)?,
             max_tokens: integer("max_tokens", 1)?,
         },
+        base: None,
     })
 }
 

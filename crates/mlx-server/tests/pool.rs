@@ -19,6 +19,8 @@ struct TinyLoader {
     dir: PathBuf,
     loads: AtomicUsize,
     delay: Duration,
+    /// The (id, adapters) of every load.
+    seen: std::sync::Mutex<Vec<(String, Option<String>)>>,
 }
 
 impl TinyLoader {
@@ -27,6 +29,7 @@ impl TinyLoader {
             dir: tiny_model_dir().to_path_buf(),
             loads: AtomicUsize::new(0),
             delay,
+            seen: Default::default(),
         })
     }
 
@@ -46,6 +49,10 @@ impl ModelLoader for TinyLoader {
             _ => {}
         }
         self.loads.fetch_add(1, Ordering::SeqCst);
+        self.seen
+            .lock()
+            .unwrap()
+            .push((spec.id.clone(), spec.adapter_path.clone()));
         let (model, _) =
             mlx_models::load_model(&self.dir).map_err(|e| LoadError::Failed(e.to_string()))?;
         Ok(LoadedModel {
@@ -337,5 +344,42 @@ async fn a_model_in_use_is_not_unloaded() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(ok, "c never loaded after b's stream ended");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn per_request_adapters_are_served_by_the_model_loaded_with_them() {
+    let loader = TinyLoader::new(Duration::ZERO);
+    let extra = PoolConfig {
+        allowed: AllowedModels::Only(vec!["/adapters/one".into()]),
+        ..Default::default()
+    };
+    let server = three_models(Arc::clone(&loader), extra, Default::default()).await;
+    let addr = server.local_addr();
+    let ask = |adapters: &str| {
+        json!({"model": "b", "prompt": "Once upon a time", "max_tokens": 4,
+               "adapters": adapters})
+    };
+    let r = post(addr, "/v1/completions", &ask("/adapters/one")).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["model"], "b");
+    let r = post(addr, "/v1/completions", &ask("/adapters/one")).await;
+    assert_eq!(r.status, 200);
+    // Loaded once, as b's path with the adapters.
+    assert_eq!(
+        *loader.seen.lock().unwrap(),
+        vec![(
+            "b@/adapters/one".to_string(),
+            Some("/adapters/one".to_string())
+        )]
+    );
+    let m = get(addr, "/v1/models/b@/adapters/one").await.json();
+    assert_eq!(m["state"], "loaded", "{m}");
+    assert_eq!(m["adapters"], "/adapters/one");
+    // Adapters that are not allowed: 400 naming the field, nothing loaded.
+    let r = post(addr, "/v1/completions", &ask("/adapters/two")).await;
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["error"]["param"], "adapters");
+    assert_eq!(loader.loads.load(Ordering::SeqCst), 1);
     server.shutdown().await.unwrap();
 }
