@@ -406,6 +406,11 @@ impl Scheduler {
                     (Admit::Now, need) => pending += need,
                     (Admit::Later, _) => {
                         self.waiting.push_front(job);
+                        if self.stages.len() == 0 {
+                            // Memory held elsewhere (another model's engine): look again
+                            // shortly instead of spinning.
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
                         break;
                     }
                     (Admit::Never(msg), _) => {
