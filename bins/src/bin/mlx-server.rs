@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 use mlx_bins::load::{load, use_default_chat_template, LoadArgs};
+use mlx_server::pool::{AllowedModels, LoadError, LoadedModel, ModelLoader, ModelSpec, PoolConfig};
 use mlx_server::ServerConfig;
 use serde_json::Value as Json;
 use std::process::ExitCode;
@@ -100,8 +101,138 @@ struct Args {
     /// Requests allowed to wait for a decode slot; more get 429.
     #[arg(long, default_value_t = 1024)]
     max_queue: usize,
+    /// Other models to serve: a JSON or YAML file listing them (id, path or repo id,
+    /// adapters, draft_model, pinned, idle_timeout, sampling defaults); see
+    /// docs/server.md. Loaded on their first request.
+    #[arg(long)]
+    models_config: Option<std::path::PathBuf>,
+    /// Models a request may name besides the configured ones, comma separated; `*`
+    /// (the default, as mlx-lm) allows any path or Hub repo id, an empty string none.
+    #[arg(long, default_value = "*")]
+    allowed_models: String,
+    /// Bytes loaded models may take together (e.g. 24GB); least recently used models
+    /// are unloaded to make room, pinned ones never [default: 3/4 of MLX's memory limit].
+    #[arg(long, value_parser = mlx_server::parse_size)]
+    models_memory_budget: Option<u64>,
+    /// Unload a model that is not pinned after this many seconds without requests
+    /// (default: never; a model's `idle_timeout` overrides it).
+    #[arg(long)]
+    model_idle_timeout: Option<f64>,
+    /// How long a request waits for its model to load, in seconds.
+    #[arg(long, default_value_t = 300.0)]
+    model_load_timeout: f64,
+    /// MLX's memory limit in megabytes (1e6 bytes); requests whose KV cache and
+    /// activations would pass it wait or get 503 [default: MLX's limit].
+    #[arg(long)]
+    memory_limit_mb: Option<u64>,
     #[command(flatten)]
     cpu_weights: mlx_bins::load::CpuWeights,
+}
+
+/// Loads the pool's models as `--model` is loaded (same chat-template flags).
+struct Loader {
+    cpu_weights: mlx_bins::load::CpuWeights,
+    chat_template: String,
+    use_default_chat_template: bool,
+}
+
+impl Loader {
+    fn load_args<'a>(&self, path: &'a str, adapters: Option<&'a str>) -> LoadArgs<'a> {
+        LoadArgs {
+            model: Some(path),
+            cpu_weights: self.cpu_weights,
+            adapter_path: adapters,
+        }
+    }
+
+    fn finish(&self, loaded: mlx_bins::load::Loaded) -> anyhow::Result<LoadedModel> {
+        let mut tokenizer = loaded.tokenizer;
+        if !self.chat_template.is_empty() {
+            tokenizer.set_chat_template(self.chat_template.clone());
+        }
+        if self.use_default_chat_template {
+            use_default_chat_template(&mut tokenizer)?;
+        }
+        Ok(LoadedModel {
+            model: loaded.model,
+            tokenizer,
+            context_length: context_length(&loaded.path),
+            aliases: vec![loaded.path.display().to_string()],
+            config: std::fs::read_to_string(loaded.path.join("config.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok()),
+        })
+    }
+
+    /// Where `spec` is on disk, without downloading.
+    fn local_dir(spec: &str) -> Option<std::path::PathBuf> {
+        let p = std::path::Path::new(spec);
+        if p.exists() {
+            return Some(p.to_path_buf());
+        }
+        let loc = mlx_hub::Locations::from_env().ok()?;
+        snapshot_of(&loc.hf_hub_cache, spec)
+    }
+}
+
+/// The `main` snapshot of `repo_id` in the Hugging Face cache.
+fn snapshot_of(cache: &std::path::Path, repo_id: &str) -> Option<std::path::PathBuf> {
+    let repo = cache.join(format!("models--{}", repo_id.replace('/', "--")));
+    let commit = std::fs::read_to_string(repo.join("refs/main")).ok()?;
+    let snap = repo.join("snapshots").join(commit.trim());
+    snap.is_dir().then_some(snap)
+}
+
+impl ModelLoader for Loader {
+    fn load(&self, spec: &ModelSpec) -> Result<LoadedModel, LoadError> {
+        if spec.draft_model.is_some() {
+            tracing::warn!(model = %spec.id, "draft_model is kept but not used: speculative decoding is not served yet");
+        }
+        mlx_hub::resolve_model(Some(&spec.path)).map_err(|e| LoadError::NotFound(e.to_string()))?;
+        load(&self.load_args(&spec.path, spec.adapter_path.as_deref()))
+            .and_then(|l| self.finish(l))
+            .map_err(|e| LoadError::Failed(format!("{e:#}")))
+    }
+
+    fn estimate_bytes(&self, spec: &ModelSpec) -> Option<u64> {
+        let dir = Loader::local_dir(&spec.path)?;
+        if dir.is_file() {
+            return std::fs::metadata(&dir).ok().map(|m| m.len());
+        }
+        let bytes: u64 = std::fs::read_dir(&dir)
+            .ok()?
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+            .filter_map(|e| std::fs::metadata(e.path()).ok())
+            .map(|m| m.len())
+            .sum();
+        (bytes > 0).then_some(bytes)
+    }
+
+    /// mlx-lm's `probably_mlx_lm`: model repos whose `main` snapshot has config.json,
+    /// model.safetensors.index.json and tokenizer_config.json.
+    fn cached_models(&self) -> Vec<String> {
+        let Ok(loc) = mlx_hub::Locations::from_env() else {
+            return Vec::new();
+        };
+        let Ok(scan) = mlx_hub::cache_scan::scan_cache_dir(&loc.hf_hub_cache) else {
+            return Vec::new();
+        };
+        let files = [
+            "config.json",
+            "model.safetensors.index.json",
+            "tokenizer_config.json",
+        ];
+        scan.repos
+            .into_iter()
+            .filter(|r| r.repo_type == "model")
+            .filter(|r| {
+                snapshot_of(&loc.hf_hub_cache, &r.repo_id)
+                    .is_some_and(|s| files.iter().all(|f| s.join(f).exists()))
+            })
+            .map(|r| r.repo_id)
+            .collect()
+    }
 }
 
 fn log_filter(level: &str) -> &'static str {
@@ -123,6 +254,13 @@ fn context_length(dir: &std::path::Path) -> Option<usize> {
         .map(|n| n as usize)
 }
 
+/// Three quarters of MLX's memory limit (on Apple silicon derived from the device's
+/// memory; on the CPU from the machine's).
+fn default_models_budget() -> Option<u64> {
+    let limit = mlx_array::memory::memory_limit().ok()?;
+    (limit > 0 && limit < usize::MAX / 2).then(|| limit as u64 / 4 * 3)
+}
+
 fn main() -> ExitCode {
     mlx_bins::run(|| {
         let args = Args::parse();
@@ -136,18 +274,50 @@ fn main() -> ExitCode {
         let Json::Object(chat_template_args) = template_args else {
             anyhow::bail!("--chat-template-args must be a JSON object");
         };
+        let models = match &args.models_config {
+            Some(p) => mlx_server::pool::read_models_file(p).map_err(anyhow::Error::msg)?,
+            None => Vec::new(),
+        };
+        let seconds = |flag: &str, s: f64| -> anyhow::Result<std::time::Duration> {
+            std::time::Duration::try_from_secs_f64(s)
+                .map_err(|_| anyhow::anyhow!("{flag} must be a number of seconds, got {s}"))
+        };
+        let budget = match args.models_memory_budget {
+            Some(b) => Some(b),
+            None => args
+                .memory_limit_mb
+                .map(|mb| mb.saturating_mul(1_000_000) / 4 * 3)
+                .or_else(default_models_budget),
+        };
+        let pool_cfg = PoolConfig {
+            models,
+            budget_bytes: budget,
+            allowed: match args.allowed_models.trim() {
+                "*" => AllowedModels::Any,
+                list => AllowedModels::Only(
+                    list.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                        .collect(),
+                ),
+            },
+            load_timeout: seconds("--model-load-timeout", args.model_load_timeout)?,
+            idle_timeout: args
+                .model_idle_timeout
+                .map(|s| seconds("--model-idle-timeout", s))
+                .transpose()?,
+        };
+        let loader = Loader {
+            cpu_weights: args.cpu_weights,
+            chat_template: args.chat_template.clone(),
+            use_default_chat_template: args.use_default_chat_template,
+        };
         let loaded = load(&LoadArgs {
             model: args.model.as_deref(),
             cpu_weights: args.cpu_weights,
             adapter_path: args.adapter_path.as_deref(),
         })?;
-        let mut tokenizer = loaded.tokenizer;
-        if !args.chat_template.is_empty() {
-            tokenizer.set_chat_template(args.chat_template.clone());
-        }
-        if args.use_default_chat_template {
-            use_default_chat_template(&mut tokenizer)?;
-        }
         let model_id = args.model.clone().unwrap_or_else(|| {
             loaded
                 .path
@@ -155,11 +325,13 @@ fn main() -> ExitCode {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "default_model".into())
         });
+        let default_path = loaded.path.clone();
+        let loaded = loader.finish(loaded)?;
         let cfg = ServerConfig {
             host: args.host,
             port: args.port,
             model_id,
-            model_aliases: vec![loaded.path.display().to_string()],
+            model_aliases: vec![default_path.display().to_string()],
             chat_template_args,
             temp: args.temp,
             top_p: args.top_p,
@@ -185,14 +357,29 @@ fn main() -> ExitCode {
             kv_bits: args.kv_bits,
             kv_group_size: args.kv_group_size,
             quantized_kv_start: args.quantized_kv_start,
-            context_length: context_length(&loaded.path),
+            context_length: loaded.context_length,
+            memory_limit_bytes: args.memory_limit_mb.map(|mb| mb.saturating_mul(1_000_000)),
             ..Default::default()
         };
         tracing::warn!("mlx-server only implements basic security checks; put it behind a proxy before exposing it");
-        mlx_server::serve_blocking(cfg, loaded.model, tokenizer, |addr| {
-            tracing::info!("Starting httpd at {} on port {}...", addr.ip(), addr.port());
-            eprintln!("mlx-server listening on http://{addr}");
-        })?;
+        let mut spec = ModelSpec::new(&cfg.model_id);
+        spec.path = default_path.display().to_string();
+        spec.aliases = cfg.model_aliases.clone();
+        spec.adapter_path = args.adapter_path.clone();
+        if let Some(b) = budget {
+            tracing::info!("models memory budget: {:.3} GB", b as f64 / 1e9);
+        }
+        let loader: std::sync::Arc<dyn ModelLoader> = std::sync::Arc::new(loader);
+        mlx_server::serve_pool_blocking(
+            cfg,
+            pool_cfg,
+            Some((spec, loaded)),
+            Some(loader),
+            |addr| {
+                tracing::info!("Starting httpd at {} on port {}...", addr.ip(), addr.port());
+                eprintln!("mlx-server listening on http://{addr}");
+            },
+        )?;
         Ok(())
     })
 }

@@ -25,6 +25,14 @@ pub fn set_memory_limit(bytes: usize) -> Result<usize> {
     check(unsafe { sys::mlxs_set_memory_limit(bytes, &mut prev) })?;
     Ok(prev)
 }
+/// The memory limit in force (MLX's default is derived from the device's memory);
+/// read by setting it and putting it back.
+#[track_caller]
+pub fn memory_limit() -> Result<usize> {
+    let current = set_memory_limit(usize::MAX)?;
+    set_memory_limit(current)?;
+    Ok(current)
+}
 /// Sets the buffer-cache limit; returns the previous one.
 #[track_caller]
 pub fn set_cache_limit(bytes: usize) -> Result<usize> {

@@ -57,6 +57,11 @@ pub struct ServerConfig {
     pub context_length: Option<usize>,
     /// Interval of SSE keep-alive comments while a streamed request waits.
     pub keepalive_interval: Duration,
+    /// `--memory-limit-mb`: MLX's memory limit, set at start, and the bound requests
+    /// are admitted under (default: MLX's own limit).
+    pub memory_limit_bytes: Option<u64>,
+    /// The adapters the model is served with (a request's `adapters` must name these).
+    pub adapter_path: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -86,6 +91,8 @@ impl Default for ServerConfig {
             quantized_kv_start: DEFAULT_QUANTIZED_KV_START,
             context_length: None,
             keepalive_interval: Duration::from_secs(10),
+            memory_limit_bytes: None,
+            adapter_path: None,
         }
     }
 }
@@ -128,6 +135,9 @@ impl ServerConfig {
         }
         if self.kv_group_size <= 0 {
             return Err("--kv-group-size must be positive".into());
+        }
+        if self.memory_limit_bytes == Some(0) {
+            return Err("--memory-limit-mb must be positive".into());
         }
         if self.max_request_bytes == 0 {
             return Err("--max-request-bytes must be positive".into());

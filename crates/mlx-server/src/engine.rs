@@ -6,8 +6,9 @@ pub use mlx_engine::batch::CancelGuard;
 use mlx_engine::batch::{self, EngineEvent, EngineOptions, EventSink};
 use mlx_engine::batch::{EngineMetrics, GenerationRequest};
 use mlx_models::LanguageModel;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// A request's events, delivered to its HTTP handler.
@@ -29,6 +30,34 @@ pub struct Submission {
     /// Events of all choices.
     pub events: UnboundedReceiver<EngineEvent>,
     handle: batch::Submission,
+    _use: Option<InUse>,
+}
+
+/// Counts a submission as using its engine until dropped (the model pool never unloads
+/// an engine in use), and stamps when the last use ended (for idle unloading).
+struct InUse(Arc<Usage>);
+
+/// How an engine is used: submissions alive, and when the last one ended.
+struct Usage {
+    active: AtomicUsize,
+    epoch: Instant,
+    /// Milliseconds after `epoch` at which the last submission ended.
+    last_done_ms: AtomicU64,
+}
+
+impl Usage {
+    fn acquire(self: &Arc<Usage>) -> InUse {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        InUse(Arc::clone(self))
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        let ms = (self.0.epoch.elapsed().as_millis() as u64).max(1);
+        self.0.last_done_ms.fetch_max(ms, Ordering::SeqCst);
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Submission {
@@ -38,6 +67,7 @@ impl Submission {
         Submission {
             events,
             handle: batch::Submission::detached(),
+            _use: None,
         }
     }
 
@@ -71,6 +101,7 @@ impl Submission {
 /// Handle to the engine thread.
 pub struct Engine {
     inner: batch::Engine,
+    usage: Arc<Usage>,
 }
 
 impl Engine {
@@ -82,7 +113,25 @@ impl Engine {
     ) -> Result<Engine, ServerError> {
         let inner = batch::Engine::start(model, opts, metrics)
             .map_err(|e| ServerError::Engine(e.to_string()))?;
-        Ok(Engine { inner })
+        let usage = Arc::new(Usage {
+            active: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            last_done_ms: AtomicU64::new(0),
+        });
+        Ok(Engine { inner, usage })
+    }
+
+    /// Submissions whose answers are still being produced.
+    pub fn in_use(&self) -> usize {
+        self.usage.active.load(Ordering::SeqCst)
+    }
+
+    /// When the last submission ended (`None` before any did).
+    pub fn last_done(&self) -> Option<Instant> {
+        match self.usage.last_done_ms.load(Ordering::SeqCst) {
+            0 => None,
+            ms => Some(self.usage.epoch + Duration::from_millis(ms)),
+        }
     }
 
     /// Whether the engine thread is running.
@@ -98,9 +147,14 @@ impl Engine {
     /// Queues `req` (its `n` choices); 429 when the queue is full, 503 when the
     /// engine is gone.
     pub fn submit(&self, req: GenerationRequest) -> Result<Submission, ApiError> {
+        let in_use = self.usage.acquire();
         let (tx, events) = unbounded_channel();
         let handle = self.inner.submit(req, Arc::new(Events(tx)))?;
-        Ok(Submission { events, handle })
+        Ok(Submission {
+            events,
+            handle,
+            _use: Some(in_use),
+        })
     }
 
     /// Stops the engine: queued and running requests get 503; waits for the thread.

@@ -36,6 +36,9 @@ pub enum ErrorKind {
     NotFound,
     /// 405: wrong method for the route.
     MethodNotAllowed,
+    /// 409: the action conflicts with the resource's state (e.g. unloading a model
+    /// that is answering requests).
+    Conflict,
     /// 413: body over `--max-request-bytes`.
     TooLarge,
     /// 429: the queue is full.
@@ -68,6 +71,7 @@ impl ApiError {
             ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::Conflict => StatusCode::CONFLICT,
             ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::RateLimit => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -111,9 +115,10 @@ impl ApiError {
 
     fn openai_type(&self) -> &'static str {
         match self.kind {
-            ErrorKind::InvalidRequest | ErrorKind::TooLarge | ErrorKind::MethodNotAllowed => {
-                "invalid_request_error"
-            }
+            ErrorKind::InvalidRequest
+            | ErrorKind::TooLarge
+            | ErrorKind::MethodNotAllowed
+            | ErrorKind::Conflict => "invalid_request_error",
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::RateLimit => "rate_limit_error",
@@ -124,7 +129,9 @@ impl ApiError {
 
     fn anthropic_type(&self) -> &'static str {
         match self.kind {
-            ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed => "invalid_request_error",
+            ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed | ErrorKind::Conflict => {
+                "invalid_request_error"
+            }
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::TooLarge => "request_too_large",

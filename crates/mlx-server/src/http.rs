@@ -39,9 +39,19 @@ pub struct ModelInfo {
     pub fingerprint: String,
 }
 
-/// Shared by all handlers.
+/// The server: its settings, the model pool, metrics.
+pub struct ServerState {
+    /// Settings shared by all models.
+    pub cfg: ServerConfig,
+    /// The served models.
+    pub pool: Arc<crate::pool::Pool>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// One loaded model as its request handlers see it (the pool hands it out per request).
 pub struct AppState {
-    /// Settings.
+    /// Settings, with the model's id and sampling defaults.
     pub cfg: ServerConfig,
     /// The engine.
     pub engine: Engine,
@@ -323,6 +333,7 @@ enum Route {
     Chat,
     Completions,
     Models,
+    ModelAction,
     Health,
     Metrics,
     Messages,
@@ -341,6 +352,11 @@ impl Route {
             "/v1/messages" => Route::Messages,
             "/v1/messages/count_tokens" => Route::CountTokens,
             "/v1/responses" => Route::Responses,
+            p if p.starts_with("/v1/models/")
+                && (p.ends_with("/load") || p.ends_with("/unload")) =>
+            {
+                Route::ModelAction
+            }
             p if p == "/v1/models" || p.starts_with("/v1/models/") => Route::Models,
             _ => Route::Unknown,
         }
@@ -351,6 +367,7 @@ impl Route {
             Route::Chat => "/v1/chat/completions",
             Route::Completions => "/v1/completions",
             Route::Models => "/v1/models",
+            Route::ModelAction => "/v1/models/{id}/load|unload",
             Route::Health => "/health",
             Route::Metrics => "/metrics",
             Route::Messages => "/v1/messages",
@@ -378,7 +395,7 @@ impl Route {
 
 /// Serves one request.
 pub async fn handle(
-    state: Arc<AppState>,
+    state: Arc<ServerState>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path().to_string();
@@ -399,7 +416,7 @@ pub async fn handle(
 }
 
 async fn dispatch(
-    state: &Arc<AppState>,
+    state: &Arc<ServerState>,
     route: Route,
     path: &str,
     req: Request<Incoming>,
@@ -425,15 +442,18 @@ async fn dispatch(
     }
     match route {
         Route::Health => {
-            let ok = state.engine.is_healthy();
+            let ok = state.pool.is_healthy();
             let status = if ok {
                 StatusCode::OK
             } else {
                 StatusCode::SERVICE_UNAVAILABLE
             };
+            let mut memory = crate::memory::report(state.cfg.memory_limit_bytes);
+            memory["models_bytes"] = serde_json::json!(state.pool.used_bytes());
+            memory["models_budget_bytes"] = serde_json::json!(state.pool.config().budget_bytes);
             json_response(
                 status,
-                &serde_json::json!({"status": if ok { "ok" } else { "unavailable" }}),
+                &serde_json::json!({"status": if ok { "ok" } else { "unavailable" }, "memory": memory}),
             )
         }
         Route::Metrics => {
@@ -444,12 +464,25 @@ async fn dispatch(
             );
             r
         }
-        Route::Models => crate::openai::models(state, path),
+        Route::Models => crate::pool::models_response(&state.pool, path),
+        Route::ModelAction => crate::pool::model_action(&state.pool, path).await,
         _ => {
             let body = match read_json(req, state.cfg.max_request_bytes).await {
                 Ok(b) => b,
                 Err(e) => return error_response(dialect, &e),
             };
+            // The model the request names (a `model` that is not a string is the
+            // handler's 400): loaded first, waiting while it loads.
+            let name = body
+                .get("model")
+                .and_then(Json::as_str)
+                .unwrap_or("default_model");
+            let adapters = body.get("adapters").and_then(Json::as_str);
+            let state = match state.pool.acquire(name, adapters).await {
+                Ok(app) => app,
+                Err(e) => return error_response(dialect, &e),
+            };
+            let state = &state;
             let result = match route {
                 Route::Chat => crate::openai::chat(Arc::clone(state), body).await,
                 Route::Completions => crate::openai::completions(Arc::clone(state), body).await,
@@ -466,7 +499,7 @@ async fn dispatch(
 /// Accepts connections until `shutdown` resolves, then lets open requests finish for
 /// up to `grace` before returning.
 pub async fn accept_loop(
-    state: Arc<AppState>,
+    state: Arc<ServerState>,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
     grace: std::time::Duration,

@@ -24,10 +24,12 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod http;
+pub mod memory;
 pub mod metrics;
 pub mod openai;
 pub mod output;
 pub mod params;
+pub mod pool;
 pub mod prompt;
 mod pylit;
 pub mod responses;
@@ -38,11 +40,10 @@ pub use config::ServerConfig;
 pub use error::{ApiError, ServerError};
 pub use metrics::Metrics;
 
-use engine::Engine;
-use http::{AppState, ModelInfo};
-use mlx_engine::batch::EngineOptions;
+use http::ServerState;
 use mlx_models::LanguageModel;
 use mlx_tokenizer::Tokenizer;
+use pool::{LoadedModel, ModelLoader, ModelSpec, Pool, PoolConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,20 +56,46 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// A running server.
 pub struct Server {
     addr: SocketAddr,
-    state: Arc<AppState>,
+    state: Arc<ServerState>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), ServerError>>>,
 }
 
 impl Server {
     /// Binds `cfg.host:cfg.port` (port 0: any free port), starts the engine thread with
-    /// `model` and serves on the current tokio runtime.
+    /// `model` and serves on the current tokio runtime (one model, no others loadable).
     pub async fn start(
         cfg: ServerConfig,
         model: Box<dyn LanguageModel>,
         tokenizer: Tokenizer,
     ) -> Result<Server, ServerError> {
+        let mut spec = ModelSpec::new(&cfg.model_id);
+        spec.aliases = cfg.model_aliases.clone();
+        let loaded = LoadedModel {
+            model,
+            tokenizer,
+            context_length: cfg.context_length,
+            aliases: Vec::new(),
+            config: None,
+        };
+        Server::start_pool(cfg, PoolConfig::default(), Some((spec, loaded)), None).await
+    }
+
+    /// Binds `cfg.host:cfg.port` and serves a pool of models: `default` (loaded, the
+    /// `--model` one, pinned), the configured ones of `pool_cfg` and, through `loader`,
+    /// any other model a request names that `pool_cfg` allows.
+    pub async fn start_pool(
+        cfg: ServerConfig,
+        pool_cfg: PoolConfig,
+        default: Option<(ModelSpec, LoadedModel)>,
+        loader: Option<Arc<dyn ModelLoader>>,
+    ) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
+        if let Some(limit) = cfg.memory_limit_bytes {
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            mlx_array::memory::set_memory_limit(limit)?;
+            tracing::info!("MLX memory limit: {:.3} GB", limit as f64 / 1e9);
+        }
         let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port))
             .await
             .map_err(|source| ServerError::Io {
@@ -80,43 +107,17 @@ impl Server {
             source,
         })?;
         let metrics = Arc::new(Metrics::default());
-        let mut xtc: Vec<i32> = tokenizer
-            .encode("\n", false)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|t| t as i32)
-            .collect();
-        xtc.extend(tokenizer.eos_token_ids().iter().map(|&t| t as i32));
-        let info = ModelInfo {
-            tool_format: prompt::detect_tool_format(&tokenizer),
-            xtc_special_tokens: xtc,
-            vocab_size: model.vocab_size().max(0) as usize,
-            created: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            fingerprint: format!("mlx-server-{}", env!("CARGO_PKG_VERSION")),
-        };
-        let opts = EngineOptions {
-            decode_concurrency: cfg.decode_concurrency,
-            prompt_concurrency: cfg.prompt_concurrency,
-            prefill_step_size: cfg.prefill_step_size,
-            prompt_cache_size: cfg.prompt_cache_size,
-            prompt_cache_bytes: cfg.prompt_cache_bytes,
-            kv_quantization: cfg.kv_bits.map(|bits| mlx_engine::KvQuantization {
-                bits,
-                group_size: cfg.kv_group_size,
-                start: cfg.quantized_kv_start,
-            }),
-            max_queue: cfg.max_queue,
-        };
-        let engine = Engine::start(model, opts, Arc::clone(metrics.engine()))?;
-        let state = Arc::new(AppState {
+        let pool = Arc::new(Pool::new(
+            cfg.clone(),
+            pool_cfg,
+            default,
+            loader,
+            Arc::clone(&metrics),
+        )?);
+        let state = Arc::new(ServerState {
             cfg,
-            engine,
-            tokenizer: Arc::new(tokenizer),
+            pool: Arc::clone(&pool),
             metrics,
-            info,
         });
         let (stop, stopped) = oneshot::channel::<()>();
         let st = Arc::clone(&state);
@@ -125,6 +126,23 @@ impl Server {
                 let _ = stopped.await;
             };
             http::accept_loop(st, listener, signal, SHUTDOWN_GRACE).await
+        });
+        let weak = Arc::downgrade(&pool);
+        tokio::spawn(async move {
+            loop {
+                let every = match weak.upgrade() {
+                    Some(p) => p.idle_check_interval(),
+                    None => return,
+                };
+                tokio::time::sleep(every.unwrap_or(Duration::from_secs(5))).await;
+                match weak.upgrade() {
+                    Some(p) if every.is_some() => {
+                        p.unload_idle();
+                    }
+                    Some(_) => {}
+                    None => return,
+                }
+            }
         });
         tracing::info!("mlx-server listening on http://{addr}");
         Ok(Server {
@@ -145,13 +163,18 @@ impl Server {
         &self.state.metrics
     }
 
-    /// Whether the engine thread is running.
+    /// Whether the engine threads of the loaded models are running.
     pub fn is_healthy(&self) -> bool {
-        self.state.engine.is_healthy()
+        self.state.pool.is_healthy()
+    }
+
+    /// The served models.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.state.pool
     }
 
     /// Stops accepting, lets open requests finish (up to [`SHUTDOWN_GRACE`]), then stops
-    /// the engine.
+    /// the engines.
     pub async fn shutdown(mut self) -> Result<(), ServerError> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -163,7 +186,7 @@ impl Server {
             None => Ok(()),
         };
         let state = Arc::clone(&self.state);
-        let _ = tokio::task::spawn_blocking(move || state.engine.shutdown()).await;
+        let _ = tokio::task::spawn_blocking(move || state.pool.shutdown()).await;
         result
     }
 
@@ -222,6 +245,32 @@ pub fn serve_blocking(
     tokenizer: Tokenizer,
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ServerError> {
+    let mut spec = ModelSpec::new(&cfg.model_id);
+    spec.aliases = cfg.model_aliases.clone();
+    let loaded = LoadedModel {
+        model,
+        tokenizer,
+        context_length: cfg.context_length,
+        aliases: Vec::new(),
+        config: None,
+    };
+    serve_pool_blocking(
+        cfg,
+        PoolConfig::default(),
+        Some((spec, loaded)),
+        None,
+        on_ready,
+    )
+}
+
+/// [`serve_blocking`] with a pool of models (see [`Server::start_pool`]).
+pub fn serve_pool_blocking(
+    cfg: ServerConfig,
+    pool_cfg: PoolConfig,
+    default: Option<(ModelSpec, LoadedModel)>,
+    loader: Option<Arc<dyn ModelLoader>>,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServerError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("mlx-server-http")
@@ -231,7 +280,7 @@ pub fn serve_blocking(
             source,
         })?;
     rt.block_on(async move {
-        let server = Server::start(cfg, model, tokenizer).await?;
+        let server = Server::start_pool(cfg, pool_cfg, default, loader).await?;
         on_ready(server.local_addr());
         server.run_until(shutdown_signal()).await
     })

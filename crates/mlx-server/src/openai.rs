@@ -448,23 +448,3 @@ pub async fn completions(
     ));
     Ok(response)
 }
-
-/// `GET /v1/models` (and `/v1/models/{id}`): the served model.
-pub fn models(state: &AppState, path: &str) -> Response<Body> {
-    let entry = |id: &str| json!({"id": id, "object": "model", "created": state.info.created, "owned_by": "mlx-server"});
-    let wanted = path
-        .trim_end_matches('/')
-        .strip_prefix("/v1/models/")
-        .filter(|s| !s.is_empty());
-    match wanted {
-        Some(id) if state.cfg.serves_model(id) => json_response(StatusCode::OK, &entry(id)),
-        Some(id) => crate::http::error_response(
-            crate::error::Dialect::OpenAi,
-            &ApiError::not_found(format!("The model `{id}` does not exist")),
-        ),
-        None => json_response(
-            StatusCode::OK,
-            &json!({"object": "list", "data": [entry(&state.cfg.model_id)]}),
-        ),
-    }
-}

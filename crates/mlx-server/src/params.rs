@@ -152,13 +152,18 @@ pub enum Flavor {
 /// Checks the request's `model` against the served one (404 when unknown).
 pub fn check_model(body: &Body<'_>, cfg: &ServerConfig) -> Result<String, ApiError> {
     let model = body.str("model")?.unwrap_or("default_model");
-    // mlx-lm's server loads a request's `adapters` on the fly; this one serves the
-    // adapters it was started with only, so such a request is refused, not ignored.
-    if body.str("adapters")?.is_some() {
-        return Err(ApiError::invalid_param(
-            "adapters",
-            "per-request adapters are not supported: start the server with --adapter-path",
-        ));
+    // mlx-lm's server loads a request's `adapters` on the fly; the model pool routes
+    // such a request to the model loaded with them, so any other is a bug, refused.
+    if let Some(a) = body.str("adapters")? {
+        if cfg.adapter_path.as_deref() != Some(a) {
+            return Err(ApiError::invalid_param(
+                "adapters",
+                format!(
+                    "the model `{}` is not served with the adapters `{a}`",
+                    cfg.model_id
+                ),
+            ));
+        }
     }
     if !cfg.serves_model(model) {
         return Err(ApiError {

@@ -135,6 +135,7 @@ impl BatchGenerator {
                 prompt_cache_bytes: None,
                 kv_quantization: None,
                 max_queue: usize::MAX,
+                memory: None,
             },
             Arc::clone(&metrics),
         )?;

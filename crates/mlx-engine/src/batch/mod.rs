@@ -7,6 +7,7 @@
 //! returns a [`Submission`]; the request's [`EngineEvent`]s go to the caller's
 //! [`EventSink`]. Errors are [`crate::EngineError`]s: `Invalid` (the request),
 //! `Busy` (the queue is full), `Unavailable` (an MLX failure, a shutdown), `Internal`.
+mod admission;
 mod alone;
 mod decode;
 mod generator;
@@ -19,6 +20,7 @@ mod sequence;
 mod stage;
 mod stop;
 
+pub use admission::{Admit, MemoryAdmission};
 pub use generator::{BatchGenerator, BatchOptions, BatchResponse, BatchStats};
 pub use metrics::{Counter, EngineMetrics, Gauge, Histogram};
 pub use prompt_cache::{copy_caches, CacheHit, CacheKind, PromptCache};

@@ -12,6 +12,7 @@
 //! loop drops cancelled sequences, admits waiting ones, runs one prefill step and one
 //! decode step; every step's results go, by id, through `Shared::route`, which sends
 //! the events and takes finished, failed and abandoned sequences out of their stage.
+use super::admission::{Admit, MemoryAdmission};
 use super::alone::Alone;
 use super::decode::DecodeBatch;
 use super::metrics::EngineMetrics;
@@ -49,6 +50,8 @@ pub struct EngineOptions {
     pub kv_quantization: Option<KvQuantization>,
     /// Requests waiting for a slot beyond this are refused ([`EngineError::Busy`]).
     pub max_queue: usize,
+    /// Memory admission (`None`: sequences are admitted whatever they will take).
+    pub memory: Option<MemoryAdmission>,
 }
 
 enum Command {
@@ -100,6 +103,7 @@ impl Engine {
                 cache: PromptCache::new(opts.prompt_cache_size, opts.prompt_cache_bytes),
                 opts,
                 metrics: Arc::clone(&metrics),
+                mlx_failed: std::cell::Cell::new(false),
             },
             model,
             queued: Arc::clone(&queued),
@@ -207,6 +211,9 @@ struct Shared {
     opts: EngineOptions,
     metrics: Arc<EngineMetrics>,
     cache: PromptCache,
+    /// An MLX operation failed this loop (e.g. an allocation): the prompt cache gives
+    /// back half its memory afterwards.
+    mlx_failed: std::cell::Cell<bool>,
 }
 
 /// The stages a sequence goes through after waiting for a slot.
@@ -348,7 +355,14 @@ impl Scheduler {
             Stages::Alone(alone) => self.shared.step_alone(model, alone),
         }
         self.loops += 1;
-        if self.loops.is_multiple_of(256) {
+        if self.shared.mlx_failed.take() {
+            // The failed sequences' caches are gone; make more room for the others.
+            let cache = &mut self.shared.cache;
+            let (n, bytes) = (cache.len() / 2, cache.nbytes() / 2);
+            cache.trim_to(n, bytes);
+            self.shared.update_cache_metrics();
+            mlx_array::memory::clear_cache();
+        } else if self.loops.is_multiple_of(256) {
             mlx_array::memory::clear_cache();
         }
         let m = &self.shared.metrics;
@@ -379,11 +393,36 @@ impl Scheduler {
     }
 
     fn admit(&mut self) {
-        let shared = &mut self.shared;
-        while self.stages.len() < shared.opts.decode_concurrency {
+        let mut pending = 0u64;
+        while self.stages.len() < self.shared.opts.decode_concurrency {
             let Some(job) = self.waiting.pop_front() else {
                 break;
             };
+            if let Some(m) = self.shared.opts.memory {
+                match self
+                    .shared
+                    .admit_memory(&m, &job, self.stages.nbytes() as u64, pending)
+                {
+                    (Admit::Now, need) => pending += need,
+                    (Admit::Later, _) => {
+                        self.waiting.push_front(job);
+                        if self.stages.len() == 0 {
+                            // Memory held elsewhere (another model's engine): look again
+                            // shortly instead of spinning.
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        break;
+                    }
+                    (Admit::Never(msg), _) => {
+                        self.queued.fetch_sub(1, Ordering::SeqCst);
+                        self.shared.metrics.engine_errors.add(1);
+                        tracing::warn!("engine: request refused: {msg}");
+                        job.fail(EngineError::Unavailable(msg));
+                        continue;
+                    }
+                }
+            }
+            let shared = &mut self.shared;
             self.queued.fetch_sub(1, Ordering::SeqCst);
             tracing::debug!(
                 "engine: admitted {:.1} ms after submission",
@@ -393,6 +432,7 @@ impl Scheduler {
                 self.stages.push(seq);
             }
         }
+        let shared = &mut self.shared;
         if let Some(limit) = shared.opts.prompt_cache_bytes {
             let active = self.stages.nbytes() as u64;
             shared
@@ -404,6 +444,38 @@ impl Scheduler {
 }
 
 impl Shared {
+    /// Memory admission of `job` (see [`MemoryAdmission`]): when it does not fit now,
+    /// the prompt cache gives back what it can first. Returns the decision and the bytes
+    /// it will take.
+    fn admit_memory(
+        &mut self,
+        m: &MemoryAdmission,
+        job: &Job,
+        running: u64,
+        pending: u64,
+    ) -> (Admit, u64) {
+        let need = m.estimate(
+            job.req.prompt.len(),
+            job.req.max_tokens,
+            self.opts.prefill_step_size,
+        );
+        let active = mlx_array::memory::active_memory() as u64;
+        let decision = m.decide(need, active, running, self.cache.nbytes(), pending);
+        if decision != Admit::Later || self.cache.is_empty() {
+            return (decision, need);
+        }
+        let short = (active + pending + need).saturating_sub(m.limit_bytes);
+        self.cache
+            .trim_to(usize::MAX, self.cache.nbytes().saturating_sub(short));
+        self.update_cache_metrics();
+        mlx_array::memory::clear_cache();
+        let active = mlx_array::memory::active_memory() as u64;
+        (
+            m.decide(need, active, running, self.cache.nbytes(), pending),
+            need,
+        )
+    }
+
     /// Batched mode, prefill: sequences with only their last prompt token left (a
     /// prompt-cache hit) join the decode batch; up to `prompt_concurrency` others
     /// prefill together, one chunk each per loop, and join it once prefilled.
@@ -635,6 +707,9 @@ impl Shared {
     }
 
     fn fail_seq(&self, s: Sequence, error: EngineError) {
+        if matches!(error, EngineError::Mlx(_)) {
+            self.mlx_failed.set(true);
+        }
         if !error.is_invalid_request() {
             self.metrics.engine_errors.add(1);
             tracing::warn!("engine: request failed: {error}");
@@ -643,6 +718,9 @@ impl Shared {
     }
 
     fn fail_seqs(&self, seqs: Vec<Sequence>, e: EngineError) {
+        if matches!(e, EngineError::Mlx(_)) {
+            self.mlx_failed.set(true);
+        }
         for s in seqs {
             self.fail_seq(s, e.clone());
         }
