@@ -135,6 +135,8 @@ impl BatchGenerator {
                 prompt_cache_bytes: None,
                 kv_quantization: None,
                 max_queue: usize::MAX,
+                disk_cache: None,
+                preload: Vec::new(),
             },
             Arc::clone(&metrics),
         )?;

@@ -9,6 +9,7 @@
 //! `Busy` (the queue is full), `Unavailable` (an MLX failure, a shutdown), `Internal`.
 mod alone;
 mod decode;
+mod disk_cache;
 mod generator;
 mod metrics;
 mod prefill;
@@ -19,6 +20,7 @@ mod sequence;
 mod stage;
 mod stop;
 
+pub use disk_cache::{DiskCache, DiskCacheOptions, DiskHit};
 pub use generator::{BatchGenerator, BatchOptions, BatchResponse, BatchStats};
 pub use metrics::{Counter, EngineMetrics, Gauge, Histogram};
 pub use prompt_cache::{copy_caches, CacheHit, CacheKind, PromptCache};

@@ -14,6 +14,7 @@
 //! the events and takes finished, failed and abandoned sequences out of their stage.
 use super::alone::Alone;
 use super::decode::DecodeBatch;
+use super::disk_cache::{DiskCache, DiskCacheOptions};
 use super::metrics::EngineMetrics;
 use super::prefill::PrefillBatch;
 use super::prompt_cache::{CacheKind, PromptCache};
@@ -49,6 +50,11 @@ pub struct EngineOptions {
     pub kv_quantization: Option<KvQuantization>,
     /// Requests waiting for a slot beyond this are refused ([`EngineError::Busy`]).
     pub max_queue: usize,
+    /// The prompt cache's disk tier (needs `prompt_cache_size` >= 1).
+    pub disk_cache: Option<DiskCacheOptions>,
+    /// Prompt-cache files (mlx-lm's format, with their tokens in the metadata) put in
+    /// the prompt cache before the first request.
+    pub preload: Vec<std::path::PathBuf>,
 }
 
 enum Command {
@@ -93,14 +99,38 @@ impl Engine {
         } else {
             Stages::Alone(Alone::default())
         };
+        let specs = model.cache_specs();
+        let mut cache = PromptCache::new(opts.prompt_cache_size, opts.prompt_cache_bytes);
+        for path in &opts.preload {
+            let (tokens, caches) = super::disk_cache::load_tokens_file(path, &specs)
+                .map_err(|e| EngineError::Invalid(format!("{}: {e}", path.display())))?;
+            tracing::info!(
+                "prompt cache: {} tokens preloaded from {}",
+                tokens.len(),
+                path.display()
+            );
+            cache.insert(tokens, caches, CacheKind::System);
+        }
+        let disk = match &opts.disk_cache {
+            Some(d) => Some(DiskCache::open(d.clone(), specs).map_err(|e| {
+                EngineError::Unavailable(format!(
+                    "cannot open the prompt-cache directory {}: {e}",
+                    d.dir.display()
+                ))
+            })?),
+            None => None,
+        };
+        let shared = Shared {
+            cache,
+            disk,
+            opts,
+            metrics: Arc::clone(&metrics),
+        };
+        shared.update_cache_metrics();
         let state = Scheduler {
             waiting: VecDeque::new(),
             stages,
-            shared: Shared {
-                cache: PromptCache::new(opts.prompt_cache_size, opts.prompt_cache_bytes),
-                opts,
-                metrics: Arc::clone(&metrics),
-            },
+            shared,
             model,
             queued: Arc::clone(&queued),
             loops: 0,
@@ -207,6 +237,7 @@ struct Shared {
     opts: EngineOptions,
     metrics: Arc<EngineMetrics>,
     cache: PromptCache,
+    disk: Option<DiskCache>,
 }
 
 /// The stages a sequence goes through after waiting for a slot.
@@ -494,7 +525,19 @@ impl Shared {
     /// A sequence for `job`: its caches from the prompt cache (or new); `Started` sent.
     fn start(&mut self, job: Job, model: &dyn LanguageModel) -> Option<Sequence> {
         let prompt = &job.req.prompt;
-        let (caches, cached) = match self.cache.fetch_nearest(prompt) {
+        let mut hit = self.cache.fetch_nearest(prompt);
+        if let Some(disk) = &mut self.disk {
+            let have = hit.as_ref().map_or(0, |h| h.cached_tokens);
+            if let Some(d) = disk.fetch(prompt, have) {
+                self.metrics.disk_cache_hits.add(1);
+                self.cache.insert(d.tokens, d.caches, d.kind);
+                self.update_cache_metrics();
+                if let Some(better) = self.cache.fetch_nearest(prompt) {
+                    hit = Some(better);
+                }
+            }
+        }
+        let (caches, cached) = match hit {
             Some(hit) => {
                 self.metrics.cache_hits.add(1);
                 (hit.caches, hit.cached_tokens)
@@ -533,6 +576,10 @@ impl Shared {
     fn update_cache_metrics(&self) {
         self.metrics.cache_entries.set(self.cache.len() as u64);
         self.metrics.cache_bytes.set(self.cache.nbytes());
+        if let Some(d) = &self.disk {
+            self.metrics.disk_cache_files.set(d.len() as u64);
+            self.metrics.disk_cache_bytes.set(d.nbytes());
+        }
     }
 
     /// Takes the stage's cancelled sequences out.
@@ -657,6 +704,9 @@ impl Shared {
             .first()
             .is_none_or(|c| c.offset() as usize == fed.len());
         if consistent {
+            if let Some(disk) = &mut self.disk {
+                disk.store(&fed, &caches, CacheKind::Assistant);
+            }
             self.cache.insert(fed, caches, CacheKind::Assistant);
             self.update_cache_metrics();
         }
