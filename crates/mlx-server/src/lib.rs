@@ -33,6 +33,7 @@ mod pylit;
 pub mod responses;
 pub mod text;
 pub mod tools;
+pub mod warm;
 
 pub use config::ServerConfig;
 pub use error::{ApiError, ServerError};
@@ -109,6 +110,17 @@ impl Server {
                 start: cfg.quantized_kv_start,
             }),
             max_queue: cfg.max_queue,
+            disk_cache: cfg.prompt_cache_dir.as_ref().map(|dir| {
+                mlx_engine::batch::DiskCacheOptions {
+                    dir: dir.clone(),
+                    max_bytes: cfg.prompt_cache_disk_bytes,
+                    model_key: cfg.cache_model_key(),
+                }
+            }),
+            preload: match &cfg.prompt_cache_file {
+                Some(f) => vec![warm::check_prompt_cache_file(&cfg, f)?],
+                None => Vec::new(),
+            },
         };
         let engine = Engine::start(model, opts, Arc::clone(metrics.engine()))?;
         let state = Arc::new(AppState {
@@ -118,6 +130,7 @@ impl Server {
             metrics,
             info,
         });
+        warm::prefill(&state).await?;
         let (stop, stopped) = oneshot::channel::<()>();
         let st = Arc::clone(&state);
         let task = tokio::spawn(async move {

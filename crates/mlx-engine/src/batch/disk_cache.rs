@@ -565,6 +565,14 @@ fn write_loop(rx: Receiver<Write>, dir: &Path, key: &str, max: u64, index: &Mute
     }
 }
 
+/// The user metadata of a prompt-cache file, from its header (no tensor is read); an
+/// error names what is wrong with the file.
+pub fn file_metadata(path: &Path) -> Result<BTreeMap<String, String>, String> {
+    mlx_cache::read_prompt_cache_header(path)
+        .map(|h| h.metadata)
+        .map_err(|e| e.to_string())
+}
+
 /// Reads a prompt-cache file that records its tokens ([`mlx_cache::TOKENS_KEY`], written
 /// by `mlx-cache-prompt` and the disk tier) for a model with layers `specs`: its tokens
 /// and evaluated caches, or what is wrong with it.
@@ -710,13 +718,17 @@ mod tests {
         let mut meta = BTreeMap::new();
         meta.insert("model".to_string(), "m".to_string());
         mlx_cache::save_prompt_cache(&path, &filled(3), &meta).unwrap();
-        let err = load_tokens_file(&path, &[CacheSpec::Standard]).err().unwrap();
+        let err = load_tokens_file(&path, &[CacheSpec::Standard])
+            .err()
+            .unwrap();
         assert!(err.contains("mlx-cache-prompt"), "{err}");
         meta.insert(mlx_cache::TOKENS_KEY.into(), "[4,5,6]".into());
         mlx_cache::save_prompt_cache(&path, &filled(3), &meta).unwrap();
         let (tokens, caches) = load_tokens_file(&path, &[CacheSpec::Standard]).unwrap();
         assert_eq!((tokens, caches[0].offset()), (vec![4, 5, 6], 3));
-        let err = load_tokens_file(&path, &[CacheSpec::Standard; 2]).err().unwrap();
+        let err = load_tokens_file(&path, &[CacheSpec::Standard; 2])
+            .err()
+            .unwrap();
         assert!(err.contains("cache layers"), "{err}");
     }
 

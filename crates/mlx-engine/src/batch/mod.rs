@@ -20,7 +20,7 @@ mod sequence;
 mod stage;
 mod stop;
 
-pub use disk_cache::{DiskCache, DiskCacheOptions, DiskHit};
+pub use disk_cache::{file_metadata, DiskCache, DiskCacheOptions, DiskHit};
 pub use generator::{BatchGenerator, BatchOptions, BatchResponse, BatchStats};
 pub use metrics::{Counter, EngineMetrics, Gauge, Histogram};
 pub use prompt_cache::{copy_caches, CacheHit, CacheKind, PromptCache};

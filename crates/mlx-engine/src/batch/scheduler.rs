@@ -25,7 +25,7 @@ use crate::error::{EngineError, Result};
 use crate::step::KvQuantization;
 use mlx_cache::PromptCache as LayerCaches;
 use mlx_models::{CacheSpec, LanguageModel};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -125,6 +125,7 @@ impl Engine {
             disk,
             opts,
             metrics: Arc::clone(&metrics),
+            progress: HashMap::new(),
         };
         shared.update_cache_metrics();
         let state = Scheduler {
@@ -238,6 +239,8 @@ struct Shared {
     metrics: Arc<EngineMetrics>,
     cache: PromptCache,
     disk: Option<DiskCache>,
+    /// `(processed, total)` uncached prompt tokens of the sequences prefilling.
+    progress: HashMap<SeqId, (usize, usize)>,
 }
 
 /// The stages a sequence goes through after waiting for a slot.
@@ -378,6 +381,7 @@ impl Scheduler {
             }
             Stages::Alone(alone) => self.shared.step_alone(model, alone),
         }
+        self.update_progress();
         self.loops += 1;
         if self.loops.is_multiple_of(256) {
             mlx_array::memory::clear_cache();
@@ -385,6 +389,21 @@ impl Scheduler {
         let m = &self.shared.metrics;
         m.active_sequences.set(self.running() as u64);
         m.queue_depth.set(self.queued.load(Ordering::SeqCst) as u64);
+    }
+
+    /// The prefill-progress gauges: sequences still prefilling (all but their last
+    /// prompt token processed is the end of prefill).
+    fn update_progress(&mut self) {
+        let mut stages = self.stages.each();
+        let progress = &mut self.shared.progress;
+        progress.retain(|id, (p, t)| {
+            *p + 1 < *t && stages.iter_mut().any(|s| s.get_mut(*id).is_some())
+        });
+        let (p, t) = progress
+            .values()
+            .fold((0, 0), |(p, t), (pi, ti)| (p + pi, t + ti));
+        self.shared.metrics.prefill_processed_tokens.set(p as u64);
+        self.shared.metrics.prefill_total_tokens.set(t as u64);
     }
 
     fn drop_cancelled(&mut self) {
@@ -619,6 +638,7 @@ impl Shared {
             match outcome {
                 Outcome::Progress { processed, total } => {
                     tracing::debug!("prompt processing progress: {processed}/{total}");
+                    self.progress.insert(id, (processed, total));
                     s.job().send(EngineEvent::Progress {
                         choice: s.job().choice,
                         processed,
