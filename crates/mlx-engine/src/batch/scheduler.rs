@@ -474,7 +474,8 @@ impl Shared {
             return;
         }
         let tic = Instant::now();
-        let stepped = prefilling.step(model, self.opts.prefill_step_size);
+        let checkpoints = self.opts.prompt_cache_size > 0;
+        let stepped = prefilling.step(model, self.opts.prefill_step_size, checkpoints);
         let took = tic.elapsed();
         self.metrics.prefill_micros.add(took.as_micros() as u64);
         tracing::debug!(
@@ -649,6 +650,11 @@ impl Shared {
                     leaving.push((id, Leave::Dropped));
                     errors.push((id, e));
                 }
+                Outcome::Checkpoint {
+                    tokens,
+                    caches,
+                    kind,
+                } => self.store_checkpoint(tokens, caches, kind),
                 Outcome::Token(out) => {
                     count_token(&self.metrics, s.last_token_at(), s.job().submitted, now);
                     s.set_last_token_at(now);
@@ -713,6 +719,23 @@ impl Shared {
         for s in seqs {
             self.fail_seq(s, e.clone());
         }
+    }
+
+    /// Keeps the caches at the end of a prompt segment (mlx-lm's `insert_cache` of the
+    /// segment's type). On disk only when they cannot be trimmed: a trimmable entry is
+    /// served by the finished sequence's longer one.
+    fn store_checkpoint(&mut self, tokens: Vec<u32>, caches: LayerCaches, kind: CacheKind) {
+        tracing::debug!(
+            "engine: prompt-cache checkpoint of {} tokens ({kind:?})",
+            tokens.len()
+        );
+        if let Some(disk) = &mut self.disk {
+            if !mlx_cache::can_trim_prompt_cache(&caches) {
+                disk.store(&tokens, &caches, kind);
+            }
+        }
+        self.cache.insert(tokens, caches, kind);
+        self.update_cache_metrics();
     }
 
     /// Keeps a finished sequence's caches for later prompts sharing its prefix.
