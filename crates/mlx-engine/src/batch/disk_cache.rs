@@ -438,10 +438,16 @@ impl DiskCache {
             mlx_cache::encode_tokens(tokens),
         );
         meta.insert(KIND_KEY.to_string(), kind_name(kind).to_string());
+        let tic = std::time::Instant::now();
         let tensors = CacheTensors::new(caches, &meta).and_then(|mut t| {
             t.evaluate()?;
             Ok(t)
         });
+        tracing::debug!(
+            "prompt cache (disk): {} tokens made ready to write in {:.1} ms on the engine thread",
+            tokens.len(),
+            tic.elapsed().as_secs_f64() * 1e3
+        );
         let tensors = match tensors {
             Ok(t) => t,
             Err(e) => {
