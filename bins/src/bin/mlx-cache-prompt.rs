@@ -127,6 +127,12 @@ fn cache_prompt(args: Args) -> Result<()> {
     outln!("Saving...")?;
     let mut metadata = BTreeMap::new();
     metadata.insert("model".to_string(), args.model.clone());
+    // Ours (mlx-lm's loader ignores it): the prompt's tokens, so that mlx-server's
+    // --prompt-cache-file knows which prompts the cache serves.
+    metadata.insert(
+        mlx_cache::TOKENS_KEY.to_string(),
+        mlx_cache::encode_tokens(&ids),
+    );
     metadata.insert(
         "tokenizer_config".to_string(),
         mlx_tokenizer::py_json_dumps(&serde_json::Value::Object(tokenizer_config), true),

@@ -125,6 +125,22 @@ struct Args {
     /// activations would pass it wait or get 503 [default: MLX's limit].
     #[arg(long)]
     memory_limit_mb: Option<u64>,
+    /// A prompt-cache file (from mlx-cache-prompt) whose prompt is put in the prompt
+    /// cache at startup.
+    #[arg(long)]
+    prompt_cache_file: Option<std::path::PathBuf>,
+    /// Keep prompt caches on disk in this directory too, to reuse them after a restart
+    /// (files in mlx-lm's prompt-cache format).
+    #[arg(long)]
+    prompt_cache_dir: Option<std::path::PathBuf>,
+    /// Bytes of files kept in --prompt-cache-dir; the least recently used go beyond it
+    /// (e.g. 20GB).
+    #[arg(long, default_value = "10GB", value_parser = mlx_server::parse_size)]
+    prompt_cache_disk_bytes: u64,
+    /// A prompt to prefill into the prompt cache before serving: a file of text, or of
+    /// chat JSON ({"messages": [...]} or a list of messages). Repeatable.
+    #[arg(long)]
+    warm_prompt: Vec<std::path::PathBuf>,
     #[command(flatten)]
     cpu_weights: mlx_bins::load::CpuWeights,
 }
@@ -359,6 +375,14 @@ fn main() -> ExitCode {
             quantized_kv_start: args.quantized_kv_start,
             context_length: loaded.context_length,
             memory_limit_bytes: args.memory_limit_mb.map(|mb| mb.saturating_mul(1_000_000)),
+            prompt_cache_dir: args.prompt_cache_dir,
+            prompt_cache_disk_bytes: args.prompt_cache_disk_bytes,
+            prompt_cache_file: args.prompt_cache_file,
+            warm_prompts: args.warm_prompt,
+            prompt_cache_model_key: Some(match &args.adapter_path {
+                Some(a) => format!("{} + {a}", default_path.display()),
+                None => default_path.display().to_string(),
+            }),
             ..Default::default()
         };
         tracing::warn!("mlx-server only implements basic security checks; put it behind a proxy before exposing it");

@@ -90,39 +90,75 @@ pub fn save_prompt_cache(
     caches: &[Box<dyn KvCache>],
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let mut arrays: Vec<(String, Array)> = Vec::new();
-    let mut meta: Vec<(String, String)> = Vec::new();
-    for (k, v) in metadata {
-        meta.push((format!("0.{k}"), v.clone()));
-    }
-    meta.push(("2.0".into(), String::new()));
-    let mut n_scalars = 0;
-    for (i, c) in caches.iter().enumerate() {
-        meta.push((format!("1.{i}"), c.class_name().to_string()));
-        for (key, leaf) in flatten_state(i, c.as_ref())? {
-            let (array, kind) = match leaf {
-                Leaf::Array(a) => (a, None),
-                Leaf::Int(v) => (Array::scalar_i64(v, Dtype::Int32)?, Some("scalar")),
-                Leaf::Str(s) => {
-                    let codes: Vec<i32> = s.chars().map(|ch| ch as i32).collect();
-                    (Array::from_vec(codes)?, Some("string"))
-                }
-                Leaf::None => (Array::from_slice::<f32>(&[], &[0])?, Some("none")),
-            };
-            if let Some(kind) = kind {
-                n_scalars += 1;
-                meta.push((format!("2.{n_scalars}.0"), key.clone()));
-                meta.push((format!("2.{n_scalars}.1"), kind.to_string()));
-            }
-            arrays.push((key, array));
+    CacheTensors::new(caches, metadata)?.write(path)
+}
+
+/// The tensors and metadata of a prompt-cache file before they are written: made (and
+/// [evaluated](CacheTensors::evaluate)) on the thread that owns MLX, so that another
+/// thread can [write](CacheTensors::write) them without running an MLX operation.
+pub struct CacheTensors {
+    arrays: Vec<(String, Array)>,
+    meta: Vec<(String, String)>,
+}
+
+impl CacheTensors {
+    /// The flattened state of `caches` with `metadata`, in mlx-lm's layout.
+    pub fn new(caches: &[Box<dyn KvCache>], metadata: &BTreeMap<String, String>) -> Result<Self> {
+        let mut arrays: Vec<(String, Array)> = Vec::new();
+        let mut meta: Vec<(String, String)> = Vec::new();
+        for (k, v) in metadata {
+            meta.push((format!("0.{k}"), v.clone()));
         }
+        meta.push(("2.0".into(), String::new()));
+        let mut n_scalars = 0;
+        for (i, c) in caches.iter().enumerate() {
+            meta.push((format!("1.{i}"), c.class_name().to_string()));
+            for (key, leaf) in flatten_state(i, c.as_ref())? {
+                let (array, kind) = match leaf {
+                    Leaf::Array(a) => (a, None),
+                    Leaf::Int(v) => (Array::scalar_i64(v, Dtype::Int32)?, Some("scalar")),
+                    Leaf::Str(s) => {
+                        let codes: Vec<i32> = s.chars().map(|ch| ch as i32).collect();
+                        (Array::from_vec(codes)?, Some("string"))
+                    }
+                    Leaf::None => (Array::from_slice::<f32>(&[], &[0])?, Some("none")),
+                };
+                if let Some(kind) = kind {
+                    n_scalars += 1;
+                    meta.push((format!("2.{n_scalars}.0"), key.clone()));
+                    meta.push((format!("2.{n_scalars}.1"), kind.to_string()));
+                }
+                arrays.push((key, array));
+            }
+        }
+        Ok(CacheTensors { arrays, meta })
     }
-    io::save_safetensors(
-        path,
-        arrays.iter().map(|(k, a)| (k.as_str(), a)),
-        meta.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-    )?;
-    Ok(())
+
+    /// Makes every tensor row-contiguous and evaluates it, so that writing runs no MLX
+    /// operation.
+    pub fn evaluate(&mut self) -> Result<()> {
+        for (_, a) in &mut self.arrays {
+            *a = a.contiguous()?;
+        }
+        let refs: Vec<&Array> = self.arrays.iter().map(|(_, a)| a).collect();
+        mlx_array::transforms::eval(&refs)?;
+        Ok(())
+    }
+
+    /// Bytes of the tensors.
+    pub fn nbytes(&self) -> usize {
+        self.arrays.iter().map(|(_, a)| a.nbytes()).sum()
+    }
+
+    /// Writes the file (MLX appends `.safetensors` to a path without that suffix).
+    pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
+        io::save_safetensors(
+            path,
+            self.arrays.iter().map(|(k, a)| (k.as_str(), a)),
+            self.meta.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        )?;
+        Ok(())
+    }
 }
 
 /// The parsed `__metadata__` of a prompt-cache file.
@@ -452,5 +488,155 @@ impl State<'_> {
             }
             _ => Err(self.err("keys and values must both be present or both None".into())),
         }
+    }
+}
+
+/// The user-metadata key under which a prompt-cache file records the token ids its
+/// caches hold (written by `mlx-cache-prompt` and the server's disk tier; mlx-lm's
+/// loader ignores it). Files from `mlx_lm.cache_prompt` do not have it.
+pub const TOKENS_KEY: &str = "tokens";
+
+/// Token ids as the [`TOKENS_KEY`] metadata value: a JSON list (`[1,2,3]`).
+pub fn encode_tokens(tokens: &[u32]) -> String {
+    let mut s = String::with_capacity(tokens.len() * 6 + 2);
+    s.push('[');
+    for (i, t) in tokens.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(&t.to_string());
+    }
+    s.push(']');
+    s
+}
+
+/// Parses a [`TOKENS_KEY`] value written by [`encode_tokens`]; `None` when it is not a
+/// JSON list of token ids.
+pub fn decode_tokens(text: &str) -> Option<Vec<u32>> {
+    let inner = text.trim().strip_prefix('[')?.strip_suffix(']')?.trim();
+    if inner.is_empty() {
+        return Some(Vec::new());
+    }
+    inner.split(',').map(|t| t.trim().parse().ok()).collect()
+}
+
+/// What the header of a prompt-cache file says, read without loading any tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileHeader {
+    /// The user metadata (`"0.{key}"` entries, without the prefix).
+    pub metadata: BTreeMap<String, String>,
+    /// The class name of each cache, in layer order.
+    pub classes: Vec<String>,
+    /// The file's length in bytes.
+    pub file_bytes: u64,
+}
+
+/// The largest safetensors header read (the safetensors format's own limit).
+const MAX_HEADER_BYTES: u64 = 100 << 20;
+
+/// Reads the header of a prompt-cache file (cheap: the tensors are not read) and checks
+/// that the file is complete: its length must be exactly what the header's tensor
+/// offsets describe, so a truncated (or extended) file is refused.
+pub fn read_prompt_cache_header(path: impl AsRef<Path>) -> Result<FileHeader> {
+    use std::io::Read;
+    let path = path.as_ref();
+    let bad = |message: String| CacheError::BadFile {
+        path: path.to_path_buf(),
+        message,
+    };
+    let io_err = |e: std::io::Error| bad(format!("cannot read it: {e}"));
+    let mut f = std::fs::File::open(path).map_err(io_err)?;
+    let file_bytes = f.metadata().map_err(io_err)?.len();
+    let mut len8 = [0u8; 8];
+    f.read_exact(&mut len8)
+        .map_err(|_| bad(format!("truncated: {file_bytes} bytes, no header length")))?;
+    let header_len = u64::from_le_bytes(len8);
+    if header_len > MAX_HEADER_BYTES || 8 + header_len > file_bytes {
+        return Err(bad(format!(
+            "truncated or not a safetensors file: header of {header_len} bytes in a file \
+             of {file_bytes}"
+        )));
+    }
+    let mut raw = vec![0u8; header_len as usize];
+    f.read_exact(&mut raw).map_err(io_err)?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&raw)
+        .map_err(|e| bad(format!("the safetensors header is not a JSON object: {e}")))?;
+    let mut data_end = 0u64;
+    let mut meta_raw = BTreeMap::new();
+    for (k, v) in &header {
+        if k == "__metadata__" {
+            let obj = v
+                .as_object()
+                .ok_or_else(|| bad("`__metadata__` is not an object".into()))?;
+            for (mk, mv) in obj {
+                let s = mv
+                    .as_str()
+                    .ok_or_else(|| bad(format!("metadata `{mk}` is not a string")))?;
+                meta_raw.insert(mk.clone(), s.to_string());
+            }
+            continue;
+        }
+        let end = v
+            .get("data_offsets")
+            .and_then(|o| o.as_array())
+            .and_then(|o| o.get(1))
+            .and_then(|e| e.as_u64())
+            .ok_or_else(|| bad(format!("tensor `{k}` has no data_offsets")))?;
+        data_end = data_end.max(end);
+    }
+    let want = 8 + header_len + data_end;
+    if want != file_bytes {
+        return Err(bad(format!(
+            "truncated or damaged: the header describes {want} bytes, the file has {file_bytes}"
+        )));
+    }
+    let meta = parse_meta(path, meta_raw)?;
+    Ok(FileHeader {
+        metadata: meta.user,
+        classes: meta.classes,
+        file_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_array::ops::ones;
+
+    fn one_layer(n: i32) -> Vec<Box<dyn KvCache>> {
+        let mut c = KVCache::new();
+        let k = ones(&[1, 1, n, 2], Dtype::Float32).unwrap();
+        c.update(&k, &k).unwrap();
+        vec![Box::new(c)]
+    }
+
+    #[test]
+    fn tokens_round_trip_through_metadata_text() {
+        assert_eq!(encode_tokens(&[1, 22, 333]), "[1,22,333]");
+        assert_eq!(decode_tokens("[1, 22,333]"), Some(vec![1, 22, 333]));
+        assert_eq!(decode_tokens("[]"), Some(vec![]));
+        assert_eq!(decode_tokens("[1,x]"), None);
+        assert_eq!(decode_tokens("1,2"), None);
+    }
+
+    #[test]
+    fn header_is_read_without_the_tensors_and_truncation_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.safetensors");
+        let mut meta = BTreeMap::new();
+        meta.insert(TOKENS_KEY.to_string(), encode_tokens(&[5, 6, 7]));
+        save_prompt_cache(&path, &one_layer(3), &meta).unwrap();
+        let h = read_prompt_cache_header(&path).unwrap();
+        assert_eq!(h.classes, vec!["KVCache".to_string()]);
+        assert_eq!(h.metadata[TOKENS_KEY], "[5,6,7]");
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        let err = read_prompt_cache_header(&path).unwrap_err().to_string();
+        assert!(err.contains("truncated"), "{err}");
+        std::fs::write(&path, &bytes[..5]).unwrap();
+        let err = read_prompt_cache_header(&path).unwrap_err().to_string();
+        assert!(err.contains("truncated"), "{err}");
+        std::fs::write(&path, b"garbage that is not a safetensors file at all").unwrap();
+        assert!(read_prompt_cache_header(&path).is_err());
     }
 }

@@ -42,7 +42,10 @@ pub use batch::{batch_causal_mask, BatchKVCache};
 pub use batch_prompt::{is_batchable, BatchPromptCache};
 pub use batch_rotating::BatchRotatingKVCache;
 pub use error::{CacheError, Result};
-pub use file::{load_prompt_cache, save_prompt_cache};
+pub use file::{
+    decode_tokens, encode_tokens, load_prompt_cache, read_prompt_cache_header, save_prompt_cache,
+    CacheTensors, FileHeader, TOKENS_KEY,
+};
 pub use kv::{ConcatenateKVCache, KVCache, STEP};
 pub use mlx_models::CacheSpec;
 pub use mlx_nn::cache::{AttnMask, KvCache, KvFetch, RopePosition};

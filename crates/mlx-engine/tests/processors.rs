@@ -111,6 +111,8 @@ fn run_engine(dir: &str, kv: Option<KvQuantization>) {
         kv_quantization: kv,
         max_queue: 64,
         memory: None,
+        disk_cache: None,
+        preload: Vec::new(),
     };
     let engine = Engine::start(model, opts, Arc::new(EngineMetrics::default())).expect("engine");
     let prompts: [&[u32]; 3] = [&[3, 4, 5, 6, 7, 8, 9], &[11, 12], &[20, 21, 22, 23]];

@@ -1,5 +1,6 @@
 //! Server settings: mlx-lm's `mlx_lm.server` flags with their defaults, plus ours.
 use serde_json::{Map, Value as Json};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// mlx-lm's `DEFAULT_QUANTIZED_KV_START`.
@@ -62,7 +63,23 @@ pub struct ServerConfig {
     pub memory_limit_bytes: Option<u64>,
     /// The adapters the model is served with (a request's `adapters` must name these).
     pub adapter_path: Option<String>,
+    /// `--prompt-cache-dir` (ours): the prompt cache's disk tier.
+    pub prompt_cache_dir: Option<PathBuf>,
+    /// `--prompt-cache-disk-bytes` (ours, default 10 GB): bound on its files.
+    pub prompt_cache_disk_bytes: u64,
+    /// `--prompt-cache-file`: a file of `mlx-cache-prompt` put in the prompt cache at
+    /// startup.
+    pub prompt_cache_file: Option<PathBuf>,
+    /// `--warm-prompt` (ours): files (text, or chat JSON) prefilled before the first
+    /// request.
+    pub warm_prompts: Vec<PathBuf>,
+    /// What the disk tier's files are keyed by (the model path and adapter; default:
+    /// the first alias, else the model id).
+    pub prompt_cache_model_key: Option<String>,
 }
+
+/// `--prompt-cache-disk-bytes`'s default.
+pub const DEFAULT_PROMPT_CACHE_DISK_BYTES: u64 = 10_000_000_000;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -93,11 +110,24 @@ impl Default for ServerConfig {
             keepalive_interval: Duration::from_secs(10),
             memory_limit_bytes: None,
             adapter_path: None,
+            prompt_cache_dir: None,
+            prompt_cache_disk_bytes: DEFAULT_PROMPT_CACHE_DISK_BYTES,
+            prompt_cache_file: None,
+            warm_prompts: Vec::new(),
+            prompt_cache_model_key: None,
         }
     }
 }
 
 impl ServerConfig {
+    /// The key of the disk tier's files.
+    pub fn cache_model_key(&self) -> String {
+        self.prompt_cache_model_key
+            .clone()
+            .or_else(|| self.model_aliases.first().cloned())
+            .unwrap_or_else(|| self.model_id.clone())
+    }
+
     /// Whether a request's `model` field names the loaded model.
     pub fn serves_model(&self, name: &str) -> bool {
         name == "default_model"
@@ -138,6 +168,17 @@ impl ServerConfig {
         }
         if self.memory_limit_bytes == Some(0) {
             return Err("--memory-limit-mb must be positive".into());
+        }
+        if self.prompt_cache_size == 0
+            && (self.prompt_cache_dir.is_some()
+                || self.prompt_cache_file.is_some()
+                || !self.warm_prompts.is_empty())
+        {
+            return Err(
+                "--prompt-cache-dir, --prompt-cache-file and --warm-prompt need a \
+                 prompt cache: --prompt-cache-size must be at least 1"
+                    .into(),
+            );
         }
         if self.max_request_bytes == 0 {
             return Err("--max-request-bytes must be positive".into());

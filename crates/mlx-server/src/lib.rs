@@ -35,6 +35,7 @@ mod pylit;
 pub mod responses;
 pub mod text;
 pub mod tools;
+pub mod warm;
 
 pub use config::ServerConfig;
 pub use error::{ApiError, ServerError};
@@ -119,6 +120,15 @@ impl Server {
             pool: Arc::clone(&pool),
             metrics,
         });
+        if !state.cfg.warm_prompts.is_empty() {
+            // Warm prompts belong to the `--model` one (the server's model id).
+            let app = state
+                .pool
+                .acquire(&state.cfg.model_id, None)
+                .await
+                .map_err(|e| ServerError::Config(format!("--warm-prompt: {}", e.message)))?;
+            warm::prefill(&app).await?;
+        }
         let (stop, stopped) = oneshot::channel::<()>();
         let st = Arc::clone(&state);
         let task = tokio::spawn(async move {

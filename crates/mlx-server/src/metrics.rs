@@ -64,7 +64,7 @@ impl Metrics {
                 );
             }
         }
-        let counters: [(&str, &str, &Counter); 10] = [
+        let counters: [(&str, &str, &Counter); 11] = [
             (
                 "mlx_server_prompt_tokens_total",
                 "Prompt tokens of admitted requests.",
@@ -89,6 +89,11 @@ impl Metrics {
                 "mlx_server_prompt_cache_misses_total",
                 "Prompt-cache lookups that found nothing.",
                 &self.cache_misses,
+            ),
+            (
+                "mlx_server_prompt_cache_disk_hits_total",
+                "Prompt-cache lookups answered from the disk tier (--prompt-cache-dir).",
+                &self.disk_cache_hits,
             ),
             (
                 "mlx_server_cancelled_total",
@@ -130,7 +135,7 @@ impl Metrics {
              mlx_server_prefill_seconds_total {}",
             self.prefill_micros.get() as f64 / 1e6
         );
-        let gauges: [(&str, &str, &Gauge); 4] = [
+        let gauges: [(&str, &str, &Gauge); 8] = [
             (
                 "mlx_server_queue_depth",
                 "Requests waiting for a decode slot.",
@@ -150,6 +155,26 @@ impl Metrics {
                 "mlx_server_prompt_cache_bytes",
                 "Bytes held by the prompt cache.",
                 &self.cache_bytes,
+            ),
+            (
+                "mlx_server_prompt_cache_disk_files",
+                "Files in the prompt cache's disk tier.",
+                &self.disk_cache_files,
+            ),
+            (
+                "mlx_server_prompt_cache_disk_bytes",
+                "Bytes of the files in the prompt cache's disk tier.",
+                &self.disk_cache_bytes,
+            ),
+            (
+                "mlx_server_prefill_tokens",
+                "Uncached prompt tokens of the sequences prefilling now.",
+                &self.prefill_total_tokens,
+            ),
+            (
+                "mlx_server_prefill_processed_tokens",
+                "Of those, the tokens already processed.",
+                &self.prefill_processed_tokens,
             ),
         ];
         for (name, help, g) in gauges {

@@ -336,6 +336,7 @@ pub async fn completions(
         prompt: ids,
         initial: crate::text::Channel::Normal,
         tools: None,
+        segments: Vec::new(),
     };
     let (req, spec) = finish_request(&state, prepared, &params, false)?;
     let echo_text = if echo {

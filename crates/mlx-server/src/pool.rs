@@ -352,6 +352,15 @@ impl Pool {
         if context_length.is_some() {
             cfg.context_length = context_length;
         }
+        // The `--model` one keeps the binary's disk-cache key (its path and adapter) and
+        // `--prompt-cache-file`; every other model keys its prompt-cache files by its own
+        // pool id, unique per model and adapter set.
+        let is_default = spec.id == self.base.model_id;
+        if !is_default {
+            cfg.prompt_cache_model_key = Some(spec.id.clone());
+            cfg.prompt_cache_file = None;
+            cfg.warm_prompts = Vec::new();
+        }
         let mut xtc: Vec<i32> = tokenizer
             .encode("\n", false)
             .unwrap_or_default()
@@ -383,6 +392,17 @@ impl Pool {
                     crate::memory::admission(&c, limit, cfg.kv_bits, cfg.kv_group_size)
                 }
                 _ => None,
+            },
+            disk_cache: cfg.prompt_cache_dir.as_ref().map(|dir| {
+                mlx_engine::batch::DiskCacheOptions {
+                    dir: dir.clone(),
+                    max_bytes: cfg.prompt_cache_disk_bytes,
+                    model_key: cfg.cache_model_key(),
+                }
+            }),
+            preload: match &cfg.prompt_cache_file {
+                Some(f) => vec![crate::warm::check_prompt_cache_file(&cfg, f)?],
+                None => Vec::new(),
             },
         };
         let engine = Engine::start(model, opts, Arc::clone(self.metrics.engine()))?;

@@ -7,7 +7,7 @@ use crate::output::{initial_channel, OutputSpec};
 use crate::params::CommonParams;
 use crate::text::{Channel, Markers};
 use crate::tools::ToolFormat;
-use mlx_engine::batch::GenerationRequest;
+use mlx_engine::batch::{CacheKind, GenerationRequest};
 use mlx_tokenizer::{ChatOptions, Tokenizer, TokenizerError};
 use serde_json::{Map, Value as Json};
 
@@ -19,6 +19,8 @@ pub struct Prepared {
     pub initial: Channel,
     /// Tools given to the template.
     pub tools: Option<Vec<Json>>,
+    /// mlx-lm's segments of a chat prompt (see [`chat_segments`]); empty for others.
+    pub segments: Vec<(usize, CacheKind)>,
 }
 
 /// The text of a message `content`: a string, `null`, or a list of text parts.
@@ -147,6 +149,7 @@ pub fn chat_prompt(
             prompt,
             initial: Channel::Normal,
             tools: None,
+            segments: Vec::new(),
         });
     }
     if tools.is_some() && state.info.tool_format.is_none() {
@@ -164,11 +167,81 @@ pub fn chat_prompt(
         .apply_chat_template_ids(&messages, &opts)
         .map_err(template_error)?;
     let initial = initial_channel(tok, &prompt);
+    let segments = chat_segments(tok, &messages, &opts, &prompt);
     Ok(Prepared {
         prompt,
         initial,
         tools,
+        segments,
     })
+}
+
+/// mlx-lm's segments of a chat prompt (`_tokenize` in its server), for prompt-cache
+/// checkpoints at message boundaries: when the last message is the user's, the system
+/// prompt (the leading system messages, where the prompt stops matching those messages
+/// rendered before an empty user turn), then the conversation up to the thinking tail
+/// (a think-start among the last 11 tokens, where a template opens the reasoning), then
+/// that tail. Otherwise one segment. The second turn of a conversation whose template
+/// drops earlier reasoning then still finds the first turn's system prompt and user
+/// message in the cache.
+pub fn chat_segments(
+    tok: &Tokenizer,
+    messages: &[Json],
+    opts: &ChatOptions,
+    prompt: &[u32],
+) -> Vec<(usize, CacheKind)> {
+    let role = |m: &Json| {
+        m.get("role")
+            .and_then(Json::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let n = prompt.len();
+    if messages.last().map(role).as_deref() != Some("user") {
+        return Vec::new();
+    }
+    let num_system = messages.iter().take_while(|m| role(m) == "system").count();
+    let mut sys_end = 0;
+    if num_system > 0 {
+        let mut head = messages[..num_system].to_vec();
+        head.push(serde_json::json!({"role": "user", "content": ""}));
+        let head_opts = ChatOptions {
+            add_generation_prompt: false,
+            ..opts.clone()
+        };
+        if let Ok(sys) = tok.apply_chat_template_ids(&head, &head_opts) {
+            if let Some(i) = sys.iter().zip(prompt).position(|(a, b)| a != b) {
+                sys_end = i;
+            }
+        }
+    }
+    let mut segments = Vec::new();
+    if sys_end > 0 && sys_end < n {
+        segments.push((sys_end, CacheKind::System));
+    }
+    let mut tail_start = n;
+    if let Some(m) = tok.think_markers() {
+        let pat = &m.start_tokens;
+        let from = n.saturating_sub(11);
+        if !pat.is_empty() && pat.len() <= n {
+            if let Some(i) = (from..=n - pat.len())
+                .rev()
+                .find(|&i| prompt[i..].starts_with(pat))
+            {
+                tail_start = i;
+            }
+        }
+    }
+    if sys_end < tail_start {
+        segments.push((tail_start, CacheKind::User));
+    }
+    if tail_start < n {
+        segments.push((n, CacheKind::Assistant));
+    }
+    if segments.is_empty() {
+        segments.push((n, CacheKind::Assistant));
+    }
+    segments
 }
 
 /// Tokenizes a completion prompt (a string, or a list of token ids).
@@ -207,6 +280,7 @@ pub fn finish_request(
         prompt,
         initial,
         tools,
+        segments,
     } = prepared;
     if prompt.is_empty() {
         return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
@@ -244,6 +318,7 @@ pub fn finish_request(
         logprobs: params.logprobs,
         top_logprobs: params.top_logprobs,
         n: params.n,
+        segments,
     };
     let tool_format = if chat && tools.is_some() {
         state.info.tool_format

@@ -2,6 +2,7 @@
 //! (`memory_limit_bytes`, the `--memory-limit-mb` flag), a prompt too large for it gets
 //! 503 while 64 other streams finish, and the next request is served; `/health`
 //! reports the headroom.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 mod common;
 
 use common::{get, post, tiny_model_dir, tokenizer, SseStream};

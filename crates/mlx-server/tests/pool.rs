@@ -2,6 +2,7 @@
 //! recently used unloaded first, the pinned one never), idle unloading, the load and
 //! unload endpoints behind the API key, waiting for a model that is loading, a failed
 //! load answered to its request only, and concurrent requests to different models.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 mod common;
 
 use common::{get, post, request, tiny_model_dir, tokenizer};

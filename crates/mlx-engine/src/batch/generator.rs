@@ -136,6 +136,8 @@ impl BatchGenerator {
                 kv_quantization: None,
                 max_queue: usize::MAX,
                 memory: None,
+                disk_cache: None,
+                preload: Vec::new(),
             },
             Arc::clone(&metrics),
         )?;

@@ -123,6 +123,17 @@ pub struct EngineMetrics {
     pub cache_entries: Gauge,
     /// Bytes held by the prompt cache.
     pub cache_bytes: Gauge,
+    /// Prompt-cache lookups answered from the disk tier.
+    pub disk_cache_hits: Counter,
+    /// Files in the prompt cache's disk tier.
+    pub disk_cache_files: Gauge,
+    /// Bytes of those files.
+    pub disk_cache_bytes: Gauge,
+    /// Prompt tokens of the sequences prefilling now (the total of their uncached
+    /// prompts).
+    pub prefill_total_tokens: Gauge,
+    /// Of those, the tokens already processed.
+    pub prefill_processed_tokens: Gauge,
     /// Generations stopped because the client went away.
     pub cancelled: Counter,
     /// Requests refused because the queue was full.
@@ -154,6 +165,11 @@ impl Default for EngineMetrics {
             cache_misses: Counter::default(),
             cache_entries: Gauge::default(),
             cache_bytes: Gauge::default(),
+            disk_cache_hits: Counter::default(),
+            disk_cache_files: Gauge::default(),
+            disk_cache_bytes: Gauge::default(),
+            prefill_total_tokens: Gauge::default(),
+            prefill_processed_tokens: Gauge::default(),
             cancelled: Counter::default(),
             rejected_queue_full: Counter::default(),
             engine_errors: Counter::default(),

@@ -10,6 +10,7 @@
 mod admission;
 mod alone;
 mod decode;
+mod disk_cache;
 mod generator;
 mod metrics;
 mod prefill;
@@ -21,6 +22,7 @@ mod stage;
 mod stop;
 
 pub use admission::{Admit, MemoryAdmission};
+pub use disk_cache::{file_metadata, DiskCache, DiskCacheOptions, DiskHit};
 pub use generator::{BatchGenerator, BatchOptions, BatchResponse, BatchStats};
 pub use metrics::{Counter, EngineMetrics, Gauge, Histogram};
 pub use prompt_cache::{copy_caches, CacheHit, CacheKind, PromptCache};

@@ -66,15 +66,18 @@ impl PrefillBatch {
 
     /// One chunk of every row in one forward pass: each row's progress. An `Err` fails
     /// the whole batch.
+    /// With `checkpoints`, a row whose chunk ended a prompt segment also gives a copy
+    /// of its caches ([`Outcome::Checkpoint`]).
     pub fn step(
         &mut self,
         model: &dyn LanguageModel,
         step_size: usize,
+        checkpoints: bool,
     ) -> Result<Vec<(SeqId, Outcome)>> {
         let lengths: Vec<usize> = self
             .rows
             .iter()
-            .map(|r| r.next_chunk(step_size).len())
+            .map(|r| r.next_chunk(step_size, true).len())
             .collect();
         let longest = lengths.iter().copied().max().unwrap_or(0);
         if longest == 0 {
@@ -82,7 +85,7 @@ impl PrefillBatch {
         }
         let mut tokens = Vec::with_capacity(self.rows.len() * longest);
         for r in &self.rows {
-            let part = r.next_chunk(step_size);
+            let part = r.next_chunk(step_size, true);
             tokens.extend_from_slice(part);
             tokens.extend(std::iter::repeat_n(0u32, longest - part.len()));
         }
@@ -102,9 +105,30 @@ impl PrefillBatch {
         }
         mlx_array::memory::clear_cache();
         let mut progress = Vec::with_capacity(self.rows.len());
-        for (r, &n) in self.rows.iter_mut().zip(&lengths) {
+        for (i, (r, &n)) in self.rows.iter_mut().zip(&lengths).enumerate() {
             let (processed, total) = r.advance_prefill(n)?;
             progress.push((r.id(), Outcome::Progress { processed, total }));
+            let Some(kind) = r.checkpoint().filter(|_| checkpoints && n > 0) else {
+                continue;
+            };
+            // mlx-lm's `extract_cache` of the rows that ended a segment; evaluated now
+            // so the copy does not keep the batch's buffers alive.
+            let caches = self
+                .cache
+                .extract(i)
+                .map_err(cache_err)
+                .and_then(|c| step::eval_state(&c).map(|()| c));
+            match caches {
+                Ok(caches) => progress.push((
+                    r.id(),
+                    Outcome::Checkpoint {
+                        tokens: r.prompt_done().to_vec(),
+                        caches,
+                        kind,
+                    },
+                )),
+                Err(e) => tracing::warn!("engine: no prompt-cache checkpoint: {e}"),
+            }
         }
         Ok(progress)
     }

@@ -1,5 +1,6 @@
 //! What a caller hands the scheduler (a [`GenerationRequest`] and an [`EventSink`]) and
 //! what it gets back: [`EngineEvent`]s, and a [`Submission`] to cancel with.
+use super::prompt_cache::CacheKind;
 use crate::error::EngineError;
 use crate::step::Sampling;
 use mlx_sample::{BuildProcessor, LogitsParams};
@@ -29,6 +30,14 @@ pub struct GenerationRequest {
     pub top_logprobs: usize,
     /// Independent completions of the same prompt (OpenAI's `n`).
     pub n: usize,
+    /// mlx-lm's prompt segments: the end of each (prompt positions, ascending, the last
+    /// one the prompt's length) and the prompt-cache kind of the cache at that end.
+    /// Batched prefill chunks stop at every end and store the cache there (a
+    /// checkpoint), so that a later prompt sharing only that prefix (a chat whose
+    /// template drops earlier reasoning, another chat with the same system prompt)
+    /// reuses it. Empty: one segment of kind [`CacheKind::Assistant`], as mlx-lm does
+    /// for prompts that are not chats.
+    pub segments: Vec<(usize, CacheKind)>,
 }
 
 impl GenerationRequest {
@@ -44,6 +53,7 @@ impl GenerationRequest {
             logprobs: false,
             top_logprobs: 0,
             n: 1,
+            segments: Vec::new(),
         }
     }
 

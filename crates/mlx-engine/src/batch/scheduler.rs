@@ -15,6 +15,7 @@
 use super::admission::{Admit, MemoryAdmission};
 use super::alone::Alone;
 use super::decode::DecodeBatch;
+use super::disk_cache::{DiskCache, DiskCacheOptions};
 use super::metrics::EngineMetrics;
 use super::prefill::PrefillBatch;
 use super::prompt_cache::{CacheKind, PromptCache};
@@ -25,7 +26,7 @@ use crate::error::{EngineError, Result};
 use crate::step::KvQuantization;
 use mlx_cache::PromptCache as LayerCaches;
 use mlx_models::{CacheSpec, LanguageModel};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -52,6 +53,11 @@ pub struct EngineOptions {
     pub max_queue: usize,
     /// Memory admission (`None`: sequences are admitted whatever they will take).
     pub memory: Option<MemoryAdmission>,
+    /// The prompt cache's disk tier (needs `prompt_cache_size` >= 1).
+    pub disk_cache: Option<DiskCacheOptions>,
+    /// Prompt-cache files (mlx-lm's format, with their tokens in the metadata) put in
+    /// the prompt cache before the first request.
+    pub preload: Vec<std::path::PathBuf>,
 }
 
 enum Command {
@@ -96,15 +102,40 @@ impl Engine {
         } else {
             Stages::Alone(Alone::default())
         };
+        let specs = model.cache_specs();
+        let mut cache = PromptCache::new(opts.prompt_cache_size, opts.prompt_cache_bytes);
+        for path in &opts.preload {
+            let (tokens, caches) = super::disk_cache::load_tokens_file(path, &specs)
+                .map_err(|e| EngineError::Invalid(format!("{}: {e}", path.display())))?;
+            tracing::info!(
+                "prompt cache: {} tokens preloaded from {}",
+                tokens.len(),
+                path.display()
+            );
+            cache.insert(tokens, caches, CacheKind::System);
+        }
+        let disk = match &opts.disk_cache {
+            Some(d) => Some(DiskCache::open(d.clone(), specs).map_err(|e| {
+                EngineError::Unavailable(format!(
+                    "cannot open the prompt-cache directory {}: {e}",
+                    d.dir.display()
+                ))
+            })?),
+            None => None,
+        };
+        let shared = Shared {
+            cache,
+            disk,
+            opts,
+            metrics: Arc::clone(&metrics),
+            mlx_failed: std::cell::Cell::new(false),
+            progress: HashMap::new(),
+        };
+        shared.update_cache_metrics();
         let state = Scheduler {
             waiting: VecDeque::new(),
             stages,
-            shared: Shared {
-                cache: PromptCache::new(opts.prompt_cache_size, opts.prompt_cache_bytes),
-                opts,
-                metrics: Arc::clone(&metrics),
-                mlx_failed: std::cell::Cell::new(false),
-            },
+            shared,
             model,
             queued: Arc::clone(&queued),
             loops: 0,
@@ -214,6 +245,9 @@ struct Shared {
     /// An MLX operation failed this loop (e.g. an allocation): the prompt cache gives
     /// back half its memory afterwards.
     mlx_failed: std::cell::Cell<bool>,
+    disk: Option<DiskCache>,
+    /// `(processed, total)` uncached prompt tokens of the sequences prefilling.
+    progress: HashMap<SeqId, (usize, usize)>,
 }
 
 /// The stages a sequence goes through after waiting for a slot.
@@ -354,6 +388,7 @@ impl Scheduler {
             }
             Stages::Alone(alone) => self.shared.step_alone(model, alone),
         }
+        self.update_progress();
         self.loops += 1;
         if self.shared.mlx_failed.take() {
             // The failed sequences' caches are gone; make more room for the others.
@@ -368,6 +403,21 @@ impl Scheduler {
         let m = &self.shared.metrics;
         m.active_sequences.set(self.running() as u64);
         m.queue_depth.set(self.queued.load(Ordering::SeqCst) as u64);
+    }
+
+    /// The prefill-progress gauges: sequences still prefilling (all but their last
+    /// prompt token processed is the end of prefill).
+    fn update_progress(&mut self) {
+        let mut stages = self.stages.each();
+        let progress = &mut self.shared.progress;
+        progress.retain(|id, (p, t)| {
+            *p + 1 < *t && stages.iter_mut().any(|s| s.get_mut(*id).is_some())
+        });
+        let (p, t) = progress
+            .values()
+            .fold((0, 0), |(p, t), (pi, ti)| (p + pi, t + ti));
+        self.shared.metrics.prefill_processed_tokens.set(p as u64);
+        self.shared.metrics.prefill_total_tokens.set(t as u64);
     }
 
     fn drop_cancelled(&mut self) {
@@ -496,7 +546,8 @@ impl Shared {
             return;
         }
         let tic = Instant::now();
-        let stepped = prefilling.step(model, self.opts.prefill_step_size);
+        let checkpoints = self.opts.prompt_cache_size > 0;
+        let stepped = prefilling.step(model, self.opts.prefill_step_size, checkpoints);
         let took = tic.elapsed();
         self.metrics.prefill_micros.add(took.as_micros() as u64);
         tracing::debug!(
@@ -566,7 +617,19 @@ impl Shared {
     /// A sequence for `job`: its caches from the prompt cache (or new); `Started` sent.
     fn start(&mut self, job: Job, model: &dyn LanguageModel) -> Option<Sequence> {
         let prompt = &job.req.prompt;
-        let (caches, cached) = match self.cache.fetch_nearest(prompt) {
+        let mut hit = self.cache.fetch_nearest(prompt);
+        if let Some(disk) = &mut self.disk {
+            let have = hit.as_ref().map_or(0, |h| h.cached_tokens);
+            if let Some(d) = disk.fetch(prompt, have) {
+                self.metrics.disk_cache_hits.add(1);
+                self.cache.insert(d.tokens, d.caches, d.kind);
+                self.update_cache_metrics();
+                if let Some(better) = self.cache.fetch_nearest(prompt) {
+                    hit = Some(better);
+                }
+            }
+        }
+        let (caches, cached) = match hit {
             Some(hit) => {
                 self.metrics.cache_hits.add(1);
                 (hit.caches, hit.cached_tokens)
@@ -605,6 +668,10 @@ impl Shared {
     fn update_cache_metrics(&self) {
         self.metrics.cache_entries.set(self.cache.len() as u64);
         self.metrics.cache_bytes.set(self.cache.nbytes());
+        if let Some(d) = &self.disk {
+            self.metrics.disk_cache_files.set(d.len() as u64);
+            self.metrics.disk_cache_bytes.set(d.nbytes());
+        }
     }
 
     /// Takes the stage's cancelled sequences out.
@@ -644,6 +711,7 @@ impl Shared {
             match outcome {
                 Outcome::Progress { processed, total } => {
                     tracing::debug!("prompt processing progress: {processed}/{total}");
+                    self.progress.insert(id, (processed, total));
                     s.job().send(EngineEvent::Progress {
                         choice: s.job().choice,
                         processed,
@@ -654,6 +722,11 @@ impl Shared {
                     leaving.push((id, Leave::Dropped));
                     errors.push((id, e));
                 }
+                Outcome::Checkpoint {
+                    tokens,
+                    caches,
+                    kind,
+                } => self.store_checkpoint(tokens, caches, kind),
                 Outcome::Token(out) => {
                     count_token(&self.metrics, s.last_token_at(), s.job().submitted, now);
                     s.set_last_token_at(now);
@@ -726,6 +799,23 @@ impl Shared {
         }
     }
 
+    /// Keeps the caches at the end of a prompt segment (mlx-lm's `insert_cache` of the
+    /// segment's type). On disk only when they cannot be trimmed: a trimmable entry is
+    /// served by the finished sequence's longer one.
+    fn store_checkpoint(&mut self, tokens: Vec<u32>, caches: LayerCaches, kind: CacheKind) {
+        tracing::debug!(
+            "engine: prompt-cache checkpoint of {} tokens ({kind:?})",
+            tokens.len()
+        );
+        if let Some(disk) = &mut self.disk {
+            if !mlx_cache::can_trim_prompt_cache(&caches) {
+                disk.store(&tokens, &caches, kind);
+            }
+        }
+        self.cache.insert(tokens, caches, kind);
+        self.update_cache_metrics();
+    }
+
     /// Keeps a finished sequence's caches for later prompts sharing its prefix.
     fn store_caches(&mut self, fed: Vec<u32>, caches: LayerCaches) {
         if self.opts.prompt_cache_size == 0 {
@@ -735,6 +825,9 @@ impl Shared {
             .first()
             .is_none_or(|c| c.offset() as usize == fed.len());
         if consistent {
+            if let Some(disk) = &mut self.disk {
+                disk.store(&fed, &caches, CacheKind::Assistant);
+            }
             self.cache.insert(fed, caches, CacheKind::Assistant);
             self.update_cache_metrics();
         }

@@ -1,6 +1,7 @@
 //! One generating sequence: its job, KV caches (while it is not in a batch), sampling
 //! state and stop matcher, and the steps of mlx-lm's `generate_step` (chunked prefill,
 //! then pipelined decode) split so the scheduler can interleave many sequences.
+use super::prompt_cache::CacheKind;
 use super::request::{Finish, Job, SeqId, TokenOut};
 use super::stop::StopMatcher;
 use crate::error::{EngineError, Result};
@@ -125,12 +126,54 @@ impl Sequence {
     }
 
     /// The next prefill chunk: at most `step_size` prompt tokens, never the last one
-    /// (empty when only that one is left).
-    pub fn next_chunk(&self, step_size: usize) -> &[u32] {
+    /// (empty when only that one is left), and with `segmented` never past the end of
+    /// the current segment (mlx-lm's batched prompt processing).
+    pub fn next_chunk(&self, step_size: usize, segmented: bool) -> &[u32] {
         let prompt = &self.job.req.prompt;
         let remaining = prompt.len().saturating_sub(self.prompt_done);
-        let n = step_size.max(1).min(remaining.saturating_sub(1));
+        let mut n = step_size.max(1).min(remaining.saturating_sub(1));
+        if segmented {
+            if let Some(end) = self
+                .segment_ends()
+                .into_iter()
+                .find(|(e, _)| *e > self.prompt_done)
+            {
+                n = n.min(end.0 - self.prompt_done);
+            }
+        }
         &prompt[self.prompt_done..self.prompt_done + n]
+    }
+
+    /// Where segments end, the last at the last prompt token (which is left for
+    /// decoding), with the kind of the cache there.
+    fn segment_ends(&self) -> Vec<(usize, CacheKind)> {
+        let req = &self.job.req;
+        let last = req.prompt.len().saturating_sub(1);
+        if req.segments.is_empty() {
+            return vec![(last, CacheKind::Assistant)];
+        }
+        req.segments
+            .iter()
+            .map(|&(e, k)| (e.min(last), k))
+            .collect()
+    }
+
+    /// The cache kind when the prompt processed so far ends a segment that this
+    /// sequence processed (not one the prompt cache gave it): a checkpoint to store.
+    pub fn checkpoint(&self) -> Option<CacheKind> {
+        if self.prompt_done <= self.prompt_cached {
+            return None;
+        }
+        self.segment_ends()
+            .into_iter()
+            .find(|(e, _)| *e >= self.prompt_done)
+            .filter(|(e, _)| *e == self.prompt_done)
+            .map(|(_, k)| k)
+    }
+
+    /// The prompt tokens processed so far.
+    pub fn prompt_done(&self) -> &[u32] {
+        &self.job.req.prompt[..self.prompt_done]
     }
 
     /// Counts the next `n` prompt tokens as in the caches (and tells the processors);
@@ -188,7 +231,7 @@ impl Sequence {
         step_size: usize,
         kv: Option<KvQuantization>,
     ) -> Result<Prefill> {
-        let part = self.next_chunk(step_size).to_vec();
+        let part = self.next_chunk(step_size, false).to_vec();
         if !part.is_empty() {
             let chunk = Array::from_slice(&part, &[1, part.len() as i32])?;
             step::prefill(model, &chunk, &mut self.caches, kv)?;

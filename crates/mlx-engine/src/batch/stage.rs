@@ -19,6 +19,16 @@ pub(crate) enum Outcome {
     Token(TokenOut),
     /// The sequence failed (the others go on).
     Failed(EngineError),
+    /// A prefill chunk ended a prompt segment: the caches holding `tokens`, to store
+    /// in the prompt cache as `kind`.
+    Checkpoint {
+        /// The prompt tokens the caches hold.
+        tokens: Vec<u32>,
+        /// A copy of the sequence's caches.
+        caches: PromptCache,
+        /// Their kind.
+        kind: super::prompt_cache::CacheKind,
+    },
 }
 
 /// How a sequence leaves a stage.
