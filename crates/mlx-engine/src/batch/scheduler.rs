@@ -414,6 +414,7 @@ impl Shared {
         decoding: &mut DecodeBatch,
     ) {
         let hits = prefilling.take_cache_hits();
+        let hits = self.report_prompts(hits);
         if let Err((seqs, e)) = decoding.join(hits) {
             self.fail_seqs(seqs, e);
         }
@@ -452,6 +453,35 @@ impl Shared {
             Ok(None) => {}
             Err(e) => self.fail_seqs(prefilling.drain_rows(), e),
         }
+    }
+
+    /// Sequences that need no prefill (a one-token prompt, or a prompt-cache hit):
+    /// those that want their prompt reported get it now; those with nothing to
+    /// generate (`max_tokens` 0) end here, their caches kept. Returns the others.
+    fn report_prompts(&mut self, seqs: Vec<Sequence>) -> Vec<Sequence> {
+        let mut going_on = Vec::with_capacity(seqs.len());
+        for mut s in seqs {
+            let Some(Outcome::Prompt { logprobs, finish }) = s.prompt_outcome() else {
+                going_on.push(s);
+                continue;
+            };
+            let delivered = s.job().send(EngineEvent::Prompt {
+                choice: s.job().choice,
+                logprobs,
+                finish,
+            });
+            match (finish, delivered) {
+                (None, true) => going_on.push(s),
+                (Some(_), true) => {
+                    let (fed, caches) = s.into_fed_and_caches();
+                    if !caches.is_empty() {
+                        self.store_caches(fed, caches);
+                    }
+                }
+                (_, false) => log_stopped(&self.metrics, &s),
+            }
+        }
+        going_on
     }
 
     /// Batched mode, decode: one step of the batch; finished, failed and abandoned rows
@@ -494,7 +524,14 @@ impl Shared {
     /// A sequence for `job`: its caches from the prompt cache (or new); `Started` sent.
     fn start(&mut self, job: Job, model: &dyn LanguageModel) -> Option<Sequence> {
         let prompt = &job.req.prompt;
-        let (caches, cached) = match self.cache.fetch_nearest(prompt) {
+        // Prompt log-probabilities come from the prefill's logits: every position is
+        // computed, none taken from the prompt cache.
+        let hit = if job.req.prompt_logprobs {
+            None
+        } else {
+            self.cache.fetch_nearest(prompt)
+        };
+        let (caches, cached) = match hit {
             Some(hit) => {
                 self.metrics.cache_hits.add(1);
                 (hit.caches, hit.cached_tokens)
@@ -581,6 +618,21 @@ impl Shared {
                 Outcome::Failed(e) => {
                     leaving.push((id, Leave::Dropped));
                     errors.push((id, e));
+                }
+                Outcome::Prompt { logprobs, finish } => {
+                    let delivered = s.job().send(EngineEvent::Prompt {
+                        choice: s.job().choice,
+                        logprobs,
+                        finish,
+                    });
+                    if finish.is_some() || !delivered {
+                        let how = if delivered {
+                            Leave::Finished
+                        } else {
+                            Leave::Dropped
+                        };
+                        leaving.push((id, how));
+                    }
                 }
                 Outcome::Token(out) => {
                     count_token(&self.metrics, s.last_token_at(), s.job().submitted, now);
