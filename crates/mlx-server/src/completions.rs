@@ -105,8 +105,10 @@ impl<'a> Entry<'a> {
 /// OpenAI's legacy completion `logprobs`: `tokens`, `token_logprobs`, `top_logprobs`
 /// (a token-to-log-probability map per position, `null` where there is none; the
 /// whole field `null` unless alternatives were asked for) and `text_offset` (the
-/// character offset of each token in the choice's `text`, from `offset`). Returns the
-/// object and the offset after the last token.
+/// character offset of each token in the choice's `text`, from `offset`). Values are
+/// the float32 log-probabilities written as the doubles they are (as mlx-lm's server
+/// writes Python floats), so a client summing them gets `_score_fn`'s values exactly.
+/// Returns the object and the offset after the last token.
 fn legacy_logprobs(entries: &[Entry<'_>], offset: usize, want_top: bool) -> (Json, usize) {
     let mut at = offset;
     let mut offsets = Vec::with_capacity(entries.len());
@@ -121,7 +123,7 @@ fn legacy_logprobs(entries: &[Entry<'_>], offset: usize, want_top: bool) -> (Jso
                 .map(|e| match e.top {
                     Some(top) => Json::Object(
                         top.iter()
-                            .map(|(_, t, lp)| (t.clone(), json!(lp)))
+                            .map(|(_, t, lp)| (t.clone(), json!(f64::from(*lp))))
                             .collect::<Map<String, Json>>(),
                     ),
                     None => Json::Null,
@@ -133,7 +135,7 @@ fn legacy_logprobs(entries: &[Entry<'_>], offset: usize, want_top: bool) -> (Jso
     };
     let v = json!({
         "tokens": entries.iter().map(|e| e.token).collect::<Vec<_>>(),
-        "token_logprobs": entries.iter().map(|e| e.logprob).collect::<Vec<_>>(),
+        "token_logprobs": entries.iter().map(|e| e.logprob.map(f64::from)).collect::<Vec<_>>(),
         "top_logprobs": top,
         "text_offset": offsets,
     });
