@@ -90,11 +90,31 @@ fn metrics_equal_mlx_lm_evaluate() {
     let Some(py) = python_with_lm_eval() else {
         return;
     };
-    let tmp = common::TempDir::new("evaluate");
+    metrics_equal(&py, &common::golden_model("llama-small-f32"), "evaluate");
+}
+
+/// The same with the real default model (SmolLM2-135M-Instruct, resolved as every
+/// command resolves it, its chat template applied as mlx-lm's default does): a few
+/// minutes on a CPU, so run on demand (`cargo nextest run -p mlx-bins --run-ignored
+/// only -E 'test(default_model)'`).
+#[test]
+#[ignore = "slow on a CPU: the default model through mlx-evaluate and mlx_lm.evaluate"]
+fn metrics_equal_mlx_lm_evaluate_default_model() {
+    let Some(py) = python_with_lm_eval() else {
+        return;
+    };
+    let model = mlx_hub::resolve_model(None)
+        .unwrap_or_else(|e| panic!("the default model is not available: {e}"));
+    metrics_equal(&py, &model, "evaluate-default");
+}
+
+/// `mlx-evaluate` and `mlx_lm.evaluate` on the three local tasks with `model`: the same
+/// result file name and the same metrics.
+fn metrics_equal(py: &Path, model: &Path, tag: &str) {
+    let tmp = common::TempDir::new(tag);
     let tasks = tmp.0.join("tasks");
     std::fs::create_dir_all(&tasks).unwrap();
     write_tasks(&tasks);
-    let model = common::golden_model("llama-small-f32");
     let (ours, theirs) = (tmp.0.join("ours"), tmp.0.join("theirs"));
     let common_args = |out: &Path| -> Vec<String> {
         [
@@ -132,7 +152,7 @@ fn metrics_equal_mlx_lm_evaluate() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let out = Command::new(&py)
+    let out = Command::new(py)
         .arg(common::root().join("xtask/py/eval_mlx_lm.py"))
         .args(common_args(&theirs))
         .current_dir(common::root())
