@@ -64,7 +64,7 @@ pub struct Engine {
     max_queue: usize,
     alive: Arc<AtomicBool>,
     metrics: Arc<EngineMetrics>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    thread: Mutex<Option<JoinHandle<Box<dyn LanguageModel>>>>,
 }
 
 impl Engine {
@@ -109,8 +109,9 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("mlx-engine".into())
             .spawn(move || {
-                run(state, rx);
+                let model = run(state, rx);
                 alive2.store(false, Ordering::SeqCst);
+                model
             })
             .map_err(|e| {
                 EngineError::Unavailable(format!("cannot start the engine thread: {e}"))
@@ -184,15 +185,20 @@ impl Engine {
 
     /// Stops the engine: queued and running requests fail; waits for the thread.
     pub fn shutdown(&self) {
+        let _ = self.shutdown_into_model();
+    }
+
+    /// Stops the engine like [`Engine::shutdown`] and hands the model back to the
+    /// caller's thread (`None` when the engine thread died or was already stopped), for
+    /// a caller that runs the model itself between batches (mlx-eval's scoring).
+    pub fn shutdown_into_model(&self) -> Option<Box<dyn LanguageModel>> {
         let _ = self
             .tx
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(Command::Shutdown);
         let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(h) = handle {
-            let _ = h.join();
-        }
+        handle.and_then(|h| h.join().ok())
     }
 }
 
@@ -270,12 +276,13 @@ struct Scheduler {
     loops: u64,
 }
 
-fn run(mut st: Scheduler, rx: Receiver<Command>) {
+/// The engine thread's loop until shutdown; returns the model.
+fn run(mut st: Scheduler, rx: Receiver<Command>) -> Box<dyn LanguageModel> {
     let stream = match crate::generation_stream() {
         Ok(s) => s,
         Err(e) => {
             tracing::error!("engine: cannot create an MLX stream: {e}");
-            return;
+            return st.model;
         }
     };
     mlx_array::with_stream(stream, || loop {
@@ -310,7 +317,8 @@ fn run(mut st: Scheduler, rx: Receiver<Command>) {
                 "internal error in the generation engine".into(),
             ));
         }
-    })
+    });
+    st.model
 }
 
 impl Scheduler {
