@@ -20,16 +20,18 @@ then
 fi
 
 # lm-evaluation-harness for mlx-evaluate's tests (bins/tests/evaluate.rs): the pinned
-# version mlx_lm.evaluate and the mlx-evaluate adapter run in the .venv. Those tests skip
-# with a message where this install fails (no network).
+# version mlx_lm.evaluate and the mlx-evaluate adapter run in the .venv, with its `api`
+# extra (aiohttp, tenacity, ...) for the `local-completions` run against mlx-server.
+# Those tests skip with a message where this install fails (no network).
 LM_EVAL_VERSION=0.4.13
 if ! .venv/bin/python - <<PY 2>/dev/null
 import importlib.metadata as m, sys
+import tenacity, aiohttp
 sys.exit(0 if m.version("lm_eval") == "$LM_EVAL_VERSION" else 1)
 PY
 then
-  echo "setup: installing lm-eval==$LM_EVAL_VERSION into .venv"
-  .venv/bin/pip install --quiet --disable-pip-version-check "lm-eval==$LM_EVAL_VERSION" ||
+  echo "setup: installing lm-eval[api]==$LM_EVAL_VERSION into .venv"
+  .venv/bin/pip install --quiet --disable-pip-version-check "lm-eval[api]==$LM_EVAL_VERSION" ||
     echo "setup: lm-eval could not be installed; mlx-evaluate's tests will skip" >&2
 fi
 

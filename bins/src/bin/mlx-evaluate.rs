@@ -137,7 +137,7 @@ fn evaluate(args: Args) -> Result<()> {
         include_path: args.include_path.clone(),
         tokenizer_name: args.model.replace('/', "__"),
     };
-    let results = run_harness(loaded.model.as_ref(), &loaded.tokenizer, &opts)?;
+    let results = run_harness(loaded.model, &loaded.tokenizer, &opts)?;
 
     let mut keys = vec![
         "eval".to_string(),

@@ -167,24 +167,26 @@ fn step_seed(seed: u64, step: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A prefill chunk `tokens` (`[B, L]`) into the caches, its logits unused: the model
-/// call (pipelined layer by layer, `mlx_nn::pipeline`), KV-cache quantization when `kv`
-/// says so, and evaluation of the caches' state (so the chunk's intermediates can be
-/// freed before the next).
+/// A prefill chunk `tokens` (`[B, L]`) into the caches: the model call (pipelined layer
+/// by layer, `mlx_nn::pipeline`), KV-cache quantization when `kv` says so, and
+/// evaluation of the caches' state (so the chunk's intermediates can be freed before
+/// the next). Returns the chunk's logits `[B, L, vocab]` unevaluated: a caller that
+/// drops them never computes them (prompt log-probabilities read them).
 pub fn prefill(
     model: &dyn LanguageModel,
     tokens: &Array,
     caches: &mut [Box<dyn KvCache>],
     kv: Option<KvQuantization>,
-) -> Result<()> {
-    {
+) -> Result<Array> {
+    let logits = {
         let _pipelined = mlx_nn::pipeline::PipelinedPrefill::from_env();
-        model.forward(tokens, caches)?;
-    }
+        model.forward(tokens, caches)?
+    };
     if let Some(q) = kv {
         mlx_cache::maybe_quantize_kv_cache(caches, q.start, q.group_size, Some(q.bits))?;
     }
-    eval_state(caches)
+    eval_state(caches)?;
+    Ok(logits)
 }
 
 /// Evaluates the caches' state.

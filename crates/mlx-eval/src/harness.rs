@@ -2,9 +2,10 @@
 //! `lm_eval`) runs the tasks, with a small adapter model class
 //! (`lm_eval_adapter.py`, embedded here) whose requests this process answers over a
 //! JSON-lines pipe with [`crate::scoring`] and mlx-engine's generation.
-use crate::scoring::{loglikelihood, loglikelihood_rolling, DEFAULT_MAX_TOKENS};
+use crate::scoring::{loglikelihood, loglikelihood_rolling, DEFAULT_MAX_TOKENS, STEP_SIZE};
 use crate::{EvalError, Result};
-use mlx_engine::{stream_generate, GenerateOptions, PromptInput};
+use mlx_engine::batch::{BatchGenerator, BatchOptions};
+use mlx_engine::Sampling;
 use mlx_models::LanguageModel;
 use mlx_tokenizer::{ChatOptions, Tokenizer};
 use serde_json::{json, Map, Value};
@@ -67,12 +68,14 @@ fn bridge_err(msg: impl std::fmt::Display) -> EvalError {
     EvalError::Harness(msg.to_string())
 }
 
-/// Runs the harness with `model` answering its requests.
+/// Runs the harness with `model` answering its requests (scoring on this thread,
+/// generation on mlx-engine's batch thread, the model handed back and forth).
 pub fn run_harness(
-    model: &dyn LanguageModel,
+    model: Box<dyn LanguageModel>,
     tok: &Tokenizer,
     opts: &HarnessOptions,
 ) -> Result<HarnessResults> {
+    let mut slot = Some(model);
     if opts.batch_size == 0 {
         return Err(EvalError::Invalid("--batch-size must be at least 1".into()));
     }
@@ -110,7 +113,7 @@ pub fn run_harness(
         let line = line.map_err(|e| bridge_err(format!("reading from lm_eval: {e}")))?;
         let req: Value = serde_json::from_str(&line)
             .map_err(|e| bridge_err(format!("a malformed request from the adapter: {e}")))?;
-        let reply = match answer(model, tok, opts, &req) {
+        let reply = match answer(&mut slot, tok, opts, &req) {
             Ok(Answer::Result(v)) => json!({ "result": v }),
             Ok(Answer::Done(r)) => {
                 results = Some(r);
@@ -156,11 +159,12 @@ fn str_field<'a>(v: &'a Value, what: &str) -> Result<&'a str> {
 }
 
 fn answer(
-    model: &dyn LanguageModel,
+    slot: &mut ModelSlot,
     tok: &Tokenizer,
     opts: &HarnessOptions,
     req: &Value,
 ) -> Result<Answer> {
+    let model = || slot.as_deref().ok_or_else(lent_out);
     let add_special = !opts.use_chat_template;
     let list = |k: &str| -> Result<&Vec<Value>> {
         req[k]
@@ -201,7 +205,7 @@ fn answer(
                     ))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let out = loglikelihood(model, tok, &pairs, opts.max_tokens, add_special)?;
+            let out = loglikelihood(model()?, tok, &pairs, opts.max_tokens, add_special)?;
             // JSON has no -inf: the adapter turns the string back into a float.
             let v: Vec<Value> = out
                 .iter()
@@ -220,7 +224,7 @@ fn answer(
                 .iter()
                 .map(|t| Ok(str_field(t, "text")?.to_string()))
                 .collect::<Result<Vec<_>>>()?;
-            let out = loglikelihood_rolling(model, tok, &texts, opts.batch_size, add_special)?;
+            let out = loglikelihood_rolling(model()?, tok, &texts, opts.batch_size, add_special)?;
             Ok(Answer::Result(json!(out)))
         }
         "generate_until" => {
@@ -229,7 +233,7 @@ fn answer(
                 .map(|r| (r[0].clone(), r[1].clone()))
                 .collect();
             Ok(Answer::Result(json!(generate_until(
-                model, tok, opts, &reqs
+                slot, tok, opts, &reqs
             )?)))
         }
         "results" => {
@@ -258,31 +262,20 @@ pub fn rstrip_until<'a>(s: &'a str, untils: &[String]) -> &'a str {
     &s[..cut]
 }
 
-/// mlx-lm's `MLXLM.generate_until` for `(context, gen_kwargs)` requests: each context
-/// tokenized (special tokens unless a chat template is in use), generated with the
-/// `--temp/--top-p/--top-k` sampler up to `--max-tokens`, else the request's
-/// `max_gen_toks`, else [`DEFAULT_MAX_TOKENS`], then cut at the first stop string (and
-/// after the reasoning end marker where the vocabulary has one). mlx-lm batches the
-/// requests; here they run one at a time through mlx-engine.
-pub fn generate_until(
-    model: &dyn LanguageModel,
-    tok: &Tokenizer,
-    opts: &HarnessOptions,
-    requests: &[(Value, Value)],
-) -> Result<Vec<String>> {
-    requests
-        .iter()
-        .map(|(c, k)| generate_one(model, tok, opts, c, k))
-        .collect()
+/// The model, lent to the generation engine while `generate_until` runs.
+pub type ModelSlot = Option<Box<dyn LanguageModel>>;
+
+fn lent_out() -> EvalError {
+    bridge_err("the model was not handed back after a failed generation")
 }
 
-fn generate_one(
-    model: &dyn LanguageModel,
+/// One `generate_until` request read: prompt ids, token budget, stop strings.
+fn read_request(
     tok: &Tokenizer,
     opts: &HarnessOptions,
     context: &Value,
     gen_kwargs: &Value,
-) -> Result<String> {
+) -> Result<(Vec<u32>, usize, Vec<String>)> {
     let context = str_field(context, "context")?;
     let until: Vec<String> = match &gen_kwargs["until"] {
         Value::Null => Vec::new(),
@@ -304,38 +297,91 @@ fn generate_one(
             context: "tokenizing a generation prompt".into(),
             source,
         })?;
-    let sampler = mlx_sample::make_sampler(&mlx_sample::SamplerParams {
-        temp: opts.temp,
-        top_p: opts.top_p,
-        top_k: opts.top_k,
-        ..Default::default()
-    })
-    .map_err(|e| EvalError::Invalid(e.to_string()))?;
-    let mut caches = mlx_cache::make_prompt_cache(&model.cache_specs(), None)?;
-    let mut text = String::new();
-    stream_generate(
+    if ids.is_empty() {
+        return Err(EvalError::Data(format!(
+            "the generation context {context:?} has no tokens"
+        )));
+    }
+    Ok((ids, max_tokens.max(1), until))
+}
+
+/// mlx-lm's `MLXLM.generate_until` for `(context, gen_kwargs)` requests: each context
+/// tokenized (special tokens unless a chat template is in use), then all of them
+/// generated at once as mlx-lm's `batch_generate` does (mlx-engine's `BatchGenerator`:
+/// `--batch-size` prompts prefilled together and decoding together, the EOS tokens
+/// ending a sequence, the `--temp/--top-p/--top-k` sampler), each up to `--max-tokens`,
+/// else the request's `max_gen_toks`, else [`DEFAULT_MAX_TOKENS`]; each answer is the
+/// decoded tokens (the EOS left out), cut at the first stop string (and after the
+/// reasoning end marker where the vocabulary has one). The model in `slot` runs on the
+/// engine's thread meanwhile and comes back to it.
+pub fn generate_until(
+    slot: &mut ModelSlot,
+    tok: &Tokenizer,
+    opts: &HarnessOptions,
+    requests: &[(Value, Value)],
+) -> Result<Vec<String>> {
+    if requests.is_empty() {
+        return Ok(Vec::new());
+    }
+    let read = requests
+        .iter()
+        .map(|(c, k)| read_request(tok, opts, c, k))
+        .collect::<Result<Vec<_>>>()?;
+    let model = slot.take().ok_or_else(lent_out)?;
+    let mut eos: Vec<u32> = tok.eos_token_ids().iter().copied().collect();
+    eos.sort_unstable();
+    let batch = opts.batch_size.max(1);
+    let gen = BatchGenerator::start(
         model,
-        tok,
-        PromptInput::Tokens(&ids),
-        &mut caches,
-        GenerateOptions {
-            max_tokens: max_tokens as i64,
-            sampler: Some(sampler),
-            ..Default::default()
-        },
-        |r| {
-            text.push_str(&r.text);
-            true
+        BatchOptions {
+            completion_batch_size: batch,
+            prefill_batch_size: batch,
+            prefill_step_size: STEP_SIZE,
+            sampling: Sampling {
+                params: mlx_sample::SamplerParams {
+                    temp: opts.temp,
+                    top_p: opts.top_p,
+                    top_k: opts.top_k,
+                    ..Default::default()
+                },
+                seed: None,
+            },
+            stop_sequences: eos.iter().map(|&t| vec![t]).collect(),
         },
     )
-    .map_err(|e| EvalError::Invalid(format!("generation failed: {e}")))?;
-    let mut out = rstrip_until(&text, &until).to_string();
-    if let Some(m) = tok.think_markers() {
-        if let Some(i) = out.find(m.end.as_str()) {
-            out = out[i + m.end.len()..].to_string();
-        }
+    .map_err(|e| EvalError::Invalid(format!("cannot start generation: {e}")))?;
+    let prompts: Vec<Vec<u32>> = read.iter().map(|r| r.0.clone()).collect();
+    let budgets: Vec<usize> = read.iter().map(|r| r.1).collect();
+    let out = gen.generate_each(&prompts, &budgets);
+    *slot = gen.into_model();
+    let out = out.map_err(|e| EvalError::Invalid(format!("generation failed: {e}")))?;
+    if slot.is_none() {
+        return Err(lent_out());
     }
-    Ok(out)
+    out.tokens
+        .iter()
+        .zip(&read)
+        .map(|(tokens, (_, _, until))| {
+            // mlx-lm keeps every token but the one that stopped the sequence.
+            let kept = match tokens.split_last() {
+                Some((last, rest)) if eos.binary_search(last).is_ok() => rest,
+                _ => tokens.as_slice(),
+            };
+            let text = tok
+                .decode(kept, false)
+                .map_err(|source| EvalError::Tokenizer {
+                    context: "decoding a generation".into(),
+                    source,
+                })?;
+            let mut out = rstrip_until(&text, until).to_string();
+            if let Some(m) = tok.think_markers() {
+                if let Some(i) = out.find(m.end.as_str()) {
+                    out = out[i + m.end.len()..].to_string();
+                }
+            }
+            Ok(out)
+        })
+        .collect()
 }
 
 #[cfg(test)]

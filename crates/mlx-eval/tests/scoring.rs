@@ -219,7 +219,9 @@ fn generate_until_equals_mlx_lm_greedy() {
         include_path: None,
         tokenizer_name: String::new(),
     };
-    let got = mlx_eval::harness::generate_until(model.as_ref(), &tok, &opts, &reqs).unwrap();
+    let mut slot = Some(model);
+    let got = mlx_eval::harness::generate_until(&mut slot, &tok, &opts, &reqs).unwrap();
+    assert!(slot.is_some(), "the model comes back after generating");
     let want: Vec<String> = serde_json::from_value(want["generate"].clone()).unwrap();
     assert_eq!(got, want);
     assert!(

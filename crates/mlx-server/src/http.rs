@@ -485,7 +485,9 @@ async fn dispatch(
             let state = &state;
             let result = match route {
                 Route::Chat => crate::openai::chat(Arc::clone(state), body).await,
-                Route::Completions => crate::openai::completions(Arc::clone(state), body).await,
+                Route::Completions => {
+                    crate::completions::completions(Arc::clone(state), body).await
+                }
                 Route::Messages => crate::anthropic::messages(Arc::clone(state), body).await,
                 Route::CountTokens => crate::anthropic::count_tokens(Arc::clone(state), body).await,
                 Route::Responses => crate::responses::responses(Arc::clone(state), body).await,

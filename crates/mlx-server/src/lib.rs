@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod anthropic;
+pub mod completions;
 pub mod config;
 pub mod engine;
 pub mod error;

@@ -1,10 +1,11 @@
-//! OpenAI endpoints: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, in
-//! mlx-lm's response shapes (plus `reasoning_content`, `n`, OpenAI-style logprobs).
+//! OpenAI endpoints: `/v1/chat/completions`, `/v1/models`, in mlx-lm's response shapes
+//! (plus `reasoning_content`, `n`, OpenAI-style logprobs); `/v1/completions` is in
+//! [`crate::completions`].
 use crate::error::ApiError;
 use crate::http::{json_response, random_hex, sse_data, sse_response, AppState, Body};
 use crate::output::{pump, Delta, Generation, LogprobOut, ToolCallOut, Update};
 use crate::params::{self, apply_tool_choice, check_tools, Body as Req, Flavor};
-use crate::prompt::{chat_prompt, finish_request, text_prompt};
+use crate::prompt::{chat_prompt, finish_request};
 use hyper::{Response, StatusCode};
 use serde_json::{json, Map, Value as Json};
 use std::sync::Arc;
@@ -51,6 +52,8 @@ pub struct Collected {
     pub tool_calls: Vec<ToolCallOut>,
     /// Log-probabilities.
     pub logprobs: Vec<LogprobOut>,
+    /// Log-probabilities of the prompt's tokens after the first (completions' `echo`).
+    pub prompt_logprobs: Vec<LogprobOut>,
     /// Finish reason.
     pub finish: Option<&'static str>,
     /// The stop word that ended the answer.
@@ -89,6 +92,11 @@ pub async fn collect(
                     c.stop_word = stop_word;
                 }
             }
+            Update::Prompt { choice, logprobs } => {
+                if let Some(c) = out.get_mut(choice) {
+                    c.prompt_logprobs = logprobs;
+                }
+            }
             Update::Failed(e) => return Err(e),
             Update::Started { .. } | Update::Progress { .. } => {}
         }
@@ -96,16 +104,18 @@ pub async fn collect(
     Ok((out, gen))
 }
 
-struct Meta {
-    id: String,
-    model: String,
-    created: u64,
-    fingerprint: String,
-    prompt_tokens: usize,
+/// What every response of one request carries.
+pub(crate) struct Meta {
+    pub id: String,
+    pub model: String,
+    pub created: u64,
+    pub fingerprint: String,
+    pub prompt_tokens: usize,
 }
 
 impl Meta {
-    fn head(&self, object: &str) -> Map<String, Json> {
+    /// The response object's common fields.
+    pub fn head(&self, object: &str) -> Map<String, Json> {
         let mut m = Map::new();
         m.insert("id".into(), json!(self.id));
         m.insert("system_fingerprint".into(), json!(self.fingerprint));
@@ -281,171 +291,27 @@ pub async fn chat(
     Ok(response)
 }
 
-fn sse_done() -> bytes::Bytes {
+/// The end of an OpenAI stream.
+pub(crate) fn sse_done() -> bytes::Bytes {
     bytes::Bytes::from_static(b"data: [DONE]\n\n")
 }
 
-/// OpenAI's legacy completion logprobs.
-fn legacy_logprobs(lps: &[LogprobOut], offset0: usize, want_top: bool) -> Json {
-    let mut offset = offset0;
-    let mut offsets = Vec::new();
-    for l in lps {
-        offsets.push(offset);
-        offset += l.token.len();
+/// `GET /v1/models` (and `/v1/models/{id}`): the served model.
+pub fn models(state: &AppState, path: &str) -> Response<Body> {
+    let entry = |id: &str| json!({"id": id, "object": "model", "created": state.info.created, "owned_by": "mlx-server"});
+    let wanted = path
+        .trim_end_matches('/')
+        .strip_prefix("/v1/models/")
+        .filter(|s| !s.is_empty());
+    match wanted {
+        Some(id) if state.cfg.serves_model(id) => json_response(StatusCode::OK, &entry(id)),
+        Some(id) => crate::http::error_response(
+            crate::error::Dialect::OpenAi,
+            &ApiError::not_found(format!("The model `{id}` does not exist")),
+        ),
+        None => json_response(
+            StatusCode::OK,
+            &json!({"object": "list", "data": [entry(&state.cfg.model_id)]}),
+        ),
     }
-    let top: Json = if want_top {
-        Json::Array(
-            lps.iter()
-                .map(|l| {
-                    let m: Map<String, Json> = l
-                        .top
-                        .iter()
-                        .map(|(_, t, lp)| (t.clone(), json!(lp)))
-                        .collect();
-                    Json::Object(m)
-                })
-                .collect(),
-        )
-    } else {
-        Json::Null
-    };
-    json!({
-        "tokens": lps.iter().map(|l| l.token.clone()).collect::<Vec<_>>(),
-        "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
-        "top_logprobs": top,
-        "text_offset": offsets,
-    })
-}
-
-/// `POST /v1/completions`.
-pub async fn completions(
-    state: Arc<AppState>,
-    body: Map<String, Json>,
-) -> Result<Response<Body>, ApiError> {
-    let b = Req(&body);
-    let params = params::common(&b, &state.cfg, Flavor::Completions)?;
-    let prompt = b
-        .get("prompt")
-        .ok_or_else(|| ApiError::invalid_param("prompt", "Request did not contain a prompt"))?
-        .clone();
-    let echo = b.bool("echo")?.unwrap_or(false);
-    let st = Arc::clone(&state);
-    let vocab = state.info.vocab_size;
-    let ids = blocking(move || text_prompt(&st.tokenizer, vocab, &prompt)).await?;
-    let prepared = crate::prompt::Prepared {
-        prompt: ids,
-        initial: crate::text::Channel::Normal,
-        tools: None,
-        segments: Vec::new(),
-    };
-    let (req, spec) = finish_request(&state, prepared, &params, false)?;
-    let echo_text = if echo {
-        state
-            .tokenizer
-            .decode(&req.prompt, false)
-            .unwrap_or_default()
-    } else {
-        String::new()
-    };
-    let meta = Meta {
-        id: format!("cmpl-{}", random_hex(32)),
-        model: params.model.clone(),
-        created: state.info.created,
-        fingerprint: state.info.fingerprint.clone(),
-        prompt_tokens: req.prompt.len(),
-    };
-    let sub = crate::http::submit(&state, req)?;
-    let guard = sub.guard();
-    let gen = Generation::new(sub, spec);
-    let want_lp = params.logprobs;
-    let want_top = params.top_logprobs > 0;
-    if !params.stream {
-        let (choices, gen) = collect(gen, params.n).await?;
-        let list: Vec<Json> = choices
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let text = format!("{echo_text}{}", c.content);
-                let lp = want_lp.then(|| legacy_logprobs(&c.logprobs, echo_text.len(), want_top));
-                json!({"index": i, "text": text, "finish_reason": c.finish, "logprobs": lp})
-            })
-            .collect();
-        let mut resp = meta.head("text_completion");
-        resp.insert("choices".into(), Json::Array(list));
-        resp.insert(
-            "usage".into(),
-            usage_json(
-                meta.prompt_tokens,
-                gen.completion_tokens(),
-                gen.cached_tokens(),
-            ),
-        );
-        return Ok(json_response(StatusCode::OK, &Json::Object(resp)));
-    }
-    let (response, tx) = sse_response(Some(guard));
-    let include_usage = params.include_usage;
-    let mut offsets = vec![echo_text.len(); params.n.max(1)];
-    let mut echoed = vec![!echo; params.n.max(1)];
-    tokio::spawn(pump(
-        gen,
-        tx,
-        state.cfg.keepalive_interval,
-        move |u, gen| {
-            let chunk = |choice: usize, text: String, finish: Option<&str>, lp: Json| {
-                let mut m = meta.head("text_completion");
-                m.insert("choices".into(), json!([{"index": choice, "text": text, "finish_reason": finish, "logprobs": lp}]));
-                sse_data(&Json::Object(m))
-            };
-            match u {
-                Some(Update::Delta { choice, delta }) => {
-                    let mut text = String::new();
-                    if let Some(e) = echoed.get_mut(choice) {
-                        if !*e {
-                            text.push_str(&echo_text);
-                            *e = true;
-                        }
-                    }
-                    text.push_str(&delta.content);
-                    let off = offsets.get(choice).copied().unwrap_or(0);
-                    let lp = if want_lp {
-                        legacy_logprobs(&delta.logprobs, off, want_top)
-                    } else {
-                        Json::Null
-                    };
-                    if let Some(o) = offsets.get_mut(choice) {
-                        *o += delta.logprobs.iter().map(|l| l.token.len()).sum::<usize>();
-                    }
-                    if text.is_empty() && !want_lp {
-                        return (Vec::new(), false);
-                    }
-                    (vec![chunk(choice, text, None, lp)], false)
-                }
-                Some(Update::Finished { choice, reason, .. }) => (
-                    vec![chunk(choice, String::new(), Some(reason), Json::Null)],
-                    false,
-                ),
-                Some(Update::Failed(e)) => (vec![sse_data(&e.openai_body()), sse_done()], true),
-                Some(_) => (Vec::new(), false),
-                None => {
-                    let mut frames = Vec::new();
-                    if include_usage {
-                        let mut m = meta.head("text_completion");
-                        m.insert("choices".into(), json!([]));
-                        m.insert(
-                            "usage".into(),
-                            usage_json(
-                                meta.prompt_tokens,
-                                gen.completion_tokens(),
-                                gen.cached_tokens(),
-                            ),
-                        );
-                        frames.push(sse_data(&Json::Object(m)));
-                    }
-                    frames.push(sse_done());
-                    (frames, true)
-                }
-            }
-        },
-    ));
-    Ok(response)
 }

@@ -4,7 +4,7 @@ use crate::engine::Submission;
 use crate::error::ApiError;
 use crate::text::{Channel, Markers, Piece, TextRouter};
 use crate::tools::{ParsedCall, ToolFormat};
-use mlx_engine::batch::{EngineEvent, Finish, TokenOut};
+use mlx_engine::batch::{EngineEvent, Finish, PromptLogprob, TokenOut};
 use mlx_tokenizer::{Detokenizer, StreamingDetokenizer, Tokenizer};
 use serde_json::{json, Value as Json};
 use std::sync::Arc;
@@ -110,6 +110,14 @@ pub enum Update {
         processed: usize,
         /// Prompt tokens to process.
         total: usize,
+    },
+    /// The prompt's log-probabilities (requests with `prompt_logprobs`), before any
+    /// [`Update::Delta`] of the choice: one entry per prompt token after the first.
+    Prompt {
+        /// Choice index.
+        choice: usize,
+        /// The entries.
+        logprobs: Vec<LogprobOut>,
     },
     /// New output.
     Delta {
@@ -247,6 +255,45 @@ impl Generation {
                 self.queued.push_back(Update::Failed(error.into()));
             }
             EngineEvent::Token { choice, out } => self.on_token(choice, out),
+            EngineEvent::Prompt {
+                choice,
+                logprobs,
+                finish,
+            } => self.on_prompt(choice, &logprobs, finish),
+        }
+    }
+
+    fn on_prompt(&mut self, choice: usize, logprobs: &[PromptLogprob], finish: Option<Finish>) {
+        let tok = &self.spec.tokenizer;
+        let text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
+        let logprobs: Vec<LogprobOut> = logprobs
+            .iter()
+            .map(|p| {
+                let mut top: Vec<(u32, String, f32)> =
+                    p.top.iter().map(|(id, l)| (*id, text(*id), *l)).collect();
+                top.sort_by(|a, b| b.2.total_cmp(&a.2));
+                LogprobOut {
+                    id: p.token,
+                    token: text(p.token),
+                    logprob: p.logprob,
+                    top,
+                }
+            })
+            .collect();
+        let Some(c) = self.choices.get_mut(choice) else {
+            return;
+        };
+        if c.finished {
+            return;
+        }
+        self.queued.push_back(Update::Prompt { choice, logprobs });
+        if let Some(f) = finish {
+            c.finished = true;
+            self.queued.push_back(Update::Finished {
+                choice,
+                reason: f.as_str(),
+                stop_word: None,
+            });
         }
     }
 

@@ -13,6 +13,8 @@ pub const MAX_TOKENS_LIMIT: i64 = 1 << 31;
 pub const MAX_N: i64 = 16;
 /// Largest `top_logprobs` accepted (OpenAI's bound).
 pub const MAX_TOP_LOGPROBS: i64 = 20;
+/// Largest integer `logprobs` of `/v1/completions` (OpenAI's legacy bound).
+pub const MAX_COMPLETION_LOGPROBS: i64 = 5;
 
 /// A request body as a JSON object with typed getters that answer 400 on bad values.
 pub struct Body<'a>(pub &'a Map<String, Json>);
@@ -216,10 +218,14 @@ pub fn common(
             Flavor::Anthropic => Some(body.int("max_tokens", 1, MAX_TOKENS_LIMIT)?.ok_or_else(
                 || ApiError::invalid_param("max_tokens", "max_tokens: Field required"),
             )?),
-            _ => match body.int("max_completion_tokens", 1, MAX_TOKENS_LIMIT)? {
-                Some(m) => Some(m),
-                None => body.int("max_tokens", 1, MAX_TOKENS_LIMIT)?,
-            },
+            // `max_tokens: 0` with `echo` scores a completions prompt (checked there).
+            _ => {
+                let min = i64::from(flavor != Flavor::Completions);
+                match body.int("max_completion_tokens", min, MAX_TOKENS_LIMIT)? {
+                    Some(m) => Some(m),
+                    None => body.int("max_tokens", min, MAX_TOKENS_LIMIT)?,
+                }
+            }
         }
         .unwrap_or(cfg.max_tokens);
     let temp = body.num("temperature", 0.0, f64::MAX)?.unwrap_or(cfg.temp);
@@ -245,7 +251,16 @@ pub fn common(
     };
     let (logprobs, top_logprobs) = match (flavor, body.get("logprobs")) {
         (Flavor::Completions, Some(Json::Number(_))) => {
-            let k = body.int("logprobs", 0, MAX_TOP_LOGPROBS)?.unwrap_or(0);
+            let k = body.int("logprobs", 0, i64::MAX)?.unwrap_or(0);
+            if k > MAX_COMPLETION_LOGPROBS {
+                return Err(ApiError::invalid_param(
+                    "logprobs",
+                    format!(
+                        "logprobs must be at most {MAX_COMPLETION_LOGPROBS} (OpenAI's limit for \
+                         completions), got {k}"
+                    ),
+                ));
+            }
             (true, k as usize)
         }
         _ => {

@@ -244,31 +244,6 @@ pub fn chat_segments(
     segments
 }
 
-/// Tokenizes a completion prompt (a string, or a list of token ids).
-pub fn text_prompt(tok: &Tokenizer, vocab: usize, prompt: &Json) -> Result<Vec<u32>, ApiError> {
-    match prompt {
-        Json::String(s) => tok
-            .encode(s, true)
-            .map_err(|e| ApiError::bad_request(e.to_string())),
-        Json::Array(a) if a.iter().all(Json::is_u64) && !a.is_empty() => a
-            .iter()
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|i| u32::try_from(i).ok())
-                    .filter(|i| (*i as usize) < vocab)
-                    .ok_or_else(|| {
-                        ApiError::invalid_param("prompt", "token ids must be valid vocabulary ids")
-                    })
-            })
-            .collect(),
-        Json::Array(a) if a.len() == 1 && a[0].is_string() => text_prompt(tok, vocab, &a[0]),
-        _ => Err(ApiError::invalid_param(
-            "prompt",
-            "prompt must be a string (or a list of token ids)",
-        )),
-    }
-}
-
 /// Checks the prompt length and assembles the engine request and output settings.
 pub fn finish_request(
     state: &AppState,
@@ -319,6 +294,7 @@ pub fn finish_request(
         top_logprobs: params.top_logprobs,
         n: params.n,
         segments,
+        prompt_logprobs: false,
     };
     let tool_format = if chat && tools.is_some() {
         state.info.tool_format

@@ -1,9 +1,10 @@
 //! Filling the prompt cache at startup: `--prompt-cache-file` (a file of
 //! `mlx-cache-prompt`, put in the cache by the engine) and `--warm-prompt` files,
 //! prefilled before the first request is served.
+use crate::completions::text_prompts;
 use crate::error::ServerError;
 use crate::http::AppState;
-use crate::prompt::{chat_prompt, text_prompt};
+use crate::prompt::chat_prompt;
 use mlx_engine::batch::{EngineEvent, GenerationRequest};
 use serde_json::{Map, Value as Json};
 use std::path::{Path, PathBuf};
@@ -55,12 +56,14 @@ pub fn warm_prompt_tokens(state: &AppState, text: &str) -> Result<Vec<u32>, Stri
             chat(messages, tools)
         }
         Some(_) => Err("a JSON warm prompt must be an object or a list of messages".into()),
-        None => text_prompt(
+        None => text_prompts(
             &state.tokenizer,
             state.info.vocab_size,
             &Json::String(text.into()),
         )
-        .map_err(|e| e.to_string()),
+        .map_err(|e| e.to_string())?
+        .pop()
+        .ok_or_else(|| "the prompt is empty".to_string()),
     }
 }
 

@@ -44,6 +44,7 @@ impl Alone {
                     out.push((s.id(), Outcome::Progress { processed, total }))
                 }
                 Ok(Prefill::Started) => {}
+                Ok(Prefill::Prompt(o)) => out.push((s.id(), o)),
                 Err(e) => out.push((s.id(), Outcome::Failed(e))),
             }
         }

@@ -148,10 +148,32 @@ impl BatchGenerator {
         })
     }
 
+    /// Stops the engine thread and hands the model back (`None` if the thread died).
+    pub fn into_model(self) -> Option<Box<dyn LanguageModel>> {
+        self.engine.shutdown_into_model()
+    }
+
     /// Generates up to `max_tokens` tokens for each prompt; returns when all are done.
     /// Fails on an empty prompt, `max_tokens` 0, or the first sequence that fails.
     pub fn generate(&self, prompts: &[Vec<u32>], max_tokens: usize) -> Result<BatchResponse> {
-        if max_tokens == 0 {
+        self.generate_each(prompts, &vec![max_tokens; prompts.len()])
+    }
+
+    /// [`BatchGenerator::generate`] with each prompt's own token budget (mlx-lm's
+    /// `batch_generate` with a list of `max_tokens`).
+    pub fn generate_each(
+        &self,
+        prompts: &[Vec<u32>],
+        max_tokens: &[usize],
+    ) -> Result<BatchResponse> {
+        if max_tokens.len() != prompts.len() {
+            return Err(EngineError::Invalid(format!(
+                "{} prompts but {} token budgets",
+                prompts.len(),
+                max_tokens.len()
+            )));
+        }
+        if max_tokens.contains(&0) {
             return Err(EngineError::Invalid("max_tokens must be at least 1".into()));
         }
         if let Some(i) = prompts.iter().position(|p| p.is_empty()) {
@@ -167,7 +189,7 @@ impl BatchGenerator {
         let tic = Instant::now();
         let mut subs: Vec<(Submission, mpsc::Receiver<EngineEvent>)> =
             Vec::with_capacity(prompts.len());
-        for p in prompts {
+        for (p, &max_tokens) in prompts.iter().zip(max_tokens) {
             let (tx, rx) = mpsc::channel();
             let req = GenerationRequest {
                 sampling: self.opts.sampling.clone(),

@@ -27,7 +27,8 @@ pub use generator::{BatchGenerator, BatchOptions, BatchResponse, BatchStats};
 pub use metrics::{Counter, EngineMetrics, Gauge, Histogram};
 pub use prompt_cache::{copy_caches, CacheHit, CacheKind, PromptCache};
 pub use request::{
-    CancelGuard, EngineEvent, EventSink, Finish, GenerationRequest, SeqId, Submission, TokenOut,
+    CancelGuard, EngineEvent, EventSink, Finish, GenerationRequest, PromptLogprob, SeqId,
+    Submission, TokenOut,
 };
 pub use scheduler::{Engine, EngineOptions};
 pub use stop::StopMatcher;

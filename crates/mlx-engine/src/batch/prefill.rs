@@ -98,36 +98,52 @@ impl PrefillBatch {
                 .prepare_right_padding(&lens, &padding)
                 .map_err(cache_err)?;
         }
-        step::prefill(model, &x, self.cache.layers_mut(), None)?;
+        let logits = step::prefill(model, &x, self.cache.layers_mut(), None)?;
         if padded {
             self.cache.finalize().map_err(cache_err)?;
             step::eval_state(self.cache.layers())?;
         }
+        // Rows that asked for their prompt's log-probabilities read their positions of
+        // the chunk's logits (right-padded: a row's tokens come first); for the others
+        // the logits are never evaluated.
+        let vocab = logits.dim(-1)?;
+        for (row, (r, &n)) in self.rows.iter_mut().zip(&lengths).enumerate() {
+            if n > 0 && r.wants_prompt_logprobs() {
+                let i = row as i32;
+                let mine = logits
+                    .slice(&[i, 0, 0], &[i + 1, n as i32, vocab], None)?
+                    .squeeze(Some(&[0]))?;
+                r.score_prefill_chunk(&mine, n)?;
+            }
+        }
+        drop(logits);
         mlx_array::memory::clear_cache();
         let mut progress = Vec::with_capacity(self.rows.len());
         for (i, (r, &n)) in self.rows.iter_mut().zip(&lengths).enumerate() {
             let (processed, total) = r.advance_prefill(n)?;
             progress.push((r.id(), Outcome::Progress { processed, total }));
-            let Some(kind) = r.checkpoint().filter(|_| checkpoints && n > 0) else {
-                continue;
-            };
-            // mlx-lm's `extract_cache` of the rows that ended a segment; evaluated now
-            // so the copy does not keep the batch's buffers alive.
-            let caches = self
-                .cache
-                .extract(i)
-                .map_err(cache_err)
-                .and_then(|c| step::eval_state(&c).map(|()| c));
-            match caches {
-                Ok(caches) => progress.push((
-                    r.id(),
-                    Outcome::Checkpoint {
-                        tokens: r.prompt_done().to_vec(),
-                        caches,
-                        kind,
-                    },
-                )),
-                Err(e) => tracing::warn!("engine: no prompt-cache checkpoint: {e}"),
+            if let Some(kind) = r.checkpoint().filter(|_| checkpoints && n > 0) {
+                // mlx-lm's `extract_cache` of the rows that ended a segment; evaluated
+                // now so the copy does not keep the batch's buffers alive.
+                let caches = self
+                    .cache
+                    .extract(i)
+                    .map_err(cache_err)
+                    .and_then(|c| step::eval_state(&c).map(|()| c));
+                match caches {
+                    Ok(caches) => progress.push((
+                        r.id(),
+                        Outcome::Checkpoint {
+                            tokens: r.prompt_done().to_vec(),
+                            caches,
+                            kind,
+                        },
+                    )),
+                    Err(e) => tracing::warn!("engine: no prompt-cache checkpoint: {e}"),
+                }
+            }
+            if let Some(o) = r.prompt_outcome() {
+                progress.push((r.id(), o));
             }
         }
         Ok(progress)

@@ -13,7 +13,8 @@ use std::time::Instant;
 pub struct GenerationRequest {
     /// Prompt token ids (non-empty).
     pub prompt: Vec<u32>,
-    /// Tokens to generate at most (at least 1).
+    /// Tokens to generate at most; 0 ends the sequence once its prompt is processed
+    /// (scoring: with `prompt_logprobs`, an [`EngineEvent::Prompt`] and nothing else).
     pub max_tokens: usize,
     /// Sampler settings.
     pub sampling: Sampling,
@@ -38,6 +39,10 @@ pub struct GenerationRequest {
     /// reuses it. Empty: one segment of kind [`CacheKind::Assistant`], as mlx-lm does
     /// for prompts that are not chats.
     pub segments: Vec<(usize, CacheKind)>,
+    /// Log-probability of every prompt token after the first (with `top_logprobs`
+    /// alternatives), from the prefill's logits: the prompt is processed in full (no
+    /// prompt-cache reuse) and an [`EngineEvent::Prompt`] precedes the first token.
+    pub prompt_logprobs: bool,
 }
 
 impl GenerationRequest {
@@ -54,6 +59,7 @@ impl GenerationRequest {
             top_logprobs: 0,
             n: 1,
             segments: Vec::new(),
+            prompt_logprobs: false,
         }
     }
 
@@ -97,6 +103,18 @@ pub struct TokenOut {
     pub stop_index: Option<usize>,
 }
 
+/// The log-probability of one prompt token given the tokens before it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    /// The prompt token.
+    pub token: u32,
+    /// Its log-probability (float32 log-softmax of the logits at the position before).
+    pub logprob: f32,
+    /// The most likely alternatives at that position `(id, logprob)`, unsorted (as
+    /// [`TokenOut::top`]).
+    pub top: Vec<(u32, f32)>,
+}
+
 /// What the engine tells a request, tagged with the choice index.
 #[derive(Debug, Clone)]
 pub enum EngineEvent {
@@ -115,6 +133,17 @@ pub enum EngineEvent {
         processed: usize,
         /// Prompt tokens to process.
         total: usize,
+    },
+    /// The prompt is processed (sent for requests with `prompt_logprobs` or
+    /// `max_tokens` 0, before any token): the log-probabilities of prompt tokens
+    /// `1..` (empty unless `prompt_logprobs`).
+    Prompt {
+        /// Choice index.
+        choice: usize,
+        /// One entry per prompt token after the first, in order.
+        logprobs: Vec<PromptLogprob>,
+        /// `Some(Finish::Length)` when the sequence ends here (`max_tokens` 0).
+        finish: Option<Finish>,
     },
     /// A token.
     Token {

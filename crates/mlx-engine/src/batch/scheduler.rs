@@ -73,7 +73,7 @@ pub struct Engine {
     max_queue: usize,
     alive: Arc<AtomicBool>,
     metrics: Arc<EngineMetrics>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    thread: Mutex<Option<JoinHandle<Box<dyn LanguageModel>>>>,
 }
 
 impl Engine {
@@ -144,8 +144,9 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("mlx-engine".into())
             .spawn(move || {
-                run(state, rx);
+                let model = run(state, rx);
                 alive2.store(false, Ordering::SeqCst);
+                model
             })
             .map_err(|e| {
                 EngineError::Unavailable(format!("cannot start the engine thread: {e}"))
@@ -219,15 +220,20 @@ impl Engine {
 
     /// Stops the engine: queued and running requests fail; waits for the thread.
     pub fn shutdown(&self) {
+        let _ = self.shutdown_into_model();
+    }
+
+    /// Stops the engine like [`Engine::shutdown`] and hands the model back to the
+    /// caller's thread (`None` when the engine thread died or was already stopped), for
+    /// a caller that runs the model itself between batches (mlx-eval's scoring).
+    pub fn shutdown_into_model(&self) -> Option<Box<dyn LanguageModel>> {
         let _ = self
             .tx
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(Command::Shutdown);
         let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(h) = handle {
-            let _ = h.join();
-        }
+        handle.and_then(|h| h.join().ok())
     }
 }
 
@@ -311,12 +317,13 @@ struct Scheduler {
     loops: u64,
 }
 
-fn run(mut st: Scheduler, rx: Receiver<Command>) {
+/// The engine thread's loop until shutdown; returns the model.
+fn run(mut st: Scheduler, rx: Receiver<Command>) -> Box<dyn LanguageModel> {
     let stream = match crate::generation_stream() {
         Ok(s) => s,
         Err(e) => {
             tracing::error!("engine: cannot create an MLX stream: {e}");
-            return;
+            return st.model;
         }
     };
     mlx_array::with_stream(stream, || loop {
@@ -351,7 +358,8 @@ fn run(mut st: Scheduler, rx: Receiver<Command>) {
                 "internal error in the generation engine".into(),
             ));
         }
-    })
+    });
+    st.model
 }
 
 impl Scheduler {
@@ -536,6 +544,7 @@ impl Shared {
         decoding: &mut DecodeBatch,
     ) {
         let hits = prefilling.take_cache_hits();
+        let hits = self.report_prompts(hits);
         if let Err((seqs, e)) = decoding.join(hits) {
             self.fail_seqs(seqs, e);
         }
@@ -575,6 +584,35 @@ impl Shared {
             Ok(None) => {}
             Err(e) => self.fail_seqs(prefilling.drain_rows(), e),
         }
+    }
+
+    /// Sequences that need no prefill (a one-token prompt, or a prompt-cache hit):
+    /// those that want their prompt reported get it now; those with nothing to
+    /// generate (`max_tokens` 0) end here, their caches kept. Returns the others.
+    fn report_prompts(&mut self, seqs: Vec<Sequence>) -> Vec<Sequence> {
+        let mut going_on = Vec::with_capacity(seqs.len());
+        for mut s in seqs {
+            let Some(Outcome::Prompt { logprobs, finish }) = s.prompt_outcome() else {
+                going_on.push(s);
+                continue;
+            };
+            let delivered = s.job().send(EngineEvent::Prompt {
+                choice: s.job().choice,
+                logprobs,
+                finish,
+            });
+            match (finish, delivered) {
+                (None, true) => going_on.push(s),
+                (Some(_), true) => {
+                    let (fed, caches) = s.into_fed_and_caches();
+                    if !caches.is_empty() {
+                        self.store_caches(fed, caches);
+                    }
+                }
+                (_, false) => log_stopped(&self.metrics, &s),
+            }
+        }
+        going_on
     }
 
     /// Batched mode, decode: one step of the batch; finished, failed and abandoned rows
@@ -617,8 +655,14 @@ impl Shared {
     /// A sequence for `job`: its caches from the prompt cache (or new); `Started` sent.
     fn start(&mut self, job: Job, model: &dyn LanguageModel) -> Option<Sequence> {
         let prompt = &job.req.prompt;
-        let mut hit = self.cache.fetch_nearest(prompt);
-        if let Some(disk) = &mut self.disk {
+        // Prompt log-probabilities come from the prefill's logits: every position is
+        // computed, none taken from the prompt cache (memory or disk).
+        let mut hit = if job.req.prompt_logprobs {
+            None
+        } else {
+            self.cache.fetch_nearest(prompt)
+        };
+        if let Some(disk) = self.disk.as_mut().filter(|_| !job.req.prompt_logprobs) {
             let have = hit.as_ref().map_or(0, |h| h.cached_tokens);
             if let Some(d) = disk.fetch(prompt, have) {
                 self.metrics.disk_cache_hits.add(1);
@@ -727,6 +771,21 @@ impl Shared {
                     caches,
                     kind,
                 } => self.store_checkpoint(tokens, caches, kind),
+                Outcome::Prompt { logprobs, finish } => {
+                    let delivered = s.job().send(EngineEvent::Prompt {
+                        choice: s.job().choice,
+                        logprobs,
+                        finish,
+                    });
+                    if finish.is_some() || !delivered {
+                        let how = if delivered {
+                            Leave::Finished
+                        } else {
+                            Leave::Dropped
+                        };
+                        leaving.push((id, how));
+                    }
+                }
                 Outcome::Token(out) => {
                     count_token(&self.metrics, s.last_token_at(), s.job().submitted, now);
                     s.set_last_token_at(now);

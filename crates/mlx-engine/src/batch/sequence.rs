@@ -2,11 +2,12 @@
 //! state and stop matcher, and the steps of mlx-lm's `generate_step` (chunked prefill,
 //! then pipelined decode) split so the scheduler can interleave many sequences.
 use super::prompt_cache::CacheKind;
-use super::request::{Finish, Job, SeqId, TokenOut};
+use super::request::{Finish, Job, PromptLogprob, SeqId, TokenOut};
+use super::stage::Outcome;
 use super::stop::StopMatcher;
 use crate::error::{EngineError, Result};
 use crate::step::{self, KvQuantization, LogSoftmax, RowSampling};
-use mlx_array::{transforms, Array};
+use mlx_array::{activations::log_softmax, transforms, Array, Dtype};
 use mlx_cache::PromptCache;
 use mlx_models::LanguageModel;
 use std::time::Instant;
@@ -32,15 +33,20 @@ pub(crate) struct Sequence {
     queued: Option<Queued>,
     stop: StopMatcher,
     last_token_at: Option<Instant>,
+    /// Prompt log-probabilities gathered so far (requests with `prompt_logprobs`).
+    prompt_logprobs: Vec<PromptLogprob>,
+    /// Whether the prompt's [`Outcome::Prompt`] went out.
+    prompt_reported: bool,
 }
 
 /// What one [`Sequence::prefill_alone`] call did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Prefill {
     /// A chunk of the prompt: `(processed, total)` of the uncached prompt.
     Chunk(usize, usize),
     /// The first decoding step was queued.
     Started,
+    /// The prompt is processed: its outcome (sent before decoding starts).
+    Prompt(Outcome),
 }
 
 impl Sequence {
@@ -62,6 +68,8 @@ impl Sequence {
             queued: None,
             stop,
             last_token_at: None,
+            prompt_logprobs: Vec::new(),
+            prompt_reported: false,
         })
     }
 
@@ -176,6 +184,89 @@ impl Sequence {
         &self.job.req.prompt[..self.prompt_done]
     }
 
+    /// Whether the prefill's logits are wanted (the request asked for prompt
+    /// log-probabilities).
+    pub fn wants_prompt_logprobs(&self) -> bool {
+        self.job.req.prompt_logprobs
+    }
+
+    /// Scores the next `n` prompt tokens from their chunk's logits `[n, vocab]` (the
+    /// logits at positions `prompt_done..prompt_done + n`, which predict the tokens one
+    /// further on), with mlx-lm's `_score_fn` arithmetic: float32 log-softmax over the
+    /// vocabulary, then `take_along_axis` of the next tokens; the `top_logprobs` most
+    /// likely ids of each position as mlx-lm's `_format_top_logprobs` picks them. Call
+    /// before [`Sequence::advance_prefill`] of the same tokens.
+    pub fn score_prefill_chunk(&mut self, logits: &Array, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let req = std::sync::Arc::clone(&self.job.req);
+        let start = self.prompt_done + 1;
+        let targets = req
+            .prompt
+            .get(start..start + n)
+            .ok_or_else(|| EngineError::Internal("scored a prompt chunk past the prompt".into()))?;
+        let t: Vec<i32> = targets.iter().map(|&x| x as i32).collect();
+        let t = Array::from_slice(&t, &[n as i32, 1])?;
+        let lp = log_softmax(&logits.astype(Dtype::Float32)?, -1)?;
+        let picked = lp.take_along_axis(&t, -1)?.squeeze(Some(&[-1]))?;
+        let k = req.top_logprobs.min(lp.dim(-1)? as usize);
+        let top = if k > 0 {
+            let idx = lp.negative()?.argpartition(k as i32 - 1, Some(-1))?.slice(
+                &[0, 0],
+                &[n as i32, k as i32],
+                None,
+            )?;
+            let vals = lp.take_along_axis(&idx, -1)?;
+            Some((idx.astype(Dtype::Uint32)?, vals))
+        } else {
+            None
+        };
+        let mut pending = vec![&picked];
+        if let Some((i, v)) = &top {
+            pending.extend([i, v]);
+        }
+        transforms::eval(&pending)?;
+        let values = picked.to_vec::<f32>()?;
+        let (ids, vals) = match &top {
+            Some((i, v)) => (i.to_vec::<u32>()?, v.to_vec::<f32>()?),
+            None => (Vec::new(), Vec::new()),
+        };
+        for (j, (&token, logprob)) in targets.iter().zip(values).enumerate() {
+            let top = if k > 0 {
+                ids[j * k..(j + 1) * k]
+                    .iter()
+                    .copied()
+                    .zip(vals[j * k..(j + 1) * k].iter().copied())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            self.prompt_logprobs.push(PromptLogprob {
+                token,
+                logprob,
+                top,
+            });
+        }
+        Ok(())
+    }
+
+    /// Once the prompt is processed but for its last token: the outcome to report
+    /// (once) for a request that wants its prompt's log-probabilities or no tokens
+    /// (`max_tokens` 0, which ends the sequence here).
+    pub fn prompt_outcome(&mut self) -> Option<Outcome> {
+        let req = &self.job.req;
+        let wanted = req.prompt_logprobs || req.max_tokens == 0;
+        if !wanted || self.prompt_reported || self.last_prompt_token().is_none() {
+            return None;
+        }
+        self.prompt_reported = true;
+        Some(Outcome::Prompt {
+            logprobs: std::mem::take(&mut self.prompt_logprobs),
+            finish: (req.max_tokens == 0).then_some(Finish::Length),
+        })
+    }
+
     /// Counts the next `n` prompt tokens as in the caches (and tells the processors);
     /// returns `(processed, total)` of the uncached prompt.
     pub fn advance_prefill(&mut self, n: usize) -> Result<(usize, usize)> {
@@ -234,10 +325,17 @@ impl Sequence {
         let part = self.next_chunk(step_size, false).to_vec();
         if !part.is_empty() {
             let chunk = Array::from_slice(&part, &[1, part.len() as i32])?;
-            step::prefill(model, &chunk, &mut self.caches, kv)?;
+            let logits = step::prefill(model, &chunk, &mut self.caches, kv)?;
+            if self.wants_prompt_logprobs() {
+                self.score_prefill_chunk(&logits.squeeze(Some(&[0]))?, part.len())?;
+            }
+            drop(logits);
             mlx_array::memory::clear_cache();
             let (processed, total) = self.advance_prefill(part.len())?;
             return Ok(Prefill::Chunk(processed, total));
+        }
+        if let Some(o) = self.prompt_outcome() {
+            return Ok(Prefill::Prompt(o));
         }
         let req = std::sync::Arc::clone(&self.job.req);
         let rest = &req.prompt[self.prompt_done..];

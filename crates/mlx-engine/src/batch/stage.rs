@@ -1,7 +1,7 @@
 //! What every stage of the scheduler (prefilling, decoding, decoding alone) offers, so
 //! that cancellation, removal and the routing of results work by sequence id the same
 //! way for all of them.
-use super::request::{SeqId, TokenOut};
+use super::request::{Finish, PromptLogprob, SeqId, TokenOut};
 use super::sequence::Sequence;
 use crate::error::{EngineError, Result};
 use mlx_cache::PromptCache;
@@ -14,6 +14,14 @@ pub(crate) enum Outcome {
         processed: usize,
         /// Prompt tokens to process.
         total: usize,
+    },
+    /// The prompt is processed (requests with prompt log-probabilities or
+    /// `max_tokens` 0); `finish` set when the sequence ends here.
+    Prompt {
+        /// Log-probabilities of prompt tokens `1..`.
+        logprobs: Vec<PromptLogprob>,
+        /// `Some` when no token is to be generated.
+        finish: Option<Finish>,
     },
     /// A token.
     Token(TokenOut),
