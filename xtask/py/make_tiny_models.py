@@ -324,6 +324,10 @@ ARCHS.update({
     "deepseek_v3": DEEPSEEK_V3,
     "glm4_moe_lite": dict(DEEPSEEK_V3, model_type="glm4_moe_lite", rope_theta=1000000.0, rms_norm_eps=1e-5,
                           tie_word_embeddings=False, num_nextn_predict_layers=1),
+    # mlx-lm's DeepSeek-V2 needs `rope_scaling` (its YaRN embedding reads `factor`).
+    "deepseek_v2": dict(DEEPSEEK_V3, model_type="deepseek_v2", topk_method="gready", n_group=None, topk_group=None,
+                        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                      "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}),
 })
 
 LLAMA3 = {
@@ -639,6 +643,13 @@ VARIANTS.update({
     "kimi_k25-f32": ("deepseek_v3", {}, {"wrap_kimi": True}),
     "glm4_moe_lite-f32-mtp": ("glm4_moe_lite", {}, {"mtp": True}),
     "glm4_moe_lite-q4": ("glm4_moe_lite", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "deepseek_v2-f32": ("deepseek_v2", {}, {}),
+    "deepseek_v2-f32-noqlora-grouplimited-bias-hd32": (
+        "deepseek_v2", {"q_lora_rank": None, "attention_bias": True, "topk_method": "group_limited_greedy",
+                        "qk_nope_head_dim": 24,
+                        "n_group": 2, "topk_group": 1, "moe_layer_freq": 2, "first_k_dense_replace": 0,
+                        "rope_scaling": {"type": "yarn", "factor": 1.0}}, {}),
+    "deepseek_v2-q4": ("deepseek_v2", {}, {"quant": {"bits": 4, "group_size": 32}}),
 })
 
 # Issue 26, dense and MoE families.
@@ -663,6 +674,7 @@ GOLDENS.update({
     "deepseek_v3-small-f32": ("deepseek_v3", MLA_SMALL, {}),
     "kimi_k25-small-f32": ("deepseek_v3", MLA_SMALL, {"wrap_kimi": True}),
     "glm4_moe_lite-small-f32": ("glm4_moe_lite", MLA_SMALL, {"mtp": True}),
+    "deepseek_v2-small-f32": ("deepseek_v2", MLA_SMALL, {}),
 })
 
 
@@ -704,6 +716,11 @@ def to_hf_names(config, weights, opts, rng):
     out = {}
     for k, v in weights.items():
         if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe", "ernie4_5_moe") and ".mlp.switch_mlp." in k:
+            proj = k.split(".")[-2]
+            prefix = k.split(".mlp.switch_mlp.")[0]
+            for e in range(v.shape[0]):
+                out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
+        elif mt == "deepseek_v2" and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):

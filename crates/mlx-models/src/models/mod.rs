@@ -102,6 +102,7 @@ architectures! {
     deepseek_v3,
     kimi_k25,
     glm4_moe_lite,
+    deepseek_v2,
 }
 
 /// Flat weight map (checkpoint name -> array).
