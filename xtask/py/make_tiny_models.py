@@ -328,6 +328,13 @@ ARCHS.update({
     "deepseek_v2": dict(DEEPSEEK_V3, model_type="deepseek_v2", topk_method="gready", n_group=None, topk_group=None,
                         rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                                       "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}),
+    # Su-scaled RoPE from `rope_scaling` (required by mlx-lm's MiniCPM3); head_dim 32
+    # (nope 24 + rope 8) so the KV cache quantizes with group size 32.
+    "minicpm3": {"model_type": "minicpm3", "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32,
+                 "qk_nope_head_dim": 24, "qk_rope_head_dim": 8, "dim_model_base": 16, "scale_depth": 1.4,
+                 "scale_emb": 12.0, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                 "rope_scaling": {"type": "longrope", "original_max_position_embeddings": 64,
+                                  "long_factor": [1.0, 1.5, 2.0, 3.0], "short_factor": [1.0, 1.0, 1.0, 1.0]}},
 })
 
 LLAMA3 = {
@@ -650,6 +657,11 @@ VARIANTS.update({
                         "n_group": 2, "topk_group": 1, "moe_layer_freq": 2, "first_k_dense_replace": 0,
                         "rope_scaling": {"type": "yarn", "factor": 1.0}}, {}),
     "deepseek_v2-q4": ("deepseek_v2", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "minicpm3-f32": ("minicpm3", {}, {}),
+    "minicpm3-f32-tied-bias-scalarfactor": (
+        "minicpm3", {"tie_word_embeddings": True, "attention_bias": True,
+                     "rope_scaling": {"type": "longrope", "long_factor": 1.25}}, {}),
+    "minicpm3-q4": ("minicpm3", {}, {"quant": {"bits": 4, "group_size": 32}}),
 })
 
 # Issue 26, dense and MoE families.
@@ -675,6 +687,8 @@ GOLDENS.update({
     "kimi_k25-small-f32": ("deepseek_v3", MLA_SMALL, {"wrap_kimi": True}),
     "glm4_moe_lite-small-f32": ("glm4_moe_lite", MLA_SMALL, {"mtp": True}),
     "deepseek_v2-small-f32": ("deepseek_v2", MLA_SMALL, {}),
+    "minicpm3-small-f32": ("minicpm3", dict(SMALL, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                                            qk_nope_head_dim=8), {}),
 })
 
 

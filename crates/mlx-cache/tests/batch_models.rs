@@ -455,4 +455,6 @@ model_tests! {
         => "glm4_moe_lite-small-f32", true;
     batched_decode_equals_alone_deepseek_v2, prefilled_together_equals_alone_deepseek_v2
         => "deepseek_v2-small-f32", true;
+    batched_decode_equals_alone_minicpm3, prefilled_together_equals_alone_minicpm3
+        => "minicpm3-small-f32", true;
 }

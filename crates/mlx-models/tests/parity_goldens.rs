@@ -97,6 +97,7 @@ golden_tests! {
     kimi_k25_text_model_logits_match_mlx_lm => "kimi_k25-small-f32",
     glm4_moe_lite_drops_mtp_layers_logits_match_mlx_lm => "glm4_moe_lite-small-f32",
     deepseek_v2_expanded_kv_yarn_logits_match_mlx_lm => "deepseek_v2-small-f32",
+    minicpm3_scaled_residuals_su_rope_logits_match_mlx_lm => "minicpm3-small-f32",
 }
 
 #[test]

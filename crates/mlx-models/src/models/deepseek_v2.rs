@@ -121,12 +121,30 @@ impl_module!(Attention {
     o_proj
 });
 
+/// The sizes of an [`Attention`] and what its file chooses.
+pub(crate) struct AttentionParts {
+    pub dim: i32,
+    pub num_heads: i32,
+    /// `None`: one `q_proj`.
+    pub q_lora_rank: Option<i32>,
+    pub kv_lora_rank: i32,
+    pub qk_nope_head_dim: i32,
+    pub qk_rope_head_dim: i32,
+    pub v_head_dim: i32,
+    /// Biases on `q_a_proj`, `kv_a_proj_with_mqa` and `o_proj`.
+    pub bias: bool,
+    /// Epsilon of `q_a_layernorm` and `kv_a_layernorm`.
+    pub norm_eps: f64,
+    pub rope: Rope,
+    pub scale: f64,
+}
+
 impl Attention {
-    fn new(args: &ModelArgs) -> crate::Result<Attention> {
-        let (dim, heads) = (args.hidden_size, args.num_attention_heads);
-        let q_head_dim = args.qk_nope_head_dim + args.qk_rope_head_dim;
-        let bias = args.attention_bias;
-        let (q_proj, q_a_proj, q_a_layernorm, q_b_proj) = match args.q_lora_rank {
+    /// Zero placeholders of the given sizes.
+    pub(crate) fn from_parts(p: AttentionParts) -> crate::Result<Attention> {
+        let (dim, heads) = (p.dim, p.num_heads);
+        let q_head_dim = p.qk_nope_head_dim + p.qk_rope_head_dim;
+        let (q_proj, q_a_proj, q_a_layernorm, q_b_proj) = match p.q_lora_rank {
             None => (
                 Some(LinearLayer::new(dim, heads * q_head_dim, false)?),
                 None,
@@ -135,11 +153,39 @@ impl Attention {
             ),
             Some(r) => (
                 None,
-                Some(LinearLayer::new(dim, r, bias)?),
-                Some(RmsNorm::new(r, 1e-6)?),
+                Some(LinearLayer::new(dim, r, p.bias)?),
+                Some(RmsNorm::new(r, p.norm_eps)?),
                 Some(LinearLayer::new(r, heads * q_head_dim, false)?),
             ),
         };
+        Ok(Attention {
+            q_proj,
+            q_a_proj,
+            q_a_layernorm,
+            q_b_proj,
+            kv_a_proj_with_mqa: LinearLayer::new(
+                dim,
+                p.kv_lora_rank + p.qk_rope_head_dim,
+                p.bias,
+            )?,
+            kv_a_layernorm: RmsNorm::new(p.kv_lora_rank, p.norm_eps)?,
+            kv_b_proj: LinearLayer::new(
+                p.kv_lora_rank,
+                heads * (p.qk_nope_head_dim + p.v_head_dim),
+                false,
+            )?,
+            o_proj: LinearLayer::new(heads * p.v_head_dim, dim, p.bias)?,
+            rope: p.rope,
+            num_heads: heads,
+            q_head_dim,
+            qk_nope_head_dim: p.qk_nope_head_dim,
+            kv_lora_rank: p.kv_lora_rank,
+            scale: p.scale,
+        })
+    }
+
+    fn new(args: &ModelArgs) -> crate::Result<Attention> {
+        let q_head_dim = args.qk_nope_head_dim + args.qk_rope_head_dim;
         // mlx-lm reads `rope_scaling["factor"]` unconditionally and always builds its
         // YaRN embedding from the section's keys.
         let mut cfg = rope_scaling(args.rope_scaling.as_ref())?.ok_or_else(|| {
@@ -160,39 +206,28 @@ impl Attention {
         }
         cfg.rope_type = "yarn".into();
         let rope = Rope::yarn(args.qk_rope_head_dim, true, args.rope_theta, &cfg)?;
-        Ok(Attention {
-            q_proj,
-            q_a_proj,
-            q_a_layernorm,
-            q_b_proj,
-            kv_a_proj_with_mqa: LinearLayer::new(
-                dim,
-                args.kv_lora_rank + args.qk_rope_head_dim,
-                bias,
-            )?,
-            kv_a_layernorm: RmsNorm::new(args.kv_lora_rank, 1e-6)?,
-            kv_b_proj: LinearLayer::new(
-                args.kv_lora_rank,
-                heads * (args.qk_nope_head_dim + args.v_head_dim),
-                false,
-            )?,
-            o_proj: LinearLayer::new(heads * args.v_head_dim, dim, bias)?,
-            rope,
-            num_heads: heads,
-            q_head_dim,
-            qk_nope_head_dim: args.qk_nope_head_dim,
+        Attention::from_parts(AttentionParts {
+            dim: args.hidden_size,
+            num_heads: args.num_attention_heads,
+            q_lora_rank: args.q_lora_rank,
             kv_lora_rank: args.kv_lora_rank,
+            qk_nope_head_dim: args.qk_nope_head_dim,
+            qk_rope_head_dim: args.qk_rope_head_dim,
+            v_head_dim: args.v_head_dim,
+            bias: args.attention_bias,
+            norm_eps: 1e-6,
+            rope,
             scale,
         })
     }
 
-    /// `residual + o_proj(attention(x))`.
-    fn forward(
+    /// `o_proj(attention(x))`; the key's rotary part is shared by the heads (mlx-lm's
+    /// `repeat` here, `broadcast_to` in MiniCPM3: the same keys).
+    pub(crate) fn forward(
         &self,
         x: &Array,
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
-        residual: &Array,
     ) -> Result<Array> {
         let (b, l) = batch_len(x)?;
         let q = match (&self.q_proj, &self.q_a_proj, &self.q_a_layernorm, &self.q_b_proj) {
@@ -235,7 +270,7 @@ impl Attention {
         };
         let queries = ops::concatenate(&[&q_nope, &q_pe], -1)?;
         let out = scaled_dot_product_attention(&queries, &fetch, self.scale, mask, None)?;
-        residual.add(&self.o_proj.forward(&merge_heads(&out, b, l)?)?)
+        self.o_proj.forward(&merge_heads(&out, b, l)?)
     }
 }
 
@@ -353,7 +388,7 @@ impl Stack {
             .zip(layer_caches(caches, self.layers.len())?)
         {
             let x = layer.input_layernorm.forward(&h)?;
-            let h2 = layer.self_attn.forward(&x, &mask, cache, &h)?;
+            let h2 = h.add(&layer.self_attn.forward(&x, &mask, cache)?)?;
             h = layer
                 .mlp
                 .forward(&layer.post_attention_layernorm.forward(&h2)?, Some(&h2))?;

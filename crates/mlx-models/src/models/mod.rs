@@ -103,6 +103,7 @@ architectures! {
     kimi_k25,
     glm4_moe_lite,
     deepseek_v2,
+    minicpm3,
 }
 
 /// Flat weight map (checkpoint name -> array).
