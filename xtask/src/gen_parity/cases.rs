@@ -70,6 +70,8 @@ const PROMPT_CACHE: &[&str] = &[
     "llama-f32-hd32",
     "qwen3_next-f32",
     "lfm2-f32",
+    // The latent KV of multi-head latent attention in a plain KVCache.
+    "deepseek_v3-f32",
 ];
 /// Top-k and min-p run on these (top-p on all).
 const ALL_SAMPLERS: &[&str] = &[
