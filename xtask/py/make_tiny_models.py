@@ -648,6 +648,7 @@ VARIANTS.update({
     "deepseek_v3-bf16-q4-kvb": ("deepseek_v3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32},
                                                     "kv_b_quantized": True}),
     "kimi_k25-f32": ("deepseek_v3", {}, {"wrap_kimi": True}),
+    "deepseek_v3-fp8": ("deepseek_v3", {}, {"fp8": True}),
     "glm4_moe_lite-f32-mtp": ("glm4_moe_lite", {}, {"mtp": True}),
     "glm4_moe_lite-q4": ("glm4_moe_lite", {}, {"quant": {"bits": 4, "group_size": 32}}),
     "deepseek_v2-f32": ("deepseek_v2", {}, {}),
@@ -959,6 +960,16 @@ def write_dense(out, name, arch, overrides, opts):
             weights = {(k if k.startswith("lm_head.") else "model.language_model." + k.removeprefix("model.")): v
                        for k, v in weights.items()}
             weights["model.visual.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)
+    if opts.get("fp8"):
+        # DeepSeek-V3's released layout: every linear weight (experts included) in FP8
+        # E4M3 with one `weight_scale_inv` per 128x128 block; sanitize dequantizes them.
+        for k in [k for k, v in weights.items() if k.endswith("proj.weight") and v.ndim == 2]:
+            w = mx.array(weights[k])
+            m, n = w.shape
+            scale = mx.abs(w).max() / 448.0
+            weights[k] = np.array(mx.to_fp8(w / scale))
+            weights[k + "_scale_inv"] = np.full(((m + 127) // 128, (n + 127) // 128), float(scale),
+                                                np.float32)
     if opts.get("wrap_kimi"):
         # A Kimi K2.5 checkpoint: the DeepSeek-V3 text model under `language_model`,
         # vision weights (dropped by sanitize) beside it.
