@@ -313,6 +313,30 @@ ARCHS.update({
                          "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"}},
 })
 
+# Issue 26, multi-head latent attention (MLA) families.
+DEEPSEEK_V3 = {"model_type": "deepseek_v3", "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
+               "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 32, "v_head_dim": 32,
+               "n_routed_experts": 8, "n_shared_experts": 1, "n_group": 2, "topk_group": 1, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 32, "first_k_dense_replace": 1, "num_hidden_layers": 3,
+               "routed_scaling_factor": 2.5, "rope_theta": 10000.0, "norm_topk_prob": True, "topk_method": "noaux_tc",
+               "rms_norm_eps": 1e-6}
+ARCHS.update({
+    "deepseek_v3": DEEPSEEK_V3,
+    "glm4_moe_lite": dict(DEEPSEEK_V3, model_type="glm4_moe_lite", rope_theta=1000000.0, rms_norm_eps=1e-5,
+                          tie_word_embeddings=False, num_nextn_predict_layers=1),
+    # mlx-lm's DeepSeek-V2 needs `rope_scaling` (its YaRN embedding reads `factor`).
+    "deepseek_v2": dict(DEEPSEEK_V3, model_type="deepseek_v2", topk_method="gready", n_group=None, topk_group=None,
+                        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                      "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}),
+    # Su-scaled RoPE from `rope_scaling` (required by mlx-lm's MiniCPM3); head_dim 32
+    # (nope 24 + rope 8) so the KV cache quantizes with group size 32.
+    "minicpm3": {"model_type": "minicpm3", "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32,
+                 "qk_nope_head_dim": 24, "qk_rope_head_dim": 8, "dim_model_base": 16, "scale_depth": 1.4,
+                 "scale_emb": 12.0, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                 "rope_scaling": {"type": "longrope", "original_max_position_embeddings": 64,
+                                  "long_factor": [1.0, 1.5, 2.0, 3.0], "short_factor": [1.0, 1.0, 1.0, 1.0]}},
+})
+
 LLAMA3 = {
     "rope_type": "llama3",
     "factor": 8.0,
@@ -611,6 +635,36 @@ GOLDENS = {
     "starcoder2-small-f32": ("starcoder2", dict(SMALL), {}),
 }
 
+# Issue 26, multi-head latent attention families.
+DS_YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 1.0,
+           "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+VARIANTS.update({
+    "deepseek_v3-f32": ("deepseek_v3", {}, {}),
+    "deepseek_v3-f32-noqlora-yarn-bias-freq2": (
+        "deepseek_v3", {"q_lora_rank": None, "attention_bias": True, "rope_scaling": DS_YARN, "n_group": 1,
+                        "topk_group": 1, "norm_topk_prob": False, "moe_layer_freq": 2, "first_k_dense_replace": 0,
+                        "n_shared_experts": 2}, {}),
+    "deepseek_v3-q4": ("deepseek_v3", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "deepseek_v3-bf16-q4-kvb": ("deepseek_v3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32},
+                                                    "kv_b_quantized": True}),
+    "kimi_k25-f32": ("deepseek_v3", {}, {"wrap_kimi": True}),
+    "deepseek_v3-fp8": ("deepseek_v3", {}, {"fp8": True}),
+    "glm4_moe_lite-f32-mtp": ("glm4_moe_lite", {}, {"mtp": True}),
+    "glm4_moe_lite-q4": ("glm4_moe_lite", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "deepseek_v2-f32": ("deepseek_v2", {}, {}),
+    "deepseek_v2-f32-noqlora-grouplimited-bias-hd32": (
+        "deepseek_v2", {"q_lora_rank": None, "attention_bias": True, "topk_method": "group_limited_greedy",
+                        "qk_nope_head_dim": 24,
+                        "n_group": 2, "topk_group": 1, "moe_layer_freq": 2, "first_k_dense_replace": 0,
+                        "rope_scaling": {"type": "yarn", "factor": 1.0}}, {}),
+    "deepseek_v2-q4": ("deepseek_v2", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "minicpm3-f32": ("minicpm3", {}, {}),
+    "minicpm3-f32-tied-bias-scalarfactor": (
+        "minicpm3", {"tie_word_embeddings": True, "attention_bias": True,
+                     "rope_scaling": {"type": "longrope", "long_factor": 1.25}}, {}),
+    "minicpm3-q4": ("minicpm3", {}, {"quant": {"bits": 4, "group_size": 32}}),
+})
+
 # Issue 26, dense and MoE families.
 GOLDENS.update({
     "olmoe-small-f32": ("olmoe", dict(SMALL, intermediate_size=32), {}),
@@ -624,6 +678,18 @@ GOLDENS.update({
     "hunyuan_v1_dense-small-f32": ("hunyuan_v1_dense", dict(SMALL, head_dim=8), {}),
     "qwen3_vl-small-f32": ("qwen3", dict(SMALL, head_dim=8, tie_word_embeddings=False),
                            {"wrap_vl": ("qwen3_vl", "nested")}),
+})
+
+# Issue 26, multi-head latent attention families.
+MLA_SMALL = dict(SMALL, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+                 qk_nope_head_dim=8, v_head_dim=8, moe_intermediate_size=16)
+GOLDENS.update({
+    "deepseek_v3-small-f32": ("deepseek_v3", MLA_SMALL, {}),
+    "kimi_k25-small-f32": ("deepseek_v3", MLA_SMALL, {"wrap_kimi": True}),
+    "glm4_moe_lite-small-f32": ("glm4_moe_lite", MLA_SMALL, {"mtp": True}),
+    "deepseek_v2-small-f32": ("deepseek_v2", MLA_SMALL, {}),
+    "minicpm3-small-f32": ("minicpm3", dict(SMALL, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                                            qk_nope_head_dim=8), {}),
 })
 
 
@@ -669,6 +735,26 @@ def to_hf_names(config, weights, opts, rng):
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
                 out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
+        elif mt == "deepseek_v2" and ".mlp.switch_mlp." in k:
+            proj = k.split(".")[-2]
+            prefix = k.split(".mlp.switch_mlp.")[0]
+            for e in range(v.shape[0]):
+                out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
+        elif mt in ("deepseek_v3", "glm4_moe_lite"):
+            # HF layout: per-expert weights, and `kv_b_proj` instead of MLA's per-head
+            # `embed_q` / `unembed_out` (mlx-lm's sanitize splits it).
+            if ".mlp.switch_mlp." in k:
+                proj = k.split(".")[-2]
+                prefix = k.split(".mlp.switch_mlp.")[0]
+                for e in range(v.shape[0]):
+                    out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
+            elif k.endswith(".embed_q.weight"):
+                wv = weights[k.replace(".embed_q.", ".unembed_out.")]
+                kv = np.concatenate([np.swapaxes(v, 1, 2), wv], axis=1)
+                out[k.replace(".embed_q.weight", ".kv_b_proj.weight")] = np.ascontiguousarray(
+                    kv.reshape(-1, kv.shape[-1]))
+            elif not k.endswith(".unembed_out.weight"):
+                out[k] = v
         elif mt == "qwen3_next":
             # HF layout: per-expert weights, zero-centred norms, conv1d as [C, 1, K].
             if ".mlp.switch_mlp." in k:
@@ -738,7 +824,11 @@ def to_hf_names(config, weights, opts, rng):
         out["model.visual.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)
     if opts.get("hf_mxfp4"):
         out = gpt_oss_hf_experts(out)
-    if opts.get("mtp") and mt == "glm4_moe":
+    if mt == "deepseek_v3":
+        for i in range(config["num_hidden_layers"]):  # sanitize drops them
+            out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = rng.standard_normal(
+                (config["qk_rope_head_dim"] // 2,)).astype(np.float32)
+    if opts.get("mtp") and mt in ("glm4_moe", "glm4_moe_lite"):
         # GLM's multi-token-prediction layer (one past the last), which sanitize drops.
         n = config["num_hidden_layers"]
         out[f"model.layers.{n}.eh_proj.weight"] = np.ones((config["hidden_size"], 2 * config["hidden_size"]), np.float32)
@@ -870,6 +960,23 @@ def write_dense(out, name, arch, overrides, opts):
             weights = {(k if k.startswith("lm_head.") else "model.language_model." + k.removeprefix("model.")): v
                        for k, v in weights.items()}
             weights["model.visual.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)
+    if opts.get("fp8"):
+        # DeepSeek-V3's released layout: every linear weight (experts included) in FP8
+        # E4M3 with one `weight_scale_inv` per 128x128 block; sanitize dequantizes them.
+        for k in [k for k, v in weights.items() if k.endswith("proj.weight") and v.ndim == 2]:
+            w = mx.array(weights[k])
+            m, n = w.shape
+            scale = mx.abs(w).max() / 448.0
+            weights[k] = np.array(mx.to_fp8(w / scale))
+            weights[k + "_scale_inv"] = np.full(((m + 127) // 128, (n + 127) // 128), float(scale),
+                                                np.float32)
+    if opts.get("wrap_kimi"):
+        # A Kimi K2.5 checkpoint: the DeepSeek-V3 text model under `language_model`,
+        # vision weights (dropped by sanitize) beside it.
+        config = {"model_type": "kimi_k25", "text_config": dict(config), "vision_config": {"hidden_size": 8}}
+        weights = {f"language_model.{k}": v for k, v in weights.items()}
+        weights["vision_tower.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)
+        weights["mm_projector.proj.0.weight"] = np.ones((4, 4), np.float32)
     if opts.get("hf_mxfp4"):
         config["quantization_config"] = {"quant_method": "mxfp4"}
     if opts.get("text_config"):
@@ -899,8 +1006,34 @@ def write_quantized(out, name, arch, overrides, opts):
         qconfig["quantization"]["model.layers.0.mlp.down_proj"] = False
     save_config(qconfig, config_path=dest / "config.json")
     shutil.rmtree(tmp)
+    if opts.get("kv_b_quantized"):
+        kv_b_quantized(dest, config, q)
     return dest
 
+
+def kv_b_quantized(dest, config, q):
+    """An MLA checkpoint as converted before mlx-lm split `kv_b_proj`: the quantized
+    `embed_q` / `unembed_out` of each layer merged back into one quantized `kv_b_proj`
+    (mlx-lm's sanitize dequantizes, splits and quantizes it again)."""
+    path = dest / "model.safetensors"
+    w = dict(mx.load(str(path)))
+    gs, bits = q["group_size"], q["bits"]
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}.self_attn"
+        parts = []
+        for name in ("embed_q", "unembed_out"):
+            d = mx.dequantize(w.pop(f"{p}.{name}.weight"), w.pop(f"{p}.{name}.scales"),
+                              w.pop(f"{p}.{name}.biases"), group_size=gs, bits=bits)
+            parts.append(d.swapaxes(1, 2) if name == "embed_q" else d)
+        kv = mx.concatenate(parts, axis=1)
+        kv = kv.reshape(-1, kv.shape[-1])
+        w[f"{p}.kv_b_proj.weight"], w[f"{p}.kv_b_proj.scales"], w[f"{p}.kv_b_proj.biases"] = mx.quantize(
+            kv, group_size=gs, bits=bits)
+    mx.save_safetensors(str(path), w, metadata={"format": "mlx"})
+    index = dest / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"] = {k: "model.safetensors" for k in sorted(w)}
+    index.write_text(json.dumps(data, indent=4))
 
 def main():
     ap = argparse.ArgumentParser()

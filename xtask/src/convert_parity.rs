@@ -87,6 +87,17 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("nemotron_h", "nemotron_h-f32", None),
     ("mamba", "mamba-f32", None),
     ("q-qwen3_next", "qwen3_next-q4", None),
+    // Issue 26, multi-head latent attention families.
+    ("deepseek_v3", "deepseek_v3-f32", None),
+    ("kimi_k25", "kimi_k25-f32", None),
+    ("glm4_moe_lite", "glm4_moe_lite-f32-mtp", None),
+    (
+        "deepseek_v2",
+        "deepseek_v2-f32-noqlora-grouplimited-bias-hd32",
+        None,
+    ),
+    ("q-deepseek_v3-kvb", "deepseek_v3-bf16-q4-kvb", None),
+    ("minicpm3", "minicpm3-f32", None),
 ];
 
 fn cases() -> Vec<(String, &'static str, Vec<String>)> {
@@ -237,6 +248,27 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         for flags in ["", "-q", "--dtype bfloat16", "-q --dtype bfloat16"] {
             add(src, flags);
         }
+    }
+    // Multi-head latent attention: `MultiLinear` quantized where its input width allows
+    // (group size 32 reaches every layer of the tiny models); the MoE ones keep
+    // `e_score_correction_bias` in float32 (their cast_predicate).
+    for src in [
+        "deepseek_v3",
+        "kimi_k25",
+        "glm4_moe_lite",
+        "deepseek_v2",
+        "minicpm3",
+    ] {
+        for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+            add(src, flags);
+        }
+    }
+    // A checkpoint from before mlx-lm split `kv_b_proj`: sanitize splits and requantizes
+    // it. Not `-d`: mlx-lm's dequantize_model skips `QuantizedMultiLinear` (its output
+    // keeps packed `embed_q` / `unembed_out` without a `quantization` section and no
+    // longer loads); ours dequantizes them.
+    for flags in ["", "-q", "--dtype float32"] {
+        add("q-deepseek_v3-kvb", flags);
     }
     add("q-qwen3_next", "-d");
     add("q-qwen3_next", "-q");

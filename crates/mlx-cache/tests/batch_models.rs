@@ -447,4 +447,15 @@ model_tests! {
         => "qwen3_vl-small-f32", true;
     batched_decode_equals_alone_hunyuan_v1_dense, prefilled_together_equals_alone_hunyuan_v1_dense
         => "hunyuan_v1_dense-small-f32", true;
+    // Issue 26, multi-head latent attention families.
+    batched_decode_equals_alone_deepseek_v3, prefilled_together_equals_alone_deepseek_v3
+        => "deepseek_v3-small-f32", true;
+    batched_decode_equals_alone_kimi_k25, prefilled_together_equals_alone_kimi_k25
+        => "kimi_k25-small-f32", true;
+    batched_decode_equals_alone_glm4_moe_lite, prefilled_together_equals_alone_glm4_moe_lite
+        => "glm4_moe_lite-small-f32", true;
+    batched_decode_equals_alone_deepseek_v2, prefilled_together_equals_alone_deepseek_v2
+        => "deepseek_v2-small-f32", true;
+    batched_decode_equals_alone_minicpm3, prefilled_together_equals_alone_minicpm3
+        => "minicpm3-small-f32", true;
 }

@@ -10,6 +10,8 @@ const ALIASES: &[(&str, &str)] = &[
     ("xverse", "llama"),
     ("qwen2_5_vl", "qwen2_vl"),
     ("falcon_mamba", "mamba"),
+    ("kimi_k2", "deepseek_v3"),
+    ("joyai_llm_flash", "deepseek_v3"),
 ];
 
 /// The architecture file a `model_type` resolves to.

@@ -93,6 +93,12 @@ golden_tests! {
     qwen2_vl_text_logits_match_mlx_lm => "qwen2_vl-small-f32",
     qwen3_vl_nested_text_logits_match_mlx_lm => "qwen3_vl-small-f32",
     hunyuan_v1_dense_norms_after_rope_logits_match_mlx_lm => "hunyuan_v1_dense-small-f32",
+    // Issue 26, multi-head latent attention families.
+    deepseek_v3_latent_attention_group_routing_logits_match_mlx_lm => "deepseek_v3-small-f32",
+    kimi_k25_text_model_logits_match_mlx_lm => "kimi_k25-small-f32",
+    glm4_moe_lite_drops_mtp_layers_logits_match_mlx_lm => "glm4_moe_lite-small-f32",
+    deepseek_v2_expanded_kv_yarn_logits_match_mlx_lm => "deepseek_v2-small-f32",
+    minicpm3_scaled_residuals_su_rope_logits_match_mlx_lm => "minicpm3-small-f32",
 }
 
 #[test]

@@ -214,10 +214,11 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
 
 /// The `cast_predicate` some mlx-lm models define: parameters `--dtype` leaves in their
 /// own dtype (the SSM decay `A_log` of qwen3_5 and nemotron_h, the router correction
-/// bias of glm4_moe and nemotron_h).
+/// bias of glm4_moe, the DeepSeek-V3 family and nemotron_h).
 pub fn model_keeps_dtype(model_type: &str, path: &str) -> bool {
     match model_type {
-        "glm4_moe" => path.contains("e_score_correction_bias"),
+        "glm4_moe" | "glm4_moe_lite" | "deepseek_v3" | "kimi_k2" | "joyai_llm_flash"
+        | "kimi_k25" => path.contains("e_score_correction_bias"),
         "qwen3_5" | "qwen3_5_moe" => path.ends_with("A_log"),
         "nemotron_h" => path.contains("e_score_correction_bias") || path.contains("A_log"),
         _ => false,

@@ -53,6 +53,12 @@ pub const TINY: &[&str] = &[
     "granitemoehybrid-f32",
     "nemotron_h-f32",
     "mamba-f32",
+    // Issue 26, multi-head latent attention families.
+    "deepseek_v3-f32",
+    "kimi_k25-f32",
+    "glm4_moe_lite-f32-mtp",
+    "deepseek_v2-f32",
+    "minicpm3-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];
@@ -64,6 +70,8 @@ const PROMPT_CACHE: &[&str] = &[
     "llama-f32-hd32",
     "qwen3_next-f32",
     "lfm2-f32",
+    // The latent KV of multi-head latent attention in a plain KVCache.
+    "deepseek_v3-f32",
 ];
 /// Top-k and min-p run on these (top-p on all).
 const ALL_SAMPLERS: &[&str] = &[

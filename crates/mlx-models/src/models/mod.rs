@@ -35,6 +35,7 @@ pub mod attention;
 mod recurrent;
 pub mod decoder;
 pub mod head;
+pub mod mla;
 pub mod mlp;
 
 /// Builds an architecture (zero placeholder weights) from config.json.
@@ -97,6 +98,12 @@ architectures! {
     nemotron_h,
     mamba,
     mamba2,
+    // Issue 26, multi-head latent attention (`mla`):
+    deepseek_v3,
+    kimi_k25,
+    glm4_moe_lite,
+    deepseek_v2,
+    minicpm3,
 }
 
 /// Flat weight map (checkpoint name -> array).
