@@ -205,6 +205,49 @@ fn cases() -> Vec<Case> {
             ],
             config: None,
         },
+        // Gradient checkpointing: with adapter dropout the backward pass's recomputation
+        // draws new dropout keys (mlx-lm's `mx.checkpoint` runs the layer again), so these
+        // weights differ from the same run without it; layer 0 has no trainable parameter.
+        Case {
+            name: "grad-checkpoint-lora-dropout",
+            model: "llama-small-f32",
+            data: "text",
+            args: &[
+                "--learning-rate",
+                "1e-3",
+                "--num-layers",
+                "1",
+                "--grad-checkpoint",
+            ],
+            config: Some("lora_parameters:\n  rank: 4\n  scale: 10.0\n  dropout: 0.1\n"),
+        },
+        Case {
+            name: "grad-checkpoint-full-accumulation",
+            model: "llama-small-f32",
+            data: "text",
+            args: &[
+                "--fine-tune-type",
+                "full",
+                "--grad-accumulation-steps",
+                "2",
+                "--learning-rate",
+                "1e-3",
+                "--grad-checkpoint",
+            ],
+            config: None,
+        },
+        Case {
+            name: "grad-checkpoint-qlora-chat",
+            model: "llama-small-q4-g32",
+            data: "chat",
+            args: &[
+                "--mask-prompt",
+                "--learning-rate",
+                "2e-3",
+                "--grad-checkpoint",
+            ],
+            config: None,
+        },
         Case {
             name: "test-alone",
             model: "llama-small-q4-g32",
@@ -507,8 +550,6 @@ fn reporting_services_and_unsupported_options_are_refused() {
         &["--train", "--report-to", "wandb"],
     );
     fails_with(&out, "--report-to wandb");
-    let out = run_in(&tmp.0.join("b"), &data, &["--train", "--grad-checkpoint"]);
-    fails_with(&out, "--grad-checkpoint is not supported");
     std::fs::write(tmp.0.join("d.yaml"), "hf_dataset:\n  path: some/dataset\n").unwrap();
     let d = tmp.0.join("d.yaml");
     let out = run_in(
@@ -597,4 +638,40 @@ fn test_alone_refuses_adapters_of_another_model() {
     common::check(&trained, "training on the other llama");
     let out = run_in(&dir, &data, &["--test", "--adapter-path", "adapters"]);
     fails_with(&out, "the adapters do not fit the model");
+}
+
+#[test]
+fn grad_checkpoint_on_a_model_without_the_layer_hook_is_refused() {
+    let tmp = TempDir::new("lora-gc-refused");
+    let data = tmp.0.join("data");
+    write_rows(&data, "train", ROWS);
+    let dir = tmp.0.join("run");
+    std::fs::create_dir_all(&dir).unwrap();
+    // gemma3_text's layers take more than (x, mask, cache) and are not checkpointed yet.
+    let model = common::golden_model("gemma3_text-small-f32");
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx-lora"))
+        .args([
+            "--model",
+            model.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+        ])
+        .args([
+            "--train",
+            "--iters",
+            "2",
+            "--batch-size",
+            "2",
+            "--num-layers",
+            "1",
+            "--grad-checkpoint",
+        ])
+        .current_dir(&dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    fails_with(
+        &out,
+        "--grad-checkpoint: model type `gemma3_text` does not route its decoder layers",
+    );
 }

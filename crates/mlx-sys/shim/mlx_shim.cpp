@@ -1,8 +1,8 @@
 // mlx_shim.cpp: implementation of mlx_shim.h over MLX's C++ API.
 // Entry points that run MLX operations catch all exceptions and turn them into a
 // status code plus a per-thread message, so nothing from MLX unwinds into Rust.
-// The small handle and container helpers (mlxs_array_clone, mlxs_vec_*, mlxs_map_*,
-// mlxs_strmap_*, mlxs_gguf_meta_array) are not guarded: they only copy handles or
+// The small handle and container helpers (mlxs_array_clone, mlxs_array_assign, mlxs_vec_*,
+// mlxs_map_*, mlxs_strmap_*, mlxs_gguf_meta_array) are not guarded: they only copy handles or
 // push into std containers, and an allocation failure (std::bad_alloc) there is not
 // caught.
 #include "mlx_shim.h"
@@ -207,6 +207,9 @@ int mlxs_synchronize(mlxs_stream s) {
 /* ---------- array lifecycle and data ---------- */
 void mlxs_array_free(mlxs_array a) { delete a; }
 mlxs_array mlxs_array_clone(mlxs_array a) { return a ? wrap(a->a) : nullptr; }
+void mlxs_array_assign(mlxs_array dst, mlxs_array src) {
+  if (dst && src) dst->a = src->a;
+}
 
 int mlxs_array_from_data(mlxs_array* out, const void* data, size_t nbytes, const int32_t* shape,
                          size_t ndim, int32_t dtype) {

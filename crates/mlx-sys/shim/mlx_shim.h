@@ -78,6 +78,8 @@ int mlxs_synchronize(mlxs_stream s);
 /* ---------- array lifecycle and data ---------- */
 void mlxs_array_free(mlxs_array a);
 mlxs_array mlxs_array_clone(mlxs_array a);
+/* Makes `dst` hold the array `src` holds (every user of the handle `dst` sees it). */
+void mlxs_array_assign(mlxs_array dst, mlxs_array src);
 int mlxs_array_from_data(mlxs_array* out, const void* data, size_t nbytes,
                          const int32_t* shape, size_t ndim, int32_t dtype);
 int mlxs_array_from_f64(mlxs_array* out, double v, int32_t dtype);

@@ -75,11 +75,6 @@ pub fn plan(args: &LoraArgs) -> Result<Plan> {
              directory with train.jsonl, valid.jsonl and test.jsonl",
         ));
     }
-    if args.flag("grad_checkpoint")? {
-        return Err(unsupported(
-            "--grad-checkpoint is not supported by this build yet",
-        ));
-    }
     let kind = match args.str("fine_tune_type")?.as_str() {
         "lora" => FineTuneType::Lora,
         "dora" => FineTuneType::Dora,
@@ -192,6 +187,7 @@ pub fn plan(args: &LoraArgs) -> Result<Plan> {
         adapter_file: adapter_path.join("adapters.safetensors"),
         grad_accumulation_steps: args.positive("grad_accumulation_steps")?,
         clear_cache_threshold: args.count("clear_cache_threshold")?,
+        grad_checkpoint: args.flag("grad_checkpoint")?,
     };
     let feature = |k: &str, d: &str| -> Result<String> {
         match args.get(k) {
