@@ -248,6 +248,28 @@ fn cases() -> Vec<Case> {
             ],
             config: None,
         },
+        // LoRA on the embedding table (mlx-lm's `LoRAEmbedding`, through a whole-model
+        // key), with dropout, and on a 4-bit table (QLoRA) with chat data.
+        Case {
+            name: "lora-embedding-dropout",
+            model: "llama-small-f32",
+            data: "text",
+            args: &["--learning-rate", "1e-3", "--num-layers", "1"],
+            config: Some(
+                "lora_parameters:\n  rank: 4\n  scale: 10.0\n  dropout: 0.1\n  \
+                 keys: [self_attn.q_proj, model.embed_tokens]\n",
+            ),
+        },
+        Case {
+            name: "qlora-embedding-chat",
+            model: "llama-small-q4-g32",
+            data: "chat",
+            args: &["--learning-rate", "2e-3", "--mask-prompt"],
+            config: Some(
+                "lora_parameters:\n  rank: 4\n  scale: 10.0\n  dropout: 0.0\n  \
+                 keys: [mlp.down_proj, model.embed_tokens]\n",
+            ),
+        },
         Case {
             name: "test-alone",
             model: "llama-small-q4-g32",
