@@ -283,7 +283,12 @@ fn cases() -> Vec<Case> {
             name: "lora-moe-qwen3-grad-checkpoint",
             model: "qwen3_moe-small-f32",
             data: "completions",
-            args: &["--learning-rate", "1e-3", "--mask-prompt", "--grad-checkpoint"],
+            args: &[
+                "--learning-rate",
+                "1e-3",
+                "--mask-prompt",
+                "--grad-checkpoint",
+            ],
             config: Some("prompt_feature: question\ncompletion_feature: answer\n"),
         },
         Case {
