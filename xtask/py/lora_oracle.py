@@ -82,7 +82,19 @@ def cmd_data(out):
 
 def cmd_run(cases_path):
     from mlx_lm import lora
+    from mlx_lm.tuner import trainer
 
+    # `--grad-checkpoint` patches the decoder layer's class (`type(layer).__call__`) for
+    # the rest of the process; each case gets the classes back as they were, so a later
+    # case runs as it would in a fresh `mlx_lm lora`.
+    patched = []
+    grad_checkpoint = trainer.grad_checkpoint
+
+    def remembering_grad_checkpoint(layer):
+        patched.append((type(layer), type(layer).__call__))
+        grad_checkpoint(layer)
+
+    trainer.grad_checkpoint = remembering_grad_checkpoint
     cases = json.loads(Path(cases_path).read_text())
     here = os.getcwd()
     for case in cases:
@@ -98,6 +110,9 @@ def cmd_run(cases_path):
             (cwd / "error.txt").write_text(traceback.format_exc())
         (cwd / "stdout.txt").write_text(buf.getvalue())
         os.chdir(here)
+        for cls, call in reversed(patched):
+            cls.__call__ = call
+        patched.clear()
 
 
 def cmd_widen_vocab(src, dst, tok):
