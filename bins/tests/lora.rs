@@ -728,7 +728,6 @@ fn grad_checkpoint_on_a_model_without_the_layer_hook_is_refused() {
 }
 
 #[path = "../../crates/mlx-hub/tests/common_hub.rs"]
-#[allow(dead_code)]
 mod common_hub;
 
 /// Hugging Face datasets from a local Hub (xtask/py/hub_server.py): `hf_dataset` with
