@@ -205,6 +205,92 @@ fn cases() -> Vec<Case> {
             ],
             config: None,
         },
+        // Gradient checkpointing: with adapter dropout the backward pass's recomputation
+        // draws new dropout keys (mlx-lm's `mx.checkpoint` runs the layer again), so these
+        // weights differ from the same run without it; layer 0 has no trainable parameter.
+        Case {
+            name: "grad-checkpoint-lora-dropout",
+            model: "llama-small-f32",
+            data: "text",
+            args: &[
+                "--learning-rate",
+                "1e-3",
+                "--num-layers",
+                "1",
+                "--grad-checkpoint",
+            ],
+            config: Some("lora_parameters:\n  rank: 4\n  scale: 10.0\n  dropout: 0.1\n"),
+        },
+        Case {
+            name: "grad-checkpoint-full-accumulation",
+            model: "llama-small-f32",
+            data: "text",
+            args: &[
+                "--fine-tune-type",
+                "full",
+                "--grad-accumulation-steps",
+                "2",
+                "--learning-rate",
+                "1e-3",
+                "--grad-checkpoint",
+            ],
+            config: None,
+        },
+        Case {
+            name: "grad-checkpoint-qlora-chat",
+            model: "llama-small-q4-g32",
+            data: "chat",
+            args: &[
+                "--mask-prompt",
+                "--learning-rate",
+                "2e-3",
+                "--grad-checkpoint",
+            ],
+            config: None,
+        },
+        // LoRA on the embedding table (mlx-lm's `LoRAEmbedding`, through a whole-model
+        // key), with dropout, and on a 4-bit table (QLoRA) with chat data.
+        Case {
+            name: "lora-embedding-dropout",
+            model: "llama-small-f32",
+            data: "text",
+            args: &["--learning-rate", "1e-3", "--num-layers", "1"],
+            config: Some(
+                "lora_parameters:\n  rank: 4\n  scale: 10.0\n  dropout: 0.1\n  \
+                 keys: [self_attn.q_proj, model.embed_tokens]\n",
+            ),
+        },
+        Case {
+            name: "qlora-embedding-chat",
+            model: "llama-small-q4-g32",
+            data: "chat",
+            args: &["--learning-rate", "2e-3", "--mask-prompt"],
+            config: Some(
+                "lora_parameters:\n  rank: 4\n  scale: 10.0\n  dropout: 0.0\n  \
+                 keys: [mlp.down_proj, model.embed_tokens]\n",
+            ),
+        },
+        // LoRA on expert stacks (mlx-lm's `LoRASwitchLinear`) and the dense layers of two
+        // MoE families.
+        Case {
+            name: "lora-moe-mixtral",
+            model: "mixtral-small-f32",
+            data: "text",
+            args: &["--learning-rate", "1e-3"],
+            config: None,
+        },
+        Case {
+            name: "lora-moe-qwen3-grad-checkpoint",
+            model: "qwen3_moe-small-f32",
+            data: "completions",
+            args: &[
+                "--learning-rate",
+                "1e-3",
+                "--mask-prompt",
+                "--grad-checkpoint",
+            ],
+            config: Some("prompt_feature: question\ncompletion_feature: answer\n"),
+        },
         Case {
             name: "test-alone",
             model: "llama-small-q4-g32",
@@ -259,25 +345,29 @@ fn numbers(stdout: &str) -> Vec<String> {
     out
 }
 
-/// A committed tiny model with a tokenizer: goldens/generate/models/NAME, or a copy of
-/// goldens/models/NAME with the small tokenizer added. (No MoE case: on the CPU, MLX's
-/// `gather_mm` gives the tiny Qwen3-MoE run-to-run different losses, NaN at times, under
-/// mlx-lm as under us, so there is nothing stable to compare; see docs/parity.md.)
-fn model_dir(work: &Path, name: &str) -> PathBuf {
+/// A committed tiny model with a tokenizer: goldens/generate/models/NAME, or
+/// goldens/models/NAME with its vocabulary widened to the small tokenizer's
+/// (`lora_oracle.py widen-vocab`: the MoE goldens have fewer rows than the tokenizer has
+/// ids, and an id past the table makes MLX's gather read past it, so losses would differ
+/// run to run, under mlx-lm as under us).
+fn model_dir(py: &Path, work: &Path, name: &str) -> PathBuf {
     let golden = common::golden_model(name);
     if golden.exists() {
         return golden;
     }
-    let src = common::root().join("goldens/models").join(name);
     let dst = work.join("models").join(name);
-    std::fs::create_dir_all(&dst).unwrap();
-    for e in std::fs::read_dir(&src).unwrap().flatten() {
-        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    if dst.join("config.json").exists() {
+        return dst;
     }
-    let tok = common::golden_model("llama-small-f32");
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tok.join(f), dst.join(f)).unwrap();
-    }
+    let made = Command::new(py)
+        .arg(common::root().join("xtask/py/lora_oracle.py"))
+        .arg("widen-vocab")
+        .arg(common::root().join("goldens/models").join(name))
+        .arg(&dst)
+        .arg(common::golden_model("llama-small-f32"))
+        .output()
+        .unwrap();
+    common::check(&made, "widening the vocabulary");
     dst
 }
 
@@ -319,7 +409,7 @@ fn training_matches_mlx_lm() {
     let args_of = |c: &Case, dir: &Path| -> Vec<String> {
         let mut a: Vec<String> = vec![
             "--model".into(),
-            model_dir(&work, c.model).display().to_string(),
+            model_dir(&py, &work, c.model).display().to_string(),
             "--data".into(),
             data.join(c.data).display().to_string(),
         ];
@@ -507,9 +597,11 @@ fn reporting_services_and_unsupported_options_are_refused() {
         &["--train", "--report-to", "wandb"],
     );
     fails_with(&out, "--report-to wandb");
-    let out = run_in(&tmp.0.join("b"), &data, &["--train", "--grad-checkpoint"]);
-    fails_with(&out, "--grad-checkpoint is not supported");
-    std::fs::write(tmp.0.join("d.yaml"), "hf_dataset:\n  path: some/dataset\n").unwrap();
+    std::fs::write(
+        tmp.0.join("d.yaml"),
+        "hf_dataset:\n  path: some/dataset\n  config:\n    name: subset\n",
+    )
+    .unwrap();
     let d = tmp.0.join("d.yaml");
     let out = run_in(
         &tmp.0.join("c"),
@@ -518,7 +610,7 @@ fn reporting_services_and_unsupported_options_are_refused() {
     );
     fails_with(
         &out,
-        "hf_dataset: Hugging Face datasets are not supported by mlx-lora yet",
+        "option hf_dataset.config: the keyword arguments of `datasets.load_dataset`",
     );
 }
 
@@ -597,4 +689,215 @@ fn test_alone_refuses_adapters_of_another_model() {
     common::check(&trained, "training on the other llama");
     let out = run_in(&dir, &data, &["--test", "--adapter-path", "adapters"]);
     fails_with(&out, "the adapters do not fit the model");
+}
+
+#[test]
+fn grad_checkpoint_on_a_model_without_the_layer_hook_is_refused() {
+    let tmp = TempDir::new("lora-gc-refused");
+    let data = tmp.0.join("data");
+    write_rows(&data, "train", ROWS);
+    let dir = tmp.0.join("run");
+    std::fs::create_dir_all(&dir).unwrap();
+    // gemma3_text's layers take more than (x, mask, cache) and are not checkpointed yet.
+    let model = common::golden_model("gemma3_text-small-f32");
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx-lora"))
+        .args([
+            "--model",
+            model.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+        ])
+        .args([
+            "--train",
+            "--iters",
+            "2",
+            "--batch-size",
+            "2",
+            "--num-layers",
+            "1",
+            "--grad-checkpoint",
+        ])
+        .current_dir(&dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    fails_with(
+        &out,
+        "--grad-checkpoint: model type `gemma3_text` does not route its decoder layers",
+    );
+}
+
+#[path = "../../crates/mlx-hub/tests/common_hub.rs"]
+mod common_hub;
+
+/// Hugging Face datasets from a local Hub (xtask/py/hub_server.py): `hf_dataset` with
+/// mlx-lm's default splits (`train[:80%]`, `train[-10%:]`) and a `test_split`, and a
+/// dataset id as `--data` (its `train` and `test` splits, no `valid`), each trained
+/// like `mlx_lm lora` trains on the local directory holding the same rows.
+#[test]
+fn hugging_face_datasets_train_like_their_local_rows() {
+    let Some(hub_py) = common_hub::python() else {
+        return;
+    };
+    let py = common::mlx_lm_python("mlx_lm.lora");
+    let tmp = TempDir::new("lora-hf");
+    let work = tmp.0.clone();
+    let made = Command::new(&py)
+        .arg(common::root().join("xtask/py/lora_oracle.py"))
+        .args(["data", work.join("gen").to_str().unwrap()])
+        .output()
+        .unwrap();
+    common::check(&made, "making the datasets");
+    let read = |split: &str| -> Vec<String> {
+        std::fs::read_to_string(work.join("gen/text").join(format!("{split}.jsonl")))
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect()
+    };
+    // 20 rows (the generated train and valid rows) as the repo's train split.
+    let train: Vec<String> = read("train").into_iter().chain(read("valid")).collect();
+    let test = read("test");
+    assert_eq!(train.len(), 20);
+    // The repo: sharded train files and a test file, by the Hub's naming conventions.
+    let repo = work.join("repo");
+    std::fs::create_dir_all(repo.join("data")).unwrap();
+    let (a, b) = train.split_at(6);
+    for (i, part) in [a, b].iter().enumerate() {
+        std::fs::write(
+            repo.join(format!("data/train-0000{i}-of-00002.jsonl")),
+            part.join("\n") + "\n",
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        repo.join("data/test-00000-of-00001.jsonl"),
+        test.join("\n") + "\n",
+    )
+    .unwrap();
+    let server = common_hub::Server::start(&hub_py);
+    server.py(&[
+        "upload",
+        &server.endpoint,
+        "org/words",
+        repo.to_str().unwrap(),
+        "--type",
+        "dataset",
+    ]);
+    // The local copies mlx-lm reads: 80% of 20 rows is 16, 10% the last 2.
+    let write = |dir: &str, splits: &[(&str, &[String])]| {
+        let d = work.join(dir);
+        for (name, rows) in splits {
+            write_rows(
+                &d,
+                name,
+                &rows.iter().map(String::as_str).collect::<Vec<_>>(),
+            );
+        }
+        d
+    };
+    let sliced = write(
+        "local-sliced",
+        &[
+            ("train", &train[..16]),
+            ("valid", &train[18..]),
+            ("test", &test),
+        ],
+    );
+    let whole = write("local-whole", &[("train", &train), ("test", &test)]);
+    let model = common::golden_model("llama-small-f32");
+    let common_args = |data: &str| -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            "--model".into(),
+            model.display().to_string(),
+            "--data".into(),
+            data.into(),
+        ];
+        a.extend(BASE.iter().map(|s| s.to_string()));
+        a.extend(
+            [
+                "--iters",
+                "10",
+                "--test",
+                "--test-batches",
+                "-1",
+                "--learning-rate",
+                "1e-3",
+            ]
+            .map(String::from),
+        );
+        a
+    };
+    let hf_config = "hf_dataset:\n  path: org/words\n  test_split: test\n";
+    // (name, our --data, our config, mlx-lm's --data)
+    let cases = [
+        ("hf-dataset", "ignored", Some(hf_config), sliced),
+        ("data-id", "org/words", None, whole),
+    ];
+    let json: Vec<serde_json::Value> = cases
+        .iter()
+        .map(|(name, _, _, local)| {
+            serde_json::json!({
+                "cwd": work.join("py").join(name),
+                "args": common_args(local.to_str().unwrap()),
+            })
+        })
+        .collect();
+    let cases_file = work.join("cases.json");
+    std::fs::write(&cases_file, serde_json::to_string(&json).unwrap()).unwrap();
+    let ran = Command::new(&py)
+        .arg(common::root().join("xtask/py/lora_oracle.py"))
+        .args(["run", cases_file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    common::check(&ran, "mlx_lm lora");
+    let cache = work.join("hub-cache");
+    for (name, data, config, _) in &cases {
+        let pd = work.join("py").join(name);
+        if let Ok(e) = std::fs::read_to_string(pd.join("error.txt")) {
+            panic!("{name}: mlx_lm lora failed:\n{e}");
+        }
+        let rd = work.join("rs").join(name);
+        std::fs::create_dir_all(&rd).unwrap();
+        let mut args = common_args(data);
+        if let Some(c) = config {
+            std::fs::write(rd.join("config.yaml"), c).unwrap();
+            args.extend(["-c".to_string(), "config.yaml".to_string()]);
+        }
+        let ours = Command::new(env!("CARGO_BIN_EXE_mlx-lora"))
+            .args(&args)
+            .current_dir(&rd)
+            .env("HF_ENDPOINT", &server.endpoint)
+            .env("HF_HUB_CACHE", &cache)
+            .env("HF_TOKEN", common_hub::TOKEN)
+            .env_remove("HF_HUB_OFFLINE")
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        common::check(&ours, name);
+        let stdout = String::from_utf8_lossy(&ours.stdout);
+        assert!(
+            stdout.contains("Loading Hugging Face dataset org/words."),
+            "{stdout}"
+        );
+        // The header's dataset row names the data; everything else is the same.
+        let keep = |v: Vec<String>| -> Vec<String> {
+            v.into_iter()
+                .filter(|l| !l.starts_with("│ dataset"))
+                .collect()
+        };
+        let theirs = std::fs::read_to_string(pd.join("stdout.txt")).unwrap();
+        let (a, b) = (keep(numbers(&stdout)), keep(numbers(&theirs)));
+        assert!(
+            a.iter().any(|l| l.starts_with("Test loss")),
+            "{name}: {a:?}"
+        );
+        assert_eq!(a, b, "{name}: ours vs mlx-lm on the local rows");
+        assert_eq!(
+            std::fs::read(rd.join("adapters/adapters.safetensors")).unwrap(),
+            std::fs::read(pd.join("adapters/adapters.safetensors")).unwrap(),
+            "{name}: adapters"
+        );
+    }
+    assert!(cache.join("datasets--org--words/refs/main").is_file());
 }

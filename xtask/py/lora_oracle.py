@@ -4,6 +4,13 @@
       Writes a small local dataset per format under OUT_DIR: text/, completions/ (with
       custom keys question/answer), chat/ (messages, every fourth row with tools); each with
       train.jsonl, valid.jsonl and test.jsonl of seeded random words.
+  lora_oracle.py widen-vocab SRC DST TOKENIZER_DIR
+      Copies the tiny model SRC (config.json, model.safetensors) to DST with its
+      vocabulary widened to TOKENIZER_DIR's tokenizer (its `vocab_size` from the
+      tokenizer's highest id): new rows of `model.embed_tokens.weight` / `lm_head.weight`
+      drawn N(0, 0.02) from MLX seed 0, the tokenizer files copied. The committed MoE
+      goldens have 128 entries, fewer than the test tokenizer's ids, and an out-of-range
+      id makes MLX's gather read past the table (losses differ run to run, NaN at times).
   lora_oracle.py run CASES_JSON
       Runs `mlx_lm lora` once per case in this one process (the same `main()` as
       `python -m mlx_lm lora`, one import for all cases). A case is {"cwd": dir,
@@ -75,7 +82,19 @@ def cmd_data(out):
 
 def cmd_run(cases_path):
     from mlx_lm import lora
+    from mlx_lm.tuner import trainer
 
+    # `--grad-checkpoint` patches the decoder layer's class (`type(layer).__call__`) for
+    # the rest of the process; each case gets the classes back as they were, so a later
+    # case runs as it would in a fresh `mlx_lm lora`.
+    patched = []
+    grad_checkpoint = trainer.grad_checkpoint
+
+    def remembering_grad_checkpoint(layer):
+        patched.append((type(layer), type(layer).__call__))
+        grad_checkpoint(layer)
+
+    trainer.grad_checkpoint = remembering_grad_checkpoint
     cases = json.loads(Path(cases_path).read_text())
     here = os.getcwd()
     for case in cases:
@@ -91,12 +110,42 @@ def cmd_run(cases_path):
             (cwd / "error.txt").write_text(traceback.format_exc())
         (cwd / "stdout.txt").write_text(buf.getvalue())
         os.chdir(here)
+        for cls, call in reversed(patched):
+            cls.__call__ = call
+        patched.clear()
+
+
+def cmd_widen_vocab(src, dst, tok):
+    import shutil
+
+    import mlx.core as mx
+
+    src, dst, tok = Path(src), Path(dst), Path(tok)
+    dst.mkdir(parents=True, exist_ok=True)
+    vocab = json.loads((tok / "tokenizer.json").read_text())["model"]["vocab"]
+    n = max(vocab.values()) + 1
+    config = json.loads((src / "config.json").read_text())
+    old = config["vocab_size"]
+    mx.random.seed(0)
+    weights = mx.load(str(src / "model.safetensors"))
+    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+        if k in weights and n > old:
+            w = weights[k]
+            extra = 0.02 * mx.random.normal((n - old, w.shape[1]), dtype=w.dtype)
+            weights[k] = mx.concatenate([w, extra])
+    config["vocab_size"] = max(n, old)
+    mx.save_safetensors(str(dst / "model.safetensors"), weights)
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok / f, dst / f)
 
 
 def main():
     cmd = sys.argv[1]
     if cmd == "data":
         cmd_data(sys.argv[2])
+    elif cmd == "widen-vocab":
+        cmd_widen_vocab(*sys.argv[2:5])
     elif cmd == "run":
         cmd_run(sys.argv[2])
     else:

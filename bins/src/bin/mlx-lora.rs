@@ -22,8 +22,8 @@ struct Args {
     /// Do training
     #[arg(long)]
     train: bool,
-    /// Directory with {train, valid, test}.jsonl files (Hugging Face dataset names are
-    /// not supported by mlx-lora yet)
+    /// Directory with {train, valid, test}.jsonl files or the name of a Hugging Face
+    /// dataset (e.g., 'mlx-community/wikisql')
     #[arg(long)]
     data: Option<String>,
     /// Type of fine-tuning to perform: lora, dora, or full.
@@ -194,6 +194,20 @@ fn lora(a: Args) -> Result<()> {
         .with_context(|| format!("loading the tokenizer in {}", path.display()))?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    mlx_train::run::run(&mut args, &plan, model.as_mut(), &tokenizer, &mut out)?;
+    // Hugging Face datasets (`hf_dataset`, or a dataset id as --data) come from the
+    // Hub cache, downloaded when missing.
+    let hub = |repo: &str| -> std::result::Result<std::path::PathBuf, String> {
+        mlx_hub::Locations::from_env()
+            .and_then(|l| l.hub_dataset(repo, "main"))
+            .map_err(|e| e.to_string())
+    };
+    mlx_train::run::run(
+        &mut args,
+        &plan,
+        model.as_mut(),
+        &tokenizer,
+        Some(&hub),
+        &mut out,
+    )?;
     Ok(())
 }

@@ -54,6 +54,20 @@ impl Clone for Array {
     }
 }
 
+impl Array {
+    /// Makes this handle hold `src`'s array, in place: every holder of this handle (not
+    /// of its clones, which are other handles) sees the new value from now on. MLX's
+    /// function transforms hand a traced function new input arrays; a layer whose
+    /// parameters must become those inputs (mlx.nn's `module.update(params)` inside
+    /// `mx.checkpoint`) is retargeted this way while other code only borrows it.
+    pub fn assign(&self, src: &Array) {
+        // SAFETY: both handles are valid; the shim copies the array (a shared pointer)
+        // into `dst`'s object, which stays at the same address, so outstanding `&Array`s
+        // stay valid. `Array` is not `Sync`, so no other thread reads it meanwhile.
+        unsafe { sys::mlxs_array_assign(self.raw.as_ptr(), src.raw.as_ptr()) }
+    }
+}
+
 /// Calls a shim function that writes one output array.
 #[track_caller]
 pub(crate) fn out1(f: impl FnOnce(*mut sys::mlxs_array) -> std::os::raw::c_int) -> Result<Array> {

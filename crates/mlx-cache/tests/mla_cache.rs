@@ -2,6 +2,7 @@
 //! shared rotary key part as the keys and values of a plain `KVCache`: trimming it and
 //! decoding again gives the logits of the untrimmed run. Uses the committed tiny models
 //! (`goldens/models/*`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::{Array, Dtype};
 use mlx_cache::make_prompt_cache;
 use mlx_models::LanguageModel;

@@ -128,6 +128,8 @@ pub enum EmbeddingLayer {
     Dense(Embedding),
     /// Quantized table.
     Quantized(QuantizedEmbedding),
+    /// Either, with a low-rank adapter (mlx-lm's `LoRAEmbedding`).
+    Lora(Box<crate::lora::LoraEmbedding>),
 }
 
 impl EmbeddingLayer {
@@ -142,6 +144,7 @@ impl EmbeddingLayer {
         match self {
             EmbeddingLayer::Dense(e) => e.forward(x),
             EmbeddingLayer::Quantized(e) => e.forward(x),
+            EmbeddingLayer::Lora(e) => e.forward(x),
         }
     }
 
@@ -151,6 +154,33 @@ impl EmbeddingLayer {
         match self {
             EmbeddingLayer::Dense(e) => e.as_linear(x),
             EmbeddingLayer::Quantized(e) => e.as_linear(x),
+            EmbeddingLayer::Lora(e) => e.as_linear(x),
+        }
+    }
+
+    /// Puts a low-rank adapter on the table (see [`crate::lora::LoraEmbedding`]): `a`
+    /// `[num_embeddings, rank]`, `b` `[rank, dims]`; an adapter already there is replaced.
+    pub fn add_adapter(&mut self, a: Array, b: Array, scale: f64) {
+        let placeholder = EmbeddingLayer::Dense(Embedding {
+            weight: Param::frozen(a.clone()),
+        });
+        let base = match std::mem::replace(self, placeholder) {
+            EmbeddingLayer::Lora(l) => l.base,
+            other => other,
+        };
+        *self = EmbeddingLayer::Lora(Box::new(crate::lora::LoraEmbedding {
+            base,
+            lora_a: Param::new(a),
+            lora_b: Param::new(b),
+            scale,
+            dropout: 0.0,
+        }));
+    }
+
+    /// Sets the adapter's dropout in training (no adapter: nothing to set).
+    pub fn set_adapter_dropout(&mut self, p: f64) {
+        if let EmbeddingLayer::Lora(l) = self {
+            l.dropout = p;
         }
     }
 }
@@ -160,12 +190,14 @@ impl Module for EmbeddingLayer {
         match self {
             EmbeddingLayer::Dense(l) => l.visit_params(prefix, f),
             EmbeddingLayer::Quantized(l) => l.visit_params(prefix, f),
+            EmbeddingLayer::Lora(l) => l.visit_params(prefix, f),
         }
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
         match self {
             EmbeddingLayer::Dense(l) => l.visit_params_mut(prefix, f),
             EmbeddingLayer::Quantized(l) => l.visit_params_mut(prefix, f),
+            EmbeddingLayer::Lora(l) => l.visit_params_mut(prefix, f),
         }
     }
     fn visit_quantizable_mut(&mut self, prefix: &str, f: &mut QuantVisitor<'_>) -> NnResult<()> {
@@ -181,12 +213,14 @@ impl Quantizable for EmbeddingLayer {
                 let s = q.weight.shape();
                 vec![s[0], s.last().copied().unwrap_or(0) * 32 / q.spec.bits]
             }
+            EmbeddingLayer::Lora(l) => l.base.dense_weight_shape(),
         }
     }
     fn quant_spec(&self) -> Option<QuantSpec> {
         match self {
             EmbeddingLayer::Dense(_) => None,
             EmbeddingLayer::Quantized(q) => Some(q.spec),
+            EmbeddingLayer::Lora(l) => l.base.quant_spec(),
         }
     }
     fn quantize(&mut self, spec: QuantSpec) -> Result<()> {
@@ -197,13 +231,19 @@ impl Quantizable for EmbeddingLayer {
                 *self = EmbeddingLayer::Quantized(dense.to_quantized(spec)?);
             }
             EmbeddingLayer::Quantized(_) => {}
+            EmbeddingLayer::Lora(l) => l.base.quantize(spec)?,
         }
         Ok(())
     }
     fn dequantize(&mut self, dtype: Option<Dtype>) -> Result<()> {
-        if let EmbeddingLayer::Quantized(q) = self {
-            *self = EmbeddingLayer::Dense(q.to_dense(dtype)?);
+        match self {
+            EmbeddingLayer::Quantized(q) => *self = EmbeddingLayer::Dense(q.to_dense(dtype)?),
+            EmbeddingLayer::Lora(l) => l.base.dequantize(dtype)?,
+            EmbeddingLayer::Dense(_) => {}
         }
         Ok(())
+    }
+    fn as_embedding_layer_mut(&mut self) -> Option<&mut EmbeddingLayer> {
+        Some(self)
     }
 }

@@ -15,6 +15,7 @@
 pub mod activations;
 pub mod attention;
 pub mod cache;
+pub mod checkpoint;
 pub mod embedding;
 mod error;
 pub mod fused;

@@ -154,3 +154,55 @@ impl LoraSwitchLinear {
         f(&join(prefix, "lora_b"), &mut self.lora_b);
     }
 }
+
+/// mlx-lm's `LoRAEmbedding`: `embedding(x) + (scale * (lora_a[x] @ lora_b)).astype(y.dtype)`
+/// (dropout on the low-rank rows in training), and as a tied head
+/// `embedding.as_linear(x) + (scale * ((x @ lora_b^T) @ lora_a^T)).astype(x.dtype)`.
+#[derive(Debug, Clone)]
+pub struct LoraEmbedding {
+    /// The adapted table.
+    pub base: crate::embedding::EmbeddingLayer,
+    /// `[num_embeddings, rank]`.
+    pub lora_a: Param,
+    /// `[rank, dims]`.
+    pub lora_b: Param,
+    /// The factor of the low-rank update.
+    pub scale: f64,
+    /// Dropout in training (0: none).
+    pub dropout: f64,
+}
+
+impl LoraEmbedding {
+    /// Looks up rows.
+    #[track_caller]
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let y = self.base.forward(x)?;
+        let z = dropout(
+            &self.lora_a.take(x, Some(0))?.matmul(&self.lora_b)?,
+            self.dropout,
+        )?;
+        y.add(&z.multiply(self.scale)?.astype(y.dtype())?)
+    }
+
+    /// Uses the adapted table as the output projection (a tied head).
+    #[track_caller]
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        let y = self.base.as_linear(x)?;
+        let z = dropout(x, self.dropout)?
+            .matmul(&self.lora_b.transpose(None)?)?
+            .matmul(&self.lora_a.transpose(None)?)?;
+        y.add(&z.multiply(self.scale)?.astype(x.dtype())?)
+    }
+
+    pub(crate) fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        self.base.visit_params(prefix, f);
+        f(&join(prefix, "lora_a"), &self.lora_a);
+        f(&join(prefix, "lora_b"), &self.lora_b);
+    }
+
+    pub(crate) fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.base.visit_params_mut(prefix, f);
+        f(&join(prefix, "lora_a"), &mut self.lora_a);
+        f(&join(prefix, "lora_b"), &mut self.lora_b);
+    }
+}

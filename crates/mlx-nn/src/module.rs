@@ -85,6 +85,16 @@ impl Param {
         Ok(t)
     }
 
+    /// Points this parameter at `value` in place, through a shared borrow (see
+    /// [`Array::assign`]): gradient checkpointing ([`crate::checkpoint`]) hands a layer's
+    /// recomputation MLX's traced copies of its parameters this way while the model is
+    /// borrowed by its own forward. The id stays (the values are the same numbers); the
+    /// cached transpose is dropped.
+    pub fn retarget(&self, value: &Array) {
+        self.value.assign(value);
+        *self.transposed.borrow_mut() = None;
+    }
+
     /// Whether the parameter is frozen.
     pub fn is_frozen(&self) -> bool {
         self.frozen

@@ -59,6 +59,12 @@ pub trait Quantizable {
     fn as_switch_layer_mut(&mut self) -> Option<&mut crate::SwitchLinearLayer> {
         None
     }
+
+    /// The layer as a [`crate::EmbeddingLayer`], when it is one (embedding adapters go
+    /// on those).
+    fn as_embedding_layer_mut(&mut self) -> Option<&mut crate::EmbeddingLayer> {
+        None
+    }
 }
 
 /// Decides how (or whether) the layer at a path is quantized.

@@ -5,7 +5,7 @@
 // mlxs_map_*, mlxs_strmap_*, mlxs_gguf_meta_array) are guarded too: they return a status
 // (or a null handle with the message set), so even std::bad_alloc never unwinds into Rust.
 // Only accessors that return a pointer into an existing container (keys, lengths) are
-// left unguarded: they cannot throw.
+// left unguarded, and mlxs_array_assign (a shared-pointer copy): they cannot throw.
 #include "mlx_shim.h"
 
 #include "cpu_gemv.h"
@@ -212,6 +212,9 @@ mlxs_array mlxs_array_clone(mlxs_array a) {
   mlxs_array out = nullptr;
   if (a && guard([&] { out = wrap(a->a); }) != 0) return nullptr;
   return out;
+}
+void mlxs_array_assign(mlxs_array dst, mlxs_array src) {
+  if (dst && src) dst->a = src->a;
 }
 
 int mlxs_array_from_data(mlxs_array* out, const void* data, size_t nbytes, const int32_t* shape,

@@ -79,6 +79,8 @@ int mlxs_synchronize(mlxs_stream s);
 void mlxs_array_free(mlxs_array a);
 /* A new handle to the same array; null (message in mlxs_last_error) only if allocating fails. */
 mlxs_array mlxs_array_clone(mlxs_array a);
+/* Makes `dst` hold the array `src` holds (every user of the handle `dst` sees it). */
+void mlxs_array_assign(mlxs_array dst, mlxs_array src);
 int mlxs_array_from_data(mlxs_array* out, const void* data, size_t nbytes,
                          const int32_t* shape, size_t ndim, int32_t dtype);
 int mlxs_array_from_f64(mlxs_array* out, double v, int32_t dtype);

@@ -115,6 +115,9 @@ unsafe extern "C" {
     pub fn mlxs_array_clone(a: mlxs_array) -> mlxs_array;
 }
 unsafe extern "C" {
+    pub fn mlxs_array_assign(dst: mlxs_array, src: mlxs_array);
+}
+unsafe extern "C" {
     pub fn mlxs_array_from_data(
         out: *mut mlxs_array,
         data: *const ::std::os::raw::c_void,

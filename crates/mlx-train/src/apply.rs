@@ -1,6 +1,7 @@
 //! Adapters applied at inference, unfused (mlx-lm's `load(..., adapter_path=...)`):
 //! each adapted linear layer becomes an [`mlx_nn::lora::LoraLinear`] computing mlx-lm's
-//! `LoRALinear` / `DoRALinear`; a full fine-tune's weights replace the model's.
+//! `LoRALinear` / `DoRALinear`, an adapted embedding an [`mlx_nn::lora::LoraEmbedding`]
+//! (`LoRAEmbedding`); a full fine-tune's weights replace the model's.
 use crate::adapters::{Adapters, FineTuneType};
 use crate::error::{Result, TrainError};
 use crate::fuse::{fits_linear, fits_magnitude, fuse_full, group};
@@ -8,8 +9,9 @@ use mlx_nn::Module;
 use std::collections::BTreeSet;
 
 /// Applies `adapters` to `module` (loaded unfused: fused projection copies would not see
-/// the adapters). Returns the adapted layers (or replaced weights). Adapters on
-/// embeddings or expert stacks are refused: fuse those with [`crate::fuse_adapters`].
+/// the adapters). Returns the adapted layers (or replaced weights). LoRA on an embedding
+/// is mlx-lm's `LoRAEmbedding`; adapters on expert stacks and DoRA on embeddings are
+/// refused: fuse those with [`crate::fuse_adapters`].
 pub fn apply_adapters(module: &mut dyn Module, adapters: &Adapters) -> Result<Vec<String>> {
     let dora = match adapters.config.fine_tune_type {
         FineTuneType::Full => return Ok(fuse_full(module, adapters)?.layers),
@@ -27,9 +29,29 @@ pub fn apply_adapters(module: &mut dyn Module, adapters: &Adapters) -> Result<Ve
             return Ok(());
         };
         let dense = layer.dense_weight_shape();
+        if let Some(embedding) = layer.as_embedding_layer_mut() {
+            let (sa, sb) = (a.shape(), b.shape());
+            // `lora_a` `[num_embeddings, rank]`, `lora_b` `[rank, dims]`.
+            let fits = matches!((&dense[..], &sa[..], &sb[..]),
+                (&[num, dims], &[a0, ra], &[rb, b1]) if a0 == num && b1 == dims && ra == rb);
+            if p[2].is_some() {
+                errors.push(format!(
+                    "  {path}: DoRA adapters on an embedding are not applied at inference yet; \
+                     fuse them into the model with mlx-fuse"
+                ));
+            } else if !fits {
+                errors.push(format!(
+                    "  {path}: lora_a {sa:?}, lora_b {sb:?} do not fit its table {dense:?}"
+                ));
+            } else {
+                embedding.add_adapter(a.clone(), b.clone(), scale);
+                done.push(path.to_string());
+            }
+            return Ok(());
+        }
         let Some(linear) = layer.as_linear_layer_mut() else {
             errors.push(format!(
-                "  {path}: adapters on embedding and expert layers are not applied at inference yet; \
+                "  {path}: adapters on expert layers are not applied at inference yet; \
                  fuse them into the model with mlx-fuse"
             ));
             return Ok(());
@@ -39,7 +61,8 @@ pub fn apply_adapters(module: &mut dyn Module, adapters: &Adapters) -> Result<Ve
         if !fits_linear(&dense, &sa, &sb) || !m_fits {
             errors.push(format!(
                 "  {path}: lora_a {sa:?}, lora_b {sb:?}{} do not fit its weight {dense:?}",
-                p[2].map(|m| format!(", m {:?}", m.shape())).unwrap_or_default()
+                p[2].map(|m| format!(", m {:?}", m.shape()))
+                    .unwrap_or_default()
             ));
             return Ok(());
         }
@@ -77,7 +100,9 @@ pub fn lora_init_key_draws(module: &mut dyn Module, adapters: &Adapters) -> Resu
     }
     // (decoder layer index, path inside it) of every quantizable layer.
     let mut inside: Vec<(usize, String)> = Vec::new();
+    let mut all: Vec<String> = Vec::new();
     module.visit_quantizable_mut("", &mut |path, _| {
+        all.push(path.to_string());
         let segs: Vec<&str> = path.split('.').collect();
         let at = segs.windows(2).position(|w| {
             matches!(w[0], "layers" | "h" | "blocks") && w[1].parse::<usize>().is_ok()
@@ -100,8 +125,12 @@ pub fn lora_init_key_draws(module: &mut dyn Module, adapters: &Adapters) -> Resu
         0 => 0,
         n => layers.saturating_sub(n),
     };
-    Ok(2 * inside
+    // mlx-lm's second pass converts the modules of the whole model whose full path is a
+    // key (`lm_head`, `model.embed_tokens`).
+    let whole = all.iter().filter(|p| keys.contains(p.as_str())).count();
+    Ok(2 * (inside
         .iter()
         .filter(|(n, k)| *n >= first && keys.contains(k))
-        .count())
+        .count()
+        + whole))
 }

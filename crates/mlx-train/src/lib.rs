@@ -31,6 +31,7 @@ pub mod batches;
 pub mod config;
 mod error;
 pub mod fuse;
+pub mod hf;
 pub mod lora_layers;
 pub mod optim;
 pub mod pyval;

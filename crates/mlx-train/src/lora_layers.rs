@@ -111,7 +111,9 @@ pub fn make_trainable(
     let mut all: Vec<Site> = Vec::new();
     module.visit_quantizable_mut("", &mut |path, layer| {
         let adaptable = layer.as_linear_layer_mut().is_some()
-            || (!dora && layer.as_switch_layer_mut().is_some());
+            || (!dora
+                && (layer.as_switch_layer_mut().is_some()
+                    || layer.as_embedding_layer_mut().is_some()));
         all.push((path.to_string(), split_layer_path(path), adaptable));
         Ok(())
     })?;
@@ -147,27 +149,32 @@ pub fn make_trainable(
     }
     targets.extend(whole);
     if let Some((p, _, _)) = targets.iter().find(|(_, _, ok)| !ok) {
-        let what = if dora {
-            "an embedding or expert (SwitchLinear) layer: DoRA on those"
-        } else {
-            "an embedding layer: LoRA on embeddings"
-        };
         return Err(TrainError::Unsupported(format!(
-            "`{p}` is {what} is not supported by this build (set lora_parameters.keys to \
-             other layers)"
+            "`{p}` is an embedding or expert (SwitchLinear) layer: DoRA on those is not \
+             supported by this build (set lora_parameters.keys to other layers)"
         )));
     }
     // Draw the keys in mlx-lm's order, then attach.
     let mut inits: std::collections::HashMap<String, Array> = Default::default();
     // Dense weight shapes: `[out, in]`, or `[experts, out, in]` for a switch layer.
     let mut dims: std::collections::HashMap<String, Vec<i32>> = Default::default();
+    let mut embeddings: BTreeSet<String> = BTreeSet::new();
     module.visit_quantizable_mut("", &mut |path, layer| {
         dims.insert(path.to_string(), layer.dense_weight_shape());
+        if layer.as_embedding_layer_mut().is_some() {
+            embeddings.insert(path.to_string());
+        }
         Ok(())
     })?;
     for (path, _, _) in &targets {
         let shape = &dims[path.as_str()];
-        let input = shape[shape.len() - 1];
+        // An embedding's `lora_a` is `[num_embeddings, rank]`, drawn with bound
+        // `1 / sqrt(num_embeddings)` (mlx-lm's `LoRAEmbedding`).
+        let input = if embeddings.contains(path.as_str()) {
+            shape[0]
+        } else {
+            shape[shape.len() - 1]
+        };
         let _placeholder = random::next_key()?;
         let key = random::next_key()?;
         let s = 1.0 / (input as f64).sqrt();
@@ -190,6 +197,13 @@ pub fn make_trainable(
             let b = ops::zeros(&[shape[0], shape[1], spec.rank], Dtype::Float32)?;
             switch.add_adapter(a, b, spec.scale);
             switch.set_adapter_dropout(spec.dropout);
+            done.push(path.to_string());
+            return Ok(());
+        }
+        if let Some(embedding) = layer.as_embedding_layer_mut() {
+            let b = ops::zeros(&[spec.rank, shape[1]], Dtype::Float32)?;
+            embedding.add_adapter(a, b, spec.scale);
+            embedding.set_adapter_dropout(spec.dropout);
             done.push(path.to_string());
             return Ok(());
         }

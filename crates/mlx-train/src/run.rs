@@ -53,6 +53,8 @@ pub struct Plan {
     pub mask_prompt: bool,
     /// The row keys (`*_feature`).
     pub features: Features,
+    /// `hf_dataset`: Hugging Face datasets read instead of `data`.
+    pub hf: Option<Vec<crate::hf::HfDataset>>,
 }
 
 fn unsupported(m: impl Into<String>) -> TrainError {
@@ -68,17 +70,6 @@ pub fn plan(args: &LoraArgs) -> Result<Plan> {
              build does not use; every report is written to <adapter-path>/metrics.jsonl \
              instead"
         )));
-    }
-    if !args.get("hf_dataset").is_none() {
-        return Err(unsupported(
-            "hf_dataset: Hugging Face datasets are not supported by mlx-lora yet; use a local \
-             directory with train.jsonl, valid.jsonl and test.jsonl",
-        ));
-    }
-    if args.flag("grad_checkpoint")? {
-        return Err(unsupported(
-            "--grad-checkpoint is not supported by this build yet",
-        ));
     }
     let kind = match args.str("fine_tune_type")?.as_str() {
         "lora" => FineTuneType::Lora,
@@ -192,6 +183,7 @@ pub fn plan(args: &LoraArgs) -> Result<Plan> {
         adapter_file: adapter_path.join("adapters.safetensors"),
         grad_accumulation_steps: args.positive("grad_accumulation_steps")?,
         clear_cache_threshold: args.count("clear_cache_threshold")?,
+        grad_checkpoint: args.flag("grad_checkpoint")?,
     };
     let feature = |k: &str, d: &str| -> Result<String> {
         match args.get(k) {
@@ -226,18 +218,107 @@ pub fn plan(args: &LoraArgs) -> Result<Plan> {
             text: feature("text_feature", "text")?,
             chat: feature("chat_feature", "messages")?,
         },
+        hf: crate::hf::parse(args.get("hf_dataset"))?,
     })
 }
 
-/// mlx-lm's `load_local_dataset`: `train`, `valid`, `test` (a missing file is empty).
-fn load_datasets(plan: &Plan) -> Result<[Option<Dataset>; 3]> {
+/// mlx-lm's `load_dataset`: `hf_dataset` entries (their splits, concatenated), else a
+/// local directory (`load_local_dataset`: `train`, `valid`, `test`, a missing file is
+/// empty), else a Hugging Face dataset id (`load_hf_dataset`: its `train`, `valid` and
+/// `test` splits). `hub` resolves a dataset id to a downloaded snapshot.
+fn load_datasets(
+    plan: &Plan,
+    hub: Option<&crate::hf::Resolver<'_>>,
+    out: &mut dyn Write,
+) -> Result<[Option<Dataset>; 3]> {
+    let io = |e: std::io::Error| TrainError::Io {
+        path: PathBuf::from("<stdout>"),
+        source: e,
+    };
+    let snapshot = |repo: &str| -> Result<PathBuf> {
+        let hub = hub.ok_or_else(|| {
+            unsupported(format!(
+                "{repo}: Hugging Face datasets need the Hub, which this caller does not give"
+            ))
+        })?;
+        hub(repo).map_err(|e| TrainError::Data(format!("Hugging Face dataset {repo}: {e}")))
+    };
+    let make =
+        |rows: Vec<serde_json::Value>, f: &Features, source: &str| -> Result<Option<Dataset>> {
+            if rows.is_empty() {
+                return Ok(None);
+            }
+            Ok(Some(Dataset::new(rows, f, plan.mask_prompt, source)?))
+        };
+    if let Some(entries) = &plan.hf {
+        let features = &entries[0].features;
+        if entries.iter().any(|e| &e.features != features) {
+            return Err(unsupported(
+                "hf_dataset: a list of datasets with different *_feature keys cannot be \
+                 concatenated by this build (give them the same keys)",
+            ));
+        }
+        let mut splits: [(Vec<serde_json::Value>, Vec<String>); 3] = Default::default();
+        for e in entries {
+            writeln!(out, "Loading Hugging Face dataset {}.", e.path).map_err(io)?;
+            let root = snapshot(&e.path)?;
+            let mut take = |slot: usize, split: &str| -> Result<()> {
+                let (rows, source) = crate::hf::read(&root, &e.path, split)?;
+                splits[slot].0.extend(rows);
+                splits[slot].1.push(source);
+                Ok(())
+            };
+            if plan.train {
+                take(0, &e.train_split)?;
+                take(1, &e.valid_split)?;
+            }
+            if plan.test {
+                let split = e.test_split.as_deref().ok_or_else(|| {
+                    TrainError::Invalid(format!(
+                        "hf_dataset {}: --test needs its test_split",
+                        e.path
+                    ))
+                })?;
+                take(2, split)?;
+            }
+        }
+        let [a, b, c] = splits;
+        return Ok([
+            make(a.0, features, &a.1.join(" + "))?,
+            make(b.0, features, &b.1.join(" + "))?,
+            make(c.0, features, &c.1.join(" + "))?,
+        ]);
+    }
     if !plan.data.exists() {
-        return Err(TrainError::Data(format!(
-            "--data {}: no such directory (a local dataset is a directory with train.jsonl, \
-             valid.jsonl and test.jsonl; Hugging Face dataset ids are not supported by \
-             mlx-lora yet)",
-            plan.data.display()
-        )));
+        let id = plan.data.to_string_lossy().to_string();
+        let looks_like_id = {
+            let parts: Vec<&str> = id.split('/').collect();
+            parts.len() == 2
+                && parts
+                    .iter()
+                    .all(|p| !p.is_empty() && *p != "." && *p != "..")
+        };
+        if !looks_like_id || hub.is_none() {
+            return Err(TrainError::Data(format!(
+                "--data {id}: no such directory (a local dataset is a directory with \
+                 train.jsonl, valid.jsonl and test.jsonl; a Hugging Face dataset is \
+                 `org/name`)"
+            )));
+        }
+        writeln!(out, "Loading Hugging Face dataset {id}.").map_err(io)?;
+        let root = snapshot(&id)?;
+        // `datasets` names a repo's splits `train`, `validation` and `test` (a `valid`
+        // file is the `validation` split), and mlx-lm reads `dataset["valid"]`: so, as
+        // there, no validation rows come from the naming conventions.
+        let mut out: [Option<Dataset>; 3] = [None, None, None];
+        for (slot, name) in [(0, "train"), (2, "test")] {
+            if mlx_eval::hub_data::split_files(&root, name)?.is_empty() {
+                continue;
+            }
+            let (rows, source) = crate::hf::read(&root, &id, name)?;
+            out[slot] = make(rows, &plan.features, &source)?;
+        }
+        return Ok(out);
     }
     let mut out = [None, None, None];
     for (slot, name) in out.iter_mut().zip(["train", "valid", "test"]) {
@@ -372,6 +453,7 @@ pub fn run(
     plan: &Plan,
     model: &mut dyn LanguageModel,
     tokenizer: &Tokenizer,
+    hub: Option<&crate::hf::Resolver<'_>>,
     out: &mut dyn Write,
 ) -> Result<()> {
     let io = |e: std::io::Error| TrainError::Io {
@@ -380,7 +462,7 @@ pub fn run(
     };
     let mut rng = RandomState::new(plan.seed as u32);
     writeln!(out, "Loading datasets").map_err(io)?;
-    let [train_set, valid_set, test_set] = load_datasets(plan)?;
+    let [train_set, valid_set, test_set] = load_datasets(plan, hub, out)?;
     if plan.train && train_set.is_none() {
         return Err(TrainError::Data(
             "Training set not found or empty. Must provide training set for fine-tuning.".into(),

@@ -198,6 +198,9 @@ pub struct TrainingArgs {
     pub grad_accumulation_steps: usize,
     /// `clear_cache_threshold` (bytes; 0: never).
     pub clear_cache_threshold: usize,
+    /// `grad_checkpoint`: every decoder layer call checkpointed (mlx-lm's
+    /// `grad_checkpoint(model.layers[0])`), recomputed in the backward pass.
+    pub grad_checkpoint: bool,
 }
 
 /// A training report (mlx-lm's `on_train_loss_report` fields).
@@ -333,6 +336,24 @@ pub fn train(
     }
     let _mode = TrainMode;
     mlx_nn::lora::set_training(true);
+    // `grad_checkpoint(model.layers[0])`: the layers' calls are checkpointed from here on,
+    // validation included (as mlx-lm patches the layer class); off again however this
+    // returns.
+    struct Checkpointing;
+    impl Drop for Checkpointing {
+        fn drop(&mut self) {
+            // SAFETY: turning it off keeps no pointer.
+            unsafe { mlx_nn::checkpoint::set_enabled(false) }
+        }
+    }
+    let _checkpointing = args.grad_checkpoint.then(|| {
+        // SAFETY: the model is borrowed mutably by this function for its whole run, so it
+        // stays alive and in place while any gradient of its outputs is taken (each one
+        // inside `loss_value_and_grad`), and checkpointing is off again when it returns.
+        unsafe { mlx_nn::checkpoint::set_enabled(true) };
+        Checkpointing
+    });
+    let checkpointed_before = mlx_nn::checkpoint::calls();
     let mut losses: Option<Array> = None;
     let mut n_tokens: Option<Array> = None;
     let mut steps = 0usize;
@@ -380,6 +401,13 @@ pub fn train(
             }
         }
         let (lvalue, toks, grads) = loss_value_and_grad(model, &trainable, &batch)?;
+        if args.grad_checkpoint && mlx_nn::checkpoint::calls() == checkpointed_before {
+            return Err(TrainError::Unsupported(format!(
+                "--grad-checkpoint: model type `{}` does not route its decoder layers through \
+                 gradient checkpointing in this build; train without --grad-checkpoint",
+                model.model_type()
+            )));
+        }
         let mut grad = match grad_accum.take() {
             Some(prev) => grads
                 .iter()

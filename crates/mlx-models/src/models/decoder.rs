@@ -174,7 +174,7 @@ pub struct Decoder<F> {
     norm: RmsNorm,
 }
 
-impl<F: FeedForward> Decoder<F> {
+impl<F: FeedForward + 'static> Decoder<F> {
     /// The stack over `layers`, with a `vocab x dim` embedding.
     pub(crate) fn new(
         vocab: i32,
@@ -198,7 +198,9 @@ impl<F: FeedForward> Decoder<F> {
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            h = layer.forward(&h, &mask, cache)?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| {
+                l.forward(x, m, c)
+            })?;
         }
         self.norm.forward(&h)
     }

@@ -120,7 +120,7 @@ impl ExaoneModel {
             .zip(layer_caches(caches, self.layers.len())?)
         {
             let mask = masks.get(layer.is_local);
-            h = layer.forward(&h, mask, cache)?;
+            h = mlx_nn::checkpoint::layer(layer, &h, mask, cache, |l, x, m, c| l.forward(x, m, c))?;
         }
         self.norm.forward(&h)
     }

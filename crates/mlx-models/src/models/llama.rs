@@ -147,7 +147,7 @@ impl LlamaModel {
             .zip(layer_caches(caches, self.layers.len())?)
         {
             let mask = masks.get(layer.use_sliding);
-            h = layer.forward(&h, mask, cache)?;
+            h = mlx_nn::checkpoint::layer(layer, &h, mask, cache, |l, x, m, c| l.forward(x, m, c))?;
         }
         self.norm.forward(&h)
     }

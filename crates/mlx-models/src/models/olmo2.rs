@@ -143,7 +143,7 @@ impl Olmo2Model {
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            h = layer.forward(&h, &mask, cache)?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
         }
         self.norm.forward(&h)
     }

@@ -251,7 +251,7 @@ impl LanguageModel for Model {
         let mut h = m.embed_tokens.forward(tokens)?;
         let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
         for (layer, cache) in m.layers.iter().zip(layer_caches(caches, m.layers.len())?) {
-            h = layer.forward(&h, &mask, cache)?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
         }
         let out = m.norm.forward(&h)?;
         head::logits(&m.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
