@@ -336,9 +336,10 @@ fn generate(args: Args) -> Result<()> {
                     r.generation_tps
                 )?;
                 outln!("Peak memory: {:.3} GB", r.peak_memory)?;
+                // Ours, on stderr: standard output stays mlx-lm's.
                 if let Some(stats) = &spec_stats {
                     for line in mlx_bins::speculative::report(stats) {
-                        outln!("{line}")?;
+                        eprintln!("{line}");
                     }
                 }
             }
