@@ -37,7 +37,7 @@ pub enum Speculation {
     /// A draft model and how many tokens it drafts.
     Draft {
         /// The loaded draft model.
-        loaded: Loaded,
+        loaded: Box<Loaded>,
         /// Tokens drafted per round.
         num_draft_tokens: i32,
     },
@@ -76,7 +76,7 @@ impl SpeculativeArgs {
             .map_err(|e| anyhow::anyhow!("loading the draft model {path}: {e:#}"))?;
             check_vocab(&loaded.tokenizer, target)?;
             return Ok(Some(Speculation::Draft {
-                loaded,
+                loaded: Box::new(loaded),
                 num_draft_tokens,
             }));
         }

@@ -23,7 +23,7 @@ pub trait TokenIterator {
 
     /// Whether the token last returned was a draft token the target accepted
     /// (mlx-lm's `from_draft`); always `false` outside speculative decoding.
-    fn from_draft(&self) -> bool {
+    fn last_from_draft(&self) -> bool {
         false
     }
 

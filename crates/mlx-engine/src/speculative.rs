@@ -605,7 +605,7 @@ impl<'a> SpeculativeGenerator<'a> {
                     self.finished = true;
                     return Ok(None);
                 }
-                if self.stats.rounds % 64 == 0 {
+                if self.stats.rounds.is_multiple_of(64) {
                     memory::clear_cache();
                 }
             }
@@ -666,7 +666,7 @@ impl TokenIterator for SpeculativeGenerator<'_> {
         self.prompt_total
     }
 
-    fn from_draft(&self) -> bool {
+    fn last_from_draft(&self) -> bool {
         self.last_from_draft
     }
 

@@ -115,7 +115,7 @@ pub fn stream_generate_with(
             prompt_tps = prompt_tokens as f64 / prompt_time.max(1e-9);
             tic = Instant::now();
         }
-        last = Some((token, logprobs.clone(), gen.from_draft()));
+        last = Some((token, logprobs.clone(), gen.last_from_draft()));
         if eos.contains(&token) {
             break;
         }
@@ -127,7 +127,7 @@ pub fn stream_generate_with(
             text: detok.last_segment(),
             token,
             logprobs,
-            from_draft: gen.from_draft(),
+            from_draft: gen.last_from_draft(),
             prompt_tokens,
             prompt_tps,
             generation_tokens: n + 1,
