@@ -11,8 +11,8 @@
 #
 #   BIN_DIR   our release binaries (mlx-generate); default .gpu/bin
 #   -g        generated tokens (256)
-#   -k        draft lengths, comma-separated (3,5: mlx-lm's default and a longer one)
-#   --rounds  processes per tool and setting, alternating ours / mlx-lm (2)
+#   -k        draft lengths, comma-separated (3: mlx-lm's default; e.g. 3,5)
+#   --rounds  processes per tool and setting, alternating ours / mlx-lm (1)
 #   --pairs   target:draft pairs, comma-separated (default below)
 #   --models  where the models are written (default /tmp/bench-models)
 #
@@ -30,8 +30,8 @@ set -euo pipefail
 
 BIN=.gpu/bin
 G=256
-KS=3,5
-ROUNDS=2
+KS=3
+ROUNDS=1
 MODELS=/tmp/bench-models
 PAIRS=llama-3.1-8b-bf16:llama-3.1-8b-4bit,llama-3.1-8b-bf16:llama-3.2-1b-bf16
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}
