@@ -1,6 +1,7 @@
 //! Shared plumbing of the command-line front ends: logging, error reporting, mlx-lm
 //! argument quirks, and loading a model with its tokenizer.
 pub mod load;
+pub mod speculative;
 
 /// Starts `tracing` logs on stderr; `MLX_LOG` (or `RUST_LOG`) sets the filter
 /// (default: warnings only).

@@ -186,8 +186,7 @@ fn negative_max_tokens_other_than_minus_one_is_an_error() {
 #[test]
 fn unsupported_flags_say_not_yet_supported() {
     let model = model_arg("llama-small-f32");
-    let cases: [(&[&str], &str); 4] = [
-        (&["--draft-model", "draft"], "--draft-model"),
+    let cases: [(&[&str], &str); 3] = [
         (&["-qa"], "--quantize-activations"),
         (&["--quantize-activations"], "--quantize-activations"),
         (&["--image", "cat.png"], "--image"),
@@ -198,6 +197,23 @@ fn unsupported_flags_say_not_yet_supported() {
         let out = common::generate(&args, b"");
         assert_one_line_error(&out, &[name, "not yet supported"]);
     }
+}
+
+#[test]
+fn a_missing_draft_model_is_an_error_naming_it() {
+    let model = model_arg("llama-small-f32");
+    let out = common::generate(
+        &[
+            "--model",
+            &model,
+            "--max-tokens",
+            "2",
+            "--draft-model",
+            "no/such-draft",
+        ],
+        b"",
+    );
+    assert_one_line_error(&out, &["loading the draft model no/such-draft"]);
 }
 
 #[test]

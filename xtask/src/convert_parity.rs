@@ -405,9 +405,15 @@ fn python(root: &Path) -> PathBuf {
 }
 
 /// After a full `cargo xtask parity` run (not with `--only`, `--goldens`,
-/// `--no-convert` or `--gen-only`): the convert section.
+/// `--no-convert`, `--gen-only` or `--spec-only`): the convert section.
 pub fn after_parity(root: &Path, args: &[String]) -> Result<()> {
-    let skip = ["--only", "--goldens", "--no-convert", "--gen-only"];
+    let skip = [
+        "--only",
+        "--goldens",
+        "--no-convert",
+        "--gen-only",
+        "--spec-only",
+    ];
     if args.iter().any(|a| skip.contains(&a.as_str())) {
         return Ok(());
     }

@@ -41,6 +41,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 mod cases;
+mod speculative;
 
 const GEN_ORACLE: &str = "xtask/py/gen_oracle.py";
 const MAKE: &str = "xtask/py/make_tiny_models.py";
@@ -192,6 +193,19 @@ fn oracle(
     cases: &[serde_json::Value],
     salt: &str,
 ) -> Result<HashMap<String, Output>> {
+    oracle_with(GEN_ORACLE, root, py, gen_dir, tag, cases, salt)
+}
+
+/// [`oracle`] with another oracle script (its `run` subcommand).
+fn oracle_with(
+    script: &str,
+    root: &Path,
+    py: &Path,
+    gen_dir: &Path,
+    tag: &str,
+    cases: &[serde_json::Value],
+    salt: &str,
+) -> Result<HashMap<String, Output>> {
     if cases.is_empty() {
         return Ok(HashMap::new());
     }
@@ -199,7 +213,14 @@ fn oracle(
     let mut h = std::collections::hash_map::DefaultHasher::new();
     text.hash(&mut h);
     salt.hash(&mut h);
-    hash_files(&mut h, &[root.join(GEN_ORACLE), gen_dir.join(".stamp")]);
+    hash_files(
+        &mut h,
+        &[
+            root.join(GEN_ORACLE),
+            root.join(script),
+            gen_dir.join(".stamp"),
+        ],
+    );
     let answers = gen_dir.join(format!("oracle-{tag}-{}.json", hex(h)));
     if !answers.is_file() {
         let prefix = format!("oracle-{tag}-");
@@ -212,7 +233,7 @@ fn oracle(
         std::fs::write(&cases_file, &text)?;
         let tmp = gen_dir.join("oracle.tmp.json");
         eprintln!("parity: running {} mlx-lm cases ({tag})", cases.len());
-        crate::parity::run(Command::new(py).arg(root.join(GEN_ORACLE)).args([
+        crate::parity::run(Command::new(py).arg(root.join(script)).args([
             "run",
             &p(&cases_file),
             &p(&tmp),
@@ -433,8 +454,19 @@ fn compare_generation(c: &Case, mine: &Output, py: Option<&Output>) -> Verdict {
     }
 }
 
-/// Runs the generation parity check and prints its table.
+/// Runs the generation parity check (then the speculative-decoding one,
+/// [`speculative`]; `--spec-only`: that one alone) and prints their tables.
 pub fn run_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
+    if args.iter().any(|a| a == "--spec-only") {
+        return speculative::run_spec_parity(root, py, args);
+    }
+    let plain = run_plain_gen_parity(root, py, args);
+    let spec = speculative::run_spec_parity(root, py, args);
+    plain.and(spec)
+}
+
+/// The generation parity check without speculative decoding.
+fn run_plain_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
     let flag = |f: &str| args.iter().any(|a| a == f);
     let filter = args
         .iter()

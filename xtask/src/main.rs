@@ -24,10 +24,11 @@ const USAGE: &str = "usage: cargo xtask <command>
   bindgen [--check]   regenerate (or verify) crates/mlx-sys/src/bindings.rs
   install [--prefix]  install release binaries and their mlx_lm.* aliases
   goldens             regenerate goldens/ops with Python MLX
-  parity [--only a,b] [--regen] [--goldens] [--no-gen | --gen-only]
+  parity [--only a,b] [--regen] [--goldens] [--no-gen | --gen-only | --spec-only]
          [--gen-filter S] [--no-build]
                       logits of tiny models vs mlx-lm, bit for bit, then the
-                      text of mlx-generate vs mlx_lm generate
+                      text of mlx-generate vs mlx_lm generate (then with
+                      --draft-model / prompt lookup; --spec-only: those alone)
                       --convert-only / --no-convert: mlx-convert vs mlx_lm.convert";
 
 fn main() -> Result<()> {

@@ -61,7 +61,7 @@ fn quantize(caches: &mut [Box<dyn KvCache>]) -> Result<(), String> {
 /// Runs the command (see the module docs).
 pub fn run_parity(root: &Path, args: &[String]) -> Result<()> {
     let flag = |f: &str| args.iter().any(|a| a == f);
-    if flag("--gen-only") {
+    if flag("--gen-only") || flag("--spec-only") {
         return crate::gen_parity::run_gen_parity(root, &python(root)?, args);
     }
     let only = args

@@ -5,8 +5,12 @@ use clap::Parser;
 use mlx_array::{random, Array, Dtype};
 use mlx_bins::load::{load, LoadArgs};
 use mlx_bins::outln;
+use mlx_bins::speculative::Speculation;
 use mlx_engine::batch::{BatchGenerator, BatchOptions};
-use mlx_engine::{stream_generate, GenerateOptions, PromptInput};
+use mlx_engine::{
+    stream_generate, stream_generate_with, DraftSource, GenerateOptions, PromptInput,
+    SpeculativeGenerator, SpeculativeStats,
+};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -52,6 +56,9 @@ struct Args {
     trust_remote_code: bool,
     #[command(flatten)]
     cpu_weights: mlx_bins::load::CpuWeights,
+    /// Speculative decoding (not in mlx-lm's benchmark): the flags of mlx-generate.
+    #[command(flatten)]
+    spec: mlx_bins::speculative::SpeculativeArgs,
 }
 
 fn main() -> ExitCode {
@@ -93,6 +100,11 @@ fn bench(args: Args) -> Result<()> {
         adapter_path: None,
     })?;
     let (model, mut tokenizer) = (loaded.model, loaded.tokenizer);
+    if args.spec.enabled() && args.batch_size > 1 {
+        bail!("speculative decoding (--draft-model, --prompt-lookup-*) runs with --batch-size 1 only in mlx-benchmark");
+    }
+    let spec = args.spec.load(args.cpu_weights, &tokenizer)?;
+    let last_stats = std::cell::RefCell::new(None::<SpeculativeStats>);
     tracing::debug!("loaded ({})", mlx_array::memory::note());
     // Empty to avoid early stopping.
     tokenizer.set_eos_token_ids([]);
@@ -140,14 +152,40 @@ fn bench(args: Args) -> Result<()> {
             prefill_step_size: args.prefill_step_size,
             ..Default::default()
         };
-        let last = stream_generate(
-            model,
-            &tokenizer,
-            PromptInput::Tokens(&prompts[0]),
-            &mut caches,
-            opts,
-            |_| true,
-        )?;
+        let last = match &spec {
+            None => stream_generate(
+                model,
+                &tokenizer,
+                PromptInput::Tokens(&prompts[0]),
+                &mut caches,
+                opts,
+                |_| true,
+            )?,
+            Some(s) => {
+                let (source, k) = match s {
+                    Speculation::Draft {
+                        loaded,
+                        num_draft_tokens,
+                    } => {
+                        caches.extend(mlx_cache::make_prompt_cache(
+                            &loaded.model.cache_specs(),
+                            None,
+                        )?);
+                        (DraftSource::Model(loaded.model.as_ref()), *num_draft_tokens)
+                    }
+                    Speculation::Lookup {
+                        lookup,
+                        num_draft_tokens,
+                    } => (DraftSource::Lookup(lookup.clone()), *num_draft_tokens),
+                };
+                let mut gen =
+                    SpeculativeGenerator::new(model, source, &prompts[0], &mut caches, k, opts)?;
+                let last =
+                    stream_generate_with(&mut gen, &tokenizer, args.generation_tokens, |_| true)?;
+                *last_stats.borrow_mut() = Some(gen.stats().clone());
+                last
+            }
+        };
         let Some(r) = last else {
             bail!("no tokens were generated")
         };
@@ -192,5 +230,11 @@ fn bench(args: Args) -> Result<()> {
         avg(|t| t.generation_tps),
         avg(|t| t.peak_memory)
     )?;
+    // Ours, on stderr: standard output stays mlx-lm's.
+    if let Some(stats) = last_stats.borrow().as_ref() {
+        for line in mlx_bins::speculative::report(stats) {
+            eprintln!("{line} (last trial)");
+        }
+    }
     Ok(())
 }

@@ -3,7 +3,11 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mlx_bins::load::{load, LoadArgs};
 use mlx_bins::outln;
-use mlx_engine::{stream_generate, GenerateOptions, PromptInput};
+use mlx_bins::speculative::Speculation;
+use mlx_engine::{
+    stream_generate, stream_generate_with, DraftSource, GenerateOptions, PromptInput,
+    SpeculativeGenerator,
+};
 use mlx_tokenizer::ChatOptions;
 use serde_json::json;
 use std::io::Write;
@@ -108,12 +112,8 @@ struct Args {
     /// When --kv-bits is set, start quantizing the KV cache from this step onwards.
     #[arg(long, default_value_t = 5000)]
     quantized_kv_start: i32,
-    /// A model to be used for speculative decoding.
-    #[arg(long)]
-    draft_model: Option<String>,
-    /// Number of tokens to draft when using speculative decoding.
-    #[arg(long, default_value_t = 3)]
-    num_draft_tokens: i32,
+    #[command(flatten)]
+    spec: mlx_bins::speculative::SpeculativeArgs,
     #[command(flatten)]
     cpu_weights: mlx_bins::load::CpuWeights,
 }
@@ -128,7 +128,6 @@ fn main() -> ExitCode {
 }
 
 fn generate(args: Args) -> Result<()> {
-    mlx_bins::unsupported("--draft-model", args.draft_model.is_some())?;
     mlx_bins::unsupported("--quantize-activations (-qa)", args.quantize_activations)?;
     mlx_bins::unsupported("--image", !args.image.is_empty())?;
     if args.max_tokens == 0 {
@@ -231,16 +230,34 @@ fn generate(args: Args) -> Result<()> {
         xtc_special_tokens: xtc_special.iter().map(|&t| t as i32).collect(),
     })?;
 
+    let spec = args.spec.load(args.cpu_weights, tok)?;
     let model = loaded.model.as_ref();
+    let draft = match &spec {
+        Some(Speculation::Draft { loaded, .. }) => Some(loaded.model.as_ref()),
+        _ => None,
+    };
     let mut caches = match caches_from_file {
         Some(c) => c,
-        None => {
-            let window = mlx_bins::load::rotating_window(model, args.max_kv_size);
-            if let Some(max) = window {
-                mlx_bins::load::check_prompt_fits(ids.len(), max)?;
+        None => match draft {
+            Some(d) => {
+                // mlx-lm drops max_kv_size with a draft model: both get their own caches.
+                if let Some(m) = args.max_kv_size {
+                    tracing::warn!(
+                        "--max-kv-size {m} is ignored with --draft-model (as in mlx-lm)"
+                    );
+                }
+                let mut c = mlx_cache::make_prompt_cache(&model.cache_specs(), None)?;
+                c.extend(mlx_cache::make_prompt_cache(&d.cache_specs(), None)?);
+                c
             }
-            mlx_cache::make_prompt_cache(&model.cache_specs(), window)?
-        }
+            None => {
+                let window = mlx_bins::load::rotating_window(model, args.max_kv_size);
+                if let Some(max) = window {
+                    mlx_bins::load::check_prompt_fits(ids.len(), max)?;
+                }
+                mlx_cache::make_prompt_cache(&model.cache_specs(), window)?
+            }
+        },
     };
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
@@ -262,24 +279,44 @@ fn generate(args: Args) -> Result<()> {
     }
     // A failed write (a closed pipe) stops generation and is returned below.
     let mut write_error = None;
-    let last = stream_generate(
-        model,
-        tok,
-        PromptInput::Tokens(&ids),
-        &mut caches,
-        opts,
-        |r| {
-            if verbose {
-                let mut out = std::io::stdout().lock();
-                if let Err(e) = write!(out, "{}", r.text).and_then(|()| out.flush()) {
-                    write_error = Some(e);
-                    return false;
-                }
+    let on_response = |r: &mlx_engine::GenerationResponse| {
+        if verbose {
+            let mut out = std::io::stdout().lock();
+            if let Err(e) = write!(out, "{}", r.text).and_then(|()| out.flush()) {
+                write_error = Some(e);
+                return false;
             }
-            text.push_str(&r.text);
-            true
-        },
-    )?;
+        }
+        text.push_str(&r.text);
+        true
+    };
+    let mut spec_stats = None;
+    let last = match spec {
+        None => stream_generate(
+            model,
+            tok,
+            PromptInput::Tokens(&ids),
+            &mut caches,
+            opts,
+            on_response,
+        )?,
+        Some(s) => {
+            let (source, k) = match &s {
+                Speculation::Draft {
+                    loaded,
+                    num_draft_tokens,
+                } => (DraftSource::Model(loaded.model.as_ref()), *num_draft_tokens),
+                Speculation::Lookup {
+                    lookup,
+                    num_draft_tokens,
+                } => (DraftSource::Lookup(lookup.clone()), *num_draft_tokens),
+            };
+            let mut gen = SpeculativeGenerator::new(model, source, &ids, &mut caches, k, opts)?;
+            let last = stream_generate_with(&mut gen, tok, args.max_tokens, on_response)?;
+            spec_stats = Some(gen.stats().clone());
+            last
+        }
+    };
     if let Some(e) = write_error {
         return Err(e).context("writing the generated text");
     }
@@ -299,6 +336,12 @@ fn generate(args: Args) -> Result<()> {
                     r.generation_tps
                 )?;
                 outln!("Peak memory: {:.3} GB", r.peak_memory)?;
+                // Ours, on stderr: standard output stays mlx-lm's.
+                if let Some(stats) = &spec_stats {
+                    for line in mlx_bins::speculative::report(stats) {
+                        eprintln!("{line}");
+                    }
+                }
             }
             _ => outln!("No text generated for this prompt")?,
         }

@@ -20,6 +20,17 @@ pub trait TokenIterator {
 
     /// Prompt tokens the generator processes (for statistics).
     fn prompt_tokens(&self) -> usize;
+
+    /// Whether the token last returned was a draft token the target accepted
+    /// (mlx-lm's `from_draft`); always `false` outside speculative decoding.
+    fn last_from_draft(&self) -> bool {
+        false
+    }
+
+    /// Drafted / accepted counts of a speculative generator; `None` otherwise.
+    fn speculative_stats(&self) -> Option<crate::speculative::SpeculativeStats> {
+        None
+    }
 }
 
 /// Options of [`TokenGenerator`], with mlx-lm's defaults.

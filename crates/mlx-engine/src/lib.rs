@@ -21,6 +21,7 @@ pub mod batch;
 mod error;
 mod generate;
 mod profile;
+pub mod speculative;
 pub mod step;
 mod stream;
 
@@ -29,6 +30,7 @@ pub use generate::{
     generation_stream, GenerateOptions, LogitsProcessor, LogitsProcessors, Sampler, TokenGenerator,
     TokenIterator,
 };
+pub use speculative::{DraftSource, PromptLookup, SpeculativeGenerator, SpeculativeStats};
 pub use step::{KvQuantization, Sampling};
 pub use stream::{
     stream_generate, stream_generate_with, FinishReason, GenerationResponse, PromptInput,

@@ -203,15 +203,27 @@ pub fn forward(
     caches: &mut [Box<dyn KvCache>],
     kv: Option<KvQuantization>,
 ) -> Result<Array> {
+    Ok(forward_tail(model, inputs, caches, kv, 1)?.squeeze(Some(&[1]))?)
+}
+
+/// The model on `inputs` (`[B, L]`): logits of the last `n` positions `[B, n, vocab]`
+/// (mlx-lm's `logits[:, -n:, :]`, the verification of speculative decoding); the
+/// caches are then quantized when `kv` says so.
+pub fn forward_tail(
+    model: &dyn LanguageModel,
+    inputs: &Array,
+    caches: &mut [Box<dyn KvCache>],
+    kv: Option<KvQuantization>,
+    n: i32,
+) -> Result<Array> {
     let logits = model.forward(inputs, caches)?;
     let (b, l, v) = (logits.dim(0)?, logits.dim(1)?, logits.dim(2)?);
-    let last = logits
-        .slice(&[0, l - 1, 0], &[b, l, v], None)?
-        .squeeze(Some(&[1]))?;
+    let n = n.clamp(1, l);
+    let tail = logits.slice(&[0, l - n, 0], &[b, l, v], None)?;
     if let Some(q) = kv {
         mlx_cache::maybe_quantize_kv_cache(caches, q.start, q.group_size, Some(q.bits))?;
     }
-    Ok(last)
+    Ok(tail)
 }
 
 /// What [`sample`] queued.
@@ -317,6 +329,25 @@ fn sample_rows(
     }
     let refs: Vec<&Array> = parts.iter().collect();
     Ok(ops::concatenate(&refs, 0)?)
+}
+
+/// One row's processors on `logits` (`[R, vocab]`) with an explicit token `history`
+/// (the row's stored history is neither used nor changed), log-softmax over each row
+/// and the row's sampler: mlx-lm's `_process_and_sample` inside
+/// `speculative_generate_step`, whose history is its own. `history` is ignored when the
+/// row has no processors. Returns `(tokens [R], logprobs [R, vocab])`.
+pub fn sample_with_history(
+    row: &mut RowSampling,
+    history: Option<&Array>,
+    logits: &Array,
+) -> Result<(Array, Array)> {
+    let logits = match history {
+        Some(h) if row.has_processors() => row.processors.process_with_history(h, logits)?,
+        _ => logits.clone(),
+    };
+    let logprobs = logits.subtract(&logits.logsumexp(Some(&[-1]), true)?)?;
+    let tokens = row.sample(&logprobs)?;
+    Ok((tokens, logprobs))
 }
 
 /// Reads sampled tokens back to the host (waiting for them).

@@ -35,6 +35,8 @@ pub struct GenerationResponse {
     pub token: u32,
     /// Log-probabilities over the vocabulary for this step.
     pub logprobs: Array,
+    /// Whether the token was drafted and accepted in speculative decoding.
+    pub from_draft: bool,
     /// Prompt length in tokens.
     pub prompt_tokens: usize,
     /// Prompt tokens per second.
@@ -105,7 +107,7 @@ pub fn stream_generate_with(
     let mut tic = Instant::now();
     let mut prompt_tps = 0.0;
     let mut n = 0usize;
-    let mut last: Option<(u32, Array)> = None;
+    let mut last: Option<(u32, Array, bool)> = None;
     let mut stopped_early = false;
     while let Some((token, logprobs)) = gen.next_token()? {
         if n == 0 {
@@ -113,7 +115,7 @@ pub fn stream_generate_with(
             prompt_tps = prompt_tokens as f64 / prompt_time.max(1e-9);
             tic = Instant::now();
         }
-        last = Some((token, logprobs.clone()));
+        last = Some((token, logprobs.clone(), gen.last_from_draft()));
         if eos.contains(&token) {
             break;
         }
@@ -125,6 +127,7 @@ pub fn stream_generate_with(
             text: detok.last_segment(),
             token,
             logprobs,
+            from_draft: gen.last_from_draft(),
             prompt_tokens,
             prompt_tps,
             generation_tokens: n + 1,
@@ -138,7 +141,7 @@ pub fn stream_generate_with(
         }
         n += 1;
     }
-    let Some((token, logprobs)) = last else {
+    let Some((token, logprobs, from_draft)) = last else {
         return Ok(None);
     };
     detok.finalize();
@@ -151,6 +154,7 @@ pub fn stream_generate_with(
         text: detok.last_segment(),
         token,
         logprobs,
+        from_draft,
         prompt_tokens,
         prompt_tps,
         generation_tokens: n + 1,

@@ -167,6 +167,7 @@ pub fn check_model(body: &Body<'_>, cfg: &ServerConfig) -> Result<String, ApiErr
             ));
         }
     }
+    check_speculative(body)?;
     if !cfg.serves_model(model) {
         return Err(ApiError {
             param: Some("model".into()),
@@ -177,6 +178,34 @@ pub fn check_model(body: &Body<'_>, cfg: &ServerConfig) -> Result<String, ApiErr
         });
     }
     Ok(model.to_string())
+}
+
+/// mlx-lm's per-request `draft_model` / `num_draft_tokens` and OpenAI's `prediction`:
+/// this server loads no draft model and does not speculate yet (mlx-generate does), so
+/// `draft_model` other than mlx-lm's `"default_model"` (the server's own, none here) and
+/// any `prediction` are refused rather than served without them; `num_draft_tokens` is
+/// checked as mlx-generate checks it.
+fn check_speculative(body: &Body<'_>) -> Result<(), ApiError> {
+    if let Some(d) = body.str("draft_model")? {
+        if d != "default_model" {
+            return Err(ApiError::invalid_param(
+                "draft_model",
+                format!(
+                    "the draft model `{d}` is not loaded: this server serves no draft model \
+                     (speculative decoding is in mlx-generate; not yet in mlx-server)"
+                ),
+            ));
+        }
+    }
+    let max = mlx_engine::speculative::MAX_NUM_DRAFT_TOKENS as i64;
+    body.int("num_draft_tokens", 1, max)?;
+    if body.get("prediction").is_some_and(|p| !p.is_null()) {
+        return Err(ApiError::invalid_param(
+            "prediction",
+            "predicted outputs (`prediction`) are not supported yet by this server",
+        ));
+    }
+    Ok(())
 }
 
 fn stop_words(v: Option<&Json>, name: &str) -> Result<Vec<String>, ApiError> {

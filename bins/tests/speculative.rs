@@ -1,0 +1,227 @@
+//! Speculative decoding in `mlx-generate` on the committed tiny models (one tokenizer,
+//! several shapes): greedy speculative output and prompt-lookup output equal plain
+//! greedy output, and bad input is refused with one clear line. Token-for-token parity
+//! with `mlx_lm generate --draft-model` (seeded, --kv-bits, prompt-cache files) is in
+//! `cargo xtask parity --spec-only`.
+mod common;
+
+use common::TempDir;
+use std::process::Output;
+
+fn model(name: &str) -> String {
+    common::golden_model(name).to_string_lossy().into_owned()
+}
+
+fn text(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn error_line(out: &Output, expect: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "expected a failure; stderr: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "not one line: {stderr}"
+    );
+    for e in expect {
+        assert!(stderr.contains(e), "stderr lacks {e:?}: {stderr}");
+    }
+}
+
+const RAW: &[&str] = &[
+    "--prompt",
+    "the dragon lived in a castle by the sea. the dragon lived in a",
+    "--ignore-chat-template",
+    "--max-tokens",
+    "40",
+    "--verbose",
+    "False",
+];
+
+fn gen(target: &str, extra: &[&str]) -> Output {
+    let m = model(target);
+    let mut args = vec!["--model", m.as_str()];
+    args.extend_from_slice(RAW);
+    args.extend_from_slice(extra);
+    common::generate(&args, b"")
+}
+
+#[test]
+fn greedy_speculative_output_is_plain_greedy_output() {
+    for (target, draft) in [
+        ("llama-small-f32", "llama-small-f32-hd32"),
+        ("llama-small-f32", "llama-small-f32"),
+        ("qwen3-small-bf16", "llama-small-q4-g32"),
+        ("llama-small-f32-hd32", "qwen3-small-bf16"),
+    ] {
+        let plain = text(&gen(target, &[]));
+        assert!(!plain.trim().is_empty());
+        let d = model(draft);
+        for k in ["1", "3", "7"] {
+            let spec = text(&gen(
+                target,
+                &["--draft-model", &d, "--num-draft-tokens", k],
+            ));
+            assert_eq!(spec, plain, "{target} <- {draft}, {k} draft tokens");
+        }
+    }
+}
+
+#[test]
+fn self_draft_accepts_every_draft_and_reports_it_on_stderr() {
+    let d = model("llama-small-f32");
+    let out = gen(
+        "llama-small-f32",
+        &[
+            "--draft-model",
+            &d,
+            "--verbose",
+            "True",
+            "--max-tokens",
+            "13",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // 13 tokens in rounds of 3 drafts + 1: 3 full rounds (9 accepted), then one
+    // token left, drafted and accepted without a bonus.
+    assert!(
+        stderr.contains("Speculative: 10 of 10 drafted tokens accepted (100.0%) in 4 rounds"),
+        "{stderr}"
+    );
+    // Standard output is mlx-lm's (no line of ours).
+    assert!(!text(&out).contains("Speculative"));
+}
+
+#[test]
+fn rotating_target_falls_back_to_plain_decoding() {
+    // gemma3_text's sliding window is smaller than prompt + generation.
+    let plain = text(&gen("gemma3_text-small-f32", &[]));
+    let d = model("llama-small-f32");
+    let out = gen(
+        "gemma3_text-small-f32",
+        &["--draft-model", &d, "--verbose", "True"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(stderr.contains("fell back to plain decoding"), "{stderr}");
+    let quiet = text(&gen("gemma3_text-small-f32", &["--draft-model", &d]));
+    assert_eq!(quiet, plain);
+}
+
+#[test]
+fn prompt_lookup_output_is_plain_greedy_output() {
+    for target in [
+        "llama-small-f32",
+        "qwen3-small-bf16",
+        "gemma3_text-small-f32",
+    ] {
+        let plain = text(&gen(target, &[]));
+        for flags in [
+            &["--prompt-lookup-ngram", "2"][..],
+            &["--prompt-lookup-tokens", "5"][..],
+            &["--prompt-lookup-ngram", "1", "--prompt-lookup-tokens", "2"][..],
+        ] {
+            assert_eq!(text(&gen(target, flags)), plain, "{target} {flags:?}");
+        }
+    }
+}
+
+#[test]
+fn a_draft_with_another_vocabulary_is_refused_naming_both_sizes() {
+    let tmp = TempDir::new("spec-vocab");
+    let dir = tmp.copy_model("llama-small-f32");
+    let tok_path = dir.join("tokenizer.json");
+    let mut tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tok_path).unwrap()).unwrap();
+    // One id past the largest in the vocabulary or the added tokens.
+    let ids = tok["model"]["vocab"].as_object().unwrap().values().cloned();
+    let added = tok["added_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].clone());
+    let vocab = ids.chain(added).filter_map(|v| v.as_u64()).max().unwrap() as usize + 1;
+    tok["added_tokens"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "id": vocab, "content": "<|extra|>", "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true
+        }));
+    std::fs::write(&tok_path, tok.to_string()).unwrap();
+    let d = dir.to_string_lossy().into_owned();
+    let out = gen("llama-small-f32", &["--draft-model", &d]);
+    let (a, b) = ((vocab + 1).to_string(), vocab.to_string());
+    error_line(&out, &["draft model's tokenizer has", &a, &b]);
+}
+
+#[test]
+fn a_draft_of_an_unknown_architecture_is_refused() {
+    let tmp = TempDir::new("spec-arch");
+    let dir = tmp.copy_model("llama-small-f32");
+    let cfg_path = dir.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["model_type"] = serde_json::json!("no_such_arch");
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let d = dir.to_string_lossy().into_owned();
+    let out = gen("llama-small-f32", &["--draft-model", &d]);
+    error_line(&out, &["loading the draft model", "no_such_arch"]);
+}
+
+#[test]
+fn draft_lengths_out_of_range_are_refused() {
+    let d = model("llama-small-f32");
+    for k in ["0", "-2", "65", "100000"] {
+        let out = gen(
+            "llama-small-f32",
+            &["--draft-model", &d, "--num-draft-tokens", k],
+        );
+        error_line(&out, &["--num-draft-tokens", "between 1 and 64", k]);
+    }
+    let out = gen("llama-small-f32", &["--prompt-lookup-tokens", "0"]);
+    error_line(&out, &["--prompt-lookup-tokens", "between 1 and 64"]);
+    let out = gen("llama-small-f32", &["--prompt-lookup-ngram", "0"]);
+    error_line(&out, &["--prompt-lookup-ngram must be at least 1"]);
+    let out = gen(
+        "llama-small-f32",
+        &["--draft-model", &d, "--prompt-lookup-ngram", "2"],
+    );
+    error_line(&out, &["cannot be combined"]);
+}
+
+#[test]
+fn a_prompt_cache_without_the_drafts_caches_is_refused() {
+    // The file (mlx-lm's cache_prompt) names the model by this relative path.
+    let (f, m, d) = (
+        "goldens/generate/llama-small-f32.prompt-cache.safetensors".to_string(),
+        "goldens/generate/models/llama-small-f32".to_string(),
+        model("llama-small-f32-hd32"),
+    );
+    let out = common::generate(
+        &[
+            "--model",
+            &m,
+            "--draft-model",
+            &d,
+            "--prompt-cache-file",
+            &f,
+            "--prompt",
+            "hi",
+            "--verbose",
+            "False",
+        ],
+        b"",
+    );
+    error_line(&out, &["caches given", "draft model's", "saved with both"]);
+}

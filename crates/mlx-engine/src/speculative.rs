@@ -1,0 +1,719 @@
+//! Speculative decoding: mlx-lm's `speculative_generate_step` as a second
+//! [`TokenIterator`], built from the same step pieces as [`crate::TokenGenerator`]
+//! ([`step::prefill`], [`step::forward_tail`], [`step::sample_with_history`]).
+//!
+//! Each round drafts `n = min(remaining, num_draft_tokens)` tokens, verifies them in
+//! one target forward over `[last, drafts...]`, emits the longest prefix where the
+//! target's own sample equals the draft (then the target's token at the first mismatch,
+//! or the bonus token), and trims both caches by what was rejected. Every emitted token
+//! is the target's sample, so greedy output equals plain greedy output.
+//!
+//! Drafts come from a draft model (mlx-lm's `--draft-model`: its caches follow the
+//! target's in the cache list, as in mlx-lm's prompt-cache files) or, an addition of
+//! ours, from prompt lookup ([`PromptLookup`]: the continuation of the latest earlier
+//! occurrence of the last n-gram of the prompt and the text so far, or of a given text
+//! such as OpenAI's predicted output).
+//!
+//! Where mlx-lm raises or goes wrong we keep going: a rotating (sliding-window) cache
+//! that a round would wrap cannot be trimmed, so generation falls back to plain decoding
+//! from there ([`SpeculativeStats::fallback`] says why).
+use crate::error::{EngineError, Result};
+use crate::generate::{generation_stream, GenerateOptions, TokenIterator};
+use crate::step::{self, KvQuantization, RowSampling};
+use mlx_array::{memory, ops, transforms, Array, Stream};
+use mlx_models::LanguageModel;
+use mlx_nn::KvCache;
+use mlx_sample::LogitsProcessors;
+use std::collections::VecDeque;
+
+/// The largest `num_draft_tokens` accepted: more would only waste target compute.
+pub const MAX_NUM_DRAFT_TOKENS: i32 = 64;
+
+/// Checks a `num_draft_tokens` value (1 to [`MAX_NUM_DRAFT_TOKENS`]).
+pub fn check_num_draft_tokens(n: i64) -> Result<i32> {
+    if n < 1 || n > MAX_NUM_DRAFT_TOKENS as i64 {
+        return Err(EngineError::Invalid(format!(
+            "num_draft_tokens must be between 1 and {MAX_NUM_DRAFT_TOKENS}, got {n}"
+        )));
+    }
+    Ok(n as i32)
+}
+
+/// Prompt-lookup drafting (draft-free speculation): the draft is the continuation of
+/// the most recent earlier occurrence of the last `ngram` tokens (then shorter n-grams
+/// down to 1) in the searched tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptLookup {
+    /// The longest n-gram matched.
+    pub ngram: usize,
+    /// Tokens searched besides the prompt and the generated tokens (e.g. an OpenAI
+    /// predicted output); searched first.
+    pub reference: Vec<u32>,
+    /// Whether the prompt and the generated tokens are searched too.
+    pub search_context: bool,
+}
+
+impl PromptLookup {
+    /// Searches the prompt and the generated tokens with n-grams up to `ngram`.
+    pub fn new(ngram: usize) -> PromptLookup {
+        PromptLookup {
+            ngram,
+            reference: Vec::new(),
+            search_context: true,
+        }
+    }
+
+    /// Drafts from `reference` (OpenAI's predicted output) and the generated text.
+    pub fn prediction(reference: Vec<u32>, ngram: usize) -> PromptLookup {
+        PromptLookup {
+            ngram,
+            reference,
+            search_context: false,
+        }
+    }
+}
+
+/// Where draft tokens come from.
+pub enum DraftSource<'a> {
+    /// A draft model of the same vocabulary; its caches follow the target's in the
+    /// cache list.
+    Model(&'a dyn LanguageModel),
+    /// Prompt lookup.
+    Lookup(PromptLookup),
+}
+
+/// Counts of a speculative generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpeculativeStats {
+    /// Draft tokens proposed.
+    pub drafted: u64,
+    /// Draft tokens accepted (emitted with `from_draft`).
+    pub accepted: u64,
+    /// Verification rounds.
+    pub rounds: u64,
+    /// Why generation fell back to plain decoding, if it did.
+    pub fallback: Option<String>,
+}
+
+/// Up to `k` tokens that follow the latest match, in `haystack`, of the final n-gram of
+/// `context` (n from `max_ngram` down to 1); a match must be followed by a token.
+fn lookup_draft(haystack: &[u32], context: &[u32], max_ngram: usize, k: usize) -> Vec<u32> {
+    if k == 0 {
+        return Vec::new();
+    }
+    for n in (1..=max_ngram.min(context.len())).rev() {
+        let pattern = &context[context.len() - n..];
+        // Latest start whose match is followed by at least one token; in the
+        // context itself the final n-gram is excluded (it has no continuation).
+        let limit = haystack.len().saturating_sub(n);
+        for start in (0..limit).rev() {
+            if &haystack[start..start + n] == pattern {
+                let from = start + n;
+                let to = (from + k).min(haystack.len());
+                return haystack[from..to].to_vec();
+            }
+        }
+    }
+    Vec::new()
+}
+
+enum Drafter<'a> {
+    Model(&'a dyn LanguageModel),
+    Lookup {
+        cfg: PromptLookup,
+        /// Prompt tokens and emitted tokens, in order.
+        tokens: Vec<u32>,
+        prompt_len: usize,
+    },
+}
+
+/// A verified round whose tokens are being handed out.
+struct Round {
+    num_draft: i32,
+    /// mlx-lm's `n` at the end of the round's accept loop.
+    n: i32,
+    queue: VecDeque<(u32, Array, bool)>,
+    consumed: i32,
+    /// `max_tokens` was reached in this round.
+    last: bool,
+}
+
+/// mlx-lm's `speculative_generate_step` behind [`TokenIterator`].
+pub struct SpeculativeGenerator<'a> {
+    model: &'a dyn LanguageModel,
+    drafter: Drafter<'a>,
+    caches: &'a mut Vec<Box<dyn KvCache>>,
+    n_target: usize,
+    max_tokens: i64,
+    num_draft_tokens: i32,
+    prefill_step_size: usize,
+    kv: Option<KvQuantization>,
+    sampling: RowSampling,
+    stream: Stream,
+    prompt: Option<Vec<u32>>,
+    prompt_total: usize,
+    /// The target's next input (mlx-lm's `y`).
+    y: Vec<u32>,
+    /// The draft model's next input (mlx-lm's `draft_y`).
+    draft_y: Vec<u32>,
+    /// mlx-lm's `prev_tokens`: the history logits processors see.
+    history: Option<Array>,
+    ntoks: i64,
+    round: Option<Round>,
+    plain: bool,
+    finished: bool,
+    last_from_draft: bool,
+    stats: SpeculativeStats,
+}
+
+impl Drop for SpeculativeGenerator<'_> {
+    fn drop(&mut self) {
+        // mlx-lm's `finally: _rewind_cache(num_draft, n)` with `n` as the consumer left
+        // it: the caches keep what the tokens handed out so far imply.
+        if let Some(r) = self.round.take() {
+            self.rewind(r.num_draft, r.consumed.min(r.n));
+        }
+    }
+}
+
+impl<'a> SpeculativeGenerator<'a> {
+    /// Prepares speculative generation of `prompt`. `caches` holds the target's caches
+    /// followed by the draft model's (none for prompt lookup), e.g. both
+    /// `make_prompt_cache`s or a prompt-cache file saved with both. `opts` are those of
+    /// [`crate::TokenGenerator`] (`prompt_progress` is not called, as in mlx-lm).
+    pub fn new(
+        model: &'a dyn LanguageModel,
+        source: DraftSource<'a>,
+        prompt: &[u32],
+        caches: &'a mut Vec<Box<dyn KvCache>>,
+        num_draft_tokens: i32,
+        opts: GenerateOptions,
+    ) -> Result<SpeculativeGenerator<'a>> {
+        if prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt has no tokens".into()));
+        }
+        let num_draft_tokens = check_num_draft_tokens(num_draft_tokens as i64)?;
+        let n_target = model.num_layers();
+        let tv = model.vocab_size();
+        let (drafter, n_draft) = match source {
+            DraftSource::Model(draft) => {
+                let dv = draft.vocab_size();
+                // Draft ids index the target's embedding: a larger draft vocabulary
+                // could feed ids the target has no row for.
+                if dv > tv {
+                    return Err(EngineError::Invalid(format!(
+                        "the draft model's vocabulary ({dv}) is larger than the target \
+                         model's ({tv}): the draft must use the target's tokenizer"
+                    )));
+                }
+                (Drafter::Model(draft), draft.num_layers())
+            }
+            DraftSource::Lookup(cfg) => {
+                if cfg.ngram == 0 {
+                    return Err(EngineError::Invalid(
+                        "the prompt-lookup n-gram size must be at least 1".into(),
+                    ));
+                }
+                (
+                    Drafter::Lookup {
+                        cfg,
+                        tokens: Vec::new(),
+                        prompt_len: 0,
+                    },
+                    0,
+                )
+            }
+        };
+        if let Some((i, &id)) = prompt
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| tv > 0 && id as i64 >= tv as i64)
+        {
+            return Err(EngineError::Invalid(format!(
+                "prompt token {i} is id {id}, outside the model's vocabulary of {tv} \
+                 (is the tokenizer the model's?)"
+            )));
+        }
+        if caches.len() != n_target + n_draft {
+            let what = if n_draft > 0 {
+                format!(
+                    "the target's {n_target} followed by the draft model's {n_draft} \
+                     (a prompt-cache file for speculative decoding must be saved with both)"
+                )
+            } else {
+                format!("one per layer of the model ({n_target})")
+            };
+            return Err(EngineError::Invalid(format!(
+                "{} caches given; speculative decoding needs {what}",
+                caches.len()
+            )));
+        }
+        let untrimmable = |cs: &[Box<dyn KvCache>]| -> Vec<&'static str> {
+            let mut kinds: Vec<&'static str> = cs
+                .iter()
+                .filter(|c| !c.is_trimmable() && rotating_room(c.as_ref()).is_none())
+                .map(|c| c.class_name())
+                .collect();
+            kinds.sort_unstable();
+            kinds.dedup();
+            kinds
+        };
+        let (target_caches, draft_caches) = caches.split_at(n_target);
+        let bad = untrimmable(target_caches);
+        if !bad.is_empty() {
+            return Err(EngineError::Invalid(format!(
+                "speculative decoding requires trimmable caches; the model's {} caches \
+                 cannot be trimmed",
+                bad.join(", ")
+            )));
+        }
+        let bad = untrimmable(draft_caches);
+        if !bad.is_empty() {
+            return Err(EngineError::Invalid(format!(
+                "speculative decoding requires trimmable caches; the draft model's {} \
+                 caches cannot be trimmed",
+                bad.join(", ")
+            )));
+        }
+        let sampling =
+            RowSampling::new(opts.sampler, LogitsProcessors::new(opts.logits_processors));
+        if sampling.needs_accepted_token() {
+            return Err(EngineError::Invalid(
+                "speculative decoding cannot run logits processors that need each accepted \
+                 token before the next step (e.g. constrained decoding)"
+                    .into(),
+            ));
+        }
+        Ok(SpeculativeGenerator {
+            model,
+            drafter,
+            caches,
+            n_target,
+            max_tokens: opts.max_tokens,
+            num_draft_tokens,
+            prefill_step_size: opts.prefill_step_size.max(1),
+            kv: opts.kv_quantization,
+            sampling,
+            stream: generation_stream()?,
+            prompt: Some(prompt.to_vec()),
+            prompt_total: prompt.len(),
+            y: Vec::new(),
+            draft_y: Vec::new(),
+            history: None,
+            ntoks: 0,
+            round: None,
+            plain: false,
+            finished: false,
+            last_from_draft: false,
+            stats: SpeculativeStats::default(),
+        })
+    }
+
+    /// Counts so far.
+    pub fn stats(&self) -> &SpeculativeStats {
+        &self.stats
+    }
+
+    fn start(&mut self, prompt: Vec<u32>) -> Result<()> {
+        let (target, draft) = self.caches.split_at_mut(self.n_target);
+        // mlx-lm prefills the draft model first.
+        let draft_y = match &mut self.drafter {
+            Drafter::Model(d) => {
+                prefill_chunks(*d, draft, &prompt, self.prefill_step_size, self.kv)?
+            }
+            Drafter::Lookup {
+                tokens, prompt_len, ..
+            } => {
+                tokens.extend_from_slice(&prompt);
+                *prompt_len = prompt.len();
+                prompt[prompt.len() - 1..].to_vec()
+            }
+        };
+        let y = prefill_chunks(self.model, target, &prompt, self.prefill_step_size, self.kv)?;
+        self.draft_y = draft_y;
+        self.y = y;
+        Ok(())
+    }
+
+    /// mlx-lm's `_rewind_cache(num_draft, num_accept)`.
+    fn rewind(&mut self, num_draft: i32, num_accept: i32) {
+        let (target, draft) = self.caches.split_at_mut(self.n_target);
+        mlx_cache::trim_prompt_cache(target, num_draft - num_accept);
+        if matches!(self.drafter, Drafter::Model(_)) {
+            mlx_cache::trim_prompt_cache(draft, (num_draft - num_accept - 1).max(0));
+        }
+    }
+
+    fn extend_history(&mut self, input: &Array) -> Result<()> {
+        if !self.sampling.has_processors() {
+            return Ok(());
+        }
+        self.history = Some(match &self.history {
+            Some(h) => ops::concatenate(&[h, input], 0)?,
+            None => input.clone(),
+        });
+        Ok(())
+    }
+
+    /// Keeps the first `len` history tokens (mlx-lm's `prev_tokens[:len]`).
+    fn truncate_history(&mut self, len: i64) -> Result<()> {
+        if let Some(h) = &self.history {
+            let size = h.size() as i64;
+            let len = len.clamp(0, size);
+            self.history = if len == 0 {
+                None
+            } else {
+                Some(h.slice(&[0], &[len as i32], None)?)
+            };
+        }
+        Ok(())
+    }
+
+    /// mlx-lm's `_draft_generate` with the draft model: `[num_draft]` tokens.
+    fn draft_with_model(&mut self, draft: &dyn LanguageModel, num_draft: i32) -> Result<Array> {
+        let mut y = Array::from_slice(&self.draft_y, &[self.draft_y.len() as i32])?;
+        let mut ys = Vec::with_capacity(num_draft as usize);
+        for _ in 0..num_draft {
+            let draft_caches = &mut self.caches[self.n_target..];
+            let logits =
+                step::forward_tail(draft, &y.expand_dims(&[0])?, draft_caches, self.kv, 1)?;
+            self.extend_history(&y)?;
+            let (t, _) = step::sample_with_history(
+                &mut self.sampling,
+                self.history.as_ref(),
+                &logits.squeeze(Some(&[0]))?,
+            )?;
+            transforms::async_eval(&[&t])?;
+            ys.push(t.clone());
+            y = t;
+        }
+        let refs: Vec<&Array> = ys.iter().collect();
+        Ok(ops::concatenate(&refs, 0)?.astype(mlx_array::Dtype::Uint32)?)
+    }
+
+    /// Whether feeding `target_in` tokens to the target and `draft_in` to the draft
+    /// would leave a rotating cache that could no longer be trimmed.
+    fn would_wrap(&self, target_in: i32, draft_in: i32) -> Option<String> {
+        let (target, draft) = self.caches.split_at(self.n_target);
+        let check = |cs: &[Box<dyn KvCache>], fed: i32, who: &str| {
+            cs.iter().find_map(|c| {
+                rotating_room(c.as_ref()).and_then(|room| {
+                    (fed >= room).then(|| {
+                        format!(
+                            "the {who}'s rotating (sliding-window) cache is full \
+                             ({} positions): it cannot be trimmed, so speculative decoding \
+                             fell back to plain decoding after {} tokens",
+                            c.offset() + room,
+                            self.ntoks
+                        )
+                    })
+                })
+            })
+        };
+        check(target, target_in, "model").or_else(|| {
+            if matches!(self.drafter, Drafter::Model(_)) {
+                check(draft, draft_in, "draft model")
+            } else {
+                None
+            }
+        })
+    }
+
+    fn remaining(&self) -> i64 {
+        if self.max_tokens < 0 {
+            i64::MAX
+        } else {
+            self.max_tokens - self.ntoks
+        }
+    }
+
+    /// One speculative round: draft, verify, accept; queues the round's tokens.
+    fn run_round(&mut self) -> Result<()> {
+        let num_draft = self.remaining().min(self.num_draft_tokens as i64) as i32;
+        let y_len = self.y.len() as i32;
+        let (draft_tokens, num_draft): (Array, i32) = match &self.drafter {
+            Drafter::Model(d) => {
+                let d = *d;
+                if num_draft == 0 {
+                    (Array::from_slice::<u32>(&[], &[0])?, 0)
+                } else {
+                    (self.draft_with_model(d, num_draft)?, num_draft)
+                }
+            }
+            Drafter::Lookup {
+                cfg,
+                tokens,
+                prompt_len,
+            } => {
+                let k = num_draft.max(0) as usize;
+                let generated = &tokens[(*prompt_len).min(tokens.len())..];
+                let mut d = if cfg.reference.is_empty() {
+                    Vec::new()
+                } else if generated.is_empty() {
+                    // A predicted output starts where the answer starts.
+                    cfg.reference[..k.min(cfg.reference.len())].to_vec()
+                } else {
+                    lookup_draft(&cfg.reference, generated, cfg.ngram, k)
+                };
+                if d.is_empty() && cfg.search_context {
+                    d = lookup_draft(tokens, tokens, cfg.ngram, k);
+                }
+                let n = d.len() as i32;
+                (Array::from_slice(&d, &[n])?, n)
+            }
+        };
+        if self.history.is_some() {
+            let size = self.history.as_ref().map_or(0, |h| h.size() as i64);
+            self.truncate_history(size - y_len as i64 - num_draft as i64 + 1)?;
+        }
+        let y_arr = Array::from_slice(&self.y, &[y_len])?;
+        let input = if num_draft > 0 {
+            ops::concatenate(&[&y_arr, &draft_tokens], 0)?
+        } else {
+            y_arr.clone()
+        };
+        let n_predict = num_draft + 1;
+        let target_caches = &mut self.caches[..self.n_target];
+        let logits = step::forward_tail(
+            self.model,
+            &input.expand_dims(&[0])?,
+            target_caches,
+            self.kv,
+            n_predict,
+        )?;
+        let (tokens, logprobs) = if self.sampling.has_processors() {
+            // The processors see the target's own samples as history, position by
+            // position (mlx-lm's loop over `n_predict`).
+            let v = logits.dim(2)?;
+            // mlx-lm's `y[: -(n_predict - 1)]`: the round's input without the drafts.
+            let mut inp = y_arr.clone();
+            let (mut ts, mut lps) = (Vec::new(), Vec::new());
+            for i in 0..n_predict {
+                self.extend_history(&inp)?;
+                let row = logits
+                    .slice(&[0, i, 0], &[1, i + 1, v], None)?
+                    .squeeze(Some(&[1]))?;
+                let (t, lp) =
+                    step::sample_with_history(&mut self.sampling, self.history.as_ref(), &row)?;
+                ts.push(t.clone());
+                lps.push(lp);
+                inp = t;
+            }
+            let tr: Vec<&Array> = ts.iter().collect();
+            let lr: Vec<&Array> = lps.iter().collect();
+            (ops::concatenate(&tr, 0)?, ops::concatenate(&lr, 0)?)
+        } else {
+            step::sample_with_history(&mut self.sampling, None, &logits.squeeze(Some(&[0]))?)?
+        };
+        transforms::eval(&[&tokens, &draft_tokens])?;
+        let drafts: Vec<u32> = step::read_tokens(&draft_tokens)?;
+        let tokens: Vec<u32> = step::read_tokens(&tokens)?;
+        let row = |i: i32| -> Result<Array> {
+            Ok(logprobs
+                .slice(&[i, 0], &[i + 1, logprobs.dim(1)?], None)?
+                .squeeze(Some(&[0]))?)
+        };
+        let mut queue = VecDeque::new();
+        let mut n = 0i32;
+        while n < num_draft {
+            let (tn, dtn) = (tokens[n as usize], drafts[n as usize]);
+            if tn != dtn {
+                break;
+            }
+            queue.push_back((tn, row(n)?, true));
+            n += 1;
+            self.ntoks += 1;
+            if self.remaining() == 0 {
+                break;
+            }
+        }
+        if self.remaining() > 0 {
+            self.ntoks += 1;
+            queue.push_back((tokens[n as usize], row(n)?, false));
+        }
+        self.stats.rounds += 1;
+        self.stats.drafted += num_draft as u64;
+        self.stats.accepted += n as u64;
+        let last = self.remaining() == 0;
+        if !last {
+            let next = tokens[n as usize];
+            self.y = vec![next];
+            self.draft_y = if n == num_draft && num_draft > 0 {
+                vec![drafts[num_draft as usize - 1], next]
+            } else {
+                vec![next]
+            };
+            if let Some(h) = &self.history {
+                let size = h.size() as i64;
+                self.truncate_history(size - (num_draft - n).max(1) as i64)?;
+            }
+        }
+        if let Drafter::Lookup { tokens: seen, .. } = &mut self.drafter {
+            seen.extend(queue.iter().map(|(t, _, _)| *t));
+        }
+        self.round = Some(Round {
+            num_draft,
+            n,
+            queue,
+            consumed: 0,
+            last,
+        });
+        Ok(())
+    }
+
+    /// A plain decoding step on `y` after the fallback.
+    fn plain_step(&mut self) -> Result<Option<(u32, Array)>> {
+        if self.remaining() == 0 {
+            self.finished = true;
+            return Ok(None);
+        }
+        let y = Array::from_slice(&self.y, &[self.y.len() as i32])?;
+        let target_caches = &mut self.caches[..self.n_target];
+        let logits = step::forward(self.model, &y.expand_dims(&[0])?, target_caches, self.kv)?;
+        self.extend_history(&y)?;
+        let (t, lp) =
+            step::sample_with_history(&mut self.sampling, self.history.as_ref(), &logits)?;
+        let token = step::read_token(&t)?;
+        self.ntoks += 1;
+        self.y = vec![token];
+        if self.ntoks % 256 == 0 {
+            memory::clear_cache();
+        }
+        Ok(Some((token, lp.squeeze(Some(&[0]))?)))
+    }
+
+    fn next_inner(&mut self) -> Result<Option<(u32, Array)>> {
+        if self.finished {
+            return Ok(None);
+        }
+        if let Some(prompt) = self.prompt.take() {
+            self.start(prompt)?;
+        }
+        loop {
+            if let Some(r) = self.round.as_mut() {
+                if let Some((t, lp, from_draft)) = r.queue.pop_front() {
+                    r.consumed += 1;
+                    self.last_from_draft = from_draft;
+                    return Ok(Some((t, lp)));
+                }
+                let r = self
+                    .round
+                    .take()
+                    .ok_or_else(|| EngineError::Internal("speculative round vanished".into()))?;
+                self.rewind(r.num_draft, r.n);
+                if r.last {
+                    self.finished = true;
+                    return Ok(None);
+                }
+                if self.stats.rounds.is_multiple_of(64) {
+                    memory::clear_cache();
+                }
+            }
+            if self.plain {
+                self.last_from_draft = false;
+                return self.plain_step();
+            }
+            if self.remaining() == 0 {
+                self.finished = true;
+                return Ok(None);
+            }
+            let num_draft = self.remaining().min(self.num_draft_tokens as i64) as i32;
+            let draft_in = self.draft_y.len() as i32 + num_draft - 1;
+            if let Some(why) = self.would_wrap(self.y.len() as i32 + num_draft, draft_in) {
+                self.stats.fallback = Some(why);
+                self.plain = true;
+                continue;
+            }
+            self.run_round()?;
+        }
+    }
+}
+
+/// `max_size - offset` of a rotating cache (how many more positions it takes before it
+/// wraps and can no longer be trimmed); `None` for other kinds.
+fn rotating_room(c: &dyn KvCache) -> Option<i32> {
+    c.as_any()
+        .downcast_ref::<mlx_cache::RotatingKVCache>()
+        .map(|r| r.max_size() - r.offset())
+}
+
+fn prefill_chunks(
+    model: &dyn LanguageModel,
+    caches: &mut [Box<dyn KvCache>],
+    prompt: &[u32],
+    step_size: usize,
+    kv: Option<KvQuantization>,
+) -> Result<Vec<u32>> {
+    let total = prompt.len();
+    let mut done = 0usize;
+    while total - done > 1 {
+        let n = step_size.min(total - done - 1);
+        let chunk = Array::from_slice(&prompt[done..done + n], &[1, n as i32])?;
+        step::prefill(model, &chunk, caches, kv)?;
+        done += n;
+        memory::clear_cache();
+    }
+    Ok(prompt[done..].to_vec())
+}
+
+impl TokenIterator for SpeculativeGenerator<'_> {
+    fn next_token(&mut self) -> Result<Option<(u32, Array)>> {
+        let stream = self.stream;
+        mlx_array::with_stream(stream, || self.next_inner())
+    }
+
+    fn prompt_tokens(&self) -> usize {
+        self.prompt_total
+    }
+
+    fn last_from_draft(&self) -> bool {
+        self.last_from_draft
+    }
+
+    fn speculative_stats(&self) -> Option<SpeculativeStats> {
+        Some(self.stats.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_takes_the_latest_longest_match() {
+        // "1 2 3 9 | 1 2 3 7 | ... 2 3": the 2-gram [2, 3] last occurs before 7.
+        let ctx = [1, 2, 3, 9, 1, 2, 3, 7, 5, 2, 3];
+        assert_eq!(lookup_draft(&ctx, &ctx, 3, 4), vec![7, 5, 2, 3]);
+        // A 3-gram match wins over a later 1-gram one.
+        let ctx = [4, 5, 6, 8, 6, 1, 4, 5, 6];
+        assert_eq!(lookup_draft(&ctx, &ctx, 3, 2), vec![8, 6]);
+        // No match: nothing.
+        assert_eq!(
+            lookup_draft(&[1, 2, 3], &[1, 2, 3], 2, 4),
+            Vec::<u32>::new()
+        );
+        // The draft length is capped.
+        let ctx = [1, 2, 3, 4, 5, 1];
+        assert_eq!(lookup_draft(&ctx, &ctx, 1, 2), vec![2, 3]);
+    }
+
+    #[test]
+    fn lookup_in_a_reference_text() {
+        let reference = [10, 11, 12, 13, 14];
+        assert_eq!(lookup_draft(&reference, &[7, 11, 12], 2, 3), vec![13, 14]);
+        assert_eq!(lookup_draft(&reference, &[7, 8], 2, 3), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn num_draft_tokens_bounds() {
+        assert!(check_num_draft_tokens(0).is_err());
+        assert!(check_num_draft_tokens(-3).is_err());
+        assert!(check_num_draft_tokens(65).is_err());
+        assert_eq!(check_num_draft_tokens(3).unwrap(), 3);
+        let msg = check_num_draft_tokens(1000).unwrap_err().to_string();
+        assert!(
+            msg.contains("between 1 and 64") && msg.contains("1000"),
+            "{msg}"
+        );
+    }
+}
