@@ -313,6 +313,22 @@ ARCHS.update({
                          "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"}},
 })
 
+# Issue 26, wave 2 part B: dense and MoE families (one entry each).
+ARCHS.update({
+    "phi": {"model_type": "phi", "partial_rotary_factor": 0.5, "layer_norm_eps": 1e-5, "rope_theta": 10000.0},
+    "phimoe": {"model_type": "phimoe", "num_local_experts": 4, "num_experts_per_tok": 2, "rope_scaling": None,
+               "rope_theta": 10000.0, "router_jitter_noise": 0.01},
+    "granitemoe": {"model_type": "granitemoe", "rope_theta": 10000.0, "tie_word_embeddings": True,
+                   "attention_bias": False, "logits_scaling": 4.0, "attention_multiplier": 0.0625,
+                   "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "num_local_experts": 4,
+                   "num_experts_per_tok": 2, "intermediate_size": 64},
+    "internlm2": {"model_type": "internlm2", "rope_theta": 1000000.0, "bias": False, "tie_word_embeddings": False},
+    "exaone": {"model_type": "exaone", "num_layers": 2, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0,
+               "tie_word_embeddings": False},
+    "cohere": {"model_type": "cohere", "rope_theta": 8000000.0, "layer_norm_eps": 1e-5, "logit_scale": 0.0625,
+               "use_qk_norm": True},
+})
+
 LLAMA3 = {
     "rope_type": "llama3",
     "factor": 8.0,
@@ -553,6 +569,41 @@ VARIANTS.update({
                                        "wrap_vl": ("qwen3_vl", "flat")}),
 })
 
+# SuScaledRoPE with an explicit long_mscale (head size 16: 8 factors each).
+PHIMOE_LONGROPE = {"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7],
+                   "long_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5], "short_mscale": 1.1,
+                   "long_mscale": 1.25}
+
+# Issue 26, wave 2 part B.
+VARIANTS.update({
+    "phi-f32": ("phi", {}, {}),
+    "phi-f32-mha-rotary04": ("phi", {"num_key_value_heads": None, "partial_rotary_factor": 0.4}, {}),
+    "phi-bf16": ("phi", {}, {"dtype": "bfloat16"}),
+    "phi-bf16-q4": ("phi", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "phimoe-f32": ("phimoe", {}, {}),
+    "phimoe-f32-longrope": (
+        "phimoe", {"rope_scaling": PHIMOE_LONGROPE, "max_position_embeddings": 512,
+                   "original_max_position_embeddings": 64, "router_jitter_noise": 0.5}, {}),
+    "phimoe-q4": ("phimoe", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "granitemoe-f32-tied": ("granitemoe", {}, {}),
+    "granitemoe-f32-untied-bias": ("granitemoe", {"tie_word_embeddings": False, "attention_bias": True}, {}),
+    "granitemoe-q4": ("granitemoe", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "internlm2-f32": ("internlm2", {}, {"extras": True}),
+    "internlm2-f32-bias-tied-gqa4-dynamic": (
+        "internlm2", {"bias": True, "tie_word_embeddings": True, "num_attention_heads": 8,
+                      "rope_scaling": {"type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8}, {}),
+    "internlm2-bf16-q4": ("internlm2", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "exaone-f32": ("exaone", {}, {}),
+    "exaone-f32-tied-bias-llama3": (
+        "exaone", {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True, "rope_scaling": LLAMA3,
+                   "head_dim": 8, "num_attention_heads": 8}, {}),
+    "exaone-bf16-q4": ("exaone", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "cohere-f32-qknorm": ("cohere", {}, {}),
+    "cohere-f32-bias-noqknorm": ("cohere", {"use_qk_norm": False, "attention_bias": True, "layer_norm_bias": True},
+                                 {}),
+    "cohere-bf16-q4": ("cohere", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+
 # Small twins committed under goldens/models/ (checked by `cargo test -p mlx-models`).
 GOLDENS = {
     "llama-small-f32-tied": ("llama", dict(SMALL), {"extras": True}),
@@ -624,6 +675,20 @@ GOLDENS.update({
     "hunyuan_v1_dense-small-f32": ("hunyuan_v1_dense", dict(SMALL, head_dim=8), {}),
     "qwen3_vl-small-f32": ("qwen3", dict(SMALL, head_dim=8, tie_word_embeddings=False),
                            {"wrap_vl": ("qwen3_vl", "nested")}),
+})
+
+
+# Issue 26, wave 2 part B.
+GOLDENS.update({
+    "phi-small-f32": ("phi", dict(SMALL), {}),
+    "phimoe-small-f32-longrope": (
+        "phimoe", dict(SMALL, intermediate_size=32, max_position_embeddings=512, original_max_position_embeddings=64,
+                       rope_scaling=dict(PHIMOE_LONGROPE, short_factor=[1.0, 1.1, 1.2, 1.3],
+                                         long_factor=[1.0, 1.5, 2.0, 2.5])), {}),
+    "granitemoe-small-f32": ("granitemoe", dict(SMALL, intermediate_size=32), {}),
+    "internlm2-small-f32-bias": ("internlm2", dict(SMALL, bias=True), {}),
+    "exaone-small-f32": ("exaone", dict(SMALL), {}),
+    "cohere-small-f32-qknorm": ("cohere", dict(SMALL), {}),
 })
 
 
@@ -701,7 +766,7 @@ def to_hf_names(config, weights, opts, rng):
                     out[f"{prefix}.experts.gate_up_proj"] = np.concatenate([v, up], axis=-2)
             else:
                 out[name] = v
-        elif mt == "granitemoehybrid" and ".block_sparse_moe.switch_mlp." in k:
+        elif mt in ("granitemoehybrid", "granitemoe") and ".block_sparse_moe.switch_mlp." in k:
             prefix = k.split(".switch_mlp.")[0]
             proj = k.split(".")[-2]
             if proj == "down_proj":
@@ -722,7 +787,7 @@ def to_hf_names(config, weights, opts, rng):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "lfm2" and k.endswith("conv.conv.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
-        elif mt == "mixtral" and ".block_sparse_moe.switch_mlp." in k:
+        elif mt in ("mixtral", "phimoe") and ".block_sparse_moe.switch_mlp." in k:
             proj = k.split(".")[-2]
             w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[proj]
             prefix = k.split(".block_sparse_moe.switch_mlp.")[0]
@@ -730,7 +795,7 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight"] = v[e]
         else:
             out[k] = v
-    if mt == "granitemoehybrid" and config.get("tie_word_embeddings", True):
+    if mt in ("granitemoehybrid", "granitemoe") and config.get("tie_word_embeddings", True):
         out["lm_head.weight"] = out["model.embed_tokens.weight"].copy()  # sanitize drops it
     if mt in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h"):
         out["mtp.fc.weight"] = rng.standard_normal((4, 4)).astype(np.float32)  # sanitize drops it
@@ -755,10 +820,11 @@ def to_hf_names(config, weights, opts, rng):
         out["model.mtp_layers.0.token_layernorm.weight"] = np.ones((config["hidden_size"],), np.float32)
     if opts.get("extras"):
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        rotary = "attention.rope" if mt == "internlm2" else "self_attn.rotary_emb"
         for i in range(config["num_hidden_layers"]):
-            out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = rng.standard_normal(
+            out[f"model.layers.{i}.{rotary}.inv_freq"] = rng.standard_normal(
                 (head_dim // 2,)).astype(np.float32)
-        if config.get("tie_word_embeddings", True):
+        if config.get("tie_word_embeddings", True) and mt != "internlm2":
             out["lm_head.weight"] = out["model.embed_tokens.weight"].copy()
     return out
 

@@ -446,4 +446,17 @@ model_tests! {
         => "qwen3_vl-small-f32", true;
     batched_decode_equals_alone_hunyuan_v1_dense, prefilled_together_equals_alone_hunyuan_v1_dense
         => "hunyuan_v1_dense-small-f32", true;
+    // Issue 26, wave 2 part B.
+    batched_decode_equals_alone_phi, prefilled_together_equals_alone_phi
+        => "phi-small-f32", true;
+    batched_decode_equals_alone_phimoe, prefilled_together_equals_alone_phimoe
+        => "phimoe-small-f32-longrope", true;
+    batched_decode_equals_alone_granitemoe, prefilled_together_equals_alone_granitemoe
+        => "granitemoe-small-f32", true;
+    batched_decode_equals_alone_internlm2, prefilled_together_equals_alone_internlm2
+        => "internlm2-small-f32-bias", true;
+    batched_decode_equals_alone_exaone, prefilled_together_equals_alone_exaone
+        => "exaone-small-f32", true;
+    batched_decode_equals_alone_cohere, prefilled_together_equals_alone_cohere
+        => "cohere-small-f32-qknorm", true;
 }

@@ -92,6 +92,13 @@ golden_tests! {
     qwen2_vl_text_logits_match_mlx_lm => "qwen2_vl-small-f32",
     qwen3_vl_nested_text_logits_match_mlx_lm => "qwen3_vl-small-f32",
     hunyuan_v1_dense_norms_after_rope_logits_match_mlx_lm => "hunyuan_v1_dense-small-f32",
+    // Issue 26, wave 2 part B.
+    phi_parallel_partial_rotary_logits_match_mlx_lm => "phi-small-f32",
+    phimoe_sparsemixer_longrope_logits_match_mlx_lm => "phimoe-small-f32-longrope",
+    granitemoe_logits_match_mlx_lm => "granitemoe-small-f32",
+    internlm2_grouped_wqkv_logits_match_mlx_lm => "internlm2-small-f32-bias",
+    exaone_logits_match_mlx_lm => "exaone-small-f32",
+    cohere_per_head_qk_norm_logits_match_mlx_lm => "cohere-small-f32-qknorm",
 }
 
 #[test]

@@ -44,6 +44,13 @@ pub const TINY: &[&str] = &[
     "qwen2_vl-f32-flat",
     "qwen3_vl-f32-nested-untied",
     "hunyuan_v1_dense-f32",
+    // Issue 26, wave 2 part B.
+    "phi-f32",
+    "phimoe-f32-longrope",
+    "granitemoe-f32-tied",
+    "internlm2-f32",
+    "exaone-f32",
+    "cohere-f32-qknorm",
     // Issue 26, hybrid and state-space families.
     "qwen3_next-f32",
     "qwen3_5-f32",

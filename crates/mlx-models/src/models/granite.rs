@@ -1,15 +1,17 @@
 //! Granite, following `mlx_lm/models/granite.py`: Llama's blocks with a scaled
 //! embedding, attention scale, residual branches and logits.
 use super::attention::{Attention, Extras};
+use super::decoder::FeedForward;
+use super::head::{self, LogitScale};
 use super::llama;
 use super::mlp::Mlp;
 use super::{cache_at, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
-use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm};
+use mlx_nn::module::{join, QuantVisitor};
+use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, Param, RmsNorm};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -38,6 +40,10 @@ pub struct ModelArgs {
     pub rope_scaling: Option<Value>,
     #[serde(default = "crate::config::default_true")]
     pub tie_word_embeddings: bool,
+    /// Not a Granite key (its RoPE is never traditional): set by models built on
+    /// Granite's layers whose own config has it (MiniCPM).
+    #[serde(skip)]
+    pub rope_traditional: bool,
 }
 
 impl ModelArgs {
@@ -58,7 +64,7 @@ impl ModelArgs {
             attention_bias: self.attention_bias,
             mlp_bias: self.mlp_bias,
             rope_theta: self.rope_theta,
-            rope_traditional: false,
+            rope_traditional: self.rope_traditional,
             rope_scaling: self.rope_scaling.clone(),
             tie_word_embeddings: self.tie_word_embeddings,
             layer_types: None,
@@ -67,23 +73,49 @@ impl ModelArgs {
     }
 }
 
-/// One decoder layer: `h = x + attn(norm(x)) * m`, `out = h + mlp(norm(h)) * m`.
+/// One decoder layer: `h = x + attn(norm(x)) * m`, `out = h + ff(norm(h)) * m`; the
+/// feed-forward block (the SwiGLU `mlp`, or GraniteMoE's experts) is named `ff_name`.
 #[derive(Debug)]
-pub struct TransformerBlock {
+pub struct TransformerBlock<F> {
     self_attn: Attention,
-    mlp: Mlp,
+    ff: F,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     residual_multiplier: f64,
+    ff_name: &'static str,
 }
-impl_module!(TransformerBlock {
-    self_attn,
-    mlp,
-    input_layernorm,
-    post_attention_layernorm
-});
 
-impl TransformerBlock {
+impl<F: FeedForward> Module for TransformerBlock<F> {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        self.self_attn.visit_params(&join(prefix, "self_attn"), f);
+        self.ff.visit_params(&join(prefix, self.ff_name), f);
+        self.input_layernorm
+            .visit_params(&join(prefix, "input_layernorm"), f);
+        self.post_attention_layernorm
+            .visit_params(&join(prefix, "post_attention_layernorm"), f);
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.self_attn
+            .visit_params_mut(&join(prefix, "self_attn"), f);
+        self.ff.visit_params_mut(&join(prefix, self.ff_name), f);
+        self.input_layernorm
+            .visit_params_mut(&join(prefix, "input_layernorm"), f);
+        self.post_attention_layernorm
+            .visit_params_mut(&join(prefix, "post_attention_layernorm"), f);
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        self.self_attn
+            .visit_quantizable_mut(&join(prefix, "self_attn"), f)?;
+        self.ff
+            .visit_quantizable_mut(&join(prefix, self.ff_name), f)
+    }
+}
+
+impl<F: FeedForward> TransformerBlock<F> {
     fn forward(
         &self,
         x: &Array,
@@ -99,7 +131,7 @@ impl TransformerBlock {
         )?;
         let h = x.add(&r.multiply(self.residual_multiplier)?)?;
         let r = self
-            .mlp
+            .ff
             .forward(&self.post_attention_layernorm.forward(&h)?, None)?;
         h.add(&r.multiply(self.residual_multiplier)?)
     }
@@ -107,20 +139,68 @@ impl TransformerBlock {
 
 /// The decoder stack.
 #[derive(Debug)]
-pub struct GraniteModel {
+pub struct GraniteModel<F> {
     embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
+    pub(crate) layers: Vec<TransformerBlock<F>>,
     norm: RmsNorm,
     embedding_multiplier: f64,
 }
-impl_module!(GraniteModel {
-    embed_tokens,
-    layers,
-    norm
-});
+impl<F: FeedForward> Module for GraniteModel<F> {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        self.embed_tokens
+            .visit_params(&join(prefix, "embed_tokens"), f);
+        self.layers.visit_params(&join(prefix, "layers"), f);
+        self.norm.visit_params(&join(prefix, "norm"), f);
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.embed_tokens
+            .visit_params_mut(&join(prefix, "embed_tokens"), f);
+        self.layers.visit_params_mut(&join(prefix, "layers"), f);
+        self.norm.visit_params_mut(&join(prefix, "norm"), f);
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        self.embed_tokens
+            .visit_quantizable_mut(&join(prefix, "embed_tokens"), f)?;
+        self.layers
+            .visit_quantizable_mut(&join(prefix, "layers"), f)
+    }
+}
 
-impl GraniteModel {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+impl<F: FeedForward> GraniteModel<F> {
+    /// Granite's stack for `args`, each layer's feed-forward block made by `ff` and
+    /// named `ff_name`.
+    pub(crate) fn new(
+        args: &ModelArgs,
+        ff: impl Fn() -> crate::Result<F>,
+        ff_name: &'static str,
+    ) -> crate::Result<GraniteModel<F>> {
+        let base = args.as_llama();
+        let layers = (0..args.num_hidden_layers)
+            .map(|_| {
+                Ok(TransformerBlock {
+                    self_attn: llama::attention(&base, Some(args.attention_multiplier), None)?,
+                    ff: ff()?,
+                    input_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
+                    post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
+                    residual_multiplier: args.residual_multiplier,
+                    ff_name,
+                })
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        Ok(GraniteModel {
+            embed_tokens: EmbeddingLayer::new(args.vocab_size, args.hidden_size)?,
+            layers,
+            norm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
+            embedding_multiplier: args.embedding_multiplier,
+        })
+    }
+
+    /// The normed hidden states of `inputs`.
+    pub(crate) fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let mut h = self
             .embed_tokens
             .forward(inputs)?
@@ -135,13 +215,37 @@ impl GraniteModel {
         }
         self.norm.forward(&h)
     }
+
+    /// The head's logits for the normed hidden states `out`, over `logits_scaling`.
+    pub(crate) fn logits(
+        &self,
+        lm_head: Option<&LinearLayer>,
+        out: &Array,
+        logits_scaling: f64,
+    ) -> Result<Array> {
+        head::logits(
+            &self.embed_tokens,
+            lm_head,
+            out,
+            LogitScale::Over(logits_scaling),
+        )
+    }
+
+    /// Fuses every layer's q/k/v and feed-forward projections.
+    pub(crate) fn fuse(&mut self) -> crate::Result<()> {
+        for layer in &mut self.layers {
+            layer.self_attn.fuse()?;
+            layer.ff.fuse()?;
+        }
+        Ok(())
+    }
 }
 
 /// Granite with its output head.
 #[derive(Debug)]
 pub struct Model {
     args: ModelArgs,
-    model: GraniteModel,
+    model: GraniteModel<Mlp>,
     lm_head: Option<LinearLayer>,
 }
 impl_module!(Model { model, lm_head });
@@ -149,24 +253,8 @@ impl_module!(Model { model, lm_head });
 impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let base = args.as_llama();
-        let layers = (0..args.num_hidden_layers)
-            .map(|_| {
-                Ok(TransformerBlock {
-                    self_attn: llama::attention(&base, Some(args.attention_multiplier), None)?,
-                    mlp: Mlp::new(args.hidden_size, args.intermediate_size, args.mlp_bias)?,
-                    input_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
-                    post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
-                    residual_multiplier: args.residual_multiplier,
-                })
-            })
-            .collect::<crate::Result<Vec<_>>>()?;
-        let model = GraniteModel {
-            embed_tokens: EmbeddingLayer::new(args.vocab_size, args.hidden_size)?,
-            layers,
-            norm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
-            embedding_multiplier: args.embedding_multiplier,
-        };
+        let (dim, hidden) = (args.hidden_size, args.intermediate_size);
+        let model = GraniteModel::new(&args, || Mlp::new(dim, hidden, args.mlp_bias), "mlp")?;
         let lm_head = head::untied(args.tie_word_embeddings, args.hidden_size, args.vocab_size)?;
         Ok(Model {
             args,
@@ -184,8 +272,8 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        let scale = LogitScale::Over(self.args.logits_scaling);
-        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, scale)
+        self.model
+            .logits(self.lm_head.as_ref(), &out, self.args.logits_scaling)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]
@@ -201,10 +289,6 @@ impl Architecture for Model {
         Ok(weights)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        for layer in &mut self.model.layers {
-            layer.self_attn.fuse()?;
-            layer.mlp.fuse()?;
-        }
-        Ok(())
+        self.model.fuse()
     }
 }

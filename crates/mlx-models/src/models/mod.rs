@@ -97,6 +97,13 @@ architectures! {
     nemotron_h,
     mamba,
     mamba2,
+    // Issue 26, wave 2 part B: dense and MoE families.
+    phi,
+    phimoe,
+    granitemoe,
+    internlm2,
+    exaone,
+    cohere,
 }
 
 /// Flat weight map (checkpoint name -> array).
