@@ -327,6 +327,20 @@ ARCHS.update({
                "tie_word_embeddings": False},
     "cohere": {"model_type": "cohere", "rope_theta": 8000000.0, "layer_norm_eps": 1e-5, "logit_scale": 0.0625,
                "use_qk_norm": True},
+    # Untied only: for a tied config mlx-lm's sanitize adds an lm_head.weight its model lacks.
+    "minicpm": {"model_type": "minicpm", "dim_model_base": 16, "scale_depth": 1.4, "scale_emb": 12.0,
+                "rope_theta": 10000.0, "tie_word_embeddings": False},
+    "nemotron": {"model_type": "nemotron", "hidden_act": "relu2", "norm_eps": 1e-5, "partial_rotary_factor": 0.5,
+                 "rope_theta": 10000.0, "tie_word_embeddings": False},
+    "gpt_neox": {"model_type": "gpt_neox", "rotary_emb_base": 10000, "rotary_pct": 0.25, "layer_norm_eps": 1e-5,
+                 "use_parallel_residual": True},
+    "gpt2": {"model_type": "gpt2", "n_ctx": 256, "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 256,
+             "layer_norm_epsilon": 1e-5},
+    "gpt_bigcode": {"model_type": "gpt_bigcode", "n_embd": 64, "n_layer": 2, "n_inner": 128, "n_head": 4,
+                    "n_positions": 256, "layer_norm_epsilon": 1e-5, "multi_query": True},
+    "stablelm": {"model_type": "stablelm", "use_qkv_bias": True, "partial_rotary_factor": 0.25,
+                 "layer_norm_eps": 1e-5, "rope_theta": 10000.0, "qk_layernorm": True,
+                 "use_parallel_residual": False},
 })
 
 LLAMA3 = {
@@ -602,6 +616,29 @@ VARIANTS.update({
     "cohere-f32-bias-noqknorm": ("cohere", {"use_qk_norm": False, "attention_bias": True, "layer_norm_bias": True},
                                  {}),
     "cohere-bf16-q4": ("cohere", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "minicpm-f32": ("minicpm", {}, {}),
+    "minicpm-f32-traditional-linear": (
+        "minicpm", {"rope_traditional": True, "rope_scaling": {"type": "linear", "factor": 2.0}}, {}),
+    "minicpm-bf16-q4": ("minicpm", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "nemotron-f32": ("nemotron", {}, {}),
+    "nemotron-f32-tied-bias-linear": (
+        "nemotron", {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True, "head_dim": 8,
+                     "num_attention_heads": 8, "rope_scaling": {"type": "linear", "factor": 2.0}}, {}),
+    "nemotron-bf16-q4": ("nemotron", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "gpt_neox-f32": ("gpt_neox", {}, {"extras": True}),
+    "gpt_neox-f32-sequential": ("gpt_neox", {"use_parallel_residual": False, "rotary_pct": 1.0}, {}),
+    "gpt_neox-bf16-q4": ("gpt_neox", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "gpt2-f32": ("gpt2", {}, {}),
+    "gpt2-bf16-q4": ("gpt2", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "gpt_bigcode-f32-mqa": ("gpt_bigcode", {}, {}),
+    "gpt_bigcode-f32-mha-untied-nobias": (
+        "gpt_bigcode", {"multi_query": False, "tie_word_embeddings": False, "attention_bias": False,
+                        "mlp_bias": False}, {}),
+    "gpt_bigcode-bf16-q4": ("gpt_bigcode", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "stablelm-f32-qknorm": ("stablelm", {}, {}),
+    "stablelm-f32-parallel-nobias": (
+        "stablelm", {"qk_layernorm": False, "use_parallel_residual": True, "use_qkv_bias": False}, {}),
+    "stablelm-bf16-q4": ("stablelm", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
 })
 
 # Small twins committed under goldens/models/ (checked by `cargo test -p mlx-models`).
@@ -689,6 +726,12 @@ GOLDENS.update({
     "internlm2-small-f32-bias": ("internlm2", dict(SMALL, bias=True), {}),
     "exaone-small-f32": ("exaone", dict(SMALL), {}),
     "cohere-small-f32-qknorm": ("cohere", dict(SMALL), {}),
+    "minicpm-small-f32": ("minicpm", dict(SMALL), {}),
+    "nemotron-small-f32": ("nemotron", dict(SMALL), {}),
+    "gpt_neox-small-f32": ("gpt_neox", dict(SMALL), {}),
+    "gpt2-small-f32": ("gpt2", dict(SMALL, n_embd=32, n_positions=64, n_ctx=64), {}),
+    "gpt_bigcode-small-f32": ("gpt_bigcode", dict(SMALL, n_embd=32, n_inner=64, n_positions=64), {}),
+    "stablelm-small-f32-qknorm": ("stablelm", dict(SMALL), {}),
 })
 
 
@@ -795,6 +838,18 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight"] = v[e]
         else:
             out[k] = v
+    if mt == "gpt2":
+        # HF layout: unprefixed names, Conv1D weights as [in, out], the causal-mask buffer.
+        conv = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
+        out = {k.removeprefix("model."): (np.ascontiguousarray(v.T) if k.endswith(conv) else v)
+               for k, v in out.items()}
+        n = config["n_positions"]
+        for i in range(config["n_layer"]):
+            out[f"h.{i}.attn.bias"] = np.tril(np.ones((1, 1, n, n), np.float32))
+    if mt == "gpt_neox":
+        # HF layout: gpt_neox.layers.* / gpt_neox.embed_in / gpt_neox.final_layer_norm, embed_out at the top.
+        out = {(k.replace("model.embed_out.", "embed_out.").replace("model.h.", "gpt_neox.layers.")
+                .replace("model.", "gpt_neox.")): v for k, v in out.items()}
     if mt in ("granitemoehybrid", "granitemoe") and config.get("tie_word_embeddings", True):
         out["lm_head.weight"] = out["model.embed_tokens.weight"].copy()  # sanitize drops it
     if mt in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h"):
@@ -818,7 +873,14 @@ def to_hf_names(config, weights, opts, rng):
         # MiMo's multi-token-prediction layer, which mlx-lm's sanitize drops.
         out["model.mtp_layers.0.input_layernorm.weight"] = np.ones((config["hidden_size"],), np.float32)
         out["model.mtp_layers.0.token_layernorm.weight"] = np.ones((config["hidden_size"],), np.float32)
-    if opts.get("extras"):
+    if opts.get("extras") and mt == "gpt_neox":
+        # HF's registered buffers, which sanitize drops.
+        L = config["max_position_embeddings"]
+        for i in range(config["num_hidden_layers"]):
+            out[f"gpt_neox.layers.{i}.attention.bias"] = np.tril(np.ones((1, 1, L, L), np.float32))
+            out[f"gpt_neox.layers.{i}.attention.masked_bias"] = np.array(-1e9, np.float32)
+            out[f"gpt_neox.layers.{i}.attention.rotary_emb.inv_freq"] = rng.standard_normal((2,)).astype(np.float32)
+    elif opts.get("extras"):
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         rotary = "attention.rope" if mt == "internlm2" else "self_attn.rotary_emb"
         for i in range(config["num_hidden_layers"]):

@@ -84,6 +84,12 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("internlm2", "internlm2-f32-bias-tied-gqa4-dynamic", None),
     ("exaone", "exaone-f32-tied-bias-llama3", None),
     ("cohere", "cohere-f32-bias-noqknorm", None),
+    ("minicpm", "minicpm-f32-traditional-linear", None),
+    ("nemotron", "nemotron-f32-tied-bias-linear", None),
+    ("gpt_neox", "gpt_neox-f32", None),
+    ("gpt2", "gpt2-f32", None),
+    ("gpt_bigcode", "gpt_bigcode-f32-mha-untied-nobias", None),
+    ("stablelm", "stablelm-f32-qknorm", None),
     // Issue 26, hybrid and state-space families.
     ("qwen3_next", "qwen3_next-f32", None),
     ("qwen3_5", "qwen3_5-f32", None),
@@ -212,6 +218,12 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "internlm2",
         "exaone",
         "cohere",
+        "minicpm",
+        "nemotron",
+        "gpt_neox",
+        "gpt2",
+        "gpt_bigcode",
+        "stablelm",
     ] {
         add(src, "");
         add(src, "-q");

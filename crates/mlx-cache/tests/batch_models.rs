@@ -459,4 +459,16 @@ model_tests! {
         => "exaone-small-f32", true;
     batched_decode_equals_alone_cohere, prefilled_together_equals_alone_cohere
         => "cohere-small-f32-qknorm", true;
+    batched_decode_equals_alone_minicpm, prefilled_together_equals_alone_minicpm
+        => "minicpm-small-f32", true;
+    batched_decode_equals_alone_nemotron, prefilled_together_equals_alone_nemotron
+        => "nemotron-small-f32", true;
+    batched_decode_equals_alone_gpt_neox, prefilled_together_equals_alone_gpt_neox
+        => "gpt_neox-small-f32", true;
+    batched_decode_equals_alone_gpt2, prefilled_together_equals_alone_gpt2
+        => "gpt2-small-f32", true;
+    batched_decode_equals_alone_gpt_bigcode, prefilled_together_equals_alone_gpt_bigcode
+        => "gpt_bigcode-small-f32", true;
+    batched_decode_equals_alone_stablelm, prefilled_together_equals_alone_stablelm
+        => "stablelm-small-f32-qknorm", true;
 }

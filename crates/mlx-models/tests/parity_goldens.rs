@@ -99,6 +99,12 @@ golden_tests! {
     internlm2_grouped_wqkv_logits_match_mlx_lm => "internlm2-small-f32-bias",
     exaone_logits_match_mlx_lm => "exaone-small-f32",
     cohere_per_head_qk_norm_logits_match_mlx_lm => "cohere-small-f32-qknorm",
+    minicpm_scaled_residuals_logits_match_mlx_lm => "minicpm-small-f32",
+    nemotron_layernorm1p_relu2_logits_match_mlx_lm => "nemotron-small-f32",
+    gpt_neox_parallel_residual_logits_match_mlx_lm => "gpt_neox-small-f32",
+    gpt2_learned_positions_logits_match_mlx_lm => "gpt2-small-f32",
+    gpt_bigcode_multi_query_logits_match_mlx_lm => "gpt_bigcode-small-f32",
+    stablelm_per_head_layernorm_logits_match_mlx_lm => "stablelm-small-f32-qknorm",
 }
 
 #[test]

@@ -51,6 +51,12 @@ pub const TINY: &[&str] = &[
     "internlm2-f32",
     "exaone-f32",
     "cohere-f32-qknorm",
+    "minicpm-f32",
+    "nemotron-f32",
+    "gpt_neox-f32",
+    "gpt2-f32",
+    "gpt_bigcode-f32-mqa",
+    "stablelm-f32-qknorm",
     // Issue 26, hybrid and state-space families.
     "qwen3_next-f32",
     "qwen3_5-f32",

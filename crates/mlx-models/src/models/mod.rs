@@ -104,6 +104,12 @@ architectures! {
     internlm2,
     exaone,
     cohere,
+    minicpm,
+    nemotron,
+    gpt_neox,
+    gpt2,
+    gpt_bigcode,
+    stablelm,
 }
 
 /// Flat weight map (checkpoint name -> array).
