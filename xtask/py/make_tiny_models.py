@@ -639,6 +639,9 @@ VARIANTS.update({
     "stablelm-f32-parallel-nobias": (
         "stablelm", {"qk_layernorm": False, "use_parallel_residual": True, "use_qkv_bias": False}, {}),
     "stablelm-bf16-q4": ("stablelm", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "qwen3_vl_moe-f32-nested": ("qwen3_moe", {}, {"wrap_vl": ("qwen3_vl_moe", "nested"), "fused_vl_experts": True}),
+    "qwen3_vl_moe-q4": ("qwen3_moe", {}, {"wrap_vl": ("qwen3_vl_moe", "nested"), "fused_vl_experts": True,
+                                          "quant": {"bits": 4, "group_size": 64}}),
 })
 
 # Small twins committed under goldens/models/ (checked by `cargo test -p mlx-models`).
@@ -732,6 +735,8 @@ GOLDENS.update({
     "gpt2-small-f32": ("gpt2", dict(SMALL, n_embd=32, n_positions=64, n_ctx=64), {}),
     "gpt_bigcode-small-f32": ("gpt_bigcode", dict(SMALL, n_embd=32, n_inner=64, n_positions=64), {}),
     "stablelm-small-f32-qknorm": ("stablelm", dict(SMALL), {}),
+    "qwen3_vl_moe-small-f32": ("qwen3_moe", dict(SMALL, head_dim=8, moe_intermediate_size=32),
+                               {"wrap_vl": ("qwen3_vl_moe", "nested"), "fused_vl_experts": True}),
 })
 
 
@@ -772,6 +777,17 @@ def to_hf_names(config, weights, opts, rng):
     mt = config["model_type"]
     out = {}
     for k, v in weights.items():
+        if opts.get("fused_vl_experts") and ".mlp.switch_mlp." in k:
+            # Qwen3-VL-MoE's HF experts: gate_up_proj [E, D, 2I], down_proj [E, I, D].
+            prefix = k.split(".mlp.switch_mlp.")[0]
+            proj = k.split(".")[-2]
+            if proj == "down_proj":
+                out[f"{prefix}.mlp.experts.down_proj"] = np.ascontiguousarray(np.swapaxes(v, -1, -2))
+            elif proj == "gate_proj":
+                up = weights[k.replace("gate_proj", "up_proj")]
+                out[f"{prefix}.mlp.experts.gate_up_proj"] = np.ascontiguousarray(
+                    np.concatenate([np.swapaxes(v, -1, -2), np.swapaxes(up, -1, -2)], axis=-1))
+            continue
         if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe", "ernie4_5_moe") and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]

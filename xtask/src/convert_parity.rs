@@ -90,6 +90,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("gpt2", "gpt2-f32", None),
     ("gpt_bigcode", "gpt_bigcode-f32-mha-untied-nobias", None),
     ("stablelm", "stablelm-f32-qknorm", None),
+    ("qwen3_vl_moe", "qwen3_vl_moe-f32-nested", None),
     // Issue 26, hybrid and state-space families.
     ("qwen3_next", "qwen3_next-f32", None),
     ("qwen3_5", "qwen3_5-f32", None),
@@ -224,6 +225,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "gpt2",
         "gpt_bigcode",
         "stablelm",
+        "qwen3_vl_moe",
     ] {
         add(src, "");
         add(src, "-q");

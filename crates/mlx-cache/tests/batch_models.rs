@@ -471,4 +471,6 @@ model_tests! {
         => "gpt_bigcode-small-f32", true;
     batched_decode_equals_alone_stablelm, prefilled_together_equals_alone_stablelm
         => "stablelm-small-f32-qknorm", true;
+    batched_decode_equals_alone_qwen3_vl_moe, prefilled_together_equals_alone_qwen3_vl_moe
+        => "qwen3_vl_moe-small-f32", true;
 }

@@ -105,6 +105,7 @@ golden_tests! {
     gpt2_learned_positions_logits_match_mlx_lm => "gpt2-small-f32",
     gpt_bigcode_multi_query_logits_match_mlx_lm => "gpt_bigcode-small-f32",
     stablelm_per_head_layernorm_logits_match_mlx_lm => "stablelm-small-f32-qknorm",
+    qwen3_vl_moe_fused_experts_text_logits_match_mlx_lm => "qwen3_vl_moe-small-f32",
 }
 
 #[test]

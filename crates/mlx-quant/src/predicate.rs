@@ -197,7 +197,7 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
         }
     };
     match model_type {
-        "qwen3_moe" => Some(choose(path.ends_with("mlp.gate"))),
+        "qwen3_moe" | "qwen3_vl_moe" => Some(choose(path.ends_with("mlp.gate"))),
         "gpt_oss" => Some(choose(path.ends_with("router"))),
         "granite" => Some(choose(
             path.ends_with("self_attn.o_proj")

@@ -110,6 +110,7 @@ architectures! {
     gpt2,
     gpt_bigcode,
     stablelm,
+    qwen3_vl_moe,
 }
 
 /// Flat weight map (checkpoint name -> array).
