@@ -341,6 +341,10 @@ ARCHS.update({
     "stablelm": {"model_type": "stablelm", "use_qkv_bias": True, "partial_rotary_factor": 0.25,
                  "layer_norm_eps": 1e-5, "rope_theta": 10000.0, "qk_layernorm": True,
                  "use_parallel_residual": False},
+    "dots1": {"model_type": "dots1", "head_dim": 16, "num_hidden_layers": 3, "first_k_dense_replace": 1,
+              "moe_intermediate_size": 32, "n_routed_experts": 8, "n_shared_experts": 1, "norm_topk_prob": True,
+              "num_experts_per_tok": 2, "rope_theta": 10000.0, "routed_scaling_factor": 2.5, "n_group": 2,
+              "topk_group": 1, "tie_word_embeddings": False},
 })
 
 LLAMA3 = {
@@ -642,6 +646,11 @@ VARIANTS.update({
     "qwen3_vl_moe-f32-nested": ("qwen3_moe", {}, {"wrap_vl": ("qwen3_vl_moe", "nested"), "fused_vl_experts": True}),
     "qwen3_vl_moe-q4": ("qwen3_moe", {}, {"wrap_vl": ("qwen3_vl_moe", "nested"), "fused_vl_experts": True,
                                           "quant": {"bits": 4, "group_size": 64}}),
+    "dots1-f32": ("dots1", {}, {}),
+    "dots1-f32-tied-one-group": (
+        "dots1", {"n_group": 1, "topk_group": 1, "tie_word_embeddings": True, "n_shared_experts": 2,
+                  "norm_topk_prob": False, "first_k_dense_replace": 0, "mlp_bias": True}, {"extras": True}),
+    "dots1-q4": ("dots1", {}, {"quant": {"bits": 4, "group_size": 64}}),
 })
 
 # Small twins committed under goldens/models/ (checked by `cargo test -p mlx-models`).
@@ -737,6 +746,7 @@ GOLDENS.update({
     "stablelm-small-f32-qknorm": ("stablelm", dict(SMALL), {}),
     "qwen3_vl_moe-small-f32": ("qwen3_moe", dict(SMALL, head_dim=8, moe_intermediate_size=32),
                                {"wrap_vl": ("qwen3_vl_moe", "nested"), "fused_vl_experts": True}),
+    "dots1-small-f32": ("dots1", dict(SMALL, head_dim=8, moe_intermediate_size=16), {}),
 })
 
 
@@ -846,6 +856,11 @@ def to_hf_names(config, weights, opts, rng):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "lfm2" and k.endswith("conv.conv.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
+        elif mt == "dots1" and ".mlp.experts." in k and v.ndim == 3:
+            proj = k.split(".")[-2]
+            prefix = k.split(".mlp.experts.")[0]
+            for e in range(v.shape[0]):
+                out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
         elif mt in ("mixtral", "phimoe") and ".block_sparse_moe.switch_mlp." in k:
             proj = k.split(".")[-2]
             w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[proj]

@@ -91,6 +91,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("gpt_bigcode", "gpt_bigcode-f32-mha-untied-nobias", None),
     ("stablelm", "stablelm-f32-qknorm", None),
     ("qwen3_vl_moe", "qwen3_vl_moe-f32-nested", None),
+    ("dots1", "dots1-f32-tied-one-group", None),
     // Issue 26, hybrid and state-space families.
     ("qwen3_next", "qwen3_next-f32", None),
     ("qwen3_5", "qwen3_5-f32", None),
@@ -226,6 +227,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "gpt_bigcode",
         "stablelm",
         "qwen3_vl_moe",
+        "dots1",
     ] {
         add(src, "");
         add(src, "-q");

@@ -473,4 +473,6 @@ model_tests! {
         => "stablelm-small-f32-qknorm", true;
     batched_decode_equals_alone_qwen3_vl_moe, prefilled_together_equals_alone_qwen3_vl_moe
         => "qwen3_vl_moe-small-f32", true;
+    batched_decode_equals_alone_dots1, prefilled_together_equals_alone_dots1
+        => "dots1-small-f32", true;
 }

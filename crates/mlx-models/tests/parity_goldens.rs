@@ -106,6 +106,7 @@ golden_tests! {
     gpt_bigcode_multi_query_logits_match_mlx_lm => "gpt_bigcode-small-f32",
     stablelm_per_head_layernorm_logits_match_mlx_lm => "stablelm-small-f32-qknorm",
     qwen3_vl_moe_fused_experts_text_logits_match_mlx_lm => "qwen3_vl_moe-small-f32",
+    dots1_group_routing_shared_experts_logits_match_mlx_lm => "dots1-small-f32",
 }
 
 #[test]

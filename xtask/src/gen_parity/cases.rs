@@ -58,6 +58,7 @@ pub const TINY: &[&str] = &[
     "gpt_bigcode-f32-mqa",
     "stablelm-f32-qknorm",
     "qwen3_vl_moe-f32-nested",
+    "dots1-f32",
     // Issue 26, hybrid and state-space families.
     "qwen3_next-f32",
     "qwen3_5-f32",

@@ -111,6 +111,7 @@ architectures! {
     gpt_bigcode,
     stablelm,
     qwen3_vl_moe,
+    dots1,
 }
 
 /// Flat weight map (checkpoint name -> array).
