@@ -1,9 +1,10 @@
 //! GraniteMoE, following `mlx_lm/models/granitemoe.py`: Granite's scaled layers
 //! (granite.rs) with a `block_sparse_moe` of SwitchGLU experts instead of the MLP,
 //! softmax over the top-k router logits in float32.
+use super::decoder::Decoder;
 use super::decoder::{add_residual, FeedForward};
-use super::granite::{self, GraniteModel};
-use super::head;
+use super::granite;
+use super::head::{self, LogitScale};
 use super::{top_k_indices, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -105,7 +106,7 @@ impl FeedForward for GraniteMoeMoe {
 #[derive(Debug)]
 pub struct Model {
     args: ModelArgs,
-    model: GraniteModel<GraniteMoeMoe>,
+    model: Decoder<GraniteMoeMoe>,
     lm_head: Option<LinearLayer>,
 }
 impl_module!(Model { model, lm_head });
@@ -123,7 +124,7 @@ impl Model {
                 top_k: args.num_experts_per_tok,
             })
         };
-        let model = GraniteModel::new(&args.as_granite(), moe, "block_sparse_moe")?;
+        let model = granite::decoder(&args.as_granite(), moe, "block_sparse_moe")?;
         let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
         Ok(Model {
             args,
@@ -141,8 +142,8 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        self.model
-            .logits(self.lm_head.as_ref(), &out, self.args.logits_scaling)
+        let scale = LogitScale::Over(self.args.logits_scaling);
+        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, scale)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]

@@ -2,7 +2,9 @@
 //! embedding times `scale_emb`, each residual branch times
 //! `scale_depth / sqrt(num_hidden_layers)`), the untied head reading the hidden states
 //! divided by `hidden_size / dim_model_base`.
-use super::granite::{self, GraniteModel};
+use super::decoder::Decoder;
+use super::granite;
+use super::head::{self, LogitScale};
 use super::mlp::Mlp;
 use super::{Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
@@ -96,7 +98,7 @@ impl ModelArgs {
 pub struct Model {
     args: ModelArgs,
     head_divisor: f64,
-    model: GraniteModel<Mlp>,
+    model: Decoder<Mlp>,
     lm_head: Option<LinearLayer>,
 }
 impl_module!(Model { model, lm_head });
@@ -109,8 +111,8 @@ impl Model {
         }
         let g = args.as_granite()?;
         let (dim, hidden) = (args.hidden_size, args.intermediate_size);
-        let model = GraniteModel::new(&g, || Mlp::new(dim, hidden, false), "mlp")?;
-        let lm_head = super::head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
+        let model = granite::decoder(&g, || Mlp::new(dim, hidden, false), "mlp")?;
+        let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
         Ok(Model {
             head_divisor: g.logits_scaling,
             args,
@@ -132,7 +134,7 @@ impl LanguageModel for Model {
         let out = self.model.forward(tokens, caches)?;
         match &self.lm_head {
             Some(head) => head.forward(&out.divide(self.head_divisor)?),
-            None => self.model.logits(None, &out, 1.0),
+            None => head::logits(&self.model.embed_tokens, None, &out, LogitScale::None),
         }
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
