@@ -254,21 +254,7 @@ impl LanguageModel for Model {
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.h.len()]
     }
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
-    }
-    fn num_layers(&self) -> usize {
-        self.model.h.len()
-    }
-    fn as_module(&self) -> Option<&dyn mlx_nn::Module> {
-        Some(self)
-    }
-    fn as_module_mut(&mut self) -> Option<&mut dyn mlx_nn::Module> {
-        Some(self)
-    }
+    decoder_accessors!(model.h);
 }
 
 impl Architecture for Model {
