@@ -337,6 +337,40 @@ ARCHS.update({
                                   "long_factor": [1.0, 1.5, 2.0, 3.0], "short_factor": [1.0, 1.0, 1.0, 1.0]}},
 })
 
+# Issue 26, wave 2 part B: dense and MoE families (one entry each).
+ARCHS.update({
+    "phi": {"model_type": "phi", "partial_rotary_factor": 0.5, "layer_norm_eps": 1e-5, "rope_theta": 10000.0},
+    "phimoe": {"model_type": "phimoe", "num_local_experts": 4, "num_experts_per_tok": 2, "rope_scaling": None,
+               "rope_theta": 10000.0, "router_jitter_noise": 0.01},
+    "granitemoe": {"model_type": "granitemoe", "rope_theta": 10000.0, "tie_word_embeddings": True,
+                   "attention_bias": False, "logits_scaling": 4.0, "attention_multiplier": 0.0625,
+                   "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "num_local_experts": 4,
+                   "num_experts_per_tok": 2, "intermediate_size": 64},
+    "internlm2": {"model_type": "internlm2", "rope_theta": 1000000.0, "bias": False, "tie_word_embeddings": False},
+    "exaone": {"model_type": "exaone", "num_layers": 2, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0,
+               "tie_word_embeddings": False},
+    "cohere": {"model_type": "cohere", "rope_theta": 8000000.0, "layer_norm_eps": 1e-5, "logit_scale": 0.0625,
+               "use_qk_norm": True},
+    # Untied only: for a tied config mlx-lm's sanitize adds an lm_head.weight its model lacks.
+    "minicpm": {"model_type": "minicpm", "dim_model_base": 16, "scale_depth": 1.4, "scale_emb": 12.0,
+                "rope_theta": 10000.0, "tie_word_embeddings": False},
+    "nemotron": {"model_type": "nemotron", "hidden_act": "relu2", "norm_eps": 1e-5, "partial_rotary_factor": 0.5,
+                 "rope_theta": 10000.0, "tie_word_embeddings": False},
+    "gpt_neox": {"model_type": "gpt_neox", "rotary_emb_base": 10000, "rotary_pct": 0.25, "layer_norm_eps": 1e-5,
+                 "use_parallel_residual": True},
+    "gpt2": {"model_type": "gpt2", "n_ctx": 256, "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 256,
+             "layer_norm_epsilon": 1e-5},
+    "gpt_bigcode": {"model_type": "gpt_bigcode", "n_embd": 64, "n_layer": 2, "n_inner": 128, "n_head": 4,
+                    "n_positions": 256, "layer_norm_epsilon": 1e-5, "multi_query": True},
+    "stablelm": {"model_type": "stablelm", "use_qkv_bias": True, "partial_rotary_factor": 0.25,
+                 "layer_norm_eps": 1e-5, "rope_theta": 10000.0, "qk_layernorm": True,
+                 "use_parallel_residual": False},
+    "dots1": {"model_type": "dots1", "head_dim": 16, "num_hidden_layers": 3, "first_k_dense_replace": 1,
+              "moe_intermediate_size": 32, "n_routed_experts": 8, "n_shared_experts": 1, "norm_topk_prob": True,
+              "num_experts_per_tok": 2, "rope_theta": 10000.0, "routed_scaling_factor": 2.5, "n_group": 2,
+              "topk_group": 1, "tie_word_embeddings": False},
+})
+
 LLAMA3 = {
     "rope_type": "llama3",
     "factor": 8.0,
@@ -577,6 +611,72 @@ VARIANTS.update({
                                        "wrap_vl": ("qwen3_vl", "flat")}),
 })
 
+# SuScaledRoPE with an explicit long_mscale (head size 16: 8 factors each).
+PHIMOE_LONGROPE = {"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7],
+                   "long_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5], "short_mscale": 1.1,
+                   "long_mscale": 1.25}
+
+# Issue 26, wave 2 part B.
+VARIANTS.update({
+    "phi-f32": ("phi", {}, {}),
+    "phi-f32-mha-rotary04": ("phi", {"num_key_value_heads": None, "partial_rotary_factor": 0.4}, {}),
+    "phi-bf16": ("phi", {}, {"dtype": "bfloat16"}),
+    "phi-bf16-q4": ("phi", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "phimoe-f32": ("phimoe", {}, {}),
+    "phimoe-f32-longrope": (
+        "phimoe", {"rope_scaling": PHIMOE_LONGROPE, "max_position_embeddings": 512,
+                   "original_max_position_embeddings": 64, "router_jitter_noise": 0.5}, {}),
+    "phimoe-q4": ("phimoe", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "granitemoe-f32-tied": ("granitemoe", {}, {}),
+    "granitemoe-f32-untied-bias": ("granitemoe", {"tie_word_embeddings": False, "attention_bias": True}, {}),
+    "granitemoe-q4": ("granitemoe", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "internlm2-f32": ("internlm2", {}, {"extras": True}),
+    "internlm2-f32-bias-tied-gqa4-dynamic": (
+        "internlm2", {"bias": True, "tie_word_embeddings": True, "num_attention_heads": 8,
+                      "rope_scaling": {"type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8}, {}),
+    "internlm2-bf16-q4": ("internlm2", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "exaone-f32": ("exaone", {}, {}),
+    "exaone-f32-tied-bias-llama3": (
+        "exaone", {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True, "rope_scaling": LLAMA3,
+                   "head_dim": 8, "num_attention_heads": 8}, {}),
+    "exaone-bf16-q4": ("exaone", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "cohere-f32-qknorm": ("cohere", {}, {}),
+    "cohere-f32-bias-noqknorm": ("cohere", {"use_qk_norm": False, "attention_bias": True, "layer_norm_bias": True},
+                                 {}),
+    "cohere-bf16-q4": ("cohere", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "minicpm-f32": ("minicpm", {}, {}),
+    "minicpm-f32-traditional-linear": (
+        "minicpm", {"rope_traditional": True, "rope_scaling": {"type": "linear", "factor": 2.0}}, {}),
+    "minicpm-bf16-q4": ("minicpm", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "nemotron-f32": ("nemotron", {}, {}),
+    "nemotron-f32-tied-bias-linear": (
+        "nemotron", {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True, "head_dim": 8,
+                     "num_attention_heads": 8, "rope_scaling": {"type": "linear", "factor": 2.0}}, {}),
+    "nemotron-bf16-q4": ("nemotron", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "gpt_neox-f32": ("gpt_neox", {}, {"extras": True}),
+    "gpt_neox-f32-sequential": ("gpt_neox", {"use_parallel_residual": False, "rotary_pct": 1.0}, {}),
+    "gpt_neox-bf16-q4": ("gpt_neox", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "gpt2-f32": ("gpt2", {}, {}),
+    "gpt2-bf16-q4": ("gpt2", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "gpt_bigcode-f32-mqa": ("gpt_bigcode", {}, {}),
+    "gpt_bigcode-f32-mha-untied-nobias": (
+        "gpt_bigcode", {"multi_query": False, "tie_word_embeddings": False, "attention_bias": False,
+                        "mlp_bias": False}, {}),
+    "gpt_bigcode-bf16-q4": ("gpt_bigcode", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "stablelm-f32-qknorm": ("stablelm", {}, {}),
+    "stablelm-f32-parallel-nobias": (
+        "stablelm", {"qk_layernorm": False, "use_parallel_residual": True, "use_qkv_bias": False}, {}),
+    "stablelm-bf16-q4": ("stablelm", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+    "qwen3_vl_moe-f32-nested": ("qwen3_moe", {}, {"wrap_vl": ("qwen3_vl_moe", "nested"), "fused_vl_experts": True}),
+    "qwen3_vl_moe-q4": ("qwen3_moe", {}, {"wrap_vl": ("qwen3_vl_moe", "nested"), "fused_vl_experts": True,
+                                          "quant": {"bits": 4, "group_size": 64}}),
+    "dots1-f32": ("dots1", {}, {}),
+    "dots1-f32-tied-one-group": (
+        "dots1", {"n_group": 1, "topk_group": 1, "tie_word_embeddings": True, "n_shared_experts": 2,
+                  "norm_topk_prob": False, "first_k_dense_replace": 0, "mlp_bias": True}, {"extras": True}),
+    "dots1-q4": ("dots1", {}, {"quant": {"bits": 4, "group_size": 64}}),
+})
+
 # Small twins committed under goldens/models/ (checked by `cargo test -p mlx-models`).
 GOLDENS = {
     "llama-small-f32-tied": ("llama", dict(SMALL), {"extras": True}),
@@ -693,6 +793,29 @@ GOLDENS.update({
 })
 
 
+# Issue 26, wave 2 part B.
+GOLDENS.update({
+    "phi-small-f32": ("phi", dict(SMALL), {}),
+    "phimoe-small-f32-longrope": (
+        "phimoe", dict(SMALL, intermediate_size=32, max_position_embeddings=512, original_max_position_embeddings=64,
+                       rope_scaling=dict(PHIMOE_LONGROPE, short_factor=[1.0, 1.1, 1.2, 1.3],
+                                         long_factor=[1.0, 1.5, 2.0, 2.5])), {}),
+    "granitemoe-small-f32": ("granitemoe", dict(SMALL, intermediate_size=32), {}),
+    "internlm2-small-f32-bias": ("internlm2", dict(SMALL, bias=True), {}),
+    "exaone-small-f32": ("exaone", dict(SMALL), {}),
+    "cohere-small-f32-qknorm": ("cohere", dict(SMALL), {}),
+    "minicpm-small-f32": ("minicpm", dict(SMALL), {}),
+    "nemotron-small-f32": ("nemotron", dict(SMALL), {}),
+    "gpt_neox-small-f32": ("gpt_neox", dict(SMALL), {}),
+    "gpt2-small-f32": ("gpt2", dict(SMALL, n_embd=32, n_positions=64, n_ctx=64), {}),
+    "gpt_bigcode-small-f32": ("gpt_bigcode", dict(SMALL, n_embd=32, n_inner=64, n_positions=64), {}),
+    "stablelm-small-f32-qknorm": ("stablelm", dict(SMALL), {}),
+    "qwen3_vl_moe-small-f32": ("qwen3_moe", dict(SMALL, head_dim=8, moe_intermediate_size=32),
+                               {"wrap_vl": ("qwen3_vl_moe", "nested"), "fused_vl_experts": True}),
+    "dots1-small-f32": ("dots1", dict(SMALL, head_dim=8, moe_intermediate_size=16), {}),
+})
+
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -730,6 +853,17 @@ def to_hf_names(config, weights, opts, rng):
     mt = config["model_type"]
     out = {}
     for k, v in weights.items():
+        if opts.get("fused_vl_experts") and ".mlp.switch_mlp." in k:
+            # Qwen3-VL-MoE's HF experts: gate_up_proj [E, D, 2I], down_proj [E, I, D].
+            prefix = k.split(".mlp.switch_mlp.")[0]
+            proj = k.split(".")[-2]
+            if proj == "down_proj":
+                out[f"{prefix}.mlp.experts.down_proj"] = np.ascontiguousarray(np.swapaxes(v, -1, -2))
+            elif proj == "gate_proj":
+                up = weights[k.replace("gate_proj", "up_proj")]
+                out[f"{prefix}.mlp.experts.gate_up_proj"] = np.ascontiguousarray(
+                    np.concatenate([np.swapaxes(v, -1, -2), np.swapaxes(up, -1, -2)], axis=-1))
+            continue
         if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe", "ernie4_5_moe") and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
@@ -787,7 +921,7 @@ def to_hf_names(config, weights, opts, rng):
                     out[f"{prefix}.experts.gate_up_proj"] = np.concatenate([v, up], axis=-2)
             else:
                 out[name] = v
-        elif mt == "granitemoehybrid" and ".block_sparse_moe.switch_mlp." in k:
+        elif mt in ("granitemoehybrid", "granitemoe") and ".block_sparse_moe.switch_mlp." in k:
             prefix = k.split(".switch_mlp.")[0]
             proj = k.split(".")[-2]
             if proj == "down_proj":
@@ -808,7 +942,12 @@ def to_hf_names(config, weights, opts, rng):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "lfm2" and k.endswith("conv.conv.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
-        elif mt == "mixtral" and ".block_sparse_moe.switch_mlp." in k:
+        elif mt == "dots1" and ".mlp.experts." in k and v.ndim == 3:
+            proj = k.split(".")[-2]
+            prefix = k.split(".mlp.experts.")[0]
+            for e in range(v.shape[0]):
+                out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
+        elif mt in ("mixtral", "phimoe") and ".block_sparse_moe.switch_mlp." in k:
             proj = k.split(".")[-2]
             w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[proj]
             prefix = k.split(".block_sparse_moe.switch_mlp.")[0]
@@ -816,7 +955,19 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight"] = v[e]
         else:
             out[k] = v
-    if mt == "granitemoehybrid" and config.get("tie_word_embeddings", True):
+    if mt == "gpt2":
+        # HF layout: unprefixed names, Conv1D weights as [in, out], the causal-mask buffer.
+        conv = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
+        out = {k.removeprefix("model."): (np.ascontiguousarray(v.T) if k.endswith(conv) else v)
+               for k, v in out.items()}
+        n = config["n_positions"]
+        for i in range(config["n_layer"]):
+            out[f"h.{i}.attn.bias"] = np.tril(np.ones((1, 1, n, n), np.float32))
+    if mt == "gpt_neox":
+        # HF layout: gpt_neox.layers.* / gpt_neox.embed_in / gpt_neox.final_layer_norm, embed_out at the top.
+        out = {(k.replace("model.embed_out.", "embed_out.").replace("model.h.", "gpt_neox.layers.")
+                .replace("model.", "gpt_neox.")): v for k, v in out.items()}
+    if mt in ("granitemoehybrid", "granitemoe") and config.get("tie_word_embeddings", True):
         out["lm_head.weight"] = out["model.embed_tokens.weight"].copy()  # sanitize drops it
     if mt in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h"):
         out["mtp.fc.weight"] = rng.standard_normal((4, 4)).astype(np.float32)  # sanitize drops it
@@ -843,12 +994,20 @@ def to_hf_names(config, weights, opts, rng):
         # MiMo's multi-token-prediction layer, which mlx-lm's sanitize drops.
         out["model.mtp_layers.0.input_layernorm.weight"] = np.ones((config["hidden_size"],), np.float32)
         out["model.mtp_layers.0.token_layernorm.weight"] = np.ones((config["hidden_size"],), np.float32)
-    if opts.get("extras"):
-        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if opts.get("extras") and mt == "gpt_neox":
+        # HF's registered buffers, which sanitize drops.
+        L = config["max_position_embeddings"]
         for i in range(config["num_hidden_layers"]):
-            out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = rng.standard_normal(
+            out[f"gpt_neox.layers.{i}.attention.bias"] = np.tril(np.ones((1, 1, L, L), np.float32))
+            out[f"gpt_neox.layers.{i}.attention.masked_bias"] = np.array(-1e9, np.float32)
+            out[f"gpt_neox.layers.{i}.attention.rotary_emb.inv_freq"] = rng.standard_normal((2,)).astype(np.float32)
+    elif opts.get("extras"):
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        rotary = "attention.rope" if mt == "internlm2" else "self_attn.rotary_emb"
+        for i in range(config["num_hidden_layers"]):
+            out[f"model.layers.{i}.{rotary}.inv_freq"] = rng.standard_normal(
                 (head_dim // 2,)).astype(np.float32)
-        if config.get("tie_word_embeddings", True):
+        if config.get("tie_word_embeddings", True) and mt != "internlm2":
             out["lm_head.weight"] = out["model.embed_tokens.weight"].copy()
     return out
 

@@ -77,6 +77,21 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("qwen2_5_vl", "qwen2_5_vl-f32-nested-untied", None),
     ("qwen3_vl", "qwen3_vl-f32-nested-untied", None),
     ("hunyuan_v1_dense", "hunyuan_v1_dense-f32-tied-noqk", None),
+    // Issue 26, wave 2 part B.
+    ("phi", "phi-f32-mha-rotary04", None),
+    ("phimoe", "phimoe-f32-longrope", None),
+    ("granitemoe", "granitemoe-f32-untied-bias", None),
+    ("internlm2", "internlm2-f32-bias-tied-gqa4-dynamic", None),
+    ("exaone", "exaone-f32-tied-bias-llama3", None),
+    ("cohere", "cohere-f32-bias-noqknorm", None),
+    ("minicpm", "minicpm-f32-traditional-linear", None),
+    ("nemotron", "nemotron-f32-tied-bias-linear", None),
+    ("gpt_neox", "gpt_neox-f32", None),
+    ("gpt2", "gpt2-f32", None),
+    ("gpt_bigcode", "gpt_bigcode-f32-mha-untied-nobias", None),
+    ("stablelm", "stablelm-f32-qknorm", None),
+    ("qwen3_vl_moe", "qwen3_vl_moe-f32-nested", None),
+    ("dots1", "dots1-f32-tied-one-group", None),
     // Issue 26, hybrid and state-space families.
     ("qwen3_next", "qwen3_next-f32", None),
     ("qwen3_5", "qwen3_5-f32", None),
@@ -209,6 +224,21 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "qwen2_5_vl",
         "qwen3_vl",
         "hunyuan_v1_dense",
+        // Issue 26, wave 2 part B.
+        "phi",
+        "phimoe",
+        "granitemoe",
+        "internlm2",
+        "exaone",
+        "cohere",
+        "minicpm",
+        "nemotron",
+        "gpt_neox",
+        "gpt2",
+        "gpt_bigcode",
+        "stablelm",
+        "qwen3_vl_moe",
+        "dots1",
     ] {
         add(src, "");
         add(src, "-q");

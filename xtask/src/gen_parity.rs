@@ -31,8 +31,8 @@
 //! table (a failure) means only that key count is off. `known` marks a deliberate
 //! difference (not a failure).
 //!
-//! Options (after `cargo xtask parity`): `--gen-only`, `--no-gen`, `--gen-filter S`
-//! (cases whose `row/col` contains S), `--no-build` (use the binaries as built).
+//! Options (after `cargo xtask parity`): `--gen-only`, `--no-gen`, `--gen-filter S[,T]`
+//! (cases whose `row/col` contains S or T), `--no-build` (use the binaries as built).
 use anyhow::{bail, Context, Result};
 use cases::{p, Case, Cmd};
 use std::collections::{BTreeMap, HashMap};
@@ -498,7 +498,9 @@ fn run_plain_gen_parity(root: &Path, py: &Path, args: &[String]) -> Result<()> {
     let ppl_data = cases::write_perplexity_data(&gen_dir.join("perplexity-data"))?;
     cases.extend(cases::perplexity_cases(&models, &ppl_data, &default));
     let ppl_bin = gen_bin.with_file_name("mlx-perplexity");
-    cases.retain(|c| filter.is_empty() || c.id().contains(&filter));
+    // `--gen-filter a,b`: cases whose id contains one of them.
+    let filters: Vec<&str> = filter.split(',').filter(|f| !f.is_empty()).collect();
+    cases.retain(|c| filters.is_empty() || filters.iter().any(|f| c.id().contains(f)));
 
     // Our prompt-cache files first: mlx-lm reads them.
     let mut verdicts: HashMap<String, Verdict> = HashMap::new();

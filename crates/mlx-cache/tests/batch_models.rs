@@ -458,4 +458,33 @@ model_tests! {
         => "deepseek_v2-small-f32", true;
     batched_decode_equals_alone_minicpm3, prefilled_together_equals_alone_minicpm3
         => "minicpm3-small-f32", true;
+    // Issue 26, wave 2 part B.
+    batched_decode_equals_alone_phi, prefilled_together_equals_alone_phi
+        => "phi-small-f32", true;
+    batched_decode_equals_alone_phimoe, prefilled_together_equals_alone_phimoe
+        => "phimoe-small-f32-longrope", true;
+    batched_decode_equals_alone_granitemoe, prefilled_together_equals_alone_granitemoe
+        => "granitemoe-small-f32", true;
+    batched_decode_equals_alone_internlm2, prefilled_together_equals_alone_internlm2
+        => "internlm2-small-f32-bias", true;
+    batched_decode_equals_alone_exaone, prefilled_together_equals_alone_exaone
+        => "exaone-small-f32", true;
+    batched_decode_equals_alone_cohere, prefilled_together_equals_alone_cohere
+        => "cohere-small-f32-qknorm", true;
+    batched_decode_equals_alone_minicpm, prefilled_together_equals_alone_minicpm
+        => "minicpm-small-f32", true;
+    batched_decode_equals_alone_nemotron, prefilled_together_equals_alone_nemotron
+        => "nemotron-small-f32", true;
+    batched_decode_equals_alone_gpt_neox, prefilled_together_equals_alone_gpt_neox
+        => "gpt_neox-small-f32", true;
+    batched_decode_equals_alone_gpt2, prefilled_together_equals_alone_gpt2
+        => "gpt2-small-f32", true;
+    batched_decode_equals_alone_gpt_bigcode, prefilled_together_equals_alone_gpt_bigcode
+        => "gpt_bigcode-small-f32", true;
+    batched_decode_equals_alone_stablelm, prefilled_together_equals_alone_stablelm
+        => "stablelm-small-f32-qknorm", true;
+    batched_decode_equals_alone_qwen3_vl_moe, prefilled_together_equals_alone_qwen3_vl_moe
+        => "qwen3_vl_moe-small-f32", true;
+    batched_decode_equals_alone_dots1, prefilled_together_equals_alone_dots1
+        => "dots1-small-f32", true;
 }

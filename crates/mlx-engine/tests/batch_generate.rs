@@ -104,3 +104,47 @@ fn bad_batches_are_refused() {
     let out = gen.generate(&[vec![1, 2]], 3).expect("batch");
     assert_eq!(out.tokens[0].len(), 3);
 }
+
+/// Models with recurrent layers (`ArraysCache`) batch in the engine: each prompt's greedy
+/// tokens among others (fewer slots than prompts, so later ones join a decoding batch;
+/// prompts of different lengths prefilled in one padded chunk) equal its tokens alone. mamba's and nemotron_h's
+/// blocks ignore a batched prefill's padding (as mlx-lm's do), so the engine prefills
+/// their prompts one at a time; the others keep the padding out through the cache's
+/// lengths (and match mlx-lm's `batch_generate` in the test above).
+#[test]
+fn recurrent_models_batched_equal_alone() {
+    let lengths = [5usize, 1, 12, 7, 3];
+    let prompts: Vec<Vec<u32>> = lengths
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            (0..n)
+                .map(|j| ((i * 31 + j * 17 + 3) % 127 + 1) as u32)
+                .collect()
+        })
+        .collect();
+    for name in [
+        "mamba-small-f32",
+        "nemotron_h-small-f32",
+        "mamba2-small-f32",
+        "qwen3_next-small-f32",
+        "lfm2-small-f32",
+        "granitemoehybrid-small-f32",
+    ] {
+        let dir = root().join("goldens/models").join(name);
+        let (model, _) = mlx_models::load_model(&dir).expect("tiny model");
+        let opts = BatchOptions {
+            completion_batch_size: 3,
+            ..Default::default()
+        };
+        let gen = BatchGenerator::start(model, opts).expect("engine");
+        let together = gen.generate(&prompts, 8).expect("batch").tokens;
+        for (p, t) in prompts.iter().zip(&together) {
+            let alone = gen
+                .generate(std::slice::from_ref(p), 8)
+                .expect("alone")
+                .tokens;
+            assert_eq!(&alone[0], t, "{name}: prompt {p:?}");
+        }
+    }
+}

@@ -57,6 +57,16 @@ pub trait LanguageModel: Send {
     fn defines_make_cache(&self) -> bool {
         false
     }
+
+    /// Whether prompts of different lengths prefilled together in one right-padded
+    /// batch each end with the state they would have alone: true where every layer keeps
+    /// the padding out (attention masks, recurrent layers through `ArraysCache`'s
+    /// lengths). Models whose recurrent blocks ignore the padding (as mlx-lm's do) answer
+    /// false, and the engine prefills their prompts one at a time (decoding them
+    /// together still).
+    fn padded_prefill_is_exact(&self) -> bool {
+        true
+    }
 }
 
 /// How many keys mlx-lm's `load_model(dir)` takes from MLX's global random sequence.

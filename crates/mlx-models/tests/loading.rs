@@ -115,6 +115,10 @@ fn an_unknown_model_type_lists_the_supported_ones() {
         "gemma3_text",
         "mixtral",
         "phi3",
+        // Issue 26, wave 2 part B.
+        "phi",
+        "gpt2",
+        "stablelm",
     ] {
         assert!(e.contains(t), "{t} not in: {e}");
     }

@@ -99,6 +99,21 @@ golden_tests! {
     glm4_moe_lite_drops_mtp_layers_logits_match_mlx_lm => "glm4_moe_lite-small-f32",
     deepseek_v2_expanded_kv_yarn_logits_match_mlx_lm => "deepseek_v2-small-f32",
     minicpm3_scaled_residuals_su_rope_logits_match_mlx_lm => "minicpm3-small-f32",
+    // Issue 26, wave 2 part B.
+    phi_parallel_partial_rotary_logits_match_mlx_lm => "phi-small-f32",
+    phimoe_sparsemixer_longrope_logits_match_mlx_lm => "phimoe-small-f32-longrope",
+    granitemoe_logits_match_mlx_lm => "granitemoe-small-f32",
+    internlm2_grouped_wqkv_logits_match_mlx_lm => "internlm2-small-f32-bias",
+    exaone_logits_match_mlx_lm => "exaone-small-f32",
+    cohere_per_head_qk_norm_logits_match_mlx_lm => "cohere-small-f32-qknorm",
+    minicpm_scaled_residuals_logits_match_mlx_lm => "minicpm-small-f32",
+    nemotron_layernorm1p_relu2_logits_match_mlx_lm => "nemotron-small-f32",
+    gpt_neox_parallel_residual_logits_match_mlx_lm => "gpt_neox-small-f32",
+    gpt2_learned_positions_logits_match_mlx_lm => "gpt2-small-f32",
+    gpt_bigcode_multi_query_logits_match_mlx_lm => "gpt_bigcode-small-f32",
+    stablelm_per_head_layernorm_logits_match_mlx_lm => "stablelm-small-f32-qknorm",
+    qwen3_vl_moe_fused_experts_text_logits_match_mlx_lm => "qwen3_vl_moe-small-f32",
+    dots1_group_routing_shared_experts_logits_match_mlx_lm => "dots1-small-f32",
 }
 
 #[test]

@@ -178,7 +178,8 @@ impl MixedPredicate {
 
 /// The `quant_predicate` property some mlx-lm models define (used when no recipe is
 /// given): qwen3_moe keeps its router (`mlp.gate`) at 8 bits, group size 64, gpt_oss
-/// its `router`, granite its `o_proj`, `down_proj` and `lm_head`, the qwen3_next family
+/// its `router`, granite its `o_proj`, `down_proj` and `lm_head` (granitemoe those and
+/// its `router.layer`), the qwen3_next family
 /// its router and shared-expert gate, granitemoehybrid its `router.layer` (affine,
 /// whatever the mode asked for).
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
@@ -196,7 +197,7 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
         }
     };
     match model_type {
-        "qwen3_moe" => Some(choose(path.ends_with("mlp.gate"))),
+        "qwen3_moe" | "qwen3_vl_moe" => Some(choose(path.ends_with("mlp.gate"))),
         "gpt_oss" => Some(choose(path.ends_with("router"))),
         "granite" => Some(choose(
             path.ends_with("self_attn.o_proj")
@@ -208,6 +209,12 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
             path.ends_with("mlp.gate") || path.ends_with("shared_expert_gate"),
         )),
         "granitemoehybrid" => Some(choose(path.ends_with("router.layer"))),
+        "granitemoe" => Some(choose(
+            path.ends_with("block_sparse_moe.router.layer")
+                || path.ends_with("self_attn.o_proj")
+                || path.ends_with("mlp.down_proj")
+                || path == "lm_head",
+        )),
         _ => None,
     }
 }

@@ -91,8 +91,11 @@ impl Engine {
             && model.cache_specs().iter().all(|s| match s {
                 CacheSpec::Standard => true,
                 CacheSpec::Rotating { keep, .. } => *keep == 0,
-                // Recurrent state (ArraysCache): each sequence decodes on its own.
-                CacheSpec::Arrays { .. } => false,
+                // Recurrent state (ArraysCache): merged, filtered and extended row by
+                // row like mlx-lm's (whose server batches every model whose caches all
+                // have `merge`); right-padded prefill chunks pass their lengths
+                // (`prepare`) so the padding never enters the state.
+                CacheSpec::Arrays { .. } => true,
             });
         let stages = if batched {
             Stages::Batched {
@@ -548,7 +551,13 @@ impl Shared {
         if let Err((seqs, e)) = decoding.join(hits) {
             self.fail_seqs(seqs, e);
         }
-        if let Err((seqs, e)) = prefilling.fill(self.opts.prompt_concurrency) {
+        // One prompt at a time where right padding would leak into a recurrent state.
+        let concurrency = if model.padded_prefill_is_exact() {
+            self.opts.prompt_concurrency
+        } else {
+            1
+        };
+        if let Err((seqs, e)) = prefilling.fill(concurrency) {
             self.fail_seqs(seqs, e);
         }
         if prefilling.prefilling() == 0 {

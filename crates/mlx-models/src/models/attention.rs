@@ -35,6 +35,8 @@ pub(crate) struct Extras<'a> {
     /// Runs SDPA on float32 queries when they are float16 (Cohere 2), the output cast
     /// back.
     pub f16_queries_in_f32: bool,
+    /// Runs SDPA on float32 queries whatever their dtype (Phi), the output cast back.
+    pub queries_in_f32: bool,
 }
 
 /// Where an attention block's `q_norm` / `k_norm` apply, as each mlx-lm file writes it.
@@ -50,11 +52,13 @@ pub(crate) enum NormAt {
     AfterRope,
 }
 
-/// A q or k norm: mlx.nn's `RMSNorm`, or Gemma's (`1 + weight`).
+/// A q or k norm: mlx.nn's `RMSNorm`, Gemma's (`1 + weight`), or Cohere's layer norm
+/// with one weight per head.
 #[derive(Debug)]
 pub(crate) enum HeadNorm {
     Rms(RmsNorm),
     Gemma(super::gemma2::RmsNorm),
+    PerHead(super::cohere::LayerNorm2d),
 }
 
 impl HeadNorm {
@@ -62,6 +66,7 @@ impl HeadNorm {
         match self {
             HeadNorm::Rms(n) => n.forward(x),
             HeadNorm::Gemma(n) => n.forward(x),
+            HeadNorm::PerHead(n) => n.forward(x),
         }
     }
 }
@@ -71,12 +76,14 @@ impl Module for HeadNorm {
         match self {
             HeadNorm::Rms(n) => n.visit_params(prefix, f),
             HeadNorm::Gemma(n) => n.visit_params(prefix, f),
+            HeadNorm::PerHead(n) => n.visit_params(prefix, f),
         }
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
         match self {
             HeadNorm::Rms(n) => n.visit_params_mut(prefix, f),
             HeadNorm::Gemma(n) => n.visit_params_mut(prefix, f),
+            HeadNorm::PerHead(n) => n.visit_params_mut(prefix, f),
         }
     }
 }
@@ -92,6 +99,8 @@ pub struct Attention {
     k_norm: Option<HeadNorm>,
     /// The checkpoint names of `q_norm` and `k_norm`.
     norm_names: [&'static str; 2],
+    /// The checkpoint name of the output projection (default `o_proj`).
+    o_name: &'static str,
     norm_at: NormAt,
     rope: Rope,
     n_heads: i32,
@@ -107,7 +116,7 @@ impl Module for Attention {
         self.q_proj.visit_params(&join(prefix, "q_proj"), f);
         self.k_proj.visit_params(&join(prefix, "k_proj"), f);
         self.v_proj.visit_params(&join(prefix, "v_proj"), f);
-        self.o_proj.visit_params(&join(prefix, "o_proj"), f);
+        self.o_proj.visit_params(&join(prefix, self.o_name), f);
         let [q, k] = self.norm_names;
         self.q_norm.visit_params(&join(prefix, q), f);
         self.k_norm.visit_params(&join(prefix, k), f);
@@ -116,7 +125,7 @@ impl Module for Attention {
         self.q_proj.visit_params_mut(&join(prefix, "q_proj"), f);
         self.k_proj.visit_params_mut(&join(prefix, "k_proj"), f);
         self.v_proj.visit_params_mut(&join(prefix, "v_proj"), f);
-        self.o_proj.visit_params_mut(&join(prefix, "o_proj"), f);
+        self.o_proj.visit_params_mut(&join(prefix, self.o_name), f);
         let [q, k] = self.norm_names;
         self.q_norm.visit_params_mut(&join(prefix, q), f);
         self.k_norm.visit_params_mut(&join(prefix, k), f);
@@ -133,7 +142,7 @@ impl Module for Attention {
         self.v_proj
             .visit_quantizable_mut(&join(prefix, "v_proj"), f)?;
         self.o_proj
-            .visit_quantizable_mut(&join(prefix, "o_proj"), f)
+            .visit_quantizable_mut(&join(prefix, self.o_name), f)
     }
 }
 
@@ -148,6 +157,7 @@ impl Attention {
             q_norm: None,
             k_norm: None,
             norm_names: ["q_norm", "k_norm"],
+            o_name: "o_proj",
             norm_at: NormAt::Heads,
             rope,
             n_heads: d.n_heads,
@@ -179,9 +189,24 @@ impl Attention {
         Ok(self)
     }
 
+    /// Adds the given `q_norm` and `k_norm`, applied `at` (norms whose shape is more than
+    /// a feature count).
+    pub(crate) fn with_qk_norm_pair(mut self, at: NormAt, q: HeadNorm, k: HeadNorm) -> Attention {
+        self.q_norm = Some(q);
+        self.k_norm = Some(k);
+        self.norm_at = at;
+        self
+    }
+
     /// Names the q/k norms as the checkpoint does (default `q_norm`, `k_norm`).
     pub(crate) fn with_norm_names(mut self, q: &'static str, k: &'static str) -> Attention {
         self.norm_names = [q, k];
+        self
+    }
+
+    /// Names the output projection as the checkpoint does (default `o_proj`).
+    pub(crate) fn with_out_name(mut self, name: &'static str) -> Attention {
+        self.o_name = name;
         self
     }
 
@@ -230,7 +255,9 @@ impl Attention {
             queries = queries.multiply(s)?;
         }
         let dtype = queries.dtype();
-        let out = if extras.f16_queries_in_f32 && dtype == Dtype::Float16 {
+        let in_f32 =
+            extras.queries_in_f32 || (extras.f16_queries_in_f32 && dtype == Dtype::Float16);
+        let out = if in_f32 {
             let q = queries.astype(Dtype::Float32)?;
             scaled_dot_product_attention(&q, &fetch, self.scale, mask, extras.sinks)?
                 .astype(dtype)?

@@ -98,6 +98,8 @@ pub struct DecoderLayer<F> {
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     ff_name: &'static str,
+    /// Multiplies both residual branches (Granite's `residual_multiplier`).
+    residual_scale: Option<f64>,
 }
 
 impl<F: FeedForward> DecoderLayer<F> {
@@ -115,7 +117,15 @@ impl<F: FeedForward> DecoderLayer<F> {
             input_layernorm: RmsNorm::new(dim, eps)?,
             post_attention_layernorm: RmsNorm::new(dim, eps)?,
             ff_name,
+            residual_scale: None,
         })
+    }
+
+    /// The layer with both residual branches multiplied by `m`:
+    /// `h = x + attn(norm(x)) * m`, `out = h + ff(norm(h)) * m`.
+    pub(crate) fn with_residual_scale(mut self, m: f64) -> DecoderLayer<F> {
+        self.residual_scale = Some(m);
+        self
     }
 
     fn forward(
@@ -124,6 +134,20 @@ impl<F: FeedForward> DecoderLayer<F> {
         mask: &mlx_nn::AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
+        if let Some(m) = self.residual_scale {
+            let r = self.self_attn.forward(
+                &self.input_layernorm.forward(x)?,
+                mask,
+                cache,
+                None,
+                Extras::default(),
+            )?;
+            let h = x.add(&r.multiply(m)?)?;
+            let r = self
+                .mlp
+                .forward(&self.post_attention_layernorm.forward(&h)?, None)?;
+            return h.add(&r.multiply(m)?);
+        }
         let h = self.self_attn.forward(
             &self.input_layernorm.forward(x)?,
             mask,
@@ -172,6 +196,8 @@ pub struct Decoder<F> {
     pub(crate) embed_tokens: EmbeddingLayer,
     pub(crate) layers: Vec<DecoderLayer<F>>,
     norm: RmsNorm,
+    /// Multiplies the token embeddings (Granite's `embedding_multiplier`).
+    embedding_scale: Option<f64>,
 }
 
 impl<F: FeedForward + 'static> Decoder<F> {
@@ -186,12 +212,22 @@ impl<F: FeedForward + 'static> Decoder<F> {
             embed_tokens: EmbeddingLayer::new(vocab, dim)?,
             layers,
             norm: RmsNorm::new(dim, eps)?,
+            embedding_scale: None,
         })
+    }
+
+    /// The stack with the token embeddings multiplied by `m`.
+    pub(crate) fn with_embedding_scale(mut self, m: f64) -> Decoder<F> {
+        self.embedding_scale = Some(m);
+        self
     }
 
     /// The normed hidden states of `inputs`.
     pub(crate) fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
+        if let Some(m) = self.embedding_scale {
+            h = h.multiply(m)?;
+        }
         let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
         for (layer, cache) in self
             .layers

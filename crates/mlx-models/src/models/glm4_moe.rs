@@ -80,6 +80,7 @@ fn attention(args: &ModelArgs) -> crate::Result<Attention> {
 /// the choice only, the weakest `n_group - topk_group` groups (by their two best scores)
 /// zeroed, then the top `k`; returns the expert ids and their (normalized, scaled)
 /// uncorrected scores.
+#[allow(clippy::too_many_arguments)]
 fn group_expert_select(
     gates: &Array,
     bias: &Array,
@@ -88,10 +89,11 @@ fn group_expert_select(
     topk_group: i32,
     routed_scaling_factor: f64,
     norm_topk_prob: bool,
+    limit_groups: bool,
 ) -> Result<Vec<Array>> {
     let orig_scores = gates.astype(Dtype::Float32)?.sigmoid()?;
     let mut scores = orig_scores.add(bias)?;
-    if n_group > 1 {
+    if limit_groups {
         scores = scores.unflatten(-1, &[n_group, -1])?;
         let group_scores = scores.topk(2, Some(-1))?.sum(Some(&[-1]), true)?;
         let k = n_group - topk_group;
@@ -120,6 +122,9 @@ pub struct MoeGate {
     topk_group: i32,
     routed_scaling_factor: f64,
     norm_topk_prob: bool,
+    /// Whether the group step runs: glm4_moe's `n_group > 1`, dots1's
+    /// `n_group - topk_group != 0`.
+    limit_groups: bool,
 }
 impl_module!(MoeGate {
     weight,
@@ -127,13 +132,45 @@ impl_module!(MoeGate {
 });
 
 impl MoeGate {
-    fn route(&self, x: &Array) -> Result<(Array, Array)> {
+    /// Zero placeholders for `n_experts` experts of `dim` inputs; the routing
+    /// parameters as the config gives them.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        n_experts: i32,
+        dim: i32,
+        top_k: i32,
+        n_group: i32,
+        topk_group: i32,
+        routed_scaling_factor: f64,
+        norm_topk_prob: bool,
+        limit_groups: bool,
+    ) -> crate::Result<MoeGate> {
+        Ok(MoeGate {
+            weight: Param::new(mlx_array::ops::zeros(&[n_experts, dim], Dtype::Float32)?),
+            e_score_correction_bias: Param::new(mlx_array::ops::zeros(
+                &[n_experts],
+                Dtype::Float32,
+            )?),
+            top_k,
+            n_group,
+            topk_group,
+            routed_scaling_factor,
+            norm_topk_prob,
+            limit_groups,
+        })
+    }
+
+    pub(crate) fn route(&self, x: &Array) -> Result<(Array, Array)> {
         let gates = x.matmul(&self.weight.transposed()?)?;
         let (k, g, tg) = (self.top_k, self.n_group, self.topk_group);
-        let (s, norm) = (self.routed_scaling_factor, self.norm_topk_prob);
-        let key = format!("glm4_moe.group_expert_select:{k}:{g}:{tg}:{s:e}:{norm}");
+        let (s, norm, lg) = (
+            self.routed_scaling_factor,
+            self.norm_topk_prob,
+            self.limit_groups,
+        );
+        let key = format!("glm4_moe.group_expert_select:{k}:{g}:{tg}:{s:e}:{norm}:{lg}");
         let make = move || -> KeyedBody {
-            Box::new(move |a| group_expert_select(&a[0], &a[1], k, g, tg, s, norm))
+            Box::new(move |a| group_expert_select(&a[0], &a[1], k, g, tg, s, norm, lg))
         };
         let mut out = call_compiled_keyed(&key, make, &[&gates, &self.e_score_correction_bias])?;
         let scores = out.pop();
@@ -220,21 +257,16 @@ impl Model {
                             n_experts,
                             false,
                         )?,
-                        gate: MoeGate {
-                            weight: Param::new(mlx_array::ops::zeros(
-                                &[n_experts, dim],
-                                Dtype::Float32,
-                            )?),
-                            e_score_correction_bias: Param::new(mlx_array::ops::zeros(
-                                &[n_experts],
-                                Dtype::Float32,
-                            )?),
-                            top_k: args.num_experts_per_tok,
-                            n_group: args.n_group,
-                            topk_group: args.topk_group,
-                            routed_scaling_factor: args.routed_scaling_factor,
-                            norm_topk_prob: args.norm_topk_prob,
-                        },
+                        gate: MoeGate::new(
+                            n_experts,
+                            dim,
+                            args.num_experts_per_tok,
+                            args.n_group,
+                            args.topk_group,
+                            args.routed_scaling_factor,
+                            args.norm_topk_prob,
+                            args.n_group > 1,
+                        )?,
                         shared_experts: shared,
                     }))
                 } else {

@@ -1,15 +1,14 @@
 //! Granite, following `mlx_lm/models/granite.py`: Llama's blocks with a scaled
 //! embedding, attention scale, residual branches and logits.
-use super::attention::{Attention, Extras};
+use super::decoder::{Decoder, DecoderLayer, FeedForward};
+use super::head::{self, LogitScale};
 use super::llama;
 use super::mlp::Mlp;
-use super::{cache_at, layer_caches, Architecture, Weights};
+use super::{Architecture, Weights};
 use crate::config::parse_args;
-use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm};
+use mlx_nn::{impl_module, KvCache, LinearLayer};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -38,6 +37,10 @@ pub struct ModelArgs {
     pub rope_scaling: Option<Value>,
     #[serde(default = "crate::config::default_true")]
     pub tie_word_embeddings: bool,
+    /// Not a Granite key (its RoPE is never traditional): set by models built on
+    /// Granite's layers whose own config has it (MiniCPM).
+    #[serde(skip)]
+    pub rope_traditional: bool,
 }
 
 impl ModelArgs {
@@ -58,7 +61,7 @@ impl ModelArgs {
             attention_bias: self.attention_bias,
             mlp_bias: self.mlp_bias,
             rope_theta: self.rope_theta,
-            rope_traditional: false,
+            rope_traditional: self.rope_traditional,
             rope_scaling: self.rope_scaling.clone(),
             tie_word_embeddings: self.tie_word_embeddings,
             layer_types: None,
@@ -67,81 +70,33 @@ impl ModelArgs {
     }
 }
 
-/// One decoder layer: `h = x + attn(norm(x)) * m`, `out = h + mlp(norm(h)) * m`.
-#[derive(Debug)]
-pub struct TransformerBlock {
-    self_attn: Attention,
-    mlp: Mlp,
-    input_layernorm: RmsNorm,
-    post_attention_layernorm: RmsNorm,
-    residual_multiplier: f64,
-}
-impl_module!(TransformerBlock {
-    self_attn,
-    mlp,
-    input_layernorm,
-    post_attention_layernorm
-});
-
-impl TransformerBlock {
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-    ) -> Result<Array> {
-        let r = self.self_attn.forward(
-            &self.input_layernorm.forward(x)?,
-            mask,
-            cache,
-            None,
-            Extras::default(),
-        )?;
-        let h = x.add(&r.multiply(self.residual_multiplier)?)?;
-        let r = self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&h)?, None)?;
-        h.add(&r.multiply(self.residual_multiplier)?)
-    }
-}
-
-/// The decoder stack.
-#[derive(Debug)]
-pub struct GraniteModel {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
-    norm: RmsNorm,
-    embedding_multiplier: f64,
-}
-impl_module!(GraniteModel {
-    embed_tokens,
-    layers,
-    norm
-});
-
-impl GraniteModel {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let mut h = self
-            .embed_tokens
-            .forward(inputs)?
-            .multiply(self.embedding_multiplier)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
-        self.norm.forward(&h)
-    }
+/// Granite's stack on the shared [`Decoder`]: embeddings times
+/// `embedding_multiplier`, each residual branch times `residual_multiplier`, attention
+/// scaled by `attention_multiplier`; each layer's feed-forward block (the SwiGLU `mlp`,
+/// or GraniteMoE's experts) made by `ff` and named `ff_name`.
+pub(crate) fn decoder<F: FeedForward + 'static>(
+    args: &ModelArgs,
+    ff: impl Fn() -> crate::Result<F>,
+    ff_name: &'static str,
+) -> crate::Result<Decoder<F>> {
+    let base = args.as_llama();
+    let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+    let layers = (0..args.num_hidden_layers)
+        .map(|_| {
+            let attn = llama::attention(&base, Some(args.attention_multiplier), None)?;
+            Ok(DecoderLayer::new(attn, ff()?, ff_name, dim, eps)?
+                .with_residual_scale(args.residual_multiplier))
+        })
+        .collect::<crate::Result<Vec<_>>>()?;
+    Ok(Decoder::new(args.vocab_size, dim, eps, layers)?
+        .with_embedding_scale(args.embedding_multiplier))
 }
 
 /// Granite with its output head.
 #[derive(Debug)]
 pub struct Model {
     args: ModelArgs,
-    model: GraniteModel,
+    model: Decoder<Mlp>,
     lm_head: Option<LinearLayer>,
 }
 impl_module!(Model { model, lm_head });
@@ -149,24 +104,8 @@ impl_module!(Model { model, lm_head });
 impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let base = args.as_llama();
-        let layers = (0..args.num_hidden_layers)
-            .map(|_| {
-                Ok(TransformerBlock {
-                    self_attn: llama::attention(&base, Some(args.attention_multiplier), None)?,
-                    mlp: Mlp::new(args.hidden_size, args.intermediate_size, args.mlp_bias)?,
-                    input_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
-                    post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
-                    residual_multiplier: args.residual_multiplier,
-                })
-            })
-            .collect::<crate::Result<Vec<_>>>()?;
-        let model = GraniteModel {
-            embed_tokens: EmbeddingLayer::new(args.vocab_size, args.hidden_size)?,
-            layers,
-            norm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
-            embedding_multiplier: args.embedding_multiplier,
-        };
+        let (dim, hidden) = (args.hidden_size, args.intermediate_size);
+        let model = decoder(&args, || Mlp::new(dim, hidden, args.mlp_bias), "mlp")?;
         let lm_head = head::untied(args.tie_word_embeddings, args.hidden_size, args.vocab_size)?;
         Ok(Model {
             args,
@@ -201,10 +140,6 @@ impl Architecture for Model {
         Ok(weights)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        for layer in &mut self.model.layers {
-            layer.self_attn.fuse()?;
-            layer.mlp.fuse()?;
-        }
-        Ok(())
+        self.model.fuse()
     }
 }

@@ -287,6 +287,11 @@ impl LanguageModel for Model {
         true
     }
 
+    /// The block takes no padding mask (as mlx-lm's): padded rows would scan it.
+    fn padded_prefill_is_exact(&self) -> bool {
+        false
+    }
+
     fn model_type(&self) -> &str {
         &self.args.model_type
     }

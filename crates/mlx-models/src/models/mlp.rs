@@ -2,7 +2,8 @@
 //! `down_proj(swiglu(gate_proj(x), up_proj(x)))`.
 use super::{fuse, project_out, swiglu_mlp};
 use mlx_array::{Array, Result};
-use mlx_nn::{impl_module, FusedLinears, LinearLayer};
+use mlx_nn::module::{join, QuantVisitor};
+use mlx_nn::{FusedLinears, LinearLayer, Module, Param};
 
 /// The SwiGLU feed-forward block.
 #[derive(Debug)]
@@ -12,12 +13,35 @@ pub struct Mlp {
     up_proj: LinearLayer,
     /// gate/up as one matmul for decoding steps (set by the loader).
     gate_up: Option<Box<FusedLinears>>,
+    /// The checkpoint names of gate, up and down (default `gate_proj`, `up_proj`,
+    /// `down_proj`).
+    names: [&'static str; 3],
 }
-impl_module!(Mlp {
-    gate_proj,
-    down_proj,
-    up_proj
-});
+
+impl Module for Mlp {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        let [g, u, d] = self.names;
+        self.gate_proj.visit_params(&join(prefix, g), f);
+        self.down_proj.visit_params(&join(prefix, d), f);
+        self.up_proj.visit_params(&join(prefix, u), f);
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        let [g, u, d] = self.names;
+        self.gate_proj.visit_params_mut(&join(prefix, g), f);
+        self.down_proj.visit_params_mut(&join(prefix, d), f);
+        self.up_proj.visit_params_mut(&join(prefix, u), f);
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        let [g, u, d] = self.names;
+        self.gate_proj.visit_quantizable_mut(&join(prefix, g), f)?;
+        self.down_proj.visit_quantizable_mut(&join(prefix, d), f)?;
+        self.up_proj.visit_quantizable_mut(&join(prefix, u), f)
+    }
+}
 
 impl Mlp {
     /// Zero placeholders: `dim -> hidden -> dim`, all three biased or none.
@@ -27,7 +51,19 @@ impl Mlp {
             down_proj: LinearLayer::new(hidden, dim, bias)?,
             up_proj: LinearLayer::new(dim, hidden, bias)?,
             gate_up: None,
+            names: ["gate_proj", "up_proj", "down_proj"],
         })
+    }
+
+    /// Names gate, up and down as the checkpoint does (InternLM2's `w1`, `w3`, `w2`).
+    pub(crate) fn with_names(
+        mut self,
+        gate: &'static str,
+        up: &'static str,
+        down: &'static str,
+    ) -> Mlp {
+        self.names = [gate, up, down];
+        self
     }
 
     /// The block's output (plus `residual`, added as `residual + down_proj(..)` would).

@@ -9,9 +9,13 @@ use mlx_nn::{
 use std::collections::BTreeMap;
 
 /// The [`LanguageModel`] methods every decoder file writes the same way, for a model
-/// with `args.model_type`, `args.vocab_size` and `model.layers` that is its own module.
+/// with `args.model_type`, `args.vocab_size` and `model.layers` (or the layer list
+/// named, e.g. `decoder_accessors!(transformer.h)`) that is its own module.
 macro_rules! decoder_accessors {
     () => {
+        decoder_accessors!(model.layers);
+    };
+    ($($layers:ident).+) => {
         fn model_type(&self) -> &str {
             &self.args.model_type
         }
@@ -19,7 +23,7 @@ macro_rules! decoder_accessors {
             self.args.vocab_size
         }
         fn num_layers(&self) -> usize {
-            self.model.layers.len()
+            self.$($layers).+.len()
         }
         fn as_module(&self) -> Option<&dyn mlx_nn::Module> {
             Some(self)
@@ -104,6 +108,21 @@ architectures! {
     glm4_moe_lite,
     deepseek_v2,
     minicpm3,
+    // Issue 26, wave 2 part B: dense and MoE families.
+    phi,
+    phimoe,
+    granitemoe,
+    internlm2,
+    exaone,
+    cohere,
+    minicpm,
+    nemotron,
+    gpt_neox,
+    gpt2,
+    gpt_bigcode,
+    stablelm,
+    qwen3_vl_moe,
+    dots1,
 }
 
 /// Flat weight map (checkpoint name -> array).

@@ -379,6 +379,12 @@ impl LanguageModel for Model {
         true
     }
 
+    /// The scan gets no batch lengths (as mlx-lm's): a short row's last padded chunk
+    /// would be lost from its state.
+    fn padded_prefill_is_exact(&self) -> bool {
+        false
+    }
+
     fn model_type(&self) -> &str {
         &self.args.model_type
     }
