@@ -1,5 +1,6 @@
 //! Shared plumbing of the command-line front ends: logging, error reporting, mlx-lm
 //! argument quirks, and loading a model with its tokenizer.
+pub mod constrain;
 pub mod load;
 
 /// Starts `tracing` logs on stderr; `MLX_LOG` (or `RUST_LOG`) sets the filter

@@ -31,6 +31,7 @@ pub mod params;
 pub mod prompt;
 mod pylit;
 pub mod responses;
+pub mod structured;
 pub mod text;
 pub mod tools;
 
@@ -117,6 +118,7 @@ impl Server {
             tokenizer: Arc::new(tokenizer),
             metrics,
             info,
+            constraints: std::sync::OnceLock::new(),
         });
         let (stop, stopped) = oneshot::channel::<()>();
         let st = Arc::clone(&state);
