@@ -88,9 +88,9 @@ pub fn json_options(schema: &Json) -> Result<Json> {
         )));
     };
     let mut m = m.clone();
-    m.entry("x-guidance").or_insert_with(|| {
-        json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
-    });
+    m.entry("x-guidance").or_insert_with(
+        || json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+    );
     Ok(Json::Object(m))
 }
 

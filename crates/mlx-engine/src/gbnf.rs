@@ -108,7 +108,8 @@ impl Parser {
 
     fn eat_str(&mut self, t: &str) -> bool {
         let n = t.chars().count();
-        if self.s.len() >= self.pos + n && self.s[self.pos..self.pos + n].iter().copied().eq(t.chars())
+        if self.s.len() >= self.pos + n
+            && self.s[self.pos..self.pos + n].iter().copied().eq(t.chars())
         {
             self.pos += n;
             true
@@ -338,7 +339,10 @@ mod tests {
         let g = "root ::= answer\nanswer ::= (\"yes\" | \"no\") [.!]? # end\n";
         let lark = gbnf_to_lark(g).unwrap();
         assert!(lark.contains("start: answer\n"), "{lark}");
-        assert!(lark.contains("answer: (\"yes\" | \"no\") /[.!]/?\n"), "{lark}");
+        assert!(
+            lark.contains("answer: (\"yes\" | \"no\") /[.!]/?\n"),
+            "{lark}"
+        );
     }
 
     #[test]

