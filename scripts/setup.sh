@@ -35,6 +35,18 @@ then
     echo "setup: lm-eval could not be installed; mlx-evaluate's tests will skip" >&2
 fi
 
+# Python's jsonschema: the independent validator of the structured-output tests
+# (crates/mlx-server/tests/structured.rs, xtask/py/structured_clients.py).
+JSONSCHEMA_VERSION=4.26.0
+if ! .venv/bin/python - <<PY 2>/dev/null
+import importlib.metadata as m, sys
+sys.exit(0 if m.version("jsonschema") == "$JSONSCHEMA_VERSION" else 1)
+PY
+then
+  echo "setup: installing jsonschema==$JSONSCHEMA_VERSION into .venv"
+  .venv/bin/pip install --quiet --disable-pip-version-check "jsonschema==$JSONSCHEMA_VERSION"
+fi
+
 if [ -x scripts/fetch-test-assets.sh ] || [ -f scripts/fetch-test-assets.sh ]; then
   bash scripts/fetch-test-assets.sh
 fi

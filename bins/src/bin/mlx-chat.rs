@@ -66,6 +66,8 @@ struct Args {
     pipeline: bool,
     #[command(flatten)]
     cpu_weights: mlx_bins::load::CpuWeights,
+    #[command(flatten)]
+    constraint: mlx_bins::constrain::ConstraintArgs,
 }
 
 fn main() -> ExitCode {
@@ -161,6 +163,7 @@ fn chat(args: Args) -> Result<()> {
             max_tokens: args.max_tokens,
             prefill_step_size: args.prefill_step_size,
             sampler: Some(sampler),
+            logits_processors: args.constraint.processor(tok, &ids)?.into_iter().collect(),
             ..Default::default()
         };
         let mut write_error = None;

@@ -116,6 +116,8 @@ struct Args {
     spec: mlx_bins::speculative::SpeculativeArgs,
     #[command(flatten)]
     cpu_weights: mlx_bins::load::CpuWeights,
+    #[command(flatten)]
+    constraint: mlx_bins::constrain::ConstraintArgs,
 }
 
 fn main() -> ExitCode {
@@ -263,7 +265,7 @@ fn generate(args: Args) -> Result<()> {
         max_tokens: args.max_tokens,
         prefill_step_size: args.prefill_step_size,
         sampler: Some(sampler),
-        logits_processors: Vec::new(),
+        logits_processors: args.constraint.processor(tok, &ids)?.into_iter().collect(),
         kv_quantization: mlx_bins::load::kv_quantization(
             args.kv_bits,
             args.kv_group_size,

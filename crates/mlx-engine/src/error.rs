@@ -36,7 +36,10 @@ impl EngineError {
         matches!(
             self,
             EngineError::Invalid(_)
-                | EngineError::Sample(mlx_sample::SampleError::InvalidParameter { .. })
+                | EngineError::Sample(
+                    mlx_sample::SampleError::InvalidParameter { .. }
+                        | mlx_sample::SampleError::Constraint(_)
+                )
         )
     }
 }

@@ -18,13 +18,16 @@
 #![warn(missing_docs)]
 
 pub mod batch;
+pub mod constrain;
 mod error;
+mod gbnf;
 mod generate;
 mod profile;
 pub mod speculative;
 pub mod step;
 mod stream;
 
+pub use constrain::{CompiledConstraint, Constraint, ConstraintVocab};
 pub use error::{EngineError, Result};
 pub use generate::{
     generation_stream, GenerateOptions, LogitsProcessor, LogitsProcessors, Sampler, TokenGenerator,

@@ -16,6 +16,10 @@ pub enum SampleError {
         /// The value given.
         value: String,
     },
+    /// A constraint on the output (a grammar, a JSON schema) cannot go on: it allows
+    /// no token, or the sequence left it. The message says where.
+    #[error("{0}")]
+    Constraint(String),
 }
 
 impl SampleError {

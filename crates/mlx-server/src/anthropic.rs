@@ -198,12 +198,20 @@ pub async fn messages(
     let mut params = params::common(&b, &state.cfg, Flavor::Anthropic)?;
     params.n = 1;
     let messages = to_chat(&b)?;
-    let tools = apply_tool_choice(to_openai_tools(&b)?, tool_choice(&b)?.as_ref())?;
+    let choice = tool_choice(&b)?;
+    let tools = apply_tool_choice(to_openai_tools(&b)?, choice.as_ref())?;
+    let parallel = !b
+        .object("tool_choice")?
+        .and_then(|c| c.get("disable_parallel_tool_use"))
+        .and_then(Json::as_bool)
+        .unwrap_or(false);
+    let wanted = crate::structured::forced_tool_calls(choice.as_ref(), tools.as_deref(), parallel)?;
     let mut kwargs = params.chat_template_kwargs.clone();
     thinking_kwargs(&b, &mut kwargs)?;
     let st = Arc::clone(&state);
     let prepared = blocking(move || chat_prompt(&st, &messages, tools, &kwargs, None)).await?;
     let (req, spec) = finish_request(&state, prepared, &params, true)?;
+    let req = crate::structured::constrain(&state, wanted, spec.initial, req).await?;
     let input_tokens = req.prompt.len();
     let id = format!("msg_{}", random_hex(24));
     let model = params.model.clone();

@@ -170,6 +170,7 @@ pub async fn completions(
             "max_tokens 0 generates nothing: it is for scoring a prompt with echo: true",
         ));
     }
+    let wanted = crate::structured::output_constraint(&b, false)?;
     let st = Arc::clone(&state);
     let vocab = state.info.vocab_size;
     let prompts = blocking(move || text_prompts(&st.tokenizer, vocab, &prompt)).await?;
@@ -193,6 +194,7 @@ pub async fn completions(
         };
         let (mut req, spec) = finish_request(&state, prepared, &params, false)?;
         req.prompt_logprobs = echo && want_lp;
+        let req = crate::structured::constrain(&state, wanted.clone(), spec.initial, req).await?;
         let (echo_text, first_token) = if echo {
             let tok = &state.tokenizer;
             (

@@ -61,6 +61,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Model facts.
     pub info: ModelInfo,
+    /// The token trie of structured output, built on the first constrained request.
+    pub constraints: std::sync::OnceLock<Result<mlx_engine::ConstraintVocab, String>>,
 }
 
 /// `n` random lowercase hex digits (ids of responses and tool calls).

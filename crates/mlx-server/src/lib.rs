@@ -34,6 +34,7 @@ pub mod pool;
 pub mod prompt;
 mod pylit;
 pub mod responses;
+pub mod structured;
 pub mod text;
 pub mod tools;
 pub mod warm;

@@ -6,6 +6,7 @@ use crate::http::{json_response, random_hex, sse_data, sse_response, AppState, B
 use crate::output::{pump, Delta, Generation, LogprobOut, ToolCallOut, Update};
 use crate::params::{self, apply_tool_choice, check_tools, Body as Req, Flavor};
 use crate::prompt::{chat_prompt, finish_request};
+use crate::structured;
 use hyper::{Response, StatusCode};
 use serde_json::{json, Map, Value as Json};
 use std::sync::Arc;
@@ -178,6 +179,11 @@ pub async fn chat(
         check_tools(t)?;
     }
     let tools = apply_tool_choice(tools, b.get("tool_choice"))?;
+    let parallel = b.bool("parallel_tool_calls")?.unwrap_or(true);
+    let wanted = structured::combine(
+        structured::output_constraint(&b, false)?,
+        structured::forced_tool_calls(b.get("tool_choice"), tools.as_deref(), parallel)?,
+    )?;
     let role_mapping = b.object("role_mapping")?.cloned();
     let kwargs = params.chat_template_kwargs.clone();
     let st = Arc::clone(&state);
@@ -185,6 +191,7 @@ pub async fn chat(
         blocking(move || chat_prompt(&st, &messages, tools, &kwargs, role_mapping.as_ref()))
             .await?;
     let (req, spec) = finish_request(&state, prepared, &params, true)?;
+    let req = structured::constrain(&state, wanted, spec.initial, req).await?;
     let meta = Meta {
         id: format!("chatcmpl-{}", random_hex(32)),
         model: params.model.clone(),

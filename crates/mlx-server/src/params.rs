@@ -354,8 +354,8 @@ fn logit_bias(body: &Body<'_>) -> Result<Vec<(i32, f64)>, ApiError> {
 }
 
 /// OpenAI's `tool_choice`: which tools the template sees. `none` hides them; a named
-/// function keeps only that one; `auto` and `required` keep all (the server cannot
-/// force a call, see docs/server.md).
+/// function keeps only that one; `auto` and `required` keep all (`required` and a
+/// named function are then enforced by `structured::forced_tool_calls`).
 pub fn apply_tool_choice(
     tools: Option<Vec<Json>>,
     choice: Option<&Json>,

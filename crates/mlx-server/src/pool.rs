@@ -412,6 +412,7 @@ impl Pool {
             tokenizer: Arc::new(tokenizer),
             metrics: Arc::clone(&self.metrics),
             info,
+            constraints: std::sync::OnceLock::new(),
         })
     }
 

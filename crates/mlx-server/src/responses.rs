@@ -196,7 +196,8 @@ impl Shell {
             "tools": b.get("tools").cloned().unwrap_or(json!([])),
             "tool_choice": b.get("tool_choice").cloned().unwrap_or(json!("auto")),
             "parallel_tool_calls": true, "metadata": b.get("metadata").cloned().unwrap_or(json!({})),
-            "text": {"format": {"type": "text"}}, "usage": usage,
+            "text": b.get("text").cloned().unwrap_or(json!({"format": {"type": "text"}})),
+            "usage": usage,
         })
     }
 }
@@ -223,10 +224,16 @@ pub async fn responses(
     params.n = 1;
     let messages = to_chat(&b)?;
     let tools = apply_tool_choice(to_openai_tools(&b)?, b.get("tool_choice"))?;
+    let parallel = b.bool("parallel_tool_calls")?.unwrap_or(true);
+    let wanted = crate::structured::combine(
+        crate::structured::output_constraint(&b, true)?,
+        crate::structured::forced_tool_calls(b.get("tool_choice"), tools.as_deref(), parallel)?,
+    )?;
     let kwargs = params.chat_template_kwargs.clone();
     let st = Arc::clone(&state);
     let prepared = blocking(move || chat_prompt(&st, &messages, tools, &kwargs, None)).await?;
     let (req, spec) = finish_request(&state, prepared, &params, true)?;
+    let req = crate::structured::constrain(&state, wanted, spec.initial, req).await?;
     let prompt_tokens = req.prompt.len();
     let ids = Ids {
         response: format!("resp_{}", random_hex(32)),

@@ -149,7 +149,7 @@ impl TokenBytes {
 /// them: a char of the GPT-2 table gives its byte, any other char its own UTF-8.
 /// `Ā` (byte 0) is the exception: `add_token` (`_decode_bytes`) tests the byte for
 /// truth, so it keeps the UTF-8 of `Ā`, while `finalize` (`nul_byte`) gives byte 0.
-fn bpe_bytes(tok: &str, nul_byte: bool) -> Vec<u8> {
+pub(crate) fn bpe_bytes(tok: &str, nul_byte: bool) -> Vec<u8> {
     let table = byte_decoder();
     let mut out = Vec::with_capacity(tok.len());
     for c in tok.chars() {
@@ -162,7 +162,7 @@ fn bpe_bytes(tok: &str, nul_byte: bool) -> Vec<u8> {
 }
 
 /// `<0xXX>` byte-fallback token value.
-fn spm_byte_token(tok: &str) -> Option<u8> {
+pub(crate) fn spm_byte_token(tok: &str) -> Option<u8> {
     let hex = tok.strip_prefix("<0x")?.strip_suffix('>')?;
     if hex.len() != 2 {
         return None;

@@ -28,6 +28,7 @@ mod error;
 mod pyfmt;
 mod template;
 mod tokenizer;
+mod vocab;
 
 pub use config::{TokenizerConfig, SPECIAL_TOKEN_NAMES};
 pub use detokenizer::{
@@ -38,3 +39,4 @@ pub use error::{TemplateError, TokenizerError};
 pub use pyfmt::py_json_dumps;
 pub use template::{ChatOptions, ChatTemplate, DEFAULT_TEMPLATE_FUEL};
 pub use tokenizer::{ThinkMarkers, Tokenizer};
+pub use vocab::VocabToken;

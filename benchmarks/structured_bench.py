@@ -1,0 +1,97 @@
+"""Structured-output speed of a running mlx-server (stdlib only; run by
+benchmarks/gpu_structured.sh on the GPU machine).
+
+For each concurrency level: N streaming chat requests at once, unconstrained and with a
+JSON-schema constraint (an array of G/2 single-digit integers: a fixed answer length for
+a random-weight model), decode tok/s = completion tokens of all streams / (last token -
+first token of each stream, averaged). Then the time to first token of one request with
+a 50-property schema (the first constrained request of a schema compiles it), against
+the same request unconstrained. Prints a markdown table.
+
+    python benchmarks/structured_bench.py --base-url http://127.0.0.1:8080 -g 128 --streams 1,32
+"""
+
+import argparse
+import concurrent.futures as cf
+import json
+import time
+import urllib.request
+
+
+def stream(base, body):
+    req = urllib.request.Request(
+        f"{base}/v1/chat/completions",
+        data=json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    t0 = time.perf_counter()
+    first = last = None
+    tokens = 0
+    with urllib.request.urlopen(req, timeout=900) as r:
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for c in chunk.get("choices", []):
+                if c.get("delta", {}).get("content"):
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+    return {"ttft": (first or t0) - t0, "decode_s": (last or t0) - (first or t0), "tokens": tokens}
+
+
+def body(g, schema, i):
+    b = {
+        "model": "default_model",
+        "messages": [{"role": "user", "content": f"Write numbers ({i})."}],
+        "max_tokens": g,
+        "temperature": 0,
+    }
+    if schema is not None:
+        b["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    return b
+
+
+def run(base, g, n, schema):
+    with cf.ThreadPoolExecutor(n) as pool:
+        res = list(pool.map(lambda i: stream(base, body(g, schema, i)), range(n)))
+    toks = sum(r["tokens"] for r in res)
+    span = sum(r["decode_s"] for r in res) / len(res)
+    return toks, toks / span if span > 0 else float("nan"), sum(r["ttft"] for r in res) / len(res)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("-g", type=int, default=128)
+    ap.add_argument("--streams", default="1,32")
+    ap.add_argument("--label", default="")
+    args = ap.parse_args()
+    items = max(2, args.g // 2 - 2)
+    digits = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": items, "maxItems": items}
+    wide = {
+        "type": "object",
+        "properties": {f"field_{k}": {"type": "integer", "minimum": 0, "maximum": 9} for k in range(50)},
+        "required": [f"field_{k}" for k in range(50)],
+        "additionalProperties": False,
+    }
+    run(args.base_url, 8, 1, None)  # warm-up
+    run(args.base_url, 8, 1, digits)
+    print(f"### structured output {args.label} (-g {args.g})\n")
+    print("| streams | constraint | tokens | decode tok/s | mean TTFT (s) |")
+    print("| --- | --- | --- | --- | --- |")
+    for n in [int(s) for s in args.streams.split(",")]:
+        for name, schema in (("none", None), ("JSON schema", digits)):
+            toks, tps, ttft = run(args.base_url, args.g, n, schema)
+            print(f"| {n} | {name} | {toks} | {tps:.1f} | {ttft:.3f} |", flush=True)
+    plain = stream(args.base_url, body(8, None, 0))["ttft"]
+    first = stream(args.base_url, body(args.g * 4, wide, 1))["ttft"]
+    again = stream(args.base_url, body(args.g * 4, wide, 2))["ttft"]
+    print(f"\nTTFT, 50-property schema: {first:.3f} s (first request), {again:.3f} s (again); unconstrained {plain:.3f} s")
+
+
+if __name__ == "__main__":
+    main()

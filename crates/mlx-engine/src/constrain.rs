@@ -1,0 +1,407 @@
+//! Constrained decoding: a JSON schema, a regex, a list of choices or a grammar
+//! (Lark, or llama.cpp's GBNF converted to Lark) enforced token by token with
+//! `llguidance`, as a stateful [`LogitsProcessor`].
+//!
+//! A [`ConstraintVocab`] is built once per tokenizer (the token trie of every token's
+//! bytes, special tokens matched only by name); [`ConstraintVocab::compile`] checks and
+//! compiles a [`Constraint`] (an invalid schema or grammar is an error naming the
+//! problem, before anything runs); the [`CompiledConstraint`] builds a fresh processor
+//! per choice. Each step the processor computes the allowed tokens on the host and
+//! sets every other logit to `-inf` (`where`): the row's other logits keep their bits,
+//! and rows without a constraint are not touched. When the grammar is complete only
+//! the EOS tokens stay allowed (the sequence then stops as on any EOS); a state that
+//! allows no token at all is a [`SampleError::Constraint`] naming it.
+use crate::error::{EngineError, Result};
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory, TokenParser};
+use mlx_array::{where_, Array, Dtype};
+use mlx_sample::{BuildProcessor, LogitsProcessor, SampleError};
+use mlx_tokenizer::Tokenizer;
+use serde_json::{json, Value as Json};
+use std::sync::Arc;
+
+/// What the output must match.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// A JSON value valid against this JSON schema (an object).
+    JsonSchema(Json),
+    /// Any JSON object (OpenAI's `json_object`).
+    JsonObject,
+    /// A regular expression (Rust `regex` syntax), matched in full.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A grammar in llguidance's Lark dialect (`start` is the top rule).
+    Lark(String),
+    /// A llama.cpp GBNF grammar (`root` is the top rule), converted to Lark.
+    Gbnf(String),
+}
+
+impl Constraint {
+    /// The kind, as users name it (for error messages).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Constraint::JsonSchema(_) => "JSON schema",
+            Constraint::JsonObject => "JSON object",
+            Constraint::Regex(_) => "regex",
+            Constraint::Choice(_) => "choice list",
+            Constraint::Lark(_) => "Lark grammar",
+            Constraint::Gbnf(_) => "GBNF grammar",
+        }
+    }
+
+    /// The Lark grammar (or JSON schema) handed to llguidance.
+    fn to_grammar(&self) -> Result<TopLevelGrammar> {
+        Ok(match self {
+            Constraint::JsonSchema(s) => TopLevelGrammar::from_json_schema(json_options(s)?),
+            Constraint::JsonObject => {
+                TopLevelGrammar::from_json_schema(json_options(&json!({"type": "object"}))?)
+            }
+            Constraint::Regex(r) => TopLevelGrammar::from_regex(r),
+            Constraint::Choice(list) => {
+                if list.is_empty() {
+                    return Err(EngineError::Invalid(
+                        "the choice list is empty: give at least one string".into(),
+                    ));
+                }
+                let alts: Vec<String> = list.iter().map(|c| lark_string(c)).collect();
+                TopLevelGrammar::from_lark(format!("start: {}\n", alts.join(" | ")))
+            }
+            Constraint::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+            Constraint::Gbnf(g) => TopLevelGrammar::from_lark(
+                crate::gbnf::gbnf_to_lark(g)
+                    .map_err(|e| EngineError::Invalid(format!("invalid GBNF grammar: {e}")))?,
+            ),
+        })
+    }
+}
+
+/// JSON output style unless the schema sets its own (`x-guidance`): no free
+/// whitespace, `", "` and `": "` separators (Python's `json.dumps` layout, which models
+/// produce most), so that every answer is one compact line and a model cannot pad
+/// with endless whitespace.
+pub fn json_options(schema: &Json) -> Result<Json> {
+    let Json::Object(m) = schema else {
+        return Err(EngineError::Invalid(format!(
+            "a JSON schema must be an object, got {schema}"
+        )));
+    };
+    let mut m = m.clone();
+    m.entry("x-guidance").or_insert_with(
+        || json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+    );
+    Ok(Json::Object(m))
+}
+
+/// A Lark string literal of `s`.
+pub fn lark_string(s: &str) -> String {
+    // JSON string escapes are valid Lark string escapes.
+    Json::String(s.to_string()).to_string()
+}
+
+/// The token trie of a tokenizer, shared by all the constraints of a model.
+#[derive(Clone)]
+pub struct ConstraintVocab {
+    factory: Arc<ParserFactory>,
+    n_vocab: usize,
+    eos: Arc<Vec<u32>>,
+}
+
+impl std::fmt::Debug for ConstraintVocab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConstraintVocab")
+            .field("n_vocab", &self.n_vocab)
+            .field("eos", &self.eos)
+            .finish()
+    }
+}
+
+/// llguidance's view of our tokenizer: the trie, and our tokenizer for the rare
+/// tokenization llguidance asks for.
+struct TokEnv {
+    trie: TokTrie,
+    tokenizer: Tokenizer,
+}
+
+impl TokenizerEnv for TokEnv {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        match self.tokenizer.encode(&String::from_utf8_lossy(s), false) {
+            Ok(ids) => ids,
+            Err(_) => self.trie.greedy_tokenize(s),
+        }
+    }
+
+    fn tokenize_is_canonical(&self) -> bool {
+        false
+    }
+}
+
+impl ConstraintVocab {
+    /// The trie of `tokenizer`'s vocabulary ([`Tokenizer::vocab_bytes`]); special
+    /// tokens are only reachable by name in a grammar (`<|im_end|>`), never as text.
+    /// The tokenizer's EOS ids end a complete answer.
+    pub fn new(tokenizer: &Tokenizer) -> Result<ConstraintVocab> {
+        let vocab = tokenizer.vocab_bytes();
+        let words: Vec<Vec<u8>> = vocab
+            .iter()
+            .map(|t| {
+                if t.special {
+                    let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    w.extend_from_slice(&t.bytes);
+                    w
+                } else {
+                    t.bytes.clone()
+                }
+            })
+            .collect();
+        let mut eos: Vec<u32> = tokenizer
+            .eos_token_ids()
+            .iter()
+            .copied()
+            .filter(|&id| (id as usize) < words.len())
+            .collect();
+        eos.sort_unstable();
+        let Some(&first) = eos.first() else {
+            return Err(EngineError::Invalid(
+                "the tokenizer has no EOS token: a constrained answer could not end".into(),
+            ));
+        };
+        let info = TokRxInfo::new(words.len() as u32, first);
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(&eos);
+        let env: llguidance::toktrie::TokEnv = Arc::new(TokEnv {
+            trie,
+            tokenizer: tokenizer.clone(),
+        });
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| EngineError::Internal(format!("building the token trie failed: {e}")))?;
+        factory.quiet();
+        Ok(ConstraintVocab {
+            factory: Arc::new(factory),
+            n_vocab: words.len(),
+            eos: Arc::new(eos),
+        })
+    }
+
+    /// Checks and compiles `c`: an invalid schema, regex or grammar is
+    /// [`EngineError::Invalid`] with llguidance's message.
+    pub fn compile(&self, c: &Constraint) -> Result<CompiledConstraint> {
+        let grammar = c.to_grammar()?;
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| EngineError::Invalid(format!("invalid {}: {e}", c.kind())))?;
+        Ok(CompiledConstraint {
+            parser: Arc::new(std::sync::Mutex::new(parser)),
+            kind: c.kind(),
+            start_after: None,
+            eos: Arc::clone(&self.eos),
+        })
+    }
+}
+
+/// A checked constraint: builds a fresh processor for each choice.
+#[derive(Clone)]
+pub struct CompiledConstraint {
+    parser: Arc<std::sync::Mutex<TokenParser>>,
+    kind: &'static str,
+    start_after: Option<Vec<u32>>,
+    eos: Arc<Vec<u32>>,
+}
+
+impl std::fmt::Debug for CompiledConstraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledConstraint")
+            .field("kind", &self.kind)
+            .field("start_after", &self.start_after)
+            .finish()
+    }
+}
+
+impl CompiledConstraint {
+    /// The constraint starts once the sequence has generated `tokens` (e.g. the end
+    /// of a reasoning section: the thinking stays free).
+    pub fn start_after(mut self, tokens: Vec<u32>) -> CompiledConstraint {
+        self.start_after = (!tokens.is_empty()).then_some(tokens);
+        self
+    }
+
+    /// A processor in the initial state.
+    pub fn processor(&self) -> Result<ConstraintProcessor> {
+        let parser = self
+            .parser
+            .lock()
+            .map_err(|_| EngineError::Internal("a constraint's lock was poisoned".into()))?
+            .deep_clone();
+        Ok(ConstraintProcessor {
+            matcher: Matcher::new(Ok(parser)),
+            kind: self.kind,
+            waiting_for: self.start_after.clone(),
+            recent: Vec::new(),
+            eos: Arc::clone(&self.eos),
+            failed: None,
+        })
+    }
+}
+
+impl BuildProcessor for CompiledConstraint {
+    fn build(&self) -> mlx_sample::Result<Box<dyn LogitsProcessor>> {
+        self.processor()
+            .map(|p| Box::new(p) as Box<dyn LogitsProcessor>)
+            .map_err(|e| SampleError::Constraint(e.to_string()))
+    }
+}
+
+/// One sequence's constraint state.
+#[derive(Clone)]
+pub struct ConstraintProcessor {
+    matcher: Matcher,
+    kind: &'static str,
+    /// While set, the constraint is inactive until these tokens are generated.
+    waiting_for: Option<Vec<u32>>,
+    recent: Vec<u32>,
+    eos: Arc<Vec<u32>>,
+    failed: Option<String>,
+}
+
+impl ConstraintProcessor {
+    /// Whether the constraint applies to the next token.
+    pub fn is_active(&self) -> bool {
+        self.waiting_for.is_none()
+    }
+
+    /// The allowed tokens among `0..vocab` (a `vocab`-long mask).
+    pub fn allowed(&mut self, vocab: usize) -> mlx_sample::Result<Vec<bool>> {
+        if let Some(e) = &self.failed {
+            return Err(SampleError::Constraint(e.clone()));
+        }
+        let mask = self.matcher.compute_mask_or_eos().map_err(|e| {
+            SampleError::Constraint(format!(
+                "the {} allows no further token: {}",
+                self.kind,
+                first_line(&e.to_string())
+            ))
+        })?;
+        let mut allow = vec![false; vocab];
+        let mut any = false;
+        mask.iter_set_entries(|i| {
+            if let Some(a) = allow.get_mut(i) {
+                *a = true;
+                any = true;
+            }
+        });
+        if !any {
+            return Err(SampleError::Constraint(format!(
+                "the {} allows no token of the model's vocabulary here",
+                self.kind
+            )));
+        }
+        Ok(allow)
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
+
+impl LogitsProcessor for ConstraintProcessor {
+    fn process(&mut self, _history: &Array, logits: &Array) -> mlx_sample::Result<Array> {
+        if !self.is_active() {
+            return Ok(logits.clone());
+        }
+        let shape = logits.shape();
+        let vocab = *shape.last().unwrap_or(&0) as usize;
+        let allow = self.allowed(vocab)?;
+        let cond = Array::from_slice(&allow, &[1, vocab as i32])?;
+        let neg_inf = Array::scalar_f64(f64::NEG_INFINITY, float_like(logits.dtype()))?;
+        Ok(where_(&cond, logits, &neg_inf)?)
+    }
+
+    fn accept(&mut self, token: u32) -> mlx_sample::Result<()> {
+        if let Some(wanted) = &self.waiting_for {
+            self.recent.push(token);
+            if self.recent.ends_with(wanted) {
+                self.waiting_for = None;
+                self.recent.clear();
+            } else if self.recent.len() > wanted.len() {
+                self.recent.remove(0);
+            }
+            return Ok(());
+        }
+        // An EOS ends the sequence (the grammar allowed it, or the constraint is done).
+        if self.failed.is_some() || self.matcher.is_stopped() || self.eos.contains(&token) {
+            return Ok(());
+        }
+        if let Err(e) = self.matcher.consume_token(token) {
+            // Kept for the next step: this token was already sampled.
+            self.failed = Some(format!(
+                "the {} rejected token {token}: {}",
+                self.kind,
+                first_line(&e.to_string())
+            ));
+        }
+        Ok(())
+    }
+
+    fn needs_accepted_token(&self) -> bool {
+        true
+    }
+
+    fn fork(&self) -> Box<dyn LogitsProcessor> {
+        let mut copy = self.clone();
+        copy.matcher = self.matcher.deep_clone();
+        Box::new(copy)
+    }
+}
+
+/// The dtype of `-inf` next to logits of `dtype` (a float dtype stays itself).
+fn float_like(dtype: Dtype) -> Dtype {
+    if dtype.is_floating() {
+        dtype
+    } else {
+        Dtype::Float32
+    }
+}
+
+/// Whether `prompt` ends inside a thinking section of `tokenizer`'s markers (the last
+/// start marker comes after the last end marker).
+pub fn prompt_opens_thinking(tokenizer: &Tokenizer, prompt: &[u32]) -> bool {
+    let Some(m) = tokenizer.think_markers() else {
+        return false;
+    };
+    let rfind = |pat: &[u32]| -> Option<usize> {
+        if pat.is_empty() || pat.len() > prompt.len() {
+            return None;
+        }
+        (0..=prompt.len() - pat.len())
+            .rev()
+            .find(|&i| prompt[i..].starts_with(pat))
+    };
+    match (rfind(&m.start_tokens), rfind(&m.end_tokens)) {
+        (Some(s), Some(e)) => s > e,
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
+/// A processor for one generation after `prompt` (e.g. for `mlx-generate`): the trie
+/// of `tokenizer`, `c` compiled, waiting for the end of the thinking section the prompt
+/// opened, if any.
+pub fn processor_for_prompt(
+    tokenizer: &Tokenizer,
+    c: &Constraint,
+    prompt: &[u32],
+) -> Result<ConstraintProcessor> {
+    let compiled = ConstraintVocab::new(tokenizer)?.compile(c)?;
+    let compiled = match tokenizer.think_markers() {
+        Some(m) if prompt_opens_thinking(tokenizer, prompt) => {
+            compiled.start_after(m.end_tokens.clone())
+        }
+        _ => compiled,
+    };
+    compiled.processor()
+}

