@@ -10,7 +10,8 @@
 #        BIN_DIR holds mlx-benchmark (and decode_build for MICRO / SPLIT)
 #
 # Environment: OUT (/tmp/ab-out), MODELS (/tmp/bench-models), ONLY (shapes, default
-# qwen2.5-0.5b,llama-3.2-1b), P / G (512 / 256), N (trials per process, 3), ROUNDS
+# qwen2.5-0.5b,llama-3.2-1b; a shape means its bf16 and 4-bit variants, or name one, e.g.
+# qwen3-30b-a3b-l12-bf16), P / G (512 / 256), N (trials per process, 3), ROUNDS
 # (processes per arm and model, 2; arm order reversed every other round), MICRO=1 (each
 # arm's decode_build micro: host cost per node of single-op chains), SPLIT=1 (each arm's
 # decode_build on the bf16 models: build, async_eval with the device idle, wait),
@@ -51,7 +52,12 @@ TOK=()
 [ -d .gpu/tok/qwen2 ] && TOK=(--tokenizers .gpu/tok)
 run "$PY" xtask/py/make_bench_models.py --out "$MODELS" --only "$ONLY" ${TOK[@]+"${TOK[@]}"}
 VARIANTS=()
-for s in ${ONLY//,/ }; do VARIANTS+=("$s-bf16" "$s-4bit"); done
+for s in ${ONLY//,/ }; do
+  case "$s" in
+    *-bf16|*-4bit) VARIANTS+=("$s") ;;
+    *) VARIANTS+=("$s-bf16" "$s-4bit") ;;
+  esac
+done
 
 if [ "${MICRO:-0}" = 1 ]; then
   for n in "${NAMES[@]}"; do
