@@ -35,9 +35,10 @@ case "$PART" in
       -p 512 -g 128 -n 2 --rounds 1 --startup-runs 0 --budget 480
     ;;
   dequant)
-    # Batch 32 decode and batch-1 prefill of the 4-bit 8B: ours (dequantized dense
-    # products) against mlx-lm, then ours on the exact path (MLX_DEQUANT_GEMM=0).
-    OUT=$OUT/dequant/b32 bash benchmarks/gpu.sh "$NEW" --only llama-3.1-8b-4bit \
+    # Batch 32 of the 4-bit 8B: ours with the dequantized dense products
+    # (MLX_DEQUANT_GEMM=1; it was the default during session 12's run) against mlx-lm,
+    # then ours on the exact path (MLX_DEQUANT_GEMM=0).
+    OUT=$OUT/dequant/b32 MLX_DEQUANT_GEMM=1 bash benchmarks/gpu.sh "$NEW" --only llama-3.1-8b-4bit \
       -b 32 -p 128 -g 128 -n 1 --rounds 1 --startup-runs 0 --budget 200
     OUT=$OUT/dequant/b32-exact MLX_DEQUANT_GEMM=0 bash benchmarks/gpu.sh "$NEW" \
       --only llama-3.1-8b-4bit -b 32 -p 128 -g 128 -n 1 --rounds 1 --startup-runs 0 --budget 200
@@ -51,7 +52,7 @@ for p in t.split("\n\n"):
 PY
     for m in llama-3.2-1b-4bit llama-3.1-8b-4bit; do
       [ -d "$MODELS/$m" ] || python3 xtask/py/make_bench_models.py --out "$MODELS" --only "$m" >/dev/null 2>&1
-      for mode in 0 1; do
+      for mode in 0 1; do  # 0: exact path, 1: dequantized product
         echo "== $m MLX_DEQUANT_GEMM=$mode" >> "$OUT/dequant/quality.txt"
         MLX_DEQUANT_GEMM=$mode "$NEW/mlx-perplexity" --model "$MODELS/$m" \
           --data-path "$OUT/dequant/text.jsonl" --sequence-length 128 --num-samples 8 \
