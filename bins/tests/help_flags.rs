@@ -6,7 +6,18 @@ mod common;
 use std::collections::BTreeSet;
 
 /// Flags of our own, beyond mlx-lm's.
-const OURS_ONLY: &[&str] = &["--cpu-dequantize", "--version", "-V"];
+/// Flags of ours where mlx-lm has no such concept (README, docs/structured-output.md,
+/// docs/parity.md): the float32 CPU path, constrained decoding, prompt-lookup drafting.
+const OURS_ONLY: &[&str] = &[
+    "--cpu-dequantize",
+    "--version",
+    "-V",
+    "--json-schema",
+    "--grammar",
+    "--regex",
+    "--prompt-lookup-ngram",
+    "--prompt-lookup-tokens",
+];
 
 /// Every `-x` / `--name` token in a help text.
 fn flags(help: &str) -> BTreeSet<String> {
