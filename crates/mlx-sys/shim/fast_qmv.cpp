@@ -115,14 +115,6 @@ constexpr size_t kMaxParts = 4;
 // MLX_FAST_QMV_MANY_MAX_ELEMENTS=N sets another limit (0: never one launch).
 constexpr long long kManyMaxElements = 16ll << 20;
 
-// A non-negative integer from the environment variable `name`, else `fallback`.
-long long env_count(const char* name, long long fallback) {
-  const char* e = std::getenv(name);
-  if (e == nullptr || *e == '\0') return fallback;
-  char* end = nullptr;
-  long long n = std::strtoll(e, &end, 10);
-  return (end != nullptr && *end == '\0' && n >= 0) ? n : fallback;
-}
 
 // The floor in force: MLX_FAST_QMV_MIN_ELEMENTS (or kMinElements) until
 // `set_fast_qmv_min_elements` sets another.

@@ -9,6 +9,15 @@
 
 namespace mlxs_detail {
 
+// A non-negative integer from the environment variable `name`, else `fallback`.
+inline long long env_count(const char* name, long long fallback) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return fallback;
+  char* end = nullptr;
+  long long n = std::strtoll(e, &end, 10);
+  return (end != nullptr && *end == '\0' && n >= 0) ? n : fallback;
+}
+
 class KernelSwitch {
  public:
   explicit KernelSwitch(const char* env, bool on_by_default = true)

@@ -10,6 +10,7 @@
 
 #include "cpu_gemv.h"
 #include "fast_qmv.h"
+#include "kernel_switch.h"
 
 #include <algorithm>
 #include <cstring>
@@ -956,22 +957,15 @@ DequantGemm dequant_gemm_mode() {
   return m;
 }
 
-long long env_nonneg(const char* name, long long fallback) {
-  const char* e = std::getenv(name);
-  if (e == nullptr || *e == '\0') return fallback;
-  char* end = nullptr;
-  long long n = std::strtoll(e, &end, 10);
-  return (end != nullptr && *end == '\0' && n >= 0) ? n : fallback;
-}
-
 std::optional<mx::array> try_dequant_gemm(const mx::array& x, const mx::array& w,
                                           const mx::array& scales,
                                           const std::optional<mx::array>& biases,
                                           bool transpose, std::optional<int> group_size,
                                           std::optional<int> bits, const std::string& mode,
                                           mx::StreamOrDevice s) {
-  static const long long min_rows = env_nonneg("MLX_DEQUANT_GEMM_MIN_ROWS", 2);
-  static const long long min_elements = env_nonneg("MLX_DEQUANT_GEMM_MIN_ELEMENTS", 16ll << 20);
+  static const long long min_rows = mlxs_detail::env_count("MLX_DEQUANT_GEMM_MIN_ROWS", 2);
+  static const long long min_elements =
+      mlxs_detail::env_count("MLX_DEQUANT_GEMM_MIN_ELEMENTS", 16ll << 20);
   const DequantGemm m = dequant_gemm_mode();
   if (m == DequantGemm::kOff || !transpose || mode != "affine") return std::nullopt;
   if (x.ndim() < 2 || w.ndim() != 2) return std::nullopt;
