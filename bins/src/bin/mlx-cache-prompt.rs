@@ -51,6 +51,11 @@ struct Args {
     /// When --kv-bits is set, start quantizing the KV cache from this step onwards.
     #[arg(long, default_value_t = 5000)]
     quantized_kv_start: i32,
+    /// Also record the prompt's token ids in the file's metadata (`tokens`), so that
+    /// `mlx-server --prompt-cache-file` can serve it. Ours: without it the file is
+    /// byte-for-byte mlx_lm.cache_prompt's.
+    #[arg(long)]
+    record_tokens: bool,
     #[command(flatten)]
     cpu_weights: mlx_bins::load::CpuWeights,
 }
@@ -127,12 +132,14 @@ fn cache_prompt(args: Args) -> Result<()> {
     outln!("Saving...")?;
     let mut metadata = BTreeMap::new();
     metadata.insert("model".to_string(), args.model.clone());
-    // Ours (mlx-lm's loader ignores it): the prompt's tokens, so that mlx-server's
-    // --prompt-cache-file knows which prompts the cache serves.
-    metadata.insert(
-        mlx_cache::TOKENS_KEY.to_string(),
-        mlx_cache::encode_tokens(&ids),
-    );
+    if args.record_tokens {
+        // mlx-lm's loader ignores the extra key; mlx-server's --prompt-cache-file needs it
+        // to know which prompts the cache serves.
+        metadata.insert(
+            mlx_cache::TOKENS_KEY.to_string(),
+            mlx_cache::encode_tokens(&ids),
+        );
+    }
     metadata.insert(
         "tokenizer_config".to_string(),
         mlx_tokenizer::py_json_dumps(&serde_json::Value::Object(tokenizer_config), true),

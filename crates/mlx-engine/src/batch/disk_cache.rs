@@ -580,7 +580,7 @@ pub fn file_metadata(path: &Path) -> Result<BTreeMap<String, String>, String> {
 }
 
 /// Reads a prompt-cache file that records its tokens ([`mlx_cache::TOKENS_KEY`], written
-/// by `mlx-cache-prompt` and the disk tier) for a model with layers `specs`: its tokens
+/// by `mlx-cache-prompt --record-tokens` and the disk tier) for a model with layers `specs`: its tokens
 /// and evaluated caches, or what is wrong with it.
 pub fn load_tokens_file(
     path: &Path,
@@ -597,7 +597,7 @@ pub fn load_tokens_file(
         None => {
             return Err(format!(
                 "it does not record the tokens it holds (no `{}` metadata; files from \
-                 mlx_lm.cache_prompt lack it): re-create it with mlx-cache-prompt",
+                 mlx_lm.cache_prompt lack it): re-create it with mlx-cache-prompt --record-tokens",
                 mlx_cache::TOKENS_KEY
             ))
         }
