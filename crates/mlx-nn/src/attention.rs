@@ -37,6 +37,9 @@ pub fn scaled_dot_product_attention(
                 AttnMask::Causal => SdpaMask::Causal,
                 AttnMask::Array(a) => SdpaMask::Array(a),
             };
+            if let Some(out) = split_small_queries(queries, keys, values, scale, mask, sinks)? {
+                return Ok(out);
+            }
             fast::scaled_dot_product_attention(queries, keys, values, scale as f32, m, sinks)
         }
         KvFetch::Quantized {
@@ -53,6 +56,139 @@ pub fn scaled_dot_product_attention(
             quantized_sdpa(queries, keys, values, scale, mask, *group_size, *bits)
         }
     }
+}
+
+/// `MLX_SDPA_SPLIT_QUERIES` (read once): `1` turns the split on for the GPU; `force`
+/// applies it on any device and dtype (the CPU quality gate, bins/tests/sdpa_split.rs).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SplitQueries {
+    Off,
+    Gpu,
+    Force,
+}
+
+fn split_queries_setting() -> SplitQueries {
+    static SETTING: std::sync::OnceLock<SplitQueries> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(
+        || match std::env::var("MLX_SDPA_SPLIT_QUERIES").as_deref() {
+            Ok("1") => SplitQueries::Gpu,
+            Ok("force") => SplitQueries::Force,
+            _ => SplitQueries::Off,
+        },
+    )
+}
+
+/// Most queries the split takes: a verification of 64 drafts.
+const SPLIT_MAX_QUERIES: i32 = 65;
+
+/// Opt-in (`MLX_SDPA_SPLIT_QUERIES=1`) GPU path for attention over a few queries (2 to
+/// 65: speculative verification, short prompts). MLX's CUDA backend sends every
+/// half-precision attention over more than one query to cuDNN, whose execution plan is
+/// built for each (queries, keys) shape: ~45 ms on the H200, paid on every round of
+/// speculative decoding since the KV cache grows between rounds
+/// (benchmarks/verify_shapes_probe.py). One query at a time takes MLX's decoding kernels
+/// instead, whose plans do not depend on the key length; with a causal mask query `i`
+/// sees the keys up to its own position, exactly what decoding that token alone sees; an
+/// array mask (batched rows) gives each query its own row. Rows come from another kernel
+/// than mlx-lm's, so the bits differ (docs/parity.md). `None` when the path does not
+/// apply (off, not on the GPU in half precision, one query, more than
+/// [`SPLIT_MAX_QUERIES`], a mask of another shape).
+fn split_small_queries(
+    queries: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f64,
+    mask: &AttnMask,
+    sinks: Option<&Array>,
+) -> Result<Option<Array>> {
+    split_small_queries_as(
+        split_queries_setting(),
+        queries,
+        keys,
+        values,
+        scale,
+        mask,
+        sinks,
+    )
+}
+
+fn split_small_queries_as(
+    setting: SplitQueries,
+    queries: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f64,
+    mask: &AttnMask,
+    sinks: Option<&Array>,
+) -> Result<Option<Array>> {
+    if setting == SplitQueries::Off {
+        return Ok(None);
+    }
+    let (qs, ks) = (queries.shape(), keys.shape());
+    if qs.len() != 4 || ks.len() != 4 {
+        return Ok(None);
+    }
+    let (l, kl) = (qs[2], ks[2]);
+    if !(2..=SPLIT_MAX_QUERIES).contains(&l) || kl < l {
+        return Ok(None);
+    }
+    if setting == SplitQueries::Gpu {
+        let half = matches!(queries.dtype(), Dtype::Float16 | Dtype::Bfloat16);
+        let gpu = mlx_array::Device::default_device()?.kind == mlx_array::DeviceType::Gpu;
+        if !half || !gpu {
+            return Ok(None);
+        }
+    }
+    if let AttnMask::Array(m) = mask {
+        // A mask of one row per query (batched rows' padding): query `i` takes its row.
+        if m.ndim() < 2 || (m.dim(-2)? != 1 && m.dim(-2)? != l) {
+            return Ok(None);
+        }
+    }
+    let mut rows = Vec::with_capacity(l as usize);
+    for i in 0..l {
+        let q = queries.slice_axis(2, i, i + 1)?;
+        let row = match mask {
+            AttnMask::Causal => {
+                let visible = kl - l + i + 1;
+                fast::scaled_dot_product_attention(
+                    &q,
+                    &keys.slice_axis(2, 0, visible)?,
+                    &values.slice_axis(2, 0, visible)?,
+                    scale as f32,
+                    SdpaMask::None,
+                    sinks,
+                )?
+            }
+            AttnMask::None => fast::scaled_dot_product_attention(
+                &q,
+                keys,
+                values,
+                scale as f32,
+                SdpaMask::None,
+                sinks,
+            )?,
+            AttnMask::Array(m) => {
+                let axis = m.ndim() as i32 - 2;
+                let m = if m.dim(-2)? == 1 {
+                    m.clone()
+                } else {
+                    m.slice_axis(axis, i, i + 1)?
+                };
+                fast::scaled_dot_product_attention(
+                    &q,
+                    keys,
+                    values,
+                    scale as f32,
+                    SdpaMask::Array(&m),
+                    sinks,
+                )?
+            }
+        };
+        rows.push(row);
+    }
+    let refs: Vec<&Array> = rows.iter().collect();
+    ops::concatenate(&refs, 2).map(Some)
 }
 
 type Triple = (Array, Array, Array);
@@ -136,5 +272,78 @@ pub fn quantized_sdpa(
         out.reshape(&[b, n_q_heads, l, d])
     } else {
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_array::random;
+
+    fn close(a: &Array, b: &Array) -> bool {
+        a.allclose(b, 1e-5, 1e-6, false)
+            .unwrap()
+            .item::<bool>()
+            .unwrap()
+    }
+
+    /// The split (forced, on the CPU) computes the same attention as one fused call, for
+    /// a causal mask over a longer cache, no mask, and a batched padding mask.
+    #[test]
+    fn split_queries_match_the_fused_attention() {
+        random::seed(7).unwrap();
+        let (b, h, l, kl, d) = (2, 4, 6, 11, 16);
+        let q = random::normal(&[b, h, l, d], Dtype::Float32, None, None, None).unwrap();
+        let k = random::normal(&[b, h, kl, d], Dtype::Float32, None, None, None).unwrap();
+        let v = random::normal(&[b, h, kl, d], Dtype::Float32, None, None, None).unwrap();
+        // Row 0 pads its first 3 keys; both rows causal over the last `l` positions.
+        let qi = ops::arange((kl - l) as f64, kl as f64, 1.0, Dtype::Int32).unwrap();
+        let ki = ops::arange(0.0, kl as f64, 1.0, Dtype::Int32).unwrap();
+        let causal = qi
+            .expand_dims(&[1])
+            .unwrap()
+            .greater_equal(&ki.expand_dims(&[0]).unwrap())
+            .unwrap();
+        let pad = Array::from_slice(&[3i32, 0], &[b, 1, 1, 1]).unwrap();
+        let mask = causal
+            .logical_and(&ki.greater_equal(&pad).unwrap())
+            .unwrap();
+        for m in [AttnMask::Causal, AttnMask::None, AttnMask::Array(mask)] {
+            let fused = match &m {
+                AttnMask::None => {
+                    fast::scaled_dot_product_attention(&q, &k, &v, 0.25, SdpaMask::None, None)
+                }
+                AttnMask::Causal => {
+                    fast::scaled_dot_product_attention(&q, &k, &v, 0.25, SdpaMask::Causal, None)
+                }
+                AttnMask::Array(a) => {
+                    fast::scaled_dot_product_attention(&q, &k, &v, 0.25, SdpaMask::Array(a), None)
+                }
+            }
+            .unwrap();
+            let split = split_small_queries_as(SplitQueries::Force, &q, &k, &v, 0.25, &m, None)
+                .unwrap()
+                .expect("the split applies");
+            assert_eq!(split.shape(), fused.shape());
+            assert!(close(&split, &fused));
+        }
+        // One query, or the split off: not taken.
+        let q1 = q.slice_axis(2, 0, 1).unwrap();
+        assert!(split_small_queries_as(
+            SplitQueries::Force,
+            &q1,
+            &k,
+            &v,
+            0.25,
+            &AttnMask::None,
+            None
+        )
+        .unwrap()
+        .is_none());
+        assert!(
+            split_small_queries_as(SplitQueries::Off, &q, &k, &v, 0.25, &AttnMask::None, None)
+                .unwrap()
+                .is_none()
+        );
     }
 }
