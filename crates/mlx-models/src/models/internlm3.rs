@@ -6,9 +6,7 @@ use super::lm::DecoderLm;
 use super::mlp::Mlp;
 use super::{Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
-use crate::model::{CacheSpec, LanguageModel};
-use mlx_array::{Array, Result};
-use mlx_nn::{impl_module, initialize_rope, KvCache};
+use mlx_nn::initialize_rope;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -100,39 +98,18 @@ fn attention(args: &ModelArgs) -> crate::Result<Attention> {
 }
 
 /// InternLM 3 with its output head.
-#[derive(Debug)]
-pub struct Model {
-    args: ModelArgs,
-    lm: DecoderLm<Mlp>,
-}
-impl_module!(Model { lm as "" });
-
-impl Model {
-    /// Builds the model (zero placeholders) from config.json.
-    pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
-        let lm = DecoderLm::new(lm_dims!(args), |_| {
-            let mlp = Mlp::new(dim, args.intermediate_size, args.bias)?;
-            DecoderLayer::new(attention(&args)?, mlp, "mlp", dim, eps)
-        })?;
-        Ok(Model { args, lm })
-    }
-}
+pub type Model = DecoderLm<ModelArgs, Mlp>;
 
 /// Registry entry.
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
     let args: ModelArgs = parse_args(config, "internlm3")?;
-    Ok(Box::new(Model::new(args.check()?)?))
-}
-
-impl LanguageModel for Model {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        self.lm.forward(tokens, caches)
-    }
-    fn cache_specs(&self) -> Vec<CacheSpec> {
-        self.lm.cache_specs()
-    }
-    decoder_accessors!(lm.model.layers);
+    let args = args.check()?;
+    let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+    let model = Model::new(lm_dims!(args), args, |args, _| {
+        let mlp = Mlp::new(dim, args.intermediate_size, args.bias)?;
+        DecoderLayer::new(attention(args)?, mlp, "mlp", dim, eps)
+    })?;
+    Ok(Box::new(model))
 }
 
 impl Architecture for Model {
@@ -144,6 +121,6 @@ impl Architecture for Model {
             .collect())
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        self.lm.model.fuse()
+        self.model.fuse()
     }
 }

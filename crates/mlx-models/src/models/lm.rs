@@ -1,11 +1,12 @@
 //! mlx-lm's `Model` class of the files built on the shared [`Decoder`]: `model` (the
 //! stack), then `lm_head`, or `model.embed_tokens.as_linear` when the two are tied, and a
-//! plain `KVCache` for every layer. Each model file keeps its config, its attention and
-//! its `sanitize`; this is the wrapper they would all write the same way.
+//! plain `KVCache` for every layer. Each model file keeps its config, its layers'
+//! attention and feed-forward, and its `sanitize` (`impl Architecture`); this is the
+//! wrapper they would all write the same way.
 use super::decoder::{Decoder, DecoderLayer, FeedForward};
 use super::head::{self, LogitScale};
 use super::Weights;
-use crate::model::CacheSpec;
+use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::module::{join, QuantVisitor};
 use mlx_nn::{KvCache, LinearLayer, Module, Param};
@@ -15,6 +16,7 @@ use mlx_nn::{KvCache, LinearLayer, Module, Param};
 macro_rules! lm_dims {
     ($args:expr) => {
         $crate::models::lm::LmDims {
+            model_type: $args.model_type.clone(),
             vocab: $args.vocab_size,
             dim: $args.hidden_size,
             eps: $args.rms_norm_eps,
@@ -25,8 +27,9 @@ macro_rules! lm_dims {
 }
 
 /// The sizes the stack and the head are built from.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct LmDims {
+    pub(crate) model_type: String,
     pub(crate) vocab: i32,
     pub(crate) dim: i32,
     pub(crate) eps: f64,
@@ -34,39 +37,63 @@ pub(crate) struct LmDims {
     pub(crate) tied: bool,
 }
 
-/// The decoder stack and its head.
+/// A model of config `A` (its file's `ModelArgs`): the decoder stack and its head.
 #[derive(Debug)]
-pub struct DecoderLm<F> {
+pub struct DecoderLm<A, F> {
+    pub(crate) args: A,
+    model_type: String,
+    vocab_size: i32,
     pub(crate) model: Decoder<F>,
     lm_head: Option<LinearLayer>,
 }
 
-impl<F: FeedForward + 'static> DecoderLm<F> {
-    /// `d.layers` layers, layer `i` from `layer(i)`, over a `vocab x dim` embedding; no
-    /// `lm_head` when `d.tied`.
+impl<A, F: FeedForward + 'static> DecoderLm<A, F> {
+    /// `d.layers` layers, layer `i` from `layer(&args, i)`, over a `vocab x dim`
+    /// embedding; no `lm_head` when `d.tied`.
     pub(crate) fn new(
         d: LmDims,
-        layer: impl FnMut(i32) -> crate::Result<DecoderLayer<F>>,
-    ) -> crate::Result<DecoderLm<F>> {
+        args: A,
+        mut layer: impl FnMut(&A, i32) -> crate::Result<DecoderLayer<F>>,
+    ) -> crate::Result<DecoderLm<A, F>> {
         let layers = (0..d.layers)
-            .map(layer)
+            .map(|i| layer(&args, i))
             .collect::<crate::Result<Vec<_>>>()?;
         Ok(DecoderLm {
+            args,
+            model_type: d.model_type,
+            vocab_size: d.vocab,
             model: Decoder::new(d.vocab, d.dim, d.eps, layers)?,
             lm_head: head::untied(d.tied, d.dim, d.vocab)?,
         })
     }
+}
 
-    /// The logits of `tokens`.
-    pub(crate) fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+impl<A: std::fmt::Debug + Send + 'static, F: FeedForward + 'static> LanguageModel
+    for DecoderLm<A, F>
+{
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
         let embed = &self.model.embed_tokens;
         head::logits(embed, self.lm_head.as_ref(), &out, LogitScale::None)
     }
-
     /// A standard cache per layer.
-    pub(crate) fn cache_specs(&self) -> Vec<CacheSpec> {
+    fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]
+    }
+    fn model_type(&self) -> &str {
+        &self.model_type
+    }
+    fn vocab_size(&self) -> i32 {
+        self.vocab_size
+    }
+    fn num_layers(&self) -> usize {
+        self.model.layers.len()
+    }
+    fn as_module(&self) -> Option<&dyn Module> {
+        Some(self)
+    }
+    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
+        Some(self)
     }
 }
 
@@ -77,7 +104,7 @@ pub(crate) fn drop_tied_head(tied: bool, weights: &mut Weights) {
     }
 }
 
-impl<F: FeedForward> Module for DecoderLm<F> {
+impl<A, F: FeedForward> Module for DecoderLm<A, F> {
     fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
         self.model.visit_params(&join(prefix, "model"), f);
         self.lm_head.visit_params(&join(prefix, "lm_head"), f);

@@ -6,9 +6,8 @@ use super::lm::{drop_tied_head, DecoderLm};
 use super::top_k_indices_of_negated;
 use super::{Architecture, Weights};
 use crate::config::parse_args;
-use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::{impl_module, KvCache, LinearLayer, SwitchGlu};
+use mlx_nn::{impl_module, LinearLayer, SwitchGlu};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -104,49 +103,23 @@ impl FeedForward for SparseMoeBlock {
 }
 
 /// Mixtral with its output head.
-#[derive(Debug)]
-pub struct Model {
-    args: ModelArgs,
-    lm: DecoderLm<SparseMoeBlock>,
-}
-impl_module!(Model { lm as "" });
-
-impl Model {
-    /// Builds the model (zero placeholders) from config.json.
-    pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
-        let attn_args = args.attention_args();
-        let lm = DecoderLm::new(lm_dims!(args), |_| {
-            let moe = SparseMoeBlock {
-                gate: LinearLayer::new(dim, args.num_local_experts, false)?,
-                switch_mlp: SwitchGlu::new(
-                    dim,
-                    args.intermediate_size,
-                    args.num_local_experts,
-                    false,
-                )?,
-                top_k: args.num_experts_per_tok,
-            };
-            let attn = llama::attention(&attn_args, None, None)?;
-            DecoderLayer::new(attn, moe, "block_sparse_moe", dim, eps)
-        })?;
-        Ok(Model { args, lm })
-    }
-}
+pub type Model = DecoderLm<ModelArgs, SparseMoeBlock>;
 
 /// Registry entry.
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
-    Ok(Box::new(Model::new(parse_args(config, "mixtral")?)?))
-}
-
-impl LanguageModel for Model {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        self.lm.forward(tokens, caches)
-    }
-    fn cache_specs(&self) -> Vec<CacheSpec> {
-        self.lm.cache_specs()
-    }
-    decoder_accessors!(lm.model.layers);
+    let args: ModelArgs = parse_args(config, "mixtral")?;
+    let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+    let attn_args = args.attention_args();
+    let model = Model::new(lm_dims!(args), args, |args, _| {
+        let moe = SparseMoeBlock {
+            gate: LinearLayer::new(dim, args.num_local_experts, false)?,
+            switch_mlp: SwitchGlu::new(dim, args.intermediate_size, args.num_local_experts, false)?,
+            top_k: args.num_experts_per_tok,
+        };
+        let attn = llama::attention(&attn_args, None, None)?;
+        DecoderLayer::new(attn, moe, "block_sparse_moe", dim, eps)
+    })?;
+    Ok(Box::new(model))
 }
 
 impl Architecture for Model {
@@ -167,6 +140,6 @@ impl Architecture for Model {
         Ok(weights)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        self.lm.model.fuse()
+        self.model.fuse()
     }
 }

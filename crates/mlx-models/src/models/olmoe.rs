@@ -6,9 +6,8 @@ use super::decoder::{add_residual, stack_experts, DecoderLayer, FeedForward};
 use super::lm::DecoderLm;
 use super::{top_k_indices_of_negated, Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
-use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::{impl_module, initialize_rope, KvCache, LinearLayer, RmsNorm, SwitchGlu};
+use mlx_nn::{impl_module, initialize_rope, LinearLayer, RmsNorm, SwitchGlu};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -111,48 +110,27 @@ impl FeedForward for SparseMoeBlock {
 }
 
 /// OLMoE with its output head.
-#[derive(Debug)]
-pub struct Model {
-    args: ModelArgs,
-    lm: DecoderLm<SparseMoeBlock>,
-}
-impl_module!(Model { lm as "" });
-
-impl Model {
-    /// Builds the model (zero placeholders) from config.json.
-    pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
-        let lm = DecoderLm::new(lm_dims!(args), |_| {
-            let moe = SparseMoeBlock {
-                gate: LinearLayer::new(dim, args.num_experts, false)?,
-                switch_mlp: SwitchGlu::new(
-                    dim,
-                    args.intermediate_size,
-                    args.num_experts,
-                    args.mlp_bias,
-                )?,
-                top_k: args.num_experts_per_tok,
-                norm_topk_prob: args.norm_topk_prob,
-            };
-            DecoderLayer::new(attention(&args)?, moe, "mlp", dim, eps)
-        })?;
-        Ok(Model { args, lm })
-    }
-}
+pub type Model = DecoderLm<ModelArgs, SparseMoeBlock>;
 
 /// Registry entry.
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
-    Ok(Box::new(Model::new(parse_args(config, "olmoe")?)?))
-}
-
-impl LanguageModel for Model {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        self.lm.forward(tokens, caches)
-    }
-    fn cache_specs(&self) -> Vec<CacheSpec> {
-        self.lm.cache_specs()
-    }
-    decoder_accessors!(lm.model.layers);
+    let args: ModelArgs = parse_args(config, "olmoe")?;
+    let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+    let model = Model::new(lm_dims!(args), args, |args, _| {
+        let moe = SparseMoeBlock {
+            gate: LinearLayer::new(dim, args.num_experts, false)?,
+            switch_mlp: SwitchGlu::new(
+                dim,
+                args.intermediate_size,
+                args.num_experts,
+                args.mlp_bias,
+            )?,
+            top_k: args.num_experts_per_tok,
+            norm_topk_prob: args.norm_topk_prob,
+        };
+        DecoderLayer::new(attention(args)?, moe, "mlp", dim, eps)
+    })?;
+    Ok(Box::new(model))
 }
 
 impl Architecture for Model {
@@ -178,6 +156,6 @@ impl Architecture for Model {
         Ok(weights)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        self.lm.model.fuse()
+        self.model.fuse()
     }
 }

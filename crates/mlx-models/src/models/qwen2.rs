@@ -5,9 +5,7 @@ use super::lm::{drop_tied_head, DecoderLm};
 use super::mlp::Mlp;
 use super::{drop_rotary_inv_freq, Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
-use crate::model::{CacheSpec, LanguageModel};
-use mlx_array::{Array, Result};
-use mlx_nn::{impl_module, initialize_rope, KvCache};
+use mlx_nn::initialize_rope;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -64,38 +62,17 @@ fn attention(args: &ModelArgs) -> crate::Result<Attention> {
 }
 
 /// Qwen2 with its output head.
-#[derive(Debug)]
-pub struct Model {
-    args: ModelArgs,
-    lm: DecoderLm<Mlp>,
-}
-impl_module!(Model { lm as "" });
-
-impl Model {
-    /// Builds the model (zero placeholders) from config.json.
-    pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
-        let lm = DecoderLm::new(lm_dims!(args), |_| {
-            let mlp = Mlp::new(dim, args.intermediate_size, false)?;
-            DecoderLayer::new(attention(&args)?, mlp, "mlp", dim, eps)
-        })?;
-        Ok(Model { args, lm })
-    }
-}
+pub type Model = DecoderLm<ModelArgs, Mlp>;
 
 /// Registry entry.
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
-    Ok(Box::new(Model::new(parse_args(config, "qwen2")?)?))
-}
-
-impl LanguageModel for Model {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        self.lm.forward(tokens, caches)
-    }
-    fn cache_specs(&self) -> Vec<CacheSpec> {
-        self.lm.cache_specs()
-    }
-    decoder_accessors!(lm.model.layers);
+    let args: ModelArgs = parse_args(config, "qwen2")?;
+    let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+    let model = Model::new(lm_dims!(args), args, |args, _| {
+        let mlp = Mlp::new(dim, args.intermediate_size, false)?;
+        DecoderLayer::new(attention(args)?, mlp, "mlp", dim, eps)
+    })?;
+    Ok(Box::new(model))
 }
 
 impl Architecture for Model {
@@ -104,6 +81,6 @@ impl Architecture for Model {
         Ok(drop_rotary_inv_freq(weights))
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        self.lm.model.fuse()
+        self.model.fuse()
     }
 }

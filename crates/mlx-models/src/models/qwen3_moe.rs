@@ -7,9 +7,8 @@ use super::qwen3::attention;
 use super::top_k_indices;
 use super::{Architecture, Weights};
 use crate::config::parse_args;
-use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::{impl_module, KvCache, LinearLayer, SwitchGlu};
+use mlx_nn::{impl_module, LinearLayer, SwitchGlu};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -91,57 +90,36 @@ impl FeedForward for SparseMoeBlock {
 }
 
 /// Qwen3-MoE with its output head.
-#[derive(Debug)]
-pub struct Model {
-    args: ModelArgs,
-    lm: DecoderLm<DenseOrMoe<SparseMoeBlock>>,
-}
-impl_module!(Model { lm as "" });
-
-impl Model {
-    /// Builds the model (zero placeholders) from config.json.
-    pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
-        let attn_args = args.attention_args();
-        let lm = DecoderLm::new(lm_dims!(args), |i| {
-            let sparse = !args.mlp_only_layers.contains(&i)
-                && args.num_experts > 0
-                && args.decoder_sparse_step > 0
-                && (i + 1) % args.decoder_sparse_step == 0;
-            let mlp = if sparse {
-                DenseOrMoe::Moe(Box::new(SparseMoeBlock {
-                    gate: LinearLayer::new(dim, args.num_experts, false)?,
-                    switch_mlp: SwitchGlu::new(
-                        dim,
-                        args.moe_intermediate_size,
-                        args.num_experts,
-                        false,
-                    )?,
-                    top_k: args.num_experts_per_tok,
-                    norm_topk_prob: args.norm_topk_prob,
-                }))
-            } else {
-                DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?))
-            };
-            DecoderLayer::new(attention(&attn_args)?, mlp, "mlp", dim, eps)
-        })?;
-        Ok(Model { args, lm })
-    }
-}
+pub type Model = DecoderLm<ModelArgs, DenseOrMoe<SparseMoeBlock>>;
 
 /// Registry entry.
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
-    Ok(Box::new(Model::new(parse_args(config, "qwen3_moe")?)?))
-}
-
-impl LanguageModel for Model {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        self.lm.forward(tokens, caches)
-    }
-    fn cache_specs(&self) -> Vec<CacheSpec> {
-        self.lm.cache_specs()
-    }
-    decoder_accessors!(lm.model.layers);
+    let args: ModelArgs = parse_args(config, "qwen3_moe")?;
+    let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+    let attn_args = args.attention_args();
+    let model = Model::new(lm_dims!(args), args, |args, i| {
+        let sparse = !args.mlp_only_layers.contains(&i)
+            && args.num_experts > 0
+            && args.decoder_sparse_step > 0
+            && (i + 1) % args.decoder_sparse_step == 0;
+        let mlp = if sparse {
+            DenseOrMoe::Moe(Box::new(SparseMoeBlock {
+                gate: LinearLayer::new(dim, args.num_experts, false)?,
+                switch_mlp: SwitchGlu::new(
+                    dim,
+                    args.moe_intermediate_size,
+                    args.num_experts,
+                    false,
+                )?,
+                top_k: args.num_experts_per_tok,
+                norm_topk_prob: args.norm_topk_prob,
+            }))
+        } else {
+            DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?))
+        };
+        DecoderLayer::new(attention(&attn_args)?, mlp, "mlp", dim, eps)
+    })?;
+    Ok(Box::new(model))
 }
 
 impl Architecture for Model {
@@ -163,6 +141,6 @@ impl Architecture for Model {
         Ok(weights)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        self.lm.model.fuse()
+        self.model.fuse()
     }
 }
