@@ -13,6 +13,95 @@ use crate::util::{cat2, dims4, kv_pair_methods, seq, seq_update};
 use mlx_array::{ops::arange, ops::zeros, Array, Dtype, Result};
 use mlx_nn::cache::{AttnMask, KvCache, KvFetch, RopePosition};
 
+/// The rows' bookkeeping mlx-lm's `prepare` checks and pads in both batch caches.
+pub(crate) struct PaddedRows<'a> {
+    /// The cache's class, for errors.
+    pub(crate) what: &'static str,
+    /// Whether the cache holds no keys yet (left padding goes only on an empty one).
+    pub(crate) empty: bool,
+    pub(crate) left_padding: &'a mut Vec<i32>,
+    pub(crate) offsets: &'a mut Vec<i32>,
+}
+
+impl PaddedRows<'_> {
+    /// Checks that every given list has one entry per row, then adds `left_padding`.
+    pub(crate) fn prepare(
+        self,
+        left_padding: Option<&[i32]>,
+        lengths: Option<&[i32]>,
+        right_padding: Option<&[i32]>,
+    ) -> Result<()> {
+        let rows = self.offsets.len();
+        check_rows("left_padding", left_padding, rows)?;
+        check_rows("lengths", lengths, rows)?;
+        check_rows("right_padding", right_padding, rows)?;
+        if let Some(lp) = left_padding {
+            if !self.empty {
+                return Err(mlx_array::Error::InvalidArgument(format!(
+                    "Left padding can only be added to an empty {}",
+                    self.what
+                )));
+            }
+            add_left_padding(self.left_padding, self.offsets, lp);
+        }
+        Ok(())
+    }
+}
+
+/// The zero buffers mlx-lm's `merge` writes each cache's row into: `[B, H, len, Dk]`
+/// and `[B, H, len, Dv]`, with the largest `H`, `Dk`, `Dv` of the caches that hold
+/// anything, in the dtype of the first of them (float32 when none does).
+pub(crate) struct MergeBuffers {
+    pub(crate) keys: Array,
+    pub(crate) values: Array,
+    h: i32,
+    dk: i32,
+    dv: i32,
+}
+
+impl MergeBuffers {
+    /// Buffers for the `(keys, values)` of each row's cache, `len` positions long.
+    pub(crate) fn new<'a>(
+        kv: impl ExactSizeIterator<Item = (Option<&'a Array>, Option<&'a Array>)>,
+        len: i32,
+    ) -> Result<MergeBuffers> {
+        let b = kv.len() as i32;
+        let present: Vec<(&Array, &Array)> = kv.filter_map(|(k, v)| k.zip(v)).collect();
+        let max_dim = |i: i32, values: bool| -> Result<i32> {
+            present
+                .iter()
+                .map(|p| if values { p.1 } else { p.0 }.dim(i))
+                .try_fold(0, |m, d| Ok(m.max(d?)))
+        };
+        let (h, dk, dv) = (max_dim(1, false)?, max_dim(3, false)?, max_dim(3, true)?);
+        let dt = present.first().map_or(Dtype::Float32, |p| p.0.dtype());
+        Ok(MergeBuffers {
+            keys: zeros(&[b, h, len, dk], dt)?,
+            values: zeros(&[b, h, len, dv], dt)?,
+            h,
+            dk,
+            dv,
+        })
+    }
+
+    /// Writes row `i`'s `keys` and `values` at positions `start..end`.
+    pub(crate) fn put(
+        &mut self,
+        i: i32,
+        start: i32,
+        end: i32,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<()> {
+        let lo = [i, 0, start, 0];
+        let hi_k = [i + 1, self.h, end, self.dk];
+        self.keys = self.keys.slice_update(keys, &lo, &hi_k, None)?;
+        let hi_v = [i + 1, self.h, end, self.dv];
+        self.values = self.values.slice_update(values, &lo, &hi_v, None)?;
+        Ok(())
+    }
+}
+
 /// mlx-lm's `BatchKVCache(left_padding)`.
 #[derive(Debug, Clone)]
 pub struct BatchKVCache {
@@ -167,18 +256,13 @@ impl BatchKVCache {
         right_padding: Option<&[i32]>,
     ) -> Result<()> {
         self.offset_array = None;
-        let rows = self.offsets.len();
-        check_rows("left_padding", left_padding, rows)?;
-        check_rows("lengths", lengths, rows)?;
-        check_rows("right_padding", right_padding, rows)?;
-        if let Some(lp) = left_padding {
-            if self.keys.is_some() {
-                return Err(mlx_array::Error::InvalidArgument(
-                    "Left padding can only be added to an empty BatchKVCache".into(),
-                ));
-            }
-            add_left_padding(&mut self.left_padding, &mut self.offsets, lp);
-        }
+        let rows = PaddedRows {
+            what: "BatchKVCache",
+            empty: self.keys.is_none(),
+            left_padding: &mut self.left_padding,
+            offsets: &mut self.offsets,
+        };
+        rows.prepare(left_padding, lengths, right_padding)?;
         if let Some(rp) = right_padding.filter(|rp| rp.iter().any(|&p| p > 0)) {
             self.right_padding = Some(rp.to_vec());
         }
@@ -418,34 +502,18 @@ impl BatchKVCache {
             return Ok(BatchKVCache::new(&vec![0; caches.len()]));
         }
         let padding: Vec<i32> = lengths.iter().map(|l| max_length - l).collect();
-        let present: Vec<(&Array, &Array)> = caches
-            .iter()
-            .filter_map(|c| c.keys.as_ref().zip(c.values.as_ref()))
-            .collect();
-        let max_dim = |i: i32, values: bool| -> Result<i32> {
-            present
-                .iter()
-                .map(|p| if values { p.1 } else { p.0 }.dim(i))
-                .try_fold(0, |m, d| Ok(m.max(d?)))
-        };
-        let (h, dk, dv) = (max_dim(1, false)?, max_dim(3, false)?, max_dim(3, true)?);
-        let dt = present.first().map_or(Dtype::Float32, |p| p.0.dtype());
-        let b = caches.len() as i32;
-        let mut keys = zeros(&[b, h, max_length, dk], dt)?;
-        let mut values = zeros(&[b, h, max_length, dv], dt)?;
+        let kv = caches.iter().map(|c| (c.keys.as_ref(), c.values.as_ref()));
+        let mut buf = MergeBuffers::new(kv, max_length)?;
         for (i, (p, c)) in padding.iter().zip(caches).enumerate() {
             let (Some(ck), Some(cv)) = (&c.keys, &c.values) else {
                 continue;
             };
-            let i = i as i32;
-            let (lo_k, hi_k) = ([i, 0, *p, 0], [i + 1, h, p + c.offset, dk]);
-            keys = keys.slice_update(&seq(ck, None, Some(c.offset))?, &lo_k, &hi_k, None)?;
-            let hi_v = [i + 1, h, p + c.offset, dv];
-            values = values.slice_update(&seq(cv, None, Some(c.offset))?, &lo_k, &hi_v, None)?;
+            let (ck, cv) = (seq(ck, None, Some(c.offset))?, seq(cv, None, Some(c.offset))?);
+            buf.put(i as i32, *p, p + c.offset, &ck, &cv)?;
         }
         let mut cache = BatchKVCache::new(&padding);
-        cache.keys = Some(keys);
-        cache.values = Some(values);
+        cache.keys = Some(buf.keys);
+        cache.values = Some(buf.values);
         for o in &mut cache.offsets {
             *o += max_length;
         }

@@ -9,8 +9,8 @@
 //! [`BatchRotatingKVCache::finalize`], which rolls each row's padding in front, as in
 //! mlx-lm.
 use crate::batch::{
-    add_left_padding, advance_offsets, check_rows, dynamic_roll, int_array, pad_seq,
-    per_row_offsets, row, take_rows,
+    advance_offsets, dynamic_roll, int_array, pad_seq, per_row_offsets, row, take_rows,
+    MergeBuffers, PaddedRows,
 };
 use crate::error::CacheError;
 use crate::kv::STEP;
@@ -71,18 +71,13 @@ impl BatchRotatingKVCache {
         right_padding: Option<&[i32]>,
     ) -> Result<()> {
         self.offset_array = None;
-        let rows = self.offsets.len();
-        check_rows("left_padding", left_padding, rows)?;
-        check_rows("lengths", lengths, rows)?;
-        check_rows("right_padding", right_padding, rows)?;
-        if let Some(lp) = left_padding {
-            if self.keys.is_some() {
-                return Err(bad(
-                    "Left padding can only be added to an empty BatchRotatingKVCache".into(),
-                ));
-            }
-            add_left_padding(&mut self.left_padding, &mut self.offsets, lp);
-        }
+        let rows = PaddedRows {
+            what: "BatchRotatingKVCache",
+            empty: self.keys.is_none(),
+            left_padding: &mut self.left_padding,
+            offsets: &mut self.offsets,
+        };
+        rows.prepare(left_padding, lengths, right_padding)?;
         if right_padding.is_some_and(|rp| rp.iter().any(|&p| p > 0)) {
             let lengths = lengths.ok_or_else(|| {
                 bad("BatchRotatingKVCache::prepare: right padding needs the lengths".into())
@@ -535,35 +530,19 @@ impl BatchRotatingKVCache {
             return Ok(BatchRotatingKVCache::new(max_size, &vec![0; caches.len()]));
         }
         let padding: Vec<i32> = lengths.iter().map(|l| max_length - l).collect();
-        let present: Vec<(&Array, &Array)> = caches
-            .iter()
-            .filter_map(|c| c.keys.as_ref().zip(c.values.as_ref()))
-            .collect();
-        let max_dim = |i: i32, values: bool| -> Result<i32> {
-            present
-                .iter()
-                .map(|p| if values { p.1 } else { p.0 }.dim(i))
-                .try_fold(0, |m, d| Ok(m.max(d?)))
-        };
-        let (h, dk, dv) = (max_dim(1, false)?, max_dim(3, false)?, max_dim(3, true)?);
-        let dt = present.first().map_or(Dtype::Float32, |p| p.0.dtype());
-        let b = caches.len() as i32;
-        let mut keys = zeros(&[b, h, max_length, dk], dt)?;
-        let mut values = zeros(&[b, h, max_length, dv], dt)?;
+        let kv = caches.iter().map(|c| (c.keys.as_ref(), c.values.as_ref()));
+        let mut buf = MergeBuffers::new(kv, max_length)?;
         for (i, ((p, l), c)) in padding.iter().zip(&lengths).zip(caches).enumerate() {
             let (Some(ck), Some(cv)) = (&c.keys, &c.values) else {
                 continue;
             };
-            let i = i as i32;
             let ck = seq(&c.temporal_order(ck)?, Some(-l), None)?;
             let cv = seq(&c.temporal_order(cv)?, Some(-l), None)?;
-            let lo = [i, 0, *p, 0];
-            keys = keys.slice_update(&ck, &lo, &[i + 1, h, p + l, dk], None)?;
-            values = values.slice_update(&cv, &lo, &[i + 1, h, p + l, dv], None)?;
+            buf.put(i as i32, *p, p + l, &ck, &cv)?;
         }
         let mut cache = BatchRotatingKVCache::new(max_size, &padding);
-        cache.keys = Some(keys);
-        cache.values = Some(values);
+        cache.keys = Some(buf.keys);
+        cache.values = Some(buf.values);
         cache.offsets = offsets;
         cache.idx = max_length;
         cache.written = max_length;
