@@ -508,7 +508,10 @@ impl BatchKVCache {
             let (Some(ck), Some(cv)) = (&c.keys, &c.values) else {
                 continue;
             };
-            let (ck, cv) = (seq(ck, None, Some(c.offset))?, seq(cv, None, Some(c.offset))?);
+            let (ck, cv) = (
+                seq(ck, None, Some(c.offset))?,
+                seq(cv, None, Some(c.offset))?,
+            );
             buf.put(i as i32, *p, p + c.offset, &ck, &cv)?;
         }
         let mut cache = BatchKVCache::new(&padding);
