@@ -1,7 +1,7 @@
 //! `Embedding` and `QuantizedEmbedding` (mlx.nn), and [`EmbeddingLayer`], which is either.
 use crate::error::Result as NnResult;
-use crate::module::{Module, Param, QuantVisitor};
-use crate::quantize::{QuantSpec, Quantizable};
+use crate::module::Param;
+use crate::quantize::QuantSpec;
 use mlx_array::quant::{dequantize, quantize, quantized_matmul};
 use mlx_array::{ops, Array, Dtype, Result};
 
@@ -176,74 +176,13 @@ impl EmbeddingLayer {
             dropout: 0.0,
         }));
     }
-
-    /// Sets the adapter's dropout in training (no adapter: nothing to set).
-    pub fn set_adapter_dropout(&mut self, p: f64) {
-        if let EmbeddingLayer::Lora(l) = self {
-            l.dropout = p;
-        }
-    }
 }
 
-impl Module for EmbeddingLayer {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        match self {
-            EmbeddingLayer::Dense(l) => l.visit_params(prefix, f),
-            EmbeddingLayer::Quantized(l) => l.visit_params(prefix, f),
-            EmbeddingLayer::Lora(l) => l.visit_params(prefix, f),
-        }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        match self {
-            EmbeddingLayer::Dense(l) => l.visit_params_mut(prefix, f),
-            EmbeddingLayer::Quantized(l) => l.visit_params_mut(prefix, f),
-            EmbeddingLayer::Lora(l) => l.visit_params_mut(prefix, f),
-        }
-    }
-    fn visit_quantizable_mut(&mut self, prefix: &str, f: &mut QuantVisitor<'_>) -> NnResult<()> {
-        f(prefix, self)
-    }
-}
-
-impl Quantizable for EmbeddingLayer {
-    fn dense_weight_shape(&self) -> Vec<i32> {
-        match self {
-            EmbeddingLayer::Dense(e) => e.weight.shape(),
-            EmbeddingLayer::Quantized(q) => {
-                let s = q.weight.shape();
-                vec![s[0], s.last().copied().unwrap_or(0) * 32 / q.spec.bits]
-            }
-            EmbeddingLayer::Lora(l) => l.base.dense_weight_shape(),
-        }
-    }
-    fn quant_spec(&self) -> Option<QuantSpec> {
-        match self {
-            EmbeddingLayer::Dense(_) => None,
-            EmbeddingLayer::Quantized(q) => Some(q.spec),
-            EmbeddingLayer::Lora(l) => l.base.quant_spec(),
-        }
-    }
-    fn quantize(&mut self, spec: QuantSpec) -> Result<()> {
-        match self {
-            EmbeddingLayer::Dense(e) => *self = EmbeddingLayer::Quantized(e.to_quantized(spec)?),
-            EmbeddingLayer::Quantized(q) if q.spec != spec => {
-                let dense = q.to_dense(None)?;
-                *self = EmbeddingLayer::Quantized(dense.to_quantized(spec)?);
-            }
-            EmbeddingLayer::Quantized(_) => {}
-            EmbeddingLayer::Lora(l) => l.base.quantize(spec)?,
-        }
-        Ok(())
-    }
-    fn dequantize(&mut self, dtype: Option<Dtype>) -> Result<()> {
-        match self {
-            EmbeddingLayer::Quantized(q) => *self = EmbeddingLayer::Dense(q.to_dense(dtype)?),
-            EmbeddingLayer::Lora(l) => l.base.dequantize(dtype)?,
-            EmbeddingLayer::Dense(_) => {}
-        }
-        Ok(())
-    }
-    fn as_embedding_layer_mut(&mut self) -> Option<&mut EmbeddingLayer> {
-        Some(self)
-    }
-}
+layer_variants!(
+    EmbeddingLayer,
+    |q| {
+        let s = q.weight.shape();
+        vec![s[0], s.last().copied().unwrap_or(0) * 32 / q.spec.bits]
+    },
+    as_embedding_layer_mut
+);
