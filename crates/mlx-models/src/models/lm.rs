@@ -2,12 +2,15 @@
 //! stack), then `lm_head`, or `model.embed_tokens.as_linear` when the two are tied, and a
 //! plain `KVCache` for every layer. Each model file keeps its config, its layers'
 //! attention and feed-forward, and its `sanitize` (`impl Architecture`); this is the
-//! wrapper they would all write the same way.
+//! wrapper they would all write the same way. The loop over the layers and the
+//! head-size check are here too, for the files with stacks of their own.
 use super::decoder::{Decoder, DecoderLayer, FeedForward};
 use super::head::{self, LogitScale};
-use super::Weights;
+use super::{cache_at, layer_caches, Weights};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
+use mlx_nn::cache::create_attention_mask;
+use mlx_nn::checkpoint::LayerFn;
 use mlx_nn::module::{join, QuantVisitor};
 use mlx_nn::{KvCache, LinearLayer, Module, Param};
 
@@ -95,6 +98,38 @@ impl<A: std::fmt::Debug + Send + 'static, F: FeedForward + 'static> LanguageMode
     fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
         Some(self)
     }
+}
+
+/// mlx-lm's `for layer, c in zip(self.layers, cache): h = layer(h, mask, c)` over the
+/// embedded inputs `h`, with one causal mask made from the first layer's cache; each call
+/// goes through [`mlx_nn::checkpoint::layer`] (checkpointed when training asks for it).
+pub(crate) fn causal_layers<L: Module + 'static>(
+    layers: &[L],
+    mut h: Array,
+    caches: &mut [Box<dyn KvCache>],
+    forward: LayerFn<L>,
+) -> Result<Array> {
+    let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
+    for (layer, cache) in layers.iter().zip(layer_caches(caches, layers.len())?) {
+        h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, forward)?;
+    }
+    Ok(h)
+}
+
+/// `hidden_size / num_heads`, where `num_heads` divides `hidden_size` (mlx-lm's assert,
+/// as a config error of `model`).
+pub(crate) fn even_head_dim(dim: i32, n_heads: i32, model: &str) -> crate::Result<i32> {
+    let head_dim = dim / n_heads.max(1);
+    if n_heads < 1 || head_dim * n_heads != dim {
+        return Err(crate::Error::Config {
+            path: format!("config.json ({model})"),
+            message: format!(
+                "hidden_size must be divisible by num_heads (got `hidden_size`: {dim} and \
+                 `num_heads`: {n_heads})"
+            ),
+        });
+    }
+    Ok(head_dim)
 }
 
 /// mlx-lm's `if tie_word_embeddings: weights.pop("lm_head.weight", None)`.
