@@ -13,30 +13,34 @@ use crate::util::{cat2, dims4, kv_pair_methods, seq, seq_update};
 use mlx_array::{ops::arange, ops::zeros, Array, Dtype, Result};
 use mlx_nn::cache::{AttnMask, KvCache, KvFetch, RopePosition};
 
-/// The rows' bookkeeping mlx-lm's `prepare` checks and pads in both batch caches.
-pub(crate) struct PaddedRows<'a> {
+/// The per-row state both batch caches keep (their buffers, left padding and offsets),
+/// borrowed for the steps of mlx-lm's `prepare`, `filter` and `extend` they share.
+pub(crate) struct Rows<'a> {
     /// The cache's class, for errors.
     pub(crate) what: &'static str,
-    /// Whether the cache holds no keys yet (left padding goes only on an empty one).
-    pub(crate) empty: bool,
+    pub(crate) keys: &'a mut Option<Array>,
+    pub(crate) values: &'a mut Option<Array>,
     pub(crate) left_padding: &'a mut Vec<i32>,
     pub(crate) offsets: &'a mut Vec<i32>,
+    pub(crate) offset_array: &'a mut Option<Array>,
 }
 
-impl PaddedRows<'_> {
-    /// Checks that every given list has one entry per row, then adds `left_padding`.
+impl Rows<'_> {
+    /// Checks that every given list has one entry per row, then adds `left_padding`
+    /// (only to an empty cache).
     pub(crate) fn prepare(
         self,
         left_padding: Option<&[i32]>,
         lengths: Option<&[i32]>,
         right_padding: Option<&[i32]>,
     ) -> Result<()> {
+        *self.offset_array = None;
         let rows = self.offsets.len();
         check_rows("left_padding", left_padding, rows)?;
         check_rows("lengths", lengths, rows)?;
         check_rows("right_padding", right_padding, rows)?;
         if let Some(lp) = left_padding {
-            if !self.empty {
+            if self.keys.is_some() {
                 return Err(mlx_array::Error::InvalidArgument(format!(
                     "Left padding can only be added to an empty {}",
                     self.what
@@ -46,7 +50,121 @@ impl PaddedRows<'_> {
         }
         Ok(())
     }
+
+    /// Keeps only the rows `batch_indices` of the buffers, offsets and left padding.
+    pub(crate) fn filter(self, batch_indices: &[usize]) -> Result<()> {
+        if let (Some(k), Some(v)) = (self.keys.as_ref(), self.values.as_ref()) {
+            let (k, v) = (take_rows(k, batch_indices)?, take_rows(v, batch_indices)?);
+            *self.keys = Some(k);
+            *self.values = Some(v);
+        }
+        let what = self.what;
+        let pick = |v: &[i32]| -> Result<Vec<i32>> {
+            batch_indices
+                .iter()
+                .map(|&i| {
+                    v.get(i).copied().ok_or_else(|| {
+                        mlx_array::Error::InvalidArgument(format!(
+                            "{what}::filter: row {i} of {}",
+                            v.len()
+                        ))
+                    })
+                })
+                .collect()
+        };
+        *self.offsets = pick(self.offsets)?;
+        *self.offset_array = None;
+        *self.left_padding = pick(self.left_padding)?;
+        Ok(())
+    }
 }
+
+/// What both sides of mlx-lm's `extend` are padded to: `max_size` positions whose used
+/// ones end at `max_idx`; a side without buffers starts from empty `[B, h, 0, d]` /
+/// `[B, h, 0, m]` ones of `dtype`.
+pub(crate) struct ExtendTo {
+    h: i32,
+    d: i32,
+    m: i32,
+    dtype: Dtype,
+    max_idx: i32,
+    max_size: i32,
+}
+
+impl ExtendTo {
+    /// For extending a cache whose key buffer is `keys` by one whose is `other_keys`,
+    /// their used positions ending at `max_idx`: the sizes from the `(keys, values)` of
+    /// `template` (the other side's when it has any), the dtype from `keys`, else the
+    /// template's.
+    pub(crate) fn new(
+        keys: Option<&Array>,
+        other_keys: Option<&Array>,
+        template: (&Array, &Array),
+        max_idx: i32,
+    ) -> Result<ExtendTo> {
+        let [_, h, _, d] = dims4(template.0, "keys")?;
+        let len = |k: Option<&Array>| -> Result<i32> {
+            Ok(match k {
+                Some(k) => k.dim(2)?,
+                None => 0,
+            })
+        };
+        Ok(ExtendTo {
+            h,
+            d,
+            m: template.1.dim(3)?,
+            dtype: keys.map_or(template.0.dtype(), Array::dtype),
+            max_idx,
+            max_size: len(keys)?.max(len(other_keys)?),
+        })
+    }
+
+    /// One side: its keys, values and left padding, moved right by `max_idx - idx`.
+    pub(crate) fn pad(
+        &self,
+        kv: (Option<&Array>, Option<&Array>),
+        rows: usize,
+        idx: i32,
+        left_padding: &[i32],
+    ) -> Result<(Array, Array, Vec<i32>)> {
+        let left = self.max_idx - idx;
+        let (mut k, mut v) = match kv {
+            (Some(k), Some(v)) => (k.clone(), v.clone()),
+            _ => {
+                let (bc, h) = (rows as i32, self.h);
+                let k = zeros(&[bc, h, 0, self.d], self.dtype)?;
+                (k, zeros(&[bc, h, 0, self.m], self.dtype)?)
+            }
+        };
+        let mut right = self.max_size - k.dim(2)? - left;
+        if right < 0 {
+            k = seq(&k, None, Some(right))?;
+            v = seq(&v, None, Some(right))?;
+            right = 0;
+        }
+        if left != 0 || right != 0 {
+            k = pad_seq(&k, left, right)?;
+            v = pad_seq(&v, left, right)?;
+        }
+        Ok((k, v, left_padding.iter().map(|l| l + left).collect()))
+    }
+}
+
+/// The [`KvCache`] methods both batch caches answer alike: the per-row RoPE offsets, and
+/// `update_and_fetch` through their own `update`.
+macro_rules! batch_kv_methods {
+    () => {
+        fn rope_offset(&self) -> Result<RopePosition> {
+            per_row_offsets(self.offset_array.as_ref(), &self.offsets)
+        }
+
+        fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvFetch> {
+            let (keys, values) = self.update(keys, values)?;
+            Ok(KvFetch::Plain { keys, values })
+        }
+    };
+}
+pub(crate) use batch_kv_methods;
 
 /// The zero buffers mlx-lm's `merge` writes each cache's row into: `[B, H, len, Dk]`
 /// and `[B, H, len, Dv]`, with the largest `H`, `Dk`, `Dv` of the caches that hold
@@ -245,6 +363,17 @@ impl BatchKVCache {
         }
     }
 
+    fn rows(&mut self) -> Rows<'_> {
+        Rows {
+            what: "BatchKVCache",
+            keys: &mut self.keys,
+            values: &mut self.values,
+            left_padding: &mut self.left_padding,
+            offsets: &mut self.offsets,
+            offset_array: &mut self.offset_array,
+        }
+    }
+
     /// mlx-lm's `prepare`: more left padding (only while empty), or the right padding of
     /// the next (right-padded) prefill chunk, which [`BatchKVCache::finalize`] turns into
     /// left padding. `lengths` (the chunk's real lengths) is not needed here.
@@ -255,14 +384,7 @@ impl BatchKVCache {
         lengths: Option<&[i32]>,
         right_padding: Option<&[i32]>,
     ) -> Result<()> {
-        self.offset_array = None;
-        let rows = PaddedRows {
-            what: "BatchKVCache",
-            empty: self.keys.is_none(),
-            left_padding: &mut self.left_padding,
-            offsets: &mut self.offsets,
-        };
-        rows.prepare(left_padding, lengths, right_padding)?;
+        self.rows().prepare(left_padding, lengths, right_padding)?;
         if let Some(rp) = right_padding.filter(|rp| rp.iter().any(|&p| p > 0)) {
             self.right_padding = Some(rp.to_vec());
         }
@@ -373,26 +495,7 @@ impl BatchKVCache {
     /// columns every remaining row has (mlx-lm's `filter`).
     #[track_caller]
     pub fn filter(&mut self, batch_indices: &[usize]) -> Result<()> {
-        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            self.keys = Some(take_rows(k, batch_indices)?);
-            self.values = Some(take_rows(v, batch_indices)?);
-        }
-        let pick = |v: &[i32]| -> Result<Vec<i32>> {
-            batch_indices
-                .iter()
-                .map(|&i| {
-                    v.get(i).copied().ok_or_else(|| {
-                        mlx_array::Error::InvalidArgument(format!(
-                            "BatchKVCache::filter: row {i} of {}",
-                            v.len()
-                        ))
-                    })
-                })
-                .collect()
-        };
-        self.offsets = pick(&self.offsets)?;
-        self.offset_array = None;
-        self.left_padding = pick(&self.left_padding)?;
+        self.rows().filter(batch_indices)?;
         let min_left = self.left_padding.iter().copied().min().unwrap_or(0);
         if min_left > 0 {
             if let (Some(k), Some(v)) = (&self.keys, &self.values) {
@@ -426,39 +529,10 @@ impl BatchKVCache {
                 ))
             }
         };
-        let [_, h, _, d] = dims4(template.0, "keys")?;
-        let m = template.1.dim(3)?;
-        let dtype = match &self.keys {
-            Some(k) => k.dtype(),
-            None => template.0.dtype(),
-        };
-        let len = |c: &BatchKVCache| -> Result<i32> {
-            Ok(match &c.keys {
-                Some(k) => k.dim(2)?,
-                None => 0,
-            })
-        };
-        let max_size = len(self)?.max(len(other)?);
-        let pad = |c: &BatchKVCache| -> Result<(Array, Array, Vec<i32>)> {
-            let (mut k, mut v) = match (&c.keys, &c.values) {
-                (Some(k), Some(v)) => (k.clone(), v.clone()),
-                _ => {
-                    let bc = c.offsets.len() as i32;
-                    (zeros(&[bc, h, 0, d], dtype)?, zeros(&[bc, h, 0, m], dtype)?)
-                }
-            };
-            let left = max_idx - c.idx;
-            let mut right = max_size - k.dim(2)? - left;
-            if right < 0 {
-                k = seq(&k, None, Some(right))?;
-                v = seq(&v, None, Some(right))?;
-                right = 0;
-            }
-            if left != 0 || right != 0 {
-                k = pad_seq(&k, left, right)?;
-                v = pad_seq(&v, left, right)?;
-            }
-            Ok((k, v, c.left_padding.iter().map(|l| l + left).collect()))
+        let to = ExtendTo::new(self.keys.as_ref(), other.keys.as_ref(), template, max_idx)?;
+        let pad = |c: &BatchKVCache| {
+            let kv = (c.keys.as_ref(), c.values.as_ref());
+            to.pad(kv, c.offsets.len(), c.idx, &c.left_padding)
         };
         let (k1, v1, lp1) = pad(self)?;
         let (k2, v2, lp2) = pad(other)?;
@@ -531,14 +605,7 @@ impl KvCache for BatchKVCache {
         self.idx
     }
 
-    fn rope_offset(&self) -> Result<RopePosition> {
-        per_row_offsets(self.offset_array.as_ref(), &self.offsets)
-    }
-
-    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvFetch> {
-        let (keys, values) = self.update(keys, values)?;
-        Ok(KvFetch::Plain { keys, values })
-    }
+    batch_kv_methods!();
 
     /// Always an array: `create_causal_mask(n, idx, window_size, left_padding)`.
     fn make_mask(&self, n: i32, _return_array: bool, window_size: Option<i32>) -> Result<AttnMask> {

@@ -9,8 +9,8 @@
 //! [`BatchRotatingKVCache::finalize`], which rolls each row's padding in front, as in
 //! mlx-lm.
 use crate::batch::{
-    advance_offsets, dynamic_roll, int_array, pad_seq, per_row_offsets, row, take_rows,
-    MergeBuffers, PaddedRows,
+    advance_offsets, batch_kv_methods, dynamic_roll, int_array, per_row_offsets, row, ExtendTo,
+    MergeBuffers, Rows,
 };
 use crate::error::CacheError;
 use crate::kv::STEP;
@@ -60,6 +60,17 @@ impl BatchRotatingKVCache {
         }
     }
 
+    fn rows(&mut self) -> Rows<'_> {
+        Rows {
+            what: "BatchRotatingKVCache",
+            keys: &mut self.keys,
+            values: &mut self.values,
+            left_padding: &mut self.left_padding,
+            offsets: &mut self.offsets,
+            offset_array: &mut self.offset_array,
+        }
+    }
+
     /// mlx-lm's `prepare`: more left padding (only while empty), or the real `lengths`
     /// of a right-padded prefill chunk (with its `right_padding`), so padding never
     /// evicts real positions and [`BatchRotatingKVCache::finalize`] can roll it away.
@@ -70,14 +81,7 @@ impl BatchRotatingKVCache {
         lengths: Option<&[i32]>,
         right_padding: Option<&[i32]>,
     ) -> Result<()> {
-        self.offset_array = None;
-        let rows = PaddedRows {
-            what: "BatchRotatingKVCache",
-            empty: self.keys.is_none(),
-            left_padding: &mut self.left_padding,
-            offsets: &mut self.offsets,
-        };
-        rows.prepare(left_padding, lengths, right_padding)?;
+        self.rows().prepare(left_padding, lengths, right_padding)?;
         if right_padding.is_some_and(|rp| rp.iter().any(|&p| p > 0)) {
             let lengths = lengths.ok_or_else(|| {
                 bad("BatchRotatingKVCache::prepare: right padding needs the lengths".into())
@@ -374,27 +378,7 @@ impl BatchRotatingKVCache {
     /// Keeps only the rows `batch_indices`, in that order (mlx-lm's `filter`).
     #[track_caller]
     pub fn filter(&mut self, batch_indices: &[usize]) -> Result<()> {
-        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            self.keys = Some(take_rows(k, batch_indices)?);
-            self.values = Some(take_rows(v, batch_indices)?);
-        }
-        let pick = |v: &[i32]| -> Result<Vec<i32>> {
-            batch_indices
-                .iter()
-                .map(|&i| {
-                    v.get(i).copied().ok_or_else(|| {
-                        bad(format!(
-                            "BatchRotatingKVCache::filter: row {i} of {}",
-                            v.len()
-                        ))
-                    })
-                })
-                .collect()
-        };
-        self.offsets = pick(&self.offsets)?;
-        self.offset_array = None;
-        self.left_padding = pick(&self.left_padding)?;
-        Ok(())
+        self.rows().filter(batch_indices)
     }
 
     /// Appends the rows of `other` (mlx-lm's `extend`); both are put in temporal order
@@ -420,39 +404,11 @@ impl BatchRotatingKVCache {
                 ))
             }
         };
-        let [_, h, _, d] = dims4(&template.0, "keys")?;
-        let m = template.1.dim(3)?;
-        let dtype = match &self.keys {
-            Some(k) => k.dtype(),
-            None => template.0.dtype(),
-        };
-        let len = |c: &BatchRotatingKVCache| -> Result<i32> {
-            Ok(match &c.keys {
-                Some(k) => k.dim(2)?,
-                None => 0,
-            })
-        };
-        let max_size = len(self)?.max(len(other)?);
-        let pad = |c: &BatchRotatingKVCache| -> Result<(Array, Array, Vec<i32>)> {
-            let left = max_idx - c.idx;
-            let (mut k, mut v) = match (&c.keys, &c.values) {
-                (Some(k), Some(v)) => (k.clone(), v.clone()),
-                _ => {
-                    let bc = c.offsets.len() as i32;
-                    (zeros(&[bc, h, 0, d], dtype)?, zeros(&[bc, h, 0, m], dtype)?)
-                }
-            };
-            let mut right = max_size - k.dim(2)? - left;
-            if right < 0 {
-                k = seq(&k, None, Some(right))?;
-                v = seq(&v, None, Some(right))?;
-                right = 0;
-            }
-            if left != 0 || right != 0 {
-                k = pad_seq(&k, left, right)?;
-                v = pad_seq(&v, left, right)?;
-            }
-            Ok((k, v, c.left_padding.iter().map(|l| l + left).collect()))
+        let kv = (&template.0, &template.1);
+        let to = ExtendTo::new(self.keys.as_ref(), other.keys.as_ref(), kv, max_idx)?;
+        let pad = |c: &BatchRotatingKVCache| {
+            let kv = (c.keys.as_ref(), c.values.as_ref());
+            to.pad(kv, c.offsets.len(), c.idx, &c.left_padding)
         };
         let (k1, v1, lp1) = pad(self)?;
         let (k2, v2, lp2) = pad(other)?;
@@ -557,14 +513,7 @@ impl KvCache for BatchRotatingKVCache {
         self.written
     }
 
-    fn rope_offset(&self) -> Result<RopePosition> {
-        per_row_offsets(self.offset_array.as_ref(), &self.offsets)
-    }
-
-    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvFetch> {
-        let (keys, values) = self.update(keys, values)?;
-        Ok(KvFetch::Plain { keys, values })
-    }
+    batch_kv_methods!();
 
     fn make_mask(&self, n: i32, _return_array: bool, window_size: Option<i32>) -> Result<AttnMask> {
         Ok(AttnMask::Array(self.mask(n, window_size)?))
