@@ -2,7 +2,8 @@
 use crate::error::Result as NnResult;
 use crate::module::Param;
 use crate::quantize::QuantSpec;
-use mlx_array::quant::{dequantize, quantize, quantized_matmul};
+use crate::variants::{pack, unpack};
+use mlx_array::quant::{dequantize, quantized_matmul};
 use mlx_array::{ops, Array, Dtype, Result};
 
 /// A lookup table `[num_embeddings, dims]`.
@@ -36,16 +37,11 @@ impl Embedding {
 
     /// The quantized version (mlx.nn `QuantizedEmbedding.from_embedding`).
     pub fn to_quantized(&self, spec: QuantSpec) -> Result<QuantizedEmbedding> {
-        let q = quantize(
-            &self.weight,
-            Some(spec.group_size),
-            Some(spec.bits),
-            spec.mode,
-        )?;
+        let p = pack(&self.weight, spec)?;
         Ok(QuantizedEmbedding {
-            weight: Param::frozen(q.weight),
-            scales: Param::frozen(q.scales),
-            biases: q.biases.map(Param::frozen),
+            weight: p.weight,
+            scales: p.scales,
+            biases: p.biases,
             spec,
         })
     }
@@ -106,13 +102,11 @@ impl QuantizedEmbedding {
 
     /// The dense table.
     pub fn to_dense(&self, dtype: Option<Dtype>) -> Result<Embedding> {
-        let w = dequantize(
+        let w = unpack(
             &self.weight,
             &self.scales,
-            self.biases.as_ref().map(|b| b.value()),
-            Some(self.spec.group_size),
-            Some(self.spec.bits),
-            self.spec.mode,
+            self.biases.as_ref(),
+            self.spec,
             dtype,
         )?;
         Ok(Embedding {

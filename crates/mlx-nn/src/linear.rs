@@ -3,9 +3,10 @@ use crate::error::Result as NnResult;
 use crate::lora::LoraLinear;
 use crate::module::Param;
 use crate::quantize::QuantSpec;
+use crate::variants::{pack, unpack};
 use mlx_array::quant::{
-    dequantize, quantize, quantized_matmul, quantized_matmul_add, quantized_matmul_many,
-    quantized_matmul_swiglu, GateUp, QuantizedWeight,
+    quantized_matmul, quantized_matmul_add, quantized_matmul_many, quantized_matmul_swiglu, GateUp,
+    QuantizedWeight,
 };
 use mlx_array::{ops, Array, Dtype, Result};
 
@@ -53,16 +54,11 @@ impl Linear {
 
     /// The quantized version (mlx.nn `QuantizedLinear.from_linear`).
     pub fn to_quantized(&self, spec: QuantSpec) -> Result<QuantizedLinear> {
-        let q = quantize(
-            &self.weight,
-            Some(spec.group_size),
-            Some(spec.bits),
-            spec.mode,
-        )?;
+        let p = pack(&self.weight, spec)?;
         Ok(QuantizedLinear {
-            weight: Param::frozen(q.weight),
-            scales: Param::frozen(q.scales),
-            biases: q.biases.map(Param::frozen),
+            weight: p.weight,
+            scales: p.scales,
+            biases: p.biases,
             bias: self.bias.clone(),
             spec,
         })
@@ -132,13 +128,11 @@ impl QuantizedLinear {
 
     /// The dense layer (mlx-lm's `dequantize_model` for one layer).
     pub fn to_dense(&self, dtype: Option<Dtype>) -> Result<Linear> {
-        let w = dequantize(
+        let w = unpack(
             &self.weight,
             &self.scales,
-            self.biases.as_ref().map(|b| b.value()),
-            Some(self.spec.group_size),
-            Some(self.spec.bits),
-            self.spec.mode,
+            self.biases.as_ref(),
+            self.spec,
             dtype,
         )?;
         Ok(Linear {

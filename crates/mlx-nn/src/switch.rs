@@ -4,7 +4,8 @@ use crate::activations::{swiglu, swiglu_oai};
 use crate::error::Result as NnResult;
 use crate::module::Param;
 use crate::quantize::QuantSpec;
-use mlx_array::quant::{dequantize, gather_mm, gather_qmm, quantize};
+use crate::variants::{pack, unpack};
+use mlx_array::quant::{gather_mm, gather_qmm};
 use mlx_array::{ops, Array, Dtype, Result};
 
 /// One linear layer per expert: weight `[num_experts, output_dims, input_dims]`.
@@ -56,16 +57,11 @@ impl SwitchLinear {
 
     /// The quantized version.
     pub fn to_quantized(&self, spec: QuantSpec) -> Result<QuantizedSwitchLinear> {
-        let q = quantize(
-            &self.weight,
-            Some(spec.group_size),
-            Some(spec.bits),
-            spec.mode,
-        )?;
+        let p = pack(&self.weight, spec)?;
         Ok(QuantizedSwitchLinear {
-            weight: Param::frozen(q.weight),
-            scales: Param::frozen(q.scales),
-            biases: q.biases.map(Param::frozen),
+            weight: p.weight,
+            scales: p.scales,
+            biases: p.biases,
             bias: self.bias.clone(),
             spec,
         })
@@ -124,13 +120,11 @@ impl QuantizedSwitchLinear {
 
     /// The dense layers.
     pub fn to_dense(&self, dtype: Option<Dtype>) -> Result<SwitchLinear> {
-        let w = dequantize(
+        let w = unpack(
             &self.weight,
             &self.scales,
-            self.biases.as_ref().map(|b| b.value()),
-            Some(self.spec.group_size),
-            Some(self.spec.bits),
-            self.spec.mode,
+            self.biases.as_ref(),
+            self.spec,
             dtype,
         )?;
         Ok(SwitchLinear {

@@ -2,7 +2,51 @@
 //! (its quantized form) and `Lora` (a low-rank adapter over either, in a box with the
 //! wrapped layer as `base` and its training `dropout`). `LinearLayer`, `EmbeddingLayer`
 //! and `SwitchLinearLayer` have that shape; each keeps its own math (forward, adapters)
-//! and gets the rest from [`layer_variants!`].
+//! and gets the rest from [`layer_variants!`]. Converting between the dense and the
+//! quantized variant goes through [`pack`] and [`unpack`].
+use crate::module::Param;
+use crate::quantize::QuantSpec;
+use mlx_array::quant::{dequantize, quantize};
+use mlx_array::{Array, Dtype, Result};
+
+/// A weight quantized by a [`QuantSpec`], frozen as mlx.nn's quantized layers keep it.
+pub(crate) struct Packed {
+    /// The packed weight.
+    pub(crate) weight: Param,
+    /// Per-group scales.
+    pub(crate) scales: Param,
+    /// Per-group biases (affine mode only).
+    pub(crate) biases: Option<Param>,
+}
+
+/// `mx.quantize(weight, group_size, bits, mode)`.
+pub(crate) fn pack(weight: &Array, spec: QuantSpec) -> Result<Packed> {
+    let q = quantize(weight, Some(spec.group_size), Some(spec.bits), spec.mode)?;
+    Ok(Packed {
+        weight: Param::frozen(q.weight),
+        scales: Param::frozen(q.scales),
+        biases: q.biases.map(Param::frozen),
+    })
+}
+
+/// `mx.dequantize` of a packed weight, in `dtype` (`None`: the scales' dtype).
+pub(crate) fn unpack(
+    weight: &Array,
+    scales: &Array,
+    biases: Option<&Param>,
+    spec: QuantSpec,
+    dtype: Option<Dtype>,
+) -> Result<Array> {
+    dequantize(
+        weight,
+        scales,
+        biases.map(|b| b.value()),
+        Some(spec.group_size),
+        Some(spec.bits),
+        spec.mode,
+        dtype,
+    )
+}
 
 /// Implements, for the enum `$ty`: [`crate::Module`] (the variant's parameters; the
 /// enum is the quantizable unit), [`crate::quantize::Quantizable`] (quantizing and
