@@ -31,17 +31,33 @@ pub fn bits(shape: &[i32], width: i32, key: Option<&Array>) -> Result<Array> {
     })
 }
 
-/// Uniform in `[low, high)`.
+/// The C signature of the draws between two bounds ([`uniform`], [`randint`],
+/// [`truncated_normal`]): `(out, low, high, shape, ndim, dtype, key, stream)`.
+type BoundedDraw = unsafe extern "C" fn(
+    *mut sys::mlxs_array,
+    sys::mlxs_array,
+    sys::mlxs_array,
+    *const i32,
+    usize,
+    i32,
+    sys::mlxs_array,
+    sys::mlxs_stream,
+) -> std::os::raw::c_int;
+
+/// `draw` of `shape` and `dtype` between `low` and `high`.
 #[track_caller]
-pub fn uniform(
+fn bounded(
+    draw: BoundedDraw,
     low: &Array,
     high: &Array,
     shape: &[i32],
     dtype: Dtype,
     key: Option<&Array>,
 ) -> Result<Array> {
+    // SAFETY: every handle passed is alive for the call, `shape` is read for
+    // `shape.len()` elements, and `out1` owns what the call writes to `o`.
     out1(|o| unsafe {
-        sys::mlxs_random_uniform(
+        draw(
             o,
             low.as_raw(),
             high.as_raw(),
@@ -52,6 +68,18 @@ pub fn uniform(
             Array::s(),
         )
     })
+}
+
+/// Uniform in `[low, high)`.
+#[track_caller]
+pub fn uniform(
+    low: &Array,
+    high: &Array,
+    shape: &[i32],
+    dtype: Dtype,
+    key: Option<&Array>,
+) -> Result<Array> {
+    bounded(sys::mlxs_random_uniform, low, high, shape, dtype, key)
 }
 
 /// Normal with optional `loc` and `scale`.
@@ -86,18 +114,7 @@ pub fn randint(
     dtype: Dtype,
     key: Option<&Array>,
 ) -> Result<Array> {
-    out1(|o| unsafe {
-        sys::mlxs_random_randint(
-            o,
-            low.as_raw(),
-            high.as_raw(),
-            shape.as_ptr(),
-            shape.len(),
-            dtype.to_raw(),
-            opt(key),
-            Array::s(),
-        )
-    })
+    bounded(sys::mlxs_random_randint, low, high, shape, dtype, key)
 }
 
 /// Bernoulli draws with probability `p`.
@@ -160,18 +177,14 @@ pub fn truncated_normal(
     dtype: Dtype,
     key: Option<&Array>,
 ) -> Result<Array> {
-    out1(|o| unsafe {
-        sys::mlxs_random_truncated_normal(
-            o,
-            lower.as_raw(),
-            upper.as_raw(),
-            shape.as_ptr(),
-            shape.len(),
-            dtype.to_raw(),
-            opt(key),
-            Array::s(),
-        )
-    })
+    bounded(
+        sys::mlxs_random_truncated_normal,
+        lower,
+        upper,
+        shape,
+        dtype,
+        key,
+    )
 }
 
 /// A random permutation of `x` along `axis`.

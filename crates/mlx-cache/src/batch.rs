@@ -13,6 +13,213 @@ use crate::util::{cat2, dims4, kv_pair_methods, seq, seq_update};
 use mlx_array::{ops::arange, ops::zeros, Array, Dtype, Result};
 use mlx_nn::cache::{AttnMask, KvCache, KvFetch, RopePosition};
 
+/// The per-row state both batch caches keep (their buffers, left padding and offsets),
+/// borrowed for the steps of mlx-lm's `prepare`, `filter` and `extend` they share.
+pub(crate) struct Rows<'a> {
+    /// The cache's class, for errors.
+    pub(crate) what: &'static str,
+    pub(crate) keys: &'a mut Option<Array>,
+    pub(crate) values: &'a mut Option<Array>,
+    pub(crate) left_padding: &'a mut Vec<i32>,
+    pub(crate) offsets: &'a mut Vec<i32>,
+    pub(crate) offset_array: &'a mut Option<Array>,
+}
+
+impl Rows<'_> {
+    /// Checks that every given list has one entry per row, then adds `left_padding`
+    /// (only to an empty cache).
+    pub(crate) fn prepare(
+        self,
+        left_padding: Option<&[i32]>,
+        lengths: Option<&[i32]>,
+        right_padding: Option<&[i32]>,
+    ) -> Result<()> {
+        *self.offset_array = None;
+        let rows = self.offsets.len();
+        check_rows("left_padding", left_padding, rows)?;
+        check_rows("lengths", lengths, rows)?;
+        check_rows("right_padding", right_padding, rows)?;
+        if let Some(lp) = left_padding {
+            if self.keys.is_some() {
+                return Err(mlx_array::Error::InvalidArgument(format!(
+                    "Left padding can only be added to an empty {}",
+                    self.what
+                )));
+            }
+            add_left_padding(self.left_padding, self.offsets, lp);
+        }
+        Ok(())
+    }
+
+    /// Keeps only the rows `batch_indices` of the buffers, offsets and left padding.
+    pub(crate) fn filter(self, batch_indices: &[usize]) -> Result<()> {
+        if let (Some(k), Some(v)) = (self.keys.as_ref(), self.values.as_ref()) {
+            let (k, v) = (take_rows(k, batch_indices)?, take_rows(v, batch_indices)?);
+            *self.keys = Some(k);
+            *self.values = Some(v);
+        }
+        let what = self.what;
+        let pick = |v: &[i32]| -> Result<Vec<i32>> {
+            batch_indices
+                .iter()
+                .map(|&i| {
+                    v.get(i).copied().ok_or_else(|| {
+                        mlx_array::Error::InvalidArgument(format!(
+                            "{what}::filter: row {i} of {}",
+                            v.len()
+                        ))
+                    })
+                })
+                .collect()
+        };
+        *self.offsets = pick(self.offsets)?;
+        *self.offset_array = None;
+        *self.left_padding = pick(self.left_padding)?;
+        Ok(())
+    }
+}
+
+/// What both sides of mlx-lm's `extend` are padded to: `max_size` positions whose used
+/// ones end at `max_idx`; a side without buffers starts from empty `[B, h, 0, d]` /
+/// `[B, h, 0, m]` ones of `dtype`.
+pub(crate) struct ExtendTo {
+    h: i32,
+    d: i32,
+    m: i32,
+    dtype: Dtype,
+    max_idx: i32,
+    max_size: i32,
+}
+
+impl ExtendTo {
+    /// For extending a cache whose key buffer is `keys` by one whose is `other_keys`,
+    /// their used positions ending at `max_idx`: the sizes from the `(keys, values)` of
+    /// `template` (the other side's when it has any), the dtype from `keys`, else the
+    /// template's.
+    pub(crate) fn new(
+        keys: Option<&Array>,
+        other_keys: Option<&Array>,
+        template: (&Array, &Array),
+        max_idx: i32,
+    ) -> Result<ExtendTo> {
+        let [_, h, _, d] = dims4(template.0, "keys")?;
+        let len = |k: Option<&Array>| -> Result<i32> {
+            Ok(match k {
+                Some(k) => k.dim(2)?,
+                None => 0,
+            })
+        };
+        Ok(ExtendTo {
+            h,
+            d,
+            m: template.1.dim(3)?,
+            dtype: keys.map_or(template.0.dtype(), Array::dtype),
+            max_idx,
+            max_size: len(keys)?.max(len(other_keys)?),
+        })
+    }
+
+    /// One side: its keys, values and left padding, moved right by `max_idx - idx`.
+    pub(crate) fn pad(
+        &self,
+        kv: (Option<&Array>, Option<&Array>),
+        rows: usize,
+        idx: i32,
+        left_padding: &[i32],
+    ) -> Result<(Array, Array, Vec<i32>)> {
+        let left = self.max_idx - idx;
+        let (mut k, mut v) = match kv {
+            (Some(k), Some(v)) => (k.clone(), v.clone()),
+            _ => {
+                let (bc, h) = (rows as i32, self.h);
+                let k = zeros(&[bc, h, 0, self.d], self.dtype)?;
+                (k, zeros(&[bc, h, 0, self.m], self.dtype)?)
+            }
+        };
+        let mut right = self.max_size - k.dim(2)? - left;
+        if right < 0 {
+            k = seq(&k, None, Some(right))?;
+            v = seq(&v, None, Some(right))?;
+            right = 0;
+        }
+        if left != 0 || right != 0 {
+            k = pad_seq(&k, left, right)?;
+            v = pad_seq(&v, left, right)?;
+        }
+        Ok((k, v, left_padding.iter().map(|l| l + left).collect()))
+    }
+}
+
+/// The [`KvCache`] methods both batch caches answer alike: the per-row RoPE offsets, and
+/// `update_and_fetch` through their own `update`.
+macro_rules! batch_kv_methods {
+    () => {
+        fn rope_offset(&self) -> Result<RopePosition> {
+            per_row_offsets(self.offset_array.as_ref(), &self.offsets)
+        }
+
+        fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvFetch> {
+            let (keys, values) = self.update(keys, values)?;
+            Ok(KvFetch::Plain { keys, values })
+        }
+    };
+}
+pub(crate) use batch_kv_methods;
+
+/// The zero buffers mlx-lm's `merge` writes each cache's row into: `[B, H, len, Dk]`
+/// and `[B, H, len, Dv]`, with the largest `H`, `Dk`, `Dv` of the caches that hold
+/// anything, in the dtype of the first of them (float32 when none does).
+pub(crate) struct MergeBuffers {
+    pub(crate) keys: Array,
+    pub(crate) values: Array,
+    h: i32,
+    dk: i32,
+    dv: i32,
+}
+
+impl MergeBuffers {
+    /// Buffers for the `(keys, values)` of each row's cache, `len` positions long.
+    pub(crate) fn new<'a>(
+        kv: impl ExactSizeIterator<Item = (Option<&'a Array>, Option<&'a Array>)>,
+        len: i32,
+    ) -> Result<MergeBuffers> {
+        let b = kv.len() as i32;
+        let present: Vec<(&Array, &Array)> = kv.filter_map(|(k, v)| k.zip(v)).collect();
+        let max_dim = |i: i32, values: bool| -> Result<i32> {
+            present
+                .iter()
+                .map(|p| if values { p.1 } else { p.0 }.dim(i))
+                .try_fold(0, |m, d| Ok(m.max(d?)))
+        };
+        let (h, dk, dv) = (max_dim(1, false)?, max_dim(3, false)?, max_dim(3, true)?);
+        let dt = present.first().map_or(Dtype::Float32, |p| p.0.dtype());
+        Ok(MergeBuffers {
+            keys: zeros(&[b, h, len, dk], dt)?,
+            values: zeros(&[b, h, len, dv], dt)?,
+            h,
+            dk,
+            dv,
+        })
+    }
+
+    /// Writes row `i`'s `keys` and `values` at positions `start..end`.
+    pub(crate) fn put(
+        &mut self,
+        i: i32,
+        start: i32,
+        end: i32,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<()> {
+        let lo = [i, 0, start, 0];
+        let hi_k = [i + 1, self.h, end, self.dk];
+        self.keys = self.keys.slice_update(keys, &lo, &hi_k, None)?;
+        let hi_v = [i + 1, self.h, end, self.dv];
+        self.values = self.values.slice_update(values, &lo, &hi_v, None)?;
+        Ok(())
+    }
+}
+
 /// mlx-lm's `BatchKVCache(left_padding)`.
 #[derive(Debug, Clone)]
 pub struct BatchKVCache {
@@ -156,6 +363,17 @@ impl BatchKVCache {
         }
     }
 
+    fn rows(&mut self) -> Rows<'_> {
+        Rows {
+            what: "BatchKVCache",
+            keys: &mut self.keys,
+            values: &mut self.values,
+            left_padding: &mut self.left_padding,
+            offsets: &mut self.offsets,
+            offset_array: &mut self.offset_array,
+        }
+    }
+
     /// mlx-lm's `prepare`: more left padding (only while empty), or the right padding of
     /// the next (right-padded) prefill chunk, which [`BatchKVCache::finalize`] turns into
     /// left padding. `lengths` (the chunk's real lengths) is not needed here.
@@ -166,19 +384,7 @@ impl BatchKVCache {
         lengths: Option<&[i32]>,
         right_padding: Option<&[i32]>,
     ) -> Result<()> {
-        self.offset_array = None;
-        let rows = self.offsets.len();
-        check_rows("left_padding", left_padding, rows)?;
-        check_rows("lengths", lengths, rows)?;
-        check_rows("right_padding", right_padding, rows)?;
-        if let Some(lp) = left_padding {
-            if self.keys.is_some() {
-                return Err(mlx_array::Error::InvalidArgument(
-                    "Left padding can only be added to an empty BatchKVCache".into(),
-                ));
-            }
-            add_left_padding(&mut self.left_padding, &mut self.offsets, lp);
-        }
+        self.rows().prepare(left_padding, lengths, right_padding)?;
         if let Some(rp) = right_padding.filter(|rp| rp.iter().any(|&p| p > 0)) {
             self.right_padding = Some(rp.to_vec());
         }
@@ -289,26 +495,7 @@ impl BatchKVCache {
     /// columns every remaining row has (mlx-lm's `filter`).
     #[track_caller]
     pub fn filter(&mut self, batch_indices: &[usize]) -> Result<()> {
-        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            self.keys = Some(take_rows(k, batch_indices)?);
-            self.values = Some(take_rows(v, batch_indices)?);
-        }
-        let pick = |v: &[i32]| -> Result<Vec<i32>> {
-            batch_indices
-                .iter()
-                .map(|&i| {
-                    v.get(i).copied().ok_or_else(|| {
-                        mlx_array::Error::InvalidArgument(format!(
-                            "BatchKVCache::filter: row {i} of {}",
-                            v.len()
-                        ))
-                    })
-                })
-                .collect()
-        };
-        self.offsets = pick(&self.offsets)?;
-        self.offset_array = None;
-        self.left_padding = pick(&self.left_padding)?;
+        self.rows().filter(batch_indices)?;
         let min_left = self.left_padding.iter().copied().min().unwrap_or(0);
         if min_left > 0 {
             if let (Some(k), Some(v)) = (&self.keys, &self.values) {
@@ -342,39 +529,10 @@ impl BatchKVCache {
                 ))
             }
         };
-        let [_, h, _, d] = dims4(template.0, "keys")?;
-        let m = template.1.dim(3)?;
-        let dtype = match &self.keys {
-            Some(k) => k.dtype(),
-            None => template.0.dtype(),
-        };
-        let len = |c: &BatchKVCache| -> Result<i32> {
-            Ok(match &c.keys {
-                Some(k) => k.dim(2)?,
-                None => 0,
-            })
-        };
-        let max_size = len(self)?.max(len(other)?);
-        let pad = |c: &BatchKVCache| -> Result<(Array, Array, Vec<i32>)> {
-            let (mut k, mut v) = match (&c.keys, &c.values) {
-                (Some(k), Some(v)) => (k.clone(), v.clone()),
-                _ => {
-                    let bc = c.offsets.len() as i32;
-                    (zeros(&[bc, h, 0, d], dtype)?, zeros(&[bc, h, 0, m], dtype)?)
-                }
-            };
-            let left = max_idx - c.idx;
-            let mut right = max_size - k.dim(2)? - left;
-            if right < 0 {
-                k = seq(&k, None, Some(right))?;
-                v = seq(&v, None, Some(right))?;
-                right = 0;
-            }
-            if left != 0 || right != 0 {
-                k = pad_seq(&k, left, right)?;
-                v = pad_seq(&v, left, right)?;
-            }
-            Ok((k, v, c.left_padding.iter().map(|l| l + left).collect()))
+        let to = ExtendTo::new(self.keys.as_ref(), other.keys.as_ref(), template, max_idx)?;
+        let pad = |c: &BatchKVCache| {
+            let kv = (c.keys.as_ref(), c.values.as_ref());
+            to.pad(kv, c.offsets.len(), c.idx, &c.left_padding)
         };
         let (k1, v1, lp1) = pad(self)?;
         let (k2, v2, lp2) = pad(other)?;
@@ -418,34 +576,21 @@ impl BatchKVCache {
             return Ok(BatchKVCache::new(&vec![0; caches.len()]));
         }
         let padding: Vec<i32> = lengths.iter().map(|l| max_length - l).collect();
-        let present: Vec<(&Array, &Array)> = caches
-            .iter()
-            .filter_map(|c| c.keys.as_ref().zip(c.values.as_ref()))
-            .collect();
-        let max_dim = |i: i32, values: bool| -> Result<i32> {
-            present
-                .iter()
-                .map(|p| if values { p.1 } else { p.0 }.dim(i))
-                .try_fold(0, |m, d| Ok(m.max(d?)))
-        };
-        let (h, dk, dv) = (max_dim(1, false)?, max_dim(3, false)?, max_dim(3, true)?);
-        let dt = present.first().map_or(Dtype::Float32, |p| p.0.dtype());
-        let b = caches.len() as i32;
-        let mut keys = zeros(&[b, h, max_length, dk], dt)?;
-        let mut values = zeros(&[b, h, max_length, dv], dt)?;
+        let kv = caches.iter().map(|c| (c.keys.as_ref(), c.values.as_ref()));
+        let mut buf = MergeBuffers::new(kv, max_length)?;
         for (i, (p, c)) in padding.iter().zip(caches).enumerate() {
             let (Some(ck), Some(cv)) = (&c.keys, &c.values) else {
                 continue;
             };
-            let i = i as i32;
-            let (lo_k, hi_k) = ([i, 0, *p, 0], [i + 1, h, p + c.offset, dk]);
-            keys = keys.slice_update(&seq(ck, None, Some(c.offset))?, &lo_k, &hi_k, None)?;
-            let hi_v = [i + 1, h, p + c.offset, dv];
-            values = values.slice_update(&seq(cv, None, Some(c.offset))?, &lo_k, &hi_v, None)?;
+            let (ck, cv) = (
+                seq(ck, None, Some(c.offset))?,
+                seq(cv, None, Some(c.offset))?,
+            );
+            buf.put(i as i32, *p, p + c.offset, &ck, &cv)?;
         }
         let mut cache = BatchKVCache::new(&padding);
-        cache.keys = Some(keys);
-        cache.values = Some(values);
+        cache.keys = Some(buf.keys);
+        cache.values = Some(buf.values);
         for o in &mut cache.offsets {
             *o += max_length;
         }
@@ -460,14 +605,7 @@ impl KvCache for BatchKVCache {
         self.idx
     }
 
-    fn rope_offset(&self) -> Result<RopePosition> {
-        per_row_offsets(self.offset_array.as_ref(), &self.offsets)
-    }
-
-    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvFetch> {
-        let (keys, values) = self.update(keys, values)?;
-        Ok(KvFetch::Plain { keys, values })
-    }
+    batch_kv_methods!();
 
     /// Always an array: `create_causal_mask(n, idx, window_size, left_padding)`.
     fn make_mask(&self, n: i32, _return_array: bool, window_size: Option<i32>) -> Result<AttnMask> {

@@ -9,8 +9,8 @@
 //! [`BatchRotatingKVCache::finalize`], which rolls each row's padding in front, as in
 //! mlx-lm.
 use crate::batch::{
-    add_left_padding, advance_offsets, check_rows, dynamic_roll, int_array, pad_seq,
-    per_row_offsets, row, take_rows,
+    advance_offsets, batch_kv_methods, dynamic_roll, int_array, per_row_offsets, row, ExtendTo,
+    MergeBuffers, Rows,
 };
 use crate::error::CacheError;
 use crate::kv::STEP;
@@ -60,6 +60,17 @@ impl BatchRotatingKVCache {
         }
     }
 
+    fn rows(&mut self) -> Rows<'_> {
+        Rows {
+            what: "BatchRotatingKVCache",
+            keys: &mut self.keys,
+            values: &mut self.values,
+            left_padding: &mut self.left_padding,
+            offsets: &mut self.offsets,
+            offset_array: &mut self.offset_array,
+        }
+    }
+
     /// mlx-lm's `prepare`: more left padding (only while empty), or the real `lengths`
     /// of a right-padded prefill chunk (with its `right_padding`), so padding never
     /// evicts real positions and [`BatchRotatingKVCache::finalize`] can roll it away.
@@ -70,19 +81,7 @@ impl BatchRotatingKVCache {
         lengths: Option<&[i32]>,
         right_padding: Option<&[i32]>,
     ) -> Result<()> {
-        self.offset_array = None;
-        let rows = self.offsets.len();
-        check_rows("left_padding", left_padding, rows)?;
-        check_rows("lengths", lengths, rows)?;
-        check_rows("right_padding", right_padding, rows)?;
-        if let Some(lp) = left_padding {
-            if self.keys.is_some() {
-                return Err(bad(
-                    "Left padding can only be added to an empty BatchRotatingKVCache".into(),
-                ));
-            }
-            add_left_padding(&mut self.left_padding, &mut self.offsets, lp);
-        }
+        self.rows().prepare(left_padding, lengths, right_padding)?;
         if right_padding.is_some_and(|rp| rp.iter().any(|&p| p > 0)) {
             let lengths = lengths.ok_or_else(|| {
                 bad("BatchRotatingKVCache::prepare: right padding needs the lengths".into())
@@ -379,27 +378,7 @@ impl BatchRotatingKVCache {
     /// Keeps only the rows `batch_indices`, in that order (mlx-lm's `filter`).
     #[track_caller]
     pub fn filter(&mut self, batch_indices: &[usize]) -> Result<()> {
-        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            self.keys = Some(take_rows(k, batch_indices)?);
-            self.values = Some(take_rows(v, batch_indices)?);
-        }
-        let pick = |v: &[i32]| -> Result<Vec<i32>> {
-            batch_indices
-                .iter()
-                .map(|&i| {
-                    v.get(i).copied().ok_or_else(|| {
-                        bad(format!(
-                            "BatchRotatingKVCache::filter: row {i} of {}",
-                            v.len()
-                        ))
-                    })
-                })
-                .collect()
-        };
-        self.offsets = pick(&self.offsets)?;
-        self.offset_array = None;
-        self.left_padding = pick(&self.left_padding)?;
-        Ok(())
+        self.rows().filter(batch_indices)
     }
 
     /// Appends the rows of `other` (mlx-lm's `extend`); both are put in temporal order
@@ -425,39 +404,11 @@ impl BatchRotatingKVCache {
                 ))
             }
         };
-        let [_, h, _, d] = dims4(&template.0, "keys")?;
-        let m = template.1.dim(3)?;
-        let dtype = match &self.keys {
-            Some(k) => k.dtype(),
-            None => template.0.dtype(),
-        };
-        let len = |c: &BatchRotatingKVCache| -> Result<i32> {
-            Ok(match &c.keys {
-                Some(k) => k.dim(2)?,
-                None => 0,
-            })
-        };
-        let max_size = len(self)?.max(len(other)?);
-        let pad = |c: &BatchRotatingKVCache| -> Result<(Array, Array, Vec<i32>)> {
-            let left = max_idx - c.idx;
-            let (mut k, mut v) = match (&c.keys, &c.values) {
-                (Some(k), Some(v)) => (k.clone(), v.clone()),
-                _ => {
-                    let bc = c.offsets.len() as i32;
-                    (zeros(&[bc, h, 0, d], dtype)?, zeros(&[bc, h, 0, m], dtype)?)
-                }
-            };
-            let mut right = max_size - k.dim(2)? - left;
-            if right < 0 {
-                k = seq(&k, None, Some(right))?;
-                v = seq(&v, None, Some(right))?;
-                right = 0;
-            }
-            if left != 0 || right != 0 {
-                k = pad_seq(&k, left, right)?;
-                v = pad_seq(&v, left, right)?;
-            }
-            Ok((k, v, c.left_padding.iter().map(|l| l + left).collect()))
+        let kv = (&template.0, &template.1);
+        let to = ExtendTo::new(self.keys.as_ref(), other.keys.as_ref(), kv, max_idx)?;
+        let pad = |c: &BatchRotatingKVCache| {
+            let kv = (c.keys.as_ref(), c.values.as_ref());
+            to.pad(kv, c.offsets.len(), c.idx, &c.left_padding)
         };
         let (k1, v1, lp1) = pad(self)?;
         let (k2, v2, lp2) = pad(other)?;
@@ -535,35 +486,19 @@ impl BatchRotatingKVCache {
             return Ok(BatchRotatingKVCache::new(max_size, &vec![0; caches.len()]));
         }
         let padding: Vec<i32> = lengths.iter().map(|l| max_length - l).collect();
-        let present: Vec<(&Array, &Array)> = caches
-            .iter()
-            .filter_map(|c| c.keys.as_ref().zip(c.values.as_ref()))
-            .collect();
-        let max_dim = |i: i32, values: bool| -> Result<i32> {
-            present
-                .iter()
-                .map(|p| if values { p.1 } else { p.0 }.dim(i))
-                .try_fold(0, |m, d| Ok(m.max(d?)))
-        };
-        let (h, dk, dv) = (max_dim(1, false)?, max_dim(3, false)?, max_dim(3, true)?);
-        let dt = present.first().map_or(Dtype::Float32, |p| p.0.dtype());
-        let b = caches.len() as i32;
-        let mut keys = zeros(&[b, h, max_length, dk], dt)?;
-        let mut values = zeros(&[b, h, max_length, dv], dt)?;
+        let kv = caches.iter().map(|c| (c.keys.as_ref(), c.values.as_ref()));
+        let mut buf = MergeBuffers::new(kv, max_length)?;
         for (i, ((p, l), c)) in padding.iter().zip(&lengths).zip(caches).enumerate() {
             let (Some(ck), Some(cv)) = (&c.keys, &c.values) else {
                 continue;
             };
-            let i = i as i32;
             let ck = seq(&c.temporal_order(ck)?, Some(-l), None)?;
             let cv = seq(&c.temporal_order(cv)?, Some(-l), None)?;
-            let lo = [i, 0, *p, 0];
-            keys = keys.slice_update(&ck, &lo, &[i + 1, h, p + l, dk], None)?;
-            values = values.slice_update(&cv, &lo, &[i + 1, h, p + l, dv], None)?;
+            buf.put(i as i32, *p, p + l, &ck, &cv)?;
         }
         let mut cache = BatchRotatingKVCache::new(max_size, &padding);
-        cache.keys = Some(keys);
-        cache.values = Some(values);
+        cache.keys = Some(buf.keys);
+        cache.values = Some(buf.values);
         cache.offsets = offsets;
         cache.idx = max_length;
         cache.written = max_length;
@@ -578,14 +513,7 @@ impl KvCache for BatchRotatingKVCache {
         self.written
     }
 
-    fn rope_offset(&self) -> Result<RopePosition> {
-        per_row_offsets(self.offset_array.as_ref(), &self.offsets)
-    }
-
-    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvFetch> {
-        let (keys, values) = self.update(keys, values)?;
-        Ok(KvFetch::Plain { keys, values })
-    }
+    batch_kv_methods!();
 
     fn make_mask(&self, n: i32, _return_array: bool, window_size: Option<i32>) -> Result<AttnMask> {
         Ok(AttnMask::Array(self.mask(n, window_size)?))

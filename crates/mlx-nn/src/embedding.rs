@@ -1,8 +1,9 @@
 //! `Embedding` and `QuantizedEmbedding` (mlx.nn), and [`EmbeddingLayer`], which is either.
 use crate::error::Result as NnResult;
-use crate::module::{Module, Param, QuantVisitor};
-use crate::quantize::{QuantSpec, Quantizable};
-use mlx_array::quant::{dequantize, quantize, quantized_matmul};
+use crate::module::Param;
+use crate::quantize::QuantSpec;
+use crate::variants::{pack, unpack};
+use mlx_array::quant::{dequantize, quantized_matmul};
 use mlx_array::{ops, Array, Dtype, Result};
 
 /// A lookup table `[num_embeddings, dims]`.
@@ -36,16 +37,11 @@ impl Embedding {
 
     /// The quantized version (mlx.nn `QuantizedEmbedding.from_embedding`).
     pub fn to_quantized(&self, spec: QuantSpec) -> Result<QuantizedEmbedding> {
-        let q = quantize(
-            &self.weight,
-            Some(spec.group_size),
-            Some(spec.bits),
-            spec.mode,
-        )?;
+        let p = pack(&self.weight, spec)?;
         Ok(QuantizedEmbedding {
-            weight: Param::frozen(q.weight),
-            scales: Param::frozen(q.scales),
-            biases: q.biases.map(Param::frozen),
+            weight: p.weight,
+            scales: p.scales,
+            biases: p.biases,
             spec,
         })
     }
@@ -106,13 +102,11 @@ impl QuantizedEmbedding {
 
     /// The dense table.
     pub fn to_dense(&self, dtype: Option<Dtype>) -> Result<Embedding> {
-        let w = dequantize(
+        let w = unpack(
             &self.weight,
             &self.scales,
-            self.biases.as_ref().map(|b| b.value()),
-            Some(self.spec.group_size),
-            Some(self.spec.bits),
-            self.spec.mode,
+            self.biases.as_ref(),
+            self.spec,
             dtype,
         )?;
         Ok(Embedding {
@@ -176,74 +170,13 @@ impl EmbeddingLayer {
             dropout: 0.0,
         }));
     }
-
-    /// Sets the adapter's dropout in training (no adapter: nothing to set).
-    pub fn set_adapter_dropout(&mut self, p: f64) {
-        if let EmbeddingLayer::Lora(l) = self {
-            l.dropout = p;
-        }
-    }
 }
 
-impl Module for EmbeddingLayer {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        match self {
-            EmbeddingLayer::Dense(l) => l.visit_params(prefix, f),
-            EmbeddingLayer::Quantized(l) => l.visit_params(prefix, f),
-            EmbeddingLayer::Lora(l) => l.visit_params(prefix, f),
-        }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        match self {
-            EmbeddingLayer::Dense(l) => l.visit_params_mut(prefix, f),
-            EmbeddingLayer::Quantized(l) => l.visit_params_mut(prefix, f),
-            EmbeddingLayer::Lora(l) => l.visit_params_mut(prefix, f),
-        }
-    }
-    fn visit_quantizable_mut(&mut self, prefix: &str, f: &mut QuantVisitor<'_>) -> NnResult<()> {
-        f(prefix, self)
-    }
-}
-
-impl Quantizable for EmbeddingLayer {
-    fn dense_weight_shape(&self) -> Vec<i32> {
-        match self {
-            EmbeddingLayer::Dense(e) => e.weight.shape(),
-            EmbeddingLayer::Quantized(q) => {
-                let s = q.weight.shape();
-                vec![s[0], s.last().copied().unwrap_or(0) * 32 / q.spec.bits]
-            }
-            EmbeddingLayer::Lora(l) => l.base.dense_weight_shape(),
-        }
-    }
-    fn quant_spec(&self) -> Option<QuantSpec> {
-        match self {
-            EmbeddingLayer::Dense(_) => None,
-            EmbeddingLayer::Quantized(q) => Some(q.spec),
-            EmbeddingLayer::Lora(l) => l.base.quant_spec(),
-        }
-    }
-    fn quantize(&mut self, spec: QuantSpec) -> Result<()> {
-        match self {
-            EmbeddingLayer::Dense(e) => *self = EmbeddingLayer::Quantized(e.to_quantized(spec)?),
-            EmbeddingLayer::Quantized(q) if q.spec != spec => {
-                let dense = q.to_dense(None)?;
-                *self = EmbeddingLayer::Quantized(dense.to_quantized(spec)?);
-            }
-            EmbeddingLayer::Quantized(_) => {}
-            EmbeddingLayer::Lora(l) => l.base.quantize(spec)?,
-        }
-        Ok(())
-    }
-    fn dequantize(&mut self, dtype: Option<Dtype>) -> Result<()> {
-        match self {
-            EmbeddingLayer::Quantized(q) => *self = EmbeddingLayer::Dense(q.to_dense(dtype)?),
-            EmbeddingLayer::Lora(l) => l.base.dequantize(dtype)?,
-            EmbeddingLayer::Dense(_) => {}
-        }
-        Ok(())
-    }
-    fn as_embedding_layer_mut(&mut self) -> Option<&mut EmbeddingLayer> {
-        Some(self)
-    }
-}
+layer_variants!(
+    EmbeddingLayer,
+    |q| {
+        let s = q.weight.shape();
+        vec![s[0], s.last().copied().unwrap_or(0) * 32 / q.spec.bits]
+    },
+    as_embedding_layer_mut
+);

@@ -12,6 +12,8 @@
 //!   the SSD scan of Mamba-2 layers.
 #![warn(missing_docs)]
 
+#[macro_use]
+mod variants;
 pub mod activations;
 pub mod attention;
 pub mod cache;

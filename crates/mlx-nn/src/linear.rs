@@ -1,11 +1,12 @@
 //! `Linear` and `QuantizedLinear` (mlx.nn), and [`LinearLayer`], which is either.
 use crate::error::Result as NnResult;
 use crate::lora::LoraLinear;
-use crate::module::{Module, Param, QuantVisitor};
-use crate::quantize::{QuantSpec, Quantizable};
+use crate::module::Param;
+use crate::quantize::QuantSpec;
+use crate::variants::{pack, unpack};
 use mlx_array::quant::{
-    dequantize, quantize, quantized_matmul, quantized_matmul_add, quantized_matmul_many,
-    quantized_matmul_swiglu, GateUp, QuantizedWeight,
+    quantized_matmul, quantized_matmul_add, quantized_matmul_many, quantized_matmul_swiglu, GateUp,
+    QuantizedWeight,
 };
 use mlx_array::{ops, Array, Dtype, Result};
 
@@ -53,16 +54,11 @@ impl Linear {
 
     /// The quantized version (mlx.nn `QuantizedLinear.from_linear`).
     pub fn to_quantized(&self, spec: QuantSpec) -> Result<QuantizedLinear> {
-        let q = quantize(
-            &self.weight,
-            Some(spec.group_size),
-            Some(spec.bits),
-            spec.mode,
-        )?;
+        let p = pack(&self.weight, spec)?;
         Ok(QuantizedLinear {
-            weight: Param::frozen(q.weight),
-            scales: Param::frozen(q.scales),
-            biases: q.biases.map(Param::frozen),
+            weight: p.weight,
+            scales: p.scales,
+            biases: p.biases,
             bias: self.bias.clone(),
             spec,
         })
@@ -132,13 +128,11 @@ impl QuantizedLinear {
 
     /// The dense layer (mlx-lm's `dequantize_model` for one layer).
     pub fn to_dense(&self, dtype: Option<Dtype>) -> Result<Linear> {
-        let w = dequantize(
+        let w = unpack(
             &self.weight,
             &self.scales,
-            self.biases.as_ref().map(|b| b.value()),
-            Some(self.spec.group_size),
-            Some(self.spec.bits),
-            self.spec.mode,
+            self.biases.as_ref(),
+            self.spec,
             dtype,
         )?;
         Ok(Linear {
@@ -221,13 +215,6 @@ impl LinearLayer {
             scale,
             dropout: 0.0,
         }));
-    }
-
-    /// Sets the training dropout of the layer's adapter (no-op without one).
-    pub fn set_adapter_dropout(&mut self, p: f64) {
-        if let LinearLayer::Lora(l) = self {
-            l.dropout = p;
-        }
     }
 
     /// `residual + self.forward(x)`, the same array: for a quantized layer without an
@@ -324,62 +311,8 @@ impl LinearLayer {
     }
 }
 
-impl Module for LinearLayer {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        match self {
-            LinearLayer::Dense(l) => l.visit_params(prefix, f),
-            LinearLayer::Quantized(l) => l.visit_params(prefix, f),
-            LinearLayer::Lora(l) => l.visit_params(prefix, f),
-        }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        match self {
-            LinearLayer::Dense(l) => l.visit_params_mut(prefix, f),
-            LinearLayer::Quantized(l) => l.visit_params_mut(prefix, f),
-            LinearLayer::Lora(l) => l.visit_params_mut(prefix, f),
-        }
-    }
-    fn visit_quantizable_mut(&mut self, prefix: &str, f: &mut QuantVisitor<'_>) -> NnResult<()> {
-        f(prefix, self)
-    }
-}
-
-impl Quantizable for LinearLayer {
-    fn dense_weight_shape(&self) -> Vec<i32> {
-        match self {
-            LinearLayer::Dense(l) => l.weight.shape(),
-            LinearLayer::Quantized(q) => vec![q.weight.shape()[0], q.input_dims()],
-            LinearLayer::Lora(l) => l.base.dense_weight_shape(),
-        }
-    }
-    fn quant_spec(&self) -> Option<QuantSpec> {
-        match self {
-            LinearLayer::Dense(_) => None,
-            LinearLayer::Quantized(q) => Some(q.spec),
-            LinearLayer::Lora(l) => l.base.quant_spec(),
-        }
-    }
-    fn quantize(&mut self, spec: QuantSpec) -> Result<()> {
-        match self {
-            LinearLayer::Dense(l) => *self = LinearLayer::Quantized(l.to_quantized(spec)?),
-            LinearLayer::Quantized(q) if q.spec != spec => {
-                let dense = q.to_dense(None)?;
-                *self = LinearLayer::Quantized(dense.to_quantized(spec)?);
-            }
-            LinearLayer::Quantized(_) => {}
-            LinearLayer::Lora(l) => l.base.quantize(spec)?,
-        }
-        Ok(())
-    }
-    fn dequantize(&mut self, dtype: Option<Dtype>) -> Result<()> {
-        match self {
-            LinearLayer::Quantized(q) => *self = LinearLayer::Dense(q.to_dense(dtype)?),
-            LinearLayer::Lora(l) => l.base.dequantize(dtype)?,
-            LinearLayer::Dense(_) => {}
-        }
-        Ok(())
-    }
-    fn as_linear_layer_mut(&mut self) -> Option<&mut LinearLayer> {
-        Some(self)
-    }
-}
+layer_variants!(
+    LinearLayer,
+    |q| vec![q.weight.shape()[0], q.input_dims()],
+    as_linear_layer_mut
+);

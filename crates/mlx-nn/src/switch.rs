@@ -2,9 +2,10 @@
 //! `QuantizedSwitchLinear` and `SwitchGLU`, on `gather_mm` / `gather_qmm`.
 use crate::activations::{swiglu, swiglu_oai};
 use crate::error::Result as NnResult;
-use crate::module::{Module, Param, QuantVisitor};
-use crate::quantize::{QuantSpec, Quantizable};
-use mlx_array::quant::{dequantize, gather_mm, gather_qmm, quantize};
+use crate::module::Param;
+use crate::quantize::QuantSpec;
+use crate::variants::{pack, unpack};
+use mlx_array::quant::{gather_mm, gather_qmm};
 use mlx_array::{ops, Array, Dtype, Result};
 
 /// One linear layer per expert: weight `[num_experts, output_dims, input_dims]`.
@@ -56,16 +57,11 @@ impl SwitchLinear {
 
     /// The quantized version.
     pub fn to_quantized(&self, spec: QuantSpec) -> Result<QuantizedSwitchLinear> {
-        let q = quantize(
-            &self.weight,
-            Some(spec.group_size),
-            Some(spec.bits),
-            spec.mode,
-        )?;
+        let p = pack(&self.weight, spec)?;
         Ok(QuantizedSwitchLinear {
-            weight: Param::frozen(q.weight),
-            scales: Param::frozen(q.scales),
-            biases: q.biases.map(Param::frozen),
+            weight: p.weight,
+            scales: p.scales,
+            biases: p.biases,
             bias: self.bias.clone(),
             spec,
         })
@@ -124,13 +120,11 @@ impl QuantizedSwitchLinear {
 
     /// The dense layers.
     pub fn to_dense(&self, dtype: Option<Dtype>) -> Result<SwitchLinear> {
-        let w = dequantize(
+        let w = unpack(
             &self.weight,
             &self.scales,
-            self.biases.as_ref().map(|b| b.value()),
-            Some(self.spec.group_size),
-            Some(self.spec.bits),
-            self.spec.mode,
+            self.biases.as_ref(),
+            self.spec,
             dtype,
         )?;
         Ok(SwitchLinear {
@@ -181,82 +175,19 @@ impl SwitchLinearLayer {
             dropout: 0.0,
         }));
     }
-
-    /// Sets the training dropout of the layer's adapters (no-op without them).
-    pub fn set_adapter_dropout(&mut self, p: f64) {
-        if let SwitchLinearLayer::Lora(l) = self {
-            l.dropout = p;
-        }
-    }
 }
 
-impl Module for SwitchLinearLayer {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        match self {
-            SwitchLinearLayer::Dense(l) => l.visit_params(prefix, f),
-            SwitchLinearLayer::Quantized(l) => l.visit_params(prefix, f),
-            SwitchLinearLayer::Lora(l) => l.visit_params(prefix, f),
+layer_variants!(
+    SwitchLinearLayer,
+    |q| {
+        let mut s = q.weight.shape();
+        if let Some(last) = s.last_mut() {
+            *last = *last * 32 / q.spec.bits;
         }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        match self {
-            SwitchLinearLayer::Dense(l) => l.visit_params_mut(prefix, f),
-            SwitchLinearLayer::Quantized(l) => l.visit_params_mut(prefix, f),
-            SwitchLinearLayer::Lora(l) => l.visit_params_mut(prefix, f),
-        }
-    }
-    fn visit_quantizable_mut(&mut self, prefix: &str, f: &mut QuantVisitor<'_>) -> NnResult<()> {
-        f(prefix, self)
-    }
-}
-
-impl Quantizable for SwitchLinearLayer {
-    fn dense_weight_shape(&self) -> Vec<i32> {
-        match self {
-            SwitchLinearLayer::Dense(l) => l.weight.shape(),
-            SwitchLinearLayer::Quantized(q) => {
-                let mut s = q.weight.shape();
-                if let Some(last) = s.last_mut() {
-                    *last = *last * 32 / q.spec.bits;
-                }
-                s
-            }
-            SwitchLinearLayer::Lora(l) => l.base.dense_weight_shape(),
-        }
-    }
-    fn quant_spec(&self) -> Option<QuantSpec> {
-        match self {
-            SwitchLinearLayer::Dense(_) => None,
-            SwitchLinearLayer::Quantized(q) => Some(q.spec),
-            SwitchLinearLayer::Lora(l) => l.base.quant_spec(),
-        }
-    }
-    fn quantize(&mut self, spec: QuantSpec) -> Result<()> {
-        match self {
-            SwitchLinearLayer::Dense(l) => {
-                *self = SwitchLinearLayer::Quantized(l.to_quantized(spec)?)
-            }
-            SwitchLinearLayer::Quantized(q) if q.spec != spec => {
-                let dense = q.to_dense(None)?;
-                *self = SwitchLinearLayer::Quantized(dense.to_quantized(spec)?);
-            }
-            SwitchLinearLayer::Quantized(_) => {}
-            SwitchLinearLayer::Lora(l) => l.base.quantize(spec)?,
-        }
-        Ok(())
-    }
-    fn dequantize(&mut self, dtype: Option<Dtype>) -> Result<()> {
-        match self {
-            SwitchLinearLayer::Quantized(q) => *self = SwitchLinearLayer::Dense(q.to_dense(dtype)?),
-            SwitchLinearLayer::Lora(l) => l.base.dequantize(dtype)?,
-            SwitchLinearLayer::Dense(_) => {}
-        }
-        Ok(())
-    }
-    fn as_switch_layer_mut(&mut self) -> Option<&mut SwitchLinearLayer> {
-        Some(self)
-    }
-}
+        s
+    },
+    as_switch_layer_mut
+);
 
 /// The gated activation of a [`SwitchGlu`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -4,11 +4,10 @@
 use super::attention::{Attention, AttentionDims, Extras, HeadNorm, NormAt};
 use super::head::{self, LogitScale};
 use super::mlp::Mlp;
-use super::{cache_at, layer_caches, Architecture};
+use super::{layer_caches, Architecture, LayerMasks};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{fast, ops, Array, Dtype, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LayerNorm, Param, Rope};
 use serde::Deserialize;
 use serde_json::Value;
@@ -98,6 +97,10 @@ pub struct TransformerBlock {
     self_attn: Attention,
     mlp: Mlp,
     input_layernorm: LayerNorm,
+    /// Whether the layer attends through the sliding window (Cohere 2).
+    pub(crate) sliding: bool,
+    /// Cohere 2's float16 queries attend in float32.
+    f16_queries_in_f32: bool,
 }
 impl_module!(TransformerBlock {
     self_attn,
@@ -106,6 +109,25 @@ impl_module!(TransformerBlock {
 });
 
 impl TransformerBlock {
+    /// A global layer (see [`TransformerBlock::sliding`]).
+    pub(crate) fn new(self_attn: Attention, mlp: Mlp, input_layernorm: LayerNorm) -> Self {
+        TransformerBlock {
+            self_attn,
+            mlp,
+            input_layernorm,
+            sliding: false,
+            f16_queries_in_f32: false,
+        }
+    }
+
+    /// The layer attending through the window where `sliding`, its float16 queries in
+    /// float32 (Cohere 2's).
+    pub(crate) fn sliding(mut self, sliding: bool) -> Self {
+        self.sliding = sliding;
+        self.f16_queries_in_f32 = true;
+        self
+    }
+
     fn forward(
         &self,
         x: &Array,
@@ -113,26 +135,88 @@ impl TransformerBlock {
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
         let h = self.input_layernorm.forward(x)?;
-        let attn = self
-            .self_attn
-            .forward(&h, mask, cache, None, Extras::default())?;
+        let extras = Extras {
+            f16_queries_in_f32: self.f16_queries_in_f32,
+            ..Default::default()
+        };
+        let attn = self.self_attn.forward(&h, mask, cache, None, extras)?;
         let ff = self.mlp.forward(&h, None)?;
         attn.add(&ff)?.add(x)
     }
 }
 
-/// The decoder stack.
+/// The decoder stack: the global mask from the cache of layer `full_idx`, the windowed
+/// one (Cohere 2's sliding layers) from that of layer `swa_idx`.
 #[derive(Debug)]
 pub struct CohereModel {
     embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
+    pub(crate) layers: Vec<TransformerBlock>,
     norm: LayerNorm,
+    full_idx: usize,
+    swa_idx: Option<usize>,
+    window: Option<i32>,
 }
 impl_module!(CohereModel {
     embed_tokens,
     layers,
     norm
 });
+
+impl CohereModel {
+    /// The stack over `layers` with a `vocab x dim` embedding; the masks as
+    /// [`LayerMasks::new`] takes them.
+    pub(crate) fn new(
+        vocab: i32,
+        dim: i32,
+        layers: Vec<TransformerBlock>,
+        norm: LayerNorm,
+        (full_idx, swa_idx, window): (usize, Option<usize>, Option<i32>),
+    ) -> crate::Result<CohereModel> {
+        Ok(CohereModel {
+            embed_tokens: EmbeddingLayer::new(vocab, dim)?,
+            layers,
+            norm,
+            full_idx,
+            swa_idx,
+            window,
+        })
+    }
+
+    /// The logits of `tokens` through the tied head, times `logit_scale`.
+    pub(crate) fn logits(
+        &self,
+        tokens: &Array,
+        caches: &mut [Box<dyn KvCache>],
+        logit_scale: f64,
+    ) -> Result<Array> {
+        let mut h = self.embed_tokens.forward(tokens)?;
+        let n = h.dim(1)?;
+        let masks = LayerMasks::new(n, caches, self.full_idx, self.swa_idx, self.window)?;
+        for (layer, cache) in self
+            .layers
+            .iter()
+            .zip(layer_caches(caches, self.layers.len())?)
+        {
+            h = layer.forward(&h, masks.get(layer.sliding), cache)?;
+        }
+        let out = self.norm.forward(&h)?;
+        head::logits(
+            &self.embed_tokens,
+            None,
+            &out,
+            LogitScale::Times(logit_scale),
+        )
+    }
+
+    /// Fuses every layer's q/k/v and gate/up projections.
+    pub(crate) fn fuse(&mut self) -> crate::Result<()> {
+        for layer in &mut self.layers {
+            layer.self_attn.fuse()?;
+            layer.mlp.fuse()?;
+        }
+        Ok(())
+    }
+}
 
 /// Cohere (the head is always the tied embedding).
 #[derive(Debug)]
@@ -178,18 +262,11 @@ impl Model {
                         HeadNorm::PerHead(LayerNorm2d::new(n_kv, head_dim, eps)?),
                     );
                 }
-                Ok(TransformerBlock {
-                    self_attn,
-                    mlp: Mlp::new(dim, args.intermediate_size, false)?,
-                    input_layernorm: norm()?,
-                })
+                let mlp = Mlp::new(dim, args.intermediate_size, false)?;
+                Ok(TransformerBlock::new(self_attn, mlp, norm()?))
             })
             .collect::<crate::Result<Vec<_>>>()?;
-        let model = CohereModel {
-            embed_tokens: EmbeddingLayer::new(args.vocab_size, dim)?,
-            layers,
-            norm: norm()?,
-        };
+        let model = CohereModel::new(args.vocab_size, dim, layers, norm()?, (0, None, None))?;
         Ok(Model { args, model })
     }
 }
@@ -201,15 +278,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let m = &self.model;
-        let mut h = m.embed_tokens.forward(tokens)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in m.layers.iter().zip(layer_caches(caches, m.layers.len())?) {
-            h = layer.forward(&h, &mask, cache)?;
-        }
-        let out = m.norm.forward(&h)?;
-        let scale = LogitScale::Times(self.args.logit_scale);
-        head::logits(&m.embed_tokens, None, &out, scale)
+        self.model.logits(tokens, caches, self.args.logit_scale)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]
@@ -220,10 +289,6 @@ impl LanguageModel for Model {
 /// mlx-lm's class has no `sanitize`: the checkpoint's tensors load as they are.
 impl Architecture for Model {
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        for layer in &mut self.model.layers {
-            layer.self_attn.fuse()?;
-            layer.mlp.fuse()?;
-        }
-        Ok(())
+        self.model.fuse()
     }
 }

@@ -2,16 +2,15 @@
 //! and feed-forward side by side on one layer norm, sliding-window layers with
 //! (traditional) RoPE and every `sliding_window_pattern`-th layer global without it,
 //! the tied head scaled by `logit_scale`.
-use super::attention::{Attention, AttentionDims, Extras};
+use super::attention::{Attention, AttentionDims};
+use super::cohere::{CohereModel, TransformerBlock};
 use super::mlp::Mlp;
 use super::window_cache_specs;
-use super::LayerMasks;
-use super::{layer_caches, Architecture};
+use super::Architecture;
 use crate::config::parse_args;
-use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LayerNorm, Rope};
+use mlx_nn::{impl_module, KvCache, LayerNorm, Rope};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -94,69 +93,6 @@ impl ModelArgs {
     }
 }
 
-/// One decoder layer: `attn(norm(x)) + mlp(norm(x)) + x`.
-#[derive(Debug)]
-pub struct TransformerBlock {
-    self_attn: Attention,
-    mlp: Mlp,
-    input_layernorm: LayerNorm,
-    global: bool,
-}
-impl_module!(TransformerBlock {
-    self_attn,
-    mlp,
-    input_layernorm
-});
-
-impl TransformerBlock {
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-    ) -> Result<Array> {
-        let h = self.input_layernorm.forward(x)?;
-        let extras = Extras {
-            f16_queries_in_f32: true,
-            ..Default::default()
-        };
-        let attn = self.self_attn.forward(&h, mask, cache, None, extras)?;
-        let ff = self.mlp.forward(&h, None)?;
-        attn.add(&ff)?.add(x)
-    }
-}
-
-/// The decoder stack.
-#[derive(Debug)]
-pub struct CohereModel {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
-    norm: LayerNorm,
-    window_size: i32,
-    pattern: usize,
-}
-impl_module!(CohereModel {
-    embed_tokens,
-    layers,
-    norm
-});
-
-impl CohereModel {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let n = h.dim(1)?;
-        let masks = LayerMasks::new(n, caches, self.pattern - 1, Some(0), Some(self.window_size))?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = layer.forward(&h, masks.get(!layer.global), cache)?;
-        }
-        self.norm.forward(&h)
-    }
-}
-
 /// Cohere 2 (the head is always the tied embedding).
 #[derive(Debug)]
 pub struct Model {
@@ -201,21 +137,17 @@ impl Model {
                 } else {
                     Rope::new(d, true, args.rope_theta, 1.0)
                 };
-                Ok(TransformerBlock {
-                    self_attn: Attention::new(dims, rope, (d as f64).powf(-0.5))?,
-                    mlp: Mlp::new(dim, args.intermediate_size, false)?,
-                    input_layernorm: norm()?,
-                    global,
-                })
+                let attn = Attention::new(dims, rope, (d as f64).powf(-0.5))?;
+                let mlp = Mlp::new(dim, args.intermediate_size, false)?;
+                Ok(TransformerBlock::new(attn, mlp, norm()?).sliding(!global))
             })
             .collect::<crate::Result<Vec<_>>>()?;
-        let model = CohereModel {
-            embed_tokens: EmbeddingLayer::new(args.vocab_size, dim)?,
-            layers,
-            norm: norm()?,
-            window_size: args.sliding_window,
-            pattern: args.sliding_window_pattern as usize,
-        };
+        let masks = (
+            args.sliding_window_pattern as usize - 1,
+            Some(0),
+            Some(args.sliding_window),
+        );
+        let model = CohereModel::new(args.vocab_size, dim, layers, norm()?, masks)?;
         Ok(Model { args, model })
     }
 }
@@ -227,12 +159,10 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let out = self.model.forward(tokens, caches)?;
-        let scale = LogitScale::Times(self.args.logit_scale);
-        head::logits(&self.model.embed_tokens, None, &out, scale)
+        self.model.logits(tokens, caches, self.args.logit_scale)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        let sliding = self.model.layers.iter().map(|l| !l.global);
+        let sliding = self.model.layers.iter().map(|l| l.sliding);
         window_cache_specs(sliding, self.args.sliding_window)
     }
     fn defines_make_cache(&self) -> bool {
@@ -244,10 +174,6 @@ impl LanguageModel for Model {
 /// mlx-lm's class has no `sanitize`: the checkpoint's tensors load as they are.
 impl Architecture for Model {
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        for layer in &mut self.model.layers {
-            layer.self_attn.fuse()?;
-            layer.mlp.fuse()?;
-        }
-        Ok(())
+        self.model.fuse()
     }
 }

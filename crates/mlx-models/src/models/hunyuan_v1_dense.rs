@@ -3,14 +3,13 @@
 //! (`query_layernorm` / `key_layernorm`) before the cache update, with a RoPE whose base
 //! is scaled by `rope_scaling.alpha` (mlx-lm's `DynamicNTKAlphaRoPE`).
 use super::attention::{Attention, AttentionDims, HeadNorm, NormAt};
-use super::decoder::{Decoder, DecoderLayer};
-use super::head::{self, LogitScale};
+use super::decoder::DecoderLayer;
+use super::lm::{drop_tied_head, DecoderLm};
 use super::mlp::Mlp;
 use super::{Architecture, Weights};
 use crate::config::parse_args;
-use crate::model::{CacheSpec, LanguageModel};
-use mlx_array::{ops, Array, Dtype, Result, Scalar};
-use mlx_nn::{impl_module, KvCache, LinearLayer, RmsNorm, Rope};
+use mlx_array::{ops, Array, Dtype, Scalar};
+use mlx_nn::{RmsNorm, Rope};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -56,7 +55,10 @@ impl ModelArgs {
     /// `__post_init__`: a `rope_scaling` must carry `alpha`, `factor` and `type`.
     fn check(self) -> crate::Result<ModelArgs> {
         if let Some(s) = self.rope_scaling.as_ref().filter(|s| !s.is_empty()) {
-            if !["alpha", "factor", "type"].iter().all(|k| s.contains_key(*k)) {
+            if !["alpha", "factor", "type"]
+                .iter()
+                .all(|k| s.contains_key(*k))
+            {
                 return Err(crate::Error::Config {
                     path: "config.json (hunyuan_v1_dense)".into(),
                     message: "key `rope_scaling` must contain keys `alpha`, `factor` and `type`"
@@ -116,58 +118,24 @@ fn attention(args: &ModelArgs) -> crate::Result<Attention> {
 }
 
 /// Hunyuan dense with its output head.
-#[derive(Debug)]
-pub struct Model {
-    args: ModelArgs,
-    model: Decoder<Mlp>,
-    lm_head: Option<LinearLayer>,
-}
-impl_module!(Model { model, lm_head });
-
-impl Model {
-    /// Builds the model (zero placeholders) from config.json.
-    pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
-        let layers = (0..args.num_hidden_layers)
-            .map(|_| {
-                let mlp = Mlp::new(dim, args.intermediate_size, false)?;
-                DecoderLayer::new(attention(&args)?, mlp, "mlp", dim, eps)
-            })
-            .collect::<crate::Result<Vec<_>>>()?;
-        let model = Decoder::new(args.vocab_size, dim, eps, layers)?;
-        let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
-        Ok(Model {
-            args,
-            model,
-            lm_head,
-        })
-    }
-}
+pub type Model = DecoderLm<ModelArgs, Mlp>;
 
 /// Registry entry.
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
     let args: ModelArgs = parse_args(config, "hunyuan_v1_dense")?;
-    Ok(Box::new(Model::new(args.check()?)?))
-}
-
-impl LanguageModel for Model {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let out = self.model.forward(tokens, caches)?;
-        let embed = &self.model.embed_tokens;
-        head::logits(embed, self.lm_head.as_ref(), &out, LogitScale::None)
-    }
-    fn cache_specs(&self) -> Vec<CacheSpec> {
-        vec![CacheSpec::Standard; self.model.layers.len()]
-    }
-    decoder_accessors!();
+    let args = args.check()?;
+    let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+    let model = Model::new(lm_dims!(args), args, |args, _| {
+        let mlp = Mlp::new(dim, args.intermediate_size, false)?;
+        DecoderLayer::new(attention(args)?, mlp, "mlp", dim, eps)
+    })?;
+    Ok(Box::new(model))
 }
 
 impl Architecture for Model {
     /// Drops a tied head's `lm_head.weight`.
     fn sanitize(&mut self, mut weights: Weights) -> crate::Result<Weights> {
-        if self.args.tie_word_embeddings {
-            weights.remove("lm_head.weight");
-        }
+        drop_tied_head(self.args.tie_word_embeddings, &mut weights);
         Ok(weights)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {

@@ -1,14 +1,12 @@
 //! InternLM 3, following `mlx_lm/models/internlm3.py`: Llama-shaped layers, q/k/v and
 //! o biased by `qkv_bias`, the MLP by `bias`; only linear or dynamic RoPE scaling.
 use super::attention::{Attention, AttentionDims};
-use super::decoder::{Decoder, DecoderLayer};
-use super::head::{self, LogitScale};
+use super::decoder::DecoderLayer;
+use super::lm::DecoderLm;
 use super::mlp::Mlp;
 use super::{Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
-use crate::model::{CacheSpec, LanguageModel};
-use mlx_array::{Array, Result};
-use mlx_nn::{impl_module, initialize_rope, KvCache, LinearLayer};
+use mlx_nn::initialize_rope;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -100,50 +98,18 @@ fn attention(args: &ModelArgs) -> crate::Result<Attention> {
 }
 
 /// InternLM 3 with its output head.
-#[derive(Debug)]
-pub struct Model {
-    args: ModelArgs,
-    model: Decoder<Mlp>,
-    lm_head: Option<LinearLayer>,
-}
-impl_module!(Model { model, lm_head });
-
-impl Model {
-    /// Builds the model (zero placeholders) from config.json.
-    pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
-        let layers = (0..args.num_hidden_layers)
-            .map(|_| {
-                let mlp = Mlp::new(dim, args.intermediate_size, args.bias)?;
-                DecoderLayer::new(attention(&args)?, mlp, "mlp", dim, eps)
-            })
-            .collect::<crate::Result<Vec<_>>>()?;
-        let model = Decoder::new(args.vocab_size, dim, eps, layers)?;
-        let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
-        Ok(Model {
-            args,
-            model,
-            lm_head,
-        })
-    }
-}
+pub type Model = DecoderLm<ModelArgs, Mlp>;
 
 /// Registry entry.
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
     let args: ModelArgs = parse_args(config, "internlm3")?;
-    Ok(Box::new(Model::new(args.check()?)?))
-}
-
-impl LanguageModel for Model {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let out = self.model.forward(tokens, caches)?;
-        let embed = &self.model.embed_tokens;
-        head::logits(embed, self.lm_head.as_ref(), &out, LogitScale::None)
-    }
-    fn cache_specs(&self) -> Vec<CacheSpec> {
-        vec![CacheSpec::Standard; self.model.layers.len()]
-    }
-    decoder_accessors!();
+    let args = args.check()?;
+    let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+    let model = Model::new(lm_dims!(args), args, |args, _| {
+        let mlp = Mlp::new(dim, args.intermediate_size, args.bias)?;
+        DecoderLayer::new(attention(args)?, mlp, "mlp", dim, eps)
+    })?;
+    Ok(Box::new(model))
 }
 
 impl Architecture for Model {

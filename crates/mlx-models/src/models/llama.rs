@@ -1,17 +1,17 @@
 //! Llama (and Mistral), following `mlx_lm/models/llama.py`.
 use super::attention::{Attention, AttentionDims, Extras};
-use super::LayerMasks;
+use super::head::{self, LogitScale};
+use super::lm::LmDims;
 use super::mlp::Mlp;
-use super::{drop_rotary_inv_freq, layer_caches};
+use super::LayerMasks;
+use super::{cache_at, drop_rotary_inv_freq, layer_caches};
 use super::{layer_type_index, window_cache_specs};
 use super::{Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
-use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::{
-    impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer,
-    RmsNorm, Rope,
+    impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, Rope,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -85,7 +85,7 @@ pub(crate) fn attention(
     Attention::new(d, rope, scale.unwrap_or((head_dim as f64).powf(-0.5)))
 }
 
-/// One decoder layer.
+/// One decoder layer (attending through a sliding window where `use_sliding`).
 #[derive(Debug)]
 pub struct TransformerBlock {
     self_attn: Attention,
@@ -102,29 +102,51 @@ impl_module!(TransformerBlock {
 });
 
 impl TransformerBlock {
+    /// A layer of `layer_type` (`"sliding_attention"` or another, global, one).
+    pub(crate) fn new(
+        self_attn: Attention,
+        mlp: Mlp,
+        dim: i32,
+        eps: f64,
+        layer_type: &str,
+    ) -> crate::Result<TransformerBlock> {
+        Ok(TransformerBlock {
+            self_attn,
+            mlp,
+            input_layernorm: RmsNorm::new(dim, eps)?,
+            post_attention_layernorm: RmsNorm::new(dim, eps)?,
+            use_sliding: layer_type == "sliding_attention",
+        })
+    }
+
     fn forward(
         &self,
         x: &Array,
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
+        extras: Extras<'_>,
     ) -> Result<Array> {
         let h = self.self_attn.forward(
             &self.input_layernorm.forward(x)?,
             mask,
             cache,
             Some(x),
-            Extras::default(),
+            extras,
         )?;
         self.mlp
             .forward(&self.post_attention_layernorm.forward(&h)?, Some(&h))
     }
 }
 
-/// The decoder stack.
+/// What a model multiplies the queries by (ministral3's position-dependent scale), made
+/// from the embedded inputs and the first layer's cache.
+pub(crate) type QueryScale<'a> = &'a dyn Fn(&Array, Option<&dyn KvCache>) -> Result<Array>;
+
+/// The decoder stack: global layers, and sliding-window ones with their own mask.
 #[derive(Debug)]
 pub struct LlamaModel {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
+    pub(crate) embed_tokens: EmbeddingLayer,
+    pub(crate) layers: Vec<TransformerBlock>,
     norm: RmsNorm,
     fa_idx: usize,
     swa_idx: Option<usize>,
@@ -137,19 +159,87 @@ impl_module!(LlamaModel {
 });
 
 impl LlamaModel {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+    /// The stack over `layers`, one per entry of `layer_types` (each built by
+    /// `layer(type)`; all global when `None`); `model` names the config in errors.
+    pub(crate) fn new(
+        d: &LmDims,
+        layer_types: Option<&[String]>,
+        sliding_window: Option<i32>,
+        model: &str,
+        layer: impl Fn(&str) -> crate::Result<TransformerBlock>,
+    ) -> crate::Result<LlamaModel> {
+        let types = layer_types
+            .map(<[String]>::to_vec)
+            .unwrap_or_else(|| vec!["full_attention".into(); d.layers as usize]);
+        let layers = types
+            .iter()
+            .map(|t| layer(t))
+            .collect::<crate::Result<Vec<_>>>()?;
+        Ok(LlamaModel {
+            embed_tokens: EmbeddingLayer::new(d.vocab, d.dim)?,
+            fa_idx: layer_type_index(&types, "full_attention", model)?,
+            swa_idx: layers.iter().position(|l| l.use_sliding),
+            layers,
+            norm: RmsNorm::new(d.dim, d.eps)?,
+            sliding_window,
+        })
+    }
+
+    /// Whether any layer slides.
+    pub(crate) fn has_sliding(&self) -> bool {
+        self.swa_idx.is_some()
+    }
+
+    /// mlx-lm's `make_cache`: a rotating cache of the window for each sliding layer.
+    pub(crate) fn cache_specs(&self) -> Vec<CacheSpec> {
+        let sliding = self.layers.iter().map(|l| l.use_sliding);
+        window_cache_specs(sliding, self.sliding_window.unwrap_or(0))
+    }
+
+    /// The normed hidden states of `inputs` (with the queries scaled by
+    /// `query_scale`, when given, in every layer).
+    pub(crate) fn forward(
+        &self,
+        inputs: &Array,
+        caches: &mut [Box<dyn KvCache>],
+        query_scale: Option<QueryScale<'_>>,
+    ) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
         let n = h.dim(1)?;
         let masks = LayerMasks::new(n, caches, self.fa_idx, self.swa_idx, self.sliding_window)?;
+        let scale = match query_scale {
+            Some(f) => Some(f(&h, cache_at(caches, 0))?),
+            None => None,
+        };
         for (layer, cache) in self
             .layers
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
             let mask = masks.get(layer.use_sliding);
-            h = mlx_nn::checkpoint::layer(layer, &h, mask, cache, |l, x, m, c| l.forward(x, m, c))?;
+            h = match &scale {
+                Some(s) => {
+                    let extras = Extras {
+                        query_scale: Some(s),
+                        ..Default::default()
+                    };
+                    layer.forward(&h, mask, cache, extras)?
+                }
+                None => mlx_nn::checkpoint::layer(layer, &h, mask, cache, |l, x, m, c| {
+                    l.forward(x, m, c, Extras::default())
+                })?,
+            };
         }
         self.norm.forward(&h)
+    }
+
+    /// Fuses every layer's q/k/v and gate/up projections.
+    pub(crate) fn fuse(&mut self) -> crate::Result<()> {
+        for layer in &mut self.layers {
+            layer.self_attn.fuse()?;
+            layer.mlp.fuse()?;
+        }
+        Ok(())
     }
 }
 
@@ -171,33 +261,13 @@ impl Model {
 
     /// [`Model::new`] with `o_proj`'s bias set apart from `attention_bias` (Seed-OSS).
     fn with_out_bias(args: ModelArgs, o_bias: Option<bool>) -> crate::Result<Model> {
-        let layer_types = args
-            .layer_types
-            .clone()
-            .unwrap_or_else(|| vec!["full_attention".into(); args.num_hidden_layers as usize]);
-        let layers = layer_types
-            .iter()
-            .map(|t| {
-                Ok(TransformerBlock {
-                    self_attn: attention(&args, None, o_bias)?,
-                    mlp: Mlp::new(args.hidden_size, args.intermediate_size, args.mlp_bias)?,
-                    input_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
-                    post_attention_layernorm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
-                    use_sliding: t == "sliding_attention",
-                })
-            })
-            .collect::<crate::Result<Vec<_>>>()?;
-        let fa_idx = layer_type_index(&layer_types, "full_attention", "llama")?;
-        let swa_idx = layers.iter().position(|l| l.use_sliding);
-        let model = LlamaModel {
-            embed_tokens: EmbeddingLayer::new(args.vocab_size, args.hidden_size)?,
-            layers,
-            norm: RmsNorm::new(args.hidden_size, args.rms_norm_eps)?,
-            fa_idx,
-            swa_idx,
-            sliding_window: args.sliding_window,
-        };
-        let lm_head = head::untied(args.tie_word_embeddings, args.hidden_size, args.vocab_size)?;
+        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+        let types = args.layer_types.as_deref();
+        let model = LlamaModel::new(&lm_dims!(args), types, args.sliding_window, "llama", |t| {
+            let mlp = Mlp::new(dim, args.intermediate_size, args.mlp_bias)?;
+            TransformerBlock::new(attention(&args, None, o_bias)?, mlp, dim, eps, t)
+        })?;
+        let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
         Ok(Model {
             args,
             model,
@@ -235,12 +305,16 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let out = self.model.forward(tokens, caches)?;
-        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
+        let out = self.model.forward(tokens, caches, None)?;
+        head::logits(
+            &self.model.embed_tokens,
+            self.lm_head.as_ref(),
+            &out,
+            LogitScale::None,
+        )
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        let sliding = self.model.layers.iter().map(|l| l.use_sliding);
-        window_cache_specs(sliding, self.args.sliding_window.unwrap_or(0))
+        self.model.cache_specs()
     }
     decoder_accessors!();
     fn defines_make_cache(&self) -> bool {
@@ -257,10 +331,6 @@ impl Architecture for Model {
         Ok(weights)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        for layer in &mut self.model.layers {
-            layer.self_attn.fuse()?;
-            layer.mlp.fuse()?;
-        }
-        Ok(())
+        self.model.fuse()
     }
 }

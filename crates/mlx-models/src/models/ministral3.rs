@@ -1,19 +1,16 @@
 //! Ministral 3, following `mlx_lm/models/ministral3.py`: Llama's layers (optionally
 //! sliding-window) with RoPE from `rope_parameters` and Llama 4's position-dependent
 //! query scale, `1 + beta * log(1 + floor(pos / original_max_position_embeddings))`.
-use super::attention::{Attention, AttentionDims, Extras};
-use super::mlp::Mlp;
-use super::LayerMasks;
-use super::{cache_at, drop_rotary_inv_freq, layer_caches, Architecture, Weights};
-use super::{layer_type_index, window_cache_specs};
-use crate::config::{default_true, parse_args, rope_scaling};
+use super::attention::{Attention, AttentionDims};
 use super::head::{self, LogitScale};
+use super::llama::{LlamaModel, TransformerBlock};
+use super::mlp::Mlp;
+use super::{drop_rotary_inv_freq, Architecture, Weights};
+use crate::config::{default_true, parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{ops, Array, Dtype, Result};
 use mlx_nn::cache::RopePosition;
-use mlx_nn::{
-    impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm,
-};
+use mlx_nn::{impl_module, initialize_rope, KvCache, LinearLayer};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -110,144 +107,44 @@ fn llama4_attn_scale(size: i32, offset: &RopePosition, beta: f64, max_pos: f64) 
     }
 }
 
-/// One decoder layer.
-#[derive(Debug)]
-pub struct TransformerBlock {
-    self_attn: Attention,
-    mlp: Mlp,
-    input_layernorm: RmsNorm,
-    post_attention_layernorm: RmsNorm,
-    use_sliding: bool,
-}
-impl_module!(TransformerBlock {
-    self_attn,
-    mlp,
-    input_layernorm,
-    post_attention_layernorm
-});
-
-impl TransformerBlock {
-    fn forward(
-        &self,
-        x: &Array,
-        attn_scale: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-    ) -> Result<Array> {
-        let extras = Extras {
-            query_scale: Some(attn_scale),
-            ..Default::default()
-        };
-        let h = self.self_attn.forward(
-            &self.input_layernorm.forward(x)?,
-            mask,
-            cache,
-            Some(x),
-            extras,
-        )?;
-        self.mlp
-            .forward(&self.post_attention_layernorm.forward(&h)?, Some(&h))
-    }
-}
-
-/// The decoder stack.
-#[derive(Debug)]
-pub struct Ministral3Model {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
-    norm: RmsNorm,
-    fa_idx: usize,
-    swa_idx: Option<usize>,
-    sliding_window: Option<i32>,
-    scaling_beta: f64,
-    original_max_position_embeddings: f64,
-}
-impl_module!(Ministral3Model {
-    embed_tokens,
-    layers,
-    norm
-});
-
-impl Ministral3Model {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let n = h.dim(1)?;
-        let offset = match cache_at(caches, 0) {
-            Some(c) => c.rope_offset()?,
-            None => RopePosition::Scalar(0),
-        };
-        let masks = LayerMasks::new(n, caches, self.fa_idx, self.swa_idx, self.sliding_window)?;
-        let attn_scale = llama4_attn_scale(
-            inputs.dim(1)?,
-            &offset,
-            self.scaling_beta,
-            self.original_max_position_embeddings,
-        )?
-        .astype(h.dtype())?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            let mask = masks.get(layer.use_sliding);
-            h = layer.forward(&h, &attn_scale, mask, cache)?;
-        }
-        self.norm.forward(&h)
-    }
-}
-
 /// Ministral 3 with its output head.
 #[derive(Debug)]
 pub struct Model {
     args: ModelArgs,
-    model: Ministral3Model,
+    model: LlamaModel,
     lm_head: Option<LinearLayer>,
+    scaling_beta: f64,
+    original_max_position_embeddings: f64,
 }
 impl_module!(Model { model, lm_head });
 
 impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let types = args
-            .layer_types
-            .clone()
-            .unwrap_or_else(|| vec!["full_attention".into(); args.num_hidden_layers as usize]);
-        let fa_idx = layer_type_index(&types, "full_attention", "ministral3")?;
         let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
-        let layers = types
-            .iter()
-            .map(|t| {
-                Ok(TransformerBlock {
-                    self_attn: attention(&args)?,
-                    mlp: Mlp::new(dim, args.intermediate_size, false)?,
-                    input_layernorm: RmsNorm::new(dim, eps)?,
-                    post_attention_layernorm: RmsNorm::new(dim, eps)?,
-                    use_sliding: t == "sliding_attention",
-                })
-            })
-            .collect::<crate::Result<Vec<_>>>()?;
-        let swa_idx = layers.iter().position(|l| l.use_sliding);
-        if swa_idx.is_some() && args.sliding_window.is_none() {
+        let types = args.layer_types.as_deref();
+        let model = LlamaModel::new(
+            &lm_dims!(args),
+            types,
+            args.sliding_window,
+            "ministral3",
+            |t| {
+                let mlp = Mlp::new(dim, args.intermediate_size, false)?;
+                TransformerBlock::new(attention(&args)?, mlp, dim, eps, t)
+            },
+        )?;
+        if model.has_sliding() && args.sliding_window.is_none() {
             return Err(config_err(
                 "sliding-window layers need the key `sliding_window`".into(),
             ));
         }
-        let model = Ministral3Model {
-            embed_tokens: EmbeddingLayer::new(args.vocab_size, dim)?,
-            layers,
-            norm: RmsNorm::new(dim, eps)?,
-            fa_idx,
-            swa_idx,
-            sliding_window: args.sliding_window,
+        Ok(Model {
             scaling_beta: args.rope_number("llama_4_scaling_beta")?,
             original_max_position_embeddings: args
                 .rope_number("original_max_position_embeddings")?,
-        };
-        let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
-        Ok(Model {
+            lm_head: head::untied(args.tie_word_embeddings, dim, args.vocab_size)?,
             args,
             model,
-            lm_head,
         })
     }
 
@@ -264,12 +161,22 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let out = self.model.forward(tokens, caches)?;
-        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
+        let n = tokens.dim(1)?;
+        let scale = |h: &Array, cache: Option<&dyn KvCache>| -> Result<Array> {
+            let offset = match cache {
+                Some(c) => c.rope_offset()?,
+                None => RopePosition::Scalar(0),
+            };
+            let beta = self.scaling_beta;
+            llama4_attn_scale(n, &offset, beta, self.original_max_position_embeddings)?
+                .astype(h.dtype())
+        };
+        let out = self.model.forward(tokens, caches, Some(&scale))?;
+        let embed = &self.model.embed_tokens;
+        head::logits(embed, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        let sliding = self.model.layers.iter().map(|l| l.use_sliding);
-        window_cache_specs(sliding, self.args.sliding_window.unwrap_or(0))
+        self.model.cache_specs()
     }
     decoder_accessors!();
     fn defines_make_cache(&self) -> bool {
@@ -305,10 +212,6 @@ impl Architecture for Model {
         Ok(out)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        for layer in &mut self.model.layers {
-            layer.self_attn.fuse()?;
-            layer.mlp.fuse()?;
-        }
-        Ok(())
+        self.model.fuse()
     }
 }

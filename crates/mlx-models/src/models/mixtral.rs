@@ -1,15 +1,13 @@
 //! Mixtral, following `mlx_lm/models/mixtral.py` (Llama attention, top-k routed
 //! SwitchGLU experts with softmax over the chosen logits).
-use super::attention::{Attention, Extras};
+use super::decoder::{add_residual, stack_experts, DecoderLayer, FeedForward};
 use super::llama;
+use super::lm::{drop_tied_head, DecoderLm};
 use super::top_k_indices_of_negated;
-use super::{cache_at, layer_caches, Architecture, Weights};
+use super::{Architecture, Weights};
 use crate::config::parse_args;
-use super::head::{self, LogitScale};
-use crate::model::{CacheSpec, LanguageModel};
-use mlx_array::{ops, Array, Result};
-use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, SwitchGlu};
+use mlx_array::{Array, Result};
+use mlx_nn::{impl_module, LinearLayer, SwitchGlu};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -88,8 +86,8 @@ pub struct SparseMoeBlock {
 }
 impl_module!(SparseMoeBlock { gate, switch_mlp });
 
-impl SparseMoeBlock {
-    fn forward(&self, x: &Array) -> Result<Array> {
+impl FeedForward for SparseMoeBlock {
+    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
         let gates = self.gate.forward(x)?;
         let k = self.top_k;
         let inds = top_k_indices_of_negated(&gates, k)?;
@@ -97,166 +95,51 @@ impl SparseMoeBlock {
             .take_along_axis(&inds, -1)?
             .softmax(Some(&[-1]), true)?;
         let y = self.switch_mlp.forward(x, &inds)?;
-        y.multiply(&scores.expand_dims(&[-1])?)?
-            .sum(Some(&[-2]), false)
+        let y = y
+            .multiply(&scores.expand_dims(&[-1])?)?
+            .sum(Some(&[-2]), false)?;
+        add_residual(y, residual)
     }
 }
-
-/// One decoder layer.
-#[derive(Debug)]
-pub struct DecoderLayer {
-    self_attn: Attention,
-    block_sparse_moe: SparseMoeBlock,
-    input_layernorm: RmsNorm,
-    post_attention_layernorm: RmsNorm,
-}
-impl_module!(DecoderLayer {
-    self_attn,
-    block_sparse_moe,
-    input_layernorm,
-    post_attention_layernorm
-});
-
-impl DecoderLayer {
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-    ) -> Result<Array> {
-        let h = self.self_attn.forward(
-            &self.input_layernorm.forward(x)?,
-            mask,
-            cache,
-            Some(x),
-            Extras::default(),
-        )?;
-        let r = self
-            .block_sparse_moe
-            .forward(&self.post_attention_layernorm.forward(&h)?)?;
-        h.add(&r)
-    }
-}
-
-/// The decoder stack.
-#[derive(Debug)]
-pub struct MixtralModel {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-}
-impl_module!(MixtralModel {
-    embed_tokens,
-    layers,
-    norm
-});
 
 /// Mixtral with its output head.
-#[derive(Debug)]
-pub struct Model {
-    args: ModelArgs,
-    model: MixtralModel,
-    lm_head: Option<LinearLayer>,
-}
-impl_module!(Model { model, lm_head });
-
-impl Model {
-    /// Builds the model (zero placeholders) from config.json.
-    pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
-        let attn_args = args.attention_args();
-        let layers = (0..args.num_hidden_layers)
-            .map(|_| {
-                Ok(DecoderLayer {
-                    self_attn: llama::attention(&attn_args, None, None)?,
-                    block_sparse_moe: SparseMoeBlock {
-                        gate: LinearLayer::new(dim, args.num_local_experts, false)?,
-                        switch_mlp: SwitchGlu::new(
-                            dim,
-                            args.intermediate_size,
-                            args.num_local_experts,
-                            false,
-                        )?,
-                        top_k: args.num_experts_per_tok,
-                    },
-                    input_layernorm: RmsNorm::new(dim, eps)?,
-                    post_attention_layernorm: RmsNorm::new(dim, eps)?,
-                })
-            })
-            .collect::<crate::Result<Vec<_>>>()?;
-        let model = MixtralModel {
-            embed_tokens: EmbeddingLayer::new(args.vocab_size, dim)?,
-            layers,
-            norm: RmsNorm::new(dim, eps)?,
-        };
-        let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
-        Ok(Model {
-            args,
-            model,
-            lm_head,
-        })
-    }
-}
+pub type Model = DecoderLm<ModelArgs, SparseMoeBlock>;
 
 /// Registry entry.
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
-    Ok(Box::new(Model::new(parse_args(config, "mixtral")?)?))
-}
-
-impl LanguageModel for Model {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let m = &self.model;
-        let mut h = m.embed_tokens.forward(tokens)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in m.layers.iter().zip(layer_caches(caches, m.layers.len())?) {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
-        let out = m.norm.forward(&h)?;
-        head::logits(&m.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
-    }
-    fn cache_specs(&self) -> Vec<CacheSpec> {
-        vec![CacheSpec::Standard; self.model.layers.len()]
-    }
-    decoder_accessors!();
+    let args: ModelArgs = parse_args(config, "mixtral")?;
+    let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+    let attn_args = args.attention_args();
+    let model = Model::new(lm_dims!(args), args, |args, _| {
+        let moe = SparseMoeBlock {
+            gate: LinearLayer::new(dim, args.num_local_experts, false)?,
+            switch_mlp: SwitchGlu::new(dim, args.intermediate_size, args.num_local_experts, false)?,
+            top_k: args.num_experts_per_tok,
+        };
+        let attn = llama::attention(&attn_args, None, None)?;
+        DecoderLayer::new(attn, moe, "block_sparse_moe", dim, eps)
+    })?;
+    Ok(Box::new(model))
 }
 
 impl Architecture for Model {
     /// Drops a tied head and stacks `experts.{e}.w1/w2/w3` into `switch_mlp`.
     fn sanitize(&mut self, mut weights: Weights) -> crate::Result<Weights> {
-        if self.args.tie_word_embeddings {
-            weights.remove("lm_head.weight");
-        }
+        drop_tied_head(self.args.tie_word_embeddings, &mut weights);
         if !weights.contains_key("model.layers.0.block_sparse_moe.experts.0.w1.weight") {
             return Ok(weights);
         }
-        for l in 0..self.args.num_hidden_layers {
-            let prefix = format!("model.layers.{l}.block_sparse_moe");
-            for (n, m) in [("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj")] {
-                for k in ["weight", "scales", "biases"] {
-                    if !weights.contains_key(&format!("{prefix}.experts.0.{n}.{k}")) {
-                        continue;
-                    }
-                    let mut parts = Vec::new();
-                    for e in 0..self.args.num_local_experts {
-                        let key = format!("{prefix}.experts.{e}.{n}.{k}");
-                        parts.push(weights.remove(&key).ok_or_else(|| crate::Error::Weights {
-                            path: "model weights".into(),
-                            message: format!("missing expert tensor `{key}`"),
-                        })?);
-                    }
-                    let refs: Vec<&Array> = parts.iter().collect();
-                    weights.insert(
-                        format!("{prefix}.switch_mlp.{m}.{k}"),
-                        ops::stack(&refs, 0)?,
-                    );
-                }
-            }
-        }
+        stack_experts(
+            &mut weights,
+            self.args.num_hidden_layers,
+            |l| format!("model.layers.{l}.block_sparse_moe"),
+            &[("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj")],
+            &["weight", "scales", "biases"],
+            self.args.num_local_experts,
+        )?;
         Ok(weights)
-    }    fn fuse_projections(&mut self) -> crate::Result<()> {
-        for layer in &mut self.model.layers {
-            layer.self_attn.fuse()?;
-        }
-        Ok(())
+    }
+    fn fuse_projections(&mut self) -> crate::Result<()> {
+        self.model.fuse()
     }
 }

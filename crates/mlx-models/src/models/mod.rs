@@ -39,6 +39,8 @@ pub mod attention;
 mod recurrent;
 pub mod decoder;
 pub mod head;
+#[macro_use]
+pub mod lm;
 pub mod mla;
 pub mod mlp;
 

@@ -1,14 +1,16 @@
 //! OLMo 2, following `mlx_lm/models/olmo2.py`: Llama's layers with RMS norms over the
 //! whole q and k projections, and norms after (not before) attention and feed-forward.
-use super::mlp::Mlp;
 use super::attention::{Attention, AttentionDims, Extras, HeadNorm, NormAt};
-use super::{cache_at, drop_rotary_inv_freq, layer_caches, Architecture, Weights};
-use crate::config::{default_true, parse_args, rope_scaling};
 use super::head::{self, LogitScale};
+use super::lm::causal_layers;
+use super::mlp::Mlp;
+use super::{drop_rotary_inv_freq, Architecture, Weights};
+use crate::config::{default_true, parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, Rope};
+use mlx_nn::{
+    impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, Rope,
+};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -67,8 +69,9 @@ fn attention(args: &ModelArgs, rope: Rope) -> crate::Result<Attention> {
         o_bias: args.attention_bias,
     };
     let eps = args.rms_norm_eps;
-    Attention::new(d, rope, (head_dim as f64).powf(-0.5))?
-        .with_qk_norms(NormAt::Projection, |n| Ok(HeadNorm::Rms(RmsNorm::new(n, eps)?)))
+    Attention::new(d, rope, (head_dim as f64).powf(-0.5))?.with_qk_norms(NormAt::Projection, |n| {
+        Ok(HeadNorm::Rms(RmsNorm::new(n, eps)?))
+    })
 }
 
 /// One decoder layer: `h = x + norm(attn(x))`, `out = h + norm(mlp(h))`.
@@ -112,7 +115,11 @@ impl TransformerBlock {
     ) -> Result<Array> {
         let r = self
             .post_attention_layernorm
-            .forward(&self.self_attn.forward(x, mask, cache, None, Extras::default())?)?;
+            .forward(
+                &self
+                    .self_attn
+                    .forward(x, mask, cache, None, Extras::default())?,
+            )?;
         let h = x.add(&r)?;
         let r = self
             .post_feedforward_layernorm
@@ -136,15 +143,8 @@ impl_module!(Olmo2Model {
 
 impl Olmo2Model {
     fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
+        let h = self.embed_tokens.forward(inputs)?;
+        let h = causal_layers(&self.layers, h, caches, TransformerBlock::forward)?;
         self.norm.forward(&h)
     }
 }
@@ -195,7 +195,12 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let out = self.model.forward(tokens, caches)?;
-        head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
+        head::logits(
+            &self.model.embed_tokens,
+            self.lm_head.as_ref(),
+            &out,
+            LogitScale::None,
+        )
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]

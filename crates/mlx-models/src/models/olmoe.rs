@@ -2,13 +2,12 @@
 //! whole q and k projections) in pre-norm layers whose feed-forward is softmax-routed
 //! top-k SwitchGLU experts.
 use super::attention::{Attention, AttentionDims, HeadNorm, NormAt};
-use super::decoder::{add_residual, stack_experts, Decoder, DecoderLayer, FeedForward};
-use super::head::{self, LogitScale};
+use super::decoder::{add_residual, stack_experts, DecoderLayer, FeedForward};
+use super::lm::DecoderLm;
 use super::{top_k_indices_of_negated, Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
-use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::{impl_module, initialize_rope, KvCache, LinearLayer, RmsNorm, SwitchGlu};
+use mlx_nn::{impl_module, initialize_rope, LinearLayer, RmsNorm, SwitchGlu};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -74,10 +73,9 @@ fn attention(args: &ModelArgs) -> crate::Result<Attention> {
         args.max_position_embeddings,
     )?;
     let eps = args.rms_norm_eps;
-    Attention::new(d, rope, (head_dim as f64).powf(-0.5))?
-        .with_qk_norms(NormAt::Projection, |n| {
-            Ok(HeadNorm::Rms(RmsNorm::new(n, eps)?))
-        })
+    Attention::new(d, rope, (head_dim as f64).powf(-0.5))?.with_qk_norms(NormAt::Projection, |n| {
+        Ok(HeadNorm::Rms(RmsNorm::new(n, eps)?))
+    })
 }
 
 /// Softmax router over experts, top-k, optionally renormalized.
@@ -112,59 +110,27 @@ impl FeedForward for SparseMoeBlock {
 }
 
 /// OLMoE with its output head.
-#[derive(Debug)]
-pub struct Model {
-    args: ModelArgs,
-    model: Decoder<SparseMoeBlock>,
-    lm_head: Option<LinearLayer>,
-}
-impl_module!(Model { model, lm_head });
-
-impl Model {
-    /// Builds the model (zero placeholders) from config.json.
-    pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
-        let layers = (0..args.num_hidden_layers)
-            .map(|_| {
-                let moe = SparseMoeBlock {
-                    gate: LinearLayer::new(dim, args.num_experts, false)?,
-                    switch_mlp: SwitchGlu::new(
-                        dim,
-                        args.intermediate_size,
-                        args.num_experts,
-                        args.mlp_bias,
-                    )?,
-                    top_k: args.num_experts_per_tok,
-                    norm_topk_prob: args.norm_topk_prob,
-                };
-                DecoderLayer::new(attention(&args)?, moe, "mlp", dim, eps)
-            })
-            .collect::<crate::Result<Vec<_>>>()?;
-        let model = Decoder::new(args.vocab_size, dim, eps, layers)?;
-        let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
-        Ok(Model {
-            args,
-            model,
-            lm_head,
-        })
-    }
-}
+pub type Model = DecoderLm<ModelArgs, SparseMoeBlock>;
 
 /// Registry entry.
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
-    Ok(Box::new(Model::new(parse_args(config, "olmoe")?)?))
-}
-
-impl LanguageModel for Model {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let out = self.model.forward(tokens, caches)?;
-        let embed = &self.model.embed_tokens;
-        head::logits(embed, self.lm_head.as_ref(), &out, LogitScale::None)
-    }
-    fn cache_specs(&self) -> Vec<CacheSpec> {
-        vec![CacheSpec::Standard; self.model.layers.len()]
-    }
-    decoder_accessors!();
+    let args: ModelArgs = parse_args(config, "olmoe")?;
+    let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+    let model = Model::new(lm_dims!(args), args, |args, _| {
+        let moe = SparseMoeBlock {
+            gate: LinearLayer::new(dim, args.num_experts, false)?,
+            switch_mlp: SwitchGlu::new(
+                dim,
+                args.intermediate_size,
+                args.num_experts,
+                args.mlp_bias,
+            )?,
+            top_k: args.num_experts_per_tok,
+            norm_topk_prob: args.norm_topk_prob,
+        };
+        DecoderLayer::new(attention(args)?, moe, "mlp", dim, eps)
+    })?;
+    Ok(Box::new(model))
 }
 
 impl Architecture for Model {

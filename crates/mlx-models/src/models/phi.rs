@@ -2,11 +2,11 @@
 //! feed-forward side by side on one layer norm, a partial RoPE, attention on float32
 //! queries, and a biased head.
 use super::attention::{Attention, AttentionDims, Extras};
-use super::{cache_at, layer_caches, Architecture};
+use super::lm::{causal_layers, even_head_dim};
+use super::Architecture;
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     activations, impl_module, AttnMask, EmbeddingLayer, KvCache, LayerNorm, LinearLayer, Rope,
 };
@@ -139,16 +139,7 @@ impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
         let (dim, n_heads) = (args.hidden_size, args.num_attention_heads);
-        let head_dim = dim / n_heads.max(1);
-        if n_heads < 1 || head_dim * n_heads != dim {
-            return Err(crate::Error::Config {
-                path: "config.json (phi)".into(),
-                message: format!(
-                    "hidden_size must be divisible by num_heads (got `hidden_size`: {dim} and \
-                     `num_heads`: {n_heads})"
-                ),
-            });
-        }
+        let head_dim = even_head_dim(dim, n_heads, "phi")?;
         let d = AttentionDims {
             dim,
             n_heads,
@@ -195,11 +186,8 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let m = &self.model;
-        let mut h = m.embed_tokens.forward(tokens)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in m.layers.iter().zip(layer_caches(caches, m.layers.len())?) {
-            h = layer.forward(&h, &mask, cache)?;
-        }
+        let h = m.embed_tokens.forward(tokens)?;
+        let h = causal_layers(&m.layers, h, caches, PhiDecoderLayer::forward)?;
         self.lm_head.forward(&m.final_layernorm.forward(&h)?)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {

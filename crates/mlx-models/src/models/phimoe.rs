@@ -3,12 +3,12 @@
 //! SwitchGLU experts routed by HF's `sparsemixer`; the head is biased.
 use super::attention::{Attention, AttentionDims, Extras};
 use super::decoder::stack_experts;
-use super::{cache_at, layer_caches, Architecture, Weights};
+use super::lm::causal_layers;
+use super::{Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::ops::{concatenate, where_};
 use mlx_array::{Array, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     impl_module, AttnMask, EmbeddingLayer, KvCache, LayerNorm, LinearLayer, Rope, SwitchGlu,
 };
@@ -297,11 +297,8 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let m = &self.model;
-        let mut h = m.embed_tokens.forward(tokens)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in m.layers.iter().zip(layer_caches(caches, m.layers.len())?) {
-            h = layer.forward(&h, &mask, cache)?;
-        }
+        let h = m.embed_tokens.forward(tokens)?;
+        let h = causal_layers(&m.layers, h, caches, PhiMoeDecoderLayer::forward)?;
         self.lm_head.forward(&m.norm.forward(&h)?)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {

@@ -1,18 +1,14 @@
 //! Qwen3-MoE, following `mlx_lm/models/qwen3_moe.py` (Qwen3 attention, softmax-routed
 //! SwitchGLU experts on sparse layers, dense MLPs on `mlp_only_layers`).
-use super::attention::{Attention, Extras};
+use super::decoder::{add_residual, stack_experts, DecoderLayer, DenseOrMoe, FeedForward};
+use super::lm::{drop_tied_head, DecoderLm};
 use super::mlp::Mlp;
 use super::qwen3::attention;
 use super::top_k_indices;
-use super::{cache_at, layer_caches, Architecture, Weights};
+use super::{Architecture, Weights};
 use crate::config::parse_args;
-use super::head::{self, LogitScale};
-use crate::model::{CacheSpec, LanguageModel};
-use mlx_array::{ops, Array, Result};
-use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{
-    impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, RmsNorm, SwitchGlu,
-};
+use mlx_array::{Array, Result};
+use mlx_nn::{impl_module, LinearLayer, SwitchGlu};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -74,8 +70,8 @@ pub struct SparseMoeBlock {
 }
 impl_module!(SparseMoeBlock { gate, switch_mlp });
 
-impl SparseMoeBlock {
-    fn forward(&self, x: &Array) -> Result<Array> {
+impl FeedForward for SparseMoeBlock {
+    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
         let gates = self.gate.forward(x)?.softmax(Some(&[-1]), true)?;
         let k = self.top_k;
         let inds = top_k_indices(&gates, k)?;
@@ -85,223 +81,66 @@ impl SparseMoeBlock {
         }
         let y = self.switch_mlp.forward(x, &inds)?;
         let dtype = y.dtype();
-        y.multiply(&scores.expand_dims(&[-1])?)?
+        let y = y
+            .multiply(&scores.expand_dims(&[-1])?)?
             .sum(Some(&[-2]), false)?
-            .astype(dtype)
+            .astype(dtype)?;
+        add_residual(y, residual)
     }
 }
-
-/// A layer's feed-forward part: sparse experts or a dense MLP.
-#[derive(Debug)]
-pub enum FeedForward {
-    /// Experts.
-    Sparse(Box<SparseMoeBlock>),
-    /// Dense.
-    Dense(Box<Mlp>),
-}
-
-impl FeedForward {
-    fn forward(&self, x: &Array) -> Result<Array> {
-        match self {
-            FeedForward::Sparse(m) => m.forward(x),
-            FeedForward::Dense(m) => m.forward(x, None),
-        }
-    }
-}
-
-impl Module for FeedForward {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a mlx_nn::Param)) {
-        match self {
-            FeedForward::Sparse(m) => m.visit_params(prefix, f),
-            FeedForward::Dense(m) => m.visit_params(prefix, f),
-        }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut mlx_nn::Param)) {
-        match self {
-            FeedForward::Sparse(m) => m.visit_params_mut(prefix, f),
-            FeedForward::Dense(m) => m.visit_params_mut(prefix, f),
-        }
-    }
-    fn visit_quantizable_mut(
-        &mut self,
-        prefix: &str,
-        f: &mut mlx_nn::module::QuantVisitor<'_>,
-    ) -> mlx_nn::Result<()> {
-        match self {
-            FeedForward::Sparse(m) => m.visit_quantizable_mut(prefix, f),
-            FeedForward::Dense(m) => m.visit_quantizable_mut(prefix, f),
-        }
-    }
-}
-
-/// One decoder layer.
-#[derive(Debug)]
-pub struct DecoderLayer {
-    self_attn: Attention,
-    mlp: FeedForward,
-    input_layernorm: RmsNorm,
-    post_attention_layernorm: RmsNorm,
-}
-impl_module!(DecoderLayer {
-    self_attn,
-    mlp,
-    input_layernorm,
-    post_attention_layernorm
-});
-
-impl DecoderLayer {
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-    ) -> Result<Array> {
-        let h = self.self_attn.forward(
-            &self.input_layernorm.forward(x)?,
-            mask,
-            cache,
-            Some(x),
-            Extras::default(),
-        )?;
-        let r = self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&h)?)?;
-        h.add(&r)
-    }
-}
-
-/// The decoder stack.
-#[derive(Debug)]
-pub struct Qwen3MoeModel {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-}
-impl_module!(Qwen3MoeModel {
-    embed_tokens,
-    layers,
-    norm
-});
 
 /// Qwen3-MoE with its output head.
-#[derive(Debug)]
-pub struct Model {
-    args: ModelArgs,
-    model: Qwen3MoeModel,
-    lm_head: Option<LinearLayer>,
-}
-impl_module!(Model { model, lm_head });
-
-impl Model {
-    /// Builds the model (zero placeholders) from config.json.
-    pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
-        let attn_args = args.attention_args();
-        let layers = (0..args.num_hidden_layers)
-            .map(|i| {
-                let sparse = !args.mlp_only_layers.contains(&i)
-                    && args.num_experts > 0
-                    && args.decoder_sparse_step > 0
-                    && (i + 1) % args.decoder_sparse_step == 0;
-                let mlp = if sparse {
-                    FeedForward::Sparse(Box::new(SparseMoeBlock {
-                        gate: LinearLayer::new(dim, args.num_experts, false)?,
-                        switch_mlp: SwitchGlu::new(
-                            dim,
-                            args.moe_intermediate_size,
-                            args.num_experts,
-                            false,
-                        )?,
-                        top_k: args.num_experts_per_tok,
-                        norm_topk_prob: args.norm_topk_prob,
-                    }))
-                } else {
-                    FeedForward::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?))
-                };
-                Ok(DecoderLayer {
-                    self_attn: attention(&attn_args)?,
-                    mlp,
-                    input_layernorm: RmsNorm::new(dim, eps)?,
-                    post_attention_layernorm: RmsNorm::new(dim, eps)?,
-                })
-            })
-            .collect::<crate::Result<Vec<_>>>()?;
-        let model = Qwen3MoeModel {
-            embed_tokens: EmbeddingLayer::new(args.vocab_size, dim)?,
-            layers,
-            norm: RmsNorm::new(dim, eps)?,
-        };
-        let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
-        Ok(Model {
-            args,
-            model,
-            lm_head,
-        })
-    }
-}
+pub type Model = DecoderLm<ModelArgs, DenseOrMoe<SparseMoeBlock>>;
 
 /// Registry entry.
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
-    Ok(Box::new(Model::new(parse_args(config, "qwen3_moe")?)?))
-}
-
-impl LanguageModel for Model {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let m = &self.model;
-        let mut h = m.embed_tokens.forward(tokens)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in m.layers.iter().zip(layer_caches(caches, m.layers.len())?) {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
-        let out = m.norm.forward(&h)?;
-        head::logits(&m.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
-    }
-    fn cache_specs(&self) -> Vec<CacheSpec> {
-        vec![CacheSpec::Standard; self.model.layers.len()]
-    }
-    decoder_accessors!();
+    let args: ModelArgs = parse_args(config, "qwen3_moe")?;
+    let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+    let attn_args = args.attention_args();
+    let model = Model::new(lm_dims!(args), args, |args, i| {
+        let sparse = !args.mlp_only_layers.contains(&i)
+            && args.num_experts > 0
+            && args.decoder_sparse_step > 0
+            && (i + 1) % args.decoder_sparse_step == 0;
+        let mlp = if sparse {
+            DenseOrMoe::Moe(Box::new(SparseMoeBlock {
+                gate: LinearLayer::new(dim, args.num_experts, false)?,
+                switch_mlp: SwitchGlu::new(
+                    dim,
+                    args.moe_intermediate_size,
+                    args.num_experts,
+                    false,
+                )?,
+                top_k: args.num_experts_per_tok,
+                norm_topk_prob: args.norm_topk_prob,
+            }))
+        } else {
+            DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?))
+        };
+        DecoderLayer::new(attention(&attn_args)?, mlp, "mlp", dim, eps)
+    })?;
+    Ok(Box::new(model))
 }
 
 impl Architecture for Model {
     /// Drops a tied head and stacks per-expert weights into `switch_mlp`.
     fn sanitize(&mut self, mut weights: Weights) -> crate::Result<Weights> {
-        if self.args.tie_word_embeddings {
-            weights.remove("lm_head.weight");
-        }
-        let mut moe_layers: Vec<String> = weights
-            .keys()
-            .filter(|k| {
-                k.starts_with("model.layers.") && k.ends_with(".mlp.experts.0.up_proj.weight")
-            })
-            .filter_map(|k| k.split('.').nth(2).map(str::to_string))
-            .collect();
-        moe_layers.sort_by_key(|l| l.parse::<i64>().unwrap_or(i64::MAX));
-        for l in moe_layers {
-            let prefix = format!("model.layers.{l}");
-            for n in ["up_proj", "down_proj", "gate_proj"] {
-                let mut parts = Vec::new();
-                for e in 0..self.args.num_experts {
-                    let key = format!("{prefix}.mlp.experts.{e}.{n}.weight");
-                    parts.push(weights.remove(&key).ok_or_else(|| crate::Error::Weights {
-                        path: "model weights".into(),
-                        message: format!("missing expert tensor `{key}`"),
-                    })?);
-                }
-                let refs: Vec<&Array> = parts.iter().collect();
-                weights.insert(
-                    format!("{prefix}.mlp.switch_mlp.{n}.weight"),
-                    ops::stack(&refs, 0)?,
-                );
-            }
-        }
+        drop_tied_head(self.args.tie_word_embeddings, &mut weights);
+        stack_experts(
+            &mut weights,
+            self.args.num_hidden_layers,
+            |l| format!("model.layers.{l}.mlp"),
+            &[
+                ("up_proj", "up_proj"),
+                ("down_proj", "down_proj"),
+                ("gate_proj", "gate_proj"),
+            ],
+            &["weight"],
+            self.args.num_experts,
+        )?;
         Ok(weights)
-    }    fn fuse_projections(&mut self) -> crate::Result<()> {
-        for layer in &mut self.model.layers {
-            layer.self_attn.fuse()?;
-            if let FeedForward::Dense(mlp) = &mut layer.mlp {
-                mlp.fuse()?;
-            }
-        }
-        Ok(())
+    }
+    fn fuse_projections(&mut self) -> crate::Result<()> {
+        self.model.fuse()
     }
 }

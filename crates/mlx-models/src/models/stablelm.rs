@@ -2,12 +2,12 @@
 //! `mlx_lm/models/stablelm.py`: a partial RoPE, optional q/k layer norms with one norm
 //! per head, attention over float32 queries and keys, layer norms, a SwiGLU
 //! feed-forward, and an optionally parallel residual.
+use super::lm::{causal_layers, even_head_dim};
 use super::mlp::Mlp;
-use super::{cache_at, layer_caches, merge_heads, rope_cache, Architecture};
+use super::{merge_heads, rope_cache, Architecture};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{fast, ops, Array, Dtype, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::module::{join, QuantVisitor};
 use mlx_nn::{
     impl_module, scaled_dot_product_attention, AttnMask, EmbeddingLayer, KvCache, KvFetch,
@@ -209,16 +209,7 @@ impl Model {
             args.num_attention_heads,
             args.num_key_value_heads,
         );
-        let head_dim = dim / n_heads.max(1);
-        if n_heads < 1 || head_dim * n_heads != dim {
-            return Err(crate::Error::Config {
-                path: "config.json (stablelm)".into(),
-                message: format!(
-                    "hidden_size must be divisible by num_heads (got `hidden_size`: {dim} and \
-                     `num_heads`: {n_heads})"
-                ),
-            });
-        }
+        let head_dim = even_head_dim(dim, n_heads, "stablelm")?;
         let eps = args.layer_norm_eps;
         let rotary = (args.partial_rotary_factor * head_dim as f64) as i32;
         let qkv_bias = args.use_qkv_bias;
@@ -276,11 +267,8 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let m = &self.model;
-        let mut h = m.embed_tokens.forward(tokens)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in m.layers.iter().zip(layer_caches(caches, m.layers.len())?) {
-            h = layer.forward(&h, &mask, cache)?;
-        }
+        let h = m.embed_tokens.forward(tokens)?;
+        let h = causal_layers(&m.layers, h, caches, DecoderLayer::forward)?;
         self.lm_head.forward(&m.norm.forward(&h)?)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {

@@ -1,0 +1,161 @@
+//! mlx-lm's `Model` class of the files built on the shared [`Decoder`]: `model` (the
+//! stack), then `lm_head`, or `model.embed_tokens.as_linear` when the two are tied, and a
+//! plain `KVCache` for every layer. Each model file keeps its config, its layers'
+//! attention and feed-forward, and its `sanitize` (`impl Architecture`); this is the
+//! wrapper they would all write the same way. The loop over the layers and the
+//! head-size check are here too, for the files with stacks of their own.
+use super::decoder::{Decoder, DecoderLayer, FeedForward};
+use super::head::{self, LogitScale};
+use super::{cache_at, layer_caches, Weights};
+use crate::model::{CacheSpec, LanguageModel};
+use mlx_array::{Array, Result};
+use mlx_nn::cache::create_attention_mask;
+use mlx_nn::checkpoint::LayerFn;
+use mlx_nn::module::{join, QuantVisitor};
+use mlx_nn::{KvCache, LinearLayer, Module, Param};
+
+/// [`LmDims`] from the config.json keys most files name alike: `vocab_size`,
+/// `hidden_size`, `rms_norm_eps`, `num_hidden_layers`, `tie_word_embeddings`.
+macro_rules! lm_dims {
+    ($args:expr) => {
+        $crate::models::lm::LmDims {
+            model_type: $args.model_type.clone(),
+            vocab: $args.vocab_size,
+            dim: $args.hidden_size,
+            eps: $args.rms_norm_eps,
+            layers: $args.num_hidden_layers,
+            tied: $args.tie_word_embeddings,
+        }
+    };
+}
+
+/// The sizes the stack and the head are built from.
+#[derive(Debug, Clone)]
+pub(crate) struct LmDims {
+    pub(crate) model_type: String,
+    pub(crate) vocab: i32,
+    pub(crate) dim: i32,
+    pub(crate) eps: f64,
+    pub(crate) layers: i32,
+    pub(crate) tied: bool,
+}
+
+/// A model of config `A` (its file's `ModelArgs`): the decoder stack and its head.
+#[derive(Debug)]
+pub struct DecoderLm<A, F> {
+    pub(crate) args: A,
+    model_type: String,
+    vocab_size: i32,
+    pub(crate) model: Decoder<F>,
+    lm_head: Option<LinearLayer>,
+}
+
+impl<A, F: FeedForward + 'static> DecoderLm<A, F> {
+    /// `d.layers` layers, layer `i` from `layer(&args, i)`, over a `vocab x dim`
+    /// embedding; no `lm_head` when `d.tied`.
+    pub(crate) fn new(
+        d: LmDims,
+        args: A,
+        mut layer: impl FnMut(&A, i32) -> crate::Result<DecoderLayer<F>>,
+    ) -> crate::Result<DecoderLm<A, F>> {
+        let layers = (0..d.layers)
+            .map(|i| layer(&args, i))
+            .collect::<crate::Result<Vec<_>>>()?;
+        Ok(DecoderLm {
+            args,
+            model_type: d.model_type,
+            vocab_size: d.vocab,
+            model: Decoder::new(d.vocab, d.dim, d.eps, layers)?,
+            lm_head: head::untied(d.tied, d.dim, d.vocab)?,
+        })
+    }
+}
+
+impl<A: std::fmt::Debug + Send + 'static, F: FeedForward + 'static> LanguageModel
+    for DecoderLm<A, F>
+{
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let out = self.model.forward(tokens, caches)?;
+        let embed = &self.model.embed_tokens;
+        head::logits(embed, self.lm_head.as_ref(), &out, LogitScale::None)
+    }
+    /// A standard cache per layer.
+    fn cache_specs(&self) -> Vec<CacheSpec> {
+        vec![CacheSpec::Standard; self.model.layers.len()]
+    }
+    fn model_type(&self) -> &str {
+        &self.model_type
+    }
+    fn vocab_size(&self) -> i32 {
+        self.vocab_size
+    }
+    fn num_layers(&self) -> usize {
+        self.model.layers.len()
+    }
+    fn as_module(&self) -> Option<&dyn Module> {
+        Some(self)
+    }
+    fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
+        Some(self)
+    }
+}
+
+/// mlx-lm's `for layer, c in zip(self.layers, cache): h = layer(h, mask, c)` over the
+/// embedded inputs `h`, with one causal mask made from the first layer's cache; each call
+/// goes through [`mlx_nn::checkpoint::layer`] (checkpointed when training asks for it).
+pub(crate) fn causal_layers<L: Module + 'static>(
+    layers: &[L],
+    mut h: Array,
+    caches: &mut [Box<dyn KvCache>],
+    forward: LayerFn<L>,
+) -> Result<Array> {
+    let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
+    for (layer, cache) in layers.iter().zip(layer_caches(caches, layers.len())?) {
+        h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, forward)?;
+    }
+    Ok(h)
+}
+
+/// `hidden_size / num_heads`, where `num_heads` divides `hidden_size` (mlx-lm's assert,
+/// as a config error of `model`).
+pub(crate) fn even_head_dim(dim: i32, n_heads: i32, model: &str) -> crate::Result<i32> {
+    let head_dim = dim / n_heads.max(1);
+    if n_heads < 1 || head_dim * n_heads != dim {
+        return Err(crate::Error::Config {
+            path: format!("config.json ({model})"),
+            message: format!(
+                "hidden_size must be divisible by num_heads (got `hidden_size`: {dim} and \
+                 `num_heads`: {n_heads})"
+            ),
+        });
+    }
+    Ok(head_dim)
+}
+
+/// mlx-lm's `if tie_word_embeddings: weights.pop("lm_head.weight", None)`.
+pub(crate) fn drop_tied_head(tied: bool, weights: &mut Weights) {
+    if tied {
+        weights.remove("lm_head.weight");
+    }
+}
+
+impl<A, F: FeedForward> Module for DecoderLm<A, F> {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        self.model.visit_params(&join(prefix, "model"), f);
+        self.lm_head.visit_params(&join(prefix, "lm_head"), f);
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.model.visit_params_mut(&join(prefix, "model"), f);
+        self.lm_head.visit_params_mut(&join(prefix, "lm_head"), f);
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        self.model
+            .visit_quantizable_mut(&join(prefix, "model"), f)?;
+        self.lm_head
+            .visit_quantizable_mut(&join(prefix, "lm_head"), f)
+    }
+}
