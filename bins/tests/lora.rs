@@ -599,7 +599,7 @@ fn reporting_services_and_unsupported_options_are_refused() {
     fails_with(&out, "--report-to wandb");
     std::fs::write(
         tmp.0.join("d.yaml"),
-        "hf_dataset:\n  path: some/dataset\n  config:\n    name: subset\n",
+        "hf_dataset:\n  path: some/dataset\n  config:\n    name: subset\n    data_files: x.jsonl\n",
     )
     .unwrap();
     let d = tmp.0.join("d.yaml");
@@ -610,7 +610,8 @@ fn reporting_services_and_unsupported_options_are_refused() {
     );
     fails_with(
         &out,
-        "option hf_dataset.config: the keyword arguments of `datasets.load_dataset`",
+        "option hf_dataset.config.data_files: of `datasets.load_dataset`'s keyword arguments \
+         this build reads only `name`",
     );
 }
 
