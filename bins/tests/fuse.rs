@@ -276,6 +276,49 @@ fn export_gguf_untied_matches_mlx_lm_and_reads_back_with_the_same_logits() {
 }
 
 #[test]
+fn export_gguf_vocabulary_with_added_and_byte_tokens_matches_mlx_lm() {
+    // Past the base vocabulary: a plain added token (USER_DEFINED) and a special one
+    // (CONTROL, listed in extra_special_tokens); in it, a byte token `<0x0A>` (BYTE).
+    let tmp = TempDir::new("fuse-gguf-vocab");
+    let m = tmp.copy_model("llama-small-f32");
+    let read = |f: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(m.join(f)).unwrap()).unwrap()
+    };
+    let mut tok = read("tokenizer.json");
+    let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+    let ten = vocab
+        .iter()
+        .find(|(_, id)| id.as_u64() == Some(10))
+        .map(|(k, _)| k.clone())
+        .unwrap();
+    vocab.remove(&ten);
+    vocab.insert("<0x0A>".into(), 10.into());
+    let added = |id: u32, content: &str, special: bool| {
+        serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": special})
+    };
+    let list = tok["added_tokens"].as_array_mut().unwrap();
+    list.push(added(320, "<extra>", false));
+    list.push(added(321, "<ctrl>", true));
+    let mut cfg = read("tokenizer_config.json");
+    cfg["extra_special_tokens"] = serde_json::json!(["<ctrl>"]);
+    for (id, content, special) in [("320", "<extra>", false), ("321", "<ctrl>", true)] {
+        let mut t = added(0, content, special);
+        t.as_object_mut().unwrap().remove("id");
+        cfg["added_tokens_decoder"][id] = t;
+    }
+    std::fs::write(m.join("tokenizer.json"), tok.to_string()).unwrap();
+    std::fs::write(m.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    let ours = gguf_case(&tmp, &m, &[], "ggml-model-f16.gguf");
+    let (_, meta) = mlx_array::io::load_gguf(ours.join("ggml-model-f16.gguf")).unwrap();
+    let Some(mlx_array::io::GgufValue::Array(types)) = meta.get("tokenizer.ggml.token_type") else {
+        panic!("no token types");
+    };
+    let types = types.to_vec::<u32>().unwrap();
+    assert_eq!((types[10], types[320], types[321]), (6, 4, 3));
+}
+
+#[test]
 fn export_gguf_tied_with_custom_path_matches_mlx_lm() {
     // MLX appends `.gguf` to a path without it; both print the path as given.
     let tmp = TempDir::new("fuse-gguf-tied");

@@ -225,8 +225,8 @@ impl OwnedGgufMeta {
             GgufValue::None => Err(Error::InvalidArgument(format!(
                 "GGUF metadata `{key}` has no value"
             ))),
-            // SAFETY: live metadata and array; the shim copies the key and the handle.
             GgufValue::Array(a) => {
+                // SAFETY: live metadata and array; the shim copies the key and the handle.
                 check(unsafe { sys::mlxs_gguf_meta_push_array(self.0, k.as_ptr(), a.as_raw()) })
             }
             // SAFETY: live metadata; `s` is read for `s.len()` bytes and copied.
