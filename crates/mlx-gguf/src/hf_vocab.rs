@@ -145,7 +145,7 @@ impl HfVocab {
         let (base, vocab_size_base) = base_vocab(model)?;
 
         // get_vocab(with_added_tokens=True): the base vocabulary, then the added tokens.
-        let mut vocab: HashMap<String, u32> = base.into_iter().collect();
+        let mut vocab: HashMap<String, u32> = base.iter().cloned().collect();
         let mut added: BTreeMap<u32, String> = BTreeMap::new();
         for t in tok
             .get("added_tokens")
@@ -201,9 +201,15 @@ impl HfVocab {
 
         let base_size = u32::try_from(vocab_size_base)
             .map_err(|_| err("tokenizer.json: the vocabulary is too large"))?;
+        // id -> text of get_vocab(): a text's id is its last (added) one; where two texts
+        // share an id the added token's wins (deterministically, unlike a dict built
+        // from a hash map).
         let mut reverse: HashMap<u32, &str> = HashMap::new();
-        for (text, id) in &vocab {
-            reverse.insert(*id, text);
+        let entries = base.iter().map(|(t, id)| (t.as_str(), *id));
+        for (text, id) in entries.chain(added.iter().map(|(id, t)| (t.as_str(), *id))) {
+            if vocab.get(text) == Some(&id) {
+                reverse.insert(id, text);
+            }
         }
         let kind = |id: u32, text: &str| {
             if is_byte_token(text) {
@@ -252,5 +258,68 @@ mod tests {
         assert!(!is_byte_token("<0x0G>"));
         assert!(!is_byte_token("<0x0AB>"));
         assert!(!is_byte_token("0x0A"));
+    }
+
+    fn dir_with(name: &str, tok: Value, cfg: Value) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("mlx-gguf-vocab-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("tokenizer.json"), tok.to_string()).unwrap();
+        std::fs::write(d.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+        d
+    }
+
+    #[test]
+    fn unigram_vocabularies_are_ordered_by_position_and_typed() {
+        let tok = serde_json::json!({
+            "model": {"type": "Unigram", "vocab": [["<unk>", 0.0], ["<s>", 0.0], ["<0x41>", -1.0], ["a", -2.0]]},
+            "added_tokens": [
+                {"id": 0, "content": "<unk>", "special": true},
+                {"id": 4, "content": "<tool>", "special": false},
+                {"id": 5, "content": "<eot>", "special": true}
+            ]
+        });
+        let cfg = serde_json::json!({"bos_token": "<s>", "unk_token": {"content": "<unk>"},
+            "additional_special_tokens": ["<eot>"]});
+        let v = HfVocab::load(&dir_with("unigram", tok, cfg)).unwrap();
+        let got: Vec<(&str, TokenType)> = v.tokens.iter().map(|t| (t.0.as_str(), t.2)).collect();
+        assert_eq!(
+            got,
+            [
+                ("<unk>", TokenType::Control),
+                ("<s>", TokenType::Control),
+                ("<0x41>", TokenType::Byte),
+                ("a", TokenType::Normal),
+                ("<tool>", TokenType::UserDefined),
+                ("<eot>", TokenType::Control),
+            ]
+        );
+        assert!(v.tokens.iter().all(|t| t.1 == -1000.0));
+        assert_eq!(
+            (
+                v.vocab_size_base,
+                v.bos_token_id,
+                v.eos_token_id,
+                v.unk_token_id
+            ),
+            (4, Some(1), None, Some(0))
+        );
+    }
+
+    #[test]
+    fn a_special_token_missing_from_the_vocabulary_or_an_id_gap_is_an_error() {
+        let tok = serde_json::json!({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}}, "added_tokens": []});
+        let e = HfVocab::load(&dir_with(
+            "missing",
+            tok,
+            serde_json::json!({"eos_token": "</s>"}),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("special token `</s>`"), "{e}");
+        let tok = serde_json::json!({"model": {"type": "BPE", "vocab": {"a": 0, "b": 2}}, "added_tokens": []});
+        let e = HfVocab::load(&dir_with("gap", tok, serde_json::json!({})))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no token has id 1"), "{e}");
     }
 }
