@@ -599,7 +599,7 @@ fn reporting_services_and_unsupported_options_are_refused() {
     fails_with(&out, "--report-to wandb");
     std::fs::write(
         tmp.0.join("d.yaml"),
-        "hf_dataset:\n  path: some/dataset\n  config:\n    name: subset\n",
+        "hf_dataset:\n  path: some/dataset\n  config:\n    name: subset\n    data_files: x.jsonl\n",
     )
     .unwrap();
     let d = tmp.0.join("d.yaml");
@@ -610,7 +610,8 @@ fn reporting_services_and_unsupported_options_are_refused() {
     );
     fails_with(
         &out,
-        "option hf_dataset.config: the keyword arguments of `datasets.load_dataset`",
+        "option hf_dataset.config.data_files: of `datasets.load_dataset`'s keyword arguments \
+         this build reads only `name`",
     );
 }
 
@@ -731,9 +732,10 @@ fn grad_checkpoint_on_a_model_without_the_layer_hook_is_refused() {
 mod common_hub;
 
 /// Hugging Face datasets from a local Hub (xtask/py/hub_server.py): `hf_dataset` with
-/// mlx-lm's default splits (`train[:80%]`, `train[-10%:]`) and a `test_split`, and a
-/// dataset id as `--data` (its `train` and `test` splits, no `valid`), each trained
-/// like `mlx_lm lora` trains on the local directory holding the same rows.
+/// mlx-lm's default splits (`train[:80%]`, `train[-10%:]`) and a `test_split`, a dataset
+/// id as `--data` (its `train` and `test` splits, no `valid`), and `hf_dataset` with a
+/// named config and a `+` split, each trained like `mlx_lm lora` trains on the local
+/// directory holding the same rows.
 #[test]
 fn hugging_face_datasets_train_like_their_local_rows() {
     let Some(hub_py) = common_hub::python() else {
@@ -805,6 +807,39 @@ fn hugging_face_datasets_train_like_their_local_rows() {
         ],
     );
     let whole = write("local-whole", &[("train", &train), ("test", &test)]);
+    // A second repo with two README configs: `hf_dataset.config.name` picks `main`, and
+    // `+` joins two slices of its train split (40% of 20 rows is the first 8).
+    let repo2 = work.join("repo2");
+    for d in ["main", "other"] {
+        std::fs::create_dir_all(repo2.join(d)).unwrap();
+    }
+    std::fs::write(
+        repo2.join("README.md"),
+        "---\nconfigs:\n- config_name: other\n  data_files:\n  - split: train\n    path: \
+         other/train.jsonl\n- config_name: main\n  data_files:\n  - split: train\n    path: \
+         main/train.jsonl\n  - split: test\n    path: main/test.jsonl\n---\n",
+    )
+    .unwrap();
+    std::fs::write(repo2.join("main/train.jsonl"), train.join("\n") + "\n").unwrap();
+    std::fs::write(repo2.join("main/test.jsonl"), test.join("\n") + "\n").unwrap();
+    std::fs::write(repo2.join("other/train.jsonl"), test.join("\n") + "\n").unwrap();
+    server.py(&[
+        "upload",
+        &server.endpoint,
+        "org/words2",
+        repo2.to_str().unwrap(),
+        "--type",
+        "dataset",
+    ]);
+    let joined: Vec<String> = train[..8].iter().chain(&train[12..]).cloned().collect();
+    let picked = write(
+        "local-picked",
+        &[
+            ("train", &joined),
+            ("valid", &train[8..10]),
+            ("test", &test),
+        ],
+    );
     let model = common::golden_model("llama-small-f32");
     let common_args = |data: &str| -> Vec<String> {
         let mut a: Vec<String> = vec![
@@ -830,9 +865,13 @@ fn hugging_face_datasets_train_like_their_local_rows() {
     };
     let hf_config = "hf_dataset:\n  path: org/words\n  test_split: test\n";
     // (name, our --data, our config, mlx-lm's --data)
+    let hf_config2 = "hf_dataset:\n  path: org/words2\n  config:\n    name: main\n  \
+                      train_split: train[:40%]+train[-8:]\n  valid_split: train[8:10]\n  \
+                      test_split: test\n";
     let cases = [
         ("hf-dataset", "ignored", Some(hf_config), sliced),
         ("data-id", "org/words", None, whole),
+        ("hf-config-union", "ignored", Some(hf_config2), picked),
     ];
     let json: Vec<serde_json::Value> = cases
         .iter()
@@ -877,7 +916,7 @@ fn hugging_face_datasets_train_like_their_local_rows() {
         common::check(&ours, name);
         let stdout = String::from_utf8_lossy(&ours.stdout);
         assert!(
-            stdout.contains("Loading Hugging Face dataset org/words."),
+            stdout.contains("Loading Hugging Face dataset org/words"),
             "{stdout}"
         );
         // The header's dataset row names the data; everything else is the same.

@@ -1,8 +1,9 @@
 //! `mlx-fuse`: mlx-lm's `mlx_lm.fuse`: folds trained adapters (LoRA, DoRA or a full
 //! fine-tune, as `mlx_lm.lora` writes them) into the base model and saves the result.
 //! Same flags and defaults; `--upload-repo` uploads the result (`mlx_lm.upload`);
-//! `--export-gguf` is refused (not built yet).
-use anyhow::{bail, Result};
+//! `--export-gguf` also writes the fused model as one GGUF file in the save path
+//! (`mlx_gguf::export`: Llama, Mistral and Mixtral, unquantized, as mlx-lm writes it).
+use anyhow::Result;
 use clap::Parser;
 use mlx_bins::outln;
 use std::path::PathBuf;
@@ -50,13 +51,10 @@ fn main() -> ExitCode {
 }
 
 fn fuse(args: Args) -> Result<()> {
-    if args.export_gguf {
-        bail!("--export-gguf is not supported yet (mlx-fuse writes MLX safetensors only)");
-    }
     if let Some(repo) = &args.upload_repo {
         mlx_hub::RepoId::new(repo, mlx_hub::RepoType::Model)?;
     }
-    let _ = (args.trust_remote_code, &args.gguf_path);
+    let _ = args.trust_remote_code;
     outln!("Loading pretrained model")?;
     let source = mlx_quant::resolve_source(&args.model, &args.save_path)?;
     let adapters = mlx_train::Adapters::load(&args.adapter_path)?;
@@ -70,6 +68,16 @@ fn fuse(args: Args) -> Result<()> {
         kind = adapters.config.fine_tune_type.name(),
         "adapters fused"
     );
+    // What the export needs, taken before the save consumes the model: the parameters in
+    // the model's module order (mlx-lm's `tree_flatten(model.parameters())`) and the
+    // config as mlx-lm's `save_config` leaves it (it drops `_name_or_path` in place).
+    let export = if args.export_gguf {
+        let mut config = model.config.clone();
+        config.remove("_name_or_path");
+        Some((model.module()?.parameters(), config))
+    } else {
+        None
+    };
     mlx_quant::save_model_over(
         &args.save_path,
         model,
@@ -77,6 +85,13 @@ fn fuse(args: Args) -> Result<()> {
         mlx_quant::save::MAX_SHARD_BYTES,
         false,
     )?;
+    if let Some((weights, config)) = export {
+        mlx_gguf::export::check_exportable(&config)?;
+        outln!("Converting to GGUF format")?;
+        let path = args.save_path.join(&args.gguf_path);
+        mlx_gguf::export::export_gguf(&args.save_path, weights, &config, &path)?;
+        outln!("Converted GGUF model saved as: {}", path.display())?;
+    }
     if let Some(repo) = &args.upload_repo {
         let url = mlx_hub::hub::upload::upload_to_hub(&args.save_path, repo)?;
         outln!("Upload successful, go to {url} for details.")?;

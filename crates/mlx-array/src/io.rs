@@ -208,6 +208,77 @@ pub fn load_gguf(
     Ok((arrays, meta))
 }
 
+/// Owned GGUF metadata being built for [`save_gguf`].
+impl OwnedGgufMeta {
+    #[track_caller]
+    fn new() -> Result<OwnedGgufMeta> {
+        let mut p: sys::mlxs_gguf_meta = std::ptr::null_mut();
+        // SAFETY: the shim writes new owned metadata on success.
+        check(unsafe { sys::mlxs_gguf_meta_new(&mut p) })?;
+        Ok(OwnedGgufMeta(p))
+    }
+
+    #[track_caller]
+    fn push(&self, key: &str, value: &GgufValue) -> Result<()> {
+        let k = crate::ops::cstr(key)?;
+        match value {
+            GgufValue::None => Err(Error::InvalidArgument(format!(
+                "GGUF metadata `{key}` has no value"
+            ))),
+            GgufValue::Array(a) => {
+                // SAFETY: live metadata and array; the shim copies the key and the handle.
+                check(unsafe { sys::mlxs_gguf_meta_push_array(self.0, k.as_ptr(), a.as_raw()) })
+            }
+            // SAFETY: live metadata; `s` is read for `s.len()` bytes and copied.
+            GgufValue::String(s) => check(unsafe {
+                sys::mlxs_gguf_meta_push_string(self.0, k.as_ptr(), s.as_ptr().cast(), s.len())
+            }),
+            GgufValue::Strings(v) => {
+                let ptrs: Vec<*const std::os::raw::c_char> =
+                    v.iter().map(|s| s.as_ptr().cast()).collect();
+                let lens: Vec<usize> = v.iter().map(String::len).collect();
+                // SAFETY: live metadata; `ptrs[i]` is read for `lens[i]` bytes, all copied.
+                check(unsafe {
+                    sys::mlxs_gguf_meta_push_strings(
+                        self.0,
+                        k.as_ptr(),
+                        ptrs.as_ptr(),
+                        lens.as_ptr(),
+                        v.len(),
+                    )
+                })
+            }
+        }
+    }
+}
+
+/// Writes tensors and metadata to a `.gguf` file (`mx.save_gguf`; MLX appends `.gguf`
+/// to a path without it). MLX receives both as hash maps built by inserting the entries
+/// in the order given here, as `mx.save_gguf` builds them from Python dicts: the same
+/// entries in the same order make the same file, byte for byte. Tensors must be float32,
+/// float16, int8, int16 or int32; metadata arrays at most 1-d and not empty.
+#[track_caller]
+pub fn save_gguf<'a>(
+    path: impl AsRef<Path>,
+    arrays: impl IntoIterator<Item = (&'a str, &'a Array)>,
+    metadata: impl IntoIterator<Item = (&'a str, &'a GgufValue)>,
+) -> Result<()> {
+    let path = path.as_ref();
+    let c = path_cstr(path)?;
+    let (arrays_map, meta) = (OwnedMap::new()?, OwnedGgufMeta::new()?);
+    for (k, a) in arrays {
+        let k = crate::ops::cstr(k)?;
+        // SAFETY: live map and array; the shim copies the key and the handle.
+        check(unsafe { sys::mlxs_map_insert(arrays_map.0, k.as_ptr(), a.as_raw()) })?;
+    }
+    for (k, v) in metadata {
+        meta.push(k, v)?;
+    }
+    // SAFETY: `c` is a NUL-terminated path; both containers are live and only read.
+    check(unsafe { sys::mlxs_save_gguf(c.as_ptr(), arrays_map.0, meta.0) })
+        .map_err(|e| file_err(path, e))
+}
+
 /// Loads a `.npy` file.
 #[track_caller]
 pub fn load_npy(path: impl AsRef<Path>) -> Result<Array> {

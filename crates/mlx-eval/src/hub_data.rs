@@ -1,6 +1,7 @@
 //! A Hugging Face dataset repo's splits as `datasets.load_dataset(repo, split=...)` finds
 //! them, from a downloaded snapshot: the `configs` of the README's YAML block when it
-//! declares data files (the `default` config, else the first), else the Hub's naming
+//! declares data files (the config named by `load_dataset(repo, name)`, else the `default`
+//! config, else the first), else the Hub's naming
 //! conventions in `datasets`' order: sharded `data/{split}-NNNNN-of-NNNNN*.*` files, then
 //! split keywords in directory names, then in file names, else every file is `train`.
 //! Files are read in sorted path order and rows in file order, as `datasets` does; only
@@ -127,14 +128,22 @@ fn kind(path: &str) -> Option<Kind> {
 /// A config's name and its `(split, path patterns)` entries.
 type Config = (String, Vec<(String, Vec<String>)>);
 
-/// The data-file patterns the README's YAML `configs` give `split` (None: no configs).
-fn readme_patterns(root: &Path, split: &str) -> Option<Vec<String>> {
-    let text = std::fs::read_to_string(root.join("README.md")).ok()?;
-    let yaml = text.strip_prefix("---\n")?;
-    let yaml = &yaml[..yaml.find("\n---")?];
-    let start = yaml.lines().position(|l| l.trim_end() == "configs:")?;
-    // Configs: `- config_name: X` items, each with `data_files:` of `- split: S` / `path: P`
-    // (a string or a `- item` list) entries. The `default` config, else the first.
+/// The README's YAML `configs`: `- config_name: X` items, each with `data_files:` of
+/// `- split: S` / `path: P` (a string or a `- item` list) entries. Empty: none declared.
+fn readme_configs(root: &Path) -> Vec<Config> {
+    let Ok(text) = std::fs::read_to_string(root.join("README.md")) else {
+        return Vec::new();
+    };
+    let Some(yaml) = text.strip_prefix("---\n") else {
+        return Vec::new();
+    };
+    let Some(end) = yaml.find("\n---") else {
+        return Vec::new();
+    };
+    let yaml = &yaml[..end];
+    let Some(start) = yaml.lines().position(|l| l.trim_end() == "configs:") else {
+        return Vec::new();
+    };
     let mut configs: Vec<Config> = Vec::new();
     let mut cur_split: Option<String> = None;
     let mut in_path_list = false;
@@ -169,25 +178,57 @@ fn readme_patterns(root: &Path, split: &str) -> Option<Vec<String>> {
             }
         }
     }
-    let chosen = configs
-        .iter()
-        .find(|c| c.0 == "default")
-        .or_else(|| configs.first())?;
-    if chosen.1.is_empty() {
-        return None;
-    }
-    Some(
+    configs
+}
+
+/// The data-file patterns the README's YAML `configs` give `split` (None: no configs):
+/// of the config named `name` (`load_dataset(repo, name=...)`), else the `default`
+/// config, else the first. A name the README does not declare is an error, as in
+/// `datasets` (a repo without declared configs has only `default`).
+fn readme_patterns(root: &Path, name: Option<&str>, split: &str) -> Result<Option<Vec<String>>> {
+    let configs = readme_configs(root);
+    let chosen = match name {
+        Some(n) => match configs.iter().find(|c| c.0 == n) {
+            Some(c) => Some(c),
+            None if configs.is_empty() && n == "default" => None,
+            None => {
+                let mut available: Vec<&str> = configs.iter().map(|c| c.0.as_str()).collect();
+                if available.is_empty() {
+                    available.push("default");
+                }
+                return Err(EvalError::Data(format!(
+                    "the dataset in {} has no config `{n}` (available: {})",
+                    root.display(),
+                    available.join(", ")
+                )));
+            }
+        },
+        None => configs
+            .iter()
+            .find(|c| c.0 == "default")
+            .or_else(|| configs.first()),
+    };
+    let Some(chosen) = chosen.filter(|c| !c.1.is_empty()) else {
+        return Ok(None);
+    };
+    Ok(Some(
         chosen
             .1
             .iter()
             .filter(|(s, _)| s == split)
             .flat_map(|(_, p)| p.clone())
             .collect(),
-    )
+    ))
 }
 
 /// The files (relative to `root`, sorted) `datasets` reads for `split` of the repo.
 pub fn split_files(root: &Path, split: &str) -> Result<Vec<PathBuf>> {
+    split_files_of(root, None, split)
+}
+
+/// [`split_files`] of the config `name` (`load_dataset(repo, name=...)`; `None`: the
+/// default one).
+pub fn split_files_of(root: &Path, name: Option<&str>, split: &str) -> Result<Vec<PathBuf>> {
     let all = files_under(root)?;
     let pick = |patterns: &[String]| -> Vec<String> {
         all.iter()
@@ -195,7 +236,7 @@ pub fn split_files(root: &Path, split: &str) -> Result<Vec<PathBuf>> {
             .cloned()
             .collect()
     };
-    let chosen: Vec<String> = if let Some(patterns) = readme_patterns(root, split) {
+    let chosen: Vec<String> = if let Some(patterns) = readme_patterns(root, name, split)? {
         pick(&patterns)
     } else {
         let sharded =
@@ -306,7 +347,12 @@ pub fn read_parquet(path: &Path) -> Result<Vec<Json>> {
 
 /// Every row of `split`, files in order.
 pub fn read_split(root: &Path, split: &str) -> Result<(Vec<Json>, String)> {
-    let files = split_files(root, split)?;
+    read_split_of(root, None, split)
+}
+
+/// [`read_split`] of the config `name` (`None`: the default one).
+pub fn read_split_of(root: &Path, name: Option<&str>, split: &str) -> Result<(Vec<Json>, String)> {
+    let files = split_files_of(root, name, split)?;
     if files.is_empty() {
         return Err(EvalError::Data(format!(
             "the dataset in {} has no `{split}` split",

@@ -112,6 +112,9 @@ pub enum GgufError {
     /// The tokenizer described by the metadata cannot be rebuilt.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// A model cannot be exported to GGUF (unsupported model, config or tokenizer).
+    #[error("GGUF export: {0}")]
+    Export(String),
     /// The output directory exists and overwriting was not asked for.
     #[error("output directory {path} already exists (set ImportOptions::overwrite to replace it)")]
     OutputExists {

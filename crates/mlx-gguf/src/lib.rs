@@ -1,4 +1,5 @@
-//! Import llama.cpp GGUF files into MLX model directories.
+//! Import llama.cpp GGUF files into MLX model directories, and export MLX Llama models
+//! to GGUF ([`export`], `mlx_lm fuse --export-gguf`).
 //!
 //! [`import_gguf`] reads a `.gguf` and writes a directory in mlx-community's layout that
 //! mlx-lm and this workspace's loader both read. Tensors: F32/F16/BF16 stay plain; Q4_0,
@@ -22,7 +23,9 @@ pub mod arch;
 pub mod config;
 pub mod convert;
 mod error;
+pub mod export;
 pub mod header;
+pub mod hf_vocab;
 pub mod native;
 pub mod tokenizer;
 mod write;

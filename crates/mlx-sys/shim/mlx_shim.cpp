@@ -356,6 +356,25 @@ const char* mlxs_gguf_meta_strings_get(mlxs_gguf_meta m, size_t i, size_t j) {
   return (p && j < p->size()) ? (*p)[j].c_str() : nullptr;
 }
 
+int mlxs_gguf_meta_new(mlxs_gguf_meta* out) {
+  return guard([&] { *out = new mlxs_gguf_meta_s{}; });
+}
+int mlxs_gguf_meta_push_array(mlxs_gguf_meta m, const char* key, mlxs_array a) {
+  return guard([&] { m->items.emplace_back(key, mx::GGUFMetaData(a->a)); });
+}
+int mlxs_gguf_meta_push_string(mlxs_gguf_meta m, const char* key, const char* s, size_t len) {
+  return guard([&] { m->items.emplace_back(key, mx::GGUFMetaData(std::string(s, len))); });
+}
+int mlxs_gguf_meta_push_strings(mlxs_gguf_meta m, const char* key, const char* const* strs,
+                                const size_t* lens, size_t n) {
+  return guard([&] {
+    std::vector<std::string> v;
+    v.reserve(n);
+    for (size_t i = 0; i < n; ++i) v.emplace_back(strs[i], lens[i]);
+    m->items.emplace_back(key, mx::GGUFMetaData(std::move(v)));
+  });
+}
+
 /* ---------- io ---------- */
 int mlxs_load_safetensors(const char* path, mlxs_stream s, mlxs_map* arrays, mlxs_strmap* meta) {
   return guard([&] {
@@ -395,6 +414,19 @@ int mlxs_load_gguf(const char* path, mlxs_stream s, mlxs_map* arrays, mlxs_gguf_
               [](const auto& x, const auto& y) { return x.first < y.first; });
     *arrays = m.release();
     *meta = gm.release();
+  });
+}
+int mlxs_save_gguf(const char* path, mlxs_map arrays, mlxs_gguf_meta meta) {
+  return guard([&] {
+    // emplace in order, like nanobind's dict caster in mx.save_gguf: the iteration order
+    // of the unordered maps (and so the file's layout) follows from the insertion order.
+    std::unordered_map<std::string, mx::array> arrs;
+    for (auto& kv : arrays->items) arrs.emplace(kv.first, kv.second);
+    std::unordered_map<std::string, mx::GGUFMetaData> md;
+    if (meta) {
+      for (auto& kv : meta->items) md.emplace(kv.first, kv.second);
+    }
+    mx::save_gguf(std::string(path), arrs, md);
   });
 }
 int mlxs_load_npy(const char* path, mlxs_stream s, mlxs_array* out) {

@@ -131,11 +131,22 @@ int mlxs_gguf_meta_array(mlxs_gguf_meta m, size_t i, mlxs_array* out);
 const char* mlxs_gguf_meta_string(mlxs_gguf_meta m, size_t i);
 size_t mlxs_gguf_meta_strings_len(mlxs_gguf_meta m, size_t i);
 const char* mlxs_gguf_meta_strings_get(mlxs_gguf_meta m, size_t i, size_t j);
+/* Building metadata for mlxs_save_gguf: entries keep the order they are pushed in.
+   Strings are given with their byte length (they may hold NUL bytes). */
+int mlxs_gguf_meta_new(mlxs_gguf_meta* out);
+int mlxs_gguf_meta_push_array(mlxs_gguf_meta m, const char* key, mlxs_array a);
+int mlxs_gguf_meta_push_string(mlxs_gguf_meta m, const char* key, const char* s, size_t len);
+int mlxs_gguf_meta_push_strings(mlxs_gguf_meta m, const char* key, const char* const* strs,
+                                const size_t* lens, size_t n);
 
 /* ---------- io ---------- */
 int mlxs_load_safetensors(const char* path, mlxs_stream s, mlxs_map* arrays, mlxs_strmap* meta);
 int mlxs_save_safetensors(const char* path, mlxs_map arrays, mlxs_strmap meta);
 int mlxs_load_gguf(const char* path, mlxs_stream s, mlxs_map* arrays, mlxs_gguf_meta* meta);
+/* mx::save_gguf. Both maps are handed to MLX as unordered maps built by inserting the
+   entries in their order (as mx.save_gguf builds them from Python dicts), so the same
+   entries in the same order give the same file. `meta` may be null. */
+int mlxs_save_gguf(const char* path, mlxs_map arrays, mlxs_gguf_meta meta);
 int mlxs_load_npy(const char* path, mlxs_stream s, mlxs_array* out);
 int mlxs_save_npy(const char* path, mlxs_array a);
 

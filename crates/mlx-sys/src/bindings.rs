@@ -268,6 +268,33 @@ unsafe extern "C" {
     ) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
+    pub fn mlxs_gguf_meta_new(out: *mut mlxs_gguf_meta) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_gguf_meta_push_array(
+        m: mlxs_gguf_meta,
+        key: *const ::std::os::raw::c_char,
+        a: mlxs_array,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_gguf_meta_push_string(
+        m: mlxs_gguf_meta,
+        key: *const ::std::os::raw::c_char,
+        s: *const ::std::os::raw::c_char,
+        len: usize,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_gguf_meta_push_strings(
+        m: mlxs_gguf_meta,
+        key: *const ::std::os::raw::c_char,
+        strs: *const *const ::std::os::raw::c_char,
+        lens: *const usize,
+        n: usize,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
     pub fn mlxs_load_safetensors(
         path: *const ::std::os::raw::c_char,
         s: mlxs_stream,
@@ -288,6 +315,13 @@ unsafe extern "C" {
         s: mlxs_stream,
         arrays: *mut mlxs_map,
         meta: *mut mlxs_gguf_meta,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_save_gguf(
+        path: *const ::std::os::raw::c_char,
+        arrays: mlxs_map,
+        meta: mlxs_gguf_meta,
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {

@@ -2,8 +2,10 @@
 //! list, mlx-lm's `load_custom_hf_dataset`) and a dataset id as `--data`
 //! (`load_hf_dataset`). The repo's files come from a downloaded snapshot (the caller
 //! resolves the id); its splits are read as `datasets.load_dataset` finds them
-//! (`mlx_eval::hub_data`), then sliced as `datasets`' split strings say
-//! (`train[:80%]`, `train[-10%:]`, `test[10:20]`).
+//! (`mlx_eval::hub_data`; an entry's `config: {name: ...}` picks the dataset config),
+//! then sliced and joined as `datasets`' split strings say (`train[:80%]`,
+//! `train[-10%:]`, `test[10:20]`, `train[10:50%]`, `train[:50%]+test`,
+//! `train[:33%](pct1_dropremainder)`).
 use crate::error::{Result, TrainError};
 use crate::pyval::PyVal;
 use mlx_eval::datasets::Features;
@@ -21,6 +23,9 @@ pub struct HfDataset {
     pub valid_split: String,
     /// `test_split` (needed with `--test`).
     pub test_split: Option<String>,
+    /// `config`'s `name`: the dataset config (`load_dataset(path, name=...)`); `None`:
+    /// the default one.
+    pub config_name: Option<String>,
     /// `prompt_feature`, `completion_feature`, `text_feature`, `chat_feature` of this
     /// entry (mlx-lm's defaults, not the top-level options).
     pub features: Features,
@@ -85,17 +90,36 @@ pub fn parse(v: &PyVal) -> Result<Option<Vec<HfDataset>>> {
             }
         };
         let path = string("path")?.ok_or_else(|| invalid(format!("option {at}: no `path`")))?;
-        match e.get("config") {
-            None | Some(PyVal::None) => {}
-            Some(PyVal::Dict(d)) if d.is_empty() => {}
-            Some(_) => {
-                return Err(TrainError::Unsupported(format!(
-                    "option {at}.config: the keyword arguments of `datasets.load_dataset` \
-                     (a named config, data_files, ...) are not supported by this build; \
-                     mlx-lora reads the repo's default config"
+        // `config` holds `datasets.load_dataset` keyword arguments (mlx-lm passes
+        // `**config`): the dataset config's `name` is read; the others need `datasets`.
+        let config_name = match e.get("config") {
+            None | Some(PyVal::None) => None,
+            Some(PyVal::Dict(d)) => {
+                if let Some((k, _)) = d.iter().find(|(k, _)| k != "name") {
+                    return Err(TrainError::Unsupported(format!(
+                        "option {at}.config.{k}: of `datasets.load_dataset`'s keyword \
+                         arguments this build reads only `name` (the dataset config)"
+                    )));
+                }
+                match d.iter().find(|(k, _)| k == "name").map(|(_, v)| v) {
+                    None | Some(PyVal::None) => None,
+                    Some(PyVal::Str(n)) => Some(n.clone()),
+                    Some(v) => {
+                        return Err(invalid(format!(
+                            "option {at}.config.name: expected a string, got {}",
+                            v.type_name()
+                        )))
+                    }
+                }
+            }
+            Some(v) => {
+                return Err(invalid(format!(
+                    "option {at}.config: expected a mapping of `datasets.load_dataset` \
+                     keyword arguments (e.g. {{name: CONFIG}}), got {}",
+                    v.type_name()
                 )))
             }
-        }
+        };
         let feature = |k: &str, d: &str| -> Result<String> {
             Ok(string(k)?.unwrap_or_else(|| d.to_string()))
         };
@@ -103,6 +127,7 @@ pub fn parse(v: &PyVal) -> Result<Option<Vec<HfDataset>>> {
             train_split: string("train_split")?.unwrap_or_else(|| "train[:80%]".into()),
             valid_split: string("valid_split")?.unwrap_or_else(|| "train[-10%:]".into()),
             test_split: string("test_split")?,
+            config_name,
             features: Features {
                 prompt: feature("prompt_feature", "prompt")?,
                 completion: feature("completion_feature", "completion")?,
@@ -115,91 +140,160 @@ pub fn parse(v: &PyVal) -> Result<Option<Vec<HfDataset>>> {
     Ok(Some(out))
 }
 
-/// One end of a split slice: rows or percent.
+/// How percent bounds become rows (`datasets`' `rounding`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Bound {
-    Rows(i64),
-    Percent(i64),
+enum Rounding {
+    /// `closest` (the default): Python's `round(pct * n / 100)`.
+    Closest,
+    /// `pct1_dropremainder`: `pct * trunc(n / 100)`; refused under 100 rows.
+    Pct1DropRemainder,
 }
 
-/// A `datasets` split string: `name` or `name[from:to]` (`from`/`to` integers, each
-/// optionally `%`, either optional, negative counting from the end).
+/// One `NAME[FROM:TO](ROUNDING)` term of a split string. When either bound is a
+/// percent, both are (`datasets`' `unit`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct SplitSpec {
+pub struct SplitPart {
     /// The split's name.
     pub name: String,
-    from: Option<Bound>,
-    to: Option<Bound>,
+    from: Option<i64>,
+    to: Option<i64>,
+    percent: bool,
+    rounding: Rounding,
 }
 
-/// Parses a split string.
-pub fn parse_split(s: &str) -> Result<SplitSpec> {
-    let bad = || {
+/// A `datasets` split string: terms joined by `+` (`train[:50%]+test`), read in order
+/// and concatenated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitSpec {
+    /// The terms.
+    pub parts: Vec<SplitPart>,
+}
+
+/// `datasets`' split names: `\w+(\.\w+)*`.
+fn valid_split_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .split('.')
+            .all(|w| !w.is_empty() && w.chars().all(|c| c.is_alphanumeric() || c == '_'))
+}
+
+/// Parses one term (`_str_to_read_instruction`).
+fn parse_part(s: &str, whole: &str) -> Result<SplitPart> {
+    let bad = |why: &str| {
         invalid(format!(
-            "split `{s}`: expected NAME or NAME[FROM:TO] (FROM and TO integers, each \
-             optionally a percent, e.g. train[:80%]); unions (`+`) and rounding options \
-             are not supported"
+            "split `{whole}`: {why} (expected NAME or NAME[FROM:TO], FROM and TO integers \
+             or percents such as train[:80%], terms joined by `+`)"
         ))
     };
-    let s = s.trim();
-    let Some(open) = s.find('[') else {
-        if s.is_empty() || s.contains(['+', ']', ':']) {
-            return Err(bad());
-        }
-        return Ok(SplitSpec {
-            name: s.to_string(),
-            from: None,
-            to: None,
-        });
-    };
-    let name = s[..open].trim();
-    let rest = s[open + 1..].strip_suffix(']').ok_or_else(bad)?;
-    if name.is_empty() || name.contains('+') {
-        return Err(bad());
-    }
-    let (a, b) = rest.split_once(':').ok_or_else(bad)?;
-    let bound = |t: &str| -> Result<Option<Bound>> {
-        let t = t.trim();
-        if t.is_empty() {
-            return Ok(None);
-        }
-        match t.strip_suffix('%') {
-            Some(p) => {
-                let v: i64 = p.trim().parse().map_err(|_| bad())?;
-                if !(-100..=100).contains(&v) {
-                    return Err(bad());
+    let (head, rounding) = match s.strip_suffix(')') {
+        Some(h) => {
+            let open = h.rfind('(').ok_or_else(|| bad("unbalanced parenthesis"))?;
+            let r = match &h[open + 1..] {
+                "closest" => Rounding::Closest,
+                "pct1_dropremainder" => Rounding::Pct1DropRemainder,
+                other => {
+                    return Err(bad(&format!(
+                        "rounding `{other}` is not closest or pct1_dropremainder"
+                    )))
                 }
-                Ok(Some(Bound::Percent(v)))
-            }
-            None => Ok(Some(Bound::Rows(t.parse().map_err(|_| bad())?))),
+            };
+            (&h[..open], Some(r))
         }
+        None => (s, None),
     };
-    Ok(SplitSpec {
+    let (name, slice) = match head.find('[') {
+        Some(open) => {
+            let inner = head[open + 1..]
+                .strip_suffix(']')
+                .ok_or_else(|| bad("unbalanced bracket"))?;
+            (&head[..open], Some(inner))
+        }
+        None => (head, None),
+    };
+    if !valid_split_name(name) {
+        return Err(bad(&format!("`{name}` is not a split name")));
+    }
+    let (mut from, mut to, mut percent) = (None, None, false);
+    if let Some(inner) = slice {
+        let (a, b) = inner
+            .split_once(':')
+            .ok_or_else(|| bad("a slice needs `:`"))?;
+        let mut bound = |t: &str| -> Result<Option<i64>> {
+            if t.is_empty() {
+                return Ok(None);
+            }
+            let (num, pct) = match t.strip_suffix('%') {
+                Some(n) => (n, true),
+                None => (t, false),
+            };
+            percent |= pct;
+            let digits = num.strip_prefix('-').unwrap_or(num);
+            if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit() || c == '_') {
+                return Err(bad(&format!("`{t}` is not an integer")));
+            }
+            num.replace('_', "")
+                .parse()
+                .map(Some)
+                .map_err(|_| bad(&format!("`{t}` is not an integer")))
+        };
+        from = bound(a)?;
+        to = bound(b)?;
+    }
+    if !percent && rounding.is_some() {
+        return Err(bad("a rounding needs percent bounds"));
+    }
+    if percent && [from, to].iter().flatten().any(|v| v.abs() > 100) {
+        return Err(bad("percent bounds lie within -100 and 100"));
+    }
+    Ok(SplitPart {
         name: name.to_string(),
-        from: bound(a)?,
-        to: bound(b)?,
+        from,
+        to,
+        percent,
+        rounding: rounding.unwrap_or(Rounding::Closest),
     })
 }
 
-impl SplitSpec {
-    /// The rows `datasets` keeps of `n`: percents rounded to the closest row
-    /// (`rounding="closest"`, Python's `round`), negative ends from the end, clamped.
-    pub fn range(&self, n: usize) -> std::ops::Range<usize> {
+/// Parses a split string (`ReadInstruction.from_spec`).
+pub fn parse_split(s: &str) -> Result<SplitSpec> {
+    let parts = s
+        .split('+')
+        .map(|p| parse_part(p, s))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(SplitSpec { parts })
+}
+
+impl SplitPart {
+    /// The rows `datasets` keeps of `n` (`_rel_to_abs_instr`): percents rounded as the
+    /// term says, negative ends from the end, clamped.
+    pub fn range(&self, n: usize) -> Result<std::ops::Range<usize>> {
         let n = n as i64;
-        let abs = |b: Bound| -> i64 {
-            let v = match b {
-                Bound::Rows(r) => r,
-                Bound::Percent(p) => round_half_even(p as f64 * n as f64 / 100.0),
-            };
-            if v < 0 {
-                (n + v).max(0)
+        if self.percent && self.rounding == Rounding::Pct1DropRemainder && n < 100 {
+            return Err(invalid(format!(
+                "split `{}`: pct1_dropremainder rounding on a split of fewer than 100 rows \
+                 always gives an empty dataset (datasets refuses it)",
+                self.name
+            )));
+        }
+        let abs = |b: i64| -> i64 {
+            if !self.percent {
+                b
+            } else if self.rounding == Rounding::Closest {
+                round_half_even(b as f64 * n as f64 / 100.0)
             } else {
-                v.min(n)
+                b * (n / 100)
             }
         };
-        let from = self.from.map(abs).unwrap_or(0);
-        let to = self.to.map(abs).unwrap_or(n);
-        (from as usize)..(to.max(from) as usize)
+        let mut from = self.from.map(abs).unwrap_or(0);
+        let mut to = self.to.map(abs).unwrap_or(n);
+        if from < 0 {
+            from = (n + from).max(0);
+        }
+        if to < 0 {
+            to = (n + to).max(0);
+        }
+        let (from, to) = (from.min(n), to.min(n));
+        Ok((from as usize)..(to.max(from) as usize))
     }
 }
 
@@ -235,16 +329,25 @@ fn fill_columns(rows: &mut [Json]) {
     }
 }
 
-/// The rows of `split` (a split string) of the snapshot at `root`, with a name for
-/// messages.
-pub fn read(root: &Path, repo: &str, split: &str) -> Result<(Vec<Json>, String)> {
+/// The rows of `split` (a split string; `+` terms concatenated) of the config `config`
+/// (`None`: the default one) of the snapshot at `root`, with a name for messages.
+pub fn read(
+    root: &Path,
+    repo: &str,
+    config: Option<&str>,
+    split: &str,
+) -> Result<(Vec<Json>, String)> {
     let spec = parse_split(split)?;
-    let (mut rows, _) = mlx_eval::hub_data::read_split(root, &spec.name).map_err(|e| {
-        TrainError::Data(format!("Hugging Face dataset {repo}, split `{split}`: {e}"))
-    })?;
+    let mut rows = Vec::new();
+    for part in &spec.parts {
+        let (mut all, _) =
+            mlx_eval::hub_data::read_split_of(root, config, &part.name).map_err(|e| {
+                TrainError::Data(format!("Hugging Face dataset {repo}, split `{split}`: {e}"))
+            })?;
+        let range = part.range(all.len())?;
+        rows.extend(all.drain(range));
+    }
     fill_columns(&mut rows);
-    let range = spec.range(rows.len());
-    let rows = rows.drain(range).collect();
     Ok((rows, format!("{repo} [{split}]")))
 }
 
@@ -255,9 +358,15 @@ pub type Resolver<'a> = dyn Fn(&str) -> std::result::Result<PathBuf, String> + '
 mod tests {
     use super::*;
 
+    /// The rows of each term of `s` over splits of `n` rows.
+    fn ranges(s: &str, n: usize) -> Vec<std::ops::Range<usize>> {
+        let spec = parse_split(s).unwrap();
+        spec.parts.iter().map(|p| p.range(n).unwrap()).collect()
+    }
+
     #[test]
     fn split_strings_slice_like_datasets() {
-        let r = |s: &str, n| parse_split(s).unwrap().range(n);
+        let r = |s: &str, n| ranges(s, n).remove(0);
         assert_eq!(r("train", 10), 0..10);
         assert_eq!(r("train[:80%]", 10), 0..8);
         assert_eq!(r("train[-10%:]", 10), 9..10);
@@ -271,11 +380,31 @@ mod tests {
         assert_eq!(r("test[-3:]", 10), 7..10);
         assert_eq!(r("test[5:2]", 10), 5..5);
         assert_eq!(r("test[:100]", 10), 0..10);
+        assert_eq!(r("train[:1_0]", 13), 0..10);
+        // One percent bound makes both percents (datasets' `unit`): 10% and 50% of 13.
+        assert_eq!(r("train[10:50%]", 13), 1..6);
+        // pct1_dropremainder: multiples of 1% of the rows (250 rows: 2 per percent).
+        assert_eq!(r("train[:33%](pct1_dropremainder)", 250), 0..66);
+        assert_eq!(r("train[:33%](closest)", 250), 0..82);
+        let small = parse_split("train[:30%](pct1_dropremainder)").unwrap();
+        assert!(small.parts[0].range(13).is_err());
+        // `+` concatenates terms, in order.
+        assert_eq!(ranges("train[:50%]+test[-2:]", 13), vec![0..6, 11..13]);
+        let names: Vec<String> = parse_split("train+validation.x+test")
+            .unwrap()
+            .parts
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        assert_eq!(names, ["train", "validation.x", "test"]);
         for bad in [
-            "train+test",
+            "train + test",
+            "train+",
             "train[1]",
             "train[a:]",
             "train[:200%]",
+            "train[:5](closest)",
+            "train[:5%](nearest)",
             "[1:2]",
             "",
         ] {
@@ -301,5 +430,99 @@ mod tests {
         let e = parse(&typo).unwrap_err().to_string();
         assert!(e.contains("hf_dataset.split: not a key"), "{e}");
         assert!(parse(&PyVal::Str("org/ds".into())).is_err());
+    }
+
+    #[test]
+    fn hf_dataset_config_name_is_read_and_other_load_dataset_arguments_refused() {
+        let entry = |config: PyVal| {
+            PyVal::Dict(vec![
+                ("path".into(), PyVal::Str("org/ds".into())),
+                ("config".into(), config),
+            ])
+        };
+        let named = entry(PyVal::Dict(vec![(
+            "name".into(),
+            PyVal::Str("second".into()),
+        )]));
+        assert_eq!(
+            parse(&named).unwrap().unwrap()[0].config_name.as_deref(),
+            Some("second")
+        );
+        let empty = entry(PyVal::Dict(Vec::new()));
+        assert_eq!(parse(&empty).unwrap().unwrap()[0].config_name, None);
+        let files = entry(PyVal::Dict(vec![(
+            "data_files".into(),
+            PyVal::Str("x.jsonl".into()),
+        )]));
+        let e = parse(&files).unwrap_err().to_string();
+        assert!(e.contains("hf_dataset.config.data_files"), "{e}");
+        let e = parse(&entry(PyVal::Str("second".into())))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expected a mapping"), "{e}");
+    }
+
+    fn repo(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            let p = d.path().join(name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        d
+    }
+
+    fn texts(rows: &[Json]) -> Vec<&str> {
+        rows.iter().map(|r| r["text"].as_str().unwrap()).collect()
+    }
+
+    /// What `datasets.load_dataset(dir, name=..., split=...)` 5.2 returns for these
+    /// repos (checked by hand with the .venv's `datasets`).
+    #[test]
+    fn reading_follows_datasets_for_configs_and_unions() {
+        let lines = |p: &str, n: usize| -> String {
+            (0..n)
+                .map(|i| format!("{{\"text\": \"{p}{i}\"}}\n"))
+                .collect()
+        };
+        let plain = repo(&[
+            ("data/train.jsonl", &lines("train ", 13)),
+            ("data/test.jsonl", &lines("test ", 5)),
+        ]);
+        let (rows, _) = read(plain.path(), "r1", None, "train[:50%]+test[-2:]").unwrap();
+        assert_eq!(
+            texts(&rows),
+            [
+                "train 0", "train 1", "train 2", "train 3", "train 4", "train 5", "test 3",
+                "test 4"
+            ]
+        );
+        let (rows, _) = read(plain.path(), "r1", None, "train[10:50%]").unwrap();
+        assert_eq!(
+            texts(&rows),
+            ["train 1", "train 2", "train 3", "train 4", "train 5"]
+        );
+        let (rows, _) = read(plain.path(), "r1", Some("default"), "train").unwrap();
+        assert_eq!(rows.len(), 13);
+        let e = read(plain.path(), "r1", Some("foo"), "train")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no config `foo` (available: default)"), "{e}");
+
+        let readme = "---\nconfigs:\n- config_name: first\n  data_files:\n  - split: train\n    path: a/train.jsonl\n- config_name: second\n  data_files:\n  - split: train\n    path: b/train.jsonl\n---\n";
+        let two = repo(&[
+            ("README.md", readme),
+            ("a/train.jsonl", &lines("a", 4)),
+            ("b/train.jsonl", &lines("b", 4)),
+        ]);
+        let (rows, _) = read(two.path(), "r2", Some("second"), "train").unwrap();
+        assert_eq!(texts(&rows), ["b0", "b1", "b2", "b3"]);
+        let e = read(two.path(), "r2", Some("third"), "train")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no config `third` (available: first, second)"),
+            "{e}"
+        );
     }
 }

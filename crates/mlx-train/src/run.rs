@@ -263,7 +263,8 @@ fn load_datasets(
             writeln!(out, "Loading Hugging Face dataset {}.", e.path).map_err(io)?;
             let root = snapshot(&e.path)?;
             let mut take = |slot: usize, split: &str| -> Result<()> {
-                let (rows, source) = crate::hf::read(&root, &e.path, split)?;
+                let (rows, source) =
+                    crate::hf::read(&root, &e.path, e.config_name.as_deref(), split)?;
                 splits[slot].0.extend(rows);
                 splits[slot].1.push(source);
                 Ok(())
@@ -315,7 +316,7 @@ fn load_datasets(
             if mlx_eval::hub_data::split_files(&root, name)?.is_empty() {
                 continue;
             }
-            let (rows, source) = crate::hf::read(&root, &id, name)?;
+            let (rows, source) = crate::hf::read(&root, &id, None, name)?;
             out[slot] = make(rows, &plan.features, &source)?;
         }
         return Ok(out);
