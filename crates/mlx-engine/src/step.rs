@@ -102,6 +102,12 @@ impl RowSampling {
         self.processors.needs_accepted_token()
     }
 
+    /// Whether a processor (a constraint) reached a dead end: the sequence ends with
+    /// [`crate::batch::Finish::Constraint`].
+    pub fn dead_end(&self) -> bool {
+        self.processors.dead_end()
+    }
+
     /// Prompt tokens put into the caches without a sample.
     pub fn prompt(&mut self, tokens: &[u32]) -> Result<()> {
         Ok(self.processors.prompt(tokens)?)
