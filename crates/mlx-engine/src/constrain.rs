@@ -109,6 +109,7 @@ pub struct ConstraintVocab {
     factory: Arc<ParserFactory>,
     n_vocab: usize,
     eos: Arc<Vec<u32>>,
+    special: Arc<std::collections::HashMap<Vec<u8>, u32>>,
 }
 
 impl std::fmt::Debug for ConstraintVocab {
@@ -150,6 +151,12 @@ impl ConstraintVocab {
     /// The tokenizer's EOS ids end a complete answer.
     pub fn new(tokenizer: &Tokenizer) -> Result<ConstraintVocab> {
         let vocab = tokenizer.vocab_bytes();
+        let mut special = std::collections::HashMap::new();
+        for (id, t) in vocab.iter().enumerate() {
+            if t.special && !t.bytes.is_empty() {
+                special.entry(t.bytes.clone()).or_insert(id as u32);
+            }
+        }
         let words: Vec<Vec<u8>> = vocab
             .iter()
             .map(|t| {
@@ -187,7 +194,24 @@ impl ConstraintVocab {
             factory: Arc::new(factory),
             n_vocab: words.len(),
             eos: Arc::new(eos),
+            special: Arc::new(special),
         })
+    }
+
+    /// The id of the special token whose text is `text` (`[TOOL_CALLS]`,
+    /// `<|tool_call_start|>`...), if the vocabulary has one: a grammar names it as
+    /// `<[id]>`, since special tokens are never matched as text.
+    pub fn special_token(&self, text: &str) -> Option<u32> {
+        self.special.get(text.as_bytes()).copied()
+    }
+
+    /// A Lark expression for the literal `text`: the special token of that text when
+    /// the vocabulary has one, else the string.
+    pub fn lark_literal(&self, text: &str) -> String {
+        match self.special_token(text) {
+            Some(id) => format!("<[{id}]>"),
+            None => lark_string(text),
+        }
     }
 
     /// Checks and compiles `c`: an invalid schema, regex or grammar is

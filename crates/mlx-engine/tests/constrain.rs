@@ -349,7 +349,10 @@ fn a_grammar_that_allows_no_token_is_a_dead_end_that_allows_only_eos() {
     }
     assert_eq!(finite_ids(&p.process(&h, &logits).unwrap()), eos);
     assert!(p.dead_end());
-    assert!(p.dead_end_reason().unwrap().contains("allows no further token"));
+    assert!(p
+        .dead_end_reason()
+        .unwrap()
+        .contains("allows no further token"));
 }
 
 #[test]
@@ -360,7 +363,11 @@ fn an_eos_before_the_grammar_is_complete_is_a_dead_end() {
     let name = tok.decode(&[eos], false).unwrap();
     // A grammar may name the EOS token; taking it mid-way still ends the sequence.
     let g = format!("start: \"a\" {name} \"b\"\n");
-    let mut p = vocab.compile(&Constraint::Lark(g)).unwrap().processor().unwrap();
+    let mut p = vocab
+        .compile(&Constraint::Lark(g))
+        .unwrap()
+        .processor()
+        .unwrap();
     for t in tok.encode("a", false).unwrap() {
         p.accept(t).unwrap();
     }
@@ -386,5 +393,8 @@ fn an_eos_before_the_grammar_is_complete_is_a_dead_end() {
         .processor()
         .unwrap();
     r.accept(eos).unwrap();
-    assert!(r.dead_end(), "an answer that never left the thinking section");
+    assert!(
+        r.dead_end(),
+        "an answer that never left the thinking section"
+    );
 }
