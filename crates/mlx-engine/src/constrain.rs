@@ -271,6 +271,7 @@ impl CompiledConstraint {
             recent: Vec::new(),
             eos: Arc::clone(&self.eos),
             failed: None,
+            ended: false,
         })
     }
 }
@@ -293,6 +294,7 @@ pub struct ConstraintProcessor {
     recent: Vec<u32>,
     eos: Arc<Vec<u32>>,
     failed: Option<String>,
+    ended: bool,
 }
 
 impl ConstraintProcessor {
@@ -372,6 +374,14 @@ impl LogitsProcessor for ConstraintProcessor {
     }
 
     fn accept(&mut self, token: u32) -> mlx_sample::Result<()> {
+        // The sequence ended on an EOS: later tokens (e.g. accepted drafts of a
+        // speculative round past it) are not part of the answer.
+        if self.ended {
+            return Ok(());
+        }
+        if self.eos.contains(&token) {
+            self.ended = true;
+        }
         if let Some(wanted) = &self.waiting_for {
             if self.eos.contains(&token) {
                 // The answer ended inside the thinking section: nothing was constrained.

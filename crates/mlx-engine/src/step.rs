@@ -108,6 +108,17 @@ impl RowSampling {
         self.processors.dead_end()
     }
 
+    /// Swaps in `processors` (e.g. a [`Self::fork_processors`] copy that drafts or
+    /// verifies ahead) and returns the row's own.
+    pub fn swap_processors(&mut self, processors: LogitsProcessors) -> LogitsProcessors {
+        std::mem::replace(&mut self.processors, processors)
+    }
+
+    /// A copy of the row's processors in their current state.
+    pub fn fork_processors(&self) -> LogitsProcessors {
+        self.processors.fork()
+    }
+
     /// Prompt tokens put into the caches without a sample.
     pub fn prompt(&mut self, tokens: &[u32]) -> Result<()> {
         Ok(self.processors.prompt(tokens)?)
