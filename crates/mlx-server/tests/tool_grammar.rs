@@ -330,7 +330,7 @@ fn schemas_a_format_cannot_carry_are_refused_naming_the_property() {
         "properties": {"day": {"type": "string", "format": "date"}}}}});
     let e = tool_grammar(
         Some(ToolFormat::Qwen3Coder),
-        &[dated.clone()],
+        std::slice::from_ref(&dated),
         false,
         &vocab,
     )
