@@ -322,6 +322,13 @@ fn generate(args: Args) -> Result<()> {
     if let Some(e) = write_error {
         return Err(e).context("writing the generated text");
     }
+    if last.as_ref().and_then(|r| r.finish_reason) == Some(mlx_engine::FinishReason::Constraint) {
+        // Ours, on stderr: the text is incomplete, not an answer that matches.
+        eprintln!(
+            "warning: the output constraint reached a dead end (no token could continue it \
+             validly): the output is incomplete (finish reason `error`)"
+        );
+    }
     if verbose {
         outln!()?;
         outln!("==========")?;

@@ -9,8 +9,11 @@
 //! per choice. Each step the processor computes the allowed tokens on the host and
 //! sets every other logit to `-inf` (`where`): the row's other logits keep their bits,
 //! and rows without a constraint are not touched. When the grammar is complete only
-//! the EOS tokens stay allowed (the sequence then stops as on any EOS); a state that
-//! allows no token at all is a [`SampleError::Constraint`] naming it.
+//! the EOS tokens stay allowed (the sequence then stops as on any EOS). A dead end (a
+//! state that allows no token of the vocabulary, or a sampled token the grammar
+//! rejects) allows only the EOS tokens too, and the processor reports it
+//! ([`LogitsProcessor::dead_end`]): the sequence ends with its own finish reason
+//! (`"error"`), never as a valid `"stop"`.
 use crate::error::{EngineError, Result};
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokRxInfo, TokTrie, TokenizerEnv};
@@ -106,6 +109,7 @@ pub struct ConstraintVocab {
     factory: Arc<ParserFactory>,
     n_vocab: usize,
     eos: Arc<Vec<u32>>,
+    special: Arc<std::collections::HashMap<Vec<u8>, u32>>,
 }
 
 impl std::fmt::Debug for ConstraintVocab {
@@ -147,6 +151,12 @@ impl ConstraintVocab {
     /// The tokenizer's EOS ids end a complete answer.
     pub fn new(tokenizer: &Tokenizer) -> Result<ConstraintVocab> {
         let vocab = tokenizer.vocab_bytes();
+        let mut special = std::collections::HashMap::new();
+        for (id, t) in vocab.iter().enumerate() {
+            if t.special && !t.bytes.is_empty() {
+                special.entry(t.bytes.clone()).or_insert(id as u32);
+            }
+        }
         let words: Vec<Vec<u8>> = vocab
             .iter()
             .map(|t| {
@@ -184,7 +194,24 @@ impl ConstraintVocab {
             factory: Arc::new(factory),
             n_vocab: words.len(),
             eos: Arc::new(eos),
+            special: Arc::new(special),
         })
+    }
+
+    /// The id of the special token whose text is `text` (`[TOOL_CALLS]`,
+    /// `<|tool_call_start|>`...), if the vocabulary has one: a grammar names it as
+    /// `<[id]>`, since special tokens are never matched as text.
+    pub fn special_token(&self, text: &str) -> Option<u32> {
+        self.special.get(text.as_bytes()).copied()
+    }
+
+    /// A Lark expression for the literal `text`: the special token of that text when
+    /// the vocabulary has one, else the string.
+    pub fn lark_literal(&self, text: &str) -> String {
+        match self.special_token(text) {
+            Some(id) => format!("<[{id}]>"),
+            None => lark_string(text),
+        }
     }
 
     /// Checks and compiles `c`: an invalid schema, regex or grammar is
@@ -244,6 +271,7 @@ impl CompiledConstraint {
             recent: Vec::new(),
             eos: Arc::clone(&self.eos),
             failed: None,
+            ended: false,
         })
     }
 }
@@ -266,6 +294,7 @@ pub struct ConstraintProcessor {
     recent: Vec<u32>,
     eos: Arc<Vec<u32>>,
     failed: Option<String>,
+    ended: bool,
 }
 
 impl ConstraintProcessor {
@@ -274,17 +303,40 @@ impl ConstraintProcessor {
         self.waiting_for.is_none()
     }
 
-    /// The allowed tokens among `0..vocab` (a `vocab`-long mask).
-    pub fn allowed(&mut self, vocab: usize) -> mlx_sample::Result<Vec<bool>> {
-        if let Some(e) = &self.failed {
-            return Err(SampleError::Constraint(e.clone()));
+    /// Why the constraint cannot go on, once it reached a dead end.
+    pub fn dead_end_reason(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// The allowed tokens among `0..vocab` (a `vocab`-long mask). A dead end (the
+    /// grammar allows no token of the vocabulary, or it rejected a token) allows only
+    /// the EOS tokens, so that the sequence ends; [`Self::dead_end_reason`] says why.
+    pub fn allowed(&mut self, vocab: usize) -> Vec<bool> {
+        if self.failed.is_none() {
+            match self.grammar_mask(vocab) {
+                Ok(allow) => return allow,
+                Err(why) => {
+                    tracing::debug!("constraint dead end: {why}");
+                    self.failed = Some(why);
+                }
+            }
         }
+        let mut allow = vec![false; vocab];
+        for &e in self.eos.iter() {
+            if let Some(a) = allow.get_mut(e as usize) {
+                *a = true;
+            }
+        }
+        allow
+    }
+
+    fn grammar_mask(&mut self, vocab: usize) -> std::result::Result<Vec<bool>, String> {
         let mask = self.matcher.compute_mask_or_eos().map_err(|e| {
-            SampleError::Constraint(format!(
+            format!(
                 "the {} allows no further token: {}",
                 self.kind,
                 first_line(&e.to_string())
-            ))
+            )
         })?;
         let mut allow = vec![false; vocab];
         let mut any = false;
@@ -295,10 +347,10 @@ impl ConstraintProcessor {
             }
         });
         if !any {
-            return Err(SampleError::Constraint(format!(
+            return Err(format!(
                 "the {} allows no token of the model's vocabulary here",
                 self.kind
-            )));
+            ));
         }
         Ok(allow)
     }
@@ -315,14 +367,30 @@ impl LogitsProcessor for ConstraintProcessor {
         }
         let shape = logits.shape();
         let vocab = *shape.last().unwrap_or(&0) as usize;
-        let allow = self.allowed(vocab)?;
+        let allow = self.allowed(vocab);
         let cond = Array::from_slice(&allow, &[1, vocab as i32])?;
         let neg_inf = Array::scalar_f64(f64::NEG_INFINITY, float_like(logits.dtype()))?;
         Ok(where_(&cond, logits, &neg_inf)?)
     }
 
     fn accept(&mut self, token: u32) -> mlx_sample::Result<()> {
+        // The sequence ended on an EOS: later tokens (e.g. accepted drafts of a
+        // speculative round past it) are not part of the answer.
+        if self.ended {
+            return Ok(());
+        }
+        if self.eos.contains(&token) {
+            self.ended = true;
+        }
         if let Some(wanted) = &self.waiting_for {
+            if self.eos.contains(&token) {
+                // The answer ended inside the thinking section: nothing was constrained.
+                self.failed = Some(format!(
+                    "the answer ended before the {} started (inside the thinking section)",
+                    self.kind
+                ));
+                return Ok(());
+            }
             self.recent.push(token);
             if self.recent.ends_with(wanted) {
                 self.waiting_for = None;
@@ -332,12 +400,23 @@ impl LogitsProcessor for ConstraintProcessor {
             }
             return Ok(());
         }
-        // An EOS ends the sequence (the grammar allowed it, or the constraint is done).
-        if self.failed.is_some() || self.matcher.is_stopped() || self.eos.contains(&token) {
+        if self.failed.is_some() || self.matcher.is_stopped() {
+            return Ok(());
+        }
+        // An EOS ends the sequence: the grammar allowed it (as the end of a complete
+        // answer), unless the grammar names the EOS token itself mid-way.
+        if self.eos.contains(&token) {
+            if !self.matcher.is_accepting().unwrap_or(false) {
+                self.failed = Some(format!(
+                    "the answer ended before the {} was complete",
+                    self.kind
+                ));
+            }
             return Ok(());
         }
         if let Err(e) = self.matcher.consume_token(token) {
-            // Kept for the next step: this token was already sampled.
+            // A dead end: this token was already sampled (the constraint's mask was
+            // overridden, e.g. every allowed logit was -inf); the sequence ends here.
             self.failed = Some(format!(
                 "the {} rejected token {token}: {}",
                 self.kind,
@@ -349,6 +428,10 @@ impl LogitsProcessor for ConstraintProcessor {
 
     fn needs_accepted_token(&self) -> bool {
         true
+    }
+
+    fn dead_end(&self) -> bool {
+        self.failed.is_some()
     }
 
     fn fork(&self) -> Box<dyn LogitsProcessor> {

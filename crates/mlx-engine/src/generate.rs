@@ -31,6 +31,12 @@ pub trait TokenIterator {
     fn speculative_stats(&self) -> Option<crate::speculative::SpeculativeStats> {
         None
     }
+
+    /// Whether an output constraint reached a dead end (it then forced an EOS: the
+    /// generation ends with [`crate::FinishReason::Constraint`]).
+    fn dead_end(&self) -> bool {
+        false
+    }
 }
 
 /// Options of [`TokenGenerator`], with mlx-lm's defaults.
@@ -247,6 +253,10 @@ impl TokenIterator for TokenGenerator<'_> {
 
     fn prompt_tokens(&self) -> usize {
         self.prompt_total
+    }
+
+    fn dead_end(&self) -> bool {
+        self.sampling.dead_end()
     }
 }
 

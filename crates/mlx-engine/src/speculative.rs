@@ -149,6 +149,11 @@ pub struct SpeculativeGenerator<'a> {
     prefill_step_size: usize,
     kv: Option<KvQuantization>,
     sampling: RowSampling,
+    /// The processors need each accepted token (an output constraint): drafts are
+    /// sampled and verified on copies of them, position by position, and the row's
+    /// own processors are told only the emitted tokens (a rejected draft never reaches
+    /// them, so nothing has to be rolled back).
+    constrained: bool,
     stream: Stream,
     prompt: Option<Vec<u32>>,
     prompt_total: usize,
@@ -277,13 +282,7 @@ impl<'a> SpeculativeGenerator<'a> {
         }
         let sampling =
             RowSampling::new(opts.sampler, LogitsProcessors::new(opts.logits_processors));
-        if sampling.needs_accepted_token() {
-            return Err(EngineError::Invalid(
-                "speculative decoding cannot run logits processors that need each accepted \
-                 token before the next step (e.g. constrained decoding)"
-                    .into(),
-            ));
-        }
+        let constrained = sampling.needs_accepted_token();
         Ok(SpeculativeGenerator {
             model,
             drafter,
@@ -294,6 +293,7 @@ impl<'a> SpeculativeGenerator<'a> {
             prefill_step_size: opts.prefill_step_size.max(1),
             kv: opts.kv_quantization,
             sampling,
+            constrained,
             stream: generation_stream()?,
             prompt: Some(prompt.to_vec()),
             prompt_total: prompt.len(),
@@ -373,22 +373,46 @@ impl<'a> SpeculativeGenerator<'a> {
     fn draft_with_model(&mut self, draft: &dyn LanguageModel, num_draft: i32) -> Result<Array> {
         let mut y = Array::from_slice(&self.draft_y, &[self.draft_y.len() as i32])?;
         let mut ys = Vec::with_capacity(num_draft as usize);
+        // Under a constraint the draft is sampled under its mask, on a copy that takes
+        // each draft token.
+        let own = self.constrained.then(|| {
+            self.sampling
+                .swap_processors(self.sampling.fork_processors())
+        });
+        let drafted = self.draft_loop(draft, num_draft, &mut y, &mut ys);
+        if let Some(own) = own {
+            self.sampling.swap_processors(own);
+        }
+        drafted?;
+        let refs: Vec<&Array> = ys.iter().collect();
+        Ok(ops::concatenate(&refs, 0)?.astype(mlx_array::Dtype::Uint32)?)
+    }
+
+    fn draft_loop(
+        &mut self,
+        draft: &dyn LanguageModel,
+        num_draft: i32,
+        y: &mut Array,
+        ys: &mut Vec<Array>,
+    ) -> Result<()> {
         for _ in 0..num_draft {
             let draft_caches = &mut self.caches[self.n_target..];
             let logits =
                 step::forward_tail(draft, &y.expand_dims(&[0])?, draft_caches, self.kv, 1)?;
-            self.extend_history(&y)?;
+            self.extend_history(y)?;
             let (t, _) = step::sample_with_history(
                 &mut self.sampling,
                 self.history.as_ref(),
                 &logits.squeeze(Some(&[0]))?,
             )?;
             transforms::async_eval(&[&t])?;
+            if self.constrained {
+                self.sampling.accept(step::read_token(&t)?)?;
+            }
             ys.push(t.clone());
-            y = t;
+            *y = t;
         }
-        let refs: Vec<&Array> = ys.iter().collect();
-        Ok(ops::concatenate(&refs, 0)?.astype(mlx_array::Dtype::Uint32)?)
+        Ok(())
     }
 
     /// Whether feeding `target_in` tokens to the target and `draft_in` to the draft
@@ -488,17 +512,44 @@ impl<'a> SpeculativeGenerator<'a> {
             // mlx-lm's `y[: -(n_predict - 1)]`: the round's input without the drafts.
             let mut inp = y_arr.clone();
             let (mut ts, mut lps) = (Vec::new(), Vec::new());
+            // Under a constraint, position i is masked by a copy that took the drafts
+            // before it (the target's logits there follow them); from the first draft
+            // the constraint rejects on, the positions are not emitted.
+            let (own, drafted) = if self.constrained {
+                transforms::eval(&[&draft_tokens])?;
+                let own = self
+                    .sampling
+                    .swap_processors(self.sampling.fork_processors());
+                (Some(own), step::read_tokens(&draft_tokens)?)
+            } else {
+                (None, Vec::new())
+            };
+            let mut verified = Ok(());
             for i in 0..n_predict {
-                self.extend_history(&inp)?;
-                let row = logits
-                    .slice(&[0, i, 0], &[1, i + 1, v], None)?
-                    .squeeze(Some(&[1]))?;
-                let (t, lp) =
-                    step::sample_with_history(&mut self.sampling, self.history.as_ref(), &row)?;
-                ts.push(t.clone());
-                lps.push(lp);
-                inp = t;
+                let r = (|| -> Result<()> {
+                    self.extend_history(&inp)?;
+                    let row = logits
+                        .slice(&[0, i, 0], &[1, i + 1, v], None)?
+                        .squeeze(Some(&[1]))?;
+                    let (t, lp) =
+                        step::sample_with_history(&mut self.sampling, self.history.as_ref(), &row)?;
+                    if let Some(&d) = drafted.get(i as usize) {
+                        self.sampling.accept(d)?;
+                    }
+                    ts.push(t.clone());
+                    lps.push(lp);
+                    inp = t;
+                    Ok(())
+                })();
+                if r.is_err() {
+                    verified = r;
+                    break;
+                }
             }
+            if let Some(own) = own {
+                self.sampling.swap_processors(own);
+            }
+            verified?;
             let tr: Vec<&Array> = ts.iter().collect();
             let lr: Vec<&Array> = lps.iter().collect();
             (ops::concatenate(&tr, 0)?, ops::concatenate(&lr, 0)?)
@@ -530,6 +581,11 @@ impl<'a> SpeculativeGenerator<'a> {
         if self.remaining() > 0 {
             self.ntoks += 1;
             queue.push_back((tokens[n as usize], row(n)?, false));
+        }
+        if self.constrained {
+            for (t, _, _) in &queue {
+                self.sampling.accept(*t)?;
+            }
         }
         self.stats.rounds += 1;
         self.stats.drafted += num_draft as u64;
@@ -574,6 +630,9 @@ impl<'a> SpeculativeGenerator<'a> {
         let (t, lp) =
             step::sample_with_history(&mut self.sampling, self.history.as_ref(), &logits)?;
         let token = step::read_token(&t)?;
+        if self.constrained {
+            self.sampling.accept(token)?;
+        }
         self.ntoks += 1;
         self.y = vec![token];
         if self.ntoks % 256 == 0 {
@@ -672,6 +731,10 @@ impl TokenIterator for SpeculativeGenerator<'_> {
 
     fn speculative_stats(&self) -> Option<SpeculativeStats> {
         Some(self.stats.clone())
+    }
+
+    fn dead_end(&self) -> bool {
+        self.sampling.dead_end()
     }
 }
 

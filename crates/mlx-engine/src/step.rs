@@ -102,6 +102,23 @@ impl RowSampling {
         self.processors.needs_accepted_token()
     }
 
+    /// Whether a processor (a constraint) reached a dead end: the sequence ends with
+    /// [`crate::batch::Finish::Constraint`].
+    pub fn dead_end(&self) -> bool {
+        self.processors.dead_end()
+    }
+
+    /// Swaps in `processors` (e.g. a [`Self::fork_processors`] copy that drafts or
+    /// verifies ahead) and returns the row's own.
+    pub fn swap_processors(&mut self, processors: LogitsProcessors) -> LogitsProcessors {
+        std::mem::replace(&mut self.processors, processors)
+    }
+
+    /// A copy of the row's processors in their current state.
+    pub fn fork_processors(&self) -> LogitsProcessors {
+        self.processors.fork()
+    }
+
     /// Prompt tokens put into the caches without a sample.
     pub fn prompt(&mut self, tokens: &[u32]) -> Result<()> {
         Ok(self.processors.prompt(tokens)?)

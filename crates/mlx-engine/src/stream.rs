@@ -14,14 +14,18 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` reached.
     Length,
+    /// An output constraint reached a dead end (no token could continue it validly):
+    /// the output is incomplete.
+    Constraint,
 }
 
 impl FinishReason {
-    /// mlx-lm's string (`"stop"`, `"length"`).
+    /// mlx-lm's string (`"stop"`, `"length"`; a constraint's dead end is `"error"`).
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
+            FinishReason::Constraint => "error",
         }
     }
 }
@@ -145,7 +149,9 @@ pub fn stream_generate_with(
         return Ok(None);
     };
     detok.finalize();
-    let reason = if eos.contains(&token) {
+    let reason = if eos.contains(&token) && gen.dead_end() {
+        FinishReason::Constraint
+    } else if eos.contains(&token) {
         FinishReason::Stop
     } else {
         FinishReason::Length

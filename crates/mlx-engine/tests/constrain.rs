@@ -232,7 +232,7 @@ fn allowed_logits_keep_their_bits() {
         .unwrap()
         .to_vec::<f32>()
         .unwrap();
-    let allowed = p.allowed(v as usize).unwrap();
+    let allowed = p.allowed(v as usize);
     let mut n = 0;
     for i in 0..v as usize {
         if allowed[i] {
@@ -284,4 +284,117 @@ fn constraint_waits_for_the_end_of_thinking() {
         .filter(|x| x.is_finite())
         .count();
     assert!(finite > 0 && finite < 50, "{finite} allowed after </think>");
+}
+
+/// The rows of `masked` that are finite.
+fn finite_ids(masked: &Array) -> Vec<u32> {
+    masked
+        .astype(Dtype::Float32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| x.is_finite())
+        .map(|(i, _)| i as u32)
+        .collect()
+}
+
+#[test]
+fn a_rejected_token_is_a_dead_end_that_allows_only_eos() {
+    let tok = tokenizer("tokenizer-qwen3");
+    let vocab = ConstraintVocab::new(&tok).unwrap();
+    let mut p = vocab
+        .compile(&Constraint::Regex("yes|no".into()))
+        .unwrap()
+        .processor()
+        .unwrap();
+    let v = tok.vocab_size() as i32;
+    let logits = mlx_array::ops::zeros(&[1, v], Dtype::Float32).unwrap();
+    let h = Array::from_slice(&[0u32], &[1]).unwrap();
+    let before = finite_ids(&p.process(&h, &logits).unwrap());
+    assert!(!p.dead_end());
+    let maybe = tok.encode("maybe", false).unwrap();
+    assert!(!before.contains(&maybe[0]), "the mask allowed {maybe:?}");
+    // The sampler overrode the mask (e.g. every allowed logit was -inf).
+    p.accept(maybe[0]).unwrap();
+    assert!(p.dead_end());
+    assert!(p.dead_end_reason().unwrap().contains("rejected token"));
+    let mut eos: Vec<u32> = tok.eos_token_ids().iter().copied().collect();
+    eos.sort_unstable();
+    assert_eq!(finite_ids(&p.process(&h, &logits).unwrap()), eos);
+}
+
+#[test]
+fn a_grammar_that_allows_no_token_is_a_dead_end_that_allows_only_eos() {
+    let tok = tokenizer("tokenizer-qwen3");
+    let vocab = ConstraintVocab::new(&tok).unwrap();
+    let v = tok.vocab_size() as i32;
+    let logits = mlx_array::ops::zeros(&[1, v], Dtype::Float32).unwrap();
+    let h = Array::from_slice(&[0u32], &[1]).unwrap();
+    let mut eos: Vec<u32> = tok.eos_token_ids().iter().copied().collect();
+    eos.sort_unstable();
+    // After "a", the grammar wants a character outside Unicode: no token has it.
+    let mut p = vocab
+        .compile(&Constraint::Lark(
+            "start: \"a\" /[^\\x00-\\U0010FFFF]/\n".into(),
+        ))
+        .unwrap()
+        .processor()
+        .unwrap();
+    let first = finite_ids(&p.process(&h, &logits).unwrap());
+    assert!(!p.dead_end() && !first.iter().any(|t| eos.contains(t)));
+    for t in tok.encode("a", false).unwrap() {
+        p.accept(t).unwrap();
+    }
+    assert_eq!(finite_ids(&p.process(&h, &logits).unwrap()), eos);
+    assert!(p.dead_end());
+    assert!(p
+        .dead_end_reason()
+        .unwrap()
+        .contains("allows no further token"));
+}
+
+#[test]
+fn an_eos_before_the_grammar_is_complete_is_a_dead_end() {
+    let tok = tokenizer("tokenizer-qwen3");
+    let vocab = ConstraintVocab::new(&tok).unwrap();
+    let eos = *tok.eos_token_ids().iter().next().unwrap();
+    let name = tok.decode(&[eos], false).unwrap();
+    // A grammar may name the EOS token; taking it mid-way still ends the sequence.
+    let g = format!("start: \"a\" {name} \"b\"\n");
+    let mut p = vocab
+        .compile(&Constraint::Lark(g))
+        .unwrap()
+        .processor()
+        .unwrap();
+    for t in tok.encode("a", false).unwrap() {
+        p.accept(t).unwrap();
+    }
+    assert!(!p.dead_end());
+    p.accept(eos).unwrap();
+    assert!(p.dead_end(), "an incomplete answer ended as if valid");
+    // A complete answer ending on EOS is no dead end.
+    let mut q = vocab
+        .compile(&Constraint::Regex("yes|no".into()))
+        .unwrap()
+        .processor()
+        .unwrap();
+    for t in tok.encode("yes", false).unwrap() {
+        q.accept(t).unwrap();
+    }
+    q.accept(eos).unwrap();
+    assert!(!q.dead_end());
+    // Nor is an EOS inside the thinking section the constraint waits for the end of.
+    let mut r = vocab
+        .compile(&Constraint::Regex("yes|no".into()))
+        .unwrap()
+        .start_after(tok.encode("</think>", false).unwrap())
+        .processor()
+        .unwrap();
+    r.accept(eos).unwrap();
+    assert!(
+        r.dead_end(),
+        "an answer that never left the thinking section"
+    );
 }

@@ -45,6 +45,14 @@ pub trait LogitsProcessor: Send {
 
     /// A copy in the same state, for another sequence continuing from here.
     fn fork(&self) -> Box<dyn LogitsProcessor>;
+
+    /// Whether the processor reached a dead end: it cannot let the sequence go on
+    /// validly (a grammar that allows no token of the vocabulary, or a token it had to
+    /// reject). It then allows only end-of-sequence tokens, and the sequence ends with
+    /// its own finish reason instead of `stop`. `false` by default.
+    fn dead_end(&self) -> bool {
+        false
+    }
 }
 
 impl<F> LogitsProcessor for F
@@ -101,6 +109,11 @@ impl LogitsProcessors {
     /// Whether some processor needs each accepted token before the next step.
     pub fn needs_accepted_token(&self) -> bool {
         self.list.iter().any(|p| p.needs_accepted_token())
+    }
+
+    /// Whether some processor reached a dead end ([`LogitsProcessor::dead_end`]).
+    pub fn dead_end(&self) -> bool {
+        self.list.iter().any(|p| p.dead_end())
     }
 
     /// Prompt tokens put into the caches without a sample: extends the history and

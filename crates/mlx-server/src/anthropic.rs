@@ -180,6 +180,8 @@ fn stop_reason(reason: Option<&str>, stop_word: &Option<String>) -> &'static str
     match reason {
         Some("length") => "max_tokens",
         Some("tool_calls") => "tool_use",
+        // The output constraint reached a dead end: the answer is incomplete.
+        Some("error") => "error",
         _ if stop_word.is_some() => "stop_sequence",
         _ => "end_turn",
     }

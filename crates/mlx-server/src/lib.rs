@@ -36,6 +36,7 @@ mod pylit;
 pub mod responses;
 pub mod structured;
 pub mod text;
+pub mod tool_grammar;
 pub mod tools;
 pub mod warm;
 

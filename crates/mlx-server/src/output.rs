@@ -328,6 +328,12 @@ impl Generation {
                 c.detok.finalize();
                 c.router.discard();
             }
+            // A constraint's dead end: its token (a forced EOS or a token the constraint
+            // rejected) is not shown; the text so far is.
+            Some(Finish::Constraint) => {
+                c.detok.finalize();
+                pieces.extend(c.router.flush());
+            }
             Some(Finish::Length) => {
                 c.detok.add_token(out.token);
                 c.detok.finalize();

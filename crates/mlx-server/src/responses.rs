@@ -175,6 +175,16 @@ struct Shell {
     body: Map<String, Json>,
 }
 
+/// Why a response is incomplete: `max_output_tokens`, or `error` when the output
+/// constraint reached a dead end (finish reason `error`); `None` when it completed.
+fn incomplete_reason(finish: Option<&str>) -> Option<&'static str> {
+    match finish {
+        Some("length") => Some("max_output_tokens"),
+        Some("error") => Some("error"),
+        _ => None,
+    }
+}
+
 impl Shell {
     fn response(
         &self,
@@ -182,13 +192,13 @@ impl Shell {
         status: &str,
         output: Vec<Json>,
         usage: Option<Json>,
-        incomplete: bool,
+        incomplete: Option<&str>,
     ) -> Json {
         let b = &self.body;
         json!({
             "id": id, "object": "response", "created_at": self.created, "status": status,
             "model": self.model, "output": output, "error": null,
-            "incomplete_details": if incomplete { json!({"reason": "max_output_tokens"}) } else { Json::Null },
+            "incomplete_details": incomplete.map_or(Json::Null, |r| json!({"reason": r})),
             "instructions": b.get("instructions").cloned().unwrap_or(Json::Null),
             "max_output_tokens": b.get("max_output_tokens").cloned().unwrap_or(Json::Null),
             "temperature": b.get("temperature").cloned().unwrap_or(Json::Null),
@@ -251,9 +261,9 @@ pub async fn responses(
     if !params.stream {
         let (choices, gen) = collect(gen, 1).await?;
         let c = choices.into_iter().next().unwrap_or_default();
-        let incomplete = c.finish == Some("length");
+        let incomplete = incomplete_reason(c.finish);
         let u = usage(prompt_tokens, gen.completion_tokens(), gen.cached_tokens());
-        let status = if incomplete {
+        let status = if incomplete.is_some() {
             "incomplete"
         } else {
             "completed"
@@ -272,7 +282,7 @@ pub async fn responses(
         seq: 0,
         frames: Vec::new(),
     };
-    let created = shell.response(&ids.response, "in_progress", Vec::new(), None, false);
+    let created = shell.response(&ids.response, "in_progress", Vec::new(), None, None);
     w.emit("response.created", json!({"response": created.clone()}));
     w.emit("response.in_progress", json!({"response": created}));
     for f in w.frames.drain(..) {
@@ -310,9 +320,9 @@ pub async fn responses(
                 Some(_) => {}
                 None => {
                     items.close(&mut w, &ids);
-                    let incomplete = all.finish == Some("length");
+                    let incomplete = incomplete_reason(all.finish);
                     let u = usage(prompt_tokens, gen.completion_tokens(), gen.cached_tokens());
-                    let status = if incomplete {
+                    let status = if incomplete.is_some() {
                         "incomplete"
                     } else {
                         "completed"
@@ -326,7 +336,7 @@ pub async fn responses(
                     }
                     output.extend(all.tool_calls.iter().map(|t| call_item(t, "completed")));
                     let resp = shell.response(&ids.response, status, output, Some(u), incomplete);
-                    let name = if incomplete {
+                    let name = if incomplete.is_some() {
                         "response.incomplete"
                     } else {
                         "response.completed"

@@ -19,11 +19,9 @@ use crate::error::ApiError;
 use crate::http::AppState;
 use crate::params::{tool_name, Body};
 use crate::text::Channel;
-use crate::tools::ToolFormat;
 use mlx_engine::batch::GenerationRequest;
-use mlx_engine::constrain::{json_options, lark_string};
 use mlx_engine::{Constraint, ConstraintVocab, EngineError};
-use serde_json::{json, Value as Json};
+use serde_json::Value as Json;
 use std::sync::Arc;
 
 /// What a request asks the answer to be.
@@ -269,57 +267,6 @@ pub fn combine(output: Option<Wanted>, tools: Option<Wanted>) -> Result<Option<W
     }
 }
 
-/// The tool-call grammar in the model's format: `<tool_call>\n{"name": .., "arguments":
-/// ..}\n</tool_call>`, once or (parallel) several times, each call's arguments valid
-/// against its tool's `parameters`.
-fn tool_grammar(
-    format: Option<ToolFormat>,
-    tools: &[Json],
-    parallel: bool,
-) -> Result<String, ApiError> {
-    match format {
-        Some(ToolFormat::JsonTools) => {}
-        other => {
-            let which = match other {
-                Some(f) => format!("{f:?}"),
-                None => "none (the chat template has no tool-call format this server reads)".into(),
-            };
-            return Err(invalid(
-                "tool_choice",
-                format!("this model's tool-call format ({which}) cannot be enforced: only the <tool_call> JSON format (Hermes, Qwen) can be constrained; use tool_choice auto"),
-            ));
-        }
-    }
-    let mut g = String::from("%llguidance {}\n");
-    g.push_str(if parallel {
-        "start: call (\"\\n\" call)*\n"
-    } else {
-        "start: call\n"
-    });
-    g.push_str("call: \"<tool_call>\\n\" fn \"\\n</tool_call>\"\n");
-    let alts: Vec<String> = (0..tools.len()).map(|i| format!("fn_{i}")).collect();
-    g.push_str(&format!("fn: {}\n", alts.join(" | ")));
-    for (i, t) in tools.iter().enumerate() {
-        let name = tool_name(t).unwrap_or_default();
-        let params = t
-            .get("function")
-            .unwrap_or(t)
-            .get("parameters")
-            .cloned()
-            .filter(|p| !p.is_null())
-            .unwrap_or(json!({"type": "object"}));
-        let params = json_options(&params)
-            .map_err(|e| invalid("tools", format!("tool `{name}`: parameters: {e}")))?;
-        let head = format!(
-            "{{\"name\": {}, \"arguments\": ",
-            Json::String(name.to_string())
-        );
-        g.push_str(&format!("fn_{i}: {} args_{i} \"}}\"\n", lark_string(&head)));
-        g.push_str(&format!("args_{i}: %json {params}\n"));
-    }
-    Ok(g)
-}
-
 /// The server's constraint vocabulary, built on first use.
 fn vocab(state: &AppState) -> Result<ConstraintVocab, ApiError> {
     state
@@ -342,14 +289,20 @@ pub fn attach(
     initial: Channel,
     req: &mut GenerationRequest,
 ) -> Result<(), ApiError> {
+    let vocab = vocab(state)?;
     let (constraint, field) = match wanted {
         Wanted::Output { constraint, field } => (constraint.clone(), *field),
         Wanted::ToolCalls { tools, parallel } => (
-            Constraint::Lark(tool_grammar(state.info.tool_format, tools, *parallel)?),
+            Constraint::Lark(crate::tool_grammar::tool_grammar(
+                state.info.tool_format,
+                tools,
+                *parallel,
+                &vocab,
+            )?),
             "tools",
         ),
     };
-    let compiled = vocab(state)?.compile(&constraint).map_err(|e| match e {
+    let compiled = vocab.compile(&constraint).map_err(|e| match e {
         EngineError::Invalid(m) => invalid(field, format!("{field}: {m}")),
         other => ApiError::from(other),
     })?;

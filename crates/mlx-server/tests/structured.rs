@@ -59,3 +59,128 @@ async fn structured_output_validates_with_the_default_model() {
     run_checks(&base, &[]).await;
     server.shutdown().await.unwrap();
 }
+
+/// After "a" this grammar wants a character outside Unicode: no token can continue it.
+const DEAD_END: &str = "start: \"a\" /[^\\x00-\\U0010FFFF]/\n";
+
+/// A constraint that reaches a dead end finishes the choice with `finish_reason:
+/// "error"` (HTTP 200, the text so far), streaming or not, on every endpoint; the
+/// server keeps serving; a constraint cut by `max_tokens` is `length`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_end_constraint_finishes_with_error_not_a_500() {
+    let (model, tok) = tiny_model();
+    let server = start(model, tok, ServerConfig::default()).await;
+    let addr = server.local_addr();
+    let chat = serde_json::json!({
+        "model": "default_model", "messages": [{"role": "user", "content": "Go."}],
+        "max_tokens": 16, "guided_grammar": DEAD_END,
+    });
+    let r = post(addr, "/v1/chat/completions", &chat).await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    let c = &r.json()["choices"][0];
+    assert_eq!(c["finish_reason"], "error", "{c}");
+    assert_eq!(c["message"]["content"], "a", "{c}");
+
+    let mut streamed = chat.clone();
+    streamed["stream"] = serde_json::json!(true);
+    let mut s = SseStream::open(addr, "/v1/chat/completions", &streamed).await;
+    assert_eq!(s.status, 200);
+    let (text, finish) = chat_stream_text(&s.collect_data().await);
+    assert_eq!((text.as_str(), finish.as_deref()), ("a", Some("error")));
+
+    let comp = serde_json::json!({"model": "default_model", "prompt": "Go", "max_tokens": 16, "guided_grammar": DEAD_END});
+    let r = post(addr, "/v1/completions", &comp).await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(r.json()["choices"][0]["finish_reason"], "error");
+    assert_eq!(r.json()["choices"][0]["text"], "a");
+
+    let resp = serde_json::json!({"model": "default_model", "input": "Go.", "max_output_tokens": 16, "guided_grammar": DEAD_END});
+    let r = post(addr, "/v1/responses", &resp).await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(r.json()["status"], "incomplete", "{}", r.json());
+    assert_eq!(r.json()["incomplete_details"]["reason"], "error");
+
+    // Cut by max_tokens before the grammar completes: `length`, as with OpenAI.
+    let long = serde_json::json!({
+        "model": "default_model", "messages": [{"role": "user", "content": "Go."}],
+        "max_tokens": 3, "guided_regex": "[a-z]{20}",
+    });
+    let r = post(addr, "/v1/chat/completions", &long).await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(r.json()["choices"][0]["finish_reason"], "length");
+
+    // The server keeps serving constrained requests.
+    let ok = serde_json::json!({
+        "model": "default_model", "messages": [{"role": "user", "content": "Go."}],
+        "max_tokens": 16, "guided_choice": ["yes", "no"],
+    });
+    let r = post(addr, "/v1/chat/completions", &ok).await;
+    let c = &r.json()["choices"][0];
+    assert_eq!(c["finish_reason"], "stop", "{c}");
+    assert!(["yes", "no"].contains(&c["message"]["content"].as_str().unwrap()));
+    server.shutdown().await.unwrap();
+}
+
+/// Forced tool calls through the server in tool-call formats other than `<tool_call>`
+/// JSON: the tiny model's tokenizer told (`tool_parser_type`) that its format is
+/// another; every answer comes back as a `tool_calls` entry naming the tool, with
+/// arguments valid against its schema.
+#[tokio::test(flavor = "multi_thread")]
+async fn forced_tool_calls_come_back_as_tool_calls_in_every_format() {
+    let tools = serde_json::json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "minLength": 1, "maxLength": 8},
+            "unit": {"enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+          "required": ["city", "unit", "days"], "additionalProperties": false}}}]);
+    for format in [
+        "qwen3_coder",
+        "pythonic",
+        "mistral",
+        "function_gemma",
+        "gemma4",
+        "llama3_json",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["tokenizer.json", "tokenizer_config.json"] {
+            std::fs::copy(tiny_model_dir().join(f), dir.path().join(f)).unwrap();
+        }
+        let cfg_path = dir.path().join("tokenizer_config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+        cfg["tool_parser_type"] = serde_json::json!(format);
+        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+        let tok = mlx_tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
+        let (model, _) = tiny_model();
+        let server = start(model, tok, ServerConfig::default()).await;
+        let addr = server.local_addr();
+        for seed in [7] {
+            let body = serde_json::json!({
+                "model": "default_model", "messages": [{"role": "user", "content": "Weather?"}],
+                "tools": tools, "tool_choice": "required", "parallel_tool_calls": false,
+                "max_tokens": 200, "temperature": 1.0, "seed": seed,
+            });
+            let r = post(addr, "/v1/chat/completions", &body).await;
+            assert_eq!(r.status, 200, "{format}: {}", r.json());
+            let c = &r.json()["choices"][0];
+            assert_eq!(c["finish_reason"], "tool_calls", "{format}: {c}");
+            let calls = c["message"]["tool_calls"].as_array().unwrap();
+            assert_eq!(calls.len(), 1, "{format}: {c}");
+            let f = &calls[0]["function"];
+            assert_eq!(f["name"], "get_weather", "{format}: {c}");
+            let args: serde_json::Value =
+                serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
+            let o = args.as_object().unwrap();
+            assert_eq!(o.len(), 3, "{format}: {args}");
+            let city = o["city"].as_str().unwrap();
+            assert!((1..=8).contains(&city.chars().count()), "{format}: {args}");
+            assert!(["celsius", "fahrenheit"].contains(&o["unit"].as_str().unwrap()));
+            assert!(
+                (1..=7).contains(&o["days"].as_i64().unwrap()),
+                "{format}: {args}"
+            );
+        }
+        server.shutdown().await.unwrap();
+    }
+}

@@ -76,14 +76,20 @@ pub enum Finish {
     Stop,
     /// `max_tokens` reached.
     Length,
+    /// The output constraint reached a dead end (no token of the vocabulary can
+    /// continue it validly): the output is incomplete. Its token (an EOS the
+    /// constraint forced, or a token it had to reject) is not part of the output.
+    Constraint,
 }
 
 impl Finish {
-    /// OpenAI's `finish_reason`.
+    /// OpenAI's `finish_reason`; a constraint's dead end is `"error"` (vLLM's reason
+    /// for a sequence the engine could not finish).
     pub fn as_str(self) -> &'static str {
         match self {
             Finish::Stop => "stop",
             Finish::Length => "length",
+            Finish::Constraint => "error",
         }
     }
 }

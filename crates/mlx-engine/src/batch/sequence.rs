@@ -415,8 +415,11 @@ impl Sequence {
             self.fed.push(token);
         }
         self.sampling.accept(token)?;
-        let stop_index = self.stop.advance(token);
-        let finish = if stop_index.is_some() {
+        let mut stop_index = self.stop.advance(token);
+        let finish = if self.sampling.dead_end() {
+            stop_index = None;
+            Some(Finish::Constraint)
+        } else if stop_index.is_some() {
             Some(Finish::Stop)
         } else if self.generated >= self.job.req.max_tokens {
             Some(Finish::Length)
