@@ -169,13 +169,17 @@ fn class_fits(class: &str, spec: &CacheSpec) -> bool {
         CacheSpec::Standard => matches!(class, "KVCache" | "QuantizedKVCache"),
         CacheSpec::Rotating { .. } => class == "RotatingKVCache",
         CacheSpec::Arrays { .. } => class == "ArraysCache",
+        CacheSpec::Chunked { .. } => class == "ChunkedKVCache",
     }
 }
 
 fn classes_trimmable(classes: &[String]) -> bool {
-    classes
-        .iter()
-        .all(|c| matches!(c.as_str(), "KVCache" | "QuantizedKVCache"))
+    classes.iter().all(|c| {
+        matches!(
+            c.as_str(),
+            "KVCache" | "QuantizedKVCache" | "ChunkedKVCache"
+        )
+    })
 }
 
 fn lock(index: &Mutex<Index>) -> MutexGuard<'_, Index> {

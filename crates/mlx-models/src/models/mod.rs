@@ -123,6 +123,9 @@ architectures! {
     stablelm,
     qwen3_vl_moe,
     dots1,
+    // Issue 26, chunked attention (`ChunkedKVCache`):
+    llama4,
+    llama4_text,
 }
 
 /// Flat weight map (checkpoint name -> array).
