@@ -174,12 +174,11 @@ fn class_fits(class: &str, spec: &CacheSpec) -> bool {
 }
 
 fn classes_trimmable(classes: &[String]) -> bool {
-    classes.iter().all(|c| {
-        matches!(
-            c.as_str(),
-            "KVCache" | "QuantizedKVCache" | "ChunkedKVCache"
-        )
-    })
+    // Not ChunkedKVCache: one that dropped its front cannot be trimmed back safely (see
+    // the prompt cache's `fetch_nearest`).
+    classes
+        .iter()
+        .all(|c| matches!(c.as_str(), "KVCache" | "QuantizedKVCache"))
 }
 
 fn lock(index: &Mutex<Index>) -> MutexGuard<'_, Index> {
