@@ -846,7 +846,18 @@ VARIANTS.update({
         "llama4_text", {"tie_word_embeddings": True, "use_qk_norm": False, "no_rope_layers": [0, 1, 0, 1]}, {}),
     "llama4_text-q4": ("llama4_text", {}, {"quant": {"bits": 4, "group_size": 32}}),
 })
+ARCHS["minimax"] = {"model_type": "minimax", "head_dim": 16, "rotary_dim": 8, "num_local_experts": 4,
+                   "num_experts_per_tok": 2, "intermediate_size": 32, "shared_intermediate_size": 32,
+                   "rope_theta": 5000000.0, "use_qk_norm": True, "tie_word_embeddings": False}
+VARIANTS.update({
+    "minimax-f32": ("minimax", {}, {}),
+    "minimax-f32-tied-noqknorm-top1": ("minimax", {"tie_word_embeddings": True, "use_qk_norm": False,
+                                                   "num_experts_per_tok": 1, "rotary_dim": 16}, {}),
+    "minimax-q4": ("minimax", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "minimax-fp8": ("minimax", {}, {"fp8": True}),
+})
 GOLDENS.update({
+    "minimax-small-f32": ("minimax", dict(SMALL, head_dim=8, rotary_dim=4, intermediate_size=16), {}),
     "llama4-small-f32": ("llama4", dict(SMALL, head_dim=8, intermediate_size=16, intermediate_size_mlp=32), {}),
     "llama4_text-small-f32": ("llama4_text", dict(SMALL, head_dim=8, intermediate_size_mlp=32), {}),
 })
@@ -1001,7 +1012,7 @@ def to_hf_names(config, weights, opts, rng):
                 up = weights[k.replace("gate_proj", "up_proj")]
                 out[f"{prefix}.gate_up_proj"] = np.ascontiguousarray(
                     np.concatenate([np.swapaxes(v, 1, 2), np.swapaxes(up, 1, 2)], axis=-1))
-        elif mt in ("mixtral", "phimoe") and ".block_sparse_moe.switch_mlp." in k:
+        elif mt in ("mixtral", "phimoe", "minimax") and ".block_sparse_moe.switch_mlp." in k:
             proj = k.split(".")[-2]
             w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[proj]
             prefix = k.split(".block_sparse_moe.switch_mlp.")[0]

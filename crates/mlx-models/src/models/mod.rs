@@ -126,6 +126,7 @@ architectures! {
     // Issue 26, chunked attention (`ChunkedKVCache`):
     llama4,
     llama4_text,
+    minimax,
 }
 
 /// Flat weight map (checkpoint name -> array).
