@@ -91,7 +91,7 @@ fn config_err(message: String) -> crate::Error {
 
 /// Whether layer `i` uses RoPE and chunked attention (mlx-lm: `(i + 1) % 4 != 0`).
 fn is_local(i: usize) -> bool {
-    (i + 1) % 4 != 0
+    !(i + 1).is_multiple_of(4)
 }
 
 /// Self-attention of one layer.
@@ -223,9 +223,9 @@ impl MoE {
 #[derive(Debug)]
 pub enum FeedForward {
     /// `MoE(args)`.
-    Moe(MoE),
+    Moe(Box<MoE>),
     /// `MLP(args, intermediate_size_mlp)`.
-    Dense(Mlp),
+    Dense(Box<Mlp>),
 }
 
 impl Module for FeedForward {
@@ -346,13 +346,13 @@ impl Model {
         let layers = (0..a.num_hidden_layers as usize)
             .map(|i| {
                 let feed_forward = if i % step == step - 1 {
-                    FeedForward::Moe(MoE {
+                    FeedForward::Moe(Box::new(MoE {
                         experts: SwitchGlu::new(dim, a.intermediate_size, a.num_local_experts, false)?,
                         router: LinearLayer::new(dim, a.num_local_experts, false)?,
                         shared_expert: Mlp::new(dim, a.intermediate_size, false)?,
-                    })
+                    }))
                 } else {
-                    FeedForward::Dense(Mlp::new(dim, a.intermediate_size_mlp, false)?)
+                    FeedForward::Dense(Box::new(Mlp::new(dim, a.intermediate_size_mlp, false)?))
                 };
                 Ok(TransformerBlock {
                     self_attn: Attention::new(a, i)?,
