@@ -77,6 +77,7 @@ pub const TINY: &[&str] = &[
     // Issue 26, chunked attention (ChunkedKVCache).
     "llama4-f32",
     "llama4_text-f32",
+    "minimax-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32", "llama4-f32"];
