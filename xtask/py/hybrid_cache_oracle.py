@@ -1,5 +1,6 @@
 """Oracle for the prompt-cache files of hybrid models (mlx-lm's ArraysCache beside
-KVCache), on the committed tiny checkpoints in goldens/models/.
+KVCache) and of chunked-attention models (ChunkedKVCache beside KVCache), on the
+committed tiny checkpoints in goldens/models/.
 
 Usage:
   python xtask/py/hybrid_cache_oracle.py goldens [OUT_DIR]   (default goldens/cache)
@@ -22,6 +23,8 @@ from mlx_lm.utils import load_model
 
 MODELS = ["qwen3_next-small-f32", "qwen3_5-small-f32", "qwen3_5_moe-small-f32", "lfm2-small-f32", "mamba2-small-f32",
           "granitemoehybrid-small-f32", "nemotron_h-small-f32", "mamba-small-f32"]
+# Llama 4: a chunk of 8 positions, shorter than PROMPT, so the files hold trimmed caches.
+CHUNKED = ["llama4-small-f32"]
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79, 32]
 NEXT = [38, 46, 26]
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +40,7 @@ def decode(model, cache):
 
 def goldens(out):
     out.mkdir(parents=True, exist_ok=True)
-    for name in MODELS:
+    for name in MODELS + CHUNKED:
         model, _ = load_model(ROOT / "goldens/models" / name)
         cache = make_prompt_cache(model)
         mx.eval(model(mx.array([PROMPT], dtype=mx.int32), cache=cache))

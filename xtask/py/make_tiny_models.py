@@ -816,15 +816,70 @@ GOLDENS.update({
 })
 
 
+# Issue 26, chunked attention (mlx-lm's ChunkedKVCache). Llama 4 needs >= 4 layers (its
+# global mask comes from layer 3) and one expert per token; a chunk of 8 (4) is shorter
+# than the prompts and the decode prefills, so the chunk mask and maybe_trim_front act,
+# and floor_scale 8 makes the global layers' temperature tuning vary with the position.
+LLAMA4 = {"model_type": "llama4", "num_hidden_layers": 4, "head_dim": 32, "attention_bias": False,
+          "attention_chunk_size": 8, "interleave_moe_layer_step": 2, "intermediate_size": 32,
+          "intermediate_size_mlp": 64, "num_local_experts": 4, "num_experts_per_tok": 1,
+          "rope_theta": 500000.0, "use_qk_norm": True, "floor_scale": 8, "attn_scale": 0.1,
+          "attn_temperature_tuning": True,
+          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                           "original_max_position_embeddings": 64}}
+ARCHS.update({
+    "llama4": LLAMA4,
+    "llama4_text": {"model_type": "llama4_text", "head_dim": 16, "intermediate_size_mlp": 96,
+                    "rope_theta": 500000.0, "tie_word_embeddings": False, "use_qk_norm": True,
+                    "num_hidden_layers": 4, "no_rope_layers": [1, 1, 1, 0]},
+})
+VARIANTS.update({
+    "llama4-f32": ("llama4", {}, {}),
+    "llama4-f32-allmoe-bias-noqknorm-notuning-chunk4": (
+        "llama4", {"interleave_moe_layer_step": 1, "attention_bias": True, "use_qk_norm": False,
+                   "attn_temperature_tuning": 0, "rope_scaling": None, "attention_chunk_size": 4,
+                   "num_hidden_layers": 5}, {}),
+    "llama4-bf16-q4": ("llama4", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+    "llama4-q4": ("llama4", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "llama4_text-f32": ("llama4_text", {}, {}),
+    "llama4_text-f32-tied-noqknorm": (
+        "llama4_text", {"tie_word_embeddings": True, "use_qk_norm": False, "no_rope_layers": [0, 1, 0, 1]}, {}),
+    "llama4_text-q4": ("llama4_text", {}, {"quant": {"bits": 4, "group_size": 32}}),
+})
+ARCHS["minimax"] = {"model_type": "minimax", "head_dim": 16, "rotary_dim": 8, "num_local_experts": 4,
+                   "num_experts_per_tok": 2, "intermediate_size": 32, "shared_intermediate_size": 32,
+                   "rope_theta": 5000000.0, "use_qk_norm": True, "tie_word_embeddings": False}
+VARIANTS.update({
+    "minimax-f32": ("minimax", {}, {}),
+    "minimax-f32-tied-noqknorm-top1": ("minimax", {"tie_word_embeddings": True, "use_qk_norm": False,
+                                                   "num_experts_per_tok": 1, "rotary_dim": 16}, {}),
+    "minimax-q4": ("minimax", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "minimax-fp8": ("minimax", {}, {"fp8": True}),
+})
+GOLDENS.update({
+    "minimax-small-f32": ("minimax", dict(SMALL, head_dim=8, rotary_dim=4, intermediate_size=16), {}),
+    "llama4-small-f32": ("llama4", dict(SMALL, head_dim=8, intermediate_size=16, intermediate_size_mlp=32), {}),
+    "llama4_text-small-f32": ("llama4_text", dict(SMALL, head_dim=8, intermediate_size_mlp=32), {}),
+})
+
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
 
 def mlx_names(config):
     """Parameter names and shapes of mlx-lm's model for this config."""
+    if config["model_type"] == "llama4":
+        config = llama4_nested(config)
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(copy.deepcopy(config)))
     return [(k, v.shape) for k, v in tree_flatten(model.parameters())]
+
+
+def llama4_nested(config):
+    """A Llama 4 config.json: the text model's keys under `text_config`."""
+    return {"model_type": "llama4", "text_config": dict(config, model_type="llama4_text"),
+            "vision_config": {"hidden_size": 8}}
 
 
 def random_weights(config, rng):
@@ -947,7 +1002,17 @@ def to_hf_names(config, weights, opts, rng):
             prefix = k.split(".mlp.experts.")[0]
             for e in range(v.shape[0]):
                 out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
-        elif mt in ("mixtral", "phimoe") and ".block_sparse_moe.switch_mlp." in k:
+        elif mt == "llama4" and ".feed_forward.experts." in k:
+            # HF layout: gate_up_proj [E, D, 2I] and down_proj [E, I, D], no `.weight`.
+            prefix = k.split(".feed_forward.experts.")[0] + ".feed_forward.experts"
+            proj = k.split(".")[-2]
+            if proj == "down_proj":
+                out[f"{prefix}.down_proj"] = np.ascontiguousarray(np.swapaxes(v, 1, 2))
+            elif proj == "gate_proj":
+                up = weights[k.replace("gate_proj", "up_proj")]
+                out[f"{prefix}.gate_up_proj"] = np.ascontiguousarray(
+                    np.concatenate([np.swapaxes(v, 1, 2), np.swapaxes(up, 1, 2)], axis=-1))
+        elif mt in ("mixtral", "phimoe", "minimax") and ".block_sparse_moe.switch_mlp." in k:
             proj = k.split(".")[-2]
             w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[proj]
             prefix = k.split(".block_sparse_moe.switch_mlp.")[0]
@@ -967,6 +1032,9 @@ def to_hf_names(config, weights, opts, rng):
         # HF layout: gpt_neox.layers.* / gpt_neox.embed_in / gpt_neox.final_layer_norm, embed_out at the top.
         out = {(k.replace("model.embed_out.", "embed_out.").replace("model.h.", "gpt_neox.layers.")
                 .replace("model.", "gpt_neox.")): v for k, v in out.items()}
+    if mt == "llama4":  # sanitize drops them
+        out["vision_model.patch_embedding.linear.weight"] = np.ones((4, 4), np.float32)
+        out["multi_modal_projector.linear_1.weight"] = np.ones((4, 4), np.float32)
     if mt in ("granitemoehybrid", "granitemoe") and config.get("tie_word_embeddings", True):
         out["lm_head.weight"] = out["model.embed_tokens.weight"].copy()  # sanitize drops it
     if mt in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h"):
@@ -1138,6 +1206,8 @@ def write_dense(out, name, arch, overrides, opts):
         weights["mm_projector.proj.0.weight"] = np.ones((4, 4), np.float32)
     if opts.get("hf_mxfp4"):
         config["quantization_config"] = {"quant_method": "mxfp4"}
+    if config["model_type"] == "llama4":
+        config = llama4_nested(config)
     if opts.get("text_config"):
         text = dict(config, model_type=config["model_type"] + "_text")
         config = {"model_type": config["model_type"], "text_config": text,

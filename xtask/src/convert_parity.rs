@@ -113,6 +113,12 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ),
     ("q-deepseek_v3-kvb", "deepseek_v3-bf16-q4-kvb", None),
     ("minicpm3", "minicpm3-f32", None),
+    // Issue 26, chunked attention.
+    ("llama4", "llama4-f32", None),
+    ("llama4_text", "llama4_text-f32", None),
+    ("q-llama4", "llama4-q4", None),
+    ("minimax", "minimax-f32", None),
+    ("minimax-fp8", "minimax-fp8", None),
 ];
 
 fn cases() -> Vec<(String, &'static str, Vec<String>)> {
@@ -302,6 +308,20 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     }
     add("q-qwen3_next", "-d");
     add("q-qwen3_next", "-q");
+    // Llama 4: HF's fused expert tensors split by sanitize, the vision weights dropped,
+    // the router quantized with the rest.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("llama4", flags);
+        add("llama4_text", flags);
+    }
+    add("q-llama4", "-d");
+    // MiniMax: the 8-bit router (its quant_predicate), the correction bias kept in
+    // float32 (its cast_predicate), FP8 weights dequantized by sanitize.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("minimax", flags);
+    }
+    add("minimax-fp8", "");
+    add("minimax-fp8", "-q");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

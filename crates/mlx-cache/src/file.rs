@@ -5,12 +5,13 @@
 //! metadata is the flattened list `[user_metadata, class_names, scalars]`:
 //! `"0.{key}"` user entries, `"1.{layer}"` class names, `"2.0" = ""` then
 //! `"2.{n}.0" = tensor key`, `"2.{n}.1" = "scalar" | "string" | "none"` marking the
-//! tensors that stand for Python ints, strings and `None`s. An `ArraysCache`'s state is
+//! tensors that stand for Python ints, strings and `None`s. A `ChunkedKVCache`'s state is
+//! `(keys, values, offset, chunk_size, start_position)`. An `ArraysCache`'s state is
 //! `(slots, left_padding, lengths)`: `"{layer}.0.{slot}"`, `"{layer}.1"`, `"{layer}.2"`.
 use crate::error::{CacheError, Result};
 use crate::{
-    ArraysCache, ConcatenateKVCache, KVCache, KvCache, PromptCache, QuantTriple, QuantizedKVCache,
-    RotatingKVCache,
+    ArraysCache, ChunkedKVCache, ConcatenateKVCache, KVCache, KvCache, PromptCache, QuantTriple,
+    QuantizedKVCache, RotatingKVCache,
 };
 use mlx_array::{io, Array, Dtype};
 use std::collections::BTreeMap;
@@ -62,6 +63,16 @@ fn flatten_state(i: usize, c: &dyn KvCache) -> Result<Vec<(String, Leaf)>> {
         push_triple(&mut out, key(0), c.keys.as_ref());
         push_triple(&mut out, key(1), c.values.as_ref());
         for (j, v) in [c.offset, c.group_size(), c.bits()].into_iter().enumerate() {
+            out.push((key(j + 2), Leaf::Int(v.into())));
+        }
+    } else if let Some(c) = any.downcast_ref::<ChunkedKVCache>() {
+        // state = (keys, values, offset, chunk_size, start_position), whole buffers
+        out.push((key(0), opt_leaf(c.keys.as_ref())));
+        out.push((key(1), opt_leaf(c.values.as_ref())));
+        for (j, v) in [c.offset, c.chunk_size, c.start_position]
+            .into_iter()
+            .enumerate()
+        {
             out.push((key(j + 2), Leaf::Int(v.into())));
         }
     } else if let Some(c) = any.downcast_ref::<ConcatenateKVCache>() {
@@ -364,6 +375,19 @@ pub fn load_prompt_cache(
                     return Err(st.err(format!("bad group_size {group_size} or bits {bits}")));
                 }
                 Box::new(QuantizedKVCache::from_parts(k, v, offset, group_size, bits))
+            }
+            "ChunkedKVCache" => {
+                let (k, v) = (st.array("0")?, st.array("1")?);
+                let (offset, chunk_size, start) = (st.int("2")?, st.int("3")?, st.int("4")?);
+                st.finish()?;
+                if chunk_size <= 0 || start < 0 || start > offset {
+                    return Err(st.err(format!(
+                        "inconsistent state: offset {offset}, chunk_size {chunk_size}, \
+                         start_position {start}"
+                    )));
+                }
+                st.check_kv(k.as_ref(), v.as_ref(), offset - start)?;
+                Box::new(ChunkedKVCache::from_parts(k, v, offset, chunk_size, start))
             }
             "ConcatenateKVCache" => {
                 let (k, v) = (st.array("0")?, st.array("1")?);

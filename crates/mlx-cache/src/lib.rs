@@ -30,6 +30,7 @@ mod arrays;
 mod batch;
 mod batch_prompt;
 mod batch_rotating;
+mod chunked;
 mod error;
 mod file;
 mod kv;
@@ -41,6 +42,7 @@ pub use arrays::ArraysCache;
 pub use batch::{batch_causal_mask, BatchKVCache};
 pub use batch_prompt::{is_batchable, BatchPromptCache};
 pub use batch_rotating::BatchRotatingKVCache;
+pub use chunked::ChunkedKVCache;
 pub use error::{CacheError, Result};
 pub use file::{
     decode_tokens, encode_tokens, load_prompt_cache, read_prompt_cache_header, save_prompt_cache,
@@ -66,6 +68,8 @@ pub fn copy_cache(cache: &dyn KvCache) -> Option<Box<dyn KvCache>> {
         Some(Box::new(r.clone()))
     } else if let Some(q) = any.downcast_ref::<QuantizedKVCache>() {
         Some(Box::new(q.clone()))
+    } else if let Some(c) = any.downcast_ref::<ChunkedKVCache>() {
+        Some(Box::new(c.clone()))
     } else {
         any.downcast_ref::<ConcatenateKVCache>()
             .map(|c| Box::new(c.clone()) as Box<dyn KvCache>)
@@ -110,6 +114,12 @@ pub fn make_prompt_cache(specs: &[CacheSpec], max_kv_size: Option<i32>) -> Resul
                 "a rotating cache needs a positive max_size, got {max_size}"
             ))),
             CacheSpec::Arrays { size } => Ok(Box::new(ArraysCache::new(size)) as Box<dyn KvCache>),
+            CacheSpec::Chunked { chunk_size } if chunk_size > 0 => {
+                Ok(Box::new(ChunkedKVCache::new(chunk_size)) as Box<dyn KvCache>)
+            }
+            CacheSpec::Chunked { chunk_size } => Err(CacheError::InvalidArgument(format!(
+                "a chunked cache needs a positive chunk_size, got {chunk_size}"
+            ))),
         })
         .collect()
 }

@@ -487,4 +487,6 @@ model_tests! {
         => "qwen3_vl_moe-small-f32", true;
     batched_decode_equals_alone_dots1, prefilled_together_equals_alone_dots1
         => "dots1-small-f32", true;
+    batched_decode_equals_alone_minimax, prefilled_together_equals_alone_minimax
+        => "minimax-small-f32", true;
 }

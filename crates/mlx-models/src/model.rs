@@ -14,6 +14,13 @@ pub enum CacheSpec {
         /// Leading positions never evicted.
         keep: i32,
     },
+    /// A cache that keeps the last `chunk_size` positions for chunked attention (mlx-lm
+    /// `ChunkedKVCache(chunk_size)`, Llama 4's local layers). mlx-lm cannot batch it
+    /// (the class has no `merge`), so a model with such layers is served unbatched.
+    Chunked {
+        /// Attention chunk size.
+        chunk_size: i32,
+    },
     /// Recurrent state of a linear-attention or state-space layer (mlx-lm
     /// `ArraysCache(size)`): `size` arrays, no keys or values.
     Arrays {

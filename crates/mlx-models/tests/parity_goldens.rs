@@ -114,6 +114,10 @@ golden_tests! {
     stablelm_per_head_layernorm_logits_match_mlx_lm => "stablelm-small-f32-qknorm",
     qwen3_vl_moe_fused_experts_text_logits_match_mlx_lm => "qwen3_vl_moe-small-f32",
     dots1_group_routing_shared_experts_logits_match_mlx_lm => "dots1-small-f32",
+    // Issue 26, chunked attention (prompts and decode prefills longer than the chunk).
+    llama4_chunked_attention_nope_moe_logits_match_mlx_lm => "llama4-small-f32",
+    llama4_text_no_rope_layers_qk_norm_logits_match_mlx_lm => "llama4_text-small-f32",
+    minimax_partial_rope_biased_sigmoid_routing_logits_match_mlx_lm => "minimax-small-f32",
 }
 
 #[test]

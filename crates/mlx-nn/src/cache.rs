@@ -82,6 +82,18 @@ pub trait KvCache: Send {
     /// The mask for `n` new positions, like mlx-lm's `cache.make_mask`.
     fn make_mask(&self, n: i32, return_array: bool, window_size: Option<i32>) -> Result<AttnMask>;
 
+    /// mlx-lm's `ChunkedKVCache.maybe_trim_front()`: a cache that keeps only its last
+    /// chunk drops the positions before it; every other cache keeps what it holds.
+    fn maybe_trim_front(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// mlx-lm's `ChunkedKVCache.start_position`: the absolute position of the first
+    /// key held (0 for caches that never drop their front this way).
+    fn start_position(&self) -> i32 {
+        0
+    }
+
     /// Whether [`KvCache::trim`] can remove positions from the end.
     fn is_trimmable(&self) -> bool {
         false

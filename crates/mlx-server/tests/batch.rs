@@ -319,3 +319,105 @@ async fn sliding_window_rows_wrap_in_the_batch_and_answer_as_alone() {
     );
     server.shutdown().await.unwrap();
 }
+
+/// A tiny Llama 4 (random weights, the test tokenizer's vocabulary): three chunked
+/// layers with a chunk of 8 positions, then a global one.
+fn llama4_model() -> (Box<dyn mlx_models::LanguageModel>, mlx_tokenizer::Tokenizer) {
+    let src = tiny_model_dir();
+    let dir = common::shared_dir("tiny-llama4", include_str!("batch.rs"), |dir| {
+        let text = std::fs::read_to_string(src.join("config.json")).unwrap();
+        let vocab = serde_json::from_str::<Json>(&text).unwrap()["vocab_size"].clone();
+        let config = json!({
+            "model_type": "llama4",
+            "text_config": {
+                "model_type": "llama4_text", "attention_bias": false, "attention_chunk_size": 8,
+                "head_dim": 16, "hidden_size": 64, "interleave_moe_layer_step": 2,
+                "intermediate_size": 32, "intermediate_size_mlp": 64,
+                "max_position_embeddings": 4096, "num_attention_heads": 4,
+                "num_experts_per_tok": 1, "num_hidden_layers": 4, "num_key_value_heads": 2,
+                "num_local_experts": 4, "rms_norm_eps": 1e-5, "rope_scaling": null,
+                "rope_theta": 500000.0, "use_qk_norm": true, "vocab_size": vocab,
+                "floor_scale": 8
+            }
+        });
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let arch = mlx_models::build_model(&config).unwrap();
+        let key = mlx_array::random::key(7).unwrap();
+        let params = arch.parameters();
+        let keys = mlx_array::random::split(&key, params.len() as i32).unwrap();
+        let weights: Vec<(String, mlx_array::Array)> = params
+            .iter()
+            .enumerate()
+            .map(|(i, (name, p))| {
+                let shape = p.shape();
+                let w = if name.ends_with("norm.weight") {
+                    mlx_array::ops::ones(&shape, mlx_array::Dtype::Float32).unwrap()
+                } else {
+                    let k = keys
+                        .slice(&[i as i32, 0], &[i as i32 + 1, 2], None)
+                        .unwrap()
+                        .squeeze(Some(&[0]))
+                        .unwrap();
+                    let s = mlx_array::Array::from_slice(&[0.3f32], &[1]).unwrap();
+                    let d = mlx_array::Dtype::Float32;
+                    mlx_array::random::normal(&shape, d, None, Some(&s), Some(&k)).unwrap()
+                };
+                (name.clone(), w)
+            })
+            .collect();
+        let refs: Vec<(&str, &mlx_array::Array)> =
+            weights.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        mlx_array::io::save_safetensors(dir.join("model.safetensors"), refs, [("format", "mlx")])
+            .unwrap();
+        for f in ["tokenizer.json", "tokenizer_config.json"] {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        }
+    });
+    let (model, _) = mlx_models::load_model(&dir).expect("loading the llama4 model");
+    let tok = mlx_tokenizer::Tokenizer::from_dir(&dir).expect("tokenizer");
+    (model, tok)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chunked_attention_models_serve_concurrent_requests_one_at_a_time_as_alone() {
+    let (model, tok) = llama4_model();
+    assert!(matches!(
+        model.cache_specs()[0],
+        mlx_models::CacheSpec::Chunked { chunk_size: 8 }
+    ));
+    // mlx-lm's ChunkedKVCache has no `merge`: its server does not batch such models.
+    let chunked = mlx_cache::make_prompt_cache(&model.cache_specs(), None).unwrap();
+    assert!(!mlx_cache::is_batchable(chunked[0].as_ref()));
+    let server = start(model, tok, ServerConfig::default()).await;
+    let addr = server.local_addr();
+    let prompts = [
+        "Tell me about the moon.",
+        "Describe a long walk along a windy beach in winter.",
+        "Hello!",
+    ];
+    // Prompts and answers longer than the chunk: the caches drop their front.
+    let bodies: Vec<Json> = prompts
+        .iter()
+        .map(|p| request(p, json!({"max_tokens": 12})))
+        .collect();
+    let mut alone = Vec::new();
+    for b in &bodies {
+        alone.push(answer(addr, b).await);
+    }
+    let n = bodies.len();
+    let tasks: Vec<_> = (0..2 * n)
+        .map(|k| {
+            let body = bodies[k % n].clone();
+            tokio::spawn(async move { (k % n, answer(addr, &body).await) })
+        })
+        .collect();
+    for t in tasks {
+        let (i, got) = t.await.unwrap();
+        assert_eq!(got.0, alone[i].0, "prompt {i}: tokens differ from alone");
+        assert_eq!(got.1, alone[i].1, "prompt {i}: logprobs differ from alone");
+    }
+    let steps = metric(addr, "mlx_server_decode_steps_total").await;
+    let rows = metric(addr, "mlx_server_decode_rows_total").await;
+    assert!(steps > 0.0);
+    assert_eq!(steps, rows, "every decoding step ran one sequence");
+}

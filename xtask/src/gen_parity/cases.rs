@@ -74,9 +74,13 @@ pub const TINY: &[&str] = &[
     "glm4_moe_lite-f32-mtp",
     "deepseek_v2-f32",
     "minicpm3-f32",
+    // Issue 26, chunked attention (ChunkedKVCache).
+    "llama4-f32",
+    "llama4_text-f32",
+    "minimax-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
-const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];
+const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32", "llama4-f32"];
 /// Prompt-cache cases run on these.
 const PROMPT_CACHE: &[&str] = &[
     "llama-f32-tied",
@@ -87,6 +91,8 @@ const PROMPT_CACHE: &[&str] = &[
     "lfm2-f32",
     // The latent KV of multi-head latent attention in a plain KVCache.
     "deepseek_v3-f32",
+    // Chunked caches (ChunkedKVCache) beside plain ones.
+    "llama4-f32",
 ];
 /// Top-k and min-p run on these (top-p on all).
 const ALL_SAMPLERS: &[&str] = &[

@@ -169,10 +169,13 @@ fn class_fits(class: &str, spec: &CacheSpec) -> bool {
         CacheSpec::Standard => matches!(class, "KVCache" | "QuantizedKVCache"),
         CacheSpec::Rotating { .. } => class == "RotatingKVCache",
         CacheSpec::Arrays { .. } => class == "ArraysCache",
+        CacheSpec::Chunked { .. } => class == "ChunkedKVCache",
     }
 }
 
 fn classes_trimmable(classes: &[String]) -> bool {
+    // Not ChunkedKVCache: one that dropped its front cannot be trimmed back safely (see
+    // the prompt cache's `fetch_nearest`).
     classes
         .iter()
         .all(|c| matches!(c.as_str(), "KVCache" | "QuantizedKVCache"))

@@ -125,7 +125,12 @@ impl PromptCache {
             .filter(|e| e.tokens.len() > short_len)
             .min_by_key(|e| e.tokens.len());
         if let Some(e) = longer {
-            if common > short_len && can_trim_prompt_cache(&e.caches) {
+            // A chunked-attention cache that dropped its front (start_position > 0)
+            // may no longer hold the start of the chunk a trimmed prefix ends in, so
+            // it only serves as a shorter prefix. (mlx-lm's server trims it anyway and
+            // then attends without those keys; we never answer from such a cache.)
+            let front_kept = e.caches.iter().all(|c| c.start_position() == 0);
+            if common > short_len && front_kept && can_trim_prompt_cache(&e.caches) {
                 let prefix = (tokens.len() - 1).min(common);
                 if prefix > short_len {
                     let mut caches = copy_caches(&e.caches)?;

@@ -96,7 +96,21 @@ impl Engine {
                 // have `merge`); right-padded prefill chunks pass their lengths
                 // (`prepare`) so the padding never enters the state.
                 CacheSpec::Arrays { .. } => true,
+                // mlx-lm's ChunkedKVCache has no `merge`, so its server runs such models
+                // (Llama 4) one request at a time; so do we.
+                CacheSpec::Chunked { .. } => false,
             });
+        if !batched
+            && model
+                .cache_specs()
+                .iter()
+                .any(|s| matches!(s, CacheSpec::Chunked { .. }))
+        {
+            tracing::info!(
+                "requests run one at a time: the model's chunked-attention caches \
+                 (ChunkedKVCache) cannot be batched (mlx-lm cannot batch them either)"
+            );
+        }
         let stages = if batched {
             Stages::Batched {
                 prefilling: PrefillBatch::default(),

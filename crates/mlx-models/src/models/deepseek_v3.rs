@@ -685,7 +685,7 @@ fn remap_int4(weights: Weights) -> crate::Result<Weights> {
 }
 
 /// FP8 weights with 128x128 block scales (`*.weight_scale_inv`) to bfloat16.
-fn dequantize_fp8(weights: Weights) -> crate::Result<Weights> {
+pub(crate) fn dequantize_fp8(weights: Weights) -> crate::Result<Weights> {
     let mut out = Weights::new();
     for (k, v) in &weights {
         if k.contains("weight_scale_inv") {

@@ -125,6 +125,10 @@ architectures! {
     stablelm,
     qwen3_vl_moe,
     dots1,
+    // Issue 26, chunked attention (`ChunkedKVCache`):
+    llama4,
+    llama4_text,
+    minimax,
 }
 
 /// Flat weight map (checkpoint name -> array).
