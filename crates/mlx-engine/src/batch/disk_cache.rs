@@ -169,6 +169,7 @@ fn class_fits(class: &str, spec: &CacheSpec) -> bool {
         CacheSpec::Standard => matches!(class, "KVCache" | "QuantizedKVCache"),
         CacheSpec::Rotating { .. } => class == "RotatingKVCache",
         CacheSpec::Arrays { .. } => class == "ArraysCache",
+        CacheSpec::List(_) => class == "CacheList",
     }
 }
 
