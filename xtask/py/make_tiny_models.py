@@ -324,6 +324,10 @@ ARCHS.update({
     "deepseek_v3": DEEPSEEK_V3,
     "glm4_moe_lite": dict(DEEPSEEK_V3, model_type="glm4_moe_lite", rope_theta=1000000.0, rms_norm_eps=1e-5,
                           tie_word_embeddings=False, num_nextn_predict_layers=1),
+    # The indexer keeps 8 of the cached positions: prompts of 13 and 40 tokens (and
+    # the decode steps past 8) take the sparse path, shorter ones the dense one.
+    "deepseek_v32": dict(DEEPSEEK_V3, model_type="deepseek_v32", index_n_heads=4, index_head_dim=16,
+                         index_topk=8),
     # mlx-lm's DeepSeek-V2 needs `rope_scaling` (its YaRN embedding reads `factor`).
     "deepseek_v2": dict(DEEPSEEK_V3, model_type="deepseek_v2", topk_method="gready", n_group=None, topk_group=None,
                         rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
@@ -750,6 +754,15 @@ VARIANTS.update({
     "kimi_k25-f32": ("deepseek_v3", {}, {"wrap_kimi": True}),
     "deepseek_v3-fp8": ("deepseek_v3", {}, {"fp8": True}),
     "glm4_moe_lite-f32-mtp": ("glm4_moe_lite", {}, {"mtp": True}),
+    "deepseek_v32-f32": ("deepseek_v32", {}, {}),
+    "deepseek_v32-f32-interleave-yarn-top4-freq2": (
+        "deepseek_v32", {"indexer_rope_interleave": True, "rope_scaling": DS_YARN, "index_topk": 4,
+                         "attention_bias": True, "n_group": 1, "topk_group": 1, "norm_topk_prob": False,
+                         "moe_layer_freq": 2, "first_k_dense_replace": 0, "index_n_heads": 2}, {}),
+    "deepseek_v32-q4": ("deepseek_v32", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "deepseek_v32-bf16-q4-kvb": ("deepseek_v32", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32},
+                                                      "kv_b_quantized": True}),
+    "deepseek_v32-fp8-mtp": ("deepseek_v32", {}, {"fp8": True, "mtp": True}),
     "glm4_moe_lite-q4": ("glm4_moe_lite", {}, {"quant": {"bits": 4, "group_size": 32}}),
     "deepseek_v2-f32": ("deepseek_v2", {}, {}),
     "deepseek_v2-f32-noqlora-grouplimited-bias-hd32": (
@@ -787,6 +800,8 @@ GOLDENS.update({
     "deepseek_v3-small-f32": ("deepseek_v3", MLA_SMALL, {}),
     "kimi_k25-small-f32": ("deepseek_v3", MLA_SMALL, {"wrap_kimi": True}),
     "glm4_moe_lite-small-f32": ("glm4_moe_lite", MLA_SMALL, {"mtp": True}),
+    "deepseek_v32-small-f32": ("deepseek_v32", dict(MLA_SMALL, index_n_heads=2, index_head_dim=16, index_topk=4),
+                               {"mtp": True}),
     "deepseek_v2-small-f32": ("deepseek_v2", MLA_SMALL, {}),
     "minicpm3-small-f32": ("minicpm3", dict(SMALL, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
                                             qk_nope_head_dim=8), {}),
@@ -874,7 +889,7 @@ def to_hf_names(config, weights, opts, rng):
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
                 out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
-        elif mt in ("deepseek_v3", "glm4_moe_lite"):
+        elif mt in ("deepseek_v3", "glm4_moe_lite", "deepseek_v32"):
             # HF layout: per-expert weights, and `kv_b_proj` instead of MLA's per-head
             # `embed_q` / `unembed_out` (mlx-lm's sanitize splits it).
             if ".mlp.switch_mlp." in k:
@@ -979,7 +994,7 @@ def to_hf_names(config, weights, opts, rng):
         for i in range(config["num_hidden_layers"]):  # sanitize drops them
             out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = rng.standard_normal(
                 (config["qk_rope_head_dim"] // 2,)).astype(np.float32)
-    if opts.get("mtp") and mt in ("glm4_moe", "glm4_moe_lite"):
+    if opts.get("mtp") and mt in ("glm4_moe", "glm4_moe_lite", "deepseek_v32"):
         # GLM's multi-token-prediction layer (one past the last), which sanitize drops.
         n = config["num_hidden_layers"]
         out[f"model.layers.{n}.eh_proj.weight"] = np.ones((config["hidden_size"], 2 * config["hidden_size"]), np.float32)

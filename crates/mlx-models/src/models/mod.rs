@@ -104,6 +104,7 @@ architectures! {
     mamba2,
     // Issue 26, multi-head latent attention (`mla`):
     deepseek_v3,
+    deepseek_v32,
     kimi_k25,
     glm4_moe_lite,
     deepseek_v2,
