@@ -166,6 +166,25 @@ ARCHS = {
         "full_attn_idxs": [1, 3],
         "layer_types": ["conv", "full_attention", "conv", "full_attention"],
     },
+    # LFM2 with a dense first layer and sigmoid-routed experts after it (the router's
+    # expert_bias only picks them).
+    "lfm2_moe": {
+        "model_type": "lfm2_moe",
+        "num_hidden_layers": 4,
+        "norm_eps": 1e-5,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+        "use_expert_bias": True,
+        "num_dense_layers": 1,
+        "rope_theta": 1000000.0,
+        "full_attn_idxs": [1, 3],
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+    },
     # Every layer a Mamba-2 block (16 heads of 8 in 2 groups, state 16; transformers'
     # config check wants num_heads * head_dim = expand * hidden_size).
     "mamba2": {
@@ -492,6 +511,14 @@ VARIANTS = {
                  "layer_types": ["full_attention", "conv", "conv", "full_attention"]}, {}),
     "lfm2-bf16": ("lfm2", {}, {"dtype": "bfloat16"}),
     "lfm2-q4": ("lfm2", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "lfm2_moe-f32": ("lfm2_moe", {}, {}),
+    "lfm2_moe-f32-nobias-nonorm-scaled-bias-layer-types": (
+        "lfm2_moe", {"use_expert_bias": False, "norm_topk_prob": False, "routed_scaling_factor": 2.5,
+                     "conv_bias": True, "num_dense_layers": 0, "full_attn_idxs": None,
+                     "rope_parameters": {"rope_theta": 50000.0},
+                     "layer_types": ["full_attention", "conv", "conv", "full_attention"]}, {}),
+    "lfm2_moe-bf16-q4": ("lfm2_moe", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+    "lfm2_moe-q4": ("lfm2_moe", {}, {"quant": {"bits": 4, "group_size": 32}}),
     "mamba2-f32": ("mamba2", {}, {}),
     "mamba2-f32-tied-bias-g1": (
         "mamba2", {"tie_word_embeddings": True, "use_bias": True, "use_conv_bias": False, "n_groups": 1,
@@ -716,6 +743,7 @@ GOLDENS = {
         "qwen3_5_moe", dict(SMALL, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
                             moe_intermediate_size=16, shared_expert_intermediate_size=16), {"text_config": True}),
     "lfm2-small-f32": ("lfm2", dict(SMALL, block_dim=32, block_ff_dim=64, block_multiple_of=16), {}),
+    "lfm2_moe-small-f32": ("lfm2_moe", dict(SMALL, moe_intermediate_size=16), {}),
     "mamba2-small-f32": ("mamba2", dict(SMALL, num_heads=8, head_dim=8, state_size=8), {}),
     "granitemoehybrid-small-f32": (
         "granitemoehybrid", dict(SMALL, intermediate_size=16, shared_intermediate_size=32, mamba_n_heads=8,
@@ -955,8 +983,17 @@ def to_hf_names(config, weights, opts, rng):
         elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h") \
                 and k.endswith("conv1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
-        elif mt == "lfm2" and k.endswith("conv.conv.weight"):
+        elif mt in ("lfm2", "lfm2_moe") and k.endswith("conv.conv.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
+        elif mt == "lfm2_moe" and ".feed_forward." in k and k.endswith("_proj.weight"):
+            # HF layout: w1 / w3 / w2, per-expert weights.
+            w = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}[k.split(".")[-2]]
+            if ".switch_mlp." in k:
+                prefix = k.split(".switch_mlp.")[0]
+                for e in range(v.shape[0]):
+                    out[f"{prefix}.experts.{e}.{w}.weight"] = v[e]
+            else:
+                out[k.replace(k.split(".")[-2] + ".weight", w + ".weight")] = v
         elif mt == "dots1" and ".mlp.experts." in k and v.ndim == 3:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.experts.")[0]

@@ -70,6 +70,7 @@ pub const TINY: &[&str] = &[
     "mamba-f32",
     // Issue 26, multi-head latent attention families.
     "deepseek_v3-f32",
+    "deepseek_v32-f32",
     "kimi_k25-f32",
     "glm4_moe_lite-f32-mtp",
     "deepseek_v2-f32",
@@ -87,6 +88,8 @@ const PROMPT_CACHE: &[&str] = &[
     "lfm2-f32",
     // The latent KV of multi-head latent attention in a plain KVCache.
     "deepseek_v3-f32",
+    // A CacheList (latent KV and the indexer's keys).
+    "deepseek_v32-f32",
 ];
 /// Top-k and min-p run on these (top-p on all).
 const ALL_SAMPLERS: &[&str] = &[

@@ -98,6 +98,7 @@ architectures! {
     qwen3_5,
     qwen3_5_moe,
     lfm2,
+    lfm2_moe,
     granitemoehybrid,
     nemotron_h,
     mamba,
