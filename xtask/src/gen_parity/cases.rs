@@ -64,6 +64,7 @@ pub const TINY: &[&str] = &[
     "qwen3_5-f32",
     "qwen3_5_moe-f32",
     "lfm2-f32",
+    "lfm2_moe-f32",
     "mamba2-f32",
     "granitemoehybrid-f32",
     "nemotron_h-f32",
