@@ -185,6 +185,21 @@ ARCHS = {
         "full_attn_idxs": [1, 3],
         "layer_types": ["conv", "full_attention", "conv", "full_attention"],
     },
+    # Mamba-2 mixer (8 heads of 8 in 2 groups, state 16) and attention side by side in
+    # every layer; HF layout (convolutions [C, 1, K]), so sanitize folds the multipliers.
+    "falcon_h1": {
+        "model_type": "falcon_h1",
+        "head_dim": 16,
+        "mamba_d_ssm": 64,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 8,
+        "mamba_d_state": 16,
+        "mamba_n_groups": 2,
+        "mamba_d_conv": 4,
+        "mamba_chunk_size": 16,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+    },
     # Every layer a Mamba-2 block (16 heads of 8 in 2 groups, state 16; transformers'
     # config check wants num_heads * head_dim = expand * hidden_size).
     "mamba2": {
@@ -512,6 +527,16 @@ VARIANTS = {
     "lfm2-bf16": ("lfm2", {}, {"dtype": "bfloat16"}),
     "lfm2-q4": ("lfm2", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "lfm2_moe-f32": ("lfm2_moe", {}, {}),
+    "falcon_h1-f32": ("falcon_h1", {}, {}),
+    "falcon_h1-f32-rmsnorm-untied-biases": (
+        "falcon_h1", {"mamba_rms_norm": True, "tie_word_embeddings": False, "attention_bias": True,
+                      "mlp_bias": True, "mamba_proj_bias": True, "projectors_bias": True,
+                      "mamba_conv_bias": False}, {}),
+    "falcon_h1-f32-norm-before-gate-traditional": (
+        "falcon_h1", {"mamba_rms_norm": True, "mamba_norm_before_gate": True, "rope_traditional": True,
+                      "mamba_n_groups": 1}, {}),
+    "falcon_h1-bf16": ("falcon_h1", {}, {"dtype": "bfloat16"}),
+    "falcon_h1-q4": ("falcon_h1", {"mamba_rms_norm": True}, {"quant": {"bits": 4, "group_size": 32}}),
     "lfm2_moe-f32-nobias-nonorm-scaled-bias-layer-types": (
         "lfm2_moe", {"use_expert_bias": False, "norm_topk_prob": False, "routed_scaling_factor": 2.5,
                      "conv_bias": True, "num_dense_layers": 0, "full_attn_idxs": None,
@@ -744,6 +769,8 @@ GOLDENS = {
                             moe_intermediate_size=16, shared_expert_intermediate_size=16), {"text_config": True}),
     "lfm2-small-f32": ("lfm2", dict(SMALL, block_dim=32, block_ff_dim=64, block_multiple_of=16), {}),
     "lfm2_moe-small-f32": ("lfm2_moe", dict(SMALL, moe_intermediate_size=16), {}),
+    "falcon_h1-small-f32": ("falcon_h1", dict(SMALL, head_dim=8, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8,
+                                              mamba_d_state=8, mamba_n_groups=1, mamba_rms_norm=True), {}),
     "mamba2-small-f32": ("mamba2", dict(SMALL, num_heads=8, head_dim=8, state_size=8), {}),
     "granitemoehybrid-small-f32": (
         "granitemoehybrid", dict(SMALL, intermediate_size=16, shared_intermediate_size=32, mamba_n_heads=8,
@@ -980,7 +1007,7 @@ def to_hf_names(config, weights, opts, rng):
             elif proj == "gate_proj":
                 up = weights[k.replace("gate_proj", "up_proj")]
                 out[f"{prefix}.input_linear.weight"] = np.concatenate([v, up], axis=0)
-        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h") \
+        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1") \
                 and k.endswith("conv1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt in ("lfm2", "lfm2_moe") and k.endswith("conv.conv.weight"):

@@ -103,6 +103,7 @@ architectures! {
     nemotron_h,
     mamba,
     mamba2,
+    falcon_h1,
     // Issue 26, multi-head latent attention (`mla`):
     deepseek_v3,
     deepseek_v32,
