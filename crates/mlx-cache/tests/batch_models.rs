@@ -334,6 +334,16 @@ fn prefilled_together_matches_alone_mamba2_chunked_scan() {
 }
 
 #[test]
+fn batched_decode_equals_alone_falcon_h1() {
+    check_model("falcon_h1-small-f32", true, false);
+}
+
+#[test]
+fn prefilled_together_matches_alone_falcon_h1_chunked_scan() {
+    check_model("falcon_h1-small-f32", false, true);
+}
+
+#[test]
 fn batched_decode_equals_alone_granitemoehybrid() {
     check_model("granitemoehybrid-small-f32", true, false);
 }

@@ -66,6 +66,7 @@ golden_tests! {
     qwen3_5_moe_text_config_logits_match_mlx_lm => "qwen3_5_moe-small-f32",
     lfm2_short_conv_hybrid_logits_match_mlx_lm => "lfm2-small-f32",
     lfm2_moe_sigmoid_experts_logits_match_mlx_lm => "lfm2_moe-small-f32",
+    falcon_h1_parallel_mamba_attention_logits_match_mlx_lm => "falcon_h1-small-f32",
     mamba2_ssd_scan_logits_match_mlx_lm => "mamba2-small-f32",
     mamba_selective_scan_logits_match_mlx_lm => "mamba-small-f32",
     granitemoehybrid_mamba_experts_logits_match_mlx_lm => "granitemoehybrid-small-f32",

@@ -65,6 +65,7 @@ pub const TINY: &[&str] = &[
     "qwen3_5_moe-f32",
     "lfm2-f32",
     "lfm2_moe-f32",
+    "falcon_h1-f32",
     "mamba2-f32",
     "granitemoehybrid-f32",
     "nemotron_h-f32",
@@ -91,6 +92,8 @@ const PROMPT_CACHE: &[&str] = &[
     "deepseek_v3-f32",
     // A CacheList (latent KV and the indexer's keys).
     "deepseek_v32-f32",
+    // A CacheList (recurrent state and KV).
+    "falcon_h1-f32",
 ];
 /// Top-k and min-p run on these (top-p on all).
 const ALL_SAMPLERS: &[&str] = &[
