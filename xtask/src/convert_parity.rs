@@ -101,6 +101,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("granitemoehybrid", "granitemoehybrid-f32", None),
     ("nemotron_h", "nemotron_h-f32", None),
     ("mamba", "mamba-f32", None),
+    ("lfm2_moe", "lfm2_moe-f32", None),
+    ("falcon_h1", "falcon_h1-f32-rmsnorm-untied-biases", None),
     ("q-qwen3_next", "qwen3_next-q4", None),
     // Issue 26, multi-head latent attention families.
     ("deepseek_v3", "deepseek_v3-f32", None),
@@ -113,6 +115,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ),
     ("q-deepseek_v3-kvb", "deepseek_v3-bf16-q4-kvb", None),
     ("minicpm3", "minicpm3-f32", None),
+    ("deepseek_v32", "deepseek_v32-f32", None),
 ];
 
 fn cases() -> Vec<(String, &'static str, Vec<String>)> {
@@ -274,6 +277,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "granitemoehybrid",
         "nemotron_h",
         "mamba",
+        "lfm2_moe",
+        "falcon_h1",
     ] {
         for flags in ["", "-q", "--dtype bfloat16", "-q --dtype bfloat16"] {
             add(src, flags);
@@ -288,6 +293,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "glm4_moe_lite",
         "deepseek_v2",
         "minicpm3",
+        "deepseek_v32",
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);
