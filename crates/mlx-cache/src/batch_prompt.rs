@@ -322,7 +322,7 @@ fn extend_layer(l: usize, a: &mut dyn KvCache, b: &mut dyn KvCache) -> Result<()
     }
     if let Some(a) = a.downcast_mut::<ArraysCache>() {
         return match b.downcast_ref::<ArraysCache>() {
-            Some(b) => a.extend(b).map_err(Into::into),
+            Some(b) => a.extend(b),
             None => Err(layer_mismatch(l, "different cache classes")),
         };
     }
