@@ -283,11 +283,16 @@ impl MlaAttention {
             ),
         };
 
+        let mut index_state = Vec::new();
         let (kv_latent, k_pe, mask) = match (&self.indexer, &qr) {
-            (Some(ix), Some(qr)) => match ix.forward(x, qr, mask, index_cache)? {
-                Some(topk) => apply_topk(&topk, kv_latent, k_pe, mask.clone(), l)?,
-                None => (kv_latent, k_pe, mask.clone()),
-            },
+            (Some(ix), Some(qr)) => {
+                let (topk, state) = ix.forward(x, qr, mask, index_cache)?;
+                index_state = state;
+                match topk {
+                    Some(topk) => apply_topk(&topk, kv_latent, k_pe, mask.clone(), l)?,
+                    None => (kv_latent, k_pe, mask.clone()),
+                }
+            }
             _ => (kv_latent, k_pe, mask.clone()),
         };
         let mut pe_scores = q_pe.multiply(self.scale)?.matmul(&k_pe.swapaxes(-1, -2)?)?;
@@ -328,7 +333,18 @@ impl MlaAttention {
         if l == 1 {
             out = self.unembed_out.forward(&out, true)?;
         }
-        residual.add(&self.o_proj.forward(&merge_heads(&out, b, l)?)?)
+        let out = residual.add(&self.o_proj.forward(&merge_heads(&out, b, l)?)?)?;
+        if index_state.is_empty() {
+            return Ok(out);
+        }
+        // mlx-lm makes the latent cache depend on the indexer's so that each step
+        // evaluates it even when its top-k is unused; the layer's output depending on it
+        // does the same (identity on the values) without reaching into the cache.
+        let deps: Vec<&Array> = index_state.iter().collect();
+        let mut out = ops::depends(&[&out], &deps)?;
+        out.pop().ok_or_else(|| {
+            mlx_array::Error::InvalidArgument("depends returned no array".into())
+        })
     }
 }
 

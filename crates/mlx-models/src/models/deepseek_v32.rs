@@ -94,14 +94,15 @@ impl Indexer {
     }
 
     /// The top-k positions `[B, 1, L, index_topk]` for the queries of `x` (`qr` their
-    /// low-rank query), or `None` while the cache holds at most `index_topk` positions.
+    /// low-rank query), or `None` while the cache holds at most `index_topk` positions;
+    /// with a cache, also its updated keys and values (for the caller to depend on).
     pub(crate) fn forward(
         &self,
         x: &Array,
         qr: &Array,
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
-    ) -> Result<Option<Array>> {
+    ) -> Result<(Option<Array>, Vec<Array>)> {
         let (b, s) = (x.dim(0)?, x.dim(1)?);
         let q = self
             .wq_b
@@ -110,6 +111,7 @@ impl Indexer {
             .swapaxes(1, 2)?;
         let k = self.k_norm.forward(&self.wk.forward(x)?)?;
         let k = k.reshape(&[b, 1, s, self.head_dim])?;
+        let mut state = Vec::new();
         let k = match cache {
             Some(c) => {
                 let offset = c.rope_offset()?;
@@ -118,7 +120,10 @@ impl Indexer {
                 // mlx-lm stores the keys as values too, then zeros the values.
                 let zeros = ops::zeros_like(&k)?;
                 match mlx_nn::pipeline::update_and_fetch(c, &k, &zeros)? {
-                    KvFetch::Plain { keys, .. } => (q, keys),
+                    KvFetch::Plain { keys, values } => {
+                        state = vec![keys.clone(), values];
+                        (q, keys)
+                    }
                     KvFetch::Quantized { .. } => {
                         return Err(mlx_array::Error::InvalidArgument(
                             "the deepseek_v32 indexer cannot read a quantized cache".into(),
@@ -131,7 +136,7 @@ impl Indexer {
         let (q, k) = k;
         let t = k.dim(2)?;
         if t <= self.index_topk {
-            return Ok(None);
+            return Ok((None, state));
         }
         let scores = q.matmul(&k.swapaxes(-1, -2)?)?.maximum(0.0)?;
         let scale = (self.n_heads as f64).powf(-0.5) * self.softmax_scale;
@@ -154,7 +159,10 @@ impl Indexer {
         }
         let kth = -self.index_topk;
         let inds = scores.argpartition(kth, Some(-1))?;
-        Ok(Some(inds.slice_axis(-1, t - self.index_topk, t)?))
+        Ok((
+            Some(inds.slice_axis(-1, t - self.index_topk, t)?),
+            state,
+        ))
     }
 }
 
