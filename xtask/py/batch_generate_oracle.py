@@ -45,6 +45,10 @@ RECURRENT_CASES = [
     ("lfm2-small-f32", {"prefill_step_size": 4}),
     ("mamba2-small-f32", {}),
     ("granitemoehybrid-small-f32", {"prefill_batch_size": 2}),
+    ("lfm2_moe-small-f32", {"prefill_step_size": 4}),
+    ("falcon_h1-small-f32", {"prefill_batch_size": 2}),
+    # Not recurrent: a CacheList of the latent KV and the indexer's keys.
+    ("deepseek_v32-small-f32", {"completion_batch_size": 2, "prefill_batch_size": 2}),
 ]
 LENGTHS = [5, 1, 12, 7, 3]
 MAX_TOKENS = 8

@@ -166,6 +166,40 @@ ARCHS = {
         "full_attn_idxs": [1, 3],
         "layer_types": ["conv", "full_attention", "conv", "full_attention"],
     },
+    # LFM2 with a dense first layer and sigmoid-routed experts after it (the router's
+    # expert_bias only picks them).
+    "lfm2_moe": {
+        "model_type": "lfm2_moe",
+        "num_hidden_layers": 4,
+        "norm_eps": 1e-5,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+        "use_expert_bias": True,
+        "num_dense_layers": 1,
+        "rope_theta": 1000000.0,
+        "full_attn_idxs": [1, 3],
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+    },
+    # Mamba-2 mixer (8 heads of 8 in 2 groups, state 16) and attention side by side in
+    # every layer; HF layout (convolutions [C, 1, K]), so sanitize folds the multipliers.
+    "falcon_h1": {
+        "model_type": "falcon_h1",
+        "head_dim": 16,
+        "mamba_d_ssm": 64,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 8,
+        "mamba_d_state": 16,
+        "mamba_n_groups": 2,
+        "mamba_d_conv": 4,
+        "mamba_chunk_size": 16,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+    },
     # Every layer a Mamba-2 block (16 heads of 8 in 2 groups, state 16; transformers'
     # config check wants num_heads * head_dim = expand * hidden_size).
     "mamba2": {
@@ -324,6 +358,10 @@ ARCHS.update({
     "deepseek_v3": DEEPSEEK_V3,
     "glm4_moe_lite": dict(DEEPSEEK_V3, model_type="glm4_moe_lite", rope_theta=1000000.0, rms_norm_eps=1e-5,
                           tie_word_embeddings=False, num_nextn_predict_layers=1),
+    # The indexer keeps 8 of the cached positions: prompts of 13 and 40 tokens (and
+    # the decode steps past 8) take the sparse path, shorter ones the dense one.
+    "deepseek_v32": dict(DEEPSEEK_V3, model_type="deepseek_v32", index_n_heads=4, index_head_dim=16,
+                         index_topk=8),
     # mlx-lm's DeepSeek-V2 needs `rope_scaling` (its YaRN embedding reads `factor`).
     "deepseek_v2": dict(DEEPSEEK_V3, model_type="deepseek_v2", topk_method="gready", n_group=None, topk_group=None,
                         rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
@@ -488,6 +526,24 @@ VARIANTS = {
                  "layer_types": ["full_attention", "conv", "conv", "full_attention"]}, {}),
     "lfm2-bf16": ("lfm2", {}, {"dtype": "bfloat16"}),
     "lfm2-q4": ("lfm2", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "lfm2_moe-f32": ("lfm2_moe", {}, {}),
+    "falcon_h1-f32": ("falcon_h1", {}, {}),
+    "falcon_h1-f32-rmsnorm-untied-biases": (
+        "falcon_h1", {"mamba_rms_norm": True, "tie_word_embeddings": False, "attention_bias": True,
+                      "mlp_bias": True, "mamba_proj_bias": True, "projectors_bias": True,
+                      "mamba_conv_bias": False}, {}),
+    "falcon_h1-f32-norm-before-gate-traditional": (
+        "falcon_h1", {"mamba_rms_norm": True, "mamba_norm_before_gate": True, "rope_traditional": True,
+                      "mamba_n_groups": 1}, {}),
+    "falcon_h1-bf16": ("falcon_h1", {}, {"dtype": "bfloat16"}),
+    "falcon_h1-q4": ("falcon_h1", {"mamba_rms_norm": True}, {"quant": {"bits": 4, "group_size": 32}}),
+    "lfm2_moe-f32-nobias-nonorm-scaled-bias-layer-types": (
+        "lfm2_moe", {"use_expert_bias": False, "norm_topk_prob": False, "routed_scaling_factor": 2.5,
+                     "conv_bias": True, "num_dense_layers": 0, "full_attn_idxs": None,
+                     "rope_parameters": {"rope_theta": 50000.0},
+                     "layer_types": ["full_attention", "conv", "conv", "full_attention"]}, {}),
+    "lfm2_moe-bf16-q4": ("lfm2_moe", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+    "lfm2_moe-q4": ("lfm2_moe", {}, {"quant": {"bits": 4, "group_size": 32}}),
     "mamba2-f32": ("mamba2", {}, {}),
     "mamba2-f32-tied-bias-g1": (
         "mamba2", {"tie_word_embeddings": True, "use_bias": True, "use_conv_bias": False, "n_groups": 1,
@@ -712,6 +768,9 @@ GOLDENS = {
         "qwen3_5_moe", dict(SMALL, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
                             moe_intermediate_size=16, shared_expert_intermediate_size=16), {"text_config": True}),
     "lfm2-small-f32": ("lfm2", dict(SMALL, block_dim=32, block_ff_dim=64, block_multiple_of=16), {}),
+    "lfm2_moe-small-f32": ("lfm2_moe", dict(SMALL, moe_intermediate_size=16), {}),
+    "falcon_h1-small-f32": ("falcon_h1", dict(SMALL, head_dim=8, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8,
+                                              mamba_d_state=8, mamba_n_groups=1, mamba_rms_norm=True), {}),
     "mamba2-small-f32": ("mamba2", dict(SMALL, num_heads=8, head_dim=8, state_size=8), {}),
     "granitemoehybrid-small-f32": (
         "granitemoehybrid", dict(SMALL, intermediate_size=16, shared_intermediate_size=32, mamba_n_heads=8,
@@ -750,6 +809,15 @@ VARIANTS.update({
     "kimi_k25-f32": ("deepseek_v3", {}, {"wrap_kimi": True}),
     "deepseek_v3-fp8": ("deepseek_v3", {}, {"fp8": True}),
     "glm4_moe_lite-f32-mtp": ("glm4_moe_lite", {}, {"mtp": True}),
+    "deepseek_v32-f32": ("deepseek_v32", {}, {}),
+    "deepseek_v32-f32-interleave-yarn-top4-freq2": (
+        "deepseek_v32", {"indexer_rope_interleave": True, "rope_scaling": DS_YARN, "index_topk": 4,
+                         "attention_bias": True, "n_group": 1, "topk_group": 1, "norm_topk_prob": False,
+                         "moe_layer_freq": 2, "first_k_dense_replace": 0, "index_n_heads": 2}, {}),
+    "deepseek_v32-q4": ("deepseek_v32", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "deepseek_v32-bf16-q4-kvb": ("deepseek_v32", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32},
+                                                      "kv_b_quantized": True}),
+    "deepseek_v32-fp8-mtp": ("deepseek_v32", {}, {"fp8": True, "mtp": True}),
     "glm4_moe_lite-q4": ("glm4_moe_lite", {}, {"quant": {"bits": 4, "group_size": 32}}),
     "deepseek_v2-f32": ("deepseek_v2", {}, {}),
     "deepseek_v2-f32-noqlora-grouplimited-bias-hd32": (
@@ -787,6 +855,8 @@ GOLDENS.update({
     "deepseek_v3-small-f32": ("deepseek_v3", MLA_SMALL, {}),
     "kimi_k25-small-f32": ("deepseek_v3", MLA_SMALL, {"wrap_kimi": True}),
     "glm4_moe_lite-small-f32": ("glm4_moe_lite", MLA_SMALL, {"mtp": True}),
+    "deepseek_v32-small-f32": ("deepseek_v32", dict(MLA_SMALL, index_n_heads=2, index_head_dim=16, index_topk=4),
+                               {"mtp": True}),
     "deepseek_v2-small-f32": ("deepseek_v2", MLA_SMALL, {}),
     "minicpm3-small-f32": ("minicpm3", dict(SMALL, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
                                             qk_nope_head_dim=8), {}),
@@ -929,7 +999,7 @@ def to_hf_names(config, weights, opts, rng):
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
                 out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
-        elif mt in ("deepseek_v3", "glm4_moe_lite"):
+        elif mt in ("deepseek_v3", "glm4_moe_lite", "deepseek_v32"):
             # HF layout: per-expert weights, and `kv_b_proj` instead of MLA's per-head
             # `embed_q` / `unembed_out` (mlx-lm's sanitize splits it).
             if ".mlp.switch_mlp." in k:
@@ -992,11 +1062,20 @@ def to_hf_names(config, weights, opts, rng):
             elif proj == "gate_proj":
                 up = weights[k.replace("gate_proj", "up_proj")]
                 out[f"{prefix}.input_linear.weight"] = np.concatenate([v, up], axis=0)
-        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h") \
+        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1") \
                 and k.endswith("conv1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
-        elif mt == "lfm2" and k.endswith("conv.conv.weight"):
+        elif mt in ("lfm2", "lfm2_moe") and k.endswith("conv.conv.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
+        elif mt == "lfm2_moe" and ".feed_forward." in k and k.endswith("_proj.weight"):
+            # HF layout: w1 / w3 / w2, per-expert weights.
+            w = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}[k.split(".")[-2]]
+            if ".switch_mlp." in k:
+                prefix = k.split(".switch_mlp.")[0]
+                for e in range(v.shape[0]):
+                    out[f"{prefix}.experts.{e}.{w}.weight"] = v[e]
+            else:
+                out[k.replace(k.split(".")[-2] + ".weight", w + ".weight")] = v
         elif mt == "dots1" and ".mlp.experts." in k and v.ndim == 3:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.experts.")[0]
@@ -1047,7 +1126,7 @@ def to_hf_names(config, weights, opts, rng):
         for i in range(config["num_hidden_layers"]):  # sanitize drops them
             out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = rng.standard_normal(
                 (config["qk_rope_head_dim"] // 2,)).astype(np.float32)
-    if opts.get("mtp") and mt in ("glm4_moe", "glm4_moe_lite"):
+    if opts.get("mtp") and mt in ("glm4_moe", "glm4_moe_lite", "deepseek_v32"):
         # GLM's multi-token-prediction layer (one past the last), which sanitize drops.
         n = config["num_hidden_layers"]
         out[f"model.layers.{n}.eh_proj.weight"] = np.ones((config["hidden_size"], 2 * config["hidden_size"]), np.float32)

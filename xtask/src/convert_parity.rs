@@ -101,6 +101,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("granitemoehybrid", "granitemoehybrid-f32", None),
     ("nemotron_h", "nemotron_h-f32", None),
     ("mamba", "mamba-f32", None),
+    ("lfm2_moe", "lfm2_moe-f32", None),
+    ("falcon_h1", "falcon_h1-f32-rmsnorm-untied-biases", None),
     ("q-qwen3_next", "qwen3_next-q4", None),
     // Issue 26, multi-head latent attention families.
     ("deepseek_v3", "deepseek_v3-f32", None),
@@ -119,6 +121,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-llama4", "llama4-q4", None),
     ("minimax", "minimax-f32", None),
     ("minimax-fp8", "minimax-fp8", None),
+    ("deepseek_v32", "deepseek_v32-f32", None),
 ];
 
 fn cases() -> Vec<(String, &'static str, Vec<String>)> {
@@ -280,6 +283,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "granitemoehybrid",
         "nemotron_h",
         "mamba",
+        "lfm2_moe",
+        "falcon_h1",
     ] {
         for flags in ["", "-q", "--dtype bfloat16", "-q --dtype bfloat16"] {
             add(src, flags);
@@ -294,6 +299,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         "glm4_moe_lite",
         "deepseek_v2",
         "minicpm3",
+        "deepseek_v32",
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);

@@ -6,6 +6,7 @@ use crate::batch::BatchKVCache;
 use crate::batch_rotating::BatchRotatingKVCache;
 use crate::error::{CacheError, Result};
 use crate::kv::KVCache;
+use crate::list::CacheList;
 use crate::rotating::RotatingKVCache;
 use crate::PromptCache;
 use mlx_nn::cache::KvCache;
@@ -38,12 +39,15 @@ pub fn is_batchable(cache: &dyn KvCache) -> bool {
         || any
             .downcast_ref::<RotatingKVCache>()
             .is_some_and(|r| r.keep == 0)
+        || any
+            .downcast_ref::<CacheList>()
+            .is_some_and(|l| l.caches().iter().all(|c| is_batchable(c.as_ref())))
 }
 
 fn layer_mismatch(layer: usize, what: &str) -> CacheError {
     CacheError::InvalidArgument(format!(
         "layer {layer}: {what} (batch caches must be BatchKVCache, BatchRotatingKVCache or \
-         ArraysCache and rows must share the layer layout)"
+         ArraysCache (or a CacheList of them) and rows must share the layer layout)"
     ))
 }
 
@@ -93,35 +97,8 @@ impl BatchPromptCache {
         }
         let mut layers: Vec<Box<dyn KvCache>> = Vec::with_capacity(n_layers);
         for l in 0..n_layers {
-            let plain: Option<Vec<&KVCache>> = rows
-                .iter()
-                .map(|r| r[l].as_any().downcast_ref::<KVCache>())
-                .collect();
-            if let Some(plain) = plain {
-                layers.push(Box::new(BatchKVCache::merge(&plain)?));
-                continue;
-            }
-            let arrays: Option<Vec<&ArraysCache>> = rows
-                .iter()
-                .map(|r| r[l].as_any().downcast_ref::<ArraysCache>())
-                .collect();
-            if let Some(arrays) = arrays {
-                layers.push(Box::new(ArraysCache::merge(&arrays)?));
-                continue;
-            }
-            let rotating: Option<Vec<&RotatingKVCache>> = rows
-                .iter()
-                .map(|r| r[l].as_any().downcast_ref::<RotatingKVCache>())
-                .collect();
-            match rotating {
-                Some(rot) => layers.push(Box::new(BatchRotatingKVCache::merge(&rot)?)),
-                None => {
-                    return Err(CacheError::Unsupported {
-                        class: first[l].class_name(),
-                        op: "batching",
-                    })
-                }
-            }
+            let caches: Vec<&dyn KvCache> = rows.iter().map(|r| r[l].as_ref()).collect();
+            layers.push(merge_layer(&caches)?);
         }
         Ok(BatchPromptCache {
             layers,
@@ -143,17 +120,7 @@ impl BatchPromptCache {
             return Ok(());
         }
         for (l, c) in self.layers.iter_mut().enumerate() {
-            let any = c.as_any_mut();
-            if let Some(b) = any.downcast_mut::<BatchKVCache>() {
-                b.filter(keep)?;
-            } else if let Some(b) = any.downcast_mut::<BatchRotatingKVCache>() {
-                b.filter(keep)?;
-            } else if let Some(b) = any.downcast_mut::<ArraysCache>() {
-                let idx: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
-                b.filter(&mlx_array::Array::from_slice(&idx, &[idx.len() as i32])?)?;
-            } else {
-                return Err(layer_mismatch(l, "not a batch cache"));
-            }
+            filter_layer(l, c.as_mut(), keep)?;
         }
         self.rows = keep.len();
         Ok(())
@@ -175,12 +142,11 @@ impl BatchPromptCache {
                 other.layers.len()
             )));
         }
-        let same_kinds = self.layers.iter().zip(&other.layers).all(|(a, b)| {
-            let (a, b) = (a.as_any(), b.as_any());
-            (a.is::<BatchKVCache>() && b.is::<BatchKVCache>())
-                || (a.is::<BatchRotatingKVCache>() && b.is::<BatchRotatingKVCache>())
-                || (a.is::<ArraysCache>() && b.is::<ArraysCache>())
-        });
+        let same_kinds = self
+            .layers
+            .iter()
+            .zip(&other.layers)
+            .all(|(a, b)| same_kind(a.as_ref(), b.as_ref()));
         if !same_kinds {
             return Err(CacheError::InvalidArgument(
                 "cannot extend a batch with one of other cache classes".into(),
@@ -192,28 +158,7 @@ impl BatchPromptCache {
             .zip(other.layers.iter_mut())
             .enumerate()
         {
-            let (a, b) = (a.as_any_mut(), b.as_any_mut());
-            if let Some(a) = a.downcast_mut::<BatchKVCache>() {
-                match b.downcast_ref::<BatchKVCache>() {
-                    Some(b) => a.extend(b)?,
-                    None => return Err(layer_mismatch(l, "different cache classes")),
-                }
-                continue;
-            }
-            if let Some(a) = a.downcast_mut::<ArraysCache>() {
-                match b.downcast_ref::<ArraysCache>() {
-                    Some(b) => a.extend(b)?,
-                    None => return Err(layer_mismatch(l, "different cache classes")),
-                }
-                continue;
-            }
-            match (
-                a.downcast_mut::<BatchRotatingKVCache>(),
-                b.downcast_mut::<BatchRotatingKVCache>(),
-            ) {
-                (Some(a), Some(b)) => a.extend(b)?,
-                _ => return Err(layer_mismatch(l, "different cache classes")),
-            }
+            extend_layer(l, a.as_mut(), b.as_mut())?;
         }
         self.rows += other.rows;
         Ok(())
@@ -224,16 +169,7 @@ impl BatchPromptCache {
     /// was added to reach the longest.
     pub fn prepare_right_padding(&mut self, lengths: &[i32], right_padding: &[i32]) -> Result<()> {
         for (l, c) in self.layers.iter_mut().enumerate() {
-            let any = c.as_any_mut();
-            if let Some(b) = any.downcast_mut::<BatchKVCache>() {
-                b.prepare(None, Some(lengths), Some(right_padding))?;
-            } else if let Some(b) = any.downcast_mut::<BatchRotatingKVCache>() {
-                b.prepare(None, Some(lengths), Some(right_padding))?;
-            } else if let Some(b) = any.downcast_mut::<ArraysCache>() {
-                b.prepare(lengths)?;
-            } else {
-                return Err(layer_mismatch(l, "not a batch cache"));
-            }
+            prepare_layer(l, c.as_mut(), lengths, right_padding)?;
         }
         Ok(())
     }
@@ -241,16 +177,7 @@ impl BatchPromptCache {
     /// mlx-lm's `finalize` on every layer after a right-padded prefill chunk.
     pub fn finalize(&mut self) -> Result<()> {
         for (l, c) in self.layers.iter_mut().enumerate() {
-            let any = c.as_any_mut();
-            if let Some(b) = any.downcast_mut::<BatchKVCache>() {
-                b.finalize()?;
-            } else if let Some(b) = any.downcast_mut::<BatchRotatingKVCache>() {
-                b.finalize()?;
-            } else if let Some(b) = any.downcast_mut::<ArraysCache>() {
-                b.finalize();
-            } else {
-                return Err(layer_mismatch(l, "not a batch cache"));
-            }
+            finalize_layer(l, c.as_mut())?;
         }
         Ok(())
     }
@@ -264,16 +191,7 @@ impl BatchPromptCache {
         let rest: Vec<usize> = (0..self.rows).filter(|i| !indices.contains(i)).collect();
         let mut layers: Vec<Box<dyn KvCache>> = Vec::with_capacity(self.layers.len());
         for (l, c) in self.layers.iter().enumerate() {
-            let any = c.as_any();
-            if let Some(b) = any.downcast_ref::<BatchKVCache>() {
-                layers.push(Box::new(b.clone()));
-            } else if let Some(b) = any.downcast_ref::<BatchRotatingKVCache>() {
-                layers.push(Box::new(b.clone()));
-            } else if let Some(b) = any.downcast_ref::<ArraysCache>() {
-                layers.push(Box::new(b.clone()));
-            } else {
-                return Err(layer_mismatch(l, "not a batch cache"));
-            }
+            layers.push(clone_layer(l, c.as_ref())?);
         }
         let mut taken = BatchPromptCache {
             layers,
@@ -296,18 +214,209 @@ impl BatchPromptCache {
         self.layers
             .iter()
             .enumerate()
-            .map(|(l, c)| {
-                let any = c.as_any();
-                if let Some(b) = any.downcast_ref::<BatchKVCache>() {
-                    Ok(Box::new(b.extract(row)?) as Box<dyn KvCache>)
-                } else if let Some(b) = any.downcast_ref::<BatchRotatingKVCache>() {
-                    Ok(Box::new(b.extract(row)?) as Box<dyn KvCache>)
-                } else if let Some(b) = any.downcast_ref::<ArraysCache>() {
-                    Ok(Box::new(b.extract(row as i32)?) as Box<dyn KvCache>)
-                } else {
-                    Err(layer_mismatch(l, "not a batch cache"))
-                }
-            })
+            .map(|(l, c)| extract_layer(l, c.as_ref(), row))
             .collect()
+    }
+}
+
+/// One layer's batch cache made of the rows' caches of that layer (a [`CacheList`]
+/// merges cache by cache, as mlx-lm's `CacheList.merge`).
+fn merge_layer(caches: &[&dyn KvCache]) -> Result<Box<dyn KvCache>> {
+    let Some(first) = caches.first() else {
+        return Err(CacheError::InvalidArgument("merging no caches".into()));
+    };
+    let plain: Option<Vec<&KVCache>> = caches.iter().map(|c| c.as_any().downcast_ref()).collect();
+    if let Some(plain) = plain {
+        return Ok(Box::new(BatchKVCache::merge(&plain)?));
+    }
+    let arrays: Option<Vec<&ArraysCache>> =
+        caches.iter().map(|c| c.as_any().downcast_ref()).collect();
+    if let Some(arrays) = arrays {
+        return Ok(Box::new(ArraysCache::merge(&arrays)?));
+    }
+    let rotating: Option<Vec<&RotatingKVCache>> =
+        caches.iter().map(|c| c.as_any().downcast_ref()).collect();
+    if let Some(rot) = rotating {
+        return Ok(Box::new(BatchRotatingKVCache::merge(&rot)?));
+    }
+    let lists: Option<Vec<&CacheList>> = caches.iter().map(|c| c.as_any().downcast_ref()).collect();
+    if let Some(lists) = lists {
+        let n = lists[0].caches().len();
+        if lists.iter().any(|l| l.caches().len() != n) {
+            return Err(CacheError::InvalidArgument(
+                "CacheList.merge: the rows' lists hold different numbers of caches".into(),
+            ));
+        }
+        let subs = (0..n)
+            .map(|j| {
+                let column: Vec<&dyn KvCache> =
+                    lists.iter().map(|l| l.caches()[j].as_ref()).collect();
+                merge_layer(&column)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        return Ok(Box::new(CacheList::new(subs)));
+    }
+    Err(CacheError::Unsupported {
+        class: first.class_name(),
+        op: "batching",
+    })
+}
+
+/// The sub-caches of a batched [`CacheList`] layer.
+fn list_mut(c: &mut dyn KvCache) -> Option<&mut CacheList> {
+    c.as_any_mut().downcast_mut::<CacheList>()
+}
+
+fn filter_layer(l: usize, c: &mut dyn KvCache, keep: &[usize]) -> Result<()> {
+    if let Some(list) = list_mut(c) {
+        for sub in list.caches_mut() {
+            filter_layer(l, sub.as_mut(), keep)?;
+        }
+        return Ok(());
+    }
+    let any = c.as_any_mut();
+    if let Some(b) = any.downcast_mut::<BatchKVCache>() {
+        b.filter(keep).map_err(Into::into)
+    } else if let Some(b) = any.downcast_mut::<BatchRotatingKVCache>() {
+        b.filter(keep).map_err(Into::into)
+    } else if let Some(b) = any.downcast_mut::<ArraysCache>() {
+        let idx: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+        b.filter(&mlx_array::Array::from_slice(&idx, &[idx.len() as i32])?)
+    } else {
+        Err(layer_mismatch(l, "not a batch cache"))
+    }
+}
+
+/// Whether two batch caches are of one kind (lists: cache by cache).
+fn same_kind(a: &dyn KvCache, b: &dyn KvCache) -> bool {
+    match (a.sub_caches(), b.sub_caches()) {
+        (Some(x), Some(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y)
+                    .all(|(x, y)| same_kind(x.as_ref(), y.as_ref()))
+        }
+        (None, None) => {
+            let (a, b) = (a.as_any(), b.as_any());
+            (a.is::<BatchKVCache>() && b.is::<BatchKVCache>())
+                || (a.is::<BatchRotatingKVCache>() && b.is::<BatchRotatingKVCache>())
+                || (a.is::<ArraysCache>() && b.is::<ArraysCache>())
+        }
+        _ => false,
+    }
+}
+
+fn extend_layer(l: usize, a: &mut dyn KvCache, b: &mut dyn KvCache) -> Result<()> {
+    if let (Some(x), Some(y)) = (a.sub_caches_mut(), b.sub_caches_mut()) {
+        for (x, y) in x.iter_mut().zip(y.iter_mut()) {
+            extend_layer(l, x.as_mut(), y.as_mut())?;
+        }
+        return Ok(());
+    }
+    let (a, b) = (a.as_any_mut(), b.as_any_mut());
+    if let Some(a) = a.downcast_mut::<BatchKVCache>() {
+        return match b.downcast_ref::<BatchKVCache>() {
+            Some(b) => a.extend(b).map_err(Into::into),
+            None => Err(layer_mismatch(l, "different cache classes")),
+        };
+    }
+    if let Some(a) = a.downcast_mut::<ArraysCache>() {
+        return match b.downcast_ref::<ArraysCache>() {
+            Some(b) => a.extend(b),
+            None => Err(layer_mismatch(l, "different cache classes")),
+        };
+    }
+    match (
+        a.downcast_mut::<BatchRotatingKVCache>(),
+        b.downcast_mut::<BatchRotatingKVCache>(),
+    ) {
+        (Some(a), Some(b)) => a.extend(b).map_err(Into::into),
+        _ => Err(layer_mismatch(l, "different cache classes")),
+    }
+}
+
+fn prepare_layer(
+    l: usize,
+    c: &mut dyn KvCache,
+    lengths: &[i32],
+    right_padding: &[i32],
+) -> Result<()> {
+    if let Some(list) = list_mut(c) {
+        for sub in list.caches_mut() {
+            prepare_layer(l, sub.as_mut(), lengths, right_padding)?;
+        }
+        return Ok(());
+    }
+    let any = c.as_any_mut();
+    if let Some(b) = any.downcast_mut::<BatchKVCache>() {
+        b.prepare(None, Some(lengths), Some(right_padding))
+            .map_err(Into::into)
+    } else if let Some(b) = any.downcast_mut::<BatchRotatingKVCache>() {
+        b.prepare(None, Some(lengths), Some(right_padding))
+            .map_err(Into::into)
+    } else if let Some(b) = any.downcast_mut::<ArraysCache>() {
+        b.prepare(lengths)
+    } else {
+        Err(layer_mismatch(l, "not a batch cache"))
+    }
+}
+
+fn finalize_layer(l: usize, c: &mut dyn KvCache) -> Result<()> {
+    if let Some(list) = list_mut(c) {
+        for sub in list.caches_mut() {
+            finalize_layer(l, sub.as_mut())?;
+        }
+        return Ok(());
+    }
+    let any = c.as_any_mut();
+    if let Some(b) = any.downcast_mut::<BatchKVCache>() {
+        b.finalize().map_err(Into::into)
+    } else if let Some(b) = any.downcast_mut::<BatchRotatingKVCache>() {
+        b.finalize().map_err(Into::into)
+    } else if let Some(b) = any.downcast_mut::<ArraysCache>() {
+        b.finalize();
+        Ok(())
+    } else {
+        Err(layer_mismatch(l, "not a batch cache"))
+    }
+}
+
+fn clone_layer(l: usize, c: &dyn KvCache) -> Result<Box<dyn KvCache>> {
+    let any = c.as_any();
+    if let Some(list) = any.downcast_ref::<CacheList>() {
+        let subs = list
+            .caches()
+            .iter()
+            .map(|s| clone_layer(l, s.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(CacheList::new(subs)))
+    } else if let Some(b) = any.downcast_ref::<BatchKVCache>() {
+        Ok(Box::new(b.clone()))
+    } else if let Some(b) = any.downcast_ref::<BatchRotatingKVCache>() {
+        Ok(Box::new(b.clone()))
+    } else if let Some(b) = any.downcast_ref::<ArraysCache>() {
+        Ok(Box::new(b.clone()))
+    } else {
+        Err(layer_mismatch(l, "not a batch cache"))
+    }
+}
+
+fn extract_layer(l: usize, c: &dyn KvCache, row: usize) -> Result<Box<dyn KvCache>> {
+    let any = c.as_any();
+    if let Some(list) = any.downcast_ref::<CacheList>() {
+        let subs = list
+            .caches()
+            .iter()
+            .map(|s| extract_layer(l, s.as_ref(), row))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(CacheList::new(subs)))
+    } else if let Some(b) = any.downcast_ref::<BatchKVCache>() {
+        Ok(Box::new(b.extract(row)?))
+    } else if let Some(b) = any.downcast_ref::<BatchRotatingKVCache>() {
+        Ok(Box::new(b.extract(row)?))
+    } else if let Some(b) = any.downcast_ref::<ArraysCache>() {
+        Ok(Box::new(b.extract(row as i32)?))
+    } else {
+        Err(layer_mismatch(l, "not a batch cache"))
     }
 }

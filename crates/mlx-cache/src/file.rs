@@ -8,10 +8,12 @@
 //! tensors that stand for Python ints, strings and `None`s. A `ChunkedKVCache`'s state is
 //! `(keys, values, offset, chunk_size, start_position)`. An `ArraysCache`'s state is
 //! `(slots, left_padding, lengths)`: `"{layer}.0.{slot}"`, `"{layer}.1"`, `"{layer}.2"`.
+//! A `CacheList`'s state is `[(state, class name), ...]`: cache `j`'s state under
+//! `"{layer}.{j}.0"` and its class name, a string, as `"{layer}.{j}.1"`.
 use crate::error::{CacheError, Result};
 use crate::{
-    ArraysCache, ChunkedKVCache, ConcatenateKVCache, KVCache, KvCache, PromptCache, QuantTriple,
-    QuantizedKVCache, RotatingKVCache,
+    ArraysCache, CacheList, ChunkedKVCache, ConcatenateKVCache, KVCache, KvCache, PromptCache,
+    QuantTriple, QuantizedKVCache, RotatingKVCache,
 };
 use mlx_array::{io, Array, Dtype};
 use std::collections::BTreeMap;
@@ -43,8 +45,20 @@ fn push_triple(out: &mut Vec<(String, Leaf)>, prefix: String, t: Option<&QuantTr
 
 /// The flattened state of cache `i`, in mlx-lm's `state` order.
 fn flatten_state(i: usize, c: &dyn KvCache) -> Result<Vec<(String, Leaf)>> {
-    let any = c.as_any();
     let mut out = Vec::new();
+    flatten_into(&mut out, &i.to_string(), i, c)?;
+    Ok(out)
+}
+
+/// Pushes the state of `c` (cache `index` of the file, or one of its list's) under
+/// `i`, a key prefix.
+fn flatten_into(
+    out: &mut Vec<(String, Leaf)>,
+    i: &str,
+    index: usize,
+    c: &dyn KvCache,
+) -> Result<()> {
+    let any = c.as_any();
     let key = |j: usize| format!("{i}.{j}");
     if let Some(c) = any.downcast_ref::<KVCache>() {
         out.push((key(0), opt_leaf(c.keys.as_ref())));
@@ -60,8 +74,8 @@ fn flatten_state(i: usize, c: &dyn KvCache) -> Result<Vec<(String, Leaf)>> {
             out.push((key(j + 2), Leaf::Int(v.into())));
         }
     } else if let Some(c) = any.downcast_ref::<QuantizedKVCache>() {
-        push_triple(&mut out, key(0), c.keys.as_ref());
-        push_triple(&mut out, key(1), c.values.as_ref());
+        push_triple(out, key(0), c.keys.as_ref());
+        push_triple(out, key(1), c.values.as_ref());
         for (j, v) in [c.offset, c.group_size(), c.bits()].into_iter().enumerate() {
             out.push((key(j + 2), Leaf::Int(v.into())));
         }
@@ -85,13 +99,22 @@ fn flatten_state(i: usize, c: &dyn KvCache) -> Result<Vec<(String, Leaf)>> {
         }
         out.push((key(1), opt_leaf(c.state.left_padding.as_ref())));
         out.push((key(2), opt_leaf(c.state.lengths.as_ref())));
+    } else if let Some(c) = any.downcast_ref::<CacheList>() {
+        // state = [(cache.state, class name), ...]
+        for (j, sub) in c.caches().iter().enumerate() {
+            flatten_into(out, &format!("{i}.{j}.0"), index, sub.as_ref())?;
+            out.push((
+                format!("{i}.{j}.1"),
+                Leaf::Str(sub.class_name().to_string()),
+            ));
+        }
     } else {
         return Err(CacheError::NotSerializable {
-            index: i,
+            index,
             class: c.class_name(),
         });
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Writes `caches` and `metadata` to `path` exactly like mlx-lm's
@@ -335,97 +358,141 @@ pub fn load_prompt_cache(
 
     let mut caches: Vec<Box<dyn KvCache>> = Vec::with_capacity(n);
     for (i, (class, state)) in meta.classes.iter().zip(per_cache).enumerate() {
-        let mut st = State {
-            path,
-            index: i,
-            class,
-            leaves: state,
-        };
-        let cache: Box<dyn KvCache> = match class.as_str() {
-            "KVCache" => {
-                let (k, v) = (st.array("0")?, st.array("1")?);
-                let offset = st.int("2")?;
-                st.finish()?;
-                st.check_kv(k.as_ref(), v.as_ref(), offset)?;
-                Box::new(KVCache::from_parts(k, v, offset))
-            }
-            "RotatingKVCache" => {
-                let (k, v) = (st.array("0")?, st.array("1")?);
-                let (offset, keep, max_size, idx) =
-                    (st.int("2")?, st.int("3")?, st.int("4")?, st.int("5")?);
-                st.finish()?;
-                st.check_kv(k.as_ref(), v.as_ref(), 0)?;
-                let len = k.as_ref().map_or(Ok(0), |k| k.dim(2))?;
-                if max_size <= 0 || keep < 0 || offset < 0 || idx < 0 || idx > len.max(max_size) {
-                    return Err(st.err(format!(
-                        "inconsistent state: offset {offset}, keep {keep}, max_size {max_size}, \
-                         _idx {idx}, buffer length {len}"
-                    )));
-                }
-                Box::new(RotatingKVCache::from_parts(
-                    k, v, offset, keep, max_size, idx,
-                ))
-            }
-            "QuantizedKVCache" => {
-                let (k, v) = (st.triple("0")?, st.triple("1")?);
-                let (offset, group_size, bits) = (st.int("2")?, st.int("3")?, st.int("4")?);
-                st.finish()?;
-                st.check_kv(k.as_ref().map(|t| &t[0]), v.as_ref().map(|t| &t[0]), offset)?;
-                if group_size <= 0 || !(1..=8).contains(&bits) {
-                    return Err(st.err(format!("bad group_size {group_size} or bits {bits}")));
-                }
-                Box::new(QuantizedKVCache::from_parts(k, v, offset, group_size, bits))
-            }
-            "ChunkedKVCache" => {
-                let (k, v) = (st.array("0")?, st.array("1")?);
-                let (offset, chunk_size, start) = (st.int("2")?, st.int("3")?, st.int("4")?);
-                st.finish()?;
-                if chunk_size <= 0 || start < 0 || start > offset {
-                    return Err(st.err(format!(
-                        "inconsistent state: offset {offset}, chunk_size {chunk_size}, \
-                         start_position {start}"
-                    )));
-                }
-                st.check_kv(k.as_ref(), v.as_ref(), offset - start)?;
-                Box::new(ChunkedKVCache::from_parts(k, v, offset, chunk_size, start))
-            }
-            "ConcatenateKVCache" => {
-                let (k, v) = (st.array("0")?, st.array("1")?);
-                st.finish()?;
-                st.check_kv(k.as_ref(), v.as_ref(), 0)?;
-                Box::new(ConcatenateKVCache::from_parts(k, v)?)
-            }
-            "ArraysCache" => {
-                let mut slots = Vec::new();
-                while st.leaves.contains_key(&format!("0.{}", slots.len())) {
-                    slots.push(st.array(&format!("0.{}", slots.len()))?);
-                }
-                if slots.is_empty() {
-                    return Err(st.err(format!("state `{i}.0` holds no slots")));
-                }
-                let (left_padding, lengths) = (st.array("1")?, st.array("2")?);
-                st.finish()?;
-                let rows = slots
-                    .iter()
-                    .flatten()
-                    .map(|a| a.dim(0))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if rows.windows(2).any(|w| w[0] != w[1]) {
-                    return Err(st.err(format!("state slots disagree on the batch size: {rows:?}")));
-                }
-                Box::new(ArraysCache::from_parts(slots, left_padding, lengths))
-            }
-            other => {
-                return Err(CacheError::UnknownClass {
-                    path: path.to_path_buf(),
-                    index: i,
-                    class: other.to_string(),
-                })
-            }
-        };
-        caches.push(cache);
+        caches.push(build_cache(path, i, class, state)?);
     }
     Ok((caches, meta.user))
+}
+
+/// Rebuilds cache `i` of the file (or one of its list's caches) of class `class` from
+/// its state leaves (keys relative to the cache).
+fn build_cache(
+    path: &Path,
+    i: usize,
+    class: &str,
+    leaves: BTreeMap<String, Leaf>,
+) -> Result<Box<dyn KvCache>> {
+    let mut st = State {
+        path,
+        index: i,
+        class,
+        leaves,
+    };
+    let cache: Box<dyn KvCache> = match class {
+        "KVCache" => {
+            let (k, v) = (st.array("0")?, st.array("1")?);
+            let offset = st.int("2")?;
+            st.finish()?;
+            st.check_kv(k.as_ref(), v.as_ref(), offset)?;
+            Box::new(KVCache::from_parts(k, v, offset))
+        }
+        "RotatingKVCache" => {
+            let (k, v) = (st.array("0")?, st.array("1")?);
+            let (offset, keep, max_size, idx) =
+                (st.int("2")?, st.int("3")?, st.int("4")?, st.int("5")?);
+            st.finish()?;
+            st.check_kv(k.as_ref(), v.as_ref(), 0)?;
+            let len = k.as_ref().map_or(Ok(0), |k| k.dim(2))?;
+            if max_size <= 0 || keep < 0 || offset < 0 || idx < 0 || idx > len.max(max_size) {
+                return Err(st.err(format!(
+                    "inconsistent state: offset {offset}, keep {keep}, max_size {max_size}, \
+                     _idx {idx}, buffer length {len}"
+                )));
+            }
+            Box::new(RotatingKVCache::from_parts(
+                k, v, offset, keep, max_size, idx,
+            ))
+        }
+        "QuantizedKVCache" => {
+            let (k, v) = (st.triple("0")?, st.triple("1")?);
+            let (offset, group_size, bits) = (st.int("2")?, st.int("3")?, st.int("4")?);
+            st.finish()?;
+            st.check_kv(k.as_ref().map(|t| &t[0]), v.as_ref().map(|t| &t[0]), offset)?;
+            if group_size <= 0 || !(1..=8).contains(&bits) {
+                return Err(st.err(format!("bad group_size {group_size} or bits {bits}")));
+            }
+            Box::new(QuantizedKVCache::from_parts(k, v, offset, group_size, bits))
+        }
+        "ChunkedKVCache" => {
+            let (k, v) = (st.array("0")?, st.array("1")?);
+            let (offset, chunk_size, start) = (st.int("2")?, st.int("3")?, st.int("4")?);
+            st.finish()?;
+            if chunk_size <= 0 || start < 0 || start > offset {
+                return Err(st.err(format!(
+                    "inconsistent state: offset {offset}, chunk_size {chunk_size}, \
+                     start_position {start}"
+                )));
+            }
+            st.check_kv(k.as_ref(), v.as_ref(), offset - start)?;
+            Box::new(ChunkedKVCache::from_parts(k, v, offset, chunk_size, start))
+        }
+        "ConcatenateKVCache" => {
+            let (k, v) = (st.array("0")?, st.array("1")?);
+            st.finish()?;
+            st.check_kv(k.as_ref(), v.as_ref(), 0)?;
+            Box::new(ConcatenateKVCache::from_parts(k, v)?)
+        }
+        "ArraysCache" => {
+            let mut slots = Vec::new();
+            while st.leaves.contains_key(&format!("0.{}", slots.len())) {
+                slots.push(st.array(&format!("0.{}", slots.len()))?);
+            }
+            if slots.is_empty() {
+                return Err(st.err(format!("state `{i}.0` holds no slots")));
+            }
+            let (left_padding, lengths) = (st.array("1")?, st.array("2")?);
+            st.finish()?;
+            let rows = slots
+                .iter()
+                .flatten()
+                .map(|a| a.dim(0))
+                .collect::<Result<Vec<_>, _>>()?;
+            if rows.windows(2).any(|w| w[0] != w[1]) {
+                return Err(st.err(format!("state slots disagree on the batch size: {rows:?}")));
+            }
+            Box::new(ArraysCache::from_parts(slots, left_padding, lengths))
+        }
+        "CacheList" => {
+            // [(state, class name), ...]: "{j}.0.*" and "{j}.1".
+            let mut subs = Vec::new();
+            loop {
+                let j = subs.len();
+                let Some(leaf) = st.leaves.remove(&format!("{j}.1")) else {
+                    break;
+                };
+                let Leaf::Str(sub_class) = leaf else {
+                    return Err(st.err(format!("state `{i}.{j}.1` should be a class name")));
+                };
+                let head = format!("{j}.0");
+                let keys: Vec<String> = st
+                    .leaves
+                    .keys()
+                    .filter(|k| *k == &head || k.starts_with(&format!("{head}.")))
+                    .cloned()
+                    .collect();
+                let mut sub_leaves = BTreeMap::new();
+                for k in keys {
+                    if let Some(leaf) = st.leaves.remove(&k) {
+                        let rest = k[head.len()..].trim_start_matches('.').to_string();
+                        sub_leaves.insert(rest, leaf);
+                    }
+                }
+                subs.push(build_cache(path, i, &sub_class, sub_leaves)?);
+            }
+            st.finish()?;
+            if subs.is_empty() {
+                return Err(st.err(format!("state `{i}` holds no caches")));
+            }
+            Box::new(CacheList::new(subs))
+        }
+        other => {
+            return Err(CacheError::UnknownClass {
+                path: path.to_path_buf(),
+                index: i,
+                class: other.to_string(),
+            })
+        }
+    };
+    Ok(cache)
 }
 
 /// The state leaves of one cache while it is rebuilt.

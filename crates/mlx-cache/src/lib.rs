@@ -7,6 +7,9 @@
 //! Linear-attention and state-space layers keep their recurrent state in an
 //! [`ArraysCache`] (mlx-lm's class of that name: array slots, not trimmable).
 //!
+//! A layer that keeps several caches gets a [`CacheList`] (mlx-lm's class of that
+//! name), whose caches it reads as `cache[0]`, `cache[1]`, ...
+//!
 //! For continuous batching, [`BatchKVCache`] and [`BatchRotatingKVCache`] (mlx-lm's
 //! left-padded batch caches, with per-row RoPE offsets) hold several sequences;
 //! [`BatchPromptCache`] merges single-sequence caches into a batch, drops finished rows,
@@ -34,6 +37,7 @@ mod chunked;
 mod error;
 mod file;
 mod kv;
+mod list;
 mod quantized;
 mod rotating;
 mod util;
@@ -49,6 +53,7 @@ pub use file::{
     CacheTensors, FileHeader, TOKENS_KEY,
 };
 pub use kv::{ConcatenateKVCache, KVCache, STEP};
+pub use list::CacheList;
 pub use mlx_models::CacheSpec;
 pub use mlx_nn::cache::{AttnMask, KvCache, KvFetch, RopePosition};
 pub use quantized::{QuantTriple, QuantizedKVCache};
@@ -70,6 +75,11 @@ pub fn copy_cache(cache: &dyn KvCache) -> Option<Box<dyn KvCache>> {
         Some(Box::new(q.clone()))
     } else if let Some(c) = any.downcast_ref::<ChunkedKVCache>() {
         Some(Box::new(c.clone()))
+    } else if let Some(a) = any.downcast_ref::<ArraysCache>() {
+        Some(Box::new(a.clone()))
+    } else if let Some(l) = any.downcast_ref::<CacheList>() {
+        let caches: Option<Vec<_>> = l.caches().iter().map(|c| copy_cache(c.as_ref())).collect();
+        Some(Box::new(CacheList::new(caches?)))
     } else {
         any.downcast_ref::<ConcatenateKVCache>()
             .map(|c| Box::new(c.clone()) as Box<dyn KvCache>)
@@ -103,25 +113,30 @@ pub fn make_prompt_cache(specs: &[CacheSpec], max_kv_size: Option<i32>) -> Resul
                 .collect());
         }
     }
-    specs
-        .iter()
-        .map(|s| match *s {
-            CacheSpec::Standard => Ok(Box::new(KVCache::new()) as Box<dyn KvCache>),
-            CacheSpec::Rotating { max_size, keep } if max_size > 0 => {
-                Ok(Box::new(RotatingKVCache::new(max_size, keep)) as Box<dyn KvCache>)
-            }
-            CacheSpec::Rotating { max_size, .. } => Err(CacheError::InvalidArgument(format!(
-                "a rotating cache needs a positive max_size, got {max_size}"
-            ))),
-            CacheSpec::Arrays { size } => Ok(Box::new(ArraysCache::new(size)) as Box<dyn KvCache>),
-            CacheSpec::Chunked { chunk_size } if chunk_size > 0 => {
-                Ok(Box::new(ChunkedKVCache::new(chunk_size)) as Box<dyn KvCache>)
-            }
-            CacheSpec::Chunked { chunk_size } => Err(CacheError::InvalidArgument(format!(
-                "a chunked cache needs a positive chunk_size, got {chunk_size}"
-            ))),
-        })
-        .collect()
+    specs.iter().map(make_cache).collect()
+}
+
+/// The cache one spec names.
+fn make_cache(spec: &CacheSpec) -> Result<Box<dyn KvCache>> {
+    match *spec {
+        CacheSpec::Standard => Ok(Box::new(KVCache::new())),
+        CacheSpec::Rotating { max_size, keep } if max_size > 0 => {
+            Ok(Box::new(RotatingKVCache::new(max_size, keep)))
+        }
+        CacheSpec::Rotating { max_size, .. } => Err(CacheError::InvalidArgument(format!(
+            "a rotating cache needs a positive max_size, got {max_size}"
+        ))),
+        CacheSpec::Arrays { size } => Ok(Box::new(ArraysCache::new(size))),
+        CacheSpec::Chunked { chunk_size } if chunk_size > 0 => {
+            Ok(Box::new(ChunkedKVCache::new(chunk_size)))
+        }
+        CacheSpec::Chunked { chunk_size } => Err(CacheError::InvalidArgument(format!(
+            "a chunked cache needs a positive chunk_size, got {chunk_size}"
+        ))),
+        CacheSpec::List(subs) => Ok(Box::new(CacheList::new(
+            subs.iter().map(make_cache).collect::<Result<_>>()?,
+        ))),
+    }
 }
 
 /// mlx-lm's `can_trim_prompt_cache`: whether every cache can be trimmed.

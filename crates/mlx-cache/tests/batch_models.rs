@@ -80,6 +80,16 @@ struct Row {
 
 /// The cached keys oldest first (the last `size` positions).
 fn cache_keys(c: &dyn KvCache) -> Array {
+    if let Some(subs) = c.sub_caches() {
+        // A CacheList: each cache's keys, flattened.
+        let flat: Vec<Array> = subs
+            .iter()
+            .map(|s| cache_keys(s.as_ref()).reshape(&[-1]).expect("flatten"))
+            .collect();
+        return mlx_array::ops::concatenate(&flat.iter().collect::<Vec<_>>(), 0)
+            .and_then(|a| a.reshape(&[1, 1, -1, 1]))
+            .expect("list");
+    }
     let s = c.state();
     if c.arrays().is_some() {
         // A recurrent state: every slot, flattened.
@@ -324,6 +334,16 @@ fn prefilled_together_matches_alone_mamba2_chunked_scan() {
 }
 
 #[test]
+fn batched_decode_equals_alone_falcon_h1() {
+    check_model("falcon_h1-small-f32", true, false);
+}
+
+#[test]
+fn prefilled_together_matches_alone_falcon_h1_chunked_scan() {
+    check_model("falcon_h1-small-f32", false, true);
+}
+
+#[test]
 fn batched_decode_equals_alone_granitemoehybrid() {
     check_model("granitemoehybrid-small-f32", true, false);
 }
@@ -458,6 +478,13 @@ model_tests! {
         => "deepseek_v2-small-f32", true;
     batched_decode_equals_alone_minicpm3, prefilled_together_equals_alone_minicpm3
         => "minicpm3-small-f32", true;
+    // The indexer of a batch sees the rows' left padding (masked out) and picks among
+    // as many positions as the longest row, so the attended positions are the same but
+    // gathered in another order than alone (as in mlx-lm): equal to float rounding.
+    batched_decode_matches_alone_deepseek_v32_indexer,
+    prefilled_together_matches_alone_deepseek_v32_indexer => "deepseek_v32-small-f32", false;
+    batched_decode_equals_alone_lfm2_moe, prefilled_together_equals_alone_lfm2_moe
+        => "lfm2_moe-small-f32", true;
     // Issue 26, wave 2 part B.
     batched_decode_equals_alone_phi, prefilled_together_equals_alone_phi
         => "phi-small-f32", true;

@@ -130,6 +130,8 @@ fn recurrent_models_batched_equal_alone() {
         "qwen3_next-small-f32",
         "lfm2-small-f32",
         "granitemoehybrid-small-f32",
+        "lfm2_moe-small-f32",
+        "falcon_h1-small-f32",
     ] {
         let dir = root().join("goldens/models").join(name);
         let (model, _) = mlx_models::load_model(&dir).expect("tiny model");

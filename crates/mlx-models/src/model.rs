@@ -27,6 +27,10 @@ pub enum CacheSpec {
         /// Number of state arrays.
         size: usize,
     },
+    /// Several caches for one layer (mlx-lm `CacheList(...)`), which the layer reads as
+    /// `cache[0]`, `cache[1]`, ...: e.g. the latent keys and values plus the indexer's
+    /// keys of a sparse-attention layer, or a recurrent state plus keys and values.
+    List(&'static [CacheSpec]),
 }
 
 /// A causal language model: token ids in, logits out.

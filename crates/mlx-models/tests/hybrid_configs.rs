@@ -153,9 +153,11 @@ fn mamba2_refuses_groups_that_do_not_divide_the_heads() {
 fn an_unknown_model_type_lists_the_hybrid_ones() {
     let e = err(&json!({"model_type": "not_a_model"}));
     for t in [
+        "falcon_h1",
         "falcon_mamba",
         "granitemoehybrid",
         "lfm2",
+        "lfm2_moe",
         "mamba",
         "mamba2",
         "nemotron_h",
@@ -168,4 +170,40 @@ fn an_unknown_model_type_lists_the_hybrid_ones() {
             .map(|(_, l)| l.split(", ").any(|x| x == t));
         assert_eq!(listed, Some(true), "{t} not in: {e}");
     }
+}
+
+#[test]
+fn lfm2_moe_needs_its_expert_keys_and_a_valid_top_k() {
+    let c = json!({"model_type": "lfm2_moe", "vocab_size": 64, "hidden_size": 32,
+        "intermediate_size": 64, "moe_intermediate_size": 16, "num_hidden_layers": 2,
+        "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": true,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+        "use_expert_bias": true, "num_dense_layers": 1, "norm_eps": 1e-5,
+        "conv_bias": false, "conv_L_cache": 3, "full_attn_idxs": [1]});
+    let m = build_model(&c).expect("builds");
+    assert_eq!(
+        m.cache_specs(),
+        vec![CacheSpec::Arrays { size: 1 }, CacheSpec::Standard]
+    );
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 5})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let mut missing = c;
+    missing.as_object_mut().unwrap().remove("num_experts");
+    let e = err(&missing);
+    assert!(e.contains("num_experts"), "{e}");
+}
+
+#[test]
+fn falcon_h1_keeps_a_cache_list_per_layer_and_checks_its_mamba_sizes() {
+    let c = json!({"model_type": "falcon_h1", "vocab_size": 64, "hidden_size": 32,
+        "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8, "mamba_d_ssm": 32, "mamba_n_heads": 4,
+        "mamba_d_head": 8, "mamba_d_state": 8, "mamba_n_groups": 1});
+    let m = build_model(&c).expect("builds");
+    let list = CacheSpec::List(&[CacheSpec::Arrays { size: 2 }, CacheSpec::Standard]);
+    assert_eq!(m.cache_specs(), vec![list; 2]);
+    let e = err(&with(c.clone(), json!({"mamba_d_ssm": 48})));
+    assert!(e.contains("mamba_d_ssm"), "{e}");
+    let e = err(&with(c, json!({"mamba_n_groups": 3})));
+    assert!(e.contains("must divide the mamba heads"), "{e}");
 }

@@ -122,3 +122,19 @@ fn an_unknown_model_type_lists_the_mla_ones() {
         assert_eq!(listed, Some(true), "{t} not in: {e}");
     }
 }
+
+#[test]
+fn deepseek_v32_keeps_a_cache_list_per_layer_and_needs_its_indexer_inputs() {
+    let c = with(
+        deepseek("deepseek_v32"),
+        json!({"index_topk": 4, "index_n_heads": 2, "index_head_dim": 16}),
+    );
+    let m = build_model(&c).expect("builds");
+    let list = CacheSpec::List(&[CacheSpec::Standard, CacheSpec::Standard]);
+    assert_eq!(m.cache_specs(), vec![list; 2]);
+    assert!(m.defines_make_cache());
+    let e = err(&with(c.clone(), json!({"q_lora_rank": null})));
+    assert!(e.contains("q_lora_rank"), "{e}");
+    let e = err(&with(c, json!({"index_topk": 0})));
+    assert!(e.contains("index_topk"), "{e}");
+}

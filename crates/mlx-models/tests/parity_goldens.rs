@@ -65,6 +65,8 @@ golden_tests! {
     qwen3_5_gated_delta_hybrid_logits_match_mlx_lm => "qwen3_5-small-f32",
     qwen3_5_moe_text_config_logits_match_mlx_lm => "qwen3_5_moe-small-f32",
     lfm2_short_conv_hybrid_logits_match_mlx_lm => "lfm2-small-f32",
+    lfm2_moe_sigmoid_experts_logits_match_mlx_lm => "lfm2_moe-small-f32",
+    falcon_h1_parallel_mamba_attention_logits_match_mlx_lm => "falcon_h1-small-f32",
     mamba2_ssd_scan_logits_match_mlx_lm => "mamba2-small-f32",
     mamba_selective_scan_logits_match_mlx_lm => "mamba-small-f32",
     granitemoehybrid_mamba_experts_logits_match_mlx_lm => "granitemoehybrid-small-f32",
@@ -95,6 +97,7 @@ golden_tests! {
     hunyuan_v1_dense_norms_after_rope_logits_match_mlx_lm => "hunyuan_v1_dense-small-f32",
     // Issue 26, multi-head latent attention families.
     deepseek_v3_latent_attention_group_routing_logits_match_mlx_lm => "deepseek_v3-small-f32",
+    deepseek_v32_indexer_sparse_attention_logits_match_mlx_lm => "deepseek_v32-small-f32",
     kimi_k25_text_model_logits_match_mlx_lm => "kimi_k25-small-f32",
     glm4_moe_lite_drops_mtp_layers_logits_match_mlx_lm => "glm4_moe_lite-small-f32",
     deepseek_v2_expanded_kv_yarn_logits_match_mlx_lm => "deepseek_v2-small-f32",

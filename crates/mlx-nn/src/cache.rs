@@ -142,6 +142,18 @@ pub trait KvCache: Send {
         None
     }
 
+    /// The sub-caches of a cache list (mlx-lm's `CacheList`, indexed as `cache[i]` by
+    /// layers that keep several caches, e.g. attention plus an indexer, or a recurrent
+    /// state plus keys and values); `None` for every other cache.
+    fn sub_caches(&self) -> Option<&[Box<dyn KvCache>]> {
+        None
+    }
+
+    /// The sub-caches of a cache list, mutably (see [`KvCache::sub_caches`]).
+    fn sub_caches_mut(&mut self) -> Option<&mut [Box<dyn KvCache>]> {
+        None
+    }
+
     /// Lets callers reach the concrete type.
     fn as_any(&self) -> &dyn std::any::Any;
 

@@ -181,7 +181,8 @@ impl MixedPredicate {
 /// its `router`, minimax its `block_sparse_moe.gate`, granite its `o_proj`, `down_proj`
 /// and `lm_head` (granitemoe those and
 /// its `router.layer`), the qwen3_next family
-/// its router and shared-expert gate, granitemoehybrid its `router.layer` (affine,
+/// its router and shared-expert gate, granitemoehybrid its `router.layer`, lfm2_moe
+/// its `feed_forward.gate` (affine,
 /// whatever the mode asked for).
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
     let eight_bits = || {
@@ -211,6 +212,7 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
         )),
         "granitemoehybrid" => Some(choose(path.ends_with("router.layer"))),
         "minimax" => Some(choose(path.ends_with("block_sparse_moe.gate"))),
+        "lfm2_moe" => Some(choose(path.ends_with("feed_forward.gate"))),
         "granitemoe" => Some(choose(
             path.ends_with("block_sparse_moe.router.layer")
                 || path.ends_with("self_attn.o_proj")
@@ -223,11 +225,13 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
 
 /// The `cast_predicate` some mlx-lm models define: parameters `--dtype` leaves in their
 /// own dtype (the SSM decay `A_log` of qwen3_5 and nemotron_h, the router correction
-/// bias of glm4_moe, minimax, the DeepSeek-V3 family and nemotron_h).
+/// bias of glm4_moe, minimax, the DeepSeek-V3 family (V3.2 included), nemotron_h and
+/// lfm2_moe).
 pub fn model_keeps_dtype(model_type: &str, path: &str) -> bool {
     match model_type {
         "glm4_moe" | "glm4_moe_lite" | "deepseek_v3" | "kimi_k2" | "joyai_llm_flash"
-        | "kimi_k25" | "minimax" => path.contains("e_score_correction_bias"),
+        | "kimi_k25" | "deepseek_v32" | "minimax" => path.contains("e_score_correction_bias"),
+        "lfm2_moe" => path.contains("expert_bias"),
         "qwen3_5" | "qwen3_5_moe" => path.ends_with("A_log"),
         "nemotron_h" => path.contains("e_score_correction_bias") || path.contains("A_log"),
         _ => false,

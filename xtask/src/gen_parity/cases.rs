@@ -64,12 +64,15 @@ pub const TINY: &[&str] = &[
     "qwen3_5-f32",
     "qwen3_5_moe-f32",
     "lfm2-f32",
+    "lfm2_moe-f32",
+    "falcon_h1-f32",
     "mamba2-f32",
     "granitemoehybrid-f32",
     "nemotron_h-f32",
     "mamba-f32",
     // Issue 26, multi-head latent attention families.
     "deepseek_v3-f32",
+    "deepseek_v32-f32",
     "kimi_k25-f32",
     "glm4_moe_lite-f32-mtp",
     "deepseek_v2-f32",
@@ -93,6 +96,10 @@ const PROMPT_CACHE: &[&str] = &[
     "deepseek_v3-f32",
     // Chunked caches (ChunkedKVCache) beside plain ones.
     "llama4-f32",
+    // A CacheList (latent KV and the indexer's keys).
+    "deepseek_v32-f32",
+    // A CacheList (recurrent state and KV).
+    "falcon_h1-f32",
 ];
 /// Top-k and min-p run on these (top-p on all).
 const ALL_SAMPLERS: &[&str] = &[

@@ -170,6 +170,7 @@ fn class_fits(class: &str, spec: &CacheSpec) -> bool {
         CacheSpec::Rotating { .. } => class == "RotatingKVCache",
         CacheSpec::Arrays { .. } => class == "ArraysCache",
         CacheSpec::Chunked { .. } => class == "ChunkedKVCache",
+        CacheSpec::List(_) => class == "CacheList",
     }
 }
 

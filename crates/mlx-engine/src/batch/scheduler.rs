@@ -76,6 +76,24 @@ pub struct Engine {
     thread: Mutex<Option<JoinHandle<Box<dyn LanguageModel>>>>,
 }
 
+/// Whether a layer's cache joins a batch (mlx-lm's server batches every model whose
+/// caches all have `merge`).
+fn spec_batches(spec: &CacheSpec) -> bool {
+    match spec {
+        CacheSpec::Standard => true,
+        CacheSpec::Rotating { keep, .. } => *keep == 0,
+        // Recurrent state (ArraysCache): merged, filtered and extended row by row like
+        // mlx-lm's; right-padded prefill chunks pass their lengths (`prepare`) so the
+        // padding never enters the state.
+        CacheSpec::Arrays { .. } => true,
+        // A CacheList merges its caches one by one.
+        CacheSpec::List(subs) => subs.iter().all(spec_batches),
+        // mlx-lm's ChunkedKVCache has no `merge`, so its server runs such models (Llama 4)
+        // one request at a time; so do we.
+        CacheSpec::Chunked { .. } => false,
+    }
+}
+
 impl Engine {
     /// Starts the engine thread with `model`.
     pub fn start(
@@ -87,19 +105,8 @@ impl Engine {
         let queued = Arc::new(AtomicUsize::new(0));
         let alive = Arc::new(AtomicBool::new(true));
         let max_queue = opts.max_queue;
-        let batched = opts.kv_quantization.is_none()
-            && model.cache_specs().iter().all(|s| match s {
-                CacheSpec::Standard => true,
-                CacheSpec::Rotating { keep, .. } => *keep == 0,
-                // Recurrent state (ArraysCache): merged, filtered and extended row by
-                // row like mlx-lm's (whose server batches every model whose caches all
-                // have `merge`); right-padded prefill chunks pass their lengths
-                // (`prepare`) so the padding never enters the state.
-                CacheSpec::Arrays { .. } => true,
-                // mlx-lm's ChunkedKVCache has no `merge`, so its server runs such models
-                // (Llama 4) one request at a time; so do we.
-                CacheSpec::Chunked { .. } => false,
-            });
+        let batched =
+            opts.kv_quantization.is_none() && model.cache_specs().iter().all(spec_batches);
         if !batched
             && model
                 .cache_specs()

@@ -8,6 +8,7 @@
 //! `sanitize` dequantizes FP8 block-scaled checkpoints, reads compressed-tensors int4
 //! ones, stacks experts and splits `kv_b_proj` into `embed_q` / `unembed_out`.
 use super::decoder::{add_residual, stack_experts, DenseOrMoe, FeedForward};
+use super::deepseek_v32::{apply_topk, Indexer, IndexerArgs};
 use super::mla::MultiLinear;
 use super::mlp::Mlp;
 use super::{batch_len, cache_at, layer_caches, merge_heads, split_heads, top_k_indices_of_negated};
@@ -104,6 +105,8 @@ pub(crate) enum Flavor {
     DeepseekV3,
     /// `glm4_moe_lite.py`.
     Glm4MoeLite,
+    /// `deepseek_v32.py` (an indexer picks the positions attention reads).
+    DeepseekV32,
 }
 
 /// Multi-head latent attention.
@@ -118,6 +121,7 @@ pub struct MlaAttention {
     embed_q: MultiLinear,
     unembed_out: MultiLinear,
     o_proj: LinearLayer,
+    indexer: Option<Indexer>,
     rope: Rope,
     num_heads: i32,
     q_head_dim: i32,
@@ -134,15 +138,20 @@ impl_module!(MlaAttention {
     kv_a_layernorm,
     embed_q,
     unembed_out,
-    o_proj
+    o_proj,
+    indexer
 });
 
 impl MlaAttention {
-    fn new(args: &ModelArgs, flavor: Flavor) -> crate::Result<MlaAttention> {
+    fn new(
+        args: &ModelArgs,
+        flavor: Flavor,
+        indexer: Option<&IndexerArgs>,
+    ) -> crate::Result<MlaAttention> {
         let (dim, heads) = (args.hidden_size, args.num_attention_heads);
         let q_head_dim = args.qk_nope_head_dim + args.qk_rope_head_dim;
         let norm_eps = match flavor {
-            Flavor::DeepseekV3 => 1e-6,
+            Flavor::DeepseekV3 | Flavor::DeepseekV32 => 1e-6,
             Flavor::Glm4MoeLite => args.rms_norm_eps,
         };
         let bias = args.attention_bias;
@@ -196,6 +205,7 @@ impl MlaAttention {
             embed_q: MultiLinear::new(args.qk_nope_head_dim, args.kv_lora_rank, heads)?,
             unembed_out: MultiLinear::new(args.kv_lora_rank, args.v_head_dim, heads)?,
             o_proj: LinearLayer::new(heads * args.v_head_dim, dim, bias)?,
+            indexer: indexer.map(|ix| Indexer::new(args, ix)).transpose()?,
             rope,
             num_heads: heads,
             q_head_dim,
@@ -214,14 +224,31 @@ impl MlaAttention {
         residual: &Array,
     ) -> Result<Array> {
         let (b, l) = batch_len(x)?;
-        let q = match (&self.q_proj, &self.q_a_proj, &self.q_a_layernorm, &self.q_b_proj) {
-            (Some(p), ..) => p.forward(x)?,
-            (None, Some(a), Some(n), Some(bp)) => bp.forward(&n.forward(&a.forward(x)?)?)?,
+        let (q, qr) = match (&self.q_proj, &self.q_a_proj, &self.q_a_layernorm, &self.q_b_proj) {
+            (Some(p), ..) => (p.forward(x)?, None),
+            (None, Some(a), Some(n), Some(bp)) => {
+                let qr = n.forward(&a.forward(x)?)?;
+                (bp.forward(&qr)?, Some(qr))
+            }
             _ => {
                 return Err(mlx_array::Error::InvalidArgument(
                     "deepseek_v3 attention: no query projection".into(),
                 ))
             }
+        };
+        // With an indexer the layer's cache is a CacheList: cache[0] for the latent
+        // keys and values, cache[1] for the indexer's keys.
+        type Slot<'c> = Option<&'c mut dyn KvCache>;
+        let (cache, index_cache): (Slot<'_>, Slot<'_>) = match (cache, &self.indexer) {
+            (Some(c), Some(_)) => match c.sub_caches_mut() {
+                Some([main, index]) => (Some(&mut **main), Some(&mut **index)),
+                _ => {
+                    return Err(mlx_array::Error::InvalidArgument(
+                        "deepseek_v32 attention needs a CacheList of two caches".into(),
+                    ))
+                }
+            },
+            (c, _) => (c, None),
         };
         let q = q
             .reshape(&[b, l, self.num_heads, self.q_head_dim])?
@@ -256,8 +283,20 @@ impl MlaAttention {
             ),
         };
 
+        let mut index_state = Vec::new();
+        let (kv_latent, k_pe, mask) = match (&self.indexer, &qr) {
+            (Some(ix), Some(qr)) => {
+                let (topk, state) = ix.forward(x, qr, mask, index_cache)?;
+                index_state = state;
+                match topk {
+                    Some(topk) => apply_topk(&topk, kv_latent, k_pe, mask.clone(), l)?,
+                    None => (kv_latent, k_pe, mask.clone()),
+                }
+            }
+            _ => (kv_latent, k_pe, mask.clone()),
+        };
         let mut pe_scores = q_pe.multiply(self.scale)?.matmul(&k_pe.swapaxes(-1, -2)?)?;
-        match mask {
+        match &mask {
             AttnMask::None => {}
             AttnMask::Array(m) => {
                 let dtype = pe_scores.dtype();
@@ -294,7 +333,18 @@ impl MlaAttention {
         if l == 1 {
             out = self.unembed_out.forward(&out, true)?;
         }
-        residual.add(&self.o_proj.forward(&merge_heads(&out, b, l)?)?)
+        let out = residual.add(&self.o_proj.forward(&merge_heads(&out, b, l)?)?)?;
+        if index_state.is_empty() {
+            return Ok(out);
+        }
+        // mlx-lm makes the latent cache depend on the indexer's so that each step
+        // evaluates it even when its top-k is unused; the layer's output depending on it
+        // does the same (identity on the values) without reaching into the cache.
+        let deps: Vec<&Array> = index_state.iter().collect();
+        let mut out = ops::depends(&[&out], &deps)?;
+        out.pop().ok_or_else(|| {
+            mlx_array::Error::InvalidArgument("depends returned no array".into())
+        })
     }
 }
 
@@ -504,9 +554,19 @@ impl Module for Model {
 impl Model {
     /// Builds the model (zero placeholders) from parsed arguments.
     pub(crate) fn new(args: ModelArgs, flavor: Flavor) -> crate::Result<Model> {
+        Model::with_indexer(args, flavor, None)
+    }
+
+    /// Builds the model, each attention layer with an indexer when `indexer` is given.
+    pub(crate) fn with_indexer(
+        args: ModelArgs,
+        flavor: Flavor,
+        indexer: Option<&IndexerArgs>,
+    ) -> crate::Result<Model> {
         let what = match flavor {
             Flavor::DeepseekV3 => "deepseek_v3",
             Flavor::Glm4MoeLite => "glm4_moe_lite",
+            Flavor::DeepseekV32 => "deepseek_v32",
         };
         if args.topk_method != "noaux_tc" {
             return Err(crate::Error::Config {
@@ -561,7 +621,7 @@ impl Model {
                     _ => DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?)),
                 };
                 Ok(Layer {
-                    self_attn: MlaAttention::new(&args, flavor)?,
+                    self_attn: MlaAttention::new(&args, flavor, indexer)?,
                     mlp,
                     input_layernorm: RmsNorm::new(dim, eps)?,
                     post_attention_layernorm: RmsNorm::new(dim, eps)?,
@@ -589,15 +649,19 @@ impl Model {
 
     /// mlx-lm's `sanitize` of this file (see the module docs).
     pub(crate) fn sanitize_weights(&self, weights: Weights) -> crate::Result<Weights> {
+        let n = self.args.num_hidden_layers;
         let mut weights = match self.flavor {
             Flavor::DeepseekV3 => dequantize_fp8(remap_int4(weights)?)?,
-            Flavor::Glm4MoeLite => {
-                let n = self.args.num_hidden_layers;
+            Flavor::Glm4MoeLite => weights
+                .into_iter()
+                .filter(|(k, _)| !is_mtp_layer(k, n))
+                .collect(),
+            Flavor::DeepseekV32 => dequantize_fp8(
                 weights
                     .into_iter()
                     .filter(|(k, _)| !is_mtp_layer(k, n))
-                    .collect()
-            }
+                    .collect(),
+            )?,
         };
         let a = &self.args;
         if let Some(n_experts) = a.n_routed_experts {
@@ -624,7 +688,7 @@ impl Model {
                     !k.starts_with("model.layers.61") && !k.contains("rotary_emb.inv_freq")
                 })
                 .collect(),
-            Flavor::Glm4MoeLite => weights,
+            Flavor::Glm4MoeLite | Flavor::DeepseekV32 => weights,
         })
     }
 }
@@ -780,7 +844,15 @@ impl LanguageModel for Model {
         self.lm_head.forward(&out)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        vec![CacheSpec::Standard; self.model.layers.len()]
+        let spec = match self.flavor {
+            // mlx-lm: `CacheList(KVCache(), KVCache())` per layer.
+            Flavor::DeepseekV32 => CacheSpec::List(&[CacheSpec::Standard, CacheSpec::Standard]),
+            Flavor::DeepseekV3 | Flavor::Glm4MoeLite => CacheSpec::Standard,
+        };
+        vec![spec; self.model.layers.len()]
+    }
+    fn defines_make_cache(&self) -> bool {
+        self.flavor == Flavor::DeepseekV32
     }
     decoder_accessors!();
 }

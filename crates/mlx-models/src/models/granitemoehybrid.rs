@@ -2,7 +2,7 @@
 //! Mamba-2 mixers (mamba2's block) and attention layers in the order of `layer_types`,
 //! Granite's embedding / attention / residual / logits multipliers, and either routed
 //! experts beside a shared MLP or a dense MLP.
-use super::mamba2::{Mamba2Block, MixerDims};
+use super::mamba2::{GateNorm, Mamba2Block, MixerDims};
 use super::recurrent::recurrent_state;
 use super::{batch_len, layer_caches, rope_cache, top_k_indices, Architecture, Weights};
 use crate::config::parse_args;
@@ -117,6 +117,8 @@ impl ModelArgs {
             cast_d: true,
             norm_group_size: None,
             scan_lengths: true,
+            out_bias: needb(self.mamba_proj_bias, "mamba_proj_bias")?,
+            gate_norm: GateNorm::GateThenNorm,
         })
     }
 }

@@ -8,6 +8,7 @@ use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{ops, Array, Dtype, Result};
 use mlx_nn::activations::swiglu;
 use mlx_nn::cache::{create_attention_mask, ArraysState};
+use mlx_nn::module::join;
 use mlx_nn::{
     impl_module, scaled_dot_product_attention, AttnMask, EmbeddingLayer, KvCache, LinearLayer,
     Param, RmsNorm, Rope,
@@ -245,7 +246,7 @@ impl ShortConv {
 
 /// The SwiGLU feed-forward (`w2(silu(w1(x)) * w3(x))`).
 #[derive(Debug)]
-struct Mlp {
+pub(crate) struct Mlp {
     w1: LinearLayer,
     w3: LinearLayer,
     w2: LinearLayer,
@@ -282,6 +283,30 @@ impl Mlp {
     }
 }
 
+/// A layer's feed-forward block: LFM2's, or LFM2-MoE's SwiGLU (dense layers) and
+/// sigmoid-routed experts.
+#[derive(Debug)]
+pub(crate) enum FeedForward {
+    /// LFM2's `w1` / `w3` / `w2`.
+    Lfm2(Box<Mlp>),
+    /// `gate_proj` / `up_proj` / `down_proj`.
+    Glu(Box<super::mlp::Mlp>),
+    /// Routed experts.
+    Moe(Box<super::lfm2_moe::SparseMoe>),
+}
+
+enum_module!(FeedForward { Lfm2 => "", Glu => "", Moe => "" });
+
+impl FeedForward {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Lfm2(m) => m.forward(x),
+            FeedForward::Glu(m) => m.forward(x, None),
+            FeedForward::Moe(m) => m.forward(x),
+        }
+    }
+}
+
 /// A layer's operator.
 #[derive(Debug)]
 enum Operator {
@@ -295,7 +320,7 @@ enum_module!(Operator { Conv => "conv", Attention => "self_attn" });
 #[derive(Debug)]
 struct DecoderLayer {
     op: Operator,
-    feed_forward: Mlp,
+    feed_forward: FeedForward,
     operator_norm: RmsNorm,
     ffn_norm: RmsNorm,
 }
@@ -326,12 +351,52 @@ pub struct Model {
     model: Lfm2Model,
     fa_idx: usize,
     conv_idx: usize,
+    /// LFM2-MoE's expert count (its `sanitize` stacks the experts).
+    n_experts: Option<i32>,
 }
-impl_module!(Model { model });
+
+impl mlx_nn::Module for Model {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        self.model.visit_params(&join(prefix, "model"), f);
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.model.visit_params_mut(&join(prefix, "model"), f);
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut mlx_nn::module::QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        self.model.visit_quantizable_mut(&join(prefix, "model"), f)
+    }
+    /// LFM2-MoE's `cast_predicate`: the routers' `expert_bias` keeps its dtype (LFM2
+    /// has no such parameter).
+    fn cast_floating(&mut self, dtype: Dtype) -> mlx_nn::Result<()> {
+        let mut err = None;
+        self.visit_params_mut("", &mut |name, p| {
+            let keep = name.contains("expert_bias");
+            if err.is_none() && !keep && p.dtype().is_floating() && p.dtype() != dtype {
+                match p.astype(dtype) {
+                    Ok(a) => p.set(a),
+                    Err(e) => err = Some(e),
+                }
+            }
+        });
+        err.map_or(Ok(()), |e| Err(e.into()))
+    }
+}
 
 impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
+        Model::with_feed_forward(args, &|a, _| Ok(FeedForward::Lfm2(Box::new(Mlp::new(a)?))))
+    }
+
+    /// Builds the model with layer `i`'s feed-forward block from `feed_forward(args, i)`.
+    pub(crate) fn with_feed_forward(
+        args: ModelArgs,
+        feed_forward: &dyn Fn(&ModelArgs, i32) -> crate::Result<FeedForward>,
+    ) -> crate::Result<Model> {
         let args = args.resolve()?;
         let n = args.num_hidden_layers;
         let first_attn = args
@@ -362,7 +427,7 @@ impl Model {
                     } else {
                         Operator::Conv(Box::new(ShortConv::new(&args)?))
                     },
-                    feed_forward: Mlp::new(&args)?,
+                    feed_forward: feed_forward(&args, i)?,
                     operator_norm: RmsNorm::new(args.hidden_size, eps)?,
                     ffn_norm: RmsNorm::new(args.hidden_size, eps)?,
                 })
@@ -378,7 +443,14 @@ impl Model {
             model,
             fa_idx,
             conv_idx,
+            n_experts: None,
         })
+    }
+
+    /// LFM2-MoE: `sanitize` also renames and stacks `n` experts per layer.
+    pub(crate) fn with_experts(mut self, n: i32) -> Model {
+        self.n_experts = Some(n);
+        self
     }
 }
 
@@ -447,7 +519,7 @@ impl Architecture for Model {
     /// Convolution weights stored `[channels, 1, kernel]` move to MLX's
     /// `[channels, kernel, 1]`.
     fn sanitize(&mut self, weights: Weights) -> crate::Result<Weights> {
-        weights
+        let weights: Weights = weights
             .into_iter()
             .map(|(k, v)| {
                 let s = v.shape();
@@ -458,6 +530,10 @@ impl Architecture for Model {
                 };
                 Ok((k, v))
             })
-            .collect()
+            .collect::<crate::Result<_>>()?;
+        match self.n_experts {
+            Some(n) => super::lfm2_moe::sanitize(weights, n, self.args.num_hidden_layers),
+            None => Ok(weights),
+        }
     }
 }

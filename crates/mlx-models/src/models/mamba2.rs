@@ -90,6 +90,21 @@ pub(crate) struct MixerDims {
     pub norm_group_size: Option<i32>,
     /// Hands a batch's remaining lengths to the scan (nemotron_h does not).
     pub scan_lengths: bool,
+    /// Bias on `out_proj` (falcon_h1's `projectors_bias`; elsewhere `proj_bias`).
+    pub out_bias: bool,
+    /// How the output meets its gate.
+    pub gate_norm: GateNorm,
+}
+
+/// Where the mixer's output meets its gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GateNorm {
+    /// `rms_norm(silu(gate) * y)` (mlx-lm's `MambaRMSNormGated`).
+    GateThenNorm,
+    /// `silu(gate) * rms_norm(y)` (falcon_h1's `mamba_norm_before_gate`).
+    NormThenGate,
+    /// `silu(gate) * y`, no norm (falcon_h1 without `mamba_rms_norm`).
+    GateOnly,
 }
 
 /// The Mamba-2 mixer.
@@ -100,8 +115,9 @@ pub(crate) struct Mamba2Block {
     dt_bias: Param,
     a_log: Param,
     d: Param,
-    norm: GatedNorm,
+    norm: Option<GatedNorm>,
     out_proj: LinearLayer,
+    gate_norm: GateNorm,
     num_heads: i32,
     head_dim: i32,
     n_groups: i32,
@@ -137,6 +153,8 @@ impl ModelArgs {
             cast_d: false,
             norm_group_size: None,
             scan_lengths: true,
+            out_bias: self.use_bias,
+            gate_norm: GateNorm::GateThenNorm,
         }
     }
 }
@@ -169,12 +187,17 @@ impl Mamba2Block {
             dt_bias: Param::new(ops::ones(&[a.num_heads], Dtype::Float32)?),
             a_log: Param::new(f32z(&[a.num_heads])?),
             d: Param::new(ops::ones(&[a.num_heads], Dtype::Float32)?),
-            norm: GatedNorm {
-                weight: Param::new(ops::ones(&[inner], Dtype::Float32)?),
-                eps: a.norm_eps as f32,
-                group_size: a.norm_group_size,
-            },
-            out_proj: LinearLayer::new(inner, a.hidden_size, a.proj_bias)?,
+            norm: (a.gate_norm != GateNorm::GateOnly)
+                .then(|| -> crate::Result<GatedNorm> {
+                    Ok(GatedNorm {
+                        weight: Param::new(ops::ones(&[inner], Dtype::Float32)?),
+                        eps: a.norm_eps as f32,
+                        group_size: a.norm_group_size,
+                    })
+                })
+                .transpose()?,
+            out_proj: LinearLayer::new(inner, a.hidden_size, a.out_bias)?,
+            gate_norm: a.gate_norm,
             num_heads: a.num_heads,
             head_dim: a.head_dim,
             n_groups: a.n_groups,
@@ -266,16 +289,26 @@ impl Mamba2Block {
             }
             c.advance(l)?;
         }
-        let y = swiglu(gate, &y.reshape(&[b, l, inner])?)?;
-        let y = match self.norm.group_size {
-            None => mlx_array::fast::rms_norm(&y, Some(&self.norm.weight), self.norm.eps)?,
-            Some(g) => {
-                let y =
-                    mlx_array::fast::rms_norm(&y.unflatten(-1, &[-1, g])?, None, self.norm.eps)?;
-                self.norm.weight.multiply(&y.flatten(-2, -1)?)?
-            }
+        let y = y.reshape(&[b, l, inner])?;
+        let y = match (self.gate_norm, &self.norm) {
+            (GateNorm::GateThenNorm, Some(n)) => n.forward(&swiglu(gate, &y)?)?,
+            (GateNorm::NormThenGate, Some(n)) => swiglu(gate, &n.forward(&y)?)?,
+            _ => swiglu(gate, &y)?,
         };
         self.out_proj.forward(&y)
+    }
+}
+
+impl GatedNorm {
+    /// `rms_norm` over all channels, or over groups of `group_size` (then scaled).
+    fn forward(&self, y: &Array) -> Result<Array> {
+        match self.group_size {
+            None => mlx_array::fast::rms_norm(y, Some(&self.weight), self.eps),
+            Some(g) => {
+                let y = mlx_array::fast::rms_norm(&y.unflatten(-1, &[-1, g])?, None, self.eps)?;
+                self.weight.multiply(&y.flatten(-2, -1)?)
+            }
+        }
     }
 }
 

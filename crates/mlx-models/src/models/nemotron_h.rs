@@ -4,7 +4,7 @@
 //! and squared-ReLU MLPs, each `x + block(norm(x))`; only mixers and attention layers
 //! hold caches. The routed-expert layers (`E`, Nemotron 3 MoE checkpoints) are not
 //! ported: such a config is refused at load.
-use super::mamba2::{Mamba2Block, MixerDims};
+use super::mamba2::{GateNorm, Mamba2Block, MixerDims};
 use super::recurrent::recurrent_state;
 use super::{batch_len, Architecture, Weights};
 use crate::config::parse_args;
@@ -130,6 +130,8 @@ impl ModelArgs {
             cast_d: true,
             norm_group_size: Some(inner / self.n_groups.max(1)),
             scan_lengths: false,
+            out_bias: self.mamba_proj_bias,
+            gate_norm: GateNorm::GateThenNorm,
         }
     }
 }
