@@ -1,6 +1,6 @@
 //! `Linear` and `QuantizedLinear` (mlx.nn), and [`LinearLayer`], which is either.
 use crate::error::Result as NnResult;
-use crate::lora::LoraLinear;
+use crate::lora::{LoraLinear, ResidentAdapter, ResidentLoraLinear};
 use crate::module::{Module, Param, QuantVisitor};
 use crate::quantize::{QuantSpec, Quantizable};
 use mlx_array::quant::{
@@ -158,6 +158,9 @@ pub enum LinearLayer {
     Quantized(QuantizedLinear),
     /// Either, with a low-rank adapter (mlx-lm's `LoRALinear` / `DoRALinear`).
     Lora(Box<LoraLinear>),
+    /// Either, with LoRA adapters kept resident, picked per batch row (serving several
+    /// adapters on one base model).
+    Resident(Box<ResidentLoraLinear>),
 }
 
 impl LinearLayer {
@@ -177,6 +180,7 @@ impl LinearLayer {
             LinearLayer::Dense(l) => l.forward(x),
             LinearLayer::Quantized(l) => l.forward(x),
             LinearLayer::Lora(l) => l.forward(x),
+            LinearLayer::Resident(l) => l.forward(x),
         }
     }
 
@@ -196,6 +200,7 @@ impl LinearLayer {
                 ))
             }
             LinearLayer::Lora(l) => l.base.dense_weight_and_bias(),
+            LinearLayer::Resident(l) => l.base.dense_weight_and_bias(),
         }
     }
 
@@ -211,6 +216,7 @@ impl LinearLayer {
         let placeholder = LinearLayer::Dense(Linear::from_weights(lora_a.clone(), None));
         let base = match std::mem::replace(self, placeholder) {
             LinearLayer::Lora(l) => l.base,
+            LinearLayer::Resident(l) => l.base,
             other => other,
         };
         *self = LinearLayer::Lora(Box::new(LoraLinear {
@@ -221,6 +227,81 @@ impl LinearLayer {
             scale,
             dropout: 0.0,
         }));
+    }
+
+    /// Keeps the LoRA adapter `id` (not 0) resident on the layer, next to any others (see
+    /// [`ResidentLoraLinear`]); an adapter with that id already there is replaced.
+    /// Refused on a layer with an adapter applied at load ([`LinearLayer::Lora`]).
+    pub fn add_resident_adapter(
+        &mut self,
+        id: u32,
+        lora_a: Array,
+        lora_b: Array,
+        scale: f64,
+    ) -> Result<()> {
+        if id == 0 {
+            return Err(mlx_array::Error::InvalidArgument(
+                "a resident adapter's id is not 0 (0 is no adapter)".into(),
+            ));
+        }
+        let adapter = ResidentAdapter {
+            id,
+            lora_a: Param::frozen(lora_a),
+            lora_b: Param::frozen(lora_b),
+            scale,
+        };
+        match self {
+            LinearLayer::Lora(_) => Err(mlx_array::Error::InvalidArgument(
+                "the layer already has an adapter applied at load".into(),
+            )),
+            LinearLayer::Resident(r) => {
+                r.adapters.retain(|a| a.id != id);
+                r.adapters.push(adapter);
+                Ok(())
+            }
+            LinearLayer::Dense(_) | LinearLayer::Quantized(_) => {
+                let placeholder = LinearLayer::Dense(Linear::from_weights(
+                    adapter.lora_a.value().clone(),
+                    None,
+                ));
+                let base = std::mem::replace(self, placeholder);
+                *self = LinearLayer::Resident(Box::new(ResidentLoraLinear {
+                    base,
+                    adapters: vec![adapter],
+                }));
+                Ok(())
+            }
+        }
+    }
+
+    /// Drops the resident adapter `id` (the plain layer comes back with the last one);
+    /// whether it was there.
+    pub fn remove_resident_adapter(&mut self, id: u32) -> Result<bool> {
+        let LinearLayer::Resident(r) = self else {
+            return Ok(false);
+        };
+        let before = r.adapters.len();
+        r.adapters.retain(|a| a.id != id);
+        let removed = r.adapters.len() != before;
+        if r.adapters.is_empty() {
+            let placeholder = LinearLayer::Dense(Linear::from_weights(
+                Array::from_slice(&[0f32], &[1, 1])?,
+                None,
+            ));
+            if let LinearLayer::Resident(r) = std::mem::replace(self, placeholder) {
+                *self = r.base;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The ids of the adapters resident on the layer (none unless
+    /// [`LinearLayer::Resident`]).
+    pub fn resident_adapter_ids(&self) -> Vec<u32> {
+        match self {
+            LinearLayer::Resident(r) => r.ids().collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Sets the training dropout of the layer's adapter (no-op without one).
@@ -260,7 +341,7 @@ impl LinearLayer {
             .iter()
             .filter_map(|l| match l {
                 LinearLayer::Quantized(q) => Some(q),
-                LinearLayer::Dense(_) | LinearLayer::Lora(_) => None,
+                LinearLayer::Dense(_) | LinearLayer::Lora(_) | LinearLayer::Resident(_) => None,
             })
             .collect();
         let shared = match quantized.first() {
@@ -330,6 +411,7 @@ impl Module for LinearLayer {
             LinearLayer::Dense(l) => l.visit_params(prefix, f),
             LinearLayer::Quantized(l) => l.visit_params(prefix, f),
             LinearLayer::Lora(l) => l.visit_params(prefix, f),
+            LinearLayer::Resident(l) => l.visit_params(prefix, f),
         }
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
@@ -337,6 +419,7 @@ impl Module for LinearLayer {
             LinearLayer::Dense(l) => l.visit_params_mut(prefix, f),
             LinearLayer::Quantized(l) => l.visit_params_mut(prefix, f),
             LinearLayer::Lora(l) => l.visit_params_mut(prefix, f),
+            LinearLayer::Resident(l) => l.visit_params_mut(prefix, f),
         }
     }
     fn visit_quantizable_mut(&mut self, prefix: &str, f: &mut QuantVisitor<'_>) -> NnResult<()> {
@@ -350,6 +433,7 @@ impl Quantizable for LinearLayer {
             LinearLayer::Dense(l) => l.weight.shape(),
             LinearLayer::Quantized(q) => vec![q.weight.shape()[0], q.input_dims()],
             LinearLayer::Lora(l) => l.base.dense_weight_shape(),
+            LinearLayer::Resident(l) => l.base.dense_weight_shape(),
         }
     }
     fn quant_spec(&self) -> Option<QuantSpec> {
@@ -357,6 +441,7 @@ impl Quantizable for LinearLayer {
             LinearLayer::Dense(_) => None,
             LinearLayer::Quantized(q) => Some(q.spec),
             LinearLayer::Lora(l) => l.base.quant_spec(),
+            LinearLayer::Resident(l) => l.base.quant_spec(),
         }
     }
     fn quantize(&mut self, spec: QuantSpec) -> Result<()> {
@@ -368,6 +453,7 @@ impl Quantizable for LinearLayer {
             }
             LinearLayer::Quantized(_) => {}
             LinearLayer::Lora(l) => l.base.quantize(spec)?,
+            LinearLayer::Resident(l) => l.base.quantize(spec)?,
         }
         Ok(())
     }
@@ -375,6 +461,7 @@ impl Quantizable for LinearLayer {
         match self {
             LinearLayer::Quantized(q) => *self = LinearLayer::Dense(q.to_dense(dtype)?),
             LinearLayer::Lora(l) => l.base.dequantize(dtype)?,
+            LinearLayer::Resident(l) => l.base.dequantize(dtype)?,
             LinearLayer::Dense(_) => {}
         }
         Ok(())
