@@ -218,6 +218,10 @@ impl ModelLoader for Loader {
             .map_err(|e| LoadError::Failed(format!("{e:#}")))
     }
 
+    fn keeps_adapters_resident(&self) -> bool {
+        true
+    }
+
     fn add_adapter(
         &self,
         model: &mut dyn mlx_models::LanguageModel,

@@ -131,6 +131,12 @@ pub enum AdapterError {
 /// Loads models for the pool (the `mlx-server` binary resolves paths and Hub ids,
 /// applies adapters and lists the Hugging Face cache).
 pub trait ModelLoader: Send + Sync + 'static {
+    /// Whether it can keep adapters resident on a loaded model
+    /// ([`ModelLoader::add_adapter`]); when not (the default), a request's `adapters`
+    /// load as a model of their own.
+    fn keeps_adapters_resident(&self) -> bool {
+        false
+    }
     /// Keeps the LoRA adapters at `path` resident on `model` under `id` (on the engine
     /// thread; see `mlx_nn::lora::ResidentLoraLinear`). By default none can be:
     /// adapters load as a model of their own.
@@ -582,7 +588,12 @@ impl Pool {
         name: &str,
         adapters: Option<&str>,
     ) -> Result<Arc<AppState>, ApiError> {
-        let Some(a) = adapters.filter(|_| self.cfg.max_resident_adapters > 0) else {
+        let resident = self.cfg.max_resident_adapters > 0
+            && self
+                .loader
+                .as_ref()
+                .is_some_and(|l| l.keeps_adapters_resident());
+        let Some(a) = adapters.filter(|_| resident) else {
             return self.acquire_entry(name, adapters).await;
         };
         let base = self.acquire_entry(name, None).await?;
