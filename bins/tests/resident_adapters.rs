@@ -48,12 +48,11 @@ fn start(args: &[&str]) -> Server {
     panic!("the server on port {port} did not start");
 }
 
-/// POSTs `body` to `/v1/completions`: the status and the JSON answer.
-fn post(port: u16, body: &Value) -> (u16, Value) {
-    let body = body.to_string();
+/// Sends `method path` with `body`: the status and the body.
+fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).unwrap();
@@ -61,13 +60,28 @@ fn post(port: u16, body: &Value) -> (u16, Value) {
     s.read_to_string(&mut out).unwrap();
     let (head, rest) = out.split_once("\r\n\r\n").unwrap();
     let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let v = serde_json::from_str(rest.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    (status, rest.to_string())
+}
+
+/// POSTs `body` to `/v1/completions`: the status and the JSON answer.
+fn post(port: u16, body: &Value) -> (u16, Value) {
+    let (status, rest) = request(port, "POST", "/v1/completions", &body.to_string());
+    let v = serde_json::from_str(rest.trim()).unwrap_or_else(|e| panic!("{e}: {rest}"));
     (status, v)
+}
+
+/// The value of counter `name` in `/metrics`.
+fn counter(port: u16, name: &str) -> f64 {
+    let (status, text) = request(port, "GET", "/metrics", "");
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
 }
 
 /// The greedy completion of `prompt` (with `adapters` when given).
 fn complete(port: u16, prompt: &str, adapters: Option<&str>) -> String {
-    let mut body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0});
+    let mut body = json!({"prompt": prompt, "max_tokens": 48, "temperature": 0});
     if let Some(a) = adapters {
         body["adapters"] = json!(a);
     }
@@ -109,7 +123,19 @@ fn case(model: &str) {
     assert_eq!(prompts.map(|p| complete(shared.port, p, None)), plain);
     assert_ne!(own[0], plain, "{model}: adapters X changed nothing");
     assert_ne!(own[0], own[1], "{model}: adapters X and Y give the same text");
+    // Both kept resident on the one model: no model of their own was loaded.
+    let (_, models) = request(shared.port, "GET", "/v1/models", "");
+    let models: Value = serde_json::from_str(models.trim()).unwrap();
+    let entries = models["data"].as_array().unwrap();
+    assert!(
+        entries.iter().all(|e| !e["id"].as_str().unwrap().contains('@')),
+        "{models}"
+    );
+    let base = entries.iter().find(|e| e["id"] == json!(m)).unwrap();
+    assert_eq!(base["resident_adapters"], json!([x, y]), "{models}");
     // (b) X, Y and none at once (twice each, two prompts): one batch on one model.
+    let steps = counter(shared.port, "mlx_server_decode_steps_total");
+    let rows = counter(shared.port, "mlx_server_decode_rows_total");
     let mut jobs = Vec::new();
     for round in 0..2 {
         for (k, a) in [Some(x.clone()), Some(y.clone()), None].into_iter().enumerate() {
@@ -128,6 +154,10 @@ fn case(model: &str) {
         let (got, want, a, p) = j.join().unwrap();
         assert_eq!(got, want, "{model}: {a:?} {p:?} in a mixed batch");
     }
+    // Rows shared decoding steps (six requests, each with 48 tokens to decode).
+    let steps = counter(shared.port, "mlx_server_decode_steps_total") - steps;
+    let rows = counter(shared.port, "mlx_server_decode_rows_total") - rows;
+    assert!(rows > steps * 1.5, "{model}: {rows} rows in {steps} steps");
 }
 
 #[test]
