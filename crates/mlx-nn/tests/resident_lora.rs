@@ -122,3 +122,20 @@ fn an_adapter_applied_at_load_is_not_mixed_with_resident_ones() {
     let err = l.add_resident_adapter(1, a, b, s).unwrap_err();
     assert!(err.to_string().contains("adapter applied at load"), "{err}");
 }
+
+/// A fused projection (decoding's one matmul for q/k/v) stops being used while a layer
+/// holds resident adapters, and is used again once they are gone.
+#[test]
+fn resident_adapters_make_a_fusion_stale_until_removed() {
+    let mut ls = vec![base(Dtype::Float32, false), base(Dtype::Float32, false)];
+    let fused = {
+        let mut refs: Vec<&mut LinearLayer> = ls.iter_mut().collect();
+        mlx_nn::FusedLinears::fuse(&mut refs).unwrap().unwrap()
+    };
+    assert!(fused.matches(&ls.iter().collect::<Vec<_>>()));
+    let (a, b, s) = adapter(1);
+    ls[1].add_resident_adapter(1, a, b, s).unwrap();
+    assert!(!fused.matches(&ls.iter().collect::<Vec<_>>()));
+    assert!(ls[1].remove_resident_adapter(1).unwrap());
+    assert!(fused.matches(&ls.iter().collect::<Vec<_>>()));
+}
