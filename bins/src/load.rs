@@ -113,7 +113,12 @@ pub fn add_resident_adapters(
     };
     match mlx_train::apply_resident_adapters(module, &adapters, id) {
         Ok(layers) => {
-            tracing::info!(adapters = dir, id, layers = layers.len(), "resident adapters added");
+            tracing::info!(
+                adapters = dir,
+                id,
+                layers = layers.len(),
+                "resident adapters added"
+            );
             Ok(())
         }
         Err(e @ TrainError::Unsupported(_)) => Err(AdapterError::OwnModel(e.to_string())),

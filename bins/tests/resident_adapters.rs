@@ -81,7 +81,12 @@ fn counter(port: u16, name: &str) -> f64 {
 
 /// The greedy completion of `prompt` (with `adapters` when given).
 fn complete(port: u16, prompt: &str, adapters: Option<&str>) -> String {
-    let mut body = json!({"prompt": prompt, "max_tokens": 48, "temperature": 0});
+    complete_on(port, "default_model", prompt, adapters)
+}
+
+/// [`complete`] on the model `model`.
+fn complete_on(port: u16, model: &str, prompt: &str, adapters: Option<&str>) -> String {
+    let mut body = json!({"model": model, "prompt": prompt, "max_tokens": 48, "temperature": 0});
     if let Some(a) = adapters {
         body["adapters"] = json!(a);
     }
@@ -122,13 +127,18 @@ fn case(model: &str) {
     }
     assert_eq!(prompts.map(|p| complete(shared.port, p, None)), plain);
     assert_ne!(own[0], plain, "{model}: adapters X changed nothing");
-    assert_ne!(own[0], own[1], "{model}: adapters X and Y give the same text");
+    assert_ne!(
+        own[0], own[1],
+        "{model}: adapters X and Y give the same text"
+    );
     // Both kept resident on the one model: no model of their own was loaded.
     let (_, models) = request(shared.port, "GET", "/v1/models", "");
     let models: Value = serde_json::from_str(models.trim()).unwrap();
     let entries = models["data"].as_array().unwrap();
     assert!(
-        entries.iter().all(|e| !e["id"].as_str().unwrap().contains('@')),
+        entries
+            .iter()
+            .all(|e| !e["id"].as_str().unwrap().contains('@')),
         "{models}"
     );
     let base = entries.iter().find(|e| e["id"] == json!(m)).unwrap();
@@ -138,7 +148,10 @@ fn case(model: &str) {
     let rows = counter(shared.port, "mlx_server_decode_rows_total");
     let mut jobs = Vec::new();
     for round in 0..2 {
-        for (k, a) in [Some(x.clone()), Some(y.clone()), None].into_iter().enumerate() {
+        for (k, a) in [Some(x.clone()), Some(y.clone()), None]
+            .into_iter()
+            .enumerate()
+        {
             let p = prompts[(round + k) % 2];
             let want = match k {
                 0 | 1 => own[k][(round + k) % 2].clone(),
@@ -186,8 +199,22 @@ fn missing_and_misfitting_adapters_are_refused_and_the_server_keeps_serving() {
     );
     common::make_adapters(&py, &m, &dora, "dora");
     let m = m.display().to_string();
-    let s = start(&["--model", &m]);
+    // A models file naming the good adapters `support` on a second model.
+    let config = tmp.0.join("models.json");
+    std::fs::write(
+        &config,
+        json!({"models": [{"id": "tiny", "path": m,
+                           "resident_adapters": {"support": good}}]})
+        .to_string(),
+    )
+    .unwrap();
+    let s = start(&["--model", &m, "--models-config", config.to_str().unwrap()]);
     let before = complete(s.port, "hello world", Some(good.to_str().unwrap()));
+    assert_eq!(
+        complete_on(s.port, "tiny", "hello world", Some("support")),
+        before,
+        "adapters named in the models file"
+    );
 
     let missing = tmp.0.join("nowhere").display().to_string();
     let (status, v) = post(
@@ -207,7 +234,10 @@ fn missing_and_misfitting_adapters_are_refused_and_the_server_keeps_serving() {
     );
     let msg = v["error"]["message"].as_str().unwrap_or_default();
     assert_eq!(status, 400, "{v}");
-    assert!(msg.contains("do not fit the model") && msg.contains("q_proj"), "{v}");
+    assert!(
+        msg.contains("do not fit the model") && msg.contains("q_proj"),
+        "{v}"
+    );
     assert_eq!(v["error"]["param"], "adapters", "{v}");
 
     // DoRA cannot share the base: it is served as a model of its own, with mlx-lm's

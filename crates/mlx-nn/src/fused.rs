@@ -110,9 +110,11 @@ impl FusedLinears {
     /// quantized alike; biases on all or none. Their parameters become views into the
     /// fused buffers (the separate arrays are released). `None` when they differ.
     pub fn fuse(layers: &mut [&mut LinearLayer]) -> NnResult<Option<FusedLinears>> {
-        if layers.len() < 2 || layers
+        if layers.len() < 2
+            || layers
                 .iter()
-                .any(|l| matches!(**l, LinearLayer::Lora(_) | LinearLayer::Resident(_))) {
+                .any(|l| matches!(**l, LinearLayer::Lora(_) | LinearLayer::Resident(_)))
+        {
             return Ok(None);
         }
         let sizes: Vec<i32> = layers

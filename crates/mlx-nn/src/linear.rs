@@ -260,10 +260,8 @@ impl LinearLayer {
                 Ok(())
             }
             LinearLayer::Dense(_) | LinearLayer::Quantized(_) => {
-                let placeholder = LinearLayer::Dense(Linear::from_weights(
-                    adapter.lora_a.value().clone(),
-                    None,
-                ));
+                let placeholder =
+                    LinearLayer::Dense(Linear::from_weights(adapter.lora_a.value().clone(), None));
                 let base = std::mem::replace(self, placeholder);
                 *self = LinearLayer::Resident(Box::new(ResidentLoraLinear {
                     base,

@@ -50,7 +50,9 @@ fn base(dtype: Dtype, quantized: bool) -> LinearLayer {
 fn adapter(k: u64) -> (Array, Array, f64) {
     (
         randn(&[64, 4], 10 + k, Dtype::Float32),
-        randn(&[4, 48], 20 + k, Dtype::Float32).multiply(0.05).unwrap(),
+        randn(&[4, 48], 20 + k, Dtype::Float32)
+            .multiply(0.05)
+            .unwrap(),
         7.5 + k as f64,
     )
 }

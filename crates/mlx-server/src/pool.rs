@@ -1498,7 +1498,7 @@ mod tests {
         let v = json!({"models": [
             {"id": "a", "path": "/m/a", "pinned": true, "idle_timeout": 1.5,
              "temperature": 0.7, "max_tokens": 64, "adapters": "/ad", "draft_model": "d"},
-            {"model": "org/b"},
+            {"model": "org/b", "resident_adapters": {"support": "/ad/support"}},
         ]});
         let specs = parse_models(&v).unwrap();
         assert_eq!(specs[0].id, "a");
@@ -1512,12 +1512,22 @@ mod tests {
         assert_eq!(specs[1].id, "org/b");
         assert_eq!(specs[1].path, "org/b");
         assert!(!specs[1].pinned);
+        assert!(specs[0].resident_adapters.is_empty());
+        assert_eq!(
+            specs[1].resident_adapters,
+            vec![("support".to_string(), "/ad/support".to_string())]
+        );
 
         let err = |v: Json| parse_models(&v).unwrap_err();
         assert!(err(json!([{"id": "a", "pined": true}])).contains("unknown field `pined`"));
         assert!(err(json!([{"id": "a", "top_p": 2}])).contains("`top_p`"));
         assert!(err(json!([{"id": "a"}, {"id": "a"}])).contains("used twice"));
         assert!(err(json!([{}])).contains("needs an `id`"));
+        assert!(err(json!([{"id": "a", "resident_adapters": ["/ad"]}]))
+            .contains("`resident_adapters` must map names"));
+        assert!(
+            err(json!([{"id": "a", "resident_adapters": {"x": 1}}])).contains("`x` is not a path")
+        );
         assert!(err(json!({"model": []})).contains("unknown top-level field"));
     }
 

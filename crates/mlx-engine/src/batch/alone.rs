@@ -38,9 +38,8 @@ impl Alone {
         for s in self.seqs.iter_mut().filter(|s| !s.decoding()).take(budget) {
             let tic = Instant::now();
             let adapter = [s.job().req.adapter];
-            let r = mlx_nn::lora::with_row_adapters(&adapter, || {
-                s.prefill_alone(model, step_size, kv)
-            });
+            let r =
+                mlx_nn::lora::with_row_adapters(&adapter, || s.prefill_alone(model, step_size, kv));
             metrics.prefill_micros.add(tic.elapsed().as_micros() as u64);
             match r {
                 Ok(Prefill::Chunk(processed, total)) => {

@@ -308,7 +308,12 @@ mod tests {
         pc.insert_for(3, vec![1, 2, 3], filled(3), CacheKind::Assistant);
         assert!(pc.fetch_nearest(&[1, 2, 3, 4]).is_none());
         assert!(pc.fetch_nearest_for(4, &[1, 2, 3, 4]).is_none());
-        assert_eq!(pc.fetch_nearest_for(3, &[1, 2, 3, 4]).unwrap().cached_tokens, 3);
+        assert_eq!(
+            pc.fetch_nearest_for(3, &[1, 2, 3, 4])
+                .unwrap()
+                .cached_tokens,
+            3
+        );
         // The same tokens under the base model are a separate entry.
         pc.insert(vec![1, 2, 3], filled(3), CacheKind::Assistant);
         assert_eq!(pc.len(), 2);

@@ -956,7 +956,8 @@ impl Shared {
             if let Some(disk) = self.disk.as_mut().filter(|_| adapter == 0) {
                 disk.store(&fed, &caches, CacheKind::Assistant);
             }
-            self.cache.insert_for(adapter, fed, caches, CacheKind::Assistant);
+            self.cache
+                .insert_for(adapter, fed, caches, CacheKind::Assistant);
             self.update_cache_metrics();
         }
     }
