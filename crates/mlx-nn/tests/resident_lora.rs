@@ -129,7 +129,7 @@ fn an_adapter_applied_at_load_is_not_mixed_with_resident_ones() {
 /// holds resident adapters, and is used again once they are gone.
 #[test]
 fn resident_adapters_make_a_fusion_stale_until_removed() {
-    let mut ls = vec![base(Dtype::Float32, false), base(Dtype::Float32, false)];
+    let mut ls = [base(Dtype::Float32, false), base(Dtype::Float32, false)];
     let fused = {
         let mut refs: Vec<&mut LinearLayer> = ls.iter_mut().collect();
         mlx_nn::FusedLinears::fuse(&mut refs).unwrap().unwrap()
