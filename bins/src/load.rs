@@ -89,6 +89,53 @@ fn apply_adapters(model: &mut dyn LanguageModel, dir: &str) -> Result<()> {
     Ok(())
 }
 
+/// Keeps the LoRA adapters in `dir` resident on `model` under `id` (the server's
+/// per-request `adapters`; see `mlx_train::apply_resident_adapters`), the base weights
+/// untouched.
+pub fn add_resident_adapters(
+    model: &mut dyn LanguageModel,
+    dir: &str,
+    id: u32,
+) -> Result<(), mlx_server::pool::AdapterError> {
+    use mlx_server::pool::AdapterError;
+    use mlx_train::TrainError;
+    let adapters = mlx_train::Adapters::load(dir).map_err(|e| match &e {
+        TrainError::Io { .. } => AdapterError::NotFound(e.to_string()),
+        TrainError::Config { path, .. } if !path.exists() => AdapterError::NotFound(e.to_string()),
+        TrainError::Config { .. } | TrainError::Mlx(_) => AdapterError::Incompatible(e.to_string()),
+        _ => AdapterError::Failed(e.to_string()),
+    })?;
+    let ty = model.model_type().to_string();
+    let Some(module) = model.as_module_mut() else {
+        return Err(AdapterError::OwnModel(format!(
+            "model type `{ty}` does not expose its layers for resident adapters"
+        )));
+    };
+    match mlx_train::apply_resident_adapters(module, &adapters, id) {
+        Ok(layers) => {
+            tracing::info!(
+                adapters = dir,
+                id,
+                layers = layers.len(),
+                "resident adapters added"
+            );
+            Ok(())
+        }
+        Err(e @ TrainError::Unsupported(_)) => Err(AdapterError::OwnModel(e.to_string())),
+        Err(e @ TrainError::Mismatch(_)) => Err(AdapterError::Incompatible(e.to_string())),
+        Err(e) => Err(AdapterError::Failed(e.to_string())),
+    }
+}
+
+/// Drops the resident adapters `id` from `model` (see [`add_resident_adapters`]).
+pub fn remove_resident_adapters(model: &mut dyn LanguageModel, id: u32) {
+    if let Some(module) = model.as_module_mut() {
+        if let Err(e) = mlx_train::remove_resident_adapters(module, id) {
+            tracing::warn!(id, "removing resident adapters failed: {e}");
+        }
+    }
+}
+
 /// mlx-lm's commands seed MLX's global key sequence before loading, and building the
 /// model takes keys from it for the random initial weights it then overwrites. Take
 /// as many here, so a sampler seeded before [`load`] draws the keys mlx-lm's does.

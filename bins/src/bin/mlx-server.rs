@@ -3,7 +3,9 @@
 use anyhow::Context;
 use clap::Parser;
 use mlx_bins::load::{load, use_default_chat_template, LoadArgs};
-use mlx_server::pool::{AllowedModels, LoadError, LoadedModel, ModelLoader, ModelSpec, PoolConfig};
+use mlx_server::pool::{
+    AdapterError, AllowedModels, LoadError, LoadedModel, ModelLoader, ModelSpec, PoolConfig,
+};
 use mlx_server::ServerConfig;
 use serde_json::Value as Json;
 use std::process::ExitCode;
@@ -141,6 +143,12 @@ struct Args {
     /// chat JSON ({"messages": [...]} or a list of messages). Repeatable.
     #[arg(long)]
     warm_prompt: Vec<std::path::PathBuf>,
+    /// LoRA adapters kept resident per loaded model for requests' `adapters` (ours):
+    /// requests with different adapters (or none) share the base weights and its
+    /// batches; the least recently used idle adapters make room. 0 loads every adapter
+    /// set as a model of its own (mlx-lm reloads the model).
+    #[arg(long, default_value_t = 8)]
+    max_resident_adapters: usize,
     #[command(flatten)]
     cpu_weights: mlx_bins::load::CpuWeights,
 }
@@ -208,6 +216,23 @@ impl ModelLoader for Loader {
         load(&self.load_args(&spec.path, spec.adapter_path.as_deref()))
             .and_then(|l| self.finish(l))
             .map_err(|e| LoadError::Failed(format!("{e:#}")))
+    }
+
+    fn keeps_adapters_resident(&self) -> bool {
+        true
+    }
+
+    fn add_adapter(
+        &self,
+        model: &mut dyn mlx_models::LanguageModel,
+        path: &str,
+        id: u32,
+    ) -> Result<(), AdapterError> {
+        mlx_bins::load::add_resident_adapters(model, path, id)
+    }
+
+    fn remove_adapter(&self, model: &mut dyn mlx_models::LanguageModel, id: u32) {
+        mlx_bins::load::remove_resident_adapters(model, id)
     }
 
     fn estimate_bytes(&self, spec: &ModelSpec) -> Option<u64> {
@@ -323,6 +348,7 @@ fn main() -> ExitCode {
                 .model_idle_timeout
                 .map(|s| seconds("--model-idle-timeout", s))
                 .transpose()?,
+            max_resident_adapters: args.max_resident_adapters,
         };
         let loader = Loader {
             cpu_weights: args.cpu_weights,

@@ -103,6 +103,11 @@ pub fn mlx_lm_python(module: &str) -> PathBuf {
 /// and DoRA magnitudes perturbed (a fresh adapter's `lora_b` is zero) so every adapted
 /// weight changes; a full fine-tune perturbs the last two layers' weights.
 pub fn make_adapters(py: &Path, model: &Path, out: &Path, kind: &str) {
+    make_adapters_seeded(py, model, out, kind, 7)
+}
+
+/// [`make_adapters`] with MLX seeded with `seed` (other seeds: other adapters).
+pub fn make_adapters_seeded(py: &Path, model: &Path, out: &Path, kind: &str, seed: u64) {
     let made = Command::new(py)
         .args([
             "-c",
@@ -110,6 +115,7 @@ pub fn make_adapters(py: &Path, model: &Path, out: &Path, kind: &str) {
             model.to_str().unwrap(),
             out.to_str().unwrap(),
             kind,
+            &seed.to_string(),
         ])
         .output()
         .expect("python runs");
@@ -135,7 +141,7 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 
 model_dir, out, kind = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
 num_layers = 2
-mx.random.seed(7)
+mx.random.seed(int(sys.argv[4]) if len(sys.argv) > 4 else 7)
 model, _ = load_model(pathlib.Path(model_dir))
 model.freeze()
 params = {"rank": 4, "scale": 7.5, "dropout": 0.0}

@@ -61,6 +61,14 @@ fn for_each_id_dyn(layers: &[&LinearLayer], f: &mut dyn FnMut(u64)) {
                 f(a.lora_a.id());
                 f(a.lora_b.id());
             }
+            // Resident adapters too: with any on the layer it runs on its own.
+            LinearLayer::Resident(r) => {
+                for_each_id_dyn(&[&r.base], f);
+                for a in &r.adapters {
+                    f(a.lora_a.id());
+                    f(a.lora_b.id());
+                }
+            }
             LinearLayer::Dense(d) => {
                 f(d.weight.id());
                 d.bias.iter().for_each(|b| f(b.id()));
@@ -102,7 +110,11 @@ impl FusedLinears {
     /// quantized alike; biases on all or none. Their parameters become views into the
     /// fused buffers (the separate arrays are released). `None` when they differ.
     pub fn fuse(layers: &mut [&mut LinearLayer]) -> NnResult<Option<FusedLinears>> {
-        if layers.len() < 2 || layers.iter().any(|l| matches!(**l, LinearLayer::Lora(_))) {
+        if layers.len() < 2
+            || layers
+                .iter()
+                .any(|l| matches!(**l, LinearLayer::Lora(_) | LinearLayer::Resident(_)))
+        {
             return Ok(None);
         }
         let sizes: Vec<i32> = layers
@@ -111,16 +123,17 @@ impl FusedLinears {
                 LinearLayer::Dense(d) => d.weight.shape()[0],
                 LinearLayer::Quantized(q) => q.weight.shape()[0],
                 LinearLayer::Lora(a) => a.base.dense_weight_shape()[0],
+                LinearLayer::Resident(a) => a.base.dense_weight_shape()[0],
             })
             .collect();
         let kind = if let Some(mut dense) = pick(layers, |l| match l {
             LinearLayer::Dense(d) => Some(d),
-            LinearLayer::Quantized(_) | LinearLayer::Lora(_) => None,
+            LinearLayer::Quantized(_) | LinearLayer::Lora(_) | LinearLayer::Resident(_) => None,
         }) {
             fuse_dense(&mut dense)?
         } else if let Some(mut qs) = pick(layers, |l| match l {
             LinearLayer::Quantized(q) => Some(q),
-            LinearLayer::Dense(_) | LinearLayer::Lora(_) => None,
+            LinearLayer::Dense(_) | LinearLayer::Lora(_) | LinearLayer::Resident(_) => None,
         }) {
             fuse_quantized(&mut qs)?
         } else {

@@ -1,6 +1,6 @@
 //! `Linear` and `QuantizedLinear` (mlx.nn), and [`LinearLayer`], which is either.
 use crate::error::Result as NnResult;
-use crate::lora::LoraLinear;
+use crate::lora::{LoraLinear, ResidentAdapter, ResidentLoraLinear};
 use crate::module::Param;
 use crate::quantize::QuantSpec;
 use crate::variants::{pack, unpack};
@@ -152,6 +152,9 @@ pub enum LinearLayer {
     Quantized(QuantizedLinear),
     /// Either, with a low-rank adapter (mlx-lm's `LoRALinear` / `DoRALinear`).
     Lora(Box<LoraLinear>),
+    /// Either, with LoRA adapters kept resident, picked per batch row (serving several
+    /// adapters on one base model).
+    Resident(Box<ResidentLoraLinear>),
 }
 
 impl LinearLayer {
@@ -171,6 +174,7 @@ impl LinearLayer {
             LinearLayer::Dense(l) => l.forward(x),
             LinearLayer::Quantized(l) => l.forward(x),
             LinearLayer::Lora(l) => l.forward(x),
+            LinearLayer::Resident(l) => l.forward(x),
         }
     }
 
@@ -190,6 +194,7 @@ impl LinearLayer {
                 ))
             }
             LinearLayer::Lora(l) => l.base.dense_weight_and_bias(),
+            LinearLayer::Resident(l) => l.base.dense_weight_and_bias(),
         }
     }
 
@@ -205,6 +210,7 @@ impl LinearLayer {
         let placeholder = LinearLayer::Dense(Linear::from_weights(lora_a.clone(), None));
         let base = match std::mem::replace(self, placeholder) {
             LinearLayer::Lora(l) => l.base,
+            LinearLayer::Resident(l) => l.base,
             other => other,
         };
         *self = LinearLayer::Lora(Box::new(LoraLinear {
@@ -217,6 +223,78 @@ impl LinearLayer {
         }));
     }
 
+    /// Keeps the LoRA adapter `id` (not 0) resident on the layer, next to any others (see
+    /// [`ResidentLoraLinear`]); an adapter with that id already there is replaced.
+    /// Refused on a layer with an adapter applied at load ([`LinearLayer::Lora`]).
+    pub fn add_resident_adapter(
+        &mut self,
+        id: u32,
+        lora_a: Array,
+        lora_b: Array,
+        scale: f64,
+    ) -> Result<()> {
+        if id == 0 {
+            return Err(mlx_array::Error::InvalidArgument(
+                "a resident adapter's id is not 0 (0 is no adapter)".into(),
+            ));
+        }
+        let adapter = ResidentAdapter {
+            id,
+            lora_a: Param::frozen(lora_a),
+            lora_b: Param::frozen(lora_b),
+            scale,
+        };
+        match self {
+            LinearLayer::Lora(_) => Err(mlx_array::Error::InvalidArgument(
+                "the layer already has an adapter applied at load".into(),
+            )),
+            LinearLayer::Resident(r) => {
+                r.adapters.retain(|a| a.id != id);
+                r.adapters.push(adapter);
+                Ok(())
+            }
+            LinearLayer::Dense(_) | LinearLayer::Quantized(_) => {
+                let placeholder =
+                    LinearLayer::Dense(Linear::from_weights(adapter.lora_a.value().clone(), None));
+                let base = std::mem::replace(self, placeholder);
+                *self = LinearLayer::Resident(Box::new(ResidentLoraLinear {
+                    base,
+                    adapters: vec![adapter],
+                }));
+                Ok(())
+            }
+        }
+    }
+
+    /// Drops the resident adapter `id` (the plain layer comes back with the last one);
+    /// whether it was there.
+    pub fn remove_resident_adapter(&mut self, id: u32) -> Result<bool> {
+        let LinearLayer::Resident(r) = self else {
+            return Ok(false);
+        };
+        let before = r.adapters.len();
+        r.adapters.retain(|a| a.id != id);
+        let removed = r.adapters.len() != before;
+        if r.adapters.is_empty() {
+            let placeholder = LinearLayer::Dense(Linear::from_weights(
+                Array::from_slice(&[0f32], &[1, 1])?,
+                None,
+            ));
+            if let LinearLayer::Resident(r) = std::mem::replace(self, placeholder) {
+                *self = r.base;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The ids of the adapters resident on the layer (none unless
+    /// [`LinearLayer::Resident`]).
+    pub fn resident_adapter_ids(&self) -> Vec<u32> {
+        match self {
+            LinearLayer::Resident(r) => r.ids().collect(),
+            _ => Vec::new(),
+        }
+    }
     /// `residual + self.forward(x)`, the same array: for a quantized layer without an
     /// output bias through one [`quantized_matmul_add`] (which can do the add in our
     /// kernel's launch).
@@ -247,7 +325,7 @@ impl LinearLayer {
             .iter()
             .filter_map(|l| match l {
                 LinearLayer::Quantized(q) => Some(q),
-                LinearLayer::Dense(_) | LinearLayer::Lora(_) => None,
+                LinearLayer::Dense(_) | LinearLayer::Lora(_) | LinearLayer::Resident(_) => None,
             })
             .collect();
         let shared = match quantized.first() {
@@ -314,5 +392,6 @@ impl LinearLayer {
 layer_variants!(
     LinearLayer,
     |q| vec![q.weight.shape()[0], q.input_dims()],
-    as_linear_layer_mut
+    as_linear_layer_mut,
+    adapters: [Resident]
 );

@@ -206,3 +206,120 @@ impl LoraEmbedding {
         f(&join(prefix, "lora_b"), &mut self.lora_b);
     }
 }
+
+thread_local! {
+    static ROW_ADAPTERS: std::cell::RefCell<Option<std::rc::Rc<[u32]>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with `rows` as the adapter of each batch row (`0`: none) for this thread's
+/// [`ResidentLoraLinear`] layers: the engine sets it around a model call so that rows
+/// with different adapters (or none) share one forward pass. Without a selection every
+/// row runs the base layer.
+pub fn with_row_adapters<R>(rows: &[u32], f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<std::rc::Rc<[u32]>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            ROW_ADAPTERS.with(|r| *r.borrow_mut() = prev);
+        }
+    }
+    let sel: Option<std::rc::Rc<[u32]>> = rows.iter().any(|&a| a != 0).then(|| rows.into());
+    let _restore = Restore(ROW_ADAPTERS.with(|r| r.replace(sel)));
+    f()
+}
+
+fn row_adapters() -> Option<std::rc::Rc<[u32]>> {
+    ROW_ADAPTERS.with(|r| r.borrow().clone())
+}
+
+/// One LoRA adapter kept resident on a [`ResidentLoraLinear`].
+#[derive(Debug, Clone)]
+pub struct ResidentAdapter {
+    /// The adapter's id (never 0, which means "no adapter").
+    pub id: u32,
+    /// `[input_dims, rank]`.
+    pub lora_a: Param,
+    /// `[rank, output_dims]`.
+    pub lora_b: Param,
+    /// The factor of the low-rank update.
+    pub scale: f64,
+}
+
+impl ResidentAdapter {
+    /// mlx-lm's `LoRALinear` update, `(scale * ((x @ lora_a) @ lora_b)).astype(x.dtype)`
+    /// (evaluation mode: no dropout).
+    fn update(&self, x: &Array) -> Result<Array> {
+        x.matmul(&self.lora_a)?
+            .matmul(&self.lora_b)?
+            .multiply(self.scale)?
+            .astype(x.dtype())
+    }
+}
+
+/// A linear layer shared by several LoRA adapters kept resident at once, each batch row
+/// picking its own (see [`with_row_adapters`]): a row with adapter `k` gets
+/// `base(x) + (scale_k * ((x @ A_k) @ B_k)).astype(x.dtype)`, the ops and order of
+/// [`LoraLinear`] (mlx-lm's `LoRALinear`), a row without one (or with an adapter that
+/// leaves this layer alone) `base(x)`. With several adapters in one batch each present
+/// adapter's update is computed for the whole batch and the rows are picked with
+/// `where`, so every row holds the same values as in a batch of that adapter alone.
+#[derive(Debug, Clone)]
+pub struct ResidentLoraLinear {
+    /// The shared layer.
+    pub base: LinearLayer,
+    /// The adapters on it.
+    pub adapters: Vec<ResidentAdapter>,
+}
+
+impl ResidentLoraLinear {
+    /// Applies the layer with this thread's row selection.
+    #[track_caller]
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let y = self.base.forward(x)?;
+        let Some(rows) = row_adapters() else {
+            return Ok(y);
+        };
+        let present: Vec<&ResidentAdapter> = self
+            .adapters
+            .iter()
+            .filter(|a| rows.contains(&a.id))
+            .collect();
+        let Some(first) = present.first() else {
+            return Ok(y);
+        };
+        if present.len() == 1 && rows.iter().all(|&r| r == first.id) {
+            return y.add(&first.update(x)?);
+        }
+        let b = x.dim(0)?;
+        if b as usize != rows.len() {
+            return Err(mlx_array::Error::InvalidArgument(format!(
+                "per-row adapters: {} rows selected for an input of batch size {b}",
+                rows.len()
+            )));
+        }
+        let mut mask_shape = vec![1i32; y.ndim()];
+        mask_shape[0] = b;
+        let mut out = y.clone();
+        for a in present {
+            let pick: Vec<bool> = rows.iter().map(|&r| r == a.id).collect();
+            let mask = Array::from_slice(&pick, &mask_shape)?;
+            out = mlx_array::ops::where_(&mask, &y.add(&a.update(x)?)?, &out)?;
+        }
+        Ok(out)
+    }
+
+    /// The ids of the adapters on the layer.
+    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.adapters.iter().map(|a| a.id)
+    }
+
+    pub(crate) fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        // The resident adapters are not parameters of the checkpoint: only the base's.
+        self.base.visit_params(prefix, f);
+    }
+
+    pub(crate) fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.base.visit_params_mut(prefix, f);
+    }
+}

@@ -52,9 +52,10 @@ pub(crate) fn unpack(
 /// enum is the quantizable unit), [`crate::quantize::Quantizable`] (quantizing and
 /// dequantizing through the variants' `to_quantized` / `to_dense`, an adapter answering
 /// with its `base`; `|$q| $shape` is the dense weight shape of a quantized variant `$q`,
-/// `$as_mut` the accessor that hands out the layer) and `set_adapter_dropout`.
+/// `$as_mut` the accessor that hands out the layer) and `set_adapter_dropout`. Further
+/// variants wrapping a `base` the same way (`adapters: [Resident]`) answer like `Lora`.
 macro_rules! layer_variants {
-    ($ty:ident, |$q:ident| $shape:expr, $as_mut:ident) => {
+    ($ty:ident, |$q:ident| $shape:expr, $as_mut:ident $(, adapters: [$($extra:ident),*])?) => {
         impl $crate::module::Module for $ty {
             fn visit_params<'a>(
                 &'a self,
@@ -65,6 +66,7 @@ macro_rules! layer_variants {
                     $ty::Dense(l) => l.visit_params(prefix, f),
                     $ty::Quantized(l) => l.visit_params(prefix, f),
                     $ty::Lora(l) => l.visit_params(prefix, f),
+                    $($($ty::$extra(l) => l.visit_params(prefix, f),)*)?
                 }
             }
             fn visit_params_mut(
@@ -76,6 +78,7 @@ macro_rules! layer_variants {
                     $ty::Dense(l) => l.visit_params_mut(prefix, f),
                     $ty::Quantized(l) => l.visit_params_mut(prefix, f),
                     $ty::Lora(l) => l.visit_params_mut(prefix, f),
+                    $($($ty::$extra(l) => l.visit_params_mut(prefix, f),)*)?
                 }
             }
             fn visit_quantizable_mut(
@@ -93,6 +96,7 @@ macro_rules! layer_variants {
                     $ty::Dense(l) => l.weight.shape(),
                     $ty::Quantized($q) => $shape,
                     $ty::Lora(l) => l.base.dense_weight_shape(),
+                    $($($ty::$extra(l) => l.base.dense_weight_shape(),)*)?
                 }
             }
             fn quant_spec(&self) -> Option<$crate::quantize::QuantSpec> {
@@ -100,6 +104,7 @@ macro_rules! layer_variants {
                     $ty::Dense(_) => None,
                     $ty::Quantized(q) => Some(q.spec),
                     $ty::Lora(l) => l.base.quant_spec(),
+                    $($($ty::$extra(l) => l.base.quant_spec(),)*)?
                 }
             }
             fn quantize(&mut self, spec: $crate::quantize::QuantSpec) -> mlx_array::Result<()> {
@@ -111,6 +116,7 @@ macro_rules! layer_variants {
                     }
                     $ty::Quantized(_) => {}
                     $ty::Lora(l) => l.base.quantize(spec)?,
+                    $($($ty::$extra(l) => l.base.quantize(spec)?,)*)?
                 }
                 Ok(())
             }
@@ -118,6 +124,7 @@ macro_rules! layer_variants {
                 match self {
                     $ty::Quantized(q) => *self = $ty::Dense(q.to_dense(dtype)?),
                     $ty::Lora(l) => l.base.dequantize(dtype)?,
+                    $($($ty::$extra(l) => l.base.dequantize(dtype)?,)*)?
                     $ty::Dense(_) => {}
                 }
                 Ok(())

@@ -74,7 +74,9 @@ fn fused_outputs_are_the_separate_outputs_bit_for_bit() {
                 LinearLayer::Quantized(q) => {
                     assert!(q.weight.is_available() && q.scales.is_available(), "{what}")
                 }
-                LinearLayer::Lora(_) => panic!("{what}: no adapters here"),
+                LinearLayer::Lora(_) | LinearLayer::Resident(_) => {
+                    panic!("{what}: no adapters here")
+                }
             }
         }
         for (x, want) in xs.iter().zip(&before) {

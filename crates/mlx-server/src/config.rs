@@ -63,6 +63,9 @@ pub struct ServerConfig {
     pub memory_limit_bytes: Option<u64>,
     /// The adapters the model is served with (a request's `adapters` must name these).
     pub adapter_path: Option<String>,
+    /// The resident LoRA adapter its requests run with on a shared base model (`0`:
+    /// none; set by the model pool for a request's `adapters`).
+    pub resident_adapter: u32,
     /// `--prompt-cache-dir` (ours): the prompt cache's disk tier.
     pub prompt_cache_dir: Option<PathBuf>,
     /// `--prompt-cache-disk-bytes` (ours, default 10 GB): bound on its files.
@@ -110,6 +113,7 @@ impl Default for ServerConfig {
             keepalive_interval: Duration::from_secs(10),
             memory_limit_bytes: None,
             adapter_path: None,
+            resident_adapter: 0,
             prompt_cache_dir: None,
             prompt_cache_disk_bytes: DEFAULT_PROMPT_CACHE_DISK_BYTES,
             prompt_cache_file: None,

@@ -30,7 +30,7 @@ pub struct Submission {
     /// Events of all choices.
     pub events: UnboundedReceiver<EngineEvent>,
     handle: batch::Submission,
-    _use: Option<InUse>,
+    _use: Vec<InUse>,
 }
 
 /// Counts a submission as using its engine until dropped (the model pool never unloads
@@ -67,7 +67,7 @@ impl Submission {
         Submission {
             events,
             handle: batch::Submission::detached(),
-            _use: None,
+            _use: Vec::new(),
         }
     }
 
@@ -98,10 +98,20 @@ impl Submission {
     }
 }
 
+fn new_usage() -> Arc<Usage> {
+    Arc::new(Usage {
+        active: AtomicUsize::new(0),
+        epoch: Instant::now(),
+        last_done_ms: AtomicU64::new(0),
+    })
+}
+
 /// Handle to the engine thread.
 pub struct Engine {
-    inner: batch::Engine,
+    inner: Arc<batch::Engine>,
     usage: Arc<Usage>,
+    /// The usage of the engine this handle shares (see [`Engine::share`]).
+    parent: Option<Arc<Usage>>,
 }
 
 impl Engine {
@@ -113,12 +123,31 @@ impl Engine {
     ) -> Result<Engine, ServerError> {
         let inner = batch::Engine::start(model, opts, metrics)
             .map_err(|e| ServerError::Engine(e.to_string()))?;
-        let usage = Arc::new(Usage {
-            active: AtomicUsize::new(0),
-            epoch: Instant::now(),
-            last_done_ms: AtomicU64::new(0),
-        });
-        Ok(Engine { inner, usage })
+        Ok(Engine {
+            inner: Arc::new(inner),
+            usage: new_usage(),
+            parent: None,
+        })
+    }
+
+    /// Another handle to the same engine thread with its own usage count (a resident
+    /// adapter's requests); its submissions count as uses of this handle too.
+    pub fn share(&self) -> Engine {
+        Engine {
+            inner: Arc::clone(&self.inner),
+            usage: new_usage(),
+            parent: Some(Arc::clone(&self.usage)),
+        }
+    }
+
+    /// Runs `task` with the model on the engine thread between two steps.
+    pub fn with_model(&self, task: batch::ModelTask) -> Result<(), ApiError> {
+        Ok(self.inner.with_model(task)?)
+    }
+
+    /// Drops the prompt-cache entries of resident adapter `adapter`.
+    pub fn forget_adapter(&self, adapter: u32) {
+        self.inner.forget_adapter(adapter)
     }
 
     /// Submissions whose answers are still being produced.
@@ -147,13 +176,14 @@ impl Engine {
     /// Queues `req` (its `n` choices); 429 when the queue is full, 503 when the
     /// engine is gone.
     pub fn submit(&self, req: GenerationRequest) -> Result<Submission, ApiError> {
-        let in_use = self.usage.acquire();
+        let mut in_use = vec![self.usage.acquire()];
+        in_use.extend(self.parent.as_ref().map(|p| p.acquire()));
         let (tx, events) = unbounded_channel();
         let handle = self.inner.submit(req, Arc::new(Events(tx)))?;
         Ok(Submission {
             events,
             handle,
-            _use: Some(in_use),
+            _use: in_use,
         })
     }
 

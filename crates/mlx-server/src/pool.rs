@@ -58,6 +58,9 @@ pub struct ModelSpec {
     /// For a model served with a request's `adapters`: the id of the model they are
     /// applied to (requests name that one).
     pub base: Option<String>,
+    /// Named LoRA adapters `(name, path)` a request's `adapters` may name, kept
+    /// resident on this model when first asked for (a request may also give a path).
+    pub resident_adapters: Vec<(String, String)>,
 }
 
 impl ModelSpec {
@@ -73,6 +76,7 @@ impl ModelSpec {
             idle_timeout: None,
             defaults: SamplingDefaults::default(),
             base: None,
+            resident_adapters: Vec::new(),
         }
     }
 
@@ -106,9 +110,51 @@ pub enum LoadError {
     Failed(String),
 }
 
+/// Why adapters could not be kept resident on a loaded model.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AdapterError {
+    /// There are no such adapters (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// They do not fit the model (rank, layer names or shapes; 400).
+    #[error("{0}")]
+    Incompatible(String),
+    /// They cannot share the base model (DoRA, a full fine-tune, adapters on embeddings
+    /// or experts): they load as a model of their own, as mlx-lm reloads the model.
+    #[error("{0}")]
+    OwnModel(String),
+    /// Reading them failed otherwise (500).
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Loads models for the pool (the `mlx-server` binary resolves paths and Hub ids,
 /// applies adapters and lists the Hugging Face cache).
 pub trait ModelLoader: Send + Sync + 'static {
+    /// Whether it can keep adapters resident on a loaded model
+    /// ([`ModelLoader::add_adapter`]); when not (the default), a request's `adapters`
+    /// load as a model of their own.
+    fn keeps_adapters_resident(&self) -> bool {
+        false
+    }
+    /// Keeps the LoRA adapters at `path` resident on `model` under `id` (on the engine
+    /// thread; see `mlx_nn::lora::ResidentLoraLinear`). By default none can be:
+    /// adapters load as a model of their own.
+    fn add_adapter(
+        &self,
+        model: &mut dyn LanguageModel,
+        path: &str,
+        id: u32,
+    ) -> Result<(), AdapterError> {
+        let _ = (model, id);
+        Err(AdapterError::OwnModel(format!(
+            "the adapters `{path}` cannot be kept resident by this server"
+        )))
+    }
+    /// Drops the resident adapters `id` from `model` (on the engine thread).
+    fn remove_adapter(&self, model: &mut dyn LanguageModel, id: u32) {
+        let _ = (model, id);
+    }
     /// Loads `spec` (on a blocking thread).
     fn load(&self, spec: &ModelSpec) -> Result<LoadedModel, LoadError>;
     /// Bytes the model will take once loaded, if known before loading it (its weight
@@ -142,6 +188,10 @@ pub struct PoolConfig {
     pub load_timeout: Duration,
     /// Default idle timeout of models that are not pinned (`None`: never).
     pub idle_timeout: Option<Duration>,
+    /// LoRA adapters kept resident per loaded model for requests' `adapters`
+    /// (`--max-resident-adapters`); the least recently used idle one makes room. 0: none,
+    /// every adapter set loads as a model of its own (mlx-lm's reload).
+    pub max_resident_adapters: usize,
 }
 
 impl Default for PoolConfig {
@@ -152,6 +202,7 @@ impl Default for PoolConfig {
             allowed: AllowedModels::Any,
             load_timeout: Duration::from_secs(300),
             idle_timeout: None,
+            max_resident_adapters: 8,
         }
     }
 }
@@ -196,6 +247,34 @@ struct Entry {
     configured: bool,
     /// Can be loaded again after an unload (a model handed in without a loader cannot).
     reloadable: bool,
+    /// LoRA adapters resident on the loaded model.
+    resident: Vec<Resident>,
+}
+
+/// LoRA adapters resident on a loaded model, with the handler state of its requests.
+struct Resident {
+    /// What requests name it by (a configured name or a path).
+    key: String,
+    /// Its id in the model's layers and the engine's prompt cache.
+    id: u32,
+    /// The model's state with `resident_adapter` set, sharing its engine.
+    app: Arc<AppState>,
+    last_used: Instant,
+}
+
+impl Resident {
+    /// No request holds or runs it.
+    fn idle(&self) -> bool {
+        Arc::strong_count(&self.app) == 1 && self.app.engine.in_use() == 0
+    }
+}
+
+/// What a request's `adapters` resolve to on a model.
+enum AdapterPlan {
+    /// Resident adapters (loaded now if needed).
+    Resident(Arc<AppState>),
+    /// Adapters that load as a model of their own (the reloading path).
+    OwnModel,
 }
 
 impl Entry {
@@ -240,6 +319,10 @@ pub struct Pool {
     cfg: PoolConfig,
     metrics: Arc<Metrics>,
     created: u64,
+    /// The next resident adapter id (never reused: prompt-cache entries are keyed by it).
+    next_adapter: std::sync::atomic::AtomicU32,
+    /// Resident adapters load one at a time.
+    adapter_loads: tokio::sync::Mutex<()>,
 }
 
 fn lock(m: &Mutex<Vec<Entry>>) -> std::sync::MutexGuard<'_, Vec<Entry>> {
@@ -275,6 +358,8 @@ impl Pool {
             cfg: pool_cfg,
             metrics,
             created,
+            next_adapter: std::sync::atomic::AtomicU32::new(1),
+            adapter_loads: tokio::sync::Mutex::new(()),
         };
         if let Some((mut spec, loaded)) = default {
             spec.pinned = true;
@@ -294,6 +379,7 @@ impl Pool {
                 bytes,
                 configured: true,
                 reloadable: pool.loader.is_some(),
+                resident: Vec::new(),
             });
         }
         for spec in configured {
@@ -312,6 +398,7 @@ impl Pool {
                 bytes: 0,
                 configured: true,
                 reloadable: pool.loader.is_some(),
+                resident: Vec::new(),
             });
         }
         *lock(&pool.entries) = entries;
@@ -487,11 +574,218 @@ impl Pool {
     /// The loaded model answering to `name`: loads it first when needed (waiting up to
     /// the load timeout), unloading idle least-recently-used ones to stay in budget.
     ///
-    /// With `adapters` (a request's `adapters` field, as mlx-lm) other than the model's
-    /// own, the model is served with those adapters as an entry of its own,
+    /// With `adapters` (a request's `adapters` field, as mlx-lm: a path, or a name the
+    /// models file gives the model) other than the model's own, LoRA adapters are kept
+    /// resident on the loaded model (up to `--max-resident-adapters` per model, least
+    /// recently used idle ones dropped) and the request runs with them in the model's
+    /// batches, next to requests with other adapters or none. Adapters that cannot share
+    /// the base (DoRA, full fine-tunes, adapters on embeddings or experts, or any on a
+    /// model loaded with adapters of its own) are served as an entry of their own,
     /// `<id>@<adapters>`: the base weights are loaded again with the adapters applied
-    /// (mlx-lm reloads the model), and both stay resident under the budget.
+    /// (mlx-lm reloads the model), and both stay loaded under the budget.
     pub async fn acquire(
+        self: &Arc<Pool>,
+        name: &str,
+        adapters: Option<&str>,
+    ) -> Result<Arc<AppState>, ApiError> {
+        let resident = self.cfg.max_resident_adapters > 0
+            && self
+                .loader
+                .as_ref()
+                .is_some_and(|l| l.keeps_adapters_resident());
+        let Some(a) = adapters.filter(|_| resident) else {
+            return self.acquire_entry(name, adapters).await;
+        };
+        let base = self.acquire_entry(name, None).await?;
+        if base.cfg.adapter_path.as_deref() == Some(a) {
+            return Ok(base);
+        }
+        if base.cfg.adapter_path.is_some() {
+            return self.acquire_entry(name, Some(a)).await;
+        }
+        match self.resident(&base, a).await? {
+            AdapterPlan::Resident(app) => Ok(app),
+            AdapterPlan::OwnModel => self.acquire_entry(name, Some(a)).await,
+        }
+    }
+
+    /// The entry of the loaded model `base` and what `adapters` name on it: `(index,
+    /// key, path)`.
+    fn resolve_adapters(
+        &self,
+        entries: &[Entry],
+        base: &AppState,
+        adapters: &str,
+    ) -> Result<(usize, String), ApiError> {
+        let Some(i) = entries
+            .iter()
+            .position(|e| matches!(&e.slot, Slot::Loaded(app) if std::ptr::eq(&**app, base)))
+        else {
+            return Err(ApiError::unavailable(format!(
+                "the model `{}` was unloaded; try again",
+                base.cfg.model_id
+            )));
+        };
+        if let Some((_, path)) = entries[i]
+            .spec
+            .resident_adapters
+            .iter()
+            .find(|(n, _)| n == adapters)
+        {
+            return Ok((i, path.clone()));
+        }
+        if !self.allowed(adapters) {
+            return Err(ApiError::invalid_param(
+                "adapters",
+                format!(
+                    "adapters `{adapters}` are not served here: {}",
+                    if self.loader.is_some() {
+                        "they are neither named in the models file nor in --allowed-models"
+                    } else {
+                        "this server cannot load adapters"
+                    }
+                ),
+            ));
+        }
+        Ok((i, adapters.to_string()))
+    }
+
+    /// The handler state of `adapters` resident on the loaded model `base`, loading
+    /// them on its engine thread when they are new.
+    async fn resident(
+        self: &Arc<Pool>,
+        base: &Arc<AppState>,
+        adapters: &str,
+    ) -> Result<AdapterPlan, ApiError> {
+        let found = |pool: &Pool| -> Result<(Option<Arc<AppState>>, String), ApiError> {
+            let mut entries = lock(&pool.entries);
+            let (i, path) = pool.resolve_adapters(&entries, base, adapters)?;
+            let r = entries[i].resident.iter_mut().find(|r| r.key == adapters);
+            Ok((
+                r.map(|r| {
+                    r.last_used = Instant::now();
+                    Arc::clone(&r.app)
+                }),
+                path,
+            ))
+        };
+        if let (Some(app), _) = found(self)? {
+            return Ok(AdapterPlan::Resident(app));
+        }
+        let _one = self.adapter_loads.lock().await;
+        let (app, path) = found(self)?;
+        if let Some(app) = app {
+            return Ok(AdapterPlan::Resident(app));
+        }
+        let Some(loader) = self.loader.clone() else {
+            return Ok(AdapterPlan::OwnModel);
+        };
+        // Room first: the least recently used idle adapters of this model go.
+        let evicted: Vec<u32> = {
+            let mut entries = lock(&self.entries);
+            let (i, _) = self.resolve_adapters(&entries, base, adapters)?;
+            let resident = &mut entries[i].resident;
+            let mut out = Vec::new();
+            while resident.len() >= self.cfg.max_resident_adapters {
+                let Some(v) = resident
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.idle())
+                    .min_by_key(|(_, r)| r.last_used)
+                    .map(|(j, _)| j)
+                else {
+                    return Err(ApiError::unavailable(format!(
+                        "cannot keep the adapters `{adapters}` resident: the model `{}` holds {} adapters (--max-resident-adapters), all answering requests; retry when one is idle",
+                        base.cfg.model_id,
+                        resident.len()
+                    )));
+                };
+                let r = resident.remove(v);
+                tracing::info!(model = %base.cfg.model_id, adapters = %r.key, "dropping the least recently used resident adapters");
+                out.push(r.id);
+            }
+            out
+        };
+        for id in evicted {
+            let l = Arc::clone(&loader);
+            base.engine
+                .with_model(Box::new(move |m| l.remove_adapter(m, id)))?;
+            base.engine.forget_adapter(id);
+        }
+        let id = self
+            .next_adapter
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (l, p) = (Arc::clone(&loader), path.clone());
+        base.engine.with_model(Box::new(move |m| {
+            let _ = tx.send(l.add_adapter(m, &p, id));
+        }))?;
+        let added = rx.await.map_err(|_| {
+            ApiError::unavailable("the engine stopped while loading the adapters".to_string())
+        })?;
+        match added {
+            Ok(()) => {}
+            Err(AdapterError::OwnModel(why)) if path == adapters => {
+                tracing::info!(adapters = %adapters, "adapters load as a model of their own: {why}");
+                return Ok(AdapterPlan::OwnModel);
+            }
+            Err(AdapterError::OwnModel(why)) => {
+                return Err(ApiError::invalid_param(
+                    "adapters",
+                    format!(
+                        "the adapters named `{adapters}` ({path}) cannot share the model `{}`: {why}; name them by their path to load them as a model of their own",
+                        base.cfg.model_id
+                    ),
+                ))
+            }
+            Err(AdapterError::NotFound(m)) => {
+                return Err(ApiError {
+                    param: Some("adapters".into()),
+                    ..ApiError::not_found(format!("The adapters `{adapters}` could not be found: {m}"))
+                })
+            }
+            Err(AdapterError::Incompatible(m)) => {
+                return Err(ApiError::invalid_param(
+                    "adapters",
+                    format!(
+                        "the adapters `{adapters}` do not fit the model `{}`: {m}",
+                        base.cfg.model_id
+                    ),
+                ))
+            }
+            Err(AdapterError::Failed(m)) => {
+                return Err(ApiError::internal(format!(
+                    "the adapters `{adapters}` failed to load: {m}"
+                )))
+            }
+        }
+        tracing::info!(model = %base.cfg.model_id, adapters = %adapters, id, "adapters kept resident");
+        let mut cfg = base.cfg.clone();
+        cfg.adapter_path = Some(adapters.to_string());
+        cfg.resident_adapter = id;
+        let app = Arc::new(AppState {
+            cfg,
+            engine: base.engine.share(),
+            tokenizer: Arc::clone(&base.tokenizer),
+            metrics: Arc::clone(&base.metrics),
+            info: base.info.clone(),
+            constraints: std::sync::OnceLock::new(),
+        });
+        let mut entries = lock(&self.entries);
+        match self.resolve_adapters(&entries, base, adapters) {
+            Ok((i, _)) => entries[i].resident.push(Resident {
+                key: adapters.to_string(),
+                id,
+                app: Arc::clone(&app),
+                last_used: Instant::now(),
+            }),
+            // The model was unloaded meanwhile (its engine and adapters are gone).
+            Err(e) => return Err(e),
+        }
+        Ok(AdapterPlan::Resident(app))
+    }
+
+    async fn acquire_entry(
         self: &Arc<Pool>,
         name: &str,
         adapters: Option<&str>,
@@ -510,6 +804,7 @@ impl Pool {
                             bytes: 0,
                             configured: false,
                             reloadable: true,
+                            resident: Vec::new(),
                         });
                         entries.len() - 1
                     }
@@ -586,6 +881,7 @@ impl Pool {
             idle_timeout: b.idle_timeout,
             defaults: b.defaults.clone(),
             base: Some(b.id.clone()),
+            resident_adapters: Vec::new(),
         };
         entries.push(Entry {
             spec,
@@ -594,6 +890,7 @@ impl Pool {
             bytes: 0,
             configured: false,
             reloadable: true,
+            resident: Vec::new(),
         });
         Ok(entries.len() - 1)
     }
@@ -910,6 +1207,10 @@ impl Pool {
         if let Some(d) = &e.spec.draft_model {
             m.insert("draft_model".into(), json!(d));
         }
+        if !e.resident.is_empty() {
+            let keys: Vec<&str> = e.resident.iter().map(|r| r.key.as_str()).collect();
+            m.insert("resident_adapters".into(), json!(keys));
+        }
         if e.state() != ModelState::Unloaded && e.bytes > 0 {
             m.insert("memory_bytes".into(), json!(e.bytes));
         }
@@ -922,6 +1223,7 @@ fn unload_entry(e: &mut Entry) -> Option<Arc<AppState>> {
     match std::mem::replace(&mut e.slot, Slot::Unloaded) {
         Slot::Loaded(app) => {
             e.bytes = 0;
+            e.resident.clear();
             Some(app)
         }
         other => {
@@ -1051,6 +1353,7 @@ fn parse_model(v: &Json) -> Result<ModelSpec, String> {
         "aliases",
         "adapters",
         "adapter_path",
+        "resident_adapters",
         "draft_model",
         "pinned",
         "idle_timeout",
@@ -1090,6 +1393,19 @@ fn parse_model(v: &Json) -> Result<ModelSpec, String> {
         (Some(_), Some(_)) => return Err("give `adapters` or `adapter_path`, not both".into()),
         (a, b) => a.or(b),
     };
+    let resident_adapters = match o.get("resident_adapters") {
+        None | Some(Json::Null) => Vec::new(),
+        Some(Json::Object(m)) => m
+            .iter()
+            .map(|(k, v)| match v.as_str() {
+                Some(p) if !p.is_empty() && !k.is_empty() => Ok((k.clone(), p.to_string())),
+                _ => Err(format!(
+                    "`resident_adapters` maps names to adapter paths; `{k}` is not a path"
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err("`resident_adapters` must map names to adapter paths".into()),
+    };
     let pinned = match o.get("pinned") {
         None | Some(Json::Null) => false,
         Some(Json::Bool(b)) => *b,
@@ -1119,6 +1435,7 @@ fn parse_model(v: &Json) -> Result<ModelSpec, String> {
             max_tokens: integer("max_tokens", 1)?,
         },
         base: None,
+        resident_adapters,
     })
 }
 
@@ -1181,7 +1498,7 @@ mod tests {
         let v = json!({"models": [
             {"id": "a", "path": "/m/a", "pinned": true, "idle_timeout": 1.5,
              "temperature": 0.7, "max_tokens": 64, "adapters": "/ad", "draft_model": "d"},
-            {"model": "org/b"},
+            {"model": "org/b", "resident_adapters": {"support": "/ad/support"}},
         ]});
         let specs = parse_models(&v).unwrap();
         assert_eq!(specs[0].id, "a");
@@ -1195,12 +1512,22 @@ mod tests {
         assert_eq!(specs[1].id, "org/b");
         assert_eq!(specs[1].path, "org/b");
         assert!(!specs[1].pinned);
+        assert!(specs[0].resident_adapters.is_empty());
+        assert_eq!(
+            specs[1].resident_adapters,
+            vec![("support".to_string(), "/ad/support".to_string())]
+        );
 
         let err = |v: Json| parse_models(&v).unwrap_err();
         assert!(err(json!([{"id": "a", "pined": true}])).contains("unknown field `pined`"));
         assert!(err(json!([{"id": "a", "top_p": 2}])).contains("`top_p`"));
         assert!(err(json!([{"id": "a"}, {"id": "a"}])).contains("used twice"));
         assert!(err(json!([{}])).contains("needs an `id`"));
+        assert!(err(json!([{"id": "a", "resident_adapters": ["/ad"]}]))
+            .contains("`resident_adapters` must map names"));
+        assert!(
+            err(json!([{"id": "a", "resident_adapters": {"x": 1}}])).contains("`x` is not a path")
+        );
         assert!(err(json!({"model": []})).contains("unknown top-level field"));
     }
 

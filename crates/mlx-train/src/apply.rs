@@ -134,3 +134,105 @@ pub fn lora_init_key_draws(module: &mut dyn Module, adapters: &Adapters) -> Resu
         .count()
         + whole))
 }
+
+/// Keeps LoRA `adapters` resident on `module` under `id` (not 0), next to the others
+/// already there, without touching the base weights: each adapted linear layer (dense
+/// or quantized) becomes an [`mlx_nn::lora::ResidentLoraLinear`] that adds adapter
+/// `id`'s update to the batch rows that select it (`mlx_nn::lora::with_row_adapters`).
+/// A row alone with the adapter gets mlx-lm's `LoRALinear` values.
+///
+/// Only LoRA on linear layers can share a base: DoRA rescales the weight itself, a full
+/// fine-tune replaces it, and adapters on embeddings or expert stacks are not kept
+/// resident; those are refused ([`TrainError::Unsupported`]) and load as a model of
+/// their own ([`apply_adapters`]). Nothing is changed unless every adapted layer fits
+/// ([`TrainError::Mismatch`] names each that does not). Returns the adapted layers.
+pub fn apply_resident_adapters(
+    module: &mut dyn Module,
+    adapters: &Adapters,
+    id: u32,
+) -> Result<Vec<String>> {
+    if adapters.config.fine_tune_type != FineTuneType::Lora {
+        return Err(TrainError::Unsupported(format!(
+            "{}: {} adapters cannot share the base model with others (only LoRA can); \
+             they load as a model of their own",
+            adapters.dir.display(),
+            adapters.config.fine_tune_type.name()
+        )));
+    }
+    let scale = adapters.lora_scale()?;
+    let parts = group(adapters, false)?;
+    // First pass: every adapted layer is a linear layer the pair fits.
+    let mut errors = Vec::new();
+    let mut unsupported = Vec::new();
+    let mut found = BTreeSet::new();
+    module.visit_quantizable_mut("", &mut |path, layer| {
+        let Some(p) = parts.get(path) else {
+            return Ok(());
+        };
+        let (Some(a), Some(b)) = (p[0], p[1]) else {
+            return Ok(());
+        };
+        found.insert(path.to_string());
+        let dense = layer.dense_weight_shape();
+        match layer.as_linear_layer_mut() {
+            Some(mlx_nn::LinearLayer::Lora(_)) => unsupported.push(format!(
+                "  {path}: the model was loaded with adapters of its own"
+            )),
+            Some(_) if fits_linear(&dense, &a.shape(), &b.shape()) => {}
+            Some(_) => errors.push(format!(
+                "  {path}: lora_a {:?}, lora_b {:?} do not fit its weight {dense:?}",
+                a.shape(),
+                b.shape()
+            )),
+            None => unsupported.push(format!(
+                "  {path}: adapters on embeddings or expert layers are not kept resident"
+            )),
+        }
+        Ok(())
+    })?;
+    for path in parts.keys() {
+        if !found.contains(path) {
+            errors.push(format!("  {path}: not a linear layer of the model"));
+        }
+    }
+    if !errors.is_empty() {
+        return Err(TrainError::Mismatch(errors.join("\n")));
+    }
+    if !unsupported.is_empty() {
+        return Err(TrainError::Unsupported(format!(
+            "{}: these adapters cannot share the base model; they load as a model of \
+             their own:\n{}",
+            adapters.dir.display(),
+            unsupported.join("\n")
+        )));
+    }
+    let mut done = Vec::new();
+    module.visit_quantizable_mut("", &mut |path, layer| {
+        let Some([Some(a), Some(b), _]) = parts.get(path) else {
+            return Ok(());
+        };
+        if let Some(linear) = layer.as_linear_layer_mut() {
+            linear.add_resident_adapter(id, (*a).clone(), (*b).clone(), scale)?;
+            done.push(path.to_string());
+        }
+        Ok(())
+    })?;
+    tracing::info!(id, layers = done.len(), "resident adapters added");
+    Ok(done)
+}
+
+/// Drops the resident adapters `id` from every layer of `module` (see
+/// [`apply_resident_adapters`]); the layers they leave run as before. Returns how many
+/// layers held them.
+pub fn remove_resident_adapters(module: &mut dyn Module, id: u32) -> Result<usize> {
+    let mut n = 0;
+    module.visit_quantizable_mut("", &mut |_, layer| {
+        if let Some(linear) = layer.as_linear_layer_mut() {
+            if linear.remove_resident_adapter(id)? {
+                n += 1;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(n)
+}

@@ -41,6 +41,8 @@ pub mod trainer;
 pub mod ui;
 
 pub use adapters::{AdapterConfig, Adapters, FineTuneType};
-pub use apply::{apply_adapters, lora_init_key_draws};
+pub use apply::{
+    apply_adapters, apply_resident_adapters, lora_init_key_draws, remove_resident_adapters,
+};
 pub use error::{Result, TrainError};
 pub use fuse::{fuse_adapters, FuseReport};

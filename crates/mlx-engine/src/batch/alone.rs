@@ -37,7 +37,9 @@ impl Alone {
         let mut out = Vec::new();
         for s in self.seqs.iter_mut().filter(|s| !s.decoding()).take(budget) {
             let tic = Instant::now();
-            let r = s.prefill_alone(model, step_size, kv);
+            let adapter = [s.job().req.adapter];
+            let r =
+                mlx_nn::lora::with_row_adapters(&adapter, || s.prefill_alone(model, step_size, kv));
             metrics.prefill_micros.add(tic.elapsed().as_micros() as u64);
             match r {
                 Ok(Prefill::Chunk(processed, total)) => {
@@ -66,7 +68,8 @@ impl Alone {
                 nexts.push(None);
                 continue;
             }
-            match s.queue_next(model, kv) {
+            let adapter = [s.job().req.adapter];
+            match mlx_nn::lora::with_row_adapters(&adapter, || s.queue_next(model, kv)) {
                 Ok(n) => {
                     if n.is_some() {
                         metrics.decode_steps.add(1);
@@ -100,7 +103,8 @@ impl Alone {
             if failed.contains(&i) || !s.decoding() {
                 continue;
             }
-            match s.emit(model, kv, next) {
+            let adapter = [s.job().req.adapter];
+            match mlx_nn::lora::with_row_adapters(&adapter, || s.emit(model, kv, next)) {
                 Ok(t) => out.push((s.id(), Outcome::Token(t))),
                 Err(e) => out.push((s.id(), Outcome::Failed(e))),
             }

@@ -112,12 +112,12 @@ impl DecodeBatch {
             Some(p) => ops::concatenate(&[&p.tokens.astype(Dtype::Uint32)?, &joined()?], 0)?,
             None => joined()?,
         };
-        let logits = step::forward(
-            model,
-            &inputs.reshape(&[b, 1])?,
-            self.cache.layers_mut(),
-            None,
-        )?;
+        // Each row's resident adapter (pending rows first, then joined ones: `rows` order).
+        let adapters: Vec<u32> = self.rows.iter().map(|r| r.job().req.adapter).collect();
+        let x = inputs.reshape(&[b, 1])?;
+        let logits = mlx_nn::lora::with_row_adapters(&adapters, || {
+            step::forward(model, &x, self.cache.layers_mut(), None)
+        })?;
         // Rows whose processors need their last token get it while the forward runs.
         let read_first = self.rows.iter().any(|r| r.needs_accepted_token());
         let mut emitted = Vec::new();

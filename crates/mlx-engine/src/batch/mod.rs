@@ -30,5 +30,5 @@ pub use request::{
     CancelGuard, EngineEvent, EventSink, Finish, GenerationRequest, PromptLogprob, SeqId,
     Submission, TokenOut,
 };
-pub use scheduler::{Engine, EngineOptions};
+pub use scheduler::{Engine, EngineOptions, ModelTask};
 pub use stop::StopMatcher;

@@ -98,7 +98,10 @@ impl PrefillBatch {
                 .prepare_right_padding(&lens, &padding)
                 .map_err(cache_err)?;
         }
-        let logits = step::prefill(model, &x, self.cache.layers_mut(), None)?;
+        let adapters: Vec<u32> = self.rows.iter().map(|r| r.job().req.adapter).collect();
+        let logits = mlx_nn::lora::with_row_adapters(&adapters, || {
+            step::prefill(model, &x, self.cache.layers_mut(), None)
+        })?;
         if padded {
             self.cache.finalize().map_err(cache_err)?;
             step::eval_state(self.cache.layers())?;

@@ -4,6 +4,9 @@
 //! Entries are few (`--prompt-cache-size`, default 10), so a linear scan replaces
 //! mlx-lm's trie; the answers are the same (exact, longest shorter prefix, shortest
 //! longer entry sharing the longest common prefix).
+//!
+//! Entries are also keyed by the resident adapter that computed them (`0`: the base
+//! model): a prompt only reuses caches made with its own adapter.
 use mlx_cache::{can_trim_prompt_cache, trim_prompt_cache, KvCache};
 use std::collections::VecDeque;
 
@@ -21,6 +24,7 @@ pub enum CacheKind {
 const ORDER: [CacheKind; 3] = [CacheKind::Assistant, CacheKind::User, CacheKind::System];
 
 struct Entry {
+    adapter: u32,
     tokens: Vec<u32>,
     caches: Vec<Box<dyn KvCache>>,
     nbytes: usize,
@@ -41,8 +45,8 @@ pub struct PromptCache {
     max_entries: usize,
     max_bytes: u64,
     entries: Vec<Entry>,
-    // Per kind, oldest first: indices are token keys.
-    lru: [VecDeque<Vec<u32>>; 3],
+    // Per kind, oldest first: `(adapter, tokens)` keys.
+    lru: [VecDeque<(u32, Vec<u32>)>; 3],
     nbytes: u64,
 }
 
@@ -90,20 +94,39 @@ impl PromptCache {
         self.nbytes
     }
 
-    fn position(&self, tokens: &[u32]) -> Option<usize> {
-        self.entries.iter().position(|e| e.tokens == tokens)
+    fn position(&self, adapter: u32, tokens: &[u32]) -> Option<usize> {
+        self.entries
+            .iter()
+            .position(|e| e.adapter == adapter && e.tokens == tokens)
+    }
+
+    /// [`PromptCache::fetch_nearest_for`] of the base model (no adapter).
+    pub fn fetch_nearest(&self, tokens: &[u32]) -> Option<CacheHit> {
+        self.fetch_nearest_for(0, tokens)
+    }
+
+    /// [`PromptCache::insert_for`] of the base model (no adapter).
+    pub fn insert(&mut self, tokens: Vec<u32>, caches: Vec<Box<dyn KvCache>>, kind: CacheKind) {
+        self.insert_for(0, tokens, caches, kind)
+    }
+
+    /// Drops every entry made with resident adapter `adapter`.
+    pub fn remove_adapter(&mut self, adapter: u32) {
+        while let Some(i) = self.entries.iter().position(|e| e.adapter == adapter) {
+            self.remove_at(i);
+        }
     }
 
     /// mlx-lm's `fetch_nearest_cache`: a copy of the best entry for `tokens`, trimmed
     /// to a common prefix when the entry runs past the prompt. At least one prompt
-    /// token is always left to process.
-    pub fn fetch_nearest(&self, tokens: &[u32]) -> Option<CacheHit> {
+    /// token is always left to process. Only entries of `adapter` count.
+    pub fn fetch_nearest_for(&self, adapter: u32, tokens: &[u32]) -> Option<CacheHit> {
         if tokens.is_empty() || self.entries.is_empty() {
             return None;
         }
         let mut shorter: Option<&Entry> = None;
         let mut common = 0usize;
-        for e in &self.entries {
+        for e in self.entries.iter().filter(|e| e.adapter == adapter) {
             let lcp = common_prefix(&e.tokens, tokens);
             common = common.max(lcp);
             let is_prefix = lcp == e.tokens.len() && e.tokens.len() < tokens.len();
@@ -119,6 +142,7 @@ impl PromptCache {
         let longer = self
             .entries
             .iter()
+            .filter(|e| e.adapter == adapter)
             .filter(|e| {
                 common > 0 && common_prefix(&e.tokens, tokens) == common && e.tokens.len() >= common
             })
@@ -154,31 +178,42 @@ impl PromptCache {
 
     /// mlx-lm's `insert_cache`: stores `caches` under `tokens` (replacing an entry with
     /// the same tokens), drops entries that are prefixes of it when the caches can be
-    /// trimmed, then evicts down to the bounds.
-    pub fn insert(&mut self, tokens: Vec<u32>, caches: Vec<Box<dyn KvCache>>, kind: CacheKind) {
+    /// trimmed, then evicts down to the bounds. The entry belongs to `adapter`.
+    pub fn insert_for(
+        &mut self,
+        adapter: u32,
+        tokens: Vec<u32>,
+        caches: Vec<Box<dyn KvCache>>,
+        kind: CacheKind,
+    ) {
         if self.max_entries == 0 || tokens.is_empty() {
             return;
         }
         let nbytes: usize = caches.iter().map(|c| c.nbytes()).sum();
-        if let Some(i) = self.position(&tokens) {
+        if let Some(i) = self.position(adapter, &tokens) {
             self.remove_at(i);
         }
         if can_trim_prompt_cache(&caches) {
             let prefixes: Vec<Vec<u32>> = self
                 .entries
                 .iter()
-                .filter(|e| e.tokens.len() < tokens.len() && tokens.starts_with(&e.tokens))
+                .filter(|e| {
+                    e.adapter == adapter
+                        && e.tokens.len() < tokens.len()
+                        && tokens.starts_with(&e.tokens)
+                })
                 .map(|e| e.tokens.clone())
                 .collect();
             for p in prefixes {
-                if let Some(i) = self.position(&p) {
+                if let Some(i) = self.position(adapter, &p) {
                     self.remove_at(i);
                 }
             }
         }
         self.nbytes += nbytes as u64;
-        self.lru[kind_index(kind)].push_back(tokens.clone());
+        self.lru[kind_index(kind)].push_back((adapter, tokens.clone()));
         self.entries.push(Entry {
+            adapter,
             tokens,
             caches,
             nbytes,
@@ -191,15 +226,17 @@ impl PromptCache {
     pub fn trim_to(&mut self, n_entries: usize, n_bytes: u64) {
         while self.entries.len() > n_entries || (self.nbytes > n_bytes && !self.entries.is_empty())
         {
-            let Some(tokens) = self.pop_lru() else { break };
-            if let Some(i) = self.position(&tokens) {
+            let Some((adapter, tokens)) = self.pop_lru() else {
+                break;
+            };
+            if let Some(i) = self.position(adapter, &tokens) {
                 let e = self.entries.swap_remove(i);
                 self.nbytes = self.nbytes.saturating_sub(e.nbytes as u64);
             }
         }
     }
 
-    fn pop_lru(&mut self) -> Option<Vec<u32>> {
+    fn pop_lru(&mut self) -> Option<(u32, Vec<u32>)> {
         for i in 0..ORDER.len() - 1 {
             let (a, b) = (self.lru[i].len(), self.lru[i + 1].len());
             if a > 0 && a >= b {
@@ -217,7 +254,10 @@ impl PromptCache {
         let e = self.entries.swap_remove(i);
         self.nbytes = self.nbytes.saturating_sub(e.nbytes as u64);
         let lru = &mut self.lru[kind_index(e.kind)];
-        if let Some(p) = lru.iter().position(|t| *t == e.tokens) {
+        if let Some(p) = lru
+            .iter()
+            .position(|(a, t)| *a == e.adapter && *t == e.tokens)
+        {
             lru.remove(p);
         }
     }
@@ -265,6 +305,27 @@ mod tests {
         pc.insert(vec![1, 2, 3, 4, 5], filled(5), CacheKind::Assistant);
         assert_eq!(pc.len(), 1);
         assert!(pc.fetch_nearest(&[7, 8]).is_none());
+    }
+
+    #[test]
+    fn entries_of_another_adapter_are_not_reused() {
+        let mut pc = PromptCache::new(10, None);
+        pc.insert_for(3, vec![1, 2, 3], filled(3), CacheKind::Assistant);
+        assert!(pc.fetch_nearest(&[1, 2, 3, 4]).is_none());
+        assert!(pc.fetch_nearest_for(4, &[1, 2, 3, 4]).is_none());
+        assert_eq!(
+            pc.fetch_nearest_for(3, &[1, 2, 3, 4])
+                .unwrap()
+                .cached_tokens,
+            3
+        );
+        // The same tokens under the base model are a separate entry.
+        pc.insert(vec![1, 2, 3], filled(3), CacheKind::Assistant);
+        assert_eq!(pc.len(), 2);
+        pc.remove_adapter(3);
+        assert_eq!(pc.len(), 1);
+        assert!(pc.fetch_nearest_for(3, &[1, 2, 3, 4]).is_none());
+        assert!(pc.fetch_nearest(&[1, 2, 3, 4]).is_some());
     }
 
     #[test]

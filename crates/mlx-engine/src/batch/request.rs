@@ -43,6 +43,10 @@ pub struct GenerationRequest {
     /// alternatives), from the prefill's logits: the prompt is processed in full (no
     /// prompt-cache reuse) and an [`EngineEvent::Prompt`] precedes the first token.
     pub prompt_logprobs: bool,
+    /// The resident LoRA adapter the sequence runs with (`0`: the base model): an id
+    /// given to adapters added with [`super::Engine::with_model`] (see
+    /// `mlx_nn::lora::ResidentLoraLinear`); rows with different adapters share batches.
+    pub adapter: u32,
 }
 
 impl GenerationRequest {
@@ -60,6 +64,7 @@ impl GenerationRequest {
             n: 1,
             segments: Vec::new(),
             prompt_logprobs: false,
+            adapter: 0,
         }
     }
 

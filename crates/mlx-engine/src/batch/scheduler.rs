@@ -60,8 +60,14 @@ pub struct EngineOptions {
     pub preload: Vec<std::path::PathBuf>,
 }
 
+/// Work on the model that runs on the engine thread between steps (see
+/// [`Engine::with_model`]).
+pub type ModelTask = Box<dyn FnOnce(&mut dyn LanguageModel) + Send>;
+
 enum Command {
     Submit(Box<Job>),
+    Model(ModelTask),
+    ForgetAdapter(u32),
     Shutdown,
 }
 
@@ -242,6 +248,28 @@ impl Engine {
         Ok(Submission::new(cancel, choices))
     }
 
+    /// Runs `task` on the engine thread with the model, between two steps (e.g. adding
+    /// or removing resident LoRA adapters: sequences keep running with their own).
+    /// [`EngineError::Unavailable`] when the engine is gone. The task reports its own
+    /// result (through a channel it holds).
+    pub fn with_model(&self, task: ModelTask) -> Result<()> {
+        self.tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Command::Model(task))
+            .map_err(|_| EngineError::Unavailable("the generation engine is not running".into()))
+    }
+
+    /// Drops the prompt-cache entries made with resident adapter `adapter` (after it is
+    /// removed from the model; its id is not to be used again).
+    pub fn forget_adapter(&self, adapter: u32) {
+        let _ = self
+            .tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Command::ForgetAdapter(adapter));
+    }
+
     /// Stops the engine: queued and running requests fail; waits for the thread.
     pub fn shutdown(&self) {
         let _ = self.shutdown_into_model();
@@ -356,6 +384,8 @@ fn run(mut st: Scheduler, rx: Receiver<Command>) -> Box<dyn LanguageModel> {
         if idle {
             match rx.recv_timeout(Duration::from_millis(500)) {
                 Ok(Command::Submit(job)) => st.waiting.push_back(job),
+                Ok(Command::Model(task)) => st.run_task(task),
+                Ok(Command::ForgetAdapter(a)) => st.forget_adapter(a),
                 Ok(Command::Shutdown) | Err(RecvTimeoutError::Disconnected) => shutdown = true,
                 Err(RecvTimeoutError::Timeout) => continue,
             }
@@ -363,6 +393,8 @@ fn run(mut st: Scheduler, rx: Receiver<Command>) -> Box<dyn LanguageModel> {
         loop {
             match rx.try_recv() {
                 Ok(Command::Submit(job)) => st.waiting.push_back(job),
+                Ok(Command::Model(task)) => st.run_task(task),
+                Ok(Command::ForgetAdapter(a)) => st.forget_adapter(a),
                 Ok(Command::Shutdown) | Err(TryRecvError::Disconnected) => {
                     shutdown = true;
                     break;
@@ -387,6 +419,17 @@ fn run(mut st: Scheduler, rx: Receiver<Command>) -> Box<dyn LanguageModel> {
 }
 
 impl Scheduler {
+    fn run_task(&mut self, task: ModelTask) {
+        if catch_unwind(AssertUnwindSafe(|| task(self.model.as_mut()))).is_err() {
+            tracing::error!("engine: a task on the model panicked");
+        }
+    }
+
+    fn forget_adapter(&mut self, adapter: u32) {
+        self.shared.cache.remove_adapter(adapter);
+        self.shared.update_cache_metrics();
+    }
+
     fn running(&self) -> usize {
         self.stages.len()
     }
@@ -634,9 +677,10 @@ impl Shared {
             match (finish, delivered) {
                 (None, true) => going_on.push(s),
                 (Some(_), true) => {
+                    let adapter = s.job().req.adapter;
                     let (fed, caches) = s.into_fed_and_caches();
                     if !caches.is_empty() {
-                        self.store_caches(fed, caches);
+                        self.store_caches(adapter, fed, caches);
                     }
                 }
                 (_, false) => log_stopped(&self.metrics, &s),
@@ -685,14 +729,20 @@ impl Shared {
     /// A sequence for `job`: its caches from the prompt cache (or new); `Started` sent.
     fn start(&mut self, job: Job, model: &dyn LanguageModel) -> Option<Sequence> {
         let prompt = &job.req.prompt;
+        let adapter = job.req.adapter;
         // Prompt log-probabilities come from the prefill's logits: every position is
         // computed, none taken from the prompt cache (memory or disk).
         let mut hit = if job.req.prompt_logprobs {
             None
         } else {
-            self.cache.fetch_nearest(prompt)
+            self.cache.fetch_nearest_for(adapter, prompt)
         };
-        if let Some(disk) = self.disk.as_mut().filter(|_| !job.req.prompt_logprobs) {
+        // The disk tier holds the base model's caches only (its files are keyed by model).
+        if let Some(disk) = self
+            .disk
+            .as_mut()
+            .filter(|_| !job.req.prompt_logprobs && adapter == 0)
+        {
             let have = hit.as_ref().map_or(0, |h| h.cached_tokens);
             if let Some(d) = disk.fetch(prompt, have) {
                 self.metrics.disk_cache_hits.add(1);
@@ -800,7 +850,10 @@ impl Shared {
                     tokens,
                     caches,
                     kind,
-                } => self.store_checkpoint(tokens, caches, kind),
+                } => {
+                    let adapter = s.job().req.adapter;
+                    self.store_checkpoint(adapter, tokens, caches, kind)
+                }
                 Outcome::Prompt { logprobs, finish } => {
                     let delivered = s.job().send(EngineEvent::Prompt {
                         choice: s.job().choice,
@@ -856,11 +909,12 @@ impl Shared {
                 .iter()
                 .any(|(j, how)| *j == id && *how == Leave::Finished);
             if finished {
+                let adapter = l.seq.job().req.adapter;
                 let (fed, own) = l.seq.into_fed_and_caches();
                 // A batch row's caches were extracted (none if that failed); a sequence
                 // alone kept its own.
                 if let Some(caches) = l.caches.or((!own.is_empty()).then_some(own)) {
-                    self.store_caches(fed, caches);
+                    self.store_caches(adapter, fed, caches);
                 }
             } else if l.seq.job().client_gone() {
                 self.metrics.cancelled.add(1);
@@ -891,22 +945,28 @@ impl Shared {
     /// Keeps the caches at the end of a prompt segment (mlx-lm's `insert_cache` of the
     /// segment's type). On disk only when they cannot be trimmed: a trimmable entry is
     /// served by the finished sequence's longer one.
-    fn store_checkpoint(&mut self, tokens: Vec<u32>, caches: LayerCaches, kind: CacheKind) {
+    fn store_checkpoint(
+        &mut self,
+        adapter: u32,
+        tokens: Vec<u32>,
+        caches: LayerCaches,
+        kind: CacheKind,
+    ) {
         tracing::debug!(
             "engine: prompt-cache checkpoint of {} tokens ({kind:?})",
             tokens.len()
         );
-        if let Some(disk) = &mut self.disk {
+        if let Some(disk) = self.disk.as_mut().filter(|_| adapter == 0) {
             if !mlx_cache::can_trim_prompt_cache(&caches) {
                 disk.store(&tokens, &caches, kind);
             }
         }
-        self.cache.insert(tokens, caches, kind);
+        self.cache.insert_for(adapter, tokens, caches, kind);
         self.update_cache_metrics();
     }
 
     /// Keeps a finished sequence's caches for later prompts sharing its prefix.
-    fn store_caches(&mut self, fed: Vec<u32>, caches: LayerCaches) {
+    fn store_caches(&mut self, adapter: u32, fed: Vec<u32>, caches: LayerCaches) {
         if self.opts.prompt_cache_size == 0 {
             return;
         }
@@ -914,10 +974,11 @@ impl Shared {
             .first()
             .is_none_or(|c| c.offset() as usize == fed.len());
         if consistent {
-            if let Some(disk) = &mut self.disk {
+            if let Some(disk) = self.disk.as_mut().filter(|_| adapter == 0) {
                 disk.store(&fed, &caches, CacheKind::Assistant);
             }
-            self.cache.insert(fed, caches, CacheKind::Assistant);
+            self.cache
+                .insert_for(adapter, fed, caches, CacheKind::Assistant);
             self.update_cache_metrics();
         }
     }
