@@ -209,6 +209,7 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
             path.ends_with("mlp.gate") || path.ends_with("shared_expert_gate"),
         )),
         "granitemoehybrid" => Some(choose(path.ends_with("router.layer"))),
+        "gemma4_text" | "gemma4" => Some(choose(path.ends_with("router.proj"))),
         "granitemoe" => Some(choose(
             path.ends_with("block_sparse_moe.router.layer")
                 || path.ends_with("self_attn.o_proj")

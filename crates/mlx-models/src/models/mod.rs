@@ -123,6 +123,9 @@ architectures! {
     stablelm,
     qwen3_vl_moe,
     dots1,
+    // Issue 26: Gemma 4 (KV caches shared between layers).
+    gemma4_text,
+    gemma4,
 }
 
 /// Flat weight map (checkpoint name -> array).
