@@ -113,6 +113,11 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ),
     ("q-deepseek_v3-kvb", "deepseek_v3-bf16-q4-kvb", None),
     ("minicpm3", "minicpm3-f32", None),
+    // Issue 26, Gemma 4 (KV caches shared between layers).
+    ("gemma4_text", "gemma4_text-f32", None),
+    ("gemma4_text-moe", "gemma4_text-f32-moe-keqv-untied", None),
+    ("gemma4-mm", "gemma4-f32-multimodal", None),
+    ("q-gemma4_text-moe", "gemma4_text-bf16-moe-q4", None),
 ];
 
 fn cases() -> Vec<(String, &'static str, Vec<String>)> {
@@ -302,6 +307,16 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     }
     add("q-qwen3_next", "-d");
     add("q-qwen3_next", "-q");
+    // Gemma 4: the router's 8-bit predicate; per-layer embeddings quantized where their
+    // width allows; the multimodal towers dropped; a quantized MoE source.
+    for src in ["gemma4_text", "gemma4_text-moe", "gemma4-mm"] {
+        for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+            add(src, flags);
+        }
+    }
+    for flags in ["", "-d", "-q"] {
+        add("q-gemma4_text-moe", flags);
+    }
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

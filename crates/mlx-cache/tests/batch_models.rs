@@ -487,4 +487,9 @@ model_tests! {
         => "qwen3_vl_moe-small-f32", true;
     batched_decode_equals_alone_dots1, prefilled_together_equals_alone_dots1
         => "dots1-small-f32", true;
+    // Gemma 4: fewer caches than layers (the KV-shared layers read an earlier layer's).
+    batched_decode_matches_alone_gemma4_text_shared_kv,
+    prefilled_together_matches_alone_gemma4_text_shared_kv => "gemma4_text-small-f32", false;
+    batched_decode_matches_alone_gemma4_text_experts,
+    prefilled_together_matches_alone_gemma4_text_experts => "gemma4_text-small-f32-moe", false;
 }

@@ -74,6 +74,10 @@ pub const TINY: &[&str] = &[
     "glm4_moe_lite-f32-mtp",
     "deepseek_v2-f32",
     "minicpm3-f32",
+    // Issue 26, Gemma 4 (KV caches shared between layers).
+    "gemma4_text-f32",
+    "gemma4_text-f32-moe-keqv-untied",
+    "gemma4-f32-multimodal",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];
@@ -87,6 +91,8 @@ const PROMPT_CACHE: &[&str] = &[
     "lfm2-f32",
     // The latent KV of multi-head latent attention in a plain KVCache.
     "deepseek_v3-f32",
+    // Fewer caches than layers (the KV-shared layers have none).
+    "gemma4_text-f32",
 ];
 /// Top-k and min-p run on these (top-p on all).
 const ALL_SAMPLERS: &[&str] = &[
