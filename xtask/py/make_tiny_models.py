@@ -94,6 +94,29 @@ ARCHS = {
             "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
         },
     },
+    # Gemma 3n's text model (written with its `gemma3n` wrapper config): sliding and
+    # full layers alternating, the last two reading the caches of layers 0 and 1, AltUp
+    # over 4 copies, LAuReL rank 8, sparse activations on the first two layers.
+    "gemma3n": {
+        "model_type": "gemma3n_text",
+        "num_hidden_layers": 4,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "num_kv_shared_layers": 2,
+        "vocab_size_per_layer_input": 128,
+        "sliding_window": 4,
+        "rope_local_base_freq": 10000.0,
+        "rope_theta": 1000000.0,
+        "final_logit_softcapping": 30.0,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0],
+        "hidden_size_per_layer_input": 8,
+        "altup_num_inputs": 4,
+        "altup_coef_clip": 120.0,
+        "altup_correct_scale": True,
+        "altup_active_idx": 0,
+        "laurel_rank": 8,
+    },
     "qwen2_moe": {
         "model_type": "qwen2_moe",
         "num_experts": 4,
@@ -500,6 +523,13 @@ VARIANTS = {
     "gemma4_text-bf16-moe-q4": ("gemma4_text", GEMMA4_MOE, {"dtype": "bfloat16",
                                                             "quant": {"bits": 4, "group_size": 32}}),
     "gemma4-f32-multimodal": ("gemma4_text", {}, {"wrap_gemma4": True}),
+    "gemma3n-f32": ("gemma3n", {}, {}),
+    "gemma3n-f32-sizes-noclip": (
+        "gemma3n", {"intermediate_size": [128, 96, 64, 128], "altup_coef_clip": None, "altup_correct_scale": False,
+                    "altup_active_idx": 1, "activation_sparsity_pattern": None, "final_logit_softcapping": None,
+                    "vocab_size_per_layer_input": 64}, {}),
+    "gemma3n-bf16": ("gemma3n", {}, {"dtype": "bfloat16"}),
+    "gemma3n-q4": ("gemma3n", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "qwen2_moe-f32": ("qwen2_moe", {}, {}),
     "qwen2_moe-f32-mha-traditional": ("qwen2_moe", {"num_key_value_heads": 4, "rope_traditional": True}, {}),
     "qwen2_moe-bf16-q4": ("qwen2_moe", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
@@ -744,6 +774,7 @@ GOLDENS = {
     "gemma4_text-small-f32-moe": (
         "gemma4_text", dict(SMALL, **dict(GEMMA4_MOE, moe_intermediate_size=16), head_dim=8, global_head_dim=16),
         {}),
+    "gemma3n-small-f32": ("gemma3n", dict(SMALL, head_dim=8), {}),
     "qwen2_moe-small-f32": ("qwen2_moe", dict(SMALL, moe_intermediate_size=32), {}),
     "qwen3_moe-small-f32": (
         "qwen3_moe", dict(SMALL, head_dim=8, moe_intermediate_size=32), {}),
@@ -873,7 +904,7 @@ def mlx_names(config):
 
 def random_weights(config, rng):
     out = {}
-    gemma = config["model_type"].startswith("gemma") and config["model_type"] != "gemma4_text"
+    gemma = config["model_type"].startswith("gemma") and config["model_type"] not in ("gemma4_text", "gemma3n")
     for name, shape in mlx_names(config):
         if name.endswith("norm.weight"):
             base = 0.0 if gemma else 1.0
@@ -1150,7 +1181,16 @@ def write_dense(out, name, arch, overrides, opts):
     config.update(ARCHS[arch])
     config.update(overrides)
     rng = np.random.default_rng(seed_of(name))
+    if arch == "gemma3n":
+        # Only the multimodal config exists in mlx-lm; its text model is under
+        # model.language_model (HF's names too), the towers beside it.
+        config = {"model_type": "gemma3n", "text_config": config,
+                  "vision_config": {"hidden_size": 8}, "audio_config": {"hidden_size": 8}}
     weights = random_weights(config, rng)
+    if arch == "gemma3n":
+        for tower in ("vision_tower.encoder.weight", "audio_tower.conv.weight",
+                      "embed_vision.embedding_projection.weight", "embed_audio.embedding_projection.weight"):
+            weights[f"model.{tower}"] = np.ones((4, 4), np.float32)
     if opts.get("lm_head"):
         weights["lm_head.weight"] = (rng.standard_normal(
             (config["vocab_size"], config["hidden_size"])) / np.sqrt(config["hidden_size"])).astype(np.float32)

@@ -126,6 +126,7 @@ architectures! {
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
+    gemma3n,
 }
 
 /// Flat weight map (checkpoint name -> array).
