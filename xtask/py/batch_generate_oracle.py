@@ -49,6 +49,7 @@ RECURRENT_CASES = [
     # sliding windows of 4 crossed by prompts and generation.
     ("gemma4_text-small-f32", {"prefill_batch_size": 3}),
     ("gemma4_text-small-f32-moe", {"completion_batch_size": 2, "prefill_step_size": 4}),
+    ("gemma3n-small-f32", {"prefill_batch_size": 2}),
 ]
 LENGTHS = [5, 1, 12, 7, 3]
 MAX_TOKENS = 8

@@ -492,4 +492,6 @@ model_tests! {
     prefilled_together_matches_alone_gemma4_text_shared_kv => "gemma4_text-small-f32", false;
     batched_decode_matches_alone_gemma4_text_experts,
     prefilled_together_matches_alone_gemma4_text_experts => "gemma4_text-small-f32-moe", false;
+    batched_decode_matches_alone_gemma3n,
+    prefilled_together_matches_alone_gemma3n => "gemma3n-small-f32", false;
 }

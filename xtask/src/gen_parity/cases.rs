@@ -78,6 +78,8 @@ pub const TINY: &[&str] = &[
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",
     "gemma4-f32-multimodal",
+    "gemma3n-f32",
+    "gemma3n-f32-sizes-noclip",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32"];
@@ -93,6 +95,7 @@ const PROMPT_CACHE: &[&str] = &[
     "deepseek_v3-f32",
     // Fewer caches than layers (the KV-shared layers have none).
     "gemma4_text-f32",
+    "gemma3n-f32",
 ];
 /// Top-k and min-p run on these (top-p on all).
 const ALL_SAMPLERS: &[&str] = &[
