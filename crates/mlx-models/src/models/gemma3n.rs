@@ -337,7 +337,11 @@ impl DecoderLayer {
         };
         let std_multiplier = if sparsity > 0.0 {
             let e = Array::scalar_f64(2.0 * sparsity - 1.0, Dtype::Float32)?.erfinv()?;
-            Some(e.multiply(2f64.sqrt())?)
+            let m = e.multiply(2f64.sqrt())?;
+            // Evaluated now: a lazy graph would belong to this thread's stream, and the
+            // model may run on another (the engine's).
+            mlx_array::transforms::eval(&[&m])?;
+            Some(m)
         } else {
             None
         };
