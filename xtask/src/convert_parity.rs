@@ -119,7 +119,6 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("gemma4-mm", "gemma4-f32-multimodal", None),
     ("q-gemma4_text-moe", "gemma4_text-bf16-moe-q4", None),
     ("gemma3n", "gemma3n-f32", None),
-    ("gemma3n-sizes", "gemma3n-f32-sizes-noclip", None),
 ];
 
 fn cases() -> Vec<(String, &'static str, Vec<String>)> {
@@ -323,7 +322,6 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
         add("gemma3n", flags);
     }
-    add("gemma3n-sizes", "-q");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();
