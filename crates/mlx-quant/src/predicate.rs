@@ -180,8 +180,8 @@ impl MixedPredicate {
 /// given): qwen3_moe keeps its router (`mlp.gate`) at 8 bits, group size 64, gpt_oss
 /// its `router`, granite its `o_proj`, `down_proj` and `lm_head` (granitemoe those and
 /// its `router.layer`), the qwen3_next family
-/// its router and shared-expert gate, granitemoehybrid its `router.layer` (affine,
-/// whatever the mode asked for).
+/// its router and shared-expert gate, granitemoehybrid its `router.layer`, Gemma 4 its
+/// `router.proj` (affine, whatever the mode asked for).
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
     let eight_bits = || {
         let mut m = Map::new();
