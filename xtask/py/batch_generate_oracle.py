@@ -49,6 +49,11 @@ RECURRENT_CASES = [
     ("falcon_h1-small-f32", {"prefill_batch_size": 2}),
     # Not recurrent: a CacheList of the latent KV and the indexer's keys.
     ("deepseek_v32-small-f32", {"completion_batch_size": 2, "prefill_batch_size": 2}),
+    # Gemma 4: fewer caches than layers (the KV-shared layers read an earlier layer's),
+    # sliding windows of 4 crossed by prompts and generation.
+    ("gemma4_text-small-f32", {"prefill_batch_size": 3}),
+    ("gemma4_text-small-f32-moe", {"completion_batch_size": 2, "prefill_step_size": 4}),
+    ("gemma3n-small-f32", {"prefill_batch_size": 2}),
 ]
 LENGTHS = [5, 1, 12, 7, 3]
 MAX_TOKENS = 8

@@ -113,6 +113,9 @@ def write_model(out, name, arch, overrides, opts, tok_dir, vocab):
         # mlx_lm.load validates the config strictly: this field must be an int.
         qpas = overrides.get("query_pre_attn_scalar", tiny.ARCHS[arch]["query_pre_attn_scalar"])
         overrides["query_pre_attn_scalar"] = int(qpas)
+    if arch == "gemma4_text" and overrides.get("hidden_size_per_layer_input", 1):
+        # The per-layer embeddings are indexed by the same token ids.
+        overrides["vocab_size_per_layer_input"] = vocab
     if "quant" in opts:
         dest = tiny.write_quantized(out, name, arch, overrides, opts)
     else:

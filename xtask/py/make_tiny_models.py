@@ -72,6 +72,51 @@ ARCHS = {
         "rope_local_base_freq": 10000.0,
         "rope_theta": 1000000.0,
     },
+    # Gemma 4: sliding/full pattern 3 (S S F S S F), the last three layers reading the
+    # keys and values of layers 1 (sliding) and 2 (full), full layers with their own
+    # head size and proportional RoPE, per-layer input embeddings, double-wide MLPs on
+    # the KV-shared layers.
+    "gemma4_text": {
+        "model_type": "gemma4_text",
+        "num_hidden_layers": 6,
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 4,
+        "sliding_window_pattern": 3,
+        "num_kv_shared_layers": 3,
+        "hidden_size_per_layer_input": 8,
+        "vocab_size_per_layer_input": 128,
+        "final_logit_softcapping": 30.0,
+        "rope_parameters": {
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                               "rope_type": "proportional"},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
+    },
+    # Gemma 3n's text model (written with its `gemma3n` wrapper config): sliding and
+    # full layers alternating, the last two reading the caches of layers 0 and 1, AltUp
+    # over 4 copies, LAuReL rank 8, sparse activations on the first two layers.
+    "gemma3n": {
+        "model_type": "gemma3n_text",
+        "num_hidden_layers": 4,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "num_kv_shared_layers": 2,
+        "vocab_size_per_layer_input": 128,
+        "sliding_window": 4,
+        "rope_local_base_freq": 10000.0,
+        "rope_theta": 1000000.0,
+        "final_logit_softcapping": 30.0,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0],
+        "hidden_size_per_layer_input": 8,
+        "altup_num_inputs": 4,
+        "altup_coef_clip": 120.0,
+        "altup_correct_scale": True,
+        "altup_active_idx": 0,
+        "laurel_rank": 8,
+    },
     "qwen2_moe": {
         "model_type": "qwen2_moe",
         "num_experts": 4,
@@ -425,6 +470,17 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 #   hf_mxfp4: gpt_oss experts as the original checkpoints store them (interleaved
 #   gate_up_proj, MXFP4 `_blocks` / `_scales`, `quant_method: mxfp4`);
 #   shards: write that many shard files with an index; quant: mlx-lm quantization.
+# Gemma 4's MoE layout (26B): experts beside the MLP on every layer, full layers with
+# keys as values and their own kv-head count, no per-layer inputs, no shared caches,
+# the layer types given explicitly, an untied head.
+GEMMA4_MOE = {
+    "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32,
+    "attention_k_eq_v": True, "num_global_key_value_heads": 1, "hidden_size_per_layer_input": 0,
+    "num_kv_shared_layers": 0, "use_double_wide_mlp": False, "tie_word_embeddings": False,
+    "num_hidden_layers": 4,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+}
+
 VARIANTS = {
     "llama-f32-tied": ("llama", {}, {"extras": True}),
     "llama-f32-untied-bias-gqa4": (
@@ -498,6 +554,20 @@ VARIANTS = {
     "gemma3_text-f16": ("gemma3_text", {}, {"dtype": "float16"}),
     "gemma3_text-q4": ("gemma3_text", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "gemma3-f32-multimodal": ("gemma3_text", {}, {"wrap_gemma3": True}),
+    "gemma4_text-f32": ("gemma4_text", {}, {}),
+    "gemma4_text-f32-moe-keqv-untied": ("gemma4_text", GEMMA4_MOE, {}),
+    "gemma4_text-bf16": ("gemma4_text", {}, {"dtype": "bfloat16"}),
+    "gemma4_text-q4": ("gemma4_text", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "gemma4_text-bf16-moe-q4": ("gemma4_text", GEMMA4_MOE, {"dtype": "bfloat16",
+                                                            "quant": {"bits": 4, "group_size": 32}}),
+    "gemma4-f32-multimodal": ("gemma4_text", {}, {"wrap_gemma4": True}),
+    "gemma3n-f32": ("gemma3n", {}, {}),
+    "gemma3n-f32-sizes-noclip": (
+        "gemma3n", {"intermediate_size": [128, 96, 64, 128], "altup_coef_clip": None, "altup_correct_scale": False,
+                    "altup_active_idx": 1, "activation_sparsity_pattern": None, "final_logit_softcapping": None,
+                    "vocab_size_per_layer_input": 64}, {}),
+    "gemma3n-bf16": ("gemma3n", {}, {"dtype": "bfloat16"}),
+    "gemma3n-q4": ("gemma3n", {}, {"quant": {"bits": 4, "group_size": 64}}),
     "qwen2_moe-f32": ("qwen2_moe", {}, {}),
     "qwen2_moe-f32-mha-traditional": ("qwen2_moe", {"num_key_value_heads": 4, "rope_traditional": True}, {}),
     "qwen2_moe-bf16-q4": ("qwen2_moe", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
@@ -756,6 +826,11 @@ GOLDENS = {
     ),
     "gemma2-small-f32": ("gemma2", dict(SMALL, head_dim=8, query_pre_attn_scalar=8.0), {}),
     "gemma3_text-small-bf16": ("gemma3_text", dict(SMALL, head_dim=8, query_pre_attn_scalar=8), {"dtype": "bfloat16"}),
+    "gemma4_text-small-f32": ("gemma4_text", dict(SMALL, head_dim=8, global_head_dim=16), {}),
+    "gemma4_text-small-f32-moe": (
+        "gemma4_text", dict(SMALL, **dict(GEMMA4_MOE, moe_intermediate_size=16), head_dim=8, global_head_dim=16),
+        {}),
+    "gemma3n-small-f32": ("gemma3n", dict(SMALL, head_dim=8), {}),
     "qwen2_moe-small-f32": ("qwen2_moe", dict(SMALL, moe_intermediate_size=32), {}),
     "qwen3_moe-small-f32": (
         "qwen3_moe", dict(SMALL, head_dim=8, moe_intermediate_size=32), {}),
@@ -954,11 +1029,13 @@ def llama4_nested(config):
 
 def random_weights(config, rng):
     out = {}
-    gemma = config["model_type"].startswith("gemma")
+    gemma = config["model_type"].startswith("gemma") and config["model_type"] not in ("gemma4_text", "gemma3n")
     for name, shape in mlx_names(config):
         if name.endswith("norm.weight"):
             base = 0.0 if gemma else 1.0
             w = base + 0.1 * rng.standard_normal(shape)
+        elif name.endswith(("layer_scalar", "router.scale")):
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif name.endswith("bias"):
             w = 0.1 * rng.standard_normal(shape)
         elif "embed_tokens" in name:
@@ -1046,6 +1123,15 @@ def to_hf_names(config, weights, opts, rng):
                     out[f"{prefix}.experts.gate_up_proj"] = np.concatenate([v, up], axis=-2)
             else:
                 out[name] = v
+        elif mt == "gemma4_text" and ".experts.switch_glu." in k:
+            # HF layout: gate and up stacked in one `gate_up_proj` [E, 2I, D].
+            prefix = k.split(".switch_glu.")[0]
+            proj = k.split(".")[-2]
+            if proj == "down_proj":
+                out[f"{prefix}.down_proj"] = v
+            elif proj == "gate_proj":
+                up = weights[k.replace("gate_proj", "up_proj")]
+                out[f"{prefix}.gate_up_proj"] = np.concatenate([v, up], axis=-2)
         elif mt in ("granitemoehybrid", "granitemoe") and ".block_sparse_moe.switch_mlp." in k:
             prefix = k.split(".switch_mlp.")[0]
             proj = k.split(".")[-2]
@@ -1116,6 +1202,19 @@ def to_hf_names(config, weights, opts, rng):
         out["multi_modal_projector.linear_1.weight"] = np.ones((4, 4), np.float32)
     if mt in ("granitemoehybrid", "granitemoe") and config.get("tie_word_embeddings", True):
         out["lm_head.weight"] = out["model.embed_tokens.weight"].copy()  # sanitize drops it
+    if mt == "gemma4_text":
+        # What sanitize drops: the k/v projections and k norm HF keeps on KV-shared
+        # layers, rotary buffers and a calibration range.
+        n, h = config["num_hidden_layers"], config["hidden_size"]
+        first_shared = n - config.get("num_kv_shared_layers", 0)
+        hd = config["head_dim"]
+        for i in range(first_shared, n):
+            p = f"model.layers.{i}.self_attn"
+            out[f"{p}.k_proj.weight"] = rng.standard_normal((hd * config["num_key_value_heads"], h)).astype(np.float32)
+            out[f"{p}.v_proj.weight"] = rng.standard_normal((hd * config["num_key_value_heads"], h)).astype(np.float32)
+            out[f"{p}.k_norm.weight"] = np.ones((hd,), np.float32)
+        out["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones((hd // 2,), np.float32)
+        out["model.layers.0.mlp.gate_proj.input_max"] = np.ones((), np.float32)
     if mt in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h"):
         out["mtp.fc.weight"] = rng.standard_normal((4, 4)).astype(np.float32)  # sanitize drops it
     if mt in ("qwen3_5", "qwen3_5_moe"):
@@ -1229,7 +1328,16 @@ def write_dense(out, name, arch, overrides, opts):
     config.update(ARCHS[arch])
     config.update(overrides)
     rng = np.random.default_rng(seed_of(name))
+    if arch == "gemma3n":
+        # Only the multimodal config exists in mlx-lm; its text model is under
+        # model.language_model (HF's names too), the towers beside it.
+        config = {"model_type": "gemma3n", "text_config": config,
+                  "vision_config": {"hidden_size": 8}, "audio_config": {"hidden_size": 8}}
     weights = random_weights(config, rng)
+    if arch == "gemma3n":
+        for tower in ("vision_tower.encoder.weight", "audio_tower.conv.weight",
+                      "embed_vision.embedding_projection.weight", "embed_audio.embedding_projection.weight"):
+            weights[f"model.{tower}"] = np.ones((4, 4), np.float32)
     if opts.get("lm_head"):
         weights["lm_head.weight"] = (rng.standard_normal(
             (config["vocab_size"], config["hidden_size"])) / np.sqrt(config["hidden_size"])).astype(np.float32)
@@ -1243,6 +1351,14 @@ def write_dense(out, name, arch, overrides, opts):
         weights = {f"language_model.{k}": v for k, v in weights.items()}
         weights["vision_tower.vision_model.embeddings.patch_embedding.weight"] = np.ones((4, 4), np.float32)
         weights["multi_modal_projector.mm_input_projection_weight"] = np.ones((4, 4), np.float32)
+    if opts.get("wrap_gemma4"):
+        # HF layout: the text model under model.language_model, the towers beside it.
+        config = {"model_type": "gemma4", "vocab_size": config["vocab_size"], "text_config": dict(config),
+                  "vision_config": {"hidden_size": 8}, "audio_config": {"hidden_size": 8}}
+        weights = {"model.language_model." + k.removeprefix("model."): v for k, v in weights.items()}
+        for tower in ("vision_tower.encoder.weight", "embed_vision.embedding_projection.weight",
+                      "audio_tower.conv.weight", "embed_audio.embedding_projection.weight"):
+            weights[f"model.{tower}"] = np.ones((4, 4), np.float32)
     if opts.get("wrap_mistral3"):
         config = {"model_type": "mistral3", "text_config": dict(config), "vision_config": {"hidden_size": 8}}
         if opts["wrap_mistral3"] == "old":

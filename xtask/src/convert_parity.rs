@@ -122,6 +122,12 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("minimax", "minimax-f32", None),
     ("minimax-fp8", "minimax-fp8", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
+    // Issue 26, Gemma 4 (KV caches shared between layers).
+    ("gemma4_text", "gemma4_text-f32", None),
+    ("gemma4_text-moe", "gemma4_text-f32-moe-keqv-untied", None),
+    ("gemma4-mm", "gemma4-f32-multimodal", None),
+    ("q-gemma4_text-moe", "gemma4_text-bf16-moe-q4", None),
+    ("gemma3n", "gemma3n-f32", None),
 ];
 
 fn cases() -> Vec<(String, &'static str, Vec<String>)> {
@@ -328,6 +334,20 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     }
     add("minimax-fp8", "");
     add("minimax-fp8", "-q");
+    // Gemma 4: the router's 8-bit predicate; per-layer embeddings quantized where their
+    // width allows; the multimodal towers dropped; a quantized MoE source.
+    for src in ["gemma4_text", "gemma4_text-moe", "gemma4-mm"] {
+        for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+            add(src, flags);
+        }
+    }
+    for flags in ["", "-d", "-q"] {
+        add("q-gemma4_text-moe", flags);
+    }
+    // Gemma 3n: AltUp's coefficient layers stay dense (their input is 4 wide).
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("gemma3n", flags);
+    }
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -516,4 +516,11 @@ model_tests! {
         => "dots1-small-f32", true;
     batched_decode_equals_alone_minimax, prefilled_together_equals_alone_minimax
         => "minimax-small-f32", true;
+    // Gemma 4: fewer caches than layers (the KV-shared layers read an earlier layer's).
+    batched_decode_matches_alone_gemma4_text_shared_kv,
+    prefilled_together_matches_alone_gemma4_text_shared_kv => "gemma4_text-small-f32", false;
+    batched_decode_matches_alone_gemma4_text_experts,
+    prefilled_together_matches_alone_gemma4_text_experts => "gemma4_text-small-f32-moe", false;
+    batched_decode_matches_alone_gemma3n,
+    prefilled_together_matches_alone_gemma3n => "gemma3n-small-f32", false;
 }

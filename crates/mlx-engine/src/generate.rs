@@ -120,11 +120,13 @@ impl<'a> TokenGenerator<'a> {
                  (is the tokenizer the model's?)"
             )));
         }
-        if caches.len() != model.num_layers() {
+        // One cache per entry of the model's `make_cache` (fewer than its layers where
+        // layers share keys and values, as Gemma 4's do).
+        let wanted = model.cache_specs().len();
+        if caches.len() != wanted {
             return Err(EngineError::Invalid(format!(
-                "{} caches given for a model of {} layers",
+                "{} caches given for a model that uses {wanted}",
                 caches.len(),
-                model.num_layers()
             )));
         }
         Ok(TokenGenerator {

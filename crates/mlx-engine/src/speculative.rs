@@ -198,7 +198,7 @@ impl<'a> SpeculativeGenerator<'a> {
             return Err(EngineError::Invalid("the prompt has no tokens".into()));
         }
         let num_draft_tokens = check_num_draft_tokens(num_draft_tokens as i64)?;
-        let n_target = model.num_layers();
+        let n_target = model.cache_specs().len();
         let tv = model.vocab_size();
         let (drafter, n_draft) = match source {
             DraftSource::Model(draft) => {
@@ -211,7 +211,7 @@ impl<'a> SpeculativeGenerator<'a> {
                          model's ({tv}): the draft must use the target's tokenizer"
                     )));
                 }
-                (Drafter::Model(draft), draft.num_layers())
+                (Drafter::Model(draft), draft.cache_specs().len())
             }
             DraftSource::Lookup(cfg) => {
                 if cfg.ngram == 0 {
@@ -246,7 +246,7 @@ impl<'a> SpeculativeGenerator<'a> {
                      (a prompt-cache file for speculative decoding must be saved with both)"
                 )
             } else {
-                format!("one per layer of the model ({n_target})")
+                format!("one per cache of the model ({n_target})")
             };
             return Err(EngineError::Invalid(format!(
                 "{} caches given; speculative decoding needs {what}",

@@ -36,10 +36,12 @@ pub enum CacheSpec {
 /// A causal language model: token ids in, logits out.
 pub trait LanguageModel: Send {
     /// `tokens` is `[B, L]` int32 (uint32 accepted); returns logits `[B, L, vocab]`.
-    /// `caches` is empty (no cache) or holds one cache per layer; they are updated in place.
+    /// `caches` is empty (no cache) or holds one cache per entry of [`Self::cache_specs`]
+    /// (one per layer, except where layers share keys and values); updated in place.
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array>;
 
-    /// The caches this model wants, one per layer. Callers pass a cache's own
+    /// The caches this model wants (mlx-lm's `make_cache`): one per layer, or fewer where
+    /// later layers read an earlier layer's keys and values (Gemma 4). Callers pass a cache's own
     /// `--max-kv-size` instead where the user asks for one.
     fn cache_specs(&self) -> Vec<CacheSpec>;
 

@@ -101,6 +101,10 @@ golden_tests! {
     kimi_k25_text_model_logits_match_mlx_lm => "kimi_k25-small-f32",
     glm4_moe_lite_drops_mtp_layers_logits_match_mlx_lm => "glm4_moe_lite-small-f32",
     deepseek_v2_expanded_kv_yarn_logits_match_mlx_lm => "deepseek_v2-small-f32",
+    // Issue 26, Gemma 4: KV caches shared between layers.
+    gemma4_text_shared_kv_per_layer_inputs_logits_match_mlx_lm => "gemma4_text-small-f32",
+    gemma4_text_experts_k_eq_v_logits_match_mlx_lm => "gemma4_text-small-f32-moe",
+    gemma3n_altup_laurel_shared_kv_logits_match_mlx_lm => "gemma3n-small-f32",
     minicpm3_scaled_residuals_su_rope_logits_match_mlx_lm => "minicpm3-small-f32",
     // Issue 26, wave 2 part B.
     phi_parallel_partial_rotary_logits_match_mlx_lm => "phi-small-f32",

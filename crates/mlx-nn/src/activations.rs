@@ -128,6 +128,17 @@ pub fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
     )
 }
 
+/// mlx-lm's `geglu(gate, x) = gelu_approx(gate) * x` (Gemma 4), compiled with the
+/// compiled `gelu_approx` nested inside.
+#[track_caller]
+pub fn geglu(gate: &Array, x: &Array) -> Result<Array> {
+    call_compiled(
+        "geglu",
+        |a| Ok(vec![gelu_approx(&a[0])?.multiply(&a[1])?]),
+        &[gate, x],
+    )
+}
+
 /// mlx-lm's `swiglu_oai(gate, x)` (GPT-OSS; alpha 1.702, limit 7.0, its defaults):
 /// `gate` clipped from above, `x` to +-limit, then `(x + 1) * (gate * sigmoid(alpha *
 /// gate))`, compiled.

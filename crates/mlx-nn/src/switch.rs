@@ -1,6 +1,6 @@
 //! Mixture-of-experts layers of `mlx_lm/models/switch_layers.py`: `SwitchLinear`,
 //! `QuantizedSwitchLinear` and `SwitchGLU`, on `gather_mm` / `gather_qmm`.
-use crate::activations::{swiglu, swiglu_oai};
+use crate::activations::{geglu, swiglu, swiglu_oai};
 use crate::error::Result as NnResult;
 use crate::module::Param;
 use crate::quantize::QuantSpec;
@@ -197,6 +197,8 @@ pub enum GluActivation {
     Swiglu,
     /// mlx-lm's `SwigluOAI` (GPT-OSS): [`swiglu_oai`].
     SwigluOai,
+    /// Gemma 4's `GeGLU`: [`geglu`] (`gelu_approx(gate) * up`).
+    Geglu,
 }
 
 /// `SwitchGLU`: `down(activation(gate(x), up(x)))` with per-token experts.
@@ -264,6 +266,7 @@ impl SwitchGlu {
         let h = match self.activation {
             GluActivation::Swiglu => swiglu(&x_gate, &x_up)?,
             GluActivation::SwigluOai => swiglu_oai(&x_gate, &x_up)?,
+            GluActivation::Geglu => geglu(&x_gate, &x_up)?,
         };
         let mut y = self.down_proj.forward(&h, &idx, do_sort)?;
         if let Some(inv) = inv_order {

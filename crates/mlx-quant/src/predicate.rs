@@ -182,8 +182,8 @@ impl MixedPredicate {
 /// and `lm_head` (granitemoe those and
 /// its `router.layer`), the qwen3_next family
 /// its router and shared-expert gate, granitemoehybrid its `router.layer`, lfm2_moe
-/// its `feed_forward.gate` (affine,
-/// whatever the mode asked for).
+/// its `feed_forward.gate`, Gemma 4 its `router.proj` (affine, whatever the mode asked
+/// for).
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
     let eight_bits = || {
         let mut m = Map::new();
@@ -213,6 +213,7 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
         "granitemoehybrid" => Some(choose(path.ends_with("router.layer"))),
         "minimax" => Some(choose(path.ends_with("block_sparse_moe.gate"))),
         "lfm2_moe" => Some(choose(path.ends_with("feed_forward.gate"))),
+        "gemma4_text" | "gemma4" => Some(choose(path.ends_with("router.proj"))),
         "granitemoe" => Some(choose(
             path.ends_with("block_sparse_moe.router.layer")
                 || path.ends_with("self_attn.o_proj")

@@ -2,7 +2,8 @@
 //! sampler settings, logits processors, seeds and log-probabilities decode in one batch
 //! and each gets exactly what it gets alone, also when prompts are prefilled together in
 //! right-padded chunks; a finished row's KV cache, extracted from the batch, is stored
-//! and reused by a later prompt; sliding-window (rotating) caches wrap inside the batch.
+//! and reused by a later prompt; sliding-window (rotating) caches wrap inside the batch;
+//! models whose layers share caches (fewer caches than layers) batch too.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 mod common;
 
@@ -420,4 +421,74 @@ async fn chunked_attention_models_serve_concurrent_requests_one_at_a_time_as_alo
     let rows = metric(addr, "mlx_server_decode_rows_total").await;
     assert!(steps > 0.0);
     assert_eq!(steps, rows, "every decoding step ran one sequence");
+}
+
+/// The text of a greedy completion of `ids` (token ids, no template).
+async fn complete_ids(addr: std::net::SocketAddr, ids: &[u64], max_tokens: u64) -> String {
+    let body = json!({"prompt": ids, "max_tokens": max_tokens, "temperature": 0});
+    let r = post(addr, "/v1/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// Gemma 4's layers share KV caches (the model has fewer caches than layers, a
+/// sliding window of 4 among them): requests decoded together in the server's batch
+/// answer as they do alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shared_kv_cache_models_batch_and_answer_as_alone() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for name in [
+        "gemma4_text-small-f32-moe",
+        "gemma4_text-small-f32",
+        "gemma3n-small-f32",
+    ] {
+        let dir = root.join("goldens/models").join(name);
+        let (model, _) = mlx_models::load_model(&dir).expect("golden model");
+        // The MoE layout shares no caches but has sliding and full layers with their
+        // own head sizes and keys as values.
+        let shares = !name.ends_with("-moe");
+        assert_eq!(
+            model.cache_specs().len() < model.num_layers(),
+            shares,
+            "{name}"
+        );
+        let tok = mlx_tokenizer::Tokenizer::from_dir(root.join("goldens/generate/tokenizer"))
+            .expect("tokenizer");
+        let cfg = ServerConfig {
+            prefill_step_size: 3,
+            prompt_cache_size: 0,
+            ..Default::default()
+        };
+        let server = start(model, tok, cfg).await;
+        let addr = server.local_addr();
+        let prompts: Vec<Vec<u64>> = [5u64, 1, 9, 7, 3]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                (0..n)
+                    .map(|j| (i as u64 * 31 + j * 17 + 3) % 120 + 1)
+                    .collect()
+            })
+            .collect();
+        let mut alone = Vec::new();
+        for p in &prompts {
+            alone.push(complete_ids(addr, p, 8).await);
+        }
+        assert!(
+            alone.iter().any(|t| !t.is_empty()),
+            "{name}: no text at all"
+        );
+        let tasks: Vec<_> = prompts
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, p)| tokio::spawn(async move { (i, complete_ids(addr, &p, 8).await) }))
+            .collect();
+        for t in tasks {
+            let (i, got) = t.await.unwrap();
+            assert_eq!(got, alone[i], "{name} prompt {i}: differs from alone");
+        }
+        server.shutdown().await.unwrap();
+    }
 }

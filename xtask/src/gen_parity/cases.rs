@@ -81,6 +81,13 @@ pub const TINY: &[&str] = &[
     "llama4-f32",
     "llama4_text-f32",
     "minimax-f32",
+    // Issue 26, Gemma 4 (KV caches shared between layers).
+    "gemma4_text-f32",
+    "gemma4_text-f32-moe-keqv-untied",
+    "gemma4-f32-multimodal",
+    // Not gemma3n-f32-sizes-noclip: transformers' strict config class (the tokenizer
+    // loading goes through it) refuses its `final_logit_softcapping: null`.
+    "gemma3n-f32",
 ];
 /// Head dim 32: the KV cache can be quantized with group size 32.
 const HD32: &[&str] = &["llama-f32-hd32", "qwen3-f32-hd32", "llama4-f32"];
@@ -100,6 +107,9 @@ const PROMPT_CACHE: &[&str] = &[
     "deepseek_v32-f32",
     // A CacheList (recurrent state and KV).
     "falcon_h1-f32",
+    // Fewer caches than layers (the KV-shared layers have none).
+    "gemma4_text-f32",
+    "gemma3n-f32",
 ];
 /// Top-k and min-p run on these (top-p on all).
 const ALL_SAMPLERS: &[&str] = &[

@@ -132,6 +132,10 @@ architectures! {
     llama4,
     llama4_text,
     minimax,
+    // Issue 26: Gemma 4 (KV caches shared between layers).
+    gemma4_text,
+    gemma4,
+    gemma3n,
 }
 
 /// Flat weight map (checkpoint name -> array).
