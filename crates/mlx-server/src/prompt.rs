@@ -295,6 +295,7 @@ pub fn finish_request(
         n: params.n,
         segments,
         prompt_logprobs: false,
+        speculate: None,
     };
     let tool_format = if chat && tools.is_some() {
         state.info.tool_format

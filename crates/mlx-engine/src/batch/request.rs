@@ -43,6 +43,27 @@ pub struct GenerationRequest {
     /// alternatives), from the prefill's logits: the prompt is processed in full (no
     /// prompt-cache reuse) and an [`EngineEvent::Prompt`] precedes the first token.
     pub prompt_logprobs: bool,
+    /// Speculative decoding of this request (`None`: plain decoding).
+    pub speculate: Option<Speculate>,
+}
+
+/// Where a speculating request's drafts come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DraftFrom {
+    /// The engine's draft model ([`super::Engine::start_with_draft`]).
+    DraftModel,
+    /// Prompt lookup in the given tokens (e.g. OpenAI's predicted output), then in the
+    /// text generated so far.
+    Prediction(Vec<u32>),
+}
+
+/// Speculative decoding asked for by a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Speculate {
+    /// Where the drafts come from.
+    pub from: DraftFrom,
+    /// Tokens drafted per round (1 to [`crate::speculative::MAX_NUM_DRAFT_TOKENS`]).
+    pub num_draft_tokens: usize,
 }
 
 impl GenerationRequest {
@@ -60,6 +81,7 @@ impl GenerationRequest {
             n: 1,
             segments: Vec::new(),
             prompt_logprobs: false,
+            speculate: None,
         }
     }
 
@@ -101,6 +123,11 @@ pub struct TokenOut {
     pub finish: Option<Finish>,
     /// Which of the request's stop sequences ended it (when `finish` is `Stop`).
     pub stop_index: Option<usize>,
+    /// Speculative decoding: the token was a draft token the model accepted.
+    pub from_draft: bool,
+    /// Speculative decoding: draft tokens proposed in the round this token opens (0 on
+    /// the other tokens of a round and without speculation).
+    pub drafted: usize,
 }
 
 /// The log-probability of one prompt token given the tokens before it.
