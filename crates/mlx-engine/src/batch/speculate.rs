@@ -6,13 +6,16 @@
 //!    lookup, each row's continuation of its latest n-gram match, padded to the longest;
 //! 2. verifies every row in ONE batched target forward over `[y, drafts...]`, each row's
 //!    own sampler on every position;
-//! 3. accepts per row the drafts up to its first mismatch, and emits for every row
-//!    `m + 1` tokens, `m` the fewest drafts a row accepted: the target's samples at
-//!    positions `0..=m`. Up to a row's first mismatch its drafts equal the target's own
-//!    samples, so positions `0..m` of every row were computed on the right history and
-//!    both batch caches are trimmed uniformly to keep them (a batch cache trims all
-//!    rows alike). Every emitted token is the target's sample: greedy rows give the
-//!    tokens they give without speculation.
+//! 3. accepts per row the drafts up to its first mismatch (`a` drafts) and emits the
+//!    target's samples at positions `0..=a`. Up to a row's first mismatch its drafts
+//!    equal the target's own samples, so those positions were computed on the right
+//!    history. By prompt lookup each row keeps its own `a`: the caches are trimmed to
+//!    the most any row kept and each row's rejected positions are rolled in front of it
+//!    and masked, as a right-padded prefill chunk is finalized. With the draft model
+//!    every row keeps the fewest any row accepted (`m`, always correct: for a row that
+//!    accepted more, positions `0..m` are still its target's samples), so that both
+//!    batch caches trim uniformly. Every emitted token is the target's sample: greedy
+//!    rows give the tokens they give without speculation.
 //!
 //! Invariant between steps: the target caches hold each row's history but its next
 //! input `y`; the draft caches hold the same but for the last `lag` tokens (the draft
@@ -307,9 +310,27 @@ impl SpecBatch {
                     .count()
             })
             .collect();
+        // What each row keeps: with the draft model the fewest drafts any row accepted
+        // (the draft caches trim uniformly); by prompt lookup its own acceptance.
         let m = accepted.iter().copied().min().unwrap_or(0);
-        // The target caches hold `y` and every row's `k` drafts: keep `y` and `m`.
-        mlx_cache::trim_prompt_cache(self.cache.layers_mut(), (k - m) as i32);
+        let keep: Vec<usize> = if draft.is_some() {
+            vec![m; b]
+        } else {
+            accepted.clone()
+        };
+        let most = keep.iter().copied().max().unwrap_or(0);
+        // The target caches hold `y` and every row's `k` drafts: keep `y` and `most`,
+        // then roll each row's rejected positions in front of it, where they are
+        // masked (as a right-padded prefill chunk is finalized).
+        mlx_cache::trim_prompt_cache(self.cache.layers_mut(), (k - most) as i32);
+        if keep.iter().any(|&a| a < most) {
+            let pad: Vec<i32> = keep.iter().map(|&a| (most - a) as i32).collect();
+            let lengths: Vec<i32> = keep.iter().map(|&a| a as i32 + 1).collect();
+            self.cache
+                .prepare_right_padding(&lengths, &pad)
+                .map_err(cache_err)?;
+            self.cache.finalize().map_err(cache_err)?;
+        }
         if draft.is_some() && k > 0 {
             // The draft caches hold `y` and drafts `0..k-1`.
             if m < k {
@@ -321,7 +342,7 @@ impl SpecBatch {
             }
         }
         let v = logprobs.dim(2)?;
-        let mut out = Vec::with_capacity(b * (m + 1));
+        let mut out = Vec::with_capacity(b * (most + 1));
         let mut round = Round {
             rows: b as u64,
             ..Round::default()
@@ -333,6 +354,7 @@ impl SpecBatch {
             round.drafted += lens[r] as u64;
             row.drafted += lens[r] as u64;
             let req = std::sync::Arc::clone(&row.seq.job().req);
+            let m = keep[r];
             for i in 0..=m {
                 let token = toks[r * l + i];
                 let logprob = if req.wants_logprobs() {
@@ -367,7 +389,7 @@ impl SpecBatch {
                     break;
                 }
             }
-            row.y = toks[r * l + m];
+            row.y = toks[r * l + keep[r]];
             row.y_unfed = true;
         }
         Ok((out, round))
