@@ -80,6 +80,7 @@ impl Server {
             context_length: cfg.context_length,
             aliases: Vec::new(),
             config: None,
+            draft: None,
         };
         Server::start_pool(cfg, PoolConfig::default(), Some((spec, loaded)), None).await
     }
@@ -265,6 +266,7 @@ pub fn serve_blocking(
         context_length: cfg.context_length,
         aliases: Vec::new(),
         config: None,
+        draft: None,
     };
     serve_pool_blocking(
         cfg,
