@@ -304,8 +304,7 @@ fn main() -> ExitCode {
         mlx_bins::init_logging(Some(log_filter(&args.log_level)));
         let num_draft_tokens =
             mlx_engine::speculative::check_num_draft_tokens(args.num_draft_tokens)
-                .map_err(|e| anyhow::anyhow!("--num-draft-tokens: {e}"))?
-                as usize;
+                .map_err(|e| anyhow::anyhow!("--num-draft-tokens: {e}"))? as usize;
         mlx_bins::unsupported("--pipeline", args.pipeline)?;
         let template_args: Json = serde_json::from_str(&args.chat_template_args)
             .context("--chat-template-args is not JSON")?;

@@ -86,8 +86,8 @@ const MAX: [usize; 4] = [24, 17, 30, 9];
 
 /// Each prompt served alone (one request at a time) by a plain engine.
 fn alone() -> Vec<Vec<u32>> {
-    let engine = Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default()))
-        .expect("engine");
+    let engine =
+        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
     PROMPTS
         .iter()
         .zip(MAX)
@@ -169,8 +169,8 @@ fn the_model_as_its_own_draft_has_every_round_accepted_in_full() {
 #[test]
 fn predicted_outputs_are_verified_and_the_right_prediction_is_accepted() {
     let want = alone();
-    let engine = Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default()))
-        .expect("engine");
+    let engine =
+        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
     // Row 0 predicts its exact output, row 1 a wrong one, row 2 half of its own.
     let reqs = vec![
         speculating(0, DraftFrom::Prediction(want[0].clone()), 5),
@@ -203,7 +203,10 @@ fn a_draft_with_a_larger_vocabulary_or_untrimmable_caches_is_refused() {
         Err(e) => e.to_string(),
         Ok(_) => panic!("a draft with a larger vocabulary was accepted"),
     };
-    assert!(msg.contains("vocabulary (320)") && msg.contains("(128)"), "{msg}");
+    assert!(
+        msg.contains("vocabulary (320)") && msg.contains("(128)"),
+        "{msg}"
+    );
     let msg = match Engine::start_with_draft(
         model(TARGET),
         Some(model("gemma3_text-small-f32")),

@@ -76,14 +76,16 @@ async fn greedy_answers_with_a_draft_model_equal_those_without() {
     let plain = server(false).await;
     let mut want = Vec::new();
     for p in PROMPTS {
-        want.push(content(&answer(plain.local_addr(), &chat(p, json!({}))).await));
+        want.push(content(
+            &answer(plain.local_addr(), &chat(p, json!({}))).await,
+        ));
     }
     plain.shutdown().await.unwrap();
 
     let spec = server(true).await;
     let addr = spec.local_addr();
     for (p, w) in PROMPTS.iter().zip(&want) {
-        for k in [1, 3, 8] {
+        for k in [1, 5] {
             let v = answer(addr, &chat(p, json!({"num_draft_tokens": k}))).await;
             assert_eq!(&content(&v), w, "{p:?}, {k} draft tokens");
             let d = &v["usage"]["completion_tokens_details"];
@@ -91,11 +93,11 @@ async fn greedy_answers_with_a_draft_model_equal_those_without() {
             assert!(d["draft_tokens"].as_u64().unwrap() > 0, "{v}");
             assert_eq!(d["draft_tokens"], d["accepted_draft_tokens"], "{v}");
         }
-        // mlx-lm's names for the loaded draft.
-        for name in ["default_model", DRAFT] {
-            let v = answer(addr, &chat(p, json!({"draft_model": name}))).await;
-            assert_eq!(&content(&v), w);
-        }
+    }
+    // mlx-lm's names for the loaded draft.
+    for name in ["default_model", DRAFT] {
+        let v = answer(addr, &chat(PROMPTS[0], json!({"draft_model": name}))).await;
+        assert_eq!(content(&v), want[0]);
     }
     // Concurrent streams (different draft lengths) share the speculating batch.
     let streams = (0..8).map(|i| {
@@ -140,8 +142,14 @@ async fn bad_draft_settings_are_400s_and_the_server_keeps_serving() {
             (json!({"num_draft_tokens": 0}), "num_draft_tokens"),
             (json!({"num_draft_tokens": 65}), "num_draft_tokens"),
             (json!({"num_draft_tokens": "3"}), "num_draft_tokens"),
-            (json!({"prediction": {"type": "text", "content": "x"}}), "prediction"),
-            (json!({"prediction": {"type": "content", "content": 3}}), "prediction"),
+            (
+                json!({"prediction": {"type": "text", "content": "x"}}),
+                "prediction",
+            ),
+            (
+                json!({"prediction": {"type": "content", "content": 3}}),
+                "prediction",
+            ),
         ];
         for (extra, names) in cases {
             let r = post(addr, "/v1/chat/completions", &chat("hi", extra.clone())).await;

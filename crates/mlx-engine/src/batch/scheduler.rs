@@ -107,7 +107,11 @@ impl Engine {
                      the draft must use the model's tokenizer"
                 )));
             }
-            if !d.cache_specs().iter().all(|s| matches!(s, CacheSpec::Standard)) {
+            if !d
+                .cache_specs()
+                .iter()
+                .all(|s| matches!(s, CacheSpec::Standard))
+            {
                 return Err(EngineError::Invalid(
                     "the draft model's caches cannot be trimmed (sliding-window or recurrent \
                      layers): speculative decoding needs a draft with standard KV caches"
@@ -350,9 +354,7 @@ impl Stages {
                 decoding,
                 drafting,
                 predicting,
-            } => {
-                prefilling.nbytes() + decoding.nbytes() + drafting.nbytes() + predicting.nbytes()
-            }
+            } => prefilling.nbytes() + decoding.nbytes() + drafting.nbytes() + predicting.nbytes(),
             Stages::Alone(alone) => alone.nbytes(),
         }
     }

@@ -509,12 +509,7 @@ impl Stage for SpecBatch {
         }
         Ok(gone
             .into_iter()
-            .filter_map(|(i, caches)| {
-                rows[i].take().map(|r| Left {
-                    seq: r.seq,
-                    caches,
-                })
-            })
+            .filter_map(|(i, caches)| rows[i].take().map(|r| Left { seq: r.seq, caches }))
             .collect())
     }
 
