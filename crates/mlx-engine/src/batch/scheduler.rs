@@ -142,8 +142,8 @@ impl Engine {
             Stages::Batched {
                 prefilling: PrefillBatch::default(),
                 decoding: DecodeBatch::default(),
-                drafting: SpecBatch::default(),
-                predicting: SpecBatch::default(),
+                drafting: Box::default(),
+                predicting: Box::default(),
             }
         } else {
             Stages::Alone(Alone::default())
@@ -313,9 +313,9 @@ enum Stages {
         prefilling: PrefillBatch,
         decoding: DecodeBatch,
         /// Rows speculating with the draft model.
-        drafting: SpecBatch,
+        drafting: Box<SpecBatch>,
         /// Rows speculating by prompt lookup (predicted outputs).
-        predicting: SpecBatch,
+        predicting: Box<SpecBatch>,
     },
     /// Every sequence prefills and decodes alone (KV-cache quantization, or caches that
     /// cannot be batched).
@@ -330,7 +330,7 @@ impl Stages {
                 decoding,
                 drafting,
                 predicting,
-            } => vec![prefilling, decoding, drafting, predicting],
+            } => vec![prefilling, decoding, drafting.as_mut(), predicting.as_mut()],
             Stages::Alone(alone) => vec![alone],
         }
     }
