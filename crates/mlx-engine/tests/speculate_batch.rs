@@ -218,3 +218,34 @@ fn a_draft_with_a_larger_vocabulary_or_untrimmable_caches_is_refused() {
     };
     assert!(msg.contains("cannot be trimmed"), "{msg}");
 }
+
+#[test]
+fn a_model_with_sliding_window_caches_serves_speculating_requests_plainly() {
+    // gemma3_text's rotating caches cannot be trimmed: its rows decode in the plain
+    // batch (the engine logs why) and give the tokens they give without a draft.
+    let gemma = "gemma3_text-small-f32";
+    let plain =
+        Engine::start(model(gemma), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+    let want: Vec<Vec<u32>> = (0..3)
+        .map(|i| {
+            serve(
+                &plain,
+                vec![GenerationRequest::new(PROMPTS[i].to_vec(), MAX[i])],
+            )
+            .remove(0)
+            .tokens
+        })
+        .collect();
+    let metrics = Arc::new(EngineMetrics::default());
+    let engine =
+        Engine::start_with_draft(model(gemma), Some(model(TARGET)), opts(), metrics.clone())
+            .expect("engine");
+    let reqs = (0..3)
+        .map(|i| speculating(i, DraftFrom::DraftModel, 3))
+        .collect();
+    for (i, g) in serve(&engine, reqs).iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "row {i}");
+        assert_eq!(g.drafted, 0, "row {i}");
+    }
+    assert_eq!(metrics.spec_steps.get(), 0);
+}
