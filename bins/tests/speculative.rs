@@ -136,9 +136,8 @@ fn prompt_lookup_output_is_plain_greedy_output() {
     }
 }
 
-#[test]
-fn a_draft_with_another_vocabulary_is_refused_naming_both_sizes() {
-    let tmp = TempDir::new("spec-vocab");
+/// A copy of llama-small-f32 whose tokenizer has one more token; its vocabulary size.
+fn bigger_vocab(tmp: &TempDir) -> (std::path::PathBuf, usize) {
     let dir = tmp.copy_model("llama-small-f32");
     let tok_path = dir.join("tokenizer.json");
     let mut tok: serde_json::Value =
@@ -159,6 +158,13 @@ fn a_draft_with_another_vocabulary_is_refused_naming_both_sizes() {
             "rstrip": false, "normalized": false, "special": true
         }));
     std::fs::write(&tok_path, tok.to_string()).unwrap();
+    (dir, vocab)
+}
+
+#[test]
+fn a_draft_with_another_vocabulary_is_refused_naming_both_sizes() {
+    let tmp = TempDir::new("spec-vocab");
+    let (dir, vocab) = bigger_vocab(&tmp);
     let d = dir.to_string_lossy().into_owned();
     let out = gen("llama-small-f32", &["--draft-model", &d]);
     let (a, b) = ((vocab + 1).to_string(), vocab.to_string());
@@ -278,4 +284,34 @@ fn constrained_speculative_output_is_constrained_plain_output() {
         .find(|l| l.starts_with("Speculative:"))
         .unwrap_or_else(|| panic!("{stderr}"));
     assert!(line.contains("(100.0%)"), "{line}");
+}
+
+/// `mlx-server` checks its draft settings before serving: a draft length out of range
+/// and a draft of another vocabulary end it with an error naming the problem.
+#[test]
+fn mlx_server_refuses_bad_draft_settings_at_start() {
+    let m = model("llama-small-f32");
+    let server = |extra: &[&str]| {
+        let mut args = vec!["--model", m.as_str(), "--port", "0"];
+        args.extend_from_slice(extra);
+        common::run(env!("CARGO_BIN_EXE_mlx-server"), &args, b"")
+    };
+    let failed = |out: &Output, expect: &[&str]| {
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        for e in expect {
+            assert!(stderr.contains(e), "stderr lacks {e:?}: {stderr}");
+        }
+    };
+    for k in ["0", "65"] {
+        let out = server(&["--draft-model", &m, "--num-draft-tokens", k]);
+        failed(&out, &["--num-draft-tokens", "between 1 and 64", k]);
+    }
+    let tmp = TempDir::new("spec-server-vocab");
+    let (dir, vocab) = bigger_vocab(&tmp);
+    let d = dir.to_string_lossy().into_owned();
+    let out = server(&["--draft-model", &d]);
+    let (a, b) = ((vocab + 1).to_string(), vocab.to_string());
+    failed(&out, &["draft model's tokenizer has", &a, &b]);
 }

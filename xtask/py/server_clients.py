@@ -352,13 +352,64 @@ def real_anthropic_agrees_with_openai(oa, an, base, key):
     expect(n.input_tokens == r.usage.input_tokens, f"count {n.input_tokens} vs {r.usage.input_tokens}")
 
 
+SPEC_CHECKS = []
+
+
+def spec_check(fn):
+    SPEC_CHECKS.append(fn)
+    return fn
+
+
+def spec_greedy(oa, **kw):
+    return oa.chat.completions.create(
+        model="default_model", messages=user("Tell me a story."), temperature=0, max_tokens=24, **kw
+    )
+
+
+@spec_check
+def spec_prediction_keeps_the_answer_and_reports_accepted_tokens(oa, an, base, key):
+    plain = spec_greedy(oa, extra_body={"num_draft_tokens": 1}).choices[0].message.content
+    for content in (plain, [{"type": "text", "text": plain[:10]}, {"type": "text", "text": plain[10:]}]):
+        r = spec_greedy(oa, prediction={"type": "content", "content": content})
+        got = r.choices[0].message.content
+        expect(got == plain, f"{got!r} vs {plain!r}")
+        d = r.usage.completion_tokens_details
+        expect(d is not None, f"usage {r.usage}")
+        expect(isinstance(d.accepted_prediction_tokens, int) and d.accepted_prediction_tokens > 0, f"details {d}")
+        expect(isinstance(d.rejected_prediction_tokens, int) and d.rejected_prediction_tokens >= 0, f"details {d}")
+    stream = spec_greedy(
+        oa, prediction={"type": "content", "content": plain}, stream=True, stream_options={"include_usage": True}
+    )
+    text, usage = "", None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        text += "".join(c.delta.content or "" for c in chunk.choices)
+    expect(text == plain, f"streamed {text!r} vs {plain!r}")
+    expect(usage.completion_tokens_details.accepted_prediction_tokens > 0, f"usage {usage}")
+
+
+@spec_check
+def spec_unknown_draft_model_is_a_400_naming_it(oa, an, base, key):
+    import openai
+
+    try:
+        spec_greedy(oa, extra_body={"draft_model": "no/such-draft"})
+    except openai.BadRequestError as e:
+        expect("no/such-draft" in str(e), str(e))
+    else:
+        raise AssertionError("an unknown draft model was accepted")
+    r = spec_greedy(oa)
+    expect(r.usage.completion_tokens_details.accepted_draft_tokens >= 0, f"usage {r.usage}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--real-model", action="store_true", help="checks for a real model")
+    ap.add_argument("--speculative", action="store_true", help="checks for a server with a draft model")
     args = ap.parse_args()
-    checks = REAL_CHECKS if args.real_model else CHECKS
+    checks = SPEC_CHECKS if args.speculative else REAL_CHECKS if args.real_model else CHECKS
     openai, anthropic = ensure("openai", "anthropic")
     key = args.api_key
     oa = openai.OpenAI(base_url=f"{args.base_url}/v1", api_key=key or "unused", max_retries=0, timeout=120)

@@ -30,11 +30,11 @@ struct Args {
     /// Allowed origins, comma separated (default: *)
     #[arg(long, default_value = "*")]
     allowed_origins: String,
-    /// A model to be used for speculative decoding (not yet supported).
+    /// A model to be used for speculative decoding.
     #[arg(long)]
     draft_model: Option<String>,
     /// Number of tokens to draft when using speculative decoding.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     num_draft_tokens: i64,
     /// Enable trusting remote code for tokenizer (accepted; no remote code ever runs here).
     #[arg(long)]
@@ -169,6 +169,19 @@ impl Loader {
         }
     }
 
+    /// Loads the draft model at `path` for a model whose tokenizer is `target` (the
+    /// same vocabulary, as mlx-lm checks).
+    fn load_draft(
+        &self,
+        path: &str,
+        target: &mlx_tokenizer::Tokenizer,
+    ) -> anyhow::Result<Box<dyn mlx_models::LanguageModel>> {
+        let draft = load(&self.load_args(path, None))
+            .map_err(|e| anyhow::anyhow!("loading the draft model {path}: {e:#}"))?;
+        mlx_bins::speculative::check_vocab(&draft.tokenizer, target)?;
+        Ok(draft.model)
+    }
+
     fn finish(&self, loaded: mlx_bins::load::Loaded) -> anyhow::Result<LoadedModel> {
         let mut tokenizer = loaded.tokenizer;
         if !self.chat_template.is_empty() {
@@ -185,6 +198,7 @@ impl Loader {
             config: std::fs::read_to_string(loaded.path.join("config.json"))
                 .ok()
                 .and_then(|t| serde_json::from_str(&t).ok()),
+            draft: None,
         })
     }
 
@@ -209,12 +223,17 @@ fn snapshot_of(cache: &std::path::Path, repo_id: &str) -> Option<std::path::Path
 
 impl ModelLoader for Loader {
     fn load(&self, spec: &ModelSpec) -> Result<LoadedModel, LoadError> {
-        if spec.draft_model.is_some() {
-            tracing::warn!(model = %spec.id, "draft_model is kept but not used: speculative decoding is not served yet");
-        }
         mlx_hub::resolve_model(Some(&spec.path)).map_err(|e| LoadError::NotFound(e.to_string()))?;
         load(&self.load_args(&spec.path, spec.adapter_path.as_deref()))
-            .and_then(|l| self.finish(l))
+            .and_then(|l| {
+                let draft = match &spec.draft_model {
+                    Some(d) => Some(self.load_draft(d, &l.tokenizer)?),
+                    None => None,
+                };
+                let mut m = self.finish(l)?;
+                m.draft = draft;
+                Ok(m)
+            })
             .map_err(|e| LoadError::Failed(format!("{e:#}")))
     }
 
@@ -305,10 +324,12 @@ fn default_models_budget() -> Option<u64> {
 fn main() -> ExitCode {
     mlx_bins::run(|| {
         let args = Args::parse();
-        // Accepted for compatibility; they change nothing here.
-        let _ = (args.num_draft_tokens, args.trust_remote_code);
+        // Accepted for compatibility; it changes nothing here.
+        let _ = args.trust_remote_code;
         mlx_bins::init_logging(Some(log_filter(&args.log_level)));
-        mlx_bins::unsupported("--draft-model", args.draft_model.is_some())?;
+        let num_draft_tokens =
+            mlx_engine::speculative::check_num_draft_tokens(args.num_draft_tokens)
+                .map_err(|e| anyhow::anyhow!("--num-draft-tokens: {e}"))? as usize;
         mlx_bins::unsupported("--pipeline", args.pipeline)?;
         let template_args: Json = serde_json::from_str(&args.chat_template_args)
             .context("--chat-template-args is not JSON")?;
@@ -368,7 +389,12 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|| "default_model".into())
         });
         let default_path = loaded.path.clone();
-        let loaded = loader.finish(loaded)?;
+        let draft = match &args.draft_model {
+            Some(d) => Some(loader.load_draft(d, &loaded.tokenizer)?),
+            None => None,
+        };
+        let mut loaded = loader.finish(loaded)?;
+        loaded.draft = draft;
         let cfg = ServerConfig {
             host: args.host,
             port: args.port,
@@ -409,6 +435,7 @@ fn main() -> ExitCode {
                 Some(a) => format!("{} + {a}", default_path.display()),
                 None => default_path.display().to_string(),
             }),
+            num_draft_tokens,
             ..Default::default()
         };
         tracing::warn!("mlx-server only implements basic security checks; put it behind a proxy before exposing it");
@@ -416,6 +443,7 @@ fn main() -> ExitCode {
         spec.path = default_path.display().to_string();
         spec.aliases = cfg.model_aliases.clone();
         spec.adapter_path = args.adapter_path.clone();
+        spec.draft_model = args.draft_model.clone();
         if let Some(b) = budget {
             tracing::info!("models memory budget: {:.3} GB", b as f64 / 1e9);
         }

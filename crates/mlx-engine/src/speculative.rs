@@ -97,7 +97,12 @@ pub struct SpeculativeStats {
 
 /// Up to `k` tokens that follow the latest match, in `haystack`, of the final n-gram of
 /// `context` (n from `max_ngram` down to 1); a match must be followed by a token.
-fn lookup_draft(haystack: &[u32], context: &[u32], max_ngram: usize, k: usize) -> Vec<u32> {
+pub(crate) fn lookup_draft(
+    haystack: &[u32],
+    context: &[u32],
+    max_ngram: usize,
+    k: usize,
+) -> Vec<u32> {
     if k == 0 {
         return Vec::new();
     }

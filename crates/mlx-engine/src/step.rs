@@ -348,6 +348,37 @@ fn sample_rows(
     Ok(ops::concatenate(&refs, 0)?)
 }
 
+/// Each row's sampler on every position of `logits` (`[B, L, vocab]`, rows without
+/// logits processors): log-softmax per position, then one sampler call for all rows
+/// when they share their settings and have no seed, else one per row (one draw each).
+/// Returns `(tokens [B, L] uint32, logprobs [B, L, vocab])`: the verification of a
+/// batch of speculating rows.
+pub fn sample_positions(rows: &mut [&mut RowSampling], logits: &Array) -> Result<(Array, Array)> {
+    let (b, l, v) = (logits.dim(0)?, logits.dim(1)?, logits.dim(2)?);
+    let logprobs = logits.subtract(&logits.logsumexp(Some(&[-1]), true)?)?;
+    let flat = logprobs.reshape(&[b * l, v])?;
+    let Some((first, rest)) = rows.split_first_mut() else {
+        return Err(EngineError::Internal("a step with no rows".into()));
+    };
+    let tokens = if rest.iter().all(|r| first.shares_sampler_with(r)) {
+        let t = first.sample(&flat)?;
+        for r in rest.iter_mut() {
+            r.seed_draw()?;
+        }
+        t.astype(Dtype::Uint32)?
+    } else {
+        let mut parts = Vec::with_capacity(rows.len());
+        for (e, r) in rows.iter_mut().enumerate() {
+            let e = e as i32;
+            let row = flat.slice(&[e * l, 0], &[(e + 1) * l, v], None)?;
+            parts.push(r.sample(&row)?.astype(Dtype::Uint32)?);
+        }
+        let refs: Vec<&Array> = parts.iter().collect();
+        ops::concatenate(&refs, 0)?
+    };
+    Ok((tokens.reshape(&[b, l])?, logprobs))
+}
+
 /// One row's processors on `logits` (`[R, vocab]`) with an explicit token `history`
 /// (the row's stored history is neither used nor changed), log-softmax over each row
 /// and the row's sampler: mlx-lm's `_process_and_sample` inside

@@ -53,6 +53,7 @@ fn request(prompt: &[u32], max_tokens: usize, top: usize, want: bool) -> Generat
     GenerationRequest {
         top_logprobs: top,
         prompt_logprobs: want,
+        speculate: None,
         ..GenerationRequest::new(prompt.to_vec(), max_tokens)
     }
 }

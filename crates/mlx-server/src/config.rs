@@ -79,6 +79,11 @@ pub struct ServerConfig {
     /// What the disk tier's files are keyed by (the model path and adapter; default:
     /// the first alias, else the model id).
     pub prompt_cache_model_key: Option<String>,
+    /// `--num-draft-tokens` (default 3): tokens drafted per round by the draft model.
+    pub num_draft_tokens: usize,
+    /// The draft model's name (`--draft-model`, or a pool model's `draft_model`) when
+    /// one is loaded: requests speculate with it unless they name another (400).
+    pub draft_model: Option<String>,
 }
 
 /// `--prompt-cache-disk-bytes`'s default.
@@ -119,6 +124,8 @@ impl Default for ServerConfig {
             prompt_cache_file: None,
             warm_prompts: Vec::new(),
             prompt_cache_model_key: None,
+            num_draft_tokens: 3,
+            draft_model: None,
         }
     }
 }

@@ -115,13 +115,15 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts the engine thread with `model`, counting into `metrics`.
+    /// Starts the engine thread with `model` (and `draft`, the draft model of
+    /// speculative decoding), counting into `metrics`.
     pub fn start(
         model: Box<dyn LanguageModel>,
+        draft: Option<Box<dyn LanguageModel>>,
         opts: EngineOptions,
         metrics: Arc<EngineMetrics>,
     ) -> Result<Engine, ServerError> {
-        let inner = batch::Engine::start(model, opts, metrics)
+        let inner = batch::Engine::start_with_draft(model, draft, opts, metrics)
             .map_err(|e| ServerError::Engine(e.to_string()))?;
         Ok(Engine {
             inner: Arc::new(inner),

@@ -81,6 +81,7 @@ impl Server {
             context_length: cfg.context_length,
             aliases: Vec::new(),
             config: None,
+            draft: None,
         };
         Server::start_pool(cfg, PoolConfig::default(), Some((spec, loaded)), None).await
     }
@@ -266,6 +267,7 @@ pub fn serve_blocking(
         context_length: cfg.context_length,
         aliases: Vec::new(),
         config: None,
+        draft: None,
     };
     serve_pool_blocking(
         cfg,

@@ -64,7 +64,7 @@ impl Metrics {
                 );
             }
         }
-        let counters: [(&str, &str, &Counter); 11] = [
+        let counters: [(&str, &str, &Counter); 14] = [
             (
                 "mlx_server_prompt_tokens_total",
                 "Prompt tokens of admitted requests.",
@@ -119,6 +119,21 @@ impl Metrics {
                 "mlx_server_decode_rows_total",
                 "Sequences fed through decoding passes (rows / steps: mean batch size).",
                 &self.decode_rows,
+            ),
+            (
+                "mlx_server_speculative_steps_total",
+                "Verification passes of speculating batches (draft model or predicted outputs).",
+                &self.spec_steps,
+            ),
+            (
+                "mlx_server_speculative_drafted_tokens_total",
+                "Draft tokens proposed by speculative decoding.",
+                &self.spec_drafted,
+            ),
+            (
+                "mlx_server_speculative_accepted_tokens_total",
+                "Draft tokens accepted (emitted) by speculative decoding.",
+                &self.spec_accepted,
             ),
         ];
         for (name, help, c) in counters {

@@ -8,6 +8,7 @@ use crate::params::{self, apply_tool_choice, check_tools, Body as Req, Flavor};
 use crate::prompt::{chat_prompt, finish_request};
 use crate::structured;
 use hyper::{Response, StatusCode};
+use mlx_engine::batch::DraftFrom;
 use serde_json::{json, Map, Value as Json};
 use std::sync::Arc;
 
@@ -18,6 +19,26 @@ pub async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ApiError::internal(format!("tokenization task failed: {e}")))?
+}
+
+/// The chat usage of `gen`: [`usage_json`], with the speculative counts when the
+/// request speculated: OpenAI's `completion_tokens_details.accepted_prediction_tokens`
+/// / `rejected_prediction_tokens` for a predicted output of `prediction` tokens (the
+/// prediction's tokens that did not make it into the answer count as rejected), and
+/// ours, `draft_tokens` / `accepted_draft_tokens`, for a draft model.
+fn chat_usage(prompt: usize, gen: &Generation, prediction: Option<usize>, drafting: bool) -> Json {
+    let mut u = usage_json(prompt, gen.completion_tokens(), gen.cached_tokens());
+    let (drafted, accepted) = gen.draft_counts();
+    if let Some(len) = prediction {
+        u["completion_tokens_details"] = json!({
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": len.saturating_sub(accepted),
+        });
+    } else if drafting {
+        u["completion_tokens_details"] =
+            json!({"draft_tokens": drafted, "accepted_draft_tokens": accepted});
+    }
+    u
 }
 
 /// Usage object (with `prompt_tokens_details.cached_tokens`).
@@ -192,6 +213,13 @@ pub async fn chat(
             .await?;
     let (req, spec) = finish_request(&state, prepared, &params, true)?;
     let req = structured::constrain(&state, wanted, spec.initial, req).await?;
+    let (prediction, drafting) = match &req.speculate {
+        Some(s) => match &s.from {
+            DraftFrom::Prediction(p) => (Some(p.len()), false),
+            DraftFrom::DraftModel => (None, true),
+        },
+        None => (None, false),
+    };
     let meta = Meta {
         id: format!("chatcmpl-{}", random_hex(32)),
         model: params.model.clone(),
@@ -220,11 +248,7 @@ pub async fn chat(
         resp.insert("choices".into(), Json::Array(list));
         resp.insert(
             "usage".into(),
-            usage_json(
-                meta.prompt_tokens,
-                gen.completion_tokens(),
-                gen.cached_tokens(),
-            ),
+            chat_usage(meta.prompt_tokens, &gen, prediction, drafting),
         );
         return Ok(json_response(StatusCode::OK, &Json::Object(resp)));
     }
@@ -281,11 +305,7 @@ pub async fn chat(
                         m.insert("choices".into(), json!([]));
                         m.insert(
                             "usage".into(),
-                            usage_json(
-                                meta.prompt_tokens,
-                                gen.completion_tokens(),
-                                gen.cached_tokens(),
-                            ),
+                            chat_usage(meta.prompt_tokens, gen, prediction, drafting),
                         );
                         frames.push(sse_data(&Json::Object(m)));
                     }

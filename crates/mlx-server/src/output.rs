@@ -159,6 +159,9 @@ pub struct Generation {
     queued: std::collections::VecDeque<Update>,
     started: bool,
     cached_tokens: usize,
+    /// Speculative decoding: draft tokens proposed and accepted (all choices).
+    drafted: usize,
+    accepted: usize,
 }
 
 fn new_call_id() -> String {
@@ -187,7 +190,14 @@ impl Generation {
             queued: Default::default(),
             started: false,
             cached_tokens: 0,
+            drafted: 0,
+            accepted: 0,
         }
+    }
+
+    /// Speculative decoding: `(drafted, accepted)` draft tokens so far (all choices).
+    pub fn draft_counts(&self) -> (usize, usize) {
+        (self.drafted, self.accepted)
     }
 
     /// Completion tokens generated so far (all choices, EOS included as in mlx-lm).
@@ -314,6 +324,8 @@ impl Generation {
 
     fn on_token(&mut self, choice: usize, out: TokenOut) {
         let lp = self.logprob_out(&out);
+        self.drafted += out.drafted;
+        self.accepted += usize::from(out.from_draft);
         let Some(c) = self.choices.get_mut(choice) else {
             return;
         };

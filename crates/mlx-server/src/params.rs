@@ -136,7 +136,26 @@ pub struct CommonParams {
     pub n: usize,
     /// Extra chat-template variables.
     pub chat_template_kwargs: Map<String, Json>,
+    /// Speculative decoding asked for (see [`speculation`]).
+    pub speculation: Speculation,
 }
+
+/// The speculative-decoding fields of a request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Speculation {
+    /// Speculate with the server's draft model (one is loaded and the request did not
+    /// name another).
+    pub draft_model: bool,
+    /// Tokens drafted per round (`num_draft_tokens`, else the server's default for the
+    /// draft model and [`PREDICTION_DRAFT_TOKENS`] for a prediction).
+    pub num_draft_tokens: Option<usize>,
+    /// OpenAI's predicted output (`prediction.content`, chat completions).
+    pub prediction: Option<String>,
+}
+
+/// Tokens drafted per round from an OpenAI predicted output when the request does not
+/// say (prompt lookup: a long draft costs one wider verification).
+pub const PREDICTION_DRAFT_TOKENS: usize = 10;
 
 /// Which names the endpoint uses for a few fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,7 +186,6 @@ pub fn check_model(body: &Body<'_>, cfg: &ServerConfig) -> Result<String, ApiErr
             ));
         }
     }
-    check_speculative(body)?;
     if !cfg.serves_model(model) {
         return Err(ApiError {
             param: Some("model".into()),
@@ -180,32 +198,94 @@ pub fn check_model(body: &Body<'_>, cfg: &ServerConfig) -> Result<String, ApiErr
     Ok(model.to_string())
 }
 
-/// mlx-lm's per-request `draft_model` / `num_draft_tokens` and OpenAI's `prediction`:
-/// this server loads no draft model and does not speculate yet (mlx-generate does), so
-/// `draft_model` other than mlx-lm's `"default_model"` (the server's own, none here) and
-/// any `prediction` are refused rather than served without them; `num_draft_tokens` is
-/// checked as mlx-generate checks it.
-fn check_speculative(body: &Body<'_>) -> Result<(), ApiError> {
-    if let Some(d) = body.str("draft_model")? {
-        if d != "default_model" {
+/// mlx-lm's per-request `draft_model` / `num_draft_tokens` and OpenAI's `prediction`.
+/// A request speculates with the server's draft model when one is loaded (mlx-lm's
+/// `"default_model"`, its name or none given); naming a draft model that is not the
+/// loaded one is refused (mlx-lm would load it in place of the model; the pool does not
+/// swap drafts per request). `num_draft_tokens` must be 1 to 64. `prediction` (chat
+/// completions only, as OpenAI) drafts by prompt lookup against its text.
+pub fn speculation(
+    body: &Body<'_>,
+    cfg: &ServerConfig,
+    flavor: Flavor,
+) -> Result<Speculation, ApiError> {
+    let requested = body.str("draft_model")?;
+    let draft_model = match (requested, &cfg.draft_model) {
+        (None | Some("default_model"), loaded) => loaded.is_some(),
+        (Some(d), Some(loaded)) if d == loaded => true,
+        (Some(d), Some(loaded)) => {
             return Err(ApiError::invalid_param(
                 "draft_model",
                 format!(
-                    "the draft model `{d}` is not loaded: this server serves no draft model \
-                     (speculative decoding is in mlx-generate; not yet in mlx-server)"
+                    "the draft model `{d}` is not loaded: the model `{}` is served with the \
+                     draft model `{loaded}`",
+                    cfg.model_id
                 ),
-            ));
+            ))
         }
-    }
+        (Some(d), None) => {
+            return Err(ApiError::invalid_param(
+                "draft_model",
+                format!(
+                    "the draft model `{d}` is not loaded: the model `{}` is served without a \
+                     draft model (start the server with --draft-model, or give the model a \
+                     `draft_model` in --models-config)",
+                    cfg.model_id
+                ),
+            ))
+        }
+    };
     let max = mlx_engine::speculative::MAX_NUM_DRAFT_TOKENS as i64;
-    body.int("num_draft_tokens", 1, max)?;
-    if body.get("prediction").is_some_and(|p| !p.is_null()) {
-        return Err(ApiError::invalid_param(
-            "prediction",
-            "predicted outputs (`prediction`) are not supported yet by this server",
-        ));
+    let num_draft_tokens = body.int("num_draft_tokens", 1, max)?.map(|n| n as usize);
+    let prediction = match body.get("prediction") {
+        None => None,
+        Some(_) if flavor != Flavor::Chat => {
+            return Err(ApiError::invalid_param(
+                "prediction",
+                "predicted outputs (`prediction`) are for chat completions only",
+            ))
+        }
+        Some(p) => Some(prediction_text(p)?),
+    };
+    Ok(Speculation {
+        draft_model,
+        num_draft_tokens,
+        prediction,
+    })
+}
+
+/// OpenAI's `prediction`: `{"type": "content", "content": str | [{"type": "text",
+/// "text": str}, ...]}`, as its text.
+fn prediction_text(p: &Json) -> Result<String, ApiError> {
+    let bad = |why: &str| ApiError::invalid_param("prediction", format!("prediction {why}"));
+    let Some(o) = p.as_object() else {
+        return Err(bad("must be an object"));
+    };
+    match o.get("type") {
+        Some(Json::String(t)) if t == "content" => {}
+        Some(Json::String(t)) => {
+            return Err(bad(&format!("type must be \"content\", got \"{t}\"")))
+        }
+        _ => return Err(bad("needs \"type\": \"content\"")),
     }
-    Ok(())
+    match o.get("content") {
+        Some(Json::String(s)) => Ok(s.clone()),
+        Some(Json::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match (part.get("type").and_then(Json::as_str), part.get("text")) {
+                    (Some("text"), Some(Json::String(t))) => text.push_str(t),
+                    _ => {
+                        return Err(bad(
+                            "content parts must be {\"type\": \"text\", \"text\": string}",
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(bad("content must be a string or a list of text parts")),
+    }
 }
 
 fn stop_words(v: Option<&Json>, name: &str) -> Result<Vec<String>, ApiError> {
@@ -236,6 +316,7 @@ pub fn common(
     flavor: Flavor,
 ) -> Result<CommonParams, ApiError> {
     let model = check_model(body, cfg)?;
+    let speculation = speculation(body, cfg, flavor)?;
     let stream = body.bool("stream")?.unwrap_or(false);
     let include_usage = match body.object("stream_options")? {
         Some(o) => Body(o).bool("include_usage")?.unwrap_or(false),
@@ -333,6 +414,7 @@ pub fn common(
         top_logprobs,
         n,
         chat_template_kwargs,
+        speculation,
     })
 }
 

@@ -45,8 +45,8 @@ pub struct ModelSpec {
     pub aliases: Vec<String>,
     /// LoRA adapters (as `mlx_lm.lora` writes them) applied at load.
     pub adapter_path: Option<String>,
-    /// A draft model for speculative decoding (kept and listed; the engine does not
-    /// decode speculatively yet).
+    /// A draft model for speculative decoding (loaded with the model; its requests
+    /// speculate with it, batched).
     pub draft_model: Option<String>,
     /// Never unloaded to make room, nor when idle.
     pub pinned: bool,
@@ -97,6 +97,8 @@ pub struct LoadedModel {
     pub aliases: Vec<String>,
     /// Its config.json (sizes for the memory admission of its requests).
     pub config: Option<Json>,
+    /// The draft model of speculative decoding (the spec's `draft_model`), loaded.
+    pub draft: Option<Box<dyn LanguageModel>>,
 }
 
 /// Why a model could not be loaded.
@@ -418,12 +420,18 @@ impl Pool {
             context_length,
             aliases,
             config,
+            draft,
         } = loaded;
         let mut cfg = self.base.clone();
         cfg.model_id = spec.id.clone();
         cfg.model_aliases = spec.aliases.clone();
         cfg.model_aliases.extend(aliases);
         cfg.adapter_path = spec.adapter_path.clone();
+        cfg.draft_model = draft.as_ref().map(|_| {
+            spec.draft_model
+                .clone()
+                .unwrap_or_else(|| "default_model".into())
+        });
         if let Some(base) = &spec.base {
             if let Some(b) = lock(&self.entries).iter().find(|e| e.spec.id == *base) {
                 cfg.model_aliases.push(b.spec.id.clone());
@@ -492,7 +500,7 @@ impl Pool {
                 None => Vec::new(),
             },
         };
-        let engine = Engine::start(model, opts, Arc::clone(self.metrics.engine()))?;
+        let engine = Engine::start(model, draft, opts, Arc::clone(self.metrics.engine()))?;
         Ok(AppState {
             cfg,
             engine,

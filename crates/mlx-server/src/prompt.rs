@@ -4,10 +4,10 @@
 use crate::error::ApiError;
 use crate::http::AppState;
 use crate::output::{initial_channel, OutputSpec};
-use crate::params::CommonParams;
+use crate::params::{CommonParams, Speculation, PREDICTION_DRAFT_TOKENS};
 use crate::text::{Channel, Markers};
 use crate::tools::ToolFormat;
-use mlx_engine::batch::{CacheKind, GenerationRequest};
+use mlx_engine::batch::{CacheKind, DraftFrom, GenerationRequest, Speculate};
 use mlx_tokenizer::{ChatOptions, Tokenizer, TokenizerError};
 use serde_json::{Map, Value as Json};
 
@@ -296,6 +296,7 @@ pub fn finish_request(
         segments,
         prompt_logprobs: false,
         adapter: state.cfg.resident_adapter,
+        speculate: speculate(state, &params.speculation)?,
     };
     let tool_format = if chat && tools.is_some() {
         state.info.tool_format
@@ -325,6 +326,28 @@ pub fn finish_request(
         n_eos,
     };
     Ok((req, spec))
+}
+
+/// The engine's speculation of a request: a prediction (tokenized here) drafts by
+/// prompt lookup; else the draft model when one is loaded and asked for.
+fn speculate(state: &AppState, s: &Speculation) -> Result<Option<Speculate>, ApiError> {
+    if let Some(text) = &s.prediction {
+        let tokens = state
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| ApiError::invalid_param("prediction", e.to_string()))?;
+        if tokens.is_empty() {
+            return Ok(None);
+        }
+        return Ok(Some(Speculate {
+            from: DraftFrom::Prediction(tokens),
+            num_draft_tokens: s.num_draft_tokens.unwrap_or(PREDICTION_DRAFT_TOKENS),
+        }));
+    }
+    Ok(s.draft_model.then(|| Speculate {
+        from: DraftFrom::DraftModel,
+        num_draft_tokens: s.num_draft_tokens.unwrap_or(state.cfg.num_draft_tokens),
+    }))
 }
 
 /// The tool-call format of a tokenizer (mlx-lm's inference, plus Llama 3 JSON).

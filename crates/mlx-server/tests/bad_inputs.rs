@@ -99,9 +99,9 @@ fn cases() -> Vec<Case> {
             400,
         ),
         case(
-            "prediction not supported",
+            "prediction of an unknown type",
             CHAT,
-            chat(json!({"prediction": {"type": "content", "content": "hello"}})),
+            chat(json!({"prediction": {"type": "audio", "content": "hello"}})),
             400,
         ),
         case("messages is a string", CHAT, json!({"messages": "hi"}), 400),

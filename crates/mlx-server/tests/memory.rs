@@ -36,6 +36,7 @@ async fn a_prompt_too_large_for_the_memory_limit_gets_503_and_the_others_finish(
         context_length: Some(4096),
         aliases: Vec::new(),
         config: Some(config),
+        draft: None,
     };
     let server = Server::start_pool(
         cfg,

@@ -65,6 +65,8 @@ async fn route(
             top: Vec::new(),
             finish,
             stop_index: finish.map(|_| 0),
+            from_draft: false,
+            drafted: 0,
         };
         tx.send(EngineEvent::Token { choice: 0, out }).unwrap();
     }

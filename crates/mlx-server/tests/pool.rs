@@ -63,6 +63,7 @@ impl ModelLoader for TinyLoader {
             context_length: Some(4096),
             aliases: Vec::new(),
             config: None,
+            draft: None,
         })
     }
 
@@ -93,6 +94,7 @@ async fn three_models(loader: Arc<TinyLoader>, extra: PoolConfig, cfg: ServerCon
         context_length: Some(4096),
         aliases: Vec::new(),
         config: None,
+        draft: None,
     };
     let budget = loader.size() * 5 / 2;
     let mut models = vec![spec("b", false), spec("c", false)];

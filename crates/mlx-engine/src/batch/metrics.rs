@@ -144,6 +144,12 @@ pub struct EngineMetrics {
     pub decode_steps: Counter,
     /// Sequences fed through those passes (divided by the steps: the mean batch size).
     pub decode_rows: Counter,
+    /// Speculative decoding: draft tokens proposed.
+    pub spec_drafted: Counter,
+    /// Speculative decoding: draft tokens accepted (emitted).
+    pub spec_accepted: Counter,
+    /// Speculative decoding: verification passes (one per step of a speculating batch).
+    pub spec_steps: Counter,
     /// Microseconds spent in prompt processing (the prefill steps, evaluation
     /// included; mlx-lm's `BatchCounters.prompt_time`).
     pub prefill_micros: Counter,
@@ -175,6 +181,9 @@ impl Default for EngineMetrics {
             engine_errors: Counter::default(),
             decode_steps: Counter::default(),
             decode_rows: Counter::default(),
+            spec_drafted: Counter::default(),
+            spec_accepted: Counter::default(),
+            spec_steps: Counter::default(),
             prefill_micros: Counter::default(),
             ttft: Histogram::new(TTFT_BOUNDS),
             tpot: Histogram::new(TPOT_BOUNDS),

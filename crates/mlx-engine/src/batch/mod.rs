@@ -18,6 +18,7 @@ mod prompt_cache;
 mod request;
 mod scheduler;
 mod sequence;
+mod speculate;
 mod stage;
 mod stop;
 
@@ -27,8 +28,8 @@ pub use generator::{BatchGenerator, BatchOptions, BatchResponse, BatchStats};
 pub use metrics::{Counter, EngineMetrics, Gauge, Histogram};
 pub use prompt_cache::{copy_caches, CacheHit, CacheKind, PromptCache};
 pub use request::{
-    CancelGuard, EngineEvent, EventSink, Finish, GenerationRequest, PromptLogprob, SeqId,
-    Submission, TokenOut,
+    CancelGuard, DraftFrom, EngineEvent, EventSink, Finish, GenerationRequest, PromptLogprob,
+    SeqId, Speculate, Submission, TokenOut,
 };
 pub use scheduler::{Engine, EngineOptions, ModelTask};
 pub use stop::StopMatcher;

@@ -47,6 +47,27 @@ pub struct GenerationRequest {
     /// given to adapters added with [`super::Engine::with_model`] (see
     /// `mlx_nn::lora::ResidentLoraLinear`); rows with different adapters share batches.
     pub adapter: u32,
+    /// Speculative decoding of this request (`None`: plain decoding).
+    pub speculate: Option<Speculate>,
+}
+
+/// Where a speculating request's drafts come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DraftFrom {
+    /// The engine's draft model ([`super::Engine::start_with_draft`]).
+    DraftModel,
+    /// Prompt lookup in the given tokens (e.g. OpenAI's predicted output), then in the
+    /// text generated so far.
+    Prediction(Vec<u32>),
+}
+
+/// Speculative decoding asked for by a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Speculate {
+    /// Where the drafts come from.
+    pub from: DraftFrom,
+    /// Tokens drafted per round (1 to [`crate::speculative::MAX_NUM_DRAFT_TOKENS`]).
+    pub num_draft_tokens: usize,
 }
 
 impl GenerationRequest {
@@ -65,6 +86,7 @@ impl GenerationRequest {
             segments: Vec::new(),
             prompt_logprobs: false,
             adapter: 0,
+            speculate: None,
         }
     }
 
@@ -112,6 +134,11 @@ pub struct TokenOut {
     pub finish: Option<Finish>,
     /// Which of the request's stop sequences ended it (when `finish` is `Stop`).
     pub stop_index: Option<usize>,
+    /// Speculative decoding: the token was a draft token the model accepted.
+    pub from_draft: bool,
+    /// Speculative decoding: draft tokens proposed in the round this token opens (0 on
+    /// the other tokens of a round and without speculation).
+    pub drafted: usize,
 }
 
 /// The log-probability of one prompt token given the tokens before it.

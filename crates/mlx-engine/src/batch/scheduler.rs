@@ -19,12 +19,15 @@ use super::disk_cache::{DiskCache, DiskCacheOptions};
 use super::metrics::EngineMetrics;
 use super::prefill::PrefillBatch;
 use super::prompt_cache::{CacheKind, PromptCache};
-use super::request::{EngineEvent, EventSink, GenerationRequest, Job, SeqId, Submission};
+use super::request::{
+    DraftFrom, EngineEvent, EventSink, GenerationRequest, Job, SeqId, Submission,
+};
 use super::sequence::Sequence;
+use super::speculate::SpecBatch;
 use super::stage::{Leave, Outcome, Stage};
 use crate::error::{EngineError, Result};
 use crate::step::KvQuantization;
-use mlx_cache::PromptCache as LayerCaches;
+use mlx_cache::{BatchPromptCache, PromptCache as LayerCaches};
 use mlx_models::{CacheSpec, LanguageModel};
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -107,6 +110,39 @@ impl Engine {
         opts: EngineOptions,
         metrics: Arc<EngineMetrics>,
     ) -> Result<Engine> {
+        Engine::start_with_draft(model, None, opts, metrics)
+    }
+
+    /// Starts the engine thread with `model` and a draft model for the requests that
+    /// ask for speculative decoding from it ([`super::DraftFrom::DraftModel`]). The
+    /// draft's vocabulary must not be larger than the model's (its ids index the
+    /// model's embedding) and its caches must be trimmable.
+    pub fn start_with_draft(
+        model: Box<dyn LanguageModel>,
+        draft: Option<Box<dyn LanguageModel>>,
+        opts: EngineOptions,
+        metrics: Arc<EngineMetrics>,
+    ) -> Result<Engine> {
+        if let Some(d) = &draft {
+            let (dv, tv) = (d.vocab_size(), model.vocab_size());
+            if dv > tv {
+                return Err(EngineError::Invalid(format!(
+                    "the draft model's vocabulary ({dv}) is larger than the model's ({tv}): \
+                     the draft must use the model's tokenizer"
+                )));
+            }
+            if !d
+                .cache_specs()
+                .iter()
+                .all(|s| matches!(s, CacheSpec::Standard))
+            {
+                return Err(EngineError::Invalid(
+                    "the draft model's caches cannot be trimmed (sliding-window or recurrent \
+                     layers): speculative decoding needs a draft with standard KV caches"
+                        .into(),
+                ));
+            }
+        }
         let (tx, rx) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let alive = Arc::new(AtomicBool::new(true));
@@ -124,10 +160,17 @@ impl Engine {
                  (ChunkedKVCache) cannot be batched (mlx-lm cannot batch them either)"
             );
         }
+        // Speculating rows trim their caches after each verification.
+        let speculates = model
+            .cache_specs()
+            .iter()
+            .all(|s| matches!(s, CacheSpec::Standard));
         let stages = if batched {
             Stages::Batched {
                 prefilling: PrefillBatch::default(),
                 decoding: DecodeBatch::default(),
+                drafting: Box::default(),
+                predicting: Box::default(),
             }
         } else {
             Stages::Alone(Alone::default())
@@ -160,6 +203,7 @@ impl Engine {
             metrics: Arc::clone(&metrics),
             mlx_failed: std::cell::Cell::new(false),
             progress: HashMap::new(),
+            speculates,
         };
         shared.update_cache_metrics();
         let state = Scheduler {
@@ -167,6 +211,7 @@ impl Engine {
             stages,
             shared,
             model,
+            draft,
             queued: Arc::clone(&queued),
             loops: 0,
         };
@@ -306,6 +351,8 @@ struct Shared {
     disk: Option<DiskCache>,
     /// `(processed, total)` uncached prompt tokens of the sequences prefilling.
     progress: HashMap<SeqId, (usize, usize)>,
+    /// Whether the model's caches can be trimmed (speculative decoding).
+    speculates: bool,
 }
 
 /// The stages a sequence goes through after waiting for a slot.
@@ -314,6 +361,10 @@ enum Stages {
     Batched {
         prefilling: PrefillBatch,
         decoding: DecodeBatch,
+        /// Rows speculating with the draft model.
+        drafting: Box<SpecBatch>,
+        /// Rows speculating by prompt lookup (predicted outputs).
+        predicting: Box<SpecBatch>,
     },
     /// Every sequence prefills and decodes alone (KV-cache quantization, or caches that
     /// cannot be batched).
@@ -326,7 +377,9 @@ impl Stages {
             Stages::Batched {
                 prefilling,
                 decoding,
-            } => vec![prefilling, decoding],
+                drafting,
+                predicting,
+            } => vec![prefilling, decoding, drafting.as_mut(), predicting.as_mut()],
             Stages::Alone(alone) => vec![alone],
         }
     }
@@ -336,7 +389,9 @@ impl Stages {
             Stages::Batched {
                 prefilling,
                 decoding,
-            } => prefilling.len() + decoding.len(),
+                drafting,
+                predicting,
+            } => prefilling.len() + decoding.len() + drafting.len() + predicting.len(),
             Stages::Alone(alone) => alone.len(),
         }
     }
@@ -346,7 +401,9 @@ impl Stages {
             Stages::Batched {
                 prefilling,
                 decoding,
-            } => prefilling.nbytes() + decoding.nbytes(),
+                drafting,
+                predicting,
+            } => prefilling.nbytes() + decoding.nbytes() + drafting.nbytes() + predicting.nbytes(),
             Stages::Alone(alone) => alone.nbytes(),
         }
     }
@@ -365,6 +422,8 @@ struct Scheduler {
     stages: Stages,
     shared: Shared,
     model: Box<dyn LanguageModel>,
+    /// The draft model of speculative decoding.
+    draft: Option<Box<dyn LanguageModel>>,
     queued: Arc<AtomicUsize>,
     loops: u64,
 }
@@ -453,13 +512,24 @@ impl Scheduler {
         self.drop_cancelled();
         self.admit();
         let model = self.model.as_ref();
+        let draft = self.draft.as_deref();
         match &mut self.stages {
             Stages::Batched {
                 prefilling,
                 decoding,
+                drafting,
+                predicting,
             } => {
-                self.shared.prefill_batched(model, prefilling, decoding);
+                let mut joining = Joining {
+                    decoding,
+                    drafting,
+                    predicting,
+                    draft,
+                };
+                self.shared.prefill_batched(model, prefilling, &mut joining);
                 self.shared.decode_batched(model, decoding);
+                self.shared.decode_speculative(model, draft, drafting);
+                self.shared.decode_speculative(model, None, predicting);
             }
             Stages::Alone(alone) => self.shared.step_alone(model, alone),
         }
@@ -608,13 +678,11 @@ impl Shared {
         &mut self,
         model: &dyn LanguageModel,
         prefilling: &mut PrefillBatch,
-        decoding: &mut DecodeBatch,
+        joining: &mut Joining<'_>,
     ) {
         let hits = prefilling.take_cache_hits();
         let hits = self.report_prompts(hits);
-        if let Err((seqs, e)) = decoding.join(hits) {
-            self.fail_seqs(seqs, e);
-        }
+        self.join_hits(hits, joining);
         // One prompt at a time where right padding would leak into a recurrent state.
         let concurrency = if model.padded_prefill_is_exact() {
             self.opts.prompt_concurrency
@@ -645,18 +713,150 @@ impl Shared {
         match prefilling.take_ready() {
             Ok(Some((seqs, cache))) => {
                 let n = seqs.len();
-                if let Err((seqs, e)) = decoding.join_prefilled(seqs, cache) {
-                    self.fail_seqs(seqs, e);
-                }
+                self.join_prefilled(seqs, cache, joining);
                 tracing::debug!(
                     "engine: {n} prefilled sequence(s) joined decoding, {} decoding ({})",
-                    decoding.len(),
+                    joining.decoding.len() + joining.drafting.len() + joining.predicting.len(),
                     mlx_array::memory::note(),
                 );
             }
             Ok(None) => {}
             Err(e) => self.fail_seqs(prefilling.drain_rows(), e),
         }
+    }
+
+    /// Which decoding stage a prefilled sequence joins: a speculating batch when it asks
+    /// for speculation and can have it (else plain decoding, saying why).
+    fn lane(&self, s: &Sequence, has_draft: bool) -> Lane {
+        let Some(spec) = &s.job().req.speculate else {
+            return Lane::Plain;
+        };
+        let why = if !self.speculates {
+            "the model's caches cannot be trimmed (sliding-window or recurrent layers)"
+        } else if s.has_processors() {
+            "logits processors (penalties, biases, grammars) need the history of every \
+             drafted position"
+        } else if spec.from == DraftFrom::DraftModel && !has_draft {
+            "no draft model is loaded"
+        } else if s.job().req.adapter != 0 {
+            "the speculating batch does not pick resident LoRA adapters per row"
+        } else {
+            return match spec.from {
+                DraftFrom::DraftModel => Lane::Drafting,
+                DraftFrom::Prediction(_) => Lane::Predicting,
+            };
+        };
+        tracing::info!("engine: speculative decoding off for a request, plain decoding: {why}");
+        Lane::Plain
+    }
+
+    /// Sequences that need no prefill join their decoding stage.
+    fn join_hits(&mut self, hits: Vec<Sequence>, j: &mut Joining<'_>) {
+        let has_draft = j.draft.is_some();
+        let (mut plain, mut drafting, mut predicting) = (Vec::new(), Vec::new(), Vec::new());
+        for s in hits {
+            match self.lane(&s, has_draft) {
+                Lane::Plain => plain.push(s),
+                Lane::Drafting => drafting.push(s),
+                Lane::Predicting => predicting.push(s),
+            }
+        }
+        if let Err((seqs, e)) = j.decoding.join(plain) {
+            self.fail_seqs(seqs, e);
+        }
+        let step = self.opts.prefill_step_size;
+        if let Err((seqs, e)) = j.drafting.join(drafting, None, j.draft, step) {
+            self.fail_seqs(seqs, e);
+        }
+        if let Err((seqs, e)) = j.predicting.join(predicting, None, None, step) {
+            self.fail_seqs(seqs, e);
+        }
+    }
+
+    /// Sequences prefilled together join their decoding stages with their rows of
+    /// `cache`.
+    fn join_prefilled(
+        &mut self,
+        seqs: Vec<Sequence>,
+        mut cache: BatchPromptCache,
+        j: &mut Joining<'_>,
+    ) {
+        let has_draft = j.draft.is_some();
+        let lanes: Vec<Lane> = seqs.iter().map(|s| self.lane(s, has_draft)).collect();
+        if lanes.iter().all(|l| *l == Lane::Plain) {
+            if let Err((seqs, e)) = j.decoding.join_prefilled(seqs, cache) {
+                self.fail_seqs(seqs, e);
+            }
+            return;
+        }
+        let mut slots: Vec<Option<Sequence>> = seqs.into_iter().map(Some).collect();
+        let step = self.opts.prefill_step_size;
+        for lane in [Lane::Drafting, Lane::Predicting, Lane::Plain] {
+            let idx: Vec<usize> = (0..lanes.len()).filter(|&i| lanes[i] == lane).collect();
+            if idx.is_empty() {
+                continue;
+            }
+            let part: Vec<Sequence> = idx.iter().filter_map(|&i| slots[i].take()).collect();
+            // Row indices of what is left in `cache` after the lanes split off before.
+            let left: Vec<usize> = (0..lanes.len())
+                .filter(|&i| slots[i].is_some() || idx.contains(&i))
+                .collect();
+            let rows: Vec<usize> = idx
+                .iter()
+                .filter_map(|i| left.iter().position(|j| j == i))
+                .collect();
+            let rows_cache = if lane == Lane::Plain {
+                Ok(std::mem::take(&mut cache))
+            } else {
+                cache.split(&rows).map_err(super::decode::cache_err)
+            };
+            let rows_cache = match rows_cache {
+                Ok(c) => c,
+                Err(e) => {
+                    self.fail_seqs(part, e);
+                    continue;
+                }
+            };
+            let joined = match lane {
+                Lane::Plain => j.decoding.join_prefilled(part, rows_cache),
+                Lane::Drafting => j.drafting.join(part, Some(rows_cache), j.draft, step),
+                Lane::Predicting => j.predicting.join(part, Some(rows_cache), None, step),
+            };
+            if let Err((seqs, e)) = joined {
+                self.fail_seqs(seqs, e);
+            }
+        }
+    }
+
+    /// Batched mode, speculative decoding: one draft-verify-accept step of the batch.
+    fn decode_speculative(
+        &mut self,
+        model: &dyn LanguageModel,
+        draft: Option<&dyn LanguageModel>,
+        batch: &mut SpecBatch,
+    ) {
+        if batch.len() == 0 {
+            return;
+        }
+        let (outcomes, round) = match batch.step(model, draft) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("engine: speculative decoding failed: {e}");
+                return self.fail_seqs(batch.drain(), e);
+            }
+        };
+        self.metrics.decode_steps.add(1);
+        self.metrics.decode_rows.add(round.rows);
+        self.metrics.spec_steps.add(1);
+        self.metrics.spec_drafted.add(round.drafted);
+        self.metrics.spec_accepted.add(round.accepted);
+        tracing::debug!(
+            "engine: speculative step of {} row(s): {} of {} drafts accepted",
+            round.rows,
+            round.accepted,
+            round.drafted
+        );
+        self.route(batch, outcomes);
     }
 
     /// Sequences that need no prefill (a one-token prompt, or a prompt-cache hit):
@@ -982,6 +1182,22 @@ impl Shared {
             self.update_cache_metrics();
         }
     }
+}
+
+/// The decoding stages a prefilled sequence may join.
+struct Joining<'a> {
+    decoding: &'a mut DecodeBatch,
+    drafting: &'a mut SpecBatch,
+    predicting: &'a mut SpecBatch,
+    draft: Option<&'a dyn LanguageModel>,
+}
+
+/// Which of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Plain,
+    Drafting,
+    Predicting,
 }
 
 /// Metrics of one emitted token: time to first token, else time since the previous one.

@@ -103,6 +103,11 @@ impl Sequence {
         &mut self.sampling
     }
 
+    /// Whether the request rewrites its logits (penalties, biases, grammars).
+    pub fn has_processors(&self) -> bool {
+        self.sampling.has_processors()
+    }
+
     /// Whether the processors need each token before the next step is built.
     pub fn needs_accepted_token(&self) -> bool {
         self.sampling.needs_accepted_token()
@@ -401,6 +406,21 @@ impl Sequence {
         Ok(out)
     }
 
+    /// Counts `token` (generated earlier) as fed to the model now.
+    pub fn push_fed(&mut self, token: u32) {
+        self.fed.push(token);
+    }
+
+    /// How many tokens were fed to the model (what its caches should hold).
+    pub fn fed_len(&self) -> usize {
+        self.fed.len()
+    }
+
+    /// Tokens it may still generate.
+    pub fn remaining(&self) -> usize {
+        self.job.req.max_tokens.saturating_sub(self.generated)
+    }
+
     /// Counts a generated token (`fed`: the caches already hold it), tells the
     /// processors, and decides whether it ends the sequence.
     pub fn record(
@@ -432,6 +452,8 @@ impl Sequence {
             top,
             finish,
             stop_index,
+            from_draft: false,
+            drafted: 0,
         })
     }
 }

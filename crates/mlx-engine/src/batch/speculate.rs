@@ -1,0 +1,525 @@
+//! Speculative decoding inside continuous batching (mlx-lm's server turns batching off
+//! when it loads a draft model; here speculating rows stay batched). Each step:
+//!
+//! 1. drafts for every row: with the draft model, `k` batched draft forwards (greedy
+//!    drafts, the draft model's caches in a batch cache of their own); with prompt
+//!    lookup, each row's continuation of its latest n-gram match, padded to the longest;
+//! 2. verifies every row in ONE batched target forward over `[y, drafts...]`, each row's
+//!    own sampler on every position;
+//! 3. accepts per row the drafts up to its first mismatch (`a` drafts) and emits the
+//!    target's samples at positions `0..=a`. Up to a row's first mismatch its drafts
+//!    equal the target's own samples, so those positions were computed on the right
+//!    history. By prompt lookup each row keeps its own `a`: the caches are trimmed to
+//!    the most any row kept and each row's rejected positions are rolled in front of it
+//!    and masked, as a right-padded prefill chunk is finalized. With the draft model
+//!    every row keeps the fewest any row accepted (`m`, always correct: for a row that
+//!    accepted more, positions `0..m` are still its target's samples), so that both
+//!    batch caches trim uniformly. Every emitted token is the target's sample: greedy
+//!    rows give the tokens they give without speculation.
+//!
+//! Invariant between steps: the target caches hold each row's history but its next
+//! input `y`; the draft caches hold the same but for the last `lag` tokens (the draft
+//! model never saw its own last draft when every row accepted everything, mlx-lm's
+//! `draft_y = [last draft, bonus]`), fed before the next drafts.
+//!
+//! Only trimmable (standard KV) caches speculate; rows with logits processors decode
+//! in the plain batch (their processors would need the history per drafted position).
+use super::decode::{cache_err, merge_caches};
+use super::request::{DraftFrom, SeqId};
+use super::sequence::Sequence;
+use super::stage::{Leave, Left, Outcome, Stage};
+use crate::error::{EngineError, Result};
+use crate::speculative::lookup_draft;
+use crate::step;
+use mlx_array::{ops, transforms, Array, Dtype};
+use mlx_cache::{BatchPromptCache, KvCache, PromptCache};
+use mlx_models::LanguageModel;
+
+/// The longest n-gram prompt lookup matches against a prediction.
+const PREDICTION_NGRAM: usize = 3;
+
+/// One speculating sequence.
+struct Row {
+    seq: Sequence,
+    /// The next target input (not in the caches yet).
+    y: u32,
+    /// `y` is a generated token the sequence has not counted as fed yet.
+    y_unfed: bool,
+    /// Tokens drafted per round.
+    k: usize,
+    /// Prompt lookup: the prediction searched.
+    reference: Vec<u32>,
+    /// Prompt lookup: the tokens generated so far.
+    generated: Vec<u32>,
+    /// Draft tokens proposed for it so far.
+    drafted: u64,
+    /// Of those, emitted.
+    accepted: u64,
+}
+
+/// What one step drafted, accepted and emitted (for the metrics).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Round {
+    /// Draft tokens proposed (all rows).
+    pub drafted: u64,
+    /// Draft tokens emitted (all rows).
+    pub accepted: u64,
+    /// Rows verified.
+    pub rows: u64,
+}
+
+/// The speculating sequences, their target batch caches and (with a draft model) the
+/// draft model's.
+#[derive(Default)]
+pub(crate) struct SpecBatch {
+    rows: Vec<Row>,
+    cache: BatchPromptCache,
+    draft_cache: BatchPromptCache,
+    /// Per row, the tokens the target caches hold and the draft caches do not yet (as
+    /// many for every row).
+    lag: Vec<Vec<u32>>,
+}
+
+impl SpecBatch {
+    /// Adds sequences whose prompt is prefilled but for the last token, with their
+    /// target caches (`cache`: a batch of them in order, or `None` when each holds its
+    /// own). With `draft`, each prompt but its last token is prefilled into new draft
+    /// caches (the draft model is small; the prompt cache keeps only target caches). On
+    /// failure the sequences come back.
+    pub fn join(
+        &mut self,
+        mut seqs: Vec<Sequence>,
+        cache: Option<BatchPromptCache>,
+        draft: Option<&dyn LanguageModel>,
+        prefill_step: usize,
+    ) -> Result<(), (Vec<Sequence>, EngineError)> {
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        let Some(ys) = seqs
+            .iter()
+            .map(|s| s.last_prompt_token())
+            .collect::<Option<Vec<u32>>>()
+        else {
+            return Err((
+                seqs,
+                EngineError::Internal("a sequence speculated before its prefill".into()),
+            ));
+        };
+        let drafted = match draft {
+            Some(d) => match self.draft_prefill(d, &seqs, prefill_step) {
+                Ok(c) => Some(c),
+                Err(e) => return Err((seqs, e)),
+            },
+            None => None,
+        };
+        let joined = match cache {
+            Some(c) => self.cache.extend(c).map_err(cache_err),
+            None => merge_caches(&mut self.cache, &mut seqs),
+        };
+        if let Err(e) = joined {
+            return Err((seqs, e));
+        }
+        if let Some(c) = drafted {
+            if let Err(e) = self.draft_cache.extend(c) {
+                // The target rows went in: the batch no longer matches its caches.
+                return Err((seqs, cache_err(e)));
+            }
+        }
+        for (mut seq, y) in seqs.into_iter().zip(ys) {
+            seq.feed_last_prompt_token();
+            let spec = seq.job().req.speculate.clone();
+            let (k, reference) = match spec {
+                Some(s) => (
+                    s.num_draft_tokens.max(1),
+                    match s.from {
+                        DraftFrom::Prediction(p) => p,
+                        DraftFrom::DraftModel => Vec::new(),
+                    },
+                ),
+                None => (1, Vec::new()),
+            };
+            self.rows.push(Row {
+                seq,
+                y,
+                y_unfed: false,
+                k,
+                reference,
+                generated: Vec::new(),
+                drafted: 0,
+                accepted: 0,
+            });
+            if draft.is_some() {
+                self.lag.push(Vec::new());
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings the draft caches level with the target's (feeds the lagging tokens), so
+    /// that new rows can join them; then prefills the new prompts into draft caches.
+    fn draft_prefill(
+        &mut self,
+        draft: &dyn LanguageModel,
+        seqs: &[Sequence],
+        step_size: usize,
+    ) -> Result<BatchPromptCache> {
+        self.catch_up(draft)?;
+        let mut own: Vec<PromptCache> = Vec::with_capacity(seqs.len());
+        for s in seqs {
+            let mut caches = mlx_cache::make_prompt_cache(&draft.cache_specs(), None)
+                .map_err(|e| EngineError::Unavailable(format!("cannot make a KV cache: {e}")))?;
+            let prompt = &s.job().req.prompt;
+            let body = &prompt[..prompt.len().saturating_sub(1)];
+            for chunk in body.chunks(step_size.max(1)) {
+                let a = Array::from_slice(chunk, &[1, chunk.len() as i32])?;
+                drop(step::prefill(draft, &a, &mut caches, None)?);
+            }
+            own.push(caches);
+        }
+        let refs: Vec<&[Box<dyn KvCache>]> = own.iter().map(|c| c.as_slice()).collect();
+        BatchPromptCache::merge(&refs).map_err(cache_err)
+    }
+
+    /// Feeds the draft model the tokens it lags behind the target by.
+    fn catch_up(&mut self, draft: &dyn LanguageModel) -> Result<()> {
+        let n = self.lag.first().map_or(0, |l| l.len());
+        if n == 0 || self.rows.is_empty() {
+            return Ok(());
+        }
+        let flat: Vec<u32> = self.lag.iter().flatten().copied().collect();
+        let input = Array::from_slice(&flat, &[self.rows.len() as i32, n as i32])?;
+        drop(step::prefill(
+            draft,
+            &input,
+            self.draft_cache.layers_mut(),
+            None,
+        )?);
+        for l in &mut self.lag {
+            l.clear();
+        }
+        Ok(())
+    }
+
+    /// `k` greedy drafts for every row from the draft model `[B][k]`.
+    fn draft_with_model(&mut self, draft: &dyn LanguageModel, k: usize) -> Result<Vec<Vec<u32>>> {
+        let b = self.rows.len();
+        if k == 0 {
+            // The target alone takes `y`: the draft model now lags by it too.
+            for (l, r) in self.lag.iter_mut().zip(&self.rows) {
+                l.push(r.y);
+            }
+            return Ok(vec![Vec::new(); b]);
+        }
+        let n = self.lag.first().map_or(0, |l| l.len()) + 1;
+        let flat: Vec<u32> = self
+            .lag
+            .iter()
+            .zip(&self.rows)
+            .flat_map(|(l, r)| l.iter().copied().chain([r.y]))
+            .collect();
+        let mut input = Array::from_slice(&flat, &[b as i32, n as i32])?;
+        let mut ys = Vec::with_capacity(k);
+        for _ in 0..k {
+            let logits = step::forward(draft, &input, self.draft_cache.layers_mut(), None)?;
+            let t = logits.argmax(Some(-1), false)?.astype(Dtype::Uint32)?;
+            transforms::async_eval(&[&t])?;
+            input = t.reshape(&[b as i32, 1])?;
+            ys.push(t);
+        }
+        for l in &mut self.lag {
+            l.clear();
+        }
+        let refs: Vec<&Array> = ys.iter().collect();
+        let all = ops::stack(&refs, 1)?;
+        let flat = step::read_tokens(&all)?;
+        Ok(flat.chunks(k).map(|c| c.to_vec()).collect())
+    }
+
+    /// One speculative step of every row: the outcomes by id and what was drafted. An
+    /// `Err` means the step failed for the whole batch.
+    pub fn step(
+        &mut self,
+        model: &dyn LanguageModel,
+        draft: Option<&dyn LanguageModel>,
+    ) -> Result<(Vec<(SeqId, Outcome)>, Round)> {
+        if self.rows.is_empty() {
+            return Ok((Vec::new(), Round::default()));
+        }
+        let b = self.rows.len();
+        // At most `remaining - 1` drafts, so a round's tokens never pass `max_tokens`.
+        let caps: Vec<usize> = self
+            .rows
+            .iter()
+            .map(|r| r.k.min(r.seq.remaining().saturating_sub(1)))
+            .collect();
+        let (drafts, lens): (Vec<Vec<u32>>, Vec<usize>) = match draft {
+            Some(d) => {
+                let k = caps.iter().copied().max().unwrap_or(0);
+                (self.draft_with_model(d, k)?, caps.clone())
+            }
+            None => {
+                let d: Vec<Vec<u32>> = self
+                    .rows
+                    .iter()
+                    .zip(&caps)
+                    .map(|(r, &cap)| r.lookup(cap))
+                    .collect();
+                let lens = d.iter().map(Vec::len).collect();
+                (d, lens)
+            }
+        };
+        let k = drafts.iter().map(Vec::len).max().unwrap_or(0);
+        let l = k + 1;
+        let mut flat = Vec::with_capacity(b * l);
+        for (r, d) in self.rows.iter().zip(&drafts) {
+            flat.push(r.y);
+            flat.extend_from_slice(d);
+            // Padding (never accepted: a row accepts at most its own drafts).
+            flat.extend(std::iter::repeat_n(r.y, k - d.len()));
+        }
+        let input = Array::from_slice(&flat, &[b as i32, l as i32])?;
+        let logits = step::forward_tail(model, &input, self.cache.layers_mut(), None, l as i32)?;
+        let mut samplers: Vec<&mut step::RowSampling> =
+            self.rows.iter_mut().map(|r| r.seq.sampling_mut()).collect();
+        let (tokens, logprobs) = step::sample_positions(&mut samplers, &logits)?;
+        let wants = self.rows.iter().any(|r| r.seq.job().req.wants_logprobs());
+        let chosen = if wants {
+            let idx = tokens.reshape(&[b as i32, l as i32, 1])?;
+            Some(logprobs.take_along_axis(&idx, -1)?)
+        } else {
+            None
+        };
+        let mut pending = vec![&tokens];
+        pending.extend(chosen.as_ref());
+        transforms::eval(&pending)?;
+        let toks = step::read_tokens(&tokens)?;
+        if toks.len() != b * l {
+            return Err(EngineError::Internal(
+                "the sampler returned a wrong number of tokens".into(),
+            ));
+        }
+        let chosen = match chosen {
+            Some(c) => c.astype(Dtype::Float32)?.to_vec::<f32>()?,
+            None => Vec::new(),
+        };
+        let accepted: Vec<usize> = (0..b)
+            .map(|r| {
+                (0..lens[r].min(drafts[r].len()))
+                    .take_while(|&i| toks[r * l + i] == drafts[r][i])
+                    .count()
+            })
+            .collect();
+        // What each row keeps: with the draft model the fewest drafts any row accepted
+        // (the draft caches trim uniformly); by prompt lookup its own acceptance.
+        let m = accepted.iter().copied().min().unwrap_or(0);
+        let keep: Vec<usize> = if draft.is_some() {
+            vec![m; b]
+        } else {
+            accepted.clone()
+        };
+        let most = keep.iter().copied().max().unwrap_or(0);
+        // The target caches hold `y` and every row's `k` drafts: keep `y` and `most`,
+        // then roll each row's rejected positions in front of it, where they are
+        // masked (as a right-padded prefill chunk is finalized).
+        mlx_cache::trim_prompt_cache(self.cache.layers_mut(), (k - most) as i32);
+        if keep.iter().any(|&a| a < most) {
+            let pad: Vec<i32> = keep.iter().map(|&a| (most - a) as i32).collect();
+            let lengths: Vec<i32> = keep.iter().map(|&a| a as i32 + 1).collect();
+            self.cache
+                .prepare_right_padding(&lengths, &pad)
+                .map_err(cache_err)?;
+            self.cache.finalize().map_err(cache_err)?;
+        }
+        if draft.is_some() && k > 0 {
+            // The draft caches hold `y` and drafts `0..k-1`.
+            if m < k {
+                mlx_cache::trim_prompt_cache(self.draft_cache.layers_mut(), (k - 1 - m) as i32);
+            } else {
+                for (lag, d) in self.lag.iter_mut().zip(&drafts) {
+                    lag.push(d[k - 1]);
+                }
+            }
+        }
+        let v = logprobs.dim(2)?;
+        let mut out = Vec::with_capacity(b * (most + 1));
+        let mut round = Round {
+            rows: b as u64,
+            ..Round::default()
+        };
+        for (r, row) in self.rows.iter_mut().enumerate() {
+            if row.y_unfed {
+                row.seq.push_fed(row.y);
+            }
+            round.drafted += lens[r] as u64;
+            row.drafted += lens[r] as u64;
+            let req = std::sync::Arc::clone(&row.seq.job().req);
+            let m = keep[r];
+            for i in 0..=m {
+                let token = toks[r * l + i];
+                let logprob = if req.wants_logprobs() {
+                    chosen.get(r * l + i).copied()
+                } else {
+                    None
+                };
+                let top = if req.top_logprobs > 0 {
+                    let (r32, i32_) = (r as i32, i as i32);
+                    let p = logprobs
+                        .slice(&[r32, i32_, 0], &[r32 + 1, i32_ + 1, v], None)?
+                        .reshape(&[v])?;
+                    step::top_logprobs(&p, req.top_logprobs)?
+                } else {
+                    Vec::new()
+                };
+                let mut t = match row.seq.record(token, logprob, top, i < m) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        out.push((row.seq.id(), Outcome::Failed(e)));
+                        break;
+                    }
+                };
+                t.from_draft = i < m;
+                t.drafted = if i == 0 { lens[r] } else { 0 };
+                round.accepted += u64::from(i < m);
+                row.accepted += u64::from(i < m);
+                row.generated.push(token);
+                let done = t.finish.is_some();
+                out.push((row.seq.id(), Outcome::Token(t)));
+                if done {
+                    break;
+                }
+            }
+            row.y = toks[r * l + keep[r]];
+            row.y_unfed = true;
+        }
+        Ok((out, round))
+    }
+
+    fn position(&self, id: SeqId) -> Option<usize> {
+        self.rows.iter().position(|r| r.seq.id() == id)
+    }
+}
+
+impl Row {
+    /// Prompt lookup: up to `cap` drafts, from the prediction first (its start while
+    /// nothing is generated), then from the prompt and the text so far.
+    fn lookup(&self, cap: usize) -> Vec<u32> {
+        if cap == 0 {
+            return Vec::new();
+        }
+        let mut d = if self.reference.is_empty() {
+            Vec::new()
+        } else if self.generated.is_empty() {
+            self.reference[..cap.min(self.reference.len())].to_vec()
+        } else {
+            lookup_draft(&self.reference, &self.generated, PREDICTION_NGRAM, cap)
+        };
+        if d.is_empty() && self.reference.is_empty() {
+            let mut all = self.seq.job().req.prompt.clone();
+            all.extend_from_slice(&self.generated);
+            d = lookup_draft(&all, &all, PREDICTION_NGRAM, cap);
+        }
+        d
+    }
+}
+
+impl Stage for SpecBatch {
+    fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn nbytes(&self) -> usize {
+        self.cache.nbytes() + self.draft_cache.nbytes()
+    }
+
+    fn get_mut(&mut self, id: SeqId) -> Option<&mut Sequence> {
+        self.rows
+            .iter_mut()
+            .find(|r| r.seq.id() == id)
+            .map(|r| &mut r.seq)
+    }
+
+    fn cancelled(&self) -> Vec<SeqId> {
+        self.rows
+            .iter()
+            .filter(|r| r.seq.job().cancelled())
+            .map(|r| r.seq.id())
+            .collect()
+    }
+
+    /// Finished rows come back with their target caches extracted (trimmed to the
+    /// tokens the sequence fed: a row that stopped mid-round leaves positions behind).
+    fn remove(&mut self, leaving: &[(SeqId, Leave)]) -> Result<Vec<Left>> {
+        let mut gone: Vec<(usize, Option<PromptCache>)> = Vec::with_capacity(leaving.len());
+        for (id, how) in leaving {
+            let Some(i) = self.position(*id) else {
+                continue;
+            };
+            if gone.iter().any(|(j, _)| *j == i) {
+                continue;
+            }
+            if *how == Leave::Finished {
+                let r = &self.rows[i];
+                let rate = if r.drafted > 0 {
+                    100.0 * r.accepted as f64 / r.drafted as f64
+                } else {
+                    0.0
+                };
+                tracing::info!(
+                    "speculative: {} of {} drafted tokens accepted ({rate:.1}%) over {} tokens",
+                    r.accepted,
+                    r.drafted,
+                    r.seq.generated()
+                );
+            }
+            let caches = match how {
+                Leave::Finished => self.cache.extract(i).ok().map(|mut c| {
+                    let extra = c
+                        .first()
+                        .map_or(0, |l| l.offset() - self.rows[i].seq.fed_len() as i32);
+                    if extra > 0 {
+                        mlx_cache::trim_prompt_cache(&mut c, extra);
+                    }
+                    c
+                }),
+                Leave::Dropped => None,
+            };
+            gone.push((i, caches));
+        }
+        if gone.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keep: Vec<usize> = (0..self.rows.len())
+            .filter(|i| !gone.iter().any(|(j, _)| j == i))
+            .collect();
+        self.cache.filter(&keep).map_err(cache_err)?;
+        if !self.lag.is_empty() {
+            self.draft_cache.filter(&keep).map_err(cache_err)?;
+            self.lag = keep.iter().map(|&i| self.lag[i].clone()).collect();
+        }
+        let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows)
+            .into_iter()
+            .map(Some)
+            .collect();
+        self.rows = keep.iter().filter_map(|&i| rows[i].take()).collect();
+        if self.rows.is_empty() {
+            self.cache = BatchPromptCache::new();
+            self.draft_cache = BatchPromptCache::new();
+            self.lag.clear();
+        }
+        Ok(gone
+            .into_iter()
+            .filter_map(|(i, caches)| rows[i].take().map(|r| Left { seq: r.seq, caches }))
+            .collect())
+    }
+
+    fn drain(&mut self) -> Vec<Sequence> {
+        self.cache = BatchPromptCache::new();
+        self.draft_cache = BatchPromptCache::new();
+        self.lag.clear();
+        std::mem::take(&mut self.rows)
+            .into_iter()
+            .map(|r| r.seq)
+            .collect()
+    }
+}

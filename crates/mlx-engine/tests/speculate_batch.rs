@@ -1,0 +1,251 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
+//! Speculative decoding inside continuous batching: greedy rows served together in a
+//! speculating batch (a draft model of another shape, or prompt lookup against a
+//! prediction), next to plain rows, give exactly the tokens of the same requests
+//! served alone without speculation; with the model itself as the draft every round
+//! is accepted in full.
+use mlx_engine::batch::{
+    DraftFrom, Engine, EngineEvent, EngineMetrics, EngineOptions, GenerationRequest, Speculate,
+};
+use mlx_models::LanguageModel;
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc};
+
+fn model(dir: &str) -> Box<dyn LanguageModel> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../goldens/generate/models")
+        .join(dir);
+    mlx_models::load_model(dir).expect("load model").0
+}
+
+const TARGET: &str = "llama-small-f32";
+const DRAFT: &str = "llama-small-f32-hd32";
+
+fn opts() -> EngineOptions {
+    EngineOptions {
+        decode_concurrency: 8,
+        prompt_concurrency: 4,
+        prefill_step_size: 4,
+        prompt_cache_size: 0,
+        prompt_cache_bytes: None,
+        kv_quantization: None,
+        max_queue: 64,
+        memory: None,
+        disk_cache: None,
+        preload: Vec::new(),
+    }
+}
+
+/// One request's tokens, how many came from drafts, and the drafts proposed.
+#[derive(Debug, Default, Clone)]
+struct Got {
+    tokens: Vec<u32>,
+    from_draft: usize,
+    drafted: usize,
+}
+
+/// Submits every request at once and collects each one's tokens.
+fn serve(engine: &Engine, reqs: Vec<GenerationRequest>) -> Vec<Got> {
+    let subs: Vec<_> = reqs
+        .into_iter()
+        .map(|r| {
+            let (tx, rx) = mpsc::channel();
+            (engine.submit(r, Arc::new(tx)).expect("submit"), rx)
+        })
+        .collect();
+    subs.into_iter()
+        .map(|(sub, rx)| {
+            let mut got = Got::default();
+            loop {
+                match rx.recv().expect("event") {
+                    EngineEvent::Token { out, .. } => {
+                        got.tokens.push(out.token);
+                        got.from_draft += usize::from(out.from_draft);
+                        got.drafted += out.drafted;
+                        if out.finish.is_some() {
+                            break;
+                        }
+                    }
+                    EngineEvent::Failed { error, .. } => panic!("{error}"),
+                    _ => {}
+                }
+            }
+            sub.release();
+            got
+        })
+        .collect()
+}
+
+const PROMPTS: [&[u32]; 4] = [
+    &[3, 4, 5, 6, 7, 8, 9, 10, 11],
+    &[11, 12],
+    &[20, 21, 22, 23, 24],
+    &[40, 41, 42, 43, 44, 45, 46],
+];
+const MAX: [usize; 4] = [24, 17, 30, 9];
+
+/// Each prompt served alone (one request at a time) by a plain engine.
+fn alone() -> Vec<Vec<u32>> {
+    let engine =
+        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+    PROMPTS
+        .iter()
+        .zip(MAX)
+        .map(|(p, n)| {
+            serve(&engine, vec![GenerationRequest::new(p.to_vec(), n)])
+                .remove(0)
+                .tokens
+        })
+        .collect()
+}
+
+fn speculating(i: usize, from: DraftFrom, k: usize) -> GenerationRequest {
+    GenerationRequest {
+        speculate: Some(Speculate {
+            from,
+            num_draft_tokens: k,
+        }),
+        ..GenerationRequest::new(PROMPTS[i].to_vec(), MAX[i])
+    }
+}
+
+#[test]
+fn greedy_rows_in_a_speculating_batch_give_the_tokens_they_give_alone() {
+    let want = alone();
+    let metrics = Arc::new(EngineMetrics::default());
+    let engine =
+        Engine::start_with_draft(model(TARGET), Some(model(DRAFT)), opts(), metrics.clone())
+            .expect("engine");
+    for ks in [[1, 3, 7, 2], [3, 3, 3, 3]] {
+        let mut reqs: Vec<GenerationRequest> = (0..3)
+            .map(|i| speculating(i, DraftFrom::DraftModel, ks[i]))
+            .collect();
+        // A plain row decodes next to them in its own batch.
+        reqs.push(GenerationRequest::new(PROMPTS[3].to_vec(), MAX[3]));
+        let got = serve(&engine, reqs);
+        for (i, g) in got.iter().enumerate() {
+            assert_eq!(g.tokens, want[i], "row {i}, draft tokens {ks:?}");
+        }
+        assert_eq!(got[3].drafted, 0, "the plain row speculated");
+        assert!(got[..3].iter().all(|g| g.drafted > 0), "{got:?}");
+    }
+    assert!(metrics.spec_steps.get() > 0);
+    assert!(metrics.spec_drafted.get() >= metrics.spec_accepted.get());
+    // Several rounds of streams, some joining while others speculate.
+    let reqs: Vec<GenerationRequest> = (0..12)
+        .map(|j| speculating(j % 3, DraftFrom::DraftModel, 1 + j % 4))
+        .collect();
+    for (j, g) in serve(&engine, reqs).iter().enumerate() {
+        assert_eq!(g.tokens, want[j % 3], "stream {j}");
+    }
+}
+
+#[test]
+fn the_model_as_its_own_draft_has_every_round_accepted_in_full() {
+    let want = alone();
+    let engine = Engine::start_with_draft(
+        model(TARGET),
+        Some(model(TARGET)),
+        opts(),
+        Arc::new(EngineMetrics::default()),
+    )
+    .expect("engine");
+    // Equal lengths, so that no row's budget caps the drafts of the round.
+    let reqs = (0..3)
+        .map(|i| GenerationRequest {
+            max_tokens: 17,
+            ..speculating(i, DraftFrom::DraftModel, 3)
+        })
+        .collect();
+    for (i, g) in serve(&engine, reqs).iter().enumerate() {
+        assert_eq!(g.tokens, want[i][..17]);
+        // Four rounds of 3 drafts + 1, then one token without drafts. (Rows that joined
+        // at different steps may draft more than the batch keeps near their ends.)
+        assert_eq!(g.from_draft, 12, "row {i}: {g:?}");
+        assert!(g.drafted >= g.from_draft, "row {i}: {g:?}");
+    }
+}
+
+#[test]
+fn predicted_outputs_are_verified_and_the_right_prediction_is_accepted() {
+    let want = alone();
+    let engine =
+        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+    // Row 0 predicts its exact output, row 1 a wrong one, row 2 half of its own.
+    let reqs = vec![
+        speculating(0, DraftFrom::Prediction(want[0].clone()), 5),
+        speculating(1, DraftFrom::Prediction(vec![7; 20]), 5),
+        speculating(2, DraftFrom::Prediction(want[2][..15].to_vec()), 4),
+        GenerationRequest::new(PROMPTS[3].to_vec(), MAX[3]),
+    ];
+    let got = serve(&engine, reqs);
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "row {i}");
+    }
+    // Each row keeps its own acceptance: the wrong prediction next to it does not
+    // hold the right one back.
+    assert!(got[0].from_draft >= MAX[0] / 2, "{:?}", got[0]);
+    assert!(got[0].from_draft <= got[0].drafted);
+    assert_eq!(got[1].from_draft, 0, "{:?}", got[1]);
+    assert!(got[2].from_draft > 0, "{:?}", got[2]);
+    assert_eq!(got[3].drafted, 0);
+}
+
+#[test]
+fn a_draft_with_a_larger_vocabulary_or_untrimmable_caches_is_refused() {
+    let small = mlx_models::load_model(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../goldens/models/llama-small-f32-tied"),
+    )
+    .expect("load model")
+    .0;
+    let m = Arc::new(EngineMetrics::default());
+    let msg = match Engine::start_with_draft(small, Some(model(TARGET)), opts(), m.clone()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a draft with a larger vocabulary was accepted"),
+    };
+    assert!(
+        msg.contains("vocabulary (320)") && msg.contains("(128)"),
+        "{msg}"
+    );
+    let msg = match Engine::start_with_draft(
+        model(TARGET),
+        Some(model("gemma3_text-small-f32")),
+        opts(),
+        m,
+    ) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a sliding-window draft was accepted"),
+    };
+    assert!(msg.contains("cannot be trimmed"), "{msg}");
+}
+
+#[test]
+fn a_model_with_sliding_window_caches_serves_speculating_requests_plainly() {
+    // gemma3_text's rotating caches cannot be trimmed: its rows decode in the plain
+    // batch (the engine logs why) and give the tokens they give without a draft.
+    let gemma = "gemma3_text-small-f32";
+    let plain =
+        Engine::start(model(gemma), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+    let want: Vec<Vec<u32>> = (0..3)
+        .map(|i| {
+            serve(
+                &plain,
+                vec![GenerationRequest::new(PROMPTS[i].to_vec(), MAX[i])],
+            )
+            .remove(0)
+            .tokens
+        })
+        .collect();
+    let metrics = Arc::new(EngineMetrics::default());
+    let engine =
+        Engine::start_with_draft(model(gemma), Some(model(TARGET)), opts(), metrics.clone())
+            .expect("engine");
+    let reqs = (0..3)
+        .map(|i| speculating(i, DraftFrom::DraftModel, 3))
+        .collect();
+    for (i, g) in serve(&engine, reqs).iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "row {i}");
+        assert_eq!(g.drafted, 0, "row {i}");
+    }
+    assert_eq!(metrics.spec_steps.get(), 0);
+}

@@ -1,0 +1,239 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
+//! Speculative decoding in the server: with a draft model loaded (mlx-lm's
+//! `--draft-model`), greedy answers equal those of the same server without one, alone
+//! and as several concurrent streams that stay batched; bad draft settings are clear
+//! 400s and the server keeps serving; the counters reach `/metrics` and `usage`; OpenAI
+//! predicted outputs through the official Python SDK (`xtask/py/server_clients.py
+//! --speculative`).
+mod common;
+
+use common::*;
+use mlx_server::pool::{LoadedModel, ModelSpec, PoolConfig};
+use mlx_server::{Server, ServerConfig};
+use serde_json::{json, Value as Json};
+use std::time::Duration;
+
+const DRAFT: &str = "tiny-draft";
+
+/// A server over the tiny model, with the tiny model as its draft when `draft`.
+async fn server(draft: bool) -> Server {
+    let (model, tok) = tiny_model();
+    let cfg = ServerConfig {
+        host: "127.0.0.1".into(),
+        port: 0,
+        decode_concurrency: 8,
+        ..Default::default()
+    };
+    let mut spec = ModelSpec::new(&cfg.model_id);
+    spec.draft_model = draft.then(|| DRAFT.to_string());
+    let loaded = LoadedModel {
+        model,
+        tokenizer: tok,
+        context_length: None,
+        aliases: Vec::new(),
+        config: None,
+        draft: draft.then(|| tiny_model().0),
+    };
+    Server::start_pool(cfg, PoolConfig::default(), Some((spec, loaded)), None)
+        .await
+        .expect("server starts")
+}
+
+fn chat(text: &str, extra: Json) -> Json {
+    let mut body = json!({
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 24,
+        "temperature": 0,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+async fn answer(addr: std::net::SocketAddr, body: &Json) -> Json {
+    let r = post(addr, "/v1/chat/completions", body).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()
+}
+
+fn content(v: &Json) -> String {
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+const PROMPTS: [&str; 4] = [
+    "Tell me a story.",
+    "hi",
+    "What is the capital of France? Answer in one word.",
+    "Count to ten.",
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn greedy_answers_with_a_draft_model_equal_those_without() {
+    let plain = server(false).await;
+    let mut want = Vec::new();
+    for p in PROMPTS {
+        want.push(content(
+            &answer(plain.local_addr(), &chat(p, json!({}))).await,
+        ));
+    }
+    plain.shutdown().await.unwrap();
+
+    let spec = server(true).await;
+    let addr = spec.local_addr();
+    for (p, w) in PROMPTS.iter().zip(&want) {
+        for k in [1, 5] {
+            let v = answer(addr, &chat(p, json!({"num_draft_tokens": k}))).await;
+            assert_eq!(&content(&v), w, "{p:?}, {k} draft tokens");
+            let d = &v["usage"]["completion_tokens_details"];
+            // The model is its own draft: every draft is accepted.
+            assert!(d["draft_tokens"].as_u64().unwrap() > 0, "{v}");
+            assert_eq!(d["draft_tokens"], d["accepted_draft_tokens"], "{v}");
+        }
+    }
+    // mlx-lm's names for the loaded draft.
+    for name in ["default_model", DRAFT] {
+        let v = answer(addr, &chat(PROMPTS[0], json!({"draft_model": name}))).await;
+        assert_eq!(content(&v), want[0]);
+    }
+    // Concurrent streams (different draft lengths) share the speculating batch.
+    let streams = (0..8).map(|i| {
+        let body = chat(
+            PROMPTS[i % 4],
+            json!({"stream": true, "num_draft_tokens": 1 + i % 5}),
+        );
+        tokio::spawn(async move {
+            let r = post(addr, "/v1/chat/completions", &body).await;
+            assert_eq!(r.status, 200);
+            chat_stream_text(&r.sse_data()).0
+        })
+    });
+    let texts: Vec<String> = futures_join(streams).await;
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(t, &want[i % 4], "stream {i}");
+    }
+    let drafted = metric(addr, "mlx_server_speculative_drafted_tokens_total").await;
+    let accepted = metric(addr, "mlx_server_speculative_accepted_tokens_total").await;
+    assert!(drafted > 0.0 && accepted == drafted, "{drafted} {accepted}");
+    assert!(metric(addr, "mlx_server_speculative_steps_total").await > 0.0);
+    spec.shutdown().await.unwrap();
+}
+
+async fn futures_join<T: Send + 'static>(
+    handles: impl Iterator<Item = tokio::task::JoinHandle<T>>,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("task"));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_draft_settings_are_400s_and_the_server_keeps_serving() {
+    for draft in [false, true] {
+        let s = server(draft).await;
+        let addr = s.local_addr();
+        let cases = [
+            (json!({"draft_model": "other/draft"}), "other/draft"),
+            (json!({"num_draft_tokens": 0}), "num_draft_tokens"),
+            (json!({"num_draft_tokens": 65}), "num_draft_tokens"),
+            (json!({"num_draft_tokens": "3"}), "num_draft_tokens"),
+            (
+                json!({"prediction": {"type": "text", "content": "x"}}),
+                "prediction",
+            ),
+            (
+                json!({"prediction": {"type": "content", "content": 3}}),
+                "prediction",
+            ),
+        ];
+        for (extra, names) in cases {
+            let r = post(addr, "/v1/chat/completions", &chat("hi", extra.clone())).await;
+            assert_eq!(r.status, 400, "{extra}");
+            let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+            assert!(msg.contains(names), "{extra}: {msg}");
+        }
+        // Predictions are for chat completions only.
+        let r = post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": "hi", "prediction": {"type": "content", "content": "x"}}),
+        )
+        .await;
+        assert_eq!(r.status, 400);
+        let v = answer(addr, &chat("hi", json!({}))).await;
+        assert!(v["usage"]["completion_tokens"].as_u64().unwrap() > 0, "{v}");
+        s.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prediction_drafts_from_its_text_without_changing_the_answer() {
+    let s = server(false).await;
+    let addr = s.local_addr();
+    let plain = answer(addr, &chat(PROMPTS[0], json!({}))).await;
+    let text = content(&plain);
+    assert!(plain["usage"].get("completion_tokens_details").is_none());
+    let v = answer(
+        addr,
+        &chat(
+            PROMPTS[0],
+            json!({"prediction": {"type": "content", "content": text}}),
+        ),
+    )
+    .await;
+    assert_eq!(content(&v), text);
+    let d = &v["usage"]["completion_tokens_details"];
+    let accepted = d["accepted_prediction_tokens"].as_u64().unwrap();
+    assert!(accepted > 0, "{v}");
+    assert!(d["rejected_prediction_tokens"].as_u64().is_some(), "{v}");
+    // A wrong prediction: nothing accepted, the same answer.
+    let v = answer(
+        addr,
+        &chat(
+            PROMPTS[0],
+            json!({"prediction": {"type": "content", "content": [{"type": "text", "text": "zzz qqq"}]}}),
+        ),
+    )
+    .await;
+    assert_eq!(content(&v), text);
+    assert!(
+        wait_metric(
+            addr,
+            "mlx_server_speculative_accepted_tokens_total",
+            accepted as f64,
+            Duration::from_secs(5)
+        )
+        .await
+            >= accepted as f64
+    );
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_openai_sdk_sends_predictions_and_reads_their_usage() {
+    let s = server(true).await;
+    let root = repo_root();
+    let out = tokio::process::Command::new(root.join(".venv/bin/python"))
+        .arg(root.join("xtask/py/server_clients.py"))
+        .args([
+            "--base-url",
+            &format!("http://{}", s.local_addr()),
+            "--speculative",
+        ])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("running the SDK script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("checks passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    s.shutdown().await.unwrap();
+}
