@@ -1,14 +1,14 @@
 //! Gemma (the first generation), following `mlx_lm/models/gemma.py`: `1 + weight` RMS
 //! norms, a scaled embedding, a GELU-gated feed-forward and the tied head.
+use super::lm::causal_layers;
 use super::attention::{Attention, AttentionDims, Extras};
 use super::gemma2::RmsNorm;
-use super::{cache_at, fuse, layer_caches, project, project_out, Architecture};
+use super::{fuse, project, project_out, Architecture};
 use crate::config::parse_args;
 use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::activations::gelu;
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer, Rope};
 
 fn attention(args: &ModelArgs) -> crate::Result<Attention> {
@@ -122,15 +122,8 @@ impl_module!(GemmaModel {
 impl GemmaModel {
     fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let h = self.embed_tokens.forward(inputs)?;
-        let mut h = h.multiply((self.hidden_size as f64).powf(0.5))?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
+        let h = h.multiply((self.hidden_size as f64).powf(0.5))?;
+        let h = causal_layers(&self.layers, h, caches, TransformerBlock::forward)?;
         self.norm.forward(&h)
     }
 }

@@ -1,12 +1,12 @@
 //! GLM-4, following `mlx_lm/models/glm4.py`: partial (traditional by default) rotary
 //! embeddings, one `gate_up_proj` matmul split in two, and norms after both sub-blocks.
+use super::lm::causal_layers;
 use super::attention::{Attention, AttentionDims, Extras};
-use super::{cache_at, layer_caches, project_out, Architecture};
+use super::{project_out, Architecture};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::activations::swiglu;
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, Rope};
 use serde::Deserialize;
 use serde_json::Value;
@@ -131,15 +131,8 @@ impl_module!(Glm4Model {
 
 impl Glm4Model {
     fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
+        let h = self.embed_tokens.forward(inputs)?;
+        let h = causal_layers(&self.layers, h, caches, DecoderLayer::forward)?;
         self.norm.forward(&h)
     }
 }

@@ -1,13 +1,13 @@
 //! Nemotron (Nemotron-3 / 4, Minitron), following `mlx_lm/models/nemotron.py`: pre-norm
 //! layers with `1 + weight` layer norms, a partial RoPE (linear scaling only) and a
 //! squared-ReLU feed-forward (`up_proj`, `down_proj`).
+use super::lm::causal_layers;
 use super::attention::{Attention, AttentionDims, Extras};
 use super::head::{self, LogitScale};
-use super::{cache_at, layer_caches, project_out, Architecture};
+use super::{project_out, Architecture};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{fast, ops, Array, Dtype, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     activations, impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Param, Rope,
 };
@@ -235,11 +235,8 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let m = &self.model;
-        let mut h = m.embed_tokens.forward(tokens)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in m.layers.iter().zip(layer_caches(caches, m.layers.len())?) {
-            h = layer.forward(&h, &mask, cache)?;
-        }
+        let h = m.embed_tokens.forward(tokens)?;
+        let h = causal_layers(&m.layers, h, caches, TransformerBlock::forward)?;
         let out = m.norm.forward(&h)?;
         head::logits(
             &m.embed_tokens,

@@ -1,12 +1,12 @@
 //! Phi-3, following `mlx_lm/models/phi3.py` (fused qkv and gate/up projections).
-use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads};
+use super::lm::causal_layers;
+use super::{batch_len, merge_heads, rope_attend, split_heads};
 use super::{Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::activations::swiglu;
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, Rope};
 use serde::Deserialize;
 use serde_json::Value;
@@ -224,15 +224,8 @@ impl_module!(Phi3Model {
 
 impl Phi3Model {
     fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
+        let h = self.embed_tokens.forward(inputs)?;
+        let h = causal_layers(&self.layers, h, caches, TransformerBlock::forward)?;
         self.norm.forward(&h)
     }
 }

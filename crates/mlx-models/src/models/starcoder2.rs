@@ -1,12 +1,12 @@
 //! StarCoder2, following `mlx_lm/models/starcoder2.py`: biased projections, layer
 //! norms and a GELU feed-forward (`c_fc`, `c_proj`).
+use super::lm::causal_layers;
 use super::attention::{Attention, AttentionDims, Extras};
-use super::{cache_at, layer_caches, project_out, Architecture};
+use super::{project_out, Architecture};
 use crate::config::{default_true, parse_args};
 use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     activations, impl_module, AttnMask, EmbeddingLayer, KvCache, LayerNorm, LinearLayer, Rope,
 };
@@ -120,15 +120,8 @@ impl_module!(Starcoder2Model {
 
 impl Starcoder2Model {
     fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
+        let h = self.embed_tokens.forward(inputs)?;
+        let h = causal_layers(&self.layers, h, caches, TransformerBlock::forward)?;
         self.norm.forward(&h)
     }
 }
