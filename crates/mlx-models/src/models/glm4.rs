@@ -1,6 +1,6 @@
 //! GLM-4, following `mlx_lm/models/glm4.py`: partial (traditional by default) rotary
 //! embeddings, one `gate_up_proj` matmul split in two, and norms after both sub-blocks.
-use super::lm::causal_layers;
+use super::lm::Stack;
 use super::attention::{Attention, AttentionDims, Extras};
 use super::{project_out, Architecture};
 use crate::config::parse_args;
@@ -117,25 +117,7 @@ impl DecoderLayer {
 }
 
 /// The decoder stack.
-#[derive(Debug)]
-pub struct Glm4Model {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-}
-impl_module!(Glm4Model {
-    embed_tokens,
-    layers,
-    norm
-});
-
-impl Glm4Model {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let h = self.embed_tokens.forward(inputs)?;
-        let h = causal_layers(&self.layers, h, caches, DecoderLayer::forward)?;
-        self.norm.forward(&h)
-    }
-}
+pub type Glm4Model = Stack<DecoderLayer, RmsNorm>;
 
 /// GLM-4 with its (untied) output head.
 #[derive(Debug)]
@@ -186,7 +168,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        self.lm_head.forward(&self.model.forward(tokens, caches)?)
+        self.lm_head.forward(&self.model.forward(tokens, caches, DecoderLayer::forward, RmsNorm::forward)?)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]

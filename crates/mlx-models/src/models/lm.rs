@@ -12,7 +12,7 @@ use mlx_array::{Array, Result};
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::checkpoint::LayerFn;
 use mlx_nn::module::{join, QuantVisitor};
-use mlx_nn::{KvCache, LinearLayer, Module, Param};
+use mlx_nn::{EmbeddingLayer, KvCache, LinearLayer, Module, Param};
 
 /// [`LmDims`] from the config.json keys most files name alike: `vocab_size`,
 /// `hidden_size`, `rms_norm_eps`, `num_hidden_layers`, `tie_word_embeddings`.
@@ -114,6 +114,57 @@ pub(crate) fn causal_layers<L: Module + 'static>(
         h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, forward)?;
     }
     Ok(h)
+}
+
+/// mlx-lm's inner model class of the files whose layers (or final norm) are their own:
+/// `embed_tokens`, `layers` of `L`, and `norm` of `N`.
+#[derive(Debug)]
+pub struct Stack<L, N> {
+    pub(crate) embed_tokens: EmbeddingLayer,
+    pub(crate) layers: Vec<L>,
+    pub(crate) norm: N,
+}
+
+impl<L: Module + 'static, N> Stack<L, N> {
+    /// `norm(layers(embed_tokens(inputs)))`, each layer run by `layer` (see
+    /// [`causal_layers`]) and the final norm by `norm`.
+    pub(crate) fn forward(
+        &self,
+        inputs: &Array,
+        caches: &mut [Box<dyn KvCache>],
+        layer: LayerFn<L>,
+        norm: fn(&N, &Array) -> Result<Array>,
+    ) -> Result<Array> {
+        let h = self.embed_tokens.forward(inputs)?;
+        let h = causal_layers(&self.layers, h, caches, layer)?;
+        norm(&self.norm, &h)
+    }
+}
+
+impl<L: Module, N: Module> Module for Stack<L, N> {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        self.embed_tokens
+            .visit_params(&join(prefix, "embed_tokens"), f);
+        self.layers.visit_params(&join(prefix, "layers"), f);
+        self.norm.visit_params(&join(prefix, "norm"), f);
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.embed_tokens
+            .visit_params_mut(&join(prefix, "embed_tokens"), f);
+        self.layers.visit_params_mut(&join(prefix, "layers"), f);
+        self.norm.visit_params_mut(&join(prefix, "norm"), f);
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        self.embed_tokens
+            .visit_quantizable_mut(&join(prefix, "embed_tokens"), f)?;
+        self.layers
+            .visit_quantizable_mut(&join(prefix, "layers"), f)?;
+        self.norm.visit_quantizable_mut(&join(prefix, "norm"), f)
+    }
 }
 
 /// `hidden_size / num_heads`, where `num_heads` divides `hidden_size` (mlx-lm's assert,

@@ -1,7 +1,7 @@
 //! Nemotron (Nemotron-3 / 4, Minitron), following `mlx_lm/models/nemotron.py`: pre-norm
 //! layers with `1 + weight` layer norms, a partial RoPE (linear scaling only) and a
 //! squared-ReLU feed-forward (`up_proj`, `down_proj`).
-use super::lm::causal_layers;
+use super::lm::Stack;
 use super::attention::{Attention, AttentionDims, Extras};
 use super::head::{self, LogitScale};
 use super::{project_out, Architecture};
@@ -156,17 +156,7 @@ impl TransformerBlock {
 }
 
 /// The decoder stack.
-#[derive(Debug)]
-pub struct NemotronModel {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
-    norm: LayerNorm1P,
-}
-impl_module!(NemotronModel {
-    embed_tokens,
-    layers,
-    norm
-});
+pub type NemotronModel = Stack<TransformerBlock, LayerNorm1P>;
 
 /// Nemotron with its output head.
 #[derive(Debug)]
@@ -235,9 +225,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let m = &self.model;
-        let h = m.embed_tokens.forward(tokens)?;
-        let h = causal_layers(&m.layers, h, caches, TransformerBlock::forward)?;
-        let out = m.norm.forward(&h)?;
+        let out = m.forward(tokens, caches, TransformerBlock::forward, LayerNorm1P::forward)?;
         head::logits(
             &m.embed_tokens,
             self.lm_head.as_ref(),

@@ -1,5 +1,5 @@
 //! Phi-3, following `mlx_lm/models/phi3.py` (fused qkv and gate/up projections).
-use super::lm::causal_layers;
+use super::lm::Stack;
 use super::{batch_len, merge_heads, rope_attend, split_heads};
 use super::{Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
@@ -210,25 +210,7 @@ impl TransformerBlock {
 }
 
 /// The decoder stack.
-#[derive(Debug)]
-pub struct Phi3Model {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
-    norm: RmsNorm,
-}
-impl_module!(Phi3Model {
-    embed_tokens,
-    layers,
-    norm
-});
-
-impl Phi3Model {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let h = self.embed_tokens.forward(inputs)?;
-        let h = causal_layers(&self.layers, h, caches, TransformerBlock::forward)?;
-        self.norm.forward(&h)
-    }
-}
+pub type Phi3Model = Stack<TransformerBlock, RmsNorm>;
 
 /// Phi-3 with its output head.
 #[derive(Debug)]
@@ -277,7 +259,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let out = self.model.forward(tokens, caches)?;
+        let out = self.model.forward(tokens, caches, TransformerBlock::forward, RmsNorm::forward)?;
         head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {

@@ -1,6 +1,6 @@
 //! StarCoder2, following `mlx_lm/models/starcoder2.py`: biased projections, layer
 //! norms and a GELU feed-forward (`c_fc`, `c_proj`).
-use super::lm::causal_layers;
+use super::lm::Stack;
 use super::attention::{Attention, AttentionDims, Extras};
 use super::{project_out, Architecture};
 use crate::config::{default_true, parse_args};
@@ -106,25 +106,7 @@ impl TransformerBlock {
 }
 
 /// The decoder stack.
-#[derive(Debug)]
-pub struct Starcoder2Model {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
-    norm: LayerNorm,
-}
-impl_module!(Starcoder2Model {
-    embed_tokens,
-    layers,
-    norm
-});
-
-impl Starcoder2Model {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let h = self.embed_tokens.forward(inputs)?;
-        let h = causal_layers(&self.layers, h, caches, TransformerBlock::forward)?;
-        self.norm.forward(&h)
-    }
-}
+pub type Starcoder2Model = Stack<TransformerBlock, LayerNorm>;
 
 /// StarCoder2 with its output head.
 #[derive(Debug)]
@@ -173,7 +155,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let out = self.model.forward(tokens, caches)?;
+        let out = self.model.forward(tokens, caches, TransformerBlock::forward, LayerNorm::forward)?;
         head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
