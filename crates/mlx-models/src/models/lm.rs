@@ -12,7 +12,7 @@ use mlx_array::{Array, Result};
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::checkpoint::LayerFn;
 use mlx_nn::module::{join, QuantVisitor};
-use mlx_nn::{EmbeddingLayer, KvCache, LinearLayer, Module, Param};
+use mlx_nn::{AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, Param};
 
 /// [`LmDims`] from the config.json keys most files name alike: `vocab_size`,
 /// `hidden_size`, `rms_norm_eps`, `num_hidden_layers`, `tie_word_embeddings`.
@@ -105,13 +105,24 @@ impl<A: std::fmt::Debug + Send + 'static, F: FeedForward + 'static> LanguageMode
 /// goes through [`mlx_nn::checkpoint::layer`] (checkpointed when training asks for it).
 pub(crate) fn causal_layers<L: Module + 'static>(
     layers: &[L],
-    mut h: Array,
+    h: Array,
     caches: &mut [Box<dyn KvCache>],
     forward: LayerFn<L>,
 ) -> Result<Array> {
     let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
+    masked_layers(layers, h, &mask, caches, forward)
+}
+
+/// The loop of [`causal_layers`] under a `mask` the caller made.
+pub(crate) fn masked_layers<L: Module + 'static>(
+    layers: &[L],
+    mut h: Array,
+    mask: &AttnMask,
+    caches: &mut [Box<dyn KvCache>],
+    forward: LayerFn<L>,
+) -> Result<Array> {
     for (layer, cache) in layers.iter().zip(layer_caches(caches, layers.len())?) {
-        h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, forward)?;
+        h = mlx_nn::checkpoint::layer(layer, &h, mask, cache, forward)?;
     }
     Ok(h)
 }
@@ -135,7 +146,17 @@ impl<L: Module + 'static, N> Stack<L, N> {
         layer: LayerFn<L>,
         norm: fn(&N, &Array) -> Result<Array>,
     ) -> Result<Array> {
-        let h = self.embed_tokens.forward(inputs)?;
+        self.run(self.embed_tokens.forward(inputs)?, caches, layer, norm)
+    }
+
+    /// `norm(layers(h))` of embedded inputs `h`, as [`Stack::forward`].
+    pub(crate) fn run(
+        &self,
+        h: Array,
+        caches: &mut [Box<dyn KvCache>],
+        layer: LayerFn<L>,
+        norm: fn(&N, &Array) -> Result<Array>,
+    ) -> Result<Array> {
         let h = causal_layers(&self.layers, h, caches, layer)?;
         norm(&self.norm, &h)
     }
