@@ -2,8 +2,9 @@
 //! stack), then `lm_head`, or `model.embed_tokens.as_linear` when the two are tied, and a
 //! plain `KVCache` for every layer. Each model file keeps its config, its layers'
 //! attention and feed-forward, and its `sanitize` (`impl Architecture`); this is the
-//! wrapper they would all write the same way. The loop over the layers and the
-//! head-size check are here too, for the files with stacks of their own.
+//! wrapper they would all write the same way. For the files with layers or norms of
+//! their own there is [`Stack`] (`embed_tokens`, `layers`, `norm`), the loop over the
+//! layers ([`causal_layers`], [`masked_layers`]) and the head-size check.
 use super::decoder::{Decoder, DecoderLayer, FeedForward};
 use super::head::{self, LogitScale};
 use super::{cache_at, layer_caches, Weights};
