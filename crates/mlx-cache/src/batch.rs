@@ -9,7 +9,7 @@
 //! [`BatchKVCache::extract`]. The bookkeeping (`left_padding`, `offset`) lives on the
 //! host; the arrays built from it equal the int32 arrays mlx-lm keeps.
 use crate::kv::{KVCache, STEP};
-use crate::util::{cat2, dims4, kv_pair_methods, seq, seq_update};
+use crate::util::{dims4, grown_buffers, held, kv_pair_methods, seq, seq_update};
 use mlx_array::{ops::arange, ops::zeros, Array, Dtype, Result};
 use mlx_nn::cache::{AttnMask, KvCache, KvFetch, RopePosition};
 
@@ -449,28 +449,10 @@ impl BatchKVCache {
     /// `idx` positions, as mlx-lm's `update_and_fetch`.
     #[track_caller]
     pub fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        let [b, h, s, kd] = dims4(keys, "keys")?;
-        let [_, _, _, vd] = dims4(values, "values")?;
+        let s = dims4(keys, "keys")?[2];
         let prev = self.idx;
-        let (mut kbuf, mut vbuf) = match (&self.keys, &self.values) {
-            (Some(k), Some(v)) if prev + s <= k.dim(2)? => (k.clone(), v.clone()),
-            (old_k, old_v) => {
-                let n = (STEP + s - 1) / STEP * STEP;
-                let new_k = zeros(&[b, h, n, kd], keys.dtype())?;
-                let new_v = zeros(&[b, h, n, vd], values.dtype())?;
-                match (old_k, old_v) {
-                    (Some(k), Some(v)) => {
-                        let (k, v) = if prev % STEP != 0 {
-                            (seq(k, None, Some(prev))?, seq(v, None, Some(prev))?)
-                        } else {
-                            (k.clone(), v.clone())
-                        };
-                        (cat2(&[&k, &new_k])?, cat2(&[&v, &new_v])?)
-                    }
-                    _ => (new_k, new_v),
-                }
-            }
-        };
+        let old = (&self.keys, &self.values);
+        let (mut kbuf, mut vbuf) = grown_buffers(old, keys, values, prev, STEP)?;
         advance_offsets(&mut self.offsets, &mut self.offset_array, s)?;
         self.idx += s;
         kbuf = seq_update(&kbuf, keys, prev, self.idx)?;
@@ -483,11 +465,7 @@ impl BatchKVCache {
     /// `keys[..., :idx, :]`, `values[..., :idx, :]`.
     #[track_caller]
     pub fn keys_and_values(&self) -> Result<(Array, Array)> {
-        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
-            return Err(mlx_array::Error::InvalidArgument(
-                "BatchKVCache: keys_and_values called on an empty cache".into(),
-            ));
-        };
+        let (k, v) = held(&self.keys, &self.values, "BatchKVCache")?;
         Ok((seq(k, None, Some(self.idx))?, seq(v, None, Some(self.idx))?))
     }
 

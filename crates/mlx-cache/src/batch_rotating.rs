@@ -15,7 +15,7 @@ use crate::batch::{
 use crate::error::CacheError;
 use crate::kv::STEP;
 use crate::rotating::RotatingKVCache;
-use crate::util::{cat2, dims4, kv_pair_methods, seq, seq_update};
+use crate::util::{cat2, dims4, first_positions, kv_pair_methods, seq, seq_update};
 use mlx_array::{ops::arange, ops::zeros, Array, Dtype, Result};
 use mlx_nn::cache::{AttnMask, KvCache, KvFetch, RopePosition};
 
@@ -322,19 +322,12 @@ impl BatchRotatingKVCache {
     /// The first `written` positions while the buffer is larger, else the whole buffer.
     #[track_caller]
     pub fn keys_and_values(&self) -> Result<(Array, Array)> {
-        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
-            return Err(bad(
-                "BatchRotatingKVCache: keys_and_values called on an empty cache".into(),
-            ));
-        };
-        if self.written < k.dim(2)? {
-            Ok((
-                seq(k, None, Some(self.written))?,
-                seq(v, None, Some(self.written))?,
-            ))
-        } else {
-            Ok((k.clone(), v.clone()))
-        }
+        first_positions(
+            &self.keys,
+            &self.values,
+            self.written,
+            "BatchRotatingKVCache",
+        )
     }
 
     /// mlx-lm's `make_mask`: causal, windowed, padding hidden, rolled like the buffer

@@ -2,8 +2,8 @@
 //! attention (Llama 4's local layers) that drops everything before the last
 //! `chunk_size` positions when the model asks (`maybe_trim_front`).
 use crate::kv::STEP;
-use crate::util::{cat2, dims4, kv_pair_methods, seq, seq_update};
-use mlx_array::{ops::zeros, Array, Error, Result};
+use crate::util::{dims4, grown_buffers, held, kv_pair_methods, seq, seq_update};
+use mlx_array::{Array, Error, Result};
 use mlx_nn::cache::{AttnMask, KvCache, KvFetch};
 
 /// mlx-lm's `ChunkedKVCache(chunk_size)`. The buffer holds the positions
@@ -87,28 +87,10 @@ impl ChunkedKVCache {
     /// `update_and_fetch` (the buffer grows by [`STEP`] positions).
     #[track_caller]
     pub fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        let [b, h, s, kd] = dims4(keys, "keys")?;
-        let [_, _, _, vd] = dims4(values, "values")?;
+        let s = dims4(keys, "keys")?[2];
         let prev = self.offset - self.start_position;
-        let (mut kbuf, mut vbuf) = match (&self.keys, &self.values) {
-            (Some(k), Some(v)) if prev + s <= k.dim(2)? => (k.clone(), v.clone()),
-            (old_k, old_v) => {
-                let n = (STEP + s - 1) / STEP * STEP;
-                let new_k = zeros(&[b, h, n, kd], keys.dtype())?;
-                let new_v = zeros(&[b, h, n, vd], values.dtype())?;
-                match (old_k, old_v) {
-                    (Some(k), Some(v)) => {
-                        let (k, v) = if prev % STEP != 0 {
-                            (seq(k, None, Some(prev))?, seq(v, None, Some(prev))?)
-                        } else {
-                            (k.clone(), v.clone())
-                        };
-                        (cat2(&[&k, &new_k])?, cat2(&[&v, &new_v])?)
-                    }
-                    _ => (new_k, new_v),
-                }
-            }
-        };
+        let old = (&self.keys, &self.values);
+        let (mut kbuf, mut vbuf) = grown_buffers(old, keys, values, prev, STEP)?;
         self.offset += s;
         let end = self.offset - self.start_position;
         kbuf = seq_update(&kbuf, keys, prev, end)?;
@@ -122,11 +104,7 @@ impl ChunkedKVCache {
     /// `keys[..., :offset - start_position, :]`).
     #[track_caller]
     pub fn keys_and_values(&self) -> Result<(Array, Array)> {
-        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
-            return Err(Error::InvalidArgument(
-                "ChunkedKVCache: keys_and_values called on an empty cache".into(),
-            ));
-        };
+        let (k, v) = held(&self.keys, &self.values, "ChunkedKVCache")?;
         let end = self.offset - self.start_position;
         Ok((seq(k, None, Some(end))?, seq(v, None, Some(end))?))
     }

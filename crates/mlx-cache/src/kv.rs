@@ -1,7 +1,7 @@
 //! mlx-lm's `KVCache` (a buffer grown in steps of 256) and `ConcatenateKVCache`.
 use crate::quantized::QuantizedKVCache;
-use crate::util::{cat2, dims4, kv_pair_methods, seq, seq_update};
-use mlx_array::{ops::zeros, quant, Array, Result};
+use crate::util::{cat2, dims4, first_positions, grown_buffers, kv_pair_methods, seq_update};
+use mlx_array::{quant, Array, Result};
 use mlx_nn::cache::{standard_cache_mask, AttnMask, KvCache, KvFetch};
 
 /// The growth step of mlx-lm's caches.
@@ -67,28 +67,10 @@ impl KVCache {
     /// mlx-lm's `update_and_fetch`.
     #[track_caller]
     pub fn update(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        let [b, h, s, kd] = dims4(keys, "keys")?;
-        let [_, _, _, vd] = dims4(values, "values")?;
+        let s = dims4(keys, "keys")?[2];
         let prev = self.offset;
-        let (mut kbuf, mut vbuf) = match (&self.keys, &self.values) {
-            (Some(k), Some(v)) if prev + s <= k.dim(2)? => (k.clone(), v.clone()),
-            (old_k, old_v) => {
-                let n = (self.step + s - 1) / self.step * self.step;
-                let new_k = zeros(&[b, h, n, kd], keys.dtype())?;
-                let new_v = zeros(&[b, h, n, vd], values.dtype())?;
-                match (old_k, old_v) {
-                    (Some(k), Some(v)) => {
-                        let (k, v) = if prev % self.step != 0 {
-                            (seq(k, None, Some(prev))?, seq(v, None, Some(prev))?)
-                        } else {
-                            (k.clone(), v.clone())
-                        };
-                        (cat2(&[&k, &new_k])?, cat2(&[&v, &new_v])?)
-                    }
-                    _ => (new_k, new_v),
-                }
-            }
-        };
+        let old = (&self.keys, &self.values);
+        let (mut kbuf, mut vbuf) = grown_buffers(old, keys, values, prev, self.step)?;
         let end = prev + s;
         kbuf = seq_update(&kbuf, keys, prev, end)?;
         vbuf = seq_update(&vbuf, values, prev, end)?;
@@ -101,19 +83,7 @@ impl KVCache {
     /// The first `offset` positions of the buffers (mlx-lm's `keys_and_values`).
     #[track_caller]
     pub fn keys_and_values(&self) -> Result<(Array, Array)> {
-        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
-            return Err(mlx_array::Error::InvalidArgument(
-                "KVCache: keys_and_values called on an empty cache".into(),
-            ));
-        };
-        if self.offset < k.dim(2)? {
-            Ok((
-                seq(k, None, Some(self.offset))?,
-                seq(v, None, Some(self.offset))?,
-            ))
-        } else {
-            Ok((k.clone(), v.clone()))
-        }
+        first_positions(&self.keys, &self.values, self.offset, "KVCache")
     }
 
     /// A quantized copy (mlx-lm's `KVCache.to_quantized`): the whole buffers are

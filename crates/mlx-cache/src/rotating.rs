@@ -2,7 +2,7 @@
 //! `keep` positions forever.
 use crate::error::CacheError;
 use crate::kv::STEP;
-use crate::util::{cat2, dims4, kv_pair_methods, seq, seq_update};
+use crate::util::{cat2, dims4, first_positions, kv_pair_methods, seq, seq_update};
 use mlx_array::{ops::arange, ops::zeros, Array, Dtype, Result};
 use mlx_nn::cache::{create_causal_mask, AttnMask, KvCache, KvFetch};
 
@@ -196,19 +196,7 @@ impl RotatingKVCache {
     /// larger than what was written, else the whole buffer.
     #[track_caller]
     pub fn keys_and_values(&self) -> Result<(Array, Array)> {
-        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
-            return Err(mlx_array::Error::InvalidArgument(
-                "RotatingKVCache: keys_and_values called on an empty cache".into(),
-            ));
-        };
-        if self.offset < k.dim(2)? {
-            Ok((
-                seq(k, None, Some(self.offset))?,
-                seq(v, None, Some(self.offset))?,
-            ))
-        } else {
-            Ok((k.clone(), v.clone()))
-        }
+        first_positions(&self.keys, &self.values, self.offset, "RotatingKVCache")
     }
 
     /// mlx-lm raises `NotImplementedError` ("RotatingKVCache Quantization NYI").

@@ -97,3 +97,70 @@ pub(crate) fn seq_update(a: &Array, update: &Array, start: i32, stop: i32) -> Re
 pub(crate) fn cat2(arrays: &[&Array]) -> Result<Array> {
     mlx_array::concatenate(arrays, 2)
 }
+
+/// The buffers an `update` of `keys`/`values` (`[B, H, S, D]`) writes at `prev`: the
+/// held ones while they have room for the `S` new positions, else the held ones (cut to
+/// `prev` when that is not a multiple of `step`) followed by zeros for `S` rounded up to
+/// whole `step`s, as mlx-lm's `KVCache.update_and_fetch` grows them.
+#[track_caller]
+pub(crate) fn grown_buffers(
+    held: (&Option<Array>, &Option<Array>),
+    keys: &Array,
+    values: &Array,
+    prev: i32,
+    step: i32,
+) -> Result<(Array, Array)> {
+    let [b, h, s, kd] = dims4(keys, "keys")?;
+    let [_, _, _, vd] = dims4(values, "values")?;
+    match held {
+        (Some(k), Some(v)) if prev + s <= k.dim(2)? => Ok((k.clone(), v.clone())),
+        (old_k, old_v) => {
+            let n = (step + s - 1) / step * step;
+            let new_k = mlx_array::ops::zeros(&[b, h, n, kd], keys.dtype())?;
+            let new_v = mlx_array::ops::zeros(&[b, h, n, vd], values.dtype())?;
+            match (old_k, old_v) {
+                (Some(k), Some(v)) => {
+                    let (k, v) = if prev % step != 0 {
+                        (seq(k, None, Some(prev))?, seq(v, None, Some(prev))?)
+                    } else {
+                        (k.clone(), v.clone())
+                    };
+                    Ok((cat2(&[&k, &new_k])?, cat2(&[&v, &new_v])?))
+                }
+                _ => Ok((new_k, new_v)),
+            }
+        }
+    }
+}
+
+/// The held `keys`/`values`, or an error saying `what` was read while empty.
+#[track_caller]
+pub(crate) fn held<'a>(
+    keys: &'a Option<Array>,
+    values: &'a Option<Array>,
+    what: &str,
+) -> Result<(&'a Array, &'a Array)> {
+    match (keys, values) {
+        (Some(k), Some(v)) => Ok((k, v)),
+        _ => Err(Error::InvalidArgument(format!(
+            "{what}: keys_and_values called on an empty cache"
+        ))),
+    }
+}
+
+/// The first `n` positions of the held buffers while they are longer, else the whole
+/// buffers (mlx-lm's `keys_and_values` of `KVCache` and `RotatingKVCache`).
+#[track_caller]
+pub(crate) fn first_positions(
+    keys: &Option<Array>,
+    values: &Option<Array>,
+    n: i32,
+    what: &str,
+) -> Result<(Array, Array)> {
+    let (k, v) = held(keys, values, what)?;
+    if n < k.dim(2)? {
+        Ok((seq(k, None, Some(n))?, seq(v, None, Some(n))?))
+    } else {
+        Ok((k.clone(), v.clone()))
+    }
+}

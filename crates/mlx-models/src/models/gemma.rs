@@ -1,14 +1,14 @@
 //! Gemma (the first generation), following `mlx_lm/models/gemma.py`: `1 + weight` RMS
 //! norms, a scaled embedding, a GELU-gated feed-forward and the tied head.
+use super::lm::Stack;
 use super::attention::{Attention, AttentionDims, Extras};
 use super::gemma2::RmsNorm;
-use super::{cache_at, fuse, layer_caches, project, project_out, Architecture};
+use super::{fuse, project, project_out, Architecture};
 use crate::config::parse_args;
 use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::activations::gelu;
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, FusedLinears, KvCache, LinearLayer, Rope};
 
 fn attention(args: &ModelArgs) -> crate::Result<Attention> {
@@ -106,34 +106,7 @@ impl TransformerBlock {
 }
 
 /// The decoder stack.
-#[derive(Debug)]
-pub struct GemmaModel {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
-    norm: RmsNorm,
-    hidden_size: i32,
-}
-impl_module!(GemmaModel {
-    embed_tokens,
-    layers,
-    norm
-});
-
-impl GemmaModel {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let h = self.embed_tokens.forward(inputs)?;
-        let mut h = h.multiply((self.hidden_size as f64).powf(0.5))?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
-        self.norm.forward(&h)
-    }
-}
+pub type GemmaModel = Stack<TransformerBlock, RmsNorm>;
 
 /// Gemma (the head is always the tied embedding).
 #[derive(Debug)]
@@ -166,7 +139,6 @@ impl Model {
             embed_tokens: EmbeddingLayer::new(args.vocab_size, dim)?,
             layers,
             norm: RmsNorm::new(dim, eps)?,
-            hidden_size: dim,
         };
         Ok(Model { args, model })
     }
@@ -179,8 +151,11 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let out = self.model.forward(tokens, caches)?;
-        head::logits(&self.model.embed_tokens, None, &out, LogitScale::None)
+        let m = &self.model;
+        let h = m.embed_tokens.forward(tokens)?;
+        let h = h.multiply((self.args.hidden_size as f64).powf(0.5))?;
+        let out = m.run(h, caches, TransformerBlock::forward, RmsNorm::forward)?;
+        head::logits(&m.embed_tokens, None, &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]

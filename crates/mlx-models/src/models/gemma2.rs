@@ -1,6 +1,7 @@
 //! Gemma 2, following `mlx_lm/models/gemma2.py` (soft-capped attention written out
 //! with plain ops, `1 + weight` RMS norms, scaled embeddings, soft-capped logits).
-use super::{batch_len, cache_at, layer_caches, merge_heads, split_heads, Architecture};
+use super::lm::{masked_layers, Stack};
+use super::{batch_len, cache_at, merge_heads, split_heads, Architecture};
 use crate::config::parse_args;
 use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
@@ -261,34 +262,7 @@ impl TransformerBlock {
 }
 
 /// The decoder stack.
-#[derive(Debug)]
-pub struct GemmaModel {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
-    norm: RmsNorm,
-    hidden_size: i32,
-}
-impl_module!(GemmaModel {
-    embed_tokens,
-    layers,
-    norm
-});
-
-impl GemmaModel {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let h = self.embed_tokens.forward(inputs)?;
-        let mut h = h.multiply((self.hidden_size as f64).powf(0.5))?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, true)?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
-        self.norm.forward(&h)
-    }
-}
+pub type GemmaModel = Stack<TransformerBlock, RmsNorm>;
 
 /// Gemma 2 (the head is always the tied embedding).
 #[derive(Debug)]
@@ -318,7 +292,6 @@ impl Model {
             embed_tokens: EmbeddingLayer::new(args.vocab_size, dim)?,
             layers,
             norm: RmsNorm::new(dim, eps)?,
-            hidden_size: dim,
         };
         Ok(Model { args, model })
     }
@@ -331,9 +304,14 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let out = self.model.forward(tokens, caches)?;
+        let m = &self.model;
+        let h = m.embed_tokens.forward(tokens)?;
+        let h = h.multiply((self.args.hidden_size as f64).powf(0.5))?;
+        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, true)?;
+        let h = masked_layers(&m.layers, h, &mask, caches, TransformerBlock::forward)?;
+        let out = m.norm.forward(&h)?;
         let scale = LogitScale::SoftCap(self.args.final_logit_softcapping);
-        head::logits(&self.model.embed_tokens, None, &out, scale)
+        head::logits(&m.embed_tokens, None, &out, scale)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]

@@ -1,12 +1,12 @@
 //! GLM-4, following `mlx_lm/models/glm4.py`: partial (traditional by default) rotary
 //! embeddings, one `gate_up_proj` matmul split in two, and norms after both sub-blocks.
+use super::lm::Stack;
 use super::attention::{Attention, AttentionDims, Extras};
-use super::{cache_at, layer_caches, project_out, Architecture};
+use super::{project_out, Architecture};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::activations::swiglu;
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, Rope};
 use serde::Deserialize;
 use serde_json::Value;
@@ -117,32 +117,7 @@ impl DecoderLayer {
 }
 
 /// The decoder stack.
-#[derive(Debug)]
-pub struct Glm4Model {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-}
-impl_module!(Glm4Model {
-    embed_tokens,
-    layers,
-    norm
-});
-
-impl Glm4Model {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
-        self.norm.forward(&h)
-    }
-}
+pub type Glm4Model = Stack<DecoderLayer, RmsNorm>;
 
 /// GLM-4 with its (untied) output head.
 #[derive(Debug)]
@@ -193,7 +168,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        self.lm_head.forward(&self.model.forward(tokens, caches)?)
+        self.lm_head.forward(&self.model.forward(tokens, caches, DecoderLayer::forward, RmsNorm::forward)?)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.layers.len()]

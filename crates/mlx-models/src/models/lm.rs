@@ -2,8 +2,9 @@
 //! stack), then `lm_head`, or `model.embed_tokens.as_linear` when the two are tied, and a
 //! plain `KVCache` for every layer. Each model file keeps its config, its layers'
 //! attention and feed-forward, and its `sanitize` (`impl Architecture`); this is the
-//! wrapper they would all write the same way. The loop over the layers and the
-//! head-size check are here too, for the files with stacks of their own.
+//! wrapper they would all write the same way. For the files with layers or norms of
+//! their own there is [`Stack`] (`embed_tokens`, `layers`, `norm`), the loop over the
+//! layers ([`causal_layers`], [`masked_layers`]) and the head-size check.
 use super::decoder::{Decoder, DecoderLayer, FeedForward};
 use super::head::{self, LogitScale};
 use super::{cache_at, layer_caches, Weights};
@@ -12,7 +13,7 @@ use mlx_array::{Array, Result};
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::checkpoint::LayerFn;
 use mlx_nn::module::{join, QuantVisitor};
-use mlx_nn::{KvCache, LinearLayer, Module, Param};
+use mlx_nn::{AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, Param};
 
 /// [`LmDims`] from the config.json keys most files name alike: `vocab_size`,
 /// `hidden_size`, `rms_norm_eps`, `num_hidden_layers`, `tie_word_embeddings`.
@@ -105,15 +106,87 @@ impl<A: std::fmt::Debug + Send + 'static, F: FeedForward + 'static> LanguageMode
 /// goes through [`mlx_nn::checkpoint::layer`] (checkpointed when training asks for it).
 pub(crate) fn causal_layers<L: Module + 'static>(
     layers: &[L],
-    mut h: Array,
+    h: Array,
     caches: &mut [Box<dyn KvCache>],
     forward: LayerFn<L>,
 ) -> Result<Array> {
     let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
+    masked_layers(layers, h, &mask, caches, forward)
+}
+
+/// The loop of [`causal_layers`] under a `mask` the caller made.
+pub(crate) fn masked_layers<L: Module + 'static>(
+    layers: &[L],
+    mut h: Array,
+    mask: &AttnMask,
+    caches: &mut [Box<dyn KvCache>],
+    forward: LayerFn<L>,
+) -> Result<Array> {
     for (layer, cache) in layers.iter().zip(layer_caches(caches, layers.len())?) {
-        h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, forward)?;
+        h = mlx_nn::checkpoint::layer(layer, &h, mask, cache, forward)?;
     }
     Ok(h)
+}
+
+/// mlx-lm's inner model class of the files whose layers (or final norm) are their own:
+/// `embed_tokens`, `layers` of `L`, and `norm` of `N`.
+#[derive(Debug)]
+pub struct Stack<L, N> {
+    pub(crate) embed_tokens: EmbeddingLayer,
+    pub(crate) layers: Vec<L>,
+    pub(crate) norm: N,
+}
+
+impl<L: Module + 'static, N> Stack<L, N> {
+    /// `norm(layers(embed_tokens(inputs)))`, each layer run by `layer` (see
+    /// [`causal_layers`]) and the final norm by `norm`.
+    pub(crate) fn forward(
+        &self,
+        inputs: &Array,
+        caches: &mut [Box<dyn KvCache>],
+        layer: LayerFn<L>,
+        norm: fn(&N, &Array) -> Result<Array>,
+    ) -> Result<Array> {
+        self.run(self.embed_tokens.forward(inputs)?, caches, layer, norm)
+    }
+
+    /// `norm(layers(h))` of embedded inputs `h`, as [`Stack::forward`].
+    pub(crate) fn run(
+        &self,
+        h: Array,
+        caches: &mut [Box<dyn KvCache>],
+        layer: LayerFn<L>,
+        norm: fn(&N, &Array) -> Result<Array>,
+    ) -> Result<Array> {
+        let h = causal_layers(&self.layers, h, caches, layer)?;
+        norm(&self.norm, &h)
+    }
+}
+
+impl<L: Module, N: Module> Module for Stack<L, N> {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        self.embed_tokens
+            .visit_params(&join(prefix, "embed_tokens"), f);
+        self.layers.visit_params(&join(prefix, "layers"), f);
+        self.norm.visit_params(&join(prefix, "norm"), f);
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.embed_tokens
+            .visit_params_mut(&join(prefix, "embed_tokens"), f);
+        self.layers.visit_params_mut(&join(prefix, "layers"), f);
+        self.norm.visit_params_mut(&join(prefix, "norm"), f);
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        self.embed_tokens
+            .visit_quantizable_mut(&join(prefix, "embed_tokens"), f)?;
+        self.layers
+            .visit_quantizable_mut(&join(prefix, "layers"), f)?;
+        self.norm.visit_quantizable_mut(&join(prefix, "norm"), f)
+    }
 }
 
 /// `hidden_size / num_heads`, where `num_heads` divides `hidden_size` (mlx-lm's assert,

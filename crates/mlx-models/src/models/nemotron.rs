@@ -1,13 +1,13 @@
 //! Nemotron (Nemotron-3 / 4, Minitron), following `mlx_lm/models/nemotron.py`: pre-norm
 //! layers with `1 + weight` layer norms, a partial RoPE (linear scaling only) and a
 //! squared-ReLU feed-forward (`up_proj`, `down_proj`).
+use super::lm::Stack;
 use super::attention::{Attention, AttentionDims, Extras};
 use super::head::{self, LogitScale};
-use super::{cache_at, layer_caches, project_out, Architecture};
+use super::{project_out, Architecture};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{fast, ops, Array, Dtype, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     activations, impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Param, Rope,
 };
@@ -156,17 +156,7 @@ impl TransformerBlock {
 }
 
 /// The decoder stack.
-#[derive(Debug)]
-pub struct NemotronModel {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
-    norm: LayerNorm1P,
-}
-impl_module!(NemotronModel {
-    embed_tokens,
-    layers,
-    norm
-});
+pub type NemotronModel = Stack<TransformerBlock, LayerNorm1P>;
 
 /// Nemotron with its output head.
 #[derive(Debug)]
@@ -235,12 +225,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let m = &self.model;
-        let mut h = m.embed_tokens.forward(tokens)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in m.layers.iter().zip(layer_caches(caches, m.layers.len())?) {
-            h = layer.forward(&h, &mask, cache)?;
-        }
-        let out = m.norm.forward(&h)?;
+        let out = m.forward(tokens, caches, TransformerBlock::forward, LayerNorm1P::forward)?;
         head::logits(
             &m.embed_tokens,
             self.lm_head.as_ref(),

@@ -1,12 +1,12 @@
 //! Phi-3, following `mlx_lm/models/phi3.py` (fused qkv and gate/up projections).
-use super::{batch_len, cache_at, layer_caches, merge_heads, rope_attend, split_heads};
+use super::lm::Stack;
+use super::{batch_len, merge_heads, rope_attend, split_heads};
 use super::{Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
 use mlx_nn::activations::swiglu;
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, Rope};
 use serde::Deserialize;
 use serde_json::Value;
@@ -210,32 +210,7 @@ impl TransformerBlock {
 }
 
 /// The decoder stack.
-#[derive(Debug)]
-pub struct Phi3Model {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
-    norm: RmsNorm,
-}
-impl_module!(Phi3Model {
-    embed_tokens,
-    layers,
-    norm
-});
-
-impl Phi3Model {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
-        self.norm.forward(&h)
-    }
-}
+pub type Phi3Model = Stack<TransformerBlock, RmsNorm>;
 
 /// Phi-3 with its output head.
 #[derive(Debug)]
@@ -284,7 +259,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let out = self.model.forward(tokens, caches)?;
+        let out = self.model.forward(tokens, caches, TransformerBlock::forward, RmsNorm::forward)?;
         head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {

@@ -1,16 +1,14 @@
 //! Qwen2-MoE, following `mlx_lm/models/qwen2_moe.py`: Qwen2 attention (plain RoPE),
 //! softmax-routed SwitchGLU experts plus a sigmoid-gated shared expert in every layer.
-use super::attention::{Attention, AttentionDims, Extras};
+use super::attention::{Attention, AttentionDims};
+use super::decoder::{add_residual, stack_experts, DecoderLayer, FeedForward};
+use super::lm::{DecoderLm, LmDims};
 use super::mlp::Mlp;
 use super::top_k_indices_of_negated;
-use super::{cache_at, layer_caches, Architecture, Weights};
+use super::{Architecture, Weights};
 use crate::config::parse_args;
-use crate::model::{CacheSpec, LanguageModel};
-use mlx_array::{ops, Array, Result};
-use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{
-    impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm, Rope, SwitchGlu,
-};
+use mlx_array::{Array, Result};
+use mlx_nn::{impl_module, LinearLayer, Rope, SwitchGlu};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -81,8 +79,8 @@ impl_module!(SparseMoeBlock {
     shared_expert_gate
 });
 
-impl SparseMoeBlock {
-    fn forward(&self, x: &Array) -> Result<Array> {
+impl FeedForward for SparseMoeBlock {
+    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
         let gates = self.gate.forward(x)?.softmax(Some(&[-1]), true)?;
         let k = self.top_k;
         let inds = top_k_indices_of_negated(&gates, k)?;
@@ -98,148 +96,53 @@ impl SparseMoeBlock {
             .forward(x)?
             .sigmoid()?
             .multiply(&shared)?;
-        y.add(&gated)
+        add_residual(y.add(&gated)?, residual)
     }
-}
-
-/// One decoder layer.
-#[derive(Debug)]
-pub struct DecoderLayer {
-    self_attn: Attention,
-    mlp: SparseMoeBlock,
-    input_layernorm: RmsNorm,
-    post_attention_layernorm: RmsNorm,
-}
-impl_module!(DecoderLayer {
-    self_attn,
-    mlp,
-    input_layernorm,
-    post_attention_layernorm
-});
-
-impl DecoderLayer {
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttnMask,
-        cache: Option<&mut dyn KvCache>,
-    ) -> Result<Array> {
-        let h = self.self_attn.forward(
-            &self.input_layernorm.forward(x)?,
-            mask,
-            cache,
-            Some(x),
-            Extras::default(),
-        )?;
-        h.add(
-            &self
-                .mlp
-                .forward(&self.post_attention_layernorm.forward(&h)?)?,
-        )
-    }
-}
-
-/// The decoder stack.
-#[derive(Debug)]
-pub struct Qwen2MoeModel {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-}
-impl_module!(Qwen2MoeModel {
-    embed_tokens,
-    layers,
-    norm
-});
-
-impl Qwen2MoeModel {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
-        self.norm.forward(&h)
+    /// The shared expert's gate and up projections (the routed experts stay apart).
+    fn fuse(&mut self) -> crate::Result<()> {
+        self.shared_expert.fuse()
     }
 }
 
 /// Qwen2-MoE with its output head (always its own, as in mlx-lm).
-#[derive(Debug)]
-pub struct Model {
-    args: ModelArgs,
-    model: Qwen2MoeModel,
-    lm_head: LinearLayer,
-}
-impl_module!(Model { model, lm_head });
-
-impl Model {
-    /// Builds the model (zero placeholders) from config.json.
-    pub fn new(args: ModelArgs) -> crate::Result<Model> {
-        let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
-        let n_heads = args.num_attention_heads;
-        let head_dim = dim / n_heads;
-        let dims = AttentionDims {
-            dim,
-            n_heads,
-            n_kv_heads: args.num_key_value_heads.unwrap_or(n_heads),
-            head_dim,
-            qkv_bias: true,
-            o_bias: false,
-        };
-        let layers = (0..args.num_hidden_layers)
-            .map(|_| {
-                let rope = Rope::new(head_dim, args.rope_traditional, args.rope_theta, 1.0);
-                Ok(DecoderLayer {
-                    self_attn: Attention::new(dims, rope, (head_dim as f64).powf(-0.5))?,
-                    mlp: SparseMoeBlock {
-                        gate: LinearLayer::new(dim, args.num_experts, false)?,
-                        switch_mlp: SwitchGlu::new(
-                            dim,
-                            args.moe_intermediate_size,
-                            args.num_experts,
-                            false,
-                        )?,
-                        shared_expert: Mlp::new(dim, args.shared_expert_intermediate_size, false)?,
-                        shared_expert_gate: LinearLayer::new(dim, 1, false)?,
-                        top_k: args.num_experts_per_tok,
-                    },
-                    input_layernorm: RmsNorm::new(dim, eps)?,
-                    post_attention_layernorm: RmsNorm::new(dim, eps)?,
-                })
-            })
-            .collect::<crate::Result<Vec<_>>>()?;
-        let model = Qwen2MoeModel {
-            embed_tokens: EmbeddingLayer::new(args.vocab_size, dim)?,
-            layers,
-            norm: RmsNorm::new(dim, eps)?,
-        };
-        let lm_head = LinearLayer::new(dim, args.vocab_size, false)?;
-        Ok(Model {
-            args,
-            model,
-            lm_head,
-        })
-    }
-}
+pub type Model = DecoderLm<ModelArgs, SparseMoeBlock>;
 
 /// Registry entry.
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
     let args: ModelArgs = parse_args(config, "qwen2_moe")?;
-    Ok(Box::new(Model::new(args.validate()?)?))
-}
-
-impl LanguageModel for Model {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        self.lm_head.forward(&self.model.forward(tokens, caches)?)
-    }
-    fn cache_specs(&self) -> Vec<CacheSpec> {
-        vec![CacheSpec::Standard; self.model.layers.len()]
-    }
-    decoder_accessors!();
+    let args = args.validate()?;
+    let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
+    let n_heads = args.num_attention_heads;
+    let head_dim = dim / n_heads;
+    let dims = AttentionDims {
+        dim,
+        n_heads,
+        n_kv_heads: args.num_key_value_heads.unwrap_or(n_heads),
+        head_dim,
+        qkv_bias: true,
+        o_bias: false,
+    };
+    let d = LmDims {
+        model_type: args.model_type.clone(),
+        vocab: args.vocab_size,
+        dim,
+        eps,
+        layers: args.num_hidden_layers,
+        tied: false,
+    };
+    let model = Model::new(d, args, |args, _| {
+        let rope = Rope::new(head_dim, args.rope_traditional, args.rope_theta, 1.0);
+        let attn = Attention::new(dims, rope, (head_dim as f64).powf(-0.5))?;
+        let moe = SparseMoeBlock {
+            gate: LinearLayer::new(dim, args.num_experts, false)?,
+            switch_mlp: SwitchGlu::new(dim, args.moe_intermediate_size, args.num_experts, false)?,
+            shared_expert: Mlp::new(dim, args.shared_expert_intermediate_size, false)?,
+            shared_expert_gate: LinearLayer::new(dim, 1, false)?,
+            top_k: args.num_experts_per_tok,
+        };
+        DecoderLayer::new(attn, moe, "mlp", dim, eps)
+    })?;
+    Ok(Box::new(model))
 }
 
 impl Architecture for Model {
@@ -249,36 +152,21 @@ impl Architecture for Model {
         if !weights.contains_key("model.layers.0.mlp.experts.0.up_proj.weight") {
             return Ok(weights);
         }
-        for l in 0..self.args.num_hidden_layers {
-            let prefix = format!("model.layers.{l}.mlp");
-            for n in ["up_proj", "down_proj", "gate_proj"] {
-                for k in ["weight", "scales", "biases"] {
-                    if !weights.contains_key(&format!("{prefix}.experts.0.{n}.{k}")) {
-                        continue;
-                    }
-                    let mut parts = Vec::new();
-                    for e in 0..self.args.num_experts {
-                        let key = format!("{prefix}.experts.{e}.{n}.{k}");
-                        parts.push(weights.remove(&key).ok_or_else(|| crate::Error::Weights {
-                            path: "model weights".into(),
-                            message: format!("missing expert tensor `{key}`"),
-                        })?);
-                    }
-                    let refs: Vec<&Array> = parts.iter().collect();
-                    weights.insert(
-                        format!("{prefix}.switch_mlp.{n}.{k}"),
-                        ops::stack(&refs, 0)?,
-                    );
-                }
-            }
-        }
+        stack_experts(
+            &mut weights,
+            self.args.num_hidden_layers,
+            |l| format!("model.layers.{l}.mlp"),
+            &[
+                ("up_proj", "up_proj"),
+                ("down_proj", "down_proj"),
+                ("gate_proj", "gate_proj"),
+            ],
+            &["weight", "scales", "biases"],
+            self.args.num_experts,
+        )?;
         Ok(weights)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        for layer in &mut self.model.layers {
-            layer.self_attn.fuse()?;
-            layer.mlp.shared_expert.fuse()?;
-        }
-        Ok(())
+        self.model.fuse()
     }
 }

@@ -1,12 +1,12 @@
 //! StarCoder2, following `mlx_lm/models/starcoder2.py`: biased projections, layer
 //! norms and a GELU feed-forward (`c_fc`, `c_proj`).
+use super::lm::Stack;
 use super::attention::{Attention, AttentionDims, Extras};
-use super::{cache_at, layer_caches, project_out, Architecture};
+use super::{project_out, Architecture};
 use crate::config::{default_true, parse_args};
 use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::{
     activations, impl_module, AttnMask, EmbeddingLayer, KvCache, LayerNorm, LinearLayer, Rope,
 };
@@ -106,32 +106,7 @@ impl TransformerBlock {
 }
 
 /// The decoder stack.
-#[derive(Debug)]
-pub struct Starcoder2Model {
-    embed_tokens: EmbeddingLayer,
-    layers: Vec<TransformerBlock>,
-    norm: LayerNorm,
-}
-impl_module!(Starcoder2Model {
-    embed_tokens,
-    layers,
-    norm
-});
-
-impl Starcoder2Model {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
-        }
-        self.norm.forward(&h)
-    }
-}
+pub type Starcoder2Model = Stack<TransformerBlock, LayerNorm>;
 
 /// StarCoder2 with its output head.
 #[derive(Debug)]
@@ -180,7 +155,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 
 impl LanguageModel for Model {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let out = self.model.forward(tokens, caches)?;
+        let out = self.model.forward(tokens, caches, TransformerBlock::forward, LayerNorm::forward)?;
         head::logits(&self.model.embed_tokens, self.lm_head.as_ref(), &out, LogitScale::None)
     }
     fn cache_specs(&self) -> Vec<CacheSpec> {
