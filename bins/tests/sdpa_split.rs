@@ -9,31 +9,11 @@
 //! six single-query attentions) prints the plain greedy text.
 mod common;
 
-use std::process::Output;
+use common::{calibration_jsonl, generated_text, perplexity_of, run_env};
 
-fn run(bin: &str, args: &[&str], split: &str) -> Output {
-    let out = std::process::Command::new(bin)
-        .args(args)
-        .current_dir(common::root())
-        .env("MLX_SDPA_SPLIT_QUERIES", split)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{bin} {args:?} (MLX_SDPA_SPLIT_QUERIES={split}): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// `Perplexity: X ± Y` of mlx-perplexity's report.
-fn perplexity(out: &Output) -> f64 {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("Perplexity: "))
-        .unwrap_or_else(|| panic!("no perplexity line in {stdout}"));
-    line.split_whitespace().next().unwrap().parse().unwrap()
+/// The environment of one path: exact (`0`) or the split forced on the CPU (`force`).
+fn env(split: &str) -> [(&str, &str); 1] {
+    [("MLX_SDPA_SPLIT_QUERIES", split)]
 }
 
 #[test]
@@ -42,20 +22,7 @@ fn split_attention_keeps_perplexity_and_greedy_tokens() {
     let model = mlx_hub::default_model().expect("the default model (fetched from PyPI once)");
     let model = model.to_str().unwrap();
     let tmp = common::TempDir::new("sdpa-split");
-    let text = std::fs::read_to_string(common::root().join("crates/mlx-quant/src/calibration.txt"))
-        .unwrap();
-    let rows: Vec<String> = text
-        .split("\n\n")
-        .filter(|p| p.len() > 200)
-        .map(|p| serde_json::json!({ "text": p }).to_string())
-        .collect();
-    assert!(
-        rows.len() >= 4,
-        "calibration text has {} paragraphs",
-        rows.len()
-    );
-    let data = tmp.0.join("text.jsonl");
-    std::fs::write(&data, rows.join("\n") + "\n").unwrap();
+    let data = calibration_jsonl(&tmp.0);
     let data = data.to_str().unwrap();
     let ppl_args = [
         "--model",
@@ -70,8 +37,8 @@ fn split_attention_keeps_perplexity_and_greedy_tokens() {
         "8",
     ];
     let bin = env!("CARGO_BIN_EXE_mlx-perplexity");
-    let exact = perplexity(&run(bin, &ppl_args, "0"));
-    let split = perplexity(&run(bin, &ppl_args, "force"));
+    let exact = perplexity_of(&run_env(bin, &ppl_args, &env("0")));
+    let split = perplexity_of(&run_env(bin, &ppl_args, &env("force")));
     let rel = (split - exact).abs() / exact;
     assert!(
         rel < 1e-3,
@@ -80,10 +47,6 @@ fn split_attention_keeps_perplexity_and_greedy_tokens() {
     );
 
     let gen = env!("CARGO_BIN_EXE_mlx-generate");
-    let text = |o: &Output| {
-        let s = String::from_utf8_lossy(&o.stdout).into_owned();
-        s.split("==========").nth(1).unwrap_or(&s).to_string()
-    };
     for prompt in [
         "What is the capital of France?",
         "Write a haiku about a train in the rain.",
@@ -101,11 +64,11 @@ fn split_attention_keeps_perplexity_and_greedy_tokens() {
             "--num-draft-tokens",
             "5",
         ];
-        let exact = run(gen, &plain, "0");
-        let split = run(gen, &spec, "force");
+        let exact = run_env(gen, &plain, &env("0"));
+        let split = run_env(gen, &spec, &env("force"));
         assert_eq!(
-            text(&split),
-            text(&exact),
+            generated_text(&split),
+            generated_text(&exact),
             "greedy text differs for {prompt:?}"
         );
     }

@@ -46,6 +46,55 @@ pub fn run(bin: &str, args: &[&str], stdin: &[u8]) -> Output {
     child.wait_with_output().expect("the binary finishes")
 }
 
+/// Runs `bin` in the workspace root with the environment settings `envs`, and panics
+/// with its streams unless it succeeded.
+pub fn run_env(bin: &str, args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let out = Command::new(bin)
+        .args(args)
+        .current_dir(root())
+        .envs(envs.iter().copied())
+        .output()
+        .expect("the binary runs");
+    check(&out, &format!("{bin} {args:?} with {envs:?}"));
+    out
+}
+
+/// The value `X` of mlx-perplexity's `Perplexity: X ± Y` line.
+pub fn perplexity_of(out: &Output) -> f64 {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Perplexity: "))
+        .unwrap_or_else(|| panic!("no perplexity line in {stdout}"));
+    line.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// The generated text of mlx-generate's output (between its `==========` lines).
+pub fn generated_text(out: &Output) -> String {
+    let s = String::from_utf8_lossy(&out.stdout).into_owned();
+    s.split("==========").nth(1).unwrap_or(&s).to_string()
+}
+
+/// A JSON Lines file in `dir` of the real text the quality gates score: the long
+/// paragraphs of `crates/mlx-quant/src/calibration.txt`, one `{"text": ...}` row each.
+pub fn calibration_jsonl(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(root().join("crates/mlx-quant/src/calibration.txt"))
+        .expect("the calibration text");
+    let rows: Vec<String> = text
+        .split("\n\n")
+        .filter(|p| p.len() > 200)
+        .map(|p| serde_json::json!({ "text": p }).to_string())
+        .collect();
+    assert!(
+        rows.len() >= 4,
+        "calibration text has {} paragraphs",
+        rows.len()
+    );
+    let data = dir.join("text.jsonl");
+    std::fs::write(&data, rows.join("\n") + "\n").expect("writing the rows");
+    data
+}
+
 /// A directory under the system temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);
 
