@@ -77,7 +77,9 @@ PY
 
 now() { date +%s.%N; }
 since() { awk "BEGIN{print $(now) - $1}"; }
-acc() { "$PY" -c "import json,sys,glob; f=sorted(glob.glob(sys.argv[1]+'/**/*.json', recursive=True))[-1]; r=json.load(open(f)); r=r.get('results', r); print(r['mc1000']['acc,none'])" "$1"; }
+# mlx_lm.evaluate (and mlx-evaluate) write eval_<model>_..._<tasks> without an extension,
+# lm_eval's own runs results_<time>.json: take the newest file under $1 either way.
+acc() { "$PY" -c "import json,sys,glob,os; fs=[f for f in glob.glob(sys.argv[1]+'/**/*', recursive=True) if os.path.isfile(f)]; r=json.load(open(max(fs, key=os.path.getmtime))); r=r.get('results', r); print(r['mc1000']['acc,none'])" "$1"; }
 {
   echo "### lm-evaluation-harness, 1,000 multiple-choice requests ($(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
   echo

@@ -31,8 +31,10 @@ class Recorder(TrainingCallback):
 def main():
     metrics = sys.argv[1]
     sys.argv = ["mlx_lm.lora"] + sys.argv[2:]
-    run = lora.run
-    lora.run = lambda args, training_callback=None: run(args, Recorder(metrics))
+    # mlx-lm's `run` replaces any callback it is given with get_reporting_callbacks()'s
+    # (None without --report-to), so the recorder goes in there.
+    recorder = Recorder(metrics)
+    lora.get_reporting_callbacks = lambda *args, **kwargs: recorder
     lora.main()
 
 

@@ -282,7 +282,16 @@ SHAPES = {
     "mixtral-8x7b-l4": (MIXTRAL_8X7B_L4, None),
     "qwen3-next-80b-a3b-l4": (QWEN3_NEXT_80B_A3B_L4, "qwen2"),
     "deepseek-v3-l4": (DEEPSEEK_V3_L4, None),
+    "llama-3.2-1b-echo": (LLAMA32_1B, "llama3"),
+    "llama-3.1-8b-echo": (LLAMA31_8B, "llama3"),
 }
+# "Echo" shapes: the same configs with every residual branch's output projection
+# (o_proj, down_proj) scaled by ECHO_SCALE and the head set to the embedding, so the
+# model predicts its input token with a wide margin. A speculative draft made from such
+# a model (its 4-bit variant) agrees with its target on almost every token: the speed
+# ceiling of speculative decoding, which near-uniform random logits cannot show.
+ECHO = {"llama-3.2-1b-echo", "llama-3.1-8b-echo"}
+ECHO_SCALE = 1e-3
 # Shapes built only when named (--only): large files, or architectures the default
 # benchmark does not cover.
 ON_REQUEST = {
@@ -291,6 +300,8 @@ ON_REQUEST = {
     "mixtral-8x7b-l4",
     "qwen3-next-80b-a3b-l4",
     "deepseek-v3-l4",
+    "llama-3.2-1b-echo",
+    "llama-3.1-8b-echo",
 }
 VARIANTS = ("bf16", "4bit")
 GROUP_SIZE, BITS = 64, 4
@@ -450,17 +461,26 @@ def _key(seed, name):
     return mx.random.key((seed << 32) ^ zlib.crc32(name.encode()))
 
 
-def random_parameters(model, seed, std):
+def random_parameters(model, seed, std, echo=False):
     """Seeded replacements for every parameter of `model` (lazy): norms are ones,
-    biases small, matrices N(0, std^2), all in bf16."""
+    biases small, matrices N(0, std^2), all in bf16. With `echo`, the residual
+    branches' output projections are scaled by ECHO_SCALE and the head is the embedding
+    (see ECHO)."""
     params = []
     for name, p in tree_flatten(model.parameters()):
         if "norm" in name and name.endswith(".weight"):
             v = mx.ones(p.shape, dtype=mx.bfloat16)
         else:
             scale = std if not name.endswith(".bias") else std / 4
+            if echo and name.endswith(("o_proj.weight", "down_proj.weight")):
+                scale *= ECHO_SCALE
             v = (mx.random.normal(p.shape, key=_key(seed, name)) * scale).astype(mx.bfloat16)
         params.append((name, v))
+    if echo:
+        table = dict(params)
+        if "lm_head.weight" in table:
+            table["lm_head.weight"] = table["model.embed_tokens.weight"]
+        params = list(table.items())
     return tree_unflatten(params)
 
 
@@ -468,7 +488,8 @@ def build_variant(name, variant, config, family, out, seed, tok_dir):
     from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
 
     dst = out / f"{name}-{variant}"
-    spec = json.dumps([config, family, variant, seed, GROUP_SIZE, BITS], sort_keys=True)
+    echo = name in ECHO
+    spec = json.dumps([config, family, variant, seed, GROUP_SIZE, BITS] + ([True] if echo else []), sort_keys=True)
     stamp = hashlib.sha256(spec.encode()).hexdigest()[:16]
     marker = dst / ".bench-model"
     if marker.is_file() and marker.read_text().strip() == stamp:
@@ -481,7 +502,7 @@ def build_variant(name, variant, config, family, out, seed, tok_dir):
     config = copy.deepcopy(config)
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
-    model.update(random_parameters(model, seed, config.get("initializer_range", 0.02)))
+    model.update(random_parameters(model, seed, config.get("initializer_range", 0.02), echo))
     if variant == "4bit":
         model, config = quantize_model(model, config, GROUP_SIZE, BITS, mode="affine")
     save_model(dst, model, donate_model=True)
