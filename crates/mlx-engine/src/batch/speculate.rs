@@ -22,8 +22,18 @@
 //! model never saw its own last draft when every row accepted everything, mlx-lm's
 //! `draft_y = [last draft, bonus]`), fed before the next drafts.
 //!
-//! Only trimmable (standard KV) caches speculate; rows with logits processors decode
-//! in the plain batch (their processors would need the history per drafted position).
+//! Rows with logits processors (an output constraint, penalties, a logit bias)
+//! speculate too, as `mlx-generate`'s speculative decoding does
+//! ([`crate::speculative`]): the draft model drafts under the row's processors on a
+//! fork of them that takes each draft; the verification processes position `i` of the
+//! row on another fork that took drafts `0..i`, with the history those drafts make
+//! (prompt, generated tokens, drafts before `i`), so every position is masked and
+//! penalized as the plain batch would at that token. A draft the constraint rejects
+//! ends the row's acceptance there. The row's own processors then take exactly the
+//! emitted tokens; rejected drafts never reach them. Other rows' logits are not
+//! touched.
+//!
+//! Only trimmable (standard KV) caches speculate.
 use super::decode::{cache_err, merge_caches};
 use super::request::{DraftFrom, SeqId};
 use super::sequence::Sequence;
@@ -34,6 +44,7 @@ use crate::step;
 use mlx_array::{ops, transforms, Array, Dtype};
 use mlx_cache::{BatchPromptCache, KvCache, PromptCache};
 use mlx_models::LanguageModel;
+use mlx_sample::LogitsProcessors;
 
 /// The longest n-gram prompt lookup matches against a prediction.
 const PREDICTION_NGRAM: usize = 3;
@@ -201,8 +212,14 @@ impl SpecBatch {
         Ok(())
     }
 
-    /// `k` greedy drafts for every row from the draft model `[B][k]`.
-    fn draft_with_model(&mut self, draft: &dyn LanguageModel, k: usize) -> Result<Vec<Vec<u32>>> {
+    /// `k` greedy drafts for every row from the draft model `[B][k]`; a row with
+    /// logits processors drafts its first `caps[r]` under them (see [`Guide`]).
+    fn draft_with_model(
+        &mut self,
+        draft: &dyn LanguageModel,
+        k: usize,
+        caps: &[usize],
+    ) -> Result<Vec<Vec<u32>>> {
         let b = self.rows.len();
         if k == 0 {
             // The target alone takes `y`: the draft model now lags by it too.
@@ -219,16 +236,47 @@ impl SpecBatch {
             .flat_map(|(l, r)| l.iter().copied().chain([r.y]))
             .collect();
         let mut input = Array::from_slice(&flat, &[b as i32, n as i32])?;
+        let mut guides: Vec<Option<Guide>> = self
+            .rows
+            .iter_mut()
+            .zip(caps)
+            .map(|(r, &cap)| (cap > 0 && r.seq.has_processors()).then(|| Guide::new(r)))
+            .collect();
+        let guided = guides.iter().any(Option::is_some);
         let mut ys = Vec::with_capacity(k);
-        for _ in 0..k {
+        let mut host: Vec<Vec<u32>> = vec![Vec::with_capacity(k); b];
+        for j in 0..k {
             let logits = step::forward(draft, &input, self.draft_cache.layers_mut(), None)?;
+            let logits = if guided {
+                guide_rows(&mut guides, &logits, |r| j < caps[r])?
+            } else {
+                logits
+            };
             let t = logits.argmax(Some(-1), false)?.astype(Dtype::Uint32)?;
-            transforms::async_eval(&[&t])?;
+            if guided {
+                // The guides take each draft before the next is masked.
+                let got = step::read_tokens(&t)?;
+                for (r, g) in guides.iter_mut().enumerate() {
+                    if let (Some(gd), Some(&tok)) = (g.as_mut(), got.get(r)) {
+                        if j < caps[r] && gd.take(tok).is_err() {
+                            *g = None;
+                        }
+                    }
+                }
+                for (h, tok) in host.iter_mut().zip(got) {
+                    h.push(tok);
+                }
+            } else {
+                transforms::async_eval(&[&t])?;
+                ys.push(t.clone());
+            }
             input = t.reshape(&[b as i32, 1])?;
-            ys.push(t);
         }
         for l in &mut self.lag {
             l.clear();
+        }
+        if guided {
+            return Ok(host);
         }
         let refs: Vec<&Array> = ys.iter().collect();
         let all = ops::stack(&refs, 1)?;
@@ -256,7 +304,7 @@ impl SpecBatch {
         let (drafts, lens): (Vec<Vec<u32>>, Vec<usize>) = match draft {
             Some(d) => {
                 let k = caps.iter().copied().max().unwrap_or(0);
-                (self.draft_with_model(d, k)?, caps.clone())
+                (self.draft_with_model(d, k, &caps)?, caps.clone())
             }
             None => {
                 let d: Vec<Vec<u32>> = self
@@ -280,6 +328,39 @@ impl SpecBatch {
         }
         let input = Array::from_slice(&flat, &[b as i32, l as i32])?;
         let logits = step::forward_tail(model, &input, self.cache.layers_mut(), None, l as i32)?;
+        // How many of its drafts each row may accept at most (its own, then fewer when
+        // its processors reject one); rows whose processors failed accept none.
+        let mut limits: Vec<usize> = (0..b).map(|r| lens[r].min(drafts[r].len())).collect();
+        let mut failed: Vec<Option<EngineError>> = (0..b).map(|_| None).collect();
+        let logits = if self.rows.iter().any(|r| r.seq.has_processors()) {
+            let v = logits.dim(2)?;
+            let mut parts = Vec::with_capacity(b);
+            for (r, row) in self.rows.iter_mut().enumerate() {
+                let r32 = r as i32;
+                let own = logits
+                    .slice(&[r32, 0, 0], &[r32 + 1, l as i32, v], None)?
+                    .reshape(&[l as i32, v])?;
+                if !row.seq.has_processors() {
+                    parts.push(own);
+                    continue;
+                }
+                match Guide::new(row).verify(&own, &drafts[r][..limits[r]]) {
+                    Ok((p, n)) => {
+                        limits[r] = n;
+                        parts.push(p);
+                    }
+                    Err(e) => {
+                        limits[r] = 0;
+                        failed[r] = Some(e);
+                        parts.push(own);
+                    }
+                }
+            }
+            let refs: Vec<&Array> = parts.iter().collect();
+            ops::stack(&refs, 0)?
+        } else {
+            logits
+        };
         let mut samplers: Vec<&mut step::RowSampling> =
             self.rows.iter_mut().map(|r| r.seq.sampling_mut()).collect();
         let (tokens, logprobs) = step::sample_positions(&mut samplers, &logits)?;
@@ -305,7 +386,7 @@ impl SpecBatch {
         };
         let accepted: Vec<usize> = (0..b)
             .map(|r| {
-                (0..lens[r].min(drafts[r].len()))
+                (0..limits[r])
                     .take_while(|&i| toks[r * l + i] == drafts[r][i])
                     .count()
             })
@@ -353,6 +434,12 @@ impl SpecBatch {
             }
             round.drafted += lens[r] as u64;
             row.drafted += lens[r] as u64;
+            if let Some(e) = failed[r].take() {
+                out.push((row.seq.id(), Outcome::Failed(e)));
+                row.y = toks[r * l];
+                row.y_unfed = true;
+                continue;
+            }
             let req = std::sync::Arc::clone(&row.seq.job().req);
             let m = keep[r];
             for i in 0..=m {
@@ -398,6 +485,95 @@ impl SpecBatch {
     fn position(&self, id: SeqId) -> Option<usize> {
         self.rows.iter().position(|r| r.seq.id() == id)
     }
+}
+
+/// A fork of a row's processors that runs ahead of the row over drafted tokens, with
+/// the history they make (the prompt, the generated tokens, then the drafts taken):
+/// what the row's own processors would see if the drafts were emitted. The row's own
+/// processors are not touched.
+struct Guide {
+    procs: LogitsProcessors,
+    history: Vec<u32>,
+}
+
+impl Guide {
+    fn new(row: &mut Row) -> Guide {
+        let mut history = row.seq.job().req.prompt.clone();
+        history.extend_from_slice(&row.generated);
+        Guide {
+            procs: row.seq.sampling_mut().fork_processors(),
+            history,
+        }
+    }
+
+    /// The processors on the logits `[1, vocab]` of the next position.
+    fn process(&mut self, logits: &Array) -> Result<Array> {
+        let h = Array::from_slice(&self.history, &[self.history.len() as i32])?;
+        Ok(self.procs.process_with_history(&h, logits)?)
+    }
+
+    /// Takes `token` as the next token; an error when the processors cannot go on
+    /// with it (a constraint rejected it: a dead end).
+    fn take(&mut self, token: u32) -> Result<()> {
+        self.procs.accept(token)?;
+        if self.procs.dead_end() {
+            return Err(EngineError::Invalid(format!(
+                "the constraint rejected draft token {token}"
+            )));
+        }
+        self.history.push(token);
+        Ok(())
+    }
+
+    /// The verification logits `[L, vocab]` of the row processed position by position:
+    /// position `i` after the guide took `drafts[..i]`. Stops at the first draft the
+    /// processors reject (the positions after it keep their logits: they are never
+    /// emitted). Returns the processed logits and how many drafts were taken.
+    fn verify(mut self, logits: &Array, drafts: &[u32]) -> Result<(Array, usize)> {
+        let (l, v) = (logits.dim(0)?, logits.dim(1)?);
+        let mut n = drafts.len();
+        let mut parts = Vec::with_capacity(l as usize);
+        for i in 0..l {
+            let row = logits.slice(&[i, 0], &[i + 1, v], None)?;
+            let iu = i as usize;
+            if iu > n {
+                parts.push(row);
+                continue;
+            }
+            parts.push(self.process(&row)?);
+            if iu < n && self.take(drafts[iu]).is_err() {
+                n = iu;
+            }
+        }
+        let refs: Vec<&Array> = parts.iter().collect();
+        Ok((ops::concatenate(&refs, 0)?, n))
+    }
+}
+
+/// The draft model's logits `[B, vocab]` with each guided row (where `active`) under
+/// its guide; a guide that fails is dropped (the row then drafts greedily; its
+/// verification reports the failure).
+fn guide_rows(
+    guides: &mut [Option<Guide>],
+    logits: &Array,
+    active: impl Fn(usize) -> bool,
+) -> Result<Array> {
+    let v = logits.dim(1)?;
+    let mut parts = Vec::with_capacity(guides.len());
+    for (r, g) in guides.iter_mut().enumerate() {
+        let r32 = r as i32;
+        let row = logits.slice(&[r32, 0], &[r32 + 1, v], None)?;
+        let processed = match g.as_mut() {
+            Some(gd) if active(r) => gd.process(&row).ok(),
+            _ => None,
+        };
+        if processed.is_none() && active(r) {
+            *g = None;
+        }
+        parts.push(processed.unwrap_or(row));
+    }
+    let refs: Vec<&Array> = parts.iter().collect();
+    Ok(ops::concatenate(&refs, 0)?)
 }
 
 impl Row {
