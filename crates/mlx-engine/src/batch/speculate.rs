@@ -9,18 +9,18 @@
 //! 3. accepts per row the drafts up to its first mismatch (`a` drafts) and emits the
 //!    target's samples at positions `0..=a`. Up to a row's first mismatch its drafts
 //!    equal the target's own samples, so those positions were computed on the right
-//!    history. By prompt lookup each row keeps its own `a`: the caches are trimmed to
-//!    the most any row kept and each row's rejected positions are rolled in front of it
-//!    and masked, as a right-padded prefill chunk is finalized. With the draft model
-//!    every row keeps the fewest any row accepted (`m`, always correct: for a row that
-//!    accepted more, positions `0..m` are still its target's samples), so that both
-//!    batch caches trim uniformly. Every emitted token is the target's sample: greedy
-//!    rows give the tokens they give without speculation.
+//!    history. Each row keeps its own `a`: the caches are trimmed to the most any row
+//!    kept and each row's rejected positions are rolled in front of it and masked, as
+//!    a right-padded prefill chunk is finalized; with the draft model its batch caches
+//!    too (each row keeps what it accepted, less the tokens the draft was not fed).
+//!    Every emitted token is the target's sample: greedy rows give the tokens they give
+//!    without speculation.
 //!
 //! Invariant between steps: the target caches hold each row's history but its next
-//! input `y`; the draft caches hold the same but for the last `lag` tokens (the draft
-//! model never saw its own last draft when every row accepted everything, mlx-lm's
-//! `draft_y = [last draft, bonus]`), fed before the next drafts.
+//! input `y`; the draft caches hold the same but for the last `lag` tokens, as many for
+//! every row (the draft model never saw its own last draft when a row accepted every
+//! draft, mlx-lm's `draft_y = [last draft, bonus]`; the other rows then lag by their
+//! last kept token too), fed before the next drafts.
 //!
 //! Rows with logits processors (an output constraint, penalties, a logit bias)
 //! speculate too, as `mlx-generate`'s speculative decoding does
@@ -301,6 +301,8 @@ impl SpecBatch {
             .iter()
             .map(|r| r.k.min(r.seq.remaining().saturating_sub(1)))
             .collect();
+        // Tokens the draft caches lagged by (fed with this round's first draft step).
+        let lagged = self.lag.first().map_or(0, Vec::len);
         let (drafts, lens): (Vec<Vec<u32>>, Vec<usize>) = match draft {
             Some(d) => {
                 let k = caps.iter().copied().max().unwrap_or(0);
@@ -391,36 +393,16 @@ impl SpecBatch {
                     .count()
             })
             .collect();
-        // What each row keeps: with the draft model the fewest drafts any row accepted
-        // (the draft caches trim uniformly); by prompt lookup its own acceptance.
-        let m = accepted.iter().copied().min().unwrap_or(0);
-        let keep: Vec<usize> = if draft.is_some() {
-            vec![m; b]
-        } else {
-            accepted.clone()
-        };
+        // Each row keeps its own acceptance.
+        let keep = accepted;
         let most = keep.iter().copied().max().unwrap_or(0);
         // The target caches hold `y` and every row's `k` drafts: keep `y` and `most`,
         // then roll each row's rejected positions in front of it, where they are
         // masked (as a right-padded prefill chunk is finalized).
         mlx_cache::trim_prompt_cache(self.cache.layers_mut(), (k - most) as i32);
-        if keep.iter().any(|&a| a < most) {
-            let pad: Vec<i32> = keep.iter().map(|&a| (most - a) as i32).collect();
-            let lengths: Vec<i32> = keep.iter().map(|&a| a as i32 + 1).collect();
-            self.cache
-                .prepare_right_padding(&lengths, &pad)
-                .map_err(cache_err)?;
-            self.cache.finalize().map_err(cache_err)?;
-        }
+        roll_rejected(&mut self.cache, &keep, most, 1)?;
         if draft.is_some() && k > 0 {
-            // The draft caches hold `y` and drafts `0..k-1`.
-            if m < k {
-                mlx_cache::trim_prompt_cache(self.draft_cache.layers_mut(), (k - 1 - m) as i32);
-            } else {
-                for (lag, d) in self.lag.iter_mut().zip(&drafts) {
-                    lag.push(d[k - 1]);
-                }
-            }
+            self.keep_drafted(&keep, &drafts, k, lagged)?;
         }
         let v = logprobs.dim(2)?;
         let mut out = Vec::with_capacity(b * (most + 1));
@@ -482,9 +464,61 @@ impl SpecBatch {
         Ok((out, round))
     }
 
+    /// After a round of `k` model drafts, the draft caches keep what each row accepted
+    /// (`keep[r]` drafts): of the round's tokens `y, drafts[r][..keep[r]]` (the target's
+    /// history now) all but those the draft model was not fed. It was fed the `lagged`
+    /// tokens, `y` and drafts `0..k-1`, so a row that accepted all `k` lags by its last
+    /// draft; then every row lags by its last kept token, so that the next round's
+    /// first draft step feeds as many tokens for every row. Each row's rejected
+    /// positions are rolled in front of it and masked, as in the target caches.
+    fn keep_drafted(
+        &mut self,
+        keep: &[usize],
+        drafts: &[Vec<u32>],
+        k: usize,
+        lagged: usize,
+    ) -> Result<()> {
+        let lag = usize::from(keep.iter().any(|&a| a >= k));
+        // Of the round's `k` fed positions (after the lagged ones), those each row keeps.
+        let kept: Vec<usize> = keep.iter().map(|&a| (a + 1 - lag).min(k)).collect();
+        let most = kept.iter().copied().max().unwrap_or(0);
+        mlx_cache::trim_prompt_cache(self.draft_cache.layers_mut(), (k - most) as i32);
+        roll_rejected(&mut self.draft_cache, &kept, most, lagged)?;
+        if lag == 1 {
+            for (r, l) in self.lag.iter_mut().enumerate() {
+                let last = match keep[r] {
+                    0 => self.rows[r].y,
+                    a => drafts[r][a - 1],
+                };
+                l.push(last);
+            }
+        }
+        Ok(())
+    }
+
     fn position(&self, id: SeqId) -> Option<usize> {
         self.rows.iter().position(|r| r.seq.id() == id)
     }
+}
+
+/// Rolls each row's positions past its `kept[r]` of a chunk (the batch holds `most` of
+/// it for every row, after `before` positions of the same chunk) in front of the row,
+/// where they are masked: the finalization of a right-padded prefill chunk.
+fn roll_rejected(
+    cache: &mut BatchPromptCache,
+    kept: &[usize],
+    most: usize,
+    before: usize,
+) -> Result<()> {
+    if kept.iter().all(|&a| a == most) {
+        return Ok(());
+    }
+    let pad: Vec<i32> = kept.iter().map(|&a| (most - a) as i32).collect();
+    let lengths: Vec<i32> = kept.iter().map(|&a| (a + before) as i32).collect();
+    cache
+        .prepare_right_padding(&lengths, &pad)
+        .map_err(cache_err)?;
+    cache.finalize().map_err(cache_err)
 }
 
 /// A fork of a row's processors that runs ahead of the row over drafted tokens, with
