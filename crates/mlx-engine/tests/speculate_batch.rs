@@ -5,13 +5,14 @@
 //! served alone without speculation; with the model itself as the draft every round
 //! is accepted in full; each row keeps its own acceptance, so batched rows are drafted
 //! and accept exactly as alone.
-use mlx_array::{random, Array};
 use mlx_engine::batch::{
     DraftFrom, Engine, EngineEvent, EngineMetrics, EngineOptions, GenerationRequest, Speculate,
 };
 use mlx_models::LanguageModel;
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
+
+mod common;
 
 fn model(dir: &str) -> Box<dyn LanguageModel> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -168,62 +169,11 @@ fn the_model_as_its_own_draft_has_every_round_accepted_in_full() {
     }
 }
 
-/// The target with Gaussian noise (`scale` times each tensor's RMS) added to every
-/// weight: a draft model that agrees with the target often, not always (its files
-/// live as long as the returned directory).
-fn noisy_target(scale: f32) -> (Box<dyn LanguageModel>, tempfile::TempDir) {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../goldens/generate/models")
-        .join(TARGET);
-    let (weights, _) = mlx_array::io::load_safetensors(src.join("model.safetensors")).unwrap();
-    let key = mlx_array::random::key(5).unwrap();
-    let keys = mlx_array::random::split(&key, weights.len() as i32).unwrap();
-    let noisy: Vec<(String, Array)> = weights
-        .iter()
-        .enumerate()
-        .map(|(n, (name, w))| {
-            let n = n as i32;
-            let k = keys
-                .slice(&[n, 0], &[n + 1, 2], None)
-                .unwrap()
-                .squeeze(Some(&[0]))
-                .unwrap();
-            let rms = w
-                .square()
-                .unwrap()
-                .mean(None, false)
-                .unwrap()
-                .sqrt()
-                .unwrap();
-            let noise = random::normal(&w.shape(), w.dtype(), None, None, Some(&k)).unwrap();
-            let scaled = noise
-                .multiply(
-                    &rms.multiply(&Array::scalar_f64(scale as f64, w.dtype()).unwrap())
-                        .unwrap(),
-                )
-                .unwrap();
-            (name.clone(), w.add(&scaled).unwrap())
-        })
-        .collect();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
-    mlx_array::io::save_safetensors(
-        dir.path().join("model.safetensors"),
-        noisy.iter().map(|(n, a)| (n.as_str(), a)),
-        [("format", "mlx")],
-    )
-    .unwrap();
-    let model = mlx_models::load_model(dir.path())
-        .expect("load the noisy draft")
-        .0;
-    (model, dir)
-}
-
 #[test]
 fn each_draft_model_row_keeps_its_own_acceptance() {
     let want = alone();
     // Noise of 5% of each weight's RMS: about half the drafts are accepted.
-    let (draft, _files) = noisy_target(0.05);
+    let (draft, _files) = common::noisy_copy(TARGET, 0.05);
     let engine = Engine::start_with_draft(
         model(TARGET),
         Some(draft),
