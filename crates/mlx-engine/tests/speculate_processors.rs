@@ -307,3 +307,122 @@ fn predictions_are_verified_against_the_constraint_and_penalties() {
         got[2]
     );
 }
+
+/// A processor that fails once it has been told `after` tokens.
+#[derive(Debug, Clone)]
+struct FailAfter {
+    after: u32,
+    seen: u32,
+}
+
+impl LogitsProcessor for FailAfter {
+    fn process(&mut self, _history: &Array, logits: &Array) -> mlx_sample::Result<Array> {
+        if self.seen >= self.after {
+            return Err(mlx_sample::SampleError::Constraint(format!(
+                "failing after {} tokens",
+                self.after
+            )));
+        }
+        Ok(logits.clone())
+    }
+
+    fn accept(&mut self, _token: u32) -> mlx_sample::Result<()> {
+        self.seen += 1;
+        Ok(())
+    }
+
+    fn needs_accepted_token(&self) -> bool {
+        true
+    }
+
+    fn fork(&self) -> Box<dyn LogitsProcessor> {
+        Box::new(self.clone())
+    }
+}
+
+#[derive(Debug)]
+struct BuildFailAfter(u32);
+
+impl BuildProcessor for BuildFailAfter {
+    fn build(&self) -> mlx_sample::Result<Box<dyn LogitsProcessor>> {
+        Ok(Box::new(FailAfter {
+            after: self.0,
+            seen: 0,
+        }))
+    }
+}
+
+#[test]
+fn a_failing_processor_fails_its_row_only() {
+    let want = alone();
+    let engine = Engine::start_with_draft(
+        model(TARGET),
+        Some(model(TARGET)),
+        opts(),
+        Arc::new(EngineMetrics::default()),
+    )
+    .expect("engine");
+    // Its processor fails in the middle of a round of 3 drafts (the 6th token).
+    let mut failing = speculating(3, DraftFrom::DraftModel, 3);
+    failing.processors.push(Arc::new(BuildFailAfter(5)));
+    let reqs = vec![
+        speculating(0, DraftFrom::DraftModel, 3),
+        failing,
+        speculating(1, DraftFrom::DraftModel, 2),
+    ];
+    let outcomes = outcomes_of(&engine, reqs);
+    assert_eq!(outcomes[0], (want[0].clone(), None));
+    assert_eq!(outcomes[2], (want[1].clone(), None));
+    // The failing row ends with the processor's error, as the same request without
+    // speculation does, after the tokens before it: the round emits up to the failing
+    // position (5 tokens; the plain batch reads the 5th only after the step that
+    // fails, and drops it).
+    let plain =
+        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+    let mut alone = request(3);
+    alone.processors.push(Arc::new(BuildFailAfter(5)));
+    let alone = outcomes_of(&plain, vec![alone]).remove(0);
+    assert!(
+        alone
+            .1
+            .as_deref()
+            .is_some_and(|e| e.contains("failing after 5")),
+        "{alone:?}"
+    );
+    assert_eq!(outcomes[1].1, alone.1);
+    assert_eq!(outcomes[1].0[..], want[3][..5]);
+    assert!(
+        outcomes[1].0.starts_with(&alone.0),
+        "{outcomes:?} {alone:?}"
+    );
+}
+
+/// Each request's tokens and, if it failed, its error.
+fn outcomes_of(engine: &Engine, reqs: Vec<GenerationRequest>) -> Vec<(Vec<u32>, Option<String>)> {
+    let subs: Vec<_> = reqs
+        .into_iter()
+        .map(|r| {
+            let (tx, rx) = mpsc::channel();
+            (engine.submit(r, Arc::new(tx)).expect("submit"), rx)
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for (sub, rx) in subs {
+        let mut tokens = Vec::new();
+        let error = loop {
+            match rx.recv().expect("event") {
+                EngineEvent::Token { out, .. } => {
+                    tokens.push(out.token);
+                    if out.finish.is_some() {
+                        break None;
+                    }
+                }
+                EngineEvent::Failed { error, .. } => break Some(error.to_string()),
+                _ => {}
+            }
+        };
+        sub.release();
+        outcomes.push((tokens, error));
+    }
+    outcomes
+}

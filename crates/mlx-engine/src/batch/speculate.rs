@@ -258,7 +258,7 @@ impl SpecBatch {
                 let got = step::read_tokens(&t)?;
                 for (r, g) in guides.iter_mut().enumerate() {
                     if let (Some(gd), Some(&tok)) = (g.as_mut(), got.get(r)) {
-                        if j < caps[r] && gd.take(tok).is_err() {
+                        if j < caps[r] && !matches!(gd.take(tok), Ok(true)) {
                             *g = None;
                         }
                     }
@@ -546,23 +546,23 @@ impl Guide {
         Ok(self.procs.process_with_history(&h, logits)?)
     }
 
-    /// Takes `token` as the next token; an error when the processors cannot go on
-    /// with it (a constraint rejected it: a dead end).
-    fn take(&mut self, token: u32) -> Result<()> {
+    /// Takes `token` as the next token: `false` when the processors cannot go on with
+    /// it (a constraint rejected it: a dead end).
+    fn take(&mut self, token: u32) -> Result<bool> {
         self.procs.accept(token)?;
         if self.procs.dead_end() {
-            return Err(EngineError::Invalid(format!(
-                "the constraint rejected draft token {token}"
-            )));
+            return Ok(false);
         }
         self.history.push(token);
-        Ok(())
+        Ok(true)
     }
 
     /// The verification logits `[L, vocab]` of the row processed position by position:
     /// position `i` after the guide took `drafts[..i]`. Stops at the first draft the
-    /// processors reject (the positions after it keep their logits: they are never
-    /// emitted). Returns the processed logits and how many drafts were taken.
+    /// processors reject, or before the first position they fail on (the positions
+    /// after keep their logits: they are never emitted; a failure at the first
+    /// position is the row's). Returns the processed logits and how many drafts may
+    /// be accepted.
     fn verify(mut self, logits: &Array, drafts: &[u32]) -> Result<(Array, usize)> {
         let (l, v) = (logits.dim(0)?, logits.dim(1)?);
         let mut n = drafts.len();
@@ -574,8 +574,18 @@ impl Guide {
                 parts.push(row);
                 continue;
             }
-            parts.push(self.process(&row)?);
-            if iu < n && self.take(drafts[iu]).is_err() {
+            match self.process(&row) {
+                Ok(p) => parts.push(p),
+                // The round emits up to the position before; the next round fails
+                // the row where the plain batch would.
+                Err(_) if iu > 0 => {
+                    n = iu - 1;
+                    parts.push(row);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            if iu < n && !self.take(drafts[iu])? {
                 n = iu;
             }
         }
