@@ -3,13 +3,16 @@
 //! speculating batch (a draft model of another shape, or prompt lookup against a
 //! prediction), next to plain rows, give exactly the tokens of the same requests
 //! served alone without speculation; with the model itself as the draft every round
-//! is accepted in full.
+//! is accepted in full; each row keeps its own acceptance, so batched rows are drafted
+//! and accept exactly as alone.
 use mlx_engine::batch::{
     DraftFrom, Engine, EngineEvent, EngineMetrics, EngineOptions, GenerationRequest, Speculate,
 };
 use mlx_models::LanguageModel;
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
+
+mod common;
 
 fn model(dir: &str) -> Box<dyn LanguageModel> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -163,6 +166,77 @@ fn the_model_as_its_own_draft_has_every_round_accepted_in_full() {
         // at different steps may draft more than the batch keeps near their ends.)
         assert_eq!(g.from_draft, 12, "row {i}: {g:?}");
         assert!(g.drafted >= g.from_draft, "row {i}: {g:?}");
+    }
+}
+
+#[test]
+fn each_draft_model_row_keeps_its_own_acceptance() {
+    let want = alone();
+    // Noise of 5% of each weight's RMS: about half the drafts are accepted.
+    let (draft, _files) = common::noisy_copy(TARGET, 0.05);
+    let engine = Engine::start_with_draft(
+        model(TARGET),
+        Some(draft),
+        opts(),
+        Arc::new(EngineMetrics::default()),
+    )
+    .expect("engine");
+    let ks = [3, 5, 2];
+    // Each row speculating alone: its drafts and acceptance depend on its own history.
+    let solo: Vec<Got> = (0..3)
+        .map(|i| serve(&engine, vec![speculating(i, DraftFrom::DraftModel, ks[i])]).remove(0))
+        .collect();
+    // Batched, rows accept different numbers of drafts each round: each keeps its own
+    // (the target and the draft caches roll each row's rejected positions away), so
+    // every row is drafted and accepts exactly as alone.
+    let mut reqs: Vec<GenerationRequest> = (0..3)
+        .map(|i| speculating(i, DraftFrom::DraftModel, ks[i]))
+        .collect();
+    reqs.push(GenerationRequest::new(PROMPTS[3].to_vec(), MAX[3]));
+    let got = serve(&engine, reqs);
+    for i in 0..3 {
+        assert_eq!(got[i].tokens, want[i], "row {i}");
+        assert_eq!(
+            (got[i].from_draft, got[i].drafted),
+            (solo[i].from_draft, solo[i].drafted),
+            "row {i}: batched {:?}, alone {:?}",
+            got[i],
+            solo[i]
+        );
+    }
+    assert_eq!(got[3].tokens, want[3]);
+    // The rows do accept different numbers of drafts (else nothing was rolled).
+    let rates: Vec<usize> = solo.iter().map(|g| g.from_draft).collect();
+    assert!(rates.iter().any(|&r| r != rates[0]), "{solo:?}");
+    assert!(rates.iter().any(|&r| r > 0), "{solo:?}");
+
+    // A sampled row (temperature 1: its drafts are mostly rejected) next to greedy
+    // rows that are their own draft: the greedy rows still accept every draft.
+    let engine = Engine::start_with_draft(
+        model(TARGET),
+        Some(model(TARGET)),
+        opts(),
+        Arc::new(EngineMetrics::default()),
+    )
+    .expect("engine");
+    let mut reqs: Vec<GenerationRequest> = (0..3)
+        .map(|i| GenerationRequest {
+            max_tokens: 17,
+            ..speculating(i, DraftFrom::DraftModel, 3)
+        })
+        .collect();
+    reqs[1].sampling = mlx_engine::Sampling {
+        params: mlx_sample::SamplerParams {
+            temp: 1.0,
+            ..Default::default()
+        },
+        seed: Some(11),
+    };
+    let got = serve(&engine, reqs);
+    assert!(got[1].from_draft < got[1].drafted, "{:?}", got[1]);
+    for i in [0, 2] {
+        assert_eq!(got[i].tokens, want[i][..17], "row {i}");
+        assert_eq!(got[i].from_draft, 12, "row {i}: {:?}", got[i]);
     }
 }
 

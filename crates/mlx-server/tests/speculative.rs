@@ -4,7 +4,8 @@
 //! and as several concurrent streams that stay batched; bad draft settings are clear
 //! 400s and the server keeps serving; the counters reach `/metrics` and `usage`; OpenAI
 //! predicted outputs through the official Python SDK (`xtask/py/server_clients.py
-//! --speculative`).
+//! --speculative`); constrained requests (JSON schema, regex with penalties) speculate
+//! in the batch and answer as without speculation.
 mod common;
 
 use common::*;
@@ -236,4 +237,138 @@ async fn the_openai_sdk_sends_predictions_and_reads_their_usage() {
         String::from_utf8_lossy(&out.stderr)
     );
     s.shutdown().await.unwrap();
+}
+
+/// A schema every answer of the tiny random model ends (bounded strings and numbers).
+fn person_schema() -> Json {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3}
+        },
+        "required": ["name", "age", "tags"],
+        "additionalProperties": false
+    })
+}
+
+/// Requests with output constraints (a JSON schema; a regex with penalties) speculate in
+/// the batch: with the draft model, and with a prediction next to plain and unconstrained
+/// rows. Each greedy answer equals the same request's answer without speculation, the
+/// JSON answers validate (Python's `jsonschema`), and drafts were accepted for them.
+#[tokio::test(flavor = "multi_thread")]
+async fn constrained_requests_speculate_and_answer_as_without_speculation() {
+    let format = json!({"response_format": {"type": "json_schema",
+        "json_schema": {"name": "person", "schema": person_schema(), "strict": true}},
+        "max_tokens": 80});
+    let regex = json!({"guided_regex": "[a-z]{3,9}( [0-9]{1,3}){2,4}", "max_tokens": 40,
+        "repetition_penalty": 1.3, "presence_penalty": 0.5});
+    // (prompt, constraint) of each request; the last two are unconstrained.
+    let cases = [
+        (PROMPTS[0], format.clone()),
+        (PROMPTS[2], format.clone()),
+        (PROMPTS[1], regex.clone()),
+        (PROMPTS[3], json!({})),
+        (PROMPTS[0], json!({})),
+    ];
+    let plain = server(false).await;
+    let mut want = Vec::new();
+    for (p, extra) in &cases {
+        want.push(content(
+            &answer(plain.local_addr(), &chat(p, extra.clone())).await,
+        ));
+    }
+    println!("answers without speculation: {want:?}");
+    let validated = validate_json(&want[..2], &person_schema());
+    assert!(validated.contains("2 valid"), "{validated}");
+    let re = regex_lite(&want[2]);
+    assert!(re, "{:?} does not match the regex", want[2]);
+
+    // With predictions, next to a plain row: right predictions for the first three,
+    // a wrong one for the fourth, none for the last.
+    let addr = plain.local_addr();
+    let handles = cases
+        .iter()
+        .zip(&want)
+        .enumerate()
+        .map(|(i, ((p, extra), w))| {
+            let mut body = chat(p, extra.clone());
+            match i {
+                0..=2 => body["prediction"] = json!({"type": "content", "content": w}),
+                3 => body["prediction"] = json!({"type": "content", "content": "zzz qqq"}),
+                _ => {}
+            }
+            tokio::spawn(async move { answer(addr, &body).await })
+        });
+    let got = futures_join(handles).await;
+    for (i, (v, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(&content(v), w, "request {i} with a prediction");
+    }
+    for v in &got[..3] {
+        let d = &v["usage"]["completion_tokens_details"];
+        assert!(d["accepted_prediction_tokens"].as_u64().unwrap() > 0, "{v}");
+    }
+    plain.shutdown().await.unwrap();
+
+    // With the draft model (the tiny model itself): every request speculates, batched.
+    let spec = server(true).await;
+    let addr = spec.local_addr();
+    let handles = cases.iter().map(|(p, extra)| {
+        let body = chat(p, extra.clone());
+        tokio::spawn(async move { answer(addr, &body).await })
+    });
+    let got = futures_join(handles).await;
+    for (i, (v, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(&content(v), w, "request {i} with the draft model");
+        let d = &v["usage"]["completion_tokens_details"];
+        assert!(
+            d["accepted_draft_tokens"].as_u64().unwrap() > 0,
+            "request {i}: {v}"
+        );
+    }
+    let drafted = metric(addr, "mlx_server_speculative_drafted_tokens_total").await;
+    let accepted = metric(addr, "mlx_server_speculative_accepted_tokens_total").await;
+    assert!(
+        accepted > 0.0 && accepted <= drafted,
+        "{drafted} {accepted}"
+    );
+    spec.shutdown().await.unwrap();
+}
+
+/// Validates each text as JSON against `schema` with Python's `jsonschema`; returns
+/// its report (`N valid` or the error).
+fn validate_json(texts: &[String], schema: &Json) -> String {
+    let script = "import json, sys, jsonschema\n\
+        d = json.load(sys.stdin)\n\
+        for t in d['texts']:\n    jsonschema.validate(json.loads(t), d['schema'])\n\
+        print(len(d['texts']), 'valid')\n";
+    let mut child = std::process::Command::new(repo_root().join(".venv/bin/python"))
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running Python");
+    let input = json!({"texts": texts, "schema": schema}).to_string();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `[a-z]{3,9}( [0-9]{1,3}){2,4}`, matched in full.
+fn regex_lite(t: &str) -> bool {
+    let mut parts = t.split(' ');
+    let word = parts.next().unwrap_or("");
+    let nums: Vec<&str> = parts.collect();
+    (3..=9).contains(&word.len())
+        && word.bytes().all(|b| b.is_ascii_lowercase())
+        && (2..=4).contains(&nums.len())
+        && nums
+            .iter()
+            .all(|n| (1..=3).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
 }

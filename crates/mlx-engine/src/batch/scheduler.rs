@@ -733,9 +733,6 @@ impl Shared {
         };
         let why = if !self.speculates {
             "the model's caches cannot be trimmed (sliding-window or recurrent layers)"
-        } else if s.has_processors() {
-            "logits processors (penalties, biases, grammars) need the history of every \
-             drafted position"
         } else if spec.from == DraftFrom::DraftModel && !has_draft {
             "no draft model is loaded"
         } else if s.job().req.adapter != 0 {

@@ -9,21 +9,31 @@
 //! 3. accepts per row the drafts up to its first mismatch (`a` drafts) and emits the
 //!    target's samples at positions `0..=a`. Up to a row's first mismatch its drafts
 //!    equal the target's own samples, so those positions were computed on the right
-//!    history. By prompt lookup each row keeps its own `a`: the caches are trimmed to
-//!    the most any row kept and each row's rejected positions are rolled in front of it
-//!    and masked, as a right-padded prefill chunk is finalized. With the draft model
-//!    every row keeps the fewest any row accepted (`m`, always correct: for a row that
-//!    accepted more, positions `0..m` are still its target's samples), so that both
-//!    batch caches trim uniformly. Every emitted token is the target's sample: greedy
-//!    rows give the tokens they give without speculation.
+//!    history. Each row keeps its own `a`: the caches are trimmed to the most any row
+//!    kept and each row's rejected positions are rolled in front of it and masked, as
+//!    a right-padded prefill chunk is finalized; with the draft model its batch caches
+//!    too (each row keeps what it accepted, less the tokens the draft was not fed).
+//!    Every emitted token is the target's sample: greedy rows give the tokens they give
+//!    without speculation.
 //!
 //! Invariant between steps: the target caches hold each row's history but its next
-//! input `y`; the draft caches hold the same but for the last `lag` tokens (the draft
-//! model never saw its own last draft when every row accepted everything, mlx-lm's
-//! `draft_y = [last draft, bonus]`), fed before the next drafts.
+//! input `y`; the draft caches hold the same but for the last `lag` tokens, as many for
+//! every row (the draft model never saw its own last draft when a row accepted every
+//! draft, mlx-lm's `draft_y = [last draft, bonus]`; the other rows then lag by their
+//! last kept token too), fed before the next drafts.
 //!
-//! Only trimmable (standard KV) caches speculate; rows with logits processors decode
-//! in the plain batch (their processors would need the history per drafted position).
+//! Rows with logits processors (an output constraint, penalties, a logit bias)
+//! speculate too, as `mlx-generate`'s speculative decoding does
+//! ([`crate::speculative`]): the draft model drafts under the row's processors on a
+//! fork of them that takes each draft; the verification processes position `i` of the
+//! row on another fork that took drafts `0..i`, with the history those drafts make
+//! (prompt, generated tokens, drafts before `i`), so every position is masked and
+//! penalized as the plain batch would at that token. A draft the constraint rejects
+//! ends the row's acceptance there. The row's own processors then take exactly the
+//! emitted tokens; rejected drafts never reach them. Other rows' logits are not
+//! touched.
+//!
+//! Only trimmable (standard KV) caches speculate.
 use super::decode::{cache_err, merge_caches};
 use super::request::{DraftFrom, SeqId};
 use super::sequence::Sequence;
@@ -34,6 +44,7 @@ use crate::step;
 use mlx_array::{ops, transforms, Array, Dtype};
 use mlx_cache::{BatchPromptCache, KvCache, PromptCache};
 use mlx_models::LanguageModel;
+use mlx_sample::LogitsProcessors;
 
 /// The longest n-gram prompt lookup matches against a prediction.
 const PREDICTION_NGRAM: usize = 3;
@@ -201,8 +212,14 @@ impl SpecBatch {
         Ok(())
     }
 
-    /// `k` greedy drafts for every row from the draft model `[B][k]`.
-    fn draft_with_model(&mut self, draft: &dyn LanguageModel, k: usize) -> Result<Vec<Vec<u32>>> {
+    /// `k` greedy drafts for every row from the draft model `[B][k]`; a row with
+    /// logits processors drafts its first `caps[r]` under them (see [`Guide`]).
+    fn draft_with_model(
+        &mut self,
+        draft: &dyn LanguageModel,
+        k: usize,
+        caps: &[usize],
+    ) -> Result<Vec<Vec<u32>>> {
         let b = self.rows.len();
         if k == 0 {
             // The target alone takes `y`: the draft model now lags by it too.
@@ -219,16 +236,47 @@ impl SpecBatch {
             .flat_map(|(l, r)| l.iter().copied().chain([r.y]))
             .collect();
         let mut input = Array::from_slice(&flat, &[b as i32, n as i32])?;
+        let mut guides: Vec<Option<Guide>> = self
+            .rows
+            .iter_mut()
+            .zip(caps)
+            .map(|(r, &cap)| (cap > 0 && r.seq.has_processors()).then(|| Guide::new(r)))
+            .collect();
+        let guided = guides.iter().any(Option::is_some);
         let mut ys = Vec::with_capacity(k);
-        for _ in 0..k {
+        let mut host: Vec<Vec<u32>> = vec![Vec::with_capacity(k); b];
+        for j in 0..k {
             let logits = step::forward(draft, &input, self.draft_cache.layers_mut(), None)?;
+            let logits = if guided {
+                guide_rows(&mut guides, &logits, |r| j < caps[r])?
+            } else {
+                logits
+            };
             let t = logits.argmax(Some(-1), false)?.astype(Dtype::Uint32)?;
-            transforms::async_eval(&[&t])?;
+            if guided {
+                // The guides take each draft before the next is masked.
+                let got = step::read_tokens(&t)?;
+                for (r, g) in guides.iter_mut().enumerate() {
+                    if let (Some(gd), Some(&tok)) = (g.as_mut(), got.get(r)) {
+                        if j < caps[r] && !matches!(gd.take(tok), Ok(true)) {
+                            *g = None;
+                        }
+                    }
+                }
+                for (h, tok) in host.iter_mut().zip(got) {
+                    h.push(tok);
+                }
+            } else {
+                transforms::async_eval(&[&t])?;
+                ys.push(t.clone());
+            }
             input = t.reshape(&[b as i32, 1])?;
-            ys.push(t);
         }
         for l in &mut self.lag {
             l.clear();
+        }
+        if guided {
+            return Ok(host);
         }
         let refs: Vec<&Array> = ys.iter().collect();
         let all = ops::stack(&refs, 1)?;
@@ -253,10 +301,12 @@ impl SpecBatch {
             .iter()
             .map(|r| r.k.min(r.seq.remaining().saturating_sub(1)))
             .collect();
+        // Tokens the draft caches lagged by (fed with this round's first draft step).
+        let lagged = self.lag.first().map_or(0, Vec::len);
         let (drafts, lens): (Vec<Vec<u32>>, Vec<usize>) = match draft {
             Some(d) => {
                 let k = caps.iter().copied().max().unwrap_or(0);
-                (self.draft_with_model(d, k)?, caps.clone())
+                (self.draft_with_model(d, k, &caps)?, caps.clone())
             }
             None => {
                 let d: Vec<Vec<u32>> = self
@@ -280,6 +330,39 @@ impl SpecBatch {
         }
         let input = Array::from_slice(&flat, &[b as i32, l as i32])?;
         let logits = step::forward_tail(model, &input, self.cache.layers_mut(), None, l as i32)?;
+        // How many of its drafts each row may accept at most (its own, then fewer when
+        // its processors reject one); rows whose processors failed accept none.
+        let mut limits: Vec<usize> = (0..b).map(|r| lens[r].min(drafts[r].len())).collect();
+        let mut failed: Vec<Option<EngineError>> = (0..b).map(|_| None).collect();
+        let logits = if self.rows.iter().any(|r| r.seq.has_processors()) {
+            let v = logits.dim(2)?;
+            let mut parts = Vec::with_capacity(b);
+            for (r, row) in self.rows.iter_mut().enumerate() {
+                let r32 = r as i32;
+                let own = logits
+                    .slice(&[r32, 0, 0], &[r32 + 1, l as i32, v], None)?
+                    .reshape(&[l as i32, v])?;
+                if !row.seq.has_processors() {
+                    parts.push(own);
+                    continue;
+                }
+                match Guide::new(row).verify(&own, &drafts[r][..limits[r]]) {
+                    Ok((p, n)) => {
+                        limits[r] = n;
+                        parts.push(p);
+                    }
+                    Err(e) => {
+                        limits[r] = 0;
+                        failed[r] = Some(e);
+                        parts.push(own);
+                    }
+                }
+            }
+            let refs: Vec<&Array> = parts.iter().collect();
+            ops::stack(&refs, 0)?
+        } else {
+            logits
+        };
         let mut samplers: Vec<&mut step::RowSampling> =
             self.rows.iter_mut().map(|r| r.seq.sampling_mut()).collect();
         let (tokens, logprobs) = step::sample_positions(&mut samplers, &logits)?;
@@ -305,41 +388,21 @@ impl SpecBatch {
         };
         let accepted: Vec<usize> = (0..b)
             .map(|r| {
-                (0..lens[r].min(drafts[r].len()))
+                (0..limits[r])
                     .take_while(|&i| toks[r * l + i] == drafts[r][i])
                     .count()
             })
             .collect();
-        // What each row keeps: with the draft model the fewest drafts any row accepted
-        // (the draft caches trim uniformly); by prompt lookup its own acceptance.
-        let m = accepted.iter().copied().min().unwrap_or(0);
-        let keep: Vec<usize> = if draft.is_some() {
-            vec![m; b]
-        } else {
-            accepted.clone()
-        };
+        // Each row keeps its own acceptance.
+        let keep = accepted;
         let most = keep.iter().copied().max().unwrap_or(0);
         // The target caches hold `y` and every row's `k` drafts: keep `y` and `most`,
         // then roll each row's rejected positions in front of it, where they are
         // masked (as a right-padded prefill chunk is finalized).
         mlx_cache::trim_prompt_cache(self.cache.layers_mut(), (k - most) as i32);
-        if keep.iter().any(|&a| a < most) {
-            let pad: Vec<i32> = keep.iter().map(|&a| (most - a) as i32).collect();
-            let lengths: Vec<i32> = keep.iter().map(|&a| a as i32 + 1).collect();
-            self.cache
-                .prepare_right_padding(&lengths, &pad)
-                .map_err(cache_err)?;
-            self.cache.finalize().map_err(cache_err)?;
-        }
+        roll_rejected(&mut self.cache, &keep, most, 1)?;
         if draft.is_some() && k > 0 {
-            // The draft caches hold `y` and drafts `0..k-1`.
-            if m < k {
-                mlx_cache::trim_prompt_cache(self.draft_cache.layers_mut(), (k - 1 - m) as i32);
-            } else {
-                for (lag, d) in self.lag.iter_mut().zip(&drafts) {
-                    lag.push(d[k - 1]);
-                }
-            }
+            self.keep_drafted(&keep, &drafts, k, lagged)?;
         }
         let v = logprobs.dim(2)?;
         let mut out = Vec::with_capacity(b * (most + 1));
@@ -353,6 +416,12 @@ impl SpecBatch {
             }
             round.drafted += lens[r] as u64;
             row.drafted += lens[r] as u64;
+            if let Some(e) = failed[r].take() {
+                out.push((row.seq.id(), Outcome::Failed(e)));
+                row.y = toks[r * l];
+                row.y_unfed = true;
+                continue;
+            }
             let req = std::sync::Arc::clone(&row.seq.job().req);
             let m = keep[r];
             for i in 0..=m {
@@ -395,9 +464,160 @@ impl SpecBatch {
         Ok((out, round))
     }
 
+    /// After a round of `k` model drafts, the draft caches keep what each row accepted
+    /// (`keep[r]` drafts): of the round's tokens `y, drafts[r][..keep[r]]` (the target's
+    /// history now) all but those the draft model was not fed. It was fed the `lagged`
+    /// tokens, `y` and drafts `0..k-1`, so a row that accepted all `k` lags by its last
+    /// draft; then every row lags by its last kept token, so that the next round's
+    /// first draft step feeds as many tokens for every row. Each row's rejected
+    /// positions are rolled in front of it and masked, as in the target caches.
+    fn keep_drafted(
+        &mut self,
+        keep: &[usize],
+        drafts: &[Vec<u32>],
+        k: usize,
+        lagged: usize,
+    ) -> Result<()> {
+        let lag = usize::from(keep.iter().any(|&a| a >= k));
+        // Of the round's `k` fed positions (after the lagged ones), those each row keeps.
+        let kept: Vec<usize> = keep.iter().map(|&a| (a + 1 - lag).min(k)).collect();
+        let most = kept.iter().copied().max().unwrap_or(0);
+        mlx_cache::trim_prompt_cache(self.draft_cache.layers_mut(), (k - most) as i32);
+        roll_rejected(&mut self.draft_cache, &kept, most, lagged)?;
+        if lag == 1 {
+            for (r, l) in self.lag.iter_mut().enumerate() {
+                let last = match keep[r] {
+                    0 => self.rows[r].y,
+                    a => drafts[r][a - 1],
+                };
+                l.push(last);
+            }
+        }
+        Ok(())
+    }
+
     fn position(&self, id: SeqId) -> Option<usize> {
         self.rows.iter().position(|r| r.seq.id() == id)
     }
+}
+
+/// Rolls each row's positions past its `kept[r]` of a chunk (the batch holds `most` of
+/// it for every row, after `before` positions of the same chunk) in front of the row,
+/// where they are masked: the finalization of a right-padded prefill chunk.
+fn roll_rejected(
+    cache: &mut BatchPromptCache,
+    kept: &[usize],
+    most: usize,
+    before: usize,
+) -> Result<()> {
+    if kept.iter().all(|&a| a == most) {
+        return Ok(());
+    }
+    let pad: Vec<i32> = kept.iter().map(|&a| (most - a) as i32).collect();
+    let lengths: Vec<i32> = kept.iter().map(|&a| (a + before) as i32).collect();
+    cache
+        .prepare_right_padding(&lengths, &pad)
+        .map_err(cache_err)?;
+    cache.finalize().map_err(cache_err)
+}
+
+/// A fork of a row's processors that runs ahead of the row over drafted tokens, with
+/// the history they make (the prompt, the generated tokens, then the drafts taken):
+/// what the row's own processors would see if the drafts were emitted. The row's own
+/// processors are not touched.
+struct Guide {
+    procs: LogitsProcessors,
+    history: Vec<u32>,
+}
+
+impl Guide {
+    fn new(row: &mut Row) -> Guide {
+        let mut history = row.seq.job().req.prompt.clone();
+        history.extend_from_slice(&row.generated);
+        Guide {
+            procs: row.seq.sampling_mut().fork_processors(),
+            history,
+        }
+    }
+
+    /// The processors on the logits `[1, vocab]` of the next position.
+    fn process(&mut self, logits: &Array) -> Result<Array> {
+        let h = Array::from_slice(&self.history, &[self.history.len() as i32])?;
+        Ok(self.procs.process_with_history(&h, logits)?)
+    }
+
+    /// Takes `token` as the next token: `false` when the processors cannot go on with
+    /// it (a constraint rejected it: a dead end).
+    fn take(&mut self, token: u32) -> Result<bool> {
+        self.procs.accept(token)?;
+        if self.procs.dead_end() {
+            return Ok(false);
+        }
+        self.history.push(token);
+        Ok(true)
+    }
+
+    /// The verification logits `[L, vocab]` of the row processed position by position:
+    /// position `i` after the guide took `drafts[..i]`. Stops at the first draft the
+    /// processors reject, or before the first position they fail on (the positions
+    /// after keep their logits: they are never emitted; a failure at the first
+    /// position is the row's). Returns the processed logits and how many drafts may
+    /// be accepted.
+    fn verify(mut self, logits: &Array, drafts: &[u32]) -> Result<(Array, usize)> {
+        let (l, v) = (logits.dim(0)?, logits.dim(1)?);
+        let mut n = drafts.len();
+        let mut parts = Vec::with_capacity(l as usize);
+        for i in 0..l {
+            let row = logits.slice(&[i, 0], &[i + 1, v], None)?;
+            let iu = i as usize;
+            if iu > n {
+                parts.push(row);
+                continue;
+            }
+            match self.process(&row) {
+                Ok(p) => parts.push(p),
+                // The round emits up to the position before; the next round fails
+                // the row where the plain batch would.
+                Err(_) if iu > 0 => {
+                    n = iu - 1;
+                    parts.push(row);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            if iu < n && !self.take(drafts[iu])? {
+                n = iu;
+            }
+        }
+        let refs: Vec<&Array> = parts.iter().collect();
+        Ok((ops::concatenate(&refs, 0)?, n))
+    }
+}
+
+/// The draft model's logits `[B, vocab]` with each guided row (where `active`) under
+/// its guide; a guide that fails is dropped (the row then drafts greedily; its
+/// verification reports the failure).
+fn guide_rows(
+    guides: &mut [Option<Guide>],
+    logits: &Array,
+    active: impl Fn(usize) -> bool,
+) -> Result<Array> {
+    let v = logits.dim(1)?;
+    let mut parts = Vec::with_capacity(guides.len());
+    for (r, g) in guides.iter_mut().enumerate() {
+        let r32 = r as i32;
+        let row = logits.slice(&[r32, 0], &[r32 + 1, v], None)?;
+        let processed = match g.as_mut() {
+            Some(gd) if active(r) => gd.process(&row).ok(),
+            _ => None,
+        };
+        if processed.is_none() && active(r) {
+            *g = None;
+        }
+        parts.push(processed.unwrap_or(row));
+    }
+    let refs: Vec<&Array> = parts.iter().collect();
+    Ok(ops::concatenate(&refs, 0)?)
 }
 
 impl Row {

@@ -1,0 +1,56 @@
+//! Helpers shared by the speculation tests.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
+use mlx_array::{random, Array};
+use mlx_models::LanguageModel;
+use std::path::PathBuf;
+
+/// The model `name` (of `goldens/generate/models`) with Gaussian noise (`scale` times
+/// each tensor's RMS) added to every weight: a draft model that agrees with it often,
+/// not always (its files live as long as the returned directory).
+pub fn noisy_copy(name: &str, scale: f32) -> (Box<dyn LanguageModel>, tempfile::TempDir) {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../goldens/generate/models")
+        .join(name);
+    let (weights, _) = mlx_array::io::load_safetensors(src.join("model.safetensors")).unwrap();
+    let key = mlx_array::random::key(5).unwrap();
+    let keys = mlx_array::random::split(&key, weights.len() as i32).unwrap();
+    let noisy: Vec<(String, Array)> = weights
+        .iter()
+        .enumerate()
+        .map(|(n, (name, w))| {
+            let n = n as i32;
+            let k = keys
+                .slice(&[n, 0], &[n + 1, 2], None)
+                .unwrap()
+                .squeeze(Some(&[0]))
+                .unwrap();
+            let rms = w
+                .square()
+                .unwrap()
+                .mean(None, false)
+                .unwrap()
+                .sqrt()
+                .unwrap();
+            let noise = random::normal(&w.shape(), w.dtype(), None, None, Some(&k)).unwrap();
+            let scaled = noise
+                .multiply(
+                    &rms.multiply(&Array::scalar_f64(scale as f64, w.dtype()).unwrap())
+                        .unwrap(),
+                )
+                .unwrap();
+            (name.clone(), w.add(&scaled).unwrap())
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    mlx_array::io::save_safetensors(
+        dir.path().join("model.safetensors"),
+        noisy.iter().map(|(n, a)| (n.as_str(), a)),
+        [("format", "mlx")],
+    )
+    .unwrap();
+    let model = mlx_models::load_model(dir.path())
+        .expect("load the noisy draft")
+        .0;
+    (model, dir)
+}
