@@ -253,3 +253,60 @@ fn missing_and_misfitting_adapters_are_refused_and_the_server_keeps_serving() {
         before
     );
 }
+
+/// The adapters `/v1/models` lists as resident on the model `model`.
+fn resident(port: u16, model: &str) -> Value {
+    let (status, models) = request(port, "GET", "/v1/models", "");
+    assert_eq!(status, 200, "{models}");
+    let models: Value = serde_json::from_str(models.trim()).unwrap();
+    let entries = models["data"].as_array().unwrap();
+    assert!(
+        entries
+            .iter()
+            .all(|e| !e["id"].as_str().unwrap().contains('@')),
+        "an adapter loaded as a model of its own: {models}"
+    );
+    let base = entries.iter().find(|e| e["id"] == json!(model)).unwrap();
+    assert_eq!(base["state"], "loaded", "{models}");
+    base.get("resident_adapters")
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn with_one_resident_adapter_the_least_recently_used_is_evicted_and_reloaded() {
+    let py = common::mlx_lm_python("mlx_lm.generate");
+    let tmp = TempDir::new("resident-adapters-evict");
+    let m = common::golden_model("llama-small-f32");
+    let (x, y) = (tmp.0.join("x"), tmp.0.join("y"));
+    common::make_adapters_seeded(&py, &m, &x, "lora", 7);
+    common::make_adapters_seeded(&py, &m, &y, "lora", 11);
+    let (m, x, y) = (
+        m.display().to_string(),
+        x.display().to_string(),
+        y.display().to_string(),
+    );
+    let prompt = "the quick brown fox";
+    let own: Vec<String> = [&x, &y]
+        .iter()
+        .map(|a| {
+            let s = start(&["--model", &m, "--adapter-path", a]);
+            complete(s.port, prompt, None)
+        })
+        .collect();
+    assert_ne!(own[0], own[1], "adapters X and Y give the same text");
+
+    let s = start(&["--model", &m, "--max-resident-adapters", "1"]);
+    let plain = complete(s.port, prompt, None);
+    assert_eq!(resident(s.port, &m), Value::Null);
+    // X, then Y (X is evicted to make room), then X again (Y is evicted, X reloaded):
+    // each answer is that of the server started with those adapters.
+    for (a, want) in [(&x, &own[0]), (&y, &own[1]), (&x, &own[0])] {
+        assert_eq!(&complete(s.port, prompt, Some(a)), want, "adapters {a}");
+        assert_eq!(resident(s.port, &m), json!([a]), "after a request with {a}");
+    }
+    // Twice in a row: kept, not reloaded; the base model is unchanged by all this.
+    assert_eq!(&complete(s.port, prompt, Some(&x)), &own[0]);
+    assert_eq!(resident(s.port, &m), json!([x]));
+    assert_eq!(complete(s.port, prompt, None), plain);
+}
