@@ -26,13 +26,17 @@ impl Drop for Server {
 }
 
 fn start(args: &[&str]) -> Server {
+    start_program(Command::new(env!("CARGO_BIN_EXE_mlx-server")).args(args))
+}
+
+/// Starts `program` with `--port` and a free port, and waits until it listens.
+fn start_program(program: &mut Command) -> Server {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_mlx-server"))
-        .args(args)
+    let child = program
         .args(["--port", &port.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -309,4 +313,50 @@ fn with_one_resident_adapter_the_least_recently_used_is_evicted_and_reloaded() {
     assert_eq!(&complete(s.port, prompt, Some(&x)), &own[0]);
     assert_eq!(resident(s.port, &m), json!([x]));
     assert_eq!(complete(s.port, prompt, None), plain);
+}
+
+#[test]
+fn seeded_sampling_with_request_adapters_gives_mlx_lm_servers_tokens() {
+    // mlx-lm's server loads the model with the request's adapters (building the LoRA
+    // layers draws keys from MLX's global sequence), then seeds that sequence with the
+    // request's seed and samples from it: the load's draws do not reach the answer.
+    // Ours keeps the adapters resident and gives each seeded request its own sequence
+    // from `mx.random.seed(seed)`: the same tokens, every one of them.
+    let py = common::mlx_lm_python("mlx_lm.server");
+    let tmp = TempDir::new("resident-adapters-seeded");
+    let m = common::golden_model("llama-small-f32");
+    let x = tmp.0.join("x");
+    common::make_adapters_seeded(&py, &m, &x, "lora", 7);
+    let (m, x) = (m.display().to_string(), x.display().to_string());
+    let theirs = start_program(
+        Command::new(&py)
+            .args(["-m", "mlx_lm.server", "--model", &m])
+            .current_dir(common::root()),
+    );
+    let ours = start(&["--model", &m]);
+    let ask = |port: u16, seed: u64, adapters: Option<&str>| {
+        let mut body = json!({"model": m, "prompt": "hello world", "max_tokens": 16,
+                              "temperature": 0.9, "seed": seed});
+        if let Some(a) = adapters {
+            body["adapters"] = json!(a);
+        }
+        let (status, v) = post(port, &body);
+        assert_eq!(status, 200, "{v}");
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let mut answers = Vec::new();
+    for adapters in [Some(x.as_str()), None, Some(x.as_str())] {
+        for seed in [3, 5] {
+            let want = ask(theirs.port, seed, adapters);
+            assert_eq!(
+                ask(ours.port, seed, adapters),
+                want,
+                "seed {seed} {adapters:?}"
+            );
+            answers.push(want);
+        }
+    }
+    assert_ne!(answers[0], answers[1], "seeds 3 and 5 give the same text");
+    assert_ne!(answers[0], answers[2], "the adapters changed nothing");
+    assert_eq!(answers[0], answers[4], "a seeded answer changed");
 }
