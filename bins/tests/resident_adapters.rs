@@ -26,13 +26,17 @@ impl Drop for Server {
 }
 
 fn start(args: &[&str]) -> Server {
+    start_program(Command::new(env!("CARGO_BIN_EXE_mlx-server")).args(args))
+}
+
+/// Starts `program` with `--port` and a free port, and waits until it listens.
+fn start_program(program: &mut Command) -> Server {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_mlx-server"))
-        .args(args)
+    let child = program
         .args(["--port", &port.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -252,4 +256,107 @@ fn missing_and_misfitting_adapters_are_refused_and_the_server_keeps_serving() {
         complete(s.port, "hello world", Some(good.to_str().unwrap())),
         before
     );
+}
+
+/// The adapters `/v1/models` lists as resident on the model `model`.
+fn resident(port: u16, model: &str) -> Value {
+    let (status, models) = request(port, "GET", "/v1/models", "");
+    assert_eq!(status, 200, "{models}");
+    let models: Value = serde_json::from_str(models.trim()).unwrap();
+    let entries = models["data"].as_array().unwrap();
+    assert!(
+        entries
+            .iter()
+            .all(|e| !e["id"].as_str().unwrap().contains('@')),
+        "an adapter loaded as a model of its own: {models}"
+    );
+    let base = entries.iter().find(|e| e["id"] == json!(model)).unwrap();
+    assert_eq!(base["state"], "loaded", "{models}");
+    base.get("resident_adapters")
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn with_one_resident_adapter_the_least_recently_used_is_evicted_and_reloaded() {
+    let py = common::mlx_lm_python("mlx_lm.generate");
+    let tmp = TempDir::new("resident-adapters-evict");
+    let m = common::golden_model("llama-small-f32");
+    let (x, y) = (tmp.0.join("x"), tmp.0.join("y"));
+    common::make_adapters_seeded(&py, &m, &x, "lora", 7);
+    common::make_adapters_seeded(&py, &m, &y, "lora", 11);
+    let (m, x, y) = (
+        m.display().to_string(),
+        x.display().to_string(),
+        y.display().to_string(),
+    );
+    let prompt = "the quick brown fox";
+    let own: Vec<String> = [&x, &y]
+        .iter()
+        .map(|a| {
+            let s = start(&["--model", &m, "--adapter-path", a]);
+            complete(s.port, prompt, None)
+        })
+        .collect();
+    assert_ne!(own[0], own[1], "adapters X and Y give the same text");
+
+    let s = start(&["--model", &m, "--max-resident-adapters", "1"]);
+    let plain = complete(s.port, prompt, None);
+    assert_eq!(resident(s.port, &m), Value::Null);
+    // X, then Y (X is evicted to make room), then X again (Y is evicted, X reloaded):
+    // each answer is that of the server started with those adapters.
+    for (a, want) in [(&x, &own[0]), (&y, &own[1]), (&x, &own[0])] {
+        assert_eq!(&complete(s.port, prompt, Some(a)), want, "adapters {a}");
+        assert_eq!(resident(s.port, &m), json!([a]), "after a request with {a}");
+    }
+    // Twice in a row: kept, not reloaded; the base model is unchanged by all this.
+    assert_eq!(&complete(s.port, prompt, Some(&x)), &own[0]);
+    assert_eq!(resident(s.port, &m), json!([x]));
+    assert_eq!(complete(s.port, prompt, None), plain);
+}
+
+#[test]
+fn seeded_sampling_with_request_adapters_gives_mlx_lm_servers_tokens() {
+    // mlx-lm's server loads the model with the request's adapters (building the LoRA
+    // layers draws keys from MLX's global sequence), then seeds that sequence with the
+    // request's seed and samples from it: the load's draws do not reach the answer.
+    // Ours keeps the adapters resident and gives each seeded request its own sequence
+    // from `mx.random.seed(seed)`: the same tokens, every one of them.
+    let py = common::mlx_lm_python("mlx_lm.server");
+    let tmp = TempDir::new("resident-adapters-seeded");
+    let m = common::golden_model("llama-small-f32");
+    let x = tmp.0.join("x");
+    common::make_adapters_seeded(&py, &m, &x, "lora", 7);
+    let (m, x) = (m.display().to_string(), x.display().to_string());
+    let theirs = start_program(
+        Command::new(&py)
+            .args(["-m", "mlx_lm.server", "--model", &m])
+            .current_dir(common::root()),
+    );
+    let ours = start(&["--model", &m]);
+    let ask = |port: u16, seed: u64, adapters: Option<&str>| {
+        let mut body = json!({"model": m, "prompt": "hello world", "max_tokens": 16,
+                              "temperature": 0.9, "seed": seed});
+        if let Some(a) = adapters {
+            body["adapters"] = json!(a);
+        }
+        let (status, v) = post(port, &body);
+        assert_eq!(status, 200, "{v}");
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let mut answers = Vec::new();
+    for adapters in [Some(x.as_str()), None, Some(x.as_str())] {
+        for seed in [3, 5] {
+            let want = ask(theirs.port, seed, adapters);
+            assert_eq!(
+                ask(ours.port, seed, adapters),
+                want,
+                "seed {seed} {adapters:?}"
+            );
+            answers.push(want);
+        }
+    }
+    assert_ne!(answers[0], answers[1], "seeds 3 and 5 give the same text");
+    assert_ne!(answers[0], answers[2], "the adapters changed nothing");
+    assert_eq!(answers[0], answers[4], "a seeded answer changed");
 }

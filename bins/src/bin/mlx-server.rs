@@ -124,7 +124,9 @@ struct Args {
     #[arg(long, default_value_t = 300.0)]
     model_load_timeout: f64,
     /// MLX's memory limit in megabytes (1e6 bytes); requests whose KV cache and
-    /// activations would pass it wait or get 503 [default: MLX's limit].
+    /// activations would pass it wait or get 503, and a generation step that passes
+    /// it anyway stops its largest request with 503 [default: MLX's limit, for
+    /// admission only].
     #[arg(long)]
     memory_limit_mb: Option<u64>,
     /// A prompt-cache file (from mlx-cache-prompt) whose prompt is put in the prompt

@@ -208,3 +208,72 @@ pub fn permutation_n(n: i32, key: Option<&Array>) -> Result<Array> {
 pub fn next_key() -> Result<Array> {
     out1(|o| unsafe { sys::mlxs_random_next_key(o) })
 }
+
+/// A copy of a thread's global key sequence (its key), to draw from later: what Python's
+/// `mx.random.state` holds. [`KeyState::save`] copies the calling thread's sequence,
+/// [`KeyState::restore`] makes a copy the thread's sequence again, so draws with
+/// `key = None` (and [`next_key`]) continue from where that copy was. A seeded request
+/// keeps its own sequence this way: seeded once, continued draw after draw as if it had
+/// the thread to itself (mlx-lm's server seeds the global sequence per request).
+pub struct KeyState {
+    raw: std::ptr::NonNull<sys::mlxs_keyseq_s>,
+}
+
+// SAFETY: the handle owns a copy of a key sequence (one MLX array) that no thread shares;
+// it moves between threads like an `Array` and is never used from two at once.
+unsafe impl Send for KeyState {}
+
+impl KeyState {
+    /// A copy of the calling thread's global key sequence.
+    #[track_caller]
+    pub fn save() -> Result<KeyState> {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: on success the shim writes a new owned handle to `p`.
+        check(unsafe { sys::mlxs_random_state_save(&mut p) })?;
+        Self::owned(p)
+    }
+
+    /// The sequence `seed` starts (`mx.random.seed(seed)`), leaving the thread's own as
+    /// it was.
+    #[track_caller]
+    pub fn seeded(seed: u64) -> Result<KeyState> {
+        let before = KeyState::save()?;
+        self::seed(seed)?;
+        let seeded = KeyState::save();
+        before.restore()?;
+        seeded
+    }
+
+    /// Makes a copy of this sequence the calling thread's global key sequence.
+    #[track_caller]
+    pub fn restore(&self) -> Result<()> {
+        // SAFETY: `self.raw` is a live handle owned by `self`.
+        check(unsafe { sys::mlxs_random_state_restore(self.raw.as_ptr()) })
+    }
+
+    /// An independent copy (draws from one do not advance the other).
+    #[track_caller]
+    pub fn try_clone(&self) -> Result<KeyState> {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: `self.raw` is live; on success the shim writes a new owned handle.
+        check(unsafe { sys::mlxs_keyseq_clone(&mut p, self.raw.as_ptr()) })?;
+        Self::owned(p)
+    }
+
+    #[track_caller]
+    fn owned(p: sys::mlxs_keyseq) -> Result<KeyState> {
+        std::ptr::NonNull::new(p)
+            .map(|raw| KeyState { raw })
+            .ok_or_else(|| crate::Error::Mlx {
+                message: "MLX returned no key sequence".into(),
+                location: std::panic::Location::caller(),
+            })
+    }
+}
+
+impl Drop for KeyState {
+    fn drop(&mut self) {
+        // SAFETY: we own the handle.
+        unsafe { sys::mlxs_keyseq_free(self.raw.as_ptr()) }
+    }
+}

@@ -51,7 +51,8 @@ pub struct RowSampling {
     /// Rows with equal settings and no seed may sample in one call.
     settings: Option<Sampling>,
     processors: LogitsProcessors,
-    draws: u64,
+    /// A seeded row's own key sequence (see [`RowSampling::sample`]).
+    keys: Option<mlx_array::random::KeyState>,
 }
 
 impl RowSampling {
@@ -62,11 +63,11 @@ impl RowSampling {
             sampler: sampler.unwrap_or_else(|| Box::new(mlx_sample::GreedySampler)),
             settings: None,
             processors,
-            draws: 0,
+            keys: None,
         }
     }
 
-    /// The sampler of `sampling` (seeded per draw when it has a seed) and the
+    /// The sampler of `sampling` (with its own key sequence when it has a seed) and the
     /// processors of `logits` followed by `extra` (each built fresh).
     pub fn from_request(
         sampling: &Sampling,
@@ -83,11 +84,15 @@ impl RowSampling {
                     .map_err(|e| EngineError::Invalid(format!("invalid logits processor: {e}")))?,
             );
         }
+        let keys = match sampling.seed {
+            Some(seed) => Some(mlx_array::random::KeyState::seeded(seed)?),
+            None => None,
+        };
         Ok(RowSampling {
             sampler,
             settings: Some(sampling.clone()),
             processors,
-            draws: 0,
+            keys,
         })
     }
 
@@ -143,7 +148,10 @@ impl RowSampling {
             sampler,
             settings: self.settings.clone(),
             processors: self.processors.fork(),
-            draws: self.draws,
+            keys: match &self.keys {
+                Some(k) => Some(k.try_clone()?),
+                None => None,
+            },
         })
     }
 
@@ -151,18 +159,22 @@ impl RowSampling {
         Ok(self.processors.process(input, logits)?)
     }
 
-    /// Seeds MLX's generator for this draw when the row has a seed, and counts it.
-    fn seed_draw(&mut self) -> Result<()> {
-        if let Some(seed) = self.settings.as_ref().and_then(|s| s.seed) {
-            mlx_array::random::seed(step_seed(seed, self.draws))?;
-        }
-        self.draws += 1;
-        Ok(())
-    }
-
+    /// The row's sampler on `logprobs`. A seeded row draws from its own key sequence,
+    /// started by `mx.random.seed(seed)` and continued draw after draw, as mlx-lm's
+    /// server seeds MLX's global sequence for the request it serves alone: for the
+    /// draw it is made the thread's sequence, and the thread's own is put back after
+    /// (so other rows' draws are neither disturbed nor disturbing).
     fn sample(&mut self, logprobs: &Array) -> Result<Array> {
-        self.seed_draw()?;
-        Ok(self.sampler.sample(logprobs)?)
+        let Some(keys) = &mut self.keys else {
+            return Ok(self.sampler.sample(logprobs)?);
+        };
+        let outside = mlx_array::random::KeyState::save()?;
+        keys.restore()?;
+        let drawn = self.sampler.sample(logprobs);
+        let saved = mlx_array::random::KeyState::save();
+        outside.restore()?;
+        *keys = saved?;
+        Ok(drawn?)
     }
 
     fn shares_sampler_with(&self, other: &RowSampling) -> bool {
@@ -171,17 +183,6 @@ impl RowSampling {
             _ => false,
         }
     }
-}
-
-/// A seed for the `step`-th draw of a request seeded with `seed`.
-fn step_seed(seed: u64, step: u64) -> u64 {
-    if step == 0 {
-        return seed;
-    }
-    let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// A prefill chunk `tokens` (`[B, L]`) into the caches: the model call (pipelined layer
@@ -325,9 +326,6 @@ fn sample_rows(
     }
     if rest.iter().all(|r| first.shares_sampler_with(r)) {
         if let Ok(t) = first.sample(logprobs) {
-            for r in rest.iter_mut() {
-                r.seed_draw()?;
-            }
             return Ok(t);
         }
     }
@@ -361,11 +359,7 @@ pub fn sample_positions(rows: &mut [&mut RowSampling], logits: &Array) -> Result
         return Err(EngineError::Internal("a step with no rows".into()));
     };
     let tokens = if rest.iter().all(|r| first.shares_sampler_with(r)) {
-        let t = first.sample(&flat)?;
-        for r in rest.iter_mut() {
-            r.seed_draw()?;
-        }
-        t.astype(Dtype::Uint32)?
+        first.sample(&flat)?.astype(Dtype::Uint32)?
     } else {
         let mut parts = Vec::with_capacity(rows.len());
         for (e, r) in rows.iter_mut().enumerate() {

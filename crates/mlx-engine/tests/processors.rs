@@ -111,6 +111,7 @@ fn run_engine(dir: &str, kv: Option<KvQuantization>) {
         kv_quantization: kv,
         max_queue: 64,
         memory: None,
+        memory_limit: None,
         disk_cache: None,
         preload: Vec::new(),
     };

@@ -36,6 +36,7 @@ fn engine(name: &str, step: usize, kv: Option<KvQuantization>) -> Engine {
         kv_quantization: kv,
         max_queue: 64,
         memory: None,
+        memory_limit: None,
         disk_cache: None,
         preload: Vec::new(),
     };

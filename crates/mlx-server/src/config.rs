@@ -58,8 +58,9 @@ pub struct ServerConfig {
     pub context_length: Option<usize>,
     /// Interval of SSE keep-alive comments while a streamed request waits.
     pub keepalive_interval: Duration,
-    /// `--memory-limit-mb`: MLX's memory limit, set at start, and the bound requests
-    /// are admitted under (default: MLX's own limit).
+    /// `--memory-limit-mb`: MLX's memory limit, set at start, the bound requests are
+    /// admitted under (default: MLX's own limit) and, when set, the limit the engine
+    /// enforces on every generation step (MLX's allocators do not).
     pub memory_limit_bytes: Option<u64>,
     /// The adapters the model is served with (a request's `adapters` must name these).
     pub adapter_path: Option<String>,

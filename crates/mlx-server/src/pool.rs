@@ -488,6 +488,7 @@ impl Pool {
                 }
                 _ => None,
             },
+            memory_limit: cfg.memory_limit_bytes,
             disk_cache: cfg.prompt_cache_dir.as_ref().map(|dir| {
                 mlx_engine::batch::DiskCacheOptions {
                     dir: dir.clone(),

@@ -52,6 +52,9 @@ struct mlxs_closure_s {
 struct mlxs_kernel_s {
   mx::fast::CustomKernelFunction fn;
 };
+struct mlxs_keyseq_s {
+  mx::random::KeySequence ks;
+};
 
 namespace {
 
@@ -1192,6 +1195,22 @@ int mlxs_random_permutation_n(mlxs_array* out, int n, mlxs_array key, mlxs_strea
 }
 
 int mlxs_random_next_key(mlxs_array* out) { OUT1(mx::random::KeySequence::default_().next()); }
+int mlxs_random_state_save(mlxs_keyseq* out) {
+  return guard([&] { *out = new mlxs_keyseq_s{mx::random::KeySequence::default_()}; });
+}
+int mlxs_random_state_restore(mlxs_keyseq state) {
+  return guard([&] {
+    if (state == nullptr) throw std::invalid_argument("null key sequence handle");
+    mx::random::KeySequence::default_() = state->ks;
+  });
+}
+int mlxs_keyseq_clone(mlxs_keyseq* out, mlxs_keyseq state) {
+  return guard([&] {
+    if (state == nullptr) throw std::invalid_argument("null key sequence handle");
+    *out = new mlxs_keyseq_s{state->ks};
+  });
+}
+void mlxs_keyseq_free(mlxs_keyseq state) { delete state; }
 
 /* ---------- linalg ---------- */
 int mlxs_linalg_norm(mlxs_array* out, mlxs_array a, int ord_kind, double ord, const char* ord_str,

@@ -29,6 +29,7 @@ typedef struct mlxs_strmap_s* mlxs_strmap;
 typedef struct mlxs_gguf_meta_s* mlxs_gguf_meta;
 typedef struct mlxs_closure_s* mlxs_closure;
 typedef struct mlxs_kernel_s* mlxs_kernel;
+typedef struct mlxs_keyseq_s* mlxs_keyseq;
 
 typedef enum {
   MLXS_BOOL = 0,
@@ -428,6 +429,12 @@ int mlxs_random_truncated_normal(mlxs_array* out, mlxs_array lower, mlxs_array u
 int mlxs_random_permutation(mlxs_array* out, mlxs_array x, int axis, mlxs_array key, mlxs_stream s);
 /* A random permutation of arange(n), as uint32 (Python's `permutation(int)`). */
 int mlxs_random_permutation_n(mlxs_array* out, int n, mlxs_array key, mlxs_stream s);
+/* The calling thread's global key sequence: a copy of it (`save`), put back (`restore`),
+   copied, freed. A sequence of draws can so keep its own keys (a seeded request). */
+int mlxs_random_state_save(mlxs_keyseq* out);
+int mlxs_random_state_restore(mlxs_keyseq state);
+int mlxs_keyseq_clone(mlxs_keyseq* out, mlxs_keyseq state);
+void mlxs_keyseq_free(mlxs_keyseq state);
 /* The next key of this thread's global key sequence (what a draw without a key uses). */
 int mlxs_random_next_key(mlxs_array* out);
 

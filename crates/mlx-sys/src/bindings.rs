@@ -44,6 +44,12 @@ pub struct mlxs_kernel_s {
     _unused: [u8; 0],
 }
 pub type mlxs_kernel = *mut mlxs_kernel_s;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct mlxs_keyseq_s {
+    _unused: [u8; 0],
+}
+pub type mlxs_keyseq = *mut mlxs_keyseq_s;
 pub const MLXS_BOOL: mlxs_dtype = 0;
 pub const MLXS_UINT8: mlxs_dtype = 1;
 pub const MLXS_UINT16: mlxs_dtype = 2;
@@ -1532,6 +1538,18 @@ unsafe extern "C" {
         key: mlxs_array,
         s: mlxs_stream,
     ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_random_state_save(out: *mut mlxs_keyseq) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_random_state_restore(state: mlxs_keyseq) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_keyseq_clone(out: *mut mlxs_keyseq, state: mlxs_keyseq) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_keyseq_free(state: mlxs_keyseq);
 }
 unsafe extern "C" {
     pub fn mlxs_random_next_key(out: *mut mlxs_array) -> ::std::os::raw::c_int;

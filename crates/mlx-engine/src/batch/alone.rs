@@ -24,6 +24,18 @@ impl Alone {
         self.seqs.push(seq);
     }
 
+    /// The sequences [`Alone::prefill`] with `budget` steps.
+    pub fn prefilling(&self, budget: usize) -> Vec<SeqId> {
+        let prefilling = self.seqs.iter().filter(|s| !s.decoding());
+        prefilling.take(budget).map(|s| s.id()).collect()
+    }
+
+    /// The sequences [`Alone::decode`] steps.
+    pub fn decoding(&self) -> Vec<SeqId> {
+        let decoding = self.seqs.iter().filter(|s| s.decoding());
+        decoding.map(|s| s.id()).collect()
+    }
+
     /// One prefill chunk (or the first decoding step) of up to `budget` sequences still
     /// prefilling, in order.
     pub fn prefill(
@@ -124,6 +136,10 @@ impl Stage for Alone {
 
     fn get_mut(&mut self, id: SeqId) -> Option<&mut Sequence> {
         self.seqs.iter_mut().find(|s| s.id() == id)
+    }
+
+    fn stepping(&self) -> Vec<SeqId> {
+        self.seqs.iter().map(|s| s.id()).collect()
     }
 
     fn cancelled(&self) -> Vec<SeqId> {

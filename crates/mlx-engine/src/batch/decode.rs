@@ -219,6 +219,10 @@ impl Stage for DecodeBatch {
         self.rows.iter_mut().find(|r| r.id() == id)
     }
 
+    fn stepping(&self) -> Vec<SeqId> {
+        self.rows.iter().map(|r| r.id()).collect()
+    }
+
     fn cancelled(&self) -> Vec<SeqId> {
         self.rows
             .iter()

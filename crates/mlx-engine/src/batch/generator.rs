@@ -136,6 +136,7 @@ impl BatchGenerator {
                 kv_quantization: None,
                 max_queue: usize::MAX,
                 memory: None,
+                memory_limit: None,
                 disk_cache: None,
                 preload: Vec::new(),
             },

@@ -12,6 +12,7 @@ mod alone;
 mod decode;
 mod disk_cache;
 mod generator;
+mod guard;
 mod metrics;
 mod prefill;
 mod prompt_cache;

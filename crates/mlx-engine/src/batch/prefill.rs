@@ -200,6 +200,10 @@ impl Stage for PrefillBatch {
             .find(|r| r.id() == id)
     }
 
+    fn stepping(&self) -> Vec<SeqId> {
+        self.rows.iter().map(|r| r.id()).collect()
+    }
+
     fn cancelled(&self) -> Vec<SeqId> {
         self.rows
             .iter()

@@ -16,6 +16,7 @@ use super::admission::{Admit, MemoryAdmission};
 use super::alone::Alone;
 use super::decode::DecodeBatch;
 use super::disk_cache::{DiskCache, DiskCacheOptions};
+use super::guard::{self, Over};
 use super::metrics::EngineMetrics;
 use super::prefill::PrefillBatch;
 use super::prompt_cache::{CacheKind, PromptCache};
@@ -56,6 +57,11 @@ pub struct EngineOptions {
     pub max_queue: usize,
     /// Memory admission (`None`: sequences are admitted whatever they will take).
     pub memory: Option<MemoryAdmission>,
+    /// The memory limit enforced while generating, in bytes (`None`: none): a step
+    /// whose MLX peak memory goes over it stops its largest sequence with
+    /// [`EngineError::Unavailable`] unless the prompt cache can give the excess back
+    /// (MLX's own allocators do not fail at the limit; see `guard.rs`).
+    pub memory_limit: Option<u64>,
     /// The prompt cache's disk tier (needs `prompt_cache_size` >= 1).
     pub disk_cache: Option<DiskCacheOptions>,
     /// Prompt-cache files (mlx-lm's format, with their tokens in the metadata) put in
@@ -697,6 +703,7 @@ impl Shared {
         }
         let tic = Instant::now();
         let checkpoints = self.opts.prompt_cache_size > 0;
+        guard::watch(self.opts.memory_limit);
         let stepped = prefilling.step(model, self.opts.prefill_step_size, checkpoints);
         let took = tic.elapsed();
         self.metrics.prefill_micros.add(took.as_micros() as u64);
@@ -707,7 +714,11 @@ impl Shared {
             mlx_array::memory::note(),
         );
         match stepped {
-            Ok(progress) => self.route(prefilling, progress),
+            Ok(progress) => {
+                let rows = prefilling.stepping();
+                self.enforce_memory_limit(prefilling, &rows);
+                self.route(prefilling, progress)
+            }
             Err(e) => return self.fail_seqs(prefilling.drain_rows(), e),
         }
         match prefilling.take_ready() {
@@ -835,6 +846,7 @@ impl Shared {
         if batch.len() == 0 {
             return;
         }
+        guard::watch(self.opts.memory_limit);
         let (outcomes, round) = match batch.step(model, draft) {
             Ok(r) => r,
             Err(e) => {
@@ -853,6 +865,8 @@ impl Shared {
             round.accepted,
             round.drafted
         );
+        let rows = batch.stepping();
+        self.enforce_memory_limit(batch, &rows);
         self.route(batch, outcomes);
     }
 
@@ -893,6 +907,7 @@ impl Shared {
             return;
         }
         let rows = decoding.len() as u64;
+        guard::watch(self.opts.memory_limit);
         let outcomes = match decoding.step(model) {
             Ok(r) => r,
             Err(e) => {
@@ -906,6 +921,8 @@ impl Shared {
             "engine: decoding step of {rows} row(s) queued ({})",
             mlx_array::memory::note()
         );
+        let stepped = decoding.stepping();
+        self.enforce_memory_limit(decoding, &stepped);
         self.route(decoding, outcomes);
     }
 
@@ -917,10 +934,47 @@ impl Shared {
             self.opts.prefill_step_size,
             self.opts.kv_quantization,
         );
+        let stepping = alone.prefilling(budget);
+        guard::watch(self.opts.memory_limit);
         let progress = alone.prefill(model, budget, step, kv, &self.metrics);
+        self.enforce_memory_limit(alone, &stepping);
         self.route(alone, progress);
+        let stepping = alone.decoding();
+        guard::watch(self.opts.memory_limit);
         let outcomes = alone.decode(model, kv, &self.metrics);
+        self.enforce_memory_limit(alone, &stepping);
         self.route(alone, outcomes);
+    }
+
+    /// After a step of `stage` run by `stepping` (watched with [`guard::watch`]): over
+    /// the enforced memory limit, the prompt cache gives the excess back when it holds
+    /// that much, else the largest of them fails (its caches freed, the prompt cache
+    /// halved at the end of the loop).
+    fn enforce_memory_limit(&mut self, stage: &mut dyn Stage, stepping: &[SeqId]) {
+        let Some(limit) = self.opts.memory_limit else {
+            return;
+        };
+        let peak = guard::peak();
+        match guard::judge(limit, peak, self.cache.nbytes()) {
+            Over::No => {}
+            Over::Reclaim(bytes) => {
+                tracing::warn!(
+                    "engine: a step took MLX's memory {bytes} bytes over the limit; the prompt cache gives them back"
+                );
+                let keep = self.cache.nbytes().saturating_sub(bytes);
+                self.cache.trim_to(usize::MAX, keep);
+                self.update_cache_metrics();
+                mlx_array::memory::clear_cache();
+            }
+            Over::Fail(msg) => {
+                let Some(id) = guard::largest(stage, stepping) else {
+                    return;
+                };
+                self.mlx_failed.set(true);
+                let failed = Outcome::Failed(EngineError::Unavailable(msg));
+                self.route(stage, vec![(id, failed)]);
+            }
+        }
     }
 
     /// A sequence for `job`: its caches from the prompt cache (or new); `Started` sent.

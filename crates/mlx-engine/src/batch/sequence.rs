@@ -128,6 +128,12 @@ impl Sequence {
         (self.fed, self.caches)
     }
 
+    /// Tokens its caches will hold at this point: the whole prompt and what it
+    /// generated (the measure of which sequence a step over the memory limit stops).
+    pub fn footprint(&self) -> usize {
+        self.job.req.prompt.len() + self.generated
+    }
+
     /// Bytes held by its own caches.
     pub fn nbytes(&self) -> usize {
         self.caches.iter().map(|c| c.nbytes()).sum()

@@ -659,6 +659,10 @@ impl Stage for SpecBatch {
             .map(|r| &mut r.seq)
     }
 
+    fn stepping(&self) -> Vec<SeqId> {
+        self.rows.iter().map(|r| r.seq.id()).collect()
+    }
+
     fn cancelled(&self) -> Vec<SeqId> {
         self.rows
             .iter()

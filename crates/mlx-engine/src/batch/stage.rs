@@ -64,6 +64,8 @@ pub(crate) trait Stage {
     fn nbytes(&self) -> usize;
     /// The sequence `id`, if it is here.
     fn get_mut(&mut self, id: SeqId) -> Option<&mut Sequence>;
+    /// Ids of the sequences its next step runs (those waiting in it excluded).
+    fn stepping(&self) -> Vec<SeqId>;
     /// Ids of the sequences no longer wanted.
     fn cancelled(&self) -> Vec<SeqId>;
     /// Takes sequences out by id (ids not here are ignored). An `Err` means the
