@@ -86,6 +86,7 @@ fn opts() -> EngineOptions {
         kv_quantization: None,
         max_queue: 64,
         memory: None,
+        memory_limit: None,
         disk_cache: None,
         preload: Vec::new(),
     }
