@@ -197,7 +197,8 @@ impl CohereModel {
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            h = layer.forward(&h, masks.get(layer.sliding), cache)?;
+            let mask = masks.get(layer.sliding);
+            h = mlx_nn::checkpoint::layer(layer, &h, mask, cache, TransformerBlock::forward)?;
         }
         let out = self.norm.forward(&h)?;
         head::logits(

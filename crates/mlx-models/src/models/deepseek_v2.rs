@@ -387,11 +387,13 @@ impl Stack {
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            let x = layer.input_layernorm.forward(&h)?;
-            let h2 = h.add(&layer.self_attn.forward(&x, &mask, cache)?)?;
-            h = layer
-                .mlp
-                .forward(&layer.post_attention_layernorm.forward(&h2)?, Some(&h2))?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |layer, h, mask, cache| {
+                let x = layer.input_layernorm.forward(h)?;
+                let h2 = h.add(&layer.self_attn.forward(&x, mask, cache)?)?;
+                layer
+                    .mlp
+                    .forward(&layer.post_attention_layernorm.forward(&h2)?, Some(&h2))
+            })?;
         }
         self.norm.forward(&h)
     }

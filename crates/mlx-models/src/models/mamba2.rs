@@ -9,7 +9,7 @@ use mlx_array::{ops, Array, Dtype, Result};
 use mlx_nn::activations::{silu, swiglu};
 use mlx_nn::cache::ArraysState;
 use mlx_nn::ssm::{ssm_attn, SsmParams};
-use mlx_nn::{impl_module, EmbeddingLayer, KvCache, LinearLayer, Param, RmsNorm};
+use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Param, RmsNorm};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -401,11 +401,18 @@ impl LanguageModel for Model {
             .zip(layer_caches(caches, m.layers.len())?)
             .enumerate()
         {
-            let state = recurrent_state(cache, i, "state-space")?;
-            let out = layer
-                .mixer
-                .forward(&layer.norm.forward(&h)?, mask.as_ref(), state)?;
-            h = out.add(&h)?;
+            let mask = mask.clone();
+            let forward = move |layer: &ResidualBlock,
+                                h: &Array,
+                                _: &AttnMask,
+                                cache: Option<&mut dyn KvCache>| {
+                let state = recurrent_state(cache, i, "state-space")?;
+                let out = layer
+                    .mixer
+                    .forward(&layer.norm.forward(h)?, mask.as_ref(), state)?;
+                out.add(h)
+            };
+            h = mlx_nn::checkpoint::layer(layer, &h, &AttnMask::None, cache, forward)?;
         }
         let out = m.norm_f.forward(&h)?;
         match &self.lm_head {
