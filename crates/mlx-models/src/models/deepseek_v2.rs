@@ -423,7 +423,7 @@ impl Model {
                     {
                         DenseOrMoe::Moe(Box::new(moe(&args, n_experts)?))
                     }
-                    _ => DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?)),
+                    _ => DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?.up_before_down())),
                 };
                 Ok(Layer {
                     self_attn: Attention::new(&args)?,
@@ -467,7 +467,7 @@ fn moe(args: &ModelArgs, n_experts: i32) -> crate::Result<Moe> {
     };
     let shared = args
         .n_shared_experts
-        .map(|n| Mlp::new(dim, args.moe_intermediate_size * n, false))
+        .map(|n| Mlp::new(dim, args.moe_intermediate_size * n, false).map(Mlp::up_before_down))
         .transpose()?;
     Ok(Moe {
         switch_mlp: SwitchGlu::new(dim, args.moe_intermediate_size, n_experts, false)?,

@@ -595,7 +595,7 @@ impl Model {
                     {
                         let shared = args
                             .n_shared_experts
-                            .map(|n| Mlp::new(dim, args.moe_intermediate_size * n, false))
+                            .map(|n| Mlp::new(dim, args.moe_intermediate_size * n, false).map(Mlp::up_before_down))
                             .transpose()?;
                         DenseOrMoe::Moe(Box::new(Moe {
                             switch_mlp: SwitchGlu::new(
@@ -620,7 +620,7 @@ impl Model {
                             shared_experts: shared,
                         }))
                     }
-                    _ => DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?)),
+                    _ => DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?.up_before_down())),
                 };
                 Ok(Layer {
                     self_attn: MlaAttention::new(&args, flavor, indexer)?,
