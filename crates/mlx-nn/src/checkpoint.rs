@@ -62,7 +62,9 @@ where
         return f(layer, x, mask, cache);
     }
     let mask = mask.clone();
-    let out = call(layer, &[x], None, move |l, a, c| Ok(vec![f(l, &a[0], &mask, c)?]))?;
+    let out = call(layer, &[x], None, move |l, a, c| {
+        Ok(vec![f(l, &a[0], &mask, c)?])
+    })?;
     first(out)
 }
 

@@ -289,7 +289,11 @@ impl MlaAttention {
                 let (topk, state) = ix.forward(x, qr, mask, index_cache)?;
                 index_state = state;
                 match topk {
-                    Some(topk) => apply_topk(&topk, kv_latent, k_pe, mask.clone(), l)?,
+                    // mlx-lm's `mx.stop_gradient(topk_indices)`: training differentiates
+                    // through the gathers, never the positions.
+                    Some(topk) => {
+                        apply_topk(&topk.stop_gradient()?, kv_latent, k_pe, mask.clone(), l)?
+                    }
                     None => (kv_latent, k_pe, mask.clone()),
                 }
             }
