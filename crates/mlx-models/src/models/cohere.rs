@@ -263,7 +263,7 @@ impl Model {
                         HeadNorm::PerHead(LayerNorm2d::new(n_kv, head_dim, eps)?),
                     );
                 }
-                let mlp = Mlp::new(dim, args.intermediate_size, false)?;
+                let mlp = Mlp::new(dim, args.intermediate_size, false)?.up_before_down();
                 Ok(TransformerBlock::new(self_attn, mlp, norm()?))
             })
             .collect::<crate::Result<Vec<_>>>()?;

@@ -118,7 +118,8 @@ impl Model {
                     attn: AttnWrapper { attention },
                     ln_2: RmsNorm::new(dim, eps)?,
                     mlp: Mlp::new(dim, args.intermediate_size, args.mlp_bias)?
-                        .with_names("c_fc_0", "c_fc_1", "c_proj"),
+                        .with_names("c_fc_0", "c_fc_1", "c_proj")
+                        .up_before_down(),
                 })
             })
             .collect::<crate::Result<Vec<_>>>()?;

@@ -211,7 +211,8 @@ impl Model {
                 )?;
                 let scale = (a.head_dim as f64).powf(-0.5);
                 Ok(Layer {
-                    feed_forward: Mlp::new(a.hidden_size, a.intermediate_size, a.mlp_bias)?,
+                    feed_forward: Mlp::new(a.hidden_size, a.intermediate_size, a.mlp_bias)?
+                        .up_before_down(),
                     mamba: Mamba2Block::new(&dims, "falcon_h1")?,
                     self_attn: Attention::new(attn, rope, scale)?,
                     input_layernorm: RmsNorm::new(a.hidden_size, a.rms_norm_eps)?,

@@ -128,7 +128,7 @@ impl Model {
                         rope,
                         scale: (q_head_dim as f64).powf(-0.5),
                     })?,
-                    mlp: Mlp::new(dim, args.intermediate_size, false)?,
+                    mlp: Mlp::new(dim, args.intermediate_size, false)?.up_before_down(),
                     input_layernorm: RmsNorm::new(dim, args.rms_norm_eps)?,
                     post_attention_layernorm: RmsNorm::new(dim, args.rms_norm_eps)?,
                 })
