@@ -8,6 +8,7 @@
       Copies the tiny model SRC (config.json, model.safetensors) to DST with its
       vocabulary widened to TOKENIZER_DIR's tokenizer (its `vocab_size` from the
       tokenizer's highest id): new rows of `model.embed_tokens.weight` / `lm_head.weight`
+      (then of a per-layer table, `model.embed_tokens_per_layer.weight`, as wide)
       drawn N(0, 0.02) from MLX seed 0, the tokenizer files copied. The committed MoE
       goldens have 128 entries, fewer than the test tokenizer's ids, and an out-of-range
       id makes MLX's gather read past the table (losses differ run to run, NaN at times).
@@ -134,6 +135,14 @@ def cmd_widen_vocab(src, dst, tok):
             extra = 0.02 * mx.random.normal((n - old, w.shape[1]), dtype=w.dtype)
             weights[k] = mx.concatenate([w, extra])
     config["vocab_size"] = max(n, old)
+    # Gemma 3n/4's per-layer embedding table, when it has as many rows (drawn after the
+    # others, so the tables above come out as before).
+    k = "model.embed_tokens_per_layer.weight"
+    if k in weights and n > old and config.get("vocab_size_per_layer_input") == old:
+        w = weights[k]
+        extra = 0.02 * mx.random.normal((n - old, w.shape[1]), dtype=w.dtype)
+        weights[k] = mx.concatenate([w, extra])
+        config["vocab_size_per_layer_input"] = n
     mx.save_safetensors(str(dst / "model.safetensors"), weights)
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     for f in ("tokenizer.json", "tokenizer_config.json"):
