@@ -4,8 +4,9 @@
 //! The forward keeps only the layer's inputs and output; the backward pass runs the
 //! layer again (drawing its dropout keys again, as mlx-lm's does) to take the gradient.
 //!
-//! A model routes each layer call through [`layer`]; while checkpointing is off (the
-//! default, and always outside training) that is a plain call.
+//! A model routes each layer call through [`layer`] (a `(x, mask, cache)` call) or
+//! [`call`] (a layer taking or giving more arrays); while checkpointing is off (the
+//! default, and always outside training), or with a cache, that is a plain call.
 use crate::cache::{AttnMask, KvCache};
 use crate::module::{Module, Param};
 use mlx_array::transforms::Closure;
