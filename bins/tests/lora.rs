@@ -571,11 +571,12 @@ const NOT_SWEPT: &[(&str, &str)] = &[
 
 /// `--grad-checkpoint` on the tiny checkpoint of every architecture in goldens/models
 /// (dense ones; their vocabulary widened to the test tokenizer's), LoRA on the default
-/// keys of the last two layers for two iterations: the printed numbers and the adapters
-/// are mlx-lm's. About a minute in debug on 2 cores (60-odd models), so ignored: run it with
+/// keys of the last two layers, and a full fine-tune of them, for two iterations: the
+/// printed numbers and the adapters are mlx-lm's. About two minutes in debug on 2 cores
+/// (60-odd models), so ignored: run it with
 /// `cargo nextest run -p mlx-bins --test lora --run-ignored only`.
 #[test]
-#[ignore = "~1 min: cargo nextest run -p mlx-bins --test lora --run-ignored only"]
+#[ignore = "~2 min: cargo nextest run -p mlx-bins --test lora --run-ignored only"]
 fn grad_checkpoint_on_every_architecture_matches_mlx_lm() {
     let py = common::mlx_lm_python("mlx_lm.lora");
     let tmp = TempDir::new("lora-gc-sweep");
@@ -597,7 +598,14 @@ fn grad_checkpoint_on_every_architecture_matches_mlx_lm() {
         .collect();
     names.sort();
     assert!(names.len() > 50, "{names:?}");
-    let args_of = |name: &str| -> Vec<String> {
+    // Each model twice: LoRA, and a full fine-tune (every parameter of the last two
+    // layers trained: the saved file's layout follows mlx.nn's declaration order).
+    let kinds: [(&str, &[&str]); 2] = [("lora", &[]), ("full", &["--fine-tune-type", "full"])];
+    let runs: Vec<(String, &str, &[&str])> = names
+        .iter()
+        .flat_map(|n| kinds.iter().map(move |(k, extra)| (n.clone(), *k, *extra)))
+        .collect();
+    let args_of = |name: &str, extra: &[&str]| -> Vec<String> {
         let mut a: Vec<String> = vec![
             "--model".into(),
             work.join("models").join(name).display().to_string(),
@@ -623,6 +631,7 @@ fn grad_checkpoint_on_every_architecture_matches_mlx_lm() {
             ]
             .map(String::from),
         );
+        a.extend(extra.iter().map(|s| s.to_string()));
         a
     };
     for n in &names {
@@ -636,9 +645,11 @@ fn grad_checkpoint_on_every_architecture_matches_mlx_lm() {
             .unwrap();
         common::check(&made, n);
     }
-    let json: Vec<serde_json::Value> = names
+    let json: Vec<serde_json::Value> = runs
         .iter()
-        .map(|n| serde_json::json!({"cwd": work.join("py").join(n), "args": args_of(n)}))
+        .map(|(n, k, extra)| {
+            serde_json::json!({"cwd": work.join("py").join(k).join(n), "args": args_of(n, extra)})
+        })
         .collect();
     let cases_file = work.join("cases.json");
     std::fs::write(&cases_file, serde_json::to_string(&json).unwrap()).unwrap();
@@ -649,15 +660,19 @@ fn grad_checkpoint_on_every_architecture_matches_mlx_lm() {
         .unwrap();
     common::check(&ran, "mlx_lm lora");
     let mut failures = Vec::new();
-    for n in &names {
-        let (pd, rd) = (work.join("py").join(n), work.join("rs").join(n));
+    for (name, k, extra) in &runs {
+        let n = format!("{name} ({k})");
+        let (pd, rd) = (
+            work.join("py").join(k).join(name),
+            work.join("rs").join(k).join(name),
+        );
         if let Ok(e) = std::fs::read_to_string(pd.join("error.txt")) {
             failures.push(format!("{n}: mlx_lm lora failed:\n{e}"));
             continue;
         }
         std::fs::create_dir_all(&rd).unwrap();
         let ours = Command::new(env!("CARGO_BIN_EXE_mlx-lora"))
-            .args(args_of(n))
+            .args(args_of(name, extra))
             .current_dir(&rd)
             .env_remove("RUST_LOG")
             .output()

@@ -98,8 +98,8 @@ pub struct AttentionBlock {
 }
 
 impl_module!(AttentionBlock {
-    attn as "",
-    sinks
+    sinks,
+    attn as ""
 });
 
 impl AttentionBlock {

@@ -316,9 +316,9 @@ struct Layer {
     post_attention_layernorm: RmsNorm,
 }
 impl_module!(Layer {
+    input_layernorm,
     mixer as "",
     ff as "",
-    input_layernorm,
     post_attention_layernorm
 });
 

@@ -212,8 +212,8 @@ struct GatedDeltaNet {
     kernel: i32,
 }
 impl_module!(GatedDeltaNet {
-    proj as "",
     conv1d,
+    proj as "",
     dt_bias,
     a_log as "A_log",
     norm,
@@ -459,9 +459,9 @@ struct DecoderLayer {
 }
 impl_module!(DecoderLayer {
     mixer as "",
-    mlp,
     input_layernorm,
-    post_attention_layernorm
+    post_attention_layernorm,
+    mlp
 });
 
 /// The decoder stack.
