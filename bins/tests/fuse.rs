@@ -319,6 +319,47 @@ fn export_gguf_vocabulary_with_added_and_byte_tokens_matches_mlx_lm() {
 }
 
 #[test]
+fn export_gguf_vocabulary_from_tokenizer_json_alone_matches_mlx_lm() {
+    // No tokenizer_config.json: transformers' AutoTokenizer builds the tokenizer from
+    // tokenizer.json alone and names no special token (its added tokens marked
+    // `special` stay NORMAL, no bos/eos ids); ours reads the same from the same file.
+    let tmp = TempDir::new("fuse-gguf-tokenizer-json");
+    let m = tmp.copy_model("llama-small-f32");
+    std::fs::remove_file(m.join("tokenizer_config.json")).unwrap();
+    let ours = gguf_case(&tmp, &m, &[], "ggml-model-f16.gguf");
+    let (_, meta) = mlx_array::io::load_gguf(ours.join("ggml-model-f16.gguf")).unwrap();
+    assert!(!meta.contains_key("tokenizer.ggml.bos_token_id"));
+    let Some(mlx_array::io::GgufValue::Array(types)) = meta.get("tokenizer.ggml.token_type") else {
+        panic!("no token types");
+    };
+    assert!(types.to_vec::<u32>().unwrap().iter().all(|&t| t == 1));
+}
+
+#[test]
+fn export_gguf_vocabulary_with_a_special_tokens_map_matches_mlx_lm() {
+    // A tokenizer_config.json without `added_tokens_decoder` next to a
+    // special_tokens_map.json (transformers' older layout): the map's tokens are special.
+    let tmp = TempDir::new("fuse-gguf-special-map");
+    let m = tmp.copy_model("llama-small-f32");
+    std::fs::write(
+        m.join("tokenizer_config.json"),
+        r#"{"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        m.join("special_tokens_map.json"),
+        r#"{"bos_token": "<|im_start|>", "additional_special_tokens": ["<|endoftext|>"]}"#,
+    )
+    .unwrap();
+    let ours = gguf_case(&tmp, &m, &[], "ggml-model-f16.gguf");
+    let (_, meta) = mlx_array::io::load_gguf(ours.join("ggml-model-f16.gguf")).unwrap();
+    let Some(mlx_array::io::GgufValue::Array(types)) = meta.get("tokenizer.ggml.token_type") else {
+        panic!("no token types");
+    };
+    assert_eq!(types.to_vec::<u32>().unwrap()[..4], [3, 3, 3, 1]);
+}
+
+#[test]
 fn export_gguf_tied_with_custom_path_matches_mlx_lm() {
     // MLX appends `.gguf` to a path without it; both print the path as given.
     let tmp = TempDir::new("fuse-gguf-tied");

@@ -7,8 +7,10 @@
   lora_oracle.py widen-vocab SRC DST TOKENIZER_DIR
       Copies the tiny model SRC (config.json, model.safetensors) to DST with its
       vocabulary widened to TOKENIZER_DIR's tokenizer (its `vocab_size` from the
-      tokenizer's highest id): new rows of `model.embed_tokens.weight` / `lm_head.weight`
-      drawn N(0, 0.02) from MLX seed 0, the tokenizer files copied. The committed MoE
+      tokenizer's highest id): new rows of `model.embed_tokens.weight` / `lm_head.weight`,
+      then of every other table with one row per token (`TABLES`: other families'
+      embeddings and heads, a head's bias, Gemma's per-layer table), drawn N(0, 0.02)
+      from MLX seed 0, the tokenizer files copied. The committed MoE
       goldens have 128 entries, fewer than the test tokenizer's ids, and an out-of-range
       id makes MLX's gather read past the table (losses differ run to run, NaN at times).
   lora_oracle.py run CASES_JSON
@@ -115,6 +117,20 @@ def cmd_run(cases_path):
         patched.clear()
 
 
+# Where the vocabulary's tables live in the tiny checkpoints (embeddings, heads and a
+# head's bias, under each family's names).
+TABLES = (
+    "embed_tokens.",
+    "embed_tokens_per_layer.",
+    "wte.",
+    "head.",
+    "output.",
+    "embeddings.",
+    "embed_in.",
+    "embed_out.",
+)
+
+
 def cmd_widen_vocab(src, dst, tok):
     import shutil
 
@@ -125,15 +141,34 @@ def cmd_widen_vocab(src, dst, tok):
     vocab = json.loads((tok / "tokenizer.json").read_text())["model"]["vocab"]
     n = max(vocab.values()) + 1
     config = json.loads((src / "config.json").read_text())
-    old = config["vocab_size"]
+    # The vocabulary size is top-level, or in the text config of a VLM-style checkpoint.
+    configs = [config] + [
+        config[k] for k in ("text_config", "llm_config") if isinstance(config.get(k), dict)
+    ]
+    configs = [c for c in configs if "vocab_size" in c]
+    old = configs[0]["vocab_size"]
     mx.random.seed(0)
     weights = mx.load(str(src / "model.safetensors"))
-    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+    # The classic two first (so the MoE goldens widen as they always did), then every
+    # other table with one row per token, by name.
+    classic = ["model.embed_tokens.weight", "lm_head.weight"]
+    others = sorted(
+        k
+        for k, w in weights.items()
+        if k not in classic
+        and any(t in k for t in TABLES)
+        and w.shape[0] == old
+        and w.dtype in (mx.float32, mx.float16, mx.bfloat16)
+    )
+    for k in classic + others:
         if k in weights and n > old:
             w = weights[k]
-            extra = 0.02 * mx.random.normal((n - old, w.shape[1]), dtype=w.dtype)
+            extra = 0.02 * mx.random.normal((n - old,) + tuple(w.shape[1:]), dtype=w.dtype)
             weights[k] = mx.concatenate([w, extra])
-    config["vocab_size"] = max(n, old)
+    for c in configs:
+        c["vocab_size"] = max(n, old)
+        if c.get("vocab_size_per_layer_input") == old:
+            c["vocab_size_per_layer_input"] = max(n, old)
     mx.save_safetensors(str(dst / "model.safetensors"), weights)
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     for f in ("tokenizer.json", "tokenizer_config.json"):

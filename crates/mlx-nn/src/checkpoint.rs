@@ -4,8 +4,9 @@
 //! The forward keeps only the layer's inputs and output; the backward pass runs the
 //! layer again (drawing its dropout keys again, as mlx-lm's does) to take the gradient.
 //!
-//! A model routes each layer call through [`layer`]; while checkpointing is off (the
-//! default, and always outside training) that is a plain call.
+//! A model routes each layer call through [`layer`] (a `(x, mask, cache)` call) or
+//! [`call`] (a layer taking or giving more arrays); while checkpointing is off (the
+//! default, and always outside training), or with a cache, that is a plain call.
 use crate::cache::{AttnMask, KvCache};
 use crate::module::{Module, Param};
 use mlx_array::transforms::Closure;
@@ -44,30 +45,75 @@ pub type LayerFn<L> = fn(&L, &Array, &AttnMask, Option<&mut dyn KvCache>) -> Res
 
 /// `f(layer, x, mask, cache)`, checkpointed when checkpointing is on and there is no
 /// cache (training runs without one): the inputs of the checkpointed function are the
-/// layer's trainable parameters (in the model's order) then `x`; the mask is a constant.
+/// layer's trainable parameters (in the model's order) then `x`; the mask, and whatever
+/// `f` owns, are constants.
 #[track_caller]
-pub fn layer<L: Module + 'static>(
+pub fn layer<L, F>(
     layer: &L,
     x: &Array,
     mask: &AttnMask,
     cache: Option<&mut dyn KvCache>,
-    f: LayerFn<L>,
-) -> Result<Array> {
+    f: F,
+) -> Result<Array>
+where
+    L: Module + 'static,
+    F: Fn(&L, &Array, &AttnMask, Option<&mut dyn KvCache>) -> Result<Array> + 'static,
+{
     if cache.is_some() || !enabled() {
         return f(layer, x, mask, cache);
     }
+    let mask = mask.clone();
+    let out = call(layer, &[x], None, move |l, a, c| {
+        Ok(vec![f(l, &a[0], &mask, c)?])
+    })?;
+    first(out)
+}
+
+/// The first of a layer call's outputs.
+pub fn first(out: Vec<Array>) -> Result<Array> {
+    out.into_iter().next().ok_or_else(|| {
+        mlx_array::Error::InvalidArgument("a checkpointed layer gave no output".into())
+    })
+}
+
+/// `f(layer, inputs, cache)` for a layer whose call takes more than `(x, mask, cache)`
+/// or gives more than one array: `inputs` are the arrays mlx-lm's layer `__call__`
+/// takes, in its order (the hidden states, then position embeddings, per-layer inputs,
+/// keys and values shared from another layer, ...), `f` gets them back as a slice and
+/// gives the call's arrays (mlx-lm's return value, flattened). Everything else `f`
+/// needs (masks, flags) it owns, as constants of the call.
+///
+/// Checkpointed as [`layer`] is (when checkpointing is on and there is no cache): the
+/// checkpointed function's inputs are the layer's trainable parameters then `inputs`,
+/// as `mx.checkpoint(inner)(layer.trainable_parameters(), *args)` flattens them, so a
+/// gradient reaches every input (an input made by an earlier layer's trainable
+/// parameters gets its share) and every output.
+#[track_caller]
+pub fn call<L, F>(
+    layer: &L,
+    inputs: &[&Array],
+    cache: Option<&mut dyn KvCache>,
+    f: F,
+) -> Result<Vec<Array>>
+where
+    L: Module + 'static,
+    F: Fn(&L, &[Array], Option<&mut dyn KvCache>) -> Result<Vec<Array>> + 'static,
+{
+    if cache.is_some() || !enabled() {
+        let args: Vec<Array> = inputs.iter().map(|a| (*a).clone()).collect();
+        return f(layer, &args, cache);
+    }
     let mut params: Vec<*const Param> = Vec::new();
-    let mut inputs: Vec<Array> = Vec::new();
+    let mut all: Vec<Array> = Vec::new();
     layer.visit_params("", &mut |_, p| {
         if !p.is_frozen() {
             params.push(p as *const Param);
-            inputs.push(p.value().clone());
+            all.push(p.value().clone());
         }
     });
-    inputs.push(x.clone());
+    all.extend(inputs.iter().map(|a| (*a).clone()));
     let n = params.len();
     let ptr = layer as *const L;
-    let mask = mask.clone();
     let inner = Closure::new(move |args: &[Array]| -> Result<Vec<Array>> {
         // SAFETY: `set_enabled`'s contract: the layer and its parameters are alive and
         // in place while a gradient of this call's output can be taken. Each parameter
@@ -79,13 +125,11 @@ pub fn layer<L: Module + 'static>(
             // in place for as long as the layer is.
             unsafe { &**p }.retarget(v);
         }
-        Ok(vec![f(layer, &args[n], &mask, None)?])
+        f(layer, &args[n..], None)
     })?;
     let checkpointed = inner.checkpoint()?;
-    let refs: Vec<&Array> = inputs.iter().collect();
-    let mut out = checkpointed.call(&refs)?;
+    let refs: Vec<&Array> = all.iter().collect();
+    let out = checkpointed.call(&refs)?;
     CALLS.with(|c| c.set(c.get() + 1));
-    out.pop().ok_or_else(|| {
-        mlx_array::Error::InvalidArgument("a checkpointed layer gave no output".into())
-    })
+    Ok(out)
 }

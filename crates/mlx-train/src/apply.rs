@@ -5,6 +5,7 @@
 use crate::adapters::{Adapters, FineTuneType};
 use crate::error::{Result, TrainError};
 use crate::fuse::{fits_linear, fits_magnitude, fuse_full, group};
+use crate::lora_layers::{kind_of, Kind};
 use mlx_nn::Module;
 use std::collections::BTreeSet;
 
@@ -101,7 +102,11 @@ pub fn lora_init_key_draws(module: &mut dyn Module, adapters: &Adapters) -> Resu
     // (decoder layer index, path inside it) of every quantizable layer.
     let mut inside: Vec<(usize, String)> = Vec::new();
     let mut all: Vec<String> = Vec::new();
-    module.visit_quantizable_mut("", &mut |path, _| {
+    module.visit_quantizable_mut("", &mut |path, layer| {
+        // Only the layers mlx-lm's `to_lora` converts (not MLA's `MultiLinear`, ...).
+        if kind_of(layer) == Kind::Other {
+            return Ok(());
+        }
         all.push(path.to_string());
         let segs: Vec<&str> = path.split('.').collect();
         let at = segs.windows(2).position(|w| {

@@ -13,9 +13,31 @@ use mlx_array::{linalg, ops, random, Array, Dtype};
 use mlx_nn::Module;
 use std::collections::BTreeSet;
 
-/// A quantizable module: its path, (decoder layer, path inside it), whether it is a
-/// linear layer.
-type Site = (String, Option<(usize, String)>, bool);
+/// A quantizable module: its path, (decoder layer, path inside it), its kind.
+type Site = (String, Option<(usize, String)>, Kind);
+
+/// What mlx-lm's `to_lora` makes of a quantizable module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `nn.Linear` / `nn.QuantizedLinear`: LoRA or DoRA.
+    Linear,
+    /// `SwitchLinear` / `nn.Embedding` (and their quantized forms): LoRA only.
+    SwitchOrEmbedding,
+    /// Anything else (MLA's `MultiLinear`, ...): not among the layers mlx-lm adapts by
+    /// default, and refused when named in `keys` ("Can't convert layer of type ...").
+    Other,
+}
+
+/// The kind of a quantizable module.
+pub(crate) fn kind_of(layer: &mut dyn mlx_nn::Quantizable) -> Kind {
+    if layer.as_linear_layer_mut().is_some() {
+        Kind::Linear
+    } else if layer.as_switch_layer_mut().is_some() || layer.as_embedding_layer_mut().is_some() {
+        Kind::SwitchOrEmbedding
+    } else {
+        Kind::Other
+    }
+}
 
 /// mlx-lm's `lora_parameters` for training.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,17 +132,14 @@ pub fn make_trainable(
     // Every quantizable module: (path, layer index and inner path, is a linear layer).
     let mut all: Vec<Site> = Vec::new();
     module.visit_quantizable_mut("", &mut |path, layer| {
-        let adaptable = layer.as_linear_layer_mut().is_some()
-            || (!dora
-                && (layer.as_switch_layer_mut().is_some()
-                    || layer.as_embedding_layer_mut().is_some()));
-        all.push((path.to_string(), split_layer_path(path), adaptable));
+        all.push((path.to_string(), split_layer_path(path), kind_of(layer)));
         Ok(())
     })?;
     let keys: BTreeSet<String> = match &spec.keys {
         Some(k) => k.iter().cloned().collect(),
         None => all
             .iter()
+            .filter(|(_, _, kind)| *kind != Kind::Other)
             .filter_map(|(_, l, _)| l.as_ref().map(|(_, k)| k.clone()))
             .collect(),
     };
@@ -148,7 +167,16 @@ pub fn make_trainable(
         )));
     }
     targets.extend(whole);
-    if let Some((p, _, _)) = targets.iter().find(|(_, _, ok)| !ok) {
+    if let Some((p, _, _)) = targets.iter().find(|(_, _, k)| *k == Kind::Other) {
+        return Err(TrainError::Invalid(format!(
+            "Can't convert `{p}` to LoRA: it is not a linear, expert (SwitchLinear) or \
+             embedding layer (set lora_parameters.keys to other layers)"
+        )));
+    }
+    if let Some((p, _, _)) = targets
+        .iter()
+        .find(|(_, _, k)| dora && *k == Kind::SwitchOrEmbedding)
+    {
         return Err(TrainError::Unsupported(format!(
             "`{p}` is an embedding or expert (SwitchLinear) layer: DoRA on those is not \
              supported by this build (set lora_parameters.keys to other layers)"

@@ -341,8 +341,11 @@ fn load_datasets(
     Ok(out)
 }
 
-/// mlx-lm's `get_total_parameters`: every parameter outside adapters, a quantized
-/// weight counted as the values it packs (its scales and biases not counted).
+/// mlx-lm's `get_total_parameters`: the parameters of the leaf modules (a module's own
+/// parameters are not counted when it has submodules with parameters of their own:
+/// Qwen3-Next's and Mamba's `A_log` and `dt_bias`, Gemma 4's `layer_scalar`), outside
+/// adapters, a quantized weight counted as the values it packs (its scales and biases
+/// not counted).
 fn total_parameters(module: &mut dyn Module) -> Result<usize> {
     let mut bits: BTreeMap<String, i32> = BTreeMap::new();
     module.visit_quantizable_mut("", &mut |path, layer| {
@@ -351,10 +354,18 @@ fn total_parameters(module: &mut dyn Module) -> Result<usize> {
         }
         Ok(())
     })?;
+    // Every module above the one holding a parameter has a submodule with parameters.
+    let mut inner: std::collections::BTreeSet<String> = Default::default();
+    module.visit_params("", &mut |name, _| {
+        let segs: Vec<&str> = name.split('.').collect();
+        for k in 0..segs.len().saturating_sub(1) {
+            inner.insert(segs[..k].join("."));
+        }
+    });
     let mut total = 0usize;
     module.visit_params("", &mut |name, p| {
         let (layer, leaf) = name.rsplit_once('.').unwrap_or(("", name));
-        if matches!(leaf, "lora_a" | "lora_b" | "m") {
+        if matches!(leaf, "lora_a" | "lora_b" | "m") || inner.contains(layer) {
             return;
         }
         match bits.get(layer) {

@@ -197,7 +197,8 @@ impl CohereModel {
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            h = layer.forward(&h, masks.get(layer.sliding), cache)?;
+            let mask = masks.get(layer.sliding);
+            h = mlx_nn::checkpoint::layer(layer, &h, mask, cache, TransformerBlock::forward)?;
         }
         let out = self.norm.forward(&h)?;
         head::logits(
@@ -262,7 +263,7 @@ impl Model {
                         HeadNorm::PerHead(LayerNorm2d::new(n_kv, head_dim, eps)?),
                     );
                 }
-                let mlp = Mlp::new(dim, args.intermediate_size, false)?;
+                let mlp = Mlp::new(dim, args.intermediate_size, false)?.up_before_down();
                 Ok(TransformerBlock::new(self_attn, mlp, norm()?))
             })
             .collect::<crate::Result<Vec<_>>>()?;

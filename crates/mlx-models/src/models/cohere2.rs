@@ -138,7 +138,7 @@ impl Model {
                     Rope::new(d, true, args.rope_theta, 1.0)
                 };
                 let attn = Attention::new(dims, rope, (d as f64).powf(-0.5))?;
-                let mlp = Mlp::new(dim, args.intermediate_size, false)?;
+                let mlp = Mlp::new(dim, args.intermediate_size, false)?.up_before_down();
                 Ok(TransformerBlock::new(attn, mlp, norm()?).sliding(!global))
             })
             .collect::<crate::Result<Vec<_>>>()?;

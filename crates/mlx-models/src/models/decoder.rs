@@ -100,6 +100,10 @@ pub struct DecoderLayer<F> {
     ff_name: &'static str,
     /// Multiplies both residual branches (Granite's `residual_multiplier`).
     residual_scale: Option<f64>,
+    /// The parameters in the order self_attn, norms, mlp (the files declaring the norms
+    /// before the feed-forward) instead of llama.py's self_attn, mlp, norms: mlx.nn's
+    /// `parameters()` keeps declaration order, which lays out a saved full fine-tune.
+    norms_before_mlp: bool,
 }
 
 impl<F: FeedForward> DecoderLayer<F> {
@@ -118,6 +122,7 @@ impl<F: FeedForward> DecoderLayer<F> {
             post_attention_layernorm: RmsNorm::new(dim, eps)?,
             ff_name,
             residual_scale: None,
+            norms_before_mlp: false,
         })
     }
 
@@ -125,6 +130,13 @@ impl<F: FeedForward> DecoderLayer<F> {
     /// `h = x + attn(norm(x)) * m`, `out = h + ff(norm(h)) * m`.
     pub(crate) fn with_residual_scale(mut self, m: f64) -> DecoderLayer<F> {
         self.residual_scale = Some(m);
+        self
+    }
+
+    /// The layer of a file that declares the norms before the feed-forward (see
+    /// `norms_before_mlp`).
+    pub(crate) fn norms_before_mlp(mut self) -> DecoderLayer<F> {
+        self.norms_before_mlp = true;
         self
     }
 
@@ -163,20 +175,30 @@ impl<F: FeedForward> DecoderLayer<F> {
 impl<F: FeedForward> Module for DecoderLayer<F> {
     fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
         self.self_attn.visit_params(&join(prefix, "self_attn"), f);
-        self.mlp.visit_params(&join(prefix, self.ff_name), f);
+        if !self.norms_before_mlp {
+            self.mlp.visit_params(&join(prefix, self.ff_name), f);
+        }
         self.input_layernorm
             .visit_params(&join(prefix, "input_layernorm"), f);
         self.post_attention_layernorm
             .visit_params(&join(prefix, "post_attention_layernorm"), f);
+        if self.norms_before_mlp {
+            self.mlp.visit_params(&join(prefix, self.ff_name), f);
+        }
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
         self.self_attn
             .visit_params_mut(&join(prefix, "self_attn"), f);
-        self.mlp.visit_params_mut(&join(prefix, self.ff_name), f);
+        if !self.norms_before_mlp {
+            self.mlp.visit_params_mut(&join(prefix, self.ff_name), f);
+        }
         self.input_layernorm
             .visit_params_mut(&join(prefix, "input_layernorm"), f);
         self.post_attention_layernorm
             .visit_params_mut(&join(prefix, "post_attention_layernorm"), f);
+        if self.norms_before_mlp {
+            self.mlp.visit_params_mut(&join(prefix, self.ff_name), f);
+        }
     }
     fn visit_quantizable_mut(
         &mut self,

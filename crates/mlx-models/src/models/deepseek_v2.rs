@@ -387,11 +387,13 @@ impl Stack {
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            let x = layer.input_layernorm.forward(&h)?;
-            let h2 = h.add(&layer.self_attn.forward(&x, &mask, cache)?)?;
-            h = layer
-                .mlp
-                .forward(&layer.post_attention_layernorm.forward(&h2)?, Some(&h2))?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |layer, h, mask, cache| {
+                let x = layer.input_layernorm.forward(h)?;
+                let h2 = h.add(&layer.self_attn.forward(&x, mask, cache)?)?;
+                layer
+                    .mlp
+                    .forward(&layer.post_attention_layernorm.forward(&h2)?, Some(&h2))
+            })?;
         }
         self.norm.forward(&h)
     }
@@ -421,7 +423,7 @@ impl Model {
                     {
                         DenseOrMoe::Moe(Box::new(moe(&args, n_experts)?))
                     }
-                    _ => DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?)),
+                    _ => DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?.up_before_down())),
                 };
                 Ok(Layer {
                     self_attn: Attention::new(&args)?,
@@ -465,7 +467,7 @@ fn moe(args: &ModelArgs, n_experts: i32) -> crate::Result<Moe> {
     };
     let shared = args
         .n_shared_experts
-        .map(|n| Mlp::new(dim, args.moe_intermediate_size * n, false))
+        .map(|n| Mlp::new(dim, args.moe_intermediate_size * n, false).map(Mlp::up_before_down))
         .transpose()?;
     Ok(Moe {
         switch_mlp: SwitchGlu::new(dim, args.moe_intermediate_size, n_experts, false)?,

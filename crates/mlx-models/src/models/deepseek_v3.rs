@@ -289,7 +289,11 @@ impl MlaAttention {
                 let (topk, state) = ix.forward(x, qr, mask, index_cache)?;
                 index_state = state;
                 match topk {
-                    Some(topk) => apply_topk(&topk, kv_latent, k_pe, mask.clone(), l)?,
+                    // mlx-lm's `mx.stop_gradient(topk_indices)`: training differentiates
+                    // through the gathers, never the positions.
+                    Some(topk) => {
+                        apply_topk(&topk.stop_gradient()?, kv_latent, k_pe, mask.clone(), l)?
+                    }
                     None => (kv_latent, k_pe, mask.clone()),
                 }
             }
@@ -507,11 +511,13 @@ impl Stack {
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            let x = layer.input_layernorm.forward(&h)?;
-            let h2 = layer.self_attn.forward(&x, &mask, cache, &h)?;
-            h = layer
-                .mlp
-                .forward(&layer.post_attention_layernorm.forward(&h2)?, Some(&h2))?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |layer, h, mask, cache| {
+                let x = layer.input_layernorm.forward(h)?;
+                let h2 = layer.self_attn.forward(&x, mask, cache, h)?;
+                layer
+                    .mlp
+                    .forward(&layer.post_attention_layernorm.forward(&h2)?, Some(&h2))
+            })?;
         }
         self.norm.forward(&h)
     }
@@ -593,7 +599,7 @@ impl Model {
                     {
                         let shared = args
                             .n_shared_experts
-                            .map(|n| Mlp::new(dim, args.moe_intermediate_size * n, false))
+                            .map(|n| Mlp::new(dim, args.moe_intermediate_size * n, false).map(Mlp::up_before_down))
                             .transpose()?;
                         DenseOrMoe::Moe(Box::new(Moe {
                             switch_mlp: SwitchGlu::new(
@@ -618,7 +624,7 @@ impl Model {
                             shared_experts: shared,
                         }))
                     }
-                    _ => DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?)),
+                    _ => DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?.up_before_down())),
                 };
                 Ok(Layer {
                     self_attn: MlaAttention::new(&args, flavor, indexer)?,

@@ -145,10 +145,11 @@ impl Model {
                             dim,
                             moe_dim * args.n_shared_experts,
                             args.mlp_bias,
-                        )?,
+                        )?
+                        .up_before_down(),
                     }))
                 } else {
-                    let mlp = Mlp::new(dim, args.intermediate_size, args.mlp_bias)?;
+                    let mlp = Mlp::new(dim, args.intermediate_size, args.mlp_bias)?.up_before_down();
                     DenseOrMoe::Dense(Box::new(mlp))
                 };
                 DecoderLayer::new(attention(&args)?, ffn, "mlp", dim, eps)

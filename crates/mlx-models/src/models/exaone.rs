@@ -118,7 +118,8 @@ impl Model {
                     attn: AttnWrapper { attention },
                     ln_2: RmsNorm::new(dim, eps)?,
                     mlp: Mlp::new(dim, args.intermediate_size, args.mlp_bias)?
-                        .with_names("c_fc_0", "c_fc_1", "c_proj"),
+                        .with_names("c_fc_0", "c_fc_1", "c_proj")
+                        .up_before_down(),
                 })
             })
             .collect::<crate::Result<Vec<_>>>()?;
@@ -147,12 +148,14 @@ impl LanguageModel for Model {
         let mut h = t.wte.forward(tokens)?;
         let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
         for (layer, cache) in t.h.iter().zip(layer_caches(caches, t.h.len())?) {
-            let x = layer.ln_1.forward(&h)?;
-            let hh = layer
-                .attn
-                .attention
-                .forward(&x, &mask, cache, Some(&h), Extras::default())?;
-            h = layer.mlp.forward(&layer.ln_2.forward(&hh)?, Some(&hh))?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |layer, h, mask, cache| {
+                let x = layer.ln_1.forward(h)?;
+                let hh = layer
+                    .attn
+                    .attention
+                    .forward(&x, mask, cache, Some(h), Extras::default())?;
+                layer.mlp.forward(&layer.ln_2.forward(&hh)?, Some(&hh))
+            })?;
         }
         let out = t.ln_f.forward(&h)?;
         head::logits(&t.wte, self.lm_head.as_ref(), &out, LogitScale::None)

@@ -13,7 +13,7 @@ use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{ops, Array, Result};
 use mlx_nn::cache::create_attention_mask;
-use mlx_nn::{impl_module, initialize_rope, EmbeddingLayer, KvCache, LinearLayer, RmsNorm};
+use mlx_nn::{impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, RmsNorm};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -211,7 +211,8 @@ impl Model {
                 )?;
                 let scale = (a.head_dim as f64).powf(-0.5);
                 Ok(Layer {
-                    feed_forward: Mlp::new(a.hidden_size, a.intermediate_size, a.mlp_bias)?,
+                    feed_forward: Mlp::new(a.hidden_size, a.intermediate_size, a.mlp_bias)?
+                        .up_before_down(),
                     mamba: Mamba2Block::new(&dims, "falcon_h1")?,
                     self_attn: Attention::new(attn, rope, scale)?,
                     input_layernorm: RmsNorm::new(a.hidden_size, a.rms_norm_eps)?,
@@ -272,28 +273,35 @@ impl LanguageModel for Model {
             .zip(layer_caches(caches, m.layers.len())?)
             .enumerate()
         {
-            type Slot<'c> = Option<&'c mut dyn KvCache>;
-            let (state, kv): (Slot<'_>, Slot<'_>) = match cache {
-                None => (None, None),
-                Some(c) => match c.sub_caches_mut() {
-                    Some([state, kv]) => (Some(&mut **state), Some(&mut **kv)),
-                    _ => {
-                        return Err(mlx_array::Error::InvalidArgument(format!(
-                            "falcon_h1 layer {i} needs a CacheList(ArraysCache, KVCache)"
-                        )))
-                    }
-                },
+            let ssm_mask = ssm_mask.clone();
+            let forward = move |layer: &Layer,
+                                h: &Array,
+                                attn_mask: &AttnMask,
+                                cache: Option<&mut dyn KvCache>| {
+                type Slot<'c> = Option<&'c mut dyn KvCache>;
+                let (state, kv): (Slot<'_>, Slot<'_>) = match cache {
+                    None => (None, None),
+                    Some(c) => match c.sub_caches_mut() {
+                        Some([state, kv]) => (Some(&mut **state), Some(&mut **kv)),
+                        _ => {
+                            return Err(mlx_array::Error::InvalidArgument(format!(
+                                "falcon_h1 layer {i} needs a CacheList(ArraysCache, KVCache)"
+                            )))
+                        }
+                    },
+                };
+                let x = layer.input_layernorm.forward(h)?;
+                let state = recurrent_state(state, i, "mamba")?;
+                let mamba_h = layer.mamba.forward(&x, ssm_mask.as_ref(), state)?;
+                let attn_h = layer
+                    .self_attn
+                    .forward(&x, attn_mask, kv, None, Extras::default())?;
+                let h = h.add(&mamba_h)?.add(&attn_h)?;
+                layer
+                    .feed_forward
+                    .forward(&layer.pre_ff_layernorm.forward(&h)?, Some(&h))
             };
-            let x = layer.input_layernorm.forward(&h)?;
-            let state = recurrent_state(state, i, "mamba")?;
-            let mamba_h = layer.mamba.forward(&x, ssm_mask.as_ref(), state)?;
-            let attn_h = layer
-                .self_attn
-                .forward(&x, &attn_mask, kv, None, Extras::default())?;
-            h = h.add(&mamba_h)?.add(&attn_h)?;
-            h = layer
-                .feed_forward
-                .forward(&layer.pre_ff_layernorm.forward(&h)?, Some(&h))?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &attn_mask, cache, forward)?;
         }
         let out = m.final_layernorm.forward(&h)?;
         match &self.lm_head {

@@ -189,15 +189,12 @@ impl Gemma3Model {
             .enumerate()
         {
             let is_global = i as i32 % pattern == pattern - 1;
-            h = layer.forward(
-                &h,
-                if is_global {
-                    &global_mask
-                } else {
-                    &sliding_mask
-                },
-                cache,
-            )?;
+            let mask = if is_global {
+                &global_mask
+            } else {
+                &sliding_mask
+            };
+            h = mlx_nn::checkpoint::layer(layer, &h, mask, cache, |l, x, m, c| l.forward(x, m, c))?;
         }
         self.norm.forward(&h)
     }

@@ -617,6 +617,7 @@ impl TextModel {
             None => RopePosition::Scalar(0),
         };
         let mut fetches: Vec<Option<KvFetch>> = vec![None; self.layers.len()];
+        let no_caches = caches.is_empty();
         for (i, layer) in self.layers.iter().enumerate() {
             let pli = per_layer.slice_axis(2, i as i32, i as i32 + 1)?.squeeze(Some(&[2]))?;
             let mask = if c.layer_types[i] == FULL {
@@ -635,7 +636,18 @@ impl TextModel {
                     .ok_or_else(|| bad("a KV-shared layer's owner has no keys"))?;
                 (None, Some(f))
             };
-            let (out, own) = layer.forward(&x, mask, cache, shared, &pli, &offset)?;
+            let (out, own) = if no_caches && mlx_nn::checkpoint::enabled() {
+                // mlx-lm's `grad_checkpoint`: without caches there is nothing shared and
+                // the layer gives only its hidden states; its array arguments, the
+                // hidden states and the per-layer input, are the checkpointed inputs.
+                let (mask, at) = (mask.clone(), offset.clone());
+                let out = mlx_nn::checkpoint::call(layer, &[&x, &pli], None, move |l, a, c| {
+                    Ok(vec![l.forward(&a[0], &mask, c, None, &a[1], &at)?.0])
+                })?;
+                (mlx_nn::checkpoint::first(out)?, None)
+            } else {
+                layer.forward(&x, mask, cache, shared, &pli, &offset)?
+            };
             x = out;
             fetches[i] = own;
         }

@@ -504,6 +504,74 @@ impl DecoderLayer {
     }
 }
 
+impl DecoderLayer {
+    /// [`DecoderLayer::forward`] without a cache, checkpointed (mlx-lm's
+    /// `grad_checkpoint`): its array arguments (`x`, the per-layer input, the shared
+    /// keys and values) are the inputs of the checkpointed call, and the hidden state
+    /// and the keys and values it hands on are its outputs, so the gradient of a later
+    /// layer reading them reaches the layer that made them.
+    fn checkpointed(
+        &self,
+        x: &Array,
+        mask: &AttnMask,
+        per_layer_input: Option<Array>,
+        shared: Option<SharedKv>,
+    ) -> Result<(Array, SharedKv)> {
+        let mut inputs = vec![x];
+        if let Some(p) = &per_layer_input {
+            inputs.push(p);
+        }
+        // Without a cache the keys and values are plain and the RoPE offset is 0, or
+        // the one handed on with them.
+        let offset = match &shared {
+            Some(s) => s.offset.clone(),
+            None => RopePosition::Scalar(0),
+        };
+        if let Some(SharedKv {
+            fetch: KvFetch::Plain { keys, values },
+            ..
+        }) = &shared
+        {
+            inputs.extend([keys, values]);
+        }
+        let (has_pli, has_shared) = (per_layer_input.is_some(), shared.is_some());
+        let (mask, at) = (mask.clone(), offset.clone());
+        let out = mlx_nn::checkpoint::call(self, &inputs, None, move |l, a, cache| {
+            let pli = if has_pli { a.get(1) } else { None };
+            let kv = usize::from(has_pli) + 1;
+            let shared = match (has_shared, a.get(kv), a.get(kv + 1)) {
+                (true, Some(keys), Some(values)) => Some(SharedKv {
+                    fetch: KvFetch::Plain {
+                        keys: keys.clone(),
+                        values: values.clone(),
+                    },
+                    offset: at.clone(),
+                }),
+                _ => None,
+            };
+            let (h, shared) = l.forward(&a[0], &mask, cache, pli, shared)?;
+            match shared.fetch {
+                KvFetch::Plain { keys, values } => Ok(vec![h, keys, values]),
+                KvFetch::Quantized { .. } => Err(mlx_array::Error::InvalidArgument(
+                    "a checkpointed gemma4 layer made quantized keys and values".into(),
+                )),
+            }
+        })?;
+        match <[Array; 3]>::try_from(out) {
+            Ok([h, keys, values]) => Ok((
+                h,
+                SharedKv {
+                    fetch: KvFetch::Plain { keys, values },
+                    offset,
+                },
+            )),
+            Err(_) => Err(mlx_array::Error::InvalidArgument(
+                "a checkpointed gemma4 layer gave other than 3 outputs".into(),
+            )),
+        }
+    }
+}
+
 /// The per-layer input embeddings and their projection from the hidden state.
 #[derive(Debug)]
 pub struct PerLayerInputs {
@@ -665,7 +733,11 @@ impl Gemma4TextModel {
             };
             let prev = self.previous_kvs[i];
             let from = if prev == i { None } else { shared[prev].clone() };
-            let (out, kv) = layer.forward(&h, mask, cache, pli.as_ref(), from)?;
+            let (out, kv) = if cache.is_some() || !mlx_nn::checkpoint::enabled() {
+                layer.forward(&h, mask, cache, pli.as_ref(), from)?
+            } else {
+                layer.checkpointed(&h, mask, pli, from)?
+            };
             h = out;
             shared[i] = Some(kv);
         }

@@ -248,7 +248,7 @@ impl Model {
                 let ffn = if i >= args.first_k_dense_replace {
                     let shared = args
                         .n_shared_experts
-                        .map(|n| Mlp::new(dim, args.moe_intermediate_size * n, false))
+                        .map(|n| Mlp::new(dim, args.moe_intermediate_size * n, false).map(Mlp::up_before_down))
                         .transpose()?;
                     DenseOrMoe::Moe(Box::new(Moe {
                         switch_mlp: SwitchGlu::new(
@@ -270,7 +270,7 @@ impl Model {
                         shared_experts: shared,
                     }))
                 } else {
-                    DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?))
+                    DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?.up_before_down()))
                 };
                 DecoderLayer::new(attention(&args)?, ffn, "mlp", dim, eps)
             })

@@ -200,7 +200,7 @@ impl Gpt2Model {
         let mut h = self.wte.forward(inputs)?.add(&self.wpe.forward(&pos)?)?;
         let mask = create_attention_mask(l, cache_at(caches, 0), None, false)?;
         for (layer, cache) in self.h.iter().zip(layer_caches(caches, self.h.len())?) {
-            h = layer.forward(&h, &mask, cache)?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
         }
         self.ln_f.forward(&h)
     }

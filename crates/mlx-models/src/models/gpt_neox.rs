@@ -220,7 +220,7 @@ impl LanguageModel for Model {
         let mut h = m.embed_in.forward(tokens)?;
         let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
         for (layer, cache) in m.h.iter().zip(layer_caches(caches, m.h.len())?) {
-            h = layer.forward(&h, &mask, cache)?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| l.forward(x, m, c))?;
         }
         m.embed_out.forward(&m.final_layer_norm.forward(&h)?)
     }

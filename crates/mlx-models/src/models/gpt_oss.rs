@@ -98,8 +98,8 @@ pub struct AttentionBlock {
 }
 
 impl_module!(AttentionBlock {
-    attn as "",
-    sinks
+    sinks,
+    attn as ""
 });
 
 impl AttentionBlock {
@@ -231,7 +231,8 @@ impl GptOssMoeModel {
             .iter()
             .zip(layer_caches(caches, self.layers.len())?)
         {
-            x = layer.forward(&x, masks.get(layer.sliding), cache)?;
+            let mask = masks.get(layer.sliding);
+            x = mlx_nn::checkpoint::layer(layer, &x, mask, cache, |l, x, m, c| l.forward(x, m, c))?;
         }
         self.norm.forward(&x)
     }

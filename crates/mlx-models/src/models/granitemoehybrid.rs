@@ -316,9 +316,9 @@ struct Layer {
     post_attention_layernorm: RmsNorm,
 }
 impl_module!(Layer {
+    input_layernorm,
     mixer as "",
     ff as "",
-    input_layernorm,
     post_attention_layernorm
 });
 
@@ -470,19 +470,26 @@ impl LanguageModel for Model {
             .zip(layer_caches(caches, m.layers.len())?)
             .enumerate()
         {
-            let x = layer.input_layernorm.forward(&h)?;
-            let r = match &layer.mixer {
-                Mixer::Mamba(mx) => {
-                    let state = recurrent_state(cache, i, "mamba")?;
-                    mx.forward(&x, ssm_mask.as_ref(), state)?
-                }
-                Mixer::Attention(at) => at.forward(&x, &attn_mask, cache)?,
+            let (ssm_mask, multiplier) = (ssm_mask.clone(), a.residual_multiplier);
+            let forward = move |layer: &Layer,
+                                h: &Array,
+                                attn_mask: &AttnMask,
+                                cache: Option<&mut dyn KvCache>| {
+                let x = layer.input_layernorm.forward(h)?;
+                let r = match &layer.mixer {
+                    Mixer::Mamba(mx) => {
+                        let state = recurrent_state(cache, i, "mamba")?;
+                        mx.forward(&x, ssm_mask.as_ref(), state)?
+                    }
+                    Mixer::Attention(at) => at.forward(&x, attn_mask, cache)?,
+                };
+                let hh = h.add(&r.multiply(multiplier)?)?;
+                let ff = layer
+                    .ff
+                    .forward(&layer.post_attention_layernorm.forward(&hh)?)?;
+                hh.add(&ff.multiply(multiplier)?)
             };
-            let hh = h.add(&r.multiply(a.residual_multiplier)?)?;
-            let ff = layer
-                .ff
-                .forward(&layer.post_attention_layernorm.forward(&hh)?)?;
-            h = hh.add(&ff.multiply(a.residual_multiplier)?)?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &attn_mask, cache, forward)?;
         }
         let out = m.norm.forward(&h)?;
         let logits = match &self.lm_head {

@@ -63,7 +63,7 @@ impl Model {
         let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
         let layers = (0..args.num_hidden_layers)
             .map(|_| {
-                let mlp = Mlp::new(dim, args.intermediate_size, args.mlp_bias)?;
+                let mlp = Mlp::new(dim, args.intermediate_size, args.mlp_bias)?.up_before_down();
                 DecoderLayer::new(attention(&args)?, mlp, "mlp", dim, eps)
             })
             .collect::<crate::Result<Vec<_>>>()?;

@@ -226,13 +226,15 @@ impl LanguageModel for Model {
         let mut h = m.tok_embeddings.forward(tokens)?;
         let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
         for (layer, cache) in m.layers.iter().zip(layer_caches(caches, m.layers.len())?) {
-            let r = layer
-                .attention
-                .forward(&layer.attention_norm.forward(&h)?, &mask, cache)?;
-            let hh = h.add(&r)?;
-            h = layer
-                .feed_forward
-                .forward(&layer.ffn_norm.forward(&hh)?, Some(&hh))?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |layer, h, mask, cache| {
+                let r = layer
+                    .attention
+                    .forward(&layer.attention_norm.forward(h)?, mask, cache)?;
+                let hh = h.add(&r)?;
+                layer
+                    .feed_forward
+                    .forward(&layer.ffn_norm.forward(&hh)?, Some(&hh))
+            })?;
         }
         let out = m.norm.forward(&h)?;
         super::head::logits(

@@ -476,16 +476,23 @@ impl LanguageModel for Model {
             .zip(layer_caches(caches, m.layers.len())?)
             .enumerate()
         {
-            let x = layer.operator_norm.forward(&h)?;
-            let r = match &layer.op {
-                Operator::Attention(a) => a.forward(&x, &attn_mask, cache)?,
-                Operator::Conv(c) => {
-                    let state = recurrent_state(cache, i, "convolution")?;
-                    c.forward(&x, conv_mask.as_ref(), state)?
-                }
+            let conv_mask = conv_mask.clone();
+            let forward = move |layer: &DecoderLayer,
+                                h: &Array,
+                                attn_mask: &AttnMask,
+                                cache: Option<&mut dyn KvCache>| {
+                let x = layer.operator_norm.forward(h)?;
+                let r = match &layer.op {
+                    Operator::Attention(a) => a.forward(&x, attn_mask, cache)?,
+                    Operator::Conv(c) => {
+                        let state = recurrent_state(cache, i, "convolution")?;
+                        c.forward(&x, conv_mask.as_ref(), state)?
+                    }
+                };
+                let hh = h.add(&r)?;
+                hh.add(&layer.feed_forward.forward(&layer.ffn_norm.forward(&hh)?)?)
             };
-            let hh = h.add(&r)?;
-            h = hh.add(&layer.feed_forward.forward(&layer.ffn_norm.forward(&hh)?)?)?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &attn_mask, cache, forward)?;
         }
         let out = m.embedding_norm.forward(&h)?;
         m.embed_tokens.as_linear(&out)

@@ -89,7 +89,8 @@ impl SparseMoe {
             None => routing.clone(),
         }
         .argpartition(-k, Some(-1))?
-        .slice_axis(-1, n - k, n)?;
+        .slice_axis(-1, n - k, n)?
+        .stop_gradient()?;
         let mut scores = routing.take_along_axis(&inds, -1)?;
         if self.norm_topk_prob {
             scores = scores.divide(&scores.sum(Some(&[-1]), true)?.add(1e-6)?)?;

@@ -218,12 +218,18 @@ impl LlamaModel {
         {
             let mask = masks.get(layer.use_sliding);
             h = match &scale {
+                // mlx-lm's `layer(h, attn_scale, mask, cache)`: the scale is an input of
+                // the checkpointed call too.
                 Some(s) => {
-                    let extras = Extras {
-                        query_scale: Some(s),
-                        ..Default::default()
-                    };
-                    layer.forward(&h, mask, cache, extras)?
+                    let mask = mask.clone();
+                    let out = mlx_nn::checkpoint::call(layer, &[&h, s], cache, move |l, a, c| {
+                        let extras = Extras {
+                            query_scale: Some(&a[1]),
+                            ..Default::default()
+                        };
+                        Ok(vec![l.forward(&a[0], &mask, c, extras)?])
+                    })?;
+                    mlx_nn::checkpoint::first(out)?
                 }
                 None => mlx_nn::checkpoint::layer(layer, &h, mask, cache, |l, x, m, c| {
                     l.forward(x, m, c, Extras::default())

@@ -169,7 +169,7 @@ impl Model {
             .map(|i| {
                 Ok(TransformerBlock {
                     self_attn: Attention::new(&args, args.no_rope_layers[i] != 0)?,
-                    feed_forward: Mlp::new(dim, args.intermediate_size_mlp, false)?,
+                    feed_forward: Mlp::new(dim, args.intermediate_size_mlp, false)?.up_before_down(),
                     input_layernorm: RmsNorm::new(dim, eps)?,
                     post_attention_layernorm: RmsNorm::new(dim, eps)?,
                 })

@@ -9,7 +9,7 @@ use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{fast, ops, Array, Dtype, Result};
 use mlx_nn::activations::{silu, softplus, swiglu};
 use mlx_nn::cache::ArraysState;
-use mlx_nn::{impl_module, EmbeddingLayer, KvCache, LinearLayer, Module, Param, RmsNorm};
+use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, Param, RmsNorm};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -266,11 +266,17 @@ impl LanguageModel for Model {
             .zip(layer_caches(caches, m.layers.len())?)
             .enumerate()
         {
-            let state = recurrent_state(cache, i, "state-space")?;
-            x = layer
-                .mixer
-                .forward(&layer.norm.forward(&x)?, state)?
-                .add(&x)?;
+            let forward = move |layer: &ResidualBlock,
+                                x: &Array,
+                                _: &AttnMask,
+                                cache: Option<&mut dyn KvCache>| {
+                let state = recurrent_state(cache, i, "state-space")?;
+                layer
+                    .mixer
+                    .forward(&layer.norm.forward(x)?, state)?
+                    .add(x)
+            };
+            x = mlx_nn::checkpoint::layer(layer, &x, &AttnMask::None, cache, forward)?;
         }
         let out = m.norm_f.forward(&x)?;
         match &self.lm_head {

@@ -9,7 +9,8 @@ use mlx_array::{ops, Array, Dtype, Result};
 use mlx_nn::activations::{silu, swiglu};
 use mlx_nn::cache::ArraysState;
 use mlx_nn::ssm::{ssm_attn, SsmParams};
-use mlx_nn::{impl_module, EmbeddingLayer, KvCache, LinearLayer, Param, RmsNorm};
+use mlx_nn::module::{join, QuantVisitor};
+use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, Param, RmsNorm};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -126,16 +127,55 @@ pub(crate) struct Mamba2Block {
     limit: (f64, f64),
     cast_d: bool,
     scan_lengths: bool,
+    /// falcon_h1's parameter order (see the `Module` impl).
+    norm_before_d: bool,
 }
-impl_module!(Mamba2Block {
-    conv1d,
-    in_proj,
-    dt_bias,
-    a_log as "A_log",
-    d as "D",
-    norm,
-    out_proj
-});
+/// The parameters in mlx-lm's declaration order: `conv1d, in_proj, dt_bias, A_log, D,
+/// norm, out_proj`, falcon_h1's mixer declaring `norm` before `D` (mlx.nn's
+/// `parameters()` keeps it, which lays out a saved full fine-tune).
+impl Module for Mamba2Block {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        self.conv1d.visit_params(&join(prefix, "conv1d"), f);
+        self.in_proj.visit_params(&join(prefix, "in_proj"), f);
+        self.dt_bias.visit_params(&join(prefix, "dt_bias"), f);
+        self.a_log.visit_params(&join(prefix, "A_log"), f);
+        if self.norm_before_d {
+            self.norm.visit_params(&join(prefix, "norm"), f);
+            self.d.visit_params(&join(prefix, "D"), f);
+        } else {
+            self.d.visit_params(&join(prefix, "D"), f);
+            self.norm.visit_params(&join(prefix, "norm"), f);
+        }
+        self.out_proj.visit_params(&join(prefix, "out_proj"), f);
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.conv1d.visit_params_mut(&join(prefix, "conv1d"), f);
+        self.in_proj.visit_params_mut(&join(prefix, "in_proj"), f);
+        self.dt_bias.visit_params_mut(&join(prefix, "dt_bias"), f);
+        self.a_log.visit_params_mut(&join(prefix, "A_log"), f);
+        if self.norm_before_d {
+            self.norm.visit_params_mut(&join(prefix, "norm"), f);
+            self.d.visit_params_mut(&join(prefix, "D"), f);
+        } else {
+            self.d.visit_params_mut(&join(prefix, "D"), f);
+            self.norm.visit_params_mut(&join(prefix, "norm"), f);
+        }
+        self.out_proj.visit_params_mut(&join(prefix, "out_proj"), f);
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        self.conv1d.visit_quantizable_mut(&join(prefix, "conv1d"), f)?;
+        self.in_proj.visit_quantizable_mut(&join(prefix, "in_proj"), f)?;
+        self.dt_bias.visit_quantizable_mut(&join(prefix, "dt_bias"), f)?;
+        self.a_log.visit_quantizable_mut(&join(prefix, "A_log"), f)?;
+        self.d.visit_quantizable_mut(&join(prefix, "D"), f)?;
+        self.norm.visit_quantizable_mut(&join(prefix, "norm"), f)?;
+        self.out_proj.visit_quantizable_mut(&join(prefix, "out_proj"), f)
+    }
+}
 
 impl ModelArgs {
     fn mixer_dims(&self) -> MixerDims {
@@ -206,6 +246,7 @@ impl Mamba2Block {
             limit: a.time_step_limit,
             cast_d: a.cast_d,
             scan_lengths: a.scan_lengths,
+            norm_before_d: model == "falcon_h1",
         })
     }
 
@@ -401,11 +442,18 @@ impl LanguageModel for Model {
             .zip(layer_caches(caches, m.layers.len())?)
             .enumerate()
         {
-            let state = recurrent_state(cache, i, "state-space")?;
-            let out = layer
-                .mixer
-                .forward(&layer.norm.forward(&h)?, mask.as_ref(), state)?;
-            h = out.add(&h)?;
+            let mask = mask.clone();
+            let forward = move |layer: &ResidualBlock,
+                                h: &Array,
+                                _: &AttnMask,
+                                cache: Option<&mut dyn KvCache>| {
+                let state = recurrent_state(cache, i, "state-space")?;
+                let out = layer
+                    .mixer
+                    .forward(&layer.norm.forward(h)?, mask.as_ref(), state)?;
+                out.add(h)
+            };
+            h = mlx_nn::checkpoint::layer(layer, &h, &AttnMask::None, cache, forward)?;
         }
         let out = m.norm_f.forward(&h)?;
         match &self.lm_head {

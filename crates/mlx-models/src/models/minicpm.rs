@@ -111,7 +111,7 @@ impl Model {
         }
         let g = args.as_granite()?;
         let (dim, hidden) = (args.hidden_size, args.intermediate_size);
-        let model = granite::decoder(&g, || Mlp::new(dim, hidden, false), "mlp")?;
+        let model = granite::decoder(&g, || Ok(Mlp::new(dim, hidden, false)?.up_before_down()), "mlp")?;
         let lm_head = head::untied(args.tie_word_embeddings, dim, args.vocab_size)?;
         Ok(Model {
             head_divisor: g.logits_scaling,

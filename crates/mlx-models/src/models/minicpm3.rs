@@ -128,7 +128,7 @@ impl Model {
                         rope,
                         scale: (q_head_dim as f64).powf(-0.5),
                     })?,
-                    mlp: Mlp::new(dim, args.intermediate_size, false)?,
+                    mlp: Mlp::new(dim, args.intermediate_size, false)?.up_before_down(),
                     input_layernorm: RmsNorm::new(dim, args.rms_norm_eps)?,
                     post_attention_layernorm: RmsNorm::new(dim, args.rms_norm_eps)?,
                 })
@@ -160,13 +160,15 @@ impl LanguageModel for Model {
         let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
         let s = self.args.scale_depth / (self.args.num_hidden_layers as f64).powf(0.5);
         for (layer, cache) in m.layers.iter().zip(layer_caches(caches, m.layers.len())?) {
-            let x = layer.input_layernorm.forward(&h)?;
-            let r = layer.self_attn.forward(&x, &mask, cache)?;
-            h = h.add(&r.multiply(s)?)?;
-            let r = layer
-                .mlp
-                .forward(&layer.post_attention_layernorm.forward(&h)?, None)?;
-            h = h.add(&r.multiply(s)?)?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, move |layer, h, mask, cache| {
+                let x = layer.input_layernorm.forward(h)?;
+                let r = layer.self_attn.forward(&x, mask, cache)?;
+                let h = h.add(&r.multiply(s)?)?;
+                let r = layer
+                    .mlp
+                    .forward(&layer.post_attention_layernorm.forward(&h)?, None)?;
+                h.add(&r.multiply(s)?)
+            })?;
         }
         let out = m.norm.forward(&h)?;
         match &self.lm_head {

@@ -16,20 +16,35 @@ pub struct Mlp {
     /// The checkpoint names of gate, up and down (default `gate_proj`, `up_proj`,
     /// `down_proj`).
     names: [&'static str; 3],
+    /// Visits gate, up, down (the files that declare them in that order) instead of
+    /// gate, down, up (llama.py's order): mlx.nn walks a module's children in their
+    /// declaration order (reversed), which orders LoRA's key draws and the saved
+    /// adapters.
+    up_before_down: bool,
 }
 
 impl Module for Mlp {
     fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
         let [g, u, d] = self.names;
         self.gate_proj.visit_params(&join(prefix, g), f);
-        self.down_proj.visit_params(&join(prefix, d), f);
-        self.up_proj.visit_params(&join(prefix, u), f);
+        if self.up_before_down {
+            self.up_proj.visit_params(&join(prefix, u), f);
+            self.down_proj.visit_params(&join(prefix, d), f);
+        } else {
+            self.down_proj.visit_params(&join(prefix, d), f);
+            self.up_proj.visit_params(&join(prefix, u), f);
+        }
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
         let [g, u, d] = self.names;
         self.gate_proj.visit_params_mut(&join(prefix, g), f);
-        self.down_proj.visit_params_mut(&join(prefix, d), f);
-        self.up_proj.visit_params_mut(&join(prefix, u), f);
+        if self.up_before_down {
+            self.up_proj.visit_params_mut(&join(prefix, u), f);
+            self.down_proj.visit_params_mut(&join(prefix, d), f);
+        } else {
+            self.down_proj.visit_params_mut(&join(prefix, d), f);
+            self.up_proj.visit_params_mut(&join(prefix, u), f);
+        }
     }
     fn visit_quantizable_mut(
         &mut self,
@@ -38,8 +53,13 @@ impl Module for Mlp {
     ) -> mlx_nn::Result<()> {
         let [g, u, d] = self.names;
         self.gate_proj.visit_quantizable_mut(&join(prefix, g), f)?;
-        self.down_proj.visit_quantizable_mut(&join(prefix, d), f)?;
-        self.up_proj.visit_quantizable_mut(&join(prefix, u), f)
+        if self.up_before_down {
+            self.up_proj.visit_quantizable_mut(&join(prefix, u), f)?;
+            self.down_proj.visit_quantizable_mut(&join(prefix, d), f)
+        } else {
+            self.down_proj.visit_quantizable_mut(&join(prefix, d), f)?;
+            self.up_proj.visit_quantizable_mut(&join(prefix, u), f)
+        }
     }
 }
 
@@ -52,7 +72,14 @@ impl Mlp {
             up_proj: LinearLayer::new(dim, hidden, bias)?,
             gate_up: None,
             names: ["gate_proj", "up_proj", "down_proj"],
+            up_before_down: false,
         })
+    }
+
+    /// The block of a file that declares gate, up, then down (see `up_before_down`).
+    pub(crate) fn up_before_down(mut self) -> Mlp {
+        self.up_before_down = true;
+        self
     }
 
     /// Names gate, up and down as the checkpoint does (InternLM2's `w1`, `w3`, `w2`).

@@ -348,19 +348,28 @@ impl LanguageModel for Model {
         };
         let mut next = caches.iter_mut();
         for (i, layer) in m.layers.iter().enumerate() {
-            let x = layer.norm.forward(&h)?;
-            let r = match &layer.mixer {
-                Mixer::Mamba(mx) => {
-                    let cache = next.next().map(|c| c.as_mut() as &mut dyn KvCache);
-                    mx.forward(&x, ssm_mask.as_ref(), recurrent_state(cache, i, "mamba")?)?
+            let cache = match &layer.mixer {
+                Mixer::Mamba(_) | Mixer::Attention(_) => {
+                    next.next().map(|c| c.as_mut() as &mut dyn KvCache)
                 }
-                Mixer::Attention(a) => {
-                    let cache = next.next().map(|c| c.as_mut() as &mut dyn KvCache);
-                    a.forward(&x, &attn_mask, cache)?
-                }
-                Mixer::Mlp(mlp) => mlp.down_proj.forward(&relu2(&mlp.up_proj.forward(&x)?)?)?,
+                Mixer::Mlp(_) => None,
             };
-            h = h.add(&r)?;
+            let ssm_mask = ssm_mask.clone();
+            let forward = move |layer: &Block,
+                                h: &Array,
+                                attn_mask: &AttnMask,
+                                cache: Option<&mut dyn KvCache>| {
+                let x = layer.norm.forward(h)?;
+                let r = match &layer.mixer {
+                    Mixer::Mamba(mx) => {
+                        mx.forward(&x, ssm_mask.as_ref(), recurrent_state(cache, i, "mamba")?)?
+                    }
+                    Mixer::Attention(a) => a.forward(&x, attn_mask, cache)?,
+                    Mixer::Mlp(mlp) => mlp.down_proj.forward(&relu2(&mlp.up_proj.forward(&x)?)?)?,
+                };
+                h.add(&r)
+            };
+            h = mlx_nn::checkpoint::layer(layer, &h, &attn_mask, cache, forward)?;
         }
         self.lm_head.forward(&m.norm_f.forward(&h)?)
     }

@@ -123,7 +123,8 @@ impl Olmo3Model {
             .zip(layer_caches(caches, self.layers.len())?)
             .zip(&self.sliding)
         {
-            h = layer.forward(&h, masks.get(sliding), cache)?;
+            let mask = masks.get(sliding);
+            h = mlx_nn::checkpoint::layer(layer, &h, mask, cache, |l, x, m, c| l.forward(x, m, c))?;
         }
         self.norm.forward(&h)
     }

@@ -117,7 +117,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
         } else {
             DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?))
         };
-        DecoderLayer::new(attention(&attn_args)?, mlp, "mlp", dim, eps)
+        Ok(DecoderLayer::new(attention(&attn_args)?, mlp, "mlp", dim, eps)?.norms_before_mlp())
     })?;
     Ok(Box::new(model))
 }

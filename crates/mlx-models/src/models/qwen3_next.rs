@@ -212,8 +212,8 @@ struct GatedDeltaNet {
     kernel: i32,
 }
 impl_module!(GatedDeltaNet {
-    proj as "",
     conv1d,
+    proj as "",
     dt_bias,
     a_log as "A_log",
     norm,
@@ -459,9 +459,9 @@ struct DecoderLayer {
 }
 impl_module!(DecoderLayer {
     mixer as "",
-    mlp,
     input_layernorm,
-    post_attention_layernorm
+    post_attention_layernorm,
+    mlp
 });
 
 /// The decoder stack.
@@ -602,24 +602,31 @@ impl LanguageModel for Model {
             .zip(layer_caches(caches, m.layers.len())?)
             .enumerate()
         {
-            let x = layer.input_layernorm.forward(&h)?;
-            let r = match &layer.mixer {
-                Mixer::Linear(l) => {
-                    let state = recurrent_state(cache, i, "linear-attention")?;
-                    l.forward(&x, ssm_mask.as_ref(), state)?
-                }
-                Mixer::Full(a) => a.forward(&x, &fa_mask, cache)?,
+            let ssm_mask = ssm_mask.clone();
+            let forward = move |layer: &DecoderLayer,
+                                h: &Array,
+                                fa_mask: &AttnMask,
+                                cache: Option<&mut dyn KvCache>| {
+                let x = layer.input_layernorm.forward(h)?;
+                let r = match &layer.mixer {
+                    Mixer::Linear(l) => {
+                        let state = recurrent_state(cache, i, "linear-attention")?;
+                        l.forward(&x, ssm_mask.as_ref(), state)?
+                    }
+                    Mixer::Full(a) => a.forward(&x, fa_mask, cache)?,
+                };
+                let hh = h.add(&r)?;
+                let ff = match &layer.mlp {
+                    FeedForward::Sparse(s) => {
+                        s.forward(&layer.post_attention_layernorm.forward(&hh)?)?
+                    }
+                    FeedForward::Dense(d) => {
+                        d.forward(&layer.post_attention_layernorm.forward(&hh)?)?
+                    }
+                };
+                hh.add(&ff)
             };
-            let hh = h.add(&r)?;
-            let ff = match &layer.mlp {
-                FeedForward::Sparse(s) => {
-                    s.forward(&layer.post_attention_layernorm.forward(&hh)?)?
-                }
-                FeedForward::Dense(d) => {
-                    d.forward(&layer.post_attention_layernorm.forward(&hh)?)?
-                }
-            };
-            h = hh.add(&ff)?;
+            h = mlx_nn::checkpoint::layer(layer, &h, &fa_mask, cache, forward)?;
         }
         let out = m.norm.forward(&h)?;
         match &self.lm_head {
