@@ -95,7 +95,7 @@ pub(crate) enum BatchPhase {
     Wait,
     /// Recording them (stop checks, the processors' `accept`).
     Record,
-    /// Grammar masks computed ahead of the sampling graph (on worker threads).
+    /// Grammar masks computed on the host ahead of the sampling graph.
     Masks,
     /// The processors' and samplers' graph.
     Sample,

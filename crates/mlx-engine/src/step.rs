@@ -160,9 +160,8 @@ impl RowSampling {
     }
 
     /// The host side of a grammar row's step ([`mlx_sample::LogitsProcessors::host_mask`]):
-    /// the allowed tokens among `vocab` as a bitset, computed without MLX (so several
-    /// rows' masks may be computed at once on other threads). `None`: the row has no
-    /// such processor, or it is not active this step.
+    /// the allowed tokens among `vocab` as a bitset, computed without MLX. `None`: the
+    /// row has no such processor, or it is not active this step.
     pub fn host_mask(&mut self, vocab: usize) -> Option<Result<Vec<u32>>> {
         self.processors
             .host_mask(vocab)
@@ -319,66 +318,12 @@ pub fn sample_masked(
     })
 }
 
-/// Rows at which [`host_masks`] starts spreading over threads.
-const PARALLEL_MASK_ROWS: usize = 4;
-
 /// Every row's grammar mask for this step ([`RowSampling::host_mask`]), computed on the
-/// host, spread over up to one thread per core when several rows have one (llguidance
-/// works on each row's own state, with no MLX call).
+/// host (no MLX call). One row after the other: at a 128k vocabulary a grammar's mask
+/// takes ~15 us once its lazily built state is warm (benchmarks/RESULTS.md, "CPU
+/// structured output"), less than starting a thread.
 pub fn host_masks(rows: &mut [&mut RowSampling], vocab: usize) -> Vec<Option<Result<Vec<u32>>>> {
-    let with = rows.iter().filter(|r| r.needs_accepted_token()).count();
-    // `available_parallelism` reads the cgroup limits on every call: once per process.
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let threads = cores.min(with / 2);
-    if with < PARALLEL_MASK_ROWS || threads < 2 {
-        return rows.iter_mut().map(|r| r.host_mask(vocab)).collect();
-    }
-    let total = rows.len();
-    // Contiguous chunks of rows holding about as many grammar rows each.
-    let per = with.div_ceil(threads);
-    let mut chunks: Vec<Vec<&mut LogitsProcessors>> = vec![Vec::new()];
-    let mut seen = 0;
-    for r in rows.iter_mut() {
-        let grammar = r.needs_accepted_token();
-        if grammar && seen == per {
-            chunks.push(Vec::new());
-            seen = 0;
-        }
-        seen += usize::from(grammar);
-        if let Some(c) = chunks.last_mut() {
-            c.push(&mut r.processors);
-        }
-    }
-    let mut out = Vec::with_capacity(total);
-    std::thread::scope(|s| {
-        let mut chunks = chunks.into_iter();
-        let first = chunks.next();
-        let handles: Vec<_> = chunks
-            .map(|c| (c.len(), s.spawn(move || masks_of(c, vocab))))
-            .collect();
-        if let Some(c) = first {
-            out.extend(masks_of(c, vocab));
-        }
-        for (n, h) in handles {
-            match h.join() {
-                Ok(m) => out.extend(m),
-                Err(_) => out.extend((0..n).map(|_| {
-                    Some(Err(EngineError::Internal(
-                        "computing a grammar mask panicked".into(),
-                    )))
-                })),
-            }
-        }
-    });
-    out
-}
-
-fn masks_of(procs: Vec<&mut LogitsProcessors>, vocab: usize) -> Vec<Option<Result<Vec<u32>>>> {
-    procs
-        .into_iter()
-        .map(|p| p.host_mask(vocab).map(|m| m.map_err(EngineError::from)))
-        .collect()
+    rows.iter_mut().map(|r| r.host_mask(vocab)).collect()
 }
 
 fn process_rows(

@@ -472,8 +472,8 @@ fn word_masks_expand_to_one_flag_per_token() {
 
 /// A batch of rows with grammars (some behind a repetition penalty, one waiting for
 /// its thinking section to end) and rows without: the batched step (masks computed on
-/// the host, several rows on worker threads, one `where` for the batch) gives every
-/// row the log-probabilities of its own chain run alone, bit for bit.
+/// the host as bitsets, one `where` for the batch) gives every row the
+/// log-probabilities of its own chain run alone, bit for bit.
 #[test]
 fn a_batch_masks_each_row_as_its_own_chain_does() {
     use mlx_engine::step::{self, LogSoftmax, RowSampling, Sampling};

@@ -65,9 +65,9 @@ pub trait LogitsProcessor: Send {
     /// grammar): the tokens this step's [`Self::process`] would leave among the first
     /// `vocab` ids, as a bitset (bit `i % 32` of word `i / 32`, `vocab.div_ceil(32)`
     /// words), computed instead of calling `process` (the state moves on as if it had
-    /// run). The caller then sets every other logit to `-inf` itself: a batch masks all
-    /// its rows in one op, and may compute the bitsets of several rows at once on other
-    /// threads, so this must not touch MLX. `None` (the default): call `process`.
+    /// run). The caller then sets every other logit to `-inf` itself (a batch masks all
+    /// its rows in one op); this host work must not touch MLX. `None` (the default):
+    /// call `process`.
     fn allowed_bits(&mut self, _vocab: usize) -> Option<Result<Vec<u32>>> {
         None
     }

@@ -220,9 +220,10 @@ async fn requests_with_one_schema_compile_it_once() {
 
     let again = post(addr, "/v1/chat/completions", &body(&schema)).await;
     assert_eq!(again.json()["choices"][0]["message"]["content"], answer);
+    let same = body(&schema);
     let (a, b) = tokio::join!(
-        post(addr, "/v1/chat/completions", &body(&schema)),
-        post(addr, "/v1/chat/completions", &body(&schema)),
+        post(addr, "/v1/chat/completions", &same),
+        post(addr, "/v1/chat/completions", &same),
     );
     for r in [a, b] {
         assert_eq!(r.json()["choices"][0]["message"]["content"], answer);

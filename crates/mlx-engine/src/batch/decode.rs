@@ -107,8 +107,8 @@ impl DecodeBatch {
     ///
     /// With a grammar row, the forward is queued first; while the device runs it, the
     /// host reads the previous tokens, moves each grammar on by its token and computes
-    /// every grammar row's mask for this step (on several threads when several rows
-    /// have one), then queues the masked sampling: the host's grammar work overlaps the
+    /// every grammar row's mask for this step (a bitset per row), then queues the
+    /// sampling with one `where` for the batch: the host's grammar work overlaps the
     /// forward instead of following it.
     pub fn step(&mut self, model: &dyn LanguageModel) -> Result<Vec<(SeqId, Outcome)>> {
         if self.rows.is_empty() {
@@ -301,7 +301,14 @@ impl Stage for DecodeBatch {
             if !keep_pending.is_empty() {
                 let idx: Vec<i32> = keep_pending.iter().map(|&i| i as i32).collect();
                 let idx = Array::from_slice(&idx, &[idx.len() as i32])?;
-                self.pending = Some(p.take_rows(&idx)?);
+                let kept = p.take_rows(&idx)?;
+                // Queued now, behind the step that sampled them: left unqueued, they
+                // would be queued with the next forward (whose input they are), and
+                // reading them would wait for that whole forward.
+                let mut queued = vec![&kept.tokens, &kept.logprobs];
+                queued.extend(kept.chosen.as_ref());
+                transforms::async_eval(&queued)?;
+                self.pending = Some(kept);
             }
         }
         let joined_keep: Vec<u32> = keep
