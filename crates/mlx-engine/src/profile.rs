@@ -81,6 +81,7 @@ pub(crate) struct BatchProfile {
     /// Time per phase, in [`BatchPhase`] order.
     phases: [Duration; BatchPhase::COUNT],
     total: Duration,
+    intervals: u32,
     last: Option<Instant>,
 }
 
@@ -149,6 +150,7 @@ impl BatchProfile {
         let now = Instant::now();
         if let Some(prev) = self.last.replace(now) {
             self.total += now - prev;
+            self.intervals += 1;
         }
         if self.steps < Self::EVERY {
             return None;
@@ -172,7 +174,7 @@ impl BatchProfile {
             .zip(&self.phases)
             .map(|(name, &d)| format!("{name} {:.0}", us(d)))
             .collect();
-        let step_to_step = self.total.as_secs_f64() * 1e6 / f64::from(self.steps.max(2) - 1);
+        let step_to_step = self.total.as_secs_f64() * 1e6 / f64::from(self.intervals.max(1));
         format!(
             "[mlx-engine profile] batched decode, {} steps, {:.1} rows ({:.1} constrained) \
              per step, us per step: {}; step to step {:.0}; grammar per row: mask {:.0} us, \
@@ -210,6 +212,25 @@ impl Lap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batch_profile_prints_means_every_256_steps_and_starts_over() {
+        let mut p = BatchProfile::default();
+        for i in 0..BatchProfile::EVERY {
+            p.add(BatchPhase::Forward, Duration::from_micros(100));
+            let masks = if i % 2 == 0 { 10 } else { 30 };
+            p.add(BatchPhase::Masks, Duration::from_micros(masks));
+            let line = p.step(4, 2);
+            assert_eq!(line.is_some(), i + 1 == BatchProfile::EVERY);
+            if let Some(l) = line {
+                assert!(l.contains("256 steps, 4.0 rows (2.0 constrained)"), "{l}");
+                assert!(l.contains(": forward 100, forward async_eval 0,"), "{l}");
+                assert!(l.contains(", masks 20, sample 0,"), "{l}");
+            }
+        }
+        assert_eq!((p.steps, p.rows), (0, 0));
+        assert!(p.step(1, 0).is_none());
+    }
 
     #[test]
     fn summary_is_empty_without_steps_and_averages_per_step() {

@@ -348,7 +348,7 @@ fn process_rows(
     let rest = |r: &RowSampling, masked: bool| r.has_processors() && !(masked && r.only_masks());
     let processed = if !rows.iter().zip(&words).any(|(r, w)| rest(r, w.is_some())) {
         logits.clone()
-    } else if let ([row], [w]) = (&mut *rows, words.as_slice()) {
+    } else if let ([row], [w], []) = (&mut *rows, words.as_slice(), failed.as_slice()) {
         if w.is_some() {
             row.processors.process_masked(inputs, logits)?
         } else {
