@@ -200,7 +200,7 @@ impl Lap {
     }
 
     /// Adds the time since the last mark to `phase` of `profile`.
-    pub(crate) fn mark(&mut self, profile: &mut Option<BatchProfile>, phase: BatchPhase) {
+    pub(crate) fn mark(&mut self, profile: &mut Option<Box<BatchProfile>>, phase: BatchPhase) {
         if let (Some(t), Some(p)) = (self.0.as_mut(), profile.as_mut()) {
             let now = Instant::now();
             p.add(phase, now - *t);

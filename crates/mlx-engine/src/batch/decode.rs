@@ -32,7 +32,7 @@ pub(crate) struct DecodeBatch {
     /// pending ones.
     joined: Vec<u32>,
     /// Host times per step (`MLX_ENGINE_PROFILE`).
-    profile: Option<BatchProfile>,
+    profile: Option<Box<BatchProfile>>,
 }
 
 /// The output of a step, read during the next one.
@@ -115,7 +115,7 @@ impl DecodeBatch {
             return Ok(Vec::new());
         }
         if self.profile.is_none() && crate::profile::enabled() {
-            self.profile = Some(BatchProfile::default());
+            self.profile = Some(Box::default());
         }
         let mut lap = Lap::new(self.profile.is_some());
         let b = self.rows.len() as i32;
