@@ -10,7 +10,8 @@
 #   BIN_DIR     release build of mlx-server (default .gpu/bin)
 #   --only      variants of make_bench_models.py (default qwen2.5-0.5b-bf16,llama-3.1-8b-bf16)
 #
-# Writes $OUT/structured.md and $OUT/structured.log.
+# Writes $OUT/structured.md and $OUT/structured.log (with the server's
+# MLX_ENGINE_PROFILE lines: `grep 'mlx-engine profile' structured.log`).
 set -euo pipefail
 BIN=.gpu/bin
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then BIN=$1; shift; fi
@@ -40,7 +41,10 @@ done
   ${TOK_ARGS[@]+"${TOK_ARGS[@]}"} 2>&1 | tee -a "$OUT/structured.log" >&2
 PORT=18931
 for m in ${ONLY//,/ }; do
-  "$BIN/mlx-server" --model "$MODELS/$m" --port "$PORT" >>"$OUT/structured.log" 2>&1 &
+  # MLX_ENGINE_PROFILE: the server's host time per phase of its batched steps goes to
+  # the log every 256 steps (docs/structured-output.md, "Performance").
+  MLX_ENGINE_PROFILE=${MLX_ENGINE_PROFILE:-1} "$BIN/mlx-server" --model "$MODELS/$m" \
+    --port "$PORT" >>"$OUT/structured.log" 2>&1 &
   SERVER=$!
   trap 'kill $SERVER 2>/dev/null || true' EXIT
   for _ in $(seq 1 300); do

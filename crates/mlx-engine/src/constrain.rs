@@ -22,7 +22,8 @@ use mlx_array::{where_, Array, Dtype};
 use mlx_sample::{BuildProcessor, LogitsProcessor, SampleError};
 use mlx_tokenizer::Tokenizer;
 use serde_json::{json, Value as Json};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// What the output must match.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +53,18 @@ impl Constraint {
             Constraint::Lark(_) => "Lark grammar",
             Constraint::Gbnf(_) => "GBNF grammar",
         }
+    }
+
+    /// What identifies the compiled form over one vocabulary: the kind and the text.
+    fn cache_key(&self) -> String {
+        let text = match self {
+            Constraint::JsonSchema(s) => s.to_string(),
+            Constraint::JsonObject => String::new(),
+            Constraint::Regex(r) => r.clone(),
+            Constraint::Choice(list) => Json::from(list.clone()).to_string(),
+            Constraint::Lark(g) | Constraint::Gbnf(g) => g.clone(),
+        };
+        format!("{}\n{text}", self.kind())
     }
 
     /// The Lark grammar (or JSON schema) handed to llguidance.
@@ -103,13 +116,57 @@ pub fn lark_string(s: &str) -> String {
     Json::String(s.to_string()).to_string()
 }
 
-/// The token trie of a tokenizer, shared by all the constraints of a model.
+/// The token trie of a tokenizer, shared by all the constraints of a model, and the
+/// constraints compiled over it ([`ConstraintVocab::compile`] keeps the last
+/// [`COMPILED_CACHE`] of them).
 #[derive(Clone)]
 pub struct ConstraintVocab {
     factory: Arc<ParserFactory>,
     n_vocab: usize,
     eos: Arc<Vec<u32>>,
     special: Arc<std::collections::HashMap<Vec<u8>, u32>>,
+    compiled: Arc<Mutex<CompiledCache>>,
+}
+
+/// How many compiled constraints a [`ConstraintVocab`] keeps (least recently used
+/// out first).
+pub const COMPILED_CACHE: usize = 64;
+
+/// One constraint's compilation: started by the first request that needs it, waited
+/// for by the others asking at the same time.
+type Compiling = Arc<OnceLock<std::result::Result<CompiledConstraint, EngineError>>>;
+
+/// Compiled constraints by [`Constraint::cache_key`], with their last use.
+#[derive(Default)]
+struct CompiledCache {
+    entries: HashMap<String, (u64, Compiling)>,
+    clock: u64,
+}
+
+impl CompiledCache {
+    /// The entry of `key`, made (empty) when missing, the least recently used one
+    /// dropped past [`COMPILED_CACHE`].
+    fn entry(&mut self, key: String) -> Compiling {
+        self.clock += 1;
+        let now = self.clock;
+        if let Some((used, c)) = self.entries.get_mut(&key) {
+            *used = now;
+            return Arc::clone(c);
+        }
+        if self.entries.len() >= COMPILED_CACHE {
+            let oldest = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (used, _))| *used)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                self.entries.remove(&k);
+            }
+        }
+        let c: Compiling = Arc::default();
+        self.entries.insert(key, (now, Arc::clone(&c)));
+        c
+    }
 }
 
 impl std::fmt::Debug for ConstraintVocab {
@@ -195,6 +252,7 @@ impl ConstraintVocab {
             n_vocab: words.len(),
             eos: Arc::new(eos),
             special: Arc::new(special),
+            compiled: Arc::default(),
         })
     }
 
@@ -215,8 +273,32 @@ impl ConstraintVocab {
     }
 
     /// Checks and compiles `c`: an invalid schema, regex or grammar is
-    /// [`EngineError::Invalid`] with llguidance's message.
+    /// [`EngineError::Invalid`] with llguidance's message. A constraint compiled before
+    /// over this vocabulary (the same kind and text) is reused: see
+    /// [`Self::compile_cached`].
     pub fn compile(&self, c: &Constraint) -> Result<CompiledConstraint> {
+        self.compile_cached(c).map(|(compiled, _)| compiled)
+    }
+
+    /// [`Self::compile`], and whether `c` was compiled by this call (`false`: it came
+    /// from the cache of the last [`COMPILED_CACHE`] constraints, or from a call
+    /// compiling it at the same time, which this one waited for). Every processor built
+    /// from a compiled constraint starts from its own copy of the parser.
+    pub fn compile_cached(&self, c: &Constraint) -> Result<(CompiledConstraint, bool)> {
+        let entry = self
+            .compiled
+            .lock()
+            .map_err(|_| EngineError::Internal("the constraint cache's lock was poisoned".into()))?
+            .entry(c.cache_key());
+        let mut now = false;
+        let done = entry.get_or_init(|| {
+            now = true;
+            self.compile_now(c)
+        });
+        done.clone().map(|compiled| (compiled, now))
+    }
+
+    fn compile_now(&self, c: &Constraint) -> Result<CompiledConstraint> {
         let grammar = c.to_grammar()?;
         let parser = self
             .factory
@@ -308,10 +390,21 @@ impl ConstraintProcessor {
         self.failed.as_deref()
     }
 
-    /// The allowed tokens among `0..vocab` (a `vocab`-long mask). A dead end (the
-    /// grammar allows no token of the vocabulary, or it rejected a token) allows only
-    /// the EOS tokens, so that the sequence ends; [`Self::dead_end_reason`] says why.
-    pub fn allowed(&mut self, vocab: usize) -> Vec<bool> {
+    /// The allowed tokens among `0..vocab`, as a bitset (bit `i % 32` of word `i / 32`,
+    /// `vocab.div_ceil(32)` words: llguidance's own layout, copied as it is). A dead end
+    /// (the grammar allows no token of the vocabulary, or it rejected a token) allows
+    /// only the EOS tokens, so that the sequence ends; [`Self::dead_end_reason`] says
+    /// why.
+    pub fn allowed_words(&mut self, vocab: usize) -> Vec<u32> {
+        let tic = crate::profile::enabled().then(std::time::Instant::now);
+        let words = self.allowed_or_eos(vocab);
+        if let Some(t) = tic {
+            crate::profile::constraint_mask(t.elapsed());
+        }
+        words
+    }
+
+    fn allowed_or_eos(&mut self, vocab: usize) -> Vec<u32> {
         if self.failed.is_none() {
             match self.grammar_mask(vocab) {
                 Ok(allow) => return allow,
@@ -321,16 +414,25 @@ impl ConstraintProcessor {
                 }
             }
         }
-        let mut allow = vec![false; vocab];
+        let mut words = vec![0u32; vocab.div_ceil(32)];
         for &e in self.eos.iter() {
-            if let Some(a) = allow.get_mut(e as usize) {
-                *a = true;
+            if (e as usize) < vocab {
+                words[e as usize / 32] |= 1 << (e % 32);
             }
         }
-        allow
+        words
     }
 
-    fn grammar_mask(&mut self, vocab: usize) -> std::result::Result<Vec<bool>, String> {
+    /// The allowed tokens among `0..vocab` (a `vocab`-long mask): [`Self::allowed_words`]
+    /// one flag per token.
+    pub fn allowed(&mut self, vocab: usize) -> Vec<bool> {
+        let words = self.allowed_words(vocab);
+        (0..vocab)
+            .map(|i| words[i / 32] & (1 << (i % 32)) != 0)
+            .collect()
+    }
+
+    fn grammar_mask(&mut self, vocab: usize) -> std::result::Result<Vec<u32>, String> {
         let mask = self.matcher.compute_mask_or_eos().map_err(|e| {
             format!(
                 "the {} allows no further token: {}",
@@ -338,22 +440,66 @@ impl ConstraintProcessor {
                 first_line(&e.to_string())
             )
         })?;
-        let mut allow = vec![false; vocab];
-        let mut any = false;
-        mask.iter_set_entries(|i| {
-            if let Some(a) = allow.get_mut(i) {
-                *a = true;
-                any = true;
+        // The trie's vocabulary may be shorter than the model's (padded embeddings:
+        // those ids stay forbidden) or longer (ids past the logits are dropped).
+        let n = vocab.div_ceil(32);
+        let src = mask.as_slice();
+        let mut words = vec![0u32; n];
+        let k = n.min(src.len());
+        words[..k].copy_from_slice(&src[..k]);
+        let tail = vocab % 32;
+        if tail != 0 && k == n {
+            words[n - 1] &= (1u32 << tail) - 1;
+        }
+        // Bits past the trie's own size are never set by llguidance, but stay exact.
+        let size = mask.len();
+        if size < n * 32 {
+            let (w, b) = (size / 32, size % 32);
+            if w < n {
+                words[w] &= (1u32 << b).wrapping_sub(1);
+                for x in &mut words[w + 1..] {
+                    *x = 0;
+                }
             }
-        });
-        if !any {
+        }
+        if words.iter().all(|&w| w == 0) {
             return Err(format!(
                 "the {} allows no token of the model's vocabulary here",
                 self.kind
             ));
         }
-        Ok(allow)
+        Ok(words)
     }
+}
+
+/// The `[rows, vocab]` boolean mask of `rows` bitsets of `vocab.div_ceil(32)` words
+/// each (bit `i % 32` of word `i / 32` allows token `i`), expanded on the device: the
+/// host hands over 1 bit per token instead of a byte.
+pub fn mask_from_words(words: &[u32], rows: usize, vocab: usize) -> Result<Array> {
+    let n = vocab.div_ceil(32);
+    if words.len() != rows * n {
+        return Err(EngineError::Internal(format!(
+            "a token mask of {} words for {rows} rows of {vocab} tokens",
+            words.len()
+        )));
+    }
+    let (r, n32, v) = (rows as i32, n as i32, vocab as i32);
+    let shifts: Vec<u32> = (0..32).collect();
+    let shifts = Array::from_slice(&shifts, &[32])?;
+    let one = Array::scalar(1u32)?;
+    let bits = Array::from_slice(words, &[r, n32, 1])?
+        .right_shift(&shifts)?
+        .bitwise_and(&one)?
+        .reshape(&[r, n32 * 32])?
+        .slice(&[0, 0], &[r, v], None)?;
+    Ok(bits.astype(Dtype::Bool)?)
+}
+
+/// `logits` (`[rows, vocab]`) with every token `cond` forbids set to `-inf`; allowed
+/// logits keep their bits.
+pub fn apply_mask(cond: &Array, logits: &Array) -> Result<Array> {
+    let neg_inf = Array::scalar_f64(f64::NEG_INFINITY, float_like(logits.dtype()))?;
+    Ok(where_(cond, logits, &neg_inf)?)
 }
 
 fn first_line(s: &str) -> &str {
@@ -367,10 +513,17 @@ impl LogitsProcessor for ConstraintProcessor {
         }
         let shape = logits.shape();
         let vocab = *shape.last().unwrap_or(&0) as usize;
-        let allow = self.allowed(vocab);
-        let cond = Array::from_slice(&allow, &[1, vocab as i32])?;
-        let neg_inf = Array::scalar_f64(f64::NEG_INFINITY, float_like(logits.dtype()))?;
-        Ok(where_(&cond, logits, &neg_inf)?)
+        let words = self.allowed_words(vocab);
+        let cond = mask_from_words(&words, 1, vocab).map_err(to_sample_err)?;
+        apply_mask(&cond, logits).map_err(to_sample_err)
+    }
+
+    fn uses_history(&self) -> bool {
+        false
+    }
+
+    fn allowed_bits(&mut self, vocab: usize) -> Option<mlx_sample::Result<Vec<u32>>> {
+        self.is_active().then(|| Ok(self.allowed_words(vocab)))
     }
 
     fn accept(&mut self, token: u32) -> mlx_sample::Result<()> {
@@ -414,7 +567,12 @@ impl LogitsProcessor for ConstraintProcessor {
             }
             return Ok(());
         }
-        if let Err(e) = self.matcher.consume_token(token) {
+        let tic = crate::profile::enabled().then(std::time::Instant::now);
+        let consumed = self.matcher.consume_token(token);
+        if let Some(t) = tic {
+            crate::profile::constraint_accept(t.elapsed());
+        }
+        if let Err(e) = consumed {
             // A dead end: this token was already sampled (the constraint's mask was
             // overridden, e.g. every allowed logit was -inf); the sequence ends here.
             self.failed = Some(format!(
@@ -438,6 +596,13 @@ impl LogitsProcessor for ConstraintProcessor {
         let mut copy = self.clone();
         copy.matcher = self.matcher.deep_clone();
         Box::new(copy)
+    }
+}
+
+fn to_sample_err(e: EngineError) -> SampleError {
+    match e {
+        EngineError::Mlx(m) => SampleError::Mlx(m),
+        other => SampleError::Constraint(other.to_string()),
     }
 }
 

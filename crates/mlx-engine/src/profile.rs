@@ -1,10 +1,12 @@
-//! Opt-in per-token timing of the decode loop (`MLX_ENGINE_PROFILE=1`).
+//! Opt-in per-token timing of the decode loop (`MLX_ENGINE_PROFILE=1`): the single
+//! generator's [`DecodeProfile`] and the server's batched steps' [`BatchProfile`].
 //!
 //! Splits each decode step's host time into graph construction (the Rust model
 //! forward, processors and sampler: every op handed to MLX), `async_eval` (MLX
 //! scheduling and encoding the step's kernels) and waiting for the previous token
 //! (reading it back), and prints the means to stderr when the generator is dropped.
 //! Off, it costs one cached flag test per token.
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -64,9 +66,171 @@ impl DecodeProfile {
     }
 }
 
+/// Accumulated host times of the server's batched decode steps
+/// (`batch::decode::DecodeBatch::step`), printed to stderr every [`BatchProfile::EVERY`]
+/// steps: building the forward graph, `async_eval` of the forward, waiting for the
+/// previous step's tokens and recording them (the processors' `accept`), the rows'
+/// processors and sampler (graph building, constraint masks included), and `async_eval`
+/// of the sampling; for constrained rows also the grammar's own time
+/// ([`constraint_mask`], [`constraint_accept`]).
+#[derive(Debug, Default)]
+pub(crate) struct BatchProfile {
+    steps: u32,
+    rows: u64,
+    constrained: u64,
+    /// Time per phase, in [`BatchPhase`] order.
+    phases: [Duration; BatchPhase::COUNT],
+    total: Duration,
+    intervals: u32,
+    last: Option<Instant>,
+}
+
+/// The timed phases of a batched decode step.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum BatchPhase {
+    /// The model's forward graph.
+    Forward,
+    /// `async_eval` of the forward (rows whose processors need the accepted token).
+    ForwardEval,
+    /// Waiting for the previous step's tokens and reading them back.
+    Wait,
+    /// Recording them (stop checks, the processors' `accept`).
+    Record,
+    /// Grammar masks computed on the host ahead of the sampling graph.
+    Masks,
+    /// The processors' and samplers' graph.
+    Sample,
+    /// `async_eval` of the sampling (of the whole step without a grammar).
+    SampleEval,
+}
+
+impl BatchPhase {
+    const COUNT: usize = 7;
+    const NAMES: [&'static str; Self::COUNT] = [
+        "forward",
+        "forward async_eval",
+        "wait",
+        "record",
+        "masks",
+        "sample",
+        "sample async_eval",
+    ];
+}
+
+static MASK_NS: AtomicU64 = AtomicU64::new(0);
+static MASKS: AtomicU64 = AtomicU64::new(0);
+static ACCEPT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Adds the time of one grammar mask (llguidance's `compute_mask` and the bitset copy).
+pub(crate) fn constraint_mask(d: Duration) {
+    MASK_NS.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    MASKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Adds the time of one grammar `consume_token`.
+pub(crate) fn constraint_accept(d: Duration) {
+    ACCEPT_NS.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+}
+
+impl BatchProfile {
+    /// Steps between two printed summaries.
+    pub(crate) const EVERY: u32 = 256;
+
+    /// Adds `d` to `phase` of the current step.
+    pub(crate) fn add(&mut self, phase: BatchPhase, d: Duration) {
+        self.phases[phase as usize] += d;
+    }
+
+    /// Ends a step of `rows` rows, `constrained` of them with a grammar; every
+    /// [`Self::EVERY`] steps returns the summary line and starts over.
+    pub(crate) fn step(&mut self, rows: usize, constrained: usize) -> Option<String> {
+        self.steps += 1;
+        self.rows += rows as u64;
+        self.constrained += constrained as u64;
+        let now = Instant::now();
+        if let Some(prev) = self.last.replace(now) {
+            self.total += now - prev;
+            self.intervals += 1;
+        }
+        if self.steps < Self::EVERY {
+            return None;
+        }
+        let line = self.summary();
+        *self = BatchProfile {
+            last: self.last,
+            ..Default::default()
+        };
+        Some(line)
+    }
+
+    fn summary(&self) -> String {
+        let n = f64::from(self.steps.max(1));
+        let us = |d: Duration| d.as_secs_f64() * 1e6 / n;
+        let masks = MASKS.swap(0, Ordering::Relaxed).max(1) as f64;
+        let mask_ns = MASK_NS.swap(0, Ordering::Relaxed) as f64;
+        let accept_ns = ACCEPT_NS.swap(0, Ordering::Relaxed) as f64;
+        let phases: Vec<String> = BatchPhase::NAMES
+            .iter()
+            .zip(&self.phases)
+            .map(|(name, &d)| format!("{name} {:.0}", us(d)))
+            .collect();
+        let step_to_step = self.total.as_secs_f64() * 1e6 / f64::from(self.intervals.max(1));
+        format!(
+            "[mlx-engine profile] batched decode, {} steps, {:.1} rows ({:.1} constrained) \
+             per step, us per step: {}; step to step {:.0}; grammar per row: mask {:.0} us, \
+             accept {:.0} us",
+            self.steps,
+            self.rows as f64 / n,
+            self.constrained as f64 / n,
+            phases.join(", "),
+            step_to_step,
+            mask_ns / masks / 1e3,
+            accept_ns / masks / 1e3,
+        )
+    }
+}
+
+/// A stopwatch over the phases of a step (does nothing when profiling is off).
+pub(crate) struct Lap(Option<Instant>);
+
+impl Lap {
+    /// Starts timing when `on`.
+    pub(crate) fn new(on: bool) -> Lap {
+        Lap(on.then(Instant::now))
+    }
+
+    /// Adds the time since the last mark to `phase` of `profile`.
+    pub(crate) fn mark(&mut self, profile: &mut Option<Box<BatchProfile>>, phase: BatchPhase) {
+        if let (Some(t), Some(p)) = (self.0.as_mut(), profile.as_mut()) {
+            let now = Instant::now();
+            p.add(phase, now - *t);
+            *t = now;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batch_profile_prints_means_every_256_steps_and_starts_over() {
+        let mut p = BatchProfile::default();
+        for i in 0..BatchProfile::EVERY {
+            p.add(BatchPhase::Forward, Duration::from_micros(100));
+            let masks = if i % 2 == 0 { 10 } else { 30 };
+            p.add(BatchPhase::Masks, Duration::from_micros(masks));
+            let line = p.step(4, 2);
+            assert_eq!(line.is_some(), i + 1 == BatchProfile::EVERY);
+            if let Some(l) = line {
+                assert!(l.contains("256 steps, 4.0 rows (2.0 constrained)"), "{l}");
+                assert!(l.contains(": forward 100, forward async_eval 0,"), "{l}");
+                assert!(l.contains(", masks 20, sample 0,"), "{l}");
+            }
+        }
+        assert_eq!((p.steps, p.rows), (0, 0));
+        assert!(p.step(1, 0).is_none());
+    }
 
     #[test]
     fn summary_is_empty_without_steps_and_averages_per_step() {

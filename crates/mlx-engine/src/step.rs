@@ -159,6 +159,20 @@ impl RowSampling {
         Ok(self.processors.process(input, logits)?)
     }
 
+    /// The host side of a grammar row's step ([`mlx_sample::LogitsProcessors::host_mask`]):
+    /// the allowed tokens among `vocab` as a bitset, computed without MLX. `None`: the
+    /// row has no such processor, or it is not active this step.
+    pub fn host_mask(&mut self, vocab: usize) -> Option<Result<Vec<u32>>> {
+        self.processors
+            .host_mask(vocab)
+            .map(|r| r.map_err(EngineError::from))
+    }
+
+    /// Whether the row has a grammar whose mask is its only processing this step.
+    fn only_masks(&self) -> bool {
+        self.processors.only_masks()
+    }
+
     /// The row's sampler on `logprobs`. A seeded row draws from its own key sequence,
     /// started by `mx.random.seed(seed)` and continued draw after draw, as mlx-lm's
     /// server seeds MLX's global sequence for the request it serves alone: for the
@@ -264,9 +278,31 @@ pub fn sample(
     logits: &Array,
     norm: LogSoftmax,
 ) -> Result<Sampled> {
+    sample_masked(rows, inputs, logits, Vec::new(), norm)
+}
+
+/// [`sample`] with the rows' grammar masks already computed on the host
+/// ([`host_masks`]; an empty `masks` computes them here): the rows' other processors
+/// run row by row as in [`sample`], then one `where` sets every logit a row's mask
+/// forbids to `-inf` for the whole batch (where each row's grammar would have set
+/// them: it is the last processor of its row), leaving every other logit's bits
+/// alone.
+pub fn sample_masked(
+    rows: &mut [&mut RowSampling],
+    inputs: &Array,
+    logits: &Array,
+    masks: Vec<Option<Result<Vec<u32>>>>,
+    norm: LogSoftmax,
+) -> Result<Sampled> {
     let mut failed: Vec<(usize, EngineError)> = Vec::new();
     let logits = if rows.iter().any(|r| r.has_processors()) {
-        process_rows(rows, inputs, logits, &mut failed)?
+        let masks = if masks.len() == rows.len() {
+            masks
+        } else {
+            let vocab = logits.dim(-1)? as usize;
+            rows.iter_mut().map(|r| r.host_mask(vocab)).collect()
+        };
+        process_rows(rows, inputs, logits, masks, &mut failed)?
     } else {
         logits.clone()
     };
@@ -282,35 +318,85 @@ pub fn sample(
     })
 }
 
+/// Every row's grammar mask for this step ([`RowSampling::host_mask`]), computed on the
+/// host (no MLX call). One row after the other: at a 128k vocabulary a grammar's mask
+/// takes ~15 us once its lazily built state is warm (benchmarks/RESULTS.md, "CPU
+/// structured output"), less than starting a thread.
+pub fn host_masks(rows: &mut [&mut RowSampling], vocab: usize) -> Vec<Option<Result<Vec<u32>>>> {
+    rows.iter_mut().map(|r| r.host_mask(vocab)).collect()
+}
+
 fn process_rows(
     rows: &mut [&mut RowSampling],
     inputs: &Array,
     logits: &Array,
+    masks: Vec<Option<Result<Vec<u32>>>>,
     failed: &mut Vec<(usize, EngineError)>,
 ) -> Result<Array> {
-    if let [row] = rows {
-        return row.process(inputs, logits);
-    }
     let v = logits.dim(1)?;
-    let mut parts = Vec::with_capacity(rows.len());
-    for (e, r) in rows.iter_mut().enumerate() {
-        let e32 = e as i32;
-        let row = logits.slice(&[e32, 0], &[e32 + 1, v], None)?;
-        if !r.has_processors() {
-            parts.push(row);
-            continue;
-        }
-        let input = inputs.slice(&[e32], &[e32 + 1], None)?;
-        match r.process(&input, &row) {
-            Ok(p) => parts.push(p),
-            Err(err) => {
+    let mut words: Vec<Option<Vec<u32>>> = Vec::with_capacity(rows.len());
+    for (e, m) in masks.into_iter().enumerate() {
+        words.push(match m {
+            Some(Ok(w)) => Some(w),
+            Some(Err(err)) => {
                 failed.push((e, err));
+                None
+            }
+            None => None,
+        });
+    }
+    let rest = |r: &RowSampling, masked: bool| r.has_processors() && !(masked && r.only_masks());
+    let processed = if !rows.iter().zip(&words).any(|(r, w)| rest(r, w.is_some())) {
+        logits.clone()
+    } else if let ([row], [w], []) = (&mut *rows, words.as_slice(), failed.as_slice()) {
+        if w.is_some() {
+            row.processors.process_masked(inputs, logits)?
+        } else {
+            row.process(inputs, logits)?
+        }
+    } else {
+        let mut parts = Vec::with_capacity(rows.len());
+        for (e, r) in rows.iter_mut().enumerate() {
+            let e32 = e as i32;
+            let row = logits.slice(&[e32, 0], &[e32 + 1, v], None)?;
+            let masked = words[e].is_some();
+            if !rest(r, masked) || failed.iter().any(|(i, _)| *i == e) {
                 parts.push(row);
+                continue;
+            }
+            let input = inputs.slice(&[e32], &[e32 + 1], None)?;
+            let done = if masked {
+                r.processors
+                    .process_masked(&input, &row)
+                    .map_err(EngineError::from)
+            } else {
+                r.process(&input, &row)
+            };
+            match done {
+                Ok(p) => parts.push(p),
+                Err(err) => {
+                    failed.push((e, err));
+                    parts.push(row);
+                }
             }
         }
+        let refs: Vec<&Array> = parts.iter().collect();
+        ops::concatenate(&refs, 0)?
+    };
+    if words.iter().all(Option::is_none) {
+        return Ok(processed);
     }
-    let refs: Vec<&Array> = parts.iter().collect();
-    Ok(ops::concatenate(&refs, 0)?)
+    let vocab = v as usize;
+    let n = vocab.div_ceil(32);
+    let mut all = Vec::with_capacity(rows.len() * n);
+    for w in &words {
+        match w {
+            Some(w) => all.extend_from_slice(w),
+            None => all.extend(std::iter::repeat_n(u32::MAX, n)),
+        }
+    }
+    let cond = crate::constrain::mask_from_words(&all, rows.len(), vocab)?;
+    crate::constrain::apply_mask(&cond, &processed)
 }
 
 fn sample_rows(

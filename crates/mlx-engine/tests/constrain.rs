@@ -398,3 +398,185 @@ fn an_eos_before_the_grammar_is_complete_is_a_dead_end() {
         "an answer that never left the thinking section"
     );
 }
+
+/// A vocabulary keeps what it compiled: the same constraint again (or from several
+/// threads at once) is not compiled again and walks the same tokens; another one is
+/// compiled; past `COMPILED_CACHE` the least recently used is dropped.
+#[test]
+fn compiled_constraints_are_reused_per_vocabulary() {
+    let tok = tokenizer("tokenizer-qwen3");
+    let vocab = ConstraintVocab::new(&tok).unwrap();
+    let c = Constraint::JsonSchema(schema());
+    assert!(
+        vocab.compile_cached(&c).unwrap().1,
+        "compiled the first time"
+    );
+    assert!(
+        !vocab.compile_cached(&c).unwrap().1,
+        "reused the second time"
+    );
+    // Each processor starts from its own copy: two walks of one seed are equal.
+    assert_eq!(walk(&tok, &vocab, &c, 5), walk(&tok, &vocab, &c, 5));
+    let other = Constraint::Regex("[0-9]{3}".into());
+    let fresh: Vec<bool> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| vocab.compile_cached(&other).unwrap().1))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(fresh.iter().filter(|&&f| f).count(), 1, "{fresh:?}");
+    // A clone of the vocabulary shares the cache; an invalid constraint stays an error.
+    assert!(!vocab.clone().compile_cached(&other).unwrap().1);
+    let bad = Constraint::Regex("(".into());
+    assert!(vocab.compile_cached(&bad).is_err());
+    assert!(vocab.compile_cached(&bad).is_err());
+    for i in 0..mlx_engine::constrain::COMPILED_CACHE {
+        vocab
+            .compile_cached(&Constraint::Regex(format!("x{i}")))
+            .unwrap();
+    }
+    assert!(
+        vocab.compile_cached(&c).unwrap().1,
+        "the oldest was dropped"
+    );
+}
+
+/// The device expansion of a bitset mask: token `i` of row `r` is allowed exactly when
+/// bit `i % 32` of word `i / 32` of the row is set (a vocabulary that is no multiple of
+/// 32: the last word's high bits are dropped).
+#[test]
+fn word_masks_expand_to_one_flag_per_token() {
+    let (rows, vocab) = (3usize, 1000usize);
+    let n = vocab.div_ceil(32);
+    let mut x = 0x9E37_79B9u32;
+    let words: Vec<u32> = (0..rows * n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        })
+        .collect();
+    let mask = mlx_engine::constrain::mask_from_words(&words, rows, vocab).unwrap();
+    assert_eq!(mask.shape(), vec![rows as i32, vocab as i32]);
+    assert_eq!(mask.dtype(), Dtype::Bool);
+    let got = mask.to_vec::<bool>().unwrap();
+    for r in 0..rows {
+        for i in 0..vocab {
+            let want = words[r * n + i / 32] >> (i % 32) & 1 == 1;
+            assert_eq!(got[r * vocab + i], want, "row {r} token {i}");
+        }
+    }
+    assert!(mlx_engine::constrain::mask_from_words(&words[1..], rows, vocab).is_err());
+}
+
+/// A batch of rows with grammars (some behind a repetition penalty, one waiting for
+/// its thinking section to end) and rows without: the batched step (masks computed on
+/// the host as bitsets, one `where` for the batch) gives every row the
+/// log-probabilities of its own chain run alone, bit for bit.
+#[test]
+fn a_batch_masks_each_row_as_its_own_chain_does() {
+    use mlx_engine::step::{self, LogSoftmax, RowSampling, Sampling};
+    use mlx_sample::{BuildProcessor, LogitsParams};
+    use std::sync::Arc;
+    let tok = tokenizer("tokenizer-qwen3");
+    let vocab = ConstraintVocab::new(&tok).unwrap();
+    let v = tok.vocab_size() + 5;
+    let digits = vocab.compile(&Constraint::Regex("[0-9]+".into())).unwrap();
+    let json = vocab.compile(&Constraint::JsonSchema(schema())).unwrap();
+    let think = tok.encode("</think>", false).unwrap();
+    let waiting = json.clone().start_after(think);
+    let penalty = LogitsParams {
+        repetition_penalty: Some(1.3),
+        ..LogitsParams::default()
+    };
+    let plain = LogitsParams::default();
+    // (logits params, grammar) per row.
+    let specs: Vec<(&LogitsParams, Option<&mlx_engine::CompiledConstraint>)> = vec![
+        (&plain, Some(&digits)),
+        (&plain, None),
+        (&penalty, Some(&json)),
+        (&plain, Some(&json)),
+        (&penalty, None),
+        (&plain, Some(&waiting)),
+        (&plain, Some(&digits)),
+    ];
+    let b = specs.len();
+    let build = |params: &LogitsParams, g: Option<&mlx_engine::CompiledConstraint>| {
+        let extra: Vec<Arc<dyn BuildProcessor>> = g
+            .map(|c| Arc::new(c.clone()) as Arc<dyn BuildProcessor>)
+            .into_iter()
+            .collect();
+        RowSampling::from_request(&Sampling::default(), params, &extra).unwrap()
+    };
+    let mut rows: Vec<RowSampling> = specs.iter().map(|(p, g)| build(p, *g)).collect();
+    let logits = random::normal(
+        &[b as i32, v as i32],
+        Dtype::Bfloat16,
+        None,
+        None,
+        Some(&random::key(11).unwrap()),
+    )
+    .unwrap();
+    let ids: Vec<u32> = (0..b as u32).map(|i| 100 + i * 7).collect();
+    let inputs = Array::from_slice(&ids, &[b as i32]).unwrap();
+    // Each row's own chain, alone: the penalty, then the grammar's mask as one flag per
+    // token (a processor fed the same tokens).
+    let mut chains: Vec<_> = specs
+        .iter()
+        .map(|(p, _)| mlx_sample::make_logits_processors(p).unwrap())
+        .collect();
+    let mut grammars: Vec<_> = specs
+        .iter()
+        .map(|(_, g)| g.map(|g| g.processor().unwrap()))
+        .collect();
+    let seven = tok.encode("7", false).unwrap()[0];
+    // Two steps: the second after every row accepted "7" (a dead end for the JSON rows).
+    for round in 0..2 {
+        let mut refs: Vec<&mut RowSampling> = rows.iter_mut().collect();
+        let masks = step::host_masks(&mut refs, v);
+        let got =
+            step::sample_masked(&mut refs, &inputs, &logits, masks, LogSoftmax::PerRow).unwrap();
+        assert!(got.failed.is_empty());
+        let got_lp = got
+            .logprobs
+            .astype(Dtype::Float32)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        for (e, (chain, grammar)) in chains.iter_mut().zip(&mut grammars).enumerate() {
+            let e32 = e as i32;
+            let row = logits.slice(&[e32, 0], &[e32 + 1, v as i32], None).unwrap();
+            let input = inputs.slice(&[e32], &[e32 + 1], None).unwrap();
+            let mut want = chain.process(&input, &row).unwrap();
+            if let Some(p) = grammar {
+                if p.is_active() {
+                    let allow = p.allowed(v);
+                    let cond = Array::from_slice(&allow, &[1, v as i32]).unwrap();
+                    let neg = Array::scalar_f64(f64::NEG_INFINITY, Dtype::Bfloat16).unwrap();
+                    want = mlx_array::where_(&cond, &want, &neg).unwrap();
+                }
+            }
+            let want = want
+                .subtract(&want.logsumexp(Some(&[-1]), true).unwrap())
+                .unwrap()
+                .astype(Dtype::Float32)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            let got_row = &got_lp[e * v..(e + 1) * v];
+            assert!(
+                want.iter()
+                    .zip(got_row)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "round {round} row {e}"
+            );
+        }
+        for r in rows.iter_mut() {
+            r.accept(seven).unwrap();
+        }
+        for p in grammars.iter_mut().flatten() {
+            p.accept(seven).unwrap();
+        }
+    }
+}

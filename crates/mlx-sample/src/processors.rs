@@ -53,6 +53,24 @@ pub trait LogitsProcessor: Send {
     fn dead_end(&self) -> bool {
         false
     }
+
+    /// Whether [`Self::process`] reads the token history. A chain none of whose
+    /// processors do keeps no history (a grammar's state lives in the processor).
+    /// `true` by default.
+    fn uses_history(&self) -> bool {
+        true
+    }
+
+    /// For a processor that only forbids tokens and decides which on the host (a
+    /// grammar): the tokens this step's [`Self::process`] would leave among the first
+    /// `vocab` ids, as a bitset (bit `i % 32` of word `i / 32`, `vocab.div_ceil(32)`
+    /// words), computed instead of calling `process` (the state moves on as if it had
+    /// run). The caller then sets every other logit to `-inf` itself (a batch masks all
+    /// its rows in one op); this host work must not touch MLX. `None` (the default):
+    /// call `process`.
+    fn allowed_bits(&mut self, _vocab: usize) -> Option<Result<Vec<u32>>> {
+        None
+    }
 }
 
 impl<F> LogitsProcessor for F
@@ -116,17 +134,24 @@ impl LogitsProcessors {
         self.list.iter().any(|p| p.dead_end())
     }
 
+    /// Whether some processor reads the token history (else none is kept).
+    pub fn keeps_history(&self) -> bool {
+        self.list.iter().any(|p| p.uses_history())
+    }
+
     /// Prompt tokens put into the caches without a sample: extends the history and
     /// tells every processor.
     pub fn prompt(&mut self, tokens: &[u32]) -> Result<()> {
         if self.list.is_empty() || tokens.is_empty() {
             return Ok(());
         }
-        let chunk = Array::from_slice(tokens, &[tokens.len() as i32])?;
-        self.history = Some(match &self.history {
-            Some(t) => ops::concatenate(&[t, &chunk], 0)?,
-            None => chunk,
-        });
+        if self.keeps_history() {
+            let chunk = Array::from_slice(tokens, &[tokens.len() as i32])?;
+            self.history = Some(match &self.history {
+                Some(t) => ops::concatenate(&[t, &chunk], 0)?,
+                None => chunk,
+            });
+        }
         for p in &mut self.list {
             p.prompt(tokens)?;
         }
@@ -136,16 +161,53 @@ impl LogitsProcessors {
     /// mlx-lm's processor loop of `_step`: the history grows by `input` (the tokens
     /// fed to the model this step, 1-D) and every processor rewrites `logits` in turn.
     pub fn process(&mut self, input: &Array, logits: &Array) -> Result<Array> {
+        let n = self.list.len();
+        self.process_first(n, input, logits)
+    }
+
+    /// The last processor's [`LogitsProcessor::allowed_bits`] for this step; when it
+    /// gives them, the step goes on with [`Self::process_masked`] instead of
+    /// [`Self::process`].
+    pub fn host_mask(&mut self, vocab: usize) -> Option<Result<Vec<u32>>> {
+        self.list.last_mut()?.allowed_bits(vocab)
+    }
+
+    /// Whether the only work of a step whose [`Self::host_mask`] was taken is that mask
+    /// (one processor, no history): [`Self::process_masked`] would return `logits`.
+    pub fn only_masks(&self) -> bool {
+        self.list.len() == 1 && !self.keeps_history()
+    }
+
+    /// [`Self::process`] of a step whose last processor's mask was taken with
+    /// [`Self::host_mask`]: every other processor, in order (the caller applies the
+    /// mask after them, where the last processor would have).
+    pub fn process_masked(&mut self, input: &Array, logits: &Array) -> Result<Array> {
+        let n = self.list.len().saturating_sub(1);
+        self.process_first(n, input, logits)
+    }
+
+    /// The first `n` processors on `logits`, the history grown by `input` (when kept).
+    fn process_first(&mut self, n: usize, input: &Array, logits: &Array) -> Result<Array> {
         if self.list.is_empty() {
             return Ok(logits.clone());
+        }
+        if !self.keeps_history() {
+            let mut l = logits.clone();
+            for p in &mut self.list[..n] {
+                l = p.process(input, &l)?;
+            }
+            return Ok(l);
         }
         let all = match &self.history {
             Some(t) => ops::concatenate(&[t, input], 0)?,
             None => input.clone(),
         };
-        let out = self.process_with_history(&all, logits)?;
+        let mut l = logits.clone();
+        for p in &mut self.list[..n] {
+            l = p.process(&all, &l)?;
+        }
         self.history = Some(all);
-        Ok(out)
+        Ok(l)
     }
 
     /// Every processor on `logits` with the given full `history` (the stored history

@@ -64,7 +64,7 @@ impl Metrics {
                 );
             }
         }
-        let counters: [(&str, &str, &Counter); 14] = [
+        let counters: [(&str, &str, &Counter); 16] = [
             (
                 "mlx_server_prompt_tokens_total",
                 "Prompt tokens of admitted requests.",
@@ -134,6 +134,16 @@ impl Metrics {
                 "mlx_server_speculative_accepted_tokens_total",
                 "Draft tokens accepted (emitted) by speculative decoding.",
                 &self.spec_accepted,
+            ),
+            (
+                "mlx_server_constraint_compiles_total",
+                "Output constraints (JSON schemas, grammars) compiled.",
+                &self.constraint_compiles,
+            ),
+            (
+                "mlx_server_constraint_cache_hits_total",
+                "Constrained requests that reused a compiled constraint.",
+                &self.constraint_cache_hits,
             ),
         ];
         for (name, help, c) in counters {

@@ -280,9 +280,10 @@ fn vocab(state: &AppState) -> Result<ConstraintVocab, ApiError> {
         })
 }
 
-/// Compiles `wanted` and adds it to `req`'s processors (`initial`: where the answer
-/// starts; in a reasoning section the constraint waits for its end). Blocking: call
-/// off the async workers.
+/// Compiles `wanted` (or takes it from the vocabulary's cache of compiled constraints:
+/// requests with the same schema or grammar compile it once) and adds it to `req`'s
+/// processors (`initial`: where the answer starts; in a reasoning section the
+/// constraint waits for its end). Blocking: call off the async workers.
 pub fn attach(
     state: &AppState,
     wanted: &Wanted,
@@ -302,10 +303,15 @@ pub fn attach(
             "tools",
         ),
     };
-    let compiled = vocab.compile(&constraint).map_err(|e| match e {
+    let (compiled, now) = vocab.compile_cached(&constraint).map_err(|e| match e {
         EngineError::Invalid(m) => invalid(field, format!("{field}: {m}")),
         other => ApiError::from(other),
     })?;
+    if now {
+        state.metrics.constraint_compiles.add(1);
+    } else {
+        state.metrics.constraint_cache_hits.add(1);
+    }
     let compiled = match (initial, state.tokenizer.think_markers()) {
         (Channel::Reasoning, Some(m)) => compiled.start_after(m.end_tokens.clone()),
         _ => compiled,

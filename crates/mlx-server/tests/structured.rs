@@ -184,3 +184,67 @@ async fn forced_tool_calls_come_back_as_tool_calls_in_every_format() {
         server.shutdown().await.unwrap();
     }
 }
+
+/// Requests with the same schema compile it once: the second (and two more at once)
+/// reuse the compiled form (`mlx_server_constraint_compiles_total` /
+/// `_cache_hits_total`), with the same greedy answer; another schema compiles.
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_with_one_schema_compile_it_once() {
+    let (model, tok) = tiny_model();
+    let server = start(model, tok, ServerConfig::default()).await;
+    let addr = server.local_addr();
+    let schema = serde_json::json!({
+        "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+        "minItems": 4, "maxItems": 4,
+    });
+    let body = |schema: &serde_json::Value| {
+        serde_json::json!({
+            "model": "default_model", "messages": [{"role": "user", "content": "Digits."}],
+            "max_tokens": 32, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "d", "schema": schema}},
+        })
+    };
+    let first = post(addr, "/v1/chat/completions", &body(&schema)).await;
+    assert_eq!(first.status, 200, "{}", first.json());
+    let answer = first.json()["choices"][0]["message"]["content"].clone();
+    let digits: Vec<u32> = serde_json::from_str(answer.as_str().unwrap()).unwrap();
+    assert_eq!(digits.len(), 4, "{answer}");
+    assert_eq!(
+        metric(addr, "mlx_server_constraint_compiles_total").await,
+        1.0
+    );
+    assert_eq!(
+        metric(addr, "mlx_server_constraint_cache_hits_total").await,
+        0.0
+    );
+
+    let again = post(addr, "/v1/chat/completions", &body(&schema)).await;
+    assert_eq!(again.json()["choices"][0]["message"]["content"], answer);
+    let same = body(&schema);
+    let (a, b) = tokio::join!(
+        post(addr, "/v1/chat/completions", &same),
+        post(addr, "/v1/chat/completions", &same),
+    );
+    for r in [a, b] {
+        assert_eq!(r.json()["choices"][0]["message"]["content"], answer);
+    }
+    assert_eq!(
+        metric(addr, "mlx_server_constraint_compiles_total").await,
+        1.0
+    );
+    assert_eq!(
+        metric(addr, "mlx_server_constraint_cache_hits_total").await,
+        3.0
+    );
+
+    let mut other = schema.clone();
+    other["minItems"] = serde_json::json!(2);
+    other["maxItems"] = serde_json::json!(2);
+    let r = post(addr, "/v1/chat/completions", &body(&other)).await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(
+        metric(addr, "mlx_server_constraint_compiles_total").await,
+        2.0
+    );
+    server.shutdown().await.unwrap();
+}

@@ -13,6 +13,7 @@ use super::request::{SeqId, TokenOut};
 use super::sequence::Sequence;
 use super::stage::{Leave, Left, Outcome, Stage};
 use crate::error::{EngineError, Result};
+use crate::profile::{BatchPhase, BatchProfile, Lap};
 use crate::step::{self, LogSoftmax, RowSampling};
 use mlx_array::{ops, transforms, Array, Dtype};
 use mlx_cache::{BatchPromptCache, KvCache, PromptCache};
@@ -30,6 +31,8 @@ pub(crate) struct DecodeBatch {
     /// Input tokens of rows that joined since the last step, in row order after the
     /// pending ones.
     joined: Vec<u32>,
+    /// Host times per step (`MLX_ENGINE_PROFILE`).
+    profile: Option<Box<BatchProfile>>,
 }
 
 /// The output of a step, read during the next one.
@@ -101,10 +104,20 @@ impl DecodeBatch {
     /// Runs one batched forward for every row and reads the previous step's tokens:
     /// the outcomes by id (rows whose processors or sampler failed first). An `Err`
     /// means the step failed for the whole batch.
+    ///
+    /// With a grammar row, the forward is queued first; while the device runs it, the
+    /// host reads the previous tokens, moves each grammar on by its token and computes
+    /// every grammar row's mask for this step (a bitset per row), then queues the
+    /// sampling with one `where` for the batch: the host's grammar work overlaps the
+    /// forward instead of following it.
     pub fn step(&mut self, model: &dyn LanguageModel) -> Result<Vec<(SeqId, Outcome)>> {
         if self.rows.is_empty() {
             return Ok(Vec::new());
         }
+        if self.profile.is_none() && crate::profile::enabled() {
+            self.profile = Some(Box::default());
+        }
+        let mut lap = Lap::new(self.profile.is_some());
         let b = self.rows.len() as i32;
         let joined = || Array::from_slice(&self.joined, &[self.joined.len() as i32]);
         let inputs = match &self.pending {
@@ -118,27 +131,42 @@ impl DecodeBatch {
         let logits = mlx_nn::lora::with_row_adapters(&adapters, || {
             step::forward(model, &x, self.cache.layers_mut(), None)
         })?;
+        lap.mark(&mut self.profile, BatchPhase::Forward);
         // Rows whose processors need their last token get it while the forward runs.
-        let read_first = self.rows.iter().any(|r| r.needs_accepted_token());
+        let grammar_rows = self
+            .rows
+            .iter()
+            .filter(|r| r.needs_accepted_token())
+            .count();
+        let read_first = grammar_rows > 0;
         let mut emitted = Vec::new();
+        let mut masks = Vec::new();
         if read_first {
             transforms::async_eval(&[&logits])?;
-            emitted = self.read_pending()?;
+            lap.mark(&mut self.profile, BatchPhase::ForwardEval);
+            emitted = self.read_pending(&mut lap)?;
+            let vocab = logits.dim(-1)? as usize;
+            let mut rows: Vec<&mut RowSampling> =
+                self.rows.iter_mut().map(|r| r.sampling_mut()).collect();
+            masks = step::host_masks(&mut rows, vocab);
+            lap.mark(&mut self.profile, BatchPhase::Masks);
         }
         let mut rows: Vec<&mut RowSampling> =
             self.rows.iter_mut().map(|r| r.sampling_mut()).collect();
-        let sampled = step::sample(&mut rows, &inputs, &logits, LogSoftmax::PerRow)?;
+        let sampled = step::sample_masked(&mut rows, &inputs, &logits, masks, LogSoftmax::PerRow)?;
         let chosen = if self.rows.iter().any(|r| r.job().req.wants_logprobs()) {
             let idx = sampled.tokens.reshape(&[b, 1])?;
             Some(sampled.logprobs.take_along_axis(&idx, -1)?)
         } else {
             None
         };
+        lap.mark(&mut self.profile, BatchPhase::Sample);
         let mut queued = vec![&sampled.tokens, &sampled.logprobs];
         queued.extend(chosen.as_ref());
         transforms::async_eval(&queued)?;
+        lap.mark(&mut self.profile, BatchPhase::SampleEval);
         if !read_first {
-            emitted = self.read_pending()?;
+            emitted = self.read_pending(&mut lap)?;
         }
         let mut out: Vec<(SeqId, Outcome)> = sampled
             .failed
@@ -153,12 +181,19 @@ impl DecodeBatch {
         });
         self.pending_rows = self.rows.len();
         self.joined.clear();
+        if let Some(line) = self
+            .profile
+            .as_mut()
+            .and_then(|p| p.step(self.rows.len(), grammar_rows))
+        {
+            eprintln!("{line}");
+        }
         Ok(out)
     }
 
     /// Reads the previous step's tokens (and log-probabilities where asked for); the
     /// step being built fed them to the model, so the caches hold them.
-    fn read_pending(&mut self) -> Result<Vec<(SeqId, TokenOut)>> {
+    fn read_pending(&mut self, lap: &mut Lap) -> Result<Vec<(SeqId, TokenOut)>> {
         let Some(Pending {
             tokens,
             logprobs,
@@ -169,6 +204,7 @@ impl DecodeBatch {
         };
         let n = self.pending_rows;
         let ids = step::read_tokens(&tokens)?;
+        lap.mark(&mut self.profile, BatchPhase::Wait);
         if ids.len() != n {
             return Err(EngineError::Internal(
                 "the sampler returned a wrong number of tokens".into(),
@@ -198,6 +234,7 @@ impl DecodeBatch {
             };
             out.push((r.id(), r.record(token, logprob, top, true)?));
         }
+        lap.mark(&mut self.profile, BatchPhase::Record);
         Ok(out)
     }
 
@@ -264,7 +301,14 @@ impl Stage for DecodeBatch {
             if !keep_pending.is_empty() {
                 let idx: Vec<i32> = keep_pending.iter().map(|&i| i as i32).collect();
                 let idx = Array::from_slice(&idx, &[idx.len() as i32])?;
-                self.pending = Some(p.take_rows(&idx)?);
+                let kept = p.take_rows(&idx)?;
+                // Queued now, behind the step that sampled them: left unqueued, they
+                // would be queued with the next forward (whose input they are), and
+                // reading them would wait for that whole forward.
+                let mut queued = vec![&kept.tokens, &kept.logprobs];
+                queued.extend(kept.chosen.as_ref());
+                transforms::async_eval(&queued)?;
+                self.pending = Some(kept);
             }
         }
         let joined_keep: Vec<u32> = keep

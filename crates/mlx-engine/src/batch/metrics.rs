@@ -148,6 +148,10 @@ pub struct EngineMetrics {
     pub spec_drafted: Counter,
     /// Speculative decoding: draft tokens accepted (emitted).
     pub spec_accepted: Counter,
+    /// Constraints (schemas, grammars) compiled for requests.
+    pub constraint_compiles: Counter,
+    /// Constrained requests that reused a compiled constraint.
+    pub constraint_cache_hits: Counter,
     /// Speculative decoding: verification passes (one per step of a speculating batch).
     pub spec_steps: Counter,
     /// Microseconds spent in prompt processing (the prefill steps, evaluation
@@ -183,6 +187,8 @@ impl Default for EngineMetrics {
             decode_rows: Counter::default(),
             spec_drafted: Counter::default(),
             spec_accepted: Counter::default(),
+            constraint_compiles: Counter::default(),
+            constraint_cache_hits: Counter::default(),
             spec_steps: Counter::default(),
             prefill_micros: Counter::default(),
             ttft: Histogram::new(TTFT_BOUNDS),
