@@ -24,6 +24,10 @@ pub fn async_eval(arrays: &[&Array]) -> Result<()> {
 
 type DynFn<'a> = dyn Fn(&[Array]) -> Result<Vec<Array>> + 'a;
 
+/// A boxed function from arrays to arrays that may borrow for `'a` (what
+/// [`with_compiled`] compiles).
+pub type BorrowingFn<'a> = Box<dyn Fn(&[Array]) -> Result<Vec<Array>> + 'a>;
+
 unsafe extern "C" fn trampoline(
     payload: *mut c_void,
     inputs: sys::mlxs_vec,
@@ -189,7 +193,7 @@ fn with_temp_closure<R>(
 /// traces.
 #[track_caller]
 pub fn with_compiled<'a, R>(
-    fs: Vec<Box<dyn Fn(&[Array]) -> Result<Vec<Array>> + 'a>>,
+    fs: Vec<BorrowingFn<'a>>,
     shapeless: bool,
     body: impl FnOnce(&[Closure]) -> Result<R>,
 ) -> Result<R> {

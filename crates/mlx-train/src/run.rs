@@ -187,7 +187,7 @@ pub fn plan(args: &LoraArgs) -> Result<Plan> {
         // Adapter dropout draws from the global random state, which the compiled step
         // does not carry yet: such a run is not compiled.
         compile: crate::trainer::compile_enabled()
-            && lora.as_ref().map_or(true, |l| l.dropout == 0.0),
+            && lora.as_ref().is_none_or(|l| l.dropout == 0.0),
     };
     let feature = |k: &str, d: &str| -> Result<String> {
         match args.get(k) {

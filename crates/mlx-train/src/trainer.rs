@@ -189,7 +189,6 @@ struct Parts<'m> {
 /// the `n` trainable parameters, the `k` optimizer state arrays, tokens, lengths, then
 /// the `n` carried gradients if any. Outputs: loss, token count, the new parameters, the
 /// new optimizer state, then the gradients to carry when it does not update.
-#[allow(clippy::type_complexity)]
 fn step_fn<'a>(
     cell: &'a RefCell<Parts<'_>>,
     trainable: &'a Trainable,
@@ -197,7 +196,7 @@ fn step_fn<'a>(
     has_prev: bool,
     do_update: bool,
     accum_steps: usize,
-) -> Box<dyn Fn(&[Array]) -> mlx_array::Result<Vec<Array>> + 'a> {
+) -> transforms::BorrowingFn<'a> {
     Box::new(move |inputs: &[Array]| {
         let n = trainable.names().len();
         let want = n + k + 2 + if has_prev { n } else { 0 };
