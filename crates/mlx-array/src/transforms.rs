@@ -24,6 +24,10 @@ pub fn async_eval(arrays: &[&Array]) -> Result<()> {
 
 type DynFn<'a> = dyn Fn(&[Array]) -> Result<Vec<Array>> + 'a;
 
+/// A boxed function from arrays to arrays that may borrow for `'a` (what
+/// [`with_compiled`] compiles).
+pub type BorrowingFn<'a> = Box<dyn Fn(&[Array]) -> Result<Vec<Array>> + 'a>;
+
 unsafe extern "C" fn trampoline(
     payload: *mut c_void,
     inputs: sys::mlxs_vec,
@@ -179,6 +183,34 @@ fn with_temp_closure<R>(
     // vjp/jvp/value_and_grad do not keep the function after they return.
     let c = unsafe { Closure::make(boxed)? };
     body(&c)
+}
+
+/// Compiles each of `fs` (MLX traces once per input shape, or once when `shapeless`) and
+/// runs `body` with the compiled versions, in the same order. Unlike [`Closure::new`], the
+/// functions may borrow (a model behind a `RefCell`, say): they and their compiled cache
+/// entries are freed before this returns. A compiled call that hits the cache runs the
+/// traced graph without calling the function, so its side effects happen only when it
+/// traces.
+#[track_caller]
+pub fn with_compiled<'a, R>(
+    fs: Vec<BorrowingFn<'a>>,
+    shapeless: bool,
+    body: impl FnOnce(&[Closure]) -> Result<R>,
+) -> Result<R> {
+    let mut plain = Vec::with_capacity(fs.len());
+    let mut compiled = Vec::with_capacity(fs.len());
+    for f in fs {
+        // SAFETY: the closure handles (plain and compiled, the only holders of `f`'s
+        // payload) are dropped at the end of this function, before anything `f` borrows;
+        // `body` only gets them by reference, so none escapes.
+        let c = unsafe { Closure::make(f)? };
+        compiled.push(c.compile(shapeless)?);
+        plain.push(c);
+    }
+    let out = body(&compiled);
+    drop(compiled);
+    drop(plain);
+    out
 }
 
 /// Vector-Jacobian product: `(outputs, vjps)` of `f` at `primals` for `cotangents`.

@@ -287,6 +287,40 @@ impl Optimizer {
         out
     }
 
+    /// Creates the per-parameter state (zeros, as the first update does) if there is
+    /// none yet, so [`Optimizer::state_arrays`] has its full length from here on.
+    pub(crate) fn ensure_state(&mut self, params: &[Array]) -> Result<()> {
+        if self.state.is_none() {
+            self.init(params)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces every state array, in [`Optimizer::state_arrays`]'s order (the outputs of
+    /// a compiled step).
+    pub(crate) fn set_state_arrays(&mut self, arrays: &[Array]) -> Result<()> {
+        let want = self.state_arrays().len();
+        if arrays.len() != want {
+            return Err(bad(format!(
+                "{} optimizer state arrays for {want}",
+                arrays.len()
+            )));
+        }
+        let mut it = arrays.iter().cloned();
+        if let (Some(step), Some(lr)) = (it.next(), it.next()) {
+            self.step = step;
+            self.learning_rate = lr;
+        }
+        if let Some(state) = &mut self.state {
+            for a in state.iter_mut().flatten() {
+                if let Some(v) = it.next() {
+                    *a = v;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn init(&mut self, params: &[Array]) -> Result<()> {
         let mut state = Vec::with_capacity(params.len());
         for p in params {

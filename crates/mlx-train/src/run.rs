@@ -184,6 +184,10 @@ pub fn plan(args: &LoraArgs) -> Result<Plan> {
         grad_accumulation_steps: args.positive("grad_accumulation_steps")?,
         clear_cache_threshold: args.count("clear_cache_threshold")?,
         grad_checkpoint: args.flag("grad_checkpoint")?,
+        // Adapter dropout draws from the global random state, which the compiled step
+        // does not carry yet: such a run is not compiled.
+        compile: crate::trainer::compile_enabled()
+            && lora.as_ref().is_none_or(|l| l.dropout == 0.0),
     };
     let feature = |k: &str, d: &str| -> Result<String> {
         match args.get(k) {

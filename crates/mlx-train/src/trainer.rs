@@ -142,6 +142,109 @@ pub fn loss_value_and_grad(
     Ok((loss, ntoks, grads))
 }
 
+/// The rest of mlx-lm's `step` after the gradients: adds the accumulated ones, and on an
+/// update averages them over the accumulation steps and applies the optimizer to the
+/// model's trainable parameters. Returns the gradients to carry (none after an update).
+fn accumulate_and_update(
+    model: &mut dyn LanguageModel,
+    optimizer: &mut Optimizer,
+    trainable: &Trainable,
+    grads: Vec<Array>,
+    prev: Option<&[Array]>,
+    do_update: bool,
+    accum_steps: usize,
+) -> Result<Option<Vec<Array>>> {
+    let mut grad = match prev {
+        Some(prev) => grads
+            .iter()
+            .zip(prev)
+            .map(|(g, p)| g.add(p))
+            .collect::<mlx_array::Result<Vec<_>>>()?,
+        None => grads,
+    };
+    if !do_update {
+        return Ok(Some(grad));
+    }
+    if accum_steps > 1 {
+        grad = grad
+            .iter()
+            .map(|g| g.divide(accum_steps as i32))
+            .collect::<mlx_array::Result<Vec<_>>>()?;
+    }
+    let module = module_mut(model)?;
+    let params = trainable.values(module);
+    let new = optimizer.apply_gradients(&grad, &params)?;
+    trainable.set(module, &new);
+    Ok(None)
+}
+
+/// The model and the optimizer, shared by the training loop and the compiled step.
+struct Parts<'m> {
+    model: &'m mut dyn LanguageModel,
+    optimizer: &'m mut Optimizer,
+}
+
+/// The compiled step's function for one `(carries gradients, updates)` variant (mlx-lm's
+/// `prev_grad is not None` and `do_update`, which key its compiled traces too). Inputs:
+/// the `n` trainable parameters, the `k` optimizer state arrays, tokens, lengths, then
+/// the `n` carried gradients if any. Outputs: loss, token count, the new parameters, the
+/// new optimizer state, then the gradients to carry when it does not update.
+fn step_fn<'a>(
+    cell: &'a RefCell<Parts<'_>>,
+    trainable: &'a Trainable,
+    k: usize,
+    has_prev: bool,
+    do_update: bool,
+    accum_steps: usize,
+) -> transforms::BorrowingFn<'a> {
+    Box::new(move |inputs: &[Array]| {
+        let n = trainable.names().len();
+        let want = n + k + 2 + if has_prev { n } else { 0 };
+        if inputs.len() != want {
+            return Err(mlx_err(format!(
+                "the training step got {} inputs for {want}",
+                inputs.len()
+            )));
+        }
+        let mut g = cell
+            .try_borrow_mut()
+            .map_err(|_| mlx_err("the model is in use during the training step"))?;
+        let parts = &mut *g;
+        parts
+            .optimizer
+            .set_state_arrays(&inputs[n..n + k])
+            .map_err(mlx_err)?;
+        trainable.set(module_mut(parts.model).map_err(mlx_err)?, &inputs[..n]);
+        let batch = Batch {
+            tokens: inputs[n + k].clone(),
+            lengths: inputs[n + k + 1].clone(),
+        };
+        let (loss, ntoks, grads) =
+            loss_value_and_grad(&mut *parts.model, trainable, &batch).map_err(mlx_err)?;
+        let prev = has_prev.then(|| &inputs[n + k + 2..]);
+        let carried = accumulate_and_update(
+            &mut *parts.model,
+            parts.optimizer,
+            trainable,
+            grads,
+            prev,
+            do_update,
+            accum_steps,
+        )
+        .map_err(mlx_err)?;
+        let mut out = vec![loss, ntoks];
+        out.extend(trainable.values(module_mut(parts.model).map_err(mlx_err)?));
+        out.extend(parts.optimizer.state_arrays().into_iter().cloned());
+        out.extend(carried.into_iter().flatten());
+        Ok(out)
+    })
+}
+
+/// Whether `MLX_TRAIN_COMPILE` leaves the compiled training step on (anything but `0`).
+pub fn compile_enabled() -> bool {
+    std::env::var("MLX_TRAIN_COMPILE").map_or(true, |v| v.trim() != "0")
+}
+
 /// mlx-lm's `evaluate`: the token-weighted mean loss over `num_batches` batches (`-1`:
 /// one pass over all), float32 as mlx-lm reads it. `progress` is called per batch.
 #[allow(clippy::too_many_arguments)]
@@ -201,6 +304,10 @@ pub struct TrainingArgs {
     /// `grad_checkpoint`: every decoder layer call checkpointed (mlx-lm's
     /// `grad_checkpoint(model.layers[0])`), recomputed in the backward pass.
     pub grad_checkpoint: bool,
+    /// Compile the training step (`mx.compile(step, inputs=state, outputs=state)`, as
+    /// mlx-lm does). Only where no random draw happens inside it (no adapter dropout) and
+    /// without `grad_checkpoint`; `MLX_TRAIN_COMPILE=0` turns it off.
+    pub compile: bool,
 }
 
 /// A training report (mlx-lm's `on_train_loss_report` fields).
@@ -309,7 +416,7 @@ pub fn train(
     model: &mut dyn LanguageModel,
     optimizer: &mut Optimizer,
     train_set: &mut TokenDataset<'_>,
-    mut val_set: Option<&mut TokenDataset<'_>>,
+    val_set: Option<&mut TokenDataset<'_>>,
     args: &TrainingArgs,
     rng: &mut RandomState,
     cb: &mut dyn TrainCallback,
@@ -354,6 +461,58 @@ pub fn train(
         Checkpointing
     });
     let checkpointed_before = mlx_nn::checkpoint::calls();
+    let compiled = args.compile && !args.grad_checkpoint;
+    if compiled {
+        // The state the compiled step reads and writes has its full length from the start.
+        let module = module_mut(model)?;
+        let params = trainable.values(module);
+        optimizer.ensure_state(&params)?;
+    }
+    let k = optimizer.state_arrays().len();
+    let cell = RefCell::new(Parts { model, optimizer });
+    let fs = if compiled {
+        [(false, false), (false, true), (true, false), (true, true)]
+            .into_iter()
+            .map(|(has_prev, do_update)| {
+                step_fn(&cell, &trainable, k, has_prev, do_update, accum_steps)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    transforms::with_compiled(fs, false, |compiled| {
+        Ok(train_loop(
+            &cell,
+            compiled,
+            &trainable,
+            k,
+            checkpointed_before,
+            &mut batches,
+            train_set,
+            val_set,
+            args,
+            rng,
+            cb,
+        ))
+    })?
+}
+
+/// The loop of [`train`]; `steps` holds the compiled step's variants (none: uncompiled).
+#[allow(clippy::too_many_arguments)]
+fn train_loop(
+    cell: &RefCell<Parts<'_>>,
+    compiled: &[transforms::Closure],
+    trainable: &Trainable,
+    k: usize,
+    checkpointed_before: usize,
+    batches: &mut BatchIter,
+    train_set: &mut TokenDataset<'_>,
+    mut val_set: Option<&mut TokenDataset<'_>>,
+    args: &TrainingArgs,
+    rng: &mut RandomState,
+    cb: &mut dyn TrainCallback,
+) -> Result<()> {
+    let accum_steps = args.grad_accumulation_steps;
     let mut losses: Option<Array> = None;
     let mut n_tokens: Option<Array> = None;
     let mut steps = 0usize;
@@ -381,8 +540,9 @@ pub fn train(
                 tic = Instant::now();
                 cb.val_start(it, total);
                 let mut warnings = Vec::new();
+                let parts = cell.borrow();
                 let val_loss = evaluate(
-                    &*model,
+                    &*parts.model,
                     val,
                     args.batch_size,
                     args.val_batches,
@@ -391,6 +551,7 @@ pub fn train(
                     &mut |w| warnings.push(w.to_string()),
                     &mut || cb.val_advance(),
                 )?;
+                drop(parts);
                 for w in &warnings {
                     cb.warning(w);
                 }
@@ -400,37 +561,68 @@ pub fn train(
                 tic = Instant::now();
             }
         }
-        let (lvalue, toks, grads) = loss_value_and_grad(model, &trainable, &batch)?;
-        if args.grad_checkpoint && mlx_nn::checkpoint::calls() == checkpointed_before {
-            return Err(TrainError::Unsupported(format!(
-                "--grad-checkpoint: model type `{}` does not route its decoder layers through \
-                 gradient checkpointing in this build; train without --grad-checkpoint",
-                model.model_type()
-            )));
-        }
-        let mut grad = match grad_accum.take() {
-            Some(prev) => grads
-                .iter()
-                .zip(&prev)
-                .map(|(g, p)| g.add(p))
-                .collect::<mlx_array::Result<Vec<_>>>()?,
-            None => grads,
-        };
         let do_update = it % accum_steps == 0;
-        if do_update {
-            if accum_steps > 1 {
-                grad = grad
-                    .iter()
-                    .map(|g| g.divide(accum_steps as i32))
-                    .collect::<mlx_array::Result<Vec<_>>>()?;
+        let (lvalue, toks) = if compiled.is_empty() {
+            let mut g = cell.borrow_mut();
+            let parts = &mut *g;
+            let (lvalue, toks, grads) = loss_value_and_grad(&mut *parts.model, trainable, &batch)?;
+            if args.grad_checkpoint && mlx_nn::checkpoint::calls() == checkpointed_before {
+                return Err(TrainError::Unsupported(format!(
+                    "--grad-checkpoint: model type `{}` does not route its decoder layers \
+                     through gradient checkpointing in this build; train without \
+                     --grad-checkpoint",
+                    parts.model.model_type()
+                )));
             }
-            let module = module_mut(model)?;
-            let params = trainable.values(module);
-            let new = optimizer.apply_gradients(&grad, &params)?;
-            trainable.set(module, &new);
+            grad_accum = accumulate_and_update(
+                &mut *parts.model,
+                parts.optimizer,
+                trainable,
+                grads,
+                grad_accum.as_deref(),
+                do_update,
+                accum_steps,
+            )?;
+            (lvalue, toks)
         } else {
-            grad_accum = Some(grad);
-        }
+            let prev = grad_accum.take();
+            let variant = usize::from(prev.is_some()) * 2 + usize::from(do_update);
+            let step = compiled
+                .get(variant)
+                .ok_or_else(|| TrainError::Invalid("no compiled training step".into()))?;
+            let (params, state) = {
+                let mut g = cell.borrow_mut();
+                let parts = &mut *g;
+                let params = trainable.values(module_mut(parts.model)?);
+                let state: Vec<Array> = parts
+                    .optimizer
+                    .state_arrays()
+                    .into_iter()
+                    .cloned()
+                    .collect();
+                (params, state)
+            };
+            let n = params.len();
+            let mut inputs: Vec<&Array> = params.iter().chain(&state).collect();
+            inputs.push(&batch.tokens);
+            inputs.push(&batch.lengths);
+            inputs.extend(prev.iter().flatten());
+            let out = step.call(&inputs)?;
+            if out.len() != 2 + n + k + if do_update { 0 } else { n } {
+                return Err(TrainError::Invalid(format!(
+                    "the compiled training step gave {} outputs",
+                    out.len()
+                )));
+            }
+            let mut g = cell.borrow_mut();
+            let parts = &mut *g;
+            trainable.set(module_mut(parts.model)?, &out[2..2 + n]);
+            parts.optimizer.set_state_arrays(&out[2 + n..2 + n + k])?;
+            if !do_update {
+                grad_accum = Some(out[2 + n + k..].to_vec());
+            }
+            (out[0].clone(), out[1].clone())
+        };
         losses = Some(match losses {
             Some(l) => l.add(&lvalue)?,
             None => lvalue.clone(),
@@ -441,10 +633,11 @@ pub fn train(
         });
         steps += 1;
         {
-            let module = module_mut(model)?;
-            let params = trainable.values(module);
+            let mut g = cell.borrow_mut();
+            let parts = &mut *g;
+            let params = trainable.values(module_mut(parts.model)?);
             let mut all: Vec<&Array> = params.iter().collect();
-            all.extend(optimizer.state_arrays());
+            all.extend(parts.optimizer.state_arrays());
             all.extend(losses.iter());
             all.extend(n_tokens.iter());
             all.extend(grad_accum.iter().flatten());
@@ -474,7 +667,7 @@ pub fn train(
                 .map(|n| n.item::<i32>())
                 .transpose()?
                 .unwrap_or(0) as u64;
-            let learning_rate = f64::from(optimizer.learning_rate().item::<f32>()?);
+            let learning_rate = f64::from(cell.borrow().optimizer.learning_rate().item::<f32>()?);
             trained_tokens += ntok;
             cb.train_report(&TrainReport {
                 iteration: it,
@@ -489,8 +682,7 @@ pub fn train(
             train_time = 0.0;
         }
         if it % args.steps_per_save == 0 {
-            let module = module_mut(model)?;
-            let values = trainable.values(module);
+            let values = trainable.values(module_mut(cell.borrow_mut().model)?);
             save_adapters(&args.adapter_file, trainable.names(), &values)?;
             let dir = args.adapter_file.parent().unwrap_or(Path::new("."));
             let checkpoint = dir.join(format!("{it:07}_adapters.safetensors"));
@@ -499,7 +691,7 @@ pub fn train(
             saved.push((it, checkpoint));
         }
     }
-    let values = trainable.values(module_mut(model)?);
+    let values = trainable.values(module_mut(cell.borrow_mut().model)?);
     save_adapters(&args.adapter_file, trainable.names(), &values)?;
     Ok(())
 }
