@@ -5,80 +5,15 @@
 //! served alone without speculation; with the model itself as the draft every round
 //! is accepted in full; each row keeps its own acceptance, so batched rows are drafted
 //! and accept exactly as alone.
-use mlx_engine::batch::{
-    DraftFrom, Engine, EngineEvent, EngineMetrics, EngineOptions, GenerationRequest, Speculate,
-};
-use mlx_models::LanguageModel;
+use common::{model, opts, serve, Got};
+use mlx_engine::batch::{DraftFrom, Engine, EngineMetrics, GenerationRequest, Speculate};
 use std::path::PathBuf;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 mod common;
 
-fn model(dir: &str) -> Box<dyn LanguageModel> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../goldens/generate/models")
-        .join(dir);
-    mlx_models::load_model(dir).expect("load model").0
-}
-
 const TARGET: &str = "llama-small-f32";
 const DRAFT: &str = "llama-small-f32-hd32";
-
-fn opts() -> EngineOptions {
-    EngineOptions {
-        decode_concurrency: 8,
-        prompt_concurrency: 4,
-        prefill_step_size: 4,
-        prompt_cache_size: 0,
-        prompt_cache_bytes: None,
-        kv_quantization: None,
-        max_queue: 64,
-        memory: None,
-        memory_limit: None,
-        disk_cache: None,
-        preload: Vec::new(),
-    }
-}
-
-/// One request's tokens, how many came from drafts, and the drafts proposed.
-#[derive(Debug, Default, Clone)]
-struct Got {
-    tokens: Vec<u32>,
-    from_draft: usize,
-    drafted: usize,
-}
-
-/// Submits every request at once and collects each one's tokens.
-fn serve(engine: &Engine, reqs: Vec<GenerationRequest>) -> Vec<Got> {
-    let subs: Vec<_> = reqs
-        .into_iter()
-        .map(|r| {
-            let (tx, rx) = mpsc::channel();
-            (engine.submit(r, Arc::new(tx)).expect("submit"), rx)
-        })
-        .collect();
-    subs.into_iter()
-        .map(|(sub, rx)| {
-            let mut got = Got::default();
-            loop {
-                match rx.recv().expect("event") {
-                    EngineEvent::Token { out, .. } => {
-                        got.tokens.push(out.token);
-                        got.from_draft += usize::from(out.from_draft);
-                        got.drafted += out.drafted;
-                        if out.finish.is_some() {
-                            break;
-                        }
-                    }
-                    EngineEvent::Failed { error, .. } => panic!("{error}"),
-                    _ => {}
-                }
-            }
-            sub.release();
-            got
-        })
-        .collect()
-}
 
 const PROMPTS: [&[u32]; 4] = [
     &[3, 4, 5, 6, 7, 8, 9, 10, 11],

@@ -5,23 +5,15 @@
 //! itself) or from a prediction. Every greedy row gives exactly the tokens the same request gives
 //! served alone without speculation, the constrained output keeps to its constraint,
 //! and drafts are really accepted for the rows with processors.
+use common::{model, opts, serve, Got};
 use mlx_array::Array;
 use mlx_engine::batch::{
-    DraftFrom, Engine, EngineEvent, EngineMetrics, EngineOptions, GenerationRequest, Speculate,
+    DraftFrom, Engine, EngineEvent, EngineMetrics, GenerationRequest, Speculate,
 };
-use mlx_models::LanguageModel;
 use mlx_sample::{BuildProcessor, LogitsParams, LogitsProcessor};
-use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
 
 mod common;
-
-fn model(dir: &str) -> Box<dyn LanguageModel> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../goldens/generate/models")
-        .join(dir);
-    mlx_models::load_model(dir).expect("load model").0
-}
 
 const TARGET: &str = "llama-small-f32";
 
@@ -74,61 +66,6 @@ impl BuildProcessor for BuildAlternate {
     fn build(&self) -> mlx_sample::Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(Alternate::default()))
     }
-}
-
-fn opts() -> EngineOptions {
-    EngineOptions {
-        decode_concurrency: 8,
-        prompt_concurrency: 4,
-        prefill_step_size: 4,
-        prompt_cache_size: 0,
-        prompt_cache_bytes: None,
-        kv_quantization: None,
-        max_queue: 64,
-        memory: None,
-        memory_limit: None,
-        disk_cache: None,
-        preload: Vec::new(),
-    }
-}
-
-#[derive(Debug, Default, Clone)]
-struct Got {
-    tokens: Vec<u32>,
-    from_draft: usize,
-    drafted: usize,
-}
-
-/// Submits every request at once and collects each one's tokens.
-fn serve(engine: &Engine, reqs: Vec<GenerationRequest>) -> Vec<Got> {
-    let subs: Vec<_> = reqs
-        .into_iter()
-        .map(|r| {
-            let (tx, rx) = mpsc::channel();
-            (engine.submit(r, Arc::new(tx)).expect("submit"), rx)
-        })
-        .collect();
-    subs.into_iter()
-        .map(|(sub, rx)| {
-            let mut got = Got::default();
-            loop {
-                match rx.recv().expect("event") {
-                    EngineEvent::Token { out, .. } => {
-                        got.tokens.push(out.token);
-                        got.from_draft += usize::from(out.from_draft);
-                        got.drafted += out.drafted;
-                        if out.finish.is_some() {
-                            break;
-                        }
-                    }
-                    EngineEvent::Failed { error, .. } => panic!("{error}"),
-                    _ => {}
-                }
-            }
-            sub.release();
-            got
-        })
-        .collect()
 }
 
 const PROMPTS: [&[u32]; 4] = [

@@ -1,8 +1,18 @@
 //! Helpers shared by the speculation tests.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::{random, Array};
+use mlx_engine::batch::{Engine, EngineEvent, EngineOptions, GenerationRequest};
 use mlx_models::LanguageModel;
 use std::path::PathBuf;
+use std::sync::{mpsc, Arc};
+
+/// The model `dir` of `goldens/generate/models`.
+pub fn model(dir: &str) -> Box<dyn LanguageModel> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../goldens/generate/models")
+        .join(dir);
+    mlx_models::load_model(dir).expect("load model").0
+}
 
 /// The model `name` (of `goldens/generate/models`) with Gaussian noise (`scale` times
 /// each tensor's RMS) added to every weight: a draft model that agrees with it often,
@@ -53,4 +63,61 @@ pub fn noisy_copy(name: &str, scale: f32) -> (Box<dyn LanguageModel>, tempfile::
         .expect("load the noisy draft")
         .0;
     (model, dir)
+}
+
+/// The engine options of the speculation tests.
+pub fn opts() -> EngineOptions {
+    EngineOptions {
+        decode_concurrency: 8,
+        prompt_concurrency: 4,
+        prefill_step_size: 4,
+        prompt_cache_size: 0,
+        prompt_cache_bytes: None,
+        kv_quantization: None,
+        max_queue: 64,
+        memory: None,
+        memory_limit: None,
+        disk_cache: None,
+        preload: Vec::new(),
+    }
+}
+
+/// One request's tokens, how many came from drafts, and the drafts proposed.
+#[derive(Debug, Default, Clone)]
+pub struct Got {
+    pub tokens: Vec<u32>,
+    pub from_draft: usize,
+    pub drafted: usize,
+}
+
+/// Submits every request at once and collects each one's tokens.
+pub fn serve(engine: &Engine, reqs: Vec<GenerationRequest>) -> Vec<Got> {
+    let subs: Vec<_> = reqs
+        .into_iter()
+        .map(|r| {
+            let (tx, rx) = mpsc::channel();
+            (engine.submit(r, Arc::new(tx)).expect("submit"), rx)
+        })
+        .collect();
+    subs.into_iter()
+        .map(|(sub, rx)| {
+            let mut got = Got::default();
+            loop {
+                match rx.recv().expect("event") {
+                    EngineEvent::Token { out, .. } => {
+                        got.tokens.push(out.token);
+                        got.from_draft += usize::from(out.from_draft);
+                        got.drafted += out.drafted;
+                        if out.finish.is_some() {
+                            break;
+                        }
+                    }
+                    EngineEvent::Failed { error, .. } => panic!("{error}"),
+                    _ => {}
+                }
+            }
+            sub.release();
+            got
+        })
+        .collect()
 }
