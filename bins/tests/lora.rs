@@ -392,6 +392,23 @@ fn numbers(stdout: &str) -> Vec<String> {
     out
 }
 
+/// mlx-lm's side of these tests: xtask/py/lora_oracle.py.
+fn oracle() -> PathBuf {
+    common::root().join("xtask/py/lora_oracle.py")
+}
+
+/// Writes the oracle's datasets under `work/data` and returns that directory.
+fn make_datasets(py: &Path, work: &Path) -> PathBuf {
+    let data = work.join("data");
+    let made = Command::new(py)
+        .arg(oracle())
+        .args(["data", data.to_str().unwrap()])
+        .output()
+        .unwrap();
+    common::check(&made, "making the datasets");
+    data
+}
+
 /// A committed tiny model with a tokenizer: goldens/generate/models/NAME, or
 /// goldens/models/NAME with its vocabulary widened to the small tokenizer's
 /// (`lora_oracle.py widen-vocab`: the MoE goldens have fewer rows than the tokenizer has
@@ -407,7 +424,7 @@ fn model_dir(py: &Path, work: &Path, name: &str) -> PathBuf {
         return dst;
     }
     let made = Command::new(py)
-        .arg(common::root().join("xtask/py/lora_oracle.py"))
+        .arg(oracle())
         .arg("widen-vocab")
         .arg(common::root().join("goldens/models").join(name))
         .arg(&dst)
@@ -444,14 +461,8 @@ fn training_matches_mlx_lm() {
             (Some(t), w)
         }
     };
-    let oracle = common::root().join("xtask/py/lora_oracle.py");
-    let data = work.join("data");
-    let made = Command::new(&py)
-        .arg(&oracle)
-        .args(["data", data.to_str().unwrap()])
-        .output()
-        .unwrap();
-    common::check(&made, "making the datasets");
+    let oracle = oracle();
+    let data = make_datasets(&py, &work);
     let cases = cases();
     let args_of = |c: &Case, dir: &Path| -> Vec<String> {
         let mut a: Vec<String> = vec![
@@ -581,14 +592,8 @@ fn grad_checkpoint_on_every_architecture_matches_mlx_lm() {
     let py = common::mlx_lm_python("mlx_lm.lora");
     let tmp = TempDir::new("lora-gc-sweep");
     let work = tmp.0.clone();
-    let oracle = common::root().join("xtask/py/lora_oracle.py");
-    let data = work.join("data");
-    let made = Command::new(&py)
-        .arg(&oracle)
-        .args(["data", data.to_str().unwrap()])
-        .output()
-        .unwrap();
-    common::check(&made, "making the datasets");
+    let oracle = oracle();
+    let data = make_datasets(&py, &work);
     let mut names: Vec<String> = std::fs::read_dir(common::root().join("goldens/models"))
         .unwrap()
         .filter_map(|e| e.ok())
@@ -911,7 +916,7 @@ fn hugging_face_datasets_train_like_their_local_rows() {
     let tmp = TempDir::new("lora-hf");
     let work = tmp.0.clone();
     let made = Command::new(&py)
-        .arg(common::root().join("xtask/py/lora_oracle.py"))
+        .arg(oracle())
         .args(["data", work.join("gen").to_str().unwrap()])
         .output()
         .unwrap();
@@ -1051,7 +1056,7 @@ fn hugging_face_datasets_train_like_their_local_rows() {
     let cases_file = work.join("cases.json");
     std::fs::write(&cases_file, serde_json::to_string(&json).unwrap()).unwrap();
     let ran = Command::new(&py)
-        .arg(common::root().join("xtask/py/lora_oracle.py"))
+        .arg(oracle())
         .args(["run", cases_file.to_str().unwrap()])
         .output()
         .unwrap();
