@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The H200 runs of session 15 (2026-12-03): several parts per device call, each part's
+# output packed into one file ($OUT/<part>.tar.gz: a call returns at most 8 files).
+# Run from the repository root on the device machine after the staging calls
+# (`source /root/stash/activate.sh`, our release binaries in /root/bins/new, the
+# tokenizers in /root/stash/tok):
+#
+#   DEADLINE=540 bash benchmarks/gpu_session15.sh PART [PART...]
+#
+# A part is started only while fewer than DEADLINE seconds have passed since the script
+# began (so one call stays inside the device's 600 s), and is cut at what is left.
+#
+#   nextdiag   issue 26: Qwen3-Next 4-bit shape, our first runs timed step by step
+#              (mlx-generate twice, then mlx-benchmark), to find session 14's stall
+#   nextpf     issue 26: Qwen3-Next 4-bit shape, prefill and decode against mlx-lm (gpu.sh)
+#   eval8b     issue 23: benchmarks/gpu_evaluate.sh on the 8B shape only
+#   struct8b   issue 20: benchmarks/gpu_structured.sh on the 8B bf16 shape (1 and 32 streams)
+#   lora       issue 24: benchmarks/gpu_lora.sh (1B bf16 LoRA, 8B 4-bit QLoRA), 1 round
+#   specsrv    issue 19: server aggregate decode at 1/8/32 streams, echo 8B target, with
+#              and without its 4-bit draft
+#   qmm        issue 21: qmm_rows_check (our M-row 4-bit product against MLX's, bits and time)
+#   ab8b       issue 21: mlx-benchmark 8B 4-bit at batch 1/8/32, our M-row product on and off
+set -u
+OUT=${OUT:-/tmp/out}
+NEW=${NEW:-/root/bins/new}
+DEADLINE=${DEADLINE:-540}
+export MODELS=/tmp/bench-models
+mkdir -p "$OUT" .gpu
+[ -e .gpu/tok ] || ln -s /root/stash/tok .gpu/tok
+# shellcheck disable=SC1091
+[ -n "${PYTHONPATH:-}" ] || source /root/stash/activate.sh >/dev/null
+export BENCH_COMMIT=$(cat "$NEW/COMMIT" 2>/dev/null || echo unknown)
+T0=$(date +%s)
+left() { echo $((DEADLINE - ($(date +%s) - T0))); }
+pack() { # PART DIR: one file per part
+  tar -C "$2" -czf "$OUT/$1.tar.gz" . 2>/dev/null
+  echo "== $1 packed ($(du -h "$OUT/$1.tar.gz" | cut -f1)), $(( $(date +%s) - T0 )) s elapsed"
+}
+for PART in "$@"; do
+  L=$(left)
+  if [ "$L" -lt 60 ]; then echo "== $PART skipped: $L s left"; continue; fi
+  D=/tmp/parts/$PART
+  rm -rf "$D"; mkdir -p "$D"
+  echo "== $PART start ($L s left)"
+  case "$PART" in
+    nextdiag)
+      M=$MODELS/qwen3-next-80b-a3b-l4-4bit
+      python3 xtask/py/make_bench_models.py --out "$MODELS" --only qwen3-next-80b-a3b-l4-4bit \
+        --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      for i in 1 2; do
+        s=$(date +%s%N)
+        timeout 150 "$NEW/mlx-generate" --model "$M" --prompt "hello there" -m 16 --verbose True \
+          > "$D/gen$i.txt" 2>&1
+        echo "mlx-generate run $i rc=$? $(( ($(date +%s%N) - s) / 1000000 )) ms" >> "$D/stdout.txt"
+      done
+      s=$(date +%s%N)
+      MLX_ENGINE_PROFILE=1 timeout 200 "$NEW/mlx-benchmark" --model "$M" -p 512 -g 128 -n 1 \
+        > "$D/bench.txt" 2>&1
+      echo "mlx-benchmark -p 512 -g 128 rc=$? $(( ($(date +%s%N) - s) / 1000000 )) ms" >> "$D/stdout.txt"
+      cat "$D/bench.txt" >> "$D/stdout.txt" ;;
+    nextpf)
+      OUT=$D STEP_TIMEOUT=240 timeout "$L" bash benchmarks/gpu.sh "$NEW" \
+        --only qwen3-next-80b-a3b-l4-4bit \
+        -p 512 -g 128 -n 2 --rounds 1 --startup-runs 0 --budget $((L - 20)) > "$D/stdout.txt" 2>&1 ;;
+    eval8b)
+      OUT=$D timeout "$L" bash benchmarks/gpu_evaluate.sh "$NEW" --only llama-3.1-8b-bf16 > "$D/stdout.txt" 2>&1 ;;
+    struct8b)
+      OUT=$D timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" --only llama-3.1-8b-bf16 > "$D/stdout.txt" 2>&1 ;;
+    qmm)
+      timeout "$L" "$NEW/qmm_rows_check" --shapes synthetic > "$D/stdout.txt" 2>&1 ;;
+    ab8b)
+      python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-4bit \
+        --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      for b in 1 8 32; do for arm in on off; do
+        e=(); [ "$arm" = off ] && e=(MLX_FAST_QMM=0)
+        echo "## b=$b arm=$arm" >> "$D/stdout.txt"
+        env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-4bit" \
+          -p 128 -g 128 -b $b -n 2 >> "$D/stdout.txt" 2>&1
+      done; done
+      for b in 8 32; do
+        echo "## b=$b mlx-lm" >> "$D/stdout.txt"
+        timeout 120 python3 -m mlx_lm benchmark --model "$MODELS/llama-3.1-8b-4bit" \
+          -p 128 -g 128 -b $b -n 2 >> "$D/stdout.txt" 2>&1
+      done ;;
+    lora)
+      OUT=$D timeout "$L" bash benchmarks/gpu_lora.sh "$NEW" --rounds 1 > "$D/stdout.txt" 2>&1
+      rm -rf "$D/adapters" "$D/data" ;;     specsrv)
+      M=$MODELS/llama-3.1-8b-echo-bf16
+      python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
+        --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      for arm in plain draft; do
+        extra=()
+        [ "$arm" = draft ] && extra=(--ours-arg=--draft-model --ours-arg="$MODELS/llama-3.1-8b-echo-4bit")
+        MLX_SDPA_SPLIT_QUERIES=1 timeout $(( $(left) > 30 ? $(left) : 30 )) "$NEW/xtask" bench --server \
+          --ours "$NEW/mlx-server" --python python3 --model "$M" -p 128 -g 128 \
+          --streams 1,8,32 "${extra[@]}" --out "$D/server-$arm.md" > "$D/$arm.log" 2>&1
+      done ;;
+    *) echo "unknown part $PART" > "$D/stdout.txt" ;;
+  esac
+  echo "== $PART rc=$? ($(( $(date +%s) - T0 )) s elapsed)"
+  tail -25 "$D/stdout.txt" 2>/dev/null
+  pack "$PART" "$D"
+done
+df -h /tmp | tail -1
