@@ -15,6 +15,7 @@
 #   nextpf     issue 26: Qwen3-Next 4-bit shape, prefill and decode against mlx-lm (gpu.sh)
 #   eval8b     issue 23: benchmarks/gpu_evaluate.sh on the 8B shape only
 #   struct8b   issue 20: benchmarks/gpu_structured.sh on the 8B bf16 shape (1 and 32 streams)
+#   struct32   issue 20: the same at 32 streams, engine profile lines every 16 steps
 #   lora       issue 24: benchmarks/gpu_lora.sh (1B bf16 LoRA, 8B 4-bit QLoRA), 1 round
 #   specsrv    issue 19: server aggregate decode at 1/8/32 streams, echo 8B target, with
 #              and without its 4-bit draft
@@ -66,6 +67,9 @@ for PART in "$@"; do
       OUT=$D timeout "$L" bash benchmarks/gpu_evaluate.sh "$NEW" --only llama-3.1-8b-bf16 > "$D/stdout.txt" 2>&1 ;;
     struct8b)
       OUT=$D timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" --only llama-3.1-8b-bf16 > "$D/stdout.txt" 2>&1 ;;
+    struct32)
+      OUT=$D MLX_ENGINE_PROFILE_EVERY=16 timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" \
+        --only llama-3.1-8b-bf16 --streams 32 > "$D/stdout.txt" 2>&1 ;;
     qmm)
       timeout "$L" "$NEW/qmm_rows_check" --shapes synthetic > "$D/stdout.txt" 2>&1 ;;
     ab8b)

@@ -133,8 +133,21 @@ pub(crate) fn constraint_accept(d: Duration) {
 }
 
 impl BatchProfile {
-    /// Steps between two printed summaries.
+    /// Steps between two printed summaries by default.
     pub(crate) const EVERY: u32 = 256;
+
+    /// Steps between two printed summaries: `MLX_ENGINE_PROFILE_EVERY` (a positive
+    /// count, read once), else [`Self::EVERY`].
+    fn every() -> u32 {
+        static EVERY: OnceLock<u32> = OnceLock::new();
+        *EVERY.get_or_init(|| {
+            std::env::var("MLX_ENGINE_PROFILE_EVERY")
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok())
+                .filter(|&n| n > 0)
+                .unwrap_or(Self::EVERY)
+        })
+    }
 
     /// Adds `d` to `phase` of the current step.
     pub(crate) fn add(&mut self, phase: BatchPhase, d: Duration) {
@@ -142,7 +155,7 @@ impl BatchProfile {
     }
 
     /// Ends a step of `rows` rows, `constrained` of them with a grammar; every
-    /// [`Self::EVERY`] steps returns the summary line and starts over.
+    /// [`Self::every`] steps returns the summary line and starts over.
     pub(crate) fn step(&mut self, rows: usize, constrained: usize) -> Option<String> {
         self.steps += 1;
         self.rows += rows as u64;
@@ -152,7 +165,7 @@ impl BatchProfile {
             self.total += now - prev;
             self.intervals += 1;
         }
-        if self.steps < Self::EVERY {
+        if self.steps < Self::every() {
             return None;
         }
         let line = self.summary();
