@@ -447,3 +447,30 @@ pub fn fast_qmv_enabled() -> bool {
 pub fn fast_qmv_launches() -> u64 {
     unsafe { sys::mlxs_fast_qmv_launches() }
 }
+
+/// Turns our multi-row CUDA kernel for 4-bit [`quantized_matmul`] on or off (default on;
+/// `MLX_FAST_QMM=0` at start turns it off; it also needs [`set_fast_qmv`] on). On the CUDA
+/// backend, products of 2 to 32 bfloat16 rows (the batch dimensions of x flattened into
+/// rows; `MLX_FAST_QMM_MAX_ROWS` or [`set_fast_qmm_max_rows`] sets the bound) with a
+/// weight the one-row kernels take run through it: every output row is bit-identical to
+/// that row's product alone (batch-invariant), which MLX's own kernel for many rows (`qmm`)
+/// is not; off, MLX's runs and its bits come back.
+pub fn set_fast_qmm(on: bool) {
+    unsafe { sys::mlxs_set_fast_qmm(on) }
+}
+
+/// The most rows of x [`set_fast_qmm`]'s kernel takes (default 32); products of more rows
+/// go to MLX.
+pub fn set_fast_qmm_max_rows(n: u64) {
+    unsafe { sys::mlxs_set_fast_qmm_max_rows(i64::try_from(n).unwrap_or(i64::MAX)) }
+}
+
+/// Whether [`set_fast_qmm`] is on.
+pub fn fast_qmm_enabled() -> bool {
+    unsafe { sys::mlxs_fast_qmm_enabled() }
+}
+
+/// How many [`quantized_matmul`] calls of this process took the multi-row kernel.
+pub fn fast_qmm_launches() -> u64 {
+    unsafe { sys::mlxs_fast_qmm_launches() }
+}

@@ -63,6 +63,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -115,6 +116,18 @@ constexpr size_t kMaxParts = 4;
 // MLX_FAST_QMV_MANY_MAX_ELEMENTS=N sets another limit (0: never one launch).
 constexpr long long kManyMaxElements = 16ll << 20;
 
+// The products of 2..kQmmMaxRows rows of x (`fast_rows`): MLX_FAST_QMM=0 (or
+// `set_fast_qmm(false)`) leaves them to MLX's own kernels, MLX_FAST_QMM_MAX_ROWS=N (or
+// `set_fast_qmm_max_rows`) sets another bound.
+KernelSwitch g_qmm("MLX_FAST_QMM");
+constexpr long long kQmmMaxRows = 32;
+// The most rows of x one warp takes: each holds 16 bfloat16 accumulators a lane.
+constexpr int kQmmPartRows = 8;
+// Chunks of weights a lane loads before their arithmetic in the multi-row kernel.
+constexpr int kQmmLoads = 8;
+// The most rows the bound may be set to (a part of x per grid z block: CUDA's 65535).
+constexpr long long kQmmRowsLimit = 65535ll * kQmmPartRows;
+
 
 // The floor in force: MLX_FAST_QMV_MIN_ELEMENTS (or kMinElements) until
 // `set_fast_qmv_min_elements` sets another.
@@ -129,6 +142,19 @@ long long min_elements() {
   return v;
 }
 
+// The most rows of x the multi-row kernel takes: MLX_FAST_QMM_MAX_ROWS (or kQmmMaxRows)
+// until `set_fast_qmm_max_rows` sets another.
+std::atomic<long long> g_qmm_max_rows{-1};
+
+long long qmm_max_rows() {
+  long long v = g_qmm_max_rows.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = std::min(env_count("MLX_FAST_QMM_MAX_ROWS", kQmmMaxRows), kQmmRowsLimit);
+    g_qmm_max_rows.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
 long long many_max_elements() {
   static const long long v = env_count("MLX_FAST_QMV_MANY_MAX_ELEMENTS", kManyMaxElements);
   return v;
@@ -137,7 +163,7 @@ long long many_max_elements() {
 // How a kernel lays the rows out: `rows` warps per block, `rw` rows per warp, loads issued
 // `u` chunks ahead (`window`) or `u` chunks at a time (else); `body` picks the source.
 struct Layout {
-  int body;  // 0: kBody (one row a warp, all loads first), 1: kBodyRows
+  int body;  // 0: kBody (one row a warp, all loads first), 1: kBodyRows, 2: kBodyM
   int rows;
   int rw;
   int u;
@@ -153,6 +179,8 @@ struct Layout {
 // elsewhere; end to end, these layouts took the 8B model from 264 to 304 tok/s.
 // kBody: one row a warp, 4 warps a block, all of a row's loads issued first.
 constexpr Layout kOneRow = {0, 4, 1, 32, false};
+// kBodyM: one row of w a warp for up to kQmmPartRows rows of x, 4 warps a block.
+constexpr Layout kManyRows = {2, 4, 1, kQmmLoads, false};
 
 Layout layout_for(int n, int k) {
   if (g_pipelined.on()) {
@@ -299,6 +327,112 @@ __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
   if (row >= n) return;
   const float sum = row_sum<K, GS, U>(x, w, scales, biases, row);
   if (threadIdx.x == 0) store<RES>(out, res, row, sum);
+}
+
+// Several rows of x by one row of w: row `block * ROWS + threadIdx.y` of n, against the
+// rows `part * MT ..` (at most MT, fewer in the last part) of x [m, K]; out is [m, n]. For
+// each row of x this is row_sum's arithmetic exactly (the same lanes and chunks in the
+// same order, the same dequantize expression, the same bfloat16 FMAs into one set of 16
+// per-lane accumulators per x row, their float sum in element order, the same warp reduce
+// and rounding): every output row is bit-identical to the one-row kernel's for that x row
+// alone. The weights' chunk is loaded and dequantized once for all the part's rows.
+template <int K, int GS, int ROWS, int U, int MT>
+__device__ __forceinline__ void rows_m(const __nv_bfloat16* x, const uint32_t* w,
+                                       const __nv_bfloat16* scales,
+                                       const __nv_bfloat16* biases, __nv_bfloat16* out,
+                                       const int n, const int m, const int block,
+                                       const int part) {
+  constexpr int NCH = K / 512;
+  constexpr int REST = K % 512;
+  constexpr int G = K / GS;
+  const int row = block * ROWS + threadIdx.y;
+  const int m0 = part * MT;
+  if (row >= n || m0 >= m) return;
+  // The x rows of this part (warp-uniform).
+  const int mt = min(MT, m - m0);
+  auto warp = cg::tiled_partition<32>(cg::this_thread_block());
+  const int lane = threadIdx.x;
+  const __nv_bfloat16* xt = x + (size_t)m0 * K;
+  const uint8_t* wr = reinterpret_cast<const uint8_t*>(w) + (size_t)row * (K / 2);
+  const __nv_bfloat16* sr = scales + (size_t)row * G;
+  const __nv_bfloat16* br = biases + (size_t)row * G;
+  __nv_bfloat162 acc[MT][8];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = __floats2bfloat162_rn(0.f, 0.f);
+  // Rows of x lie K elements (a multiple of 64 bytes) apart: all aligned as the first.
+  const bool x_aligned = (reinterpret_cast<uintptr_t>(xt) & 15) == 0;
+  const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
+  // One chunk: 16 weights (8 bytes, low nibble first), dequantized as row_sum does, against
+  // the 16 activations of each x row.
+  auto tile = [&](int idx, uint2 wv, __nv_bfloat16 s, __nv_bfloat16 b) {
+    __nv_bfloat162 s2 = __bfloat162bfloat162(s);
+    __nv_bfloat162 b2 = __bfloat162bfloat162(b);
+    __nv_bfloat162 d[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint32_t word = j < 4 ? wv.x : wv.y;
+      uint32_t byte = (word >> (8 * (j & 3))) & 0xFFu;
+      // bfloat16 bits of 128 + v, minus 128: the nibble v, exactly.
+      uint32_t bits = 0x43004300u | (byte & 0xFu) | ((byte >> 4) << 16);
+      __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&bits), k128);
+      d[j] = __hadd2(__hmul2(q, s2), b2);
+    }
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      if (i < mt) {
+        uint4 xa, xb;
+        load_x16(xt + (size_t)i * K, idx, x_aligned, xa, xb);
+        const __nv_bfloat162* x0 = reinterpret_cast<const __nv_bfloat162*>(&xa);
+        const __nv_bfloat162* x1 = reinterpret_cast<const __nv_bfloat162*>(&xb);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          acc[i][j] = __hfma2(j < 4 ? x0[j] : x1[j - 4], d[j], acc[i][j]);
+        }
+      }
+    }
+  };
+#pragma unroll
+  for (int r0 = 0; r0 < NCH; r0 += U) {
+    uint2 wv[U];
+    __nv_bfloat16 sc[U], bi[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int r = r0 + u;
+      if (r < NCH) {
+        const int idx = lane * 16 + r * 512;
+        wv[u] = __ldg(reinterpret_cast<const uint2*>(wr + idx / 2));
+        sc[u] = sr[idx / GS];
+        bi[u] = br[idx / GS];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int r = r0 + u;
+      if (r < NCH) tile(lane * 16 + r * 512, wv[u], sc[u], bi[u]);
+    }
+  }
+  if (REST > 0) {
+    const int idx = lane * 16 + K - REST;
+    if (idx < K) {
+      uint2 wv = __ldg(reinterpret_cast<const uint2*>(wr + idx / 2));
+      tile(idx, wv, sr[idx / GS], br[idx / GS]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    if (i < mt) {
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        sum += __low2float(acc[i][j]);
+        sum += __high2float(acc[i][j]);
+      }
+      sum = cg::reduce(warp, sum, cg::plus<float>());
+      if (lane == 0) out[(size_t)(m0 + i) * n + row] = __float2bfloat16_rn(sum);
+    }
+  }
 }
 
 // mlx-lm's `swiglu(gate, up)` of two products, compiled by MLX into one elementwise
@@ -565,9 +699,10 @@ struct KernelKey {
   std::vector<int> ns;
   bool res = false;     // one weight, its output added to an input `res` (same shape)
   bool swiglu = false;  // two weights (gate, up) of one size, one output: their swiglu
+  int mt = 0;           // kBodyM (one weight): rows of x a part (grid z), else 0
   bool operator<(const KernelKey& o) const {
-    return std::tie(k, gs, layout, ns, res, swiglu) <
-           std::tie(o.k, o.gs, o.layout, o.ns, o.res, o.swiglu);
+    return std::tie(k, gs, layout, ns, res, swiglu, mt) <
+           std::tie(o.k, o.gs, o.layout, o.ns, o.res, o.swiglu, o.mt);
   }
   // Warps a block: the swiglu form runs each row of both weights in one block.
   int warps() const { return swiglu ? 2 * layout.rows : layout.rows; }
@@ -592,7 +727,15 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
   std::vector<std::string> inputs{"x"};
   std::vector<std::string> outputs;
   std::string src;
-  if (key.swiglu) {
+  if (key.mt > 0) {
+    // The rows of x come from its shape (x is passed as [m, K]), so one kernel serves every
+    // m with this part size.
+    inputs.insert(inputs.end(), {"w", "scales", "biases"});
+    outputs.push_back("out");
+    name += "_n" + std::to_string(key.ns[0]) + "_m" + std::to_string(key.mt);
+    src = "  mlxs_qmv::rows_m<" + targs + ", " + std::to_string(key.mt) + ">(x, w, scales, " +
+          "biases, out, " + std::to_string(key.ns[0]) + ", x_shape[0], blockIdx.y, blockIdx.z);\n";
+  } else if (key.swiglu) {
     inputs.insert(inputs.end(), {"w0", "s0", "b0", "w1", "s1", "b1"});
     outputs.push_back("out");
     name += "_n" + std::to_string(key.ns[0]) + "_swiglu";
@@ -639,23 +782,34 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
   return kernels.emplace(key, std::move(fn)).first->second;
 }
 
-// K and N of one 4-bit product that our kernels take (the stream already checked to be a
-// GPU one), or nullopt.
-std::optional<std::pair<int, int>> eligible(const mx::array& x, const mx::array& w,
-                                            const mx::array& scales,
-                                            const std::optional<mx::array>& biases,
-                                            bool transpose, int gs, const std::string& mode) {
+// K and N of a 4-bit product (any number of rows of x) whose rows our kernels take (the
+// stream already checked to be a GPU one), or nullopt.
+std::optional<std::pair<int, int>> eligible_rows(const mx::array& x, const mx::array& w,
+                                                 const mx::array& scales,
+                                                 const std::optional<mx::array>& biases,
+                                                 bool transpose, int gs,
+                                                 const std::string& mode) {
   auto kn = affine_operands(x, w, scales, biases, transpose, mode, gs, 4);
   if (!kn || x.dtype() != mx::bfloat16 || scales.dtype() != mx::bfloat16 ||
       biases->dtype() != mx::bfloat16) {
     return std::nullopt;
   }
   const auto [k, n] = *kn;
-  if (static_cast<long long>(x.size()) != k || k % 32 != 0) return std::nullopt;
+  if (k % 32 != 0) return std::nullopt;
   if (k > kMaxK || static_cast<long long>(n) * k < min_elements()) return std::nullopt;
   // MLX's sm90 `qmm` is eligible only for rows no longer than a group (K % 64 == 0,
   // group size >= K); there MLX keeps `qmv` only up to 16384 outputs, so leave it those.
   if (k % 64 == 0 && gs >= k && n > 16384) return std::nullopt;
+  return kn;
+}
+
+// The same for one row of x (what MLX runs through `qmv`).
+std::optional<std::pair<int, int>> eligible(const mx::array& x, const mx::array& w,
+                                            const mx::array& scales,
+                                            const std::optional<mx::array>& biases,
+                                            bool transpose, int gs, const std::string& mode) {
+  auto kn = eligible_rows(x, w, scales, biases, transpose, gs, mode);
+  if (!kn || static_cast<long long>(x.size()) != kn->first) return std::nullopt;
   return kn;
 }
 
@@ -719,6 +873,42 @@ std::optional<mx::array> fast_one(const mx::array& x, const mx::array& w,
   return launch(key, x, {w, scales, *biases}, st, residual)[0];
 }
 
+// The product of 2..qmm_max_rows() rows of x (its batch dimensions flattened into the rows,
+// as MLX does) through kBodyM: each output row bit-identical to the one-row kernel's for
+// that row of x alone; nullopt where it does not apply.
+std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
+                                   const mx::array& scales,
+                                   const std::optional<mx::array>& biases, bool transpose,
+                                   std::optional<int> group_size, std::optional<int> bits,
+                                   const std::string& mode, mx::StreamOrDevice s) {
+  if (!g_switch.on() || !g_qmm.on() || bits.value_or(4) != 4) return std::nullopt;
+  const mx::Stream st = mx::to_stream(s);
+  if (!on_gpu(st)) return std::nullopt;
+  const int gs = group_size.value_or(64);
+  auto kn = eligible_rows(x, w, scales, biases, transpose, gs, mode);
+  if (!kn) return std::nullopt;
+  const auto [k, n] = *kn;
+  const long long m = static_cast<long long>(x.size()) / k;
+  if (m < 2 || m > qmm_max_rows()) return std::nullopt;
+  // Parts of x of as even a size as kQmmPartRows allows (9 rows: 5 and 4).
+  const long long parts = (m + kQmmPartRows - 1) / kQmmPartRows;
+  const int mt = static_cast<int>((m + parts - 1) / parts);
+  const long long blocks = blocks_of(kManyRows, n);
+  if (blocks > kMaxBlocksY || parts > kMaxBlocksY) return std::nullopt;
+  KernelKey key{k, gs, kManyRows, {n}};
+  key.mt = mt;
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = n;
+  const mx::array x2 = mx::reshape(x, {static_cast<int>(m), k}, st);
+  const int warps = key.warps();
+  auto outs = kernel_for(key)(
+      {x2, w, scales, *biases}, {out_shape}, {mx::bfloat16},
+      std::make_tuple(32, static_cast<int>(blocks * warps), static_cast<int>(parts)),
+      std::make_tuple(32, warps, 1), {}, std::nullopt, false, st);
+  g_qmm.count();
+  return outs[0];
+}
+
 }  // namespace
 
 std::optional<mx::array> try_fast_qmv(
@@ -731,7 +921,10 @@ std::optional<mx::array> try_fast_qmv(
     std::optional<int> bits,
     const std::string& mode,
     mx::StreamOrDevice s) {
-  return fast_one(x, w, scales, biases, transpose, group_size, bits, mode, s, nullptr);
+  if (auto y = fast_one(x, w, scales, biases, transpose, group_size, bits, mode, s, nullptr)) {
+    return y;
+  }
+  return fast_rows(x, w, scales, biases, transpose, group_size, bits, mode, s);
 }
 
 std::optional<mx::array> try_fast_qmv_add(
@@ -845,5 +1038,11 @@ void set_fast_qmv_min_elements(long long n) {
 }
 bool fast_qmv_enabled() { return g_switch.on(); }
 unsigned long long fast_qmv_launches() { return g_switch.uses(); }
+void set_fast_qmm(bool on) { g_qmm.set(on); }
+void set_fast_qmm_max_rows(long long n) {
+  g_qmm_max_rows.store(std::clamp(n, 0ll, kQmmRowsLimit), std::memory_order_relaxed);
+}
+bool fast_qmm_enabled() { return g_qmm.on(); }
+unsigned long long fast_qmm_launches() { return g_qmm.uses(); }
 
 }  // namespace mlxs_detail
