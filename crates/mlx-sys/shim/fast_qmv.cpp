@@ -1,5 +1,6 @@
-// fast_qmv.cpp: a faster CUDA kernel for one-row 4-bit quantized matmuls (the decoding
-// step's projections), with the same arithmetic as MLX's own `qmv` kernel.
+// fast_qmv.cpp: faster CUDA kernels for 4-bit quantized matmuls of one row (the decoding
+// step's projections), with the same arithmetic as MLX's own `qmv` kernel, and of 2..32
+// rows, with that arithmetic for each row.
 //
 // MLX 0.32.4 runs `quantized_matmul(x, w, scales, biases, transpose=True)` with one row of
 // x (M * batch == 1) through its CUDA `qmv` kernel (on the H200 for every shape seen, the
@@ -46,13 +47,32 @@
 // kernel. Identical on qwen2.5-0.5b's shapes and logits (run 9); `MLX_FAST_QMV_SWIGLU=0`
 // turns it off.
 //
+// Products of 2..32 rows of x (batched decoding, speculative verification, short
+// prefills; x's batch dimensions flattened into rows as MLX does), which MLX 0.32.4 sends
+// to its `qmm` kernels (far slower than its dense GEMM at these sizes: Llama-3.1-8B 4-bit
+// decoded 293 tok/s in all at batch 32, against 267 at batch 1), run through kBodyM
+// (`rows_m`): one row of w a warp for a part of up to 8 rows of x, each x row with
+// row_sum's arithmetic exactly (its own 16 accumulators a lane, the same bfloat16 FMAs in
+// the same order, the same float sum, warp reduce and rounding), the weights loaded and
+// dequantized once for the part's rows. So every output row has the bits of that row's
+// one-row product, which are MLX's `qmv` bits: the result does not depend on the batch
+// size. That is not MLX's `qmm` bits (another order of sums), which mlx-lm on the GPU does
+// not keep across batch sizes either (see docs/parity.md). More than 8 rows run as parts
+// of as even a size as possible (9: 5 and 4) over the blocks of grid x, so one kernel per
+// part size and weight shape serves every row count (it reads the row count from x's
+// shape). On by default for 2..MLX_FAST_QMM_MAX_ROWS (32) rows where the one-row kernels
+// take the weight; `MLX_FAST_QMM=0` (or `set_fast_qmm(false)`) gives MLX's `qmm` back,
+// and products of more rows still go to MLX (or to the dequantized dense product of
+// mlx_shim.cpp under MLX_DEQUANT_GEMM=1). `qmm_rows_check` in mlx-engine's examples checks
+// every row against its one-row product and times both arms.
+//
 // The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC on first use,
 // cached on disk by MLX), with the device code in a header file (`device_header`) so each
 // kernel's own source is one line: MLX's scheduling cost per call grows with the source.
 // They are used only where MLX itself would run `qmv` (the conditions below), on the CUDA
 // backend, for bfloat16 activations, 4-bit affine weights,
 // group sizes 32, 64, 128 and K <= 16384. `MLX_FAST_QMV=0` or `mlxs_set_fast_qmv(false)`
-// turns them off; `MLX_FAST_QMV_PIPELINED=0` keeps every shape on kBody;
+// turns them all off (kBodyM included); `MLX_FAST_QMV_PIPELINED=0` keeps every shape on kBody;
 // `MLX_FAST_QMV_MIN_ELEMENTS=N` leaves weights of fewer than N elements to MLX;
 // `MLX_FAST_QMV_MANY=0` keeps one launch per weight, `MLX_FAST_QMV_MANY_MAX_ELEMENTS=N`
 // sets the size bound of one launch for several.
@@ -125,9 +145,8 @@ constexpr long long kQmmMaxRows = 32;
 constexpr int kQmmPartRows = 8;
 // Chunks of weights a lane loads before their arithmetic in the multi-row kernel.
 constexpr int kQmmLoads = 8;
-// The most rows the bound may be set to (a part of x per grid z block: CUDA's 65535).
-constexpr long long kQmmRowsLimit = 65535ll * kQmmPartRows;
-
+// The most rows the bound may be set to (a part of x per block of grid x).
+constexpr long long kQmmRowsLimit = 1ll << 20;
 
 // The floor in force: MLX_FAST_QMV_MIN_ELEMENTS (or kMinElements) until
 // `set_fast_qmv_min_elements` sets another.
@@ -699,7 +718,7 @@ struct KernelKey {
   std::vector<int> ns;
   bool res = false;     // one weight, its output added to an input `res` (same shape)
   bool swiglu = false;  // two weights (gate, up) of one size, one output: their swiglu
-  int mt = 0;           // kBodyM (one weight): rows of x a part (grid z), else 0
+  int mt = 0;           // kBodyM (one weight): rows of x a part (grid x), else 0
   bool operator<(const KernelKey& o) const {
     return std::tie(k, gs, layout, ns, res, swiglu, mt) <
            std::tie(o.k, o.gs, o.layout, o.ns, o.res, o.swiglu, o.mt);
@@ -734,7 +753,7 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
     outputs.push_back("out");
     name += "_n" + std::to_string(key.ns[0]) + "_m" + std::to_string(key.mt);
     src = "  mlxs_qmv::rows_m<" + targs + ", " + std::to_string(key.mt) + ">(x, w, scales, " +
-          "biases, out, " + std::to_string(key.ns[0]) + ", x_shape[0], blockIdx.y, blockIdx.z);\n";
+          "biases, out, " + std::to_string(key.ns[0]) + ", x_shape[0], blockIdx.y, blockIdx.x);\n";
   } else if (key.swiglu) {
     inputs.insert(inputs.end(), {"w0", "s0", "b0", "w1", "s1", "b1"});
     outputs.push_back("out");
@@ -890,11 +909,13 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   const auto [k, n] = *kn;
   const long long m = static_cast<long long>(x.size()) / k;
   if (m < 2 || m > qmm_max_rows()) return std::nullopt;
-  // Parts of x of as even a size as kQmmPartRows allows (9 rows: 5 and 4).
+  // Parts of x of as even a size as kQmmPartRows allows (9 rows: 5 and 4), one a block of
+  // grid x: CUDA hands out blocks x first, so the parts of one block of w's rows run close
+  // together and the later ones find its weights in L2.
   const long long parts = (m + kQmmPartRows - 1) / kQmmPartRows;
   const int mt = static_cast<int>((m + parts - 1) / parts);
   const long long blocks = blocks_of(kManyRows, n);
-  if (blocks > kMaxBlocksY || parts > kMaxBlocksY) return std::nullopt;
+  if (blocks > kMaxBlocksY) return std::nullopt;
   KernelKey key{k, gs, kManyRows, {n}};
   key.mt = mt;
   mx::Shape out_shape = x.shape();
@@ -903,7 +924,7 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   const int warps = key.warps();
   auto outs = kernel_for(key)(
       {x2, w, scales, *biases}, {out_shape}, {mx::bfloat16},
-      std::make_tuple(32, static_cast<int>(blocks * warps), static_cast<int>(parts)),
+      std::make_tuple(static_cast<int>(32 * parts), static_cast<int>(blocks * warps), 1),
       std::make_tuple(32, warps, 1), {}, std::nullopt, false, st);
   g_qmm.count();
   return outs[0];
