@@ -10,6 +10,11 @@
 //!   product, the median of `--iters` timed evaluations (each of `REPS` products, then a
 //!   synchronisation) after warm-up, in microseconds per product.
 //!
+//! Ours is checked and timed for each `--warp-rows` layout (rows of w a warp,
+//! `set_fast_qmm_warp_rows`; default 1,2,4: the same bits, other speeds); each new
+//! (shape, group size, rows of x a part, layout) compiles one kernel with NVRTC on first
+//! use (MLX keeps them on disk, so a second run starts fast).
+//!
 //! Shapes: `--shapes synthetic` (default) takes the (N, K) of the benchmark models'
 //! projections and heads with random weights at group sizes 32, 64 and 128; `--model DIR`
 //! takes every distinct 4-bit product shape of a quantized model directory (its own
@@ -22,10 +27,11 @@
 //! ```sh
 //! cargo build --release -p mlx-engine --examples
 //! target/release/examples/qmm_rows_check [--shapes synthetic|small] [--model DIR]
-//!     [--m 2,3,4,5,8,9,16,32] [--gs 32,64,128] [--iters 50]
+//!     [--m 2,3,4,5,8,9,16,32] [--gs 32,64,128] [--warp-rows 1,2,4] [--iters 50]
 //! ```
 use mlx_array::quant::{
-    fast_qmm_launches, quantize, quantized_matmul, set_fast_qmm, set_fast_qmv, QuantMode, Quantized,
+    fast_qmm_launches, quantize, quantized_matmul, set_fast_qmm, set_fast_qmm_warp_rows,
+    set_fast_qmv, QuantMode, Quantized,
 };
 use mlx_array::{random, transforms, Array, Device, DeviceType, Dtype};
 use std::collections::BTreeMap;
@@ -69,6 +75,7 @@ struct Opts {
     model: Option<String>,
     ms: Vec<i32>,
     gss: Vec<i32>,
+    warp_rows: Vec<i32>,
     iters: usize,
 }
 
@@ -88,6 +95,7 @@ fn parse_args() -> Res<Opts> {
         model: None,
         ms: vec![2, 3, 4, 5, 8, 9, 16, 32],
         gss: vec![32, 64, 128],
+        warp_rows: vec![1, 2, 4],
         iters: 50,
     };
     let mut args = std::env::args().skip(1);
@@ -98,11 +106,12 @@ fn parse_args() -> Res<Opts> {
             "--model" => o.model = Some(val()?),
             "--m" => o.ms = list(&val()?)?,
             "--gs" => o.gss = list(&val()?)?,
+            "--warp-rows" => o.warp_rows = list(&val()?)?,
             "--iters" => o.iters = val()?.parse()?,
             "-h" | "--help" => {
                 println!(
                     "usage: qmm_rows_check [--shapes synthetic|small] [--model DIR] \
-                     [--m 2,3,...] [--gs 32,64,128] [--iters 50]"
+                     [--m 2,3,...] [--gs 32,64,128] [--warp-rows 1,2,4] [--iters 50]"
                 );
                 std::process::exit(0);
             }
@@ -111,6 +120,9 @@ fn parse_args() -> Res<Opts> {
     }
     if o.ms.iter().any(|&m| m < 1) {
         return Err("--m: row counts must be at least 1".into());
+    }
+    if o.warp_rows.is_empty() || o.warp_rows.iter().any(|r| ![1, 2, 4].contains(r)) {
+        return Err("--warp-rows: each of 1, 2 or 4".into());
     }
     Ok(o)
 }
@@ -271,8 +283,9 @@ fn model_cases(dir: &str) -> Res<Vec<Case>> {
     Ok(seen.into_values().collect())
 }
 
-/// The bit checks of one case at M rows; whether all held, and whether our kernel ran.
-fn check_bits(c: &Case, m: i32, seed: u64) -> Res<(bool, bool)> {
+/// The bit checks of one case at M rows with each layout of ours (`warp_rows`); whether
+/// all held, and whether our kernel ran for every layout.
+fn check_bits(c: &Case, m: i32, seed: u64, warp_rows: &[i32]) -> Res<(bool, bool)> {
     let k = c.k;
     let x = scaled_normal(&[m, k], seed, 1.0 + (seed % 4) as f32)?;
     transforms::eval(&[&x])?;
@@ -290,45 +303,48 @@ fn check_bits(c: &Case, m: i32, seed: u64) -> Res<(bool, bool)> {
     let our_rows = rows(true)?;
     set_fast_qmv(true);
     set_fast_qmm(true);
-    let before = fast_qmm_launches();
-    let y = qmm(&x, &c.q, c.gs)?;
-    transforms::eval(&[&y])?;
-    let used = fast_qmm_launches() > before;
-    let mut ok = true;
-    let mut report = |what: &str, bad: Vec<i32>| {
-        if !bad.is_empty() {
-            ok = false;
-            println!(
-                "  MISMATCH {} N={} K={} group {} M={m}: {what}: rows {bad:?} differ",
-                c.name, c.n, c.k, c.gs
-            );
-        }
-    };
-    report("against MLX's one-row qmv", differing_rows(&y, &mlx_rows)?);
-    report("against our one-row kernel", differing_rows(&y, &our_rows)?);
-    // Batch dimensions flattened into rows.
-    if m % 2 == 0 {
-        let y3 = qmm(&x.reshape(&[2, m / 2, k])?, &c.q, c.gs)?;
-        let bad = if same_bits(&y3.reshape(&[m, c.n])?, &y)? {
-            vec![]
-        } else {
-            vec![-1]
-        };
-        report("x as [2, M/2, K] against x as [M, K]", bad);
-    }
-    // A non-contiguous x: the transpose of a [K, M] array.
+    // A non-contiguous x: the transpose of a [K, M] array (values copied exactly).
     let xt = x
         .transpose(None)?
         .astype(Dtype::Float32)?
-        .astype(Dtype::Bfloat16)?;
-    let xt = xt.transpose(None)?;
-    let yt = qmm(&xt, &c.q, c.gs)?;
-    let bad = if same_bits(&yt, &y)? {
-        vec![]
-    } else {
-        vec![-1]
-    };
-    report("a transposed view of x against x", bad);
+        .astype(Dtype::Bfloat16)?
+        .transpose(None)?;
+    let mut ok = true;
+    let mut used = true;
+    for &rw in warp_rows {
+        set_fast_qmm_warp_rows(rw as u32);
+        let before = fast_qmm_launches();
+        let y = qmm(&x, &c.q, c.gs)?;
+        transforms::eval(&[&y])?;
+        used &= fast_qmm_launches() > before;
+        let mut report = |what: &str, bad: Vec<i32>| {
+            if !bad.is_empty() {
+                ok = false;
+                println!(
+                    "  MISMATCH {} N={} K={} group {} M={m} warp rows {rw}: {what}: \
+                     rows {bad:?} differ",
+                    c.name, c.n, c.k, c.gs
+                );
+            }
+        };
+        report("against MLX's one-row qmv", differing_rows(&y, &mlx_rows)?);
+        report("against our one-row kernel", differing_rows(&y, &our_rows)?);
+        // Batch dimensions flattened into rows.
+        if m % 2 == 0 {
+            let y3 = qmm(&x.reshape(&[2, m / 2, k])?, &c.q, c.gs)?;
+            let same = same_bits(&y3.reshape(&[m, c.n])?, &y)?;
+            report(
+                "x as [2, M/2, K] against x as [M, K]",
+                if same { vec![] } else { vec![-1] },
+            );
+        }
+        let same = same_bits(&qmm(&xt, &c.q, c.gs)?, &y)?;
+        report(
+            "a transposed view of x against x",
+            if same { vec![] } else { vec![-1] },
+        );
+    }
+    set_fast_qmm_warp_rows(1);
     Ok((ok, used))
 }
 
@@ -336,9 +352,10 @@ fn main() -> Res<()> {
     let o = parse_args()?;
     let gpu = Device::default_device()?.kind == DeviceType::Gpu;
     println!(
-        "device: {}; rows M: {:?}; timing: {}",
+        "device: {}; rows M: {:?}; warp rows: {:?}; timing: {}",
         if gpu { "gpu" } else { "cpu" },
         o.ms,
+        o.warp_rows,
         if o.iters > 0 {
             format!("median of {} x {REPS} products", o.iters)
         } else {
@@ -356,8 +373,9 @@ fn main() -> Res<()> {
     };
     let mut all_ok = true;
     let mut never_used = true;
-    // Timings: (case, M, MLX's M-row product, ours, one one-row product), microseconds.
-    let mut table: Vec<(&Case, i32, f64, f64, f64)> = Vec::new();
+    // Timings: (case, M, MLX's M-row product, ours per layout, one one-row product), in
+    // microseconds.
+    let mut table: Vec<(&Case, i32, f64, Vec<f64>, f64)> = Vec::new();
     for c in &cases {
         let tic = Instant::now();
         let one_row = if o.iters > 0 {
@@ -370,7 +388,7 @@ fn main() -> Res<()> {
         let mut ok_all_m = true;
         let mut used_all_m = true;
         for &m in &o.ms {
-            let (ok, used) = check_bits(c, m, (m as u64) * 7 + c.gs as u64)?;
+            let (ok, used) = check_bits(c, m, (m as u64) * 7 + c.gs as u64, &o.warp_rows)?;
             ok_all_m &= ok;
             used_all_m &= used || m < 2;
             never_used &= !used;
@@ -381,7 +399,12 @@ fn main() -> Res<()> {
                 set_fast_qmm(false);
                 let theirs = time_us(o.iters, &f)?;
                 set_fast_qmm(true);
-                let ours = time_us(o.iters, &f)?;
+                let mut ours = Vec::new();
+                for &rw in &o.warp_rows {
+                    set_fast_qmm_warp_rows(rw as u32);
+                    ours.push(time_us(o.iters, &f)?);
+                }
+                set_fast_qmm_warp_rows(1);
                 table.push((c, m, theirs, ours, one_row));
             }
         }
@@ -414,20 +437,31 @@ fn main() -> Res<()> {
     }
     if !table.is_empty() {
         println!();
+        let heads: String = o
+            .warp_rows
+            .iter()
+            .map(|rw| format!(" {:>9}", format!("ours x{rw}")))
+            .collect();
         println!(
-            "{:<32} {:>7} {:>6} {:>3} {:>3} {:>11} {:>9} {:>8} {:>9}",
-            "weight", "N", "K", "gs", "M", "mlx qmm us", "ours us", "speedup", "1-row us"
+            "{:<32} {:>7} {:>6} {:>3} {:>3} {:>9}{heads} {:>8} {:>9}",
+            "weight", "N", "K", "gs", "M", "mlx qmm", "best", "1-row"
         );
         for (c, m, theirs, ours, one_row) in &table {
+            let cols: String = ours.iter().map(|t| format!(" {t:>9.1}")).collect();
+            let best = ours.iter().copied().fold(f64::INFINITY, f64::min);
             println!(
-                "{:<32} {:>7} {:>6} {:>3} {m:>3} {theirs:>11.1} {ours:>9.1} {:>7.2}x {one_row:>9.1}",
+                "{:<32} {:>7} {:>6} {:>3} {m:>3} {theirs:>9.1}{cols} {:>7.2}x {one_row:>9.1}",
                 c.name,
                 c.n,
                 c.k,
                 c.gs,
-                theirs / ours,
+                theirs / best,
             );
         }
+        println!(
+            "(microseconds per product, median; \"ours xR\": R rows of w a warp; \"best\": \
+             mlx qmm over the fastest of ours; \"1-row\": one row of x, for scale)"
+        );
     }
     println!();
     if all_ok {

@@ -51,10 +51,11 @@
 // prefills; x's batch dimensions flattened into rows as MLX does), which MLX 0.32.4 sends
 // to its `qmm` kernels (far slower than its dense GEMM at these sizes: Llama-3.1-8B 4-bit
 // decoded 293 tok/s in all at batch 32, against 267 at batch 1), run through kBodyM
-// (`rows_m`): one row of w a warp for a part of up to 8 rows of x, each x row with
-// row_sum's arithmetic exactly (its own 16 accumulators a lane, the same bfloat16 FMAs in
-// the same order, the same float sum, warp reduce and rounding), the weights loaded and
-// dequantized once for the part's rows. So every output row has the bits of that row's
+// (`rows_m`): one row of w a warp (or 2 or 4: `MLX_FAST_QMM_WARP_ROWS`, the same bits) for
+// a part of up to 8 rows of x (4, 2), each pair of rows with row_sum's arithmetic exactly
+// (its own 16 accumulators a lane, the same bfloat16 FMAs in the same order, the same float
+// sum, warp reduce and rounding), the weights loaded and dequantized once for the part's
+// rows of x and each chunk of x loaded once for the warp's rows of w. So every output row has the bits of that row's
 // one-row product, which are MLX's `qmv` bits: the result does not depend on the batch
 // size. That is not MLX's `qmm` bits (another order of sums), which mlx-lm on the GPU does
 // not keep across batch sizes either (see docs/parity.md). More than 8 rows run as parts
@@ -141,10 +142,16 @@ constexpr long long kManyMaxElements = 16ll << 20;
 // `set_fast_qmm_max_rows`) sets another bound.
 KernelSwitch g_qmm("MLX_FAST_QMM");
 constexpr long long kQmmMaxRows = 32;
-// The most rows of x one warp takes: each holds 16 bfloat16 accumulators a lane.
+// Rows of x times rows of w one warp takes at most: each pair holds 16 bfloat16
+// accumulators a lane.
 constexpr int kQmmPartRows = 8;
-// Chunks of weights a lane loads before their arithmetic in the multi-row kernel.
+// Chunks of weights (of all its rows of w) a lane loads before their arithmetic.
 constexpr int kQmmLoads = 8;
+// Rows of w a warp (1, 2 or 4): more rows share each load of x (the loads of x, not of
+// w, bound the kernel's speed: ~16 times the weight bytes through L1 at 8 rows of x) but
+// leave fewer rows of x to a part (kQmmPartRows / RW), so w is read once per part (from
+// L2 after the first). MLX_FAST_QMM_WARP_ROWS=N or `set_fast_qmm_warp_rows` picks another.
+constexpr int kQmmWarpRows = 1;
 // The most rows the bound may be set to (a part of x per block of grid x).
 constexpr long long kQmmRowsLimit = 1ll << 20;
 
@@ -174,6 +181,21 @@ long long qmm_max_rows() {
   return v;
 }
 
+// Rows of w a warp in force: MLX_FAST_QMM_WARP_ROWS (or kQmmWarpRows) until
+// `set_fast_qmm_warp_rows` sets another; 1, 2 or 4 (anything else: kQmmWarpRows).
+std::atomic<int> g_qmm_warp_rows{0};
+
+int valid_warp_rows(long long v) { return (v == 1 || v == 2 || v == 4) ? static_cast<int>(v) : kQmmWarpRows; }
+
+int qmm_warp_rows() {
+  int v = g_qmm_warp_rows.load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = valid_warp_rows(env_count("MLX_FAST_QMM_WARP_ROWS", kQmmWarpRows));
+    g_qmm_warp_rows.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
 long long many_max_elements() {
   static const long long v = env_count("MLX_FAST_QMV_MANY_MAX_ELEMENTS", kManyMaxElements);
   return v;
@@ -198,8 +220,9 @@ struct Layout {
 // elsewhere; end to end, these layouts took the 8B model from 264 to 304 tok/s.
 // kBody: one row a warp, 4 warps a block, all of a row's loads issued first.
 constexpr Layout kOneRow = {0, 4, 1, 32, false};
-// kBodyM: one row of w a warp for up to kQmmPartRows rows of x, 4 warps a block.
-constexpr Layout kManyRows = {2, 4, 1, kQmmLoads, false};
+// kBodyM: `rw` rows of w a warp (qmm_warp_rows()) for up to kQmmPartRows / rw rows of x,
+// 4 warps a block, kQmmLoads / rw chunks of each row loaded at a time.
+Layout many_rows_layout(int rw) { return {2, 4, rw, kQmmLoads / rw, false}; }
 
 Layout layout_for(int n, int k) {
   if (g_pipelined.on()) {
@@ -348,14 +371,16 @@ __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
   if (threadIdx.x == 0) store<RES>(out, res, row, sum);
 }
 
-// Several rows of x by one row of w: row `block * ROWS + threadIdx.y` of n, against the
-// rows `part * MT ..` (at most MT, fewer in the last part) of x [m, K]; out is [m, n]. For
-// each row of x this is row_sum's arithmetic exactly (the same lanes and chunks in the
-// same order, the same dequantize expression, the same bfloat16 FMAs into one set of 16
-// per-lane accumulators per x row, their float sum in element order, the same warp reduce
-// and rounding): every output row is bit-identical to the one-row kernel's for that x row
-// alone. The weights' chunk is loaded and dequantized once for all the part's rows.
-template <int K, int GS, int ROWS, int U, int MT>
+// Several rows of x by RW rows of w a warp: rows (block * ROWS + threadIdx.y) * RW .. of n
+// (those past n skipped), against the rows part * MT .. (at most MT, fewer in the last
+// part) of x [m, K]; out is [m, n]. For each pair of a row of w and a row of x this is
+// row_sum's arithmetic exactly (the same lanes and chunks in the same order, the same
+// dequantize expression, the same bfloat16 FMAs into their own 16 per-lane accumulators,
+// their float sum in element order, the same warp reduce and rounding): every output row
+// is bit-identical to the one-row kernel's for that x row alone. A chunk of a row of w is
+// loaded and dequantized once for all the part's x rows, and a chunk of a row of x is
+// loaded once for the warp's RW rows of w.
+template <int K, int GS, int ROWS, int U, int MT, int RW>
 __device__ __forceinline__ void rows_m(const __nv_bfloat16* x, const uint32_t* w,
                                        const __nv_bfloat16* scales,
                                        const __nv_bfloat16* biases, __nv_bfloat16* out,
@@ -364,39 +389,52 @@ __device__ __forceinline__ void rows_m(const __nv_bfloat16* x, const uint32_t* w
   constexpr int NCH = K / 512;
   constexpr int REST = K % 512;
   constexpr int G = K / GS;
-  const int row = block * ROWS + threadIdx.y;
+  const int row0 = (block * ROWS + threadIdx.y) * RW;
   const int m0 = part * MT;
-  if (row >= n || m0 >= m) return;
+  if (row0 >= n || m0 >= m) return;
   // The x rows of this part (warp-uniform).
   const int mt = min(MT, m - m0);
   auto warp = cg::tiled_partition<32>(cg::this_thread_block());
   const int lane = threadIdx.x;
   const __nv_bfloat16* xt = x + (size_t)m0 * K;
-  const uint8_t* wr = reinterpret_cast<const uint8_t*>(w) + (size_t)row * (K / 2);
-  const __nv_bfloat16* sr = scales + (size_t)row * G;
-  const __nv_bfloat16* br = biases + (size_t)row * G;
-  __nv_bfloat162 acc[MT][8];
+  const uint8_t* wr[RW];
+  const __nv_bfloat16* sr[RW];
+  const __nv_bfloat16* br[RW];
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
+  for (int v = 0; v < RW; ++v) {
+    // Rows past n read row n - 1 (in bounds) and store nothing.
+    const int r = min(row0 + v, n - 1);
+    wr[v] = reinterpret_cast<const uint8_t*>(w) + (size_t)r * (K / 2);
+    sr[v] = scales + (size_t)r * G;
+    br[v] = biases + (size_t)r * G;
+  }
+  __nv_bfloat162 acc[RW][MT][8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[i][j] = __floats2bfloat162_rn(0.f, 0.f);
+  for (int v = 0; v < RW; ++v)
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[v][i][j] = __floats2bfloat162_rn(0.f, 0.f);
   // Rows of x lie K elements (a multiple of 64 bytes) apart: all aligned as the first.
   const bool x_aligned = (reinterpret_cast<uintptr_t>(xt) & 15) == 0;
   const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
-  // One chunk: 16 weights (8 bytes, low nibble first), dequantized as row_sum does, against
-  // the 16 activations of each x row.
-  auto tile = [&](int idx, uint2 wv, __nv_bfloat16 s, __nv_bfloat16 b) {
-    __nv_bfloat162 s2 = __bfloat162bfloat162(s);
-    __nv_bfloat162 b2 = __bfloat162bfloat162(b);
-    __nv_bfloat162 d[8];
+  // One chunk: for each row v of w, 16 weights (8 bytes, low nibble first) dequantized as
+  // row_sum does; then each x row's 16 activations against every row's.
+  auto tile = [&](int idx, const uint2* wv, const __nv_bfloat16* s, const __nv_bfloat16* b) {
+    __nv_bfloat162 d[RW][8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      uint32_t word = j < 4 ? wv.x : wv.y;
-      uint32_t byte = (word >> (8 * (j & 3))) & 0xFFu;
-      // bfloat16 bits of 128 + v, minus 128: the nibble v, exactly.
-      uint32_t bits = 0x43004300u | (byte & 0xFu) | ((byte >> 4) << 16);
-      __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&bits), k128);
-      d[j] = __hadd2(__hmul2(q, s2), b2);
+    for (int v = 0; v < RW; ++v) {
+      __nv_bfloat162 s2 = __bfloat162bfloat162(s[v]);
+      __nv_bfloat162 b2 = __bfloat162bfloat162(b[v]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t word = j < 4 ? wv[v].x : wv[v].y;
+        uint32_t byte = (word >> (8 * (j & 3))) & 0xFFu;
+        // bfloat16 bits of 128 + the nibble, minus 128: the nibble, exactly.
+        uint32_t bits = 0x43004300u | (byte & 0xFu) | ((byte >> 4) << 16);
+        __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&bits), k128);
+        d[v][j] = __hadd2(__hmul2(q, s2), b2);
+      }
     }
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
@@ -406,24 +444,29 @@ __device__ __forceinline__ void rows_m(const __nv_bfloat16* x, const uint32_t* w
         const __nv_bfloat162* x0 = reinterpret_cast<const __nv_bfloat162*>(&xa);
         const __nv_bfloat162* x1 = reinterpret_cast<const __nv_bfloat162*>(&xb);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          acc[i][j] = __hfma2(j < 4 ? x0[j] : x1[j - 4], d[j], acc[i][j]);
-        }
+        for (int v = 0; v < RW; ++v)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            acc[v][i][j] = __hfma2(j < 4 ? x0[j] : x1[j - 4], d[v][j], acc[v][i][j]);
+          }
       }
     }
   };
 #pragma unroll
   for (int r0 = 0; r0 < NCH; r0 += U) {
-    uint2 wv[U];
-    __nv_bfloat16 sc[U], bi[U];
+    uint2 wv[U][RW];
+    __nv_bfloat16 sc[U][RW], bi[U][RW];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int r = r0 + u;
       if (r < NCH) {
         const int idx = lane * 16 + r * 512;
-        wv[u] = __ldg(reinterpret_cast<const uint2*>(wr + idx / 2));
-        sc[u] = sr[idx / GS];
-        bi[u] = br[idx / GS];
+#pragma unroll
+        for (int v = 0; v < RW; ++v) {
+          wv[u][v] = __ldg(reinterpret_cast<const uint2*>(wr[v] + idx / 2));
+          sc[u][v] = sr[v][idx / GS];
+          bi[u][v] = br[v][idx / GS];
+        }
       }
     }
 #pragma unroll
@@ -435,21 +478,33 @@ __device__ __forceinline__ void rows_m(const __nv_bfloat16* x, const uint32_t* w
   if (REST > 0) {
     const int idx = lane * 16 + K - REST;
     if (idx < K) {
-      uint2 wv = __ldg(reinterpret_cast<const uint2*>(wr + idx / 2));
-      tile(idx, wv, sr[idx / GS], br[idx / GS]);
+      uint2 wv[RW];
+      __nv_bfloat16 sc[RW], bi[RW];
+#pragma unroll
+      for (int v = 0; v < RW; ++v) {
+        wv[v] = __ldg(reinterpret_cast<const uint2*>(wr[v] + idx / 2));
+        sc[v] = sr[v][idx / GS];
+        bi[v] = br[v][idx / GS];
+      }
+      tile(idx, wv, sc, bi);
     }
   }
 #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    if (i < mt) {
-      float sum = 0.f;
+  for (int v = 0; v < RW; ++v) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        sum += __low2float(acc[i][j]);
-        sum += __high2float(acc[i][j]);
+    for (int i = 0; i < MT; ++i) {
+      if (i < mt) {
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          sum += __low2float(acc[v][i][j]);
+          sum += __high2float(acc[v][i][j]);
+        }
+        sum = cg::reduce(warp, sum, cg::plus<float>());
+        if (lane == 0 && row0 + v < n) {
+          out[(size_t)(m0 + i) * n + row0 + v] = __float2bfloat16_rn(sum);
+        }
       }
-      sum = cg::reduce(warp, sum, cg::plus<float>());
-      if (lane == 0) out[(size_t)(m0 + i) * n + row] = __float2bfloat16_rn(sum);
     }
   }
 }
@@ -752,8 +807,10 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
     inputs.insert(inputs.end(), {"w", "scales", "biases"});
     outputs.push_back("out");
     name += "_n" + std::to_string(key.ns[0]) + "_m" + std::to_string(key.mt);
-    src = "  mlxs_qmv::rows_m<" + targs + ", " + std::to_string(key.mt) + ">(x, w, scales, " +
-          "biases, out, " + std::to_string(key.ns[0]) + ", x_shape[0], blockIdx.y, blockIdx.x);\n";
+    name += "x" + std::to_string(l.rw);
+    src = "  mlxs_qmv::rows_m<" + targs + ", " + std::to_string(key.mt) + ", " +
+          std::to_string(l.rw) + ">(x, w, scales, biases, out, " + std::to_string(key.ns[0]) +
+          ", x_shape[0], blockIdx.y, blockIdx.x);\n";
   } else if (key.swiglu) {
     inputs.insert(inputs.end(), {"w0", "s0", "b0", "w1", "s1", "b1"});
     outputs.push_back("out");
@@ -909,14 +966,17 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   const auto [k, n] = *kn;
   const long long m = static_cast<long long>(x.size()) / k;
   if (m < 2 || m > qmm_max_rows()) return std::nullopt;
-  // Parts of x of as even a size as kQmmPartRows allows (9 rows: 5 and 4), one a block of
+  // Parts of x of as even a size as part_rows allows (9 rows by 8: 5 and 4), one a block of
   // grid x: CUDA hands out blocks x first, so the parts of one block of w's rows run close
   // together and the later ones find its weights in L2.
-  const long long parts = (m + kQmmPartRows - 1) / kQmmPartRows;
+  const int rw = qmm_warp_rows();
+  const int part_rows = kQmmPartRows / rw;
+  const long long parts = (m + part_rows - 1) / part_rows;
   const int mt = static_cast<int>((m + parts - 1) / parts);
-  const long long blocks = blocks_of(kManyRows, n);
+  const Layout l = many_rows_layout(rw);
+  const long long blocks = blocks_of(l, n);
   if (blocks > kMaxBlocksY) return std::nullopt;
-  KernelKey key{k, gs, kManyRows, {n}};
+  KernelKey key{k, gs, l, {n}};
   key.mt = mt;
   mx::Shape out_shape = x.shape();
   out_shape.back() = n;
@@ -1060,6 +1120,9 @@ void set_fast_qmv_min_elements(long long n) {
 bool fast_qmv_enabled() { return g_switch.on(); }
 unsigned long long fast_qmv_launches() { return g_switch.uses(); }
 void set_fast_qmm(bool on) { g_qmm.set(on); }
+void set_fast_qmm_warp_rows(int n) {
+  g_qmm_warp_rows.store(valid_warp_rows(n), std::memory_order_relaxed);
+}
 void set_fast_qmm_max_rows(long long n) {
   g_qmm_max_rows.store(std::clamp(n, 0ll, kQmmRowsLimit), std::memory_order_relaxed);
 }

@@ -73,6 +73,7 @@ void set_fast_qmv_many(bool on);
 bool fast_qmv_enabled();
 unsigned long long fast_qmv_launches();
 void set_fast_qmm(bool on);
+void set_fast_qmm_warp_rows(int n);
 void set_fast_qmm_max_rows(long long n);
 bool fast_qmm_enabled();
 unsigned long long fast_qmm_launches();

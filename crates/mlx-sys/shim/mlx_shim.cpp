@@ -1130,6 +1130,7 @@ bool mlxs_fast_qmv_enabled(void) { return mlxs_detail::fast_qmv_enabled(); }
 uint64_t mlxs_fast_qmv_launches(void) { return mlxs_detail::fast_qmv_launches(); }
 void mlxs_set_fast_qmm(bool on) { mlxs_detail::set_fast_qmm(on); }
 void mlxs_set_fast_qmm_max_rows(int64_t n) { mlxs_detail::set_fast_qmm_max_rows(n); }
+void mlxs_set_fast_qmm_warp_rows(int n) { mlxs_detail::set_fast_qmm_warp_rows(n); }
 bool mlxs_fast_qmm_enabled(void) { return mlxs_detail::fast_qmm_enabled(); }
 uint64_t mlxs_fast_qmm_launches(void) { return mlxs_detail::fast_qmm_launches(); }
 int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,

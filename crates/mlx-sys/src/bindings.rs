@@ -1384,6 +1384,9 @@ unsafe extern "C" {
     pub fn mlxs_set_fast_qmm_max_rows(n: i64);
 }
 unsafe extern "C" {
+    pub fn mlxs_set_fast_qmm_warp_rows(n: ::std::os::raw::c_int);
+}
+unsafe extern "C" {
     pub fn mlxs_fast_qmm_enabled() -> bool;
 }
 unsafe extern "C" {
