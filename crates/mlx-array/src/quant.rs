@@ -465,10 +465,11 @@ pub fn set_fast_qmm_max_rows(n: u64) {
     unsafe { sys::mlxs_set_fast_qmm_max_rows(i64::try_from(n).unwrap_or(i64::MAX)) }
 }
 
-/// Rows of the weight one warp of [`set_fast_qmm`]'s kernel computes: 1 (the default, or
-/// `MLX_FAST_QMM_WARP_ROWS` at start), 2 or 4 (other values: the default). The same bits
-/// for every choice (each row of w and of x keeps its own arithmetic); more rows share
-/// each load of x, fewer rows of x share each load of w.
+/// Rows of the weight one warp of [`set_fast_qmm`]'s kernel computes: 0 (the default, or
+/// `MLX_FAST_QMM_WARP_ROWS` at start) picks 2 where the grid stays large enough, else 1;
+/// 1, 2 or 4 fix it (other values: 0). The same bits for every choice (each row of w and
+/// of x keeps its own arithmetic); more rows share each load of x, fewer rows of x share
+/// each load of w.
 pub fn set_fast_qmm_warp_rows(n: u32) {
     unsafe { sys::mlxs_set_fast_qmm_warp_rows(i32::try_from(n).unwrap_or(0)) }
 }

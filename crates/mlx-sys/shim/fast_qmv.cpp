@@ -51,8 +51,9 @@
 // prefills; x's batch dimensions flattened into rows as MLX does), which MLX 0.32.4 sends
 // to its `qmm` kernels (far slower than its dense GEMM at these sizes: Llama-3.1-8B 4-bit
 // decoded 293 tok/s in all at batch 32, against 267 at batch 1), run through kBodyM
-// (`rows_m`): one row of w a warp (or 2 or 4: `MLX_FAST_QMM_WARP_ROWS`, the same bits) for
-// a part of up to 8 rows of x (4, 2), each pair of rows with row_sum's arithmetic exactly
+// (`rows_m`): one or two rows of w a warp (by the grid's size; or 1, 2, 4 as set by
+// `MLX_FAST_QMM_WARP_ROWS`: the same bits) for a part of up to 8 rows of x (4, 2), each
+// pair of rows with row_sum's arithmetic exactly
 // (its own 16 accumulators a lane, the same bfloat16 FMAs in the same order, the same float
 // sum, warp reduce and rounding), the weights loaded and dequantized once for the part's
 // rows of x and each chunk of x loaded once for the warp's rows of w. So every output row has the bits of that row's
@@ -147,11 +148,15 @@ constexpr long long kQmmMaxRows = 32;
 constexpr int kQmmPartRows = 8;
 // Chunks of weights (of all its rows of w) a lane loads before their arithmetic.
 constexpr int kQmmLoads = 8;
-// Rows of w a warp (1, 2 or 4): more rows share each load of x (the loads of x, not of
-// w, bound the kernel's speed: ~16 times the weight bytes through L1 at 8 rows of x) but
-// leave fewer rows of x to a part (kQmmPartRows / RW), so w is read once per part (from
-// L2 after the first). MLX_FAST_QMM_WARP_ROWS=N or `set_fast_qmm_warp_rows` picks another.
-constexpr int kQmmWarpRows = 1;
+// Rows of w a warp: 1, 2 or 4. More rows share each load of x (the loads of x, not of w,
+// bound the kernel at several rows of x: lane l reads 32 bytes at l * 32, so each 16-byte
+// load of a warp costs 8 L1 wavefronts, 8 times the weight's per row of x) but leave
+// fewer rows of x to a part (kQmmPartRows / rows), so w is read once per part (from L2
+// after the first), and fewer warps in all. By default (0, "auto") 2 where that still
+// leaves kQmmAutoMinBlocks blocks in the grid (about 4 a multiprocessor on an H200), else
+// 1; MLX_FAST_QMM_WARP_ROWS=1|2|4 or `set_fast_qmm_warp_rows` fixes one (same bits).
+constexpr int kQmmWarpRows = 0;
+constexpr long long kQmmAutoMinBlocks = 512;
 // The most rows the bound may be set to (a part of x per block of grid x).
 constexpr long long kQmmRowsLimit = 1ll << 20;
 
@@ -182,14 +187,17 @@ long long qmm_max_rows() {
 }
 
 // Rows of w a warp in force: MLX_FAST_QMM_WARP_ROWS (or kQmmWarpRows) until
-// `set_fast_qmm_warp_rows` sets another; 1, 2 or 4 (anything else: kQmmWarpRows).
-std::atomic<int> g_qmm_warp_rows{0};
+// `set_fast_qmm_warp_rows` sets another; 1, 2, 4, or 0 for the automatic choice (anything
+// else: kQmmWarpRows).
+std::atomic<int> g_qmm_warp_rows{-1};
 
-int valid_warp_rows(long long v) { return (v == 1 || v == 2 || v == 4) ? static_cast<int>(v) : kQmmWarpRows; }
+int valid_warp_rows(long long v) {
+  return (v == 0 || v == 1 || v == 2 || v == 4) ? static_cast<int>(v) : kQmmWarpRows;
+}
 
 int qmm_warp_rows() {
   int v = g_qmm_warp_rows.load(std::memory_order_relaxed);
-  if (v == 0) {
+  if (v < 0) {
     v = valid_warp_rows(env_count("MLX_FAST_QMM_WARP_ROWS", kQmmWarpRows));
     g_qmm_warp_rows.store(v, std::memory_order_relaxed);
   }
@@ -969,7 +977,11 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   // Parts of x of as even a size as part_rows allows (9 rows by 8: 5 and 4), one a block of
   // grid x: CUDA hands out blocks x first, so the parts of one block of w's rows run close
   // together and the later ones find its weights in L2.
-  const int rw = qmm_warp_rows();
+  int rw = qmm_warp_rows();
+  if (rw == 0) {
+    const long long parts2 = (m + kQmmPartRows / 2 - 1) / (kQmmPartRows / 2);
+    rw = blocks_of(many_rows_layout(2), n) * parts2 >= kQmmAutoMinBlocks ? 2 : 1;
+  }
   const int part_rows = kQmmPartRows / rw;
   const long long parts = (m + part_rows - 1) / part_rows;
   const int mt = static_cast<int>((m + parts - 1) / parts);

@@ -402,8 +402,9 @@ uint64_t mlxs_fast_qmv_launches(void);
 void mlxs_set_fast_qmm(bool on);
 /* The most rows of x it takes (default 32, or MLX_FAST_QMM_MAX_ROWS); more go to MLX. */
 void mlxs_set_fast_qmm_max_rows(int64_t n);
-/* Rows of the weight one warp of it computes: 1 (default, or MLX_FAST_QMM_WARP_ROWS), 2
-   or 4 (other values: the default); the same bits, another speed. */
+/* Rows of the weight one warp of it computes: 0 (the default, or MLX_FAST_QMM_WARP_ROWS):
+   2 where the grid stays large enough, else 1; or 1, 2, 4 (other values: 0). The same
+   bits, another speed. */
 void mlxs_set_fast_qmm_warp_rows(int n);
 bool mlxs_fast_qmm_enabled(void);
 /* How many products have been built with the multi-row kernel in this process. */
