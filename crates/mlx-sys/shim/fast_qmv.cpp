@@ -51,22 +51,23 @@
 // prefills; x's batch dimensions flattened into rows as MLX does), which MLX 0.32.4 sends
 // to its `qmm` kernels (far slower than its dense GEMM at these sizes: Llama-3.1-8B 4-bit
 // decoded 293 tok/s in all at batch 32, against 267 at batch 1), run through kBodyM
-// (`rows_m`): one or two rows of w a warp (by the grid's size; or 1, 2, 4 as set by
-// `MLX_FAST_QMM_WARP_ROWS`: the same bits) for a part of up to 8 rows of x (4, 2), each
-// pair of rows with row_sum's arithmetic exactly
-// (its own 16 accumulators a lane, the same bfloat16 FMAs in the same order, the same float
-// sum, warp reduce and rounding), the weights loaded and dequantized once for the part's
-// rows of x and each chunk of x loaded once for the warp's rows of w. So every output row has the bits of that row's
-// one-row product, which are MLX's `qmv` bits: the result does not depend on the batch
-// size. That is not MLX's `qmm` bits (another order of sums), which mlx-lm on the GPU does
-// not keep across batch sizes either (see docs/parity.md). More than 8 rows run as parts
-// of as even a size as possible (9: 5 and 4) over the blocks of grid x, so one kernel per
-// part size and weight shape serves every row count (it reads the row count from x's
-// shape). On by default for 2..MLX_FAST_QMM_MAX_ROWS (32) rows where the one-row kernels
-// take the weight; `MLX_FAST_QMM=0` (or `set_fast_qmm(false)`) gives MLX's `qmm` back,
-// and products of more rows still go to MLX (or to the dequantized dense product of
-// mlx_shim.cpp under MLX_DEQUANT_GEMM=1). `qmm_rows_check` in mlx-engine's examples checks
-// every row against its one-row product and times both arms.
+// (`rows_m`): a warp takes 1, 2 or 4 rows of w (by default 2 where the grid stays large,
+// else 1; `MLX_FAST_QMM_WARP_ROWS` fixes one) and a part of up to 8, 4 or 2 rows of x, and
+// computes each pair of a row of w and a row of x with row_sum's arithmetic exactly (its
+// own 16 accumulators a lane, the same bfloat16 FMAs in the same order, the same float
+// sum, warp reduce and rounding); a chunk of w is loaded and dequantized once for the
+// part's rows of x, a chunk of x loaded once for the warp's rows of w. So every output row
+// has the bits of that row's one-row product, which are MLX's `qmv` bits, whatever the
+// batch size or the layout. They are not MLX's `qmm` bits (another order of sums), which
+// mlx-lm on the GPU does not keep across batch sizes either (see docs/parity.md). Parts of
+// x are as even as possible (9 rows by 8: 5 and 4), one a block of grid x, and the kernel
+// reads the row count from x's shape, so one kernel per (weight shape, part size, layout)
+// serves every row count. On by default for 2..MLX_FAST_QMM_MAX_ROWS (32) rows where the
+// one-row kernels take the weight; `MLX_FAST_QMM=0` (or `set_fast_qmm(false)`) gives MLX's
+// `qmm` back, and products of more rows still go to MLX (or to the dequantized dense
+// product of mlx_shim.cpp under MLX_DEQUANT_GEMM=1). `qmm_rows_check` in mlx-engine's
+// examples checks every row against its one-row product, for each layout, and times them
+// against MLX's `qmm`.
 //
 // The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC on first use,
 // cached on disk by MLX), with the device code in a header file (`device_header`) so each
@@ -74,7 +75,7 @@
 // They are used only where MLX itself would run `qmv` (the conditions below), on the CUDA
 // backend, for bfloat16 activations, 4-bit affine weights,
 // group sizes 32, 64, 128 and K <= 16384. `MLX_FAST_QMV=0` or `mlxs_set_fast_qmv(false)`
-// turns them all off (kBodyM included); `MLX_FAST_QMV_PIPELINED=0` keeps every shape on kBody;
+// turns them all off (kBodyM too); `MLX_FAST_QMV_PIPELINED=0` keeps every shape on kBody;
 // `MLX_FAST_QMV_MIN_ELEMENTS=N` leaves weights of fewer than N elements to MLX;
 // `MLX_FAST_QMV_MANY=0` keeps one launch per weight, `MLX_FAST_QMV_MANY_MAX_ELEMENTS=N`
 // sets the size bound of one launch for several.
