@@ -61,8 +61,8 @@
 // batch size or the layout. They are not MLX's `qmm` bits (another order of sums), which
 // mlx-lm on the GPU does not keep across batch sizes either (see docs/parity.md). Parts of
 // x are as even as possible (9 rows by 8: 5 and 4), one a block of grid x, and the kernel
-// reads the row count from x's shape, so one kernel per (weight shape, part size, layout)
-// serves every row count. On by default for 2..MLX_FAST_QMM_MAX_ROWS (32) rows where the
+// reads the rows of x and of w from their shapes, so one kernel per (K, group size, part
+// size, layout) serves every row count and weight. On by default for 2..MLX_FAST_QMM_MAX_ROWS (32) rows where the
 // one-row kernels take the weight; `MLX_FAST_QMM=0` (or `set_fast_qmm(false)`) gives MLX's
 // `qmm` back, and products of more rows still go to MLX (or to the dequantized dense
 // product of mlx_shim.cpp under MLX_DEQUANT_GEMM=1). `qmm_rows_check` in mlx-engine's
@@ -811,15 +811,15 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
   std::vector<std::string> outputs;
   std::string src;
   if (key.mt > 0) {
-    // The rows of x come from its shape (x is passed as [m, K]), so one kernel serves every
-    // m with this part size.
+    // The rows of x and of w come from their shapes (x is passed as [m, K]), so one compiled
+    // kernel (MLX keys them by name and source) serves every m with this part size and
+    // every weight of this K.
     inputs.insert(inputs.end(), {"w", "scales", "biases"});
     outputs.push_back("out");
-    name += "_n" + std::to_string(key.ns[0]) + "_m" + std::to_string(key.mt);
-    name += "x" + std::to_string(l.rw);
+    name += "_m" + std::to_string(key.mt) + "x" + std::to_string(l.rw);
     src = "  mlxs_qmv::rows_m<" + targs + ", " + std::to_string(key.mt) + ", " +
-          std::to_string(l.rw) + ">(x, w, scales, biases, out, " + std::to_string(key.ns[0]) +
-          ", x_shape[0], blockIdx.y, blockIdx.x);\n";
+          std::to_string(l.rw) +
+          ">(x, w, scales, biases, out, w_shape[0], x_shape[0], blockIdx.y, blockIdx.x);\n";
   } else if (key.swiglu) {
     inputs.insert(inputs.end(), {"w0", "s0", "b0", "w1", "s1", "b1"});
     outputs.push_back("out");
@@ -989,7 +989,8 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   const Layout l = many_rows_layout(rw);
   const long long blocks = blocks_of(l, n);
   if (blocks > kMaxBlocksY) return std::nullopt;
-  KernelKey key{k, gs, l, {n}};
+  // The kernel takes n from w's shape: the key's row count is 0 for every weight.
+  KernelKey key{k, gs, l, {0}};
   key.mt = mt;
   mx::Shape out_shape = x.shape();
   out_shape.back() = n;
