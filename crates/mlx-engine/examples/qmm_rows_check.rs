@@ -299,9 +299,10 @@ fn model_cases(dir: &str) -> Res<Vec<Case>> {
     Ok(seen.into_values().collect())
 }
 
-/// The bit checks of one case at M rows with each layout of ours (`warp_rows`); whether
-/// all held, and whether our kernel ran for every layout.
-fn check_bits(c: &Case, m: i32, seed: u64, warp_rows: &[i32]) -> Res<(bool, bool)> {
+/// The bit checks of one case at M rows with each layout of ours (`warp_rows`): whether
+/// all held, whether our kernel ran for every layout, and (for information, not checked)
+/// whether MLX's own M-row product (`set_fast_qmm(false)`) has the one-row bits too.
+fn check_bits(c: &Case, m: i32, seed: u64, warp_rows: &[i32]) -> Res<(bool, bool, bool)> {
     let k = c.k;
     let x = scaled_normal(&[m, k], seed, 1.0 + (seed % 4) as f32)?;
     transforms::eval(&[&x])?;
@@ -318,6 +319,10 @@ fn check_bits(c: &Case, m: i32, seed: u64, warp_rows: &[i32]) -> Res<(bool, bool
     let mlx_rows = rows(false)?;
     let our_rows = rows(true)?;
     set_fast_qmv(true);
+    set_fast_qmm(false);
+    let mlx_m = qmm(&x, &c.q, c.gs)?;
+    transforms::eval(&[&mlx_m])?;
+    let mlx_same = same_bits(&mlx_m, &mlx_rows)?;
     set_fast_qmm(true);
     // A non-contiguous x: the transpose of a [K, M] array (values copied exactly).
     let xt = x
@@ -361,7 +366,7 @@ fn check_bits(c: &Case, m: i32, seed: u64, warp_rows: &[i32]) -> Res<(bool, bool
         );
     }
     set_fast_qmm_warp_rows(0);
-    Ok((ok, used))
+    Ok((ok, used, mlx_same))
 }
 
 fn main() -> Res<()> {
@@ -403,8 +408,14 @@ fn main() -> Res<()> {
         };
         let mut ok_all_m = true;
         let mut used_all_m = true;
+        // The row counts where MLX's own product already had the one-row bits.
+        let mut mlx_invariant = Vec::new();
         for &m in &o.ms {
-            let (ok, used) = check_bits(c, m, (m as u64) * 7 + c.gs as u64, &o.warp_rows)?;
+            let (ok, used, mlx_same) =
+                check_bits(c, m, (m as u64) * 7 + c.gs as u64, &o.warp_rows)?;
+            if mlx_same {
+                mlx_invariant.push(m);
+            }
             ok_all_m &= ok;
             used_all_m &= used || m < 2 || !c.ours;
             never_used &= !used;
@@ -431,7 +442,7 @@ fn main() -> Res<()> {
             all_ok = false;
         }
         println!(
-            "{} N={} K={} group {}: {}{} ({:.1} s)",
+            "{} N={} K={} group {}: {}{}; MLX's own M-row product the same for M in {:?} ({:.1} s)",
             c.name,
             c.n,
             c.k,
@@ -444,6 +455,7 @@ fn main() -> Res<()> {
             } else {
                 ", our kernel NOT used for some M"
             },
+            mlx_invariant,
             tic.elapsed().as_secs_f64()
         );
         std::io::stdout().flush()?;

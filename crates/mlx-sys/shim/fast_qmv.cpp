@@ -48,9 +48,11 @@
 // turns it off.
 //
 // Products of 2..32 rows of x (batched decoding, speculative verification, short
-// prefills; x's batch dimensions flattened into rows as MLX does), which MLX 0.32.4 sends
-// to its `qmm` kernels (far slower than its dense GEMM at these sizes: Llama-3.1-8B 4-bit
-// decoded 293 tok/s in all at batch 32, against 267 at batch 1), run through kBodyM
+// prefills; x's batch dimensions flattened into rows as MLX does), which MLX runs (by its
+// CUDA dispatch, for these weights on an H200) through `qmv` once per row below 8 rows,
+// reading the weights again for each, and through `qmm_sm80` from 8 rows (far slower than
+// its dense GEMM: Llama-3.1-8B 4-bit decoded 293 tok/s in all at batch 32, against 267 at
+// batch 1), run through kBodyM
 // (`rows_m`): a warp takes 1, 2 or 4 rows of w (by default 2 where the grid stays large,
 // else 1; `MLX_FAST_QMM_WARP_ROWS` fixes one) and a part of up to 8, 4 or 2 rows of x, and
 // computes each pair of a row of w and a row of x with row_sum's arithmetic exactly (its
@@ -58,8 +60,9 @@
 // sum, warp reduce and rounding); a chunk of w is loaded and dequantized once for the
 // part's rows of x, a chunk of x loaded once for the warp's rows of w. So every output row
 // has the bits of that row's one-row product, which are MLX's `qmv` bits, whatever the
-// batch size or the layout. They are not MLX's `qmm` bits (another order of sums), which
-// mlx-lm on the GPU does not keep across batch sizes either (see docs/parity.md). Parts of
+// batch size or the layout: MLX's own bits below 8 rows, not those of its `qmm` from 8 rows
+// (another order of sums), which mlx-lm on the GPU does not keep across batch sizes
+// either (see docs/parity.md). Parts of
 // x are as even as possible (9 rows by 8: 5 and 4), one a block of grid x, and the kernel
 // reads the rows of x and of w from their shapes, so one kernel per (K, group size, part
 // size, layout) serves every row count and weight. On by default for 2..MLX_FAST_QMM_MAX_ROWS (32) rows where the
