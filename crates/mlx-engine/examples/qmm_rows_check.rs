@@ -5,7 +5,8 @@
 //!   product must equal, bit for bit, the one-row product of that row of x alone, both as
 //!   our one-row kernel gives it and as MLX's `qmv` gives it (`set_fast_qmv(false)`); x is
 //!   also given as [2, M/2, K] (batch dimensions flattened into rows) and as a transposed,
-//!   non-contiguous view, which must give the same bits again;
+//!   non-contiguous view, which must give the same bits again; for information it also
+//!   prints the row counts at which MLX's own M-row product had those bits;
 //! - time: MLX's M-row product (`set_fast_qmm(false)`) against ours, and one one-row
 //!   product, the median of `--iters` timed evaluations (each of `REPS` products, then a
 //!   synchronisation) after warm-up, in microseconds per product.
@@ -493,7 +494,7 @@ fn main() -> Res<()> {
         println!(
             "(microseconds per product, median; \"ours\": the default layout, \"ours xR\": R \
              rows of w a warp; \"speedup\": mlx qmm over ours; \"1-row\": one row of x, for \
-             scale)"
+             scale; products of a few microseconds measure the host's cost of a launch)"
         );
     }
     println!();
