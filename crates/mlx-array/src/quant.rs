@@ -447,3 +447,39 @@ pub fn fast_qmv_enabled() -> bool {
 pub fn fast_qmv_launches() -> u64 {
     unsafe { sys::mlxs_fast_qmv_launches() }
 }
+
+/// Turns our multi-row CUDA kernel for 4-bit [`quantized_matmul`] on or off (default on;
+/// `MLX_FAST_QMM=0` at start turns it off; it also needs [`set_fast_qmv`] on). On the CUDA
+/// backend, products of 2 to 32 bfloat16 rows (the batch dimensions of x flattened into
+/// rows; `MLX_FAST_QMM_MAX_ROWS` or [`set_fast_qmm_max_rows`] sets the bound) with a
+/// weight the one-row kernels take run through it: every output row is bit-identical to
+/// that row's product alone (batch-invariant), which MLX's own kernel for many rows (`qmm`)
+/// is not; off, MLX's runs and its bits come back.
+pub fn set_fast_qmm(on: bool) {
+    unsafe { sys::mlxs_set_fast_qmm(on) }
+}
+
+/// The most rows of x [`set_fast_qmm`]'s kernel takes (default 32); products of more rows
+/// go to MLX.
+pub fn set_fast_qmm_max_rows(n: u64) {
+    unsafe { sys::mlxs_set_fast_qmm_max_rows(i64::try_from(n).unwrap_or(i64::MAX)) }
+}
+
+/// Rows of the weight one warp of [`set_fast_qmm`]'s kernel computes: 0 (the default, or
+/// `MLX_FAST_QMM_WARP_ROWS` at start) picks 2 where the grid stays large enough, else 1;
+/// 1, 2 or 4 fix it (other values: 0). The same bits for every choice (each row of w and
+/// of x keeps its own arithmetic); more rows share each load of x, fewer rows of x share
+/// each load of w.
+pub fn set_fast_qmm_warp_rows(n: u32) {
+    unsafe { sys::mlxs_set_fast_qmm_warp_rows(i32::try_from(n).unwrap_or(0)) }
+}
+
+/// Whether [`set_fast_qmm`] is on.
+pub fn fast_qmm_enabled() -> bool {
+    unsafe { sys::mlxs_fast_qmm_enabled() }
+}
+
+/// How many [`quantized_matmul`] calls of this process took the multi-row kernel.
+pub fn fast_qmm_launches() -> u64 {
+    unsafe { sys::mlxs_fast_qmm_launches() }
+}

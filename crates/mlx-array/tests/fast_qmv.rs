@@ -5,8 +5,9 @@
 //! identical on the H200: benchmarks/GPU.md, run 6); these tests run on any backend.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::quant::{
-    fast_qmv_enabled, fast_qmv_launches, quantize, quantized_matmul, quantized_matmul_add,
-    quantized_matmul_many, set_fast_qmv, set_fast_qmv_residual, QuantMode, Quantized,
+    fast_qmm_enabled, fast_qmm_launches, fast_qmv_enabled, fast_qmv_launches, quantize,
+    quantized_matmul, quantized_matmul_add, quantized_matmul_many, set_fast_qmm,
+    set_fast_qmm_max_rows, set_fast_qmv, set_fast_qmv_residual, QuantMode, Quantized,
     QuantizedWeight,
 };
 use mlx_array::{random, Array, Device, DeviceType, Dtype};
@@ -105,12 +106,53 @@ fn shapes_it_does_not_cover_leave_mlx_in_charge() {
     set_fast_qmv(true);
     let q = quantized(256, 512, 5);
     let before = fast_qmv_launches();
-    // Several rows, float32 activations: never ours, on any device.
+    // Several rows (the multi-row kernel's, counted apart), float32 activations: never the
+    // one-row kernels, on any device.
     let f32_row = random::normal(&[1, 512], Dtype::Float32, None, None, None).unwrap();
     for x in [bf16_normal(&[3, 512], 6), f32_row] {
         assert_eq!(*qmm(&x, &q).shape().last().unwrap(), 256);
     }
     assert_eq!(fast_qmv_launches(), before);
+}
+
+#[test]
+fn the_multi_row_switch_reads_back() {
+    let _g = serial();
+    set_fast_qmm(false);
+    assert!(!fast_qmm_enabled());
+    set_fast_qmm(true);
+    assert!(fast_qmm_enabled());
+}
+
+#[test]
+fn off_the_cuda_backend_multi_row_products_stay_mlxs() {
+    let _g = serial();
+    if Device::default_device().unwrap().kind == DeviceType::Gpu {
+        // A GPU build: covered by qmm_rows_check on the device.
+        return;
+    }
+    set_fast_qmv(true);
+    let q = quantized(256, 512, 26);
+    let before = fast_qmm_launches();
+    // 2..32 rows (batch dimensions included) and a bound of 64: the same arrays with the
+    // kernel on and off, and it never runs.
+    set_fast_qmm_max_rows(64);
+    for shape in [[1, 2, 512], [4, 8, 512], [1, 40, 512]] {
+        let x = bf16_normal(&shape, 27);
+        set_fast_qmm(true);
+        let on = qmm(&x, &q);
+        set_fast_qmm(false);
+        let off = qmm(&x, &q);
+        assert_eq!(on.shape(), vec![shape[0], shape[1], 256]);
+        assert!(on.array_equal(&off, false).unwrap().item::<bool>().unwrap());
+    }
+    set_fast_qmm(true);
+    set_fast_qmm_max_rows(32);
+    assert_eq!(
+        fast_qmm_launches(),
+        before,
+        "the multi-row kernel must not run on the CPU"
+    );
 }
 
 #[test]

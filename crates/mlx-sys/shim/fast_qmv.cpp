@@ -1,5 +1,6 @@
-// fast_qmv.cpp: a faster CUDA kernel for one-row 4-bit quantized matmuls (the decoding
-// step's projections), with the same arithmetic as MLX's own `qmv` kernel.
+// fast_qmv.cpp: faster CUDA kernels for 4-bit quantized matmuls of one row (the decoding
+// step's projections), with the same arithmetic as MLX's own `qmv` kernel, and of 2..32
+// rows, with that arithmetic for each row.
 //
 // MLX 0.32.4 runs `quantized_matmul(x, w, scales, biases, transpose=True)` with one row of
 // x (M * batch == 1) through its CUDA `qmv` kernel (on the H200 for every shape seen, the
@@ -46,13 +47,38 @@
 // kernel. Identical on qwen2.5-0.5b's shapes and logits (run 9); `MLX_FAST_QMV_SWIGLU=0`
 // turns it off.
 //
+// Products of 2..32 rows of x (batched decoding, speculative verification, short
+// prefills; x's batch dimensions flattened into rows as MLX does), which MLX runs (by its
+// CUDA dispatch, for these weights on an H200) through `qmv` once per row below 8 rows,
+// reading the weights again for each, and through `qmm_sm80` from 8 rows (far slower than
+// its dense GEMM: Llama-3.1-8B 4-bit decoded 293 tok/s in all at batch 32, against 267 at
+// batch 1), run through kBodyM
+// (`rows_m`): a warp takes 1, 2 or 4 rows of w (by default 2 where the grid stays large,
+// else 1; `MLX_FAST_QMM_WARP_ROWS` fixes one) and a part of up to 8, 4 or 2 rows of x, and
+// computes each pair of a row of w and a row of x with row_sum's arithmetic exactly (its
+// own 16 accumulators a lane, the same bfloat16 FMAs in the same order, the same float
+// sum, warp reduce and rounding); a chunk of w is loaded and dequantized once for the
+// part's rows of x, a chunk of x loaded once for the warp's rows of w. So every output row
+// has the bits of that row's one-row product, which are MLX's `qmv` bits, whatever the
+// batch size or the layout: MLX's own bits below 8 rows, not those of its `qmm` from 8 rows
+// (another order of sums), which mlx-lm on the GPU does not keep across batch sizes
+// either (see docs/parity.md). Parts of
+// x are as even as possible (9 rows by 8: 5 and 4), one a block of grid x, and the kernel
+// reads the rows of x and of w from their shapes, so one kernel per (K, group size, part
+// size, layout) serves every row count and weight. On by default for 2..MLX_FAST_QMM_MAX_ROWS (32) rows where the
+// one-row kernels take the weight; `MLX_FAST_QMM=0` (or `set_fast_qmm(false)`) gives MLX's
+// `qmm` back, and products of more rows still go to MLX (or to the dequantized dense
+// product of mlx_shim.cpp under MLX_DEQUANT_GEMM=1). `qmm_rows_check` in mlx-engine's
+// examples checks every row against its one-row product, for each layout, and times them
+// against MLX's `qmm`.
+//
 // The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC on first use,
 // cached on disk by MLX), with the device code in a header file (`device_header`) so each
 // kernel's own source is one line: MLX's scheduling cost per call grows with the source.
 // They are used only where MLX itself would run `qmv` (the conditions below), on the CUDA
 // backend, for bfloat16 activations, 4-bit affine weights,
 // group sizes 32, 64, 128 and K <= 16384. `MLX_FAST_QMV=0` or `mlxs_set_fast_qmv(false)`
-// turns them off; `MLX_FAST_QMV_PIPELINED=0` keeps every shape on kBody;
+// turns them all off (kBodyM too); `MLX_FAST_QMV_PIPELINED=0` keeps every shape on kBody;
 // `MLX_FAST_QMV_MIN_ELEMENTS=N` leaves weights of fewer than N elements to MLX;
 // `MLX_FAST_QMV_MANY=0` keeps one launch per weight, `MLX_FAST_QMV_MANY_MAX_ELEMENTS=N`
 // sets the size bound of one launch for several.
@@ -63,6 +89,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -115,6 +142,27 @@ constexpr size_t kMaxParts = 4;
 // MLX_FAST_QMV_MANY_MAX_ELEMENTS=N sets another limit (0: never one launch).
 constexpr long long kManyMaxElements = 16ll << 20;
 
+// The products of 2..kQmmMaxRows rows of x (`fast_rows`): MLX_FAST_QMM=0 (or
+// `set_fast_qmm(false)`) leaves them to MLX's own kernels, MLX_FAST_QMM_MAX_ROWS=N (or
+// `set_fast_qmm_max_rows`) sets another bound.
+KernelSwitch g_qmm("MLX_FAST_QMM");
+constexpr long long kQmmMaxRows = 32;
+// Rows of x times rows of w one warp takes at most: each pair holds 16 bfloat16
+// accumulators a lane.
+constexpr int kQmmPartRows = 8;
+// Chunks of weights (of all its rows of w) a lane loads before their arithmetic.
+constexpr int kQmmLoads = 8;
+// Rows of w a warp: 1, 2 or 4. More rows share each load of x (the loads of x, not of w,
+// bound the kernel at several rows of x: lane l reads 32 bytes at l * 32, so each 16-byte
+// load of a warp costs 8 L1 wavefronts, 8 times the weight's per row of x) but leave
+// fewer rows of x to a part (kQmmPartRows / rows), so w is read once per part (from L2
+// after the first), and fewer warps in all. By default (0, "auto") 2 where that still
+// leaves kQmmAutoMinBlocks blocks in the grid (about 4 a multiprocessor on an H200), else
+// 1; MLX_FAST_QMM_WARP_ROWS=1|2|4 or `set_fast_qmm_warp_rows` fixes one (same bits).
+constexpr int kQmmWarpRows = 0;
+constexpr long long kQmmAutoMinBlocks = 512;
+// The most rows the bound may be set to (a part of x per block of grid x).
+constexpr long long kQmmRowsLimit = 1ll << 20;
 
 // The floor in force: MLX_FAST_QMV_MIN_ELEMENTS (or kMinElements) until
 // `set_fast_qmv_min_elements` sets another.
@@ -129,6 +177,37 @@ long long min_elements() {
   return v;
 }
 
+// The most rows of x the multi-row kernel takes: MLX_FAST_QMM_MAX_ROWS (or kQmmMaxRows)
+// until `set_fast_qmm_max_rows` sets another.
+std::atomic<long long> g_qmm_max_rows{-1};
+
+long long qmm_max_rows() {
+  long long v = g_qmm_max_rows.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = std::min(env_count("MLX_FAST_QMM_MAX_ROWS", kQmmMaxRows), kQmmRowsLimit);
+    g_qmm_max_rows.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+// Rows of w a warp in force: MLX_FAST_QMM_WARP_ROWS (or kQmmWarpRows) until
+// `set_fast_qmm_warp_rows` sets another; 1, 2, 4, or 0 for the automatic choice (anything
+// else: kQmmWarpRows).
+std::atomic<int> g_qmm_warp_rows{-1};
+
+int valid_warp_rows(long long v) {
+  return (v == 0 || v == 1 || v == 2 || v == 4) ? static_cast<int>(v) : kQmmWarpRows;
+}
+
+int qmm_warp_rows() {
+  int v = g_qmm_warp_rows.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = valid_warp_rows(env_count("MLX_FAST_QMM_WARP_ROWS", kQmmWarpRows));
+    g_qmm_warp_rows.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
 long long many_max_elements() {
   static const long long v = env_count("MLX_FAST_QMV_MANY_MAX_ELEMENTS", kManyMaxElements);
   return v;
@@ -137,7 +216,7 @@ long long many_max_elements() {
 // How a kernel lays the rows out: `rows` warps per block, `rw` rows per warp, loads issued
 // `u` chunks ahead (`window`) or `u` chunks at a time (else); `body` picks the source.
 struct Layout {
-  int body;  // 0: kBody (one row a warp, all loads first), 1: kBodyRows
+  int body;  // 0: kBody (one row a warp, all loads first), 1: kBodyRows, 2: kBodyM
   int rows;
   int rw;
   int u;
@@ -153,6 +232,9 @@ struct Layout {
 // elsewhere; end to end, these layouts took the 8B model from 264 to 304 tok/s.
 // kBody: one row a warp, 4 warps a block, all of a row's loads issued first.
 constexpr Layout kOneRow = {0, 4, 1, 32, false};
+// kBodyM: `rw` rows of w a warp (qmm_warp_rows()) for up to kQmmPartRows / rw rows of x,
+// 4 warps a block, kQmmLoads / rw chunks of each row loaded at a time.
+Layout many_rows_layout(int rw) { return {2, 4, rw, kQmmLoads / rw, false}; }
 
 Layout layout_for(int n, int k) {
   if (g_pipelined.on()) {
@@ -299,6 +381,144 @@ __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
   if (row >= n) return;
   const float sum = row_sum<K, GS, U>(x, w, scales, biases, row);
   if (threadIdx.x == 0) store<RES>(out, res, row, sum);
+}
+
+// Several rows of x by RW rows of w a warp: rows (block * ROWS + threadIdx.y) * RW .. of n
+// (those past n skipped), against the rows part * MT .. (at most MT, fewer in the last
+// part) of x [m, K]; out is [m, n]. For each pair of a row of w and a row of x this is
+// row_sum's arithmetic exactly (the same lanes and chunks in the same order, the same
+// dequantize expression, the same bfloat16 FMAs into their own 16 per-lane accumulators,
+// their float sum in element order, the same warp reduce and rounding): every output row
+// is bit-identical to the one-row kernel's for that x row alone. A chunk of a row of w is
+// loaded and dequantized once for all the part's x rows, and a chunk of a row of x is
+// loaded once for the warp's RW rows of w.
+template <int K, int GS, int ROWS, int U, int MT, int RW>
+__device__ __forceinline__ void rows_m(const __nv_bfloat16* x, const uint32_t* w,
+                                       const __nv_bfloat16* scales,
+                                       const __nv_bfloat16* biases, __nv_bfloat16* out,
+                                       const int n, const int m, const int block,
+                                       const int part) {
+  constexpr int NCH = K / 512;
+  constexpr int REST = K % 512;
+  constexpr int G = K / GS;
+  const int row0 = (block * ROWS + threadIdx.y) * RW;
+  const int m0 = part * MT;
+  if (row0 >= n || m0 >= m) return;
+  // The x rows of this part (warp-uniform).
+  const int mt = min(MT, m - m0);
+  auto warp = cg::tiled_partition<32>(cg::this_thread_block());
+  const int lane = threadIdx.x;
+  const __nv_bfloat16* xt = x + (size_t)m0 * K;
+  const uint8_t* wr[RW];
+  const __nv_bfloat16* sr[RW];
+  const __nv_bfloat16* br[RW];
+#pragma unroll
+  for (int v = 0; v < RW; ++v) {
+    // Rows past n read row n - 1 (in bounds) and store nothing.
+    const int r = min(row0 + v, n - 1);
+    wr[v] = reinterpret_cast<const uint8_t*>(w) + (size_t)r * (K / 2);
+    sr[v] = scales + (size_t)r * G;
+    br[v] = biases + (size_t)r * G;
+  }
+  __nv_bfloat162 acc[RW][MT][8];
+#pragma unroll
+  for (int v = 0; v < RW; ++v)
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[v][i][j] = __floats2bfloat162_rn(0.f, 0.f);
+  // Rows of x lie K elements (a multiple of 64 bytes) apart: all aligned as the first.
+  const bool x_aligned = (reinterpret_cast<uintptr_t>(xt) & 15) == 0;
+  const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
+  // One chunk: for each row v of w, 16 weights (8 bytes, low nibble first) dequantized as
+  // row_sum does; then each x row's 16 activations against every row's.
+  auto tile = [&](int idx, const uint2* wv, const __nv_bfloat16* s, const __nv_bfloat16* b) {
+    __nv_bfloat162 d[RW][8];
+#pragma unroll
+    for (int v = 0; v < RW; ++v) {
+      __nv_bfloat162 s2 = __bfloat162bfloat162(s[v]);
+      __nv_bfloat162 b2 = __bfloat162bfloat162(b[v]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t word = j < 4 ? wv[v].x : wv[v].y;
+        uint32_t byte = (word >> (8 * (j & 3))) & 0xFFu;
+        // bfloat16 bits of 128 + the nibble, minus 128: the nibble, exactly.
+        uint32_t bits = 0x43004300u | (byte & 0xFu) | ((byte >> 4) << 16);
+        __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&bits), k128);
+        d[v][j] = __hadd2(__hmul2(q, s2), b2);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      if (i < mt) {
+        uint4 xa, xb;
+        load_x16(xt + (size_t)i * K, idx, x_aligned, xa, xb);
+        const __nv_bfloat162* x0 = reinterpret_cast<const __nv_bfloat162*>(&xa);
+        const __nv_bfloat162* x1 = reinterpret_cast<const __nv_bfloat162*>(&xb);
+#pragma unroll
+        for (int v = 0; v < RW; ++v)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            acc[v][i][j] = __hfma2(j < 4 ? x0[j] : x1[j - 4], d[v][j], acc[v][i][j]);
+          }
+      }
+    }
+  };
+#pragma unroll
+  for (int r0 = 0; r0 < NCH; r0 += U) {
+    uint2 wv[U][RW];
+    __nv_bfloat16 sc[U][RW], bi[U][RW];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int r = r0 + u;
+      if (r < NCH) {
+        const int idx = lane * 16 + r * 512;
+#pragma unroll
+        for (int v = 0; v < RW; ++v) {
+          wv[u][v] = __ldg(reinterpret_cast<const uint2*>(wr[v] + idx / 2));
+          sc[u][v] = sr[v][idx / GS];
+          bi[u][v] = br[v][idx / GS];
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int r = r0 + u;
+      if (r < NCH) tile(lane * 16 + r * 512, wv[u], sc[u], bi[u]);
+    }
+  }
+  if (REST > 0) {
+    const int idx = lane * 16 + K - REST;
+    if (idx < K) {
+      uint2 wv[RW];
+      __nv_bfloat16 sc[RW], bi[RW];
+#pragma unroll
+      for (int v = 0; v < RW; ++v) {
+        wv[v] = __ldg(reinterpret_cast<const uint2*>(wr[v] + idx / 2));
+        sc[v] = sr[v][idx / GS];
+        bi[v] = br[v][idx / GS];
+      }
+      tile(idx, wv, sc, bi);
+    }
+  }
+#pragma unroll
+  for (int v = 0; v < RW; ++v) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      if (i < mt) {
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          sum += __low2float(acc[v][i][j]);
+          sum += __high2float(acc[v][i][j]);
+        }
+        sum = cg::reduce(warp, sum, cg::plus<float>());
+        if (lane == 0 && row0 + v < n) {
+          out[(size_t)(m0 + i) * n + row0 + v] = __float2bfloat16_rn(sum);
+        }
+      }
+    }
+  }
 }
 
 // mlx-lm's `swiglu(gate, up)` of two products, compiled by MLX into one elementwise
@@ -565,9 +785,10 @@ struct KernelKey {
   std::vector<int> ns;
   bool res = false;     // one weight, its output added to an input `res` (same shape)
   bool swiglu = false;  // two weights (gate, up) of one size, one output: their swiglu
+  int mt = 0;           // kBodyM (one weight): rows of x a part (grid x), else 0
   bool operator<(const KernelKey& o) const {
-    return std::tie(k, gs, layout, ns, res, swiglu) <
-           std::tie(o.k, o.gs, o.layout, o.ns, o.res, o.swiglu);
+    return std::tie(k, gs, layout, ns, res, swiglu, mt) <
+           std::tie(o.k, o.gs, o.layout, o.ns, o.res, o.swiglu, o.mt);
   }
   // Warps a block: the swiglu form runs each row of both weights in one block.
   int warps() const { return swiglu ? 2 * layout.rows : layout.rows; }
@@ -592,7 +813,17 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
   std::vector<std::string> inputs{"x"};
   std::vector<std::string> outputs;
   std::string src;
-  if (key.swiglu) {
+  if (key.mt > 0) {
+    // The rows of x and of w come from their shapes (x is passed as [m, K]), so one compiled
+    // kernel (MLX keys them by name and source) serves every m with this part size and
+    // every weight of this K.
+    inputs.insert(inputs.end(), {"w", "scales", "biases"});
+    outputs.push_back("out");
+    name += "_m" + std::to_string(key.mt) + "x" + std::to_string(l.rw);
+    src = "  mlxs_qmv::rows_m<" + targs + ", " + std::to_string(key.mt) + ", " +
+          std::to_string(l.rw) +
+          ">(x, w, scales, biases, out, w_shape[0], x_shape[0], blockIdx.y, blockIdx.x);\n";
+  } else if (key.swiglu) {
     inputs.insert(inputs.end(), {"w0", "s0", "b0", "w1", "s1", "b1"});
     outputs.push_back("out");
     name += "_n" + std::to_string(key.ns[0]) + "_swiglu";
@@ -639,23 +870,34 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
   return kernels.emplace(key, std::move(fn)).first->second;
 }
 
-// K and N of one 4-bit product that our kernels take (the stream already checked to be a
-// GPU one), or nullopt.
-std::optional<std::pair<int, int>> eligible(const mx::array& x, const mx::array& w,
-                                            const mx::array& scales,
-                                            const std::optional<mx::array>& biases,
-                                            bool transpose, int gs, const std::string& mode) {
+// K and N of a 4-bit product (any number of rows of x) whose rows our kernels take (the
+// stream already checked to be a GPU one), or nullopt.
+std::optional<std::pair<int, int>> eligible_rows(const mx::array& x, const mx::array& w,
+                                                 const mx::array& scales,
+                                                 const std::optional<mx::array>& biases,
+                                                 bool transpose, int gs,
+                                                 const std::string& mode) {
   auto kn = affine_operands(x, w, scales, biases, transpose, mode, gs, 4);
   if (!kn || x.dtype() != mx::bfloat16 || scales.dtype() != mx::bfloat16 ||
       biases->dtype() != mx::bfloat16) {
     return std::nullopt;
   }
   const auto [k, n] = *kn;
-  if (static_cast<long long>(x.size()) != k || k % 32 != 0) return std::nullopt;
+  if (k % 32 != 0) return std::nullopt;
   if (k > kMaxK || static_cast<long long>(n) * k < min_elements()) return std::nullopt;
   // MLX's sm90 `qmm` is eligible only for rows no longer than a group (K % 64 == 0,
   // group size >= K); there MLX keeps `qmv` only up to 16384 outputs, so leave it those.
   if (k % 64 == 0 && gs >= k && n > 16384) return std::nullopt;
+  return kn;
+}
+
+// The same for one row of x (what MLX runs through `qmv`).
+std::optional<std::pair<int, int>> eligible(const mx::array& x, const mx::array& w,
+                                            const mx::array& scales,
+                                            const std::optional<mx::array>& biases,
+                                            bool transpose, int gs, const std::string& mode) {
+  auto kn = eligible_rows(x, w, scales, biases, transpose, gs, mode);
+  if (!kn || static_cast<long long>(x.size()) != kn->first) return std::nullopt;
   return kn;
 }
 
@@ -719,6 +961,52 @@ std::optional<mx::array> fast_one(const mx::array& x, const mx::array& w,
   return launch(key, x, {w, scales, *biases}, st, residual)[0];
 }
 
+// The product of 2..qmm_max_rows() rows of x (its batch dimensions flattened into the rows,
+// as MLX does) through kBodyM: each output row bit-identical to the one-row kernel's for
+// that row of x alone; nullopt where it does not apply.
+std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
+                                   const mx::array& scales,
+                                   const std::optional<mx::array>& biases, bool transpose,
+                                   std::optional<int> group_size, std::optional<int> bits,
+                                   const std::string& mode, mx::StreamOrDevice s) {
+  if (!g_switch.on() || !g_qmm.on() || bits.value_or(4) != 4) return std::nullopt;
+  const mx::Stream st = mx::to_stream(s);
+  if (!on_gpu(st)) return std::nullopt;
+  const int gs = group_size.value_or(64);
+  auto kn = eligible_rows(x, w, scales, biases, transpose, gs, mode);
+  if (!kn) return std::nullopt;
+  const auto [k, n] = *kn;
+  const long long m = static_cast<long long>(x.size()) / k;
+  if (m < 2 || m > qmm_max_rows()) return std::nullopt;
+  // Parts of x of as even a size as part_rows allows (9 rows by 8: 5 and 4), one a block of
+  // grid x: CUDA hands out blocks x first, so the parts of one block of w's rows run close
+  // together and the later ones find its weights in L2.
+  int rw = qmm_warp_rows();
+  if (rw == 0) {
+    const long long parts2 = (m + kQmmPartRows / 2 - 1) / (kQmmPartRows / 2);
+    rw = blocks_of(many_rows_layout(2), n) * parts2 >= kQmmAutoMinBlocks ? 2 : 1;
+  }
+  const int part_rows = kQmmPartRows / rw;
+  const long long parts = (m + part_rows - 1) / part_rows;
+  const int mt = static_cast<int>((m + parts - 1) / parts);
+  const Layout l = many_rows_layout(rw);
+  const long long blocks = blocks_of(l, n);
+  if (blocks > kMaxBlocksY) return std::nullopt;
+  // The kernel takes n from w's shape: the key's row count is 0 for every weight.
+  KernelKey key{k, gs, l, {0}};
+  key.mt = mt;
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = n;
+  const mx::array x2 = mx::reshape(x, {static_cast<int>(m), k}, st);
+  const int warps = key.warps();
+  auto outs = kernel_for(key)(
+      {x2, w, scales, *biases}, {out_shape}, {mx::bfloat16},
+      std::make_tuple(static_cast<int>(32 * parts), static_cast<int>(blocks * warps), 1),
+      std::make_tuple(32, warps, 1), {}, std::nullopt, false, st);
+  g_qmm.count();
+  return outs[0];
+}
+
 }  // namespace
 
 std::optional<mx::array> try_fast_qmv(
@@ -731,7 +1019,10 @@ std::optional<mx::array> try_fast_qmv(
     std::optional<int> bits,
     const std::string& mode,
     mx::StreamOrDevice s) {
-  return fast_one(x, w, scales, biases, transpose, group_size, bits, mode, s, nullptr);
+  if (auto y = fast_one(x, w, scales, biases, transpose, group_size, bits, mode, s, nullptr)) {
+    return y;
+  }
+  return fast_rows(x, w, scales, biases, transpose, group_size, bits, mode, s);
 }
 
 std::optional<mx::array> try_fast_qmv_add(
@@ -845,5 +1136,14 @@ void set_fast_qmv_min_elements(long long n) {
 }
 bool fast_qmv_enabled() { return g_switch.on(); }
 unsigned long long fast_qmv_launches() { return g_switch.uses(); }
+void set_fast_qmm(bool on) { g_qmm.set(on); }
+void set_fast_qmm_warp_rows(int n) {
+  g_qmm_warp_rows.store(valid_warp_rows(n), std::memory_order_relaxed);
+}
+void set_fast_qmm_max_rows(long long n) {
+  g_qmm_max_rows.store(std::clamp(n, 0ll, kQmmRowsLimit), std::memory_order_relaxed);
+}
+bool fast_qmm_enabled() { return g_qmm.on(); }
+unsigned long long fast_qmm_launches() { return g_qmm.uses(); }
 
 }  // namespace mlxs_detail

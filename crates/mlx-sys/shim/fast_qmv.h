@@ -10,7 +10,9 @@
 namespace mlxs_detail {
 
 // The custom one-row kernel's result when it covers this call (same bits as MLX's `qmv`),
-// nullopt when MLX's `quantized_matmul` should run.
+// or for 2..MLX_FAST_QMM_MAX_ROWS rows of x the multi-row kernel's (each row the same bits
+// as the one-row kernel gives for it alone); nullopt when MLX's `quantized_matmul` should
+// run.
 std::optional<mlx::core::array> try_fast_qmv(
     const mlx::core::array& x,
     const mlx::core::array& w,
@@ -70,5 +72,10 @@ void set_fast_qmv_residual(bool on);
 void set_fast_qmv_many(bool on);
 bool fast_qmv_enabled();
 unsigned long long fast_qmv_launches();
+void set_fast_qmm(bool on);
+void set_fast_qmm_warp_rows(int n);
+void set_fast_qmm_max_rows(long long n);
+bool fast_qmm_enabled();
+unsigned long long fast_qmm_launches();
 
 }  // namespace mlxs_detail

@@ -1021,8 +1021,9 @@ std::optional<mx::array> try_dequant_gemm(const mx::array& x, const mx::array& w
   return mx::matmul(x, mx::swapaxes(wd, -1, -2, s), s);
 }
 
-// One quantized_matmul: our CUDA or CPU kernel where it covers the product (same bits),
-// the dequantized dense product for many rows on the GPU (above), else MLX's.
+// One quantized_matmul: our CUDA or CPU kernel where it covers the product (one row: MLX's
+// bits; 2..MLX_FAST_QMM_MAX_ROWS rows on CUDA: each row's one-row bits), the dequantized
+// dense product for more rows on the GPU (above), else MLX's.
 mx::array quantized_matmul_one(const mx::array& x, const mx::array& w, const mx::array& scales,
                                const std::optional<mx::array>& biases, bool transpose,
                                std::optional<int> group_size, std::optional<int> bits,
@@ -1127,6 +1128,11 @@ void mlxs_set_fast_qmv_many(bool on) { mlxs_detail::set_fast_qmv_many(on); }
 void mlxs_set_fast_qmv_residual(bool on) { mlxs_detail::set_fast_qmv_residual(on); }
 bool mlxs_fast_qmv_enabled(void) { return mlxs_detail::fast_qmv_enabled(); }
 uint64_t mlxs_fast_qmv_launches(void) { return mlxs_detail::fast_qmv_launches(); }
+void mlxs_set_fast_qmm(bool on) { mlxs_detail::set_fast_qmm(on); }
+void mlxs_set_fast_qmm_max_rows(int64_t n) { mlxs_detail::set_fast_qmm_max_rows(n); }
+void mlxs_set_fast_qmm_warp_rows(int n) { mlxs_detail::set_fast_qmm_warp_rows(n); }
+bool mlxs_fast_qmm_enabled(void) { return mlxs_detail::fast_qmm_enabled(); }
+uint64_t mlxs_fast_qmm_launches(void) { return mlxs_detail::fast_qmm_launches(); }
 int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
                     mlxs_array biases, mlxs_array lhs, mlxs_array rhs, bool transpose,
                     int group_size, int bits, const char* mode, bool sorted, mlxs_stream s) {

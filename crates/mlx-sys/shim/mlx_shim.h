@@ -352,7 +352,10 @@ int mlxs_dequantize(mlxs_array* out, mlxs_array w, mlxs_array scales, mlxs_array
                     int group_size, int bits, const char* mode, mlxs_array global_scale,
                     int32_t dtype, mlxs_stream s);
 /* On the CUDA backend, one-row bfloat16 x 4-bit affine products that MLX runs through its
-   `qmv` kernel go through our faster kernels of the same arithmetic (fast_qmv.cpp). */
+   `qmv` kernel go through our faster kernels of the same arithmetic (fast_qmv.cpp), and
+   products of 2..MLX_FAST_QMM_MAX_ROWS (32) rows of such an x through our multi-row kernel,
+   each row of which is bit-identical to that row's one-row product (not to MLX's own
+   kernel for many rows). */
 int mlxs_quantized_matmul(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
                           mlxs_array biases, bool transpose, int group_size, int bits,
                           const char* mode, mlxs_stream s);
@@ -394,6 +397,18 @@ void mlxs_set_fast_qmv_min_elements(int64_t n);
 bool mlxs_fast_qmv_enabled(void);
 /* How many products have been built with it in this process. */
 uint64_t mlxs_fast_qmv_launches(void);
+/* The multi-row kernel on or off (default on; MLX_FAST_QMM=0 turns it off; it also needs
+   mlxs_set_fast_qmv on). */
+void mlxs_set_fast_qmm(bool on);
+/* The most rows of x it takes (default 32, or MLX_FAST_QMM_MAX_ROWS); more go to MLX. */
+void mlxs_set_fast_qmm_max_rows(int64_t n);
+/* Rows of the weight one warp of it computes: 0 (the default, or MLX_FAST_QMM_WARP_ROWS):
+   2 where the grid stays large enough, else 1; or 1, 2, 4 (other values: 0). The same
+   bits, another speed. */
+void mlxs_set_fast_qmm_warp_rows(int n);
+bool mlxs_fast_qmm_enabled(void);
+/* How many products have been built with the multi-row kernel in this process. */
+uint64_t mlxs_fast_qmm_launches(void);
 int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
                     mlxs_array biases, mlxs_array lhs_indices, mlxs_array rhs_indices,
                     bool transpose, int group_size, int bits, const char* mode,

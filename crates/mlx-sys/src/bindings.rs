@@ -1378,6 +1378,21 @@ unsafe extern "C" {
     pub fn mlxs_fast_qmv_launches() -> u64;
 }
 unsafe extern "C" {
+    pub fn mlxs_set_fast_qmm(on: bool);
+}
+unsafe extern "C" {
+    pub fn mlxs_set_fast_qmm_max_rows(n: i64);
+}
+unsafe extern "C" {
+    pub fn mlxs_set_fast_qmm_warp_rows(n: ::std::os::raw::c_int);
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_qmm_enabled() -> bool;
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_qmm_launches() -> u64;
+}
+unsafe extern "C" {
     pub fn mlxs_gather_qmm(
         out: *mut mlxs_array,
         x: mlxs_array,

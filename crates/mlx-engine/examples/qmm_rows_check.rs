@@ -1,0 +1,508 @@
+//! Checks our multi-row 4-bit CUDA kernel (`mlx_array::quant::set_fast_qmm`, shim
+//! fast_qmv.cpp's kBodyM) on the current device, and times it against MLX's own product of
+//! many rows:
+//! - bits: for every product shape, group size and row count M, every row of the M-row
+//!   product must equal, bit for bit, the one-row product of that row of x alone, both as
+//!   our one-row kernel gives it and as MLX's `qmv` gives it (`set_fast_qmv(false)`); x is
+//!   also given as [2, M/2, K] (batch dimensions flattened into rows) and as a transposed,
+//!   non-contiguous view, which must give the same bits again; for information it also
+//!   prints the row counts at which MLX's own M-row product had those bits;
+//! - time: MLX's M-row product (`set_fast_qmm(false)`) against ours, and one one-row
+//!   product, the median of `--iters` timed evaluations (each of `REPS` products, then a
+//!   synchronisation) after warm-up, in microseconds per product.
+//!
+//! Ours is checked and timed for each `--warp-rows` layout (rows of w a warp,
+//! `set_fast_qmm_warp_rows`; default 1,2,4: the same bits, other speeds; the kernel's
+//! default, timed as `ours`, picks 2 where the grid stays large, else 1); each new
+//! (shape, group size, rows of x a part, layout) compiles one kernel with NVRTC on first
+//! use (MLX keeps them on disk, so a second run starts fast).
+//!
+//! Shapes: `--shapes synthetic` (default) takes the (N, K) of the benchmark models'
+//! projections and heads with random weights at group sizes 32, 64 and 128; `--model DIR`
+//! takes every distinct 4-bit product shape of a quantized model directory (its own
+//! weights and group size); `--shapes small` the three smallest synthetic shapes only.
+//! On a device without the CUDA kernels (the CPU) the bits are still checked (then of
+//! MLX's own kernels) and the report says that the kernel was not used.
+//!
+//! Exit status 1 on any mismatch (or where the CUDA kernel should have run and did not).
+//!
+//! ```sh
+//! cargo build --release -p mlx-engine --examples
+//! target/release/examples/qmm_rows_check [--shapes synthetic|small] [--model DIR]
+//!     [--m 2,3,4,5,8,9,16,32] [--gs 32,64,128] [--warp-rows 1,2,4] [--iters 50]
+//! ```
+use mlx_array::quant::{
+    fast_qmm_launches, quantize, quantized_matmul, set_fast_qmm, set_fast_qmm_warp_rows,
+    set_fast_qmv, QuantMode, Quantized,
+};
+use mlx_array::{random, transforms, Array, Device, DeviceType, Dtype};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// (N, K) of the projections and vocabulary heads of Llama-3.1-8B, Llama-3.2-1B and
+/// Qwen2.5-0.5B.
+const SYNTHETIC: [(i32, i32); 12] = [
+    (4096, 4096),
+    (1024, 4096),
+    (14336, 4096),
+    (4096, 14336),
+    (128256, 4096),
+    (2048, 2048),
+    (8192, 2048),
+    (2048, 8192),
+    (896, 896),
+    (4864, 896),
+    (896, 4864),
+    (151936, 896),
+];
+
+/// Products per timed evaluation (so the host's wait for the device is shared).
+const REPS: usize = 10;
+
+/// One product shape to check: a name, the quantized weight and its group size.
+struct Case {
+    name: String,
+    n: i32,
+    k: i32,
+    gs: i32,
+    q: Quantized,
+    /// Whether the CUDA kernel takes this product (every synthetic one does).
+    ours: bool,
+}
+
+struct Opts {
+    shapes: String,
+    model: Option<String>,
+    ms: Vec<i32>,
+    gss: Vec<i32>,
+    warp_rows: Vec<i32>,
+    iters: usize,
+}
+
+fn list(s: &str) -> Res<Vec<i32>> {
+    s.split(',')
+        .map(|v| {
+            v.trim()
+                .parse::<i32>()
+                .map_err(|e| format!("bad number {v:?}: {e}").into())
+        })
+        .collect()
+}
+
+fn parse_args() -> Res<Opts> {
+    let mut o = Opts {
+        shapes: "synthetic".into(),
+        model: None,
+        ms: vec![2, 3, 4, 5, 8, 9, 16, 32],
+        gss: vec![32, 64, 128],
+        warp_rows: vec![1, 2, 4],
+        iters: 50,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--shapes" => o.shapes = val()?,
+            "--model" => o.model = Some(val()?),
+            "--m" => o.ms = list(&val()?)?,
+            "--gs" => o.gss = list(&val()?)?,
+            "--warp-rows" => o.warp_rows = list(&val()?)?,
+            "--iters" => o.iters = val()?.parse()?,
+            "-h" | "--help" => {
+                println!(
+                    "usage: qmm_rows_check [--shapes synthetic|small] [--model DIR] \
+                     [--m 2,3,...] [--gs 32,64,128] [--warp-rows 1,2,4] [--iters 50]"
+                );
+                std::process::exit(0);
+            }
+            _ => return Err(format!("unknown argument {a:?} (see --help)").into()),
+        }
+    }
+    if o.ms.iter().any(|&m| m < 1) {
+        return Err("--m: row counts must be at least 1".into());
+    }
+    if o.warp_rows.is_empty() || o.warp_rows.iter().any(|r| ![1, 2, 4].contains(r)) {
+        return Err("--warp-rows: each of 1, 2 or 4".into());
+    }
+    Ok(o)
+}
+
+/// Standard normal values from `seed`, times `scale`, in bfloat16.
+fn scaled_normal(shape: &[i32], seed: u64, scale: f32) -> Res<Array> {
+    Ok(
+        random::normal(shape, Dtype::Float32, None, None, Some(&random::key(seed)?))?
+            .multiply(&Array::scalar(scale)?)?
+            .astype(Dtype::Bfloat16)?,
+    )
+}
+
+/// `x @ dequantize(q).T` (4-bit affine, group size `gs`), not evaluated.
+fn qmm(x: &Array, q: &Quantized, gs: i32) -> Res<Array> {
+    Ok(quantized_matmul(
+        x,
+        &q.weight,
+        &q.scales,
+        q.biases.as_ref(),
+        true,
+        Some(gs),
+        Some(4),
+        QuantMode::Affine,
+    )?)
+}
+
+/// Whether `a` and `b` hold the same bits (bfloat16 values compared as uint16).
+fn same_bits(a: &Array, b: &Array) -> Res<bool> {
+    if a.shape() != b.shape() {
+        return Ok(false);
+    }
+    Ok(a.view(Dtype::Uint16)?
+        .array_equal(&b.view(Dtype::Uint16)?, false)?
+        .item::<bool>()?)
+}
+
+/// The rows of [M, N] `y` that differ in any bit from those of `r`.
+fn differing_rows(y: &Array, r: &Array) -> Res<Vec<i32>> {
+    let (m, n) = (y.dim(0)?, y.dim(1)?);
+    let mut bad = Vec::new();
+    for i in 0..m {
+        let yi = y.slice(&[i, 0], &[i + 1, n], None)?;
+        let ri = r.slice(&[i, 0], &[i + 1, n], None)?;
+        if !same_bits(&yi, &ri)? {
+            bad.push(i);
+        }
+    }
+    Ok(bad)
+}
+
+/// Median microseconds of one product made by `f` (`iters` samples of REPS products
+/// evaluated together, after three such warm-up rounds).
+fn time_us(iters: usize, f: &dyn Fn() -> Res<Array>) -> Res<f64> {
+    let round = || -> Res<f64> {
+        let tic = Instant::now();
+        let ys = (0..REPS).map(|_| f()).collect::<Res<Vec<_>>>()?;
+        transforms::eval(&ys.iter().collect::<Vec<_>>())?;
+        mlx_array::synchronize()?;
+        Ok(tic.elapsed().as_secs_f64() * 1e6 / REPS as f64)
+    };
+    for _ in 0..3 {
+        round()?;
+    }
+    let mut ts = (0..iters).map(|_| round()).collect::<Res<Vec<_>>>()?;
+    ts.sort_by(f64::total_cmp);
+    Ok(ts[ts.len() / 2])
+}
+
+/// Whether fast_qmv.cpp's kernels take a bfloat16 x by this 4-bit weight (`eligible_rows`
+/// there): K a multiple of 32 up to 16384, bfloat16 scales, and not a row no longer than a
+/// group with more than 16384 outputs (which MLX itself sends to `qmm` at one row).
+fn kernel_takes(n: i32, k: i32, gs: i32, scales: Dtype) -> bool {
+    scales == Dtype::Bfloat16
+        && k % 32 == 0
+        && k <= 16384
+        && [32, 64, 128].contains(&gs)
+        && !(k % 64 == 0 && gs >= k && n > 16384)
+}
+
+/// Synthetic cases: random weights (scaled like trained ones) of each shape and group size.
+fn synthetic(shapes: &[(i32, i32)], gss: &[i32]) -> Res<Vec<Case>> {
+    let mut cases = Vec::new();
+    for (i, &(n, k)) in shapes.iter().enumerate() {
+        let w = scaled_normal(&[n, k], 100 + i as u64, 0.05)?;
+        for &gs in gss {
+            if k % gs != 0 {
+                continue;
+            }
+            let q = quantize(&w, Some(gs), Some(4), QuantMode::Affine)?;
+            transforms::eval(&[&q.weight, &q.scales])?;
+            cases.push(Case {
+                name: "random".into(),
+                n,
+                k,
+                gs,
+                q,
+                ours: kernel_takes(n, k, gs, Dtype::Bfloat16),
+            });
+        }
+    }
+    Ok(cases)
+}
+
+/// Every distinct (N, K) of the 4-bit affine weights of a quantized model directory
+/// (`*.weight` uint32 with `.scales` and `.biases`, group size from config.json's
+/// `quantization`), the first weight of each shape.
+fn model_cases(dir: &str) -> Res<Vec<Case>> {
+    let dir = Path::new(dir);
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+    let quant = config
+        .get("quantization")
+        .or_else(|| config.get("quantization_config"))
+        .ok_or("config.json has no \"quantization\": not a quantized model")?;
+    let gs = quant
+        .get("group_size")
+        .and_then(|v| v.as_i64())
+        .unwrap_or(64) as i32;
+    let bits = quant.get("bits").and_then(|v| v.as_i64()).unwrap_or(4);
+    if bits != 4 {
+        return Err(format!("the model is {bits}-bit; this check is for 4-bit weights").into());
+    }
+    let mut tensors = BTreeMap::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!("no .safetensors files in {}", dir.display()).into());
+    }
+    for f in files {
+        tensors.extend(mlx_array::io::load_safetensors(&f)?.0);
+    }
+    let mut seen = BTreeMap::new();
+    for (name, w) in &tensors {
+        let Some(base) = name.strip_suffix(".weight") else {
+            continue;
+        };
+        let (Some(s), Some(b)) = (
+            tensors.get(&format!("{base}.scales")),
+            tensors.get(&format!("{base}.biases")),
+        ) else {
+            continue;
+        };
+        if w.dtype() != Dtype::Uint32 || w.ndim() != 2 || s.ndim() != 2 {
+            continue;
+        }
+        let (n, k) = (w.dim(0)?, w.dim(1)? * 8);
+        if s.dim(1)? * gs != k {
+            println!("{name}: scales do not match group size {gs} (skipped)");
+            continue;
+        }
+        seen.entry((n, k)).or_insert_with(|| Case {
+            name: base.to_string(),
+            n,
+            k,
+            gs,
+            ours: kernel_takes(n, k, gs, s.dtype()),
+            q: Quantized {
+                weight: w.clone(),
+                scales: s.clone(),
+                biases: Some(b.clone()),
+            },
+        });
+    }
+    if seen.is_empty() {
+        return Err("no 4-bit affine weights (.weight/.scales/.biases) found".into());
+    }
+    Ok(seen.into_values().collect())
+}
+
+/// The bit checks of one case at M rows with each layout of ours (`warp_rows`): whether
+/// all held, whether our kernel ran for every layout, and (for information, not checked)
+/// whether MLX's own M-row product (`set_fast_qmm(false)`) has the one-row bits too.
+fn check_bits(c: &Case, m: i32, seed: u64, warp_rows: &[i32]) -> Res<(bool, bool, bool)> {
+    let k = c.k;
+    let x = scaled_normal(&[m, k], seed, 1.0 + (seed % 4) as f32)?;
+    transforms::eval(&[&x])?;
+    // The references: each row alone, through MLX's qmv and through our one-row kernel.
+    let rows = |fast: bool| -> Res<Array> {
+        set_fast_qmv(fast);
+        let ys = (0..m)
+            .map(|i| qmm(&x.slice(&[i, 0], &[i + 1, k], None)?, &c.q, c.gs))
+            .collect::<Res<Vec<_>>>()?;
+        let y = mlx_array::concatenate(&ys.iter().collect::<Vec<_>>(), 0)?;
+        transforms::eval(&[&y])?;
+        Ok(y)
+    };
+    let mlx_rows = rows(false)?;
+    let our_rows = rows(true)?;
+    set_fast_qmv(true);
+    set_fast_qmm(false);
+    let mlx_m = qmm(&x, &c.q, c.gs)?;
+    transforms::eval(&[&mlx_m])?;
+    let mlx_same = same_bits(&mlx_m, &mlx_rows)?;
+    set_fast_qmm(true);
+    // A non-contiguous x: the transpose of a [K, M] array (values copied exactly).
+    let xt = x
+        .transpose(None)?
+        .astype(Dtype::Float32)?
+        .astype(Dtype::Bfloat16)?
+        .transpose(None)?;
+    let mut ok = true;
+    let mut used = true;
+    for &rw in warp_rows {
+        set_fast_qmm_warp_rows(rw as u32);
+        let before = fast_qmm_launches();
+        let y = qmm(&x, &c.q, c.gs)?;
+        transforms::eval(&[&y])?;
+        used &= fast_qmm_launches() > before;
+        let mut report = |what: &str, bad: Vec<i32>| {
+            if !bad.is_empty() {
+                ok = false;
+                println!(
+                    "  MISMATCH {} N={} K={} group {} M={m} warp rows {rw}: {what}: \
+                     rows {bad:?} differ",
+                    c.name, c.n, c.k, c.gs
+                );
+            }
+        };
+        report("against MLX's one-row qmv", differing_rows(&y, &mlx_rows)?);
+        report("against our one-row kernel", differing_rows(&y, &our_rows)?);
+        // Batch dimensions flattened into rows.
+        if m % 2 == 0 {
+            let y3 = qmm(&x.reshape(&[2, m / 2, k])?, &c.q, c.gs)?;
+            let same = same_bits(&y3.reshape(&[m, c.n])?, &y)?;
+            report(
+                "x as [2, M/2, K] against x as [M, K]",
+                if same { vec![] } else { vec![-1] },
+            );
+        }
+        let same = same_bits(&qmm(&xt, &c.q, c.gs)?, &y)?;
+        report(
+            "a transposed view of x against x",
+            if same { vec![] } else { vec![-1] },
+        );
+    }
+    set_fast_qmm_warp_rows(0);
+    Ok((ok, used, mlx_same))
+}
+
+fn main() -> Res<()> {
+    let o = parse_args()?;
+    let gpu = Device::default_device()?.kind == DeviceType::Gpu;
+    println!(
+        "device: {}; rows M: {:?}; warp rows: {:?}; timing: {}",
+        if gpu { "gpu" } else { "cpu" },
+        o.ms,
+        o.warp_rows,
+        if o.iters > 0 {
+            format!("median of {} x {REPS} products", o.iters)
+        } else {
+            "off".into()
+        }
+    );
+    let cases = if let Some(dir) = &o.model {
+        model_cases(dir)?
+    } else {
+        match o.shapes.as_str() {
+            "synthetic" => synthetic(&SYNTHETIC, &o.gss)?,
+            "small" => synthetic(&SYNTHETIC[8..11], &o.gss)?,
+            s => return Err(format!("--shapes {s:?}: expected synthetic or small").into()),
+        }
+    };
+    let mut all_ok = true;
+    let mut never_used = true;
+    // Timings: (case, M, MLX's M-row product, ours per layout, one one-row product), in
+    // microseconds.
+    let mut table: Vec<(&Case, i32, f64, Vec<f64>, f64)> = Vec::new();
+    for c in &cases {
+        let tic = Instant::now();
+        let one_row = if o.iters > 0 {
+            let x = scaled_normal(&[1, c.k], 9, 1.0)?;
+            transforms::eval(&[&x])?;
+            time_us(o.iters, &|| qmm(&x, &c.q, c.gs))?
+        } else {
+            0.0
+        };
+        let mut ok_all_m = true;
+        let mut used_all_m = true;
+        // The row counts where MLX's own product already had the one-row bits.
+        let mut mlx_invariant = Vec::new();
+        for &m in &o.ms {
+            let (ok, used, mlx_same) =
+                check_bits(c, m, (m as u64) * 7 + c.gs as u64, &o.warp_rows)?;
+            if mlx_same {
+                mlx_invariant.push(m);
+            }
+            ok_all_m &= ok;
+            used_all_m &= used || m < 2 || !c.ours;
+            never_used &= !used;
+            if o.iters > 0 {
+                let x = scaled_normal(&[m, c.k], 9, 1.0)?;
+                transforms::eval(&[&x])?;
+                let f = || qmm(&x, &c.q, c.gs);
+                set_fast_qmm(false);
+                let theirs = time_us(o.iters, &f)?;
+                set_fast_qmm(true);
+                set_fast_qmm_warp_rows(0);
+                let mut ours = vec![time_us(o.iters, &f)?];
+                for &rw in &o.warp_rows {
+                    set_fast_qmm_warp_rows(rw as u32);
+                    ours.push(time_us(o.iters, &f)?);
+                }
+                set_fast_qmm_warp_rows(0);
+                table.push((c, m, theirs, ours, one_row));
+            }
+        }
+        all_ok &= ok_all_m;
+        // On the GPU every shape here is one the kernel takes: not running it is a failure.
+        if gpu && !used_all_m {
+            all_ok = false;
+        }
+        println!(
+            "{} N={} K={} group {}: {}{}; MLX's own M-row product the same for M in {:?} ({:.1} s)",
+            c.name,
+            c.n,
+            c.k,
+            c.gs,
+            if ok_all_m { "rows identical" } else { "DIFFER" },
+            if !c.ours {
+                " (a product our kernel does not take: MLX's bits checked)"
+            } else if used_all_m || !gpu {
+                ""
+            } else {
+                ", our kernel NOT used for some M"
+            },
+            mlx_invariant,
+            tic.elapsed().as_secs_f64()
+        );
+        std::io::stdout().flush()?;
+    }
+    if never_used {
+        println!(
+            "note: the multi-row CUDA kernel never ran (no CUDA device): the bits checked \
+             above are MLX's own kernels'"
+        );
+    }
+    if !table.is_empty() {
+        println!();
+        let heads: String = std::iter::once(format!(" {:>9}", "ours"))
+            .chain(
+                o.warp_rows
+                    .iter()
+                    .map(|rw| format!(" {:>9}", format!("ours x{rw}"))),
+            )
+            .collect();
+        println!(
+            "{:<32} {:>7} {:>6} {:>3} {:>3} {:>9}{heads} {:>8} {:>9}",
+            "weight", "N", "K", "gs", "M", "mlx qmm", "speedup", "1-row"
+        );
+        for (c, m, theirs, ours, one_row) in &table {
+            let cols: String = ours.iter().map(|t| format!(" {t:>9.1}")).collect();
+            println!(
+                "{:<32} {:>7} {:>6} {:>3} {m:>3} {theirs:>9.1}{cols} {:>7.2}x {one_row:>9.1}",
+                c.name,
+                c.n,
+                c.k,
+                c.gs,
+                theirs / ours[0],
+            );
+        }
+        println!(
+            "(microseconds per product, median; \"ours\": the default layout, \"ours xR\": R \
+             rows of w a warp; \"speedup\": mlx qmm over ours; \"1-row\": one row of x, for \
+             scale; products of a few microseconds measure the host's cost of a launch)"
+        );
+    }
+    println!();
+    if all_ok {
+        println!("RESULT: PASS (every row bit-identical to its one-row product)");
+        Ok(())
+    } else {
+        println!("RESULT: FAIL (see MISMATCH / NOT used above)");
+        std::process::exit(1);
+    }
+}
