@@ -12,6 +12,8 @@
 #
 #   nextdiag   issue 26: Qwen3-Next 4-bit shape, our first runs timed step by step
 #              (mlx-generate twice, then mlx-benchmark), to find session 14's stall
+#   nextfirst  issue 26: Qwen3-Next 4-bit shape, a first process of each tool on its own cold
+#              kernel cache (MLX_PTX_CACHE_DIR): time and kernels compiled
 #   nextpf     issue 26: Qwen3-Next 4-bit shape, prefill and decode against mlx-lm (gpu.sh)
 #   eval8b     issue 23: benchmarks/gpu_evaluate.sh on the 8B shape only
 #   struct8b   issue 20: benchmarks/gpu_structured.sh on the 8B bf16 shape (1 and 32 streams)
@@ -19,6 +21,8 @@
 #   lora       issue 24: benchmarks/gpu_lora.sh (1B bf16 LoRA, 8B 4-bit QLoRA), 1 round
 #   specsrv    issue 19: server aggregate decode at 1/8/32 streams, echo 8B target, with
 #              and without its 4-bit draft
+#   spec       issue 19: gpu_spec.sh, echo 8B with its 4-bit copy (k 3, 4) and with a random
+#              1B draft under --draft-min-acceptance 0.5 (ours only)
 #   qmm        issue 21: qmm_rows_check (our M-row 4-bit product against MLX's, bits and time)
 #   ab8b       issue 21: mlx-benchmark 8B 4-bit at batch 1/8/32, our M-row product on and off
 set -u
@@ -59,7 +63,24 @@ for PART in "$@"; do
         > "$D/bench.txt" 2>&1
       echo "mlx-benchmark -p 512 -g 128 rc=$? $(( ($(date +%s%N) - s) / 1000000 )) ms" >> "$D/stdout.txt"
       cat "$D/bench.txt" >> "$D/stdout.txt" ;;
+    nextfirst)
+      # A first process on a cold MLX kernel cache (MLX_PTX_CACHE_DIR per tool): time and
+      # the number of kernels each tool had compiled; then ours again on its warm cache.
+      M=$MODELS/qwen3-next-80b-a3b-l4-4bit
+      python3 xtask/py/make_bench_models.py --out "$MODELS" --only qwen3-next-80b-a3b-l4-4bit \
+        --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      for who in mlx-lm ours ours-again; do
+        dir=/tmp/ptx-${who%-again}
+        cmd=("$NEW/mlx-generate"); [ "$who" = mlx-lm ] && cmd=(python3 -m mlx_lm generate)
+        s=$(date +%s%N)
+        MLX_PTX_CACHE_DIR=$dir timeout 110 "${cmd[@]}" --model "$M" --prompt "hello there" -m 16 \
+          > "$D/first-$who.txt" 2>&1
+        echo "$who rc=$? $(( ($(date +%s%N) - s) / 1000000 )) ms; cache $dir: $(find $dir -type f 2>/dev/null | wc -l) files, $(du -sh $dir 2>/dev/null | cut -f1)" >> "$D/stdout.txt"
+        find $dir -type f -printf '%s %f\n' 2>/dev/null | sort -n | tail -40 > "$D/cache-$who.txt"
+      done
+      cat "$D/stdout.txt" ;;
     nextpf)
+      export MLX_PTX_CACHE_DIR=/tmp/ptx-ours
       OUT=$D STEP_TIMEOUT=240 timeout "$L" bash benchmarks/gpu.sh "$NEW" \
         --only qwen3-next-80b-a3b-l4-4bit \
         -p 512 -g 128 -n 2 --rounds 1 --startup-runs 0 --budget $((L - 20)) > "$D/stdout.txt" 2>&1 ;;
@@ -71,7 +92,19 @@ for PART in "$@"; do
       OUT=$D MLX_ENGINE_PROFILE_EVERY=16 timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" \
         --only llama-3.1-8b-bf16 --streams 32 > "$D/stdout.txt" 2>&1 ;;
     qmm)
-      timeout "$L" "$NEW/qmm_rows_check" --shapes synthetic > "$D/stdout.txt" 2>&1 ;;
+      timeout $(( L < 200 ? L : 200 )) "$NEW/qmm_rows_check" --gs 64 --m 2,3,4,8,16,32 --iters 20 \
+        > "$D/stdout.txt" 2>&1 ;;
+    spec)
+      # issue 19 after the M-row kernel: the echo self-draft (every draft accepted), and the
+      # random 1B draft (none accepted) with --draft-min-acceptance 0.5; ours only.
+      OUT=$D MLX_SDPA_SPLIT_QUERIES=1 STEP_TIMEOUT=120 SKIP_MLX_LM=1 timeout "$L" \
+        bash benchmarks/gpu_spec.sh "$NEW" --pairs llama-3.1-8b-echo-bf16:llama-3.1-8b-echo-4bit \
+        -k 3,4 > "$D/stdout.txt" 2>&1
+      mkdir -p "$D/adapt"
+      OUT=$D/adapt MLX_SDPA_SPLIT_QUERIES=1 STEP_TIMEOUT=120 SKIP_MLX_LM=1 \
+        OURS_SPEC_ARGS="--draft-min-acceptance 0.5" timeout "$(left)" \
+        bash benchmarks/gpu_spec.sh "$NEW" --pairs llama-3.1-8b-echo-bf16:llama-3.2-1b-bf16 \
+        -k 3 >> "$D/stdout.txt" 2>&1 ;;
     ab8b)
       python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-4bit \
         --tokenizers .gpu/tok > "$D/models.txt" 2>&1

@@ -26,6 +26,8 @@
 # rarely produce it; the token count is checked). Writes $OUT/summary.md, $OUT/log.txt
 # and $OUT/raw/<pair>.txt (every command and its output; ours also prints the accepted /
 # drafted counts on stderr). Uses no network.
+# Environment: OURS_SPEC_ARGS (extra flags for ours' speculative runs, e.g.
+# "--draft-min-acceptance 0.5"); SKIP_MLX_LM=1 leaves mlx-lm's runs out ("-" in the table).
 set -euo pipefail
 
 BIN=.gpu/bin
@@ -104,7 +106,9 @@ for pair in ${PAIRS//,/ }; do
   ours_plain=() mlx_plain=()
   for ((i = 1; i <= ROUNDS; i++)); do
     ours_plain+=("$(run_gen "$raw" ours-plain "$GEN" "${base[@]}" | cut -d' ' -f1)")
-    mlx_plain+=("$(run_gen "$raw" mlx-lm-plain "$PY" -m mlx_lm generate "${base[@]}" | cut -d' ' -f1)")
+    if [ "${SKIP_MLX_LM:-0}" = 1 ]; then mlx_plain+=("-"); else
+      mlx_plain+=("$(run_gen "$raw" mlx-lm-plain "$PY" -m mlx_lm generate "${base[@]}" | cut -d' ' -f1)")
+    fi
   done
   op=$(printf '%s\n' "${ours_plain[@]}" | best)
   mp=$(printf '%s\n' "${mlx_plain[@]}" | best)
@@ -112,9 +116,12 @@ for pair in ${PAIRS//,/ }; do
     spec=(--draft-model "$MODELS/$draft" --num-draft-tokens "$k")
     os_all=() ms_all=() acc="-"
     for ((i = 1; i <= ROUNDS; i++)); do
-      r=$(run_gen "$raw" ours-spec "$GEN" "${base[@]}" "${spec[@]}")
+      # shellcheck disable=SC2086
+      r=$(run_gen "$raw" ours-spec "$GEN" "${base[@]}" "${spec[@]}" ${OURS_SPEC_ARGS:-})
       os_all+=("${r%% *}"); acc=$(echo "$r" | cut -d' ' -f2-)
-      ms_all+=("$(run_gen "$raw" mlx-lm-spec "$PY" -m mlx_lm generate "${base[@]}" "${spec[@]}" | cut -d' ' -f1)")
+      if [ "${SKIP_MLX_LM:-0}" = 1 ]; then ms_all+=("-"); else
+        ms_all+=("$(run_gen "$raw" mlx-lm-spec "$PY" -m mlx_lm generate "${base[@]}" "${spec[@]}" | cut -d' ' -f1)")
+      fi
     done
     os=$(printf '%s\n' "${os_all[@]}" | best)
     ms=$(printf '%s\n' "${ms_all[@]}" | best)
