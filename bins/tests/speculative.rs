@@ -119,6 +119,41 @@ fn rotating_target_falls_back_to_plain_decoding() {
 }
 
 #[test]
+fn a_rejected_draft_steps_aside_to_plain_decoding() {
+    // The draft of another shape has its own random weights: hardly a draft is
+    // accepted. With --draft-min-acceptance 0.5 generation steps aside after the 8
+    // rounds of the window (one token each) and gives plain greedy output.
+    let target = "llama-small-f32";
+    let plain = text(&gen(target, &[]));
+    let d = model("llama-small-f32-hd32");
+    let aside = ["--draft-model", d.as_str(), "--draft-min-acceptance", "0.5"];
+    assert_eq!(text(&gen(target, &aside)), plain);
+    let mut verbose = aside.to_vec();
+    verbose.extend(["--verbose", "True"]);
+    let out = gen(target, &verbose);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        stderr.contains("drafted tokens accepted") && stderr.contains("in 8 rounds"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("over the last 8 rounds, below the minimum acceptance of 0.5")
+            && stderr.contains("stepped aside to plain decoding after 8 tokens"),
+        "{stderr}"
+    );
+    // The default (0, mlx-lm's behaviour) speculates to the end.
+    let out = gen(target, &["--draft-model", &d, "--verbose", "True"]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("stepped aside"), "{stderr}");
+    assert!(!stderr.contains("in 8 rounds"), "{stderr}");
+    // Out of range: one clear line.
+    for f in ["1.5", "-0.2"] {
+        let out = gen(target, &["--draft-model", &d, "--draft-min-acceptance", f]);
+        error_line(&out, &["--draft-min-acceptance", "from 0 to 1", f]);
+    }
+}
+
+#[test]
 fn prompt_lookup_output_is_plain_greedy_output() {
     for target in [
         "llama-small-f32",

@@ -888,6 +888,51 @@ mod tests {
     }
 
     #[test]
+    fn acceptance_policy_judges_the_last_rounds() {
+        // Below the minimum: it steps aside at the window's last round, not before.
+        let mut p = AcceptancePolicy::new(0.5);
+        for _ in 1..ACCEPTANCE_WINDOW {
+            assert_eq!(p.record(3, 1), None);
+        }
+        let got = p.record(3, 1);
+        let w = ACCEPTANCE_WINDOW as u64;
+        assert_eq!(
+            got,
+            Some(StepAside {
+                drafted: 3 * w,
+                accepted: w
+            })
+        );
+        // The window slides: good rounds, then bad ones until the last 8 fall below
+        // half (6 of 8 rounds at 3/4, then 2 at 0: 18 of 32).
+        let mut p = AcceptancePolicy::new(0.5);
+        for _ in 0..ACCEPTANCE_WINDOW {
+            assert_eq!(p.record(4, 3), None);
+        }
+        assert_eq!(p.record(4, 0), None); // 21 of 32
+        assert_eq!(p.record(4, 0), None); // 18 of 32
+        assert_eq!(
+            p.record(4, 0),
+            Some(StepAside {
+                drafted: 32,
+                accepted: 15
+            })
+        );
+        // Rounds that drafted nothing (a prediction that stopped matching) count as 0.
+        let mut p = AcceptancePolicy::new(0.1);
+        let got: Vec<_> = (0..ACCEPTANCE_WINDOW).map(|_| p.record(0, 0)).collect();
+        assert_eq!(got.last().copied().flatten(), Some(StepAside { drafted: 0, accepted: 0 }));
+        // A minimum of 0 never steps aside.
+        let mut p = AcceptancePolicy::new(0.0);
+        assert!((0..100).all(|_| p.record(5, 0).is_none()));
+        // The minimum's bounds.
+        assert!(check_min_acceptance(-0.1).is_err());
+        assert!(check_min_acceptance(1.01).is_err());
+        assert!(check_min_acceptance(f64::NAN).is_err());
+        assert_eq!(check_min_acceptance(1.0).unwrap(), 1.0);
+    }
+
+    #[test]
     fn num_draft_tokens_bounds() {
         assert!(check_num_draft_tokens(0).is_err());
         assert!(check_num_draft_tokens(-3).is_err());
