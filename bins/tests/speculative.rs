@@ -321,8 +321,8 @@ fn constrained_speculative_output_is_constrained_plain_output() {
     assert!(line.contains("(100.0%)"), "{line}");
 }
 
-/// `mlx-server` checks its draft settings before serving: a draft length out of range
-/// and a draft of another vocabulary end it with an error naming the problem.
+/// `mlx-server` checks its draft settings before serving: a draft length or a minimum
+/// acceptance out of range and a draft of another vocabulary end it with an error naming the problem.
 #[test]
 fn mlx_server_refuses_bad_draft_settings_at_start() {
     let m = model("llama-small-f32");
@@ -343,6 +343,8 @@ fn mlx_server_refuses_bad_draft_settings_at_start() {
         let out = server(&["--draft-model", &m, "--num-draft-tokens", k]);
         failed(&out, &["--num-draft-tokens", "between 1 and 64", k]);
     }
+    let out = server(&["--draft-model", &m, "--draft-min-acceptance", "2"]);
+    failed(&out, &["--draft-min-acceptance", "from 0 to 1", "2"]);
     let tmp = TempDir::new("spec-server-vocab");
     let (dir, vocab) = bigger_vocab(&tmp);
     let d = dir.to_string_lossy().into_owned();
