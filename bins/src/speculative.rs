@@ -33,7 +33,12 @@ pub struct SpeculativeArgs {
     /// Stop speculating (not in mlx-lm) once fewer than this share (0 to 1) of the
     /// drafts of the last 8 rounds were accepted: the rest of the generation decodes
     /// plainly. 0 never stops (mlx-lm's behaviour)
-    #[arg(long, value_name = "F", default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        value_name = "F",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
     pub draft_min_acceptance: f64,
 }
 

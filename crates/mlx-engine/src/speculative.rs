@@ -921,7 +921,13 @@ mod tests {
         // Rounds that drafted nothing (a prediction that stopped matching) count as 0.
         let mut p = AcceptancePolicy::new(0.1);
         let got: Vec<_> = (0..ACCEPTANCE_WINDOW).map(|_| p.record(0, 0)).collect();
-        assert_eq!(got.last().copied().flatten(), Some(StepAside { drafted: 0, accepted: 0 }));
+        assert_eq!(
+            got.last().copied().flatten(),
+            Some(StepAside {
+                drafted: 0,
+                accepted: 0
+            })
+        );
         // A minimum of 0 never steps aside.
         let mut p = AcceptancePolicy::new(0.0);
         assert!((0..100).all(|_| p.record(5, 0).is_none()));

@@ -353,12 +353,19 @@ fn rows_whose_drafts_are_rejected_step_aside_and_decode_plainly() {
 
     // The model as its own draft (every draft accepted) never steps aside.
     let metrics = Arc::new(EngineMetrics::default());
-    let engine =
-        Engine::start_with_draft(model(TARGET), Some(model(TARGET)), min(0.5), metrics.clone())
-            .expect("engine");
+    let engine = Engine::start_with_draft(
+        model(TARGET),
+        Some(model(TARGET)),
+        min(0.5),
+        metrics.clone(),
+    )
+    .expect("engine");
     for (i, g) in serve(&engine, reqs()).iter().enumerate() {
         assert_eq!(g.tokens, want[i], "row {i}");
-        assert!(g.from_draft > 0 && g.from_draft <= g.drafted, "row {i}: {g:?}");
+        assert!(
+            g.from_draft > 0 && g.from_draft <= g.drafted,
+            "row {i}: {g:?}"
+        );
     }
     assert_eq!(metrics.spec_stepped_aside.get(), 0);
 

@@ -561,9 +561,7 @@ impl SpecBatch {
             between.extend_from_slice(&row.generated[..row.generated.len().saturating_sub(1)]);
             row.seq.sampling_mut().prompt(&between)?;
         }
-        let keep: Vec<usize> = (0..self.rows.len())
-            .filter(|i| !idx.contains(i))
-            .collect();
+        let keep: Vec<usize> = (0..self.rows.len()).filter(|i| !idx.contains(i)).collect();
         let cache = self.cache.split(&idx).map_err(cache_err)?;
         if !self.lag.is_empty() {
             self.draft_cache.filter(&keep).map_err(cache_err)?;
