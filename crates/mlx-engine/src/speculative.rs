@@ -260,6 +260,8 @@ pub struct SpeculativeGenerator<'a> {
     acceptance: AcceptancePolicy,
     /// The policy asked to step aside after the current round.
     step_aside: Option<StepAside>,
+    /// After the fallback: the step queued on the token handed out last.
+    queued: Option<(Array, Array)>,
 }
 
 impl Drop for SpeculativeGenerator<'_> {
@@ -399,6 +401,7 @@ impl<'a> SpeculativeGenerator<'a> {
             stats: SpeculativeStats::default(),
             acceptance: AcceptancePolicy::default(),
             step_aside: None,
+            queued: None,
         })
     }
 
@@ -721,18 +724,37 @@ impl<'a> SpeculativeGenerator<'a> {
         Ok(())
     }
 
-    /// A plain decoding step on `y` after the fallback.
+    /// The target's step on `y` (`[1]`) after the fallback, queued: the sampled token
+    /// `[1]` and its log-probabilities `[vocab]`.
+    fn plain_forward(&mut self, y: &Array) -> Result<(Array, Array)> {
+        let target_caches = &mut self.caches[..self.n_target];
+        let logits = step::forward(self.model, &y.expand_dims(&[0])?, target_caches, self.kv)?;
+        self.extend_history(y)?;
+        let (t, lp) =
+            step::sample_with_history(&mut self.sampling, self.history.as_ref(), &logits)?;
+        let lp = lp.squeeze(Some(&[0]))?;
+        transforms::async_eval(&[&t, &lp])?;
+        Ok((t, lp))
+    }
+
+    /// A plain decoding step after the fallback, pipelined as mlx-lm's `generate_step`
+    /// is: the step on the token handed out now is queued before that token is read
+    /// (unless it is the last one, or a constraint needs the token first).
     fn plain_step(&mut self) -> Result<Option<(u32, Array)>> {
         if self.remaining() == 0 {
             self.finished = true;
             return Ok(None);
         }
-        let y = Array::from_slice(&self.y, &[self.y.len() as i32])?;
-        let target_caches = &mut self.caches[..self.n_target];
-        let logits = step::forward(self.model, &y.expand_dims(&[0])?, target_caches, self.kv)?;
-        self.extend_history(&y)?;
-        let (t, lp) =
-            step::sample_with_history(&mut self.sampling, self.history.as_ref(), &logits)?;
+        let (t, lp) = match self.queued.take() {
+            Some(q) => q,
+            None => {
+                let y = Array::from_slice(&self.y, &[self.y.len() as i32])?;
+                self.plain_forward(&y)?
+            }
+        };
+        if !self.constrained && self.remaining() > 1 {
+            self.queued = Some(self.plain_forward(&t)?);
+        }
         let token = step::read_token(&t)?;
         if self.constrained {
             self.sampling.accept(token)?;
@@ -742,7 +764,7 @@ impl<'a> SpeculativeGenerator<'a> {
         if self.ntoks % 256 == 0 {
             memory::clear_cache();
         }
-        Ok(Some((token, lp.squeeze(Some(&[0]))?)))
+        Ok(Some((token, lp)))
     }
 
     fn next_inner(&mut self) -> Result<Option<(u32, Array)>> {

@@ -315,8 +315,12 @@ fn rows_whose_drafts_are_rejected_step_aside_and_decode_plainly() {
     // the target: every row leaves the speculating batch after the window's rounds of
     // 3 drafts and decodes plainly, with the tokens it gives without speculation.
     let metrics = Arc::new(EngineMetrics::default());
+    let cached = mlx_engine::batch::EngineOptions {
+        prompt_cache_size: 8,
+        ..min(0.5)
+    };
     let engine =
-        Engine::start_with_draft(model(TARGET), Some(model(DRAFT)), min(0.5), metrics.clone())
+        Engine::start_with_draft(model(TARGET), Some(model(DRAFT)), cached, metrics.clone())
             .expect("engine");
     // A plain row decodes in the batch they join.
     let long = GenerationRequest::new(PROMPTS[2].to_vec(), ASIDE_MAX + 10);
@@ -331,6 +335,16 @@ fn rows_whose_drafts_are_rejected_step_aside_and_decode_plainly() {
     assert_eq!(got[4].tokens, long_want);
     assert_eq!(got[4].drafted, 0);
     assert_eq!(metrics.spec_stepped_aside.get(), 4);
+    // Their caches hold the tokens they count as fed: a prompt that continues row 0's
+    // answer is served from the cache row 0 left, and answers as without it.
+    let mut follow = PROMPTS[0].to_vec();
+    follow.extend_from_slice(&want[0]);
+    let follow = GenerationRequest::new(follow, 5);
+    let follow_want = serve(&plain, vec![follow.clone()]).remove(0).tokens;
+    let before = metrics.cached_prompt_tokens.get();
+    assert_eq!(serve(&engine, vec![follow]).remove(0).tokens, follow_want);
+    let hit = metrics.cached_prompt_tokens.get() - before;
+    assert_eq!(hit as usize, PROMPTS[0].len() + ASIDE_MAX - 1);
     // A wrong prediction stops being drafted from too.
     let got = serve(
         &engine,
