@@ -146,6 +146,20 @@ fn a_rejected_draft_steps_aside_to_plain_decoding() {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!stderr.contains("stepped aside"), "{stderr}");
     assert!(!stderr.contains("in 8 rounds"), "{stderr}");
+    // Under a constraint too (a minimum of 1: any rejection in the window steps aside),
+    // the plain steps after it taking each token before the next is built.
+    let tmp = TempDir::new("spec-aside-schema");
+    let schema = tmp.0.join("schema.json");
+    std::fs::write(&schema, SCHEMA).unwrap();
+    let s = schema.to_string_lossy().into_owned();
+    let long = ["--json-schema", s.as_str(), "--max-tokens", "80"];
+    let plain = text(&gen(target, &long));
+    let mut flags = long.to_vec();
+    flags.extend(["--draft-model", &d, "--draft-min-acceptance", "1"]);
+    assert_eq!(text(&gen(target, &flags)), plain);
+    flags.extend(["--verbose", "True"]);
+    let stderr = String::from_utf8_lossy(&gen(target, &flags).stderr).into_owned();
+    assert!(stderr.contains("stepped aside to plain decoding"), "{stderr}");
     // Out of range: one clear line.
     for f in ["1.5", "-0.2"] {
         let out = gen(target, &["--draft-model", &d, "--draft-min-acceptance", f]);
