@@ -159,7 +159,10 @@ fn a_rejected_draft_steps_aside_to_plain_decoding() {
     assert_eq!(text(&gen(target, &flags)), plain);
     flags.extend(["--verbose", "True"]);
     let stderr = String::from_utf8_lossy(&gen(target, &flags).stderr).into_owned();
-    assert!(stderr.contains("stepped aside to plain decoding"), "{stderr}");
+    assert!(
+        stderr.contains("stepped aside to plain decoding"),
+        "{stderr}"
+    );
     // Out of range: one clear line.
     for f in ["1.5", "-0.2"] {
         let out = gen(target, &["--draft-model", &d, "--draft-min-acceptance", f]);
