@@ -2,7 +2,7 @@
 //! `--draft-model` / `--num-draft-tokens`, and our draft-free prompt lookup.
 use crate::load::{load, CpuWeights, LoadArgs, Loaded};
 use anyhow::{bail, Result};
-use mlx_engine::speculative::check_num_draft_tokens;
+use mlx_engine::speculative::{check_min_acceptance, check_num_draft_tokens};
 use mlx_engine::{PromptLookup, SpeculativeStats};
 use mlx_tokenizer::Tokenizer;
 
@@ -30,6 +30,16 @@ pub struct SpeculativeArgs {
     /// --prompt-lookup-ngram: 10]
     #[arg(long, value_name = "K", allow_negative_numbers = true)]
     pub prompt_lookup_tokens: Option<i64>,
+    /// Stop speculating (not in mlx-lm) once fewer than this share (0 to 1) of the
+    /// drafts of the last 8 rounds were accepted: the rest of the generation decodes
+    /// plainly. 0 never stops (mlx-lm's behaviour)
+    #[arg(
+        long,
+        value_name = "F",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub draft_min_acceptance: f64,
 }
 
 /// What the flags asked for, loaded.
@@ -62,6 +72,7 @@ impl SpeculativeArgs {
     /// target's vocabulary size, as mlx-lm checks); `None` when nothing was asked.
     pub fn load(&self, cpu_weights: CpuWeights, target: &Tokenizer) -> Result<Option<Speculation>> {
         let lookup = self.prompt_lookup_ngram.is_some() || self.prompt_lookup_tokens.is_some();
+        self.min_acceptance()?;
         if let Some(path) = &self.draft_model {
             if lookup {
                 bail!("--draft-model and --prompt-lookup-ngram/--prompt-lookup-tokens cannot be combined: choose one source of drafts");
@@ -96,6 +107,14 @@ impl SpeculativeArgs {
             lookup: PromptLookup::new(ngram),
             num_draft_tokens,
         }))
+    }
+}
+
+impl SpeculativeArgs {
+    /// `--draft-min-acceptance`, checked (0 to 1).
+    pub fn min_acceptance(&self) -> Result<f64> {
+        check_min_acceptance(self.draft_min_acceptance)
+            .map_err(|e| anyhow::anyhow!("--draft-min-acceptance: {e}"))
     }
 }
 

@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 
 /// Flags of our own, beyond mlx-lm's.
 /// Flags of ours where mlx-lm has no such concept (README, docs/structured-output.md,
-/// docs/parity.md): the float32 CPU path, constrained decoding, prompt-lookup drafting.
+/// docs/parity.md): the float32 CPU path, constrained decoding, prompt-lookup drafting,
+/// speculation that steps aside when its drafts are rejected.
 const OURS_ONLY: &[&str] = &[
     "--cpu-dequantize",
     "--version",
@@ -17,6 +18,7 @@ const OURS_ONLY: &[&str] = &[
     "--regex",
     "--prompt-lookup-ngram",
     "--prompt-lookup-tokens",
+    "--draft-min-acceptance",
 ];
 
 /// Every `-x` / `--name` token in a help text.

@@ -119,6 +119,58 @@ fn rotating_target_falls_back_to_plain_decoding() {
 }
 
 #[test]
+fn a_rejected_draft_steps_aside_to_plain_decoding() {
+    // The draft of another shape has its own random weights: hardly a draft is
+    // accepted. With --draft-min-acceptance 0.5 generation steps aside after the 8
+    // rounds of the window (one token each) and gives plain greedy output.
+    let target = "llama-small-f32";
+    let plain = text(&gen(target, &[]));
+    let d = model("llama-small-f32-hd32");
+    let aside = ["--draft-model", d.as_str(), "--draft-min-acceptance", "0.5"];
+    assert_eq!(text(&gen(target, &aside)), plain);
+    let mut verbose = aside.to_vec();
+    verbose.extend(["--verbose", "True"]);
+    let out = gen(target, &verbose);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        stderr.contains("drafted tokens accepted") && stderr.contains("in 8 rounds"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("over the last 8 rounds, below the minimum acceptance of 0.5")
+            && stderr.contains("stepped aside to plain decoding after 8 tokens"),
+        "{stderr}"
+    );
+    // The default (0, mlx-lm's behaviour) speculates to the end.
+    let out = gen(target, &["--draft-model", &d, "--verbose", "True"]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("stepped aside"), "{stderr}");
+    assert!(!stderr.contains("in 8 rounds"), "{stderr}");
+    // Under a constraint too (a minimum of 1: any rejection in the window steps aside),
+    // the plain steps after it taking each token before the next is built.
+    let tmp = TempDir::new("spec-aside-schema");
+    let schema = tmp.0.join("schema.json");
+    std::fs::write(&schema, SCHEMA).unwrap();
+    let s = schema.to_string_lossy().into_owned();
+    let long = ["--json-schema", s.as_str(), "--max-tokens", "80"];
+    let plain = text(&gen(target, &long));
+    let mut flags = long.to_vec();
+    flags.extend(["--draft-model", &d, "--draft-min-acceptance", "1"]);
+    assert_eq!(text(&gen(target, &flags)), plain);
+    flags.extend(["--verbose", "True"]);
+    let stderr = String::from_utf8_lossy(&gen(target, &flags).stderr).into_owned();
+    assert!(
+        stderr.contains("stepped aside to plain decoding"),
+        "{stderr}"
+    );
+    // Out of range: one clear line.
+    for f in ["1.5", "-0.2"] {
+        let out = gen(target, &["--draft-model", &d, "--draft-min-acceptance", f]);
+        error_line(&out, &["--draft-min-acceptance", "from 0 to 1", f]);
+    }
+}
+
+#[test]
 fn prompt_lookup_output_is_plain_greedy_output() {
     for target in [
         "llama-small-f32",
@@ -286,8 +338,8 @@ fn constrained_speculative_output_is_constrained_plain_output() {
     assert!(line.contains("(100.0%)"), "{line}");
 }
 
-/// `mlx-server` checks its draft settings before serving: a draft length out of range
-/// and a draft of another vocabulary end it with an error naming the problem.
+/// `mlx-server` checks its draft settings before serving: a draft length or a minimum
+/// acceptance out of range and a draft of another vocabulary end it with an error naming the problem.
 #[test]
 fn mlx_server_refuses_bad_draft_settings_at_start() {
     let m = model("llama-small-f32");
@@ -308,6 +360,8 @@ fn mlx_server_refuses_bad_draft_settings_at_start() {
         let out = server(&["--draft-model", &m, "--num-draft-tokens", k]);
         failed(&out, &["--num-draft-tokens", "between 1 and 64", k]);
     }
+    let out = server(&["--draft-model", &m, "--draft-min-acceptance", "2"]);
+    failed(&out, &["--draft-min-acceptance", "from 0 to 1", "2"]);
     let tmp = TempDir::new("spec-server-vocab");
     let (dir, vocab) = bigger_vocab(&tmp);
     let d = dir.to_string_lossy().into_owned();

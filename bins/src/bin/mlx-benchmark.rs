@@ -179,7 +179,8 @@ fn bench(args: Args) -> Result<()> {
                     } => (DraftSource::Lookup(lookup.clone()), *num_draft_tokens),
                 };
                 let mut gen =
-                    SpeculativeGenerator::new(model, source, &prompts[0], &mut caches, k, opts)?;
+                    SpeculativeGenerator::new(model, source, &prompts[0], &mut caches, k, opts)?
+                        .with_min_acceptance(args.spec.min_acceptance()?)?;
                 let last =
                     stream_generate_with(&mut gen, &tokenizer, args.generation_tokens, |_| true)?;
                 *last_stats.borrow_mut() = Some(gen.stats().clone());

@@ -313,7 +313,8 @@ fn generate(args: Args) -> Result<()> {
                     num_draft_tokens,
                 } => (DraftSource::Lookup(lookup.clone()), *num_draft_tokens),
             };
-            let mut gen = SpeculativeGenerator::new(model, source, &ids, &mut caches, k, opts)?;
+            let mut gen = SpeculativeGenerator::new(model, source, &ids, &mut caches, k, opts)?
+                .with_min_acceptance(args.spec.min_acceptance()?)?;
             let last = stream_generate_with(&mut gen, tok, args.max_tokens, on_response)?;
             spec_stats = Some(gen.stats().clone());
             last

@@ -36,6 +36,10 @@ struct Args {
     /// Number of tokens to draft when using speculative decoding.
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     num_draft_tokens: i64,
+    /// Speculating requests go on without drafts (not in mlx-lm) once fewer than this
+    /// share (0 to 1) of the drafts of their last 8 rounds were accepted; 0: never
+    #[arg(long, value_name = "F", default_value_t = mlx_server::config::DEFAULT_DRAFT_MIN_ACCEPTANCE, allow_negative_numbers = true)]
+    draft_min_acceptance: f64,
     /// Enable trusting remote code for tokenizer (accepted; no remote code ever runs here).
     #[arg(long)]
     trust_remote_code: bool,
@@ -332,6 +336,9 @@ fn main() -> ExitCode {
         let num_draft_tokens =
             mlx_engine::speculative::check_num_draft_tokens(args.num_draft_tokens)
                 .map_err(|e| anyhow::anyhow!("--num-draft-tokens: {e}"))? as usize;
+        let draft_min_acceptance =
+            mlx_engine::speculative::check_min_acceptance(args.draft_min_acceptance)
+                .map_err(|e| anyhow::anyhow!("--draft-min-acceptance: {e}"))?;
         mlx_bins::unsupported("--pipeline", args.pipeline)?;
         let template_args: Json = serde_json::from_str(&args.chat_template_args)
             .context("--chat-template-args is not JSON")?;
@@ -438,6 +445,7 @@ fn main() -> ExitCode {
                 None => default_path.display().to_string(),
             }),
             num_draft_tokens,
+            draft_min_acceptance,
             ..Default::default()
         };
         tracing::warn!("mlx-server only implements basic security checks; put it behind a proxy before exposing it");

@@ -17,6 +17,14 @@
 //! Where mlx-lm raises or goes wrong we keep going: a rotating (sliding-window) cache
 //! that a round would wrap cannot be trimmed, so generation falls back to plain decoding
 //! from there ([`SpeculativeStats::fallback`] says why).
+//!
+//! An addition of ours: a sequence whose drafts are mostly rejected steps aside
+//! ([`AcceptancePolicy`]): once [`ACCEPTANCE_WINDOW`] rounds have run and fewer than
+//! `min_acceptance` of the drafts of the last ones were accepted, it decodes plainly
+//! for the rest of its generation (the same fallback). The single generator's
+//! minimum is 0 unless set ([`SpeculativeGenerator::with_min_acceptance`]): it never
+//! steps aside, mlx-lm's behaviour; the server's speculating batch applies the same
+//! policy per row (`batch/speculate.rs`).
 use crate::error::{EngineError, Result};
 use crate::generate::{generation_stream, GenerateOptions, TokenIterator};
 use crate::step::{self, KvQuantization, RowSampling};
@@ -37,6 +45,79 @@ pub fn check_num_draft_tokens(n: i64) -> Result<i32> {
         )));
     }
     Ok(n as i32)
+}
+
+/// The rounds over which a speculating sequence's acceptance is judged.
+pub const ACCEPTANCE_WINDOW: usize = 8;
+
+/// Checks a minimum acceptance rate (a number from 0 to 1).
+pub fn check_min_acceptance(f: f64) -> Result<f64> {
+    if !f.is_finite() || !(0.0..=1.0).contains(&f) {
+        return Err(EngineError::Invalid(format!(
+            "the minimum draft acceptance must be a number from 0 to 1, got {f}"
+        )));
+    }
+    Ok(f)
+}
+
+/// When a speculating sequence steps aside: its drafts accepted over drafted in its
+/// last [`ACCEPTANCE_WINDOW`] rounds (0 when those rounds drafted nothing: a
+/// prediction that stopped matching). Once at least that many rounds have run and the
+/// rate is below `min_acceptance`, the sequence decodes plainly for the rest of its
+/// generation. A minimum of 0 never steps aside.
+#[derive(Debug, Clone, Default)]
+pub struct AcceptancePolicy {
+    min_acceptance: f64,
+    /// `(drafted, accepted)` of the last rounds, oldest first.
+    recent: VecDeque<(u64, u64)>,
+}
+
+/// The acceptance over the window when a sequence stepped aside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepAside {
+    /// Draft tokens proposed in the window.
+    pub drafted: u64,
+    /// Of those, accepted.
+    pub accepted: u64,
+}
+
+impl AcceptancePolicy {
+    /// The policy with `min_acceptance` (see [`check_min_acceptance`]).
+    pub fn new(min_acceptance: f64) -> AcceptancePolicy {
+        AcceptancePolicy {
+            min_acceptance,
+            recent: VecDeque::with_capacity(ACCEPTANCE_WINDOW),
+        }
+    }
+
+    /// The minimum acceptance.
+    pub fn min_acceptance(&self) -> f64 {
+        self.min_acceptance
+    }
+
+    /// Records a round that drafted `drafted` tokens and accepted `accepted` of them;
+    /// `Some` when the sequence is to stop speculating now.
+    pub fn record(&mut self, drafted: usize, accepted: usize) -> Option<StepAside> {
+        if self.min_acceptance <= 0.0 {
+            return None;
+        }
+        if self.recent.len() == ACCEPTANCE_WINDOW {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((drafted as u64, accepted as u64));
+        if self.recent.len() < ACCEPTANCE_WINDOW {
+            return None;
+        }
+        let (d, a) = self
+            .recent
+            .iter()
+            .fold((0, 0), |(d, a), (dr, ac)| (d + dr, a + ac));
+        let rate = if d == 0 { 0.0 } else { a as f64 / d as f64 };
+        (rate < self.min_acceptance).then_some(StepAside {
+            drafted: d,
+            accepted: a,
+        })
+    }
 }
 
 /// Prompt-lookup drafting (draft-free speculation): the draft is the continuation of
@@ -93,6 +174,8 @@ pub struct SpeculativeStats {
     pub rounds: u64,
     /// Why generation fell back to plain decoding, if it did.
     pub fallback: Option<String>,
+    /// Whether it fell back because its drafts were rejected ([`AcceptancePolicy`]).
+    pub stepped_aside: bool,
 }
 
 /// Up to `k` tokens that follow the latest match, in `haystack`, of the final n-gram of
@@ -174,6 +257,11 @@ pub struct SpeculativeGenerator<'a> {
     finished: bool,
     last_from_draft: bool,
     stats: SpeculativeStats,
+    acceptance: AcceptancePolicy,
+    /// The policy asked to step aside after the current round.
+    step_aside: Option<StepAside>,
+    /// After the fallback: the step queued on the token handed out last.
+    queued: Option<(Array, Array)>,
 }
 
 impl Drop for SpeculativeGenerator<'_> {
@@ -311,7 +399,18 @@ impl<'a> SpeculativeGenerator<'a> {
             finished: false,
             last_from_draft: false,
             stats: SpeculativeStats::default(),
+            acceptance: AcceptancePolicy::default(),
+            step_aside: None,
+            queued: None,
         })
+    }
+
+    /// Steps aside to plain decoding when fewer than `min_acceptance` (0 to 1) of the
+    /// drafts are accepted ([`AcceptancePolicy`]); 0 (the default) never does, as
+    /// mlx-lm.
+    pub fn with_min_acceptance(mut self, min_acceptance: f64) -> Result<Self> {
+        self.acceptance = AcceptancePolicy::new(check_min_acceptance(min_acceptance)?);
+        Ok(self)
     }
 
     /// Counts so far.
@@ -595,6 +694,9 @@ impl<'a> SpeculativeGenerator<'a> {
         self.stats.rounds += 1;
         self.stats.drafted += num_draft as u64;
         self.stats.accepted += n as u64;
+        if let Some(w) = self.acceptance.record(num_draft as usize, n as usize) {
+            self.step_aside = Some(w);
+        }
         let last = self.remaining() == 0;
         if !last {
             let next = tokens[n as usize];
@@ -622,18 +724,37 @@ impl<'a> SpeculativeGenerator<'a> {
         Ok(())
     }
 
-    /// A plain decoding step on `y` after the fallback.
+    /// The target's step on `y` (`[1]`) after the fallback, queued: the sampled token
+    /// `[1]` and its log-probabilities `[vocab]`.
+    fn plain_forward(&mut self, y: &Array) -> Result<(Array, Array)> {
+        let target_caches = &mut self.caches[..self.n_target];
+        let logits = step::forward(self.model, &y.expand_dims(&[0])?, target_caches, self.kv)?;
+        self.extend_history(y)?;
+        let (t, lp) =
+            step::sample_with_history(&mut self.sampling, self.history.as_ref(), &logits)?;
+        let lp = lp.squeeze(Some(&[0]))?;
+        transforms::async_eval(&[&t, &lp])?;
+        Ok((t, lp))
+    }
+
+    /// A plain decoding step after the fallback, pipelined as mlx-lm's `generate_step`
+    /// is: the step on the token handed out now is queued before that token is read
+    /// (unless it is the last one, or a constraint needs the token first).
     fn plain_step(&mut self) -> Result<Option<(u32, Array)>> {
         if self.remaining() == 0 {
             self.finished = true;
             return Ok(None);
         }
-        let y = Array::from_slice(&self.y, &[self.y.len() as i32])?;
-        let target_caches = &mut self.caches[..self.n_target];
-        let logits = step::forward(self.model, &y.expand_dims(&[0])?, target_caches, self.kv)?;
-        self.extend_history(&y)?;
-        let (t, lp) =
-            step::sample_with_history(&mut self.sampling, self.history.as_ref(), &logits)?;
+        let (t, lp) = match self.queued.take() {
+            Some(q) => q,
+            None => {
+                let y = Array::from_slice(&self.y, &[self.y.len() as i32])?;
+                self.plain_forward(&y)?
+            }
+        };
+        if !self.constrained && self.remaining() > 1 {
+            self.queued = Some(self.plain_forward(&t)?);
+        }
         let token = step::read_token(&t)?;
         if self.constrained {
             self.sampling.accept(token)?;
@@ -643,7 +764,7 @@ impl<'a> SpeculativeGenerator<'a> {
         if self.ntoks % 256 == 0 {
             memory::clear_cache();
         }
-        Ok(Some((token, lp.squeeze(Some(&[0]))?)))
+        Ok(Some((token, lp)))
     }
 
     fn next_inner(&mut self) -> Result<Option<(u32, Array)>> {
@@ -680,6 +801,22 @@ impl<'a> SpeculativeGenerator<'a> {
             if self.remaining() == 0 {
                 self.finished = true;
                 return Ok(None);
+            }
+            if let Some(w) = self.step_aside.take() {
+                let rate = 100.0 * w.accepted as f64 / w.drafted.max(1) as f64;
+                self.stats.fallback = Some(format!(
+                    "{} of {} drafted tokens accepted ({rate:.1}%) over the last {} rounds, \
+                     below the minimum acceptance of {}: speculative decoding stepped aside \
+                     to plain decoding after {} tokens",
+                    w.accepted,
+                    w.drafted,
+                    ACCEPTANCE_WINDOW,
+                    self.acceptance.min_acceptance(),
+                    self.ntoks
+                ));
+                self.stats.stepped_aside = true;
+                self.plain = true;
+                continue;
             }
             let num_draft = self.remaining().min(self.num_draft_tokens as i64) as i32;
             let draft_in = self.draft_y.len() as i32 + num_draft - 1;
@@ -770,6 +907,57 @@ mod tests {
         let reference = [10, 11, 12, 13, 14];
         assert_eq!(lookup_draft(&reference, &[7, 11, 12], 2, 3), vec![13, 14]);
         assert_eq!(lookup_draft(&reference, &[7, 8], 2, 3), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn acceptance_policy_judges_the_last_rounds() {
+        // Below the minimum: it steps aside at the window's last round, not before.
+        let mut p = AcceptancePolicy::new(0.5);
+        for _ in 1..ACCEPTANCE_WINDOW {
+            assert_eq!(p.record(3, 1), None);
+        }
+        let got = p.record(3, 1);
+        let w = ACCEPTANCE_WINDOW as u64;
+        assert_eq!(
+            got,
+            Some(StepAside {
+                drafted: 3 * w,
+                accepted: w
+            })
+        );
+        // The window slides: good rounds, then bad ones until the last 8 fall below
+        // half (6 of 8 rounds at 3/4, then 2 at 0: 18 of 32).
+        let mut p = AcceptancePolicy::new(0.5);
+        for _ in 0..ACCEPTANCE_WINDOW {
+            assert_eq!(p.record(4, 3), None);
+        }
+        assert_eq!(p.record(4, 0), None); // 21 of 32
+        assert_eq!(p.record(4, 0), None); // 18 of 32
+        assert_eq!(
+            p.record(4, 0),
+            Some(StepAside {
+                drafted: 32,
+                accepted: 15
+            })
+        );
+        // Rounds that drafted nothing (a prediction that stopped matching) count as 0.
+        let mut p = AcceptancePolicy::new(0.1);
+        let got: Vec<_> = (0..ACCEPTANCE_WINDOW).map(|_| p.record(0, 0)).collect();
+        assert_eq!(
+            got.last().copied().flatten(),
+            Some(StepAside {
+                drafted: 0,
+                accepted: 0
+            })
+        );
+        // A minimum of 0 never steps aside.
+        let mut p = AcceptancePolicy::new(0.0);
+        assert!((0..100).all(|_| p.record(5, 0).is_none()));
+        // The minimum's bounds.
+        assert!(check_min_acceptance(-0.1).is_err());
+        assert!(check_min_acceptance(1.01).is_err());
+        assert!(check_min_acceptance(f64::NAN).is_err());
+        assert_eq!(check_min_acceptance(1.0).unwrap(), 1.0);
     }
 
     #[test]

@@ -259,3 +259,134 @@ fn a_model_with_sliding_window_caches_serves_speculating_requests_plainly() {
     }
     assert_eq!(metrics.spec_steps.get(), 0);
 }
+
+/// Rows that step aside need tokens to spare after the window.
+const ASIDE_MAX: usize = 20;
+
+fn aside_request(i: usize, from: DraftFrom) -> GenerationRequest {
+    GenerationRequest {
+        speculate: Some(Speculate {
+            from,
+            num_draft_tokens: 3,
+        }),
+        ..GenerationRequest::new(PROMPTS[i].to_vec(), ASIDE_MAX)
+    }
+}
+
+/// Row 3 with penalties (a history the plain batch goes on from).
+fn penalized(mut r: GenerationRequest) -> GenerationRequest {
+    r.logits = mlx_sample::LogitsParams {
+        repetition_penalty: Some(1.5),
+        frequency_penalty: Some(0.9),
+        ..mlx_sample::LogitsParams::default()
+    };
+    r
+}
+
+#[test]
+fn rows_whose_drafts_are_rejected_step_aside_and_decode_plainly() {
+    use mlx_engine::speculative::ACCEPTANCE_WINDOW;
+    let plain =
+        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+    let plain_req = |i: usize| {
+        let r = GenerationRequest::new(PROMPTS[i].to_vec(), ASIDE_MAX);
+        if i == 3 {
+            penalized(r)
+        } else {
+            r
+        }
+    };
+    let want: Vec<Vec<u32>> = (0..4)
+        .map(|i| serve(&plain, vec![plain_req(i)]).remove(0).tokens)
+        .collect();
+    let min = |m: f64| mlx_engine::batch::EngineOptions {
+        draft_min_acceptance: m,
+        ..opts()
+    };
+    let reqs = || -> Vec<GenerationRequest> {
+        let mut r: Vec<GenerationRequest> = (0..4)
+            .map(|i| aside_request(i, DraftFrom::DraftModel))
+            .collect();
+        let last = r.pop().unwrap();
+        r.push(penalized(last));
+        r
+    };
+    // The draft of another shape (its own random weights) almost never agrees with
+    // the target: every row leaves the speculating batch after the window's rounds of
+    // 3 drafts and decodes plainly, with the tokens it gives without speculation.
+    let metrics = Arc::new(EngineMetrics::default());
+    let cached = mlx_engine::batch::EngineOptions {
+        prompt_cache_size: 8,
+        ..min(0.5)
+    };
+    let engine =
+        Engine::start_with_draft(model(TARGET), Some(model(DRAFT)), cached, metrics.clone())
+            .expect("engine");
+    // A plain row decodes in the batch they join.
+    let long = GenerationRequest::new(PROMPTS[2].to_vec(), ASIDE_MAX + 10);
+    let long_want = serve(&plain, vec![long.clone()]).remove(0).tokens;
+    let mut batch = reqs();
+    batch.push(long);
+    let got = serve(&engine, batch);
+    for (i, g) in got[..4].iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "row {i}");
+        assert_eq!(g.drafted, 3 * ACCEPTANCE_WINDOW, "row {i}: {g:?}");
+    }
+    assert_eq!(got[4].tokens, long_want);
+    assert_eq!(got[4].drafted, 0);
+    assert_eq!(metrics.spec_stepped_aside.get(), 4);
+    // Their caches hold the tokens they count as fed: a prompt that continues row 0's
+    // answer is served from the cache row 0 left, and answers as without it.
+    let mut follow = PROMPTS[0].to_vec();
+    follow.extend_from_slice(&want[0]);
+    let follow = GenerationRequest::new(follow, 5);
+    let follow_want = serve(&plain, vec![follow.clone()]).remove(0).tokens;
+    let before = metrics.cached_prompt_tokens.get();
+    assert_eq!(serve(&engine, vec![follow]).remove(0).tokens, follow_want);
+    let hit = metrics.cached_prompt_tokens.get() - before;
+    assert_eq!(hit as usize, PROMPTS[0].len() + ASIDE_MAX - 1);
+    // A wrong prediction stops being drafted from too.
+    let got = serve(
+        &engine,
+        vec![aside_request(1, DraftFrom::Prediction(vec![7; 20]))],
+    );
+    assert_eq!(got[0].tokens, want[1]);
+    assert_eq!(got[0].from_draft, 0);
+    assert_eq!(metrics.spec_stepped_aside.get(), 5);
+
+    // With a minimum of 0 the same rows speculate to their end.
+    let metrics = Arc::new(EngineMetrics::default());
+    let engine =
+        Engine::start_with_draft(model(TARGET), Some(model(DRAFT)), min(0.0), metrics.clone())
+            .expect("engine");
+    for (i, g) in serve(&engine, reqs()).iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "row {i}");
+        assert!(g.drafted > 3 * ACCEPTANCE_WINDOW, "row {i}: {g:?}");
+    }
+    assert_eq!(metrics.spec_stepped_aside.get(), 0);
+
+    // The model as its own draft (every draft accepted) never steps aside.
+    let metrics = Arc::new(EngineMetrics::default());
+    let engine = Engine::start_with_draft(
+        model(TARGET),
+        Some(model(TARGET)),
+        min(0.5),
+        metrics.clone(),
+    )
+    .expect("engine");
+    for (i, g) in serve(&engine, reqs()).iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "row {i}");
+        assert!(
+            g.from_draft > 0 && g.from_draft <= g.drafted,
+            "row {i}: {g:?}"
+        );
+    }
+    assert_eq!(metrics.spec_stepped_aside.get(), 0);
+
+    // A minimum outside 0..=1 is refused.
+    let msg = match Engine::start(model(TARGET), min(1.5), metrics) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a minimum acceptance of 1.5 was accepted"),
+    };
+    assert!(msg.contains("from 0 to 1") && msg.contains("1.5"), "{msg}");
+}

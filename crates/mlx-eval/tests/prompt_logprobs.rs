@@ -39,6 +39,7 @@ fn engine(name: &str, step: usize, kv: Option<KvQuantization>) -> Engine {
         memory_limit: None,
         disk_cache: None,
         preload: Vec::new(),
+        draft_min_acceptance: 0.0,
     };
     Engine::start(load(name), opts, Arc::new(EngineMetrics::default())).expect("engine")
 }

@@ -82,10 +82,19 @@ pub struct ServerConfig {
     pub prompt_cache_model_key: Option<String>,
     /// `--num-draft-tokens` (default 3): tokens drafted per round by the draft model.
     pub num_draft_tokens: usize,
+    /// `--draft-min-acceptance` (ours, default [`DEFAULT_DRAFT_MIN_ACCEPTANCE`]): a
+    /// speculating request whose drafts' acceptance over its last 8 rounds falls below
+    /// this decodes plainly from there (0: never).
+    pub draft_min_acceptance: f64,
     /// The draft model's name (`--draft-model`, or a pool model's `draft_model`) when
     /// one is loaded: requests speculate with it unless they name another (400).
     pub draft_model: Option<String>,
 }
+
+/// `--draft-min-acceptance`'s default: a row speculating at under 30% acceptance costs
+/// more than it gains (no mlx-lm counterpart: mlx-lm's server does not batch with a
+/// draft model).
+pub const DEFAULT_DRAFT_MIN_ACCEPTANCE: f64 = 0.3;
 
 /// `--prompt-cache-disk-bytes`'s default.
 pub const DEFAULT_PROMPT_CACHE_DISK_BYTES: u64 = 10_000_000_000;
@@ -126,6 +135,7 @@ impl Default for ServerConfig {
             warm_prompts: Vec::new(),
             prompt_cache_model_key: None,
             num_draft_tokens: 3,
+            draft_min_acceptance: DEFAULT_DRAFT_MIN_ACCEPTANCE,
             draft_model: None,
         }
     }

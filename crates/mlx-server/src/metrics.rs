@@ -64,7 +64,7 @@ impl Metrics {
                 );
             }
         }
-        let counters: [(&str, &str, &Counter); 16] = [
+        let counters: [(&str, &str, &Counter); 17] = [
             (
                 "mlx_server_prompt_tokens_total",
                 "Prompt tokens of admitted requests.",
@@ -134,6 +134,11 @@ impl Metrics {
                 "mlx_server_speculative_accepted_tokens_total",
                 "Draft tokens accepted (emitted) by speculative decoding.",
                 &self.spec_accepted,
+            ),
+            (
+                "mlx_server_speculation_rows_stepped_aside_total",
+                "Speculating requests that went on without drafts, their drafts' acceptance below --draft-min-acceptance.",
+                &self.spec_stepped_aside,
             ),
             (
                 "mlx_server_constraint_compiles_total",

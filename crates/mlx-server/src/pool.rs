@@ -500,6 +500,7 @@ impl Pool {
                 Some(f) => vec![crate::warm::check_prompt_cache_file(&cfg, f)?],
                 None => Vec::new(),
             },
+            draft_min_acceptance: cfg.draft_min_acceptance,
         };
         let engine = Engine::start(model, draft, opts, Arc::clone(self.metrics.engine()))?;
         Ok(AppState {

@@ -120,6 +120,11 @@ async fn greedy_answers_with_a_draft_model_equal_those_without() {
     let accepted = metric(addr, "mlx_server_speculative_accepted_tokens_total").await;
     assert!(drafted > 0.0 && accepted == drafted, "{drafted} {accepted}");
     assert!(metric(addr, "mlx_server_speculative_steps_total").await > 0.0);
+    // Every draft accepted: no request stepped aside from speculation.
+    assert_eq!(
+        metric(addr, "mlx_server_speculation_rows_stepped_aside_total").await,
+        0.0
+    );
     spec.shutdown().await.unwrap();
 }
 
@@ -211,6 +216,18 @@ async fn a_prediction_drafts_from_its_text_without_changing_the_answer() {
         )
         .await
             >= accepted as f64
+    );
+    // Nothing accepted over 8 rounds (below the default --draft-min-acceptance 0.3):
+    // the request went on without drafts.
+    assert_eq!(
+        wait_metric(
+            addr,
+            "mlx_server_speculation_rows_stepped_aside_total",
+            1.0,
+            Duration::from_secs(5)
+        )
+        .await,
+        1.0
     );
     s.shutdown().await.unwrap();
 }

@@ -83,17 +83,34 @@ impl DecodeBatch {
         cache: BatchPromptCache,
     ) -> Result<(), (Vec<Sequence>, EngineError)> {
         let tokens: Option<Vec<u32>> = seqs.iter().map(|s| s.last_prompt_token()).collect();
-        let Some(tokens) = tokens.filter(|t| t.len() == cache.rows()) else {
+        let Some(tokens) = tokens else {
             return Err((seqs, not_prefilled()));
         };
+        self.join_with_inputs(seqs, cache, tokens)
+    }
+
+    /// Adds sequences with their batch caches (rows in the same order), each fed its
+    /// `inputs` token first: rows that stepped aside from a speculating batch (their
+    /// caches hold their history but that token, which counts as fed already). On
+    /// failure the sequences come back.
+    pub fn join_with_inputs(
+        &mut self,
+        seqs: Vec<Sequence>,
+        cache: BatchPromptCache,
+        inputs: Vec<u32>,
+    ) -> Result<(), (Vec<Sequence>, EngineError)> {
+        if inputs.len() != seqs.len() || inputs.len() != cache.rows() {
+            return Err((seqs, not_prefilled()));
+        }
         if let Err(e) = self.cache.extend(cache) {
             return Err((seqs, cache_err(e)));
         }
-        self.admit(seqs, tokens);
+        self.admit(seqs, inputs);
         Ok(())
     }
 
     fn admit(&mut self, mut seqs: Vec<Sequence>, tokens: Vec<u32>) {
+        // (A no-op for rows past their prompt.)
         for s in &mut seqs {
             s.feed_last_prompt_token();
         }

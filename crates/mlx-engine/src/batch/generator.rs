@@ -139,6 +139,7 @@ impl BatchGenerator {
                 memory_limit: None,
                 disk_cache: None,
                 preload: Vec::new(),
+                draft_min_acceptance: 0.0,
             },
             Arc::clone(&metrics),
         )?;

@@ -154,6 +154,9 @@ pub struct EngineMetrics {
     pub constraint_cache_hits: Counter,
     /// Speculative decoding: verification passes (one per step of a speculating batch).
     pub spec_steps: Counter,
+    /// Speculative decoding: rows that left a speculating batch for the plain decode
+    /// batch, their drafts' acceptance below `draft_min_acceptance`.
+    pub spec_stepped_aside: Counter,
     /// Microseconds spent in prompt processing (the prefill steps, evaluation
     /// included; mlx-lm's `BatchCounters.prompt_time`).
     pub prefill_micros: Counter,
@@ -190,6 +193,7 @@ impl Default for EngineMetrics {
             constraint_compiles: Counter::default(),
             constraint_cache_hits: Counter::default(),
             spec_steps: Counter::default(),
+            spec_stepped_aside: Counter::default(),
             prefill_micros: Counter::default(),
             ttft: Histogram::new(TTFT_BOUNDS),
             tpot: Histogram::new(TPOT_BOUNDS),

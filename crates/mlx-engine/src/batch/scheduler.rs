@@ -67,6 +67,11 @@ pub struct EngineOptions {
     /// Prompt-cache files (mlx-lm's format, with their tokens in the metadata) put in
     /// the prompt cache before the first request.
     pub preload: Vec<std::path::PathBuf>,
+    /// Speculating rows whose drafts' acceptance over their last
+    /// [`crate::speculative::ACCEPTANCE_WINDOW`] rounds falls below this (0 to 1) leave
+    /// the speculating batch and decode plainly ([`crate::speculative::AcceptancePolicy`];
+    /// 0: never).
+    pub draft_min_acceptance: f64,
 }
 
 /// Work on the model that runs on the engine thread between steps (see
@@ -149,6 +154,7 @@ impl Engine {
                 ));
             }
         }
+        crate::speculative::check_min_acceptance(opts.draft_min_acceptance)?;
         let (tx, rx) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let alive = Arc::new(AtomicBool::new(true));
@@ -175,8 +181,8 @@ impl Engine {
             Stages::Batched {
                 prefilling: PrefillBatch::default(),
                 decoding: DecodeBatch::default(),
-                drafting: Box::default(),
-                predicting: Box::default(),
+                drafting: Box::new(SpecBatch::new(opts.draft_min_acceptance)),
+                predicting: Box::new(SpecBatch::new(opts.draft_min_acceptance)),
             }
         } else {
             Stages::Alone(Alone::default())
@@ -534,8 +540,10 @@ impl Scheduler {
                 };
                 self.shared.prefill_batched(model, prefilling, &mut joining);
                 self.shared.decode_batched(model, decoding);
-                self.shared.decode_speculative(model, draft, drafting);
-                self.shared.decode_speculative(model, None, predicting);
+                self.shared
+                    .decode_speculative(model, draft, drafting, decoding);
+                self.shared
+                    .decode_speculative(model, None, predicting, decoding);
             }
             Stages::Alone(alone) => self.shared.step_alone(model, alone),
         }
@@ -836,12 +844,15 @@ impl Shared {
         }
     }
 
-    /// Batched mode, speculative decoding: one draft-verify-accept step of the batch.
+    /// Batched mode, speculative decoding: one draft-verify-accept step of the batch;
+    /// rows whose drafts' acceptance fell below `draft_min_acceptance` then leave it for
+    /// the plain `decoding` batch.
     fn decode_speculative(
         &mut self,
         model: &dyn LanguageModel,
         draft: Option<&dyn LanguageModel>,
         batch: &mut SpecBatch,
+        decoding: &mut DecodeBatch,
     ) {
         if batch.len() == 0 {
             return;
@@ -868,6 +879,21 @@ impl Shared {
         let rows = batch.stepping();
         self.enforce_memory_limit(batch, &rows);
         self.route(batch, outcomes);
+        match batch.step_aside() {
+            Ok(None) => {}
+            Ok(Some(aside)) => {
+                self.metrics.spec_stepped_aside.add(aside.seqs.len() as u64);
+                if let Err((seqs, e)) =
+                    decoding.join_with_inputs(aside.seqs, aside.cache, aside.inputs)
+                {
+                    self.fail_seqs(seqs, e);
+                }
+            }
+            Err(e) => {
+                tracing::warn!("engine: a row stepping aside from speculation failed: {e}");
+                self.fail_seqs(batch.drain(), e);
+            }
+        }
     }
 
     /// Sequences that need no prefill (a one-token prompt, or a prompt-cache hit):

@@ -34,12 +34,20 @@
 //! touched.
 //!
 //! Only trimmable (standard KV) caches speculate.
+//!
+//! A row whose drafts are mostly rejected steps aside
+//! ([`crate::speculative::AcceptancePolicy`] with the engine's `draft_min_acceptance`):
+//! after the step whose round takes its acceptance over the last rounds below the
+//! minimum, [`SpecBatch::step_aside`] hands it out with its target caches (its history
+//! but `y`, as the invariant says) and its next input `y`, its draft caches dropped;
+//! the scheduler has it join the plain decode batch, which feeds it `y` next as it
+//! feeds a prefilled sequence its last prompt token.
 use super::decode::{cache_err, merge_caches};
 use super::request::{DraftFrom, SeqId};
 use super::sequence::Sequence;
 use super::stage::{Leave, Left, Outcome, Stage};
 use crate::error::{EngineError, Result};
-use crate::speculative::lookup_draft;
+use crate::speculative::{lookup_draft, AcceptancePolicy};
 use crate::step;
 use mlx_array::{ops, transforms, Array, Dtype};
 use mlx_cache::{BatchPromptCache, KvCache, PromptCache};
@@ -66,6 +74,10 @@ struct Row {
     drafted: u64,
     /// Of those, emitted.
     accepted: u64,
+    /// Its acceptance over the last rounds.
+    policy: AcceptancePolicy,
+    /// The policy said to stop speculating: it leaves at [`SpecBatch::step_aside`].
+    stepping_aside: bool,
 }
 
 /// What one step drafted, accepted and emitted (for the metrics).
@@ -89,9 +101,31 @@ pub(crate) struct SpecBatch {
     /// Per row, the tokens the target caches hold and the draft caches do not yet (as
     /// many for every row).
     lag: Vec<Vec<u32>>,
+    /// Rows whose acceptance falls below this step aside (0: never).
+    min_acceptance: f64,
+}
+
+/// Rows that stepped aside from speculation, to join the plain decode batch.
+pub(crate) struct SteppedAside {
+    /// The sequences (their fed tokens counting `inputs`, their processors' history
+    /// everything before them).
+    pub seqs: Vec<Sequence>,
+    /// Their target caches, rows in the same order: each holds its history but its
+    /// input.
+    pub cache: BatchPromptCache,
+    /// Each one's next input.
+    pub inputs: Vec<u32>,
 }
 
 impl SpecBatch {
+    /// An empty batch whose rows step aside below `min_acceptance` (0: never).
+    pub fn new(min_acceptance: f64) -> SpecBatch {
+        SpecBatch {
+            min_acceptance,
+            ..SpecBatch::default()
+        }
+    }
+
     /// Adds sequences whose prompt is prefilled but for the last token, with their
     /// target caches (`cache`: a batch of them in order, or `None` when each holds its
     /// own). With `draft`, each prompt but its last token is prefilled into new draft
@@ -159,6 +193,8 @@ impl SpecBatch {
                 generated: Vec::new(),
                 drafted: 0,
                 accepted: 0,
+                policy: AcceptancePolicy::new(self.min_acceptance),
+                stepping_aside: false,
             });
             if draft.is_some() {
                 self.lag.push(Vec::new());
@@ -416,6 +452,9 @@ impl SpecBatch {
             }
             round.drafted += lens[r] as u64;
             row.drafted += lens[r] as u64;
+            if row.policy.record(lens[r], keep[r]).is_some() {
+                row.stepping_aside = true;
+            }
             if let Some(e) = failed[r].take() {
                 out.push((row.seq.id(), Outcome::Failed(e)));
                 row.y = toks[r * l];
@@ -498,6 +537,78 @@ impl SpecBatch {
 
     fn position(&self, id: SeqId) -> Option<usize> {
         self.rows.iter().position(|r| r.seq.id() == id)
+    }
+
+    /// Takes out the rows whose acceptance fell below the minimum (after the step's
+    /// outcomes were routed: finished rows are gone), with their target caches and
+    /// next inputs; their draft caches are dropped. `None` when no row steps aside. An
+    /// `Err` means the batch's caches are broken: the caller drains it.
+    pub fn step_aside(&mut self) -> Result<Option<SteppedAside>> {
+        let idx: Vec<usize> = (0..self.rows.len())
+            .filter(|&i| self.rows[i].stepping_aside)
+            .collect();
+        if idx.is_empty() {
+            return Ok(None);
+        }
+        // The speculating batch processed every position with an explicit history;
+        // the plain batch grows a row's stored history (the prompt but its last token)
+        // by each input: it gets what came in between. (First, while a failure still
+        // leaves the batch whole for the caller to drain.)
+        for &i in &idx {
+            let row = &mut self.rows[i];
+            let prompt = &row.seq.job().req.prompt;
+            let mut between: Vec<u32> = prompt[prompt.len().saturating_sub(1)..].to_vec();
+            between.extend_from_slice(&row.generated[..row.generated.len().saturating_sub(1)]);
+            row.seq.sampling_mut().prompt(&between)?;
+        }
+        let keep: Vec<usize> = (0..self.rows.len()).filter(|i| !idx.contains(i)).collect();
+        let cache = self.cache.split(&idx).map_err(cache_err)?;
+        if !self.lag.is_empty() {
+            self.draft_cache.filter(&keep).map_err(cache_err)?;
+            self.lag = keep.iter().map(|&i| self.lag[i].clone()).collect();
+        }
+        let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows)
+            .into_iter()
+            .map(Some)
+            .collect();
+        self.rows = keep.iter().filter_map(|&i| rows[i].take()).collect();
+        if self.rows.is_empty() {
+            self.cache = BatchPromptCache::new();
+            self.draft_cache = BatchPromptCache::new();
+            self.lag.clear();
+        }
+        let mut seqs = Vec::with_capacity(idx.len());
+        let mut inputs = Vec::with_capacity(idx.len());
+        for row in idx.iter().filter_map(|&i| rows[i].take()) {
+            let Row {
+                mut seq,
+                y,
+                y_unfed,
+                drafted,
+                accepted,
+                ..
+            } = row;
+            // The plain batch feeds `y` next: it counts as fed when the row joins, as
+            // a prefilled sequence's last prompt token does.
+            if y_unfed {
+                seq.push_fed(y);
+            }
+            tracing::info!(
+                "speculative: {accepted} of {drafted} drafted tokens accepted over {} \
+                 tokens, below the minimum acceptance {} over the last {} rounds: the \
+                 request goes on without drafts",
+                seq.generated(),
+                self.min_acceptance,
+                crate::speculative::ACCEPTANCE_WINDOW
+            );
+            seqs.push(seq);
+            inputs.push(y);
+        }
+        Ok(Some(SteppedAside {
+            seqs,
+            cache,
+            inputs,
+        }))
     }
 }
 

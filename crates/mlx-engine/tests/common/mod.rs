@@ -79,6 +79,7 @@ pub fn opts() -> EngineOptions {
         memory_limit: None,
         disk_cache: None,
         preload: Vec::new(),
+        draft_min_acceptance: 0.0,
     }
 }
 
