@@ -9,7 +9,12 @@
 #   bash benchmarks/gpu_next.sh BIN_DIR [PART ...]
 #
 #   BIN_DIR  our release binaries (mlx-benchmark)
-#   PART     cold | warm (default: both, in that order)
+#   PART     check | cold | warm (default: all three, in that order)
+#     check  greedy text of one prompt (mlx-generate, 64 tokens) with the gated delta-net's
+#            lean step (default) and with mlx-lm's step op for op (MLX_GDN_LEAN=0), and
+#            mlx-lm's own: the CPU parity shows the two steps give the same bits; this is
+#            the same check on the GPU (random weights have near-tied logits, so one
+#            differing bit shows as differing text within a few tokens)
 #     cold   each arm once (-n 1) in its own EMPTY kernel caches (MLX_PTX_CACHE_DIR for
 #            MLX's NVRTC output, ours included; CUDA_CACHE_PATH for the driver's;
 #            XDG_CACHE_HOME for our fast_qmv device header), as on a fresh machine.
@@ -35,6 +40,7 @@
 # DEADLINE (560 s: no process starts after it, and each is cut to what is left, so one
 # device call of 600 s returns the summary), WATCH (5), NOQMV=1 (an extra arm: ours with
 # MLX_FAST_QMV=0, i.e. without our own one-row 4-bit kernels and their NVRTC compiles),
+# GDN0=1 (an extra arm: ours with MLX_GDN_LEAN=0, mlx-lm's gated delta step op for op),
 # PYTHON (python3), MODEL (another model directory instead of making the benchmark's; for
 # trying the script on a CPU machine with a small one, e.g. benchmarks/next_model.py's).
 # Writes $OUT/log.txt (everything, timestamped), $OUT/summary.md and $OUT/raw/<arm>-*.txt.
@@ -42,7 +48,7 @@ set -u
 BIN=${1:?usage: bash benchmarks/gpu_next.sh BIN_DIR [cold] [warm]}
 shift
 PARTS=("$@")
-[ ${#PARTS[@]} -gt 0 ] || PARTS=(cold warm)
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(check cold warm)
 OUT=${OUT:-/tmp/next-out}
 MODELS=${MODELS:-/tmp/bench-models}
 P=${P:-512}
@@ -81,14 +87,17 @@ if [ -z "${MODEL:-}" ]; then
     || { log "make_bench_models failed"; exit 1; }
 fi
 
-ARMS=(ours mlx-lm)
-[ "${NOQMV:-0}" = 1 ] && ARMS=(ours ours-noqmv mlx-lm)
+ARMS=(ours)
+[ "${NOQMV:-0}" = 1 ] && ARMS+=(ours-noqmv)
+[ "${GDN0:-0}" = 1 ] && ARMS+=(ours-gdn0)
+ARMS+=(mlx-lm)
 # arm_cmd ARM TRIALS: the command line of one process of ARM.
 arm_cmd() {
   local common=(--model "$M" -p "$P" -g "$G" -n "$2")
   case "$1" in
     ours) echo env MLX_LOG=debug MLX_ENGINE_PROFILE=1 "$BIN/mlx-benchmark" "${common[@]}" ;;
     ours-noqmv) echo env MLX_FAST_QMV=0 MLX_LOG=debug MLX_ENGINE_PROFILE=1 "$BIN/mlx-benchmark" "${common[@]}" ;;
+    ours-gdn0) echo env MLX_GDN_LEAN=0 MLX_LOG=debug MLX_ENGINE_PROFILE=1 "$BIN/mlx-benchmark" "${common[@]}" ;;
     mlx-lm) echo "$PY" -m mlx_lm benchmark "${common[@]}" ;;
   esac
 }
@@ -159,8 +168,22 @@ run_watched() {
   return $rc
 }
 
+# text PROGRAM...: the generated text (between mlx-lm's two `==========` lines).
+text() { "$@" 2>/dev/null | awk '/^==========$/ {n++; next} n == 1'; }
+
 for part in "${PARTS[@]}"; do
   case "$part" in
+    check)
+      [ -x "$BIN/mlx-generate" ] || { log "check: missing $BIN/mlx-generate"; continue; }
+      gen=(--model "$M" --prompt "The quick brown fox jumps over the lazy dog. Once upon a time" -m 64 --ignore-chat-template)
+      log "== check: greedy text, lean step / mlx-lm's step (MLX_GDN_LEAN=0) / mlx-lm"
+      a=$(text timeout 240 "$BIN/mlx-generate" "${gen[@]}")
+      b=$(text env MLX_GDN_LEAN=0 timeout 240 "$BIN/mlx-generate" "${gen[@]}")
+      c=$(text timeout 240 "$PY" -m mlx_lm generate "${gen[@]}")
+      printf '%s\n--- lean ---\n%s\n--- MLX_GDN_LEAN=0 ---\n%s\n--- mlx-lm ---\n%s\n' "${gen[*]}" "$a" "$b" "$c" >"$OUT/raw/check.txt"
+      [ -n "$a" ] && [ "$a" = "$b" ] && log "   lean == MLX_GDN_LEAN=0: same text" || log "   lean != MLX_GDN_LEAN=0 (or empty): see raw/check.txt"
+      [ -n "$a" ] && [ "$a" = "$c" ] && log "   ours == mlx-lm: same text" || log "   ours != mlx-lm (or empty): see raw/check.txt"
+      ;;
     cold)
       USE_OWN_CACHES=1
       for arm in "${ARMS[@]}"; do
@@ -185,7 +208,7 @@ done
 import re, sys, glob, os
 out, p, g = sys.argv[1], sys.argv[2], sys.argv[3]
 rows = {}
-for f in sorted(glob.glob(os.path.join(out, "raw", "*.txt"))):
+for f in sorted(glob.glob(os.path.join(out, "raw", "*-*.txt"))):
     arm, kind = os.path.basename(f)[:-4].rsplit("-", 1)
     r = rows.setdefault((arm, kind), {"pf": [], "dec": [], "wall": [], "rc": [], "jit": []})
     for line in open(f, errors="replace"):
