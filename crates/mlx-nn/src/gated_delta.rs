@@ -147,6 +147,23 @@ pub fn gated_delta_ops(
     state: Option<&Array>,
     mask: Option<&Array>,
 ) -> Result<(Array, Array)> {
+    gated_delta_ops_as(lean(), q, k, v, g, beta, state, mask)
+}
+
+/// [`gated_delta_ops`] with the step chosen by the caller instead of [`lean`]: `false`
+/// builds mlx-lm's step op for op (tests compare the two forms bit for bit).
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+pub fn gated_delta_ops_as(
+    lean: bool,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: Option<&Array>,
+    mask: Option<&Array>,
+) -> Result<(Array, Array)> {
     let qs = q.shape();
     let vs = v.shape();
     if qs.len() != 4 || vs.len() != 4 {
@@ -177,7 +194,7 @@ pub fn gated_delta_ops(
         q = q.repeat(repeat, Some(-2))?;
         k = k.repeat(repeat, Some(-2))?;
     }
-    if lean() {
+    if lean {
         return lean_loop(&q, &k, v, g, beta, state, mask, t);
     }
     let step = compiled_step(false, mask.is_some())?;
