@@ -23,8 +23,10 @@
 #            first on that model (gpu.sh's first round), whose kernels MLX cached on disk
 #            by name for ours to reuse.
 #     warm   ROUNDS processes per arm, alternating (order flipped each round), -n N trials
-#            each, every arm in the caches its cold run filled (the machine's default
-#            caches when `cold` did not run in this call).
+#            each, every arm in the caches its cold run filled under $OUT (the machine's
+#            default caches when no cold run filled them).
+# A cold process can take minutes, so on the 600 s device calls run `check cold` in one
+# call and `warm` in the next (same machine, same OUT: the caches and model are reused).
 #
 # While a process runs, a line every WATCH seconds (5): elapsed time, the process's CPU
 # seconds and resident memory, GPU utilization and memory, the number of kernels in its
@@ -43,7 +45,8 @@
 # GDN0=1 (an extra arm: ours with MLX_GDN_LEAN=0, mlx-lm's gated delta step op for op),
 # PYTHON (python3), MODEL (another model directory instead of making the benchmark's; for
 # trying the script on a CPU machine with a small one, e.g. benchmarks/next_model.py's).
-# Writes $OUT/log.txt (everything, timestamped), $OUT/summary.md and $OUT/raw/<arm>-*.txt.
+# Writes $OUT/log.txt (everything, timestamped; appended to by each call), $OUT/summary.md
+# (over every process in $OUT/raw, this call's and earlier ones') and $OUT/raw/<arm>-*.txt.
 set -u
 BIN=${1:?usage: bash benchmarks/gpu_next.sh BIN_DIR [cold] [warm]}
 shift
@@ -63,7 +66,7 @@ NAME=qwen3-next-80b-a3b-l4-4bit
 M=${MODEL:-$MODELS/$NAME}
 CACHES=$OUT/caches
 mkdir -p "$OUT/raw" "$CACHES"
-: >"$OUT/log.txt"
+echo "==== $(date -u '+%F %T') gpu_next.sh $BIN ${PARTS[*]}" >>"$OUT/log.txt"
 T0=$(date +%s)
 log() { echo "[$(date -u +%H:%M:%S) +$(($(date +%s) - T0))s] $*" | tee -a "$OUT/log.txt"; }
 left() { echo $((DEADLINE - ($(date +%s) - T0))); }
@@ -191,6 +194,11 @@ for part in "${PARTS[@]}"; do
         run_watched "$arm" cold 1 1
       done ;;
     warm)
+      # The caches a `cold` part filled, in this call or an earlier one on this machine.
+      own=1
+      for arm in "${ARMS[@]}"; do [ -d "$CACHES/$arm/ptx" ] || own=0; done
+      USE_OWN_CACHES=$own
+      log "warm: $([ $own = 1 ] && echo "each arm in the caches its cold run filled" || echo "the machine's default kernel caches")"
       for ((r = 0; r < ROUNDS; r++)); do
         order=("${ARMS[@]}")
         if ((r % 2)); then
