@@ -82,14 +82,17 @@ fn step_body(x: &[Array]) -> Result<Vec<Array>> {
 }
 
 /// The same step with its inputs shaped for broadcasting before the loop (the default;
-/// see [`lean`]): q, k `[B, H, 1, Dk]`, v `[B, H, Dv, 1]`, g `[B, H, 1, 1]` or
-/// `[B, H, 1, Dk]`, beta `[B, H, 1, 1]`, mask `[B, 1, 1, 1]`; y comes out `[B, H, Dv, 1]`.
+/// see [`lean`]), each with the token axis of length 1 kept: q, k `[B, 1, H, 1, Dk]`, v
+/// `[B, 1, H, Dv, 1]`, g `[B, 1, H, 1, 1]` or `[B, 1, H, 1, Dk]`, beta
+/// `[B, 1, H, 1, 1]`, state `[B, 1, H, Dv, Dk]`, mask `[B, 1, 1, 1, 1]`; y comes out
+/// `[B, 1, H, Dv, 1]`.
 /// Every product, difference and sum is mlx-lm's, operand for operand, on the same
 /// broadcast shapes, and the two sums reduce the same rows (MLX's reduction keeps the
 /// axis and its `keepdims=False` only adds a squeeze), so the values are the same bits;
 /// what goes is the graph's bookkeeping per token and layer: the five expand_dims and
 /// the two squeezes, which the compiled step cannot fuse (each was a node MLX schedules,
-/// and the expand_dims of delta also split the delta and state-update kernels in two).
+/// and the expand_dims of delta also split the delta and state-update kernels in two),
+/// and outside the step the inputs' squeezes and the stack's expand_dims.
 fn lean_step_body(x: &[Array]) -> Result<Vec<Array>> {
     let (q, k, v, g, beta, state) = (&x[0], &x[1], &x[2], &x[3], &x[4], &x[5]);
     let old_state = state;
@@ -217,7 +220,7 @@ pub fn gated_delta_ops_as(
 }
 
 /// The loop of [`gated_delta_ops`] on [`lean_step_body`]: each input reshaped once
-/// (views) and split into its `T` tokens by one op, where mlx-lm slices every token.
+/// (views) and split into its `T` tokens, which keep their token axis.
 #[allow(clippy::too_many_arguments)]
 fn lean_loop(
     q: &Array,
@@ -225,20 +228,18 @@ fn lean_loop(
     v: &Array,
     g: &Array,
     beta: &Array,
-    mut state: Array,
+    state: Array,
     mask: Option<&Array>,
     t: i32,
 ) -> Result<(Array, Array)> {
     let step = compiled_step(true, mask.is_some())?;
-    // [B, T, ...] -> T arrays [B, ...] (one split, then a squeeze each).
+    // [B, T, ...] -> T arrays [B, 1, ...] (one split; the token axis stays, so the step
+    // runs on [B, 1, H, ...] and no squeeze is needed).
     let tokens = |a: &Array| -> Result<Vec<Array>> {
         if t == 1 {
-            return Ok(vec![a.squeeze(Some(&[1]))?]);
+            return Ok(vec![a.clone()]);
         }
-        a.split_sections(t, 1)?
-            .iter()
-            .map(|x| x.squeeze(Some(&[1])))
-            .collect()
+        a.split_sections(t, 1)
     };
     let qs = tokens(&q.expand_dims(&[-2])?)?;
     let ks = tokens(&k.expand_dims(&[-2])?)?;
@@ -252,6 +253,8 @@ fn lean_loop(
     let ms = mask
         .map(|m| tokens(&m.expand_dims(&[-1, -2, -3])?))
         .transpose()?;
+    // The state [B, Hv, Dv, Dk] as [B, 1, Hv, Dv, Dk] (a view) through the loop.
+    let mut state = state.expand_dims(&[1])?;
     let mut ys = Vec::with_capacity(t.max(0) as usize);
     for i in 0..t as usize {
         let mut inputs = vec![&qs[i], &ks[i], &vs[i], &gs[i], &bs[i], &state];
@@ -262,20 +265,23 @@ fn lean_loop(
         ys.push(y);
         state = new_state;
     }
-    // y_t [B, Hv, Dv, 1] -> [B, T, Hv, Dv]: mlx-lm's stack along axis 1 is a concatenate
-    // of [B, 1, Hv, Dv] views, and so is this.
-    let shape = ys.first().map(|y| y.shape()).unwrap_or_default();
-    let row: Vec<i32> = match shape.as_slice() {
-        [b, h, d, 1] => vec![*b, 1, *h, *d],
+    // y_t [B, 1, Hv, Dv, 1] -> [B, T, Hv, Dv]: mlx-lm's stack along axis 1 is a
+    // concatenate of the tokens' rows, and so is this (then a view).
+    let y = match ys.as_slice() {
+        [] => return Err(Error::InvalidArgument("gated delta: no tokens".into())),
+        [y] => y.clone(),
+        _ => ops::concatenate(&ys.iter().collect::<Vec<_>>(), 1)?,
+    };
+    let shape = y.shape();
+    let out: Vec<i32> = match shape.as_slice() {
+        [b, t, h, d, 1] => vec![*b, *t, *h, *d],
         _ => {
             return Err(Error::InvalidArgument(format!(
                 "gated delta step: output {shape:?}"
             )))
         }
     };
-    let rows: Vec<Array> = ys.iter().map(|y| y.reshape(&row)).collect::<Result<_>>()?;
-    let refs: Vec<&Array> = rows.iter().collect();
-    Ok((ops::concatenate(&refs, 1)?, state))
+    Ok((y.reshape(&out)?, state.squeeze(Some(&[1]))?))
 }
 
 /// The step's two outputs (y, state).
