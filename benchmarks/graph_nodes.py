@@ -56,7 +56,12 @@ def mlx_lm_prefill(model_dir, out, prompt):
     n = max(prompt - 1, 1)
     ids = mx.array([[(i * 7919) % 1000 for i in range(n)]])
     model(ids, cache=cache)
-    mx.export_to_dot(out, *[a for c in cache for a in c.state if isinstance(a, mx.array)])
+    # A cache's state may nest (ArraysCache: ([conv window, recurrent state], None,
+    # None)); generate_step's mx.eval walks the tree, so take every array in it.
+    from mlx.utils import tree_flatten
+
+    state = [a for _, a in tree_flatten([c.state for c in cache]) if isinstance(a, mx.array)]
+    mx.export_to_dot(out, *state)
     return count(out)
 
 

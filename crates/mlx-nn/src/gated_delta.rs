@@ -51,7 +51,8 @@ pub fn normalize_qk(q: &Array, k: &Array, inv_scale: f64, eps: f64) -> Result<(A
 }
 
 /// One recurrent step (mlx-lm's `_gated_delta_step_ops`), inputs
-/// `[q, k, v, g, beta, state(, mask)]`.
+/// `[q, k, v, g, beta, state(, mask)]` shaped as mlx-lm's: q, k `[B, H, Dk]`, v
+/// `[B, H, Dv]`, g `[B, H]` or `[B, H, Dk]`, beta `[B, H]`, mask `[B]`.
 fn step_body(x: &[Array]) -> Result<Vec<Array>> {
     let (q, k, v, g, beta, state) = (&x[0], &x[1], &x[2], &x[3], &x[4], &x[5]);
     let old_state = state;
@@ -80,19 +81,56 @@ fn step_body(x: &[Array]) -> Result<Vec<Array>> {
     Ok(vec![y.astype(q.dtype())?, state])
 }
 
-thread_local! {
-    /// The step compiled (not shapeless, as `@mx.compile` in mlx-lm), without and with
-    /// a mask; leaked like [`call_compiled`]'s closures.
-    static STEP: RefCell<[Option<&'static Closure>; 2]> = const { RefCell::new([None, None]) };
+/// The same step with its inputs shaped for broadcasting before the loop (the default;
+/// see [`lean`]), each with the token axis of length 1 kept: q, k `[B, 1, H, 1, Dk]`, v
+/// `[B, 1, H, Dv, 1]`, g `[B, 1, H, 1, 1]` or `[B, 1, H, 1, Dk]`, beta
+/// `[B, 1, H, 1, 1]`, state `[B, 1, H, Dv, Dk]`, mask `[B, 1, 1, 1, 1]`; y comes out
+/// `[B, 1, H, Dv, 1]`.
+/// Every product, difference and sum is mlx-lm's, operand for operand, on the same
+/// broadcast shapes, and the two sums reduce the same rows (MLX's reduction keeps the
+/// axis and its `keepdims=False` only adds a squeeze), so the values are the same bits;
+/// what goes is the graph's bookkeeping per token and layer: the five expand_dims and
+/// the two squeezes, which the compiled step cannot fuse (each was a node MLX schedules,
+/// and the expand_dims of delta also split the delta and state-update kernels in two),
+/// and outside the step the inputs' squeezes and the stack's expand_dims.
+fn lean_step_body(x: &[Array]) -> Result<Vec<Array>> {
+    let (q, k, v, g, beta, state) = (&x[0], &x[1], &x[2], &x[3], &x[4], &x[5]);
+    let old_state = state;
+    let state = state.multiply(g)?;
+    let kv_mem = state.multiply(k)?.sum(Some(&[-1]), true)?;
+    let delta = v.subtract(&kv_mem)?.multiply(beta)?;
+    let state = state.add(&k.multiply(&delta)?)?;
+    let y = state.multiply(q)?.sum(Some(&[-1]), true)?;
+    let state = match x.get(6) {
+        Some(mask) => ops::where_(mask, &state, old_state)?,
+        None => state,
+    };
+    Ok(vec![y.astype(q.dtype())?, state])
 }
 
-fn compiled_step(masked: bool) -> Result<&'static Closure> {
-    let i = usize::from(masked);
-    if let Some(f) = STEP.with(|s| s.borrow()[i]) {
+/// Whether the recurrence runs [`lean_step_body`] (default) or mlx-lm's graph op for op
+/// ([`step_body`], `MLX_GDN_LEAN=0`: for A/B runs and for checking the two agree bit for
+/// bit on a backend). Read once.
+pub fn lean() -> bool {
+    static LEAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LEAN.get_or_init(|| std::env::var("MLX_GDN_LEAN").map_or(true, |v| v != "0"))
+}
+
+thread_local! {
+    /// The steps compiled (not shapeless, as `@mx.compile` in mlx-lm), [lean][masked];
+    /// leaked like [`call_compiled`]'s closures.
+    static STEP: RefCell<[[Option<&'static Closure>; 2]; 2]> =
+        const { RefCell::new([[None, None], [None, None]]) };
+}
+
+fn compiled_step(lean: bool, masked: bool) -> Result<&'static Closure> {
+    let (i, j) = (usize::from(lean), usize::from(masked));
+    if let Some(f) = STEP.with(|s| s.borrow()[i][j]) {
         return Ok(f);
     }
-    let f: &'static Closure = Box::leak(Box::new(Closure::new(step_body)?.compile(false)?));
-    STEP.with(|s| s.borrow_mut()[i] = Some(f));
+    let body = if lean { lean_step_body } else { step_body };
+    let f: &'static Closure = Box::leak(Box::new(Closure::new(body)?.compile(false)?));
+    STEP.with(|s| s.borrow_mut()[i][j] = Some(f));
     Ok(f)
 }
 
@@ -104,6 +142,23 @@ fn compiled_step(masked: bool) -> Result<&'static Closure> {
 #[allow(clippy::too_many_arguments)]
 #[track_caller]
 pub fn gated_delta_ops(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: Option<&Array>,
+    mask: Option<&Array>,
+) -> Result<(Array, Array)> {
+    gated_delta_ops_as(lean(), q, k, v, g, beta, state, mask)
+}
+
+/// [`gated_delta_ops`] with the step chosen by the caller instead of [`lean`]: `false`
+/// builds mlx-lm's step op for op (tests compare the two forms bit for bit).
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+pub fn gated_delta_ops_as(
+    lean: bool,
     q: &Array,
     k: &Array,
     v: &Array,
@@ -126,6 +181,12 @@ pub fn gated_delta_ops(
             "gated delta: {hv} value heads are not a multiple of {hk} key heads"
         )));
     }
+    if !matches!(g.ndim(), 3 | 4) {
+        return Err(Error::InvalidArgument(format!(
+            "gated delta: unsupported gating shape {:?}",
+            g.shape()
+        )));
+    }
     let mut state = match state {
         Some(s) => s.clone(),
         None => ops::zeros(&[b, hv, dv, dk], Dtype::Float32)?,
@@ -136,7 +197,10 @@ pub fn gated_delta_ops(
         q = q.repeat(repeat, Some(-2))?;
         k = k.repeat(repeat, Some(-2))?;
     }
-    let step = compiled_step(mask.is_some())?;
+    if lean {
+        return lean_loop(&q, &k, v, g, beta, state, mask, t);
+    }
+    let step = compiled_step(false, mask.is_some())?;
     let at =
         |a: &Array, i: i32| -> Result<Array> { a.slice_axis(1, i, i + 1)?.squeeze(Some(&[1])) };
     let mut ys = Vec::with_capacity(t.max(0) as usize);
@@ -147,18 +211,88 @@ pub fn gated_delta_ops(
         if let Some(m) = &mt {
             inputs.push(m);
         }
-        let mut out = step.call(&inputs)?;
-        let new_state = out
-            .pop()
-            .ok_or_else(|| Error::InvalidArgument("gated delta step: no state".into()))?;
-        let y = out
-            .pop()
-            .ok_or_else(|| Error::InvalidArgument("gated delta step: no output".into()))?;
+        let (y, new_state) = two(step.call(&inputs)?)?;
         ys.push(y);
         state = new_state;
     }
     let refs: Vec<&Array> = ys.iter().collect();
     Ok((ops::stack(&refs, 1)?, state))
+}
+
+/// The loop of [`gated_delta_ops`] on [`lean_step_body`]: each input reshaped once
+/// (views) and split into its `T` tokens, which keep their token axis.
+#[allow(clippy::too_many_arguments)]
+fn lean_loop(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: Array,
+    mask: Option<&Array>,
+    t: i32,
+) -> Result<(Array, Array)> {
+    let step = compiled_step(true, mask.is_some())?;
+    // [B, T, ...] -> T arrays [B, 1, ...] (one split; the token axis stays, so the step
+    // runs on [B, 1, H, ...] and no squeeze is needed).
+    let tokens = |a: &Array| -> Result<Vec<Array>> {
+        if t == 1 {
+            return Ok(vec![a.clone()]);
+        }
+        a.split_sections(t, 1)
+    };
+    let qs = tokens(&q.expand_dims(&[-2])?)?;
+    let ks = tokens(&k.expand_dims(&[-2])?)?;
+    let vs = tokens(&v.expand_dims(&[-1])?)?;
+    let g = match g.ndim() {
+        3 => g.expand_dims(&[-1, -2])?,
+        _ => g.expand_dims(&[-2])?,
+    };
+    let gs = tokens(&g)?;
+    let bs = tokens(&beta.expand_dims(&[-1, -2])?)?;
+    let ms = mask
+        .map(|m| tokens(&m.expand_dims(&[-1, -2, -3])?))
+        .transpose()?;
+    // The state [B, Hv, Dv, Dk] as [B, 1, Hv, Dv, Dk] (a view) through the loop.
+    let mut state = state.expand_dims(&[1])?;
+    let mut ys = Vec::with_capacity(t.max(0) as usize);
+    for i in 0..t as usize {
+        let mut inputs = vec![&qs[i], &ks[i], &vs[i], &gs[i], &bs[i], &state];
+        if let Some(m) = &ms {
+            inputs.push(&m[i]);
+        }
+        let (y, new_state) = two(step.call(&inputs)?)?;
+        ys.push(y);
+        state = new_state;
+    }
+    // y_t [B, 1, Hv, Dv, 1] -> [B, T, Hv, Dv]: mlx-lm's stack along axis 1 is a
+    // concatenate of the tokens' rows, and so is this (then a view).
+    let y = match ys.as_slice() {
+        [] => return Err(Error::InvalidArgument("gated delta: no tokens".into())),
+        [y] => y.clone(),
+        _ => ops::concatenate(&ys.iter().collect::<Vec<_>>(), 1)?,
+    };
+    let shape = y.shape();
+    let out: Vec<i32> = match shape.as_slice() {
+        [b, t, h, d, 1] => vec![*b, *t, *h, *d],
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "gated delta step: output {shape:?}"
+            )))
+        }
+    };
+    Ok((y.reshape(&out)?, state.squeeze(Some(&[1]))?))
+}
+
+/// The step's two outputs (y, state).
+fn two(mut out: Vec<Array>) -> Result<(Array, Array)> {
+    let state = out
+        .pop()
+        .ok_or_else(|| Error::InvalidArgument("gated delta step: no state".into()))?;
+    let y = out
+        .pop()
+        .ok_or_else(|| Error::InvalidArgument("gated delta step: no output".into()))?;
+    Ok((y, state))
 }
 
 /// mlx-lm's `gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, mask)` with the
