@@ -25,6 +25,7 @@
 #              1B draft under --draft-min-acceptance 0.5 (ours only)
 #   qmm        issue 21: qmm_rows_check (our M-row 4-bit product against MLX's, bits and time)
 #   ab8b       issue 21: mlx-benchmark 8B 4-bit at batch 1/8/32, our M-row product on and off
+#   next       issue 26: gpu_next.sh check warm (Qwen3-Next: lean step's text, ours vs mlx-lm)
 set -u
 OUT=${OUT:-/tmp/out}
 NEW=${NEW:-/root/bins/new}
@@ -92,7 +93,7 @@ for PART in "$@"; do
       OUT=$D MLX_ENGINE_PROFILE_EVERY=16 timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" \
         --only llama-3.1-8b-bf16 --streams 32 > "$D/stdout.txt" 2>&1 ;;
     qmm)
-      timeout $(( L < 200 ? L : 200 )) "$NEW/qmm_rows_check" --gs 64 --m 2,3,4,8,16,32 --iters 20 \
+      timeout $(( L < ${QMM_CAP:-200} ? L : ${QMM_CAP:-200} )) "$NEW/qmm_rows_check" ${QMM_ARGS:---gs 64 --m 2,3,4,8,16,32 --iters 20} \
         > "$D/stdout.txt" 2>&1 ;;
     spec)
       # issue 19 after the M-row kernel: the echo self-draft (every draft accepted), and the
@@ -108,17 +109,23 @@ for PART in "$@"; do
     ab8b)
       python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-4bit \
         --tokenizers .gpu/tok > "$D/models.txt" 2>&1
-      for b in 1 8 32; do for arm in on off; do
+      # AB_BATCHES (1 8 32), AB_ARMS (on off), AB_N (2 trials a process), AB_MLX_LM (8 32)
+      for b in ${AB_BATCHES:-1 8 32}; do for arm in ${AB_ARMS:-on off}; do
         e=(); [ "$arm" = off ] && e=(MLX_FAST_QMM=0)
         echo "## b=$b arm=$arm" >> "$D/stdout.txt"
         env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-4bit" \
-          -p 128 -g 128 -b $b -n 2 >> "$D/stdout.txt" 2>&1
+          -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
       done; done
-      for b in 8 32; do
+      for b in ${AB_MLX_LM:-8 32}; do
         echo "## b=$b mlx-lm" >> "$D/stdout.txt"
         timeout 120 python3 -m mlx_lm benchmark --model "$MODELS/llama-3.1-8b-4bit" \
-          -p 128 -g 128 -b $b -n 2 >> "$D/stdout.txt" 2>&1
+          -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
       done ;;
+    next)
+      # issue 26: benchmarks/gpu_next.sh NEXT_PARTS (check warm): the lean gated-delta step's
+      # greedy text against MLX_GDN_LEAN=0 and mlx-lm, then warm rounds against mlx-lm
+      OUT=$D DEADLINE=$((L - 10)) N=${NEXT_N:-2} ROUNDS=${NEXT_ROUNDS:-1} \
+        bash benchmarks/gpu_next.sh "$NEW" ${NEXT_PARTS:-check warm} > "$D/stdout.txt" 2>&1 ;;
     lora)
       OUT=$D timeout "$L" bash benchmarks/gpu_lora.sh "$NEW" --rounds 1 > "$D/stdout.txt" 2>&1
       rm -rf "$D/adapters" "$D/data" ;;     specsrv)
