@@ -4,9 +4,12 @@
 //! - bits: for every product shape, group size and row count M, every row of the M-row
 //!   product must equal, bit for bit, the one-row product of that row of x alone, both as
 //!   our one-row kernel gives it and as MLX's `qmv` gives it (`set_fast_qmv(false)`); x is
-//!   also given as [2, M/2, K] (batch dimensions flattened into rows) and as a transposed,
-//!   non-contiguous view, which must give the same bits again; for information it also
-//!   prints the row counts at which MLX's own M-row product had those bits;
+//!   given as batched decoding gives it ([M, 1, K]: rows of M sequences), also as
+//!   [2, M/2, K] (batch dimensions flattened into rows) and as a transposed,
+//!   non-contiguous view, which must give the same bits again; one sequence's rows
+//!   ([1, M, K], a prompt at batch 1) from 8 rows on must keep MLX's own M-row product
+//!   (mlx-lm's batch-1 bits) and not run ours; for information it also prints the row
+//!   counts at which MLX's own M-row product had the one-row bits;
 //! - time: MLX's M-row product (`set_fast_qmm(false)`) against ours, and one one-row
 //!   product, the median of `--iters` timed evaluations (each of `REPS` products, then a
 //!   synchronisation) after warm-up, in microseconds per product.
@@ -141,6 +144,10 @@ fn scaled_normal(shape: &[i32], seed: u64, scale: f32) -> Res<Array> {
 }
 
 /// `x @ dequantize(q).T` (4-bit affine, group size `gs`), not evaluated.
+/// MLX's CUDA dispatch runs `qmv` per row below this many rows of x, `qmm` from there
+/// (fast_qmv.cpp's kMlxQmvRowsBelow).
+const MLX_QMV_ROWS_BELOW: i32 = 8;
+
 fn qmm(x: &Array, q: &Quantized, gs: i32) -> Res<Array> {
     Ok(quantized_matmul(
         x,
@@ -325,18 +332,36 @@ fn check_bits(c: &Case, m: i32, seed: u64, warp_rows: &[i32]) -> Res<(bool, bool
     transforms::eval(&[&mlx_m])?;
     let mlx_same = same_bits(&mlx_m, &mlx_rows)?;
     set_fast_qmm(true);
-    // A non-contiguous x: the transpose of a [K, M] array (values copied exactly).
-    let xt = x
-        .transpose(None)?
+    // Ours takes rows of several sequences: x as batched decoding gives it, [M, 1, K].
+    let xb = x.reshape(&[m, 1, k])?;
+    // A non-contiguous x of that shape: the transpose of a [K, 1, M] array (values copied
+    // exactly).
+    let xt = xb
+        .transpose(Some(&[2, 1, 0]))?
         .astype(Dtype::Float32)?
         .astype(Dtype::Bfloat16)?
-        .transpose(None)?;
+        .transpose(Some(&[2, 1, 0]))?;
     let mut ok = true;
     let mut used = true;
+    // One sequence's rows, [1, M, K] (a prompt at batch 1): from MLX's qmm threshold on,
+    // the product must stay MLX's (mlx-lm's batch-1 bits), not ours.
+    if m >= MLX_QMV_ROWS_BELOW {
+        let before = fast_qmm_launches();
+        let y1 = qmm(&x.reshape(&[1, m, k])?, &c.q, c.gs)?.reshape(&[m, c.n])?;
+        transforms::eval(&[&y1])?;
+        if fast_qmm_launches() > before || !same_bits(&y1, &mlx_m)? {
+            ok = false;
+            println!(
+                "  MISMATCH {} N={} K={} group {} M={m}: one sequence's rows ([1, M, K]) \
+                 did not keep MLX's own M-row product",
+                c.name, c.n, c.k, c.gs
+            );
+        }
+    }
     for &rw in warp_rows {
         set_fast_qmm_warp_rows(rw as u32);
         let before = fast_qmm_launches();
-        let y = qmm(&x, &c.q, c.gs)?;
+        let y = qmm(&xb, &c.q, c.gs)?.reshape(&[m, c.n])?;
         transforms::eval(&[&y])?;
         used &= fast_qmm_launches() > before;
         let mut report = |what: &str, bad: Vec<i32>| {
@@ -360,7 +385,7 @@ fn check_bits(c: &Case, m: i32, seed: u64, warp_rows: &[i32]) -> Res<(bool, bool
                 if same { vec![] } else { vec![-1] },
             );
         }
-        let same = same_bits(&qmm(&xt, &c.q, c.gs)?, &y)?;
+        let same = same_bits(&qmm(&xt, &c.q, c.gs)?.reshape(&[m, c.n])?, &y)?;
         report(
             "a transposed view of x against x",
             if same { vec![] } else { vec![-1] },
@@ -421,7 +446,7 @@ fn main() -> Res<()> {
             used_all_m &= used || m < 2 || !c.ours;
             never_used &= !used;
             if o.iters > 0 {
-                let x = scaled_normal(&[m, c.k], 9, 1.0)?;
+                let x = scaled_normal(&[m, 1, c.k], 9, 1.0)?;
                 transforms::eval(&[&x])?;
                 let f = || qmm(&x, &c.q, c.gs);
                 set_fast_qmm(false);

@@ -47,8 +47,9 @@
 // kernel. Identical on qwen2.5-0.5b's shapes and logits (run 9); `MLX_FAST_QMV_SWIGLU=0`
 // turns it off.
 //
-// Products of 2..32 rows of x (batched decoding, speculative verification, short
-// prefills; x's batch dimensions flattened into rows as MLX does), which MLX runs (by its
+// Products of 2..32 rows of x (batched decoding and verification; x's batch dimensions
+// flattened into rows as MLX does; one sequence's rows only below kMlxQmvRowsBelow, where
+// MLX's bits are the same, so a batch-1 prompt keeps mlx-lm's bits), which MLX runs (by its
 // CUDA dispatch, for these weights on an H200) through `qmv` once per row below 8 rows,
 // reading the weights again for each, and through `qmm_sm80` from 8 rows (far slower than
 // its dense GEMM: Llama-3.1-8B 4-bit decoded 293 tok/s in all at batch 32, against 267 at
@@ -147,6 +148,9 @@ constexpr long long kManyMaxElements = 16ll << 20;
 // `set_fast_qmm_max_rows`) sets another bound.
 KernelSwitch g_qmm("MLX_FAST_QMM");
 constexpr long long kQmmMaxRows = 32;
+// MLX's CUDA dispatch (QuantizedMatmul::eval_gpu, MLX 0.32.4) runs `qmv` while the rows of
+// x are fewer than this, `qmm_sm80` from there.
+constexpr long long kMlxQmvRowsBelow = 8;
 // Rows of x times rows of w one warp takes at most: each pair holds 16 bfloat16
 // accumulators a lane.
 constexpr int kQmmPartRows = 8;
@@ -978,6 +982,14 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   const auto [k, n] = *kn;
   const long long m = static_cast<long long>(x.size()) / k;
   if (m < 2 || m > qmm_max_rows()) return std::nullopt;
+  // One sequence's rows (x without a batch dimension over 1: a prompt at batch 1, its last
+  // prefill chunk, a speculative verification): MLX runs `qmv` per row below
+  // kMlxQmvRowsBelow rows of x (our bits) and `qmm` from there (other bits), so from there
+  // the product stays MLX's and mlx-lm's batch-1 bits are kept. Rows of several sequences
+  // (batched decoding, [B, 1, K]) are where mlx-lm is not reproducible across batch sizes;
+  // there ours gives every row its one-row bits.
+  const long long seq = x.ndim() >= 2 ? x.shape(-2) : 1;
+  if (m / seq == 1 && m >= kMlxQmvRowsBelow) return std::nullopt;
   // Parts of x of as even a size as part_rows allows (9 rows by 8: 5 and 4), one a block of
   // grid x: CUDA hands out blocks x first, so the parts of one block of w's rows run close
   // together and the later ones find its weights in L2.
