@@ -14,7 +14,9 @@
 #            lean step (default) and with mlx-lm's step op for op (MLX_GDN_LEAN=0), and
 #            mlx-lm's own: the CPU parity shows the two steps give the same bits; this is
 #            the same check on the GPU (random weights have near-tied logits, so one
-#            differing bit shows as differing text within a few tokens)
+#            differing bit shows as differing text within a few tokens); where ours and
+#            mlx-lm's part, ours again with each of our CUDA paths off in turn
+#            (MLX_FAST_QMM, _SWIGLU, _RESIDUAL, _MANY, then MLX_FAST_QMV for all)
 #     cold   each arm once (-n 1) in its own EMPTY kernel caches (MLX_PTX_CACHE_DIR for
 #            MLX's NVRTC output, ours included; CUDA_CACHE_PATH for the driver's;
 #            XDG_CACHE_HOME for our fast_qmv device header), as on a fresh machine.
@@ -185,7 +187,18 @@ for part in "${PARTS[@]}"; do
       c=$(text timeout 240 "$PY" -m mlx_lm generate "${gen[@]}")
       printf '%s\n--- lean ---\n%s\n--- MLX_GDN_LEAN=0 ---\n%s\n--- mlx-lm ---\n%s\n' "${gen[*]}" "$a" "$b" "$c" >"$OUT/raw/check.txt"
       [ -n "$a" ] && [ "$a" = "$b" ] && log "   lean == MLX_GDN_LEAN=0: same text" || log "   lean != MLX_GDN_LEAN=0 (or empty): see raw/check.txt"
-      [ -n "$a" ] && [ "$a" = "$c" ] && log "   ours == mlx-lm: same text" || log "   ours != mlx-lm (or empty): see raw/check.txt"
+      if [ -n "$a" ] && [ "$a" = "$c" ]; then
+        log "   ours == mlx-lm: same text"
+      else
+        log "   ours != mlx-lm (or empty): see raw/check.txt; which of our CUDA paths parts:"
+        # One switch off at a time (session 16: MLX_FAST_QMV=0, all of them off, gave
+        # mlx-lm's text before one sequence's rows were kept on MLX's qmm from 8 rows).
+        for sw in MLX_FAST_QMM MLX_FAST_QMV_SWIGLU MLX_FAST_QMV_RESIDUAL MLX_FAST_QMV_MANY MLX_FAST_QMV; do
+          d=$(text env "$sw=0" timeout 240 "$BIN/mlx-generate" "${gen[@]}")
+          printf -- '--- ours with %s=0 ---\n%s\n' "$sw" "$d" >>"$OUT/raw/check.txt"
+          [ -n "$d" ] && [ "$d" = "$c" ] && log "   $sw=0: mlx-lm's text" || log "   $sw=0: still parts"
+        done
+      fi
       ;;
     cold)
       USE_OWN_CACHES=1
