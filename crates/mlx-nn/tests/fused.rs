@@ -3,26 +3,11 @@
 //! parameter makes the fusion stale.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::quant::QuantMode;
-use mlx_array::{ops, random, Array, Dtype};
+use mlx_array::{ops, Dtype};
 use mlx_nn::{FusedLinears, Linear, LinearLayer, QuantSpec, Quantizable};
 
-fn randn(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
-    let k = random::key(seed).unwrap();
-    random::normal(shape, Dtype::Float32, None, None, Some(&k))
-        .unwrap()
-        .astype(dtype)
-        .unwrap()
-}
-
-fn bits(a: &Array) -> Vec<u32> {
-    a.astype(Dtype::Float32)
-        .unwrap()
-        .to_vec::<f32>()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_bits())
-        .collect()
-}
+mod common;
+use common::{bits, randn};
 
 fn layers(dtype: Dtype, bias: bool, quantized: bool) -> Vec<LinearLayer> {
     [(96, 1), (32, 2), (32, 3)]

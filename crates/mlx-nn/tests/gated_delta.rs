@@ -3,26 +3,11 @@
 //! gives mlx-lm's step bit for bit: y and the state, for scalar and per-key gates, with
 //! and without a padding mask, one token and several, grouped value heads, bfloat16 and
 //! float32 inputs, from zeros and from a given state.
-use mlx_array::{random, Array, Dtype};
+use mlx_array::{Array, Dtype};
 use mlx_nn::gated_delta::{gated_delta_ops_as, normalize_qk};
 
-fn randn(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
-    let k = random::key(seed).unwrap();
-    random::normal(shape, Dtype::Float32, None, None, Some(&k))
-        .unwrap()
-        .astype(dtype)
-        .unwrap()
-}
-
-fn bits(a: &Array) -> Vec<u32> {
-    a.astype(Dtype::Float32)
-        .unwrap()
-        .to_vec::<f32>()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_bits())
-        .collect()
-}
+mod common;
+use common::{bits, randn};
 
 #[test]
 fn lean_step_equals_mlx_lm_step_bit_for_bit() {

@@ -3,27 +3,12 @@
 //! a row without one, whatever adapters its neighbours use; dense and quantized bases.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::quant::QuantMode;
-use mlx_array::{random, Array, Dtype};
+use mlx_array::{Array, Dtype};
 use mlx_nn::lora::with_row_adapters;
 use mlx_nn::{Linear, LinearLayer, QuantSpec, Quantizable};
 
-fn randn(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
-    let k = random::key(seed).unwrap();
-    random::normal(shape, Dtype::Float32, None, None, Some(&k))
-        .unwrap()
-        .astype(dtype)
-        .unwrap()
-}
-
-fn bits(a: &Array) -> Vec<u32> {
-    a.astype(Dtype::Float32)
-        .unwrap()
-        .to_vec::<f32>()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_bits())
-        .collect()
-}
+mod common;
+use common::{bits, randn};
 
 fn row(a: &Array, i: i32) -> Array {
     let s = a.shape();

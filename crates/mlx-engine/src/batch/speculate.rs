@@ -539,6 +539,26 @@ impl SpecBatch {
         self.rows.iter().position(|r| r.seq.id() == id)
     }
 
+    /// Keeps the rows at `keep` (the target cache already holds just those) with their
+    /// draft caches and lags; returns every row as it was indexed, the kept ones taken.
+    fn keep_rows(&mut self, keep: &[usize]) -> Result<Vec<Option<Row>>> {
+        if !self.lag.is_empty() {
+            self.draft_cache.filter(keep).map_err(cache_err)?;
+            self.lag = keep.iter().map(|&i| self.lag[i].clone()).collect();
+        }
+        let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows)
+            .into_iter()
+            .map(Some)
+            .collect();
+        self.rows = keep.iter().filter_map(|&i| rows[i].take()).collect();
+        if self.rows.is_empty() {
+            self.cache = BatchPromptCache::new();
+            self.draft_cache = BatchPromptCache::new();
+            self.lag.clear();
+        }
+        Ok(rows)
+    }
+
     /// Takes out the rows whose acceptance fell below the minimum (after the step's
     /// outcomes were routed: finished rows are gone), with their target caches and
     /// next inputs; their draft caches are dropped. `None` when no row steps aside. An
@@ -563,20 +583,7 @@ impl SpecBatch {
         }
         let keep: Vec<usize> = (0..self.rows.len()).filter(|i| !idx.contains(i)).collect();
         let cache = self.cache.split(&idx).map_err(cache_err)?;
-        if !self.lag.is_empty() {
-            self.draft_cache.filter(&keep).map_err(cache_err)?;
-            self.lag = keep.iter().map(|&i| self.lag[i].clone()).collect();
-        }
-        let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows)
-            .into_iter()
-            .map(Some)
-            .collect();
-        self.rows = keep.iter().filter_map(|&i| rows[i].take()).collect();
-        if self.rows.is_empty() {
-            self.cache = BatchPromptCache::new();
-            self.draft_cache = BatchPromptCache::new();
-            self.lag.clear();
-        }
+        let mut rows = self.keep_rows(&keep)?;
         let mut seqs = Vec::with_capacity(idx.len());
         let mut inputs = Vec::with_capacity(idx.len());
         for row in idx.iter().filter_map(|&i| rows[i].take()) {
@@ -828,20 +835,7 @@ impl Stage for SpecBatch {
             .filter(|i| !gone.iter().any(|(j, _)| j == i))
             .collect();
         self.cache.filter(&keep).map_err(cache_err)?;
-        if !self.lag.is_empty() {
-            self.draft_cache.filter(&keep).map_err(cache_err)?;
-            self.lag = keep.iter().map(|&i| self.lag[i].clone()).collect();
-        }
-        let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows)
-            .into_iter()
-            .map(Some)
-            .collect();
-        self.rows = keep.iter().filter_map(|&i| rows[i].take()).collect();
-        if self.rows.is_empty() {
-            self.cache = BatchPromptCache::new();
-            self.draft_cache = BatchPromptCache::new();
-            self.lag.clear();
-        }
+        let mut rows = self.keep_rows(&keep)?;
         Ok(gone
             .into_iter()
             .filter_map(|(i, caches)| rows[i].take().map(|r| Left { seq: r.seq, caches }))
