@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Prepares everything the H200 runs carry, in three staging parts small enough to ride
+# beside the tracked tree (~26 MB of the 64 MiB a device call may carry):
+#   .gpu/s1, .gpu/s2  two 33 MB parts of MLX's CUDA wheel (a stash.sh each; s2 also
+#                     stashes .gpu/tok when it is carried along)
+#   .gpu/s3           the rest of the wheel, MLX's and mlx-lm's wheels, activate.sh
+#   .gpu/tok          the real Llama 3 / Qwen2.5 tokenizers for make_bench_models.py
+#   .gpu/new.tar.xz   stripped release binaries (BINS) and qmm_rows_check, with a COMMIT file
+# Run from the repository root on this machine (network for pip; ~15 min for a cold
+# release build on 2 cores):
+#
+#   bash benchmarks/gpu_stage.sh
+#
+# Then, back to back (an idle device machine is given back after ~30 s):
+#   1. carry [.gpu/s1]             bash .gpu/s1/stash.sh
+#   2. carry [.gpu/s2, .gpu/tok]   bash .gpu/s2/stash.sh
+#   3. carry [.gpu/s3, .gpu/new.tar.xz]
+#        source .gpu/s3/activate.sh && mkdir -p /root/bins/new &&
+#        tar -C /root/bins/new --strip-components=1 -xJf .gpu/new.tar.xz &&
+#        DEADLINE=540 bash benchmarks/gpu_session15.sh PART...
+#   4. later calls on the warm machine:
+#        source /root/stash/activate.sh && DEADLINE=... bash benchmarks/gpu_session15.sh PART...
+#
+# Env: BINS (mlx-generate mlx-server mlx-benchmark mlx-lora mlx-evaluate), SKIP_BUILD=1
+# (pack what target/release holds).
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+BINS=${BINS:-mlx-generate mlx-server mlx-benchmark mlx-lora mlx-evaluate}
+export MLX_PYTHON=${MLX_PYTHON:-$PWD/.venv/bin/python}
+
+bash ../shared/gpu/stage.sh
+cd .gpu
+cat a/cuda.part.aa b/cuda.part.ab > whl
+split -b 33M whl part.
+rm -rf whl s1 s2 s3 && mkdir -p s1 s2 s3
+mv part.aa s1/cuda.part.aa
+mv part.ab s2/cuda.part.ab
+mv part.ac s3/cuda.part.ac
+mv b/*.whl b/cuda-wheel-name s3/
+for s in s1 s2; do
+  cat > $s/stash.sh <<'STASH'
+#!/usr/bin/env bash
+set -e
+mkdir -p /root/stash
+cp "$(dirname "$0")"/cuda.part.* /root/stash/
+ls -la /root/stash
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+if [ -d .gpu/tok ]; then rm -rf /root/stash/tok && cp -r .gpu/tok /root/stash/tok && echo "tok stashed"; fi
+STASH
+done
+sed -e 's#cat /root/stash/cuda.part.aa "$here/cuda.part.ab"#cat /root/stash/cuda.part.aa /root/stash/cuda.part.ab "$here/cuda.part.ac"#' \
+  b/activate.sh > s3/activate.sh
+grep -q 'cuda.part.ac' s3/activate.sh || { echo "gpu_stage.sh: activate.sh changed upstream" >&2; exit 1; }
+rm -rf a b
+cd ..
+rm -rf .gpu/tok
+"$MLX_PYTHON" xtask/py/make_bench_models.py --pack-tokenizers .gpu/tok
+
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  args=(); for b in $BINS; do args+=(--bin "$b"); done
+  cargo build --release -p mlx-bins "${args[@]}"
+  cargo build --release -p mlx-engine --example qmm_rows_check
+fi
+tmp=$(mktemp -d)
+mkdir -p "$tmp/new"
+for b in $BINS; do strip -o "$tmp/new/$b" "target/release/$b"; done
+strip -o "$tmp/new/qmm_rows_check" target/release/examples/qmm_rows_check
+{ git rev-parse --short HEAD; git status --porcelain --untracked-files=no | sed 's/^/dirty: /'; } > "$tmp/new/COMMIT"
+tar -C "$tmp" -cf - new | xz -9 -T2 > .gpu/new.tar.xz
+rm -rf "$tmp"
+du -sh .gpu/s1 .gpu/s2 .gpu/s3 .gpu/tok .gpu/new.tar.xz
+echo "tracked tree: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes (each call carries it too)"
