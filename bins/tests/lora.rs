@@ -934,6 +934,26 @@ fn memory_bound_keeps_every_bit_and_never_raises_the_peak() {
 }
 
 #[test]
+fn a_memory_headroom_below_one_is_refused() {
+    let tmp = TempDir::new("lora-headroom");
+    let data = tmp.0.join("data");
+    write_rows(&data, "train", ROWS);
+    let out = run_in_env(
+        &tmp.0.join("run"),
+        &data,
+        &["--train", "--iters", "2"],
+        &[
+            ("MLX_TRAIN_MEMORY_BOUND", "force"),
+            ("MLX_TRAIN_MEMORY_HEADROOM", "0.5"),
+        ],
+    );
+    fails_with(
+        &out,
+        "MLX_TRAIN_MEMORY_HEADROOM=\"0.5\": expected a number of at least 1",
+    );
+}
+
+#[test]
 fn test_alone_refuses_adapters_of_another_model() {
     let tmp = TempDir::new("lora-test-mismatch");
     let data = tmp.0.join("data");

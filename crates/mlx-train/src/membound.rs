@@ -13,7 +13,7 @@
 //! for each graph it commits: the step's own live set plus one graph), and every later
 //! step under the peak that the first one reached. The ops and their inputs are the same,
 //! so the losses and the weights are the same bits; only when the host waits changes.
-use crate::error::Result;
+use crate::error::{Result, TrainError};
 use mlx_array::{memory, Device, DeviceType};
 
 /// `MLX_TRAIN_MEMORY_BOUND`: whether training bounds its queued GPU work.
@@ -53,10 +53,27 @@ impl MemoryBound {
     }
 }
 
+/// `MLX_TRAIN_MEMORY_HEADROOM`: the factor (at least 1, default 1) on the first step's
+/// peak that later steps may reach before the host waits for queued work. Room above 1
+/// lets the host queue more ahead near the peak (speed) at the cost of memory.
+fn headroom_from_env() -> Result<f64> {
+    let Ok(v) = std::env::var("MLX_TRAIN_MEMORY_HEADROOM") else {
+        return Ok(1.0);
+    };
+    match v.trim().parse::<f64>() {
+        Ok(f) if f.is_finite() && f >= 1.0 => Ok(f),
+        _ => Err(TrainError::Invalid(format!(
+            "MLX_TRAIN_MEMORY_HEADROOM={v:?}: expected a number of at least 1 (a factor on \
+             the first training step's peak memory)"
+        ))),
+    }
+}
+
 /// The bound in force for one training run; puts MLX's previous memory limit back when
 /// dropped.
 pub(crate) struct StepBound {
     previous: usize,
+    headroom: f64,
     measured: bool,
 }
 
@@ -67,19 +84,22 @@ impl StepBound {
         if !setting.applies()? {
             return Ok(None);
         }
+        let headroom = headroom_from_env()?;
         let previous = memory::set_memory_limit(0)?;
         Ok(Some(StepBound {
             previous,
+            headroom,
             measured: false,
         }))
     }
 
     /// After a training step is evaluated: the first time, the limit becomes the peak so
-    /// far (never above the previous limit).
+    /// far times the headroom (never above the previous limit).
     pub(crate) fn step_done(&mut self) -> Result<()> {
         if !self.measured {
             self.measured = true;
-            memory::set_memory_limit(memory::peak_memory().min(self.previous))?;
+            let limit = (memory::peak_memory() as f64 * self.headroom) as usize;
+            memory::set_memory_limit(limit.min(self.previous))?;
         }
         Ok(())
     }
