@@ -18,6 +18,9 @@
 #              kernel JIT) is left out of the tokens/s mean
 #   --rounds   processes per tool, alternating ours / mlx-lm, order flipped each round (2)
 #   --models   where the models are written (default /tmp/bench-models)
+#   --bound-ab also run ours with MLX_TRAIN_MEMORY_BOUND=1 ("ours-bound": the memory of
+#              queued GPU work held to the first step's peak, crates/mlx-train/src/membound.rs)
+#              each round
 #
 # Data: 256 rows of seeded random words, each longer than 512 tokens, so every batch is
 # 4 x 512 after mlx-lm's truncation (both tools print its warning); no validation set (no
@@ -34,6 +37,7 @@ ITERS=40
 REPORT=10
 ROUNDS=2
 MODELS=/tmp/bench-models
+BOUND_AB=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY=$2; shift ;;
@@ -41,7 +45,8 @@ while [ $# -gt 0 ]; do
     --report) REPORT=$2; shift ;;
     --rounds) ROUNDS=$2; shift ;;
     --models) MODELS=$2; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    --bound-ab) BOUND_AB=1 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) BIN=$1 ;;
   esac
@@ -91,12 +96,17 @@ for v in "${VARIANTS[@]}"; do
   for r in $(seq 1 "$ROUNDS"); do
     order="ours mlx-lm"
     [ $((r % 2)) -eq 0 ] && order="mlx-lm ours"
+    [ "$BOUND_AB" = 1 ] && order="$order ours-bound"
     for tool in $order; do
       A="$OUT/adapters/$v-$tool-$r"
       rm -rf "$A"
       log="$OUT/raw/$v-$tool-$r.txt"
       if [ "$tool" = ours ]; then
         "$BIN/mlx-lora" --model "$M" "${COMMON[@]}" --adapter-path "$A" >"$log" 2>&1
+        metrics="$A/metrics.jsonl"
+      elif [ "$tool" = ours-bound ]; then
+        MLX_TRAIN_MEMORY_BOUND=1 "$BIN/mlx-lora" --model "$M" "${COMMON[@]}" \
+          --adapter-path "$A" >"$log" 2>&1
         metrics="$A/metrics.jsonl"
       else
         mkdir -p "$A"
@@ -129,6 +139,10 @@ for v, s in summary.items():
     ot, pt = max(o["tokens_per_second"]), max(p["tokens_per_second"])
     om, pm = max(o["peak_gb"]), max(p["peak_gb"])
     lines.append(f"| {v} | {ot:.1f} | {pt:.1f} | {ot / pt:.2f}x | {om:.3f} | {pm:.3f} | {om / pm:.2f}x |")
+    f = s.get("ours-bound")
+    if f:
+        ft, fm = max(f["tokens_per_second"]), max(f["peak_gb"])
+        lines.append(f"| {v} (ours-bound) | {ft:.1f} | {pt:.1f} | {ft / pt:.2f}x | {fm:.3f} | {pm:.3f} | {fm / pm:.2f}x |")
 open(out + "/summary.md", "w").write("\n".join(lines) + "\n\nper run:\n\n" + open(out + "/runs.md").read())
 json.dump(summary, open(out + "/summary.json", "w"), indent=1)
 print("\n".join(lines))

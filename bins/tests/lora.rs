@@ -710,6 +710,16 @@ fn grad_checkpoint_on_every_architecture_matches_mlx_lm() {
 
 /// Runs `mlx-lora` in `dir` on the tiny llama with `args` after the common ones.
 fn run_in(dir: &Path, data: &Path, args: &[&str]) -> std::process::Output {
+    run_in_env(dir, data, args, &[])
+}
+
+/// [`run_in`] with extra environment variables.
+fn run_in_env(
+    dir: &Path,
+    data: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
     std::fs::create_dir_all(dir).unwrap();
     let model = common::golden_model("llama-small-f32");
     Command::new(env!("CARGO_BIN_EXE_mlx-lora"))
@@ -728,6 +738,7 @@ fn run_in(dir: &Path, data: &Path, args: &[&str]) -> std::process::Output {
             "adapters",
         ])
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(dir)
         .env_remove("RUST_LOG")
         .output()
@@ -863,6 +874,97 @@ fn a_diverging_loss_stops_and_keeps_the_last_good_checkpoint() {
         std::fs::read(adapters.join("adapters.safetensors")).unwrap(),
         std::fs::read(adapters.join("0000001_adapters.safetensors")).unwrap()
     );
+}
+
+/// The largest `peak_memory` of a run's training reports (GB).
+fn report_peak(adapters: &Path) -> f64 {
+    std::fs::read_to_string(adapters.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v.get("peak_memory").and_then(|p| p.as_f64()))
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn memory_bound_keeps_every_bit_and_never_raises_the_peak() {
+    // MLX_TRAIN_MEMORY_BOUND=force paces the steps on the CPU as MLX_TRAIN_MEMORY_BOUND=1
+    // paces them on a CUDA GPU (crates/mlx-train/src/membound.rs): only when the host
+    // waits changes, so the printed losses and every saved file are the same bits.
+    let tmp = TempDir::new("lora-memory-bound");
+    let data = tmp.0.join("data");
+    write_rows(&data, "train", ROWS);
+    write_rows(&data, "valid", ROWS);
+    let args = [
+        "--train",
+        "--iters",
+        "6",
+        "--steps-per-report",
+        "1",
+        "--steps-per-eval",
+        "3",
+        "--save-every",
+        "2",
+        "--grad-accumulation-steps",
+        "2",
+    ];
+    let run = |name: &str, setting: &str| {
+        let dir = tmp.0.join(name);
+        let out = run_in_env(&dir, &data, &args, &[("MLX_TRAIN_MEMORY_BOUND", setting)]);
+        common::check(&out, name);
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            dir.join("adapters"),
+        )
+    };
+    let (free_out, free) = run("free", "0");
+    let (bound_out, bound) = run("bound", "force");
+    assert_eq!(numbers(&free_out), numbers(&bound_out));
+    assert!(numbers(&free_out).iter().any(|l| l.contains(" val ")));
+    assert_eq!(files(&free), files(&bound));
+    for f in files(&free) {
+        let read = |d: &Path| std::fs::read(d.join(&f)).unwrap();
+        assert!(read(&free) == read(&bound), "{f} differs under the bound");
+    }
+    let (p_free, p_bound) = (report_peak(&free), report_peak(&bound));
+    assert!(
+        p_bound > 0.0 && p_bound <= p_free,
+        "peak {p_bound} GB bound, {p_free} free"
+    );
+}
+
+#[test]
+fn a_memory_headroom_below_one_is_refused() {
+    let tmp = TempDir::new("lora-headroom");
+    let data = tmp.0.join("data");
+    write_rows(&data, "train", ROWS);
+    let out = run_in_env(
+        &tmp.0.join("run"),
+        &data,
+        &["--train", "--iters", "2"],
+        &[
+            ("MLX_TRAIN_MEMORY_BOUND", "force"),
+            ("MLX_TRAIN_MEMORY_HEADROOM", "0.5"),
+        ],
+    );
+    fails_with(
+        &out,
+        "MLX_TRAIN_MEMORY_HEADROOM=\"0.5\": expected a number of at least 1",
+    );
+}
+
+#[test]
+fn an_unknown_memory_bound_setting_is_refused() {
+    let tmp = TempDir::new("lora-bound-setting");
+    let data = tmp.0.join("data");
+    write_rows(&data, "train", ROWS);
+    let out = run_in_env(
+        &tmp.0.join("run"),
+        &data,
+        &["--train", "--iters", "2"],
+        &[("MLX_TRAIN_MEMORY_BOUND", "yes")],
+    );
+    fails_with(&out, "MLX_TRAIN_MEMORY_BOUND=\"yes\": expected 0");
 }
 
 #[test]

@@ -33,6 +33,7 @@ mod error;
 pub mod fuse;
 pub mod hf;
 pub mod lora_layers;
+pub mod membound;
 pub mod optim;
 pub mod pyval;
 pub mod run;

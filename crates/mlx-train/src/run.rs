@@ -188,6 +188,7 @@ pub fn plan(args: &LoraArgs) -> Result<Plan> {
         // does not carry yet: such a run is not compiled.
         compile: crate::trainer::compile_enabled()
             && lora.as_ref().is_none_or(|l| l.dropout == 0.0),
+        memory_bound: crate::membound::MemoryBound::from_env()?,
     };
     let feature = |k: &str, d: &str| -> Result<String> {
         match args.get(k) {

@@ -6,6 +6,7 @@
 //! the same bits.
 use crate::batches::{Batch, BatchIter, TokenDataset};
 use crate::error::{Result, TrainError};
+use crate::membound::{MemoryBound, StepBound};
 use crate::optim::Optimizer;
 use mlx_array::{ops, transforms, Array, Dtype};
 use mlx_eval::RandomState;
@@ -308,6 +309,9 @@ pub struct TrainingArgs {
     /// mlx-lm does). Only where no random draw happens inside it (no adapter dropout) and
     /// without `grad_checkpoint`; `MLX_TRAIN_COMPILE=0` turns it off.
     pub compile: bool,
+    /// Whether the steps' queued GPU work is held to the first step's peak
+    /// ([`crate::membound`]; `MLX_TRAIN_MEMORY_BOUND`).
+    pub memory_bound: MemoryBound,
 }
 
 /// A training report (mlx-lm's `on_train_loss_report` fields).
@@ -520,6 +524,7 @@ fn train_loop(
     let mut train_time = 0f64;
     let mut grad_accum: Option<Vec<Array>> = None;
     let mut saved: Vec<(usize, PathBuf)> = Vec::new();
+    let mut bound = StepBound::start(args.memory_bound)?;
     for it in 1..=args.iters {
         let mut warnings = Vec::new();
         let batch = batches
@@ -642,6 +647,9 @@ fn train_loop(
             all.extend(n_tokens.iter());
             all.extend(grad_accum.iter().flatten());
             transforms::eval(&all)?;
+        }
+        if let Some(b) = bound.as_mut() {
+            b.step_done()?;
         }
         if args.clear_cache_threshold > 0
             && mlx_array::memory::cache_memory() > args.clear_cache_threshold
