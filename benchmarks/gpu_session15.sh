@@ -127,7 +127,9 @@ for PART in "$@"; do
       OUT=$D DEADLINE=$((L - 10)) N=${NEXT_N:-2} ROUNDS=${NEXT_ROUNDS:-1} \
         bash benchmarks/gpu_next.sh "$NEW" ${NEXT_PARTS:-check warm} > "$D/stdout.txt" 2>&1 ;;
     lora)
-      OUT=$D timeout "$L" bash benchmarks/gpu_lora.sh "$NEW" --rounds 1 > "$D/stdout.txt" 2>&1
+      # LORA_ARGS: e.g. "--only llama-3.2-1b-bf16 --bound-ab" (the opt-in memory bound's arm)
+      # shellcheck disable=SC2086
+      OUT=$D timeout "$L" bash benchmarks/gpu_lora.sh "$NEW" --rounds 1 ${LORA_ARGS:-} > "$D/stdout.txt" 2>&1
       rm -rf "$D/adapters" "$D/data" ;;     specsrv)
       M=$MODELS/llama-3.1-8b-echo-bf16
       python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
