@@ -933,38 +933,34 @@ fn memory_bound_keeps_every_bit_and_never_raises_the_peak() {
     );
 }
 
-#[test]
-fn a_memory_headroom_below_one_is_refused() {
-    let tmp = TempDir::new("lora-headroom");
+/// A short training run under `env` fails with `message`.
+fn training_refuses_env(name: &str, env: &[(&str, &str)], message: &str) {
+    let tmp = TempDir::new(name);
     let data = tmp.0.join("data");
     write_rows(&data, "train", ROWS);
-    let out = run_in_env(
-        &tmp.0.join("run"),
-        &data,
-        &["--train", "--iters", "2"],
+    let out = run_in_env(&tmp.0.join("run"), &data, &["--train", "--iters", "2"], env);
+    fails_with(&out, message);
+}
+
+#[test]
+fn a_memory_headroom_below_one_is_refused() {
+    training_refuses_env(
+        "lora-headroom",
         &[
             ("MLX_TRAIN_MEMORY_BOUND", "force"),
             ("MLX_TRAIN_MEMORY_HEADROOM", "0.5"),
         ],
-    );
-    fails_with(
-        &out,
         "MLX_TRAIN_MEMORY_HEADROOM=\"0.5\": expected a number of at least 1",
     );
 }
 
 #[test]
 fn an_unknown_memory_bound_setting_is_refused() {
-    let tmp = TempDir::new("lora-bound-setting");
-    let data = tmp.0.join("data");
-    write_rows(&data, "train", ROWS);
-    let out = run_in_env(
-        &tmp.0.join("run"),
-        &data,
-        &["--train", "--iters", "2"],
+    training_refuses_env(
+        "lora-bound-setting",
         &[("MLX_TRAIN_MEMORY_BOUND", "yes")],
+        "MLX_TRAIN_MEMORY_BOUND=\"yes\": expected 0",
     );
-    fails_with(&out, "MLX_TRAIN_MEMORY_BOUND=\"yes\": expected 0");
 }
 
 #[test]
