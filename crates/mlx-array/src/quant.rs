@@ -452,9 +452,11 @@ pub fn fast_qmv_launches() -> u64 {
 /// `MLX_FAST_QMM=0` at start turns it off; it also needs [`set_fast_qmv`] on). On the CUDA
 /// backend, products of 2 to 32 bfloat16 rows (the batch dimensions of x flattened into
 /// rows; `MLX_FAST_QMM_MAX_ROWS` or [`set_fast_qmm_max_rows`] sets the bound) with a
-/// weight the one-row kernels take run through it: every output row is bit-identical to
-/// that row's product alone (batch-invariant), which MLX's own kernel for many rows (`qmm`)
-/// is not; off, MLX's runs and its bits come back.
+/// weight the one-row kernels take run through it. Rows of several sequences take its
+/// tensor-core form by default ([`set_fast_qmm_mma`]: float32 sums, other bits than
+/// MLX's); otherwise every output row is bit-identical to that row's product alone
+/// (batch-invariant), which MLX's own kernel for many rows (`qmm`) is not. Off, MLX's runs
+/// and its bits come back.
 pub fn set_fast_qmm(on: bool) {
     unsafe { sys::mlxs_set_fast_qmm(on) }
 }
@@ -482,4 +484,45 @@ pub fn fast_qmm_enabled() -> bool {
 /// How many [`quantized_matmul`] calls of this process took the multi-row kernel.
 pub fn fast_qmm_launches() -> u64 {
     unsafe { sys::mlxs_fast_qmm_launches() }
+}
+
+/// Which form [`set_fast_qmm`]'s products of several rows take on the CUDA backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QmmMma {
+    /// Every output row keeps its one-row product's bits (batch-invariant).
+    Off,
+    /// The default: rows of several sequences (batched decoding, x as `[B, 1, K]` or
+    /// `[B, L, K]` with B > 1) from `MLX_FAST_QMM_MMA_MIN_ROWS` (2) rows up to the bound of
+    /// [`set_fast_qmm_max_rows`] run on tensor cores, with float32 sums in another order:
+    /// other bits than MLX's, batch-dependent as MLX's own `qmm` is (docs/parity.md). One
+    /// sequence's rows keep their bits as under `Off`.
+    On,
+    /// Every product of 2 or more rows takes the tensor-core form, one sequence's rows and
+    /// more rows than the bound too: the setting of the quality gate, not of serving.
+    Force,
+}
+
+/// Sets the form of products of several rows (`MLX_FAST_QMM_MMA=0` / `force` at start
+/// set [`QmmMma::Off`] / [`QmmMma::Force`]; anything else keeps [`QmmMma::On`]).
+pub fn set_fast_qmm_mma(mode: QmmMma) {
+    let m = match mode {
+        QmmMma::Off => 0,
+        QmmMma::On => 1,
+        QmmMma::Force => 2,
+    };
+    unsafe { sys::mlxs_set_fast_qmm_mma(m) }
+}
+
+/// The form in force (see [`set_fast_qmm_mma`]).
+pub fn fast_qmm_mma() -> QmmMma {
+    match unsafe { sys::mlxs_fast_qmm_mma_mode() } {
+        0 => QmmMma::Off,
+        2 => QmmMma::Force,
+        _ => QmmMma::On,
+    }
+}
+
+/// How many [`quantized_matmul`] calls of this process took the tensor-core form.
+pub fn fast_qmm_mma_launches() -> u64 {
+    unsafe { sys::mlxs_fast_qmm_mma_launches() }
 }

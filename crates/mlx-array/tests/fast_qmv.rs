@@ -5,10 +5,10 @@
 //! identical on the H200: benchmarks/GPU.md, run 6); these tests run on any backend.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::quant::{
-    fast_qmm_enabled, fast_qmm_launches, fast_qmv_enabled, fast_qmv_launches, quantize,
-    quantized_matmul, quantized_matmul_add, quantized_matmul_many, set_fast_qmm,
-    set_fast_qmm_max_rows, set_fast_qmv, set_fast_qmv_residual, QuantMode, Quantized,
-    QuantizedWeight,
+    fast_qmm_enabled, fast_qmm_launches, fast_qmm_mma, fast_qmm_mma_launches, fast_qmv_enabled,
+    fast_qmv_launches, quantize, quantized_matmul, quantized_matmul_add, quantized_matmul_many,
+    set_fast_qmm, set_fast_qmm_max_rows, set_fast_qmm_mma, set_fast_qmv, set_fast_qmv_residual,
+    QmmMma, QuantMode, Quantized, QuantizedWeight,
 };
 use mlx_array::{random, Array, Device, DeviceType, Dtype};
 use std::sync::{Mutex, MutexGuard};
@@ -122,6 +122,49 @@ fn the_multi_row_switch_reads_back() {
     assert!(!fast_qmm_enabled());
     set_fast_qmm(true);
     assert!(fast_qmm_enabled());
+}
+
+#[test]
+fn the_tensor_core_form_is_on_by_default_and_reads_back() {
+    let _g = serial();
+    // MLX_FAST_QMM_MMA is unset in the test environment: the default is on.
+    if std::env::var_os("MLX_FAST_QMM_MMA").is_none() {
+        assert_eq!(fast_qmm_mma(), QmmMma::On);
+    }
+    for mode in [QmmMma::Off, QmmMma::Force, QmmMma::On] {
+        set_fast_qmm_mma(mode);
+        assert_eq!(fast_qmm_mma(), mode);
+    }
+}
+
+#[test]
+fn off_the_cuda_backend_the_tensor_core_form_never_runs() {
+    let _g = serial();
+    if Device::default_device().unwrap().kind == DeviceType::Gpu {
+        // A GPU build: covered by qmm_mma_check on the device.
+        return;
+    }
+    let q = quantized(256, 512, 28);
+    let before = fast_qmm_mma_launches();
+    // Forced, products of several rows (one sequence's and several) keep MLX's bits here.
+    for shape in [[1, 2, 512], [4, 8, 512], [1, 40, 512]] {
+        let x = bf16_normal(&shape, 29);
+        set_fast_qmm_mma(QmmMma::Force);
+        let forced = qmm(&x, &q);
+        set_fast_qmm_mma(QmmMma::Off);
+        let off = qmm(&x, &q);
+        assert!(forced
+            .array_equal(&off, false)
+            .unwrap()
+            .item::<bool>()
+            .unwrap());
+    }
+    set_fast_qmm_mma(QmmMma::On);
+    assert_eq!(
+        fast_qmm_mma_launches(),
+        before,
+        "the tensor-core form must not run on the CPU"
+    );
 }
 
 #[test]

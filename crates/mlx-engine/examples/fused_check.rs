@@ -19,11 +19,13 @@
 //! ```sh
 //! cargo run --release -p mlx-engine --example fused_check -- MODEL_DIR [PROMPT] [STEPS] [fused|qmv]
 //! ```
+#[path = "common/qmm.rs"]
+mod common;
+
+use common::{scaled_normal, Res};
 use mlx_array::{random, transforms, Array, Dtype};
 use mlx_models::{load_model_with, LanguageModel, LoadOptions};
 use std::time::Instant;
-
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// Greedy decoding of `batch` random prompts: the logits of every step, and the mean
 /// seconds per decode step.
@@ -62,28 +64,9 @@ fn run(model: &dyn LanguageModel, batch: i32, prompt: i32, steps: usize) -> Res<
     Ok((out, t / (steps.max(2) - 1) as f64))
 }
 
-/// Standard normal values from `seed`, times `scale`, in bfloat16.
-fn scaled_normal(shape: &[i32], seed: u64, scale: f32) -> Res<Array> {
-    Ok(
-        random::normal(shape, Dtype::Float32, None, None, Some(&random::key(seed)?))?
-            .multiply(&Array::scalar(scale)?)?
-            .astype(Dtype::Bfloat16)?,
-    )
-}
-
 /// `x @ dequantize(q).T` for 4-bit affine `q` of group size `gs`, evaluated.
 fn qmm4(x: &Array, q: &mlx_array::quant::Quantized, gs: i32) -> Res<Array> {
-    use mlx_array::quant::{quantized_matmul, QuantMode};
-    let y = quantized_matmul(
-        x,
-        &q.weight,
-        &q.scales,
-        q.biases.as_ref(),
-        true,
-        Some(gs),
-        Some(4),
-        QuantMode::Affine,
-    )?;
+    let y = common::qmm(x, q, gs)?;
     transforms::eval(&[&y])?;
     Ok(y)
 }

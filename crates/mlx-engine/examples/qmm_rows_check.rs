@@ -34,48 +34,16 @@
 //! target/release/examples/qmm_rows_check [--shapes synthetic|small] [--model DIR]
 //!     [--m 2,3,4,5,8,9,16,32] [--gs 32,64,128] [--warp-rows 1,2,4] [--iters 50]
 //! ```
+#[path = "common/qmm.rs"]
+mod common;
+
+use common::{model_cases, qmm, same_bits, scaled_normal, synthetic, time_us, Case, Res, REPS};
 use mlx_array::quant::{
-    fast_qmm_launches, quantize, quantized_matmul, set_fast_qmm, set_fast_qmm_warp_rows,
-    set_fast_qmv, QuantMode, Quantized,
+    fast_qmm_launches, set_fast_qmm, set_fast_qmm_mma, set_fast_qmm_warp_rows, set_fast_qmv, QmmMma,
 };
-use mlx_array::{random, transforms, Array, Device, DeviceType, Dtype};
-use std::collections::BTreeMap;
+use mlx_array::{transforms, Array, Device, DeviceType, Dtype};
 use std::io::Write;
-use std::path::Path;
 use std::time::Instant;
-
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-/// (N, K) of the projections and vocabulary heads of Llama-3.1-8B, Llama-3.2-1B and
-/// Qwen2.5-0.5B.
-const SYNTHETIC: [(i32, i32); 12] = [
-    (4096, 4096),
-    (1024, 4096),
-    (14336, 4096),
-    (4096, 14336),
-    (128256, 4096),
-    (2048, 2048),
-    (8192, 2048),
-    (2048, 8192),
-    (896, 896),
-    (4864, 896),
-    (896, 4864),
-    (151936, 896),
-];
-
-/// Products per timed evaluation (so the host's wait for the device is shared).
-const REPS: usize = 10;
-
-/// One product shape to check: a name, the quantized weight and its group size.
-struct Case {
-    name: String,
-    n: i32,
-    k: i32,
-    gs: i32,
-    q: Quantized,
-    /// Whether the CUDA kernel takes this product (every synthetic one does).
-    ours: bool,
-}
 
 struct Opts {
     shapes: String,
@@ -84,16 +52,6 @@ struct Opts {
     gss: Vec<i32>,
     warp_rows: Vec<i32>,
     iters: usize,
-}
-
-fn list(s: &str) -> Res<Vec<i32>> {
-    s.split(',')
-        .map(|v| {
-            v.trim()
-                .parse::<i32>()
-                .map_err(|e| format!("bad number {v:?}: {e}").into())
-        })
-        .collect()
 }
 
 fn parse_args() -> Res<Opts> {
@@ -111,9 +69,9 @@ fn parse_args() -> Res<Opts> {
         match a.as_str() {
             "--shapes" => o.shapes = val()?,
             "--model" => o.model = Some(val()?),
-            "--m" => o.ms = list(&val()?)?,
-            "--gs" => o.gss = list(&val()?)?,
-            "--warp-rows" => o.warp_rows = list(&val()?)?,
+            "--m" => o.ms = common::list(&val()?)?,
+            "--gs" => o.gss = common::list(&val()?)?,
+            "--warp-rows" => o.warp_rows = common::list(&val()?)?,
             "--iters" => o.iters = val()?.parse()?,
             "-h" | "--help" => {
                 println!(
@@ -134,42 +92,9 @@ fn parse_args() -> Res<Opts> {
     Ok(o)
 }
 
-/// Standard normal values from `seed`, times `scale`, in bfloat16.
-fn scaled_normal(shape: &[i32], seed: u64, scale: f32) -> Res<Array> {
-    Ok(
-        random::normal(shape, Dtype::Float32, None, None, Some(&random::key(seed)?))?
-            .multiply(&Array::scalar(scale)?)?
-            .astype(Dtype::Bfloat16)?,
-    )
-}
-
-/// `x @ dequantize(q).T` (4-bit affine, group size `gs`), not evaluated.
 /// MLX's CUDA dispatch runs `qmv` per row below this many rows of x, `qmm` from there
 /// (fast_qmv.cpp's kMlxQmvRowsBelow).
 const MLX_QMV_ROWS_BELOW: i32 = 8;
-
-fn qmm(x: &Array, q: &Quantized, gs: i32) -> Res<Array> {
-    Ok(quantized_matmul(
-        x,
-        &q.weight,
-        &q.scales,
-        q.biases.as_ref(),
-        true,
-        Some(gs),
-        Some(4),
-        QuantMode::Affine,
-    )?)
-}
-
-/// Whether `a` and `b` hold the same bits (bfloat16 values compared as uint16).
-fn same_bits(a: &Array, b: &Array) -> Res<bool> {
-    if a.shape() != b.shape() {
-        return Ok(false);
-    }
-    Ok(a.view(Dtype::Uint16)?
-        .array_equal(&b.view(Dtype::Uint16)?, false)?
-        .item::<bool>()?)
-}
 
 /// The rows of [M, N] `y` that differ in any bit from those of `r`.
 fn differing_rows(y: &Array, r: &Array) -> Res<Vec<i32>> {
@@ -183,128 +108,6 @@ fn differing_rows(y: &Array, r: &Array) -> Res<Vec<i32>> {
         }
     }
     Ok(bad)
-}
-
-/// Median microseconds of one product made by `f` (`iters` samples of REPS products
-/// evaluated together, after three such warm-up rounds).
-fn time_us(iters: usize, f: &dyn Fn() -> Res<Array>) -> Res<f64> {
-    let round = || -> Res<f64> {
-        let tic = Instant::now();
-        let ys = (0..REPS).map(|_| f()).collect::<Res<Vec<_>>>()?;
-        transforms::eval(&ys.iter().collect::<Vec<_>>())?;
-        mlx_array::synchronize()?;
-        Ok(tic.elapsed().as_secs_f64() * 1e6 / REPS as f64)
-    };
-    for _ in 0..3 {
-        round()?;
-    }
-    let mut ts = (0..iters).map(|_| round()).collect::<Res<Vec<_>>>()?;
-    ts.sort_by(f64::total_cmp);
-    Ok(ts[ts.len() / 2])
-}
-
-/// Whether fast_qmv.cpp's kernels take a bfloat16 x by this 4-bit weight (`eligible_rows`
-/// there): K a multiple of 32 up to 16384, bfloat16 scales, and not a row no longer than a
-/// group with more than 16384 outputs (which MLX itself sends to `qmm` at one row).
-fn kernel_takes(n: i32, k: i32, gs: i32, scales: Dtype) -> bool {
-    scales == Dtype::Bfloat16
-        && k % 32 == 0
-        && k <= 16384
-        && [32, 64, 128].contains(&gs)
-        && !(k % 64 == 0 && gs >= k && n > 16384)
-}
-
-/// Synthetic cases: random weights (scaled like trained ones) of each shape and group size.
-fn synthetic(shapes: &[(i32, i32)], gss: &[i32]) -> Res<Vec<Case>> {
-    let mut cases = Vec::new();
-    for (i, &(n, k)) in shapes.iter().enumerate() {
-        let w = scaled_normal(&[n, k], 100 + i as u64, 0.05)?;
-        for &gs in gss {
-            if k % gs != 0 {
-                continue;
-            }
-            let q = quantize(&w, Some(gs), Some(4), QuantMode::Affine)?;
-            transforms::eval(&[&q.weight, &q.scales])?;
-            cases.push(Case {
-                name: "random".into(),
-                n,
-                k,
-                gs,
-                q,
-                ours: kernel_takes(n, k, gs, Dtype::Bfloat16),
-            });
-        }
-    }
-    Ok(cases)
-}
-
-/// Every distinct (N, K) of the 4-bit affine weights of a quantized model directory
-/// (`*.weight` uint32 with `.scales` and `.biases`, group size from config.json's
-/// `quantization`), the first weight of each shape.
-fn model_cases(dir: &str) -> Res<Vec<Case>> {
-    let dir = Path::new(dir);
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
-    let quant = config
-        .get("quantization")
-        .or_else(|| config.get("quantization_config"))
-        .ok_or("config.json has no \"quantization\": not a quantized model")?;
-    let gs = quant
-        .get("group_size")
-        .and_then(|v| v.as_i64())
-        .unwrap_or(64) as i32;
-    let bits = quant.get("bits").and_then(|v| v.as_i64()).unwrap_or(4);
-    if bits != 4 {
-        return Err(format!("the model is {bits}-bit; this check is for 4-bit weights").into());
-    }
-    let mut tensors = BTreeMap::new();
-    let mut files: Vec<_> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(format!("no .safetensors files in {}", dir.display()).into());
-    }
-    for f in files {
-        tensors.extend(mlx_array::io::load_safetensors(&f)?.0);
-    }
-    let mut seen = BTreeMap::new();
-    for (name, w) in &tensors {
-        let Some(base) = name.strip_suffix(".weight") else {
-            continue;
-        };
-        let (Some(s), Some(b)) = (
-            tensors.get(&format!("{base}.scales")),
-            tensors.get(&format!("{base}.biases")),
-        ) else {
-            continue;
-        };
-        if w.dtype() != Dtype::Uint32 || w.ndim() != 2 || s.ndim() != 2 {
-            continue;
-        }
-        let (n, k) = (w.dim(0)?, w.dim(1)? * 8);
-        if s.dim(1)? * gs != k {
-            println!("{name}: scales do not match group size {gs} (skipped)");
-            continue;
-        }
-        seen.entry((n, k)).or_insert_with(|| Case {
-            name: base.to_string(),
-            n,
-            k,
-            gs,
-            ours: kernel_takes(n, k, gs, s.dtype()),
-            q: Quantized {
-                weight: w.clone(),
-                scales: s.clone(),
-                biases: Some(b.clone()),
-            },
-        });
-    }
-    if seen.is_empty() {
-        return Err("no 4-bit affine weights (.weight/.scales/.biases) found".into());
-    }
-    Ok(seen.into_values().collect())
 }
 
 /// The bit checks of one case at M rows with each layout of ours (`warp_rows`): whether
@@ -397,6 +200,9 @@ fn check_bits(c: &Case, m: i32, seed: u64, warp_rows: &[i32]) -> Res<(bool, bool
 
 fn main() -> Res<()> {
     let o = parse_args()?;
+    // The one-row bits are what this checks: the tensor-core form (another rounding,
+    // `qmm_mma_check`) stays off.
+    set_fast_qmm_mma(QmmMma::Off);
     let gpu = Device::default_device()?.kind == DeviceType::Gpu;
     println!(
         "device: {}; rows M: {:?}; warp rows: {:?}; timing: {}",
@@ -413,8 +219,8 @@ fn main() -> Res<()> {
         model_cases(dir)?
     } else {
         match o.shapes.as_str() {
-            "synthetic" => synthetic(&SYNTHETIC, &o.gss)?,
-            "small" => synthetic(&SYNTHETIC[8..11], &o.gss)?,
+            "synthetic" => synthetic(&common::SYNTHETIC, &o.gss)?,
+            "small" => synthetic(&common::SYNTHETIC[8..11], &o.gss)?,
             s => return Err(format!("--shapes {s:?}: expected synthetic or small").into()),
         }
     };

@@ -73,6 +73,20 @@
 // examples checks every row against its one-row product, for each layout, and times them
 // against MLX's `qmm`.
 //
+// Rows of several sequences take a tensor-core form of that product by default
+// (`rows_mma`, `mma_rows`; docs/parity.md): w's nibbles dequantized in registers with MLX's
+// expression and fed as the `a` operand of `mma.sync` m16n8k16 products (16 rows of w by
+// 8 rows of x, float32 accumulators), the 8 warps of a block splitting K and their partial
+// sums added in warp order. The sums run in another order than MLX's (not its bits at any
+// batch size, and a row's result depends on its batch, as with MLX's `qmm`), so accuracy
+// is what is checked (`qmm_mma_check`: RMS error against a float32 reference no larger
+// than the exact kernel's or MLX's). kBodyM spends bfloat16 FMAs a row of x each (at 32
+// rows the 8B model's decoding step took 39 ms against ~3.7 ms at one row: session 16);
+// the tensor cores take the products. `MLX_FAST_QMM_MMA=0` keeps kBodyM, `force` sends
+// every product of 2 or more rows here (one sequence's and over MLX_FAST_QMM_MAX_ROWS
+// rows too, in parts of 32 along grid x: the quality gate's setting),
+// `MLX_FAST_QMM_MMA_MIN_ROWS=N` (2) leaves fewer rows to kBodyM.
+//
 // The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC on first use,
 // cached on disk by MLX), with the device code in a header file (`device_header`) so each
 // kernel's own source is one line: MLX's scheduling cost per call grows with the source.
@@ -97,6 +111,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -168,6 +183,39 @@ constexpr long long kQmmAutoMinBlocks = 512;
 // The most rows the bound may be set to (a part of x per block of grid x).
 constexpr long long kQmmRowsLimit = 1ll << 20;
 
+// The tensor-core form of those products (`rows_mma`, docs/parity.md): MLX_FAST_QMM_MMA
+// (or `set_fast_qmm_mma`) "0" off (each row keeps its one-row bits), "force" for every
+// product of 2 or more rows (one sequence's rows and more than MLX_FAST_QMM_MAX_ROWS rows
+// too: the quality gate's setting), else on for rows of several sequences from
+// MLX_FAST_QMM_MMA_MIN_ROWS (kMmaMinRows) up to MLX_FAST_QMM_MAX_ROWS.
+enum class MmaMode { kOff = 0, kOn = 1, kForce = 2 };
+constexpr long long kMmaMinRows = 2;
+// Warps a block (they split K), rows of x a part at most (8 a product).
+constexpr int kMmaWarps = 8;
+constexpr int kMmaMaxPartRows = 32;
+// Blocks below which a weight takes 16 rows a block instead of 32 (about 2 a
+// multiprocessor on an H200).
+constexpr long long kMmaMinBlocks = 264;
+std::atomic<int> g_mma_mode{-1};
+std::atomic<unsigned long long> g_mma_uses{0};
+
+MmaMode mma_mode() {
+  int v = g_mma_mode.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("MLX_FAST_QMM_MMA");
+    v = static_cast<int>(MmaMode::kOn);
+    if (e != nullptr && std::strcmp(e, "0") == 0) v = static_cast<int>(MmaMode::kOff);
+    if (e != nullptr && std::strcmp(e, "force") == 0) v = static_cast<int>(MmaMode::kForce);
+    g_mma_mode.store(v, std::memory_order_relaxed);
+  }
+  return static_cast<MmaMode>(v);
+}
+
+long long mma_min_rows() {
+  static const long long v = std::max(env_count("MLX_FAST_QMM_MMA_MIN_ROWS", kMmaMinRows), 2ll);
+  return v;
+}
+
 // The floor in force: MLX_FAST_QMV_MIN_ELEMENTS (or kMinElements) until
 // `set_fast_qmv_min_elements` sets another.
 std::atomic<long long> g_min_elements{-1};
@@ -220,7 +268,7 @@ long long many_max_elements() {
 // How a kernel lays the rows out: `rows` warps per block, `rw` rows per warp, loads issued
 // `u` chunks ahead (`window`) or `u` chunks at a time (else); `body` picks the source.
 struct Layout {
-  int body;  // 0: kBody (one row a warp, all loads first), 1: kBodyRows, 2: kBodyM
+  int body;  // 0: kBody (one row a warp, all loads first), 1: kBodyRows, 2: kBodyM, 3: mma
   int rows;
   int rw;
   int u;
@@ -700,6 +748,213 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
   }
 }
 
+// One m16n8k16 tensor-core product (PTX `mma.sync`, bfloat16 operands, float32
+// accumulators): c += a (16 x 16, rows) * b (16 x 8, columns). Lane l = 4 g + t holds a's
+// rows g and g + 8 at columns 2t, 2t + 1 (a0: row g, a1: row g + 8) and 2t + 8, 2t + 9
+// (a2, a3), b's rows 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1) of column g, and c's rows g
+// (c[0], c[1]) and g + 8 (c[2], c[3]) at columns 2t, 2t + 1.
+__device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// U consecutive 32-bit words of packed nibbles.
+template <int U>
+__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* v) {
+  if constexpr (U == 4) {
+    const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = a.z;
+    v[3] = a.w;
+  } else if constexpr (U == 2) {
+    const uint2 a = __ldg(reinterpret_cast<const uint2*>(p));
+    v[0] = a.x;
+    v[1] = a.y;
+  } else {
+    v[0] = __ldg(reinterpret_cast<const uint32_t*>(p));
+  }
+}
+
+// The tensor-core form (not MLX's arithmetic: the batched path of docs/parity.md). Rows
+// block * 16R .. of w (those past n skipped) against the rows part * 8MF .. of x [m, K]
+// (those past m skipped); out is [m, n]. w is the `a` operand (16 of its rows a product),
+// x the `b` operand (8 of its rows a product). A lane takes 8U consecutive k of each of its
+// rows (one load of U words of w, U of 16 bytes of x: k0 = step * 32U + 8U t) and feeds
+// word u's nibbles to two products as the pairs (e, e + 4), e = 0..3, which it unpacks with
+// one shift and mask; x's elements are paired the same way, so every product's k slots
+// hold matching elements of w and x (the sum over k runs in another order, which is all
+// this changes). Each weight is dequantized as MLX does (w * scale + bias in bfloat16, one
+// FMA), the products accumulate in float32. The NW warps of a block split K (warp i takes
+// steps i, i + NW, ...) and their partial sums are added in warp order through shared
+// memory: the result does not depend on timing.
+template <int K, int GS, int NW, int U, int R, int MF>
+__device__ __forceinline__ void rows_mma(const __nv_bfloat16* x, const uint32_t* w,
+                                         const __nv_bfloat16* scales,
+                                         const __nv_bfloat16* biases, __nv_bfloat16* out,
+                                         const int n, const int m, const int block,
+                                         const int part) {
+  constexpr int STEP = 32 * U;
+  constexpr int NSTEP = K / STEP;
+  constexpr int G = K / GS;
+  constexpr int TR = 16 * R;
+  constexpr int TM = 8 * MF;
+  // Partial sums of each warp, [warp][row of w][row of x] (one column of padding).
+  __shared__ float red[NW][TR][TM + 1];
+  const int lane = threadIdx.x;
+  const int wi = threadIdx.y;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int row0 = block * TR;
+  const int m0 = part * TM;
+  const uint8_t* wr[R][2];
+  const __nv_bfloat16* sr[R][2];
+  const __nv_bfloat16* br[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // Rows past n read row n - 1 (in bounds) and store nothing.
+      const int row = min(row0 + 16 * r + 8 * h + g, n - 1);
+      wr[r][h] = reinterpret_cast<const uint8_t*>(w) + (size_t)row * (K / 2);
+      sr[r][h] = scales + (size_t)row * G;
+      br[r][h] = biases + (size_t)row * G;
+    }
+  const __nv_bfloat16* xr[MF];
+  bool xv[MF];
+#pragma unroll
+  for (int f = 0; f < MF; ++f) {
+    const int xm = m0 + 8 * f + g;
+    xv[f] = xm < m;
+    xr[f] = x + (size_t)min(xm, m - 1) * K;
+  }
+  const bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  float acc[R][MF][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int f = 0; f < MF; ++f)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][f][i] = 0.f;
+  const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
+  auto bf2 = [](uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); };
+  auto u32 = [](__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); };
+  // One step's weights, scales and biases (a lane's k0 lies inside one group: 8U <= 32).
+  uint32_t wv[R][2][U];
+  __nv_bfloat16 sc[R][2], bi[R][2];
+  auto load_step = [&](int step, uint32_t (&v)[R][2][U], __nv_bfloat16 (&s)[R][2],
+                       __nv_bfloat16 (&b)[R][2]) {
+    const int k0 = step * STEP + t * 8 * U;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        load_words<U>(wr[r][h] + k0 / 2, v[r][h]);
+        s[r][h] = __ldg(sr[r][h] + k0 / GS);
+        b[r][h] = __ldg(br[r][h] + k0 / GS);
+      }
+  };
+  if (wi < NSTEP) load_step(wi, wv, sc, bi);
+#pragma unroll 1
+  for (int step = wi; step < NSTEP; step += NW) {
+    // The next step's weights load while this one's are used.
+    uint32_t nv[R][2][U];
+    __nv_bfloat16 ns[R][2], nb[R][2];
+    const bool more = step + NW < NSTEP;
+    if (more) load_step(step + NW, nv, ns, nb);
+    const int k0 = step * STEP + t * 8 * U;
+    __nv_bfloat162 s2[R][2], b2[R][2];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        s2[r][h] = __bfloat162bfloat162(sc[r][h]);
+        b2[r][h] = __bfloat162bfloat162(bi[r][h]);
+      }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      // x's 8 elements k0 + 8u .. of each row of the part, as the pairs (e, e + 4).
+      uint32_t xp[MF][4];
+#pragma unroll
+      for (int f = 0; f < MF; ++f) {
+        uint4 xa = make_uint4(0u, 0u, 0u, 0u);
+        if (xv[f]) {
+          const __nv_bfloat16* p = xr[f] + k0 + 8 * u;
+          if (x_aligned) {
+            xa = *reinterpret_cast<const uint4*>(p);
+          } else {
+            __nv_bfloat16* pa = reinterpret_cast<__nv_bfloat16*>(&xa);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) pa[e] = p[e];
+          }
+        }
+        xp[f][0] = __byte_perm(xa.x, xa.z, 0x5410);
+        xp[f][1] = __byte_perm(xa.x, xa.z, 0x7632);
+        xp[f][2] = __byte_perm(xa.y, xa.w, 0x5410);
+        xp[f][3] = __byte_perm(xa.y, xa.w, 0x7632);
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          // a[h][p]: row g + 8h, the nibble pair e = 2j + p of word u, dequantized.
+          uint32_t a[2][2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+              const int e = 2 * j + p;
+              const __nv_bfloat162 q =
+                  __hsub2(bf2(((wv[r][h][u] >> (4 * e)) & 0x000F000Fu) | 0x43004300u), k128);
+              a[h][p] = u32(__hfma2(q, s2[r][h], b2[r][h]));
+            }
+#pragma unroll
+          for (int f = 0; f < MF; ++f) {
+            mma16816(acc[r][f], a[0][0], a[1][0], a[0][1], a[1][1], xp[f][2 * j],
+                     xp[f][2 * j + 1]);
+          }
+        }
+      }
+    }
+    if (more) {
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) wv[r][h][u] = nv[r][h][u];
+          sc[r][h] = ns[r][h];
+          bi[r][h] = nb[r][h];
+        }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int f = 0; f < MF; ++f)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        red[wi][16 * r + g + 8 * (i >> 1)][8 * f + 2 * t + (i & 1)] = acc[r][f][i];
+      }
+  __syncthreads();
+  // Each output: the warps' partial sums in warp order, rounded to bfloat16; consecutive
+  // threads take consecutive rows of w (consecutive outputs of a row of out).
+  for (int idx = wi * 32 + lane; idx < TR * TM; idx += NW * 32) {
+    const int col = idx / TR;
+    const int rl = idx % TR;
+    if (row0 + rl < n && m0 + col < m) {
+      float sum = 0.f;
+#pragma unroll
+      for (int v = 0; v < NW; ++v) sum += red[v][rl][col];
+      out[(size_t)(m0 + col) * n + row0 + rl] = __float2bfloat16_rn(sum);
+    }
+  }
+}
+
 }  // namespace mlxs_qmv
 )";
 
@@ -817,7 +1072,18 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
   std::vector<std::string> inputs{"x"};
   std::vector<std::string> outputs;
   std::string src;
-  if (key.mt > 0) {
+  if (l.body == 3) {
+    // rows_mma: `rows` warps a block, 16 * `rw` rows of w, `mt` rows of x a part, loads of
+    // `u` words; rows of x and of w from their shapes, as kBodyM's.
+    inputs.insert(inputs.end(), {"w", "scales", "biases"});
+    outputs.push_back("out");
+    name += "_mma" + std::to_string(l.rows) + "x" + std::to_string(l.rw) + "m" +
+            std::to_string(key.mt) + "u" + std::to_string(l.u);
+    src = "  mlxs_qmv::rows_mma<" + std::to_string(key.k) + ", " + std::to_string(key.gs) +
+          ", " + std::to_string(l.rows) + ", " + std::to_string(l.u) + ", " +
+          std::to_string(l.rw) + ", " + std::to_string(key.mt / 8) +
+          ">(x, w, scales, biases, out, w_shape[0], x_shape[0], blockIdx.y, blockIdx.x);\n";
+  } else if (key.mt > 0) {
     // The rows of x and of w come from their shapes (x is passed as [m, K]), so one compiled
     // kernel (MLX keys them by name and source) serves every m with this part size and
     // every weight of this K.
@@ -965,6 +1231,34 @@ std::optional<mx::array> fast_one(const mx::array& x, const mx::array& w,
   return launch(key, x, {w, scales, *biases}, st, residual)[0];
 }
 
+// The product of x's m rows (its batch dimensions flattened into rows) by an eligible
+// weight through rows_mma: parts of up to kMmaMaxPartRows rows of x (as even as 8-row
+// products allow) along grid x, 16 or 32 rows of w a block along grid y.
+std::optional<mx::array> mma_rows(const mx::array& x, const mx::array& w, const mx::array& scales,
+                                  const mx::array& biases, int k, int n, long long m, int gs,
+                                  const mx::Stream& st) {
+  // Words of w a lane loads a step: 4 (16 bytes) where K allows, else 2 or 1.
+  const int u = k % 128 == 0 ? 4 : (k % 64 == 0 ? 2 : 1);
+  const long long parts = (m + kMmaMaxPartRows - 1) / kMmaMaxPartRows;
+  const long long per_part = (m + parts - 1) / parts;
+  const int mt = static_cast<int>((per_part + 7) / 8 * 8);
+  const int rw = (n + 31) / 32 * parts >= kMmaMinBlocks ? 2 : 1;
+  const Layout l{3, kMmaWarps, rw, u, false};
+  const long long blocks = (n + 16ll * rw - 1) / (16ll * rw);
+  if (blocks > kMaxBlocksY || parts * 32 > std::numeric_limits<int>::max()) return std::nullopt;
+  KernelKey key{k, gs, l, {0}};
+  key.mt = mt;
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = n;
+  const mx::array x2 = mx::reshape(x, {static_cast<int>(m), k}, st);
+  auto outs = kernel_for(key)(
+      {x2, w, scales, biases}, {out_shape}, {mx::bfloat16},
+      std::make_tuple(static_cast<int>(32 * parts), static_cast<int>(blocks * kMmaWarps), 1),
+      std::make_tuple(32, kMmaWarps, 1), {}, std::nullopt, false, st);
+  g_mma_uses.fetch_add(1, std::memory_order_relaxed);
+  return outs[0];
+}
+
 // The product of 2..qmm_max_rows() rows of x (its batch dimensions flattened into the rows,
 // as MLX does) through kBodyM: each output row bit-identical to the one-row kernel's for
 // that row of x alone; nullopt where it does not apply.
@@ -981,7 +1275,10 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   if (!kn) return std::nullopt;
   const auto [k, n] = *kn;
   const long long m = static_cast<long long>(x.size()) / k;
-  if (m < 2 || m > qmm_max_rows()) return std::nullopt;
+  if (m < 2) return std::nullopt;
+  const MmaMode mma = mma_mode();
+  if (mma == MmaMode::kForce) return mma_rows(x, w, scales, *biases, k, n, m, gs, st);
+  if (m > qmm_max_rows()) return std::nullopt;
   // One sequence's rows (x without a batch dimension over 1: a prompt at batch 1, its last
   // prefill chunk, a speculative verification): MLX runs `qmv` per row below
   // kMlxQmvRowsBelow rows of x (our bits) and `qmm` from there (other bits), so from there
@@ -990,6 +1287,9 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   // there ours gives every row its one-row bits.
   const long long seq = x.ndim() >= 2 ? x.shape(-2) : 1;
   if (m / seq == 1 && m >= kMlxQmvRowsBelow) return std::nullopt;
+  if (mma == MmaMode::kOn && m / seq > 1 && m >= mma_min_rows()) {
+    return mma_rows(x, w, scales, *biases, k, n, m, gs, st);
+  }
   // Parts of x of as even a size as part_rows allows (9 rows by 8: 5 and 4), one a block of
   // grid x: CUDA hands out blocks x first, so the parts of one block of w's rows run close
   // together and the later ones find its weights in L2.
@@ -1157,5 +1457,12 @@ void set_fast_qmm_max_rows(long long n) {
 }
 bool fast_qmm_enabled() { return g_qmm.on(); }
 unsigned long long fast_qmm_launches() { return g_qmm.uses(); }
+void set_fast_qmm_mma(int mode) {
+  g_mma_mode.store(std::clamp(mode, 0, 2), std::memory_order_relaxed);
+}
+int fast_qmm_mma_mode() { return static_cast<int>(mma_mode()); }
+unsigned long long fast_qmm_mma_launches() {
+  return g_mma_uses.load(std::memory_order_relaxed);
+}
 
 }  // namespace mlxs_detail

@@ -77,5 +77,10 @@ void set_fast_qmm_warp_rows(int n);
 void set_fast_qmm_max_rows(long long n);
 bool fast_qmm_enabled();
 unsigned long long fast_qmm_launches();
+// The tensor-core form of the multi-row product: 0 off, 1 on (rows of several sequences),
+// 2 forced (every product of 2 or more rows).
+void set_fast_qmm_mma(int mode);
+int fast_qmm_mma_mode();
+unsigned long long fast_qmm_mma_launches();
 
 }  // namespace mlxs_detail

@@ -1133,6 +1133,9 @@ void mlxs_set_fast_qmm_max_rows(int64_t n) { mlxs_detail::set_fast_qmm_max_rows(
 void mlxs_set_fast_qmm_warp_rows(int n) { mlxs_detail::set_fast_qmm_warp_rows(n); }
 bool mlxs_fast_qmm_enabled(void) { return mlxs_detail::fast_qmm_enabled(); }
 uint64_t mlxs_fast_qmm_launches(void) { return mlxs_detail::fast_qmm_launches(); }
+void mlxs_set_fast_qmm_mma(int mode) { mlxs_detail::set_fast_qmm_mma(mode); }
+int mlxs_fast_qmm_mma_mode(void) { return mlxs_detail::fast_qmm_mma_mode(); }
+uint64_t mlxs_fast_qmm_mma_launches(void) { return mlxs_detail::fast_qmm_mma_launches(); }
 int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
                     mlxs_array biases, mlxs_array lhs, mlxs_array rhs, bool transpose,
                     int group_size, int bits, const char* mode, bool sorted, mlxs_stream s) {

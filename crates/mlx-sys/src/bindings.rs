@@ -1393,6 +1393,15 @@ unsafe extern "C" {
     pub fn mlxs_fast_qmm_launches() -> u64;
 }
 unsafe extern "C" {
+    pub fn mlxs_set_fast_qmm_mma(mode: ::std::os::raw::c_int);
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_qmm_mma_mode() -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_qmm_mma_launches() -> u64;
+}
+unsafe extern "C" {
     pub fn mlxs_gather_qmm(
         out: *mut mlxs_array,
         x: mlxs_array,
