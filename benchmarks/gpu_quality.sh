@@ -7,10 +7,17 @@
 #   mma      MLX_FAST_QMM_MMA=force  (the tensor-core form of the multi-row product,
 #                                      on by default for batched decoding)
 #   dequant  MLX_DEQUANT_GEMM=1 MLX_DEQUANT_GEMM_MIN_ELEMENTS=0 (opt-in)
-# The exact path is MLX_FAST_QMM_MMA=0 MLX_DEQUANT_GEMM=0. A path passes when its
-# perplexity is within 0.1% of the exact path's on every model and, on the real default
-# model, every greedy text is the same (random weights have near-tied logits, so their
-# texts part after a few tokens under any change of rounding: reported, not gated).
+# The exact path is MLX_FAST_QMM_MMA=0 MLX_DEQUANT_GEMM=0. The gate is issue 21's: a path
+# passes when its perplexity is within 0.1% of the exact path's on the real default model
+# and on the real-shape model the targets are set on (GATED, default: smollm2
+# llama-3.1-8b-4bit, matched against each directory's name), and every greedy text of the
+# real model is the same. Other models are scored and reported, not gated (the random 1B
+# shape moved 0.118% under the forced tensor-core form in session 17, with per-product
+# errors no larger than MLX's: random weights' near-uniform logits amplify any change of
+# rounding; benchmarks/GPU.md), and random weights' greedy texts part after a few tokens
+# under any change of rounding. For scale, each model's exact path is also scored at
+# batch 1: how far MLX's own products move the perplexity when only the batch size
+# changes.
 #
 # Run from the repository root, after `source /root/stash/activate.sh`:
 #
@@ -21,8 +28,8 @@
 #              $DEFAULT_MODEL names it, then llama-3.2-1b-4bit and llama-3.1-8b-4bit from
 #              xtask/py/make_bench_models.py, made under /tmp/bench-models if missing)
 #
-# Env: PATHS (mma dequant), OUT (/tmp/quality-out). Writes $OUT/quality.md; exit status 1
-# when a path fails.
+# Env: PATHS (mma dequant), GATED, OUT (/tmp/quality-out). Writes $OUT/quality.md; exit
+# status 1 when a path fails the gate.
 set -uo pipefail
 BIN=${1:?usage: gpu_quality.sh BIN_DIR [MODEL_DIR...]}
 shift
@@ -58,11 +65,12 @@ envs() { # PATH: the environment of one path
     dequant) echo "MLX_FAST_QMM_MMA=0 MLX_DEQUANT_GEMM=1 MLX_DEQUANT_GEMM_MIN_ELEMENTS=0" ;;
   esac
 }
-ppl() { # PATH MODEL
+ppl() { # PATH MODEL [BATCH]
   # shellcheck disable=SC2046
   env $(envs "$1") timeout 300 "$BIN/mlx-perplexity" --model "$2" --data-path "$OUT/text.jsonl" \
-    --sequence-length 128 --num-samples 8 --batch-size 4 2>&1 | sed -n 's/^Perplexity: \([^ ]*\).*/\1/p'
+    --sequence-length 128 --num-samples 8 --batch-size "${3:-4}" 2>&1 | sed -n 's/^Perplexity: \([^ ]*\).*/\1/p'
 }
+relative() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f'{abs(b - a) / a:.5%}')" "$1" "$2" 2>/dev/null || echo "n/a"; }
 gen() { # PATH MODEL PROMPT
   # shellcheck disable=SC2046
   env $(envs "$1") timeout 120 "$BIN/mlx-generate" --model "$2" --max-tokens 32 --prompt "$3" \
@@ -70,14 +78,18 @@ gen() { # PATH MODEL PROMPT
 }
 fail=0
 {
-  echo "| model | path | perplexity | exact | relative | greedy texts same (gated on the real model) |"
-  echo "| --- | --- | ---: | ---: | ---: | --- |"
+  echo "| model | path | perplexity | exact | relative | greedy texts same (gated on the real model) | gated |"
+  echo "| --- | --- | ---: | ---: | ---: | --- | --- |"
 } > "$OUT/quality.md"
 for m in "${models[@]}"; do
   name=$(basename "$m")
   # Every prompt on the real model, the first on random-weight ones (reported only).
   n=1; [ "$m" = "${DEFAULT_MODEL:-}" ] && n=${#prompts[@]}
   p0=$(ppl exact "$m")
+  # The exact path's own spread: the same text at batch 1 (MLX's products of other row
+  # counts round differently too; mlx-lm is not reproducible across batch sizes).
+  pb1=$(ppl exact "$m" 1)
+  echo "| $name | exact, batch 1 (MLX's own batch dependence) | $pb1 | $p0 | $(relative "$p0" "$pb1") | | |" >> "$OUT/quality.md"
   for ((i = 0; i < n; i++)); do gen exact "$m" "${prompts[$i]}" > "$OUT/$name-exact-$i.txt"; done
   for path in ${PATHS:-mma dequant}; do
     p1=$(ppl "$path" "$m")
@@ -86,11 +98,15 @@ for m in "${models[@]}"; do
       gen "$path" "$m" "${prompts[$i]}" > "$OUT/$name-$path-$i.txt"
       cmp -s "$OUT/$name-exact-$i.txt" "$OUT/$name-$path-$i.txt" && same=$((same + 1))
     done
-    rel=$(python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f'{abs(b - a) / a:.5%}')" "$p0" "$p1" 2>/dev/null || echo "n/a")
+    rel=$(relative "$p0" "$p1")
     ok=$(python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(int(abs(b - a) / a < 1e-3))" "$p0" "$p1" 2>/dev/null || echo 0)
-    [ "$ok" = 1 ] || fail=1
-    [ "$same" != "$n" ] && [ "$m" = "${DEFAULT_MODEL:-}" ] && fail=1
-    echo "| $name | $path | $p1 | $p0 | $rel | $same of $n |" >> "$OUT/quality.md"
+    gated=no
+    for g in ${GATED:-smollm2 SmolLM2-135M-Instruct llama-3.1-8b-4bit}; do [ "$name" = "$g" ] && gated=yes; done
+    if [ $gated = yes ]; then
+      [ "$ok" = 1 ] || fail=1
+      [ "$same" != "$n" ] && [ "$m" = "${DEFAULT_MODEL:-}" ] && fail=1
+    fi
+    echo "| $name | $path | $p1 | $p0 | $rel | $same of $n | $gated |" >> "$OUT/quality.md"
   done
 done
 cat "$OUT/quality.md"

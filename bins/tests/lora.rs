@@ -888,8 +888,8 @@ fn report_peak(adapters: &Path) -> f64 {
 
 #[test]
 fn memory_bound_keeps_every_bit_and_never_raises_the_peak() {
-    // MLX_TRAIN_MEMORY_BOUND=force paces the steps on the CPU as MLX_TRAIN_MEMORY_BOUND=1
-    // paces them on a CUDA GPU (crates/mlx-train/src/membound.rs): only when the host
+    // MLX_TRAIN_MEMORY_BOUND=force paces the steps on the CPU as the default does on a
+    // CUDA GPU (crates/mlx-train/src/membound.rs): only when the host
     // waits changes, so the printed losses and every saved file are the same bits.
     let tmp = TempDir::new("lora-memory-bound");
     let data = tmp.0.join("data");
@@ -944,14 +944,17 @@ fn training_refuses_env(name: &str, env: &[(&str, &str)], message: &str) {
 
 #[test]
 fn a_memory_headroom_below_one_is_refused() {
-    training_refuses_env(
-        "lora-headroom",
-        &[
-            ("MLX_TRAIN_MEMORY_BOUND", "force"),
-            ("MLX_TRAIN_MEMORY_HEADROOM", "0.5"),
-        ],
-        "MLX_TRAIN_MEMORY_HEADROOM=\"0.5\": expected a number of at least 1",
-    );
+    // With the bound on, and where it does not apply (the CPU by default) too.
+    for (name, bound) in [("lora-headroom", "force"), ("lora-headroom-off", "0")] {
+        training_refuses_env(
+            name,
+            &[
+                ("MLX_TRAIN_MEMORY_BOUND", bound),
+                ("MLX_TRAIN_MEMORY_HEADROOM", "0.5"),
+            ],
+            "MLX_TRAIN_MEMORY_HEADROOM=\"0.5\": expected a number of at least 1",
+        );
+    }
 }
 
 #[test]
