@@ -31,7 +31,7 @@
 #[path = "common/qmm.rs"]
 mod common;
 
-use common::{model_cases, qmm, same_bits, scaled_normal, synthetic, time_us, Case, Res, REPS};
+use common::{qmm, same_bits, scaled_normal, time_us, Case, Res, REPS};
 use mlx_array::quant::{
     dequantize, fast_qmm_mma_launches, set_fast_qmm, set_fast_qmm_mma, QmmMma, QuantMode,
 };
@@ -219,15 +219,7 @@ fn main() -> Res<()> {
             "off".into()
         }
     );
-    let cases = if let Some(dir) = &o.model {
-        model_cases(dir)?
-    } else {
-        match o.shapes.as_str() {
-            "synthetic" => synthetic(&common::SYNTHETIC, &o.gss)?,
-            "small" => synthetic(&common::SYNTHETIC[8..11], &o.gss)?,
-            s => return Err(format!("--shapes {s:?}: expected synthetic or small").into()),
-        }
-    };
+    let cases = common::cases(o.model.as_deref(), &o.shapes, &o.gss)?;
     let mut failures = 0;
     // (case, M, MLX, exact kernel, tensor-core form, one row), microseconds.
     let mut table: Vec<(&Case, i32, f64, f64, f64, f64)> = Vec::new();

@@ -37,7 +37,7 @@
 #[path = "common/qmm.rs"]
 mod common;
 
-use common::{model_cases, qmm, same_bits, scaled_normal, synthetic, time_us, Case, Res, REPS};
+use common::{qmm, same_bits, scaled_normal, time_us, Case, Res, REPS};
 use mlx_array::quant::{
     fast_qmm_launches, set_fast_qmm, set_fast_qmm_mma, set_fast_qmm_warp_rows, set_fast_qmv, QmmMma,
 };
@@ -215,15 +215,7 @@ fn main() -> Res<()> {
             "off".into()
         }
     );
-    let cases = if let Some(dir) = &o.model {
-        model_cases(dir)?
-    } else {
-        match o.shapes.as_str() {
-            "synthetic" => synthetic(&common::SYNTHETIC, &o.gss)?,
-            "small" => synthetic(&common::SYNTHETIC[8..11], &o.gss)?,
-            s => return Err(format!("--shapes {s:?}: expected synthetic or small").into()),
-        }
-    };
+    let cases = common::cases(o.model.as_deref(), &o.shapes, &o.gss)?;
     let mut all_ok = true;
     let mut never_used = true;
     // Timings: (case, M, MLX's M-row product, ours per layout, one one-row product), in

@@ -206,3 +206,16 @@ pub fn model_cases(dir: &str) -> Res<Vec<Case>> {
     }
     Ok(seen.into_values().collect())
 }
+
+/// The cases of `--model DIR` (its own weights) or of `--shapes`: `synthetic` (every
+/// shape of [`SYNTHETIC`] at the group sizes `gss`) or `small` (the three smallest).
+pub fn cases(model: Option<&str>, shapes: &str, gss: &[i32]) -> Res<Vec<Case>> {
+    if let Some(dir) = model {
+        return model_cases(dir);
+    }
+    match shapes {
+        "synthetic" => synthetic(&SYNTHETIC, gss),
+        "small" => synthetic(&SYNTHETIC[8..11], gss),
+        s => Err(format!("--shapes {s:?}: expected synthetic or small").into()),
+    }
+}
