@@ -31,6 +31,7 @@
 #   quality    issue 21: benchmarks/gpu_quality.sh (the real default model from
 #              /root/stash/smollm2 when staged, 1B and 8B 4-bit shapes)
 #   srv4b      issue 21: server aggregate decode, 8B 4-bit, 8 and 32 streams, against mlx-lm
+#              (SRV_STREAMS, SRV_ARMS: default and/or dequant)
 #   next       issue 26: gpu_next.sh check warm (Qwen3-Next: lean step's text, ours vs mlx-lm)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -139,9 +140,15 @@ for PART in "$@"; do
     srv4b)
       [ -d "$MODELS/llama-3.1-8b-4bit" ] || python3 xtask/py/make_bench_models.py --out "$MODELS" \
         --only llama-3.1-8b-4bit --tokenizers .gpu/tok > "$D/models.txt" 2>&1
-      timeout "$L" "$NEW/xtask" bench --server --ours "$NEW/mlx-server" --python python3 \
-        --model "$MODELS/llama-3.1-8b-4bit" -p 128 -g 128 --streams ${SRV_STREAMS:-8,32} \
-        --out "$D/server.md" > "$D/stdout.txt" 2>&1
+      # SRV_ARMS: default, and/or dequant (MLX_DEQUANT_GEMM=1: prefill products of many rows
+      # as a dequantize and a dense matmul; the wall time counts the 32 prompts' prefill)
+      for arm in ${SRV_ARMS:-default}; do
+        e=(); [ "$arm" = dequant ] && e=(MLX_DEQUANT_GEMM=1)
+        env "${e[@]}" timeout "$(left)" "$NEW/xtask" bench --server --ours "$NEW/mlx-server" \
+          --python python3 --model "$MODELS/llama-3.1-8b-4bit" -p 128 -g 128 \
+          --streams ${SRV_STREAMS:-8,32} --label "llama-3.1-8b-4bit $arm" \
+          --out "$D/server.md" >> "$D/stdout.txt" 2>&1
+      done
       cat "$D/server.md" >> "$D/stdout.txt" ;;
     next)
       # issue 26: benchmarks/gpu_next.sh NEXT_PARTS (check warm): the lean gated-delta step's
