@@ -132,7 +132,7 @@ for PART in "$@"; do
       [ -d "$MODELS/llama-3.1-8b-4bit" ] || python3 xtask/py/make_bench_models.py --out "$MODELS" \
         --only llama-3.1-8b-4bit --tokenizers .gpu/tok > "$D/models.txt" 2>&1
       # shellcheck disable=SC2086
-      timeout "$L" "$NEW/qmm_mma_check" ${MMA_ARGS:---model $MODELS/llama-3.1-8b-4bit --m 2,4,8,16,32 --forced-m 64 --iters 20} \
+      timeout "$L" "$NEW/qmm_mma_check" ${MMA_ARGS:---model $MODELS/llama-3.1-8b-4bit --m 2,8,16,32 --forced-m 64,128,512 --iters 20} \
         > "$D/stdout.txt" 2>&1 ;;
     quality)
       dm=; [ -f /root/stash/smollm2/config.json ] && dm=/root/stash/smollm2

@@ -18,7 +18,9 @@
 //!
 //! Time: the median of `--iters` timed evaluations (each of `REPS` products, then a
 //! synchronisation), microseconds per product, for MLX's M-row product, the exact kernel,
-//! the tensor-core form and one one-row product.
+//! the tensor-core form and one one-row product; at the `--forced-m` row counts (over the
+//! exact kernel's 32) MLX's against the forced tensor-core form, to see where
+//! `MLX_FAST_QMM_MMA_MAX_ROWS` could be raised.
 //!
 //! Exit status 1 on any failed check. On a device without the CUDA kernels (the CPU) the
 //! check reports that the kernel never ran and fails.
@@ -205,6 +207,17 @@ fn check(c: &Case, m: i32, forced: bool) -> Res<(usize, [f64; 3])> {
     Ok((failures, [e_mma, e_exact, e_mlx]))
 }
 
+/// One timed product shape: microseconds per product of MLX's M-row product, of the exact
+/// kernel (up to 32 rows), of the tensor-core form and of one row.
+struct Timing<'a> {
+    case: &'a Case,
+    m: i32,
+    theirs: f64,
+    exact: Option<f64>,
+    mma: f64,
+    one: f64,
+}
+
 fn main() -> Res<()> {
     let o = parse_args()?;
     let gpu = Device::default_device()?.kind == DeviceType::Gpu;
@@ -221,8 +234,7 @@ fn main() -> Res<()> {
     );
     let cases = common::cases(o.model.as_deref(), &o.shapes, &o.gss)?;
     let mut failures = 0;
-    // (case, M, MLX, exact kernel, tensor-core form, one row), microseconds.
-    let mut table: Vec<(&Case, i32, f64, f64, f64, f64)> = Vec::new();
+    let mut table: Vec<Timing> = Vec::new();
     for c in cases.iter().filter(|c| c.ours) {
         let tic = Instant::now();
         println!("{} N={} K={} group {}", c.name, c.n, c.k, c.gs);
@@ -236,18 +248,33 @@ fn main() -> Res<()> {
             let x1 = scaled_normal(&[1, c.k], 9, 1.0)?;
             transforms::eval(&[&x1])?;
             let one = time_us(o.iters, &|| qmm(&x1, &c.q, c.gs))?;
-            for &m in &o.ms {
+            // The forced row counts too: where the tensor-core form would beat MLX's `qmm`
+            // above 32 rows (MLX_FAST_QMM_MMA_MAX_ROWS); the exact kernel stops at 32.
+            let timed = o.ms.iter().map(|&m| (m, false));
+            for (m, forced) in timed.chain(o.forced_ms.iter().map(|&m| (m, true))) {
                 let x = scaled_normal(&[m, 1, c.k], 9, 1.0)?;
                 transforms::eval(&[&x])?;
                 let f = || qmm(&x, &c.q, c.gs);
                 set_fast_qmm(false);
                 let theirs = time_us(o.iters, &f)?;
                 set_fast_qmm(true);
-                set_fast_qmm_mma(QmmMma::Off);
-                let exact = time_us(o.iters, &f)?;
-                set_fast_qmm_mma(QmmMma::On);
+                let exact = if forced {
+                    None
+                } else {
+                    set_fast_qmm_mma(QmmMma::Off);
+                    Some(time_us(o.iters, &f)?)
+                };
+                set_fast_qmm_mma(if forced { QmmMma::Force } else { QmmMma::On });
                 let mma = time_us(o.iters, &f)?;
-                table.push((c, m, theirs, exact, mma, one));
+                set_fast_qmm_mma(QmmMma::On);
+                table.push(Timing {
+                    case: c,
+                    m,
+                    theirs,
+                    exact,
+                    mma,
+                    one,
+                });
             }
         }
         println!("  ({:.1} s)", tic.elapsed().as_secs_f64());
@@ -260,19 +287,30 @@ fn main() -> Res<()> {
     if !table.is_empty() {
         println!();
         println!(
-            "{:<32} {:>7} {:>6} {:>3} {:>3} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9}",
+            "{:<32} {:>7} {:>6} {:>3} {:>4} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9}",
             "weight", "N", "K", "gs", "M", "mlx", "exact", "mma", "vs mlx", "vs exact", "1-row"
         );
-        for (c, m, theirs, exact, mma, one) in &table {
+        for &Timing {
+            case: c,
+            m,
+            theirs,
+            exact,
+            mma,
+            one,
+        } in &table
+        {
+            let (exact, vs_exact) = match exact {
+                Some(e) => (format!("{e:.1}"), format!("{:.2}x", e / mma)),
+                None => ("-".into(), "-".into()),
+            };
             println!(
-                "{:<32} {:>7} {:>6} {:>3} {m:>3} {theirs:>9.1} {exact:>9.1} {mma:>9.1} \
-                 {:>7.2}x {:>7.2}x {one:>9.1}",
+                "{:<32} {:>7} {:>6} {:>3} {m:>4} {theirs:>9.1} {exact:>9} {mma:>9.1} \
+                 {:>7.2}x {vs_exact:>8} {one:>9.1}",
                 c.name,
                 c.n,
                 c.k,
                 c.gs,
                 theirs / mma,
-                exact / mma,
             );
         }
         println!(

@@ -85,7 +85,9 @@
 // the tensor cores take the products. `MLX_FAST_QMM_MMA=0` keeps kBodyM, `force` sends
 // every product of 2 or more rows here (one sequence's and over MLX_FAST_QMM_MAX_ROWS
 // rows too, in parts of 32 along grid x: the quality gate's setting),
-// `MLX_FAST_QMM_MMA_MIN_ROWS=N` (2) leaves fewer rows to kBodyM.
+// `MLX_FAST_QMM_MMA_MIN_ROWS=N` (2) leaves fewer rows to kBodyM and
+// `MLX_FAST_QMM_MMA_MAX_ROWS=N` (MLX_FAST_QMM_MAX_ROWS, 32) lets it take more rows of
+// several sequences (batched prefill chunks, speculative verification of many rows).
 //
 // The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC on first use,
 // cached on disk by MLX), with the device code in a header file (`device_header`) so each
@@ -240,6 +242,15 @@ long long qmm_max_rows() {
     g_qmm_max_rows.store(v, std::memory_order_relaxed);
   }
   return v;
+}
+
+// The most rows of several sequences it takes when on: MLX_FAST_QMM_MMA_MAX_ROWS, else
+// the multi-row bound (MLX_FAST_QMM_MAX_ROWS, 32). Above 32 rows it runs parts of 32 rows
+// along grid x, each reading the weight again (from L2 after the first), where MLX runs
+// `qmm`: raised only where `qmm_mma_check --forced-m` times it faster (not yet measured).
+long long mma_max_rows() {
+  static const long long v = env_count("MLX_FAST_QMM_MMA_MAX_ROWS", -1);
+  return v < 0 ? qmm_max_rows() : std::min(v, kQmmRowsLimit);
 }
 
 // Rows of w a warp in force: MLX_FAST_QMM_WARP_ROWS (or kQmmWarpRows) until
@@ -1278,6 +1289,10 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   if (m < 2) return std::nullopt;
   const MmaMode mma = mma_mode();
   if (mma == MmaMode::kForce) return mma_rows(x, w, scales, *biases, k, n, m, gs, st);
+  const long long seq = x.ndim() >= 2 ? x.shape(-2) : 1;
+  if (mma == MmaMode::kOn && m / seq > 1 && m >= mma_min_rows() && m <= mma_max_rows()) {
+    return mma_rows(x, w, scales, *biases, k, n, m, gs, st);
+  }
   if (m > qmm_max_rows()) return std::nullopt;
   // One sequence's rows (x without a batch dimension over 1: a prompt at batch 1, its last
   // prefill chunk, a speculative verification): MLX runs `qmv` per row below
@@ -1285,11 +1300,7 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   // the product stays MLX's and mlx-lm's batch-1 bits are kept. Rows of several sequences
   // (batched decoding, [B, 1, K]) are where mlx-lm is not reproducible across batch sizes;
   // there ours gives every row its one-row bits.
-  const long long seq = x.ndim() >= 2 ? x.shape(-2) : 1;
   if (m / seq == 1 && m >= kMlxQmvRowsBelow) return std::nullopt;
-  if (mma == MmaMode::kOn && m / seq > 1 && m >= mma_min_rows()) {
-    return mma_rows(x, w, scales, *biases, k, n, m, gs, st);
-  }
   // Parts of x of as even a size as part_rows allows (9 rows by 8: 5 and 4), one a block of
   // grid x: CUDA hands out blocks x first, so the parts of one block of w's rows run close
   // together and the later ones find its weights in L2.
