@@ -450,19 +450,19 @@ pub fn fast_qmv_launches() -> u64 {
 
 /// Turns our multi-row CUDA kernel for 4-bit [`quantized_matmul`] on or off (default on;
 /// `MLX_FAST_QMM=0` at start turns it off; it also needs [`set_fast_qmv`] on). On the CUDA
-/// backend, products of 2 to 32 bfloat16 rows (the batch dimensions of x flattened into
-/// rows; `MLX_FAST_QMM_MAX_ROWS` or [`set_fast_qmm_max_rows`] sets the bound) with a
-/// weight the one-row kernels take run through it. Rows of several sequences take its
-/// tensor-core form by default ([`set_fast_qmm_mma`]: float32 sums, other bits than
-/// MLX's); otherwise every output row is bit-identical to that row's product alone
-/// (batch-invariant), which MLX's own kernel for many rows (`qmm`) is not. Off, MLX's runs
-/// and its bits come back.
+/// backend, products of 2 or more bfloat16 rows (the batch dimensions of x flattened into
+/// rows) with a weight the one-row kernels take run through it. Rows of several sequences
+/// take its tensor-core form by default, at any row count ([`set_fast_qmm_mma`]: float32
+/// sums, other bits than MLX's); otherwise, up to 32 rows (`MLX_FAST_QMM_MAX_ROWS` or
+/// [`set_fast_qmm_max_rows`] sets the bound), every output row is bit-identical to that
+/// row's product alone (batch-invariant), which MLX's own kernel for many rows (`qmm`) is
+/// not. Off, MLX's runs and its bits come back.
 pub fn set_fast_qmm(on: bool) {
     unsafe { sys::mlxs_set_fast_qmm(on) }
 }
 
-/// The most rows of x [`set_fast_qmm`]'s kernel takes (default 32); products of more rows
-/// go to MLX.
+/// The most rows of x [`set_fast_qmm`]'s exact kernel takes (default 32); products of more
+/// rows go to MLX, unless they are rows of several sequences under [`QmmMma::On`].
 pub fn set_fast_qmm_max_rows(n: u64) {
     unsafe { sys::mlxs_set_fast_qmm_max_rows(i64::try_from(n).unwrap_or(i64::MAX)) }
 }
@@ -491,14 +491,14 @@ pub fn fast_qmm_launches() -> u64 {
 pub enum QmmMma {
     /// Every output row keeps its one-row product's bits (batch-invariant).
     Off,
-    /// The default: rows of several sequences (batched decoding, x as `[B, 1, K]` or
-    /// `[B, L, K]` with B > 1) from `MLX_FAST_QMM_MMA_MIN_ROWS` (2) rows up to the bound of
-    /// [`set_fast_qmm_max_rows`] run on tensor cores, with float32 sums in another order:
-    /// other bits than MLX's, batch-dependent as MLX's own `qmm` is (docs/parity.md). One
-    /// sequence's rows keep their bits as under `Off`.
+    /// The default: rows of several sequences (batched decoding and prefill, x as
+    /// `[B, 1, K]` or `[B, L, K]` with B > 1) from `MLX_FAST_QMM_MMA_MIN_ROWS` (2) rows, up
+    /// to `MLX_FAST_QMM_MMA_MAX_ROWS` (no bound by default), run on tensor cores, with
+    /// float32 sums in another order: other bits than MLX's, batch-dependent as MLX's own
+    /// `qmm` is (docs/parity.md). One sequence's rows keep their bits as under `Off`.
     On,
-    /// Every product of 2 or more rows takes the tensor-core form, one sequence's rows and
-    /// more rows than the bound too: the setting of the quality gate, not of serving.
+    /// Every product of 2 or more rows takes the tensor-core form, one sequence's rows
+    /// too: the setting of the quality gate, not of serving.
     Force,
 }
 

@@ -82,12 +82,12 @@
 // is what is checked (`qmm_mma_check`: RMS error against a float32 reference no larger
 // than the exact kernel's or MLX's). kBodyM spends bfloat16 FMAs a row of x each (at 32
 // rows the 8B model's decoding step took 39 ms against ~3.7 ms at one row: session 16);
-// the tensor cores take the products. `MLX_FAST_QMM_MMA=0` keeps kBodyM, `force` sends
-// every product of 2 or more rows here (one sequence's and over MLX_FAST_QMM_MAX_ROWS
-// rows too, in parts of 32 along grid x: the quality gate's setting),
+// the tensor cores take the products. Rows of any count go in parts of 32 along grid x.
+// `MLX_FAST_QMM_MMA=0` keeps kBodyM (up to 32 rows; MLX above), `force` sends every
+// product of 2 or more rows here (one sequence's too: the quality gate's setting),
 // `MLX_FAST_QMM_MMA_MIN_ROWS=N` (2) leaves fewer rows to kBodyM and
-// `MLX_FAST_QMM_MMA_MAX_ROWS=N` (MLX_FAST_QMM_MAX_ROWS, 32) lets it take more rows of
-// several sequences (batched prefill chunks, speculative verification of many rows).
+// `MLX_FAST_QMM_MMA_MAX_ROWS=N` (no bound by default) leaves more rows of several
+// sequences to kBodyM (up to 32) or MLX.
 //
 // The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC on first use,
 // cached on disk by MLX), with the device code in a header file (`device_header`) so each
@@ -245,12 +245,15 @@ long long qmm_max_rows() {
 }
 
 // The most rows of several sequences it takes when on: MLX_FAST_QMM_MMA_MAX_ROWS, else
-// the multi-row bound (MLX_FAST_QMM_MAX_ROWS, 32). Above 32 rows it runs parts of 32 rows
-// along grid x, each reading the weight again (from L2 after the first), where MLX runs
-// `qmm`: raised only where `qmm_mma_check --forced-m` times it faster (not yet measured).
+// every row count (kQmmRowsLimit). Above 32 rows it runs parts of 32 rows along grid x,
+// each reading the weight again (from L2 after the first), where MLX runs `qmm`: on the
+// H200 `qmm_mma_check --forced-m 64,128,512` timed it 2.8x-16x faster than MLX's `qmm`
+// on Qwen2.5-0.5B's three projection shapes, with the same RMS error to four digits
+// (benchmarks/GPU.md, session 17). So batched prefill chunks and the speculative
+// verification of many rows take it too.
 long long mma_max_rows() {
-  static const long long v = env_count("MLX_FAST_QMM_MMA_MAX_ROWS", -1);
-  return v < 0 ? qmm_max_rows() : std::min(v, kQmmRowsLimit);
+  static const long long v = env_count("MLX_FAST_QMM_MMA_MAX_ROWS", kQmmRowsLimit);
+  return std::min(v, kQmmRowsLimit);
 }
 
 // Rows of w a warp in force: MLX_FAST_QMM_WARP_ROWS (or kQmmWarpRows) until

@@ -1022,8 +1022,9 @@ std::optional<mx::array> try_dequant_gemm(const mx::array& x, const mx::array& w
 }
 
 // One quantized_matmul: our CUDA or CPU kernel where it covers the product (one row: MLX's
-// bits; 2..MLX_FAST_QMM_MAX_ROWS rows on CUDA: each row's one-row bits), the dequantized
-// dense product for more rows on the GPU (above), else MLX's.
+// bits; on CUDA, rows of several sequences: the tensor-core form; other products of
+// 2..MLX_FAST_QMM_MAX_ROWS rows: each row's one-row bits), the dequantized dense product
+// for more rows on the GPU (above, opt-in), else MLX's.
 mx::array quantized_matmul_one(const mx::array& x, const mx::array& w, const mx::array& scales,
                                const std::optional<mx::array>& biases, bool transpose,
                                std::optional<int> group_size, std::optional<int> bits,

@@ -412,8 +412,9 @@ uint64_t mlxs_fast_qmm_launches(void);
 /* The tensor-core form of the multi-row product (fp32 sums in another order: not MLX's
    bits; docs/parity.md): 0 off (each row keeps its one-row bits), 1 on (the default;
    MLX_FAST_QMM_MMA=0 or force at start sets another) for rows of several sequences from
-   MLX_FAST_QMM_MMA_MIN_ROWS (2) rows, 2 forced for every product of 2 or more rows (the
-   quality gate's setting). Other values are clamped to 0..2. */
+   MLX_FAST_QMM_MMA_MIN_ROWS (2) rows (up to MLX_FAST_QMM_MMA_MAX_ROWS, no bound by
+   default), 2 forced for every product of 2 or more rows (the quality gate's setting).
+   Other values are clamped to 0..2. */
 void mlxs_set_fast_qmm_mma(int mode);
 int mlxs_fast_qmm_mma_mode(void);
 /* How many products have been built with it in this process. */
