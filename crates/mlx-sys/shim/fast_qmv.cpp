@@ -123,6 +123,7 @@
 
 #include "mlx/backend/cuda/cuda.h"
 #include "mlx/mlx.h"
+#include "mlx/transforms_impl.h"
 
 namespace mx = mlx::core;
 
@@ -1185,8 +1186,12 @@ std::optional<std::pair<int, int>> eligible(const mx::array& x, const mx::array&
   return kn;
 }
 
+// Whether our kernels may run on `st`: a CUDA GPU stream, and not inside a gradient trace
+// (vjp, jvp: a training step's forward). MLX's custom kernels have no derivatives, so
+// there MLX's own products run, as mlx-lm's do.
 bool on_gpu(const mx::Stream& st) {
-  return st.device.type == mx::Device::gpu && mx::cu::is_available();
+  return st.device.type == mx::Device::gpu && mx::cu::is_available() &&
+         !mx::detail::in_grad_tracing();
 }
 
 // Launches the kernel of `key` over x and `weights` (w, scales, biases per part), with
