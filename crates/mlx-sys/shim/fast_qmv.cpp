@@ -123,7 +123,6 @@
 
 #include "mlx/backend/cuda/cuda.h"
 #include "mlx/mlx.h"
-#include "mlx/transforms_impl.h"
 
 namespace mx = mlx::core;
 
@@ -1186,12 +1185,13 @@ std::optional<std::pair<int, int>> eligible(const mx::array& x, const mx::array&
   return kn;
 }
 
-// Whether our kernels may run on `st`: a CUDA GPU stream, and not inside a gradient trace
-// (vjp, jvp: a training step's forward). MLX's custom kernels have no derivatives, so
-// there MLX's own products run, as mlx-lm's do.
-bool on_gpu(const mx::Stream& st) {
-  return st.device.type == mx::Device::gpu && mx::cu::is_available() &&
-         !mx::detail::in_grad_tracing();
+// Whether our kernels may run on `st` for the activations `x`: a CUDA GPU stream, and `x`
+// not a tracer of a function transformation (vjp, jvp: inside a training step's forward,
+// where x depends on trained parameters). MLX's custom kernels have no derivatives, so
+// there MLX's own products run, as mlx-lm's do. (MLX's own flag for a gradient trace is
+// not exported from libmlx; an op's output is a tracer when one of its inputs is.)
+bool on_gpu(const mx::Stream& st, const mx::array& x) {
+  return st.device.type == mx::Device::gpu && mx::cu::is_available() && !x.is_tracer();
 }
 
 // Launches the kernel of `key` over x and `weights` (w, scales, biases per part), with
@@ -1231,7 +1231,7 @@ std::optional<mx::array> fast_one(const mx::array& x, const mx::array& w,
   // First the stream: on other devices the caller goes on to the CPU kernel, which checks
   // the operands itself.
   const mx::Stream st = mx::to_stream(s);
-  if (!on_gpu(st)) return std::nullopt;
+  if (!on_gpu(st, x)) return std::nullopt;
   const int gs = group_size.value_or(64);
   auto kn = eligible(x, w, scales, biases, transpose, gs, mode);
   if (!kn) return std::nullopt;
@@ -1288,7 +1288,7 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
                                    const std::string& mode, mx::StreamOrDevice s) {
   if (!g_switch.on() || !g_qmm.on() || bits.value_or(4) != 4) return std::nullopt;
   const mx::Stream st = mx::to_stream(s);
-  if (!on_gpu(st)) return std::nullopt;
+  if (!on_gpu(st, x)) return std::nullopt;
   const int gs = group_size.value_or(64);
   auto kn = eligible_rows(x, w, scales, biases, transpose, gs, mode);
   if (!kn) return std::nullopt;
@@ -1412,10 +1412,11 @@ std::optional<OneRowGroup> one_row_group(const mx::array& x, const std::vector<m
 }
 
 // The stream of `s` where our kernels can run with these settings, else nullopt.
-std::optional<mx::Stream> gpu_stream(mx::StreamOrDevice s, std::optional<int> bits) {
+std::optional<mx::Stream> gpu_stream(const mx::array& x, mx::StreamOrDevice s,
+                                     std::optional<int> bits) {
   if (!g_switch.on() || !g_many.on() || bits.value_or(4) != 4) return std::nullopt;
   const mx::Stream st = mx::to_stream(s);
-  if (!on_gpu(st)) return std::nullopt;
+  if (!on_gpu(st, x)) return std::nullopt;
   return st;
 }
 
@@ -1430,7 +1431,7 @@ std::optional<std::vector<mx::array>> try_fast_qmv_many(
     std::optional<int> bits,
     const std::string& mode,
     mx::StreamOrDevice s) {
-  const auto st = gpu_stream(s, bits);
+  const auto st = gpu_stream(x, s, bits);
   if (!st) return std::nullopt;
   const int gs = group_size.value_or(64);
   auto g = one_row_group(x, ws, scales, biases, gs, mode);
@@ -1448,7 +1449,7 @@ std::optional<mx::array> try_fast_qmv_swiglu(
     const std::string& mode,
     mx::StreamOrDevice s) {
   if (!g_swiglu.on() || ws.size() != 2) return std::nullopt;
-  const auto st = gpu_stream(s, bits);
+  const auto st = gpu_stream(x, s, bits);
   if (!st) return std::nullopt;
   const int gs = group_size.value_or(64);
   auto g = one_row_group(x, ws, scales, biases, gs, mode);
