@@ -1250,6 +1250,23 @@ std::optional<mx::array> fast_one(const mx::array& x, const mx::array& w,
   return launch(key, x, {w, scales, *biases}, st, residual)[0];
 }
 
+// Launches the multi-row kernel of `key` (kBodyM or rows_mma, which read the rows of x and
+// of w from their shapes) over x as [m, K]: `parts` parts of x along grid x, `blocks`
+// blocks of w's rows along grid y; the output has x's shape with n columns.
+mx::array launch_rows(const KernelKey& key, const mx::array& x, const mx::array& w,
+                      const mx::array& scales, const mx::array& biases, int k, int n,
+                      long long m, long long parts, long long blocks, const mx::Stream& st) {
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = n;
+  const mx::array x2 = mx::reshape(x, {static_cast<int>(m), k}, st);
+  const int warps = key.warps();
+  auto outs = kernel_for(key)(
+      {x2, w, scales, biases}, {out_shape}, {mx::bfloat16},
+      std::make_tuple(static_cast<int>(32 * parts), static_cast<int>(blocks * warps), 1),
+      std::make_tuple(32, warps, 1), {}, std::nullopt, false, st);
+  return outs[0];
+}
+
 // The product of x's m rows (its batch dimensions flattened into rows) by an eligible
 // weight through rows_mma: parts of up to kMmaMaxPartRows rows of x (as even as 8-row
 // products allow) along grid x, 16 or 32 rows of w a block along grid y.
@@ -1267,15 +1284,9 @@ std::optional<mx::array> mma_rows(const mx::array& x, const mx::array& w, const 
   if (blocks > kMaxBlocksY || parts * 32 > std::numeric_limits<int>::max()) return std::nullopt;
   KernelKey key{k, gs, l, {0}};
   key.mt = mt;
-  mx::Shape out_shape = x.shape();
-  out_shape.back() = n;
-  const mx::array x2 = mx::reshape(x, {static_cast<int>(m), k}, st);
-  auto outs = kernel_for(key)(
-      {x2, w, scales, biases}, {out_shape}, {mx::bfloat16},
-      std::make_tuple(static_cast<int>(32 * parts), static_cast<int>(blocks * kMmaWarps), 1),
-      std::make_tuple(32, kMmaWarps, 1), {}, std::nullopt, false, st);
+  auto y = launch_rows(key, x, w, scales, biases, k, n, m, parts, blocks, st);
   g_mma_uses.fetch_add(1, std::memory_order_relaxed);
-  return outs[0];
+  return y;
 }
 
 // The product of 2..qmm_max_rows() rows of x (its batch dimensions flattened into the rows,
@@ -1307,7 +1318,7 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   // kMlxQmvRowsBelow rows of x (our bits) and `qmm` from there (other bits), so from there
   // the product stays MLX's and mlx-lm's batch-1 bits are kept. Rows of several sequences
   // (batched decoding, [B, 1, K]) are where mlx-lm is not reproducible across batch sizes;
-  // there ours gives every row its one-row bits.
+  // they took rows_mma above unless it is off, and here each row gets its one-row bits.
   if (m / seq == 1 && m >= kMlxQmvRowsBelow) return std::nullopt;
   // Parts of x of as even a size as part_rows allows (9 rows by 8: 5 and 4), one a block of
   // grid x: CUDA hands out blocks x first, so the parts of one block of w's rows run close
@@ -1326,16 +1337,9 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   // The kernel takes n from w's shape: the key's row count is 0 for every weight.
   KernelKey key{k, gs, l, {0}};
   key.mt = mt;
-  mx::Shape out_shape = x.shape();
-  out_shape.back() = n;
-  const mx::array x2 = mx::reshape(x, {static_cast<int>(m), k}, st);
-  const int warps = key.warps();
-  auto outs = kernel_for(key)(
-      {x2, w, scales, *biases}, {out_shape}, {mx::bfloat16},
-      std::make_tuple(static_cast<int>(32 * parts), static_cast<int>(blocks * warps), 1),
-      std::make_tuple(32, warps, 1), {}, std::nullopt, false, st);
+  auto y = launch_rows(key, x, w, scales, *biases, k, n, m, parts, blocks, st);
   g_qmm.count();
-  return outs[0];
+  return y;
 }
 
 }  // namespace
