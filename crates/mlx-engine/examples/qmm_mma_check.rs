@@ -164,12 +164,7 @@ fn check(c: &Case, m: i32, forced: bool) -> Res<(usize, [f64; 3])> {
             fail("x as [2, M/2, K] gave other bits than [M, 1, K]".into());
         }
     }
-    let xt = xb
-        .transpose(Some(&[2, 1, 0]))?
-        .astype(Dtype::Float32)?
-        .astype(Dtype::Bfloat16)?
-        .transpose(Some(&[2, 1, 0]))?;
-    let (yt, _) = product(&xt, c, mode, m)?;
+    let (yt, _) = product(&common::transposed_view(&xb)?, c, mode, m)?;
     if !same_bits(&y, &yt)? {
         fail("a transposed view of x gave other bits".into());
     }
@@ -290,27 +285,23 @@ fn main() -> Res<()> {
             "{:<32} {:>7} {:>6} {:>3} {:>4} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9}",
             "weight", "N", "K", "gs", "M", "mlx", "exact", "mma", "vs mlx", "vs exact", "1-row"
         );
-        for &Timing {
-            case: c,
-            m,
-            theirs,
-            exact,
-            mma,
-            one,
-        } in &table
-        {
-            let (exact, vs_exact) = match exact {
-                Some(e) => (format!("{e:.1}"), format!("{:.2}x", e / mma)),
+        for t in &table {
+            let (exact, vs_exact) = match t.exact {
+                Some(e) => (format!("{e:.1}"), format!("{:.2}x", e / t.mma)),
                 None => ("-".into(), "-".into()),
             };
             println!(
-                "{:<32} {:>7} {:>6} {:>3} {m:>4} {theirs:>9.1} {exact:>9} {mma:>9.1} \
-                 {:>7.2}x {vs_exact:>8} {one:>9.1}",
-                c.name,
-                c.n,
-                c.k,
-                c.gs,
-                theirs / mma,
+                "{:<32} {:>7} {:>6} {:>3} {:>4} {:>9.1} {exact:>9} {:>9.1} {:>7.2}x \
+                 {vs_exact:>8} {:>9.1}",
+                t.case.name,
+                t.case.n,
+                t.case.k,
+                t.case.gs,
+                t.m,
+                t.theirs,
+                t.mma,
+                t.theirs / t.mma,
+                t.one,
             );
         }
         println!(

@@ -41,7 +41,7 @@ use common::{qmm, same_bits, scaled_normal, time_us, Case, Res, REPS};
 use mlx_array::quant::{
     fast_qmm_launches, set_fast_qmm, set_fast_qmm_mma, set_fast_qmm_warp_rows, set_fast_qmv, QmmMma,
 };
-use mlx_array::{transforms, Array, Device, DeviceType, Dtype};
+use mlx_array::{transforms, Array, Device, DeviceType};
 use std::io::Write;
 use std::time::Instant;
 
@@ -137,13 +137,8 @@ fn check_bits(c: &Case, m: i32, seed: u64, warp_rows: &[i32]) -> Res<(bool, bool
     set_fast_qmm(true);
     // Ours takes rows of several sequences: x as batched decoding gives it, [M, 1, K].
     let xb = x.reshape(&[m, 1, k])?;
-    // A non-contiguous x of that shape: the transpose of a [K, 1, M] array (values copied
-    // exactly).
-    let xt = xb
-        .transpose(Some(&[2, 1, 0]))?
-        .astype(Dtype::Float32)?
-        .astype(Dtype::Bfloat16)?
-        .transpose(Some(&[2, 1, 0]))?;
+    // A non-contiguous x of that shape.
+    let xt = common::transposed_view(&xb)?;
     let mut ok = true;
     let mut used = true;
     // One sequence's rows, [1, M, K] (a prompt at batch 1): from MLX's qmm threshold on,

@@ -219,3 +219,12 @@ pub fn cases(model: Option<&str>, shapes: &str, gss: &[i32]) -> Res<Vec<Case>> {
         s => Err(format!("--shapes {s:?}: expected synthetic or small").into()),
     }
 }
+
+/// A non-contiguous array with `x`'s shape and values (`[M, 1, K]`): the transpose of a
+/// `[K, 1, M]` copy (values copied exactly through float32).
+pub fn transposed_view(x: &Array) -> Res<Array> {
+    Ok(x.transpose(Some(&[2, 1, 0]))?
+        .astype(Dtype::Float32)?
+        .astype(Dtype::Bfloat16)?
+        .transpose(Some(&[2, 1, 0]))?)
+}
