@@ -15,9 +15,7 @@
 # shape moved 0.118% under the forced tensor-core form in session 17, with per-product
 # errors no larger than MLX's: random weights' near-uniform logits amplify any change of
 # rounding; benchmarks/GPU.md), and random weights' greedy texts part after a few tokens
-# under any change of rounding. For scale, each model's exact path is also scored at
-# batch 1: how far MLX's own products move the perplexity when only the batch size
-# changes.
+# under any change of rounding.
 #
 # Run from the repository root, after `source /root/stash/activate.sh`:
 #
@@ -65,12 +63,16 @@ envs() { # PATH: the environment of one path
     dequant) echo "MLX_FAST_QMM_MMA=0 MLX_DEQUANT_GEMM=1 MLX_DEQUANT_GEMM_MIN_ELEMENTS=0" ;;
   esac
 }
-ppl() { # PATH MODEL [BATCH]
+ppl() { # PATH MODEL
   # shellcheck disable=SC2046
   env $(envs "$1") timeout 300 "$BIN/mlx-perplexity" --model "$2" --data-path "$OUT/text.jsonl" \
-    --sequence-length 128 --num-samples 8 --batch-size "${3:-4}" 2>&1 | sed -n 's/^Perplexity: \([^ ]*\).*/\1/p'
+    --sequence-length 128 --num-samples 8 --batch-size 4 2>&1 | sed -n 's/^Perplexity: \([^ ]*\).*/\1/p'
 }
-relative() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f'{abs(b - a) / a:.5%}')" "$1" "$2" 2>/dev/null || echo "n/a"; }
+# Prints |B - A| / A as a percentage, then 1 when that is under 0.1% (else 0).
+compare() {
+  python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); r = abs(b - a) / a; print(f'{r:.5%}', int(r < 1e-3))" \
+    "$1" "$2" 2>/dev/null || echo "n/a 0"
+}
 gen() { # PATH MODEL PROMPT
   # shellcheck disable=SC2046
   env $(envs "$1") timeout 120 "$BIN/mlx-generate" --model "$2" --max-tokens 32 --prompt "$3" \
@@ -86,10 +88,6 @@ for m in "${models[@]}"; do
   # Every prompt on the real model, the first on random-weight ones (reported only).
   n=1; [ "$m" = "${DEFAULT_MODEL:-}" ] && n=${#prompts[@]}
   p0=$(ppl exact "$m")
-  # The exact path's own spread: the same text at batch 1 (MLX's products of other row
-  # counts round differently too; mlx-lm is not reproducible across batch sizes).
-  pb1=$(ppl exact "$m" 1)
-  echo "| $name | exact, batch 1 (MLX's own batch dependence) | $pb1 | $p0 | $(relative "$p0" "$pb1") | | |" >> "$OUT/quality.md"
   for ((i = 0; i < n; i++)); do gen exact "$m" "${prompts[$i]}" > "$OUT/$name-exact-$i.txt"; done
   for path in ${PATHS:-mma dequant}; do
     p1=$(ppl "$path" "$m")
@@ -98,8 +96,7 @@ for m in "${models[@]}"; do
       gen "$path" "$m" "${prompts[$i]}" > "$OUT/$name-$path-$i.txt"
       cmp -s "$OUT/$name-exact-$i.txt" "$OUT/$name-$path-$i.txt" && same=$((same + 1))
     done
-    rel=$(relative "$p0" "$p1")
-    ok=$(python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(int(abs(b - a) / a < 1e-3))" "$p0" "$p1" 2>/dev/null || echo 0)
+    read -r rel ok < <(compare "$p0" "$p1")
     gated=no
     for g in ${GATED:-smollm2 SmolLM2-135M-Instruct llama-3.1-8b-4bit}; do [ "$name" = "$g" ] && gated=yes; done
     if [ $gated = yes ]; then

@@ -45,6 +45,10 @@ mkdir -p "$OUT" .gpu
 export BENCH_COMMIT=$(cat "$NEW/COMMIT" 2>/dev/null || echo unknown)
 T0=$(date +%s)
 left() { echo $((DEADLINE - ($(date +%s) - T0))); }
+ensure_model() { # VARIANT DIR: make_bench_models.py's VARIANT under $MODELS unless there
+  [ -d "$MODELS/$1" ] || python3 xtask/py/make_bench_models.py --out "$MODELS" --only "$1" \
+    --tokenizers .gpu/tok > "$2/models.txt" 2>&1
+}
 pack() { # PART DIR: one file per part
   tar -C "$2" -czf "$OUT/$1.tar.gz" . 2>/dev/null
   echo "== $1 packed ($(du -h "$OUT/$1.tar.gz" | cut -f1)), $(( $(date +%s) - T0 )) s elapsed"
@@ -58,8 +62,7 @@ for PART in "$@"; do
   case "$PART" in
     nextdiag)
       M=$MODELS/qwen3-next-80b-a3b-l4-4bit
-      python3 xtask/py/make_bench_models.py --out "$MODELS" --only qwen3-next-80b-a3b-l4-4bit \
-        --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      ensure_model qwen3-next-80b-a3b-l4-4bit "$D"
       for i in 1 2; do
         s=$(date +%s%N)
         timeout 150 "$NEW/mlx-generate" --model "$M" --prompt "hello there" -m 16 --verbose True \
@@ -75,8 +78,7 @@ for PART in "$@"; do
       # A first process on a cold MLX kernel cache (MLX_PTX_CACHE_DIR per tool): time and
       # the number of kernels each tool had compiled; then ours again on its warm cache.
       M=$MODELS/qwen3-next-80b-a3b-l4-4bit
-      python3 xtask/py/make_bench_models.py --out "$MODELS" --only qwen3-next-80b-a3b-l4-4bit \
-        --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      ensure_model qwen3-next-80b-a3b-l4-4bit "$D"
       for who in mlx-lm ours ours-again; do
         dir=/tmp/ptx-${who%-again}
         cmd=("$NEW/mlx-generate"); [ "$who" = mlx-lm ] && cmd=(python3 -m mlx_lm generate)
@@ -114,8 +116,7 @@ for PART in "$@"; do
         bash benchmarks/gpu_spec.sh "$NEW" --pairs llama-3.1-8b-echo-bf16:llama-3.2-1b-bf16 \
         -k 3 >> "$D/stdout.txt" 2>&1 ;;
     ab8b)
-      python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-4bit \
-        --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      ensure_model llama-3.1-8b-4bit "$D"
       # AB_BATCHES (1 8 32), AB_ARMS (on off), AB_N (2 trials a process), AB_MLX_LM (8 32)
       for b in ${AB_BATCHES:-1 8 32}; do for arm in ${AB_ARMS:-on exact off}; do
         e=(); [ "$arm" = off ] && e=(MLX_FAST_QMM=0); [ "$arm" = exact ] && e=(MLX_FAST_QMM_MMA=0)
@@ -129,8 +130,7 @@ for PART in "$@"; do
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
       done ;;
     mma)
-      [ -d "$MODELS/llama-3.1-8b-4bit" ] || python3 xtask/py/make_bench_models.py --out "$MODELS" \
-        --only llama-3.1-8b-4bit --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      ensure_model llama-3.1-8b-4bit "$D"
       # shellcheck disable=SC2086
       timeout "$L" "$NEW/qmm_mma_check" ${MMA_ARGS:---model $MODELS/llama-3.1-8b-4bit --m 2,8,16,32 --forced-m 64,128,512 --iters 20} \
         > "$D/stdout.txt" 2>&1 ;;
@@ -138,8 +138,7 @@ for PART in "$@"; do
       dm=; [ -f /root/stash/smollm2/config.json ] && dm=/root/stash/smollm2
       OUT=$D DEFAULT_MODEL=$dm timeout "$L" bash benchmarks/gpu_quality.sh "$NEW" > "$D/stdout.txt" 2>&1 ;;
     srv4b)
-      [ -d "$MODELS/llama-3.1-8b-4bit" ] || python3 xtask/py/make_bench_models.py --out "$MODELS" \
-        --only llama-3.1-8b-4bit --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      ensure_model llama-3.1-8b-4bit "$D"
       # SRV_ARMS: default, and/or dequant (MLX_DEQUANT_GEMM=1: prefill products of many rows
       # as a dequantize and a dense matmul; the wall time counts the 32 prompts' prefill)
       for arm in ${SRV_ARMS:-default}; do
@@ -156,7 +155,8 @@ for PART in "$@"; do
       OUT=$D DEADLINE=$((L - 10)) N=${NEXT_N:-2} ROUNDS=${NEXT_ROUNDS:-1} \
         bash benchmarks/gpu_next.sh "$NEW" ${NEXT_PARTS:-check warm} > "$D/stdout.txt" 2>&1 ;;
     lora)
-      # LORA_ARGS: e.g. "--only llama-3.2-1b-bf16 --bound-ab" (the opt-in memory bound's arm)
+      # LORA_ARGS: e.g. "--only llama-3.2-1b-bf16 --bound-ab" (adds an arm without the
+      # memory bound, which is on by default on CUDA since session 17)
       # shellcheck disable=SC2086
       OUT=$D timeout "$L" bash benchmarks/gpu_lora.sh "$NEW" --rounds 1 ${LORA_ARGS:-} > "$D/stdout.txt" 2>&1
       rm -rf "$D/adapters" "$D/data" ;;     specsrv)
