@@ -22,6 +22,10 @@
 #              the default bound on the memory of queued GPU work,
 #              crates/mlx-train/src/membound.rs; before session 17 the bound was opt-in and
 #              this arm, "ours-bound", set it to 1)
+#   --dequant-ab also run ours with MLX_DEQUANT_GEMM=1 each round ("ours-dequant": the base
+#              model's quantized products of many rows as MLX's dequantize and dense matmul,
+#              with the weight dequantized again for the backward product; every weight
+#              size: MLX_DEQUANT_GEMM_MIN_ELEMENTS=0)
 #
 # Data: 256 rows of seeded random words, each longer than 512 tokens, so every batch is
 # 4 x 512 after mlx-lm's truncation (both tools print its warning); no validation set (no
@@ -39,6 +43,7 @@ REPORT=10
 ROUNDS=2
 MODELS=/tmp/bench-models
 BOUND_AB=0
+DEQUANT_AB=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY=$2; shift ;;
@@ -47,7 +52,8 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS=$2; shift ;;
     --models) MODELS=$2; shift ;;
     --bound-ab) BOUND_AB=1 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    --dequant-ab) DEQUANT_AB=1 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) BIN=$1 ;;
   esac
@@ -98,6 +104,7 @@ for v in "${VARIANTS[@]}"; do
     order="ours mlx-lm"
     [ $((r % 2)) -eq 0 ] && order="mlx-lm ours"
     [ "$BOUND_AB" = 1 ] && order="$order ours-free"
+    [ "$DEQUANT_AB" = 1 ] && order="$order ours-dequant"
     for tool in $order; do
       A="$OUT/adapters/$v-$tool-$r"
       rm -rf "$A"
@@ -105,9 +112,10 @@ for v in "${VARIANTS[@]}"; do
       if [ "$tool" = ours ]; then
         "$BIN/mlx-lora" --model "$M" "${COMMON[@]}" --adapter-path "$A" >"$log" 2>&1
         metrics="$A/metrics.jsonl"
-      elif [ "$tool" = ours-free ]; then
-        MLX_TRAIN_MEMORY_BOUND=0 "$BIN/mlx-lora" --model "$M" "${COMMON[@]}" \
-          --adapter-path "$A" >"$log" 2>&1
+      elif [ "$tool" = ours-free ] || [ "$tool" = ours-dequant ]; then
+        e=(MLX_TRAIN_MEMORY_BOUND=0)
+        [ "$tool" = ours-dequant ] && e=(MLX_DEQUANT_GEMM=1 MLX_DEQUANT_GEMM_MIN_ELEMENTS=0)
+        env "${e[@]}" "$BIN/mlx-lora" --model "$M" "${COMMON[@]}" --adapter-path "$A" >"$log" 2>&1
         metrics="$A/metrics.jsonl"
       else
         mkdir -p "$A"
@@ -140,10 +148,11 @@ for v, s in summary.items():
     ot, pt = max(o["tokens_per_second"]), max(p["tokens_per_second"])
     om, pm = max(o["peak_gb"]), max(p["peak_gb"])
     lines.append(f"| {v} | {ot:.1f} | {pt:.1f} | {ot / pt:.2f}x | {om:.3f} | {pm:.3f} | {om / pm:.2f}x |")
-    f = s.get("ours-free")
-    if f:
-        ft, fm = max(f["tokens_per_second"]), max(f["peak_gb"])
-        lines.append(f"| {v} (ours-free) | {ft:.1f} | {pt:.1f} | {ft / pt:.2f}x | {fm:.3f} | {pm:.3f} | {fm / pm:.2f}x |")
+    for arm in ("ours-free", "ours-dequant"):
+        f = s.get(arm)
+        if f:
+            ft, fm = max(f["tokens_per_second"]), max(f["peak_gb"])
+            lines.append(f"| {v} ({arm}) | {ft:.1f} | {pt:.1f} | {ft / pt:.2f}x | {fm:.3f} | {pm:.3f} | {fm / pm:.2f}x |")
 open(out + "/summary.md", "w").write("\n".join(lines) + "\n\nper run:\n\n" + open(out + "/runs.md").read())
 json.dump(summary, open(out + "/summary.json", "w"), indent=1)
 print("\n".join(lines))

@@ -19,6 +19,7 @@
 #   struct8b   issue 20: benchmarks/gpu_structured.sh on the 8B bf16 shape (1 and 32 streams)
 #   struct32   issue 20: the same at 32 streams, engine profile lines every 16 steps
 #   lora       issue 24: benchmarks/gpu_lora.sh (1B bf16 LoRA, 8B 4-bit QLoRA), 1 round
+#              (LORA_ARGS: e.g. --only llama-3.1-8b-4bit --dequant-ab)
 #   specsrv    issue 19: server aggregate decode at 1/8/32 streams, echo 8B target, with
 #              and without its 4-bit draft
 #   spec       issue 19: gpu_spec.sh, echo 8B with its 4-bit copy (k 3, 4) and with a random
@@ -31,7 +32,9 @@
 #   quality    issue 21: benchmarks/gpu_quality.sh (the real default model from
 #              /root/stash/smollm2 when staged, 1B and 8B 4-bit shapes)
 #   srv4b      issue 21: server aggregate decode, 8B 4-bit, 8 and 32 streams, against mlx-lm
-#              (SRV_STREAMS, SRV_ARMS: default and/or dequant)
+#              (SRV_STREAMS, SRV_ARMS: default, dequant, bigdq)
+#   pf4b       issue 21: one prompt's prefill, 8B bf16 against 8B 4-bit (default, dequant,
+#              forced mma; PF_ARMS, PF_P, PF_N)
 #   next       issue 26: gpu_next.sh check warm (Qwen3-Next: lean step's text, ours vs mlx-lm)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -129,6 +132,23 @@ for PART in "$@"; do
         timeout 120 python3 -m mlx_lm benchmark --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
       done ;;
+    pf4b)
+      # issue 21: prefill of one prompt (PF_P tokens, 512), 8B bf16 against 8B 4-bit by
+      # default (MLX's qmm, mlx-lm's bits), with MLX_DEQUANT_GEMM=1 and with
+      # MLX_FAST_QMM_MMA=force; PF_ARMS picks
+      ensure_model llama-3.1-8b-4bit "$D"
+      ensure_model llama-3.1-8b-bf16 "$D"
+      for arm in ${PF_ARMS:-bf16 default dequant mma}; do
+        v=llama-3.1-8b-4bit; e=()
+        case $arm in
+          bf16) v=llama-3.1-8b-bf16 ;;
+          dequant) e=(MLX_DEQUANT_GEMM=1) ;;
+          mma) e=(MLX_FAST_QMM_MMA=force) ;;
+        esac
+        echo "## arm=$arm" >> "$D/stdout.txt"
+        env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/$v" -p "${PF_P:-512}" \
+          -g 8 -n "${PF_N:-2}" >> "$D/stdout.txt" 2>&1
+      done ;;
     mma)
       ensure_model llama-3.1-8b-4bit "$D"
       # shellcheck disable=SC2086
@@ -139,10 +159,13 @@ for PART in "$@"; do
       OUT=$D DEFAULT_MODEL=$dm timeout "$L" bash benchmarks/gpu_quality.sh "$NEW" > "$D/stdout.txt" 2>&1 ;;
     srv4b)
       ensure_model llama-3.1-8b-4bit "$D"
-      # SRV_ARMS: default, and/or dequant (MLX_DEQUANT_GEMM=1: prefill products of many rows
-      # as a dequantize and a dense matmul; the wall time counts the 32 prompts' prefill)
+      # SRV_ARMS: default, dequant (MLX_DEQUANT_GEMM=1: a single prompt's prefill products
+      # as a dequantize and a dense matmul), bigdq (the same, and batched products of more
+      # than 256 rows too: MLX_FAST_QMM_MMA_MAX_ROWS=256); the wall time counts the 32
+      # prompts' prefill
       for arm in ${SRV_ARMS:-default}; do
         e=(); [ "$arm" = dequant ] && e=(MLX_DEQUANT_GEMM=1)
+        [ "$arm" = bigdq ] && e=(MLX_DEQUANT_GEMM=1 MLX_FAST_QMM_MMA_MAX_ROWS=256)
         env "${e[@]}" timeout "$(left)" "$NEW/xtask" bench --server --ours "$NEW/mlx-server" \
           --python python3 --model "$MODELS/llama-3.1-8b-4bit" -p 128 -g 128 \
           --streams ${SRV_STREAMS:-8,32} --label "llama-3.1-8b-4bit $arm" \
@@ -159,7 +182,8 @@ for PART in "$@"; do
       # memory bound, which is on by default on CUDA since session 17)
       # shellcheck disable=SC2086
       OUT=$D timeout "$L" bash benchmarks/gpu_lora.sh "$NEW" --rounds 1 ${LORA_ARGS:-} > "$D/stdout.txt" 2>&1
-      rm -rf "$D/adapters" "$D/data" ;;     specsrv)
+      rm -rf "$D/adapters" "$D/data" ;;
+    specsrv)
       M=$MODELS/llama-3.1-8b-echo-bf16
       python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
         --tokenizers .gpu/tok > "$D/models.txt" 2>&1

@@ -203,14 +203,34 @@ fn check(c: &Case, m: i32, forced: bool) -> Res<(usize, [f64; 3])> {
 }
 
 /// One timed product shape: microseconds per product of MLX's M-row product, of the exact
-/// kernel (up to 32 rows), of the tensor-core form and of one row.
+/// kernel (up to 32 rows), of the tensor-core form, of the dequantized dense product
+/// (`MLX_DEQUANT_GEMM`: MLX's `dequantize` then its matmul), of the dense matmul alone (the
+/// weight dequantized beforehand: what a bfloat16 model's product costs) and of one row.
 struct Timing<'a> {
     case: &'a Case,
     m: i32,
     theirs: f64,
     exact: Option<f64>,
     mma: f64,
+    dequant: f64,
+    dense: f64,
     one: f64,
+}
+
+/// The weight of `c` dequantized to bfloat16 and transposed (a view), as the dense
+/// product multiplies it.
+fn dequantized_t(c: &Case) -> Res<Array> {
+    let q = &c.q;
+    let w = dequantize(
+        &q.weight,
+        &q.scales,
+        q.biases.as_ref(),
+        Some(c.gs),
+        Some(4),
+        QuantMode::Affine,
+        Some(Dtype::Bfloat16),
+    )?;
+    Ok(w.transpose(None)?)
 }
 
 fn main() -> Res<()> {
@@ -262,12 +282,18 @@ fn main() -> Res<()> {
                 set_fast_qmm_mma(if forced { QmmMma::Force } else { QmmMma::On });
                 let mma = time_us(o.iters, &f)?;
                 set_fast_qmm_mma(QmmMma::On);
+                let dequant = time_us(o.iters, &|| Ok(x.matmul(&dequantized_t(c)?)?))?;
+                let wt = dequantized_t(c)?;
+                transforms::eval(&[&wt])?;
+                let dense = time_us(o.iters, &|| Ok(x.matmul(&wt)?))?;
                 table.push(Timing {
                     case: c,
                     m,
                     theirs,
                     exact,
                     mma,
+                    dequant,
+                    dense,
                     one,
                 });
             }
@@ -282,8 +308,20 @@ fn main() -> Res<()> {
     if !table.is_empty() {
         println!();
         println!(
-            "{:<32} {:>7} {:>6} {:>3} {:>4} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9}",
-            "weight", "N", "K", "gs", "M", "mlx", "exact", "mma", "vs mlx", "vs exact", "1-row"
+            "{:<32} {:>7} {:>6} {:>3} {:>4} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9}",
+            "weight",
+            "N",
+            "K",
+            "gs",
+            "M",
+            "mlx",
+            "exact",
+            "mma",
+            "vs mlx",
+            "vs exact",
+            "dequant",
+            "dense",
+            "1-row"
         );
         for t in &table {
             let (exact, vs_exact) = match t.exact {
@@ -292,7 +330,7 @@ fn main() -> Res<()> {
             };
             println!(
                 "{:<32} {:>7} {:>6} {:>3} {:>4} {:>9.1} {exact:>9} {:>9.1} {:>7.2}x \
-                 {vs_exact:>8} {:>9.1}",
+                 {vs_exact:>8} {:>9.1} {:>9.1} {:>9.1}",
                 t.case.name,
                 t.case.n,
                 t.case.k,
@@ -301,12 +339,16 @@ fn main() -> Res<()> {
                 t.theirs,
                 t.mma,
                 t.theirs / t.mma,
+                t.dequant,
+                t.dense,
                 t.one,
             );
         }
         println!(
             "(microseconds per product, median; \"exact\": our multi-row kernel with each \
-             row's one-row bits; \"mma\": the tensor-core form; \"vs\": speedup of mma)"
+             row's one-row bits; \"mma\": the tensor-core form; \"vs\": speedup of mma; \
+             \"dequant\": MLX's dequantize then its matmul; \"dense\": the matmul of a \
+             weight dequantized beforehand)"
         );
     }
     println!();
