@@ -974,22 +974,33 @@ namespace {
 // products (batch-1 decoding) never take this path and keep mlx-lm's bits. The quality
 // gate (bins/tests/dequant_gemm.rs, and benchmarks/gpu_quality.sh on the H200) holds it to
 // perplexity within 0.1% of the exact path and the same greedy tokens.
-// Off by default (its memory on the GPU is not yet measured with the gating below):
-//   MLX_DEQUANT_GEMM=1      this path on the GPU;
-//   MLX_DEQUANT_GEMM=force  this path on the CPU too (for the quality gate);
-//   unset or 0              MLX's quantized matmul everywhere (the exact path);
-//   MLX_DEQUANT_GEMM_MIN_ROWS (2), MLX_DEQUANT_GEMM_MIN_ELEMENTS (16 Mi weight elements):
-//                           products with fewer rows, or smaller weights, stay with MLX.
-enum class DequantGemm { kOff, kGpu, kForce };
+// Settings (MLX_DEQUANT_GEMM):
+//   unset      on a GPU, products inside a gradient (a QLoRA training step: x is a tracer)
+//              of rows of several sequences (x [B, L, K] with B > 1); one sequence's rows
+//              and every inference product keep MLX's quantized matmul;
+//   1          also every inference product of many rows on the GPU (opt-in: prefill of
+//              one prompt);
+//   force      every product of many rows, on the CPU too (for the quality gates);
+//   0          MLX's quantized matmul everywhere (the exact path).
+//   MLX_DEQUANT_GEMM_MIN_ROWS (2), MLX_DEQUANT_GEMM_MIN_ELEMENTS (16 Mi weight elements for
+//                           inference products, none inside a gradient): products with
+//                           fewer rows, or smaller weights, stay with MLX.
+enum class DequantGemm { kTrain, kGpu, kForce, kOff };
 
 DequantGemm dequant_gemm_mode() {
-  static const DequantGemm m = [] {
+  static const std::optional<DequantGemm> m = []() -> std::optional<DequantGemm> {
     const char* v = std::getenv("MLX_DEQUANT_GEMM");
-    if (v != nullptr && std::strcmp(v, "1") == 0) return DequantGemm::kGpu;
-    if (v != nullptr && std::strcmp(v, "force") == 0) return DequantGemm::kForce;
-    return DequantGemm::kOff;
+    if (v == nullptr || *v == '\0') return DequantGemm::kTrain;
+    if (std::strcmp(v, "0") == 0) return DequantGemm::kOff;
+    if (std::strcmp(v, "1") == 0) return DequantGemm::kGpu;
+    if (std::strcmp(v, "force") == 0) return DequantGemm::kForce;
+    return std::nullopt;
   }();
-  return m;
+  if (!m) {
+    throw std::invalid_argument("MLX_DEQUANT_GEMM must be 0, 1 or force (or unset), not \"" +
+                                std::string(std::getenv("MLX_DEQUANT_GEMM")) + "\"");
+  }
+  return *m;
 }
 
 std::optional<mx::array> try_dequant_gemm(const mx::array& x, const mx::array& w,
@@ -998,9 +1009,6 @@ std::optional<mx::array> try_dequant_gemm(const mx::array& x, const mx::array& w
                                           bool transpose, std::optional<int> group_size,
                                           std::optional<int> bits, const std::string& mode,
                                           mx::StreamOrDevice s) {
-  static const long long min_rows = mlxs_detail::env_count("MLX_DEQUANT_GEMM_MIN_ROWS", 2);
-  static const long long min_elements =
-      mlxs_detail::env_count("MLX_DEQUANT_GEMM_MIN_ELEMENTS", 16ll << 20);
   const DequantGemm m = dequant_gemm_mode();
   if (m == DequantGemm::kOff || !transpose || mode != "affine") return std::nullopt;
   // Trained scales or biases (mlx-lm's DWQ) need MLX's product, whose derivative gives them.
@@ -1008,12 +1016,23 @@ std::optional<mx::array> try_dequant_gemm(const mx::array& x, const mx::array& w
   if (x.ndim() < 2 || w.ndim() != 2) return std::nullopt;
   const mx::Dtype dt = x.dtype();
   if (dt != mx::bfloat16 && dt != mx::float16 && dt != mx::float32) return std::nullopt;
-  if (m == DequantGemm::kGpu && mx::to_stream(s).device == mx::Device::cpu) return std::nullopt;
+  const bool cpu = mx::to_stream(s).device == mx::Device::cpu;
+  if (m != DequantGemm::kForce && cpu) return std::nullopt;
   const long long k = x.shape(-1);
   if (k <= 0) return std::nullopt;
   const long long rows = static_cast<long long>(x.size()) / k;
+  if (m == DequantGemm::kTrain) {
+    const long long seq = x.ndim() >= 3 ? x.shape(-2) : rows;
+    if (!x.is_tracer() || seq <= 0 || rows / seq < 2) return std::nullopt;
+  }
+  static const long long min_rows = mlxs_detail::env_count("MLX_DEQUANT_GEMM_MIN_ROWS", 2);
+  static const long long min_elements =
+      mlxs_detail::env_count("MLX_DEQUANT_GEMM_MIN_ELEMENTS", 16ll << 20);
+  static const long long min_elements_traced =
+      mlxs_detail::env_count("MLX_DEQUANT_GEMM_MIN_ELEMENTS", 0);
   const long long elements = static_cast<long long>(w.shape(0)) * k;
-  if (rows < std::max(min_rows, 2ll) || elements < min_elements) return std::nullopt;
+  const long long floor = x.is_tracer() ? min_elements_traced : min_elements;
+  if (rows < std::max(min_rows, 2ll) || elements < floor) return std::nullopt;
   // The weight is dequantized only once `after` is computed: the dequantized copies do not
   // depend on the activations, so MLX would otherwise schedule all of a forward's early
   // and hold them at once (on the H200, 8B 4-bit at batch 32 peaked at 24.7 GB, against
