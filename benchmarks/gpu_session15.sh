@@ -27,7 +27,8 @@
 #   qmm        issue 21: qmm_rows_check (our M-row 4-bit product against MLX's, bits and time)
 #   ab8b       issue 21: mlx-benchmark 8B 4-bit at batch 1/8/32 (AB_BATCHES), arms (AB_ARMS):
 #              on (the defaults: the tensor-core form of the M-row product), exact
-#              (MLX_FAST_QMM_MMA=0: each row's one-row bits), off (MLX_FAST_QMM=0: MLX's qmm)
+#              (MLX_FAST_QMM_MMA=0: each row's one-row bits), off (MLX_FAST_QMM=0: MLX's qmm),
+#              prof (the defaults with the engine's profile lines every 32 steps)
 #   mma        issue 21: qmm_mma_check on the 8B 4-bit model's weights (MMA_ARGS)
 #   quality    issue 21: benchmarks/gpu_quality.sh (the real default model from
 #              /root/stash/smollm2 when staged, 1B and 8B 4-bit shapes)
@@ -123,6 +124,7 @@ for PART in "$@"; do
       # AB_BATCHES (1 8 32), AB_ARMS (on off), AB_N (2 trials a process), AB_MLX_LM (8 32)
       for b in ${AB_BATCHES:-1 8 32}; do for arm in ${AB_ARMS:-on exact off}; do
         e=(); [ "$arm" = off ] && e=(MLX_FAST_QMM=0); [ "$arm" = exact ] && e=(MLX_FAST_QMM_MMA=0)
+        [ "$arm" = prof ] && e=(MLX_ENGINE_PROFILE=1 MLX_ENGINE_PROFILE_EVERY=32)
         echo "## b=$b arm=$arm" >> "$D/stdout.txt"
         env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
