@@ -887,6 +887,22 @@ fn a_diverging_loss_stops_and_keeps_the_last_good_checkpoint() {
     );
 }
 
+/// A training run of `model` in `dir` that must succeed: its stdout and adapter directory.
+fn train_under(
+    model: &str,
+    dir: &Path,
+    data: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (String, PathBuf) {
+    let out = run_model_env(model, dir, data, args, env);
+    common::check(&out, &dir.display().to_string());
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        dir.join("adapters"),
+    )
+}
+
 /// The largest `peak_memory` of a run's training reports (GB).
 fn report_peak(adapters: &Path) -> f64 {
     std::fs::read_to_string(adapters.join("metrics.jsonl"))
@@ -920,13 +936,8 @@ fn memory_bound_keeps_every_bit_and_never_raises_the_peak() {
         "2",
     ];
     let run = |name: &str, setting: &str| {
-        let dir = tmp.0.join(name);
-        let out = run_in_env(&dir, &data, &args, &[("MLX_TRAIN_MEMORY_BOUND", setting)]);
-        common::check(&out, name);
-        (
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            dir.join("adapters"),
-        )
+        let env = [("MLX_TRAIN_MEMORY_BOUND", setting)];
+        train_under("llama-small-f32", &tmp.0.join(name), &data, &args, &env)
     };
     let (free_out, free) = run("free", "0");
     let (bound_out, bound) = run("bound", "force");
@@ -1247,23 +1258,18 @@ fn the_dequantized_product_trains_like_the_quantized_one() {
         "1e-3",
     ];
     let run = |name: &str, setting: &str| {
-        let dir = tmp.0.join(name);
         let env = [
             ("MLX_DEQUANT_GEMM", setting),
             ("MLX_DEQUANT_GEMM_MIN_ELEMENTS", "0"),
         ];
-        let out = run_model_env("llama-small-q4-g32", &dir, &data, &args, &env);
-        common::check(&out, name);
-        (
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            dir.join("adapters/adapters.safetensors"),
-        )
+        train_under("llama-small-q4-g32", &tmp.0.join(name), &data, &args, &env)
     };
     let (exact_out, exact) = run("exact", "0");
     let (dq_out, dq) = run("dequant", "force");
     assert!(numbers(&exact_out).iter().any(|l| l.contains(" val ")));
     assert_eq!(numbers(&exact_out), numbers(&dq_out));
-    let diff = max_diff(&exact, &dq).expect("the same tensors");
+    let file = |d: &Path| d.join("adapters.safetensors");
+    let diff = max_diff(&file(&exact), &file(&dq)).expect("the same tensors");
     assert!(diff < 1e-4, "adapters {diff} apart");
 }
 
