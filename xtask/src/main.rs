@@ -10,6 +10,7 @@ mod goldens;
 mod install;
 mod parity;
 mod test;
+mod train_parity;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -29,7 +30,8 @@ const USAGE: &str = "usage: cargo xtask <command>
                       logits of tiny models vs mlx-lm, bit for bit, then the
                       text of mlx-generate vs mlx_lm generate (then with
                       --draft-model / prompt lookup; --spec-only: those alone)
-                      --convert-only / --no-convert: mlx-convert vs mlx_lm.convert";
+                      --convert-only / --no-convert: mlx-convert vs mlx_lm.convert;
+                      --train-only / --no-train: mlx-lora vs mlx_lm lora";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -44,8 +46,14 @@ fn main() -> Result<()> {
         Some("parity") if rest.iter().any(|a| a == "--convert-only") => {
             convert_parity::run_section(&root)
         }
+        Some("parity") if rest.iter().any(|a| a == "--train-only") => train_parity::run(&root),
         Some("parity") => {
-            parity::run_parity(&root, rest).and_then(|()| convert_parity::after_parity(&root, rest))
+            parity::run_parity(&root, rest)?;
+            convert_parity::after_parity(&root, rest)?;
+            if train_parity::skipped(rest) {
+                return Ok(());
+            }
+            train_parity::run(&root)
         }
         Some("-h") | Some("--help") | None => {
             println!("{USAGE}");
