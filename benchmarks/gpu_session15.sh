@@ -24,6 +24,8 @@
 #              and without its 4-bit draft
 #   spec       issue 19: gpu_spec.sh, echo 8B with its 4-bit copy (k 3, 4) and with a random
 #              1B draft under --draft-min-acceptance 0.5 (ours only)
+#   specab     issue 19: the speculation regression of session 18, our kernels switched off
+#              one by one (SPEC_ARMS)
 #   qmm        issue 21: qmm_rows_check (our M-row 4-bit product against MLX's, bits and time)
 #   ab8b       issue 21: mlx-benchmark 8B 4-bit at batch 1/8/32 (AB_BATCHES), arms (AB_ARMS):
 #              on (the defaults: the tensor-core form of the M-row product), exact
@@ -119,6 +121,29 @@ for PART in "$@"; do
         OURS_SPEC_ARGS="--draft-min-acceptance 0.5" timeout "$(left)" \
         bash benchmarks/gpu_spec.sh "$NEW" --pairs llama-3.1-8b-echo-bf16:llama-3.2-1b-bf16 \
         -k 3 >> "$D/stdout.txt" 2>&1 ;;
+    specab)
+      # issue 19, the session-18 regression (echo 8B with its 4-bit copy at ~200 ms a round,
+      # 128.9 tok/s in session 14): mlx-generate with the draft under switches that take
+      # our kernels out one by one (SPEC_ARMS): default, noqmm (MLX_FAST_QMM=0: the draft's
+      # 2-row catch-up on MLX's qmm, as in session 14), noqmv (MLX_FAST_QMV=0: none of our
+      # 4-bit kernels), plain (no draft); each with the engine's profile lines
+      python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
+        --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      P="$(python3 -c "print(' '.join(['hello world'] * 40))")"
+      for arm in ${SPEC_ARMS:-default noqmm noqmv plain}; do
+        e=(MLX_SDPA_SPLIT_QUERIES=1 MLX_ENGINE_PROFILE=1)
+        a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 3)
+        case $arm in
+          noqmm) e+=(MLX_FAST_QMM=0) ;;
+          noqmv) e+=(MLX_FAST_QMV=0) ;;
+          plain) a=() ;;
+        esac
+        echo "## $arm" >> "$D/stdout.txt"
+        s=$(date +%s%N)
+        env "${e[@]}" timeout 120 "$NEW/mlx-generate" --model "$MODELS/llama-3.1-8b-echo-bf16" \
+          --prompt "$P" -m 128 "${a[@]}" --verbose True 2>&1 | grep -v "^ *hello" >> "$D/stdout.txt"
+        echo "wall $(( ($(date +%s%N) - s) / 1000000 )) ms" >> "$D/stdout.txt"
+      done ;;
     ab8b)
       ensure_model llama-3.1-8b-4bit "$D"
       # AB_BATCHES (1 8 32), AB_ARMS (on off), AB_N (2 trials a process), AB_MLX_LM (8 32)
