@@ -24,6 +24,7 @@
 #              and without its 4-bit draft
 #   spec       issue 19: gpu_spec.sh, echo 8B with its 4-bit copy (k 3, 4) and with a random
 #              1B draft under --draft-min-acceptance 0.5 (ours only)
+#   start8b    issue 21: process start to first token of the 8B 4-bit model, ours and mlx-lm
 #   specab     issue 19: the speculation regression of session 18, our kernels switched off
 #              one by one (SPEC_ARMS)
 #   qmm        issue 21: qmm_rows_check (our M-row 4-bit product against MLX's, bits and time)
@@ -121,6 +122,17 @@ for PART in "$@"; do
         OURS_SPEC_ARGS="--draft-min-acceptance 0.5" timeout "$(left)" \
         bash benchmarks/gpu_spec.sh "$NEW" --pairs llama-3.1-8b-echo-bf16:llama-3.2-1b-bf16 \
         -k 3 >> "$D/stdout.txt" 2>&1 ;;
+    start8b)
+      # issue 21: process start to first token, 8B 4-bit (target <= 3 s): each tool 3 times
+      # in turn (the first of ours may compile our kernels; MLX keeps them on disk after)
+      ensure_model llama-3.1-8b-4bit "$D"
+      for i in 1 2 3; do for who in ours mlx-lm; do
+        cmd=("$NEW/mlx-generate"); [ "$who" = mlx-lm ] && cmd=(python3 -m mlx_lm generate)
+        s=$(date +%s%N)
+        timeout 120 "${cmd[@]}" --model "$MODELS/llama-3.1-8b-4bit" --prompt hi -m 1 \
+          > "$D/$who-$i.txt" 2>&1
+        echo "$who run $i rc=$? $(( ($(date +%s%N) - s) / 1000000 )) ms" >> "$D/stdout.txt"
+      done; done ;;
     specab)
       # issue 19, the session-18 regression (echo 8B with its 4-bit copy at ~200 ms a round,
       # 128.9 tok/s in session 14): mlx-generate with the draft under switches that take
