@@ -131,7 +131,11 @@ for PART in "$@"; do
         s=$(date +%s%N)
         timeout 120 "${cmd[@]}" --model "$MODELS/llama-3.1-8b-4bit" --prompt hi -m 1 \
           > "$D/$who-$i.txt" 2>&1
-        echo "$who run $i rc=$? $(( ($(date +%s%N) - s) / 1000000 )) ms" >> "$D/stdout.txt"
+        rc=$?
+        # MLX's kernel cache (its default place): a count that grows after the first runs
+        # means something compiles again in every process
+        n=$(find /tmp/mlx -name '*.ptx' 2>/dev/null | wc -l)
+        echo "$who run $i rc=$rc $(( ($(date +%s%N) - s) / 1000000 )) ms; $n cached kernels" >> "$D/stdout.txt"
       done; done ;;
     specab)
       # issue 19, the session-18 regression (echo 8B with its 4-bit copy at ~200 ms a round,
