@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "mlx/backend/cuda/cuda.h"
 #include "mlx/compile_impl.h"
 #include "mlx/einsum.h"
 #include "mlx/graph_utils.h"
@@ -975,7 +976,7 @@ namespace {
 // gate (bins/tests/dequant_gemm.rs, and benchmarks/gpu_quality.sh on the H200) holds it to
 // perplexity within 0.1% of the exact path and the same greedy tokens.
 // Settings (MLX_DEQUANT_GEMM):
-//   unset      on a GPU, products inside a gradient (a QLoRA training step: x is a tracer)
+//   unset      on a CUDA GPU, products inside a gradient (a QLoRA training step: x is a tracer)
 //              of rows of several sequences (x [B, L, K] with B > 1); one sequence's rows
 //              and every inference product keep MLX's quantized matmul;
 //   1          also every inference product of many rows on the GPU (opt-in: prefill of
@@ -1022,6 +1023,8 @@ std::optional<mx::array> try_dequant_gemm(const mx::array& x, const mx::array& w
   if (k <= 0) return std::nullopt;
   const long long rows = static_cast<long long>(x.size()) / k;
   if (m == DequantGemm::kTrain) {
+    // Measured on CUDA only (MLX's Metal quantized products are another story).
+    if (!mx::cu::is_available()) return std::nullopt;
     const long long seq = x.ndim() >= 3 ? x.shape(-2) : rows;
     if (!x.is_tracer() || seq <= 0 || rows / seq < 2) return std::nullopt;
   }
