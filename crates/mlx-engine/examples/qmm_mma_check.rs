@@ -33,7 +33,7 @@
 #[path = "common/qmm.rs"]
 mod common;
 
-use common::{qmm, same_bits, scaled_normal, time_us, Case, Res, REPS};
+use common::{qmm, same_bits, scaled_normal, time_us, Case, Res, ShapeOpts, REPS};
 use mlx_array::quant::{
     dequantize, fast_qmm_mma_launches, set_fast_qmm, set_fast_qmm_mma, QmmMma, QuantMode,
 };
@@ -47,47 +47,28 @@ use std::time::Instant;
 const TOLERANCE: f64 = 1.05;
 
 struct Opts {
-    shapes: String,
-    model: Option<String>,
-    ms: Vec<i32>,
+    s: ShapeOpts,
     forced_ms: Vec<i32>,
-    gss: Vec<i32>,
-    iters: usize,
 }
 
 fn parse_args() -> Res<Opts> {
-    let mut o = Opts {
-        shapes: "synthetic".into(),
-        model: None,
-        ms: vec![2, 4, 8, 16, 32],
-        forced_ms: vec![48, 100],
-        gss: vec![32, 64, 128],
-        iters: 30,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--shapes" => o.shapes = val()?,
-            "--model" => o.model = Some(val()?),
-            "--m" => o.ms = common::list(&val()?)?,
-            "--forced-m" => o.forced_ms = common::list(&val()?)?,
-            "--gs" => o.gss = common::list(&val()?)?,
-            "--iters" => o.iters = val()?.parse()?,
-            "-h" | "--help" => {
-                println!(
-                    "usage: qmm_mma_check [--shapes synthetic|small] [--model DIR] \
-                     [--m 2,4,...] [--forced-m 48,100] [--gs 32,64,128] [--iters 30]"
-                );
-                std::process::exit(0);
+    let mut s = ShapeOpts::new(vec![2, 4, 8, 16, 32], 30);
+    let mut forced_ms = vec![48, 100];
+    s.parse(
+        "usage: qmm_mma_check [--shapes synthetic|small] [--model DIR] [--m 2,4,...] \
+         [--forced-m 48,100] [--gs 32,64,128] [--iters 30]",
+        |flag, val| {
+            if flag != "--forced-m" {
+                return Ok(false);
             }
-            _ => return Err(format!("unknown argument {a:?} (see --help)").into()),
-        }
-    }
-    if o.ms.iter().chain(&o.forced_ms).any(|&m| m < 2) {
+            forced_ms = common::list(&val()?)?;
+            Ok(true)
+        },
+    )?;
+    if s.ms.iter().chain(&forced_ms).any(|&m| m < 2) {
         return Err("--m / --forced-m: row counts must be at least 2".into());
     }
-    Ok(o)
+    Ok(Opts { s, forced_ms })
 }
 
 /// `x @ dequantize(q).T` in float32 on the CPU, [M, N].
@@ -239,53 +220,53 @@ fn main() -> Res<()> {
     println!(
         "device: {}; rows M: {:?} (forced: {:?}); timing: {}",
         if gpu { "gpu" } else { "cpu" },
-        o.ms,
+        o.s.ms,
         o.forced_ms,
-        if o.iters > 0 {
-            format!("median of {} x {REPS} products", o.iters)
+        if o.s.iters > 0 {
+            format!("median of {} x {REPS} products", o.s.iters)
         } else {
             "off".into()
         }
     );
-    let cases = common::cases(o.model.as_deref(), &o.shapes, &o.gss)?;
+    let cases = common::cases(o.s.model.as_deref(), &o.s.shapes, &o.s.gss)?;
     let mut failures = 0;
     let mut table: Vec<Timing> = Vec::new();
     for c in cases.iter().filter(|c| c.ours) {
         let tic = Instant::now();
         println!("{} N={} K={} group {}", c.name, c.n, c.k, c.gs);
-        for &m in &o.ms {
+        for &m in &o.s.ms {
             failures += check(c, m, false)?.0;
         }
         for &m in &o.forced_ms {
             failures += check(c, m, true)?.0;
         }
-        if o.iters > 0 {
+        if o.s.iters > 0 {
             let x1 = scaled_normal(&[1, c.k], 9, 1.0)?;
             transforms::eval(&[&x1])?;
-            let one = time_us(o.iters, &|| qmm(&x1, &c.q, c.gs))?;
+            let one = time_us(o.s.iters, &|| qmm(&x1, &c.q, c.gs))?;
             // The forced row counts too: where the tensor-core form would beat MLX's `qmm`
             // above 32 rows (MLX_FAST_QMM_MMA_MAX_ROWS); the exact kernel stops at 32.
-            let timed = o.ms.iter().map(|&m| (m, false));
+            let timed = o.s.ms.iter().map(|&m| (m, false));
             for (m, forced) in timed.chain(o.forced_ms.iter().map(|&m| (m, true))) {
                 let x = scaled_normal(&[m, 1, c.k], 9, 1.0)?;
                 transforms::eval(&[&x])?;
                 let f = || qmm(&x, &c.q, c.gs);
                 set_fast_qmm(false);
-                let theirs = time_us(o.iters, &f)?;
+                let theirs = time_us(o.s.iters, &f)?;
                 set_fast_qmm(true);
                 let exact = if forced {
                     None
                 } else {
                     set_fast_qmm_mma(QmmMma::Off);
-                    Some(time_us(o.iters, &f)?)
+                    Some(time_us(o.s.iters, &f)?)
                 };
                 set_fast_qmm_mma(if forced { QmmMma::Force } else { QmmMma::On });
-                let mma = time_us(o.iters, &f)?;
+                let mma = time_us(o.s.iters, &f)?;
                 set_fast_qmm_mma(QmmMma::On);
-                let dequant = time_us(o.iters, &|| Ok(x.matmul(&dequantized_t(c)?)?))?;
+                let dequant = time_us(o.s.iters, &|| Ok(x.matmul(&dequantized_t(c)?)?))?;
                 let wt = dequantized_t(c)?;
                 transforms::eval(&[&wt])?;
-                let dense = time_us(o.iters, &|| Ok(x.matmul(&wt)?))?;
+                let dense = time_us(o.s.iters, &|| Ok(x.matmul(&wt)?))?;
                 table.push(Timing {
                     case: c,
                     m,

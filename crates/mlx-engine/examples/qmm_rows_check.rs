@@ -37,7 +37,7 @@
 #[path = "common/qmm.rs"]
 mod common;
 
-use common::{qmm, same_bits, scaled_normal, time_us, Case, Res, REPS};
+use common::{qmm, same_bits, scaled_normal, time_us, Case, Res, ShapeOpts, REPS};
 use mlx_array::quant::{
     fast_qmm_launches, set_fast_qmm, set_fast_qmm_mma, set_fast_qmm_warp_rows, set_fast_qmv, QmmMma,
 };
@@ -46,50 +46,31 @@ use std::io::Write;
 use std::time::Instant;
 
 struct Opts {
-    shapes: String,
-    model: Option<String>,
-    ms: Vec<i32>,
-    gss: Vec<i32>,
+    s: ShapeOpts,
     warp_rows: Vec<i32>,
-    iters: usize,
 }
 
 fn parse_args() -> Res<Opts> {
-    let mut o = Opts {
-        shapes: "synthetic".into(),
-        model: None,
-        ms: vec![2, 3, 4, 5, 8, 9, 16, 32],
-        gss: vec![32, 64, 128],
-        warp_rows: vec![1, 2, 4],
-        iters: 50,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--shapes" => o.shapes = val()?,
-            "--model" => o.model = Some(val()?),
-            "--m" => o.ms = common::list(&val()?)?,
-            "--gs" => o.gss = common::list(&val()?)?,
-            "--warp-rows" => o.warp_rows = common::list(&val()?)?,
-            "--iters" => o.iters = val()?.parse()?,
-            "-h" | "--help" => {
-                println!(
-                    "usage: qmm_rows_check [--shapes synthetic|small] [--model DIR] \
-                     [--m 2,3,...] [--gs 32,64,128] [--warp-rows 1,2,4] [--iters 50]"
-                );
-                std::process::exit(0);
+    let mut s = ShapeOpts::new(vec![2, 3, 4, 5, 8, 9, 16, 32], 50);
+    let mut warp_rows = vec![1, 2, 4];
+    s.parse(
+        "usage: qmm_rows_check [--shapes synthetic|small] [--model DIR] [--m 2,3,...] \
+         [--gs 32,64,128] [--warp-rows 1,2,4] [--iters 50]",
+        |flag, val| {
+            if flag != "--warp-rows" {
+                return Ok(false);
             }
-            _ => return Err(format!("unknown argument {a:?} (see --help)").into()),
-        }
-    }
-    if o.ms.iter().any(|&m| m < 1) {
+            warp_rows = common::list(&val()?)?;
+            Ok(true)
+        },
+    )?;
+    if s.ms.iter().any(|&m| m < 1) {
         return Err("--m: row counts must be at least 1".into());
     }
-    if o.warp_rows.is_empty() || o.warp_rows.iter().any(|r| ![1, 2, 4].contains(r)) {
+    if warp_rows.is_empty() || warp_rows.iter().any(|r| ![1, 2, 4].contains(r)) {
         return Err("--warp-rows: each of 1, 2 or 4".into());
     }
-    Ok(o)
+    Ok(Opts { s, warp_rows })
 }
 
 /// MLX's CUDA dispatch runs `qmv` per row below this many rows of x, `qmm` from there
@@ -202,15 +183,15 @@ fn main() -> Res<()> {
     println!(
         "device: {}; rows M: {:?}; warp rows: {:?}; timing: {}",
         if gpu { "gpu" } else { "cpu" },
-        o.ms,
+        o.s.ms,
         o.warp_rows,
-        if o.iters > 0 {
-            format!("median of {} x {REPS} products", o.iters)
+        if o.s.iters > 0 {
+            format!("median of {} x {REPS} products", o.s.iters)
         } else {
             "off".into()
         }
     );
-    let cases = common::cases(o.model.as_deref(), &o.shapes, &o.gss)?;
+    let cases = common::cases(o.s.model.as_deref(), &o.s.shapes, &o.s.gss)?;
     let mut all_ok = true;
     let mut never_used = true;
     // Timings: (case, M, MLX's M-row product, ours per layout, one one-row product), in
@@ -218,10 +199,10 @@ fn main() -> Res<()> {
     let mut table: Vec<(&Case, i32, f64, Vec<f64>, f64)> = Vec::new();
     for c in &cases {
         let tic = Instant::now();
-        let one_row = if o.iters > 0 {
+        let one_row = if o.s.iters > 0 {
             let x = scaled_normal(&[1, c.k], 9, 1.0)?;
             transforms::eval(&[&x])?;
-            time_us(o.iters, &|| qmm(&x, &c.q, c.gs))?
+            time_us(o.s.iters, &|| qmm(&x, &c.q, c.gs))?
         } else {
             0.0
         };
@@ -229,7 +210,7 @@ fn main() -> Res<()> {
         let mut used_all_m = true;
         // The row counts where MLX's own product already had the one-row bits.
         let mut mlx_invariant = Vec::new();
-        for &m in &o.ms {
+        for &m in &o.s.ms {
             let (ok, used, mlx_same) =
                 check_bits(c, m, (m as u64) * 7 + c.gs as u64, &o.warp_rows)?;
             if mlx_same {
@@ -238,18 +219,18 @@ fn main() -> Res<()> {
             ok_all_m &= ok;
             used_all_m &= used || m < 2 || !c.ours;
             never_used &= !used;
-            if o.iters > 0 {
+            if o.s.iters > 0 {
                 let x = scaled_normal(&[m, 1, c.k], 9, 1.0)?;
                 transforms::eval(&[&x])?;
                 let f = || qmm(&x, &c.q, c.gs);
                 set_fast_qmm(false);
-                let theirs = time_us(o.iters, &f)?;
+                let theirs = time_us(o.s.iters, &f)?;
                 set_fast_qmm(true);
                 set_fast_qmm_warp_rows(0);
-                let mut ours = vec![time_us(o.iters, &f)?];
+                let mut ours = vec![time_us(o.s.iters, &f)?];
                 for &rw in &o.warp_rows {
                     set_fast_qmm_warp_rows(rw as u32);
-                    ours.push(time_us(o.iters, &f)?);
+                    ours.push(time_us(o.s.iters, &f)?);
                 }
                 set_fast_qmm_warp_rows(0);
                 table.push((c, m, theirs, ours, one_row));

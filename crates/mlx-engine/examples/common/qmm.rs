@@ -42,6 +42,60 @@ pub struct Case {
     pub ours: bool,
 }
 
+/// The options of both multi-row checks: `--shapes`, `--model`, `--m`, `--gs`, `--iters`.
+pub struct ShapeOpts {
+    pub shapes: String,
+    pub model: Option<String>,
+    pub ms: Vec<i32>,
+    pub gss: Vec<i32>,
+    pub iters: usize,
+}
+
+impl ShapeOpts {
+    /// Defaults: synthetic shapes, the three group sizes, rows `ms`, `iters` timings.
+    pub fn new(ms: Vec<i32>, iters: usize) -> ShapeOpts {
+        ShapeOpts {
+            shapes: "synthetic".into(),
+            model: None,
+            ms,
+            gss: vec![32, 64, 128],
+            iters,
+        }
+    }
+
+    /// Reads the command line: the shared flags here, the example's own through `extra`
+    /// (given the flag and a way to take its value; `false` for a flag it does not know),
+    /// `usage` for `-h`.
+    pub fn parse(
+        &mut self,
+        usage: &str,
+        mut extra: impl FnMut(&str, &mut dyn FnMut() -> Res<String>) -> Res<bool>,
+    ) -> Res<()> {
+        let mut args = std::env::args().skip(1);
+        while let Some(a) = args.next() {
+            let mut val =
+                || -> Res<String> { Ok(args.next().ok_or_else(|| format!("{a} needs a value"))?) };
+            match a.as_str() {
+                "--shapes" => self.shapes = val()?,
+                "--model" => self.model = Some(val()?),
+                "--m" => self.ms = list(&val()?)?,
+                "--gs" => self.gss = list(&val()?)?,
+                "--iters" => self.iters = val()?.parse()?,
+                "-h" | "--help" => {
+                    println!("{usage}");
+                    std::process::exit(0);
+                }
+                _ => {
+                    if !extra(&a, &mut val)? {
+                        return Err(format!("unknown argument {a:?} (see --help)").into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 pub fn list(s: &str) -> Res<Vec<i32>> {
     s.split(',')
         .map(|v| {
