@@ -483,14 +483,7 @@ fn python(root: &Path) -> PathBuf {
 /// After a full `cargo xtask parity` run (not with `--only`, `--goldens`,
 /// `--no-convert`, `--gen-only` or `--spec-only`): the convert section.
 pub fn after_parity(root: &Path, args: &[String]) -> Result<()> {
-    let skip = [
-        "--only",
-        "--goldens",
-        "--no-convert",
-        "--gen-only",
-        "--spec-only",
-    ];
-    if args.iter().any(|a| skip.contains(&a.as_str())) {
+    if crate::parity::section_skipped(args, "--no-convert") {
         return Ok(());
     }
     run(root, &python(root), &root.join(".cache/parity/models"))

@@ -50,7 +50,7 @@ fn main() -> Result<()> {
         Some("parity") => {
             parity::run_parity(&root, rest)?;
             convert_parity::after_parity(&root, rest)?;
-            if train_parity::skipped(rest) {
+            if parity::section_skipped(rest, "--no-train") {
                 return Ok(());
             }
             train_parity::run(&root)

@@ -22,6 +22,14 @@ const ORACLE: &str = "xtask/py/oracle_logits.py";
 const MLX: &str = "mlx[cpu]==0.32.4";
 const MLX_LM: &str = "mlx-lm==0.32.2";
 
+/// Whether a section that runs after the logits and generation (convert, training) is
+/// left out: by its own `--no-...` flag, or by a run limited to other parts.
+pub(crate) fn section_skipped(args: &[String], no_flag: &str) -> bool {
+    let limited = ["--only", "--goldens", "--gen-only", "--spec-only"];
+    args.iter()
+        .any(|a| a == no_flag || limited.contains(&a.as_str()))
+}
+
 pub(crate) fn python(root: &Path) -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("MLX_PYTHON").filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));

@@ -20,19 +20,6 @@ const CASES: &[&str] = &[
     "the_dequantized_product_trains_like_the_quantized_one",
 ];
 
-/// Whether `args` leave the section out (`--no-train`, or a run limited to other parts).
-pub fn skipped(args: &[String]) -> bool {
-    let other = [
-        "--no-train",
-        "--only",
-        "--goldens",
-        "--gen-only",
-        "--spec-only",
-        "--convert-only",
-    ];
-    args.iter().any(|a| other.contains(&a.as_str()))
-}
-
 /// Runs the section (`--train-only`: alone).
 pub fn run(root: &Path) -> Result<()> {
     let python = crate::parity::python(root)?;
