@@ -32,4 +32,12 @@ inline std::optional<std::pair<int, int>> affine_operands(
   return std::make_pair(k, n);
 }
 
+// Whether a quantized operand is a tracer: its scales or biases are trained (distilling a
+// quantized model, mlx-lm's DWQ). Our kernels' derivatives give x's gradient only, so such
+// products stay MLX's, whose derivative gives theirs.
+inline bool quantized_operands_traced(const mlx::core::array& w, const mlx::core::array& scales,
+                                      const std::optional<mlx::core::array>& biases) {
+  return w.is_tracer() || scales.is_tracer() || (biases && biases->is_tracer());
+}
+
 }  // namespace mlxs_detail

@@ -620,9 +620,7 @@ std::optional<mx::array> try_cpu_qmv(const mx::array& x, const mx::array& w,
   const int nbits = bits.value_or(4);
   auto kn = affine_operands(x, w, scales, biases, transpose, mode, gs, nbits);
   if (!kn) return std::nullopt;
-  // Trained scales or biases (distilling a quantized model, mlx-lm's DWQ): MLX's product,
-  // whose derivative gives them; this kernel's gives x's only.
-  if (w.is_tracer() || scales.is_tracer() || biases->is_tracer()) return std::nullopt;
+  if (quantized_operands_traced(w, scales, biases)) return std::nullopt;
   const int n = kn->second;
   // bfloat16 throughout, or float32 activations with scales of any float type (MLX
   // casts them to float32 first, as done below).

@@ -1194,12 +1194,6 @@ bool on_gpu(const mx::Stream& st, const mx::array& x) {
   return st.device.type == mx::Device::gpu && mx::cu::is_available() && !x.is_tracer();
 }
 
-// Whether no quantized operand is a tracer: where the scales or biases are trained
-// (distillation of a quantized model, mlx-lm's DWQ), MLX's product gives their gradients.
-bool untraced(const mx::array& w, const mx::array& scales, const std::optional<mx::array>& biases) {
-  return !w.is_tracer() && !scales.is_tracer() && !(biases && biases->is_tracer());
-}
-
 // Launches the kernel of `key` over x and `weights` (w, scales, biases per part), with
 // `res` as its last input where `key.res`.
 std::vector<mx::array> launch(const KernelKey& key, const mx::array& x,
@@ -1237,7 +1231,7 @@ std::optional<mx::array> fast_one(const mx::array& x, const mx::array& w,
   // First the stream: on other devices the caller goes on to the CPU kernel, which checks
   // the operands itself.
   const mx::Stream st = mx::to_stream(s);
-  if (!on_gpu(st, x) || !untraced(w, scales, biases)) return std::nullopt;
+  if (!on_gpu(st, x) || quantized_operands_traced(w, scales, biases)) return std::nullopt;
   if (residual != nullptr && residual->is_tracer()) return std::nullopt;
   const int gs = group_size.value_or(64);
   auto kn = eligible(x, w, scales, biases, transpose, gs, mode);
@@ -1306,7 +1300,7 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
                                    const std::string& mode, mx::StreamOrDevice s) {
   if (!g_switch.on() || !g_qmm.on() || bits.value_or(4) != 4) return std::nullopt;
   const mx::Stream st = mx::to_stream(s);
-  if (!on_gpu(st, x) || !untraced(w, scales, biases)) return std::nullopt;
+  if (!on_gpu(st, x) || quantized_operands_traced(w, scales, biases)) return std::nullopt;
   const int gs = group_size.value_or(64);
   auto kn = eligible_rows(x, w, scales, biases, transpose, gs, mode);
   if (!kn) return std::nullopt;
@@ -1405,7 +1399,7 @@ std::optional<OneRowGroup> one_row_group(const mx::array& x, const std::vector<m
   long long elements = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
     auto kn = eligible(x, ws[i], scales[i], biases[i], true, gs, mode);
-    if (!kn || !untraced(ws[i], scales[i], biases[i])) return std::nullopt;
+    if (!kn || quantized_operands_traced(ws[i], scales[i], biases[i])) return std::nullopt;
     const auto [k, n] = *kn;
     // One launch shares one layout: only weights that run kBody alone.
     const Layout l = layout_for(n, k);

@@ -8,6 +8,7 @@
 // left unguarded, and mlxs_array_assign (a shared-pointer copy): they cannot throw.
 #include "mlx_shim.h"
 
+#include "affine_operands.h"
 #include "cpu_gemv.h"
 #include "fast_qmv.h"
 #include "kernel_switch.h"
@@ -1012,8 +1013,7 @@ std::optional<mx::array> try_dequant_gemm(const mx::array& x, const mx::array& w
                                           mx::StreamOrDevice s) {
   const DequantGemm m = dequant_gemm_mode();
   if (m == DequantGemm::kOff || !transpose || mode != "affine") return std::nullopt;
-  // Trained scales or biases (mlx-lm's DWQ) need MLX's product, whose derivative gives them.
-  if (w.is_tracer() || scales.is_tracer() || (biases && biases->is_tracer())) return std::nullopt;
+  if (mlxs_detail::quantized_operands_traced(w, scales, biases)) return std::nullopt;
   if (x.ndim() < 2 || w.ndim() != 2) return std::nullopt;
   const mx::Dtype dt = x.dtype();
   if (dt != mx::bfloat16 && dt != mx::float16 && dt != mx::float32) return std::nullopt;
