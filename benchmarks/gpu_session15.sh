@@ -25,6 +25,7 @@
 #   spec       issue 19: gpu_spec.sh, echo 8B with its 4-bit copy (k 3, 4) and with a random
 #              1B draft under --draft-min-acceptance 0.5 (ours only)
 #   start8b    issue 21: process start to first token of the 8B 4-bit model, ours and mlx-lm
+#   startcc    issue 21: the same start with a 4 GB CUDA driver cache (PTX compiled once)
 #   specab     issue 19: the speculation regression of session 18, our kernels switched off
 #              one by one (SPEC_ARMS)
 #   qmm        issue 21: qmm_rows_check (our M-row 4-bit product against MLX's, bits and time)
@@ -137,12 +138,30 @@ for PART in "$@"; do
         n=$(find /tmp/mlx -name '*.ptx' 2>/dev/null | wc -l)
         echo "$who run $i rc=$rc $(( ($(date +%s%N) - s) / 1000000 )) ms; $n cached kernels" >> "$D/stdout.txt"
       done; done ;;
+    startcc)
+      # issue 21: where the 8B 4-bit start goes. The CUDA driver's cache of kernels it
+      # compiled from PTX (MLX's kernel cache holds PTX) is 256 MB by default; here it gets
+      # 4 GB in a fresh place (CUDA_CACHE_MAXSIZE, CUDA_CACHE_PATH), ours 3 times, then
+      # once without our 4-bit kernels (MLX_FAST_QMV=0)
+      ensure_model llama-3.1-8b-4bit "$D"
+      echo "driver cache settings: ${CUDA_CACHE_PATH:-unset} ${CUDA_CACHE_MAXSIZE:-unset} ${CUDA_CACHE_DISABLE:-unset}; ~/.nv: $(du -sh ~/.nv 2>/dev/null | cut -f1)" >> "$D/stdout.txt"
+      for arm in cc1 cc2 cc3 noqmv; do
+        e=(CUDA_CACHE_MAXSIZE=4294967296 CUDA_CACHE_PATH=/tmp/nvcache)
+        [ "$arm" = noqmv ] && e+=(MLX_FAST_QMV=0)
+        s=$(date +%s%N)
+        env "${e[@]}" timeout 120 "$NEW/mlx-generate" --model "$MODELS/llama-3.1-8b-4bit" \
+          --prompt hi -m 1 > "$D/$arm.txt" 2>&1
+        echo "$arm rc=$? $(( ($(date +%s%N) - s) / 1000000 )) ms; $(grep Prompt "$D/$arm.txt"); driver cache $(du -sh /tmp/nvcache 2>/dev/null | cut -f1)" >> "$D/stdout.txt"
+      done ;;
     specab)
       # issue 19, the session-18 regression (echo 8B with its 4-bit copy at ~200 ms a round,
       # 128.9 tok/s in session 14): mlx-generate with the draft under switches that take
       # our kernels out one by one (SPEC_ARMS): default, noqmm (MLX_FAST_QMM=0: the draft's
       # 2-row catch-up on MLX's qmm, as in session 14), noqmv (MLX_FAST_QMV=0: none of our
-      # 4-bit kernels), plain (no draft); each with the engine's profile lines
+      # 4-bit kernels), nocudnn (MLX_CUDA_USE_CUDNN_SDPA=0 and no split attention: MLX's
+      # own kernels for every attention), wr1 (MLX_FAST_QMM_WARP_ROWS=1: the multi-row
+      # kernel's one-row-of-w layout), plain (no draft); each with the engine's profile
+      # lines (a speculative run's split of a round: draft, verify build, wait)
       python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
         --tokenizers .gpu/tok > "$D/models.txt" 2>&1
       P="$(python3 -c "print(' '.join(['hello world'] * 40))")"
@@ -152,6 +171,8 @@ for PART in "$@"; do
         case $arm in
           noqmm) e+=(MLX_FAST_QMM=0) ;;
           noqmv) e+=(MLX_FAST_QMV=0) ;;
+          nocudnn) e=(MLX_CUDA_USE_CUDNN_SDPA=0 MLX_ENGINE_PROFILE=1) ;;
+          wr1) e+=(MLX_FAST_QMM_WARP_ROWS=1) ;;
           plain) a=() ;;
         esac
         echo "## $arm" >> "$D/stdout.txt"
@@ -177,15 +198,19 @@ for PART in "$@"; do
       done ;;
     pf4b)
       # issue 21: prefill of one prompt (PF_P tokens, 512), 8B bf16 against 8B 4-bit by
-      # default (MLX's qmm, mlx-lm's bits), with MLX_DEQUANT_GEMM=1 and with
+      # default (MLX's qmm, mlx-lm's bits), with MLX_DEQUANT_GEMM=1 (our dequantize kernel),
+      # dqmlx (the same with MLX's dequantize: MLX_FAST_DEQUANT=0) and with
       # MLX_FAST_QMM_MMA=force; PF_ARMS picks
+      # (PF_BF16: the bf16 variant, e.g. llama-3.1-8b-echo-bf16 when that one is there:
+      # the same shapes)
       ensure_model llama-3.1-8b-4bit "$D"
-      ensure_model llama-3.1-8b-bf16 "$D"
+      ensure_model "${PF_BF16:-llama-3.1-8b-bf16}" "$D"
       for arm in ${PF_ARMS:-bf16 default dequant mma}; do
         v=llama-3.1-8b-4bit; e=()
         case $arm in
-          bf16) v=llama-3.1-8b-bf16 ;;
+          bf16) v=${PF_BF16:-llama-3.1-8b-bf16} ;;
           dequant) e=(MLX_DEQUANT_GEMM=1) ;;
+          dqmlx) e=(MLX_DEQUANT_GEMM=1 MLX_FAST_DEQUANT=0) ;;
           mma) e=(MLX_FAST_QMM_MMA=force) ;;
         esac
         echo "## arm=$arm" >> "$D/stdout.txt"

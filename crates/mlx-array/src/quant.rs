@@ -411,6 +411,21 @@ pub fn set_fast_qmv(on: bool) {
     unsafe { sys::mlxs_set_fast_qmv(on) }
 }
 
+/// Our CUDA kernel for [`dequantize`] on or off (default on; `MLX_FAST_DEQUANT=0` at start
+/// turns it off). On the CUDA backend, 4-bit affine weights `[n, K / 8]` dequantized to
+/// bfloat16 (and the weight of the dequantized dense product, `MLX_DEQUANT_GEMM`) go
+/// through it: the values of MLX's kernel bit for bit, with wide loads and stores.
+/// Elsewhere nothing changes.
+pub fn set_fast_dequant(on: bool) {
+    unsafe { sys::mlxs_set_fast_dequant(on) }
+}
+
+/// How many [`dequantize`] calls (and dequantized products) of this process took our
+/// kernel.
+pub fn fast_dequant_launches() -> u64 {
+    unsafe { sys::mlxs_fast_dequant_launches() }
+}
+
 /// One launch of those kernels for several weights in [`quantized_matmul_many`] on or off
 /// (default on; `MLX_FAST_QMV_MANY=0` at start turns it off): off, each weight gets its
 /// own launch, with the same results.

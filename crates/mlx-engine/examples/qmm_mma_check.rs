@@ -22,6 +22,10 @@
 //! exact kernel's 32) MLX's against the forced tensor-core form, to see where
 //! `MLX_FAST_QMM_MMA_MAX_ROWS` could be raised.
 //!
+//! The weight's dequantization (`MLX_DEQUANT_GEMM`'s first half): our kernel
+//! (`mlx_array::quant::set_fast_dequant`) must give MLX's `dequantize` bit for bit, and
+//! its time is printed against MLX's for each weight.
+//!
 //! Exit status 1 on any failed check. On a device without the CUDA kernels (the CPU) the
 //! check reports that the kernel never ran and fails.
 //!
@@ -35,7 +39,8 @@ mod common;
 
 use common::{qmm, same_bits, scaled_normal, time_us, Case, Res, ShapeOpts, REPS};
 use mlx_array::quant::{
-    dequantize, fast_qmm_mma_launches, set_fast_qmm, set_fast_qmm_mma, QmmMma, QuantMode,
+    dequantize, fast_dequant_launches, fast_qmm_mma_launches, set_fast_dequant, set_fast_qmm,
+    set_fast_qmm_mma, QmmMma, QuantMode,
 };
 use mlx_array::{transforms, with_stream, Array, Device, DeviceType, Dtype};
 use std::cmp::Ordering;
@@ -185,7 +190,7 @@ fn check(c: &Case, m: i32, forced: bool) -> Res<(usize, [f64; 3])> {
 
 /// One timed product shape: microseconds per product of MLX's M-row product, of the exact
 /// kernel (up to 32 rows), of the tensor-core form, of the dequantized dense product
-/// (`MLX_DEQUANT_GEMM`: MLX's `dequantize` then its matmul), of the dense matmul alone (the
+/// (`MLX_DEQUANT_GEMM`: our `dequantize` then MLX's matmul), of the dense matmul alone (the
 /// weight dequantized beforehand: what a bfloat16 model's product costs) and of one row.
 struct Timing<'a> {
     case: &'a Case,
@@ -214,6 +219,38 @@ fn dequantized_t(c: &Case) -> Res<Array> {
     Ok(w.transpose(None)?)
 }
 
+/// Our dequantization of `c`'s weight against MLX's: the same bits, and our kernel ran.
+/// Returns the failures and, when timing, the microseconds of MLX's and ours.
+fn check_dequant(c: &Case, iters: usize) -> Res<(usize, Option<(f64, f64)>)> {
+    let before = fast_dequant_launches();
+    let ours = dequantized_t(c)?;
+    let ran = fast_dequant_launches() > before;
+    set_fast_dequant(false);
+    let theirs = dequantized_t(c);
+    set_fast_dequant(true);
+    let theirs = theirs?;
+    transforms::eval(&[&ours, &theirs])?;
+    let same = same_bits(&ours, &theirs)?;
+    println!(
+        "  dequantize: our kernel {}, {} MLX's",
+        if ran { "ran" } else { "did NOT run" },
+        if same {
+            "bit-identical to"
+        } else {
+            "DIFFERS from"
+        }
+    );
+    let failures = usize::from(!ran) + usize::from(!same);
+    if iters == 0 {
+        return Ok((failures, None));
+    }
+    set_fast_dequant(false);
+    let mlx = time_us(iters, &|| dequantized_t(c));
+    set_fast_dequant(true);
+    let mine = time_us(iters, &|| dequantized_t(c))?;
+    Ok((failures, Some((mlx?, mine))))
+}
+
 fn main() -> Res<()> {
     let o = parse_args()?;
     let gpu = Device::default_device()?.kind == DeviceType::Gpu;
@@ -234,6 +271,14 @@ fn main() -> Res<()> {
     for c in cases.iter().filter(|c| c.ours) {
         let tic = Instant::now();
         println!("{} N={} K={} group {}", c.name, c.n, c.k, c.gs);
+        let (f, dq) = check_dequant(c, o.s.iters)?;
+        failures += f;
+        if let Some((mlx, mine)) = dq {
+            println!(
+                "  dequantize alone: MLX {mlx:.1} us, ours {mine:.1} us ({:.2}x)",
+                mlx / mine
+            );
+        }
         for &m in &o.s.ms {
             failures += check(c, m, false)?.0;
         }
@@ -328,7 +373,7 @@ fn main() -> Res<()> {
         println!(
             "(microseconds per product, median; \"exact\": our multi-row kernel with each \
              row's one-row bits; \"mma\": the tensor-core form; \"vs\": speedup of mma; \
-             \"dequant\": MLX's dequantize then its matmul; \"dense\": the matmul of a \
+             \"dequant\": our dequantize then MLX's matmul; \"dense\": the matmul of a \
              weight dequantized beforehand)"
         );
     }

@@ -1,5 +1,6 @@
 //! Opt-in per-token timing of the decode loop (`MLX_ENGINE_PROFILE=1`): the single
-//! generator's [`DecodeProfile`] and the server's batched steps' [`BatchProfile`].
+//! generator's [`DecodeProfile`], the speculative generator's [`RoundProfile`] and the
+//! server's batched steps' [`BatchProfile`].
 //!
 //! Splits each decode step's host time into graph construction (the Rust model
 //! forward, processors and sampler: every op handed to MLX), `async_eval` (MLX
@@ -62,6 +63,87 @@ impl DecodeProfile {
             us(self.wait),
             between,
             between - us(self.build) - us(self.schedule) - us(self.wait),
+        ))
+    }
+}
+
+/// Accumulated times of speculative rounds (`speculative.rs`): the prompt (both
+/// models' prefill), the first round alone (where kernels are compiled or loaded), then
+/// the means of the later rounds: the draft's steps (graph building and their
+/// `async_eval`s, those also apart; the draft model's kernels run meanwhile), building
+/// the target's verification and sampling graph, and the wait for the round's tokens
+/// (everything queued in the round finishing on the device, read back).
+#[derive(Debug, Default)]
+pub(crate) struct RoundProfile {
+    prompt: Duration,
+    first: Option<Duration>,
+    /// The current round's draft `async_eval`s so far.
+    pending_eval: Duration,
+    rounds: u32,
+    drafted: u64,
+    draft: Duration,
+    draft_eval: Duration,
+    verify: Duration,
+    wait: Duration,
+    total: Duration,
+    last: Option<Instant>,
+}
+
+impl RoundProfile {
+    /// Records the prompt's prefill and starts the round clock.
+    pub(crate) fn prompt(&mut self, d: Duration) {
+        self.prompt += d;
+        self.last = Some(Instant::now());
+    }
+
+    /// Adds the `async_eval` of one draft step of the current round.
+    pub(crate) fn draft_eval(&mut self, d: Duration) {
+        self.pending_eval += d;
+    }
+
+    /// Records one round that drafted `drafted` tokens.
+    pub(crate) fn round(
+        &mut self,
+        drafted: usize,
+        draft: Duration,
+        verify: Duration,
+        wait: Duration,
+    ) {
+        let now = Instant::now();
+        let eval = std::mem::take(&mut self.pending_eval);
+        let since = self.last.replace(now).map(|prev| now - prev);
+        if self.first.is_none() {
+            self.first = Some(since.unwrap_or(draft + verify + wait));
+            return;
+        }
+        self.rounds += 1;
+        self.drafted += drafted as u64;
+        self.draft += draft;
+        self.draft_eval += eval;
+        self.verify += verify;
+        self.wait += wait;
+        self.total += since.unwrap_or_default();
+    }
+
+    /// One line: the prompt and first round in milliseconds, the later rounds' means in
+    /// microseconds.
+    pub(crate) fn summary(&self) -> Option<String> {
+        let first = self.first?;
+        let n = f64::from(self.rounds.max(1));
+        let us = |d: Duration| d.as_secs_f64() * 1e6 / n;
+        Some(format!(
+            "[mlx-engine profile] prompt {:.0} ms, first round {:.0} ms; later rounds {} \
+             ({:.2} drafts a round): draft {:.0} us (async_eval {:.0} us), verify build \
+             {:.0} us, wait+read {:.0} us, round to round {:.0} us",
+            self.prompt.as_secs_f64() * 1e3,
+            first.as_secs_f64() * 1e3,
+            self.rounds,
+            self.drafted as f64 / n,
+            us(self.draft),
+            us(self.draft_eval),
+            us(self.verify),
+            us(self.wait),
+            us(self.total),
         ))
     }
 }
@@ -243,6 +325,30 @@ mod tests {
         }
         assert_eq!((p.steps, p.rows), (0, 0));
         assert!(p.step(1, 0).is_none());
+    }
+
+    #[test]
+    fn round_profile_sets_the_first_round_apart_and_averages_the_rest() {
+        let mut p = RoundProfile::default();
+        assert_eq!(p.summary(), None);
+        let ms = Duration::from_millis;
+        p.prompt(ms(12));
+        p.round(3, ms(900), ms(50), ms(50));
+        p.round(3, ms(1), ms(2), ms(10));
+        p.draft_eval(ms(1));
+        p.round(1, ms(3), ms(4), ms(20));
+        let s = p.summary().unwrap();
+        assert!(
+            s.starts_with("[mlx-engine profile] prompt 12 ms, first round "),
+            "{s}"
+        );
+        assert!(
+            s.contains(
+                "later rounds 2 (2.00 drafts a round): draft 2000 us (async_eval 500 \
+                 us), verify build 3000 us, wait+read 15000 us"
+            ),
+            "{s}"
+        );
     }
 
     #[test]

@@ -33,6 +33,7 @@ use mlx_models::LanguageModel;
 use mlx_nn::KvCache;
 use mlx_sample::LogitsProcessors;
 use std::collections::VecDeque;
+use std::time::Instant;
 
 /// The largest `num_draft_tokens` accepted: more would only waste target compute.
 pub const MAX_NUM_DRAFT_TOKENS: i32 = 64;
@@ -262,10 +263,15 @@ pub struct SpeculativeGenerator<'a> {
     step_aside: Option<StepAside>,
     /// After the fallback: the step queued on the token handed out last.
     queued: Option<(Array, Array)>,
+    /// `MLX_ENGINE_PROFILE`'s per-round times.
+    profile: Option<crate::profile::RoundProfile>,
 }
 
 impl Drop for SpeculativeGenerator<'_> {
     fn drop(&mut self) {
+        if let Some(line) = self.profile.as_ref().and_then(|p| p.summary()) {
+            eprintln!("{line}");
+        }
         // mlx-lm's `finally: _rewind_cache(num_draft, n)` with `n` as the consumer left
         // it: the caches keep what the tokens handed out so far imply.
         if let Some(r) = self.round.take() {
@@ -402,6 +408,7 @@ impl<'a> SpeculativeGenerator<'a> {
             acceptance: AcceptancePolicy::default(),
             step_aside: None,
             queued: None,
+            profile: crate::profile::enabled().then(Default::default),
         })
     }
 
@@ -509,7 +516,11 @@ impl<'a> SpeculativeGenerator<'a> {
                 self.history.as_ref(),
                 &logits.squeeze(Some(&[0]))?,
             )?;
+            let tic = self.profile.is_some().then(Instant::now);
             transforms::async_eval(&[&t])?;
+            if let (Some(p), Some(tic)) = (self.profile.as_mut(), tic) {
+                p.draft_eval(tic.elapsed());
+            }
             if self.constrained {
                 self.sampling.accept(step::read_token(&t)?)?;
             }
@@ -557,6 +568,7 @@ impl<'a> SpeculativeGenerator<'a> {
 
     /// One speculative round: draft, verify, accept; queues the round's tokens.
     fn run_round(&mut self) -> Result<()> {
+        let t0 = self.profile.is_some().then(Instant::now);
         let num_draft = self.remaining().min(self.num_draft_tokens as i64) as i32;
         let y_len = self.y.len() as i32;
         let (draft_tokens, num_draft): (Array, i32) = match &self.drafter {
@@ -594,6 +606,7 @@ impl<'a> SpeculativeGenerator<'a> {
             let size = self.history.as_ref().map_or(0, |h| h.size() as i64);
             self.truncate_history(size - y_len as i64 - num_draft as i64 + 1)?;
         }
+        let t1 = t0.map(|_| Instant::now());
         let y_arr = Array::from_slice(&self.y, &[y_len])?;
         let input = if num_draft > 0 {
             ops::concatenate(&[&y_arr, &draft_tokens], 0)?
@@ -660,9 +673,13 @@ impl<'a> SpeculativeGenerator<'a> {
         } else {
             step::sample_with_history(&mut self.sampling, None, &logits.squeeze(Some(&[0]))?)?
         };
+        let t2 = t0.map(|_| Instant::now());
         transforms::eval(&[&tokens, &draft_tokens])?;
         let drafts: Vec<u32> = step::read_tokens(&draft_tokens)?;
         let tokens: Vec<u32> = step::read_tokens(&tokens)?;
+        if let (Some(p), Some(t0), Some(t1), Some(t2)) = (self.profile.as_mut(), t0, t1, t2) {
+            p.round(num_draft as usize, t1 - t0, t2 - t1, t2.elapsed());
+        }
         let row = |i: i32| -> Result<Array> {
             Ok(logprobs
                 .slice(&[i, 0], &[i + 1, logprobs.dim(1)?], None)?
@@ -772,7 +789,11 @@ impl<'a> SpeculativeGenerator<'a> {
             return Ok(None);
         }
         if let Some(prompt) = self.prompt.take() {
+            let t0 = self.profile.is_some().then(Instant::now);
             self.start(prompt)?;
+            if let (Some(p), Some(t0)) = (self.profile.as_mut(), t0) {
+                p.prompt(t0.elapsed());
+            }
         }
         loop {
             if let Some(r) = self.round.as_mut() {

@@ -165,6 +165,9 @@ constexpr long long kManyMaxElements = 16ll << 20;
 // `set_fast_qmm_max_rows`) sets another bound.
 KernelSwitch g_qmm("MLX_FAST_QMM");
 constexpr long long kQmmMaxRows = 32;
+// The weight of the dequantized dense product (`try_fast_dequantize`): MLX_FAST_DEQUANT=0
+// leaves it to MLX's `dequantize`.
+KernelSwitch g_dequant("MLX_FAST_DEQUANT");
 // MLX's CUDA dispatch (QuantizedMatmul::eval_gpu, MLX 0.32.4) runs `qmv` while the rows of
 // x are fewer than this, `qmm_sm80` from there.
 constexpr long long kMlxQmvRowsBelow = 8;
@@ -969,6 +972,38 @@ __device__ __forceinline__ void rows_mma(const __nv_bfloat16* x, const uint32_t*
   }
 }
 
+// The dequantized dense product's weight (`try_fast_dequantize`): 4-bit affine words to
+// bfloat16, each value as MLX's `affine_dequantize` computes it, `bf16(q) * scale + bias`
+// in bfloat16 arithmetic, so the result is MLX's bit for bit. A block of 256 threads takes
+// 1024 consecutive words, a thread the words t, t + 256, t + 512, t + 768: each load of a
+// warp is 128 consecutive bytes and each store (a word's 8 values, 16 bytes) 512, where
+// MLX's kernel moves a byte in and two values out per thread.
+template <int GS>
+__device__ __forceinline__ void dequant4(const uint32_t* w, const __nv_bfloat16* scales,
+                                         const __nv_bfloat16* biases, __nv_bfloat16* out,
+                                         long long words) {
+  const long long base = static_cast<long long>(blockIdx.x) * 1024 + threadIdx.x;
+  uint32_t q[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const long long i = base + u * 256;
+    q[u] = i < words ? __ldg(w + i) : 0u;
+  }
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const long long i = base + u * 256;
+    if (i >= words) return;
+    const long long g = (i * 8) / GS;
+    const __nv_bfloat16 s = scales[g], b = biases[g];
+    __align__(16) __nv_bfloat16 v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      v[e] = static_cast<__nv_bfloat16>(static_cast<int>((q[u] >> (4 * e)) & 0xf)) * s + b;
+    }
+    reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<const uint4*>(v);
+  }
+}
+
 }  // namespace mlxs_qmv
 )";
 
@@ -1345,6 +1380,62 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
 
 }  // namespace
 
+std::optional<mx::array> try_fast_dequantize(const mx::array& w, const mx::array& scales,
+                                             const std::optional<mx::array>& biases,
+                                             std::optional<int> group_size,
+                                             std::optional<int> bits, const std::string& mode,
+                                             mx::Dtype dtype, mx::StreamOrDevice s) {
+  if (!g_dequant.on() || bits.value_or(4) != 4 || mode != "affine" || !biases) {
+    return std::nullopt;
+  }
+  const mx::Stream st = mx::to_stream(s);
+  if (st.device.type != mx::Device::gpu || !mx::cu::is_available()) return std::nullopt;
+  if (quantized_operands_traced(w, scales, biases)) return std::nullopt;
+  const int gs = group_size.value_or(64);
+  if (gs != 32 && gs != 64 && gs != 128) return std::nullopt;
+  if (dtype != mx::bfloat16 || w.dtype() != mx::uint32 || scales.dtype() != mx::bfloat16 ||
+      biases->dtype() != mx::bfloat16 || w.ndim() != 2) {
+    return std::nullopt;
+  }
+  const long long n = w.shape(0), k = static_cast<long long>(w.shape(1)) * 8;
+  const mx::Shape groups{w.shape(0), static_cast<int>(k / gs)};
+  if (n <= 0 || k % gs != 0 || scales.shape() != groups || biases->shape() != groups) {
+    return std::nullopt;
+  }
+  // (K % GS == 0 with GS >= 32: each word's 8 values lie in one group.)
+  // 256 threads a block of 1024 words; MLX's grid is counted in threads (an int).
+  constexpr long long kThreads = 256;
+  const long long words = n * (k / 8);
+  const long long threads = (words + 4 * kThreads - 1) / (4 * kThreads) * kThreads;
+  if (threads > std::numeric_limits<int>::max()) return std::nullopt;
+  static std::mutex mu;
+  static std::map<int, mx::fast::CustomKernelFunction> kernels;
+  const mx::fast::CustomKernelFunction* fn;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = kernels.find(gs);
+    if (it == kernels.end()) {
+      const std::string src = "  mlxs_qmv::dequant4<" + std::to_string(gs) +
+                              ">(w, scales, biases, out, w_shape[0] * w_shape[1]);\n";
+      char tag[24];
+      std::snprintf(tag, sizeof(tag), "_h%016llx", fnv1a(std::string(kDeviceCode) + src));
+      std::string name = "mlxs_dequant4_g" + std::to_string(gs) + tag;
+      it = kernels
+               .emplace(gs, mx::fast::cuda_kernel(name, {"w", "scales", "biases"}, {"out"}, src,
+                                                  device_header(),
+                                                  /* ensure_row_contiguous */ true))
+               .first;
+    }
+    fn = &it->second;
+  }
+  auto outs = (*fn)({w, scales, *biases}, {mx::Shape{w.shape(0), static_cast<int>(k)}},
+                    {mx::bfloat16}, std::make_tuple(static_cast<int>(threads), 1, 1),
+                    std::make_tuple(static_cast<int>(kThreads), 1, 1), {}, std::nullopt, false,
+                    st);
+  g_dequant.count();
+  return outs[0];
+}
+
 std::optional<mx::array> try_fast_qmv(
     const mx::array& x,
     const mx::array& w,
@@ -1465,6 +1556,8 @@ std::optional<mx::array> try_fast_qmv_swiglu(
 }
 
 void set_fast_qmv(bool on) { g_switch.set(on); }
+void set_fast_dequant(bool on) { g_dequant.set(on); }
+unsigned long long fast_dequant_launches() { return g_dequant.uses(); }
 void set_fast_qmv_many(bool on) { g_many.set(on); }
 void set_fast_qmv_residual(bool on) { g_residual.set(on); }
 void set_fast_qmv_swiglu(bool on) { g_swiglu.set(on); }

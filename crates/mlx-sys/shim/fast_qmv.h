@@ -65,6 +65,21 @@ std::optional<mlx::core::array> try_fast_qmv_swiglu(
     const std::string& mode,
     mlx::core::StreamOrDevice s);
 
+// `dequantize(w, scales, biases)` of a 4-bit affine weight [n, K/8] to bfloat16 through our
+// kernel (MLX's values bit for bit, at the memory's speed), on a CUDA GPU stream; nullopt
+// where MLX's `dequantize` should run (other bits, modes or dtypes, traced operands, the
+// switch MLX_FAST_DEQUANT=0 or `set_fast_dequant(false)`).
+std::optional<mlx::core::array> try_fast_dequantize(
+    const mlx::core::array& w,
+    const mlx::core::array& scales,
+    const std::optional<mlx::core::array>& biases,
+    std::optional<int> group_size,
+    std::optional<int> bits,
+    const std::string& mode,
+    mlx::core::Dtype dtype,
+    mlx::core::StreamOrDevice s);
+void set_fast_dequant(bool on);
+unsigned long long fast_dequant_launches();
 void set_fast_qmv(bool on);
 void set_fast_qmv_swiglu(bool on);
 void set_fast_qmv_min_elements(long long n);

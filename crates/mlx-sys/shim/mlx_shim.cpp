@@ -962,8 +962,18 @@ int mlxs_dequantize(mlxs_array* out, mlxs_array w, mlxs_array scales, mlxs_array
   return guard([&] {
     std::optional<mx::Dtype> dt;
     if (dtype >= 0) dt = to_dtype(dtype);
-    *out = wrap(mx::dequantize(A(w), A(scales), OPT(biases), OPTI(group_size), OPTI(bits),
-                               mode ? mode : "affine", OPT(global_scale), dt, S(s)));
+    const std::string m = mode ? mode : "affine";
+    if (!OPT(global_scale)) {
+      // MLX's values through our CUDA kernel where it covers the call (fast_qmv.cpp).
+      if (auto f = mlxs_detail::try_fast_dequantize(A(w), A(scales), OPT(biases),
+                                                    OPTI(group_size), OPTI(bits), m,
+                                                    dt.value_or(A(scales).dtype()), S(s))) {
+        *out = wrap(std::move(*f));
+        return;
+      }
+    }
+    *out = wrap(mx::dequantize(A(w), A(scales), OPT(biases), OPTI(group_size), OPTI(bits), m,
+                               OPT(global_scale), dt, S(s)));
   });
 }
 namespace {
@@ -1043,6 +1053,10 @@ std::optional<mx::array> try_dequant_gemm(const mx::array& x, const mx::array& w
   auto dequantized = [=](const mx::array& w, const mx::array& scales,
                          const std::optional<mx::array>& biases, const mx::array& after) {
     auto gated = mx::depends({w}, {after});
+    if (auto f = mlxs_detail::try_fast_dequantize(gated[0], scales, biases, group_size, bits,
+                                                  mode, dt, s)) {
+      return std::move(*f);
+    }
     return mx::dequantize(gated[0], scales, biases, group_size, bits, mode, std::nullopt, dt, s);
   };
   if (!x.is_tracer()) {
@@ -1175,6 +1189,8 @@ int mlxs_quantized_swiglu(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_vec sca
   });
 }
 void mlxs_set_fast_qmv(bool on) { mlxs_detail::set_fast_qmv(on); }
+void mlxs_set_fast_dequant(bool on) { mlxs_detail::set_fast_dequant(on); }
+uint64_t mlxs_fast_dequant_launches(void) { return mlxs_detail::fast_dequant_launches(); }
 void mlxs_set_fast_qmv_swiglu(bool on) { mlxs_detail::set_fast_qmv_swiglu(on); }
 void mlxs_set_fast_qmv_min_elements(int64_t n) { mlxs_detail::set_fast_qmv_min_elements(n); }
 void mlxs_set_fast_qmv_many(bool on) { mlxs_detail::set_fast_qmv_many(on); }

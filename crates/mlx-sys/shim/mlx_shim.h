@@ -376,6 +376,12 @@ int mlxs_quantized_matmul_many(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_ve
 /* Those kernels on or off (default on; the environment variable MLX_FAST_QMV=0 turns them
    off). */
 void mlxs_set_fast_qmv(bool on);
+/* Our CUDA kernel for mlxs_dequantize of 4-bit affine weights to bfloat16 (MLX's values
+   bit for bit; the dequantized dense product uses it too) on or off (default on;
+   MLX_FAST_DEQUANT=0 turns it off). */
+void mlxs_set_fast_dequant(bool on);
+/* How many dequantizations have been built with it in this process. */
+uint64_t mlxs_fast_dequant_launches(void);
 /* One launch for several weights in quantized_matmul_many on or off (default on;
    MLX_FAST_QMV_MANY=0 turns it off). */
 void mlxs_set_fast_qmv_many(bool on);

@@ -1347,6 +1347,12 @@ unsafe extern "C" {
     pub fn mlxs_set_fast_qmv(on: bool);
 }
 unsafe extern "C" {
+    pub fn mlxs_set_fast_dequant(on: bool);
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_dequant_launches() -> u64;
+}
+unsafe extern "C" {
     pub fn mlxs_set_fast_qmv_many(on: bool);
 }
 unsafe extern "C" {
