@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -171,14 +172,16 @@ def main():
         if rc:
             sys.exit(f"nvrtcCreateProgram failed ({rc})")
         arr = (ctypes.c_char_p * len(opts))(*opts)
+        tic = time.perf_counter()
         rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+        took = time.perf_counter() - tic
         size = ctypes.c_size_t()
         lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
         log = ctypes.create_string_buffer(size.value)
         lib.nvrtcGetProgramLog(prog, log)
         ok = rc == 0
         failed += not ok
-        print(f"{'compiles' if ok else 'FAILS'}: {what} (K={k}, group {gs}, N={ns})")
+        print(f"{'compiles' if ok else 'FAILS'}: {what} (K={k}, group {gs}, N={ns}) in {took:.2f} s")
         if not ok:
             print(log.value.decode(errors="replace"))
         lib.nvrtcDestroyProgram(ctypes.byref(prog))

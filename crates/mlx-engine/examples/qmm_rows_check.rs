@@ -7,8 +7,8 @@
 //!   given as batched decoding gives it ([M, 1, K]: rows of M sequences), also as
 //!   [2, M/2, K] (batch dimensions flattened into rows) and as a transposed,
 //!   non-contiguous view, which must give the same bits again; one sequence's rows
-//!   ([1, M, K], a prompt at batch 1) from 8 rows on must keep MLX's own M-row product
-//!   (mlx-lm's batch-1 bits) and not run ours; for information it also prints the row
+//!   ([1, M, K], a prompt at batch 1, a draft model's catch-up) must keep MLX's own M-row
+//!   product (mlx-lm's batch-1 bits) and not run ours; for information it also prints the row
 //!   counts at which MLX's own M-row product had the one-row bits;
 //! - time: MLX's M-row product (`set_fast_qmm(false)`) against ours, and one one-row
 //!   product, the median of `--iters` timed evaluations (each of `REPS` products, then a
@@ -73,10 +73,6 @@ fn parse_args() -> Res<Opts> {
     Ok(Opts { s, warp_rows })
 }
 
-/// MLX's CUDA dispatch runs `qmv` per row below this many rows of x, `qmm` from there
-/// (fast_qmv.cpp's kMlxQmvRowsBelow).
-const MLX_QMV_ROWS_BELOW: i32 = 8;
-
 /// The rows of [M, N] `y` that differ in any bit from those of `r`.
 fn differing_rows(y: &Array, r: &Array) -> Res<Vec<i32>> {
     let (m, n) = (y.dim(0)?, y.dim(1)?);
@@ -122,9 +118,9 @@ fn check_bits(c: &Case, m: i32, seed: u64, warp_rows: &[i32]) -> Res<(bool, bool
     let xt = common::transposed_view(&xb)?;
     let mut ok = true;
     let mut used = true;
-    // One sequence's rows, [1, M, K] (a prompt at batch 1): from MLX's qmm threshold on,
-    // the product must stay MLX's (mlx-lm's batch-1 bits), not ours.
-    if m >= MLX_QMV_ROWS_BELOW {
+    // One sequence's rows, [1, M, K] (a prompt at batch 1, a speculative catch-up): the
+    // product must stay MLX's (mlx-lm's batch-1 bits), not ours.
+    {
         let before = fast_qmm_launches();
         let y1 = qmm(&x.reshape(&[1, m, k])?, &c.q, c.gs)?.reshape(&[m, c.n])?;
         transforms::eval(&[&y1])?;

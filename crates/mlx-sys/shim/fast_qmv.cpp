@@ -47,9 +47,9 @@
 // kernel. Identical on qwen2.5-0.5b's shapes and logits (run 9); `MLX_FAST_QMV_SWIGLU=0`
 // turns it off.
 //
-// Products of 2..32 rows of x (batched decoding and verification; x's batch dimensions
-// flattened into rows as MLX does; one sequence's rows only below kMlxQmvRowsBelow, where
-// MLX's bits are the same, so a batch-1 prompt keeps mlx-lm's bits), which MLX runs (by its
+// Products of 2..32 rows of x of several sequences (batched decoding and verification;
+// x's batch dimensions flattened into rows as MLX does; one sequence's rows stay MLX's, see
+// fast_rows), which MLX runs (by its
 // CUDA dispatch, for these weights on an H200) through `qmv` once per row below 8 rows,
 // reading the weights again for each, and through `qmm_sm80` from 8 rows (far slower than
 // its dense GEMM: Llama-3.1-8B 4-bit decoded 293 tok/s in all at batch 32, against 267 at
@@ -1350,12 +1350,16 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   }
   if (m > qmm_max_rows()) return std::nullopt;
   // One sequence's rows (x without a batch dimension over 1: a prompt at batch 1, its last
-  // prefill chunk, a speculative verification): MLX runs `qmv` per row below
-  // kMlxQmvRowsBelow rows of x (our bits) and `qmm` from there (other bits), so from there
-  // the product stays MLX's and mlx-lm's batch-1 bits are kept. Rows of several sequences
+  // prefill chunk, a speculative verification, a draft model's catch-up) stay MLX's: MLX
+  // runs `qmv` per row below kMlxQmvRowsBelow rows of x (our bits) and `qmm` from there
+  // (other bits, mlx-lm's at batch 1). Below that count this kernel would give the same
+  // bits, but in speculative decoding (echo 8B bf16 with its 4-bit copy as the draft,
+  // whose catch-up forward is [1, 2, K]) it made each round's draft steps wait ~230 ms in
+  // MLX's `async_eval` (16.7 against 170.7 tok/s with MLX's product, H200, session 19;
+  // not understood: the product alone times at 12-200 us). Rows of several sequences
   // (batched decoding, [B, 1, K]) are where mlx-lm is not reproducible across batch sizes;
   // they took rows_mma above unless it is off, and here each row gets its one-row bits.
-  if (m / seq == 1 && m >= kMlxQmvRowsBelow) return std::nullopt;
+  if (m / seq == 1) return std::nullopt;
   // Parts of x of as even a size as part_rows allows (9 rows by 8: 5 and 4), one a block of
   // grid x: CUDA hands out blocks x first, so the parts of one block of w's rows run close
   // together and the later ones find its weights in L2.
