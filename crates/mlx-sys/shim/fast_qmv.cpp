@@ -168,9 +168,6 @@ constexpr long long kQmmMaxRows = 32;
 // The weight of the dequantized dense product (`try_fast_dequantize`): MLX_FAST_DEQUANT=0
 // leaves it to MLX's `dequantize`.
 KernelSwitch g_dequant("MLX_FAST_DEQUANT");
-// MLX's CUDA dispatch (QuantizedMatmul::eval_gpu, MLX 0.32.4) runs `qmv` while the rows of
-// x are fewer than this, `qmm_sm80` from there.
-constexpr long long kMlxQmvRowsBelow = 8;
 // Rows of x times rows of w one warp takes at most: each pair holds 16 bfloat16
 // accumulators a lane.
 constexpr int kQmmPartRows = 8;
@@ -1083,6 +1080,21 @@ std::string device_header() {
   return mlx_headers + "#include \"" + path + "\"\n";
 }
 
+// A kernel of ours over MLX's `fast::cuda_kernel` with the device code as its header. MLX
+// reads compiled kernels from its disk cache by name alone (without looking at the source),
+// so the name gets a hash of everything compiled: a build with other device code never
+// picks up another's binary.
+mx::fast::CustomKernelFunction tagged_kernel(std::string name,
+                                             const std::vector<std::string>& inputs,
+                                             const std::vector<std::string>& outputs,
+                                             const std::string& src) {
+  char tag[24];
+  std::snprintf(tag, sizeof(tag), "_h%016llx", fnv1a(std::string(kDeviceCode) + src));
+  name += tag;
+  return mx::fast::cuda_kernel(name, inputs, outputs, src, device_header(),
+                               /* ensure_row_contiguous */ true);
+}
+
 // One kernel: the products of x by `ns.size()` weights of the same K and group size,
 // `ns[i]` rows each, in one launch (block b belongs to the first weight whose blocks have
 // not all been counted before b). Every weight's rows run the same body as alone.
@@ -1178,15 +1190,7 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
     inputs.push_back("res");
     name += "_res";
   }
-  // MLX caches compiled kernels on disk by name alone (and loads them in later processes
-  // without looking at the source), so the name carries a hash of everything compiled:
-  // a build with other device code never picks up this one's binary.
-  char tag[24];
-  std::snprintf(tag, sizeof(tag), "_h%016llx", fnv1a(std::string(kDeviceCode) + src));
-  name += tag;
-  auto fn = mx::fast::cuda_kernel(name, inputs, outputs, src, device_header(),
-                                  /* ensure_row_contiguous */ true);
-  return kernels.emplace(key, std::move(fn)).first->second;
+  return kernels.emplace(key, tagged_kernel(name, inputs, outputs, src)).first->second;
 }
 
 // K and N of a 4-bit product (any number of rows of x) whose rows our kernels take (the
@@ -1351,7 +1355,8 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   if (m > qmm_max_rows()) return std::nullopt;
   // One sequence's rows (x without a batch dimension over 1: a prompt at batch 1, its last
   // prefill chunk, a speculative verification, a draft model's catch-up) stay MLX's: MLX
-  // runs `qmv` per row below kMlxQmvRowsBelow rows of x (our bits) and `qmm` from there
+  // runs `qmv` per row below 8 rows of x (our bits; QuantizedMatmul::eval_gpu, MLX 0.32.4)
+  // and `qmm` from there
   // (other bits, mlx-lm's at batch 1). Below that count this kernel would give the same
   // bits, but in speculative decoding (echo 8B bf16 with its 4-bit copy as the draft,
   // whose catch-up forward is [1, 2, K]) it made each round's draft steps wait ~230 ms in
@@ -1421,13 +1426,9 @@ std::optional<mx::array> try_fast_dequantize(const mx::array& w, const mx::array
     if (it == kernels.end()) {
       const std::string src = "  mlxs_qmv::dequant4<" + std::to_string(gs) +
                               ">(w, scales, biases, out, w_shape[0] * w_shape[1]);\n";
-      char tag[24];
-      std::snprintf(tag, sizeof(tag), "_h%016llx", fnv1a(std::string(kDeviceCode) + src));
-      std::string name = "mlxs_dequant4_g" + std::to_string(gs) + tag;
       it = kernels
-               .emplace(gs, mx::fast::cuda_kernel(name, {"w", "scales", "biases"}, {"out"}, src,
-                                                  device_header(),
-                                                  /* ensure_row_contiguous */ true))
+               .emplace(gs, tagged_kernel("mlxs_dequant4_g" + std::to_string(gs),
+                                          {"w", "scales", "biases"}, {"out"}, src))
                .first;
     }
     fn = &it->second;

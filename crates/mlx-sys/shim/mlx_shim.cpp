@@ -956,24 +956,31 @@ int mlxs_quantize(mlxs_vec* out, mlxs_array w, int group_size, int bits, const c
                               OPT(global_scale), S(s)));
   });
 }
+namespace {
+// One dequantize: MLX's values through our CUDA kernel where it covers the call
+// (fast_qmv.cpp), else MLX's.
+mx::array dequantize_one(const mx::array& w, const mx::array& scales,
+                         const std::optional<mx::array>& biases, std::optional<int> group_size,
+                         std::optional<int> bits, const std::string& mode,
+                         const std::optional<mx::array>& global_scale,
+                         std::optional<mx::Dtype> dtype, mx::StreamOrDevice s) {
+  if (!global_scale) {
+    if (auto f = mlxs_detail::try_fast_dequantize(w, scales, biases, group_size, bits, mode,
+                                                  dtype.value_or(scales.dtype()), s)) {
+      return std::move(*f);
+    }
+  }
+  return mx::dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype, s);
+}
+}  // namespace
 int mlxs_dequantize(mlxs_array* out, mlxs_array w, mlxs_array scales, mlxs_array biases,
                     int group_size, int bits, const char* mode, mlxs_array global_scale,
                     int32_t dtype, mlxs_stream s) {
   return guard([&] {
     std::optional<mx::Dtype> dt;
     if (dtype >= 0) dt = to_dtype(dtype);
-    const std::string m = mode ? mode : "affine";
-    if (!OPT(global_scale)) {
-      // MLX's values through our CUDA kernel where it covers the call (fast_qmv.cpp).
-      if (auto f = mlxs_detail::try_fast_dequantize(A(w), A(scales), OPT(biases),
-                                                    OPTI(group_size), OPTI(bits), m,
-                                                    dt.value_or(A(scales).dtype()), S(s))) {
-        *out = wrap(std::move(*f));
-        return;
-      }
-    }
-    *out = wrap(mx::dequantize(A(w), A(scales), OPT(biases), OPTI(group_size), OPTI(bits), m,
-                               OPT(global_scale), dt, S(s)));
+    *out = wrap(dequantize_one(A(w), A(scales), OPT(biases), OPTI(group_size), OPTI(bits),
+                               mode ? mode : "affine", OPT(global_scale), dt, S(s)));
   });
 }
 namespace {
@@ -1053,11 +1060,7 @@ std::optional<mx::array> try_dequant_gemm(const mx::array& x, const mx::array& w
   auto dequantized = [=](const mx::array& w, const mx::array& scales,
                          const std::optional<mx::array>& biases, const mx::array& after) {
     auto gated = mx::depends({w}, {after});
-    if (auto f = mlxs_detail::try_fast_dequantize(gated[0], scales, biases, group_size, bits,
-                                                  mode, dt, s)) {
-      return std::move(*f);
-    }
-    return mx::dequantize(gated[0], scales, biases, group_size, bits, mode, std::nullopt, dt, s);
+    return dequantize_one(gated[0], scales, biases, group_size, bits, mode, std::nullopt, dt, s);
   };
   if (!x.is_tracer()) {
     return mx::matmul(x, mx::swapaxes(dequantized(w, scales, biases, x), -1, -2, s), s);
