@@ -26,6 +26,8 @@
 #              1B draft under --draft-min-acceptance 0.5 (ours only)
 #   start8b    issue 21: process start to first token of the 8B 4-bit model, ours and mlx-lm
 #   startcc    issue 21: the same start with a 4 GB CUDA driver cache (PTX compiled once)
+#   kcache     issue 21: start to first token with our kernels compiled once per machine
+#              (kernel_cache.cpp) against MLX compiling them in every process; texts compared
 #   specab     issue 19: the speculation regression of session 18, our kernels switched off
 #              one by one (SPEC_ARMS)
 #   qmm        issue 21: qmm_rows_check (our M-row 4-bit product against MLX's, bits and time)
@@ -153,6 +155,31 @@ for PART in "$@"; do
           --prompt hi -m 1 > "$D/$arm.txt" 2>&1
         echo "$arm rc=$? $(( ($(date +%s%N) - s) / 1000000 )) ms; $(grep Prompt "$D/$arm.txt"); driver cache $(du -sh /tmp/nvcache 2>/dev/null | cut -f1)" >> "$D/stdout.txt"
       done ;;
+    kcache)
+      # issue 21: our kernels compiled into MLX's disk cache once (a fresh MLX_PTX_CACHE_DIR:
+      # the first run compiles, the next two load), then MLX compiling them in every process
+      # (MLX_FAST_KERNEL_CACHE=0, its own fresh folder), none of our kernels, and mlx-lm;
+      # the 8 generated tokens of every arm must be the same text
+      ensure_model llama-3.1-8b-4bit "$D"
+      rm -rf /tmp/kc /tmp/kc-off /tmp/kc-mlxlm
+      for arm in c1 c2 c3 off1 off2 noqmv mlxlm; do
+        e=(MLX_PTX_CACHE_DIR=/tmp/kc MLX_FAST_KERNEL_CACHE_VERBOSE=1)
+        cmd=("$NEW/mlx-generate")
+        case $arm in
+          off*) e=(MLX_PTX_CACHE_DIR=/tmp/kc-off MLX_FAST_KERNEL_CACHE=0) ;;
+          noqmv) e+=(MLX_FAST_QMV=0) ;;
+          mlxlm) e=(MLX_PTX_CACHE_DIR=/tmp/kc-mlxlm); cmd=(python3 -m mlx_lm generate) ;;
+        esac
+        s=$(date +%s%N)
+        env "${e[@]}" timeout 120 "${cmd[@]}" --model "$MODELS/llama-3.1-8b-4bit" --prompt hi \
+          -m 8 > "$D/$arm.txt" 2>&1
+        rc=$?
+        ms=$(( ($(date +%s%N) - s) / 1000000 ))
+        sed -n '/^==========$/,/^==========$/p' "$D/$arm.txt" | grep -v '^==========$' > "$D/$arm.text"
+        echo "$arm rc=$rc $ms ms; cached: kc $(find /tmp/kc -name '*.ptx' 2>/dev/null | wc -l), kc-off $(find /tmp/kc-off -name '*.ptx' 2>/dev/null | wc -l); text $(md5sum < "$D/$arm.text" | cut -c1-8); $(grep -c 'kernel cache' "$D/$arm.txt") cache notes" >> "$D/stdout.txt"
+      done
+      grep -h 'kernel cache' "$D"/*.txt | sort | uniq -c | head -20 >> "$D/stdout.txt"
+      ls /tmp/kc | head -40 >> "$D/stdout.txt" ;;
     specab)
       # issue 19, the session-18 regression (echo 8B with its 4-bit copy at ~200 ms a round,
       # 128.9 tok/s in session 14): mlx-generate with the draft under switches that take

@@ -154,6 +154,8 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/cpu_gemv.h");
     println!("cargo:rerun-if-changed=shim/kernel_switch.h");
     println!("cargo:rerun-if-changed=shim/affine_operands.h");
+    println!("cargo:rerun-if-changed=shim/kernel_cache.cpp");
+    println!("cargo:rerun-if-changed=shim/kernel_cache.h");
 
     let mut tried = Vec::new();
     let prefix = match env::var("MLX_DIR") {
@@ -189,6 +191,7 @@ fn main() {
         .file("shim/mlx_shim.cpp")
         .file("shim/fast_qmv.cpp")
         .file("shim/cpu_gemv.cpp")
+        .file("shim/kernel_cache.cpp")
         .include(&include)
         .include("shim")
         .flag_if_supported("-Wno-unused-parameter")

@@ -426,6 +426,25 @@ pub fn fast_dequant_launches() -> u64 {
     unsafe { sys::mlxs_fast_dequant_launches() }
 }
 
+/// Our CUDA kernels compiled once per machine on or off (default on;
+/// `MLX_FAST_KERNEL_CACHE=0` at start turns it off). MLX 0.32 compiles a custom kernel
+/// with NVRTC in every process that runs it (about a second each on an H200: a 4-bit
+/// model's first token waited ~8 s for ours) and never writes the result to its PTX disk
+/// cache, though it reads that cache first. On, each of our kernels is compiled the way
+/// MLX would compile it (the same source, NVRTC library, headers and options) into that
+/// cache (`MLX_PTX_CACHE_DIR`, else `<tmp>/mlx/<version>/ptx`) the first time it is
+/// needed, and every process after loads it from there. Off, or wherever that fails, MLX
+/// compiles it as before. The kernels are the same either way.
+pub fn set_kernel_cache(on: bool) {
+    unsafe { sys::mlxs_set_kernel_cache(on) }
+}
+
+/// How many of our kernels this process compiled into MLX's disk cache, and how many it
+/// found there already: `(compiled, found)`.
+pub fn kernel_cache_counts() -> (u64, u64) {
+    unsafe { (sys::mlxs_kernel_cache_compiles(), sys::mlxs_kernel_cache_hits()) }
+}
+
 /// One launch of those kernels for several weights in [`quantized_matmul_many`] on or off
 /// (default on; `MLX_FAST_QMV_MANY=0` at start turns it off): off, each weight gets its
 /// own launch, with the same results.

@@ -89,8 +89,8 @@
 // `MLX_FAST_QMM_MMA_MAX_ROWS=N` (no bound by default) leaves more rows of several
 // sequences to kBodyM (up to 32) or MLX.
 //
-// The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC on first use,
-// cached on disk by MLX), with the device code in a header file (`device_header`) so each
+// The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC the first time a
+// machine needs them, into MLX's disk cache: kernel_cache.h), with the device code in a header file (`device_header`) so each
 // kernel's own source is one line: MLX's scheduling cost per call grows with the source.
 // They are used only where MLX itself would run `qmv` (the conditions below), on the CUDA
 // backend, for bfloat16 activations, 4-bit affine weights,
@@ -102,6 +102,7 @@
 #include "fast_qmv.h"
 
 #include "affine_operands.h"
+#include "kernel_cache.h"
 #include "kernel_switch.h"
 
 #include <unistd.h>
@@ -1026,20 +1027,7 @@ bool file_holds(const std::string& path, const std::string& text) {
 // so concurrent processes never see a partial file); whether `path` holds it after.
 bool write_once(const std::string& path, const std::string& code) {
   if (file_holds(path, code)) return true;
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << code;
-    if (!f.flush()) {
-      fs::remove(tmp, ec);
-      return false;
-    }
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) fs::remove(tmp, ec);
-  return file_holds(path, code);
+  return write_file_atomically(path, code) && file_holds(path, code);
 }
 
 // Where the device code goes: `$XDG_CACHE_HOME` or `~/.cache`, `mlx-rs/kernels/`, named
@@ -1080,18 +1068,25 @@ std::string device_header() {
   return mlx_headers + "#include \"" + path + "\"\n";
 }
 
-// A kernel of ours over MLX's `fast::cuda_kernel` with the device code as its header. MLX
-// reads compiled kernels from its disk cache by name alone (without looking at the source),
-// so the name gets a hash of everything compiled: a build with other device code never
-// picks up another's binary.
+// A kernel of ours over MLX's `fast::cuda_kernel` with the device code as its header,
+// compiled into MLX's disk cache for GPU `device` unless it is there (kernel_cache.h). MLX
+// reads compiled kernels from its disk cache by name alone (without looking at the
+// source), so the name gets a hash of everything compiled: a build with other device code
+// never picks up another's binary. Outputs are bfloat16.
 mx::fast::CustomKernelFunction tagged_kernel(std::string name,
-                                             const std::vector<std::string>& inputs,
+                                             const std::vector<KernelParam>& inputs,
                                              const std::vector<std::string>& outputs,
-                                             const std::string& src) {
+                                             const std::string& src, int device) {
   char tag[24];
   std::snprintf(tag, sizeof(tag), "_h%016llx", fnv1a(std::string(kDeviceCode) + src));
   name += tag;
-  return mx::fast::cuda_kernel(name, inputs, outputs, src, device_header(),
+  const std::string header = device_header();
+  std::vector<std::string> input_names;
+  for (const auto& p : inputs) input_names.push_back(p.first);
+  std::vector<KernelParam> output_params;
+  for (const auto& o : outputs) output_params.emplace_back(o, mx::bfloat16);
+  ensure_kernel_cached(name, inputs, output_params, src, header, device);
+  return mx::fast::cuda_kernel(name, input_names, outputs, src, header,
                                /* ensure_row_contiguous */ true);
 }
 
@@ -1114,7 +1109,13 @@ struct KernelKey {
   int warps() const { return swiglu ? 2 * layout.rows : layout.rows; }
 };
 
-const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
+// The three inputs of one quantized weight: its words, scales and biases.
+std::vector<KernelParam> weight_params(const std::string& w, const std::string& s,
+                                       const std::string& b) {
+  return {{w, mx::uint32}, {s, mx::bfloat16}, {b, mx::bfloat16}};
+}
+
+const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int device) {
   static std::mutex mu;
   static std::map<KernelKey, mx::fast::CustomKernelFunction> kernels;
   std::lock_guard<std::mutex> lock(mu);
@@ -1130,13 +1131,16 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
     name += "_r" + std::to_string(l.rows) + "x" + std::to_string(l.rw) + (l.window ? "w" : "u") +
             std::to_string(l.u);
   }
-  std::vector<std::string> inputs{"x"};
+  std::vector<KernelParam> inputs{{"x", mx::bfloat16}};
+  auto add = [&inputs](std::vector<KernelParam> ps) {
+    inputs.insert(inputs.end(), ps.begin(), ps.end());
+  };
   std::vector<std::string> outputs;
   std::string src;
   if (l.body == 3) {
     // rows_mma: `rows` warps a block, 16 * `rw` rows of w, `mt` rows of x a part, loads of
     // `u` words; rows of x and of w from their shapes, as kBodyM's.
-    inputs.insert(inputs.end(), {"w", "scales", "biases"});
+    add(weight_params("w", "scales", "biases"));
     outputs.push_back("out");
     name += "_mma" + std::to_string(l.rows) + "x" + std::to_string(l.rw) + "m" +
             std::to_string(key.mt) + "u" + std::to_string(l.u);
@@ -1148,14 +1152,15 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
     // The rows of x and of w come from their shapes (x is passed as [m, K]), so one compiled
     // kernel (MLX keys them by name and source) serves every m with this part size and
     // every weight of this K.
-    inputs.insert(inputs.end(), {"w", "scales", "biases"});
+    add(weight_params("w", "scales", "biases"));
     outputs.push_back("out");
     name += "_m" + std::to_string(key.mt) + "x" + std::to_string(l.rw);
     src = "  mlxs_qmv::rows_m<" + targs + ", " + std::to_string(key.mt) + ", " +
           std::to_string(l.rw) +
           ">(x, w, scales, biases, out, w_shape[0], x_shape[0], blockIdx.y, blockIdx.x);\n";
   } else if (key.swiglu) {
-    inputs.insert(inputs.end(), {"w0", "s0", "b0", "w1", "s1", "b1"});
+    add(weight_params("w0", "s0", "b0"));
+    add(weight_params("w1", "s1", "b1"));
     outputs.push_back("out");
     name += "_n" + std::to_string(key.ns[0]) + "_swiglu";
     src = "  mlxs_qmv::swiglu_rows<" + targs + ">(x, w0, s0, b0, w1, s1, b1, out, " +
@@ -1170,7 +1175,7 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
       const std::string sfx = parts == 1 ? "" : std::to_string(i);
       const std::string w = "w" + sfx, s = parts == 1 ? "scales" : "s" + sfx,
                         b = parts == 1 ? "biases" : "b" + sfx, o = "out" + sfx;
-      inputs.insert(inputs.end(), {w, s, b});
+      add(weight_params(w, s, b));
       outputs.push_back(o);
       name += "_n" + std::to_string(key.ns[i]);
       const int blocks = static_cast<int>(blocks_of(l, key.ns[i]));
@@ -1187,10 +1192,10 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key) {
     }
   }
   if (key.res) {
-    inputs.push_back("res");
+    inputs.emplace_back("res", mx::bfloat16);
     name += "_res";
   }
-  return kernels.emplace(key, tagged_kernel(name, inputs, outputs, src)).first->second;
+  return kernels.emplace(key, tagged_kernel(name, inputs, outputs, src, device)).first->second;
 }
 
 // K and N of a 4-bit product (any number of rows of x) whose rows our kernels take (the
@@ -1251,7 +1256,7 @@ std::vector<mx::array> launch(const KernelKey& key, const mx::array& x,
   inputs.insert(inputs.end(), weights.begin(), weights.end());
   if (key.res) inputs.push_back(*res);
   const int warps = key.warps();
-  auto outs = kernel_for(key)(inputs, shapes, std::vector<mx::Dtype>(shapes.size(), mx::bfloat16),
+  auto outs = kernel_for(key, st.device.index)(inputs, shapes, std::vector<mx::Dtype>(shapes.size(), mx::bfloat16),
                               std::make_tuple(32, static_cast<int>(blocks * warps), 1),
                               std::make_tuple(32, warps, 1), {}, std::nullopt, false, st);
   g_switch.count();
@@ -1300,7 +1305,7 @@ mx::array launch_rows(const KernelKey& key, const mx::array& x, const mx::array&
   out_shape.back() = n;
   const mx::array x2 = mx::reshape(x, {static_cast<int>(m), k}, st);
   const int warps = key.warps();
-  auto outs = kernel_for(key)(
+  auto outs = kernel_for(key, st.device.index)(
       {x2, w, scales, biases}, {out_shape}, {mx::bfloat16},
       std::make_tuple(static_cast<int>(32 * parts), static_cast<int>(blocks * warps), 1),
       std::make_tuple(32, warps, 1), {}, std::nullopt, false, st);
@@ -1428,7 +1433,8 @@ std::optional<mx::array> try_fast_dequantize(const mx::array& w, const mx::array
                               ">(w, scales, biases, out, w_shape[0] * w_shape[1]);\n";
       it = kernels
                .emplace(gs, tagged_kernel("mlxs_dequant4_g" + std::to_string(gs),
-                                          {"w", "scales", "biases"}, {"out"}, src))
+                                          weight_params("w", "scales", "biases"), {"out"},
+                                          src, st.device.index))
                .first;
     }
     fn = &it->second;

@@ -11,6 +11,7 @@
 #include "affine_operands.h"
 #include "cpu_gemv.h"
 #include "fast_qmv.h"
+#include "kernel_cache.h"
 #include "kernel_switch.h"
 
 #include <algorithm>
@@ -1194,6 +1195,9 @@ int mlxs_quantized_swiglu(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_vec sca
 void mlxs_set_fast_qmv(bool on) { mlxs_detail::set_fast_qmv(on); }
 void mlxs_set_fast_dequant(bool on) { mlxs_detail::set_fast_dequant(on); }
 uint64_t mlxs_fast_dequant_launches(void) { return mlxs_detail::fast_dequant_launches(); }
+void mlxs_set_kernel_cache(bool on) { mlxs_detail::set_kernel_cache(on); }
+uint64_t mlxs_kernel_cache_compiles(void) { return mlxs_detail::kernel_cache_compiles(); }
+uint64_t mlxs_kernel_cache_hits(void) { return mlxs_detail::kernel_cache_hits(); }
 void mlxs_set_fast_qmv_swiglu(bool on) { mlxs_detail::set_fast_qmv_swiglu(on); }
 void mlxs_set_fast_qmv_min_elements(int64_t n) { mlxs_detail::set_fast_qmv_min_elements(n); }
 void mlxs_set_fast_qmv_many(bool on) { mlxs_detail::set_fast_qmv_many(on); }

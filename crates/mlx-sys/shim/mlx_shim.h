@@ -382,6 +382,14 @@ void mlxs_set_fast_qmv(bool on);
 void mlxs_set_fast_dequant(bool on);
 /* How many dequantizations have been built with it in this process. */
 uint64_t mlxs_fast_dequant_launches(void);
+/* Our CUDA kernels compiled into MLX's PTX disk cache (MLX_PTX_CACHE_DIR, else
+   <tmp>/mlx/<version>/ptx) the first time a machine needs them, and loaded from there by
+   every later process, on or off (default on; MLX_FAST_KERNEL_CACHE=0 turns it off:
+   MLX then compiles them in every process). */
+void mlxs_set_kernel_cache(bool on);
+/* Kernels this process compiled into the cache, and kernels it found there. */
+uint64_t mlxs_kernel_cache_compiles(void);
+uint64_t mlxs_kernel_cache_hits(void);
 /* One launch for several weights in quantized_matmul_many on or off (default on;
    MLX_FAST_QMV_MANY=0 turns it off). */
 void mlxs_set_fast_qmv_many(bool on);

@@ -1353,6 +1353,15 @@ unsafe extern "C" {
     pub fn mlxs_fast_dequant_launches() -> u64;
 }
 unsafe extern "C" {
+    pub fn mlxs_set_kernel_cache(on: bool);
+}
+unsafe extern "C" {
+    pub fn mlxs_kernel_cache_compiles() -> u64;
+}
+unsafe extern "C" {
+    pub fn mlxs_kernel_cache_hits() -> u64;
+}
+unsafe extern "C" {
     pub fn mlxs_set_fast_qmv_many(on: bool);
 }
 unsafe extern "C" {

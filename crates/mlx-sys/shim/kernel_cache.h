@@ -1,0 +1,50 @@
+// kernel_cache.h: internal to the shim. Our CUDA kernels compiled once per machine, not
+// once per process.
+//
+// MLX 0.32's `fast::cuda_kernel` compiles a kernel with NVRTC the first time a process
+// runs it (~1.3 s each on the H200, almost all of it MLX's device headers) and never
+// writes the result to its disk cache, although it looks there first: before compiling it
+// reads `<ptx cache>/<module>.ptx` (and `.txt`, the kernel's mangled name), where the
+// module's name is the kernel's name and a hash of the source MLX builds around ours.
+// `ensure_kernel_cached` builds that same source, compiles it the way MLX would (the same
+// NVRTC library, MLX's own device headers read from libmlx, MLX's options and include
+// paths) and writes the result under that name, so this process and every later one load
+// it instead of compiling. Where any step fails (no NVRTC, headers not found, a compile
+// error, a read-only cache) nothing is written and MLX compiles as before: the same
+// source, the same binary.
+//
+// `MLX_FAST_KERNEL_CACHE=0` (or `set_kernel_cache(false)`) leaves every compile to MLX.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mlx/mlx.h"
+
+namespace mlxs_detail {
+
+// One parameter of a kernel: its name in the source and its dtype.
+using KernelParam = std::pair<std::string, mlx::core::Dtype>;
+
+// Makes sure MLX's PTX disk cache holds the kernel that
+// `fast::cuda_kernel(name, <inputs' names>, <outputs' names>, source, header)` builds when
+// called with inputs and outputs of these dtypes (every input of rank >= 1, no template
+// arguments), compiled for GPU `device`; whether it does now.
+bool ensure_kernel_cached(const std::string& name,
+                          const std::vector<KernelParam>& inputs,
+                          const std::vector<KernelParam>& outputs,
+                          const std::string& source,
+                          const std::string& header,
+                          int device);
+
+// Writes `bytes` to `path` through a temporary file renamed into place, so a concurrent
+// reader sees the whole file or none; whether it succeeded.
+bool write_file_atomically(const std::string& path, const std::string& bytes);
+
+void set_kernel_cache(bool on);
+// Kernels this process compiled into the cache, and kernels it found there.
+unsigned long long kernel_cache_compiles();
+unsigned long long kernel_cache_hits();
+
+}  // namespace mlxs_detail
