@@ -109,8 +109,16 @@ for PART in "$@"; do
     struct8b)
       OUT=$D timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" --only llama-3.1-8b-bf16 > "$D/stdout.txt" 2>&1 ;;
     struct32)
-      OUT=$D MLX_ENGINE_PROFILE_EVERY=16 timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" \
-        --only llama-3.1-8b-bf16 --streams 32 > "$D/stdout.txt" 2>&1 ;;
+      # STRUCT_ARMS: pool (the defaults), nopool (MLX_HOST_BUFFER_POOL=0: host uploads such
+      # as the grammar masks take MLX's cached buffers, as before session 20)
+      for arm in ${STRUCT_ARMS:-pool nopool}; do
+        mkdir -p "$D/$arm"
+        e=(MLX_ENGINE_PROFILE_EVERY=16)
+        [ "$arm" = nopool ] && e+=(MLX_HOST_BUFFER_POOL=0)
+        t=$(( $(left) - 5 )); [ "$arm" = pool ] && t=$(( t / 2 ))
+        env OUT="$D/$arm" "${e[@]}" timeout "$t" bash benchmarks/gpu_structured.sh \
+          "$NEW" --only llama-3.1-8b-bf16 --streams 32 > "$D/$arm/stdout.txt" 2>&1
+      done ;;
     qmm)
       timeout $(( L < ${QMM_CAP:-200} ? L : ${QMM_CAP:-200} )) "$NEW/qmm_rows_check" ${QMM_ARGS:---gs 64 --m 2,3,4,8,16,32 --iters 20} \
         > "$D/stdout.txt" 2>&1 ;;
@@ -187,7 +195,8 @@ for PART in "$@"; do
       # 2-row catch-up on MLX's qmm, as in session 14), noqmv (MLX_FAST_QMV=0: none of our
       # 4-bit kernels), nocudnn (MLX_CUDA_USE_CUDNN_SDPA=0 and no split attention: MLX's
       # own kernels for every attention), wr1 (MLX_FAST_QMM_WARP_ROWS=1: the multi-row
-      # kernel's one-row-of-w layout), plain (no draft); each with the engine's profile
+      # kernel's one-row-of-w layout), nopool (MLX_HOST_BUFFER_POOL=0: host uploads on
+      # MLX's cached buffers), plain (no draft); each with the engine's profile
       # lines (a speculative run's split of a round: draft, verify build, wait)
       python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
         --tokenizers .gpu/tok > "$D/models.txt" 2>&1
@@ -200,6 +209,7 @@ for PART in "$@"; do
           noqmv) e+=(MLX_FAST_QMV=0) ;;
           nocudnn) e=(MLX_CUDA_USE_CUDNN_SDPA=0 MLX_ENGINE_PROFILE=1) ;;
           wr1) e+=(MLX_FAST_QMM_WARP_ROWS=1) ;;
+          nopool) e+=(MLX_HOST_BUFFER_POOL=0) ;;
           plain) a=() ;;
         esac
         echo "## $arm" >> "$D/stdout.txt"

@@ -186,3 +186,40 @@ fn peak_memory_tracks_the_largest_live_set() {
         "peak does not drop with the array"
     );
 }
+
+/// The host-upload pool (on here, though this is the CPU) hands a freed upload's buffer
+/// to the next upload of its size, and never the buffer of an array a queued computation
+/// still reads: that computation sees the values it was given. Its kept buffers go back
+/// with `clear_cache`.
+#[test]
+fn the_host_upload_pool_reuses_only_buffers_no_computation_reads() {
+    let _g = serial();
+    memory::set_host_buffer_pool(true);
+    let base = warm_up();
+    let n = 25_000usize; // 100 kB of float32: a size class of whole pages
+    let first: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let a = Array::from_slice(&first, &[n as i32]).unwrap();
+    // A computation queued on `a`, then `a`'s handle dropped: the graph still reads it.
+    let doubled = a.multiply(&Array::scalar(2.0f32).unwrap()).unwrap();
+    drop(a);
+    let before = memory::host_buffer_pool_reuses();
+    let second: Vec<f32> = (0..n).map(|i| -(i as f32)).collect();
+    let b = Array::from_slice(&second, &[n as i32]).unwrap();
+    assert_eq!(
+        memory::host_buffer_pool_reuses(),
+        before,
+        "a buffer still read by a queued computation was handed out again"
+    );
+    let want: Vec<f32> = first.iter().map(|x| 2.0 * x).collect();
+    assert_eq!(doubled.to_vec::<f32>().unwrap(), want);
+    assert_eq!(b.to_vec::<f32>().unwrap(), second);
+    // Now nothing reads the first buffer: the next upload of its size takes it.
+    drop(doubled);
+    synchronize().unwrap();
+    let third: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    let c = Array::from_slice(&third, &[n as i32]).unwrap();
+    assert_eq!(memory::host_buffer_pool_reuses(), before + 1);
+    assert_eq!(c.to_vec::<f32>().unwrap(), third);
+    drop((b, c));
+    assert_eq!(settled(), base, "the pool's kept buffers outlived clear_cache");
+}

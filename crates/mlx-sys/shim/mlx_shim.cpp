@@ -15,10 +15,13 @@
 #include "kernel_switch.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -165,6 +168,102 @@ mlxs_vec wrapv(std::vector<mx::array> v) {
   return new mlxs_vec_s{std::move(v)};
 }
 
+// Buffers for host data made into arrays (mlxs_array_from_data) on the CUDA backend.
+// MLX's allocator serves a host allocation from any cached buffer of a close size, device
+// memory included, and then swaps that buffer for new managed memory with a synchronous
+// copy (cudaMallocManaged and cudaMemcpy, every time it happens): uploads made at every
+// decoding step (a batch's grammar masks, joining rows' tokens) paid it whenever a device
+// intermediate of their size was in the cache. Host uploads keep buffers of their own
+// instead: taken from MLX (managed memory from then on), given back to this pool when
+// their array is freed (after the device is done with it: MLX holds each kernel's inputs
+// until the kernel completes, and never donates a buffer it does not own), at most
+// kHostPoolBytes kept. Mode: MLX_HOST_BUFFER_POOL=0 off, 1 on every backend (for tests),
+// else on where CUDA is available; `mlxs_set_host_buffer_pool` sets it.
+class HostPool {
+ public:
+  static constexpr size_t kHostPoolBytes = size_t{64} << 20;
+  // MLX's rounding: powers of two below its 16 KiB page, whole pages above.
+  static size_t size_class(size_t n) {
+    constexpr size_t kPage = 16384;
+    if (n >= kPage) return (n + kPage - 1) / kPage * kPage;
+    size_t c = 16;
+    while (c < n) c *= 2;
+    return c;
+  }
+  bool on() {
+    int m = mode_.load(std::memory_order_relaxed);
+    if (m < 0) {
+      const char* e = std::getenv("MLX_HOST_BUFFER_POOL");
+      m = e != nullptr && std::strcmp(e, "0") == 0   ? 0
+          : e != nullptr && std::strcmp(e, "1") == 0 ? 1
+                                                     : (mx::cu::is_available() ? 1 : 0);
+      mode_.store(m, std::memory_order_relaxed);
+    }
+    return m == 1;
+  }
+  void set(int mode) { mode_.store(mode, std::memory_order_relaxed); }
+  mx::allocator::Buffer take(size_t cls) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(cls);
+      if (it != free_.end() && !it->second.empty()) {
+        mx::allocator::Buffer b = it->second.back();
+        it->second.pop_back();
+        bytes_ -= cls;
+        reuses_.fetch_add(1, std::memory_order_relaxed);
+        return b;
+      }
+    }
+    return mx::allocator::allocator().malloc(cls);
+  }
+  void give(mx::allocator::Buffer b, size_t cls) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (bytes_ + cls <= kHostPoolBytes) {
+        free_[cls].push_back(b);
+        bytes_ += cls;
+        return;
+      }
+    }
+    mx::allocator::allocator().free(b);
+  }
+  unsigned long long reuses() const { return reuses_.load(std::memory_order_relaxed); }
+  // Gives every kept buffer back to MLX.
+  void drain() {
+    std::map<size_t, std::vector<mx::allocator::Buffer>> kept;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      kept.swap(free_);
+      bytes_ = 0;
+    }
+    for (auto& [cls, bufs] : kept) {
+      for (auto& b : bufs) mx::allocator::allocator().free(b);
+    }
+  }
+
+ private:
+  std::atomic<int> mode_{-1};
+  std::mutex mu_;
+  std::map<size_t, std::vector<mx::allocator::Buffer>> free_;
+  size_t bytes_ = 0;
+  std::atomic<unsigned long long> reuses_{0};
+};
+
+// Never destroyed: arrays freed while the process exits still give their buffers back.
+HostPool& host_pool() {
+  static HostPool* pool = new HostPool;
+  return *pool;
+}
+
+// A buffer for `nbytes` of host data: from the pool where it is on, else MLX's malloc.
+mx::allocator::Data host_buffer(size_t nbytes) {
+  HostPool& pool = host_pool();
+  if (!pool.on()) return mx::allocator::malloc(nbytes);
+  const size_t cls = HostPool::size_class(nbytes);
+  return mx::allocator::Data(pool.take(cls),
+                             [cls](mx::allocator::Buffer b) { host_pool().give(b, cls); });
+}
+
 }  // namespace
 
 #define OUT1(expr) return guard([&] { *out = wrap(expr); })
@@ -238,7 +337,7 @@ int mlxs_array_from_data(mlxs_array* out, const void* data, size_t nbytes, const
       throw std::invalid_argument("data has " + std::to_string(nbytes) + " bytes but shape needs " +
                                   std::to_string(n * dt.size()));
     }
-    auto buf = mx::allocator::malloc(std::max<size_t>(nbytes, 1));
+    auto buf = host_buffer(std::max<size_t>(nbytes, 1));
     if (nbytes > 0) std::memcpy(buf.buffer().raw_ptr(), data, nbytes);
     *out = wrap(mx::array(std::move(buf), std::move(sh), dt));
   });
@@ -456,7 +555,10 @@ int mlxs_set_cache_limit(size_t limit, size_t* previous) {
 int mlxs_set_wired_limit(size_t limit, size_t* previous) {
   return guard([&] { *previous = mx::set_wired_limit(limit); });
 }
-void mlxs_clear_cache(void) { mx::clear_cache(); }
+void mlxs_clear_cache(void) {
+  host_pool().drain();
+  mx::clear_cache();
+}
 
 /* ---------- element-wise ---------- */
 int mlxs_unary(mlxs_array* out, int32_t op, mlxs_array a_, mlxs_stream s_) {
@@ -1195,6 +1297,8 @@ int mlxs_quantized_swiglu(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_vec sca
 void mlxs_set_fast_qmv(bool on) { mlxs_detail::set_fast_qmv(on); }
 void mlxs_set_fast_dequant(bool on) { mlxs_detail::set_fast_dequant(on); }
 uint64_t mlxs_fast_dequant_launches(void) { return mlxs_detail::fast_dequant_launches(); }
+void mlxs_set_host_buffer_pool(int32_t mode) { host_pool().set(mode == 1 ? 1 : 0); }
+uint64_t mlxs_host_buffer_pool_reuses(void) { return host_pool().reuses(); }
 void mlxs_set_kernel_cache(bool on) { mlxs_detail::set_kernel_cache(on); }
 uint64_t mlxs_kernel_cache_compiles(void) { return mlxs_detail::kernel_cache_compiles(); }
 uint64_t mlxs_kernel_cache_hits(void) { return mlxs_detail::kernel_cache_hits(); }

@@ -84,6 +84,13 @@ mlxs_array mlxs_array_clone(mlxs_array a);
 void mlxs_array_assign(mlxs_array dst, mlxs_array src);
 int mlxs_array_from_data(mlxs_array* out, const void* data, size_t nbytes,
                          const int32_t* shape, size_t ndim, int32_t dtype);
+/* Host data made into arrays take buffers from a pool of their own (given back when the
+   array is freed) rather than MLX's cache, which on CUDA may hand them a device buffer and
+   replace it with managed memory and a synchronous copy every time: mode 1 on, 0 off
+   (default: on where CUDA is available; MLX_HOST_BUFFER_POOL=0 / 1 at start). */
+void mlxs_set_host_buffer_pool(int32_t mode);
+/* How many host arrays took a buffer from that pool (not from MLX). */
+uint64_t mlxs_host_buffer_pool_reuses(void);
 int mlxs_array_from_f64(mlxs_array* out, double v, int32_t dtype);
 int mlxs_array_from_i64(mlxs_array* out, int64_t v, int32_t dtype);
 int mlxs_array_from_bool(mlxs_array* out, bool v);

@@ -134,6 +134,12 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
+    pub fn mlxs_set_host_buffer_pool(mode: i32);
+}
+unsafe extern "C" {
+    pub fn mlxs_host_buffer_pool_reuses() -> u64;
+}
+unsafe extern "C" {
     pub fn mlxs_array_from_f64(out: *mut mlxs_array, v: f64, dtype: i32) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
