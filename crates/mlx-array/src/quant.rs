@@ -442,7 +442,12 @@ pub fn set_kernel_cache(on: bool) {
 /// How many of our kernels this process compiled into MLX's disk cache, and how many it
 /// found there already: `(compiled, found)`.
 pub fn kernel_cache_counts() -> (u64, u64) {
-    unsafe { (sys::mlxs_kernel_cache_compiles(), sys::mlxs_kernel_cache_hits()) }
+    unsafe {
+        (
+            sys::mlxs_kernel_cache_compiles(),
+            sys::mlxs_kernel_cache_hits(),
+        )
+    }
 }
 
 /// One launch of those kernels for several weights in [`quantized_matmul_many`] on or off

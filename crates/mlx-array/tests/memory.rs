@@ -221,5 +221,9 @@ fn the_host_upload_pool_reuses_only_buffers_no_computation_reads() {
     assert_eq!(memory::host_buffer_pool_reuses(), before + 1);
     assert_eq!(c.to_vec::<f32>().unwrap(), third);
     drop((b, c));
-    assert_eq!(settled(), base, "the pool's kept buffers outlived clear_cache");
+    assert_eq!(
+        settled(),
+        base,
+        "the pool's kept buffers outlived clear_cache"
+    );
 }
