@@ -109,16 +109,14 @@ for PART in "$@"; do
     struct8b)
       OUT=$D timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" --only llama-3.1-8b-bf16 > "$D/stdout.txt" 2>&1 ;;
     struct32)
-      # STRUCT_ARMS: pool (the defaults), dense (MLX_ENGINE_SPARSE_MASKS=0: every row's
-      # bitset goes to the device), nopool (MLX_HOST_BUFFER_POOL=0 as well: host uploads
-      # such as the masks take MLX's cached buffers, as before session 20)
-      arms=(${STRUCT_ARMS:-pool dense nopool})
+      # STRUCT_ARMS: pool (the defaults), nopool (MLX_HOST_BUFFER_POOL=0: host uploads such
+      # as the grammar masks take MLX's cached buffers, as before session 20)
+      arms=(${STRUCT_ARMS:-pool nopool})
       i=0
       for arm in "${arms[@]}"; do
         mkdir -p "$D/$arm"
         e=(MLX_ENGINE_PROFILE_EVERY=16)
-        [ "$arm" = dense ] && e+=(MLX_ENGINE_SPARSE_MASKS=0)
-        [ "$arm" = nopool ] && e+=(MLX_HOST_BUFFER_POOL=0 MLX_ENGINE_SPARSE_MASKS=0)
+        [ "$arm" = nopool ] && e+=(MLX_HOST_BUFFER_POOL=0)
         t=$(( ($(left) - 5) / (${#arms[@]} - i) )); i=$((i + 1))
         env OUT="$D/$arm" "${e[@]}" timeout "$t" bash benchmarks/gpu_structured.sh \
           "$NEW" --only llama-3.1-8b-bf16 --streams 32 > "$D/$arm/stdout.txt" 2>&1

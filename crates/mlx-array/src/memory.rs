@@ -47,14 +47,15 @@ pub fn set_wired_limit(bytes: usize) -> Result<usize> {
     check(unsafe { sys::mlxs_set_wired_limit(bytes, &mut prev) })?;
     Ok(prev)
 }
-/// Host data made into arrays ([`Array::from_slice`](crate::Array::from_slice)) take
-/// buffers from a pool of their own, given back when the array is freed (after the
-/// device is done with it), rather than from MLX's buffer cache: on CUDA that cache may
-/// hand a host upload a device buffer, which MLX then replaces by new managed memory with
-/// a synchronous copy, every time (a batch's grammar masks, uploaded at every decoding
-/// step, paid it on most steps). On by default where CUDA is available, off elsewhere
-/// (`MLX_HOST_BUFFER_POOL=0` / `1` at start); at most 64 MiB is kept, and those bytes
-/// count as active memory until [`clear_cache`] gives them back.
+/// Host data of 16 KiB or more made into arrays
+/// ([`Array::from_slice`](crate::Array::from_slice)) take buffers from a pool of their
+/// own, given back when the array is freed (after the device is done with it), rather
+/// than from MLX's buffer cache: on CUDA that cache may hand a host upload a device
+/// buffer, which MLX then replaces by new managed memory with a synchronous copy, every
+/// time (a batch's grammar masks, uploaded at every decoding step, paid it on most
+/// steps). On by default where CUDA is available, off elsewhere (`MLX_HOST_BUFFER_POOL=0`
+/// / `1` at start); at most 64 MiB is kept, and those bytes count as active memory until
+/// [`clear_cache`] gives them back.
 pub fn set_host_buffer_pool(on: bool) {
     unsafe { sys::mlxs_set_host_buffer_pool(i32::from(on)) }
 }

@@ -220,6 +220,12 @@ fn the_host_upload_pool_reuses_only_buffers_no_computation_reads() {
     let c = Array::from_slice(&third, &[n as i32]).unwrap();
     assert_eq!(memory::host_buffer_pool_reuses(), before + 1);
     assert_eq!(c.to_vec::<f32>().unwrap(), third);
+    // Uploads under 16 KiB stay MLX's.
+    for _ in 0..2 {
+        let small = Array::from_slice(&[1.0f32; 100], &[100]).unwrap();
+        small.eval().unwrap();
+    }
+    assert_eq!(memory::host_buffer_pool_reuses(), before + 1);
     drop((b, c));
     assert_eq!(
         settled(),

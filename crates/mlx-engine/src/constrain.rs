@@ -18,7 +18,7 @@ use crate::error::{EngineError, Result};
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory, TokenParser};
-use mlx_array::{ops, where_, Array, Dtype};
+use mlx_array::{where_, Array, Dtype};
 use mlx_sample::{BuildProcessor, LogitsProcessor, SampleError};
 use mlx_tokenizer::Tokenizer;
 use serde_json::{json, Value as Json};
@@ -473,45 +473,16 @@ impl ConstraintProcessor {
 }
 
 /// The `[rows, vocab]` boolean mask of `rows` bitsets of `vocab.div_ceil(32)` words
-/// each (bit `i % 32` of word `i / 32` allows token `i`; bits past `vocab` are ignored),
-/// built on the device from as little host data as it takes: where the rows' minority
-/// tokens (the allowed ones of a row that allows few, the forbidden ones of a row that
-/// allows most: a grammar's mask is usually one or the other) are few, their positions
-/// and one flag a row ([`sparse_mask`]); else the bitsets themselves, 1 bit per token
-/// ([`dense_mask`]). Either gives the same mask. At 32 rows of a 128k vocabulary the
-/// bitsets are 0.5 MB a step, a sizeable copy into device-visible memory on CUDA;
-/// `MLX_ENGINE_SPARSE_MASKS=0` always sends them.
+/// each (bit `i % 32` of word `i / 32` allows token `i`), expanded on the device: the
+/// host hands over 1 bit per token instead of a byte.
 pub fn mask_from_words(words: &[u32], rows: usize, vocab: usize) -> Result<Array> {
-    check_words(words, rows, vocab)?;
-    if sparse_masks_on() {
-        if let Some(m) = sparse_mask(words, rows, vocab)? {
-            return Ok(m);
-        }
-    }
-    dense_mask(words, rows, vocab)
-}
-
-fn check_words(words: &[u32], rows: usize, vocab: usize) -> Result<()> {
-    if words.len() != rows * vocab.div_ceil(32) {
+    let n = vocab.div_ceil(32);
+    if words.len() != rows * n {
         return Err(EngineError::Internal(format!(
             "a token mask of {} words for {rows} rows of {vocab} tokens",
             words.len()
         )));
     }
-    Ok(())
-}
-
-/// Whether [`mask_from_words`] may send the minority tokens (`MLX_ENGINE_SPARSE_MASKS`,
-/// read once; anything but `0` is on).
-fn sparse_masks_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLX_ENGINE_SPARSE_MASKS").map_or(true, |v| v != "0"))
-}
-
-/// The mask from the bitsets themselves: 1 bit per token to the device, expanded there.
-pub fn dense_mask(words: &[u32], rows: usize, vocab: usize) -> Result<Array> {
-    check_words(words, rows, vocab)?;
-    let n = vocab.div_ceil(32);
     let (r, n32, v) = (rows as i32, n as i32, vocab as i32);
     let shifts: Vec<u32> = (0..32).collect();
     let shifts = Array::from_slice(&shifts, &[32])?;
@@ -522,74 +493,6 @@ pub fn dense_mask(words: &[u32], rows: usize, vocab: usize) -> Result<Array> {
         .reshape(&[r, n32 * 32])?
         .slice(&[0, 0], &[r, v], None)?;
     Ok(bits.astype(Dtype::Bool)?)
-}
-
-/// The mask from each row's minority tokens: a row with more words of all-allowed tokens
-/// than of all-forbidden ones sends its forbidden tokens, any other row its allowed ones,
-/// as positions in the flattened `[rows, vocab]` mask, with one flag a row saying which;
-/// on the device the positions are set in a zeroed mask and each row is flipped where its
-/// flag says so. `None` where those positions would not be at least 4x smaller than the
-/// bitsets (or would not fit the index type).
-pub fn sparse_mask(words: &[u32], rows: usize, vocab: usize) -> Result<Option<Array>> {
-    check_words(words, rows, vocab)?;
-    let n = vocab.div_ceil(32);
-    let total = rows * vocab;
-    // 4-byte positions, at most a quarter of the bitsets' bytes.
-    let budget = n * rows / 4;
-    if total > i32::MAX as usize || rows == 0 {
-        return Ok(None);
-    }
-    let tail = vocab % 32;
-    let last_mask = if tail == 0 {
-        u32::MAX
-    } else {
-        (1u32 << tail) - 1
-    };
-    let mut positions: Vec<i32> = Vec::new();
-    let mut mostly_allowed = Vec::with_capacity(rows);
-    for r in 0..rows {
-        let row = &words[r * n..(r + 1) * n];
-        // Which tokens to list: either choice gives the same mask, so a cheap guess (more
-        // words with every token allowed than with none) rather than a count.
-        let (mut empty, mut full) = (0usize, 0usize);
-        for &w in row {
-            empty += usize::from(w == 0);
-            full += usize::from(w == u32::MAX);
-        }
-        let flip = full > empty;
-        mostly_allowed.push(flip);
-        // Words without a listed token are skipped with one compare.
-        let skip = if flip { u32::MAX } else { 0 };
-        let base = r * vocab;
-        for (i, &w) in row.iter().enumerate() {
-            if w == skip {
-                continue;
-            }
-            let mut bits = if flip { !w } else { w };
-            if i + 1 == n {
-                bits &= last_mask;
-            }
-            while bits != 0 {
-                positions.push((base + i * 32 + bits.trailing_zeros() as usize) as i32);
-                bits &= bits - 1;
-            }
-            if positions.len() > budget {
-                return Ok(None);
-            }
-        }
-    }
-    let (r, v) = (rows as i32, vocab as i32);
-    let flags = Array::from_slice(&mostly_allowed, &[r, 1])?;
-    let set = if positions.is_empty() {
-        ops::zeros(&[r, v], Dtype::Bool)?
-    } else {
-        let idx = Array::from_slice(&positions, &[positions.len() as i32])?;
-        let on = Array::scalar(true)?.broadcast_to(&[positions.len() as i32])?;
-        ops::zeros(&[r * v], Dtype::Bool)?
-            .put_along_axis(&idx, &on, 0)?
-            .reshape(&[r, v])?
-    };
-    Ok(Some(set.not_equal(&flags)?))
 }
 
 /// `logits` (`[rows, vocab]`) with every token `cond` forbids set to `-inf`; allowed

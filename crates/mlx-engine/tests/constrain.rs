@@ -470,65 +470,6 @@ fn word_masks_expand_to_one_flag_per_token() {
     assert!(mlx_engine::constrain::mask_from_words(&words[1..], rows, vocab).is_err());
 }
 
-/// The two ways to the device of a batch's masks (the bitsets, or each row's minority
-/// tokens with a flag a row) give the same mask: rows allowing a few tokens, all but a
-/// few, none but one, every one, half of them; a vocabulary that is no multiple of 32
-/// with garbage in the last word's unused bits; and the sparse way declines rows too
-/// dense for it.
-#[test]
-fn sparse_and_dense_masks_agree() {
-    use mlx_engine::constrain::{dense_mask, mask_from_words, sparse_mask};
-    let vocab = 1000usize;
-    let n = vocab.div_ceil(32);
-    let row_of = |allowed: &dyn Fn(usize) -> bool| -> Vec<u32> {
-        let mut w = vec![0u32; n];
-        for t in 0..vocab {
-            if allowed(t) {
-                w[t / 32] |= 1 << (t % 32);
-            }
-        }
-        w[n - 1] |= !((1u32 << (vocab % 32)) - 1); // bits past the vocabulary
-        w
-    };
-    let few = row_of(&|t| t % 97 == 3);
-    let most = row_of(&|t| t % 89 != 5);
-    let one = row_of(&|t| t == vocab - 1);
-    let all = row_of(&|_| true);
-    let rows = [few.clone(), most.clone(), one, all, few, most];
-    let words: Vec<u32> = rows.concat();
-    let r = rows.len();
-    let want = dense_mask(&words, r, vocab)
-        .unwrap()
-        .to_vec::<bool>()
-        .unwrap();
-    let sparse = sparse_mask(&words, r, vocab)
-        .unwrap()
-        .expect("few minority tokens");
-    assert_eq!(sparse.shape(), vec![r as i32, vocab as i32]);
-    assert_eq!(sparse.dtype(), Dtype::Bool);
-    assert_eq!(sparse.to_vec::<bool>().unwrap(), want);
-    assert_eq!(
-        mask_from_words(&words, r, vocab)
-            .unwrap()
-            .to_vec::<bool>()
-            .unwrap(),
-        want
-    );
-    for (i, row) in rows.iter().enumerate() {
-        for t in 0..vocab {
-            assert_eq!(want[i * vocab + t], row[t / 32] >> (t % 32) & 1 == 1);
-        }
-    }
-    // Half the vocabulary allowed: as many positions as tokens, more than the bitsets.
-    let half = row_of(&|t| t % 2 == 0);
-    assert!(sparse_mask(&half, 1, vocab).unwrap().is_none());
-    let m = mask_from_words(&half, 1, vocab)
-        .unwrap()
-        .to_vec::<bool>()
-        .unwrap();
-    assert!(m.iter().enumerate().all(|(t, &a)| a == (t % 2 == 0)));
-}
-
 /// A batch of rows with grammars (some behind a repetition penalty, one waiting for
 /// its thinking section to end) and rows without: the batched step (masks computed on
 /// the host as bitsets, one `where` for the batch) gives every row the

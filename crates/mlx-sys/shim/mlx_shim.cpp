@@ -171,25 +171,23 @@ mlxs_vec wrapv(std::vector<mx::array> v) {
 // Buffers for host data made into arrays (mlxs_array_from_data) on the CUDA backend.
 // MLX's allocator serves a host allocation from any cached buffer of a close size, device
 // memory included, and then swaps that buffer for new managed memory with a synchronous
-// copy (cudaMallocManaged and cudaMemcpy, every time it happens): uploads made at every
-// decoding step (a batch's grammar masks, joining rows' tokens) paid it whenever a device
-// intermediate of their size was in the cache. Host uploads keep buffers of their own
-// instead: taken from MLX (managed memory from then on), given back to this pool when
-// their array is freed (after the device is done with it: MLX holds each kernel's inputs
-// until the kernel completes, and never donates a buffer it does not own), at most
-// kHostPoolBytes kept. Mode: MLX_HOST_BUFFER_POOL=0 off, 1 on every backend (for tests),
-// else on where CUDA is available; `mlxs_set_host_buffer_pool` sets it.
+// copy (cudaMallocManaged and cudaMemcpy, every time it happens): a batch's grammar masks
+// (0.5 MB at 32 rows of a 128k vocabulary), uploaded at every decoding step, paid it on
+// most steps (the sampling graph's host time 1.1-1.5 ms against 0.13-0.16 ms with this
+// pool, H200, benchmarks/GPU.md session 20). Host uploads of at least kMinBytes (MLX's
+// page) keep buffers of their own instead: taken from MLX (managed memory from then on),
+// given back to this pool when their array is freed (after the device is done with it:
+// MLX holds each kernel's inputs until the kernel completes, and never donates a buffer
+// it does not own), at most kHostPoolBytes kept. Smaller uploads stay MLX's (with the pool
+// they measured no faster: speculative rounds upload a few small arrays each). Mode:
+// MLX_HOST_BUFFER_POOL=0 off, 1 on every backend (for tests), else on where CUDA is
+// available; `mlxs_set_host_buffer_pool` sets it.
 class HostPool {
  public:
   static constexpr size_t kHostPoolBytes = size_t{64} << 20;
-  // MLX's rounding: powers of two below its 16 KiB page, whole pages above.
-  static size_t size_class(size_t n) {
-    constexpr size_t kPage = 16384;
-    if (n >= kPage) return (n + kPage - 1) / kPage * kPage;
-    size_t c = 16;
-    while (c < n) c *= 2;
-    return c;
-  }
+  static constexpr size_t kMinBytes = 16384;
+  // MLX's rounding of a size of at least its page: whole pages.
+  static size_t size_class(size_t n) { return (n + kMinBytes - 1) / kMinBytes * kMinBytes; }
   bool on() {
     int m = mode_.load(std::memory_order_relaxed);
     if (m < 0) {
@@ -258,7 +256,7 @@ HostPool& host_pool() {
 // A buffer for `nbytes` of host data: from the pool where it is on, else MLX's malloc.
 mx::allocator::Data host_buffer(size_t nbytes) {
   HostPool& pool = host_pool();
-  if (!pool.on()) return mx::allocator::malloc(nbytes);
+  if (nbytes < HostPool::kMinBytes || !pool.on()) return mx::allocator::malloc(nbytes);
   const size_t cls = HostPool::size_class(nbytes);
   return mx::allocator::Data(pool.take(cls),
                              [cls](mx::allocator::Buffer b) { host_pool().give(b, cls); });
