@@ -114,12 +114,12 @@ for PART in "$@"; do
       arms=(${STRUCT_ARMS:-pool nopool})
       i=0
       for arm in "${arms[@]}"; do
-        mkdir -p "$D/$arm"
+        t=$(( ($(left) - 5) / (${#arms[@]} - i) )); i=$((i + 1))
+        a="$D/$i-$arm"; mkdir -p "$a"
         e=(MLX_ENGINE_PROFILE_EVERY=16)
         [ "$arm" = nopool ] && e+=(MLX_HOST_BUFFER_POOL=0)
-        t=$(( ($(left) - 5) / (${#arms[@]} - i) )); i=$((i + 1))
-        env OUT="$D/$arm" "${e[@]}" timeout "$t" bash benchmarks/gpu_structured.sh \
-          "$NEW" --only llama-3.1-8b-bf16 --streams 32 > "$D/$arm/stdout.txt" 2>&1
+        env OUT="$a" "${e[@]}" timeout "$t" bash benchmarks/gpu_structured.sh \
+          "$NEW" --only llama-3.1-8b-bf16 --streams 32 > "$a/stdout.txt" 2>&1
       done ;;
     qmm)
       timeout $(( L < ${QMM_CAP:-200} ? L : ${QMM_CAP:-200} )) "$NEW/qmm_rows_check" ${QMM_ARGS:---gs 64 --m 2,3,4,8,16,32 --iters 20} \

@@ -47,9 +47,8 @@ pub fn set_wired_limit(bytes: usize) -> Result<usize> {
     check(unsafe { sys::mlxs_set_wired_limit(bytes, &mut prev) })?;
     Ok(prev)
 }
-/// Host data of 16 KiB or more made into arrays
-/// ([`Array::from_slice`](crate::Array::from_slice)) take buffers from a pool of their
-/// own, given back when the array is freed (after the device is done with it), rather
+/// Host data made into arrays ([`Array::from_slice`](crate::Array::from_slice); more
+/// than 8 bytes) take buffers from a pool of their own, given back when the array is freed (after the device is done with it), rather
 /// than from MLX's buffer cache: on CUDA that cache may hand a host upload a device
 /// buffer, which MLX then replaces by new managed memory with a synchronous copy, every
 /// time (a batch's grammar masks, uploaded at every decoding step, paid it on most

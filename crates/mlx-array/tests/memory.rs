@@ -220,12 +220,17 @@ fn the_host_upload_pool_reuses_only_buffers_no_computation_reads() {
     let c = Array::from_slice(&third, &[n as i32]).unwrap();
     assert_eq!(memory::host_buffer_pool_reuses(), before + 1);
     assert_eq!(c.to_vec::<f32>().unwrap(), third);
-    // Uploads under 16 KiB stay MLX's.
-    for _ in 0..2 {
-        let small = Array::from_slice(&[1.0f32; 100], &[100]).unwrap();
-        small.eval().unwrap();
+    // A small upload (400 bytes: a power-of-two class) is pooled the same way; a scalar
+    // stays MLX's.
+    for i in 0..2 {
+        let small = Array::from_slice(&[i as f32; 100], &[100]).unwrap();
+        assert_eq!(small.to_vec::<f32>().unwrap(), vec![i as f32; 100]);
     }
-    assert_eq!(memory::host_buffer_pool_reuses(), before + 1);
+    assert_eq!(memory::host_buffer_pool_reuses(), before + 2);
+    for _ in 0..2 {
+        Array::scalar(1.0f32).unwrap().eval().unwrap();
+    }
+    assert_eq!(memory::host_buffer_pool_reuses(), before + 2);
     drop((b, c));
     assert_eq!(
         settled(),

@@ -174,20 +174,26 @@ mlxs_vec wrapv(std::vector<mx::array> v) {
 // copy (cudaMallocManaged and cudaMemcpy, every time it happens): a batch's grammar masks
 // (0.5 MB at 32 rows of a 128k vocabulary), uploaded at every decoding step, paid it on
 // most steps (the sampling graph's host time 1.1-1.5 ms against 0.13-0.16 ms with this
-// pool, H200, benchmarks/GPU.md session 20). Host uploads of at least kMinBytes (MLX's
-// page) keep buffers of their own instead: taken from MLX (managed memory from then on),
-// given back to this pool when their array is freed (after the device is done with it:
-// MLX holds each kernel's inputs until the kernel completes, and never donates a buffer
-// it does not own), at most kHostPoolBytes kept. Smaller uploads stay MLX's (with the pool
-// they measured no faster: speculative rounds upload a few small arrays each). Mode:
+// pool, H200, benchmarks/GPU.md session 20; a 128-byte upload at every step met the same
+// swap). Host uploads keep buffers of their own instead: taken from MLX (managed memory
+// from then on), given back to this pool when their array is freed (after the device is
+// done with it: MLX holds each kernel's inputs until the kernel completes, and never
+// donates a buffer it does not own), at most kHostPoolBytes kept. Scalars (8 bytes or
+// less) stay MLX's: its allocator keeps them in managed memory anyway. Mode:
 // MLX_HOST_BUFFER_POOL=0 off, 1 on every backend (for tests), else on where CUDA is
 // available; `mlxs_set_host_buffer_pool` sets it.
 class HostPool {
  public:
   static constexpr size_t kHostPoolBytes = size_t{64} << 20;
-  static constexpr size_t kMinBytes = 16384;
-  // MLX's rounding of a size of at least its page: whole pages.
-  static size_t size_class(size_t n) { return (n + kMinBytes - 1) / kMinBytes * kMinBytes; }
+  static constexpr size_t kMinBytes = 9;
+  // MLX's rounding: powers of two below its 16 KiB page, whole pages above.
+  static size_t size_class(size_t n) {
+    constexpr size_t kPage = 16384;
+    if (n >= kPage) return (n + kPage - 1) / kPage * kPage;
+    size_t c = 16;
+    while (c < n) c *= 2;
+    return c;
+  }
   bool on() {
     int m = mode_.load(std::memory_order_relaxed);
     if (m < 0) {

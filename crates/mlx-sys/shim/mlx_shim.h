@@ -84,7 +84,7 @@ mlxs_array mlxs_array_clone(mlxs_array a);
 void mlxs_array_assign(mlxs_array dst, mlxs_array src);
 int mlxs_array_from_data(mlxs_array* out, const void* data, size_t nbytes,
                          const int32_t* shape, size_t ndim, int32_t dtype);
-/* Host data made into arrays (16 KiB and more) take buffers from a pool of their own
+/* Host data made into arrays (more than 8 bytes) take buffers from a pool of their own
    (given back when the array is freed) rather than MLX's cache, which on CUDA may hand them a device buffer and
    replace it with managed memory and a synchronous copy every time: mode 1 on, 0 off
    (default: on where CUDA is available; MLX_HOST_BUFFER_POOL=0 / 1 at start). */
