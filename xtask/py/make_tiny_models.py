@@ -1007,6 +1007,38 @@ GOLDENS.update({
     "llama4_text-small-f32": ("llama4_text", dict(SMALL, head_dim=8, intermediate_size_mlp=32), {}),
 })
 
+# EXAONE MoE: layers 0-2 sliding (with RoPE), 3 full (without), layer 0 dense; the HF
+# layout keeps per-expert weights, the correction bias beside the gate and an MTP block.
+ARCHS["exaone_moe"] = {"model_type": "exaone_moe", "head_dim": 16, "num_hidden_layers": 4,
+                       "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2,
+                       "num_shared_experts": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+                       "norm_topk_prob": True, "rope_theta": 1000000.0, "rope_scaling": None,
+                       "tie_word_embeddings": False, "sliding_window": 4,
+                       "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+                       "is_moe_layer": [False, True, True, True]}
+VARIANTS.update({
+    "exaone_moe-f32": ("exaone_moe", {}, {}),
+    # No sliding layer (RoPE on every layer), tied, one group, no renormalization,
+    # no shared experts, MoE and dense layers alternating.
+    "exaone_moe-f32-tied-full-onegroup-nonorm-noshared": (
+        "exaone_moe", {"tie_word_embeddings": True, "layer_types": ["full_attention"] * 4, "n_group": 1,
+                       "topk_group": 1, "norm_topk_prob": False, "num_shared_experts": 0,
+                       "is_moe_layer": [True, False, True, False]}, {}),
+    # Four groups of which two are kept, top 3, rope_theta from rope_parameters, two
+    # shared experts, sliding and full layers alternating, every layer MoE.
+    "exaone_moe-f32-groups4-top3-ropeparams": (
+        "exaone_moe", {"n_group": 4, "topk_group": 2, "num_experts_per_tok": 3, "num_shared_experts": 2,
+                       "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+                       "layer_types": ["full_attention", "sliding_attention"] * 2,
+                       "is_moe_layer": [True] * 4, "routed_scaling_factor": 1.5}, {}),
+    "exaone_moe-f32-top1": ("exaone_moe", {"num_experts_per_tok": 1}, {}),
+    "exaone_moe-q4": ("exaone_moe", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "exaone_moe-bf16-q4": ("exaone_moe", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "exaone_moe-small-f32": ("exaone_moe", dict(SMALL, head_dim=8, moe_intermediate_size=16), {}),
+})
+
 
 def seed_of(name):
     return zlib.crc32(name.encode())
@@ -1162,6 +1194,13 @@ def to_hf_names(config, weights, opts, rng):
                     out[f"{prefix}.experts.{e}.{w}.weight"] = v[e]
             else:
                 out[k.replace(k.split(".")[-2] + ".weight", w + ".weight")] = v
+        elif mt == "exaone_moe" and ".mlp.switch_mlp." in k:
+            proj = k.split(".")[-2]
+            prefix = k.split(".mlp.switch_mlp.")[0]
+            for e in range(v.shape[0]):
+                out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
+        elif mt == "exaone_moe" and k.endswith(".mlp.gate.e_score_correction_bias"):
+            out[k.replace(".mlp.gate.", ".mlp.")] = v
         elif mt == "dots1" and ".mlp.experts." in k and v.ndim == 3:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.experts.")[0]
@@ -1217,6 +1256,12 @@ def to_hf_names(config, weights, opts, rng):
         out["model.layers.0.mlp.gate_proj.input_max"] = np.ones((), np.float32)
     if mt in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h"):
         out["mtp.fc.weight"] = rng.standard_normal((4, 4)).astype(np.float32)  # sanitize drops it
+    if mt == "exaone_moe":  # sanitize drops them
+        h = config["hidden_size"]
+        out["mtp.fc.weight"] = rng.standard_normal((h, 2 * h)).astype(np.float32)
+        out["mtp.layers.0.input_layernorm.weight"] = np.ones((h,), np.float32)
+        if config.get("tie_word_embeddings"):
+            out["lm_head.weight"] = out["model.embed_tokens.weight"].copy()
     if mt in ("qwen3_5", "qwen3_5_moe"):
         out["model.visual.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)
     if opts.get("hf_mxfp4"):

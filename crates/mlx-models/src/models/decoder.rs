@@ -140,7 +140,7 @@ impl<F: FeedForward> DecoderLayer<F> {
         self
     }
 
-    fn forward(
+    pub(crate) fn forward(
         &self,
         x: &Array,
         mask: &mlx_nn::AttnMask,

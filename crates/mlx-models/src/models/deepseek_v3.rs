@@ -416,6 +416,30 @@ impl_module!(MoeGate {
 });
 
 impl MoeGate {
+    /// Zero placeholders for `n_experts` experts of `dim` inputs; `groups` is
+    /// `(n_group, topk_group)`; `denom_eps` is added to the normalizing sum where the
+    /// mlx-lm file adds one.
+    pub(crate) fn new(
+        n_experts: i32,
+        dim: i32,
+        top_k: i32,
+        groups: (i32, i32),
+        routed_scaling_factor: f64,
+        norm_topk_prob: bool,
+        denom_eps: Option<f64>,
+    ) -> Result<MoeGate> {
+        Ok(MoeGate {
+            weight: Param::new(ops::zeros(&[n_experts, dim], Dtype::Float32)?),
+            e_score_correction_bias: Param::new(ops::zeros(&[n_experts], Dtype::Float32)?),
+            top_k,
+            n_group: groups.0,
+            topk_group: groups.1,
+            routed_scaling_factor,
+            norm_topk_prob,
+            denom_eps,
+        })
+    }
+
     fn route(&self, x: &Array) -> Result<(Array, Array)> {
         let gates = x.matmul(&self.weight.transposed()?)?;
         let (k, g, tg) = (self.top_k, self.n_group, self.topk_group);
@@ -451,6 +475,27 @@ impl_module!(Moe {
     gate,
     shared_experts
 });
+
+impl Moe {
+    /// SwitchGLU experts of `moe_dim` hidden units routed by `gate`, plus shared experts
+    /// of `moe_dim * n_shared` (gate, up, down) where `n_shared` is given.
+    pub(crate) fn new(
+        dim: i32,
+        moe_dim: i32,
+        n_experts: i32,
+        n_shared: Option<i32>,
+        gate: MoeGate,
+    ) -> crate::Result<Moe> {
+        let shared_experts = n_shared
+            .map(|n| Mlp::new(dim, moe_dim * n, false).map(Mlp::up_before_down))
+            .transpose()?;
+        Ok(Moe {
+            switch_mlp: SwitchGlu::new(dim, moe_dim, n_experts, false)?,
+            gate,
+            shared_experts,
+        })
+    }
+}
 
 impl FeedForward for Moe {
     fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
@@ -597,32 +642,21 @@ impl Model {
                     Some(n_experts)
                         if i >= args.first_k_dense_replace && i % args.moe_layer_freq == 0 =>
                     {
-                        let shared = args
-                            .n_shared_experts
-                            .map(|n| Mlp::new(dim, args.moe_intermediate_size * n, false).map(Mlp::up_before_down))
-                            .transpose()?;
-                        DenseOrMoe::Moe(Box::new(Moe {
-                            switch_mlp: SwitchGlu::new(
-                                dim,
-                                args.moe_intermediate_size,
+                        DenseOrMoe::Moe(Box::new(Moe::new(
+                            dim,
+                            args.moe_intermediate_size,
+                            n_experts,
+                            args.n_shared_experts,
+                            MoeGate::new(
                                 n_experts,
-                                false,
-                            )?,
-                            gate: MoeGate {
-                                weight: Param::new(ops::zeros(&[n_experts, dim], Dtype::Float32)?),
-                                e_score_correction_bias: Param::new(ops::zeros(
-                                    &[n_experts],
-                                    Dtype::Float32,
-                                )?),
-                                top_k: args.num_experts_per_tok,
-                                n_group: args.n_group,
-                                topk_group: args.topk_group,
-                                routed_scaling_factor: args.routed_scaling_factor,
-                                norm_topk_prob: args.norm_topk_prob,
+                                dim,
+                                args.num_experts_per_tok,
+                                (args.n_group, args.topk_group),
+                                args.routed_scaling_factor,
+                                args.norm_topk_prob,
                                 denom_eps,
-                            },
-                            shared_experts: shared,
-                        }))
+                            )?,
+                        )?))
                     }
                     _ => DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?.up_before_down())),
                 };

@@ -132,6 +132,7 @@ architectures! {
     llama4,
     llama4_text,
     minimax,
+    exaone_moe,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
