@@ -121,6 +121,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-llama4", "llama4-q4", None),
     ("minimax", "minimax-f32", None),
     ("minimax-fp8", "minimax-fp8", None),
+    ("exaone_moe", "exaone_moe-f32", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -334,6 +335,11 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     }
     add("minimax-fp8", "");
     add("minimax-fp8", "-q");
+    // EXAONE MoE: sanitize drops the MTP block, moves the correction bias under the gate
+    // and stacks the experts; the bias stays float32 (its cast_predicate).
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("exaone_moe", flags);
+    }
     // Gemma 4: the router's 8-bit predicate; per-layer embeddings quantized where their
     // width allows; the multimodal towers dropped; a quantized MoE source.
     for src in ["gemma4_text", "gemma4_text-moe", "gemma4-mm"] {

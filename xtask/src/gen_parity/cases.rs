@@ -81,6 +81,7 @@ pub const TINY: &[&str] = &[
     "llama4-f32",
     "llama4_text-f32",
     "minimax-f32",
+    "exaone_moe-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",
