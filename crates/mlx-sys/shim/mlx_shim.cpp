@@ -185,7 +185,8 @@ mlxs_vec wrapv(std::vector<mx::array> v) {
 class HostPool {
  public:
   static constexpr size_t kHostPoolBytes = size_t{64} << 20;
-  static constexpr size_t kMinBytes = 9;
+  // Scalars (8 bytes or less) stay MLX's.
+  static constexpr size_t kScalarBytes = 8;
   // MLX's rounding: powers of two below its 16 KiB page, whole pages above.
   static size_t size_class(size_t n) {
     constexpr size_t kPage = 16384;
@@ -262,7 +263,7 @@ HostPool& host_pool() {
 // A buffer for `nbytes` of host data: from the pool where it is on, else MLX's malloc.
 mx::allocator::Data host_buffer(size_t nbytes) {
   HostPool& pool = host_pool();
-  if (nbytes < HostPool::kMinBytes || !pool.on()) return mx::allocator::malloc(nbytes);
+  if (nbytes <= HostPool::kScalarBytes || !pool.on()) return mx::allocator::malloc(nbytes);
   const size_t cls = HostPool::size_class(nbytes);
   return mx::allocator::Data(pool.take(cls),
                              [cls](mx::allocator::Buffer b) { host_pool().give(b, cls); });

@@ -35,32 +35,57 @@ pub struct ModelArgs {
     pub sliding_window_pattern: Option<String>,
 }
 
-/// Self-attention with per-head q/k norms; RoPE unless the layer is global in a
-/// patterned model (`is_local`: `None` without a pattern).
-fn attention(args: &ModelArgs, is_local: Option<bool>) -> crate::Result<Attention> {
-    let d = args.head_dim;
-    let rope = if is_local.unwrap_or(true) {
+/// EXAONE 4's self-attention, also EXAONE MoE's: no biases, per-head q/k RMS norms
+/// (`eps`), scale `head_dim^-0.5`, RoPE (`rope_theta`, `rope_scaling`) where `use_rope`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn exaone_attention(
+    hidden_size: i32,
+    n_heads: i32,
+    n_kv_heads: i32,
+    head_dim: i32,
+    rope_theta: f64,
+    rope_scaling_cfg: Option<&Value>,
+    max_position_embeddings: i32,
+    eps: f64,
+    use_rope: bool,
+) -> crate::Result<Attention> {
+    let rope = if use_rope {
         initialize_rope(
-            d,
-            args.rope_theta,
+            head_dim,
+            rope_theta,
             false,
-            rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
-            Some(args.max_position_embeddings),
+            rope_scaling(rope_scaling_cfg)?.as_ref(),
+            Some(max_position_embeddings),
         )?
     } else {
         Rope::Identity
     };
     let dims = AttentionDims {
-        dim: args.hidden_size,
-        n_heads: args.num_attention_heads,
-        n_kv_heads: args.num_key_value_heads,
-        head_dim: d,
+        dim: hidden_size,
+        n_heads,
+        n_kv_heads,
+        head_dim,
         qkv_bias: false,
         o_bias: false,
     };
-    let eps = args.rms_norm_eps;
-    Attention::new(dims, rope, (d as f64).powf(-0.5))?
+    Attention::new(dims, rope, (head_dim as f64).powf(-0.5))?
         .with_qk_norms(NormAt::Heads, |n| Ok(HeadNorm::Rms(RmsNorm::new(n, eps)?)))
+}
+
+/// A layer's attention: RoPE unless the layer is global in a patterned model
+/// (`is_local`: `None` without a pattern).
+fn attention(args: &ModelArgs, is_local: Option<bool>) -> crate::Result<Attention> {
+    exaone_attention(
+        args.hidden_size,
+        args.num_attention_heads,
+        args.num_key_value_heads,
+        args.head_dim,
+        args.rope_theta,
+        args.rope_scaling.as_ref(),
+        args.max_position_embeddings,
+        args.rms_norm_eps,
+        is_local.unwrap_or(true),
+    )
 }
 
 /// One decoder layer: `h = x + norm(attn(x))`, `out = h + norm(mlp(h))`.

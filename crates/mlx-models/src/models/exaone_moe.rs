@@ -5,20 +5,18 @@
 //! sigmoid-scored group-limited router (with the correction bias and routed scaling)
 //! over SwitchGLU experts plus shared experts. Sanitize drops the multi-token-prediction
 //! weights (`mtp.*`), moves the correction bias under the gate and stacks the experts.
-use super::attention::{Attention, AttentionDims, HeadNorm, NormAt};
+use super::attention::Attention;
 use super::decoder::{stack_experts, DecoderLayer, DenseOrMoe, FeedForward};
 use super::deepseek_v3::{cast_all_but_bias, Moe, MoeGate};
+use super::exaone4::exaone_attention;
 use super::head::{self, LogitScale};
 use super::mlp::Mlp;
 use super::{layer_caches, window_cache_specs, Architecture, LayerMasks, Weights};
-use crate::config::{parse_args, rope_scaling};
+use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Dtype, Result};
 use mlx_nn::module::{join, QuantVisitor};
-use mlx_nn::{
-    impl_module, initialize_rope, EmbeddingLayer, KvCache, LinearLayer, Module, Param, RmsNorm,
-    Rope,
-};
+use mlx_nn::{impl_module, EmbeddingLayer, KvCache, LinearLayer, Module, Param, RmsNorm};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -80,31 +78,19 @@ fn default_rope_theta() -> f64 {
     1_000_000.0
 }
 
-/// Self-attention with per-head q/k norms, rotated when `use_rope`.
+/// EXAONE 4's attention, rotated when `use_rope`.
 fn attention(args: &ModelArgs, use_rope: bool) -> crate::Result<Attention> {
-    let d = args.head_dim;
-    let rope = if use_rope {
-        initialize_rope(
-            d,
-            args.rope_theta,
-            false,
-            rope_scaling(args.rope_scaling.as_ref())?.as_ref(),
-            Some(args.max_position_embeddings),
-        )?
-    } else {
-        Rope::Identity
-    };
-    let dims = AttentionDims {
-        dim: args.hidden_size,
-        n_heads: args.num_attention_heads,
-        n_kv_heads: args.num_key_value_heads,
-        head_dim: d,
-        qkv_bias: false,
-        o_bias: false,
-    };
-    let eps = args.rms_norm_eps;
-    Attention::new(dims, rope, (d as f64).powf(-0.5))?
-        .with_qk_norms(NormAt::Heads, |n| Ok(HeadNorm::Rms(RmsNorm::new(n, eps)?)))
+    exaone_attention(
+        args.hidden_size,
+        args.num_attention_heads,
+        args.num_key_value_heads,
+        args.head_dim,
+        args.rope_theta,
+        args.rope_scaling.as_ref(),
+        args.max_position_embeddings,
+        args.rms_norm_eps,
+        use_rope,
+    )
 }
 
 /// A layer's feed-forward block.
