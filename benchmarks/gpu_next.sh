@@ -45,6 +45,9 @@
 # device call of 600 s returns the summary), WATCH (5), NOQMV=1 (an extra arm: ours with
 # MLX_FAST_QMV=0, i.e. without our own one-row 4-bit kernels and their NVRTC compiles),
 # GDN0=1 (an extra arm: ours with MLX_GDN_LEAN=0, mlx-lm's gated delta step op for op),
+# EXTRA_ARMS ("NAME=VAR=V,VAR=V NAME2=..." : more arms of ours, named ours-NAME, each with
+# its variables), PROFILE=0 (ours without MLX_LOG=debug and the engine's profile lines,
+# as mlx-lm runs: for the timing arms),
 # PYTHON (python3), MODEL (another model directory instead of making the benchmark's; for
 # trying the script on a CPU machine with a small one, e.g. benchmarks/next_model.py's).
 # Writes $OUT/log.txt (everything, timestamped; appended to by each call), $OUT/summary.md
@@ -93,17 +96,23 @@ if [ -z "${MODEL:-}" ]; then
 fi
 
 ARMS=(ours)
+declare -A ARM_ENV=([ours]="" [ours-noqmv]="MLX_FAST_QMV=0" [ours-gdn0]="MLX_GDN_LEAN=0")
 [ "${NOQMV:-0}" = 1 ] && ARMS+=(ours-noqmv)
 [ "${GDN0:-0}" = 1 ] && ARMS+=(ours-gdn0)
+for a in ${EXTRA_ARMS:-}; do
+  ARMS+=("ours-${a%%=*}")
+  e=${a#*=}
+  ARM_ENV[ours-${a%%=*}]=${e//,/ }
+done
 ARMS+=(mlx-lm)
+OURS_ENV="MLX_LOG=debug MLX_ENGINE_PROFILE=1"
+[ "${PROFILE:-1}" = 0 ] && OURS_ENV=""
 # arm_cmd ARM TRIALS: the command line of one process of ARM.
 arm_cmd() {
   local common=(--model "$M" -p "$P" -g "$G" -n "$2")
   case "$1" in
-    ours) echo env MLX_LOG=debug MLX_ENGINE_PROFILE=1 "$BIN/mlx-benchmark" "${common[@]}" ;;
-    ours-noqmv) echo env MLX_FAST_QMV=0 MLX_LOG=debug MLX_ENGINE_PROFILE=1 "$BIN/mlx-benchmark" "${common[@]}" ;;
-    ours-gdn0) echo env MLX_GDN_LEAN=0 MLX_LOG=debug MLX_ENGINE_PROFILE=1 "$BIN/mlx-benchmark" "${common[@]}" ;;
     mlx-lm) echo "$PY" -m mlx_lm benchmark "${common[@]}" ;;
+    *) echo env ${ARM_ENV[$1]} $OURS_ENV "$BIN/mlx-benchmark" "${common[@]}" ;;
   esac
 }
 # cache_env ARM: the kernel-cache variables of ARM's runs (empty: the machine's defaults).
@@ -247,9 +256,12 @@ for (arm, kind), r in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
     print(f"| {arm} | {kind} | {len(r['wall'])} ({','.join(map(str, r['rc']))}) | "
           f"{' '.join(f'{w:.0f}' for w in r['wall'])} | {sum(r['jit'])} | {mean(r['pf']):,.1f} | {mean(r['dec']):,.1f} |")
 for kind in ("warm", "cold"):
-    a, b = rows.get(("ours", kind)), rows.get(("mlx-lm", kind))
-    if a and b and a["pf"] and b["pf"]:
-        print(f"\n{kind}: ours / mlx-lm prefill {mean(a['pf']) / mean(b['pf']):.2f}x, "
-              f"decode {mean(a['dec']) / mean(b['dec']):.2f}x")
+    b = rows.get(("mlx-lm", kind))
+    for (arm, k), a in sorted(rows.items()):
+        if k != kind or arm == "mlx-lm" or not (a and b and a["pf"] and b["pf"]):
+            continue
+        print(f"\n{kind}: {arm} / mlx-lm prefill {mean(a['pf']) / mean(b['pf']):.2f}x, "
+              f"decode {mean(a['dec']) / mean(b['dec']):.2f}x; decode per trial "
+              f"{' '.join(f'{d:.0f}' for d in a['dec'])} against {' '.join(f'{d:.0f}' for d in b['dec'])}")
 EOF
 log "done"

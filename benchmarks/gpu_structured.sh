@@ -6,21 +6,27 @@
 # within 5% of unconstrained.
 #
 #   bash benchmarks/gpu_structured.sh [BIN_DIR] [--only VARIANTS] [-g N] [--streams LIST]
+#                                     [--trials N]
 #
 #   BIN_DIR     release build of mlx-server (default .gpu/bin)
 #   --only      variants of make_bench_models.py (default qwen2.5-0.5b-bf16,llama-3.1-8b-bf16)
+#   --trials    pairs of runs (none / JSON schema, order flipped each pair) per level (1)
+#
+# MLX_ENGINE_PROFILE=0 runs the server without its profile lines (they are on by default
+# here).
 #
 # Writes $OUT/structured.md and $OUT/structured.log (with the server's
 # MLX_ENGINE_PROFILE lines: `grep 'mlx-engine profile' structured.log`).
 set -euo pipefail
 BIN=.gpu/bin
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then BIN=$1; shift; fi
-ONLY=qwen2.5-0.5b-bf16,llama-3.1-8b-bf16 G=128 STREAMS=1,32
+ONLY=qwen2.5-0.5b-bf16,llama-3.1-8b-bf16 G=128 STREAMS=1,32 TRIALS=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY=$2; shift 2 ;;
     -g) G=$2; shift 2 ;;
     --streams) STREAMS=$2; shift 2 ;;
+    --trials) TRIALS=$2; shift 2 ;;
     *) echo "gpu_structured.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -52,7 +58,7 @@ for m in ${ONLY//,/ }; do
     sleep 1
   done
   "$PY" benchmarks/structured_bench.py --base-url "http://127.0.0.1:$PORT" -g "$G" \
-    --streams "$STREAMS" --label "$m" | tee -a "$OUT/structured.md"
+    --streams "$STREAMS" --trials "$TRIALS" --label "$m" | tee -a "$OUT/structured.md"
   kill "$SERVER"; wait "$SERVER" 2>/dev/null || true
   trap - EXIT
 done

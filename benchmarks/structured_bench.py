@@ -8,9 +8,12 @@ first token of each stream, averaged), and wall tok/s = completion tokens of all
 (last stream's end - first stream's start: prefill included, and not moved by when a
 stream's first content arrives, which random weights' partial UTF-8 tokens can delay). Then the time to first token of one request with
 a 50-property schema (the first constrained request of a schema compiles it), against
-the same request unconstrained. Prints a markdown table.
+the same request unconstrained. Prints a markdown table. With `--trials N` each
+concurrency level runs N pairs, the order within a pair flipped every other trial (so a
+drift of the machine's speed falls on both settings), and a line per level gives the
+constrained / unconstrained decode ratio of each pair and their mean.
 
-    python benchmarks/structured_bench.py --base-url http://127.0.0.1:8080 -g 128 --streams 1,32
+    python benchmarks/structured_bench.py --base-url http://127.0.0.1:8080 -g 128 --streams 1,32 [--trials 3]
 """
 
 import argparse
@@ -75,6 +78,7 @@ def main():
     ap.add_argument("-g", type=int, default=128)
     ap.add_argument("--streams", default="1,32")
     ap.add_argument("--label", default="")
+    ap.add_argument("--trials", type=int, default=1)
     args = ap.parse_args()
     items = max(2, args.g // 2 - 2)
     digits = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": items, "maxItems": items}
@@ -95,9 +99,20 @@ def main():
         # unconstrained, timed first, against 3,503 constrained).
         run(args.base_url, 8, n, None)
         run(args.base_url, 8, n, digits)
-        for name, schema in (("none", None), ("JSON schema", digits)):
-            toks, tps, ttft, wall = run(args.base_url, args.g, n, schema)
-            print(f"| {n} | {name} | {toks} | {tps:.1f} | {ttft:.3f} | {wall:.1f} |", flush=True)
+        ratios = []
+        for trial in range(args.trials):
+            pair = [("none", None), ("JSON schema", digits)]
+            if trial % 2:
+                pair.reverse()
+            tps_of = {}
+            for name, schema in pair:
+                toks, tps, ttft, wall = run(args.base_url, args.g, n, schema)
+                tps_of[name] = tps
+                print(f"| {n} | {name} | {toks} | {tps:.1f} | {ttft:.3f} | {wall:.1f} |", flush=True)
+            ratios.append(tps_of["JSON schema"] / tps_of["none"])
+        if args.trials > 1:
+            summary = ", ".join(f"{r:.3f}" for r in ratios)
+            print(f"| {n} | ratio schema / none | {summary} | mean {sum(ratios) / len(ratios):.3f} | | |", flush=True)
     plain = stream(args.base_url, body(8, None, 0))["ttft"]
     first = stream(args.base_url, body(args.g * 4, wide, 1))["ttft"]
     again = stream(args.base_url, body(args.g * 4, wide, 2))["ttft"]
