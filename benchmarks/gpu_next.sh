@@ -47,7 +47,8 @@
 # GDN0=1 (an extra arm: ours with MLX_GDN_LEAN=0, mlx-lm's gated delta step op for op),
 # EXTRA_ARMS ("NAME=VAR=V,VAR=V NAME2=..." : more arms of ours, named ours-NAME, each with
 # its variables), PROFILE=0 (ours without MLX_LOG=debug and the engine's profile lines,
-# as mlx-lm runs: for the timing arms),
+# as mlx-lm runs: for the timing arms), WARMUP=1 (warm: one untimed process of ours and
+# of mlx-lm first, -g 8, up to 400 s each, for a fresh machine's kernel compiles),
 # PYTHON (python3), MODEL (another model directory instead of making the benchmark's; for
 # trying the script on a CPU machine with a small one, e.g. benchmarks/next_model.py's).
 # Writes $OUT/log.txt (everything, timestamped; appended to by each call), $OUT/summary.md
@@ -221,6 +222,13 @@ for part in "${PARTS[@]}"; do
       for arm in "${ARMS[@]}"; do [ -d "$CACHES/$arm/ptx" ] || own=0; done
       USE_OWN_CACHES=$own
       log "warm: $([ $own = 1 ] && echo "each arm in the caches its cold run filled" || echo "the machine's default kernel caches")"
+      if [ "${WARMUP:-0}" = 1 ]; then
+        # One untimed process per tool first (-g 8, one trial): on a fresh machine it
+        # compiles every kernel into the default caches, so no timed round pays for that.
+        save_g=$G; G=8; save_t=$STEP_TIMEOUT; STEP_TIMEOUT=400
+        run_watched ours warmup 1 1; run_watched mlx-lm warmup 1 1
+        G=$save_g; STEP_TIMEOUT=$save_t
+      fi
       for ((r = 0; r < ROUNDS; r++)); do
         order=("${ARMS[@]}")
         if ((r % 2)); then

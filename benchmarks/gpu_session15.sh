@@ -43,6 +43,19 @@
 #   pf4b       issue 21: one prompt's prefill, 8B bf16 against 8B 4-bit (default, dequant,
 #              forced mma; PF_ARMS, PF_P, PF_N)
 #   next       issue 26: gpu_next.sh check warm (Qwen3-Next: lean step's text, ours vs mlx-lm)
+#   nextab     issue 26: gpu_next.sh warm, Qwen3-Next decode against mlx-lm with our one-row
+#              4-bit kernels on, off (MLX_FAST_QMV=0) and only on large weights
+#              (NEXTAB_EXTRA, default minel=MLX_FAST_QMV_MIN_ELEMENTS=16777216), without
+#              the profile lines; NEXT_ROUNDS (3) processes per arm, alternating, after an
+#              untimed warm-up process of each tool (kernel compiles on a fresh machine)
+#   nextgraph  issue 26: decode_build on the Qwen3-Next shape (host split of a decode step:
+#              build, async_eval with the device idle) with our kernels on and off, and the
+#              step's primitives on the GPU, ours (DECODE_BUILD_DOT) against mlx-lm's
+#              (graph_nodes.py)
+#   ds3        issue 26: DeepSeek-V3 shape 4-bit (deepseek-v3-l4-4bit), gpu.sh, 2 rounds of
+#              ours / mlx-lm alternating, -p 512 -g 128
+#   structab   issue 20: gpu_structured.sh with --trials (STRUCT_TRIALS, 3) on the 0.5B and
+#              8B bf16 shapes (STRUCT_ONLY) at 1 and 32 streams, no profile lines
 set -u
 OUT=${OUT:-/tmp/out}
 NEW=${NEW:-/root/bins/new}
@@ -284,6 +297,32 @@ for PART in "$@"; do
       # greedy text against MLX_GDN_LEAN=0 and mlx-lm, then warm rounds against mlx-lm
       OUT=$D DEADLINE=$((L - 10)) N=${NEXT_N:-2} ROUNDS=${NEXT_ROUNDS:-1} \
         bash benchmarks/gpu_next.sh "$NEW" ${NEXT_PARTS:-check warm} > "$D/stdout.txt" 2>&1 ;;
+    nextab)
+      OUT=$D DEADLINE=$((L - 10)) N=${NEXT_N:-2} ROUNDS=${NEXT_ROUNDS:-3} PROFILE=0 NOQMV=1 WARMUP=1 \
+        EXTRA_ARMS=${NEXTAB_EXTRA-minel=MLX_FAST_QMV_MIN_ELEMENTS=16777216} \
+        bash benchmarks/gpu_next.sh "$NEW" warm > "$D/stdout.txt" 2>&1 ;;
+    nextgraph)
+      M=$MODELS/qwen3-next-80b-a3b-l4-4bit
+      ensure_model qwen3-next-80b-a3b-l4-4bit "$D"
+      for arm in on off on2 off2; do
+        e=(); case $arm in off*) e=(MLX_FAST_QMV=0) ;; esac
+        echo "## decode_build $arm" >> "$D/stdout.txt"
+        env "${e[@]}" DECODE_BUILD_DOT="$D/ours-$arm.dot" timeout 120 "$NEW/decode_build" "$M" 128 64 \
+          >> "$D/stdout.txt" 2>&1
+      done
+      timeout 120 python3 benchmarks/graph_nodes.py mlx-lm "$M" "$D/mlx-lm.dot" 128 > "$D/mlx-lm-graph.txt" 2>&1
+      for f in ours-on ours-off mlx-lm; do
+        python3 benchmarks/graph_nodes.py count "$D/$f.dot" > "$D/count-$f.txt" 2>&1
+        head -1 "$D/count-$f.txt" >> "$D/stdout.txt"
+      done
+      rm -f "$D"/ours-on2.dot "$D"/ours-off2.dot ;;
+    ds3)
+      OUT=$D STEP_TIMEOUT=200 timeout "$L" bash benchmarks/gpu.sh "$NEW" --only deepseek-v3-l4-4bit \
+        -p 512 -g 128 -n 2 --rounds 2 --startup-runs 0 --budget $((L - 20)) > "$D/stdout.txt" 2>&1 ;;
+    structab)
+      OUT=$D MLX_ENGINE_PROFILE=0 timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" \
+        --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams 1,32 \
+        --trials "${STRUCT_TRIALS:-3}" > "$D/stdout.txt" 2>&1 ;;
     lora)
       # LORA_ARGS: e.g. "--only llama-3.2-1b-bf16 --bound-ab" (adds an arm without the
       # memory bound, which is on by default on CUDA since session 17)
