@@ -22,6 +22,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes, load_model, quantize_model, save_config, save_model
 
+import olmo_compat  # noqa: F401  (mlx-lm's olmo.py made runnable, see there)
+
 BASE = {
     "hidden_size": 64,
     "num_hidden_layers": 2,
@@ -1037,6 +1039,25 @@ VARIANTS.update({
 })
 GOLDENS.update({
     "exaone_moe-small-f32": ("exaone_moe", dict(SMALL, head_dim=8, moe_intermediate_size=16), {}),
+})
+
+# OLMo (the first release): hf_olmo's config keys; an embedding padded past the
+# vocabulary (the logits are `embedding_size` wide), an explicit MLP width.
+ARCHS["olmo"] = {"model_type": "olmo", "d_model": 64, "n_layers": 2, "n_heads": 4, "mlp_hidden_size": 128,
+                 "embedding_size": 136, "weight_tying": False}
+VARIANTS.update({
+    "olmo-f32": ("olmo", {"rope_theta": 50000.0}, {}),
+    # Tied (mlx-lm's tied head returns a tuple: olmo_compat takes the logits), the MLP
+    # width from mlp_ratio, traditional RoPE, three layers (no rope_theta in any but
+    # olmo-f32: the default base).
+    "olmo-f32-tied-ratio-traditional": (
+        "olmo", {"weight_tying": True, "mlp_hidden_size": None, "mlp_ratio": 3, "rope_traditional": True,
+                 "n_layers": 3}, {}),
+    "olmo-q4": ("olmo", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "olmo-bf16-q4": ("olmo", {"weight_tying": True}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "olmo-small-f32": ("olmo", dict(SMALL, d_model=32, mlp_hidden_size=64), {}),
 })
 
 

@@ -133,6 +133,7 @@ architectures! {
     llama4_text,
     minimax,
     exaone_moe,
+    olmo,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
