@@ -519,6 +519,9 @@ model_tests! {
     // Sliding layers (rotating caches), as exaone4's hybrid: within 1e-4, same tokens.
     batched_decode_matches_alone_exaone_moe_hybrid,
     prefilled_together_matches_alone_exaone_moe_hybrid => "exaone_moe-small-f32", false;
+    // OLMo: attention written out with plain ops under the batch caches' array masks.
+    batched_decode_equals_alone_olmo, prefilled_together_equals_alone_olmo
+        => "olmo-small-f32", true;
     // Gemma 4: fewer caches than layers (the KV-shared layers read an earlier layer's).
     batched_decode_matches_alone_gemma4_text_shared_kv,
     prefilled_together_matches_alone_gemma4_text_shared_kv => "gemma4_text-small-f32", false;
