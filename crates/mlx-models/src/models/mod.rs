@@ -134,6 +134,7 @@ architectures! {
     minimax,
     exaone_moe,
     olmo,
+    hunyuan,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
