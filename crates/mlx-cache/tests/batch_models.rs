@@ -522,6 +522,10 @@ model_tests! {
     // OLMo: attention written out with plain ops under the batch caches' array masks.
     batched_decode_equals_alone_olmo, prefilled_together_equals_alone_olmo
         => "olmo-small-f32", true;
+    // Hunyuan: cross-layer attention (every layer its own cache, the odd ones filled
+    // from the k/v projections of the layer before).
+    batched_decode_equals_alone_hunyuan_cla, prefilled_together_equals_alone_hunyuan_cla
+        => "hunyuan-small-f32", true;
     // Gemma 4: fewer caches than layers (the KV-shared layers read an earlier layer's).
     batched_decode_matches_alone_gemma4_text_shared_kv,
     prefilled_together_matches_alone_gemma4_text_shared_kv => "gemma4_text-small-f32", false;

@@ -127,6 +127,7 @@ golden_tests! {
     minimax_partial_rope_biased_sigmoid_routing_logits_match_mlx_lm => "minimax-small-f32",
     exaone_moe_sliding_group_routing_shared_experts_logits_match_mlx_lm => "exaone_moe-small-f32",
     olmo_fused_projections_padded_embedding_logits_match_mlx_lm => "olmo-small-f32",
+    hunyuan_cross_layer_attention_experts_logits_match_mlx_lm => "hunyuan-small-f32",
 }
 
 #[test]

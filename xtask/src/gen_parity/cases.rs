@@ -83,6 +83,7 @@ pub const TINY: &[&str] = &[
     "minimax-f32",
     "exaone_moe-f32",
     "olmo-f32",
+    "hunyuan-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",
