@@ -1094,6 +1094,31 @@ GOLDENS.update({
     "hunyuan-small-f32": ("hunyuan", dict(SMALL, moe_intermediate_size=16), {}),
 })
 
+# Baichuan-M1: layers 1 and 3 slide (window 4), keys and values convolved over two
+# positions before RoPE; the HF checkpoint's lm_head is not normalized (sanitize does).
+ARCHS["baichuan_m1"] = {"model_type": "baichuan_m1", "num_hidden_layers": 4, "rope_theta": 10000.0,
+                        "sliding_window": 4, "sliding_window_layers": [1, 3], "conv_window": 2,
+                        "tie_word_embeddings": False}
+VARIANTS.update({
+    "baichuan_m1-f32": ("baichuan_m1", {}, {}),
+    # The masks come from the list's first entry (layer 2) and the first other layer
+    # (1); the sliding layers have their own head counts (head_dim 32 there).
+    "baichuan_m1-f32-swaheads-listorder": (
+        "baichuan_m1", {"sliding_window_layers": [2, 0], "num_hidden_layers": 3,
+                        "num_swa_attention_heads": 2, "num_swa_key_value_heads": 1}, {}),
+    # Every layer global (head_dim 32: the quantized KV-cache decode), or every layer sliding.
+    "baichuan_m1-f32-global-hd32": (
+        "baichuan_m1", {"sliding_window_layers": [], "num_attention_heads": 2, "num_key_value_heads": 1,
+                        "num_hidden_layers": 2}, {}),
+    "baichuan_m1-f32-allswa": ("baichuan_m1", {"sliding_window_layers": [0, 1], "num_hidden_layers": 2}, {}),
+    "baichuan_m1-bf16": ("baichuan_m1", {}, {"dtype": "bfloat16"}),
+    "baichuan_m1-q4": ("baichuan_m1", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "baichuan_m1-bf16-q4": ("baichuan_m1", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "baichuan_m1-small-f32": ("baichuan_m1", dict(SMALL), {}),
+})
+
 
 def seed_of(name):
     return zlib.crc32(name.encode())

@@ -135,6 +135,7 @@ architectures! {
     exaone_moe,
     olmo,
     hunyuan,
+    baichuan_m1,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
