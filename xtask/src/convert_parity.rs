@@ -128,6 +128,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("hunyuan", "hunyuan-f32", None),
     ("hunyuan-fused", "hunyuan-f32-dense-fused", None),
     ("q-hunyuan", "hunyuan-q4", None),
+    ("baichuan_m1", "baichuan_m1-f32", None),
+    ("q-baichuan_m1", "baichuan_m1-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -361,6 +363,12 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     add("hunyuan-fused", "");
     add("hunyuan-fused", "-q");
     add("q-hunyuan", "-d");
+    // Baichuan-M1: the convolution weights kept (not quantizable), lm_head normalized by
+    // sanitize before it is quantized or cast; a quantized source.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("baichuan_m1", flags);
+    }
+    add("q-baichuan_m1", "-d");
     // Gemma 4: the router's 8-bit predicate; per-layer embeddings quantized where their
     // width allows; the multimodal towers dropped; a quantized MoE source.
     for src in ["gemma4_text", "gemma4_text-moe", "gemma4-mm"] {

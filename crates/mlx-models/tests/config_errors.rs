@@ -178,3 +178,20 @@ fn hunyuan_needs_rope_alpha_a_share_factor_and_a_layer_entry_per_list() {
     let e = err(&with(c, json!({"moe_topk": 5})));
     assert!(e.contains("moe_topk"), "{e}");
 }
+
+#[test]
+fn baichuan_m1_refuses_what_mlx_lm_cannot_run() {
+    let c = with(
+        base("baichuan_m1"),
+        json!({"sliding_window": 4, "sliding_window_layers": [1], "conv_window": 2}),
+    );
+    let m = build_model(&c).unwrap();
+    assert_eq!(m.cache_specs().len(), 2);
+    let e = err(&with(c.clone(), json!({"conv_window": 3})));
+    assert!(e.contains("conv_window"), "{e}");
+    // mlx-lm builds no head for a tied config, and its forward calls lm_head.
+    let e = err(&with(c.clone(), json!({"tie_word_embeddings": true})));
+    assert!(e.contains("tie_word_embeddings"), "{e}");
+    let e = err(&with(c, json!({"sliding_window_layers": [2]})));
+    assert!(e.contains("sliding_window_layers"), "{e}");
+}
