@@ -28,6 +28,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+import olmo_compat  # noqa: F401  (mlx-lm's olmo.py made runnable, see there)
+
 PROMPT = [1, 17, 33, 2, 90, 5, 64]
 STEPS = 6
 

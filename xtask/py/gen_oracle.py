@@ -85,7 +85,7 @@ EMBED_SCALE = 0.1
 def random_weights(config, rng):
     weights = _random_weights(config, rng)
     for k in weights:
-        if "embed_tokens" in k:
+        if "embed_tokens" in k or k == "model.transformer.wte.weight":  # olmo's is `wte`
             weights[k] = weights[k] * EMBED_SCALE
     return weights
 
@@ -113,6 +113,9 @@ def write_model(out, name, arch, overrides, opts, tok_dir, vocab):
         # mlx_lm.load validates the config strictly: this field must be an int.
         qpas = overrides.get("query_pre_attn_scalar", tiny.ARCHS[arch]["query_pre_attn_scalar"])
         overrides["query_pre_attn_scalar"] = int(qpas)
+    if arch == "olmo":
+        # OLMo's embedding (and logits) are `embedding_size` wide.
+        overrides["embedding_size"] = vocab
     if arch == "gemma4_text" and overrides.get("hidden_size_per_layer_input", 1):
         # The per-layer embeddings are indexed by the same token ids.
         overrides["vocab_size_per_layer_input"] = vocab

@@ -22,6 +22,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes, load_model, quantize_model, save_config, save_model
 
+import olmo_compat  # noqa: F401  (mlx-lm's olmo.py made runnable, see there)
+
 BASE = {
     "hidden_size": 64,
     "num_hidden_layers": 2,
@@ -1039,6 +1041,84 @@ GOLDENS.update({
     "exaone_moe-small-f32": ("exaone_moe", dict(SMALL, head_dim=8, moe_intermediate_size=16), {}),
 })
 
+# OLMo (the first release): hf_olmo's config keys; an embedding padded past the
+# vocabulary (the logits are `embedding_size` wide), an explicit MLP width.
+ARCHS["olmo"] = {"model_type": "olmo", "d_model": 64, "n_layers": 2, "n_heads": 4, "mlp_hidden_size": 128,
+                 "embedding_size": 136, "weight_tying": False}
+VARIANTS.update({
+    "olmo-f32": ("olmo", {"rope_theta": 50000.0}, {}),
+    # Tied (mlx-lm's tied head returns a tuple: olmo_compat takes the logits), the MLP
+    # width from mlp_ratio, traditional RoPE, three layers (no rope_theta in any but
+    # olmo-f32: the default base).
+    "olmo-f32-tied-ratio-traditional": (
+        "olmo", {"weight_tying": True, "mlp_hidden_size": None, "mlp_ratio": 3, "rope_traditional": True,
+                 "n_layers": 3}, {}),
+    "olmo-q4": ("olmo", {}, {"quant": {"bits": 4, "group_size": 64}}),
+    "olmo-bf16-q4": ("olmo", {"weight_tying": True}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "olmo-small-f32": ("olmo", dict(SMALL, d_model=32, mlp_hidden_size=64), {}),
+})
+
+# Hunyuan MoE (Hunyuan-Large): cross-layer attention (layers 1 and 3 read the k/v
+# projections of layers 0 and 2), softmax top-2 of 4 experts beside a shared MLP, q/k
+# norms after the alpha-scaled RoPE; HF's per-expert tensors. The head is always the
+# embedding (tie_word_embeddings is not read).
+ARCHS["hunyuan"] = {"model_type": "hunyuan", "num_hidden_layers": 4, "attention_bias": False, "moe_topk": 2,
+                    "num_experts": 4, "num_shared_expert": 1, "use_mixed_mlp_moe": True, "use_qk_norm": True,
+                    "rope_theta": 10000.0, "use_cla": True, "cla_share_factor": 2, "moe_intermediate_size": 32,
+                    "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"}}
+VARIANTS.update({
+    "hunyuan-f32": ("hunyuan", {}, {}),
+    # Per-layer lists for top-k, shared-MLP multiples and expert widths; biases without
+    # q/k norms; every third layer makes k/v (layers 1 and 2 read layer 0's).
+    "hunyuan-f32-lists-bias-noqknorm-cla3": (
+        "hunyuan", {"moe_topk": [1, 2, 3, 2], "num_shared_expert": [1, 2, 1, 2],
+                    "moe_intermediate_size": [32, 16, 32, 16], "attention_bias": True, "use_qk_norm": False,
+                    "cla_share_factor": 3}, {}),
+    # No CLA, no shared MLP, the experts as wide as intermediate_size; head_dim 32 so the
+    # quantized KV-cache decode runs.
+    "hunyuan-f32-nocla-noshared-hd32": (
+        "hunyuan", {"use_cla": False, "use_mixed_mlp_moe": False, "moe_intermediate_size": None,
+                    "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 2,
+                    "rope_scaling": {"alpha": 50, "factor": 1.0, "type": "dynamic"}}, {}),
+    # One expert: a dense MLP; HF's fused `qkv_proj` (GQA 2) and `gate_and_up_proj`, which
+    # sanitize splits.
+    "hunyuan-f32-dense-fused": (
+        "hunyuan", {"num_experts": 1, "use_cla": False, "use_mixed_mlp_moe": False, "num_hidden_layers": 2},
+        {"fused_hunyuan": True}),
+    "hunyuan-q4": ("hunyuan", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "hunyuan-bf16-q4": ("hunyuan", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "hunyuan-small-f32": ("hunyuan", dict(SMALL, moe_intermediate_size=16), {}),
+})
+
+# Baichuan-M1: layers 1 and 3 slide (window 4), keys and values convolved over two
+# positions before RoPE; the HF checkpoint's lm_head is not normalized (sanitize does).
+ARCHS["baichuan_m1"] = {"model_type": "baichuan_m1", "num_hidden_layers": 4, "rope_theta": 10000.0,
+                        "sliding_window": 4, "sliding_window_layers": [1, 3], "conv_window": 2,
+                        "tie_word_embeddings": False}
+VARIANTS.update({
+    "baichuan_m1-f32": ("baichuan_m1", {}, {}),
+    # The masks come from the list's first entry (layer 2) and the first other layer
+    # (1); the sliding layers have their own head counts (head_dim 32 there).
+    "baichuan_m1-f32-swaheads-listorder": (
+        "baichuan_m1", {"sliding_window_layers": [2, 0], "num_hidden_layers": 3,
+                        "num_swa_attention_heads": 2, "num_swa_key_value_heads": 1}, {}),
+    # Every layer global (head_dim 32: the quantized KV-cache decode), or every layer sliding.
+    "baichuan_m1-f32-global-hd32": (
+        "baichuan_m1", {"sliding_window_layers": [], "num_attention_heads": 2, "num_key_value_heads": 1,
+                        "num_hidden_layers": 2}, {}),
+    "baichuan_m1-f32-allswa": ("baichuan_m1", {"sliding_window_layers": [0, 1], "num_hidden_layers": 2}, {}),
+    "baichuan_m1-bf16": ("baichuan_m1", {}, {"dtype": "bfloat16"}),
+    "baichuan_m1-q4": ("baichuan_m1", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "baichuan_m1-bf16-q4": ("baichuan_m1", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "baichuan_m1-small-f32": ("baichuan_m1", dict(SMALL), {}),
+})
+
 
 def seed_of(name):
     return zlib.crc32(name.encode())
@@ -1098,11 +1178,25 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.mlp.experts.gate_up_proj"] = np.ascontiguousarray(
                     np.concatenate([np.swapaxes(v, -1, -2), np.swapaxes(up, -1, -2)], axis=-1))
             continue
-        if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe", "ernie4_5_moe") and ".mlp.switch_mlp." in k:
+        if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe", "ernie4_5_moe", "hunyuan") \
+                and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
                 out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
+        elif opts.get("fused_hunyuan") and k.endswith((".self_attn.k_proj.weight", ".self_attn.v_proj.weight",
+                                                      ".mlp.up_proj.weight")):
+            continue  # fused below
+        elif opts.get("fused_hunyuan") and k.endswith(".self_attn.q_proj.weight"):
+            # HF's qkv_proj: per kv head, its query heads, then its key, then its value.
+            n_kv = config["num_key_value_heads"]
+            hd = config["hidden_size"] // config["num_attention_heads"]
+            parts = [weights[k.replace("q_proj", p)].reshape(n_kv, -1, hd, v.shape[-1])
+                     for p in ("q_proj", "k_proj", "v_proj")]
+            out[k.replace("q_proj", "qkv_proj")] = np.concatenate(parts, axis=1).reshape(-1, v.shape[-1])
+        elif opts.get("fused_hunyuan") and k.endswith(".mlp.gate_proj.weight"):
+            out[k.replace("gate_proj", "gate_and_up_proj")] = np.concatenate(
+                [weights[k.replace("gate_proj", "up_proj")], v], axis=0)
         elif mt == "deepseek_v2" and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]

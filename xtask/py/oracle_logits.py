@@ -22,6 +22,8 @@ from mlx_lm.generate import maybe_quantize_kv_cache
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
+import olmo_compat  # noqa: F401  (mlx-lm's olmo.py made runnable, see there)
+
 # Token ids below 128 (the tiny vocabularies). Lengths cover single-token prompts,
 # prompts longer than the sliding windows (4) and MoE's sorted path (>= 64 slots).
 PROMPTS = [

@@ -122,6 +122,14 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("minimax", "minimax-f32", None),
     ("minimax-fp8", "minimax-fp8", None),
     ("exaone_moe", "exaone_moe-f32", None),
+    ("olmo", "olmo-f32", None),
+    ("olmo-tied", "olmo-f32-tied-ratio-traditional", None),
+    ("q-olmo", "olmo-q4", None),
+    ("hunyuan", "hunyuan-f32", None),
+    ("hunyuan-fused", "hunyuan-f32-dense-fused", None),
+    ("q-hunyuan", "hunyuan-q4", None),
+    ("baichuan_m1", "baichuan_m1-f32", None),
+    ("q-baichuan_m1", "baichuan_m1-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -340,6 +348,27 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
         add("exaone_moe", flags);
     }
+    // OLMo: hf_olmo's names as they are (no sanitize), the embedding padded past the
+    // vocabulary, quantized with the head or as the tied head; a quantized source.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("olmo", flags);
+    }
+    add("olmo-tied", "-q");
+    add("q-olmo", "-d");
+    // Hunyuan: per-expert tensors stacked, HF's fused qkv_proj / gate_and_up_proj split
+    // by sanitize; a quantized source.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("hunyuan", flags);
+    }
+    add("hunyuan-fused", "");
+    add("hunyuan-fused", "-q");
+    add("q-hunyuan", "-d");
+    // Baichuan-M1: the convolution weights kept (not quantizable), lm_head normalized by
+    // sanitize before it is quantized or cast; a quantized source.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("baichuan_m1", flags);
+    }
+    add("q-baichuan_m1", "-d");
     // Gemma 4: the router's 8-bit predicate; per-layer embeddings quantized where their
     // width allows; the multimodal towers dropped; a quantized MoE source.
     for src in ["gemma4_text", "gemma4_text-moe", "gemma4-mm"] {

@@ -364,6 +364,15 @@ fn batched_decode_equals_alone_nemotron_h() {
     check_model("nemotron_h-small-f32", true, false);
 }
 
+// Baichuan-M1: each layer a CacheList of the convolution's state (ArraysCache) and its
+// keys and values, rotating on the sliding layers: within 1e-4 with the same tokens, as
+// the other sliding hybrids (with global layers only it is bit-exact). Its convolution
+// keeps no lengths (as mlx-lm's), so only decoding is batched.
+#[test]
+fn batched_decode_matches_alone_baichuan_m1_sliding() {
+    check_model("baichuan_m1-small-f32", false, false);
+}
+
 // No right-padded prefill test for nemotron_h: mlx-lm's mixer gives the scan no lengths,
 // so the state carried out of a chunk is read at the padded last position, and a row
 // shorter than the chunk loses that chunk's tokens from it (in mlx-lm as here); the
@@ -519,6 +528,13 @@ model_tests! {
     // Sliding layers (rotating caches), as exaone4's hybrid: within 1e-4, same tokens.
     batched_decode_matches_alone_exaone_moe_hybrid,
     prefilled_together_matches_alone_exaone_moe_hybrid => "exaone_moe-small-f32", false;
+    // OLMo: attention written out with plain ops under the batch caches' array masks.
+    batched_decode_equals_alone_olmo, prefilled_together_equals_alone_olmo
+        => "olmo-small-f32", true;
+    // Hunyuan: cross-layer attention (every layer its own cache, the odd ones filled
+    // from the k/v projections of the layer before).
+    batched_decode_equals_alone_hunyuan_cla, prefilled_together_equals_alone_hunyuan_cla
+        => "hunyuan-small-f32", true;
     // Gemma 4: fewer caches than layers (the KV-shared layers read an earlier layer's).
     batched_decode_matches_alone_gemma4_text_shared_kv,
     prefilled_together_matches_alone_gemma4_text_shared_kv => "gemma4_text-small-f32", false;

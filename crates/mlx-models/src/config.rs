@@ -84,6 +84,29 @@ pub fn rope_scaling(v: Option<&Value>) -> Result<Option<RopeScaling>> {
     }))
 }
 
+/// A size given once for every layer or once per layer (mlx-lm's `int | list` keys).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+#[allow(missing_docs)]
+pub enum PerLayer {
+    One(i32),
+    Each(Vec<i32>),
+}
+
+impl PerLayer {
+    /// Layer `i`'s value (`arg[i] if isinstance(arg, list) else arg`); a list without
+    /// an entry for it is a config error naming `key` of `model`.
+    pub(crate) fn at(&self, i: usize, key: &str, model: &str) -> Result<i32> {
+        match self {
+            PerLayer::One(n) => Ok(*n),
+            PerLayer::Each(v) => v.get(i).copied().ok_or_else(|| Error::Config {
+                path: format!("config.json ({model})"),
+                message: format!("key `{key}` has no entry for layer {i}"),
+            }),
+        }
+    }
+}
+
 pub(crate) fn default_true() -> bool {
     true
 }

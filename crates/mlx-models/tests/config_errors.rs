@@ -137,3 +137,61 @@ fn granite_and_qwen2_moe_refuse_what_mlx_lm_refuses() {
     ));
     assert!(e.contains("rope_scaling") && e.contains("linear"), "{e}");
 }
+
+#[test]
+fn olmo_needs_its_mlp_width_key_and_an_even_width() {
+    let c = json!({
+        "model_type": "olmo", "d_model": 32, "n_layers": 2, "n_heads": 4,
+        "mlp_hidden_size": null, "vocab_size": 60, "embedding_size": 64,
+    });
+    let m = build_model(&c).unwrap();
+    assert_eq!(m.vocab_size(), 64, "the logits are embedding_size wide");
+    // Required (as in mlx-lm's dataclass) though it may be null.
+    let mut missing = c.clone();
+    missing.as_object_mut().unwrap().remove("mlp_hidden_size");
+    assert!(err(&missing).contains("mlp_hidden_size"));
+    let e = err(&with(c.clone(), json!({"mlp_hidden_size": 63})));
+    assert!(e.contains("even"), "{e}");
+    let e = err(&with(c, json!({"n_heads": 5})));
+    assert!(e.contains("divisible"), "{e}");
+}
+
+#[test]
+fn hunyuan_needs_rope_alpha_a_share_factor_and_a_layer_entry_per_list() {
+    let c = with(
+        base("hunyuan"),
+        json!({"attention_bias": false, "moe_topk": 2, "num_experts": 4, "num_shared_expert": 1,
+               "use_mixed_mlp_moe": true, "use_qk_norm": true, "use_cla": true,
+               "cla_share_factor": 2,
+               "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"}}),
+    );
+    let m = build_model(&c).unwrap();
+    assert_eq!(m.cache_specs().len(), 2, "every layer keeps its own cache");
+    let e = err(&with(c.clone(), json!({"rope_scaling": null})));
+    assert!(e.contains("rope_scaling"), "{e}");
+    let e = err(&with(c.clone(), json!({"rope_scaling": {"alpha": 2.0}})));
+    assert!(e.contains("factor"), "{e}");
+    let e = err(&with(c.clone(), json!({"cla_share_factor": 0})));
+    assert!(e.contains("cla_share_factor"), "{e}");
+    let e = err(&with(c.clone(), json!({"moe_topk": [2]})));
+    assert!(e.contains("moe_topk") && e.contains("layer 1"), "{e}");
+    let e = err(&with(c, json!({"moe_topk": 5})));
+    assert!(e.contains("moe_topk"), "{e}");
+}
+
+#[test]
+fn baichuan_m1_refuses_what_mlx_lm_cannot_run() {
+    let c = with(
+        base("baichuan_m1"),
+        json!({"sliding_window": 4, "sliding_window_layers": [1], "conv_window": 2}),
+    );
+    let m = build_model(&c).unwrap();
+    assert_eq!(m.cache_specs().len(), 2);
+    let e = err(&with(c.clone(), json!({"conv_window": 3})));
+    assert!(e.contains("conv_window"), "{e}");
+    // mlx-lm builds no head for a tied config, and its forward calls lm_head.
+    let e = err(&with(c.clone(), json!({"tie_word_embeddings": true})));
+    assert!(e.contains("tie_word_embeddings"), "{e}");
+    let e = err(&with(c, json!({"sliding_window_layers": [2]})));
+    assert!(e.contains("sliding_window_layers"), "{e}");
+}

@@ -126,6 +126,9 @@ golden_tests! {
     llama4_text_no_rope_layers_qk_norm_logits_match_mlx_lm => "llama4_text-small-f32",
     minimax_partial_rope_biased_sigmoid_routing_logits_match_mlx_lm => "minimax-small-f32",
     exaone_moe_sliding_group_routing_shared_experts_logits_match_mlx_lm => "exaone_moe-small-f32",
+    olmo_fused_projections_padded_embedding_logits_match_mlx_lm => "olmo-small-f32",
+    hunyuan_cross_layer_attention_experts_logits_match_mlx_lm => "hunyuan-small-f32",
+    baichuan_m1_convolved_kv_sliding_layers_logits_match_mlx_lm => "baichuan_m1-small-f32",
 }
 
 #[test]

@@ -20,6 +20,20 @@ pub fn finfo_min(dtype: Dtype) -> Result<f64> {
     })
 }
 
+/// Attention scores under an array mask, as mlx-lm writes it out with plain ops: a
+/// boolean mask keeps the scores where it is true and puts the dtype's most negative
+/// value elsewhere (`mx.where(mask, scores, mx.finfo(scores.dtype).min)`), any other
+/// mask is added.
+#[track_caller]
+pub fn mask_scores(scores: &Array, mask: &Array) -> Result<Array> {
+    if mask.dtype() == Dtype::Bool {
+        let min = Array::scalar_f64(finfo_min(scores.dtype())?, scores.dtype())?;
+        ops::where_(mask, scores, &min)
+    } else {
+        scores.add(mask)
+    }
+}
+
 /// `scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks)` of
 /// mlx-lm: `fetch` is what the cache returned (or the fresh keys/values without cache).
 #[track_caller]
@@ -259,12 +273,7 @@ pub fn quantized_sdpa(
         if n_repeats > 1 && m.ndim() > 3 {
             m = m.expand_dims(&[-3])?;
         }
-        scores = if m.dtype() == Dtype::Bool {
-            let min = Array::scalar_f64(finfo_min(scores.dtype())?, scores.dtype())?;
-            ops::where_(&m, &scores, &min)?
-        } else {
-            scores.add(&m)?
-        };
+        scores = mask_scores(&scores, &m)?;
     }
     let scores = scores.softmax(Some(&[-1]), true)?;
     let out = qmm(&scores, &v, false)?;

@@ -82,6 +82,9 @@ pub const TINY: &[&str] = &[
     "llama4_text-f32",
     "minimax-f32",
     "exaone_moe-f32",
+    "olmo-f32",
+    "hunyuan-f32",
+    "baichuan_m1-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",
@@ -108,6 +111,8 @@ const PROMPT_CACHE: &[&str] = &[
     "deepseek_v32-f32",
     // A CacheList (recurrent state and KV).
     "falcon_h1-f32",
+    // CacheLists of a convolution state and KV, rotating on the sliding layers.
+    "baichuan_m1-f32",
     // Fewer caches than layers (the KV-shared layers have none).
     "gemma4_text-f32",
     "gemma3n-f32",

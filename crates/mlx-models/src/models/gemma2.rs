@@ -7,7 +7,7 @@ use super::head::{self, LogitScale};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{fast, ops, Array, Dtype, Result};
 use mlx_nn::activations::gelu_approx;
-use mlx_nn::attention::finfo_min;
+use mlx_nn::attention::mask_scores;
 use mlx_nn::cache::{create_attention_mask, RopePosition};
 use mlx_nn::{impl_module, AttnMask, EmbeddingLayer, KvCache, KvFetch, LinearLayer, Param, Rope};
 use serde::Deserialize;
@@ -173,11 +173,7 @@ impl Attention {
         };
         let scores = match mask {
             AttnMask::None => scores,
-            AttnMask::Array(m) if m.dtype() == Dtype::Bool => {
-                let min = Array::scalar_f64(finfo_min(scores.dtype())?, scores.dtype())?;
-                ops::where_(m, &scores, &min)?
-            }
-            AttnMask::Array(m) => scores.add(m)?,
+            AttnMask::Array(m) => mask_scores(&scores, m)?,
             AttnMask::Causal => {
                 return Err(mlx_array::Error::InvalidArgument(
                     "gemma2 attention needs an array mask".into(),

@@ -21,13 +21,7 @@ const FULL: &str = "full_attention";
 const SLIDING: &str = "sliding_attention";
 
 /// `intermediate_size`: one for all layers or one per layer.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-#[allow(missing_docs)]
-pub enum PerLayer {
-    One(i32),
-    Each(Vec<i32>),
-}
+pub use crate::config::PerLayer;
 
 /// The `text_config` keys Gemma 3n reads (mlx-lm's `TextConfig`: all required).
 #[derive(Debug, Clone, Deserialize)]
@@ -321,12 +315,7 @@ impl DecoderLayer {
         let lin = |i: i32, o: i32| -> crate::Result<LinearLayer> {
             Ok(LinearLayer::new(i, o, false)?)
         };
-        let hidden = match &c.intermediate_size {
-            PerLayer::One(n) => *n,
-            PerLayer::Each(v) => *v.get(i).ok_or_else(|| {
-                config_error(format!("key `intermediate_size` has no entry for layer {i}"))
-            })?,
-        };
+        let hidden = c.intermediate_size.at(i, "intermediate_size", "gemma3n")?;
         let sparsity = match &c.activation_sparsity_pattern {
             Some(v) => *v.get(i).ok_or_else(|| {
                 config_error(format!(

@@ -72,7 +72,7 @@ impl ModelArgs {
 
 /// `DynamicNTKAlphaRoPE`: frequencies `(base * alpha ** (dims / (dims - 2))) **
 /// (arange(0, dims, 2) / dims)`, not traditional.
-fn alpha_rope(dims: i32, base: f64, alpha: f64) -> crate::Result<Rope> {
+pub(crate) fn alpha_rope(dims: i32, base: f64, alpha: f64) -> crate::Result<Rope> {
     let base = base * alpha.powf(dims as f64 / (dims - 2) as f64);
     let exponents = ops::arange(0.0, dims as f64, 2.0, Dtype::Int32)?.divide(dims)?;
     let freqs = Array::weak_scalar(Scalar::Float(base), Dtype::Float32)?.power(&exponents)?;

@@ -133,6 +133,9 @@ architectures! {
     llama4_text,
     minimax,
     exaone_moe,
+    olmo,
+    hunyuan,
+    baichuan_m1,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
