@@ -56,6 +56,9 @@
 #              ours / mlx-lm alternating, -p 512 -g 128
 #   structab   issue 20: gpu_structured.sh with --trials (STRUCT_TRIALS, 3) on the 0.5B and
 #              8B bf16 shapes (STRUCT_ONLY) at 1 and 32 streams, no profile lines
+#   structmb   issue 20: structab on the 8B bf16 shape (STRUCT_ONLY) under MLX's graph
+#              limits (STRUCT_MB_ARMS: default, mb4000 / mb16000 = MLX_MAX_MB_PER_BUFFER,
+#              ops400 = MLX_MAX_OPS_PER_BUFFER=400), -g STRUCT_G (256)
 set -u
 OUT=${OUT:-/tmp/out}
 NEW=${NEW:-/root/bins/new}
@@ -323,6 +326,19 @@ for PART in "$@"; do
       OUT=$D MLX_ENGINE_PROFILE=0 timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" \
         --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams 1,32 \
         --trials "${STRUCT_TRIALS:-3}" > "$D/stdout.txt" 2>&1 ;;
+    structmb)
+      for arm in ${STRUCT_MB_ARMS:-default mb4000 mb16000}; do
+        e=()
+        case $arm in
+          mb*) e=(MLX_MAX_MB_PER_BUFFER=${arm#mb}) ;;
+          ops*) e=(MLX_MAX_OPS_PER_BUFFER=${arm#ops}) ;;
+        esac
+        mkdir -p "$D/$arm"
+        env "${e[@]}" OUT="$D/$arm" MLX_ENGINE_PROFILE=0 timeout "$(left)" bash benchmarks/gpu_structured.sh \
+          "$NEW" --only "${STRUCT_ONLY:-llama-3.1-8b-bf16}" --streams 1,32 -g "${STRUCT_G:-256}" \
+          --trials "${STRUCT_TRIALS:-3}" > "$D/$arm/stdout.txt" 2>&1
+        grep "ratio" "$D/$arm/structured.md" | sed "s/^/$arm /" >> "$D/stdout.txt"
+      done ;;
     lora)
       # LORA_ARGS: e.g. "--only llama-3.2-1b-bf16 --bound-ab" (adds an arm without the
       # memory bound, which is on by default on CUDA since session 17)
