@@ -20,6 +20,7 @@ writes OUT_DIR/<name>/ and OUT_DIR/sweep.json: [{"name", "arch", "switches", "se
 
 import argparse
 import json
+import os
 import random
 import shutil
 import sys
@@ -33,8 +34,11 @@ import make_tiny_models as tiny  # noqa: E402
 import mlx.core as mx  # noqa: E402
 
 # The architectures swept: every model_type of the first 23 ports and the mistral alias.
-# Those added since (issue 26) have their own generation cases in cases.rs's TINY list
-# and join the sweep once a sweep run over them has been checked.
+# Those added since (issue 26) have their own generation cases in cases.rs's TINY list;
+# `MLX_SWEEP_ALL=1 cargo xtask parity` sweeps every model_type that make_tiny_models.py
+# has variants of (slower: three configs of each, ~70 more types), which is how a new
+# architecture is checked against the sweep before it joins this list.
+SWEEP_ALL = os.environ.get("MLX_SWEEP_ALL", "") not in ("", "0")
 SWEPT = {"cohere2", "exaone4", "gemma", "gemma2", "gemma3", "gemma3_text", "glm4", "gpt_oss",
          "granite", "llama", "mistral", "ministral3", "mistral3", "mixtral", "olmo2", "olmo3",
          "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "seed_oss", "smollm3", "starcoder2"}
@@ -52,7 +56,7 @@ def arch_variants():
             model_type = "gemma3"
         elif opts.get("wrap_mistral3"):
             model_type = "mistral3"
-        if model_type in SWEPT:
+        if model_type in SWEPT or SWEEP_ALL:
             by_type.setdefault(model_type, []).append(name)
     return by_type
 

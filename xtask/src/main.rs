@@ -31,12 +31,50 @@ const USAGE: &str = "usage: cargo xtask <command>
                       text of mlx-generate vs mlx_lm generate (then with
                       --draft-model / prompt lookup; --spec-only: those alone)
                       --convert-only / --no-convert: mlx-convert vs mlx_lm.convert;
-                      --train-only / --no-train: mlx-lora vs mlx_lm lora";
+                      --train-only / --no-train: mlx-lora vs mlx_lm lora
+                      (MLX_SWEEP_ALL=1: the config sweep over every architecture)";
+
+/// `parity`'s flags, and those that take a value; anything else is refused (a typo or
+/// `--help` would otherwise start the whole run).
+const PARITY_FLAGS: &[&str] = &[
+    "--regen",
+    "--goldens",
+    "--no-gen",
+    "--gen-only",
+    "--spec-only",
+    "--no-build",
+    "--convert-only",
+    "--no-convert",
+    "--train-only",
+    "--no-train",
+];
+const PARITY_VALUED: &[&str] = &["--only", "--gen-filter"];
+
+fn check_parity_args(rest: &[String]) -> Result<()> {
+    let mut it = rest.iter();
+    while let Some(a) = it.next() {
+        if PARITY_VALUED.contains(&a.as_str()) {
+            if it.next().is_none() {
+                bail!("`parity {a}` needs a value\n{USAGE}");
+            }
+        } else if !PARITY_FLAGS.contains(&a.as_str()) {
+            bail!("unknown `parity` argument `{a}`\n{USAGE}");
+        }
+    }
+    Ok(())
+}
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let root = root();
     let rest = args.get(1..).unwrap_or(&[]);
+    if rest.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    if args.first().map(String::as_str) == Some("parity") {
+        check_parity_args(rest)?;
+    }
     match args.first().map(String::as_str) {
         Some("test") => test::run(&root, rest),
         Some("bench") => bench::run(&root, rest),
