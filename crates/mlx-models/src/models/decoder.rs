@@ -298,6 +298,34 @@ impl<F: FeedForward> Module for Decoder<F> {
     }
 }
 
+/// The gated MLP's three projections as most MoE checkpoints name them, each stacked
+/// under the same name (for [`stack_experts`]).
+pub(crate) const GLU_EXPERT_PROJS: &[(&str, &str)] = &[
+    ("gate_proj", "gate_proj"),
+    ("down_proj", "down_proj"),
+    ("up_proj", "up_proj"),
+];
+
+/// The tensor kinds of a possibly quantized linear layer (for [`stack_experts`]).
+pub(crate) const LINEAR_KINDS: &[&str] = &["weight", "scales", "biases"];
+
+/// [`stack_experts`] of the gated projections of `model.layers.{l}.mlp.experts.{e}`, the
+/// most common layout (weights, scales and biases).
+pub(crate) fn stack_mlp_experts(
+    weights: &mut super::Weights,
+    layers: i32,
+    n_experts: i32,
+) -> crate::Result<()> {
+    stack_experts(
+        weights,
+        layers,
+        |l| format!("model.layers.{l}.mlp"),
+        GLU_EXPERT_PROJS,
+        LINEAR_KINDS,
+        n_experts,
+    )
+}
+
 /// mlx-lm's expert stacking in `sanitize`: for each of `layers` layers, the
 /// `{prefix}.experts.{e}.{name}.{kind}` tensors of `n_experts` experts become one
 /// `{prefix}.switch_mlp.{proj}.{kind}` (`prefix` formats the layer index; `names` pairs

@@ -4,7 +4,7 @@
 //! and values, kept in a plain `KVCache`; DeepSeek's own YaRN rotary embedding (always,
 //! from the required `rope_scaling`); softmax-scored top-k experts (optionally
 //! group-limited) plus shared experts after the first `first_k_dense_replace` layers.
-use super::decoder::{add_residual, stack_experts, DenseOrMoe, FeedForward};
+use super::decoder::{add_residual, stack_mlp_experts, DenseOrMoe, FeedForward};
 use super::mlp::Mlp;
 use super::{batch_len, cache_at, layer_caches, merge_heads, split_heads, top_k_indices_of_negated};
 use super::{Architecture, Weights};
@@ -501,18 +501,7 @@ impl Architecture for Model {
     /// Stacks per-expert weights into `switch_mlp`.
     fn sanitize(&mut self, mut weights: Weights) -> crate::Result<Weights> {
         if let Some(n_experts) = self.args.n_routed_experts {
-            stack_experts(
-                &mut weights,
-                self.args.num_hidden_layers,
-                |l| format!("model.layers.{l}.mlp"),
-                &[
-                    ("gate_proj", "gate_proj"),
-                    ("down_proj", "down_proj"),
-                    ("up_proj", "up_proj"),
-                ],
-                &["weight", "scales", "biases"],
-                n_experts,
-            )?;
+            stack_mlp_experts(&mut weights, self.args.num_hidden_layers, n_experts)?;
         }
         Ok(weights)
     }

@@ -7,7 +7,7 @@
 //! sigmoid-scored, group-limited top-k experts plus shared experts in the rest.
 //! `sanitize` dequantizes FP8 block-scaled checkpoints, reads compressed-tensors int4
 //! ones, stacks experts and splits `kv_b_proj` into `embed_q` / `unembed_out`.
-use super::decoder::{add_residual, stack_experts, DenseOrMoe, FeedForward};
+use super::decoder::{add_residual, stack_mlp_experts, DenseOrMoe, FeedForward};
 use super::deepseek_v32::{apply_topk, Indexer, IndexerArgs};
 use super::mla::MultiLinear;
 use super::mlp::Mlp;
@@ -705,18 +705,7 @@ impl Model {
         };
         let a = &self.args;
         if let Some(n_experts) = a.n_routed_experts {
-            stack_experts(
-                &mut weights,
-                a.num_hidden_layers,
-                |l| format!("model.layers.{l}.mlp"),
-                &[
-                    ("gate_proj", "gate_proj"),
-                    ("down_proj", "down_proj"),
-                    ("up_proj", "up_proj"),
-                ],
-                &["weight", "scales", "biases"],
-                n_experts,
-            )?;
+            stack_mlp_experts(&mut weights, a.num_hidden_layers, n_experts)?;
         }
         for l in 0..a.num_hidden_layers {
             split_kv_b_proj(&mut weights, &format!("model.layers.{l}.self_attn"), a)?;

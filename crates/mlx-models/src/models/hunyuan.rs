@@ -10,7 +10,7 @@
 //! itself and stores them in its own cache, as mlx-lm's `kv_states` does. Every layer
 //! keeps its own `KVCache` (mlx-lm's default `make_cache`), so the cache count is the
 //! layer count.
-use super::decoder::{add_residual, stack_experts, DenseOrMoe, FeedForward};
+use super::decoder::{add_residual, stack_mlp_experts, DenseOrMoe, FeedForward};
 use super::hunyuan_v1_dense::alpha_rope;
 use super::lm::{even_head_dim, Stack};
 use super::mlp::Mlp;
@@ -422,18 +422,7 @@ impl Architecture for Model {
         if !weights.contains_key("model.layers.0.mlp.experts.0.up_proj.weight") {
             return Ok(weights);
         }
-        stack_experts(
-            &mut weights,
-            self.args.num_hidden_layers,
-            |l| format!("model.layers.{l}.mlp"),
-            &[
-                ("up_proj", "up_proj"),
-                ("down_proj", "down_proj"),
-                ("gate_proj", "gate_proj"),
-            ],
-            &["weight", "scales", "biases"],
-            self.args.num_experts,
-        )?;
+        stack_mlp_experts(&mut weights, self.args.num_hidden_layers, self.args.num_experts)?;
         Ok(weights)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {

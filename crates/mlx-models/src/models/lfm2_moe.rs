@@ -4,7 +4,7 @@
 //! top-k experts ([`SparseMoe`]: an optional `expert_bias` only for choosing them, the
 //! weights from the unbiased scores, normalized and scaled). `sanitize` renames
 //! `w1` / `w2` / `w3` and stacks the experts.
-use super::decoder::stack_experts;
+use super::decoder::{stack_experts, GLU_EXPERT_PROJS};
 use super::lfm2::{FeedForward, Model, ModelArgs as Lfm2Args};
 use super::mlp::Mlp;
 use super::{Architecture, Weights};
@@ -157,11 +157,7 @@ pub(crate) fn sanitize(weights: Weights, n_experts: i32, n_layers: i32) -> crate
         &mut out,
         n_layers,
         |l| format!("model.layers.{l}.feed_forward"),
-        &[
-            ("gate_proj", "gate_proj"),
-            ("down_proj", "down_proj"),
-            ("up_proj", "up_proj"),
-        ],
+        GLU_EXPERT_PROJS,
         &["weight"],
         n_experts,
     )?;

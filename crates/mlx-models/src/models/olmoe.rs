@@ -2,7 +2,7 @@
 //! whole q and k projections) in pre-norm layers whose feed-forward is softmax-routed
 //! top-k SwitchGLU experts.
 use super::attention::{Attention, AttentionDims, HeadNorm, NormAt};
-use super::decoder::{add_residual, stack_experts, DecoderLayer, FeedForward};
+use super::decoder::{add_residual, stack_mlp_experts, DecoderLayer, FeedForward};
 use super::lm::DecoderLm;
 use super::{top_k_indices_of_negated, Architecture, Weights};
 use crate::config::{default_true, parse_args, rope_scaling};
@@ -140,19 +140,7 @@ impl Architecture for Model {
         if !weights.contains_key("model.layers.0.mlp.experts.0.up_proj.weight") {
             return Ok(weights);
         }
-        let names = [
-            ("up_proj", "up_proj"),
-            ("down_proj", "down_proj"),
-            ("gate_proj", "gate_proj"),
-        ];
-        stack_experts(
-            &mut weights,
-            self.args.num_hidden_layers,
-            |l| format!("model.layers.{l}.mlp"),
-            &names,
-            &["weight", "scales", "biases"],
-            self.args.num_experts,
-        )?;
+        stack_mlp_experts(&mut weights, self.args.num_hidden_layers, self.args.num_experts)?;
         Ok(weights)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {

@@ -1,7 +1,7 @@
 //! Qwen2-MoE, following `mlx_lm/models/qwen2_moe.py`: Qwen2 attention (plain RoPE),
 //! softmax-routed SwitchGLU experts plus a sigmoid-gated shared expert in every layer.
 use super::attention::{Attention, AttentionDims};
-use super::decoder::{add_residual, stack_experts, DecoderLayer, FeedForward};
+use super::decoder::{add_residual, stack_mlp_experts, DecoderLayer, FeedForward};
 use super::lm::{DecoderLm, LmDims};
 use super::mlp::Mlp;
 use super::top_k_indices_of_negated;
@@ -152,18 +152,7 @@ impl Architecture for Model {
         if !weights.contains_key("model.layers.0.mlp.experts.0.up_proj.weight") {
             return Ok(weights);
         }
-        stack_experts(
-            &mut weights,
-            self.args.num_hidden_layers,
-            |l| format!("model.layers.{l}.mlp"),
-            &[
-                ("up_proj", "up_proj"),
-                ("down_proj", "down_proj"),
-                ("gate_proj", "gate_proj"),
-            ],
-            &["weight", "scales", "biases"],
-            self.args.num_experts,
-        )?;
+        stack_mlp_experts(&mut weights, self.args.num_hidden_layers, self.args.num_experts)?;
         Ok(weights)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {

@@ -1,6 +1,8 @@
 //! Qwen3-MoE, following `mlx_lm/models/qwen3_moe.py` (Qwen3 attention, softmax-routed
 //! SwitchGLU experts on sparse layers, dense MLPs on `mlp_only_layers`).
-use super::decoder::{add_residual, stack_experts, DecoderLayer, DenseOrMoe, FeedForward};
+use super::decoder::{
+    add_residual, stack_experts, DecoderLayer, DenseOrMoe, FeedForward, GLU_EXPERT_PROJS,
+};
 use super::lm::{drop_tied_head, DecoderLm};
 use super::mlp::Mlp;
 use super::qwen3::attention;
@@ -130,11 +132,7 @@ impl Architecture for Model {
             &mut weights,
             self.args.num_hidden_layers,
             |l| format!("model.layers.{l}.mlp"),
-            &[
-                ("up_proj", "up_proj"),
-                ("down_proj", "down_proj"),
-                ("gate_proj", "gate_proj"),
-            ],
+            GLU_EXPERT_PROJS,
             &["weight"],
             self.args.num_experts,
         )?;
