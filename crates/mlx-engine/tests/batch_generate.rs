@@ -88,7 +88,13 @@ fn batch_generate_matches_mlx_lm() {
             assert!(s.peak_memory > 0.0);
         }
     }
-    assert!(failed.is_empty(), "{} of {} cases differ:\n{}", failed.len(), cases.len(), failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failed.len(),
+        cases.len(),
+        failed.join("\n")
+    );
 }
 
 #[test]
