@@ -56,6 +56,8 @@
 #              ours / mlx-lm alternating, -p 512 -g 128
 #   structab   issue 20: gpu_structured.sh with --trials (STRUCT_TRIALS, 3) on the 0.5B and
 #              8B bf16 shapes (STRUCT_ONLY) at 1 and 32 streams, no profile lines
+#   saveptx    MLX's kernel cache of this machine to $OUT/ptx-cache.tar.xz (carry it back as
+#              .gpu/ptx-cache.tar.xz for the next machine)
 #   structmb   issue 20: structab on the 8B bf16 shape (STRUCT_ONLY) under MLX's graph
 #              limits (STRUCT_MB_ARMS: default, mb4000 / mb16000 = MLX_MAX_MB_PER_BUFFER,
 #              ops400 = MLX_MAX_OPS_PER_BUFFER=400), -g STRUCT_G (256)
@@ -69,6 +71,12 @@ mkdir -p "$OUT" .gpu
 # shellcheck disable=SC1091
 [ -n "${PYTHONPATH:-}" ] || source /root/stash/activate.sh >/dev/null
 export BENCH_COMMIT=$(cat "$NEW/COMMIT" 2>/dev/null || echo unknown)
+# A kernel cache carried along (.gpu/ptx-cache.tar.xz: MLX's /tmp/mlx of an earlier
+# machine, from the `saveptx` part) spares a fresh machine's first processes their
+# compiles; MLX keys each file by its kernel's name and source, so a stale one is unused.
+if [ -f .gpu/ptx-cache.tar.xz ] && [ ! -d /tmp/mlx ]; then
+  mkdir -p /tmp/mlx && tar -C /tmp/mlx -xJf .gpu/ptx-cache.tar.xz && echo "== kernel cache restored: $(find /tmp/mlx -name '*.ptx' | wc -l) kernels"
+fi
 T0=$(date +%s)
 left() { echo $((DEADLINE - ($(date +%s) - T0))); }
 ensure_model() { # VARIANT DIR: make_bench_models.py's VARIANT under $MODELS unless there
@@ -326,6 +334,8 @@ for PART in "$@"; do
       OUT=$D MLX_ENGINE_PROFILE=0 timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" \
         --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams 1,32 \
         --trials "${STRUCT_TRIALS:-3}" > "$D/stdout.txt" 2>&1 ;;
+    saveptx)
+      (cd /tmp/mlx && tar -cJf "$OUT/ptx-cache.tar.xz" .) && ls -la "$OUT/ptx-cache.tar.xz" > "$D/stdout.txt" ;;
     structmb)
       for arm in ${STRUCT_MB_ARMS:-default mb4000 mb16000}; do
         e=()
