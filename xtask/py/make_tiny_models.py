@@ -1120,6 +1120,49 @@ GOLDENS.update({
 })
 
 
+# Ling / Bailing MoE: layer 0 dense, then softmax top-2 of 8 experts beside a shared
+# expert; HF's per-expert tensors and router `mlp.gate.weight` (sanitize stacks and
+# renames them).
+ARCHS["bailing_moe"] = {"model_type": "bailing_moe", "num_hidden_layers": 3, "num_experts": 8,
+                        "num_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                        "norm_topk_prob": True, "first_k_dense_replace": 1, "rope_theta": 10000.0,
+                        "tie_word_embeddings": False}
+VARIANTS.update({
+    "bailing_moe-f32": ("bailing_moe", {}, {}),
+    # Ling 2.0's switches: sigmoid scores with the expert bias, two groups of four (one
+    # kept), per-head q/k norms, half the head rotated, biases everywhere, a wider shared
+    # expert, routed scaling.
+    "bailing_moe-f32-sigmoid-groups-bias-qknorm-partial": (
+        "bailing_moe", {"score_function": "sigmoid", "moe_router_enable_expert_bias": True, "n_group": 2,
+                        "topk_group": 1, "use_qk_norm": True, "partial_rotary_factor": 0.5, "use_bias": True,
+                        "use_qkv_bias": True, "moe_shared_expert_intermediate_size": 48,
+                        "routed_scaling_factor": 2.5}, {}),
+    # Tied head, no shared expert (the router switch off), rotary_dim with YaRN,
+    # unnormalized top-3, head_dim 32 (the quantized KV-cache decode), every layer routed.
+    # (YaRN here: transformers, which the convert oracle's tokenizer loading goes through,
+    # refuses it without max_position_embeddings in its config class.)
+    "bailing_moe-f32-tied-noshared-rotarydim-hd32": (
+        "bailing_moe", {"tie_word_embeddings": True, "moe_router_enable_shared_expert": False, "rotary_dim": 8,
+                        "norm_topk_prob": False, "num_experts_per_tok": 3, "num_attention_heads": 2,
+                        "num_key_value_heads": 1, "first_k_dense_replace": 0,
+                        "rope_scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128}},
+        {}),
+    # norm_head: sanitize divides each column of the head by its norm at every load; no
+    # shared experts by count. (Not top-1: mlx-lm's compiled aggregate_expert_outputs
+    # crashes MLX 0.32.4 on a single expert per token.)
+    "bailing_moe-f32-normhead-noshared": (
+        "bailing_moe", {"norm_head": True, "num_shared_experts": 0}, {}),
+    # num_experts null: every layer dense.
+    "bailing_moe-f32-dense": ("bailing_moe", {"num_experts": None, "use_bias": True}, {}),
+    "bailing_moe-q4": ("bailing_moe", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "bailing_moe-bf16-q4": (
+        "bailing_moe", {"score_function": "sigmoid", "moe_router_enable_expert_bias": True, "n_group": 2,
+                        "topk_group": 1}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "bailing_moe-small-f32": ("bailing_moe", dict(SMALL, moe_intermediate_size=16), {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1178,8 +1221,11 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.mlp.experts.gate_up_proj"] = np.ascontiguousarray(
                     np.concatenate([np.swapaxes(v, -1, -2), np.swapaxes(up, -1, -2)], axis=-1))
             continue
-        if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe", "ernie4_5_moe", "hunyuan") \
-                and ".mlp.switch_mlp." in k:
+        if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe", "ernie4_5_moe", "hunyuan",
+                  "bailing_moe") \
+                and ".mlp.switch_mlp." in k and not k.endswith(".bias"):
+            # (Stacked expert biases stay as they are: the sanitize of bailing_moe, the only
+            # file with them, stacks weights, scales and biases, not `bias`.)
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
@@ -1197,6 +1243,8 @@ def to_hf_names(config, weights, opts, rng):
         elif opts.get("fused_hunyuan") and k.endswith(".mlp.gate_proj.weight"):
             out[k.replace("gate_proj", "gate_and_up_proj")] = np.concatenate(
                 [weights[k.replace("gate_proj", "up_proj")], v], axis=0)
+        elif mt == "bailing_moe" and k.endswith(".mlp.gate.gate_proj.weight"):
+            out[k.replace(".gate.gate_proj.", ".gate.")] = v
         elif mt == "deepseek_v2" and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
