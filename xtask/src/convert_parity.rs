@@ -130,6 +130,17 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-hunyuan", "hunyuan-q4", None),
     ("baichuan_m1", "baichuan_m1-f32", None),
     ("q-baichuan_m1", "baichuan_m1-q4", None),
+    (
+        "bailing_moe",
+        "bailing_moe-f32-sigmoid-groups-bias-qknorm-partial",
+        None,
+    ),
+    (
+        "bailing_moe-normhead",
+        "bailing_moe-f32-normhead-noshared",
+        None,
+    ),
+    ("q-bailing_moe", "bailing_moe-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -369,6 +380,16 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("baichuan_m1", flags);
     }
     add("q-baichuan_m1", "-d");
+    // Bailing MoE: per-expert tensors stacked and the router renamed by sanitize, the
+    // router at 8 bits (its quant_predicate), `expert_bias` kept in float32 (its
+    // cast_predicate); a norm_head source (the head normalized before it is written); a
+    // quantized source.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("bailing_moe", flags);
+    }
+    add("bailing_moe-normhead", "");
+    add("bailing_moe-normhead", "--dtype bfloat16");
+    add("q-bailing_moe", "-d");
     // Gemma 4: the router's 8-bit predicate; per-layer embeddings quantized where their
     // width allows; the multimodal towers dropped; a quantized MoE source.
     for src in ["gemma4_text", "gemma4_text-moe", "gemma4-mm"] {

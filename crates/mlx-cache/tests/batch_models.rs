@@ -535,6 +535,9 @@ model_tests! {
     // from the k/v projections of the layer before).
     batched_decode_equals_alone_hunyuan_cla, prefilled_together_equals_alone_hunyuan_cla
         => "hunyuan-small-f32", true;
+    // Bailing MoE: the fused query_key_value split per row, routed experts.
+    batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
+        => "bailing_moe-small-f32", true;
     // Gemma 4: fewer caches than layers (the KV-shared layers read an earlier layer's).
     batched_decode_matches_alone_gemma4_text_shared_kv,
     prefilled_together_matches_alone_gemma4_text_shared_kv => "gemma4_text-small-f32", false;

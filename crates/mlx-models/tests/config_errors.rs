@@ -195,3 +195,30 @@ fn baichuan_m1_refuses_what_mlx_lm_cannot_run() {
     let e = err(&with(c, json!({"sliding_window_layers": [2]})));
     assert!(e.contains("sliding_window_layers"), "{e}");
 }
+
+#[test]
+fn bailing_moe_refuses_a_tied_norm_head_and_impossible_routing() {
+    let c = with(
+        base("bailing_moe"),
+        json!({"moe_intermediate_size": 16, "num_experts": 8, "num_shared_experts": 1,
+               "norm_topk_prob": true, "num_experts_per_tok": 2, "first_k_dense_replace": 1}),
+    );
+    assert!(build_model(&c).is_ok());
+    // `num_experts` is required but may be null (every layer dense).
+    assert!(build_model(&with(c.clone(), json!({"num_experts": null}))).is_ok());
+    let mut missing = c.clone();
+    missing.as_object_mut().unwrap().remove("num_experts");
+    assert!(err(&missing).contains("num_experts"));
+    // mlx-lm's sanitize pops the tied head, then normalizes it (a KeyError).
+    let e = err(&with(
+        c.clone(),
+        json!({"norm_head": true, "tie_word_embeddings": true}),
+    ));
+    assert!(e.contains("norm_head"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 9})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let e = err(&with(c.clone(), json!({"n_group": 3, "topk_group": 1})));
+    assert!(e.contains("n_group"), "{e}");
+    let e = err(&with(c, json!({"n_group": 2, "topk_group": 4})));
+    assert!(e.contains("topk_group"), "{e}");
+}

@@ -129,6 +129,7 @@ golden_tests! {
     olmo_fused_projections_padded_embedding_logits_match_mlx_lm => "olmo-small-f32",
     hunyuan_cross_layer_attention_experts_logits_match_mlx_lm => "hunyuan-small-f32",
     baichuan_m1_convolved_kv_sliding_layers_logits_match_mlx_lm => "baichuan_m1-small-f32",
+    bailing_moe_fused_qkv_routed_experts_logits_match_mlx_lm => "bailing_moe-small-f32",
 }
 
 #[test]
