@@ -1163,6 +1163,43 @@ GOLDENS.update({
     "bailing_moe-small-f32": ("bailing_moe", dict(SMALL, moe_intermediate_size=16), {}),
 })
 
+# GLM-5 (glm_moe_dsa): DeepSeek-V3.2 (indexer keeping 8 positions) read from GLM's
+# config: rope_theta and rope_scaling come from `rope_parameters` (the top-level
+# rope_theta here is ignored), the indexer's keys rotated interleaved by default.
+ARCHS["glm_moe_dsa"] = dict(DEEPSEEK_V3, model_type="glm_moe_dsa", index_n_heads=4, index_head_dim=16,
+                            index_topk=8, scoring_func="sigmoid", moe_layer_freq=1, attention_bias=False,
+                            rope_theta=1000000.0, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})
+VARIANTS.update({
+    "glm_moe_dsa-f32-mtp": ("glm_moe_dsa", {}, {"mtp": True}),
+    # YaRN with mscale_all_dim through rope_parameters (the attention scale too), the
+    # indexer's keys not interleaved, one group, every other layer routed, biases.
+    "glm_moe_dsa-f32-yarn-nointerleave-freq2": (
+        "glm_moe_dsa", {"rope_parameters": dict(DS_YARN, rope_theta=10000.0), "indexer_rope_interleave": False,
+                        "n_group": 1, "topk_group": 1, "moe_layer_freq": 2, "first_k_dense_replace": 0,
+                        "attention_bias": True, "norm_topk_prob": False}, {}),
+    "glm_moe_dsa-q4": ("glm_moe_dsa", {}, {"quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "glm_moe_dsa-small-f32": ("glm_moe_dsa", dict(MLA_SMALL, index_n_heads=2, index_head_dim=16, index_topk=4),
+                              {"mtp": True}),
+})
+
+# Solar Open: glm4_moe as it is, from a config that leaves out attention_bias,
+# use_qk_norm, n_group and topk_group (their defaults: off, one group).
+ARCHS["solar_open"] = {k: v for k, v in ARCHS["glm4_moe"].items()
+                       if k not in ("n_group", "topk_group", "use_qk_norm", "attention_bias", "rope_scaling")}
+ARCHS["solar_open"]["model_type"] = "solar_open"
+VARIANTS.update({
+    "solar_open-f32-mtp": ("solar_open", {}, {"mtp": True}),
+    "solar_open-f32-groups-qknorm-bias": (
+        "solar_open", {"n_group": 2, "topk_group": 1, "use_qk_norm": True, "attention_bias": True,
+                       "norm_topk_prob": False, "partial_rotary_factor": 1.0}, {}),
+    "solar_open-q4": ("solar_open", {}, {"quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "solar_open-small-f32": ("solar_open", dict(SMALL, head_dim=8, moe_intermediate_size=16), {"mtp": True}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1222,7 +1259,7 @@ def to_hf_names(config, weights, opts, rng):
                     np.concatenate([np.swapaxes(v, -1, -2), np.swapaxes(up, -1, -2)], axis=-1))
             continue
         if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe", "ernie4_5_moe", "hunyuan",
-                  "bailing_moe") \
+                  "bailing_moe", "solar_open") \
                 and ".mlp.switch_mlp." in k and not k.endswith(".bias"):
             # (Stacked expert biases stay as they are: the sanitize of bailing_moe, the only
             # file with them, stacks weights, scales and biases, not `bias`.)
@@ -1250,7 +1287,7 @@ def to_hf_names(config, weights, opts, rng):
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
                 out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
-        elif mt in ("deepseek_v3", "glm4_moe_lite", "deepseek_v32"):
+        elif mt in ("deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"):
             # HF layout: per-expert weights, and `kv_b_proj` instead of MLA's per-head
             # `embed_q` / `unembed_out` (mlx-lm's sanitize splits it).
             if ".mlp.switch_mlp." in k:
@@ -1412,7 +1449,7 @@ def to_hf_names(config, weights, opts, rng):
         for i in range(config["num_hidden_layers"]):  # sanitize drops them
             out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = rng.standard_normal(
                 (config["qk_rope_head_dim"] // 2,)).astype(np.float32)
-    if opts.get("mtp") and mt in ("glm4_moe", "glm4_moe_lite", "deepseek_v32"):
+    if opts.get("mtp") and mt in ("glm4_moe", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "solar_open"):
         # GLM's multi-token-prediction layer (one past the last), which sanitize drops.
         n = config["num_hidden_layers"]
         out[f"model.layers.{n}.eh_proj.weight"] = np.ones((config["hidden_size"], 2 * config["hidden_size"]), np.float32)

@@ -141,6 +141,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
         None,
     ),
     ("q-bailing_moe", "bailing_moe-q4", None),
+    ("glm_moe_dsa", "glm_moe_dsa-f32-mtp", None),
+    ("solar_open", "solar_open-f32-mtp", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -390,6 +392,14 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     add("bailing_moe-normhead", "");
     add("bailing_moe-normhead", "--dtype bfloat16");
     add("q-bailing_moe", "-d");
+    // GLM-5 (DeepSeek-V3.2 from GLM's config) and Solar Open (glm4_moe from its own):
+    // the MTP layer dropped, experts stacked (kv_b_proj split), the correction bias kept in
+    // float32 (their cast_predicate).
+    for src in ["glm_moe_dsa", "solar_open"] {
+        for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+            add(src, flags);
+        }
+    }
     // Gemma 4: the router's 8-bit predicate; per-layer embeddings quantized where their
     // width allows; the multimodal towers dropped; a quantized MoE source.
     for src in ["gemma4_text", "gemma4_text-moe", "gemma4-mm"] {

@@ -468,6 +468,8 @@ model_tests! {
         => "internlm3-small-f32", true;
     batched_decode_equals_alone_glm4_moe, prefilled_together_equals_alone_glm4_moe
         => "glm4_moe-small-f32", true;
+    batched_decode_equals_alone_solar_open, prefilled_together_equals_alone_solar_open
+        => "solar_open-small-f32", true;
     batched_decode_equals_alone_ernie4_5_moe, prefilled_together_equals_alone_ernie4_5_moe
         => "ernie4_5_moe-small-f32", true;
     batched_decode_equals_alone_qwen2_vl, prefilled_together_equals_alone_qwen2_vl
@@ -492,6 +494,8 @@ model_tests! {
     // gathered in another order than alone (as in mlx-lm): equal to float rounding.
     batched_decode_matches_alone_deepseek_v32_indexer,
     prefilled_together_matches_alone_deepseek_v32_indexer => "deepseek_v32-small-f32", false;
+    batched_decode_matches_alone_glm_moe_dsa_indexer,
+    prefilled_together_matches_alone_glm_moe_dsa_indexer => "glm_moe_dsa-small-f32", false;
     batched_decode_equals_alone_lfm2_moe, prefilled_together_equals_alone_lfm2_moe
         => "lfm2_moe-small-f32", true;
     // Issue 26, wave 2 part B.

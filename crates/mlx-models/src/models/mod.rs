@@ -137,6 +137,8 @@ architectures! {
     hunyuan,
     baichuan_m1,
     bailing_moe,
+    glm_moe_dsa,
+    solar_open,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
