@@ -1200,6 +1200,28 @@ GOLDENS.update({
     "solar_open-small-f32": ("solar_open", dict(SMALL, head_dim=8, moe_intermediate_size=16), {"mtp": True}),
 })
 
+# Apertus: attention without biases, q/k norms always; a gateless MLP through XieLU (its
+# four scalars per layer; HF keeps alpha_p / alpha_n as one-element tensors, which
+# sanitize squeezes). attention_bias / qk_norm / post_norm are required but not read.
+ARCHS["apertus"] = {"model_type": "apertus", "mlp_bias": False, "attention_bias": False, "rope_theta": 12000000.0,
+                    "post_norm": False, "qk_norm": True, "tie_word_embeddings": False}
+VARIANTS.update({
+    "apertus-f32": ("apertus", {}, {}),
+    # Tied (HF's redundant lm_head dropped by sanitize), MLP biases, Llama 3 RoPE
+    # scaling, traditional rotation, head_dim 32 (the quantized KV-cache decode).
+    "apertus-f32-tied-mlpbias-llama3-traditional-hd32": (
+        "apertus", {"tie_word_embeddings": True, "mlp_bias": True, "rope_traditional": True,
+                    "num_attention_heads": 2, "num_key_value_heads": 1,
+                    "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                     "original_max_position_embeddings": 32, "rope_type": "llama3"}},
+        {"lm_head": True}),
+    "apertus-q4": ("apertus", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "apertus-bf16-q4": ("apertus", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "apertus-small-f32": ("apertus", dict(SMALL), {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1226,6 +1248,10 @@ def random_weights(config, rng):
         if name.endswith("norm.weight"):
             base = 0.0 if gemma else 1.0
             w = base + 0.1 * rng.standard_normal(shape)
+        elif name.endswith(("act_fn.alpha_p", "act_fn.alpha_n", "act_fn.beta")):
+            w = np.full(shape, 0.5) + 0.1 * rng.standard_normal(shape)  # XieLU's scalars
+        elif name.endswith("act_fn.eps"):
+            w = np.full(shape, -1e-6)
         elif name.endswith(("layer_scalar", "router.scale")):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif name.endswith("bias"):
@@ -1403,6 +1429,8 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight"] = v[e]
         else:
             out[k] = v
+    if mt == "apertus":  # HF's XIELUActivation keeps the alphas as one-element tensors
+        out = {k: (v.reshape(1) if k.endswith(("alpha_p", "alpha_n")) else v) for k, v in out.items()}
     if mt == "gpt2":
         # HF layout: unprefixed names, Conv1D weights as [in, out], the causal-mask buffer.
         conv = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")

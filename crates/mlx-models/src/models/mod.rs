@@ -137,6 +137,7 @@ architectures! {
     hunyuan,
     baichuan_m1,
     bailing_moe,
+    apertus,
     glm_moe_dsa,
     solar_open,
     // Issue 26: Gemma 4 (KV caches shared between layers).
