@@ -143,6 +143,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-bailing_moe", "bailing_moe-q4", None),
     ("glm_moe_dsa", "glm_moe_dsa-f32-mtp", None),
     ("solar_open", "solar_open-f32-mtp", None),
+    ("apertus", "apertus-f32", None),
+    ("q-apertus", "apertus-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -414,6 +416,12 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
         add("gemma3n", flags);
     }
+    // Apertus: HF's one-element XieLU alphas squeezed by sanitize, the activation's
+    // scalars never quantized; a quantized source.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("apertus", flags);
+    }
+    add("q-apertus", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -539,6 +539,9 @@ model_tests! {
     // from the k/v projections of the layer before).
     batched_decode_equals_alone_hunyuan_cla, prefilled_together_equals_alone_hunyuan_cla
         => "hunyuan-small-f32", true;
+    // Apertus: XieLU MLPs, q/k norms before RoPE.
+    batched_decode_equals_alone_apertus, prefilled_together_equals_alone_apertus
+        => "apertus-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

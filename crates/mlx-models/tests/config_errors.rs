@@ -277,3 +277,20 @@ fn solar_open_defaults_what_glm4_moe_requires() {
     let e = err(&with(c, json!({"topk_method": "greedy"})));
     assert!(e.contains("topk_method"), "{e}");
 }
+
+#[test]
+fn apertus_requires_the_keys_it_does_not_read() {
+    let c = with(
+        base("apertus"),
+        json!({"mlp_bias": false, "attention_bias": false, "post_norm": false, "qk_norm": true}),
+    );
+    assert!(build_model(&c).is_ok());
+    // Required by mlx-lm's dataclass though never read.
+    for key in ["attention_bias", "post_norm", "qk_norm", "mlp_bias"] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+    let e = err(&with(c, json!({"num_attention_heads": 0})));
+    assert!(e.contains("num_attention_heads"), "{e}");
+}
