@@ -1120,6 +1120,108 @@ GOLDENS.update({
 })
 
 
+# Ling / Bailing MoE: layer 0 dense, then softmax top-2 of 8 experts beside a shared
+# expert; HF's per-expert tensors and router `mlp.gate.weight` (sanitize stacks and
+# renames them).
+ARCHS["bailing_moe"] = {"model_type": "bailing_moe", "num_hidden_layers": 3, "num_experts": 8,
+                        "num_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                        "norm_topk_prob": True, "first_k_dense_replace": 1, "rope_theta": 10000.0,
+                        "tie_word_embeddings": False}
+VARIANTS.update({
+    "bailing_moe-f32": ("bailing_moe", {}, {}),
+    # Ling 2.0's switches: sigmoid scores with the expert bias, two groups of four (one
+    # kept), per-head q/k norms, half the head rotated, biases everywhere, a wider shared
+    # expert, routed scaling.
+    "bailing_moe-f32-sigmoid-groups-bias-qknorm-partial": (
+        "bailing_moe", {"score_function": "sigmoid", "moe_router_enable_expert_bias": True, "n_group": 2,
+                        "topk_group": 1, "use_qk_norm": True, "partial_rotary_factor": 0.5, "use_bias": True,
+                        "use_qkv_bias": True, "moe_shared_expert_intermediate_size": 48,
+                        "routed_scaling_factor": 2.5}, {}),
+    # Tied head, no shared expert (the router switch off), rotary_dim with YaRN,
+    # unnormalized top-3, head_dim 32 (the quantized KV-cache decode), every layer routed.
+    # (YaRN here: transformers, which the convert oracle's tokenizer loading goes through,
+    # refuses it without max_position_embeddings in its config class.)
+    "bailing_moe-f32-tied-noshared-rotarydim-hd32": (
+        "bailing_moe", {"tie_word_embeddings": True, "moe_router_enable_shared_expert": False, "rotary_dim": 8,
+                        "norm_topk_prob": False, "num_experts_per_tok": 3, "num_attention_heads": 2,
+                        "num_key_value_heads": 1, "first_k_dense_replace": 0,
+                        "rope_scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128}},
+        {}),
+    # norm_head: sanitize divides each column of the head by its norm at every load; no
+    # shared experts by count. (Not top-1: mlx-lm's compiled aggregate_expert_outputs
+    # crashes MLX 0.32.4 on a single expert per token.)
+    "bailing_moe-f32-normhead-noshared": (
+        "bailing_moe", {"norm_head": True, "num_shared_experts": 0}, {}),
+    # num_experts null: every layer dense.
+    "bailing_moe-f32-dense": ("bailing_moe", {"num_experts": None, "use_bias": True}, {}),
+    "bailing_moe-q4": ("bailing_moe", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "bailing_moe-bf16-q4": (
+        "bailing_moe", {"score_function": "sigmoid", "moe_router_enable_expert_bias": True, "n_group": 2,
+                        "topk_group": 1}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "bailing_moe-small-f32": ("bailing_moe", dict(SMALL, moe_intermediate_size=16), {}),
+})
+
+# GLM-5 (glm_moe_dsa): DeepSeek-V3.2 (indexer keeping 8 positions) read from GLM's
+# config: rope_theta and rope_scaling come from `rope_parameters` (the top-level
+# rope_theta here is ignored), the indexer's keys rotated interleaved by default.
+ARCHS["glm_moe_dsa"] = dict(DEEPSEEK_V3, model_type="glm_moe_dsa", index_n_heads=4, index_head_dim=16,
+                            index_topk=8, scoring_func="sigmoid", moe_layer_freq=1, attention_bias=False,
+                            rope_theta=1000000.0, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})
+VARIANTS.update({
+    "glm_moe_dsa-f32-mtp": ("glm_moe_dsa", {}, {"mtp": True}),
+    # YaRN with mscale_all_dim through rope_parameters (the attention scale too), the
+    # indexer's keys not interleaved, one group, every other layer routed, biases.
+    "glm_moe_dsa-f32-yarn-nointerleave-freq2": (
+        "glm_moe_dsa", {"rope_parameters": dict(DS_YARN, rope_theta=10000.0), "indexer_rope_interleave": False,
+                        "n_group": 1, "topk_group": 1, "moe_layer_freq": 2, "first_k_dense_replace": 0,
+                        "attention_bias": True, "norm_topk_prob": False}, {}),
+    "glm_moe_dsa-q4": ("glm_moe_dsa", {}, {"quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "glm_moe_dsa-small-f32": ("glm_moe_dsa", dict(MLA_SMALL, index_n_heads=2, index_head_dim=16, index_topk=4),
+                              {"mtp": True}),
+})
+
+# Solar Open: glm4_moe as it is, from a config that leaves out attention_bias,
+# use_qk_norm, n_group and topk_group (their defaults: off, one group).
+ARCHS["solar_open"] = {k: v for k, v in ARCHS["glm4_moe"].items()
+                       if k not in ("n_group", "topk_group", "use_qk_norm", "attention_bias", "rope_scaling")}
+ARCHS["solar_open"]["model_type"] = "solar_open"
+VARIANTS.update({
+    "solar_open-f32-mtp": ("solar_open", {}, {"mtp": True}),
+    "solar_open-f32-groups-qknorm-bias": (
+        "solar_open", {"n_group": 2, "topk_group": 1, "use_qk_norm": True, "attention_bias": True,
+                       "norm_topk_prob": False, "partial_rotary_factor": 1.0}, {}),
+    "solar_open-q4": ("solar_open", {}, {"quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "solar_open-small-f32": ("solar_open", dict(SMALL, head_dim=8, moe_intermediate_size=16), {"mtp": True}),
+})
+
+# Apertus: attention without biases, q/k norms always; a gateless MLP through XieLU (its
+# four scalars per layer; HF keeps alpha_p / alpha_n as one-element tensors, which
+# sanitize squeezes). attention_bias / qk_norm / post_norm are required but not read.
+ARCHS["apertus"] = {"model_type": "apertus", "mlp_bias": False, "attention_bias": False, "rope_theta": 12000000.0,
+                    "post_norm": False, "qk_norm": True, "tie_word_embeddings": False}
+VARIANTS.update({
+    "apertus-f32": ("apertus", {}, {}),
+    # Tied (HF's redundant lm_head dropped by sanitize), MLP biases, Llama 3 RoPE
+    # scaling, traditional rotation, head_dim 32 (the quantized KV-cache decode).
+    "apertus-f32-tied-mlpbias-llama3-traditional-hd32": (
+        "apertus", {"tie_word_embeddings": True, "mlp_bias": True, "rope_traditional": True,
+                    "num_attention_heads": 2, "num_key_value_heads": 1,
+                    "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                     "original_max_position_embeddings": 32, "rope_type": "llama3"}},
+        {"lm_head": True}),
+    "apertus-q4": ("apertus", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "apertus-bf16-q4": ("apertus", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "apertus-small-f32": ("apertus", dict(SMALL), {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1146,6 +1248,10 @@ def random_weights(config, rng):
         if name.endswith("norm.weight"):
             base = 0.0 if gemma else 1.0
             w = base + 0.1 * rng.standard_normal(shape)
+        elif name.endswith(("act_fn.alpha_p", "act_fn.alpha_n", "act_fn.beta")):
+            w = np.full(shape, 0.5) + 0.1 * rng.standard_normal(shape)  # XieLU's scalars
+        elif name.endswith("act_fn.eps"):
+            w = np.full(shape, -1e-6)
         elif name.endswith(("layer_scalar", "router.scale")):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif name.endswith("bias"):
@@ -1178,8 +1284,11 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.mlp.experts.gate_up_proj"] = np.ascontiguousarray(
                     np.concatenate([np.swapaxes(v, -1, -2), np.swapaxes(up, -1, -2)], axis=-1))
             continue
-        if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe", "ernie4_5_moe", "hunyuan") \
-                and ".mlp.switch_mlp." in k:
+        if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe", "ernie4_5_moe", "hunyuan",
+                  "bailing_moe", "solar_open") \
+                and ".mlp.switch_mlp." in k and not k.endswith(".bias"):
+            # (Stacked expert biases stay as they are: the sanitize of bailing_moe, the only
+            # file with them, stacks weights, scales and biases, not `bias`.)
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
@@ -1197,12 +1306,14 @@ def to_hf_names(config, weights, opts, rng):
         elif opts.get("fused_hunyuan") and k.endswith(".mlp.gate_proj.weight"):
             out[k.replace("gate_proj", "gate_and_up_proj")] = np.concatenate(
                 [weights[k.replace("gate_proj", "up_proj")], v], axis=0)
+        elif mt == "bailing_moe" and k.endswith(".mlp.gate.gate_proj.weight"):
+            out[k.replace(".gate.gate_proj.", ".gate.")] = v
         elif mt == "deepseek_v2" and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
                 out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
-        elif mt in ("deepseek_v3", "glm4_moe_lite", "deepseek_v32"):
+        elif mt in ("deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"):
             # HF layout: per-expert weights, and `kv_b_proj` instead of MLA's per-head
             # `embed_q` / `unembed_out` (mlx-lm's sanitize splits it).
             if ".mlp.switch_mlp." in k:
@@ -1318,6 +1429,8 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight"] = v[e]
         else:
             out[k] = v
+    if mt == "apertus":  # HF's XIELUActivation keeps the alphas as one-element tensors
+        out = {k: (v.reshape(1) if k.endswith(("alpha_p", "alpha_n")) else v) for k, v in out.items()}
     if mt == "gpt2":
         # HF layout: unprefixed names, Conv1D weights as [in, out], the causal-mask buffer.
         conv = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
@@ -1364,7 +1477,7 @@ def to_hf_names(config, weights, opts, rng):
         for i in range(config["num_hidden_layers"]):  # sanitize drops them
             out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = rng.standard_normal(
                 (config["qk_rope_head_dim"] // 2,)).astype(np.float32)
-    if opts.get("mtp") and mt in ("glm4_moe", "glm4_moe_lite", "deepseek_v32"):
+    if opts.get("mtp") and mt in ("glm4_moe", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "solar_open"):
         # GLM's multi-token-prediction layer (one past the last), which sanitize drops.
         n = config["num_hidden_layers"]
         out[f"model.layers.{n}.eh_proj.weight"] = np.ones((config["hidden_size"], 2 * config["hidden_size"]), np.float32)

@@ -130,6 +130,21 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-hunyuan", "hunyuan-q4", None),
     ("baichuan_m1", "baichuan_m1-f32", None),
     ("q-baichuan_m1", "baichuan_m1-q4", None),
+    (
+        "bailing_moe",
+        "bailing_moe-f32-sigmoid-groups-bias-qknorm-partial",
+        None,
+    ),
+    (
+        "bailing_moe-normhead",
+        "bailing_moe-f32-normhead-noshared",
+        None,
+    ),
+    ("q-bailing_moe", "bailing_moe-q4", None),
+    ("glm_moe_dsa", "glm_moe_dsa-f32-mtp", None),
+    ("solar_open", "solar_open-f32-mtp", None),
+    ("apertus", "apertus-f32", None),
+    ("q-apertus", "apertus-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -369,6 +384,24 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("baichuan_m1", flags);
     }
     add("q-baichuan_m1", "-d");
+    // Bailing MoE: per-expert tensors stacked and the router renamed by sanitize, the
+    // router at 8 bits (its quant_predicate), `expert_bias` kept in float32 (its
+    // cast_predicate); a norm_head source (the head normalized before it is written); a
+    // quantized source.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("bailing_moe", flags);
+    }
+    add("bailing_moe-normhead", "");
+    add("bailing_moe-normhead", "--dtype bfloat16");
+    add("q-bailing_moe", "-d");
+    // GLM-5 (DeepSeek-V3.2 from GLM's config) and Solar Open (glm4_moe from its own):
+    // the MTP layer dropped, experts stacked (kv_b_proj split), the correction bias kept in
+    // float32 (their cast_predicate).
+    for src in ["glm_moe_dsa", "solar_open"] {
+        for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+            add(src, flags);
+        }
+    }
     // Gemma 4: the router's 8-bit predicate; per-layer embeddings quantized where their
     // width allows; the multimodal towers dropped; a quantized MoE source.
     for src in ["gemma4_text", "gemma4_text-moe", "gemma4-mm"] {
@@ -383,6 +416,12 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
         add("gemma3n", flags);
     }
+    // Apertus: HF's one-element XieLU alphas squeezed by sanitize, the activation's
+    // scalars never quantized; a quantized source.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("apertus", flags);
+    }
+    add("q-apertus", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -468,6 +468,8 @@ model_tests! {
         => "internlm3-small-f32", true;
     batched_decode_equals_alone_glm4_moe, prefilled_together_equals_alone_glm4_moe
         => "glm4_moe-small-f32", true;
+    batched_decode_equals_alone_solar_open, prefilled_together_equals_alone_solar_open
+        => "solar_open-small-f32", true;
     batched_decode_equals_alone_ernie4_5_moe, prefilled_together_equals_alone_ernie4_5_moe
         => "ernie4_5_moe-small-f32", true;
     batched_decode_equals_alone_qwen2_vl, prefilled_together_equals_alone_qwen2_vl
@@ -492,6 +494,8 @@ model_tests! {
     // gathered in another order than alone (as in mlx-lm): equal to float rounding.
     batched_decode_matches_alone_deepseek_v32_indexer,
     prefilled_together_matches_alone_deepseek_v32_indexer => "deepseek_v32-small-f32", false;
+    batched_decode_matches_alone_glm_moe_dsa_indexer,
+    prefilled_together_matches_alone_glm_moe_dsa_indexer => "glm_moe_dsa-small-f32", false;
     batched_decode_equals_alone_lfm2_moe, prefilled_together_equals_alone_lfm2_moe
         => "lfm2_moe-small-f32", true;
     // Issue 26, wave 2 part B.
@@ -535,6 +539,12 @@ model_tests! {
     // from the k/v projections of the layer before).
     batched_decode_equals_alone_hunyuan_cla, prefilled_together_equals_alone_hunyuan_cla
         => "hunyuan-small-f32", true;
+    // Apertus: XieLU MLPs, q/k norms before RoPE.
+    batched_decode_equals_alone_apertus, prefilled_together_equals_alone_apertus
+        => "apertus-small-f32", true;
+    // Bailing MoE: the fused query_key_value split per row, routed experts.
+    batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
+        => "bailing_moe-small-f32", true;
     // Gemma 4: fewer caches than layers (the KV-shared layers read an earlier layer's).
     batched_decode_matches_alone_gemma4_text_shared_kv,
     prefilled_together_matches_alone_gemma4_text_shared_kv => "gemma4_text-small-f32", false;

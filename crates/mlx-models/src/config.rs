@@ -110,3 +110,12 @@ impl PerLayer {
 pub(crate) fn default_true() -> bool {
     true
 }
+
+/// `config` over `defaults`: the keys of a file's `ModelArgs` defaults that config.json
+/// leaves out filled in (config.json wins where it has the key).
+pub(crate) fn with_defaults(mut defaults: Value, config: &Value) -> Value {
+    if let (Some(m), Some(c)) = (defaults.as_object_mut(), config.as_object()) {
+        m.extend(c.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    defaults
+}

@@ -195,3 +195,102 @@ fn baichuan_m1_refuses_what_mlx_lm_cannot_run() {
     let e = err(&with(c, json!({"sliding_window_layers": [2]})));
     assert!(e.contains("sliding_window_layers"), "{e}");
 }
+
+#[test]
+fn bailing_moe_refuses_a_tied_norm_head_and_impossible_routing() {
+    let c = with(
+        base("bailing_moe"),
+        json!({"moe_intermediate_size": 16, "num_experts": 8, "num_shared_experts": 1,
+               "norm_topk_prob": true, "num_experts_per_tok": 2, "first_k_dense_replace": 1}),
+    );
+    assert!(build_model(&c).is_ok());
+    // `num_experts` is required but may be null (every layer dense).
+    assert!(build_model(&with(c.clone(), json!({"num_experts": null}))).is_ok());
+    let mut missing = c.clone();
+    missing.as_object_mut().unwrap().remove("num_experts");
+    assert!(err(&missing).contains("num_experts"));
+    // mlx-lm's sanitize pops the tied head, then normalizes it (a KeyError).
+    let e = err(&with(
+        c.clone(),
+        json!({"norm_head": true, "tie_word_embeddings": true}),
+    ));
+    assert!(e.contains("norm_head"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 9})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let e = err(&with(c.clone(), json!({"n_group": 3, "topk_group": 1})));
+    assert!(e.contains("n_group"), "{e}");
+    let e = err(&with(c, json!({"n_group": 2, "topk_group": 4})));
+    assert!(e.contains("topk_group"), "{e}");
+}
+
+#[test]
+fn glm_moe_dsa_needs_its_keys_and_rope_parameters_with_a_theta() {
+    let c = json!({
+        "model_type": "glm_moe_dsa", "vocab_size": 64, "hidden_size": 32, "index_head_dim": 16,
+        "index_n_heads": 2, "index_topk": 4, "intermediate_size": 64, "moe_intermediate_size": 16,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "n_shared_experts": 1, "n_routed_experts": 8, "routed_scaling_factor": 2.5,
+        "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "v_head_dim": 8,
+        "qk_nope_head_dim": 8, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "norm_topk_prob": true, "n_group": 2, "topk_group": 1, "num_experts_per_tok": 2,
+        "moe_layer_freq": 1, "first_k_dense_replace": 1, "max_position_embeddings": 128,
+        "rms_norm_eps": 1e-5, "attention_bias": false,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    });
+    let m = build_model(&c).unwrap();
+    assert_eq!(m.cache_specs().len(), 2);
+    // No defaults, unlike deepseek_v32's ModelArgs.
+    for key in [
+        "index_topk",
+        "q_lora_rank",
+        "moe_layer_freq",
+        "rope_parameters",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+    // __post_init__ reads rope_parameters["rope_theta"] (a KeyError in mlx-lm).
+    let e = err(&with(
+        c,
+        json!({"rope_parameters": {"rope_type": "default"}}),
+    ));
+    assert!(e.contains("rope_theta"), "{e}");
+}
+
+#[test]
+fn solar_open_defaults_what_glm4_moe_requires() {
+    let c = with(
+        base("solar_open"),
+        json!({"moe_intermediate_size": 16, "n_shared_experts": 1, "n_routed_experts": 4,
+               "routed_scaling_factor": 1.0, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+               "norm_topk_prob": true, "partial_rotary_factor": 0.5}),
+    );
+    // attention_bias, use_qk_norm, n_group and topk_group left out.
+    assert!(build_model(&c).is_ok());
+    let mut missing = c.clone();
+    missing
+        .as_object_mut()
+        .unwrap()
+        .remove("tie_word_embeddings");
+    assert!(err(&missing).contains("tie_word_embeddings"));
+    let e = err(&with(c, json!({"topk_method": "greedy"})));
+    assert!(e.contains("topk_method"), "{e}");
+}
+
+#[test]
+fn apertus_requires_the_keys_it_does_not_read() {
+    let c = with(
+        base("apertus"),
+        json!({"mlp_bias": false, "attention_bias": false, "post_norm": false, "qk_norm": true}),
+    );
+    assert!(build_model(&c).is_ok());
+    // Required by mlx-lm's dataclass though never read.
+    for key in ["attention_bias", "post_norm", "qk_norm", "mlp_bias"] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+    let e = err(&with(c, json!({"num_attention_heads": 0})));
+    assert!(e.contains("num_attention_heads"), "{e}");
+}

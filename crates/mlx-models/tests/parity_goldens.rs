@@ -129,6 +129,10 @@ golden_tests! {
     olmo_fused_projections_padded_embedding_logits_match_mlx_lm => "olmo-small-f32",
     hunyuan_cross_layer_attention_experts_logits_match_mlx_lm => "hunyuan-small-f32",
     baichuan_m1_convolved_kv_sliding_layers_logits_match_mlx_lm => "baichuan_m1-small-f32",
+    bailing_moe_fused_qkv_routed_experts_logits_match_mlx_lm => "bailing_moe-small-f32",
+    glm_moe_dsa_rope_parameters_indexer_logits_match_mlx_lm => "glm_moe_dsa-small-f32",
+    solar_open_glm4_moe_defaults_logits_match_mlx_lm => "solar_open-small-f32",
+    apertus_xielu_qk_norm_logits_match_mlx_lm => "apertus-small-f32",
 }
 
 #[test]

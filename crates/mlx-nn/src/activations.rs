@@ -139,6 +139,41 @@ pub fn geglu(gate: &Array, x: &Array) -> Result<Array> {
     )
 }
 
+/// mlx-lm's `xielu(x, alpha_p, alpha_n, beta, eps)` (Apertus's XieLU), compiled with
+/// the compiled `softplus` nested inside: `softplus(alpha_p) * x^2 + beta * x` where `x
+/// > 0`, else `(expm1(min(x, eps)) - x) * (beta + softplus(alpha_n)) + beta * x`.
+#[track_caller]
+pub fn xielu(
+    x: &Array,
+    alpha_p: &Array,
+    alpha_n: &Array,
+    beta: &Array,
+    eps: &Array,
+) -> Result<Array> {
+    call_compiled(
+        "xielu",
+        |a| {
+            let (x, beta, eps) = (&a[0], &a[3], &a[4]);
+            let alpha_p = softplus(&a[1])?;
+            let alpha_n = beta.add(&softplus(&a[2])?)?;
+            let beta_x = beta.multiply(x)?;
+            let positive = alpha_p.multiply(&x.square()?)?.add(&beta_x)?;
+            let negative = x
+                .minimum(eps)?
+                .expm1()?
+                .subtract(x)?
+                .multiply(&alpha_n)?
+                .add(&beta_x)?;
+            Ok(vec![mlx_array::ops::where_(
+                &x.greater(0.0)?,
+                &positive,
+                &negative,
+            )?])
+        },
+        &[x, alpha_p, alpha_n, beta, eps],
+    )
+}
+
 /// mlx-lm's `swiglu_oai(gate, x)` (GPT-OSS; alpha 1.702, limit 7.0, its defaults):
 /// `gate` clipped from above, `x` to +-limit, then `(x + 1) * (gate * sigmoid(alpha *
 /// gate))`, compiled.

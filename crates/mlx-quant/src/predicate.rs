@@ -182,8 +182,8 @@ impl MixedPredicate {
 /// and `lm_head` (granitemoe those and
 /// its `router.layer`), the qwen3_next family
 /// its router and shared-expert gate, granitemoehybrid its `router.layer`, lfm2_moe
-/// its `feed_forward.gate`, Gemma 4 its `router.proj` (affine, whatever the mode asked
-/// for).
+/// its `feed_forward.gate`, bailing_moe its `mlp.gate.gate_proj`, Gemma 4 its
+/// `router.proj` (affine, whatever the mode asked for).
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
     let eight_bits = || {
         let mut m = Map::new();
@@ -213,6 +213,7 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
         "granitemoehybrid" => Some(choose(path.ends_with("router.layer"))),
         "minimax" => Some(choose(path.ends_with("block_sparse_moe.gate"))),
         "lfm2_moe" => Some(choose(path.ends_with("feed_forward.gate"))),
+        "bailing_moe" => Some(choose(path.ends_with("mlp.gate.gate_proj"))),
         "gemma4_text" | "gemma4" => Some(choose(path.ends_with("router.proj"))),
         "granitemoe" => Some(choose(
             path.ends_with("block_sparse_moe.router.layer")
@@ -226,15 +227,16 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
 
 /// The `cast_predicate` some mlx-lm models define: parameters `--dtype` leaves in their
 /// own dtype (the SSM decay `A_log` of qwen3_5 and nemotron_h, the router correction
-/// bias of glm4_moe, minimax, exaone_moe, the DeepSeek-V3 family (V3.2 included),
-/// nemotron_h and lfm2_moe).
+/// bias of glm4_moe (and solar_open), minimax, exaone_moe, the DeepSeek-V3 family (V3.2
+/// and glm_moe_dsa included),
+/// nemotron_h, and the `expert_bias` of lfm2_moe and bailing_moe).
 pub fn model_keeps_dtype(model_type: &str, path: &str) -> bool {
     match model_type {
         "glm4_moe" | "glm4_moe_lite" | "deepseek_v3" | "kimi_k2" | "joyai_llm_flash"
-        | "kimi_k25" | "deepseek_v32" | "minimax" | "exaone_moe" => {
+        | "kimi_k25" | "deepseek_v32" | "glm_moe_dsa" | "solar_open" | "minimax" | "exaone_moe" => {
             path.contains("e_score_correction_bias")
         }
-        "lfm2_moe" => path.contains("expert_bias"),
+        "lfm2_moe" | "bailing_moe" => path.contains("expert_bias"),
         "qwen3_5" | "qwen3_5_moe" => path.ends_with("A_log"),
         "nemotron_h" => path.contains("e_score_correction_bias") || path.contains("A_log"),
         _ => false,

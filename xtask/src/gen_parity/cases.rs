@@ -85,6 +85,10 @@ pub const TINY: &[&str] = &[
     "olmo-f32",
     "hunyuan-f32",
     "baichuan_m1-f32",
+    "bailing_moe-f32",
+    "glm_moe_dsa-f32-mtp",
+    "solar_open-f32-mtp",
+    "apertus-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

@@ -98,6 +98,9 @@ pub struct DecoderLayer<F> {
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     ff_name: &'static str,
+    /// The checkpoint names of the two norms (default `input_layernorm`,
+    /// `post_attention_layernorm`).
+    norm_names: [&'static str; 2],
     /// Multiplies both residual branches (Granite's `residual_multiplier`).
     residual_scale: Option<f64>,
     /// The parameters in the order self_attn, norms, mlp (the files declaring the norms
@@ -121,6 +124,7 @@ impl<F: FeedForward> DecoderLayer<F> {
             input_layernorm: RmsNorm::new(dim, eps)?,
             post_attention_layernorm: RmsNorm::new(dim, eps)?,
             ff_name,
+            norm_names: ["input_layernorm", "post_attention_layernorm"],
             residual_scale: None,
             norms_before_mlp: false,
         })
@@ -130,6 +134,17 @@ impl<F: FeedForward> DecoderLayer<F> {
     /// `h = x + attn(norm(x)) * m`, `out = h + ff(norm(h)) * m`.
     pub(crate) fn with_residual_scale(mut self, m: f64) -> DecoderLayer<F> {
         self.residual_scale = Some(m);
+        self
+    }
+
+    /// Names the norms before attention and before the feed-forward as the checkpoint
+    /// does (Apertus's `attention_layernorm`, `feedforward_layernorm`).
+    pub(crate) fn with_norm_names(
+        mut self,
+        attn: &'static str,
+        ff: &'static str,
+    ) -> DecoderLayer<F> {
+        self.norm_names = [attn, ff];
         self
     }
 
@@ -178,10 +193,11 @@ impl<F: FeedForward> Module for DecoderLayer<F> {
         if !self.norms_before_mlp {
             self.mlp.visit_params(&join(prefix, self.ff_name), f);
         }
+        let [attn_norm, ff_norm] = self.norm_names;
         self.input_layernorm
-            .visit_params(&join(prefix, "input_layernorm"), f);
+            .visit_params(&join(prefix, attn_norm), f);
         self.post_attention_layernorm
-            .visit_params(&join(prefix, "post_attention_layernorm"), f);
+            .visit_params(&join(prefix, ff_norm), f);
         if self.norms_before_mlp {
             self.mlp.visit_params(&join(prefix, self.ff_name), f);
         }
@@ -192,10 +208,11 @@ impl<F: FeedForward> Module for DecoderLayer<F> {
         if !self.norms_before_mlp {
             self.mlp.visit_params_mut(&join(prefix, self.ff_name), f);
         }
+        let [attn_norm, ff_norm] = self.norm_names;
         self.input_layernorm
-            .visit_params_mut(&join(prefix, "input_layernorm"), f);
+            .visit_params_mut(&join(prefix, attn_norm), f);
         self.post_attention_layernorm
-            .visit_params_mut(&join(prefix, "post_attention_layernorm"), f);
+            .visit_params_mut(&join(prefix, ff_norm), f);
         if self.norms_before_mlp {
             self.mlp.visit_params_mut(&join(prefix, self.ff_name), f);
         }

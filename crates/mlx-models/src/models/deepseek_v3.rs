@@ -12,6 +12,7 @@ use super::deepseek_v32::{apply_topk, Indexer, IndexerArgs};
 use super::mla::MultiLinear;
 use super::mlp::Mlp;
 use super::{batch_len, cache_at, layer_caches, merge_heads, split_heads, top_k_indices_of_negated};
+use super::{weigh_experts, zero_weak_groups};
 use super::{Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
@@ -376,15 +377,7 @@ fn group_expert_select(
     let orig_scores = gates.astype(Dtype::Float32)?.sigmoid()?;
     let mut scores = orig_scores.add(bias)?;
     if n_group > 1 {
-        scores = scores.unflatten(-1, &[n_group, -1])?;
-        let group_scores = scores.topk(2, Some(-1))?.sum(Some(&[-1]), true)?;
-        let k = n_group - topk_group;
-        let group_idx = group_scores
-            .argpartition(k - 1, Some(-2))?
-            .slice_axis(-2, 0, k)?;
-        let zero = Array::scalar(0.0f32)?;
-        scores = scores.put_along_axis(&group_idx.stop_gradient()?, &zero, -2)?;
-        scores = scores.flatten(-2, -1)?;
+        scores = zero_weak_groups(&scores, n_group, topk_group)?;
     }
     let inds = top_k_indices_of_negated(&scores, top_k)?;
     let mut scores = orig_scores.take_along_axis(&inds, -1)?;
@@ -501,11 +494,7 @@ impl FeedForward for Moe {
     fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
         let (inds, scores) = self.gate.route(x)?;
         let y = self.switch_mlp.forward(x, &inds)?;
-        let dtype = y.dtype();
-        let mut y = y
-            .multiply(&scores.expand_dims(&[-1])?)?
-            .sum(Some(&[-2]), false)?
-            .astype(dtype)?;
+        let mut y = weigh_experts(&y, &scores)?;
         if let Some(shared) = &self.shared_experts {
             y = y.add(&shared.forward(x, None)?)?;
         }
@@ -723,14 +712,21 @@ impl Model {
 }
 
 /// mlx-lm's `cast_predicate`: the routers' `e_score_correction_bias` keeps its dtype.
-pub(crate) fn cast_all_but_bias(
+pub(crate) fn cast_all_but_bias(module: &mut dyn Module, dtype: Dtype) -> mlx_nn::Result<()> {
+    cast_all_except(module, dtype, "e_score_correction_bias")
+}
+
+/// `--dtype` under a `cast_predicate` of `keep not in k`: every floating parameter
+/// whose name does not contain `keep` cast to `dtype`.
+pub(crate) fn cast_all_except(
     module: &mut dyn Module,
     dtype: Dtype,
+    keep: &str,
 ) -> mlx_nn::Result<()> {
     let mut err = None;
     module.visit_params_mut("", &mut |name, p| {
-        let keep = name.contains("e_score_correction_bias");
-        if err.is_none() && !keep && p.dtype().is_floating() && p.dtype() != dtype {
+        let kept = name.contains(keep);
+        if err.is_none() && !kept && p.dtype().is_floating() && p.dtype() != dtype {
             match p.astype(dtype) {
                 Ok(a) => p.set(a),
                 Err(e) => err = Some(e),

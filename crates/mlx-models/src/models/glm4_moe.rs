@@ -7,7 +7,7 @@ use super::attention::{Attention, AttentionDims, HeadNorm, NormAt};
 use super::decoder::{add_residual, stack_experts, Decoder, DecoderLayer, DenseOrMoe, FeedForward};
 use super::head::{self, LogitScale};
 use super::mlp::Mlp;
-use super::{top_k_indices_of_negated, Architecture, Weights};
+use super::{top_k_indices_of_negated, weigh_experts, zero_weak_groups, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Dtype, Result};
@@ -94,15 +94,7 @@ fn group_expert_select(
     let orig_scores = gates.astype(Dtype::Float32)?.sigmoid()?;
     let mut scores = orig_scores.add(bias)?;
     if limit_groups {
-        scores = scores.unflatten(-1, &[n_group, -1])?;
-        let group_scores = scores.topk(2, Some(-1))?.sum(Some(&[-1]), true)?;
-        let k = n_group - topk_group;
-        let group_idx = group_scores
-            .argpartition(k - 1, Some(-2))?
-            .slice_axis(-2, 0, k)?;
-        let zero = Array::scalar(0.0f32)?;
-        scores = scores.put_along_axis(&group_idx.stop_gradient()?, &zero, -2)?;
-        scores = scores.flatten(-2, -1)?;
+        scores = zero_weak_groups(&scores, n_group, topk_group)?;
     }
     let inds = top_k_indices_of_negated(&scores, top_k)?;
     let mut scores = orig_scores.take_along_axis(&inds, -1)?;
@@ -200,11 +192,7 @@ impl FeedForward for Moe {
     fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
         let (inds, scores) = self.gate.route(x)?;
         let y = self.switch_mlp.forward(x, &inds)?;
-        let dtype = y.dtype();
-        let mut y = y
-            .multiply(&scores.expand_dims(&[-1])?)?
-            .sum(Some(&[-2]), false)?
-            .astype(dtype)?;
+        let mut y = weigh_experts(&y, &scores)?;
         if let Some(shared) = &self.shared_experts {
             y = y.add(&shared.forward(x, None)?)?;
         }
@@ -306,17 +294,7 @@ impl Module for Model {
     }
     /// mlx-lm's `cast_predicate`: the routers' `e_score_correction_bias` keeps its dtype.
     fn cast_floating(&mut self, dtype: Dtype) -> mlx_nn::Result<()> {
-        let mut err = None;
-        self.visit_params_mut("", &mut |name, p| {
-            let keep = name.contains("e_score_correction_bias");
-            if err.is_none() && !keep && p.dtype().is_floating() && p.dtype() != dtype {
-                match p.astype(dtype) {
-                    Ok(a) => p.set(a),
-                    Err(e) => err = Some(e),
-                }
-            }
-        });
-        err.map_or(Ok(()), |e| Err(e.into()))
+        super::deepseek_v3::cast_all_but_bias(self, dtype)
     }
 }
 

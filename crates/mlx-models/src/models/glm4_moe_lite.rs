@@ -6,7 +6,7 @@
 //! int4 formats.
 use super::deepseek_v3::{Flavor, Model, ModelArgs};
 use super::Architecture;
-use crate::config::parse_args;
+use crate::config::{parse_args, with_defaults};
 use serde_json::{json, Value};
 
 /// mlx-lm's `ModelArgs` defaults where they differ from DeepSeek-V3's.
@@ -35,10 +35,7 @@ fn defaults() -> Value {
 
 /// Registry entry.
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
-    let mut merged = defaults();
-    if let (Some(m), Some(c)) = (merged.as_object_mut(), config.as_object()) {
-        m.extend(c.iter().map(|(k, v)| (k.clone(), v.clone())));
-    }
+    let merged = with_defaults(defaults(), config);
     let args: ModelArgs = parse_args(&merged, "glm4_moe_lite")?;
     Ok(Box::new(Model::new(args, Flavor::Glm4MoeLite)?))
 }

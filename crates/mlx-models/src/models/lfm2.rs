@@ -372,17 +372,7 @@ impl mlx_nn::Module for Model {
     /// LFM2-MoE's `cast_predicate`: the routers' `expert_bias` keeps its dtype (LFM2
     /// has no such parameter).
     fn cast_floating(&mut self, dtype: Dtype) -> mlx_nn::Result<()> {
-        let mut err = None;
-        self.visit_params_mut("", &mut |name, p| {
-            let keep = name.contains("expert_bias");
-            if err.is_none() && !keep && p.dtype().is_floating() && p.dtype() != dtype {
-                match p.astype(dtype) {
-                    Ok(a) => p.set(a),
-                    Err(e) => err = Some(e),
-                }
-            }
-        });
-        err.map_or(Ok(()), |e| Err(e.into()))
+        super::deepseek_v3::cast_all_except(self, dtype, "expert_bias")
     }
 }
 

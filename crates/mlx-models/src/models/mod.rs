@@ -136,6 +136,10 @@ architectures! {
     olmo,
     hunyuan,
     baichuan_m1,
+    bailing_moe,
+    apertus,
+    glm_moe_dsa,
+    solar_open,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
@@ -380,6 +384,29 @@ pub(crate) fn top_k_indices_of_negated(x: &Array, k: i32) -> Result<Array> {
         .argpartition(k - 1, Some(-1))?
         .slice_axis(-1, 0, k)?
         .stop_gradient()
+}
+
+/// The group-limited step of mlx-lm's routers: the last axis of `scores` viewed as
+/// `n_group` groups, the `n_group - topk_group` groups whose two best scores sum lowest
+/// set to zero, the groups flattened back.
+pub(crate) fn zero_weak_groups(scores: &Array, n_group: i32, topk_group: i32) -> Result<Array> {
+    let grouped = scores.unflatten(-1, &[n_group, -1])?;
+    let group_scores = grouped.topk(2, Some(-1))?.sum(Some(&[-1]), true)?;
+    let k = n_group - topk_group;
+    let weakest = group_scores
+        .argpartition(k - 1, Some(-2))?
+        .slice_axis(-2, 0, k)?
+        .stop_gradient()?;
+    let zero = Array::scalar(0.0f32)?;
+    grouped.put_along_axis(&weakest, &zero, -2)?.flatten(-2, -1)
+}
+
+/// `(y * scores[..., None]).sum(axis=-2).astype(y.dtype)`: the chosen experts' outputs
+/// weighted by their router scores.
+pub(crate) fn weigh_experts(y: &Array, scores: &Array) -> Result<Array> {
+    y.multiply(&scores.expand_dims(&[-1])?)?
+        .sum(Some(&[-2]), false)?
+        .astype(y.dtype())
 }
 
 /// The first layer of `kind` in `layer_types` (where mlx-lm's `layer_types.index(kind)`
