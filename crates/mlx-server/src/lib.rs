@@ -37,6 +37,7 @@ pub mod responses;
 pub mod structured;
 pub mod text;
 pub mod tool_grammar;
+mod tool_parsers;
 pub mod tools;
 pub mod warm;
 

@@ -147,6 +147,29 @@ impl<'a> Reader<'a> {
             .chars()
             .filter(|c| *c != '_')
             .collect();
+        let (neg, body) = match raw.strip_prefix('-') {
+            Some(b) => (true, b),
+            None => (false, raw.strip_prefix('+').unwrap_or(&raw)),
+        };
+        let radix = match body.get(..2).map(str::to_ascii_lowercase).as_deref() {
+            Some("0x") => 16,
+            Some("0o") => 8,
+            Some("0b") => 2,
+            _ => 10,
+        };
+        if radix != 10 {
+            let v = i64::from_str_radix(&body[2..], radix)
+                .map_err(|_| format!("not a number: {raw:?}"))?;
+            return Ok(Json::from(if neg { -v } else { v }));
+        }
+        // Python has no leading zeros in decimal integers (`007`; `00` and `0.7` are fine).
+        if body.len() > 1
+            && body.starts_with('0')
+            && body.bytes().all(|c| c.is_ascii_digit())
+            && body.bytes().any(|c| c != b'0')
+        {
+            return Err(format!("leading zeros in {raw:?}"));
+        }
         if let Ok(i) = raw.parse::<i64>() {
             return Ok(Json::from(i));
         }
@@ -298,6 +321,11 @@ mod tests {
         assert!(literal("true").is_err());
         assert!(literal("1 2").is_err());
         assert!(literal("'open").is_err());
+        assert!(literal("007").is_err());
+        assert_eq!(
+            literal("[00, 0.5, 007.5, -0x1f, 0b11]").unwrap(),
+            json!([0, 0.5, 7.5, -31, 3])
+        );
     }
 
     #[test]

@@ -5,13 +5,19 @@
 //!
 //! - JSON formats (`json_tools`, `llama3_json`, `mistral`): the arguments are one JSON
 //!   value (`%json` with the whole parameter schema).
-//! - Keyword formats (`pythonic`, `qwen3_coder`, `function_gemma`, `gemma4`): one
-//!   entry per declared property, in the schema's order, the required ones always and
-//!   the others optionally; each value in the format's own syntax. Python keyword
-//!   values are JSON (mlx-lm reads `true` / `false` / `null` there); a string value of
-//!   the other formats is raw text between the format's delimiters (its `enum`,
-//!   `const`, `minLength`, `maxLength` and `pattern` enforced, the delimiter's
-//!   characters excluded), numbers and booleans are JSON text.
+//! - JSON formats (`kimi_k2`, `kimi_k3`): the arguments are one JSON object too, in
+//!   the format's own call blocks.
+//! - Keyword formats (`pythonic`, `qwen3_coder`, `function_gemma`, `gemma4`, `glm47`,
+//!   `longcat`, `minimax_m2`, `minicpm5`, `muse_spark`): one entry per declared
+//!   property, in the schema's order, the required ones always and the others
+//!   optionally; each value in the format's own syntax. Python keyword values and
+//!   `muse_spark`'s are JSON (mlx-lm reads `true` / `false` / `null` there, and
+//!   `muse_spark` tries JSON first); a string value of the other formats is raw text
+//!   between the format's delimiters (its `enum`, `const`, `minLength`, `maxLength` and
+//!   `pattern` enforced, the delimiter's characters excluded; without surrounding
+//!   whitespace where the parser strips values), numbers and booleans are JSON text;
+//!   `glm47` / `longcat` write every property not typed `string` as JSON, which their
+//!   parsers deserialize.
 //!
 //! A schema a format cannot carry faithfully (a nested object in `function_gemma`, a
 //! string `format` outside JSON, a property without a type in `qwen3_coder`...) is a
@@ -81,6 +87,29 @@ pub fn tool_grammar(
         ToolFormat::FunctionGemma | ToolFormat::Gemma4 => {
             (String::new(), String::new(), String::new())
         }
+        ToolFormat::Glm47 | ToolFormat::Longcat | ToolFormat::Minicpm5 => {
+            (String::new(), lark_string("\n"), String::new())
+        }
+        ToolFormat::KimiK2 => (
+            lit("<|tool_calls_section_begin|>"),
+            String::new(),
+            lit("<|tool_calls_section_end|>"),
+        ),
+        ToolFormat::MinimaxM2 => (
+            format!("{} \"\\n\"", lit("<minimax:tool_call>")),
+            lark_string("\n"),
+            format!("\"\\n\" {}", lit("</minimax:tool_call>")),
+        ),
+        ToolFormat::MuseSpark => (
+            format!("{} \"\\n\"", lit("<atem:function_calls>")),
+            lark_string("\n"),
+            format!("\"\\n\" {}", lit("</atem:function_calls>")),
+        ),
+        ToolFormat::KimiK3 => (
+            format!("{} \"tools\" {}", lit("<|open|>"), lit(K3_SEP)),
+            String::new(),
+            format!("{} \"tools\" {}", lit("<|close|>"), lit(K3_SEP)),
+        ),
     };
     let calls = if parallel {
         format!("call ({sep} call)*")
@@ -90,6 +119,8 @@ pub fn tool_grammar(
     g.rules.push(format!("start: {open} {calls} {close}"));
     Ok(g.rules.join("\n") + "\n")
 }
+
+const K3_SEP: &str = "<|sep|>";
 
 /// Whether the vocabulary has Mistral's `[ARGS]` token: calls are then
 /// `[TOOL_CALLS]name[ARGS]{..}`, else `[TOOL_CALLS][{"name": .., "arguments": ..}]`.
@@ -105,6 +136,18 @@ fn check_name(format: ToolFormat, name: &str) -> Result<(), ApiError> {
             ToolFormat::JsonTools | ToolFormat::Llama3Json => true,
             ToolFormat::Mistral | ToolFormat::Gemma4 => name.chars().all(|c| word(c) || c == '-'),
             ToolFormat::Pythonic => name.chars().all(|c| word(c) || c == '.'),
+            // Names the parsers read back whole: no tag, quote or separator characters
+            // (nor, for kimi_k2, a `functions.` prefix of its own).
+            ToolFormat::Glm47
+            | ToolFormat::Longcat
+            | ToolFormat::MinimaxM2
+            | ToolFormat::Minicpm5
+            | ToolFormat::MuseSpark
+            | ToolFormat::KimiK3 => name.chars().all(|c| word(c) || c == '-' || c == '.'),
+            ToolFormat::KimiK2 => {
+                name.chars().all(|c| word(c) || c == '-' || c == '.')
+                    && !name.starts_with("functions.")
+            }
             ToolFormat::FunctionGemma => name.chars().all(word),
             ToolFormat::Qwen3Coder => !name
                 .chars()
@@ -130,6 +173,13 @@ fn format_name(format: ToolFormat) -> &'static str {
         ToolFormat::FunctionGemma => "function_gemma",
         ToolFormat::Gemma4 => "gemma4",
         ToolFormat::Llama3Json => "llama3_json",
+        ToolFormat::Glm47 => "glm47",
+        ToolFormat::KimiK2 => "kimi_k2",
+        ToolFormat::MinimaxM2 => "minimax_m2",
+        ToolFormat::Longcat => "longcat",
+        ToolFormat::Minicpm5 => "minicpm5",
+        ToolFormat::MuseSpark => "muse_spark",
+        ToolFormat::KimiK3 => "kimi_k3",
     }
 }
 
@@ -145,6 +195,16 @@ enum Value {
     Json,
     /// A raw string.
     Str,
+}
+
+/// How a format reads a raw string value back.
+struct RawRules {
+    /// Characters the value cannot hold.
+    forbid: &'static str,
+    /// The parser strips the value (no whitespace at either end).
+    stripped: bool,
+    /// The parser reads `null` (any case) as JSON null.
+    no_null: bool,
 }
 
 impl Grammar<'_> {
@@ -232,6 +292,72 @@ impl Grammar<'_> {
                     n("</function>\n</tool_call>")
                 )
             }
+            ToolFormat::Glm47 | ToolFormat::Longcat => {
+                let params = if self.format == ToolFormat::Longcat {
+                    longcat_params(params).map_err(|what| self.refuse(name, what))?
+                } else {
+                    params.clone()
+                };
+                let kw = self.keywords(i, name, &params, "")?;
+                let (open, close) = if self.format == ToolFormat::Glm47 {
+                    ("<tool_call>", "</tool_call>")
+                } else {
+                    ("<longcat_tool_call>", "</longcat_tool_call>")
+                };
+                format!(
+                    "{} {} {kw} {}",
+                    self.lit(open),
+                    n(&format!("{name}\n")),
+                    self.lit(close)
+                )
+            }
+            ToolFormat::KimiK2 => {
+                let a = self.json_rule(format!("args_{i}"), name, params)?;
+                format!(
+                    "{} {} /[0-9]{{1,3}}/ {} {a} {}",
+                    self.lit("<|tool_call_begin|>"),
+                    n(&format!("functions.{name}:")),
+                    self.lit("<|tool_call_argument_begin|>"),
+                    self.lit("<|tool_call_end|>")
+                )
+            }
+            ToolFormat::MinimaxM2 => {
+                let kw = self.keywords(i, name, params, "")?;
+                format!(
+                    "{} {kw} {}",
+                    n(&format!("<invoke name=\"{name}\">\n")),
+                    n("</invoke>")
+                )
+            }
+            ToolFormat::Minicpm5 => {
+                let kw = self.keywords(i, name, params, "")?;
+                format!(
+                    "{} {kw} {}",
+                    n(&format!("<function name=\"{name}\">")),
+                    n("</function>")
+                )
+            }
+            ToolFormat::MuseSpark => {
+                let kw = self.keywords(i, name, params, "")?;
+                format!(
+                    "{} {kw} {}",
+                    n(&format!("<atem:invoke name=\"{name}\">")),
+                    n("</atem:invoke>")
+                )
+            }
+            ToolFormat::KimiK3 => {
+                let a = self.json_rule(format!("args_{i}"), name, params)?;
+                let (open, close, sep) = (
+                    self.lit("<|open|>"),
+                    self.lit("<|close|>"),
+                    self.lit(K3_SEP),
+                );
+                format!(
+                    "{open} {} {sep} {open} {} {sep} {a} {close} \"json\" {sep} {close} \"call\" {sep}",
+                    n(&format!("call tool=\"{name}\"")),
+                    n("json type=\"object\""),
+                )
+            }
         })
     }
 
@@ -270,6 +396,36 @@ impl Grammar<'_> {
             let q = |s: String| lark_string(&s);
             let entry = match self.format {
                 ToolFormat::Pythonic => format!("{} {value}", q(format!("{key}="))),
+                ToolFormat::Glm47 | ToolFormat::Longcat => {
+                    let t = if self.format == ToolFormat::Glm47 {
+                        ""
+                    } else {
+                        "longcat_"
+                    };
+                    format!(
+                        "{} {} {} \"\\n\" {} {value} {} \"\\n\"",
+                        self.lit(&format!("<{t}arg_key>")),
+                        q(key.clone()),
+                        self.lit(&format!("</{t}arg_key>")),
+                        self.lit(&format!("<{t}arg_value>")),
+                        self.lit(&format!("</{t}arg_value>")),
+                    )
+                }
+                ToolFormat::MinimaxM2 => format!(
+                    "{} {value} {}",
+                    q(format!("<parameter name=\"{key}\">")),
+                    q("</parameter>\n".into())
+                ),
+                ToolFormat::Minicpm5 => format!(
+                    "{} {value} {}",
+                    q(format!("<param name=\"{key}\">")),
+                    q("</param>".into())
+                ),
+                ToolFormat::MuseSpark => format!(
+                    "{} {value} {}",
+                    q(format!("<atem:parameter name=\"{key}\">")),
+                    q("</atem:parameter>".into())
+                ),
                 ToolFormat::Qwen3Coder => format!(
                     "{} {value} {}",
                     q(format!("<parameter={key}>\n")),
@@ -333,7 +489,7 @@ impl Grammar<'_> {
             return Err(self.refuse(tool, format!("the parameter name `{key}`")));
         }
         let name = format!("v_{i}_{k}");
-        if self.format == ToolFormat::Pythonic {
+        if matches!(self.format, ToolFormat::Pythonic | ToolFormat::MuseSpark) {
             return self.json_rule(name, tool, schema);
         }
         match self.kind(schema) {
@@ -344,8 +500,21 @@ impl Grammar<'_> {
                     ToolFormat::Gemma4 => ("<|\"|>", "<|\"|>", "<"),
                     _ => ("", "", "<"),
                 };
+                let stripped = matches!(
+                    self.format,
+                    ToolFormat::Glm47
+                        | ToolFormat::Longcat
+                        | ToolFormat::MinimaxM2
+                        | ToolFormat::Minicpm5
+                );
+                let rules = RawRules {
+                    forbid,
+                    stripped,
+                    // glm47 / longcat keep string-typed values as they are.
+                    no_null: !matches!(self.format, ToolFormat::Glm47 | ToolFormat::Longcat),
+                };
                 let body = self
-                    .raw_string(schema, forbid)
+                    .raw_string(schema, &rules)
                     .map_err(|what| self.refuse(tool, format!("parameter `{key}`: {what}")))?;
                 let (o, c) = if open.is_empty() {
                     (String::new(), String::new())
@@ -365,6 +534,38 @@ impl Grammar<'_> {
 
     /// How a property's value is written outside Python / JSON, if it can be.
     fn kind(&self, schema: &Json) -> Option<Value> {
+        match self.format {
+            // String-typed parameters are kept as text, everything else deserialized.
+            ToolFormat::Glm47 | ToolFormat::Longcat => {
+                return Some(
+                    if schema.get("type").and_then(Json::as_str) == Some("string") {
+                        Value::Str
+                    } else {
+                        Value::Json
+                    },
+                );
+            }
+            // Converted by the one type mlx-lm's `_extract_types_from_schema` finds.
+            ToolFormat::MinimaxM2 | ToolFormat::Minicpm5 => {
+                if ["anyOf", "oneOf", "allOf"]
+                    .iter()
+                    .any(|k| schema.get(k).is_some())
+                {
+                    return None;
+                }
+                let types = crate::tool_parsers::schema_types(Some(schema));
+                return match types.as_slice() {
+                    [t] if t == "string" => Some(Value::Str),
+                    [t] if ["integer", "number", "boolean", "object", "array", "null"]
+                        .contains(&t.as_str()) =>
+                    {
+                        Some(Value::Json)
+                    }
+                    _ => None,
+                };
+            }
+            _ => {}
+        }
         let ty = schema.get("type");
         let listed: Option<Vec<&Json>> = schema
             .get("enum")
@@ -398,12 +599,23 @@ impl Grammar<'_> {
     }
 
     /// A raw string valid against `schema` (a string schema), none of `forbid`'s
-    /// characters in it; qwen3_coder's `null` (read as JSON null) excluded.
-    fn raw_string(&mut self, schema: &Json, forbid: &str) -> Result<String, String> {
+    /// characters in it; `null` (read as JSON null by qwen3_coder's and minimax_m2's
+    /// parsers) excluded where the rules say, and whitespace at either end where the
+    /// parser strips values.
+    fn raw_string(&mut self, schema: &Json, rules: &RawRules) -> Result<String, String> {
         if let Some(f) = schema.get("format") {
             return Err(format!("the string format {f}"));
         }
-        let bad = |s: &str| s.chars().any(|c| forbid.contains(c)) || s.eq_ignore_ascii_case("null");
+        let forbid = rules.forbid;
+        let edge_space = |s: &str| {
+            let sp = |c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c);
+            s.starts_with(sp) || s.ends_with(sp)
+        };
+        let bad = |s: &str| {
+            s.chars().any(|c| forbid.contains(c))
+                || (rules.no_null && s.eq_ignore_ascii_case("null"))
+                || (rules.stripped && edge_space(s))
+        };
         let listed: Option<Vec<Json>> = schema
             .get("enum")
             .and_then(Json::as_array)
@@ -435,7 +647,13 @@ impl Grammar<'_> {
             None => format!("{{{min},}}"),
         };
         let term = format!("STR_{}", self.rules.len());
-        let mut def = format!("{term}: /[^{class}]{reps}/ & ~/[nN][uU][lL][lL]/");
+        let mut def = format!("{term}: /[^{class}]{reps}/");
+        if rules.no_null {
+            def.push_str(" & ~/[nN][uU][lL][lL]/");
+        }
+        if rules.stripped {
+            def.push_str(r" & ~/(?s:[\s\x1c-\x1f].*|.*[\s\x1c-\x1f])/");
+        }
         if let Some(p) = schema.get("pattern").and_then(Json::as_str) {
             let core = p
                 .strip_prefix('^')
@@ -449,4 +667,24 @@ impl Grammar<'_> {
         self.rules.push(def);
         Ok(term)
     }
+}
+
+/// longcat's parser cannot read a call without arguments (mlx-lm fails on it): a tool
+/// whose parameters require none has its first declared property made required.
+fn longcat_params(params: &Json) -> Result<Json, String> {
+    let mut params = params.clone();
+    let required = params
+        .get("required")
+        .and_then(Json::as_array)
+        .is_some_and(|r| !r.is_empty());
+    if required {
+        return Ok(params);
+    }
+    let first = params
+        .get("properties")
+        .and_then(Json::as_object)
+        .and_then(|p| p.keys().next().cloned())
+        .ok_or("a call without arguments (mlx-lm's parser cannot read one)")?;
+    params["required"] = json!([first]);
+    Ok(params)
 }

@@ -1,12 +1,15 @@
 //! Tool-call parsers for the formats of the supported chat templates, following
 //! `mlx_lm/tool_parsers/*.py`: Hermes/Qwen `<tool_call>` JSON (`json_tools`), Qwen3-coder
 //! XML (`qwen3_coder`), Mistral `[TOOL_CALLS]`, Gemma (`function_gemma`, `gemma4`),
-//! pythonic (`[f(x=1)]`), plus Llama 3 JSON (`{"name": .., "parameters": ..}`), which
+//! pythonic (`[f(x=1)]`), GLM (`glm47`, also `laguna`), Kimi (`kimi_k2`, `kimi_k3`),
+//! MiniMax (`minimax_m2`), `longcat`, `minicpm5`, `muse_spark` (in
+//! [`crate::tool_parsers`]), plus Llama 3 JSON (`{"name": .., "parameters": ..}`), which
 //! mlx-lm does not parse.
 //!
 //! A parser never panics: text it cannot read is an `Err` and the caller passes it on
 //! as plain content.
 use crate::pylit;
+use crate::tool_parsers as tp;
 use serde_json::{Map, Value as Json};
 
 /// A parsed call: the function name, its arguments (a JSON object) and the model's own
@@ -38,6 +41,20 @@ pub enum ToolFormat {
     Gemma4,
     /// Llama 3.x: a JSON object `{"name", "parameters"}`, optionally after `<|python_tag|>`.
     Llama3Json,
+    /// GLM 4.5 / 4.7 (and Laguna): `<tool_call>f<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>`.
+    Glm47,
+    /// Kimi K2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{..}<|tool_call_end|>..`.
+    KimiK2,
+    /// MiniMax M2: `<minimax:tool_call><invoke name="f"><parameter name="k">v</parameter></invoke>..`.
+    MinimaxM2,
+    /// LongCat: `<longcat_tool_call>f<longcat_arg_key>k</longcat_arg_key><longcat_arg_value>v</longcat_arg_value>..`.
+    Longcat,
+    /// MiniCPM 5: `<function name="f"><param name="k">v</param></function>`.
+    Minicpm5,
+    /// Muse Spark: `<atem:function_calls><atem:invoke name="f"><atem:parameter name="k">v</atem:parameter>..`.
+    MuseSpark,
+    /// Kimi K3 (XTML): `<|open|>tools<|sep|><|open|>call tool="f"<|sep|>..<|close|>call<|sep|>..`.
+    KimiK3,
 }
 
 impl ToolFormat {
@@ -62,6 +79,14 @@ impl ToolFormat {
             "function_gemma" => ToolFormat::FunctionGemma,
             "gemma4" => ToolFormat::Gemma4,
             "llama3_json" => ToolFormat::Llama3Json,
+            // mlx-lm's laguna module is glm47's parser and markers.
+            "glm47" | "laguna" => ToolFormat::Glm47,
+            "kimi_k2" => ToolFormat::KimiK2,
+            "minimax_m2" => ToolFormat::MinimaxM2,
+            "longcat" => ToolFormat::Longcat,
+            "minicpm5" => ToolFormat::Minicpm5,
+            "muse_spark" => ToolFormat::MuseSpark,
+            "kimi_k3" => ToolFormat::KimiK3,
             _ => return None,
         })
     }
@@ -69,12 +94,20 @@ impl ToolFormat {
     /// Start and end markers of a tool-call section (an empty end runs to the end).
     pub fn markers(self) -> (&'static str, &'static str) {
         match self {
-            ToolFormat::JsonTools | ToolFormat::Qwen3Coder => ("<tool_call>", "</tool_call>"),
+            ToolFormat::JsonTools | ToolFormat::Qwen3Coder | ToolFormat::Glm47 => {
+                ("<tool_call>", "</tool_call>")
+            }
             ToolFormat::Mistral => ("[TOOL_CALLS]", ""),
             ToolFormat::Pythonic => ("<|tool_call_start|>", "<|tool_call_end|>"),
             ToolFormat::FunctionGemma => ("<start_function_call>", "<end_function_call>"),
             ToolFormat::Gemma4 => ("<|tool_call>", "<tool_call|>"),
             ToolFormat::Llama3Json => ("<|python_tag|>", ""),
+            ToolFormat::KimiK2 => ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+            ToolFormat::MinimaxM2 => ("<minimax:tool_call>", "</minimax:tool_call>"),
+            ToolFormat::Longcat => ("<longcat_tool_call>", "</longcat_tool_call>"),
+            ToolFormat::Minicpm5 => ("<function name=", "</function>"),
+            ToolFormat::MuseSpark => ("<atem:function_calls>", "</atem:function_calls>"),
+            ToolFormat::KimiK3 => ("<|open|>tools<|sep|>", "<|close|>tools<|sep|>"),
         }
     }
 
@@ -88,6 +121,13 @@ impl ToolFormat {
             ToolFormat::Pythonic => parse_pythonic(text)?,
             ToolFormat::FunctionGemma => vec![parse_function_gemma(text)?],
             ToolFormat::Gemma4 => parse_gemma4(text)?,
+            ToolFormat::Glm47 => tp::parse_glm47(text, tools)?,
+            ToolFormat::KimiK2 => tp::parse_kimi_k2(text)?,
+            ToolFormat::MinimaxM2 => tp::parse_minimax_m2(text, tools)?,
+            ToolFormat::Longcat => tp::parse_longcat(text, tools)?,
+            ToolFormat::Minicpm5 => tp::parse_minicpm5(text, tools)?,
+            ToolFormat::MuseSpark => tp::parse_muse_spark(text)?,
+            ToolFormat::KimiK3 => tp::parse_kimi_k3(text)?,
         };
         if calls.is_empty() {
             return Err(format!("no tool call found in {text:?}"));

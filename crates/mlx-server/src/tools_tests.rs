@@ -167,7 +167,23 @@ fn formats_are_detected_from_parser_names_and_templates() {
         ToolFormat::detect(Some("json_tools"), None),
         Some(ToolFormat::JsonTools)
     );
-    assert_eq!(ToolFormat::detect(Some("kimi_k2"), None), None);
+    for (name, format) in [
+        ("glm47", ToolFormat::Glm47),
+        ("laguna", ToolFormat::Glm47),
+        ("kimi_k2", ToolFormat::KimiK2),
+        ("minimax_m2", ToolFormat::MinimaxM2),
+        ("longcat", ToolFormat::Longcat),
+        ("minicpm5", ToolFormat::Minicpm5),
+        ("muse_spark", ToolFormat::MuseSpark),
+        ("kimi_k3", ToolFormat::KimiK3),
+    ] {
+        assert_eq!(ToolFormat::detect(Some(name), None), Some(format), "{name}");
+    }
+    // A parser name we do not know is no format (not a template guess).
+    assert_eq!(
+        ToolFormat::detect(Some("hermes_2"), Some("... <|python_tag|> ...")),
+        None
+    );
     assert_eq!(
         ToolFormat::detect(None, Some("... <|python_tag|> ...")),
         Some(ToolFormat::Llama3Json)

@@ -141,6 +141,13 @@ async fn forced_tool_calls_come_back_as_tool_calls_in_every_format() {
         "function_gemma",
         "gemma4",
         "llama3_json",
+        "glm47",
+        "kimi_k2",
+        "minimax_m2",
+        "longcat",
+        "minicpm5",
+        "muse_spark",
+        "kimi_k3",
     ] {
         let dir = tempfile::tempdir().unwrap();
         for f in ["tokenizer.json", "tokenizer_config.json"] {

@@ -182,7 +182,7 @@ fn oracle(cases: &Json) -> Vec<Json> {
 
 /// Every format with a tokenizer of its family: (format, mlx-lm's module, tokenizer,
 /// whether nested objects are supported).
-const FORMATS: [(ToolFormat, Option<&str>, &str, bool); 7] = [
+const FORMATS: [(ToolFormat, Option<&str>, &str, bool); 14] = [
     (
         ToolFormat::JsonTools,
         Some("json_tools"),
@@ -220,6 +220,35 @@ const FORMATS: [(ToolFormat, Option<&str>, &str, bool); 7] = [
         false,
     ),
     (ToolFormat::Llama3Json, None, "tokenizer-llama3_2", true),
+    // No GLM / Kimi / MiniMax / LongCat / MiniCPM / Muse vocabulary among the test
+    // assets: their markers are plain text over Qwen3's.
+    (ToolFormat::Glm47, Some("glm47"), "tokenizer-qwen3", true),
+    (ToolFormat::KimiK2, Some("kimi_k2"), "tokenizer-qwen3", true),
+    (
+        ToolFormat::MinimaxM2,
+        Some("minimax_m2"),
+        "tokenizer-qwen3",
+        true,
+    ),
+    (
+        ToolFormat::Longcat,
+        Some("longcat"),
+        "tokenizer-qwen3",
+        true,
+    ),
+    (
+        ToolFormat::Minicpm5,
+        Some("minicpm5"),
+        "tokenizer-qwen3",
+        true,
+    ),
+    (
+        ToolFormat::MuseSpark,
+        Some("muse_spark"),
+        "tokenizer-qwen3",
+        true,
+    ),
+    (ToolFormat::KimiK3, Some("kimi_k3"), "tokenizer-qwen3", true),
 ];
 
 fn check_format(which: usize) {
@@ -242,11 +271,13 @@ fn check_format(which: usize) {
                     let parsed = format
                         .parse(s, Some(&tools))
                         .unwrap_or_else(|e| panic!("{format:?}: ours failed on {s:?}: {e}"));
-                    calls.extend(
-                        parsed
-                            .into_iter()
-                            .map(|c| json!({"name": c.name, "arguments": c.arguments})),
-                    );
+                    calls.extend(parsed.into_iter().map(|c| {
+                        let mut o = json!({"name": c.name, "arguments": c.arguments});
+                        if let Some(id) = c.id {
+                            o["id"] = json!(id);
+                        }
+                        o
+                    }));
                 }
                 assert!(
                     parallel || calls.len() == 1,
@@ -313,6 +344,41 @@ fn llama3_json_calls_parse_and_validate() {
 }
 
 #[test]
+fn glm47_calls_parse_and_validate() {
+    check_format(7);
+}
+
+#[test]
+fn kimi_k2_calls_parse_and_validate() {
+    check_format(8);
+}
+
+#[test]
+fn minimax_m2_calls_parse_and_validate() {
+    check_format(9);
+}
+
+#[test]
+fn longcat_calls_parse_and_validate() {
+    check_format(10);
+}
+
+#[test]
+fn minicpm5_calls_parse_and_validate() {
+    check_format(11);
+}
+
+#[test]
+fn muse_spark_calls_parse_and_validate() {
+    check_format(12);
+}
+
+#[test]
+fn kimi_k3_calls_parse_and_validate() {
+    check_format(13);
+}
+
+#[test]
 fn schemas_a_format_cannot_carry_are_refused_naming_the_property() {
     let tok = tokenizer("tokenizer-gemma3");
     let vocab = ConstraintVocab::new(&tok).unwrap();
@@ -340,6 +406,36 @@ fn schemas_a_format_cannot_carry_are_refused_naming_the_property() {
         "{}",
         e.message
     );
+    // minimax_m2 / minicpm5 convert a value by one type; longcat cannot write a call
+    // without arguments.
+    let either = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+        "properties": {"x": {"anyOf": [{"type": "integer"}, {"type": "string"}]}}}}});
+    for format in [ToolFormat::MinimaxM2, ToolFormat::Minicpm5] {
+        let e =
+            tool_grammar(Some(format), std::slice::from_ref(&either), false, &vocab).unwrap_err();
+        assert!(e.message.contains("`x`"), "{}", e.message);
+    }
+    tool_grammar(
+        Some(ToolFormat::Glm47),
+        std::slice::from_ref(&either),
+        false,
+        &vocab,
+    )
+    .unwrap();
+    let bare = json!({"type": "function", "function": {"name": "ping"}});
+    let e = tool_grammar(
+        Some(ToolFormat::Longcat),
+        std::slice::from_ref(&bare),
+        false,
+        &vocab,
+    )
+    .unwrap_err();
+    assert!(
+        e.message.contains("ping") && e.message.contains("longcat"),
+        "{}",
+        e.message
+    );
+    tool_grammar(Some(ToolFormat::Glm47), &[bare], false, &vocab).unwrap();
     // JSON formats carry any schema.
     tool_grammar(Some(ToolFormat::JsonTools), &[dated], false, &vocab).unwrap();
     let e = tool_grammar(None, &[time_tool()], false, &vocab).unwrap_err();
