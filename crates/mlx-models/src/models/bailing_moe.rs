@@ -8,13 +8,13 @@
 //! shared experts. `sanitize` drops a tied `lm_head`, divides each column of the head
 //! by its norm where `norm_head` (at every load, as mlx-lm), stacks per-expert tensors
 //! and moves the router's `mlp.gate.*` to `mlp.gate.gate_proj.*`.
-use super::decoder::{add_residual, stack_experts, DenseOrMoe, FeedForward};
+use super::decoder::{add_residual, stack_mlp_experts, DenseOrMoe, FeedForward};
 use super::deepseek_v3::cast_all_except;
 use super::head::{self, LogitScale};
 use super::lm::causal_layers;
 use super::mlp::Mlp;
 use super::{batch_len, merge_heads, project_out, rope_attend, split_heads};
-use super::{top_k_indices, weigh_experts, zero_weak_groups, Architecture, Weights};
+use super::{router_outputs, top_k_indices, weigh_experts, zero_weak_groups, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::linalg::{norm, NormOrd};
@@ -267,14 +267,7 @@ impl Gate {
         if let Some(b) = &self.expert_bias {
             inputs.push(&**b);
         }
-        let mut out = call_compiled_keyed(&key, make, &inputs)?;
-        let scores = out.pop();
-        match (out.pop(), scores) {
-            (Some(inds), Some(scores)) => Ok((inds, scores)),
-            _ => Err(mlx_array::Error::InvalidArgument(
-                "bailing_moe router: expected two outputs".into(),
-            )),
-        }
+        router_outputs(call_compiled_keyed(&key, make, &inputs)?, "bailing_moe")
     }
 }
 
@@ -523,18 +516,7 @@ impl Architecture for Model {
             weights.insert("lm_head.weight".into(), w.divide(&n)?.astype(dtype)?);
         }
         if let Some(n_experts) = a.num_experts {
-            stack_experts(
-                &mut weights,
-                a.num_hidden_layers,
-                |l| format!("model.layers.{l}.mlp"),
-                &[
-                    ("gate_proj", "gate_proj"),
-                    ("down_proj", "down_proj"),
-                    ("up_proj", "up_proj"),
-                ],
-                &["weight", "scales", "biases"],
-                n_experts,
-            )?;
+            stack_mlp_experts(&mut weights, a.num_hidden_layers, n_experts)?;
         }
         for l in a.first_k_dense_replace.max(0)..a.num_hidden_layers {
             let gate = format!("model.layers.{l}.mlp.gate");

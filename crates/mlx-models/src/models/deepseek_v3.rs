@@ -12,7 +12,7 @@ use super::deepseek_v32::{apply_topk, Indexer, IndexerArgs};
 use super::mla::MultiLinear;
 use super::mlp::Mlp;
 use super::{batch_len, cache_at, layer_caches, merge_heads, split_heads, top_k_indices_of_negated};
-use super::{weigh_experts, zero_weak_groups};
+use super::{router_outputs, weigh_experts, zero_weak_groups};
 use super::{Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
@@ -445,14 +445,7 @@ impl MoeGate {
         let make = move || -> KeyedBody {
             Box::new(move |a| group_expert_select(&a[0], &a[1], k, g, tg, s, norm, eps))
         };
-        let mut out = call_compiled_keyed(&key, make, &[&gates, &self.e_score_correction_bias])?;
-        let scores = out.pop();
-        match (out.pop(), scores) {
-            (Some(inds), Some(scores)) => Ok((inds, scores)),
-            _ => Err(mlx_array::Error::InvalidArgument(
-                "deepseek_v3 router: expected two outputs".into(),
-            )),
-        }
+        router_outputs(call_compiled_keyed(&key, make, &[&gates, &self.e_score_correction_bias])?, "deepseek_v3")
     }
 }
 

@@ -7,7 +7,10 @@ use super::attention::{Attention, AttentionDims, HeadNorm, NormAt};
 use super::decoder::{add_residual, stack_experts, Decoder, DecoderLayer, DenseOrMoe, FeedForward};
 use super::head::{self, LogitScale};
 use super::mlp::Mlp;
-use super::{top_k_indices_of_negated, weigh_experts, zero_weak_groups, Architecture, Weights};
+use super::{
+    router_outputs, top_k_indices_of_negated, weigh_experts, zero_weak_groups, Architecture,
+    Weights,
+};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Dtype, Result};
@@ -164,14 +167,7 @@ impl MoeGate {
         let make = move || -> KeyedBody {
             Box::new(move |a| group_expert_select(&a[0], &a[1], k, g, tg, s, norm, lg))
         };
-        let mut out = call_compiled_keyed(&key, make, &[&gates, &self.e_score_correction_bias])?;
-        let scores = out.pop();
-        match (out.pop(), scores) {
-            (Some(inds), Some(scores)) => Ok((inds, scores)),
-            _ => Err(mlx_array::Error::InvalidArgument(
-                "glm4_moe router: expected two outputs".into(),
-            )),
-        }
+        router_outputs(call_compiled_keyed(&key, make, &[&gates, &self.e_score_correction_bias])?, "glm4_moe")
     }
 }
 

@@ -401,6 +401,18 @@ pub(crate) fn zero_weak_groups(scores: &Array, n_group: i32, topk_group: i32) ->
     grouped.put_along_axis(&weakest, &zero, -2)?.flatten(-2, -1)
 }
 
+/// A compiled router's two outputs, expert indices then their scores (`model` names the
+/// router in the error when there are not two).
+pub(crate) fn router_outputs(mut out: Vec<Array>, model: &str) -> Result<(Array, Array)> {
+    let scores = out.pop();
+    match (out.pop(), scores) {
+        (Some(inds), Some(scores)) => Ok((inds, scores)),
+        _ => Err(mlx_array::Error::InvalidArgument(format!(
+            "{model} router: expected two outputs"
+        ))),
+    }
+}
+
 /// `(y * scores[..., None]).sum(axis=-2).astype(y.dtype)`: the chosen experts' outputs
 /// weighted by their router scores.
 pub(crate) fn weigh_experts(y: &Array, scores: &Array) -> Result<Array> {

@@ -614,3 +614,27 @@ pub async fn metric(addr: std::net::SocketAddr, name: &str) -> f64 {
         })
         .unwrap_or(0.0)
 }
+
+/// mlx-lm's tool-call parsers run on `cases` (`xtask/py/tool_parse_oracle.py`, through
+/// `MLX_PYTHON` or the repository's .venv): one result per case.
+pub fn tool_parse_oracle(cases: &Json) -> Vec<Json> {
+    use std::io::Write;
+    let python = std::env::var_os("MLX_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv/bin/python"));
+    let mut child = std::process::Command::new(&python)
+        .arg(repo_root().join("xtask/py/tool_parse_oracle.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {}: {e}", python.display()));
+    child
+        .stdin
+        .take()
+        .expect("the oracle's stdin")
+        .write_all(cases.to_string().as_bytes())
+        .expect("writing the oracle's cases");
+    let out = child.wait_with_output().expect("the oracle's output");
+    assert!(out.status.success(), "the oracle failed");
+    serde_json::from_slice::<Vec<Json>>(&out.stdout).expect("the oracle's JSON")
+}
