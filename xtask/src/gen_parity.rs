@@ -134,8 +134,11 @@ fn prepare_models(root: &Path, py: &Path, gen_dir: &Path, default: &Path) -> Res
         ],
     );
     cases::TINY.hash(&mut h);
-    // The sweep over every architecture (sweep_models.py) writes other models.
-    std::env::var("MLX_SWEEP_ALL").ok().hash(&mut h);
+    // The sweep over every architecture (sweep_models.py: on unless empty or "0")
+    // writes other models.
+    std::env::var("MLX_SWEEP_ALL")
+        .is_ok_and(|v| !v.is_empty() && v != "0")
+        .hash(&mut h);
     let stamp = gen_dir.join(".stamp");
     let key = hex(h);
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == key) {
