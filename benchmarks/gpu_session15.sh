@@ -58,6 +58,11 @@
 #              8B bf16 shapes (STRUCT_ONLY) at 1 and 32 streams, no profile lines
 #   saveptx    MLX's kernel cache of this machine to $OUT/ptx-cache.tar.xz (carry it back as
 #              .gpu/ptx-cache.tar.xz for the next machine)
+#   structprof issue 20: gpu_structured.sh with the engine's profile lines every 32 steps
+#              (STRUCT_ONLY, STRUCT_TRIALS (2), -g STRUCT_G (256)), 1 and 32 streams
+#   structarms issue 20: gpu_structured.sh per arm (STRUCT_ARMS: default, noadvise =
+#              MLX_HOST_BUFFER_ADVISE=0, nopool = MLX_HOST_BUFFER_POOL=0), STRUCT_ONLY,
+#              1 and 32 streams, -g STRUCT_G (256), STRUCT_TRIALS (2) pairs, no profile lines
 #   structmb   issue 20: structab on the 8B bf16 shape (STRUCT_ONLY) under MLX's graph
 #              limits (STRUCT_MB_ARMS: default, mb4000 / mb16000 = MLX_MAX_MB_PER_BUFFER,
 #              ops400 = MLX_MAX_OPS_PER_BUFFER=400), -g STRUCT_G (256)
@@ -222,7 +227,8 @@ for PART in "$@"; do
       # 4-bit kernels), nocudnn (MLX_CUDA_USE_CUDNN_SDPA=0 and no split attention: MLX's
       # own kernels for every attention), wr1 (MLX_FAST_QMM_WARP_ROWS=1: the multi-row
       # kernel's one-row-of-w layout), nopool (MLX_HOST_BUFFER_POOL=0: host uploads on
-      # MLX's cached buffers), plain (no draft); each with the engine's profile
+      # MLX's cached buffers), noadvise (MLX_HOST_BUFFER_ADVISE=0: the pool's managed
+      # buffers left to migrate), plain (no draft); each with the engine's profile
       # lines (a speculative run's split of a round: draft, verify build, wait)
       python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
         --tokenizers .gpu/tok > "$D/models.txt" 2>&1
@@ -236,6 +242,7 @@ for PART in "$@"; do
           nocudnn) e=(MLX_CUDA_USE_CUDNN_SDPA=0 MLX_ENGINE_PROFILE=1) ;;
           wr1) e+=(MLX_FAST_QMM_WARP_ROWS=1) ;;
           nopool) e+=(MLX_HOST_BUFFER_POOL=0) ;;
+          noadvise) e+=(MLX_HOST_BUFFER_ADVISE=0) ;;
           plain) a=() ;;
         esac
         echo "## $arm" >> "$D/stdout.txt"
@@ -334,8 +341,25 @@ for PART in "$@"; do
       OUT=$D MLX_ENGINE_PROFILE=0 timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" \
         --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams 1,32 \
         --trials "${STRUCT_TRIALS:-3}" > "$D/stdout.txt" 2>&1 ;;
+    structprof)
+      OUT=$D MLX_ENGINE_PROFILE_EVERY=32 timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" \
+        --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams 1,32 \
+        -g "${STRUCT_G:-256}" --trials "${STRUCT_TRIALS:-2}" > "$D/stdout.txt" 2>&1 ;;
     saveptx)
       (cd /tmp/mlx && tar -cJf "$OUT/ptx-cache.tar.xz" .) && ls -la "$OUT/ptx-cache.tar.xz" > "$D/stdout.txt" ;;
+    structarms)
+      for arm in ${STRUCT_ARMS:-default noadvise}; do
+        e=()
+        case $arm in
+          noadvise) e=(MLX_HOST_BUFFER_ADVISE=0) ;;
+          nopool) e=(MLX_HOST_BUFFER_POOL=0) ;;
+        esac
+        mkdir -p "$D/$arm"
+        env "${e[@]}" OUT="$D/$arm" MLX_ENGINE_PROFILE=0 timeout "$(left)" bash benchmarks/gpu_structured.sh \
+          "$NEW" --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams 1,32 \
+          -g "${STRUCT_G:-256}" --trials "${STRUCT_TRIALS:-2}" > "$D/$arm/stdout.txt" 2>&1
+        grep "ratio" "$D/$arm/structured.md" | sed "s/^/$arm /" >> "$D/stdout.txt"
+      done ;;
     structmb)
       for arm in ${STRUCT_MB_ARMS:-default mb4000 mb16000}; do
         e=()

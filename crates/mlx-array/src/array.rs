@@ -134,6 +134,51 @@ impl Array {
         })
     }
 
+    /// A new array of `shape` whose elements `fill` writes in place (they start at
+    /// zero): [`Self::from_slice`] without an intermediate buffer of the caller's (a
+    /// batch's grammar masks, half a megabyte a step, are written straight into the
+    /// array's host buffer).
+    pub fn from_fill<T: Element>(shape: &[i32], fill: impl FnOnce(&mut [T])) -> Result<Array> {
+        let n = shape
+            .iter()
+            .try_fold(1usize, |acc, &d| {
+                usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+            })
+            .ok_or_else(|| Error::DataLength {
+                shape: shape.to_vec(),
+                expected: usize::MAX,
+                got: 0,
+            })?;
+        let nbytes = n
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::DataLength {
+                shape: shape.to_vec(),
+                expected: usize::MAX,
+                got: 0,
+            })?;
+        let mut data: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: the shim allocates `nbytes` zeroed bytes for the array and hands back
+        // their address; `shape` outlives the call.
+        let a = out1(|o| unsafe {
+            sys::mlxs_array_from_fill(
+                o,
+                nbytes,
+                shape.as_ptr(),
+                shape.len(),
+                T::DTYPE.to_raw(),
+                &mut data,
+            )
+        })?;
+        if n > 0 && !data.is_null() {
+            // SAFETY: `data` points at `n` zeroed, suitably aligned elements of `T` (a plain
+            // number: every bit pattern is valid) that nothing else reads or writes until
+            // this array is used, which needs `a` back from this function.
+            let slice = unsafe { std::slice::from_raw_parts_mut(data.cast::<T>(), n) };
+            fill(slice);
+        }
+        Ok(a)
+    }
+
     /// Builds an array from raw little-endian bytes of the given dtype.
     #[track_caller]
     pub fn from_bytes(bytes: &[u8], shape: &[i32], dtype: Dtype) -> Result<Array> {

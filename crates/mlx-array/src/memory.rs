@@ -64,6 +64,14 @@ pub fn host_buffer_pool_reuses() -> u64 {
     unsafe { sys::mlxs_host_buffer_pool_reuses() }
 }
 
+/// How many buffers that pool took from MLX were advised to stay in host memory: on
+/// CUDA, managed memory migrates to the processor that touched it last, so a kept
+/// buffer the device read would be faulted back page block by page block when the host
+/// writes the next upload into it (`MLX_HOST_BUFFER_ADVISE=0` leaves them to migrate).
+pub fn host_buffer_pool_advised() -> u64 {
+    unsafe { sys::mlxs_host_buffer_pool_advised() }
+}
+
 /// Frees the buffer cache (and the host-upload pool's kept buffers).
 pub fn clear_cache() {
     unsafe { sys::mlxs_clear_cache() }

@@ -238,3 +238,45 @@ fn the_host_upload_pool_reuses_only_buffers_no_computation_reads() {
         "the pool's kept buffers outlived clear_cache"
     );
 }
+
+/// `Array::from_fill` writes in place into the same buffers: a pooled buffer that held
+/// an earlier upload comes back zeroed before the fill sees it, the array holds what the
+/// fill wrote, and a shape whose byte count overflows is an error, not a panic.
+#[test]
+fn arrays_filled_in_place_start_zeroed_and_hold_what_was_written() {
+    let _g = serial();
+    memory::set_host_buffer_pool(true);
+    let base = warm_up();
+    let n = 4096usize;
+    let first = Array::from_fill::<u32>(&[4, 1024], |d| d.fill(7)).unwrap();
+    assert_eq!(first.to_vec::<u32>().unwrap(), vec![7; n]);
+    drop(first);
+    synchronize().unwrap();
+    let before = memory::host_buffer_pool_reuses();
+    let mut seen = Vec::new();
+    let second = Array::from_fill::<u32>(&[4, 1024], |d| {
+        seen.extend_from_slice(d);
+        for (i, x) in d.iter_mut().enumerate().step_by(3) {
+            *x = i as u32;
+        }
+    })
+    .unwrap();
+    assert_eq!(
+        memory::host_buffer_pool_reuses(),
+        before + 1,
+        "the freed buffer of its size was not reused"
+    );
+    assert!(seen.iter().all(|&x| x == 0), "the fill saw old contents");
+    let want: Vec<u32> = (0..n as u32)
+        .map(|i| if i % 3 == 0 { i } else { 0 })
+        .collect();
+    assert_eq!(second.to_vec::<u32>().unwrap(), want);
+    assert_eq!(second.shape(), vec![4, 1024]);
+    let empty = Array::from_fill::<f32>(&[0, 3], |d| assert!(d.is_empty())).unwrap();
+    assert_eq!(empty.size(), 0);
+    assert!(Array::from_fill::<u32>(&[-1, 2], |_| {}).is_err());
+    assert!(Array::from_fill::<f32>(&[i32::MAX, i32::MAX, i32::MAX], |_| {}).is_err());
+    drop(second);
+    drop(empty);
+    assert_eq!(settled(), base, "filled arrays outlived clear_cache");
+}

@@ -483,13 +483,29 @@ pub fn mask_from_words(words: &[u32], rows: usize, vocab: usize) -> Result<Array
             words.len()
         )));
     }
-    let (r, n32, v) = (rows as i32, n as i32, vocab as i32);
+    expand_mask_words(
+        &Array::from_slice(words, &[rows as i32, n as i32, 1])?,
+        vocab,
+    )
+}
+
+/// [`mask_from_words`] of bitsets already on an array (`[rows, vocab.div_ceil(32), 1]`
+/// `uint32`).
+pub fn expand_mask_words(words: &Array, vocab: usize) -> Result<Array> {
+    let n = vocab.div_ceil(32);
+    let shape = words.shape();
+    if shape.len() != 3 || shape[1] as usize != n || shape[2] != 1 {
+        return Err(EngineError::Internal(format!(
+            "token-mask words of shape {shape:?} for {vocab} tokens"
+        )));
+    }
+    let (r, n32, v) = (shape[0], n as i32, vocab as i32);
     // Made on the device: a host upload at every step, however small, may be handed a
     // cached device buffer by MLX's CUDA allocator, which then swaps it for new managed
     // memory with a synchronous copy (~1 ms a step at 32 rows on an H200, GPU.md session 20).
     let shifts = ops::arange(0.0, 32.0, 1.0, Dtype::Uint32)?;
     let one = Array::scalar(1u32)?;
-    let bits = Array::from_slice(words, &[r, n32, 1])?
+    let bits = words
         .right_shift(&shifts)?
         .bitwise_and(&one)?
         .reshape(&[r, n32 * 32])?

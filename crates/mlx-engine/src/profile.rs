@@ -273,7 +273,7 @@ impl BatchProfile {
         format!(
             "[mlx-engine profile] batched decode, {} steps, {:.1} rows ({:.1} constrained) \
              per step, us per step: {}; step to step {:.0}; grammar per row: mask {:.0} us, \
-             accept {:.0} us",
+             accept {:.0} us; host buffers pooled {}, advised {}",
             self.steps,
             self.rows as f64 / n,
             self.constrained as f64 / n,
@@ -281,6 +281,8 @@ impl BatchProfile {
             step_to_step,
             mask_ns / masks / 1e3,
             accept_ns / masks / 1e3,
+            mlx_array::memory::host_buffer_pool_reuses(),
+            mlx_array::memory::host_buffer_pool_advised(),
         )
     }
 }

@@ -14,8 +14,11 @@
 #include "kernel_cache.h"
 #include "kernel_switch.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -182,6 +185,70 @@ mlxs_vec wrapv(std::vector<mx::array> v) {
 // less) stay MLX's: its allocator keeps them in managed memory anyway. Mode:
 // MLX_HOST_BUFFER_POOL=0 off, 1 on every backend (for tests), else on where CUDA is
 // available; `mlxs_set_host_buffer_pool` sets it.
+//
+// Managed memory migrates to whichever processor touched it last: a kept buffer the
+// device read at one step sits in device memory when the host writes the next step's
+// data into it, and the host's write faults the pages back one 64 KiB block at a time
+// (the sampling graph of one constrained row, 16 KiB of mask, cost ~110 us of host time
+// against ~20 us for its operations; 32 rows' 0.5 MB ~700 us: benchmarks/GPU.md session
+// 22). So each buffer the pool takes from MLX is advised to live on the host and to be
+// mapped for the device (`cuMemAdvise`: preferred location host, accessed by device 0,
+// as MLX advises its own pool of scalars), and the advice is withdrawn before a buffer
+// goes back to MLX, whose cache may hand it to the device's own outputs.
+// MLX_HOST_BUFFER_ADVISE=0 leaves the pool's buffers to migrate (for A/B runs).
+class ManagedAdvice {
+ public:
+  // Advises (or, with `on` false, stops advising) `nbytes` at `ptr` to stay on the host.
+  void apply(void* ptr, size_t nbytes, bool on) {
+    if (!load()) return;
+    auto dptr = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ptr));
+    // CU_MEM_ADVISE_SET_PREFERRED_LOCATION 3 / UNSET 4, SET_ACCESSED_BY 5 / UNSET 6.
+    const int preferred = on ? 3 : 4, accessed = on ? 5 : 6;
+    int rc = 0;
+    if (v2_ != nullptr) {
+      // CUmemLocation: CU_MEM_LOCATION_TYPE_DEVICE 1, CU_MEM_LOCATION_TYPE_HOST 2.
+      rc |= v2_(dptr, nbytes, preferred, Location{2, 0});
+      rc |= v2_(dptr, nbytes, accessed, Location{1, 0});
+    } else {
+      // CU_DEVICE_CPU is -1.
+      rc |= v1_(dptr, nbytes, preferred, -1);
+      rc |= v1_(dptr, nbytes, accessed, 0);
+    }
+    if (rc == 0) advised_.fetch_add(on ? 1 : 0, std::memory_order_relaxed);
+  }
+  unsigned long long advised() const { return advised_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Location {
+    int type;
+    int id;
+  };
+  using V2 = int (*)(unsigned long long, size_t, int, Location);
+  using V1 = int (*)(unsigned long long, size_t, int, int);
+  // The driver's entry points, from the libcuda MLX has loaded (none on other backends).
+  bool load() {
+    std::call_once(once_, [this] {
+      const char* e = std::getenv("MLX_HOST_BUFFER_ADVISE");
+      if (e != nullptr && std::strcmp(e, "0") == 0) return;
+      if (!mx::cu::is_available()) return;
+      void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+      if (lib == nullptr) return;
+      v2_ = reinterpret_cast<V2>(dlsym(lib, "cuMemAdvise_v2"));
+      if (v2_ == nullptr) v1_ = reinterpret_cast<V1>(dlsym(lib, "cuMemAdvise"));
+    });
+    return v2_ != nullptr || v1_ != nullptr;
+  }
+  std::once_flag once_;
+  V2 v2_ = nullptr;
+  V1 v1_ = nullptr;
+  std::atomic<unsigned long long> advised_{0};
+};
+
+ManagedAdvice& managed_advice() {
+  static ManagedAdvice* advice = new ManagedAdvice;
+  return *advice;
+}
+
 class HostPool {
  public:
   static constexpr size_t kHostPoolBytes = size_t{64} << 20;
@@ -219,7 +286,10 @@ class HostPool {
         return b;
       }
     }
-    return mx::allocator::allocator().malloc(cls);
+    mx::allocator::Buffer b = mx::allocator::allocator().malloc(cls);
+    // raw_ptr() first: a device buffer from MLX's cache becomes managed memory here.
+    managed_advice().apply(b.raw_ptr(), cls, true);
+    return b;
   }
   void give(mx::allocator::Buffer b, size_t cls) {
     {
@@ -230,7 +300,7 @@ class HostPool {
         return;
       }
     }
-    mx::allocator::allocator().free(b);
+    release(b, cls);
   }
   unsigned long long reuses() const { return reuses_.load(std::memory_order_relaxed); }
   // Gives every kept buffer back to MLX.
@@ -242,11 +312,16 @@ class HostPool {
       bytes_ = 0;
     }
     for (auto& [cls, bufs] : kept) {
-      for (auto& b : bufs) mx::allocator::allocator().free(b);
+      for (auto& b : bufs) release(b, cls);
     }
   }
 
  private:
+  // Back to MLX, without the advice (its cache may give the buffer to the device).
+  static void release(mx::allocator::Buffer b, size_t cls) {
+    managed_advice().apply(b.raw_ptr(), cls, false);
+    mx::allocator::allocator().free(b);
+  }
   std::atomic<int> mode_{-1};
   std::mutex mu_;
   std::map<size_t, std::vector<mx::allocator::Buffer>> free_;
@@ -345,6 +420,27 @@ int mlxs_array_from_data(mlxs_array* out, const void* data, size_t nbytes, const
     auto buf = host_buffer(std::max<size_t>(nbytes, 1));
     if (nbytes > 0) std::memcpy(buf.buffer().raw_ptr(), data, nbytes);
     *out = wrap(mx::array(std::move(buf), std::move(sh), dt));
+  });
+}
+int mlxs_array_from_fill(mlxs_array* out, size_t nbytes, const int32_t* shape, size_t ndim,
+                         int32_t dtype, void** data) {
+  return guard([&] {
+    auto dt = to_dtype(dtype);
+    auto sh = SH(shape, ndim);
+    size_t n = 1;
+    for (auto d : sh) {
+      if (d < 0) throw std::invalid_argument("negative dimension in shape");
+      n *= static_cast<size_t>(d);
+    }
+    if (n * dt.size() != nbytes) {
+      throw std::invalid_argument("buffer has " + std::to_string(nbytes) + " bytes but shape needs " +
+                                  std::to_string(n * dt.size()));
+    }
+    auto buf = host_buffer(std::max<size_t>(nbytes, 1));
+    void* ptr = buf.buffer().raw_ptr();
+    std::memset(ptr, 0, nbytes);
+    *out = wrap(mx::array(std::move(buf), std::move(sh), dt));
+    *data = ptr;
   });
 }
 int mlxs_array_from_f64(mlxs_array* out, double v, int32_t dtype) {
@@ -1304,6 +1400,7 @@ void mlxs_set_fast_dequant(bool on) { mlxs_detail::set_fast_dequant(on); }
 uint64_t mlxs_fast_dequant_launches(void) { return mlxs_detail::fast_dequant_launches(); }
 void mlxs_set_host_buffer_pool(int32_t mode) { host_pool().set(mode == 1 ? 1 : 0); }
 uint64_t mlxs_host_buffer_pool_reuses(void) { return host_pool().reuses(); }
+uint64_t mlxs_host_buffer_pool_advised(void) { return managed_advice().advised(); }
 void mlxs_set_kernel_cache(bool on) { mlxs_detail::set_kernel_cache(on); }
 uint64_t mlxs_kernel_cache_compiles(void) { return mlxs_detail::kernel_cache_compiles(); }
 uint64_t mlxs_kernel_cache_hits(void) { return mlxs_detail::kernel_cache_hits(); }

@@ -91,6 +91,14 @@ int mlxs_array_from_data(mlxs_array* out, const void* data, size_t nbytes,
 void mlxs_set_host_buffer_pool(int32_t mode);
 /* How many host arrays took a buffer from that pool (not from MLX). */
 uint64_t mlxs_host_buffer_pool_reuses(void);
+/* How many buffers that pool took from MLX were advised to stay in host memory (CUDA's
+   managed memory; MLX_HOST_BUFFER_ADVISE=0 leaves them to migrate). */
+uint64_t mlxs_host_buffer_pool_advised(void);
+/* A new array of `nbytes` zeroed host bytes (from the same buffers as
+   mlxs_array_from_data), written in place through `*data` before any operation reads it:
+   no intermediate copy of the caller's. */
+int mlxs_array_from_fill(mlxs_array* out, size_t nbytes, const int32_t* shape, size_t ndim,
+                         int32_t dtype, void** data);
 int mlxs_array_from_f64(mlxs_array* out, double v, int32_t dtype);
 int mlxs_array_from_i64(mlxs_array* out, int64_t v, int32_t dtype);
 int mlxs_array_from_bool(mlxs_array* out, bool v);

@@ -140,6 +140,19 @@ unsafe extern "C" {
     pub fn mlxs_host_buffer_pool_reuses() -> u64;
 }
 unsafe extern "C" {
+    pub fn mlxs_host_buffer_pool_advised() -> u64;
+}
+unsafe extern "C" {
+    pub fn mlxs_array_from_fill(
+        out: *mut mlxs_array,
+        nbytes: usize,
+        shape: *const i32,
+        ndim: usize,
+        dtype: i32,
+        data: *mut *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
     pub fn mlxs_array_from_f64(out: *mut mlxs_array, v: f64, dtype: i32) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
