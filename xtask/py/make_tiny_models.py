@@ -1222,6 +1222,21 @@ GOLDENS.update({
     "apertus-small-f32": ("apertus", dict(SMALL), {}),
 })
 
+# Qwen (v1): HF's names (transformer.wte / h / ln_f), one biased c_attn split in three,
+# a SwiGLU MLP half intermediate_size wide (w2 the gate), an untied head; `no_bias`
+# (default true) drops the biases of c_proj, the MLP and lm_head. num_key_value_heads is
+# not a config key in mlx-lm (BASE's is ignored).
+ARCHS["qwen"] = {"model_type": "qwen", "kv_channels": 16, "layer_norm_epsilon": 1e-6, "no_bias": True}
+VARIANTS.update({
+    "qwen-f32": ("qwen", {}, {}),
+    "qwen-f32-bias": ("qwen", {"no_bias": False}, {}),
+    "qwen-q4": ("qwen", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "qwen-bf16-q4": ("qwen", {"no_bias": False}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "qwen-small-f32": ("qwen", dict(SMALL, kv_channels=8, no_bias=False), {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1256,7 +1271,11 @@ def random_weights(config, rng):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif name.endswith("bias"):
             w = 0.1 * rng.standard_normal(shape)
-        elif "embed_tokens" in name:
+        elif config["model_type"] in ("qwen", "gptj") and name.endswith(("ln_1.weight", "ln_2.weight",
+                                                                          "ln_f.weight")):
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in name or (config["model_type"] in ("qwen", "gptj", "openelm")
+                                        and name.endswith(("wte.weight", "token_embeddings.weight"))):
             w = rng.standard_normal(shape)
         else:
             w = rng.standard_normal(shape) / np.sqrt(shape[-1])

@@ -94,6 +94,10 @@ pub struct Attention {
     q_proj: LinearLayer,
     k_proj: LinearLayer,
     v_proj: LinearLayer,
+    /// One projection (named as the checkpoint names it) whose output holds q, k and v
+    /// one after the other, instead of the three above (Qwen's `c_attn`, OpenELM's
+    /// `qkv_proj`).
+    joint_qkv: Option<(&'static str, LinearLayer)>,
     o_proj: LinearLayer,
     q_norm: Option<HeadNorm>,
     k_norm: Option<HeadNorm>,
@@ -113,18 +117,28 @@ pub struct Attention {
 
 impl Module for Attention {
     fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        self.q_proj.visit_params(&join(prefix, "q_proj"), f);
-        self.k_proj.visit_params(&join(prefix, "k_proj"), f);
-        self.v_proj.visit_params(&join(prefix, "v_proj"), f);
+        match &self.joint_qkv {
+            Some((name, proj)) => proj.visit_params(&join(prefix, name), f),
+            None => {
+                self.q_proj.visit_params(&join(prefix, "q_proj"), f);
+                self.k_proj.visit_params(&join(prefix, "k_proj"), f);
+                self.v_proj.visit_params(&join(prefix, "v_proj"), f);
+            }
+        }
         self.o_proj.visit_params(&join(prefix, self.o_name), f);
         let [q, k] = self.norm_names;
         self.q_norm.visit_params(&join(prefix, q), f);
         self.k_norm.visit_params(&join(prefix, k), f);
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        self.q_proj.visit_params_mut(&join(prefix, "q_proj"), f);
-        self.k_proj.visit_params_mut(&join(prefix, "k_proj"), f);
-        self.v_proj.visit_params_mut(&join(prefix, "v_proj"), f);
+        match &mut self.joint_qkv {
+            Some((name, proj)) => proj.visit_params_mut(&join(prefix, name), f),
+            None => {
+                self.q_proj.visit_params_mut(&join(prefix, "q_proj"), f);
+                self.k_proj.visit_params_mut(&join(prefix, "k_proj"), f);
+                self.v_proj.visit_params_mut(&join(prefix, "v_proj"), f);
+            }
+        }
         self.o_proj.visit_params_mut(&join(prefix, self.o_name), f);
         let [q, k] = self.norm_names;
         self.q_norm.visit_params_mut(&join(prefix, q), f);
@@ -135,12 +149,17 @@ impl Module for Attention {
         prefix: &str,
         f: &mut QuantVisitor<'_>,
     ) -> mlx_nn::Result<()> {
-        self.q_proj
-            .visit_quantizable_mut(&join(prefix, "q_proj"), f)?;
-        self.k_proj
-            .visit_quantizable_mut(&join(prefix, "k_proj"), f)?;
-        self.v_proj
-            .visit_quantizable_mut(&join(prefix, "v_proj"), f)?;
+        match &mut self.joint_qkv {
+            Some((name, proj)) => proj.visit_quantizable_mut(&join(prefix, name), f)?,
+            None => {
+                self.q_proj
+                    .visit_quantizable_mut(&join(prefix, "q_proj"), f)?;
+                self.k_proj
+                    .visit_quantizable_mut(&join(prefix, "k_proj"), f)?;
+                self.v_proj
+                    .visit_quantizable_mut(&join(prefix, "v_proj"), f)?;
+            }
+        }
         self.o_proj
             .visit_quantizable_mut(&join(prefix, self.o_name), f)
     }
@@ -153,6 +172,7 @@ impl Attention {
             q_proj: LinearLayer::new(d.dim, d.n_heads * d.head_dim, d.qkv_bias)?,
             k_proj: LinearLayer::new(d.dim, d.n_kv_heads * d.head_dim, d.qkv_bias)?,
             v_proj: LinearLayer::new(d.dim, d.n_kv_heads * d.head_dim, d.qkv_bias)?,
+            joint_qkv: None,
             o_proj: LinearLayer::new(d.n_heads * d.head_dim, d.dim, d.o_bias)?,
             q_norm: None,
             k_norm: None,
@@ -204,6 +224,32 @@ impl Attention {
         self
     }
 
+    /// [`Attention::new`] with q, k and v from one projection named `name` (biased by
+    /// `d.qkv_bias`) in place of `q_proj` / `k_proj` / `v_proj`: its output holds the
+    /// query heads, then the key heads, then the value heads.
+    pub(crate) fn new_joint_qkv(
+        d: AttentionDims,
+        name: &'static str,
+        rope: Rope,
+        scale: f64,
+    ) -> crate::Result<Attention> {
+        let out = (d.n_heads + 2 * d.n_kv_heads) * d.head_dim;
+        let joint = LinearLayer::new(d.dim, out, d.qkv_bias)?;
+        let empty = AttentionDims {
+            dim: 0,
+            n_heads: d.n_heads,
+            n_kv_heads: d.n_kv_heads,
+            head_dim: 0,
+            qkv_bias: false,
+            o_bias: false,
+        };
+        let mut attn = Attention::new(empty, rope, scale)?;
+        attn.joint_qkv = Some((name, joint));
+        attn.o_proj = LinearLayer::new(d.n_heads * d.head_dim, d.dim, d.o_bias)?;
+        attn.head_dim = d.head_dim;
+        Ok(attn)
+    }
+
     /// Names the output projection as the checkpoint does (default `o_proj`).
     pub(crate) fn with_out_name(mut self, name: &'static str) -> Attention {
         self.o_name = name;
@@ -233,11 +279,21 @@ impl Attention {
         extras: Extras<'_>,
     ) -> Result<Array> {
         let (b, l) = batch_len(x)?;
-        let [q, k, v] = project(
-            self.qkv.as_deref(),
-            [&self.q_proj, &self.k_proj, &self.v_proj],
-            x,
-        )?;
+        let [q, k, v] = match &self.joint_qkv {
+            Some((_, proj)) => {
+                let q_size = self.n_heads * self.head_dim;
+                let kv_size = self.n_kv_heads * self.head_dim;
+                let parts = proj.forward(x)?.split_at(&[q_size, q_size + kv_size], -1)?;
+                <[Array; 3]>::try_from(parts).map_err(|_| {
+                    mlx_array::Error::InvalidArgument("qkv projection: expected three parts".into())
+                })?
+            }
+            None => project(
+                self.qkv.as_deref(),
+                [&self.q_proj, &self.k_proj, &self.v_proj],
+                x,
+            )?,
+        };
         let queries = self.heads(&q, b, l, self.n_heads, self.q_norm.as_ref())?;
         let keys = self.heads(&k, b, l, self.n_kv_heads, self.k_norm.as_ref())?;
         let values = split_heads(&v, b, l, self.n_kv_heads)?;
@@ -274,6 +330,9 @@ impl Attention {
 
     /// Fuses dense q/k/v into one matmul for decoding steps.
     pub(crate) fn fuse(&mut self) -> crate::Result<()> {
+        if self.joint_qkv.is_some() {
+            return Ok(());
+        }
         self.qkv = fuse([&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
         Ok(())
     }

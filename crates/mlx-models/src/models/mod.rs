@@ -140,6 +140,7 @@ architectures! {
     apertus,
     glm_moe_dsa,
     solar_open,
+    qwen,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
