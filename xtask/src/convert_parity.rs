@@ -145,6 +145,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("solar_open", "solar_open-f32-mtp", None),
     ("apertus", "apertus-f32", None),
     ("q-apertus", "apertus-q4", None),
+    ("qwen-v1", "qwen-f32-bias", None),
+    ("q-qwen-v1", "qwen-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -422,6 +424,11 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("apertus", flags);
     }
     add("q-apertus", "-d");
+    // Qwen (v1): HF's names as mlx-lm's; biases on c_attn, c_proj, the MLP and the head.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("qwen-v1", flags);
+    }
+    add("q-qwen-v1", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

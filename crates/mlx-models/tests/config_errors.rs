@@ -294,3 +294,17 @@ fn apertus_requires_the_keys_it_does_not_read() {
     let e = err(&with(c, json!({"num_attention_heads": 0})));
     assert!(e.contains("num_attention_heads"), "{e}");
 }
+
+#[test]
+fn qwen_c_proj_needs_kv_channels_times_heads_to_be_the_width() {
+    let c = with(
+        base("qwen"),
+        json!({"kv_channels": 8, "layer_norm_epsilon": 1e-6}),
+    );
+    assert!(build_model(&c).is_ok());
+    // mlx-lm builds it, then its c_proj cannot read the attention's output.
+    let e = err(&with(c.clone(), json!({"kv_channels": 16})));
+    assert!(e.contains("kv_channels"), "{e}");
+    let e = err(&with(c, json!({"num_attention_heads": 0})));
+    assert!(e.contains("num_attention_heads"), "{e}");
+}
