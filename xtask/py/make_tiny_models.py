@@ -1237,6 +1237,22 @@ GOLDENS.update({
     "qwen-small-f32": ("qwen", dict(SMALL, kv_channels=8, no_bias=False), {}),
 })
 
+# GPT-J: HF's names (transformer.*), parallel attention and MLP over one LayerNorm,
+# traditional RoPE over the first rotary_dim dimensions of each head.
+ARCHS["gptj"] = {"model_type": "gptj", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 256,
+                 "rotary_dim": 8, "layer_norm_epsilon": 1e-5}
+VARIANTS.update({
+    "gptj-f32": ("gptj", {}, {}),
+    # rotary_dim null: the whole head rotates (mlx-lm's `rotary_dim or head_dim`); head
+    # size 32 so the 8-bit KV-cache decode runs too.
+    "gptj-f32-fullrotary-hd32": ("gptj", {"rotary_dim": None, "n_head": 2}, {}),
+    "gptj-q4": ("gptj", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "gptj-bf16-q4": ("gptj", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "gptj-small-f32": ("gptj", dict(SMALL, n_embd=32, n_positions=64, rotary_dim=4), {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1458,6 +1474,13 @@ def to_hf_names(config, weights, opts, rng):
         n = config["n_positions"]
         for i in range(config["n_layer"]):
             out[f"h.{i}.attn.bias"] = np.tril(np.ones((1, 1, n, n), np.float32))
+    if mt == "gptj":
+        # HF layout: transformer.* names, and the attention buffers sanitize drops.
+        out = {k.replace("model.", "transformer."): v for k, v in out.items()}
+        n = config["n_positions"]
+        for i in range(config["n_layer"]):
+            out[f"transformer.h.{i}.attn.bias"] = np.tril(np.ones((1, 1, n, n), np.float32))
+            out[f"transformer.h.{i}.attn.masked_bias"] = np.array(-1e9, np.float32)
     if mt == "gpt_neox":
         # HF layout: gpt_neox.layers.* / gpt_neox.embed_in / gpt_neox.final_layer_norm, embed_out at the top.
         out = {(k.replace("model.embed_out.", "embed_out.").replace("model.h.", "gpt_neox.layers.")
