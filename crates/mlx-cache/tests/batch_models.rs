@@ -545,6 +545,9 @@ model_tests! {
     // Qwen (v1): one c_attn split in three, a biased head.
     batched_decode_equals_alone_qwen, prefilled_together_equals_alone_qwen
         => "qwen-small-f32", true;
+    // GPT-J: parallel attention and MLP, partial traditional RoPE.
+    batched_decode_equals_alone_gptj, prefilled_together_equals_alone_gptj
+        => "gptj-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

@@ -308,3 +308,15 @@ fn qwen_c_proj_needs_kv_channels_times_heads_to_be_the_width() {
     let e = err(&with(c, json!({"num_attention_heads": 0})));
     assert!(e.contains("num_attention_heads"), "{e}");
 }
+
+#[test]
+fn gptj_heads_must_divide_the_width() {
+    let c = json!({"model_type": "gptj", "n_embd": 32, "n_head": 4, "n_layer": 2,
+                   "vocab_size": 64, "rotary_dim": 4});
+    assert!(build_model(&c).is_ok());
+    assert!(build_model(&with(c.clone(), json!({"rotary_dim": null}))).is_ok());
+    for heads in [3, 0] {
+        let e = err(&with(c.clone(), json!({"n_head": heads})));
+        assert!(e.contains("divisible"), "{e}");
+    }
+}

@@ -134,6 +134,7 @@ golden_tests! {
     solar_open_glm4_moe_defaults_logits_match_mlx_lm => "solar_open-small-f32",
     apertus_xielu_qk_norm_logits_match_mlx_lm => "apertus-small-f32",
     qwen_c_attn_biased_head_logits_match_mlx_lm => "qwen-small-f32",
+    gptj_parallel_partial_traditional_rope_logits_match_mlx_lm => "gptj-small-f32",
 }
 
 #[test]

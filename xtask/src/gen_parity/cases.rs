@@ -90,6 +90,7 @@ pub const TINY: &[&str] = &[
     "solar_open-f32-mtp",
     "apertus-f32",
     "qwen-f32",
+    "gptj-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",
