@@ -1253,6 +1253,24 @@ GOLDENS.update({
     "gptj-small-f32": ("gptj", dict(SMALL, n_embd=32, n_positions=64, rotary_dim=4), {}),
 })
 
+# GLM: traditional RoPE over head_dim, q/k/v biases by attention_bias, fused gate_up_proj.
+ARCHS["glm"] = {"model_type": "glm", "head_dim": 16, "rope_theta": 10000.0, "attention_bias": False,
+                "tie_word_embeddings": True}
+VARIANTS.update({
+    # Tied, with HF's rotary buffers and redundant lm_head (sanitize drops them).
+    "glm-f32": ("glm", {}, {"extras": True}),
+    "glm-f32-untied-bias-hd32": ("glm", {"tie_word_embeddings": False, "attention_bias": True, "head_dim": 32,
+                                         "num_attention_heads": 2, "num_key_value_heads": 1,
+                                         "rope_theta": 50000.0}, {}),
+    # head_dim null: hidden_size / num_attention_heads (mlx-lm's `head_dim or ...`).
+    "glm-f32-nullhd": ("glm", {"head_dim": None}, {}),
+    "glm-q4": ("glm", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "glm-bf16-q4": ("glm", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "glm-small-f32": ("glm", dict(SMALL, head_dim=8), {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 

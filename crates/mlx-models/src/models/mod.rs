@@ -142,6 +142,7 @@ architectures! {
     solar_open,
     qwen,
     gptj,
+    glm,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
