@@ -149,6 +149,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-qwen-v1", "qwen-q4", None),
     ("gptj", "gptj-f32", None),
     ("q-gptj", "gptj-q4", None),
+    ("glm-dense", "glm-f32", None),
+    ("q-glm-dense", "glm-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -436,6 +438,11 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("gptj", flags);
     }
     add("q-gptj", "-d");
+    // GLM: rotary buffers and the tied head dropped.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("glm-dense", flags);
+    }
+    add("q-glm-dense", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

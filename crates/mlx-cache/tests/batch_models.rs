@@ -548,6 +548,9 @@ model_tests! {
     // GPT-J: parallel attention and MLP, partial traditional RoPE.
     batched_decode_equals_alone_gptj, prefilled_together_equals_alone_gptj
         => "gptj-small-f32", true;
+    // GLM: traditional RoPE, fused gate_up_proj.
+    batched_decode_equals_alone_glm, prefilled_together_equals_alone_glm
+        => "glm-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

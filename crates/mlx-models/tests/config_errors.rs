@@ -320,3 +320,15 @@ fn gptj_heads_must_divide_the_width() {
         assert!(e.contains("divisible"), "{e}");
     }
 }
+
+#[test]
+fn glm_requires_head_dim_though_it_may_be_null() {
+    let c = base("glm");
+    assert!(build_model(&c).is_ok());
+    assert!(build_model(&with(c.clone(), json!({"head_dim": null}))).is_ok());
+    for key in ["head_dim", "num_key_value_heads"] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+}

@@ -135,6 +135,7 @@ golden_tests! {
     apertus_xielu_qk_norm_logits_match_mlx_lm => "apertus-small-f32",
     qwen_c_attn_biased_head_logits_match_mlx_lm => "qwen-small-f32",
     gptj_parallel_partial_traditional_rope_logits_match_mlx_lm => "gptj-small-f32",
+    glm_traditional_rope_gate_up_logits_match_mlx_lm => "glm-small-f32",
 }
 
 #[test]
