@@ -1271,6 +1271,24 @@ GOLDENS.update({
     "glm-small-f32": ("glm", dict(SMALL, head_dim=8), {}),
 })
 
+# OpenELM: per-layer head counts and FFN widths (make_divisible of ffn_multipliers[i] *
+# model_dim), a fused qkv_proj split by heads, per-head q/k norms, fused proj_1.
+ARCHS["openelm"] = {"model_type": "openelm", "head_dim": 16, "num_transformer_layers": 3, "model_dim": 64,
+                    "ffn_dim_divisor": 16, "num_query_heads": [2, 4, 4], "num_kv_heads": [1, 2, 4],
+                    "ffn_multipliers": [0.5, 1.3, 2.0], "normalize_qk_projections": True,
+                    "share_input_output_layers": True, "rms_norm_eps": 1e-6, "rope_freq_constant": 10000}
+VARIANTS.update({
+    "openelm-f32": ("openelm", {}, {}),
+    "openelm-f32-untied-nonorm-hd32": ("openelm", {"share_input_output_layers": False,
+                                                   "normalize_qk_projections": False, "head_dim": 32,
+                                                   "rope_freq_constant": 50000.0}, {}),
+    "openelm-q4": ("openelm", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "openelm-bf16-q4": ("openelm", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "openelm-small-f32": ("openelm", dict(SMALL, model_dim=32, head_dim=8, ffn_dim_divisor=8), {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 

@@ -143,6 +143,7 @@ architectures! {
     qwen,
     gptj,
     glm,
+    openelm,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
