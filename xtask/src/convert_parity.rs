@@ -151,6 +151,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-gptj", "gptj-q4", None),
     ("glm-dense", "glm-f32", None),
     ("q-glm-dense", "glm-q4", None),
+    ("openelm", "openelm-f32", None),
+    ("q-openelm", "openelm-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -443,6 +445,11 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("glm-dense", flags);
     }
     add("q-glm-dense", "-d");
+    // OpenELM: per-layer widths; at group size 64 the 32- and 80-wide proj_2 stay dense.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("openelm", flags);
+    }
+    add("q-openelm", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -551,6 +551,9 @@ model_tests! {
     // GLM: traditional RoPE, fused gate_up_proj.
     batched_decode_equals_alone_glm, prefilled_together_equals_alone_glm
         => "glm-small-f32", true;
+    // OpenELM: per-layer head counts (per-layer cache shapes) and FFN widths.
+    batched_decode_equals_alone_openelm, prefilled_together_equals_alone_openelm
+        => "openelm-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

@@ -332,3 +332,23 @@ fn glm_requires_head_dim_though_it_may_be_null() {
         assert!(err(&missing).contains(key), "{key}");
     }
 }
+
+#[test]
+fn openelm_per_layer_lists_cover_every_layer() {
+    let c = json!({"model_type": "openelm", "head_dim": 8, "num_transformer_layers": 2,
+                   "model_dim": 32, "vocab_size": 64, "ffn_dim_divisor": 8,
+                   "num_query_heads": [2, 4], "num_kv_heads": [1, 2],
+                   "ffn_multipliers": [0.5, 1.3]});
+    assert!(build_model(&c).is_ok());
+    for key in ["num_query_heads", "num_kv_heads", "ffn_multipliers"] {
+        let e = err(&with(c.clone(), json!({key: [1]})));
+        assert!(e.contains(key), "{e}");
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+    let e = err(&with(c.clone(), json!({"ffn_dim_divisor": 0})));
+    assert!(e.contains("ffn_dim_divisor"), "{e}");
+    let e = err(&with(c, json!({"vocab_size": 0})));
+    assert!(e.contains("vocab_size"), "{e}");
+}

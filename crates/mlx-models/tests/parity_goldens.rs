@@ -136,6 +136,7 @@ golden_tests! {
     qwen_c_attn_biased_head_logits_match_mlx_lm => "qwen-small-f32",
     gptj_parallel_partial_traditional_rope_logits_match_mlx_lm => "gptj-small-f32",
     glm_traditional_rope_gate_up_logits_match_mlx_lm => "glm-small-f32",
+    openelm_per_layer_heads_and_widths_logits_match_mlx_lm => "openelm-small-f32",
 }
 
 #[test]

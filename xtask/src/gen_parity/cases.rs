@@ -92,6 +92,7 @@ pub const TINY: &[&str] = &[
     "qwen-f32",
     "gptj-f32",
     "glm-f32",
+    "openelm-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",
