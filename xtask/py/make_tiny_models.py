@@ -1289,6 +1289,21 @@ GOLDENS.update({
     "openelm-small-f32": ("openelm", dict(SMALL, model_dim=32, head_dim=8, ffn_dim_divisor=8), {}),
 })
 
+# nanochat: parameter-free RMS norms, RoPE with negated frequencies, the rotated q/k
+# normed, a relu2 MLP (c_fc / c_proj), logits soft-capped at 15; every key defaulted.
+ARCHS["nanochat"] = {"model_type": "nanochat", "rope_theta": 10000.0}
+VARIANTS.update({
+    "nanochat-f32": ("nanochat", {}, {}),
+    # Two heads of 32 without grouping (the 8-bit KV-cache decode runs too), theta 50000.
+    "nanochat-f32-mha-hd32": ("nanochat", {"num_attention_heads": 2, "num_key_value_heads": 2,
+                                           "rope_theta": 50000.0}, {}),
+    "nanochat-q4": ("nanochat", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "nanochat-bf16-q4": ("nanochat", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "nanochat-small-f32": ("nanochat", dict(SMALL), {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1326,7 +1341,7 @@ def random_weights(config, rng):
         elif config["model_type"] in ("qwen", "gptj") and name.endswith(("ln_1.weight", "ln_2.weight",
                                                                           "ln_f.weight")):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif "embed_tokens" in name or (config["model_type"] in ("qwen", "gptj", "openelm")
+        elif "embed_tokens" in name or (config["model_type"] in ("qwen", "gptj", "openelm", "nanochat")
                                         and name.endswith(("wte.weight", "token_embeddings.weight"))):
             w = rng.standard_normal(shape)
         else:

@@ -59,6 +59,8 @@ pub(crate) enum HeadNorm {
     Rms(RmsNorm),
     Gemma(super::gemma2::RmsNorm),
     PerHead(super::cohere::LayerNorm2d),
+    /// `mx.fast.rms_norm(x, None, eps)`: no weight (nanochat's).
+    Weightless(f32),
 }
 
 impl HeadNorm {
@@ -67,6 +69,7 @@ impl HeadNorm {
             HeadNorm::Rms(n) => n.forward(x),
             HeadNorm::Gemma(n) => n.forward(x),
             HeadNorm::PerHead(n) => n.forward(x),
+            HeadNorm::Weightless(eps) => mlx_array::fast::rms_norm(x, None, *eps),
         }
     }
 }
@@ -77,6 +80,7 @@ impl Module for HeadNorm {
             HeadNorm::Rms(n) => n.visit_params(prefix, f),
             HeadNorm::Gemma(n) => n.visit_params(prefix, f),
             HeadNorm::PerHead(n) => n.visit_params(prefix, f),
+            HeadNorm::Weightless(_) => {}
         }
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
@@ -84,6 +88,7 @@ impl Module for HeadNorm {
             HeadNorm::Rms(n) => n.visit_params_mut(prefix, f),
             HeadNorm::Gemma(n) => n.visit_params_mut(prefix, f),
             HeadNorm::PerHead(n) => n.visit_params_mut(prefix, f),
+            HeadNorm::Weightless(_) => {}
         }
     }
 }
@@ -101,6 +106,8 @@ pub struct Attention {
     o_proj: LinearLayer,
     q_norm: Option<HeadNorm>,
     k_norm: Option<HeadNorm>,
+    /// The checkpoint names of `q_proj`, `k_proj` and `v_proj`.
+    qkv_names: [&'static str; 3],
     /// The checkpoint names of `q_norm` and `k_norm`.
     norm_names: [&'static str; 2],
     /// The checkpoint name of the output projection (default `o_proj`).
@@ -120,9 +127,10 @@ impl Module for Attention {
         match &self.joint_qkv {
             Some((name, proj)) => proj.visit_params(&join(prefix, name), f),
             None => {
-                self.q_proj.visit_params(&join(prefix, "q_proj"), f);
-                self.k_proj.visit_params(&join(prefix, "k_proj"), f);
-                self.v_proj.visit_params(&join(prefix, "v_proj"), f);
+                let [qn, kn, vn] = self.qkv_names;
+                self.q_proj.visit_params(&join(prefix, qn), f);
+                self.k_proj.visit_params(&join(prefix, kn), f);
+                self.v_proj.visit_params(&join(prefix, vn), f);
             }
         }
         self.o_proj.visit_params(&join(prefix, self.o_name), f);
@@ -134,9 +142,10 @@ impl Module for Attention {
         match &mut self.joint_qkv {
             Some((name, proj)) => proj.visit_params_mut(&join(prefix, name), f),
             None => {
-                self.q_proj.visit_params_mut(&join(prefix, "q_proj"), f);
-                self.k_proj.visit_params_mut(&join(prefix, "k_proj"), f);
-                self.v_proj.visit_params_mut(&join(prefix, "v_proj"), f);
+                let [qn, kn, vn] = self.qkv_names;
+                self.q_proj.visit_params_mut(&join(prefix, qn), f);
+                self.k_proj.visit_params_mut(&join(prefix, kn), f);
+                self.v_proj.visit_params_mut(&join(prefix, vn), f);
             }
         }
         self.o_proj.visit_params_mut(&join(prefix, self.o_name), f);
@@ -152,12 +161,10 @@ impl Module for Attention {
         match &mut self.joint_qkv {
             Some((name, proj)) => proj.visit_quantizable_mut(&join(prefix, name), f)?,
             None => {
-                self.q_proj
-                    .visit_quantizable_mut(&join(prefix, "q_proj"), f)?;
-                self.k_proj
-                    .visit_quantizable_mut(&join(prefix, "k_proj"), f)?;
-                self.v_proj
-                    .visit_quantizable_mut(&join(prefix, "v_proj"), f)?;
+                let [qn, kn, vn] = self.qkv_names;
+                self.q_proj.visit_quantizable_mut(&join(prefix, qn), f)?;
+                self.k_proj.visit_quantizable_mut(&join(prefix, kn), f)?;
+                self.v_proj.visit_quantizable_mut(&join(prefix, vn), f)?;
             }
         }
         self.o_proj
@@ -176,6 +183,7 @@ impl Attention {
             o_proj: LinearLayer::new(d.n_heads * d.head_dim, d.dim, d.o_bias)?,
             q_norm: None,
             k_norm: None,
+            qkv_names: ["q_proj", "k_proj", "v_proj"],
             norm_names: ["q_norm", "k_norm"],
             o_name: "o_proj",
             norm_at: NormAt::Heads,
@@ -248,6 +256,18 @@ impl Attention {
         attn.o_proj = LinearLayer::new(d.n_heads * d.head_dim, d.dim, d.o_bias)?;
         attn.head_dim = d.head_dim;
         Ok(attn)
+    }
+
+    /// Names the q, k and v projections as the checkpoint does (nanochat's `c_q`, `c_k`,
+    /// `c_v`).
+    pub(crate) fn with_qkv_names(
+        mut self,
+        q: &'static str,
+        k: &'static str,
+        v: &'static str,
+    ) -> Attention {
+        self.qkv_names = [q, k, v];
+        self
     }
 
     /// Names the output projection as the checkpoint does (default `o_proj`).

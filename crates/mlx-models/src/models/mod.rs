@@ -144,6 +144,7 @@ architectures! {
     gptj,
     glm,
     openelm,
+    nanochat,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
