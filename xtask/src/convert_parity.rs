@@ -153,6 +153,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-glm-dense", "glm-q4", None),
     ("openelm", "openelm-f32", None),
     ("q-openelm", "openelm-q4", None),
+    ("nanochat", "nanochat-f32", None),
+    ("q-nanochat", "nanochat-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -450,6 +452,11 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("openelm", flags);
     }
     add("q-openelm", "-d");
+    // nanochat: no norm weights at all; the soft-capped head quantized like any other.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("nanochat", flags);
+    }
+    add("q-nanochat", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

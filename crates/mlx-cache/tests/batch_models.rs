@@ -554,6 +554,9 @@ model_tests! {
     // OpenELM: per-layer head counts (per-layer cache shapes) and FFN widths.
     batched_decode_equals_alone_openelm, prefilled_together_equals_alone_openelm
         => "openelm-small-f32", true;
+    // nanochat: weightless norms, q/k normed after RoPE, soft-capped logits.
+    batched_decode_equals_alone_nanochat, prefilled_together_equals_alone_nanochat
+        => "nanochat-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

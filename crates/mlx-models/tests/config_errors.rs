@@ -352,3 +352,18 @@ fn openelm_per_layer_lists_cover_every_layer() {
     let e = err(&with(c, json!({"vocab_size": 0})));
     assert!(e.contains("vocab_size"), "{e}");
 }
+
+#[test]
+fn nanochat_heads_must_divide_the_width() {
+    let c = json!({"model_type": "nanochat", "hidden_size": 32, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64,
+                   "intermediate_size": 64});
+    assert!(build_model(&c).is_ok());
+    for heads in [3, 0] {
+        let e = err(&with(c.clone(), json!({"num_attention_heads": heads})));
+        assert!(e.contains("divisible"), "{e}");
+    }
+    // A head size of 5: RoPE's frequencies need an even one.
+    let e = err(&with(c, json!({"hidden_size": 20})));
+    assert!(e.contains("even"), "{e}");
+}

@@ -137,6 +137,7 @@ golden_tests! {
     gptj_parallel_partial_traditional_rope_logits_match_mlx_lm => "gptj-small-f32",
     glm_traditional_rope_gate_up_logits_match_mlx_lm => "glm-small-f32",
     openelm_per_layer_heads_and_widths_logits_match_mlx_lm => "openelm-small-f32",
+    nanochat_weightless_norms_negated_rope_softcap_logits_match_mlx_lm => "nanochat-small-f32",
 }
 
 #[test]

@@ -93,6 +93,7 @@ pub const TINY: &[&str] = &[
     "gptj-f32",
     "glm-f32",
     "openelm-f32",
+    "nanochat-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",
