@@ -1222,6 +1222,88 @@ GOLDENS.update({
     "apertus-small-f32": ("apertus", dict(SMALL), {}),
 })
 
+# Qwen (v1): HF's names (transformer.wte / h / ln_f), one biased c_attn split in three,
+# a SwiGLU MLP half intermediate_size wide (w2 the gate), an untied head; `no_bias`
+# (default true) drops the biases of c_proj, the MLP and lm_head. num_key_value_heads is
+# not a config key in mlx-lm (BASE's is ignored).
+ARCHS["qwen"] = {"model_type": "qwen", "kv_channels": 16, "layer_norm_epsilon": 1e-6, "no_bias": True}
+VARIANTS.update({
+    "qwen-f32": ("qwen", {}, {}),
+    "qwen-f32-bias": ("qwen", {"no_bias": False}, {}),
+    "qwen-q4": ("qwen", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "qwen-bf16-q4": ("qwen", {"no_bias": False}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "qwen-small-f32": ("qwen", dict(SMALL, kv_channels=8, no_bias=False), {}),
+})
+
+# GPT-J: HF's names (transformer.*), parallel attention and MLP over one LayerNorm,
+# traditional RoPE over the first rotary_dim dimensions of each head.
+ARCHS["gptj"] = {"model_type": "gptj", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 256,
+                 "rotary_dim": 8, "layer_norm_epsilon": 1e-5}
+VARIANTS.update({
+    "gptj-f32": ("gptj", {}, {}),
+    # rotary_dim null: the whole head rotates (mlx-lm's `rotary_dim or head_dim`); head
+    # size 32 so the 8-bit KV-cache decode runs too.
+    "gptj-f32-fullrotary-hd32": ("gptj", {"rotary_dim": None, "n_head": 2}, {}),
+    "gptj-q4": ("gptj", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "gptj-bf16-q4": ("gptj", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "gptj-small-f32": ("gptj", dict(SMALL, n_embd=32, n_positions=64, rotary_dim=4), {}),
+})
+
+# GLM: traditional RoPE over head_dim, q/k/v biases by attention_bias, fused gate_up_proj.
+ARCHS["glm"] = {"model_type": "glm", "head_dim": 16, "rope_theta": 10000.0, "attention_bias": False,
+                "tie_word_embeddings": True}
+VARIANTS.update({
+    # Tied, with HF's rotary buffers and redundant lm_head (sanitize drops them).
+    "glm-f32": ("glm", {}, {"extras": True}),
+    "glm-f32-untied-bias-hd32": ("glm", {"tie_word_embeddings": False, "attention_bias": True, "head_dim": 32,
+                                         "num_attention_heads": 2, "num_key_value_heads": 1,
+                                         "rope_theta": 50000.0}, {}),
+    # head_dim null: hidden_size / num_attention_heads (mlx-lm's `head_dim or ...`).
+    "glm-f32-nullhd": ("glm", {"head_dim": None}, {}),
+    "glm-q4": ("glm", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "glm-bf16-q4": ("glm", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "glm-small-f32": ("glm", dict(SMALL, head_dim=8), {}),
+})
+
+# OpenELM: per-layer head counts and FFN widths (make_divisible of ffn_multipliers[i] *
+# model_dim), a fused qkv_proj split by heads, per-head q/k norms, fused proj_1.
+ARCHS["openelm"] = {"model_type": "openelm", "head_dim": 16, "num_transformer_layers": 3, "model_dim": 64,
+                    "ffn_dim_divisor": 16, "num_query_heads": [2, 4, 4], "num_kv_heads": [1, 2, 4],
+                    "ffn_multipliers": [0.5, 1.3, 2.0], "normalize_qk_projections": True,
+                    "share_input_output_layers": True, "rms_norm_eps": 1e-6, "rope_freq_constant": 10000}
+VARIANTS.update({
+    "openelm-f32": ("openelm", {}, {}),
+    "openelm-f32-untied-nonorm-hd32": ("openelm", {"share_input_output_layers": False,
+                                                   "normalize_qk_projections": False, "head_dim": 32,
+                                                   "rope_freq_constant": 50000.0}, {}),
+    "openelm-q4": ("openelm", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "openelm-bf16-q4": ("openelm", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "openelm-small-f32": ("openelm", dict(SMALL, model_dim=32, head_dim=8, ffn_dim_divisor=8), {}),
+})
+
+# nanochat: parameter-free RMS norms, RoPE with negated frequencies, the rotated q/k
+# normed, a relu2 MLP (c_fc / c_proj), logits soft-capped at 15; every key defaulted.
+ARCHS["nanochat"] = {"model_type": "nanochat", "rope_theta": 10000.0}
+VARIANTS.update({
+    "nanochat-f32": ("nanochat", {}, {}),
+    # Two heads of 32 without grouping (the 8-bit KV-cache decode runs too), theta 50000.
+    "nanochat-f32-mha-hd32": ("nanochat", {"num_attention_heads": 2, "num_key_value_heads": 2,
+                                           "rope_theta": 50000.0}, {}),
+    "nanochat-q4": ("nanochat", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "nanochat-bf16-q4": ("nanochat", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "nanochat-small-f32": ("nanochat", dict(SMALL), {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1256,7 +1338,11 @@ def random_weights(config, rng):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif name.endswith("bias"):
             w = 0.1 * rng.standard_normal(shape)
-        elif "embed_tokens" in name:
+        elif config["model_type"] in ("qwen", "gptj") and name.endswith(("ln_1.weight", "ln_2.weight",
+                                                                          "ln_f.weight")):
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in name or (config["model_type"] in ("qwen", "gptj", "openelm", "nanochat")
+                                        and name.endswith(("wte.weight", "token_embeddings.weight"))):
             w = rng.standard_normal(shape)
         else:
             w = rng.standard_normal(shape) / np.sqrt(shape[-1])
@@ -1439,6 +1525,13 @@ def to_hf_names(config, weights, opts, rng):
         n = config["n_positions"]
         for i in range(config["n_layer"]):
             out[f"h.{i}.attn.bias"] = np.tril(np.ones((1, 1, n, n), np.float32))
+    if mt == "gptj":
+        # HF layout: transformer.* names, and the attention buffers sanitize drops.
+        out = {k.replace("model.", "transformer."): v for k, v in out.items()}
+        n = config["n_positions"]
+        for i in range(config["n_layer"]):
+            out[f"transformer.h.{i}.attn.bias"] = np.tril(np.ones((1, 1, n, n), np.float32))
+            out[f"transformer.h.{i}.attn.masked_bias"] = np.array(-1e9, np.float32)
     if mt == "gpt_neox":
         # HF layout: gpt_neox.layers.* / gpt_neox.embed_in / gpt_neox.final_layer_norm, embed_out at the top.
         out = {(k.replace("model.embed_out.", "embed_out.").replace("model.h.", "gpt_neox.layers.")

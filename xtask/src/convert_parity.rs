@@ -145,6 +145,16 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("solar_open", "solar_open-f32-mtp", None),
     ("apertus", "apertus-f32", None),
     ("q-apertus", "apertus-q4", None),
+    ("qwen-v1", "qwen-f32-bias", None),
+    ("q-qwen-v1", "qwen-q4", None),
+    ("gptj", "gptj-f32", None),
+    ("q-gptj", "gptj-q4", None),
+    ("glm-dense", "glm-f32", None),
+    ("q-glm-dense", "glm-q4", None),
+    ("openelm", "openelm-f32", None),
+    ("q-openelm", "openelm-q4", None),
+    ("nanochat", "nanochat-f32", None),
+    ("q-nanochat", "nanochat-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -422,6 +432,31 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("apertus", flags);
     }
     add("q-apertus", "-d");
+    // Qwen (v1): HF's names as mlx-lm's; biases on c_attn, c_proj, the MLP and the head.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("qwen-v1", flags);
+    }
+    add("q-qwen-v1", "-d");
+    // GPT-J: HF's transformer.* names moved to model.*, its attention buffers dropped.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("gptj", flags);
+    }
+    add("q-gptj", "-d");
+    // GLM: rotary buffers and the tied head dropped.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("glm-dense", flags);
+    }
+    add("q-glm-dense", "-d");
+    // OpenELM: per-layer widths; at group size 64 the 32- and 80-wide proj_2 stay dense.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("openelm", flags);
+    }
+    add("q-openelm", "-d");
+    // nanochat: no norm weights at all; the soft-capped head quantized like any other.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("nanochat", flags);
+    }
+    add("q-nanochat", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -542,6 +542,21 @@ model_tests! {
     // Apertus: XieLU MLPs, q/k norms before RoPE.
     batched_decode_equals_alone_apertus, prefilled_together_equals_alone_apertus
         => "apertus-small-f32", true;
+    // Qwen (v1): one c_attn split in three, a biased head.
+    batched_decode_equals_alone_qwen, prefilled_together_equals_alone_qwen
+        => "qwen-small-f32", true;
+    // GPT-J: parallel attention and MLP, partial traditional RoPE.
+    batched_decode_equals_alone_gptj, prefilled_together_equals_alone_gptj
+        => "gptj-small-f32", true;
+    // GLM: traditional RoPE, fused gate_up_proj.
+    batched_decode_equals_alone_glm, prefilled_together_equals_alone_glm
+        => "glm-small-f32", true;
+    // OpenELM: per-layer head counts (per-layer cache shapes) and FFN widths.
+    batched_decode_equals_alone_openelm, prefilled_together_equals_alone_openelm
+        => "openelm-small-f32", true;
+    // nanochat: weightless norms, q/k normed after RoPE, soft-capped logits.
+    batched_decode_equals_alone_nanochat, prefilled_together_equals_alone_nanochat
+        => "nanochat-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

@@ -294,3 +294,76 @@ fn apertus_requires_the_keys_it_does_not_read() {
     let e = err(&with(c, json!({"num_attention_heads": 0})));
     assert!(e.contains("num_attention_heads"), "{e}");
 }
+
+#[test]
+fn qwen_c_proj_needs_kv_channels_times_heads_to_be_the_width() {
+    let c = with(
+        base("qwen"),
+        json!({"kv_channels": 8, "layer_norm_epsilon": 1e-6}),
+    );
+    assert!(build_model(&c).is_ok());
+    // mlx-lm builds it, then its c_proj cannot read the attention's output.
+    let e = err(&with(c.clone(), json!({"kv_channels": 16})));
+    assert!(e.contains("kv_channels"), "{e}");
+    let e = err(&with(c, json!({"num_attention_heads": 0})));
+    assert!(e.contains("num_attention_heads"), "{e}");
+}
+
+#[test]
+fn gptj_heads_must_divide_the_width() {
+    let c = json!({"model_type": "gptj", "n_embd": 32, "n_head": 4, "n_layer": 2,
+                   "vocab_size": 64, "rotary_dim": 4});
+    assert!(build_model(&c).is_ok());
+    assert!(build_model(&with(c.clone(), json!({"rotary_dim": null}))).is_ok());
+    for heads in [3, 0] {
+        let e = err(&with(c.clone(), json!({"n_head": heads})));
+        assert!(e.contains("divisible"), "{e}");
+    }
+}
+
+#[test]
+fn glm_requires_head_dim_though_it_may_be_null() {
+    let c = base("glm");
+    assert!(build_model(&c).is_ok());
+    assert!(build_model(&with(c.clone(), json!({"head_dim": null}))).is_ok());
+    for key in ["head_dim", "num_key_value_heads"] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+}
+
+#[test]
+fn openelm_per_layer_lists_cover_every_layer() {
+    let c = json!({"model_type": "openelm", "head_dim": 8, "num_transformer_layers": 2,
+                   "model_dim": 32, "vocab_size": 64, "ffn_dim_divisor": 8,
+                   "num_query_heads": [2, 4], "num_kv_heads": [1, 2],
+                   "ffn_multipliers": [0.5, 1.3]});
+    assert!(build_model(&c).is_ok());
+    for key in ["num_query_heads", "num_kv_heads", "ffn_multipliers"] {
+        let e = err(&with(c.clone(), json!({key: [1]})));
+        assert!(e.contains(key), "{e}");
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+    let e = err(&with(c.clone(), json!({"ffn_dim_divisor": 0})));
+    assert!(e.contains("ffn_dim_divisor"), "{e}");
+    let e = err(&with(c, json!({"vocab_size": 0})));
+    assert!(e.contains("vocab_size"), "{e}");
+}
+
+#[test]
+fn nanochat_heads_must_divide_the_width() {
+    let c = json!({"model_type": "nanochat", "hidden_size": 32, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64,
+                   "intermediate_size": 64});
+    assert!(build_model(&c).is_ok());
+    for heads in [3, 0] {
+        let e = err(&with(c.clone(), json!({"num_attention_heads": heads})));
+        assert!(e.contains("divisible"), "{e}");
+    }
+    // A head size of 5: RoPE's frequencies need an even one.
+    let e = err(&with(c, json!({"hidden_size": 20})));
+    assert!(e.contains("even"), "{e}");
+}

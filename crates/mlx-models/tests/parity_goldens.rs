@@ -133,6 +133,11 @@ golden_tests! {
     glm_moe_dsa_rope_parameters_indexer_logits_match_mlx_lm => "glm_moe_dsa-small-f32",
     solar_open_glm4_moe_defaults_logits_match_mlx_lm => "solar_open-small-f32",
     apertus_xielu_qk_norm_logits_match_mlx_lm => "apertus-small-f32",
+    qwen_c_attn_biased_head_logits_match_mlx_lm => "qwen-small-f32",
+    gptj_parallel_partial_traditional_rope_logits_match_mlx_lm => "gptj-small-f32",
+    glm_traditional_rope_gate_up_logits_match_mlx_lm => "glm-small-f32",
+    openelm_per_layer_heads_and_widths_logits_match_mlx_lm => "openelm-small-f32",
+    nanochat_weightless_norms_negated_rope_softcap_logits_match_mlx_lm => "nanochat-small-f32",
 }
 
 #[test]

@@ -89,6 +89,11 @@ pub const TINY: &[&str] = &[
     "glm_moe_dsa-f32-mtp",
     "solar_open-f32-mtp",
     "apertus-f32",
+    "qwen-f32",
+    "gptj-f32",
+    "glm-f32",
+    "openelm-f32",
+    "nanochat-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

@@ -59,6 +59,8 @@ pub(crate) enum HeadNorm {
     Rms(RmsNorm),
     Gemma(super::gemma2::RmsNorm),
     PerHead(super::cohere::LayerNorm2d),
+    /// `mx.fast.rms_norm(x, None, eps)`: no weight (nanochat's).
+    Weightless(f32),
 }
 
 impl HeadNorm {
@@ -67,6 +69,7 @@ impl HeadNorm {
             HeadNorm::Rms(n) => n.forward(x),
             HeadNorm::Gemma(n) => n.forward(x),
             HeadNorm::PerHead(n) => n.forward(x),
+            HeadNorm::Weightless(eps) => mlx_array::fast::rms_norm(x, None, *eps),
         }
     }
 }
@@ -77,6 +80,7 @@ impl Module for HeadNorm {
             HeadNorm::Rms(n) => n.visit_params(prefix, f),
             HeadNorm::Gemma(n) => n.visit_params(prefix, f),
             HeadNorm::PerHead(n) => n.visit_params(prefix, f),
+            HeadNorm::Weightless(_) => {}
         }
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
@@ -84,6 +88,7 @@ impl Module for HeadNorm {
             HeadNorm::Rms(n) => n.visit_params_mut(prefix, f),
             HeadNorm::Gemma(n) => n.visit_params_mut(prefix, f),
             HeadNorm::PerHead(n) => n.visit_params_mut(prefix, f),
+            HeadNorm::Weightless(_) => {}
         }
     }
 }
@@ -94,9 +99,15 @@ pub struct Attention {
     q_proj: LinearLayer,
     k_proj: LinearLayer,
     v_proj: LinearLayer,
+    /// One projection (named as the checkpoint names it) whose output holds q, k and v
+    /// one after the other, instead of the three above (Qwen's `c_attn`, OpenELM's
+    /// `qkv_proj`).
+    joint_qkv: Option<(&'static str, LinearLayer)>,
     o_proj: LinearLayer,
     q_norm: Option<HeadNorm>,
     k_norm: Option<HeadNorm>,
+    /// The checkpoint names of `q_proj`, `k_proj` and `v_proj`.
+    qkv_names: [&'static str; 3],
     /// The checkpoint names of `q_norm` and `k_norm`.
     norm_names: [&'static str; 2],
     /// The checkpoint name of the output projection (default `o_proj`).
@@ -113,18 +124,30 @@ pub struct Attention {
 
 impl Module for Attention {
     fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        self.q_proj.visit_params(&join(prefix, "q_proj"), f);
-        self.k_proj.visit_params(&join(prefix, "k_proj"), f);
-        self.v_proj.visit_params(&join(prefix, "v_proj"), f);
+        match &self.joint_qkv {
+            Some((name, proj)) => proj.visit_params(&join(prefix, name), f),
+            None => {
+                let [qn, kn, vn] = self.qkv_names;
+                self.q_proj.visit_params(&join(prefix, qn), f);
+                self.k_proj.visit_params(&join(prefix, kn), f);
+                self.v_proj.visit_params(&join(prefix, vn), f);
+            }
+        }
         self.o_proj.visit_params(&join(prefix, self.o_name), f);
         let [q, k] = self.norm_names;
         self.q_norm.visit_params(&join(prefix, q), f);
         self.k_norm.visit_params(&join(prefix, k), f);
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        self.q_proj.visit_params_mut(&join(prefix, "q_proj"), f);
-        self.k_proj.visit_params_mut(&join(prefix, "k_proj"), f);
-        self.v_proj.visit_params_mut(&join(prefix, "v_proj"), f);
+        match &mut self.joint_qkv {
+            Some((name, proj)) => proj.visit_params_mut(&join(prefix, name), f),
+            None => {
+                let [qn, kn, vn] = self.qkv_names;
+                self.q_proj.visit_params_mut(&join(prefix, qn), f);
+                self.k_proj.visit_params_mut(&join(prefix, kn), f);
+                self.v_proj.visit_params_mut(&join(prefix, vn), f);
+            }
+        }
         self.o_proj.visit_params_mut(&join(prefix, self.o_name), f);
         let [q, k] = self.norm_names;
         self.q_norm.visit_params_mut(&join(prefix, q), f);
@@ -135,12 +158,15 @@ impl Module for Attention {
         prefix: &str,
         f: &mut QuantVisitor<'_>,
     ) -> mlx_nn::Result<()> {
-        self.q_proj
-            .visit_quantizable_mut(&join(prefix, "q_proj"), f)?;
-        self.k_proj
-            .visit_quantizable_mut(&join(prefix, "k_proj"), f)?;
-        self.v_proj
-            .visit_quantizable_mut(&join(prefix, "v_proj"), f)?;
+        match &mut self.joint_qkv {
+            Some((name, proj)) => proj.visit_quantizable_mut(&join(prefix, name), f)?,
+            None => {
+                let [qn, kn, vn] = self.qkv_names;
+                self.q_proj.visit_quantizable_mut(&join(prefix, qn), f)?;
+                self.k_proj.visit_quantizable_mut(&join(prefix, kn), f)?;
+                self.v_proj.visit_quantizable_mut(&join(prefix, vn), f)?;
+            }
+        }
         self.o_proj
             .visit_quantizable_mut(&join(prefix, self.o_name), f)
     }
@@ -153,9 +179,11 @@ impl Attention {
             q_proj: LinearLayer::new(d.dim, d.n_heads * d.head_dim, d.qkv_bias)?,
             k_proj: LinearLayer::new(d.dim, d.n_kv_heads * d.head_dim, d.qkv_bias)?,
             v_proj: LinearLayer::new(d.dim, d.n_kv_heads * d.head_dim, d.qkv_bias)?,
+            joint_qkv: None,
             o_proj: LinearLayer::new(d.n_heads * d.head_dim, d.dim, d.o_bias)?,
             q_norm: None,
             k_norm: None,
+            qkv_names: ["q_proj", "k_proj", "v_proj"],
             norm_names: ["q_norm", "k_norm"],
             o_name: "o_proj",
             norm_at: NormAt::Heads,
@@ -204,6 +232,44 @@ impl Attention {
         self
     }
 
+    /// [`Attention::new`] with q, k and v from one projection named `name` (biased by
+    /// `d.qkv_bias`) in place of `q_proj` / `k_proj` / `v_proj`: its output holds the
+    /// query heads, then the key heads, then the value heads.
+    pub(crate) fn new_joint_qkv(
+        d: AttentionDims,
+        name: &'static str,
+        rope: Rope,
+        scale: f64,
+    ) -> crate::Result<Attention> {
+        let out = (d.n_heads + 2 * d.n_kv_heads) * d.head_dim;
+        let joint = LinearLayer::new(d.dim, out, d.qkv_bias)?;
+        let empty = AttentionDims {
+            dim: 0,
+            n_heads: d.n_heads,
+            n_kv_heads: d.n_kv_heads,
+            head_dim: 0,
+            qkv_bias: false,
+            o_bias: false,
+        };
+        let mut attn = Attention::new(empty, rope, scale)?;
+        attn.joint_qkv = Some((name, joint));
+        attn.o_proj = LinearLayer::new(d.n_heads * d.head_dim, d.dim, d.o_bias)?;
+        attn.head_dim = d.head_dim;
+        Ok(attn)
+    }
+
+    /// Names the q, k and v projections as the checkpoint does (nanochat's `c_q`, `c_k`,
+    /// `c_v`).
+    pub(crate) fn with_qkv_names(
+        mut self,
+        q: &'static str,
+        k: &'static str,
+        v: &'static str,
+    ) -> Attention {
+        self.qkv_names = [q, k, v];
+        self
+    }
+
     /// Names the output projection as the checkpoint does (default `o_proj`).
     pub(crate) fn with_out_name(mut self, name: &'static str) -> Attention {
         self.o_name = name;
@@ -233,11 +299,21 @@ impl Attention {
         extras: Extras<'_>,
     ) -> Result<Array> {
         let (b, l) = batch_len(x)?;
-        let [q, k, v] = project(
-            self.qkv.as_deref(),
-            [&self.q_proj, &self.k_proj, &self.v_proj],
-            x,
-        )?;
+        let [q, k, v] = match &self.joint_qkv {
+            Some((_, proj)) => {
+                let q_size = self.n_heads * self.head_dim;
+                let kv_size = self.n_kv_heads * self.head_dim;
+                let parts = proj.forward(x)?.split_at(&[q_size, q_size + kv_size], -1)?;
+                <[Array; 3]>::try_from(parts).map_err(|_| {
+                    mlx_array::Error::InvalidArgument("qkv projection: expected three parts".into())
+                })?
+            }
+            None => project(
+                self.qkv.as_deref(),
+                [&self.q_proj, &self.k_proj, &self.v_proj],
+                x,
+            )?,
+        };
         let queries = self.heads(&q, b, l, self.n_heads, self.q_norm.as_ref())?;
         let keys = self.heads(&k, b, l, self.n_kv_heads, self.k_norm.as_ref())?;
         let values = split_heads(&v, b, l, self.n_kv_heads)?;
@@ -274,6 +350,9 @@ impl Attention {
 
     /// Fuses dense q/k/v into one matmul for decoding steps.
     pub(crate) fn fuse(&mut self) -> crate::Result<()> {
+        if self.joint_qkv.is_some() {
+            return Ok(());
+        }
         self.qkv = fuse([&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?;
         Ok(())
     }

@@ -98,6 +98,8 @@ pub struct DecoderLayer<F> {
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     ff_name: &'static str,
+    /// The checkpoint name of the attention block (default `self_attn`).
+    attn_name: &'static str,
     /// The checkpoint names of the two norms (default `input_layernorm`,
     /// `post_attention_layernorm`).
     norm_names: [&'static str; 2],
@@ -124,6 +126,7 @@ impl<F: FeedForward> DecoderLayer<F> {
             input_layernorm: RmsNorm::new(dim, eps)?,
             post_attention_layernorm: RmsNorm::new(dim, eps)?,
             ff_name,
+            attn_name: "self_attn",
             norm_names: ["input_layernorm", "post_attention_layernorm"],
             residual_scale: None,
             norms_before_mlp: false,
@@ -145,6 +148,12 @@ impl<F: FeedForward> DecoderLayer<F> {
         ff: &'static str,
     ) -> DecoderLayer<F> {
         self.norm_names = [attn, ff];
+        self
+    }
+
+    /// Names the attention block as the checkpoint does (Qwen's and OpenELM's `attn`).
+    pub(crate) fn with_attn_name(mut self, name: &'static str) -> DecoderLayer<F> {
+        self.attn_name = name;
         self
     }
 
@@ -189,7 +198,8 @@ impl<F: FeedForward> DecoderLayer<F> {
 
 impl<F: FeedForward> Module for DecoderLayer<F> {
     fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        self.self_attn.visit_params(&join(prefix, "self_attn"), f);
+        self.self_attn
+            .visit_params(&join(prefix, self.attn_name), f);
         if !self.norms_before_mlp {
             self.mlp.visit_params(&join(prefix, self.ff_name), f);
         }
@@ -204,7 +214,7 @@ impl<F: FeedForward> Module for DecoderLayer<F> {
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
         self.self_attn
-            .visit_params_mut(&join(prefix, "self_attn"), f);
+            .visit_params_mut(&join(prefix, self.attn_name), f);
         if !self.norms_before_mlp {
             self.mlp.visit_params_mut(&join(prefix, self.ff_name), f);
         }
@@ -223,7 +233,7 @@ impl<F: FeedForward> Module for DecoderLayer<F> {
         f: &mut QuantVisitor<'_>,
     ) -> mlx_nn::Result<()> {
         self.self_attn
-            .visit_quantizable_mut(&join(prefix, "self_attn"), f)?;
+            .visit_quantizable_mut(&join(prefix, self.attn_name), f)?;
         self.mlp
             .visit_quantizable_mut(&join(prefix, self.ff_name), f)
     }
@@ -237,6 +247,9 @@ pub struct Decoder<F> {
     norm: RmsNorm,
     /// Multiplies the token embeddings (Granite's `embedding_multiplier`).
     embedding_scale: Option<f64>,
+    /// The checkpoint names of the embedding, the layer list and the final norm
+    /// (default `embed_tokens`, `layers`, `norm`).
+    names: [&'static str; 3],
 }
 
 impl<F: FeedForward + 'static> Decoder<F> {
@@ -252,12 +265,25 @@ impl<F: FeedForward + 'static> Decoder<F> {
             layers,
             norm: RmsNorm::new(dim, eps)?,
             embedding_scale: None,
+            names: ["embed_tokens", "layers", "norm"],
         })
     }
 
     /// The stack with the token embeddings multiplied by `m`.
     pub(crate) fn with_embedding_scale(mut self, m: f64) -> Decoder<F> {
         self.embedding_scale = Some(m);
+        self
+    }
+
+    /// Names the embedding, the layer list and the final norm as the checkpoint does
+    /// (Qwen's `wte`, `h`, `ln_f`).
+    pub(crate) fn with_names(
+        mut self,
+        embed: &'static str,
+        layers: &'static str,
+        norm: &'static str,
+    ) -> Decoder<F> {
+        self.names = [embed, layers, norm];
         self
     }
 
@@ -292,26 +318,26 @@ impl<F: FeedForward + 'static> Decoder<F> {
 
 impl<F: FeedForward> Module for Decoder<F> {
     fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        self.embed_tokens
-            .visit_params(&join(prefix, "embed_tokens"), f);
-        self.layers.visit_params(&join(prefix, "layers"), f);
-        self.norm.visit_params(&join(prefix, "norm"), f);
+        let [embed, layers, norm] = self.names;
+        self.embed_tokens.visit_params(&join(prefix, embed), f);
+        self.layers.visit_params(&join(prefix, layers), f);
+        self.norm.visit_params(&join(prefix, norm), f);
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        self.embed_tokens
-            .visit_params_mut(&join(prefix, "embed_tokens"), f);
-        self.layers.visit_params_mut(&join(prefix, "layers"), f);
-        self.norm.visit_params_mut(&join(prefix, "norm"), f);
+        let [embed, layers, norm] = self.names;
+        self.embed_tokens.visit_params_mut(&join(prefix, embed), f);
+        self.layers.visit_params_mut(&join(prefix, layers), f);
+        self.norm.visit_params_mut(&join(prefix, norm), f);
     }
     fn visit_quantizable_mut(
         &mut self,
         prefix: &str,
         f: &mut QuantVisitor<'_>,
     ) -> mlx_nn::Result<()> {
+        let [embed, layers, _] = self.names;
         self.embed_tokens
-            .visit_quantizable_mut(&join(prefix, "embed_tokens"), f)?;
-        self.layers
-            .visit_quantizable_mut(&join(prefix, "layers"), f)
+            .visit_quantizable_mut(&join(prefix, embed), f)?;
+        self.layers.visit_quantizable_mut(&join(prefix, layers), f)
     }
 }
 

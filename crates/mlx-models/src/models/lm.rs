@@ -49,6 +49,8 @@ pub struct DecoderLm<A, F> {
     vocab_size: i32,
     pub(crate) model: Decoder<F>,
     lm_head: Option<LinearLayer>,
+    /// The checkpoint name of the stack (default `model`).
+    model_name: &'static str,
 }
 
 impl<A, F: FeedForward + 'static> DecoderLm<A, F> {
@@ -68,7 +70,33 @@ impl<A, F: FeedForward + 'static> DecoderLm<A, F> {
             vocab_size: d.vocab,
             model: Decoder::new(d.vocab, d.dim, d.eps, layers)?,
             lm_head: head::untied(d.tied, d.dim, d.vocab)?,
+            model_name: "model",
         })
+    }
+
+    /// The stack named as the checkpoint names it (Qwen's and OpenELM's `transformer`).
+    pub(crate) fn with_model_name(mut self, name: &'static str) -> DecoderLm<A, F> {
+        self.model_name = name;
+        self
+    }
+
+    /// The stack with its embedding, layer list and final norm named as the checkpoint
+    /// names them (see [`Decoder::with_names`]).
+    pub(crate) fn with_stack_names(
+        mut self,
+        embed: &'static str,
+        layers: &'static str,
+        norm: &'static str,
+    ) -> DecoderLm<A, F> {
+        self.model = self.model.with_names(embed, layers, norm);
+        self
+    }
+
+    /// A biased `lm_head` of `dim -> vocab` in place of the default head (Qwen's
+    /// `bias=not no_bias`).
+    pub(crate) fn with_head_bias(mut self, dim: i32, bias: bool) -> crate::Result<DecoderLm<A, F>> {
+        self.lm_head = Some(LinearLayer::new(dim, self.vocab_size, bias)?);
+        Ok(self)
     }
 }
 
@@ -214,11 +242,12 @@ pub(crate) fn drop_tied_head(tied: bool, weights: &mut Weights) {
 
 impl<A, F: FeedForward> Module for DecoderLm<A, F> {
     fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        self.model.visit_params(&join(prefix, "model"), f);
+        self.model.visit_params(&join(prefix, self.model_name), f);
         self.lm_head.visit_params(&join(prefix, "lm_head"), f);
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        self.model.visit_params_mut(&join(prefix, "model"), f);
+        self.model
+            .visit_params_mut(&join(prefix, self.model_name), f);
         self.lm_head.visit_params_mut(&join(prefix, "lm_head"), f);
     }
     fn visit_quantizable_mut(
@@ -227,7 +256,7 @@ impl<A, F: FeedForward> Module for DecoderLm<A, F> {
         f: &mut QuantVisitor<'_>,
     ) -> mlx_nn::Result<()> {
         self.model
-            .visit_quantizable_mut(&join(prefix, "model"), f)?;
+            .visit_quantizable_mut(&join(prefix, self.model_name), f)?;
         self.lm_head
             .visit_quantizable_mut(&join(prefix, "lm_head"), f)
     }

@@ -105,3 +105,63 @@ impl Mlp {
         Ok(())
     }
 }
+
+/// The SwiGLU block whose gate and up projections are one matmul in the checkpoint:
+/// `down(swiglu(gate, x))` with `gate, x = split(gate_up(x), 2)` (GLM's `gate_up_proj` /
+/// `down_proj`, OpenELM's `proj_1` / `proj_2`).
+#[derive(Debug)]
+pub struct GateUpMlp {
+    gate_up: LinearLayer,
+    down: LinearLayer,
+    /// The checkpoint names of the two projections.
+    names: [&'static str; 2],
+}
+
+impl Module for GateUpMlp {
+    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
+        let [gate_up, down] = self.names;
+        self.gate_up.visit_params(&join(prefix, gate_up), f);
+        self.down.visit_params(&join(prefix, down), f);
+    }
+    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        let [gate_up, down] = self.names;
+        self.gate_up.visit_params_mut(&join(prefix, gate_up), f);
+        self.down.visit_params_mut(&join(prefix, down), f);
+    }
+    fn visit_quantizable_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut QuantVisitor<'_>,
+    ) -> mlx_nn::Result<()> {
+        let [gate_up, down] = self.names;
+        self.gate_up
+            .visit_quantizable_mut(&join(prefix, gate_up), f)?;
+        self.down.visit_quantizable_mut(&join(prefix, down), f)
+    }
+}
+
+impl GateUpMlp {
+    /// Zero placeholders without biases: `dim -> 2 * hidden`, `hidden -> dim`, named
+    /// `names`.
+    pub(crate) fn new(dim: i32, hidden: i32, names: [&'static str; 2]) -> crate::Result<GateUpMlp> {
+        Ok(GateUpMlp {
+            gate_up: LinearLayer::new(dim, 2 * hidden, false)?,
+            down: LinearLayer::new(hidden, dim, false)?,
+            names,
+        })
+    }
+}
+
+impl super::decoder::FeedForward for GateUpMlp {
+    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
+        let parts = self.gate_up.forward(x)?.split_sections(2, -1)?;
+        let [gate, x] = <[Array; 2]>::try_from(parts).map_err(|_| {
+            mlx_array::Error::InvalidArgument("gate/up projection: expected two halves".into())
+        })?;
+        project_out(
+            &self.down,
+            &mlx_nn::activations::swiglu(&gate, &x)?,
+            residual,
+        )
+    }
+}

@@ -140,6 +140,11 @@ architectures! {
     apertus,
     glm_moe_dsa,
     solar_open,
+    qwen,
+    gptj,
+    glm,
+    openelm,
+    nanochat,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
