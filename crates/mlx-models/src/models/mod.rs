@@ -140,6 +140,7 @@ architectures! {
     apertus,
     glm_moe_dsa,
     solar_open,
+    mistral4,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
