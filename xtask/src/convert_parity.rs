@@ -145,6 +145,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("solar_open", "solar_open-f32-mtp", None),
     ("apertus", "apertus-f32", None),
     ("q-apertus", "apertus-q4", None),
+    ("mistral4", "mistral4-f32", None),
+    ("fp8-mistral4", "mistral4-fp8", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -422,6 +424,16 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("apertus", flags);
     }
     add("q-apertus", "-d");
+    // Mistral 4: fused experts split, kv_b_proj split into MultiLinear (quantized
+    // with the rest, the router too); an FP8 source
+    // (dequantized by sanitize). Not `-d` of a quantized one: mlx-lm's dequantize_model
+    // skips `QuantizedMultiLinear` (see q-deepseek_v3-kvb).
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("mistral4", flags);
+    }
+    for flags in ["", "-q"] {
+        add("fp8-mistral4", flags);
+    }
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -542,6 +542,10 @@ model_tests! {
     // Apertus: XieLU MLPs, q/k norms before RoPE.
     batched_decode_equals_alone_apertus, prefilled_together_equals_alone_apertus
         => "apertus-small-f32", true;
+    // Mistral 4: latent attention decoding, prompts through the concatenated halves,
+    // Llama 4's query scale at each row's offset.
+    batched_decode_equals_alone_mistral4, prefilled_together_equals_alone_mistral4
+        => "mistral4-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

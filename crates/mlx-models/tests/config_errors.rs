@@ -82,15 +82,62 @@ fn ministral3_needs_its_rope_parameters() {
 }
 
 #[test]
-fn mistral3_reads_its_text_config_and_refuses_unknown_text_models() {
+fn mistral3_reads_its_text_config() {
     let text = with(base("mistral"), json!({}));
     let c = json!({"model_type": "mistral3", "text_config": text});
     let m = build_model(&c).expect("a mistral text model");
     assert_eq!(m.model_type(), "mistral3");
+    // A Mistral 4 text model needs Mistral 4's keys.
     let e = err(
         &json!({"model_type": "mistral3", "text_config": with(text, json!({"model_type": "mistral4"}))}),
     );
-    assert!(e.contains("mistral4"), "{e}");
+    assert!(
+        e.contains("mistral4") && e.contains("moe_intermediate_size"),
+        "{e}"
+    );
+    let m = build_model(&json!({"model_type": "mistral3", "text_config": mistral4()}))
+        .expect("a mistral4 text model");
+    assert_eq!(m.model_type(), "mistral3");
+}
+
+fn mistral4() -> Value {
+    let rope = json!({"rope_type": "default", "llama_4_scaling_beta": 0.1,
+                      "original_max_position_embeddings": 64});
+    with(
+        base("mistral4"),
+        json!({"moe_intermediate_size": 16, "n_shared_experts": 1, "n_routed_experts": 4,
+               "routed_scaling_factor": 1.0, "kv_lora_rank": 16, "q_lora_rank": null,
+               "norm_topk_prob": true, "topk_group": 1, "num_experts_per_tok": 2,
+               "first_k_dense_replace": 1, "n_group": 1, "qk_rope_head_dim": 8,
+               "qk_nope_head_dim": 8, "v_head_dim": 8, "rope_parameters": rope}),
+    )
+}
+
+#[test]
+fn mistral4_requires_its_keys_and_rope_parameters() {
+    let c = mistral4();
+    assert!(build_model(&c).is_ok());
+    // Required by mlx-lm's dataclass (the nullable ones too).
+    for key in [
+        "n_group",
+        "q_lora_rank",
+        "n_routed_experts",
+        "norm_topk_prob",
+        "num_key_value_heads",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+    // mlx-lm's forward reads the Llama 4 scale from rope_parameters.
+    let mut missing = c.clone();
+    missing.as_object_mut().unwrap().remove("rope_parameters");
+    assert!(err(&missing).contains("rope_parameters"));
+    let mut rope = c["rope_parameters"].clone();
+    rope.as_object_mut()
+        .map(|m| m.remove("llama_4_scaling_beta"));
+    let e = err(&with(c, json!({"rope_parameters": rope})));
+    assert!(e.contains("rope_parameters.llama_4_scaling_beta"), "{e}");
 }
 
 #[test]

@@ -89,6 +89,7 @@ pub const TINY: &[&str] = &[
     "glm_moe_dsa-f32-mtp",
     "solar_open-f32-mtp",
     "apertus-f32",
+    "mistral4-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",
