@@ -1260,6 +1260,30 @@ GOLDENS.update({
     "mistral4-small-f32": ("mistral4", dict(MLA_SMALL), {}),
 })
 
+# DeepSeek-MoE v1 (deepseek): Llama-shaped attention (biased by attention_bias, linear
+# RoPE scaling only for `type: linear`), softmax top-k experts without normalization or
+# scaling plus shared experts, from first_k_dense_replace on every moe_layer_freq-th
+# layer; HF's per-expert weights.
+ARCHS["deepseek"] = {"model_type": "deepseek", "n_routed_experts": 8, "n_shared_experts": 1,
+                     "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1,
+                     "num_hidden_layers": 3, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}
+VARIANTS.update({
+    "deepseek-f32": ("deepseek", {}, {}),
+    # Head dim 32 (the quantized KV-cache decode too), no GQA.
+    "deepseek-f32-linear-bias-freq2-noshared-hd32": (
+        "deepseek", {"rope_scaling": {"type": "linear", "factor": 2.0}, "attention_bias": True,
+                     "moe_layer_freq": 2, "first_k_dense_replace": 0, "n_shared_experts": None,
+                     "num_attention_heads": 2, "num_key_value_heads": 2}, {}),
+    # No routed experts (every layer dense); a non-linear rope_scaling type, ignored.
+    "deepseek-f32-dense-dynamic": (
+        "deepseek", {"n_routed_experts": None, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, {}),
+    "deepseek-q4": ("deepseek", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "deepseek-bf16-q4": ("deepseek", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "deepseek-small-f32": ("deepseek", dict(SMALL, moe_intermediate_size=16), {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1346,7 +1370,7 @@ def to_hf_names(config, weights, opts, rng):
                 [weights[k.replace("gate_proj", "up_proj")], v], axis=0)
         elif mt == "bailing_moe" and k.endswith(".mlp.gate.gate_proj.weight"):
             out[k.replace(".gate.gate_proj.", ".gate.")] = v
-        elif mt == "deepseek_v2" and ".mlp.switch_mlp." in k:
+        elif mt in ("deepseek_v2", "deepseek") and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):

@@ -141,6 +141,7 @@ architectures! {
     glm_moe_dsa,
     solar_open,
     mistral4,
+    deepseek,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
