@@ -147,6 +147,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-apertus", "apertus-q4", None),
     ("mistral4", "mistral4-f32", None),
     ("fp8-mistral4", "mistral4-fp8", None),
+    ("deepseek", "deepseek-f32", None),
+    ("q-deepseek", "deepseek-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -434,6 +436,12 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     for flags in ["", "-q"] {
         add("fp8-mistral4", flags);
     }
+    // DeepSeek-MoE v1: per-expert weights stacked, the router's plain weight never
+    // quantized; a quantized source.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("deepseek", flags);
+    }
+    add("q-deepseek", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -546,6 +546,9 @@ model_tests! {
     // Llama 4's query scale at each row's offset.
     batched_decode_equals_alone_mistral4, prefilled_together_equals_alone_mistral4
         => "mistral4-small-f32", true;
+    // DeepSeek-MoE v1: softmax experts beside shared ones.
+    batched_decode_equals_alone_deepseek, prefilled_together_equals_alone_deepseek
+        => "deepseek-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

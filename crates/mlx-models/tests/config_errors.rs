@@ -100,6 +100,38 @@ fn mistral3_reads_its_text_config() {
     assert_eq!(m.model_type(), "mistral3");
 }
 
+#[test]
+fn deepseek_checks_rope_scaling_and_its_routed_layers() {
+    let c = with(
+        base("deepseek"),
+        json!({"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}),
+    );
+    assert!(build_model(&c).is_ok());
+    let linear = json!({"rope_scaling": {"type": "linear", "factor": 2.0}});
+    assert!(build_model(&with(c.clone(), linear)).is_ok());
+    // mlx-lm reads `rope_scaling["type"]` and asserts a float factor.
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    ));
+    assert!(e.contains("rope_scaling.type"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_scaling": {"type": "linear", "factor": 2}}),
+    ));
+    assert!(e.contains("rope_scaling.factor"), "{e}");
+    let mut no_top_k = c.clone();
+    no_top_k
+        .as_object_mut()
+        .unwrap()
+        .remove("num_experts_per_tok");
+    assert!(err(&no_top_k).contains("num_experts_per_tok"));
+    let e = err(&with(c.clone(), json!({"moe_layer_freq": 0})));
+    assert!(e.contains("moe_layer_freq"), "{e}");
+    let e = err(&with(c, json!({"num_attention_heads": 5})));
+    assert!(e.contains("divisible"), "{e}");
+}
+
 fn mistral4() -> Value {
     let rope = json!({"rope_type": "default", "llama_4_scaling_beta": 0.1,
                       "original_max_position_embeddings": 64});

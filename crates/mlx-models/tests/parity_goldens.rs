@@ -134,6 +134,7 @@ golden_tests! {
     solar_open_glm4_moe_defaults_logits_match_mlx_lm => "solar_open-small-f32",
     apertus_xielu_qk_norm_logits_match_mlx_lm => "apertus-small-f32",
     mistral4_latent_attention_llama4_scale_logits_match_mlx_lm => "mistral4-small-f32",
+    deepseek_moe_v1_logits_match_mlx_lm => "deepseek-small-f32",
 }
 
 #[test]

@@ -90,6 +90,7 @@ pub const TINY: &[&str] = &[
     "solar_open-f32-mtp",
     "apertus-f32",
     "mistral4-f32",
+    "deepseek-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",
