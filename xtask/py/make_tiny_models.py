@@ -1284,6 +1284,28 @@ GOLDENS.update({
     "deepseek-small-f32": ("deepseek", dict(SMALL, moe_intermediate_size=16), {}),
 })
 
+# DBRX: fused Wqkv clipped to clip_qkv (1.0 clips the tiny model's projections), bias-free
+# layer norms, softmax top-k over separate gated experts (L1-renormalized scores), run
+# token by token as mlx-lm does; HF's experts fused per layer as `experts.mlp.{w1, v1,
+# w2}` ([E * ffn, d_model], w2's parts transposed).
+DBRX_ATTN = {"kv_n_heads": 2, "clip_qkv": 1.0, "rope_theta": 10000.0}
+DBRX_FFN = {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2}
+ARCHS["dbrx"] = {"model_type": "dbrx", "d_model": 64, "n_layers": 2, "n_heads": 4,
+                 "attn_config": DBRX_ATTN, "ffn_config": DBRX_FFN}
+VARIANTS.update({
+    "dbrx-f32": ("dbrx", {}, {}),
+    # Head dim 32 (the quantized KV-cache decode too), no GQA, one expert per token, an
+    # integer clip that never binds, another theta.
+    "dbrx-f32-mha-top1-hd32": (
+        "dbrx", {"n_heads": 2, "attn_config": {"kv_n_heads": 2, "clip_qkv": 8, "rope_theta": 500000.0},
+                 "ffn_config": dict(DBRX_FFN, moe_top_k=1)}, {}),
+    "dbrx-q4": ("dbrx", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "dbrx-bf16-q4": ("dbrx", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "dbrx-small-f32": ("dbrx", {"d_model": 32, "ffn_config": dict(DBRX_FFN, ffn_hidden_size=32)}, {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1714,6 +1736,16 @@ def write_dense(out, name, arch, overrides, opts):
             weights[k] = np.array(mx.to_fp8(w / scale))
             weights[k + "_scale_inv"] = np.full(((m + 127) // 128, (n + 127) // 128), float(scale),
                                                 np.float32)
+    if config["model_type"] == "dbrx":
+        # HF's fused experts: `experts.mlp.{w1, v1, w2}` of [E * ffn, d_model] (w2 transposed).
+        fused = {}
+        for k in [k for k in weights if ".ffn.experts." in k]:
+            prefix, rest = k.split(".ffn.experts.")
+            e, proj, _ = rest.split(".")
+            v = weights.pop(k)
+            fused.setdefault(f"{prefix}.ffn.experts.mlp.{proj}", {})[int(e)] = v.T if proj == "w2" else v
+        for fused_name, parts in fused.items():
+            weights[fused_name] = np.ascontiguousarray(np.concatenate([parts[e] for e in sorted(parts)], axis=0))
     if opts.get("fp8_mistral4"):
         # Mistral 4's FP8 layouts: a rank-0 `weight_scale_inv` per linear weight, one per
         # expert ([E, 1, 1]) for the fused experts, 128x128 blocks for kv_b_proj, and

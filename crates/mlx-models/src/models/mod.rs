@@ -142,6 +142,7 @@ architectures! {
     solar_open,
     mistral4,
     deepseek,
+    dbrx,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
