@@ -149,6 +149,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("fp8-mistral4", "mistral4-fp8", None),
     ("deepseek", "deepseek-f32", None),
     ("q-deepseek", "deepseek-q4", None),
+    ("dbrx", "dbrx-f32", None),
+    ("q-dbrx", "dbrx-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -442,6 +444,12 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("deepseek", flags);
     }
     add("q-deepseek", "-d");
+    // DBRX: HF's fused experts split into separate MLPs, each quantized (the router
+    // too); a quantized source.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("dbrx", flags);
+    }
+    add("q-dbrx", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -549,6 +549,9 @@ model_tests! {
     // DeepSeek-MoE v1: softmax experts beside shared ones.
     batched_decode_equals_alone_deepseek, prefilled_together_equals_alone_deepseek
         => "deepseek-small-f32", true;
+    // DBRX: the clipped fused Wqkv, experts run token by token.
+    batched_decode_equals_alone_dbrx, prefilled_together_equals_alone_dbrx
+        => "dbrx-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

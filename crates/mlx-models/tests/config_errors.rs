@@ -132,6 +132,36 @@ fn deepseek_checks_rope_scaling_and_its_routed_layers() {
     assert!(e.contains("divisible"), "{e}");
 }
 
+#[test]
+fn dbrx_requires_its_nested_configs() {
+    let c = json!({
+        "model_type": "dbrx", "vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 4,
+        "attn_config": {"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 10000.0},
+        "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
+    });
+    assert!(build_model(&c).is_ok());
+    // Read by mlx-lm without a default (`clip_qkv: null` fails in its forward).
+    for (section, key) in [
+        ("attn_config", "kv_n_heads"),
+        ("attn_config", "clip_qkv"),
+        ("attn_config", "rope_theta"),
+        ("ffn_config", "moe_top_k"),
+    ] {
+        let mut missing = c.clone();
+        missing[section].as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{e}");
+    }
+    let mut null_clip = c.clone();
+    null_clip["attn_config"]["clip_qkv"] = Value::Null;
+    assert!(err(&null_clip).contains("clip_qkv"));
+    let mut top_k = c.clone();
+    top_k["ffn_config"]["moe_top_k"] = json!(5);
+    assert!(err(&top_k).contains("moe_top_k"));
+    let e = err(&with(c, json!({"n_heads": 5})));
+    assert!(e.contains("divisible"), "{e}");
+}
+
 fn mistral4() -> Value {
     let rope = json!({"rope_type": "default", "llama_4_scaling_beta": 0.1,
                       "original_max_position_embeddings": 64});
