@@ -90,7 +90,7 @@ ARCH_CASES = [
         "qwen3_vl-small-f32", "qwen3_vl_moe-small-f32", "seed_oss-small-f32",
         "smollm3-small-f32", "stablelm-small-f32-qknorm", "starcoder2-small-f32",
         "bailing_moe-small-f32", "glm_moe_dsa-small-f32", "solar_open-small-f32",
-        "apertus-small-f32",
+        "apertus-small-f32", "mistral4-small-f32", "deepseek-small-f32", "dbrx-small-f32",
     ])
 ]
 LENGTHS = [5, 1, 12, 7, 3]
