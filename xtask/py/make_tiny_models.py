@@ -1302,6 +1302,88 @@ VARIANTS.update({
 })
 GOLDENS.update({
     "nanochat-small-f32": ("nanochat", dict(SMALL), {}),
+# Mistral 4: DeepSeek-V3's latent attention rotated from `rope_parameters` (YaRN with
+# mscale_all_dim, so the attention scale too; interleaved unless rope_interleave is
+# false), Llama 4's query scale (original_max_position_embeddings 8, so prompts of 13
+# and 40 tokens cross it), a linear softmax router with group limiting and
+# renormalization, shared experts, the first layer dense. HF's experts fused
+# (gate_up_proj [E, 2I, D], down_proj [E, D, I]) unless `per_expert`.
+MISTRAL4_ROPE = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
+                 "llama_4_scaling_beta": 0.1, "rope_theta": 10000.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                 "beta_fast": 32.0, "beta_slow": 1.0}
+ARCHS["mistral4"] = dict(DEEPSEEK_V3, model_type="mistral4", rope_parameters=MISTRAL4_ROPE, tie_word_embeddings=False)
+del ARCHS["mistral4"]["topk_method"], ARCHS["mistral4"]["rope_theta"]
+VARIANTS.update({
+    "mistral4-f32": ("mistral4", {}, {}),
+    # Tied; no q LoRA; the default rotation (its mscale_all_dim not applied, theta
+    # 100000 when rope_parameters has none; the top-level rope_theta / rope_scaling
+    # ignored), not interleaved; attention biases; no groups, no renormalization, no
+    # shared experts, every layer routed; per-expert HF weights.
+    "mistral4-f32-tied-noqlora-default-nointerleave": (
+        "mistral4", {"tie_word_embeddings": True, "q_lora_rank": None, "rope_interleave": False,
+                     "rope_parameters": {"rope_type": "default", "factor": 4.0, "mscale_all_dim": 1.0,
+                                         "llama_4_scaling_beta": 0.2, "original_max_position_embeddings": 16},
+                     "rope_theta": 5.0, "rope_scaling": DS_YARN, "attention_bias": True, "n_group": 1,
+                     "topk_group": 1, "norm_topk_prob": False, "n_shared_experts": None,
+                     "first_k_dense_replace": 0}, {"per_expert": True}),
+    "mistral4-q4": ("mistral4", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "mistral4-bf16-q4-kvb": ("mistral4", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32},
+                                              "kv_b_quantized": True}),
+    # FP8: per-tensor scales, per-expert ones for the fused experts, 128x128 blocks for
+    # kv_b_proj, activation scales (dropped).
+    "mistral4-fp8": ("mistral4", {}, {"fp8_mistral4": True}),
+    # Mistral 3's config around a dense Mistral 4 text model (no routed experts).
+    "mistral3-f32-mistral4": ("mistral4", {"n_routed_experts": None, "n_shared_experts": None},
+                              {"wrap_mistral3": "new"}),
+})
+GOLDENS.update({
+    "mistral4-small-f32": ("mistral4", dict(MLA_SMALL), {}),
+})
+
+# DeepSeek-MoE v1 (deepseek): Llama-shaped attention (biased by attention_bias, linear
+# RoPE scaling only for `type: linear`), softmax top-k experts without normalization or
+# scaling plus shared experts, from first_k_dense_replace on every moe_layer_freq-th
+# layer; HF's per-expert weights.
+ARCHS["deepseek"] = {"model_type": "deepseek", "n_routed_experts": 8, "n_shared_experts": 1,
+                     "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1,
+                     "num_hidden_layers": 3, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}
+VARIANTS.update({
+    "deepseek-f32": ("deepseek", {}, {}),
+    # Head dim 32 (the quantized KV-cache decode too), no GQA.
+    "deepseek-f32-linear-bias-freq2-noshared-hd32": (
+        "deepseek", {"rope_scaling": {"type": "linear", "factor": 2.0}, "attention_bias": True,
+                     "moe_layer_freq": 2, "first_k_dense_replace": 0, "n_shared_experts": None,
+                     "num_attention_heads": 2, "num_key_value_heads": 2}, {}),
+    # No routed experts (every layer dense); a non-linear rope_scaling type, ignored.
+    "deepseek-f32-dense-dynamic": (
+        "deepseek", {"n_routed_experts": None, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, {}),
+    "deepseek-q4": ("deepseek", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "deepseek-bf16-q4": ("deepseek", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "deepseek-small-f32": ("deepseek", dict(SMALL, moe_intermediate_size=16), {}),
+})
+
+# DBRX: fused Wqkv clipped to clip_qkv (1.0 clips the tiny model's projections), bias-free
+# layer norms, softmax top-k over separate gated experts (L1-renormalized scores), run
+# token by token as mlx-lm does; HF's experts fused per layer as `experts.mlp.{w1, v1,
+# w2}` ([E * ffn, d_model], w2's parts transposed).
+DBRX_ATTN = {"kv_n_heads": 2, "clip_qkv": 1.0, "rope_theta": 10000.0}
+DBRX_FFN = {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2}
+ARCHS["dbrx"] = {"model_type": "dbrx", "d_model": 64, "n_layers": 2, "n_heads": 4,
+                 "attn_config": DBRX_ATTN, "ffn_config": DBRX_FFN}
+VARIANTS.update({
+    "dbrx-f32": ("dbrx", {}, {}),
+    # Head dim 32 (the quantized KV-cache decode too), no GQA, one expert per token, an
+    # integer clip that never binds, another theta.
+    "dbrx-f32-mha-top1-hd32": (
+        "dbrx", {"n_heads": 2, "attn_config": {"kv_n_heads": 2, "clip_qkv": 8, "rope_theta": 500000.0},
+                 "ffn_config": dict(DBRX_FFN, moe_top_k=1)}, {}),
+    "dbrx-q4": ("dbrx", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "dbrx-bf16-q4": ("dbrx", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "dbrx-small-f32": ("dbrx", {"d_model": 32, "ffn_config": dict(DBRX_FFN, ffn_hidden_size=32)}, {}),
 })
 
 def seed_of(name):
@@ -1394,12 +1476,20 @@ def to_hf_names(config, weights, opts, rng):
                 [weights[k.replace("gate_proj", "up_proj")], v], axis=0)
         elif mt == "bailing_moe" and k.endswith(".mlp.gate.gate_proj.weight"):
             out[k.replace(".gate.gate_proj.", ".gate.")] = v
-        elif mt == "deepseek_v2" and ".mlp.switch_mlp." in k:
+        elif mt in ("deepseek_v2", "deepseek") and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
             for e in range(v.shape[0]):
                 out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
-        elif mt in ("deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"):
+        elif mt == "mistral4" and ".mlp.switch_mlp." in k and not opts.get("per_expert"):
+            prefix = k.split(".mlp.switch_mlp.")[0]
+            proj = k.split(".")[-2]
+            if proj == "down_proj":
+                out[f"{prefix}.mlp.experts.down_proj"] = v
+            elif proj == "gate_proj":
+                up = weights[k.replace("gate_proj", "up_proj")]
+                out[f"{prefix}.mlp.experts.gate_up_proj"] = np.concatenate([v, up], axis=1)
+        elif mt in ("deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "mistral4"):
             # HF layout: per-expert weights, and `kv_b_proj` instead of MLA's per-head
             # `embed_q` / `unembed_out` (mlx-lm's sanitize splits it).
             if ".mlp.switch_mlp." in k:
@@ -1566,7 +1656,7 @@ def to_hf_names(config, weights, opts, rng):
         out["model.visual.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)
     if opts.get("hf_mxfp4"):
         out = gpt_oss_hf_experts(out)
-    if mt == "deepseek_v3":
+    if mt in ("deepseek_v3", "mistral4"):
         for i in range(config["num_hidden_layers"]):  # sanitize drops them
             out[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = rng.standard_normal(
                 (config["qk_rope_head_dim"] // 2,)).astype(np.float32)
@@ -1737,6 +1827,38 @@ def write_dense(out, name, arch, overrides, opts):
             weights[k] = np.array(mx.to_fp8(w / scale))
             weights[k + "_scale_inv"] = np.full(((m + 127) // 128, (n + 127) // 128), float(scale),
                                                 np.float32)
+    if config["model_type"] == "dbrx":
+        # HF's fused experts: `experts.mlp.{w1, v1, w2}` of [E * ffn, d_model] (w2 transposed).
+        fused = {}
+        for k in [k for k in weights if ".ffn.experts." in k]:
+            prefix, rest = k.split(".ffn.experts.")
+            e, proj, _ = rest.split(".")
+            v = weights.pop(k)
+            fused.setdefault(f"{prefix}.ffn.experts.mlp.{proj}", {})[int(e)] = v.T if proj == "w2" else v
+        for fused_name, parts in fused.items():
+            weights[fused_name] = np.ascontiguousarray(np.concatenate([parts[e] for e in sorted(parts)], axis=0))
+    if opts.get("fp8_mistral4"):
+        # Mistral 4's FP8 layouts: a rank-0 `weight_scale_inv` per linear weight, one per
+        # expert ([E, 1, 1]) for the fused experts, 128x128 blocks for kv_b_proj, and
+        # static `activation_scale`s that sanitize drops.
+        for k in [k for k, v in weights.items() if k.endswith(("proj.weight", "experts.gate_up_proj",
+                                                                  "experts.down_proj"))]:
+            w = mx.array(weights[k])
+            if w.ndim == 3:
+                scale = mx.abs(w).max(axis=(1, 2), keepdims=True) / 448.0
+                weights[k] = np.array(mx.to_fp8(w / scale))
+                weights[k + "_scale_inv"] = np.array(scale)
+            elif k.endswith("kv_b_proj.weight"):
+                m, n = w.shape
+                scale = mx.abs(w).max() / 448.0
+                weights[k] = np.array(mx.to_fp8(w / scale))
+                weights[k.replace(".weight", ".weight_scale_inv")] = np.full(
+                    ((m + 127) // 128, (n + 127) // 128), float(scale), np.float32)
+            else:
+                scale = mx.abs(w).max() / 448.0
+                weights[k] = np.array(mx.to_fp8(w / scale))
+                weights[k.replace(".weight", ".weight_scale_inv")] = np.array(scale)
+                weights[k.replace(".weight", ".activation_scale")] = np.array(1.0, np.float32)
     if opts.get("wrap_kimi"):
         # A Kimi K2.5 checkpoint: the DeepSeek-V3 text model under `language_model`,
         # vision weights (dropped by sanitize) beside it.

@@ -155,6 +155,12 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-openelm", "openelm-q4", None),
     ("nanochat", "nanochat-f32", None),
     ("q-nanochat", "nanochat-q4", None),
+    ("mistral4", "mistral4-f32", None),
+    ("fp8-mistral4", "mistral4-fp8", None),
+    ("deepseek", "deepseek-f32", None),
+    ("q-deepseek", "deepseek-q4", None),
+    ("dbrx", "dbrx-f32", None),
+    ("q-dbrx", "dbrx-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -457,6 +463,28 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("nanochat", flags);
     }
     add("q-nanochat", "-d");
+    // Mistral 4: fused experts split, kv_b_proj split into MultiLinear (quantized
+    // with the rest, the router too); an FP8 source
+    // (dequantized by sanitize). Not `-d` of a quantized one: mlx-lm's dequantize_model
+    // skips `QuantizedMultiLinear` (see q-deepseek_v3-kvb).
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("mistral4", flags);
+    }
+    for flags in ["", "-q"] {
+        add("fp8-mistral4", flags);
+    }
+    // DeepSeek-MoE v1: per-expert weights stacked, the router's plain weight never
+    // quantized; a quantized source.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("deepseek", flags);
+    }
+    add("q-deepseek", "-d");
+    // DBRX: HF's fused experts split into separate MLPs, each quantized (the router
+    // too); a quantized source.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("dbrx", flags);
+    }
+    add("q-dbrx", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

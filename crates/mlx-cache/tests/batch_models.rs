@@ -557,6 +557,16 @@ model_tests! {
     // nanochat: weightless norms, q/k normed after RoPE, soft-capped logits.
     batched_decode_equals_alone_nanochat, prefilled_together_equals_alone_nanochat
         => "nanochat-small-f32", true;
+    // Mistral 4: latent attention decoding, prompts through the concatenated halves,
+    // Llama 4's query scale at each row's offset.
+    batched_decode_equals_alone_mistral4, prefilled_together_equals_alone_mistral4
+        => "mistral4-small-f32", true;
+    // DeepSeek-MoE v1: softmax experts beside shared ones.
+    batched_decode_equals_alone_deepseek, prefilled_together_equals_alone_deepseek
+        => "deepseek-small-f32", true;
+    // DBRX: the clipped fused Wqkv, experts run token by token.
+    batched_decode_equals_alone_dbrx, prefilled_together_equals_alone_dbrx
+        => "dbrx-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

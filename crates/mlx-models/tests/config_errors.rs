@@ -82,15 +82,124 @@ fn ministral3_needs_its_rope_parameters() {
 }
 
 #[test]
-fn mistral3_reads_its_text_config_and_refuses_unknown_text_models() {
+fn mistral3_reads_its_text_config() {
     let text = with(base("mistral"), json!({}));
     let c = json!({"model_type": "mistral3", "text_config": text});
     let m = build_model(&c).expect("a mistral text model");
     assert_eq!(m.model_type(), "mistral3");
+    // A Mistral 4 text model needs Mistral 4's keys.
     let e = err(
         &json!({"model_type": "mistral3", "text_config": with(text, json!({"model_type": "mistral4"}))}),
     );
-    assert!(e.contains("mistral4"), "{e}");
+    assert!(
+        e.contains("mistral4") && e.contains("moe_intermediate_size"),
+        "{e}"
+    );
+    let m = build_model(&json!({"model_type": "mistral3", "text_config": mistral4()}))
+        .expect("a mistral4 text model");
+    assert_eq!(m.model_type(), "mistral3");
+}
+
+#[test]
+fn deepseek_checks_rope_scaling_and_its_routed_layers() {
+    let c = with(
+        base("deepseek"),
+        json!({"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}),
+    );
+    assert!(build_model(&c).is_ok());
+    let linear = json!({"rope_scaling": {"type": "linear", "factor": 2.0}});
+    assert!(build_model(&with(c.clone(), linear)).is_ok());
+    // mlx-lm reads `rope_scaling["type"]` and asserts a float factor.
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    ));
+    assert!(e.contains("rope_scaling.type"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_scaling": {"type": "linear", "factor": 2}}),
+    ));
+    assert!(e.contains("rope_scaling.factor"), "{e}");
+    let mut no_top_k = c.clone();
+    no_top_k
+        .as_object_mut()
+        .unwrap()
+        .remove("num_experts_per_tok");
+    assert!(err(&no_top_k).contains("num_experts_per_tok"));
+    let e = err(&with(c.clone(), json!({"moe_layer_freq": 0})));
+    assert!(e.contains("moe_layer_freq"), "{e}");
+    let e = err(&with(c, json!({"num_attention_heads": 5})));
+    assert!(e.contains("divisible"), "{e}");
+}
+
+#[test]
+fn dbrx_requires_its_nested_configs() {
+    let c = json!({
+        "model_type": "dbrx", "vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 4,
+        "attn_config": {"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 10000.0},
+        "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
+    });
+    assert!(build_model(&c).is_ok());
+    // Read by mlx-lm without a default (`clip_qkv: null` fails in its forward).
+    for (section, key) in [
+        ("attn_config", "kv_n_heads"),
+        ("attn_config", "clip_qkv"),
+        ("attn_config", "rope_theta"),
+        ("ffn_config", "moe_top_k"),
+    ] {
+        let mut missing = c.clone();
+        missing[section].as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{e}");
+    }
+    let mut null_clip = c.clone();
+    null_clip["attn_config"]["clip_qkv"] = Value::Null;
+    assert!(err(&null_clip).contains("clip_qkv"));
+    let mut top_k = c.clone();
+    top_k["ffn_config"]["moe_top_k"] = json!(5);
+    assert!(err(&top_k).contains("moe_top_k"));
+    let e = err(&with(c, json!({"n_heads": 5})));
+    assert!(e.contains("divisible"), "{e}");
+}
+
+fn mistral4() -> Value {
+    let rope = json!({"rope_type": "default", "llama_4_scaling_beta": 0.1,
+                      "original_max_position_embeddings": 64});
+    with(
+        base("mistral4"),
+        json!({"moe_intermediate_size": 16, "n_shared_experts": 1, "n_routed_experts": 4,
+               "routed_scaling_factor": 1.0, "kv_lora_rank": 16, "q_lora_rank": null,
+               "norm_topk_prob": true, "topk_group": 1, "num_experts_per_tok": 2,
+               "first_k_dense_replace": 1, "n_group": 1, "qk_rope_head_dim": 8,
+               "qk_nope_head_dim": 8, "v_head_dim": 8, "rope_parameters": rope}),
+    )
+}
+
+#[test]
+fn mistral4_requires_its_keys_and_rope_parameters() {
+    let c = mistral4();
+    assert!(build_model(&c).is_ok());
+    // Required by mlx-lm's dataclass (the nullable ones too).
+    for key in [
+        "n_group",
+        "q_lora_rank",
+        "n_routed_experts",
+        "norm_topk_prob",
+        "num_key_value_heads",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+    // mlx-lm's forward reads the Llama 4 scale from rope_parameters.
+    let mut missing = c.clone();
+    missing.as_object_mut().unwrap().remove("rope_parameters");
+    assert!(err(&missing).contains("rope_parameters"));
+    let mut rope = c["rope_parameters"].clone();
+    rope.as_object_mut()
+        .map(|m| m.remove("llama_4_scaling_beta"));
+    let e = err(&with(c, json!({"rope_parameters": rope})));
+    assert!(e.contains("rope_parameters.llama_4_scaling_beta"), "{e}");
 }
 
 #[test]

@@ -138,6 +138,9 @@ golden_tests! {
     glm_traditional_rope_gate_up_logits_match_mlx_lm => "glm-small-f32",
     openelm_per_layer_heads_and_widths_logits_match_mlx_lm => "openelm-small-f32",
     nanochat_weightless_norms_negated_rope_softcap_logits_match_mlx_lm => "nanochat-small-f32",
+    mistral4_latent_attention_llama4_scale_logits_match_mlx_lm => "mistral4-small-f32",
+    deepseek_moe_v1_logits_match_mlx_lm => "deepseek-small-f32",
+    dbrx_clipped_qkv_token_by_token_experts_logits_match_mlx_lm => "dbrx-small-f32",
 }
 
 #[test]

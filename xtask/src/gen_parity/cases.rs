@@ -94,6 +94,9 @@ pub const TINY: &[&str] = &[
     "glm-f32",
     "openelm-f32",
     "nanochat-f32",
+    "mistral4-f32",
+    "deepseek-f32",
+    "dbrx-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

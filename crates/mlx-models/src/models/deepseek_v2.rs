@@ -287,7 +287,8 @@ pub struct MoeGate {
     weight: Param,
     top_k: i32,
     group_limited: Option<(i32, i32)>,
-    routed_scaling_factor: f64,
+    /// `None` where the file does not scale the scores (deepseek.py).
+    routed_scaling_factor: Option<f64>,
 }
 impl_module!(MoeGate { weight });
 
@@ -310,9 +311,10 @@ impl MoeGate {
                 .reshape(&[b, l, -1])?;
         }
         let inds = top_k_indices_of_negated(&scores, self.top_k)?;
-        let scores = scores
-            .take_along_axis(&inds, -1)?
-            .multiply(self.routed_scaling_factor)?;
+        let mut scores = scores.take_along_axis(&inds, -1)?;
+        if let Some(s) = self.routed_scaling_factor {
+            scores = scores.multiply(s)?;
+        }
         Ok((inds, scores))
     }
 }
@@ -465,20 +467,43 @@ fn moe(args: &ModelArgs, n_experts: i32) -> crate::Result<Moe> {
     } else {
         None
     };
-    let shared = args
-        .n_shared_experts
-        .map(|n| Mlp::new(dim, args.moe_intermediate_size * n, false).map(Mlp::up_before_down))
-        .transpose()?;
-    Ok(Moe {
-        switch_mlp: SwitchGlu::new(dim, args.moe_intermediate_size, n_experts, false)?,
-        gate: MoeGate {
-            weight: Param::new(ops::zeros(&[n_experts, dim], Dtype::Float32)?),
-            top_k,
-            group_limited,
-            routed_scaling_factor: args.routed_scaling_factor,
-        },
-        shared_experts: shared,
-    })
+    Moe::new(
+        (dim, args.moe_intermediate_size),
+        n_experts,
+        args.n_shared_experts,
+        top_k,
+        group_limited,
+        Some(args.routed_scaling_factor),
+    )
+}
+
+impl Moe {
+    /// `n_experts` SwitchGLU experts of `moe_dim` hidden units (`dims` is `(dim,
+    /// moe_dim)`) routed by softmax top-`top_k` scores (group-limited when
+    /// `group_limited` is `(n_group, topk_group)`, scaled by `routed_scaling_factor` where
+    /// given), plus shared experts of `moe_dim * n_shared` (gate, up, down) where given.
+    pub(crate) fn new(
+        (dim, moe_dim): (i32, i32),
+        n_experts: i32,
+        n_shared: Option<i32>,
+        top_k: i32,
+        group_limited: Option<(i32, i32)>,
+        routed_scaling_factor: Option<f64>,
+    ) -> crate::Result<Moe> {
+        let shared = n_shared
+            .map(|n| Mlp::new(dim, moe_dim * n, false).map(Mlp::up_before_down))
+            .transpose()?;
+        Ok(Moe {
+            switch_mlp: SwitchGlu::new(dim, moe_dim, n_experts, false)?,
+            gate: MoeGate {
+                weight: Param::new(ops::zeros(&[n_experts, dim], Dtype::Float32)?),
+                top_k,
+                group_limited,
+                routed_scaling_factor,
+            },
+            shared_experts: shared,
+        })
+    }
 }
 
 /// Registry entry.

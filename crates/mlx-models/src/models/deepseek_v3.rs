@@ -129,6 +129,9 @@ pub struct MlaAttention {
     qk_nope_head_dim: i32,
     kv_lora_rank: i32,
     scale: f64,
+    /// Prompts (`L > 1`) attend to the expanded keys and values with the rope half
+    /// concatenated and the ordinary mask (mistral4), not through the latent scores.
+    concat_prefill: bool,
 }
 impl_module!(MlaAttention {
     q_proj,
@@ -144,7 +147,7 @@ impl_module!(MlaAttention {
 });
 
 impl MlaAttention {
-    fn new(
+    pub(crate) fn new(
         args: &ModelArgs,
         flavor: Flavor,
         indexer: Option<&IndexerArgs>,
@@ -213,16 +216,29 @@ impl MlaAttention {
             qk_nope_head_dim: args.qk_nope_head_dim,
             kv_lora_rank: args.kv_lora_rank,
             scale,
+            concat_prefill: false,
         })
     }
 
-    /// `x + o_proj(attention(x))`.
-    fn forward(
+    /// mistral4's attention: its own rotation and softmax scale (from its
+    /// `rope_parameters`), and prompts attending to the expanded keys and values with the
+    /// rope half concatenated under the ordinary mask.
+    pub(crate) fn mistral4(mut self, rope: Rope, scale: f64) -> MlaAttention {
+        self.rope = rope;
+        self.scale = scale;
+        self.concat_prefill = true;
+        self
+    }
+
+    /// `x + o_proj(attention(x))`; both query halves multiplied by `q_scale` after the
+    /// rotation where given (mistral4's Llama 4 scale).
+    pub(crate) fn forward(
         &self,
         x: &Array,
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
         residual: &Array,
+        q_scale: Option<&Array>,
     ) -> Result<Array> {
         let (b, l) = batch_len(x)?;
         let (q, qr) = match (&self.q_proj, &self.q_a_proj, &self.q_a_layernorm, &self.q_b_proj) {
@@ -283,6 +299,23 @@ impl MlaAttention {
                 self.rope.forward(&k_pe, 0)?,
             ),
         };
+        let (q_nope, q_pe) = match q_scale {
+            Some(s) => (q_nope.multiply(s)?, q_pe.multiply(s)?),
+            None => (q_nope, q_pe),
+        };
+        if self.concat_prefill && l > 1 {
+            let heads = self.num_heads;
+            let k_nope = self.embed_q.forward(&kv_latent, false)?;
+            let v = self.unembed_out.forward(&kv_latent, true)?;
+            let k_pe = k_pe.broadcast_to(&[b, heads, k_pe.dim(2)?, k_pe.dim(-1)?])?;
+            let fetch = KvFetch::Plain {
+                keys: ops::concatenate(&[&k_nope, &k_pe], -1)?,
+                values: v,
+            };
+            let q = ops::concatenate(&[&q_nope, &q_pe], -1)?;
+            let out = mlx_nn::scaled_dot_product_attention(&q, &fetch, self.scale, mask, None)?;
+            return residual.add(&self.o_proj.forward(&merge_heads(&out, b, l)?)?);
+        }
 
         let mut index_state = Vec::new();
         let (kv_latent, k_pe, mask) = match (&self.indexer, &qr) {
@@ -354,7 +387,7 @@ impl MlaAttention {
 }
 
 /// The two parts of a split.
-fn two(parts: Vec<Array>) -> Result<[Array; 2]> {
+pub(crate) fn two(parts: Vec<Array>) -> Result<[Array; 2]> {
     <[Array; 2]>::try_from(parts)
         .map_err(|_| mlx_array::Error::InvalidArgument("expected a split in two".into()))
 }
@@ -540,7 +573,7 @@ impl Stack {
         {
             h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |layer, h, mask, cache| {
                 let x = layer.input_layernorm.forward(h)?;
-                let h2 = layer.self_attn.forward(&x, mask, cache, h)?;
+                let h2 = layer.self_attn.forward(&x, mask, cache, h, None)?;
                 layer
                     .mlp
                     .forward(&layer.post_attention_layernorm.forward(&h2)?, Some(&h2))
@@ -737,7 +770,7 @@ fn is_mtp_layer(key: &str, n_layers: i32) -> bool {
         && parts[2].parse::<i64>().is_ok_and(|i| i >= n_layers as i64)
 }
 
-fn weight_error(message: String) -> crate::Error {
+pub(crate) fn weight_error(message: String) -> crate::Error {
     crate::Error::Weights {
         path: "model weights".into(),
         message,
@@ -746,7 +779,7 @@ fn weight_error(message: String) -> crate::Error {
 
 /// Compressed-tensors int4 (`weight_packed`, `weight_scale`, `weight_shape`) to MLX's
 /// affine layout: the packed words as uint32, `biases = -8 * scales`.
-fn remap_int4(weights: Weights) -> crate::Result<Weights> {
+pub(crate) fn remap_int4(weights: Weights) -> crate::Result<Weights> {
     let mut out = Weights::new();
     for (k, v) in &weights {
         if let Some(base) = k.strip_suffix("weight_shape") {
@@ -784,7 +817,7 @@ pub(crate) fn dequantize_fp8(weights: Weights) -> crate::Result<Weights> {
 }
 
 /// mlx-lm's `dequant(weight, scale_inv)` with block size 128.
-fn fp8_block_dequant(weight: &Array, scale_inv: &Array) -> Result<Array> {
+pub(crate) fn fp8_block_dequant(weight: &Array, scale_inv: &Array) -> Result<Array> {
     const BS: i32 = 128;
     let w = mlx_array::quant::from_fp8(weight, Dtype::Bfloat16)?;
     let (m, n) = (w.dim(0)?, w.dim(1)?);
@@ -799,7 +832,11 @@ fn fp8_block_dequant(weight: &Array, scale_inv: &Array) -> Result<Array> {
 /// `{prefix}.kv_b_proj` (dense or affine-quantized) split per head into
 /// `embed_q` (the key half, transposed) and `unembed_out` (the value half), each
 /// quantized again with the inferred bits and group size when it was.
-fn split_kv_b_proj(weights: &mut Weights, prefix: &str, a: &ModelArgs) -> crate::Result<()> {
+pub(crate) fn split_kv_b_proj(
+    weights: &mut Weights,
+    prefix: &str,
+    a: &ModelArgs,
+) -> crate::Result<()> {
     let Some(mut v) = weights.remove(&format!("{prefix}.kv_b_proj.weight")) else {
         return Ok(());
     };

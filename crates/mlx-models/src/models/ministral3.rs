@@ -86,7 +86,7 @@ fn attention(args: &ModelArgs) -> crate::Result<Attention> {
 
 /// Llama 4's query scale for `size` positions from `offset`: `[size, 1]` for one
 /// offset, `[B, 1, size, 1]` for one per row.
-fn llama4_attn_scale(size: i32, offset: &RopePosition, beta: f64, max_pos: f64) -> Result<Array> {
+pub(crate) fn llama4_attn_scale(size: i32, offset: &RopePosition, beta: f64, max_pos: f64) -> Result<Array> {
     let positions = ops::arange(0.0, size as f64, 1.0, Dtype::Int32)?;
     let positions = match offset {
         RopePosition::Scalar(o) => positions.add(*o)?,

@@ -1,7 +1,7 @@
 //! Mistral 3 (the multimodal config), text part only, following
-//! `mlx_lm/models/mistral3.py`: the text model lives under `language_model` (Ministral 3
-//! or Llama by `text_config.model_type`), vision weights are dropped.
-use super::{llama, ministral3, Architecture, Weights};
+//! `mlx_lm/models/mistral3.py`: the text model lives under `language_model` (Ministral 3,
+//! Mistral 4 or Llama by `text_config.model_type`), vision weights are dropped.
+use super::{llama, ministral3, mistral4, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Result};
@@ -41,12 +41,7 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
     let kind = text.get("model_type").and_then(Value::as_str).unwrap_or("");
     let text_model = match kind {
         "ministral3" => ministral3::build(&Value::Object(text))?,
-        "mistral4" => {
-            return Err(crate::Error::UnknownModelType {
-                model_type: "mistral4 (the text_config of mistral3)".into(),
-                supported: crate::supported_model_types(),
-            })
-        }
+        "mistral4" => mistral4::build(&Value::Object(text))?,
         _ => llama::build(&Value::Object(text))?,
     };
     Ok(Box::new(Model {

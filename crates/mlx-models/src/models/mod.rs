@@ -145,6 +145,9 @@ architectures! {
     glm,
     openelm,
     nanochat,
+    mistral4,
+    deepseek,
+    dbrx,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
