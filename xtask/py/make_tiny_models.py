@@ -1302,6 +1302,8 @@ VARIANTS.update({
 })
 GOLDENS.update({
     "nanochat-small-f32": ("nanochat", dict(SMALL), {}),
+})
+
 # Mistral 4: DeepSeek-V3's latent attention rotated from `rope_parameters` (YaRN with
 # mscale_all_dim, so the attention scale too; interleaved unless rope_interleave is
 # false), Llama 4's query scale (original_max_position_embeddings 8, so prompts of 13
