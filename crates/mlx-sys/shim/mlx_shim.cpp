@@ -344,6 +344,22 @@ mx::allocator::Data host_buffer(size_t nbytes) {
                              [cls](mx::allocator::Buffer b) { host_pool().give(b, cls); });
 }
 
+// `shape` as MLX's, checked to hold `nbytes` bytes of `dt` (`what`: the bytes' name).
+mx::Shape host_shape(const int32_t* shape, size_t ndim, mx::Dtype dt, size_t nbytes,
+                            const char* what) {
+  auto sh = SH(shape, ndim);
+  size_t n = 1;
+  for (auto d : sh) {
+    if (d < 0) throw std::invalid_argument("negative dimension in shape");
+    n *= static_cast<size_t>(d);
+  }
+  if (n * dt.size() != nbytes) {
+    throw std::invalid_argument(std::string(what) + " has " + std::to_string(nbytes) +
+                                " bytes but shape needs " + std::to_string(n * dt.size()));
+  }
+  return sh;
+}
+
 }  // namespace
 
 #define OUT1(expr) return guard([&] { *out = wrap(expr); })
@@ -407,16 +423,7 @@ int mlxs_array_from_data(mlxs_array* out, const void* data, size_t nbytes, const
                          size_t ndim, int32_t dtype) {
   return guard([&] {
     auto dt = to_dtype(dtype);
-    auto sh = SH(shape, ndim);
-    size_t n = 1;
-    for (auto d : sh) {
-      if (d < 0) throw std::invalid_argument("negative dimension in shape");
-      n *= static_cast<size_t>(d);
-    }
-    if (n * dt.size() != nbytes) {
-      throw std::invalid_argument("data has " + std::to_string(nbytes) + " bytes but shape needs " +
-                                  std::to_string(n * dt.size()));
-    }
+    auto sh = host_shape(shape, ndim, dt, nbytes, "data");
     auto buf = host_buffer(std::max<size_t>(nbytes, 1));
     if (nbytes > 0) std::memcpy(buf.buffer().raw_ptr(), data, nbytes);
     *out = wrap(mx::array(std::move(buf), std::move(sh), dt));
@@ -426,16 +433,7 @@ int mlxs_array_from_fill(mlxs_array* out, size_t nbytes, const int32_t* shape, s
                          int32_t dtype, void** data) {
   return guard([&] {
     auto dt = to_dtype(dtype);
-    auto sh = SH(shape, ndim);
-    size_t n = 1;
-    for (auto d : sh) {
-      if (d < 0) throw std::invalid_argument("negative dimension in shape");
-      n *= static_cast<size_t>(d);
-    }
-    if (n * dt.size() != nbytes) {
-      throw std::invalid_argument("buffer has " + std::to_string(nbytes) + " bytes but shape needs " +
-                                  std::to_string(n * dt.size()));
-    }
+    auto sh = host_shape(shape, ndim, dt, nbytes, "buffer");
     auto buf = host_buffer(std::max<size_t>(nbytes, 1));
     void* ptr = buf.buffer().raw_ptr();
     std::memset(ptr, 0, nbytes);

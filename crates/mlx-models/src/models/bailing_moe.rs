@@ -8,13 +8,13 @@
 //! shared experts. `sanitize` drops a tied `lm_head`, divides each column of the head
 //! by its norm where `norm_head` (at every load, as mlx-lm), stacks per-expert tensors
 //! and moves the router's `mlp.gate.*` to `mlp.gate.gate_proj.*`.
-use super::decoder::{add_residual, stack_mlp_experts, DenseOrMoe, FeedForward};
+use super::decoder::{stack_mlp_experts, DenseOrMoe, FeedForward, fuse_shared, routed_output};
 use super::deepseek_v3::cast_all_except;
 use super::head::{self, LogitScale};
 use super::lm::causal_layers;
 use super::mlp::Mlp;
 use super::{batch_len, merge_heads, project_out, rope_attend, split_heads};
-use super::{router_outputs, top_k_indices, weigh_experts, zero_weak_groups, Architecture, Weights};
+use super::{router_outputs, top_k_indices, zero_weak_groups, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::linalg::{norm, NormOrd};
@@ -286,18 +286,11 @@ impl_module!(Moe {
 
 impl FeedForward for Moe {
     fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
-        let (inds, scores) = self.gate.route(x)?;
-        let mut out = weigh_experts(&self.switch_mlp.forward(x, &inds)?, &scores)?;
-        if let Some(shared) = &self.shared_experts {
-            out = out.add(&shared.forward(x, None)?)?;
-        }
-        add_residual(out, residual)
+        let routed = self.gate.route(x)?;
+        routed_output(x, residual, routed, &self.switch_mlp, self.shared_experts.as_ref())
     }
     fn fuse(&mut self) -> crate::Result<()> {
-        match &mut self.shared_experts {
-            Some(m) => m.fuse(),
-            None => Ok(()),
-        }
+        fuse_shared(&mut self.shared_experts)
     }
 }
 

@@ -10,7 +10,7 @@ use super::{cache_at, layer_caches};
 use mlx_array::{Array, Result};
 use mlx_nn::cache::create_attention_mask;
 use mlx_nn::module::{join, QuantVisitor};
-use mlx_nn::{EmbeddingLayer, KvCache, Module, Param, RmsNorm};
+use mlx_nn::{EmbeddingLayer, KvCache, Module, Param, RmsNorm, SwitchGlu};
 
 /// A layer's feed-forward block.
 pub trait FeedForward: Module + std::fmt::Debug + Send {
@@ -88,6 +88,29 @@ pub(crate) fn add_residual(r: Array, residual: Option<&Array>) -> Result<Array> 
         Some(h) => h.add(&r),
         None => Ok(r),
     }
+}
+
+/// A routed MoE block's output, as mlx-lm's `MoE.__call__` of deepseek_v3, mistral4,
+/// glm4_moe and bailing_moe: the experts `routed` chose (indices, scores) weighted by
+/// their scores, plus the shared MLP's output where there is one, then the residual.
+pub(crate) fn routed_output<F: FeedForward>(
+    x: &Array,
+    residual: Option<&Array>,
+    routed: (Array, Array),
+    switch_mlp: &SwitchGlu,
+    shared: Option<&F>,
+) -> Result<Array> {
+    let (inds, scores) = routed;
+    let mut y = super::weigh_experts(&switch_mlp.forward(x, &inds)?, &scores)?;
+    if let Some(shared) = shared {
+        y = y.add(&shared.forward(x, None)?)?;
+    }
+    add_residual(y, residual)
+}
+
+/// Fuses a routed block's shared MLP, where it has one.
+pub(crate) fn fuse_shared<F: FeedForward>(shared: &mut Option<F>) -> crate::Result<()> {
+    shared.as_mut().map_or(Ok(()), |m| m.fuse())
 }
 
 /// One pre-norm decoder layer; its feed-forward block is named `ff_name`.

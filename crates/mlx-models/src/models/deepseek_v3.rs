@@ -7,12 +7,12 @@
 //! sigmoid-scored, group-limited top-k experts plus shared experts in the rest.
 //! `sanitize` dequantizes FP8 block-scaled checkpoints, reads compressed-tensors int4
 //! ones, stacks experts and splits `kv_b_proj` into `embed_q` / `unembed_out`.
-use super::decoder::{add_residual, stack_mlp_experts, DenseOrMoe, FeedForward};
+use super::decoder::{stack_mlp_experts, DenseOrMoe, FeedForward, fuse_shared, routed_output};
 use super::deepseek_v32::{apply_topk, Indexer, IndexerArgs};
 use super::mla::MultiLinear;
 use super::mlp::Mlp;
 use super::{batch_len, cache_at, layer_caches, merge_heads, split_heads, top_k_indices_of_negated};
-use super::{router_outputs, weigh_experts, zero_weak_groups};
+use super::{router_outputs, zero_weak_groups};
 use super::{Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
@@ -518,19 +518,11 @@ impl Moe {
 
 impl FeedForward for Moe {
     fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
-        let (inds, scores) = self.gate.route(x)?;
-        let y = self.switch_mlp.forward(x, &inds)?;
-        let mut y = weigh_experts(&y, &scores)?;
-        if let Some(shared) = &self.shared_experts {
-            y = y.add(&shared.forward(x, None)?)?;
-        }
-        add_residual(y, residual)
+        let routed = self.gate.route(x)?;
+        routed_output(x, residual, routed, &self.switch_mlp, self.shared_experts.as_ref())
     }
     fn fuse(&mut self) -> crate::Result<()> {
-        match &mut self.shared_experts {
-            Some(m) => m.fuse(),
-            None => Ok(()),
-        }
+        fuse_shared(&mut self.shared_experts)
     }
 }
 

@@ -4,11 +4,11 @@
 //! shared experts in the rest; an untied head; the checkpoint's multi-token-prediction
 //! layer is dropped.
 use super::attention::{Attention, AttentionDims, HeadNorm, NormAt};
-use super::decoder::{add_residual, stack_experts, Decoder, DecoderLayer, DenseOrMoe, FeedForward};
+use super::decoder::{stack_experts, Decoder, DecoderLayer, DenseOrMoe, FeedForward, fuse_shared, routed_output};
 use super::head::{self, LogitScale};
 use super::mlp::Mlp;
 use super::{
-    router_outputs, top_k_indices_of_negated, weigh_experts, zero_weak_groups, Architecture,
+    router_outputs, top_k_indices_of_negated, zero_weak_groups, Architecture,
     Weights,
 };
 use crate::config::parse_args;
@@ -186,19 +186,11 @@ impl_module!(Moe {
 
 impl FeedForward for Moe {
     fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
-        let (inds, scores) = self.gate.route(x)?;
-        let y = self.switch_mlp.forward(x, &inds)?;
-        let mut y = weigh_experts(&y, &scores)?;
-        if let Some(shared) = &self.shared_experts {
-            y = y.add(&shared.forward(x, None)?)?;
-        }
-        add_residual(y, residual)
+        let routed = self.gate.route(x)?;
+        routed_output(x, residual, routed, &self.switch_mlp, self.shared_experts.as_ref())
     }
     fn fuse(&mut self) -> crate::Result<()> {
-        match &mut self.shared_experts {
-            Some(m) => m.fuse(),
-            None => Ok(()),
-        }
+        fuse_shared(&mut self.shared_experts)
     }
 }
 

@@ -12,14 +12,14 @@
 //! compressed-tensors int4, dequantizes FP8 (per-tensor, per-expert and 128x128 block
 //! `*_scale_inv`, `activation_scale` dropped), splits fused `experts.gate_up_proj`,
 //! stacks per-expert weights and splits `kv_b_proj` into `embed_q` / `unembed_out`.
-use super::decoder::{add_residual, stack_mlp_experts, DenseOrMoe, FeedForward};
+use super::decoder::{stack_mlp_experts, DenseOrMoe, FeedForward, fuse_shared, routed_output};
 use super::deepseek_v3::{self, MlaAttention};
 use super::head::{self, LogitScale};
 use super::lm::Stack;
 use super::ministral3::llama4_attn_scale;
 use super::mlp::Mlp;
 use super::{cache_at, layer_caches, router_outputs, top_k_indices_of_negated};
-use super::{weigh_experts, zero_weak_groups, Architecture, Weights};
+use super::{zero_weak_groups, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{Array, Dtype, Result};
@@ -259,19 +259,11 @@ impl Moe {
 
 impl FeedForward for Moe {
     fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
-        let (inds, scores) = self.route(x)?;
-        let y = self.switch_mlp.forward(x, &inds)?;
-        let mut y = weigh_experts(&y, &scores)?;
-        if let Some(shared) = &self.shared_experts {
-            y = y.add(&shared.forward(x, None)?)?;
-        }
-        add_residual(y, residual)
+        let routed = self.route(x)?;
+        routed_output(x, residual, routed, &self.switch_mlp, self.shared_experts.as_ref())
     }
     fn fuse(&mut self) -> crate::Result<()> {
-        match &mut self.shared_experts {
-            Some(m) => m.fuse(),
-            None => Ok(()),
-        }
+        fuse_shared(&mut self.shared_experts)
     }
 }
 
