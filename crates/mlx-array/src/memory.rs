@@ -67,7 +67,9 @@ pub fn host_buffer_pool_reuses() -> u64 {
 /// How many buffers that pool took from MLX were advised to stay in host memory: on
 /// CUDA, managed memory migrates to the processor that touched it last, so a kept
 /// buffer the device read would be faulted back page block by page block when the host
-/// writes the next upload into it (`MLX_HOST_BUFFER_ADVISE=0` leaves them to migrate).
+/// writes the next upload into it. Buffers of up to 4 MiB (per-step uploads such as
+/// tokens and grammar masks); larger host data is left to move to the device
+/// (`MLX_HOST_BUFFER_ADVISE=0` leaves them all to migrate).
 pub fn host_buffer_pool_advised() -> u64 {
     unsafe { sys::mlxs_host_buffer_pool_advised() }
 }

@@ -194,13 +194,16 @@ mlxs_vec wrapv(std::vector<mx::array> v) {
 // 22). So each buffer the pool takes from MLX is advised to live on the host and to be
 // mapped for the device (`cuMemAdvise`: preferred location host, accessed by device 0,
 // as MLX advises its own pool of scalars), and the advice is withdrawn before a buffer
-// goes back to MLX, whose cache may hand it to the device's own outputs.
+// goes back to MLX, whose cache may hand it to the device's own outputs. Only buffers of
+// up to kMaxBytes: larger host data (a tensor built on the host, a big batch) is read by
+// the device more than once and is better moved there.
 // MLX_HOST_BUFFER_ADVISE=0 leaves the pool's buffers to migrate (for A/B runs).
 class ManagedAdvice {
  public:
+  static constexpr size_t kMaxBytes = size_t{4} << 20;
   // Advises (or, with `on` false, stops advising) `nbytes` at `ptr` to stay on the host.
   void apply(void* ptr, size_t nbytes, bool on) {
-    if (!load()) return;
+    if (nbytes > kMaxBytes || !load()) return;
     auto dptr = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ptr));
     // CU_MEM_ADVISE_SET_PREFERRED_LOCATION 3 / UNSET 4, SET_ACCESSED_BY 5 / UNSET 6.
     const int preferred = on ? 3 : 4, accessed = on ? 5 : 6;
