@@ -116,6 +116,9 @@ def write_model(out, name, arch, overrides, opts, tok_dir, vocab):
     if arch == "olmo":
         # OLMo's embedding (and logits) are `embedding_size` wide.
         overrides["embedding_size"] = vocab
+    if arch == "phixtral":
+        # Phixtral's vocabulary is `num_vocab`.
+        overrides["num_vocab"] = vocab
     if arch == "gemma4_text" and overrides.get("hidden_size_per_layer_input", 1):
         # The per-layer embeddings are indexed by the same token ids.
         overrides["vocab_size_per_layer_input"] = vocab

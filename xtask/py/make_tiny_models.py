@@ -1388,6 +1388,25 @@ GOLDENS.update({
     "dbrx-small-f32": ("dbrx", {"d_model": 32, "ffn_config": dict(DBRX_FFN, ffn_hidden_size=32)}, {}),
 })
 
+# Phixtral: Phi-2 layers with parallel attention (one biased Wqkv, partial RoPE, float32
+# queries) and SwitchMLP experts (biased fc1 / fc2, GELU) over one LayerNorm, softmax over
+# the top-k router logits; a LayerNorm + linear head. HF's experts per expert as
+# `moe.mlp.{e}.{fc1, fc2}` (sanitize stacks them, biases too).
+ARCHS["phixtral"] = {"model_type": "phixtral", "num_vocab": 128, "model_dim": 64, "num_heads": 4,
+                     "num_layers": 2, "rotary_dim": 8, "num_experts_per_tok": 2, "num_local_experts": 4}
+VARIANTS.update({
+    "phixtral-f32": ("phixtral", {}, {}),
+    # Head size 32 (the quantized KV-cache decode too), the whole head rotated, one
+    # expert per token.
+    "phixtral-f32-top1-fullrotary-hd32": (
+        "phixtral", {"num_heads": 2, "rotary_dim": 32, "num_experts_per_tok": 1, "num_local_experts": 3}, {}),
+    "phixtral-q4": ("phixtral", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "phixtral-bf16-q4": ("phixtral", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "phixtral-small-f32": ("phixtral", {"model_dim": 32, "rotary_dim": 4}, {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1425,7 +1444,9 @@ def random_weights(config, rng):
         elif config["model_type"] in ("qwen", "gptj") and name.endswith(("ln_1.weight", "ln_2.weight",
                                                                           "ln_f.weight")):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif "embed_tokens" in name or (config["model_type"] in ("qwen", "gptj", "openelm", "nanochat")
+        elif config["model_type"] == "phixtral" and name.endswith("ln.weight"):
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in name or (config["model_type"] in ("qwen", "gptj", "openelm", "nanochat", "phixtral")
                                         and name.endswith(("wte.weight", "token_embeddings.weight"))):
             w = rng.standard_normal(shape)
         else:
@@ -1839,6 +1860,12 @@ def write_dense(out, name, arch, overrides, opts):
             fused.setdefault(f"{prefix}.ffn.experts.mlp.{proj}", {})[int(e)] = v.T if proj == "w2" else v
         for fused_name, parts in fused.items():
             weights[fused_name] = np.ascontiguousarray(np.concatenate([parts[e] for e in sorted(parts)], axis=0))
+    if config["model_type"] == "phixtral":
+        # HF's experts one by one: `moe.mlp.{e}.{fc1, fc2}.{weight, bias}`.
+        for k in [k for k in weights if ".moe.switch_mlp." in k]:
+            v = weights.pop(k)
+            for e in range(v.shape[0]):
+                weights[k.replace(".moe.switch_mlp.", f".moe.mlp.{e}.")] = np.ascontiguousarray(v[e])
     if opts.get("fp8_mistral4"):
         # Mistral 4's FP8 layouts: a rank-0 `weight_scale_inv` per linear weight, one per
         # expert ([E, 1, 1]) for the fused experts, 128x128 blocks for kv_b_proj, and

@@ -161,6 +161,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-deepseek", "deepseek-q4", None),
     ("dbrx", "dbrx-f32", None),
     ("q-dbrx", "dbrx-q4", None),
+    ("phixtral", "phixtral-f32", None),
+    ("q-phixtral", "phixtral-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -485,6 +487,12 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("dbrx", flags);
     }
     add("q-dbrx", "-d");
+    // Phixtral: HF's per-expert fc1 / fc2 (weights and biases) stacked, each quantized
+    // (the router too); a quantized source.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("phixtral", flags);
+    }
+    add("q-phixtral", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -162,6 +162,23 @@ fn dbrx_requires_its_nested_configs() {
     assert!(e.contains("divisible"), "{e}");
 }
 
+#[test]
+fn phixtral_refuses_bad_sizes() {
+    let c = json!({
+        "model_type": "phixtral", "num_vocab": 64, "model_dim": 32, "num_heads": 4,
+        "num_layers": 2, "rotary_dim": 4, "num_experts_per_tok": 2, "num_local_experts": 4,
+    });
+    assert!(build_model(&c).is_ok());
+    let e = err(&with(c.clone(), json!({"num_heads": 5})));
+    assert!(e.contains("divisible"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 5})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let e = err(&with(c.clone(), json!({"rotary_dim": 16})));
+    assert!(e.contains("rotary_dim"), "{e}");
+    let e = err(&with(c, json!({"num_vocab": 0})));
+    assert!(e.contains("num_vocab"), "{e}");
+}
+
 fn mistral4() -> Value {
     let rope = json!({"rope_type": "default", "llama_4_scaling_beta": 0.1,
                       "original_max_position_embeddings": 64});

@@ -44,5 +44,5 @@ pub use norm::{LayerNorm, RmsNorm};
 pub use quantize::{dequantize_module, quantize_module, QuantSpec, Quantizable};
 pub use rope::{initialize_rope, Rope, RopeScaling};
 pub use switch::{
-    GluActivation, QuantizedSwitchLinear, SwitchGlu, SwitchLinear, SwitchLinearLayer,
+    GluActivation, QuantizedSwitchLinear, SwitchGlu, SwitchLinear, SwitchLinearLayer, SwitchMlp,
 };

@@ -276,6 +276,65 @@ impl SwitchGlu {
     }
 }
 
+/// `SwitchMLP`: `fc2(activation(fc1(x)))` with per-token experts (phixtral's experts
+/// use mlx-lm's default activation, `GELU(approx="precise")`: [`crate::activations::gelu_approx`]).
+#[derive(Debug, Clone)]
+pub struct SwitchMlp {
+    /// Input projections.
+    pub fc1: SwitchLinearLayer,
+    /// Output projections.
+    pub fc2: SwitchLinearLayer,
+    /// The activation between them.
+    pub activation: fn(&Array) -> Result<Array>,
+}
+
+crate::impl_module!(SwitchMlp { fc1, fc2 });
+
+impl SwitchMlp {
+    /// Zero placeholders to be loaded.
+    pub fn new(
+        input_dims: i32,
+        hidden_dims: i32,
+        num_experts: i32,
+        bias: bool,
+        activation: fn(&Array) -> Result<Array>,
+    ) -> NnResult<SwitchMlp> {
+        let l = |i, o| -> NnResult<SwitchLinearLayer> {
+            Ok(SwitchLinearLayer::Dense(SwitchLinear::new(
+                i,
+                o,
+                num_experts,
+                bias,
+            )?))
+        };
+        Ok(SwitchMlp {
+            fc1: l(input_dims, hidden_dims)?,
+            fc2: l(hidden_dims, input_dims)?,
+            activation,
+        })
+    }
+
+    /// `x`: `[..., dims]`, `indices`: `[..., k]` expert ids; returns `[..., k, dims]`.
+    #[track_caller]
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        let x = x.expand_dims(&[-2, -3])?;
+        let indices = indices.stop_gradient()?;
+        let do_sort = indices.size() >= 64;
+        let (x, idx, inv_order) = if do_sort {
+            let (x, idx, inv) = gather_sort(&x, &indices)?;
+            (x, idx, Some(inv))
+        } else {
+            (x, indices.clone(), None)
+        };
+        let h = (self.activation)(&self.fc1.forward(&x, &idx, do_sort)?)?;
+        let mut y = self.fc2.forward(&h, &idx, do_sort)?;
+        if let Some(inv) = inv_order {
+            y = scatter_unsort(&y, &inv, Some(&indices.shape()))?;
+        }
+        y.squeeze(Some(&[-2]))
+    }
+}
+
 /// `_gather_sort`: orders tokens by expert id.
 fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array)> {
     let m = indices.dim(-1)?;

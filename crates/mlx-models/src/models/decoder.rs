@@ -406,16 +406,30 @@ pub(crate) fn stack_experts(
     kinds: &[&str],
     n_experts: i32,
 ) -> crate::Result<()> {
+    stack_experts_in(weights, layers, prefix, "experts", names, kinds, n_experts)
+}
+
+/// [`stack_experts`] for checkpoints whose experts sit under another list than
+/// `experts` (phixtral's `moe.mlp.{e}`): `{prefix}.{list}.{e}.{name}.{kind}`.
+pub(crate) fn stack_experts_in(
+    weights: &mut super::Weights,
+    layers: i32,
+    prefix: impl Fn(i32) -> String,
+    list: &str,
+    names: &[(&str, &str)],
+    kinds: &[&str],
+    n_experts: i32,
+) -> crate::Result<()> {
     for l in 0..layers {
         let prefix = prefix(l);
         for (name, proj) in names {
             for kind in kinds {
-                if !weights.contains_key(&format!("{prefix}.experts.0.{name}.{kind}")) {
+                if !weights.contains_key(&format!("{prefix}.{list}.0.{name}.{kind}")) {
                     continue;
                 }
                 let mut parts = Vec::new();
                 for e in 0..n_experts {
-                    let key = format!("{prefix}.experts.{e}.{name}.{kind}");
+                    let key = format!("{prefix}.{list}.{e}.{name}.{kind}");
                     parts.push(weights.remove(&key).ok_or_else(|| crate::Error::Weights {
                         path: "model weights".into(),
                         message: format!("missing expert tensor `{key}`"),
