@@ -1388,6 +1388,27 @@ GOLDENS.update({
     "dbrx-small-f32": ("dbrx", {"d_model": 32, "ffn_config": dict(DBRX_FFN, ffn_hidden_size=32)}, {}),
 })
 
+# TeleChat3: Llama-shaped; all four attention projections biased by attention_bias,
+# the MLP's by mlp_bias, RoPE through initialize_rope (never traditional), untied by
+# default; no sanitize (the checkpoint loads as it is).
+ARCHS["telechat3"] = {"model_type": "telechat3", "rope_theta": 10000.0}
+VARIANTS.update({
+    "telechat3-f32": ("telechat3", {}, {}),
+    # Tied, both biases, Llama 3 RoPE scaling, head_dim 32 (the quantized KV-cache decode).
+    "telechat3-f32-tied-bias-llama3-hd32": (
+        "telechat3", {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True,
+                      "num_attention_heads": 2, "num_key_value_heads": 1, "rope_theta": 50000.0,
+                      "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                       "original_max_position_embeddings": 32, "rope_type": "llama3"}}, {}),
+    # An explicit head_dim other than hidden_size / heads, linear RoPE scaling.
+    "telechat3-f32-hd8-linear": ("telechat3", {"head_dim": 8, "rope_scaling": {"type": "linear", "factor": 2.0}}, {}),
+    "telechat3-q4": ("telechat3", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "telechat3-bf16-q4": ("telechat3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "telechat3-small-f32": ("telechat3", dict(SMALL), {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 

@@ -567,6 +567,9 @@ model_tests! {
     // DBRX: the clipped fused Wqkv, experts run token by token.
     batched_decode_equals_alone_dbrx, prefilled_together_equals_alone_dbrx
         => "dbrx-small-f32", true;
+    // TeleChat3: Llama-shaped, untied.
+    batched_decode_equals_alone_telechat3, prefilled_together_equals_alone_telechat3
+        => "telechat3-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

@@ -476,3 +476,24 @@ fn nanochat_heads_must_divide_the_width() {
     let e = err(&with(c, json!({"hidden_size": 20})));
     assert!(e.contains("even"), "{e}");
 }
+
+#[test]
+fn telechat3_requires_its_keys_and_a_known_rope_type() {
+    let c = base("telechat3");
+    assert!(build_model(&c).is_ok());
+    assert!(build_model(&with(c.clone(), json!({"head_dim": null}))).is_ok());
+    for key in [
+        "max_position_embeddings",
+        "rope_theta",
+        "num_key_value_heads",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+    let e = err(&with(
+        c,
+        json!({"rope_scaling": {"rope_type": "bogus", "factor": 2.0}}),
+    ));
+    assert!(e.contains("bogus"), "{e}");
+}

@@ -97,6 +97,7 @@ pub const TINY: &[&str] = &[
     "mistral4-f32",
     "deepseek-f32",
     "dbrx-f32",
+    "telechat3-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

@@ -148,6 +148,7 @@ architectures! {
     mistral4,
     deepseek,
     dbrx,
+    telechat3,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
