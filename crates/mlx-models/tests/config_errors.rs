@@ -497,3 +497,31 @@ fn telechat3_requires_its_keys_and_a_known_rope_type() {
     ));
     assert!(e.contains("bogus"), "{e}");
 }
+
+#[test]
+fn nanbeige_refuses_unported_loop_features_and_no_loops() {
+    let c = base("nanbeige");
+    assert!(build_model(&c).is_ok());
+    for key in [
+        "enable_double_loop_split",
+        "loop_share_kv",
+        "enable_depth_attention",
+    ] {
+        let e = err(&with(c.clone(), json!({ key: true })));
+        assert!(e.contains("not yet supported"), "{key}: {e}");
+    }
+    assert!(err(&with(c.clone(), json!({"num_loops": 0}))).contains("num_loops"));
+    // Loss weights decide the number of runs, whatever num_loops says.
+    assert!(build_model(&with(
+        c.clone(),
+        json!({"num_loops": 0, "loop_loss_weights": [1.0]})
+    ))
+    .is_ok());
+    assert!(err(&with(c.clone(), json!({"head_dim": 0}))).contains("head_dim"));
+    let mut missing = c;
+    missing
+        .as_object_mut()
+        .unwrap()
+        .remove("num_key_value_heads");
+    assert!(err(&missing).contains("num_key_value_heads"));
+}
