@@ -255,6 +255,9 @@ pub struct Decoder<F> {
     loops: usize,
     /// With `loops`: the final norm once at the end instead of after every run.
     skip_loop_final_norm: bool,
+    /// Set by [`Decoder::with_loops`]: mlx-lm's class defines `make_cache` (so
+    /// `make_prompt_cache` ignores `max_kv_size`).
+    pub(crate) defines_make_cache: bool,
 }
 
 impl<F: FeedForward + 'static> Decoder<F> {
@@ -273,6 +276,7 @@ impl<F: FeedForward + 'static> Decoder<F> {
             names: ["embed_tokens", "layers", "norm"],
             loops: 1,
             skip_loop_final_norm: false,
+            defines_make_cache: false,
         })
     }
 
@@ -296,9 +300,11 @@ impl<F: FeedForward + 'static> Decoder<F> {
 
     /// The stack run `loops` times over its layers (Nanbeige's `num_loops`), each run
     /// with its own caches and followed by the final norm unless `skip_final_norm`
-    /// (then normed once at the end).
+    /// (then normed once at the end). Such a file defines `make_cache` (a cache per layer
+    /// and run), so mlx-lm's `make_prompt_cache` ignores `max_kv_size` for it.
     pub(crate) fn with_loops(mut self, loops: usize, skip_final_norm: bool) -> Decoder<F> {
         self.loops = loops;
+        self.defines_make_cache = true;
         self.skip_loop_final_norm = skip_final_norm;
         self
     }

@@ -112,6 +112,9 @@ impl<A: std::fmt::Debug + Send + 'static, F: FeedForward + 'static> LanguageMode
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.num_caches()]
     }
+    fn defines_make_cache(&self) -> bool {
+        self.model.defines_make_cache
+    }
     fn model_type(&self) -> &str {
         &self.model_type
     }
