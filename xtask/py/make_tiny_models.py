@@ -1407,6 +1407,55 @@ GOLDENS.update({
     "phixtral-small-f32": ("phixtral", {"model_dim": 32, "rotary_dim": 4}, {}),
 })
 
+# TeleChat3: Llama-shaped; all four attention projections biased by attention_bias,
+# the MLP's by mlp_bias, RoPE through initialize_rope (never traditional), untied by
+# default; no sanitize (the checkpoint loads as it is).
+ARCHS["telechat3"] = {"model_type": "telechat3", "rope_theta": 10000.0}
+VARIANTS.update({
+    "telechat3-f32": ("telechat3", {}, {}),
+    # Tied, both biases, Llama 3 RoPE scaling, head_dim 32 (the quantized KV-cache decode).
+    "telechat3-f32-tied-bias-llama3-hd32": (
+        "telechat3", {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True,
+                      "num_attention_heads": 2, "num_key_value_heads": 1, "rope_theta": 50000.0,
+                      "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                       "original_max_position_embeddings": 32, "rope_type": "llama3"}}, {}),
+    # An explicit head_dim other than hidden_size / heads, linear RoPE scaling.
+    "telechat3-f32-hd8-linear": ("telechat3", {"head_dim": 8, "rope_scaling": {"type": "linear", "factor": 2.0}}, {}),
+    "telechat3-q4": ("telechat3", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "telechat3-bf16-q4": ("telechat3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "telechat3-small-f32": ("telechat3", dict(SMALL), {}),
+})
+
+# Nanbeige: Llama-shaped (all four attention projections biased by attention_bias, the
+# MLP's by mlp_bias, initialize_rope), the layer stack run num_loops times with shared
+# weights (len(loop_loss_weights) + 1 where that list is non-empty), each run with its
+# own caches and the final norm after it unless skip_loop_final_norm; sanitize drops
+# HF's rotary buffers.
+ARCHS["nanbeige"] = {"model_type": "nanbeige", "num_loops": 2, "tie_word_embeddings": False}
+VARIANTS.update({
+    "nanbeige-f32": ("nanbeige", {}, {"extras": True}),
+    # Three runs from two loss weights (num_loops ignored), the norm once at the end,
+    # tied, both biases, Llama 3 RoPE scaling, head_dim 32 (the quantized KV-cache decode).
+    "nanbeige-f32-lossweights-skipnorm-tied-bias-llama3-hd32": (
+        "nanbeige", {"loop_loss_weights": [0.5, 0.25], "skip_loop_final_norm": True,
+                     "tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True,
+                     "num_attention_heads": 2, "num_key_value_heads": 1, "rope_theta": 50000.0,
+                     "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                      "original_max_position_embeddings": 32, "rope_type": "llama3"}}, {}),
+    # One run (the default), an explicit head_dim, linear RoPE scaling, an empty
+    # loop_loss_weights (num_loops read).
+    "nanbeige-f32-oneloop-hd8-linear": (
+        "nanbeige", {"num_loops": 1, "loop_loss_weights": [], "head_dim": 8,
+                     "rope_scaling": {"type": "linear", "factor": 2.0}}, {}),
+    "nanbeige-q4": ("nanbeige", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "nanbeige-bf16-q4": ("nanbeige", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "nanbeige-small-f32": ("nanbeige", dict(SMALL), {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 

@@ -163,6 +163,10 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-dbrx", "dbrx-q4", None),
     ("phixtral", "phixtral-f32", None),
     ("q-phixtral", "phixtral-q4", None),
+    ("telechat3", "telechat3-f32", None),
+    ("q-telechat3", "telechat3-q4", None),
+    ("nanbeige", "nanbeige-f32", None),
+    ("q-nanbeige", "nanbeige-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -493,6 +497,16 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("phixtral", flags);
     }
     add("q-phixtral", "-d");
+    // TeleChat3: Llama-shaped, untied.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("telechat3", flags);
+    }
+    add("q-telechat3", "-d");
+    // Nanbeige: two runs of the layers, rotary buffers dropped.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("nanbeige", flags);
+    }
+    add("q-nanbeige", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -570,6 +570,12 @@ model_tests! {
     // Phixtral: parallel attention (float32 queries) and SwitchMLP experts.
     batched_decode_equals_alone_phixtral, prefilled_together_equals_alone_phixtral
         => "phixtral-small-f32", true;
+    // TeleChat3: Llama-shaped, untied.
+    batched_decode_equals_alone_telechat3, prefilled_together_equals_alone_telechat3
+        => "telechat3-small-f32", true;
+    // Nanbeige: the layers run twice, a cache per layer and run.
+    batched_decode_equals_alone_nanbeige, prefilled_together_equals_alone_nanbeige
+        => "nanbeige-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

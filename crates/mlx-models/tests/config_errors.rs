@@ -493,3 +493,52 @@ fn nanochat_heads_must_divide_the_width() {
     let e = err(&with(c, json!({"hidden_size": 20})));
     assert!(e.contains("even"), "{e}");
 }
+
+#[test]
+fn telechat3_requires_its_keys_and_a_known_rope_type() {
+    let c = base("telechat3");
+    assert!(build_model(&c).is_ok());
+    assert!(build_model(&with(c.clone(), json!({"head_dim": null}))).is_ok());
+    for key in [
+        "max_position_embeddings",
+        "rope_theta",
+        "num_key_value_heads",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+    let e = err(&with(
+        c,
+        json!({"rope_scaling": {"rope_type": "bogus", "factor": 2.0}}),
+    ));
+    assert!(e.contains("bogus"), "{e}");
+}
+
+#[test]
+fn nanbeige_refuses_unported_loop_features_and_no_loops() {
+    let c = base("nanbeige");
+    assert!(build_model(&c).is_ok());
+    for key in [
+        "enable_double_loop_split",
+        "loop_share_kv",
+        "enable_depth_attention",
+    ] {
+        let e = err(&with(c.clone(), json!({ key: true })));
+        assert!(e.contains("not yet supported"), "{key}: {e}");
+    }
+    assert!(err(&with(c.clone(), json!({"num_loops": 0}))).contains("num_loops"));
+    // Loss weights decide the number of runs, whatever num_loops says.
+    assert!(build_model(&with(
+        c.clone(),
+        json!({"num_loops": 0, "loop_loss_weights": [1.0]})
+    ))
+    .is_ok());
+    assert!(err(&with(c.clone(), json!({"head_dim": 0}))).contains("head_dim"));
+    let mut missing = c;
+    missing
+        .as_object_mut()
+        .unwrap()
+        .remove("num_key_value_heads");
+    assert!(err(&missing).contains("num_key_value_heads"));
+}

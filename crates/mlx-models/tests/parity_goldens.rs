@@ -142,6 +142,8 @@ golden_tests! {
     deepseek_moe_v1_logits_match_mlx_lm => "deepseek-small-f32",
     dbrx_clipped_qkv_token_by_token_experts_logits_match_mlx_lm => "dbrx-small-f32",
     phixtral_parallel_switch_mlp_experts_logits_match_mlx_lm => "phixtral-small-f32",
+    telechat3_llama_shaped_logits_match_mlx_lm => "telechat3-small-f32",
+    nanbeige_looped_layers_logits_match_mlx_lm => "nanbeige-small-f32",
 }
 
 #[test]

@@ -98,6 +98,8 @@ pub const TINY: &[&str] = &[
     "deepseek-f32",
     "dbrx-f32",
     "phixtral-f32",
+    "telechat3-f32",
+    "nanbeige-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

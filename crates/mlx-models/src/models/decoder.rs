@@ -273,6 +273,14 @@ pub struct Decoder<F> {
     /// The checkpoint names of the embedding, the layer list and the final norm
     /// (default `embed_tokens`, `layers`, `norm`).
     names: [&'static str; 3],
+    /// How many times the layers run, with shared weights and a cache per layer and
+    /// run (Nanbeige's `num_loops`; default 1).
+    loops: usize,
+    /// With `loops`: the final norm once at the end instead of after every run.
+    skip_loop_final_norm: bool,
+    /// Set by [`Decoder::with_loops`]: mlx-lm's class defines `make_cache` (so
+    /// `make_prompt_cache` ignores `max_kv_size`).
+    pub(crate) defines_make_cache: bool,
 }
 
 impl<F: FeedForward + 'static> Decoder<F> {
@@ -289,6 +297,9 @@ impl<F: FeedForward + 'static> Decoder<F> {
             norm: RmsNorm::new(dim, eps)?,
             embedding_scale: None,
             names: ["embed_tokens", "layers", "norm"],
+            loops: 1,
+            skip_loop_final_norm: false,
+            defines_make_cache: false,
         })
     }
 
@@ -310,6 +321,22 @@ impl<F: FeedForward + 'static> Decoder<F> {
         self
     }
 
+    /// The stack run `loops` times over its layers (Nanbeige's `num_loops`), each run
+    /// with its own caches and followed by the final norm unless `skip_final_norm`
+    /// (then normed once at the end). Such a file defines `make_cache` (a cache per layer
+    /// and run), so mlx-lm's `make_prompt_cache` ignores `max_kv_size` for it.
+    pub(crate) fn with_loops(mut self, loops: usize, skip_final_norm: bool) -> Decoder<F> {
+        self.loops = loops;
+        self.defines_make_cache = true;
+        self.skip_loop_final_norm = skip_final_norm;
+        self
+    }
+
+    /// The number of caches the stack reads: one per layer and run.
+    pub(crate) fn num_caches(&self) -> usize {
+        self.layers.len() * self.loops
+    }
+
     /// The normed hidden states of `inputs`.
     pub(crate) fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
@@ -317,16 +344,21 @@ impl<F: FeedForward + 'static> Decoder<F> {
             h = h.multiply(m)?;
         }
         let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
-        for (layer, cache) in self
-            .layers
-            .iter()
-            .zip(layer_caches(caches, self.layers.len())?)
-        {
-            h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| {
-                l.forward(x, m, c)
-            })?;
+        let mut caches = layer_caches(caches, self.num_caches())?.into_iter();
+        for _ in 0..self.loops {
+            for (layer, cache) in self.layers.iter().zip(caches.by_ref()) {
+                h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| {
+                    l.forward(x, m, c)
+                })?;
+            }
+            if !self.skip_loop_final_norm {
+                h = self.norm.forward(&h)?;
+            }
         }
-        self.norm.forward(&h)
+        if self.skip_loop_final_norm {
+            h = self.norm.forward(&h)?;
+        }
+        Ok(h)
     }
 
     /// Fuses every layer's q/k/v and its feed-forward block's projections.

@@ -108,9 +108,12 @@ impl<A: std::fmt::Debug + Send + 'static, F: FeedForward + 'static> LanguageMode
         let embed = &self.model.embed_tokens;
         head::logits(embed, self.lm_head.as_ref(), &out, LogitScale::None)
     }
-    /// A standard cache per layer.
+    /// A standard cache per layer (and per run of the layers, see [`Decoder::with_loops`]).
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        vec![CacheSpec::Standard; self.model.layers.len()]
+        vec![CacheSpec::Standard; self.model.num_caches()]
+    }
+    fn defines_make_cache(&self) -> bool {
+        self.model.defines_make_cache
     }
     fn model_type(&self) -> &str {
         &self.model_type

@@ -149,6 +149,8 @@ architectures! {
     deepseek,
     dbrx,
     phixtral,
+    telechat3,
+    nanbeige,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
