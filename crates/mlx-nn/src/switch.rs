@@ -228,14 +228,7 @@ impl SwitchGlu {
         num_experts: i32,
         bias: bool,
     ) -> NnResult<SwitchGlu> {
-        let l = |i, o| -> NnResult<SwitchLinearLayer> {
-            Ok(SwitchLinearLayer::Dense(SwitchLinear::new(
-                i,
-                o,
-                num_experts,
-                bias,
-            )?))
-        };
+        let l = |i, o| dense_switch(i, o, num_experts, bias);
         Ok(SwitchGlu {
             gate_proj: l(input_dims, hidden_dims)?,
             up_proj: l(input_dims, hidden_dims)?,
@@ -299,14 +292,7 @@ impl SwitchMlp {
         bias: bool,
         activation: fn(&Array) -> Result<Array>,
     ) -> NnResult<SwitchMlp> {
-        let l = |i, o| -> NnResult<SwitchLinearLayer> {
-            Ok(SwitchLinearLayer::Dense(SwitchLinear::new(
-                i,
-                o,
-                num_experts,
-                bias,
-            )?))
-        };
+        let l = |i, o| dense_switch(i, o, num_experts, bias);
         Ok(SwitchMlp {
             fc1: l(input_dims, hidden_dims)?,
             fc2: l(hidden_dims, input_dims)?,
@@ -355,4 +341,19 @@ fn scatter_unsort(x: &Array, inv_order: &Array, shape: Option<&[i32]>) -> Result
         Some(s) => x.unflatten(0, s),
         None => Ok(x),
     }
+}
+
+/// A dense [`SwitchLinear`] of `num_experts` experts from `input_dims` to `output_dims`.
+fn dense_switch(
+    input_dims: i32,
+    output_dims: i32,
+    num_experts: i32,
+    bias: bool,
+) -> NnResult<SwitchLinearLayer> {
+    Ok(SwitchLinearLayer::Dense(SwitchLinear::new(
+        input_dims,
+        output_dims,
+        num_experts,
+        bias,
+    )?))
 }
