@@ -68,6 +68,13 @@ impl Array {
     }
 }
 
+/// The number of elements of `shape`: `None` for a negative dimension or an overflow.
+fn element_count(shape: &[i32]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| {
+        usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+    })
+}
+
 /// Calls a shim function that writes one output array.
 #[track_caller]
 pub(crate) fn out1(f: impl FnOnce(*mut sys::mlxs_array) -> std::os::raw::c_int) -> Result<Array> {
@@ -108,9 +115,7 @@ impl Array {
     /// ```
     #[track_caller]
     pub fn from_slice<T: Element>(data: &[T], shape: &[i32]) -> Result<Array> {
-        let expected = shape.iter().try_fold(1usize, |acc, &d| {
-            usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
-        });
+        let expected = element_count(shape);
         match expected {
             Some(n) if n == data.len() => {}
             _ => {
@@ -139,23 +144,15 @@ impl Array {
     /// batch's grammar masks, half a megabyte a step, are written straight into the
     /// array's host buffer).
     pub fn from_fill<T: Element>(shape: &[i32], fill: impl FnOnce(&mut [T])) -> Result<Array> {
-        let n = shape
-            .iter()
-            .try_fold(1usize, |acc, &d| {
-                usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
-            })
-            .ok_or_else(|| Error::DataLength {
+        let n = element_count(shape);
+        let (Some(n), Some(nbytes)) = (n, n.and_then(|n| n.checked_mul(std::mem::size_of::<T>())))
+        else {
+            return Err(Error::DataLength {
                 shape: shape.to_vec(),
                 expected: usize::MAX,
                 got: 0,
-            })?;
-        let nbytes = n
-            .checked_mul(std::mem::size_of::<T>())
-            .ok_or_else(|| Error::DataLength {
-                shape: shape.to_vec(),
-                expected: usize::MAX,
-                got: 0,
-            })?;
+            });
+        };
         let mut data: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: the shim allocates `nbytes` zeroed bytes for the array and hands back
         // their address; `shape` outlives the call.

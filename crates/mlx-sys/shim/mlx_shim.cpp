@@ -217,7 +217,7 @@ class ManagedAdvice {
       rc |= v1_(dptr, nbytes, preferred, -1);
       rc |= v1_(dptr, nbytes, accessed, 0);
     }
-    if (rc == 0) advised_.fetch_add(on ? 1 : 0, std::memory_order_relaxed);
+    if (rc == 0 && on) advised_.fetch_add(1, std::memory_order_relaxed);
   }
   unsigned long long advised() const { return advised_.load(std::memory_order_relaxed); }
 
