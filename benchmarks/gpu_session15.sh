@@ -66,6 +66,16 @@
 #   structmb   issue 20: structab on the 8B bf16 shape (STRUCT_ONLY) under MLX's graph
 #              limits (STRUCT_MB_ARMS: default, mb4000 / mb16000 = MLX_MAX_MB_PER_BUFFER,
 #              ops400 = MLX_MAX_OPS_PER_BUFFER=400), -g STRUCT_G (256)
+#   gemvproto  issue 21: benchmarks/gemv_proto.py (one-row bf16 product layouts against
+#              MLX's gemv: bits and time, 8B / 1B / 0.5B shapes)
+#   gemvcheck  issue 21: fused_check gemv (our one-row dense kernel against MLX's gemv: the
+#              shape sweep, then the logits of the 8B bf16 shape and of qwen2.5-0.5b-bf16)
+#   gemvab     issue 21: mlx-benchmark at batch 1 with our one-row dense kernel on / off
+#              (GEMV_ARMS: on, off = MLX_FAST_GEMV=0, u8 / u32 = MLX_FAST_GEMV_LOADS,
+#              w4 = MLX_FAST_GEMV_WARPS=4) and mlx-lm, GEMV_MODELS (llama-3.1-8b-bf16),
+#              GEMV_ROUNDS (2) rounds of processes in flipped order, -p 128 -g GEMV_G (256)
+#   ncubf16    issue 21: ncu kernel durations of 8B bf16 decoding steps (mlx-generate, kernels
+#              NCU_SKIP (1200) to NCU_SKIP + NCU_COUNT (900); NCU_ENV for the arm's switches)
 set -u
 OUT=${OUT:-/tmp/out}
 NEW=${NEW:-/root/bins/new}
@@ -265,6 +275,49 @@ for PART in "$@"; do
         echo "## b=$b mlx-lm" >> "$D/stdout.txt"
         timeout 120 python3 -m mlx_lm benchmark --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
+      done ;;
+    ncubf16)
+      ensure_model llama-3.1-8b-bf16 "$D"
+      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      if [ -z "$NCU" ]; then echo "no ncu" > "$D/stdout.txt"; else
+        env ${NCU_ENV:-} timeout $(( L - 10 )) "$NCU" --csv --metrics gpu__time_duration.sum \
+          --launch-skip "${NCU_SKIP:-1200}" --launch-count "${NCU_COUNT:-900}" \
+          "$NEW/mlx-generate" --model "$MODELS/llama-3.1-8b-bf16" --prompt "hello there" -m 8 \
+          > "$D/ncu.csv" 2> "$D/stderr.txt"
+        echo "rc=$? ncu=$NCU" > "$D/stdout.txt"
+      fi ;;
+    gemvproto)
+      timeout "$L" python3 benchmarks/gemv_proto.py > "$D/stdout.txt" 2>&1 ;;
+    gemvcheck)
+      ensure_model llama-3.1-8b-bf16 "$D"
+      ensure_model qwen2.5-0.5b-bf16 "$D"
+      timeout $(( L - 20 )) "$NEW/fused_check" "$MODELS/llama-3.1-8b-bf16" 64 16 gemv \
+        > "$D/stdout.txt" 2>&1
+      echo "rc=$?" >> "$D/stdout.txt"
+      FUSED_CHECK_SHAPES=0 timeout 120 "$NEW/fused_check" "$MODELS/qwen2.5-0.5b-bf16" 64 16 gemv \
+        >> "$D/stdout.txt" 2>&1
+      echo "rc=$?" >> "$D/stdout.txt" ;;
+    gemvab)
+      arms=(${GEMV_ARMS:-on off}); r=0
+      for m in ${GEMV_MODELS:-llama-3.1-8b-bf16}; do ensure_model "$m" "$D"; done
+      while [ $r -lt "${GEMV_ROUNDS:-2}" ]; do
+        order=("${arms[@]}" mlx-lm)
+        [ $((r % 2)) = 1 ] && order=(mlx-lm $(printf '%s\n' "${arms[@]}" | tac))
+        for m in ${GEMV_MODELS:-llama-3.1-8b-bf16}; do for arm in "${order[@]}"; do
+          [ "$(left)" -lt 45 ] && break 3
+          e=(); cmd=("$NEW/mlx-benchmark")
+          case $arm in
+            off) e=(MLX_FAST_GEMV=0) ;;
+            u8) e=(MLX_FAST_GEMV_LOADS=8) ;;
+            u32) e=(MLX_FAST_GEMV_LOADS=32) ;;
+            w4) e=(MLX_FAST_GEMV_WARPS=4) ;;
+            mlx-lm) cmd=(python3 -m mlx_lm benchmark) ;;
+          esac
+          echo "## round=$r model=$m arm=$arm" >> "$D/stdout.txt"
+          env "${e[@]}" timeout 150 "${cmd[@]}" --model "$MODELS/$m" -p 128 -g "${GEMV_G:-256}" \
+            -n 2 >> "$D/stdout.txt" 2>&1
+        done; done
+        r=$((r + 1))
       done ;;
     pf4b)
       # issue 21: prefill of one prompt (PF_P tokens, 512), 8B bf16 against 8B 4-bit by

@@ -150,6 +150,8 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/mlx_shim.h");
     println!("cargo:rerun-if-changed=shim/fast_qmv.cpp");
     println!("cargo:rerun-if-changed=shim/fast_qmv.h");
+    println!("cargo:rerun-if-changed=shim/fast_gemv.cpp");
+    println!("cargo:rerun-if-changed=shim/fast_gemv.h");
     println!("cargo:rerun-if-changed=shim/cpu_gemv.cpp");
     println!("cargo:rerun-if-changed=shim/cpu_gemv.h");
     println!("cargo:rerun-if-changed=shim/kernel_switch.h");
@@ -190,6 +192,7 @@ fn main() {
         .std("c++20")
         .file("shim/mlx_shim.cpp")
         .file("shim/fast_qmv.cpp")
+        .file("shim/fast_gemv.cpp")
         .file("shim/cpu_gemv.cpp")
         .file("shim/kernel_cache.cpp")
         .include(&include)

@@ -152,3 +152,24 @@ pub fn cpu_gemv_enabled() -> bool {
 pub fn cpu_gemv_uses() -> u64 {
     unsafe { sys::mlxs_fast_cpu_gemv_uses() }
 }
+
+/// Turns our one-row CUDA matmul on or off (default on; the environment variable
+/// `MLX_FAST_GEMV=0` starts it off). On the CUDA backend, `matmul` of one row
+/// `x [..., 1, K]` by a weight's transposed view `W.T` (`W [N, K]` row-major: a linear
+/// layer's product at batch 1; bfloat16, float16 or float32, `K` a multiple of 128, at
+/// least `MLX_FAST_GEMV_MIN_ELEMENTS` weight elements, default 4M) runs through our kernel
+/// with the arithmetic of MLX's `gemv` (`crates/mlx-sys/shim/fast_gemv.cpp`): the same bits,
+/// with more of each row's loads in flight. Elsewhere nothing changes.
+pub fn set_gemv(on: bool) {
+    unsafe { sys::mlxs_set_fast_gemv(on) }
+}
+
+/// Whether [`set_gemv`] is on.
+pub fn gemv_enabled() -> bool {
+    unsafe { sys::mlxs_fast_gemv_enabled() }
+}
+
+/// How many matmuls of this process were built with our one-row CUDA kernel.
+pub fn gemv_launches() -> u64 {
+    unsafe { sys::mlxs_fast_gemv_launches() }
+}

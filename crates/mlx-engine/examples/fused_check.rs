@@ -12,12 +12,17 @@
 //!   adds the residuals and the swiglu in the kernels too, unless `MLX_FAST_QMV_RESIDUAL=0`
 //!   / `MLX_FAST_QMV_SWIGLU=0`); `FUSED_CHECK_SHAPES=0` leaves out the shape sweeps (one
 //!   NVRTC compile per shape), `FUSED_CHECK_SHAPES=swiglu` runs the swiglu sweep alone.
+//! - `gemv`: our one-row dense CUDA kernel (`mlx_array::fast::set_gemv`) against MLX's
+//!   `gemv`: first every projection shape of those models in bfloat16 (x aligned and at
+//!   offsets of one and two elements, which take MLX's 1- and 2-element layouts; the
+//!   weight's transposed view pending and evaluated), then the model with the kernel off
+//!   and on (`FUSED_CHECK_SHAPES=0` leaves out the sweep).
 //!
 //! Each arm prefills the same random prompts, then decodes greedily at batch 1 and batch 4,
 //! comparing every step's logits exactly; then the decode steps of both are timed.
 //!
 //! ```sh
-//! cargo run --release -p mlx-engine --example fused_check -- MODEL_DIR [PROMPT] [STEPS] [fused|qmv]
+//! cargo run --release -p mlx-engine --example fused_check -- MODEL_DIR [PROMPT] [STEPS] [fused|qmv|gemv]
 //! ```
 #[path = "common/qmm.rs"]
 mod common;
@@ -69,6 +74,47 @@ fn qmm4(x: &Array, q: &mlx_array::quant::Quantized, gs: i32) -> Res<Array> {
     let y = common::qmm(x, q, gs)?;
     transforms::eval(&[&y])?;
     Ok(y)
+}
+
+/// Our one-row dense kernel against MLX's `gemv` on the product shapes of
+/// [`common::SYNTHETIC`] in bfloat16, for x aligned and at offsets of one and two elements
+/// (MLX's layouts of 4, 1 and 2 elements a lane), with W.T pending (a weight's first step)
+/// and evaluated (its cached transpose later); whether all were identical and ours.
+fn gemv_shapes() -> Res<bool> {
+    use mlx_array::fast::{gemv_launches, set_gemv};
+    let mut all = true;
+    for (n, k) in common::SYNTHETIC {
+        let w = scaled_normal(&[n, k], 70, 0.05)?;
+        transforms::eval(&[&w])?;
+        let mut same = true;
+        let mut ours_all = true;
+        for offset in [0, 1, 2] {
+            let wide = scaled_normal(&[1, 1, k + 2], 80 + offset as u64, 1.0)?;
+            let x = wide.slice(&[0, 0, offset], &[1, 1, offset + k], None)?;
+            for evaluated in [false, true] {
+                let wt = w.transpose(None)?;
+                if evaluated {
+                    transforms::eval(&[&wt])?;
+                }
+                set_gemv(true);
+                let before = gemv_launches();
+                let y = x.matmul(&wt)?;
+                ours_all &= gemv_launches() == before + 1;
+                transforms::eval(&[&y])?;
+                set_gemv(false);
+                let r = x.matmul(&wt)?;
+                same &= y.array_equal(&r, false)?.item::<bool>()?;
+            }
+        }
+        set_gemv(true);
+        all &= same && ours_all;
+        println!(
+            "gemv K={k} N={n}: {}{}",
+            if same { "identical" } else { "DIFFER" },
+            if ours_all { "" } else { " (not all through our kernel)" }
+        );
+    }
+    Ok(all)
 }
 
 /// Our one-row 4-bit kernels against MLX's on the product shapes (projections and heads)
@@ -299,12 +345,13 @@ fn main() -> Res<()> {
     let mut args = std::env::args().skip(1);
     let dir = args
         .next()
-        .ok_or("usage: fused_check MODEL_DIR [PROMPT] [STEPS] [fused|qmv]")?;
+        .ok_or("usage: fused_check MODEL_DIR [PROMPT] [STEPS] [fused|qmv|gemv]")?;
     let prompt: i32 = args.next().map_or(Ok(64), |s| s.parse())?;
     let steps: usize = args.next().map_or(Ok(32), |s| s.parse())?;
     let what = args.next().unwrap_or_else(|| "fused".into());
     let mut all_equal = true;
-    // The two arms: (label, model, fast qmv on).
+    // The two arms: (label, model, the kernel under test on), and that kernel's switch.
+    let mut switch: fn(bool) = mlx_array::quant::set_fast_qmv;
     let arms: [(&str, Box<dyn LanguageModel>, bool); 2] = match what.as_str() {
         "fused" => [
             (
@@ -346,16 +393,34 @@ fn main() -> Res<()> {
                 ),
             ]
         }
-        other => return Err(format!("unknown check {other:?} (fused or qmv)").into()),
+        "gemv" => {
+            if std::env::var("FUSED_CHECK_SHAPES").as_deref() != Ok("0") {
+                all_equal &= gemv_shapes()?;
+            }
+            switch = mlx_array::fast::set_gemv;
+            [
+                (
+                    "mlx gemv",
+                    load_model_with(&dir, &LoadOptions::default())?.0,
+                    false,
+                ),
+                (
+                    "our gemv",
+                    load_model_with(&dir, &LoadOptions::default())?.0,
+                    true,
+                ),
+            ]
+        }
+        other => return Err(format!("unknown check {other:?} (fused, qmv or gemv)").into()),
     };
     for batch in [1, 4] {
         // Twice each, so the timing of the second round has its kernels built.
         let mut times = (0.0, 0.0);
         let mut diffs = Vec::new();
         for _ in 0..2 {
-            mlx_array::quant::set_fast_qmv(arms[0].2);
+            switch(arms[0].2);
             let (a, ta) = run(arms[0].1.as_ref(), batch, prompt, steps)?;
-            mlx_array::quant::set_fast_qmv(arms[1].2);
+            switch(arms[1].2);
             let (b, tb) = run(arms[1].1.as_ref(), batch, prompt, steps)?;
             times = (ta, tb);
             diffs.clear();
@@ -385,9 +450,10 @@ fn main() -> Res<()> {
         );
     }
     println!(
-        "fused_check {what} {dir}: {} (our qmv kernel used {} times)",
+        "fused_check {what} {dir}: {} (our qmv kernel used {} times, our gemv {} times)",
         if all_equal { "identical" } else { "DIFFER" },
-        mlx_array::quant::fast_qmv_launches()
+        mlx_array::quant::fast_qmv_launches(),
+        mlx_array::fast::gemv_launches()
     );
     Ok(())
 }

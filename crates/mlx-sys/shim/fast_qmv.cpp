@@ -90,7 +90,7 @@
 // sequences to kBodyM (up to 32) or MLX.
 //
 // The kernels go through MLX's `fast::cuda_kernel` (compiled with NVRTC the first time a
-// machine needs them, into MLX's disk cache: kernel_cache.h), with the device code in a header file (`device_header`) so each
+// machine needs them, into MLX's disk cache: kernel_cache.h), with the device code in a header file (`device_kernel`) so each
 // kernel's own source is one line: MLX's scheduling cost per call grows with the source.
 // They are used only where MLX itself would run `qmv` (the conditions below), on the CUDA
 // backend, for bfloat16 activations, 4-bit affine weights,
@@ -111,9 +111,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -321,7 +318,7 @@ long long blocks_of(const Layout& l, long long n) {
 // (compile-time) K, group size and layout, so their chunk loops unroll and loads can be
 // issued ahead of the arithmetic. Each kernel's own source is one call of a body per
 // weight it covers (`kernel_for`), and this text reaches NVRTC through an #include of a
-// file holding it (`device_header`): `async_eval` of a `cuda_kernel` call costs ~0.25 us
+// file holding it (kernel_cache.h's `device_kernel`): `async_eval` of a `cuda_kernel` call costs ~0.25 us
 // more per KB of its source on the H200's host (10 KB of comments: 2.1 -> 4.6 us a call;
 // the same 10 KB behind an #include: 2.1 us; benchmarks/GPU.md run 8), and a decoding
 // step makes ~100 of these calls.
@@ -1005,89 +1002,16 @@ __device__ __forceinline__ void dequant4(const uint32_t* w, const __nv_bfloat16*
 }  // namespace mlxs_qmv
 )";
 
-// 64-bit FNV-1a, to name the device-code file by its content.
-unsigned long long fnv1a(const std::string& s) {
-  unsigned long long h = 14695981039346656037ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-// Whether `path` holds exactly `text`.
-bool file_holds(const std::string& path, const std::string& text) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
-  std::string got((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return got == text;
-}
-
-// Writes `code` to `path` unless it already holds it (to a temporary name, then renamed,
-// so concurrent processes never see a partial file); whether `path` holds it after.
-bool write_once(const std::string& path, const std::string& code) {
-  if (file_holds(path, code)) return true;
-  return write_file_atomically(path, code) && file_holds(path, code);
-}
-
-// Where the device code goes: `$XDG_CACHE_HOME` or `~/.cache`, `mlx-rs/kernels/`, named
-// by the content's hash; empty where there is no such directory or its path would need
-// escaping between the quotes of an #include.
-const std::string& device_code_path() {
-  static const std::string path = []() -> std::string {
-    std::string base;
-    if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x == '/') {
-      base = x;
-    } else if (const char* h = std::getenv("HOME"); h != nullptr && *h == '/') {
-      base = std::string(h) + "/.cache";
-    }
-    if (base.empty() || base.find_first_of("\"\\\n") != std::string::npos) return "";
-    char name[64];
-    std::snprintf(name, sizeof(name), "mlxs_qmv_%016llx.cuh", fnv1a(kDeviceCode));
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    const fs::path dir = fs::path(base) / "mlx-rs" / "kernels";
-    fs::create_directories(dir, ec);
-    return (dir / name).string();
-  }();
-  return path;
-}
-
-// The `header` of a kernel about to be built: an #include of the file holding kDeviceCode
-// (checked, and written if missing, each time a kernel is built, since NVRTC reads it
-// then), or the device code itself where no such file can be written: the same kernels,
-// at the host cost per launch described above.
-// MLX's own device headers come first (its JIT compiler has them in memory): the swiglu
-// form calls MLX's `Sigmoid` and `Multiply` functors.
-std::string device_header() {
-  const std::string mlx_headers =
-      "#include \"mlx/backend/cuda/device/binary_ops.cuh\"\n"
-      "#include \"mlx/backend/cuda/device/unary_ops.cuh\"\n";
-  const std::string& path = device_code_path();
-  if (path.empty() || !write_once(path, kDeviceCode)) return mlx_headers + kDeviceCode;
-  return mlx_headers + "#include \"" + path + "\"\n";
-}
-
-// A kernel of ours over MLX's `fast::cuda_kernel` with the device code as its header,
-// compiled into MLX's disk cache for GPU `device` unless it is there (kernel_cache.h). MLX
-// reads compiled kernels from its disk cache by name alone (without looking at the
-// source), so the name gets a hash of everything compiled: a build with other device code
-// never picks up another's binary. Outputs are bfloat16.
+// A kernel of ours with the device code above (kernel_cache.h's `device_kernel`); outputs
+// are bfloat16.
 mx::fast::CustomKernelFunction tagged_kernel(std::string name,
                                              const std::vector<KernelParam>& inputs,
                                              const std::vector<std::string>& outputs,
                                              const std::string& src, int device) {
-  char tag[24];
-  std::snprintf(tag, sizeof(tag), "_h%016llx", fnv1a(std::string(kDeviceCode) + src));
-  name += tag;
-  const std::string header = device_header();
-  std::vector<std::string> input_names;
-  for (const auto& p : inputs) input_names.push_back(p.first);
   std::vector<KernelParam> output_params;
   for (const auto& o : outputs) output_params.emplace_back(o, mx::bfloat16);
-  ensure_kernel_cached(name, inputs, output_params, src, header, device);
-  return mx::fast::cuda_kernel(name, input_names, outputs, src, header,
-                               /* ensure_row_contiguous */ true);
+  return device_kernel(std::move(name), inputs, output_params, src,
+                       DeviceCode{kDeviceCode, "mlxs_qmv"}, device);
 }
 
 // One kernel: the products of x by `ns.size()` weights of the same K and group size,

@@ -370,6 +370,74 @@ std::optional<std::pair<std::string, std::string>> compile(const std::string& mo
   return out;
 }
 
+
+// 64-bit FNV-1a, to name device-code files and kernels by their content.
+unsigned long long fnv1a(const std::string& s) {
+  unsigned long long h = 14695981039346656037ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Whether `path` holds exactly `text`.
+bool file_holds(const std::string& path, const std::string& text) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  std::string got((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return got == text;
+}
+
+// Writes `code` to `path` unless it already holds it (to a temporary name, then renamed,
+// so concurrent processes never see a partial file); whether `path` holds it after.
+bool write_once(const std::string& path, const std::string& code) {
+  if (file_holds(path, code)) return true;
+  return write_file_atomically(path, code) && file_holds(path, code);
+}
+
+// Where a device code goes: `$XDG_CACHE_HOME` or `~/.cache`, `mlx-rs/kernels/`, named by
+// its prefix and the content's hash; empty where there is no such directory or its path
+// would need escaping between the quotes of an #include.
+std::string device_code_path(const DeviceCode& code) {
+  std::string base;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x == '/') {
+    base = x;
+  } else if (const char* h = std::getenv("HOME"); h != nullptr && *h == '/') {
+    base = std::string(h) + "/.cache";
+  }
+  if (base.empty() || base.find_first_of("\"\\\n") != std::string::npos) return "";
+  char name[96];
+  std::snprintf(name, sizeof(name), "%s_%016llx.cuh", code.prefix, fnv1a(code.text));
+  std::error_code ec;
+  const fs::path dir = fs::path(base) / "mlx-rs" / "kernels";
+  fs::create_directories(dir, ec);
+  return (dir / name).string();
+}
+
+// The `header` of a kernel about to be built: an #include of the file holding the device
+// code (checked, and written if missing, each time a kernel is built, since NVRTC reads it
+// then), or the device code itself where no such file can be written: the same kernels,
+// at a higher host cost per launch (see device_kernel).
+// MLX's own device headers come first (its JIT compiler has them in memory): fast_qmv's
+// swiglu form calls MLX's `Sigmoid` and `Multiply` functors.
+std::string device_header(const DeviceCode& code) {
+  const std::string mlx_headers =
+      "#include \"mlx/backend/cuda/device/binary_ops.cuh\"\n"
+      "#include \"mlx/backend/cuda/device/unary_ops.cuh\"\n";
+  static std::mutex mu;
+  static std::map<std::string, std::string> paths;  // by prefix
+  std::string path;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = paths.find(code.prefix);
+    if (it == paths.end()) it = paths.emplace(code.prefix, device_code_path(code)).first;
+    path = it->second;
+  }
+  if (path.empty() || !write_once(path, code.text)) return mlx_headers + code.text;
+  return mlx_headers + "#include \"" + path + "\"\n";
+}
+
 }  // namespace
 
 bool write_file_atomically(const std::string& path, const std::string& bytes) {
@@ -438,5 +506,23 @@ unsigned long long kernel_cache_compiles() {
   return g_compiles.load(std::memory_order_relaxed);
 }
 unsigned long long kernel_cache_hits() { return g_hits.load(std::memory_order_relaxed); }
+
+mx::fast::CustomKernelFunction device_kernel(std::string name,
+                                             const std::vector<KernelParam>& inputs,
+                                             const std::vector<KernelParam>& outputs,
+                                             const std::string& src, const DeviceCode& code,
+                                             int device, bool ensure_row_contiguous) {
+  char tag[24];
+  std::snprintf(tag, sizeof(tag), "_h%016llx", fnv1a(std::string(code.text) + src));
+  name += tag;
+  const std::string header = device_header(code);
+  std::vector<std::string> input_names;
+  for (const auto& p : inputs) input_names.push_back(p.first);
+  std::vector<std::string> output_names;
+  for (const auto& o : outputs) output_names.push_back(o.first);
+  ensure_kernel_cached(name, inputs, outputs, src, header, device);
+  return mx::fast::cuda_kernel(name, input_names, output_names, src, header,
+                               ensure_row_contiguous);
+}
 
 }  // namespace mlxs_detail

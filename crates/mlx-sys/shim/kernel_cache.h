@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "mlx/fast.h"
 #include "mlx/mlx.h"
 
 namespace mlxs_detail {
@@ -41,6 +42,27 @@ bool ensure_kernel_cached(const std::string& name,
 // Writes `bytes` to `path` through a temporary file renamed into place, so a concurrent
 // reader sees the whole file or none; whether it succeeded.
 bool write_file_atomically(const std::string& path, const std::string& bytes);
+
+// The device code of a family of our kernels: the text every kernel of the family includes
+// and the prefix of the file it is written to (kernel_cache.cpp's device_header).
+struct DeviceCode {
+  const char* text;
+  const char* prefix;
+};
+
+// A kernel of ours over MLX's `fast::cuda_kernel`, with `code` as its header (through an
+// #include of a file holding it: `async_eval` of a `cuda_kernel` call costs ~0.25 us more
+// per KB of its source on the H200's host, and a decoding step makes ~100 of these calls,
+// so each kernel's own source is one line), compiled into MLX's disk cache for GPU
+// `device` unless it is there (ensure_kernel_cached). MLX reads compiled kernels from its
+// disk cache by name alone (without looking at the source), so the name gets a hash of
+// everything compiled: a build with other device code never picks up another's binary.
+mlx::core::fast::CustomKernelFunction device_kernel(std::string name,
+                                                   const std::vector<KernelParam>& inputs,
+                                                   const std::vector<KernelParam>& outputs,
+                                                   const std::string& src,
+                                                   const DeviceCode& code, int device,
+                                                   bool ensure_row_contiguous = true);
 
 void set_kernel_cache(bool on);
 // Kernels this process compiled into the cache, and kernels it found there.

@@ -10,6 +10,7 @@
 
 #include "affine_operands.h"
 #include "cpu_gemv.h"
+#include "fast_gemv.h"
 #include "fast_qmv.h"
 #include "kernel_cache.h"
 #include "kernel_switch.h"
@@ -755,6 +756,7 @@ int mlxs_binary(mlxs_array* out, int32_t op, mlxs_array a_, mlxs_array b_, mlxs_
         case MLXS_LOGADDEXP: return mx::logaddexp(a, b, s);
         case MLXS_MATMUL: {
           auto fast = mlxs_detail::try_cpu_gemv(a, b, std::nullopt, s);
+          if (!fast) fast = mlxs_detail::try_fast_gemv(a, b, s);
           return fast ? std::move(*fast) : mx::matmul(a, b, s);
         }
         case MLXS_INNER: return mx::inner(a, b, s);
@@ -803,6 +805,9 @@ int mlxs_addmm(mlxs_array* out, mlxs_array c, mlxs_array a, mlxs_array b, float 
 void mlxs_set_fast_cpu_gemv(bool on) { mlxs_detail::set_fast_cpu_gemv(on); }
 bool mlxs_fast_cpu_gemv_enabled(void) { return mlxs_detail::fast_cpu_gemv_enabled(); }
 uint64_t mlxs_fast_cpu_gemv_uses(void) { return mlxs_detail::fast_cpu_gemv_uses(); }
+void mlxs_set_fast_gemv(bool on) { mlxs_detail::set_fast_gemv(on); }
+bool mlxs_fast_gemv_enabled(void) { return mlxs_detail::fast_gemv_enabled(); }
+uint64_t mlxs_fast_gemv_launches(void) { return mlxs_detail::fast_gemv_launches(); }
 int mlxs_astype(mlxs_array* out, mlxs_array a, int32_t dtype, mlxs_stream s) {
   OUT1(mx::astype(A(a), to_dtype(dtype), S(s)));
 }

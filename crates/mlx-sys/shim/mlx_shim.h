@@ -220,6 +220,14 @@ int mlxs_array_equal(mlxs_array* out, mlxs_array a, mlxs_array b, bool equal_nan
 void mlxs_set_fast_cpu_gemv(bool on);
 bool mlxs_fast_cpu_gemv_enabled(void);
 uint64_t mlxs_fast_cpu_gemv_uses(void);
+/* On the CUDA backend, matmul of one row x [..., 1, K] by a weight's transposed view W.T
+   (W [N, K] row-major; bfloat16, float16 or float32; K a multiple of 128; at least
+   MLX_FAST_GEMV_MIN_ELEMENTS elements, default 4M) goes through our kernel of MLX's `gemv`
+   arithmetic (fast_gemv.cpp): same bits, more loads in flight. On or off (default on;
+   MLX_FAST_GEMV=0 turns it off); how many products used it. */
+void mlxs_set_fast_gemv(bool on);
+bool mlxs_fast_gemv_enabled(void);
+uint64_t mlxs_fast_gemv_launches(void);
 int mlxs_addmm(mlxs_array* out, mlxs_array c, mlxs_array a, mlxs_array b, float alpha,
                float beta, mlxs_stream s);
 int mlxs_astype(mlxs_array* out, mlxs_array a, int32_t dtype, mlxs_stream s);

@@ -558,6 +558,15 @@ unsafe extern "C" {
     pub fn mlxs_fast_cpu_gemv_uses() -> u64;
 }
 unsafe extern "C" {
+    pub fn mlxs_set_fast_gemv(on: bool);
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_gemv_enabled() -> bool;
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_gemv_launches() -> u64;
+}
+unsafe extern "C" {
     pub fn mlxs_addmm(
         out: *mut mlxs_array,
         c: mlxs_array,

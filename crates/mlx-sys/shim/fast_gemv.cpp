@@ -1,0 +1,268 @@
+// fast_gemv.cpp: a faster CUDA kernel for dense products of one row, x [1, K] @ W.T with
+// W [N, K] (a decoding step's projections and vocabulary head in bfloat16, float16 or
+// float32), with the same arithmetic as MLX's own `gemv`.
+//
+// MLX 0.32.4 runs `matmul(x, w.T)` with one row of x (M == 1 once x's batch dimensions are
+// flattened) and a weight laid out as W.T (strides (1, K)) through `gemv_single`
+// (mlx/backend/cuda/gemms/gemv.cu): one warp a row of W, 8 warps a block; with
+// n = 4 elements a lane (K a multiple of 128 and both pointers aligned to 4 elements; else
+// 2 where K is a multiple of 64 and they are aligned to 2, else 1) lane l takes the n
+// consecutive elements n*l + 32*n*i of chunk i and adds float(w) * float(x) into one
+// float, element after element, chunk after chunk; then the warp reduces with
+// `cg::reduce` and lane 0 rounds the float to the output type. Each lane loads one chunk
+// at a time, so a warp keeps 256 bytes of a bfloat16 row in flight.
+//
+// `gemv` below keeps every step of that arithmetic (the same lanes and elements, the same
+// order, the same multiply-adds, reduction and rounding, and the same choice of n from K
+// and the pointers' alignment, made in the kernel since alignment is known only there) and
+// only issues `U` chunks of a lane's loads before their arithmetic. So its outputs are
+// MLX's bits; `fused_check MODEL ... gemv` in mlx-engine's examples and
+// `benchmarks/gemv_proto.py` check them on the H200 (benchmarks/GPU.md, session 23).
+//
+// It takes the products MLX would run through `gemv_single` on the CUDA backend (a
+// weight that is the transposed view of a row-major [N, K] array, no bias, one row of x)
+// for K a multiple of 128 (every projection of the models we run) and weights of at
+// least MLX_FAST_GEMV_MIN_ELEMENTS elements (kMinElements): on small weights a launch of
+// ours costs more host time than the faster loads save, and small models' steps are bound
+// by the host. `MLX_FAST_GEMV=0` (or `set_fast_gemv(false)`) leaves every product to MLX;
+// MLX_FAST_GEMV_LOADS (chunks in flight a lane) and MLX_FAST_GEMV_WARPS (warps a block)
+// set the layout for A/B runs (same bits).
+#include "fast_gemv.h"
+
+#include "kernel_cache.h"
+#include "kernel_switch.h"
+
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "mlx/backend/cuda/cuda.h"
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+
+namespace mx = mlx::core;
+
+namespace mlxs_detail {
+namespace {
+
+KernelSwitch g_switch("MLX_FAST_GEMV");
+// Weights of fewer elements stay on MLX's kernel (see the top of the file).
+constexpr long long kMinElements = 1ll << 22;
+// The longest rows we take (the kernel is unrolled for its K).
+constexpr int kMaxK = 65536;
+constexpr int kLoads = 16;
+constexpr int kWarps = 8;
+
+long long min_elements() {
+  static const long long v = env_count("MLX_FAST_GEMV_MIN_ELEMENTS", kMinElements);
+  return v;
+}
+
+int loads() {
+  static const int v = [] {
+    const long long u = env_count("MLX_FAST_GEMV_LOADS", kLoads);
+    return (u == 1 || u == 2 || u == 4 || u == 8 || u == 16 || u == 32) ? static_cast<int>(u)
+                                                                          : kLoads;
+  }();
+  return v;
+}
+
+int warps() {
+  static const int v = [] {
+    const long long w = env_count("MLX_FAST_GEMV_WARPS", kWarps);
+    return (w == 1 || w == 2 || w == 4 || w == 8 || w == 16) ? static_cast<int>(w) : kWarps;
+  }();
+  return v;
+}
+
+const char* const kDeviceCode = R"(// mlx-rs: the one-row dense kernel of fast_gemv.cpp.
+#pragma once
+#include <cooperative_groups/reduce.h>
+
+namespace mlxs_gemv {
+namespace cg = cooperative_groups;
+
+// NPT consecutive elements of type T, loaded as one word of their size.
+template <int BYTES> struct Word;
+template <> struct Word<2> { using type = unsigned short; };
+template <> struct Word<4> { using type = unsigned int; };
+template <> struct Word<8> { using type = uint2; };
+template <> struct Word<16> { using type = uint4; };
+
+template <typename T, int NPT>
+struct Elems {
+  typename Word<NPT * sizeof(T)>::type bits;
+  __device__ __forceinline__ T operator[](int j) const {
+    return reinterpret_cast<const T*>(&bits)[j];
+  }
+};
+
+template <typename T, int NPT>
+__device__ __forceinline__ Elems<T, NPT> load(const T* p) {
+  Elems<T, NPT> e;
+  e.bits = __ldg(reinterpret_cast<const typename Word<NPT * sizeof(T)>::type*>(p));
+  return e;
+}
+
+// Lane `lane`'s float sum of row `wr` against x: MLX's gemv_impl for n_per_thread = NPT
+// (elements NPT * lane + 32 * NPT * i, in order), U chunks of loads issued at a time.
+template <typename T, int NPT, int U>
+__device__ __forceinline__ void chunks(const T* x, const T* wr, const int lane, const int r0,
+                                       const int count, float& sum) {
+  constexpr int STEP = 32 * NPT;
+  Elems<T, NPT> wv[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (u < count) wv[u] = load<T, NPT>(wr + (r0 + u) * STEP + lane * NPT);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (u < count) {
+      const Elems<T, NPT> xv = load<T, NPT>(x + (r0 + u) * STEP + lane * NPT);
+#pragma unroll
+      for (int j = 0; j < NPT; ++j) {
+        sum += static_cast<float>(wv[u][j]) * static_cast<float>(xv[j]);
+      }
+    }
+  }
+}
+
+// Lane `lane`'s float sum of row `wr` against x: MLX's gemv_impl for n_per_thread = NPT
+// (elements NPT * lane + 32 * NPT * i, in order), U chunks of loads issued at a time.
+template <typename T, int NPT, int K, int U>
+__device__ __forceinline__ float lane_sum(const T* x, const T* wr, const int lane) {
+  constexpr int NCH = K / (32 * NPT);
+  constexpr int FULL = NCH / U * U;
+  float sum = 0.f;
+#pragma unroll 1
+  for (int r0 = 0; r0 < FULL; r0 += U) chunks<T, NPT, U>(x, wr, lane, r0, U, sum);
+  if constexpr (FULL < NCH) chunks<T, NPT, U>(x, wr, lane, FULL, NCH - FULL, sum);
+  return sum;
+}
+
+// Row blockIdx.x * WARPS + threadIdx.y of w [n, K] against x [K] into out[row]; K is a
+// multiple of 128. n_per_thread chosen as MLX's dispatch does, from the pointers.
+template <typename T, int K, int U, int WARPS>
+__device__ __forceinline__ void gemv(const T* x, const T* w, T* out, const int n) {
+  auto warp = cg::tiled_partition<32>(cg::this_thread_block());
+  const int row = blockIdx.x * WARPS + threadIdx.y;
+  if (row >= n) return;
+  const int lane = threadIdx.x;
+  const T* wr = w + (size_t)row * K;
+  const uintptr_t both = reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w);
+  float sum;
+  if (both % (4 * sizeof(T)) == 0) {
+    sum = lane_sum<T, 4, K, U>(x, wr, lane);
+  } else if (both % (2 * sizeof(T)) == 0) {
+    sum = lane_sum<T, 2, K, U>(x, wr, lane);
+  } else {
+    sum = lane_sum<T, 1, K, U>(x, wr, lane);
+  }
+  sum = cg::reduce(warp, sum, cg::plus<float>());
+  if (lane == 0) out[row] = static_cast<T>(sum);
+}
+
+}  // namespace mlxs_gemv
+)";
+
+const char* cuda_type(mx::Dtype d) {
+  if (d == mx::bfloat16) return "__nv_bfloat16";
+  if (d == mx::float16) return "__half";
+  return "float";
+}
+
+const mx::fast::CustomKernelFunction& kernel_for(int k, mx::Dtype dtype, int u, int warps,
+                                                 int device) {
+  using Key = std::tuple<int, int, int, int, int>;
+  static std::mutex mu;
+  static std::map<Key, mx::fast::CustomKernelFunction> kernels;
+  std::lock_guard<std::mutex> lock(mu);
+  const Key key{k, static_cast<int>(dtype.val()), u, warps, device};
+  auto it = kernels.find(key);
+  if (it != kernels.end()) return it->second;
+  const std::string targs = std::string(cuda_type(dtype)) + ", " + std::to_string(k) + ", " +
+                            std::to_string(u) + ", " + std::to_string(warps);
+  const std::string src = "  mlxs_gemv::gemv<" + targs + ">(x, w, out, w_shape[0]);\n";
+  const std::string name = std::string("mlxs_gemv_") + cuda_type(dtype) + "_k" +
+                           std::to_string(k) + "_u" + std::to_string(u) + "_w" +
+                           std::to_string(warps);
+  auto fn = device_kernel(name, {{"x", dtype}, {"w", dtype}}, {{"out", dtype}}, src,
+                          DeviceCode{kDeviceCode, "mlxs_gemv"}, device);
+  return kernels.emplace(key, std::move(fn)).first->second;
+}
+
+// W [N, K] (row-major) where `b` [K, N] is its transposed view as MLX's matmul would see
+// it, else nullopt: `b` evaluated with strides (1, K) over exactly N * K elements (a
+// weight's cached transpose after its first step), or a pending transpose of an evaluated
+// row-major W (the first step).
+std::optional<mx::array> row_major_source(const mx::array& b, const mx::Stream& st) {
+  if (b.ndim() != 2 || b.is_tracer()) return std::nullopt;
+  const int k = b.shape(0), n = b.shape(1);
+  if (b.is_available()) {
+    const auto& str = b.strides();
+    if (str[0] != 1 || str[1] != k || b.data_size() != static_cast<size_t>(k) * n) {
+      return std::nullopt;
+    }
+    // A view of the same buffer, row-major again (no copy: MLX's Transpose is a view).
+    return mx::transpose(b, {1, 0}, st);
+  }
+  if (!b.has_primitive() || b.inputs().size() != 1) return std::nullopt;
+  // By name (libmlx does not export its primitives' type information), then the axes.
+  if (std::strcmp(b.primitive().name(), "Transpose") != 0) return std::nullopt;
+  if (static_cast<const mx::Transpose&>(b.primitive()).state() != std::vector<int>{1, 0}) {
+    return std::nullopt;
+  }
+  const mx::array& w = b.inputs()[0];
+  if (w.ndim() != 2 || !w.is_available() || !w.flags().row_contiguous ||
+      w.data_size() != static_cast<size_t>(k) * n || w.shape(0) != n || w.shape(1) != k) {
+    return std::nullopt;
+  }
+  return w;
+}
+
+}  // namespace
+
+std::optional<mx::array> try_fast_gemv(const mx::array& a, const mx::array& b,
+                                       mx::StreamOrDevice s) {
+  if (!g_switch.on()) return std::nullopt;
+  const mx::Stream st = mx::to_stream(s);
+  if (st.device.type != mx::Device::gpu || !mx::cu::is_available() || a.is_tracer()) {
+    return std::nullopt;
+  }
+  const mx::Dtype dt = a.dtype();
+  if (b.dtype() != dt || (dt != mx::bfloat16 && dt != mx::float16 && dt != mx::float32)) {
+    return std::nullopt;
+  }
+  if (a.ndim() < 2 || b.ndim() != 2) return std::nullopt;
+  const int k = a.shape(-1);
+  const int n = b.shape(1);
+  if (b.shape(0) != k || a.size() != static_cast<size_t>(k) || k % 128 != 0 || k > kMaxK ||
+      n < 1) {
+    return std::nullopt;
+  }
+  if (static_cast<long long>(n) * k < min_elements()) return std::nullopt;
+  auto w = row_major_source(b, st);
+  if (!w) return std::nullopt;
+  const int wp = warps();
+  const long long blocks = (static_cast<long long>(n) + wp - 1) / wp;
+  if (blocks * 32 > std::numeric_limits<int>::max()) return std::nullopt;
+  const auto& fn = kernel_for(k, dt, loads(), wp, st.device.index);
+  mx::Shape out_shape = a.shape();
+  out_shape.back() = n;
+  // x's shape does not matter to the kernel (one row of K), so the output takes matmul's.
+  auto outs = fn({a, *w}, {out_shape}, {dt},
+                 std::make_tuple(static_cast<int>(blocks * 32), wp, 1),
+                 std::make_tuple(32, wp, 1), {}, std::nullopt, false, st);
+  g_switch.count();
+  return outs[0];
+}
+
+void set_fast_gemv(bool on) { g_switch.set(on); }
+bool fast_gemv_enabled() { return g_switch.on(); }
+unsigned long long fast_gemv_launches() { return g_switch.uses(); }
+
+}  // namespace mlxs_detail
