@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares everything the H200 runs carry, in three staging parts small enough to ride
-# beside the tracked tree (~26 MB of the 64 MiB a device call may carry):
-#   .gpu/s1, .gpu/s2  two 33 MB parts of MLX's CUDA wheel (a stash.sh each; s2 also
+# beside the tracked tree (~32 MB of the 64 MiB a device call may carry; the binaries
+# then ride in a call of their own, after s3):
+#   .gpu/s1, .gpu/s2  two 30 MB parts of MLX's CUDA wheel (a stash.sh each; s2 also
 #                     stashes .gpu/tok when it is carried along)
 #   .gpu/s3           the rest of the wheel, MLX's and mlx-lm's wheels, activate.sh
 #   .gpu/tok          the real Llama 3 / Qwen2.5 tokenizers for make_bench_models.py
@@ -36,7 +37,7 @@ export MLX_PYTHON=${MLX_PYTHON:-$PWD/.venv/bin/python}
 bash ../shared/gpu/stage.sh
 cd .gpu
 cat a/cuda.part.aa b/cuda.part.ab > whl
-split -b 33M whl part.
+split -b 30000000 whl part.
 rm -rf whl s1 s2 s3 && mkdir -p s1 s2 s3
 mv part.aa s1/cuda.part.aa
 mv part.ab s2/cuda.part.ab

@@ -153,13 +153,38 @@ pub fn cpu_gemv_uses() -> u64 {
     unsafe { sys::mlxs_fast_cpu_gemv_uses() }
 }
 
-/// Turns our one-row CUDA matmul on or off (default on; the environment variable
-/// `MLX_FAST_GEMV=0` starts it off). On the CUDA backend, `matmul` of one row
-/// `x [..., 1, K]` by a weight's transposed view `W.T` (`W [N, K]` row-major: a linear
-/// layer's product at batch 1; bfloat16, float16 or float32, `K` a multiple of 128, at
-/// least `MLX_FAST_GEMV_MIN_ELEMENTS` weight elements, default 4M) runs through our kernel
-/// with the arithmetic of MLX's `gemv` (`crates/mlx-sys/shim/fast_gemv.cpp`): the same bits,
-/// with more of each row's loads in flight. Elsewhere nothing changes.
+/// `residual + x @ wt`, the same array as `residual.add(&x.matmul(wt)?)`, where `wt` is
+/// the transposed view of a weight `W [N, K]` (a linear layer's product and its residual
+/// add). On the CUDA backend, for one row of `x` (`[..., 1, K]`; bfloat16, float16 or
+/// float32, `K` a multiple of 128, at least `MLX_FAST_GEMV_MIN_ELEMENTS` weight
+/// elements, default 4M) it is one launch of our kernel with the arithmetic of MLX's
+/// `gemv` and `add` (`crates/mlx-sys/shim/fast_gemv.cpp`): the same bits, one kernel
+/// fewer. Elsewhere MLX's ops run.
+#[track_caller]
+pub fn matmul_add(x: &Array, wt: &Array, residual: &Array) -> Result<Array> {
+    out1(|o| unsafe {
+        sys::mlxs_matmul_add(o, x.as_raw(), wt.as_raw(), residual.as_raw(), Array::s())
+    })
+}
+
+/// mlx-lm's `swiglu(g, u)` of `[g, u] = split(x @ wt, 2, -1)`, where `wt` is the
+/// transposed view of a fused `[gate; up]` weight, as one launch of our kernel (the
+/// products with MLX's `gemv` arithmetic, then MLX's compiled swiglu arithmetic on the
+/// stored products: the same bits) where it covers the call, as [`matmul_add`] does;
+/// `None` elsewhere (the caller runs the product, the split and the swiglu).
+#[track_caller]
+pub fn matmul_swiglu(x: &Array, wt: &Array) -> Result<Option<Array>> {
+    let mut taken = false;
+    let mut p: sys::mlxs_array = std::ptr::null_mut();
+    crate::error::check(unsafe {
+        sys::mlxs_matmul_swiglu(&mut p, &mut taken, x.as_raw(), wt.as_raw(), Array::s())
+    })?;
+    // SAFETY: where it took the call, the shim wrote a new owned handle.
+    Ok(taken.then(|| unsafe { Array::from_raw(p) }))
+}
+
+/// Turns the kernel of [`matmul_add`] and [`matmul_swiglu`] on or off (default on; the
+/// environment variable `MLX_FAST_GEMV=0` starts it off).
 pub fn set_gemv(on: bool) {
     unsafe { sys::mlxs_set_fast_gemv(on) }
 }
@@ -169,7 +194,7 @@ pub fn gemv_enabled() -> bool {
     unsafe { sys::mlxs_fast_gemv_enabled() }
 }
 
-/// How many matmuls of this process were built with our one-row CUDA kernel.
+/// How many products of this process were built with that kernel.
 pub fn gemv_launches() -> u64 {
     unsafe { sys::mlxs_fast_gemv_launches() }
 }

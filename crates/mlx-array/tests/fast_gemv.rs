@@ -1,10 +1,12 @@
-//! Our one-row CUDA kernel for dense matmuls (`mlx_array::fast::set_gemv`,
-//! shim/fast_gemv.cpp) must stay out of the way wherever it does not apply. Its
+//! Our one-row CUDA kernel for dense matmuls with their residual add or swiglu
+//! (`mlx_array::fast::{matmul_add, matmul_swiglu}`, shim/fast_gemv.cpp) must stay out of
+//! the way wherever it does not apply: there `matmul_add` is MLX's `add` of the residual
+//! and the product, and `matmul_swiglu` declines. Its
 //! bit-identity with MLX's `gemv` kernel is checked on a CUDA device by `mlx-engine`'s
 //! `fused_check MODEL ... gemv` (benchmarks/GPU.md, session 23); these tests run on any
 //! backend.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
-use mlx_array::fast::{gemv_enabled, gemv_launches, set_gemv};
+use mlx_array::fast::{gemv_enabled, gemv_launches, matmul_add, matmul_swiglu, set_gemv};
 use mlx_array::{random, Array, Device, DeviceType, Dtype};
 use std::sync::{Mutex, MutexGuard};
 
@@ -23,27 +25,28 @@ fn normal(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
         .unwrap()
 }
 
-/// `x @ w.T` of a shape the kernel takes on a CUDA device (one row, K a multiple of 128,
-/// over the size floor), evaluated: (with the kernel on, with it off).
-fn both(dtype: Dtype, evaluated_t: bool) -> (Array, Array) {
+/// `residual + x @ w.T` and the fused swiglu of a shape the kernel takes on a CUDA device
+/// (one row, K a multiple of 128, over the size floor), evaluated, with the kernel on,
+/// against `residual + x @ w.T` built from MLX's ops.
+fn check(dtype: Dtype, evaluated_t: bool) {
     let (n, k) = (4096, 1024);
     let w = normal(&[n, k], 1, dtype);
     let x = normal(&[1, 1, k], 2, dtype);
+    let r = normal(&[1, 1, n], 3, dtype);
     w.eval().unwrap();
-    let run = |on: bool| {
-        set_gemv(on);
-        let wt = w.transpose(None).unwrap();
-        if evaluated_t {
-            wt.eval().unwrap();
-        }
-        let y = x.matmul(&wt).unwrap();
-        y.eval().unwrap();
-        y
-    };
-    let ours = run(true);
-    let theirs = run(false);
     set_gemv(true);
-    (ours, theirs)
+    let wt = w.transpose(None).unwrap();
+    if evaluated_t {
+        wt.eval().unwrap();
+    }
+    let before = gemv_launches();
+    let ours = matmul_add(&x, &wt, &r).unwrap();
+    ours.eval().unwrap();
+    assert!(matmul_swiglu(&x, &wt).unwrap().is_none(), "{dtype:?}: swiglu taken");
+    assert_eq!(gemv_launches(), before, "{dtype:?}: taken on the CPU");
+    let theirs = r.add(&x.matmul(&wt).unwrap()).unwrap();
+    assert_eq!(ours.shape(), vec![1, 1, 4096]);
+    assert!(ours.array_equal(&theirs, false).unwrap().item::<bool>().unwrap());
 }
 
 #[test]
@@ -56,7 +59,7 @@ fn the_switch_turns_it_on_and_off() {
 }
 
 #[test]
-fn it_never_runs_off_the_gpu_and_leaves_the_product_as_it_was() {
+fn off_the_cuda_backend_mlx_runs_the_product_and_the_op() {
     let _g = serial();
     if Device::default_device().unwrap().kind == DeviceType::Gpu {
         // A GPU build (CUDA or Metal): covered by fused_check on the device.
@@ -64,11 +67,7 @@ fn it_never_runs_off_the_gpu_and_leaves_the_product_as_it_was() {
     }
     for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
         for evaluated_t in [false, true] {
-            let before = gemv_launches();
-            let (ours, theirs) = both(dtype, evaluated_t);
-            assert_eq!(gemv_launches(), before, "{dtype:?}: taken on the CPU");
-            assert_eq!(ours.shape(), vec![1, 1, 4096]);
-            assert!(ours.array_equal(&theirs, false).unwrap().item::<bool>().unwrap());
+            check(dtype, evaluated_t);
         }
     }
 }

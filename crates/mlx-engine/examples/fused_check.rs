@@ -12,11 +12,12 @@
 //!   adds the residuals and the swiglu in the kernels too, unless `MLX_FAST_QMV_RESIDUAL=0`
 //!   / `MLX_FAST_QMV_SWIGLU=0`); `FUSED_CHECK_SHAPES=0` leaves out the shape sweeps (one
 //!   NVRTC compile per shape), `FUSED_CHECK_SHAPES=swiglu` runs the swiglu sweep alone.
-//! - `gemv`: our one-row dense CUDA kernel (`mlx_array::fast::set_gemv`) against MLX's
-//!   `gemv`: first every projection shape of those models in bfloat16 (x aligned and at
-//!   offsets of one and two elements, which take MLX's 1- and 2-element layouts; the
-//!   weight's transposed view pending and evaluated), then the model with the kernel off
-//!   and on (`FUSED_CHECK_SHAPES=0` leaves out the sweep).
+//! - `gemv`: our one-row dense CUDA kernel (`mlx_array::fast::set_gemv`: a product with
+//!   its residual add, a fused gate/up product with its swiglu) against MLX's `gemv` and
+//!   the op after it: first every projection shape of those models in bfloat16 (x
+//!   aligned and at offsets of one and two elements, which take MLX's 1- and 2-element
+//!   layouts; the weight's transposed view pending and evaluated), then the model with
+//!   the kernel off and on (`FUSED_CHECK_SHAPES=0` leaves out the sweep).
 //!
 //! Each arm prefills the same random prompts, then decodes greedily at batch 1 and batch 4,
 //! comparing every step's logits exactly; then the decode steps of both are timed.
@@ -76,21 +77,24 @@ fn qmm4(x: &Array, q: &mlx_array::quant::Quantized, gs: i32) -> Res<Array> {
     Ok(y)
 }
 
-/// Our one-row dense kernel against MLX's `gemv` on the product shapes of
-/// [`common::SYNTHETIC`] in bfloat16, for x aligned and at offsets of one and two elements
-/// (MLX's layouts of 4, 1 and 2 elements a lane), with W.T pending (a weight's first step)
-/// and evaluated (its cached transpose later); whether all were identical and ours.
+/// Our one-row dense kernel against MLX's `gemv` and the op after it, on the product
+/// shapes of [`common::SYNTHETIC`] in bfloat16 (the shapes below its size floor are left
+/// to MLX and reported so): `matmul_add` against MLX's `add` of the residual and the
+/// product, `matmul_swiglu` against the product split in two halves and mlx-lm's compiled
+/// swiglu. x aligned and at offsets of one and two elements (MLX's layouts of 4, 1 and 2
+/// elements a lane), W.T pending (a weight's first step) and evaluated (its cached
+/// transpose later). Whether all were identical.
 fn gemv_shapes() -> Res<bool> {
-    use mlx_array::fast::{gemv_launches, set_gemv};
+    use mlx_array::fast::{gemv_launches, matmul_add, matmul_swiglu, set_gemv};
     let mut all = true;
     for (n, k) in common::SYNTHETIC {
         let w = scaled_normal(&[n, k], 70, 0.05)?;
         transforms::eval(&[&w])?;
-        let mut same = true;
-        let mut ours_all = true;
+        let (mut same_add, mut same_swiglu, mut taken) = (true, true, 0);
         for offset in [0, 1, 2] {
             let wide = scaled_normal(&[1, 1, k + 2], 80 + offset as u64, 1.0)?;
             let x = wide.slice(&[0, 0, offset], &[1, 1, offset + k], None)?;
+            let res = scaled_normal(&[1, 1, n], 90 + offset as u64, 1.0)?;
             for evaluated in [false, true] {
                 let wt = w.transpose(None)?;
                 if evaluated {
@@ -98,20 +102,33 @@ fn gemv_shapes() -> Res<bool> {
                 }
                 set_gemv(true);
                 let before = gemv_launches();
-                let y = x.matmul(&wt)?;
-                ours_all &= gemv_launches() == before + 1;
-                transforms::eval(&[&y])?;
+                let y = matmul_add(&x, &wt, &res)?;
+                let sw = matmul_swiglu(&x, &wt)?;
+                taken += gemv_launches() - before;
                 set_gemv(false);
-                let r = x.matmul(&wt)?;
-                same &= y.array_equal(&r, false)?.item::<bool>()?;
+                let r = matmul_add(&x, &wt, &res)?;
+                same_add &= y.array_equal(&r, false)?.item::<bool>()?;
+                if let Some(sw) = sw {
+                    let p = x.matmul(&wt)?;
+                    let g = p.slice(&[0, 0, 0], &[1, 1, n / 2], None)?;
+                    let u = p.slice(&[0, 0, n / 2], &[1, 1, n], None)?;
+                    let theirs = mlx_nn::activations::swiglu(&g, &u)?;
+                    same_swiglu &= sw.array_equal(&theirs, false)?.item::<bool>()?;
+                }
             }
         }
         set_gemv(true);
-        all &= same && ours_all;
+        all &= same_add && same_swiglu;
+        let word = |same: bool| if same { "identical" } else { "DIFFER" };
         println!(
-            "gemv K={k} N={n}: {}{}",
-            if same { "identical" } else { "DIFFER" },
-            if ours_all { "" } else { " (not all through our kernel)" }
+            "gemv K={k} N={n}: add {}, swiglu {}{}",
+            word(same_add),
+            word(same_swiglu),
+            match taken {
+                12 => String::new(),
+                0 => " (below the size floor: MLX's kernels)".into(),
+                t => format!(" (only {t} of 12 launches ours)"),
+            }
         );
     }
     Ok(all)

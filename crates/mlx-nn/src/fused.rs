@@ -159,6 +159,22 @@ impl FusedLinears {
         same && n == self.ids.len()
     }
 
+    /// mlx-lm's `swiglu(g, u)` of the two outputs of [`FusedLinears::forward`], as one
+    /// launch of our kernel ([`mlx_array::fast::matmul_swiglu`]: the same bits) where it
+    /// covers the call: two dense layers of one size without biases (an MLP's gate and up
+    /// projections) and a one-row `x` on the CUDA backend. `None` elsewhere.
+    pub fn forward_swiglu(&self, x: &Array) -> Result<Option<Array>> {
+        match &self.kind {
+            Kind::Dense {
+                weight_t,
+                bias: None,
+            } if self.sizes.len() == 2 && self.sizes[0] == self.sizes[1] => {
+                mlx_array::fast::matmul_swiglu(x, weight_t)
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// Every layer's output for `x`, from one matmul (and one bias add), split along the
     /// last axis.
     #[track_caller]

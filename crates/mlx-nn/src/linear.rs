@@ -295,12 +295,16 @@ impl LinearLayer {
             _ => Vec::new(),
         }
     }
-    /// `residual + self.forward(x)`, the same array: for a quantized layer without an
-    /// output bias through one [`quantized_matmul_add`] (which can do the add in our
-    /// kernel's launch).
+    /// `residual + self.forward(x)`, the same array: for a layer without an output bias
+    /// through one [`quantized_matmul_add`] (quantized) or
+    /// [`mlx_array::fast::matmul_add`] (dense), which can do the add in our kernel's
+    /// launch.
     #[track_caller]
     pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
         match self {
+            LinearLayer::Dense(d) if d.bias.is_none() => {
+                mlx_array::fast::matmul_add(x, &d.weight.transposed()?, residual)
+            }
             LinearLayer::Quantized(q) if q.bias.is_none() => quantized_matmul_add(
                 x,
                 &q.weight,

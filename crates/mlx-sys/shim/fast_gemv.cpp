@@ -1,6 +1,8 @@
-// fast_gemv.cpp: a faster CUDA kernel for dense products of one row, x [1, K] @ W.T with
-// W [N, K] (a decoding step's projections and vocabulary head in bfloat16, float16 or
-// float32), with the same arithmetic as MLX's own `gemv`.
+// fast_gemv.cpp: dense products of one row, x [1, K] @ W.T with W [N, K] (a decoding
+// step's projections in bfloat16, float16 or float32), together with the op that follows
+// them in a decoder layer, in one CUDA kernel with MLX's arithmetic: the residual add of
+// the o / down projections (`try_fast_gemv_add`) and the swiglu of a fused gate/up
+// product (`try_fast_gemv_swiglu`). One kernel a layer fewer each, the same bits.
 //
 // MLX 0.32.4 runs `matmul(x, w.T)` with one row of x (M == 1 once x's batch dimensions are
 // flattened) and a weight laid out as W.T (strides (1, K)) through `gemv_single`
@@ -9,24 +11,28 @@
 // 2 where K is a multiple of 64 and they are aligned to 2, else 1) lane l takes the n
 // consecutive elements n*l + 32*n*i of chunk i and adds float(w) * float(x) into one
 // float, element after element, chunk after chunk; then the warp reduces with
-// `cg::reduce` and lane 0 rounds the float to the output type. Each lane loads one chunk
-// at a time, so a warp keeps 256 bytes of a bfloat16 row in flight.
+// `cg::reduce` and lane 0 rounds the float to the output type.
 //
-// `gemv` below keeps every step of that arithmetic (the same lanes and elements, the same
-// order, the same multiply-adds, reduction and rounding, and the same choice of n from K
-// and the pointers' alignment, made in the kernel since alignment is known only there) and
-// only issues `U` chunks of a lane's loads before their arithmetic. So its outputs are
-// MLX's bits; `fused_check MODEL ... gemv` in mlx-engine's examples and
-// `benchmarks/gemv_proto.py` check them on the H200 (benchmarks/GPU.md, session 23).
+// `row_dot` below keeps every step of that arithmetic (the same lanes and elements, the
+// same order, the same multiply-adds, reduction and rounding, and the same choice of n
+// from K and the pointers' alignment, made in the kernel since alignment is known only
+// there), issuing `U` chunks of a lane's loads before their arithmetic. The stored product
+// then gets MLX's `add` of the residual (`res + y` in the output type) or, for rows r and
+// inter + r of a fused [gate; up] weight, mlx-lm's compiled swiglu with MLX's own
+// `Sigmoid` and `Multiply` device functors (as fast_qmv.cpp's 4-bit swiglu form does).
+// `fused_check MODEL ... gemv` in mlx-engine's examples checks both against MLX's ops on
+// the H200, shape by shape and on whole decoding runs (benchmarks/GPU.md, session 23).
 //
-// It takes the products MLX would run through `gemv_single` on the CUDA backend (a
-// weight that is the transposed view of a row-major [N, K] array, no bias, one row of x)
-// for K a multiple of 128 (every projection of the models we run) and weights of at
-// least MLX_FAST_GEMV_MIN_ELEMENTS elements (kMinElements): on small weights a launch of
-// ours costs more host time than the faster loads save, and small models' steps are bound
-// by the host. `MLX_FAST_GEMV=0` (or `set_fast_gemv(false)`) leaves every product to MLX;
-// MLX_FAST_GEMV_LOADS (chunks in flight a lane) and MLX_FAST_GEMV_WARPS (warps a block)
-// set the layout for A/B runs (same bits).
+// Alone, the product measured no faster than MLX's (its kernel streams the large weights
+// of an 8B model at ~4 TB/s already; GPU.md session 23), so plain products stay MLX's:
+// what the kernel saves is the separate `add` and swiglu launches. It takes the products
+// MLX would run through `gemv_single` on the CUDA backend (a weight that is the transposed
+// view of a row-major [N, K] array, no bias, one row of x) for K a multiple of 128 (every
+// projection of the models we run) and weights of at least MLX_FAST_GEMV_MIN_ELEMENTS
+// elements (kMinElements, 4M), leaving small models' small weights, whose steps are bound
+// by the host, on MLX's kernels. `MLX_FAST_GEMV=0` (or `set_fast_gemv(false)`) leaves
+// every product and op to MLX; MLX_FAST_GEMV_LOADS (chunks in flight a lane) and
+// MLX_FAST_GEMV_WARPS (warps a block) set the layout for A/B runs (same bits).
 #include "fast_gemv.h"
 
 #include "kernel_cache.h"
@@ -144,13 +150,12 @@ __device__ __forceinline__ float lane_sum(const T* x, const T* wr, const int lan
   return sum;
 }
 
-// Row blockIdx.x * WARPS + threadIdx.y of w [n, K] against x [K] into out[row]; K is a
-// multiple of 128. n_per_thread chosen as MLX's dispatch does, from the pointers.
-template <typename T, int K, int U, int WARPS>
-__device__ __forceinline__ void gemv(const T* x, const T* w, T* out, const int n) {
+// The float sum of row `row` of w [n, K] against x [K] (every lane gets it): MLX's
+// gemv_impl with n_per_thread chosen as MLX's dispatch does, from the pointers (K is a
+// multiple of 128), and its warp reduction.
+template <typename T, int K, int U>
+__device__ __forceinline__ float row_dot(const T* x, const T* w, const int row) {
   auto warp = cg::tiled_partition<32>(cg::this_thread_block());
-  const int row = blockIdx.x * WARPS + threadIdx.y;
-  if (row >= n) return;
   const int lane = threadIdx.x;
   const T* wr = w + (size_t)row * K;
   const uintptr_t both = reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w);
@@ -162,8 +167,43 @@ __device__ __forceinline__ void gemv(const T* x, const T* w, T* out, const int n
   } else {
     sum = lane_sum<T, 1, K, U>(x, wr, lane);
   }
-  sum = cg::reduce(warp, sum, cg::plus<float>());
-  if (lane == 0) out[row] = static_cast<T>(sum);
+  return cg::reduce(warp, sum, cg::plus<float>());
+}
+
+// Row blockIdx.x * WARPS + threadIdx.y of w [n, K] against x [K], rounded to T as MLX's
+// gemv stores it, plus res[row] as MLX's `add` of the residual and that product computes
+// it (in T), into out[row].
+template <typename T, int K, int U, int WARPS>
+__device__ __forceinline__ void gemv_add(const T* x, const T* w, const T* res, T* out,
+                                         const int n) {
+  const int row = blockIdx.x * WARPS + threadIdx.y;
+  if (row >= n) return;
+  const float sum = row_dot<T, K, U>(x, w, row);
+  if (threadIdx.x == 0) out[row] = res[row] + static_cast<T>(sum);
+}
+
+// mlx-lm's swiglu of a fused gate/up product: w [2 * inter, K] holds the gate's rows then
+// the up projection's; warps y < WARPS of a block compute gate rows, the others the same
+// rows of up, each stored as the product MLX's gemv would store (rounded to T), and one
+// lane a row applies MLX's `Sigmoid` and `Multiply` device functors in the order of MLX's
+// compiled swiglu kernel: out[r] = (g * sigmoid(g)) * u.
+template <typename T, int K, int U, int WARPS>
+__device__ __forceinline__ void gemv_swiglu(const T* x, const T* w, T* out, const int inter) {
+  __shared__ T prod[2][WARPS];
+  const int up = threadIdx.y >= WARPS;
+  const int i = threadIdx.y - up * WARPS;
+  const int row = blockIdx.x * WARPS + i;
+  if (row < inter) {
+    const float sum = row_dot<T, K, U>(x, w, row + up * inter);
+    if (threadIdx.x == 0) prod[up][i] = static_cast<T>(sum);
+  }
+  __syncthreads();
+  if (threadIdx.y == 0 && threadIdx.x < WARPS && blockIdx.x * WARPS + threadIdx.x < inter) {
+    namespace cu = mlx::core::cu;
+    const T g = prod[0][threadIdx.x];
+    out[blockIdx.x * WARPS + threadIdx.x] = cu::Multiply{}(cu::Multiply{}(g, cu::Sigmoid{}(g)),
+                                                          prod[1][threadIdx.x]);
+  }
 }
 
 }  // namespace mlxs_gemv
@@ -175,22 +215,37 @@ const char* cuda_type(mx::Dtype d) {
   return "float";
 }
 
-const mx::fast::CustomKernelFunction& kernel_for(int k, mx::Dtype dtype, int u, int warps,
-                                                 int device) {
-  using Key = std::tuple<int, int, int, int, int>;
+// What a kernel computes: the product plus a residual, or the swiglu of a fused gate/up
+// product.
+enum class Form { kResidual = 1, kSwiglu = 2 };
+
+const mx::fast::CustomKernelFunction& kernel_for(Form form, int k, mx::Dtype dtype, int u,
+                                                 int warps, int device) {
+  using Key = std::tuple<int, int, int, int, int, int>;
   static std::mutex mu;
   static std::map<Key, mx::fast::CustomKernelFunction> kernels;
   std::lock_guard<std::mutex> lock(mu);
-  const Key key{k, static_cast<int>(dtype.val()), u, warps, device};
+  const Key key{static_cast<int>(form), k, static_cast<int>(dtype.val()), u, warps, device};
   auto it = kernels.find(key);
   if (it != kernels.end()) return it->second;
   const std::string targs = std::string(cuda_type(dtype)) + ", " + std::to_string(k) + ", " +
                             std::to_string(u) + ", " + std::to_string(warps);
-  const std::string src = "  mlxs_gemv::gemv<" + targs + ">(x, w, out, w_shape[0]);\n";
-  const std::string name = std::string("mlxs_gemv_") + cuda_type(dtype) + "_k" +
-                           std::to_string(k) + "_u" + std::to_string(u) + "_w" +
-                           std::to_string(warps);
-  auto fn = device_kernel(name, {{"x", dtype}, {"w", dtype}}, {{"out", dtype}}, src,
+  std::string name = std::string("mlxs_gemv_") + cuda_type(dtype) + "_k" + std::to_string(k) +
+                     "_u" + std::to_string(u) + "_w" + std::to_string(warps);
+  std::vector<KernelParam> inputs{{"x", dtype}, {"w", dtype}};
+  std::string src;
+  switch (form) {
+    case Form::kResidual:
+      inputs.emplace_back("res", dtype);
+      name += "_res";
+      src = "  mlxs_gemv::gemv_add<" + targs + ">(x, w, res, out, w_shape[0]);\n";
+      break;
+    case Form::kSwiglu:
+      name += "_swiglu";
+      src = "  mlxs_gemv::gemv_swiglu<" + targs + ">(x, w, out, w_shape[0] / 2);\n";
+      break;
+  }
+  auto fn = device_kernel(name, inputs, {{"out", dtype}}, src,
                           DeviceCode{kDeviceCode, "mlxs_gemv"}, device);
   return kernels.emplace(key, std::move(fn)).first->second;
 }
@@ -224,10 +279,15 @@ std::optional<mx::array> row_major_source(const mx::array& b, const mx::Stream& 
   return w;
 }
 
-}  // namespace
+// A one-row product our kernels take: its stream, K, N and row-major weight.
+struct Product {
+  mx::Stream st;
+  int k;
+  int n;
+  mx::array w;
+};
 
-std::optional<mx::array> try_fast_gemv(const mx::array& a, const mx::array& b,
-                                       mx::StreamOrDevice s) {
+std::optional<Product> eligible(const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
   if (!g_switch.on()) return std::nullopt;
   const mx::Stream st = mx::to_stream(s);
   if (st.device.type != mx::Device::gpu || !mx::cu::is_available() || a.is_tracer()) {
@@ -247,18 +307,46 @@ std::optional<mx::array> try_fast_gemv(const mx::array& a, const mx::array& b,
   if (static_cast<long long>(n) * k < min_elements()) return std::nullopt;
   auto w = row_major_source(b, st);
   if (!w) return std::nullopt;
+  return Product{st, k, n, *w};
+}
+
+// Launches `form` over `rows` rows of output (blocks of `warps()` rows, twice as many warps
+// a block for the swiglu), with `inputs` after x and w.
+std::optional<mx::array> launch(Form form, const Product& p, const mx::array& a, int rows,
+                                std::vector<mx::array> inputs) {
   const int wp = warps();
-  const long long blocks = (static_cast<long long>(n) + wp - 1) / wp;
+  const long long blocks = (static_cast<long long>(rows) + wp - 1) / wp;
   if (blocks * 32 > std::numeric_limits<int>::max()) return std::nullopt;
-  const auto& fn = kernel_for(k, dt, loads(), wp, st.device.index);
+  const int ys = form == Form::kSwiglu ? 2 * wp : wp;
+  const auto& fn = kernel_for(form, p.k, a.dtype(), loads(), wp, p.st.device.index);
   mx::Shape out_shape = a.shape();
-  out_shape.back() = n;
+  out_shape.back() = rows;
+  inputs.insert(inputs.begin(), {a, p.w});
   // x's shape does not matter to the kernel (one row of K), so the output takes matmul's.
-  auto outs = fn({a, *w}, {out_shape}, {dt},
-                 std::make_tuple(static_cast<int>(blocks * 32), wp, 1),
-                 std::make_tuple(32, wp, 1), {}, std::nullopt, false, st);
+  auto outs = fn(inputs, {out_shape}, {a.dtype()},
+                 std::make_tuple(static_cast<int>(blocks * 32), ys, 1),
+                 std::make_tuple(32, ys, 1), {}, std::nullopt, false, p.st);
   g_switch.count();
   return outs[0];
+}
+
+}  // namespace
+
+std::optional<mx::array> try_fast_gemv_add(const mx::array& a, const mx::array& b,
+                                           const mx::array& residual, mx::StreamOrDevice s) {
+  auto p = eligible(a, b, s);
+  if (!p || residual.dtype() != a.dtype() || residual.ndim() != a.ndim()) return std::nullopt;
+  mx::Shape out_shape = a.shape();
+  out_shape.back() = p->n;
+  if (residual.shape() != out_shape) return std::nullopt;
+  return launch(Form::kResidual, *p, a, p->n, {residual});
+}
+
+std::optional<mx::array> try_fast_gemv_swiglu(const mx::array& a, const mx::array& b,
+                                              mx::StreamOrDevice s) {
+  auto p = eligible(a, b, s);
+  if (!p || p->n % 2 != 0) return std::nullopt;
+  return launch(Form::kSwiglu, *p, a, p->n / 2, {});
 }
 
 void set_fast_gemv(bool on) { g_switch.set(on); }

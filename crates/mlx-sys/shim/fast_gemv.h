@@ -7,12 +7,21 @@
 
 namespace mlxs_detail {
 
-// `a @ b` by our one-row CUDA kernel of MLX's `gemv` arithmetic, when it covers the call
-// (a one-row x, b the transposed view of a row-major weight, on the GPU); nullopt when MLX
-// should run it.
-std::optional<mlx::core::array> try_fast_gemv(const mlx::core::array& a,
-                                              const mlx::core::array& b,
-                                              mlx::core::StreamOrDevice s);
+// `residual + a @ b` by one launch of our one-row CUDA kernel of MLX's `gemv` arithmetic
+// (and MLX's `add`), when it covers the call (a one-row x, b the transposed view of a
+// row-major weight, residual of the product's shape and dtype, on the GPU); nullopt when
+// MLX should run it.
+std::optional<mlx::core::array> try_fast_gemv_add(const mlx::core::array& a,
+                                                  const mlx::core::array& b,
+                                                  const mlx::core::array& residual,
+                                                  mlx::core::StreamOrDevice s);
+
+// mlx-lm's `swiglu(g, u)` of `[g, u] = split(a @ b, 2, -1)` (b the transposed view of a
+// fused [gate; up] weight) by one launch of that kernel, when it covers the call; nullopt
+// when MLX should run it.
+std::optional<mlx::core::array> try_fast_gemv_swiglu(const mlx::core::array& a,
+                                                     const mlx::core::array& b,
+                                                     mlx::core::StreamOrDevice s);
 
 void set_fast_gemv(bool on);
 bool fast_gemv_enabled();

@@ -756,7 +756,6 @@ int mlxs_binary(mlxs_array* out, int32_t op, mlxs_array a_, mlxs_array b_, mlxs_
         case MLXS_LOGADDEXP: return mx::logaddexp(a, b, s);
         case MLXS_MATMUL: {
           auto fast = mlxs_detail::try_cpu_gemv(a, b, std::nullopt, s);
-          if (!fast) fast = mlxs_detail::try_fast_gemv(a, b, s);
           return fast ? std::move(*fast) : mx::matmul(a, b, s);
         }
         case MLXS_INNER: return mx::inner(a, b, s);
@@ -805,6 +804,27 @@ int mlxs_addmm(mlxs_array* out, mlxs_array c, mlxs_array a, mlxs_array b, float 
 void mlxs_set_fast_cpu_gemv(bool on) { mlxs_detail::set_fast_cpu_gemv(on); }
 bool mlxs_fast_cpu_gemv_enabled(void) { return mlxs_detail::fast_cpu_gemv_enabled(); }
 uint64_t mlxs_fast_cpu_gemv_uses(void) { return mlxs_detail::fast_cpu_gemv_uses(); }
+int mlxs_matmul_add(mlxs_array* out, mlxs_array x, mlxs_array wt, mlxs_array residual,
+                    mlxs_stream s) {
+  return guard([&] {
+    auto fast = mlxs_detail::try_fast_gemv_add(A(x), A(wt), A(residual), S(s));
+    if (!fast) {
+      // As mlxs_binary's MLXS_MATMUL and MLXS_ADD build them (our CPU product where it
+      // applies).
+      auto y = mlxs_detail::try_cpu_gemv(A(x), A(wt), std::nullopt, S(s));
+      fast = mx::add(A(residual), y ? std::move(*y) : mx::matmul(A(x), A(wt), S(s)), S(s));
+    }
+    *out = wrap(std::move(*fast));
+  });
+}
+int mlxs_matmul_swiglu(mlxs_array* out, bool* taken, mlxs_array x, mlxs_array wt,
+                       mlxs_stream s) {
+  return guard([&] {
+    auto fast = mlxs_detail::try_fast_gemv_swiglu(A(x), A(wt), S(s));
+    *taken = fast.has_value();
+    if (fast) *out = wrap(std::move(*fast));
+  });
+}
 void mlxs_set_fast_gemv(bool on) { mlxs_detail::set_fast_gemv(on); }
 bool mlxs_fast_gemv_enabled(void) { return mlxs_detail::fast_gemv_enabled(); }
 uint64_t mlxs_fast_gemv_launches(void) { return mlxs_detail::fast_gemv_launches(); }

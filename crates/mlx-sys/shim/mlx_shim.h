@@ -220,11 +220,21 @@ int mlxs_array_equal(mlxs_array* out, mlxs_array a, mlxs_array b, bool equal_nan
 void mlxs_set_fast_cpu_gemv(bool on);
 bool mlxs_fast_cpu_gemv_enabled(void);
 uint64_t mlxs_fast_cpu_gemv_uses(void);
-/* On the CUDA backend, matmul of one row x [..., 1, K] by a weight's transposed view W.T
-   (W [N, K] row-major; bfloat16, float16 or float32; K a multiple of 128; at least
-   MLX_FAST_GEMV_MIN_ELEMENTS elements, default 4M) goes through our kernel of MLX's `gemv`
-   arithmetic (fast_gemv.cpp): same bits, more loads in flight. On or off (default on;
-   MLX_FAST_GEMV=0 turns it off); how many products used it. */
+/* residual + x @ wt (wt the transposed view of a weight W [N, K]): the same array as
+   mlxs_add(residual, matmul(x, wt)), in one launch of our CUDA kernel of MLX's `gemv` and
+   `add` arithmetic (fast_gemv.cpp) where it covers the call (the CUDA backend, one row of
+   x, bfloat16 / float16 / float32, K a multiple of 128, at least
+   MLX_FAST_GEMV_MIN_ELEMENTS weight elements, default 4M). */
+int mlxs_matmul_add(mlxs_array* out, mlxs_array x, mlxs_array wt, mlxs_array residual,
+                    mlxs_stream s);
+/* mlx-lm's swiglu(g, u) of [g, u] = split(x @ wt, 2, -1), wt the transposed view of a
+   fused [gate; up] weight: in *out with *taken true where one launch of that kernel covers
+   the call, else *taken false and nothing in *out (the caller runs the product, the split
+   and the compiled swiglu). */
+int mlxs_matmul_swiglu(mlxs_array* out, bool* taken, mlxs_array x, mlxs_array wt,
+                       mlxs_stream s);
+/* Those kernels on or off (default on; MLX_FAST_GEMV=0 turns them off); how many products
+   used them. */
 void mlxs_set_fast_gemv(bool on);
 bool mlxs_fast_gemv_enabled(void);
 uint64_t mlxs_fast_gemv_launches(void);

@@ -558,6 +558,24 @@ unsafe extern "C" {
     pub fn mlxs_fast_cpu_gemv_uses() -> u64;
 }
 unsafe extern "C" {
+    pub fn mlxs_matmul_add(
+        out: *mut mlxs_array,
+        x: mlxs_array,
+        wt: mlxs_array,
+        residual: mlxs_array,
+        s: mlxs_stream,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_matmul_swiglu(
+        out: *mut mlxs_array,
+        taken: *mut bool,
+        x: mlxs_array,
+        wt: mlxs_array,
+        s: mlxs_stream,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
     pub fn mlxs_set_fast_gemv(on: bool);
 }
 unsafe extern "C" {

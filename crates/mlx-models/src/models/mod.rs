@@ -237,16 +237,23 @@ pub(crate) fn project<const N: usize>(
 }
 
 /// mlx-lm's `swiglu(gate(x), up(x))`: through the fused dense matmul where the layers
-/// have one (see [`project`]), else [`LinearLayer::forward_swiglu`] (one launch of our
-/// kernels for quantized layers in a decoding step).
+/// have one (see [`project`]; in a decoding step on the CUDA backend one launch of our
+/// kernel for the product and the swiglu, `FusedLinears::forward_swiglu`), else
+/// [`LinearLayer::forward_swiglu`] (one launch of our kernels for quantized layers in a
+/// decoding step).
 pub(crate) fn swiglu_mlp(
     fused: Option<&FusedLinears>,
     gate: &LinearLayer,
     up: &LinearLayer,
     x: &Array,
 ) -> Result<Array> {
-    if fused.is_none() {
+    let Some(f) = fused else {
         return LinearLayer::forward_swiglu(gate, up, x);
+    };
+    if x.ndim() == 3 && x.dim(1)? == 1 && f.matches(&[gate, up]) {
+        if let Some(y) = f.forward_swiglu(x)? {
+            return Ok(y);
+        }
     }
     let [g, u] = project(fused, [gate, up], x)?;
     mlx_nn::activations::swiglu(&g, &u)
