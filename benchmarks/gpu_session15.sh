@@ -74,10 +74,6 @@
 #              (GEMV_ARMS: on, off = MLX_FAST_GEMV=0, u8 / u32 = MLX_FAST_GEMV_LOADS,
 #              w4 = MLX_FAST_GEMV_WARPS=4) and mlx-lm, GEMV_MODELS (llama-3.1-8b-bf16),
 #              GEMV_ROUNDS (2) rounds of processes in flipped order, -p 128 -g GEMV_G (256)
-#   qmvlayout  issue 21: the 8B 4-bit model at batch 1 with the weights that take kBody on
-#              kBodyRows (MLX_FAST_QMV_LAYOUT=rows1 / rows2): fused_check qmv logits per
-#              arm (no shape sweep), then mlx-benchmark -p 128 -g 256 per arm
-#              (QMVL_ARMS: default rows1 rows2), QMVL_ROUNDS (2) rounds in flipped order
 #   ncubf16    issue 21: ncu kernel durations of decoding steps of NCU_MODEL
 #              (llama-3.1-8b-bf16; mlx-generate, 64 tokens, kernels NCU_SKIP (8000) to
 #              NCU_SKIP + NCU_COUNT (900); NCU_ENV for the arm's switches)
@@ -280,26 +276,6 @@ for PART in "$@"; do
         echo "## b=$b mlx-lm" >> "$D/stdout.txt"
         timeout 120 python3 -m mlx_lm benchmark --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
-      done ;;
-    qmvlayout)
-      ensure_model llama-3.1-8b-4bit "$D"
-      arms=(${QMVL_ARMS:-default rows1 rows2})
-      for arm in "${arms[@]}"; do
-        [ "$arm" = default ] && continue
-        echo "## check $arm" >> "$D/stdout.txt"
-        MLX_FAST_QMV_LAYOUT=$arm FUSED_CHECK_SHAPES=0 timeout 150 "$NEW/fused_check" \
-          "$MODELS/llama-3.1-8b-4bit" 64 16 qmv >> "$D/stdout.txt" 2>&1
-      done
-      r=0
-      while [ $r -lt "${QMVL_ROUNDS:-2}" ]; do
-        order=("${arms[@]}"); [ $((r % 2)) = 1 ] && order=($(printf '%s\n' "${arms[@]}" | tac))
-        for arm in "${order[@]}"; do
-          [ "$(left)" -lt 40 ] && break 2
-          echo "## round=$r arm=$arm" >> "$D/stdout.txt"
-          MLX_FAST_QMV_LAYOUT=$arm timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-4bit" \
-            -p 128 -g 256 -n 2 >> "$D/stdout.txt" 2>&1
-        done
-        r=$((r + 1))
       done ;;
     ncubf16)
       NCU_MODEL=${NCU_MODEL:-llama-3.1-8b-bf16}

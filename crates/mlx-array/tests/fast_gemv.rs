@@ -42,11 +42,18 @@ fn check(dtype: Dtype, evaluated_t: bool) {
     let before = gemv_launches();
     let ours = matmul_add(&x, &wt, &r).unwrap();
     ours.eval().unwrap();
-    assert!(matmul_swiglu(&x, &wt).unwrap().is_none(), "{dtype:?}: swiglu taken");
+    assert!(
+        matmul_swiglu(&x, &wt).unwrap().is_none(),
+        "{dtype:?}: swiglu taken"
+    );
     assert_eq!(gemv_launches(), before, "{dtype:?}: taken on the CPU");
     let theirs = r.add(&x.matmul(&wt).unwrap()).unwrap();
     assert_eq!(ours.shape(), vec![1, 1, 4096]);
-    assert!(ours.array_equal(&theirs, false).unwrap().item::<bool>().unwrap());
+    assert!(ours
+        .array_equal(&theirs, false)
+        .unwrap()
+        .item::<bool>()
+        .unwrap());
 }
 
 #[test]

@@ -111,7 +111,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -301,25 +300,11 @@ constexpr Layout kOneRow = {0, 4, 1, 32, false};
 // 4 warps a block, kQmmLoads / rw chunks of each row loaded at a time.
 Layout many_rows_layout(int rw) { return {2, 4, rw, kQmmLoads / rw, false}; }
 
-// The layout of the weights that take kBody by default, for A/B runs:
-// MLX_FAST_QMV_LAYOUT=rows1 / rows2 gives them kBodyRows (the cheaper nibble-pair unpack)
-// with 1 / 2 rows a warp and all loads of a row issued first (same bits).
-int one_row_layout() {
-  static const int v = [] {
-    const char* e = std::getenv("MLX_FAST_QMV_LAYOUT");
-    if (e != nullptr && std::strcmp(e, "rows1") == 0) return 1;
-    if (e != nullptr && std::strcmp(e, "rows2") == 0) return 2;
-    return 0;
-  }();
-  return v;
-}
-
 Layout layout_for(int n, int k) {
   if (g_pipelined.on()) {
     if (n > 16384) return {1, 4, 2, 8, false};
     if (k >= 12288) return {1, 4, 1, 4, true};
   }
-  if (const int rw = one_row_layout(); rw > 0) return {1, 4, rw, 8, false};
   return kOneRow;
 }
 
