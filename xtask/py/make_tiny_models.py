@@ -1456,6 +1456,30 @@ GOLDENS.update({
     "nanbeige-small-f32": ("nanbeige", dict(SMALL), {}),
 })
 
+# Lille 130M: its own key names (n_embd, n_head, ...), q/k/v from one bias-free qkv_proj,
+# traditional RoPE, each block's pre-norm inside it (attention.norm, feed_forward.norm),
+# a SwiGLU MLP 256 * round(int(8 * n_embd / 3) / 256) wide (so n_embd >= 56 for a
+# nonzero one), the head always the embedding; sanitize drops rotary_emb buffers.
+ARCHS["lille-130m"] = {"model_type": "lille-130m", "block_size": 256, "layer_norm_eps": 1e-5, "n_embd": 64,
+                       "n_head": 4, "n_kv_heads": 2, "n_layer": 2, "rope_theta": 10000.0}
+VARIANTS.update({
+    # GQA 4/2 over head size 16, with HF's rotary buffers.
+    "lille-130m-f32": ("lille-130m", {}, {"extras": True}),
+    # MHA over head size 32 (the quantized KV-cache decode), another theta; mlx-lm ignores
+    # tie_word_embeddings (the head stays the embedding).
+    "lille-130m-f32-mha-hd32-untiedflag": (
+        "lille-130m", {"n_head": 2, "n_kv_heads": 2, "rope_theta": 50000.0, "tie_word_embeddings": False}, {}),
+    # 144 wide: int(384) / 256 = 1.5 rounds to 2 (a 512-wide MLP); 10 heads of 14 that
+    # do not fill the width (out_proj reads 140).
+    "lille-130m-f32-w144-h10": ("lille-130m", {"n_embd": 144, "n_head": 10, "n_kv_heads": 5}, {}),
+    "lille-130m-q4": ("lille-130m", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "lille-130m-bf16-q4": ("lille-130m", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    # The narrowest nonzero MLP is 256 wide: one layer keeps the golden small.
+    "lille-130m-small-f32": ("lille-130m", {"n_layer": 1}, {}),
+})
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1495,8 +1519,10 @@ def random_weights(config, rng):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif config["model_type"] == "phixtral" and name.endswith("ln.weight"):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif "embed_tokens" in name or (config["model_type"] in ("qwen", "gptj", "openelm", "nanochat", "phixtral")
-                                        and name.endswith(("wte.weight", "token_embeddings.weight"))):
+        elif "embed_tokens" in name or (config["model_type"] in ("qwen", "gptj", "openelm", "nanochat", "phixtral",
+                                                                 "lille-130m")
+                                        and name.endswith(("wte.weight", "token_embeddings.weight",
+                                                           "tok_embeddings.weight"))):
             w = rng.standard_normal(shape)
         else:
             w = rng.standard_normal(shape) / np.sqrt(shape[-1])
@@ -1754,6 +1780,12 @@ def to_hf_names(config, weights, opts, rng):
             out[f"gpt_neox.layers.{i}.attention.bias"] = np.tril(np.ones((1, 1, L, L), np.float32))
             out[f"gpt_neox.layers.{i}.attention.masked_bias"] = np.array(-1e9, np.float32)
             out[f"gpt_neox.layers.{i}.attention.rotary_emb.inv_freq"] = rng.standard_normal((2,)).astype(np.float32)
+    elif opts.get("extras") and mt == "lille-130m":
+        # HF's rotary buffers (sanitize drops every rotary_emb key); no lm_head.
+        head_dim = config["n_embd"] // config["n_head"]
+        for i in range(config["n_layer"]):
+            out[f"transformer.layers.{i}.attention.rotary_emb.inv_freq"] = rng.standard_normal(
+                (head_dim // 2,)).astype(np.float32)
     elif opts.get("extras"):
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         rotary = "attention.rope" if mt == "internlm2" else "self_attn.rotary_emb"

@@ -167,6 +167,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-telechat3", "telechat3-q4", None),
     ("nanbeige", "nanbeige-f32", None),
     ("q-nanbeige", "nanbeige-q4", None),
+    ("lille-130m", "lille-130m-f32", None),
+    ("q-lille-130m", "lille-130m-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -507,6 +509,11 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("nanbeige", flags);
     }
     add("q-nanbeige", "-d");
+    // Lille 130M: the fused qkv_proj, norms inside the blocks, always tied.
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("lille-130m", flags);
+    }
+    add("q-lille-130m", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -576,6 +576,9 @@ model_tests! {
     // Nanbeige: the layers run twice, a cache per layer and run.
     batched_decode_equals_alone_nanbeige, prefilled_together_equals_alone_nanbeige
         => "nanbeige-small-f32", true;
+    // Lille 130M: the fused qkv_proj, traditional RoPE, norms inside the blocks, tied.
+    batched_decode_equals_alone_lille_130m, prefilled_together_equals_alone_lille_130m
+        => "lille-130m-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

@@ -542,3 +542,20 @@ fn nanbeige_refuses_unported_loop_features_and_no_loops() {
         .remove("num_key_value_heads");
     assert!(err(&missing).contains("num_key_value_heads"));
 }
+
+#[test]
+fn lille_130m_requires_its_keys_and_positive_heads() {
+    let c = json!({"model_type": "lille-130m", "block_size": 128, "layer_norm_eps": 1e-5,
+                   "n_embd": 64, "n_head": 4, "n_kv_heads": 2, "n_layer": 2,
+                   "rope_theta": 10000.0, "vocab_size": 64});
+    assert!(build_model(&c).is_ok());
+    // The module's name is no model_type of mlx-lm's.
+    assert!(build_model(&with(c.clone(), json!({"model_type": "lille_130m"}))).is_err());
+    for key in ["block_size", "layer_norm_eps", "n_kv_heads", "rope_theta"] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+    let e = err(&with(c, json!({"n_head": 0})));
+    assert!(e.contains("n_head"), "{e}");
+}

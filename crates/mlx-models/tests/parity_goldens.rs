@@ -144,6 +144,7 @@ golden_tests! {
     phixtral_parallel_switch_mlp_experts_logits_match_mlx_lm => "phixtral-small-f32",
     telechat3_llama_shaped_logits_match_mlx_lm => "telechat3-small-f32",
     nanbeige_looped_layers_logits_match_mlx_lm => "nanbeige-small-f32",
+    lille_130m_fused_qkv_inner_norms_logits_match_mlx_lm => "lille-130m-small-f32",
 }
 
 #[test]

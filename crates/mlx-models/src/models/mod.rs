@@ -49,13 +49,25 @@ pub(crate) type Builder = fn(&serde_json::Value) -> crate::Result<Box<dyn Archit
 
 /// Declares one module per architecture and [`ARCHITECTURES`], the registry's list, from
 /// one list of names: each module is the mlx-lm file of that `model_type` and has a
-/// `build` function.
+/// `build` function. `module = "model-type"` names a file whose `model_type` is no Rust
+/// identifier (`lille-130m`).
 macro_rules! architectures {
-    ($($name:ident),* $(,)?) => {
+    ($($name:ident $(= $model_type:literal)?),* $(,)?) => {
         $(pub mod $name;)*
 
         /// Every architecture, by the `model_type` of its mlx-lm file.
-        pub(crate) const ARCHITECTURES: &[(&str, Builder)] = &[$((stringify!($name), $name::build)),*];
+        pub(crate) const ARCHITECTURES: &[(&str, Builder)] =
+            &[$((model_type!($name $(, $model_type)?), $name::build)),*];
+    };
+}
+
+/// The `model_type` of an [`architectures!`] entry: its literal, else its module name.
+macro_rules! model_type {
+    ($name:ident) => {
+        stringify!($name)
+    };
+    ($name:ident, $model_type:literal) => {
+        $model_type
     };
 }
 
@@ -151,6 +163,7 @@ architectures! {
     phixtral,
     telechat3,
     nanbeige,
+    lille_130m = "lille-130m",
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
