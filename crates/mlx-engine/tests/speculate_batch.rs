@@ -469,20 +469,26 @@ fn speculating_rows_decode_plainly_while_more_rows_than_the_draft_max_batch_deco
     assert!(g.from_draft > 0, "{g:?}");
     assert_eq!(metrics.spec_over_batch.get(), 4);
 
-    // Two rows speculate under the limit; a third joins (over it): both leave their
-    // batch mid-generation, their drafting stops there, their tokens unchanged.
+    // Two rows speculate under the limit (rows 0 and 3, penalized); a third joins
+    // (over it): both leave their batch mid-generation, their drafting stops there,
+    // their tokens unchanged.
     let long = |i: usize| GenerationRequest {
         max_tokens: 5 * ASIDE_MAX,
         ..spec_req(i)
     };
-    let long_want: Vec<Vec<u32>> = (0..2)
-        .map(|i| {
-            let r = GenerationRequest::new(PROMPTS[i].to_vec(), 5 * ASIDE_MAX);
+    let long_want: Vec<Vec<u32>> = [0, 3]
+        .iter()
+        .map(|&i| {
+            let r = GenerationRequest {
+                max_tokens: 5 * ASIDE_MAX,
+                ..plain_req(i)
+            };
             serve(&plain, vec![r]).remove(0).tokens
         })
         .collect();
-    let subs: Vec<_> = (0..2)
-        .map(|i| {
+    let subs: Vec<_> = [0, 3]
+        .iter()
+        .map(|&i| {
             let (tx, rx) = std::sync::mpsc::channel();
             (engine.submit(long(i), Arc::new(tx)).expect("submit"), rx)
         })
