@@ -159,10 +159,7 @@ impl Engine {
             }
         }
         crate::speculative::check_min_acceptance(opts.draft_min_acceptance)?;
-        crate::speculative::check_max_batch(
-            opts.draft_max_batch as i64,
-            opts.decode_concurrency,
-        )?;
+        crate::speculative::check_max_batch(opts.draft_max_batch as i64, opts.decode_concurrency)?;
         let (tx, rx) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let alive = Arc::new(AtomicBool::new(true));
