@@ -2,7 +2,8 @@
 //! several shapes): greedy speculative output and prompt-lookup output equal plain
 //! greedy output, and bad input is refused with one clear line. Token-for-token parity
 //! with `mlx_lm generate --draft-model` (seeded, --kv-bits, prompt-cache files) is in
-//! `cargo xtask parity --spec-only`.
+//! `cargo xtask parity --spec-only`. `mlx-server --draft-max-batch` is refused out of
+//! range the same way.
 mod common;
 
 use common::TempDir;
@@ -368,4 +369,23 @@ fn mlx_server_refuses_bad_draft_settings_at_start() {
     let out = server(&["--draft-model", &d]);
     let (a, b) = ((vocab + 1).to_string(), vocab.to_string());
     failed(&out, &["draft model's tokenizer has", &a, &b]);
+}
+
+#[test]
+fn server_draft_max_batch_out_of_range_is_one_clear_line() {
+    // Checked before any model loads.
+    let server = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_mlx-server"))
+            .args(["--model", "/nonexistent/model"])
+            .args(args)
+            .output()
+            .expect("run mlx-server")
+    };
+    let out = server(&["--draft-max-batch", "-1"]);
+    error_line(&out, &["--draft-max-batch", "got -1"]);
+    // At most --decode-concurrency (32) rows decode at once: 32 would never apply.
+    let out = server(&["--draft-max-batch", "32"]);
+    error_line(&out, &["--draft-max-batch", "never apply", "32"]);
+    let out = server(&["--draft-max-batch", "4", "--decode-concurrency", "4"]);
+    error_line(&out, &["--draft-max-batch", "never apply", "4"]);
 }

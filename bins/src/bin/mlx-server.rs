@@ -40,6 +40,10 @@ struct Args {
     /// share (0 to 1) of the drafts of their last 8 rounds were accepted; 0: never
     #[arg(long, value_name = "F", default_value_t = mlx_server::config::DEFAULT_DRAFT_MIN_ACCEPTANCE, allow_negative_numbers = true)]
     draft_min_acceptance: f64,
+    /// Speculating requests go on without drafts (not in mlx-lm) while more than this
+    /// many requests decode at once, speculating or not; 0: never
+    #[arg(long, value_name = "N", default_value_t = mlx_server::config::DEFAULT_DRAFT_MAX_BATCH as i64, allow_negative_numbers = true)]
+    draft_max_batch: i64,
     /// Enable trusting remote code for tokenizer (accepted; no remote code ever runs here).
     #[arg(long)]
     trust_remote_code: bool,
@@ -339,6 +343,9 @@ fn main() -> ExitCode {
         let draft_min_acceptance =
             mlx_engine::speculative::check_min_acceptance(args.draft_min_acceptance)
                 .map_err(|e| anyhow::anyhow!("--draft-min-acceptance: {e}"))?;
+        let draft_max_batch =
+            mlx_engine::speculative::check_max_batch(args.draft_max_batch, args.decode_concurrency)
+                .map_err(|e| anyhow::anyhow!("--draft-max-batch: {e}"))?;
         mlx_bins::unsupported("--pipeline", args.pipeline)?;
         let template_args: Json = serde_json::from_str(&args.chat_template_args)
             .context("--chat-template-args is not JSON")?;
@@ -446,6 +453,7 @@ fn main() -> ExitCode {
             }),
             num_draft_tokens,
             draft_min_acceptance,
+            draft_max_batch,
             ..Default::default()
         };
         tracing::warn!("mlx-server only implements basic security checks; put it behind a proxy before exposing it");

@@ -48,6 +48,25 @@ pub fn check_num_draft_tokens(n: i64) -> Result<i32> {
     Ok(n as i32)
 }
 
+/// Checks a draft max batch (the server's `--draft-max-batch`: speculating rows decode
+/// plainly while more rows than this decode): 0 (never) or fewer rows than
+/// `decode_concurrency`, the most that decode at once (a larger value never applies).
+pub fn check_max_batch(n: i64, decode_concurrency: usize) -> Result<usize> {
+    if n < 0 {
+        return Err(EngineError::Invalid(format!(
+            "the draft max batch must be 0 (never stop drafting) or a number of rows, got {n}"
+        )));
+    }
+    if n > 0 && n as u64 >= decode_concurrency as u64 {
+        return Err(EngineError::Invalid(format!(
+            "the draft max batch {n} would never apply: at most {decode_concurrency} rows \
+             decode at once (the decode concurrency); give fewer rows, or 0 to never stop \
+             drafting"
+        )));
+    }
+    Ok(n as usize)
+}
+
 /// The rounds over which a speculating sequence's acceptance is judged.
 pub const ACCEPTANCE_WINDOW: usize = 8;
 

@@ -390,3 +390,170 @@ fn rows_whose_drafts_are_rejected_step_aside_and_decode_plainly() {
     };
     assert!(msg.contains("from 0 to 1") && msg.contains("1.5"), "{msg}");
 }
+
+/// The engine options with a draft max batch of `n`.
+fn max_batch(n: usize) -> mlx_engine::batch::EngineOptions {
+    mlx_engine::batch::EngineOptions {
+        draft_max_batch: n,
+        ..opts()
+    }
+}
+
+#[test]
+fn speculating_rows_decode_plainly_while_more_rows_than_the_draft_max_batch_decode() {
+    // Row 2 generates long after the others end (the batch back under the limit);
+    // row 3 has penalties (a history the plain batch goes on from).
+    let lens = [ASIDE_MAX, ASIDE_MAX, 3 * ASIDE_MAX, ASIDE_MAX];
+    let plain_req = |i: usize| {
+        let r = GenerationRequest::new(PROMPTS[i].to_vec(), lens[i]);
+        if i == 3 {
+            penalized(r)
+        } else {
+            r
+        }
+    };
+    let spec_req = |i: usize| GenerationRequest {
+        speculate: Some(Speculate {
+            from: DraftFrom::DraftModel,
+            num_draft_tokens: 3,
+        }),
+        ..plain_req(i)
+    };
+    let plain =
+        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+    let want: Vec<Vec<u32>> = (0..4)
+        .map(|i| serve(&plain, vec![plain_req(i)]).remove(0).tokens)
+        .collect();
+    // The model as its own draft: every row that speculates has drafts accepted.
+    let start = |n: usize, metrics: &Arc<EngineMetrics>| {
+        Engine::start_with_draft(
+            model(TARGET),
+            Some(model(TARGET)),
+            max_batch(n),
+            metrics.clone(),
+        )
+        .expect("engine")
+    };
+
+    // Without the limit the four rows speculate (the test's control): row 2 drafts
+    // about 3 tokens per 4 it emits.
+    let metrics = Arc::new(EngineMetrics::default());
+    let engine = start(0, &metrics);
+    let got = serve(&engine, (0..4).map(spec_req).collect());
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "row {i}");
+        assert!(g.from_draft > 0, "row {i}: {g:?}");
+    }
+    assert!(got[2].drafted >= 40, "{:?}", got[2]);
+    assert_eq!(metrics.spec_over_batch.get(), 0);
+
+    // Four rows over a limit of 2: every row leaves its speculating batch once the
+    // four decode (a row that joined first may draft a few rounds before the others
+    // join), with the tokens it gives without a draft; row 2 stays plain once alone
+    // (stepping aside is for good).
+    let metrics = Arc::new(EngineMetrics::default());
+    let engine = start(2, &metrics);
+    for (i, g) in serve(&engine, (0..4).map(spec_req).collect())
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(g.tokens, want[i], "row {i}");
+        assert!(g.drafted < 20, "row {i}: {g:?}");
+    }
+    assert_eq!(metrics.spec_over_batch.get(), 4);
+    assert_eq!(metrics.spec_stepped_aside.get(), 0);
+
+    // Under the limit again, a new request speculates.
+    let g = serve(&engine, vec![spec_req(0)]).remove(0);
+    assert_eq!(g.tokens, want[0]);
+    assert!(g.from_draft > 0, "{g:?}");
+    assert_eq!(metrics.spec_over_batch.get(), 4);
+
+    // Two rows speculate under the limit (rows 0 and 3, penalized); a third joins
+    // (over it): both leave their batch mid-generation, their drafting stops there,
+    // their tokens unchanged.
+    let long = |i: usize| GenerationRequest {
+        max_tokens: 5 * ASIDE_MAX,
+        ..spec_req(i)
+    };
+    let long_want: Vec<Vec<u32>> = [0, 3]
+        .iter()
+        .map(|&i| {
+            let r = GenerationRequest {
+                max_tokens: 5 * ASIDE_MAX,
+                ..plain_req(i)
+            };
+            serve(&plain, vec![r]).remove(0).tokens
+        })
+        .collect();
+    let subs: Vec<_> = [0, 3]
+        .iter()
+        .map(|&i| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            (engine.submit(long(i), Arc::new(tx)).expect("submit"), rx)
+        })
+        .collect();
+    let mut got: Vec<Got> = vec![Got::default(); 2];
+    let mut finished = [false; 2];
+    let take = |got: &mut Got,
+                finished: &mut bool,
+                rx: &std::sync::mpsc::Receiver<mlx_engine::batch::EngineEvent>| {
+        match rx.recv().expect("event") {
+            mlx_engine::batch::EngineEvent::Token { out, .. } => {
+                got.tokens.push(out.token);
+                got.from_draft += usize::from(out.from_draft);
+                got.drafted += out.drafted;
+                *finished = out.finish.is_some();
+            }
+            mlx_engine::batch::EngineEvent::Failed { error, .. } => panic!("{error}"),
+            _ => {}
+        }
+    };
+    // Both have emitted drafted tokens before the third request comes.
+    for ((g, f), (_, rx)) in got.iter_mut().zip(&mut finished).zip(&subs) {
+        while g.from_draft == 0 {
+            take(g, f, rx);
+        }
+    }
+    let third = serve(&engine, vec![plain_req(1)]).remove(0);
+    assert_eq!(third.tokens, want[1]);
+    let drafted_after_third = metrics.spec_drafted.get();
+    for ((g, f), (sub, rx)) in got.iter_mut().zip(&mut finished).zip(subs) {
+        while !*f {
+            take(g, f, &rx);
+        }
+        sub.release();
+    }
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g.tokens, long_want[i], "row {i}");
+        assert!(g.from_draft > 0, "row {i}: {g:?}");
+        // Without the limit (every draft accepted) it would draft nearly every token.
+        assert!(g.drafted < g.tokens.len() / 2, "row {i}: {g:?}");
+    }
+    assert_eq!(metrics.spec_over_batch.get(), 6);
+    // Nothing drafted once the third request joined (the rows never came back).
+    assert_eq!(metrics.spec_drafted.get(), drafted_after_third);
+}
+
+#[test]
+fn a_draft_max_batch_that_can_never_apply_is_refused() {
+    // opts() decodes at most 8 rows at once.
+    for n in [8, 100] {
+        let msg = match Engine::start(
+            model(TARGET),
+            max_batch(n),
+            Arc::new(EngineMetrics::default()),
+        ) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("a draft max batch of {n} was accepted"),
+        };
+        assert!(
+            msg.contains("draft max batch") && msg.contains(&n.to_string()) && msg.contains("8"),
+            "{msg}"
+        );
+    }
+    let e = mlx_engine::speculative::check_max_batch(-1, 8).unwrap_err();
+    assert!(e.to_string().contains("got -1"), "{e}");
+    assert_eq!(mlx_engine::speculative::check_max_batch(7, 8).unwrap(), 7);
+    assert_eq!(mlx_engine::speculative::check_max_batch(0, 8).unwrap(), 0);
+}

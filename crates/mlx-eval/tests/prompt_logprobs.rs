@@ -40,6 +40,7 @@ fn engine(name: &str, step: usize, kv: Option<KvQuantization>) -> Engine {
         disk_cache: None,
         preload: Vec::new(),
         draft_min_acceptance: 0.0,
+        draft_max_batch: 0,
     };
     Engine::start(load(name), opts, Arc::new(EngineMetrics::default())).expect("engine")
 }

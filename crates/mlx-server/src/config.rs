@@ -86,6 +86,10 @@ pub struct ServerConfig {
     /// speculating request whose drafts' acceptance over its last 8 rounds falls below
     /// this decodes plainly from there (0: never).
     pub draft_min_acceptance: f64,
+    /// `--draft-max-batch` (ours, default [`DEFAULT_DRAFT_MAX_BATCH`]): while more rows
+    /// than this decode (speculating and plain), speculating requests decode plainly
+    /// from there (0: never).
+    pub draft_max_batch: usize,
     /// The draft model's name (`--draft-model`, or a pool model's `draft_model`) when
     /// one is loaded: requests speculate with it unless they name another (400).
     pub draft_model: Option<String>,
@@ -95,6 +99,13 @@ pub struct ServerConfig {
 /// more than it gains (no mlx-lm counterpart: mlx-lm's server does not batch with a
 /// draft model).
 pub const DEFAULT_DRAFT_MIN_ACCEPTANCE: f64 = 0.3;
+
+/// `--draft-max-batch`'s default: 0, speculation at any batch size (today's
+/// behaviour). The only GPU measurement (benchmarks/RESULTS.md, issue 19: an 8B target
+/// and its 4-bit draft) has speculation below plain decoding at 1, 8 and 32 streams
+/// alike, so no batch size is measured safe to speculate at: the threshold belongs to
+/// the model / draft pair, and is set where one measured it pays.
+pub const DEFAULT_DRAFT_MAX_BATCH: usize = 0;
 
 /// `--prompt-cache-disk-bytes`'s default.
 pub const DEFAULT_PROMPT_CACHE_DISK_BYTES: u64 = 10_000_000_000;
@@ -136,6 +147,7 @@ impl Default for ServerConfig {
             prompt_cache_model_key: None,
             num_draft_tokens: 3,
             draft_min_acceptance: DEFAULT_DRAFT_MIN_ACCEPTANCE,
+            draft_max_batch: DEFAULT_DRAFT_MAX_BATCH,
             draft_model: None,
         }
     }

@@ -64,7 +64,7 @@ impl Metrics {
                 );
             }
         }
-        let counters: [(&str, &str, &Counter); 17] = [
+        let counters: [(&str, &str, &Counter); 18] = [
             (
                 "mlx_server_prompt_tokens_total",
                 "Prompt tokens of admitted requests.",
@@ -139,6 +139,11 @@ impl Metrics {
                 "mlx_server_speculation_rows_stepped_aside_total",
                 "Speculating requests that went on without drafts, their drafts' acceptance below --draft-min-acceptance.",
                 &self.spec_stepped_aside,
+            ),
+            (
+                "mlx_server_speculation_rows_over_batch_total",
+                "Speculating requests that went on without drafts, more rows decoding than --draft-max-batch.",
+                &self.spec_over_batch,
             ),
             (
                 "mlx_server_constraint_compiles_total",

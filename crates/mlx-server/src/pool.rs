@@ -501,6 +501,7 @@ impl Pool {
                 None => Vec::new(),
             },
             draft_min_acceptance: cfg.draft_min_acceptance,
+            draft_max_batch: cfg.draft_max_batch,
         };
         let engine = Engine::start(model, draft, opts, Arc::clone(self.metrics.engine()))?;
         Ok(AppState {

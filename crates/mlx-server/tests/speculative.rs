@@ -18,11 +18,17 @@ const DRAFT: &str = "tiny-draft";
 
 /// A server over the tiny model, with the tiny model as its draft when `draft`.
 async fn server(draft: bool) -> Server {
+    server_with(draft, 0).await
+}
+
+/// [`server`] with `--draft-max-batch max_batch`.
+async fn server_with(draft: bool, max_batch: usize) -> Server {
     let (model, tok) = tiny_model();
     let cfg = ServerConfig {
         host: "127.0.0.1".into(),
         port: 0,
         decode_concurrency: 8,
+        draft_max_batch: max_batch,
         ..Default::default()
     };
     let mut spec = ModelSpec::new(&cfg.model_id);
@@ -131,11 +137,57 @@ async fn greedy_answers_with_a_draft_model_equal_those_without() {
 async fn futures_join<T: Send + 'static>(
     handles: impl Iterator<Item = tokio::task::JoinHandle<T>>,
 ) -> Vec<T> {
+    // Spawned before the first is awaited (a lazy `map` would spawn them one by one).
+    let handles: Vec<_> = handles.collect();
     let mut out = Vec::new();
     for h in handles {
         out.push(h.await.expect("task"));
     }
     out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_streams_over_the_draft_max_batch_go_plain_with_the_same_answers() {
+    // Long answers, one draft per round: the streams overlap.
+    let long = json!({"max_tokens": 100});
+    let plain = server(false).await;
+    let mut want = Vec::new();
+    for p in PROMPTS {
+        want.push(content(
+            &answer(plain.local_addr(), &chat(p, long.clone())).await,
+        ));
+    }
+    plain.shutdown().await.unwrap();
+    // --draft-max-batch 1: once two requests decode at once, speculating ones go on
+    // without drafts (counted, apart from the acceptance step-aside).
+    let spec = server_with(true, 1).await;
+    let addr = spec.local_addr();
+    let streams = (0..8).map(|i| {
+        let body = chat(
+            PROMPTS[i % 4],
+            json!({"stream": true, "max_tokens": 100, "num_draft_tokens": 1}),
+        );
+        tokio::spawn(async move {
+            let r = post(addr, "/v1/chat/completions", &body).await;
+            assert_eq!(r.status, 200);
+            chat_stream_text(&r.sse_data()).0
+        })
+    });
+    let texts: Vec<String> = futures_join(streams).await;
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(t, &want[i % 4], "stream {i}");
+    }
+    assert!(metric(addr, "mlx_server_speculation_rows_over_batch_total").await > 0.0);
+    assert_eq!(
+        metric(addr, "mlx_server_speculation_rows_stepped_aside_total").await,
+        0.0
+    );
+    // Alone (under the limit) a request speculates.
+    let v = answer(addr, &chat(PROMPTS[0], long)).await;
+    assert_eq!(content(&v), want[0]);
+    let d = &v["usage"]["completion_tokens_details"];
+    assert!(d["draft_tokens"].as_u64().unwrap() > 0, "{v}");
+    spec.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

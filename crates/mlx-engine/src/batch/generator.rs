@@ -140,6 +140,7 @@ impl BatchGenerator {
                 disk_cache: None,
                 preload: Vec::new(),
                 draft_min_acceptance: 0.0,
+                draft_max_batch: 0,
             },
             Arc::clone(&metrics),
         )?;

@@ -157,6 +157,9 @@ pub struct EngineMetrics {
     /// Speculative decoding: rows that left a speculating batch for the plain decode
     /// batch, their drafts' acceptance below `draft_min_acceptance`.
     pub spec_stepped_aside: Counter,
+    /// Speculative decoding: rows that left a speculating batch for the plain decode
+    /// batch because more rows decoded than `draft_max_batch`.
+    pub spec_over_batch: Counter,
     /// Microseconds spent in prompt processing (the prefill steps, evaluation
     /// included; mlx-lm's `BatchCounters.prompt_time`).
     pub prefill_micros: Counter,
@@ -194,6 +197,7 @@ impl Default for EngineMetrics {
             constraint_cache_hits: Counter::default(),
             spec_steps: Counter::default(),
             spec_stepped_aside: Counter::default(),
+            spec_over_batch: Counter::default(),
             prefill_micros: Counter::default(),
             ttft: Histogram::new(TTFT_BOUNDS),
             tpot: Histogram::new(TPOT_BOUNDS),

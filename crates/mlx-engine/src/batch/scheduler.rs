@@ -72,6 +72,10 @@ pub struct EngineOptions {
     /// the speculating batch and decode plainly ([`crate::speculative::AcceptancePolicy`];
     /// 0: never).
     pub draft_min_acceptance: f64,
+    /// While more rows than this decode (speculating and plain together), speculating
+    /// rows leave their batch and decode plainly, for good (0: never; see
+    /// [`crate::speculative::check_max_batch`]).
+    pub draft_max_batch: usize,
 }
 
 /// Work on the model that runs on the engine thread between steps (see
@@ -155,6 +159,7 @@ impl Engine {
             }
         }
         crate::speculative::check_min_acceptance(opts.draft_min_acceptance)?;
+        crate::speculative::check_max_batch(opts.draft_max_batch as i64, opts.decode_concurrency)?;
         let (tx, rx) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let alive = Arc::new(AtomicBool::new(true));
@@ -181,8 +186,14 @@ impl Engine {
             Stages::Batched {
                 prefilling: PrefillBatch::default(),
                 decoding: DecodeBatch::default(),
-                drafting: Box::new(SpecBatch::new(opts.draft_min_acceptance)),
-                predicting: Box::new(SpecBatch::new(opts.draft_min_acceptance)),
+                drafting: Box::new(SpecBatch::new(
+                    opts.draft_min_acceptance,
+                    opts.draft_max_batch,
+                )),
+                predicting: Box::new(SpecBatch::new(
+                    opts.draft_min_acceptance,
+                    opts.draft_max_batch,
+                )),
             }
         } else {
             Stages::Alone(Alone::default())
@@ -540,10 +551,12 @@ impl Scheduler {
                 };
                 self.shared.prefill_batched(model, prefilling, &mut joining);
                 self.shared.decode_batched(model, decoding);
+                // Rows stepping aside join `decoding`: the count holds for both.
+                let running = decoding.len() + drafting.len() + predicting.len();
                 self.shared
-                    .decode_speculative(model, draft, drafting, decoding);
+                    .decode_speculative(model, draft, drafting, decoding, running);
                 self.shared
-                    .decode_speculative(model, None, predicting, decoding);
+                    .decode_speculative(model, None, predicting, decoding, running);
             }
             Stages::Alone(alone) => self.shared.step_alone(model, alone),
         }
@@ -745,8 +758,10 @@ impl Shared {
     }
 
     /// Which decoding stage a prefilled sequence joins: a speculating batch when it asks
-    /// for speculation and can have it (else plain decoding, saying why).
-    fn lane(&self, s: &Sequence, has_draft: bool) -> Lane {
+    /// for speculation and can have it (else plain decoding, saying why). With more
+    /// than `draft_max_batch` rows `running` once it joins, it would step aside at once
+    /// (counted so): it joins plain decoding without a draft prefill.
+    fn lane(&self, s: &Sequence, has_draft: bool, running: usize) -> Lane {
         let Some(spec) = &s.job().req.speculate else {
             return Lane::Plain;
         };
@@ -757,6 +772,15 @@ impl Shared {
         } else if s.job().req.adapter != 0 {
             "the speculating batch does not pick resident LoRA adapters per row"
         } else {
+            let max = self.opts.draft_max_batch;
+            if max > 0 && running > max {
+                self.metrics.spec_over_batch.add(1);
+                tracing::info!(
+                    "speculative: {running} rows decoding, over the draft max batch \
+                     {max}: the request goes on without drafts"
+                );
+                return Lane::Plain;
+            }
             return match spec.from {
                 DraftFrom::DraftModel => Lane::Drafting,
                 DraftFrom::Prediction(_) => Lane::Predicting,
@@ -769,9 +793,10 @@ impl Shared {
     /// Sequences that need no prefill join their decoding stage.
     fn join_hits(&mut self, hits: Vec<Sequence>, j: &mut Joining<'_>) {
         let has_draft = j.draft.is_some();
+        let running = j.running() + hits.len();
         let (mut plain, mut drafting, mut predicting) = (Vec::new(), Vec::new(), Vec::new());
         for s in hits {
-            match self.lane(&s, has_draft) {
+            match self.lane(&s, has_draft, running) {
                 Lane::Plain => plain.push(s),
                 Lane::Drafting => drafting.push(s),
                 Lane::Predicting => predicting.push(s),
@@ -798,7 +823,11 @@ impl Shared {
         j: &mut Joining<'_>,
     ) {
         let has_draft = j.draft.is_some();
-        let lanes: Vec<Lane> = seqs.iter().map(|s| self.lane(s, has_draft)).collect();
+        let running = j.running() + seqs.len();
+        let lanes: Vec<Lane> = seqs
+            .iter()
+            .map(|s| self.lane(s, has_draft, running))
+            .collect();
         if lanes.iter().all(|l| *l == Lane::Plain) {
             if let Err((seqs, e)) = j.decoding.join_prefilled(seqs, cache) {
                 self.fail_seqs(seqs, e);
@@ -846,14 +875,19 @@ impl Shared {
 
     /// Batched mode, speculative decoding: one draft-verify-accept step of the batch;
     /// rows whose drafts' acceptance fell below `draft_min_acceptance` then leave it for
-    /// the plain `decoding` batch.
+    /// the plain `decoding` batch. With more than `draft_max_batch` rows `running`
+    /// (speculating and plain), every row leaves it for `decoding` before its step.
     fn decode_speculative(
         &mut self,
         model: &dyn LanguageModel,
         draft: Option<&dyn LanguageModel>,
         batch: &mut SpecBatch,
         decoding: &mut DecodeBatch,
+        running: usize,
     ) {
+        if batch.over_batch(running) {
+            self.step_aside(batch, decoding);
+        }
         if batch.len() == 0 {
             return;
         }
@@ -879,10 +913,18 @@ impl Shared {
         let rows = batch.stepping();
         self.enforce_memory_limit(batch, &rows);
         self.route(batch, outcomes);
+        self.step_aside(batch, decoding);
+    }
+
+    /// The rows of `batch` marked to step aside join the plain `decoding` batch.
+    fn step_aside(&mut self, batch: &mut SpecBatch, decoding: &mut DecodeBatch) {
         match batch.step_aside() {
             Ok(None) => {}
             Ok(Some(aside)) => {
-                self.metrics.spec_stepped_aside.add(aside.seqs.len() as u64);
+                let n = aside.seqs.len() as u64;
+                let over = aside.over_batch as u64;
+                self.metrics.spec_stepped_aside.add(n - over);
+                self.metrics.spec_over_batch.add(over);
                 if let Err((seqs, e)) =
                     decoding.join_with_inputs(aside.seqs, aside.cache, aside.inputs)
                 {
@@ -1267,6 +1309,13 @@ struct Joining<'a> {
     drafting: &'a mut SpecBatch,
     predicting: &'a mut SpecBatch,
     draft: Option<&'a dyn LanguageModel>,
+}
+
+impl Joining<'_> {
+    /// The rows decoding (plain and speculating).
+    fn running(&self) -> usize {
+        self.decoding.len() + self.drafting.len() + self.predicting.len()
+    }
 }
 
 /// Which of them.

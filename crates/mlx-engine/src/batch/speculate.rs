@@ -42,6 +42,13 @@
 //! but `y`, as the invariant says) and its next input `y`, its draft caches dropped;
 //! the scheduler has it join the plain decode batch, which feeds it `y` next as it
 //! feeds a prefilled sequence its last prompt token.
+//!
+//! While more rows decode than the engine's `draft_max_batch` (speculating and plain
+//! together), speculating rows step aside the same way before their batch steps
+//! ([`SpecBatch::over_batch`]): at large batches the verification of `k + 1` positions
+//! per row and the draft's steps cost more than plain decoding. This is one-way per
+//! request: its draft caches are dropped, so it decodes plainly to its end even when
+//! the batch shrinks again (requests that join later speculate).
 use super::decode::{cache_err, merge_caches};
 use super::request::{DraftFrom, SeqId};
 use super::sequence::Sequence;
@@ -76,8 +83,17 @@ struct Row {
     accepted: u64,
     /// Its acceptance over the last rounds.
     policy: AcceptancePolicy,
-    /// The policy said to stop speculating: it leaves at [`SpecBatch::step_aside`].
-    stepping_aside: bool,
+    /// Why it stops speculating: it leaves at [`SpecBatch::step_aside`].
+    aside: Option<Aside>,
+}
+
+/// Why a row leaves its speculating batch for the plain decode batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Aside {
+    /// Its drafts' acceptance fell below the minimum.
+    Acceptance,
+    /// More rows decoded than `draft_max_batch`.
+    BatchSize,
 }
 
 /// What one step drafted, accepted and emitted (for the metrics).
@@ -103,6 +119,10 @@ pub(crate) struct SpecBatch {
     lag: Vec<Vec<u32>>,
     /// Rows whose acceptance falls below this step aside (0: never).
     min_acceptance: f64,
+    /// Rows step aside while more rows than this decode (0: never).
+    max_batch: usize,
+    /// The rows decoding when [`SpecBatch::over_batch`] last marked rows (for the log).
+    running: usize,
 }
 
 /// Rows that stepped aside from speculation, to join the plain decode batch.
@@ -115,15 +135,34 @@ pub(crate) struct SteppedAside {
     pub cache: BatchPromptCache,
     /// Each one's next input.
     pub inputs: Vec<u32>,
+    /// How many of them left because more rows decoded than `draft_max_batch` (the
+    /// others: their drafts' acceptance).
+    pub over_batch: usize,
 }
 
 impl SpecBatch {
-    /// An empty batch whose rows step aside below `min_acceptance` (0: never).
-    pub fn new(min_acceptance: f64) -> SpecBatch {
+    /// An empty batch whose rows step aside below `min_acceptance` (0: never) and
+    /// while more than `max_batch` rows decode (0: never).
+    pub fn new(min_acceptance: f64, max_batch: usize) -> SpecBatch {
         SpecBatch {
             min_acceptance,
+            max_batch,
             ..SpecBatch::default()
         }
+    }
+
+    /// With `running` rows decoding (speculating and plain), whether they are more than
+    /// `draft_max_batch`: then every row is marked to step aside (before this step:
+    /// [`SpecBatch::step_aside`] takes them out with no round drafted).
+    pub fn over_batch(&mut self, running: usize) -> bool {
+        if self.max_batch == 0 || running <= self.max_batch || self.rows.is_empty() {
+            return false;
+        }
+        self.running = running;
+        for r in &mut self.rows {
+            r.aside.get_or_insert(Aside::BatchSize);
+        }
+        true
     }
 
     /// Adds sequences whose prompt is prefilled but for the last token, with their
@@ -194,7 +233,7 @@ impl SpecBatch {
                 drafted: 0,
                 accepted: 0,
                 policy: AcceptancePolicy::new(self.min_acceptance),
-                stepping_aside: false,
+                aside: None,
             });
             if draft.is_some() {
                 self.lag.push(Vec::new());
@@ -453,7 +492,7 @@ impl SpecBatch {
             round.drafted += lens[r] as u64;
             row.drafted += lens[r] as u64;
             if row.policy.record(lens[r], keep[r]).is_some() {
-                row.stepping_aside = true;
+                row.aside.get_or_insert(Aside::Acceptance);
             }
             if let Some(e) = failed[r].take() {
                 out.push((row.seq.id(), Outcome::Failed(e)));
@@ -565,20 +604,23 @@ impl SpecBatch {
     /// `Err` means the batch's caches are broken: the caller drains it.
     pub fn step_aside(&mut self) -> Result<Option<SteppedAside>> {
         let idx: Vec<usize> = (0..self.rows.len())
-            .filter(|&i| self.rows[i].stepping_aside)
+            .filter(|&i| self.rows[i].aside.is_some())
             .collect();
         if idx.is_empty() {
             return Ok(None);
         }
         // The speculating batch processed every position with an explicit history;
         // the plain batch grows a row's stored history (the prompt but its last token)
-        // by each input: it gets what came in between. (First, while a failure still
+        // by each input: it gets what came in between, the last prompt token and the
+        // generated tokens before `y` (nothing when `y` is that prompt token: a row
+        // that steps aside before its first round). (First, while a failure still
         // leaves the batch whole for the caller to drain.)
         for &i in &idx {
             let row = &mut self.rows[i];
             let prompt = &row.seq.job().req.prompt;
             let mut between: Vec<u32> = prompt[prompt.len().saturating_sub(1)..].to_vec();
-            between.extend_from_slice(&row.generated[..row.generated.len().saturating_sub(1)]);
+            between.extend_from_slice(&row.generated);
+            between.pop();
             row.seq.sampling_mut().prompt(&between)?;
         }
         let keep: Vec<usize> = (0..self.rows.len()).filter(|i| !idx.contains(i)).collect();
@@ -586,6 +628,7 @@ impl SpecBatch {
         let mut rows = self.keep_rows(&keep)?;
         let mut seqs = Vec::with_capacity(idx.len());
         let mut inputs = Vec::with_capacity(idx.len());
+        let mut over_batch = 0;
         for row in idx.iter().filter_map(|&i| rows[i].take()) {
             let Row {
                 mut seq,
@@ -593,6 +636,7 @@ impl SpecBatch {
                 y_unfed,
                 drafted,
                 accepted,
+                aside,
                 ..
             } = row;
             // The plain batch feeds `y` next: it counts as fed when the row joins, as
@@ -600,14 +644,26 @@ impl SpecBatch {
             if y_unfed {
                 seq.push_fed(y);
             }
-            tracing::info!(
-                "speculative: {accepted} of {drafted} drafted tokens accepted over {} \
-                 tokens, below the minimum acceptance {} over the last {} rounds: the \
-                 request goes on without drafts",
-                seq.generated(),
-                self.min_acceptance,
-                crate::speculative::ACCEPTANCE_WINDOW
-            );
+            if aside == Some(Aside::BatchSize) {
+                over_batch += 1;
+                tracing::info!(
+                    "speculative: {accepted} of {drafted} drafted tokens accepted over {} \
+                     tokens; {} rows decoding, over the draft max batch {}: the request \
+                     goes on without drafts",
+                    seq.generated(),
+                    self.running,
+                    self.max_batch
+                );
+            } else {
+                tracing::info!(
+                    "speculative: {accepted} of {drafted} drafted tokens accepted over {} \
+                     tokens, below the minimum acceptance {} over the last {} rounds: the \
+                     request goes on without drafts",
+                    seq.generated(),
+                    self.min_acceptance,
+                    crate::speculative::ACCEPTANCE_WINDOW
+                );
+            }
             seqs.push(seq);
             inputs.push(y);
         }
@@ -615,6 +671,7 @@ impl SpecBatch {
             seqs,
             cache,
             inputs,
+            over_batch,
         }))
     }
 }

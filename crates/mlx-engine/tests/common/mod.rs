@@ -80,6 +80,7 @@ pub fn opts() -> EngineOptions {
         disk_cache: None,
         preload: Vec::new(),
         draft_min_acceptance: 0.0,
+        draft_max_batch: 0,
     }
 }
 
