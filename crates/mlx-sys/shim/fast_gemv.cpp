@@ -46,7 +46,6 @@
 #include <tuple>
 #include <vector>
 
-#include "mlx/backend/cuda/cuda.h"
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
 
@@ -114,8 +113,8 @@ __device__ __forceinline__ Elems<T, NPT> load(const T* p) {
   return e;
 }
 
-// Lane `lane`'s float sum of row `wr` against x: MLX's gemv_impl for n_per_thread = NPT
-// (elements NPT * lane + 32 * NPT * i, in order), U chunks of loads issued at a time.
+// `count` (at most U) chunks r0.. of lane `lane` of row `wr` added into `sum`, all their
+// loads of w issued before their arithmetic.
 template <typename T, int NPT, int U>
 __device__ __forceinline__ void chunks(const T* x, const T* wr, const int lane, const int r0,
                                        const int count, float& sum) {
@@ -209,15 +208,9 @@ __device__ __forceinline__ void gemv_swiglu(const T* x, const T* w, T* out, cons
 }  // namespace mlxs_gemv
 )";
 
-const char* cuda_type(mx::Dtype d) {
-  if (d == mx::bfloat16) return "__nv_bfloat16";
-  if (d == mx::float16) return "__half";
-  return "float";
-}
-
 // What a kernel computes: the product plus a residual, or the swiglu of a fused gate/up
 // product.
-enum class Form { kResidual = 1, kSwiglu = 2 };
+enum class Form { kResidual, kSwiglu };
 
 const mx::fast::CustomKernelFunction& kernel_for(Form form, int k, mx::Dtype dtype, int u,
                                                  int warps, int device) {
@@ -290,9 +283,7 @@ struct Product {
 std::optional<Product> eligible(const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
   if (!g_switch.on()) return std::nullopt;
   const mx::Stream st = mx::to_stream(s);
-  if (st.device.type != mx::Device::gpu || !mx::cu::is_available() || a.is_tracer()) {
-    return std::nullopt;
-  }
+  if (!on_gpu(st, a)) return std::nullopt;
   const mx::Dtype dt = a.dtype();
   if (b.dtype() != dt || (dt != mx::bfloat16 && dt != mx::float16 && dt != mx::float32)) {
     return std::nullopt;

@@ -1153,15 +1153,6 @@ std::optional<std::pair<int, int>> eligible(const mx::array& x, const mx::array&
   return kn;
 }
 
-// Whether our kernels may run on `st` for the activations `x`: a CUDA GPU stream, and `x`
-// not a tracer of a function transformation (vjp, jvp: inside a training step's forward,
-// where x depends on trained parameters). MLX's custom kernels have no derivatives, so
-// there MLX's own products run, as mlx-lm's do. (MLX's own flag for a gradient trace is
-// not exported from libmlx; an op's output is a tracer when one of its inputs is.)
-bool on_gpu(const mx::Stream& st, const mx::array& x) {
-  return st.device.type == mx::Device::gpu && mx::cu::is_available() && !x.is_tracer();
-}
-
 // Launches the kernel of `key` over x and `weights` (w, scales, biases per part), with
 // `res` as its last input where `key.res`.
 std::vector<mx::array> launch(const KernelKey& key, const mx::array& x,

@@ -5,6 +5,8 @@
 
 #include "kernel_switch.h"
 
+#include "mlx/backend/cuda/cuda.h"
+
 #include <dlfcn.h>
 #include <link.h>
 #include <unistd.h>
@@ -47,25 +49,6 @@ bool skipped(const std::string& name, const std::string& why) {
 // as a `__global__` function in namespace mlx::core::cu taking each input as `const T*`
 // (followed by its shape, strides and rank where the source names them) and each output
 // as `T*`.
-const char* cuda_type(mx::Dtype d) {
-  switch (d.val()) {
-    case mx::Dtype::Val::bool_: return "bool";
-    case mx::Dtype::Val::int8: return "int8_t";
-    case mx::Dtype::Val::int16: return "int16_t";
-    case mx::Dtype::Val::int32: return "int32_t";
-    case mx::Dtype::Val::int64: return "int64_t";
-    case mx::Dtype::Val::uint8: return "uint8_t";
-    case mx::Dtype::Val::uint16: return "uint16_t";
-    case mx::Dtype::Val::uint32: return "uint32_t";
-    case mx::Dtype::Val::uint64: return "uint64_t";
-    case mx::Dtype::Val::float16: return "__half";
-    case mx::Dtype::Val::bfloat16: return "__nv_bfloat16";
-    case mx::Dtype::Val::float32: return "float";
-    case mx::Dtype::Val::float64: return "double";
-    default: return nullptr;
-  }
-}
-
 std::optional<std::string> mlx_kernel_source(const std::string& func,
                                              const std::vector<KernelParam>& inputs,
                                              const std::vector<KernelParam>& outputs,
@@ -506,6 +489,34 @@ unsigned long long kernel_cache_compiles() {
   return g_compiles.load(std::memory_order_relaxed);
 }
 unsigned long long kernel_cache_hits() { return g_hits.load(std::memory_order_relaxed); }
+
+const char* cuda_type(mx::Dtype d) {
+  switch (d.val()) {
+    case mx::Dtype::Val::bool_: return "bool";
+    case mx::Dtype::Val::int8: return "int8_t";
+    case mx::Dtype::Val::int16: return "int16_t";
+    case mx::Dtype::Val::int32: return "int32_t";
+    case mx::Dtype::Val::int64: return "int64_t";
+    case mx::Dtype::Val::uint8: return "uint8_t";
+    case mx::Dtype::Val::uint16: return "uint16_t";
+    case mx::Dtype::Val::uint32: return "uint32_t";
+    case mx::Dtype::Val::uint64: return "uint64_t";
+    case mx::Dtype::Val::float16: return "__half";
+    case mx::Dtype::Val::bfloat16: return "__nv_bfloat16";
+    case mx::Dtype::Val::float32: return "float";
+    case mx::Dtype::Val::float64: return "double";
+    default: return nullptr;
+  }
+}
+
+// Whether our kernels may run on `st` for the activations `x`: a CUDA GPU stream, and `x`
+// not a tracer of a function transformation (vjp, jvp: inside a training step's forward,
+// where x depends on trained parameters). MLX's custom kernels have no derivatives, so
+// there MLX's own products run, as mlx-lm's do. (MLX's own flag for a gradient trace is
+// not exported from libmlx; an op's output is a tracer when one of its inputs is.)
+bool on_gpu(const mx::Stream& st, const mx::array& x) {
+  return st.device.type == mx::Device::gpu && mx::cu::is_available() && !x.is_tracer();
+}
 
 mx::fast::CustomKernelFunction device_kernel(std::string name,
                                              const std::vector<KernelParam>& inputs,

@@ -43,6 +43,14 @@ bool ensure_kernel_cached(const std::string& name,
 // reader sees the whole file or none; whether it succeeded.
 bool write_file_atomically(const std::string& path, const std::string& bytes);
 
+// The CUDA type name of `d` in MLX's generated kernels ("__nv_bfloat16", "float", ...),
+// nullptr for a dtype MLX's custom kernels do not take.
+const char* cuda_type(mlx::core::Dtype d);
+
+// Whether our kernels may run on `st` for the activations `x`: a CUDA GPU stream, and `x`
+// not a tracer of a function transformation (MLX's custom kernels have no derivatives).
+bool on_gpu(const mlx::core::Stream& st, const mlx::core::array& x);
+
 // The device code of a family of our kernels: the text every kernel of the family includes
 // and the prefix of the file it is written to (kernel_cache.cpp's device_header).
 struct DeviceCode {

@@ -723,6 +723,15 @@ int mlxs_unary(mlxs_array* out, int32_t op, mlxs_array a_, mlxs_stream s_) {
   });
 }
 
+namespace {
+// `a @ b` as the shim builds every matmul: our CPU product of MLX's arithmetic where it
+// applies (cpu_gemv.cpp), else MLX's.
+mx::array matmul_of(const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
+  auto fast = mlxs_detail::try_cpu_gemv(a, b, std::nullopt, s);
+  return fast ? std::move(*fast) : mx::matmul(a, b, s);
+}
+}  // namespace
+
 int mlxs_binary(mlxs_array* out, int32_t op, mlxs_array a_, mlxs_array b_, mlxs_stream s_) {
   return guard([&] {
     const auto& a = A(a_);
@@ -754,10 +763,7 @@ int mlxs_binary(mlxs_array* out, int32_t op, mlxs_array a_, mlxs_array b_, mlxs_
         case MLXS_RIGHT_SHIFT: return mx::right_shift(a, b, s);
         case MLXS_ARCTAN2: return mx::arctan2(a, b, s);
         case MLXS_LOGADDEXP: return mx::logaddexp(a, b, s);
-        case MLXS_MATMUL: {
-          auto fast = mlxs_detail::try_cpu_gemv(a, b, std::nullopt, s);
-          return fast ? std::move(*fast) : mx::matmul(a, b, s);
-        }
+        case MLXS_MATMUL: return matmul_of(a, b, s);
         case MLXS_INNER: return mx::inner(a, b, s);
         case MLXS_OUTER: return mx::outer(a, b, s);
         case MLXS_KRON: return mx::kron(a, b, s);
@@ -808,12 +814,8 @@ int mlxs_matmul_add(mlxs_array* out, mlxs_array x, mlxs_array wt, mlxs_array res
                     mlxs_stream s) {
   return guard([&] {
     auto fast = mlxs_detail::try_fast_gemv_add(A(x), A(wt), A(residual), S(s));
-    if (!fast) {
-      // As mlxs_binary's MLXS_MATMUL and MLXS_ADD build them (our CPU product where it
-      // applies).
-      auto y = mlxs_detail::try_cpu_gemv(A(x), A(wt), std::nullopt, S(s));
-      fast = mx::add(A(residual), y ? std::move(*y) : mx::matmul(A(x), A(wt), S(s)), S(s));
-    }
+    // Else as mlxs_binary's MLXS_MATMUL and MLXS_ADD build them.
+    if (!fast) fast = mx::add(A(residual), matmul_of(A(x), A(wt), S(s)), S(s));
     *out = wrap(std::move(*fast));
   });
 }
