@@ -41,7 +41,9 @@
 #   srv4b      issue 21: server aggregate decode, 8B 4-bit, 8 and 32 streams, against mlx-lm
 #              (SRV_STREAMS, SRV_ARMS: default, dequant, bigdq)
 #   pf4b       issue 21: one prompt's prefill, 8B bf16 against 8B 4-bit (default, dequant,
-#              forced mma; PF_ARMS, PF_P, PF_N)
+#              forced mma, noqgemm = MLX_FAST_QGEMM=0; PF_ARMS, PF_P, PF_N)
+#   qgemm      issue 21: qgemm_check (our tiled 4-bit kernel of 8+ rows against MLX's
+#              qmm_sm80: bits and time; QGEMM_ARGS)
 #   next       issue 26: gpu_next.sh check warm (Qwen3-Next: lean step's text, ours vs mlx-lm)
 #   nextab     issue 26: gpu_next.sh warm, Qwen3-Next decode against mlx-lm with our one-row
 #              4-bit kernels on, off (MLX_FAST_QMV=0) and only on large weights
@@ -337,11 +339,14 @@ for PART in "$@"; do
           dequant) e=(MLX_DEQUANT_GEMM=1) ;;
           dqmlx) e=(MLX_DEQUANT_GEMM=1 MLX_FAST_DEQUANT=0) ;;
           mma) e=(MLX_FAST_QMM_MMA=force) ;;
+          noqgemm) e=(MLX_FAST_QGEMM=0) ;;
         esac
         echo "## arm=$arm" >> "$D/stdout.txt"
         env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/$v" -p "${PF_P:-512}" \
           -g 8 -n "${PF_N:-2}" >> "$D/stdout.txt" 2>&1
       done ;;
+    qgemm)
+      timeout "$L" "$NEW/qgemm_check" ${QGEMM_ARGS:-} > "$D/stdout.txt" 2>&1 ;;
     mma)
       ensure_model llama-3.1-8b-4bit "$D"
       # shellcheck disable=SC2086

@@ -27,14 +27,14 @@ import time
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SHIM = os.path.join(HERE, "..", "crates", "mlx-sys", "shim", "fast_qmv.cpp")
+SHIM = os.path.join(HERE, "..", "crates", "mlx-sys", "shim")
 
 
-def device_code():
-    src = open(SHIM).read()
+def device_code(file="fast_qmv.cpp"):
+    src = open(os.path.join(SHIM, file)).read()
     m = re.search(r'const char\* const kDeviceCode = R"\((.*?)\)";', src, re.S)
     if not m:
-        sys.exit("kDeviceCode not found in fast_qmv.cpp")
+        sys.exit(f"kDeviceCode not found in {file}")
     return m.group(1)
 
 
@@ -48,12 +48,12 @@ def swiglu_kernel(name, k, gs, n):
     return wrap(name, ins, ["__nv_bfloat16* out"], f"  {call}\n")
 
 
-def wrap(name, ins, outs, src):
+def wrap(name, ins, outs, src, file="fast_qmv.cpp"):
     """MLX's wrapping of a custom kernel's source, with the shim's header."""
     return (
         '#include "mlx/backend/cuda/device/utils.cuh"\n#include <cooperative_groups.h>\n'
         '#include "mlx/backend/cuda/device/binary_ops.cuh"\n'
-        + device_code()
+        + device_code(file)
         + "\nnamespace mlx::core::cu {\nnamespace cg = cooperative_groups;\n"
         + f"__global__ void {name}(\n    " + ",\n    ".join(ins + outs) + ") {\n"
         + src + "}\n}  // namespace mlx::core::cu\n"
@@ -81,6 +81,16 @@ def kernel(name, k, gs, layout, ns, res):
     if res:
         ins.append("const __nv_bfloat16* res")
     return wrap(name, ins, outs, src)
+
+
+def qgemm_kernel(name, gs, bm, form):
+    """The source of fast_qmm.cpp's tiled kernel (see its kernel_for)."""
+    ins = ["const __nv_bfloat16* x", "const __grid_constant__ Shape x_shape", "const uint32_t* w",
+           "const __grid_constant__ Shape w_shape", "const __nv_bfloat16* scales",
+           "const __nv_bfloat16* biases"]
+    call = (f"  mlxs_qgemm::gemm<{gs}, {bm}, {form}>(x, w, scales, biases, out, x_shape[0], "
+            "w_shape[0], x_shape[1]);\n")
+    return wrap(name, ins, ["__nv_bfloat16* out"], call, "fast_qmm.cpp")
 
 
 WHEELS = ("nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cuda-cccl-cu12",
@@ -162,9 +172,16 @@ def main():
     hn = (ctypes.c_char_p * len(hnames))(*hnames)
     hs = (ctypes.c_char_p * len(hsrcs))(*hsrcs)
     failed = 0
+    for gs in (32, 64, 128):
+        for bm in (64, 128):
+            for form in (0, 1):
+                cases.append((f"tiled kernel, {bm} rows a block, dequantize form {form}", 0, gs,
+                              ("qgemm", bm, form), [], False))
     for i, (what, k, gs, layout, ns, res) in enumerate(cases):
         if layout is None:
             src = swiglu_kernel(f"mlxs_check_{i}", k, gs, ns[0]).encode()
+        elif layout[0] == "qgemm":
+            src = qgemm_kernel(f"mlxs_check_{i}", gs, layout[1], layout[2]).encode()
         else:
             src = kernel(f"mlxs_check_{i}", k, gs, layout, ns, res).encode()
         prog = ctypes.c_void_p()

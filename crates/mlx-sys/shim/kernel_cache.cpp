@@ -522,7 +522,8 @@ mx::fast::CustomKernelFunction device_kernel(std::string name,
                                              const std::vector<KernelParam>& inputs,
                                              const std::vector<KernelParam>& outputs,
                                              const std::string& src, const DeviceCode& code,
-                                             int device, bool ensure_row_contiguous) {
+                                             int device, bool ensure_row_contiguous,
+                                             int shared_memory) {
   char tag[24];
   std::snprintf(tag, sizeof(tag), "_h%016llx", fnv1a(std::string(code.text) + src));
   name += tag;
@@ -533,7 +534,7 @@ mx::fast::CustomKernelFunction device_kernel(std::string name,
   for (const auto& o : outputs) output_names.push_back(o.first);
   ensure_kernel_cached(name, inputs, outputs, src, header, device);
   return mx::fast::cuda_kernel(name, input_names, output_names, src, header,
-                               ensure_row_contiguous);
+                               ensure_row_contiguous, shared_memory);
 }
 
 }  // namespace mlxs_detail

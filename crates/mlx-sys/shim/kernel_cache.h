@@ -65,12 +65,15 @@ struct DeviceCode {
 // `device` unless it is there (ensure_kernel_cached). MLX reads compiled kernels from its
 // disk cache by name alone (without looking at the source), so the name gets a hash of
 // everything compiled: a build with other device code never picks up another's binary.
+// `shared_memory`: bytes of dynamic shared memory a block (MLX raises the kernel's limit
+// above 48 KB for it).
 mlx::core::fast::CustomKernelFunction device_kernel(std::string name,
                                                    const std::vector<KernelParam>& inputs,
                                                    const std::vector<KernelParam>& outputs,
                                                    const std::string& src,
                                                    const DeviceCode& code, int device,
-                                                   bool ensure_row_contiguous = true);
+                                                   bool ensure_row_contiguous = true,
+                                                   int shared_memory = 0);
 
 void set_kernel_cache(bool on);
 // Kernels this process compiled into the cache, and kernels it found there.

@@ -11,6 +11,7 @@
 #include "affine_operands.h"
 #include "cpu_gemv.h"
 #include "fast_gemv.h"
+#include "fast_qmm.h"
 #include "fast_qmv.h"
 #include "kernel_cache.h"
 #include "kernel_switch.h"
@@ -1325,7 +1326,8 @@ std::optional<mx::array> try_dequant_gemm(const mx::array& x, const mx::array& w
 // One quantized_matmul: our CUDA or CPU kernel where it covers the product (one row: MLX's
 // bits; on CUDA, rows of several sequences: the tensor-core form; other products of
 // 2..MLX_FAST_QMM_MAX_ROWS rows: each row's one-row bits), the dequantized dense product
-// for more rows on the GPU (above, opt-in), else MLX's.
+// for more rows on the GPU (above, opt-in), our tiled kernel of MLX's `qmm_sm80` bits for
+// the other products of 8 or more rows (fast_qmm.cpp), else MLX's.
 mx::array quantized_matmul_one(const mx::array& x, const mx::array& w, const mx::array& scales,
                                const std::optional<mx::array>& biases, bool transpose,
                                std::optional<int> group_size, std::optional<int> bits,
@@ -1333,6 +1335,9 @@ mx::array quantized_matmul_one(const mx::array& x, const mx::array& w, const mx:
   auto fast = mlxs_detail::try_fast_qmv(x, w, scales, biases, transpose, group_size, bits, mode, s);
   if (!fast) {
     fast = try_dequant_gemm(x, w, scales, biases, transpose, group_size, bits, mode, s);
+  }
+  if (!fast) {
+    fast = mlxs_detail::try_fast_qgemm(x, w, scales, biases, transpose, group_size, bits, mode, s);
   }
   if (!fast) {
     fast = mlxs_detail::try_cpu_qmv(x, w, scales, biases, transpose, group_size, bits, mode, s);
@@ -1444,6 +1449,9 @@ void mlxs_set_fast_qmm_warp_rows(int n) { mlxs_detail::set_fast_qmm_warp_rows(n)
 bool mlxs_fast_qmm_enabled(void) { return mlxs_detail::fast_qmm_enabled(); }
 uint64_t mlxs_fast_qmm_launches(void) { return mlxs_detail::fast_qmm_launches(); }
 void mlxs_set_fast_qmm_mma(int mode) { mlxs_detail::set_fast_qmm_mma(mode); }
+void mlxs_set_fast_qgemm(bool on) { mlxs_detail::set_fast_qgemm(on); }
+uint64_t mlxs_fast_qgemm_launches(void) { return mlxs_detail::fast_qgemm_launches(); }
+void mlxs_set_fast_qgemm_dequant(int form) { mlxs_detail::set_fast_qgemm_dequant(form); }
 int mlxs_fast_qmm_mma_mode(void) { return mlxs_detail::fast_qmm_mma_mode(); }
 uint64_t mlxs_fast_qmm_mma_launches(void) { return mlxs_detail::fast_qmm_mma_launches(); }
 int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,

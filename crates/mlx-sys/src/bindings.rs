@@ -1463,6 +1463,15 @@ unsafe extern "C" {
     pub fn mlxs_fast_qmm_mma_launches() -> u64;
 }
 unsafe extern "C" {
+    pub fn mlxs_set_fast_qgemm(on: bool);
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_qgemm_launches() -> u64;
+}
+unsafe extern "C" {
+    pub fn mlxs_set_fast_qgemm_dequant(form: ::std::os::raw::c_int);
+}
+unsafe extern "C" {
     pub fn mlxs_gather_qmm(
         out: *mut mlxs_array,
         x: mlxs_array,

@@ -1,0 +1,77 @@
+//! Our tiled CUDA kernel for 4-bit products of 8 or more rows
+//! (`mlx_array::quant::set_fast_qgemm`, shim/fast_qmm.cpp) must stay out of the way
+//! wherever it does not apply: off the CUDA backend every product is MLX's own. Its
+//! bit-identity with MLX's `qmm_sm80` is checked on a CUDA device by `mlx-engine`'s
+//! `qgemm_check` (benchmarks/GPU.md, session 24); these tests run on any backend.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
+use mlx_array::quant::{
+    fast_qgemm_launches, quantize, quantized_matmul, set_fast_qgemm, QuantMode, Quantized,
+};
+use mlx_array::{random, Array, Device, DeviceType, Dtype};
+use std::sync::{Mutex, MutexGuard};
+
+/// The switch is process-wide: under `cargo test` (threads) these tests take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn normal(shape: &[i32], seed: u64) -> Array {
+    let key = random::key(seed).unwrap();
+    random::normal(shape, Dtype::Float32, None, None, Some(&key))
+        .unwrap()
+        .astype(Dtype::Bfloat16)
+        .unwrap()
+}
+
+fn product(x: &Array, q: &Quantized, gs: i32) -> Array {
+    let y = quantized_matmul(
+        x,
+        &q.weight,
+        &q.scales,
+        q.biases.as_ref(),
+        true,
+        Some(gs),
+        Some(4),
+        QuantMode::Affine,
+    )
+    .unwrap();
+    y.eval().unwrap();
+    y
+}
+
+#[test]
+fn off_the_cuda_backend_mlx_runs_the_product() {
+    let _g = serial();
+    if Device::default_device().unwrap().kind == DeviceType::Gpu {
+        // A GPU build (CUDA or Metal): covered by qgemm_check on the device.
+        return;
+    }
+    // A shape the kernel takes on a CUDA device: 8+ rows, N % 128 == 0, K % 64 == 0.
+    let (n, k) = (256, 512);
+    for gs in [32, 64, 128] {
+        let q = quantize(&normal(&[n, k], 1), Some(gs), Some(4), QuantMode::Affine).unwrap();
+        for m in [8, 33] {
+            let x = normal(&[1, m, k], 2 + m as u64);
+            set_fast_qgemm(false);
+            let theirs = product(&x, &q, gs);
+            set_fast_qgemm(true);
+            let before = fast_qgemm_launches();
+            let ours = product(&x, &q, gs);
+            assert_eq!(
+                fast_qgemm_launches(),
+                before,
+                "group {gs}, {m} rows: taken on the CPU"
+            );
+            assert_eq!(ours.shape(), vec![1, m, n]);
+            assert!(ours
+                .view(Dtype::Uint16)
+                .unwrap()
+                .array_equal(&theirs.view(Dtype::Uint16).unwrap(), false)
+                .unwrap()
+                .item::<bool>()
+                .unwrap());
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! Checks our tiled 4-bit CUDA kernel for products of 8 or more rows
+//! (`mlx_array::quant::set_fast_qgemm`, shim fast_qmm.cpp) on the current device against
+//! MLX's own product for those rows (its `qmm_sm80`), and times the two:
+//! - bits: for every product shape, group size and row count M, ours must equal MLX's
+//!   product bit for bit, for x as one sequence ([1, M, K]: a prompt's prefill) and as two
+//!   ([2, M/2, K], batch dimensions flattened into rows); it also reports whether the other
+//!   dequantize expression (the product rounded before the bias is added) would have
+//!   matched, which tells which one MLX's compiled kernel computes;
+//! - time: MLX's product (`set_fast_qgemm(false)`) against ours, the median of `--iters`
+//!   timed evaluations (each of `REPS` products, then a synchronisation) after warm-up, in
+//!   microseconds per product, and the ratio.
+//!
+//! The other multi-row kernels of the shim stay off here (`set_fast_qmm(false)`), so each
+//! product is either MLX's or the tiled kernel's. Shapes: as `qmm_rows_check`
+//! (`--shapes synthetic|small`, `--model DIR`); products of more than `--max-elements`
+//! outputs (M x N, default 64 Mi) are skipped. Exit status 1 on any mismatch, or where the
+//! kernel should have run on a GPU and did not.
+//!
+//! ```sh
+//! cargo build --release -p mlx-engine --examples
+//! target/release/examples/qgemm_check [--shapes synthetic|small] [--model DIR]
+//!     [--m 8,9,16,33,64,100,128,512,2048] [--gs 32,64,128] [--iters 20]
+//! ```
+#[path = "common/qmm.rs"]
+mod common;
+
+use common::{qmm, same_bits, scaled_normal, time_us, Case, Res, ShapeOpts, REPS};
+use mlx_array::quant::{
+    fast_qgemm_launches, set_fast_qgemm, set_fast_qgemm_fused_dequant, set_fast_qmm,
+};
+use mlx_array::{transforms, Array, Device, DeviceType};
+use std::io::Write;
+
+/// Whether the tiled kernel takes this case at M rows (fast_qmm.cpp's conditions; the
+/// floor of rows is `MLX_FAST_QGEMM_MIN_ROWS`, 33 unless set, at least 8).
+fn takes(c: &Case, m: i32) -> bool {
+    let floor = std::env::var("MLX_FAST_QGEMM_MIN_ROWS")
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+        .unwrap_or(33)
+        .max(8);
+    m >= floor && c.n % 128 == 0 && c.k % c.gs.max(64) == 0 && c.gs < c.k
+}
+
+/// The product of `x` with the tiled kernel on or off, evaluated, and whether it ran.
+fn product(x: &Array, c: &Case, ours: bool) -> Res<(Array, bool)> {
+    set_fast_qgemm(ours);
+    let before = fast_qgemm_launches();
+    let y = qmm(x, &c.q, c.gs)?;
+    transforms::eval(&[&y])?;
+    Ok((y, fast_qgemm_launches() > before))
+}
+
+fn main() -> Res<()> {
+    let mut o = ShapeOpts::new(vec![8, 9, 16, 33, 64, 100, 128, 512, 2048], 20);
+    let mut max_elements: i64 = 64 << 20;
+    o.parse(
+        "usage: qgemm_check [--shapes synthetic|small] [--model DIR] [--m 8,16,...] \
+         [--gs 32,64,128] [--iters 20] [--max-elements N]",
+        |flag, val| {
+            if flag != "--max-elements" {
+                return Ok(false);
+            }
+            max_elements = val()?.parse()?;
+            Ok(true)
+        },
+    )?;
+    set_fast_qmm(false);
+    let gpu = Device::default_device()?.kind == DeviceType::Gpu;
+    println!(
+        "device: {}; rows M: {:?}; timing: {}",
+        if gpu { "gpu" } else { "cpu" },
+        o.ms,
+        if o.iters > 0 {
+            format!("median of {} x {REPS} products", o.iters)
+        } else {
+            "off".into()
+        }
+    );
+    let cases = common::cases(o.model.as_deref(), &o.shapes, &o.gss)?;
+    let mut all_ok = true;
+    let mut other_form_matched = 0usize;
+    let mut checked = 0usize;
+    let mut table = Vec::new();
+    for c in &cases {
+        for &m in &o.ms {
+            if (m as i64) * (c.n as i64) > max_elements {
+                continue;
+            }
+            let x = scaled_normal(&[1, m, c.k], (m as u64) * 7 + c.gs as u64, 1.0)?;
+            transforms::eval(&[&x])?;
+            let (mlx, _) = product(&x, c, false)?;
+            set_fast_qgemm_fused_dequant(true);
+            let (ours, ran) = product(&x, c, true)?;
+            let expect = gpu && takes(c, m);
+            let mut problems = Vec::new();
+            if ran != expect {
+                problems.push(if ran {
+                    "the kernel ran where MLX's product should".to_string()
+                } else {
+                    "the kernel did not run".to_string()
+                });
+            }
+            if !same_bits(&ours, &mlx)? {
+                problems.push("[1, M, K] differs from MLX's product".into());
+            }
+            if m % 2 == 0 {
+                let x2 = x.reshape(&[2, m / 2, c.k])?;
+                let (y2, _) = product(&x2, c, true)?;
+                if !same_bits(&y2.reshape(&[1, m, c.n])?, &mlx)? {
+                    problems.push("[2, M/2, K] differs from MLX's product".into());
+                }
+            }
+            if ran {
+                set_fast_qgemm_fused_dequant(false);
+                let (other, _) = product(&x, c, true)?;
+                set_fast_qgemm_fused_dequant(true);
+                checked += 1;
+                if same_bits(&other, &mlx)? {
+                    other_form_matched += 1;
+                }
+            }
+            if !problems.is_empty() {
+                all_ok = false;
+                println!(
+                    "  MISMATCH {} N={} K={} group {} M={m}: {}",
+                    c.name,
+                    c.n,
+                    c.k,
+                    c.gs,
+                    problems.join("; ")
+                );
+            }
+            if o.iters > 0 && ran {
+                let f = || qmm(&x, &c.q, c.gs);
+                set_fast_qgemm(false);
+                let theirs = time_us(o.iters, &f)?;
+                set_fast_qgemm(true);
+                let t = time_us(o.iters, &f)?;
+                table.push((c.name.clone(), c.n, c.k, c.gs, m, theirs, t));
+            }
+        }
+        println!("{} N={} K={} group {}: done", c.name, c.n, c.k, c.gs);
+        std::io::stdout().flush()?;
+    }
+    if !table.is_empty() {
+        println!();
+        println!(
+            "{:<32} {:>7} {:>6} {:>3} {:>5} {:>10} {:>10} {:>8} {:>8}",
+            "weight", "N", "K", "gs", "M", "mlx us", "ours us", "speedup", "TFLOP/s"
+        );
+        for (name, n, k, gs, m, theirs, ours) in &table {
+            let flops = 2.0 * (*m as f64) * (*n as f64) * (*k as f64);
+            println!(
+                "{name:<32} {n:>7} {k:>6} {gs:>3} {m:>5} {theirs:>10.1} {ours:>10.1} {:>7.2}x {:>8.1}",
+                theirs / ours,
+                flops / ours / 1e6
+            );
+        }
+    }
+    println!(
+        "\nthe other dequantize form (product rounded, then the bias) matched MLX in {other_form_matched} \
+         of {checked} products"
+    );
+    if all_ok {
+        println!("RESULT: PASS (every product bit-identical to MLX's)");
+        Ok(())
+    } else {
+        println!("RESULT: FAIL (see MISMATCH above)");
+        std::process::exit(1);
+    }
+}
