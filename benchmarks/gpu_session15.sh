@@ -42,8 +42,10 @@
 #              (SRV_STREAMS, SRV_ARMS: default, dequant, bigdq)
 #   pf4b       issue 21: one prompt's prefill, 8B bf16 against 8B 4-bit (default, dequant,
 #              forced mma, noqgemm = MLX_FAST_QGEMM=0; PF_ARMS, PF_P, PF_N)
-#   qgemm      issue 21: qgemm_check (our tiled 4-bit kernel of 8+ rows against MLX's
-#              qmm_sm80: bits and time; QGEMM_ARGS)
+#   text4b     issue 21: greedy text of the 8B 4-bit shape after a ~1,300-token prompt: ours,
+#              ours with MLX_FAST_QGEMM=0, mlx-lm (TEXT_CHARS of calibration.txt)
+#   qgemm      issue 21: qgemm_check (our tiled 4-bit kernel of 33+ rows against MLX's
+#              qmm_sm80: bits and time; QGEMM_ARGS, QGEMM_MODEL)
 #   next       issue 26: gpu_next.sh check warm (Qwen3-Next: lean step's text, ours vs mlx-lm)
 #   nextab     issue 26: gpu_next.sh warm, Qwen3-Next decode against mlx-lm with our one-row
 #              4-bit kernels on, off (MLX_FAST_QMV=0) and only on large weights
@@ -207,6 +209,23 @@ for PART in "$@"; do
           --prompt hi -m 1 > "$D/$arm.txt" 2>&1
         echo "$arm rc=$? $(( ($(date +%s%N) - s) / 1000000 )) ms; $(grep Prompt "$D/$arm.txt"); driver cache $(du -sh /tmp/nvcache 2>/dev/null | cut -f1)" >> "$D/stdout.txt"
       done ;;
+    text4b)
+      # issue 21: greedy text of the 8B 4-bit shape after a long prompt (the prefill through
+      # the tiled kernel of fast_qmm.cpp), ours against MLX_FAST_QGEMM=0 and mlx-lm: the same
+      # text in all three
+      ensure_model llama-3.1-8b-4bit "$D"
+      prompt=$(head -c ${TEXT_CHARS:-6000} crates/mlx-quant/src/calibration.txt)
+      # TEXT_ARMS (ours noqgemm mlxlm; repeat one to see run-to-run variation)
+      i=0
+      for arm in ${TEXT_ARMS:-ours noqgemm mlxlm}; do
+        i=$((i + 1)); e=(); cmd=("$NEW/mlx-generate")
+        [ "$arm" = noqgemm ] && e=(MLX_FAST_QGEMM=0)
+        [ "$arm" = mlxlm ] && cmd=(python3 -m mlx_lm generate)
+        env "${e[@]}" timeout 120 "${cmd[@]}" --model "$MODELS/llama-3.1-8b-4bit" \
+          --prompt "$prompt" -m ${TEXT_TOKENS:-32} > "$D/$i-$arm.txt" 2>&1
+        sed -n '/^==========$/,/^==========$/p' "$D/$i-$arm.txt" | grep -v '^==========$' > "$D/$i-$arm.text"
+        echo "$i $arm text $(md5sum < "$D/$i-$arm.text" | cut -c1-8); $(grep -i 'prompt' "$D/$i-$arm.txt" | head -1)" >> "$D/stdout.txt"
+      done ;;
     kcache)
       # issue 21: our kernels compiled into MLX's disk cache once (a fresh MLX_PTX_CACHE_DIR:
       # the first run compiles, the next two load), then MLX compiling them in every process
@@ -269,6 +288,9 @@ for PART in "$@"; do
       # AB_BATCHES (1 8 32), AB_ARMS (on off), AB_N (2 trials a process), AB_MLX_LM (8 32)
       for b in ${AB_BATCHES:-1 8 32}; do for arm in ${AB_ARMS:-on exact off}; do
         e=(); [ "$arm" = off ] && e=(MLX_FAST_QMM=0); [ "$arm" = exact ] && e=(MLX_FAST_QMM_MMA=0)
+        # qg: products of more than 32 rows of several sequences (the batch's prefill) to the
+        # tiled kernel of MLX's bits (fast_qmm.cpp) instead of the tensor-core form
+        [ "$arm" = qg ] && e=(MLX_FAST_QMM_MMA_MAX_ROWS=32)
         [ "$arm" = prof ] && e=(MLX_ENGINE_PROFILE=1 MLX_ENGINE_PROFILE_EVERY=32)
         echo "## b=$b arm=$arm" >> "$D/stdout.txt"
         env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-4bit" \
@@ -346,7 +368,11 @@ for PART in "$@"; do
           -g 8 -n "${PF_N:-2}" >> "$D/stdout.txt" 2>&1
       done ;;
     qgemm)
-      timeout "$L" "$NEW/qgemm_check" ${QGEMM_ARGS:-} > "$D/stdout.txt" 2>&1 ;;
+      # QGEMM_MODEL: a bench model whose shapes to take (else the synthetic ones). (Session
+      # 24's arms regs / smem / bm1 compared forms of the kernel since removed.)
+      [ -n "${QGEMM_MODEL:-}" ] && ensure_model "$QGEMM_MODEL" "$D"
+      a=(${QGEMM_ARGS:-}); [ -n "${QGEMM_MODEL:-}" ] && a+=(--model "$MODELS/$QGEMM_MODEL")
+      timeout "$L" "$NEW/qgemm_check" "${a[@]}" > "$D/stdout.txt" 2>&1 ;;
     mma)
       ensure_model llama-3.1-8b-4bit "$D"
       # shellcheck disable=SC2086

@@ -566,13 +566,14 @@ pub fn fast_qmm_mma_launches() -> u64 {
     unsafe { sys::mlxs_fast_qmm_mma_launches() }
 }
 
-/// Turns our tiled CUDA kernel for 4-bit [`quantized_matmul`] of 8 or more rows on or off
-/// (default on; `MLX_FAST_QGEMM=0` at start turns it off). On the CUDA backend it takes
-/// the products MLX runs through its `qmm_sm80` kernel (bfloat16 x of 8 or more rows in
-/// all, a 4-bit affine weight of N % 128 == 0 and K a multiple of max(64, group size))
-/// and that none of the kernels above takes, such as a prompt's prefill at batch 1, and
-/// gives MLX's bits for them: the same tensor-core products over K in the same order,
-/// tiled differently. Off, MLX's kernel runs.
+/// Turns our tiled CUDA kernel for 4-bit [`quantized_matmul`] of 33 or more rows on or
+/// off (default on; `MLX_FAST_QGEMM=0` at start turns it off, `MLX_FAST_QGEMM_MIN_ROWS=N`
+/// moves the floor). On the CUDA backend it takes the products MLX runs through its
+/// `qmm_sm80` kernel (bfloat16 x of 8 or more rows in all, a 4-bit affine weight of
+/// N % 128 == 0 and K a multiple of max(64, group size)) that none of the kernels above
+/// takes, such as a prompt's prefill at batch 1, and gives MLX's bits for them: the same
+/// tensor-core products over K in the same order, tiled differently. Off, MLX's kernel
+/// runs.
 pub fn set_fast_qgemm(on: bool) {
     unsafe { sys::mlxs_set_fast_qgemm(on) }
 }
@@ -580,12 +581,4 @@ pub fn set_fast_qgemm(on: bool) {
 /// How many [`quantized_matmul`] calls of this process took the tiled kernel.
 pub fn fast_qgemm_launches() -> u64 {
     unsafe { sys::mlxs_fast_qgemm_launches() }
-}
-
-/// How [`set_fast_qgemm`]'s kernel dequantizes a weight: `true` (the default, what MLX's
-/// compiled kernel computes) `q * scale + bias` as one fused multiply-add in bfloat16,
-/// `false` the product rounded to bfloat16 before the bias is added. For the device check
-/// (`qgemm_check`) that tells the two apart; only the default gives MLX's bits.
-pub fn set_fast_qgemm_fused_dequant(fused: bool) {
-    unsafe { sys::mlxs_set_fast_qgemm_dequant(i32::from(fused)) }
 }

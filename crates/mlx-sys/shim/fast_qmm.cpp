@@ -1,4 +1,4 @@
-// fast_qmm.cpp: a faster CUDA kernel for 4-bit quantized matmuls of 8 or more rows (a
+// fast_qmm.cpp: a faster CUDA kernel for 4-bit quantized matmuls of 33 or more rows (a
 // prompt's prefill, batched prefill chunks) with the bits of MLX's own kernel for them.
 //
 // MLX 0.32.4 runs `quantized_matmul(x, w, scales, biases, transpose=True)` with 8 or more
@@ -8,19 +8,20 @@
 // libmlx.so, mlx/backend/cuda/device/qmm_sm80.cuh): each output element is one float32
 // accumulator fed by `mma.sync` m16n8k16 bfloat16 products over K in order, 16 at a time
 // (the atom SM80_16x8x16_F32BF16BF16F32_TN, k slot i of a product holding element k0 + i),
-// the weights dequantized in registers as `bf16(q) * scale + bias` in bfloat16 (cutlass's
-// Array multiply and add), and the sum rounded to bfloat16 at the end. Nothing else
-// enters a result: not the tile sizes, nor which rows share a tile, nor the order in which
-// tiles run. So a kernel that feeds the same products to the same instruction in the same
-// order of K gives the same bits, whatever its tiling, and that is what this one does
-// with a tiling of its own: 128 x 128 outputs a block of 8 warps (MLX: 64 x 128, 4 warps),
-// a 4-stage `cp.async` pipeline over K tiles of 64, x's tile through `ldmatrix` from a
-// swizzled layout, the weight's nibbles dequantized in registers by each warp for its
-// columns, scales and biases loaded a tile ahead.
+// the weights dequantized as `bf16(q) * scale + bias` in bfloat16 (cutlass's Array
+// multiply and add, which the compiler contracts into one FMA), and the sum rounded to
+// bfloat16 at the end. Nothing else enters a result: not the tile sizes, nor which rows
+// share a tile, nor the order in which tiles run. So a kernel that feeds the same products
+// to the same instruction in the same order of K gives the same bits, whatever its tiling,
+// and that is what this one does with a tiling of its own: 128 x 128 outputs a block of 8
+// warps (MLX: 64 x 128, 4 warps), a 4-stage `cp.async` pipeline over K tiles of 64, the
+// weight's tile dequantized once a block into shared memory, and both tiles read through
+// `ldmatrix` from swizzled layouts.
 //
-// On by default where it applies (`MLX_FAST_QGEMM=0` or `set_fast_qgemm(false)` gives
-// MLX's kernel back); `qgemm_check` in mlx-engine's examples checks every output against
-// MLX's product bit for bit and times both.
+// On the H200 (`qgemm_check`, benchmarks/GPU.md session 24) every product checked was
+// identical to MLX's, and 1.4x-2.3x faster from 33 rows; below 33 rows MLX's kernel (16-
+// and 32-row tiles) was as fast or faster, so those stay MLX's. On by default where it
+// applies (`MLX_FAST_QGEMM=0` or `set_fast_qgemm(false)` gives MLX's kernel back).
 #include "fast_qmm.h"
 
 #include "affine_operands.h"
@@ -44,20 +45,17 @@ namespace mlxs_detail {
 namespace {
 
 KernelSwitch g_switch("MLX_FAST_QGEMM");
-// The dequantize expression (set_fast_qgemm_dequant): 1, one fused multiply-add, which is
-// what MLX's compiled `qmm_sm80` computes (checked on the H200, benchmarks/GPU.md session
-// 24); 0 the multiply and the add each rounded.
-std::atomic<int> g_form{1};
 
 // Tile sizes of the device code below (kept in step with it).
 constexpr int kThreads = 256;
 constexpr int kBn = 128;
 constexpr int kBk = 64;
 constexpr int kStages = 4;
-constexpr int kARow = kBk * 2;  // bytes of a row of x's tile
-constexpr int kBRow = 48;       // bytes of a row of w's tile: 32 of nibbles, 16 of padding
+constexpr int kARow = kBk * 2;  // bytes of a row of x's (and the dequantized weight's) tile
 
-int stage_bytes(int bm) { return bm * kARow + kBn * kBRow; }
+// Dynamic shared memory of a block: kStages stages of x's tile and the weight's nibbles,
+// and two buffers of the weight's tile in bfloat16.
+int shared_bytes(int bm) { return kStages * (bm * kARow + kBn * 32) + 2 * kBn * kARow; }
 
 const char* const kDeviceCode = R"(// mlx-rs: the tiled 4-bit kernel of fast_qmm.cpp.
 #pragma once
@@ -69,7 +67,6 @@ constexpr int kBn = 128;
 constexpr int kBk = 64;
 constexpr int kStages = 4;
 constexpr int kARow = kBk * 2;
-constexpr int kBRow = 48;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -105,36 +102,36 @@ __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, ui
 }
 
 // The two weights of byte `byte` (low nibble first) dequantized: as the bfloat16 bits of
-// 128 + v minus 128 (v exactly), then v * scale + bias as MLX's kernel forms it (FORM 1:
-// one fused multiply-add; 0: the product rounded, then the sum).
-template <int FORM>
+// 128 + v minus 128 (v exactly), then v * scale + bias as one fused multiply-add in
+// bfloat16, which is what MLX's compiled kernel computes (its cutlass multiply and add
+// contract; the product rounded before the add matched none of 243 products).
 __device__ __forceinline__ uint32_t dequant2(uint32_t byte, __nv_bfloat162 sb) {
   const uint32_t bits = 0x43004300u | (byte & 0xFu) | ((byte & 0xF0u) << 12);
   const __nv_bfloat162 q =
       __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&bits), __floats2bfloat162_rn(128.f, 128.f));
-  const __nv_bfloat162 s2 = __low2bfloat162(sb);
-  const __nv_bfloat162 b2 = __high2bfloat162(sb);
-  __nv_bfloat162 d;
-  if constexpr (FORM == 1) {
-    d = __hfma2(q, s2, b2);
-  } else {
-    d = __hadd2(__hmul2_rn(q, s2), b2);
-  }
-  return *reinterpret_cast<uint32_t*>(&d);
+  const __nv_bfloat162 d = __hfma2(q, __low2bfloat162(sb), __high2bfloat162(sb));
+  return *reinterpret_cast<const uint32_t*>(&d);
 }
 
 // out [m, n] = x [m, k] @ dequantize(w [n, k / 8], scales, biases [n, k / GS]).T, bfloat16;
 // block (blockIdx.x, blockIdx.y) takes rows BM * blockIdx.x .. of x and 128 * blockIdx.y ..
 // of w (n % 128 == 0, k % 64 == 0, k % GS == 0). 8 warps as 2 (rows of x) by 4 (rows of w),
-// each BM / 2 x 32 outputs.
-template <int GS, int BM, int FORM>
+// each BM / 2 x 32 outputs, read x's tile and the weight's tile (dequantized once a block
+// into shared memory, bfloat16) through ldmatrix. Per K tile of 64, thread t dequantizes 32
+// weights (half a row of w's tile) into one of two buffers, for the tile after the one the
+// warps multiply; tile kt + 1's nibbles and x's tile kt must be in place at iteration kt,
+// so 4 stages keep 2 tiles in flight. (Dequantizing in registers by each warp for its own
+// columns, as MLX's kernel does, measured 1.2x-1.4x slower: GPU.md session 24.)
+template <int GS, int BM>
 __device__ __forceinline__ void gemm(const __nv_bfloat16* x, const uint32_t* w,
-                                     const __nv_bfloat16* scales, const __nv_bfloat16* biases,
-                                     __nv_bfloat16* out, const int m, const int n, const int k) {
+                                       const __nv_bfloat16* scales, const __nv_bfloat16* biases,
+                                       __nv_bfloat16* out, const int m, const int n, const int k) {
   extern __shared__ __align__(128) uint8_t smem[];
-  constexpr int MT = BM / 32;                 // m16 tiles a warp
-  constexpr int STAGE = BM * kARow + kBn * kBRow;
-  constexpr int NG = GS < kBk ? kBk / GS : 1;  // groups a K tile touches
+  constexpr int MT = BM / 32;
+  constexpr int SA = BM * kARow;  // x's tile
+  constexpr int SW = kBn * 32;    // w's nibbles
+  constexpr int STAGE = SA + SW;
+  constexpr int SB = kBn * kARow;  // w's tile in bfloat16
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -147,14 +144,17 @@ __device__ __forceinline__ void gemm(const __nv_bfloat16* x, const uint32_t* w,
   const int tiles = k / kBk;
   const int groups = k / GS;
   const uint32_t base = smem_addr(smem);
+  const uint32_t bbase = base + kStages * STAGE;
+  uint8_t* const bptr = smem + kStages * STAGE;
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
+  // The half row of w this thread dequantizes: row dr, k 32 dh .. 32 dh + 31 of a tile.
+  const int dr = tid >> 1;
+  const int dh = tid & 1;
+  const size_t srow = (size_t)(n0 + dr) * groups;
 
-  // Tile `kt` of x and w into stage `st`: x's rows of 128 bytes as 8 chunks of 16, chunk c
-  // of row r at (c ^ (r & 7)) (the 8 rows one ldmatrix reads fall in 8 distinct chunks);
-  // w's rows of 32 bytes at a stride of 48 (a warp's 8 rows of 8-byte reads: 8 bank pairs).
   auto load_tile = [&](int kt, int st) {
     const uint32_t sa = base + st * STAGE;
-    const uint32_t sb = sa + BM * kARow;
+    const uint32_t sw = sa + SA;
 #pragma unroll
     for (int i = 0; i < BM * 8 / kThreads; ++i) {
       const int q = tid + i * kThreads;
@@ -165,20 +165,27 @@ __device__ __forceinline__ void gemm(const __nv_bfloat16* x, const uint32_t* w,
       const __nv_bfloat16* src = x + (size_t)(ok ? row : 0) * k + kt * kBk + c * 8;
       cp16(sa + r * kARow + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
     }
-    const int r = tid >> 1;
-    const int c = tid & 1;
-    cp16(sb + r * kBRow + c * 16, wb + (size_t)(n0 + r) * (k / 2) + kt * (kBk / 2) + c * 16, 16);
+    cp16(sw + dr * 32 + dh * 16, wb + (size_t)(n0 + dr) * (k / 2) + kt * (kBk / 2) + dh * 16, 16);
   };
-  // Scale and bias (as one pair) of this lane's 4 rows of w for the groups of tile kt.
-  auto load_scales = [&](int kt, __nv_bfloat162 (&sb)[4][NG]) {
-    const int g0 = kt * kBk / GS;
+  auto load_scale = [&](int kt) {
+    const size_t i = srow + (kt * kBk + dh * 32) / GS;
+    return __halves2bfloat162(scales[i], biases[i]);
+  };
+  // Tile kt's nibbles (stage kt % kStages) to bfloat16 in buffer kt & 1, x's swizzle.
+  auto dequant_tile = [&](int kt, __nv_bfloat162 sb) {
+    const uint4 v = *reinterpret_cast<const uint4*>(smem + (kt % kStages) * STAGE + SA +
+                                                   dr * 32 + dh * 16);
+    uint8_t* dst = bptr + (kt & 1) * SB + dr * kARow;
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const size_t row = (size_t)(n0 + wn * 32 + j * 8 + g) * groups;
-#pragma unroll
-      for (int i = 0; i < NG; ++i) {
-        sb[j][i] = __halves2bfloat162(scales[row + g0 + i], biases[row + g0 + i]);
-      }
+      const int c = dh * 4 + j;
+      uint4 o;
+      o.x = dequant2(words[j], sb);
+      o.y = dequant2(words[j] >> 8, sb);
+      o.z = dequant2(words[j] >> 16, sb);
+      o.w = dequant2(words[j] >> 24, sb);
+      *reinterpret_cast<uint4*>(dst + ((c ^ (dr & 7)) << 4)) = o;
     }
   };
 
@@ -195,47 +202,52 @@ __device__ __forceinline__ void gemm(const __nv_bfloat16* x, const uint32_t* w,
     if (s < tiles) load_tile(s, s);
     cp_commit();
   }
-  __nv_bfloat162 sb[4][NG], nsb[4][NG];
-  load_scales(0, sb);
+  cp_wait<kStages - 2>();
+  __syncthreads();
+  dequant_tile(0, load_scale(0));
+  __nv_bfloat162 sb = load_scale(tiles > 1 ? 1 : 0);
 
 #pragma unroll 1
   for (int kt = 0; kt < tiles; ++kt) {
-    cp_wait<kStages - 2>();
+    // Tile kt + 1 landed (tile kt + 2 may still be in flight); buffer kt & 1 written; the
+    // warps done with tile kt - 1 (its stage and buffer are written below).
+    cp_wait<kStages - 3>();
     __syncthreads();
-    // The stage this overwrites was last read in iteration kt - 1, before the barrier.
     {
       const int nt = kt + kStages - 1;
       if (nt < tiles) load_tile(nt, nt % kStages);
       cp_commit();
     }
-    if (kt + 1 < tiles) load_scales(kt + 1, nsb);
-    const int st = kt % kStages;
-    const uint32_t sa = base + st * STAGE;
-    const uint8_t* sbw = smem + st * STAGE + BM * kARow;
+    if (kt + 1 < tiles) {
+      dequant_tile(kt + 1, sb);
+      if (kt + 2 < tiles) sb = load_scale(kt + 2);
+    }
+    const uint32_t sa = base + (kt % kStages) * STAGE;
+    const uint32_t sbf = bbase + (kt & 1) * SB;
 #pragma unroll
     for (int ks = 0; ks < kBk / 16; ++ks) {
-      const int gi = NG == 1 ? 0 : (ks * 16) / GS;
-      uint32_t a[MT][4];
+      uint32_t b[4][2];
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        const int r = wn * 32 + p * 16 + (lane & 7) + ((lane >> 4) << 3);
+        const int c = ks * 2 + ((lane >> 3) & 1);
+        uint32_t q[4];
+        ldsm4(sbf + r * kARow + ((c ^ (r & 7)) << 4), q);
+        b[2 * p][0] = q[0];
+        b[2 * p][1] = q[1];
+        b[2 * p + 1][0] = q[2];
+        b[2 * p + 1][1] = q[3];
+      }
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
+        uint32_t a[4];
         const int r = wm * (BM / 2) + i * 16 + (lane & 15);
         const int c = ks * 2 + (lane >> 4);
-        ldsm4(sa + r * kARow + ((c ^ (r & 7)) << 4), a[i]);
-      }
+        ldsm4(sa + r * kARow + ((c ^ (r & 7)) << 4), a);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint2 wv =
-            *reinterpret_cast<const uint2*>(sbw + (wn * 32 + j * 8 + g) * kBRow + ks * 8);
-        const uint32_t b0 = dequant2<FORM>(wv.x >> (8 * t), sb[j][gi]);
-        const uint32_t b1 = dequant2<FORM>(wv.y >> (8 * t), sb[j][gi]);
-#pragma unroll
-        for (int i = 0; i < MT; ++i) mma(acc[i][j], a[i], b0, b1);
+        for (int j = 0; j < 4; ++j) mma(acc[i][j], a, b[j][0], b[j][1]);
       }
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int i = 0; i < NG; ++i) sb[j][i] = nsb[j][i];
   }
   cp_wait<0>();
 
@@ -266,7 +278,9 @@ __device__ __forceinline__ void gemm(const __nv_bfloat16* x, const uint32_t* w,
 #define __global__ __location__(global) __launch_bounds__(256, 2)
 )";
 
-// Rows of x a block: 128, or 64 where fewer rows would leave most of a 128-row tile empty.
+// Rows of x a block: 128, or 64 where fewer rows would leave most of a 128-row tile empty
+// (64-row blocks where 128-row ones would leave fewer than two a multiprocessor measured
+// no faster: GPU.md session 24).
 int block_rows(long long m) { return m <= 64 ? 64 : 128; }
 
 // The fewest rows of x the kernel takes: on the H200 (`qgemm_check`, GPU.md session 24) ours
@@ -279,26 +293,23 @@ long long min_rows() {
   return v;
 }
 
-const mx::fast::CustomKernelFunction& kernel_for(int gs, int bm, int form, int device) {
+const mx::fast::CustomKernelFunction& kernel_for(int gs, int bm, int device) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int>, mx::fast::CustomKernelFunction> kernels;
+  static std::map<std::pair<int, int>, mx::fast::CustomKernelFunction> kernels;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(gs, bm, form);
+  const auto key = std::make_pair(gs, bm);
   auto it = kernels.find(key);
   if (it != kernels.end()) return it->second;
-  const std::string targs =
-      std::to_string(gs) + ", " + std::to_string(bm) + ", " + std::to_string(form);
-  const std::string src = "  mlxs_qgemm::gemm<" + targs +
+  const std::string src = "  mlxs_qgemm::gemm<" + std::to_string(gs) + ", " + std::to_string(bm) +
                           ">(x, w, scales, biases, out, x_shape[0], w_shape[0], x_shape[1]);\n";
-  const std::string name = "mlxs_qgemm_g" + std::to_string(gs) + "_m" + std::to_string(bm) +
-                           "_f" + std::to_string(form);
+  const std::string name = "mlxs_qgemm_g" + std::to_string(gs) + "_m" + std::to_string(bm);
   auto fn = device_kernel(name,
                           {{"x", mx::bfloat16},
                            {"w", mx::uint32},
                            {"scales", mx::bfloat16},
                            {"biases", mx::bfloat16}},
                           {{"out", mx::bfloat16}}, src, DeviceCode{kDeviceCode, "mlxs_qgemm"},
-                          device, true, stage_bytes(bm) * kStages);
+                          device, true, shared_bytes(bm));
   return kernels.emplace(key, std::move(fn)).first->second;
 }
 
@@ -334,8 +345,7 @@ std::optional<mx::array> try_fast_qgemm(const mx::array& x, const mx::array& w,
   mx::Shape out_shape = x.shape();
   out_shape.back() = n;
   const mx::array x2 = mx::reshape(x, {static_cast<int>(m), k}, st);
-  const int form = g_form.load(std::memory_order_relaxed);
-  auto outs = kernel_for(gs, bm, form, st.device.index)(
+  auto outs = kernel_for(gs, bm, st.device.index)(
       {x2, w, scales, *biases}, {out_shape}, {mx::bfloat16},
       std::make_tuple(static_cast<int>(mtiles * kThreads), n / kBn, 1),
       std::make_tuple(kThreads, 1, 1), {}, std::nullopt, false, st);
@@ -346,8 +356,4 @@ std::optional<mx::array> try_fast_qgemm(const mx::array& x, const mx::array& w,
 void set_fast_qgemm(bool on) { g_switch.set(on); }
 bool fast_qgemm_enabled() { return g_switch.on(); }
 unsigned long long fast_qgemm_launches() { return g_switch.uses(); }
-void set_fast_qgemm_dequant(int form) {
-  g_form.store(form == 0 ? 0 : 1, std::memory_order_relaxed);
-}
-
 }  // namespace mlxs_detail

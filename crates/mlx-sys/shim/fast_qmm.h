@@ -8,7 +8,7 @@
 
 namespace mlxs_detail {
 
-// `quantized_matmul(x, w, scales, biases, transpose)` of 8 or more rows of x by one
+// `quantized_matmul(x, w, scales, biases, transpose)` of 33 or more rows of x by one
 // launch of our tiled 4-bit kernel, which gives MLX's `qmm_sm80` bits (the product MLX
 // itself runs there), when it covers the call; nullopt when MLX should run it.
 std::optional<mlx::core::array> try_fast_qgemm(const mlx::core::array& x,
@@ -22,8 +22,5 @@ std::optional<mlx::core::array> try_fast_qgemm(const mlx::core::array& x,
 void set_fast_qgemm(bool on);
 bool fast_qgemm_enabled();
 unsigned long long fast_qgemm_launches();
-// The dequantize expression of the kernel: 0 MLX's multiply then add, each rounded to
-// bfloat16; 1 one fused multiply-add (for the device check that tells the two apart).
-void set_fast_qgemm_dequant(int form);
 
 }  // namespace mlxs_detail

@@ -102,6 +102,7 @@
 #include "fast_qmv.h"
 
 #include "affine_operands.h"
+#include "fast_qmm.h"
 #include "kernel_cache.h"
 #include "kernel_switch.h"
 
@@ -247,8 +248,8 @@ long long qmm_max_rows() {
 // each reading the weight again (from L2 after the first), where MLX runs `qmm`: on the
 // H200 `qmm_mma_check --forced-m 64,128,512` timed it 2.8x-16x faster than MLX's `qmm`
 // on Qwen2.5-0.5B's three projection shapes, with the same RMS error to four digits
-// (benchmarks/GPU.md, session 17). So batched prefill chunks and the speculative
-// verification of many rows take it too.
+// (benchmarks/GPU.md, session 17). Products of more than 32 rows go to the tiled kernel
+// of fast_qmm.cpp first (MLX's bits, faster: session 24) where it applies.
 long long mma_max_rows() {
   static const long long v = env_count("MLX_FAST_QMM_MMA_MAX_ROWS", kQmmRowsLimit);
   return std::min(v, kQmmRowsLimit);
@@ -1269,6 +1270,15 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   const MmaMode mma = mma_mode();
   if (mma == MmaMode::kForce) return mma_rows(x, w, scales, *biases, k, n, m, gs, st);
   const long long seq = x.ndim() >= 2 ? x.shape(-2) : 1;
+  // More than 32 rows (a batch's prefill chunks): the tiled kernel of MLX's own bits
+  // (fast_qmm.cpp) where it applies, which took the 8B 4-bit model's prefill of 32 prompts
+  // of 128 tokens from 8,707 to 13,224 tok/s against the tensor-core form (GPU.md session
+  // 24); the tensor-core form elsewhere.
+  if (m > kQmmMaxRows && mma == MmaMode::kOn) {
+    if (auto y = try_fast_qgemm(x, w, scales, biases, transpose, group_size, bits, mode, s)) {
+      return y;
+    }
+  }
   if (mma == MmaMode::kOn && m / seq > 1 && m >= mma_min_rows() && m <= mma_max_rows()) {
     return mma_rows(x, w, scales, *biases, k, n, m, gs, st);
   }

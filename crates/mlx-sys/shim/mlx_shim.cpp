@@ -1451,7 +1451,6 @@ uint64_t mlxs_fast_qmm_launches(void) { return mlxs_detail::fast_qmm_launches();
 void mlxs_set_fast_qmm_mma(int mode) { mlxs_detail::set_fast_qmm_mma(mode); }
 void mlxs_set_fast_qgemm(bool on) { mlxs_detail::set_fast_qgemm(on); }
 uint64_t mlxs_fast_qgemm_launches(void) { return mlxs_detail::fast_qgemm_launches(); }
-void mlxs_set_fast_qgemm_dequant(int form) { mlxs_detail::set_fast_qgemm_dequant(form); }
 int mlxs_fast_qmm_mma_mode(void) { return mlxs_detail::fast_qmm_mma_mode(); }
 uint64_t mlxs_fast_qmm_mma_launches(void) { return mlxs_detail::fast_qmm_mma_launches(); }
 int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,

@@ -466,13 +466,11 @@ void mlxs_set_fast_qmm_mma(int mode);
 int mlxs_fast_qmm_mma_mode(void);
 /* How many products have been built with it in this process. */
 uint64_t mlxs_fast_qmm_mma_launches(void);
-/* Our tiled CUDA kernel for 4-bit products of 8 or more rows, of MLX's `qmm_sm80` bits
-   (fast_qmm.cpp): on unless MLX_FAST_QGEMM=0; the products built with it in this process;
-   its dequantize expression (0: multiply then add, each rounded; 1: one fused
-   multiply-add, MLX's; for the device check). */
+/* Our tiled CUDA kernel for 4-bit products of 33 or more rows, of MLX's `qmm_sm80` bits
+   (fast_qmm.cpp): on unless MLX_FAST_QGEMM=0; the products built with it in this
+   process. */
 void mlxs_set_fast_qgemm(bool on);
 uint64_t mlxs_fast_qgemm_launches(void);
-void mlxs_set_fast_qgemm_dequant(int form);
 int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
                     mlxs_array biases, mlxs_array lhs_indices, mlxs_array rhs_indices,
                     bool transpose, int group_size, int bits, const char* mode,

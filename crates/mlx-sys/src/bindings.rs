@@ -1469,9 +1469,6 @@ unsafe extern "C" {
     pub fn mlxs_fast_qgemm_launches() -> u64;
 }
 unsafe extern "C" {
-    pub fn mlxs_set_fast_qgemm_dequant(form: ::std::os::raw::c_int);
-}
-unsafe extern "C" {
     pub fn mlxs_gather_qmm(
         out: *mut mlxs_array,
         x: mlxs_array,
