@@ -83,13 +83,18 @@ def kernel(name, k, gs, layout, ns, res):
     return wrap(name, ins, outs, src)
 
 
-def qgemm_kernel(name, gs, bm):
-    """The source of fast_qmm.cpp's tiled kernel (see its kernel_for)."""
+def qgemm_kernel(name, gs, bm, gather=False):
+    """The source of fast_qmm.cpp's tiled kernel or its gathered form (see its kernel_for)."""
     ins = ["const __nv_bfloat16* x", "const __grid_constant__ Shape x_shape", "const uint32_t* w",
            "const __grid_constant__ Shape w_shape", "const __nv_bfloat16* scales",
            "const __nv_bfloat16* biases"]
-    call = (f"  mlxs_qgemm::gemm<{gs}, {bm}>(x, w, scales, biases, out, x_shape[0], "
-            "w_shape[0], x_shape[1]);\n")
+    if gather:
+        ins.append("const uint32_t* idx")
+        call = (f"  mlxs_qgemm::gemm_gather<{gs}, {bm}>(x, w, scales, biases, idx, out, "
+                "x_shape[0], w_shape[1], x_shape[1]);\n")
+    else:
+        call = (f"  mlxs_qgemm::gemm<{gs}, {bm}>(x, w, scales, biases, out, x_shape[0], "
+                "w_shape[0], x_shape[1]);\n")
     return wrap(name, ins, ["__nv_bfloat16* out"], call, "fast_qmm.cpp")
 
 
@@ -174,12 +179,13 @@ def main():
     failed = 0
     for gs in (32, 64, 128):
         for bm in (64, 128):
-            cases.append((f"tiled kernel, {bm} rows a block", 0, gs, ("qgemm", bm), [], False))
+            cases.append((f"tiled kernel, {bm} rows a block", 0, gs, ("qgemm", bm, False), [], False))
+        cases.append(("tiled kernel, gathered, 64 rows a block", 0, gs, ("qgemm", 64, True), [], False))
     for i, (what, k, gs, layout, ns, res) in enumerate(cases):
         if layout is None:
             src = swiglu_kernel(f"mlxs_check_{i}", k, gs, ns[0]).encode()
         elif layout[0] == "qgemm":
-            src = qgemm_kernel(f"mlxs_check_{i}", gs, layout[1]).encode()
+            src = qgemm_kernel(f"mlxs_check_{i}", gs, layout[1], layout[2]).encode()
         else:
             src = kernel(f"mlxs_check_{i}", k, gs, layout, ns, res).encode()
         prog = ctypes.c_void_p()

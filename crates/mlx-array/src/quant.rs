@@ -582,3 +582,19 @@ pub fn set_fast_qgemm(on: bool) {
 pub fn fast_qgemm_launches() -> u64 {
     unsafe { sys::mlxs_fast_qgemm_launches() }
 }
+
+/// Turns the gathered form of [`set_fast_qgemm`]'s kernel on or off (default on;
+/// `MLX_FAST_QGEMM_GATHER=0` at start turns it off; it also needs [`set_fast_qgemm`] on).
+/// On the CUDA backend it takes [`gather_qmm`] with one expert index a row of x (x
+/// `[..., 1, K]` bfloat16 with `rhs_indices` of x's batch shape, uint32, no
+/// `lhs_indices`: mlx-lm's sorted mixture-of-experts products) of at least 8 rows an
+/// expert on average (a prompt's prefill), 4-bit affine experts of N % 128 == 0, and gives
+/// MLX's bits for them.
+pub fn set_fast_gather_qgemm(on: bool) {
+    unsafe { sys::mlxs_set_fast_gather_qgemm(on) }
+}
+
+/// How many [`gather_qmm`] calls of this process took the gathered form.
+pub fn fast_gather_qgemm_launches() -> u64 {
+    unsafe { sys::mlxs_fast_gather_qgemm_launches() }
+}

@@ -5,7 +5,8 @@
 //! `qgemm_check` (benchmarks/GPU.md, session 24); these tests run on any backend.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::quant::{
-    fast_qgemm_launches, quantize, quantized_matmul, set_fast_qgemm, QuantMode, Quantized,
+    fast_gather_qgemm_launches, fast_qgemm_launches, gather_qmm, quantize, quantized_matmul,
+    set_fast_qgemm, QuantMode, Quantized,
 };
 use mlx_array::{random, Array, Device, DeviceType, Dtype};
 use std::sync::{Mutex, MutexGuard};
@@ -74,4 +75,54 @@ fn off_the_cuda_backend_mlx_runs_the_product() {
                 .unwrap());
         }
     }
+}
+
+/// The gathered form (mixture-of-experts products as mlx-lm's sorted layers make them):
+/// off the CUDA backend MLX's `gather_qmm` runs.
+#[test]
+fn off_the_cuda_backend_mlx_runs_the_gathered_product() {
+    let _g = serial();
+    if Device::default_device().unwrap().kind == DeviceType::Gpu {
+        return;
+    }
+    // 4 experts of 128 x 256, 64 rows (16 an expert): a product the form takes on CUDA.
+    let (e, n, k, m) = (4, 128, 256, 64);
+    let q = quantize(&normal(&[e, n, k], 7), Some(64), Some(4), QuantMode::Affine).unwrap();
+    let x = normal(&[m, 1, k], 8);
+    let idx = Array::from_slice(
+        &(0..m).map(|i| (i * e / m) as u32).collect::<Vec<_>>(),
+        &[m],
+    )
+    .unwrap();
+    let run = |on: bool| {
+        set_fast_qgemm(on);
+        let y = gather_qmm(
+            &x,
+            &q.weight,
+            &q.scales,
+            q.biases.as_ref(),
+            None,
+            Some(&idx),
+            true,
+            Some(64),
+            Some(4),
+            QuantMode::Affine,
+            true,
+        )
+        .unwrap();
+        y.eval().unwrap();
+        y
+    };
+    let theirs = run(false);
+    let before = fast_gather_qgemm_launches();
+    let ours = run(true);
+    assert_eq!(fast_gather_qgemm_launches(), before, "taken on the CPU");
+    assert_eq!(ours.shape(), vec![m, 1, n]);
+    assert!(ours
+        .view(Dtype::Uint16)
+        .unwrap()
+        .array_equal(&theirs.view(Dtype::Uint16).unwrap(), false)
+        .unwrap()
+        .item::<bool>()
+        .unwrap());
 }

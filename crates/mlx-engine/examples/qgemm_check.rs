@@ -4,6 +4,9 @@
 //! - bits: for every product shape, group size and row count M, ours must equal MLX's
 //!   product bit for bit, for x as one sequence ([1, M, K]: a prompt's prefill) and as two
 //!   ([2, M/2, K], batch dimensions flattened into rows);
+//! - the gathered form (mixture-of-experts products, `gather_qmm` with one sorted expert
+//!   index a row of x, as mlx-lm's layers call it): 128 experts of the Qwen3-30B-A3B shapes
+//!   at `--gather-m` rows (none: empty), against MLX's `gather_qmm`, bits and time;
 //! - time: MLX's product (`set_fast_qgemm(false)`) against ours, the median of `--iters`
 //!   timed evaluations (each of `REPS` products, then a synchronisation) after warm-up, in
 //!   microseconds per product, and the ratio.
@@ -23,7 +26,10 @@
 mod common;
 
 use common::{qmm, same_bits, scaled_normal, time_us, Case, Res, ShapeOpts, REPS};
-use mlx_array::quant::{fast_qgemm_launches, set_fast_qgemm, set_fast_qmm};
+use mlx_array::quant::{
+    fast_gather_qgemm_launches, fast_qgemm_launches, gather_qmm, quantize, set_fast_qgemm,
+    set_fast_qmm, QuantMode, Quantized,
+};
 use mlx_array::{transforms, Array, Device, DeviceType};
 use std::io::Write;
 
@@ -47,18 +53,109 @@ fn product(x: &Array, c: &Case, ours: bool) -> Res<(Array, bool)> {
     Ok((y, fast_qgemm_launches() > before))
 }
 
+/// `gather_qmm(x [M, 1, K], w [E, N, K], rhs_indices=idx [M], sorted)` as mlx-lm's
+/// sorted mixture-of-experts layers call it, with the tiled kernel on or off, evaluated,
+/// and whether the kernel's gathered form ran.
+fn gathered(x: &Array, q: &Quantized, idx: &Array, gs: i32, ours: bool) -> Res<(Array, bool)> {
+    set_fast_qgemm(ours);
+    let before = fast_gather_qgemm_launches();
+    let y = gather_qmm(
+        x,
+        &q.weight,
+        &q.scales,
+        q.biases.as_ref(),
+        None,
+        Some(idx),
+        true,
+        Some(gs),
+        Some(4),
+        QuantMode::Affine,
+        true,
+    )?;
+    transforms::eval(&[&y])?;
+    Ok((y, fast_gather_qgemm_launches() > before))
+}
+
+/// The gathered form: experts of the Qwen3-30B-A3B shape (128 experts; gate / up 768 x 2048,
+/// down 2048 x 768) at `ms` rows with sorted random expert indices, against MLX's
+/// `gather_qmm`: bits, and time. Returns whether all matched.
+fn check_gathered(ms: &[i32], gss: &[i32], iters: usize, gpu: bool) -> Res<bool> {
+    let mut ok = true;
+    let experts = 128;
+    for (i, &(n, k)) in [(768, 2048), (2048, 768)].iter().enumerate() {
+        let w = scaled_normal(&[experts, n, k], 300 + i as u64, 0.05)?;
+        for &gs in gss {
+            if k % gs != 0 {
+                continue;
+            }
+            let q = quantize(&w, Some(gs), Some(4), QuantMode::Affine)?;
+            transforms::eval(&[&q.weight, &q.scales])?;
+            for &m in ms {
+                let x = scaled_normal(&[m, 1, k], (m as u64) * 11 + gs as u64, 1.0)?;
+                let e = mlx_array::random::randint(
+                    &Array::scalar(0i32)?,
+                    &Array::scalar(experts)?,
+                    &[m],
+                    mlx_array::Dtype::Int32,
+                    Some(&mlx_array::random::key(m as u64 + 5)?),
+                )?;
+                let idx = e.sort(Some(0))?.astype(mlx_array::Dtype::Uint32)?;
+                transforms::eval(&[&x, &idx])?;
+                let (mlx, _) = gathered(&x, &q, &idx, gs, false)?;
+                let (ours, ran) = gathered(&x, &q, &idx, gs, true)?;
+                // The gathered form takes 8 rows an expert on average and more.
+                let expect = gpu && m >= 33 && m >= 8 * experts;
+                let same = same_bits(&ours, &mlx)?;
+                if !same || ran != expect {
+                    ok = false;
+                    println!(
+                        "  MISMATCH gathered {experts} x {n} x {k} group {gs} M={m}: {}{}",
+                        if same {
+                            ""
+                        } else {
+                            "differs from MLX's gather_qmm; "
+                        },
+                        if ran == expect {
+                            ""
+                        } else {
+                            "the kernel ran where it should not, or not where it should"
+                        }
+                    );
+                }
+                if iters > 0 && ran {
+                    let theirs = time_us(iters, &|| Ok(gathered(&x, &q, &idx, gs, false)?.0))?;
+                    let t = time_us(iters, &|| Ok(gathered(&x, &q, &idx, gs, true)?.0))?;
+                    let flops = 2.0 * (m as f64) * (n as f64) * (k as f64);
+                    println!(
+                        "gathered {experts} x {n:>5} x {k:>5} gs {gs:>3} M {m:>5}: mlx {theirs:>9.1} us, \
+                         ours {t:>9.1} us, {:.2}x, {:.1} TFLOP/s",
+                        theirs / t,
+                        flops / t / 1e6
+                    );
+                }
+            }
+        }
+    }
+    Ok(ok)
+}
+
 fn main() -> Res<()> {
     let mut o = ShapeOpts::new(vec![8, 9, 16, 33, 64, 100, 128, 512, 2048], 20);
     let mut max_elements: i64 = 64 << 20;
+    let mut gather_ms: Vec<i32> = vec![16, 64, 512, 4096];
     o.parse(
-        "usage: qgemm_check [--shapes synthetic|small] [--model DIR] [--m 8,16,...] \
-         [--gs 32,64,128] [--iters 20] [--max-elements N]",
-        |flag, val| {
-            if flag != "--max-elements" {
-                return Ok(false);
+        "usage: qgemm_check [--shapes synthetic|small|none] [--model DIR] [--m 8,16,...] \
+         [--gs 32,64,128] [--iters 20] [--max-elements N] [--gather-m 16,64,512,4096]",
+        |flag, val| match flag {
+            "--max-elements" => {
+                max_elements = val()?.parse()?;
+                Ok(true)
             }
-            max_elements = val()?.parse()?;
-            Ok(true)
+            "--gather-m" => {
+                gather_ms = common::list(&val()?)?;
+                Ok(true)
+            }
+            _ => Ok(false),
         },
     )?;
     set_fast_qmm(false);
@@ -73,7 +170,11 @@ fn main() -> Res<()> {
             "off".into()
         }
     );
-    let cases = common::cases(o.model.as_deref(), &o.shapes, &o.gss)?;
+    let cases = if o.shapes == "none" && o.model.is_none() {
+        Vec::new()
+    } else {
+        common::cases(o.model.as_deref(), &o.shapes, &o.gss)?
+    };
     let mut all_ok = true;
     let mut table = Vec::new();
     for c in &cases {
@@ -141,6 +242,10 @@ fn main() -> Res<()> {
                 flops / ours / 1e6
             );
         }
+    }
+    if !gather_ms.is_empty() {
+        println!();
+        all_ok &= check_gathered(&gather_ms, &o.gss, o.iters, gpu)?;
     }
     if all_ok {
         println!("RESULT: PASS (every product bit-identical to MLX's)");

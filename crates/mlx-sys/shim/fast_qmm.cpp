@@ -45,6 +45,15 @@ namespace mlxs_detail {
 namespace {
 
 KernelSwitch g_switch("MLX_FAST_QGEMM");
+// The gathered form (mixture-of-experts products, try_fast_gather_qgemm): also needs
+// g_switch; MLX_FAST_QGEMM_GATHER=0 leaves them to MLX.
+KernelSwitch g_gather("MLX_FAST_QGEMM_GATHER");
+// The gathered form runs a block's rows in runs of one expert, each a full pass over K, so
+// it pays where experts get many rows: on the H200 (128 experts of the Qwen3-30B-A3B shape,
+// sorted random indices, GPU.md session 24) 7x-10x MLX's `gather_qmm` at 4096 rows (32 a
+// expert), 0.7x-1.7x at 512, 0.07x-0.18x at 64. So it takes products of at least this
+// many rows an expert on average (a prompt's prefill; not batched decoding).
+constexpr long long kGatherRowsPerExpert = 8;
 
 // Tile sizes of the device code below (kept in step with it).
 constexpr int kThreads = 256;
@@ -122,10 +131,12 @@ __device__ __forceinline__ uint32_t dequant2(uint32_t byte, __nv_bfloat162 sb) {
 // warps multiply; tile kt + 1's nibbles and x's tile kt must be in place at iteration kt,
 // so 4 stages keep 2 tiles in flight. (Dequantizing in registers by each warp for its own
 // columns, as MLX's kernel does, measured 1.2x-1.4x slower: GPU.md session 24.)
+// Rows lo .. hi - 1 of x (inside the block's BM rows) by w [n, k / 8] (one expert's).
 template <int GS, int BM>
-__device__ __forceinline__ void gemm(const __nv_bfloat16* x, const uint32_t* w,
-                                       const __nv_bfloat16* scales, const __nv_bfloat16* biases,
-                                       __nv_bfloat16* out, const int m, const int n, const int k) {
+__device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t* w,
+                                          const __nv_bfloat16* scales,
+                                          const __nv_bfloat16* biases, __nv_bfloat16* out,
+                                          const int n, const int k, const int lo, const int hi) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int MT = BM / 32;
   constexpr int SA = BM * kARow;  // x's tile
@@ -161,8 +172,8 @@ __device__ __forceinline__ void gemm(const __nv_bfloat16* x, const uint32_t* w,
       const int r = q >> 3;
       const int c = q & 7;
       const int row = m0 + r;
-      const bool ok = row < m;
-      const __nv_bfloat16* src = x + (size_t)(ok ? row : 0) * k + kt * kBk + c * 8;
+      const bool ok = row >= lo && row < hi;
+      const __nv_bfloat16* src = x + (size_t)(ok ? row : lo) * k + kt * kBk + c * 8;
       cp16(sa + r * kARow + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
     }
     cp16(sw + dr * 32 + dh * 16, wb + (size_t)(n0 + dr) * (k / 2) + kt * (kBk / 2) + dh * 16, 16);
@@ -257,15 +268,48 @@ __device__ __forceinline__ void gemm(const __nv_bfloat16* x, const uint32_t* w,
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int c = n0 + wn * 32 + j * 8 + 2 * t;
-      if (r < m) {
+      if (r >= lo && r < hi) {
         *reinterpret_cast<__nv_bfloat162*>(out + (size_t)r * n + c) =
             __floats2bfloat162_rn(acc[i][j][0], acc[i][j][1]);
       }
-      if (r + 8 < m) {
+      if (r + 8 >= lo && r + 8 < hi) {
         *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(r + 8) * n + c) =
             __floats2bfloat162_rn(acc[i][j][2], acc[i][j][3]);
       }
     }
+  }
+}
+
+template <int GS, int BM>
+__device__ __forceinline__ void gemm(const __nv_bfloat16* x, const uint32_t* w,
+                                     const __nv_bfloat16* scales, const __nv_bfloat16* biases,
+                                     __nv_bfloat16* out, const int m, const int n, const int k) {
+  gemm_rows<GS, BM>(x, w, scales, biases, out, n, k, blockIdx.x * BM, min(m, (int)(blockIdx.x + 1) * BM));
+}
+
+// mlx's gather_qmm with one index a row: row r of x [m, k] by expert idx[r] of
+// w [experts, n, k / 8] (scales and biases [experts, n, k / GS]). The block's rows go in
+// runs of one expert (rows sorted by expert make few runs), each a pass of gemm_rows over
+// that expert's weight: every output is the same products in the same order as alone.
+template <int GS, int BM>
+__device__ __forceinline__ void gemm_gather(const __nv_bfloat16* x, const uint32_t* w,
+                                            const __nv_bfloat16* scales,
+                                            const __nv_bfloat16* biases, const uint32_t* idx,
+                                            __nv_bfloat16* out, const int m, const int n,
+                                            const int k) {
+  const int end = min(m, (int)(blockIdx.x + 1) * BM);
+  int lo = blockIdx.x * BM;
+  const size_t wsize = (size_t)n * (k / 8);
+  const size_t ssize = (size_t)n * (k / GS);
+  while (lo < end) {
+    const uint32_t e = idx[lo];
+    int hi = lo + 1;
+    while (hi < end && idx[hi] == e) ++hi;
+    gemm_rows<GS, BM>(x, w + e * wsize, scales + e * ssize, biases + e * ssize, out, n, k, lo,
+                      hi);
+    lo = hi;
+    // The next run's loads reuse the shared memory this one's warps read.
+    __syncthreads();
   }
 }
 
@@ -293,23 +337,30 @@ long long min_rows() {
   return v;
 }
 
-const mx::fast::CustomKernelFunction& kernel_for(int gs, int bm, int device) {
+// The kernel for group size gs and bm rows a block; `gather`: gemm_gather (an expert index
+// a row of x), else gemm.
+const mx::fast::CustomKernelFunction& kernel_for(int gs, int bm, bool gather, int device) {
   static std::mutex mu;
-  static std::map<std::pair<int, int>, mx::fast::CustomKernelFunction> kernels;
+  static std::map<std::tuple<int, int, bool>, mx::fast::CustomKernelFunction> kernels;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(gs, bm);
+  const auto key = std::make_tuple(gs, bm, gather);
   auto it = kernels.find(key);
   if (it != kernels.end()) return it->second;
-  const std::string src = "  mlxs_qgemm::gemm<" + std::to_string(gs) + ", " + std::to_string(bm) +
-                          ">(x, w, scales, biases, out, x_shape[0], w_shape[0], x_shape[1]);\n";
-  const std::string name = "mlxs_qgemm_g" + std::to_string(gs) + "_m" + std::to_string(bm);
-  auto fn = device_kernel(name,
-                          {{"x", mx::bfloat16},
-                           {"w", mx::uint32},
-                           {"scales", mx::bfloat16},
-                           {"biases", mx::bfloat16}},
-                          {{"out", mx::bfloat16}}, src, DeviceCode{kDeviceCode, "mlxs_qgemm"},
-                          device, true, shared_bytes(bm));
+  const std::string targs = std::to_string(gs) + ", " + std::to_string(bm);
+  const std::string src =
+      gather ? "  mlxs_qgemm::gemm_gather<" + targs +
+                   ">(x, w, scales, biases, idx, out, x_shape[0], w_shape[1], x_shape[1]);\n"
+             : "  mlxs_qgemm::gemm<" + targs +
+                   ">(x, w, scales, biases, out, x_shape[0], w_shape[0], x_shape[1]);\n";
+  const std::string name = std::string(gather ? "mlxs_qgemm_gather_g" : "mlxs_qgemm_g") +
+                           std::to_string(gs) + "_m" + std::to_string(bm);
+  std::vector<KernelParam> inputs{{"x", mx::bfloat16},
+                                  {"w", mx::uint32},
+                                  {"scales", mx::bfloat16},
+                                  {"biases", mx::bfloat16}};
+  if (gather) inputs.emplace_back("idx", mx::uint32);
+  auto fn = device_kernel(name, inputs, {{"out", mx::bfloat16}}, src,
+                          DeviceCode{kDeviceCode, "mlxs_qgemm"}, device, true, shared_bytes(bm));
   return kernels.emplace(key, std::move(fn)).first->second;
 }
 
@@ -345,7 +396,7 @@ std::optional<mx::array> try_fast_qgemm(const mx::array& x, const mx::array& w,
   mx::Shape out_shape = x.shape();
   out_shape.back() = n;
   const mx::array x2 = mx::reshape(x, {static_cast<int>(m), k}, st);
-  auto outs = kernel_for(gs, bm, st.device.index)(
+  auto outs = kernel_for(gs, bm, false, st.device.index)(
       {x2, w, scales, *biases}, {out_shape}, {mx::bfloat16},
       std::make_tuple(static_cast<int>(mtiles * kThreads), n / kBn, 1),
       std::make_tuple(kThreads, 1, 1), {}, std::nullopt, false, st);
@@ -353,7 +404,62 @@ std::optional<mx::array> try_fast_qgemm(const mx::array& x, const mx::array& w,
   return outs[0];
 }
 
+std::optional<mx::array> try_fast_gather_qgemm(
+    const mx::array& x, const mx::array& w, const mx::array& scales,
+    const std::optional<mx::array>& biases, const std::optional<mx::array>& lhs_indices,
+    const std::optional<mx::array>& rhs_indices, bool transpose, std::optional<int> group_size,
+    std::optional<int> bits, const std::string& mode, mx::StreamOrDevice s) {
+  if (!g_switch.on() || !g_gather.on() || bits.value_or(4) != 4 || lhs_indices ||
+      !rhs_indices || !transpose || mode != "affine" || !biases) {
+    return std::nullopt;
+  }
+  const mx::Stream st = mx::to_stream(s);
+  if (!on_gpu(st, x) || quantized_operands_traced(w, scales, biases)) return std::nullopt;
+  const int gs = group_size.value_or(64);
+  if (gs != 32 && gs != 64 && gs != 128) return std::nullopt;
+  const mx::array& idx = *rhs_indices;
+  if (x.dtype() != mx::bfloat16 || w.dtype() != mx::uint32 || scales.dtype() != mx::bfloat16 ||
+      biases->dtype() != mx::bfloat16 || idx.dtype() != mx::uint32 || w.ndim() != 3 ||
+      scales.ndim() != 3 || biases->shape() != scales.shape() || x.ndim() < 2 ||
+      x.shape(-2) != 1) {
+    return std::nullopt;
+  }
+  const int k = x.shape(-1);
+  const int n = w.shape(1);
+  const int experts = w.shape(0);
+  if (k <= 0 || n <= 0 || k % gs != 0 || w.shape(2) * 8 != k ||
+      scales.shape() != mx::Shape{experts, n, k / gs}) {
+    return std::nullopt;
+  }
+  // One expert index a row of x: x [..., 1, K] with the indices' shape as its batch.
+  const mx::Shape batch(x.shape().begin(), x.shape().end() - 2);
+  if (idx.shape() != batch) return std::nullopt;
+  const long long m = static_cast<long long>(x.size()) / k;
+  if (m < min_rows() || m < kGatherRowsPerExpert * experts || n % kBn != 0 ||
+      k % std::max(kBk, gs) != 0 || gs >= k) {
+    return std::nullopt;
+  }
+  constexpr int bm = 64;
+  const long long mtiles = (m + bm - 1) / bm;
+  if (m > std::numeric_limits<int>::max() || mtiles * kThreads > std::numeric_limits<int>::max() ||
+      n / kBn > 65535) {
+    return std::nullopt;
+  }
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = n;
+  const mx::array x2 = mx::reshape(x, {static_cast<int>(m), k}, st);
+  const mx::array idx2 = mx::reshape(idx, {static_cast<int>(m)}, st);
+  auto outs = kernel_for(gs, bm, true, st.device.index)(
+      {x2, w, scales, *biases, idx2}, {out_shape}, {mx::bfloat16},
+      std::make_tuple(static_cast<int>(mtiles * kThreads), n / kBn, 1),
+      std::make_tuple(kThreads, 1, 1), {}, std::nullopt, false, st);
+  g_gather.count();
+  return outs[0];
+}
+
 void set_fast_qgemm(bool on) { g_switch.set(on); }
+void set_fast_gather_qgemm(bool on) { g_gather.set(on); }
+unsigned long long fast_gather_qgemm_launches() { return g_gather.uses(); }
 bool fast_qgemm_enabled() { return g_switch.on(); }
 unsigned long long fast_qgemm_launches() { return g_switch.uses(); }
 }  // namespace mlxs_detail

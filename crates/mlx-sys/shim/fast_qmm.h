@@ -19,7 +19,22 @@ std::optional<mlx::core::array> try_fast_qgemm(const mlx::core::array& x,
                                                std::optional<int> bits, const std::string& mode,
                                                mlx::core::StreamOrDevice s);
 
+// `gather_qmm(x, w, scales, biases, rhs_indices=idx, transpose=True)` with one expert
+// index a row of x (x [..., 1, K], idx of x's batch shape: mlx-lm's sorted mixture-of-
+// experts products) of at least 8 rows an expert on average by one launch of the kernel's
+// gathered form (MLX's `qmm_sm80` bits again), when it covers the call; nullopt when MLX
+// should run it.
+std::optional<mlx::core::array> try_fast_gather_qgemm(
+    const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& scales,
+    const std::optional<mlx::core::array>& biases,
+    const std::optional<mlx::core::array>& lhs_indices,
+    const std::optional<mlx::core::array>& rhs_indices, bool transpose,
+    std::optional<int> group_size, std::optional<int> bits, const std::string& mode,
+    mlx::core::StreamOrDevice s);
+
 void set_fast_qgemm(bool on);
+void set_fast_gather_qgemm(bool on);
+unsigned long long fast_gather_qgemm_launches();
 bool fast_qgemm_enabled();
 unsigned long long fast_qgemm_launches();
 

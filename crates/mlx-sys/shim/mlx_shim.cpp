@@ -1451,14 +1451,25 @@ uint64_t mlxs_fast_qmm_launches(void) { return mlxs_detail::fast_qmm_launches();
 void mlxs_set_fast_qmm_mma(int mode) { mlxs_detail::set_fast_qmm_mma(mode); }
 void mlxs_set_fast_qgemm(bool on) { mlxs_detail::set_fast_qgemm(on); }
 uint64_t mlxs_fast_qgemm_launches(void) { return mlxs_detail::fast_qgemm_launches(); }
+void mlxs_set_fast_gather_qgemm(bool on) { mlxs_detail::set_fast_gather_qgemm(on); }
+uint64_t mlxs_fast_gather_qgemm_launches(void) {
+  return mlxs_detail::fast_gather_qgemm_launches();
+}
 int mlxs_fast_qmm_mma_mode(void) { return mlxs_detail::fast_qmm_mma_mode(); }
 uint64_t mlxs_fast_qmm_mma_launches(void) { return mlxs_detail::fast_qmm_mma_launches(); }
 int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
                     mlxs_array biases, mlxs_array lhs, mlxs_array rhs, bool transpose,
                     int group_size, int bits, const char* mode, bool sorted, mlxs_stream s) {
-  OUT1(mx::gather_qmm(A(x), A(w), A(scales), OPT(biases), OPT(lhs), OPT(rhs), transpose,
-                      OPTI(group_size), OPTI(bits), mode ? mode : "affine", std::nullopt, sorted,
-                      S(s)));
+  return guard([&] {
+    const std::string m = mode ? mode : "affine";
+    auto fast = mlxs_detail::try_fast_gather_qgemm(A(x), A(w), A(scales), OPT(biases), OPT(lhs),
+                                                   OPT(rhs), transpose, OPTI(group_size),
+                                                   OPTI(bits), m, S(s));
+    *out = wrap(fast ? std::move(*fast)
+                     : mx::gather_qmm(A(x), A(w), A(scales), OPT(biases), OPT(lhs), OPT(rhs),
+                                      transpose, OPTI(group_size), OPTI(bits), m, std::nullopt,
+                                      sorted, S(s)));
+  });
 }
 int mlxs_gather_mm(mlxs_array* out, mlxs_array a, mlxs_array b, mlxs_array lhs, mlxs_array rhs,
                    bool sorted, mlxs_stream s) {

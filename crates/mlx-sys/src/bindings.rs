@@ -1469,6 +1469,12 @@ unsafe extern "C" {
     pub fn mlxs_fast_qgemm_launches() -> u64;
 }
 unsafe extern "C" {
+    pub fn mlxs_set_fast_gather_qgemm(on: bool);
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_gather_qgemm_launches() -> u64;
+}
+unsafe extern "C" {
     pub fn mlxs_gather_qmm(
         out: *mut mlxs_array,
         x: mlxs_array,
