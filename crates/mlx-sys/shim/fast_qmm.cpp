@@ -163,6 +163,9 @@ __device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t
   const int dh = tid & 1;
   const size_t srow = (size_t)(n0 + dr) * groups;
 
+  // x may be a view that starts off a 16-byte boundary (its rows are then too, K being a
+  // multiple of 64): its chunks are then read element by element instead of by cp.async.
+  const bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   auto load_tile = [&](int kt, int st) {
     const uint32_t sa = base + st * STAGE;
     const uint32_t sw = sa + SA;
@@ -174,7 +177,19 @@ __device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t
       const int row = m0 + r;
       const bool ok = row >= lo && row < hi;
       const __nv_bfloat16* src = x + (size_t)(ok ? row : lo) * k + kt * kBk + c * 8;
-      cp16(sa + r * kARow + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
+      const uint32_t dst = sa + r * kARow + ((c ^ (r & 7)) << 4);
+      if (x_aligned) {
+        cp16(dst, src, ok ? 16 : 0);
+      } else {
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (ok) {
+          __nv_bfloat16* e = reinterpret_cast<__nv_bfloat16*>(&v);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) e[j] = src[j];
+        }
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y),
+                     "r"(v.z), "r"(v.w));
+      }
     }
     cp16(sw + dr * 32 + dh * 16, wb + (size_t)(n0 + dr) * (k / 2) + kt * (kBk / 2) + dh * 16, 16);
   };
