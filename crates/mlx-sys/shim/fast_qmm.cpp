@@ -379,6 +379,28 @@ const mx::fast::CustomKernelFunction& kernel_for(int gs, int bm, bool gather, in
   return kernels.emplace(key, std::move(fn)).first->second;
 }
 
+// The kernel (gemm, or gemm_gather where `gather`) over x's m rows (x as [m, k]) and
+// `operands` (w, scales, biases, and the expert indices where `gather`), bm rows a block;
+// the output has x's shape with n columns. nullopt past the bounds of a grid.
+std::optional<mx::array> launch(const mx::array& x, const std::vector<mx::array>& operands, int k,
+                                int n, long long m, int bm, int gs, bool gather,
+                                const mx::Stream& st) {
+  const long long mtiles = (m + bm - 1) / bm;
+  if (m > std::numeric_limits<int>::max() || mtiles * kThreads > std::numeric_limits<int>::max() ||
+      n / kBn > 65535) {
+    return std::nullopt;
+  }
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = n;
+  std::vector<mx::array> inputs{mx::reshape(x, {static_cast<int>(m), k}, st)};
+  inputs.insert(inputs.end(), operands.begin(), operands.end());
+  auto outs = kernel_for(gs, bm, gather, st.device.index)(
+      inputs, {out_shape}, {mx::bfloat16},
+      std::make_tuple(static_cast<int>(mtiles * kThreads), n / kBn, 1),
+      std::make_tuple(kThreads, 1, 1), {}, std::nullopt, false, st);
+  return outs[0];
+}
+
 }  // namespace
 
 std::optional<mx::array> try_fast_qgemm(const mx::array& x, const mx::array& w,
@@ -402,21 +424,9 @@ std::optional<mx::array> try_fast_qgemm(const mx::array& x, const mx::array& w,
   if (m < min_rows() || n % kBn != 0 || k % std::max(kBk, gs) != 0 || gs >= k) {
     return std::nullopt;
   }
-  const int bm = block_rows(m);
-  const long long mtiles = (m + bm - 1) / bm;
-  if (m > std::numeric_limits<int>::max() || mtiles * kThreads > std::numeric_limits<int>::max() ||
-      n / kBn > 65535) {
-    return std::nullopt;
-  }
-  mx::Shape out_shape = x.shape();
-  out_shape.back() = n;
-  const mx::array x2 = mx::reshape(x, {static_cast<int>(m), k}, st);
-  auto outs = kernel_for(gs, bm, false, st.device.index)(
-      {x2, w, scales, *biases}, {out_shape}, {mx::bfloat16},
-      std::make_tuple(static_cast<int>(mtiles * kThreads), n / kBn, 1),
-      std::make_tuple(kThreads, 1, 1), {}, std::nullopt, false, st);
-  g_switch.count();
-  return outs[0];
+  auto y = launch(x, {w, scales, *biases}, k, n, m, block_rows(m), gs, false, st);
+  if (y) g_switch.count();
+  return y;
 }
 
 std::optional<mx::array> try_fast_gather_qgemm(
@@ -451,25 +461,13 @@ std::optional<mx::array> try_fast_gather_qgemm(
   if (idx.shape() != batch) return std::nullopt;
   const long long m = static_cast<long long>(x.size()) / k;
   if (m < min_rows() || m < kGatherRowsPerExpert * experts || n % kBn != 0 ||
-      k % std::max(kBk, gs) != 0 || gs >= k) {
+      k % std::max(kBk, gs) != 0 || gs >= k || m > std::numeric_limits<int>::max()) {
     return std::nullopt;
   }
-  constexpr int bm = 64;
-  const long long mtiles = (m + bm - 1) / bm;
-  if (m > std::numeric_limits<int>::max() || mtiles * kThreads > std::numeric_limits<int>::max() ||
-      n / kBn > 65535) {
-    return std::nullopt;
-  }
-  mx::Shape out_shape = x.shape();
-  out_shape.back() = n;
-  const mx::array x2 = mx::reshape(x, {static_cast<int>(m), k}, st);
   const mx::array idx2 = mx::reshape(idx, {static_cast<int>(m)}, st);
-  auto outs = kernel_for(gs, bm, true, st.device.index)(
-      {x2, w, scales, *biases, idx2}, {out_shape}, {mx::bfloat16},
-      std::make_tuple(static_cast<int>(mtiles * kThreads), n / kBn, 1),
-      std::make_tuple(kThreads, 1, 1), {}, std::nullopt, false, st);
-  g_gather.count();
-  return outs[0];
+  auto y = launch(x, {w, scales, *biases, idx2}, k, n, m, 64, gs, true, st);
+  if (y) g_gather.count();
+  return y;
 }
 
 void set_fast_qgemm(bool on) { g_switch.set(on); }
