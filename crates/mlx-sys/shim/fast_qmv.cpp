@@ -68,8 +68,9 @@
 // reads the rows of x and of w from their shapes, so one kernel per (K, group size, part
 // size, layout) serves every row count and weight. On by default for 2..MLX_FAST_QMM_MAX_ROWS (32) rows where the
 // one-row kernels take the weight; `MLX_FAST_QMM=0` (or `set_fast_qmm(false)`) gives MLX's
-// `qmm` back, and products of more rows still go to MLX (or to the dequantized dense
-// product of mlx_shim.cpp under MLX_DEQUANT_GEMM=1). `qmm_rows_check` in mlx-engine's
+// `qmm` back, and products of more rows go to fast_qmm.cpp's tiled kernel of MLX's own
+// bits, or to MLX (or to the dequantized dense product of mlx_shim.cpp under
+// MLX_DEQUANT_GEMM=1). `qmm_rows_check` in mlx-engine's
 // examples checks every row against its one-row product, for each layout, and times them
 // against MLX's `qmm`.
 //
