@@ -1,4 +1,4 @@
-//! Our tiled CUDA kernel for 4-bit products of 8 or more rows
+//! Our tiled CUDA kernel for 4-bit products of 33 or more rows and its gathered form
 //! (`mlx_array::quant::set_fast_qgemm`, shim/fast_qmm.cpp) must stay out of the way
 //! wherever it does not apply: off the CUDA backend every product is MLX's own. Its
 //! bit-identity with MLX's `qmm_sm80` is checked on a CUDA device by `mlx-engine`'s
@@ -26,6 +26,16 @@ fn normal(shape: &[i32], seed: u64) -> Array {
         .unwrap()
 }
 
+/// Whether `a` and `b` hold the same bits (bfloat16 values compared as uint16).
+fn same_bits(a: &Array, b: &Array) -> bool {
+    a.view(Dtype::Uint16)
+        .unwrap()
+        .array_equal(&b.view(Dtype::Uint16).unwrap(), false)
+        .unwrap()
+        .item::<bool>()
+        .unwrap()
+}
+
 fn product(x: &Array, q: &Quantized, gs: i32) -> Array {
     let y = quantized_matmul(
         x,
@@ -49,7 +59,7 @@ fn off_the_cuda_backend_mlx_runs_the_product() {
         // A GPU build (CUDA or Metal): covered by qgemm_check on the device.
         return;
     }
-    // A shape the kernel takes on a CUDA device: 8+ rows, N % 128 == 0, K % 64 == 0.
+    // Shapes around the kernel's floor on a CUDA device (33 rows), N % 128 == 0, K % 64 == 0.
     let (n, k) = (256, 512);
     for gs in [32, 64, 128] {
         let q = quantize(&normal(&[n, k], 1), Some(gs), Some(4), QuantMode::Affine).unwrap();
@@ -66,13 +76,10 @@ fn off_the_cuda_backend_mlx_runs_the_product() {
                 "group {gs}, {m} rows: taken on the CPU"
             );
             assert_eq!(ours.shape(), vec![1, m, n]);
-            assert!(ours
-                .view(Dtype::Uint16)
-                .unwrap()
-                .array_equal(&theirs.view(Dtype::Uint16).unwrap(), false)
-                .unwrap()
-                .item::<bool>()
-                .unwrap());
+            assert!(
+                same_bits(&ours, &theirs),
+                "group {gs}, {m} rows: other bits"
+            );
         }
     }
 }
@@ -118,11 +125,5 @@ fn off_the_cuda_backend_mlx_runs_the_gathered_product() {
     let ours = run(true);
     assert_eq!(fast_gather_qgemm_launches(), before, "taken on the CPU");
     assert_eq!(ours.shape(), vec![m, 1, n]);
-    assert!(ours
-        .view(Dtype::Uint16)
-        .unwrap()
-        .array_equal(&theirs.view(Dtype::Uint16).unwrap(), false)
-        .unwrap()
-        .item::<bool>()
-        .unwrap());
+    assert!(same_bits(&ours, &theirs), "other bits");
 }

@@ -6,7 +6,7 @@
 //!   ([2, M/2, K], batch dimensions flattened into rows);
 //! - the gathered form (mixture-of-experts products, `gather_qmm` with one sorted expert
 //!   index a row of x, as mlx-lm's layers call it): 128 experts of the Qwen3-30B-A3B shapes
-//!   at `--gather-m` rows (none: empty), against MLX's `gather_qmm`, bits and time;
+//!   at `--gather-m` rows (`none` skips it), against MLX's `gather_qmm`, bits and time;
 //! - time: MLX's product (`set_fast_qgemm(false)`) against ours, the median of `--iters`
 //!   timed evaluations (each of `REPS` products, then a synchronisation) after warm-up, in
 //!   microseconds per product, and the ratio.
@@ -33,15 +33,19 @@ use mlx_array::quant::{
 use mlx_array::{transforms, Array, Device, DeviceType};
 use std::io::Write;
 
-/// Whether the tiled kernel takes this case at M rows (fast_qmm.cpp's conditions; the
-/// floor of rows is `MLX_FAST_QGEMM_MIN_ROWS`, 33 unless set, at least 8).
-fn takes(c: &Case, m: i32) -> bool {
-    let floor = std::env::var("MLX_FAST_QGEMM_MIN_ROWS")
+/// The fewest rows the tiled kernel takes: `MLX_FAST_QGEMM_MIN_ROWS`, 33 unless set, at
+/// least 8 (fast_qmm.cpp's min_rows).
+fn min_rows() -> i32 {
+    std::env::var("MLX_FAST_QGEMM_MIN_ROWS")
         .ok()
         .and_then(|v| v.parse::<i32>().ok())
         .unwrap_or(33)
-        .max(8);
-    m >= floor && c.n % 128 == 0 && c.k % c.gs.max(64) == 0 && c.gs < c.k
+        .max(8)
+}
+
+/// Whether the tiled kernel takes this case at M rows (fast_qmm.cpp's takes_rows).
+fn takes(c: &Case, m: i32) -> bool {
+    m >= min_rows() && c.n % 128 == 0 && c.k % c.gs.max(64) == 0 && c.gs < c.k
 }
 
 /// The product of `x` with the tiled kernel on or off, evaluated, and whether it ran.
@@ -104,7 +108,7 @@ fn check_gathered(ms: &[i32], gss: &[i32], iters: usize, gpu: bool) -> Res<bool>
                 let (mlx, _) = gathered(&x, &q, &idx, gs, false)?;
                 let (ours, ran) = gathered(&x, &q, &idx, gs, true)?;
                 // The gathered form takes 8 rows an expert on average and more.
-                let expect = gpu && m >= 33 && m >= 8 * experts;
+                let expect = gpu && m >= min_rows() && m >= 8 * experts;
                 let same = same_bits(&ours, &mlx)?;
                 if !same || ran != expect {
                     ok = false;
@@ -142,17 +146,23 @@ fn check_gathered(ms: &[i32], gss: &[i32], iters: usize, gpu: bool) -> Res<bool>
 fn main() -> Res<()> {
     let mut o = ShapeOpts::new(vec![8, 9, 16, 33, 64, 100, 128, 512, 2048], 20);
     let mut max_elements: i64 = 64 << 20;
-    let mut gather_ms: Vec<i32> = vec![16, 64, 512, 4096];
+    // Around the gathered form's floor of 8 rows an expert (1,024 for 128 experts).
+    let mut gather_ms: Vec<i32> = vec![64, 512, 1024, 4096];
     o.parse(
         "usage: qgemm_check [--shapes synthetic|small|none] [--model DIR] [--m 8,16,...] \
-         [--gs 32,64,128] [--iters 20] [--max-elements N] [--gather-m 16,64,512,4096]",
+         [--gs 32,64,128] [--iters 20] [--max-elements N] [--gather-m 64,512,1024,4096|none]",
         |flag, val| match flag {
             "--max-elements" => {
                 max_elements = val()?.parse()?;
                 Ok(true)
             }
             "--gather-m" => {
-                gather_ms = common::list(&val()?)?;
+                let v = val()?;
+                gather_ms = if v == "none" {
+                    Vec::new()
+                } else {
+                    common::list(&v)?
+                };
                 Ok(true)
             }
             _ => Ok(false),

@@ -130,8 +130,9 @@ __device__ __forceinline__ uint32_t dequant2(uint32_t byte, __nv_bfloat162 sb) {
 // weights (half a row of w's tile) into one of two buffers, for the tile after the one the
 // warps multiply; tile kt + 1's nibbles and x's tile kt must be in place at iteration kt,
 // so 4 stages keep 2 tiles in flight. (Dequantizing in registers by each warp for its own
-// columns, as MLX's kernel does, measured 1.2x-1.4x slower: GPU.md session 24.)
-// Rows lo .. hi - 1 of x (inside the block's BM rows) by w [n, k / 8] (one expert's).
+// columns, as MLX's kernel does, measured 1.2x-1.4x slower: GPU.md session 24.) This pass
+// takes rows lo .. hi - 1 of x (inside the block's BM rows) by w [n, k / 8] (one
+// expert's, in the gathered form); rows outside it are zero and not stored.
 template <int GS, int BM>
 __device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t* w,
                                           const __nv_bfloat16* scales,
@@ -295,6 +296,7 @@ __device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t
   }
 }
 
+// The block's rows of x (all of them: one pass).
 template <int GS, int BM>
 __device__ __forceinline__ void gemm(const __nv_bfloat16* x, const uint32_t* w,
                                      const __nv_bfloat16* scales, const __nv_bfloat16* biases,
@@ -352,6 +354,14 @@ long long min_rows() {
   return v;
 }
 
+// Whether the kernel takes a product of m rows of x by weights of n x k at group size gs:
+// where MLX runs `qmm_sm80` (N % 128 == 0, K % max(64, GS) == 0, and not its sm90 kernel of
+// one group a row), from min_rows(), and with m in an int (the kernel's row index).
+bool takes_rows(long long m, int n, int k, int gs) {
+  return m >= min_rows() && m <= std::numeric_limits<int>::max() && n % kBn == 0 &&
+         k % std::max(kBk, gs) == 0 && gs < k;
+}
+
 // The kernel for group size gs and bm rows a block; `gather`: gemm_gather (an expert index
 // a row of x), else gemm.
 const mx::fast::CustomKernelFunction& kernel_for(int gs, int bm, bool gather, int device) {
@@ -381,13 +391,13 @@ const mx::fast::CustomKernelFunction& kernel_for(int gs, int bm, bool gather, in
 
 // The kernel (gemm, or gemm_gather where `gather`) over x's m rows (x as [m, k]) and
 // `operands` (w, scales, biases, and the expert indices where `gather`), bm rows a block;
-// the output has x's shape with n columns. nullopt past the bounds of a grid.
+// the output has x's shape with n columns (m <= INT_MAX: takes_rows). nullopt past the
+// bounds of a grid.
 std::optional<mx::array> launch(const mx::array& x, const std::vector<mx::array>& operands, int k,
                                 int n, long long m, int bm, int gs, bool gather,
                                 const mx::Stream& st) {
   const long long mtiles = (m + bm - 1) / bm;
-  if (m > std::numeric_limits<int>::max() || mtiles * kThreads > std::numeric_limits<int>::max() ||
-      n / kBn > 65535) {
+  if (mtiles * kThreads > std::numeric_limits<int>::max() || n / kBn > 65535) {
     return std::nullopt;
   }
   mx::Shape out_shape = x.shape();
@@ -418,12 +428,8 @@ std::optional<mx::array> try_fast_qgemm(const mx::array& x, const mx::array& w,
     return std::nullopt;
   }
   const auto [k, n] = *kn;
-  // Where MLX runs qmm_sm80: 8 or more rows in all, N % 128 == 0, K % max(64, GS) == 0, and
-  // not its sm90 kernel (K % 64 == 0 with one group a row).
   const long long m = static_cast<long long>(x.size()) / k;
-  if (m < min_rows() || n % kBn != 0 || k % std::max(kBk, gs) != 0 || gs >= k) {
-    return std::nullopt;
-  }
+  if (!takes_rows(m, n, k, gs)) return std::nullopt;
   auto y = launch(x, {w, scales, *biases}, k, n, m, block_rows(m), gs, false, st);
   if (y) g_switch.count();
   return y;
@@ -460,10 +466,7 @@ std::optional<mx::array> try_fast_gather_qgemm(
   const mx::Shape batch(x.shape().begin(), x.shape().end() - 2);
   if (idx.shape() != batch) return std::nullopt;
   const long long m = static_cast<long long>(x.size()) / k;
-  if (m < min_rows() || m < kGatherRowsPerExpert * experts || n % kBn != 0 ||
-      k % std::max(kBk, gs) != 0 || gs >= k || m > std::numeric_limits<int>::max()) {
-    return std::nullopt;
-  }
+  if (!takes_rows(m, n, k, gs) || m < kGatherRowsPerExpert * experts) return std::nullopt;
   const mx::array idx2 = mx::reshape(idx, {static_cast<int>(m)}, st);
   auto y = launch(x, {w, scales, *biases, idx2}, k, n, m, 64, gs, true, st);
   if (y) g_gather.count();
@@ -473,6 +476,5 @@ std::optional<mx::array> try_fast_gather_qgemm(
 void set_fast_qgemm(bool on) { g_switch.set(on); }
 void set_fast_gather_qgemm(bool on) { g_gather.set(on); }
 unsigned long long fast_gather_qgemm_launches() { return g_gather.uses(); }
-bool fast_qgemm_enabled() { return g_switch.on(); }
 unsigned long long fast_qgemm_launches() { return g_switch.uses(); }
 }  // namespace mlxs_detail

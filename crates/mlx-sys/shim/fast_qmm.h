@@ -35,7 +35,6 @@ std::optional<mlx::core::array> try_fast_gather_qgemm(
 void set_fast_qgemm(bool on);
 void set_fast_gather_qgemm(bool on);
 unsigned long long fast_gather_qgemm_launches();
-bool fast_qgemm_enabled();
 unsigned long long fast_qgemm_launches();
 
 }  // namespace mlxs_detail

@@ -1327,7 +1327,7 @@ std::optional<mx::array> try_dequant_gemm(const mx::array& x, const mx::array& w
 // bits; on CUDA, rows of several sequences: the tensor-core form; other products of
 // 2..MLX_FAST_QMM_MAX_ROWS rows: each row's one-row bits), the dequantized dense product
 // for more rows on the GPU (above, opt-in), our tiled kernel of MLX's `qmm_sm80` bits for
-// the other products of 8 or more rows (fast_qmm.cpp), else MLX's.
+// the other products of 33 or more rows (fast_qmm.cpp), else MLX's.
 mx::array quantized_matmul_one(const mx::array& x, const mx::array& w, const mx::array& scales,
                                const std::optional<mx::array>& biases, bool transpose,
                                std::optional<int> group_size, std::optional<int> bits,
