@@ -107,18 +107,16 @@ async fn greedy_answers_with_a_draft_model_equal_those_without() {
         assert_eq!(content(&v), want[0]);
     }
     // Concurrent streams (different draft lengths) share the speculating batch.
-    let streams = (0..8).map(|i| {
-        let body = chat(
-            PROMPTS[i % 4],
-            json!({"stream": true, "num_draft_tokens": 1 + i % 5}),
-        );
-        tokio::spawn(async move {
-            let r = post(addr, "/v1/chat/completions", &body).await;
-            assert_eq!(r.status, 200);
-            chat_stream_text(&r.sse_data()).0
-        })
-    });
-    let texts: Vec<String> = futures_join(streams).await;
+    let texts = streamed_chats(
+        addr,
+        (0..8).map(|i| {
+            chat(
+                PROMPTS[i % 4],
+                json!({"stream": true, "num_draft_tokens": 1 + i % 5}),
+            )
+        }),
+    )
+    .await;
     for (i, t) in texts.iter().enumerate() {
         assert_eq!(t, &want[i % 4], "stream {i}");
     }
@@ -132,6 +130,21 @@ async fn greedy_answers_with_a_draft_model_equal_those_without() {
         0.0
     );
     spec.shutdown().await.unwrap();
+}
+
+/// The texts of streamed chat completions of `bodies`, all sent at once.
+async fn streamed_chats(
+    addr: std::net::SocketAddr,
+    bodies: impl Iterator<Item = Json>,
+) -> Vec<String> {
+    futures_join(bodies.map(|body| {
+        tokio::spawn(async move {
+            let r = post(addr, "/v1/chat/completions", &body).await;
+            assert_eq!(r.status, 200);
+            chat_stream_text(&r.sse_data()).0
+        })
+    }))
+    .await
 }
 
 async fn futures_join<T: Send + 'static>(
@@ -162,18 +175,16 @@ async fn concurrent_streams_over_the_draft_max_batch_go_plain_with_the_same_answ
     // without drafts (counted, apart from the acceptance step-aside).
     let spec = server_with(true, 1).await;
     let addr = spec.local_addr();
-    let streams = (0..8).map(|i| {
-        let body = chat(
-            PROMPTS[i % 4],
-            json!({"stream": true, "max_tokens": 100, "num_draft_tokens": 1}),
-        );
-        tokio::spawn(async move {
-            let r = post(addr, "/v1/chat/completions", &body).await;
-            assert_eq!(r.status, 200);
-            chat_stream_text(&r.sse_data()).0
-        })
-    });
-    let texts: Vec<String> = futures_join(streams).await;
+    let texts = streamed_chats(
+        addr,
+        (0..8).map(|i| {
+            chat(
+                PROMPTS[i % 4],
+                json!({"stream": true, "max_tokens": 100, "num_draft_tokens": 1}),
+            )
+        }),
+    )
+    .await;
     for (i, t) in texts.iter().enumerate() {
         assert_eq!(t, &want[i % 4], "stream {i}");
     }
