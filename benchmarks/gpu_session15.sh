@@ -44,6 +44,10 @@
 #              forced mma, noqgemm = MLX_FAST_QGEMM=0; PF_ARMS, PF_P, PF_N)
 #   text4b     issue 21: greedy text of the 8B 4-bit shape after a ~1,300-token prompt: ours,
 #              ours with MLX_FAST_QGEMM=0, mlx-lm (TEXT_CHARS of calibration.txt)
+#   moe        issue 21: mixture-of-experts shapes against mlx-lm (MOE_MODELS: the
+#              Qwen3-30B-A3B and gpt-oss-20b 4-bit shapes of 12 layers), MOE_CASES of
+#              batch:prompt:generation (1:512:128 32:128:128), MOE_ROUNDS (1) processes a
+#              tool, alternating, order flipped each round; MOE_ENV for our arm
 #   qgemm      issue 21: qgemm_check (our tiled 4-bit kernel of 33+ rows against MLX's
 #              qmm_sm80: bits and time; QGEMM_ARGS, QGEMM_MODEL)
 #   next       issue 26: gpu_next.sh check warm (Qwen3-Next: lean step's text, ours vs mlx-lm)
@@ -282,6 +286,29 @@ for PART in "$@"; do
         env "${e[@]}" timeout 120 "$NEW/mlx-generate" --model "$MODELS/llama-3.1-8b-echo-bf16" \
           --prompt "$P" -m 128 "${a[@]}" --verbose True 2>&1 | grep -v "^ *hello" >> "$D/stdout.txt"
         echo "wall $(( ($(date +%s%N) - s) / 1000000 )) ms" >> "$D/stdout.txt"
+      done ;;
+    moe)
+      for m in ${MOE_MODELS:-qwen3-30b-a3b-l12-4bit gpt-oss-20b-l12-4bit}; do
+        ensure_model "$m" "$D"
+      done
+      r=0
+      while [ $r -lt "${MOE_ROUNDS:-1}" ]; do
+        order=(ours mlx-lm); [ $((r % 2)) = 1 ] && order=(mlx-lm ours)
+        for m in ${MOE_MODELS:-qwen3-30b-a3b-l12-4bit gpt-oss-20b-l12-4bit}; do
+          for c in ${MOE_CASES:-1:512:128 32:128:128}; do
+            IFS=: read -r b p g <<< "$c"
+            for arm in "${order[@]}"; do
+              [ "$(left)" -lt 60 ] && break 4
+              e=(${MOE_ENV:-}); cmd=("$NEW/mlx-benchmark")
+              [ "$arm" = mlx-lm ] && { e=(); cmd=(python3 -m mlx_lm benchmark); }
+              echo "## round=$r model=$m b=$b p=$p g=$g arm=$arm" >> "$D/stdout.txt"
+              env "${e[@]}" timeout 240 "${cmd[@]}" --model "$MODELS/$m" -p "$p" -g "$g" -b "$b" \
+                -n "${MOE_N:-2}" >> "$D/stdout.txt" 2>&1
+              echo "rc=$?" >> "$D/stdout.txt"
+            done
+          done
+        done
+        r=$((r + 1))
       done ;;
     ab8b)
       ensure_model llama-3.1-8b-4bit "$D"

@@ -173,6 +173,44 @@ QWEN3_30B_A3B_L12 = {
     "torch_dtype": "bfloat16",
 }
 
+# openai/gpt-oss-20b's layer shapes (24 layers: sliding and full attention alternating,
+# attention sinks, 32 experts with biases, top 4), 12 of its layers. The real checkpoints
+# hold the experts in MXFP4; here every variant is what `mlx_lm.convert -q` writes
+# (affine, group size 64), like the other shapes.
+GPT_OSS_20B_L12 = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "head_dim": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 12,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 4,
+    "experts_per_token": 4,
+    "layer_types": ["sliding_attention", "full_attention"] * 6,
+    "sliding_window": 128,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 150000,
+    "rope_scaling": {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "rope_type": "yarn",
+        "truncate": False,
+    },
+    "swiglu_limit": 7.0,
+    "attention_bias": True,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "vocab_size": 201088,
+    "eos_token_id": 200002,
+    "pad_token_id": 199999,
+    "torch_dtype": "bfloat16",
+}
+
 MIXTRAL_8X7B_L4 = {
     "architectures": ["MixtralForCausalLM"],
     "model_type": "mixtral",
@@ -279,6 +317,7 @@ SHAPES = {
     "llama-3.1-8b": (LLAMA31_8B, "llama3"),
     "tiny": (TINY, None),
     "qwen3-30b-a3b-l12": (QWEN3_30B_A3B_L12, "qwen2"),
+    "gpt-oss-20b-l12": (GPT_OSS_20B_L12, None),
     "mixtral-8x7b-l4": (MIXTRAL_8X7B_L4, None),
     "qwen3-next-80b-a3b-l4": (QWEN3_NEXT_80B_A3B_L4, "qwen2"),
     "deepseek-v3-l4": (DEEPSEEK_V3_L4, None),
@@ -297,6 +336,7 @@ ECHO_SCALE = 1e-3
 ON_REQUEST = {
     "llama-3.1-8b",
     "qwen3-30b-a3b-l12",
+    "gpt-oss-20b-l12",
     "mixtral-8x7b-l4",
     "qwen3-next-80b-a3b-l4",
     "deepseek-v3-l4",
