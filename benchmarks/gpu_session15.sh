@@ -56,8 +56,9 @@
 #              (NEXTAB_EXTRA, default minel=MLX_FAST_QMV_MIN_ELEMENTS=16777216), without
 #              the profile lines; NEXT_ROUNDS (3) processes per arm, alternating, after an
 #              untimed warm-up process of each tool (kernel compiles on a fresh machine)
-#   nextgraph  issue 26: decode_build on the Qwen3-Next shape (host split of a decode step:
-#              build, async_eval with the device idle) with our kernels on and off, and the
+#   nextgraph  issue 26: decode_build on the Qwen3-Next shape (or NG_MODEL; NG_ARMS) (host
+#              split of a decode step: build, async_eval with the device idle) with our
+#              kernels on and off, and the
 #              step's primitives on the GPU, ours (DECODE_BUILD_DOT) against mlx-lm's
 #              (graph_nodes.py)
 #   ds3        issue 26: DeepSeek-V3 shape 4-bit (deepseek-v3-l4-4bit), gpu.sh, 2 rounds of
@@ -433,9 +434,10 @@ for PART in "$@"; do
         EXTRA_ARMS=${NEXTAB_EXTRA-minel=MLX_FAST_QMV_MIN_ELEMENTS=16777216} \
         bash benchmarks/gpu_next.sh "$NEW" warm > "$D/stdout.txt" 2>&1 ;;
     nextgraph)
-      M=$MODELS/qwen3-next-80b-a3b-l4-4bit
-      ensure_model qwen3-next-80b-a3b-l4-4bit "$D"
-      for arm in on off on2 off2; do
+      NG_MODEL=${NG_MODEL:-qwen3-next-80b-a3b-l4-4bit}
+      M=$MODELS/$NG_MODEL
+      ensure_model "$NG_MODEL" "$D"
+      for arm in ${NG_ARMS:-on off on2 off2}; do
         e=(); case $arm in off*) e=(MLX_FAST_QMV=0) ;; esac
         echo "## decode_build $arm" >> "$D/stdout.txt"
         env "${e[@]}" DECODE_BUILD_DOT="$D/ours-$arm.dot" timeout 120 "$NEW/decode_build" "$M" 128 64 \
