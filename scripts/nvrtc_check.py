@@ -83,15 +83,17 @@ def kernel(name, k, gs, layout, ns, res):
     return wrap(name, ins, outs, src)
 
 
-def qgemm_kernel(name, gs, bm, gather=False):
-    """The source of fast_qmm.cpp's tiled kernel or its gathered form (see its kernel_for)."""
+def qgemm_kernel(name, gs, bm, form="plain"):
+    """The source of fast_qmm.cpp's tiled kernel or a gathered form (`chunks`: gemm_gather,
+    `runs`: gemm_runs; see its kernel_for)."""
     ins = ["const __nv_bfloat16* x", "const __grid_constant__ Shape x_shape", "const uint32_t* w",
            "const __grid_constant__ Shape w_shape", "const __nv_bfloat16* scales",
            "const __nv_bfloat16* biases"]
-    if gather:
-        ins.append("const uint32_t* idx")
-        call = (f"  mlxs_qgemm::gemm_gather<{gs}, {bm}>(x, w, scales, biases, idx, out, "
-                "x_shape[0], w_shape[1], x_shape[1]);\n")
+    if form != "plain":
+        ins += ["const uint32_t* idx", "const __grid_constant__ Shape idx_shape"]
+        fn = "gemm_gather" if form == "chunks" else "gemm_runs"
+        call = (f"  mlxs_qgemm::{fn}<{gs}, {bm}>(x, w, scales, biases, idx, out, "
+                "idx_shape[0], w_shape[1], x_shape[1], idx_shape[0] / x_shape[0]);\n")
     else:
         call = (f"  mlxs_qgemm::gemm<{gs}, {bm}>(x, w, scales, biases, out, x_shape[0], "
                 "w_shape[0], x_shape[1]);\n")
@@ -179,8 +181,9 @@ def main():
     failed = 0
     for gs in (32, 64, 128):
         for bm in (64, 128):
-            cases.append((f"tiled kernel, {bm} rows a block", 0, gs, ("qgemm", bm, False), [], False))
-        cases.append(("tiled kernel, gathered, 64 rows a block", 0, gs, ("qgemm", 64, True), [], False))
+            cases.append((f"tiled kernel, {bm} rows a block", 0, gs, ("qgemm", bm, "plain"), [], False))
+        cases.append(("tiled kernel, gathered, 64 rows a block", 0, gs, ("qgemm", 64, "chunks"), [], False))
+        cases.append(("tiled kernel, gathered runs, 16 rows a block", 0, gs, ("qgemm", 16, "runs"), [], False))
     for i, (what, k, gs, layout, ns, res) in enumerate(cases):
         if layout is None:
             src = swiglu_kernel(f"mlxs_check_{i}", k, gs, ns[0]).encode()

@@ -4,16 +4,19 @@
 //! - bits: for every product shape, group size and row count M, ours must equal MLX's
 //!   product bit for bit, for x as one sequence ([1, M, K]: a prompt's prefill) and as two
 //!   ([2, M/2, K], batch dimensions flattened into rows);
-//! - the gathered form (mixture-of-experts products, `gather_qmm` with one sorted expert
-//!   index a row of x, as mlx-lm's layers call it): 128 experts of the Qwen3-30B-A3B shapes
-//!   at `--gather-m` rows (`none` skips it), against MLX's `gather_qmm`, bits and time;
+//! - the gathered forms (mixture-of-experts products, `gather_qmm` with one expert index a
+//!   row as mlx-lm's layers call it: sorted, x [M, 1, K], at `--gather-m` rows (`none` skips
+//!   them), and unsorted, x [T, 1, 1, K] for T tokens' top-k experts, as at decoding): the
+//!   experts of the Qwen3-30B-A3B (128, top 8) and gpt-oss-20b (32, top 4) shapes, against
+//!   MLX's `gather_qmm`, bits at every group size and time at group size 64;
 //! - time: MLX's product (`set_fast_qgemm(false)`) against ours, the median of `--iters`
 //!   timed evaluations (each of `REPS` products, then a synchronisation) after warm-up, in
 //!   microseconds per product, and the ratio.
 //!
 //! The other multi-row kernels of the shim stay off here (`set_fast_qmm(false)`), so each
 //! product is either MLX's or the tiled kernel's. Shapes: as `qmm_rows_check`
-//! (`--shapes synthetic|small`, `--model DIR`); products of more than `--max-elements`
+//! (`--shapes synthetic|small`, `--model DIR`), or `--shapes oss` (gpt-oss-20b's, N not a
+//! multiple of 128, where MLX runs its `qmm_naive`); products of more than `--max-elements`
 //! outputs (M x N, default 64 Mi) are skipped. Exit status 1 on any mismatch, or where the
 //! kernel should have run on a GPU and did not.
 //!
@@ -43,10 +46,21 @@ fn min_rows() -> i32 {
         .max(8)
 }
 
+/// Whether the kernel covers weights of N x K at this group size (fast_qmm.cpp's
+/// takes_shape: N % 128 == 0, or any multiple of 8 unless `MLX_FAST_QGEMM_NMASK=0`).
+fn takes_shape(n: i32, k: i32, gs: i32) -> bool {
+    let nmask = std::env::var("MLX_FAST_QGEMM_NMASK").map_or(true, |v| v != "0");
+    n % 8 == 0 && (n % 128 == 0 || nmask) && k % gs.max(64) == 0
+}
+
 /// Whether the tiled kernel takes this case at M rows (fast_qmm.cpp's takes_rows).
 fn takes(c: &Case, m: i32) -> bool {
-    m >= min_rows() && c.n % 128 == 0 && c.k % c.gs.max(64) == 0 && c.gs < c.k
+    m >= min_rows() && takes_shape(c.n, c.k, c.gs) && c.gs < c.k
 }
+
+/// gpt-oss-20b's dense 4-bit products (`--shapes oss`): q/k/v fused, o, one expert's
+/// projection as a plain product, the head.
+const OSS: [(i32, i32); 4] = [(5120, 2880), (2880, 4096), (2880, 2880), (201088, 2880)];
 
 /// The product of `x` with the tiled kernel on or off, evaluated, and whether it ran.
 fn product(x: &Array, c: &Case, ours: bool) -> Res<(Array, bool)> {
@@ -57,10 +71,17 @@ fn product(x: &Array, c: &Case, ours: bool) -> Res<(Array, bool)> {
     Ok((y, fast_qgemm_launches() > before))
 }
 
-/// `gather_qmm(x [M, 1, K], w [E, N, K], rhs_indices=idx [M], sorted)` as mlx-lm's
-/// sorted mixture-of-experts layers call it, with the tiled kernel on or off, evaluated,
-/// and whether the kernel's gathered form ran.
-fn gathered(x: &Array, q: &Quantized, idx: &Array, gs: i32, ours: bool) -> Res<(Array, bool)> {
+/// `gather_qmm(x, w [E, N, K], rhs_indices=idx, sorted)` as mlx-lm's mixture-of-experts
+/// layers call it, with the tiled kernel on or off, evaluated, and whether the kernel's
+/// gathered form ran.
+fn gathered(
+    x: &Array,
+    q: &Quantized,
+    idx: &Array,
+    gs: i32,
+    sorted: bool,
+    ours: bool,
+) -> Res<(Array, bool)> {
     set_fast_qgemm(ours);
     let before = fast_gather_qgemm_launches();
     let y = gather_qmm(
@@ -74,19 +95,31 @@ fn gathered(x: &Array, q: &Quantized, idx: &Array, gs: i32, ours: bool) -> Res<(
         Some(gs),
         Some(4),
         QuantMode::Affine,
-        true,
+        sorted,
     )?;
     transforms::eval(&[&y])?;
     Ok((y, fast_gather_qgemm_launches() > before))
 }
 
-/// The gathered form: experts of the Qwen3-30B-A3B shape (128 experts; gate / up 768 x 2048,
-/// down 2048 x 768) at `ms` rows with sorted random expert indices, against MLX's
-/// `gather_qmm`: bits, and time. Returns whether all matched.
+/// Uniform random integers in [0, hi) of `shape`, from `seed`.
+fn randint(hi: i32, shape: &[i32], seed: u64) -> Res<Array> {
+    Ok(mlx_array::random::randint(
+        &Array::scalar(0i32)?,
+        &Array::scalar(hi)?,
+        shape,
+        mlx_array::Dtype::Int32,
+        Some(&mlx_array::random::key(seed)?),
+    )?)
+}
+
+/// The gathered forms: the experts of the Qwen3-30B-A3B shape (128, top 8: the fused
+/// gate / up 1536 x 2048, down 2048 x 768) and of gpt-oss-20b (32, top 4: 2880 x 2880),
+/// sorted random indices at `ms` rows and unsorted top-k indices of 1, 4 and 8 tokens,
+/// against MLX's `gather_qmm`: bits, and time at group size 64. Returns whether all matched.
 fn check_gathered(ms: &[i32], gss: &[i32], iters: usize, gpu: bool) -> Res<bool> {
     let mut ok = true;
-    let experts = 128;
-    for (i, &(n, k)) in [(768, 2048), (2048, 768)].iter().enumerate() {
+    let shapes = [(128, 8, 1536, 2048), (128, 8, 2048, 768), (32, 4, 2880, 2880)];
+    for (i, &(experts, topk, n, k)) in shapes.iter().enumerate() {
         let w = scaled_normal(&[experts, n, k], 300 + i as u64, 0.05)?;
         for &gs in gss {
             if k % gs != 0 {
@@ -94,26 +127,43 @@ fn check_gathered(ms: &[i32], gss: &[i32], iters: usize, gpu: bool) -> Res<bool>
             }
             let q = quantize(&w, Some(gs), Some(4), QuantMode::Affine)?;
             transforms::eval(&[&q.weight, &q.scales])?;
+            // (label, x, idx, sorted): sorted rows, then unsorted tokens.
+            let mut inputs = Vec::new();
             for &m in ms {
                 let x = scaled_normal(&[m, 1, k], (m as u64) * 11 + gs as u64, 1.0)?;
-                let e = mlx_array::random::randint(
-                    &Array::scalar(0i32)?,
-                    &Array::scalar(experts)?,
-                    &[m],
-                    mlx_array::Dtype::Int32,
-                    Some(&mlx_array::random::key(m as u64 + 5)?),
-                )?;
-                let idx = e.sort(Some(0))?.astype(mlx_array::Dtype::Uint32)?;
-                transforms::eval(&[&x, &idx])?;
-                let (mlx, _) = gathered(&x, &q, &idx, gs, false)?;
-                let (ours, ran) = gathered(&x, &q, &idx, gs, true)?;
-                // The gathered form takes 8 rows an expert on average and more.
-                let expect = gpu && m >= min_rows() && m >= 8 * experts;
+                let idx = randint(experts, &[m], m as u64 + 5)?
+                    .sort(Some(0))?
+                    .astype(mlx_array::Dtype::Uint32)?;
+                inputs.push((format!("sorted M {m:>5}"), x, idx, true));
+            }
+            for t in [1, 4, 8] {
+                let x = scaled_normal(&[t, 1, 1, k], (t as u64) * 13 + gs as u64, 1.0)?;
+                // Each token's top-k distinct experts: the first k of a random order.
+                let order = mlx_array::random::uniform(
+                    &Array::scalar(0f32)?,
+                    &Array::scalar(1f32)?,
+                    &[t, experts],
+                    mlx_array::Dtype::Float32,
+                    Some(&mlx_array::random::key(t as u64 + 17)?),
+                )?
+                .argsort(Some(-1))?;
+                let idx = order
+                    .slice(&[0, 0], &[t, topk], None)?
+                    .astype(mlx_array::Dtype::Uint32)?;
+                inputs.push((format!("tokens {t} x top {topk}"), x, idx, false));
+            }
+            for (label, x, idx, sorted) in &inputs {
+                transforms::eval(&[x, idx])?;
+                let m = idx.size() as i32;
+                let (mlx, _) = gathered(x, &q, idx, gs, *sorted, false)?;
+                let (ours, ran) = gathered(x, &q, idx, gs, *sorted, true)?;
+                // MLX's gather_qmv below 8 rows; the kernel from there.
+                let expect = gpu && m >= 8 && takes_shape(n, k, gs);
                 let same = same_bits(&ours, &mlx)?;
                 if !same || ran != expect {
                     ok = false;
                     println!(
-                        "  MISMATCH gathered {experts} x {n} x {k} group {gs} M={m}: {}{}",
+                        "  MISMATCH gathered {experts} x {n} x {k} group {gs} {label}: {}{}",
                         if same {
                             ""
                         } else {
@@ -126,12 +176,12 @@ fn check_gathered(ms: &[i32], gss: &[i32], iters: usize, gpu: bool) -> Res<bool>
                         }
                     );
                 }
-                if iters > 0 && ran {
-                    let theirs = time_us(iters, &|| Ok(gathered(&x, &q, &idx, gs, false)?.0))?;
-                    let t = time_us(iters, &|| Ok(gathered(&x, &q, &idx, gs, true)?.0))?;
+                if iters > 0 && ran && gs == 64 {
+                    let theirs = time_us(iters, &|| Ok(gathered(x, &q, idx, gs, *sorted, false)?.0))?;
+                    let t = time_us(iters, &|| Ok(gathered(x, &q, idx, gs, *sorted, true)?.0))?;
                     let flops = 2.0 * (m as f64) * (n as f64) * (k as f64);
                     println!(
-                        "gathered {experts} x {n:>5} x {k:>5} gs {gs:>3} M {m:>5}: mlx {theirs:>9.1} us, \
+                        "gathered {experts:>3} x {n:>5} x {k:>5} gs {gs:>3} {label}: mlx {theirs:>9.1} us, \
                          ours {t:>9.1} us, {:.2}x, {:.1} TFLOP/s",
                         theirs / t,
                         flops / t / 1e6
@@ -146,11 +196,12 @@ fn check_gathered(ms: &[i32], gss: &[i32], iters: usize, gpu: bool) -> Res<bool>
 fn main() -> Res<()> {
     let mut o = ShapeOpts::new(vec![8, 9, 16, 33, 64, 100, 128, 512, 2048], 20);
     let mut max_elements: i64 = 64 << 20;
-    // Around the gathered form's floor of 8 rows an expert (1,024 for 128 experts).
-    let mut gather_ms: Vec<i32> = vec![64, 512, 1024, 4096];
+    // Batched decoding's rows (32 tokens' top 8: 256) and a prompt's, around the chunked
+    // form's floor of 8 rows an expert (1,024 for 128 experts, 256 for 32).
+    let mut gather_ms: Vec<i32> = vec![8, 32, 256, 1024, 4096];
     o.parse(
         "usage: qgemm_check [--shapes synthetic|small|none] [--model DIR] [--m 8,16,...] \
-         [--gs 32,64,128] [--iters 20] [--max-elements N] [--gather-m 64,512,1024,4096|none]",
+         [--gs 32,64,128] [--iters 20] [--max-elements N] [--gather-m 8,32,256,1024,4096|none]",
         |flag, val| match flag {
             "--max-elements" => {
                 max_elements = val()?.parse()?;
@@ -182,6 +233,8 @@ fn main() -> Res<()> {
     );
     let cases = if o.shapes == "none" && o.model.is_none() {
         Vec::new()
+    } else if o.shapes == "oss" && o.model.is_none() {
+        common::synthetic(&OSS, &o.gss)?
     } else {
         common::cases(o.model.as_deref(), &o.shapes, &o.gss)?
     };

@@ -48,12 +48,17 @@ KernelSwitch g_switch("MLX_FAST_QGEMM");
 // The gathered form (mixture-of-experts products, try_fast_gather_qgemm): also needs
 // g_switch; MLX_FAST_QGEMM_GATHER=0 leaves them to MLX.
 KernelSwitch g_gather("MLX_FAST_QGEMM_GATHER");
-// The gathered form runs a block's rows in runs of one expert, each a full pass over K, so
-// it pays where experts get many rows: on the H200 (128 experts of the Qwen3-30B-A3B shape,
-// sorted random indices, GPU.md session 24) 7x-10x MLX's `gather_qmm` at 4096 rows (32 a
-// expert), 0.7x-1.7x at 512, 0.07x-0.18x at 64. So it takes products of at least this
-// many rows an expert on average (a prompt's prefill; not batched decoding).
-constexpr long long kGatherRowsPerExpert = 8;
+// The gathered form has two ways to run its rows. In blocks of 64 consecutive rows, each
+// block's runs of one expert one after the other (a full pass over K each), it pays where
+// experts get many rows: on the H200 (128 experts of the Qwen3-30B-A3B shape, sorted random
+// indices, GPU.md session 24) 7x-10x MLX's `gather_qmm` at 4096 rows (32 an expert), 0.7x-
+// 1.7x at 512, 0.07x-0.18x at 64. Below this many rows an expert on average (batched
+// decoding), a block of at most 16 rows a run (gemm_runs) instead. MLX_FAST_QGEMM_CHUNK_ROWS
+// sets another threshold.
+long long chunk_rows_per_expert() {
+  static const long long v = std::max(env_count("MLX_FAST_QGEMM_CHUNK_ROWS", 8), 1ll);
+  return v;
+}
 
 // Tile sizes of the device code below (kept in step with it).
 constexpr int kThreads = 256;
@@ -131,15 +136,24 @@ __device__ __forceinline__ uint32_t dequant2(uint32_t byte, __nv_bfloat162 sb) {
 // warps multiply; tile kt + 1's nibbles and x's tile kt must be in place at iteration kt,
 // so 4 stages keep 2 tiles in flight. (Dequantizing in registers by each warp for its own
 // columns, as MLX's kernel does, measured 1.2x-1.4x slower: GPU.md session 24.) This pass
-// takes rows lo .. hi - 1 of x (inside the block's BM rows) by w [n, k / 8] (one
-// expert's, in the gathered form); rows outside it are zero and not stored.
+// takes output rows lo .. hi - 1 (inside the tile of BM rows from m0) by w [n, k / 8] (one
+// expert's, in the gathered forms); rows outside it are zero and not stored. Output row r
+// reads row r / xrep of x (xrep > 1: one row of x for xrep experts, mlx-lm's unsorted
+// gather). With 16 rows a block (BM 16) the 8 warps split the columns only, 16 each. Columns
+// past n (n % 128 != 0: the last column tile) read row n0 of w as zeros and are not stored.
 template <int GS, int BM>
 __device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t* w,
                                           const __nv_bfloat16* scales,
                                           const __nv_bfloat16* biases, __nv_bfloat16* out,
-                                          const int n, const int k, const int lo, const int hi) {
+                                          const int n, const int k, const int m0, const int lo,
+                                          const int hi, const int xrep) {
   extern __shared__ __align__(128) uint8_t smem[];
-  constexpr int MT = BM / 32;
+  constexpr int WM = BM >= 32 ? 2 : 1;  // warps along the rows
+  constexpr int WN = 8 / WM;            // and along the columns
+  constexpr int NW = kBn / WN;          // columns a warp: 32 or 16
+  constexpr int J = NW / 8;             // n8 tiles a warp
+  constexpr int MT = BM / (16 * WM);    // m16 tiles a warp
+  constexpr int XL = (BM * 8 + kThreads - 1) / kThreads;  // x's 16-byte chunks a thread
   constexpr int SA = BM * kARow;  // x's tile
   constexpr int SW = kBn * 32;    // w's nibbles
   constexpr int STAGE = SA + SW;
@@ -147,11 +161,10 @@ __device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int wm = warp >> 2;
-  const int wn = warp & 3;
+  const int wm = warp / WN;
+  const int wn = warp % WN;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int m0 = blockIdx.x * BM;
   const int n0 = blockIdx.y * kBn;
   const int tiles = k / kBk;
   const int groups = k / GS;
@@ -162,8 +175,20 @@ __device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t
   // The half row of w this thread dequantizes: row dr, k 32 dh .. 32 dh + 31 of a tile.
   const int dr = tid >> 1;
   const int dh = tid & 1;
-  const size_t srow = (size_t)(n0 + dr) * groups;
+  const bool w_ok = n0 + dr < n;
+  const int wrow = w_ok ? n0 + dr : n0;
+  const size_t srow = (size_t)wrow * groups;
 
+  // The row of x each of this thread's chunks reads (the same for every K tile), and
+  // whether it is one of the pass's rows.
+  const __nv_bfloat16* xsrc[XL];
+  bool xok[XL];
+#pragma unroll
+  for (int i = 0; i < XL; ++i) {
+    const int row = m0 + ((tid + i * kThreads) >> 3);
+    xok[i] = row >= lo && row < hi;
+    xsrc[i] = x + (size_t)((xok[i] ? row : lo) / xrep) * k + ((tid + i * kThreads) & 7) * 8;
+  }
   // x may be a view that starts off a 16-byte boundary (its rows are then too, K being a
   // multiple of 64): its chunks are then read element by element instead of by cp.async.
   const bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
@@ -171,13 +196,13 @@ __device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t
     const uint32_t sa = base + st * STAGE;
     const uint32_t sw = sa + SA;
 #pragma unroll
-    for (int i = 0; i < BM * 8 / kThreads; ++i) {
+    for (int i = 0; i < XL; ++i) {
       const int q = tid + i * kThreads;
+      if (BM * 8 % kThreads != 0 && q >= BM * 8) break;
       const int r = q >> 3;
       const int c = q & 7;
-      const int row = m0 + r;
-      const bool ok = row >= lo && row < hi;
-      const __nv_bfloat16* src = x + (size_t)(ok ? row : lo) * k + kt * kBk + c * 8;
+      const bool ok = xok[i];
+      const __nv_bfloat16* src = xsrc[i] + kt * kBk;
       const uint32_t dst = sa + r * kARow + ((c ^ (r & 7)) << 4);
       if (x_aligned) {
         cp16(dst, src, ok ? 16 : 0);
@@ -192,7 +217,8 @@ __device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t
                      "r"(v.z), "r"(v.w));
       }
     }
-    cp16(sw + dr * 32 + dh * 16, wb + (size_t)(n0 + dr) * (k / 2) + kt * (kBk / 2) + dh * 16, 16);
+    cp16(sw + dr * 32 + dh * 16, wb + (size_t)wrow * (k / 2) + kt * (kBk / 2) + dh * 16,
+         w_ok ? 16 : 0);
   };
   auto load_scale = [&](int kt) {
     const size_t i = srow + (kt * kBk + dh * 32) / GS;
@@ -216,11 +242,11 @@ __device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t
     }
   };
 
-  float acc[MT][4][4];
+  float acc[MT][J][4];
 #pragma unroll
   for (int i = 0; i < MT; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < J; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
@@ -253,10 +279,10 @@ __device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t
     const uint32_t sbf = bbase + (kt & 1) * SB;
 #pragma unroll
     for (int ks = 0; ks < kBk / 16; ++ks) {
-      uint32_t b[4][2];
+      uint32_t b[J][2];
 #pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        const int r = wn * 32 + p * 16 + (lane & 7) + ((lane >> 4) << 3);
+      for (int p = 0; p < J / 2; ++p) {
+        const int r = wn * NW + p * 16 + (lane & 7) + ((lane >> 4) << 3);
         const int c = ks * 2 + ((lane >> 3) & 1);
         uint32_t q[4];
         ldsm4(sbf + r * kARow + ((c ^ (r & 7)) << 4), q);
@@ -268,11 +294,11 @@ __device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
         uint32_t a[4];
-        const int r = wm * (BM / 2) + i * 16 + (lane & 15);
+        const int r = wm * (BM / WM) + i * 16 + (lane & 15);
         const int c = ks * 2 + (lane >> 4);
         ldsm4(sa + r * kARow + ((c ^ (r & 7)) << 4), a);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) mma(acc[i][j], a, b[j][0], b[j][1]);
+        for (int j = 0; j < J; ++j) mma(acc[i][j], a, b[j][0], b[j][1]);
       }
     }
   }
@@ -280,10 +306,11 @@ __device__ __forceinline__ void gemm_rows(const __nv_bfloat16* x, const uint32_t
 
 #pragma unroll
   for (int i = 0; i < MT; ++i) {
-    const int r = m0 + wm * (BM / 2) + i * 16 + g;
+    const int r = m0 + wm * (BM / WM) + i * 16 + g;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = n0 + wn * 32 + j * 8 + 2 * t;
+    for (int j = 0; j < J; ++j) {
+      const int c = n0 + wn * NW + j * 8 + 2 * t;
+      if (c >= n) continue;
       if (r >= lo && r < hi) {
         *reinterpret_cast<__nv_bfloat162*>(out + (size_t)r * n + c) =
             __floats2bfloat162_rn(acc[i][j][0], acc[i][j][1]);
@@ -301,33 +328,60 @@ template <int GS, int BM>
 __device__ __forceinline__ void gemm(const __nv_bfloat16* x, const uint32_t* w,
                                      const __nv_bfloat16* scales, const __nv_bfloat16* biases,
                                      __nv_bfloat16* out, const int m, const int n, const int k) {
-  gemm_rows<GS, BM>(x, w, scales, biases, out, n, k, blockIdx.x * BM, min(m, (int)(blockIdx.x + 1) * BM));
+  const int m0 = blockIdx.x * BM;
+  gemm_rows<GS, BM>(x, w, scales, biases, out, n, k, m0, m0, min(m, m0 + BM), 1);
 }
 
-// mlx's gather_qmm with one index a row: row r of x [m, k] by expert idx[r] of
-// w [experts, n, k / 8] (scales and biases [experts, n, k / GS]). The block's rows go in
-// runs of one expert (rows sorted by expert make few runs), each a pass of gemm_rows over
-// that expert's weight: every output is the same products in the same order as alone.
+// mlx's gather_qmm with one index a row: output row r is row r / xrep of x [m / xrep, k]
+// by expert idx[r] of w [experts, n, k / 8] (scales and biases [experts, n, k / GS]). The
+// block's rows go in runs of one expert (rows sorted by expert make few runs), each a pass
+// of gemm_rows over that expert's weight: every output is the same products in the same
+// order as alone. For many rows an expert (a prompt's).
 template <int GS, int BM>
 __device__ __forceinline__ void gemm_gather(const __nv_bfloat16* x, const uint32_t* w,
                                             const __nv_bfloat16* scales,
                                             const __nv_bfloat16* biases, const uint32_t* idx,
                                             __nv_bfloat16* out, const int m, const int n,
-                                            const int k) {
-  const int end = min(m, (int)(blockIdx.x + 1) * BM);
-  int lo = blockIdx.x * BM;
+                                            const int k, const int xrep) {
+  const int m0 = blockIdx.x * BM;
+  const int end = min(m, m0 + BM);
+  int lo = m0;
   const size_t wsize = (size_t)n * (k / 8);
   const size_t ssize = (size_t)n * (k / GS);
   while (lo < end) {
     const uint32_t e = idx[lo];
     int hi = lo + 1;
     while (hi < end && idx[hi] == e) ++hi;
-    gemm_rows<GS, BM>(x, w + e * wsize, scales + e * ssize, biases + e * ssize, out, n, k, lo,
-                      hi);
+    gemm_rows<GS, BM>(x, w + e * wsize, scales + e * ssize, biases + e * ssize, out, n, k, m0,
+                      lo, hi, xrep);
     lo = hi;
     // The next run's loads reuse the shared memory this one's warps read.
     __syncthreads();
   }
+}
+
+// The same product for few rows an expert (batched decoding, where MLX gives each row a
+// block of its own): block b starts a tile at row b where a run of one expert starts or
+// where a multiple of BM falls inside a run, and takes that run's rows up to the next
+// multiple of BM, one pass; other blocks return at once. So runs of any length go in
+// parallel, at most BM rows a block, and each expert's weight is read once a tile.
+template <int GS, int BM>
+__device__ __forceinline__ void gemm_runs(const __nv_bfloat16* x, const uint32_t* w,
+                                          const __nv_bfloat16* scales,
+                                          const __nv_bfloat16* biases, const uint32_t* idx,
+                                          __nv_bfloat16* out, const int m, const int n,
+                                          const int k, const int xrep) {
+  const int r = blockIdx.x;
+  if (r >= m) return;
+  const uint32_t e = idx[r];
+  if (r % BM != 0 && idx[r - 1] == e) return;
+  const int end = min(m, (r / BM + 1) * BM);
+  int hi = r + 1;
+  while (hi < end && idx[hi] == e) ++hi;
+  const size_t wsize = (size_t)n * (k / 8);
+  const size_t ssize = (size_t)n * (k / GS);
+  gemm_rows<GS, BM>(x, w + e * wsize, scales + e * ssize, biases + e * ssize, out, n, k, r, r,
+                    hi, xrep);
 }
 
 }  // namespace mlxs_qgemm
@@ -354,59 +408,83 @@ long long min_rows() {
   return v;
 }
 
-// Whether the kernel takes a product of m rows of x by weights of n x k at group size gs:
-// where MLX runs `qmm_sm80` (N % 128 == 0, K % max(64, GS) == 0, and not its sm90 kernel of
-// one group a row), from min_rows(), and with m in an int (the kernel's row index).
-bool takes_rows(long long m, int n, int k, int gs) {
-  return m >= min_rows() && m <= std::numeric_limits<int>::max() && n % kBn == 0 &&
-         k % std::max(kBk, gs) == 0 && gs < k;
+// Whether the kernel covers weights of n x k at group size gs where MLX runs `qmm_sm80`
+// (N % 128 == 0, K % max(64, GS) == 0) or, for other N, its `qmm_naive` (the same
+// SM80_16x8x16 products over K in order and the same dequantize, so the same bits:
+// checked by qgemm_check on the H200; N a multiple of 8 here, the last column tile masked).
+// MLX_FAST_QGEMM_NMASK=0 leaves N % 128 != 0 to MLX.
+bool takes_shape(int n, int k, int gs) {
+  static const bool nmask = env_count("MLX_FAST_QGEMM_NMASK", 1) != 0;
+  return n > 0 && n % 8 == 0 && (n % kBn == 0 || nmask) && k > 0 && k % std::max(kBk, gs) == 0;
 }
 
-// The kernel for group size gs and bm rows a block; `gather`: gemm_gather (an expert index
-// a row of x), else gemm.
-const mx::fast::CustomKernelFunction& kernel_for(int gs, int bm, bool gather, int device) {
+// Whether the kernel takes a product of m rows of x by weights of n x k at group size gs:
+// takes_shape, not MLX's sm90 kernel (one group a row), from min_rows(), and with m in an
+// int (the kernel's row index).
+bool takes_rows(long long m, int n, int k, int gs) {
+  return m >= min_rows() && m <= std::numeric_limits<int>::max() && takes_shape(n, k, gs) &&
+         gs < k;
+}
+
+enum class Form { Plain, GatherChunks, GatherRuns };
+
+// The kernel of `form` for group size gs and bm rows a block.
+const mx::fast::CustomKernelFunction& kernel_for(int gs, int bm, Form form, int device) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, bool>, mx::fast::CustomKernelFunction> kernels;
+  static std::map<std::tuple<int, int, Form>, mx::fast::CustomKernelFunction> kernels;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(gs, bm, gather);
+  const auto key = std::make_tuple(gs, bm, form);
   auto it = kernels.find(key);
   if (it != kernels.end()) return it->second;
   const std::string targs = std::to_string(gs) + ", " + std::to_string(bm);
-  const std::string src =
-      gather ? "  mlxs_qgemm::gemm_gather<" + targs +
-                   ">(x, w, scales, biases, idx, out, x_shape[0], w_shape[1], x_shape[1]);\n"
-             : "  mlxs_qgemm::gemm<" + targs +
-                   ">(x, w, scales, biases, out, x_shape[0], w_shape[0], x_shape[1]);\n";
-  const std::string name = std::string(gather ? "mlxs_qgemm_gather_g" : "mlxs_qgemm_g") +
-                           std::to_string(gs) + "_m" + std::to_string(bm);
+  // Gathered: x [m / xrep, k], idx [m].
+  const std::string gargs =
+      ">(x, w, scales, biases, idx, out, idx_shape[0], w_shape[1], x_shape[1], "
+      "idx_shape[0] / x_shape[0]);\n";
+  std::string src, name;
+  switch (form) {
+    case Form::Plain:
+      src = "  mlxs_qgemm::gemm<" + targs +
+            ">(x, w, scales, biases, out, x_shape[0], w_shape[0], x_shape[1]);\n";
+      name = "mlxs_qgemm_g";
+      break;
+    case Form::GatherChunks:
+      src = "  mlxs_qgemm::gemm_gather<" + targs + gargs;
+      name = "mlxs_qgemm_gather_g";
+      break;
+    case Form::GatherRuns:
+      src = "  mlxs_qgemm::gemm_runs<" + targs + gargs;
+      name = "mlxs_qgemm_runs_g";
+      break;
+  }
+  name += std::to_string(gs) + "_m" + std::to_string(bm);
   std::vector<KernelParam> inputs{{"x", mx::bfloat16},
                                   {"w", mx::uint32},
                                   {"scales", mx::bfloat16},
                                   {"biases", mx::bfloat16}};
-  if (gather) inputs.emplace_back("idx", mx::uint32);
+  if (form != Form::Plain) inputs.emplace_back("idx", mx::uint32);
   auto fn = device_kernel(name, inputs, {{"out", mx::bfloat16}}, src,
                           DeviceCode{kDeviceCode, "mlxs_qgemm"}, device, true, shared_bytes(bm));
   return kernels.emplace(key, std::move(fn)).first->second;
 }
 
-// The kernel (gemm, or gemm_gather where `gather`) over x's m rows (x as [m, k]) and
-// `operands` (w, scales, biases, and the expert indices where `gather`), bm rows a block;
-// the output has x's shape with n columns (m <= INT_MAX: takes_rows). nullopt past the
-// bounds of a grid.
-std::optional<mx::array> launch(const mx::array& x, const std::vector<mx::array>& operands, int k,
-                                int n, long long m, int bm, int gs, bool gather,
-                                const mx::Stream& st) {
-  const long long mtiles = (m + bm - 1) / bm;
-  if (mtiles * kThreads > std::numeric_limits<int>::max() || n / kBn > 65535) {
+// The kernel of `form` over x (as [xrows, k]) and `operands` (w, scales, biases, and the
+// expert indices of the gathered forms), `blocks` blocks of bm rows along the output's
+// rows; the output is `out_shape` (n columns). nullopt past the bounds of a grid.
+std::optional<mx::array> launch(const mx::array& x, long long xrows,
+                                const std::vector<mx::array>& operands, int k, int n,
+                                const mx::Shape& out_shape, long long blocks, int bm, int gs,
+                                Form form, const mx::Stream& st) {
+  const long long ntiles = (n + kBn - 1) / kBn;
+  if (blocks * kThreads > std::numeric_limits<int>::max() || ntiles > 65535 ||
+      xrows > std::numeric_limits<int>::max()) {
     return std::nullopt;
   }
-  mx::Shape out_shape = x.shape();
-  out_shape.back() = n;
-  std::vector<mx::array> inputs{mx::reshape(x, {static_cast<int>(m), k}, st)};
+  std::vector<mx::array> inputs{mx::reshape(x, {static_cast<int>(xrows), k}, st)};
   inputs.insert(inputs.end(), operands.begin(), operands.end());
-  auto outs = kernel_for(gs, bm, gather, st.device.index)(
+  auto outs = kernel_for(gs, bm, form, st.device.index)(
       inputs, {out_shape}, {mx::bfloat16},
-      std::make_tuple(static_cast<int>(mtiles * kThreads), n / kBn, 1),
+      std::make_tuple(static_cast<int>(blocks * kThreads), static_cast<int>(ntiles), 1),
       std::make_tuple(kThreads, 1, 1), {}, std::nullopt, false, st);
   return outs[0];
 }
@@ -430,7 +508,11 @@ std::optional<mx::array> try_fast_qgemm(const mx::array& x, const mx::array& w,
   const auto [k, n] = *kn;
   const long long m = static_cast<long long>(x.size()) / k;
   if (!takes_rows(m, n, k, gs)) return std::nullopt;
-  auto y = launch(x, {w, scales, *biases}, k, n, m, block_rows(m), gs, false, st);
+  const int bm = block_rows(m);
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = n;
+  auto y = launch(x, m, {w, scales, *biases}, k, n, out_shape, (m + bm - 1) / bm, bm, gs,
+                  Form::Plain, st);
   if (y) g_switch.count();
   return y;
 }
@@ -452,7 +534,7 @@ std::optional<mx::array> try_fast_gather_qgemm(
   if (x.dtype() != mx::bfloat16 || w.dtype() != mx::uint32 || scales.dtype() != mx::bfloat16 ||
       biases->dtype() != mx::bfloat16 || idx.dtype() != mx::uint32 || w.ndim() != 3 ||
       scales.ndim() != 3 || biases->shape() != scales.shape() || x.ndim() < 2 ||
-      x.shape(-2) != 1) {
+      x.shape(-2) != 1 || idx.ndim() < 1 || idx.size() == 0) {
     return std::nullopt;
   }
   const int k = x.shape(-1);
@@ -462,13 +544,35 @@ std::optional<mx::array> try_fast_gather_qgemm(
       scales.shape() != mx::Shape{experts, n, k / gs}) {
     return std::nullopt;
   }
-  // One expert index a row of x: x [..., 1, K] with the indices' shape as its batch.
+  // One expert index a row of x: x [..., 1, K] with the indices' shape as its batch, or
+  // with 1 where the indices' last axis is (mlx-lm's unsorted call: one row of x for each
+  // of a token's experts).
   const mx::Shape batch(x.shape().begin(), x.shape().end() - 2);
-  if (idx.shape() != batch) return std::nullopt;
-  const long long m = static_cast<long long>(x.size()) / k;
-  if (!takes_rows(m, n, k, gs) || m < kGatherRowsPerExpert * experts) return std::nullopt;
+  long long xrep = 1;
+  if (batch != idx.shape()) {
+    mx::Shape b1 = idx.shape();
+    b1.back() = 1;
+    if (batch != b1) return std::nullopt;
+    xrep = idx.shape(-1);
+  }
+  const long long m = static_cast<long long>(idx.size());
+  // MLX runs gather_qmm through `qmm_sm80` (or `qmm_naive`) from 8 rows, below that its
+  // `gather_qmv` (other bits).
+  if (m < 8 || m > std::numeric_limits<int>::max() || !takes_shape(n, k, gs)) {
+    return std::nullopt;
+  }
+  mx::Shape out_shape = idx.shape();
+  out_shape.push_back(1);
+  out_shape.push_back(n);
   const mx::array idx2 = mx::reshape(idx, {static_cast<int>(m)}, st);
-  auto y = launch(x, {w, scales, *biases, idx2}, k, n, m, 64, gs, true, st);
+  const std::vector<mx::array> operands{w, scales, *biases, idx2};
+  std::optional<mx::array> y;
+  if (m >= chunk_rows_per_expert() * experts) {
+    y = launch(x, m / xrep, operands, k, n, out_shape, (m + 63) / 64, 64, gs, Form::GatherChunks,
+               st);
+  } else {
+    y = launch(x, m / xrep, operands, k, n, out_shape, m, 16, gs, Form::GatherRuns, st);
+  }
   if (y) g_gather.count();
   return y;
 }
