@@ -570,10 +570,11 @@ pub fn fast_qmm_mma_launches() -> u64 {
 /// off (default on; `MLX_FAST_QGEMM=0` at start turns it off, `MLX_FAST_QGEMM_MIN_ROWS=N`
 /// moves the floor). On the CUDA backend it takes the products MLX runs through its
 /// `qmm_sm80` kernel (bfloat16 x of 8 or more rows in all, a 4-bit affine weight of
-/// N % 128 == 0 and K a multiple of max(64, group size)) that none of the kernels above
-/// takes, such as a prompt's prefill at batch 1, and gives MLX's bits for them: the same
-/// tensor-core products over K in the same order, tiled differently. Off, MLX's kernel
-/// runs.
+/// N % 128 == 0 and K a multiple of max(64, group size)) or, for other N (a multiple of 8;
+/// `MLX_FAST_QGEMM_NMASK=0` leaves them to MLX), its `qmm_naive`, that none of the kernels
+/// above takes, such as a prompt's prefill at batch 1, and gives MLX's bits for them: the
+/// same tensor-core products over K in the same order, tiled differently. Off, MLX's
+/// kernels run.
 pub fn set_fast_qgemm(on: bool) {
     unsafe { sys::mlxs_set_fast_qgemm(on) }
 }
@@ -586,10 +587,12 @@ pub fn fast_qgemm_launches() -> u64 {
 /// Turns the gathered form of [`set_fast_qgemm`]'s kernel on or off (default on;
 /// `MLX_FAST_QGEMM_GATHER=0` at start turns it off; it also needs [`set_fast_qgemm`] on).
 /// On the CUDA backend it takes [`gather_qmm`] with one expert index a row of x (x
-/// `[..., 1, K]` bfloat16 with `rhs_indices` of x's batch shape, uint32, no
-/// `lhs_indices`: mlx-lm's sorted mixture-of-experts products) of at least 8 rows an
-/// expert on average (a prompt's prefill), 4-bit affine experts of N % 128 == 0, and gives
-/// MLX's bits for them.
+/// `[..., 1, K]` bfloat16 with `rhs_indices` of x's batch shape, or of that shape with 1
+/// on the last axis of the indices, uint32, no `lhs_indices`: mlx-lm's sorted and unsorted
+/// mixture-of-experts products) of 8 or more rows (prefill and decoding; below 8 MLX runs
+/// its `gather_qmv`), 4-bit affine experts as [`set_fast_qgemm`]'s weights, and gives MLX's
+/// bits for them. From 32 rows an expert on average (`MLX_FAST_QGEMM_CHUNK_ROWS`) it runs
+/// chunks of 64 rows, below that a block for each run of one expert.
 pub fn set_fast_gather_qgemm(on: bool) {
     unsafe { sys::mlxs_set_fast_gather_qgemm(on) }
 }

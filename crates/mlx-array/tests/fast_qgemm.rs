@@ -1,4 +1,4 @@
-//! Our tiled CUDA kernel for 4-bit products of 33 or more rows and its gathered form
+//! Our tiled CUDA kernel for 4-bit products of 33 or more rows and its gathered forms
 //! (`mlx_array::quant::set_fast_qgemm`, shim/fast_qmm.cpp) must stay out of the way
 //! wherever it does not apply: off the CUDA backend every product is MLX's own. Its
 //! bit-identity with MLX's `qmm_sm80` is checked on a CUDA device by `mlx-engine`'s
@@ -84,15 +84,37 @@ fn off_the_cuda_backend_mlx_runs_the_product() {
     }
 }
 
-/// The gathered form (mixture-of-experts products as mlx-lm's sorted layers make them):
-/// off the CUDA backend MLX's `gather_qmm` runs.
+/// `gather_qmm(x, experts q, rhs_indices=idx)` with the tiled kernel's switch `on`.
+fn gathered(x: &Array, q: &Quantized, idx: &Array, sorted: bool, on: bool) -> Array {
+    set_fast_qgemm(on);
+    let y = gather_qmm(
+        x,
+        &q.weight,
+        &q.scales,
+        q.biases.as_ref(),
+        None,
+        Some(idx),
+        true,
+        Some(64),
+        Some(4),
+        QuantMode::Affine,
+        sorted,
+    )
+    .unwrap();
+    y.eval().unwrap();
+    y
+}
+
+/// The gathered forms (mixture-of-experts products as mlx-lm's layers make them, sorted
+/// and unsorted): off the CUDA backend MLX's `gather_qmm` runs.
 #[test]
 fn off_the_cuda_backend_mlx_runs_the_gathered_product() {
     let _g = serial();
     if Device::default_device().unwrap().kind == DeviceType::Gpu {
         return;
     }
-    // 4 experts of 128 x 256, 64 rows (16 an expert): a product the form takes on CUDA.
+    // 4 experts of 128 x 256, 64 sorted rows (16 an expert): a product the chunks take on
+    // CUDA.
     let (e, n, k, m) = (4, 128, 256, 64);
     let q = quantize(&normal(&[e, n, k], 7), Some(64), Some(4), QuantMode::Affine).unwrap();
     let x = normal(&[m, 1, k], 8);
@@ -101,29 +123,23 @@ fn off_the_cuda_backend_mlx_runs_the_gathered_product() {
         &[m],
     )
     .unwrap();
-    let run = |on: bool| {
-        set_fast_qgemm(on);
-        let y = gather_qmm(
-            &x,
-            &q.weight,
-            &q.scales,
-            q.biases.as_ref(),
-            None,
-            Some(&idx),
-            true,
-            Some(64),
-            Some(4),
-            QuantMode::Affine,
-            true,
-        )
-        .unwrap();
-        y.eval().unwrap();
-        y
-    };
-    let theirs = run(false);
+    let theirs = gathered(&x, &q, &idx, true, false);
     let before = fast_gather_qgemm_launches();
-    let ours = run(true);
+    let ours = gathered(&x, &q, &idx, true, true);
     assert_eq!(fast_gather_qgemm_launches(), before, "taken on the CPU");
     assert_eq!(ours.shape(), vec![m, 1, n]);
+    assert!(same_bits(&ours, &theirs), "other bits");
+
+    // Unsorted, one row of x for each of 2 tokens' top 4 of 8 experts of 136 x 256 (N not
+    // a multiple of 128): 8 rows, which the runs take on CUDA.
+    let (e, n) = (8, 136);
+    let q = quantize(&normal(&[e, n, k], 9), Some(64), Some(4), QuantMode::Affine).unwrap();
+    let x = normal(&[2, 1, 1, k], 10);
+    let idx = Array::from_slice(&[5u32, 1, 7, 2, 0, 6, 3, 4], &[2, 4]).unwrap();
+    let theirs = gathered(&x, &q, &idx, false, false);
+    let before = fast_gather_qgemm_launches();
+    let ours = gathered(&x, &q, &idx, false, true);
+    assert_eq!(fast_gather_qgemm_launches(), before, "taken on the CPU");
+    assert_eq!(ours.shape(), vec![2, 4, 1, n]);
     assert!(same_bits(&ours, &theirs), "other bits");
 }

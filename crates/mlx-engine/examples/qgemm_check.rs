@@ -1,6 +1,8 @@
-//! Checks our tiled 4-bit CUDA kernel for products of 33 or more rows
+//! Checks our tiled 4-bit CUDA kernel for products of 33 or more rows (and its gathered
+//! forms from 8)
 //! (`mlx_array::quant::set_fast_qgemm`, shim fast_qmm.cpp) on the current device against
-//! MLX's own product for those rows (its `qmm_sm80`), and times the two:
+//! MLX's own product for those rows (its `qmm_sm80`, or `qmm_naive` where N % 128 != 0),
+//! and times the two:
 //! - bits: for every product shape, group size and row count M, ours must equal MLX's
 //!   product bit for bit, for x as one sequence ([1, M, K]: a prompt's prefill) and as two
 //!   ([2, M/2, K], batch dimensions flattened into rows);
@@ -118,7 +120,11 @@ fn randint(hi: i32, shape: &[i32], seed: u64) -> Res<Array> {
 /// against MLX's `gather_qmm`: bits, and time at group size 64. Returns whether all matched.
 fn check_gathered(ms: &[i32], gss: &[i32], iters: usize, gpu: bool) -> Res<bool> {
     let mut ok = true;
-    let shapes = [(128, 8, 1536, 2048), (128, 8, 2048, 768), (32, 4, 2880, 2880)];
+    let shapes = [
+        (128, 8, 1536, 2048),
+        (128, 8, 2048, 768),
+        (32, 4, 2880, 2880),
+    ];
     for (i, &(experts, topk, n, k)) in shapes.iter().enumerate() {
         let w = scaled_normal(&[experts, n, k], 300 + i as u64, 0.05)?;
         for &gs in gss {
@@ -177,7 +183,8 @@ fn check_gathered(ms: &[i32], gss: &[i32], iters: usize, gpu: bool) -> Res<bool>
                     );
                 }
                 if iters > 0 && ran && gs == 64 {
-                    let theirs = time_us(iters, &|| Ok(gathered(x, &q, idx, gs, *sorted, false)?.0))?;
+                    let theirs =
+                        time_us(iters, &|| Ok(gathered(x, &q, idx, gs, *sorted, false)?.0))?;
                     let t = time_us(iters, &|| Ok(gathered(x, &q, idx, gs, *sorted, true)?.0))?;
                     let flops = 2.0 * (m as f64) * (n as f64) * (k as f64);
                     println!(
@@ -196,8 +203,8 @@ fn check_gathered(ms: &[i32], gss: &[i32], iters: usize, gpu: bool) -> Res<bool>
 fn main() -> Res<()> {
     let mut o = ShapeOpts::new(vec![8, 9, 16, 33, 64, 100, 128, 512, 2048], 20);
     let mut max_elements: i64 = 64 << 20;
-    // Batched decoding's rows (32 tokens' top 8: 256) and a prompt's, around the chunked
-    // form's floor of 8 rows an expert (1,024 for 128 experts, 256 for 32).
+    // Batched decoding's rows (32 tokens' top 8: 256) and a prompt's, around the chunks'
+    // threshold of 32 rows an expert (4,096 for 128 experts, 1,024 for 32).
     let mut gather_ms: Vec<i32> = vec![8, 32, 256, 1024, 4096];
     o.parse(
         "usage: qgemm_check [--shapes synthetic|small|none] [--model DIR] [--m 8,16,...] \

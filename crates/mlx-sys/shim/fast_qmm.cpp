@@ -1,5 +1,6 @@
 // fast_qmm.cpp: a faster CUDA kernel for 4-bit quantized matmuls of 33 or more rows (a
-// prompt's prefill, batched prefill chunks) with the bits of MLX's own kernel for them.
+// prompt's prefill, batched prefill chunks) and for mixture-of-experts `gather_qmm` from 8
+// rows (prefill and decoding), with the bits of MLX's own kernels for them.
 //
 // MLX 0.32.4 runs `quantized_matmul(x, w, scales, biases, transpose=True)` with 8 or more
 // rows of x (M * batch >= 8; 4-bit affine weights, bfloat16 x, N % 128 == 0, K a multiple
@@ -16,12 +17,18 @@
 // and that is what this one does with a tiling of its own: 128 x 128 outputs a block of 8
 // warps (MLX: 64 x 128, 4 warps), a 4-stage `cp.async` pipeline over K tiles of 64, the
 // weight's tile dequantized once a block into shared memory, and both tiles read through
-// `ldmatrix` from swizzled layouts.
+// `ldmatrix` from swizzled layouts. Where N is not a multiple of 128 (gpt-oss's 2,880), MLX
+// runs its `qmm_naive` instead, built from the same atom over K in order and the same
+// dequantize: the same bits again, so the kernel takes those too, its last column tile
+// masked. MLX's `gather_qmm` (GatherQMM::eval_gpu) takes the same two kernels from 8 rows
+// (M * batch; below that its `gather_qmv`), so the gathered forms below have them as well.
 //
-// On the H200 (`qgemm_check`, benchmarks/GPU.md session 24) every product checked was
-// identical to MLX's, and 1.4x-2.3x faster from 33 rows; below 33 rows MLX's kernel (16-
-// and 32-row tiles) was as fast or faster, so those stay MLX's. On by default where it
-// applies (`MLX_FAST_QGEMM=0` or `set_fast_qgemm(false)` gives MLX's kernel back).
+// On the H200 (`qgemm_check`, benchmarks/GPU.md sessions 24 and 25) every product checked
+// was identical to MLX's (N % 128 != 0 included), and 1.4x-2.3x faster from 33 rows; below
+// 33 rows MLX's kernel (16- and 32-row tiles) was as fast or faster, so those stay MLX's.
+// The gathered forms: 1.8x-2.9x at 256 rows (32 tokens' top 8), 4x-26x from 1,024. On by
+// default where it applies (`MLX_FAST_QGEMM=0` or `set_fast_qgemm(false)` gives MLX's
+// kernels back).
 #include "fast_qmm.h"
 
 #include "affine_operands.h"
@@ -48,15 +55,15 @@ KernelSwitch g_switch("MLX_FAST_QGEMM");
 // The gathered form (mixture-of-experts products, try_fast_gather_qgemm): also needs
 // g_switch; MLX_FAST_QGEMM_GATHER=0 leaves them to MLX.
 KernelSwitch g_gather("MLX_FAST_QGEMM_GATHER");
-// The gathered form has two ways to run its rows. In blocks of 64 consecutive rows, each
-// block's runs of one expert one after the other (a full pass over K each), it pays where
-// experts get many rows: on the H200 (128 experts of the Qwen3-30B-A3B shape, sorted random
-// indices, GPU.md session 24) 7x-10x MLX's `gather_qmm` at 4096 rows (32 an expert), 0.7x-
-// 1.7x at 512, 0.07x-0.18x at 64. Below this many rows an expert on average (batched
-// decoding), a block of at most 16 rows a run (gemm_runs) instead. MLX_FAST_QGEMM_CHUNK_ROWS
-// sets another threshold.
+// The gathered form has two ways to run its rows. In chunks of 64 consecutive rows, each
+// chunk's runs of one expert one after the other (a full pass over K each), or a block for
+// each run of at most 16 rows (gemm_runs). On the H200 (qgemm_check, sorted random indices,
+// GPU.md session 25) the runs were faster up to 16 rows an expert on average (Qwen3-30B-A3B's
+// 128 experts at 1,024 rows: 352 against 627 us for the fused gate / up), the chunks from 32
+// (4,096 rows: 578 against 635 us; gpt-oss-20b's 32 experts at 2,048 rows: 591 against 733).
+// So chunks from this many rows an expert (MLX_FAST_QGEMM_CHUNK_ROWS sets another).
 long long chunk_rows_per_expert() {
-  static const long long v = std::max(env_count("MLX_FAST_QGEMM_CHUNK_ROWS", 8), 1ll);
+  static const long long v = std::max(env_count("MLX_FAST_QGEMM_CHUNK_ROWS", 32), 1ll);
   return v;
 }
 

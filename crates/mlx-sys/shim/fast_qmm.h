@@ -20,10 +20,10 @@ std::optional<mlx::core::array> try_fast_qgemm(const mlx::core::array& x,
                                                mlx::core::StreamOrDevice s);
 
 // `gather_qmm(x, w, scales, biases, rhs_indices=idx, transpose=True)` with one expert
-// index a row of x (x [..., 1, K], idx of x's batch shape: mlx-lm's sorted mixture-of-
-// experts products) of at least 8 rows an expert on average by one launch of the kernel's
-// gathered form (MLX's `qmm_sm80` bits again), when it covers the call; nullopt when MLX
-// should run it.
+// index a row (x [..., 1, K] with idx of x's batch shape, mlx-lm's sorted mixture-of-experts
+// products, or with 1 where idx's last axis is, its unsorted ones) of 8 rows or more by one
+// launch of the kernel's gathered form (MLX's `qmm_sm80` / `qmm_naive` bits again), when it
+// covers the call; nullopt when MLX should run it.
 std::optional<mlx::core::array> try_fast_gather_qgemm(
     const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& scales,
     const std::optional<mlx::core::array>& biases,
