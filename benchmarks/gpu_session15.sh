@@ -39,7 +39,7 @@
 #   quality    issue 21: benchmarks/gpu_quality.sh (the real default model from
 #              /root/stash/smollm2 when staged, 1B and 8B 4-bit shapes)
 #   srv4b      issue 21: server aggregate decode, 8B 4-bit, 8 and 32 streams, against mlx-lm
-#              (SRV_STREAMS, SRV_ARMS: default, dequant, bigdq)
+#              (SRV_STREAMS, SRV_ARMS: default, dequant, bigdq, pc32)
 #   pf4b       issue 21: one prompt's prefill, 8B bf16 against 8B 4-bit (default, dequant,
 #              forced mma, noqgemm = MLX_FAST_QGEMM=0; PF_ARMS, PF_P, PF_N)
 #   text4b     issue 21: greedy text of the 8B 4-bit shape after a ~1,300-token prompt: ours,
@@ -413,13 +413,15 @@ for PART in "$@"; do
       ensure_model llama-3.1-8b-4bit "$D"
       # SRV_ARMS: default, dequant (MLX_DEQUANT_GEMM=1: a single prompt's prefill products
       # as a dequantize and a dense matmul), bigdq (the same, and batched products of more
-      # than 256 rows too: MLX_FAST_QMM_MMA_MAX_ROWS=256); the wall time counts the 32
-      # prompts' prefill
+      # than 256 rows too: MLX_FAST_QMM_MMA_MAX_ROWS=256), pc32 (our server prefilling up to
+      # 32 prompts at once, --prompt-concurrency 32, instead of mlx-lm's 8: 32 streams' prompts
+      # then go in one prefill, not four); the wall time counts the 32 prompts' prefill
       for arm in ${SRV_ARMS:-default}; do
-        e=(); [ "$arm" = dequant ] && e=(MLX_DEQUANT_GEMM=1)
+        e=(); a=(); [ "$arm" = dequant ] && e=(MLX_DEQUANT_GEMM=1)
         [ "$arm" = bigdq ] && e=(MLX_DEQUANT_GEMM=1 MLX_FAST_QMM_MMA_MAX_ROWS=256)
+        [ "$arm" = pc32 ] && a=(--ours-arg --prompt-concurrency --ours-arg 32)
         env "${e[@]}" timeout "$(left)" "$NEW/xtask" bench --server --ours "$NEW/mlx-server" \
-          --python python3 --model "$MODELS/llama-3.1-8b-4bit" -p 128 -g 128 \
+          "${a[@]}" --python python3 --model "$MODELS/llama-3.1-8b-4bit" -p 128 -g 128 \
           --streams ${SRV_STREAMS:-8,32} --label "llama-3.1-8b-4bit $arm" \
           --out "$D/server.md" >> "$D/stdout.txt" 2>&1
       done
