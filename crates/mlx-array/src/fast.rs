@@ -138,7 +138,9 @@ pub fn scaled_dot_product_attention(
 /// The same switch covers CPU `quant::quantized_matmul` of 4- and 8-bit affine weights
 /// (bfloat16 throughout, or float32 activations), through our primitive of MLX's CPU
 /// quantized arithmetic (every bfloat16 rounding kept): same bits, ~6x faster on a 4-bit
-/// small model. Elsewhere nothing changes.
+/// small model; and `quant::gather_qmm` of mixture-of-experts layers (one expert index a
+/// row of x, x / scales / biases all bfloat16 or all float32), the same arithmetic a row
+/// with its expert. Elsewhere nothing changes.
 pub fn set_cpu_gemv(on: bool) {
     unsafe { sys::mlxs_set_fast_cpu_gemv(on) }
 }

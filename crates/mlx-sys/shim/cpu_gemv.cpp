@@ -26,6 +26,7 @@
 #include "kernel_switch.h"
 
 #include <algorithm>
+#include <functional>
 #include <type_traits>
 #include <vector>
 
@@ -451,56 +452,117 @@ __attribute__((target("avx2,f16c"))) void qrows8_avx2(const float* x, const uint
 }
 #endif
 
-template <typename T, int BITS>
-void run_q(const mx::array& x, const mx::array& w, const mx::array& scales,
-           const mx::array& biases, int gs, mx::array& out) {
+// The outputs of `rows` rows of x (row r's k floats at xrow(r)) by the packed weight at wp
+// (n rows of wld bytes), row r's n outputs written at orow(r); sb(i, &scale, &bias) reads
+// element i of the weight's [n, k / gs] scales and biases as float (exact). Eight weight
+// rows at a time: their scales and biases converted once, then their outputs for every row.
+template <typename T, int BITS, typename XRow, typename ORow, typename SB>
+void q_rows(int rows, XRow xrow, ORow orow, const uint8_t* wp, int n, int k, int gs, SB sb) {
   constexpr bool RND = std::is_same_v<T, mx::bfloat16_t>;
-  const int k = x.shape(-1);
-  const int n = w.shape(0);
   const int g = k / gs;
-  const int rows = static_cast<int>(x.size() / k);
-  const auto* xp = x.data<T>();
-  const auto* wp = reinterpret_cast<const uint8_t*>(w.data<uint32_t>());
-  const auto* sp = scales.data<T>();
-  const auto* bp = biases.data<T>();
-  auto* op = out.data<T>();
   const int64_t wld = static_cast<int64_t>(k) * BITS / 8;  // bytes a row
-  // Every row of x as float (exact).
-  std::vector<float> xs(static_cast<size_t>(rows) * k);
-  const bool xdense = x.flags().row_contiguous;
-  for (int64_t e = 0; e < static_cast<int64_t>(rows) * k; ++e) {
-    xs[e] = static_cast<float>(xdense ? xp[e] : xp[offset_of(e, x.shape(), x.strides())]);
-  }
-  // Eight weight rows at a time: their scales and biases as float, [8, g] (exact), then
-  // their outputs for every row of x.
   constexpr int kBlock = 8;
   std::vector<float> sc(static_cast<size_t>(kBlock) * g), bi(static_cast<size_t>(kBlock) * g);
-  const bool dense = scales.flags().row_contiguous && biases.flags().row_contiguous;
   for (int j0 = 0; j0 < n; j0 += kBlock) {
     const int block = std::min(kBlock, n - j0);
     for (int64_t e = 0; e < static_cast<int64_t>(block) * g; ++e) {
-      const int64_t at = static_cast<int64_t>(j0) * g + e;
-      sc[e] = static_cast<float>(dense ? sp[at] : sp[offset_of(at, scales.shape(), scales.strides())]);
-      bi[e] = static_cast<float>(dense ? bp[at] : bp[offset_of(at, biases.shape(), biases.strides())]);
+      sb(static_cast<int64_t>(j0) * g + e, &sc[e], &bi[e]);
     }
     for (int m = 0; m < rows; ++m) {
-      const float* xrow = xs.data() + static_cast<int64_t>(m) * k;
+      const float* xr = xrow(m);
       float sums[kBlock];
       int j = 0;
 #ifdef MLXS_X86
       if (has_avx2() && block == kBlock) {
-        qrows8_avx2<RND, BITS>(xrow, wp + j0 * wld, wld, sc.data(), bi.data(), g, k, gs, sums);
+        qrows8_avx2<RND, BITS>(xr, wp + j0 * wld, wld, sc.data(), bi.data(), g, k, gs, sums);
         j = kBlock;
       }
 #endif
       for (; j < block; ++j) {
-        sums[j] = qdot_in_order<RND, BITS>(xrow, wp + (j0 + j) * wld, sc.data() + j * g,
+        sums[j] = qdot_in_order<RND, BITS>(xr, wp + (j0 + j) * wld, sc.data() + j * g,
                                            bi.data() + j * g, k, gs);
       }
-      for (j = 0; j < block; ++j) {
-        op[static_cast<int64_t>(m) * n + j0 + j] = static_cast<T>(sums[j]);
-      }
+      T* o = orow(m);
+      for (j = 0; j < block; ++j) o[j0 + j] = static_cast<T>(sums[j]);
     }
+  }
+}
+
+// Every row of x [..., k] as float (exact), row after row.
+template <typename T>
+std::vector<float> rows_as_float(const mx::array& x) {
+  const auto* xp = x.data<T>();
+  std::vector<float> xs(x.size());
+  const bool dense = x.flags().row_contiguous;
+  for (int64_t e = 0; e < static_cast<int64_t>(x.size()); ++e) {
+    xs[e] = static_cast<float>(dense ? xp[e] : xp[offset_of(e, x.shape(), x.strides())]);
+  }
+  return xs;
+}
+
+template <typename T, int BITS>
+void run_q(const mx::array& x, const mx::array& w, const mx::array& scales,
+           const mx::array& biases, int gs, mx::array& out) {
+  const int k = x.shape(-1);
+  const int n = w.shape(0);
+  const int rows = static_cast<int>(x.size() / k);
+  const auto* wp = reinterpret_cast<const uint8_t*>(w.data<uint32_t>());
+  const auto* sp = scales.data<T>();
+  const auto* bp = biases.data<T>();
+  auto* op = out.data<T>();
+  const std::vector<float> xs = rows_as_float<T>(x);
+  const bool dense = scales.flags().row_contiguous && biases.flags().row_contiguous;
+  q_rows<T, BITS>(
+      rows, [&](int m) { return xs.data() + static_cast<int64_t>(m) * k; },
+      [&](int m) { return op + static_cast<int64_t>(m) * n; }, wp, n, k, gs,
+      [&](int64_t at, float* s, float* b) {
+        *s = static_cast<float>(dense ? sp[at] : sp[offset_of(at, scales.shape(), scales.strides())]);
+        *b = static_cast<float>(dense ? bp[at] : bp[offset_of(at, biases.shape(), biases.strides())]);
+      });
+}
+
+// gather_qmm with one expert index a row (MLX's CPU `GatherQMM`: `_qmm_t` of each row of x
+// by its expert's weight): output row r is row r / xrep of x [rows / xrep, k] by expert
+// idx[r] of w [experts, n, k * BITS / 32] (row-contiguous, as are scales and biases
+// [experts, n, k / gs]). Rows of one expert go together, so its scales are converted once.
+template <typename T, int BITS>
+void run_gather_q(const mx::array& x, const mx::array& w, const mx::array& scales,
+                  const mx::array& biases, const mx::array& idx, int gs, int xrep,
+                  mx::array& out) {
+  const int k = x.shape(-1);
+  const int n = w.shape(1);
+  const int g = k / gs;
+  const int64_t rows = static_cast<int64_t>(idx.size());
+  const int64_t wsize = static_cast<int64_t>(n) * k * BITS / 8;  // bytes an expert
+  const auto* wp = reinterpret_cast<const uint8_t*>(w.data<uint32_t>());
+  const auto* sp = scales.data<T>();
+  const auto* bp = biases.data<T>();
+  const auto* ip = idx.data<uint32_t>();
+  auto* op = out.data<T>();
+  const std::vector<float> xs = rows_as_float<T>(x);
+  std::vector<int64_t> order(rows);
+  std::vector<uint32_t> experts(rows);
+  const bool idense = idx.flags().row_contiguous;
+  for (int64_t r = 0; r < rows; ++r) {
+    order[r] = r;
+    experts[r] = idense ? ip[r] : ip[offset_of(r, idx.shape(), idx.strides())];
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return experts[a] < experts[b]; });
+  for (int64_t lo = 0; lo < rows;) {
+    const uint32_t e = experts[order[lo]];
+    int64_t hi = lo + 1;
+    while (hi < rows && experts[order[hi]] == e) ++hi;
+    const int64_t s0 = static_cast<int64_t>(e) * n * g;
+    q_rows<T, BITS>(
+        static_cast<int>(hi - lo),
+        [&](int m) { return xs.data() + (order[lo + m] / xrep) * k; },
+        [&](int m) { return op + order[lo + m] * n; }, wp + e * wsize, n, k, gs,
+        [&](int64_t at, float* s, float* b) {
+          *s = static_cast<float>(sp[s0 + at]);
+          *b = static_cast<float>(bp[s0 + at]);
+        });
+    lo = hi;
   }
 }
 
@@ -578,6 +640,95 @@ class RowQuantizedMatmul : public mx::UnaryPrimitive {
   int bits_;
 };
 
+// gather_qmm(x, w, scales, biases, rhs_indices=idx, transpose=True) on the CPU: inputs x,
+// w, scales, biases (row-contiguous), idx; output idx.shape + [1, n].
+class RowGatherQmm : public mx::UnaryPrimitive {
+ public:
+  RowGatherQmm(mx::Stream s, int group_size, int bits, bool sorted)
+      : mx::UnaryPrimitive(s), group_size_(group_size), bits_(bits), sorted_(sorted) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    auto& enc = cpu_encoder_for(stream(), inputs, out);
+    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+                  w = mx::array::unsafe_weak_copy(inputs[1]),
+                  sc = mx::array::unsafe_weak_copy(inputs[2]),
+                  bi = mx::array::unsafe_weak_copy(inputs[3]),
+                  idx = mx::array::unsafe_weak_copy(inputs[4]),
+                  out = mx::array::unsafe_weak_copy(out), gs = group_size_,
+                  bits = bits_]() mutable {
+      if (!w.flags().row_contiguous || !sc.flags().row_contiguous ||
+          !bi.flags().row_contiguous) {
+        throw std::runtime_error("[RowGatherQmm] the experts must be row-contiguous");
+      }
+      const int xrep = static_cast<int>(idx.size() / (x.size() / x.shape(-1)));
+      const bool b16 = out.dtype() == mx::bfloat16;
+      if (bits == 4) {
+        b16 ? run_gather_q<mx::bfloat16_t, 4>(x, w, sc, bi, idx, gs, xrep, out)
+            : run_gather_q<float, 4>(x, w, sc, bi, idx, gs, xrep, out);
+      } else {
+        b16 ? run_gather_q<mx::bfloat16_t, 8>(x, w, sc, bi, idx, gs, xrep, out)
+            : run_gather_q<float, 8>(x, w, sc, bi, idx, gs, xrep, out);
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[RowGatherQmm] runs on the CPU only");
+  }
+
+  // Derivatives with respect to x: MLX's own, of the gather_qmm this primitive computes.
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>&) override {
+    for (int arg : argnums) {
+      if (arg != 0) {
+        throw std::invalid_argument("[RowGatherQmm] no gradient for the quantized experts");
+      }
+    }
+    return {mx::vjp(mlx_op(primals), {primals[0]}, cotangents).second[0]};
+  }
+
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override {
+    if (argnums.size() != 1 || argnums[0] != 0) {
+      throw std::invalid_argument("[RowGatherQmm] no derivative for the quantized experts");
+    }
+    return mx::jvp(mlx_op(primals), {primals[0]}, {tangents[0]}).second;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape s = inputs[4].shape();
+    s.push_back(1);
+    s.push_back(inputs[1].shape(1));
+    return {s};
+  }
+
+  const char* name() const override { return "RowGatherQmm"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const RowGatherQmm*>(&other);
+    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_ &&
+           o->sorted_ == sorted_;
+  }
+
+ private:
+  // MLX's gather_qmm of x by the primals' experts and indices.
+  std::function<std::vector<mx::array>(const std::vector<mx::array>&)> mlx_op(
+      const std::vector<mx::array>& primals) {
+    return [p = primals, gs = group_size_, bits = bits_, sorted = sorted_,
+            s = stream()](const std::vector<mx::array>& in) -> std::vector<mx::array> {
+      return {mx::gather_qmm(in[0], p[1], p[2], p[3], std::nullopt, p[4], true, gs, bits,
+                             "affine", std::nullopt, sorted, s)};
+    };
+  }
+
+  int group_size_;
+  int bits_;
+  bool sorted_;
+};
+
 }  // namespace
 
 std::optional<mx::array> try_cpu_gemv(const mx::array& a, const mx::array& b,
@@ -642,6 +793,53 @@ std::optional<mx::array> try_cpu_qmv(const mx::array& x, const mx::array& w,
   return mx::array(out_shape, dt, std::make_shared<RowQuantizedMatmul>(st, gs, nbits),
                    {x, mx::contiguous(w, false, st), mx::astype(scales, dt, st),
                     mx::astype(*biases, dt, st)});
+}
+
+std::optional<mx::array> try_cpu_gather_qmm(
+    const mx::array& x, const mx::array& w, const mx::array& scales,
+    const std::optional<mx::array>& biases, const std::optional<mx::array>& lhs_indices,
+    const std::optional<mx::array>& rhs_indices, bool transpose, std::optional<int> group_size,
+    std::optional<int> bits, const std::string& mode, bool sorted, mx::StreamOrDevice s) {
+  if (!kSameArithmetic || !g_switch.on() || !transpose || mode != "affine" || !biases ||
+      lhs_indices || !rhs_indices) {
+    return std::nullopt;
+  }
+  const int gs = group_size.value_or(64);
+  const int nbits = bits.value_or(4);
+  if ((nbits != 4 && nbits != 8) || (gs != 32 && gs != 64 && gs != 128)) return std::nullopt;
+  if (quantized_operands_traced(w, scales, biases)) return std::nullopt;
+  const mx::array& idx = *rhs_indices;
+  // x, scales and biases of one dtype, bfloat16 or float32 (MLX reads the scales in x's).
+  const mx::Dtype dt = x.dtype();
+  if ((dt != mx::bfloat16 && dt != mx::float32) || scales.dtype() != dt ||
+      biases->dtype() != dt || w.dtype() != mx::uint32 || idx.dtype() != mx::uint32 ||
+      w.ndim() != 3 || scales.ndim() != 3 || biases->shape() != scales.shape() ||
+      x.ndim() < 2 || x.shape(-2) != 1 || idx.ndim() < 1 || idx.size() == 0) {
+    return std::nullopt;
+  }
+  const int k = x.shape(-1);
+  const int n = w.shape(1);
+  const int experts = w.shape(0);
+  if (k <= 0 || n <= 0 || k % gs != 0 || w.shape(2) * (32 / nbits) != k ||
+      scales.shape() != mx::Shape{experts, n, k / gs}) {
+    return std::nullopt;
+  }
+  // x [..., 1, K] with the indices' shape as its batch, or with 1 on their last axis.
+  const mx::Shape batch(x.shape().begin(), x.shape().end() - 2);
+  if (batch != idx.shape()) {
+    mx::Shape b1 = idx.shape();
+    b1.back() = 1;
+    if (batch != b1) return std::nullopt;
+  }
+  mx::Stream st = mx::to_stream(s);
+  if (st.device != mx::Device::cpu) return std::nullopt;
+  mx::Shape out_shape = idx.shape();
+  out_shape.push_back(1);
+  out_shape.push_back(n);
+  g_switch.count();
+  return mx::array(out_shape, dt, std::make_shared<RowGatherQmm>(st, gs, nbits, sorted),
+                   {x, mx::contiguous(w, false, st), mx::contiguous(scales, false, st),
+                    mx::contiguous(*biases, false, st), idx});
 }
 
 void set_fast_cpu_gemv(bool on) { g_switch.set(on); }

@@ -25,6 +25,19 @@ std::optional<mlx::core::array> try_cpu_qmv(const mlx::core::array& x,
                                             std::optional<int> bits, const std::string& mode,
                                             mlx::core::StreamOrDevice s);
 
+// gather_qmm(x, w, scales, biases, rhs_indices=idx, transpose=True) with one expert index a
+// row of x (x [..., 1, K] with idx of x's batch shape, or with 1 on idx's last axis: mlx-lm's
+// sorted and unsorted mixture-of-experts products), 4- or 8-bit affine, x / scales / biases
+// all bfloat16 or all float32, by our CPU primitive of MLX's CPU arithmetic (`_qmm_t` a
+// row), when it covers the call.
+std::optional<mlx::core::array> try_cpu_gather_qmm(
+    const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& scales,
+    const std::optional<mlx::core::array>& biases,
+    const std::optional<mlx::core::array>& lhs_indices,
+    const std::optional<mlx::core::array>& rhs_indices, bool transpose,
+    std::optional<int> group_size, std::optional<int> bits, const std::string& mode,
+    bool sorted, mlx::core::StreamOrDevice s);
+
 void set_fast_cpu_gemv(bool on);
 bool fast_cpu_gemv_enabled();
 unsigned long long fast_cpu_gemv_uses();

@@ -1465,6 +1465,11 @@ int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scal
     auto fast = mlxs_detail::try_fast_gather_qgemm(A(x), A(w), A(scales), OPT(biases), OPT(lhs),
                                                    OPT(rhs), transpose, OPTI(group_size),
                                                    OPTI(bits), m, S(s));
+    if (!fast) {
+      fast = mlxs_detail::try_cpu_gather_qmm(A(x), A(w), A(scales), OPT(biases), OPT(lhs),
+                                             OPT(rhs), transpose, OPTI(group_size), OPTI(bits),
+                                             m, sorted, S(s));
+    }
     *out = wrap(fast ? std::move(*fast)
                      : mx::gather_qmm(A(x), A(w), A(scales), OPT(biases), OPT(lhs), OPT(rhs),
                                       transpose, OPTI(group_size), OPTI(bits), m, std::nullopt,
