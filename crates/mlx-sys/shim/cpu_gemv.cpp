@@ -54,6 +54,9 @@ namespace mlxs_detail {
 namespace {
 
 KernelSwitch g_switch("MLX_FAST_CPU_GEMV");
+// The mixture-of-experts products (try_cpu_gather_qmm): also need g_switch;
+// MLX_FAST_CPU_GATHER=0 leaves them to MLX.
+KernelSwitch g_gather("MLX_FAST_CPU_GATHER");
 
 template <typename T>
 inline float to_f32(T v) {
@@ -566,6 +569,24 @@ void run_gather_q(const mx::array& x, const mx::array& w, const mx::array& scale
   }
 }
 
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// f(TypeTag<T>, integral_constant<int, BITS>) for bfloat16 (`b16`) or float32 outputs and 4
+// or 8 bits: the instantiations the quantized primitives run.
+template <typename F>
+void by_type(bool b16, int bits, F&& f) {
+  using B4 = std::integral_constant<int, 4>;
+  using B8 = std::integral_constant<int, 8>;
+  if (b16) {
+    bits == 4 ? f(TypeTag<mx::bfloat16_t>{}, B4{}) : f(TypeTag<mx::bfloat16_t>{}, B8{});
+  } else {
+    bits == 4 ? f(TypeTag<float>{}, B4{}) : f(TypeTag<float>{}, B8{});
+  }
+}
+
 class RowQuantizedMatmul : public mx::UnaryPrimitive {
  public:
   RowQuantizedMatmul(mx::Stream s, int group_size, int bits)
@@ -582,12 +603,9 @@ class RowQuantizedMatmul : public mx::UnaryPrimitive {
       if (!w.flags().row_contiguous) {
         throw std::runtime_error("[RowQuantizedMatmul] the packed weight must be row-contiguous");
       }
-      const bool b16 = out.dtype() == mx::bfloat16;
-      if (bits == 4) {
-        b16 ? run_q<mx::bfloat16_t, 4>(x, w, sc, bi, gs, out) : run_q<float, 4>(x, w, sc, bi, gs, out);
-      } else {
-        b16 ? run_q<mx::bfloat16_t, 8>(x, w, sc, bi, gs, out) : run_q<float, 8>(x, w, sc, bi, gs, out);
-      }
+      by_type(out.dtype() == mx::bfloat16, bits, [&](auto t, auto b) {
+        run_q<typename decltype(t)::type, decltype(b)::value>(x, w, sc, bi, gs, out);
+      });
     });
   }
 
@@ -661,14 +679,10 @@ class RowGatherQmm : public mx::UnaryPrimitive {
         throw std::runtime_error("[RowGatherQmm] the experts must be row-contiguous");
       }
       const int xrep = static_cast<int>(idx.size() / (x.size() / x.shape(-1)));
-      const bool b16 = out.dtype() == mx::bfloat16;
-      if (bits == 4) {
-        b16 ? run_gather_q<mx::bfloat16_t, 4>(x, w, sc, bi, idx, gs, xrep, out)
-            : run_gather_q<float, 4>(x, w, sc, bi, idx, gs, xrep, out);
-      } else {
-        b16 ? run_gather_q<mx::bfloat16_t, 8>(x, w, sc, bi, idx, gs, xrep, out)
-            : run_gather_q<float, 8>(x, w, sc, bi, idx, gs, xrep, out);
-      }
+      by_type(out.dtype() == mx::bfloat16, bits, [&](auto t, auto b) {
+        run_gather_q<typename decltype(t)::type, decltype(b)::value>(x, w, sc, bi, idx, gs,
+                                                                     xrep, out);
+      });
     });
   }
 
@@ -800,8 +814,8 @@ std::optional<mx::array> try_cpu_gather_qmm(
     const std::optional<mx::array>& biases, const std::optional<mx::array>& lhs_indices,
     const std::optional<mx::array>& rhs_indices, bool transpose, std::optional<int> group_size,
     std::optional<int> bits, const std::string& mode, bool sorted, mx::StreamOrDevice s) {
-  if (!kSameArithmetic || !g_switch.on() || !transpose || mode != "affine" || !biases ||
-      lhs_indices || !rhs_indices) {
+  if (!kSameArithmetic || !g_switch.on() || !g_gather.on() || !transpose ||
+      mode != "affine" || !biases || lhs_indices || !rhs_indices) {
     return std::nullopt;
   }
   const int gs = group_size.value_or(64);
