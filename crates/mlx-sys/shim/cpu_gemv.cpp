@@ -814,46 +814,24 @@ std::optional<mx::array> try_cpu_gather_qmm(
     const std::optional<mx::array>& biases, const std::optional<mx::array>& lhs_indices,
     const std::optional<mx::array>& rhs_indices, bool transpose, std::optional<int> group_size,
     std::optional<int> bits, const std::string& mode, bool sorted, mx::StreamOrDevice s) {
-  if (!kSameArithmetic || !g_switch.on() || !g_gather.on() || !transpose ||
-      mode != "affine" || !biases || lhs_indices || !rhs_indices) {
-    return std::nullopt;
-  }
+  if (!kSameArithmetic || !g_switch.on() || !g_gather.on()) return std::nullopt;
   const int gs = group_size.value_or(64);
   const int nbits = bits.value_or(4);
-  if ((nbits != 4 && nbits != 8) || (gs != 32 && gs != 64 && gs != 128)) return std::nullopt;
-  if (quantized_operands_traced(w, scales, biases)) return std::nullopt;
-  const mx::array& idx = *rhs_indices;
+  const auto g =
+      gather_operands(x, w, scales, biases, lhs_indices, rhs_indices, transpose, mode, gs, nbits);
+  if (!g || quantized_operands_traced(w, scales, biases)) return std::nullopt;
   // x, scales and biases of one dtype, bfloat16 or float32 (MLX reads the scales in x's).
   const mx::Dtype dt = x.dtype();
   if ((dt != mx::bfloat16 && dt != mx::float32) || scales.dtype() != dt ||
-      biases->dtype() != dt || w.dtype() != mx::uint32 || idx.dtype() != mx::uint32 ||
-      w.ndim() != 3 || scales.ndim() != 3 || biases->shape() != scales.shape() ||
-      x.ndim() < 2 || x.shape(-2) != 1 || idx.ndim() < 1 || idx.size() == 0) {
+      biases->dtype() != dt) {
     return std::nullopt;
-  }
-  const int k = x.shape(-1);
-  const int n = w.shape(1);
-  const int experts = w.shape(0);
-  if (k <= 0 || n <= 0 || k % gs != 0 || w.shape(2) * (32 / nbits) != k ||
-      scales.shape() != mx::Shape{experts, n, k / gs}) {
-    return std::nullopt;
-  }
-  // x [..., 1, K] with the indices' shape as its batch, or with 1 on their last axis.
-  const mx::Shape batch(x.shape().begin(), x.shape().end() - 2);
-  if (batch != idx.shape()) {
-    mx::Shape b1 = idx.shape();
-    b1.back() = 1;
-    if (batch != b1) return std::nullopt;
   }
   mx::Stream st = mx::to_stream(s);
   if (st.device != mx::Device::cpu) return std::nullopt;
-  mx::Shape out_shape = idx.shape();
-  out_shape.push_back(1);
-  out_shape.push_back(n);
   g_switch.count();
-  return mx::array(out_shape, dt, std::make_shared<RowGatherQmm>(st, gs, nbits, sorted),
+  return mx::array(g->out_shape, dt, std::make_shared<RowGatherQmm>(st, gs, nbits, sorted),
                    {x, mx::contiguous(w, false, st), mx::contiguous(scales, false, st),
-                    mx::contiguous(*biases, false, st), idx});
+                    mx::contiguous(*biases, false, st), *rhs_indices});
 }
 
 void set_fast_cpu_gemv(bool on) { g_switch.set(on); }

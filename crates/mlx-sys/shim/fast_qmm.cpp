@@ -529,49 +529,23 @@ std::optional<mx::array> try_fast_gather_qgemm(
     const std::optional<mx::array>& biases, const std::optional<mx::array>& lhs_indices,
     const std::optional<mx::array>& rhs_indices, bool transpose, std::optional<int> group_size,
     std::optional<int> bits, const std::string& mode, mx::StreamOrDevice s) {
-  if (!g_switch.on() || !g_gather.on() || bits.value_or(4) != 4 || lhs_indices ||
-      !rhs_indices || !transpose || mode != "affine" || !biases) {
-    return std::nullopt;
-  }
+  if (!g_switch.on() || !g_gather.on() || bits.value_or(4) != 4) return std::nullopt;
   const mx::Stream st = mx::to_stream(s);
   if (!on_gpu(st, x) || quantized_operands_traced(w, scales, biases)) return std::nullopt;
   const int gs = group_size.value_or(64);
-  if (gs != 32 && gs != 64 && gs != 128) return std::nullopt;
-  const mx::array& idx = *rhs_indices;
-  if (x.dtype() != mx::bfloat16 || w.dtype() != mx::uint32 || scales.dtype() != mx::bfloat16 ||
-      biases->dtype() != mx::bfloat16 || idx.dtype() != mx::uint32 || w.ndim() != 3 ||
-      scales.ndim() != 3 || biases->shape() != scales.shape() || x.ndim() < 2 ||
-      x.shape(-2) != 1 || idx.ndim() < 1 || idx.size() == 0) {
+  const auto g =
+      gather_operands(x, w, scales, biases, lhs_indices, rhs_indices, transpose, mode, gs, 4);
+  if (!g || x.dtype() != mx::bfloat16 || scales.dtype() != mx::bfloat16 ||
+      biases->dtype() != mx::bfloat16) {
     return std::nullopt;
   }
-  const int k = x.shape(-1);
-  const int n = w.shape(1);
-  const int experts = w.shape(0);
-  if (k <= 0 || n <= 0 || k % gs != 0 || w.shape(2) * 8 != k ||
-      scales.shape() != mx::Shape{experts, n, k / gs}) {
-    return std::nullopt;
-  }
-  // One expert index a row of x: x [..., 1, K] with the indices' shape as its batch, or
-  // with 1 where the indices' last axis is (mlx-lm's unsorted call: one row of x for each
-  // of a token's experts).
-  const mx::Shape batch(x.shape().begin(), x.shape().end() - 2);
-  long long xrep = 1;
-  if (batch != idx.shape()) {
-    mx::Shape b1 = idx.shape();
-    b1.back() = 1;
-    if (batch != b1) return std::nullopt;
-    xrep = idx.shape(-1);
-  }
-  const long long m = static_cast<long long>(idx.size());
+  const auto [k, n, experts, m, xrep, out_shape] = *g;
   // MLX runs gather_qmm through `qmm_sm80` (or `qmm_naive`) from 8 rows, below that its
   // `gather_qmv` (other bits).
   if (m < 8 || m > std::numeric_limits<int>::max() || !takes_shape(n, k, gs)) {
     return std::nullopt;
   }
-  mx::Shape out_shape = idx.shape();
-  out_shape.push_back(1);
-  out_shape.push_back(n);
-  const mx::array idx2 = mx::reshape(idx, {static_cast<int>(m)}, st);
+  const mx::array idx2 = mx::reshape(*rhs_indices, {static_cast<int>(m)}, st);
   const std::vector<mx::array> operands{w, scales, *biases, idx2};
   std::optional<mx::array> y;
   if (m >= chunk_rows_per_expert() * experts) {

@@ -471,9 +471,9 @@ uint64_t mlxs_fast_qmm_mma_launches(void);
    process. */
 void mlxs_set_fast_qgemm(bool on);
 uint64_t mlxs_fast_qgemm_launches(void);
-/* Its gathered form for mixture-of-experts products (gather_qmm with one expert index a
-   row of x, at least 8 rows an expert on average): on unless MLX_FAST_QGEMM_GATHER=0; the
-   products built with it in this process. */
+/* Its gathered forms for mixture-of-experts products (gather_qmm with one expert index a
+   row of x, 8 rows or more): on unless MLX_FAST_QGEMM_GATHER=0; the products built with
+   them in this process. */
 void mlxs_set_fast_gather_qgemm(bool on);
 uint64_t mlxs_fast_gather_qgemm_launches(void);
 int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scales,
