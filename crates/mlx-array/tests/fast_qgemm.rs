@@ -106,7 +106,8 @@ fn gathered(x: &Array, q: &Quantized, idx: &Array, sorted: bool, on: bool) -> Ar
 }
 
 /// The gathered forms (mixture-of-experts products as mlx-lm's layers make them, sorted
-/// and unsorted): off the CUDA backend MLX's `gather_qmm` runs.
+/// and unsorted): off the CUDA backend they are never taken (the CPU's own product runs,
+/// MLX's or cpu_gemv.cpp's of MLX's arithmetic).
 #[test]
 fn off_the_cuda_backend_mlx_runs_the_gathered_product() {
     let _g = serial();
