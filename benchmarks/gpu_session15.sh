@@ -22,6 +22,9 @@
 #              (LORA_ARGS: e.g. --only llama-3.1-8b-4bit --dequant-ab)
 #   specsrv    issue 19: server aggregate decode at 1/8/32 streams, echo 8B target, with
 #              and without its 4-bit draft
+#   predsrv    issue 19: server speculation without a draft model (OpenAI predicted outputs)
+#              against plain requests at 1/8/32 streams (PRED_MODELS, PRED_STREAMS,
+#              PRED_TRIALS, PRED_G; benchmarks/predict_bench.py)
 #   spec       issue 19: gpu_spec.sh, echo 8B with its 4-bit copy (k 3, 4) and with a random
 #              1B draft under --draft-min-acceptance 0.5 (ours only)
 #   start8b    issue 21: process start to first token of the 8B 4-bit model, ours and mlx-lm
@@ -47,7 +50,8 @@
 #   moe        issue 21: mixture-of-experts shapes against mlx-lm (MOE_MODELS: the
 #              Qwen3-30B-A3B and gpt-oss-20b 4-bit shapes of 12 layers), MOE_CASES of
 #              batch:prompt:generation (1:512:128 32:128:128), MOE_ROUNDS (1) processes a
-#              tool, alternating, order flipped each round; MOE_ENV for our arm
+#              tool, alternating, order flipped each round; MOE_ENV for our arm; MOE_ARMS
+#              (ours mlx-lm; noqmv = ours with MLX_FAST_QMV=0)
 #   qgemm      issue 21: qgemm_check (our tiled 4-bit kernel of 33+ rows against MLX's
 #              qmm_sm80: bits and time; QGEMM_ARGS, QGEMM_MODEL)
 #   next       issue 26: gpu_next.sh check warm (Qwen3-Next: lean step's text, ours vs mlx-lm)
@@ -84,7 +88,8 @@
 #              w4 = MLX_FAST_GEMV_WARPS=4) and mlx-lm, GEMV_MODELS (llama-3.1-8b-bf16),
 #              GEMV_ROUNDS (2) rounds of processes in flipped order, -p 128 -g GEMV_G (256)
 #   ncubf16    issue 21: ncu kernel durations of decoding steps of NCU_MODEL
-#              (llama-3.1-8b-bf16; mlx-generate, 64 tokens, kernels NCU_SKIP (8000) to
+#              (llama-3.1-8b-bf16; mlx-generate, 64 tokens, or with NCU_BATCH=B
+#              mlx-benchmark -b B -p 64 -g 128; kernels NCU_SKIP (8000) to
 #              NCU_SKIP + NCU_COUNT (900); NCU_ENV for the arm's switches)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -294,7 +299,8 @@ for PART in "$@"; do
       done
       r=0
       while [ $r -lt "${MOE_ROUNDS:-1}" ]; do
-        order=(ours mlx-lm); [ $((r % 2)) = 1 ] && order=(mlx-lm ours)
+        order=(${MOE_ARMS:-ours mlx-lm})
+        if [ $((r % 2)) = 1 ]; then rev=(); for a in "${order[@]}"; do rev=("$a" "${rev[@]}"); done; order=("${rev[@]}"); fi
         for m in ${MOE_MODELS:-qwen3-30b-a3b-l12-4bit gpt-oss-20b-l12-4bit}; do
           for c in ${MOE_CASES:-1:512:128 32:128:128}; do
             IFS=: read -r b p g <<< "$c"
@@ -302,6 +308,7 @@ for PART in "$@"; do
               [ "$(left)" -lt 60 ] && break 4
               e=(${MOE_ENV:-}); cmd=("$NEW/mlx-benchmark")
               [ "$arm" = mlx-lm ] && { e=(); cmd=(python3 -m mlx_lm benchmark); }
+              [ "$arm" = noqmv ] && e=(MLX_FAST_QMV=0)
               echo "## round=$r model=$m b=$b p=$p g=$g arm=$arm" >> "$D/stdout.txt"
               env "${e[@]}" timeout 240 "${cmd[@]}" --model "$MODELS/$m" -p "$p" -g "$g" -b "$b" \
                 -n "${MOE_N:-2}" >> "$D/stdout.txt" 2>&1
@@ -334,10 +341,13 @@ for PART in "$@"; do
       ensure_model "$NCU_MODEL" "$D"
       NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       if [ -z "$NCU" ]; then echo "no ncu" > "$D/stdout.txt"; else
+        cmd=("$NEW/mlx-generate" --model "$MODELS/$NCU_MODEL" --prompt "hello there" -m 64)
+        # NCU_BATCH=B: batched decoding steps instead (mlx-benchmark -b B -p 64 -g 128)
+        [ -n "${NCU_BATCH:-}" ] && cmd=("$NEW/mlx-benchmark" --model "$MODELS/$NCU_MODEL" \
+          -p 64 -g 128 -b "$NCU_BATCH" -n 1)
         env ${NCU_ENV:-} timeout $(( L - 10 )) "$NCU" --csv --metrics gpu__time_duration.sum \
           --launch-skip "${NCU_SKIP:-8000}" --launch-count "${NCU_COUNT:-900}" \
-          "$NEW/mlx-generate" --model "$MODELS/$NCU_MODEL" --prompt "hello there" -m 64 \
-          > "$D/ncu.csv" 2> "$D/stderr.txt"
+          "${cmd[@]}" > "$D/ncu.csv" 2> "$D/stderr.txt"
         echo "rc=$? ncu=$NCU" > "$D/stdout.txt"
       fi ;;
     gemvproto)
@@ -506,6 +516,31 @@ for PART in "$@"; do
         MLX_SDPA_SPLIT_QUERIES=1 timeout $(( $(left) > 30 ? $(left) : 30 )) "$NEW/xtask" bench --server \
           --ours "$NEW/mlx-server" --python python3 --model "$M" -p 128 -g 128 \
           --streams 1,8,32 "${extra[@]}" --out "$D/server-$arm.md" > "$D/$arm.log" 2>&1
+      done ;;
+    predsrv)
+      # issue 19: speculation inside the batching server without a draft model (OpenAI
+      # predicted outputs, benchmarks/predict_bench.py) against the same requests without,
+      # PRED_MODELS: smollm2 (the real default model, /root/stash/smollm2, predicting the
+      # passage it is asked to repeat) and make_bench_models.py variants (predicting their
+      # own plain answer: random weights copy nothing); PRED_STREAMS (1,8,32), PRED_TRIALS
+      # (2), -g PRED_G (128)
+      port=18941
+      for m in ${PRED_MODELS:-smollm2 llama-3.1-8b-bf16}; do
+        [ "$(left)" -lt 60 ] && break
+        if [ "$m" = smollm2 ]; then
+          dir=/root/stash/smollm2; how=source
+          [ -f "$dir/config.json" ] || { echo "== $m: $dir not staged" >> "$D/stdout.txt"; continue; }
+        else
+          ensure_model "$m" "$D"; dir=$MODELS/$m; how=self
+        fi
+        "$NEW/mlx-server" --model "$dir" --port $port > "$D/server-$m.log" 2>&1 &
+        srv=$!
+        for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; sleep 1; done
+        timeout "$(left)" python3 benchmarks/predict_bench.py --base-url http://127.0.0.1:$port \
+          -g "${PRED_G:-128}" --streams "${PRED_STREAMS:-1,8,32}" --trials "${PRED_TRIALS:-2}" \
+          --predict $how --label "$m" >> "$D/stdout.txt" 2>&1
+        echo "rc=$?" >> "$D/stdout.txt"
+        kill $srv; wait $srv 2>/dev/null
       done ;;
     *) echo "unknown part $PART" > "$D/stdout.txt" ;;
   esac

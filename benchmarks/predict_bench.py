@@ -1,0 +1,157 @@
+"""Speculation inside the batching server without a draft model: OpenAI predicted
+outputs (`prediction: {"type": "content", ...}`, drafted by prompt lookup against the
+given text) against the same requests without a prediction, on a running mlx-server
+(stdlib only; run by benchmarks/gpu_session15.sh part `predsrv` on the GPU machine, or
+here on the CPU).
+
+Each stream asks the model to repeat a passage of `--text` (a different passage a
+stream, greedy). `--predict source` predicts the passage itself (what a client editing a
+document sends: real acceptance, set by how faithfully the model copies); `--predict
+self` predicts the answer the same request gave without a prediction (the best case:
+with random weights nothing else is accepted). For each concurrency level, `--trials`
+pairs (plain / predicted, order flipped every other pair): wall tok/s = completion
+tokens of all streams / (last stream's end - first stream's start, prefill included),
+decode tok/s = completion tokens / mean (last content - first content) a stream, the
+accepted / rejected prediction tokens from `usage.completion_tokens_details`, and how
+many predicted answers differ from the plain ones (greedy: speculation emits the
+target's own tokens, so a difference is a batch-shape rounding difference or a bug).
+
+    python benchmarks/predict_bench.py --base-url http://127.0.0.1:8080 -g 128 \\
+        --streams 1,8,32 --trials 2 --predict source
+"""
+
+import argparse
+import concurrent.futures as cf
+import json
+import time
+import urllib.request
+
+
+def chat(base, body):
+    req = urllib.request.Request(
+        f"{base}/v1/chat/completions",
+        data=json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    t0 = time.perf_counter()
+    first = last = None
+    text, usage = [], {}
+    with urllib.request.urlopen(req, timeout=900) as r:
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for c in chunk.get("choices", []):
+                piece = c.get("delta", {}).get("content")
+                if piece:
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    text.append(piece)
+    end = time.perf_counter()
+    details = usage.get("completion_tokens_details") or {}
+    return {
+        "text": "".join(text),
+        "tokens": usage.get("completion_tokens", 0),
+        "accepted": details.get("accepted_prediction_tokens", 0),
+        "rejected": details.get("rejected_prediction_tokens", 0),
+        "decode_s": (last or t0) - (first or t0),
+        "t0": t0,
+        "end": end,
+    }
+
+
+def passages(path, n, words):
+    """`n` passages of about `words` words each, cut from the text at `path` (wrapping)."""
+    with open(path, encoding="utf-8") as f:
+        all_words = f.read().split()
+    if not all_words:
+        raise SystemExit(f"{path} has no text")
+    out = []
+    for i in range(n):
+        start = (i * words) % len(all_words)
+        ws = (all_words * 2)[start : start + words]
+        out.append(" ".join(ws))
+    return out
+
+
+def body(g, passage, prediction=None, k=None):
+    b = {
+        "model": "default_model",
+        "messages": [{"role": "user", "content": f"Repeat this text exactly:\n\n{passage}"}],
+        "max_tokens": g,
+        "temperature": 0,
+    }
+    if prediction is not None:
+        b["prediction"] = {"type": "content", "content": prediction}
+        if k is not None:
+            b["num_draft_tokens"] = k
+    return b
+
+
+def run(base, bodies):
+    with cf.ThreadPoolExecutor(len(bodies)) as pool:
+        res = list(pool.map(lambda b: chat(base, b), bodies))
+    toks = sum(r["tokens"] for r in res)
+    span = sum(r["decode_s"] for r in res) / len(res)
+    wall = max(r["end"] for r in res) - min(r["t0"] for r in res)
+    return {
+        "res": res,
+        "tokens": toks,
+        "decode": toks / span if span > 0 else float("nan"),
+        "wall": toks / wall if wall > 0 else float("nan"),
+        "accepted": sum(r["accepted"] for r in res),
+        "rejected": sum(r["rejected"] for r in res),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("-g", type=int, default=128)
+    ap.add_argument("--streams", default="1,8,32")
+    ap.add_argument("--trials", type=int, default=1)
+    ap.add_argument("--predict", choices=["source", "self"], default="source")
+    ap.add_argument("--text", default="crates/mlx-quant/src/calibration.txt")
+    ap.add_argument("--words", type=int, default=60, help="words a passage")
+    ap.add_argument("--num-draft-tokens", type=int, default=None, help="the request's num_draft_tokens (server default when unset)")
+    ap.add_argument("--label", default="")
+    args = ap.parse_args()
+    levels = [int(s) for s in args.streams.split(",")]
+    texts = passages(args.text, max(levels), args.words)
+    base = args.base_url
+    print(f"### predicted outputs {args.label} (-g {args.g}, prediction: {args.predict}, "
+          f"num_draft_tokens {args.num_draft_tokens or 'default'})\n")
+    print("| streams | arm | tokens | wall tok/s | decode tok/s | accepted / rejected | answers differing |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for n in levels:
+        plain_bodies = [body(args.g, t) for t in texts[:n]]
+        # Untimed: this level's batch shapes are compiled here, and `self` takes its
+        # predictions from these answers.
+        warm = run(base, plain_bodies)
+        answers = [r["text"] for r in warm["res"]]
+        preds = texts[:n] if args.predict == "source" else answers
+        pred_bodies = [body(args.g, t, p, args.num_draft_tokens) for t, p in zip(texts[:n], preds)]
+        run(base, pred_bodies)
+        ratios = []
+        for trial in range(args.trials):
+            arms = [("plain", plain_bodies), ("predicted", pred_bodies)]
+            if trial % 2:
+                arms.reverse()
+            got = {}
+            for name, bodies in arms:
+                r = run(base, bodies)
+                got[name] = r
+                differ = sum(x["text"] != a for x, a in zip(r["res"], answers))
+                acc = f"{r['accepted']} / {r['rejected']}" if name == "predicted" else ""
+                print(f"| {n} | {name} | {r['tokens']} | {r['wall']:.1f} | {r['decode']:.1f} | {acc} | {differ} |", flush=True)
+            ratios.append(got["predicted"]["wall"] / got["plain"]["wall"])
+        summary = ", ".join(f"{x:.3f}" for x in ratios)
+        print(f"| {n} | ratio predicted / plain (wall) | {summary} | mean {sum(ratios) / len(ratios):.3f} | | | |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
