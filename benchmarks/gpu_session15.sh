@@ -37,7 +37,6 @@
 #   ab8b       issue 21: mlx-benchmark 8B 4-bit at batch 1/8/32 (AB_BATCHES), arms (AB_ARMS):
 #              on (the defaults: the tensor-core form of the M-row product), exact
 #              (MLX_FAST_QMM_MMA=0: each row's one-row bits), off (MLX_FAST_QMM=0: MLX's qmm),
-#              mma1 (MLX_FAST_QMV_MMA=1: one-row products on the tensor-core form too),
 #              prof (the defaults with the engine's profile lines every 32 steps)
 #   mma        issue 21: qmm_mma_check on the 8B 4-bit model's weights (MMA_ARGS)
 #   quality    issue 21: benchmarks/gpu_quality.sh (the real default model from
@@ -271,9 +270,7 @@ for PART in "$@"; do
       # own kernels for every attention), wr1 (MLX_FAST_QMM_WARP_ROWS=1: the multi-row
       # kernel's one-row-of-w layout), nopool (MLX_HOST_BUFFER_POOL=0: host uploads on
       # MLX's cached buffers), noadvise (MLX_HOST_BUFFER_ADVISE=0: the pool's managed
-      # buffers left to migrate), seqrows (MLX_FAST_QMM_SEQ_ROWS=1: the catch-up's 2 rows
-      # on kBodyM, MLX's bits), mma1 / k5mma1 (MLX_FAST_QMV_MMA=1: the draft's products on
-      # the tensor-core form, k = 3 / 5), plain (no draft); each with the engine's profile
+      # buffers left to migrate), plain (no draft); each with the engine's profile
       # lines (a speculative run's split of a round: draft, verify build, wait)
       python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
         --tokenizers .gpu/tok > "$D/models.txt" 2>&1
@@ -288,9 +285,6 @@ for PART in "$@"; do
           wr1) e+=(MLX_FAST_QMM_WARP_ROWS=1) ;;
           nopool) e+=(MLX_HOST_BUFFER_POOL=0) ;;
           noadvise) e+=(MLX_HOST_BUFFER_ADVISE=0) ;;
-          seqrows) e+=(MLX_FAST_QMM_SEQ_ROWS=1) ;;
-          mma1) e+=(MLX_FAST_QMV_MMA=1) ;;
-          k5mma1) e+=(MLX_FAST_QMV_MMA=1); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 5) ;;
           plain) a=() ;;
         esac
         echo "## $arm" >> "$D/stdout.txt"
@@ -333,8 +327,6 @@ for PART in "$@"; do
         # tiled kernel of MLX's bits (fast_qmm.cpp) instead of the tensor-core form
         [ "$arm" = qg ] && e=(MLX_FAST_QMM_MMA_MAX_ROWS=32)
         [ "$arm" = prof ] && e=(MLX_ENGINE_PROFILE=1 MLX_ENGINE_PROFILE_EVERY=32)
-        # mma1: one-row products on the tensor-core form too (not MLX's bits; experiment)
-        [ "$arm" = mma1 ] && e=(MLX_FAST_QMV_MMA=1)
         echo "## b=$b arm=$arm" >> "$D/stdout.txt"
         env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1

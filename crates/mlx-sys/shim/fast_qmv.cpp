@@ -160,13 +160,6 @@ constexpr size_t kMaxParts = 4;
 // MLX_FAST_QMV_MANY_MAX_ELEMENTS=N sets another limit (0: never one launch).
 constexpr long long kManyMaxElements = 16ll << 20;
 
-// Experiments, off by default (benchmarks/GPU.md, session 26): MLX_FAST_QMV_MMA=1 sends
-// one-row products (and one sequence's products below 8 rows) to the tensor-core form
-// (`rows_mma`: not MLX's bits) instead of the one-row kernels; MLX_FAST_QMM_SEQ_ROWS=1 sends
-// one sequence's products of 2..7 rows (a draft model's catch-up) to kBodyM (MLX's bits).
-KernelSwitch g_one_mma("MLX_FAST_QMV_MMA", false);
-KernelSwitch g_seq_rows("MLX_FAST_QMM_SEQ_ROWS", false);
-
 // The products of 2..kQmmMaxRows rows of x (`fast_rows`): MLX_FAST_QMM=0 (or
 // `set_fast_qmm(false)`) leaves them to MLX's own kernels, MLX_FAST_QMM_MAX_ROWS=N (or
 // `set_fast_qmm_max_rows`) sets another bound.
@@ -1187,10 +1180,6 @@ std::vector<mx::array> launch(const KernelKey& key, const mx::array& x,
   return outs;
 }
 
-std::optional<mx::array> mma_rows(const mx::array& x, const mx::array& w, const mx::array& scales,
-                                  const mx::array& biases, int k, int n, long long m, int gs,
-                                  const mx::Stream& st);
-
 // One weight's product through our kernels, with `residual` added in the kernel when
 // given (only where MLX's add would give the product's shape and dtype back unchanged).
 std::optional<mx::array> fast_one(const mx::array& x, const mx::array& w,
@@ -1214,11 +1203,6 @@ std::optional<mx::array> fast_one(const mx::array& x, const mx::array& w,
     out_shape.back() = n;
     if (residual->dtype() != mx::bfloat16 || residual->shape() != out_shape) {
       return std::nullopt;
-    }
-  }
-  if (g_one_mma.on()) {
-    if (auto y = mma_rows(x, w, scales, *biases, k, n, 1, gs, st)) {
-      return residual != nullptr ? mx::add(*residual, *y, st) : *y;
     }
   }
   const Layout l = layout_for(n, k);
@@ -1311,8 +1295,7 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   // not understood: the product alone times at 12-200 us). Rows of several sequences
   // (batched decoding, [B, 1, K]) are where mlx-lm is not reproducible across batch sizes;
   // they took rows_mma above unless it is off, and here each row gets its one-row bits.
-  if (m / seq == 1 && m < 8 && g_one_mma.on()) return mma_rows(x, w, scales, *biases, k, n, m, gs, st);
-  if (m / seq == 1 && !(m < 8 && g_seq_rows.on())) return std::nullopt;
+  if (m / seq == 1) return std::nullopt;
   // Parts of x of as even a size as part_rows allows (9 rows by 8: 5 and 4), one a block of
   // grid x: CUDA hands out blocks x first, so the parts of one block of w's rows run close
   // together and the later ones find its weights in L2.
@@ -1482,7 +1465,7 @@ std::optional<std::vector<mx::array>> try_fast_qmv_many(
     const std::string& mode,
     mx::StreamOrDevice s) {
   const auto st = gpu_stream(x, s, bits);
-  if (!st || g_one_mma.on()) return std::nullopt;
+  if (!st) return std::nullopt;
   const int gs = group_size.value_or(64);
   auto g = one_row_group(x, ws, scales, biases, gs, mode);
   if (!g) return std::nullopt;
@@ -1498,7 +1481,7 @@ std::optional<mx::array> try_fast_qmv_swiglu(
     std::optional<int> bits,
     const std::string& mode,
     mx::StreamOrDevice s) {
-  if (!g_swiglu.on() || g_one_mma.on() || ws.size() != 2) return std::nullopt;
+  if (!g_swiglu.on() || ws.size() != 2) return std::nullopt;
   const auto st = gpu_stream(x, s, bits);
   if (!st) return std::nullopt;
   const int gs = group_size.value_or(64);
