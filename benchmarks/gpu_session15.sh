@@ -60,7 +60,8 @@
 #              (NEXTAB_EXTRA, default minel=MLX_FAST_QMV_MIN_ELEMENTS=16777216), without
 #              the profile lines; NEXT_ROUNDS (3) processes per arm, alternating, after an
 #              untimed warm-up process of each tool (kernel compiles on a fresh machine)
-#   nextgraph  issue 26: decode_build on the Qwen3-Next shape (or NG_MODEL; NG_ARMS) (host
+#   nextgraph  issue 26: decode_build on the Qwen3-Next shape (or NG_MODEL, a variant or an
+#              absolute model directory; NG_ARMS) (host
 #              split of a decode step: build, async_eval with the device idle) with our
 #              kernels on and off, and the
 #              step's primitives on the GPU, ours (DECODE_BUILD_DOT) against mlx-lm's
@@ -447,8 +448,10 @@ for PART in "$@"; do
         bash benchmarks/gpu_next.sh "$NEW" warm > "$D/stdout.txt" 2>&1 ;;
     nextgraph)
       NG_MODEL=${NG_MODEL:-qwen3-next-80b-a3b-l4-4bit}
-      M=$MODELS/$NG_MODEL
-      ensure_model "$NG_MODEL" "$D"
+      # An absolute NG_MODEL is a model directory (e.g. /root/stash/smollm2, the real default
+      # model), else a make_bench_models.py variant
+      if [ "${NG_MODEL#/}" != "$NG_MODEL" ]; then M=$NG_MODEL; else
+        M=$MODELS/$NG_MODEL; ensure_model "$NG_MODEL" "$D"; fi
       for arm in ${NG_ARMS:-on off on2 off2}; do
         e=(); case $arm in off*) e=(MLX_FAST_QMV=0) ;; esac
         echo "## decode_build $arm" >> "$D/stdout.txt"
