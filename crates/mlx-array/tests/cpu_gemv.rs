@@ -217,7 +217,15 @@ fn quantized_4_and_8_bit_are_mlx_bit_for_bit() {
         .into_iter()
         .flat_map(|g| types.map(|t| (g, t)))
     {
-        let shapes = [(1, 256, 64), (3, 128, 13), (17, 384, 40), (1, 128, 8)];
+        // Rows of x go up to sixteen at a time through the vectorized kernel, each
+        // dequantized weight shared by them: 17 rows are 16 and 1.
+        let shapes = [
+            (1, 256, 64),
+            (3, 128, 13),
+            (17, 384, 40),
+            (1, 128, 8),
+            (6, 256, 24),
+        ];
         for (bits, (m, k, n)) in [4, 8].into_iter().flat_map(|b| shapes.map(|s| (b, s))) {
             seed += 1;
             let w = normal(&[n, k], wt, seed);
