@@ -22,46 +22,16 @@ target's own tokens, so a difference is a batch-shape rounding difference or a b
 
 import argparse
 import concurrent.futures as cf
-import json
-import time
-import urllib.request
+
+from chat_stream import chat_stream
 
 
 def chat(base, body):
-    req = urllib.request.Request(
-        f"{base}/v1/chat/completions",
-        data=json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    t0 = time.perf_counter()
-    first = last = None
-    text, usage = [], {}
-    with urllib.request.urlopen(req, timeout=900) as r:
-        for line in r:
-            line = line.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for c in chunk.get("choices", []):
-                piece = c.get("delta", {}).get("content")
-                if piece:
-                    now = time.perf_counter()
-                    first = first or now
-                    last = now
-                    text.append(piece)
-    end = time.perf_counter()
-    details = usage.get("completion_tokens_details") or {}
-    return {
-        "text": "".join(text),
-        "tokens": usage.get("completion_tokens", 0),
-        "accepted": details.get("accepted_prediction_tokens", 0),
-        "rejected": details.get("rejected_prediction_tokens", 0),
-        "decode_s": (last or t0) - (first or t0),
-        "t0": t0,
-        "end": end,
-    }
+    r = chat_stream(base, body)
+    details = r["usage"].get("completion_tokens_details") or {}
+    r["accepted"] = details.get("accepted_prediction_tokens", 0)
+    r["rejected"] = details.get("rejected_prediction_tokens", 0)
+    return r
 
 
 def passages(path, n, words):

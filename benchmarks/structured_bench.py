@@ -18,36 +18,8 @@ constrained / unconstrained decode ratio of each pair and their mean.
 
 import argparse
 import concurrent.futures as cf
-import json
-import time
-import urllib.request
 
-
-def stream(base, body):
-    req = urllib.request.Request(
-        f"{base}/v1/chat/completions",
-        data=json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    t0 = time.perf_counter()
-    first = last = None
-    tokens = 0
-    with urllib.request.urlopen(req, timeout=900) as r:
-        for line in r:
-            line = line.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            for c in chunk.get("choices", []):
-                if c.get("delta", {}).get("content"):
-                    now = time.perf_counter()
-                    first = first or now
-                    last = now
-    end = time.perf_counter()
-    return {"ttft": (first or t0) - t0, "decode_s": (last or t0) - (first or t0), "tokens": tokens,
-            "t0": t0, "end": end}
+from chat_stream import chat_stream
 
 
 def body(g, schema, i):
@@ -64,7 +36,7 @@ def body(g, schema, i):
 
 def run(base, g, n, schema):
     with cf.ThreadPoolExecutor(n) as pool:
-        res = list(pool.map(lambda i: stream(base, body(g, schema, i)), range(n)))
+        res = list(pool.map(lambda i: chat_stream(base, body(g, schema, i)), range(n)))
     toks = sum(r["tokens"] for r in res)
     span = sum(r["decode_s"] for r in res) / len(res)
     wall = max(r["end"] for r in res) - min(r["t0"] for r in res)
@@ -113,9 +85,9 @@ def main():
         if args.trials > 1:
             summary = ", ".join(f"{r:.3f}" for r in ratios)
             print(f"| {n} | ratio schema / none | {summary} | mean {sum(ratios) / len(ratios):.3f} | | |", flush=True)
-    plain = stream(args.base_url, body(8, None, 0))["ttft"]
-    first = stream(args.base_url, body(args.g * 4, wide, 1))["ttft"]
-    again = stream(args.base_url, body(args.g * 4, wide, 2))["ttft"]
+    plain = chat_stream(args.base_url, body(8, None, 0))["ttft"]
+    first = chat_stream(args.base_url, body(args.g * 4, wide, 1))["ttft"]
+    again = chat_stream(args.base_url, body(args.g * 4, wide, 2))["ttft"]
     print(f"\nTTFT, 50-property schema: {first:.3f} s (first request), {again:.3f} s (again); unconstrained {plain:.3f} s")
 
 
