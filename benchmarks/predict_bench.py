@@ -12,9 +12,10 @@ with random weights nothing else is accepted). For each concurrency level, `--tr
 pairs (plain / predicted, order flipped every other pair): wall tok/s = completion
 tokens of all streams / (last stream's end - first stream's start, prefill included),
 decode tok/s = completion tokens / mean (last content - first content) a stream, the
-accepted / rejected prediction tokens from `usage.completion_tokens_details`, and how
-many predicted answers differ from the plain ones (greedy: speculation emits the
-target's own tokens, so a difference is a batch-shape rounding difference or a bug).
+mean time to first content, the accepted / rejected prediction tokens from
+`usage.completion_tokens_details`, and how many predicted answers differ from the plain
+ones (greedy: speculation emits the target's own tokens, so a difference is a
+batch-shape rounding difference or a bug).
 
     python benchmarks/predict_bench.py --base-url http://127.0.0.1:8080 -g 128 \\
         --streams 1,8,32 --trials 2 --predict source
@@ -73,6 +74,7 @@ def run(base, bodies):
         "tokens": toks,
         "decode": toks / span if span > 0 else float("nan"),
         "wall": toks / wall if wall > 0 else float("nan"),
+        "ttft": sum(r["ttft"] for r in res) / len(res),
         "accepted": sum(r["accepted"] for r in res),
         "rejected": sum(r["rejected"] for r in res),
     }
@@ -95,8 +97,8 @@ def main():
     base = args.base_url
     print(f"### predicted outputs {args.label} (-g {args.g}, prediction: {args.predict}, "
           f"num_draft_tokens {args.num_draft_tokens or 'default'})\n")
-    print("| streams | arm | tokens | wall tok/s | decode tok/s | accepted / rejected | answers differing |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| streams | arm | tokens | wall tok/s | decode tok/s | mean TTFT s | accepted / rejected | answers differing |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in levels:
         plain_bodies = [body(args.g, t) for t in texts[:n]]
         # Untimed: this level's batch shapes are compiled here, and `self` takes its
@@ -117,10 +119,10 @@ def main():
                 got[name] = r
                 differ = sum(x["text"] != a for x, a in zip(r["res"], answers))
                 acc = f"{r['accepted']} / {r['rejected']}" if name == "predicted" else ""
-                print(f"| {n} | {name} | {r['tokens']} | {r['wall']:.1f} | {r['decode']:.1f} | {acc} | {differ} |", flush=True)
+                print(f"| {n} | {name} | {r['tokens']} | {r['wall']:.1f} | {r['decode']:.1f} | {r['ttft']:.3f} | {acc} | {differ} |", flush=True)
             ratios.append(got["predicted"]["wall"] / got["plain"]["wall"])
         summary = ", ".join(f"{x:.3f}" for x in ratios)
-        print(f"| {n} | ratio predicted / plain (wall) | {summary} | mean {sum(ratios) / len(ratios):.3f} | | | |", flush=True)
+        print(f"| {n} | ratio predicted / plain (wall) | {summary} | mean {sum(ratios) / len(ratios):.3f} | | | | |", flush=True)
 
 
 if __name__ == "__main__":
