@@ -218,13 +218,16 @@ fn quantized_4_and_8_bit_are_mlx_bit_for_bit() {
         .flat_map(|g| types.map(|t| (g, t)))
     {
         // Rows of x go up to sixteen at a time through the vectorized kernel, each
-        // dequantized weight shared by them: 17 rows are 16 and 1.
+        // dequantized weight shared by them: 17 rows are 16 and 1. The last shape is large
+        // enough to be split between the CPU's threads (its last block of weight rows
+        // partial).
         let shapes = [
             (1, 256, 64),
             (3, 128, 13),
             (17, 384, 40),
             (1, 128, 8),
             (6, 256, 24),
+            (9, 512, 130),
         ];
         for (bits, (m, k, n)) in [4, 8].into_iter().flat_map(|b| shapes.map(|s| (b, s))) {
             seed += 1;

@@ -12,7 +12,8 @@
 // The primitives here keep exactly those operations (same products, same order, same
 // roundings) and only vectorize across outputs: eight outputs' sums advance together, one
 // k at a time (AVX2 + F16C where the CPU has them, the weight rows transposed in registers
-// eight by eight); the quantized ones dequantize each weight once for up to 16 rows of x. `tests/cpu_gemv.rs` in mlx-array checks them bit for bit against MLX's
+// eight by eight); the quantized ones dequantize each weight once for up to 16 rows of x
+// and split a large product's outputs between the CPU's threads (Pool; same bits). `tests/cpu_gemv.rs` in mlx-array checks them bit for bit against MLX's
 // matmul, addmm and quantized_matmul (dtypes, weight layouts, ragged sizes, 1 to 300 rows,
 // derivatives); the parity suites (`cargo xtask parity`) run every model through them.
 //
@@ -26,6 +27,11 @@
 #include "kernel_switch.h"
 
 #include <algorithm>
+#include <thread>
+#include <mutex>
+#include <memory>
+#include <condition_variable>
+#include <exception>
 #include <functional>
 #include <type_traits>
 #include <vector>
@@ -57,6 +63,108 @@ KernelSwitch g_switch("MLX_FAST_CPU_GEMV");
 // The mixture-of-experts products (try_cpu_gather_qmm): also need g_switch;
 // MLX_FAST_CPU_GATHER=0 leaves them to MLX.
 KernelSwitch g_gather("MLX_FAST_CPU_GATHER");
+
+// Splits one product's outputs between the CPU's cores. Each output is computed by the
+// same code wherever it runs, so the bits do not depend on the split. Threads: the
+// machine's (at most 16), or MLX_FAST_CPU_THREADS=N (1: every product on MLX's stream
+// thread alone, as before). One product at a time: a product arriving while another runs
+// (another CPU stream) runs alone on its own thread.
+class Pool {
+ public:
+  static Pool& get() {
+    // Leaked on purpose: its threads wait for work until the process ends.
+    static Pool* pool = new Pool(threads_wanted());
+    return *pool;
+  }
+
+  // f(i) for every i in [0, n), on the pool's threads and the calling one; returns when
+  // all are done.
+  void run(int n, const std::function<void(int)>& f) {
+    std::unique_lock<std::mutex> submit(submit_, std::try_to_lock);
+    if (workers_.empty() || n < 2 || !submit.owns_lock()) {
+      for (int i = 0; i < n; ++i) f(i);
+      return;
+    }
+    auto job = std::make_shared<Job>();
+    job->f = &f;
+    job->total = n;
+    {
+      std::lock_guard<std::mutex> g(m_);
+      job_ = job;
+      ++gen_;
+    }
+    work_.notify_all();
+    work_on(*job);
+    std::unique_lock<std::mutex> lk(m_);
+    done_.wait(lk, [&] { return job->completed.load() == job->total; });
+    job_.reset();
+    if (job->error) std::rethrow_exception(job->error);
+  }
+
+ private:
+  struct Job {
+    const std::function<void(int)>* f = nullptr;
+    int total = 0;
+    std::atomic<int> next{0};
+    std::atomic<int> completed{0};
+    // The first item's exception (rethrown on the calling thread), set under m_.
+    std::exception_ptr error;
+  };
+
+  static int threads_wanted() {
+    const long long hw = std::max(1u, std::thread::hardware_concurrency());
+    return static_cast<int>(std::clamp(env_count("MLX_FAST_CPU_THREADS", hw), 1ll, 16ll));
+  }
+
+  explicit Pool(int threads) {
+    for (int i = 1; i < threads; ++i) {
+      workers_.emplace_back([this] { loop(); });
+      workers_.back().detach();
+    }
+  }
+
+  // Claims and runs items of `job` until none is left. A worker late to a finished job
+  // only finds its counters past the end: it never calls a finished job's function.
+  void work_on(Job& job) {
+    for (int i; (i = job.next.fetch_add(1)) < job.total;) {
+      try {
+        (*job.f)(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> g(m_);
+        if (!job.error) job.error = std::current_exception();
+      }
+      if (job.completed.fetch_add(1) + 1 == job.total) {
+        std::lock_guard<std::mutex> g(m_);
+        done_.notify_all();
+      }
+    }
+  }
+
+  void loop() {
+    unsigned long long seen = 0;
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        work_.wait(lk, [&] { return gen_ != seen; });
+        seen = gen_;
+        job = job_;
+      }
+      if (job) work_on(*job);
+    }
+  }
+
+  std::mutex submit_;
+  std::mutex m_;
+  std::condition_variable work_, done_;
+  std::shared_ptr<Job> job_;
+  unsigned long long gen_ = 0;
+  std::vector<std::thread> workers_;
+};
+
+// Products with fewer multiply-adds than this stay on the calling thread (waking the
+// pool costs more than it saves).
+constexpr int64_t kParallelMin = 1 << 18;
 
 template <typename T>
 inline float to_f32(T v) {
@@ -478,63 +586,79 @@ void q_rows(int rows, XRow xrow, ORow orow, const uint8_t* wp, int n, int k, int
   const int g = k / gs;
   const int64_t wld = static_cast<int64_t>(k) * BITS / 8;  // bytes a row
   constexpr int kBlock = 8;
-  std::vector<float> sc(static_cast<size_t>(kBlock) * g), bi(static_cast<size_t>(kBlock) * g);
-  for (int j0 = 0; j0 < n; j0 += kBlock) {
-    const int block = std::min(kBlock, n - j0);
-    for (int64_t e = 0; e < static_cast<int64_t>(block) * g; ++e) {
-      sb(static_cast<int64_t>(j0) * g + e, &sc[e], &bi[e]);
-    }
-    for (int m = 0; m < rows;) {
+  // The blocks of eight weight rows from jb to je (exclusive, in weight rows).
+  auto blocks = [&](int jb, int je) {
+    std::vector<float> sc(static_cast<size_t>(kBlock) * g), bi(static_cast<size_t>(kBlock) * g);
+    for (int j0 = jb; j0 < je; j0 += kBlock) {
+      const int block = std::min(kBlock, n - j0);
+      for (int64_t e = 0; e < static_cast<int64_t>(block) * g; ++e) {
+        sb(static_cast<int64_t>(j0) * g + e, &sc[e], &bi[e]);
+      }
+      for (int m = 0; m < rows;) {
 #ifdef MLXS_X86
-      if (has_avx2() && block == kBlock) {
-        // Up to kQRows rows of x against these eight weight rows, each weight dequantized
-        // once for them.
-        const int nr = std::min(kQRows, rows - m);
-        const float* xs[kQRows];
-        float sums[kQRows][kBlock];
-        float* outs[kQRows];
-        for (int r = 0; r < nr; ++r) {
-          xs[r] = xrow(m + r);
-          outs[r] = sums[r];
+        if (has_avx2() && block == kBlock) {
+          // Up to kQRows rows of x against these eight weight rows, each weight dequantized
+          // once for them.
+          const int nr = std::min(kQRows, rows - m);
+          const float* xs[kQRows];
+          float sums[kQRows][kBlock];
+          float* outs[kQRows];
+          for (int r = 0; r < nr; ++r) {
+            xs[r] = xrow(m + r);
+            outs[r] = sums[r];
+          }
+          const uint8_t* wb = wp + j0 * wld;
+          switch (nr) {
+            case 16: qrows8_avx2<RND, BITS, 16>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 15: qrows8_avx2<RND, BITS, 15>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 14: qrows8_avx2<RND, BITS, 14>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 13: qrows8_avx2<RND, BITS, 13>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 12: qrows8_avx2<RND, BITS, 12>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 11: qrows8_avx2<RND, BITS, 11>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 10: qrows8_avx2<RND, BITS, 10>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 9: qrows8_avx2<RND, BITS, 9>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 8: qrows8_avx2<RND, BITS, 8>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 7: qrows8_avx2<RND, BITS, 7>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 6: qrows8_avx2<RND, BITS, 6>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 5: qrows8_avx2<RND, BITS, 5>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 4: qrows8_avx2<RND, BITS, 4>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 3: qrows8_avx2<RND, BITS, 3>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            case 2: qrows8_avx2<RND, BITS, 2>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+            default: qrows8_avx2<RND, BITS, 1>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
+          }
+          for (int r = 0; r < nr; ++r) {
+            T* o = orow(m + r);
+            for (int j = 0; j < kBlock; ++j) o[j0 + j] = static_cast<T>(sums[r][j]);
+          }
+          m += nr;
+          continue;
         }
-        const uint8_t* wb = wp + j0 * wld;
-        switch (nr) {
-          case 16: qrows8_avx2<RND, BITS, 16>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 15: qrows8_avx2<RND, BITS, 15>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 14: qrows8_avx2<RND, BITS, 14>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 13: qrows8_avx2<RND, BITS, 13>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 12: qrows8_avx2<RND, BITS, 12>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 11: qrows8_avx2<RND, BITS, 11>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 10: qrows8_avx2<RND, BITS, 10>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 9: qrows8_avx2<RND, BITS, 9>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 8: qrows8_avx2<RND, BITS, 8>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 7: qrows8_avx2<RND, BITS, 7>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 6: qrows8_avx2<RND, BITS, 6>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 5: qrows8_avx2<RND, BITS, 5>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 4: qrows8_avx2<RND, BITS, 4>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 3: qrows8_avx2<RND, BITS, 3>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          case 2: qrows8_avx2<RND, BITS, 2>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          default: qrows8_avx2<RND, BITS, 1>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-        }
-        for (int r = 0; r < nr; ++r) {
-          T* o = orow(m + r);
-          for (int j = 0; j < kBlock; ++j) o[j0 + j] = static_cast<T>(sums[r][j]);
-        }
-        m += nr;
-        continue;
-      }
 #endif
-      const float* xr = xrow(m);
-      float sums[kBlock];
-      for (int j = 0; j < block; ++j) {
-        sums[j] = qdot_in_order<RND, BITS>(xr, wp + (j0 + j) * wld, sc.data() + j * g,
-                                           bi.data() + j * g, k, gs);
+        const float* xr = xrow(m);
+        float sums[kBlock];
+        for (int j = 0; j < block; ++j) {
+          sums[j] = qdot_in_order<RND, BITS>(xr, wp + (j0 + j) * wld, sc.data() + j * g,
+                                             bi.data() + j * g, k, gs);
+        }
+        T* o = orow(m);
+        for (int j = 0; j < block; ++j) o[j0 + j] = static_cast<T>(sums[j]);
+        ++m;
       }
-      T* o = orow(m);
-      for (int j = 0; j < block; ++j) o[j0 + j] = static_cast<T>(sums[j]);
-      ++m;
     }
+  };
+  const int nblocks = (n + kBlock - 1) / kBlock;
+  const int64_t macs = static_cast<int64_t>(rows) * n * k;
+  Pool& pool = Pool::get();
+  const int parts = macs < kParallelMin ? 1 : std::min(nblocks, 4 * 16);
+  if (parts <= 1) {
+    blocks(0, n);
+    return;
   }
+  pool.run(parts, [&](int i) {
+    const int b0 = static_cast<int>(static_cast<int64_t>(nblocks) * i / parts);
+    const int b1 = static_cast<int>(static_cast<int64_t>(nblocks) * (i + 1) / parts);
+    blocks(b0 * kBlock, std::min(n, b1 * kBlock));
+  });
 }
 
 // Every row of x [..., k] as float (exact), row after row.
