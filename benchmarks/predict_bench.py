@@ -41,12 +41,7 @@ def passages(path, n, words):
         all_words = f.read().split()
     if not all_words:
         raise SystemExit(f"{path} has no text")
-    out = []
-    for i in range(n):
-        start = (i * words) % len(all_words)
-        ws = (all_words * 2)[start : start + words]
-        out.append(" ".join(ws))
-    return out
+    return [" ".join(all_words[(i * words + j) % len(all_words)] for j in range(words)) for i in range(n)]
 
 
 def body(g, passage, prediction=None, k=None):

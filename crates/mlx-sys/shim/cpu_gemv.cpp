@@ -13,9 +13,10 @@
 // roundings) and only vectorize across outputs: eight outputs' sums advance together, one
 // k at a time (AVX2 + F16C where the CPU has them, the weight rows transposed in registers
 // eight by eight); the quantized ones dequantize each weight once for up to 16 rows of x
-// and split a large product's outputs between the CPU's threads (Pool; same bits). `tests/cpu_gemv.rs` in mlx-array checks them bit for bit against MLX's
-// matmul, addmm and quantized_matmul (dtypes, weight layouts, ragged sizes, 1 to 300 rows,
-// derivatives); the parity suites (`cargo xtask parity`) run every model through them.
+// and split a large product's outputs between the CPU's threads (Pool; same bits).
+// `tests/cpu_gemv.rs` in mlx-array checks them bit for bit against MLX's matmul, addmm and
+// quantized_matmul (dtypes, weight layouts, ragged sizes, 1 to 300 rows, derivatives); the
+// parity suites (`cargo xtask parity`) run every model through them.
 //
 // They are used on Linux x86-64, where MLX's arithmetic is the one described, for CPU
 // matmuls x [..., M, K] @ b [K, N] (b any strides, any M) of float32, bfloat16 or float16
@@ -27,12 +28,12 @@
 #include "kernel_switch.h"
 
 #include <algorithm>
-#include <thread>
-#include <mutex>
-#include <memory>
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -77,11 +78,14 @@ class Pool {
     return *pool;
   }
 
+  // The threads that run a job: the workers and the calling one.
+  int threads() const { return threads_; }
+
   // f(i) for every i in [0, n), on the pool's threads and the calling one; returns when
   // all are done.
   void run(int n, const std::function<void(int)>& f) {
     std::unique_lock<std::mutex> submit(submit_, std::try_to_lock);
-    if (workers_.empty() || n < 2 || !submit.owns_lock()) {
+    if (threads_ == 1 || n < 2 || !submit.owns_lock()) {
       for (int i = 0; i < n; ++i) f(i);
       return;
     }
@@ -116,11 +120,8 @@ class Pool {
     return static_cast<int>(std::clamp(env_count("MLX_FAST_CPU_THREADS", hw), 1ll, 16ll));
   }
 
-  explicit Pool(int threads) {
-    for (int i = 1; i < threads; ++i) {
-      workers_.emplace_back([this] { loop(); });
-      workers_.back().detach();
-    }
+  explicit Pool(int threads) : threads_(threads) {
+    for (int i = 1; i < threads; ++i) std::thread([this] { loop(); }).detach();
   }
 
   // Claims and runs items of `job` until none is left. A worker late to a finished job
@@ -159,7 +160,7 @@ class Pool {
   std::condition_variable work_, done_;
   std::shared_ptr<Job> job_;
   unsigned long long gen_ = 0;
-  std::vector<std::thread> workers_;
+  const int threads_;
 };
 
 // Products with fewer multiply-adds than this stay on the calling thread (waking the
@@ -566,6 +567,19 @@ __attribute__((target("avx2,f16c"))) void qrows8_avx2(const float* const* x, con
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
 }
+
+// qrows8_avx2 for nr (1..R) rows of x.
+template <bool RND, int BITS, int R>
+__attribute__((target("avx2,f16c"))) void qrows8_avx2_up_to(int nr, const float* const* x,
+                                                       const uint8_t* w, int64_t wld,
+                                                       const float* sc, const float* bi,
+                                                       int g, int k, int gs,
+                                                       float* const* out) {
+  if constexpr (R > 1) {
+    if (nr < R) return qrows8_avx2_up_to<RND, BITS, R - 1>(nr, x, w, wld, sc, bi, g, k, gs, out);
+  }
+  qrows8_avx2<RND, BITS, R>(x, w, wld, sc, bi, g, k, gs, out);
+}
 #endif
 
 // Rows of x the vectorized kernel takes at once, each dequantized weight serving all of
@@ -579,7 +593,6 @@ constexpr int kQRows = 16;
 // element i of the weight's [n, k / gs] scales and biases as float (exact). Eight weight
 // rows at a time: their scales and biases converted once, then their outputs for every row
 // (kQRows rows of x at a time, each weight dequantized once for them).
-
 template <typename T, int BITS, typename XRow, typename ORow, typename SB>
 void q_rows(int rows, XRow xrow, ORow orow, const uint8_t* wp, int n, int k, int gs, SB sb) {
   constexpr bool RND = std::is_same_v<T, mx::bfloat16_t>;
@@ -608,24 +621,8 @@ void q_rows(int rows, XRow xrow, ORow orow, const uint8_t* wp, int n, int k, int
             outs[r] = sums[r];
           }
           const uint8_t* wb = wp + j0 * wld;
-          switch (nr) {
-            case 16: qrows8_avx2<RND, BITS, 16>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 15: qrows8_avx2<RND, BITS, 15>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 14: qrows8_avx2<RND, BITS, 14>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 13: qrows8_avx2<RND, BITS, 13>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 12: qrows8_avx2<RND, BITS, 12>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 11: qrows8_avx2<RND, BITS, 11>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 10: qrows8_avx2<RND, BITS, 10>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 9: qrows8_avx2<RND, BITS, 9>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 8: qrows8_avx2<RND, BITS, 8>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 7: qrows8_avx2<RND, BITS, 7>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 6: qrows8_avx2<RND, BITS, 6>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 5: qrows8_avx2<RND, BITS, 5>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 4: qrows8_avx2<RND, BITS, 4>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 3: qrows8_avx2<RND, BITS, 3>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            case 2: qrows8_avx2<RND, BITS, 2>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-            default: qrows8_avx2<RND, BITS, 1>(xs, wb, wld, sc.data(), bi.data(), g, k, gs, outs); break;
-          }
+          qrows8_avx2_up_to<RND, BITS, kQRows>(nr, xs, wb, wld, sc.data(), bi.data(), g, k, gs,
+                                                outs);
           for (int r = 0; r < nr; ++r) {
             T* o = orow(m + r);
             for (int j = 0; j < kBlock; ++j) o[j0 + j] = static_cast<T>(sums[r][j]);
@@ -646,10 +643,12 @@ void q_rows(int rows, XRow xrow, ORow orow, const uint8_t* wp, int n, int k, int
       }
     }
   };
+  // A few parts a thread, so that a thread slowed by other work delays little.
   const int nblocks = (n + kBlock - 1) / kBlock;
   const int64_t macs = static_cast<int64_t>(rows) * n * k;
   Pool& pool = Pool::get();
-  const int parts = macs < kParallelMin ? 1 : std::min(nblocks, 4 * 16);
+  const int parts =
+      macs < kParallelMin || pool.threads() == 1 ? 1 : std::min(nblocks, 4 * pool.threads());
   if (parts <= 1) {
     blocks(0, n);
     return;
