@@ -70,6 +70,8 @@
 #              ours / mlx-lm alternating, -p 512 -g 128
 #   structab   issue 20: gpu_structured.sh with --trials (STRUCT_TRIALS, 3) on the 0.5B and
 #              8B bf16 shapes (STRUCT_ONLY) at 1 and 32 streams, no profile lines
+#   smolab     issue 21: the real default model and one-change variants (float32 scales,
+#              float16, bfloat16 group 64) against mlx-lm (SMOL_VARIANTS, SMOL_ROUNDS)
 #   saveptx    MLX's kernel cache of this machine to $OUT/ptx-cache.tar.xz (carry it back as
 #              .gpu/ptx-cache.tar.xz for the next machine)
 #   structprof issue 20: gpu_structured.sh with the engine's profile lines every 32 steps
@@ -544,6 +546,32 @@ for PART in "$@"; do
           --predict $how --label "$m" >> "$D/stdout.txt" 2>&1
         echo "rc=$?" >> "$D/stdout.txt"
         kill $srv; wait $srv 2>/dev/null
+      done ;;
+    smolab)
+      # issue 21: the real default model (/root/stash/smollm2) and variants that change one
+      # thing each (benchmarks/smol_variants.py: f32s = float32 scales, f16 = float16
+      # weights and activations; requant_bf16.py: bf16g64), ours against mlx-lm, -p 128
+      # -g 128, SMOL_ROUNDS (2) rounds alternating, order flipped each round; SMOL_VARIANTS
+      S=/root/stash/smollm2; V=/root/smolvar
+      [ -f "$S/config.json" ] || { echo "== $S not staged" >> "$D/stdout.txt"; continue; }
+      if [ ! -f "$V/f16/config.json" ]; then
+        python3 benchmarks/smol_variants.py "$S" "$V" >> "$D/stdout.txt" 2>&1
+        python3 benchmarks/requant_bf16.py "$S" "$V/bf16g64" >> "$D/stdout.txt" 2>&1
+      fi
+      r=0
+      while [ $r -lt "${SMOL_ROUNDS:-2}" ]; do
+        order=(ours mlx-lm); [ $((r % 2)) = 1 ] && order=(mlx-lm ours)
+        for v in ${SMOL_VARIANTS:-orig f32s f16 bf16g64}; do
+          M=$V/$v; [ "$v" = orig ] && M=$S
+          for arm in "${order[@]}"; do
+            [ "$(left)" -lt 30 ] && break 3
+            cmd=("$NEW/mlx-benchmark"); [ "$arm" = mlx-lm ] && cmd=(python3 -m mlx_lm benchmark)
+            echo "## round=$r variant=$v arm=$arm" >> "$D/stdout.txt"
+            timeout 100 "${cmd[@]}" --model "$M" -p 128 -g 128 -b 1 -n 2 >> "$D/stdout.txt" 2>&1
+            echo "rc=$?" >> "$D/stdout.txt"
+          done
+        done
+        r=$((r + 1))
       done ;;
     *) echo "unknown part $PART" > "$D/stdout.txt" ;;
   esac

@@ -88,11 +88,13 @@ impl QuantizedEmbedding {
     /// The table used as a quantized linear layer (tied heads).
     #[track_caller]
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        let (scales, biases) =
+            crate::quantized_operands(x, &self.scales, self.biases.as_ref(), self.spec)?;
         quantized_matmul(
             x,
             &self.weight,
-            &self.scales,
-            self.biases.as_ref().map(|b| b.value()),
+            &scales,
+            biases.as_ref(),
             true,
             Some(self.spec.group_size),
             Some(self.spec.bits),

@@ -6,7 +6,7 @@ use crate::quantize::QuantSpec;
 use crate::variants::{pack, unpack};
 use mlx_array::quant::{
     quantized_matmul, quantized_matmul_add, quantized_matmul_many, quantized_matmul_swiglu, GateUp,
-    QuantizedWeight,
+    QuantMode, QuantizedWeight,
 };
 use mlx_array::{ops, Array, Dtype, Result};
 
@@ -87,15 +87,46 @@ crate::impl_module!(QuantizedLinear {
     bias
 });
 
+/// The scales and biases an affine quantized product of `x` reads: for float32 `x` and
+/// float16 / bfloat16 scales, their float32 casts kept by the parameters
+/// ([`Param::cast`]) instead of a cast node per operand per call. MLX's
+/// `quantized_matmul` / `gather_qmm` cast them to the promoted dtype themselves, so the
+/// product is the same array either way. The casts cost their memory for as long as the
+/// layer lives (twice the scales and biases); `MLX_QUANT_CAST_ONCE=0` (read once) casts
+/// on every call instead.
+pub fn quantized_operands(
+    x: &Array,
+    scales: &Param,
+    biases: Option<&Param>,
+    spec: QuantSpec,
+) -> Result<(Array, Option<Array>)> {
+    let half = |d: Dtype| matches!(d, Dtype::Float16 | Dtype::Bfloat16);
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("MLX_QUANT_CAST_ONCE").map_or(true, |v| v != "0"));
+    let widen = on
+        && spec.mode == QuantMode::Affine
+        && x.dtype() == Dtype::Float32
+        && half(scales.dtype())
+        && biases.is_none_or(|b| b.dtype() == scales.dtype());
+    if !widen {
+        return Ok((scales.value().clone(), biases.map(|b| b.value().clone())));
+    }
+    Ok((
+        scales.cast(Dtype::Float32)?,
+        biases.map(|b| b.cast(Dtype::Float32)).transpose()?,
+    ))
+}
+
 impl QuantizedLinear {
     /// `quantized_matmul(x, W, scales, biases, transpose=True) (+ bias)`.
     #[track_caller]
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        let (scales, biases) = self.operands(x)?;
         let y = quantized_matmul(
             x,
             &self.weight,
-            &self.scales,
-            self.biases.as_ref().map(|b| b.value()),
+            &scales,
+            biases.as_ref(),
             true,
             Some(self.spec.group_size),
             Some(self.spec.bits),
@@ -104,12 +135,18 @@ impl QuantizedLinear {
         self.add_bias(y)
     }
 
-    /// The packed weight with its scales and affine biases (`None` in the other modes).
-    fn packed(&self) -> QuantizedWeight<'_> {
+    /// The scales and affine biases (`None` in the other modes) to multiply `x` with
+    /// (see [`quantized_operands`]).
+    fn operands(&self, x: &Array) -> Result<(Array, Option<Array>)> {
+        quantized_operands(x, &self.scales, self.biases.as_ref(), self.spec)
+    }
+
+    /// The packed weight with `operands` (from [`QuantizedLinear::operands`]).
+    fn packed<'a>(&'a self, operands: &'a (Array, Option<Array>)) -> QuantizedWeight<'a> {
         QuantizedWeight {
             weight: self.weight.value(),
-            scales: self.scales.value(),
-            biases: self.biases.as_ref().map(|b| b.value()),
+            scales: &operands.0,
+            biases: operands.1.as_ref(),
         }
     }
 
@@ -305,16 +342,19 @@ impl LinearLayer {
             LinearLayer::Dense(d) if d.bias.is_none() => {
                 mlx_array::fast::matmul_add(x, &d.weight.transposed()?, residual)
             }
-            LinearLayer::Quantized(q) if q.bias.is_none() => quantized_matmul_add(
-                x,
-                &q.weight,
-                &q.scales,
-                q.biases.as_ref().map(|b| b.value()),
-                residual,
-                Some(q.spec.group_size),
-                Some(q.spec.bits),
-                q.spec.mode,
-            ),
+            LinearLayer::Quantized(q) if q.bias.is_none() => {
+                let (scales, biases) = q.operands(x)?;
+                quantized_matmul_add(
+                    x,
+                    &q.weight,
+                    &scales,
+                    biases.as_ref(),
+                    residual,
+                    Some(q.spec.group_size),
+                    Some(q.spec.bits),
+                    q.spec.mode,
+                )
+            }
             _ => residual.add(&self.forward(x)?),
         }
     }
@@ -342,7 +382,15 @@ impl LinearLayer {
             return layers.iter().map(|l| l.forward(x)).collect();
         }
         let spec = quantized[0].spec;
-        let weights: Vec<QuantizedWeight<'_>> = quantized.iter().map(|q| q.packed()).collect();
+        let operands = quantized
+            .iter()
+            .map(|q| q.operands(x))
+            .collect::<Result<Vec<_>>>()?;
+        let weights: Vec<QuantizedWeight<'_>> = quantized
+            .iter()
+            .zip(&operands)
+            .map(|(q, o)| q.packed(o))
+            .collect();
         let ys = quantized_matmul_many(
             x,
             &weights,
@@ -368,10 +416,11 @@ impl LinearLayer {
                 if g.spec == u.spec && g.bias.is_none() && u.bias.is_none() =>
             {
                 let spec = g.spec;
+                let (go, uo) = (g.operands(x)?, u.operands(x)?);
                 match quantized_matmul_swiglu(
                     x,
-                    g.packed(),
-                    u.packed(),
+                    g.packed(&go),
+                    u.packed(&uo),
                     Some(spec.group_size),
                     Some(spec.bits),
                     spec.mode,

@@ -17,6 +17,8 @@ pub struct Param {
     /// the value changes, so a linear layer adds no transpose node to every forward (see
     /// [`Param::transposed`]).
     transposed: std::cell::RefCell<Option<(std::thread::ThreadId, Array)>>,
+    /// `value` cast to another dtype and the thread that made it (see [`Param::cast`]).
+    cast: std::cell::RefCell<Option<(std::thread::ThreadId, Dtype, Array)>>,
     /// Unique to this value: a new one on every [`Param::set`] (see [`Param::id`]).
     id: u64,
 }
@@ -33,6 +35,7 @@ impl Param {
             value,
             frozen: false,
             transposed: std::cell::RefCell::new(None),
+            cast: std::cell::RefCell::new(None),
             id: next_param_id(),
         }
     }
@@ -43,6 +46,7 @@ impl Param {
             value,
             frozen: true,
             transposed: std::cell::RefCell::new(None),
+            cast: std::cell::RefCell::new(None),
             id: next_param_id(),
         }
     }
@@ -56,6 +60,7 @@ impl Param {
     pub fn set(&mut self, value: Array) {
         self.value = value;
         self.transposed = std::cell::RefCell::new(None);
+        self.cast = std::cell::RefCell::new(None);
         self.id = next_param_id();
     }
 
@@ -85,6 +90,31 @@ impl Param {
         Ok(t)
     }
 
+    /// `value.astype(dtype)`, made once and reused (like [`Param::transposed`]) while
+    /// the value is an evaluated array: an affine quantized product with float32
+    /// activations casts its float16 / bfloat16 scales and biases to float32 on every
+    /// call (MLX's `quantized_matmul` does), one cast node per operand per step; handing
+    /// it this array instead gives the same bits without them. Costs the cast copy's
+    /// memory for as long as the parameter keeps its value. An unevaluated value (a
+    /// lazy load, a traced copy) is cast afresh each call.
+    #[track_caller]
+    pub fn cast(&self, dtype: Dtype) -> mlx_array::Result<Array> {
+        if self.value.dtype() == dtype {
+            return Ok(self.value.clone());
+        }
+        let me = std::thread::current().id();
+        if let Some((tid, d, a)) = self.cast.borrow().as_ref() {
+            if *tid == me && *d == dtype {
+                return Ok(a.clone());
+            }
+        }
+        let a = self.value.astype(dtype)?;
+        if self.value.is_available() {
+            *self.cast.borrow_mut() = Some((me, dtype, a.clone()));
+        }
+        Ok(a)
+    }
+
     /// Points this parameter at `value` in place, through a shared borrow (see
     /// [`Array::assign`]): gradient checkpointing ([`crate::checkpoint`]) hands a layer's
     /// recomputation MLX's traced copies of its parameters this way while the model is
@@ -93,6 +123,7 @@ impl Param {
     pub fn retarget(&self, value: &Array) {
         self.value.assign(value);
         *self.transposed.borrow_mut() = None;
+        *self.cast.borrow_mut() = None;
     }
 
     /// Whether the parameter is frozen.

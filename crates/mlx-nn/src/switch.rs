@@ -102,11 +102,13 @@ impl QuantizedSwitchLinear {
     /// `gather_qmm(x, W, scales, biases, rhs_indices=indices, transpose=True)`.
     #[track_caller]
     pub fn forward(&self, x: &Array, indices: &Array, sorted_indices: bool) -> Result<Array> {
+        let (scales, biases) =
+            crate::quantized_operands(x, &self.scales, self.biases.as_ref(), self.spec)?;
         let y = gather_qmm(
             x,
             &self.weight,
-            &self.scales,
-            self.biases.as_ref().map(|b| b.value()),
+            &scales,
+            biases.as_ref(),
             None,
             Some(indices),
             true,

@@ -56,16 +56,20 @@ impl MultiLinear {
                 scales,
                 biases,
                 spec,
-            } => quantized_matmul(
-                x,
-                weight,
-                scales,
-                biases.as_ref().map(|b| b.value()),
-                transpose,
-                Some(spec.group_size),
-                Some(spec.bits),
-                spec.mode,
-            ),
+            } => {
+                let (scales, biases) =
+                    mlx_nn::quantized_operands(x, scales, biases.as_ref(), *spec)?;
+                quantized_matmul(
+                    x,
+                    weight,
+                    &scales,
+                    biases.as_ref(),
+                    transpose,
+                    Some(spec.group_size),
+                    Some(spec.bits),
+                    spec.mode,
+                )
+            }
         }
     }
 }
