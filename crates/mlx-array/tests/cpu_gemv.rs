@@ -87,6 +87,10 @@ fn matmul_is_mlx_bit_for_bit() {
             (1, 257, 1000),
             (128, 64, 40),
             (300, 33, 9),
+            // Large enough to be split between threads: by columns (few rows), by rows.
+            (1, 512, 1000),
+            (5, 300, 1001),
+            (64, 96, 130),
         ] {
             seed += 1;
             let x = normal(&[1, m, k], dtype, seed);
@@ -113,8 +117,11 @@ fn matmul_is_mlx_bit_for_bit() {
 #[test]
 fn addmm_is_mlx_bit_for_bit() {
     let Some(_g) = serial() else { return };
-    for dtype in DTYPES {
-        let (m, k, n) = (3, 96, 40);
+    // The second shape is split between threads.
+    for ((m, k, n), dtype) in [(3, 96, 40), (6, 256, 520)]
+        .into_iter()
+        .flat_map(|s| DTYPES.into_iter().map(move |d| (s, d)))
+    {
         let x = normal(&[m, k], dtype, 1);
         let wt = normal(&[n, k], dtype, 2).transpose(None).unwrap();
         let kn = normal(&[k, n], dtype, 5);

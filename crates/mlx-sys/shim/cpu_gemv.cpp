@@ -281,24 +281,25 @@ bool has_avx2() {
 }
 #endif
 
-// All N sums of R rows of x (row r at x + r * k, its sums at out + r * n, each starting
+// All N sums of R rows of x (row r at x + r * k, its sums at out + r * os, each starting
 // from its value there): b(k, n) at b[k * sk + n * sn].
 template <typename T, int R>
-void row_sums(const float* x, const T* b, int64_t sk, int64_t sn, int k, int n, float* out) {
+void row_sums(const float* x, const T* b, int64_t sk, int64_t sn, int k, int n, float* out,
+              int64_t os) {
   int j = 0;
 #ifdef MLXS_X86
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, mx::bfloat16_t> ||
                 std::is_same_v<T, mx::float16_t>) {
     if (has_avx2() && sk == 1) {
-      for (; j + 8 <= n; j += 8) rows8_avx2<T, R>(x, k, b + j * sn, sn, k, out + j, n);
+      for (; j + 8 <= n; j += 8) rows8_avx2<T, R>(x, k, b + j * sn, sn, k, out + j, os);
     } else if (has_avx2() && sn == 1) {
-      for (; j + 8 <= n; j += 8) cols8_avx2<T, R>(x, k, b + j, sk, k, out + j, n);
+      for (; j + 8 <= n; j += 8) cols8_avx2<T, R>(x, k, b + j, sk, k, out + j, os);
     }
   }
 #endif
   for (int r = 0; r < R; ++r) {
     for (int jj = j; jj < n; ++jj) {
-      out[r * n + jj] = dot_in_order<T>(out[r * n + jj], x + r * k, b + jj * sn, sk, k);
+      out[r * os + jj] = dot_in_order<T>(out[r * os + jj], x + r * k, b + jj * sn, sk, k);
     }
   }
 }
@@ -336,13 +337,12 @@ void run(const mx::array& a, const mx::array& b, const mx::array* c, mx::array& 
   const T* ap = a.data<T>();
   const T* bp = b.data<T>();
   T* op = out.data<T>();
-  std::vector<float> xrows(static_cast<size_t>(kRowBlock) * k);
-  std::vector<float> sums(static_cast<size_t>(kRowBlock) * n);
+  const int64_t sk = b.strides()[0];
+  const int64_t sn = b.strides()[1];
   // Where the bias goes: MLX's bfloat16 / float16 gemm adds it to the finished sum; for
   // float32 the reference BLAS does too when it takes b as transposed (b's strides
   // [1, K], a linear layer's W.T), and otherwise starts each sum from it.
-  const bool bias_first =
-      std::is_same_v<T, float> && !(b.strides()[0] == 1 && b.strides()[1] == k);
+  const bool bias_first = std::is_same_v<T, float> && !(sk == 1 && sn == k);
   // The bias's strides broadcast to the output's shape.
   mx::Strides cs(out.ndim(), 0);
   if (c != nullptr) {
@@ -354,27 +354,33 @@ void run(const mx::array& a, const mx::array& b, const mx::array* c, mx::array& 
   auto bias = [&](int m, int j) {
     return to_f32(c->data<T>()[offset_of(static_cast<int64_t>(m) * n + j, out.shape(), cs)]);
   };
-  for (int m0 = 0; m0 < rows; m0 += kRowBlock) {
-    const int block = std::min(kRowBlock, rows - m0);
+  const bool adense = a.flags().row_contiguous;
+  // Rows m0..m0+block of a as float at x, their sums' starting values at sums (row
+  // stride n).
+  auto start = [&](int m0, int block, float* x, float* sums) {
     for (int r = 0; r < block; ++r) {
       const int64_t m = m0 + r;
-      const bool adense = a.flags().row_contiguous;
       for (int kk = 0; kk < k; ++kk) {
         const int64_t e = m * k + kk;
-        xrows[r * k + kk] = to_f32(adense ? ap[e] : ap[offset_of(e, a.shape(), a.strides())]);
+        x[r * k + kk] = to_f32(adense ? ap[e] : ap[offset_of(e, a.shape(), a.strides())]);
       }
       for (int j = 0; j < n; ++j) {
         sums[r * n + j] = (c != nullptr && bias_first) ? bias(m0 + r, j) : 0.0f;
       }
     }
+  };
+  // Columns j0..j1 of rows m0..m0+block: kRowBlock rows a pass, each output's sum the
+  // same code (and bits) whichever rows and columns a call covers.
+  auto sums_of = [&](int block, const float* x, float* sums, int j0, int j1) {
     if (block == kRowBlock) {
-      row_sums<T, kRowBlock>(xrows.data(), bp, b.strides()[0], b.strides()[1], k, n, sums.data());
+      row_sums<T, kRowBlock>(x, bp + j0 * sn, sk, sn, k, j1 - j0, sums + j0, n);
     } else {
       for (int r = 0; r < block; ++r) {
-        row_sums<T, 1>(xrows.data() + r * k, bp, b.strides()[0], b.strides()[1], k, n,
-                       sums.data() + r * n);
+        row_sums<T, 1>(x + r * k, bp + j0 * sn, sk, sn, k, j1 - j0, sums + r * n + j0, n);
       }
     }
+  };
+  auto finish = [&](int m0, int block, const float* sums) {
     for (int r = 0; r < block; ++r) {
       for (int j = 0; j < n; ++j) {
         float s = sums[r * n + j];
@@ -382,7 +388,51 @@ void run(const mx::array& a, const mx::array& b, const mx::array* c, mx::array& 
         op[static_cast<int64_t>(m0 + r) * n + j] = static_cast<T>(s);
       }
     }
+  };
+  // The row blocks bb..be, one after another, with buffers of their own.
+  auto row_blocks = [&](int bb, int be) {
+    std::vector<float> x(static_cast<size_t>(kRowBlock) * k);
+    std::vector<float> sums(static_cast<size_t>(kRowBlock) * n);
+    for (int i = bb; i < be; ++i) {
+      const int m0 = i * kRowBlock;
+      const int block = std::min(kRowBlock, rows - m0);
+      start(m0, block, x.data(), sums.data());
+      sums_of(block, x.data(), sums.data(), 0, n);
+      finish(m0, block, sums.data());
+    }
+  };
+  const int nblocks = (rows + kRowBlock - 1) / kRowBlock;
+  const int64_t macs = static_cast<int64_t>(rows) * n * k;
+  Pool& pool = Pool::get();
+  if (macs < kParallelMin || pool.threads() == 1) {
+    row_blocks(0, nblocks);
+    return;
   }
+  if (nblocks >= 2 * pool.threads()) {
+    // Many rows (a prefill): a few runs of row blocks a thread.
+    const int parts = std::min(nblocks, 4 * pool.threads());
+    pool.run(parts, [&](int i) {
+      row_blocks(static_cast<int>(static_cast<int64_t>(nblocks) * i / parts),
+                 static_cast<int>(static_cast<int64_t>(nblocks) * (i + 1) / parts));
+    });
+    return;
+  }
+  // Few rows (decoding): every row at once, its columns split in runs of eight.
+  std::vector<float> x(static_cast<size_t>(rows) * k);
+  std::vector<float> sums(static_cast<size_t>(rows) * n);
+  start(0, rows, x.data(), sums.data());
+  const int ncols = (n + 7) / 8;
+  const int parts = std::min(ncols, 4 * pool.threads());
+  pool.run(parts, [&](int i) {
+    const int j0 = 8 * static_cast<int>(static_cast<int64_t>(ncols) * i / parts);
+    const int j1 = std::min(n, 8 * static_cast<int>(static_cast<int64_t>(ncols) * (i + 1) / parts));
+    for (int m0 = 0; m0 < rows; m0 += kRowBlock) {
+      const int block = std::min(kRowBlock, rows - m0);
+      sums_of(block, x.data() + static_cast<int64_t>(m0) * k, sums.data() + static_cast<int64_t>(m0) * n,
+              j0, j1);
+    }
+  });
+  finish(0, rows, sums.data());
 }
 
 class RowMatmul : public mx::UnaryPrimitive {
