@@ -36,8 +36,9 @@ struct Args {
     /// Number of tokens to draft when using speculative decoding.
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     num_draft_tokens: i64,
-    /// Speculating requests go on without drafts (not in mlx-lm) once fewer than this
-    /// share (0 to 1) of the drafts of their last 8 rounds were accepted; 0: never
+    /// Requests speculating with the draft model go on without drafts (not in mlx-lm)
+    /// once fewer than this share (0 to 1) of the drafts of their last 8 rounds were
+    /// accepted; 0: never (a prediction's drafts are verified only when they pay)
     #[arg(long, value_name = "F", default_value_t = mlx_server::config::DEFAULT_DRAFT_MIN_ACCEPTANCE, allow_negative_numbers = true)]
     draft_min_acceptance: f64,
     /// Speculating requests go on without drafts (not in mlx-lm) while more than this

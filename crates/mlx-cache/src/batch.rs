@@ -293,13 +293,63 @@ pub(crate) fn row(x: &Array, i: i32) -> Result<Array> {
 
 /// mlx-lm's `dynamic_roll(x, shifts[:, None], axis=2)`: row `b` of `x` (`[B, H, T, D]`)
 /// rolled by `shifts[b]` positions along the sequence axis.
+/// On the CPU each rolled row is its two slices concatenated (copies at memory speed, the
+/// same values; MLX's CPU gather over a `[B, H, T, D]` cache is ~10x slower: a
+/// speculative step's rejected drafts roll every layer's cache); on a GPU one gather
+/// (one kernel, where the slices would be ~3 nodes a row).
 #[track_caller]
 pub(crate) fn dynamic_roll(x: &Array, shifts: &[i32]) -> Result<Array> {
+    if on_cpu() {
+        return roll_rows(x, shifts);
+    }
+    roll_gather(x, shifts)
+}
+
+/// [`dynamic_roll`] as mlx-lm computes it: one gather.
+fn roll_gather(x: &Array, shifts: &[i32]) -> Result<Array> {
     let n = x.dim(2)?;
     let positions = arange(0.0, n as f64, 1.0, Dtype::Int32)?.expand_dims(&[1])?;
     let shifts = int_array(shifts)?.reshape(&[-1, 1, 1, 1])?;
     let idx = positions.subtract(&shifts)?.remainder(n)?;
     x.take_along_axis(&idx, 2)
+}
+
+/// Whether this thread's operations run on the CPU.
+fn on_cpu() -> bool {
+    let device = mlx_array::current_stream()
+        .device()
+        .or_else(|| mlx_array::Device::default_device().ok());
+    device.is_some_and(|d| d.kind == mlx_array::DeviceType::Cpu)
+}
+
+/// [`dynamic_roll`] by slices: row `b` becomes `x[b, :, T - s:]` then `x[b, :, :T - s]`
+/// for its shift `s` (mod `T`).
+fn roll_rows(x: &Array, shifts: &[i32]) -> Result<Array> {
+    let n = x.dim(2)?;
+    if shifts.len() != x.dim(0)? as usize {
+        return Err(mlx_array::Error::InvalidArgument(format!(
+            "dynamic_roll: {} shifts for {} rows",
+            shifts.len(),
+            x.dim(0)?
+        )));
+    }
+    if n == 0 || shifts.iter().all(|s| s.rem_euclid(n) == 0) {
+        return Ok(x.clone());
+    }
+    let shape = x.shape();
+    let (h, d) = (shape[1], shape[3]);
+    let mut rows = Vec::with_capacity(shifts.len());
+    for (b, s) in (0i32..).zip(shifts) {
+        let s = s.rem_euclid(n);
+        let part = |from: i32, to: i32| x.slice(&[b, 0, from, 0], &[b + 1, h, to, d], None);
+        rows.push(if s == 0 {
+            part(0, n)?
+        } else {
+            mlx_array::concatenate(&[&part(n - s, n)?, &part(0, n - s)?], 2)?
+        });
+    }
+    let refs: Vec<&Array> = rows.iter().collect();
+    mlx_array::concatenate(&refs, 0)
 }
 
 /// Checks mlx-lm's `prepare` arguments against the batch size.
@@ -614,4 +664,29 @@ impl KvCache for BatchKVCache {
     }
 
     kv_pair_methods!("BatchKVCache");
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a test fails by panicking
+    use super::*;
+
+    #[test]
+    fn rolling_by_slices_equals_mlx_lm_s_gather() {
+        let x = arange(0.0, 3.0 * 2.0 * 7.0 * 4.0, 1.0, Dtype::Float32)
+            .unwrap()
+            .reshape(&[3, 2, 7, 4])
+            .unwrap();
+        for shifts in [[0, 0, 0], [1, 0, 3], [7, 2, 6], [0, 9, 1]] {
+            let a = roll_rows(&x, &shifts).unwrap();
+            let b = roll_gather(&x, &shifts).unwrap();
+            assert_eq!(a.shape(), b.shape());
+            assert_eq!(
+                a.to_vec::<f32>().unwrap(),
+                b.to_vec::<f32>().unwrap(),
+                "{shifts:?}"
+            );
+        }
+        assert!(roll_rows(&x, &[1, 2]).is_err());
+    }
 }

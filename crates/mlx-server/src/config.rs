@@ -83,13 +83,18 @@ pub struct ServerConfig {
     /// `--num-draft-tokens` (default 3): tokens drafted per round by the draft model.
     pub num_draft_tokens: usize,
     /// `--draft-min-acceptance` (ours, default [`DEFAULT_DRAFT_MIN_ACCEPTANCE`]): a
-    /// speculating request whose drafts' acceptance over its last 8 rounds falls below
-    /// this decodes plainly from there (0: never).
+    /// request speculating with the draft model whose drafts' acceptance over its last 8
+    /// rounds falls below this decodes plainly from there (0: never). A prediction's
+    /// rows stay; each step verifies as many of their drafts as pay.
     pub draft_min_acceptance: f64,
     /// `--draft-max-batch` (ours, default [`DEFAULT_DRAFT_MAX_BATCH`]): while more rows
     /// than this decode (speculating and plain), speculating requests decode plainly
     /// from there (0: never).
     pub draft_max_batch: usize,
+    /// Verify every draft of an OpenAI prediction in every step (no flag: tests and
+    /// embedders; by default a step verifies as many as pay, see
+    /// `mlx_engine::batch::EngineOptions::verify_all_prediction_drafts`).
+    pub verify_all_prediction_drafts: bool,
     /// The draft model's name (`--draft-model`, or a pool model's `draft_model`) when
     /// one is loaded: requests speculate with it unless they name another (400).
     pub draft_model: Option<String>,
@@ -148,6 +153,7 @@ impl Default for ServerConfig {
             num_draft_tokens: 3,
             draft_min_acceptance: DEFAULT_DRAFT_MIN_ACCEPTANCE,
             draft_max_batch: DEFAULT_DRAFT_MAX_BATCH,
+            verify_all_prediction_drafts: false,
             draft_model: None,
         }
     }

@@ -502,6 +502,7 @@ impl Pool {
             },
             draft_min_acceptance: cfg.draft_min_acceptance,
             draft_max_batch: cfg.draft_max_batch,
+            verify_all_prediction_drafts: cfg.verify_all_prediction_drafts,
         };
         let engine = Engine::start(model, draft, opts, Arc::clone(self.metrics.engine()))?;
         Ok(AppState {

@@ -76,6 +76,11 @@ pub struct EngineOptions {
     /// rows leave their batch and decode plainly, for good (0: never; see
     /// [`crate::speculative::check_max_batch`]).
     pub draft_max_batch: usize,
+    /// Verify every draft a prediction gives (OpenAI predicted outputs) in every step.
+    /// By default each step verifies as many as pay for their positions in the
+    /// batched forward, from the step times measured ([`SpecBatch`]'s width,
+    /// `batch/width.rs`): the same tokens either way.
+    pub verify_all_prediction_drafts: bool,
 }
 
 /// Work on the model that runs on the engine thread between steps (see
@@ -190,10 +195,10 @@ impl Engine {
                     opts.draft_min_acceptance,
                     opts.draft_max_batch,
                 )),
-                predicting: Box::new(SpecBatch::new(
-                    opts.draft_min_acceptance,
-                    opts.draft_max_batch,
-                )),
+                predicting: Box::new(
+                    SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch)
+                        .verifying_all(opts.verify_all_prediction_drafts),
+                ),
             }
         } else {
             Stages::Alone(Alone::default())

@@ -53,6 +53,7 @@ use super::decode::{cache_err, merge_caches};
 use super::request::{DraftFrom, SeqId};
 use super::sequence::Sequence;
 use super::stage::{Leave, Left, Outcome, Stage};
+use super::width::{Acceptance, Width};
 use crate::error::{EngineError, Result};
 use crate::speculative::{lookup_draft, AcceptancePolicy};
 use crate::step;
@@ -83,6 +84,8 @@ struct Row {
     accepted: u64,
     /// Its acceptance over the last rounds.
     policy: AcceptancePolicy,
+    /// Its drafts' acceptance rate, for the width of a prediction batch's steps.
+    acceptance: Acceptance,
     /// Why it stops speculating: it leaves at [`SpecBatch::step_aside`].
     aside: Option<Aside>,
 }
@@ -123,6 +126,13 @@ pub(crate) struct SpecBatch {
     max_batch: usize,
     /// The rows decoding when [`SpecBatch::over_batch`] last marked rows (for the log).
     running: usize,
+    /// Without a draft model (drafts from predictions): the step-time model that picks
+    /// each step's width ([`Width`]), made at the first such step.
+    width: Option<Width>,
+    /// Verify every draft instead (no width model).
+    all_drafts: bool,
+    /// The rows of the last step.
+    last_rows: usize,
 }
 
 /// Rows that stepped aside from speculation, to join the plain decode batch.
@@ -149,6 +159,13 @@ impl SpecBatch {
             max_batch,
             ..SpecBatch::default()
         }
+    }
+
+    /// Drafts from predictions all verified (`true`), or as many as pay (`false`, the
+    /// default; see [`Width`]).
+    pub fn verifying_all(mut self, all: bool) -> SpecBatch {
+        self.all_drafts = all;
+        self
     }
 
     /// With `running` rows decoding (speculating and plain), whether they are more than
@@ -233,6 +250,7 @@ impl SpecBatch {
                 drafted: 0,
                 accepted: 0,
                 policy: AcceptancePolicy::new(self.min_acceptance),
+                acceptance: Acceptance::default(),
                 aside: None,
             });
             if draft.is_some() {
@@ -384,18 +402,42 @@ impl SpecBatch {
                 (self.draft_with_model(d, k, &caps)?, caps.clone())
             }
             None => {
-                let d: Vec<Vec<u32>> = self
+                let mut d: Vec<Vec<u32>> = self
                     .rows
                     .iter()
                     .zip(&caps)
                     .map(|(r, &cap)| r.lookup(cap))
                     .collect();
+                // Drafts from predictions cost nothing to make: verify as many as pay
+                // for their positions (see `Width`).
+                let w = if self.all_drafts {
+                    usize::MAX
+                } else {
+                    let rates: Vec<(f64, usize)> = self
+                        .rows
+                        .iter()
+                        .zip(&d)
+                        .map(|(r, d)| (r.acceptance.rate(), d.len()))
+                        .collect();
+                    self.width
+                        .get_or_insert_with(Width::for_default_device)
+                        .choose(&rates)
+                };
+                for x in &mut d {
+                    x.truncate(w);
+                }
                 let lens = d.iter().map(Vec::len).collect();
                 (d, lens)
             }
         };
         let k = drafts.iter().map(Vec::len).max().unwrap_or(0);
         let l = k + 1;
+        // A prediction batch times its verification alone (for its width model): what
+        // is queued before it (the plain batch's step, a prefill chunk) finishes first.
+        if draft.is_none() && !self.all_drafts {
+            mlx_array::current_stream().synchronize()?;
+        }
+        let started = std::time::Instant::now();
         let mut flat = Vec::with_capacity(b * l);
         for (r, d) in self.rows.iter().zip(&drafts) {
             flat.push(r.y);
@@ -479,6 +521,26 @@ impl SpecBatch {
         if draft.is_some() && k > 0 {
             self.keep_drafted(&keep, &drafts, k, lagged)?;
         }
+        if draft.is_none() && !self.all_drafts {
+            // The rows' rejected drafts rolled every layer's cache: evaluated here, so
+            // the width model charges them to the step that caused them.
+            if keep.iter().any(|&a| a != most) {
+                let state: Vec<Array> =
+                    self.cache.layers().iter().flat_map(|c| c.state()).collect();
+                let refs: Vec<&Array> = state.iter().collect();
+                transforms::eval(&refs)?;
+            }
+            // Not the first step of a new set of rows (which also evaluates the caches'
+            // joins and filters).
+            let same_rows = std::mem::replace(&mut self.last_rows, b) == b;
+            if let (true, Some(w)) = (same_rows, self.width.as_mut()) {
+                w.observe(b * l, started.elapsed().as_secs_f64());
+            }
+        }
+        tracing::trace!(
+            "speculative: {b} row(s) of {l} position(s) verified in {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
         let v = logprobs.dim(2)?;
         let mut out = Vec::with_capacity(b * (most + 1));
         let mut round = Round {
@@ -491,7 +553,11 @@ impl SpecBatch {
             }
             round.drafted += lens[r] as u64;
             row.drafted += lens[r] as u64;
-            if row.policy.record(lens[r], keep[r]).is_some() {
+            row.acceptance.record(lens[r], keep[r]);
+            // A row drafting from its prediction never steps aside for its acceptance:
+            // its drafts cost nothing and the width leaves them out when they do not
+            // pay, while a row aside would cost a forward of its own each step.
+            if draft.is_some() && row.policy.record(lens[r], keep[r]).is_some() {
                 row.aside.get_or_insert(Aside::Acceptance);
             }
             if let Some(e) = failed[r].take() {

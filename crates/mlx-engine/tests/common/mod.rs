@@ -81,6 +81,7 @@ pub fn opts() -> EngineOptions {
         preload: Vec::new(),
         draft_min_acceptance: 0.0,
         draft_max_batch: 0,
+        verify_all_prediction_drafts: false,
     }
 }
 

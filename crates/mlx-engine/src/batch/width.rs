@@ -1,0 +1,334 @@
+//! How many drafts a speculating batch verifies in a step when its drafts cost nothing to
+//! make (prompt lookup against OpenAI predicted outputs): the width whose expected
+//! tokens per unit of step time is highest.
+//!
+//! A batched verification is rectangular: `B` rows of `w + 1` positions, the rows with
+//! fewer drafts padded. Its time grows with the `B (w + 1)` positions: on the CPU each
+//! position is a row of every product (measured on 2 cores with the default model: a
+//! step of `n` positions ~ 30 ms + 9.5 ms n), on a GPU a small batch's step is host-bound
+//! and barely grows. A row whose drafts are accepted at rate `alpha` (each draft after
+//! its predecessor) emits `1 + alpha + ... + alpha^min(w, d)` tokens on average with `d`
+//! drafts available. The step takes the width `w` that maximizes the batch's expected
+//! tokens over the step's expected time `T(B (w + 1))`; `w = 0` is a plain decoding step,
+//! which a width with drafts must beat by 15%.
+//!
+//! `T(n)` is the recent time of steps of `n` positions when the batch has run one (steps
+//! timed alone, see [`Width::observe`]), else the nearest size's scaled by a line
+//! `a + c n` fitted to the batch's step times (decayed least squares); until those span
+//! sizes enough, the backend's prior ratio `a / c` stands in (3 positions on the CPU, 32
+//! on a GPU). Times older than 64 steps are not trusted; a batch that would step plainly
+//! verifies one draft a row when that width has no fresh time, so a wrong prior or an
+//! unlucky time does not keep it from speculating.
+//! Each row's `alpha` is its own decayed count of accepted drafts over the drafts it
+//! could have had accepted (a rejection ends a round's trials), from a prior of 0.7.
+
+/// Weight of older observations after each new one.
+const DECAY: f64 = 0.95;
+/// Weight of a row's older rounds after each new one.
+const ROW_DECAY: f64 = 0.8;
+/// The least coefficient of variation of the observed sizes that a slope is fitted to.
+const MIN_SPREAD: f64 = 0.25;
+/// How much more a step with drafts must be expected to emit per second than a plain
+/// step (CPU, 8 streams of the default model: below this, drafting lost 7%-25%).
+const MARGIN: f64 = 0.15;
+/// Choices after which a size's time is stale (no longer trusted, timed again).
+const STALE: u64 = 64;
+/// Weight of the newest time of a size in its average.
+const SEEN_WEIGHT: f64 = 0.3;
+/// A row's prior acceptance, as counts.
+const PRIOR_HITS: f64 = 1.4;
+const PRIOR_TRIALS: f64 = 2.0;
+
+/// A row's acceptance estimate.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Acceptance {
+    hits: f64,
+    trials: f64,
+}
+
+impl Default for Acceptance {
+    fn default() -> Acceptance {
+        Acceptance {
+            hits: PRIOR_HITS,
+            trials: PRIOR_TRIALS,
+        }
+    }
+}
+
+impl Acceptance {
+    /// A round that verified `drafted` drafts and accepted `accepted` of them (a round
+    /// without drafts says nothing).
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        let a = accepted as f64;
+        self.hits = ROW_DECAY * self.hits + a;
+        self.trials = ROW_DECAY * self.trials + a + f64::from(u8::from(accepted < drafted));
+    }
+
+    /// The chance that a draft is accepted after its predecessor was.
+    pub fn rate(&self) -> f64 {
+        (self.hits / self.trials).clamp(0.0, 1.0)
+    }
+}
+
+/// The step-time model and the width choice.
+#[derive(Debug, Clone)]
+pub(crate) struct Width {
+    /// The prior `a / c`, in positions.
+    prior: f64,
+    // Decayed sums of the observations (n positions, t seconds).
+    s0: f64,
+    s1: f64,
+    s2: f64,
+    sy: f64,
+    sxy: f64,
+    /// The recent step time of each size seen (an average of the last few) and the
+    /// choice it was last seen at.
+    seen: std::collections::BTreeMap<usize, (f64, u64)>,
+    /// Choices made.
+    choices: u64,
+}
+
+impl Width {
+    /// A model with the prior ratio `a / c` of `prior` positions.
+    pub fn new(prior: f64) -> Width {
+        Width {
+            prior,
+            s0: 0.0,
+            s1: 0.0,
+            s2: 0.0,
+            sy: 0.0,
+            sxy: 0.0,
+            seen: std::collections::BTreeMap::new(),
+            choices: 0,
+        }
+    }
+
+    /// The prior of the default device: 3 positions on the CPU, 32 on a GPU.
+    pub fn for_default_device() -> Width {
+        let gpu = mlx_array::Device::default_device()
+            .map(|d| d.kind == mlx_array::DeviceType::Gpu)
+            .unwrap_or(false);
+        Width::new(if gpu { 32.0 } else { 3.0 })
+    }
+
+    /// A step of `n` positions took `secs` (timed with nothing else queued).
+    pub fn observe(&mut self, n: usize, secs: f64) {
+        if !secs.is_finite() || secs <= 0.0 {
+            return;
+        }
+        let x = n as f64;
+        self.s0 = DECAY * self.s0 + 1.0;
+        self.s1 = DECAY * self.s1 + x;
+        self.s2 = DECAY * self.s2 + x * x;
+        self.sy = DECAY * self.sy + secs;
+        self.sxy = DECAY * self.sxy + x * secs;
+        let now = self.choices;
+        self.seen
+            .entry(n)
+            .and_modify(|(t, at)| {
+                // A stale time is replaced, not averaged.
+                let w = if now - *at > STALE { 1.0 } else { SEEN_WEIGHT };
+                *t = w * secs + (1.0 - w) * *t;
+                *at = now;
+            })
+            .or_insert((secs, now));
+    }
+
+    /// The expected time of a step of `n` positions: its recent time when that size was
+    /// seen, else the nearest size's time scaled by the linear model (or the linear
+    /// model alone when none was seen). Step time need not be linear in the positions
+    /// (on the CPU a step of 16 positions takes ~2x one of 8, not the line's 1.7x).
+    fn cost(&self, n: usize) -> f64 {
+        if let Some(t) = self.fresh(n) {
+            return t;
+        }
+        let (a, c) = self.model();
+        let line = |x: usize| a + c * x as f64;
+        let fresh =
+            |(&n, &(t, at)): (&usize, &(f64, u64))| (self.choices - at <= STALE).then_some((n, t));
+        let below = self.seen.range(..n).rev().find_map(fresh);
+        let above = self.seen.range(n..).find_map(fresh);
+        let nearest = match (below, above) {
+            (Some(b), Some(a)) => Some(if n - b.0 <= a.0 - n { b } else { a }),
+            (b, a) => b.or(a),
+        };
+        match nearest {
+            Some((n0, t0)) if line(n0) > 0.0 => t0 * line(n) / line(n0),
+            _ => line(n),
+        }
+    }
+
+    /// The time of size `n` if it was seen in the last `STALE` choices.
+    fn fresh(&self, n: usize) -> Option<f64> {
+        let &(t, at) = self.seen.get(&n)?;
+        (self.choices - at <= STALE).then_some(t)
+    }
+
+    /// `(a, c)` of the step time `a + c n` in some unit: the fit when the observations
+    /// span sizes enough to tell a slope (a coefficient of variation of at least
+    /// `MIN_SPREAD`) and give a time growing with them, else the prior's.
+    pub(crate) fn model(&self) -> (f64, f64) {
+        if self.s0 >= 2.0 {
+            let mean = self.s1 / self.s0;
+            let var = self.s2 / self.s0 - mean * mean;
+            if var >= MIN_SPREAD * MIN_SPREAD * mean * mean {
+                let c = (self.s0 * self.sxy - self.s1 * self.sy)
+                    / (self.s0 * self.s2 - self.s1 * self.s1);
+                let a = (self.sy - c * self.s1) / self.s0;
+                if c > 0.0 {
+                    return (a.max(0.0), c);
+                }
+            }
+        }
+        (self.prior, 1.0)
+    }
+
+    /// The width (drafts verified a row, at most the most any row has) for rows of
+    /// `(acceptance rate, drafts available)`.
+    /// When that is 0 (a plain step) while some row has a draft and one draft a row was
+    /// not timed in the last `STALE` choices, it is 1: the step times then tell how much
+    /// a wider step costs (the backend's prior may be far off for the model at hand).
+    pub fn choose(&mut self, rows: &[(f64, usize)]) -> usize {
+        self.choices += 1;
+        let most = rows.iter().map(|&(_, d)| d).max().unwrap_or(0);
+        if most == 0 {
+            return 0;
+        }
+        let b = rows.len();
+        let mut best = (0, f64::MIN);
+        for w in 0..=most {
+            let tokens: f64 = rows
+                .iter()
+                .map(|&(alpha, d)| {
+                    let mut p = 1.0;
+                    let mut e = 1.0;
+                    for _ in 0..w.min(d) {
+                        p *= alpha;
+                        e += p;
+                    }
+                    e
+                })
+                .sum();
+            // Drafting must beat a plain step by `MARGIN`: a wider step also costs what
+            // the times leave out (more tokens for the host to record and stream while
+            // the device waits, since a verification cannot be pipelined).
+            let value = tokens / self.cost(b * (w + 1)) / if w == 0 { 1.0 } else { 1.0 + MARGIN };
+            if value > best.1 * (1.0 + 1e-9) {
+                best = (w, value);
+            }
+        }
+        if best.0 == 0 && self.fresh(2 * b).is_none() {
+            return 1;
+        }
+        best.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearly_free_width_verifies_every_draft() {
+        // Step time that barely grows with the positions (a host-bound GPU step).
+        let mut w = Width::new(3.0);
+        for n in [4usize, 8, 16, 4, 8, 16] {
+            w.observe(n, 0.010 + 1e-6 * n as f64);
+        }
+        assert_eq!(w.choose(&[(0.9, 5), (0.8, 3)]), 5);
+    }
+
+    #[test]
+    fn noise_at_one_size_is_not_a_slope() {
+        // Sizes 7 and 8 with the smaller one slower (a step that also filtered caches):
+        // the prior, not a free width.
+        let mut w = Width::new(3.0);
+        for _ in 0..20 {
+            w.observe(8, 0.100);
+        }
+        w.observe(7, 0.210);
+        assert_eq!(w.model(), (3.0, 1.0));
+        // One draft a row was never timed: tried once.
+        assert_eq!(w.choose(&[(0.3, 10); 8]), 1);
+        w.observe(16, 0.200);
+        assert_eq!(w.choose(&[(0.3, 10); 8]), 0);
+    }
+
+    #[test]
+    fn a_plain_batch_times_one_draft_again_once_its_time_is_stale() {
+        let mut w = Width::new(3.0);
+        w.observe(8, 0.100);
+        w.observe(16, 0.250);
+        let rows = [(0.5, 2); 8];
+        for _ in 0..STALE {
+            assert_eq!(w.choose(&rows), 0);
+            w.observe(8, 0.100);
+        }
+        assert_eq!(w.choose(&rows), 1);
+        // Measured cheap this time (another phase of the batch): drafts are verified.
+        w.observe(16, 0.110);
+        assert!(w.choose(&rows) >= 1);
+    }
+
+    #[test]
+    fn costly_width_needs_acceptance() {
+        // The CPU's measured shape: 30 ms + 9.5 ms a position.
+        let mut w = Width::new(100.0);
+        for n in [8usize, 32, 8, 32, 16] {
+            w.observe(n, 0.030 + 0.0095 * n as f64);
+        }
+        // Eight rows that rarely accept: plain steps.
+        assert_eq!(w.choose(&[(0.3, 3); 8]), 0);
+        // One row that nearly always accepts: its drafts.
+        assert_eq!(w.choose(&[(0.95, 3)]), 3);
+        // No drafts available: a plain step.
+        assert_eq!(w.choose(&[(0.95, 0); 4]), 0);
+    }
+
+    #[test]
+    fn a_measured_size_overrides_the_line() {
+        // The line says 16 positions cost 1.7x 8; measured, they cost 2x: no row can
+        // double its tokens with one draft, so plain steps.
+        let mut w = Width::new(3.0);
+        for _ in 0..4 {
+            w.observe(8, 0.100);
+            w.observe(32, 0.317);
+        }
+        let rows = [(0.95, 1); 8];
+        assert_eq!(w.choose(&rows), 1, "before 16 positions were timed");
+        for _ in 0..4 {
+            w.observe(16, 0.200);
+        }
+        assert_eq!(w.choose(&rows), 0);
+    }
+
+    #[test]
+    fn the_prior_stands_until_two_sizes_are_seen() {
+        let mut w = Width::new(3.0);
+        w.observe(8, 0.1);
+        w.observe(8, 0.1);
+        assert_eq!(w.model(), (3.0, 1.0));
+        w.observe(32, 0.3);
+        let (a, c) = w.model();
+        assert!(c > 0.0 && a >= 0.0, "{a} {c}");
+    }
+
+    #[test]
+    fn acceptance_learns_from_rounds_with_drafts() {
+        let mut a = Acceptance::default();
+        assert!((a.rate() - 0.7).abs() < 1e-12);
+        a.record(0, 0);
+        assert!((a.rate() - 0.7).abs() < 1e-12);
+        for _ in 0..20 {
+            a.record(3, 0);
+        }
+        assert!(a.rate() < 0.01, "{}", a.rate());
+        for _ in 0..20 {
+            a.record(3, 3);
+        }
+        assert!(a.rate() > 0.99, "{}", a.rate());
+    }
+}
