@@ -3,32 +3,18 @@
 //! `quantized_matmul` / `gather_qmm` would cast them on every call: the same arrays as
 //! MLX's own products of the half-precision operands.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
+mod common;
+use common::{bits, randn};
 use mlx_array::quant::{gather_qmm, quantize, quantized_matmul, QuantMode};
-use mlx_array::{random, transforms, Array, Dtype};
+use mlx_array::{transforms, Array, Dtype};
 use mlx_nn::{
     LinearLayer, Param, QuantSpec, QuantizedEmbedding, QuantizedLinear, QuantizedSwitchLinear,
 };
 
-fn normal(shape: &[i32], dtype: Dtype, seed: u64) -> Array {
-    let key = random::key(seed).unwrap();
-    random::normal(shape, Dtype::Float32, None, None, Some(&key))
-        .unwrap()
-        .astype(dtype)
-        .unwrap()
-}
-
-fn bits(a: &Array) -> Vec<u32> {
-    a.to_vec::<f32>()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_bits())
-        .collect()
-}
-
 /// A quantized layer `[n, k]` whose scales and biases are `dtype`.
 fn layer(n: i32, k: i32, dtype: Dtype, group_size: i32, bits: i32, seed: u64) -> QuantizedLinear {
     let q = quantize(
-        &normal(&[n, k], dtype, seed),
+        &randn(&[n, k], seed, dtype),
         Some(group_size),
         Some(bits),
         QuantMode::Affine,
@@ -66,7 +52,7 @@ fn mlx_product(x: &Array, q: &QuantizedLinear) -> Array {
 
 #[test]
 fn cast_is_made_once_for_an_evaluated_value_and_dropped_with_it() {
-    let mut p = Param::frozen(normal(&[4, 8], Dtype::Float16, 1));
+    let mut p = Param::frozen(randn(&[4, 8], 1, Dtype::Float16));
     transforms::eval(&[p.value()]).unwrap();
     let first = p.cast(Dtype::Float32).unwrap();
     assert_eq!(first.dtype(), Dtype::Float32);
@@ -82,7 +68,7 @@ fn cast_is_made_once_for_an_evaluated_value_and_dropped_with_it() {
     assert_eq!(p.cast(Dtype::Float16).unwrap().dtype(), Dtype::Float16);
 
     // A new value drops the cast; an unevaluated value is cast afresh every call.
-    p.set(normal(&[4, 8], Dtype::Float16, 2));
+    p.set(randn(&[4, 8], 2, Dtype::Float16));
     let lazy = p.cast(Dtype::Float32).unwrap();
     transforms::eval(&[&lazy]).unwrap();
     assert!(!p.cast(Dtype::Float32).unwrap().is_available());
@@ -104,7 +90,7 @@ fn float32_products_with_half_scales_equal_mlx_s() {
         let q2 = layer(n, k, dtype, group_size, nbits, 4);
         transforms::eval(&[q.weight.value(), q.scales.value(), q2.scales.value()]).unwrap();
         for rows in [1, 5] {
-            let x = normal(&[rows, k], Dtype::Float32, 5);
+            let x = randn(&[rows, k], 5, Dtype::Float32);
             let want = mlx_product(&x, &q);
             let want2 = mlx_product(&x, &q2);
             assert_eq!(want.dtype(), Dtype::Float32);
@@ -120,7 +106,7 @@ fn float32_products_with_half_scales_equal_mlx_s() {
                 LinearLayer::Quantized(q.clone()),
                 LinearLayer::Quantized(q2.clone()),
             );
-            let r = normal(&[rows, n], Dtype::Float32, 6);
+            let r = randn(&[rows, n], 6, Dtype::Float32);
             assert_eq!(
                 bits(&a.forward_add(&x, &r).unwrap()),
                 bits(&r.add(&want).unwrap())
@@ -147,7 +133,7 @@ fn tied_head_and_expert_products_with_half_scales_equal_mlx_s() {
         biases: q.biases.clone(),
         spec: q.spec,
     };
-    let x = normal(&[2, k], Dtype::Float32, 8);
+    let x = randn(&[2, k], 8, Dtype::Float32);
     let want = mlx_product(&x, &q);
     for _ in 0..2 {
         assert_eq!(bits(&emb.as_linear(&x).unwrap()), bits(&want));
@@ -155,7 +141,7 @@ fn tied_head_and_expert_products_with_half_scales_equal_mlx_s() {
 
     // Four experts of [n, k]; each token's row through expert 2 and expert 0.
     let experts = quantize(
-        &normal(&[4, n, k], Dtype::Bfloat16, 9),
+        &randn(&[4, n, k], 9, Dtype::Bfloat16),
         Some(64),
         Some(4),
         QuantMode::Affine,
@@ -168,7 +154,7 @@ fn tied_head_and_expert_products_with_half_scales_equal_mlx_s() {
         bias: None,
         spec: QuantSpec::new(Some(64), Some(4), QuantMode::Affine),
     };
-    let xe = normal(&[2, 1, 1, k], Dtype::Float32, 10);
+    let xe = randn(&[2, 1, 1, k], 10, Dtype::Float32);
     let idx = Array::from_slice(&[2u32, 0, 2, 0], &[2, 1, 2]).unwrap();
     mlx_array::fast::set_cpu_gemv(false);
     let want = gather_qmm(

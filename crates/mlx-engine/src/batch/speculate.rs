@@ -131,7 +131,7 @@ pub(crate) struct SpecBatch {
     width: Option<Width>,
     /// Verify every draft instead (no width model).
     all_drafts: bool,
-    /// The rows of the last step.
+    /// The number of rows of the last step.
     last_rows: usize,
 }
 
@@ -530,8 +530,8 @@ impl SpecBatch {
                 let refs: Vec<&Array> = state.iter().collect();
                 transforms::eval(&refs)?;
             }
-            // Not the first step of a new set of rows (which also evaluates the caches'
-            // joins and filters).
+            // Not the first step after the number of rows changed (it also evaluates the
+            // caches' joins and filters).
             let same_rows = std::mem::replace(&mut self.last_rows, b) == b;
             if let (true, Some(w)) = (same_rows, self.width.as_mut()) {
                 w.observe(b * l, started.elapsed().as_secs_f64());
