@@ -76,10 +76,10 @@ pub struct EngineOptions {
     /// rows leave their batch and decode plainly, for good (0: never; see
     /// [`crate::speculative::check_max_batch`]).
     pub draft_max_batch: usize,
-    /// Verify every draft a prediction gives (OpenAI predicted outputs) in every step.
-    /// By default each step verifies as many as pay for their positions in the
-    /// batched forward, from the step times measured ([`SpecBatch`]'s width,
-    /// `batch/width.rs`): the same tokens either way.
+    /// Verify every draft a prediction gives (OpenAI predicted outputs) in every step
+    /// (also `MLX_PREDICTION_DRAFTS=all`). By default each step verifies as many as pay
+    /// for their positions in the batched forward, from the step times measured
+    /// (`batch/width.rs`): the same tokens either way.
     pub verify_all_prediction_drafts: bool,
 }
 
@@ -196,8 +196,10 @@ impl Engine {
                     opts.draft_max_batch,
                 )),
                 predicting: Box::new(
-                    SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch)
-                        .verifying_all(opts.verify_all_prediction_drafts),
+                    SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch).verifying_all(
+                        opts.verify_all_prediction_drafts
+                            || std::env::var("MLX_PREDICTION_DRAFTS").is_ok_and(|v| v == "all"),
+                    ),
                 ),
             }
         } else {
