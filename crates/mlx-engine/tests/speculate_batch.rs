@@ -179,8 +179,14 @@ fn each_draft_model_row_keeps_its_own_acceptance() {
 #[test]
 fn predicted_outputs_are_verified_and_the_right_prediction_is_accepted() {
     let want = alone();
+    // Every draft verified: the default width follows the measured step times, which a
+    // loaded machine can make leave drafts out (the same tokens either way).
+    let all = mlx_engine::batch::EngineOptions {
+        verify_all_prediction_drafts: true,
+        ..opts()
+    };
     let engine =
-        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+        Engine::start(model(TARGET), all, Arc::new(EngineMetrics::default())).expect("engine");
     // Row 0 predicts its exact output, row 1 a wrong one, row 2 half of its own.
     let reqs = vec![
         speculating(0, DraftFrom::Prediction(want[0].clone()), 5),
@@ -199,6 +205,26 @@ fn predicted_outputs_are_verified_and_the_right_prediction_is_accepted() {
     assert_eq!(got[1].from_draft, 0, "{:?}", got[1]);
     assert!(got[2].from_draft > 0, "{:?}", got[2]);
     assert_eq!(got[3].drafted, 0);
+}
+
+#[test]
+fn predictions_under_the_default_width_answer_as_without_them() {
+    // The default: each step verifies the drafts its measured times say pay (any number,
+    // none included); whatever it picks, every row answers as alone.
+    let want = alone();
+    let metrics = Arc::new(EngineMetrics::default());
+    let engine = Engine::start(model(TARGET), opts(), metrics.clone()).expect("engine");
+    let reqs = vec![
+        speculating(0, DraftFrom::Prediction(want[0].clone()), 5),
+        speculating(1, DraftFrom::Prediction(vec![7; 20]), 5),
+        speculating(2, DraftFrom::Prediction(want[2][..15].to_vec()), 4),
+        GenerationRequest::new(PROMPTS[3].to_vec(), MAX[3]),
+    ];
+    for (i, g) in serve(&engine, reqs).iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "row {i}");
+        assert!(g.from_draft <= g.drafted, "row {i}: {g:?}");
+    }
+    assert_eq!(metrics.spec_stepped_aside.get(), 0);
 }
 
 #[test]

@@ -210,8 +210,14 @@ fn rows_with_processors_speculate_and_give_the_tokens_they_give_alone() {
 #[test]
 fn predictions_are_verified_against_the_constraint_and_penalties() {
     let want = alone();
+    // Every draft verified: the default width follows the measured step times, which a
+    // loaded machine can make leave drafts out (the same tokens either way).
+    let all = mlx_engine::batch::EngineOptions {
+        verify_all_prediction_drafts: true,
+        ..opts()
+    };
     let engine =
-        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+        Engine::start(model(TARGET), all, Arc::new(EngineMetrics::default())).expect("engine");
     // Row 0 predicts its exact output; row 1 (penalties) too; row 2's prediction breaks
     // the constraint at token 6; row 3 (unconstrained) predicts its own; a plain
     // constrained row beside them.
