@@ -12,8 +12,9 @@
 //! tokens over the step's expected time `T(B (w + 1))`; `w = 0` is a plain decoding step,
 //! which a width with drafts must beat by 15%.
 //!
-//! `T(n)` is the recent time of steps of `n` positions when the batch has run one (steps
-//! timed alone, see [`Width::observe`]), else the nearest size's scaled by a line
+//! `T(n)` is the recent time of steps of `n` positions when the batch has run one (each
+//! step timed alone, with the cache roll its rejected drafts cause; see
+//! [`Width::observe`]), else the nearest size's scaled by a line
 //! `a + c n` fitted to the batch's step times (decayed least squares); until those span
 //! sizes enough, the backend's prior ratio `a / c` stands in (3 positions on the CPU, 32
 //! on a GPU). Times older than 64 steps are not trusted; a batch that would step plainly
