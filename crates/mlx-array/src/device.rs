@@ -157,6 +157,15 @@ pub fn current_stream() -> Stream {
     Stream(CURRENT.with(|c| c.get()))
 }
 
+/// The device operations on this thread run on: the current stream's, else the default
+/// device.
+pub fn current_device() -> Result<Device> {
+    match current_stream().device() {
+        Some(d) => Ok(d),
+        None => Device::default_device(),
+    }
+}
+
 pub(crate) fn cur() -> sys::mlxs_stream {
     CURRENT.with(|c| c.get())
 }

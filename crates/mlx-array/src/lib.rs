@@ -50,7 +50,9 @@ pub mod random;
 pub mod transforms;
 
 pub use array::{Array, ArrayRef, Operand, Scalar};
-pub use device::{current_stream, synchronize, with_stream, Device, DeviceType, Stream};
+pub use device::{
+    current_device, current_stream, synchronize, with_stream, Device, DeviceType, Stream,
+};
 pub use dtype::{Dtype, Element};
 pub use error::{Error, Result};
 pub use ops::{concatenate, stack, where_};

@@ -299,7 +299,7 @@ pub(crate) fn row(x: &Array, i: i32) -> Result<Array> {
 /// (one kernel, where the slices would be ~3 nodes a row).
 #[track_caller]
 pub(crate) fn dynamic_roll(x: &Array, shifts: &[i32]) -> Result<Array> {
-    if on_cpu() {
+    if mlx_array::current_device()?.kind == mlx_array::DeviceType::Cpu {
         return roll_rows(x, shifts);
     }
     roll_gather(x, shifts)
@@ -312,14 +312,6 @@ fn roll_gather(x: &Array, shifts: &[i32]) -> Result<Array> {
     let shifts = int_array(shifts)?.reshape(&[-1, 1, 1, 1])?;
     let idx = positions.subtract(&shifts)?.remainder(n)?;
     x.take_along_axis(&idx, 2)
-}
-
-/// Whether this thread's operations run on the CPU.
-fn on_cpu() -> bool {
-    let device = mlx_array::current_stream()
-        .device()
-        .or_else(|| mlx_array::Device::default_device().ok());
-    device.is_some_and(|d| d.kind == mlx_array::DeviceType::Cpu)
 }
 
 /// [`dynamic_roll`] by slices: row `b` becomes `x[b, :, T - s:]` then `x[b, :, :T - s]`

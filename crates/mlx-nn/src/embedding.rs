@@ -3,7 +3,7 @@ use crate::error::Result as NnResult;
 use crate::module::Param;
 use crate::quantize::QuantSpec;
 use crate::variants::{pack, unpack};
-use mlx_array::quant::{dequantize, quantized_matmul};
+use mlx_array::quant::dequantize;
 use mlx_array::{ops, Array, Dtype, Result};
 
 /// A lookup table `[num_embeddings, dims]`.
@@ -88,17 +88,13 @@ impl QuantizedEmbedding {
     /// The table used as a quantized linear layer (tied heads).
     #[track_caller]
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
-        let (scales, biases) =
-            crate::quantized_operands(x, &self.scales, self.biases.as_ref(), self.spec)?;
-        quantized_matmul(
+        crate::quantized_params_matmul(
             x,
             &self.weight,
-            &scales,
-            biases.as_ref(),
+            &self.scales,
+            self.biases.as_ref(),
             true,
-            Some(self.spec.group_size),
-            Some(self.spec.bits),
-            self.spec.mode,
+            self.spec,
         )
     }
 

@@ -38,7 +38,7 @@ pub use cache::{ArraysState, AttnMask, KvCache, KvFetch};
 pub use embedding::{Embedding, EmbeddingLayer, QuantizedEmbedding};
 pub use error::{Error, Result};
 pub use fused::FusedLinears;
-pub use linear::{quantized_operands, Linear, LinearLayer, QuantizedLinear};
+pub use linear::{quantized_params_matmul, Linear, LinearLayer, QuantizedLinear};
 pub use module::{Module, Param};
 pub use norm::{LayerNorm, RmsNorm};
 pub use quantize::{dequantize_module, quantize_module, QuantSpec, Quantizable};

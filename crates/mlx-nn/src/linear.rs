@@ -94,7 +94,7 @@ crate::impl_module!(QuantizedLinear {
 /// product is the same array either way. The casts cost their memory for as long as the
 /// layer lives (twice the scales and biases); `MLX_QUANT_CAST_ONCE=0` (read once) casts
 /// on every call instead.
-pub fn quantized_operands(
+pub(crate) fn quantized_operands(
     x: &Array,
     scales: &Param,
     biases: Option<&Param>,
@@ -117,20 +117,42 @@ pub fn quantized_operands(
     ))
 }
 
+/// `quantized_matmul(x, weight, scales, biases, transpose)` of a layer's parameters, the
+/// scales and biases through [`quantized_operands`]: a quantized linear layer, a tied
+/// quantized embedding's head, MLA's per-head products.
+#[track_caller]
+pub fn quantized_params_matmul(
+    x: &Array,
+    weight: &Param,
+    scales: &Param,
+    biases: Option<&Param>,
+    transpose: bool,
+    spec: QuantSpec,
+) -> Result<Array> {
+    let (scales, biases) = quantized_operands(x, scales, biases, spec)?;
+    quantized_matmul(
+        x,
+        weight,
+        &scales,
+        biases.as_ref(),
+        transpose,
+        Some(spec.group_size),
+        Some(spec.bits),
+        spec.mode,
+    )
+}
+
 impl QuantizedLinear {
     /// `quantized_matmul(x, W, scales, biases, transpose=True) (+ bias)`.
     #[track_caller]
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let (scales, biases) = self.operands(x)?;
-        let y = quantized_matmul(
+        let y = quantized_params_matmul(
             x,
             &self.weight,
-            &scales,
-            biases.as_ref(),
+            &self.scales,
+            self.biases.as_ref(),
             true,
-            Some(self.spec.group_size),
-            Some(self.spec.bits),
-            self.spec.mode,
+            self.spec,
         )?;
         self.add_bias(y)
     }

@@ -43,11 +43,8 @@ impl Param {
     /// A frozen parameter (quantized weights are created frozen, like mlx.nn).
     pub fn frozen(value: Array) -> Param {
         Param {
-            value,
             frozen: true,
-            transposed: std::cell::RefCell::new(None),
-            cast: std::cell::RefCell::new(None),
-            id: next_param_id(),
+            ..Param::new(value)
         }
     }
 
@@ -59,8 +56,7 @@ impl Param {
     /// Replaces the array, keeping the frozen flag.
     pub fn set(&mut self, value: Array) {
         self.value = value;
-        self.transposed = std::cell::RefCell::new(None);
-        self.cast = std::cell::RefCell::new(None);
+        self.forget_derived();
         self.id = next_param_id();
     }
 
@@ -122,6 +118,11 @@ impl Param {
     /// cached transpose is dropped.
     pub fn retarget(&self, value: &Array) {
         self.value.assign(value);
+        self.forget_derived();
+    }
+
+    /// Drops what was made from the value (its transpose, its cast).
+    fn forget_derived(&self) {
         *self.transposed.borrow_mut() = None;
         *self.cast.borrow_mut() = None;
     }

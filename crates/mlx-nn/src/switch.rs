@@ -103,7 +103,7 @@ impl QuantizedSwitchLinear {
     #[track_caller]
     pub fn forward(&self, x: &Array, indices: &Array, sorted_indices: bool) -> Result<Array> {
         let (scales, biases) =
-            crate::quantized_operands(x, &self.scales, self.biases.as_ref(), self.spec)?;
+            crate::linear::quantized_operands(x, &self.scales, self.biases.as_ref(), self.spec)?;
         let y = gather_qmm(
             x,
             &self.weight,

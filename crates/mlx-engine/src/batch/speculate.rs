@@ -420,7 +420,7 @@ impl SpecBatch {
                         .map(|(r, d)| (r.acceptance.rate(), d.len()))
                         .collect();
                     self.width
-                        .get_or_insert_with(Width::for_default_device)
+                        .get_or_insert_with(Width::for_current_device)
                         .choose(&rates)
                 };
                 for x in &mut d {
@@ -434,7 +434,8 @@ impl SpecBatch {
         let l = k + 1;
         // A prediction batch times its verification alone (for its width model): what
         // is queued before it (the plain batch's step, a prefill chunk) finishes first.
-        if draft.is_none() && !self.all_drafts {
+        let timed = draft.is_none() && !self.all_drafts;
+        if timed {
             mlx_array::current_stream().synchronize()?;
         }
         let started = std::time::Instant::now();
@@ -521,7 +522,7 @@ impl SpecBatch {
         if draft.is_some() && k > 0 {
             self.keep_drafted(&keep, &drafts, k, lagged)?;
         }
-        if draft.is_none() && !self.all_drafts {
+        if timed {
             // The rows' rejected drafts rolled every layer's cache: evaluated here, so
             // the width model charges them to the step that caused them.
             if keep.iter().any(|&a| a != most) {

@@ -107,11 +107,9 @@ impl Width {
         }
     }
 
-    /// The prior of the default device: 3 positions on the CPU, 32 on a GPU.
-    pub fn for_default_device() -> Width {
-        let gpu = mlx_array::Device::default_device()
-            .map(|d| d.kind == mlx_array::DeviceType::Gpu)
-            .unwrap_or(false);
+    /// The prior of the device this thread runs on: 3 positions on the CPU, 32 on a GPU.
+    pub fn for_current_device() -> Width {
+        let gpu = mlx_array::current_device().is_ok_and(|d| d.kind == mlx_array::DeviceType::Gpu);
         Width::new(if gpu { 32.0 } else { 3.0 })
     }
 
@@ -131,7 +129,7 @@ impl Width {
             .entry(n)
             .and_modify(|(t, at)| {
                 // A stale time is replaced, not averaged.
-                let w = if now - *at > STALE { 1.0 } else { SEEN_WEIGHT };
+                let w = if now - *at <= STALE { SEEN_WEIGHT } else { 1.0 };
                 *t = w * secs + (1.0 - w) * *t;
                 *at = now;
             })
@@ -148,8 +146,7 @@ impl Width {
         }
         let (a, c) = self.model();
         let line = |x: usize| a + c * x as f64;
-        let fresh =
-            |(&n, &(t, at)): (&usize, &(f64, u64))| (self.choices - at <= STALE).then_some((n, t));
+        let fresh = |(&n, _): (&usize, _)| Some((n, self.fresh(n)?));
         let below = self.seen.range(..n).rev().find_map(fresh);
         let above = self.seen.range(n..).find_map(fresh);
         let nearest = match (below, above) {
@@ -171,7 +168,7 @@ impl Width {
     /// `(a, c)` of the step time `a + c n` in some unit: the fit when the observations
     /// span sizes enough to tell a slope (a coefficient of variation of at least
     /// `MIN_SPREAD`) and give a time growing with them, else the prior's.
-    pub(crate) fn model(&self) -> (f64, f64) {
+    fn model(&self) -> (f64, f64) {
         if self.s0 >= 2.0 {
             let mean = self.s1 / self.s0;
             let var = self.s2 / self.s0 - mean * mean;
@@ -189,6 +186,7 @@ impl Width {
 
     /// The width (drafts verified a row, at most the most any row has) for rows of
     /// `(acceptance rate, drafts available)`.
+    ///
     /// When that is 0 (a plain step) while some row has a draft and one draft a row was
     /// not timed in the last `STALE` choices, it is 1: the step times then tell how much
     /// a wider step costs (the backend's prior may be far off for the model at hand).

@@ -2,7 +2,7 @@
 //! head (`[heads, output, input]`), which multi-head latent attention uses to move
 //! queries into the compressed key space and attention outputs out of it; quantized as a
 //! whole like mlx-lm's `QuantizedMultiLinear`.
-use mlx_array::quant::{dequantize, quantize, quantized_matmul};
+use mlx_array::quant::{dequantize, quantize};
 use mlx_array::{ops, Array, Dtype, Result};
 use mlx_nn::module::{join, QuantVisitor};
 use mlx_nn::{Module, Param, QuantSpec, Quantizable};
@@ -56,20 +56,14 @@ impl MultiLinear {
                 scales,
                 biases,
                 spec,
-            } => {
-                let (scales, biases) =
-                    mlx_nn::quantized_operands(x, scales, biases.as_ref(), *spec)?;
-                quantized_matmul(
-                    x,
-                    weight,
-                    &scales,
-                    biases.as_ref(),
-                    transpose,
-                    Some(spec.group_size),
-                    Some(spec.bits),
-                    spec.mode,
-                )
-            }
+            } => mlx_nn::quantized_params_matmul(
+                x,
+                weight,
+                scales,
+                biases.as_ref(),
+                transpose,
+                *spec,
+            ),
         }
     }
 }
