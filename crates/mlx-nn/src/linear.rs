@@ -117,9 +117,11 @@ pub(crate) fn quantized_operands(
     ))
 }
 
-/// `quantized_matmul(x, weight, scales, biases, transpose)` of a layer's parameters, the
-/// scales and biases through [`quantized_operands`]: a quantized linear layer, a tied
-/// quantized embedding's head, MLA's per-head products.
+/// `quantized_matmul(x, weight, scales, biases, transpose)` of a layer's parameters (a
+/// quantized linear layer, a tied quantized embedding's head, MLA's per-head products):
+/// for float32 `x` and float16 / bfloat16 affine scales, with the scales' and biases'
+/// float32 casts kept by the parameters ([`Param::cast`]), the same array as MLX's own
+/// product (`MLX_QUANT_CAST_ONCE=0` casts every call).
 #[track_caller]
 pub fn quantized_params_matmul(
     x: &Array,
