@@ -182,7 +182,7 @@ fn predicted_outputs_are_verified_and_the_right_prediction_is_accepted() {
     // Every draft verified: the default width follows the measured step times, which a
     // loaded machine can make leave drafts out (the same tokens either way).
     let all = mlx_engine::batch::EngineOptions {
-        verify_all_prediction_drafts: true,
+        prediction_drafts: mlx_engine::batch::PredictionDrafts::All,
         ..opts()
     };
     let engine =
@@ -225,6 +225,68 @@ fn predictions_under_the_default_width_answer_as_without_them() {
         assert!(g.from_draft <= g.drafted, "row {i}: {g:?}");
     }
     assert_eq!(metrics.spec_stepped_aside.get(), 0);
+}
+
+#[test]
+fn prediction_rows_stepping_plainly_are_pipelined_and_answer_as_alone() {
+    // No draft verified: every step of the prediction batch is plain, queued before the
+    // last one's tokens are read. Rows join while others decode, leave at their
+    // `max_tokens` or a stop sequence, and ask for log-probabilities.
+    let want = alone();
+    let mut with_logprobs = GenerationRequest::new(PROMPTS[0].to_vec(), MAX[0]);
+    with_logprobs.logprobs = true;
+    with_logprobs.top_logprobs = 3;
+    let engine =
+        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+    let plain_lp = serve(&engine, vec![with_logprobs]).remove(0).logprobs;
+    drop(engine);
+    let stop_at = want[2][6];
+    let metrics = Arc::new(EngineMetrics::default());
+    let none = mlx_engine::batch::EngineOptions {
+        prediction_drafts: mlx_engine::batch::PredictionDrafts::None,
+        ..opts()
+    };
+    let engine = Engine::start(model(TARGET), none, metrics.clone()).expect("engine");
+    let reqs: Vec<GenerationRequest> = (0..12)
+        .map(|j| {
+            let i = j % 4;
+            let mut r = match i {
+                3 => GenerationRequest::new(PROMPTS[3].to_vec(), MAX[3]),
+                _ => speculating(i, DraftFrom::Prediction(want[i].clone()), 1 + j % 3),
+            };
+            if j == 0 {
+                r.logprobs = true;
+                r.top_logprobs = 3;
+            }
+            if j == 6 {
+                r.stop_sequences = vec![vec![stop_at]];
+            }
+            r
+        })
+        .collect();
+    let got = serve(&engine, reqs);
+    for (j, g) in got.iter().enumerate() {
+        let mut w = want[j % 4].clone();
+        if j == 6 {
+            let end = w.iter().position(|&t| t == stop_at).expect("stop token") + 1;
+            w.truncate(end);
+        }
+        assert_eq!(g.tokens, w, "stream {j}");
+        assert_eq!(g.drafted, 0, "stream {j}");
+    }
+    assert_eq!(got[0].logprobs.len(), plain_lp.len());
+    for (i, ((lp, top), (want_lp, want_top))) in got[0].logprobs.iter().zip(&plain_lp).enumerate() {
+        let (lp, want_lp) = (lp.expect("logprob"), want_lp.expect("logprob"));
+        assert!((lp - want_lp).abs() < 1e-4, "token {i}: {lp} vs {want_lp}");
+        let ids = |t: &Vec<(u32, f32)>| {
+            let mut v: Vec<u32> = t.iter().map(|p| p.0).collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(ids(top), ids(want_top), "token {i}");
+    }
+    assert!(metrics.spec_steps.get() > 0);
+    assert_eq!(metrics.spec_drafted.get(), 0);
 }
 
 #[test]

@@ -41,7 +41,7 @@ fn engine(name: &str, step: usize, kv: Option<KvQuantization>) -> Engine {
         preload: Vec::new(),
         draft_min_acceptance: 0.0,
         draft_max_batch: 0,
-        verify_all_prediction_drafts: false,
+        prediction_drafts: Default::default(),
     };
     Engine::start(load(name), opts, Arc::new(EngineMetrics::default())).expect("engine")
 }

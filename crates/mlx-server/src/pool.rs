@@ -502,7 +502,11 @@ impl Pool {
             },
             draft_min_acceptance: cfg.draft_min_acceptance,
             draft_max_batch: cfg.draft_max_batch,
-            verify_all_prediction_drafts: cfg.verify_all_prediction_drafts,
+            prediction_drafts: if cfg.verify_all_prediction_drafts {
+                mlx_engine::batch::PredictionDrafts::All
+            } else {
+                mlx_engine::batch::PredictionDrafts::Paying
+            },
         };
         let engine = Engine::start(model, draft, opts, Arc::clone(self.metrics.engine()))?;
         Ok(AppState {

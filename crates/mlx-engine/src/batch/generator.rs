@@ -141,7 +141,7 @@ impl BatchGenerator {
                 preload: Vec::new(),
                 draft_min_acceptance: 0.0,
                 draft_max_batch: 0,
-                verify_all_prediction_drafts: false,
+                prediction_drafts: Default::default(),
             },
             Arc::clone(&metrics),
         )?;

@@ -26,6 +26,7 @@ use super::request::{
 use super::sequence::Sequence;
 use super::speculate::SpecBatch;
 use super::stage::{Leave, Outcome, Stage};
+use super::width::PredictionDrafts;
 use crate::error::{EngineError, Result};
 use crate::step::KvQuantization;
 use mlx_cache::{BatchPromptCache, PromptCache as LayerCaches};
@@ -76,11 +77,11 @@ pub struct EngineOptions {
     /// rows leave their batch and decode plainly, for good (0: never; see
     /// [`crate::speculative::check_max_batch`]).
     pub draft_max_batch: usize,
-    /// Verify every draft a prediction gives (OpenAI predicted outputs) in every step
-    /// (also `MLX_PREDICTION_DRAFTS=all`). By default each step verifies as many as pay
-    /// for their positions in the batched forward, from the step times measured
-    /// (`batch/width.rs`): the same tokens either way.
-    pub verify_all_prediction_drafts: bool,
+    /// How many drafts a prediction gives (OpenAI predicted outputs) each step verifies:
+    /// by default as many as pay for their positions in the batched forward, from the
+    /// step times measured (`batch/width.rs`); every one, or none. The same tokens
+    /// whichever. `MLX_PREDICTION_DRAFTS=all` / `none` overrides the default.
+    pub prediction_drafts: PredictionDrafts,
 }
 
 /// Work on the model that runs on the engine thread between steps (see
@@ -196,10 +197,8 @@ impl Engine {
                     opts.draft_max_batch,
                 )),
                 predicting: Box::new(
-                    SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch).verifying_all(
-                        opts.verify_all_prediction_drafts
-                            || std::env::var("MLX_PREDICTION_DRAFTS").is_ok_and(|v| v == "all"),
-                    ),
+                    SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch)
+                        .predicting(PredictionDrafts::from_env(opts.prediction_drafts)),
                 ),
             }
         } else {
@@ -893,6 +892,11 @@ impl Shared {
         running: usize,
     ) {
         if batch.over_batch(running) {
+            // Their last plain step's tokens first (the rows leave with their next inputs).
+            match batch.flush() {
+                Ok(outcomes) => self.route(batch, outcomes),
+                Err(e) => return self.fail_seqs(batch.drain(), e),
+            }
             self.step_aside(batch, decoding);
         }
         if batch.len() == 0 {
@@ -906,9 +910,11 @@ impl Shared {
                 return self.fail_seqs(batch.drain(), e);
             }
         };
-        self.metrics.decode_steps.add(1);
+        if round.rows > 0 {
+            self.metrics.decode_steps.add(1);
+            self.metrics.spec_steps.add(1);
+        }
         self.metrics.decode_rows.add(round.rows);
-        self.metrics.spec_steps.add(1);
         self.metrics.spec_drafted.add(round.drafted);
         self.metrics.spec_accepted.add(round.accepted);
         tracing::debug!(

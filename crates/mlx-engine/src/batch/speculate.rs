@@ -53,7 +53,7 @@ use super::decode::{cache_err, merge_caches};
 use super::request::{DraftFrom, SeqId};
 use super::sequence::Sequence;
 use super::stage::{Leave, Left, Outcome, Stage};
-use super::width::{Acceptance, Width};
+use super::width::{Acceptance, PredictionDrafts, Width};
 use crate::error::{EngineError, Result};
 use crate::speculative::{lookup_draft, AcceptancePolicy};
 use crate::step;
@@ -129,10 +129,25 @@ pub(crate) struct SpecBatch {
     /// Without a draft model (drafts from predictions): the step-time model that picks
     /// each step's width ([`Width`]), made at the first such step.
     width: Option<Width>,
-    /// Verify every draft instead (no width model).
-    all_drafts: bool,
+    /// How many drafts from predictions a step verifies.
+    drafts: PredictionDrafts,
     /// The number of rows of the last step.
     last_rows: usize,
+    /// A prediction batch's plain step whose tokens are not read yet (see
+    /// [`SpecBatch::step_plain`]).
+    pending: Option<Pending>,
+}
+
+/// The queued output of a plain step of a prediction batch, read during the next step.
+struct Pending {
+    /// The rows it covers (a prefix of the batch's: rows that join later come after).
+    rows: usize,
+    /// Sampled tokens `[rows, 1]`.
+    tokens: Array,
+    /// Log-probabilities `[rows, 1, vocab]`.
+    logprobs: Array,
+    /// The log-probability of each sampled token `[rows, 1, 1]`, when a row asks for it.
+    chosen: Option<Array>,
 }
 
 /// Rows that stepped aside from speculation, to join the plain decode batch.
@@ -161,10 +176,10 @@ impl SpecBatch {
         }
     }
 
-    /// Drafts from predictions all verified (`true`), or as many as pay (`false`, the
-    /// default; see [`Width`]).
-    pub fn verifying_all(mut self, all: bool) -> SpecBatch {
-        self.all_drafts = all;
+    /// How many drafts from predictions each step verifies (as many as pay by default;
+    /// see [`Width`]).
+    pub fn predicting(mut self, drafts: PredictionDrafts) -> SpecBatch {
+        self.drafts = drafts;
         self
     }
 
@@ -388,6 +403,23 @@ impl SpecBatch {
             return Ok((Vec::new(), Round::default()));
         }
         let b = self.rows.len();
+        let mut flushed = Vec::new();
+        if let Some(p) = self.pending.take() {
+            // Plain again whatever the last tokens draft: queue the step before reading
+            // them. (Rows the scheduler routes the last tokens to cannot have finished
+            // yet: they finish when those tokens are read.)
+            if p.rows == b && self.may_pipeline(draft) && self.stays_plain() {
+                return self.step_plain(model, Some(p));
+            }
+            flushed = self.read_pending(p, false)?;
+            // A row the last tokens ended must not step again before it leaves.
+            let ended = flushed
+                .iter()
+                .any(|(_, o)| !matches!(o, Outcome::Token(t) if t.finish.is_none()));
+            if ended {
+                return Ok((flushed, Round::default()));
+            }
+        }
         // At most `remaining - 1` drafts, so a round's tokens never pass `max_tokens`.
         let caps: Vec<usize> = self
             .rows
@@ -410,18 +442,20 @@ impl SpecBatch {
                     .collect();
                 // Drafts from predictions cost nothing to make: verify as many as pay
                 // for their positions (see `Width`).
-                let w = if self.all_drafts {
-                    usize::MAX
-                } else {
-                    let rates: Vec<(f64, usize)> = self
-                        .rows
-                        .iter()
-                        .zip(&d)
-                        .map(|(r, d)| (r.acceptance.rate(), d.len()))
-                        .collect();
-                    self.width
-                        .get_or_insert_with(Width::for_current_device)
-                        .choose(&rates)
+                let w = match self.drafts {
+                    PredictionDrafts::All => usize::MAX,
+                    PredictionDrafts::None => 0,
+                    PredictionDrafts::Paying => {
+                        let rates: Vec<(f64, usize)> = self
+                            .rows
+                            .iter()
+                            .zip(&d)
+                            .map(|(r, d)| (r.acceptance.rate(), d.len()))
+                            .collect();
+                        self.width
+                            .get_or_insert_with(Width::for_current_device)
+                            .choose(&rates)
+                    }
                 };
                 for x in &mut d {
                     x.truncate(w);
@@ -431,10 +465,19 @@ impl SpecBatch {
             }
         };
         let k = drafts.iter().map(Vec::len).max().unwrap_or(0);
+        let known = match self.drafts {
+            PredictionDrafts::Paying => self.width.as_ref().is_some_and(|w| w.knows_plain(b)),
+            _ => true,
+        };
+        if k == 0 && known && self.may_pipeline(draft) {
+            let (mut out, round) = self.step_plain(model, None)?;
+            flushed.append(&mut out);
+            return Ok((flushed, round));
+        }
         let l = k + 1;
         // A prediction batch times its verification alone (for its width model): what
         // is queued before it (the plain batch's step, a prefill chunk) finishes first.
-        let timed = draft.is_none() && !self.all_drafts;
+        let timed = draft.is_none() && self.drafts == PredictionDrafts::Paying;
         if timed {
             mlx_array::current_stream().synchronize()?;
         }
@@ -543,7 +586,8 @@ impl SpecBatch {
             started.elapsed().as_secs_f64() * 1e3
         );
         let v = logprobs.dim(2)?;
-        let mut out = Vec::with_capacity(b * (most + 1));
+        let mut out = flushed;
+        out.reserve(b * (most + 1));
         let mut round = Round {
             rows: b as u64,
             ..Round::default()
@@ -571,20 +615,7 @@ impl SpecBatch {
             let m = keep[r];
             for i in 0..=m {
                 let token = toks[r * l + i];
-                let logprob = if req.wants_logprobs() {
-                    chosen.get(r * l + i).copied()
-                } else {
-                    None
-                };
-                let top = if req.top_logprobs > 0 {
-                    let (r32, i32_) = (r as i32, i as i32);
-                    let p = logprobs
-                        .slice(&[r32, i32_, 0], &[r32 + 1, i32_ + 1, v], None)?
-                        .reshape(&[v])?;
-                    step::top_logprobs(&p, req.top_logprobs)?
-                } else {
-                    Vec::new()
-                };
+                let (logprob, top) = logprob_details(&req, &chosen, &logprobs, r, i, l, v)?;
                 let mut t = match row.seq.record(token, logprob, top, i < m) {
                     Ok(t) => t,
                     Err(e) => {
@@ -641,6 +672,128 @@ impl SpecBatch {
         Ok(())
     }
 
+    /// Whether a plain step may be queued before the last one's tokens are read: in a
+    /// prediction batch that does not verify every draft (not with a draft model), with
+    /// no row whose processors need each token first.
+    fn may_pipeline(&self, draft: Option<&dyn LanguageModel>) -> bool {
+        draft.is_none()
+            && self.drafts != PredictionDrafts::All
+            && self.rows.iter().all(|r| !r.seq.has_processors())
+    }
+
+    /// With the last step's tokens unread: whether this step is plain whatever drafts
+    /// they make (each row at its most, one token fewer remaining; [`Width::stays_plain`]).
+    fn stays_plain(&mut self) -> bool {
+        if self.drafts == PredictionDrafts::None {
+            return true;
+        }
+        let rows: Vec<(f64, usize)> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let cap = r.k.min(r.seq.remaining().saturating_sub(2));
+                (r.acceptance.rate(), cap)
+            })
+            .collect();
+        self.width.as_mut().is_some_and(|w| w.stays_plain(&rows))
+    }
+
+    /// A plain step of every row, pipelined as the plain decode batch's: it feeds each
+    /// row its next input (the tokens of `last`, the plain step before, still on the
+    /// device; or each row's `y`), queues the sampling, and only then reads `last`'s
+    /// tokens. Its own tokens stay pending until the next step, which reads them after
+    /// queuing itself when it is plain too, first otherwise ([`SpecBatch::step`]).
+    fn step_plain(
+        &mut self,
+        model: &dyn LanguageModel,
+        last: Option<Pending>,
+    ) -> Result<(Vec<(SeqId, Outcome)>, Round)> {
+        let b = self.rows.len();
+        let input = match &last {
+            Some(p) => p.tokens.reshape(&[b as i32, 1])?,
+            None => {
+                let ys: Vec<u32> = self.rows.iter().map(|r| r.y).collect();
+                for row in &mut self.rows {
+                    if std::mem::take(&mut row.y_unfed) {
+                        row.seq.push_fed(row.y);
+                    }
+                }
+                Array::from_slice(&ys, &[b as i32, 1])?
+            }
+        };
+        let logits = step::forward_tail(model, &input, self.cache.layers_mut(), None, 1)?;
+        let mut samplers: Vec<&mut step::RowSampling> =
+            self.rows.iter_mut().map(|r| r.seq.sampling_mut()).collect();
+        let (tokens, logprobs) = step::sample_positions(&mut samplers, &logits)?;
+        let chosen = if self.rows.iter().any(|r| r.seq.job().req.wants_logprobs()) {
+            let idx = tokens.reshape(&[b as i32, 1, 1])?;
+            Some(logprobs.take_along_axis(&idx, -1)?)
+        } else {
+            None
+        };
+        let mut queued = vec![&tokens, &logprobs];
+        queued.extend(chosen.as_ref());
+        transforms::async_eval(&queued)?;
+        let out = match last {
+            Some(p) => self.read_pending(p, true)?,
+            None => Vec::new(),
+        };
+        self.pending = Some(Pending {
+            rows: b,
+            tokens,
+            logprobs,
+            chosen,
+        });
+        self.last_rows = b;
+        let round = Round {
+            rows: b as u64,
+            ..Round::default()
+        };
+        Ok((out, round))
+    }
+
+    /// Reads a plain step's tokens and records them (`fed`: a step queued since feeds
+    /// them; otherwise each becomes its row's next input `y`).
+    fn read_pending(&mut self, p: Pending, fed: bool) -> Result<Vec<(SeqId, Outcome)>> {
+        let toks = step::read_tokens(&p.tokens)?;
+        if toks.len() != p.rows || p.rows > self.rows.len() {
+            return Err(EngineError::Internal(
+                "the sampler returned a wrong number of tokens".into(),
+            ));
+        }
+        let chosen = match &p.chosen {
+            Some(c) => c.astype(Dtype::Float32)?.to_vec::<f32>()?,
+            None => Vec::new(),
+        };
+        let v = p.logprobs.dim(2)?;
+        let mut out = Vec::with_capacity(p.rows);
+        for (r, (row, &token)) in self.rows.iter_mut().zip(&toks).enumerate() {
+            let req = std::sync::Arc::clone(&row.seq.job().req);
+            let (logprob, top) = logprob_details(&req, &chosen, &p.logprobs, r, 0, 1, v)?;
+            if !fed {
+                row.y = token;
+                row.y_unfed = true;
+            }
+            match row.seq.record(token, logprob, top, fed) {
+                Ok(t) => {
+                    row.generated.push(token);
+                    out.push((row.seq.id(), Outcome::Token(t)));
+                }
+                Err(e) => out.push((row.seq.id(), Outcome::Failed(e))),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads the tokens of a plain step still pending, before rows leave with their next
+    /// inputs ([`SpecBatch::step_aside`]): their outcomes by id.
+    pub fn flush(&mut self) -> Result<Vec<(SeqId, Outcome)>> {
+        match self.pending.take() {
+            Some(p) => self.read_pending(p, false),
+            None => Ok(Vec::new()),
+        }
+    }
+
     fn position(&self, id: SeqId) -> Option<usize> {
         self.rows.iter().position(|r| r.seq.id() == id)
     }
@@ -648,6 +801,26 @@ impl SpecBatch {
     /// Keeps the rows at `keep` (the target cache already holds just those) with their
     /// draft caches and lags; returns every row as it was indexed, the kept ones taken.
     fn keep_rows(&mut self, keep: &[usize]) -> Result<Vec<Option<Row>>> {
+        if let Some(p) = self.pending.take() {
+            // The pending rows are a prefix: the kept ones stay one, in order.
+            let idx: Vec<i32> = keep
+                .iter()
+                .filter(|&&i| i < p.rows)
+                .map(|&i| i as i32)
+                .collect();
+            if !idx.is_empty() {
+                let at = Array::from_slice(&idx, &[idx.len() as i32])?;
+                self.pending = Some(Pending {
+                    rows: idx.len(),
+                    tokens: p.tokens.take(&at, Some(0))?,
+                    logprobs: p.logprobs.take(&at, Some(0))?,
+                    chosen: match &p.chosen {
+                        Some(c) => Some(c.take(&at, Some(0))?),
+                        None => None,
+                    },
+                });
+            }
+        }
         if !self.lag.is_empty() {
             self.draft_cache.filter(keep).map_err(cache_err)?;
             self.lag = keep.iter().map(|&i| self.lag[i].clone()).collect();
@@ -675,6 +848,11 @@ impl SpecBatch {
             .collect();
         if idx.is_empty() {
             return Ok(None);
+        }
+        if self.pending.is_some() {
+            return Err(EngineError::Internal(
+                "rows stepped aside before their last tokens were read".into(),
+            ));
         }
         // The speculating batch processed every position with an explicit history;
         // the plain batch grows a row's stored history (the prompt but its last token)
@@ -741,6 +919,35 @@ impl SpecBatch {
             over_batch,
         }))
     }
+}
+
+/// The log-probability and top log-probabilities `req` asks for of position `i` of row
+/// `r`: `chosen` holds the chosen tokens' (flat, `l` positions a row), `logprobs` is
+/// `[rows, l, v]`.
+fn logprob_details(
+    req: &crate::batch::request::GenerationRequest,
+    chosen: &[f32],
+    logprobs: &Array,
+    r: usize,
+    i: usize,
+    l: usize,
+    v: i32,
+) -> Result<(Option<f32>, Vec<(u32, f32)>)> {
+    let logprob = if req.wants_logprobs() {
+        chosen.get(r * l + i).copied()
+    } else {
+        None
+    };
+    let top = if req.top_logprobs > 0 {
+        let (r32, i32_) = (r as i32, i as i32);
+        let p = logprobs
+            .slice(&[r32, i32_, 0], &[r32 + 1, i32_ + 1, v], None)?
+            .reshape(&[v])?;
+        step::top_logprobs(&p, req.top_logprobs)?
+    } else {
+        Vec::new()
+    };
+    Ok((logprob, top))
 }
 
 /// Rolls each row's positions past its `kept[r]` of a chunk (the batch holds `most` of
@@ -967,6 +1174,7 @@ impl Stage for SpecBatch {
     }
 
     fn drain(&mut self) -> Vec<Sequence> {
+        self.pending = None;
         self.cache = BatchPromptCache::new();
         self.draft_cache = BatchPromptCache::new();
         self.lag.clear();

@@ -23,6 +23,33 @@
 //! Each row's `alpha` is its own decayed count of accepted drafts over the drafts it
 //! could have had accepted (a rejection ends a round's trials), from a prior of 0.7.
 
+/// How many of a prediction's drafts a speculating batch verifies
+/// ([`crate::batch::EngineOptions::prediction_drafts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PredictionDrafts {
+    /// Each step as many as pay for their positions, from the batch's measured step
+    /// times ([`Width`]); a step that verifies none is queued before the last step's
+    /// tokens are read, as a plain batch's.
+    #[default]
+    Paying,
+    /// Every draft in every step.
+    All,
+    /// None: the rows decode plainly (pipelined) in their own batch. For measuring what
+    /// speculation gains over the same batch without it.
+    None,
+}
+
+impl PredictionDrafts {
+    /// `MLX_PREDICTION_DRAFTS` (`all`, `none`; anything else: `default`).
+    pub fn from_env(default: PredictionDrafts) -> PredictionDrafts {
+        match std::env::var("MLX_PREDICTION_DRAFTS").as_deref() {
+            Ok("all") => PredictionDrafts::All,
+            Ok("none") => PredictionDrafts::None,
+            _ => default,
+        }
+    }
+}
+
 /// Weight of older observations after each new one.
 const DECAY: f64 = 0.95;
 /// Weight of a row's older rounds after each new one.
@@ -192,6 +219,31 @@ impl Width {
     /// a wider step costs (the backend's prior may be far off for the model at hand).
     pub fn choose(&mut self, rows: &[(f64, usize)]) -> usize {
         self.choices += 1;
+        self.best(rows)
+    }
+
+    /// Whether a step of `rows` rows (at most `(acceptance rate, drafts)` each: the
+    /// drafts a row could have once its last token is read) is plain whatever its drafts
+    /// turn out to be, with a fresh time for a plain step: then it may be queued before
+    /// the last step's tokens are read. Counts as a choice when it is.
+    ///
+    /// A row's expected tokens at a width grow with its drafts and a plain step's do
+    /// not, so a plain best at these bounds is the best at any drafts within them.
+    pub fn stays_plain(&mut self, rows: &[(f64, usize)]) -> bool {
+        if self.fresh(rows.len()).is_none() || self.best(rows) != 0 {
+            return false;
+        }
+        self.choices += 1;
+        true
+    }
+
+    /// Whether a plain step of `b` rows was timed in the last `STALE` choices.
+    pub fn knows_plain(&self, b: usize) -> bool {
+        self.fresh(b).is_some()
+    }
+
+    /// [`Width::choose`] without counting the choice.
+    fn best(&self, rows: &[(f64, usize)]) -> usize {
         let most = rows.iter().map(|&(_, d)| d).max().unwrap_or(0);
         if most == 0 {
             return 0;
@@ -270,6 +322,24 @@ mod tests {
         // Measured cheap this time (another phase of the batch): drafts are verified.
         w.observe(16, 0.110);
         assert!(w.choose(&rows) >= 1);
+    }
+
+    #[test]
+    fn a_step_plain_at_the_most_drafts_is_known_plain_before_they_are() {
+        let mut w = Width::new(100.0);
+        // Nothing timed: a plain step's time is not known, so it is not queued blind.
+        assert!(!w.stays_plain(&[(0.3, 3); 8]));
+        for n in [8usize, 32, 8, 32, 16] {
+            w.observe(n, 0.030 + 0.0095 * n as f64);
+        }
+        assert!(w.stays_plain(&[(0.3, 3); 8]));
+        // Drafts that may pay: read the tokens first and choose.
+        assert!(!w.stays_plain(&[(0.95, 3)]));
+        // Counted as choices: the plain time goes stale and is timed again.
+        for _ in 0..STALE {
+            w.stays_plain(&[(0.3, 3); 8]);
+        }
+        assert!(!w.stays_plain(&[(0.3, 3); 8]));
     }
 
     #[test]

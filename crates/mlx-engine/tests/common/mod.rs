@@ -81,7 +81,7 @@ pub fn opts() -> EngineOptions {
         preload: Vec::new(),
         draft_min_acceptance: 0.0,
         draft_max_batch: 0,
-        verify_all_prediction_drafts: false,
+        prediction_drafts: Default::default(),
     }
 }
 
@@ -91,6 +91,8 @@ pub struct Got {
     pub tokens: Vec<u32>,
     pub from_draft: usize,
     pub drafted: usize,
+    /// Each token's log-probability and top alternatives (when the request asked).
+    pub logprobs: Vec<(Option<f32>, Vec<(u32, f32)>)>,
 }
 
 /// Submits every request at once and collects each one's tokens.
@@ -111,6 +113,7 @@ pub fn serve(engine: &Engine, reqs: Vec<GenerationRequest>) -> Vec<Got> {
                         got.tokens.push(out.token);
                         got.from_draft += usize::from(out.from_draft);
                         got.drafted += out.drafted;
+                        got.logprobs.push((out.logprob, out.top.clone()));
                         if out.finish.is_some() {
                             break;
                         }
