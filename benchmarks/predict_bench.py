@@ -8,7 +8,8 @@ Each stream asks the model to repeat a passage of `--text` (a different passage 
 stream, greedy). `--predict source` predicts the passage itself (what a client editing a
 document sends: real acceptance, set by how faithfully the model copies); `--predict
 self` predicts the answer the same request gave without a prediction (the best case:
-with random weights nothing else is accepted). For each concurrency level, `--trials`
+with random weights nothing else is accepted); `--mix` predicts every other stream only
+(a server with both kinds of requests). For each concurrency level, `--trials`
 pairs (plain / predicted, order flipped every other pair): wall tok/s = completion
 tokens of all streams / (last stream's end - first stream's start, prefill included),
 decode tok/s = completion tokens / mean (last content - first content) a stream, the
@@ -85,12 +86,15 @@ def main():
     ap.add_argument("--text", default="crates/mlx-quant/src/calibration.txt")
     ap.add_argument("--words", type=int, default=60, help="words a passage")
     ap.add_argument("--num-draft-tokens", type=int, default=None, help="the request's num_draft_tokens (server default when unset)")
+    ap.add_argument("--mix", action="store_true",
+                    help="the predicted arm predicts every other stream only (the rest plain): a mixed workload")
     ap.add_argument("--label", default="")
     args = ap.parse_args()
     levels = [int(s) for s in args.streams.split(",")]
     texts = passages(args.text, max(levels), args.words)
     base = args.base_url
-    print(f"### predicted outputs {args.label} (-g {args.g}, prediction: {args.predict}, "
+    print(f"### predicted outputs {args.label} (-g {args.g}, prediction: {args.predict}"
+          f"{', every other stream' if args.mix else ''}, "
           f"num_draft_tokens {args.num_draft_tokens or 'default'})\n")
     print("| streams | arm | tokens | wall tok/s | decode tok/s | mean TTFT s | accepted / rejected | answers differing |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -101,7 +105,10 @@ def main():
         warm = run(base, plain_bodies)
         answers = [r["text"] for r in warm["res"]]
         preds = texts[:n] if args.predict == "source" else answers
-        pred_bodies = [body(args.g, t, p, args.num_draft_tokens) for t, p in zip(texts[:n], preds)]
+        pred_bodies = [
+            body(args.g, t, p if not args.mix or i % 2 == 0 else None, args.num_draft_tokens)
+            for i, (t, p) in enumerate(zip(texts[:n], preds))
+        ]
         run(base, pred_bodies)
         ratios = []
         for trial in range(args.trials):

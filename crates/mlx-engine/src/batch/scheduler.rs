@@ -796,13 +796,40 @@ impl Shared {
         Lane::Plain
     }
 
+    /// The lanes of sequences joining together: each one's [`Scheduler::lane`]; then,
+    /// while the prediction batch has rows (or some of these join it), plain rows it can
+    /// step with no drafts (no processors, no resident adapter; its plain steps are
+    /// pipelined as the plain batch's) join it too: one forward a step for both kinds
+    /// instead of two.
+    fn lanes(&self, seqs: &[Sequence], j: &Joining<'_>) -> Vec<Lane> {
+        let running = j.running() + seqs.len();
+        let mut lanes: Vec<Lane> = seqs
+            .iter()
+            .map(|s| self.lane(s, j.draft.is_some(), running))
+            .collect();
+        let max = self.opts.draft_max_batch;
+        let predicting = j.predicting.len() > 0 || lanes.contains(&Lane::Predicting);
+        if predicting && j.predicting.carries_plain_rows() && (max == 0 || running <= max) {
+            for (lane, s) in lanes.iter_mut().zip(seqs) {
+                let req = &s.job().req;
+                if *lane == Lane::Plain
+                    && req.speculate.is_none()
+                    && req.adapter == 0
+                    && !s.has_processors()
+                {
+                    *lane = Lane::Predicting;
+                }
+            }
+        }
+        lanes
+    }
+
     /// Sequences that need no prefill join their decoding stage.
     fn join_hits(&mut self, hits: Vec<Sequence>, j: &mut Joining<'_>) {
-        let has_draft = j.draft.is_some();
-        let running = j.running() + hits.len();
+        let lanes = self.lanes(&hits, j);
         let (mut plain, mut drafting, mut predicting) = (Vec::new(), Vec::new(), Vec::new());
-        for s in hits {
-            match self.lane(&s, has_draft, running) {
+        for (s, lane) in hits.into_iter().zip(lanes) {
+            match lane {
                 Lane::Plain => plain.push(s),
                 Lane::Drafting => drafting.push(s),
                 Lane::Predicting => predicting.push(s),
@@ -828,12 +855,7 @@ impl Shared {
         mut cache: BatchPromptCache,
         j: &mut Joining<'_>,
     ) {
-        let has_draft = j.draft.is_some();
-        let running = j.running() + seqs.len();
-        let lanes: Vec<Lane> = seqs
-            .iter()
-            .map(|s| self.lane(s, has_draft, running))
-            .collect();
+        let lanes = self.lanes(&seqs, j);
         if lanes.iter().all(|l| *l == Lane::Plain) {
             if let Err((seqs, e)) = j.decoding.join_prefilled(seqs, cache) {
                 self.fail_seqs(seqs, e);
@@ -934,7 +956,7 @@ impl Shared {
         match batch.step_aside() {
             Ok(None) => {}
             Ok(Some(aside)) => {
-                let n = aside.seqs.len() as u64;
+                let n = (aside.seqs.len() - aside.plain) as u64;
                 let over = aside.over_batch as u64;
                 self.metrics.spec_stepped_aside.add(n - over);
                 self.metrics.spec_over_batch.add(over);

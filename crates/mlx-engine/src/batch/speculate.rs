@@ -161,8 +161,10 @@ pub(crate) struct SteppedAside {
     /// Each one's next input.
     pub inputs: Vec<u32>,
     /// How many of them left because more rows decoded than `draft_max_batch` (the
-    /// others: their drafts' acceptance).
+    /// others: their drafts' acceptance, or plain rows going back).
     pub over_batch: usize,
+    /// How many of them are plain rows that stepped with the prediction batch.
+    pub plain: usize,
 }
 
 impl SpecBatch {
@@ -181,6 +183,12 @@ impl SpecBatch {
     pub fn predicting(mut self, drafts: PredictionDrafts) -> SpecBatch {
         self.drafts = drafts;
         self
+    }
+
+    /// Whether plain rows (no drafts) may join: when its steps without drafts are
+    /// pipelined as the plain batch's (not when it verifies every draft).
+    pub fn carries_plain_rows(&self) -> bool {
+        self.drafts != PredictionDrafts::All
     }
 
     /// With `running` rows decoding (speculating and plain), whether they are more than
@@ -253,7 +261,8 @@ impl SpecBatch {
                         DraftFrom::DraftModel => Vec::new(),
                     },
                 ),
-                None => (1, Vec::new()),
+                // A plain row stepping with the prediction batch: no drafts.
+                None => (0, Vec::new()),
             };
             self.rows.push(Row {
                 seq,
@@ -408,7 +417,7 @@ impl SpecBatch {
             // Plain again whatever the last tokens draft: queue the step before reading
             // them. (Rows the scheduler routes the last tokens to cannot have finished
             // yet: they finish when those tokens are read.)
-            if p.rows == b && self.may_pipeline(draft) && self.stays_plain() {
+            if self.may_pipeline(draft) && self.stays_plain() {
                 return self.step_plain(model, Some(p));
             }
             flushed = self.read_pending(p, false)?;
@@ -700,8 +709,8 @@ impl SpecBatch {
 
     /// A plain step of every row, pipelined as the plain decode batch's: it feeds each
     /// row its next input (the tokens of `last`, the plain step before, still on the
-    /// device; or each row's `y`), queues the sampling, and only then reads `last`'s
-    /// tokens. Its own tokens stay pending until the next step, which reads them after
+    /// device; each row's `y` without it, and for rows that joined since), queues the
+    /// sampling, and only then reads `last`'s tokens. Its own tokens stay pending until the next step, which reads them after
     /// queuing itself when it is plain too, first otherwise ([`SpecBatch::step`]).
     fn step_plain(
         &mut self,
@@ -709,17 +718,22 @@ impl SpecBatch {
         last: Option<Pending>,
     ) -> Result<(Vec<(SeqId, Outcome)>, Round)> {
         let b = self.rows.len();
-        let input = match &last {
-            Some(p) => p.tokens.reshape(&[b as i32, 1])?,
-            None => {
-                let ys: Vec<u32> = self.rows.iter().map(|r| r.y).collect();
-                for row in &mut self.rows {
-                    if std::mem::take(&mut row.y_unfed) {
-                        row.seq.push_fed(row.y);
-                    }
-                }
-                Array::from_slice(&ys, &[b as i32, 1])?
+        // Rows past `last`'s (all without it) feed their `y`: they joined since.
+        let read = last.as_ref().map_or(0, |p| p.rows);
+        let ys: Vec<u32> = self.rows[read..].iter().map(|r| r.y).collect();
+        for row in &mut self.rows[read..] {
+            if std::mem::take(&mut row.y_unfed) {
+                row.seq.push_fed(row.y);
             }
+        }
+        let input = match &last {
+            Some(p) if read == b => p.tokens.reshape(&[b as i32, 1])?,
+            Some(p) => {
+                let tokens = p.tokens.reshape(&[read as i32, 1])?;
+                let joined = Array::from_slice(&ys, &[ys.len() as i32, 1])?;
+                ops::concatenate(&[&tokens, &joined], 0)?
+            }
+            None => Array::from_slice(&ys, &[b as i32, 1])?,
         };
         let logits = step::forward_tail(model, &input, self.cache.layers_mut(), None, 1)?;
         let mut samplers: Vec<&mut step::RowSampling> =
@@ -873,12 +887,13 @@ impl SpecBatch {
         let mut rows = self.keep_rows(&keep)?;
         let mut seqs = Vec::with_capacity(idx.len());
         let mut inputs = Vec::with_capacity(idx.len());
-        let mut over_batch = 0;
+        let (mut over_batch, mut plain) = (0, 0);
         for row in idx.iter().filter_map(|&i| rows[i].take()) {
             let Row {
                 mut seq,
                 y,
                 y_unfed,
+                k,
                 drafted,
                 accepted,
                 aside,
@@ -889,7 +904,10 @@ impl SpecBatch {
             if y_unfed {
                 seq.push_fed(y);
             }
-            if aside == Some(Aside::BatchSize) {
+            if k == 0 {
+                // A plain row that stepped with the prediction batch goes back.
+                plain += 1;
+            } else if aside == Some(Aside::BatchSize) {
                 over_batch += 1;
                 tracing::info!(
                     "speculative: {accepted} of {drafted} drafted tokens accepted over {} \
@@ -917,6 +935,7 @@ impl SpecBatch {
             cache,
             inputs,
             over_batch,
+            plain,
         }))
     }
 }
@@ -1131,7 +1150,7 @@ impl Stage for SpecBatch {
             if gone.iter().any(|(j, _)| *j == i) {
                 continue;
             }
-            if *how == Leave::Finished {
+            if *how == Leave::Finished && self.rows[i].k > 0 {
                 let r = &self.rows[i];
                 let rate = if r.drafted > 0 {
                     100.0 * r.accepted as f64 / r.drafted as f64
