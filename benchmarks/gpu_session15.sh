@@ -529,12 +529,16 @@ for PART in "$@"; do
       # passage it is asked to repeat) and make_bench_models.py variants (predicting their
       # own plain answer: random weights copy nothing); PRED_STREAMS (1,8,32), PRED_TRIALS
       # (2), -g PRED_G (128); PRED_ARMS: auto (each step verifies the drafts that pay,
-      # batch/width.rs, the default) and all (MLX_PREDICTION_DRAFTS=all: every draft)
+      # batch/width.rs, the default), all (MLX_PREDICTION_DRAFTS=all: every draft), none
+      # (MLX_PREDICTION_DRAFTS=none: the prediction batch stepping plainly) and mix (the
+      # default, every other stream predicted: predict_bench.py --mix)
       port=18941
       for arm in ${PRED_ARMS:-auto}; do
       for m in ${PRED_MODELS:-smollm2 llama-3.1-8b-bf16}; do
         [ "$(left)" -lt 60 ] && break 2
-        e=(); [ "$arm" = all ] && e=(MLX_PREDICTION_DRAFTS=all)
+        e=(); mix=()
+        case $arm in all) e=(MLX_PREDICTION_DRAFTS=all) ;; none) e=(MLX_PREDICTION_DRAFTS=none) ;;
+          mix) mix=(--mix) ;; esac
         if [ "$m" = smollm2 ]; then
           dir=/root/stash/smollm2; how=source
           [ -f "$dir/config.json" ] || { echo "== $m: $dir not staged" >> "$D/stdout.txt"; continue; }
@@ -546,7 +550,7 @@ for PART in "$@"; do
         for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; sleep 1; done
         timeout "$(left)" python3 benchmarks/predict_bench.py --base-url http://127.0.0.1:$port \
           -g "${PRED_G:-128}" --streams "${PRED_STREAMS:-1,8,32}" --trials "${PRED_TRIALS:-2}" \
-          --predict $how --label "$m $arm" >> "$D/stdout.txt" 2>&1
+          --predict $how "${mix[@]}" --label "$m $arm" >> "$D/stdout.txt" 2>&1
         echo "rc=$?" >> "$D/stdout.txt"
         kill $srv; wait $srv 2>/dev/null
       done
