@@ -290,6 +290,50 @@ fn prediction_rows_stepping_plainly_are_pipelined_and_answer_as_alone() {
 }
 
 #[test]
+fn plain_rows_stepping_with_predictions_answer_as_alone_seeded_ones_too() {
+    // Every draft verified: the plain rows that join the prediction batch (unseeded) step
+    // through verifications of several positions; a seeded row keeps its draws by staying
+    // in the plain batch.
+    let sampled = |seed: Option<u64>| {
+        let mut r = GenerationRequest::new(PROMPTS[3].to_vec(), 20);
+        r.sampling = mlx_engine::Sampling {
+            params: mlx_sample::SamplerParams {
+                temp: 1.0,
+                ..Default::default()
+            },
+            seed,
+        };
+        r
+    };
+    let want = alone();
+    let engine =
+        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+    let seeded = serve(&engine, vec![sampled(Some(3))]).remove(0).tokens;
+    drop(engine);
+    let all = mlx_engine::batch::EngineOptions {
+        prediction_drafts: mlx_engine::batch::PredictionDrafts::All,
+        ..opts()
+    };
+    let engine =
+        Engine::start(model(TARGET), all, Arc::new(EngineMetrics::default())).expect("engine");
+    let reqs = vec![
+        speculating(0, DraftFrom::Prediction(want[0].clone()), 5),
+        GenerationRequest::new(PROMPTS[1].to_vec(), MAX[1]),
+        sampled(Some(3)),
+        GenerationRequest::new(PROMPTS[2].to_vec(), MAX[2]),
+        sampled(None),
+    ];
+    let got = serve(&engine, reqs);
+    assert_eq!(got[0].tokens, want[0]);
+    assert!(got[0].from_draft > 0, "{:?}", got[0]);
+    assert_eq!(got[1].tokens, want[1]);
+    assert_eq!(got[2].tokens, seeded, "the seeded row's draws changed");
+    assert_eq!(got[3].tokens, want[2]);
+    assert_eq!(got[4].tokens.len(), 20);
+    assert!(got[1..].iter().all(|g| g.drafted == 0));
+}
+
+#[test]
 fn a_draft_with_a_larger_vocabulary_or_untrimmable_caches_is_refused() {
     let small = mlx_models::load_model(
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../goldens/models/llama-small-f32-tied"),

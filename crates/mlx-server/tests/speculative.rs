@@ -299,6 +299,56 @@ async fn a_prediction_drafts_from_its_text_without_changing_the_answer() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn mixed_requests_beside_predictions_answer_as_alone() {
+    // Plain requests of every kind next to predicted ones (plain rows step with the
+    // prediction batch unless they have a seed, processors or an adapter): each answer,
+    // its log-probabilities and finish reason as when the request is served alone.
+    let s = server(false).await;
+    let addr = s.local_addr();
+    let kinds = [
+        json!({"prediction": {"type": "content", "content": "Once upon a time"}}),
+        json!({"logprobs": true, "top_logprobs": 2}),
+        json!({"n": 2, "temperature": 0.8, "seed": 5}),
+        json!({"prediction": {"type": "content", "content": "one two three four"}}),
+        json!({"stop": ["e"]}),
+        json!({"response_format": {"type": "json_object"}}),
+        json!({"logit_bias": {"42": -100}}),
+        json!({}),
+    ];
+    let bodies: Vec<Json> = (0..16)
+        .map(|i| {
+            let mut b = chat(PROMPTS[i % 4], kinds[i % 8].clone());
+            b["max_tokens"] = json!(32);
+            b
+        })
+        .collect();
+    let key = |v: &Json| -> Vec<Json> {
+        v["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| json!([c["message"]["content"], c["finish_reason"], c["logprobs"]]))
+            .collect()
+    };
+    let mut alone = Vec::new();
+    for b in &bodies {
+        alone.push(key(&answer(addr, b).await));
+    }
+    let together = futures_join(bodies.into_iter().map(|body| {
+        tokio::spawn(async move {
+            let r = post(addr, "/v1/chat/completions", &body).await;
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            r.json()
+        })
+    }))
+    .await;
+    for (i, v) in together.iter().enumerate() {
+        assert_eq!(key(v), alone[i], "request {i}");
+    }
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn the_openai_sdk_sends_predictions_and_reads_their_usage() {
     // Every prediction draft verified (see above): the script checks accepted tokens.
     let s = server_cfg(true, 0, true).await;

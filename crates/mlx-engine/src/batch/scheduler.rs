@@ -798,7 +798,7 @@ impl Shared {
 
     /// The lanes of sequences joining together: each one's [`Scheduler::lane`]; then,
     /// while the prediction batch has rows (or some of these join it), plain rows it can
-    /// step with no drafts (no processors, no resident adapter; its plain steps are
+    /// step with no drafts (no processors, no resident adapter, no seed; its plain steps are
     /// pipelined as the plain batch's) join it too: one forward a step for both kinds
     /// instead of two.
     fn lanes(&self, seqs: &[Sequence], j: &Joining<'_>) -> Vec<Lane> {
@@ -809,12 +809,15 @@ impl Shared {
             .collect();
         let max = self.opts.draft_max_batch;
         let predicting = j.predicting.len() > 0 || lanes.contains(&Lane::Predicting);
-        if predicting && j.predicting.carries_plain_rows() && (max == 0 || running <= max) {
+        if predicting && (max == 0 || running <= max) {
             for (lane, s) in lanes.iter_mut().zip(seqs) {
                 let req = &s.job().req;
+                // A seeded row keeps the plain batch's draws: a verification step samples
+                // all its positions with one key.
                 if *lane == Lane::Plain
                     && req.speculate.is_none()
                     && req.adapter == 0
+                    && req.sampling.seed.is_none()
                     && !s.has_processors()
                 {
                     *lane = Lane::Predicting;

@@ -185,12 +185,6 @@ impl SpecBatch {
         self
     }
 
-    /// Whether plain rows (no drafts) may join: when its steps without drafts are
-    /// pipelined as the plain batch's (not when it verifies every draft).
-    pub fn carries_plain_rows(&self) -> bool {
-        self.drafts != PredictionDrafts::All
-    }
-
     /// With `running` rows decoding (speculating and plain), whether they are more than
     /// `draft_max_batch`: then every row is marked to step aside (before this step:
     /// [`SpecBatch::step_aside`] takes them out with no round drafted).
