@@ -934,6 +934,9 @@ impl SpecBatch {
     }
 }
 
+/// A token's log-probability and top alternatives, when asked for.
+type TokenDetails = (Option<f32>, Vec<(u32, f32)>);
+
 /// The log-probability and top log-probabilities `req` asks for of position `i` of row
 /// `r`: `chosen` holds the chosen tokens' (flat, `l` positions a row), `logprobs` is
 /// `[rows, l, v]`.
@@ -945,7 +948,7 @@ fn logprob_details(
     i: usize,
     l: usize,
     v: i32,
-) -> Result<(Option<f32>, Vec<(u32, f32)>)> {
+) -> Result<TokenDetails> {
     let logprob = if req.wants_logprobs() {
         chosen.get(r * l + i).copied()
     } else {

@@ -85,6 +85,9 @@ pub fn opts() -> EngineOptions {
     }
 }
 
+/// A token's log-probability and top alternatives `(id, logprob)`.
+pub type TokenLogprobs = (Option<f32>, Vec<(u32, f32)>);
+
 /// One request's tokens, how many came from drafts, and the drafts proposed.
 #[derive(Debug, Default, Clone)]
 pub struct Got {
@@ -92,7 +95,7 @@ pub struct Got {
     pub from_draft: usize,
     pub drafted: usize,
     /// Each token's log-probability and top alternatives (when the request asked).
-    pub logprobs: Vec<(Option<f32>, Vec<(u32, f32)>)>,
+    pub logprobs: Vec<TokenLogprobs>,
 }
 
 /// Submits every request at once and collects each one's tokens.
