@@ -117,6 +117,7 @@ fn run_engine(dir: &str, kv: Option<KvQuantization>) {
         draft_min_acceptance: 0.0,
         draft_max_batch: 0,
         prediction_drafts: Default::default(),
+        model_drafts: Default::default(),
     };
     let engine = Engine::start(model, opts, Arc::new(EngineMetrics::default())).expect("engine");
     let prompts: [&[u32]; 3] = [&[3, 4, 5, 6, 7, 8, 9], &[11, 12], &[20, 21, 22, 23]];

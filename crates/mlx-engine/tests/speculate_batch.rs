@@ -182,7 +182,7 @@ fn predicted_outputs_are_verified_and_the_right_prediction_is_accepted() {
     // Every draft verified: the default width follows the measured step times, which a
     // loaded machine can make leave drafts out (the same tokens either way).
     let all = mlx_engine::batch::EngineOptions {
-        prediction_drafts: mlx_engine::batch::PredictionDrafts::All,
+        prediction_drafts: mlx_engine::batch::DraftWidth::All,
         ..opts()
     };
     let engine =
@@ -243,7 +243,7 @@ fn prediction_rows_stepping_plainly_are_pipelined_and_answer_as_alone() {
     let stop_at = want[2][6];
     let metrics = Arc::new(EngineMetrics::default());
     let none = mlx_engine::batch::EngineOptions {
-        prediction_drafts: mlx_engine::batch::PredictionDrafts::None,
+        prediction_drafts: mlx_engine::batch::DraftWidth::None,
         ..opts()
     };
     let engine = Engine::start(model(TARGET), none, metrics.clone()).expect("engine");
@@ -311,7 +311,7 @@ fn plain_rows_stepping_with_predictions_answer_as_alone_seeded_ones_too() {
     let seeded = serve(&engine, vec![sampled(Some(3))]).remove(0).tokens;
     drop(engine);
     let all = mlx_engine::batch::EngineOptions {
-        prediction_drafts: mlx_engine::batch::PredictionDrafts::All,
+        prediction_drafts: mlx_engine::batch::DraftWidth::All,
         ..opts()
     };
     let engine =
@@ -331,6 +331,44 @@ fn plain_rows_stepping_with_predictions_answer_as_alone_seeded_ones_too() {
     assert_eq!(got[3].tokens, want[2]);
     assert_eq!(got[4].tokens.len(), 20);
     assert!(got[1..].iter().all(|g| g.drafted == 0));
+}
+
+#[test]
+fn draft_model_rows_under_the_default_width_or_none_answer_as_alone() {
+    // The default: each step drafts as many tokens as its measured times (drafting
+    // included) say pay, none included; with none, the rows step plainly (the draft
+    // model lagging behind, fed when a step drafts again). Rows never step aside for
+    // steps that drafted nothing by their width.
+    let want = alone();
+    for width in [
+        mlx_engine::batch::DraftWidth::Paying,
+        mlx_engine::batch::DraftWidth::None,
+    ] {
+        let metrics = Arc::new(EngineMetrics::default());
+        let o = mlx_engine::batch::EngineOptions {
+            model_drafts: width,
+            draft_min_acceptance: 0.9,
+            ..opts()
+        };
+        let engine =
+            Engine::start_with_draft(model(TARGET), Some(model(DRAFT)), o, metrics.clone())
+                .expect("engine");
+        let mut reqs: Vec<GenerationRequest> = (0..3)
+            .map(|i| speculating(i, DraftFrom::DraftModel, 3))
+            .collect();
+        reqs.push(GenerationRequest::new(PROMPTS[3].to_vec(), MAX[3]));
+        for (i, g) in serve(&engine, reqs).iter().enumerate() {
+            assert_eq!(g.tokens, want[i], "{width:?}: row {i}");
+            assert!(g.from_draft <= g.drafted, "{width:?}: row {i}: {g:?}");
+            if width == mlx_engine::batch::DraftWidth::None {
+                assert_eq!(g.drafted, 0, "row {i}");
+            }
+        }
+        if width == mlx_engine::batch::DraftWidth::None {
+            assert_eq!(metrics.spec_stepped_aside.get(), 0);
+            assert!(metrics.spec_steps.get() > 0);
+        }
+    }
 }
 
 #[test]

@@ -213,7 +213,7 @@ fn predictions_are_verified_against_the_constraint_and_penalties() {
     // Every draft verified: the default width follows the measured step times, which a
     // loaded machine can make leave drafts out (the same tokens either way).
     let all = mlx_engine::batch::EngineOptions {
-        prediction_drafts: mlx_engine::batch::PredictionDrafts::All,
+        prediction_drafts: mlx_engine::batch::DraftWidth::All,
         ..opts()
     };
     let engine =

@@ -42,6 +42,7 @@ fn engine(name: &str, step: usize, kv: Option<KvQuantization>) -> Engine {
         draft_min_acceptance: 0.0,
         draft_max_batch: 0,
         prediction_drafts: Default::default(),
+        model_drafts: Default::default(),
     };
     Engine::start(load(name), opts, Arc::new(EngineMetrics::default())).expect("engine")
 }

@@ -91,10 +91,11 @@ pub struct ServerConfig {
     /// than this decode (speculating and plain), speculating requests decode plainly
     /// from there (0: never).
     pub draft_max_batch: usize,
-    /// Verify every draft of an OpenAI prediction in every step (no flag: tests and
-    /// embedders; by default a step verifies as many as pay, see
-    /// `mlx_engine::batch::EngineOptions::verify_all_prediction_drafts`).
-    pub verify_all_prediction_drafts: bool,
+    /// Verify every draft (of an OpenAI prediction, or the draft model's
+    /// `num_draft_tokens`) in every step (no flag: tests and embedders; by default a
+    /// step verifies as many as pay, see `mlx_engine::batch::EngineOptions::
+    /// prediction_drafts` and `model_drafts`).
+    pub verify_all_drafts: bool,
     /// The draft model's name (`--draft-model`, or a pool model's `draft_model`) when
     /// one is loaded: requests speculate with it unless they name another (400).
     pub draft_model: Option<String>,
@@ -153,7 +154,7 @@ impl Default for ServerConfig {
             num_draft_tokens: 3,
             draft_min_acceptance: DEFAULT_DRAFT_MIN_ACCEPTANCE,
             draft_max_batch: DEFAULT_DRAFT_MAX_BATCH,
-            verify_all_prediction_drafts: false,
+            verify_all_drafts: false,
             draft_model: None,
         }
     }

@@ -470,6 +470,11 @@ impl Pool {
             created: self.created,
             fingerprint: format!("mlx-server-{}", env!("CARGO_PKG_VERSION")),
         };
+        let drafts = if cfg.verify_all_drafts {
+            mlx_engine::batch::DraftWidth::All
+        } else {
+            mlx_engine::batch::DraftWidth::Paying
+        };
         let opts = EngineOptions {
             decode_concurrency: cfg.decode_concurrency,
             prompt_concurrency: cfg.prompt_concurrency,
@@ -502,11 +507,8 @@ impl Pool {
             },
             draft_min_acceptance: cfg.draft_min_acceptance,
             draft_max_batch: cfg.draft_max_batch,
-            prediction_drafts: if cfg.verify_all_prediction_drafts {
-                mlx_engine::batch::PredictionDrafts::All
-            } else {
-                mlx_engine::batch::PredictionDrafts::Paying
-            },
+            prediction_drafts: drafts,
+            model_drafts: drafts,
         };
         let engine = Engine::start(model, draft, opts, Arc::clone(self.metrics.engine()))?;
         Ok(AppState {

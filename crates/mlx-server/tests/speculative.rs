@@ -34,7 +34,8 @@ async fn server_cfg(draft: bool, max_batch: usize, all: bool) -> Server {
         port: 0,
         decode_concurrency: 8,
         draft_max_batch: max_batch,
-        verify_all_prediction_drafts: all,
+        // The draft model's tests count its drafts: every one verified, as mlx-lm.
+        verify_all_drafts: all || draft,
         ..Default::default()
     };
     let mut spec = ModelSpec::new(&cfg.model_id);

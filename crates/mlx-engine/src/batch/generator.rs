@@ -142,6 +142,7 @@ impl BatchGenerator {
                 draft_min_acceptance: 0.0,
                 draft_max_batch: 0,
                 prediction_drafts: Default::default(),
+                model_drafts: Default::default(),
             },
             Arc::clone(&metrics),
         )?;

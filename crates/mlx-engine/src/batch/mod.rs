@@ -35,4 +35,4 @@ pub use request::{
 };
 pub use scheduler::{Engine, EngineOptions, ModelTask};
 pub use stop::StopMatcher;
-pub use width::PredictionDrafts;
+pub use width::DraftWidth;

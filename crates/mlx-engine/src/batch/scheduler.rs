@@ -26,7 +26,7 @@ use super::request::{
 use super::sequence::Sequence;
 use super::speculate::SpecBatch;
 use super::stage::{Leave, Outcome, Stage};
-use super::width::PredictionDrafts;
+use super::width::DraftWidth;
 use crate::error::{EngineError, Result};
 use crate::step::KvQuantization;
 use mlx_cache::{BatchPromptCache, PromptCache as LayerCaches};
@@ -81,7 +81,13 @@ pub struct EngineOptions {
     /// by default as many as pay for their positions in the batched forward, from the
     /// step times measured (`batch/width.rs`); every one, or none. The same tokens
     /// whichever. `MLX_PREDICTION_DRAFTS=all` / `none` overrides the default.
-    pub prediction_drafts: PredictionDrafts,
+    pub prediction_drafts: DraftWidth,
+    /// How many drafts the draft model makes and verifies each step for a speculating
+    /// batch: by default as many as pay for their drafting and positions, from its step
+    /// times (`batch/width.rs`, each row count on its own); every one
+    /// (`num_draft_tokens`, as mlx-lm), or none. The same tokens whichever.
+    /// `MLX_MODEL_DRAFTS=all` / `none` overrides the default.
+    pub model_drafts: DraftWidth,
 }
 
 /// Work on the model that runs on the engine thread between steps (see
@@ -192,13 +198,14 @@ impl Engine {
             Stages::Batched {
                 prefilling: PrefillBatch::default(),
                 decoding: DecodeBatch::default(),
-                drafting: Box::new(SpecBatch::new(
-                    opts.draft_min_acceptance,
-                    opts.draft_max_batch,
-                )),
-                predicting: Box::new(
+                drafting: Box::new(
                     SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch)
-                        .predicting(PredictionDrafts::from_env(opts.prediction_drafts)),
+                        .widths(DraftWidth::from_env("MLX_MODEL_DRAFTS", opts.model_drafts)),
+                ),
+                predicting: Box::new(
+                    SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch).widths(
+                        DraftWidth::from_env("MLX_PREDICTION_DRAFTS", opts.prediction_drafts),
+                    ),
                 ),
             }
         } else {

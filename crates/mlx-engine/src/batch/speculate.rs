@@ -53,7 +53,7 @@ use super::decode::{cache_err, merge_caches};
 use super::request::{DraftFrom, SeqId};
 use super::sequence::Sequence;
 use super::stage::{Leave, Left, Outcome, Stage};
-use super::width::{Acceptance, PredictionDrafts, Width};
+use super::width::{Acceptance, DraftWidth, Width};
 use crate::error::{EngineError, Result};
 use crate::speculative::{lookup_draft, AcceptancePolicy};
 use crate::step;
@@ -129,8 +129,11 @@ pub(crate) struct SpecBatch {
     /// Without a draft model (drafts from predictions): the step-time model that picks
     /// each step's width ([`Width`]), made at the first such step.
     width: Option<Width>,
-    /// How many drafts from predictions a step verifies.
-    drafts: PredictionDrafts,
+    /// With a draft model: one per row count (a step's drafting costs the draft's
+    /// forwards of every row, so the times of one row count do not scale to another).
+    model_widths: std::collections::BTreeMap<usize, Width>,
+    /// How many drafts a step verifies.
+    drafts: DraftWidth,
     /// The number of rows of the last step.
     last_rows: usize,
     /// A prediction batch's plain step whose tokens are not read yet (see
@@ -178,9 +181,8 @@ impl SpecBatch {
         }
     }
 
-    /// How many drafts from predictions each step verifies (as many as pay by default;
-    /// see [`Width`]).
-    pub fn predicting(mut self, drafts: PredictionDrafts) -> SpecBatch {
+    /// How many drafts each step verifies (as many as pay by default; see [`Width`]).
+    pub fn widths(mut self, drafts: DraftWidth) -> SpecBatch {
         self.drafts = drafts;
         self
     }
@@ -431,10 +433,37 @@ impl SpecBatch {
             .collect();
         // Tokens the draft caches lagged by (fed with this round's first draft step).
         let lagged = self.lag.first().map_or(0, Vec::len);
+        // A batch whose width follows its step times times each step alone: what is
+        // queued before it (the plain batch's step, a prefill chunk) finishes first. A
+        // draft model's step is timed from its drafting.
+        let timed = self.drafts == DraftWidth::Paying;
+        if timed && draft.is_some() {
+            mlx_array::current_stream().synchronize()?;
+        }
+        let mut started = std::time::Instant::now();
         let (drafts, lens): (Vec<Vec<u32>>, Vec<usize>) = match draft {
             Some(d) => {
-                let k = caps.iter().copied().max().unwrap_or(0);
-                (self.draft_with_model(d, k, &caps)?, caps.clone())
+                // Drafting costs the draft model's forwards: as many drafts as pay for
+                // them and their positions, by this row count's step times.
+                let w = match self.drafts {
+                    DraftWidth::All => usize::MAX,
+                    DraftWidth::None => 0,
+                    DraftWidth::Paying => {
+                        let rates: Vec<(f64, usize)> = self
+                            .rows
+                            .iter()
+                            .zip(&caps)
+                            .map(|(r, &cap)| (r.acceptance.rate(), cap))
+                            .collect();
+                        self.model_widths
+                            .entry(b)
+                            .or_insert_with(Width::for_current_device)
+                            .choose(&rates)
+                    }
+                };
+                let lens: Vec<usize> = caps.iter().map(|&c| c.min(w)).collect();
+                let k = lens.iter().copied().max().unwrap_or(0);
+                (self.draft_with_model(d, k, &lens)?, lens)
             }
             None => {
                 let mut d: Vec<Vec<u32>> = self
@@ -446,9 +475,9 @@ impl SpecBatch {
                 // Drafts from predictions cost nothing to make: verify as many as pay
                 // for their positions (see `Width`).
                 let w = match self.drafts {
-                    PredictionDrafts::All => usize::MAX,
-                    PredictionDrafts::None => 0,
-                    PredictionDrafts::Paying => {
+                    DraftWidth::All => usize::MAX,
+                    DraftWidth::None => 0,
+                    DraftWidth::Paying => {
                         let rates: Vec<(f64, usize)> = self
                             .rows
                             .iter()
@@ -469,7 +498,7 @@ impl SpecBatch {
         };
         let k = drafts.iter().map(Vec::len).max().unwrap_or(0);
         let known = match self.drafts {
-            PredictionDrafts::Paying => self.width.as_ref().is_some_and(|w| w.knows_plain(b)),
+            DraftWidth::Paying => self.width.as_ref().is_some_and(|w| w.knows_plain(b)),
             _ => true,
         };
         if k == 0 && known && self.may_pipeline(draft) {
@@ -478,13 +507,10 @@ impl SpecBatch {
             return Ok((flushed, round));
         }
         let l = k + 1;
-        // A prediction batch times its verification alone (for its width model): what
-        // is queued before it (the plain batch's step, a prefill chunk) finishes first.
-        let timed = draft.is_none() && self.drafts == PredictionDrafts::Paying;
-        if timed {
+        if timed && draft.is_none() {
             mlx_array::current_stream().synchronize()?;
+            started = std::time::Instant::now();
         }
-        let started = std::time::Instant::now();
         let mut flat = Vec::with_capacity(b * l);
         for (r, d) in self.rows.iter().zip(&drafts) {
             flat.push(r.y);
@@ -580,7 +606,11 @@ impl SpecBatch {
             // Not the first step after the number of rows changed (it also evaluates the
             // caches' joins and filters).
             let same_rows = std::mem::replace(&mut self.last_rows, b) == b;
-            if let (true, Some(w)) = (same_rows, self.width.as_mut()) {
+            let width = match draft {
+                Some(_) => self.model_widths.get_mut(&b),
+                None => self.width.as_mut(),
+            };
+            if let (true, Some(w)) = (same_rows, width) {
                 w.observe(b * l, started.elapsed().as_secs_f64());
             }
         }
@@ -605,7 +635,8 @@ impl SpecBatch {
             // A row drafting from its prediction never steps aside for its acceptance:
             // its drafts cost nothing and the width leaves them out when they do not
             // pay, while a row aside would cost a forward of its own each step.
-            if draft.is_some() && row.policy.record(lens[r], keep[r]).is_some() {
+            // (A step that drafted for no row by its width is no round.)
+            if draft.is_some() && k > 0 && row.policy.record(lens[r], keep[r]).is_some() {
                 row.aside.get_or_insert(Aside::Acceptance);
             }
             if let Some(e) = failed[r].take() {
@@ -680,14 +711,14 @@ impl SpecBatch {
     /// no row whose processors need each token first.
     fn may_pipeline(&self, draft: Option<&dyn LanguageModel>) -> bool {
         draft.is_none()
-            && self.drafts != PredictionDrafts::All
+            && self.drafts != DraftWidth::All
             && self.rows.iter().all(|r| !r.seq.has_processors())
     }
 
     /// With the last step's tokens unread: whether this step is plain whatever drafts
     /// they make (each row at its most, one token fewer remaining; [`Width::stays_plain`]).
     fn stays_plain(&mut self) -> bool {
-        if self.drafts == PredictionDrafts::None {
+        if self.drafts == DraftWidth::None {
             return true;
         }
         let rows: Vec<(f64, usize)> = self

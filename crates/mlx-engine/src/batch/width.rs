@@ -1,6 +1,7 @@
-//! How many drafts a speculating batch verifies in a step when its drafts cost nothing to
-//! make (prompt lookup against OpenAI predicted outputs): the width whose expected
-//! tokens per unit of step time is highest.
+//! How many drafts a speculating batch verifies in a step: the width whose expected
+//! tokens per unit of step time is highest. Drafts from predictions (prompt lookup
+//! against OpenAI predicted outputs) cost nothing to make; a draft model's cost its
+//! forwards, which its batch's step times include (each row count timed on its own).
 //!
 //! A batched verification is rectangular: `B` rows of `w + 1` positions, the rows with
 //! fewer drafts padded. Its time grows with the `B (w + 1)` positions: on the CPU each
@@ -23,28 +24,31 @@
 //! Each row's `alpha` is its own decayed count of accepted drafts over the drafts it
 //! could have had accepted (a rejection ends a round's trials), from a prior of 0.7.
 
-/// How many of a prediction's drafts a speculating batch verifies
-/// ([`crate::batch::EngineOptions::prediction_drafts`]).
+/// How many drafts a speculating batch verifies each step
+/// ([`crate::batch::EngineOptions::prediction_drafts`] for drafts from predictions,
+/// [`crate::batch::EngineOptions::model_drafts`] for the draft model's).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum PredictionDrafts {
-    /// Each step as many as pay for their positions, from the batch's measured step
-    /// times ([`Width`]); a step that verifies none is queued before the last step's
-    /// tokens are read, as a plain batch's.
+pub enum DraftWidth {
+    /// Each step as many as pay, from the batch's measured step times ([`Width`]; a
+    /// draft model's steps are timed with its drafting). A prediction batch's step that
+    /// verifies none is queued before the last step's tokens are read, as a plain
+    /// batch's.
     #[default]
     Paying,
-    /// Every draft in every step.
+    /// Every draft in every step (a request's `num_draft_tokens`, as mlx-lm's
+    /// speculative decoding).
     All,
-    /// None: the rows decode plainly (pipelined) in their own batch. For measuring what
-    /// speculation gains over the same batch without it.
+    /// None: the rows decode plainly in their own batch. For measuring what speculation
+    /// gains over the same batch without it.
     None,
 }
 
-impl PredictionDrafts {
-    /// `MLX_PREDICTION_DRAFTS` (`all`, `none`; anything else: `default`).
-    pub fn from_env(default: PredictionDrafts) -> PredictionDrafts {
-        match std::env::var("MLX_PREDICTION_DRAFTS").as_deref() {
-            Ok("all") => PredictionDrafts::All,
-            Ok("none") => PredictionDrafts::None,
+impl DraftWidth {
+    /// The environment variable `var` (`all`, `none`; anything else: `default`).
+    pub fn from_env(var: &str, default: DraftWidth) -> DraftWidth {
+        match std::env::var(var).as_deref() {
+            Ok("all") => DraftWidth::All,
+            Ok("none") => DraftWidth::None,
             _ => default,
         }
     }

@@ -82,6 +82,9 @@ pub fn opts() -> EngineOptions {
         draft_min_acceptance: 0.0,
         draft_max_batch: 0,
         prediction_drafts: Default::default(),
+        // The draft model's tests count its drafts: every one verified, as mlx-lm (one
+        // test takes the default).
+        model_drafts: mlx_engine::batch::DraftWidth::All,
     }
 }
 
