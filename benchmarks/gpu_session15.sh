@@ -512,16 +512,21 @@ for PART in "$@"; do
       OUT=$D timeout "$L" bash benchmarks/gpu_lora.sh "$NEW" --rounds 1 ${LORA_ARGS:-} > "$D/stdout.txt" 2>&1
       rm -rf "$D/adapters" "$D/data" ;;
     specsrv)
+      # issue 19: the echo 8B bf16 with its own 4-bit copy as the draft model in the
+      # batching server; SPEC_ARMS: plain, draft (each step drafts as many as pay, the
+      # default) and draftall (MLX_MODEL_DRAFTS=all: num_draft_tokens every step)
       M=$MODELS/llama-3.1-8b-echo-bf16
       python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
         --tokenizers .gpu/tok > "$D/models.txt" 2>&1
-      for arm in plain draft; do
+      for arm in ${SPEC_ARMS:-plain draft draftall}; do
         extra=()
-        [ "$arm" = draft ] && extra=(--ours-arg=--draft-model --ours-arg="$MODELS/llama-3.1-8b-echo-4bit")
+        [ "$arm" != plain ] && extra=(--ours-arg=--draft-model --ours-arg="$MODELS/llama-3.1-8b-echo-4bit")
+        if [ "$arm" = draftall ]; then export MLX_MODEL_DRAFTS=all; else unset MLX_MODEL_DRAFTS; fi
         MLX_SDPA_SPLIT_QUERIES=1 timeout $(( $(left) > 30 ? $(left) : 30 )) "$NEW/xtask" bench --server \
           --ours "$NEW/mlx-server" --python python3 --model "$M" -p 128 -g 128 \
           --streams 1,8,32 "${extra[@]}" --out "$D/server-$arm.md" > "$D/$arm.log" 2>&1
-      done ;;
+      done
+      unset MLX_MODEL_DRAFTS ;;
     predsrv)
       # issue 19: speculation inside the batching server without a draft model (OpenAI
       # predicted outputs, benchmarks/predict_bench.py) against the same requests without,
