@@ -6,7 +6,9 @@
 //! is accepted in full; each row keeps its own acceptance, so batched rows are drafted
 //! and accept exactly as alone.
 use common::{model, opts, serve, Got};
-use mlx_engine::batch::{DraftFrom, Engine, EngineMetrics, GenerationRequest, Speculate};
+use mlx_engine::batch::{
+    DraftFrom, DraftWidth, Engine, EngineMetrics, GenerationRequest, Speculate,
+};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -36,6 +38,15 @@ fn alone() -> Vec<Vec<u32>> {
                 .tokens
         })
         .collect()
+}
+
+/// An engine on the target whose prediction batches verify drafts by `width`.
+fn predicting(width: DraftWidth, metrics: Arc<EngineMetrics>) -> Engine {
+    let o = mlx_engine::batch::EngineOptions {
+        prediction_drafts: width,
+        ..opts()
+    };
+    Engine::start(model(TARGET), o, metrics).expect("engine")
 }
 
 fn speculating(i: usize, from: DraftFrom, k: usize) -> GenerationRequest {
@@ -181,12 +192,7 @@ fn predicted_outputs_are_verified_and_the_right_prediction_is_accepted() {
     let want = alone();
     // Every draft verified: the default width follows the measured step times, which a
     // loaded machine can make leave drafts out (the same tokens either way).
-    let all = mlx_engine::batch::EngineOptions {
-        prediction_drafts: mlx_engine::batch::DraftWidth::All,
-        ..opts()
-    };
-    let engine =
-        Engine::start(model(TARGET), all, Arc::new(EngineMetrics::default())).expect("engine");
+    let engine = predicting(DraftWidth::All, Arc::new(EngineMetrics::default()));
     // Row 0 predicts its exact output, row 1 a wrong one, row 2 half of its own.
     let reqs = vec![
         speculating(0, DraftFrom::Prediction(want[0].clone()), 5),
@@ -242,11 +248,7 @@ fn prediction_rows_stepping_plainly_are_pipelined_and_answer_as_alone() {
     drop(engine);
     let stop_at = want[2][6];
     let metrics = Arc::new(EngineMetrics::default());
-    let none = mlx_engine::batch::EngineOptions {
-        prediction_drafts: mlx_engine::batch::DraftWidth::None,
-        ..opts()
-    };
-    let engine = Engine::start(model(TARGET), none, metrics.clone()).expect("engine");
+    let engine = predicting(DraftWidth::None, metrics.clone());
     let reqs: Vec<GenerationRequest> = (0..12)
         .map(|j| {
             let i = j % 4;
@@ -310,12 +312,7 @@ fn plain_rows_stepping_with_predictions_answer_as_alone_seeded_ones_too() {
         Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
     let seeded = serve(&engine, vec![sampled(Some(3))]).remove(0).tokens;
     drop(engine);
-    let all = mlx_engine::batch::EngineOptions {
-        prediction_drafts: mlx_engine::batch::DraftWidth::All,
-        ..opts()
-    };
-    let engine =
-        Engine::start(model(TARGET), all, Arc::new(EngineMetrics::default())).expect("engine");
+    let engine = predicting(DraftWidth::All, Arc::new(EngineMetrics::default()));
     let reqs = vec![
         speculating(0, DraftFrom::Prediction(want[0].clone()), 5),
         GenerationRequest::new(PROMPTS[1].to_vec(), MAX[1]),
@@ -340,10 +337,7 @@ fn draft_model_rows_under_the_default_width_or_none_answer_as_alone() {
     // model lagging behind, fed when a step drafts again). Rows never step aside for
     // steps that drafted nothing by their width.
     let want = alone();
-    for width in [
-        mlx_engine::batch::DraftWidth::Paying,
-        mlx_engine::batch::DraftWidth::None,
-    ] {
+    for width in [DraftWidth::Paying, DraftWidth::None] {
         let metrics = Arc::new(EngineMetrics::default());
         let o = mlx_engine::batch::EngineOptions {
             model_drafts: width,
@@ -360,11 +354,11 @@ fn draft_model_rows_under_the_default_width_or_none_answer_as_alone() {
         for (i, g) in serve(&engine, reqs).iter().enumerate() {
             assert_eq!(g.tokens, want[i], "{width:?}: row {i}");
             assert!(g.from_draft <= g.drafted, "{width:?}: row {i}: {g:?}");
-            if width == mlx_engine::batch::DraftWidth::None {
+            if width == DraftWidth::None {
                 assert_eq!(g.drafted, 0, "row {i}");
             }
         }
-        if width == mlx_engine::batch::DraftWidth::None {
+        if width == DraftWidth::None {
             assert_eq!(metrics.spec_stepped_aside.get(), 0);
             assert!(metrics.spec_steps.get() > 0);
         }

@@ -445,22 +445,7 @@ impl SpecBatch {
             Some(d) => {
                 // Drafting costs the draft model's forwards: as many drafts as pay for
                 // them and their positions, by this row count's step times.
-                let w = match self.drafts {
-                    DraftWidth::All => usize::MAX,
-                    DraftWidth::None => 0,
-                    DraftWidth::Paying => {
-                        let rates: Vec<(f64, usize)> = self
-                            .rows
-                            .iter()
-                            .zip(&caps)
-                            .map(|(r, &cap)| (r.acceptance.rate(), cap))
-                            .collect();
-                        self.model_widths
-                            .entry(b)
-                            .or_insert_with(Width::for_current_device)
-                            .choose(&rates)
-                    }
-                };
+                let w = self.choose_width(true, &caps);
                 let lens: Vec<usize> = caps.iter().map(|&c| c.min(w)).collect();
                 let k = lens.iter().copied().max().unwrap_or(0);
                 (self.draft_with_model(d, k, &lens)?, lens)
@@ -474,21 +459,8 @@ impl SpecBatch {
                     .collect();
                 // Drafts from predictions cost nothing to make: verify as many as pay
                 // for their positions (see `Width`).
-                let w = match self.drafts {
-                    DraftWidth::All => usize::MAX,
-                    DraftWidth::None => 0,
-                    DraftWidth::Paying => {
-                        let rates: Vec<(f64, usize)> = self
-                            .rows
-                            .iter()
-                            .zip(&d)
-                            .map(|(r, d)| (r.acceptance.rate(), d.len()))
-                            .collect();
-                        self.width
-                            .get_or_insert_with(Width::for_current_device)
-                            .choose(&rates)
-                    }
-                };
+                let avail: Vec<usize> = d.iter().map(Vec::len).collect();
+                let w = self.choose_width(false, &avail);
                 for x in &mut d {
                     x.truncate(w);
                 }
@@ -704,6 +676,32 @@ impl SpecBatch {
             }
         }
         Ok(())
+    }
+
+    /// This step's width (drafts verified a row at most) for rows with `avail` drafts
+    /// each at most, by the batch's [`DraftWidth`]; with a draft model (`model`) from
+    /// this row count's step times.
+    fn choose_width(&mut self, model: bool, avail: &[usize]) -> usize {
+        match self.drafts {
+            DraftWidth::All => usize::MAX,
+            DraftWidth::None => 0,
+            DraftWidth::Paying => {
+                let rates: Vec<(f64, usize)> = self
+                    .rows
+                    .iter()
+                    .zip(avail)
+                    .map(|(r, &d)| (r.acceptance.rate(), d))
+                    .collect();
+                let width = if model {
+                    self.model_widths
+                        .entry(rates.len())
+                        .or_insert_with(Width::for_current_device)
+                } else {
+                    self.width.get_or_insert_with(Width::for_current_device)
+                };
+                width.choose(&rates)
+            }
+        }
     }
 
     /// Whether a plain step may be queued before the last one's tokens are read: in a
