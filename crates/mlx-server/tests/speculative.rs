@@ -26,7 +26,8 @@ async fn server_with(draft: bool, max_batch: usize) -> Server {
     server_cfg(draft, max_batch, false).await
 }
 
-/// [`server_with`], verifying every draft of a prediction in every step when `all`.
+/// [`server_with`], verifying every draft of a prediction in every step when `all`
+/// (every draft of the draft model always).
 async fn server_cfg(draft: bool, max_batch: usize, all: bool) -> Server {
     let (model, tok) = tiny_model();
     let cfg = ServerConfig {

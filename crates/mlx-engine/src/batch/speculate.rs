@@ -84,7 +84,7 @@ struct Row {
     accepted: u64,
     /// Its acceptance over the last rounds.
     policy: AcceptancePolicy,
-    /// Its drafts' acceptance rate, for the width of a prediction batch's steps.
+    /// Its drafts' acceptance rate, for the width of its batch's steps.
     acceptance: Acceptance,
     /// Why it stops speculating: it leaves at [`SpecBatch::step_aside`].
     aside: Option<Aside>,

@@ -286,6 +286,16 @@ impl Width {
 mod tests {
     use super::*;
 
+    /// A model that timed sizes 8, 16 and 32 at the CPU's measured shape: 30 ms + 9.5 ms
+    /// a position.
+    fn cpu_shaped() -> Width {
+        let mut w = Width::new(100.0);
+        for n in [8usize, 32, 8, 32, 16] {
+            w.observe(n, 0.030 + 0.0095 * n as f64);
+        }
+        w
+    }
+
     #[test]
     fn nearly_free_width_verifies_every_draft() {
         // Step time that barely grows with the positions (a host-bound GPU step).
@@ -330,12 +340,9 @@ mod tests {
 
     #[test]
     fn a_step_plain_at_the_most_drafts_is_known_plain_before_they_are() {
-        let mut w = Width::new(100.0);
         // Nothing timed: a plain step's time is not known, so it is not queued blind.
-        assert!(!w.stays_plain(&[(0.3, 3); 8]));
-        for n in [8usize, 32, 8, 32, 16] {
-            w.observe(n, 0.030 + 0.0095 * n as f64);
-        }
+        assert!(!Width::new(100.0).stays_plain(&[(0.3, 3); 8]));
+        let mut w = cpu_shaped();
         assert!(w.stays_plain(&[(0.3, 3); 8]));
         // Drafts that may pay: read the tokens first and choose.
         assert!(!w.stays_plain(&[(0.95, 3)]));
@@ -348,11 +355,7 @@ mod tests {
 
     #[test]
     fn costly_width_needs_acceptance() {
-        // The CPU's measured shape: 30 ms + 9.5 ms a position.
-        let mut w = Width::new(100.0);
-        for n in [8usize, 32, 8, 32, 16] {
-            w.observe(n, 0.030 + 0.0095 * n as f64);
-        }
+        let mut w = cpu_shaped();
         // Eight rows that rarely accept: plain steps.
         assert_eq!(w.choose(&[(0.3, 3); 8]), 0);
         // One row that nearly always accepts: its drafts.
