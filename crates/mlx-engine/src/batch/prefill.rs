@@ -79,33 +79,18 @@ impl PrefillBatch {
             .iter()
             .map(|r| r.next_chunk(step_size, true).len())
             .collect();
-        let longest = lengths.iter().copied().max().unwrap_or(0);
-        if longest == 0 {
+        if lengths.iter().all(|&n| n == 0) {
             return Ok(Vec::new());
         }
-        let mut tokens = Vec::with_capacity(self.rows.len() * longest);
-        for r in &self.rows {
-            let part = r.next_chunk(step_size, true);
-            tokens.extend_from_slice(part);
-            tokens.extend(std::iter::repeat_n(0u32, longest - part.len()));
-        }
-        let x = Array::from_slice(&tokens, &[self.rows.len() as i32, longest as i32])?;
-        let padding: Vec<i32> = lengths.iter().map(|&n| (longest - n) as i32).collect();
-        let padded = padding.iter().any(|&p| p > 0);
-        if padded {
-            let lens: Vec<i32> = lengths.iter().map(|&n| n as i32).collect();
-            self.cache
-                .prepare_right_padding(&lens, &padding)
-                .map_err(cache_err)?;
-        }
+        let chunks: Vec<&[u32]> = self
+            .rows
+            .iter()
+            .map(|r| r.next_chunk(step_size, true))
+            .collect();
         let adapters: Vec<u32> = self.rows.iter().map(|r| r.job().req.adapter).collect();
         let logits = mlx_nn::lora::with_row_adapters(&adapters, || {
-            step::prefill(model, &x, self.cache.layers_mut(), None)
+            padded_forward(model, &mut self.cache, &chunks)
         })?;
-        if padded {
-            self.cache.finalize().map_err(cache_err)?;
-            step::eval_state(self.cache.layers())?;
-        }
         // Rows that asked for their prompt's log-probabilities read their positions of
         // the chunk's logits (right-padded: a row's tokens come first); for the others
         // the logits are never evaluated.
@@ -182,6 +167,38 @@ impl PrefillBatch {
         self.rows = all.into_iter().flatten().collect();
         taken
     }
+}
+
+/// One forward pass of `chunks` (each row's next prompt tokens, some maybe none) into
+/// `cache`, right-padded to the longest chunk, the padding then rolled in front of each
+/// row (mlx-lm's `prepare` / `finalize`). Returns the logits `[rows, longest, vocab]`,
+/// a row's positions first; the caches are evaluated.
+pub(crate) fn padded_forward(
+    model: &dyn LanguageModel,
+    cache: &mut BatchPromptCache,
+    chunks: &[&[u32]],
+) -> Result<Array> {
+    let longest = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
+    let mut tokens = Vec::with_capacity(chunks.len() * longest);
+    for c in chunks {
+        tokens.extend_from_slice(c);
+        tokens.extend(std::iter::repeat_n(0u32, longest - c.len()));
+    }
+    let x = Array::from_slice(&tokens, &[chunks.len() as i32, longest as i32])?;
+    let padding: Vec<i32> = chunks.iter().map(|c| (longest - c.len()) as i32).collect();
+    let padded = padding.iter().any(|&p| p > 0);
+    if padded {
+        let lens: Vec<i32> = chunks.iter().map(|c| c.len() as i32).collect();
+        cache
+            .prepare_right_padding(&lens, &padding)
+            .map_err(cache_err)?;
+    }
+    let logits = step::prefill(model, &x, cache.layers_mut(), None)?;
+    if padded {
+        cache.finalize().map_err(cache_err)?;
+        step::eval_state(cache.layers())?;
+    }
+    Ok(logits)
 }
 
 impl Stage for PrefillBatch {

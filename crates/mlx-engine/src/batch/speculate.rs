@@ -50,6 +50,7 @@
 //! request: its draft caches are dropped, so it decodes plainly to its end even when
 //! the batch shrinks again (requests that join later speculate).
 use super::decode::{cache_err, merge_caches};
+use super::prefill::padded_forward;
 use super::request::{DraftFrom, SeqId};
 use super::sequence::Sequence;
 use super::stage::{Leave, Left, Outcome, Stage};
@@ -281,7 +282,11 @@ impl SpecBatch {
     }
 
     /// Brings the draft caches level with the target's (feeds the lagging tokens), so
-    /// that new rows can join them; then prefills the new prompts into draft caches.
+    /// that new rows can join them; then prefills the new prompts (each but its last
+    /// token) into draft caches: together, in right-padded chunks, as the target's
+    /// prefill does, or one prompt at a time where right padding would leak into a
+    /// draft's recurrent state. The drafts only propose tokens, so how their caches were
+    /// batched changes no row's answer.
     fn draft_prefill(
         &mut self,
         draft: &dyn LanguageModel,
@@ -289,13 +294,39 @@ impl SpecBatch {
         step_size: usize,
     ) -> Result<BatchPromptCache> {
         self.catch_up(draft)?;
+        let step_size = step_size.max(1);
+        let bodies: Vec<&[u32]> = seqs
+            .iter()
+            .map(|s| {
+                let prompt = &s.job().req.prompt;
+                &prompt[..prompt.len().saturating_sub(1)]
+            })
+            .collect();
+        let fresh = || {
+            mlx_cache::make_prompt_cache(&draft.cache_specs(), None)
+                .map_err(|e| EngineError::Unavailable(format!("cannot make a KV cache: {e}")))
+        };
+        if draft.padded_prefill_is_exact() {
+            let own = (0..seqs.len())
+                .map(|_| fresh())
+                .collect::<Result<Vec<_>>>()?;
+            let refs: Vec<&[Box<dyn KvCache>]> = own.iter().map(|c| c.as_slice()).collect();
+            let mut cache = BatchPromptCache::merge(&refs).map_err(cache_err)?;
+            let mut done = 0;
+            while bodies.iter().any(|b| b.len() > done) {
+                let chunks: Vec<&[u32]> = bodies
+                    .iter()
+                    .map(|b| &b[done.min(b.len())..(done + step_size).min(b.len())])
+                    .collect();
+                drop(padded_forward(draft, &mut cache, &chunks)?);
+                done += step_size;
+            }
+            return Ok(cache);
+        }
         let mut own: Vec<PromptCache> = Vec::with_capacity(seqs.len());
-        for s in seqs {
-            let mut caches = mlx_cache::make_prompt_cache(&draft.cache_specs(), None)
-                .map_err(|e| EngineError::Unavailable(format!("cannot make a KV cache: {e}")))?;
-            let prompt = &s.job().req.prompt;
-            let body = &prompt[..prompt.len().saturating_sub(1)];
-            for chunk in body.chunks(step_size.max(1)) {
+        for body in bodies {
+            let mut caches = fresh()?;
+            for chunk in body.chunks(step_size) {
                 let a = Array::from_slice(chunk, &[1, chunk.len() as i32])?;
                 drop(step::prefill(draft, &a, &mut caches, None)?);
             }
