@@ -366,6 +366,48 @@ fn draft_model_rows_under_the_default_width_or_none_answer_as_alone() {
 }
 
 #[test]
+fn a_draft_model_lagging_behind_pipelined_plain_steps_drafts_from_where_the_target_is() {
+    // The model as its own draft under the default width: on the CPU a draft costs a
+    // forward as dear as the target's, so the rows step plainly (pipelined: the draft
+    // model lags by every token, each read a step late) and verify one draft a row when
+    // that width's time is stale (every 64 steps). Each such draft is accepted only if
+    // the draft model was fed exactly the tokens the target was.
+    let n = 200;
+    let plain =
+        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+    let req = |i: usize| GenerationRequest::new(PROMPTS[i].to_vec(), n);
+    let want: Vec<Vec<u32>> = (0..3)
+        .map(|i| serve(&plain, vec![req(i)]).remove(0).tokens)
+        .collect();
+    let o = mlx_engine::batch::EngineOptions {
+        model_drafts: DraftWidth::Paying,
+        ..opts()
+    };
+    let engine = Engine::start_with_draft(
+        model(TARGET),
+        Some(model(TARGET)),
+        o,
+        Arc::new(EngineMetrics::default()),
+    )
+    .expect("engine");
+    let reqs = (0..3)
+        .map(|i| GenerationRequest {
+            speculate: Some(Speculate {
+                from: DraftFrom::DraftModel,
+                num_draft_tokens: 3,
+            }),
+            ..req(i)
+        })
+        .collect();
+    for (i, g) in serve(&engine, reqs).iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "row {i}");
+        // Drafts after the first stretch of plain steps too.
+        assert!(g.drafted >= 2, "row {i}: {} drafted", g.drafted);
+        assert_eq!(g.from_draft, g.drafted, "row {i}: accepted of drafted");
+    }
+}
+
+#[test]
 fn a_draft_with_a_larger_vocabulary_or_untrimmable_caches_is_refused() {
     let small = mlx_models::load_model(
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../goldens/models/llama-small-f32-tied"),

@@ -366,10 +366,6 @@ impl SpecBatch {
     ) -> Result<Vec<Vec<u32>>> {
         let b = self.rows.len();
         if k == 0 {
-            // The target alone takes `y`: the draft model now lags by it too.
-            for (l, r) in self.lag.iter_mut().zip(&self.rows) {
-                l.push(r.y);
-            }
             return Ok(vec![Vec::new(); b]);
         }
         let n = self.lag.first().map_or(0, |l| l.len()) + 1;
@@ -444,7 +440,7 @@ impl SpecBatch {
             // Plain again whatever the last tokens draft: queue the step before reading
             // them. (Rows the scheduler routes the last tokens to cannot have finished
             // yet: they finish when those tokens are read.)
-            if self.may_pipeline(draft) && self.stays_plain() {
+            if self.may_pipeline() && self.stays_plain(draft.is_some()) {
                 return self.step_plain(model, Some(p));
             }
             flushed = self.read_pending(p, false)?;
@@ -501,13 +497,21 @@ impl SpecBatch {
         };
         let k = drafts.iter().map(Vec::len).max().unwrap_or(0);
         let known = match self.drafts {
-            DraftWidth::Paying => self.width.as_ref().is_some_and(|w| w.knows_plain(b)),
+            DraftWidth::Paying => self
+                .width_of(draft.is_some(), b)
+                .is_some_and(|w| w.knows_plain(b)),
             _ => true,
         };
-        if k == 0 && known && self.may_pipeline(draft) {
+        if k == 0 && known && self.may_pipeline() {
             let (mut out, round) = self.step_plain(model, None)?;
             flushed.append(&mut out);
             return Ok((flushed, round));
+        }
+        if k == 0 {
+            // The target alone takes `y`: the draft model now lags by it too.
+            for (l, r) in self.lag.iter_mut().zip(&self.rows) {
+                l.push(r.y);
+            }
         }
         let l = k + 1;
         if timed && draft.is_none() {
@@ -736,17 +740,26 @@ impl SpecBatch {
     }
 
     /// Whether a plain step may be queued before the last one's tokens are read: in a
-    /// prediction batch that does not verify every draft (not with a draft model), with
-    /// no row whose processors need each token first.
-    fn may_pipeline(&self, draft: Option<&dyn LanguageModel>) -> bool {
-        draft.is_none()
-            && self.drafts != DraftWidth::All
-            && self.rows.iter().all(|r| !r.seq.has_processors())
+    /// batch that does not verify every draft, with no row whose processors need each
+    /// token first. (With a draft model, the draft lags by the plain steps' tokens and
+    /// is fed them when a step drafts again.)
+    fn may_pipeline(&self) -> bool {
+        self.drafts != DraftWidth::All && self.rows.iter().all(|r| !r.seq.has_processors())
+    }
+
+    /// The width model of `b` rows' steps: the draft model's of that row count, or the
+    /// prediction batch's.
+    fn width_of(&mut self, model: bool, b: usize) -> Option<&mut Width> {
+        if model {
+            self.model_widths.get_mut(&b)
+        } else {
+            self.width.as_mut()
+        }
     }
 
     /// With the last step's tokens unread: whether this step is plain whatever drafts
     /// they make (each row at its most, one token fewer remaining; [`Width::stays_plain`]).
-    fn stays_plain(&mut self) -> bool {
+    fn stays_plain(&mut self, model: bool) -> bool {
         if self.drafts == DraftWidth::None {
             return true;
         }
@@ -758,7 +771,9 @@ impl SpecBatch {
                 (r.acceptance.rate(), cap)
             })
             .collect();
-        self.width.as_mut().is_some_and(|w| w.stays_plain(&rows))
+        let b = rows.len();
+        self.width_of(model, b)
+            .is_some_and(|w| w.stays_plain(&rows))
     }
 
     /// A plain step of every row, pipelined as the plain decode batch's: it feeds each
@@ -779,6 +794,11 @@ impl SpecBatch {
             if std::mem::take(&mut row.y_unfed) {
                 row.seq.push_fed(row.y);
             }
+        }
+        // A draft model lags by every token the target takes alone (`last`'s when they
+        // are read).
+        for (l, &y) in self.lag.iter_mut().skip(read).zip(&ys) {
+            l.push(y);
         }
         let input = match &last {
             Some(p) if read == b => p.tokens.reshape(&[b as i32, 1])?,
@@ -841,6 +861,8 @@ impl SpecBatch {
             if !fed {
                 row.y = token;
                 row.y_unfed = true;
+            } else if let Some(l) = self.lag.get_mut(r) {
+                l.push(token);
             }
             match row.seq.record(token, logprob, top, fed) {
                 Ok(t) => {

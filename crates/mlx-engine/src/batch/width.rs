@@ -219,8 +219,10 @@ impl Width {
     /// `(acceptance rate, drafts available)`.
     ///
     /// When that is 0 (a plain step) while some row has a draft and one draft a row was
-    /// not timed in the last `STALE` choices, it is 1: the step times then tell how much
-    /// a wider step costs (the backend's prior may be far off for the model at hand).
+    /// not timed in the last `STALE` choices, it is 1; when it is more while a plain
+    /// step was not timed in those choices, it is 0: the step times then tell what each
+    /// costs (the backend's prior may be far off for the model at hand, and a draft
+    /// model's forwards are not in it).
     pub fn choose(&mut self, rows: &[(f64, usize)]) -> usize {
         self.choices += 1;
         self.best(rows)
@@ -248,6 +250,25 @@ impl Width {
 
     /// [`Width::choose`] without counting the choice.
     fn best(&self, rows: &[(f64, usize)]) -> usize {
+        let best = self.best_unexplored(rows);
+        let b = rows.len();
+        if best == 0 && rows.iter().all(|&(_, d)| d == 0) {
+            return 0;
+        }
+        // Each way of stepping is timed now and then: a plain step when it has no fresh
+        // time (a draft model's step costs its forwards, which the positions' line and
+        // the prior leave out), one draft a row when stepping plainly.
+        if best != 0 && self.fresh(b).is_none() {
+            return 0;
+        }
+        if best == 0 && self.fresh(2 * b).is_none() {
+            return 1;
+        }
+        best
+    }
+
+    /// The width of the most expected tokens a second by the times known.
+    fn best_unexplored(&self, rows: &[(f64, usize)]) -> usize {
         let most = rows.iter().map(|&(_, d)| d).max().unwrap_or(0);
         if most == 0 {
             return 0;
@@ -275,9 +296,6 @@ impl Width {
                 best = (w, value);
             }
         }
-        if best.0 == 0 && self.fresh(2 * b).is_none() {
-            return 1;
-        }
         best.0
     }
 }
@@ -286,11 +304,11 @@ impl Width {
 mod tests {
     use super::*;
 
-    /// A model that timed sizes 8, 16 and 32 at the CPU's measured shape: 30 ms + 9.5 ms
-    /// a position.
+    /// A model that timed sizes 1, 4, 8, 16 and 32 at the CPU's measured shape: 30 ms +
+    /// 9.5 ms a position.
     fn cpu_shaped() -> Width {
         let mut w = Width::new(100.0);
-        for n in [8usize, 32, 8, 32, 16] {
+        for n in [8usize, 32, 8, 32, 16, 1, 4] {
             w.observe(n, 0.030 + 0.0095 * n as f64);
         }
         w
@@ -300,10 +318,33 @@ mod tests {
     fn nearly_free_width_verifies_every_draft() {
         // Step time that barely grows with the positions (a host-bound GPU step).
         let mut w = Width::new(3.0);
-        for n in [4usize, 8, 16, 4, 8, 16] {
+        for n in [2usize, 4, 8, 16, 2, 4, 8, 16] {
             w.observe(n, 0.010 + 1e-6 * n as f64);
         }
         assert_eq!(w.choose(&[(0.9, 5), (0.8, 3)]), 5);
+    }
+
+    #[test]
+    fn a_draft_model_step_costlier_than_its_positions_is_timed_against_a_plain_one() {
+        // One row whose drafts are all accepted, three drafts a step: each draft costs a
+        // forward of the draft model, so a step of 4 positions takes 8x a plain one
+        // (the 8B bf16 target with its 4-bit copy on the H200), which the line through
+        // the GPU's prior cannot tell.
+        let mut w = Width::new(32.0);
+        for _ in 0..4 {
+            w.observe(4, 0.044);
+        }
+        let rows = [(1.0, 3)];
+        assert_eq!(w.best_unexplored(&rows), 3, "the line alone");
+        // So a plain step is timed first...
+        assert_eq!(w.choose(&rows), 0);
+        w.observe(1, 0.0055);
+        // ...then one draft (never timed) once...
+        assert_eq!(w.choose(&rows), 1);
+        w.observe(2, 0.018);
+        // ...and 4 tokens in 44 ms or 2 in 18 lose to 1 in 5.5 ms.
+        assert_eq!(w.choose(&rows), 0);
+        assert!(w.stays_plain(&rows));
     }
 
     #[test]
