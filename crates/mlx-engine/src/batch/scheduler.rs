@@ -200,7 +200,10 @@ impl Engine {
                 decoding: DecodeBatch::default(),
                 drafting: Box::new(
                     SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch)
-                        .widths(DraftWidth::from_env("MLX_MODEL_DRAFTS", opts.model_drafts)),
+                        .widths(DraftWidth::from_env("MLX_MODEL_DRAFTS", opts.model_drafts))
+                        .plain_model_steps(
+                            std::env::var("MLX_MODEL_PLAIN_STEPS").is_ok_and(|v| v == "1"),
+                        ),
                 ),
                 predicting: Box::new(
                     SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch).widths(

@@ -135,6 +135,9 @@ pub(crate) struct SpecBatch {
     model_widths: std::collections::BTreeMap<usize, Width>,
     /// How many drafts a step verifies.
     drafts: DraftWidth,
+    /// Whether a draft-model batch times plain steps against its drafting ones and
+    /// pipelines them ([`SpecBatch::plain_model_steps`]).
+    plain_model_steps: bool,
     /// The number of rows of the last step.
     last_rows: usize,
     /// A prediction batch's plain step whose tokens are not read yet (see
@@ -185,6 +188,17 @@ impl SpecBatch {
     /// How many drafts each step verifies (as many as pay by default; see [`Width`]).
     pub fn widths(mut self, drafts: DraftWidth) -> SpecBatch {
         self.drafts = drafts;
+        self
+    }
+
+    /// An experiment, off by default (`MLX_MODEL_PLAIN_STEPS=1` in the scheduler): a
+    /// draft-model batch also times a plain step against its drafting ones
+    /// ([`Width::timing_plain`]) and queues its plain steps as a prediction batch does,
+    /// the draft model lagging by their tokens. On the H200 (GPU.md, session 29) it
+    /// took the echo 8B bf16 with its 4-bit copy from 520.6 to 592.9 tok/s at 8 streams
+    /// but one stream stalled at 3.3 tok/s, not understood yet.
+    pub fn plain_model_steps(mut self, on: bool) -> SpecBatch {
+        self.plain_model_steps = on;
         self
     }
 
@@ -440,7 +454,7 @@ impl SpecBatch {
             // Plain again whatever the last tokens draft: queue the step before reading
             // them. (Rows the scheduler routes the last tokens to cannot have finished
             // yet: they finish when those tokens are read.)
-            if self.may_pipeline() && self.stays_plain(draft.is_some()) {
+            if self.may_pipeline(draft.is_some()) && self.stays_plain(draft.is_some()) {
                 return self.step_plain(model, Some(p));
             }
             flushed = self.read_pending(p, false)?;
@@ -502,7 +516,7 @@ impl SpecBatch {
                 .is_some_and(|w| w.knows_plain(b)),
             _ => true,
         };
-        if k == 0 && known && self.may_pipeline() {
+        if k == 0 && known && self.may_pipeline(draft.is_some()) {
             let (mut out, round) = self.step_plain(model, None)?;
             flushed.append(&mut out);
             return Ok((flushed, round));
@@ -728,9 +742,9 @@ impl SpecBatch {
                     .map(|(r, &d)| (r.acceptance.rate(), d))
                     .collect();
                 let width = if model {
-                    self.model_widths
-                        .entry(rates.len())
-                        .or_insert_with(Width::for_current_device)
+                    self.model_widths.entry(rates.len()).or_insert_with(|| {
+                        Width::for_current_device().timing_plain(self.plain_model_steps)
+                    })
                 } else {
                     self.width.get_or_insert_with(Width::for_current_device)
                 };
@@ -741,10 +755,12 @@ impl SpecBatch {
 
     /// Whether a plain step may be queued before the last one's tokens are read: in a
     /// batch that does not verify every draft, with no row whose processors need each
-    /// token first. (With a draft model, the draft lags by the plain steps' tokens and
-    /// is fed them when a step drafts again.)
-    fn may_pipeline(&self) -> bool {
-        self.drafts != DraftWidth::All && self.rows.iter().all(|r| !r.seq.has_processors())
+    /// token first; with a draft model (`model`) only under `plain_model_steps` (the
+    /// draft lags by the plain steps' tokens and is fed them when a step drafts again).
+    fn may_pipeline(&self, model: bool) -> bool {
+        (!model || self.plain_model_steps)
+            && self.drafts != DraftWidth::All
+            && self.rows.iter().all(|r| !r.seq.has_processors())
     }
 
     /// The width model of `b` rows' steps: the draft model's of that row count, or the
