@@ -402,12 +402,24 @@ fn a_draft_model_lagging_behind_pipelined_plain_steps_drafts_from_where_the_targ
             ..req(i)
         })
         .collect();
-    for (i, g) in serve(&engine, reqs).iter().enumerate() {
+    let check = |i: usize, g: &Got| {
         assert_eq!(g.tokens, want[i], "row {i}");
         // Drafts after the first stretch of plain steps too.
         assert!(g.drafted >= 2, "row {i}: {} drafted", g.drafted);
         assert_eq!(g.from_draft, g.drafted, "row {i}: accepted of drafted");
+    };
+    for (i, g) in serve(&engine, reqs).iter().enumerate() {
+        check(i, g);
     }
+    // A batch of one row catches up in pieces of at most 32 tokens.
+    let one = GenerationRequest {
+        speculate: Some(Speculate {
+            from: DraftFrom::DraftModel,
+            num_draft_tokens: 3,
+        }),
+        ..req(2)
+    };
+    check(2, &serve(&engine, vec![one]).remove(0));
 }
 
 #[test]

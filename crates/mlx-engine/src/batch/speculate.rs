@@ -196,7 +196,8 @@ impl SpecBatch {
     /// ([`Width::timing_plain`]) and queues its plain steps as a prediction batch does,
     /// the draft model lagging by their tokens. On the H200 (GPU.md, session 29) it
     /// took the echo 8B bf16 with its 4-bit copy from 520.6 to 592.9 tok/s at 8 streams
-    /// but one stream stalled at 3.3 tok/s, not understood yet.
+    /// but one stream stalled at 3.3 tok/s, before a batch of one row caught up in
+    /// pieces ([`ONE_ROW_PIECE`]); not measured since.
     pub fn plain_model_steps(mut self, on: bool) -> SpecBatch {
         self.plain_model_steps = on;
         self
@@ -350,20 +351,30 @@ impl SpecBatch {
         BatchPromptCache::merge(&refs).map_err(cache_err)
     }
 
-    /// Feeds the draft model the tokens it lags behind the target by.
+    /// Feeds the draft model the tokens it lags behind the target by: at once, or for a
+    /// batch of one row in pieces of at most [`ONE_ROW_PIECE`] tokens.
     fn catch_up(&mut self, draft: &dyn LanguageModel) -> Result<()> {
         let n = self.lag.first().map_or(0, |l| l.len());
-        if n == 0 || self.rows.is_empty() {
+        let b = self.rows.len();
+        if n == 0 || b == 0 {
             return Ok(());
         }
-        let flat: Vec<u32> = self.lag.iter().flatten().copied().collect();
-        let input = Array::from_slice(&flat, &[self.rows.len() as i32, n as i32])?;
-        drop(step::prefill(
-            draft,
-            &input,
-            self.draft_cache.layers_mut(),
-            None,
-        )?);
+        let piece = if b == 1 { ONE_ROW_PIECE } else { n };
+        for start in (0..n).step_by(piece) {
+            let end = (start + piece).min(n);
+            let flat: Vec<u32> = self
+                .lag
+                .iter()
+                .flat_map(|l| l[start..end].iter().copied())
+                .collect();
+            let input = Array::from_slice(&flat, &[b as i32, (end - start) as i32])?;
+            drop(step::prefill(
+                draft,
+                &input,
+                self.draft_cache.layers_mut(),
+                None,
+            )?);
+        }
         for l in &mut self.lag {
             l.clear();
         }
@@ -381,6 +392,9 @@ impl SpecBatch {
         let b = self.rows.len();
         if k == 0 {
             return Ok(vec![Vec::new(); b]);
+        }
+        if b == 1 && self.lag.first().map_or(0, Vec::len) >= ONE_ROW_PIECE {
+            self.catch_up(draft)?;
         }
         let n = self.lag.first().map_or(0, |l| l.len()) + 1;
         let flat: Vec<u32> = self
@@ -1031,6 +1045,15 @@ impl SpecBatch {
         }))
     }
 }
+
+/// The most tokens a batch of one row feeds the draft model in one forward when it
+/// catches up. The shim leaves one sequence's products of up to 32 rows to MLX
+/// (`fast_rows`) and runs longer ones through our tiled 4-bit kernel; a draft model's
+/// one-sequence catch-up on our multi-row kernel made every later draft step wait
+/// ~230-300 ms on the H200 (GPU.md sessions 19 and 26), and one stream ran at 3.3 tok/s
+/// when plain steps let the lag grow past 32 (session 29, `MLX_MODEL_PLAIN_STEPS=1`),
+/// likely the same.
+const ONE_ROW_PIECE: usize = 32;
 
 /// A token's log-probability and top alternatives, when asked for.
 type TokenDetails = (Option<f32>, Vec<(u32, f32)>);
