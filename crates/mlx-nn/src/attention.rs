@@ -148,7 +148,7 @@ fn split_small_queries_as(
     }
     if setting == SplitQueries::Gpu {
         let half = matches!(queries.dtype(), Dtype::Float16 | Dtype::Bfloat16);
-        let gpu = mlx_array::Device::default_device()?.kind == mlx_array::DeviceType::Gpu;
+        let gpu = mlx_array::current_device()?.kind == mlx_array::DeviceType::Gpu;
         if !half || !gpu {
             return Ok(None);
         }

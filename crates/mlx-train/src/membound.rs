@@ -18,14 +18,14 @@
 //! the H200 (benchmarks/GPU.md, session 17) the 1B LoRA step peaked at 8.47 GB with it
 //! against 13.05 without and mlx-lm's 9.75, at 27,653 against 27,927 tokens/s.
 use crate::error::{Result, TrainError};
-use mlx_array::{memory, Device, DeviceType};
+use mlx_array::{memory, DeviceType};
 
 /// `MLX_TRAIN_MEMORY_BOUND`: whether training bounds its queued GPU work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemoryBound {
     /// `0`: never (MLX's own limit applies, as for mlx-lm).
     Off,
-    /// The default (unset, or `1`): where the default device is a GPU other than Metal
+    /// The default (unset, or `1`): where the current device is a GPU other than Metal
     /// (MLX's CUDA backend, where the bound was needed; Metal is left as mlx-lm runs it).
     Cuda,
     /// `force`: on any device (the CPU tests use it: same bits, lower or equal peak).
@@ -50,13 +50,13 @@ impl MemoryBound {
         }
     }
 
-    /// Whether it applies on this process's default device.
+    /// Whether it applies on the device this thread runs on.
     fn applies(self) -> Result<bool> {
         Ok(match self {
             MemoryBound::Off => false,
             MemoryBound::Always => true,
             MemoryBound::Cuda => {
-                !cfg!(target_os = "macos") && Device::default_device()?.kind == DeviceType::Gpu
+                !cfg!(target_os = "macos") && mlx_array::current_device()?.kind == DeviceType::Gpu
             }
         })
     }
