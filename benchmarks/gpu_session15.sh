@@ -21,7 +21,8 @@
 #   lora       issue 24: benchmarks/gpu_lora.sh (1B bf16 LoRA, 8B 4-bit QLoRA), 1 round
 #              (LORA_ARGS: e.g. --only llama-3.1-8b-4bit --dequant-ab)
 #   specsrv    issue 19: server aggregate decode at 1/8/32 streams, echo 8B target, with
-#              and without its 4-bit draft
+#              and without its 4-bit draft (SPEC_ARMS: plain draft draftall none
+#              plainsteps; SPEC_STREAMS; SPEC_LOG=DEBUG)
 #   predsrv    issue 19: server speculation without a draft model (OpenAI predicted outputs)
 #              against plain requests at 1/8/32 streams (PRED_MODELS, PRED_STREAMS,
 #              PRED_TRIALS, PRED_G; benchmarks/predict_bench.py)
@@ -518,15 +519,23 @@ for PART in "$@"; do
       M=$MODELS/llama-3.1-8b-echo-bf16
       python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
         --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      # SPEC_ARMS also: none (MLX_MODEL_DRAFTS=none), plainsteps (the experiment
+      # MLX_MODEL_PLAIN_STEPS=1); SPEC_STREAMS (1,8,32); SPEC_LOG=DEBUG logs each step.
+      # Our server's log of each arm is kept as ours-<arm>.log.
       for arm in ${SPEC_ARMS:-plain draft draftall}; do
         extra=()
         [ "$arm" != plain ] && extra=(--ours-arg=--draft-model --ours-arg="$MODELS/llama-3.1-8b-echo-4bit")
-        if [ "$arm" = draftall ]; then export MLX_MODEL_DRAFTS=all; else unset MLX_MODEL_DRAFTS; fi
+        [ -n "${SPEC_LOG:-}" ] && extra+=(--ours-arg=--log-level --ours-arg="$SPEC_LOG")
+        unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS
+        case $arm in draftall) export MLX_MODEL_DRAFTS=all ;; none) export MLX_MODEL_DRAFTS=none ;;
+          plainsteps) export MLX_MODEL_PLAIN_STEPS=1 ;; esac
+        rm -rf /tmp/mlx-bench-server-*
         MLX_SDPA_SPLIT_QUERIES=1 timeout $(( $(left) > 30 ? $(left) : 30 )) "$NEW/xtask" bench --server \
           --ours "$NEW/mlx-server" --python python3 --model "$M" -p 128 -g 128 \
-          --streams 1,8,32 "${extra[@]}" --out "$D/server-$arm.md" > "$D/$arm.log" 2>&1
+          --streams "${SPEC_STREAMS:-1,8,32}" "${extra[@]}" --out "$D/server-$arm.md" > "$D/$arm.log" 2>&1
+        cp /tmp/mlx-bench-server-*/ours.log "$D/ours-$arm.log" 2>/dev/null
       done
-      unset MLX_MODEL_DRAFTS ;;
+      unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS ;;
     predsrv)
       # issue 19: speculation inside the batching server without a draft model (OpenAI
       # predicted outputs, benchmarks/predict_bench.py) against the same requests without,
