@@ -9,23 +9,28 @@
 #   .gpu/new.tar.xz   stripped release binaries (BINS), xtask, qmm_rows_check,
 #                     qmm_mma_check, decode_build, fused_check and qgemm_check, with a
 #                     COMMIT file
-#   .gpu/m1..m3       the real default model (SmolLM2-135M-Instruct, 4-bit, ~96 MB) in three
-#                     parts, for benchmarks/gpu_quality.sh (MODEL_PARTS=0 leaves them out)
+#   .gpu/m0..m3       the real default model (SmolLM2-135M-Instruct, 4-bit, ~100 MB) in four
+#                     parts, m0 18 MB (it rides with the binaries), m1..m3 ~27.5 MB each,
+#                     for the parts that read /root/stash/smollm2 (MODEL_PARTS=0 leaves
+#                     them out)
 # Run from the repository root on this machine (network for pip; ~15 min for a cold
 # release build on 2 cores):
 #
 #   bash benchmarks/gpu_stage.sh
 #
-# Then, back to back (an idle device machine is given back after ~30 s):
+# A call carries the tracked tree (~33.6 MB since session 29) and at most ~33 MB more, so
+# each part below rides alone unless paired here. Back to back (an idle device machine
+# is given back after ~30 s):
 #   1. carry [.gpu/s1]             bash .gpu/s1/stash.sh
-#   2. carry [.gpu/s2, .gpu/tok]   bash .gpu/s2/stash.sh
-#   3. carry [.gpu/s3, .gpu/new.tar.xz]
-#        source .gpu/s3/activate.sh && mkdir -p /root/bins/new &&
-#        tar -C /root/bins/new --strip-components=1 -xJf .gpu/new.tar.xz &&
-#        DEADLINE=540 bash benchmarks/gpu_session15.sh PART...
-#   optional, for the quality gate on the real model: carry [.gpu/m1] `bash .gpu/m1/stash.sh`,
-#      then the same with m2 and m3 (the last unpacks it to /root/stash/smollm2)
-#   4. later calls on the warm machine:
+#   2. carry [.gpu/s2]             bash .gpu/s2/stash.sh
+#   3. carry [.gpu/s3]             source .gpu/s3/activate.sh
+#   4. carry [.gpu/new.tar.xz, .gpu/tok]
+#        mkdir -p /root/bins/new && tar -C /root/bins/new --strip-components=1 -xJf .gpu/new.tar.xz &&
+#        rm -rf /root/stash/tok && cp -r .gpu/tok /root/stash/tok &&
+#        source /root/stash/activate.sh && DEADLINE=540 bash benchmarks/gpu_session15.sh PART...
+#   optional, for the parts on the real model: carry [.gpu/m0] `bash .gpu/m0/stash.sh`,
+#      then the same with m1, m2 and m3 (the last unpacks it to /root/stash/smollm2)
+#   5. later calls on the warm machine:
 #        source /root/stash/activate.sh && DEADLINE=... bash benchmarks/gpu_session15.sh PART...
 #
 # Env: BINS (mlx-generate mlx-server mlx-benchmark mlx-lora mlx-evaluate mlx-perplexity),
@@ -87,18 +92,20 @@ if [ "${MODEL_PARTS:-1}" != 0 ]; then
   cache=${MLX_RS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlx-rs}
   [ -f "$cache/models/SmolLM2-135M-Instruct/.mlx-rs-import-complete" ] ||
     target/release/mlx-generate --prompt hi -m 1 > /dev/null
-  rm -rf .gpu/m1 .gpu/m2 .gpu/m3
+  rm -rf .gpu/m0 .gpu/m1 .gpu/m2 .gpu/m3
   tar -C "$cache/models" -cf .gpu/model.tar --transform 's#^SmolLM2-135M-Instruct#smollm2#' \
     SmolLM2-135M-Instruct
-  (cd .gpu && split -n 3 -d model.tar model.part. && rm model.tar)
-  for i in 1 2 3; do
-    mkdir -p .gpu/m$i && mv .gpu/model.part.0$((i - 1)) .gpu/m$i/
+  (cd .gpu && head -c 18000000 model.tar > model.part.00 &&
+    tail -c +18000001 model.tar > model.rest &&
+    split -n 3 -d --numeric-suffixes=1 model.rest model.part. && rm model.tar model.rest)
+  for i in 0 1 2 3; do
+    mkdir -p .gpu/m$i && mv .gpu/model.part.0$i .gpu/m$i/
     cat > .gpu/m$i/stash.sh <<'STASH'
 #!/usr/bin/env bash
 set -e
 mkdir -p /root/stash
 cp "$(dirname "$0")"/model.part.* /root/stash/
-if [ -f /root/stash/model.part.00 ] && [ -f /root/stash/model.part.01 ] && [ -f /root/stash/model.part.02 ]; then
+if [ -f /root/stash/model.part.00 ] && [ -f /root/stash/model.part.01 ] && [ -f /root/stash/model.part.02 ] && [ -f /root/stash/model.part.03 ]; then
   cat /root/stash/model.part.0? | tar -C /root/stash -xf - && rm /root/stash/model.part.0?
   ls -la /root/stash/smollm2
 fi
