@@ -74,19 +74,15 @@ impl PrefillBatch {
         step_size: usize,
         checkpoints: bool,
     ) -> Result<Vec<(SeqId, Outcome)>> {
-        let lengths: Vec<usize> = self
-            .rows
-            .iter()
-            .map(|r| r.next_chunk(step_size, true).len())
-            .collect();
-        if lengths.iter().all(|&n| n == 0) {
-            return Ok(Vec::new());
-        }
         let chunks: Vec<&[u32]> = self
             .rows
             .iter()
             .map(|r| r.next_chunk(step_size, true))
             .collect();
+        let lengths: Vec<usize> = chunks.iter().map(|c| c.len()).collect();
+        if lengths.iter().all(|&n| n == 0) {
+            return Ok(Vec::new());
+        }
         let adapters: Vec<u32> = self.rows.iter().map(|r| r.job().req.adapter).collect();
         let logits = mlx_nn::lora::with_row_adapters(&adapters, || {
             padded_forward(model, &mut self.cache, &chunks)

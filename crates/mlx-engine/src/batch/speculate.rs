@@ -351,15 +351,25 @@ impl SpecBatch {
         BatchPromptCache::merge(&refs).map_err(cache_err)
     }
 
-    /// Feeds the draft model the tokens it lags behind the target by: at once, or for a
-    /// batch of one row in pieces of at most [`ONE_ROW_PIECE`] tokens.
+    /// The most lagging tokens one catch-up forward feeds the draft model: all of them,
+    /// or [`ONE_ROW_PIECE`] for a batch of one row.
+    fn catch_up_piece(&self) -> usize {
+        if self.rows.len() == 1 {
+            ONE_ROW_PIECE
+        } else {
+            usize::MAX
+        }
+    }
+
+    /// Feeds the draft model the tokens it lags behind the target by, in forwards of at
+    /// most [`SpecBatch::catch_up_piece`] tokens.
     fn catch_up(&mut self, draft: &dyn LanguageModel) -> Result<()> {
         let n = self.lag.first().map_or(0, |l| l.len());
         let b = self.rows.len();
         if n == 0 || b == 0 {
             return Ok(());
         }
-        let piece = if b == 1 { ONE_ROW_PIECE } else { n };
+        let piece = self.catch_up_piece().min(n);
         for start in (0..n).step_by(piece) {
             let end = (start + piece).min(n);
             let flat: Vec<u32> = self
@@ -393,7 +403,8 @@ impl SpecBatch {
         if k == 0 {
             return Ok(vec![Vec::new(); b]);
         }
-        if b == 1 && self.lag.first().map_or(0, Vec::len) >= ONE_ROW_PIECE {
+        // The first draft step feeds the lag and `y`: within one catch-up piece.
+        if self.lag.first().map_or(0, Vec::len) >= self.catch_up_piece() {
             self.catch_up(draft)?;
         }
         let n = self.lag.first().map_or(0, |l| l.len()) + 1;
