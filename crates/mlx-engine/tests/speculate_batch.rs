@@ -423,6 +423,62 @@ fn a_draft_model_lagging_behind_pipelined_plain_steps_drafts_from_where_the_targ
 }
 
 #[test]
+fn widths_timed_by_wall_time_answer_as_alone() {
+    // The experiment `MLX_WIDTH_WALL_TIMES=1` (each test runs in its own process): steps
+    // charged from their start to the next one's, stretches of queued plain steps their
+    // own time. Long answers, so that the batches pipeline plain stretches, verify again
+    // when a width's time goes stale, and lose rows mid-way; with the model as its own
+    // draft (plain steps queued too, `MLX_MODEL_PLAIN_STEPS=1`) every draft is accepted.
+    std::env::set_var("MLX_WIDTH_WALL_TIMES", "1");
+    std::env::set_var("MLX_MODEL_PLAIN_STEPS", "1");
+    let n = [150, 90, 160, 40];
+    let plain =
+        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+    let req = |i: usize| GenerationRequest::new(PROMPTS[i].to_vec(), n[i]);
+    let want: Vec<Vec<u32>> = (0..4)
+        .map(|i| serve(&plain, vec![req(i)]).remove(0).tokens)
+        .collect();
+    drop(plain);
+    let with = |i: usize, from: DraftFrom| GenerationRequest {
+        speculate: Some(Speculate {
+            from,
+            num_draft_tokens: 3,
+        }),
+        ..req(i)
+    };
+    let metrics = Arc::new(EngineMetrics::default());
+    let engine = Engine::start(model(TARGET), opts(), metrics.clone()).expect("engine");
+    let reqs = vec![
+        with(0, DraftFrom::Prediction(want[0].clone())),
+        with(1, DraftFrom::Prediction(vec![7; 40])),
+        with(2, DraftFrom::Prediction(want[2][..60].to_vec())),
+        req(3),
+    ];
+    for (i, g) in serve(&engine, reqs).iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "predicted: row {i}");
+        assert!(g.from_draft <= g.drafted, "row {i}: {g:?}");
+    }
+    assert!(metrics.spec_steps.get() > 0);
+    drop(engine);
+    let o = mlx_engine::batch::EngineOptions {
+        model_drafts: DraftWidth::Paying,
+        ..opts()
+    };
+    let engine = Engine::start_with_draft(
+        model(TARGET),
+        Some(model(TARGET)),
+        o,
+        Arc::new(EngineMetrics::default()),
+    )
+    .expect("engine");
+    let reqs = (0..3).map(|i| with(i, DraftFrom::DraftModel)).collect();
+    for (i, g) in serve(&engine, reqs).iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "self-draft: row {i}");
+        assert_eq!(g.from_draft, g.drafted, "self-draft: row {i}");
+    }
+}
+
+#[test]
 fn a_draft_with_a_larger_vocabulary_or_untrimmable_caches_is_refused() {
     let small = mlx_models::load_model(
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../goldens/models/llama-small-f32-tied"),

@@ -9,7 +9,7 @@
 //! processors need the accepted token first, the previous tokens are read between the
 //! forward and the sampling instead, while the device runs the forward. Rows are
 //! removed by id between steps; newly prefilled sequences are merged in.
-use super::request::{SeqId, TokenOut};
+use super::request::{GenerationRequest, SeqId, TokenOut};
 use super::sequence::Sequence;
 use super::stage::{Leave, Left, Outcome, Stage};
 use crate::error::{EngineError, Result};
@@ -27,7 +27,7 @@ pub(crate) struct DecodeBatch {
     /// Rows (a prefix of `rows`) whose output of the last step is not read yet.
     pending_rows: usize,
     /// That output.
-    pending: Option<Pending>,
+    pending: Option<Queued>,
     /// Input tokens of rows that joined since the last step, in row order after the
     /// pending ones.
     joined: Vec<u32>,
@@ -35,19 +35,25 @@ pub(crate) struct DecodeBatch {
     profile: Option<Box<BatchProfile>>,
 }
 
-/// The output of a step, read during the next one.
-struct Pending {
-    /// Sampled tokens `[rows]`.
-    tokens: Array,
+/// The output of a plain step queued on the device, read during the next step (the
+/// decode batch's, and a speculating batch's plain steps).
+pub(crate) struct Queued {
+    /// Sampled tokens, one a row.
+    pub tokens: Array,
     /// Log-probabilities `[rows, vocab]`.
-    logprobs: Array,
-    /// The log-probability of each sampled token `[rows, 1]`, when a row asks for it.
-    chosen: Option<Array>,
+    pub logprobs: Array,
+    /// The log-probability of each sampled token, one a row, when a row asks for it.
+    pub chosen: Option<Array>,
 }
 
-impl Pending {
-    fn take_rows(&self, idx: &Array) -> mlx_array::Result<Pending> {
-        Ok(Pending {
+/// A token read from a queued step: its id, log-probability and top alternatives (the
+/// last two where its request asks for them).
+pub(crate) type ReadToken = (u32, Option<f32>, Vec<(u32, f32)>);
+
+impl Queued {
+    /// The rows at `idx`.
+    pub fn take_rows(&self, idx: &Array) -> mlx_array::Result<Queued> {
+        Ok(Queued {
             tokens: self.tokens.take(idx, Some(0))?,
             logprobs: self.logprobs.take(idx, Some(0))?,
             chosen: match &self.chosen {
@@ -55,6 +61,53 @@ impl Pending {
                 None => None,
             },
         })
+    }
+
+    /// Queues its evaluation.
+    pub fn queue(&self) -> Result<()> {
+        let mut queued = vec![&self.tokens, &self.logprobs];
+        queued.extend(self.chosen.as_ref());
+        transforms::async_eval(&queued)?;
+        Ok(())
+    }
+
+    /// Waits for the tokens and reads each row's, with what its request (`reqs`, one a
+    /// row, in order) asks for.
+    pub fn read<'a>(
+        &self,
+        reqs: impl ExactSizeIterator<Item = &'a GenerationRequest>,
+    ) -> Result<Vec<ReadToken>> {
+        let ids = step::read_tokens(&self.tokens)?;
+        if ids.len() != reqs.len() {
+            return Err(EngineError::Internal(
+                "the sampler returned a wrong number of tokens".into(),
+            ));
+        }
+        let chosen = match &self.chosen {
+            Some(c) => c.astype(Dtype::Float32)?.to_vec::<f32>()?,
+            None => Vec::new(),
+        };
+        let v = self.logprobs.dim(-1)?;
+        let mut out = Vec::with_capacity(ids.len());
+        for (i, (req, token)) in reqs.zip(ids).enumerate() {
+            let logprob = if req.wants_logprobs() {
+                chosen.get(i).copied()
+            } else {
+                None
+            };
+            let top = if req.top_logprobs > 0 {
+                let i32_ = i as i32;
+                let row = self
+                    .logprobs
+                    .slice(&[i32_, 0], &[i32_ + 1, v], None)?
+                    .reshape(&[v])?;
+                step::top_logprobs(&row, req.top_logprobs)?
+            } else {
+                Vec::new()
+            };
+            out.push((token, logprob, top));
+        }
+        Ok(out)
     }
 }
 
@@ -178,9 +231,12 @@ impl DecodeBatch {
             None
         };
         lap.mark(&mut self.profile, BatchPhase::Sample);
-        let mut queued = vec![&sampled.tokens, &sampled.logprobs];
-        queued.extend(chosen.as_ref());
-        transforms::async_eval(&queued)?;
+        let queued = Queued {
+            tokens: sampled.tokens,
+            logprobs: sampled.logprobs,
+            chosen,
+        };
+        queued.queue()?;
         lap.mark(&mut self.profile, BatchPhase::SampleEval);
         if !read_first {
             emitted = self.read_pending(&mut lap)?;
@@ -191,11 +247,7 @@ impl DecodeBatch {
             .map(|(i, e)| (self.rows[i].id(), Outcome::Failed(e)))
             .collect();
         out.extend(emitted.into_iter().map(|(id, t)| (id, Outcome::Token(t))));
-        self.pending = Some(Pending {
-            tokens: sampled.tokens,
-            logprobs: sampled.logprobs,
-            chosen,
-        });
+        self.pending = Some(queued);
         self.pending_rows = self.rows.len();
         self.joined.clear();
         if let Some(line) = self
@@ -211,44 +263,14 @@ impl DecodeBatch {
     /// Reads the previous step's tokens (and log-probabilities where asked for); the
     /// step being built fed them to the model, so the caches hold them.
     fn read_pending(&mut self, lap: &mut Lap) -> Result<Vec<(SeqId, TokenOut)>> {
-        let Some(Pending {
-            tokens,
-            logprobs,
-            chosen,
-        }) = self.pending.take()
-        else {
+        let Some(queued) = self.pending.take() else {
             return Ok(Vec::new());
         };
-        let n = self.pending_rows;
-        let ids = step::read_tokens(&tokens)?;
+        let rows = &mut self.rows[..self.pending_rows];
+        let read = queued.read(rows.iter().map(|r| &*r.job().req))?;
         lap.mark(&mut self.profile, BatchPhase::Wait);
-        if ids.len() != n {
-            return Err(EngineError::Internal(
-                "the sampler returned a wrong number of tokens".into(),
-            ));
-        }
-        let chosen = match chosen {
-            Some(c) => c.astype(Dtype::Float32)?.to_vec::<f32>()?,
-            None => Vec::new(),
-        };
-        let v = logprobs.dim(1)?;
-        let mut out = Vec::with_capacity(n);
-        for (i, (r, &token)) in self.rows[..n].iter_mut().zip(&ids).enumerate() {
-            let req = std::sync::Arc::clone(&r.job().req);
-            let logprob = if req.wants_logprobs() {
-                chosen.get(i).copied()
-            } else {
-                None
-            };
-            let top = if req.top_logprobs > 0 {
-                let i32_ = i as i32;
-                let row = logprobs
-                    .slice(&[i32_, 0], &[i32_ + 1, v], None)?
-                    .reshape(&[v])?;
-                step::top_logprobs(&row, req.top_logprobs)?
-            } else {
-                Vec::new()
-            };
+        let mut out = Vec::with_capacity(read.len());
+        for (r, (token, logprob, top)) in rows.iter_mut().zip(read) {
             out.push((r.id(), r.record(token, logprob, top, true)?));
         }
         lap.mark(&mut self.profile, BatchPhase::Record);
@@ -322,9 +344,7 @@ impl Stage for DecodeBatch {
                 // Queued now, behind the step that sampled them: left unqueued, they
                 // would be queued with the next forward (whose input they are), and
                 // reading them would wait for that whole forward.
-                let mut queued = vec![&kept.tokens, &kept.logprobs];
-                queued.extend(kept.chosen.as_ref());
-                transforms::async_eval(&queued)?;
+                kept.queue()?;
                 self.pending = Some(kept);
             }
         }

@@ -49,7 +49,7 @@
 //! per row and the draft's steps cost more than plain decoding. This is one-way per
 //! request: its draft caches are dropped, so it decodes plainly to its end even when
 //! the batch shrinks again (requests that join later speculate).
-use super::decode::{cache_err, merge_caches};
+use super::decode::{cache_err, merge_caches, Queued};
 use super::prefill::padded_forward;
 use super::request::{DraftFrom, SeqId};
 use super::sequence::Sequence;
@@ -143,18 +143,31 @@ pub(crate) struct SpecBatch {
     /// A prediction batch's plain step whose tokens are not read yet (see
     /// [`SpecBatch::step_plain`]).
     pending: Option<Pending>,
+    /// Whether steps are timed by their wall time ([`SpecBatch::wall_times`]).
+    wall_times: bool,
+    /// With `wall_times`, the last step's start, charged at the next step's.
+    lap: Option<Lap>,
+}
+
+/// A timed step's start ([`SpecBatch::wall_times`]).
+#[derive(Debug, Clone, Copy)]
+struct Lap {
+    at: std::time::Instant,
+    /// Its positions (all rows).
+    positions: usize,
+    /// Its rows.
+    rows: usize,
+    /// A plain step queued before the last one's tokens were read, that read them: one
+    /// of a stretch of such steps, whose device work overlaps the host's of the next.
+    pipelined: bool,
 }
 
 /// The queued output of a plain step of a prediction batch, read during the next step.
 struct Pending {
     /// The rows it covers (a prefix of the batch's: rows that join later come after).
     rows: usize,
-    /// Sampled tokens `[rows, 1]`.
-    tokens: Array,
-    /// Log-probabilities `[rows, 1, vocab]`.
-    logprobs: Array,
-    /// The log-probability of each sampled token `[rows, 1, 1]`, when a row asks for it.
-    chosen: Option<Array>,
+    /// Their tokens (and log-probabilities).
+    out: Queued,
 }
 
 /// Rows that stepped aside from speculation, to join the plain decode batch.
@@ -203,6 +216,60 @@ impl SpecBatch {
         self
     }
 
+    /// An experiment, off by default (`MLX_WIDTH_WALL_TIMES=1` in the scheduler): each
+    /// step is charged its wall time, from its start to the next step's, instead of the
+    /// time of its own work. A verification is synchronous: its time then also holds
+    /// the host's work on its tokens (recording, routing, the other stages' queued
+    /// steps) while the device waits. A plain step queued before the last one's tokens
+    /// were read overlaps the host's work with the device's: in a stretch of them, its
+    /// wall time is what it costs ([`Width::observe_pipelined`]), less than the
+    /// synchronous plain step the width model compared drafts with. The lap a prefill
+    /// step falls into is not charged ([`SpecBatch::void_lap`]). Aimed at the GPU's
+    /// host-bound steps, where predicted outputs verified drafts that lost to plain
+    /// steps (0.87x / 0.89x at 8 / 32 streams, GPU.md session 29); not measured there
+    /// yet. On the 2-core CPU no better (8 streams 0.93x of plain against 0.97x; its
+    /// queued steps barely overlap there).
+    pub fn wall_times(mut self, on: bool) -> SpecBatch {
+        self.wall_times = on;
+        self
+    }
+
+    /// The time since the last step's start is not its own (the scheduler ran a prefill
+    /// step in it): it is not charged.
+    pub fn void_lap(&mut self) {
+        self.lap = None;
+    }
+
+    /// Charges the last step's wall time up to `now` to the width model of its rows,
+    /// when the batch still has those rows.
+    fn charge_lap(&mut self, model: bool, now: std::time::Instant) {
+        let Some(lap) = self.lap.take() else {
+            return;
+        };
+        let b = self.rows.len();
+        if lap.rows != b {
+            return;
+        }
+        let secs = now.duration_since(lap.at).as_secs_f64();
+        tracing::trace!(
+            "speculative: a {} step of {} position(s) charged {:.2} ms",
+            if lap.pipelined {
+                "queued plain"
+            } else {
+                "synchronous"
+            },
+            lap.positions,
+            secs * 1e3
+        );
+        if let Some(w) = self.width_of(model, b) {
+            if lap.pipelined {
+                w.observe_pipelined(b, secs);
+            } else {
+                w.observe(lap.positions, secs);
+            }
+        }
+    }
+
     /// With `running` rows decoding (speculating and plain), whether they are more than
     /// `draft_max_batch`: then every row is marked to step aside (before this step:
     /// [`SpecBatch::step_aside`] takes them out with no round drafted).
@@ -232,6 +299,7 @@ impl SpecBatch {
         if seqs.is_empty() {
             return Ok(());
         }
+        self.lap = None;
         let Some(ys) = seqs
             .iter()
             .map(|s| s.last_prompt_token())
@@ -474,6 +542,7 @@ impl SpecBatch {
             return Ok((Vec::new(), Round::default()));
         }
         let b = self.rows.len();
+        self.charge_lap(draft.is_some(), std::time::Instant::now());
         let mut flushed = Vec::new();
         if let Some(p) = self.pending.take() {
             // Plain again whatever the last tokens draft: queue the step before reading
@@ -656,7 +725,15 @@ impl SpecBatch {
                 Some(_) => self.model_widths.get_mut(&b),
                 None => self.width.as_mut(),
             };
-            if let (true, Some(w)) = (same_rows, width) {
+            if self.wall_times {
+                // Charged at the next step's start, with the host's work in between.
+                self.lap = same_rows.then_some(Lap {
+                    at: started,
+                    positions: b * l,
+                    rows: b,
+                    pipelined: false,
+                });
+            } else if let (true, Some(w)) = (same_rows, width) {
                 w.observe(b * l, started.elapsed().as_secs_f64());
             }
         }
@@ -828,6 +905,17 @@ impl SpecBatch {
         last: Option<Pending>,
     ) -> Result<(Vec<(SeqId, Outcome)>, Round)> {
         let b = self.rows.len();
+        if self.wall_times && self.drafts == DraftWidth::Paying {
+            // After a step that was not queued, this one's wall time is its host work
+            // alone (nothing to wait for): only a step that reads a queued one's tokens
+            // of the same rows is charged.
+            self.lap = last.as_ref().filter(|p| p.rows == b).map(|_| Lap {
+                at: std::time::Instant::now(),
+                positions: b,
+                rows: b,
+                pipelined: true,
+            });
+        }
         // Rows past `last`'s (all without it) feed their `y`: they joined since.
         let read = last.as_ref().map_or(0, |p| p.rows);
         let ys: Vec<u32> = self.rows[read..].iter().map(|r| r.y).collect();
@@ -842,9 +930,9 @@ impl SpecBatch {
             l.push(y);
         }
         let input = match &last {
-            Some(p) if read == b => p.tokens.reshape(&[b as i32, 1])?,
+            Some(p) if read == b => p.out.tokens.reshape(&[b as i32, 1])?,
             Some(p) => {
-                let tokens = p.tokens.reshape(&[read as i32, 1])?;
+                let tokens = p.out.tokens.reshape(&[read as i32, 1])?;
                 let joined = Array::from_slice(&ys, &[ys.len() as i32, 1])?;
                 ops::concatenate(&[&tokens, &joined], 0)?
             }
@@ -860,18 +948,19 @@ impl SpecBatch {
         } else {
             None
         };
-        let mut queued = vec![&tokens, &logprobs];
-        queued.extend(chosen.as_ref());
-        transforms::async_eval(&queued)?;
+        let queued = Queued {
+            tokens,
+            logprobs: logprobs.reshape(&[b as i32, -1])?,
+            chosen,
+        };
+        queued.queue()?;
         let out = match last {
             Some(p) => self.read_pending(p, true)?,
             None => Vec::new(),
         };
         self.pending = Some(Pending {
             rows: b,
-            tokens,
-            logprobs,
-            chosen,
+            out: queued,
         });
         self.last_rows = b;
         let round = Round {
@@ -884,21 +973,14 @@ impl SpecBatch {
     /// Reads a plain step's tokens and records them (`fed`: a step queued since feeds
     /// them; otherwise each becomes its row's next input `y`).
     fn read_pending(&mut self, p: Pending, fed: bool) -> Result<Vec<(SeqId, Outcome)>> {
-        let toks = step::read_tokens(&p.tokens)?;
-        if toks.len() != p.rows || p.rows > self.rows.len() {
+        let Some(rows) = self.rows.get_mut(..p.rows) else {
             return Err(EngineError::Internal(
-                "the sampler returned a wrong number of tokens".into(),
+                "a queued step covers rows that left".into(),
             ));
-        }
-        let chosen = match &p.chosen {
-            Some(c) => c.astype(Dtype::Float32)?.to_vec::<f32>()?,
-            None => Vec::new(),
         };
-        let v = p.logprobs.dim(2)?;
-        let mut out = Vec::with_capacity(p.rows);
-        for (r, (row, &token)) in self.rows.iter_mut().zip(&toks).enumerate() {
-            let req = std::sync::Arc::clone(&row.seq.job().req);
-            let (logprob, top) = logprob_details(&req, &chosen, &p.logprobs, r, 0, 1, v)?;
+        let read = p.out.read(rows.iter().map(|r| &*r.seq.job().req))?;
+        let mut out = Vec::with_capacity(read.len());
+        for (r, (row, (token, logprob, top))) in rows.iter_mut().zip(read).enumerate() {
             if !fed {
                 row.y = token;
                 row.y_unfed = true;
@@ -932,6 +1014,8 @@ impl SpecBatch {
     /// Keeps the rows at `keep` (the target cache already holds just those) with their
     /// draft caches and lags; returns every row as it was indexed, the kept ones taken.
     fn keep_rows(&mut self, keep: &[usize]) -> Result<Vec<Option<Row>>> {
+        // The next step filters the caches: not a time of these rows' steps.
+        self.lap = None;
         if let Some(p) = self.pending.take() {
             // The pending rows are a prefix: the kept ones stay one, in order.
             let idx: Vec<i32> = keep
@@ -941,14 +1025,12 @@ impl SpecBatch {
                 .collect();
             if !idx.is_empty() {
                 let at = Array::from_slice(&idx, &[idx.len() as i32])?;
+                let kept = p.out.take_rows(&at)?;
+                // Queued behind the step that sampled them, as the decode batch's.
+                kept.queue()?;
                 self.pending = Some(Pending {
                     rows: idx.len(),
-                    tokens: p.tokens.take(&at, Some(0))?,
-                    logprobs: p.logprobs.take(&at, Some(0))?,
-                    chosen: match &p.chosen {
-                        Some(c) => Some(c.take(&at, Some(0))?),
-                        None => None,
-                    },
+                    out: kept,
                 });
             }
         }
@@ -1323,6 +1405,7 @@ impl Stage for SpecBatch {
 
     fn drain(&mut self) -> Vec<Sequence> {
         self.pending = None;
+        self.lap = None;
         self.cache = BatchPromptCache::new();
         self.draft_cache = BatchPromptCache::new();
         self.lag.clear();
