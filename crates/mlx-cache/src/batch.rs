@@ -291,30 +291,59 @@ pub(crate) fn row(x: &Array, i: i32) -> Result<Array> {
     x.slice(&lo, &hi, None)
 }
 
-/// mlx-lm's `dynamic_roll(x, shifts[:, None], axis=2)`: row `b` of `x` (`[B, H, T, D]`)
-/// rolled by `shifts[b]` positions along the sequence axis.
+/// mlx-lm's `dynamic_roll(x, shifts[:, None], axis=2)` for the arrays of one finalize
+/// (every layer's keys and values, rolled by the same shifts): row `b` of each `[B, H,
+/// T, D]` array rolled by `shifts[b]` positions along the sequence axis.
 /// On the CPU each rolled row is its two slices concatenated (copies at memory speed, the
 /// same values; MLX's CPU gather over a `[B, H, T, D]` cache is ~10x slower: a
 /// speculative step's rejected drafts roll every layer's cache); on a GPU one gather
-/// (one kernel, where the slices would be ~3 nodes a row).
-#[track_caller]
-pub(crate) fn dynamic_roll(x: &Array, shifts: &[i32]) -> Result<Array> {
-    if mlx_array::current_device()?.kind == mlx_array::DeviceType::Cpu {
-        return roll_rows(x, shifts);
-    }
-    roll_gather(x, shifts)
+/// (one kernel, where the slices would be ~3 nodes a row), mlx-lm's, whose indices are
+/// made once for all the arrays (~6 graph nodes an array fewer, on host-bound steps).
+#[derive(Default)]
+pub(crate) struct Roller {
+    /// The last indices made: for arrays of this length, rolled by these shifts.
+    idx: Option<(i32, Vec<i32>, Array)>,
 }
 
-/// [`dynamic_roll`] as mlx-lm computes it: one gather.
-fn roll_gather(x: &Array, shifts: &[i32]) -> Result<Array> {
-    let n = x.dim(2)?;
+impl Roller {
+    #[track_caller]
+    pub fn roll(&mut self, x: &Array, shifts: &[i32]) -> Result<Array> {
+        if mlx_array::current_device()?.kind == mlx_array::DeviceType::Cpu {
+            return roll_rows(x, shifts);
+        }
+        self.gather(x, shifts)
+    }
+
+    /// The roll as one gather, its indices made again only for another length or shifts.
+    fn gather(&mut self, x: &Array, shifts: &[i32]) -> Result<Array> {
+        let n = x.dim(2)?;
+        let idx = match &self.idx {
+            Some((m, s, idx)) if *m == n && s == shifts => idx.clone(),
+            _ => {
+                let idx = roll_index(n, shifts)?;
+                self.idx = Some((n, shifts.to_vec(), idx.clone()));
+                idx
+            }
+        };
+        x.take_along_axis(&idx, 2)
+    }
+}
+
+/// The gather indices of mlx-lm's `dynamic_roll` along an axis of length `n`: `[B, 1,
+/// n, 1]`, row `b` at position `t` taking `(t - shifts[b]) mod n`.
+fn roll_index(n: i32, shifts: &[i32]) -> Result<Array> {
     let positions = arange(0.0, n as f64, 1.0, Dtype::Int32)?.expand_dims(&[1])?;
     let shifts = int_array(shifts)?.reshape(&[-1, 1, 1, 1])?;
-    let idx = positions.subtract(&shifts)?.remainder(n)?;
-    x.take_along_axis(&idx, 2)
+    positions.subtract(&shifts)?.remainder(n)
 }
 
-/// [`dynamic_roll`] by slices: row `b` becomes `x[b, :, T - s:]` then `x[b, :, :T - s]`
+/// [`Roller::roll`] as mlx-lm computes it on any device: one gather.
+#[cfg(test)]
+fn roll_gather(x: &Array, shifts: &[i32]) -> Result<Array> {
+    x.take_along_axis(&roll_index(x.dim(2)?, shifts)?, 2)
+}
+
+/// [`Roller::roll`] by slices: row `b` becomes `x[b, :, T - s:]` then `x[b, :, :T - s]`
 /// for its shift `s` (mod `T`).
 fn roll_rows(x: &Array, shifts: &[i32]) -> Result<Array> {
     let n = x.dim(2)?;
@@ -437,13 +466,19 @@ impl BatchKVCache {
     /// positions end up before the row (masked) and the real ones end at `idx`.
     #[track_caller]
     pub fn finalize(&mut self) -> Result<()> {
+        self.finalize_with(&mut Roller::default())
+    }
+
+    /// [`BatchKVCache::finalize`] rolling through `roller` (shared by a finalize's layers).
+    #[track_caller]
+    pub(crate) fn finalize_with(&mut self, roller: &mut Roller) -> Result<()> {
         let Some(padding) = self.right_padding.take() else {
             return Ok(());
         };
         self.offset_array = None;
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            self.keys = Some(dynamic_roll(k, &padding)?);
-            self.values = Some(dynamic_roll(v, &padding)?);
+            self.keys = Some(roller.roll(k, &padding)?);
+            self.values = Some(roller.roll(v, &padding)?);
         }
         for ((o, l), p) in self
             .offsets
@@ -680,5 +715,36 @@ mod tests {
             );
         }
         assert!(roll_rows(&x, &[1, 2]).is_err());
+    }
+
+    #[test]
+    fn a_roller_s_shared_indices_roll_each_array_as_its_own_would() {
+        let seq = |n: i32, from: f64| {
+            let len = 3 * 2 * n * 4;
+            arange(from, from + len as f64, 1.0, Dtype::Float32)
+                .unwrap()
+                .reshape(&[3, 2, n, 4])
+                .unwrap()
+        };
+        let (x, y, z) = (seq(7, 0.0), seq(7, 1000.0), seq(5, 0.0));
+        let mut roller = Roller::default();
+        // Keys and values alike, then other shifts, then another length.
+        for (a, shifts) in [
+            (&x, [1, 0, 3]),
+            (&y, [1, 0, 3]),
+            (&x, [2, 6, 0]),
+            (&z, [2, 6, 0]),
+            (&y, [2, 6, 0]),
+        ] {
+            let got = roller.gather(a, &shifts).unwrap();
+            let want = roll_rows(a, &shifts).unwrap();
+            assert_eq!(got.shape(), want.shape());
+            assert_eq!(
+                got.to_vec::<f32>().unwrap(),
+                want.to_vec::<f32>().unwrap(),
+                "{shifts:?} over {:?}",
+                a.shape()
+            );
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! as themselves, as in mlx-lm): mlx-lm's `_merge_caches`, `_extend_cache`
 //! and the `filter` / `extract` loops of `GenerationBatch`, over every layer at once.
 use crate::arrays::ArraysCache;
-use crate::batch::BatchKVCache;
+use crate::batch::{BatchKVCache, Roller};
 use crate::batch_rotating::BatchRotatingKVCache;
 use crate::error::{CacheError, Result};
 use crate::kv::KVCache;
@@ -174,10 +174,12 @@ impl BatchPromptCache {
         Ok(())
     }
 
-    /// mlx-lm's `finalize` on every layer after a right-padded prefill chunk.
+    /// mlx-lm's `finalize` on every layer after a right-padded prefill chunk (the
+    /// layers' rolls share their gather indices where they roll alike).
     pub fn finalize(&mut self) -> Result<()> {
+        let mut roller = Roller::default();
         for (l, c) in self.layers.iter_mut().enumerate() {
-            finalize_layer(l, c.as_mut())?;
+            finalize_layer(l, c.as_mut(), &mut roller)?;
         }
         Ok(())
     }
@@ -361,18 +363,18 @@ fn prepare_layer(
     }
 }
 
-fn finalize_layer(l: usize, c: &mut dyn KvCache) -> Result<()> {
+fn finalize_layer(l: usize, c: &mut dyn KvCache, roller: &mut Roller) -> Result<()> {
     if let Some(list) = list_mut(c) {
         for sub in list.caches_mut() {
-            finalize_layer(l, sub.as_mut())?;
+            finalize_layer(l, sub.as_mut(), roller)?;
         }
         return Ok(());
     }
     let any = c.as_any_mut();
     if let Some(b) = any.downcast_mut::<BatchKVCache>() {
-        b.finalize().map_err(Into::into)
+        b.finalize_with(roller).map_err(Into::into)
     } else if let Some(b) = any.downcast_mut::<BatchRotatingKVCache>() {
-        b.finalize().map_err(Into::into)
+        b.finalize_with(roller).map_err(Into::into)
     } else if let Some(b) = any.downcast_mut::<ArraysCache>() {
         b.finalize();
         Ok(())

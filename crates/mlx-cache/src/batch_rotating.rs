@@ -9,8 +9,8 @@
 //! [`BatchRotatingKVCache::finalize`], which rolls each row's padding in front, as in
 //! mlx-lm.
 use crate::batch::{
-    advance_offsets, batch_kv_methods, dynamic_roll, int_array, per_row_offsets, row, ExtendTo,
-    MergeBuffers, Rows,
+    advance_offsets, batch_kv_methods, int_array, per_row_offsets, row, ExtendTo, MergeBuffers,
+    Roller, Rows,
 };
 use crate::error::CacheError;
 use crate::kv::STEP;
@@ -99,7 +99,7 @@ impl BatchRotatingKVCache {
 
     /// Rolls each row right by how far it ran past its real length, turning the chunk's
     /// right padding into left padding (mlx-lm's roll in `finalize` / `_update_concat`).
-    fn roll_padding(&mut self) -> Result<()> {
+    fn roll_padding(&mut self, roller: &mut Roller) -> Result<()> {
         let Some(lengths) = &self.lengths else {
             return Ok(());
         };
@@ -111,8 +111,8 @@ impl BatchRotatingKVCache {
             .map(|(o, l)| (o - l).max(0))
             .collect();
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            self.keys = Some(dynamic_roll(k, &roll)?);
-            self.values = Some(dynamic_roll(v, &roll)?);
+            self.keys = Some(roller.roll(k, &roll)?);
+            self.values = Some(roller.roll(v, &roll)?);
         }
         for ((l, o), r) in self
             .left_padding
@@ -130,8 +130,15 @@ impl BatchRotatingKVCache {
     /// front of each row.
     #[track_caller]
     pub fn finalize(&mut self) -> Result<()> {
+        self.finalize_with(&mut Roller::default())
+    }
+
+    /// [`BatchRotatingKVCache::finalize`] rolling through `roller` (shared by a
+    /// finalize's layers).
+    #[track_caller]
+    pub(crate) fn finalize_with(&mut self, roller: &mut Roller) -> Result<()> {
         if self.lengths.is_some() {
-            self.roll_padding()?;
+            self.roll_padding(roller)?;
             self.lengths = None;
         }
         Ok(())
@@ -221,7 +228,7 @@ impl BatchRotatingKVCache {
                 if self.lengths.is_some() {
                     self.keys = Some(k);
                     self.values = Some(v);
-                    self.roll_padding()?;
+                    self.roll_padding(&mut Roller::default())?;
                     (k, v) = match (&self.keys, &self.values) {
                         (Some(k), Some(v)) => (k.clone(), v.clone()),
                         _ => return Err(bad("BatchRotatingKVCache: lost its buffers".into())),
