@@ -24,7 +24,7 @@
 //! for the rest of its generation (the same fallback). The single generator's
 //! minimum is 0 unless set ([`SpeculativeGenerator::with_min_acceptance`]): it never
 //! steps aside, mlx-lm's behaviour; the server's speculating batch applies the same
-//! policy per row (`batch/speculate.rs`).
+//! policy per row (`batch/speculate/`).
 use crate::error::{EngineError, Result};
 use crate::generate::{generation_stream, GenerateOptions, TokenIterator};
 use crate::step::{self, KvQuantization, RowSampling};

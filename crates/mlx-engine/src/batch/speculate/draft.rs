@@ -1,0 +1,223 @@
+//! Drafting with a draft model: its prefill of joining prompts, its catch-up on the
+//! tokens it lags behind the target by, its batched greedy drafts (under a row's
+//! processors where it has some), and what its caches keep of a verified round.
+use super::guide::{guide_rows, Guide};
+use super::{roll_rejected, SpecBatch};
+use crate::batch::decode::cache_err;
+use crate::batch::prefill::padded_forward;
+use crate::batch::sequence::Sequence;
+use crate::error::{EngineError, Result};
+use crate::step;
+use mlx_array::{ops, transforms, Array, Dtype};
+use mlx_cache::{BatchPromptCache, KvCache, PromptCache};
+use mlx_models::LanguageModel;
+
+impl SpecBatch {
+    /// Brings the draft caches level with the target's (feeds the lagging tokens), so
+    /// that new rows can join them; then prefills the new prompts (each but its last
+    /// token) into draft caches: together, in right-padded chunks, as the target's
+    /// prefill does, or one prompt at a time where right padding would leak into a
+    /// draft's recurrent state. The drafts only propose tokens, so how their caches were
+    /// batched changes no row's answer.
+    pub(super) fn draft_prefill(
+        &mut self,
+        draft: &dyn LanguageModel,
+        seqs: &[Sequence],
+        step_size: usize,
+    ) -> Result<BatchPromptCache> {
+        self.catch_up(draft)?;
+        let step_size = step_size.max(1);
+        let bodies: Vec<&[u32]> = seqs
+            .iter()
+            .map(|s| {
+                let prompt = &s.job().req.prompt;
+                &prompt[..prompt.len().saturating_sub(1)]
+            })
+            .collect();
+        let fresh = || {
+            mlx_cache::make_prompt_cache(&draft.cache_specs(), None)
+                .map_err(|e| EngineError::Unavailable(format!("cannot make a KV cache: {e}")))
+        };
+        if draft.padded_prefill_is_exact() {
+            let own = (0..seqs.len())
+                .map(|_| fresh())
+                .collect::<Result<Vec<_>>>()?;
+            let refs: Vec<&[Box<dyn KvCache>]> = own.iter().map(|c| c.as_slice()).collect();
+            let mut cache = BatchPromptCache::merge(&refs).map_err(cache_err)?;
+            let mut done = 0;
+            while bodies.iter().any(|b| b.len() > done) {
+                let chunks: Vec<&[u32]> = bodies
+                    .iter()
+                    .map(|b| &b[done.min(b.len())..(done + step_size).min(b.len())])
+                    .collect();
+                drop(padded_forward(draft, &mut cache, &chunks)?);
+                done += step_size;
+            }
+            return Ok(cache);
+        }
+        let mut own: Vec<PromptCache> = Vec::with_capacity(seqs.len());
+        for body in bodies {
+            let mut caches = fresh()?;
+            for chunk in body.chunks(step_size) {
+                let a = Array::from_slice(chunk, &[1, chunk.len() as i32])?;
+                drop(step::prefill(draft, &a, &mut caches, None)?);
+            }
+            own.push(caches);
+        }
+        let refs: Vec<&[Box<dyn KvCache>]> = own.iter().map(|c| c.as_slice()).collect();
+        BatchPromptCache::merge(&refs).map_err(cache_err)
+    }
+
+    /// The most lagging tokens one catch-up forward feeds the draft model: all of them,
+    /// or [`ONE_ROW_PIECE`] for a batch of one row.
+    pub(super) fn catch_up_piece(&self) -> usize {
+        if self.rows.len() == 1 {
+            ONE_ROW_PIECE
+        } else {
+            usize::MAX
+        }
+    }
+
+    /// Feeds the draft model the tokens it lags behind the target by, in forwards of at
+    /// most [`SpecBatch::catch_up_piece`] tokens.
+    pub(super) fn catch_up(&mut self, draft: &dyn LanguageModel) -> Result<()> {
+        let n = self.lag.first().map_or(0, |l| l.len());
+        let b = self.rows.len();
+        if n == 0 || b == 0 {
+            return Ok(());
+        }
+        let piece = self.catch_up_piece().min(n);
+        for start in (0..n).step_by(piece) {
+            let end = (start + piece).min(n);
+            let flat: Vec<u32> = self
+                .lag
+                .iter()
+                .flat_map(|l| l[start..end].iter().copied())
+                .collect();
+            let input = Array::from_slice(&flat, &[b as i32, (end - start) as i32])?;
+            drop(step::prefill(
+                draft,
+                &input,
+                self.draft_cache.layers_mut(),
+                None,
+            )?);
+        }
+        for l in &mut self.lag {
+            l.clear();
+        }
+        Ok(())
+    }
+
+    /// `k` greedy drafts for every row from the draft model `[B][k]`; a row with
+    /// logits processors drafts its first `caps[r]` under them (see [`Guide`]).
+    pub(super) fn draft_with_model(
+        &mut self,
+        draft: &dyn LanguageModel,
+        k: usize,
+        caps: &[usize],
+    ) -> Result<Vec<Vec<u32>>> {
+        let b = self.rows.len();
+        if k == 0 {
+            return Ok(vec![Vec::new(); b]);
+        }
+        // The first draft step feeds the lag and `y`: within one catch-up piece.
+        if self.lag.first().map_or(0, Vec::len) >= self.catch_up_piece() {
+            self.catch_up(draft)?;
+        }
+        let n = self.lag.first().map_or(0, |l| l.len()) + 1;
+        let flat: Vec<u32> = self
+            .lag
+            .iter()
+            .zip(&self.rows)
+            .flat_map(|(l, r)| l.iter().copied().chain([r.y]))
+            .collect();
+        let mut input = Array::from_slice(&flat, &[b as i32, n as i32])?;
+        let mut guides: Vec<Option<Guide>> = self
+            .rows
+            .iter_mut()
+            .zip(caps)
+            .map(|(r, &cap)| (cap > 0 && r.seq.has_processors()).then(|| Guide::new(r)))
+            .collect();
+        let guided = guides.iter().any(Option::is_some);
+        let mut ys = Vec::with_capacity(k);
+        let mut host: Vec<Vec<u32>> = vec![Vec::with_capacity(k); b];
+        for j in 0..k {
+            let logits = step::forward(draft, &input, self.draft_cache.layers_mut(), None)?;
+            let logits = if guided {
+                guide_rows(&mut guides, &logits, |r| j < caps[r])?
+            } else {
+                logits
+            };
+            let t = logits.argmax(Some(-1), false)?.astype(Dtype::Uint32)?;
+            if guided {
+                // The guides take each draft before the next is masked.
+                let got = step::read_tokens(&t)?;
+                for (r, g) in guides.iter_mut().enumerate() {
+                    if let (Some(gd), Some(&tok)) = (g.as_mut(), got.get(r)) {
+                        if j < caps[r] && !matches!(gd.take(tok), Ok(true)) {
+                            *g = None;
+                        }
+                    }
+                }
+                for (h, tok) in host.iter_mut().zip(got) {
+                    h.push(tok);
+                }
+            } else {
+                transforms::async_eval(&[&t])?;
+                ys.push(t.clone());
+            }
+            input = t.reshape(&[b as i32, 1])?;
+        }
+        for l in &mut self.lag {
+            l.clear();
+        }
+        if guided {
+            return Ok(host);
+        }
+        let refs: Vec<&Array> = ys.iter().collect();
+        let all = ops::stack(&refs, 1)?;
+        let flat = step::read_tokens(&all)?;
+        Ok(flat.chunks(k).map(|c| c.to_vec()).collect())
+    }
+
+    /// After a round of `k` model drafts, the draft caches keep what each row accepted
+    /// (`keep[r]` drafts): of the round's tokens `y, drafts[r][..keep[r]]` (the target's
+    /// history now) all but those the draft model was not fed. It was fed the `lagged`
+    /// tokens, `y` and drafts `0..k-1`, so a row that accepted all `k` lags by its last
+    /// draft; then every row lags by its last kept token, so that the next round's
+    /// first draft step feeds as many tokens for every row. Each row's rejected
+    /// positions are rolled in front of it and masked, as in the target caches.
+    pub(super) fn keep_drafted(
+        &mut self,
+        keep: &[usize],
+        drafts: &[Vec<u32>],
+        k: usize,
+        lagged: usize,
+    ) -> Result<()> {
+        let lag = usize::from(keep.iter().any(|&a| a >= k));
+        // Of the round's `k` fed positions (after the lagged ones), those each row keeps.
+        let kept: Vec<usize> = keep.iter().map(|&a| (a + 1 - lag).min(k)).collect();
+        let most = kept.iter().copied().max().unwrap_or(0);
+        mlx_cache::trim_prompt_cache(self.draft_cache.layers_mut(), (k - most) as i32);
+        roll_rejected(&mut self.draft_cache, &kept, most, lagged)?;
+        if lag == 1 {
+            for (r, l) in self.lag.iter_mut().enumerate() {
+                let last = match keep[r] {
+                    0 => self.rows[r].y,
+                    a => drafts[r][a - 1],
+                };
+                l.push(last);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The most tokens a batch of one row feeds the draft model in one forward when it
+/// catches up. The shim leaves one sequence's products of up to 32 rows to MLX
+/// (`fast_rows`) and runs longer ones through our tiled 4-bit kernel; a draft model's
+/// one-sequence catch-up on our multi-row kernel made every later draft step wait
+/// ~230-300 ms on the H200 (GPU.md sessions 19 and 26), and one stream ran at 3.3 tok/s
+/// when plain steps let the lag grow past 32 (session 29, `MLX_MODEL_PLAIN_STEPS=1`),
+/// likely the same.
+pub(super) const ONE_ROW_PIECE: usize = 32;

@@ -1,0 +1,139 @@
+//! How wide a speculating batch's steps are: its width models ([`Width`]), which steps
+//! may be queued plainly, and the wall-time experiment that charges each step from its
+//! start to the next one's.
+use super::SpecBatch;
+use crate::batch::width::{DraftWidth, Width};
+
+/// A timed step's start ([`SpecBatch::wall_times`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Lap {
+    pub(super) at: std::time::Instant,
+    /// Its positions (all rows).
+    pub(super) positions: usize,
+    /// Its rows.
+    pub(super) rows: usize,
+    /// A plain step queued before the last one's tokens were read, that read them: one
+    /// of a stretch of such steps, whose device work overlaps the host's of the next.
+    pub(super) pipelined: bool,
+}
+
+impl SpecBatch {
+    /// An experiment, off by default (`MLX_WIDTH_WALL_TIMES=1` in the scheduler): each
+    /// step is charged its wall time, from its start to the next step's, instead of the
+    /// time of its own work. A verification is synchronous: its time then also holds
+    /// the host's work on its tokens (recording, routing, the other stages' queued
+    /// steps) while the device waits. A plain step queued before the last one's tokens
+    /// were read overlaps the host's work with the device's: in a stretch of them, its
+    /// wall time is what it costs ([`Width::observe_pipelined`]), less than the
+    /// synchronous plain step the width model compared drafts with. The lap a prefill
+    /// step falls into is not charged ([`SpecBatch::void_lap`]). Aimed at the GPU's
+    /// host-bound steps, where predicted outputs verified drafts that lost to plain
+    /// steps (0.87x / 0.89x at 8 / 32 streams, GPU.md session 29); not measured there
+    /// yet. On the 2-core CPU no better (8 streams 0.93x of plain against 0.97x; its
+    /// queued steps barely overlap there).
+    pub fn wall_times(mut self, on: bool) -> SpecBatch {
+        self.wall_times = on;
+        self
+    }
+
+    /// The time since the last step's start is not its own (the scheduler ran a prefill
+    /// step in it): it is not charged.
+    pub fn void_lap(&mut self) {
+        self.lap = None;
+    }
+
+    /// Charges the last step's wall time up to `now` to the width model of its rows,
+    /// when the batch still has those rows.
+    pub(super) fn charge_lap(&mut self, model: bool, now: std::time::Instant) {
+        let Some(lap) = self.lap.take() else {
+            return;
+        };
+        let b = self.rows.len();
+        if lap.rows != b {
+            return;
+        }
+        let secs = now.duration_since(lap.at).as_secs_f64();
+        tracing::trace!(
+            "speculative: a {} step of {} position(s) charged {:.2} ms",
+            if lap.pipelined {
+                "queued plain"
+            } else {
+                "synchronous"
+            },
+            lap.positions,
+            secs * 1e3
+        );
+        if let Some(w) = self.width_of(model, b) {
+            if lap.pipelined {
+                w.observe_pipelined(b, secs);
+            } else {
+                w.observe(lap.positions, secs);
+            }
+        }
+    }
+
+    /// This step's width (drafts verified a row at most) for rows with `avail` drafts
+    /// each at most, by the batch's [`DraftWidth`]; with a draft model (`model`) from
+    /// this row count's step times.
+    pub(super) fn choose_width(&mut self, model: bool, avail: &[usize]) -> usize {
+        match self.drafts {
+            DraftWidth::All => usize::MAX,
+            DraftWidth::None => 0,
+            DraftWidth::Paying => {
+                let rates: Vec<(f64, usize)> = self
+                    .rows
+                    .iter()
+                    .zip(avail)
+                    .map(|(r, &d)| (r.acceptance.rate(), d))
+                    .collect();
+                let width = if model {
+                    self.model_widths.entry(rates.len()).or_insert_with(|| {
+                        Width::for_current_device().timing_plain(self.plain_model_steps)
+                    })
+                } else {
+                    self.width.get_or_insert_with(Width::for_current_device)
+                };
+                width.choose(&rates)
+            }
+        }
+    }
+
+    /// Whether a plain step may be queued before the last one's tokens are read: in a
+    /// batch that does not verify every draft, with no row whose processors need each
+    /// token first; with a draft model (`model`) only under `plain_model_steps` (the
+    /// draft lags by the plain steps' tokens and is fed them when a step drafts again).
+    pub(super) fn may_pipeline(&self, model: bool) -> bool {
+        (!model || self.plain_model_steps)
+            && self.drafts != DraftWidth::All
+            && self.rows.iter().all(|r| !r.seq.has_processors())
+    }
+
+    /// The width model of `b` rows' steps: the draft model's of that row count, or the
+    /// prediction batch's.
+    pub(super) fn width_of(&mut self, model: bool, b: usize) -> Option<&mut Width> {
+        if model {
+            self.model_widths.get_mut(&b)
+        } else {
+            self.width.as_mut()
+        }
+    }
+
+    /// With the last step's tokens unread: whether this step is plain whatever drafts
+    /// they make (each row at its most, one token fewer remaining; [`Width::stays_plain`]).
+    pub(super) fn stays_plain(&mut self, model: bool) -> bool {
+        if self.drafts == DraftWidth::None {
+            return true;
+        }
+        let rows: Vec<(f64, usize)> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let cap = r.k.min(r.seq.remaining().saturating_sub(2));
+                (r.acceptance.rate(), cap)
+            })
+            .collect();
+        let b = rows.len();
+        self.width_of(model, b)
+            .is_some_and(|w| w.stays_plain(&rows))
+    }
+}
