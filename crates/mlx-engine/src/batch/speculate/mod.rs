@@ -157,6 +157,23 @@ pub(crate) struct SpecBatch {
     lap: Option<Lap>,
 }
 
+/// What a verification forward gave, read back.
+struct Verified {
+    /// Sampled tokens, `l` a row.
+    toks: Vec<u32>,
+    /// Their log-probabilities (flat as `toks`) where a row asks for them.
+    chosen: Vec<f32>,
+    /// Log-probabilities `[rows, l, vocab]`.
+    logprobs: Array,
+    /// How many of its drafts each row may accept at most (its own, fewer where its
+    /// processors rejected one; none where they failed).
+    limits: Vec<usize>,
+    /// Each row's processors' failure.
+    failed: Vec<Option<EngineError>>,
+    /// Positions a row.
+    l: usize,
+}
+
 /// Rows that stepped aside from speculation, to join the plain decode batch.
 pub(crate) struct SteppedAside {
     /// The sequences (their fed tokens counting `inputs`, their processors' history
@@ -378,8 +395,55 @@ impl SpecBatch {
             mlx_array::current_stream().synchronize()?;
             started = std::time::Instant::now();
         }
+        let ver = self.verify(model, &drafts, &lens, k)?;
+        // Each row keeps its own acceptance: its drafts up to the first that is not the
+        // target's own sample.
+        let keep: Vec<usize> = (0..b)
+            .map(|r| {
+                (0..ver.limits[r])
+                    .take_while(|&i| ver.toks[r * l + i] == drafts[r][i])
+                    .count()
+            })
+            .collect();
+        let most = keep.iter().copied().max().unwrap_or(0);
+        // The target caches hold `y` and every row's `k` drafts: keep `y` and `most`,
+        // then roll each row's rejected positions in front of it, where they are
+        // masked (as a right-padded prefill chunk is finalized).
+        mlx_cache::trim_prompt_cache(self.cache.layers_mut(), (k - most) as i32);
+        roll_rejected(&mut self.cache, &keep, most, 1)?;
+        if draft.is_some() && k > 0 {
+            self.keep_drafted(&keep, &drafts, k, lagged)?;
+        }
+        if timed {
+            self.time_verification(
+                draft.is_some(),
+                b * l,
+                keep.iter().any(|&a| a != most),
+                started,
+            )?;
+        }
+        tracing::trace!(
+            "speculative: {b} row(s) of {l} position(s) verified in {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        let round = self.emit(ver, &keep, &lens, draft.is_some() && k > 0, &mut flushed)?;
+        Ok((flushed, round))
+    }
+
+    /// The verification forward over every row's `[y, drafts...]` (`k` positions after
+    /// `y`, shorter rows padded), each position processed as the row would at that token
+    /// and sampled by the row's sampler; waits for the tokens.
+    fn verify(
+        &mut self,
+        model: &dyn LanguageModel,
+        drafts: &[Vec<u32>],
+        lens: &[usize],
+        k: usize,
+    ) -> Result<Verified> {
+        let b = self.rows.len();
+        let l = k + 1;
         let mut flat = Vec::with_capacity(b * l);
-        for (r, d) in self.rows.iter().zip(&drafts) {
+        for (r, d) in self.rows.iter().zip(drafts) {
             flat.push(r.y);
             flat.extend_from_slice(d);
             // Padding (never accepted: a row accepts at most its own drafts).
@@ -443,59 +507,38 @@ impl SpecBatch {
             Some(c) => c.astype(Dtype::Float32)?.to_vec::<f32>()?,
             None => Vec::new(),
         };
-        let accepted: Vec<usize> = (0..b)
-            .map(|r| {
-                (0..limits[r])
-                    .take_while(|&i| toks[r * l + i] == drafts[r][i])
-                    .count()
-            })
-            .collect();
-        // Each row keeps its own acceptance.
-        let keep = accepted;
-        let most = keep.iter().copied().max().unwrap_or(0);
-        // The target caches hold `y` and every row's `k` drafts: keep `y` and `most`,
-        // then roll each row's rejected positions in front of it, where they are
-        // masked (as a right-padded prefill chunk is finalized).
-        mlx_cache::trim_prompt_cache(self.cache.layers_mut(), (k - most) as i32);
-        roll_rejected(&mut self.cache, &keep, most, 1)?;
-        if draft.is_some() && k > 0 {
-            self.keep_drafted(&keep, &drafts, k, lagged)?;
-        }
-        if timed {
-            // The rows' rejected drafts rolled every layer's cache: evaluated here, so
-            // the width model charges them to the step that caused them.
-            if keep.iter().any(|&a| a != most) {
-                let state: Vec<Array> =
-                    self.cache.layers().iter().flat_map(|c| c.state()).collect();
-                let refs: Vec<&Array> = state.iter().collect();
-                transforms::eval(&refs)?;
-            }
-            // Not the first step after the number of rows changed (it also evaluates the
-            // caches' joins and filters).
-            let same_rows = std::mem::replace(&mut self.last_rows, b) == b;
-            let width = match draft {
-                Some(_) => self.model_widths.get_mut(&b),
-                None => self.width.as_mut(),
-            };
-            if self.wall_times {
-                // Charged at the next step's start, with the host's work in between.
-                self.lap = same_rows.then_some(Lap {
-                    at: started,
-                    positions: b * l,
-                    rows: b,
-                    pipelined: false,
-                });
-            } else if let (true, Some(w)) = (same_rows, width) {
-                w.observe(b * l, started.elapsed().as_secs_f64());
-            }
-        }
-        tracing::trace!(
-            "speculative: {b} row(s) of {l} position(s) verified in {:.1} ms",
-            started.elapsed().as_secs_f64() * 1e3
-        );
+        Ok(Verified {
+            toks,
+            chosen,
+            logprobs,
+            limits,
+            failed,
+            l,
+        })
+    }
+
+    /// Records each row's verified tokens (the kept drafts, then the target's own
+    /// sample), its acceptance and its next input, appending the outcomes to `out`;
+    /// `model_round`: drafted by the draft model (a row may then step aside).
+    fn emit(
+        &mut self,
+        ver: Verified,
+        keep: &[usize],
+        lens: &[usize],
+        model_round: bool,
+        out: &mut Vec<(SeqId, Outcome)>,
+    ) -> Result<Round> {
+        let Verified {
+            toks,
+            chosen,
+            logprobs,
+            mut failed,
+            l,
+            ..
+        } = ver;
+        let b = self.rows.len();
         let v = logprobs.dim(2)?;
-        let mut out = flushed;
-        out.reserve(b * (most + 1));
+        out.reserve(b * (keep.iter().copied().max().unwrap_or(0) + 1));
         let mut round = Round {
             rows: b as u64,
             ..Round::default()
@@ -511,7 +554,7 @@ impl SpecBatch {
             // its drafts cost nothing and the width leaves them out when they do not
             // pay, while a row aside would cost a forward of its own each step.
             // (A step that drafted for no row by its width is no round.)
-            if draft.is_some() && k > 0 && row.policy.record(lens[r], keep[r]).is_some() {
+            if model_round && row.policy.record(lens[r], keep[r]).is_some() {
                 row.aside.get_or_insert(Aside::Acceptance);
             }
             if let Some(e) = failed[r].take() {
@@ -546,7 +589,7 @@ impl SpecBatch {
             row.y = toks[r * l + keep[r]];
             row.y_unfed = true;
         }
-        Ok((out, round))
+        Ok(round)
     }
 
     fn position(&self, id: SeqId) -> Option<usize> {

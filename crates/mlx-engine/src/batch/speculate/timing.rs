@@ -3,6 +3,8 @@
 //! start to the next one's.
 use super::SpecBatch;
 use crate::batch::width::{DraftWidth, Width};
+use crate::error::Result;
+use mlx_array::{transforms, Array};
 
 /// A timed step's start ([`SpecBatch::wall_times`]).
 #[derive(Debug, Clone, Copy)]
@@ -135,5 +137,40 @@ impl SpecBatch {
         let b = rows.len();
         self.width_of(model, b)
             .is_some_and(|w| w.stays_plain(&rows))
+    }
+
+    /// Times a verification of `positions` positions that started at `started` (after
+    /// what was queued before it finished), `rolled` when rejected drafts rolled the
+    /// caches; with a draft model (`model`) for its row count's width model.
+    pub(super) fn time_verification(
+        &mut self,
+        model: bool,
+        positions: usize,
+        rolled: bool,
+        started: std::time::Instant,
+    ) -> Result<()> {
+        let b = self.rows.len();
+        // The rows' rejected drafts rolled every layer's cache: evaluated here, so the
+        // width model charges them to the step that caused them.
+        if rolled {
+            let state: Vec<Array> = self.cache.layers().iter().flat_map(|c| c.state()).collect();
+            let refs: Vec<&Array> = state.iter().collect();
+            transforms::eval(&refs)?;
+        }
+        // Not the first step after the number of rows changed (it also evaluates the
+        // caches' joins and filters).
+        let same_rows = std::mem::replace(&mut self.last_rows, b) == b;
+        if self.wall_times {
+            // Charged at the next step's start, with the host's work in between.
+            self.lap = same_rows.then_some(Lap {
+                at: started,
+                positions,
+                rows: b,
+                pipelined: false,
+            });
+        } else if let (true, Some(w)) = (same_rows, self.width_of(model, b)) {
+            w.observe(positions, started.elapsed().as_secs_f64());
+        }
+        Ok(())
     }
 }
