@@ -49,6 +49,22 @@ fn predicting(width: DraftWidth, metrics: Arc<EngineMetrics>) -> Engine {
     Engine::start(model(TARGET), o, metrics).expect("engine")
 }
 
+/// An engine on the target with the target itself as its draft model, each step's width
+/// from its step times (the default).
+fn self_drafting() -> Engine {
+    let o = mlx_engine::batch::EngineOptions {
+        model_drafts: DraftWidth::Paying,
+        ..opts()
+    };
+    Engine::start_with_draft(
+        model(TARGET),
+        Some(model(TARGET)),
+        o,
+        Arc::new(EngineMetrics::default()),
+    )
+    .expect("engine")
+}
+
 fn speculating(i: usize, from: DraftFrom, k: usize) -> GenerationRequest {
     GenerationRequest {
         speculate: Some(Speculate {
@@ -382,17 +398,7 @@ fn a_draft_model_lagging_behind_pipelined_plain_steps_drafts_from_where_the_targ
     let want: Vec<Vec<u32>> = (0..3)
         .map(|i| serve(&plain, vec![req(i)]).remove(0).tokens)
         .collect();
-    let o = mlx_engine::batch::EngineOptions {
-        model_drafts: DraftWidth::Paying,
-        ..opts()
-    };
-    let engine = Engine::start_with_draft(
-        model(TARGET),
-        Some(model(TARGET)),
-        o,
-        Arc::new(EngineMetrics::default()),
-    )
-    .expect("engine");
+    let engine = self_drafting();
     let reqs = (0..3)
         .map(|i| GenerationRequest {
             speculate: Some(Speculate {
@@ -460,17 +466,7 @@ fn widths_timed_by_wall_time_answer_as_alone() {
     }
     assert!(metrics.spec_steps.get() > 0);
     drop(engine);
-    let o = mlx_engine::batch::EngineOptions {
-        model_drafts: DraftWidth::Paying,
-        ..opts()
-    };
-    let engine = Engine::start_with_draft(
-        model(TARGET),
-        Some(model(TARGET)),
-        o,
-        Arc::new(EngineMetrics::default()),
-    )
-    .expect("engine");
+    let engine = self_drafting();
     let reqs = (0..3).map(|i| with(i, DraftFrom::DraftModel)).collect();
     for (i, g) in serve(&engine, reqs).iter().enumerate() {
         assert_eq!(g.tokens, want[i], "self-draft: row {i}");
