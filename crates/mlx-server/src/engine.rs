@@ -92,6 +92,11 @@ impl Submission {
         self.handle.flag()
     }
 
+    /// The flag set once the answer is complete ([`Submission::release`]), weakly.
+    pub fn done_flag(&self) -> std::sync::Weak<AtomicBool> {
+        self.handle.done_flag()
+    }
+
     /// A guard that cancels the generation when dropped before the answer is complete.
     pub fn guard(&self) -> CancelGuard {
         self.handle.guard()

@@ -81,40 +81,59 @@ pub fn random_hex(n: usize) -> String {
     out
 }
 
+/// A generation's cancel flag and the flag saying its answer is complete, weakly.
+type Watched = (
+    std::sync::Weak<std::sync::atomic::AtomicBool>,
+    std::sync::Weak<std::sync::atomic::AtomicBool>,
+);
+
 /// Cancel flags of the requests of one client connection, set when the client closes
-/// it: a generation stops at its next step even while nothing is being written.
+/// it: a generation stops at its next step even while nothing is being written. An
+/// answer already complete (the client closing after its end) is left alone.
 #[derive(Default)]
 pub struct ConnWatch {
-    flags: std::sync::Mutex<Vec<std::sync::Weak<std::sync::atomic::AtomicBool>>>,
+    flags: std::sync::Mutex<Vec<Watched>>,
     closed: std::sync::atomic::AtomicBool,
 }
 
 impl ConnWatch {
-    fn register(&self, flag: std::sync::Weak<std::sync::atomic::AtomicBool>) {
+    fn register(&self, watched: Watched) {
         use std::sync::atomic::Ordering;
         let mut flags = self.flags.lock().unwrap_or_else(|e| e.into_inner());
-        flags.retain(|f| f.strong_count() > 0);
+        flags.retain(|(f, _)| f.strong_count() > 0);
         if self.closed.load(Ordering::SeqCst) {
-            if let Some(f) = flag.upgrade() {
-                f.store(true, Ordering::Relaxed);
-            }
+            cancel_unfinished(&watched);
         }
-        flags.push(flag);
+        flags.push(watched);
     }
 
-    fn close(&self) {
+    /// The client closed the connection: cancels its generations whose answers are not
+    /// complete; returns how many.
+    fn close(&self) -> usize {
         use std::sync::atomic::Ordering;
         self.closed.store(true, Ordering::SeqCst);
         let flags = self.flags.lock().unwrap_or_else(|e| e.into_inner());
-        let mut n = 0;
-        for f in flags.iter().filter_map(|f| f.upgrade()) {
-            f.store(true, Ordering::Relaxed);
-            n += 1;
-        }
+        let n = flags.iter().filter(|w| cancel_unfinished(w)).count();
         if n > 0 {
             tracing::info!("client closed its connection; cancelling {n} generation(s)");
         }
+        n
     }
+}
+
+/// Sets the cancel flag of a generation still running whose answer is not complete;
+/// whether it did. Once its handler let go of it (the `done` flag is gone), the
+/// handler's guard already cancelled what it left unfinished.
+fn cancel_unfinished((cancel, done): &Watched) -> bool {
+    use std::sync::atomic::Ordering;
+    let (Some(cancel), Some(done)) = (cancel.upgrade(), done.upgrade()) else {
+        return false;
+    };
+    if done.load(Ordering::Relaxed) {
+        return false;
+    }
+    cancel.store(true, Ordering::Relaxed);
+    true
 }
 
 tokio::task_local! {
@@ -127,7 +146,7 @@ pub fn submit(
     req: mlx_engine::batch::GenerationRequest,
 ) -> Result<crate::engine::Submission, ApiError> {
     let sub = state.engine.submit(req)?;
-    let _ = CONN.try_with(|w| w.register(sub.flag()));
+    let _ = CONN.try_with(|w| w.register((sub.flag(), sub.done_flag())));
     Ok(sub)
 }
 
@@ -557,4 +576,46 @@ pub async fn accept_loop(
         tracing::warn!("open requests did not finish within {grace:?}; stopping them");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn flags() -> (Arc<AtomicBool>, Arc<AtomicBool>) {
+        (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        )
+    }
+
+    #[test]
+    fn a_closed_connection_cancels_only_answers_not_yet_complete() {
+        let watch = ConnWatch::default();
+        let (running, running_done) = flags();
+        let (complete, complete_done) = flags();
+        complete_done.store(true, Ordering::Relaxed);
+        let (gone, gone_done) = flags();
+        // Its handler let go (its answer streamed), the engine still holds it.
+        let (released, released_done) = flags();
+        for (c, d) in [
+            (&running, &running_done),
+            (&complete, &complete_done),
+            (&gone, &gone_done),
+            (&released, &released_done),
+        ] {
+            watch.register((Arc::downgrade(c), Arc::downgrade(d)));
+        }
+        drop(gone);
+        drop(released_done);
+        assert_eq!(watch.close(), 1);
+        assert!(running.load(Ordering::Relaxed));
+        assert!(!complete.load(Ordering::Relaxed));
+        assert!(!released.load(Ordering::Relaxed));
+        // Registered after the close: cancelled at once.
+        let (late, late_done) = flags();
+        watch.register((Arc::downgrade(&late), Arc::downgrade(&late_done)));
+        assert!(late.load(Ordering::Relaxed));
+    }
 }

@@ -314,6 +314,12 @@ impl Submission {
         Arc::downgrade(&self.cancel)
     }
 
+    /// The flag [`Submission::release`] sets, weakly: a watcher of the client connection
+    /// leaves an answer that is complete alone.
+    pub fn done_flag(&self) -> std::sync::Weak<AtomicBool> {
+        Arc::downgrade(&self.done)
+    }
+
     /// A guard that cancels the generation when dropped before the answer is complete
     /// (held by a streamed body, so a client that goes away stops its generation).
     pub fn guard(&self) -> CancelGuard {
