@@ -413,7 +413,7 @@ mod tests {
         assert_eq!(w.choose(&rows), 3);
         assert!(!w.stays_plain(&rows));
         // ...but queued plain steps overlap the host's work with the device's and cost
-        // 1.6 ms each: then they do.
+        // 1.6 ms each: then plain steps give more tokens a second.
         w.observe_pipelined(8, 0.0016);
         assert_eq!(w.choose(&rows), 0);
         assert!(w.stays_plain(&rows));
