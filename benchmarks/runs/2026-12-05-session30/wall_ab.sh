@@ -11,7 +11,7 @@ for round in 1 2; do
       for arm in $arms; do
         echo "=== round $round streams $s arm $arm ${mix:-predicted}"
         if [ $arm = wall ]; then export MLX_WIDTH_WALL_TIMES=1; else unset MLX_WIDTH_WALL_TIMES; fi
-        STREAMS=$s TRIALS=3 EXTRA="$mix" bash $H/cpu_pred.sh 2>&1 | grep '^|'
+        STREAMS=$s TRIALS=3 EXTRA="$mix" bash benchmarks/runs/2026-12-05-session27/cpu_pred.sh 2>&1 | grep '^|'
       done
     done
   done
