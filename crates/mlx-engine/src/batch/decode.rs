@@ -46,6 +46,9 @@ pub(crate) struct Queued {
     pub chosen: Option<Array>,
 }
 
+/// A token's log-probability and top alternatives, where its request asks for them.
+pub(crate) type TokenDetails = (Option<f32>, Vec<(u32, f32)>);
+
 /// A token read from a queued step: its id, log-probability and top alternatives (the
 /// last two where its request asks for them).
 pub(crate) type ReadToken = (u32, Option<f32>, Vec<(u32, f32)>);
@@ -87,28 +90,39 @@ impl Queued {
             Some(c) => c.astype(Dtype::Float32)?.to_vec::<f32>()?,
             None => Vec::new(),
         };
-        let v = self.logprobs.dim(-1)?;
         let mut out = Vec::with_capacity(ids.len());
         for (i, (req, token)) in reqs.zip(ids).enumerate() {
-            let logprob = if req.wants_logprobs() {
-                chosen.get(i).copied()
-            } else {
-                None
-            };
-            let top = if req.top_logprobs > 0 {
-                let i32_ = i as i32;
-                let row = self
-                    .logprobs
-                    .slice(&[i32_, 0], &[i32_ + 1, v], None)?
-                    .reshape(&[v])?;
-                step::top_logprobs(&row, req.top_logprobs)?
-            } else {
-                Vec::new()
-            };
+            let (logprob, top) = token_details(req, &chosen, &self.logprobs, i)?;
             out.push((token, logprob, top));
         }
         Ok(out)
     }
+}
+
+/// The log-probability and top log-probabilities `req` asks for of sampled position `i`:
+/// `chosen` holds the sampled tokens' log-probabilities (flat, empty when no row asks),
+/// `logprobs` is `[positions, vocab]`.
+pub(crate) fn token_details(
+    req: &GenerationRequest,
+    chosen: &[f32],
+    logprobs: &Array,
+    i: usize,
+) -> Result<TokenDetails> {
+    let logprob = if req.wants_logprobs() {
+        chosen.get(i).copied()
+    } else {
+        None
+    };
+    let top = if req.top_logprobs > 0 {
+        let (i32_, v) = (i as i32, logprobs.dim(-1)?);
+        let row = logprobs
+            .slice(&[i32_, 0], &[i32_ + 1, v], None)?
+            .reshape(&[v])?;
+        step::top_logprobs(&row, req.top_logprobs)?
+    } else {
+        Vec::new()
+    };
+    Ok((logprob, top))
 }
 
 impl DecodeBatch {

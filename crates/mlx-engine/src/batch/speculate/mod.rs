@@ -59,7 +59,7 @@ use guide::Guide;
 use plain::Pending;
 use timing::Lap;
 
-use super::decode::{cache_err, merge_caches};
+use super::decode::{cache_err, merge_caches, token_details};
 use super::request::{DraftFrom, SeqId};
 use super::sequence::Sequence;
 use super::stage::{Leave, Left, Outcome, Stage};
@@ -537,7 +537,8 @@ impl SpecBatch {
             ..
         } = ver;
         let b = self.rows.len();
-        let v = logprobs.dim(2)?;
+        // One row a position, as the sampled tokens are laid out.
+        let positions = logprobs.reshape(&[-1, logprobs.dim(2)?])?;
         out.reserve(b * (keep.iter().copied().max().unwrap_or(0) + 1));
         let mut round = Round {
             rows: b as u64,
@@ -567,7 +568,7 @@ impl SpecBatch {
             let m = keep[r];
             for i in 0..=m {
                 let token = toks[r * l + i];
-                let (logprob, top) = logprob_details(&req, &chosen, &logprobs, r, i, l, v)?;
+                let (logprob, top) = token_details(&req, &chosen, &positions, r * l + i)?;
                 let mut t = match row.seq.record(token, logprob, top, i < m) {
                     Ok(t) => t,
                     Err(e) => {
@@ -635,38 +636,6 @@ impl SpecBatch {
         }
         Ok(rows)
     }
-}
-
-/// A token's log-probability and top alternatives, when asked for.
-type TokenDetails = (Option<f32>, Vec<(u32, f32)>);
-
-/// The log-probability and top log-probabilities `req` asks for of position `i` of row
-/// `r`: `chosen` holds the chosen tokens' (flat, `l` positions a row), `logprobs` is
-/// `[rows, l, v]`.
-fn logprob_details(
-    req: &crate::batch::request::GenerationRequest,
-    chosen: &[f32],
-    logprobs: &Array,
-    r: usize,
-    i: usize,
-    l: usize,
-    v: i32,
-) -> Result<TokenDetails> {
-    let logprob = if req.wants_logprobs() {
-        chosen.get(r * l + i).copied()
-    } else {
-        None
-    };
-    let top = if req.top_logprobs > 0 {
-        let (r32, i32_) = (r as i32, i as i32);
-        let p = logprobs
-            .slice(&[r32, i32_, 0], &[r32 + 1, i32_ + 1, v], None)?
-            .reshape(&[v])?;
-        step::top_logprobs(&p, req.top_logprobs)?
-    } else {
-        Vec::new()
-    };
-    Ok((logprob, top))
 }
 
 /// Rolls each row's positions past its `kept[r]` of a chunk (the batch holds `most` of
