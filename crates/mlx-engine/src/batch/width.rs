@@ -213,16 +213,23 @@ impl Width {
 
     /// The time of size `n` if it was seen in the last `STALE` choices.
     fn fresh(&self, n: usize) -> Option<f64> {
-        let &(t, at) = self.seen.get(&n)?;
+        self.fresh_in(&self.seen, n)
+    }
+
+    /// The time of `key` in `times` if it was seen in the last `STALE` choices.
+    fn fresh_in(
+        &self,
+        times: &std::collections::BTreeMap<usize, (f64, u64)>,
+        key: usize,
+    ) -> Option<f64> {
+        let &(t, at) = times.get(&key)?;
         (self.choices - at <= STALE).then_some(t)
     }
 
     /// The expected time of a plain step of `b` rows: a pipelined one's when fresh.
     fn plain_cost(&self, b: usize) -> f64 {
-        match self.pipelined.get(&b) {
-            Some(&(t, at)) if self.choices - at <= STALE => t,
-            _ => self.cost(b),
-        }
+        self.fresh_in(&self.pipelined, b)
+            .unwrap_or_else(|| self.cost(b))
     }
 
     /// `(a, c)` of the step time `a + c n` in some unit: the fit when the observations
@@ -274,11 +281,9 @@ impl Width {
 
     /// Whether a plain step of `b` rows was timed in the last `STALE` choices.
     pub fn knows_plain(&self, b: usize) -> bool {
-        self.fresh(b).is_some()
-            || self
-                .pipelined
-                .get(&b)
-                .is_some_and(|&(_, at)| self.choices - at <= STALE)
+        self.fresh(b)
+            .or_else(|| self.fresh_in(&self.pipelined, b))
+            .is_some()
     }
 
     /// [`Width::choose`] without counting the choice.
