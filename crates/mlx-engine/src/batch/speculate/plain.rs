@@ -24,8 +24,9 @@ impl SpecBatch {
     /// A plain step of every row, pipelined as the plain decode batch's: it feeds each
     /// row its next input (the tokens of `last`, the plain step before, still on the
     /// device; each row's `y` without it, and for rows that joined since), queues the
-    /// sampling, and only then reads `last`'s tokens. Its own tokens stay pending until the next step, which reads them after
-    /// queuing itself when it is plain too, first otherwise ([`SpecBatch::step`]).
+    /// sampling, and only then reads `last`'s tokens. Its own tokens stay pending until
+    /// the next step, which reads them after queuing itself when it is plain too, first
+    /// otherwise ([`SpecBatch::step`]).
     pub(super) fn step_plain(
         &mut self,
         model: &dyn LanguageModel,
