@@ -548,9 +548,7 @@ for PART in "$@"; do
       # batch/width.rs, the default), all (MLX_PREDICTION_DRAFTS=all: every draft), none
       # (MLX_PREDICTION_DRAFTS=none: the prediction batch stepping plainly), mix (the
       # default, every other stream predicted: predict_bench.py --mix), wall and wallmix
-      # (auto and mix with MLX_WIDTH_WALL_TIMES=1: steps charged their wall time),
-      # mixapart (mix with MLX_PREDICTION_PLAIN_ROWS=apart: plain rows stay in the plain
-      # batch)
+      # (auto and mix with MLX_WIDTH_WALL_TIMES=1: steps charged their wall time)
       port=18941
       for arm in ${PRED_ARMS:-auto}; do
       for m in ${PRED_MODELS:-smollm2 llama-3.1-8b-bf16}; do
@@ -558,8 +556,7 @@ for PART in "$@"; do
         e=(); mix=()
         case $arm in all) e=(MLX_PREDICTION_DRAFTS=all) ;; none) e=(MLX_PREDICTION_DRAFTS=none) ;;
           mix) mix=(--mix) ;; wall) e=(MLX_WIDTH_WALL_TIMES=1) ;;
-          wallmix) e=(MLX_WIDTH_WALL_TIMES=1); mix=(--mix) ;;
-          mixapart) e=(MLX_PREDICTION_PLAIN_ROWS=apart); mix=(--mix) ;; esac
+          wallmix) e=(MLX_WIDTH_WALL_TIMES=1); mix=(--mix) ;; esac
         if [ "$m" = smollm2 ]; then
           dir=/root/stash/smollm2; how=source
           [ -f "$dir/config.json" ] || { echo "== $m: $dir not staged" >> "$D/stdout.txt"; continue; }

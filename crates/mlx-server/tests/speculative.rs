@@ -305,18 +305,6 @@ async fn mixed_requests_beside_predictions_answer_as_alone() {
     // Plain requests of every kind next to predicted ones (plain rows step with the
     // prediction batch unless they have a seed, processors or an adapter): each answer,
     // its log-probabilities and finish reason as when the request is served alone.
-    mixed_answers_as_alone().await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn mixed_requests_kept_apart_from_predictions_answer_as_alone() {
-    // The experiment MLX_PREDICTION_PLAIN_ROWS=apart (each test runs in its own process):
-    // plain rows stay in the plain batch, stepped beside the prediction batch.
-    std::env::set_var("MLX_PREDICTION_PLAIN_ROWS", "apart");
-    mixed_answers_as_alone().await;
-}
-
-async fn mixed_answers_as_alone() {
     let s = server(false).await;
     let addr = s.local_addr();
     let kinds = [

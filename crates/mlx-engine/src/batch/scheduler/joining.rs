@@ -40,7 +40,7 @@ impl Shared {
     /// while the prediction batch has rows (or some of these join it), plain rows it can
     /// step with no drafts (no processors, no resident adapter, no seed; its plain steps are
     /// pipelined as the plain batch's) join it too: one forward a step for both kinds
-    /// instead of two (unless `MLX_PREDICTION_PLAIN_ROWS=apart`, an experiment).
+    /// instead of two.
     pub(super) fn lanes(&self, seqs: &[Sequence], j: &Joining<'_>) -> Vec<Lane> {
         let running = j.running() + seqs.len();
         let mut lanes: Vec<Lane> = seqs
@@ -49,7 +49,7 @@ impl Shared {
             .collect();
         let max = self.opts.draft_max_batch;
         let predicting = j.predicting.len() > 0 || lanes.contains(&Lane::Predicting);
-        if self.plain_rows_predict && predicting && (max == 0 || running <= max) {
+        if predicting && (max == 0 || running <= max) {
             for (lane, s) in lanes.iter_mut().zip(seqs) {
                 let req = &s.job().req;
                 // A seeded row keeps the plain batch's draws: a verification step samples

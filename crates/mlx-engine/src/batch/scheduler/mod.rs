@@ -252,8 +252,6 @@ impl Engine {
             mlx_failed: std::cell::Cell::new(false),
             progress: HashMap::new(),
             speculates,
-            plain_rows_predict: std::env::var("MLX_PREDICTION_PLAIN_ROWS").as_deref()
-                != Ok("apart"),
         };
         shared.update_cache_metrics();
         let state = Scheduler {
@@ -403,11 +401,6 @@ struct Shared {
     progress: HashMap<SeqId, (usize, usize)>,
     /// Whether the model's caches can be trimmed (speculative decoding).
     speculates: bool,
-    /// Whether plain rows join the prediction batch while it has rows
-    /// ([`Shared::lanes`]); `MLX_PREDICTION_PLAIN_ROWS=apart` keeps them in the plain
-    /// batch (an experiment for the GPU, where session 29 measured mixed loads at
-    /// 0.47x-0.85x of plain).
-    plain_rows_predict: bool,
 }
 
 /// The stages a sequence goes through after waiting for a slot.
