@@ -21,8 +21,8 @@
 #   lora       issue 24: benchmarks/gpu_lora.sh (1B bf16 LoRA, 8B 4-bit QLoRA), 1 round
 #              (LORA_ARGS: e.g. --only llama-3.1-8b-4bit --dequant-ab)
 #   specsrv    issue 19: server aggregate decode at 1/8/32 streams, echo 8B target, with
-#              and without its 4-bit draft (SPEC_ARMS: plain draft draftall none
-#              plainsteps; SPEC_STREAMS; SPEC_LOG=DEBUG)
+#              and without its 4-bit draft (SPEC_ARMS: plain draft draftall none syncsteps;
+#              SPEC_STREAMS; SPEC_LOG=DEBUG)
 #   predsrv    issue 19: server speculation without a draft model (OpenAI predicted outputs)
 #              against plain requests at 1/8/32 streams (PRED_MODELS, PRED_STREAMS,
 #              PRED_TRIALS, PRED_G; benchmarks/predict_bench.py)
@@ -519,25 +519,24 @@ for PART in "$@"; do
       M=$MODELS/llama-3.1-8b-echo-bf16
       python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
         --tokenizers .gpu/tok > "$D/models.txt" 2>&1
-      # SPEC_ARMS also: none (MLX_MODEL_DRAFTS=none), plainsteps (the experiment
-      # MLX_MODEL_PLAIN_STEPS=1), plainwall (that with MLX_WIDTH_WALL_TIMES=1); SPEC_STREAMS
+      # SPEC_ARMS also: none (MLX_MODEL_DRAFTS=none), syncsteps (MLX_MODEL_PLAIN_STEPS=0:
+      # no plain step timed or queued, the GPU default before session 31); SPEC_STREAMS
       # (1,8,32); SPEC_LOG=DEBUG logs each step.
       # Our server's log of each arm is kept as ours-<arm>.log.
       for arm in ${SPEC_ARMS:-plain draft draftall}; do
         extra=()
         [ "$arm" != plain ] && extra=(--ours-arg=--draft-model --ours-arg="$MODELS/llama-3.1-8b-echo-4bit")
         [ -n "${SPEC_LOG:-}" ] && extra+=(--ours-arg=--log-level --ours-arg="$SPEC_LOG")
-        unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_WIDTH_WALL_TIMES
+        unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS
         case $arm in draftall) export MLX_MODEL_DRAFTS=all ;; none) export MLX_MODEL_DRAFTS=none ;;
-          plainsteps) export MLX_MODEL_PLAIN_STEPS=1 ;;
-          plainwall) export MLX_MODEL_PLAIN_STEPS=1 MLX_WIDTH_WALL_TIMES=1 ;; esac
+          syncsteps) export MLX_MODEL_PLAIN_STEPS=0 ;; esac
         rm -rf /tmp/mlx-bench-server-*
         MLX_SDPA_SPLIT_QUERIES=1 timeout $(( $(left) > 30 ? $(left) : 30 )) "$NEW/xtask" bench --server \
           --ours "$NEW/mlx-server" --python python3 --model "$M" -p 128 -g 128 \
           --streams "${SPEC_STREAMS:-1,8,32}" "${extra[@]}" --out "$D/server-$arm.md" > "$D/$arm.log" 2>&1
         cp /tmp/mlx-bench-server-*/ours.log "$D/ours-$arm.log" 2>/dev/null
       done
-      unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_WIDTH_WALL_TIMES ;;
+      unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS ;;
     predsrv)
       # issue 19: speculation inside the batching server without a draft model (OpenAI
       # predicted outputs, benchmarks/predict_bench.py) against the same requests without,
@@ -547,16 +546,14 @@ for PART in "$@"; do
       # (2), -g PRED_G (128); PRED_ARMS: auto (each step verifies the drafts that pay,
       # batch/width.rs, the default), all (MLX_PREDICTION_DRAFTS=all: every draft), none
       # (MLX_PREDICTION_DRAFTS=none: the prediction batch stepping plainly), mix (the
-      # default, every other stream predicted: predict_bench.py --mix), wall and wallmix
-      # (auto and mix with MLX_WIDTH_WALL_TIMES=1: steps charged their wall time)
+      # default, every other stream predicted: predict_bench.py --mix)
       port=18941
       for arm in ${PRED_ARMS:-auto}; do
       for m in ${PRED_MODELS:-smollm2 llama-3.1-8b-bf16}; do
         [ "$(left)" -lt 60 ] && break 2
         e=(); mix=()
         case $arm in all) e=(MLX_PREDICTION_DRAFTS=all) ;; none) e=(MLX_PREDICTION_DRAFTS=none) ;;
-          mix) mix=(--mix) ;; wall) e=(MLX_WIDTH_WALL_TIMES=1) ;;
-          wallmix) e=(MLX_WIDTH_WALL_TIMES=1); mix=(--mix) ;; esac
+          mix) mix=(--mix) ;; esac
         if [ "$m" = smollm2 ]; then
           dir=/root/stash/smollm2; how=source
           [ -f "$dir/config.json" ] || { echo "== $m: $dir not staged" >> "$D/stdout.txt"; continue; }

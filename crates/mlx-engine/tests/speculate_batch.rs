@@ -429,13 +429,11 @@ fn a_draft_model_lagging_behind_pipelined_plain_steps_drafts_from_where_the_targ
 }
 
 #[test]
-fn widths_timed_by_wall_time_answer_as_alone() {
-    // The experiment `MLX_WIDTH_WALL_TIMES=1` (each test runs in its own process): steps
-    // charged from their start to the next one's, stretches of queued plain steps their
-    // own time. Long answers, so that the batches pipeline plain stretches, verify again
-    // when a width's time goes stale, and lose rows mid-way; with the model as its own
-    // draft (plain steps queued too, `MLX_MODEL_PLAIN_STEPS=1`) every draft is accepted.
-    std::env::set_var("MLX_WIDTH_WALL_TIMES", "1");
+fn long_answers_with_queued_plain_stretches_answer_as_alone() {
+    // Long answers, so that the batches pipeline plain stretches, verify again when a
+    // width's time goes stale, and lose rows mid-way; with the model as its own draft
+    // (plain steps queued too, `MLX_MODEL_PLAIN_STEPS=1`, each test in its own process)
+    // every draft is accepted.
     std::env::set_var("MLX_MODEL_PLAIN_STEPS", "1");
     let n = [150, 90, 160, 40];
     let plain =

@@ -119,9 +119,6 @@ pub(crate) struct Width {
     /// The recent step time of each size seen (an average of the last few) and the
     /// choice it was last seen at.
     seen: std::collections::BTreeMap<usize, (f64, u64)>,
-    /// The recent time a pipelined plain step of each row count took (its share of the
-    /// wall time: see [`Width::observe_pipelined`]) and the choice it was last seen at.
-    pipelined: std::collections::BTreeMap<usize, (f64, u64)>,
     /// Choices made.
     choices: u64,
     /// Whether a plain step is timed when its time is not fresh ([`Width::timing_plain`]).
@@ -139,7 +136,6 @@ impl Width {
             sy: 0.0,
             sxy: 0.0,
             seen: std::collections::BTreeMap::new(),
-            pipelined: std::collections::BTreeMap::new(),
             choices: 0,
             time_plain: false,
         }
@@ -159,8 +155,7 @@ impl Width {
 
     /// The prior of the device this thread runs on: 3 positions on the CPU, 32 on a GPU.
     pub fn for_current_device() -> Width {
-        let gpu = mlx_array::current_device().is_ok_and(|d| d.kind == mlx_array::DeviceType::Gpu);
-        Width::new(if gpu { 32.0 } else { 3.0 })
+        Width::new(if on_gpu() { 32.0 } else { 3.0 })
     }
 
     /// A step of `n` positions took `secs` (timed with nothing else queued).
@@ -175,17 +170,6 @@ impl Width {
         self.sy = DECAY * self.sy + secs;
         self.sxy = DECAY * self.sxy + x * secs;
         remember(&mut self.seen, n, secs, self.choices);
-    }
-
-    /// A plain step of `rows` rows queued before the last one's tokens were read took
-    /// `secs` of wall time: from its start to the next step's, in a stretch of such
-    /// steps, so the device's work of one step overlapped the host's of the next. A
-    /// plain step's cost is then this time, not a synchronous step's; the line through
-    /// the positions is left to the synchronous steps it predicts.
-    pub fn observe_pipelined(&mut self, rows: usize, secs: f64) {
-        if secs.is_finite() && secs > 0.0 {
-            remember(&mut self.pipelined, rows, secs, self.choices);
-        }
     }
 
     /// The expected time of a step of `n` positions: its recent time when that size was
@@ -213,23 +197,8 @@ impl Width {
 
     /// The time of size `n` if it was seen in the last `STALE` choices.
     fn fresh(&self, n: usize) -> Option<f64> {
-        self.fresh_in(&self.seen, n)
-    }
-
-    /// The time of `key` in `times` if it was seen in the last `STALE` choices.
-    fn fresh_in(
-        &self,
-        times: &std::collections::BTreeMap<usize, (f64, u64)>,
-        key: usize,
-    ) -> Option<f64> {
-        let &(t, at) = times.get(&key)?;
+        let &(t, at) = self.seen.get(&n)?;
         (self.choices - at <= STALE).then_some(t)
-    }
-
-    /// The expected time of a plain step of `b` rows: a pipelined one's when fresh.
-    fn plain_cost(&self, b: usize) -> f64 {
-        self.fresh_in(&self.pipelined, b)
-            .unwrap_or_else(|| self.cost(b))
     }
 
     /// `(a, c)` of the step time `a + c n` in some unit: the fit when the observations
@@ -281,9 +250,7 @@ impl Width {
 
     /// Whether a plain step of `b` rows was timed in the last `STALE` choices.
     pub fn knows_plain(&self, b: usize) -> bool {
-        self.fresh(b)
-            .or_else(|| self.fresh_in(&self.pipelined, b))
-            .is_some()
+        self.fresh(b).is_some()
     }
 
     /// [`Width::choose`] without counting the choice.
@@ -328,17 +295,20 @@ impl Width {
             // Drafting must beat a plain step by `MARGIN`: a wider step also costs what
             // the times leave out (more tokens for the host to record and stream while
             // the device waits, since a verification cannot be pipelined).
-            let value = if w == 0 {
-                tokens / self.plain_cost(b)
-            } else {
-                tokens / self.cost(b * (w + 1)) / (1.0 + MARGIN)
-            };
+            let value = tokens / self.cost(b * (w + 1)) / if w == 0 { 1.0 } else { 1.0 + MARGIN };
             if value > best.1 * (1.0 + 1e-9) {
                 best = (w, value);
             }
         }
         best.0
     }
+}
+
+/// Whether this thread's MLX device is a GPU (where steps are bound by the host's work,
+/// so a step's time barely grows with its positions and a queued step costs less than a
+/// synchronous one).
+pub(crate) fn on_gpu() -> bool {
+    mlx_array::current_device().is_ok_and(|d| d.kind == mlx_array::DeviceType::Gpu)
 }
 
 /// Puts `secs` into the recent time of `key` seen at choice `now` (averaged with a fresh
@@ -404,36 +374,6 @@ mod tests {
         // ...and 4 tokens in 44 ms or 2 in 18 lose to 1 in 5.5 ms.
         assert_eq!(w.choose(&rows), 0);
         assert!(w.stays_plain(&rows));
-    }
-
-    #[test]
-    fn a_pipelined_plain_step_is_charged_its_wall_time() {
-        // A host-bound GPU batch of 8 rows: a synchronous step takes ~3 ms whatever its
-        // positions, so half-accepted drafts pay against a synchronous plain step...
-        let mut w = Width::new(32.0);
-        for n in [8usize, 16, 32, 8, 16, 32] {
-            w.observe(n, 0.003 + 1e-5 * n as f64);
-        }
-        let rows = [(0.5, 3); 8];
-        assert_eq!(w.choose(&rows), 3);
-        assert!(!w.stays_plain(&rows));
-        // ...but queued plain steps overlap the host's work with the device's and cost
-        // 1.6 ms each: then plain steps give more tokens a second.
-        w.observe_pipelined(8, 0.0016);
-        assert_eq!(w.choose(&rows), 0);
-        assert!(w.stays_plain(&rows));
-        // Only for its own row count, and not in the line of the synchronous steps.
-        assert_eq!(w.choose(&[(0.5, 3); 4]), 3);
-        let (a, c) = w.model();
-        assert!(
-            (a - 0.003).abs() < 1e-6 && (c - 1e-5).abs() < 1e-8,
-            "{a} {c}"
-        );
-        // Stale after as many choices as a synchronous time.
-        for _ in 0..STALE {
-            w.choose(&rows);
-        }
-        assert!(!w.knows_plain(8));
     }
 
     #[test]

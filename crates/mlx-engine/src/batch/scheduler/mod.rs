@@ -198,7 +198,6 @@ impl Engine {
             .cache_specs()
             .iter()
             .all(|s| matches!(s, CacheSpec::Standard));
-        let wall_times = std::env::var("MLX_WIDTH_WALL_TIMES").is_ok_and(|v| v == "1");
         let stages = if batched {
             Stages::Batched {
                 prefilling: PrefillBatch::default(),
@@ -207,17 +206,17 @@ impl Engine {
                     SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch)
                         .widths(DraftWidth::from_env("MLX_MODEL_DRAFTS", opts.model_drafts))
                         .plain_model_steps(
-                            std::env::var("MLX_MODEL_PLAIN_STEPS").is_ok_and(|v| v == "1"),
-                        )
-                        .wall_times(wall_times),
+                            match std::env::var("MLX_MODEL_PLAIN_STEPS").as_deref() {
+                                Ok("1") => true,
+                                Ok("0") => false,
+                                _ => crate::batch::width::on_gpu(),
+                            },
+                        ),
                 ),
                 predicting: Box::new(
-                    SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch)
-                        .widths(DraftWidth::from_env(
-                            "MLX_PREDICTION_DRAFTS",
-                            opts.prediction_drafts,
-                        ))
-                        .wall_times(wall_times),
+                    SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch).widths(
+                        DraftWidth::from_env("MLX_PREDICTION_DRAFTS", opts.prediction_drafts),
+                    ),
                 ),
             }
         } else {
@@ -574,11 +573,7 @@ impl Scheduler {
                     predicting,
                     draft,
                 };
-                if self.shared.prefill_batched(model, prefilling, &mut joining) {
-                    // Not a time of the speculating batches' steps.
-                    joining.drafting.void_lap();
-                    joining.predicting.void_lap();
-                }
+                self.shared.prefill_batched(model, prefilling, &mut joining);
                 self.shared.decode_batched(model, decoding);
                 // Rows stepping aside join `decoding`: the count holds for both.
                 let running = decoding.len() + drafting.len() + predicting.len();
@@ -729,14 +724,13 @@ impl Shared {
 
     /// Batched mode, prefill: sequences with only their last prompt token left (a
     /// prompt-cache hit) join the decode batch; up to `prompt_concurrency` others
-    /// prefill together, one chunk each per loop, and join it once prefilled. Returns
-    /// whether it ran a prefill step.
+    /// prefill together, one chunk each per loop, and join it once prefilled.
     fn prefill_batched(
         &mut self,
         model: &dyn LanguageModel,
         prefilling: &mut PrefillBatch,
         joining: &mut Joining<'_>,
-    ) -> bool {
+    ) {
         let hits = prefilling.take_cache_hits();
         let hits = self.report_prompts(hits);
         self.join_hits(hits, joining);
@@ -750,7 +744,7 @@ impl Shared {
             self.fail_seqs(seqs, e);
         }
         if prefilling.prefilling() == 0 {
-            return false;
+            return;
         }
         let tic = Instant::now();
         let checkpoints = self.opts.prompt_cache_size > 0;
@@ -770,10 +764,7 @@ impl Shared {
                 self.enforce_memory_limit(prefilling, &rows);
                 self.route(prefilling, progress)
             }
-            Err(e) => {
-                self.fail_seqs(prefilling.drain_rows(), e);
-                return true;
-            }
+            Err(e) => return self.fail_seqs(prefilling.drain_rows(), e),
         }
         match prefilling.take_ready() {
             Ok(Some((seqs, cache))) => {
@@ -788,7 +779,6 @@ impl Shared {
             Ok(None) => {}
             Err(e) => self.fail_seqs(prefilling.drain_rows(), e),
         }
-        true
     }
 
     /// Batched mode, decode: one step of the batch; finished, failed and abandoned rows

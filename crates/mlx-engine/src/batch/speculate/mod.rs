@@ -57,7 +57,6 @@ mod timing;
 
 use guide::Guide;
 use plain::Pending;
-use timing::Lap;
 
 use super::decode::{cache_err, merge_caches, token_details};
 use super::request::{DraftFrom, SeqId};
@@ -151,10 +150,6 @@ pub(crate) struct SpecBatch {
     /// A prediction batch's plain step whose tokens are not read yet (see
     /// [`SpecBatch::step_plain`]).
     pending: Option<Pending>,
-    /// Whether steps are timed by their wall time ([`SpecBatch::wall_times`]).
-    wall_times: bool,
-    /// With `wall_times`, the last step's start, charged at the next step's.
-    lap: Option<Lap>,
 }
 
 /// What a verification forward gave, read back.
@@ -208,13 +203,14 @@ impl SpecBatch {
         self
     }
 
-    /// An experiment, off by default (`MLX_MODEL_PLAIN_STEPS=1` in the scheduler): a
-    /// draft-model batch also times a plain step against its drafting ones
+    /// A draft-model batch also times a plain step against its drafting ones
     /// ([`Width::timing_plain`]) and queues its plain steps as a prediction batch does,
-    /// the draft model lagging by their tokens. On the H200 (GPU.md, session 29) it
-    /// took the echo 8B bf16 with its 4-bit copy from 520.6 to 592.9 tok/s at 8 streams
-    /// but one stream stalled at 3.3 tok/s, before a batch of one row caught up in
-    /// pieces ([`ONE_ROW_PIECE`]); not measured since.
+    /// the draft model lagging by their tokens (a batch of one row catches up in pieces
+    /// of [`ONE_ROW_PIECE`]). The scheduler turns it on where the device is a GPU
+    /// (`MLX_MODEL_PLAIN_STEPS=0` / `1` overrides): on the H200 (GPU.md, session 31) it
+    /// took the echo 8B bf16 with its 4-bit copy from 520.1 to 812.6 tok/s at 8 streams
+    /// and from 1,069.5 to 1,347.3 at 32; on the CPU it measured within the noise of
+    /// off (session 29), so it stays off there.
     pub fn plain_model_steps(mut self, on: bool) -> SpecBatch {
         self.plain_model_steps = on;
         self
@@ -235,7 +231,6 @@ impl SpecBatch {
         if seqs.is_empty() {
             return Ok(());
         }
-        self.lap = None;
         let Some(ys) = seqs
             .iter()
             .map(|s| s.last_prompt_token())
@@ -311,7 +306,6 @@ impl SpecBatch {
             return Ok((Vec::new(), Round::default()));
         }
         let b = self.rows.len();
-        self.charge_lap(draft.is_some(), std::time::Instant::now());
         let mut flushed = Vec::new();
         if let Some(p) = self.pending.take() {
             // Plain again whatever the last tokens draft: queue the step before reading
@@ -600,8 +594,6 @@ impl SpecBatch {
     /// Keeps the rows at `keep` (the target cache already holds just those) with their
     /// draft caches and lags; returns every row as it was indexed, the kept ones taken.
     fn keep_rows(&mut self, keep: &[usize]) -> Result<Vec<Option<Row>>> {
-        // The next step filters the caches: not a time of these rows' steps.
-        self.lap = None;
         if let Some(p) = self.pending.take() {
             // The pending rows are a prefix: the kept ones stay one, in order.
             let idx: Vec<i32> = keep
@@ -764,7 +756,6 @@ impl Stage for SpecBatch {
 
     fn drain(&mut self) -> Vec<Sequence> {
         self.pending = None;
-        self.lap = None;
         self.cache = BatchPromptCache::new();
         self.draft_cache = BatchPromptCache::new();
         self.lag.clear();

@@ -1,12 +1,10 @@
 //! A speculating batch's plain steps, queued before the last one's tokens are read as
 //! the decode batch's are (a prediction batch's, and a draft-model batch's under
 //! `MLX_MODEL_PLAIN_STEPS=1`).
-use super::timing::Lap;
 use super::{Round, SpecBatch};
 use crate::batch::decode::Queued;
 use crate::batch::request::SeqId;
 use crate::batch::stage::Outcome;
-use crate::batch::width::DraftWidth;
 use crate::error::{EngineError, Result};
 use crate::step;
 use mlx_array::{ops, Array};
@@ -33,17 +31,6 @@ impl SpecBatch {
         last: Option<Pending>,
     ) -> Result<(Vec<(SeqId, Outcome)>, Round)> {
         let b = self.rows.len();
-        if self.wall_times && self.drafts == DraftWidth::Paying {
-            // After a step that was not queued, this one's wall time is its host work
-            // alone (nothing to wait for): only a step that reads a queued one's tokens
-            // of the same rows is charged.
-            self.lap = last.as_ref().filter(|p| p.rows == b).map(|_| Lap {
-                at: std::time::Instant::now(),
-                positions: b,
-                rows: b,
-                pipelined: true,
-            });
-        }
         // Rows past `last`'s (all without it) feed their `y`: they joined since.
         let read = last.as_ref().map_or(0, |p| p.rows);
         let ys: Vec<u32> = self.rows[read..].iter().map(|r| r.y).collect();

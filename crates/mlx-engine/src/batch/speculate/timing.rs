@@ -1,79 +1,11 @@
-//! How wide a speculating batch's steps are: its width models ([`Width`]), which steps
-//! may be queued plainly, and the wall-time experiment that charges each step from its
-//! start to the next one's.
+//! How wide a speculating batch's steps are: its width models ([`Width`]) and which
+//! steps may be queued plainly.
 use super::SpecBatch;
 use crate::batch::width::{DraftWidth, Width};
 use crate::error::Result;
 use mlx_array::{transforms, Array};
 
-/// A timed step's start ([`SpecBatch::wall_times`]).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Lap {
-    pub(super) at: std::time::Instant,
-    /// Its positions (all rows).
-    pub(super) positions: usize,
-    /// Its rows.
-    pub(super) rows: usize,
-    /// A plain step queued before the last one's tokens were read, that read them: one
-    /// of a stretch of such steps, whose device work overlaps the host's of the next.
-    pub(super) pipelined: bool,
-}
-
 impl SpecBatch {
-    /// An experiment, off by default (`MLX_WIDTH_WALL_TIMES=1` in the scheduler): each
-    /// step is charged its wall time, from its start to the next step's, instead of the
-    /// time of its own work. A verification is synchronous: its time then also holds
-    /// the host's work on its tokens (recording, routing, the other stages' queued
-    /// steps) while the device waits. A plain step queued before the last one's tokens
-    /// were read overlaps the host's work with the device's: in a stretch of them, its
-    /// wall time is what it costs ([`Width::observe_pipelined`]), less than the
-    /// synchronous plain step the width model compared drafts with. The lap a prefill
-    /// step falls into is not charged ([`SpecBatch::void_lap`]). Aimed at the GPU's
-    /// host-bound steps, where predicted outputs verified drafts that lost to plain
-    /// steps (0.87x / 0.89x at 8 / 32 streams, GPU.md session 29); not measured there
-    /// yet. On the 2-core CPU no better (8 streams 0.93x of plain against 0.97x; its
-    /// queued steps barely overlap there).
-    pub fn wall_times(mut self, on: bool) -> SpecBatch {
-        self.wall_times = on;
-        self
-    }
-
-    /// The time since the last step's start is not its own (the scheduler ran a prefill
-    /// step in it): it is not charged.
-    pub fn void_lap(&mut self) {
-        self.lap = None;
-    }
-
-    /// Charges the last step's wall time up to `now` to the width model of its rows,
-    /// when the batch still has those rows.
-    pub(super) fn charge_lap(&mut self, model: bool, now: std::time::Instant) {
-        let Some(lap) = self.lap.take() else {
-            return;
-        };
-        let b = self.rows.len();
-        if lap.rows != b {
-            return;
-        }
-        let secs = now.duration_since(lap.at).as_secs_f64();
-        tracing::trace!(
-            "speculative: a {} step of {} position(s) charged {:.2} ms",
-            if lap.pipelined {
-                "queued plain"
-            } else {
-                "synchronous"
-            },
-            lap.positions,
-            secs * 1e3
-        );
-        if let Some(w) = self.width_of(model, b) {
-            if lap.pipelined {
-                w.observe_pipelined(b, secs);
-            } else {
-                w.observe(lap.positions, secs);
-            }
-        }
-    }
-
     /// This step's width (drafts verified a row at most) for rows with `avail` drafts
     /// each at most, by the batch's [`DraftWidth`]; with a draft model (`model`) from
     /// this row count's step times.
@@ -160,15 +92,7 @@ impl SpecBatch {
         // Not the first step after the number of rows changed (it also evaluates the
         // caches' joins and filters).
         let same_rows = std::mem::replace(&mut self.last_rows, b) == b;
-        if self.wall_times {
-            // Charged at the next step's start, with the host's work in between.
-            self.lap = same_rows.then_some(Lap {
-                at: started,
-                positions,
-                rows: b,
-                pipelined: false,
-            });
-        } else if let (true, Some(w)) = (same_rows, self.width_of(model, b)) {
+        if let (true, Some(w)) = (same_rows, self.width_of(model, b)) {
             w.observe(positions, started.elapsed().as_secs_f64());
         }
         Ok(())
