@@ -87,7 +87,7 @@ struct Args {
     #[arg(long, default_value = "0")]
     clear_cache_threshold: String,
     /// Services to report logs to ('wandb', 'swanlab'): refused (no network); reports
-    /// go to <adapter-path>/metrics.jsonl.
+    /// go to `<adapter-path>/metrics.jsonl`.
     #[arg(long)]
     report_to: Option<String>,
     /// Project name for logging. Defaults to the name of the root directory.

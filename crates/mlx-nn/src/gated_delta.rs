@@ -108,8 +108,8 @@ fn lean_step_body(x: &[Array]) -> Result<Vec<Array>> {
     Ok(vec![y.astype(q.dtype())?, state])
 }
 
-/// Whether the recurrence runs [`lean_step_body`] (default) or mlx-lm's graph op for op
-/// ([`step_body`], `MLX_GDN_LEAN=0`: for A/B runs and for checking the two agree bit for
+/// Whether the recurrence runs `lean_step_body` (default) or mlx-lm's graph op for op
+/// (`step_body`, `MLX_GDN_LEAN=0`: for A/B runs and for checking the two agree bit for
 /// bit on a backend). Read once.
 pub fn lean() -> bool {
     static LEAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -23,7 +23,7 @@ crate::impl_module!(Linear { weight, bias });
 
 impl Linear {
     /// A layer with zero placeholders (lazy, nothing is allocated until evaluated);
-    /// load real weights with [`Module::load_weights`].
+    /// load real weights with [`crate::Module::load_weights`].
     pub fn new(input_dims: i32, output_dims: i32, bias: bool) -> NnResult<Linear> {
         let weight = Param::new(ops::zeros(&[output_dims, input_dims], Dtype::Float32)?);
         let bias = if bias {

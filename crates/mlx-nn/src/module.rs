@@ -152,7 +152,7 @@ impl<'a> Operand<'a> for &'a Param {
 }
 
 /// Joins a dotted prefix and a name (an empty name adds nothing: a field declared
-/// `as ""` in [`impl_module!`] lends its parameters to its owner).
+/// `as ""` in [`crate::impl_module!`] lends its parameters to its owner).
 pub fn join(prefix: &str, name: &str) -> String {
     if prefix.is_empty() {
         name.to_string()

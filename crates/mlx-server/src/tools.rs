@@ -3,7 +3,7 @@
 //! XML (`qwen3_coder`), Mistral `[TOOL_CALLS]`, Gemma (`function_gemma`, `gemma4`),
 //! pythonic (`[f(x=1)]`), GLM (`glm47`, also `laguna`), Kimi (`kimi_k2`, `kimi_k3`),
 //! MiniMax (`minimax_m2`), `longcat`, `minicpm5`, `muse_spark` (in
-//! [`crate::tool_parsers`]), plus Llama 3 JSON (`{"name": .., "parameters": ..}`), which
+//! `tool_parsers`), plus Llama 3 JSON (`{"name": .., "parameters": ..}`), which
 //! mlx-lm does not parse.
 //!
 //! A parser never panics: text it cannot read is an `Err` and the caller passes it on

@@ -344,7 +344,7 @@ impl DiskCache {
     }
 
     /// Loads the file that gives `prompt` more cached tokens than `have` (see
-    /// [`DiskCache::best`]); a file that fails to load or to match is removed.
+    /// `DiskCache::best`); a file that fails to load or to match is removed.
     pub fn fetch(&mut self, prompt: &[u32], have: usize) -> Option<DiskHit> {
         let path = self.best(prompt, have)?;
         match self.load(&path) {

@@ -29,7 +29,7 @@
 /// [`crate::batch::EngineOptions::model_drafts`] for the draft model's).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum DraftWidth {
-    /// Each step as many as pay, from the batch's measured step times ([`Width`]; a
+    /// Each step as many as pay, from the batch's measured step times (`Width`; a
     /// draft model's steps are timed with its drafting). A prediction batch's step that
     /// verifies none is queued before the last step's tokens are read, as a plain
     /// batch's.

@@ -239,7 +239,7 @@ fn group_expert_select(gates: &Array, bias: Option<&Array>, r: Routing) -> Resul
 }
 
 /// The router: `gate_proj` (quantized at 8 bits by mlx-lm's predicate), then
-/// [`group_expert_select`].
+/// `group_expert_select`.
 #[derive(Debug)]
 pub struct Gate {
     gate_proj: LinearLayer,

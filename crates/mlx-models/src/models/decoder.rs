@@ -17,7 +17,7 @@ pub trait FeedForward: Module + std::fmt::Debug + Send {
     /// `residual + block(x)` (`block(x)` without a residual).
     fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array>;
 
-    /// Fuses dense projections that read the same input (see [`super::fuse`]).
+    /// Fuses dense projections that read the same input (see the `fuse` module).
     fn fuse(&mut self) -> crate::Result<()> {
         Ok(())
     }

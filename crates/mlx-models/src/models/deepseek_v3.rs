@@ -424,7 +424,7 @@ fn group_expert_select(
     Ok(vec![inds, scores.multiply(routed_scaling_factor)?])
 }
 
-/// The router: `x @ weight.T`, then [`group_expert_select`].
+/// The router: `x @ weight.T`, then `group_expert_select`.
 #[derive(Debug)]
 pub struct MoeGate {
     weight: Param,

@@ -1,5 +1,5 @@
 //! Falcon-H1 (`falcon_h1`), following `mlx_lm/models/falcon_h1.py`: every layer runs a
-//! Mamba-2 mixer ([`Mamba2Block`]) and attention side by side on the same normalized
+//! Mamba-2 mixer (`Mamba2Block`) and attention side by side on the same normalized
 //! input and adds both to the residual, then a SwiGLU MLP. Each layer's cache is a
 //! `CacheList(ArraysCache(2), KVCache())`. `sanitize` folds the checkpoint's µP
 //! multipliers into the weights (HF checkpoints only, told apart by their convolution

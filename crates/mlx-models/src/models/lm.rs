@@ -4,7 +4,7 @@
 //! attention and feed-forward, and its `sanitize` (`impl Architecture`); this is the
 //! wrapper they would all write the same way. For the files with layers or norms of
 //! their own there is [`Stack`] (`embed_tokens`, `layers`, `norm`), the loop over the
-//! layers ([`causal_layers`], [`masked_layers`]) and the head-size check.
+//! layers (`causal_layers`, `masked_layers`) and the head-size check.
 use super::decoder::{Decoder, DecoderLayer, FeedForward};
 use super::head::{self, LogitScale};
 use super::{cache_at, layer_caches, Weights};
@@ -108,7 +108,7 @@ impl<A: std::fmt::Debug + Send + 'static, F: FeedForward + 'static> LanguageMode
         let embed = &self.model.embed_tokens;
         head::logits(embed, self.lm_head.as_ref(), &out, LogitScale::None)
     }
-    /// A standard cache per layer (and per run of the layers, see [`Decoder::with_loops`]).
+    /// A standard cache per layer (and per run of the layers, see `Decoder::with_loops`).
     fn cache_specs(&self) -> Vec<CacheSpec> {
         vec![CacheSpec::Standard; self.model.num_caches()]
     }
