@@ -5,9 +5,25 @@ use std::path::Path;
 use std::process::Command;
 
 fn step(root: &Path, name: &str, program: &str, args: &[&str]) -> Result<()> {
-    eprintln!("\n==> {name}: {program} {}", args.join(" "));
+    step_env(root, name, &[], program, args)
+}
+
+fn step_env(
+    root: &Path,
+    name: &str,
+    env: &[(&str, &str)],
+    program: &str,
+    args: &[&str],
+) -> Result<()> {
+    let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    eprintln!(
+        "\n==> {name}: {}{program} {}",
+        shown.concat(),
+        args.join(" ")
+    );
     let status = Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(root)
         .status()?;
     if !status.success() {
@@ -16,7 +32,7 @@ fn step(root: &Path, name: &str, program: &str, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Runs formatting, lint, bindings, parity, doc tests and the workspace tests. The
+/// Runs formatting, lint, bindings, rustdoc, parity, doc tests and the workspace tests. The
 /// nextest run comes last so its summary is the closing line.
 pub fn run(root: &Path, extra: &[String]) -> Result<()> {
     let quick = extra.iter().any(|a| a == "--quick");
@@ -35,6 +51,15 @@ pub fn run(root: &Path, extra: &[String]) -> Result<()> {
             "-D",
             "warnings",
         ],
+    )?;
+    // The library crates' API documentation builds without warnings (broken or private
+    // links, stray HTML).
+    step_env(
+        root,
+        "rustdoc",
+        &[("RUSTDOCFLAGS", "-D warnings")],
+        "cargo",
+        &["doc", "--workspace", "--no-deps"],
     )?;
     if !quick {
         // Logits, generation and convert parity gate CI (generation ~3.5 min and
