@@ -11,7 +11,7 @@
 //! removed by id between steps; newly prefilled sequences are merged in.
 use super::request::{GenerationRequest, SeqId, TokenOut};
 use super::sequence::Sequence;
-use super::stage::{Leave, Left, Outcome, Stage};
+use super::stage::{keep_in_place, leaving_rows, Leave, Left, Outcome, Stage};
 use crate::error::{EngineError, Result};
 use crate::profile::{BatchPhase, BatchProfile, Lap};
 use crate::step::{self, LogSoftmax, RowSampling};
@@ -324,25 +324,16 @@ impl Stage for DecodeBatch {
     /// Finished rows come back with their caches extracted from the batch, dropped ones
     /// without.
     fn remove(&mut self, leaving: &[(SeqId, Leave)]) -> Result<Vec<Left>> {
-        let mut gone: Vec<(usize, Option<PromptCache>)> = Vec::with_capacity(leaving.len());
-        for (id, how) in leaving {
-            let Some(i) = self.position(*id) else {
-                continue;
-            };
-            if gone.iter().any(|(j, _)| *j == i) {
-                continue;
-            }
-            let caches = match how {
-                Leave::Finished => self.cache.extract(i).ok(),
-                Leave::Dropped => None,
-            };
-            gone.push((i, caches));
-        }
+        let (gone, keep) = leaving_rows(self.rows.len(), leaving, |id| self.position(id));
         if gone.is_empty() {
             return Ok(Vec::new());
         }
-        let keep: Vec<usize> = (0..self.rows.len())
-            .filter(|i| !gone.iter().any(|(j, _)| j == i))
+        let gone: Vec<(usize, Option<PromptCache>)> = gone
+            .into_iter()
+            .map(|(i, how)| match how {
+                Leave::Finished => (i, self.cache.extract(i).ok()),
+                Leave::Dropped => (i, None),
+            })
             .collect();
         self.cache.filter(&keep).map_err(cache_err)?;
         let keep_pending: Vec<usize> = keep
@@ -369,11 +360,7 @@ impl Stage for DecodeBatch {
             .collect();
         self.pending_rows = keep_pending.len();
         self.joined = joined_keep;
-        let mut rows: Vec<Option<Sequence>> = std::mem::take(&mut self.rows)
-            .into_iter()
-            .map(Some)
-            .collect();
-        self.rows = keep.iter().filter_map(|&i| rows[i].take()).collect();
+        let mut rows = keep_in_place(&mut self.rows, &keep);
         Ok(gone
             .into_iter()
             .filter_map(|(i, caches)| rows[i].take().map(|seq| Left { seq, caches }))

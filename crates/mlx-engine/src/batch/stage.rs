@@ -74,3 +74,54 @@ pub(crate) trait Stage {
     /// Empties the stage, handing every sequence back (after a failure).
     fn drain(&mut self) -> Vec<Sequence>;
 }
+
+/// The rows of `leaving` that `position` finds, each once and in `leaving`'s order, with
+/// how each leaves; and the indices of the batch's `n` rows that stay, in order.
+pub(crate) fn leaving_rows(
+    n: usize,
+    leaving: &[(SeqId, Leave)],
+    position: impl Fn(SeqId) -> Option<usize>,
+) -> (Vec<(usize, Leave)>, Vec<usize>) {
+    let mut gone: Vec<(usize, Leave)> = Vec::with_capacity(leaving.len());
+    for &(id, how) in leaving {
+        if let Some(i) = position(id).filter(|i| !gone.iter().any(|(j, _)| j == i)) {
+            gone.push((i, how));
+        }
+    }
+    let keep = (0..n)
+        .filter(|i| !gone.iter().any(|(j, _)| j == i))
+        .collect();
+    (gone, keep)
+}
+
+/// Keeps the items of `rows` at `keep` (in that order) and hands back every item by its
+/// former index, the kept ones taken out.
+pub(crate) fn keep_in_place<T>(rows: &mut Vec<T>, keep: &[usize]) -> Vec<Option<T>> {
+    let mut all: Vec<Option<T>> = std::mem::take(rows).into_iter().map(Some).collect();
+    *rows = keep.iter().filter_map(|&i| all[i].take()).collect();
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leaving_rows_take_each_found_row_once_and_keep_the_rest_in_order() {
+        // Rows 0..5 hold ids 10..15; id 99 is not in the batch; row 3 is named twice.
+        let position = |id: SeqId| (10..15).position(|x| x == id.0);
+        let leaving = [
+            (SeqId(13), Leave::Finished),
+            (SeqId(99), Leave::Dropped),
+            (SeqId(11), Leave::Dropped),
+            (SeqId(13), Leave::Dropped),
+        ];
+        let (gone, keep) = leaving_rows(5, &leaving, position);
+        assert_eq!(gone, vec![(3, Leave::Finished), (1, Leave::Dropped)]);
+        assert_eq!(keep, vec![0, 2, 4]);
+        let mut rows = vec!["a", "b", "c", "d", "e"];
+        let all = keep_in_place(&mut rows, &keep);
+        assert_eq!(rows, vec!["a", "c", "e"]);
+        assert_eq!(all, vec![None, Some("b"), None, Some("d"), None]);
+    }
+}

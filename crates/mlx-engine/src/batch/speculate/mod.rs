@@ -61,7 +61,7 @@ use plain::Pending;
 use super::decode::{cache_err, merge_caches, token_details};
 use super::request::{DraftFrom, SeqId};
 use super::sequence::Sequence;
-use super::stage::{Leave, Left, Outcome, Stage};
+use super::stage::{keep_in_place, leaving_rows, Leave, Left, Outcome, Stage};
 use super::width::{Acceptance, DraftWidth, Width};
 use crate::error::{EngineError, Result};
 use crate::speculative::{lookup_draft, AcceptancePolicy};
@@ -616,11 +616,7 @@ impl SpecBatch {
             self.draft_cache.filter(keep).map_err(cache_err)?;
             self.lag = keep.iter().map(|&i| self.lag[i].clone()).collect();
         }
-        let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows)
-            .into_iter()
-            .map(Some)
-            .collect();
-        self.rows = keep.iter().filter_map(|&i| rows[i].take()).collect();
+        let rows = keep_in_place(&mut self.rows, keep);
         if self.rows.is_empty() {
             self.cache = BatchPromptCache::new();
             self.draft_cache = BatchPromptCache::new();
@@ -704,15 +700,13 @@ impl Stage for SpecBatch {
     /// Finished rows come back with their target caches extracted (trimmed to the
     /// tokens the sequence fed: a row that stopped mid-round leaves positions behind).
     fn remove(&mut self, leaving: &[(SeqId, Leave)]) -> Result<Vec<Left>> {
-        let mut gone: Vec<(usize, Option<PromptCache>)> = Vec::with_capacity(leaving.len());
-        for (id, how) in leaving {
-            let Some(i) = self.position(*id) else {
-                continue;
-            };
-            if gone.iter().any(|(j, _)| *j == i) {
-                continue;
-            }
-            if *how == Leave::Finished && self.rows[i].k > 0 {
+        let (gone, keep) = leaving_rows(self.rows.len(), leaving, |id| self.position(id));
+        if gone.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut with_caches: Vec<(usize, Option<PromptCache>)> = Vec::with_capacity(gone.len());
+        for (i, how) in gone {
+            if how == Leave::Finished && self.rows[i].k > 0 {
                 let r = &self.rows[i];
                 let rate = if r.drafted > 0 {
                     100.0 * r.accepted as f64 / r.drafted as f64
@@ -738,17 +732,11 @@ impl Stage for SpecBatch {
                 }),
                 Leave::Dropped => None,
             };
-            gone.push((i, caches));
+            with_caches.push((i, caches));
         }
-        if gone.is_empty() {
-            return Ok(Vec::new());
-        }
-        let keep: Vec<usize> = (0..self.rows.len())
-            .filter(|i| !gone.iter().any(|(j, _)| j == i))
-            .collect();
         self.cache.filter(&keep).map_err(cache_err)?;
         let mut rows = self.keep_rows(&keep)?;
-        Ok(gone
+        Ok(with_caches
             .into_iter()
             .filter_map(|(i, caches)| rows[i].take().map(|r| Left { seq: r.seq, caches }))
             .collect())
