@@ -25,7 +25,7 @@
 #              SPEC_STREAMS; SPEC_LOG=DEBUG)
 #   predsrv    issue 19: server speculation without a draft model (OpenAI predicted outputs)
 #              against plain requests at 1/8/32 streams (PRED_MODELS, PRED_STREAMS,
-#              PRED_TRIALS, PRED_G; benchmarks/predict_bench.py)
+#              PRED_TRIALS, PRED_G, PRED_SUSTAIN; benchmarks/predict_bench.py)
 #   spec       issue 19: gpu_spec.sh, echo 8B with its 4-bit copy (k 3, 4) and with a random
 #              1B draft under --draft-min-acceptance 0.5 (ours only)
 #   start8b    issue 21: process start to first token of the 8B 4-bit model, ours and mlx-lm
@@ -546,7 +546,9 @@ for PART in "$@"; do
       # (2), -g PRED_G (128); PRED_ARMS: auto (each step verifies the drafts that pay,
       # batch/width.rs, the default), all (MLX_PREDICTION_DRAFTS=all: every draft), none
       # (MLX_PREDICTION_DRAFTS=none: the prediction batch stepping plainly), mix (the
-      # default, every other stream predicted: predict_bench.py --mix)
+      # default, every other stream predicted: predict_bench.py --mix); PRED_SUSTAIN=S:
+      # closed loops of S seconds a run instead of bursts (predict_bench.py --sustain; the
+      # real default model only: it predicts the source passages)
       port=18941
       for arm in ${PRED_ARMS:-auto}; do
       for m in ${PRED_MODELS:-smollm2 llama-3.1-8b-bf16}; do
@@ -565,7 +567,8 @@ for PART in "$@"; do
         for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; sleep 1; done
         timeout "$(left)" python3 benchmarks/predict_bench.py --base-url http://127.0.0.1:$port \
           -g "${PRED_G:-128}" --streams "${PRED_STREAMS:-1,8,32}" --trials "${PRED_TRIALS:-2}" \
-          --predict $how "${mix[@]}" --label "$m $arm" >> "$D/stdout.txt" 2>&1
+          --predict $how "${mix[@]}" ${PRED_SUSTAIN:+--sustain "$PRED_SUSTAIN"} --label "$m $arm" \
+          >> "$D/stdout.txt" 2>&1
         echo "rc=$?" >> "$D/stdout.txt"
         kill $srv; wait $srv 2>/dev/null
       done

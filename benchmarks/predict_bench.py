@@ -18,12 +18,20 @@ mean time to first content, the accepted / rejected prediction tokens from
 ones (greedy: speculation emits the target's own tokens, so a difference is a
 batch-shape rounding difference or a bug).
 
+`--sustain SECONDS` measures a closed loop instead: each stream sends request after
+request (a new passage each) for that long, predicted or plain, and the figure is the
+completion tokens of all requests over the time to the last one's end, with the mean
+latency a request. One burst's wall time is set by its slowest stream (a passage the
+model does not copy keeps the batch's verification steps to its end); a loaded server's
+throughput is not.
+
     python benchmarks/predict_bench.py --base-url http://127.0.0.1:8080 -g 128 \\
         --streams 1,8,32 --trials 2 --predict source
 """
 
 import argparse
 import concurrent.futures as cf
+import time
 
 from chat_stream import chat_stream
 
@@ -76,6 +84,67 @@ def run(base, bodies):
     }
 
 
+def sustain(base, pools, seconds):
+    """A closed loop for `seconds`: worker i sends the bodies of `pools[i]` in turn, each
+    after the last one's answer, and starts none after the deadline (the ones in flight
+    finish). A request's stream ending early no longer leaves the batch with fewer rows,
+    so the figure is the server's steady throughput, not one burst's slowest stream."""
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+
+    def worker(pool):
+        done, k = [], 0
+        while time.perf_counter() < deadline:
+            done.append(chat(base, pool[k % len(pool)]))
+            k += 1
+        return done
+
+    with cf.ThreadPoolExecutor(len(pools)) as ex:
+        res = [r for rs in ex.map(worker, pools) for r in rs]
+    end = max(r["end"] for r in res)
+    toks = sum(r["tokens"] for r in res)
+    return {
+        "requests": len(res),
+        "tokens": toks,
+        "tps": toks / (end - t0),
+        "latency": sum(r["end"] - r["t0"] for r in res) / len(res),
+        "accepted": sum(r["accepted"] for r in res),
+        "rejected": sum(r["rejected"] for r in res),
+    }
+
+
+def main_sustained(args, levels):
+    """`--sustain`: plain / predicted pairs of closed loops at each concurrency level."""
+    # A different passage for every request a worker sends (8 a worker, then again).
+    texts = passages(args.text, max(levels) * 8, args.words)
+    print(f"### predicted outputs {args.label} (-g {args.g}, prediction: source"
+          f"{', every other stream' if args.mix else ''}, sustained {args.sustain:g} s a run, "
+          f"num_draft_tokens {args.num_draft_tokens or 'default'})\n")
+    print("| streams | arm | requests | tokens | tok/s | mean latency s | accepted / rejected |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for n in levels:
+        def pools(predicted):
+            return [[body(args.g, t, t if predicted and (not args.mix or i % 2 == 0) else None,
+                          args.num_draft_tokens)
+                     for t in texts[i::n]] for i in range(n)]
+        # Untimed: this level's batch shapes are compiled here.
+        sustain(base=args.base_url, pools=pools(True), seconds=min(args.sustain, 5.0))
+        ratios = []
+        for trial in range(args.trials):
+            arms = [("plain", False), ("predicted", True)]
+            if trial % 2:
+                arms.reverse()
+            got = {}
+            for name, predicted in arms:
+                r = sustain(args.base_url, pools(predicted), args.sustain)
+                got[name] = r
+                acc = f"{r['accepted']} / {r['rejected']}" if predicted else ""
+                print(f"| {n} | {name} | {r['requests']} | {r['tokens']} | {r['tps']:.1f} | {r['latency']:.3f} | {acc} |", flush=True)
+            ratios.append(got["predicted"]["tps"] / got["plain"]["tps"])
+        summary = ", ".join(f"{x:.3f}" for x in ratios)
+        print(f"| {n} | ratio predicted / plain (tok/s) | {summary} | mean {sum(ratios) / len(ratios):.3f} | | | |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", required=True)
@@ -89,8 +158,16 @@ def main():
     ap.add_argument("--mix", action="store_true",
                     help="the predicted arm predicts every other stream only (the rest plain): a mixed workload")
     ap.add_argument("--label", default="")
+    ap.add_argument("--sustain", type=float, default=0.0,
+                    help="seconds of a closed loop a run (each stream sends its next request when "
+                         "its last one ends) instead of one burst of a request a stream; "
+                         "with --predict source")
     args = ap.parse_args()
     levels = [int(s) for s in args.streams.split(",")]
+    if args.sustain > 0:
+        if args.predict != "source":
+            raise SystemExit("--sustain predicts the source passages (--predict source)")
+        return main_sustained(args, levels)
     texts = passages(args.text, max(levels), args.words)
     base = args.base_url
     print(f"### predicted outputs {args.label} (-g {args.g}, prediction: {args.predict}"
