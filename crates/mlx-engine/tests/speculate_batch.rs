@@ -383,8 +383,8 @@ fn draft_model_rows_under_the_default_width_or_none_answer_as_alone() {
 
 #[test]
 fn a_draft_model_lagging_behind_pipelined_plain_steps_drafts_from_where_the_target_is() {
-    // The experiment `MLX_MODEL_PLAIN_STEPS=1` (each test runs in its own process): the
-    // model as its own draft under the default width, which then times plain steps too.
+    // `MLX_MODEL_PLAIN_STEPS=1` (the GPU's default; each test runs in its own process):
+    // the model as its own draft under the default width, which then times plain steps too.
     // On the CPU a draft costs a forward as dear as the target's, so the rows step
     // plainly, queued before the last tokens are read (the draft model lagging by each
     // token, fed to it a step late), and verify one draft a row when that width's time

@@ -217,7 +217,8 @@ impl SpecBatch {
 /// catches up. The shim leaves one sequence's products of up to 32 rows to MLX
 /// (`fast_rows`) and runs longer ones through our tiled 4-bit kernel; a draft model's
 /// one-sequence catch-up on our multi-row kernel made every later draft step wait
-/// ~230-300 ms on the H200 (GPU.md sessions 19 and 26), and one stream ran at 3.3 tok/s
-/// when plain steps let the lag grow past 32 (session 29, `MLX_MODEL_PLAIN_STEPS=1`),
-/// likely the same.
+/// ~230-300 ms on the H200 (GPU.md sessions 19 and 26). With plain steps queued (the
+/// GPU's default since session 31) one stream's first catch-ups on a fresh machine
+/// waited 14-35 s each and later processes did not (GPU.md session 31: most likely MLX
+/// compiling kernels for the draft's new shapes once per machine).
 pub(super) const ONE_ROW_PIECE: usize = 32;

@@ -1,6 +1,6 @@
 //! A speculating batch's plain steps, queued before the last one's tokens are read as
-//! the decode batch's are (a prediction batch's, and a draft-model batch's under
-//! `MLX_MODEL_PLAIN_STEPS=1`).
+//! the decode batch's are (a prediction batch's, and a draft-model batch's on a GPU or
+//! under `MLX_MODEL_PLAIN_STEPS=1`).
 use super::{Round, SpecBatch};
 use crate::batch::decode::Queued;
 use crate::batch::request::SeqId;
