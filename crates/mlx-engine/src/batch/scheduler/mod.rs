@@ -431,28 +431,24 @@ impl Stages {
         }
     }
 
-    fn len(&self) -> usize {
+    fn all(&self) -> Vec<&dyn Stage> {
         match self {
             Stages::Batched {
                 prefilling,
                 decoding,
                 drafting,
                 predicting,
-            } => prefilling.len() + decoding.len() + drafting.len() + predicting.len(),
-            Stages::Alone(alone) => alone.len(),
+            } => vec![prefilling, decoding, drafting.as_ref(), predicting.as_ref()],
+            Stages::Alone(alone) => vec![alone],
         }
     }
 
+    fn len(&self) -> usize {
+        self.all().iter().map(|s| s.len()).sum()
+    }
+
     fn nbytes(&self) -> usize {
-        match self {
-            Stages::Batched {
-                prefilling,
-                decoding,
-                drafting,
-                predicting,
-            } => prefilling.nbytes() + decoding.nbytes() + drafting.nbytes() + predicting.nbytes(),
-            Stages::Alone(alone) => alone.nbytes(),
-        }
+        self.all().iter().map(|s| s.nbytes()).sum()
     }
 
     /// An admitted sequence enters its first stage.
