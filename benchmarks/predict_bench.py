@@ -84,6 +84,26 @@ def run(base, bodies):
     }
 
 
+def pairs(n, trials, measure, show, figure, what, blanks):
+    """`trials` plain / predicted pairs at `n` streams, the order flipped every other pair:
+    `measure(arm)` runs one arm ("plain" or "predicted") and `show(arm, result)` prints its
+    row; then a row of the ratios of the results' `figure`, predicted / plain (`what`),
+    closed by `blanks`."""
+    ratios = []
+    for trial in range(trials):
+        arms = ["plain", "predicted"]
+        if trial % 2:
+            arms.reverse()
+        got = {}
+        for arm in arms:
+            got[arm] = measure(arm)
+            show(arm, got[arm])
+        ratios.append(got["predicted"][figure] / got["plain"][figure])
+    summary = ", ".join(f"{x:.3f}" for x in ratios)
+    print(f"| {n} | ratio predicted / plain ({what}) | {summary} | mean {sum(ratios) / len(ratios):.3f} |{blanks}",
+          flush=True)
+
+
 def sustain(base, pools, seconds):
     """A closed loop for `seconds`: worker i sends the bodies of `pools[i]` in turn, each
     after the last one's answer, and starts none after the deadline (the ones in flight
@@ -129,20 +149,12 @@ def main_sustained(args, levels):
                      for t in texts[i::n]] for i in range(n)]
         # Untimed: this level's batch shapes are compiled here.
         sustain(base=args.base_url, pools=pools(True), seconds=min(args.sustain, 5.0))
-        ratios = []
-        for trial in range(args.trials):
-            arms = [("plain", False), ("predicted", True)]
-            if trial % 2:
-                arms.reverse()
-            got = {}
-            for name, predicted in arms:
-                r = sustain(args.base_url, pools(predicted), args.sustain)
-                got[name] = r
-                acc = f"{r['accepted']} / {r['rejected']}" if predicted else ""
-                print(f"| {n} | {name} | {r['requests']} | {r['tokens']} | {r['tps']:.1f} | {r['latency']:.3f} | {acc} |", flush=True)
-            ratios.append(got["predicted"]["tps"] / got["plain"]["tps"])
-        summary = ", ".join(f"{x:.3f}" for x in ratios)
-        print(f"| {n} | ratio predicted / plain (tok/s) | {summary} | mean {sum(ratios) / len(ratios):.3f} | | | |", flush=True)
+        def show(arm, r):
+            acc = f"{r['accepted']} / {r['rejected']}" if arm == "predicted" else ""
+            print(f"| {n} | {arm} | {r['requests']} | {r['tokens']} | {r['tps']:.1f} | {r['latency']:.3f} | {acc} |", flush=True)
+
+        pairs(n, args.trials, lambda arm: sustain(args.base_url, pools(arm == "predicted"), args.sustain),
+              show, "tps", "tok/s", " | | |")
 
 
 def main():
@@ -187,21 +199,13 @@ def main():
             for i, (t, p) in enumerate(zip(texts[:n], preds))
         ]
         run(base, pred_bodies)
-        ratios = []
-        for trial in range(args.trials):
-            arms = [("plain", plain_bodies), ("predicted", pred_bodies)]
-            if trial % 2:
-                arms.reverse()
-            got = {}
-            for name, bodies in arms:
-                r = run(base, bodies)
-                got[name] = r
-                differ = sum(x["text"] != a for x, a in zip(r["res"], answers))
-                acc = f"{r['accepted']} / {r['rejected']}" if name == "predicted" else ""
-                print(f"| {n} | {name} | {r['tokens']} | {r['wall']:.1f} | {r['decode']:.1f} | {r['ttft']:.3f} | {acc} | {differ} |", flush=True)
-            ratios.append(got["predicted"]["wall"] / got["plain"]["wall"])
-        summary = ", ".join(f"{x:.3f}" for x in ratios)
-        print(f"| {n} | ratio predicted / plain (wall) | {summary} | mean {sum(ratios) / len(ratios):.3f} | | | | |", flush=True)
+        def show(arm, r):
+            differ = sum(x["text"] != a for x, a in zip(r["res"], answers))
+            acc = f"{r['accepted']} / {r['rejected']}" if arm == "predicted" else ""
+            print(f"| {n} | {arm} | {r['tokens']} | {r['wall']:.1f} | {r['decode']:.1f} | {r['ttft']:.3f} | {acc} | {differ} |", flush=True)
+
+        bodies = {"plain": plain_bodies, "predicted": pred_bodies}
+        pairs(n, args.trials, lambda arm: run(base, bodies[arm]), show, "wall", "wall", " | | | |")
 
 
 if __name__ == "__main__":
