@@ -66,6 +66,25 @@ impl Queued {
         })
     }
 
+    /// Of a queued step over a batch's first `rows` rows, the rows that stay (`keep`:
+    /// the batch's rows that stay, in order; those past `rows` joined since), with their
+    /// count; `None` when none stays. They are queued now, behind the step that sampled
+    /// them: left unqueued, they would be queued with the next forward (whose input they
+    /// are), and reading them would wait for that whole forward.
+    pub fn keep_prefix(&self, keep: &[usize], rows: usize) -> Result<Option<(Queued, usize)>> {
+        let idx: Vec<i32> = keep
+            .iter()
+            .filter(|&&i| i < rows)
+            .map(|&i| i as i32)
+            .collect();
+        if idx.is_empty() {
+            return Ok(None);
+        }
+        let kept = self.take_rows(&Array::from_slice(&idx, &[idx.len() as i32])?)?;
+        kept.queue()?;
+        Ok(Some((kept, idx.len())))
+    }
+
     /// Queues its evaluation.
     pub fn queue(&self) -> Result<()> {
         let mut queued = vec![&self.tokens, &self.logprobs];
@@ -336,29 +355,15 @@ impl Stage for DecodeBatch {
             })
             .collect();
         self.cache.filter(&keep).map_err(cache_err)?;
-        let keep_pending: Vec<usize> = keep
-            .iter()
-            .copied()
-            .filter(|&i| i < self.pending_rows)
-            .collect();
         if let Some(p) = self.pending.take() {
-            if !keep_pending.is_empty() {
-                let idx: Vec<i32> = keep_pending.iter().map(|&i| i as i32).collect();
-                let idx = Array::from_slice(&idx, &[idx.len() as i32])?;
-                let kept = p.take_rows(&idx)?;
-                // Queued now, behind the step that sampled them: left unqueued, they
-                // would be queued with the next forward (whose input they are), and
-                // reading them would wait for that whole forward.
-                kept.queue()?;
-                self.pending = Some(kept);
-            }
+            self.pending = p.keep_prefix(&keep, self.pending_rows)?.map(|(q, _)| q);
         }
         let joined_keep: Vec<u32> = keep
             .iter()
             .filter(|&&i| i >= self.pending_rows)
             .map(|&i| self.joined[i - self.pending_rows])
             .collect();
-        self.pending_rows = keep_pending.len();
+        self.pending_rows = keep.iter().filter(|&&i| i < self.pending_rows).count();
         self.joined = joined_keep;
         let mut rows = keep_in_place(&mut self.rows, &keep);
         Ok(gone

@@ -596,21 +596,10 @@ impl SpecBatch {
     fn keep_rows(&mut self, keep: &[usize]) -> Result<Vec<Option<Row>>> {
         if let Some(p) = self.pending.take() {
             // The pending rows are a prefix: the kept ones stay one, in order.
-            let idx: Vec<i32> = keep
-                .iter()
-                .filter(|&&i| i < p.rows)
-                .map(|&i| i as i32)
-                .collect();
-            if !idx.is_empty() {
-                let at = Array::from_slice(&idx, &[idx.len() as i32])?;
-                let kept = p.out.take_rows(&at)?;
-                // Queued behind the step that sampled them, as the decode batch's.
-                kept.queue()?;
-                self.pending = Some(Pending {
-                    rows: idx.len(),
-                    out: kept,
-                });
-            }
+            self.pending = p
+                .out
+                .keep_prefix(keep, p.rows)?
+                .map(|(out, rows)| Pending { rows, out });
         }
         if !self.lag.is_empty() {
             self.draft_cache.filter(keep).map_err(cache_err)?;
