@@ -23,6 +23,14 @@
 //! unlucky time does not keep it from speculating.
 //! Each row's `alpha` is its own decayed count of accepted drafts over the drafts it
 //! could have had accepted (a rejection ends a round's trials), from a prior of 0.7.
+//!
+//! A draft model's steps ([`Width::timing_plain`]) cost its forwards and its catch-up on
+//! the tokens it lagged behind by, which neither the positions' line nor the prior
+//! knows: there a drafting size's time, however old, stands for it until it is timed
+//! again; a plain batch times one draft a row again only once the plain steps since its
+//! last try took ten times what that try took (the try feeds the draft model every
+//! token of those steps, so trying every 64 steps cost 30% of a 32-row batch's time on
+//! the H200); and a row count not timed yet starts from the nearest row count's times.
 
 /// How many drafts a speculating batch verifies each step
 /// ([`crate::batch::EngineOptions::prediction_drafts`] for drafts from predictions,
@@ -67,6 +75,9 @@ const MARGIN: f64 = 0.15;
 const STALE: u64 = 64;
 /// Weight of the newest time of a size in its average.
 const SEEN_WEIGHT: f64 = 0.3;
+/// The most of a draft-model batch's time that its tries of one draft a row take, over
+/// the plain steps between them.
+const EXPLORE_SHARE: f64 = 0.1;
 /// A row's prior acceptance, as counts.
 const PRIOR_HITS: f64 = 1.4;
 const PRIOR_TRIALS: f64 = 2.0;
@@ -121,7 +132,8 @@ pub(crate) struct Width {
     seen: std::collections::BTreeMap<usize, (f64, u64)>,
     /// Choices made.
     choices: u64,
-    /// Whether a plain step is timed when its time is not fresh ([`Width::timing_plain`]).
+    /// Whether a plain step is timed when its time is not fresh, and drafting steps cost
+    /// a draft model's forwards ([`Width::timing_plain`]).
     time_plain: bool,
 }
 
@@ -146,8 +158,9 @@ impl Width {
     /// positions' line and the prior leave out: without a plain step's time its batch
     /// drafts on (the echo 8B bf16 with its own 4-bit copy at one stream on the H200:
     /// every draft accepted, 91 tok/s against 182 plain). Timing plain steps lets the
-    /// draft model lag by many tokens; off until that is measured on the GPU (GPU.md,
-    /// session 29).
+    /// draft model lag by many tokens, which its next drafting step feeds it (on by
+    /// default on a GPU since session 31). Also what a drafting size's time stands for
+    /// and how often one draft a row is tried (the module's note).
     pub fn timing_plain(mut self, on: bool) -> Width {
         self.time_plain = on;
         self
@@ -172,12 +185,17 @@ impl Width {
         remember(&mut self.seen, n, secs, self.choices);
     }
 
-    /// The expected time of a step of `n` positions: its recent time when that size was
-    /// seen, else the nearest size's time scaled by the linear model (or the linear
-    /// model alone when none was seen). Step time need not be linear in the positions
-    /// (on the CPU a step of 16 positions takes ~2x one of 8, not the line's 1.7x).
-    fn cost(&self, n: usize) -> f64 {
+    /// The expected time of a step of `n` positions in a batch of `b` rows: its recent
+    /// time when that size was seen (for a draft model's drafting step, its last time,
+    /// [`Width::drafting_cost`]), else the nearest size's time scaled by the linear model
+    /// (or the linear model alone when none was seen). Step time need not be linear in
+    /// the positions (on the CPU a step of 16 positions takes ~2x one of 8, not the
+    /// line's 1.7x).
+    fn cost(&self, n: usize, b: usize) -> f64 {
         if let Some(t) = self.fresh(n) {
+            return t;
+        }
+        if let Some(t) = self.drafting_cost(n, b) {
             return t;
         }
         let (a, c) = self.model();
@@ -185,14 +203,72 @@ impl Width {
         let fresh = |(&n, _): (&usize, _)| Some((n, self.fresh(n)?));
         let below = self.seen.range(..n).rev().find_map(fresh);
         let above = self.seen.range(n..).find_map(fresh);
-        let nearest = match (below, above) {
-            (Some(b), Some(a)) => Some(if n - b.0 <= a.0 - n { b } else { a }),
-            (b, a) => b.or(a),
-        };
-        match nearest {
+        match nearest(n, below, above) {
             Some((n0, t0)) if line(n0) > 0.0 => t0 * line(n) / line(n0),
             _ => line(n),
         }
+    }
+
+    /// A draft model's drafting step of `n` positions in a batch of `b` rows
+    /// ([`Width::timing_plain`]), from the drafting steps timed before however long ago:
+    /// this size's last time, else the nearest drafting size's scaled by the linear
+    /// model. `None` for other widths, for a plain step and before any drafting step was
+    /// timed: a plain step runs no draft forward, so it says nothing of what drafting
+    /// costs, nor does the positions' prior.
+    fn drafting_cost(&self, n: usize, b: usize) -> Option<f64> {
+        if !self.time_plain || n == b {
+            return None;
+        }
+        if let Some(&(t, _)) = self.seen.get(&n) {
+            return Some(t);
+        }
+        let drafting = |(&m, &(t, _)): (&usize, &(f64, u64))| (m != b).then_some((m, t));
+        let below = self.seen.range(..n).rev().find_map(drafting);
+        let above = self.seen.range(n..).find_map(drafting);
+        let (n0, t0) = nearest(n, below, above)?;
+        let (a, c) = self.model();
+        let line = |x: usize| a + c * x as f64;
+        Some(if line(n0) > 0.0 {
+            t0 * line(n) / line(n0)
+        } else {
+            t0
+        })
+    }
+
+    /// Whether one draft a row (`2 b` positions) was timed lately: in the last `STALE`
+    /// choices, or for a draft model's steps in fewer choices than make the plain steps
+    /// since take `1 / EXPLORE_SHARE` times what that step took.
+    fn tried_one_lately(&self, b: usize) -> bool {
+        let Some(&(t, at)) = self.seen.get(&(2 * b)) else {
+            return false;
+        };
+        let since = self.choices - at;
+        if since <= STALE {
+            return true;
+        }
+        let plain = self.seen.get(&b).map(|&(p, _)| p);
+        match (self.time_plain, plain) {
+            (true, Some(p)) => since as f64 * p < t / EXPLORE_SHARE,
+            _ => false,
+        }
+    }
+
+    /// A copy for a batch of `to` rows of this model of `from` rows' steps: each size's
+    /// time at the same width (`n` positions become `n to / from`), fresh as it was; the
+    /// line is left to be fitted again. A draft model's row count that was not timed yet
+    /// starts from the nearest one's times, so that it neither drafts nor steps plainly
+    /// blind.
+    pub fn for_rows(&self, from: usize, to: usize) -> Width {
+        let mut w = Width::new(self.prior).timing_plain(self.time_plain);
+        w.choices = self.choices;
+        if from > 0 {
+            w.seen = self
+                .seen
+                .iter()
+                .map(|(&n, &seen)| (n * to / from, seen))
+                .collect();
+        }
+        w
     }
 
     /// The time of size `n` if it was seen in the last `STALE` choices.
@@ -224,7 +300,8 @@ impl Width {
     /// `(acceptance rate, drafts available)`.
     ///
     /// When that is 0 (a plain step) while some row has a draft and one draft a row was
-    /// not timed in the last `STALE` choices, it is 1 (and with [`Width::timing_plain`],
+    /// not timed lately (in the last `STALE` choices; for a draft model's steps see the
+    /// module's note), it is 1 (and with [`Width::timing_plain`],
     /// when it is more while a plain step was not timed in those choices, it is 0): the
     /// step times then tell what each costs (the backend's prior may be far off for the
     /// model at hand).
@@ -265,7 +342,7 @@ impl Width {
         if self.time_plain && best != 0 && !self.knows_plain(b) {
             return 0;
         }
-        if best == 0 && self.fresh(2 * b).is_none() {
+        if best == 0 && !self.tried_one_lately(b) {
             return 1;
         }
         best
@@ -295,7 +372,8 @@ impl Width {
             // Drafting must beat a plain step by `MARGIN`: a wider step also costs what
             // the times leave out (more tokens for the host to record and stream while
             // the device waits, since a verification cannot be pipelined).
-            let value = tokens / self.cost(b * (w + 1)) / if w == 0 { 1.0 } else { 1.0 + MARGIN };
+            let value =
+                tokens / self.cost(b * (w + 1), b) / if w == 0 { 1.0 } else { 1.0 + MARGIN };
             if value > best.1 * (1.0 + 1e-9) {
                 best = (w, value);
             }
@@ -309,6 +387,19 @@ impl Width {
 /// synchronous one).
 pub(crate) fn on_gpu() -> bool {
     mlx_array::current_device().is_ok_and(|d| d.kind == mlx_array::DeviceType::Gpu)
+}
+
+/// The nearer of the seen sizes `below` and `above` `n` (`(size, time)`), the lower on a
+/// tie.
+fn nearest(
+    n: usize,
+    below: Option<(usize, f64)>,
+    above: Option<(usize, f64)>,
+) -> Option<(usize, f64)> {
+    match (below, above) {
+        (Some(b), Some(a)) => Some(if n - b.0 <= a.0 - n { b } else { a }),
+        (b, a) => b.or(a),
+    }
 }
 
 /// Puts `secs` into the recent time of `key` seen at choice `now` (averaged with a fresh
@@ -374,6 +465,73 @@ mod tests {
         // ...and 4 tokens in 44 ms or 2 in 18 lose to 1 in 5.5 ms.
         assert_eq!(w.choose(&rows), 0);
         assert!(w.stays_plain(&rows));
+    }
+
+    /// A draft model's 32-row batch as the H200 ran it (session 31, echo 8B bf16 with its
+    /// 4-bit copy): plain steps ~8.7 ms, a step with drafts 137-341 ms with the draft
+    /// model's catch-up on the plain steps' tokens.
+    fn draft_model_32_rows() -> Width {
+        let mut w = Width::new(32.0).timing_plain(true);
+        let rows = [(1.0, 3); 32];
+        assert_eq!(w.choose(&rows), 0, "a plain step timed first");
+        w.observe(32, 0.0087);
+        assert_eq!(w.choose(&rows), 3, "the prior: drafts look nearly free");
+        w.observe(128, 0.300);
+        assert_eq!(w.choose(&rows), 1, "one draft a row tried");
+        w.observe(64, 0.200);
+        w
+    }
+
+    #[test]
+    fn a_draft_models_old_drafting_times_stand_against_the_prior() {
+        // Session 31's 32-row batch drafted again once its drafting times were 64 choices
+        // old: the prior made 3 drafts a row look like 2.5 plain steps.
+        let mut w = draft_model_32_rows();
+        let rows = [(1.0, 3); 32];
+        for i in 0..200 {
+            assert!(w.stays_plain(&rows), "choice {i}");
+            w.observe(32, 0.0087);
+        }
+        // A drafting size never timed is scaled from the nearest one timed, not from the
+        // plain step's.
+        assert!(w.cost(96, 32) > 0.1, "{}", w.cost(96, 32));
+    }
+
+    #[test]
+    fn a_draft_model_tries_one_draft_when_plain_steps_took_ten_times_its_last_try() {
+        let mut w = draft_model_32_rows();
+        let rows = [(1.0, 3); 32];
+        // 0.2 s a try against 8.7 ms a plain step: tried again after ~230 plain steps.
+        let mut plain = 0;
+        while w.choose(&rows) == 0 {
+            w.observe(32, 0.0087);
+            plain += 1;
+            assert!(plain < 1000);
+        }
+        assert!((225..=235).contains(&plain), "{plain}");
+        // A try that found drafts cheap again (the rows' lag was short) is trusted.
+        w.observe(64, 0.012);
+        assert!(w.choose(&rows) >= 1);
+        // Without a draft model the try comes every `STALE` choices, as before.
+        let mut p = Width::new(32.0);
+        p.observe(32, 0.0087);
+        p.observe(64, 0.2);
+        let mut plain = 0;
+        while p.choose(&rows) == 0 {
+            p.observe(32, 0.0087);
+            plain += 1;
+        }
+        assert_eq!(plain as u64, STALE);
+    }
+
+    #[test]
+    fn a_new_row_count_starts_from_the_nearest_ones_times() {
+        let w = draft_model_32_rows();
+        let mut w20 = w.for_rows(32, 20);
+        assert_eq!(w20.seen.keys().copied().collect::<Vec<_>>(), [20, 40, 80]);
+        // Known plain and costly to draft at 20 rows too: queued plain steps, no try.
+        assert!(w20.stays_plain(&[(1.0, 3); 20]));
+        assert_eq!(w20.choose(&[(1.0, 3); 20]), 0);
     }
 
     #[test]

@@ -21,9 +21,7 @@ impl SpecBatch {
                     .map(|(r, &d)| (r.acceptance.rate(), d))
                     .collect();
                 let width = if model {
-                    self.model_widths.entry(rates.len()).or_insert_with(|| {
-                        Width::for_current_device().timing_plain(self.plain_model_steps)
-                    })
+                    self.model_width(rates.len())
                 } else {
                     self.width.get_or_insert_with(Width::for_current_device)
                 };
@@ -46,10 +44,31 @@ impl SpecBatch {
     /// prediction batch's.
     pub(super) fn width_of(&mut self, model: bool, b: usize) -> Option<&mut Width> {
         if model {
-            self.model_widths.get_mut(&b)
+            Some(self.model_width(b))
         } else {
             self.width.as_mut()
         }
+    }
+
+    /// The draft model's width model for `b` rows. A row count not seen yet starts, where
+    /// plain steps are timed, from the nearest row count's times ([`Width::for_rows`]),
+    /// else from the device's prior.
+    fn model_width(&mut self, b: usize) -> &mut Width {
+        let timed = self.plain_model_steps;
+        let seed = if timed && !self.model_widths.contains_key(&b) {
+            let below = self.model_widths.range(..b).next_back();
+            let above = self.model_widths.range(b..).next();
+            let nearest = match (below, above) {
+                (Some(l), Some(h)) => Some(if b - l.0 <= h.0 - b { l } else { h }),
+                (l, h) => l.or(h),
+            };
+            nearest.map(|(&from, w)| w.for_rows(from, b))
+        } else {
+            None
+        };
+        self.model_widths.entry(b).or_insert_with(|| {
+            seed.unwrap_or_else(|| Width::for_current_device().timing_plain(timed))
+        })
     }
 
     /// With the last step's tokens unread: whether this step is plain whatever drafts
