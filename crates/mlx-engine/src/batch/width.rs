@@ -26,11 +26,14 @@
 //!
 //! A draft model's steps ([`Width::timing_plain`]) cost its forwards and its catch-up on
 //! the tokens it lagged behind by, which neither the positions' line nor the prior
-//! knows: there a drafting size's time, however old, stands for it until it is timed
-//! again; a plain batch times one draft a row again only once the plain steps since its
-//! last try took ten times what that try took (the try feeds the draft model every
-//! token of those steps, so trying every 64 steps cost 30% of a 32-row batch's time on
-//! the H200); and a row count not timed yet starts from the nearest row count's times.
+//! knows. There the catch-up is timed apart ([`Width::caught_up`]); a drafting size's
+//! time, however old, stands for it until it is timed again, and one not timed is a
+//! plain step's (the verification) plus a draft forward's for each draft, from the
+//! nearest drafting size timed; a plain batch tries one draft a row again only once the
+//! plain steps since its last try took ten times what that try and its catch-up took
+//! (the try feeds the draft model every token of those steps, so trying every 64 steps
+//! cost ~30% of a 32-row batch's time on the H200); and a row count not timed yet starts
+//! from a near row count's times (at most 1.5x as many or as few rows).
 
 /// How many drafts a speculating batch verifies each step
 /// ([`crate::batch::EngineOptions::prediction_drafts`] for drafts from predictions,
@@ -135,6 +138,9 @@ pub(crate) struct Width {
     /// Whether a plain step is timed when its time is not fresh, and drafting steps cost
     /// a draft model's forwards ([`Width::timing_plain`]).
     time_plain: bool,
+    /// The last catch-up of a draft model on the tokens of the plain steps before a
+    /// drafting step, in seconds ([`Width::caught_up`]).
+    catch_up: f64,
 }
 
 impl Width {
@@ -150,6 +156,7 @@ impl Width {
             seen: std::collections::BTreeMap::new(),
             choices: 0,
             time_plain: false,
+            catch_up: 0.0,
         }
     }
 
@@ -185,6 +192,15 @@ impl Width {
         remember(&mut self.seen, n, secs, self.choices);
     }
 
+    /// A draft model lagging behind plain steps took `secs` to catch up before a
+    /// drafting step (timed apart from that step, whose own time is steady drafting's):
+    /// what trying drafts again costs on top of that step.
+    pub fn caught_up(&mut self, secs: f64) {
+        if secs.is_finite() && secs >= 0.0 {
+            self.catch_up = secs;
+        }
+    }
+
     /// The expected time of a step of `n` positions in a batch of `b` rows: its recent
     /// time when that size was seen (for a draft model's drafting step, its last time,
     /// [`Width::drafting_cost`]), else the nearest size's time scaled by the linear model
@@ -211,21 +227,27 @@ impl Width {
 
     /// A draft model's drafting step of `n` positions in a batch of `b` rows
     /// ([`Width::timing_plain`]), from the drafting steps timed before however long ago:
-    /// this size's last time, else the nearest drafting size's scaled by the linear
-    /// model. `None` for other widths, for a plain step and before any drafting step was
-    /// timed: a plain step runs no draft forward, so it says nothing of what drafting
-    /// costs, nor does the positions' prior.
+    /// this size's last time, else from the nearest drafting size's time `t0` at `w0`
+    /// drafts a row: a plain step's time `p` (the verification, host-bound on a GPU)
+    /// and `(t0 - p) / w0` for each of the `w` draft forwards; without a plain step's
+    /// time, `t0` scaled by the linear model. `None` for other widths, for a plain step
+    /// and before any drafting step was timed: a plain step runs no draft forward, so it
+    /// says nothing of what drafting costs, nor does the positions' prior.
     fn drafting_cost(&self, n: usize, b: usize) -> Option<f64> {
-        if !self.time_plain || n == b {
+        if !self.time_plain || n <= b || b == 0 {
             return None;
         }
         if let Some(&(t, _)) = self.seen.get(&n) {
             return Some(t);
         }
-        let drafting = |(&m, &(t, _)): (&usize, &(f64, u64))| (m != b).then_some((m, t));
+        let drafting = |(&m, &(t, _)): (&usize, &(f64, u64))| (m > b).then_some((m, t));
         let below = self.seen.range(..n).rev().find_map(drafting);
         let above = self.seen.range(n..).find_map(drafting);
         let (n0, t0) = nearest(n, below, above)?;
+        let (w, w0) = (n / b - 1, n0 / b - 1);
+        if let (Some(&(p, _)), true) = (self.seen.get(&b), w0 > 0) {
+            return Some(p + w as f64 * (t0 - p).max(0.0) / w0 as f64);
+        }
         let (a, c) = self.model();
         let line = |x: usize| a + c * x as f64;
         Some(if line(n0) > 0.0 {
@@ -237,7 +259,7 @@ impl Width {
 
     /// Whether one draft a row (`2 b` positions) was timed lately: in the last `STALE`
     /// choices, or for a draft model's steps in fewer choices than make the plain steps
-    /// since take `1 / EXPLORE_SHARE` times what that step took.
+    /// since take `1 / EXPLORE_SHARE` times what that step and its catch-up took.
     fn tried_one_lately(&self, b: usize) -> bool {
         let Some(&(t, at)) = self.seen.get(&(2 * b)) else {
             return false;
@@ -248,7 +270,7 @@ impl Width {
         }
         let plain = self.seen.get(&b).map(|&(p, _)| p);
         match (self.time_plain, plain) {
-            (true, Some(p)) => since as f64 * p < t / EXPLORE_SHARE,
+            (true, Some(p)) => since as f64 * p < (t + self.catch_up) / EXPLORE_SHARE,
             _ => false,
         }
     }
@@ -261,6 +283,7 @@ impl Width {
     pub fn for_rows(&self, from: usize, to: usize) -> Width {
         let mut w = Width::new(self.prior).timing_plain(self.time_plain);
         w.choices = self.choices;
+        w.catch_up = self.catch_up;
         if from > 0 {
             w.seen = self
                 .seen
@@ -492,23 +515,39 @@ mod tests {
             assert!(w.stays_plain(&rows), "choice {i}");
             w.observe(32, 0.0087);
         }
-        // A drafting size never timed is scaled from the nearest one timed, not from the
-        // plain step's.
-        assert!(w.cost(96, 32) > 0.1, "{}", w.cost(96, 32));
+        // A drafting size never timed: the plain step's time and a draft forward's for
+        // each draft, from the nearest drafting size timed (64: 200 ms, so ~191 ms a
+        // draft forward).
+        let t = w.cost(96, 32);
+        assert!((t - (0.0087 + 2.0 * (0.2 - 0.0087))).abs() < 1e-9, "{t}");
+    }
+
+    #[test]
+    fn a_draft_model_step_that_pays_is_told_from_its_draft_forwards() {
+        // 8 rows, every draft accepted: plain 8.5 ms; one draft a row 13 ms (a draft
+        // forward ~4.5 ms): three drafts a row ~22 ms for 4 tokens a row, never timed.
+        let mut w = Width::new(32.0).timing_plain(true);
+        let rows = [(1.0, 3); 8];
+        w.observe(8, 0.0085);
+        w.observe(16, 0.013);
+        assert_eq!(w.best_unexplored(&rows), 3);
+        assert!((w.cost(32, 8) - 0.022).abs() < 1e-9);
     }
 
     #[test]
     fn a_draft_model_tries_one_draft_when_plain_steps_took_ten_times_its_last_try() {
         let mut w = draft_model_32_rows();
         let rows = [(1.0, 3); 32];
-        // 0.2 s a try against 8.7 ms a plain step: tried again after ~230 plain steps.
+        // 0.2 s a try and 0.1 s its catch-up against 8.7 ms a plain step: tried again
+        // after ~345 plain steps.
+        w.caught_up(0.1);
         let mut plain = 0;
         while w.choose(&rows) == 0 {
             w.observe(32, 0.0087);
             plain += 1;
             assert!(plain < 1000);
         }
-        assert!((225..=235).contains(&plain), "{plain}");
+        assert!((340..=350).contains(&plain), "{plain}");
         // A try that found drafts cheap again (the rows' lag was short) is trusted.
         w.observe(64, 0.012);
         assert!(w.choose(&rows) >= 1);

@@ -108,6 +108,36 @@ impl SpecBatch {
         Ok(())
     }
 
+    /// Where plain steps are timed and queued ([`SpecBatch::plain_model_steps`]) and the
+    /// draft model lags by more than the one token a drafting round leaves it behind:
+    /// feeds it the lagging tokens and waits for them, charging that time (from `started`)
+    /// to the width model's catch-ups ([`Width::caught_up`]), so that the drafting
+    /// step's own time, from the instant returned, is that of steady drafting.
+    ///
+    /// [`Width::caught_up`]: crate::batch::width::Width::caught_up
+    pub(super) fn catch_up_timed(
+        &mut self,
+        draft: &dyn LanguageModel,
+        started: std::time::Instant,
+    ) -> Result<std::time::Instant> {
+        let lagged = self.lag.first().map_or(0, Vec::len);
+        if !self.plain_model_steps || lagged <= 1 {
+            return Ok(started);
+        }
+        self.catch_up(draft)?;
+        step::eval_state(self.draft_cache.layers())?;
+        let secs = started.elapsed().as_secs_f64();
+        let b = self.rows.len();
+        tracing::debug!(
+            "speculative: the draft model caught up on {lagged} token(s) of {b} row(s) in {:.1} ms",
+            secs * 1e3
+        );
+        if let Some(w) = self.width_of(true, b) {
+            w.caught_up(secs);
+        }
+        Ok(std::time::Instant::now())
+    }
+
     /// `k` greedy drafts for every row from the draft model `[B][k]`; a row with
     /// logits processors drafts its first `caps[r]` under them (see [`Guide`]).
     pub(super) fn draft_with_model(

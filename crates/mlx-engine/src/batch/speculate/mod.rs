@@ -329,8 +329,6 @@ impl SpecBatch {
             .iter()
             .map(|r| r.k.min(r.seq.remaining().saturating_sub(1)))
             .collect();
-        // Tokens the draft caches lagged by (fed with this round's first draft step).
-        let lagged = self.lag.first().map_or(0, Vec::len);
         // A batch whose width follows its step times times each step alone: what is
         // queued before it (the plain batch's step, a prefill chunk) finishes first. A
         // draft model's step is timed from its drafting.
@@ -339,6 +337,7 @@ impl SpecBatch {
             mlx_array::current_stream().synchronize()?;
         }
         let mut started = std::time::Instant::now();
+        let mut lagged = 0;
         let (drafts, lens): (Vec<Vec<u32>>, Vec<usize>) = match draft {
             Some(d) => {
                 // Drafting costs the draft model's forwards: as many drafts as pay for
@@ -346,6 +345,11 @@ impl SpecBatch {
                 let w = self.choose_width(true, &caps);
                 let lens: Vec<usize> = caps.iter().map(|&c| c.min(w)).collect();
                 let k = lens.iter().copied().max().unwrap_or(0);
+                if timed && k > 0 {
+                    started = self.catch_up_timed(d, started)?;
+                }
+                // Tokens the draft caches lag by (fed with this round's first draft step).
+                lagged = self.lag.first().map_or(0, Vec::len);
                 (self.draft_with_model(d, k, &lens)?, lens)
             }
             None => {

@@ -51,8 +51,8 @@ impl SpecBatch {
     }
 
     /// The draft model's width model for `b` rows. A row count not seen yet starts, where
-    /// plain steps are timed, from the nearest row count's times ([`Width::for_rows`]),
-    /// else from the device's prior.
+    /// plain steps are timed, from the nearest row count's times ([`Width::for_rows`])
+    /// when it has at most 1.5x as many or as few rows, else from the device's prior.
     fn model_width(&mut self, b: usize) -> &mut Width {
         let timed = self.plain_model_steps;
         let seed = if timed && !self.model_widths.contains_key(&b) {
@@ -62,7 +62,10 @@ impl SpecBatch {
                 (Some(l), Some(h)) => Some(if b - l.0 <= h.0 - b { l } else { h }),
                 (l, h) => l.or(h),
             };
-            nearest.map(|(&from, w)| w.for_rows(from, b))
+            // Times of a near row count only: one row's steps tell little of eight's.
+            nearest
+                .filter(|(&from, _)| 2 * from.max(b) <= 3 * from.min(b))
+                .map(|(&from, w)| w.for_rows(from, b))
         } else {
             None
         };
