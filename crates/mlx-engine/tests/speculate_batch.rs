@@ -5,7 +5,7 @@
 //! served alone without speculation; with the model itself as the draft every round
 //! is accepted in full; each row keeps its own acceptance, so batched rows are drafted
 //! and accept exactly as alone.
-use common::{model, opts, serve, Got};
+use common::{model, opts, read, serve, Got};
 use mlx_engine::batch::{
     DraftFrom, DraftWidth, Engine, EngineMetrics, GenerationRequest, Speculate,
 };
@@ -426,6 +426,58 @@ fn a_draft_model_lagging_behind_pipelined_plain_steps_drafts_from_where_the_targ
         ..req(2)
     };
     check(2, &serve(&engine, vec![one]).remove(0));
+}
+
+#[test]
+fn prompts_joining_a_plainly_stepping_draft_batch_reach_the_draft_model_when_it_drafts() {
+    // `MLX_MODEL_PLAIN_STEPS=1` (each test in its own process): prompts that join while
+    // the batch steps plainly are not prefilled into the draft model; the rows then lag
+    // by different counts (a prompt, a few plain steps' tokens) and the draft model is
+    // fed them in right-padded chunks when the batch drafts again. The model as its own
+    // draft: a draft is accepted only if the draft model was fed exactly the target's
+    // tokens, so every draft accepted and every answer as alone shows it was.
+    std::env::set_var("MLX_MODEL_PLAIN_STEPS", "1");
+    let n = 160;
+    let plain =
+        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
+    let req = |i: usize| GenerationRequest::new(PROMPTS[i].to_vec(), n);
+    let want: Vec<Vec<u32>> = (0..4)
+        .map(|i| serve(&plain, vec![req(i)]).remove(0).tokens)
+        .collect();
+    drop(plain);
+    let engine = self_drafting();
+    let drafting = |i: usize| GenerationRequest {
+        speculate: Some(Speculate {
+            from: DraftFrom::DraftModel,
+            num_draft_tokens: 3,
+        }),
+        ..req(i)
+    };
+    let submit = |i: usize| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        (
+            engine.submit(drafting(i), Arc::new(tx)).expect("submit"),
+            rx,
+        )
+    };
+    // One row decodes a while, two join it, then a fourth.
+    let first = submit(0);
+    let mut got = vec![Got::default(); 4];
+    read(&first.1, &mut got[0], 20);
+    let (second, third) = (submit(1), submit(2));
+    read(&second.1, &mut got[1], 30);
+    let fourth = submit(3);
+    for (i, (sub, rx)) in [first, second, third, fourth].into_iter().enumerate() {
+        read(&rx, &mut got[i], usize::MAX);
+        sub.release();
+    }
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g.tokens, want[i], "row {i}");
+        // (On the CPU a draft costs as much as the target's forward: the batch steps
+        // plainly but for its tries of one draft a row.)
+        assert!(g.drafted >= 1, "row {i}: {} drafted", g.drafted);
+        assert_eq!(g.from_draft, g.drafted, "row {i}: accepted of drafted");
+    }
 }
 
 #[test]

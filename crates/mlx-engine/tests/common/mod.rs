@@ -113,23 +113,28 @@ pub fn serve(engine: &Engine, reqs: Vec<GenerationRequest>) -> Vec<Got> {
     subs.into_iter()
         .map(|(sub, rx)| {
             let mut got = Got::default();
-            loop {
-                match rx.recv().expect("event") {
-                    EngineEvent::Token { out, .. } => {
-                        got.tokens.push(out.token);
-                        got.from_draft += usize::from(out.from_draft);
-                        got.drafted += out.drafted;
-                        got.logprobs.push((out.logprob, out.top.clone()));
-                        if out.finish.is_some() {
-                            break;
-                        }
-                    }
-                    EngineEvent::Failed { error, .. } => panic!("{error}"),
-                    _ => {}
-                }
-            }
+            read(&rx, &mut got, usize::MAX);
             sub.release();
             got
         })
         .collect()
+}
+
+/// Reads a request's tokens into `got` until it finishes or `until` tokens are in.
+pub fn read(rx: &mpsc::Receiver<EngineEvent>, got: &mut Got, until: usize) {
+    while got.tokens.len() < until {
+        match rx.recv().expect("event") {
+            EngineEvent::Token { out, .. } => {
+                got.tokens.push(out.token);
+                got.from_draft += usize::from(out.from_draft);
+                got.drafted += out.drafted;
+                got.logprobs.push((out.logprob, out.top.clone()));
+                if out.finish.is_some() {
+                    break;
+                }
+            }
+            EngineEvent::Failed { error, .. } => panic!("{error}"),
+            _ => {}
+        }
+    }
 }

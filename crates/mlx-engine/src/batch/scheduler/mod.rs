@@ -211,6 +211,9 @@ impl Engine {
                                 Ok("0") => false,
                                 _ => crate::batch::width::on_gpu(),
                             },
+                        )
+                        .deferred_draft_prefill(
+                            std::env::var("MLX_DRAFT_PREFILL").as_deref() != Ok("eager"),
                         ),
                 ),
                 predicting: Box::new(

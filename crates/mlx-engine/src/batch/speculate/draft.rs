@@ -39,11 +39,7 @@ impl SpecBatch {
                 .map_err(|e| EngineError::Unavailable(format!("cannot make a KV cache: {e}")))
         };
         if draft.padded_prefill_is_exact() {
-            let own = (0..seqs.len())
-                .map(|_| fresh())
-                .collect::<Result<Vec<_>>>()?;
-            let refs: Vec<&[Box<dyn KvCache>]> = own.iter().map(|c| c.as_slice()).collect();
-            let mut cache = BatchPromptCache::merge(&refs).map_err(cache_err)?;
+            let mut cache = empty_draft_rows(draft, seqs.len())?;
             let mut done = 0;
             while bodies.iter().any(|b| b.len() > done) {
                 let chunks: Vec<&[u32]> = bodies
@@ -78,9 +74,35 @@ impl SpecBatch {
         }
     }
 
+    /// Whether the rows lag by different numbers of tokens (deferred prompts).
+    fn lags_differ(&self) -> bool {
+        let n = self.lag.first().map_or(0, Vec::len);
+        self.lag.iter().any(|l| l.len() != n)
+    }
+
     /// Feeds the draft model the tokens it lags behind the target by, in forwards of at
-    /// most [`SpecBatch::catch_up_piece`] tokens.
+    /// most [`SpecBatch::catch_up_piece`] tokens; rows lagging by different numbers of
+    /// tokens (prompts whose draft prefill was deferred) in right-padded chunks of the
+    /// prefill step, as a batch's prompts are prefilled.
     pub(super) fn catch_up(&mut self, draft: &dyn LanguageModel) -> Result<()> {
+        if self.lags_differ() {
+            let step_size = self.prefill_step.max(1);
+            let longest = self.lag.iter().map(Vec::len).max().unwrap_or(0);
+            let mut done = 0;
+            while done < longest {
+                let chunks: Vec<&[u32]> = self
+                    .lag
+                    .iter()
+                    .map(|l| &l[done.min(l.len())..(done + step_size).min(l.len())])
+                    .collect();
+                drop(padded_forward(draft, &mut self.draft_cache, &chunks)?);
+                done += step_size;
+            }
+            for l in &mut self.lag {
+                l.clear();
+            }
+            return Ok(());
+        }
         let n = self.lag.first().map_or(0, |l| l.len());
         let b = self.rows.len();
         if n == 0 || b == 0 {
@@ -108,20 +130,27 @@ impl SpecBatch {
         Ok(())
     }
 
-    /// Where plain steps are timed and queued ([`SpecBatch::plain_model_steps`]) and the
-    /// draft model lags by more than the one token a drafting round leaves it behind:
-    /// feeds it the lagging tokens and waits for them, charging that time (from `started`)
-    /// to the width model's catch-ups ([`Width::caught_up`]), so that the drafting
-    /// step's own time, from the instant returned, is that of steady drafting.
+    /// Before a drafting step: where rows lag by different numbers of tokens, or where
+    /// plain steps are timed and queued ([`SpecBatch::plain_model_steps`]) and the draft
+    /// model lags by more than the one token a drafting round leaves it behind, feeds it
+    /// the lagging tokens and waits for them. A `timed` step charges that time (from
+    /// `started`) to the width model's catch-ups ([`Width::caught_up`]), so that the
+    /// drafting step's own time, from the instant returned, is that of steady drafting.
     ///
     /// [`Width::caught_up`]: crate::batch::width::Width::caught_up
     pub(super) fn catch_up_timed(
         &mut self,
         draft: &dyn LanguageModel,
         started: std::time::Instant,
+        timed: bool,
     ) -> Result<std::time::Instant> {
-        let lagged = self.lag.first().map_or(0, Vec::len);
-        if !self.plain_model_steps || lagged <= 1 {
+        let lagged = self.lag.iter().map(Vec::len).max().unwrap_or(0);
+        let differ = self.lags_differ();
+        if !differ && (!self.plain_model_steps || lagged <= 1) {
+            return Ok(started);
+        }
+        if differ && !timed {
+            self.catch_up(draft)?;
             return Ok(started);
         }
         self.catch_up(draft)?;
@@ -150,8 +179,9 @@ impl SpecBatch {
         if k == 0 {
             return Ok(vec![Vec::new(); b]);
         }
-        // The first draft step feeds the lag and `y`: within one catch-up piece.
-        if self.lag.first().map_or(0, Vec::len) >= self.catch_up_piece() {
+        // The first draft step feeds the lag and `y`: as many tokens a row, within one
+        // catch-up piece.
+        if self.lags_differ() || self.lag.first().map_or(0, Vec::len) >= self.catch_up_piece() {
             self.catch_up(draft)?;
         }
         let n = self.lag.first().map_or(0, |l| l.len()) + 1;
@@ -252,3 +282,16 @@ impl SpecBatch {
 /// waited 14-35 s each and later processes did not (GPU.md session 31: most likely MLX
 /// compiling kernels for the draft's new shapes once per machine).
 pub(super) const ONE_ROW_PIECE: usize = 32;
+
+/// Draft caches for `n` joining rows that hold nothing yet (their prompts deferred:
+/// [`SpecBatch::deferred_draft_prefill`]).
+pub(super) fn empty_draft_rows(draft: &dyn LanguageModel, n: usize) -> Result<BatchPromptCache> {
+    let own = (0..n)
+        .map(|_| {
+            mlx_cache::make_prompt_cache(&draft.cache_specs(), None)
+                .map_err(|e| EngineError::Unavailable(format!("cannot make a KV cache: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let refs: Vec<&[Box<dyn KvCache>]> = own.iter().map(|c| c.as_slice()).collect();
+    BatchPromptCache::merge(&refs).map_err(cache_err)
+}

@@ -145,6 +145,13 @@ pub(crate) struct SpecBatch {
     /// Whether a draft-model batch times plain steps against its drafting ones and
     /// pipelines them ([`SpecBatch::plain_model_steps`]).
     plain_model_steps: bool,
+    /// Whether joining prompts reach the draft model only when the batch drafts again,
+    /// where its last step was plain ([`SpecBatch::deferred_draft_prefill`]).
+    defer_draft_prefill: bool,
+    /// Whether the last step drafted with the draft model.
+    last_drafted: bool,
+    /// The prefill chunk of the draft model's catch-ups on joined prompts.
+    prefill_step: usize,
     /// The number of rows of the last step.
     last_rows: usize,
     /// A prediction batch's plain step whose tokens are not read yet (see
@@ -216,6 +223,20 @@ impl SpecBatch {
         self
     }
 
+    /// With plain steps timed and queued ([`SpecBatch::plain_model_steps`]), prompts
+    /// that join while the batch steps plainly are not prefilled into the draft model:
+    /// each row lags by its prompt, which the draft model is fed when the batch drafts
+    /// again (the rows' unequal lags in right-padded chunks), so a batch that stays
+    /// plain never runs the draft model. Prompts that join a drafting batch are
+    /// prefilled at once, as before (fed later, they would pad every row's catch-up to
+    /// their length). Draft models whose padded prefill is not exact (recurrent
+    /// layers) always prefill at once. The scheduler turns it on with plain steps
+    /// (`MLX_DRAFT_PREFILL=eager` turns it off).
+    pub fn deferred_draft_prefill(mut self, on: bool) -> SpecBatch {
+        self.defer_draft_prefill = on;
+        self
+    }
+
     /// Adds sequences whose prompt is prefilled but for the last token, with their
     /// target caches (`cache`: a batch of them in order, or `None` when each holds its
     /// own). With `draft`, each prompt but its last token is prefilled into new draft
@@ -241,7 +262,18 @@ impl SpecBatch {
                 EngineError::Internal("a sequence speculated before its prefill".into()),
             ));
         };
+        self.prefill_step = prefill_step.max(1);
+        let deferred = draft.is_some_and(|d| {
+            self.plain_model_steps
+                && self.defer_draft_prefill
+                && !self.last_drafted
+                && d.padded_prefill_is_exact()
+        });
         let drafted = match draft {
+            Some(d) if deferred => match draft::empty_draft_rows(d, seqs.len()) {
+                Ok(c) => Some(c),
+                Err(e) => return Err((seqs, e)),
+            },
             Some(d) => match self.draft_prefill(d, &seqs, prefill_step) {
                 Ok(c) => Some(c),
                 Err(e) => return Err((seqs, e)),
@@ -262,6 +294,14 @@ impl SpecBatch {
             }
         }
         for (mut seq, y) in seqs.into_iter().zip(ys) {
+            // A deferred prompt: the draft model lags by all of it but `y`.
+            let lagging = match deferred {
+                true => {
+                    let prompt = &seq.job().req.prompt;
+                    prompt[..prompt.len().saturating_sub(1)].to_vec()
+                }
+                false => Vec::new(),
+            };
             seq.feed_last_prompt_token();
             let spec = seq.job().req.speculate.clone();
             let (k, reference) = match spec {
@@ -289,7 +329,7 @@ impl SpecBatch {
                 aside: None,
             });
             if draft.is_some() {
-                self.lag.push(Vec::new());
+                self.lag.push(lagging);
             }
         }
         Ok(())
@@ -345,9 +385,10 @@ impl SpecBatch {
                 let w = self.choose_width(true, &caps);
                 let lens: Vec<usize> = caps.iter().map(|&c| c.min(w)).collect();
                 let k = lens.iter().copied().max().unwrap_or(0);
-                if timed && k > 0 {
-                    started = self.catch_up_timed(d, started)?;
+                if k > 0 {
+                    started = self.catch_up_timed(d, started, timed)?;
                 }
+                self.last_drafted = k > 0;
                 // Tokens the draft caches lag by (fed with this round's first draft step).
                 lagged = self.lag.first().map_or(0, Vec::len);
                 (self.draft_with_model(d, k, &lens)?, lens)

@@ -31,6 +31,7 @@ impl SpecBatch {
         last: Option<Pending>,
     ) -> Result<(Vec<(SeqId, Outcome)>, Round)> {
         let b = self.rows.len();
+        self.last_drafted = false;
         // Rows past `last`'s (all without it) feed their `y`: they joined since.
         let read = last.as_ref().map_or(0, |p| p.rows);
         let ys: Vec<u32> = self.rows[read..].iter().map(|r| r.y).collect();
