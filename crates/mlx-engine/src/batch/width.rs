@@ -81,6 +81,12 @@ const SEEN_WEIGHT: f64 = 0.3;
 /// The most of a draft-model batch's time that its tries of one draft a row take, over
 /// the plain steps between them.
 const EXPLORE_SHARE: f64 = 0.1;
+/// A draft model's step of over this many seconds and `STALL_RATIO` plain steps is not
+/// timed: a stall (on a fresh machine MLX compiles kernels for each new shape of the
+/// draft model's first steps, 7-9 s a step on the H200, GPU.md session 32), which as
+/// the width's time would keep the batch from drafting for good.
+const STALL_SECS: f64 = 1.0;
+const STALL_RATIO: f64 = 50.0;
 /// A row's prior acceptance, as counts.
 const PRIOR_HITS: f64 = 1.4;
 const PRIOR_TRIALS: f64 = 2.0;
@@ -190,6 +196,13 @@ impl Width {
         self.sy = DECAY * self.sy + secs;
         self.sxy = DECAY * self.sxy + x * secs;
         remember(&mut self.seen, n, secs, self.choices);
+    }
+
+    /// Whether a draft model's step of `b` rows that took `secs` stalled (see
+    /// `STALL_SECS`): then it is not timed.
+    pub fn stalled(&self, b: usize, secs: f64) -> bool {
+        let plain = self.seen.get(&b).map(|&(p, _)| p);
+        self.time_plain && secs > STALL_SECS && plain.is_some_and(|p| secs > STALL_RATIO * p)
     }
 
     /// A draft model lagging behind plain steps took `secs` to catch up before a
@@ -561,6 +574,23 @@ mod tests {
             plain += 1;
         }
         assert_eq!(plain as u64, STALE);
+    }
+
+    #[test]
+    fn a_draft_model_step_that_stalled_is_not_its_width_s_time() {
+        // The fresh H200 of session 32: an 8-row step with drafts took 7.2 s while MLX
+        // compiled its kernels, against ~6 ms plain steps.
+        let mut w = Width::new(32.0).timing_plain(true);
+        w.observe(8, 0.006);
+        assert!(w.stalled(8, 7.2));
+        assert!(!w.stalled(8, 0.030), "a slow step is still a time");
+        assert!(
+            !Width::new(32.0).stalled(8, 7.2),
+            "no plain time: nothing to tell by"
+        );
+        let mut p = Width::new(32.0);
+        p.observe(8, 0.006);
+        assert!(!p.stalled(8, 7.2), "only a draft model's steps");
     }
 
     #[test]

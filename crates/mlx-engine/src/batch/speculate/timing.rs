@@ -115,7 +115,15 @@ impl SpecBatch {
         // caches' joins and filters).
         let same_rows = std::mem::replace(&mut self.last_rows, b) == b;
         if let (true, Some(w)) = (same_rows, self.width_of(model, b)) {
-            w.observe(positions, started.elapsed().as_secs_f64());
+            let secs = started.elapsed().as_secs_f64();
+            if w.stalled(b, secs) {
+                tracing::debug!(
+                    "speculative: a step of {b} row(s) took {:.1} ms, not timed (a stall)",
+                    secs * 1e3
+                );
+            } else {
+                w.observe(positions, secs);
+            }
         }
         Ok(())
     }
