@@ -18,9 +18,12 @@
 //!
 //! Invariant between steps: the target caches hold each row's history but its next
 //! input `y`; the draft caches hold the same but for the last `lag` tokens, as many for
-//! every row (the draft model never saw its own last draft when a row accepted every
-//! draft, mlx-lm's `draft_y = [last draft, bonus]`; the other rows then lag by their
-//! last kept token too), fed before the next drafts.
+//! every row after a drafting step (the draft model never saw its own last draft when a
+//! row accepted every draft, mlx-lm's `draft_y = [last draft, bonus]`; the other rows
+//! then lag by their last kept token too), fed before the next drafts. Plain steps add
+//! their tokens to every row's lag, and a prompt whose draft prefill was deferred
+//! ([`SpecBatch::deferred_draft_prefill`]) starts its row lagging by all of it, so rows
+//! may lag by different counts until the next catch-up feeds them all.
 //!
 //! Rows with logits processors (an output constraint, penalties, a logit bias)
 //! speculate too, as `mlx-generate`'s speculative decoding does
@@ -126,7 +129,7 @@ pub(crate) struct SpecBatch {
     cache: BatchPromptCache,
     draft_cache: BatchPromptCache,
     /// Per row, the tokens the target caches hold and the draft caches do not yet (as
-    /// many for every row).
+    /// many for every row but where deferred prompts joined since the last catch-up).
     lag: Vec<Vec<u32>>,
     /// Rows whose acceptance falls below this step aside (0: never).
     min_acceptance: f64,
