@@ -27,12 +27,17 @@ const MAX: [usize; 4] = [24, 17, 30, 9];
 
 /// Each prompt served alone (one request at a time) by a plain engine.
 fn alone() -> Vec<Vec<u32>> {
+    alone_to(&MAX)
+}
+
+/// The first `lens.len()` prompts served alone by a plain engine, `lens[i]` tokens each.
+fn alone_to(lens: &[usize]) -> Vec<Vec<u32>> {
     let engine =
         Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
     PROMPTS
         .iter()
-        .zip(MAX)
-        .map(|(p, n)| {
+        .zip(lens)
+        .map(|(p, &n)| {
             serve(&engine, vec![GenerationRequest::new(p.to_vec(), n)])
                 .remove(0)
                 .tokens
@@ -66,12 +71,17 @@ fn self_drafting() -> Engine {
 }
 
 fn speculating(i: usize, from: DraftFrom, k: usize) -> GenerationRequest {
+    speculating_to(i, from, k, MAX[i])
+}
+
+/// Prompt `i` for `n` tokens, `k` drafts a round from `from`.
+fn speculating_to(i: usize, from: DraftFrom, k: usize, n: usize) -> GenerationRequest {
     GenerationRequest {
         speculate: Some(Speculate {
             from,
             num_draft_tokens: k,
         }),
-        ..GenerationRequest::new(PROMPTS[i].to_vec(), MAX[i])
+        ..GenerationRequest::new(PROMPTS[i].to_vec(), n)
     }
 }
 
@@ -392,22 +402,10 @@ fn a_draft_model_lagging_behind_pipelined_plain_steps_drafts_from_where_the_targ
     // fed exactly the tokens the target was.
     std::env::set_var("MLX_MODEL_PLAIN_STEPS", "1");
     let n = 200;
-    let plain =
-        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
-    let req = |i: usize| GenerationRequest::new(PROMPTS[i].to_vec(), n);
-    let want: Vec<Vec<u32>> = (0..3)
-        .map(|i| serve(&plain, vec![req(i)]).remove(0).tokens)
-        .collect();
+    let want = alone_to(&[n; 3]);
     let engine = self_drafting();
-    let reqs = (0..3)
-        .map(|i| GenerationRequest {
-            speculate: Some(Speculate {
-                from: DraftFrom::DraftModel,
-                num_draft_tokens: 3,
-            }),
-            ..req(i)
-        })
-        .collect();
+    let drafted = |i: usize| speculating_to(i, DraftFrom::DraftModel, 3, n);
+    let reqs = (0..3).map(drafted).collect();
     let check = |i: usize, g: &Got| {
         assert_eq!(g.tokens, want[i], "row {i}");
         // Drafts after the first stretch of plain steps too.
@@ -418,14 +416,7 @@ fn a_draft_model_lagging_behind_pipelined_plain_steps_drafts_from_where_the_targ
         check(i, g);
     }
     // A batch of one row catches up in pieces of at most 32 tokens.
-    let one = GenerationRequest {
-        speculate: Some(Speculate {
-            from: DraftFrom::DraftModel,
-            num_draft_tokens: 3,
-        }),
-        ..req(2)
-    };
-    check(2, &serve(&engine, vec![one]).remove(0));
+    check(2, &serve(&engine, vec![drafted(2)]).remove(0));
 }
 
 #[test]
@@ -438,27 +429,12 @@ fn prompts_joining_a_plainly_stepping_draft_batch_reach_the_draft_model_when_it_
     // tokens, so every draft accepted and every answer as alone shows it was.
     std::env::set_var("MLX_MODEL_PLAIN_STEPS", "1");
     let n = 160;
-    let plain =
-        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
-    let req = |i: usize| GenerationRequest::new(PROMPTS[i].to_vec(), n);
-    let want: Vec<Vec<u32>> = (0..4)
-        .map(|i| serve(&plain, vec![req(i)]).remove(0).tokens)
-        .collect();
-    drop(plain);
+    let want = alone_to(&[n; 4]);
     let engine = self_drafting();
-    let drafting = |i: usize| GenerationRequest {
-        speculate: Some(Speculate {
-            from: DraftFrom::DraftModel,
-            num_draft_tokens: 3,
-        }),
-        ..req(i)
-    };
     let submit = |i: usize| {
         let (tx, rx) = std::sync::mpsc::channel();
-        (
-            engine.submit(drafting(i), Arc::new(tx)).expect("submit"),
-            rx,
-        )
+        let drafted = speculating_to(i, DraftFrom::DraftModel, 3, n);
+        (engine.submit(drafted, Arc::new(tx)).expect("submit"), rx)
     };
     // One row decodes a while, two join it, then a fourth.
     let first = submit(0);
@@ -488,27 +464,15 @@ fn long_answers_with_queued_plain_stretches_answer_as_alone() {
     // every draft is accepted.
     std::env::set_var("MLX_MODEL_PLAIN_STEPS", "1");
     let n = [150, 90, 160, 40];
-    let plain =
-        Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine");
-    let req = |i: usize| GenerationRequest::new(PROMPTS[i].to_vec(), n[i]);
-    let want: Vec<Vec<u32>> = (0..4)
-        .map(|i| serve(&plain, vec![req(i)]).remove(0).tokens)
-        .collect();
-    drop(plain);
-    let with = |i: usize, from: DraftFrom| GenerationRequest {
-        speculate: Some(Speculate {
-            from,
-            num_draft_tokens: 3,
-        }),
-        ..req(i)
-    };
+    let want = alone_to(&n);
+    let with = |i: usize, from: DraftFrom| speculating_to(i, from, 3, n[i]);
     let metrics = Arc::new(EngineMetrics::default());
     let engine = Engine::start(model(TARGET), opts(), metrics.clone()).expect("engine");
     let reqs = vec![
         with(0, DraftFrom::Prediction(want[0].clone())),
         with(1, DraftFrom::Prediction(vec![7; 40])),
         with(2, DraftFrom::Prediction(want[2][..60].to_vec())),
-        req(3),
+        GenerationRequest::new(PROMPTS[3].to_vec(), n[3]),
     ];
     for (i, g) in serve(&engine, reqs).iter().enumerate() {
         assert_eq!(g.tokens, want[i], "predicted: row {i}");
