@@ -201,8 +201,9 @@ impl Width {
     /// Whether a draft model's step of `b` rows that took `secs` stalled (see
     /// `STALL_SECS`): then it is not timed.
     pub fn stalled(&self, b: usize, secs: f64) -> bool {
-        let plain = self.seen.get(&b).map(|&(p, _)| p);
-        self.time_plain && secs > STALL_SECS && plain.is_some_and(|p| secs > STALL_RATIO * p)
+        self.time_plain
+            && secs > STALL_SECS
+            && self.last_time(b).is_some_and(|p| secs > STALL_RATIO * p)
     }
 
     /// A draft model lagging behind plain steps took `secs` to catch up before a
@@ -227,15 +228,30 @@ impl Width {
         if let Some(t) = self.drafting_cost(n, b) {
             return t;
         }
-        let (a, c) = self.model();
-        let line = |x: usize| a + c * x as f64;
         let fresh = |(&n, _): (&usize, _)| Some((n, self.fresh(n)?));
         let below = self.seen.range(..n).rev().find_map(fresh);
         let above = self.seen.range(n..).find_map(fresh);
-        match nearest(n, below, above) {
-            Some((n0, t0)) if line(n0) > 0.0 => t0 * line(n) / line(n0),
-            _ => line(n),
-        }
+        nearest(n, below, above)
+            .and_then(|(n0, t0)| self.scaled(t0, n0, n))
+            .unwrap_or_else(|| self.line(n))
+    }
+
+    /// The time `t0` of a step of `n0` positions scaled to `n` by the linear model
+    /// (`None` where the line is not positive at `n0`).
+    fn scaled(&self, t0: f64, n0: usize, n: usize) -> Option<f64> {
+        let at = self.line(n0);
+        (at > 0.0).then(|| t0 * self.line(n) / at)
+    }
+
+    /// The linear model's time of a step of `n` positions ([`Width::model`]'s unit).
+    fn line(&self, n: usize) -> f64 {
+        let (a, c) = self.model();
+        a + c * n as f64
+    }
+
+    /// The last time of a step of `n` positions, however old.
+    fn last_time(&self, n: usize) -> Option<f64> {
+        self.seen.get(&n).map(|&(t, _)| t)
     }
 
     /// A draft model's drafting step of `n` positions in a batch of `b` rows
@@ -250,7 +266,7 @@ impl Width {
         if !self.time_plain || n <= b || b == 0 {
             return None;
         }
-        if let Some(&(t, _)) = self.seen.get(&n) {
+        if let Some(t) = self.last_time(n) {
             return Some(t);
         }
         let drafting = |(&m, &(t, _)): (&usize, &(f64, u64))| (m > b).then_some((m, t));
@@ -258,16 +274,10 @@ impl Width {
         let above = self.seen.range(n..).find_map(drafting);
         let (n0, t0) = nearest(n, below, above)?;
         let (w, w0) = (n / b - 1, n0 / b - 1);
-        if let (Some(&(p, _)), true) = (self.seen.get(&b), w0 > 0) {
+        if let (Some(p), true) = (self.last_time(b), w0 > 0) {
             return Some(p + w as f64 * (t0 - p).max(0.0) / w0 as f64);
         }
-        let (a, c) = self.model();
-        let line = |x: usize| a + c * x as f64;
-        Some(if line(n0) > 0.0 {
-            t0 * line(n) / line(n0)
-        } else {
-            t0
-        })
+        Some(self.scaled(t0, n0, n).unwrap_or(t0))
     }
 
     /// Whether one draft a row (`2 b` positions) was timed lately: in the last `STALE`
@@ -281,8 +291,7 @@ impl Width {
         if since <= STALE {
             return true;
         }
-        let plain = self.seen.get(&b).map(|&(p, _)| p);
-        match (self.time_plain, plain) {
+        match (self.time_plain, self.last_time(b)) {
             (true, Some(p)) => since as f64 * p < (t + self.catch_up) / EXPLORE_SHARE,
             _ => false,
         }
@@ -425,13 +434,13 @@ pub(crate) fn on_gpu() -> bool {
     mlx_array::current_device().is_ok_and(|d| d.kind == mlx_array::DeviceType::Gpu)
 }
 
-/// The nearer of the seen sizes `below` and `above` `n` (`(size, time)`), the lower on a
+/// The nearer to `n` of `below` and `above` (`(size, what it holds)`), the lower on a
 /// tie.
-fn nearest(
+pub(crate) fn nearest<T>(
     n: usize,
-    below: Option<(usize, f64)>,
-    above: Option<(usize, f64)>,
-) -> Option<(usize, f64)> {
+    below: Option<(usize, T)>,
+    above: Option<(usize, T)>,
+) -> Option<(usize, T)> {
     match (below, above) {
         (Some(b), Some(a)) => Some(if n - b.0 <= a.0 - n { b } else { a }),
         (b, a) => b.or(a),

@@ -18,15 +18,14 @@ impl SpecBatch {
     /// token) into draft caches: together, in right-padded chunks, as the target's
     /// prefill does, or one prompt at a time where right padding would leak into a
     /// draft's recurrent state. The drafts only propose tokens, so how their caches were
-    /// batched changes no row's answer.
+    /// batched changes no row's answer. Chunks of the batch's prefill step.
     pub(super) fn draft_prefill(
         &mut self,
         draft: &dyn LanguageModel,
         seqs: &[Sequence],
-        step_size: usize,
     ) -> Result<BatchPromptCache> {
         self.catch_up(draft)?;
-        let step_size = step_size.max(1);
+        let step_size = self.prefill_step.max(1);
         let bodies: Vec<&[u32]> = seqs
             .iter()
             .map(|s| {
@@ -34,26 +33,14 @@ impl SpecBatch {
                 &prompt[..prompt.len().saturating_sub(1)]
             })
             .collect();
-        let fresh = || {
-            mlx_cache::make_prompt_cache(&draft.cache_specs(), None)
-                .map_err(|e| EngineError::Unavailable(format!("cannot make a KV cache: {e}")))
-        };
         if draft.padded_prefill_is_exact() {
             let mut cache = empty_draft_rows(draft, seqs.len())?;
-            let mut done = 0;
-            while bodies.iter().any(|b| b.len() > done) {
-                let chunks: Vec<&[u32]> = bodies
-                    .iter()
-                    .map(|b| &b[done.min(b.len())..(done + step_size).min(b.len())])
-                    .collect();
-                drop(padded_forward(draft, &mut cache, &chunks)?);
-                done += step_size;
-            }
+            feed_padded(draft, &mut cache, &bodies, step_size)?;
             return Ok(cache);
         }
         let mut own: Vec<PromptCache> = Vec::with_capacity(seqs.len());
         for body in bodies {
-            let mut caches = fresh()?;
+            let mut caches = fresh_draft_cache(draft)?;
             for chunk in body.chunks(step_size) {
                 let a = Array::from_slice(chunk, &[1, chunk.len() as i32])?;
                 drop(step::prefill(draft, &a, &mut caches, None)?);
@@ -86,18 +73,13 @@ impl SpecBatch {
     /// prefill step, as a batch's prompts are prefilled.
     pub(super) fn catch_up(&mut self, draft: &dyn LanguageModel) -> Result<()> {
         if self.lags_differ() {
-            let step_size = self.prefill_step.max(1);
-            let longest = self.lag.iter().map(Vec::len).max().unwrap_or(0);
-            let mut done = 0;
-            while done < longest {
-                let chunks: Vec<&[u32]> = self
-                    .lag
-                    .iter()
-                    .map(|l| &l[done.min(l.len())..(done + step_size).min(l.len())])
-                    .collect();
-                drop(padded_forward(draft, &mut self.draft_cache, &chunks)?);
-                done += step_size;
-            }
+            let lags: Vec<&[u32]> = self.lag.iter().map(Vec::as_slice).collect();
+            feed_padded(
+                draft,
+                &mut self.draft_cache,
+                &lags,
+                self.prefill_step.max(1),
+            )?;
             for l in &mut self.lag {
                 l.clear();
             }
@@ -145,15 +127,13 @@ impl SpecBatch {
         timed: bool,
     ) -> Result<std::time::Instant> {
         let lagged = self.lag.iter().map(Vec::len).max().unwrap_or(0);
-        let differ = self.lags_differ();
-        if !differ && (!self.plain_model_steps || lagged <= 1) {
-            return Ok(started);
-        }
-        if differ && !timed {
-            self.catch_up(draft)?;
+        if !self.lags_differ() && (!self.plain_model_steps || lagged <= 1) {
             return Ok(started);
         }
         self.catch_up(draft)?;
+        if !timed {
+            return Ok(started);
+        }
         step::eval_state(self.draft_cache.layers())?;
         let secs = started.elapsed().as_secs_f64();
         let b = self.rows.len();
@@ -287,11 +267,34 @@ pub(super) const ONE_ROW_PIECE: usize = 32;
 /// [`SpecBatch::deferred_draft_prefill`]).
 pub(super) fn empty_draft_rows(draft: &dyn LanguageModel, n: usize) -> Result<BatchPromptCache> {
     let own = (0..n)
-        .map(|_| {
-            mlx_cache::make_prompt_cache(&draft.cache_specs(), None)
-                .map_err(|e| EngineError::Unavailable(format!("cannot make a KV cache: {e}")))
-        })
+        .map(|_| fresh_draft_cache(draft))
         .collect::<Result<Vec<_>>>()?;
     let refs: Vec<&[Box<dyn KvCache>]> = own.iter().map(|c| c.as_slice()).collect();
     BatchPromptCache::merge(&refs).map_err(cache_err)
+}
+
+/// One sequence's empty caches of the draft model.
+fn fresh_draft_cache(draft: &dyn LanguageModel) -> Result<PromptCache> {
+    mlx_cache::make_prompt_cache(&draft.cache_specs(), None)
+        .map_err(|e| EngineError::Unavailable(format!("cannot make a KV cache: {e}")))
+}
+
+/// Feeds each row of `cache` its `rows` tokens through the draft model, together in
+/// right-padded chunks of `step_size` (a row whose tokens ran out gets an empty chunk).
+fn feed_padded(
+    draft: &dyn LanguageModel,
+    cache: &mut BatchPromptCache,
+    rows: &[&[u32]],
+    step_size: usize,
+) -> Result<()> {
+    let mut done = 0;
+    while rows.iter().any(|r| r.len() > done) {
+        let chunks: Vec<&[u32]> = rows
+            .iter()
+            .map(|r| &r[done.min(r.len())..(done + step_size).min(r.len())])
+            .collect();
+        drop(padded_forward(draft, cache, &chunks)?);
+        done += step_size;
+    }
+    Ok(())
 }

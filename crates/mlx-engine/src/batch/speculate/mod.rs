@@ -277,7 +277,7 @@ impl SpecBatch {
                 Ok(c) => Some(c),
                 Err(e) => return Err((seqs, e)),
             },
-            Some(d) => match self.draft_prefill(d, &seqs, prefill_step) {
+            Some(d) => match self.draft_prefill(d, &seqs) {
                 Ok(c) => Some(c),
                 Err(e) => return Err((seqs, e)),
             },

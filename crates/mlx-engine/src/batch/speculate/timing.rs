@@ -1,7 +1,7 @@
 //! How wide a speculating batch's steps are: its width models ([`Width`]) and which
 //! steps may be queued plainly.
 use super::SpecBatch;
-use crate::batch::width::{DraftWidth, Width};
+use crate::batch::width::{nearest, DraftWidth, Width};
 use crate::error::Result;
 use mlx_array::{transforms, Array};
 
@@ -58,14 +58,10 @@ impl SpecBatch {
         let seed = if timed && !self.model_widths.contains_key(&b) {
             let below = self.model_widths.range(..b).next_back();
             let above = self.model_widths.range(b..).next();
-            let nearest = match (below, above) {
-                (Some(l), Some(h)) => Some(if b - l.0 <= h.0 - b { l } else { h }),
-                (l, h) => l.or(h),
-            };
             // Times of a near row count only: one row's steps tell little of eight's.
-            nearest
-                .filter(|(&from, _)| 2 * from.max(b) <= 3 * from.min(b))
-                .map(|(&from, w)| w.for_rows(from, b))
+            nearest(b, below.map(|(&n, w)| (n, w)), above.map(|(&n, w)| (n, w)))
+                .filter(|&(from, _)| 2 * from.max(b) <= 3 * from.min(b))
+                .map(|(from, w)| w.for_rows(from, b))
         } else {
             None
         };
