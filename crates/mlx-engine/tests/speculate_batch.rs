@@ -449,10 +449,16 @@ fn prompts_joining_a_plainly_stepping_draft_batch_reach_the_draft_model_when_it_
     }
     for (i, g) in got.iter().enumerate() {
         assert_eq!(g.tokens, want[i], "row {i}");
-        // (On the CPU a draft costs as much as the target's forward: the batch steps
-        // plainly but for its tries of one draft a row.)
-        assert!(g.drafted >= 1, "row {i}: {} drafted", g.drafted);
         assert_eq!(g.from_draft, g.drafted, "row {i}: accepted of drafted");
+    }
+    // On the CPU a draft costs as much as the target's forward, so the batch steps
+    // plainly but for its tries of drafts. A row count whose width has no times (1 row,
+    // then the 2 or 3 rows of the first join: not within 1.5x of 1) tries drafts within
+    // its first steps, so rows 0 and 1 (whose prompt was deferred) draft whatever the
+    // times; rows joining a row count timed already draft when its times say so (on a
+    // loaded machine, maybe not within their answers).
+    for (i, g) in got.iter().enumerate().take(2) {
+        assert!(g.drafted >= 1, "row {i}: {} drafted", g.drafted);
     }
 }
 
