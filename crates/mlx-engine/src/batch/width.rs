@@ -33,7 +33,9 @@
 //! plain steps since its last try took ten times what that try and its catch-up took
 //! (the try feeds the draft model every token of those steps, so trying every 64 steps
 //! cost ~30% of a 32-row batch's time on the H200); and a row count not timed yet starts
-//! from a near row count's times (at most 1.5x as many or as few rows).
+//! from a near row count's times (at most 1.5x as many or as few rows). A drafting step
+//! whose catch-up would take more than a share of the rows' remaining plain decoding
+//! time is not taken ([`Width::expect_catch_up`]): the drafts could not repay it.
 
 /// How many drafts a speculating batch verifies each step
 /// ([`crate::batch::EngineOptions::prediction_drafts`] for drafts from predictions,
@@ -147,6 +149,10 @@ pub(crate) struct Width {
     /// The last catch-up of a draft model on the tokens of the plain steps before a
     /// drafting step, in seconds ([`Width::caught_up`]).
     catch_up: f64,
+    /// The expected time of the catch-up a drafting step would need now, and how many
+    /// plain steps' time it may take ([`Width::expect_catch_up`]).
+    next_catch_up: f64,
+    catch_up_allowance: f64,
 }
 
 impl Width {
@@ -163,6 +169,8 @@ impl Width {
             choices: 0,
             time_plain: false,
             catch_up: 0.0,
+            next_catch_up: 0.0,
+            catch_up_allowance: f64::INFINITY,
         }
     }
 
@@ -213,6 +221,24 @@ impl Width {
         if secs.is_finite() && secs >= 0.0 {
             self.catch_up = secs;
         }
+    }
+
+    /// A drafting step now would first feed the draft model the tokens it lags by,
+    /// expected to take `secs`; it goes ahead only if that is at most the time of
+    /// `allowance` plain steps (the caller's share of the rows' remaining tokens): a
+    /// catch-up that the drafts cannot repay before the rows finish is not tried (the
+    /// tail of a burst on the H200: 16 rows a few tokens from their end fed 257 tokens
+    /// each for 354 ms, GPU.md session 32).
+    pub fn expect_catch_up(&mut self, secs: f64, allowance: f64) {
+        self.next_catch_up = secs;
+        self.catch_up_allowance = allowance;
+    }
+
+    /// Whether the expected catch-up ([`Width::expect_catch_up`]) fits its allowance at
+    /// this row count's plain step time (when there is one).
+    fn catch_up_repaid(&self, b: usize) -> bool {
+        self.last_time(b)
+            .is_none_or(|p| self.next_catch_up <= self.catch_up_allowance * p)
     }
 
     /// The expected time of a step of `n` positions in a batch of `b` rows: its recent
@@ -306,6 +332,8 @@ impl Width {
         let mut w = Width::new(self.prior).timing_plain(self.time_plain);
         w.choices = self.choices;
         w.catch_up = self.catch_up;
+        w.next_catch_up = self.next_catch_up;
+        w.catch_up_allowance = self.catch_up_allowance;
         if from > 0 {
             w.seen = self
                 .seen
@@ -387,8 +415,13 @@ impl Width {
         if self.time_plain && best != 0 && !self.knows_plain(b) {
             return 0;
         }
-        if best == 0 && !self.tried_one_lately(b) {
-            return 1;
+        let best = if best == 0 && !self.tried_one_lately(b) {
+            1
+        } else {
+            best
+        };
+        if best != 0 && !self.catch_up_repaid(b) {
+            return 0;
         }
         best
     }
@@ -600,6 +633,40 @@ mod tests {
         let mut p = Width::new(32.0);
         p.observe(8, 0.006);
         assert!(!p.stalled(8, 7.2), "only a draft model's steps");
+    }
+
+    #[test]
+    fn a_catch_up_the_rows_remaining_tokens_cannot_repay_is_not_tried() {
+        // The tail of session 32's burst: 16 rows, plain steps of 8 ms known, drafting
+        // never timed at this row count (the prior makes it look nearly free), a lag of
+        // 257 tokens a row expected to take 0.34 s to feed.
+        let fresh = || {
+            let mut w = Width::new(32.0).timing_plain(true);
+            w.observe(16, 0.008);
+            w
+        };
+        let rows = [(1.0, 3); 16];
+        let mut w = fresh();
+        assert!(
+            w.choose(&rows) > 0,
+            "no catch-up expected: drafts are tried"
+        );
+        // A few tokens left a row (a quarter of 5 plain steps: 10 ms): plain, queued.
+        let mut w = fresh();
+        w.expect_catch_up(0.34, 0.25 * 5.0);
+        assert_eq!(w.choose(&rows), 0);
+        assert!(w.stays_plain(&rows));
+        // 200 tokens left a row (a quarter: 0.4 s of plain steps): worth trying.
+        let mut w = fresh();
+        w.expect_catch_up(0.34, 0.25 * 200.0);
+        assert!(w.choose(&rows) > 0);
+        // No plain time to weigh it by: tried (the plain step is timed first anyway).
+        let mut w = Width::new(32.0).timing_plain(true);
+        w.expect_catch_up(0.34, 0.0);
+        assert_eq!(w.choose(&rows), 0);
+        w.observe(16, 0.008);
+        w.expect_catch_up(0.0, 0.0);
+        assert!(w.choose(&rows) > 0, "no lag: nothing to repay");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use super::request::{
     DraftFrom, EngineEvent, EventSink, GenerationRequest, Job, SeqId, Submission,
 };
 use super::sequence::Sequence;
-use super::speculate::SpecBatch;
+use super::speculate::{SpecBatch, CATCH_UP_SHARE};
 use super::stage::{Leave, Outcome, Stage};
 use super::width::DraftWidth;
 use crate::error::{EngineError, Result};
@@ -214,7 +214,8 @@ impl Engine {
                         )
                         .deferred_draft_prefill(
                             std::env::var("MLX_DRAFT_PREFILL").as_deref() != Ok("eager"),
-                        ),
+                        )
+                        .catch_up_share(catch_up_share_from_env()),
                 ),
                 predicting: Box::new(
                     SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch).widths(
@@ -887,5 +888,22 @@ impl Shared {
                 None
             }
         }
+    }
+}
+
+/// `MLX_DRAFT_CATCH_UP_SHARE` ([`SpecBatch::catch_up_share`]) where it is a number of at
+/// least 0 (`inf` included), else the default (with a warning when it is set to
+/// something else).
+fn catch_up_share_from_env() -> f64 {
+    const VAR: &str = "MLX_DRAFT_CATCH_UP_SHARE";
+    match std::env::var(VAR) {
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s >= 0.0 => s,
+            _ => {
+                tracing::warn!("{VAR}={v} is not a number of at least 0: the default stands");
+                CATCH_UP_SHARE
+            }
+        },
+        Err(_) => CATCH_UP_SHARE,
     }
 }

@@ -141,6 +141,7 @@ impl SpecBatch {
             "speculative: the draft model caught up on {lagged} token(s) of {b} row(s) in {:.1} ms",
             secs * 1e3
         );
+        self.time_catch_up(lagged, b, secs);
         if let Some(w) = self.width_of(true, b) {
             w.caught_up(secs);
         }

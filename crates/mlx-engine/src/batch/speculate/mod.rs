@@ -160,7 +160,20 @@ pub(crate) struct SpecBatch {
     /// A prediction batch's plain step whose tokens are not read yet (see
     /// [`SpecBatch::step_plain`]).
     pending: Option<Pending>,
+    /// The fastest catch-up of the draft model timed so far, in row-tokens a second
+    /// (the lag of its longest row times its rows; from catch-ups of at least
+    /// `RATE_MIN_TOKENS`; the fastest, so that a compile stall does not count).
+    catch_up_rate: Option<f64>,
+    /// The share of the rows' remaining plain decoding time that a catch-up before a
+    /// drafting step may take ([`SpecBatch::catch_up_share`]).
+    catch_up_share: f64,
 }
+
+/// A draft model's catch-up before a drafting step may take at most this share of the
+/// time the rows' remaining tokens take in plain steps: a self-draft saves at most ~30%
+/// of them on the H200 (1.4x, GPU.md session 26), and the untried row counts whose
+/// catch-ups this bounds are mostly plain there.
+pub(crate) const CATCH_UP_SHARE: f64 = 0.25;
 
 /// What a verification forward gave, read back.
 struct Verified {
@@ -203,8 +216,20 @@ impl SpecBatch {
         SpecBatch {
             min_acceptance,
             max_batch,
+            catch_up_share: CATCH_UP_SHARE,
             ..SpecBatch::default()
         }
+    }
+
+    /// A draft model's catch-up on the tokens it lags by (after plain steps, or the
+    /// prompts of rows that joined while it stepped plainly) goes ahead of a drafting
+    /// step only when its expected time, from the fastest catch-up timed, is at most
+    /// `share` of the rows' mean remaining tokens at this row count's plain step time
+    /// ([`Width::expect_catch_up`]); 0.25 by default (`MLX_DRAFT_CATCH_UP_SHARE`;
+    /// `inf` tries drafting whatever its catch-up costs, as before session 33).
+    pub fn catch_up_share(mut self, share: f64) -> SpecBatch {
+        self.catch_up_share = share;
+        self
     }
 
     /// How many drafts each step verifies (as many as pay by default; see [`Width`]).

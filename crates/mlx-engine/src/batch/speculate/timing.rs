@@ -5,6 +5,10 @@ use crate::batch::width::{nearest, DraftWidth, Width};
 use crate::error::Result;
 use mlx_array::{transforms, Array};
 
+/// The fewest row-tokens a timed catch-up must feed for its rate to count (a few
+/// tokens' catch-up is bound by its forwards' fixed cost, not by its tokens).
+const RATE_MIN_TOKENS: usize = 256;
+
 impl SpecBatch {
     /// This step's width (drafts verified a row at most) for rows with `avail` drafts
     /// each at most, by the batch's [`DraftWidth`]; with a draft model (`model`) from
@@ -55,6 +59,7 @@ impl SpecBatch {
     /// when it has at most 1.5x as many or as few rows, else from the device's prior.
     fn model_width(&mut self, b: usize) -> &mut Width {
         let timed = self.plain_model_steps;
+        let (catch_up, allowance) = self.catch_up_expected();
         let seed = if timed && !self.model_widths.contains_key(&b) {
             let below = self.model_widths.range(..b).next_back();
             let above = self.model_widths.range(b..).next();
@@ -65,9 +70,39 @@ impl SpecBatch {
         } else {
             None
         };
-        self.model_widths.entry(b).or_insert_with(|| {
+        let w = self.model_widths.entry(b).or_insert_with(|| {
             seed.unwrap_or_else(|| Width::for_current_device().timing_plain(timed))
-        })
+        });
+        w.expect_catch_up(catch_up, allowance);
+        w
+    }
+
+    /// The expected time of the draft model's catch-up before a drafting step now (0
+    /// with a lag of at most the one token a drafting round leaves, or no catch-up
+    /// timed yet), and how many plain steps' time it may take: the batch's share of the
+    /// rows' mean remaining tokens ([`SpecBatch::catch_up_share`]).
+    fn catch_up_expected(&self) -> (f64, f64) {
+        let b = self.rows.len();
+        let lag = self.lag.iter().map(Vec::len).max().unwrap_or(0);
+        let secs = match self.catch_up_rate {
+            Some(rate) if lag > 1 && rate > 0.0 => (lag * b) as f64 / rate,
+            _ => 0.0,
+        };
+        let remaining: usize = self.rows.iter().map(|r| r.seq.remaining()).sum();
+        (
+            secs,
+            self.catch_up_share * remaining as f64 / b.max(1) as f64,
+        )
+    }
+
+    /// A catch-up of `lagged` tokens (its longest row's) of `b` rows took `secs`: the
+    /// fastest such rate stands for the next ones' ([`SpecBatch::catch_up_expected`]).
+    pub(super) fn time_catch_up(&mut self, lagged: usize, b: usize, secs: f64) {
+        let tokens = lagged * b;
+        if tokens >= RATE_MIN_TOKENS && secs > 0.0 {
+            let rate = tokens as f64 / secs;
+            self.catch_up_rate = Some(self.catch_up_rate.map_or(rate, |r| r.max(rate)));
+        }
     }
 
     /// With the last step's tokens unread: whether this step is plain whatever drafts
