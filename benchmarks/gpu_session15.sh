@@ -38,7 +38,8 @@
 #   ab8b       issue 21: mlx-benchmark 8B 4-bit at batch 1/8/32 (AB_BATCHES), arms (AB_ARMS):
 #              on (the defaults: the tensor-core form of the M-row product), exact
 #              (MLX_FAST_QMM_MMA=0: each row's one-row bits), off (MLX_FAST_QMM=0: MLX's qmm),
-#              prof (the defaults with the engine's profile lines every 32 steps)
+#              prof (the defaults with the engine's profile lines every 32 steps), mask
+#              (MLX_BATCH_DECODE_MASK=array: mlx-lm's all-true decoding mask kept)
 #   mma        issue 21: qmm_mma_check on the 8B 4-bit model's weights (MMA_ARGS)
 #   quality    issue 21: benchmarks/gpu_quality.sh (the real default model from
 #              /root/stash/smollm2 when staged, 1B and 8B 4-bit shapes)
@@ -91,6 +92,8 @@
 #              (GEMV_ARMS: on, off = MLX_FAST_GEMV=0, u8 / u32 = MLX_FAST_GEMV_LOADS,
 #              w4 = MLX_FAST_GEMV_WARPS=4) and mlx-lm, GEMV_MODELS (llama-3.1-8b-bf16),
 #              GEMV_ROUNDS (2) rounds of processes in flipped order, -p 128 -g GEMV_G (256)
+#   agree      issue 21: greedy answers served alone against served together in one batch
+#              (benchmarks/batch_agree.py; AGREE_MODEL, AGREE_STREAMS, AGREE_ARMS, AGREE_G)
 #   ncubf16    issue 21: ncu kernel durations of decoding steps of NCU_MODEL
 #              (llama-3.1-8b-bf16; mlx-generate, 64 tokens, or with NCU_BATCH=B
 #              mlx-benchmark -b B -p 64 -g 128; kernels NCU_SKIP (8000) to
@@ -331,6 +334,8 @@ for PART in "$@"; do
         # tiled kernel of MLX's bits (fast_qmm.cpp) instead of the tensor-core form
         [ "$arm" = qg ] && e=(MLX_FAST_QMM_MMA_MAX_ROWS=32)
         [ "$arm" = prof ] && e=(MLX_ENGINE_PROFILE=1 MLX_ENGINE_PROFILE_EVERY=32)
+        # mask: mlx-lm's all-true mask kept in a decoding step of unpadded rows
+        [ "$arm" = mask ] && e=(MLX_BATCH_DECODE_MASK=array)
         echo "## b=$b arm=$arm" >> "$D/stdout.txt"
         env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
@@ -339,6 +344,27 @@ for PART in "$@"; do
         echo "## b=$b mlx-lm" >> "$D/stdout.txt"
         timeout 120 python3 -m mlx_lm benchmark --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
+      done ;;
+    agree)
+      # batched decoding's quality check (benchmarks/batch_agree.py): greedy answers of
+      # AGREE_STREAMS (8 32) requests served alone against served together, on the real
+      # default model (/root/stash/smollm2) or AGREE_MODEL; AGREE_ARMS: default, mask
+      # (MLX_BATCH_DECODE_MASK=array: mlx-lm's all-true mask kept)
+      dir=${AGREE_MODEL:-/root/stash/smollm2}
+      [ -d "$dir" ] || { ensure_model "$dir" "$D"; dir=$MODELS/$dir; }
+      port=18951
+      for arm in ${AGREE_ARMS:-default mask}; do
+        [ "$(left)" -lt 40 ] && break
+        e=(); [ "$arm" = mask ] && e=(MLX_BATCH_DECODE_MASK=array)
+        env "${e[@]}" "$NEW/mlx-server" --model "$dir" --port $port > "$D/server-$arm.log" 2>&1 &
+        srv=$!
+        for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; sleep 1; done
+        for n in ${AGREE_STREAMS:-8 32}; do
+          timeout "$(left)" python3 benchmarks/batch_agree.py --base-url http://127.0.0.1:$port \
+            --streams "$n" -g "${AGREE_G:-64}" --rounds "${AGREE_ROUNDS:-2}" --label "$arm" \
+            >> "$D/stdout.txt" 2>&1
+        done
+        kill $srv; wait $srv 2>/dev/null
       done ;;
     ncubf16)
       NCU_MODEL=${NCU_MODEL:-llama-3.1-8b-bf16}

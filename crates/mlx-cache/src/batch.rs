@@ -395,6 +395,21 @@ pub(crate) fn pad_seq(x: &Array, left: i32, right: i32) -> Result<Array> {
     )
 }
 
+/// Whether a decoding step (one position a row, no window) of rows left-padded by
+/// `left_padding` needs mlx-lm's array mask. With no row padded every element of that
+/// mask is true: attention without it is the same arithmetic on the CPU (MLX's
+/// unfused attention, whose `where` then changes nothing) and on a GPU runs MLX's fused
+/// one-query kernel (`sdpa_vector`, what a single sequence's decoding runs) instead of
+/// five kernels a layer (Llama-3.1-8B 4-bit at batch 8 on the H200: ~36 us a layer
+/// against ~7 under ncu, GPU.md session 33). Another order of sums on a GPU, where
+/// mlx-lm's batched decoding is not reproducible either (docs/parity.md);
+/// `MLX_BATCH_DECODE_MASK=array` keeps the mask.
+pub(crate) fn needs_decode_mask(left_padding: &[i32]) -> bool {
+    static KEEP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KEEP.get_or_init(|| std::env::var("MLX_BATCH_DECODE_MASK").as_deref() == Ok("array"))
+        || left_padding.iter().any(|&l| l != 0)
+}
+
 /// mlx-lm's `create_causal_mask(N, offset, window_size, left_padding=lp)`: a boolean
 /// `[B, 1, N, offset + N]` mask that also hides each row's padding.
 #[track_caller]
@@ -662,8 +677,12 @@ impl KvCache for BatchKVCache {
 
     batch_kv_methods!();
 
-    /// Always an array: `create_causal_mask(n, idx, window_size, left_padding)`.
+    /// mlx-lm's array `create_causal_mask(n, idx, window_size, left_padding)`, but none
+    /// for one position a row with no row padded and no window (`needs_decode_mask`).
     fn make_mask(&self, n: i32, _return_array: bool, window_size: Option<i32>) -> Result<AttnMask> {
+        if n == 1 && window_size.is_none() && !needs_decode_mask(&self.left_padding) {
+            return Ok(AttnMask::None);
+        }
         Ok(AttnMask::Array(batch_causal_mask(
             n,
             self.idx,
