@@ -15,18 +15,12 @@ of a batched path (docs/parity.md), run with and without the path's switch.
 import argparse
 import concurrent.futures as cf
 
-from chat_stream import chat_stream
+from chat_stream import chat_stream, greedy_body
 from predict_bench import passages
 
 
 def ask(base, passage, g):
-    body = {
-        "model": "default_model",
-        "messages": [{"role": "user", "content": f"Continue this text:\n\n{passage}"}],
-        "max_tokens": g,
-        "temperature": 0.0,
-    }
-    return chat_stream(base, body)["text"]
+    return chat_stream(base, greedy_body(f"Continue this text:\n\n{passage}", g))["text"]
 
 
 def common_prefix(a, b):

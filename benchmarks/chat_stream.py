@@ -43,3 +43,14 @@ def chat_stream(base, body):
         "t0": t0,
         "end": end,
     }
+
+
+def greedy_body(content, g):
+    """A greedy chat request of one user message and at most `g` tokens (the benchmarks'
+    common body; callers add their own fields)."""
+    return {
+        "model": "default_model",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": g,
+        "temperature": 0,
+    }

@@ -33,7 +33,7 @@ import argparse
 import concurrent.futures as cf
 import time
 
-from chat_stream import chat_stream
+from chat_stream import chat_stream, greedy_body
 
 
 def chat(base, body):
@@ -54,12 +54,7 @@ def passages(path, n, words):
 
 
 def body(g, passage, prediction=None, k=None):
-    b = {
-        "model": "default_model",
-        "messages": [{"role": "user", "content": f"Repeat this text exactly:\n\n{passage}"}],
-        "max_tokens": g,
-        "temperature": 0,
-    }
+    b = greedy_body(f"Repeat this text exactly:\n\n{passage}", g)
     if prediction is not None:
         b["prediction"] = {"type": "content", "content": prediction}
         if k is not None:

@@ -19,16 +19,11 @@ constrained / unconstrained decode ratio of each pair and their mean.
 import argparse
 import concurrent.futures as cf
 
-from chat_stream import chat_stream
+from chat_stream import chat_stream, greedy_body
 
 
 def body(g, schema, i):
-    b = {
-        "model": "default_model",
-        "messages": [{"role": "user", "content": f"Write numbers ({i})."}],
-        "max_tokens": g,
-        "temperature": 0,
-    }
+    b = greedy_body(f"Write numbers ({i}).", g)
     if schema is not None:
         b["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
     return b
