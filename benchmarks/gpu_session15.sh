@@ -93,6 +93,8 @@
 #              (GEMV_ARMS: on, off = MLX_FAST_GEMV=0, u8 / u32 = MLX_FAST_GEMV_LOADS,
 #              w4 = MLX_FAST_GEMV_WARPS=4) and mlx-lm, GEMV_MODELS (llama-3.1-8b-bf16),
 #              GEMV_ROUNDS (2) rounds of processes in flipped order, -p 128 -g GEMV_G (256)
+#   sdpapad    issue 21: sdpa_pad_check (our attention kernel over left-padded rows against
+#              MLX's masked attention; SDPA_ITERS)
 #   agree      issue 21: greedy answers served alone against served together in one batch
 #              (benchmarks/batch_agree.py; AGREE_MODEL, AGREE_STREAMS, AGREE_ARMS, AGREE_G)
 #   ncubf16    issue 21: ncu kernel durations of decoding steps of NCU_MODEL
@@ -346,6 +348,11 @@ for PART in "$@"; do
         timeout 120 python3 -m mlx_lm benchmark --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
       done ;;
+    sdpapad)
+      # issue 21: our attention kernel over left-padded rows (fast_sdpa.cpp, written in
+      # session 33 without a device) against MLX's masked attention: errors and times
+      timeout "$L" "$NEW/sdpa_pad_check" "${SDPA_ITERS:-5}" > "$D/stdout.txt" 2>&1
+      echo "rc=$?" >> "$D/stdout.txt" ;;
     agree)
       # batched decoding's quality check (benchmarks/batch_agree.py): greedy answers of
       # AGREE_STREAMS (8 32) requests served alone against served together, on the real

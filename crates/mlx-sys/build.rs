@@ -152,6 +152,8 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/fast_qmv.h");
     println!("cargo:rerun-if-changed=shim/fast_gemv.cpp");
     println!("cargo:rerun-if-changed=shim/fast_gemv.h");
+    println!("cargo:rerun-if-changed=shim/fast_sdpa.cpp");
+    println!("cargo:rerun-if-changed=shim/fast_sdpa.h");
     println!("cargo:rerun-if-changed=shim/fast_qmm.cpp");
     println!("cargo:rerun-if-changed=shim/fast_qmm.h");
     println!("cargo:rerun-if-changed=shim/cpu_gemv.cpp");
@@ -195,6 +197,7 @@ fn main() {
         .file("shim/mlx_shim.cpp")
         .file("shim/fast_qmv.cpp")
         .file("shim/fast_gemv.cpp")
+        .file("shim/fast_sdpa.cpp")
         .file("shim/fast_qmm.cpp")
         .file("shim/cpu_gemv.cpp")
         .file("shim/kernel_cache.cpp")

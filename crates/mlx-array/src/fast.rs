@@ -185,6 +185,43 @@ pub fn matmul_swiglu(x: &Array, wt: &Array) -> Result<Option<Array>> {
     Ok(taken.then(|| unsafe { Array::from_raw(p) }))
 }
 
+/// Attention of one query a row, `q` `[B, Hq, 1, D]` over `k` / `v` `[B, Hkv, L, D]`, row
+/// `b` seeing the keys from `left_padding[b]` (`[B]`, int32) on, scaled by `scale`: what
+/// MLX's attention gives with the boolean mask `position >= left_padding[b]`, as one
+/// launch of our CUDA kernel (`crates/mlx-sys/shim/fast_sdpa.cpp`: bfloat16 or float16,
+/// `D` of 64 or 128) where it covers the call; `None` elsewhere. An experiment not yet
+/// run on a device: only the `sdpa_pad_check` example of mlx-engine calls it.
+#[track_caller]
+pub fn sdpa_padded(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    left_padding: &Array,
+) -> Result<Option<Array>> {
+    let mut taken = false;
+    let mut p: sys::mlxs_array = std::ptr::null_mut();
+    crate::error::check(unsafe {
+        sys::mlxs_sdpa_padded(
+            &mut p,
+            &mut taken,
+            q.as_raw(),
+            k.as_raw(),
+            v.as_raw(),
+            scale,
+            left_padding.as_raw(),
+            Array::s(),
+        )
+    })?;
+    // SAFETY: where it took the call, the shim wrote a new owned handle.
+    Ok(taken.then(|| unsafe { Array::from_raw(p) }))
+}
+
+/// How many attentions of this process were built with [`sdpa_padded`]'s kernel.
+pub fn sdpa_padded_launches() -> u64 {
+    unsafe { sys::mlxs_sdpa_padded_launches() }
+}
+
 /// Turns the kernel of [`matmul_add`] and [`matmul_swiglu`] on or off (default on; the
 /// environment variable `MLX_FAST_GEMV=0` starts it off).
 pub fn set_gemv(on: bool) {

@@ -11,6 +11,7 @@
 #include "affine_operands.h"
 #include "cpu_gemv.h"
 #include "fast_gemv.h"
+#include "fast_sdpa.h"
 #include "fast_qmm.h"
 #include "fast_qmv.h"
 #include "kernel_cache.h"
@@ -831,6 +832,15 @@ int mlxs_matmul_swiglu(mlxs_array* out, bool* taken, mlxs_array x, mlxs_array wt
 void mlxs_set_fast_gemv(bool on) { mlxs_detail::set_fast_gemv(on); }
 bool mlxs_fast_gemv_enabled(void) { return mlxs_detail::fast_gemv_enabled(); }
 uint64_t mlxs_fast_gemv_launches(void) { return mlxs_detail::fast_gemv_launches(); }
+int mlxs_sdpa_padded(mlxs_array* out, bool* taken, mlxs_array q, mlxs_array k, mlxs_array v,
+                     float scale, mlxs_array left_padding, mlxs_stream s) {
+  return guard([&] {
+    auto fast = mlxs_detail::try_sdpa_padded(A(q), A(k), A(v), scale, A(left_padding), S(s));
+    *taken = fast.has_value();
+    if (fast) *out = wrap(std::move(*fast));
+  });
+}
+uint64_t mlxs_sdpa_padded_launches(void) { return mlxs_detail::sdpa_padded_launches(); }
 int mlxs_astype(mlxs_array* out, mlxs_array a, int32_t dtype, mlxs_stream s) {
   OUT1(mx::astype(A(a), to_dtype(dtype), S(s)));
 }

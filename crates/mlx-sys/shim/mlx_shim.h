@@ -238,6 +238,14 @@ int mlxs_matmul_swiglu(mlxs_array* out, bool* taken, mlxs_array x, mlxs_array wt
 void mlxs_set_fast_gemv(bool on);
 bool mlxs_fast_gemv_enabled(void);
 uint64_t mlxs_fast_gemv_launches(void);
+/* Attention of one query a row, q [B, Hq, 1, D] over k / v [B, Hkv, L, D], row b seeing
+   the keys from left_padding[b] (int [B]) on, scaled by `scale`: in *out with *taken true
+   where one launch of our CUDA kernel covers the call (fast_sdpa.cpp: the CUDA backend,
+   bfloat16 / float16, D 64 or 128; not yet run on a device), else *taken false and nothing
+   in *out. */
+int mlxs_sdpa_padded(mlxs_array* out, bool* taken, mlxs_array q, mlxs_array k, mlxs_array v,
+                     float scale, mlxs_array left_padding, mlxs_stream s);
+uint64_t mlxs_sdpa_padded_launches(void);
 int mlxs_addmm(mlxs_array* out, mlxs_array c, mlxs_array a, mlxs_array b, float alpha,
                float beta, mlxs_stream s);
 int mlxs_astype(mlxs_array* out, mlxs_array a, int32_t dtype, mlxs_stream s);

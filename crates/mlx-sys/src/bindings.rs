@@ -585,6 +585,21 @@ unsafe extern "C" {
     pub fn mlxs_fast_gemv_launches() -> u64;
 }
 unsafe extern "C" {
+    pub fn mlxs_sdpa_padded(
+        out: *mut mlxs_array,
+        taken: *mut bool,
+        q: mlxs_array,
+        k: mlxs_array,
+        v: mlxs_array,
+        scale: f32,
+        left_padding: mlxs_array,
+        s: mlxs_stream,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_sdpa_padded_launches() -> u64;
+}
+unsafe extern "C" {
     pub fn mlxs_addmm(
         out: *mut mlxs_array,
         c: mlxs_array,

@@ -1,0 +1,111 @@
+//! Our attention kernel over left-padded rows (`mlx_array::fast::sdpa_padded`,
+//! `crates/mlx-sys/shim/fast_sdpa.cpp`, not yet run on a device when written) against
+//! MLX's attention with the boolean padding mask batched decoding uses today: for each
+//! shape (rows, query / key-value heads, head size, keys) and random paddings, the largest
+//! error of each against a float32 reference of the same masked attention, and the time
+//! of each (median of rounds of 64 evaluations). Exits 1 when ours is missing where it
+//! should apply or errs by more than twice MLX's error plus one bfloat16 step.
+//!
+//! ```sh
+//! cargo run --release -p mlx-engine --example sdpa_pad_check -- [ITERS]
+//! ```
+//! Needs a CUDA device (on the CPU it says so and exits 0).
+#[path = "common/qmm.rs"]
+mod common;
+
+use common::{scaled_normal, time_us, Res};
+use mlx_array::fast::{scaled_dot_product_attention, sdpa_padded, SdpaMask};
+use mlx_array::ops::arange;
+use mlx_array::{transforms, Array, Device, DeviceType, Dtype};
+
+/// Rows, query heads, key-value heads, head size, keys.
+const SHAPES: [(i32, i32, i32, i32, i32); 6] = [
+    (8, 32, 8, 128, 256),
+    (8, 32, 8, 128, 1100),
+    (32, 32, 8, 128, 300),
+    (1, 32, 8, 128, 64),
+    (16, 14, 2, 64, 500),
+    (4, 16, 16, 64, 40),
+];
+
+/// The boolean mask `position >= left_padding[b]`, `[B, 1, 1, L]`.
+fn padding_mask(lp: &Array, b: i32, l: i32) -> Res<Array> {
+    let pos = arange(0.0, l as f64, 1.0, Dtype::Int32)?.reshape(&[1, 1, 1, l])?;
+    Ok(pos.greater_equal(&lp.reshape(&[b, 1, 1, 1])?)?)
+}
+
+fn main() -> Res<()> {
+    let iters: usize = std::env::args().nth(1).map_or(Ok(5), |s| s.parse())?;
+    if Device::default_device()?.kind != DeviceType::Gpu {
+        println!("sdpa_pad_check: needs a CUDA device (the kernel is CUDA's); nothing checked");
+        return Ok(());
+    }
+    let mut failed = false;
+    println!("| B | Hq / Hkv | D | L | err ours | err MLX | us ours | us MLX |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (i, &(b, hq, hkv, d, l)) in SHAPES.iter().enumerate() {
+        let seed = 10 * i as u64;
+        let q = scaled_normal(&[b, hq, 1, d], seed, 1.0)?;
+        // Keys and values as a view of a longer buffer, as a KV cache hands them out.
+        let kbuf = scaled_normal(&[b, hkv, l + 37, d], seed + 1, 1.0)?;
+        let vbuf = scaled_normal(&[b, hkv, l + 37, d], seed + 2, 1.0)?;
+        let k = kbuf.slice(&[0, 0, 0, 0], &[b, hkv, l, d], None)?;
+        let v = vbuf.slice(&[0, 0, 0, 0], &[b, hkv, l, d], None)?;
+        // Paddings from 0 to most of the keys (row 0 unpadded), the last key always seen.
+        let pads: Vec<i32> = (0..b)
+            .map(|r| (r * 7919) % l.max(1) * (r % 3) / 3)
+            .collect();
+        let lp = Array::from_slice(&pads, &[b])?;
+        let mask = padding_mask(&lp, b, l)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let f32 = |a: &Array| a.astype(Dtype::Float32);
+        let reference = scaled_dot_product_attention(
+            &f32(&q)?,
+            &f32(&k)?,
+            &f32(&v)?,
+            scale,
+            SdpaMask::Array(&mask),
+            None,
+        )?;
+        let mlx = scaled_dot_product_attention(&q, &k, &v, scale, SdpaMask::Array(&mask), None)?;
+        let Some(ours) = sdpa_padded(&q, &k, &v, scale, &lp)? else {
+            println!("| {b} | {hq} / {hkv} | {d} | {l} | not taken | | | |");
+            failed = true;
+            continue;
+        };
+        transforms::eval(&[&reference, &mlx, &ours])?;
+        let err = |a: &Array| -> Res<f64> {
+            Ok(f32(a)?
+                .subtract(&reference)?
+                .abs()?
+                .max(None, false)?
+                .item::<f32>()? as f64)
+        };
+        let (e_ours, e_mlx) = (err(&ours)?, err(&mlx)?);
+        let t_ours = time_us(iters, &|| {
+            Ok(sdpa_padded(&q, &k, &v, scale, &lp)?.ok_or("gone")?)
+        })?;
+        let t_mlx = time_us(iters, &|| {
+            Ok(scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                scale,
+                SdpaMask::Array(&mask),
+                None,
+            )?)
+        })?;
+        // One bfloat16 step at the outputs' size (~1) on top of twice MLX's error (a NaN
+        // fails too).
+        let within = e_ours <= 2.0 * e_mlx + 1.0 / 128.0;
+        failed |= !within;
+        println!(
+            "| {b} | {hq} / {hkv} | {d} | {l} | {e_ours:.2e} | {e_mlx:.2e} | {t_ours:.1} | {t_mlx:.1} |"
+        );
+    }
+    println!("RESULT: {}", if failed { "FAIL" } else { "PASS" });
+    if failed {
+        std::process::exit(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,187 @@
+// fast_sdpa.cpp: attention of one query a row over left-padded rows (batched decoding),
+// in one CUDA kernel. NOT YET RUN ON A DEVICE (written in session 33 without one): only
+// `sdpa_pad_check` in mlx-engine's examples calls it, which compares it with MLX's masked
+// attention; no model path takes it.
+//
+// MLX 0.32.4's CUDA attention for one query (`sdpa_vector`) takes no array mask, so a
+// batch whose rows are left-padded by different amounts (rows that joined the batch at
+// different lengths: every server batch, `mlx-benchmark -b 32`) runs MLX's unfused
+// attention: a batched product, the mask's `where`, a softmax, a product and its pointer
+// setup, ~36 us a layer for 8 rows of the 8B 4-bit shape on the H200 against ~7 for the
+// fused kernel (benchmarks/GPU.md, session 33). The kernel here is the one-pass form of
+// MLX's `sdpa_vector` with a start position a row: block (head h, row b) of 32 warps, warp
+// w takes keys left_padding[b] + w, + 32, ... with an online softmax in float, lane l the
+// dimensions l * E .. l * E + E - 1 (E = D / 32), then the warps' maxima, sums and outputs
+// combined through shared memory. Another order of sums than MLX's unfused form (as
+// MLX's fused kernel is for an unpadded batch).
+#include "fast_sdpa.h"
+
+#include "kernel_cache.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace mx = mlx::core;
+
+namespace mlxs_detail {
+namespace {
+
+std::atomic<unsigned long long> g_launches{0};
+
+const char* const kDeviceCode = R"(// mlx-rs: attention over left-padded rows (fast_sdpa.cpp).
+#pragma once
+
+namespace mlxs_sdpa {
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+// Block (blockIdx.x = query head h, blockIdx.z = row b) of 32 x 32 threads: out[b, h, 0, :]
+// = softmax(scale q . k_j) v_j over keys j in [start[b], L) of kv head h / (Hq / Hkv).
+// Element strides of q, k, v come from MLX (views of the caches' buffers are fine).
+template <typename T, int D>
+__device__ __forceinline__ void sdpa_padded(const T* q, const T* k, const T* v,
+                                            const int* start, T* out, const int64_t* qs,
+                                            const int64_t* ks, const int64_t* vs,
+                                            const int hq, const int hkv, const int len,
+                                            const float scale) {
+  constexpr int BN = 32;
+  constexpr int E = D / 32;
+  __shared__ float outs[BN][D + 1];
+  __shared__ float maxs[BN];
+  __shared__ float sums[BN];
+  const int lane = threadIdx.x;
+  const int warp = threadIdx.y;
+  const int h = blockIdx.x;
+  const int b = blockIdx.z;
+  const int kvh = h / (hq / hkv);
+  const T* qp = q + b * qs[0] + h * qs[1];
+  const T* kp = k + b * ks[0] + kvh * ks[1];
+  const T* vp = v + b * vs[0] + kvh * vs[1];
+  float qv[E];
+  float o[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    qv[e] = scale * static_cast<float>(qp[(lane * E + e) * qs[3]]);
+    o[e] = 0.f;
+  }
+  const float neg_inf = __int_as_float(0xff800000);
+  float m = neg_inf;
+  float s = 0.f;
+  for (int j = start[b] + warp; j < len; j += BN) {
+    const T* kr = kp + j * ks[2];
+    float d = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) d += qv[e] * static_cast<float>(kr[(lane * E + e) * ks[3]]);
+    d = warp_sum(d);
+    const float nm = fmaxf(m, d);
+    const float f = expf(m - nm);
+    const float p = expf(d - nm);
+    s = s * f + p;
+    const T* vr = vp + j * vs[2];
+#pragma unroll
+    for (int e = 0; e < E; ++e) o[e] = o[e] * f + p * static_cast<float>(vr[(lane * E + e) * vs[3]]);
+    m = nm;
+  }
+  if (lane == 0) {
+    maxs[warp] = m;
+    sums[warp] = s;
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) outs[warp][lane * E + e] = o[e];
+  __syncthreads();
+  // Every warp: the global maximum and sum over the 32 warps (lane l reads warp l's).
+  const float wm = maxs[lane];
+  const float gm = warp_max(wm);
+  const float wf = wm == neg_inf ? 0.f : expf(wm - gm);
+  const float gs = warp_sum(sums[lane] * wf);
+  // Warp w then writes dimensions w * E .. w * E + E - 1, each summed over the warps.
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int dim = warp * E + e;
+    const float val = warp_sum(outs[lane][dim] * wf);
+    if (lane == 0) out[((long long)b * hq + h) * D + dim] = static_cast<T>(val / gs);
+  }
+}
+
+}  // namespace mlxs_sdpa
+)";
+
+const mx::fast::CustomKernelFunction& kernel_for(mx::Dtype dtype, int d, float scale,
+                                                 int device) {
+  using Key = std::tuple<int, int, unsigned, int>;
+  static std::mutex mu;
+  static std::map<Key, mx::fast::CustomKernelFunction> kernels;
+  unsigned bits = 0;
+  static_assert(sizeof(bits) == sizeof(scale));
+  std::memcpy(&bits, &scale, sizeof(bits));
+  std::lock_guard<std::mutex> lock(mu);
+  const Key key{static_cast<int>(dtype.val()), d, bits, device};
+  auto it = kernels.find(key);
+  if (it != kernels.end()) return it->second;
+  // The scale as an exact hexadecimal float literal in the kernel's one source line.
+  char lit[64];
+  std::snprintf(lit, sizeof(lit), "%af", static_cast<double>(scale));
+  char tag[16];
+  std::snprintf(tag, sizeof(tag), "%08x", bits);
+  const std::string name = std::string("mlxs_sdpa_pad_") + cuda_type(dtype) + "_d" +
+                           std::to_string(d) + "_s" + tag;
+  const std::string src = std::string("  mlxs_sdpa::sdpa_padded<") + cuda_type(dtype) + ", " +
+                          std::to_string(d) +
+                          ">(q, k, v, lp, out, q_strides.data(), k_strides.data(), "
+                          "v_strides.data(), q_shape[1], k_shape[1], k_shape[2], " +
+                          lit + ");\n";
+  auto fn = device_kernel(name, {{"q", dtype}, {"k", dtype}, {"v", dtype}, {"lp", mx::int32}},
+                          {{"out", dtype}}, src, DeviceCode{kDeviceCode, "mlxs_sdpa"}, device,
+                          /*ensure_row_contiguous=*/false);
+  return kernels.emplace(key, std::move(fn)).first->second;
+}
+
+}  // namespace
+
+std::optional<mx::array> try_sdpa_padded(const mx::array& q, const mx::array& k,
+                                         const mx::array& v, float scale,
+                                         const mx::array& left_padding,
+                                         mx::StreamOrDevice s) {
+  const mx::Stream st = mx::to_stream(s);
+  if (!on_gpu(st, q)) return std::nullopt;
+  const mx::Dtype dt = q.dtype();
+  if ((dt != mx::bfloat16 && dt != mx::float16) || k.dtype() != dt || v.dtype() != dt) {
+    return std::nullopt;
+  }
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.shape(2) != 1) return std::nullopt;
+  const int b = q.shape(0), hq = q.shape(1), d = q.shape(3);
+  if ((d != 64 && d != 128) || k.shape(0) != b || v.shape(0) != b || k.shape(3) != d ||
+      v.shape(3) != d || k.shape(1) != v.shape(1) || k.shape(2) != v.shape(2) ||
+      k.shape(1) < 1 || hq % k.shape(1) != 0 || k.shape(2) < 1) {
+    return std::nullopt;
+  }
+  if (left_padding.ndim() != 1 || left_padding.shape(0) != b) return std::nullopt;
+  const mx::array lp = left_padding.dtype() == mx::int32
+                           ? left_padding
+                           : mx::astype(left_padding, mx::int32, st);
+  const auto& fn = kernel_for(dt, d, scale, st.device.index);
+  auto outs = fn({q, k, v, lp}, {{b, hq, 1, d}}, {dt}, std::make_tuple(hq * 32, 32, b),
+                 std::make_tuple(32, 32, 1), {}, std::nullopt, false, st);
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  return outs[0];
+}
+
+unsigned long long sdpa_padded_launches() { return g_launches.load(std::memory_order_relaxed); }
+
+}  // namespace mlxs_detail
