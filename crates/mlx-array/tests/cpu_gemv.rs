@@ -7,8 +7,10 @@
 use mlx_array::fast::{cpu_gemv_enabled, cpu_gemv_uses, set_cpu_gemv};
 use mlx_array::ops::addmm;
 use mlx_array::transforms::value_and_grad;
-use mlx_array::{random, Array, Device, DeviceType, Dtype};
+use mlx_array::{Array, Device, DeviceType, Dtype};
 use std::sync::{Mutex, MutexGuard};
+mod common;
+use common::normal;
 
 /// The switch is process-wide: under `cargo test` (threads) these tests take turns.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -17,14 +19,6 @@ fn serial() -> Option<MutexGuard<'static, ()>> {
     let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // A GPU default device never takes this path; these tests are about the CPU.
     (Device::default_device().unwrap().kind == DeviceType::Cpu).then_some(g)
-}
-
-fn normal(shape: &[i32], dtype: Dtype, seed: u64) -> Array {
-    let key = random::key(seed).unwrap();
-    random::normal(shape, Dtype::Float32, None, None, Some(&key))
-        .unwrap()
-        .astype(dtype)
-        .unwrap()
 }
 
 /// Bit patterns, so that -0.0 and NaN compare exactly.

@@ -7,8 +7,10 @@
 //! backend.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::fast::{gemv_enabled, gemv_launches, matmul_add, matmul_swiglu, set_gemv};
-use mlx_array::{random, Array, Device, DeviceType, Dtype};
+use mlx_array::{Device, DeviceType, Dtype};
 use std::sync::{Mutex, MutexGuard};
+mod common;
+use common::normal;
 
 /// The switch is process-wide: under `cargo test` (threads) these tests take turns.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -17,22 +19,14 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn normal(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
-    let key = random::key(seed).unwrap();
-    random::normal(shape, Dtype::Float32, None, None, Some(&key))
-        .unwrap()
-        .astype(dtype)
-        .unwrap()
-}
-
 /// `residual + x @ w.T` and the fused swiglu of a shape the kernel takes on a CUDA device
 /// (one row, K a multiple of 128, over the size floor), evaluated, with the kernel on,
 /// against `residual + x @ w.T` built from MLX's ops.
 fn check(dtype: Dtype, evaluated_t: bool) {
     let (n, k) = (4096, 1024);
-    let w = normal(&[n, k], 1, dtype);
-    let x = normal(&[1, 1, k], 2, dtype);
-    let r = normal(&[1, 1, n], 3, dtype);
+    let w = normal(&[n, k], dtype, 1);
+    let x = normal(&[1, 1, k], dtype, 2);
+    let r = normal(&[1, 1, n], dtype, 3);
     w.eval().unwrap();
     set_gemv(true);
     let wt = w.transpose(None).unwrap();

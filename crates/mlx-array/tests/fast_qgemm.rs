@@ -8,22 +8,16 @@ use mlx_array::quant::{
     fast_gather_qgemm_launches, fast_qgemm_launches, gather_qmm, quantize, quantized_matmul,
     set_fast_qgemm, QuantMode, Quantized,
 };
-use mlx_array::{random, Array, Device, DeviceType, Dtype};
+use mlx_array::{Array, Device, DeviceType, Dtype};
 use std::sync::{Mutex, MutexGuard};
+mod common;
+use common::normal;
 
 /// The switch is process-wide: under `cargo test` (threads) these tests take turns.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn normal(shape: &[i32], seed: u64) -> Array {
-    let key = random::key(seed).unwrap();
-    random::normal(shape, Dtype::Float32, None, None, Some(&key))
-        .unwrap()
-        .astype(Dtype::Bfloat16)
-        .unwrap()
 }
 
 /// Whether `a` and `b` hold the same bits (bfloat16 values compared as uint16).
@@ -62,9 +56,15 @@ fn off_the_cuda_backend_mlx_runs_the_product() {
     // Shapes around the kernel's floor on a CUDA device (33 rows), N % 128 == 0, K % 64 == 0.
     let (n, k) = (256, 512);
     for gs in [32, 64, 128] {
-        let q = quantize(&normal(&[n, k], 1), Some(gs), Some(4), QuantMode::Affine).unwrap();
+        let q = quantize(
+            &normal(&[n, k], Dtype::Bfloat16, 1),
+            Some(gs),
+            Some(4),
+            QuantMode::Affine,
+        )
+        .unwrap();
         for m in [8, 33] {
-            let x = normal(&[1, m, k], 2 + m as u64);
+            let x = normal(&[1, m, k], Dtype::Bfloat16, 2 + m as u64);
             set_fast_qgemm(false);
             let theirs = product(&x, &q, gs);
             set_fast_qgemm(true);
@@ -117,8 +117,14 @@ fn off_the_cuda_backend_mlx_runs_the_gathered_product() {
     // 4 experts of 128 x 256, 64 sorted rows (16 an expert): a product the chunks take on
     // CUDA.
     let (e, n, k, m) = (4, 128, 256, 64);
-    let q = quantize(&normal(&[e, n, k], 7), Some(64), Some(4), QuantMode::Affine).unwrap();
-    let x = normal(&[m, 1, k], 8);
+    let q = quantize(
+        &normal(&[e, n, k], Dtype::Bfloat16, 7),
+        Some(64),
+        Some(4),
+        QuantMode::Affine,
+    )
+    .unwrap();
+    let x = normal(&[m, 1, k], Dtype::Bfloat16, 8);
     let idx = Array::from_slice(
         &(0..m).map(|i| (i * e / m) as u32).collect::<Vec<_>>(),
         &[m],
@@ -134,8 +140,14 @@ fn off_the_cuda_backend_mlx_runs_the_gathered_product() {
     // Unsorted, one row of x for each of 2 tokens' top 4 of 8 experts of 136 x 256 (N not
     // a multiple of 128): 8 rows, which the runs take on CUDA.
     let (e, n) = (8, 136);
-    let q = quantize(&normal(&[e, n, k], 9), Some(64), Some(4), QuantMode::Affine).unwrap();
-    let x = normal(&[2, 1, 1, k], 10);
+    let q = quantize(
+        &normal(&[e, n, k], Dtype::Bfloat16, 9),
+        Some(64),
+        Some(4),
+        QuantMode::Affine,
+    )
+    .unwrap();
+    let x = normal(&[2, 1, 1, k], Dtype::Bfloat16, 10);
     let idx = Array::from_slice(&[5u32, 1, 7, 2, 0, 6, 3, 4], &[2, 4]).unwrap();
     let theirs = gathered(&x, &q, &idx, false, false);
     let before = fast_gather_qgemm_launches();
