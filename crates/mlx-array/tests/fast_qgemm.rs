@@ -11,7 +11,7 @@ use mlx_array::quant::{
 use mlx_array::{Array, Device, DeviceType, Dtype};
 use std::sync::{Mutex, MutexGuard};
 mod common;
-use common::normal;
+use common::bf16_normal;
 
 /// The switch is process-wide: under `cargo test` (threads) these tests take turns.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -57,14 +57,14 @@ fn off_the_cuda_backend_mlx_runs_the_product() {
     let (n, k) = (256, 512);
     for gs in [32, 64, 128] {
         let q = quantize(
-            &normal(&[n, k], Dtype::Bfloat16, 1),
+            &bf16_normal(&[n, k], 1),
             Some(gs),
             Some(4),
             QuantMode::Affine,
         )
         .unwrap();
         for m in [8, 33] {
-            let x = normal(&[1, m, k], Dtype::Bfloat16, 2 + m as u64);
+            let x = bf16_normal(&[1, m, k], 2 + m as u64);
             set_fast_qgemm(false);
             let theirs = product(&x, &q, gs);
             set_fast_qgemm(true);
@@ -118,13 +118,13 @@ fn off_the_cuda_backend_mlx_runs_the_gathered_product() {
     // CUDA.
     let (e, n, k, m) = (4, 128, 256, 64);
     let q = quantize(
-        &normal(&[e, n, k], Dtype::Bfloat16, 7),
+        &bf16_normal(&[e, n, k], 7),
         Some(64),
         Some(4),
         QuantMode::Affine,
     )
     .unwrap();
-    let x = normal(&[m, 1, k], Dtype::Bfloat16, 8);
+    let x = bf16_normal(&[m, 1, k], 8);
     let idx = Array::from_slice(
         &(0..m).map(|i| (i * e / m) as u32).collect::<Vec<_>>(),
         &[m],
@@ -141,13 +141,13 @@ fn off_the_cuda_backend_mlx_runs_the_gathered_product() {
     // a multiple of 128): 8 rows, which the runs take on CUDA.
     let (e, n) = (8, 136);
     let q = quantize(
-        &normal(&[e, n, k], Dtype::Bfloat16, 9),
+        &bf16_normal(&[e, n, k], 9),
         Some(64),
         Some(4),
         QuantMode::Affine,
     )
     .unwrap();
-    let x = normal(&[2, 1, 1, k], Dtype::Bfloat16, 10);
+    let x = bf16_normal(&[2, 1, 1, k], 10);
     let idx = Array::from_slice(&[5u32, 1, 7, 2, 0, 6, 3, 4], &[2, 4]).unwrap();
     let theirs = gathered(&x, &q, &idx, false, false);
     let before = fast_gather_qgemm_launches();

@@ -13,7 +13,7 @@ use mlx_array::quant::{
 use mlx_array::{random, Array, Device, DeviceType, Dtype};
 use std::sync::{Mutex, MutexGuard};
 mod common;
-use common::normal;
+use common::bf16_normal;
 
 /// The switch is process-wide: under `cargo test` (threads) these tests take turns.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -41,7 +41,7 @@ fn qmm(x: &Array, q: &Quantized) -> Array {
 
 fn quantized(n: i32, k: i32, seed: u64) -> Quantized {
     quantize(
-        &normal(&[n, k], Dtype::Bfloat16, seed),
+        &bf16_normal(&[n, k], seed),
         Some(64),
         Some(4),
         QuantMode::Affine,
@@ -53,7 +53,7 @@ fn quantized(n: i32, k: i32, seed: u64) -> Quantized {
 /// affine, group 64): (with the kernel on, with it off).
 fn both(k: i32, n: i32) -> (Array, Array) {
     let q = quantized(n, k, 3);
-    let x = normal(&[1, 1, k], Dtype::Bfloat16, 4);
+    let x = bf16_normal(&[1, 1, k], 4);
     set_fast_qmv(true);
     let ours = qmm(&x, &q);
     set_fast_qmv(false);
@@ -102,7 +102,7 @@ fn shapes_it_does_not_cover_leave_mlx_in_charge() {
     // Several rows (the multi-row kernel's, counted apart), float32 activations: never the
     // one-row kernels, on any device.
     let f32_row = random::normal(&[1, 512], Dtype::Float32, None, None, None).unwrap();
-    for x in [normal(&[3, 512], Dtype::Bfloat16, 6), f32_row] {
+    for x in [bf16_normal(&[3, 512], 6), f32_row] {
         assert_eq!(*qmm(&x, &q).shape().last().unwrap(), 256);
     }
     assert_eq!(fast_qmv_launches(), before);
@@ -141,7 +141,7 @@ fn off_the_cuda_backend_the_tensor_core_form_never_runs() {
     let before = fast_qmm_mma_launches();
     // Forced, products of several rows (one sequence's and several) keep MLX's bits here.
     for shape in [[1, 2, 512], [4, 8, 512], [1, 40, 512]] {
-        let x = normal(&shape, Dtype::Bfloat16, 29);
+        let x = bf16_normal(&shape, 29);
         set_fast_qmm_mma(QmmMma::Force);
         let forced = qmm(&x, &q);
         set_fast_qmm_mma(QmmMma::Off);
@@ -174,7 +174,7 @@ fn off_the_cuda_backend_multi_row_products_stay_mlxs() {
     // kernel on and off, and it never runs.
     set_fast_qmm_max_rows(64);
     for shape in [[1, 2, 512], [4, 8, 512], [1, 40, 512]] {
-        let x = normal(&shape, Dtype::Bfloat16, 27);
+        let x = bf16_normal(&shape, 27);
         set_fast_qmm(true);
         let on = qmm(&x, &q);
         set_fast_qmm(false);
@@ -202,10 +202,7 @@ fn quantized_matmul_many_gives_each_products_own_array() {
         quantized(64, 512, 10),
     ];
     let ws: Vec<_> = qs.iter().map(QuantizedWeight::from).collect();
-    for x in [
-        normal(&[1, 1, 512], Dtype::Bfloat16, 11),
-        normal(&[2, 3, 512], Dtype::Bfloat16, 12),
-    ] {
+    for x in [bf16_normal(&[1, 1, 512], 11), bf16_normal(&[2, 3, 512], 12)] {
         let many = quantized_matmul_many(&x, &ws, Some(64), Some(4), QuantMode::Affine).unwrap();
         assert_eq!(many.len(), 3);
         for (y, q) in many.iter().zip(&qs) {
@@ -221,7 +218,7 @@ fn quantized_matmul_many_checks_its_operands() {
     let _g = serial();
     let a = quantized(64, 512, 13);
     let b = quantized(64, 512, 14);
-    let x = normal(&[1, 1, 512], Dtype::Bfloat16, 15);
+    let x = bf16_normal(&[1, 1, 512], 15);
     // Biases on one weight only.
     let mixed = [
         QuantizedWeight::from(&a),
@@ -275,18 +272,9 @@ fn quantized_matmul_add_is_the_residual_plus_the_product() {
         set_fast_qmv_residual(residual_kernel);
         // One row, several rows, and a residual that broadcasts (MLX's add decides).
         for (x, r) in [
-            (
-                normal(&[1, 1, 512], Dtype::Bfloat16, 18),
-                normal(&[1, 1, 128], Dtype::Bfloat16, 19),
-            ),
-            (
-                normal(&[2, 3, 512], Dtype::Bfloat16, 20),
-                normal(&[2, 3, 128], Dtype::Bfloat16, 21),
-            ),
-            (
-                normal(&[1, 1, 512], Dtype::Bfloat16, 22),
-                normal(&[128], Dtype::Bfloat16, 23),
-            ),
+            (bf16_normal(&[1, 1, 512], 18), bf16_normal(&[1, 1, 128], 19)),
+            (bf16_normal(&[2, 3, 512], 20), bf16_normal(&[2, 3, 128], 21)),
+            (bf16_normal(&[1, 1, 512], 22), bf16_normal(&[128], 23)),
         ] {
             let fused = qmm_add(&x, &q, &r).unwrap();
             let two_ops = r.add(&qmm(&x, &q)).unwrap();
@@ -299,9 +287,9 @@ fn quantized_matmul_add_is_the_residual_plus_the_product() {
         }
         // A residual that cannot be added: MLX's broadcast error, as the two ops give it.
         let err = qmm_add(
-            &normal(&[1, 1, 512], Dtype::Bfloat16, 24),
+            &bf16_normal(&[1, 1, 512], 24),
             &q,
-            &normal(&[1, 1, 7], Dtype::Bfloat16, 25),
+            &bf16_normal(&[1, 1, 7], 25),
         );
         assert!(err.is_err());
     }

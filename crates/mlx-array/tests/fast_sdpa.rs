@@ -5,27 +5,27 @@
 //! masked attention on a CUDA device by `mlx-engine`'s `sdpa_pad_check`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::fast::sdpa_padded;
-use mlx_array::{Array, Device, DeviceType, Dtype};
+use mlx_array::{Array, Device, DeviceType};
 mod common;
-use common::normal;
+use common::bf16_normal;
 
 #[test]
 fn padded_attention_declines_what_it_does_not_cover() {
     let gpu = Device::default_device().unwrap().kind == DeviceType::Gpu;
     let (b, hq, hkv, d, l) = (4, 8, 2, 128, 40);
     let lp = Array::from_slice(&[0i32, 3, 10, 39], &[b]).unwrap();
-    let k = normal(&[b, hkv, l, d], Dtype::Bfloat16, 2);
-    let v = normal(&[b, hkv, l, d], Dtype::Bfloat16, 3);
-    let one = normal(&[b, hq, 1, d], Dtype::Bfloat16, 1);
+    let k = bf16_normal(&[b, hkv, l, d], 2);
+    let v = bf16_normal(&[b, hkv, l, d], 3);
+    let one = bf16_normal(&[b, hq, 1, d], 1);
     // Covered on a CUDA device only.
     assert_eq!(sdpa_padded(&one, &k, &v, 0.1, &lp).unwrap().is_some(), gpu);
     // Two query positions, a head size of 96, paddings for 3 rows: never.
-    let two = normal(&[b, hq, 2, d], Dtype::Bfloat16, 4);
+    let two = bf16_normal(&[b, hq, 2, d], 4);
     assert!(sdpa_padded(&two, &k, &v, 0.1, &lp).unwrap().is_none());
     let (k96, v96, q96) = (
-        normal(&[b, hkv, l, 96], Dtype::Bfloat16, 5),
-        normal(&[b, hkv, l, 96], Dtype::Bfloat16, 6),
-        normal(&[b, hq, 1, 96], Dtype::Bfloat16, 7),
+        bf16_normal(&[b, hkv, l, 96], 5),
+        bf16_normal(&[b, hkv, l, 96], 6),
+        bf16_normal(&[b, hq, 1, 96], 7),
     );
     assert!(sdpa_padded(&q96, &k96, &v96, 0.1, &lp).unwrap().is_none());
     let lp3 = Array::from_slice(&[0i32, 1, 2], &[3]).unwrap();

@@ -11,3 +11,8 @@ pub fn normal(shape: &[i32], dtype: Dtype, seed: u64) -> Array {
         .astype(dtype)
         .unwrap()
 }
+
+/// [`normal`] in bfloat16, the activations and weights most kernel tests use.
+pub fn bf16_normal(shape: &[i32], seed: u64) -> Array {
+    normal(shape, Dtype::Bfloat16, seed)
+}

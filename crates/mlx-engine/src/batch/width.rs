@@ -332,8 +332,6 @@ impl Width {
         let mut w = Width::new(self.prior).timing_plain(self.time_plain);
         w.choices = self.choices;
         w.catch_up = self.catch_up;
-        w.next_catch_up = self.next_catch_up;
-        w.catch_up_allowance = self.catch_up_allowance;
         if from > 0 {
             w.seen = self
                 .seen
