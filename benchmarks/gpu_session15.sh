@@ -39,12 +39,13 @@
 #              on (the defaults: the tensor-core form of the M-row product), exact
 #              (MLX_FAST_QMM_MMA=0: each row's one-row bits), off (MLX_FAST_QMM=0: MLX's qmm),
 #              prof (the defaults with the engine's profile lines every 32 steps), mask
-#              (MLX_BATCH_DECODE_MASK=array: mlx-lm's all-true decoding mask kept)
+#              (MLX_BATCH_DECODE_MASK=array: mlx-lm's all-true decoding mask kept), nopad
+#              (MLX_SDPA_PADDED=0: MLX's masked attention for padded rows)
 #   mma        issue 21: qmm_mma_check on the 8B 4-bit model's weights (MMA_ARGS)
 #   quality    issue 21: benchmarks/gpu_quality.sh (the real default model from
 #              /root/stash/smollm2 when staged, 1B and 8B 4-bit shapes)
 #   srv4b      issue 21: server aggregate decode, 8B 4-bit, 8 and 32 streams, against mlx-lm
-#              (SRV_STREAMS, SRV_ARMS: default, dequant, bigdq, pc32)
+#              (SRV_STREAMS, SRV_ARMS: default, dequant, bigdq, pc32, nopad)
 #   pf4b       issue 21: one prompt's prefill, 8B bf16 against 8B 4-bit (default, dequant,
 #              forced mma, noqgemm = MLX_FAST_QGEMM=0; PF_ARMS, PF_P, PF_N)
 #   text4b     issue 21: greedy text of the 8B 4-bit shape after a ~1,300-token prompt: ours,
@@ -96,7 +97,8 @@
 #   sdpapad    issue 21: sdpa_pad_check (our attention kernel over left-padded rows against
 #              MLX's masked attention; SDPA_ITERS)
 #   agree      issue 21: greedy answers served alone against served together in one batch
-#              (benchmarks/batch_agree.py; AGREE_MODEL, AGREE_STREAMS, AGREE_ARMS, AGREE_G)
+#              (benchmarks/batch_agree.py; AGREE_MODEL (smollm2-f16: the default model in
+#              float16), AGREE_STREAMS, AGREE_ARMS (default mask nopad), AGREE_G)
 #   ncubf16    issue 21: ncu kernel durations of decoding steps of NCU_MODEL
 #              (llama-3.1-8b-bf16; mlx-generate, 64 tokens, or with NCU_BATCH=B
 #              mlx-benchmark -b B -p 64 -g 128; kernels NCU_SKIP (8000) to
@@ -339,6 +341,8 @@ for PART in "$@"; do
         [ "$arm" = prof ] && e=(MLX_ENGINE_PROFILE=1 MLX_ENGINE_PROFILE_EVERY=32)
         # mask: mlx-lm's all-true mask kept in a decoding step of unpadded rows
         [ "$arm" = mask ] && e=(MLX_BATCH_DECODE_MASK=array)
+        # nopad: MLX's masked attention for padded rows (not our sdpa_padded kernel)
+        [ "$arm" = nopad ] && e=(MLX_SDPA_PADDED=0)
         echo "## b=$b arm=$arm" >> "$D/stdout.txt"
         env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
@@ -356,14 +360,22 @@ for PART in "$@"; do
     agree)
       # batched decoding's quality check (benchmarks/batch_agree.py): greedy answers of
       # AGREE_STREAMS (8 32) requests served alone against served together, on the real
-      # default model (/root/stash/smollm2) or AGREE_MODEL; AGREE_ARMS: default, mask
-      # (MLX_BATCH_DECODE_MASK=array: mlx-lm's all-true mask kept)
+      # default model (/root/stash/smollm2), its float16 copy (AGREE_MODEL=smollm2-f16:
+      # benchmarks/cast_model.py; the padded-rows attention kernel takes half precision
+      # only) or AGREE_MODEL; AGREE_ARMS: default, mask (MLX_BATCH_DECODE_MASK=array:
+      # mlx-lm's all-true mask kept), nopad (MLX_SDPA_PADDED=0: MLX's masked attention
+      # for padded rows)
       dir=${AGREE_MODEL:-/root/stash/smollm2}
+      if [ "$dir" = smollm2-f16 ]; then
+        dir=/tmp/smollm2-f16
+        [ -d "$dir" ] || python3 benchmarks/cast_model.py /root/stash/smollm2 "$dir" --dtype float16 >> "$D/stdout.txt" 2>&1
+      fi
       [ -d "$dir" ] || { ensure_model "$dir" "$D"; dir=$MODELS/$dir; }
       port=18951
       for arm in ${AGREE_ARMS:-default mask}; do
         [ "$(left)" -lt 40 ] && break
         e=(); [ "$arm" = mask ] && e=(MLX_BATCH_DECODE_MASK=array)
+        [ "$arm" = nopad ] && e=(MLX_SDPA_PADDED=0)
         env "${e[@]}" "$NEW/mlx-server" --model "$dir" --port $port > "$D/server-$arm.log" 2>&1 &
         srv=$!
         for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; sleep 1; done
@@ -468,6 +480,7 @@ for PART in "$@"; do
         e=(); a=(); [ "$arm" = dequant ] && e=(MLX_DEQUANT_GEMM=1)
         [ "$arm" = bigdq ] && e=(MLX_DEQUANT_GEMM=1 MLX_FAST_QMM_MMA_MAX_ROWS=256)
         [ "$arm" = pc32 ] && a=(--ours-arg --prompt-concurrency --ours-arg 32)
+        [ "$arm" = nopad ] && e=(MLX_SDPA_PADDED=0)
         env "${e[@]}" timeout "$(left)" "$NEW/xtask" bench --server --ours "$NEW/mlx-server" \
           "${a[@]}" --python python3 --model "$MODELS/llama-3.1-8b-4bit" -p 128 -g 128 \
           --streams ${SRV_STREAMS:-8,32} --label "llama-3.1-8b-4bit $arm" \

@@ -405,9 +405,14 @@ pub(crate) fn pad_seq(x: &Array, left: i32, right: i32) -> Result<Array> {
 /// mlx-lm's batched decoding is not reproducible either (docs/parity.md);
 /// `MLX_BATCH_DECODE_MASK=array` keeps the mask.
 pub(crate) fn needs_decode_mask(left_padding: &[i32]) -> bool {
+    keep_decode_mask() || left_padding.iter().any(|&l| l != 0)
+}
+
+/// `MLX_BATCH_DECODE_MASK=array` (read once): decoding steps hand attention mlx-lm's
+/// array mask, with no padding alongside (`AttnMask::Array`, never `LeftPadded`).
+pub(crate) fn keep_decode_mask() -> bool {
     static KEEP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *KEEP.get_or_init(|| std::env::var("MLX_BATCH_DECODE_MASK").as_deref() == Ok("array"))
-        || left_padding.iter().any(|&l| l != 0)
 }
 
 /// mlx-lm's `create_causal_mask(N, offset, window_size, left_padding=lp)`: a boolean
@@ -678,17 +683,21 @@ impl KvCache for BatchKVCache {
     batch_kv_methods!();
 
     /// mlx-lm's array `create_causal_mask(n, idx, window_size, left_padding)`, but none
-    /// for one position a row with no row padded and no window (`needs_decode_mask`).
+    /// for one position a row with no row padded and no window (`needs_decode_mask`),
+    /// and for one position a row of padded rows with the padding alongside
+    /// (`AttnMask::LeftPadded`: attention over each row's keys from its padding on).
     fn make_mask(&self, n: i32, _return_array: bool, window_size: Option<i32>) -> Result<AttnMask> {
         if n == 1 && window_size.is_none() && !needs_decode_mask(&self.left_padding) {
             return Ok(AttnMask::None);
         }
-        Ok(AttnMask::Array(batch_causal_mask(
-            n,
-            self.idx,
-            window_size,
-            &self.left_padding,
-        )?))
+        let mask = batch_causal_mask(n, self.idx, window_size, &self.left_padding)?;
+        if n == 1 && window_size.is_none() && !keep_decode_mask() {
+            return Ok(AttnMask::LeftPadded {
+                mask,
+                left_padding: int_array(&self.left_padding)?,
+            });
+        }
+        Ok(AttnMask::Array(mask))
     }
 
     fn is_trimmable(&self) -> bool {

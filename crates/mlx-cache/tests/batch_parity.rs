@@ -150,6 +150,27 @@ fn replay(name: &str) {
                                     .unwrap();
                                 assert!(want.iter().all(|&x| x == 1), "{at}: {want:?}");
                             }
+                            // A decoding step of padded rows: mlx-lm's mask, and each row's
+                            // padding, where the mask turns true.
+                            AttnMask::LeftPadded { mask, left_padding }
+                                if s == 1 && win.is_none() =>
+                            {
+                                assert_bits_eq(
+                                    &mask,
+                                    get(&arrays, &format!("mask.{step}.{w}")),
+                                    &at,
+                                );
+                                let lp = left_padding.to_vec::<i32>().unwrap();
+                                assert_eq!(lp, c.left_padding(), "{at}");
+                                let rows = mask.astype(mlx_array::Dtype::Int32).unwrap();
+                                let len = rows.dim(-1).unwrap() as usize;
+                                let rows = rows.to_vec::<i32>().unwrap();
+                                for (r, &l) in rows.chunks(len).zip(&lp) {
+                                    let want: Vec<i32> =
+                                        (0..len as i32).map(|j| (j >= l) as i32).collect();
+                                    assert_eq!(r, &want[..], "{at}: padding {l}");
+                                }
+                            }
                             other => panic!("{at}: batch masks are arrays, got {other:?}"),
                         }
                     }

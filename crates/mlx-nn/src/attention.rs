@@ -46,10 +46,13 @@ pub fn scaled_dot_product_attention(
 ) -> Result<Array> {
     match fetch {
         KvFetch::Plain { keys, values } => {
+            if let Some(out) = padded_rows(queries, keys, values, scale, mask, sinks)? {
+                return Ok(out);
+            }
             let m = match mask {
                 AttnMask::None => SdpaMask::None,
                 AttnMask::Causal => SdpaMask::Causal,
-                AttnMask::Array(a) => SdpaMask::Array(a),
+                AttnMask::Array(a) | AttnMask::LeftPadded { mask: a, .. } => SdpaMask::Array(a),
             };
             if let Some(out) = split_small_queries(queries, keys, values, scale, mask, sinks)? {
                 return Ok(out);
@@ -70,6 +73,40 @@ pub fn scaled_dot_product_attention(
             quantized_sdpa(queries, keys, values, scale, mask, *group_size, *bits)
         }
     }
+}
+
+/// Whether [`padded_rows`] may take MLX's masked attention's place: `MLX_SDPA_PADDED=0`
+/// (read once) keeps MLX's.
+fn padded_kernel_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_SDPA_PADDED").as_deref() != Ok("0"))
+}
+
+/// Attention of one query a row over left-padded rows (a batch's decoding step) as our
+/// kernel's one launch (`fast::sdpa_padded`: each row's keys from its padding on, on a
+/// GPU in half precision) instead of MLX's masked attention, which its CUDA backend runs
+/// unfused (five kernels a layer, ~2-3x the time on an H100: GPU.md session 34); `None`
+/// where the kernel does not cover the call (the CPU, sinks, a mask not over these
+/// keys). Another order of sums than MLX's, where mlx-lm's batched decoding on a GPU is
+/// not reproducible either (docs/parity.md).
+fn padded_rows(
+    queries: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f64,
+    mask: &AttnMask,
+    sinks: Option<&Array>,
+) -> Result<Option<Array>> {
+    let AttnMask::LeftPadded { mask, left_padding } = mask else {
+        return Ok(None);
+    };
+    if sinks.is_some() || !padded_kernel_on() || keys.ndim() != 4 {
+        return Ok(None);
+    }
+    if mask.ndim() != 4 || mask.dim(-1)? != keys.dim(2)? || mask.dim(-2)? != 1 {
+        return Ok(None);
+    }
+    fast::sdpa_padded(queries, keys, values, scale as f32, left_padding)
 }
 
 /// `MLX_SDPA_SPLIT_QUERIES` (read once): `1` turns the split on for the GPU; `force`
@@ -153,7 +190,7 @@ fn split_small_queries_as(
             return Ok(None);
         }
     }
-    if let AttnMask::Array(m) = mask {
+    if let AttnMask::Array(m) | AttnMask::LeftPadded { mask: m, .. } = mask {
         // A mask of one row per query (batched rows' padding): query `i` takes its row.
         if m.ndim() < 2 || (m.dim(-2)? != 1 && m.dim(-2)? != l) {
             return Ok(None);
@@ -182,7 +219,7 @@ fn split_small_queries_as(
                 SdpaMask::None,
                 sinks,
             )?,
-            AttnMask::Array(m) => {
+            AttnMask::Array(m) | AttnMask::LeftPadded { mask: m, .. } => {
                 let axis = m.ndim() as i32 - 2;
                 let m = if m.dim(-2)? == 1 {
                     m.clone()
@@ -267,7 +304,7 @@ pub fn quantized_sdpa(
                     .greater_equal(&k_idx.expand_dims(&[0])?)?,
             )
         }
-        AttnMask::Array(a) => Some(a.clone()),
+        AttnMask::Array(a) | AttnMask::LeftPadded { mask: a, .. } => Some(a.clone()),
     };
     if let Some(mut m) = mask_array {
         if n_repeats > 1 && m.ndim() > 3 {

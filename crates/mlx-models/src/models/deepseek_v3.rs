@@ -240,6 +240,8 @@ impl MlaAttention {
         residual: &Array,
         q_scale: Option<&Array>,
     ) -> Result<Array> {
+        // The latent attention reads the mask itself (and the indexer gathers it).
+        let mask = &mask.plain();
         let (b, l) = batch_len(x)?;
         let (q, qr) = match (&self.q_proj, &self.q_a_proj, &self.q_a_layernorm, &self.q_b_proj) {
             (Some(p), ..) => (p.forward(x)?, None),
@@ -336,7 +338,7 @@ impl MlaAttention {
         let mut pe_scores = q_pe.multiply(self.scale)?.matmul(&k_pe.swapaxes(-1, -2)?)?;
         match &mask {
             AttnMask::None => {}
-            AttnMask::Array(m) => {
+            AttnMask::Array(m) | AttnMask::LeftPadded { mask: m, .. } => {
                 let dtype = pe_scores.dtype();
                 let min = Array::scalar_f64(finfo_min(dtype)?, dtype)?;
                 pe_scores = ops::where_(m, &pe_scores, &min)?;

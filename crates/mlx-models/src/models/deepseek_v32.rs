@@ -153,7 +153,7 @@ impl Indexer {
         } else {
             scores.sum(Some(&[1]), true)?
         };
-        if let AttnMask::Array(m) = mask {
+        if let AttnMask::Array(m) | AttnMask::LeftPadded { mask: m, .. } = mask {
             let neg_inf = Array::scalar_f64(f64::NEG_INFINITY, scores.dtype())?;
             scores = ops::where_(m, &scores, &neg_inf)?;
         }
@@ -185,7 +185,9 @@ pub(crate) fn apply_topk(
             a.take_along_axis(&idx.broadcast_to(&shape)?, 2)
         };
         let mask = match mask {
-            AttnMask::Array(m) => AttnMask::Array(m.take_along_axis(topk, -1)?),
+            AttnMask::Array(m) | AttnMask::LeftPadded { mask: m, .. } => {
+                AttnMask::Array(m.take_along_axis(topk, -1)?)
+            }
             other => other,
         };
         Ok((gather(&kv_latent)?, gather(&k_pe)?, mask))
@@ -197,7 +199,7 @@ pub(crate) fn apply_topk(
         let sparse = ops::zeros(&shape, Dtype::Bool)?;
         let sparse = sparse.put_along_axis(topk, &Array::scalar(true)?, -1)?;
         let sparse = match mask {
-            AttnMask::Array(m) => sparse.logical_and(&m)?,
+            AttnMask::Array(m) | AttnMask::LeftPadded { mask: m, .. } => sparse.logical_and(&m)?,
             _ => sparse,
         };
         Ok((kv_latent, k_pe, AttnMask::Array(sparse)))

@@ -127,6 +127,8 @@ impl Attention {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
+        // A left-padded mask as its array, which the repeats' axis reshapes.
+        let mask = &mask.plain();
         let (b, l) = batch_len(x)?;
         let queries = split_heads(&self.q_proj.forward(x)?, b, l, self.n_heads)?;
         let keys = split_heads(&self.k_proj.forward(x)?, b, l, self.n_kv_heads)?;
@@ -173,7 +175,7 @@ impl Attention {
         };
         let scores = match mask {
             AttnMask::None => scores,
-            AttnMask::Array(m) => mask_scores(&scores, m)?,
+            AttnMask::Array(m) | AttnMask::LeftPadded { mask: m, .. } => mask_scores(&scores, m)?,
             AttnMask::Causal => {
                 return Err(mlx_array::Error::InvalidArgument(
                     "gemma2 attention needs an array mask".into(),

@@ -150,7 +150,7 @@ impl TransformerBlock {
             .matmul(&keys.swapaxes(-1, -2)?)?;
         let scores = match mask {
             AttnMask::None => scores,
-            AttnMask::Array(m) => mask_scores(&scores, m)?,
+            AttnMask::Array(m) | AttnMask::LeftPadded { mask: m, .. } => mask_scores(&scores, m)?,
             AttnMask::Causal => {
                 return Err(mlx_array::Error::InvalidArgument(
                     "olmo attention needs an array mask".into(),
