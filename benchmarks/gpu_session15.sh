@@ -347,7 +347,7 @@ for PART in "$@"; do
         env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
       done; done
-      for b in ${AB_MLX_LM:-8 32}; do
+      for b in ${AB_MLX_LM-8 32}; do
         echo "## b=$b mlx-lm" >> "$D/stdout.txt"
         timeout 120 python3 -m mlx_lm benchmark --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1

@@ -189,8 +189,8 @@ pub fn matmul_swiglu(x: &Array, wt: &Array) -> Result<Option<Array>> {
 /// `b` seeing the keys from `left_padding[b]` (`[B]`, int32) on, scaled by `scale`: what
 /// MLX's attention gives with the boolean mask `position >= left_padding[b]`, as one
 /// launch of our CUDA kernel (`crates/mlx-sys/shim/fast_sdpa.cpp`: bfloat16 or float16,
-/// `D` of 64 or 128) where it covers the call; `None` elsewhere. An experiment not yet
-/// run on a device: only the `sdpa_pad_check` example of mlx-engine calls it.
+/// `D` of 64 or 128) where it covers the call; `None` elsewhere. `mlx_nn::attention`
+/// takes it for a batch's decoding step of padded rows (`AttnMask::LeftPadded`).
 #[track_caller]
 pub fn sdpa_padded(
     q: &Array,

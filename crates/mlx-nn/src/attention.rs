@@ -333,6 +333,49 @@ mod tests {
             .unwrap()
     }
 
+    /// A decoding step of left-padded rows on the CPU: the padded-rows kernel declines and
+    /// attention is MLX's masked one, bit for bit (bfloat16, grouped heads, the keys a
+    /// view of a longer buffer, as the batch cache hands them out).
+    #[test]
+    fn left_padded_rows_on_the_cpu_attend_under_the_mask() {
+        random::seed(11).unwrap();
+        let (b, hq, hkv, l, d) = (3, 8, 2, 9, 64);
+        let bf = |shape: &[i32]| {
+            random::normal(shape, Dtype::Float32, None, None, None)
+                .unwrap()
+                .astype(Dtype::Bfloat16)
+                .unwrap()
+        };
+        let q = bf(&[b, hq, 1, d]);
+        let kbuf = bf(&[b, hkv, l + 5, d]);
+        let vbuf = bf(&[b, hkv, l + 5, d]);
+        let keys = kbuf.slice_axis(2, 0, l).unwrap();
+        let values = vbuf.slice_axis(2, 0, l).unwrap();
+        let pads = [0i32, 4, 8];
+        let ki = ops::arange(0.0, l as f64, 1.0, Dtype::Int32).unwrap();
+        let lp = Array::from_slice(&pads, &[b, 1, 1, 1]).unwrap();
+        let mask = ki.greater_equal(&lp).unwrap();
+        let fetch = KvFetch::Plain { keys, values };
+        let padded = AttnMask::LeftPadded {
+            mask: mask.clone(),
+            left_padding: Array::from_slice(&pads, &[b]).unwrap(),
+        };
+        let got = scaled_dot_product_attention(&q, &fetch, 0.125, &padded, None).unwrap();
+        let want =
+            scaled_dot_product_attention(&q, &fetch, 0.125, &AttnMask::Array(mask), None).unwrap();
+        assert_eq!(got.shape(), vec![b, hq, 1, d]);
+        let eq = got
+            .array_equal(&want, false)
+            .unwrap()
+            .item::<bool>()
+            .unwrap();
+        assert!(
+            eq,
+            "left-padded attention differs from the masked one on the CPU"
+        );
+        assert_eq!(fast::sdpa_padded_launches(), 0);
+    }
+
     /// The split (forced, on the CPU) computes the same attention as one fused call, for
     /// a causal mask over a longer cache, no mask, and a batched padding mask.
     #[test]
@@ -362,7 +405,7 @@ mod tests {
                 AttnMask::Causal => {
                     fast::scaled_dot_product_attention(&q, &k, &v, 0.25, SdpaMask::Causal, None)
                 }
-                AttnMask::Array(a) => {
+                AttnMask::Array(a) | AttnMask::LeftPadded { mask: a, .. } => {
                     fast::scaled_dot_product_attention(&q, &k, &v, 0.25, SdpaMask::Array(a), None)
                 }
             }

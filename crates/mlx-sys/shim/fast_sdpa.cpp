@@ -1,7 +1,6 @@
 // fast_sdpa.cpp: attention of one query a row over left-padded rows (batched decoding),
-// in one CUDA kernel. NOT YET RUN ON A DEVICE (written in session 33 without one): only
-// `sdpa_pad_check` in mlx-engine's examples calls it, which compares it with MLX's masked
-// attention; no model path takes it.
+// in one CUDA kernel, taken by `mlx_nn::attention` for a batch's decoding step of padded
+// rows on a GPU (`AttnMask::LeftPadded`; `MLX_SDPA_PADDED=0` keeps MLX's attention).
 //
 // MLX 0.32.4's CUDA attention for one query (`sdpa_vector`) takes no array mask, so a
 // batch whose rows are left-padded by different amounts (rows that joined the batch at
@@ -9,11 +8,14 @@
 // attention: a batched product, the mask's `where`, a softmax, a product and its pointer
 // setup, ~36 us a layer for 8 rows of the 8B 4-bit shape on the H200 against ~7 for the
 // fused kernel (benchmarks/GPU.md, session 33). The kernel here is the one-pass form of
-// MLX's `sdpa_vector` with a start position a row: block (head h, row b) of 32 warps, warp
-// w takes keys left_padding[b] + w, + 32, ... with an online softmax in float, lane l the
-// dimensions l * E .. l * E + E - 1 (E = D / 32), then the warps' maxima, sums and outputs
-// combined through shared memory. Another order of sums than MLX's unfused form (as
-// MLX's fused kernel is for an unpadded batch).
+// MLX's `sdpa_vector` with a start position a row: block (G query heads of one key-value
+// head, row b) of 32 warps, warp w takes keys left_padding[b] + w, + 32, ... with an
+// online softmax in float for each of the G heads, lane l the dimensions l * E .. l * E +
+// E - 1 (E = D / 32), then the warps' maxima, sums and outputs combined through shared
+// memory, head by head. Another order of sums than MLX's unfused form (as MLX's fused
+// kernel is for an unpadded batch); the same bits for any G. Session 34 (H100, ncu of the
+// 8B 4-bit shape at batch 32): one head a block took ~81 us a layer, 1,024 blocks of
+// 1,024 threads in eight waves; G heads a block cut the blocks G-fold.
 #include "fast_sdpa.h"
 
 #include "kernel_cache.h"
@@ -51,10 +53,12 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
-// Block (blockIdx.x = query head h, blockIdx.z = row b) of 32 x 32 threads: out[b, h, 0, :]
-// = softmax(scale q . k_j) v_j over keys j in [start[b], L) of kv head h / (Hq / Hkv).
-// Element strides of q, k, v come from MLX (views of the caches' buffers are fine).
-template <typename T, int D>
+// Block (blockIdx.x = group of G query heads h0 .. h0 + G - 1, all of one key-value head;
+// blockIdx.z = row b) of 32 x 32 threads: out[b, h, 0, :] = softmax(scale q_h . k_j) v_j
+// over keys j in [start[b], L) of kv head h0 / (Hq / Hkv). A key and value row read once
+// serves the G heads (Hq / Hkv heads share it), so a batch's attention takes Hq / G blocks
+// a row. Element strides of q, k, v come from MLX (views of the caches' buffers are fine).
+template <typename T, int D, int G>
 __device__ __forceinline__ void sdpa_padded(const T* q, const T* k, const T* v,
                                             const int* start, T* out, const int64_t* qs,
                                             const int64_t* ks, const int64_t* vs,
@@ -63,75 +67,98 @@ __device__ __forceinline__ void sdpa_padded(const T* q, const T* k, const T* v,
   constexpr int BN = 32;
   constexpr int E = D / 32;
   __shared__ float outs[BN][D + 1];
-  __shared__ float maxs[BN];
-  __shared__ float sums[BN];
+  __shared__ float maxs[G][BN];
+  __shared__ float sums[G][BN];
   const int lane = threadIdx.x;
   const int warp = threadIdx.y;
-  const int h = blockIdx.x;
+  const int h0 = blockIdx.x * G;
   const int b = blockIdx.z;
-  const int kvh = h / (hq / hkv);
-  const T* qp = q + b * qs[0] + h * qs[1];
+  const int kvh = h0 / (hq / hkv);
   const T* kp = k + b * ks[0] + kvh * ks[1];
   const T* vp = v + b * vs[0] + kvh * vs[1];
-  float qv[E];
-  float o[E];
-#pragma unroll
-  for (int e = 0; e < E; ++e) {
-    qv[e] = scale * static_cast<float>(qp[(lane * E + e) * qs[3]]);
-    o[e] = 0.f;
-  }
+  float qv[G][E];
+  float o[G][E];
+  float m[G];
+  float s[G];
   const float neg_inf = __int_as_float(0xff800000);
-  float m = neg_inf;
-  float s = 0.f;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const T* qp = q + b * qs[0] + (h0 + g) * qs[1];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      qv[g][e] = scale * static_cast<float>(qp[(lane * E + e) * qs[3]]);
+      o[g][e] = 0.f;
+    }
+    m[g] = neg_inf;
+    s[g] = 0.f;
+  }
   for (int j = start[b] + warp; j < len; j += BN) {
     const T* kr = kp + j * ks[2];
-    float d = 0.f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) d += qv[e] * static_cast<float>(kr[(lane * E + e) * ks[3]]);
-    d = warp_sum(d);
-    const float nm = fmaxf(m, d);
-    const float f = expf(m - nm);
-    const float p = expf(d - nm);
-    s = s * f + p;
     const T* vr = vp + j * vs[2];
+    float kk[E];
+    float vv[E];
 #pragma unroll
-    for (int e = 0; e < E; ++e) o[e] = o[e] * f + p * static_cast<float>(vr[(lane * E + e) * vs[3]]);
-    m = nm;
+    for (int e = 0; e < E; ++e) {
+      kk[e] = static_cast<float>(kr[(lane * E + e) * ks[3]]);
+      vv[e] = static_cast<float>(vr[(lane * E + e) * vs[3]]);
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float d = 0.f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) d += qv[g][e] * kk[e];
+      d = warp_sum(d);
+      const float nm = fmaxf(m[g], d);
+      const float f = expf(m[g] - nm);
+      const float p = expf(d - nm);
+      s[g] = s[g] * f + p;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o[g][e] = o[g][e] * f + p * vv[e];
+      m[g] = nm;
+    }
   }
   if (lane == 0) {
-    maxs[warp] = m;
-    sums[warp] = s;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      maxs[g][warp] = m[g];
+      sums[g][warp] = s[g];
+    }
   }
 #pragma unroll
-  for (int e = 0; e < E; ++e) outs[warp][lane * E + e] = o[e];
-  __syncthreads();
-  // Every warp: the global maximum and sum over the 32 warps (lane l reads warp l's).
-  const float wm = maxs[lane];
-  const float gm = warp_max(wm);
-  const float wf = wm == neg_inf ? 0.f : expf(wm - gm);
-  const float gs = warp_sum(sums[lane] * wf);
-  // Warp w then writes dimensions w * E .. w * E + E - 1, each summed over the warps.
+  for (int g = 0; g < G; ++g) {
 #pragma unroll
-  for (int e = 0; e < E; ++e) {
-    const int dim = warp * E + e;
-    const float val = warp_sum(outs[lane][dim] * wf);
-    if (lane == 0) out[((long long)b * hq + h) * D + dim] = static_cast<T>(val / gs);
+    for (int e = 0; e < E; ++e) outs[warp][lane * E + e] = o[g][e];
+    __syncthreads();
+    // Every warp: the global maximum and sum over the 32 warps (lane l reads warp l's).
+    const float wm = maxs[g][lane];
+    const float gm = warp_max(wm);
+    const float wf = wm == neg_inf ? 0.f : expf(wm - gm);
+    const float gs = warp_sum(sums[g][lane] * wf);
+    // Warp w then writes dimensions w * E .. w * E + E - 1, each summed over the warps.
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int dim = warp * E + e;
+      const float val = warp_sum(outs[lane][dim] * wf);
+      if (lane == 0) out[((long long)b * hq + h0 + g) * D + dim] = static_cast<T>(val / gs);
+    }
+    // The next head's outputs overwrite `outs`.
+    __syncthreads();
   }
 }
 
 }  // namespace mlxs_sdpa
 )";
 
-const mx::fast::CustomKernelFunction& kernel_for(mx::Dtype dtype, int d, float scale,
+const mx::fast::CustomKernelFunction& kernel_for(mx::Dtype dtype, int d, int g, float scale,
                                                  int device) {
-  using Key = std::tuple<int, int, unsigned, int>;
+  using Key = std::tuple<int, int, int, unsigned, int>;
   static std::mutex mu;
   static std::map<Key, mx::fast::CustomKernelFunction> kernels;
   unsigned bits = 0;
   static_assert(sizeof(bits) == sizeof(scale));
   std::memcpy(&bits, &scale, sizeof(bits));
   std::lock_guard<std::mutex> lock(mu);
-  const Key key{static_cast<int>(dtype.val()), d, bits, device};
+  const Key key{static_cast<int>(dtype.val()), d, g, bits, device};
   auto it = kernels.find(key);
   if (it != kernels.end()) return it->second;
   // The scale as an exact hexadecimal float literal in the kernel's one source line.
@@ -140,9 +167,9 @@ const mx::fast::CustomKernelFunction& kernel_for(mx::Dtype dtype, int d, float s
   char tag[16];
   std::snprintf(tag, sizeof(tag), "%08x", bits);
   const std::string name = std::string("mlxs_sdpa_pad_") + cuda_type(dtype) + "_d" +
-                           std::to_string(d) + "_s" + tag;
+                           std::to_string(d) + "_g" + std::to_string(g) + "_s" + tag;
   const std::string src = std::string("  mlxs_sdpa::sdpa_padded<") + cuda_type(dtype) + ", " +
-                          std::to_string(d) +
+                          std::to_string(d) + ", " + std::to_string(g) +
                           ">(q, k, v, lp, out, q_strides.data(), k_strides.data(), "
                           "v_strides.data(), q_shape[1], k_shape[1], k_shape[2], " +
                           lit + ");\n";
@@ -150,6 +177,18 @@ const mx::fast::CustomKernelFunction& kernel_for(mx::Dtype dtype, int d, float s
                           {{"out", dtype}}, src, DeviceCode{kDeviceCode, "mlxs_sdpa"}, device,
                           /*ensure_row_contiguous=*/false);
   return kernels.emplace(key, std::move(fn)).first->second;
+}
+
+// Query heads a block takes: the largest divisor of the heads sharing a key-value head
+// with G * D / 32 <= 8, so a thread's queries and accumulators (2 * G * D / 32 floats)
+// stay as few registers as one head of D = 128 in two, and a block of 1024 threads fits
+// the 64 registers a thread it may have.
+int heads_per_block(int group, int d) {
+  const int most = 8 / (d / 32);
+  for (int g = most; g > 1; --g) {
+    if (group % g == 0) return g;
+  }
+  return 1;
 }
 
 }  // namespace
@@ -175,8 +214,9 @@ std::optional<mx::array> try_sdpa_padded(const mx::array& q, const mx::array& k,
   const mx::array lp = left_padding.dtype() == mx::int32
                            ? left_padding
                            : mx::astype(left_padding, mx::int32, st);
-  const auto& fn = kernel_for(dt, d, scale, st.device.index);
-  auto outs = fn({q, k, v, lp}, {{b, hq, 1, d}}, {dt}, std::make_tuple(hq * 32, 32, b),
+  const int g = heads_per_block(hq / k.shape(1), d);
+  const auto& fn = kernel_for(dt, d, g, scale, st.device.index);
+  auto outs = fn({q, k, v, lp}, {{b, hq, 1, d}}, {dt}, std::make_tuple(hq / g * 32, 32, b),
                  std::make_tuple(32, 32, 1), {}, std::nullopt, false, st);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   return outs[0];
