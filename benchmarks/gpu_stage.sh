@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Prepares everything the H200 runs carry, in three staging parts small enough to ride
-# beside the tracked tree (~32 MB of the 64 MiB a device call may carry; the binaries
+# Prepares everything the H200 runs carry, in four staging parts small enough to ride
+# beside the tracked tree (~35 MB of the 64 MiB a device call may carry; the binaries
 # then ride in a call of their own, after s3):
-#   .gpu/s1, .gpu/s2  two 30 MB parts of MLX's CUDA wheel (a stash.sh each; s2 also
-#                     stashes .gpu/tok when it is carried along)
+#   .gpu/s1, .gpu/s2, .gpu/s2b  three 23 MB parts of MLX's CUDA wheel (a stash.sh each,
+#                     which also stashes .gpu/tok when it is carried along)
 #   .gpu/s3           the rest of the wheel, MLX's and mlx-lm's wheels, activate.sh
 #   .gpu/tok          the real Llama 3 / Qwen2.5 tokenizers for make_bench_models.py
 #   .gpu/new.tar.xz   stripped release binaries (BINS), xtask, qmm_rows_check,
@@ -19,11 +19,12 @@
 #
 #   bash benchmarks/gpu_stage.sh
 #
-# A call carries the tracked tree (~33.6 MB since session 29) and at most ~33 MB more, so
+# A call carries the tracked tree (~35 MB since session 34) and at most ~32 MB more, so
 # each part below rides alone unless paired here. Back to back (an idle device machine
 # is given back after ~30 s):
 #   1. carry [.gpu/s1]             bash .gpu/s1/stash.sh
 #   2. carry [.gpu/s2]             bash .gpu/s2/stash.sh
+#   2b. carry [.gpu/s2b]           bash .gpu/s2b/stash.sh
 #   3. carry [.gpu/s3]             source .gpu/s3/activate.sh
 #   4. carry [.gpu/new.tar.xz, .gpu/tok]
 #        mkdir -p /root/bins/new && tar -C /root/bins/new --strip-components=1 -xJf .gpu/new.tar.xz &&
@@ -44,13 +45,17 @@ export MLX_PYTHON=${MLX_PYTHON:-$PWD/.venv/bin/python}
 bash ../shared/gpu/stage.sh
 cd .gpu
 cat a/cuda.part.aa b/cuda.part.ab > whl
-split -b 30000000 whl part.
-rm -rf whl s1 s2 s3 && mkdir -p s1 s2 s3
+# Four parts of <= 23 MB: the tracked tree (~35 MB since session 34) and a part must fit
+# the 64 MiB a call carries (30 MB parts stopped fitting in session 34).
+split -b 23000000 whl part.
+rm -rf whl s1 s2 s2b s3 && mkdir -p s1 s2 s2b s3
 mv part.aa s1/cuda.part.aa
 mv part.ab s2/cuda.part.ab
-mv part.ac s3/cuda.part.ac
+mv part.ac s2b/cuda.part.ac
+mv part.ad s3/cuda.part.ad
+[ ! -e part.ae ] || { echo "gpu_stage.sh: the CUDA wheel needs a fifth part" >&2; exit 1; }
 mv b/*.whl b/cuda-wheel-name s3/
-for s in s1 s2; do
+for s in s1 s2 s2b; do
   cat > $s/stash.sh <<'STASH'
 #!/usr/bin/env bash
 set -e
@@ -61,9 +66,10 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 if [ -d .gpu/tok ]; then rm -rf /root/stash/tok && cp -r .gpu/tok /root/stash/tok && echo "tok stashed"; fi
 STASH
 done
-sed -e 's#cat /root/stash/cuda.part.aa "$here/cuda.part.ab"#cat /root/stash/cuda.part.aa /root/stash/cuda.part.ab "$here/cuda.part.ac"#' \
+# The stashed parts and this call's, in name order (aa .. ad), make the wheel.
+sed -e 's#cat /root/stash/cuda.part.aa "$here/cuda.part.ab" > "$whl"#cp "$here"/cuda.part.* /root/stash/ \&\& cat /root/stash/cuda.part.* > "$whl" \&\& rm -f /root/stash/cuda.part.*#' \
   b/activate.sh > s3/activate.sh
-grep -q 'cuda.part.ac' s3/activate.sh || { echo "gpu_stage.sh: activate.sh changed upstream" >&2; exit 1; }
+grep -q 'cat /root/stash/cuda.part.\*' s3/activate.sh || { echo "gpu_stage.sh: activate.sh changed upstream" >&2; exit 1; }
 rm -rf a b
 cd ..
 rm -rf .gpu/tok

@@ -321,30 +321,12 @@ pub fn sample_masked(
 /// Every row's grammar mask for this step ([`RowSampling::host_mask`]), computed on the
 /// host (no MLX call). One row after the other: at a 128k vocabulary a grammar's mask
 /// takes ~15 us once its lazily built state is warm (benchmarks/RESULTS.md, "CPU
-/// structured output"), less than starting a thread. `MLX_PARALLEL_MASKS=1` (an
-/// experiment, off by default) shares 4 or more rows out to rayon's threads in as many
-/// runs of rows as it has threads: on this project's 2-core CPU that made 32 rows'
-/// masks slower (0.33-0.35 ms a step against 0.22-0.25, `constraint_host`: waking the
-/// pool's threads costs more than half the rows' work), not yet measured on a GPU
-/// machine's host, where the masks are ~0.3-0.4 ms of a ~6.5 ms step of the 0.5B shape
-/// at 32 rows (benchmarks/GPU.md, session 31).
+/// structured output"), less than starting a thread. Sharing the rows out to a thread
+/// pool was measured slower (session 33-34: 32 rows' masks 0.32-0.35 ms a step against
+/// 0.21-0.25 on this project's 2-core CPU; constrained / unconstrained decoding of the
+/// 0.5B shape at 32 streams 0.76 against 1.07 on an H100's host) and removed.
 pub fn host_masks(rows: &mut [&mut RowSampling], vocab: usize) -> Vec<Option<Result<Vec<u32>>>> {
-    if rows.len() < 4 || !parallel_masks() {
-        return rows.iter_mut().map(|r| r.host_mask(vocab)).collect();
-    }
-    use rayon::prelude::*;
-    let per = rows.len().div_ceil(rayon::current_num_threads().max(1));
-    let runs: Vec<Vec<_>> = rows
-        .par_chunks_mut(per)
-        .map(|run| run.iter_mut().map(|r| r.host_mask(vocab)).collect())
-        .collect();
-    runs.into_iter().flatten().collect()
-}
-
-/// Whether [`host_masks`] shares rows out to several threads (`MLX_PARALLEL_MASKS=1`).
-fn parallel_masks() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLX_PARALLEL_MASKS").as_deref() == Ok("1"))
+    rows.iter_mut().map(|r| r.host_mask(vocab)).collect()
 }
 
 fn process_rows(
