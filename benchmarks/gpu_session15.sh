@@ -40,7 +40,8 @@
 #              (MLX_FAST_QMM_MMA=0: each row's one-row bits), off (MLX_FAST_QMM=0: MLX's qmm),
 #              prof (the defaults with the engine's profile lines every 32 steps), mask
 #              (MLX_BATCH_DECODE_MASK=array: mlx-lm's all-true decoding mask kept), nopad
-#              (MLX_SDPA_PADDED=0: MLX's masked attention for padded rows)
+#              (MLX_SDPA_PADDED=0: MLX's masked attention for padded rows), w16 / pf / w16pf
+#              (MLX_SDPA_PADDED_WIDTH=16, MLX_SDPA_PADDED_PREFETCH=1, both)
 #   mma        issue 21: qmm_mma_check on the 8B 4-bit model's weights (MMA_ARGS)
 #   quality    issue 21: benchmarks/gpu_quality.sh (the real default model from
 #              /root/stash/smollm2 when staged, 1B and 8B 4-bit shapes)
@@ -94,7 +95,9 @@
 #              w4 = MLX_FAST_GEMV_WARPS=4) and mlx-lm, GEMV_MODELS (llama-3.1-8b-bf16),
 #              GEMV_ROUNDS (2) rounds of processes in flipped order, -p 128 -g GEMV_G (256)
 #   sdpapad    issue 21: sdpa_pad_check (our attention kernel over left-padded rows against
-#              MLX's masked attention; SDPA_ITERS)
+#              MLX's masked attention; SDPA_ITERS; SDPA_ARMS, e.g. "MLX_SDPA_PADDED=1;
+#              MLX_SDPA_PADDED_WIDTH=16;MLX_SDPA_PADDED_PREFETCH=1"; then ptxas's registers
+#              and spills of its kernels)
 #   agree      issue 21: greedy answers served alone against served together in one batch
 #              (benchmarks/batch_agree.py; AGREE_MODEL (smollm2-f16: the default model in
 #              float16), AGREE_STREAMS, AGREE_ARMS (default mask nopad), AGREE_G)
@@ -123,6 +126,19 @@ left() { echo $((DEADLINE - ($(date +%s) - T0))); }
 ensure_model() { # VARIANT DIR: make_bench_models.py's VARIANT under $MODELS unless there
   [ -d "$MODELS/$1" ] || python3 xtask/py/make_bench_models.py --out "$MODELS" --only "$1" \
     --tokenizers .gpu/tok > "$2/models.txt" 2>&1
+}
+ptx_usage() { # NAME-PATTERN: ptxas's registers, spills and shared memory of the kernels
+  # MLX has cached as PTX (/tmp/mlx, or MLX_PTX_CACHE_DIR) whose file names match; a kernel
+  # over 64 registers a thread cannot launch in blocks of 1,024 threads, over 32 holds one
+  # such block an SM
+  local ptxas cc f
+  ptxas=$(command -v ptxas || ls /usr/local/cuda*/bin/ptxas 2>/dev/null | head -1)
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.')
+  [ -n "$ptxas" ] || { echo "ptx_usage: no ptxas"; return; }
+  find "${MLX_PTX_CACHE_DIR:-/tmp/mlx}" -name "*$1*.ptx" 2>/dev/null | while read -r f; do
+    echo "== $(basename "$f")"
+    "$ptxas" -arch=sm_"$cc" -v "$f" -o /dev/null 2>&1 | grep -E "registers|spill" | sed 's/^ptxas info *: *//'
+  done
 }
 pack() { # PART DIR: one file per part
   tar -C "$2" -czf "$OUT/$1.tar.gz" . 2>/dev/null
@@ -340,8 +356,12 @@ for PART in "$@"; do
         [ "$arm" = prof ] && e=(MLX_ENGINE_PROFILE=1 MLX_ENGINE_PROFILE_EVERY=32)
         # mask: mlx-lm's all-true mask kept in a decoding step of unpadded rows
         [ "$arm" = mask ] && e=(MLX_BATCH_DECODE_MASK=array)
-        # nopad: MLX's masked attention for padded rows (not our sdpa_padded kernel)
+        # nopad: MLX's masked attention for padded rows (not our sdpa_padded kernel); w16:
+        # that kernel with 4 heads a block at D 128; pf: its next key's rows loaded ahead
         [ "$arm" = nopad ] && e=(MLX_SDPA_PADDED=0)
+        [ "$arm" = w16 ] && e=(MLX_SDPA_PADDED_WIDTH=16)
+        [ "$arm" = pf ] && e=(MLX_SDPA_PADDED_PREFETCH=1)
+        [ "$arm" = w16pf ] && e=(MLX_SDPA_PADDED_WIDTH=16 MLX_SDPA_PADDED_PREFETCH=1)
         echo "## b=$b arm=$arm" >> "$D/stdout.txt"
         env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
@@ -354,8 +374,15 @@ for PART in "$@"; do
     sdpapad)
       # issue 21: our attention kernel over left-padded rows (fast_sdpa.cpp, written in
       # session 33 without a device) against MLX's masked attention: errors and times
-      timeout "$L" "$NEW/sdpa_pad_check" "${SDPA_ITERS:-5}" > "$D/stdout.txt" 2>&1
-      echo "rc=$?" >> "$D/stdout.txt" ;;
+      # SDPA_ARMS: environments to run it under, `;`-separated (default: the defaults)
+      IFS=';' read -r -a sdpa_arms <<< "${SDPA_ARMS:-MLX_SDPA_PADDED=1}"
+      for a in "${sdpa_arms[@]}"; do
+        echo "## $a" >> "$D/stdout.txt"
+        # shellcheck disable=SC2086
+        env $a timeout "$(left)" "$NEW/sdpa_pad_check" "${SDPA_ITERS:-5}" >> "$D/stdout.txt" 2>&1
+        echo "rc=$?" >> "$D/stdout.txt"
+      done
+      ptx_usage mlxs_sdpa_pad >> "$D/stdout.txt" 2>&1 ;;
     agree)
       # batched decoding's quality check (benchmarks/batch_agree.py): greedy answers of
       # AGREE_STREAMS (8 32) requests served alone against served together, on the real

@@ -15,11 +15,15 @@
 // memory, head by head. Another order of sums than MLX's unfused form (as MLX's fused
 // kernel is for an unpadded batch); the same bits for any G. Session 34 (H100, ncu of the
 // 8B 4-bit shape at batch 32): one head a block took ~81 us a layer, 1,024 blocks of
-// 1,024 threads in eight waves; G heads a block cut the blocks G-fold.
+// 1,024 threads in eight waves; G heads a block cut the blocks G-fold (62.9 us a layer,
+// batch 32 +11%). Not yet run on a device: `MLX_SDPA_PADDED_WIDTH=16` (four heads a
+// block at D = 128) and `MLX_SDPA_PADDED_PREFETCH=1` (the next key's rows in flight).
 #include "fast_sdpa.h"
 
 #include "kernel_cache.h"
+#include "kernel_switch.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -58,7 +62,9 @@ __device__ __forceinline__ float warp_max(float x) {
 // over keys j in [start[b], L) of kv head h0 / (Hq / Hkv). A key and value row read once
 // serves the G heads (Hq / Hkv heads share it), so a batch's attention takes Hq / G blocks
 // a row. Element strides of q, k, v come from MLX (views of the caches' buffers are fine).
-template <typename T, int D, int G>
+// With P, a warp loads its next key and value rows before the G heads' arithmetic on the
+// current ones (two rows in flight; the same arithmetic).
+template <typename T, int D, int G, bool P>
 __device__ __forceinline__ void sdpa_padded(const T* q, const T* k, const T* v,
                                             const int* start, T* out, const int64_t* qs,
                                             const int64_t* ks, const int64_t* vs,
@@ -92,15 +98,39 @@ __device__ __forceinline__ void sdpa_padded(const T* q, const T* k, const T* v,
     m[g] = neg_inf;
     s[g] = 0.f;
   }
-  for (int j = start[b] + warp; j < len; j += BN) {
-    const T* kr = kp + j * ks[2];
-    const T* vr = vp + j * vs[2];
-    float kk[E];
-    float vv[E];
+  float kk[E];
+  float vv[E];
+  const int first = start[b] + warp;
+  if (P && first < len) {
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      kk[e] = static_cast<float>(kr[(lane * E + e) * ks[3]]);
-      vv[e] = static_cast<float>(vr[(lane * E + e) * vs[3]]);
+      kk[e] = static_cast<float>(kp[first * ks[2] + (lane * E + e) * ks[3]]);
+      vv[e] = static_cast<float>(vp[first * vs[2] + (lane * E + e) * vs[3]]);
+    }
+  }
+  for (int j = first; j < len; j += BN) {
+    float kn[E];
+    float vn[E];
+    const int jn = P ? j + BN : j;
+    if (!P || jn < len) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        kn[e] = static_cast<float>(kp[jn * ks[2] + (lane * E + e) * ks[3]]);
+        vn[e] = static_cast<float>(vp[jn * vs[2] + (lane * E + e) * vs[3]]);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        kn[e] = 0.f;
+        vn[e] = 0.f;
+      }
+    }
+    if (!P) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        kk[e] = kn[e];
+        vv[e] = vn[e];
+      }
     }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -115,6 +145,13 @@ __device__ __forceinline__ void sdpa_padded(const T* q, const T* k, const T* v,
 #pragma unroll
       for (int e = 0; e < E; ++e) o[g][e] = o[g][e] * f + p * vv[e];
       m[g] = nm;
+    }
+    if (P) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        kk[e] = kn[e];
+        vv[e] = vn[e];
+      }
     }
   }
   if (lane == 0) {
@@ -149,16 +186,16 @@ __device__ __forceinline__ void sdpa_padded(const T* q, const T* k, const T* v,
 }  // namespace mlxs_sdpa
 )";
 
-const mx::fast::CustomKernelFunction& kernel_for(mx::Dtype dtype, int d, int g, float scale,
-                                                 int device) {
-  using Key = std::tuple<int, int, int, unsigned, int>;
+const mx::fast::CustomKernelFunction& kernel_for(mx::Dtype dtype, int d, int g, bool prefetch,
+                                                 float scale, int device) {
+  using Key = std::tuple<int, int, int, bool, unsigned, int>;
   static std::mutex mu;
   static std::map<Key, mx::fast::CustomKernelFunction> kernels;
   unsigned bits = 0;
   static_assert(sizeof(bits) == sizeof(scale));
   std::memcpy(&bits, &scale, sizeof(bits));
   std::lock_guard<std::mutex> lock(mu);
-  const Key key{static_cast<int>(dtype.val()), d, g, bits, device};
+  const Key key{static_cast<int>(dtype.val()), d, g, prefetch, bits, device};
   auto it = kernels.find(key);
   if (it != kernels.end()) return it->second;
   // The scale as an exact hexadecimal float literal in the kernel's one source line.
@@ -167,10 +204,11 @@ const mx::fast::CustomKernelFunction& kernel_for(mx::Dtype dtype, int d, int g, 
   char tag[16];
   std::snprintf(tag, sizeof(tag), "%08x", bits);
   const std::string name = std::string("mlxs_sdpa_pad_") + cuda_type(dtype) + "_d" +
-                           std::to_string(d) + "_g" + std::to_string(g) + "_s" + tag;
+                           std::to_string(d) + "_g" + std::to_string(g) +
+                           (prefetch ? "_p" : "") + "_s" + tag;
   const std::string src = std::string("  mlxs_sdpa::sdpa_padded<") + cuda_type(dtype) + ", " +
-                          std::to_string(d) + ", " + std::to_string(g) +
-                          ">(q, k, v, lp, out, q_strides.data(), k_strides.data(), "
+                          std::to_string(d) + ", " + std::to_string(g) + ", " +
+                          (prefetch ? "true" : "false") + ">(q, k, v, lp, out, q_strides.data(), k_strides.data(), "
                           "v_strides.data(), q_shape[1], k_shape[1], k_shape[2], " +
                           lit + ");\n";
   auto fn = device_kernel(name, {{"q", dtype}, {"k", dtype}, {"v", dtype}, {"lp", mx::int32}},
@@ -182,9 +220,13 @@ const mx::fast::CustomKernelFunction& kernel_for(mx::Dtype dtype, int d, int g, 
 // Query heads a block takes: the largest divisor of the heads sharing a key-value head
 // with G * D / 32 <= 8, so a thread's queries and accumulators (2 * G * D / 32 floats)
 // stay as few registers as one head of D = 128 in two, and a block of 1024 threads fits
-// the 64 registers a thread it may have.
+// the 64 registers a thread it may have. `MLX_SDPA_PADDED_WIDTH` (1 to 32, read once)
+// sets that bound of G * D / 32 instead of 8: an experiment (16 gives the 8B's D = 128
+// four heads a block; a kernel over 64 registers a thread fails to launch).
 int heads_per_block(int group, int d) {
-  const int most = 8 / (d / 32);
+  static const int width = static_cast<int>(
+      std::min<long long>(32, std::max<long long>(1, env_count("MLX_SDPA_PADDED_WIDTH", 8))));
+  const int most = std::max(1, width / (d / 32));
   for (int g = most; g > 1; --g) {
     if (group % g == 0) return g;
   }
@@ -215,7 +257,10 @@ std::optional<mx::array> try_sdpa_padded(const mx::array& q, const mx::array& k,
                            ? left_padding
                            : mx::astype(left_padding, mx::int32, st);
   const int g = heads_per_block(hq / k.shape(1), d);
-  const auto& fn = kernel_for(dt, d, g, scale, st.device.index);
+  // `MLX_SDPA_PADDED_PREFETCH=1` (an experiment, read once): the next key's rows loaded
+  // before the current one's arithmetic.
+  static const bool prefetch = env_count("MLX_SDPA_PADDED_PREFETCH", 0) == 1;
+  const auto& fn = kernel_for(dt, d, g, prefetch, scale, st.device.index);
   auto outs = fn({q, k, v, lp}, {{b, hq, 1, d}}, {dt}, std::make_tuple(hq / g * 32, 32, b),
                  std::make_tuple(32, 32, 1), {}, std::nullopt, false, st);
   g_launches.fetch_add(1, std::memory_order_relaxed);
