@@ -101,6 +101,9 @@
 #   agree      issue 21: greedy answers served alone against served together in one batch
 #              (benchmarks/batch_agree.py; AGREE_MODEL (smollm2-f16: the default model in
 #              float16), AGREE_STREAMS, AGREE_ARMS (default mask nopad), AGREE_G)
+#   ncudeep    issue 21: ncu's speed-of-light, occupancy, warp-state and memory sections of a
+#              few launches of one kernel (DEEP_KERNEL regex, DEEP_MODEL, DEEP_BATCH,
+#              DEEP_SKIP, DEEP_COUNT, DEEP_ENV): why it runs at the speed it does
 #   ncubf16    issue 21: ncu kernel durations of decoding steps of NCU_MODEL
 #              (llama-3.1-8b-bf16; mlx-generate, 64 tokens, or with NCU_BATCH=B
 #              mlx-benchmark -b B -p 64 -g 128; kernels NCU_SKIP (8000) to
@@ -412,6 +415,28 @@ for PART in "$@"; do
         done
         kill $srv; wait $srv 2>/dev/null
       done ;;
+    ncudeep)
+      # why a kernel runs where it does: ncu's speed-of-light, occupancy, warp-state and
+      # memory sections of DEEP_COUNT (3) launches of kernels matching DEEP_KERNEL (a regex
+      # of ncu's kernel names; default our one-row 4-bit product) after DEEP_SKIP (200) of
+      # them, in mlx-generate on DEEP_MODEL (llama-3.1-8b-4bit), or with DEEP_BATCH=B
+      # mlx-benchmark -b B; DEEP_ENV for the arm's switches
+      DEEP_MODEL=${DEEP_MODEL:-llama-3.1-8b-4bit}
+      ensure_model "$DEEP_MODEL" "$D"
+      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      if [ -z "$NCU" ]; then echo "no ncu" > "$D/stdout.txt"; else
+        cmd=("$NEW/mlx-generate" --model "$MODELS/$DEEP_MODEL" --prompt "hello there" -m 64)
+        [ -n "${DEEP_BATCH:-}" ] && cmd=("$NEW/mlx-benchmark" --model "$MODELS/$DEEP_MODEL" \
+          -p 64 -g 128 -b "$DEEP_BATCH" -n 1)
+        env ${DEEP_ENV:-} timeout $(( L - 10 )) "$NCU" --kernel-name "regex:${DEEP_KERNEL:-mlxs_qmv}" \
+          --launch-skip "${DEEP_SKIP:-200}" --launch-count "${DEEP_COUNT:-3}" \
+          --section SpeedOfLight --section Occupancy --section WarpStateStats \
+          --section MemoryWorkloadAnalysis --section LaunchStats \
+          "${cmd[@]}" > "$D/ncu.txt" 2> "$D/stderr.txt"
+        echo "rc=$? ncu=$NCU" > "$D/stdout.txt"
+        grep -E "^  [a-z_]|Duration|Throughput|Occupancy|Registers|Stall|Block Size|Grid Size|Waves" \
+          "$D/ncu.txt" | head -150 >> "$D/stdout.txt"
+      fi ;;
     ncubf16)
       NCU_MODEL=${NCU_MODEL:-llama-3.1-8b-bf16}
       ensure_model "$NCU_MODEL" "$D"
