@@ -41,7 +41,9 @@
 #              prof (the defaults with the engine's profile lines every 32 steps), mask
 #              (MLX_BATCH_DECODE_MASK=array: mlx-lm's all-true decoding mask kept), nopad
 #              (MLX_SDPA_PADDED=0: MLX's masked attention for padded rows), w16 / pf / w16pf
-#              (MLX_SDPA_PADDED_WIDTH=16, MLX_SDPA_PADDED_PREFETCH=1, both)
+#              (MLX_SDPA_PADDED_WIDTH=16, MLX_SDPA_PADDED_PREFETCH=1, both), mmaw4 / mmarw1 /
+#              mmaw4rw1 (the tensor-core product with MLX_FAST_QMM_MMA_WARPS=4, with 16 rows
+#              of w a block always: MLX_FAST_QMM_MMA_MIN_BLOCKS=1000000000, both)
 #   mma        issue 21: qmm_mma_check on the 8B 4-bit model's weights (MMA_ARGS)
 #   quality    issue 21: benchmarks/gpu_quality.sh (the real default model from
 #              /root/stash/smollm2 when staged, 1B and 8B 4-bit shapes)
@@ -365,6 +367,11 @@ for PART in "$@"; do
         [ "$arm" = w16 ] && e=(MLX_SDPA_PADDED_WIDTH=16)
         [ "$arm" = pf ] && e=(MLX_SDPA_PADDED_PREFETCH=1)
         [ "$arm" = w16pf ] && e=(MLX_SDPA_PADDED_WIDTH=16 MLX_SDPA_PADDED_PREFETCH=1)
+        # the tensor-core product's layout: 4 warps a block (mmaw4), 16 rows of w a block
+        # always (mmarw1), both
+        [ "$arm" = mmaw4 ] && e=(MLX_FAST_QMM_MMA_WARPS=4)
+        [ "$arm" = mmarw1 ] && e=(MLX_FAST_QMM_MMA_MIN_BLOCKS=1000000000)
+        [ "$arm" = mmaw4rw1 ] && e=(MLX_FAST_QMM_MMA_WARPS=4 MLX_FAST_QMM_MMA_MIN_BLOCKS=1000000000)
         echo "## b=$b arm=$arm" >> "$D/stdout.txt"
         env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1

@@ -198,6 +198,21 @@ constexpr int kMmaMaxPartRows = 32;
 // Blocks below which a weight takes 16 rows a block instead of 32 (about 2 a
 // multiprocessor on an H200).
 constexpr long long kMmaMinBlocks = 264;
+// Experiments on the layout, read once (the defaults above otherwise; another split of K
+// over the warps is another order of the partial sums, in the same accuracy class):
+// MLX_FAST_QMM_MMA_WARPS (2, 4 or 8: the block's shared partial sums stay under 48 KB)
+// and MLX_FAST_QMM_MMA_MIN_BLOCKS (a huge value: 16 rows of w a block always).
+int mma_warps() {
+  static const int v = [] {
+    const long long w = env_count("MLX_FAST_QMM_MMA_WARPS", kMmaWarps);
+    return (w == 2 || w == 4 || w == 8) ? static_cast<int>(w) : kMmaWarps;
+  }();
+  return v;
+}
+long long mma_min_blocks() {
+  static const long long v = env_count("MLX_FAST_QMM_MMA_MIN_BLOCKS", kMmaMinBlocks);
+  return v;
+}
 std::atomic<int> g_mma_mode{-1};
 std::atomic<unsigned long long> g_mma_uses{0};
 
@@ -1240,8 +1255,8 @@ std::optional<mx::array> mma_rows(const mx::array& x, const mx::array& w, const 
   const long long parts = (m + kMmaMaxPartRows - 1) / kMmaMaxPartRows;
   const long long per_part = (m + parts - 1) / parts;
   const int mt = static_cast<int>((per_part + 7) / 8 * 8);
-  const int rw = (n + 31) / 32 * parts >= kMmaMinBlocks ? 2 : 1;
-  const Layout l{3, kMmaWarps, rw, u, false};
+  const int rw = (n + 31) / 32 * parts >= mma_min_blocks() ? 2 : 1;
+  const Layout l{3, mma_warps(), rw, u, false};
   const long long blocks = (n + 16ll * rw - 1) / (16ll * rw);
   if (blocks > kMaxBlocksY || parts * 32 > std::numeric_limits<int>::max()) return std::nullopt;
   KernelKey key{k, gs, l, {0}};
