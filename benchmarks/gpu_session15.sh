@@ -145,6 +145,12 @@ ptx_usage() { # NAME-PATTERN: ptxas's registers, spills and shared memory of the
     "$ptxas" -arch=sm_"$cc" -v "$f" -o /dev/null 2>&1 | grep -E "registers|spill" | sed 's/^ptxas info *: *//'
   done
 }
+decode_cmd() { # MODEL [BATCH]: the decoding run ncu watches (sets cmd): mlx-generate, 64
+  # tokens, or with BATCH batched decoding steps (mlx-benchmark -b BATCH -p 64 -g 128)
+  cmd=("$NEW/mlx-generate" --model "$MODELS/$1" --prompt "hello there" -m 64)
+  [ -n "${2:-}" ] && cmd=("$NEW/mlx-benchmark" --model "$MODELS/$1" -p 64 -g 128 -b "$2" -n 1)
+}
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 pack() { # PART DIR: one file per part
   tar -C "$2" -czf "$OUT/$1.tar.gz" . 2>/dev/null
   echo "== $1 packed ($(du -h "$OUT/$1.tar.gz" | cut -f1)), $(( $(date +%s) - T0 )) s elapsed"
@@ -430,11 +436,8 @@ for PART in "$@"; do
       # mlx-benchmark -b B; DEEP_ENV for the arm's switches
       DEEP_MODEL=${DEEP_MODEL:-llama-3.1-8b-4bit}
       ensure_model "$DEEP_MODEL" "$D"
-      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       if [ -z "$NCU" ]; then echo "no ncu" > "$D/stdout.txt"; else
-        cmd=("$NEW/mlx-generate" --model "$MODELS/$DEEP_MODEL" --prompt "hello there" -m 64)
-        [ -n "${DEEP_BATCH:-}" ] && cmd=("$NEW/mlx-benchmark" --model "$MODELS/$DEEP_MODEL" \
-          -p 64 -g 128 -b "$DEEP_BATCH" -n 1)
+        decode_cmd "$DEEP_MODEL" "${DEEP_BATCH:-}"
         env ${DEEP_ENV:-} timeout $(( L - 10 )) "$NCU" --kernel-name "regex:${DEEP_KERNEL:-mlxs_qmv}" \
           --launch-skip "${DEEP_SKIP:-200}" --launch-count "${DEEP_COUNT:-3}" \
           --section SpeedOfLight --section Occupancy --section WarpStateStats \
@@ -447,12 +450,9 @@ for PART in "$@"; do
     ncubf16)
       NCU_MODEL=${NCU_MODEL:-llama-3.1-8b-bf16}
       ensure_model "$NCU_MODEL" "$D"
-      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       if [ -z "$NCU" ]; then echo "no ncu" > "$D/stdout.txt"; else
-        cmd=("$NEW/mlx-generate" --model "$MODELS/$NCU_MODEL" --prompt "hello there" -m 64)
         # NCU_BATCH=B: batched decoding steps instead (mlx-benchmark -b B -p 64 -g 128)
-        [ -n "${NCU_BATCH:-}" ] && cmd=("$NEW/mlx-benchmark" --model "$MODELS/$NCU_MODEL" \
-          -p 64 -g 128 -b "$NCU_BATCH" -n 1)
+        decode_cmd "$NCU_MODEL" "${NCU_BATCH:-}"
         env ${NCU_ENV:-} timeout $(( L - 10 )) "$NCU" --csv --metrics gpu__time_duration.sum \
           --launch-skip "${NCU_SKIP:-8000}" --launch-count "${NCU_COUNT:-900}" \
           "${cmd[@]}" > "$D/ncu.csv" 2> "$D/stderr.txt"
