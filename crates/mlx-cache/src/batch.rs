@@ -395,21 +395,8 @@ pub(crate) fn pad_seq(x: &Array, left: i32, right: i32) -> Result<Array> {
     )
 }
 
-/// Whether a decoding step (one position a row, no window) of rows left-padded by
-/// `left_padding` needs mlx-lm's array mask. With no row padded every element of that
-/// mask is true: attention without it is the same arithmetic on the CPU (MLX's
-/// unfused attention, whose `where` then changes nothing) and on a GPU runs MLX's fused
-/// one-query kernel (`sdpa_vector`, what a single sequence's decoding runs) instead of
-/// five kernels a layer (Llama-3.1-8B 4-bit at batch 8 on the H200: ~36 us a layer
-/// against ~7 under ncu, GPU.md session 33). Another order of sums on a GPU, where
-/// mlx-lm's batched decoding is not reproducible either (docs/parity.md);
-/// `MLX_BATCH_DECODE_MASK=array` keeps the mask.
-pub(crate) fn needs_decode_mask(left_padding: &[i32]) -> bool {
-    keep_decode_mask() || left_padding.iter().any(|&l| l != 0)
-}
-
 /// `MLX_BATCH_DECODE_MASK=array` (read once): decoding steps hand attention mlx-lm's
-/// array mask, with no padding alongside (`AttnMask::Array`, never `LeftPadded`).
+/// array mask alone (`AttnMask::Array`, neither none nor `LeftPadded`).
 pub(crate) fn keep_decode_mask() -> bool {
     static KEEP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *KEEP.get_or_init(|| std::env::var("MLX_BATCH_DECODE_MASK").as_deref() == Ok("array"))
@@ -682,16 +669,26 @@ impl KvCache for BatchKVCache {
 
     batch_kv_methods!();
 
-    /// mlx-lm's array `create_causal_mask(n, idx, window_size, left_padding)`, but none
-    /// for one position a row with no row padded and no window (`needs_decode_mask`),
-    /// and for one position a row of padded rows with the padding alongside
-    /// (`AttnMask::LeftPadded`: attention over each row's keys from its padding on).
+    /// mlx-lm's array `create_causal_mask(n, idx, window_size, left_padding)`, except in a
+    /// decoding step (one position a row, no window; `keep_decode_mask` keeps the array):
+    /// - no row padded: none. Every element of mlx-lm's mask is true; attention without it
+    ///   is the same arithmetic on the CPU (MLX's unfused attention, whose `where` then
+    ///   changes nothing) and on a GPU runs MLX's fused one-query kernel (`sdpa_vector`,
+    ///   what a single sequence's decoding runs) instead of five kernels a layer
+    ///   (Llama-3.1-8B 4-bit at batch 8 on the H200: ~36 us a layer against ~7 under ncu,
+    ///   GPU.md session 33);
+    /// - rows padded: the mask with the padding alongside (`AttnMask::LeftPadded`:
+    ///   attention over each row's keys from its padding on, our kernel on a GPU).
+    ///
+    /// On a GPU both are another order of sums, where mlx-lm's batched decoding is not
+    /// reproducible either (docs/parity.md).
     fn make_mask(&self, n: i32, _return_array: bool, window_size: Option<i32>) -> Result<AttnMask> {
-        if n == 1 && window_size.is_none() && !needs_decode_mask(&self.left_padding) {
+        let decoding = n == 1 && window_size.is_none() && !keep_decode_mask();
+        if decoding && self.left_padding.iter().all(|&l| l == 0) {
             return Ok(AttnMask::None);
         }
         let mask = batch_causal_mask(n, self.idx, window_size, &self.left_padding)?;
-        if n == 1 && window_size.is_none() && !keep_decode_mask() {
+        if decoding {
             return Ok(AttnMask::LeftPadded {
                 mask,
                 left_padding: int_array(&self.left_padding)?,

@@ -19,25 +19,15 @@ pub enum AttnMask {
     /// the boolean `[B, 1, 1, L]` mask `position >= left_padding[b]` (what mlx-lm's batch
     /// cache hands attention while decoding), and the padding lets a kernel skip each
     /// row's padded keys instead (`mlx_array::fast::sdpa_padded`, on a GPU). Code that
-    /// reads or reshapes the mask, or attends over keys other than the cache's, takes
-    /// [`AttnMask::plain`] first.
+    /// reads, reshapes or gathers the mask treats `mask` as an [`AttnMask::Array`]
+    /// (`AttnMask::Array(m) | AttnMask::LeftPadded { mask: m, .. }`) and hands on an
+    /// `Array` of what it made.
     LeftPadded {
         /// The boolean mask.
         mask: Array,
         /// Each row's padded positions at the start of the keys.
         left_padding: Array,
     },
-}
-
-impl AttnMask {
-    /// The mask as mlx-lm has it: a left-padded one as its boolean array, any other as
-    /// it is.
-    pub fn plain(&self) -> AttnMask {
-        match self {
-            AttnMask::LeftPadded { mask, .. } => AttnMask::Array(mask.clone()),
-            other => other.clone(),
-        }
-    }
 }
 
 /// Keys and values handed back by a cache for attention.

@@ -240,8 +240,6 @@ impl MlaAttention {
         residual: &Array,
         q_scale: Option<&Array>,
     ) -> Result<Array> {
-        // The latent attention reads the mask itself (and the indexer gathers it).
-        let mask = &mask.plain();
         let (b, l) = batch_len(x)?;
         let (q, qr) = match (&self.q_proj, &self.q_a_proj, &self.q_a_layernorm, &self.q_b_proj) {
             (Some(p), ..) => (p.forward(x)?, None),

@@ -127,8 +127,6 @@ impl Attention {
         mask: &AttnMask,
         cache: Option<&mut dyn KvCache>,
     ) -> Result<Array> {
-        // A left-padded mask as its array, which the repeats' axis reshapes.
-        let mask = &mask.plain();
         let (b, l) = batch_len(x)?;
         let queries = split_heads(&self.q_proj.forward(x)?, b, l, self.n_heads)?;
         let keys = split_heads(&self.k_proj.forward(x)?, b, l, self.n_kv_heads)?;
@@ -167,7 +165,9 @@ impl Attention {
         // the repeats (mlx-lm fails to broadcast it there and cannot batch gemma2).
         let grouped;
         let mask = match mask {
-            AttnMask::Array(m) if self.repeats > 1 && m.ndim() == 4 => {
+            AttnMask::Array(m) | AttnMask::LeftPadded { mask: m, .. }
+                if self.repeats > 1 && m.ndim() == 4 =>
+            {
                 grouped = AttnMask::Array(m.expand_dims(&[2])?);
                 &grouped
             }
