@@ -98,39 +98,25 @@ __device__ __forceinline__ void sdpa_padded(const T* q, const T* k, const T* v,
     m[g] = neg_inf;
     s[g] = 0.f;
   }
+  // Key and value row j's elements of this lane, in float.
+  auto load_row = [&](int j, float (&kx)[E], float (&vx)[E]) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      kx[e] = static_cast<float>(kp[j * ks[2] + (lane * E + e) * ks[3]]);
+      vx[e] = static_cast<float>(vp[j * vs[2] + (lane * E + e) * vs[3]]);
+    }
+  };
   float kk[E];
   float vv[E];
   const int first = start[b] + warp;
-  if (P && first < len) {
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      kk[e] = static_cast<float>(kp[first * ks[2] + (lane * E + e) * ks[3]]);
-      vv[e] = static_cast<float>(vp[first * vs[2] + (lane * E + e) * vs[3]]);
-    }
-  }
+  if (P && first < len) load_row(first, kk, vv);
   for (int j = first; j < len; j += BN) {
-    float kn[E];
-    float vn[E];
-    const int jn = P ? j + BN : j;
-    if (!P || jn < len) {
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        kn[e] = static_cast<float>(kp[jn * ks[2] + (lane * E + e) * ks[3]]);
-        vn[e] = static_cast<float>(vp[jn * vs[2] + (lane * E + e) * vs[3]]);
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        kn[e] = 0.f;
-        vn[e] = 0.f;
-      }
-    }
+    float kn[E] = {};
+    float vn[E] = {};
     if (!P) {
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        kk[e] = kn[e];
-        vv[e] = vn[e];
-      }
+      load_row(j, kk, vv);
+    } else if (j + BN < len) {
+      load_row(j + BN, kn, vn);
     }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
