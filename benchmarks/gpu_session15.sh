@@ -40,10 +40,15 @@
 #              (MLX_FAST_QMM_MMA=0: each row's one-row bits), off (MLX_FAST_QMM=0: MLX's qmm),
 #              prof (the defaults with the engine's profile lines every 32 steps), mask
 #              (MLX_BATCH_DECODE_MASK=array: mlx-lm's all-true decoding mask kept), nopad
-#              (MLX_SDPA_PADDED=0: MLX's masked attention for padded rows), w16 / pf / w16pf
-#              (MLX_SDPA_PADDED_WIDTH=16, MLX_SDPA_PADDED_PREFETCH=1, both), mmaw4 / mmarw1 /
-#              mmaw4rw1 (the tensor-core product with MLX_FAST_QMM_MMA_WARPS=4, with 16 rows
-#              of w a block always: MLX_FAST_QMM_MMA_MIN_BLOCKS=1000000000, both)
+#              (MLX_SDPA_PADDED=0: MLX's masked attention for padded rows), pf
+#              (MLX_SDPA_PADDED_PREFETCH=1), mmaw4 / mmarw1 / mmaw4rw1 (the tensor-core
+#              product with MLX_FAST_QMM_MMA_WARPS=4, with 16 rows of w a block always:
+#              MLX_FAST_QMM_MMA_MIN_BLOCKS=1000000000, both), mmarw4 / mmaw4rw4 (64 rows
+#              of w a block: MLX_FAST_QMM_MMA_RW=4, alone and with 4 warps), lean (MLX_FAST_QMV_LEAN=1:
+#              the one-row 4-bit kernels with ~25-40% fewer instructions a chunk)
+#   leancheck  issue 21: fused_check qmv under MLX_FAST_QMV_LEAN=1 (every product shape and
+#              the 8B 4-bit and qwen2.5-0.5b-4bit logits against MLX's qmv, bit for bit),
+#              then qmm_rows_check under it (kBodyM's rows against the one-row kernel)
 #   mma        issue 21: qmm_mma_check on the 8B 4-bit model's weights (MMA_ARGS)
 #   quality    issue 21: benchmarks/gpu_quality.sh (the real default model from
 #              /root/stash/smollm2 when staged, 1B and 8B 4-bit shapes)
@@ -98,8 +103,8 @@
 #              GEMV_ROUNDS (2) rounds of processes in flipped order, -p 128 -g GEMV_G (256)
 #   sdpapad    issue 21: sdpa_pad_check (our attention kernel over left-padded rows against
 #              MLX's masked attention; SDPA_ITERS; SDPA_ARMS, e.g. "MLX_SDPA_PADDED=1;
-#              MLX_SDPA_PADDED_WIDTH=16;MLX_SDPA_PADDED_PREFETCH=1"; then ptxas's registers
-#              and spills of its kernels)
+#              MLX_SDPA_PADDED_PREFETCH=1"; then ptxas's registers and spills of its
+#              kernels)
 #   agree      issue 21: greedy answers served alone against served together in one batch
 #              (benchmarks/batch_agree.py; AGREE_MODEL (smollm2-f16: the default model in
 #              float16), AGREE_STREAMS, AGREE_ARMS (default mask nopad), AGREE_G)
@@ -213,6 +218,19 @@ for PART in "$@"; do
         env OUT="$a" "${e[@]}" timeout "$t" bash benchmarks/gpu_structured.sh \
           "$NEW" --only llama-3.1-8b-bf16 --streams 32 > "$a/stdout.txt" 2>&1
       done ;;
+    leancheck)
+      # MLX_FAST_QMV_LEAN=1's kernels against MLX's qmv, bit for bit (shapes, then logits)
+      ensure_model llama-3.1-8b-4bit "$D"
+      ensure_model qwen2.5-0.5b-4bit "$D"
+      MLX_FAST_QMV_LEAN=1 timeout $(( $(left) - 90 )) "$NEW/fused_check" "$MODELS/llama-3.1-8b-4bit" 64 16 qmv \
+        > "$D/stdout.txt" 2>&1
+      echo "rc=$?" >> "$D/stdout.txt"
+      MLX_FAST_QMV_LEAN=1 FUSED_CHECK_SHAPES=0 timeout 60 "$NEW/fused_check" "$MODELS/qwen2.5-0.5b-4bit" 64 16 qmv \
+        >> "$D/stdout.txt" 2>&1
+      echo "rc=$?" >> "$D/stdout.txt"
+      MLX_FAST_QMV_LEAN=1 MLX_FAST_QMM_MMA=0 timeout 25 "$NEW/qmm_rows_check" --gs 64 --m 2,8,32 --iters 5 \
+        >> "$D/stdout.txt" 2>&1
+      echo "rc=$?" >> "$D/stdout.txt" ;;
     qmm)
       timeout $(( L < ${QMM_CAP:-200} ? L : ${QMM_CAP:-200} )) "$NEW/qmm_rows_check" ${QMM_ARGS:---gs 64 --m 2,3,4,8,16,32 --iters 20} \
         > "$D/stdout.txt" 2>&1 ;;
@@ -367,17 +385,21 @@ for PART in "$@"; do
         [ "$arm" = prof ] && e=(MLX_ENGINE_PROFILE=1 MLX_ENGINE_PROFILE_EVERY=32)
         # mask: mlx-lm's all-true mask kept in a decoding step of unpadded rows
         [ "$arm" = mask ] && e=(MLX_BATCH_DECODE_MASK=array)
-        # nopad: MLX's masked attention for padded rows (not our sdpa_padded kernel); w16:
-        # that kernel with 4 heads a block at D 128; pf: its next key's rows loaded ahead
+        # nopad: MLX's masked attention for padded rows (not our sdpa_padded kernel); pf:
+        # that kernel with its next key's rows loaded ahead
         [ "$arm" = nopad ] && e=(MLX_SDPA_PADDED=0)
-        [ "$arm" = w16 ] && e=(MLX_SDPA_PADDED_WIDTH=16)
         [ "$arm" = pf ] && e=(MLX_SDPA_PADDED_PREFETCH=1)
-        [ "$arm" = w16pf ] && e=(MLX_SDPA_PADDED_WIDTH=16 MLX_SDPA_PADDED_PREFETCH=1)
+        # lean: the one-row 4-bit kernels' lean bodies (byte-permute unpack, per-lane bases)
+        [ "$arm" = lean ] && e=(MLX_FAST_QMV_LEAN=1)
         # the tensor-core product's layout: 4 warps a block (mmaw4), 16 rows of w a block
         # always (mmarw1), both
         [ "$arm" = mmaw4 ] && e=(MLX_FAST_QMM_MMA_WARPS=4)
         [ "$arm" = mmarw1 ] && e=(MLX_FAST_QMM_MMA_MIN_BLOCKS=1000000000)
         [ "$arm" = mmaw4rw1 ] && e=(MLX_FAST_QMM_MMA_WARPS=4 MLX_FAST_QMM_MMA_MIN_BLOCKS=1000000000)
+        # 64 rows of w a block (x read from L2 half as often; at 32 rows of x only with 4
+        # warps, whose partial sums fit 48 KB): mmarw4 alone takes it at batch 8
+        [ "$arm" = mmarw4 ] && e=(MLX_FAST_QMM_MMA_RW=4)
+        [ "$arm" = mmaw4rw4 ] && e=(MLX_FAST_QMM_MMA_WARPS=4 MLX_FAST_QMM_MMA_RW=4)
         echo "## b=$b arm=$arm" >> "$D/stdout.txt"
         env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-4bit" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1

@@ -20,7 +20,7 @@ fn root() -> PathBuf {
 }
 
 const USAGE: &str = "usage: cargo xtask <command>
-  test [--quick]      fmt, clippy, bindings check, rustdoc, parity, doc tests, all tests
+  test [--quick]      fmt, clippy, bindings check, rustdoc, device code, parity, doc tests, all tests
   bench [--model M] [-p N] [-g N] [-n N] [--out F]   ours vs mlx_lm.benchmark
   bindgen [--check]   regenerate (or verify) crates/mlx-sys/src/bindings.rs
   install [--prefix]  install release binaries and their mlx_lm.* aliases

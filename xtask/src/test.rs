@@ -61,6 +61,16 @@ pub fn run(root: &Path, extra: &[String]) -> Result<()> {
         "cargo",
         &["doc", "--workspace", "--no-deps"],
     )?;
+    // Our CUDA device code (crates/mlx-sys/shim/fast_*.cpp) compiles with NVRTC for the
+    // H100 / H200 as MLX's JIT would, and every kernel fits the registers its block may
+    // have: on a CPU machine, with the CUDA wheels fetched once (~150 MB, cached).
+    let python = std::env::var("MLX_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    step(
+        root,
+        "device code",
+        &python,
+        &["benchmarks/kernel_offline.py", "--quick"],
+    )?;
     if !quick {
         // Logits, generation and convert parity gate CI (generation ~3.5 min and
         // convert ~3.5 min from a cold cache on 2 cores). The training section's default

@@ -148,6 +148,10 @@ KernelSwitch g_residual("MLX_FAST_QMV_RESIDUAL");
 // mlx-lm's swiglu of a gate/up pair computed in their launch (`try_fast_qmv_swiglu`);
 // MLX_FAST_QMV_SWIGLU=0 (or `set_fast_qmv_swiglu(false)`) leaves it to MLX.
 KernelSwitch g_swiglu("MLX_FAST_QMV_SWIGLU");
+// MLX_FAST_QMV_LEAN=1 (an experiment, off until measured on a device): the one-row bodies
+// (row_sum, rows_n) and kBodyM unpack nibbles by byte permutes and load from per-lane
+// bases; ~25-40% fewer instructions a chunk (ptxas, sm_90a), every value the same.
+KernelSwitch g_lean("MLX_FAST_QMV_LEAN", false);
 // The most weights one launch takes (q/k/v).
 constexpr size_t kMaxParts = 4;
 // One launch for several weights only while they hold at most this many elements in all.
@@ -200,8 +204,17 @@ constexpr int kMmaMaxPartRows = 32;
 constexpr long long kMmaMinBlocks = 264;
 // Experiments on the layout, read once (the defaults above otherwise; another split of K
 // over the warps is another order of the partial sums, in the same accuracy class):
-// MLX_FAST_QMM_MMA_WARPS (2, 4 or 8: the block's shared partial sums stay under 48 KB)
-// and MLX_FAST_QMM_MMA_MIN_BLOCKS (a huge value: 16 rows of w a block always).
+// MLX_FAST_QMM_MMA_WARPS (2, 4 or 8: the block's shared partial sums stay under 48 KB),
+// MLX_FAST_QMM_MMA_MIN_BLOCKS (a huge value: 16 rows of w a block always) and
+// MLX_FAST_QMM_MMA_RW=4 (64 rows of w a block where the grid keeps kMmaMinBlocks blocks
+// and the partial sums fit 48 KB, i.e. with 4 or fewer warps at 32 rows of x). A warp
+// reads its 8 * MF rows of x for each 16 rows of w it holds: at 32 rows of x and 32 rows
+// of w (the default at batch 32) x's bytes from L2 are 4x the weight's, at 64 rows 2x
+// (ptxas for sm_90a: 212 registers a thread, no spills; benchmarks/kernel_offline.py).
+int mma_rw_max() {
+  static const int v = env_count("MLX_FAST_QMM_MMA_RW", 2) == 4 ? 4 : 2;
+  return v;
+}
 int mma_warps() {
   static const int v = [] {
     const long long w = env_count("MLX_FAST_QMM_MMA_WARPS", kMmaWarps);
@@ -364,6 +377,22 @@ __device__ __forceinline__ void load_x16(const __nv_bfloat16* x, int idx, bool x
   }
 }
 
+// Nibbles 2i and 2i + 1 of `word` (low nibble first) as the bfloat16 bits of 128 + v in the
+// low and high halves: byte i of `word` and byte i of `hi` (= word >> 4, shared by a
+// word's four pairs) side by side, masked. Two instructions a pair where the shifts and
+// masks of each nibble take six; the same bits.
+// (t & 0x000F000F) | 0x43004300: the nibbles at bits 0 and 16 of t as the bfloat16 bits of
+// 128 + v. One LOP3 (0xEA: (a & b) | c); written as two operations it is issued as two.
+__device__ __forceinline__ uint32_t magic_bits(uint32_t t) {
+  uint32_t bits;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(bits) : "r"(t), "n"(0x000F000F), "n"(0x43004300));
+  return bits;
+}
+
+__device__ __forceinline__ uint32_t nibble_pair(uint32_t word, uint32_t hi, int i) {
+  return magic_bits(__byte_perm(word, hi, 0x4400u + 0x1111u * i));
+}
+
 // The output of one row: the product rounded to bfloat16, plus `res`'s element in
 // bfloat16 where RES (MLX's `add` of the residual, fused).
 template <bool RES>
@@ -378,8 +407,12 @@ __device__ __forceinline__ void store(__nv_bfloat16* out, const __nv_bfloat16* r
 }
 
 // The float sum of row `row` of a warp (every lane gets it), all of a lane's loads issued
-// before its arithmetic (`U` chunks at a time).
-template <int K, int GS, int U>
+// before its arithmetic (`U` chunks at a time). LEAN (MLX_FAST_QMV_LEAN=1): the nibbles
+// unpacked by nibble_pair, and each chunk's loads at compile-time offsets from per-lane
+// bases instead of addresses computed a chunk (a signed division and 64-bit arithmetic
+// for each scale and bias): 816 -> ~600 instructions a warp for a 4096-long row (ptxas
+// for sm_90a, benchmarks/kernel_offline.py). Every value the same.
+template <int K, int GS, int U, bool LEAN>
 __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t* w,
                                          const __nv_bfloat16* scales,
                                          const __nv_bfloat16* biases, const int row) {
@@ -407,14 +440,25 @@ __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t*
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       uint32_t word = j < 4 ? wv.x : wv.y;
-      uint32_t byte = (word >> (8 * (j & 3))) & 0xFFu;
+      uint32_t bits;
+      if constexpr (LEAN) {
+        bits = nibble_pair(word, word >> 4, j & 3);
+      } else {
+        uint32_t byte = (word >> (8 * (j & 3))) & 0xFFu;
+        bits = 0x43004300u | (byte & 0xFu) | ((byte >> 4) << 16);
+      }
       // bfloat16 bits of 128 + v, minus 128: the nibble v, exactly.
-      uint32_t bits = 0x43004300u | (byte & 0xFu) | ((byte >> 4) << 16);
       __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&bits), k128);
       __nv_bfloat162 d = __hadd2(__hmul2(q, s2), b2);
       acc[j] = __hfma2(j < 4 ? x0[j] : x1[j - 4], d, acc[j]);
     }
   };
+  // LEAN's bases: chunk r's 8 bytes of w at wl[32 r], its scale and bias at [r * 512 / GS]
+  // (lane * 16 + r * 512 over GS, as GS divides 512).
+  const unsigned ul = threadIdx.x;
+  const uint2* wl = reinterpret_cast<const uint2*>(wr) + ul;
+  const __nv_bfloat16* sl = sr + ul * 16 / GS;
+  const __nv_bfloat16* bl = br + ul * 16 / GS;
 #pragma unroll
   for (int r0 = 0; r0 < NCH; r0 += U) {
     uint2 wv[U];
@@ -423,10 +467,16 @@ __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t*
     for (int u = 0; u < U; ++u) {
       const int r = r0 + u;
       if (r < NCH) {
-        const int idx = lane * 16 + r * 512;
-        wv[u] = __ldg(reinterpret_cast<const uint2*>(wr + idx / 2));
-        sc[u] = sr[idx / GS];
-        bi[u] = br[idx / GS];
+        if constexpr (LEAN) {
+          wv[u] = __ldg(wl + 32 * r);
+          sc[u] = sl[r * (512 / GS)];
+          bi[u] = bl[r * (512 / GS)];
+        } else {
+          const int idx = lane * 16 + r * 512;
+          wv[u] = __ldg(reinterpret_cast<const uint2*>(wr + idx / 2));
+          sc[u] = sr[idx / GS];
+          bi[u] = br[idx / GS];
+        }
       }
     }
 #pragma unroll
@@ -452,7 +502,7 @@ __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t*
 }
 
 // One row a warp: row `block * ROWS + threadIdx.y` of n.
-template <int K, int GS, int ROWS, int U, bool RES>
+template <int K, int GS, int ROWS, int U, bool RES, bool LEAN = false>
 __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
                                       const __nv_bfloat16* scales,
                                       const __nv_bfloat16* biases, __nv_bfloat16* out,
@@ -460,7 +510,7 @@ __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
                                       const __nv_bfloat16* res) {
   const int row = block * ROWS + threadIdx.y;
   if (row >= n) return;
-  const float sum = row_sum<K, GS, U>(x, w, scales, biases, row);
+  const float sum = row_sum<K, GS, U, LEAN>(x, w, scales, biases, row);
   if (threadIdx.x == 0) store<RES>(out, res, row, sum);
 }
 
@@ -473,7 +523,7 @@ __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
 // is bit-identical to the one-row kernel's for that x row alone. A chunk of a row of w is
 // loaded and dequantized once for all the part's x rows, and a chunk of a row of x is
 // loaded once for the warp's RW rows of w.
-template <int K, int GS, int ROWS, int U, int MT, int RW>
+template <int K, int GS, int ROWS, int U, int MT, int RW, bool LEAN = false>
 __device__ __forceinline__ void rows_m(const __nv_bfloat16* x, const uint32_t* w,
                                        const __nv_bfloat16* scales,
                                        const __nv_bfloat16* biases, __nv_bfloat16* out,
@@ -522,9 +572,14 @@ __device__ __forceinline__ void rows_m(const __nv_bfloat16* x, const uint32_t* w
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         uint32_t word = j < 4 ? wv[v].x : wv[v].y;
-        uint32_t byte = (word >> (8 * (j & 3))) & 0xFFu;
+        uint32_t bits;
+        if constexpr (LEAN) {
+          bits = nibble_pair(word, word >> 4, j & 3);
+        } else {
+          uint32_t byte = (word >> (8 * (j & 3))) & 0xFFu;
+          bits = 0x43004300u | (byte & 0xFu) | ((byte >> 4) << 16);
+        }
         // bfloat16 bits of 128 + the nibble, minus 128: the nibble, exactly.
-        uint32_t bits = 0x43004300u | (byte & 0xFu) | ((byte >> 4) << 16);
         __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&bits), k128);
         d[v][j] = __hadd2(__hmul2(q, s2), b2);
       }
@@ -606,7 +661,7 @@ __device__ __forceinline__ void rows_m(const __nv_bfloat16* x, const uint32_t* w
 // kernel over bfloat16 values: Multiply(Multiply(g, Sigmoid(g)), u) with MLX's own device
 // functors. Rows `block * ROWS + i` of both weights: warp i the gate's, warp ROWS + i the
 // up's, each the same row body as alone, its product rounded to bfloat16 as MLX stores it.
-template <int K, int GS, int ROWS, int U>
+template <int K, int GS, int ROWS, int U, bool LEAN = false>
 __device__ __forceinline__ void swiglu_rows(const __nv_bfloat16* x, const uint32_t* wg,
                                             const __nv_bfloat16* sg,
                                             const __nv_bfloat16* bg, const uint32_t* wu,
@@ -618,7 +673,8 @@ __device__ __forceinline__ void swiglu_rows(const __nv_bfloat16* x, const uint32
   const int i = threadIdx.y - up * ROWS;
   const int row = block * ROWS + i;
   if (row < n) {
-    const float sum = row_sum<K, GS, U>(x, up ? wu : wg, up ? su : sg, up ? bu : bg, row);
+    const float sum =
+        row_sum<K, GS, U, LEAN>(x, up ? wu : wg, up ? su : sg, up ? bu : bg, row);
     if (threadIdx.x == 0) prod[up][i] = __float2bfloat16_rn(sum);
   }
   __syncthreads();
@@ -634,7 +690,7 @@ __device__ __forceinline__ void swiglu_rows(const __nv_bfloat16* x, const uint32
 // unpacked as the pairs (e, e + 4) of each 32-bit word and x permuted to match (each
 // element keeps its own accumulator, so the pairing changes no result), and the loads
 // either issued `U` chunks ahead of their arithmetic (WIN) or `U` chunks at a time.
-template <int K, int GS, int ROWS, int U, int RW, bool WIN, bool RES>
+template <int K, int GS, int ROWS, int U, int RW, bool WIN, bool RES, bool LEAN = false>
 __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w,
                                        const __nv_bfloat16* scales,
                                        const __nv_bfloat16* biases, __nv_bfloat16* out,
@@ -688,10 +744,34 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const uint32_t word = j < 4 ? wv.x : wv.y;
+      const uint32_t t = word >> (4 * (j & 3));
       const __nv_bfloat162 q =
-          __hsub2(bf2(((word >> (4 * (j & 3))) & 0x000F000Fu) | 0x43004300u), k128);
+          __hsub2(bf2(LEAN ? magic_bits(t) : ((t & 0x000F000Fu) | 0x43004300u)), k128);
       const __nv_bfloat162 d = __hadd2(__hmul2(q, s2), b2);
       a[j] = __hfma2(xp[j], d, a[j]);
+    }
+  };
+  // Chunk r of row i: under LEAN from per-lane bases (as row_sum's), else from its index.
+  const uint2* wl[RW];
+  const __nv_bfloat16* sl[RW];
+  const __nv_bfloat16* bl[RW];
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    const unsigned ul = threadIdx.x;
+    wl[i] = reinterpret_cast<const uint2*>(wr[i]) + ul;
+    sl[i] = sr[i] + ul * 16 / GS;
+    bl[i] = br[i] + ul * 16 / GS;
+  }
+  auto load = [&](int i, int r, uint2& wv, __nv_bfloat16& sc, __nv_bfloat16& bi) {
+    if constexpr (LEAN) {
+      wv = __ldg(wl[i] + 32 * r);
+      sc = __ldg(sl[i] + r * (512 / GS));
+      bi = __ldg(bl[i] + r * (512 / GS));
+    } else {
+      const int idx = lane * 16 + r * 512;
+      wv = __ldg(reinterpret_cast<const uint2*>(wr[i] + idx / 2));
+      sc = __ldg(sr[i] + idx / GS);
+      bi = __ldg(br[i] + idx / GS);
     }
   };
   if (WIN) {
@@ -700,13 +780,8 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
 #pragma unroll
     for (int r = 0; r < NCH + U; ++r) {
       if (r < NCH) {
-        const int idx = lane * 16 + r * 512;
 #pragma unroll
-        for (int i = 0; i < RW; ++i) {
-          wv[i][r] = __ldg(reinterpret_cast<const uint2*>(wr[i] + idx / 2));
-          sc[i][r] = __ldg(sr[i] + idx / GS);
-          bi[i][r] = __ldg(br[i] + idx / GS);
-        }
+        for (int i = 0; i < RW; ++i) load(i, r, wv[i][r], sc[i][r], bi[i][r]);
       }
       if (r >= U && r - U < NCH) {
         const int c = r - U;
@@ -727,13 +802,8 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
       for (int u = 0; u < U; ++u) {
         const int r = r0 + u;
         if (r < NCH) {
-          const int idx = lane * 16 + r * 512;
 #pragma unroll
-          for (int i = 0; i < RW; ++i) {
-            wv[i][u] = __ldg(reinterpret_cast<const uint2*>(wr[i] + idx / 2));
-            sc[i][u] = __ldg(sr[i] + idx / GS);
-            bi[i][u] = __ldg(br[i] + idx / GS);
-          }
+          for (int i = 0; i < RW; ++i) load(i, r, wv[i][u], sc[i][u], bi[i][u]);
         }
       }
 #pragma unroll
@@ -821,7 +891,7 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* v) {
 // FMA), the products accumulate in float32. The NW warps of a block split K (warp i takes
 // steps i, i + NW, ...) and their partial sums are added in warp order through shared
 // memory: the result does not depend on timing.
-template <int K, int GS, int NW, int U, int R, int MF>
+template <int K, int GS, int NW, int U, int R, int MF, bool LEAN = false>
 __device__ __forceinline__ void rows_mma(const __nv_bfloat16* x, const uint32_t* w,
                                          const __nv_bfloat16* scales,
                                          const __nv_bfloat16* biases, __nv_bfloat16* out,
@@ -910,8 +980,11 @@ __device__ __forceinline__ void rows_mma(const __nv_bfloat16* x, const uint32_t*
       uint32_t xp[MF][4];
 #pragma unroll
       for (int f = 0; f < MF; ++f) {
+        // Rows of x past m read row m - 1 (xr is clamped) into outputs that are not
+        // stored: each row of x is its own column of the products. LEAN loads them so,
+        // without zeroing and selecting (~60 instructions a step of 64 products, ptxas).
         uint4 xa = make_uint4(0u, 0u, 0u, 0u);
-        if (xv[f]) {
+        if (LEAN || xv[f]) {
           const __nv_bfloat16* p = xr[f] + k0 + 8 * u;
           if (x_aligned) {
             xa = *reinterpret_cast<const uint4*>(p);
@@ -1058,10 +1131,13 @@ std::vector<KernelParam> weight_params(const std::string& w, const std::string& 
 
 const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int device) {
   static std::mutex mu;
-  static std::map<KernelKey, mx::fast::CustomKernelFunction> kernels;
+  static std::map<std::pair<KernelKey, bool>, mx::fast::CustomKernelFunction> kernels;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = kernels.find(key);
+  const bool lean = g_lean.on();
+  auto it = kernels.find({key, lean});
   if (it != kernels.end()) return it->second;
+  // The bodies' last template argument (LEAN), where they have it.
+  const std::string lean_arg = lean ? ", true" : ", false";
   const Layout& l = key.layout;
   const int parts = static_cast<int>(key.ns.size());
   // The body's template arguments: K, group size, warps a block, chunks a load.
@@ -1087,7 +1163,7 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
             std::to_string(key.mt) + "u" + std::to_string(l.u);
     src = "  mlxs_qmv::rows_mma<" + std::to_string(key.k) + ", " + std::to_string(key.gs) +
           ", " + std::to_string(l.rows) + ", " + std::to_string(l.u) + ", " +
-          std::to_string(l.rw) + ", " + std::to_string(key.mt / 8) +
+          std::to_string(l.rw) + ", " + std::to_string(key.mt / 8) + lean_arg +
           ">(x, w, scales, biases, out, w_shape[0], x_shape[0], blockIdx.y, blockIdx.x);\n";
   } else if (key.mt > 0) {
     // The rows of x and of w come from their shapes (x is passed as [m, K]), so one compiled
@@ -1097,20 +1173,20 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
     outputs.push_back("out");
     name += "_m" + std::to_string(key.mt) + "x" + std::to_string(l.rw);
     src = "  mlxs_qmv::rows_m<" + targs + ", " + std::to_string(key.mt) + ", " +
-          std::to_string(l.rw) +
+          std::to_string(l.rw) + lean_arg +
           ">(x, w, scales, biases, out, w_shape[0], x_shape[0], blockIdx.y, blockIdx.x);\n";
   } else if (key.swiglu) {
     add(weight_params("w0", "s0", "b0"));
     add(weight_params("w1", "s1", "b1"));
     outputs.push_back("out");
     name += "_n" + std::to_string(key.ns[0]) + "_swiglu";
-    src = "  mlxs_qmv::swiglu_rows<" + targs + ">(x, w0, s0, b0, w1, s1, b1, out, " +
+    src = "  mlxs_qmv::swiglu_rows<" + targs + lean_arg + ">(x, w0, s0, b0, w1, s1, b1, out, " +
           std::to_string(key.ns[0]) + ", blockIdx.y);\n";
   } else {
     std::string body = l.body == 1 ? "mlxs_qmv::rows_n<" : "mlxs_qmv::rows1<";
     body += targs;
     if (l.body == 1) body += ", " + std::to_string(l.rw) + (l.window ? ", true" : ", false");
-    body += key.res ? ", true>" : ", false>";
+    body += (key.res ? ", true" : ", false") + lean_arg + ">";
     int first = 0;  // the first block of part i
     for (int i = 0; i < parts; ++i) {
       const std::string sfx = parts == 1 ? "" : std::to_string(i);
@@ -1136,7 +1212,9 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
     inputs.emplace_back("res", mx::bfloat16);
     name += "_res";
   }
-  return kernels.emplace(key, tagged_kernel(name, inputs, outputs, src, device)).first->second;
+  if (lean) name += "_lean";
+  return kernels.emplace(std::make_pair(key, lean), tagged_kernel(name, inputs, outputs, src, device))
+      .first->second;
 }
 
 // K and N of a 4-bit product (any number of rows of x) whose rows our kernels take (the
@@ -1255,7 +1333,11 @@ std::optional<mx::array> mma_rows(const mx::array& x, const mx::array& w, const 
   const long long parts = (m + kMmaMaxPartRows - 1) / kMmaMaxPartRows;
   const long long per_part = (m + parts - 1) / parts;
   const int mt = static_cast<int>((per_part + 7) / 8 * 8);
-  const int rw = (n + 31) / 32 * parts >= mma_min_blocks() ? 2 : 1;
+  int rw = (n + 31) / 32 * parts >= mma_min_blocks() ? 2 : 1;
+  if (rw == 2 && mma_rw_max() == 4 && (n + 63) / 64 * parts >= mma_min_blocks() &&
+      mma_warps() * 64 * (mt + 1) * 4 <= 48 * 1024) {
+    rw = 4;
+  }
   const Layout l{3, mma_warps(), rw, u, false};
   const long long blocks = (n + 16ll * rw - 1) / (16ll * rw);
   if (blocks > kMaxBlocksY || parts * 32 > std::numeric_limits<int>::max()) return std::nullopt;

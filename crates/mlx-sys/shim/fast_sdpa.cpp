@@ -16,8 +16,10 @@
 // kernel is for an unpadded batch); the same bits for any G. Session 34 (H100, ncu of the
 // 8B 4-bit shape at batch 32): one head a block took ~81 us a layer, 1,024 blocks of
 // 1,024 threads in eight waves; G heads a block cut the blocks G-fold (62.9 us a layer,
-// batch 32 +11%). Not yet run on a device: `MLX_SDPA_PADDED_WIDTH=16` (four heads a
-// block at D = 128) and `MLX_SDPA_PADDED_PREFETCH=1` (the next key's rows in flight).
+// batch 32 +11%). Not yet run on a device: `MLX_SDPA_PADDED_PREFETCH=1` (the next key's
+// rows in flight). Four heads a block at D = 128 (or 7-8 at D = 64) take 72-92 registers
+// a thread (ptxas for sm_90a, benchmarks/kernel_offline.py), over the 64 a block of 1,024
+// threads may have: those cannot launch, so the bound below stays.
 #include "fast_sdpa.h"
 
 #include "kernel_cache.h"
@@ -206,13 +208,9 @@ const mx::fast::CustomKernelFunction& kernel_for(mx::Dtype dtype, int d, int g, 
 // Query heads a block takes: the largest divisor of the heads sharing a key-value head
 // with G * D / 32 <= 8, so a thread's queries and accumulators (2 * G * D / 32 floats)
 // stay as few registers as one head of D = 128 in two, and a block of 1024 threads fits
-// the 64 registers a thread it may have. `MLX_SDPA_PADDED_WIDTH` (1 to 32, read once)
-// sets that bound of G * D / 32 instead of 8: an experiment (16 gives the 8B's D = 128
-// four heads a block; a kernel over 64 registers a thread fails to launch).
+// the 64 registers a thread it may have (G * D / 32 = 16 takes 72 or more: see above).
 int heads_per_block(int group, int d) {
-  static const int width = static_cast<int>(
-      std::min<long long>(32, std::max<long long>(1, env_count("MLX_SDPA_PADDED_WIDTH", 8))));
-  const int most = std::max(1, width / (d / 32));
+  const int most = std::max(1, 8 / (d / 32));
   for (int g = most; g > 1; --g) {
     if (group % g == 0) return g;
   }
