@@ -27,6 +27,7 @@ import collections
 import ctypes
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -38,11 +39,11 @@ CACHE = Path(os.environ.get("MLX_RS_CUDA_OFFLINE", Path.home() / ".cache/mlx-rs/
 ARCH = "sm_90a"  # the H100 / H200 (our compile() adds "a" from compute capability 9)
 WHEELS = [
     "mlx-cuda-13==0.32.4",
-    "nvidia-cuda-nvrtc==13.*",
-    "nvidia-cuda-runtime==13.*",
-    "nvidia-cuda-crt==13.*",
-    "nvidia-cuda-cuobjdump==13.*",
-    "nvidia-cuda-nvdisasm==13.*",
+    "nvidia-cuda-nvrtc==13.5.37",
+    "nvidia-cuda-runtime==13.5.37",
+    "nvidia-cuda-crt==13.5.37",
+    "nvidia-cuda-cuobjdump==13.5.37",
+    "nvidia-cuda-nvdisasm==13.5.37",
 ]
 # kernel_cache.cpp's markers: each MLX device header is the string in libmlx holding it.
 HEADER_MARKERS = {
@@ -65,23 +66,29 @@ QUICK = (r"^(qmv_(rows1|rows1_res|rows_n_heads|rows_n_long|swiglu)_k(4096|14336)
 def toolchain():
     """The unpacked wheels (fetched with pip once); the `site` folder holding them."""
     site = CACHE / "site"
-    if (site / "mlx" / "lib" / "libmlx.so").exists() and (site / ".complete").exists():
+    done = site / ".complete"
+    want = "\n".join(WHEELS) + "\n"
+    if (site / "mlx" / "lib" / "libmlx.so").exists() and done.exists() and done.read_text() == want:
         return site
     wheels = CACHE / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
+    if wheels.exists():  # another list's wheels: fetched again
+        shutil.rmtree(wheels)
+    wheels.mkdir(parents=True)
     print(f"fetching the CUDA wheels into {wheels} (once)", file=sys.stderr)
     python = os.environ.get("MLX_PYTHON", sys.executable)
     subprocess.run(
         [python, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), *WHEELS],
         check=True,
     )
-    site.mkdir(parents=True, exist_ok=True)
+    if site.exists():
+        shutil.rmtree(site)
+    site.mkdir(parents=True)
     for whl in sorted(wheels.glob("*.whl")):
         with zipfile.ZipFile(whl) as z:
             z.extractall(site)
     for exe in site.glob("nvidia/*/bin/*"):
         exe.chmod(0o755)
-    (site / ".complete").write_text("\n".join(WHEELS) + "\n")
+    done.write_text(want)
     return site
 
 
