@@ -302,6 +302,44 @@ def opcode_counts(text):
     return counts
 
 
+REDUCE_STUB = """// qmv_host_check.cpp's stand-in for cooperative_groups/reduce.h: reduce records each
+// lane's value (g_record) and returns it.
+#pragma once
+#include <vector>
+extern std::vector<float> g_record;
+namespace cooperative_groups {
+struct thread_block {};
+inline thread_block this_thread_block() { return {}; }
+template <unsigned N>
+struct thread_block_tile {};
+template <unsigned N, class P>
+thread_block_tile<N> tiled_partition(const P&) { return {}; }
+template <class T>
+struct plus {
+  T operator()(T a, T b) const { return a + b; }
+};
+template <class G, class T, class Op>
+T reduce(const G&, T v, Op) {
+  g_record.push_back(v);
+  return v;
+}
+}  // namespace cooperative_groups
+"""
+
+
+def host_check(out):
+    """fast_qmv.cpp's one-row bodies run on the CPU in both forms (qmv_host_check.cpp)."""
+    d = out / "host"
+    (d / "cooperative_groups").mkdir(parents=True, exist_ok=True)
+    (d / "cooperative_groups" / "reduce.h").write_text(REDUCE_STUB)
+    (d / "qmv_device.h").write_text(device_code("fast_qmv.cpp"))
+    exe = d / "qmv_host_check"
+    cxx = os.environ.get("CXX", "c++")
+    subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(d), "-o", str(exe),
+                    str(ROOT / "benchmarks" / "qmv_host_check.cpp")], check=True)
+    return subprocess.run([str(exe)]).returncode
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="", help="compile only kernels whose names match this regex")
@@ -309,7 +347,16 @@ def main():
                     help="one kernel of each body and form (the test suite's step, ~1 min)")
     ap.add_argument("--sass", default="", help="write the SASS and opcode counts of matching kernels")
     ap.add_argument("--out", default="/tmp/kernel_offline", help="folder for sources, cubins, SASS")
+    ap.add_argument("--host-check", action="store_true",
+                    help="also run fast_qmv.cpp's one-row bodies on the CPU, both forms "
+                         "(benchmarks/qmv_host_check.cpp; --quick runs it too)")
     args = ap.parse_args()
+    if args.host_check or args.quick:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        if host_check(out) != 0:
+            print("the one-row bodies' forms differ on the CPU")
+            return 1
     site = toolchain()
     headers = mlx_headers(site)
     missing = [n for n in HEADER_MARKERS if PREFIX + n not in headers]
