@@ -377,10 +377,6 @@ __device__ __forceinline__ void load_x16(const __nv_bfloat16* x, int idx, bool x
   }
 }
 
-// Nibbles 2i and 2i + 1 of `word` (low nibble first) as the bfloat16 bits of 128 + v in the
-// low and high halves: byte i of `word` and byte i of `hi` (= word >> 4, shared by a
-// word's four pairs) side by side, masked. Two instructions a pair where the shifts and
-// masks of each nibble take six; the same bits.
 // (t & 0x000F000F) | 0x43004300: the nibbles at bits 0 and 16 of t as the bfloat16 bits of
 // 128 + v. One LOP3 (0xEA: (a & b) | c); written as two operations it is issued as two.
 // (The expression itself where this is compiled for the host: benchmarks/qmv_host_check.cpp.)
@@ -394,6 +390,10 @@ __device__ __forceinline__ uint32_t magic_bits(uint32_t t) {
 #endif
 }
 
+// Nibbles 2i and 2i + 1 of `word` (low nibble first) as the bfloat16 bits of 128 + v in the
+// low and high halves: byte i of `word` and byte i of `hi` (= word >> 4, shared by a
+// word's four pairs) side by side, masked. Two instructions a pair where the shifts and
+// masks of each nibble take six; the same bits.
 __device__ __forceinline__ uint32_t nibble_pair(uint32_t word, uint32_t hi, int i) {
   return magic_bits(__byte_perm(word, hi, 0x4400u + 0x1111u * i));
 }
@@ -415,7 +415,7 @@ __device__ __forceinline__ void store(__nv_bfloat16* out, const __nv_bfloat16* r
 // before its arithmetic (`U` chunks at a time). LEAN (MLX_FAST_QMV_LEAN=1): the nibbles
 // unpacked by nibble_pair, and each chunk's loads at compile-time offsets from per-lane
 // bases instead of addresses computed a chunk (a signed division and 64-bit arithmetic
-// for each scale and bias): 816 -> ~600 instructions a warp for a 4096-long row (ptxas
+// for each scale and bias): 816 -> 480 instructions a warp for a 4096-long row (ptxas
 // for sm_90a, benchmarks/kernel_offline.py). Every value the same.
 template <int K, int GS, int U, bool LEAN>
 __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t* w,
@@ -987,7 +987,8 @@ __device__ __forceinline__ void rows_mma(const __nv_bfloat16* x, const uint32_t*
       for (int f = 0; f < MF; ++f) {
         // Rows of x past m read row m - 1 (xr is clamped) into outputs that are not
         // stored: each row of x is its own column of the products. LEAN loads them so,
-        // without zeroing and selecting (~60 instructions a step of 64 products, ptxas).
+        // without zeroing and selecting (584 -> 546 instructions a step of 64 products at
+        // 32 rows of x, ptxas).
         uint4 xa = make_uint4(0u, 0u, 0u, 0u);
         if (LEAN || xv[f]) {
           const __nv_bfloat16* p = xr[f] + k0 + 8 * u;
