@@ -62,9 +62,10 @@
 #              Qwen3-30B-A3B and gpt-oss-20b 4-bit shapes of 12 layers), MOE_CASES of
 #              batch:prompt:generation (1:512:128 32:128:128), MOE_ROUNDS (1) processes a
 #              tool, alternating, order flipped each round; MOE_ENV for our arm; MOE_ARMS
-#              (ours mlx-lm; noqmv = ours with MLX_FAST_QMV=0)
+#              (ours mlx-lm; noqmv = ours with MLX_FAST_QMV=0; gqmv = ours with
+#              MLX_FAST_GATHER_QMV=1, gqmvlean with MLX_FAST_QMV_LEAN=1 too)
 #   qgemm      issue 21: qgemm_check (our tiled 4-bit kernel of 33+ rows against MLX's
-#              qmm_sm80: bits and time; QGEMM_ARGS, QGEMM_MODEL)
+#              qmm_sm80: bits and time; QGEMM_ARGS, QGEMM_MODEL, QGEMM_ENV)
 #   next       issue 26: gpu_next.sh check warm (Qwen3-Next: lean step's text, ours vs mlx-lm)
 #   nextab     issue 26: gpu_next.sh warm, Qwen3-Next decode against mlx-lm with our one-row
 #              4-bit kernels on, off (MLX_FAST_QMV=0) and only on large weights
@@ -365,6 +366,10 @@ for PART in "$@"; do
               e=(${MOE_ENV:-}); cmd=("$NEW/mlx-benchmark")
               [ "$arm" = mlx-lm ] && { e=(); cmd=(python3 -m mlx_lm benchmark); }
               [ "$arm" = noqmv ] && e=(MLX_FAST_QMV=0)
+              # gqmv: a token's experts below 8 rows (gpt-oss's top 4 at batch 1) through our
+              # one-row body's gathered form, MLX's gather_qmv bits; gqmvlean with LEAN too
+              [ "$arm" = gqmv ] && e=(MLX_FAST_GATHER_QMV=1)
+              [ "$arm" = gqmvlean ] && e=(MLX_FAST_GATHER_QMV=1 MLX_FAST_QMV_LEAN=1)
               echo "## round=$r model=$m b=$b p=$p g=$g arm=$arm" >> "$D/stdout.txt"
               env "${e[@]}" timeout 240 "${cmd[@]}" --model "$MODELS/$m" -p "$p" -g "$g" -b "$b" \
                 -n "${MOE_N:-2}" >> "$D/stdout.txt" 2>&1
@@ -540,7 +545,9 @@ for PART in "$@"; do
       # 24's arms regs / smem / bm1 compared forms of the kernel since removed.)
       [ -n "${QGEMM_MODEL:-}" ] && ensure_model "$QGEMM_MODEL" "$D"
       a=(${QGEMM_ARGS:-}); [ -n "${QGEMM_MODEL:-}" ] && a+=(--model "$MODELS/$QGEMM_MODEL")
-      timeout "$L" "$NEW/qgemm_check" "${a[@]}" > "$D/stdout.txt" 2>&1 ;;
+      # QGEMM_ENV, e.g. MLX_FAST_GATHER_QMV=1 (the gathered products below 8 rows must then
+      # run our one-row body with MLX's gather_qmv bits)
+      env ${QGEMM_ENV:-} timeout "$L" "$NEW/qgemm_check" "${a[@]}" > "$D/stdout.txt" 2>&1 ;;
     mma)
       ensure_model llama-3.1-8b-4bit "$D"
       # shellcheck disable=SC2086

@@ -57,7 +57,7 @@ HEADER_MARKERS = {
 }
 PREFIX = "mlx/backend/cuda/device/"
 # --quick: every body and form once, at the 8B's shapes and group size 64.
-QUICK = (r"^(qmv_(rows1|rows1_res|rows_n_heads|rows_n_long|swiglu)_k(4096|14336)_g64(_lean)?"
+QUICK = (r"^(qmv_(rows1|rows1_res|rows_n_heads|rows_n_long|swiglu|gather)_k(4096|14336)_g64(_lean)?"
          r"|qmv_rows_m_rw2_k4096_g64(_lean)?|qmv_mma_w8_rw2_m32_k4096_g64(_lean)?|qmv_mma_w4_rw4_m32_k4096_g64"
          r"|qmv_dequant4_g64|qgemm(_gemm_gather|_gemm_runs)?_g64_m64|gemv_(add|swiglu)_k4096"
          r"|sdpa_pad_(bf16_d128_g2|f16_d64_g4)(_p)?)$")
@@ -151,7 +151,9 @@ def kernels():
     out = []
     x = [("x", "bf16")]
     for gs in (32, 64, 128):
-        for k in (4096, 14336, 896):
+        for k in (4096, 14336, 896, 2880):  # 2880: gpt-oss-20b's experts
+            if k % gs != 0:
+                continue
             t = f"{k}, {gs}"
             # kBody (kOneRow: 4 warps a block, all loads first), with and without the residual.
             # MLX_FAST_QMV_LEAN=1 (`_lean`): fewer instructions a chunk, the same values.
@@ -170,6 +172,12 @@ def kernels():
                                 [("out0", "bf16")],
                                 f"  mlxs_qmv::rows_n<{t}, {lay}, false, {str(lean).lower()}>(x, w, scales, biases, out0, 128256, blockIdx.y - 0, nullptr);",
                                 "fast_qmv.cpp"))
+            # MLX_FAST_GATHER_QMV=1: a gathered product below 8 rows, a row of it a part.
+            for lean in (False, True):
+                out.append((f"qmv_gather_k{k}_g{gs}{'_lean' if lean else ''}", 128,
+                            x + weight() + [("idx", "u32")], [("out", "bf16")],
+                            f"  mlxs_qmv::gather_rows1<{t}, 4, 32, {str(lean).lower()}>(x, w, scales, biases, idx, out, w_shape[1], idx_shape[0] / x_shape[0], w_shape[0], blockIdx.y, blockIdx.x);",
+                            "fast_qmv.cpp"))
             for lean in (False, True):
                 out.append((f"qmv_swiglu_k{k}_g{gs}{'_lean' if lean else ''}", 256,
                             x + weight("w0", "s0", "b0") + weight("w1", "s1", "b1"), [("out", "bf16")],

@@ -236,6 +236,44 @@ void check(std::mt19937& rng) {
   }
 }
 
+// The gathered form (MLX_FAST_GATHER_QMV=1, both LEAN forms): row i of the product must be
+// rows1's on expert idx[i]'s slice of the stack and x's row i / xrep, bit for bit.
+template <int K, int GS>
+void check_gather(std::mt19937& rng) {
+  const int n = 8, experts = 5, xrows = 2, xrep = 3, m = xrows * xrep;
+  Operands o = make(n * experts, K, GS, xrows, rng);
+  const std::vector<uint32_t> idx = {3, 0, 4, 4, 1, 7};  // 7: past the stack, reads the last
+  for (bool lean : {false, true}) {
+    std::vector<__nv_bfloat16> out(static_cast<size_t>(m) * n);
+    auto gathered = run(2, 4, out, [&](int blk) {
+      for (int i = 0; i < m; ++i) {
+        if (lean) {
+          mlxs_qmv::gather_rows1<K, GS, 4, 32, true>(o.x.data(), o.w.data(), o.s.data(),
+                                                     o.b.data(), idx.data(), out.data(), n,
+                                                     xrep, experts, blk, i);
+        } else {
+          mlxs_qmv::gather_rows1<K, GS, 4, 32, false>(o.x.data(), o.w.data(), o.s.data(),
+                                                      o.b.data(), idx.data(), out.data(), n,
+                                                      xrep, experts, blk, i);
+        }
+      }
+    });
+    std::vector<__nv_bfloat16> one(static_cast<size_t>(m) * n);
+    auto alone = run(2, 4, one, [&](int blk) {
+      for (int i = 0; i < m; ++i) {
+        const size_t rows = static_cast<size_t>(std::min<uint32_t>(idx[i], experts - 1)) * n;
+        mlxs_qmv::rows1<K, GS, 4, 32, false, false>(
+            o.x.data() + static_cast<size_t>(i / xrep) * K, o.w.data() + rows * (K / 8),
+            o.s.data() + rows * (K / GS), o.b.data() + rows * (K / GS),
+            one.data() + static_cast<size_t>(i) * n, n, blk, nullptr);
+      }
+    });
+    char what[96];
+    std::snprintf(what, sizeof(what), "gather_rows1%s K %d GS %d", lean ? " (lean)" : "", K, GS);
+    compare(what, gathered, alone);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -245,6 +283,9 @@ int main() {
   check<4096, 128>(rng);
   check<896, 64>(rng);  // K % 512 != 0: the last partial chunk
   check<1536, 32>(rng);
+  check_gather<4096, 64>(rng);
+  check_gather<2880, 64>(rng);  // gpt-oss-20b's experts: K % 512 != 0
+  check_gather<2048, 32>(rng);
   std::printf(failures ? "%d form(s) differ\n" : "every form identical\n", failures);
   return failures ? 1 : 0;
 }

@@ -152,6 +152,9 @@ KernelSwitch g_swiglu("MLX_FAST_QMV_SWIGLU");
 // (row_sum, rows_n) and kBodyM unpack nibbles by byte permutes and load from per-lane
 // bases; ~25-40% fewer instructions a chunk (ptxas, sm_90a), every value the same.
 KernelSwitch g_lean("MLX_FAST_QMV_LEAN", false);
+// MLX_FAST_GATHER_QMV=1 (an experiment, off until measured on a device): gathered products
+// of fewer than 8 rows (try_fast_gather_qmv) through the one-row body.
+KernelSwitch g_gather_qmv("MLX_FAST_GATHER_QMV", false);
 // The most weights one launch takes (q/k/v).
 constexpr size_t kMaxParts = 4;
 // One launch for several weights only while they hold at most this many elements in all.
@@ -517,6 +520,22 @@ __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
   if (row >= n) return;
   const float sum = row_sum<K, GS, U, LEAN>(x, w, scales, biases, row);
   if (threadIdx.x == 0) store<RES>(out, res, row, sum);
+}
+
+// Row i of a gathered product (MLX's `gather_qmv`, below 8 rows): rows1's body over expert
+// idx[i]'s n rows of w [E, n, K / 8] (an index past the E experts reads the last one,
+// where MLX would read past the stack), x's row i / xrep, out's row i. MLX's gather_qmv
+// runs its qmv body on the same slices, so each output has MLX's bits.
+template <int K, int GS, int ROWS, int U, bool LEAN>
+__device__ __forceinline__ void gather_rows1(const __nv_bfloat16* x, const uint32_t* w,
+                                             const __nv_bfloat16* scales,
+                                             const __nv_bfloat16* biases, const uint32_t* idx,
+                                             __nv_bfloat16* out, const int n, const int xrep,
+                                             const int experts, const int block, const int i) {
+  const size_t rows = (size_t)min(idx[i], (uint32_t)(experts - 1)) * n;
+  rows1<K, GS, ROWS, U, false, LEAN>(x + (size_t)(i / xrep) * K, w + rows * (K / 8),
+                                     scales + rows * (K / GS), biases + rows * (K / GS),
+                                     out + (size_t)i * n, n, block, nullptr);
 }
 
 // Several rows of x by RW rows of w a warp: rows (block * ROWS + threadIdx.y) * RW .. of n
@@ -1121,9 +1140,10 @@ struct KernelKey {
   bool res = false;     // one weight, its output added to an input `res` (same shape)
   bool swiglu = false;  // two weights (gate, up) of one size, one output: their swiglu
   int mt = 0;           // kBodyM (one weight): rows of x a part (grid x), else 0
+  bool gather = false;  // gather_rows1: an expert stack, a row of the product a part
   bool operator<(const KernelKey& o) const {
-    return std::tie(k, gs, layout, ns, res, swiglu, mt) <
-           std::tie(o.k, o.gs, o.layout, o.ns, o.res, o.swiglu, o.mt);
+    return std::tie(k, gs, layout, ns, res, swiglu, mt, gather) <
+           std::tie(o.k, o.gs, o.layout, o.ns, o.res, o.swiglu, o.mt, o.gather);
   }
   // Warps a block: the swiglu form runs each row of both weights in one block.
   int warps() const { return swiglu ? 2 * layout.rows : layout.rows; }
@@ -1160,7 +1180,16 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
   };
   std::vector<std::string> outputs;
   std::string src;
-  if (l.body == 3) {
+  if (key.gather) {
+    // The expert stack's rows from its shape, the rows of x a repeat from idx's and x's.
+    add(weight_params("w", "scales", "biases"));
+    inputs.emplace_back("idx", mx::uint32);
+    outputs.push_back("out");
+    name += "_gather";
+    src = "  mlxs_qmv::gather_rows1<" + targs + lean_arg +
+          ">(x, w, scales, biases, idx, out, w_shape[1], idx_shape[0] / x_shape[0], "
+          "w_shape[0], blockIdx.y, blockIdx.x);\n";
+  } else if (l.body == 3) {
     // rows_mma: `rows` warps a block, 16 * `rw` rows of w, `mt` rows of x a part, loads of
     // `u` words; rows of x and of w from their shapes, as kBodyM's.
     add(weight_params("w", "scales", "biases"));
@@ -1491,6 +1520,43 @@ std::optional<mx::array> try_fast_qmv(
   }
   return fast_rows(x, w, scales, biases, transpose, group_size, bits, mode, s);
 }
+
+std::optional<mx::array> try_fast_gather_qmv(
+    const mx::array& x, const mx::array& w, const mx::array& scales,
+    const std::optional<mx::array>& biases, const std::optional<mx::array>& lhs_indices,
+    const std::optional<mx::array>& rhs_indices, bool transpose, std::optional<int> group_size,
+    std::optional<int> bits, const std::string& mode, mx::StreamOrDevice s) {
+  if (!g_switch.on() || !g_gather_qmv.on() || bits.value_or(4) != 4) return std::nullopt;
+  const mx::Stream st = mx::to_stream(s);
+  if (!on_gpu(st, x) || quantized_operands_traced(w, scales, biases)) return std::nullopt;
+  const int gs = group_size.value_or(64);
+  const auto g =
+      gather_operands(x, w, scales, biases, lhs_indices, rhs_indices, transpose, mode, gs, 4);
+  if (!g || x.dtype() != mx::bfloat16 || scales.dtype() != mx::bfloat16 ||
+      biases->dtype() != mx::bfloat16) {
+    return std::nullopt;
+  }
+  const auto [k, n, experts, m, xrep, out_shape] = *g;
+  // From 8 rows MLX runs `qmm_sm80` (fast_qmm.cpp's gathered forms keep its bits).
+  if (m >= 8 || k % 32 != 0 || k > kMaxK) return std::nullopt;
+  const Layout l = kOneRow;
+  const long long blocks = blocks_of(l, n);
+  if (blocks > kMaxBlocksY) return std::nullopt;
+  KernelKey key{static_cast<int>(k), gs, l, {static_cast<int>(n)}};
+  key.gather = true;
+  const mx::array x2 = mx::reshape(x, {static_cast<int>(m / xrep), static_cast<int>(k)}, st);
+  const mx::array idx = mx::reshape(*rhs_indices, {static_cast<int>(m)}, st);
+  const int warps = key.warps();
+  auto outs = kernel_for(key, st.device.index)(
+      {x2, w, scales, *biases, idx}, {out_shape}, {mx::bfloat16},
+      std::make_tuple(static_cast<int>(32 * m), static_cast<int>(blocks * warps), 1),
+      std::make_tuple(32, warps, 1), {}, std::nullopt, false, st);
+  g_gather_qmv.count();
+  g_switch.count();
+  return outs[0];
+}
+
+unsigned long long fast_gather_qmv_launches() { return g_gather_qmv.uses(); }
 
 std::optional<mx::array> try_fast_qmv_add(
     const mx::array& x,

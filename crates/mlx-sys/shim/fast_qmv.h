@@ -65,6 +65,25 @@ std::optional<mlx::core::array> try_fast_qmv_swiglu(
     const std::string& mode,
     mlx::core::StreamOrDevice s);
 
+// `gather_qmm(x, w, scales, biases, rhs_indices=idx, transpose=True)` of a 4-bit affine
+// expert stack w [E, n, K/8] for fewer than 8 rows (MLX's `gather_qmv`: a token's experts
+// at batch 1), each row through the one-row body on its expert's weight, so each output
+// has MLX's `qmv` arithmetic, which its `gather_qmv` runs too. An experiment, off unless
+// MLX_FAST_GATHER_QMV=1 (not yet run on a device); nullopt where MLX should run it.
+std::optional<mlx::core::array> try_fast_gather_qmv(
+    const mlx::core::array& x,
+    const mlx::core::array& w,
+    const mlx::core::array& scales,
+    const std::optional<mlx::core::array>& biases,
+    const std::optional<mlx::core::array>& lhs_indices,
+    const std::optional<mlx::core::array>& rhs_indices,
+    bool transpose,
+    std::optional<int> group_size,
+    std::optional<int> bits,
+    const std::string& mode,
+    mlx::core::StreamOrDevice s);
+unsigned long long fast_gather_qmv_launches();
+
 // `dequantize(w, scales, biases)` of a 4-bit affine weight [n, K/8] to bfloat16 through our
 // kernel (MLX's values bit for bit, at the memory's speed), on a CUDA GPU stream; nullopt
 // where MLX's `dequantize` should run (other bits, modes or dtypes, traced operands, the

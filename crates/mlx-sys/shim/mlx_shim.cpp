@@ -1476,6 +1476,11 @@ int mlxs_gather_qmm(mlxs_array* out, mlxs_array x, mlxs_array w, mlxs_array scal
                                                    OPT(rhs), transpose, OPTI(group_size),
                                                    OPTI(bits), m, S(s));
     if (!fast) {
+      fast = mlxs_detail::try_fast_gather_qmv(A(x), A(w), A(scales), OPT(biases), OPT(lhs),
+                                              OPT(rhs), transpose, OPTI(group_size), OPTI(bits),
+                                              m, S(s));
+    }
+    if (!fast) {
       fast = mlxs_detail::try_cpu_gather_qmm(A(x), A(w), A(scales), OPT(biases), OPT(lhs),
                                              OPT(rhs), transpose, OPTI(group_size), OPTI(bits),
                                              m, sorted, S(s));
