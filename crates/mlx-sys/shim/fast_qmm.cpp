@@ -524,21 +524,33 @@ std::optional<mx::array> try_fast_qgemm(const mx::array& x, const mx::array& w,
   return y;
 }
 
+std::optional<GatherOperands> gpu_gather_operands(
+    const mx::array& x, const mx::array& w, const mx::array& scales,
+    const std::optional<mx::array>& biases, const std::optional<mx::array>& lhs_indices,
+    const std::optional<mx::array>& rhs_indices, bool transpose, int group_size,
+    std::optional<int> bits, const std::string& mode, const mx::Stream& st) {
+  if (bits.value_or(4) != 4) return std::nullopt;
+  if (!on_gpu(st, x) || quantized_operands_traced(w, scales, biases)) return std::nullopt;
+  auto g = gather_operands(x, w, scales, biases, lhs_indices, rhs_indices, transpose, mode,
+                           group_size, 4);
+  if (!g || x.dtype() != mx::bfloat16 || scales.dtype() != mx::bfloat16 ||
+      biases->dtype() != mx::bfloat16) {
+    return std::nullopt;
+  }
+  return g;
+}
+
 std::optional<mx::array> try_fast_gather_qgemm(
     const mx::array& x, const mx::array& w, const mx::array& scales,
     const std::optional<mx::array>& biases, const std::optional<mx::array>& lhs_indices,
     const std::optional<mx::array>& rhs_indices, bool transpose, std::optional<int> group_size,
     std::optional<int> bits, const std::string& mode, mx::StreamOrDevice s) {
-  if (!g_switch.on() || !g_gather.on() || bits.value_or(4) != 4) return std::nullopt;
+  if (!g_switch.on() || !g_gather.on()) return std::nullopt;
   const mx::Stream st = mx::to_stream(s);
-  if (!on_gpu(st, x) || quantized_operands_traced(w, scales, biases)) return std::nullopt;
   const int gs = group_size.value_or(64);
-  const auto g =
-      gather_operands(x, w, scales, biases, lhs_indices, rhs_indices, transpose, mode, gs, 4);
-  if (!g || x.dtype() != mx::bfloat16 || scales.dtype() != mx::bfloat16 ||
-      biases->dtype() != mx::bfloat16) {
-    return std::nullopt;
-  }
+  const auto g = gpu_gather_operands(x, w, scales, biases, lhs_indices, rhs_indices, transpose,
+                                     gs, bits, mode, st);
+  if (!g) return std::nullopt;
   const auto [k, n, experts, m, xrep, out_shape] = *g;
   // MLX runs gather_qmm through `qmm_sm80` (or `qmm_naive`) from 8 rows, below that its
   // `gather_qmv` (other bits).

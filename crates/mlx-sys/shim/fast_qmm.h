@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "affine_operands.h"
 #include "mlx/mlx.h"
 
 namespace mlxs_detail {
@@ -31,6 +32,16 @@ std::optional<mlx::core::array> try_fast_gather_qgemm(
     const std::optional<mlx::core::array>& rhs_indices, bool transpose,
     std::optional<int> group_size, std::optional<int> bits, const std::string& mode,
     mlx::core::StreamOrDevice s);
+
+// The shapes of a `gather_qmm` call our gathered CUDA kernels may take (affine_operands.h's
+// gather_operands): 4 bits, a CUDA GPU stream, untraced quantized operands, bfloat16 x,
+// scales and biases; nullopt otherwise.
+std::optional<GatherOperands> gpu_gather_operands(
+    const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& scales,
+    const std::optional<mlx::core::array>& biases,
+    const std::optional<mlx::core::array>& lhs_indices,
+    const std::optional<mlx::core::array>& rhs_indices, bool transpose, int group_size,
+    std::optional<int> bits, const std::string& mode, const mlx::core::Stream& st);
 
 void set_fast_qgemm(bool on);
 void set_fast_gather_qgemm(bool on);

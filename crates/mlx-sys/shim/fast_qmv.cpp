@@ -401,6 +401,20 @@ __device__ __forceinline__ uint32_t nibble_pair(uint32_t word, uint32_t hi, int 
   return magic_bits(__byte_perm(word, hi, 0x4400u + 0x1111u * i));
 }
 
+// Nibble pair j (elements 2j, 2j + 1 of a chunk's 16) of the chunk's two words, as the
+// bfloat16 bits of 128 + v: by nibble_pair under LEAN, else by the shifts and masks of each
+// nibble (the same bits).
+template <bool LEAN>
+__device__ __forceinline__ uint32_t chunk_pair(uint2 wv, int j) {
+  const uint32_t word = j < 4 ? wv.x : wv.y;
+  if constexpr (LEAN) {
+    return nibble_pair(word, word >> 4, j & 3);
+  } else {
+    const uint32_t byte = (word >> (8 * (j & 3))) & 0xFFu;
+    return 0x43004300u | (byte & 0xFu) | ((byte >> 4) << 16);
+  }
+}
+
 // The output of one row: the product rounded to bfloat16, plus `res`'s element in
 // bfloat16 where RES (MLX's `add` of the residual, fused).
 template <bool RES>
@@ -447,14 +461,7 @@ __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t*
     __nv_bfloat162 b2 = __bfloat162bfloat162(b);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      uint32_t word = j < 4 ? wv.x : wv.y;
-      uint32_t bits;
-      if constexpr (LEAN) {
-        bits = nibble_pair(word, word >> 4, j & 3);
-      } else {
-        uint32_t byte = (word >> (8 * (j & 3))) & 0xFFu;
-        bits = 0x43004300u | (byte & 0xFu) | ((byte >> 4) << 16);
-      }
+      uint32_t bits = chunk_pair<LEAN>(wv, j);
       // bfloat16 bits of 128 + v, minus 128: the nibble v, exactly.
       __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&bits), k128);
       __nv_bfloat162 d = __hadd2(__hmul2(q, s2), b2);
@@ -595,14 +602,7 @@ __device__ __forceinline__ void rows_m(const __nv_bfloat16* x, const uint32_t* w
       __nv_bfloat162 b2 = __bfloat162bfloat162(b[v]);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        uint32_t word = j < 4 ? wv[v].x : wv[v].y;
-        uint32_t bits;
-        if constexpr (LEAN) {
-          bits = nibble_pair(word, word >> 4, j & 3);
-        } else {
-          uint32_t byte = (word >> (8 * (j & 3))) & 0xFFu;
-          bits = 0x43004300u | (byte & 0xFu) | ((byte >> 4) << 16);
-        }
+        uint32_t bits = chunk_pair<LEAN>(wv[v], j);
         // bfloat16 bits of 128 + the nibble, minus 128: the nibble, exactly.
         __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&bits), k128);
         d[v][j] = __hadd2(__hmul2(q, s2), b2);
@@ -768,14 +768,20 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const uint32_t word = j < 4 ? wv.x : wv.y;
-      const uint32_t t = word >> (4 * (j & 3));
-      const __nv_bfloat162 q =
-          __hsub2(bf2(LEAN ? magic_bits(t) : ((t & 0x000F000Fu) | 0x43004300u)), k128);
+      uint32_t bits;
+      if constexpr (LEAN) {
+        bits = magic_bits(word >> (4 * (j & 3)));
+      } else {
+        bits = ((word >> (4 * (j & 3))) & 0x000F000Fu) | 0x43004300u;
+      }
+      const __nv_bfloat162 q = __hsub2(bf2(bits), k128);
       const __nv_bfloat162 d = __hadd2(__hmul2(q, s2), b2);
       a[j] = __hfma2(xp[j], d, a[j]);
     }
   };
-  // Chunk r of row i: under LEAN from per-lane bases (as row_sum's), else from its index.
+  // Chunk r of row i: under LEAN from per-lane bases (as row_sum's; made once here, the
+  // window's barrier keeps the compiler from sharing them between chunks), else from its
+  // index.
   const uint2* wl[RW];
   const __nv_bfloat16* sl[RW];
   const __nv_bfloat16* bl[RW];
@@ -1526,16 +1532,12 @@ std::optional<mx::array> try_fast_gather_qmv(
     const std::optional<mx::array>& biases, const std::optional<mx::array>& lhs_indices,
     const std::optional<mx::array>& rhs_indices, bool transpose, std::optional<int> group_size,
     std::optional<int> bits, const std::string& mode, mx::StreamOrDevice s) {
-  if (!g_switch.on() || !g_gather_qmv.on() || bits.value_or(4) != 4) return std::nullopt;
+  if (!g_switch.on() || !g_gather_qmv.on()) return std::nullopt;
   const mx::Stream st = mx::to_stream(s);
-  if (!on_gpu(st, x) || quantized_operands_traced(w, scales, biases)) return std::nullopt;
   const int gs = group_size.value_or(64);
-  const auto g =
-      gather_operands(x, w, scales, biases, lhs_indices, rhs_indices, transpose, mode, gs, 4);
-  if (!g || x.dtype() != mx::bfloat16 || scales.dtype() != mx::bfloat16 ||
-      biases->dtype() != mx::bfloat16) {
-    return std::nullopt;
-  }
+  const auto g = gpu_gather_operands(x, w, scales, biases, lhs_indices, rhs_indices, transpose,
+                                     gs, bits, mode, st);
+  if (!g) return std::nullopt;
   const auto [k, n, experts, m, xrep, out_shape] = *g;
   // From 8 rows MLX runs `qmm_sm80` (fast_qmm.cpp's gathered forms keep its bits).
   if (m >= 8 || k % 32 != 0 || k > kMaxK) return std::nullopt;
