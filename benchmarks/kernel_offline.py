@@ -17,7 +17,11 @@ model's, group sizes 32 / 64 / 128, and every experiment's switch).
     python3 benchmarks/kernel_offline.py                 # compile all, registers and spills
     python3 benchmarks/kernel_offline.py --only sdpa     # names matching a regex
     python3 benchmarks/kernel_offline.py --sass qmv_rows1_k4096_g64 --out /tmp/sass
-                                                         # SASS and its opcode counts
+                                                         # SASS, its opcode counts and its
+                                                         # longest loop's (--assume-aligned:
+                                                         # x's aligned path alone)
+    python3 benchmarks/kernel_offline.py --host-check    # fast_qmv.cpp's one-row bodies on the
+                                                         # CPU, both forms (qmv_host_check.cpp)
 
 Exit status 1 when a kernel fails to compile or exceeds its block's register bound.
 """
@@ -301,6 +305,19 @@ def sass(site, cubin_path):
                           check=True).stdout
 
 
+def largest_loop(text):
+    """The SASS lines of the longest backward branch's body (a kernel's main loop), or []."""
+    lines = text.splitlines()
+    labels, best = {}, (0, 0, 0)
+    for i, line in enumerate(lines):
+        if m := re.match(r"(\.L_x_\d+):", line):
+            labels[m.group(1)] = i
+        if (m := re.search(r"BRA `\((\.L_x_\d+)\)", line)) and m.group(1) in labels:
+            if i - labels[m.group(1)] > best[0]:
+                best = (i - labels[m.group(1)], labels[m.group(1)], i)
+    return lines[best[1] : best[2] + 1] if best[0] else []
+
+
 def opcode_counts(text):
     counts = collections.Counter()
     for line in text.splitlines():
@@ -355,6 +372,10 @@ def main():
                     help="one kernel of each body and form (the test suite's step, ~1 min)")
     ap.add_argument("--sass", default="", help="write the SASS and opcode counts of matching kernels")
     ap.add_argument("--out", default="/tmp/kernel_offline", help="folder for sources, cubins, SASS")
+    ap.add_argument("--assume-aligned", action="store_true",
+                    help="for --sass: compile with x taken as 16-byte aligned (the kernels test it "
+                         "at run time and hold both paths; this counts the aligned one alone; the "
+                         "registers shown are then that variant's)")
     ap.add_argument("--host-check", action="store_true",
                     help="also run fast_qmv.cpp's one-row bodies on the CPU, both forms "
                          "(benchmarks/qmv_host_check.cpp; --quick runs it too)")
@@ -384,6 +405,9 @@ def main():
             continue
         code = codes.setdefault(file, device_code(file))
         func = "custom_kernel_" + name
+        if args.assume_aligned:
+            code = code.replace("const bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;",
+                                "const bool x_aligned = true;")
         source = full_source(func, ins, outs, src, code)
         (out / f"{name}.cu").write_text(source)
         cubin, log = nv.compile(name, source, "mlx::core::cu::" + func, headers)
@@ -409,6 +433,10 @@ def main():
             total = sum(counts.values())
             top = ", ".join(f"{op} {n}" for op, n in counts.most_common(16))
             print(f"    SASS: {total} instructions; {top}")
+            loop = opcode_counts("\n".join(largest_loop(text)))
+            if sum(loop.values()) > 8:  # (fully unrolled kernels end in a one-branch trap loop)
+                top = ", ".join(f"{op} {n}" for op, n in loop.most_common(12))
+                print(f"    its longest loop: {sum(loop.values())} instructions; {top}")
     if failed:
         print(f"{failed} kernel(s) failed")
         return 1
