@@ -746,10 +746,17 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
   const bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
   auto bf2 = [](uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); };
-  // x of one chunk as the pairs (e, e + 4) and (8 + e, 12 + e), e = 0..3.
+  // x of one chunk as the pairs (e, e + 4) and (8 + e, 12 + e), e = 0..3; under LEAN as
+  // they lie (2j, 2j + 1), the pairs chunk_pair unpacks.
   auto xpairs = [&](int idx, __nv_bfloat162* xp) {
     uint4 xa, xb;
     load_x16(x, idx, x_aligned, xa, xb);
+    if constexpr (LEAN) {
+      const uint32_t v[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) xp[j] = bf2(v[j]);
+      return;
+    }
     xp[0] = bf2(__byte_perm(xa.x, xa.z, 0x5410));
     xp[1] = bf2(__byte_perm(xa.x, xa.z, 0x7632));
     xp[2] = bf2(__byte_perm(xa.y, xa.w, 0x5410));
@@ -759,8 +766,9 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
     xp[6] = bf2(__byte_perm(xb.y, xb.w, 0x5410));
     xp[7] = bf2(__byte_perm(xb.y, xb.w, 0x7632));
   };
-  // One row's chunk: the nibble pair j of a word is (word >> 4j) & 0x000F000F; as the
-  // bfloat16 bits of 128 + v, minus 128: v exactly. Then MLX's dequantize and FMA.
+  // One row's chunk: the nibble pair j of a word is (word >> 4j) & 0x000F000F (under LEAN
+  // chunk_pair's (2j, 2j + 1)); as the bfloat16 bits of 128 + v, minus 128: v exactly.
+  // Then MLX's dequantize and FMA.
   auto tile = [&](__nv_bfloat162* a, const __nv_bfloat162* xp, uint2 wv,
                   __nv_bfloat16 s, __nv_bfloat16 b) {
     const __nv_bfloat162 s2 = __bfloat162bfloat162(s);
@@ -770,7 +778,7 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
       const uint32_t word = j < 4 ? wv.x : wv.y;
       uint32_t bits;
       if constexpr (LEAN) {
-        bits = magic_bits(word >> (4 * (j & 3)));
+        bits = chunk_pair<true>(wv, j);
       } else {
         bits = ((word >> (4 * (j & 3))) & 0x000F000Fu) | 0x43004300u;
       }
@@ -864,14 +872,22 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
 #pragma unroll
   for (int i = 0; i < RW; ++i) {
     float sum = 0.f;
+    if constexpr (LEAN) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) sum += __low2float(acc[i][j]);
+      for (int j = 0; j < 8; ++j) {
+        sum += __low2float(acc[i][j]);
+        sum += __high2float(acc[i][j]);
+      }
+    } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) sum += __high2float(acc[i][j]);
+      for (int j = 0; j < 4; ++j) sum += __low2float(acc[i][j]);
 #pragma unroll
-    for (int j = 4; j < 8; ++j) sum += __low2float(acc[i][j]);
+      for (int j = 0; j < 4; ++j) sum += __high2float(acc[i][j]);
 #pragma unroll
-    for (int j = 4; j < 8; ++j) sum += __high2float(acc[i][j]);
+      for (int j = 4; j < 8; ++j) sum += __low2float(acc[i][j]);
+#pragma unroll
+      for (int j = 4; j < 8; ++j) sum += __high2float(acc[i][j]);
+    }
     sum = cg::reduce(warp, sum, cg::plus<float>());
     if (lane == 0 && row0 + i < n) store<RES>(out, res, row0 + i, sum);
   }
