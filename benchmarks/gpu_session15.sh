@@ -223,7 +223,7 @@ for PART in "$@"; do
       # MLX_FAST_QMV_LEAN=1's kernels against MLX's qmv, bit for bit (shapes, then logits)
       ensure_model llama-3.1-8b-4bit "$D"
       ensure_model qwen2.5-0.5b-4bit "$D"
-      MLX_FAST_QMV_LEAN=1 timeout $(( $(left) - 90 )) "$NEW/fused_check" "$MODELS/llama-3.1-8b-4bit" 64 16 qmv \
+      MLX_FAST_QMV_LEAN=1 timeout $(( $(left) > 150 ? $(left) - 90 : 60 )) "$NEW/fused_check" "$MODELS/llama-3.1-8b-4bit" 64 16 qmv \
         > "$D/stdout.txt" 2>&1
       echo "rc=$?" >> "$D/stdout.txt"
       MLX_FAST_QMV_LEAN=1 FUSED_CHECK_SHAPES=0 timeout 60 "$NEW/fused_check" "$MODELS/qwen2.5-0.5b-4bit" 64 16 qmv \

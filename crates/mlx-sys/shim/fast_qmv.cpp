@@ -775,11 +775,11 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
     const __nv_bfloat162 b2 = __bfloat162bfloat162(b);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const uint32_t word = j < 4 ? wv.x : wv.y;
       uint32_t bits;
       if constexpr (LEAN) {
         bits = chunk_pair<true>(wv, j);
       } else {
+        const uint32_t word = j < 4 ? wv.x : wv.y;
         bits = ((word >> (4 * (j & 3))) & 0x000F000Fu) | 0x43004300u;
       }
       const __nv_bfloat162 q = __hsub2(bf2(bits), k128);
