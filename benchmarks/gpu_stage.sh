@@ -78,7 +78,7 @@ rm -rf .gpu/tok
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   args=(); for b in $BINS; do args+=(--bin "$b"); done
   cargo build --release -p mlx-bins "${args[@]}"
-  cargo build --release -p mlx-engine --example qmm_rows_check --example qmm_mma_check --example decode_build --example fused_check --example qgemm_check --example sdpa_pad_check
+  cargo build --release -p mlx-engine --features mimalloc --example qmm_rows_check --example qmm_mma_check --example decode_build --example fused_check --example qgemm_check --example sdpa_pad_check
   cargo build --release -p xtask
 fi
 tmp=$(mktemp -d)

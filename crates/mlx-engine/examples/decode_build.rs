@@ -8,6 +8,8 @@
 //! cargo run --release -p mlx-engine --example decode_build -- micro 0 CHAIN_LENGTH
 //! ```
 //! The second form times chains of single ops (host cost per node of each kind).
+//! Build it with `--features mimalloc` to time the host as our binaries run it (they
+//! link mimalloc; without it glibc's malloc takes ~40% more build time here).
 //! `DECODE_BUILD_DOT=FILE` also writes the first decode step's graph as Graphviz dot;
 //! `DECODE_BUILD_PREFILL_DOT=FILE` writes the prefill's (the forward of PROMPT - 1 tokens
 //! into fresh caches, up to the caches' state, as the engine evaluates it) and exits.

@@ -439,6 +439,18 @@ impl<'a> SpeculativeGenerator<'a> {
         Ok(self)
     }
 
+    /// Tokens that came before `prompt` and are already in the caches (a chat's earlier
+    /// turns), for prompt lookup to search as well, ahead of the prompt; no effect with
+    /// a draft model or once generation has started.
+    pub fn with_lookup_context(mut self, earlier: &[u32]) -> Self {
+        if self.prompt.is_some() {
+            if let Drafter::Lookup { tokens, .. } = &mut self.drafter {
+                tokens.splice(0..0, earlier.iter().copied());
+            }
+        }
+        self
+    }
+
     /// Counts so far.
     pub fn stats(&self) -> &SpeculativeStats {
         &self.stats
@@ -455,7 +467,7 @@ impl<'a> SpeculativeGenerator<'a> {
                 tokens, prompt_len, ..
             } => {
                 tokens.extend_from_slice(&prompt);
-                *prompt_len = prompt.len();
+                *prompt_len = tokens.len();
                 prompt[prompt.len() - 1..].to_vec()
             }
         };
