@@ -23,6 +23,72 @@ pub fn parse_args<T: DeserializeOwned>(config: &Value, what: &str) -> Result<T> 
     })
 }
 
+/// What stands for Python's `Infinity` in a config read by [`parse_python_json`]: the
+/// largest finite `f64` (JSON values cannot hold an infinity). Every use casts it to a
+/// model's float type, where it is infinite again; `mlx-quant`'s config writer spells
+/// it `Infinity` again, as Python's `json.dump` writes an infinity.
+pub const JSON_INFINITY: f64 = f64::MAX;
+
+/// Parses JSON as Python's `json.loads` does (mlx-lm reads config.json so): besides
+/// standard JSON it takes the bare words `Infinity` and `-Infinity` (Mamba-2 checkpoints
+/// write `"time_step_limit": [0.0, Infinity]`), read as `±`[`JSON_INFINITY`]. `NaN` is
+/// refused with its line (no JSON value holds it, and no config means it).
+pub fn parse_python_json(text: &str) -> std::result::Result<Value, String> {
+    let first = match serde_json::from_str(text) {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    let mut out = String::with_capacity(text.len() + 32);
+    let mut changed = false;
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+        } else {
+            let word = |w: &str| {
+                rest.starts_with(w)
+                    && !rest[w.len()..]
+                        .chars()
+                        .next()
+                        .is_some_and(|n| n.is_ascii_alphanumeric() || n == '_')
+            };
+            if word("-Infinity") || word("Infinity") {
+                let neg = rest.starts_with('-');
+                out.push_str(&format!(
+                    "{:e}",
+                    if neg { -JSON_INFINITY } else { JSON_INFINITY }
+                ));
+                rest = &rest[if neg { 9 } else { 8 }..];
+                changed = true;
+                continue;
+            }
+            if word("NaN") || word("-NaN") {
+                let line = text[..text.len() - rest.len()].matches('\n').count() + 1;
+                return Err(format!(
+                    "NaN at line {line}: a JSON value cannot hold it (only Infinity and -Infinity \
+                     are read beyond standard JSON)"
+                ));
+            }
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    if !changed {
+        return Err(first.to_string());
+    }
+    serde_json::from_str(&out).map_err(|e| e.to_string())
+}
+
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum FloatOrList {
@@ -118,4 +184,32 @@ pub(crate) fn with_defaults(mut defaults: Value, config: &Value) -> Value {
         m.extend(c.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
     defaults
+}
+
+#[cfg(test)]
+mod python_json_tests {
+    use super::*;
+
+    #[test]
+    fn infinities_outside_strings_read_as_python_reads_them() {
+        let v = parse_python_json(
+            r#"{"time_step_limit": [0.0, Infinity], "lo": -Infinity, "s": "Infinity \" NaN"}"#,
+        )
+        .unwrap();
+        assert_eq!(v["time_step_limit"][1].as_f64(), Some(JSON_INFINITY));
+        assert_eq!(v["lo"].as_f64(), Some(-JSON_INFINITY));
+        assert_eq!(v["s"].as_str(), Some("Infinity \" NaN"));
+        // Cast to a model's float type, it is infinite again.
+        assert!((JSON_INFINITY as f32).is_infinite());
+    }
+
+    #[test]
+    fn nan_and_broken_json_are_errors_naming_the_problem() {
+        let e = parse_python_json("{\n\"a\": NaN}").unwrap_err();
+        assert!(e.contains("NaN at line 2"), "{e}");
+        let e = parse_python_json("{\"a\": Infinityy}").unwrap_err();
+        assert!(e.contains("expected value"), "{e}");
+        let e = parse_python_json("{\"a\": 1,}").unwrap_err();
+        assert!(e.contains("trailing comma"), "{e}");
+    }
 }

@@ -115,10 +115,11 @@ pub fn load_config(dir: &Path) -> Result<Value> {
         path: path.display().to_string(),
         message: e.to_string(),
     })?;
-    let mut config: Value = serde_json::from_str(&text).map_err(|e| Error::Config {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    })?;
+    let mut config: Value =
+        crate::config::parse_python_json(&text).map_err(|message| Error::Config {
+            path: path.display().to_string(),
+            message,
+        })?;
     if !config.is_object() {
         return Err(Error::Config {
             path: path.display().to_string(),

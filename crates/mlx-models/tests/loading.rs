@@ -368,3 +368,44 @@ fn an_unsupported_legacy_quant_method_is_named() {
     assert!(e.contains("awq"), "{e}");
     assert!(matches!(load_model(dir), Err(Error::Quantization(_))));
 }
+
+/// A Mamba-2 checkpoint as many are published (`"time_step_limit": [0.0, Infinity]`,
+/// which Python's json reads and mlx-lm runs): it loads, and its logits are those of
+/// the same weights with a finite limit no time step reaches.
+#[test]
+fn a_config_with_python_infinity_loads_as_mlx_lm_reads_it() {
+    let golden =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../goldens/models/mamba2-small-f32");
+    let text = std::fs::read_to_string(golden.join("config.json")).unwrap();
+    let weights = std::fs::read(golden.join("model.safetensors")).unwrap();
+    let limit = "[\n    0.001,\n    100.0\n  ]";
+    assert!(text.contains(limit), "{text}");
+    let run = |name: &str, limit_text: &str| {
+        let dir = scratch(name);
+        std::fs::write(
+            dir.path().join("config.json"),
+            text.replace(limit, limit_text),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("model.safetensors"), &weights).unwrap();
+        let (m, cfg) = load_model(dir.path()).unwrap();
+        let y = m.forward(&tokens(&[&[1, 2, 3, 4, 5]]), &mut []).unwrap();
+        (cfg.raw["time_step_limit"].clone(), y.to_bytes().unwrap())
+    };
+    let (inf, a) = run("infinity", "[0.0, Infinity]");
+    assert_eq!(inf[1].as_f64(), Some(mlx_models::config::JSON_INFINITY));
+    let (_, b) = run("finite", "[0.0, 1e30]");
+    assert_eq!(a, b);
+    let dir = scratch("nan");
+    std::fs::write(
+        dir.path().join("config.json"),
+        text.replace(limit, "[0.0, NaN]"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), &weights).unwrap();
+    let e = load_err(dir.path());
+    assert!(
+        e.contains("config.json") && e.contains("NaN at line"),
+        "{e}"
+    );
+}

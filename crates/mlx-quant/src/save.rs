@@ -189,6 +189,13 @@ struct PyFormatter(serde_json::ser::PrettyFormatter<'static>);
 
 impl serde_json::ser::Formatter for PyFormatter {
     fn write_f64<W: ?Sized + std::io::Write>(&mut self, w: &mut W, v: f64) -> std::io::Result<()> {
+        // A config's `Infinity`, as read (mlx_models::config::JSON_INFINITY), is written
+        // back as Python writes it.
+        let v = if v.abs() == mlx_models::config::JSON_INFINITY {
+            v.signum() * f64::INFINITY
+        } else {
+            v
+        };
         w.write_all(py_float(v).as_bytes())
     }
     fn write_f32<W: ?Sized + std::io::Write>(&mut self, w: &mut W, v: f32) -> std::io::Result<()> {
@@ -436,5 +443,22 @@ mod tests {
             .map(|s| s.iter().map(|(k, _)| k.as_str()).collect())
             .collect();
         assert_eq!(names, vec![vec!["a", "b"], vec!["c", "d"]]);
+    }
+
+    #[test]
+    fn a_config_infinity_is_written_back_as_python_writes_it() {
+        let dir = std::env::temp_dir().join(format!("mlx-quant-inf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.json");
+        let read = mlx_models::config::parse_python_json(
+            r#"{"time_step_limit": [0.0, Infinity], "lo": -Infinity, "x": 0.5}"#,
+        )
+        .unwrap();
+        write_json(&path, &read).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(text.contains("        0.0,\n        Infinity\n"), "{text}");
+        assert!(text.contains("\"lo\": -Infinity,"), "{text}");
+        assert!(text.contains("\"x\": 0.5"), "{text}");
     }
 }
