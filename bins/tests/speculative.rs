@@ -415,9 +415,15 @@ fn chat(model: &str, turns: &str, extra: &[&str]) -> (String, Vec<String>) {
 fn chat_turns_with_drafts_or_lookup_are_plain_chat_turns() {
     // Three turns on one context: each turn's prompt goes after the caches the last
     // speculative turn left (drafts fed past its answer rewound, unfed tokens carried).
+    // gemma3_text's sliding window is full within the first turn: speculation falls
+    // back to plain decoding at once, and the draft model's caches catch up after it.
     let turns =
         "the dragon lived in a castle\ntell me more about the dragon\nthe dragon again\nq\n";
-    for target in ["llama-small-f32", "qwen3-small-bf16"] {
+    for target in [
+        "llama-small-f32",
+        "qwen3-small-bf16",
+        "gemma3_text-small-f32",
+    ] {
         let m = model(target);
         let (plain, none) = chat(&m, turns, &[]);
         assert!(none.is_empty() && plain.lines().count() >= 3, "{plain}");
@@ -435,7 +441,10 @@ fn chat_turns_with_drafts_or_lookup_are_plain_chat_turns() {
         ] {
             let (spec, counts) = chat(&m, turns, flags);
             assert_eq!(spec, plain, "{target} {flags:?}");
-            assert_eq!(counts.len(), 3, "one count line a turn: {counts:?}");
+            let per_turn = counts
+                .iter()
+                .filter(|c| c.contains("drafted tokens accepted"));
+            assert_eq!(per_turn.count(), 3, "one count line a turn: {counts:?}");
         }
     }
 }

@@ -254,7 +254,18 @@ fn chat(args: Args) -> Result<()> {
         if spec.is_some() {
             conversation.extend_from_slice(&ids);
             conversation.extend_from_slice(&answer);
-            match rewind_to_conversation(&mut caches, &conversation) {
+            let d = match &spec {
+                Some(Speculation::Draft { loaded, .. }) => Some(loaded.model.as_ref()),
+                _ => None,
+            };
+            let synced = sync_to_conversation(
+                &mut caches,
+                model.cache_specs().len(),
+                d,
+                &conversation,
+                args.prefill_step_size,
+            )?;
+            match synced {
                 Some(rest) => unfed = rest,
                 None => {
                     caches = new_caches()?;
@@ -287,27 +298,48 @@ fn chat(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// After a speculative turn: trims every cache back to the longest start of
-/// `conversation` that all of them hold (drafts fed past the answer's end go), and
-/// returns the tokens after it, which the next turn feeds ahead of its prompt; `None`
-/// where a cache cannot be trimmed that far.
-fn rewind_to_conversation(
+/// After a speculative turn: rewinds the model's caches (the first `n_target`) to the
+/// longest start of `conversation` they all hold (drafts fed past the answer's end go)
+/// and brings the draft model's caches to the same point (rewound, or fed the tokens
+/// they missed after speculation fell back to plain decoding); returns the tokens after
+/// that point, which the next turn feeds ahead of its prompt. `None` where a cache
+/// cannot be rewound that far (a sliding-window cache that has wrapped).
+fn sync_to_conversation(
     caches: &mut [Box<dyn KvCache>],
+    n_target: usize,
+    draft: Option<&dyn mlx_models::LanguageModel>,
     conversation: &[u32],
-) -> Option<Vec<u32>> {
-    let held = caches
-        .iter()
-        .map(|c| c.offset().max(0) as usize)
-        .min()
-        .unwrap_or(0)
-        .min(conversation.len());
-    for c in caches.iter_mut() {
-        let extra = c.offset() - held as i32;
-        if extra > 0 && c.trim(extra) != extra {
-            return None;
+    step: usize,
+) -> Result<Option<Vec<u32>>> {
+    let held = |cs: &[Box<dyn KvCache>], cap: usize| {
+        cs.iter()
+            .map(|c| c.offset().max(0) as usize)
+            .min()
+            .unwrap_or(cap)
+            .min(cap)
+    };
+    let rewind = |cs: &mut [Box<dyn KvCache>], to: usize| {
+        cs.iter_mut().all(|c| {
+            let extra = c.offset() - to as i32;
+            extra <= 0 || (c.is_trimmable() && c.trim(extra) == extra)
+        })
+    };
+    let (target, draft_caches) = caches.split_at_mut(n_target.min(caches.len()));
+    let t = held(target, conversation.len());
+    if !rewind(target, t) {
+        return Ok(None);
+    }
+    if let Some(d) = draft {
+        let at = held(draft_caches, t);
+        if !rewind(draft_caches, at) {
+            return Ok(None);
+        }
+        for chunk in conversation[at..t].chunks(step.max(1)) {
+            let tokens = mlx_array::Array::from_slice(chunk, &[1, chunk.len() as i32])?;
+            mlx_engine::step::prefill(d, &tokens, draft_caches, None)?;
         }
     }
-    Some(conversation[held..].to_vec())
+    Ok(Some(conversation[t..].to_vec()))
 }
 
 fn print_help() -> std::io::Result<()> {
