@@ -3,7 +3,7 @@
 use crate::load::{load, CpuWeights, LoadArgs, Loaded};
 use anyhow::{bail, Result};
 use mlx_engine::speculative::{check_min_acceptance, check_num_draft_tokens};
-use mlx_engine::{PromptLookup, SpeculativeStats};
+use mlx_engine::{DraftSource, PromptLookup, SpeculativeStats};
 use mlx_tokenizer::Tokenizer;
 
 /// The n-gram size of `--prompt-lookup-tokens` alone.
@@ -107,6 +107,30 @@ impl SpeculativeArgs {
             lookup: PromptLookup::new(ngram),
             num_draft_tokens,
         }))
+    }
+}
+
+impl Speculation {
+    /// Where drafts come from, and how many a round.
+    pub fn source(&self) -> (DraftSource<'_>, i32) {
+        match self {
+            Speculation::Draft {
+                loaded,
+                num_draft_tokens,
+            } => (DraftSource::Model(loaded.model.as_ref()), *num_draft_tokens),
+            Speculation::Lookup {
+                lookup,
+                num_draft_tokens,
+            } => (DraftSource::Lookup(lookup.clone()), *num_draft_tokens),
+        }
+    }
+
+    /// The draft model, if drafts come from one.
+    pub fn draft_model(&self) -> Option<&dyn mlx_models::LanguageModel> {
+        match self {
+            Speculation::Draft { loaded, .. } => Some(loaded.model.as_ref()),
+            Speculation::Lookup { .. } => None,
+        }
     }
 }
 

@@ -5,11 +5,10 @@ use clap::Parser;
 use mlx_array::{random, Array, Dtype};
 use mlx_bins::load::{load, LoadArgs};
 use mlx_bins::outln;
-use mlx_bins::speculative::Speculation;
 use mlx_engine::batch::{BatchGenerator, BatchOptions};
 use mlx_engine::{
-    stream_generate, stream_generate_with, DraftSource, GenerateOptions, PromptInput,
-    SpeculativeGenerator, SpeculativeStats,
+    stream_generate, stream_generate_with, GenerateOptions, PromptInput, SpeculativeGenerator,
+    SpeculativeStats,
 };
 use std::process::ExitCode;
 use std::time::Instant;
@@ -162,22 +161,10 @@ fn bench(args: Args) -> Result<()> {
                 |_| true,
             )?,
             Some(s) => {
-                let (source, k) = match s {
-                    Speculation::Draft {
-                        loaded,
-                        num_draft_tokens,
-                    } => {
-                        caches.extend(mlx_cache::make_prompt_cache(
-                            &loaded.model.cache_specs(),
-                            None,
-                        )?);
-                        (DraftSource::Model(loaded.model.as_ref()), *num_draft_tokens)
-                    }
-                    Speculation::Lookup {
-                        lookup,
-                        num_draft_tokens,
-                    } => (DraftSource::Lookup(lookup.clone()), *num_draft_tokens),
-                };
+                if let Some(d) = s.draft_model() {
+                    caches.extend(mlx_cache::make_prompt_cache(&d.cache_specs(), None)?);
+                }
+                let (source, k) = s.source();
                 let mut gen =
                     SpeculativeGenerator::new(model, source, &prompts[0], &mut caches, k, opts)?
                         .with_min_acceptance(args.spec.min_acceptance()?)?;

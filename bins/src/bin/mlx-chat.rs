@@ -8,8 +8,7 @@ use mlx_bins::load::{load, LoadArgs};
 use mlx_bins::speculative::Speculation;
 use mlx_bins::{out, outln};
 use mlx_engine::{
-    stream_generate, stream_generate_with, DraftSource, GenerateOptions, PromptInput,
-    SpeculativeGenerator,
+    stream_generate, stream_generate_with, GenerateOptions, PromptInput, SpeculativeGenerator,
 };
 use mlx_nn::cache::KvCache;
 use mlx_tokenizer::ChatOptions;
@@ -116,10 +115,7 @@ fn chat(args: Args) -> Result<()> {
     print_help()?;
 
     let spec = args.spec.load(args.cpu_weights, tok)?;
-    let draft = match &spec {
-        Some(Speculation::Draft { loaded, .. }) => Some(loaded.model.as_ref()),
-        _ => None,
-    };
+    let draft = spec.as_ref().and_then(Speculation::draft_model);
     let window = match draft {
         Some(_) => {
             // As mlx-generate (and mlx-lm's generate): no window with a draft model.
@@ -229,16 +225,7 @@ fn chat(args: Args) -> Result<()> {
                 on_response,
             )?,
             Some(s) => {
-                let (source, k) = match s {
-                    Speculation::Draft {
-                        loaded,
-                        num_draft_tokens,
-                    } => (DraftSource::Model(loaded.model.as_ref()), *num_draft_tokens),
-                    Speculation::Lookup {
-                        lookup,
-                        num_draft_tokens,
-                    } => (DraftSource::Lookup(lookup.clone()), *num_draft_tokens),
-                };
+                let (source, k) = s.source();
                 let mut prompt = std::mem::take(&mut unfed);
                 prompt.extend_from_slice(&ids);
                 let earlier = conversation.len() - (prompt.len() - ids.len());
@@ -254,14 +241,10 @@ fn chat(args: Args) -> Result<()> {
         if spec.is_some() {
             conversation.extend_from_slice(&ids);
             conversation.extend_from_slice(&answer);
-            let d = match &spec {
-                Some(Speculation::Draft { loaded, .. }) => Some(loaded.model.as_ref()),
-                _ => None,
-            };
             let synced = sync_to_conversation(
                 &mut caches,
                 model.cache_specs().len(),
-                d,
+                draft,
                 &conversation,
                 args.prefill_step_size,
             )?;

@@ -5,8 +5,7 @@ use mlx_bins::load::{load, LoadArgs};
 use mlx_bins::outln;
 use mlx_bins::speculative::Speculation;
 use mlx_engine::{
-    stream_generate, stream_generate_with, DraftSource, GenerateOptions, PromptInput,
-    SpeculativeGenerator,
+    stream_generate, stream_generate_with, GenerateOptions, PromptInput, SpeculativeGenerator,
 };
 use mlx_tokenizer::ChatOptions;
 use serde_json::json;
@@ -234,10 +233,7 @@ fn generate(args: Args) -> Result<()> {
 
     let spec = args.spec.load(args.cpu_weights, tok)?;
     let model = loaded.model.as_ref();
-    let draft = match &spec {
-        Some(Speculation::Draft { loaded, .. }) => Some(loaded.model.as_ref()),
-        _ => None,
-    };
+    let draft = spec.as_ref().and_then(Speculation::draft_model);
     let mut caches = match caches_from_file {
         Some(c) => c,
         None => match draft {
@@ -303,16 +299,7 @@ fn generate(args: Args) -> Result<()> {
             on_response,
         )?,
         Some(s) => {
-            let (source, k) = match &s {
-                Speculation::Draft {
-                    loaded,
-                    num_draft_tokens,
-                } => (DraftSource::Model(loaded.model.as_ref()), *num_draft_tokens),
-                Speculation::Lookup {
-                    lookup,
-                    num_draft_tokens,
-                } => (DraftSource::Lookup(lookup.clone()), *num_draft_tokens),
-            };
+            let (source, k) = s.source();
             let mut gen = SpeculativeGenerator::new(model, source, &ids, &mut caches, k, opts)?
                 .with_min_acceptance(args.spec.min_acceptance()?)?;
             let last = stream_generate_with(&mut gen, tok, args.max_tokens, on_response)?;
