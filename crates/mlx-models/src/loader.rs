@@ -128,7 +128,7 @@ pub fn load_config(dir: &Path) -> Result<Value> {
     }
     let gen = dir.join("generation_config.json");
     if let Ok(text) = std::fs::read_to_string(gen) {
-        if let Ok(g) = serde_json::from_str::<Value>(&text) {
+        if let Ok(g) = crate::config::parse_python_json(&text) {
             if let Some(eos) = g
                 .get("eos_token_id")
                 .filter(|v| !v.is_null() && v != &&Value::Bool(false))
