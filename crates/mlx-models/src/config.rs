@@ -62,13 +62,12 @@ pub fn parse_python_json(text: &str) -> std::result::Result<Value, String> {
                         .next()
                         .is_some_and(|n| n.is_ascii_alphanumeric() || n == '_')
             };
-            if word("-Infinity") || word("Infinity") {
-                let neg = rest.starts_with('-');
-                out.push_str(&format!(
-                    "{:e}",
-                    if neg { -JSON_INFINITY } else { JSON_INFINITY }
-                ));
-                rest = &rest[if neg { 9 } else { 8 }..];
+            if let Some((w, v)) = [("-Infinity", -JSON_INFINITY), ("Infinity", JSON_INFINITY)]
+                .into_iter()
+                .find(|(w, _)| word(w))
+            {
+                out.push_str(&format!("{v:e}"));
+                rest = &rest[w.len()..];
                 changed = true;
                 continue;
             }
