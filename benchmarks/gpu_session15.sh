@@ -44,8 +44,9 @@
 #              (MLX_SDPA_PADDED_PREFETCH=1), mmaw4 / mmarw1 / mmaw4rw1 (the tensor-core
 #              product with MLX_FAST_QMM_MMA_WARPS=4, with 16 rows of w a block always:
 #              MLX_FAST_QMM_MMA_MIN_BLOCKS=1000000000, both), mmarw4 / mmaw4rw4 (64 rows
-#              of w a block: MLX_FAST_QMM_MMA_RW=4, alone and with 4 warps), lean (MLX_FAST_QMV_LEAN=1:
-#              the one-row 4-bit kernels with ~25-40% fewer instructions a chunk)
+#              of w a block: MLX_FAST_QMM_MMA_RW=4, alone and with 4 warps), lean / nolean
+#              (MLX_FAST_QMV_LEAN=1 / 0: the one-row 4-bit kernels' lean bodies, the default
+#              since session 37, / their first form)
 #   leancheck  issue 21: fused_check qmv under MLX_FAST_QMV_LEAN=1 (every product shape and
 #              the 8B 4-bit and qwen2.5-0.5b-4bit logits against MLX's qmv, bit for bit),
 #              then qmm_rows_check under it (kBodyM's rows against the one-row kernel)
@@ -63,7 +64,8 @@
 #              batch:prompt:generation (1:512:128 32:128:128), MOE_ROUNDS (1) processes a
 #              tool, alternating, order flipped each round; MOE_ENV for our arm; MOE_ARMS
 #              (ours mlx-lm; noqmv = ours with MLX_FAST_QMV=0; gqmv = ours with
-#              MLX_FAST_GATHER_QMV=1, gqmvlean with MLX_FAST_QMV_LEAN=1 too)
+#              MLX_FAST_GATHER_QMV=1, gqmvlean with MLX_FAST_QMV_LEAN=1 too: both the
+#              defaults since session 37; nogqmv = MLX_FAST_GATHER_QMV=0)
 #   qgemm      issue 21: qgemm_check (our tiled 4-bit kernel of 33+ rows against MLX's
 #              qmm_sm80: bits and time; QGEMM_ARGS, QGEMM_MODEL, QGEMM_ENV)
 #   next       issue 26: gpu_next.sh check warm (Qwen3-Next: lean step's text, ours vs mlx-lm)
@@ -229,7 +231,7 @@ for PART in "$@"; do
       MLX_FAST_QMV_LEAN=1 FUSED_CHECK_SHAPES=0 timeout 60 "$NEW/fused_check" "$MODELS/qwen2.5-0.5b-4bit" 64 16 qmv \
         >> "$D/stdout.txt" 2>&1
       echo "rc=$?" >> "$D/stdout.txt"
-      MLX_FAST_QMV_LEAN=1 MLX_FAST_QMM_MMA=0 timeout 25 "$NEW/qmm_rows_check" --gs 64 --m 2,8,32 --iters 5 \
+      MLX_FAST_QMV_LEAN=1 MLX_FAST_QMM_MMA=0 timeout 100 "$NEW/qmm_rows_check" --gs 64 --m 2,8,32 --iters 5 \
         >> "$D/stdout.txt" 2>&1
       echo "rc=$?" >> "$D/stdout.txt" ;;
     qmm)
@@ -328,7 +330,8 @@ for PART in "$@"; do
       # kernel's one-row-of-w layout), nopool (MLX_HOST_BUFFER_POOL=0: host uploads on
       # MLX's cached buffers), noadvise (MLX_HOST_BUFFER_ADVISE=0: the pool's managed
       # buffers left to migrate), plain (no draft); each with the engine's profile
-      # lines (a speculative run's split of a round: draft, verify build, wait)
+      # lines (a speculative run's split of a round: draft, verify build, wait); lean
+      # (MLX_FAST_QMV_LEAN=1: the draft's one-row 4-bit kernels' lean bodies)
       python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
         --tokenizers .gpu/tok > "$D/models.txt" 2>&1
       P="$(python3 -c "print(' '.join(['hello world'] * 40))")"
@@ -338,6 +341,7 @@ for PART in "$@"; do
         case $arm in
           noqmm) e+=(MLX_FAST_QMM=0) ;;
           noqmv) e+=(MLX_FAST_QMV=0) ;;
+          lean) e+=(MLX_FAST_QMV_LEAN=1) ;;
           nocudnn) e=(MLX_CUDA_USE_CUDNN_SDPA=0 MLX_ENGINE_PROFILE=1) ;;
           wr1) e+=(MLX_FAST_QMM_WARP_ROWS=1) ;;
           nopool) e+=(MLX_HOST_BUFFER_POOL=0) ;;
@@ -370,6 +374,7 @@ for PART in "$@"; do
               # one-row body's gathered form, MLX's gather_qmv bits; gqmvlean with LEAN too
               [ "$arm" = gqmv ] && e=(MLX_FAST_GATHER_QMV=1)
               [ "$arm" = gqmvlean ] && e=(MLX_FAST_GATHER_QMV=1 MLX_FAST_QMV_LEAN=1)
+              [ "$arm" = nogqmv ] && e=(MLX_FAST_GATHER_QMV=0)
               echo "## round=$r model=$m b=$b p=$p g=$g arm=$arm" >> "$D/stdout.txt"
               env "${e[@]}" timeout 240 "${cmd[@]}" --model "$MODELS/$m" -p "$p" -g "$g" -b "$b" \
                 -n "${MOE_N:-2}" >> "$D/stdout.txt" 2>&1
@@ -396,6 +401,7 @@ for PART in "$@"; do
         [ "$arm" = pf ] && e=(MLX_SDPA_PADDED_PREFETCH=1)
         # lean: the one-row 4-bit kernels' lean bodies (byte-permute unpack, per-lane bases)
         [ "$arm" = lean ] && e=(MLX_FAST_QMV_LEAN=1)
+        [ "$arm" = nolean ] && e=(MLX_FAST_QMV_LEAN=0)
         # the tensor-core product's layout: 4 warps a block (mmaw4), 16 rows of w a block
         # always (mmarw1), both
         [ "$arm" = mmaw4 ] && e=(MLX_FAST_QMM_MMA_WARPS=4)

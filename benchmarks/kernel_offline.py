@@ -160,7 +160,7 @@ def kernels():
                 continue
             t = f"{k}, {gs}"
             # kBody (kOneRow: 4 warps a block, all loads first), with and without the residual.
-            # MLX_FAST_QMV_LEAN=1 (`_lean`): fewer instructions a chunk, the same values.
+            # `_lean` (the default; MLX_FAST_QMV_LEAN=0 the other): fewer instructions a chunk, the same values.
             for res in (False, True):
                 for lean in (False, True):
                     ins = x + weight() + ([("res", "bf16")] if res else [])
@@ -176,7 +176,7 @@ def kernels():
                                 [("out0", "bf16")],
                                 f"  mlxs_qmv::rows_n<{t}, {lay}, false, {str(lean).lower()}>(x, w, scales, biases, out0, 128256, blockIdx.y - 0, nullptr);",
                                 "fast_qmv.cpp"))
-            # MLX_FAST_GATHER_QMV=1: a gathered product below 8 rows, a row of it a part.
+            # the gathered form (MLX_FAST_GATHER_QMV, on by default): below 8 rows, a row of it a part.
             for lean in (False, True):
                 out.append((f"qmv_gather_k{k}_g{gs}{'_lean' if lean else ''}", 128,
                             x + weight() + [("idx", "u32")], [("out", "bf16")],

@@ -11,8 +11,8 @@
 //!   them), and unsorted, x [T, 1, 1, K] for T tokens' top-k experts, as at decoding): the
 //!   experts of the Qwen3-30B-A3B (128, top 8) and gpt-oss-20b (32, top 4) shapes, against
 //!   MLX's `gather_qmm`, bits at every group size and time at group size 64 (below 8 rows
-//!   MLX's `gather_qmv` runs; with `MLX_FAST_GATHER_QMV=1` our one-row body's gathered
-//!   form must run there with its bits);
+//!   our one-row body's gathered form must run with the bits of MLX's `gather_qmv`, which
+//!   runs there under `MLX_FAST_GATHER_QMV=0`);
 //! - time: MLX's product (`set_fast_qgemm(false)`) against ours, the median of `--iters`
 //!   timed evaluations (each of `REPS` products, then a synchronisation) after warm-up, in
 //!   microseconds per product, and the ratio.
@@ -87,7 +87,7 @@ fn gathered(
     ours: bool,
 ) -> Res<(Array, bool)> {
     set_fast_qgemm(ours);
-    // Below 8 rows, the one-row body's gathered form (under MLX_FAST_GATHER_QMV=1).
+    // Below 8 rows, the one-row body's gathered form (unless MLX_FAST_GATHER_QMV=0).
     set_fast_qmv(ours);
     let before = fast_gather_qgemm_launches();
     let before_rows = fast_qmv_launches();
@@ -128,7 +128,7 @@ fn randint(hi: i32, shape: &[i32], seed: u64) -> Res<Array> {
 /// against MLX's `gather_qmm`: bits, and time at group size 64. Returns whether all matched.
 fn check_gathered(ms: &[i32], gss: &[i32], iters: usize, gpu: bool) -> Res<bool> {
     let mut ok = true;
-    let gather_qmv = std::env::var("MLX_FAST_GATHER_QMV").as_deref() == Ok("1");
+    let gather_qmv = std::env::var("MLX_FAST_GATHER_QMV").as_deref() != Ok("0");
     let shapes = [
         (128, 8, 1536, 2048),
         (128, 8, 2048, 768),
@@ -172,8 +172,8 @@ fn check_gathered(ms: &[i32], gss: &[i32], iters: usize, gpu: bool) -> Res<bool>
                 let m = idx.size() as i32;
                 let (mlx, _) = gathered(x, &q, idx, gs, *sorted, false)?;
                 let (ours, ran) = gathered(x, &q, idx, gs, *sorted, true)?;
-                // The tiled kernel from 8 rows; below, MLX's gather_qmv, or with
-                // MLX_FAST_GATHER_QMV=1 the one-row body's gathered form (its bits).
+                // The tiled kernel from 8 rows; below, the one-row body's gathered form (its
+                // bits), or MLX's gather_qmv under MLX_FAST_GATHER_QMV=0.
                 let expect = gpu && ((m >= 8 && takes_shape(n, k, gs)) || (m < 8 && gather_qmv));
                 let same = same_bits(&ours, &mlx)?;
                 if !same || ran != expect {

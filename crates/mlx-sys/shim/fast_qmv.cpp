@@ -148,13 +148,16 @@ KernelSwitch g_residual("MLX_FAST_QMV_RESIDUAL");
 // mlx-lm's swiglu of a gate/up pair computed in their launch (`try_fast_qmv_swiglu`);
 // MLX_FAST_QMV_SWIGLU=0 (or `set_fast_qmv_swiglu(false)`) leaves it to MLX.
 KernelSwitch g_swiglu("MLX_FAST_QMV_SWIGLU");
-// MLX_FAST_QMV_LEAN=1 (an experiment, off until measured on a device): the one-row bodies
-// (row_sum, rows_n) and kBodyM unpack nibbles by byte permutes and load from per-lane
-// bases; ~25-40% fewer instructions a chunk (ptxas, sm_90a), every value the same.
-KernelSwitch g_lean("MLX_FAST_QMV_LEAN", false);
-// MLX_FAST_GATHER_QMV=1 (an experiment, off until measured on a device): gathered products
-// of fewer than 8 rows (try_fast_gather_qmv) through the one-row body.
-KernelSwitch g_gather_qmv("MLX_FAST_GATHER_QMV", false);
+// The lean bodies: the one-row bodies (row_sum, rows_n) and kBodyM unpack nibbles by byte
+// permutes and load from per-lane bases; ~25-40% fewer instructions a chunk (ptxas,
+// sm_90a), every value the same (H100, session 37: every product shape and the 8B / 0.5B
+// logits identical to MLX's qmv; the 8B 4-bit decodes 299 -> 340 tok/s at batch 1).
+// MLX_FAST_QMV_LEAN=0 restores the earlier bodies.
+KernelSwitch g_lean("MLX_FAST_QMV_LEAN");
+// Gathered products of fewer than 8 rows (try_fast_gather_qmv) through the one-row body,
+// MLX's gather_qmv bits (H100, session 37: identical; gpt-oss-20b shape batch-1 decode
+// 450 -> 528 tok/s). MLX_FAST_GATHER_QMV=0 leaves them to MLX.
+KernelSwitch g_gather_qmv("MLX_FAST_GATHER_QMV");
 // The most weights one launch takes (q/k/v).
 constexpr size_t kMaxParts = 4;
 // One launch for several weights only while they hold at most this many elements in all.
@@ -429,11 +432,12 @@ __device__ __forceinline__ void store(__nv_bfloat16* out, const __nv_bfloat16* r
 }
 
 // The float sum of row `row` of a warp (every lane gets it), all of a lane's loads issued
-// before its arithmetic (`U` chunks at a time). LEAN (MLX_FAST_QMV_LEAN=1): the nibbles
-// unpacked by nibble_pair, and each chunk's loads at compile-time offsets from per-lane
-// bases instead of addresses computed a chunk (a signed division and 64-bit arithmetic
-// for each scale and bias): 816 -> 480 instructions a warp for a 4096-long row (ptxas
-// for sm_90a, benchmarks/kernel_offline.py). Every value the same.
+// before its arithmetic (`U` chunks at a time). LEAN (the default; not under
+// MLX_FAST_QMV_LEAN=0): the nibbles unpacked by nibble_pair, and each chunk's loads at
+// compile-time offsets from per-lane bases instead of addresses computed a chunk (a
+// signed division and 64-bit arithmetic for each scale and bias): 816 -> 480
+// instructions a warp for a 4096-long row (ptxas for sm_90a, benchmarks/kernel_offline.py).
+// Every value the same.
 template <int K, int GS, int U, bool LEAN>
 __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t* w,
                                          const __nv_bfloat16* scales,

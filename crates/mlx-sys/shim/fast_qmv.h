@@ -68,8 +68,8 @@ std::optional<mlx::core::array> try_fast_qmv_swiglu(
 // `gather_qmm(x, w, scales, biases, rhs_indices=idx, transpose=True)` of a 4-bit affine
 // expert stack w [E, n, K/8] for fewer than 8 rows (MLX's `gather_qmv`: a token's experts
 // at batch 1), each row through the one-row body on its expert's weight, so each output
-// has MLX's `qmv` arithmetic, which its `gather_qmv` runs too. An experiment, off unless
-// MLX_FAST_GATHER_QMV=1 (not yet run on a device); nullopt where MLX should run it.
+// has MLX's `qmv` arithmetic, which its `gather_qmv` runs too (identical on an H100);
+// MLX_FAST_GATHER_QMV=0 leaves them to MLX; nullopt where MLX should run it.
 std::optional<mlx::core::array> try_fast_gather_qmv(
     const mlx::core::array& x,
     const mlx::core::array& w,
