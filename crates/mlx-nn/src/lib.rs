@@ -32,6 +32,7 @@ pub mod quantize;
 pub mod rope;
 pub mod ssm;
 pub mod switch;
+pub mod tap;
 
 pub use attention::scaled_dot_product_attention;
 pub use cache::{ArraysState, AttnMask, KvCache, KvFetch};

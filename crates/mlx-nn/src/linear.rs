@@ -45,6 +45,7 @@ impl Linear {
     /// `addmm(b, x, W.T)` with a bias, else `x @ W.T`, exactly like mlx.nn.
     #[track_caller]
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        crate::tap::observe(&self.weight, x);
         let wt = self.weight.transposed()?;
         match &self.bias {
             Some(b) => ops::addmm(b, x, &wt, 1.0, 1.0),
@@ -364,6 +365,7 @@ impl LinearLayer {
     pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
         match self {
             LinearLayer::Dense(d) if d.bias.is_none() => {
+                crate::tap::observe(&d.weight, x);
                 mlx_array::fast::matmul_add(x, &d.weight.transposed()?, residual)
             }
             LinearLayer::Quantized(q) if q.bias.is_none() => {

@@ -45,6 +45,7 @@ impl SwitchLinear {
     /// `gather_mm(x, W.swapaxes(-1, -2), rhs_indices=indices)` (+ `bias[indices]`).
     #[track_caller]
     pub fn forward(&self, x: &Array, indices: &Array, sorted_indices: bool) -> Result<Array> {
+        crate::tap::observe(&self.weight, x);
         let y = gather_mm(
             x,
             &self.weight.swapaxes(-1, -2)?,

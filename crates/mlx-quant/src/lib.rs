@@ -7,11 +7,13 @@
 //!   safetensors, index, config, side files, model card.
 //! - [`dynamic`]: `mlx_lm.dynamic_quant` (per-layer sensitivities from calibration text,
 //!   bit allocation for a target bits-per-weight, perplexity).
+//! - [`gptq`]: `mlx_lm.gptq` (GPTQ on calibration rows, fallback bits for the rest).
 #![warn(missing_docs)]
 
 pub mod convert;
 pub mod dynamic;
 mod error;
+pub mod gptq;
 pub mod model;
 pub mod predicate;
 pub mod save;

@@ -1,0 +1,131 @@
+//! `mlx-gptq`: mlx-lm's `mlx_lm.gptq`, with its flags and defaults.
+//!
+//! mlx-lm calibrates on a text file it downloads into `~/.cache/mlx-lm/calibration_v5.txt`;
+//! that file is used when it is there, else `--data FILE` (ours) or a small built-in text.
+use anyhow::{Context, Result};
+use clap::Parser;
+use mlx_bins::outln;
+use mlx_quant::dynamic::{calibration_data, CALIBRATION_TEXT};
+use mlx_quant::gptq::{gptq_quantize, GptqOptions};
+use mlx_quant::model::load;
+use mlx_quant::{resolve_source, save_model_over};
+use mlx_tokenizer::Tokenizer;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// GPTQ quantization
+#[derive(Parser, Debug)]
+#[command(name = "mlx-gptq", version)]
+struct Args {
+    /// The model: a local directory, a Hugging Face repo id in the local HF cache, or a
+    /// .gguf file.
+    #[arg(long, short = 'm', default_value = "Qwen/Qwen3-0.6B-base")]
+    model: String,
+    /// Path to save the model
+    #[arg(long, default_value = "mlx_model")]
+    mlx_path: PathBuf,
+    /// Quantization bits for GPTQ layers
+    #[arg(long, default_value_t = 4)]
+    bits: i32,
+    /// Quantization group size for GPTQ layers
+    #[arg(long, default_value_t = 64)]
+    group_size: i32,
+    /// Quantization bits for non-GPTQ layers
+    #[arg(long, default_value_t = 6)]
+    fallback_bits: i32,
+    /// Quantization group size for non-GPTQ layers
+    #[arg(long, default_value_t = 64)]
+    fallback_group_size: i32,
+    /// Number of samples from the calibration dataset, use -1 for all.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    num_samples: i64,
+    /// Sequence length for the calibration data.
+    #[arg(long, default_value_t = 512)]
+    sequence_length: usize,
+    /// Random seed (shuffles the calibration sequences).
+    #[arg(long, default_value_t = 123)]
+    seed: u64,
+    /// Enable trusting remote code for tokenizer/model loading (accepted; no Python code
+    /// from a model repository is ever run here).
+    #[arg(long)]
+    trust_remote_code: bool,
+    /// Calibration text file (ours). Default: mlx-lm's downloaded calibration file when
+    /// it is in ~/.cache/mlx-lm, else a small built-in text.
+    #[arg(long)]
+    data: Option<PathBuf>,
+}
+
+/// The calibration text and where it came from.
+fn calibration_text(data: Option<&PathBuf>) -> Result<(String, String)> {
+    if let Some(p) = data {
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        return Ok((text, p.display().to_string()));
+    }
+    let cached = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .map(|h| h.join(".cache/mlx-lm/calibration_v5.txt"))
+        .filter(|p| p.is_file());
+    if let Some(p) = cached {
+        let text =
+            std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        return Ok((text, p.display().to_string()));
+    }
+    Ok((
+        CALIBRATION_TEXT.to_string(),
+        "the built-in text (mlx-lm's calibration file cannot be downloaded here; pass --data \
+         FILE for your own)"
+            .into(),
+    ))
+}
+
+fn run(args: Args) -> Result<()> {
+    let opts = GptqOptions {
+        bits: args.bits,
+        group_size: args.group_size,
+        fallback_bits: args.fallback_bits,
+        fallback_group_size: args.fallback_group_size,
+        ..Default::default()
+    };
+    opts.validate()?;
+    let source = resolve_source(&args.model, &args.mlx_path)?;
+    let mut model = load(&source.dir, true)?;
+    let tokenizer = Tokenizer::from_dir(&source.dir)
+        .with_context(|| format!("loading the tokenizer in {}", source.dir.display()))?;
+    let (text, from) = calibration_text(args.data.as_ref())?;
+    outln!("[INFO] Calibrating on {from}")?;
+    let tokens = tokenizer.encode(&text, true)?;
+    let mut data = calibration_data(&tokens, args.sequence_length, args.seed)?;
+    if args.num_samples > 0 && (args.num_samples as i32) < data.dim(0)? {
+        data = data.slice_axis(0, 0, args.num_samples as i32)?;
+    }
+    outln!(
+        "[INFO] Calibration data: {} sequences of {} tokens",
+        data.dim(0)?,
+        args.sequence_length
+    )?;
+    let bpw = gptq_quantize(&mut model, &data, &opts, &mut |phase, i, n| {
+        eprint!("\r{phase}: {i}/{n}");
+        if i == n {
+            eprintln!();
+        }
+        let _ = std::io::stderr().flush();
+    })?;
+    outln!("Quantized model with {bpw:.3} bits per weight.")?;
+    let (saved, _) = save_model_over(&args.mlx_path, model, &source, 5 << 30, true)?;
+    outln!(
+        "[INFO] Saved {} tensors to {}",
+        saved.tensors,
+        args.mlx_path.display()
+    )?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let code = match run(Args::parse()) {
+        Ok(()) => 0,
+        Err(e) => mlx_bins::error_exit_code(&e, "mlx-gptq: "),
+    };
+    mlx_bins::exit(code)
+}

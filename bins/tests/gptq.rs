@@ -1,0 +1,167 @@
+//! `mlx-gptq` against mlx-lm's `mlx_lm.gptq` command on the same tiny models: both read
+//! mlx-lm's calibration file from `~/.cache/mlx-lm` (a temporary `HOME` holding a short
+//! text, one calibration sequence, so the shuffle has nothing to order) and write the same
+//! tensors bit for bit and the same quantization section; the output loads and
+//! generates. Bad flags are refused with a message.
+mod common;
+
+use common::{check, TempDir};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Every tensor of a saved model: name -> (dtype, shape, bytes).
+fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<i32>, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let (arrays, _) = mlx_array::io::load_safetensors(&p).unwrap();
+            for (k, a) in arrays {
+                let v = (format!("{:?}", a.dtype()), a.shape(), a.to_bytes().unwrap());
+                out.insert(k, v);
+            }
+        }
+    }
+    out
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// A temporary HOME whose mlx-lm cache holds a calibration text of one 32-token sequence.
+fn home(tmp: &TempDir) -> std::path::PathBuf {
+    let home = tmp.0.join("home");
+    let cache = home.join(".cache/mlx-lm");
+    std::fs::create_dir_all(&cache).unwrap();
+    let text = "the quick brown fox jumps over the lazy dog while a small cat sleeps";
+    std::fs::write(cache.join("calibration_v5.txt"), text).unwrap();
+    home
+}
+
+fn gptq(bin: &str, home: &Path, args: &[&str]) -> Output {
+    Command::new(bin)
+        .args(args)
+        .env("HOME", home)
+        .env_remove("MLX_LOG")
+        .output()
+        .expect("the command starts")
+}
+
+#[test]
+fn gptq_matches_mlx_lm_gptq_command() {
+    let py = common::mlx_lm_python("mlx_lm.quant.gptq");
+    let tmp = TempDir::new("gptq");
+    let home = home(&tmp);
+    let model = common::golden_model("llama-small-f32");
+    let model = model.to_str().unwrap();
+    for (name, flags) in [
+        (
+            "q4",
+            vec!["--group-size", "32", "--fallback-group-size", "32"],
+        ),
+        (
+            "q8-fb4",
+            vec![
+                "--bits",
+                "8",
+                "--group-size",
+                "32",
+                "--fallback-bits",
+                "4",
+                "--fallback-group-size",
+                "32",
+            ],
+        ),
+    ] {
+        let (ours, theirs) = (
+            tmp.0.join(format!("ours-{name}")),
+            tmp.0.join(format!("mlx-lm-{name}")),
+        );
+        let mut args = vec!["--model", model, "--sequence-length", "32"];
+        args.extend(&flags);
+        let mut o = args.clone();
+        o.extend(["--mlx-path", ours.to_str().unwrap()]);
+        let out = gptq(env!("CARGO_BIN_EXE_mlx-gptq"), &home, &o);
+        check(&out, "mlx-gptq");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("calibration_v5.txt") && stdout.contains("1 sequences of 32"),
+            "{stdout}"
+        );
+        let mut t = vec!["-m", "mlx_lm.quant.gptq"];
+        t.extend(&args);
+        t.extend(["--mlx-path", theirs.to_str().unwrap()]);
+        check(&gptq(py.to_str().unwrap(), &home, &t), "mlx_lm.gptq");
+        let (want, got) = (tensors(&theirs), tensors(&ours));
+        assert_eq!(
+            want.keys().collect::<Vec<_>>(),
+            got.keys().collect::<Vec<_>>(),
+            "{name}"
+        );
+        for (k, w) in &want {
+            assert!(w == &got[k], "{name}: {k} differs from mlx-lm's");
+        }
+        let (wc, gc) = (
+            json(&theirs.join("config.json")),
+            json(&ours.join("config.json")),
+        );
+        assert_eq!(wc["quantization"], gc["quantization"], "{name}");
+        assert_eq!(
+            wc["quantization_config"], gc["quantization_config"],
+            "{name}"
+        );
+        assert!(stdout.contains("Quantized model with "), "{stdout}");
+        // The quantized model loads and generates.
+        let gen = common::generate(
+            &[
+                "--model",
+                ours.to_str().unwrap(),
+                "--prompt",
+                "hello",
+                "-m",
+                "4",
+            ],
+            b"",
+        );
+        check(&gen, "mlx-generate on the GPTQ model");
+    }
+}
+
+#[test]
+fn gptq_refuses_bad_flags_with_a_message() {
+    let tmp = TempDir::new("gptq-bad");
+    let home = home(&tmp);
+    let model = common::golden_model("llama-small-f32");
+    let out_dir = tmp.0.join("out");
+    for (flags, want) in [
+        (vec!["--bits", "3", "--group-size", "32"], "not 3"),
+        (
+            vec!["--group-size", "64", "--sequence-length", "32"],
+            "group size 64",
+        ),
+        (
+            vec!["--group-size", "32", "--sequence-length", "4096"],
+            "fewer than one sequence",
+        ),
+    ] {
+        let mut args = vec![
+            "--model",
+            model.to_str().unwrap(),
+            "--mlx-path",
+            out_dir.to_str().unwrap(),
+        ];
+        args.extend(&flags);
+        let out = gptq(env!("CARGO_BIN_EXE_mlx-gptq"), &home, &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(want),
+            "{flags:?}: {stderr}"
+        );
+        assert!(
+            !out_dir.exists(),
+            "{flags:?}: nothing is written on an error"
+        );
+    }
+}
