@@ -165,3 +165,43 @@ fn gptq_refuses_bad_flags_with_a_message() {
         );
     }
 }
+
+#[test]
+fn gptq_takes_every_mlx_lm_gptq_flag() {
+    let py = common::mlx_lm_python("mlx_lm.quant.gptq");
+    let flags = |text: &str| -> std::collections::BTreeSet<String> {
+        text.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(|w| {
+                w.trim_end_matches(|c: char| !c.is_alphanumeric())
+                    .to_string()
+            })
+            .collect()
+    };
+    let theirs = Command::new(&py)
+        .args(["-m", "mlx_lm.quant.gptq", "--help"])
+        .output()
+        .unwrap();
+    check(&theirs, "mlx_lm.gptq --help");
+    let ours = Command::new(env!("CARGO_BIN_EXE_mlx-gptq"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    check(&ours, "mlx-gptq --help");
+    let (theirs, ours) = (
+        flags(&String::from_utf8_lossy(&theirs.stdout)),
+        flags(&String::from_utf8_lossy(&ours.stdout)),
+    );
+    assert!(theirs.len() >= 10, "{theirs:?}");
+    let missing: Vec<_> = theirs.difference(&ours).collect();
+    assert!(
+        missing.is_empty(),
+        "mlx_lm.gptq flags mlx-gptq lacks: {missing:?}"
+    );
+    let extra: Vec<_> = ours.difference(&theirs).collect();
+    assert_eq!(
+        extra,
+        ["--data", "--hessian-float32", "--version"],
+        "our own flags"
+    );
+}

@@ -50,6 +50,11 @@ struct Args {
     /// from a model repository is ever run here).
     #[arg(long)]
     trust_remote_code: bool,
+    /// Accumulate the Hessians from float32 products (ours; mlx-lm multiplies in the
+    /// model's dtype, which for bfloat16 or float16 models loses most of each entry's
+    /// precision or overflows).
+    #[arg(long)]
+    hessian_float32: bool,
     /// Calibration text file (ours). Default: mlx-lm's downloaded calibration file when
     /// it is in ~/.cache/mlx-lm, else a small built-in text.
     #[arg(long)]
@@ -86,6 +91,7 @@ fn run(args: Args) -> Result<()> {
         group_size: args.group_size,
         fallback_bits: args.fallback_bits,
         fallback_group_size: args.fallback_group_size,
+        hessian_float32: args.hessian_float32,
         ..Default::default()
     };
     opts.validate()?;

@@ -37,6 +37,10 @@ pub struct GptqOptions {
     pub fallback_group_size: i32,
     /// Calibration rows a forward pass (mlx-lm: 8, not a flag).
     pub batch_size: usize,
+    /// Each batch's `x^T x` as a float32 product (ours, `--hessian-float32`); mlx-lm
+    /// multiplies in the activations' dtype, which for bfloat16 rounds every entry of the
+    /// Hessian to 8 bits of mantissa.
+    pub hessian_float32: bool,
 }
 
 impl Default for GptqOptions {
@@ -47,6 +51,7 @@ impl Default for GptqOptions {
             fallback_bits: 6,
             fallback_group_size: 64,
             batch_size: 8,
+            hessian_float32: false,
         }
     }
 }
@@ -111,7 +116,7 @@ pub fn gptq_quantize(
             "the model has no dense Linear or SwitchLinear layer for GPTQ".into(),
         ));
     }
-    collect_hessians(model, data, opts.batch_size, &mut targets, progress)?;
+    collect_hessians(model, data, opts, &mut targets, progress)?;
 
     let mut hessians: HashMap<String, Array> = HashMap::new();
     for t in targets.iter_mut() {
@@ -268,7 +273,7 @@ fn gptq_layers(model: &mut LoadedModel, group_size: i32) -> Result<Vec<Target>> 
 fn collect_hessians(
     model: &LoadedModel,
     data: &Array,
-    batch_size: usize,
+    opts: &GptqOptions,
     targets: &mut [Target],
     progress: &mut Progress<'_>,
 ) -> Result<()> {
@@ -280,6 +285,7 @@ fn collect_hessians(
     }
     let index: HashMap<u64, usize> = targets.iter().enumerate().map(|(i, t)| (t.id, i)).collect();
     let rows = data.dim(0)?;
+    let batch_size = opts.batch_size;
     let bs = batch_size as i32;
     let batches = (rows as usize).div_ceil(batch_size);
     for (b, start) in (0..rows).step_by(batch_size).enumerate() {
@@ -288,7 +294,10 @@ fn collect_hessians(
         drop(out?);
         for (id, x) in seen {
             let Some(&i) = index.get(&id) else { continue };
-            let xf = x.flatten(0, -2)?;
+            let mut xf = x.flatten(0, -2)?;
+            if opts.hessian_float32 {
+                xf = xf.astype(Dtype::Float32)?;
+            }
             let prod = xf.transpose(None)?.matmul(&xf)?;
             let t = &mut targets[i];
             t.hessian = Some(match t.hessian.take() {
@@ -369,7 +378,10 @@ fn quantize_columns(
     let mut i = 0;
     while i < in_dims {
         let j = i + gs;
-        let wl = columns(&w, i, j)?;
+        // The group's columns change only among themselves until the group is done, so
+        // they are updated as a block of their own and written back once: the same
+        // values as mlx-lm's updates of W in place, without a copy of W each column.
+        let mut wl = columns(&w, i, j)?;
         let mut err = ops::zeros_like(&wl)?;
         let q = quantize(&wl, Some(gs), Some(bits), QuantMode::Affine)?;
         let scales = q.scales;
@@ -377,20 +389,23 @@ fn quantize_columns(
             QuantError::Unsupported("affine quantization returned no biases".into())
         })?;
         for k in i..j {
-            let wk = columns(&w, k, k + 1)?;
+            let c = k - i;
+            let wk = columns(&wl, c, c + 1)?;
             let d = hinv.slice(&[k, k], &[k + 1, k + 1], None)?.reshape(&[])?;
             let e = gptq_error(&wk, &d, &scales, &biases, bits)?;
             let row = hinv.slice(&[k, k], &[k + 1, j], None)?;
-            let update = columns(&w, k, j)?.subtract(&e.matmul(&row)?)?;
-            w = set_columns(&w, &update, k)?;
-            err = set_columns(&err, &e, k - i)?;
-            transforms::eval(&[&err, &w])?;
+            let update = columns(&wl, c, gs)?.subtract(&e.matmul(&row)?)?;
+            wl = set_columns(&wl, &update, c)?;
+            err = set_columns(&err, &e, c)?;
+            transforms::eval(&[&err, &wl])?;
         }
+        w = set_columns(&w, &wl, i)?;
         if j < in_dims {
             let block = hinv.slice(&[i, j], &[j, in_dims], None)?;
             let update = columns(&w, j, in_dims)?.subtract(&err.matmul(&block)?)?;
             w = set_columns(&w, &update, j)?;
         }
+        transforms::eval(&[&w])?;
         all_scales.push(scales);
         all_biases.push(biases);
         i = j;

@@ -8,6 +8,7 @@ use common::*;
 use mlx_array::Array;
 use mlx_quant::gptq::{gptq_quantize, GptqOptions};
 use mlx_quant::{save_model_over, QuantError};
+use std::collections::BTreeMap;
 
 fn case_data(case: &serde_json::Value) -> Array {
     let rows: Vec<Vec<i32>> = case["tokens"]
@@ -37,25 +38,28 @@ fn options(case: &serde_json::Value) -> GptqOptions {
     }
 }
 
-#[test]
-fn gptq_matches_mlx_lm_gptq_goldens() {
+/// Runs GPTQ on each golden case (`hessian_float32` as given) and returns, per case,
+/// whether every tensor equals mlx-lm's (the quantization sections must).
+fn against_goldens(hessian_float32: bool) -> BTreeMap<String, bool> {
     let goldens = root().join("goldens/gptq");
     let cases = json(&goldens.join("cases.json"));
     let cases = cases.as_object().unwrap();
     assert!(cases.len() >= 3);
     let tmp = temp_dir("gptq");
+    let mut same = BTreeMap::new();
     for (name, case) in cases {
         let src = tmp.join(format!("src-{name}"));
         golden_source(case["source"].as_str().unwrap(), &src);
         let source = mlx_quant::resolve_source(src.to_str().unwrap(), &tmp.join(name)).unwrap();
         let mut model = mlx_quant::model::load(&source.dir, true).unwrap();
         let mut phases = Vec::new();
-        gptq_quantize(
-            &mut model,
-            &case_data(case),
-            &options(case),
-            &mut |p, i, n| phases.push((p.to_string(), i, n)),
-        )
+        let opts = GptqOptions {
+            hessian_float32,
+            ..options(case)
+        };
+        gptq_quantize(&mut model, &case_data(case), &opts, &mut |p, i, n| {
+            phases.push((p.to_string(), i, n))
+        })
         .unwrap();
         assert!(
             phases.iter().any(|(p, i, n)| p == "Quantizing" && i == n),
@@ -70,6 +74,7 @@ fn gptq_matches_mlx_lm_gptq_goldens() {
             got.keys().collect::<Vec<_>>(),
             "{name}"
         );
+        let mut equal = true;
         for (k, w) in &want {
             let g = &got[k];
             assert_eq!(
@@ -77,10 +82,10 @@ fn gptq_matches_mlx_lm_gptq_goldens() {
                 (g.dtype(), g.shape()),
                 "{name}: {k}"
             );
-            assert!(
-                w.to_bytes().unwrap() == g.to_bytes().unwrap(),
-                "{name}: {k} values"
-            );
+            if w.to_bytes().unwrap() != g.to_bytes().unwrap() {
+                eprintln!("{name}: {k} differs from mlx-lm's");
+                equal = false;
+            }
         }
         let (wc, gc) = (
             json(&want_dir.join("config.json")),
@@ -89,8 +94,26 @@ fn gptq_matches_mlx_lm_gptq_goldens() {
         for key in ["quantization", "quantization_config"] {
             assert_eq!(wc[key], gc[key], "{name}: {key}");
         }
+        same.insert(name.clone(), equal);
     }
     std::fs::remove_dir_all(&tmp).unwrap();
+    same
+}
+
+#[test]
+fn gptq_matches_mlx_lm_gptq_goldens() {
+    let same = against_goldens(false);
+    assert!(same.values().all(|s| *s), "{same:?}");
+}
+
+#[test]
+fn float32_hessians_change_only_half_precision_models() {
+    // Float32 models multiply in float32 either way; the bfloat16 one's Hessians (and so
+    // its weights) are no longer rounded to bfloat16.
+    let same = against_goldens(true);
+    assert!(same["llama-tied-q4-g32"], "{same:?}");
+    assert!(same["mixtral-q2-g32"], "{same:?}");
+    assert!(!same["llama-bf16-bias-q8-g32"], "{same:?}");
 }
 
 fn tiny(name: &str, tag: &str) -> (std::path::PathBuf, mlx_quant::LoadedModel) {
