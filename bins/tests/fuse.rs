@@ -9,7 +9,6 @@
 mod common;
 
 use common::TempDir;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -34,26 +33,7 @@ fn model_with_tokenizer(tmp: &TempDir, name: &str) -> PathBuf {
 
 use common::check;
 
-/// Every tensor of a saved model: name -> (dtype, shape, bytes).
-fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<i32>, Vec<u8>)> {
-    let mut out = BTreeMap::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.extension().is_some_and(|x| x == "safetensors") {
-            let (arrays, _) = mlx_array::io::load_safetensors(&p).unwrap();
-            for (k, a) in arrays {
-                let v = (
-                    a.dtype().name().to_string(),
-                    a.shape(),
-                    a.to_bytes().unwrap(),
-                );
-                out.insert(k, v);
-            }
-        }
-    }
-    assert!(!out.is_empty(), "no weights saved in {}", dir.display());
-    out
-}
+use common::tensors;
 
 fn config(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap()

@@ -5,26 +5,9 @@
 //! generates. Bad flags are refused with a message.
 mod common;
 
-use common::{check, TempDir};
-use std::collections::BTreeMap;
+use common::{check, tensors, TempDir};
 use std::path::Path;
 use std::process::{Command, Output};
-
-/// Every tensor of a saved model: name -> (dtype, shape, bytes).
-fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<i32>, Vec<u8>)> {
-    let mut out = BTreeMap::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.extension().is_some_and(|x| x == "safetensors") {
-            let (arrays, _) = mlx_array::io::load_safetensors(&p).unwrap();
-            for (k, a) in arrays {
-                let v = (format!("{:?}", a.dtype()), a.shape(), a.to_bytes().unwrap());
-                out.insert(k, v);
-            }
-        }
-    }
-    out
-}
 
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()

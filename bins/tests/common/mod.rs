@@ -217,3 +217,24 @@ if kind != "full":
     cfg["lora_parameters"] = params
 (out / "adapter_config.json").write_text(json.dumps(cfg))
 "#;
+
+/// Every tensor of a saved model directory: name -> (dtype, shape, bytes).
+pub fn tensors(dir: &Path) -> std::collections::BTreeMap<String, (String, Vec<i32>, Vec<u8>)> {
+    let mut out = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let (arrays, _) = mlx_array::io::load_safetensors(&p).unwrap();
+            for (k, a) in arrays {
+                let v = (
+                    a.dtype().name().to_string(),
+                    a.shape(),
+                    a.to_bytes().unwrap(),
+                );
+                out.insert(k, v);
+            }
+        }
+    }
+    assert!(!out.is_empty(), "no weights saved in {}", dir.display());
+    out
+}

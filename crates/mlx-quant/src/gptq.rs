@@ -13,7 +13,7 @@
 //! weights bit for bit (`tests/gptq.rs` against `goldens/gptq`, written by
 //! `xtask/py/gptq_oracle.py`).
 use crate::error::{QuantError, Result};
-use crate::model::{bits_per_weight, layer_specs, LoadedModel};
+use crate::model::{bits_per_weight, layer_specs, set_quantization, LoadedModel};
 use mlx_array::device::{with_stream, Device};
 use mlx_array::quant::{quantize, QuantMode};
 use mlx_array::{linalg, ops, transforms, Array, Dtype};
@@ -174,12 +174,7 @@ pub fn gptq_quantize(
         m.insert("group_size".into(), opts.fallback_group_size.into());
         section.insert(path, Value::Object(m));
     }
-    model
-        .config
-        .insert("quantization".into(), Value::Object(section.clone()));
-    model
-        .config
-        .insert("quantization_config".into(), Value::Object(section));
+    set_quantization(model, section);
     bits_per_weight(model.module_mut()?)
 }
 
@@ -189,41 +184,61 @@ pub fn gptq_quantize(
 fn quantize_layer(layer: &mut dyn Quantizable, h: &Array, spec: QuantSpec) -> Result<()> {
     let hinv = inverse_hessian(h)?;
     if let Some(l) = layer.as_linear_layer_mut() {
-        let q = match l {
-            LinearLayer::Dense(d) => {
-                let (weight, scales, biases) = quantize_columns(d.weight.value(), &hinv, spec)?;
-                let dtype = d.weight.dtype();
-                QuantizedLinear {
-                    weight: Param::frozen(weight),
-                    scales: Param::frozen(scales.astype(dtype)?),
-                    biases: Some(Param::frozen(biases.astype(dtype)?)),
-                    bias: cast_param(d.bias.as_ref(), dtype)?,
-                    spec,
-                }
-            }
-            _ => return Ok(()),
+        let LinearLayer::Dense(d) = l else {
+            return Ok(());
         };
-        eval_params(&q.weight, &q.scales, q.biases.as_ref(), q.bias.as_ref())?;
-        *l = LinearLayer::Quantized(q);
+        let p = quantized_parts(&d.weight, d.bias.as_ref(), &hinv, spec)?;
+        *l = LinearLayer::Quantized(QuantizedLinear {
+            weight: p.weight,
+            scales: p.scales,
+            biases: Some(p.biases),
+            bias: p.bias,
+            spec,
+        });
     } else if let Some(s) = layer.as_switch_layer_mut() {
-        let q = match s {
-            SwitchLinearLayer::Dense(d) => {
-                let (weight, scales, biases) = quantize_columns(d.weight.value(), &hinv, spec)?;
-                let dtype = d.weight.dtype();
-                QuantizedSwitchLinear {
-                    weight: Param::frozen(weight),
-                    scales: Param::frozen(scales.astype(dtype)?),
-                    biases: Some(Param::frozen(biases.astype(dtype)?)),
-                    bias: cast_param(d.bias.as_ref(), dtype)?,
-                    spec,
-                }
-            }
-            _ => return Ok(()),
+        let SwitchLinearLayer::Dense(d) = s else {
+            return Ok(());
         };
-        eval_params(&q.weight, &q.scales, q.biases.as_ref(), q.bias.as_ref())?;
-        *s = SwitchLinearLayer::Quantized(q);
+        let p = quantized_parts(&d.weight, d.bias.as_ref(), &hinv, spec)?;
+        *s = SwitchLinearLayer::Quantized(QuantizedSwitchLinear {
+            weight: p.weight,
+            scales: p.scales,
+            biases: Some(p.biases),
+            bias: p.bias,
+            spec,
+        });
     }
     Ok(())
+}
+
+/// A quantized layer's parameters, evaluated.
+struct Parts {
+    weight: Param,
+    scales: Param,
+    biases: Param,
+    bias: Option<Param>,
+}
+
+/// GPTQ's packed weight of a dense `weight` and its scales, biases and output bias in the
+/// weight's dtype.
+fn quantized_parts(
+    weight: &Param,
+    bias: Option<&Param>,
+    hinv: &Array,
+    spec: QuantSpec,
+) -> Result<Parts> {
+    let (packed, scales, biases) = quantize_columns(weight.value(), hinv, spec)?;
+    let dtype = weight.dtype();
+    let p = Parts {
+        weight: Param::frozen(packed),
+        scales: Param::frozen(scales.astype(dtype)?),
+        biases: Param::frozen(biases.astype(dtype)?),
+        bias: cast_param(bias, dtype)?,
+    };
+    let mut all = vec![p.weight.value(), p.scales.value(), p.biases.value()];
+    all.extend(p.bias.as_ref().map(|b| b.value()));
+    transforms::eval(&all)?;
+    Ok(p)
 }
 
 /// The dense `Linear` and `SwitchLinear` layers (mlx-lm's `gptq_types`), in traversal
@@ -450,12 +465,4 @@ fn cast_param(p: Option<&Param>, dtype: Dtype) -> Result<Option<Param>> {
         })
     })
     .transpose()
-}
-
-fn eval_params(w: &Param, s: &Param, b: Option<&Param>, bias: Option<&Param>) -> Result<()> {
-    let mut all = vec![w.value(), s.value()];
-    all.extend(b.map(|p| p.value()));
-    all.extend(bias.map(|p| p.value()));
-    transforms::eval(&all)?;
-    Ok(())
 }

@@ -262,13 +262,19 @@ pub fn quantize_model(
         }
         choice.spec(default).map_err(wrap)
     })?;
+    set_quantization(model, section);
+    bits_per_weight(model.module_mut()?)
+}
+
+/// Records `section` as the config's `quantization` and its `quantization_config` mirror
+/// (what mlx-lm's `save_config` writes).
+pub fn set_quantization(model: &mut LoadedModel, section: Map<String, Value>) {
     model
         .config
         .insert("quantization".into(), Value::Object(section.clone()));
     model
         .config
         .insert("quantization_config".into(), Value::Object(section));
-    bits_per_weight(model.module_mut()?)
 }
 
 /// mlx-lm's `dequantize_model` plus convert's config edits: every quantized layer becomes
