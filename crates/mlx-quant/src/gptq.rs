@@ -364,18 +364,23 @@ fn set_columns(w: &Array, update: &Array, start: i32) -> Result<Array> {
 /// `(w - q) / d` with `q` the affine quantization of `w` by `scales` / `biases`
 /// (mlx-lm's compiled `gptq_error`, the same operations).
 fn gptq_error(w: &Array, d: &Array, scales: &Array, biases: &Array, bits: i32) -> Result<Array> {
+    let q = levels(w, scales, biases, bits)?;
+    let q = scales.multiply(&q)?.add(biases)?;
+    Ok(w.subtract(&q)?.divide(d)?)
+}
+
+/// `clip(round((w - biases) / scales), 0, 2^bits - 1)`: the quantization levels of `w`
+/// (scales and biases broadcast against it), in `w`'s dtype.
+fn levels(w: &Array, scales: &Array, biases: &Array, bits: i32) -> Result<Array> {
     let n_bins = ((1i64 << bits) - 1) as f64;
     let (lo, hi) = (
         Array::scalar_f64(0.0, w.dtype())?,
         Array::scalar_f64(n_bins, w.dtype())?,
     );
-    let q = w
-        .subtract(biases)?
+    Ok(w.subtract(biases)?
         .divide(scales)?
         .round(0)?
-        .clip(Some(&lo), Some(&hi))?;
-    let q = scales.multiply(&q)?.add(biases)?;
-    Ok(w.subtract(&q)?.divide(d)?)
+        .clip(Some(&lo), Some(&hi))?)
 }
 
 /// GPTQ's column loop over a dense weight (`[out, in]` or `[experts, out, in]`): the
@@ -435,19 +440,15 @@ fn quantize_columns(
 /// uint32, `32 / bits` of them a word, the first in the low bits.
 fn pack(w: &Array, bits: i32, scales: &Array, biases: &Array) -> Result<Array> {
     let per_word = 32 / bits;
-    let n_bins = ((1i64 << bits) - 1) as f64;
     let groups = scales.shape().last().copied().unwrap_or(0);
     let w = w.unflatten(-1, &[groups, -1])?;
-    let (lo, hi) = (
-        Array::scalar_f64(0.0, w.dtype())?,
-        Array::scalar_f64(n_bins, w.dtype())?,
-    );
-    let q = w
-        .subtract(&biases.expand_dims(&[-1])?)?
-        .divide(&scales.expand_dims(&[-1])?)?
-        .round(0)?
-        .clip(Some(&lo), Some(&hi))?
-        .astype(Dtype::Uint32)?;
+    let q = levels(
+        &w,
+        &scales.expand_dims(&[-1])?,
+        &biases.expand_dims(&[-1])?,
+        bits,
+    )?
+    .astype(Dtype::Uint32)?;
     let shifts: Vec<u32> = (0..per_word).map(|i| 1u32 << (i * bits)).collect();
     let shifts = Array::from_slice(&shifts, &[per_word])?;
     let q = q.unflatten(-1, &[-1, per_word])?;

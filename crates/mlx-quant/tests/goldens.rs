@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use mlx_array::{Array, Dtype};
+use mlx_array::Dtype;
 use mlx_quant::dynamic::{
     calibration_data, estimate_sensitivities, estimate_threshold, perplexity, BitChoices,
 };
@@ -66,21 +66,9 @@ fn close(a: f64, b: f64, rel: f64) -> bool {
 #[test]
 fn dynamic_quant_pieces_match_mlx_lm_dynamic_quant() {
     let g = json(&root().join("goldens/convert/dynamic.json"));
-    let rows: Vec<Vec<i32>> = g["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            r.as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t.as_i64().unwrap() as i32)
-                .collect()
-        })
-        .collect();
-    let (n, len) = (rows.len(), rows[0].len());
+    let (rows, data) = token_rows(&g["tokens"]);
+    let len = rows[0].len();
     let flat: Vec<i32> = rows.concat();
-    let data = Array::from_slice(&flat, &[n as i32, len as i32]).unwrap();
 
     // load_data's shuffle: mx.random.seed(123); permutation(rows).
     let flat_u: Vec<u32> = flat.iter().map(|&t| t as u32).collect();

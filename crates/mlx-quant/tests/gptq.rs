@@ -11,20 +11,7 @@ use mlx_quant::{save_model_over, QuantError};
 use std::collections::BTreeMap;
 
 fn case_data(case: &serde_json::Value) -> Array {
-    let rows: Vec<Vec<i32>> = case["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            r.as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t.as_i64().unwrap() as i32)
-                .collect()
-        })
-        .collect();
-    let (n, len) = (rows.len() as i32, rows[0].len() as i32);
-    Array::from_slice(&rows.concat(), &[n, len]).unwrap()
+    token_rows(&case["tokens"]).1
 }
 
 fn options(case: &serde_json::Value) -> GptqOptions {

@@ -77,3 +77,22 @@ pub fn tensors(dir: &Path) -> BTreeMap<String, Array> {
 pub fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
+
+/// A JSON array of equal-length token rows as `(rows, [n, length] int32 array)`.
+pub fn token_rows(v: &serde_json::Value) -> (Vec<Vec<i32>>, Array) {
+    let rows: Vec<Vec<i32>> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_i64().unwrap() as i32)
+                .collect()
+        })
+        .collect();
+    let (n, len) = (rows.len() as i32, rows[0].len() as i32);
+    let data = Array::from_slice(&rows.concat(), &[n, len]).unwrap();
+    (rows, data)
+}
