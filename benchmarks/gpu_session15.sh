@@ -33,7 +33,14 @@
 #   kcache     issue 21: start to first token with our kernels compiled once per machine
 #              (kernel_cache.cpp) against MLX compiling them in every process; texts compared
 #   specab     issue 19: the speculation regression of session 18, our kernels switched off
-#              one by one (SPEC_ARMS)
+#              one by one (SPEC_ARMS); rows / rowsk5 / rowsk7 (MLX_FAST_GEMV_ROWS=1: the
+#              verification's dense products through the rows form, k = 3 / 5 / 7)
+#   rowscheck  issue 19 / 21: gemv_rows_check (the rows form of the dense kernel against the
+#              one-row path, every shape at 2..8 rows; on the echo 8B bf16: a verification
+#              of 4 tokens against decoding them, batch 4 against each row alone)
+#   abbf       issue 21: mlx-benchmark 8B bf16 (the echo shape) at batch 2 / 4 / 8
+#              (ABBF_BATCHES), MLX's gemm (off) against the rows form (batch:
+#              MLX_FAST_GEMV_ROWS=batch), ABBF_ARMS
 #   qmm        issue 21: qmm_rows_check (our M-row 4-bit product against MLX's, bits and time)
 #   ab8b       issue 21: mlx-benchmark 8B 4-bit at batch 1/8/32 (AB_BATCHES), arms (AB_ARMS):
 #              on (the defaults: the tensor-core form of the M-row product), exact
@@ -139,6 +146,11 @@ left() { echo $((DEADLINE - ($(date +%s) - T0))); }
 ensure_model() { # VARIANT DIR: make_bench_models.py's VARIANT under $MODELS unless there
   [ -d "$MODELS/$1" ] || python3 xtask/py/make_bench_models.py --out "$MODELS" --only "$1" \
     --tokenizers .gpu/tok > "$2/models.txt" 2>&1
+}
+ensure_echo() { # DIR: the echo 8B pair (bf16 and its 4-bit copy) unless there
+  [ -d "$MODELS/llama-3.1-8b-echo-bf16" ] && [ -d "$MODELS/llama-3.1-8b-echo-4bit" ] ||
+    python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
+      --tokenizers .gpu/tok > "$1/models.txt" 2>&1
 }
 ptx_usage() { # NAME-PATTERN: ptxas's registers, spills and shared memory of the kernels
   # MLX has cached as PTX (/tmp/mlx, or MLX_PTX_CACHE_DIR) whose file names match; a kernel
@@ -332,13 +344,16 @@ for PART in "$@"; do
       # buffers left to migrate), plain (no draft); each with the engine's profile
       # lines (a speculative run's split of a round: draft, verify build, wait); lean
       # (MLX_FAST_QMV_LEAN=1: the draft's one-row 4-bit kernels' lean bodies)
-      python3 xtask/py/make_bench_models.py --out "$MODELS" --only llama-3.1-8b-echo \
-        --tokenizers .gpu/tok > "$D/models.txt" 2>&1
+      ensure_echo "$D"
       P="$(python3 -c "print(' '.join(['hello world'] * 40))")"
       for arm in ${SPEC_ARMS:-default noqmm noqmv plain}; do
         e=(MLX_SDPA_SPLIT_QUERIES=1 MLX_ENGINE_PROFILE=1)
         a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 3)
         case $arm in
+          rows) e+=(MLX_FAST_GEMV_ROWS=1) ;;
+          rowsk5) e+=(MLX_FAST_GEMV_ROWS=1); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 5) ;;
+          rowsk7) e+=(MLX_FAST_GEMV_ROWS=1); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 7) ;;
+          k5) a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 5) ;;
           noqmm) e+=(MLX_FAST_QMM=0) ;;
           noqmv) e+=(MLX_FAST_QMV=0) ;;
           lean) e+=(MLX_FAST_QMV_LEAN=1) ;;
@@ -354,6 +369,21 @@ for PART in "$@"; do
           --prompt "$P" -m 128 "${a[@]}" --verbose True 2>&1 | grep -v "^ *hello" >> "$D/stdout.txt"
         echo "wall $(( ($(date +%s%N) - s) / 1000000 )) ms" >> "$D/stdout.txt"
       done ;;
+    rowscheck)
+      ensure_echo "$D"
+      MLX_SDPA_SPLIT_QUERIES=1 timeout "$(left)" "$NEW/gemv_rows_check" \
+        "$MODELS/llama-3.1-8b-echo-bf16" 64 "${ROWS_ITERS:-10}" > "$D/stdout.txt" 2>&1
+      echo "rc=$?" >> "$D/stdout.txt"
+      ptx_usage mlxs_gemv >> "$D/stdout.txt" 2>&1 ;;
+    abbf)
+      ensure_echo "$D"
+      for b in ${ABBF_BATCHES:-2 4 8}; do for arm in ${ABBF_ARMS:-off batch batch off}; do
+        [ "$(left)" -lt 40 ] && break 2
+        e=(); [ "$arm" = batch ] && e=(MLX_FAST_GEMV_ROWS=batch)
+        echo "## b=$b arm=$arm" >> "$D/stdout.txt"
+        env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-echo-bf16" \
+          -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1
+      done; done ;;
     moe)
       for m in ${MOE_MODELS:-qwen3-30b-a3b-l12-4bit gpt-oss-20b-l12-4bit}; do
         ensure_model "$m" "$D"

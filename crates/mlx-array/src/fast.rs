@@ -228,6 +228,40 @@ pub fn set_gemv(on: bool) {
     unsafe { sys::mlxs_set_fast_gemv(on) }
 }
 
+/// Which products of 2 to 8 rows of x take the rows form of that kernel (each row with the
+/// one-row kernel's bits, MLX's `gemv`, the weight read once), on the CUDA backend:
+/// [`GemvRows::Off`] (the default) leaves them to MLX's gemm (cuBLAS), whose bits differ;
+/// the environment variable `MLX_FAST_GEMV_ROWS` (`1`: [`GemvRows::All`], `batch`:
+/// [`GemvRows::Batch`]) starts it on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvRows {
+    /// MLX's products.
+    Off,
+    /// Every product of 2..8 rows (one sequence's too: a speculative verification).
+    All,
+    /// Rows of several sequences only (x `[B, 1, K]`: a batch's decoding step).
+    Batch,
+}
+
+/// Sets which products take the rows form ([`GemvRows`]).
+pub fn set_gemv_rows(mode: GemvRows) {
+    let m = match mode {
+        GemvRows::Off => 0,
+        GemvRows::All => 1,
+        GemvRows::Batch => 2,
+    };
+    unsafe { sys::mlxs_set_fast_gemv_rows(m) }
+}
+
+/// The current [`GemvRows`] setting.
+pub fn gemv_rows() -> GemvRows {
+    match unsafe { sys::mlxs_fast_gemv_rows_mode() } {
+        1 => GemvRows::All,
+        2 => GemvRows::Batch,
+        _ => GemvRows::Off,
+    }
+}
+
 /// Whether [`set_gemv`] is on.
 pub fn gemv_enabled() -> bool {
     unsafe { sys::mlxs_fast_gemv_enabled() }

@@ -38,6 +38,7 @@
 #include "kernel_cache.h"
 #include "kernel_switch.h"
 
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -72,6 +73,35 @@ int loads() {
     const long long u = env_count("MLX_FAST_GEMV_LOADS", kLoads);
     return (u == 1 || u == 2 || u == 4 || u == 8 || u == 16 || u == 32) ? static_cast<int>(u)
                                                                           : kLoads;
+  }();
+  return v;
+}
+
+// The rows form's modes (MLX_FAST_GEMV_ROWS) and its most rows (the kernel keeps a float
+// a row of x in each lane).
+constexpr int kRowsOff = 0;
+constexpr int kRowsAll = 1;
+constexpr int kRowsBatch = 2;
+constexpr int kMaxRows = 8;
+std::atomic<int> g_rows_mode{-1};
+
+int rows_mode() {
+  int v = g_rows_mode.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("MLX_FAST_GEMV_ROWS");
+    v = e == nullptr                         ? kRowsOff
+        : std::strcmp(e, "1") == 0           ? kRowsAll
+        : std::strcmp(e, "batch") == 0      ? kRowsBatch
+                                             : kRowsOff;
+    g_rows_mode.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+long long max_rows() {
+  static const long long v = [] {
+    const long long r = env_count("MLX_FAST_GEMV_MAX_ROWS", kMaxRows);
+    return r >= 2 && r <= kMaxRows ? r : kMaxRows;
   }();
   return v;
 }
@@ -205,20 +235,131 @@ __device__ __forceinline__ void gemv_swiglu(const T* x, const T* w, T* out, cons
   }
 }
 
+// The rows form (MLX_FAST_GEMV_ROWS): M rows of x [M, K] against row `wr` of w, each row
+// into its own float exactly as lane_sum adds one row (the same lane's elements in the
+// same order), every load of w made once for the M rows.
+template <typename T, int NPT, int U, int M, int K>
+__device__ __forceinline__ void chunks_rows(const T* x, const T* wr, const int lane,
+                                            const int r0, const int count, float (&sum)[M]) {
+  constexpr int STEP = 32 * NPT;
+  Elems<T, NPT> wv[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (u < count) wv[u] = load<T, NPT>(wr + (r0 + u) * STEP + lane * NPT);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (u < count) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const Elems<T, NPT> xv = load<T, NPT>(x + m * K + (r0 + u) * STEP + lane * NPT);
+#pragma unroll
+        for (int j = 0; j < NPT; ++j) {
+          sum[m] += static_cast<float>(wv[u][j]) * static_cast<float>(xv[j]);
+        }
+      }
+    }
+  }
+}
+
+template <typename T, int NPT, int K, int U, int M>
+__device__ __forceinline__ void lane_sums_rows(const T* x, const T* wr, const int lane,
+                                               float (&sum)[M]) {
+  constexpr int NCH = K / (32 * NPT);
+  constexpr int FULL = NCH / U * U;
+#pragma unroll
+  for (int m = 0; m < M; ++m) sum[m] = 0.f;
+#pragma unroll 1
+  for (int r0 = 0; r0 < FULL; r0 += U) chunks_rows<T, NPT, U, M, K>(x, wr, lane, r0, U, sum);
+  if constexpr (FULL < NCH) chunks_rows<T, NPT, U, M, K>(x, wr, lane, FULL, NCH - FULL, sum);
+}
+
+// row_dot for each of the M rows of x [M, K] (K a multiple of 128, so every row of x has
+// the alignment of the first): sum[m] is what row_dot gives for row m alone.
+template <typename T, int K, int U, int M>
+__device__ __forceinline__ void row_dots(const T* x, const T* w, const int row, float (&sum)[M]) {
+  auto warp = cg::tiled_partition<32>(cg::this_thread_block());
+  const int lane = threadIdx.x;
+  const T* wr = w + (size_t)row * K;
+  const uintptr_t both = reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w);
+  if (both % (4 * sizeof(T)) == 0) {
+    lane_sums_rows<T, 4, K, U, M>(x, wr, lane, sum);
+  } else if (both % (2 * sizeof(T)) == 0) {
+    lane_sums_rows<T, 2, K, U, M>(x, wr, lane, sum);
+  } else {
+    lane_sums_rows<T, 1, K, U, M>(x, wr, lane, sum);
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) sum[m] = cg::reduce(warp, sum[m], cg::plus<float>());
+}
+
+// out [M, n] = x [M, K] @ w.T, each row rounded to T as MLX's gemv stores a one-row
+// product; with RES, plus res [M, n] as MLX's `add` computes it.
+template <typename T, int K, int U, int WARPS, int M, bool RES>
+__device__ __forceinline__ void gemv_rows(const T* x, const T* w, const T* res, T* out,
+                                          const int n) {
+  const int row = blockIdx.x * WARPS + threadIdx.y;
+  if (row >= n) return;
+  float sum[M];
+  row_dots<T, K, U, M>(x, w, row, sum);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const size_t i = (size_t)m * n + row;
+      if constexpr (RES) {
+        out[i] = res[i] + static_cast<T>(sum[m]);
+      } else {
+        out[i] = static_cast<T>(sum[m]);
+      }
+    }
+  }
+}
+
+// gemv_swiglu for M rows of x: out [M, inter].
+template <typename T, int K, int U, int WARPS, int M>
+__device__ __forceinline__ void gemv_rows_swiglu(const T* x, const T* w, T* out,
+                                                 const int inter) {
+  __shared__ T prod[2][M][WARPS];
+  const int up = threadIdx.y >= WARPS;
+  const int i = threadIdx.y - up * WARPS;
+  const int row = blockIdx.x * WARPS + i;
+  if (row < inter) {
+    float sum[M];
+    row_dots<T, K, U, M>(x, w, row + up * inter, sum);
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) prod[up][m][i] = static_cast<T>(sum[m]);
+    }
+  }
+  __syncthreads();
+  const int t = threadIdx.y * 32 + threadIdx.x;
+  if (t < M * WARPS) {
+    namespace cu = mlx::core::cu;
+    const int m = t / WARPS, j = t % WARPS;
+    const int r = blockIdx.x * WARPS + j;
+    if (r < inter) {
+      const T g = prod[0][m][j];
+      out[(size_t)m * inter + r] = cu::Multiply{}(cu::Multiply{}(g, cu::Sigmoid{}(g)),
+                                                  prod[1][m][j]);
+    }
+  }
+}
+
 }  // namespace mlxs_gemv
 )";
 
-// What a kernel computes: the product plus a residual, or the swiglu of a fused gate/up
-// product.
-enum class Form { kResidual, kSwiglu };
+// What a kernel computes: the product plus a residual, the swiglu of a fused gate/up
+// product, or (rows of x only, MLX_FAST_GEMV_ROWS) the product alone.
+enum class Form { kResidual, kSwiglu, kPlain };
 
+// `m` rows of x (1: the one-row kernels; 2..kMaxRows: the rows form).
 const mx::fast::CustomKernelFunction& kernel_for(Form form, int k, mx::Dtype dtype, int u,
-                                                 int warps, int device) {
-  using Key = std::tuple<int, int, int, int, int, int>;
+                                                 int warps, int m, int device) {
+  using Key = std::tuple<int, int, int, int, int, int, int>;
   static std::mutex mu;
   static std::map<Key, mx::fast::CustomKernelFunction> kernels;
   std::lock_guard<std::mutex> lock(mu);
-  const Key key{static_cast<int>(form), k, static_cast<int>(dtype.val()), u, warps, device};
+  const Key key{static_cast<int>(form), k, static_cast<int>(dtype.val()), u, warps, m, device};
   auto it = kernels.find(key);
   if (it != kernels.end()) return it->second;
   const std::string targs = std::string(cuda_type(dtype)) + ", " + std::to_string(k) + ", " +
@@ -227,15 +368,23 @@ const mx::fast::CustomKernelFunction& kernel_for(Form form, int k, mx::Dtype dty
                      "_u" + std::to_string(u) + "_w" + std::to_string(warps);
   std::vector<KernelParam> inputs{{"x", dtype}, {"w", dtype}};
   std::string src;
+  const std::string rargs = targs + ", " + std::to_string(m);
+  if (m > 1) name += "_m" + std::to_string(m);
   switch (form) {
     case Form::kResidual:
       inputs.emplace_back("res", dtype);
       name += "_res";
-      src = "  mlxs_gemv::gemv_add<" + targs + ">(x, w, res, out, w_shape[0]);\n";
+      src = m > 1 ? "  mlxs_gemv::gemv_rows<" + rargs + ", true>(x, w, res, out, w_shape[0]);\n"
+                  : "  mlxs_gemv::gemv_add<" + targs + ">(x, w, res, out, w_shape[0]);\n";
       break;
     case Form::kSwiglu:
       name += "_swiglu";
-      src = "  mlxs_gemv::gemv_swiglu<" + targs + ">(x, w, out, w_shape[0] / 2);\n";
+      src = m > 1 ? "  mlxs_gemv::gemv_rows_swiglu<" + rargs + ">(x, w, out, w_shape[0] / 2);\n"
+                  : "  mlxs_gemv::gemv_swiglu<" + targs + ">(x, w, out, w_shape[0] / 2);\n";
+      break;
+    case Form::kPlain:
+      name += "_plain";
+      src = "  mlxs_gemv::gemv_rows<" + rargs + ", false>(x, w, w, out, w_shape[0]);\n";
       break;
   }
   auto fn = device_kernel(name, inputs, {{"out", dtype}}, src,
@@ -272,13 +421,24 @@ std::optional<mx::array> row_major_source(const mx::array& b, const mx::Stream& 
   return w;
 }
 
-// A one-row product our kernels take: its stream, K, N and row-major weight.
+// A product our kernels take: its stream, K, N, row-major weight and rows of x.
 struct Product {
   mx::Stream st;
   int k;
   int n;
   mx::array w;
+  int m;
 };
+
+// Whether x's `m` rows (2 or more) go to the rows form: MLX_FAST_GEMV_ROWS (read once,
+// settable) `1` every product of 2..MLX_FAST_GEMV_MAX_ROWS rows, `batch` only rows of
+// several sequences (x [B, 1, K]: a batch's decoding step), else (the default) none.
+bool rows_taken(const mx::array& a, long long m) {
+  if (m < 2 || m > max_rows()) return false;
+  const int mode = rows_mode();
+  if (mode == kRowsAll) return true;
+  return mode == kRowsBatch && a.ndim() >= 3 && a.shape(-2) == 1;
+}
 
 std::optional<Product> eligible(const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
   if (!g_switch.on()) return std::nullopt;
@@ -291,14 +451,15 @@ std::optional<Product> eligible(const mx::array& a, const mx::array& b, mx::Stre
   if (a.ndim() < 2 || b.ndim() != 2) return std::nullopt;
   const int k = a.shape(-1);
   const int n = b.shape(1);
-  if (b.shape(0) != k || a.size() != static_cast<size_t>(k) || k % 128 != 0 || k > kMaxK ||
-      n < 1) {
+  if (b.shape(0) != k || k % 128 != 0 || k > kMaxK || n < 1 || a.size() % k != 0) {
     return std::nullopt;
   }
+  const long long m = static_cast<long long>(a.size()) / k;
+  if (m != 1 && !rows_taken(a, m)) return std::nullopt;
   if (static_cast<long long>(n) * k < min_elements()) return std::nullopt;
   auto w = row_major_source(b, st);
   if (!w) return std::nullopt;
-  return Product{st, k, n, *w};
+  return Product{st, k, n, *w, static_cast<int>(m)};
 }
 
 // Launches `form` over `rows` rows of output (blocks of `warps()` rows, twice as many warps
@@ -309,11 +470,12 @@ std::optional<mx::array> launch(Form form, const Product& p, const mx::array& a,
   const long long blocks = (static_cast<long long>(rows) + wp - 1) / wp;
   if (blocks * 32 > std::numeric_limits<int>::max()) return std::nullopt;
   const int ys = form == Form::kSwiglu ? 2 * wp : wp;
-  const auto& fn = kernel_for(form, p.k, a.dtype(), loads(), wp, p.st.device.index);
+  const auto& fn = kernel_for(form, p.k, a.dtype(), loads(), wp, p.m, p.st.device.index);
   mx::Shape out_shape = a.shape();
   out_shape.back() = rows;
   inputs.insert(inputs.begin(), {a, p.w});
-  // x's shape does not matter to the kernel (one row of K), so the output takes matmul's.
+  // x's shape does not matter to the kernel (m rows of K, made row-contiguous by MLX), so
+  // the output takes matmul's.
   auto outs = fn(inputs, {out_shape}, {a.dtype()},
                  std::make_tuple(static_cast<int>(blocks * 32), ys, 1),
                  std::make_tuple(32, ys, 1), {}, std::nullopt, false, p.st);
@@ -339,6 +501,20 @@ std::optional<mx::array> try_fast_gemv_swiglu(const mx::array& a, const mx::arra
   if (!p || p->n % 2 != 0) return std::nullopt;
   return launch(Form::kSwiglu, *p, a, p->n / 2, {});
 }
+
+std::optional<mx::array> try_fast_gemv_rows(const mx::array& a, const mx::array& b,
+                                            mx::StreamOrDevice s) {
+  if (rows_mode() == kRowsOff) return std::nullopt;
+  auto p = eligible(a, b, s);
+  if (!p || p->m < 2) return std::nullopt;
+  return launch(Form::kPlain, *p, a, p->n, {});
+}
+
+void set_fast_gemv_rows(int mode) {
+  g_rows_mode.store(mode == kRowsAll || mode == kRowsBatch ? mode : kRowsOff,
+                    std::memory_order_relaxed);
+}
+int fast_gemv_rows_mode() { return rows_mode(); }
 
 void set_fast_gemv(bool on) { g_switch.set(on); }
 bool fast_gemv_enabled() { return g_switch.on(); }

@@ -730,6 +730,7 @@ namespace {
 // applies (cpu_gemv.cpp), else MLX's.
 mx::array matmul_of(const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
   auto fast = mlxs_detail::try_cpu_gemv(a, b, std::nullopt, s);
+  if (!fast) fast = mlxs_detail::try_fast_gemv_rows(a, b, s);
   return fast ? std::move(*fast) : mx::matmul(a, b, s);
 }
 }  // namespace
@@ -830,6 +831,8 @@ int mlxs_matmul_swiglu(mlxs_array* out, bool* taken, mlxs_array x, mlxs_array wt
   });
 }
 void mlxs_set_fast_gemv(bool on) { mlxs_detail::set_fast_gemv(on); }
+void mlxs_set_fast_gemv_rows(int32_t mode) { mlxs_detail::set_fast_gemv_rows(mode); }
+int32_t mlxs_fast_gemv_rows_mode(void) { return mlxs_detail::fast_gemv_rows_mode(); }
 bool mlxs_fast_gemv_enabled(void) { return mlxs_detail::fast_gemv_enabled(); }
 uint64_t mlxs_fast_gemv_launches(void) { return mlxs_detail::fast_gemv_launches(); }
 int mlxs_sdpa_padded(mlxs_array* out, bool* taken, mlxs_array q, mlxs_array k, mlxs_array v,

@@ -238,6 +238,13 @@ int mlxs_matmul_swiglu(mlxs_array* out, bool* taken, mlxs_array x, mlxs_array wt
 void mlxs_set_fast_gemv(bool on);
 bool mlxs_fast_gemv_enabled(void);
 uint64_t mlxs_fast_gemv_launches(void);
+/* The rows form of that kernel (fast_gemv.cpp): products of 2..8 rows of x (with or
+   without the residual add or the swiglu) by one launch, each row with the one-row
+   kernel's bits (MLX's `gemv`), the weight read once. Mode 0 off (the default), 1 every
+   such product (one sequence's too: a speculative verification, a short prompt), 2 rows
+   of several sequences only (x [B, 1, K]); MLX_FAST_GEMV_ROWS=1 / batch starts it on. */
+void mlxs_set_fast_gemv_rows(int32_t mode);
+int32_t mlxs_fast_gemv_rows_mode(void);
 /* Attention of one query a row, q [B, Hq, 1, D] over k / v [B, Hkv, L, D], row b seeing
    the keys from left_padding[b] (int [B]) on, scaled by `scale`: in *out with *taken true
    where one launch of our CUDA kernel covers the call (fast_sdpa.cpp: the CUDA backend,

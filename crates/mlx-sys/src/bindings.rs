@@ -585,6 +585,12 @@ unsafe extern "C" {
     pub fn mlxs_fast_gemv_launches() -> u64;
 }
 unsafe extern "C" {
+    pub fn mlxs_set_fast_gemv_rows(mode: i32);
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_gemv_rows_mode() -> i32;
+}
+unsafe extern "C" {
     pub fn mlxs_sdpa_padded(
         out: *mut mlxs_array,
         taken: *mut bool,
