@@ -351,6 +351,10 @@ for PART in "$@"; do
         a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 3)
         case $arm in
           rows) e+=(MLX_FAST_GEMV_ROWS=1) ;;
+          rowsr2) e+=(MLX_FAST_GEMV_ROWS=1 MLX_FAST_GEMV_ROWS_R=2) ;;
+          rowsr4) e+=(MLX_FAST_GEMV_ROWS=1 MLX_FAST_GEMV_ROWS_R=4) ;;
+          rowsk7r2) e+=(MLX_FAST_GEMV_ROWS=1 MLX_FAST_GEMV_ROWS_R=2); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 7) ;;
+          k7) a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 7) ;;
           rowsk5) e+=(MLX_FAST_GEMV_ROWS=1); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 5) ;;
           rowsk7) e+=(MLX_FAST_GEMV_ROWS=1); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 7) ;;
           k5) a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 5) ;;
@@ -370,16 +374,23 @@ for PART in "$@"; do
         echo "wall $(( ($(date +%s%N) - s) / 1000000 )) ms" >> "$D/stdout.txt"
       done ;;
     rowscheck)
+      # ROWS_R: the rows of w a warp to run it with, one process each (MLX_FAST_GEMV_ROWS_R;
+      # the same bits); ROWS_M: the sweep's row counts
       ensure_echo "$D"
-      MLX_SDPA_SPLIT_QUERIES=1 timeout "$(left)" "$NEW/gemv_rows_check" \
-        "$MODELS/llama-3.1-8b-echo-bf16" 64 "${ROWS_ITERS:-10}" > "$D/stdout.txt" 2>&1
-      echo "rc=$?" >> "$D/stdout.txt"
+      for r in ${ROWS_R:-1}; do
+        echo "## MLX_FAST_GEMV_ROWS_R=$r" >> "$D/stdout.txt"
+        MLX_FAST_GEMV_ROWS_R=$r GEMV_ROWS_CHECK_M=${ROWS_M:-2,3,4,8} MLX_SDPA_SPLIT_QUERIES=1 \
+          timeout "$(left)" "$NEW/gemv_rows_check" "$MODELS/llama-3.1-8b-echo-bf16" 64 \
+          "${ROWS_ITERS:-10}" >> "$D/stdout.txt" 2>&1
+        echo "rc=$?" >> "$D/stdout.txt"
+      done
       ptx_usage mlxs_gemv >> "$D/stdout.txt" 2>&1 ;;
     abbf)
       ensure_echo "$D"
       for b in ${ABBF_BATCHES:-2 4 8}; do for arm in ${ABBF_ARMS:-off batch batch off}; do
         [ "$(left)" -lt 40 ] && break 2
         e=(); [ "$arm" = batch ] && e=(MLX_FAST_GEMV_ROWS=batch)
+        [ "$arm" = batchr2 ] && e=(MLX_FAST_GEMV_ROWS=batch MLX_FAST_GEMV_ROWS_R=2)
         echo "## b=$b arm=$arm" >> "$D/stdout.txt"
         env "${e[@]}" timeout 120 "$NEW/mlx-benchmark" --model "$MODELS/llama-3.1-8b-echo-bf16" \
           -p 128 -g 128 -b $b -n "${AB_N:-2}" >> "$D/stdout.txt" 2>&1

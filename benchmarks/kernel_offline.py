@@ -63,7 +63,7 @@ PREFIX = "mlx/backend/cuda/device/"
 # --quick: every body and form once, at the 8B's shapes and group size 64.
 QUICK = (r"^(qmv_(rows1|rows1_res|rows_n_heads|rows_n_long|swiglu|gather)_k(4096|14336)_g64(_lean)?"
          r"|qmv_rows_m_rw2_k4096_g64(_lean)?|qmv_mma_w8_rw2_m32_k4096_g64(_lean)?|qmv_mma_w4_rw4_m32_k4096_g64"
-         r"|qmv_dequant4_g64|qgemm(_gemm_gather|_gemm_runs)?_g64_m64|gemv_(add|swiglu)_k4096|gemv_rows[248]_(plain|add|swiglu)_k4096"
+         r"|qmv_dequant4_g64|qgemm(_gemm_gather|_gemm_runs)?_g64_m64|gemv_(add|swiglu)_k4096|gemv_rows[248]_r[124]_(plain|add|swiglu)_k4096"
          r"|sdpa_pad_(bf16_d128_g2|f16_d64_g4)(_p)?)$")
 
 
@@ -227,16 +227,18 @@ def kernels():
             out.append((f"gemv_{form}_k{k}", 256, ins, [("out", "bf16")], "  mlxs_gemv::" + src.format(t=t),
                         "fast_gemv.cpp"))
         # the rows form (MLX_FAST_GEMV_ROWS) at 2, 4 and 8 rows of x
+        # (MLX_FAST_GEMV_ROWS_R: 1, 2 or 4 rows of w a warp, 16 / R chunks in flight)
         for m in (2, 4, 8):
-            t = f"__nv_bfloat16, {k}, 16, 8, {m}"
-            for form, src, res in (
-                    ("plain", "gemv_rows<{t}, false>(x, w, w, out, w_shape[0]);", False),
-                    ("add", "gemv_rows<{t}, true>(x, w, res, out, w_shape[0]);", True),
-                    ("swiglu", "gemv_rows_swiglu<{t}>(x, w, out, w_shape[0] / 2);", False)):
-                ins = [("x", "bf16"), ("w", "bf16")] + ([("res", "bf16")] if res else [])
-                threads = 512 if form == "swiglu" else 256
-                out.append((f"gemv_rows{m}_{form}_k{k}", threads, ins, [("out", "bf16")],
-                            "  mlxs_gemv::" + src.format(t=t), "fast_gemv.cpp"))
+            for r in (1, 2, 4):
+                t = f"__nv_bfloat16, {k}, {16 // r}, 8, {m}, {r}"
+                for form, src, res in (
+                        ("plain", "gemv_rows<{t}, false>(x, w, w, out, w_shape[0]);", False),
+                        ("add", "gemv_rows<{t}, true>(x, w, res, out, w_shape[0]);", True),
+                        ("swiglu", "gemv_rows_swiglu<{t}>(x, w, out, w_shape[0] / 2);", False)):
+                    ins = [("x", "bf16"), ("w", "bf16")] + ([("res", "bf16")] if res else [])
+                    threads = 512 if form == "swiglu" else 256
+                    out.append((f"gemv_rows{m}_r{r}_{form}_k{k}", threads, ins, [("out", "bf16")],
+                                "  mlxs_gemv::" + src.format(t=t), "fast_gemv.cpp"))
     # fast_sdpa.cpp: heads_per_block's G (G * D / 32 <= 8) for groups of 4 (the 8B), 7
     # (qwen2.5-0.5b) and 8, with and without MLX_SDPA_PADDED_PREFETCH. (A bound of 16 gave
     # 72-92 registers a thread: blocks of 1,024 threads that cannot launch.)

@@ -72,3 +72,53 @@ fn off_the_cuda_backend_mlx_runs_the_product_and_the_op() {
         }
     }
 }
+
+#[test]
+fn the_rows_form_is_off_by_default_and_settable() {
+    let _g = serial();
+    use mlx_array::fast::{gemv_rows, set_gemv_rows, GemvRows};
+    // The scripts/test.sh environment leaves MLX_FAST_GEMV_ROWS unset.
+    if std::env::var_os("MLX_FAST_GEMV_ROWS").is_none() {
+        assert_eq!(gemv_rows(), GemvRows::Off);
+    }
+    for mode in [GemvRows::All, GemvRows::Batch, GemvRows::Off] {
+        set_gemv_rows(mode);
+        assert_eq!(gemv_rows(), mode);
+    }
+}
+
+/// With the rows form on, products of several rows off the CUDA backend are still MLX's
+/// (the same values as MLX's matmul, no launch of ours), in every form.
+#[test]
+fn off_the_cuda_backend_the_rows_form_stays_out() {
+    let _g = serial();
+    use mlx_array::fast::{set_gemv_rows, GemvRows};
+    if Device::default_device().unwrap().kind == DeviceType::Gpu {
+        return;
+    }
+    let (n, k) = (4096, 1024);
+    let w = normal(&[n, k], Dtype::Bfloat16, 4);
+    w.eval().unwrap();
+    let wt = w.transpose(None).unwrap();
+    for mode in [GemvRows::All, GemvRows::Batch] {
+        set_gemv_rows(mode);
+        for shape in [[1, 4, k], [4, 1, k]] {
+            let x = normal(&shape, Dtype::Bfloat16, 5);
+            let r = normal(&[shape[0], shape[1], n], Dtype::Bfloat16, 6);
+            let before = gemv_launches();
+            let plain = x.matmul(&wt).unwrap();
+            let add = matmul_add(&x, &wt, &r).unwrap();
+            assert!(matmul_swiglu(&x, &wt).unwrap().is_none());
+            plain.eval().unwrap();
+            add.eval().unwrap();
+            assert_eq!(gemv_launches(), before, "{mode:?} {shape:?}: taken on the CPU");
+            set_gemv_rows(GemvRows::Off);
+            let theirs = x.matmul(&wt).unwrap();
+            assert!(plain.array_equal(&theirs, false).unwrap().item::<bool>().unwrap());
+            let theirs_add = r.add(&theirs).unwrap();
+            assert!(add.array_equal(&theirs_add, false).unwrap().item::<bool>().unwrap());
+            set_gemv_rows(mode);
+        }
+    }
+    set_gemv_rows(GemvRows::Off);
+}

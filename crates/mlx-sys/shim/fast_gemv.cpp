@@ -38,6 +38,7 @@
 #include "kernel_cache.h"
 #include "kernel_switch.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <limits>
@@ -102,6 +103,15 @@ long long max_rows() {
   static const long long v = [] {
     const long long r = env_count("MLX_FAST_GEMV_MAX_ROWS", kMaxRows);
     return r >= 2 && r <= kMaxRows ? r : kMaxRows;
+  }();
+  return v;
+}
+
+// Rows of w a warp in the rows form (MLX_FAST_GEMV_ROWS_R: 1, 2 or 4; the same bits).
+int rows_per_warp() {
+  static const int v = [] {
+    const long long r = env_count("MLX_FAST_GEMV_ROWS_R", 1);
+    return (r == 1 || r == 2 || r == 4) ? static_cast<int>(r) : 1;
   }();
   return v;
 }
@@ -235,17 +245,24 @@ __device__ __forceinline__ void gemv_swiglu(const T* x, const T* w, T* out, cons
   }
 }
 
-// The rows form (MLX_FAST_GEMV_ROWS): M rows of x [M, K] against row `wr` of w, each row
-// into its own float exactly as lane_sum adds one row (the same lane's elements in the
-// same order), every load of w made once for the M rows.
-template <typename T, int NPT, int U, int M, int K>
-__device__ __forceinline__ void chunks_rows(const T* x, const T* wr, const int lane,
-                                            const int r0, const int count, float (&sum)[M]) {
+// The rows form (MLX_FAST_GEMV_ROWS): M rows of x [M, K] against R rows of w a warp
+// (rows[r]), each (row of w, row of x) pair into its own float exactly as lane_sum adds
+// one row (the same lane's elements in the same order), every load of w made once for the
+// M rows of x and every load of x once for the R rows of w.
+template <typename T, int NPT, int U, int M, int R, int K>
+__device__ __forceinline__ void chunks_rows(const T* x, const T* w, const int (&rows)[R],
+                                            const int lane, const int r0, const int count,
+                                            float (&sum)[R][M]) {
   constexpr int STEP = 32 * NPT;
-  Elems<T, NPT> wv[U];
+  Elems<T, NPT> wv[U][R];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    if (u < count) wv[u] = load<T, NPT>(wr + (r0 + u) * STEP + lane * NPT);
+    if (u < count) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wv[u][r] = load<T, NPT>(w + (size_t)rows[r] * K + (r0 + u) * STEP + lane * NPT);
+      }
+    }
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -254,89 +271,118 @@ __device__ __forceinline__ void chunks_rows(const T* x, const T* wr, const int l
       for (int m = 0; m < M; ++m) {
         const Elems<T, NPT> xv = load<T, NPT>(x + m * K + (r0 + u) * STEP + lane * NPT);
 #pragma unroll
-        for (int j = 0; j < NPT; ++j) {
-          sum[m] += static_cast<float>(wv[u][j]) * static_cast<float>(xv[j]);
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+          for (int j = 0; j < NPT; ++j) {
+            sum[r][m] += static_cast<float>(wv[u][r][j]) * static_cast<float>(xv[j]);
+          }
         }
       }
     }
   }
 }
 
-template <typename T, int NPT, int K, int U, int M>
-__device__ __forceinline__ void lane_sums_rows(const T* x, const T* wr, const int lane,
-                                               float (&sum)[M]) {
+template <typename T, int NPT, int K, int U, int M, int R>
+__device__ __forceinline__ void lane_sums_rows(const T* x, const T* w, const int (&rows)[R],
+                                               const int lane, float (&sum)[R][M]) {
   constexpr int NCH = K / (32 * NPT);
   constexpr int FULL = NCH / U * U;
 #pragma unroll
-  for (int m = 0; m < M; ++m) sum[m] = 0.f;
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) sum[r][m] = 0.f;
+  }
 #pragma unroll 1
-  for (int r0 = 0; r0 < FULL; r0 += U) chunks_rows<T, NPT, U, M, K>(x, wr, lane, r0, U, sum);
-  if constexpr (FULL < NCH) chunks_rows<T, NPT, U, M, K>(x, wr, lane, FULL, NCH - FULL, sum);
+  for (int r0 = 0; r0 < FULL; r0 += U) {
+    chunks_rows<T, NPT, U, M, R, K>(x, w, rows, lane, r0, U, sum);
+  }
+  if constexpr (FULL < NCH) {
+    chunks_rows<T, NPT, U, M, R, K>(x, w, rows, lane, FULL, NCH - FULL, sum);
+  }
 }
 
-// row_dot for each of the M rows of x [M, K] (K a multiple of 128, so every row of x has
-// the alignment of the first): sum[m] is what row_dot gives for row m alone.
-template <typename T, int K, int U, int M>
-__device__ __forceinline__ void row_dots(const T* x, const T* w, const int row, float (&sum)[M]) {
+// row_dot for each of the M rows of x [M, K] against each of rows[R] of w (K a multiple
+// of 128, so every row of x and of w has the alignment of the first): sum[r][m] is what
+// row_dot gives for row m of x alone against w's row rows[r].
+template <typename T, int K, int U, int M, int R>
+__device__ __forceinline__ void row_dots(const T* x, const T* w, const int (&rows)[R],
+                                         float (&sum)[R][M]) {
   auto warp = cg::tiled_partition<32>(cg::this_thread_block());
   const int lane = threadIdx.x;
-  const T* wr = w + (size_t)row * K;
   const uintptr_t both = reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w);
   if (both % (4 * sizeof(T)) == 0) {
-    lane_sums_rows<T, 4, K, U, M>(x, wr, lane, sum);
+    lane_sums_rows<T, 4, K, U, M, R>(x, w, rows, lane, sum);
   } else if (both % (2 * sizeof(T)) == 0) {
-    lane_sums_rows<T, 2, K, U, M>(x, wr, lane, sum);
+    lane_sums_rows<T, 2, K, U, M, R>(x, w, rows, lane, sum);
   } else {
-    lane_sums_rows<T, 1, K, U, M>(x, wr, lane, sum);
+    lane_sums_rows<T, 1, K, U, M, R>(x, w, rows, lane, sum);
   }
 #pragma unroll
-  for (int m = 0; m < M; ++m) sum[m] = cg::reduce(warp, sum[m], cg::plus<float>());
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) sum[r][m] = cg::reduce(warp, sum[r][m], cg::plus<float>());
+  }
 }
 
 // out [M, n] = x [M, K] @ w.T, each row rounded to T as MLX's gemv stores a one-row
-// product; with RES, plus res [M, n] as MLX's `add` computes it.
-template <typename T, int K, int U, int WARPS, int M, bool RES>
+// product; with RES, plus res [M, n] as MLX's `add` computes it. Warp y of block b takes
+// w's rows (b * WARPS + y) * R ..+R.
+template <typename T, int K, int U, int WARPS, int M, int R, bool RES>
 __device__ __forceinline__ void gemv_rows(const T* x, const T* w, const T* res, T* out,
                                           const int n) {
-  const int row = blockIdx.x * WARPS + threadIdx.y;
-  if (row >= n) return;
-  float sum[M];
-  row_dots<T, K, U, M>(x, w, row, sum);
+  const int base = (blockIdx.x * WARPS + threadIdx.y) * R;
+  if (base >= n) return;
+  int rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = min(base + r, n - 1);
+  float sum[R][M];
+  row_dots<T, K, U, M, R>(x, w, rows, sum);
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const size_t i = (size_t)m * n + row;
-      if constexpr (RES) {
-        out[i] = res[i] + static_cast<T>(sum[m]);
-      } else {
-        out[i] = static_cast<T>(sum[m]);
+    for (int r = 0; r < R; ++r) {
+      if (base + r >= n) break;
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const size_t i = (size_t)m * n + base + r;
+        if constexpr (RES) {
+          out[i] = res[i] + static_cast<T>(sum[r][m]);
+        } else {
+          out[i] = static_cast<T>(sum[r][m]);
+        }
       }
     }
   }
 }
 
-// gemv_swiglu for M rows of x: out [M, inter].
-template <typename T, int K, int U, int WARPS, int M>
+// gemv_swiglu for M rows of x: out [M, inter]; warps y < WARPS take R gate rows each,
+// the others the same rows of up.
+template <typename T, int K, int U, int WARPS, int M, int R>
 __device__ __forceinline__ void gemv_rows_swiglu(const T* x, const T* w, T* out,
                                                  const int inter) {
-  __shared__ T prod[2][M][WARPS];
+  constexpr int ROWS = WARPS * R;
+  __shared__ T prod[2][M][ROWS];
   const int up = threadIdx.y >= WARPS;
   const int i = threadIdx.y - up * WARPS;
-  const int row = blockIdx.x * WARPS + i;
-  if (row < inter) {
-    float sum[M];
-    row_dots<T, K, U, M>(x, w, row + up * inter, sum);
+  const int base = blockIdx.x * ROWS + i * R;
+  if (base < inter) {
+    int rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rows[r] = min(base + r, inter - 1) + up * inter;
+    float sum[R][M];
+    row_dots<T, K, U, M, R>(x, w, rows, sum);
     if (threadIdx.x == 0) {
 #pragma unroll
-      for (int m = 0; m < M; ++m) prod[up][m][i] = static_cast<T>(sum[m]);
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) prod[up][m][i * R + r] = static_cast<T>(sum[r][m]);
+      }
     }
   }
   __syncthreads();
-  const int t = threadIdx.y * 32 + threadIdx.x;
-  if (t < M * WARPS) {
+  for (int t = threadIdx.y * 32 + threadIdx.x; t < M * ROWS; t += 64 * WARPS) {
     namespace cu = mlx::core::cu;
-    const int m = t / WARPS, j = t % WARPS;
-    const int r = blockIdx.x * WARPS + j;
+    const int m = t / ROWS, j = t % ROWS;
+    const int r = blockIdx.x * ROWS + j;
     if (r < inter) {
       const T g = prod[0][m][j];
       out[(size_t)m * inter + r] = cu::Multiply{}(cu::Multiply{}(g, cu::Sigmoid{}(g)),
@@ -352,14 +398,15 @@ __device__ __forceinline__ void gemv_rows_swiglu(const T* x, const T* w, T* out,
 // product, or (rows of x only, MLX_FAST_GEMV_ROWS) the product alone.
 enum class Form { kResidual, kSwiglu, kPlain };
 
-// `m` rows of x (1: the one-row kernels; 2..kMaxRows: the rows form).
+// `m` rows of x (1: the one-row kernels; 2..kMaxRows: the rows form, `r` rows of w a
+// warp).
 const mx::fast::CustomKernelFunction& kernel_for(Form form, int k, mx::Dtype dtype, int u,
-                                                 int warps, int m, int device) {
-  using Key = std::tuple<int, int, int, int, int, int, int>;
+                                                 int warps, int m, int r, int device) {
+  using Key = std::tuple<int, int, int, int, int, int, int, int>;
   static std::mutex mu;
   static std::map<Key, mx::fast::CustomKernelFunction> kernels;
   std::lock_guard<std::mutex> lock(mu);
-  const Key key{static_cast<int>(form), k, static_cast<int>(dtype.val()), u, warps, m, device};
+  const Key key{static_cast<int>(form), k, static_cast<int>(dtype.val()), u, warps, m, r, device};
   auto it = kernels.find(key);
   if (it != kernels.end()) return it->second;
   const std::string targs = std::string(cuda_type(dtype)) + ", " + std::to_string(k) + ", " +
@@ -368,8 +415,12 @@ const mx::fast::CustomKernelFunction& kernel_for(Form form, int k, mx::Dtype dty
                      "_u" + std::to_string(u) + "_w" + std::to_string(warps);
   std::vector<KernelParam> inputs{{"x", dtype}, {"w", dtype}};
   std::string src;
-  const std::string rargs = targs + ", " + std::to_string(m);
-  if (m > 1) name += "_m" + std::to_string(m);
+  // The rows form keeps about as many loads of w in flight a lane: u / r chunks of r rows.
+  const std::string rargs = std::string(cuda_type(dtype)) + ", " + std::to_string(k) + ", " +
+                            std::to_string(std::max(1, u / r)) + ", " +
+                            std::to_string(warps) + ", " + std::to_string(m) + ", " +
+                            std::to_string(r);
+  if (m > 1) name += "_m" + std::to_string(m) + "_r" + std::to_string(r);
   switch (form) {
     case Form::kResidual:
       inputs.emplace_back("res", dtype);
@@ -462,15 +513,18 @@ std::optional<Product> eligible(const mx::array& a, const mx::array& b, mx::Stre
   return Product{st, k, n, *w, static_cast<int>(m)};
 }
 
-// Launches `form` over `rows` rows of output (blocks of `warps()` rows, twice as many warps
-// a block for the swiglu), with `inputs` after x and w.
+// Launches `form` over `rows` rows of output (blocks of `warps()` warps of one row each, or
+// of rows_per_warp() rows each in the rows form; twice as many warps a block for the
+// swiglu), with `inputs` after x and w.
 std::optional<mx::array> launch(Form form, const Product& p, const mx::array& a, int rows,
                                 std::vector<mx::array> inputs) {
   const int wp = warps();
-  const long long blocks = (static_cast<long long>(rows) + wp - 1) / wp;
+  const int r = p.m > 1 ? rows_per_warp() : 1;
+  const long long per_block = static_cast<long long>(wp) * r;
+  const long long blocks = (static_cast<long long>(rows) + per_block - 1) / per_block;
   if (blocks * 32 > std::numeric_limits<int>::max()) return std::nullopt;
   const int ys = form == Form::kSwiglu ? 2 * wp : wp;
-  const auto& fn = kernel_for(form, p.k, a.dtype(), loads(), wp, p.m, p.st.device.index);
+  const auto& fn = kernel_for(form, p.k, a.dtype(), loads(), wp, p.m, r, p.st.device.index);
   mx::Shape out_shape = a.shape();
   out_shape.back() = rows;
   inputs.insert(inputs.begin(), {a, p.w});
