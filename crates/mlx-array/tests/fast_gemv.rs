@@ -111,12 +111,24 @@ fn off_the_cuda_backend_the_rows_form_stays_out() {
             assert!(matmul_swiglu(&x, &wt).unwrap().is_none());
             plain.eval().unwrap();
             add.eval().unwrap();
-            assert_eq!(gemv_launches(), before, "{mode:?} {shape:?}: taken on the CPU");
+            assert_eq!(
+                gemv_launches(),
+                before,
+                "{mode:?} {shape:?}: taken on the CPU"
+            );
             set_gemv_rows(GemvRows::Off);
             let theirs = x.matmul(&wt).unwrap();
-            assert!(plain.array_equal(&theirs, false).unwrap().item::<bool>().unwrap());
+            assert!(plain
+                .array_equal(&theirs, false)
+                .unwrap()
+                .item::<bool>()
+                .unwrap());
             let theirs_add = r.add(&theirs).unwrap();
-            assert!(add.array_equal(&theirs_add, false).unwrap().item::<bool>().unwrap());
+            assert!(add
+                .array_equal(&theirs_add, false)
+                .unwrap()
+                .item::<bool>()
+                .unwrap());
             set_gemv_rows(mode);
         }
     }
