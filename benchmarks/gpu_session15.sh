@@ -34,7 +34,11 @@
 #              (kernel_cache.cpp) against MLX compiling them in every process; texts compared
 #   specab     issue 19: the speculation regression of session 18, our kernels switched off
 #              one by one (SPEC_ARMS); rows / rowsk5 / rowsk7 (MLX_FAST_GEMV_ROWS=1: the
-#              verification's dense products through the rows form, k = 3 / 5 / 7)
+#              verification's dense products through the rows form, k = 3 / 5 / 7); k7eager /
+#              k10eager / k3eager / k7eagerrows (MLX_DRAFT_EAGER_FEED=1), k7sync /
+#              k7eagersync (MLX_ENGINE_PROFILE=sync: each draft step's own time), plain4 (the
+#              4-bit draft model alone), k7oneseq / k7oneseqsync (MLX_FAST_QMM_ONE_SEQ_ROWS=2);
+#              kNe / kNn / kNd (k = N, MLX_DRAFT_EAGER_FEED=1 / 0 / unset); SPEC_M tokens (128)
 #   rowscheck  issue 19 / 21: gemv_rows_check (the rows form of the dense kernel against the
 #              one-row path, every shape at 2..8 rows; on the echo 8B bf16: a verification
 #              of 4 tokens against decoding them, batch 4 against each row alone)
@@ -358,6 +362,24 @@ for PART in "$@"; do
           rowsk5) e+=(MLX_FAST_GEMV_ROWS=1); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 5) ;;
           rowsk7) e+=(MLX_FAST_GEMV_ROWS=1); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 7) ;;
           k5) a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 5) ;;
+          # eager: the round's last draft fed to the draft model behind the verification
+          # (MLX_DRAFT_EAGER_FEED=1: no two-token catch-up step); sync: each draft step
+          # waited for (MLX_ENGINE_PROFILE=sync: the profile's step times are device times)
+          k7eager) e+=(MLX_DRAFT_EAGER_FEED=1); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 7) ;;
+          k7sync) e=(MLX_SDPA_SPLIT_QUERIES=1 MLX_ENGINE_PROFILE=sync); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 7) ;;
+          k7eagersync) e=(MLX_SDPA_SPLIT_QUERIES=1 MLX_ENGINE_PROFILE=sync MLX_DRAFT_EAGER_FEED=1); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 7) ;;
+          k10eager) e+=(MLX_DRAFT_EAGER_FEED=1); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 10) ;;
+          k7eagerrows) e+=(MLX_DRAFT_EAGER_FEED=1 MLX_FAST_GEMV_ROWS=1); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 7) ;;
+          k3eager) e+=(MLX_DRAFT_EAGER_FEED=1) ;;
+          # kNe / kNn: k = N with the eager feed on / off (MLX_DRAFT_EAGER_FEED=1 / 0)
+          k*e) e+=(MLX_DRAFT_EAGER_FEED=1); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%e}") ;;
+          k*d) kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%d}") ;;
+          k*n) e+=(MLX_DRAFT_EAGER_FEED=0); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%n}") ;;
+          # oneseq: the draft's two-token catch-up through our multi-row 4-bit kernel
+          # (MLX_FAST_QMM_ONE_SEQ_ROWS=2; MLX's qmm_sm90 otherwise)
+          k7oneseq) e+=(MLX_FAST_QMM_ONE_SEQ_ROWS=2); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 7) ;;
+          k7oneseqsync) e=(MLX_SDPA_SPLIT_QUERIES=1 MLX_ENGINE_PROFILE=sync MLX_FAST_QMM_ONE_SEQ_ROWS=2); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 7) ;;
+          plain4) a=() ;;
           noqmm) e+=(MLX_FAST_QMM=0) ;;
           noqmv) e+=(MLX_FAST_QMV=0) ;;
           lean) e+=(MLX_FAST_QMV_LEAN=1) ;;
@@ -368,9 +390,12 @@ for PART in "$@"; do
           plain) a=() ;;
         esac
         echo "## $arm" >> "$D/stdout.txt"
+        [ "$(left)" -lt 40 ] && break
         s=$(date +%s%N)
-        env "${e[@]}" timeout 120 "$NEW/mlx-generate" --model "$MODELS/llama-3.1-8b-echo-bf16" \
-          --prompt "$P" -m 128 "${a[@]}" --verbose True 2>&1 | grep -v "^ *hello" >> "$D/stdout.txt"
+        # plain4: the draft model alone, plainly (its own step time)
+        tm="$MODELS/llama-3.1-8b-echo-bf16"; [ "$arm" = plain4 ] && tm="$MODELS/llama-3.1-8b-echo-4bit"
+        env "${e[@]}" timeout 120 "$NEW/mlx-generate" --model "$tm" \
+          --prompt "$P" -m "${SPEC_M:-128}" "${a[@]}" --verbose True 2>&1 | grep -v "^ *hello" >> "$D/stdout.txt"
         echo "wall $(( ($(date +%s%N) - s) / 1000000 )) ms" >> "$D/stdout.txt"
       done ;;
     rowscheck)

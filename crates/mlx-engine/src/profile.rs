@@ -17,6 +17,14 @@ pub(crate) fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("MLX_ENGINE_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0"))
 }
 
+/// `MLX_ENGINE_PROFILE=sync`: the speculative generator waits for each draft step
+/// (`eval` instead of `async_eval`), so the profile's per-step times are each step's
+/// own device time plus its host time (a diagnostic: slower than the default).
+pub(crate) fn sync() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_ENGINE_PROFILE").is_ok_and(|v| v == "sync"))
+}
+
 /// Accumulated decode-step times.
 #[derive(Debug, Default)]
 pub(crate) struct DecodeProfile {
@@ -79,6 +87,15 @@ pub(crate) struct RoundProfile {
     first: Option<Duration>,
     /// The current round's draft `async_eval`s so far.
     pending_eval: Duration,
+    /// Every later round's first draft step's `async_eval` (the draft's catch-up on two
+    /// tokens after a round that accepted every draft), and the other steps' with
+    /// their count.
+    step_first: Duration,
+    step_rest: Duration,
+    rest_steps: u64,
+    /// The current round's first and other steps' `async_eval`s.
+    pending_first: Duration,
+    pending_rest: (Duration, u64),
     rounds: u32,
     drafted: u64,
     draft: Duration,
@@ -96,9 +113,15 @@ impl RoundProfile {
         self.last = Some(Instant::now());
     }
 
-    /// Adds the `async_eval` of one draft step of the current round.
-    pub(crate) fn draft_eval(&mut self, d: Duration) {
+    /// Adds the `async_eval` of draft step `i` (from 0) of the current round.
+    pub(crate) fn draft_eval(&mut self, i: usize, d: Duration) {
         self.pending_eval += d;
+        if i == 0 {
+            self.pending_first += d;
+        } else {
+            self.pending_rest.0 += d;
+            self.pending_rest.1 += 1;
+        }
     }
 
     /// Records one round that drafted `drafted` tokens.
@@ -111,6 +134,8 @@ impl RoundProfile {
     ) {
         let now = Instant::now();
         let eval = std::mem::take(&mut self.pending_eval);
+        let first_step = std::mem::take(&mut self.pending_first);
+        let (rest, rest_steps) = std::mem::take(&mut self.pending_rest);
         let since = self.last.replace(now).map(|prev| now - prev);
         if self.first.is_none() {
             self.first = Some(since.unwrap_or(draft + verify + wait));
@@ -120,6 +145,9 @@ impl RoundProfile {
         self.drafted += drafted as u64;
         self.draft += draft;
         self.draft_eval += eval;
+        self.step_first += first_step;
+        self.step_rest += rest;
+        self.rest_steps += rest_steps;
         self.verify += verify;
         self.wait += wait;
         self.total += since.unwrap_or_default();
@@ -133,17 +161,25 @@ impl RoundProfile {
         let us = |d: Duration| d.as_secs_f64() * 1e6 / n;
         Some(format!(
             "[mlx-engine profile] prompt {:.0} ms, first round {:.0} ms; later rounds {} \
-             ({:.2} drafts a round): draft {:.0} us (async_eval {:.0} us), verify build \
-             {:.0} us, wait+read {:.0} us, round to round {:.0} us",
+             ({:.2} drafts a round): draft {:.0} us (async_eval {:.0} us: step 1 {:.0} us, \
+             later steps {:.0} us each), verify build {:.0} us, wait+read {:.0} us, round \
+             to round {:.0} us{}",
             self.prompt.as_secs_f64() * 1e3,
             first.as_secs_f64() * 1e3,
             self.rounds,
             self.drafted as f64 / n,
             us(self.draft),
             us(self.draft_eval),
+            us(self.step_first),
+            self.step_rest.as_secs_f64() * 1e6 / self.rest_steps.max(1) as f64,
             us(self.verify),
             us(self.wait),
             us(self.total),
+            if sync() {
+                " (draft steps waited for)"
+            } else {
+                ""
+            },
         ))
     }
 }
@@ -337,7 +373,9 @@ mod tests {
         p.prompt(ms(12));
         p.round(3, ms(900), ms(50), ms(50));
         p.round(3, ms(1), ms(2), ms(10));
-        p.draft_eval(ms(1));
+        p.draft_eval(0, ms(1));
+        p.draft_eval(1, ms(3));
+        p.draft_eval(2, ms(5));
         p.round(1, ms(3), ms(4), ms(20));
         let s = p.summary().unwrap();
         assert!(
@@ -346,8 +384,9 @@ mod tests {
         );
         assert!(
             s.contains(
-                "later rounds 2 (2.00 drafts a round): draft 2000 us (async_eval 500 \
-                 us), verify build 3000 us, wait+read 15000 us"
+                "later rounds 2 (2.00 drafts a round): draft 2000 us (async_eval 4500 \
+                 us: step 1 500 us, later steps 4000 us each), verify build 3000 us, \
+                 wait+read 15000 us"
             ),
             "{s}"
         );

@@ -244,6 +244,39 @@ struct Round {
     consumed: i32,
     /// `max_tokens` was reached in this round.
     last: bool,
+    /// The last draft was fed to the draft model in this round ([`eager_feed`]).
+    fed: bool,
+}
+
+/// When the draft model is fed a round's last draft right behind the verification
+/// (`MLX_DRAFT_EAGER_FEED`): `1` every round, `0` never (mlx-lm's way), unset on the GPU
+/// only, in the rounds after one that accepted every draft (and the first).
+///
+/// mlx-lm feeds the last draft at the start of the next round, along with the target's
+/// token (a two-token draft step, after a round that accepted every draft). On the GPU
+/// that step runs MLX's `qmm` instead of its one-row `qmv` for a quantized draft, and the
+/// draft's steps after it ran slower too (H100, echo 8B bf16 with its 4-bit copy, k = 7:
+/// 3.5-3.7 ms a later step against 2.7 ms; benchmarks/GPU.md session 39); fed eagerly, the
+/// step runs while the host reads the verification, and every draft step takes one
+/// token. Between rounds the draft's caches then hold the last draft too (a rejection
+/// trims one more); at the end they are left as mlx-lm leaves them. The emitted tokens
+/// are the target's either way; on the GPU a draft token from a one-row step can round
+/// differently from mlx-lm's two-row step (docs/parity.md). On the CPU the two-token step
+/// costs about one step, so it stays mlx-lm's way there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EagerFeed {
+    Never,
+    Always,
+    AfterFullAcceptance,
+}
+
+fn eager_feed_policy() -> EagerFeed {
+    match std::env::var("MLX_DRAFT_EAGER_FEED").as_deref() {
+        Ok("1") => EagerFeed::Always,
+        Ok("0") => EagerFeed::Never,
+        _ if crate::batch::width::on_gpu() => EagerFeed::AfterFullAcceptance,
+        _ => EagerFeed::Never,
+    }
 }
 
 /// mlx-lm's `speculative_generate_step` behind [`TokenIterator`].
@@ -284,6 +317,10 @@ pub struct SpeculativeGenerator<'a> {
     queued: Option<(Array, Array)>,
     /// `MLX_ENGINE_PROFILE`'s per-round times.
     profile: Option<crate::profile::RoundProfile>,
+    /// When a round's last draft is fed to the draft model behind the verification.
+    eager: EagerFeed,
+    /// The last round accepted every draft (true before the first).
+    all_accepted: bool,
 }
 
 impl Drop for SpeculativeGenerator<'_> {
@@ -294,7 +331,7 @@ impl Drop for SpeculativeGenerator<'_> {
         // mlx-lm's `finally: _rewind_cache(num_draft, n)` with `n` as the consumer left
         // it: the caches keep what the tokens handed out so far imply.
         if let Some(r) = self.round.take() {
-            self.rewind(r.num_draft, r.consumed.min(r.n));
+            self.rewind(r.num_draft, r.consumed.min(r.n), r.fed, true);
         }
     }
 }
@@ -428,6 +465,8 @@ impl<'a> SpeculativeGenerator<'a> {
             step_aside: None,
             queued: None,
             profile: crate::profile::enabled().then(Default::default),
+            eager: eager_feed_policy(),
+            all_accepted: true,
         })
     }
 
@@ -477,13 +516,34 @@ impl<'a> SpeculativeGenerator<'a> {
         Ok(())
     }
 
-    /// mlx-lm's `_rewind_cache(num_draft, num_accept)`.
-    fn rewind(&mut self, num_draft: i32, num_accept: i32) {
+    /// mlx-lm's `_rewind_cache(num_draft, num_accept)`; `fed`: the round's last draft
+    /// is in the draft's caches too ([`EagerFeed`]); `end`: generation stops here, so
+    /// the draft's caches are left as mlx-lm's would be (without the last draft when
+    /// every draft was accepted).
+    fn rewind(&mut self, num_draft: i32, num_accept: i32, fed: bool, end: bool) {
         let (target, draft) = self.caches.split_at_mut(self.n_target);
         mlx_cache::trim_prompt_cache(target, num_draft - num_accept);
         if matches!(self.drafter, Drafter::Model(_)) {
-            mlx_cache::trim_prompt_cache(draft, (num_draft - num_accept - 1).max(0));
+            let trim = if !fed {
+                (num_draft - num_accept - 1).max(0)
+            } else if end && num_accept >= num_draft {
+                1
+            } else {
+                num_draft - num_accept
+            };
+            mlx_cache::trim_prompt_cache(draft, trim);
         }
+    }
+
+    /// Whether this round feeds its last draft to the draft model eagerly.
+    fn feeds_eagerly(&self, num_draft: i32) -> bool {
+        num_draft > 0
+            && matches!(self.drafter, Drafter::Model(_))
+            && match self.eager {
+                EagerFeed::Never => false,
+                EagerFeed::Always => true,
+                EagerFeed::AfterFullAcceptance => self.all_accepted,
+            }
     }
 
     fn extend_history(&mut self, input: &Array) -> Result<()> {
@@ -537,7 +597,7 @@ impl<'a> SpeculativeGenerator<'a> {
         y: &mut Array,
         ys: &mut Vec<Array>,
     ) -> Result<()> {
-        for _ in 0..num_draft {
+        for i in 0..num_draft {
             let draft_caches = &mut self.caches[self.n_target..];
             let logits =
                 step::forward_tail(draft, &y.expand_dims(&[0])?, draft_caches, self.kv, 1)?;
@@ -548,9 +608,13 @@ impl<'a> SpeculativeGenerator<'a> {
                 &logits.squeeze(Some(&[0]))?,
             )?;
             let tic = self.profile.is_some().then(Instant::now);
-            transforms::async_eval(&[&t])?;
+            if crate::profile::sync() {
+                transforms::eval(&[&t])?;
+            } else {
+                transforms::async_eval(&[&t])?;
+            }
             if let (Some(p), Some(tic)) = (self.profile.as_mut(), tic) {
-                p.draft_eval(tic.elapsed());
+                p.draft_eval(i as usize, tic.elapsed());
             }
             if self.constrained {
                 self.sampling.accept(step::read_token(&t)?)?;
@@ -705,6 +769,19 @@ impl<'a> SpeculativeGenerator<'a> {
             step::sample_with_history(&mut self.sampling, None, &logits.squeeze(Some(&[0]))?)?
         };
         let t2 = t0.map(|_| Instant::now());
+        let fed = match &self.drafter {
+            Drafter::Model(d) if self.feeds_eagerly(num_draft) => {
+                let d = *d;
+                transforms::async_eval(&[&tokens, &draft_tokens])?;
+                let last = draft_tokens.slice(&[num_draft - 1], &[num_draft], None)?;
+                let draft_caches = &mut self.caches[self.n_target..];
+                let fed =
+                    step::forward_tail(d, &last.expand_dims(&[0])?, draft_caches, self.kv, 1)?;
+                transforms::async_eval(&[&fed])?;
+                true
+            }
+            _ => false,
+        };
         transforms::eval(&[&tokens, &draft_tokens])?;
         let drafts: Vec<u32> = step::read_tokens(&draft_tokens)?;
         let tokens: Vec<u32> = step::read_tokens(&tokens)?;
@@ -742,6 +819,7 @@ impl<'a> SpeculativeGenerator<'a> {
         self.stats.rounds += 1;
         self.stats.drafted += num_draft as u64;
         self.stats.accepted += n as u64;
+        self.all_accepted = n == num_draft;
         if let Some(w) = self.acceptance.record(num_draft as usize, n as usize) {
             self.step_aside = Some(w);
         }
@@ -749,7 +827,7 @@ impl<'a> SpeculativeGenerator<'a> {
         if !last {
             let next = tokens[n as usize];
             self.y = vec![next];
-            self.draft_y = if n == num_draft && num_draft > 0 {
+            self.draft_y = if n == num_draft && num_draft > 0 && !fed {
                 vec![drafts[num_draft as usize - 1], next]
             } else {
                 vec![next]
@@ -768,6 +846,7 @@ impl<'a> SpeculativeGenerator<'a> {
             queue,
             consumed: 0,
             last,
+            fed,
         });
         Ok(())
     }
@@ -837,7 +916,7 @@ impl<'a> SpeculativeGenerator<'a> {
                     .round
                     .take()
                     .ok_or_else(|| EngineError::Internal("speculative round vanished".into()))?;
-                self.rewind(r.num_draft, r.n);
+                self.rewind(r.num_draft, r.n, r.fed, r.last);
                 if r.last {
                     self.finished = true;
                     return Ok(None);
@@ -871,7 +950,8 @@ impl<'a> SpeculativeGenerator<'a> {
                 continue;
             }
             let num_draft = self.remaining().min(self.num_draft_tokens as i64) as i32;
-            let draft_in = self.draft_y.len() as i32 + num_draft - 1;
+            let fed = self.feeds_eagerly(num_draft);
+            let draft_in = self.draft_y.len() as i32 + num_draft - 1 + i32::from(fed);
             if let Some(why) = self.would_wrap(self.y.len() as i32 + num_draft, draft_in) {
                 self.stats.fallback = Some(why);
                 self.plain = true;

@@ -278,6 +278,16 @@ long long qmm_max_rows() {
   return v;
 }
 
+// An experiment, off by default: MLX_FAST_QMM_ONE_SEQ_ROWS=N sends one sequence's products
+// of 2..N rows (a draft model's two-token catch-up in speculative decoding) to kBodyM, the
+// weight read once for them, each row with its one-row bits. MLX runs `qmv` per row there
+// below 8 rows on an A100 (the same bits) but `qmm_sm90` from 2 rows on an H100 / H200
+// (other bits): see the note at `m / seq == 1` in fast_rows.
+long long one_seq_rows() {
+  static const long long v = std::min(env_count("MLX_FAST_QMM_ONE_SEQ_ROWS", 0), 7ll);
+  return v;
+}
+
 // The most rows of several sequences it takes when on: MLX_FAST_QMM_MMA_MAX_ROWS, else
 // every row count (kQmmRowsLimit). Above 32 rows it runs parts of 32 rows along grid x,
 // each reading the weight again (from L2 after the first), where MLX runs `qmm`: on the
@@ -1453,7 +1463,7 @@ std::optional<mx::array> fast_rows(const mx::array& x, const mx::array& w,
   // not understood: the product alone times at 12-200 us). Rows of several sequences
   // (batched decoding, [B, 1, K]) are where mlx-lm is not reproducible across batch sizes;
   // they took rows_mma above unless it is off, and here each row gets its one-row bits.
-  if (m / seq == 1) return std::nullopt;
+  if (m / seq == 1 && m > one_seq_rows()) return std::nullopt;
   // Parts of x of as even a size as part_rows allows (9 rows by 8: 5 and 4), one a block of
   // grid x: CUDA hands out blocks x first, so the parts of one block of w's rows run close
   // together and the later ones find its weights in L2.
