@@ -38,7 +38,8 @@
 #              k10eager / k3eager / k7eagerrows (MLX_DRAFT_EAGER_FEED=1), k7sync /
 #              k7eagersync (MLX_ENGINE_PROFILE=sync: each draft step's own time), plain4 (the
 #              4-bit draft model alone), k7oneseq / k7oneseqsync (MLX_FAST_QMM_ONE_SEQ_ROWS=2);
-#              kNe / kNn / kNd (k = N, MLX_DRAFT_EAGER_FEED=1 / 0 / unset); SPEC_M tokens (128)
+#              kNe / kNn / kNd (k = N, MLX_DRAFT_EAGER_FEED=1 / 0 / unset), rNd / rNn (the
+#              random 1B draft), mlxlmN (mlx-lm's speculation, k = N); SPEC_M tokens (128)
 #   rowscheck  issue 19 / 21: gemv_rows_check (the rows form of the dense kernel against the
 #              one-row path, every shape at 2..8 rows; on the echo 8B bf16: a verification
 #              of 4 tokens against decoding them, batch 4 against each row alone)
@@ -373,6 +374,12 @@ for PART in "$@"; do
           k3eager) e+=(MLX_DRAFT_EAGER_FEED=1) ;;
           # kNe / kNn: k = N with the eager feed on / off (MLX_DRAFT_EAGER_FEED=1 / 0)
           k*e) e+=(MLX_DRAFT_EAGER_FEED=1); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%e}") ;;
+          # rNd / rNn: the random Llama-3.2-1B bf16 as the draft (same vocabulary, almost
+          # nothing accepted), k = N, eager feed default / off
+          r*d) ensure_model llama-3.2-1b-bf16 "$D"; kk=${arm#r}; a=(--draft-model "$MODELS/llama-3.2-1b-bf16" --num-draft-tokens "${kk%d}") ;;
+          r*n) ensure_model llama-3.2-1b-bf16 "$D"; e+=(MLX_DRAFT_EAGER_FEED=0); kk=${arm#r}; a=(--draft-model "$MODELS/llama-3.2-1b-bf16" --num-draft-tokens "${kk%n}") ;;
+          # mlxlmN: mlx-lm's speculation on the echo pair, k = N (its own env: none of ours)
+          mlxlm*) e=(MLX_ENGINE_PROFILE=0) ;;
           k*d) kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%d}") ;;
           k*n) e+=(MLX_DRAFT_EAGER_FEED=0); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%n}") ;;
           # oneseq: the draft's two-token catch-up through our multi-row 4-bit kernel
@@ -394,8 +401,14 @@ for PART in "$@"; do
         s=$(date +%s%N)
         # plain4: the draft model alone, plainly (its own step time)
         tm="$MODELS/llama-3.1-8b-echo-bf16"; [ "$arm" = plain4 ] && tm="$MODELS/llama-3.1-8b-echo-4bit"
+        if [ "${arm#mlxlm}" != "$arm" ]; then
+          timeout 150 python3 -m mlx_lm generate --model "$tm" --draft-model \
+            "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${arm#mlxlm}" --prompt "$P" \
+            -m "${SPEC_M:-128}" --verbose True 2>&1 | grep -v "^ *hello" >> "$D/stdout.txt"
+        else
         env "${e[@]}" timeout 120 "$NEW/mlx-generate" --model "$tm" \
           --prompt "$P" -m "${SPEC_M:-128}" "${a[@]}" --verbose True 2>&1 | grep -v "^ *hello" >> "$D/stdout.txt"
+        fi
         echo "wall $(( ($(date +%s%N) - s) / 1000000 )) ms" >> "$D/stdout.txt"
       done ;;
     rowscheck)

@@ -32,14 +32,10 @@ pub struct SpeculativeArgs {
     pub prompt_lookup_tokens: Option<i64>,
     /// Stop speculating (not in mlx-lm) once fewer than this share (0 to 1) of the
     /// drafts of the last 8 rounds were accepted: the rest of the generation decodes
-    /// plainly. 0 never stops (mlx-lm's behaviour)
-    #[arg(
-        long,
-        value_name = "F",
-        default_value_t = 0.0,
-        allow_negative_numbers = true
-    )]
-    pub draft_min_acceptance: f64,
+    /// plainly. 0 never stops (mlx-lm's behaviour). Default: 0.3 for greedy decoding
+    /// with a draft model (its tokens are the same either way), else 0
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    pub draft_min_acceptance: Option<f64>,
 }
 
 /// What the flags asked for, loaded.
@@ -135,9 +131,12 @@ impl Speculation {
 }
 
 impl SpeculativeArgs {
-    /// `--draft-min-acceptance`, checked (0 to 1).
-    pub fn min_acceptance(&self) -> Result<f64> {
-        check_min_acceptance(self.draft_min_acceptance)
+    /// `--draft-min-acceptance`, checked (0 to 1); `None` when not given (the
+    /// generator's default, [`mlx_engine::speculative::GREEDY_MIN_ACCEPTANCE`]).
+    pub fn min_acceptance(&self) -> Result<Option<f64>> {
+        self.draft_min_acceptance
+            .map(check_min_acceptance)
+            .transpose()
             .map_err(|e| anyhow::anyhow!("--draft-min-acceptance: {e}"))
     }
 }

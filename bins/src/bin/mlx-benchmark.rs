@@ -167,7 +167,7 @@ fn bench(args: Args) -> Result<()> {
                 let (source, k) = s.source();
                 let mut gen =
                     SpeculativeGenerator::new(model, source, &prompts[0], &mut caches, k, opts)?
-                        .with_min_acceptance(args.spec.min_acceptance()?)?;
+                        .with_min_acceptance_if(args.spec.min_acceptance()?)?;
                 let last =
                     stream_generate_with(&mut gen, &tokenizer, args.generation_tokens, |_| true)?;
                 *last_stats.borrow_mut() = Some(gen.stats().clone());

@@ -231,7 +231,7 @@ fn chat(args: Args) -> Result<()> {
                 let earlier = conversation.len() - (prompt.len() - ids.len());
                 let mut gen =
                     SpeculativeGenerator::new(model, source, &prompt, &mut caches, k, gen_opts)?
-                        .with_min_acceptance(args.spec.min_acceptance()?)?
+                        .with_min_acceptance_if(args.spec.min_acceptance()?)?
                         .with_lookup_context(&conversation[..earlier]);
                 let last = stream_generate_with(&mut gen, tok, args.max_tokens, on_response)?;
                 spec_stats = Some(gen.stats().clone());

@@ -301,7 +301,7 @@ fn generate(args: Args) -> Result<()> {
         Some(s) => {
             let (source, k) = s.source();
             let mut gen = SpeculativeGenerator::new(model, source, &ids, &mut caches, k, opts)?
-                .with_min_acceptance(args.spec.min_acceptance()?)?;
+                .with_min_acceptance_if(args.spec.min_acceptance()?)?;
             let last = stream_generate_with(&mut gen, tok, args.max_tokens, on_response)?;
             spec_stats = Some(gen.stats().clone());
             last

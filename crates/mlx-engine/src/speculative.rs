@@ -70,6 +70,18 @@ pub fn check_max_batch(n: i64, decode_concurrency: usize) -> Result<usize> {
 /// The rounds over which a speculating sequence's acceptance is judged.
 pub const ACCEPTANCE_WINDOW: usize = 8;
 
+/// The minimum acceptance a [`SpeculativeGenerator`] keeps to by default for greedy
+/// decoding with a draft model (not in mlx-lm, which never stops drafting): below it the
+/// draft costs more than it saves, and greedy tokens do not depend on whether they were
+/// drafted (on the CPU they are the same bits; sampled decoding, whose random draws
+/// follow the rounds, keeps mlx-lm's behaviour, and so does prompt lookup, whose rounds
+/// without a match cost a plain step). With a draft step of about a sixth of the
+/// target's and a verification of about 1.3 plain steps, k = 3 drafts pay from ~30%
+/// accepted (an H100, the 8B bf16 target with a random 1B draft: 0% accepted decoded at
+/// 0.5x of plain; benchmarks/GPU.md session 39). The server's `--draft-min-acceptance`
+/// default is the same.
+pub const GREEDY_MIN_ACCEPTANCE: f64 = 0.3;
+
 /// Checks a minimum acceptance rate (a number from 0 to 1).
 pub fn check_min_acceptance(f: f64) -> Result<f64> {
     if !f.is_finite() || !(0.0..=1.0).contains(&f) {
@@ -435,6 +447,8 @@ impl<'a> SpeculativeGenerator<'a> {
                 bad.join(", ")
             )));
         }
+        let greedy_draft = opts.sampler.as_ref().is_none_or(|s| s.is_greedy())
+            && matches!(drafter, Drafter::Model(_));
         let sampling =
             RowSampling::new(opts.sampler, LogitsProcessors::new(opts.logits_processors));
         let constrained = sampling.needs_accepted_token();
@@ -461,7 +475,11 @@ impl<'a> SpeculativeGenerator<'a> {
             finished: false,
             last_from_draft: false,
             stats: SpeculativeStats::default(),
-            acceptance: AcceptancePolicy::default(),
+            acceptance: AcceptancePolicy::new(if greedy_draft {
+                GREEDY_MIN_ACCEPTANCE
+            } else {
+                0.0
+            }),
             step_aside: None,
             queued: None,
             profile: crate::profile::enabled().then(Default::default),
@@ -471,11 +489,20 @@ impl<'a> SpeculativeGenerator<'a> {
     }
 
     /// Steps aside to plain decoding when fewer than `min_acceptance` (0 to 1) of the
-    /// drafts are accepted ([`AcceptancePolicy`]); 0 (the default) never does, as
-    /// mlx-lm.
+    /// drafts are accepted ([`AcceptancePolicy`]); 0 never does, as mlx-lm. The
+    /// default: [`GREEDY_MIN_ACCEPTANCE`] for greedy decoding (no sampler, or one whose
+    /// [`mlx_sample::Sampler::is_greedy`]) with a draft model, else 0.
     pub fn with_min_acceptance(mut self, min_acceptance: f64) -> Result<Self> {
         self.acceptance = AcceptancePolicy::new(check_min_acceptance(min_acceptance)?);
         Ok(self)
+    }
+
+    /// [`SpeculativeGenerator::with_min_acceptance`] when `Some`, else the default.
+    pub fn with_min_acceptance_if(self, min_acceptance: Option<f64>) -> Result<Self> {
+        match min_acceptance {
+            Some(m) => self.with_min_acceptance(m),
+            None => Ok(self),
+        }
     }
 
     /// Tokens that came before `prompt` and are already in the caches (a chat's earlier

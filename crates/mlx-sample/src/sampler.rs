@@ -12,6 +12,12 @@ use mlx_array::{random, where_, Array, Dtype};
 pub trait Sampler: Send {
     /// Samples one token per row.
     fn sample(&self, logprobs: &Array) -> Result<Array>;
+
+    /// Whether it takes the most likely token, drawing nothing at random
+    /// ([`GreedySampler`]); false unless a sampler says so.
+    fn is_greedy(&self) -> bool {
+        false
+    }
 }
 
 impl<F> Sampler for F
@@ -110,6 +116,10 @@ pub struct GreedySampler;
 impl Sampler for GreedySampler {
     fn sample(&self, logprobs: &Array) -> Result<Array> {
         Ok(logprobs.argmax(Some(-1), false)?)
+    }
+
+    fn is_greedy(&self) -> bool {
+        true
     }
 }
 
