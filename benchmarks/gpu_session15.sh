@@ -38,8 +38,8 @@
 #              k10eager / k3eager / k7eagerrows (MLX_DRAFT_EAGER_FEED=1), k7sync /
 #              k7eagersync (MLX_ENGINE_PROFILE=sync: each draft step's own time), plain4 (the
 #              4-bit draft model alone), k7oneseq / k7oneseqsync (MLX_FAST_QMM_ONE_SEQ_ROWS=2);
-#              kNe / kNn / kNd (k = N, MLX_DRAFT_EAGER_FEED=1 / 0 / unset), rNd / rNn (the
-#              random 1B draft), mlxlmN (mlx-lm's speculation, k = N); SPEC_M tokens (128)
+#              kNe / kNn / kNd (k = N, MLX_DRAFT_EAGER_FEED=1 / 0 / unset), rNd / rNn / rNz (the
+#              random 1B draft; z: --draft-min-acceptance 0), mlxlmN (mlx-lm's speculation, k = N); SPEC_M tokens (128)
 #   rowscheck  issue 19 / 21: gemv_rows_check (the rows form of the dense kernel against the
 #              one-row path, every shape at 2..8 rows; on the echo 8B bf16: a verification
 #              of 4 tokens against decoding them, batch 4 against each row alone)
@@ -377,6 +377,7 @@ for PART in "$@"; do
           # rNd / rNn: the random Llama-3.2-1B bf16 as the draft (same vocabulary, almost
           # nothing accepted), k = N, eager feed default / off
           r*d) ensure_model llama-3.2-1b-bf16 "$D"; kk=${arm#r}; a=(--draft-model "$MODELS/llama-3.2-1b-bf16" --num-draft-tokens "${kk%d}") ;;
+          r*z) ensure_model llama-3.2-1b-bf16 "$D"; kk=${arm#r}; a=(--draft-model "$MODELS/llama-3.2-1b-bf16" --num-draft-tokens "${kk%z}" --draft-min-acceptance 0) ;;
           r*n) ensure_model llama-3.2-1b-bf16 "$D"; e+=(MLX_DRAFT_EAGER_FEED=0); kk=${arm#r}; a=(--draft-model "$MODELS/llama-3.2-1b-bf16" --num-draft-tokens "${kk%n}") ;;
           # mlxlmN: mlx-lm's speculation on the echo pair, k = N (its own env: none of ours)
           mlxlm*) e=(MLX_ENGINE_PROFILE=0) ;;
