@@ -256,7 +256,7 @@ struct Round {
     consumed: i32,
     /// `max_tokens` was reached in this round.
     last: bool,
-    /// The last draft was fed to the draft model in this round ([`eager_feed`]).
+    /// The last draft was fed to the draft model in this round ([`EagerFeed`]).
     fed: bool,
 }
 
