@@ -39,7 +39,8 @@
 #              k7eagersync (MLX_ENGINE_PROFILE=sync: each draft step's own time), plain4 (the
 #              4-bit draft model alone), k7oneseq / k7oneseqsync (MLX_FAST_QMM_ONE_SEQ_ROWS=2);
 #              kNe / kNn / kNd (k = N, MLX_DRAFT_EAGER_FEED=1 / 0 / unset), rNd / rNn / rNz (the
-#              random 1B draft; z: --draft-min-acceptance 0), mlxlmN (mlx-lm's speculation, k = N); SPEC_M tokens (128)
+#              random 1B draft; z: --draft-min-acceptance 0), kNm / plain4m (the draft's
+#              groups as one launch: MLX_FAST_QMV_MANY_MAX_ELEMENTS), mlxlmN (mlx-lm's speculation, k = N); SPEC_M tokens (128)
 #   rowscheck  issue 19 / 21: gemv_rows_check (the rows form of the dense kernel against the
 #              one-row path, every shape at 2..8 rows; on the echo 8B bf16: a verification
 #              of 4 tokens against decoding them, batch 4 against each row alone)
@@ -58,7 +59,8 @@
 #              MLX_FAST_QMM_MMA_MIN_BLOCKS=1000000000, both), mmarw4 / mmaw4rw4 (64 rows
 #              of w a block: MLX_FAST_QMM_MMA_RW=4, alone and with 4 warps), lean / nolean
 #              (MLX_FAST_QMV_LEAN=1 / 0: the one-row 4-bit kernels' lean bodies, the default
-#              since session 37, / their first form)
+#              since session 37, / their first form), manyall (MLX_FAST_QMV_MANY_MAX_ELEMENTS:
+#              q/k/v and gate/up as one launch each at every size)
 #   leancheck  issue 21: fused_check qmv under MLX_FAST_QMV_LEAN=1 (every product shape and
 #              the 8B 4-bit and qwen2.5-0.5b-4bit logits against MLX's qmv, bit for bit),
 #              then qmm_rows_check under it (kBodyM's rows against the one-row kernel)
@@ -381,6 +383,9 @@ for PART in "$@"; do
           r*n) ensure_model llama-3.2-1b-bf16 "$D"; e+=(MLX_DRAFT_EAGER_FEED=0); kk=${arm#r}; a=(--draft-model "$MODELS/llama-3.2-1b-bf16" --num-draft-tokens "${kk%n}") ;;
           # mlxlmN: mlx-lm's speculation on the echo pair, k = N (its own env: none of ours)
           mlxlm*) e=(MLX_ENGINE_PROFILE=0) ;;
+          # kNm: k = N (eager default) with the draft's q/k/v and gate/up groups as one launch each
+          k*m) e+=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=1000000000); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%m}") ;;
+          plain4m) e+=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=1000000000); a=() ;;
           k*d) kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%d}") ;;
           k*n) e+=(MLX_DRAFT_EAGER_FEED=0); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%n}") ;;
           # oneseq: the draft's two-token catch-up through our multi-row 4-bit kernel
@@ -401,7 +406,7 @@ for PART in "$@"; do
         [ "$(left)" -lt 40 ] && break
         s=$(date +%s%N)
         # plain4: the draft model alone, plainly (its own step time)
-        tm="$MODELS/llama-3.1-8b-echo-bf16"; [ "$arm" = plain4 ] && tm="$MODELS/llama-3.1-8b-echo-4bit"
+        tm="$MODELS/llama-3.1-8b-echo-bf16"; [ "${arm#plain4}" != "$arm" ] && tm="$MODELS/llama-3.1-8b-echo-4bit"
         if [ "${arm#mlxlm}" != "$arm" ]; then
           timeout 150 python3 -m mlx_lm generate --model "$tm" --draft-model \
             "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${arm#mlxlm}" --prompt "$P" \
@@ -482,6 +487,10 @@ for PART in "$@"; do
         # lean: the one-row 4-bit kernels' lean bodies (byte-permute unpack, per-lane bases)
         [ "$arm" = lean ] && e=(MLX_FAST_QMV_LEAN=1)
         [ "$arm" = nolean ] && e=(MLX_FAST_QMV_LEAN=0)
+        # manyall: q/k/v and gate/up (with the swiglu) as one launch each at every size
+        # (the 16M-element bound of run 8 keeps the 8B's groups apart; session 39 found
+        # its step bound by the host: ~3.8 us of MLX's encode a primitive)
+        [ "$arm" = manyall ] && e=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=1000000000)
         # the tensor-core product's layout: 4 warps a block (mmaw4), 16 rows of w a block
         # always (mmarw1), both
         [ "$arm" = mmaw4 ] && e=(MLX_FAST_QMM_MMA_WARPS=4)
