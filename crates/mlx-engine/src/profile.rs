@@ -85,11 +85,9 @@ impl DecodeProfile {
 pub(crate) struct RoundProfile {
     prompt: Duration,
     first: Option<Duration>,
-    /// The current round's draft `async_eval`s so far.
-    pending_eval: Duration,
-    /// Every later round's first draft step's `async_eval` (the draft's catch-up on two
-    /// tokens after a round that accepted every draft), and the other steps' with
-    /// their count.
+    /// Every later round's first draft step's `async_eval` (it also feeds the draft
+    /// what the last round left it behind by), and the other steps' with their count;
+    /// together the rounds' draft `async_eval`s.
     step_first: Duration,
     step_rest: Duration,
     rest_steps: u64,
@@ -99,7 +97,6 @@ pub(crate) struct RoundProfile {
     rounds: u32,
     drafted: u64,
     draft: Duration,
-    draft_eval: Duration,
     verify: Duration,
     wait: Duration,
     total: Duration,
@@ -115,7 +112,6 @@ impl RoundProfile {
 
     /// Adds the `async_eval` of draft step `i` (from 0) of the current round.
     pub(crate) fn draft_eval(&mut self, i: usize, d: Duration) {
-        self.pending_eval += d;
         if i == 0 {
             self.pending_first += d;
         } else {
@@ -133,7 +129,6 @@ impl RoundProfile {
         wait: Duration,
     ) {
         let now = Instant::now();
-        let eval = std::mem::take(&mut self.pending_eval);
         let first_step = std::mem::take(&mut self.pending_first);
         let (rest, rest_steps) = std::mem::take(&mut self.pending_rest);
         let since = self.last.replace(now).map(|prev| now - prev);
@@ -144,7 +139,6 @@ impl RoundProfile {
         self.rounds += 1;
         self.drafted += drafted as u64;
         self.draft += draft;
-        self.draft_eval += eval;
         self.step_first += first_step;
         self.step_rest += rest;
         self.rest_steps += rest_steps;
@@ -169,7 +163,7 @@ impl RoundProfile {
             self.rounds,
             self.drafted as f64 / n,
             us(self.draft),
-            us(self.draft_eval),
+            us(self.step_first + self.step_rest),
             us(self.step_first),
             self.step_rest.as_secs_f64() * 1e6 / self.rest_steps.max(1) as f64,
             us(self.verify),
