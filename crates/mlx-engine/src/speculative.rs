@@ -286,7 +286,7 @@ fn eager_feed_policy() -> EagerFeed {
     match std::env::var("MLX_DRAFT_EAGER_FEED").as_deref() {
         Ok("1") => EagerFeed::Always,
         Ok("0") => EagerFeed::Never,
-        _ if crate::batch::width::on_gpu() => EagerFeed::AfterFullAcceptance,
+        _ if crate::step::on_gpu() => EagerFeed::AfterFullAcceptance,
         _ => EagerFeed::Never,
     }
 }

@@ -13,6 +13,13 @@ use mlx_models::LanguageModel;
 use mlx_nn::KvCache;
 use mlx_sample::{LogitsParams, LogitsProcessors, Sampler, SamplerParams};
 
+/// Whether this thread's MLX device is a GPU (where steps are bound by the host's work,
+/// so a step's time barely grows with its positions and a queued step costs less than a
+/// synchronous one).
+pub(crate) fn on_gpu() -> bool {
+    mlx_array::current_device().is_ok_and(|d| d.kind == mlx_array::DeviceType::Gpu)
+}
+
 /// KV-cache quantization (mlx-lm's `--kv-bits`, `--kv-group-size`,
 /// `--quantized-kv-start`): caches switch to quantized once their offset reaches `start`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,7 +22,7 @@ mod sequence;
 mod speculate;
 mod stage;
 mod stop;
-pub(crate) mod width;
+mod width;
 
 pub use admission::{Admit, MemoryAdmission};
 pub use disk_cache::{file_metadata, DiskCache, DiskCacheOptions, DiskHit};

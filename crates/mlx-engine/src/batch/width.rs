@@ -189,7 +189,7 @@ impl Width {
 
     /// The prior of the device this thread runs on: 3 positions on the CPU, 32 on a GPU.
     pub fn for_current_device() -> Width {
-        Width::new(if on_gpu() { 32.0 } else { 3.0 })
+        Width::new(if crate::step::on_gpu() { 32.0 } else { 3.0 })
     }
 
     /// A step of `n` positions took `secs` (timed with nothing else queued).
@@ -457,13 +457,6 @@ impl Width {
         }
         best.0
     }
-}
-
-/// Whether this thread's MLX device is a GPU (where steps are bound by the host's work,
-/// so a step's time barely grows with its positions and a queued step costs less than a
-/// synchronous one).
-pub(crate) fn on_gpu() -> bool {
-    mlx_array::current_device().is_ok_and(|d| d.kind == mlx_array::DeviceType::Gpu)
 }
 
 /// The nearer to `n` of `below` and `above` (`(size, what it holds)`), the lower on a

@@ -209,7 +209,7 @@ impl Engine {
                             match std::env::var("MLX_MODEL_PLAIN_STEPS").as_deref() {
                                 Ok("1") => true,
                                 Ok("0") => false,
-                                _ => crate::batch::width::on_gpu(),
+                                _ => crate::step::on_gpu(),
                             },
                         )
                         .deferred_draft_prefill(
