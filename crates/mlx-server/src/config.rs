@@ -103,8 +103,8 @@ pub struct ServerConfig {
 
 /// `--draft-min-acceptance`'s default: a row speculating at under 30% acceptance costs
 /// more than it gains (no mlx-lm counterpart: mlx-lm's server does not batch with a
-/// draft model).
-pub const DEFAULT_DRAFT_MIN_ACCEPTANCE: f64 = 0.3;
+/// draft model); the single generator's floor for greedy decoding, the same bound.
+pub const DEFAULT_DRAFT_MIN_ACCEPTANCE: f64 = mlx_engine::speculative::GREEDY_MIN_ACCEPTANCE;
 
 /// `--draft-max-batch`'s default: 0, speculation at any batch size (today's
 /// behaviour). The only GPU measurement (benchmarks/RESULTS.md, issue 19: an 8B target
