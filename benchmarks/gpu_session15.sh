@@ -40,7 +40,8 @@
 #              4-bit draft model alone), k7oneseq / k7oneseqsync (MLX_FAST_QMM_ONE_SEQ_ROWS=2);
 #              kNe / kNn / kNd (k = N, MLX_DRAFT_EAGER_FEED=1 / 0 / unset), rNd / rNn / rNz (the
 #              random 1B draft; z: --draft-min-acceptance 0), kNm / plain4m (the draft's
-#              groups as one launch: MLX_FAST_QMV_MANY_MAX_ELEMENTS), mlxlmN (mlx-lm's speculation, k = N); SPEC_M tokens (128)
+#              groups as one launch: MLX_FAST_QMV_MANY_MAX_ELEMENTS), kNs / plain4s (run 8's
+#              16M bound: the draft's groups apart), mlxlmN (mlx-lm's speculation, k = N); SPEC_M tokens (128)
 #   rowscheck  issue 19 / 21: gemv_rows_check (the rows form of the dense kernel against the
 #              one-row path, every shape at 2..8 rows; on the echo 8B bf16: a verification
 #              of 4 tokens against decoding them, batch 4 against each row alone)
@@ -60,7 +61,8 @@
 #              of w a block: MLX_FAST_QMM_MMA_RW=4, alone and with 4 warps), lean / nolean
 #              (MLX_FAST_QMV_LEAN=1 / 0: the one-row 4-bit kernels' lean bodies, the default
 #              since session 37, / their first form), manyall (MLX_FAST_QMV_MANY_MAX_ELEMENTS:
-#              q/k/v and gate/up as one launch each at every size)
+#              q/k/v and gate/up as one launch each at every size; the default since
+#              session 40), sep (run 8's 16M bound: the 8B's groups as separate launches)
 #   leancheck  issue 21: fused_check qmv under MLX_FAST_QMV_LEAN=1 (every product shape and
 #              the 8B 4-bit and qwen2.5-0.5b-4bit logits against MLX's qmv, bit for bit),
 #              then qmm_rows_check under it (kBodyM's rows against the one-row kernel)
@@ -125,6 +127,10 @@
 #   agree      issue 21: greedy answers served alone against served together in one batch
 #              (benchmarks/batch_agree.py; AGREE_MODEL (smollm2-f16: the default model in
 #              float16), AGREE_STREAMS, AGREE_ARMS (default mask nopad), AGREE_G)
+#   manycheck  issue 21: fused_check qmv on the 8B 4-bit shape with its groups as one launch
+#              (the default since session 40), then llama-3.2-1b-4bit's logits
+#   ncuarms    issue 21: ncu kernel durations of NCU_MODEL (llama-3.1-8b-4bit) decoding, per
+#              arm (NCU_ARMS: default, sep = MLX_FAST_QMV_MANY_MAX_ELEMENTS=16777216)
 #   ncudeep    issue 21: ncu's speed-of-light, occupancy, warp-state and memory sections of a
 #              few launches of one kernel (DEEP_KERNEL regex, DEEP_MODEL, DEEP_BATCH,
 #              DEEP_SKIP, DEEP_COUNT, DEEP_ENV): why it runs at the speed it does
@@ -386,6 +392,9 @@ for PART in "$@"; do
           # kNm: k = N (eager default) with the draft's q/k/v and gate/up groups as one launch each
           k*m) e+=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=1000000000); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%m}") ;;
           plain4m) e+=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=1000000000); a=() ;;
+          # kNs / plain4s: run 8's 16M bound of one launch (the default before session 40)
+          k*s) e+=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=16777216); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%s}") ;;
+          plain4s) e+=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=16777216); a=() ;;
           k*d) kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%d}") ;;
           k*n) e+=(MLX_DRAFT_EAGER_FEED=0); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%n}") ;;
           # oneseq: the draft's two-token catch-up through our multi-row 4-bit kernel
@@ -491,6 +500,9 @@ for PART in "$@"; do
         # (the 16M-element bound of run 8 keeps the 8B's groups apart; session 39 found
         # its step bound by the host: ~3.8 us of MLX's encode a primitive)
         [ "$arm" = manyall ] && e=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=1000000000)
+        # sep: run 8's 16M-element bound (the 8B's groups as separate launches; the
+        # default before session 40)
+        [ "$arm" = sep ] && e=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=16777216)
         # the tensor-core product's layout: 4 warps a block (mmaw4), 16 rows of w a block
         # always (mmarw1), both
         [ "$arm" = mmaw4 ] && e=(MLX_FAST_QMM_MMA_WARPS=4)
@@ -550,6 +562,34 @@ for PART in "$@"; do
         done
         kill $srv; wait $srv 2>/dev/null
       done ;;
+    manycheck)
+      # the 8B's q/k/v and gate/up (+ swiglu) groups as one launch (no size bound, the
+      # default since session 40) against MLX's qmv, bit for bit: shapes, then logits;
+      # then llama-3.2-1b-4bit's logits (its 33.6M-element gate/up pair)
+      ensure_model llama-3.1-8b-4bit "$D"
+      ensure_model llama-3.2-1b-4bit "$D"
+      timeout $(( $(left) > 150 ? $(left) - 90 : 60 )) "$NEW/fused_check" "$MODELS/llama-3.1-8b-4bit" 64 16 qmv \
+        > "$D/stdout.txt" 2>&1
+      echo "rc=$?" >> "$D/stdout.txt"
+      FUSED_CHECK_SHAPES=0 timeout 80 "$NEW/fused_check" "$MODELS/llama-3.2-1b-4bit" 64 16 qmv \
+        >> "$D/stdout.txt" 2>&1
+      echo "rc=$?" >> "$D/stdout.txt" ;;
+    ncuarms)
+      # ncu kernel durations of NCU_MODEL's decoding steps (llama-3.1-8b-4bit) per arm
+      # (NCU_ARMS: default, sep = run 8's 16M bound of one launch), NCU_SKIP / NCU_COUNT
+      NCU_MODEL=${NCU_MODEL:-llama-3.1-8b-4bit}
+      ensure_model "$NCU_MODEL" "$D"
+      if [ -z "$NCU" ]; then echo "no ncu" > "$D/stdout.txt"; else
+        decode_cmd "$NCU_MODEL"
+        for arm in ${NCU_ARMS:-default sep}; do
+          e=()
+          [ "$arm" = sep ] && e=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=16777216)
+          env "${e[@]}" timeout $(( $(left) / 2 )) "$NCU" --csv --metrics gpu__time_duration.sum \
+            --launch-skip "${NCU_SKIP:-4000}" --launch-count "${NCU_COUNT:-1500}" \
+            "${cmd[@]}" > "$D/ncu-$arm.csv" 2> "$D/stderr-$arm.txt"
+          echo "$arm rc=$? ncu=$NCU" >> "$D/stdout.txt"
+        done
+      fi ;;
     ncudeep)
       # why a kernel runs where it does: ncu's speed-of-light, occupancy, warp-state and
       # memory sections of DEEP_COUNT (3) launches of kernels matching DEEP_KERNEL (a regex

@@ -5,8 +5,8 @@
 //! - `qmv`: our one-row 4-bit kernels (`mlx_array::quant::set_fast_qmv`) against MLX's
 //!   `qmv`: first every product shape of the supported models (three group sizes, three
 //!   inputs each), then their q/k/v and gate/up groups as one launch
-//!   (`quantized_matmul_many`; groups over the size bound print "not one launch" unless
-//!   `MLX_FAST_QMV_MANY_MAX_ELEMENTS` is raised), then the residual add in our kernel
+//!   (`quantized_matmul_many`; groups over a size bound set by
+//!   `MLX_FAST_QMV_MANY_MAX_ELEMENTS` print "not one launch"), then the residual add in our kernel
 //!   (`quantized_matmul_add`), then gate/up with their swiglu in one launch
 //!   (`quantized_matmul_swiglu`), then the model with the kernels off and on (the "on" arm
 //!   adds the residuals and the swiglu in the kernels too, unless `MLX_FAST_QMV_RESIDUAL=0`
@@ -260,8 +260,8 @@ fn qmv_residual_shapes() -> Res<bool> {
 
 /// `quantized_matmul_swiglu` (gate/up products and their swiglu in one launch) against
 /// MLX's `qmv` twice and the compiled `swiglu`, on the models' gate/up shapes
-/// (llama-3.2-1b's and the 8B's pairs are over the size bound of one launch: "not taken",
-/// nothing compared, unless `MLX_FAST_QMV_MANY_MAX_ELEMENTS` is raised). Gates of three
+/// (pairs over a size bound set by `MLX_FAST_QMV_MANY_MAX_ELEMENTS`: "not taken", nothing
+/// compared). Gates of three
 /// scales reach both sides of the sigmoid's branch and its saturation.
 fn qmv_swiglu_shapes() -> Res<bool> {
     use mlx_array::quant::{quantize, quantized_matmul_swiglu, set_fast_qmv, GateUp, QuantMode};

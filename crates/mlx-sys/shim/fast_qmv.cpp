@@ -32,7 +32,7 @@
 // The projections of one input (q/k/v, gate/up) can run as one launch
 // (`try_fast_qmv_many`): each weight's rows run the same body as alone, so every output
 // is the same as its own launch's; one launch fewer matters where the step is bound by the
-// host (small models), so only groups of a bounded size take it (`kManyMaxElements`).
+// host (`kManyMaxElements` can bound a group's size).
 //
 // A projection's output can also come with its residual added (`try_fast_qmv_add`: MLX's
 // bfloat16 add of the rounded product, in the same launch: an `add` node fewer twice a
@@ -160,15 +160,16 @@ KernelSwitch g_lean("MLX_FAST_QMV_LEAN");
 KernelSwitch g_gather_qmv("MLX_FAST_GATHER_QMV");
 // The most weights one launch takes (q/k/v).
 constexpr size_t kMaxParts = 4;
-// One launch for several weights only while they hold at most this many elements in all.
-// Small models' decoding steps are bound by the host, where a launch fewer counts
-// (qwen2.5-0.5b-4bit pinned to cores: 422 -> 483 tok/s with this and the one-line kernel
-// sources below; between unpinned processes the change was inside their noise);
-// llama-3.1-8b-4bit, bound by the GPU, measured 289 -> 265 tok/s with its 25M- and
-// 117M-element groups as one launch, so groups that large stay separate (benchmarks/GPU.md
-// run 8).
-// MLX_FAST_QMV_MANY_MAX_ELEMENTS=N sets another limit (0: never one launch).
-constexpr long long kManyMaxElements = 16ll << 20;
+// One launch for several weights only while they hold at most this many elements in all:
+// no bound by default. Run 8 (H200, before the lean bodies and the swiglu in the launch)
+// measured llama-3.1-8b-4bit 289 -> 265 tok/s with its 25M- and 117M-element groups as one
+// launch, and a 16M bound kept them apart until session 40, whose H100s measured the
+// reverse at batch 1 (q/k/v as one launch, gate/up with their swiglu as another: 128
+// primitives fewer a step, whose encoding binds it): 238 / 232 -> 290 / 288 tok/s on one
+// machine, 260 / 291 -> 307 / 301 on another; under ncu a layer's kernels took 111 us
+// against 130 with the groups apart; logits identical (benchmarks/GPU.md session 40).
+// MLX_FAST_QMV_MANY_MAX_ELEMENTS=N sets a bound (0: never one launch; 16777216: run 8's).
+constexpr long long kManyMaxElements = std::numeric_limits<long long>::max();
 
 // The products of 2..kQmmMaxRows rows of x (`fast_rows`): MLX_FAST_QMM=0 (or
 // `set_fast_qmm(false)`) leaves them to MLX's own kernels, MLX_FAST_QMM_MAX_ROWS=N (or
