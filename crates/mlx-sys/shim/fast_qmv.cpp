@@ -166,8 +166,9 @@ constexpr size_t kMaxParts = 4;
 // launch, and a 16M bound kept them apart until session 40, whose H100s measured the
 // reverse at batch 1 (q/k/v as one launch, gate/up with their swiglu as another: 128
 // primitives fewer a step, whose encoding binds it): 238 / 232 -> 290 / 288 tok/s on one
-// machine, 260 / 291 -> 307 / 301 on another; under ncu a layer's kernels took 111 us
-// against 130 with the groups apart; logits identical (benchmarks/GPU.md session 40).
+// machine, 260 / 291 -> 307 / 301 and 300 / 310 -> 331 / 326 on two others; under ncu a
+// layer's kernels took 111 us against 130 with the groups apart; logits identical
+// (benchmarks/GPU.md session 40).
 // MLX_FAST_QMV_MANY_MAX_ELEMENTS=N sets a bound (0: never one launch; 16777216: run 8's).
 constexpr long long kManyMaxElements = std::numeric_limits<long long>::max();
 
