@@ -792,7 +792,9 @@ for PART in "$@"; do
       # no plain step timed or queued, the GPU default before session 31), eager
       # (MLX_DRAFT_PREFILL=eager: prompts prefilled into the draft model at join, the
       # default before session 32), nobound (MLX_DRAFT_CATCH_UP_SHARE=inf: catch-ups
-      # tried whatever the rows have left, before session 33), warmdraft (the default, outputs kept apart: a first
+      # tried whatever the rows have left, before session 33), feed (MLX_DRAFT_EAGER_FEED=1:
+      # every row's last draft fed right behind the verification, session 40, off by
+      # default), warmdraft (the default, outputs kept apart: a first
       # arm on a fresh machine, which compiles the draft's kernels); SPEC_STREAMS
       # (1,8,32); SPEC_LOG=DEBUG logs each step.
       # Our server's log of each arm is kept as ours-<arm>.log.
@@ -800,17 +802,17 @@ for PART in "$@"; do
         extra=()
         [ "$arm" != plain ] && extra=(--ours-arg=--draft-model --ours-arg="$MODELS/llama-3.1-8b-echo-4bit")
         [ -n "${SPEC_LOG:-}" ] && extra+=(--ours-arg=--log-level --ours-arg="$SPEC_LOG")
-        unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE
+        unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE MLX_DRAFT_EAGER_FEED
         case $arm in draftall) export MLX_MODEL_DRAFTS=all ;; none) export MLX_MODEL_DRAFTS=none ;;
           syncsteps) export MLX_MODEL_PLAIN_STEPS=0 ;; eager) export MLX_DRAFT_PREFILL=eager ;;
-          nobound) export MLX_DRAFT_CATCH_UP_SHARE=inf ;; esac
+          nobound) export MLX_DRAFT_CATCH_UP_SHARE=inf ;; feed) export MLX_DRAFT_EAGER_FEED=1 ;; esac
         rm -rf /tmp/mlx-bench-server-*
         MLX_SDPA_SPLIT_QUERIES=1 timeout $(( $(left) > 30 ? $(left) : 30 )) "$NEW/xtask" bench --server \
           --ours "$NEW/mlx-server" --python python3 --model "$M" -p 128 -g 128 \
           --streams "${SPEC_STREAMS:-1,8,32}" "${extra[@]}" --out "$D/server-$arm.md" > "$D/$arm.log" 2>&1
         cp /tmp/mlx-bench-server-*/ours.log "$D/ours-$arm.log" 2>/dev/null
       done
-      unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE ;;
+      unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE MLX_DRAFT_EAGER_FEED ;;
     predsrv)
       # issue 19: speculation inside the batching server without a draft model (OpenAI
       # predicted outputs, benchmarks/predict_bench.py) against the same requests without,

@@ -4,7 +4,8 @@
 //! prediction), next to plain rows, give exactly the tokens of the same requests
 //! served alone without speculation; with the model itself as the draft every round
 //! is accepted in full; each row keeps its own acceptance, so batched rows are drafted
-//! and accept exactly as alone.
+//! and accept exactly as alone, with the last drafts fed eagerly too
+//! (`MLX_DRAFT_EAGER_FEED=1`).
 use common::{model, opts, read, serve, Got};
 use mlx_engine::batch::{
     DraftFrom, DraftWidth, Engine, EngineMetrics, GenerationRequest, Speculate,
@@ -211,6 +212,67 @@ fn each_draft_model_row_keeps_its_own_acceptance() {
         assert_eq!(got[i].tokens, want[i][..17], "row {i}");
         assert_eq!(got[i].from_draft, 12, "row {i}: {:?}", got[i]);
     }
+}
+
+#[test]
+fn rows_fed_their_last_draft_eagerly_keep_their_tokens_and_acceptance() {
+    // `MLX_DRAFT_EAGER_FEED=1` (each test runs in its own process; read when the engine
+    // starts): every round feeds each row's last draft to the draft model right behind
+    // the verification, and the draft caches keep what each row accepted of it.
+    std::env::set_var("MLX_DRAFT_EAGER_FEED", "1");
+    let want = alone();
+    // With the model as its own draft every draft is accepted: no row lags, ever.
+    let engine = Engine::start_with_draft(
+        model(TARGET),
+        Some(model(TARGET)),
+        opts(),
+        Arc::new(EngineMetrics::default()),
+    )
+    .expect("engine");
+    let reqs = (0..3)
+        .map(|i| GenerationRequest {
+            max_tokens: 17,
+            ..speculating(i, DraftFrom::DraftModel, 3)
+        })
+        .collect();
+    for (i, g) in serve(&engine, reqs).iter().enumerate() {
+        assert_eq!(g.tokens, want[i][..17], "row {i}");
+        assert_eq!(g.from_draft, 12, "row {i}: {g:?}");
+    }
+    // A noisy copy accepts about half: rows accept different numbers each round, and the
+    // fed last drafts they rejected are rolled away with the rest (batched as alone).
+    let (draft, _files) = common::noisy_copy(TARGET, 0.05);
+    let engine = Engine::start_with_draft(
+        model(TARGET),
+        Some(draft),
+        opts(),
+        Arc::new(EngineMetrics::default()),
+    )
+    .expect("engine");
+    let ks = [3, 5, 2];
+    let solo: Vec<Got> = (0..3)
+        .map(|i| serve(&engine, vec![speculating(i, DraftFrom::DraftModel, ks[i])]).remove(0))
+        .collect();
+    let mut reqs: Vec<GenerationRequest> = (0..3)
+        .map(|i| speculating(i, DraftFrom::DraftModel, ks[i]))
+        .collect();
+    reqs.push(GenerationRequest::new(PROMPTS[3].to_vec(), MAX[3]));
+    let got = serve(&engine, reqs);
+    for i in 0..3 {
+        assert_eq!(solo[i].tokens, want[i], "row {i} alone");
+        assert_eq!(got[i].tokens, want[i], "row {i}");
+        assert_eq!(
+            (got[i].from_draft, got[i].drafted),
+            (solo[i].from_draft, solo[i].drafted),
+            "row {i}: batched {:?}, alone {:?}",
+            got[i],
+            solo[i]
+        );
+    }
+    assert_eq!(got[3].tokens, want[3]);
+    let rates: Vec<usize> = solo.iter().map(|g| g.from_draft).collect();
+    assert!(rates.iter().any(|&r| r > 0), "{solo:?}");
+    assert!(solo.iter().any(|g| g.from_draft < g.drafted), "{solo:?}");
 }
 
 #[test]

@@ -215,7 +215,8 @@ impl Engine {
                         .deferred_draft_prefill(
                             std::env::var("MLX_DRAFT_PREFILL").as_deref() != Ok("eager"),
                         )
-                        .catch_up_share(catch_up_share_from_env()),
+                        .catch_up_share(catch_up_share_from_env())
+                        .eager_feed(std::env::var("MLX_DRAFT_EAGER_FEED").as_deref() == Ok("1")),
                 ),
                 predicting: Box::new(
                     SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch).widths(

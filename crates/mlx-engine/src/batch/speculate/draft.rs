@@ -226,15 +226,26 @@ impl SpecBatch {
     /// history now) all but those the draft model was not fed. It was fed the `lagged`
     /// tokens, `y` and drafts `0..k-1`, so a row that accepted all `k` lags by its last
     /// draft; then every row lags by its last kept token, so that the next round's
-    /// first draft step feeds as many tokens for every row. Each row's rejected
-    /// positions are rolled in front of it and masked, as in the target caches.
+    /// first draft step feeds as many tokens for every row. `fed`: the last drafts were
+    /// fed too ([`SpecBatch::eager_feed`]), so every row keeps all it accepted and none
+    /// lags. Each row's rejected positions are rolled in front of it and masked, as in
+    /// the target caches.
     pub(super) fn keep_drafted(
         &mut self,
         keep: &[usize],
         drafts: &[Vec<u32>],
         k: usize,
         lagged: usize,
+        fed: bool,
     ) -> Result<()> {
+        if fed {
+            // `y` and drafts `0..k`: k + 1 positions, of which a row keeps `y` and its
+            // accepted drafts.
+            let kept: Vec<usize> = keep.iter().map(|&a| a.min(k) + 1).collect();
+            let most = kept.iter().copied().max().unwrap_or(0);
+            mlx_cache::trim_prompt_cache(self.draft_cache.layers_mut(), (k + 1 - most) as i32);
+            return roll_rejected(&mut self.draft_cache, &kept, most, lagged);
+        }
         let lag = usize::from(keep.iter().any(|&a| a >= k));
         // Of the round's `k` fed positions (after the lagged ones), those each row keeps.
         let kept: Vec<usize> = keep.iter().map(|&a| (a + 1 - lag).min(k)).collect();

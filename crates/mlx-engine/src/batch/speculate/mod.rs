@@ -167,6 +167,9 @@ pub(crate) struct SpecBatch {
     /// The share of the rows' remaining plain decoding time that a catch-up before a
     /// drafting step may take ([`SpecBatch::catch_up_share`]).
     catch_up_share: f64,
+    /// Whether a draft-model round feeds every row's last draft to the draft model right
+    /// behind the verification ([`SpecBatch::eager_feed`]).
+    eager_feed: bool,
 }
 
 /// A draft model's catch-up before a drafting step may take at most this share of the
@@ -248,6 +251,19 @@ impl SpecBatch {
     /// off (session 29), so it stays off there.
     pub fn plain_model_steps(mut self, on: bool) -> SpecBatch {
         self.plain_model_steps = on;
+        self
+    }
+
+    /// A draft-model round feeds every row's last draft to the draft model right behind
+    /// the verification (queued after it, so it runs while the host reads the
+    /// verification's tokens), as the single-sequence generator's eager feed does
+    /// (`MLX_DRAFT_EAGER_FEED`, [`crate::speculative`]): the rows then keep what they
+    /// accepted of it, and no row lags into the next round's first draft step, which
+    /// feeds one token a row instead of two after a round some row accepted in full.
+    /// Off by default (`MLX_DRAFT_EAGER_FEED=1` turns it on for the server's batch): not
+    /// measured on a device yet. The emitted tokens are the target's either way.
+    pub fn eager_feed(mut self, on: bool) -> SpecBatch {
+        self.eager_feed = on;
         self
     }
 
@@ -462,7 +478,11 @@ impl SpecBatch {
             mlx_array::current_stream().synchronize()?;
             started = std::time::Instant::now();
         }
-        let ver = self.verify(model, &drafts, &lens, k)?;
+        // Every row's last draft fed right behind the verification (every row drafted
+        // `k`: the draft model's rounds draft as many for each).
+        let eager =
+            draft.filter(|_| self.eager_feed && k > 0 && drafts.iter().all(|d| d.len() == k));
+        let ver = self.verify(model, &drafts, &lens, k, eager)?;
         // Each row keeps its own acceptance: its drafts up to the first that is not the
         // target's own sample.
         let keep: Vec<usize> = (0..b)
@@ -479,7 +499,7 @@ impl SpecBatch {
         mlx_cache::trim_prompt_cache(self.cache.layers_mut(), (k - most) as i32);
         roll_rejected(&mut self.cache, &keep, most, 1)?;
         if draft.is_some() && k > 0 {
-            self.keep_drafted(&keep, &drafts, k, lagged)?;
+            self.keep_drafted(&keep, &drafts, k, lagged, eager.is_some())?;
         }
         if timed {
             self.time_verification(
@@ -499,13 +519,16 @@ impl SpecBatch {
 
     /// The verification forward over every row's `[y, drafts...]` (`k` positions after
     /// `y`, shorter rows padded), each position processed as the row would at that token
-    /// and sampled by the row's sampler; waits for the tokens.
+    /// and sampled by the row's sampler; waits for the tokens. With `eager`, the draft
+    /// model's forward of every row's last draft is queued behind it
+    /// ([`SpecBatch::eager_feed`]).
     fn verify(
         &mut self,
         model: &dyn LanguageModel,
         drafts: &[Vec<u32>],
         lens: &[usize],
         k: usize,
+        eager: Option<&dyn LanguageModel>,
     ) -> Result<Verified> {
         let b = self.rows.len();
         let l = k + 1;
@@ -563,6 +586,13 @@ impl SpecBatch {
         };
         let mut pending = vec![&tokens];
         pending.extend(chosen.as_ref());
+        if let Some(d) = eager {
+            transforms::async_eval(&pending)?;
+            let last: Vec<u32> = drafts.iter().filter_map(|x| x.last().copied()).collect();
+            let input = Array::from_slice(&last, &[b as i32, 1])?;
+            let fed = step::forward(d, &input, self.draft_cache.layers_mut(), None)?;
+            transforms::async_eval(&[&fed])?;
+        }
         transforms::eval(&pending)?;
         let toks = step::read_tokens(&tokens)?;
         if toks.len() != b * l {
