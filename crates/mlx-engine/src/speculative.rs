@@ -274,7 +274,8 @@ struct Round {
 /// trims one more); at the end they are left as mlx-lm leaves them. The emitted tokens
 /// are the target's either way; on the GPU a draft token from a one-row step can round
 /// differently from mlx-lm's two-row step (docs/parity.md). On the CPU the two-token step
-/// costs about one step, so it stays mlx-lm's way there.
+/// costs about one step, so it stays mlx-lm's way there. The server's speculating batch
+/// feeds eagerly only with `1` (every round; `batch::speculate`'s `eager_feed`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum EagerFeed {
     Never,
