@@ -6,8 +6,8 @@
 //!   `qmv`: first every product shape of the supported models (three group sizes, three
 //!   inputs each), then their q/k/v and gate/up groups as one launch
 //!   (`quantized_matmul_many`; groups over a size bound set by
-//!   `MLX_FAST_QMV_MANY_MAX_ELEMENTS` print "not one launch"), then the residual add in our kernel
-//!   (`quantized_matmul_add`), then gate/up with their swiglu in one launch
+//!   `MLX_FAST_QMV_MANY_MAX_ELEMENTS` print "not one launch"), then the residual add in
+//!   our kernel (`quantized_matmul_add`), then gate/up with their swiglu in one launch
 //!   (`quantized_matmul_swiglu`), then the model with the kernels off and on (the "on" arm
 //!   adds the residuals and the swiglu in the kernels too, unless `MLX_FAST_QMV_RESIDUAL=0`
 //!   / `MLX_FAST_QMV_SWIGLU=0`); `FUSED_CHECK_SHAPES=0` leaves out the shape sweeps (one
@@ -261,8 +261,8 @@ fn qmv_residual_shapes() -> Res<bool> {
 /// `quantized_matmul_swiglu` (gate/up products and their swiglu in one launch) against
 /// MLX's `qmv` twice and the compiled `swiglu`, on the models' gate/up shapes
 /// (pairs over a size bound set by `MLX_FAST_QMV_MANY_MAX_ELEMENTS`: "not taken", nothing
-/// compared). Gates of three
-/// scales reach both sides of the sigmoid's branch and its saturation.
+/// compared). Gates of three scales reach both sides of the sigmoid's branch and its
+/// saturation.
 fn qmv_swiglu_shapes() -> Res<bool> {
     use mlx_array::quant::{quantize, quantized_matmul_swiglu, set_fast_qmv, GateUp, QuantMode};
     let mut all = true;
