@@ -117,16 +117,20 @@ fn greedy_rows_in_a_speculating_batch_give_the_tokens_they_give_alone() {
     }
 }
 
-#[test]
-fn the_model_as_its_own_draft_has_every_round_accepted_in_full() {
-    let want = alone();
-    let engine = Engine::start_with_draft(
+/// An engine on the target with `draft` as its draft model.
+fn with_draft(draft: Box<dyn mlx_models::LanguageModel>) -> Engine {
+    Engine::start_with_draft(
         model(TARGET),
-        Some(model(TARGET)),
+        Some(draft),
         opts(),
         Arc::new(EngineMetrics::default()),
     )
-    .expect("engine");
+    .expect("engine")
+}
+
+/// Three rows of 17 tokens, 3 drafts a round from `engine`'s draft model (the target
+/// itself): each gives its plain tokens with every round accepted in full.
+fn check_every_round_accepted(engine: &Engine, want: &[Vec<u32>]) {
     // Equal lengths, so that no row's budget caps the drafts of the round.
     let reqs = (0..3)
         .map(|i| GenerationRequest {
@@ -134,8 +138,8 @@ fn the_model_as_its_own_draft_has_every_round_accepted_in_full() {
             ..speculating(i, DraftFrom::DraftModel, 3)
         })
         .collect();
-    for (i, g) in serve(&engine, reqs).iter().enumerate() {
-        assert_eq!(g.tokens, want[i][..17]);
+    for (i, g) in serve(engine, reqs).iter().enumerate() {
+        assert_eq!(g.tokens, want[i][..17], "row {i}");
         // Four rounds of 3 drafts + 1, then one token without drafts. (Rows that joined
         // at different steps may draft more than the batch keeps near their ends.)
         assert_eq!(g.from_draft, 12, "row {i}: {g:?}");
@@ -143,32 +147,23 @@ fn the_model_as_its_own_draft_has_every_round_accepted_in_full() {
     }
 }
 
-#[test]
-fn each_draft_model_row_keeps_its_own_acceptance() {
-    let want = alone();
-    // Noise of 5% of each weight's RMS: about half the drafts are accepted.
-    let (draft, _files) = common::noisy_copy(TARGET, 0.05);
-    let engine = Engine::start_with_draft(
-        model(TARGET),
-        Some(draft),
-        opts(),
-        Arc::new(EngineMetrics::default()),
-    )
-    .expect("engine");
+/// Three rows drafted by `engine`'s draft model (a noisy copy: rows accept different
+/// numbers of drafts each round), served alone and then together next to a plain row:
+/// each keeps its own acceptance (the target and the draft caches roll each row's
+/// rejected positions away), so every row gives its plain tokens and is drafted and
+/// accepts exactly as alone. Returns the rows served alone.
+fn check_rows_accept_as_alone(engine: &Engine, want: &[Vec<u32>]) -> Vec<Got> {
     let ks = [3, 5, 2];
-    // Each row speculating alone: its drafts and acceptance depend on its own history.
     let solo: Vec<Got> = (0..3)
-        .map(|i| serve(&engine, vec![speculating(i, DraftFrom::DraftModel, ks[i])]).remove(0))
+        .map(|i| serve(engine, vec![speculating(i, DraftFrom::DraftModel, ks[i])]).remove(0))
         .collect();
-    // Batched, rows accept different numbers of drafts each round: each keeps its own
-    // (the target and the draft caches roll each row's rejected positions away), so
-    // every row is drafted and accepts exactly as alone.
     let mut reqs: Vec<GenerationRequest> = (0..3)
         .map(|i| speculating(i, DraftFrom::DraftModel, ks[i]))
         .collect();
     reqs.push(GenerationRequest::new(PROMPTS[3].to_vec(), MAX[3]));
-    let got = serve(&engine, reqs);
+    let got = serve(engine, reqs);
     for i in 0..3 {
+        assert_eq!(solo[i].tokens, want[i], "row {i} alone");
         assert_eq!(got[i].tokens, want[i], "row {i}");
         assert_eq!(
             (got[i].from_draft, got[i].drafted),
@@ -179,6 +174,20 @@ fn each_draft_model_row_keeps_its_own_acceptance() {
         );
     }
     assert_eq!(got[3].tokens, want[3]);
+    solo
+}
+
+#[test]
+fn the_model_as_its_own_draft_has_every_round_accepted_in_full() {
+    check_every_round_accepted(&with_draft(model(TARGET)), &alone());
+}
+
+#[test]
+fn each_draft_model_row_keeps_its_own_acceptance() {
+    let want = alone();
+    // Noise of 5% of each weight's RMS: about half the drafts are accepted.
+    let (draft, _files) = common::noisy_copy(TARGET, 0.05);
+    let solo = check_rows_accept_as_alone(&with_draft(draft), &want);
     // The rows do accept different numbers of drafts (else nothing was rolled).
     let rates: Vec<usize> = solo.iter().map(|g| g.from_draft).collect();
     assert!(rates.iter().any(|&r| r != rates[0]), "{solo:?}");
@@ -186,13 +195,7 @@ fn each_draft_model_row_keeps_its_own_acceptance() {
 
     // A sampled row (temperature 1: its drafts are mostly rejected) next to greedy
     // rows that are their own draft: the greedy rows still accept every draft.
-    let engine = Engine::start_with_draft(
-        model(TARGET),
-        Some(model(TARGET)),
-        opts(),
-        Arc::new(EngineMetrics::default()),
-    )
-    .expect("engine");
+    let engine = with_draft(model(TARGET));
     let mut reqs: Vec<GenerationRequest> = (0..3)
         .map(|i| GenerationRequest {
             max_tokens: 17,
@@ -222,56 +225,11 @@ fn rows_fed_their_last_draft_eagerly_keep_their_tokens_and_acceptance() {
     std::env::set_var("MLX_DRAFT_EAGER_FEED", "1");
     let want = alone();
     // With the model as its own draft every draft is accepted: no row lags, ever.
-    let engine = Engine::start_with_draft(
-        model(TARGET),
-        Some(model(TARGET)),
-        opts(),
-        Arc::new(EngineMetrics::default()),
-    )
-    .expect("engine");
-    let reqs = (0..3)
-        .map(|i| GenerationRequest {
-            max_tokens: 17,
-            ..speculating(i, DraftFrom::DraftModel, 3)
-        })
-        .collect();
-    for (i, g) in serve(&engine, reqs).iter().enumerate() {
-        assert_eq!(g.tokens, want[i][..17], "row {i}");
-        assert_eq!(g.from_draft, 12, "row {i}: {g:?}");
-    }
-    // A noisy copy accepts about half: rows accept different numbers each round, and the
-    // fed last drafts they rejected are rolled away with the rest (batched as alone).
+    check_every_round_accepted(&with_draft(model(TARGET)), &want);
+    // A noisy copy: the fed last drafts a row rejected are rolled away with the rest.
     let (draft, _files) = common::noisy_copy(TARGET, 0.05);
-    let engine = Engine::start_with_draft(
-        model(TARGET),
-        Some(draft),
-        opts(),
-        Arc::new(EngineMetrics::default()),
-    )
-    .expect("engine");
-    let ks = [3, 5, 2];
-    let solo: Vec<Got> = (0..3)
-        .map(|i| serve(&engine, vec![speculating(i, DraftFrom::DraftModel, ks[i])]).remove(0))
-        .collect();
-    let mut reqs: Vec<GenerationRequest> = (0..3)
-        .map(|i| speculating(i, DraftFrom::DraftModel, ks[i]))
-        .collect();
-    reqs.push(GenerationRequest::new(PROMPTS[3].to_vec(), MAX[3]));
-    let got = serve(&engine, reqs);
-    for i in 0..3 {
-        assert_eq!(solo[i].tokens, want[i], "row {i} alone");
-        assert_eq!(got[i].tokens, want[i], "row {i}");
-        assert_eq!(
-            (got[i].from_draft, got[i].drafted),
-            (solo[i].from_draft, solo[i].drafted),
-            "row {i}: batched {:?}, alone {:?}",
-            got[i],
-            solo[i]
-        );
-    }
-    assert_eq!(got[3].tokens, want[3]);
-    let rates: Vec<usize> = solo.iter().map(|g| g.from_draft).collect();
-    assert!(rates.iter().any(|&r| r > 0), "{solo:?}");
+    let solo = check_rows_accept_as_alone(&with_draft(draft), &want);
+    assert!(solo.iter().any(|g| g.from_draft > 0), "{solo:?}");
     assert!(solo.iter().any(|g| g.from_draft < g.drafted), "{solo:?}");
 }
 
