@@ -283,6 +283,12 @@ enum EagerFeed {
     AfterFullAcceptance,
 }
 
+/// Whether `MLX_DRAFT_EAGER_FEED` asks for the eager feed in every round (`1`): the
+/// server's speculating batch feeds eagerly only then (`SpecBatch::eager_feed`).
+pub(crate) fn eager_feed_every_round() -> bool {
+    eager_feed_policy() == EagerFeed::Always
+}
+
 fn eager_feed_policy() -> EagerFeed {
     match std::env::var("MLX_DRAFT_EAGER_FEED").as_deref() {
         Ok("1") => EagerFeed::Always,

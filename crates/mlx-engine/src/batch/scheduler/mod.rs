@@ -216,7 +216,7 @@ impl Engine {
                             std::env::var("MLX_DRAFT_PREFILL").as_deref() != Ok("eager"),
                         )
                         .catch_up_share(catch_up_share_from_env())
-                        .eager_feed(std::env::var("MLX_DRAFT_EAGER_FEED").as_deref() == Ok("1")),
+                        .eager_feed(crate::speculative::eager_feed_every_round()),
                 ),
                 predicting: Box::new(
                     SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch).widths(
