@@ -187,6 +187,22 @@ def kernels():
                             x + weight("w0", "s0", "b0") + weight("w1", "s1", "b1"), [("out", "bf16")],
                             f"  mlxs_qmv::swiglu_rows<{t}, 4, 32, {str(lean).lower()}>(x, w0, s0, b0, w1, s1, b1, out, 14336, blockIdx.y);",
                             "fast_qmv.cpp"))
+            # MLX_FAST_QMV_NORM: x as MLX's rms_norm of xr (weight nw) computed in the launch,
+            # MLX's rms_norm block shape for this K (fast_qmv.cpp's pending_rms_norm).
+            nvec = k // 8
+            if k <= 8192:
+                bs, nc = ((64, 1) if k <= 512 else (128, nvec // 128) if nvec % 128 == 0 and nvec // 128 <= 8
+                          else (64, nvec // 64) if nvec % 64 == 0 and nvec // 64 <= 8 else (128, -(-nvec // 128)))
+                pre = f"mlxs_qmv::NormPre<{k}, {bs}, {nc}>"
+                eps = "__uint_as_float(0x3727c5acu)"
+                xn = [("xr", "bf16"), ("nw", "bf16")]
+                out.append((f"qmv_norm_rows1_k{k}_g{gs}_lean", 128, xn + weight(), [("out0", "bf16")],
+                            f"  mlxs_qmv::rows1_norm<{t}, 4, 32, {bs}, {nc}, true>(xr, nw, {eps}, w, scales, biases, out0, 4096, blockIdx.y - 0);",
+                            "fast_qmv.cpp"))
+                out.append((f"qmv_norm_swiglu_k{k}_g{gs}_lean", 256,
+                            xn + weight("w0", "s0", "b0") + weight("w1", "s1", "b1"), [("out", "bf16")],
+                            f"  mlxs_qmv::swiglu_rows<{t}, 4, 32, true, {pre}>(nullptr, w0, s0, b0, w1, s1, b1, out, 14336, blockIdx.y, {pre}{{xr, nw, {eps}}});",
+                            "fast_qmv.cpp"))
             # kBodyM: rw rows of w a warp, kQmmPartRows / rw rows of x, kQmmLoads / rw loads.
             for rw in (1, 2, 4):
                 for lean in (False, True):

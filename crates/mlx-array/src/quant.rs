@@ -471,6 +471,22 @@ pub fn set_fast_qmv_swiglu(on: bool) {
     unsafe { sys::mlxs_set_fast_qmv_swiglu(on) }
 }
 
+/// A one-row product whose input is MLX's pending `rms_norm` of a bfloat16 row (up to 8,192
+/// values) computes that norm in its own launch of our kernels, with MLX's values bit for
+/// bit, instead of after MLX's rms_norm kernel: a graph node and a launch fewer per norm
+/// (the products through [`quantized_matmul`], [`quantized_matmul_many`] and
+/// [`quantized_matmul_swiglu`]). Off by default; `MLX_FAST_QMV_NORM=1` at start turns it
+/// on.
+pub fn set_fast_qmv_norm(on: bool) {
+    unsafe { sys::mlxs_set_fast_qmv_norm(on) }
+}
+
+/// How many launches of our one-row kernels computed their input's rms_norm
+/// ([`set_fast_qmv_norm`]).
+pub fn fast_qmv_norm_launches() -> u64 {
+    unsafe { sys::mlxs_fast_qmv_norm_launches() }
+}
+
 /// Weights of fewer than `n` elements stay on MLX's own kernels (default 0: every size;
 /// `MLX_FAST_QMV_MIN_ELEMENTS=N` at start sets another).
 pub fn set_fast_qmv_min_elements(n: u64) {

@@ -12,6 +12,10 @@
 //!   adds the residuals and the swiglu in the kernels too, unless `MLX_FAST_QMV_RESIDUAL=0`
 //!   / `MLX_FAST_QMV_SWIGLU=0`); `FUSED_CHECK_SHAPES=0` leaves out the shape sweeps (one
 //!   NVRTC compile per shape), `FUSED_CHECK_SHAPES=swiglu` runs the swiglu sweep alone.
+//! - `norm`: MLX's rms_norm of a one-row 4-bit product's input computed in our launch
+//!   (`mlx_array::quant::set_fast_qmv_norm`) against MLX's rms_norm kernel: first rows of
+//!   every MLX rms_norm block shape through a group, a swiglu and a single product, then
+//!   the model with it off and on (`FUSED_CHECK_SHAPES=0` leaves out the sweep).
 //! - `gemv`: our one-row dense CUDA kernel (`mlx_array::fast::set_gemv`: a product with
 //!   its residual add, a fused gate/up product with its swiglu) against MLX's `gemv` and
 //!   the op after it: first every projection shape of those models in bfloat16 (x
@@ -23,7 +27,7 @@
 //! comparing every step's logits exactly; then the decode steps of both are timed.
 //!
 //! ```sh
-//! cargo run --release -p mlx-engine --example fused_check -- MODEL_DIR [PROMPT] [STEPS] [fused|qmv|gemv]
+//! cargo run --release -p mlx-engine --example fused_check -- MODEL_DIR [PROMPT] [STEPS] [fused|qmv|norm|gemv]
 //! ```
 #[path = "common/qmm.rs"]
 mod common;
@@ -358,11 +362,133 @@ fn qmv_many_shapes() -> Res<bool> {
     Ok(all)
 }
 
+/// Products whose x is MLX's pending `rms_norm` of a row (`set_fast_qmv_norm`: the norm
+/// computed in our launch) against the same graph with MLX's rms_norm kernel, for rows
+/// that take each of MLX's rms_norm block shapes (64 threads of one vector; 128 threads
+/// of 1..8 vectors; 64 threads of several vectors; 128 threads with the vectors rounded
+/// up), through one launch for a group, the swiglu launch and one weight alone, at two
+/// eps and three input scales; an evaluated norm must not be recomputed.
+fn qmv_norm_shapes() -> Res<bool> {
+    use mlx_array::fast::rms_norm;
+    use mlx_array::quant::{
+        fast_qmv_norm_launches, quantize, quantized_matmul, quantized_matmul_many,
+        quantized_matmul_swiglu, set_fast_qmv_norm, GateUp, QuantMode, QuantizedWeight,
+    };
+    let groups: [(i32, &[i32]); 12] = [
+        (512, &[512, 128]),
+        (576, &[576, 192, 192]),
+        (896, &[896, 128, 128]),
+        (960, &[960, 320, 320]),
+        (1024, &[1024, 256]),
+        (2048, &[2048, 512, 512]),
+        (2560, &[2560, 512]),
+        (3072, &[3072, 1024, 1024]),
+        (3584, &[3584, 512, 512]),
+        (4096, &[4096, 1024, 1024]),
+        (5120, &[5120, 1024, 1024]),
+        (8192, &[8192, 1024, 1024]),
+    ];
+    let gs = 64;
+    let mut all = true;
+    for (k, ns) in groups {
+        let qs = ns
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| -> Res<_> {
+                let w = scaled_normal(&[n, k], 70 + i as u64, 0.05)?;
+                Ok(quantize(&w, Some(gs), Some(4), QuantMode::Affine)?)
+            })
+            .collect::<Res<Vec<_>>>()?;
+        let ws: Vec<QuantizedWeight<'_>> = qs.iter().map(QuantizedWeight::from).collect();
+        let nw = scaled_normal(&[k], 90, 0.2)?
+            .add(&Array::scalar(1.0f32)?)?
+            .astype(Dtype::Bfloat16)?;
+        let mut same = true;
+        let mut fused = true;
+        for (t, scale) in [0.02f32, 1.0, 40.0].into_iter().enumerate() {
+            for eps in [1e-5f32, 1e-6] {
+                let x = scaled_normal(&[1, 1, k], 80 + t as u64, scale)?;
+                let outs = |on: bool| -> Res<Vec<Array>> {
+                    set_fast_qmv_norm(on);
+                    let before = fast_qmv_norm_launches();
+                    let h = rms_norm(&x, Some(&nw), eps)?;
+                    let mut ys =
+                        quantized_matmul_many(&h, &ws, Some(gs), Some(4), QuantMode::Affine)?;
+                    let h = rms_norm(&x, Some(&nw), eps)?;
+                    ys.push(quantized_matmul(
+                        &h,
+                        &qs[0].weight,
+                        &qs[0].scales,
+                        qs[0].biases.as_ref(),
+                        true,
+                        Some(gs),
+                        Some(4),
+                        QuantMode::Affine,
+                    )?);
+                    let h = rms_norm(&x, Some(&nw), eps)?;
+                    match quantized_matmul_swiglu(
+                        &h,
+                        (&qs[0]).into(),
+                        (&qs[0]).into(),
+                        Some(gs),
+                        Some(4),
+                        QuantMode::Affine,
+                    )? {
+                        GateUp::Swiglu(y) => ys.push(y),
+                        GateUp::Products(g, u) => ys.extend([g, u]),
+                    }
+                    transforms::eval(&ys.iter().collect::<Vec<_>>())?;
+                    // `fused` tracks whether every product above took the norm in.
+                    if on && fast_qmv_norm_launches() != before + 3 {
+                        println!(
+                            "  K={k}: {} of 3 launches computed the norm",
+                            fast_qmv_norm_launches() - before
+                        );
+                        return Err("norm not fused".into());
+                    }
+                    Ok(ys)
+                };
+                let theirs = outs(false)?;
+                let ours = match outs(true) {
+                    Ok(y) => y,
+                    Err(_) => {
+                        fused = false;
+                        continue;
+                    }
+                };
+                for (a, b) in ours.iter().zip(&theirs) {
+                    same &= a.array_equal(b, false)?.item::<bool>()?;
+                }
+            }
+        }
+        // An evaluated norm is read, not computed again.
+        let h = rms_norm(&scaled_normal(&[1, 1, k], 99, 1.0)?, Some(&nw), 1e-5)?;
+        transforms::eval(&[&h])?;
+        set_fast_qmv_norm(true);
+        let before = fast_qmv_norm_launches();
+        let y = quantized_matmul_many(&h, &ws, Some(gs), Some(4), QuantMode::Affine)?;
+        transforms::eval(&y.iter().collect::<Vec<_>>())?;
+        let evaluated_kept = fast_qmv_norm_launches() == before;
+        all &= same && fused && evaluated_kept;
+        println!(
+            "qmv norm K={k} N={ns:?}: {}{}{}",
+            if same { "identical" } else { "DIFFER" },
+            if fused { "" } else { " (not fused)" },
+            if evaluated_kept {
+                ""
+            } else {
+                " (an evaluated norm recomputed)"
+            }
+        );
+    }
+    Ok(all)
+}
+
 fn main() -> Res<()> {
     let mut args = std::env::args().skip(1);
     let dir = args
         .next()
-        .ok_or("usage: fused_check MODEL_DIR [PROMPT] [STEPS] [fused|qmv|gemv]")?;
+        .ok_or("usage: fused_check MODEL_DIR [PROMPT] [STEPS] [fused|qmv|norm|gemv]")?;
     let prompt: i32 = args.next().map_or(Ok(64), |s| s.parse())?;
     let steps: usize = args.next().map_or(Ok(32), |s| s.parse())?;
     let what = args.next().unwrap_or_else(|| "fused".into());
@@ -410,6 +536,24 @@ fn main() -> Res<()> {
                 ),
             ]
         }
+        "norm" => {
+            if std::env::var("FUSED_CHECK_SHAPES").as_deref() != Ok("0") {
+                all_equal &= qmv_norm_shapes()?;
+            }
+            switch = mlx_array::quant::set_fast_qmv_norm;
+            [
+                (
+                    "mlx rms_norm",
+                    load_model_with(&dir, &LoadOptions::default())?.0,
+                    false,
+                ),
+                (
+                    "norm in our qmv",
+                    load_model_with(&dir, &LoadOptions::default())?.0,
+                    true,
+                ),
+            ]
+        }
         "gemv" => {
             if std::env::var("FUSED_CHECK_SHAPES").as_deref() != Ok("0") {
                 all_equal &= gemv_shapes()?;
@@ -428,7 +572,7 @@ fn main() -> Res<()> {
                 ),
             ]
         }
-        other => return Err(format!("unknown check {other:?} (fused, qmv or gemv)").into()),
+        other => return Err(format!("unknown check {other:?} (fused, qmv, norm or gemv)").into()),
     };
     for batch in [1, 4] {
         // Twice each, so the timing of the second round has its kernels built.

@@ -106,6 +106,7 @@
 #include "fast_qmm.h"
 #include "kernel_cache.h"
 #include "kernel_switch.h"
+#include "mlx/fast_primitives.h"
 
 #include <unistd.h>
 
@@ -113,6 +114,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -158,6 +160,15 @@ KernelSwitch g_lean("MLX_FAST_QMV_LEAN");
 // MLX's gather_qmv bits (H100, session 37: identical; gpt-oss-20b shape batch-1 decode
 // 450 -> 528 tok/s). MLX_FAST_GATHER_QMV=0 leaves them to MLX.
 KernelSwitch g_gather_qmv("MLX_FAST_GATHER_QMV");
+// A one-row product whose x is MLX's pending `rms_norm` of a row computes that norm in its
+// own launch (rms_norm_x: MLX's values bit for bit) instead of after MLX's rms_norm
+// kernel: a graph node and a launch fewer per norm (two a layer and the final norm in a
+// decoding step). Off by default until measured on a device; MLX_FAST_QMV_NORM=1 (or
+// `set_fast_qmv_norm(true)`) turns it on.
+KernelSwitch g_norm("MLX_FAST_QMV_NORM", false);
+// MLX's rms_norm runs rms_norm_small (whose order of sums rms_norm_x follows) up to this
+// many bfloat16 values a row (8 a vector, 128 threads, 8 vectors a thread).
+constexpr int kNormMaxK = 8 * 128 * 8;
 // The most weights one launch takes (q/k/v).
 constexpr size_t kMaxParts = 4;
 // One launch for several weights only while they hold at most this many elements in all:
@@ -430,6 +441,71 @@ __device__ __forceinline__ uint32_t chunk_pair(uint2 wv, int j) {
   }
 }
 
+// MLX's `rms_norm` of the row x (K bfloat16 values, weight nw, eps) into the block's shared
+// memory, every value as MLX's rms_norm_small<bfloat16, BS, NC, *, 8> stores it (the kernel
+// MLX runs for K <= 8192): MLX thread t's sum of squares over its vectors BS * i + t (eight
+// values each, in order, zero past K), the warps' sums by cg::reduce, the block's by
+// cg::reduce over lanes holding the warps' sums; then rsqrt(sum / K + eps), each value
+// float(x) * r rounded to bfloat16 and multiplied by its weight in bfloat16. The warps of
+// this block stand in for MLX's BS / 32 warps (warp v's lanes are MLX's threads 32 v ..
+// 32 v + 31), so every sum is added in MLX's order. Every thread of the block calls it.
+template <int K, int BS, int NC>
+__device__ __forceinline__ const __nv_bfloat16* rms_norm_x(const __nv_bfloat16* x,
+                                                           const __nv_bfloat16* nw,
+                                                           const float eps) {
+  constexpr int NV = BS / 32;
+  __shared__ __align__(16) __nv_bfloat16 xs[K];
+  __shared__ float part[NV];
+  auto warp = cg::tiled_partition<32>(cg::this_thread_block());
+  const int lane = threadIdx.x;
+  const bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  const bool w_aligned = (reinterpret_cast<uintptr_t>(nw) & 15) == 0;
+  // Eight values from p + o (K % 8 == 0, so a vector is all in or all out of the row).
+  auto load8 = [](const __nv_bfloat16* p, int o, bool aligned, __nv_bfloat16* v) {
+    if (aligned) {
+      *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(p + o);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = p[o + j];
+    }
+  };
+  for (int v = threadIdx.y; v < NV; v += blockDim.y) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NC; ++i) {
+      const int o = (BS * i + v * 32 + lane) * 8;
+      if (o < K) {
+        __align__(16) __nv_bfloat16 xv[8];
+        load8(x, o, x_aligned, xv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float t = __bfloat162float(xv[j]);
+          s = fmaf(t, t, s);
+        }
+      }
+    }
+    s = cg::reduce(warp, s, cg::plus<float>());
+    if (lane == 0) part[v] = s;
+  }
+  __syncthreads();
+  float total = part[0];
+  if constexpr (NV > 1) total = cg::reduce(warp, lane < NV ? part[lane] : 0.f, cg::plus<float>());
+  const float r = rsqrtf(total / static_cast<float>(K) + eps);
+  for (int e = (threadIdx.y * 32 + lane) * 8; e < K; e += blockDim.y * 32 * 8) {
+    __align__(16) __nv_bfloat16 xv[8];
+    __align__(16) __nv_bfloat16 wv[8];
+    load8(x, e, x_aligned, xv);
+    load8(nw, e, w_aligned, wv);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      xv[j] = __hmul(wv[j], __float2bfloat16_rn(__bfloat162float(xv[j]) * r));
+    }
+    *reinterpret_cast<uint4*>(xs + e) = *reinterpret_cast<const uint4*>(xv);
+  }
+  __syncthreads();
+  return xs;
+}
+
 // The output of one row: the product rounded to bfloat16, plus `res`'s element in
 // bfloat16 where RES (MLX's `add` of the residual, fused).
 template <bool RES>
@@ -450,10 +526,30 @@ __device__ __forceinline__ void store(__nv_bfloat16* out, const __nv_bfloat16* r
 // signed division and 64-bit arithmetic for each scale and bias): 816 -> 480
 // instructions a warp for a 4096-long row (ptxas for sm_90a, benchmarks/kernel_offline.py).
 // Every value the same.
-template <int K, int GS, int U, bool LEAN>
+// row_sum's x as given.
+struct NoPre {
+  static constexpr bool kActive = false;
+  __device__ __forceinline__ const __nv_bfloat16* operator()() const { return nullptr; }
+};
+
+// row_sum's x computed by rms_norm_x once the row's first weight loads are in flight, so
+// the norm's reads and sums run under their latency.
+template <int K, int BS, int NC>
+struct NormPre {
+  static constexpr bool kActive = true;
+  const __nv_bfloat16* xr;
+  const __nv_bfloat16* nw;
+  float eps;
+  __device__ __forceinline__ const __nv_bfloat16* operator()() const {
+    return rms_norm_x<K, BS, NC>(xr, nw, eps);
+  }
+};
+
+template <int K, int GS, int U, bool LEAN, class Pre = NoPre>
 __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t* w,
                                          const __nv_bfloat16* scales,
-                                         const __nv_bfloat16* biases, const int row) {
+                                         const __nv_bfloat16* biases, const int row,
+                                         const Pre pre = Pre{}) {
   constexpr int NCH = K / 512;
   constexpr int REST = K % 512;
   constexpr int G = K / GS;
@@ -465,7 +561,7 @@ __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t*
   __nv_bfloat162 acc[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j] = __floats2bfloat162_rn(0.f, 0.f);
-  const bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
   // One chunk: 16 weights (8 bytes, low nibble first) against 16 activations.
   auto tile = [&](int idx, uint2 wv, __nv_bfloat16 s, __nv_bfloat16 b) {
@@ -510,11 +606,21 @@ __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t*
         }
       }
     }
+    if constexpr (Pre::kActive) {
+      if (r0 == 0) {
+        x = pre();
+        x_aligned = true;
+      }
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int r = r0 + u;
       if (r < NCH) tile(lane * 16 + r * 512, wv[u], sc[u], bi[u]);
     }
+  }
+  if constexpr (Pre::kActive && NCH == 0) {
+    x = pre();
+    x_aligned = true;
   }
   if (REST > 0) {
     const int idx = lane * 16 + K - REST;
@@ -543,6 +649,21 @@ __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
   if (row >= n) return;
   const float sum = row_sum<K, GS, U, LEAN>(x, w, scales, biases, row);
   if (threadIdx.x == 0) store<RES>(out, res, row, sum);
+}
+
+// rows1 where x is MLX's rms_norm of xr (weight nw, eps; MLX's block of BS threads, NC
+// vectors each), computed by every block (NormPre): a warp past n runs its last row too,
+// so every thread meets the norm's barriers, and stores nothing.
+template <int K, int GS, int ROWS, int U, int BS, int NC, bool LEAN>
+__device__ __forceinline__ void rows1_norm(const __nv_bfloat16* xr, const __nv_bfloat16* nw,
+                                           const float eps, const uint32_t* w,
+                                           const __nv_bfloat16* scales,
+                                           const __nv_bfloat16* biases, __nv_bfloat16* out,
+                                           const int n, const int block) {
+  const int row = block * ROWS + threadIdx.y;
+  const float sum = row_sum<K, GS, U, LEAN>(nullptr, w, scales, biases, min(row, n - 1),
+                                            NormPre<K, BS, NC>{xr, nw, eps});
+  if (row < n && threadIdx.x == 0) store<false>(out, nullptr, row, sum);
 }
 
 // Row i of a gathered product (MLX's `gather_qmv`, below 8 rows): rows1's body over expert
@@ -701,21 +822,24 @@ __device__ __forceinline__ void rows_m(const __nv_bfloat16* x, const uint32_t* w
 // kernel over bfloat16 values: Multiply(Multiply(g, Sigmoid(g)), u) with MLX's own device
 // functors. Rows `block * ROWS + i` of both weights: warp i the gate's, warp ROWS + i the
 // up's, each the same row body as alone, its product rounded to bfloat16 as MLX stores it.
-template <int K, int GS, int ROWS, int U, bool LEAN = false>
+// (With a NormPre, x is MLX's rms_norm computed by the block: every warp runs a row, a
+// warp past n its last one, and stores only rows of n.)
+template <int K, int GS, int ROWS, int U, bool LEAN = false, class Pre = NoPre>
 __device__ __forceinline__ void swiglu_rows(const __nv_bfloat16* x, const uint32_t* wg,
                                             const __nv_bfloat16* sg,
                                             const __nv_bfloat16* bg, const uint32_t* wu,
                                             const __nv_bfloat16* su,
                                             const __nv_bfloat16* bu, __nv_bfloat16* out,
-                                            const int n, const int block) {
+                                            const int n, const int block,
+                                            const Pre pre = Pre{}) {
   __shared__ __nv_bfloat16 prod[2][ROWS];
   const int up = threadIdx.y >= ROWS;
   const int i = threadIdx.y - up * ROWS;
   const int row = block * ROWS + i;
-  if (row < n) {
-    const float sum =
-        row_sum<K, GS, U, LEAN>(x, up ? wu : wg, up ? su : sg, up ? bu : bg, row);
-    if (threadIdx.x == 0) prod[up][i] = __float2bfloat16_rn(sum);
+  if (Pre::kActive || row < n) {
+    const float sum = row_sum<K, GS, U, LEAN>(x, up ? wu : wg, up ? su : sg, up ? bu : bg,
+                                              min(row, n - 1), pre);
+    if (row < n && threadIdx.x == 0) prod[up][i] = __float2bfloat16_rn(sum);
   }
   __syncthreads();
   if (threadIdx.y == 0 && threadIdx.x < ROWS && block * ROWS + threadIdx.x < n) {
@@ -1179,9 +1303,15 @@ struct KernelKey {
   bool swiglu = false;  // two weights (gate, up) of one size, one output: their swiglu
   int mt = 0;           // kBodyM (one weight): rows of x a part (grid x), else 0
   bool gather = false;  // gather_rows1: an expert stack, a row of the product a part
+  // x is MLX's rms_norm of the inputs `xr`, `nw` (rms_norm_x: MLX's block of norm_bs
+  // threads, norm_nc vectors each; eps as its float bits) where norm_bs > 0.
+  int norm_bs = 0;
+  int norm_nc = 0;
+  uint32_t norm_eps = 0;
   bool operator<(const KernelKey& o) const {
-    return std::tie(k, gs, layout, ns, res, swiglu, mt, gather) <
-           std::tie(o.k, o.gs, o.layout, o.ns, o.res, o.swiglu, o.mt, o.gather);
+    return std::tie(k, gs, layout, ns, res, swiglu, mt, gather, norm_bs, norm_nc, norm_eps) <
+           std::tie(o.k, o.gs, o.layout, o.ns, o.res, o.swiglu, o.mt, o.gather, o.norm_bs,
+                    o.norm_nc, o.norm_eps);
   }
   // Warps a block: the swiglu form runs each row of both weights in one block.
   int warps() const { return swiglu ? 2 * layout.rows : layout.rows; }
@@ -1212,7 +1342,22 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
     name += "_r" + std::to_string(l.rows) + "x" + std::to_string(l.rw) + (l.window ? "w" : "u") +
             std::to_string(l.u);
   }
-  std::vector<KernelParam> inputs{{"x", mx::bfloat16}};
+  // The norm's block shape as NormPre's type, and eps exactly (its bits).
+  const bool norm = key.norm_bs > 0;
+  std::string norm_pre, norm_eps;
+  std::vector<KernelParam> inputs;
+  if (norm) {
+    inputs = {{"xr", mx::bfloat16}, {"nw", mx::bfloat16}};
+    char bits[16];
+    std::snprintf(bits, sizeof bits, "0x%08xu", key.norm_eps);
+    norm_pre = "mlxs_qmv::NormPre<" + std::to_string(key.k) + ", " +
+               std::to_string(key.norm_bs) + ", " + std::to_string(key.norm_nc) + ">";
+    norm_eps = std::string("__uint_as_float(") + bits + ")";
+    name += "_rms" + std::to_string(key.norm_bs) + "x" + std::to_string(key.norm_nc) + "e" +
+            std::string(bits + 2, 8);
+  } else {
+    inputs = {{"x", mx::bfloat16}};
+  }
   auto add = [&inputs](std::vector<KernelParam> ps) {
     inputs.insert(inputs.end(), ps.begin(), ps.end());
   };
@@ -1253,13 +1398,24 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
     add(weight_params("w1", "s1", "b1"));
     outputs.push_back("out");
     name += "_n" + std::to_string(key.ns[0]) + "_swiglu";
-    src = "  mlxs_qmv::swiglu_rows<" + targs + lean_arg + ">(x, w0, s0, b0, w1, s1, b1, out, " +
-          std::to_string(key.ns[0]) + ", blockIdx.y);\n";
+    if (norm) {
+      src = "  mlxs_qmv::swiglu_rows<" + targs + lean_arg + ", " + norm_pre +
+            ">(nullptr, w0, s0, b0, w1, s1, b1, out, " + std::to_string(key.ns[0]) +
+            ", blockIdx.y, " + norm_pre + "{xr, nw, " + norm_eps + "});\n";
+    } else {
+      src = "  mlxs_qmv::swiglu_rows<" + targs + lean_arg + ">(x, w0, s0, b0, w1, s1, b1, out, " +
+            std::to_string(key.ns[0]) + ", blockIdx.y);\n";
+    }
   } else {
     std::string body = l.body == 1 ? "mlxs_qmv::rows_n<" : "mlxs_qmv::rows1<";
     body += targs;
     if (l.body == 1) body += ", " + std::to_string(l.rw) + (l.window ? ", true" : ", false");
     body += (key.res ? ", true" : ", false") + lean_arg + ">";
+    if (norm) {
+      // rows1 with the norm (the caller takes it only with kOneRow and no residual).
+      body = "mlxs_qmv::rows1_norm<" + targs + ", " + std::to_string(key.norm_bs) + ", " +
+             std::to_string(key.norm_nc) + lean_arg + ">";
+    }
     int first = 0;  // the first block of part i
     for (int i = 0; i < parts; ++i) {
       const std::string sfx = parts == 1 ? "" : std::to_string(i);
@@ -1269,9 +1425,12 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
       outputs.push_back(o);
       name += "_n" + std::to_string(key.ns[i]);
       const int blocks = static_cast<int>(blocks_of(l, key.ns[i]));
-      const std::string call = body + "(x, " + w + ", " + s + ", " + b + ", " + o + ", " +
-                               std::to_string(key.ns[i]) + ", blockIdx.y - " +
-                               std::to_string(first) + (key.res ? ", res);" : ", nullptr);");
+      const std::string call =
+          norm ? body + "(xr, nw, " + norm_eps + ", " + w + ", " + s + ", " + b + ", " + o + ", " +
+                     std::to_string(key.ns[i]) + ", blockIdx.y - " + std::to_string(first) + ");"
+               : body + "(x, " + w + ", " + s + ", " + b + ", " + o + ", " +
+                     std::to_string(key.ns[i]) + ", blockIdx.y - " + std::to_string(first) +
+                     (key.res ? ", res);" : ", nullptr);");
       if (i + 1 < parts) {
         src += "  if (blockIdx.y < " + std::to_string(first + blocks) + ") {\n    " + call +
                "\n    return;\n  }\n";
@@ -1321,11 +1480,55 @@ std::optional<std::pair<int, int>> eligible(const mx::array& x, const mx::array&
   return kn;
 }
 
+// The inputs of MLX's `rms_norm` that gave x, where x is that norm of rows of K bfloat16
+// values not yet scheduled (so our launch can compute it instead), with the block shape
+// of MLX's kernel for K (`dispatch_num_chunks` of MLX's rms_norm.cu: 64 threads of one
+// vector up to 512 values, else 128 threads where they cover K evenly in at most 8
+// vectors each, else 64 where those do, else 128 with the vectors rounded up).
+struct PendingNorm {
+  mx::array x;
+  mx::array w;
+  int bs;
+  int nc;
+  uint32_t eps;
+};
+
+std::optional<PendingNorm> pending_rms_norm(const mx::array& h, int k) {
+  if (!g_norm.on() || !h.has_primitive() || h.status() != mx::array::unscheduled ||
+      h.is_tracer() || k > kNormMaxK || k % 8 != 0 ||
+      std::strcmp(h.primitive().name(), "RMSNorm") != 0) {
+    return std::nullopt;
+  }
+  const auto& in = h.inputs();
+  if (in.size() != 2 || in[0].dtype() != mx::bfloat16 || in[0].shape() != h.shape() ||
+      in[1].dtype() != mx::bfloat16 || in[1].ndim() != 1 || in[1].size() != static_cast<size_t>(k)) {
+    return std::nullopt;
+  }
+  const float eps = static_cast<const mx::fast::RMSNorm&>(h.primitive()).state().second;
+  uint32_t bits;
+  std::memcpy(&bits, &eps, sizeof bits);
+  const int nvec = k / 8;
+  int bs = 128;
+  int nc = (nvec + 127) / 128;
+  if (k <= 8 * 64) {
+    bs = 64;
+    nc = 1;
+  } else if (nvec % 128 == 0 && nvec / 128 <= 8) {
+    nc = nvec / 128;
+  } else if (nvec % 64 == 0 && nvec / 64 <= 8) {
+    bs = 64;
+    nc = nvec / 64;
+  }
+  return PendingNorm{in[0], in[1], bs, nc, bits};
+}
+
 // Launches the kernel of `key` over x and `weights` (w, scales, biases per part), with
-// `res` as its last input where `key.res`.
-std::vector<mx::array> launch(const KernelKey& key, const mx::array& x,
+// `res` as its last input where `key.res`; where `norm` is given (x its pending rms_norm),
+// over the norm's inputs instead of x, the norm computed in the launch.
+std::vector<mx::array> launch(KernelKey key, const mx::array& x,
                               const std::vector<mx::array>& weights, const mx::Stream& st,
-                              const mx::array* res = nullptr) {
+                              const mx::array* res = nullptr,
+                              const std::optional<PendingNorm>& norm = std::nullopt) {
   const Layout& l = key.layout;
   long long blocks = 0;
   std::vector<mx::Shape> shapes;
@@ -1335,7 +1538,18 @@ std::vector<mx::array> launch(const KernelKey& key, const mx::array& x,
     sh.back() = key.ns[i];
     shapes.push_back(std::move(sh));
   }
-  std::vector<mx::array> inputs{x};
+  std::vector<mx::array> inputs;
+  // The norm's forms: rows1_norm and swiglu_rows with a NormPre (kOneRow, no residual).
+  if (norm && !key.res && key.layout.body == kOneRow.body && key.layout.rows == kOneRow.rows &&
+      key.mt == 0 && !key.gather) {
+    key.norm_bs = norm->bs;
+    key.norm_nc = norm->nc;
+    key.norm_eps = norm->eps;
+    inputs = {norm->x, norm->w};
+    g_norm.count();
+  } else {
+    inputs = {x};
+  }
   inputs.insert(inputs.end(), weights.begin(), weights.end());
   if (key.res) inputs.push_back(*res);
   const int warps = key.warps();
@@ -1375,7 +1589,7 @@ std::optional<mx::array> fast_one(const mx::array& x, const mx::array& w,
   if (blocks_of(l, n) > kMaxBlocksY) return std::nullopt;
   KernelKey key{k, gs, l, {n}};
   key.res = residual != nullptr;
-  return launch(key, x, {w, scales, *biases}, st, residual)[0];
+  return launch(key, x, {w, scales, *biases}, st, residual, pending_rms_norm(x, k))[0];
 }
 
 // Launches the multi-row kernel of `key` (kBodyM or rows_mma, which read the rows of x and
@@ -1672,7 +1886,8 @@ std::optional<std::vector<mx::array>> try_fast_qmv_many(
   const int gs = group_size.value_or(64);
   auto g = one_row_group(x, ws, scales, biases, gs, mode);
   if (!g) return std::nullopt;
-  return launch(KernelKey{g->k, gs, kOneRow, g->ns}, x, g->operands, *st);
+  return launch(KernelKey{g->k, gs, kOneRow, g->ns}, x, g->operands, *st, nullptr,
+                pending_rms_norm(x, g->k));
 }
 
 std::optional<mx::array> try_fast_qmv_swiglu(
@@ -1692,7 +1907,7 @@ std::optional<mx::array> try_fast_qmv_swiglu(
   if (!g || g->ns[0] != g->ns[1]) return std::nullopt;
   KernelKey key{g->k, gs, kOneRow, g->ns};
   key.swiglu = true;
-  return launch(key, x, g->operands, *st)[0];
+  return launch(key, x, g->operands, *st, nullptr, pending_rms_norm(x, g->k))[0];
 }
 
 void set_fast_qmv(bool on) { g_switch.set(on); }
@@ -1701,6 +1916,8 @@ unsigned long long fast_dequant_launches() { return g_dequant.uses(); }
 void set_fast_qmv_many(bool on) { g_many.set(on); }
 void set_fast_qmv_residual(bool on) { g_residual.set(on); }
 void set_fast_qmv_swiglu(bool on) { g_swiglu.set(on); }
+void set_fast_qmv_norm(bool on) { g_norm.set(on); }
+unsigned long long fast_qmv_norm_launches() { return g_norm.uses(); }
 void set_fast_qmv_min_elements(long long n) {
   g_min_elements.store(n < 0 ? 0 : n, std::memory_order_relaxed);
 }

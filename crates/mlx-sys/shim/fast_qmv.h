@@ -101,6 +101,10 @@ void set_fast_dequant(bool on);
 unsigned long long fast_dequant_launches();
 void set_fast_qmv(bool on);
 void set_fast_qmv_swiglu(bool on);
+// A pending MLX rms_norm of a one-row product's x computed in its launch (off by default;
+// MLX_FAST_QMV_NORM=1), and how many launches did.
+void set_fast_qmv_norm(bool on);
+unsigned long long fast_qmv_norm_launches();
 void set_fast_qmv_min_elements(long long n);
 void set_fast_qmv_residual(bool on);
 void set_fast_qmv_many(bool on);

@@ -1451,6 +1451,8 @@ void mlxs_set_kernel_cache(bool on) { mlxs_detail::set_kernel_cache(on); }
 uint64_t mlxs_kernel_cache_compiles(void) { return mlxs_detail::kernel_cache_compiles(); }
 uint64_t mlxs_kernel_cache_hits(void) { return mlxs_detail::kernel_cache_hits(); }
 void mlxs_set_fast_qmv_swiglu(bool on) { mlxs_detail::set_fast_qmv_swiglu(on); }
+void mlxs_set_fast_qmv_norm(bool on) { mlxs_detail::set_fast_qmv_norm(on); }
+uint64_t mlxs_fast_qmv_norm_launches(void) { return mlxs_detail::fast_qmv_norm_launches(); }
 void mlxs_set_fast_qmv_min_elements(int64_t n) { mlxs_detail::set_fast_qmv_min_elements(n); }
 void mlxs_set_fast_qmv_many(bool on) { mlxs_detail::set_fast_qmv_many(on); }
 void mlxs_set_fast_qmv_residual(bool on) { mlxs_detail::set_fast_qmv_residual(on); }

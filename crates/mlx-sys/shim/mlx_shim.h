@@ -453,6 +453,8 @@ int mlxs_quantized_swiglu(mlxs_vec* out, mlxs_array x, mlxs_vec ws, mlxs_vec sca
                           mlxs_stream s);
 /* That launch on or off (default on; MLX_FAST_QMV_SWIGLU=0 turns it off). */
 void mlxs_set_fast_qmv_swiglu(bool on);
+void mlxs_set_fast_qmv_norm(bool on);
+uint64_t mlxs_fast_qmv_norm_launches(void);
 /* Weights of fewer than n elements stay on MLX's kernels (default 0, or
    MLX_FAST_QMV_MIN_ELEMENTS). */
 void mlxs_set_fast_qmv_min_elements(int64_t n);

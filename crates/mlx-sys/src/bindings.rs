@@ -1449,6 +1449,8 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn mlxs_set_fast_qmv_swiglu(on: bool);
+    pub fn mlxs_set_fast_qmv_norm(on: bool);
+    pub fn mlxs_fast_qmv_norm_launches() -> u64;
 }
 unsafe extern "C" {
     pub fn mlxs_set_fast_qmv_min_elements(n: i64);
