@@ -5,7 +5,8 @@
 //! served alone without speculation; with the model itself as the draft every round
 //! is accepted in full; each row keeps its own acceptance, so batched rows are drafted
 //! and accept exactly as alone, with the last drafts fed eagerly too
-//! (`MLX_DRAFT_EAGER_FEED=1`).
+//! (`MLX_DRAFT_EAGER_FEED=1`); rows starting from the draft model's pooled acceptance
+//! (`MLX_DRAFT_POOLED_ACCEPTANCE=1`) answer as alone.
 use common::{model, opts, read, serve, Got};
 use mlx_engine::batch::{
     DraftFrom, DraftWidth, Engine, EngineMetrics, GenerationRequest, Speculate,
@@ -407,6 +408,42 @@ fn draft_model_rows_under_the_default_width_or_none_answer_as_alone() {
         if width == DraftWidth::None {
             assert_eq!(metrics.spec_stepped_aside.get(), 0);
             assert!(metrics.spec_steps.get() > 0);
+        }
+    }
+}
+
+#[test]
+fn rows_starting_from_the_draft_models_pooled_acceptance_answer_as_alone() {
+    // MLX_DRAFT_POOLED_ACCEPTANCE=1: a joining row starts from the acceptance the draft
+    // model had over the batch's earlier rounds. It changes the widths only: requests
+    // served in two waves (the second starting from the first's rounds), with a noisy
+    // draft and with the model itself as the draft, answer as alone.
+    std::env::set_var("MLX_DRAFT_POOLED_ACCEPTANCE", "1");
+    let want = alone();
+    for draft in [DRAFT, TARGET] {
+        let o = mlx_engine::batch::EngineOptions {
+            model_drafts: DraftWidth::Paying,
+            ..opts()
+        };
+        let engine = Engine::start_with_draft(
+            model(TARGET),
+            Some(model(draft)),
+            o,
+            Arc::new(EngineMetrics::default()),
+        )
+        .expect("engine");
+        for wave in [0..2, 2..4] {
+            let reqs: Vec<GenerationRequest> = wave
+                .clone()
+                .map(|i| speculating(i, DraftFrom::DraftModel, 3))
+                .collect();
+            for (g, i) in serve(&engine, reqs).iter().zip(wave) {
+                assert_eq!(g.tokens, want[i], "{draft}: row {i}");
+                assert!(g.from_draft <= g.drafted, "{draft}: row {i}: {g:?}");
+                if draft == TARGET {
+                    assert_eq!(g.from_draft, g.drafted, "self-draft: row {i}: {g:?}");
+                }
+            }
         }
     }
 }

@@ -537,6 +537,34 @@ mod tests {
         assert!(w.stays_plain(&rows));
     }
 
+    #[test]
+    fn a_well_matched_draft_pays_at_its_pooled_rate_but_not_from_the_prior() {
+        // One row, the echo 8B bf16 with its 4-bit copy on an H100 (session 41): plain
+        // steps ~7 ms, a step verifying one draft ~11.5 ms (a draft forward, the
+        // two-position verification, which cannot be pipelined).
+        let mut w = Width::new(32.0).timing_plain(true);
+        w.observe(1, 0.007);
+        w.observe(2, 0.0115);
+        // A row whose one try had its one draft accepted, from the prior (0.7): plain.
+        let mut own = Acceptance::default();
+        own.record(1, 1);
+        assert_eq!(w.best_unexplored(&[(own.rate(), 3)]), 0);
+        // The same row starting from the draft model's acceptance over earlier rows'
+        // rounds (every draft accepted): three drafts a step, ~20.5 ms for 4 tokens.
+        let mut pooled = Acceptance::default();
+        for _ in 0..10 {
+            pooled.record(3, 3);
+        }
+        pooled.record(1, 1);
+        assert_eq!(w.best_unexplored(&[(pooled.rate(), 3)]), 3);
+        // A draft model that is mostly rejected gives no such start.
+        let mut poor = Acceptance::default();
+        for _ in 0..10 {
+            poor.record(3, 0);
+        }
+        assert_eq!(w.best_unexplored(&[(poor.rate(), 3)]), 0);
+    }
+
     /// A draft model's 32-row batch as the H200 ran it (session 31, echo 8B bf16 with its
     /// 4-bit copy): plain steps ~8.7 ms, a step with drafts 137-341 ms with the draft
     /// model's catch-up on the plain steps' tokens.

@@ -216,7 +216,10 @@ impl Engine {
                             std::env::var("MLX_DRAFT_PREFILL").as_deref() != Ok("eager"),
                         )
                         .catch_up_share(catch_up_share_from_env())
-                        .eager_feed(crate::speculative::eager_feed_every_round()),
+                        .eager_feed(crate::speculative::eager_feed_every_round())
+                        .pooled_acceptance(
+                            std::env::var("MLX_DRAFT_POOLED_ACCEPTANCE").as_deref() == Ok("1"),
+                        ),
                 ),
                 predicting: Box::new(
                     SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch).widths(

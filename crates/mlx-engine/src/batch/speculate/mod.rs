@@ -170,6 +170,10 @@ pub(crate) struct SpecBatch {
     /// Whether a draft-model round feeds every row's last draft to the draft model right
     /// behind the verification ([`SpecBatch::eager_feed`]).
     eager_feed: bool,
+    /// The draft model's acceptance over every row's rounds (decayed as a row's own),
+    /// which rows joining start from where [`SpecBatch::pooled_acceptance`] is on.
+    model_acceptance: Acceptance,
+    pooled_acceptance: bool,
 }
 
 /// A draft model's catch-up before a drafting step may take at most this share of the
@@ -267,6 +271,20 @@ impl SpecBatch {
         self
     }
 
+    /// A row joining a draft-model batch starts from the acceptance the draft model had
+    /// in the batch's rounds so far, not from the fixed prior (0.7). A row's rate is
+    /// learned only from rounds that draft for it, and one draft a row is tried rarely
+    /// while the batch steps plainly, so from the prior a well-matched draft may never
+    /// be found to pay (the echo 8B with its 4-bit copy on an H100, session 41: one
+    /// stream's requests drafted once each, 1 of 1 accepted, and decoded at the plain
+    /// server's speed); the draft model's pooled acceptance carries what earlier rows
+    /// showed to the next ones. Widths only: every row's tokens are the target's.
+    /// Off by default (`MLX_DRAFT_POOLED_ACCEPTANCE=1` turns it on for the server's batch).
+    pub fn pooled_acceptance(mut self, on: bool) -> SpecBatch {
+        self.pooled_acceptance = on;
+        self
+    }
+
     /// With plain steps timed and queued ([`SpecBatch::plain_model_steps`]), prompts
     /// that join while the batch steps plainly are not prefilled into the draft model:
     /// each row lags by its prompt, which the draft model is fed when the batch drafts
@@ -348,16 +366,17 @@ impl SpecBatch {
             };
             seq.feed_last_prompt_token();
             let spec = seq.job().req.speculate.clone();
-            let (k, reference) = match spec {
-                Some(s) => (
-                    s.num_draft_tokens.max(1),
-                    match s.from {
-                        DraftFrom::Prediction(p) => p,
-                        DraftFrom::DraftModel => Vec::new(),
-                    },
-                ),
+            let (k, reference, model_row) = match spec {
+                Some(s) => match s.from {
+                    DraftFrom::Prediction(p) => (s.num_draft_tokens.max(1), p, false),
+                    DraftFrom::DraftModel => (s.num_draft_tokens.max(1), Vec::new(), true),
+                },
                 // A plain row stepping with the prediction batch: no drafts.
-                None => (0, Vec::new()),
+                None => (0, Vec::new(), false),
+            };
+            let acceptance = match model_row && self.pooled_acceptance {
+                true => self.model_acceptance,
+                false => Acceptance::default(),
             };
             self.rows.push(Row {
                 seq,
@@ -369,7 +388,7 @@ impl SpecBatch {
                 drafted: 0,
                 accepted: 0,
                 policy: AcceptancePolicy::new(self.min_acceptance),
-                acceptance: Acceptance::default(),
+                acceptance,
                 aside: None,
             });
             if draft.is_some() {
@@ -648,6 +667,9 @@ impl SpecBatch {
             round.drafted += lens[r] as u64;
             row.drafted += lens[r] as u64;
             row.acceptance.record(lens[r], keep[r]);
+            if model_round {
+                self.model_acceptance.record(lens[r], keep[r]);
+            }
             // A row drafting from its prediction never steps aside for its acceptance:
             // its drafts cost nothing and the width leaves them out when they do not
             // pay, while a row aside would cost a forward of its own each step.
