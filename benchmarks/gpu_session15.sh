@@ -127,6 +127,8 @@
 #   agree      issue 21: greedy answers served alone against served together in one batch
 #              (benchmarks/batch_agree.py; AGREE_MODEL (smollm2-f16: the default model in
 #              float16), AGREE_STREAMS, AGREE_ARMS (default mask nopad), AGREE_G)
+#   normcheck  issue 21: fused_check norm (MLX's rms_norm in our one-row launches) on the 8B,
+#              1B and 0.5B 4-bit shapes
 #   manycheck  issue 21: fused_check qmv on the 8B 4-bit shape with its groups as one launch
 #              (the default since session 40), then llama-3.2-1b-4bit's logits
 #   ncuarms    issue 21: ncu kernel durations of NCU_MODEL (llama-3.1-8b-4bit) decoding, per
@@ -503,6 +505,10 @@ for PART in "$@"; do
         # sep: run 8's 16M-element bound (the 8B's groups as separate launches; the
         # default before session 40)
         [ "$arm" = sep ] && e=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=16777216)
+        # norm / nonorm: MLX's rms_norm of a one-row product's input computed in our launch
+        # (MLX_FAST_QMV_NORM, session 41) on / off
+        [ "$arm" = norm ] && e=(MLX_FAST_QMV_NORM=1)
+        [ "$arm" = nonorm ] && e=(MLX_FAST_QMV_NORM=0)
         # the tensor-core product's layout: 4 warps a block (mmaw4), 16 rows of w a block
         # always (mmarw1), both
         [ "$arm" = mmaw4 ] && e=(MLX_FAST_QMM_MMA_WARPS=4)
@@ -574,6 +580,21 @@ for PART in "$@"; do
       FUSED_CHECK_SHAPES=0 timeout 80 "$NEW/fused_check" "$MODELS/llama-3.2-1b-4bit" 64 16 qmv \
         >> "$D/stdout.txt" 2>&1
       echo "rc=$?" >> "$D/stdout.txt" ;;
+    normcheck)
+      # MLX's rms_norm computed in our one-row launches (MLX_FAST_QMV_NORM) against MLX's
+      # rms_norm kernel, bit for bit: every MLX rms_norm block shape through a group, a
+      # swiglu and a single product, then the 8B's logits; then llama-3.2-1b-4bit's and
+      # qwen2.5-0.5b-4bit's logits
+      ensure_model llama-3.1-8b-4bit "$D"
+      ensure_model llama-3.2-1b-4bit "$D"
+      ensure_model qwen2.5-0.5b-4bit "$D"
+      timeout $(( $(left) > 200 ? $(left) - 140 : 60 )) "$NEW/fused_check" "$MODELS/llama-3.1-8b-4bit" 64 16 norm \
+        > "$D/stdout.txt" 2>&1
+      echo "rc=$?" >> "$D/stdout.txt"
+      for m in llama-3.2-1b-4bit qwen2.5-0.5b-4bit; do
+        FUSED_CHECK_SHAPES=0 timeout 65 "$NEW/fused_check" "$MODELS/$m" 64 16 norm >> "$D/stdout.txt" 2>&1
+        echo "rc=$?" >> "$D/stdout.txt"
+      done ;;
     ncuarms)
       # ncu kernel durations of NCU_MODEL's decoding steps (llama-3.1-8b-4bit) per arm
       # (NCU_ARMS: default, sep = run 8's 16M bound of one launch), NCU_SKIP / NCU_COUNT
@@ -584,6 +605,7 @@ for PART in "$@"; do
         for arm in ${NCU_ARMS:-default sep}; do
           e=()
           [ "$arm" = sep ] && e=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=16777216)
+          [ "$arm" = norm ] && e=(MLX_FAST_QMV_NORM=1)
           env "${e[@]}" timeout $(( $(left) / 2 )) "$NCU" --csv --metrics gpu__time_duration.sum \
             --launch-skip "${NCU_SKIP:-4000}" --launch-count "${NCU_COUNT:-1500}" \
             "${cmd[@]}" > "$D/ncu-$arm.csv" 2> "$D/stderr-$arm.txt"
@@ -794,7 +816,8 @@ for PART in "$@"; do
       # default before session 32), nobound (MLX_DRAFT_CATCH_UP_SHARE=inf: catch-ups
       # tried whatever the rows have left, before session 33), feed (MLX_DRAFT_EAGER_FEED=1:
       # every row's last draft fed right behind the verification, session 40, off by
-      # default), warmdraft (the default, outputs kept apart: a first
+      # default), pool (MLX_DRAFT_POOLED_ACCEPTANCE=1: joining rows start from the draft
+      # model's acceptance over earlier rounds, session 41), warmdraft (the default, outputs kept apart: a first
       # arm on a fresh machine, which compiles the draft's kernels); SPEC_STREAMS
       # (1,8,32); SPEC_LOG=DEBUG logs each step.
       # Our server's log of each arm is kept as ours-<arm>.log.
@@ -802,17 +825,18 @@ for PART in "$@"; do
         extra=()
         [ "$arm" != plain ] && extra=(--ours-arg=--draft-model --ours-arg="$MODELS/llama-3.1-8b-echo-4bit")
         [ -n "${SPEC_LOG:-}" ] && extra+=(--ours-arg=--log-level --ours-arg="$SPEC_LOG")
-        unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE MLX_DRAFT_EAGER_FEED
+        unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE MLX_DRAFT_EAGER_FEED MLX_DRAFT_POOLED_ACCEPTANCE
         case $arm in draftall) export MLX_MODEL_DRAFTS=all ;; none) export MLX_MODEL_DRAFTS=none ;;
           syncsteps) export MLX_MODEL_PLAIN_STEPS=0 ;; eager) export MLX_DRAFT_PREFILL=eager ;;
-          nobound) export MLX_DRAFT_CATCH_UP_SHARE=inf ;; feed) export MLX_DRAFT_EAGER_FEED=1 ;; esac
+          nobound) export MLX_DRAFT_CATCH_UP_SHARE=inf ;; feed) export MLX_DRAFT_EAGER_FEED=1 ;;
+          pool) export MLX_DRAFT_POOLED_ACCEPTANCE=1 ;; esac
         rm -rf /tmp/mlx-bench-server-*
         MLX_SDPA_SPLIT_QUERIES=1 timeout $(( $(left) > 30 ? $(left) : 30 )) "$NEW/xtask" bench --server \
           --ours "$NEW/mlx-server" --python python3 --model "$M" -p 128 -g 128 \
           --streams "${SPEC_STREAMS:-1,8,32}" "${extra[@]}" --out "$D/server-$arm.md" > "$D/$arm.log" 2>&1
         cp /tmp/mlx-bench-server-*/ours.log "$D/ours-$arm.log" 2>/dev/null
       done
-      unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE MLX_DRAFT_EAGER_FEED ;;
+      unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE MLX_DRAFT_EAGER_FEED MLX_DRAFT_POOLED_ACCEPTANCE ;;
     predsrv)
       # issue 19: speculation inside the batching server without a draft model (OpenAI
       # predicted outputs, benchmarks/predict_bench.py) against the same requests without,
