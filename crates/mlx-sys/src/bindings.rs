@@ -1449,7 +1449,11 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn mlxs_set_fast_qmv_swiglu(on: bool);
+}
+unsafe extern "C" {
     pub fn mlxs_set_fast_qmv_norm(on: bool);
+}
+unsafe extern "C" {
     pub fn mlxs_fast_qmv_norm_launches() -> u64;
 }
 unsafe extern "C" {
