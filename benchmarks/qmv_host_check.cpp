@@ -26,7 +26,7 @@
 struct Dim3 {
   unsigned x = 0, y = 0, z = 0;
 };
-static Dim3 threadIdx, blockIdx;
+static Dim3 threadIdx, blockIdx, blockDim;
 using std::max;
 using std::min;
 
@@ -38,7 +38,7 @@ struct uint4 {
 };
 inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
 
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 
 struct __nv_bfloat16 {
   uint16_t bits;
@@ -77,6 +77,10 @@ inline __nv_bfloat16 operator+(__nv_bfloat16 a, __nv_bfloat16 b) {
 }
 
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return f_to_bf(f); }
+// What rms_norm_x (not run here) needs to compile.
+inline float __bfloat162float(__nv_bfloat16 v) { return bf_to_f(v); }
+inline __nv_bfloat16 __hmul(__nv_bfloat16 a, __nv_bfloat16 b) { return a * b; }
+inline float rsqrtf(float v) { return 1.0f / std::sqrt(v); }
 inline float __low2float(__nv_bfloat162 v) { return bf_to_f(v.x); }
 inline float __high2float(__nv_bfloat162 v) { return bf_to_f(v.y); }
 inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {f_to_bf(a), f_to_bf(b)}; }
