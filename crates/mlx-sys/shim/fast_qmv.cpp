@@ -163,7 +163,10 @@ KernelSwitch g_gather_qmv("MLX_FAST_GATHER_QMV");
 // A one-row product whose x is MLX's pending `rms_norm` of a row computes that norm in its
 // own launch (rms_norm_x: MLX's values bit for bit) instead of after MLX's rms_norm
 // kernel: a graph node and a launch fewer per norm (two a layer and the final norm in a
-// decoding step). Off by default until measured on a device; MLX_FAST_QMV_NORM=1 (or
+// decoding step). Its first form (the norm before the weight loads) had MLX's bits on an
+// H100 and measured slower (8B 4-bit batch 1: 291 / 305 against 317 / 323 tok/s,
+// benchmarks/GPU.md session 41); this form (NormPre: the norm after the row's loads are
+// issued) has not run on a device. Off by default; MLX_FAST_QMV_NORM=1 (or
 // `set_fast_qmv_norm(true)`) turns it on.
 KernelSwitch g_norm("MLX_FAST_QMV_NORM", false);
 // MLX's rms_norm runs rms_norm_small (whose order of sums rms_norm_x follows) up to this
