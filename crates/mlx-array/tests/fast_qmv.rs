@@ -94,6 +94,56 @@ fn off_the_cuda_backend_mlx_runs_the_product() {
 }
 
 #[test]
+fn off_the_cuda_backend_a_pending_rms_norm_stays_mlxs() {
+    // MLX_FAST_QMV_NORM: only a CUDA launch takes in the norm of its input; elsewhere the
+    // products of a pending rms_norm (one weight, a group, a swiglu pair) are MLX's, and
+    // equal to the same products of the evaluated norm.
+    let _g = serial();
+    if Device::default_device().unwrap().kind == DeviceType::Gpu {
+        // A GPU build: covered by fused_check ... norm on the device.
+        return;
+    }
+    use mlx_array::fast::rms_norm;
+    use mlx_array::quant::{
+        fast_qmv_norm_launches, quantized_matmul_swiglu, set_fast_qmv_norm, GateUp,
+    };
+    let (k, n) = (512, 256);
+    let qs = [quantized(n, k, 11), quantized(n, k, 12)];
+    let ws: Vec<QuantizedWeight<'_>> = qs.iter().map(QuantizedWeight::from).collect();
+    let x = bf16_normal(&[1, 1, k], 13);
+    let nw = bf16_normal(&[k], 14);
+    let products = |h: &Array| -> Vec<Array> {
+        let mut ys = vec![qmm(h, &qs[0])];
+        ys.extend(quantized_matmul_many(h, &ws, Some(64), Some(4), QuantMode::Affine).unwrap());
+        match quantized_matmul_swiglu(h, ws[0], ws[1], Some(64), Some(4), QuantMode::Affine)
+            .unwrap()
+        {
+            GateUp::Swiglu(y) => ys.push(y),
+            GateUp::Products(g, u) => ys.extend([g, u]),
+        }
+        ys.iter().for_each(|y| y.eval().unwrap());
+        ys
+    };
+    set_fast_qmv(true);
+    set_fast_qmv_norm(true);
+    let before = fast_qmv_norm_launches();
+    let pending = products(&rms_norm(&x, Some(&nw), 1e-5).unwrap());
+    assert_eq!(
+        fast_qmv_norm_launches(),
+        before,
+        "no norm in a launch off CUDA"
+    );
+    set_fast_qmv_norm(false);
+    let h = rms_norm(&x, Some(&nw), 1e-5).unwrap();
+    h.eval().unwrap();
+    let evaluated = products(&h);
+    assert_eq!(pending.len(), evaluated.len());
+    for (a, b) in pending.iter().zip(&evaluated) {
+        assert!(a.array_equal(b, false).unwrap().item::<bool>().unwrap());
+    }
+}
+
+#[test]
 fn shapes_it_does_not_cover_leave_mlx_in_charge() {
     let _g = serial();
     set_fast_qmv(true);
