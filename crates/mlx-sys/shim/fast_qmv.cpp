@@ -1526,12 +1526,12 @@ std::optional<PendingNorm> pending_rms_norm(const mx::array& h, int k) {
 }
 
 // Launches the kernel of `key` over x and `weights` (w, scales, biases per part), with
-// `res` as its last input where `key.res`; where `norm` is given (x its pending rms_norm),
+// `res` as its last input where `key.res`; where x is a pending rms_norm that a form of
+// `key` can take in (rows1_norm, or swiglu_rows with a NormPre: kOneRow, no residual),
 // over the norm's inputs instead of x, the norm computed in the launch.
 std::vector<mx::array> launch(KernelKey key, const mx::array& x,
                               const std::vector<mx::array>& weights, const mx::Stream& st,
-                              const mx::array* res = nullptr,
-                              const std::optional<PendingNorm>& norm = std::nullopt) {
+                              const mx::array* res = nullptr) {
   const Layout& l = key.layout;
   long long blocks = 0;
   std::vector<mx::Shape> shapes;
@@ -1541,10 +1541,11 @@ std::vector<mx::array> launch(KernelKey key, const mx::array& x,
     sh.back() = key.ns[i];
     shapes.push_back(std::move(sh));
   }
+  const bool norm_form = !key.res && key.layout.body == kOneRow.body &&
+                         key.layout.rows == kOneRow.rows && key.mt == 0 && !key.gather;
+  const auto norm = norm_form ? pending_rms_norm(x, key.k) : std::nullopt;
   std::vector<mx::array> inputs;
-  // The norm's forms: rows1_norm and swiglu_rows with a NormPre (kOneRow, no residual).
-  if (norm && !key.res && key.layout.body == kOneRow.body && key.layout.rows == kOneRow.rows &&
-      key.mt == 0 && !key.gather) {
+  if (norm) {
     key.norm_bs = norm->bs;
     key.norm_nc = norm->nc;
     key.norm_eps = norm->eps;
@@ -1592,7 +1593,7 @@ std::optional<mx::array> fast_one(const mx::array& x, const mx::array& w,
   if (blocks_of(l, n) > kMaxBlocksY) return std::nullopt;
   KernelKey key{k, gs, l, {n}};
   key.res = residual != nullptr;
-  return launch(key, x, {w, scales, *biases}, st, residual, pending_rms_norm(x, k))[0];
+  return launch(key, x, {w, scales, *biases}, st, residual)[0];
 }
 
 // Launches the multi-row kernel of `key` (kBodyM or rows_mma, which read the rows of x and
@@ -1889,8 +1890,7 @@ std::optional<std::vector<mx::array>> try_fast_qmv_many(
   const int gs = group_size.value_or(64);
   auto g = one_row_group(x, ws, scales, biases, gs, mode);
   if (!g) return std::nullopt;
-  return launch(KernelKey{g->k, gs, kOneRow, g->ns}, x, g->operands, *st, nullptr,
-                pending_rms_norm(x, g->k));
+  return launch(KernelKey{g->k, gs, kOneRow, g->ns}, x, g->operands, *st);
 }
 
 std::optional<mx::array> try_fast_qmv_swiglu(
@@ -1910,7 +1910,7 @@ std::optional<mx::array> try_fast_qmv_swiglu(
   if (!g || g->ns[0] != g->ns[1]) return std::nullopt;
   KernelKey key{g->k, gs, kOneRow, g->ns};
   key.swiglu = true;
-  return launch(key, x, g->operands, *st, nullptr, pending_rms_norm(x, g->k))[0];
+  return launch(key, x, g->operands, *st)[0];
 }
 
 void set_fast_qmv(bool on) { g_switch.set(on); }

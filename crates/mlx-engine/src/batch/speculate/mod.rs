@@ -366,13 +366,17 @@ impl SpecBatch {
             };
             seq.feed_last_prompt_token();
             let spec = seq.job().req.speculate.clone();
-            let (k, reference, model_row) = match spec {
-                Some(s) => match s.from {
-                    DraftFrom::Prediction(p) => (s.num_draft_tokens.max(1), p, false),
-                    DraftFrom::DraftModel => (s.num_draft_tokens.max(1), Vec::new(), true),
-                },
+            let model_row = matches!(&spec, Some(s) if matches!(s.from, DraftFrom::DraftModel));
+            let (k, reference) = match spec {
+                Some(s) => (
+                    s.num_draft_tokens.max(1),
+                    match s.from {
+                        DraftFrom::Prediction(p) => p,
+                        DraftFrom::DraftModel => Vec::new(),
+                    },
+                ),
                 // A plain row stepping with the prediction batch: no drafts.
-                None => (0, Vec::new(), false),
+                None => (0, Vec::new()),
             };
             let acceptance = match model_row && self.pooled_acceptance {
                 true => self.model_acceptance,
