@@ -817,7 +817,9 @@ for PART in "$@"; do
       # tried whatever the rows have left, before session 33), feed (MLX_DRAFT_EAGER_FEED=1:
       # every row's last draft fed right behind the verification, session 40, off by
       # default), pool (MLX_DRAFT_POOLED_ACCEPTANCE=1: joining rows start from the draft
-      # model's acceptance over earlier rounds, session 41), warmdraft (the default, outputs kept apart: a first
+      # model's acceptance over earlier rounds, session 41), first
+      # (MLX_WIDTH_FIRST_SHAPES_UNTIMED=1: a step shape's first step, which may compile
+      # kernels, not timed for the width, session 42), firstpool (both), warmdraft (the default, outputs kept apart: a first
       # arm on a fresh machine, which compiles the draft's kernels); SPEC_STREAMS
       # (1,8,32); SPEC_LOG=DEBUG logs each step.
       # Our server's log of each arm is kept as ours-<arm>.log.
@@ -825,18 +827,19 @@ for PART in "$@"; do
         extra=()
         [ "$arm" != plain ] && extra=(--ours-arg=--draft-model --ours-arg="$MODELS/llama-3.1-8b-echo-4bit")
         [ -n "${SPEC_LOG:-}" ] && extra+=(--ours-arg=--log-level --ours-arg="$SPEC_LOG")
-        unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE MLX_DRAFT_EAGER_FEED MLX_DRAFT_POOLED_ACCEPTANCE
+        unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE MLX_DRAFT_EAGER_FEED MLX_DRAFT_POOLED_ACCEPTANCE MLX_WIDTH_FIRST_SHAPES_UNTIMED
         case $arm in draftall) export MLX_MODEL_DRAFTS=all ;; none) export MLX_MODEL_DRAFTS=none ;;
           syncsteps) export MLX_MODEL_PLAIN_STEPS=0 ;; eager) export MLX_DRAFT_PREFILL=eager ;;
           nobound) export MLX_DRAFT_CATCH_UP_SHARE=inf ;; feed) export MLX_DRAFT_EAGER_FEED=1 ;;
-          pool) export MLX_DRAFT_POOLED_ACCEPTANCE=1 ;; esac
+          pool) export MLX_DRAFT_POOLED_ACCEPTANCE=1 ;; first) export MLX_WIDTH_FIRST_SHAPES_UNTIMED=1 ;;
+          firstpool) export MLX_WIDTH_FIRST_SHAPES_UNTIMED=1 MLX_DRAFT_POOLED_ACCEPTANCE=1 ;; esac
         rm -rf /tmp/mlx-bench-server-*
         MLX_SDPA_SPLIT_QUERIES=1 timeout $(( $(left) > 30 ? $(left) : 30 )) "$NEW/xtask" bench --server \
           --ours "$NEW/mlx-server" --python python3 --model "$M" -p 128 -g 128 \
           --streams "${SPEC_STREAMS:-1,8,32}" "${extra[@]}" --out "$D/server-$arm.md" > "$D/$arm.log" 2>&1
         cp /tmp/mlx-bench-server-*/ours.log "$D/ours-$arm.log" 2>/dev/null
       done
-      unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE MLX_DRAFT_EAGER_FEED MLX_DRAFT_POOLED_ACCEPTANCE ;;
+      unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE MLX_DRAFT_EAGER_FEED MLX_DRAFT_POOLED_ACCEPTANCE MLX_WIDTH_FIRST_SHAPES_UNTIMED ;;
     predsrv)
       # issue 19: speculation inside the batching server without a draft model (OpenAI
       # predicted outputs, benchmarks/predict_bench.py) against the same requests without,

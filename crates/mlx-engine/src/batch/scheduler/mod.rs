@@ -219,12 +219,16 @@ impl Engine {
                         .eager_feed(crate::speculative::eager_feed_every_round())
                         .pooled_acceptance(
                             std::env::var("MLX_DRAFT_POOLED_ACCEPTANCE").as_deref() == Ok("1"),
-                        ),
+                        )
+                        .first_shapes_untimed(first_shapes_untimed()),
                 ),
                 predicting: Box::new(
-                    SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch).widths(
-                        DraftWidth::from_env("MLX_PREDICTION_DRAFTS", opts.prediction_drafts),
-                    ),
+                    SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch)
+                        .widths(DraftWidth::from_env(
+                            "MLX_PREDICTION_DRAFTS",
+                            opts.prediction_drafts,
+                        ))
+                        .first_shapes_untimed(first_shapes_untimed()),
                 ),
             }
         } else {
@@ -910,4 +914,9 @@ fn catch_up_share_from_env() -> f64 {
         },
         Err(_) => CATCH_UP_SHARE,
     }
+}
+
+/// `MLX_WIDTH_FIRST_SHAPES_UNTIMED=1` ([`SpecBatch::first_shapes_untimed`]).
+fn first_shapes_untimed() -> bool {
+    std::env::var("MLX_WIDTH_FIRST_SHAPES_UNTIMED").as_deref() == Ok("1")
 }

@@ -174,6 +174,11 @@ pub(crate) struct SpecBatch {
     /// which rows joining start from where [`SpecBatch::pooled_acceptance`] is on.
     model_acceptance: Acceptance,
     pooled_acceptance: bool,
+    /// Whether a step's time counts only once a step of its shape ran before
+    /// ([`SpecBatch::first_shapes_untimed`]), and the shapes `(draft model, rows,
+    /// positions)` that ran.
+    first_shapes_untimed: bool,
+    shapes_run: std::collections::HashSet<(bool, usize, usize)>,
 }
 
 /// A draft model's catch-up before a drafting step may take at most this share of the
@@ -282,6 +287,19 @@ impl SpecBatch {
     /// Off by default (`MLX_DRAFT_POOLED_ACCEPTANCE=1` turns it on for the server's batch).
     pub fn pooled_acceptance(mut self, on: bool) -> SpecBatch {
         self.pooled_acceptance = on;
+        self
+    }
+
+    /// The first step of each shape (draft model or not, rows, positions) is not timed
+    /// for the width: it may compile kernels for its shapes (MLX's CUDA backend builds
+    /// a kernel the first time a process meets a shape it specializes on, tens to
+    /// hundreds of ms, below the width's stall bound of 1 s), and a drafting size's
+    /// time, however old, stands for it until it is timed again, so one such step
+    /// could keep the batch plain for good. Off by default
+    /// (`MLX_WIDTH_FIRST_SHAPES_UNTIMED=1` turns it on for the server's batches): not
+    /// measured on a device yet.
+    pub fn first_shapes_untimed(mut self, on: bool) -> SpecBatch {
+        self.first_shapes_untimed = on;
         self
     }
 

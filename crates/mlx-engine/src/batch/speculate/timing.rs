@@ -145,7 +145,15 @@ impl SpecBatch {
         // Not the first step after the number of rows changed (it also evaluates the
         // caches' joins and filters).
         let same_rows = std::mem::replace(&mut self.last_rows, b) == b;
-        if let (true, Some(w)) = (same_rows, self.width_of(model, b)) {
+        // A shape's first step may compile its kernels ([`SpecBatch::first_shapes_untimed`]).
+        let first = self.shapes_run.insert((model, b, positions)) && self.first_shapes_untimed;
+        if first && same_rows {
+            tracing::debug!(
+                "speculative: the first step of {b} row(s) and {positions} position(s) took {:.1} ms, not timed",
+                started.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        if let (true, false, Some(w)) = (same_rows, first, self.width_of(model, b)) {
             let secs = started.elapsed().as_secs_f64();
             if w.stalled(b, secs) {
                 tracing::debug!(
