@@ -821,12 +821,14 @@ for PART in "$@"; do
       # (MLX_WIDTH_FIRST_SHAPES_UNTIMED=1: a step shape's first step, which may compile
       # kernels, not timed for the width, session 42), firstpool (both), warmdraft (the default, outputs kept apart: a first
       # arm on a fresh machine, which compiles the draft's kernels); SPEC_STREAMS
-      # (1,8,32); SPEC_LOG=DEBUG logs each step.
+      # (1,8,32); SPEC_LOG=DEBUG logs each step; SPEC_K sets --num-draft-tokens.
       # Our server's log of each arm is kept as ours-<arm>.log.
       for arm in ${SPEC_ARMS:-plain draft draftall}; do
         extra=()
         [ "$arm" != plain ] && extra=(--ours-arg=--draft-model --ours-arg="$MODELS/llama-3.1-8b-echo-4bit")
         [ -n "${SPEC_LOG:-}" ] && extra+=(--ours-arg=--log-level --ours-arg="$SPEC_LOG")
+        # SPEC_K: the server's --num-draft-tokens (mlx-lm's default 3 otherwise)
+        [ "$arm" != plain ] && [ -n "${SPEC_K:-}" ] && extra+=(--ours-arg=--num-draft-tokens --ours-arg="$SPEC_K")
         unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE MLX_DRAFT_EAGER_FEED MLX_DRAFT_POOLED_ACCEPTANCE MLX_WIDTH_FIRST_SHAPES_UNTIMED
         case $arm in draftall) export MLX_MODEL_DRAFTS=all ;; none) export MLX_MODEL_DRAFTS=none ;;
           syncsteps) export MLX_MODEL_PLAIN_STEPS=0 ;; eager) export MLX_DRAFT_PREFILL=eager ;;
