@@ -325,14 +325,20 @@ pub fn sample_masked(
     })
 }
 
+/// Each row's host mask ([`RowSampling::host_mask`]): a bitset of `vocab.div_ceil(32)`
+/// words, or `None` for a row without one.
+pub type HostMasks = Vec<Option<Result<Vec<u32>>>>;
+
 /// Every row's grammar mask for this step ([`RowSampling::host_mask`]), computed on the
 /// host (no MLX call). One row after the other: at a 128k vocabulary a grammar's mask
 /// takes ~15 us once its lazily built state is warm (benchmarks/RESULTS.md, "CPU
 /// structured output"), less than starting a thread. Sharing the rows out to a thread
 /// pool was measured slower (session 33-34: 32 rows' masks 0.32-0.35 ms a step against
 /// 0.21-0.25 on this project's 2-core CPU; constrained / unconstrained decoding of the
-/// 0.5B shape at 32 streams 0.76 against 1.07 on an H100's host) and removed.
-pub fn host_masks(rows: &mut [&mut RowSampling], vocab: usize) -> Vec<Option<Result<Vec<u32>>>> {
+/// 0.5B shape at 32 streams 0.76 against 1.07 on an H100's host) and removed; the
+/// decode batch instead runs this on one second thread beside its forward's graph
+/// building and queueing where it can (`DecodeBatch::step`, session 42).
+pub fn host_masks(rows: &mut [&mut RowSampling], vocab: usize) -> HostMasks {
     rows.iter_mut().map(|r| r.host_mask(vocab)).collect()
 }
 

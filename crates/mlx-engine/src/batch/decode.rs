@@ -85,6 +85,14 @@ impl Queued {
         Ok(Some((kept, idx.len())))
     }
 
+    /// Whether its tokens (and log-probabilities) are computed, so that reading them
+    /// does not wait.
+    pub fn is_available(&self) -> bool {
+        self.tokens.is_available()
+            && self.logprobs.is_available()
+            && self.chosen.as_ref().is_none_or(Array::is_available)
+    }
+
     /// Queues its evaluation.
     pub fn queue(&self) -> Result<()> {
         let mut queued = vec![&self.tokens, &self.logprobs];
@@ -212,7 +220,13 @@ impl DecodeBatch {
     /// host reads the previous tokens, moves each grammar on by its token and computes
     /// every grammar row's mask for this step (a bitset per row), then queues the
     /// sampling with one `where` for the batch: the host's grammar work overlaps the
-    /// forward instead of following it.
+    /// forward instead of following it. Where the previous tokens are computed once
+    /// the forward's graph is built (a host-bound step: the device finished them while
+    /// the host built the graph) and at least two rows have a grammar, they are read
+    /// before the forward is queued and the masks are computed on a second thread
+    /// while this one queues it (MLX's encoding of the step), so the grammars' work
+    /// adds no host time to the step (`MLX_MASKS_BESIDE`: `0` keeps the masks on this
+    /// thread after the forward, `always` takes the second thread at every step).
     pub fn step(&mut self, model: &dyn LanguageModel) -> Result<Vec<(SeqId, Outcome)>> {
         if self.rows.is_empty() {
             return Ok(Vec::new());
@@ -231,10 +245,6 @@ impl DecodeBatch {
         // Each row's resident adapter (pending rows first, then joined ones: `rows` order).
         let adapters: Vec<u32> = self.rows.iter().map(|r| r.job().req.adapter).collect();
         let x = inputs.reshape(&[b, 1])?;
-        let logits = mlx_nn::lora::with_row_adapters(&adapters, || {
-            step::forward(model, &x, self.cache.layers_mut(), None)
-        })?;
-        lap.mark(&mut self.profile, BatchPhase::Forward);
         // Rows whose processors need their last token get it while the forward runs.
         let grammar_rows = self
             .rows
@@ -244,14 +254,32 @@ impl DecodeBatch {
         let read_first = grammar_rows > 0;
         let mut emitted = Vec::new();
         let mut masks = Vec::new();
+        let logits = mlx_nn::lora::with_row_adapters(&adapters, || {
+            step::forward(model, &x, self.cache.layers_mut(), None)
+        })?;
+        lap.mark(&mut self.profile, BatchPhase::Forward);
         if read_first {
-            transforms::async_eval(&[&logits])?;
-            lap.mark(&mut self.profile, BatchPhase::ForwardEval);
-            emitted = self.read_pending(&mut lap)?;
             let vocab = logits.dim(-1)? as usize;
-            let mut rows: Vec<&mut RowSampling> =
-                self.rows.iter_mut().map(|r| r.sampling_mut()).collect();
-            masks = step::host_masks(&mut rows, vocab);
+            let beside = match MasksBeside::from_env() {
+                MasksBeside::Off => false,
+                MasksBeside::Always => true,
+                MasksBeside::WhenReady => {
+                    grammar_rows >= MASKS_BESIDE_MIN_ROWS
+                        && self.pending.as_ref().is_none_or(Queued::is_available)
+                }
+            };
+            if beside {
+                emitted = self.read_pending(&mut lap)?;
+                masks = self.queue_with_masks(&logits, vocab)?;
+                MASKS_BESIDE_STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                transforms::async_eval(&[&logits])?;
+                lap.mark(&mut self.profile, BatchPhase::ForwardEval);
+                emitted = self.read_pending(&mut lap)?;
+                let mut rows: Vec<&mut RowSampling> =
+                    self.rows.iter_mut().map(|r| r.sampling_mut()).collect();
+                masks = step::host_masks(&mut rows, vocab);
+            }
             lap.mark(&mut self.profile, BatchPhase::Masks);
         }
         let mut rows: Vec<&mut RowSampling> =
@@ -291,6 +319,23 @@ impl DecodeBatch {
             eprintln!("{line}");
         }
         Ok(out)
+    }
+
+    /// Queues `logits` (MLX encodes the forward on this thread) while a second thread
+    /// computes every row's host mask over `vocab` tokens (the grammars' work is host
+    /// work only, no MLX call).
+    fn queue_with_masks(&mut self, logits: &Array, vocab: usize) -> Result<step::HostMasks> {
+        let mut rows: Vec<&mut RowSampling> =
+            self.rows.iter_mut().map(|r| r.sampling_mut()).collect();
+        std::thread::scope(|scope| {
+            let masks = scope.spawn(move || step::host_masks(&mut rows, vocab));
+            let queued = transforms::async_eval(&[logits]);
+            let masks = masks
+                .join()
+                .map_err(|_| EngineError::Internal("the token-mask thread panicked".into()))?;
+            queued?;
+            Ok(masks)
+        })
     }
 
     /// Reads the previous step's tokens (and log-probabilities where asked for); the
@@ -404,4 +449,40 @@ fn not_prefilled() -> EngineError {
 
 pub(crate) fn cache_err(e: mlx_cache::CacheError) -> EngineError {
     EngineError::Unavailable(format!("batching the KV caches failed: {e}"))
+}
+
+/// Where a decode step with grammar rows computes their masks (`MLX_MASKS_BESIDE`,
+/// read at every such step).
+enum MasksBeside {
+    /// On a second thread while the forward is queued, where the previous step's
+    /// tokens are computed once the forward's graph is built and at least
+    /// `MASKS_BESIDE_MIN_ROWS` rows have a grammar (the default).
+    WhenReady,
+    /// After the forward is queued, on the step's thread (`0`; as before session 42).
+    Off,
+    /// On a second thread at every step, waiting for the previous tokens first
+    /// (`always`: for tests, on a CPU whose steps rarely find them computed).
+    Always,
+}
+
+impl MasksBeside {
+    fn from_env() -> MasksBeside {
+        match std::env::var("MLX_MASKS_BESIDE").as_deref() {
+            Ok("0") => MasksBeside::Off,
+            Ok("always") => MasksBeside::Always,
+            _ => MasksBeside::WhenReady,
+        }
+    }
+}
+
+/// The fewest grammar rows whose masks go to a second thread: one row's mask (~15-35 us)
+/// costs about what starting the thread does.
+const MASKS_BESIDE_MIN_ROWS: usize = 2;
+
+static MASKS_BESIDE_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many decode steps of this process computed their grammar rows' masks on a
+/// second thread beside the forward ([`MasksBeside`]).
+pub fn masks_beside_steps() -> u64 {
+    MASKS_BESIDE_STEPS.load(std::sync::atomic::Ordering::Relaxed)
 }
