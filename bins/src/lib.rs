@@ -4,12 +4,14 @@ pub mod constrain;
 pub mod load;
 pub mod speculative;
 
-/// Starts `tracing` logs on stderr; `MLX_LOG` (or `RUST_LOG`) sets the filter
-/// (default: warnings only).
+/// Starts `tracing` logs on stderr with the filter `MLX_LOG` where it is set (a
+/// `tracing` filter such as `mlx_engine::batch::speculate=trace`, which reaches levels
+/// and targets that the server's mlx-lm-style `--log-level` cannot), else `level` (the
+/// command's flag), else `RUST_LOG`, else warnings only.
 pub fn init_logging(level: Option<&str>) {
-    let filter = level
-        .map(str::to_string)
-        .or_else(|| std::env::var("MLX_LOG").ok())
+    let filter = std::env::var("MLX_LOG")
+        .ok()
+        .or_else(|| level.map(str::to_string))
         .or_else(|| std::env::var("RUST_LOG").ok())
         .unwrap_or_else(|| "warn".into());
     let _ = tracing_subscriber::fmt()

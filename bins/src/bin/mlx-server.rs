@@ -48,7 +48,8 @@ struct Args {
     /// Enable trusting remote code for tokenizer (accepted; no remote code ever runs here).
     #[arg(long)]
     trust_remote_code: bool,
-    /// Set the logging level (default: INFO)
+    /// Set the logging level (default: INFO; the environment variable `MLX_LOG`, a
+    /// `tracing` filter, overrides it)
     #[arg(long, default_value = "INFO", value_parser = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], ignore_case = true)]
     log_level: String,
     /// Specify a chat template for the tokenizer
