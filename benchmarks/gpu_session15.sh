@@ -107,8 +107,9 @@
 #   structprof issue 20: gpu_structured.sh with the engine's profile lines every 32 steps
 #              (STRUCT_ONLY, STRUCT_TRIALS (2), -g STRUCT_G (256)), 1 and 32 streams
 #   structarms issue 20: gpu_structured.sh per arm (STRUCT_ARMS: default, noadvise =
-#              MLX_HOST_BUFFER_ADVISE=0, nopool = MLX_HOST_BUFFER_POOL=0, nobeside =
-#              MLX_MASKS_BESIDE=0: the masks after the forward, session 42), STRUCT_ONLY,
+#              MLX_HOST_BUFFER_ADVISE=0, nopool = MLX_HOST_BUFFER_POOL=0, beside =
+#              MLX_MASKS_BESIDE=1: the masks on a second thread while the forward is
+#              queued, session 42), STRUCT_ONLY,
 #              1 and 32 streams, -g STRUCT_G (256), STRUCT_TRIALS (2) pairs, no profile lines
 #   structmb   issue 20: structab on the 8B bf16 shape (STRUCT_ONLY) under MLX's graph
 #              limits (STRUCT_MB_ARMS: default, mb4000 / mb16000 = MLX_MAX_MB_PER_BUFFER,
@@ -778,7 +779,7 @@ for PART in "$@"; do
         case $arm in
           noadvise) e=(MLX_HOST_BUFFER_ADVISE=0) ;;
           nopool) e=(MLX_HOST_BUFFER_POOL=0) ;;
-          nobeside) e=(MLX_MASKS_BESIDE=0) ;;
+          beside) e=(MLX_MASKS_BESIDE=1) ;;
         esac
         mkdir -p "$D/$arm"
         env "${e[@]}" OUT="$D/$arm" MLX_ENGINE_PROFILE=0 timeout "$(left)" bash benchmarks/gpu_structured.sh \

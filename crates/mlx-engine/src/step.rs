@@ -335,9 +335,9 @@ pub type HostMasks = Vec<Option<Result<Vec<u32>>>>;
 /// structured output"), less than starting a thread. Sharing the rows out to a thread
 /// pool was measured slower (session 33-34: 32 rows' masks 0.32-0.35 ms a step against
 /// 0.21-0.25 on this project's 2-core CPU; constrained / unconstrained decoding of the
-/// 0.5B shape at 32 streams 0.76 against 1.07 on an H100's host) and removed; the
-/// decode batch instead runs this on one second thread beside its forward's graph
-/// building and queueing where it can (`DecodeBatch::step`, session 42).
+/// 0.5B shape at 32 streams 0.76 against 1.07 on an H100's host) and removed; with
+/// `MLX_MASKS_BESIDE=1` the decode batch runs this on one second thread while it
+/// queues the forward (`DecodeBatch::step`, session 42, opt-in).
 pub fn host_masks(rows: &mut [&mut RowSampling], vocab: usize) -> HostMasks {
     rows.iter_mut().map(|r| r.host_mask(vocab)).collect()
 }

@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 //! A decode step's grammar masks computed on a second thread while the forward is
-//! built (`MLX_MASKS_BESIDE`, session 42) give every row the tokens it gets with the
-//! masks computed after the forward on the step's own thread, together and alone.
+//! queued (`MLX_MASKS_BESIDE`, session 42) give every row the tokens it gets with the
+//! masks computed after the forward on the step's own thread (the default), together
+//! and alone.
 use common::{model, opts, serve};
 use mlx_array::Array;
 use mlx_engine::batch::{Engine, EngineMetrics, GenerationRequest};
@@ -110,7 +111,7 @@ fn masks_beside_the_forward_give_the_tokens_of_masks_after_it() {
     let n = PROMPTS.len();
     // The masks after the forward, on the step's thread: each request alone, then all
     // together.
-    std::env::set_var("MLX_MASKS_BESIDE", "0");
+    std::env::remove_var("MLX_MASKS_BESIDE");
     let e = engine();
     let alone: Vec<Vec<u32>> = (0..n)
         .map(|i| serve(&e, vec![request(i)]).remove(0).tokens)

@@ -220,13 +220,13 @@ impl DecodeBatch {
     /// host reads the previous tokens, moves each grammar on by its token and computes
     /// every grammar row's mask for this step (a bitset per row), then queues the
     /// sampling with one `where` for the batch: the host's grammar work overlaps the
-    /// forward instead of following it. Where the previous tokens are computed once
-    /// the forward's graph is built (a host-bound step: the device finished them while
-    /// the host built the graph) and at least two rows have a grammar, they are read
-    /// before the forward is queued and the masks are computed on a second thread
-    /// while this one queues it (MLX's encoding of the step), so the grammars' work
-    /// adds no host time to the step (`MLX_MASKS_BESIDE`: `0` keeps the masks on this
-    /// thread after the forward, `always` takes the second thread at every step).
+    /// forward instead of following it. With `MLX_MASKS_BESIDE=1` (opt-in: not measured
+    /// on a device yet), where the previous tokens are computed once the forward's
+    /// graph is built (a host-bound step: the device finished them while the host
+    /// built the graph) and at least two rows have a grammar, they are read before the
+    /// forward is queued and the masks are computed on a second thread while this one
+    /// queues it (MLX's encoding of the step), so that the grammars' work adds no host
+    /// time to the step (`always`: the second thread at every step, for tests).
     pub fn step(&mut self, model: &dyn LanguageModel) -> Result<Vec<(SeqId, Outcome)>> {
         if self.rows.is_empty() {
             return Ok(Vec::new());
@@ -456,9 +456,9 @@ pub(crate) fn cache_err(e: mlx_cache::CacheError) -> EngineError {
 enum MasksBeside {
     /// On a second thread while the forward is queued, where the previous step's
     /// tokens are computed once the forward's graph is built and at least
-    /// `MASKS_BESIDE_MIN_ROWS` rows have a grammar (the default).
+    /// `MASKS_BESIDE_MIN_ROWS` rows have a grammar (`1`).
     WhenReady,
-    /// After the forward is queued, on the step's thread (`0`; as before session 42).
+    /// After the forward is queued, on the step's thread (the default).
     Off,
     /// On a second thread at every step, waiting for the previous tokens first
     /// (`always`: for tests, on a CPU whose steps rarely find them computed).
@@ -468,9 +468,9 @@ enum MasksBeside {
 impl MasksBeside {
     fn from_env() -> MasksBeside {
         match std::env::var("MLX_MASKS_BESIDE").as_deref() {
-            Ok("0") => MasksBeside::Off,
+            Ok("1") => MasksBeside::WhenReady,
             Ok("always") => MasksBeside::Always,
-            _ => MasksBeside::WhenReady,
+            _ => MasksBeside::Off,
         }
     }
 }
