@@ -3,79 +3,15 @@
 //! queued (`MLX_MASKS_BESIDE`, session 42) give every row the tokens it gets with the
 //! masks computed after the forward on the step's own thread (the default), together
 //! and alone.
-use common::{model, opts, serve};
-use mlx_array::Array;
+use common::{model, opts, serve, BuildPeriodic};
 use mlx_engine::batch::{Engine, EngineMetrics, GenerationRequest};
-use mlx_sample::{BuildProcessor, LogitsParams, LogitsProcessor};
+use mlx_sample::LogitsParams;
 use std::sync::Arc;
 
 #[allow(dead_code)] // shared helpers this file does not use
 mod common;
 
 const TARGET: &str = "llama-small-f32";
-
-/// A grammar over token ids as an output constraint works: a host mask (a bitset of the
-/// allowed tokens) from the tokens it was told, each accepted token needed before the
-/// next step. The `i`-th token of the answer must be `i` modulo 3 (so each step's
-/// mask differs from the last).
-#[derive(Debug, Clone, Default)]
-struct Modulo {
-    accepted: u32,
-    failed: bool,
-}
-
-impl Modulo {
-    fn allows(&self, t: u32) -> bool {
-        !self.failed && t % 3 == self.accepted % 3
-    }
-}
-
-impl LogitsProcessor for Modulo {
-    fn process(&mut self, _history: &Array, logits: &Array) -> mlx_sample::Result<Array> {
-        let v = logits.dim(-1)?;
-        let allow: Vec<bool> = (0..v as u32).map(|t| self.allows(t)).collect();
-        let cond = Array::from_slice(&allow, &[1, v])?;
-        let neg = Array::scalar_f64(f64::NEG_INFINITY, logits.dtype())?;
-        Ok(mlx_array::where_(&cond, logits, &neg)?)
-    }
-
-    fn allowed_bits(&mut self, vocab: usize) -> Option<mlx_sample::Result<Vec<u32>>> {
-        let mut words = vec![0u32; vocab.div_ceil(32)];
-        for t in (0..vocab as u32).filter(|&t| self.allows(t)) {
-            words[t as usize / 32] |= 1 << (t % 32);
-        }
-        Some(Ok(words))
-    }
-
-    fn accept(&mut self, token: u32) -> mlx_sample::Result<()> {
-        if token % 3 != self.accepted % 3 {
-            self.failed = true;
-        }
-        self.accepted += 1;
-        Ok(())
-    }
-
-    fn needs_accepted_token(&self) -> bool {
-        true
-    }
-
-    fn dead_end(&self) -> bool {
-        self.failed
-    }
-
-    fn fork(&self) -> Box<dyn LogitsProcessor> {
-        Box::new(self.clone())
-    }
-}
-
-#[derive(Debug)]
-struct BuildModulo;
-
-impl BuildProcessor for BuildModulo {
-    fn build(&self) -> mlx_sample::Result<Box<dyn LogitsProcessor>> {
-        Ok(Box::new(Modulo::default()))
-    }
-}
 
 const PROMPTS: [&[u32]; 5] = [
     &[3, 4, 5, 6, 7, 8, 9, 10, 11],
@@ -86,11 +22,16 @@ const PROMPTS: [&[u32]; 5] = [
 ];
 const MAX: usize = 19;
 
-/// Rows 0, 2 and 4 constrained (2 also with a penalty), 1 with penalties, 3 plain.
+/// Rows 0, 2 and 4 constrained (a host-mask grammar: the `i`-th token `i` modulo 3, so
+/// each step's mask differs from the last; 2 also with a penalty), 1 with penalties, 3
+/// plain.
 fn request(i: usize) -> GenerationRequest {
     let mut r = GenerationRequest::new(PROMPTS[i].to_vec(), MAX);
     if i.is_multiple_of(2) {
-        r.processors.push(Arc::new(BuildModulo));
+        r.processors.push(Arc::new(BuildPeriodic {
+            modulus: 3,
+            host_bits: true,
+        }));
     }
     if i == 1 || i == 2 {
         r.logits = LogitsParams {

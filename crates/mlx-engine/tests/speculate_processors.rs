@@ -5,7 +5,7 @@
 //! itself) or from a prediction. Every greedy row gives exactly the tokens the same request gives
 //! served alone without speculation, the constrained output keeps to its constraint,
 //! and drafts are really accepted for the rows with processors.
-use common::{model, opts, serve, Got};
+use common::{model, opts, serve, BuildPeriodic, Got};
 use mlx_array::Array;
 use mlx_engine::batch::{
     DraftFrom, Engine, EngineEvent, EngineMetrics, GenerationRequest, Speculate,
@@ -16,57 +16,6 @@ use std::sync::{mpsc, Arc};
 mod common;
 
 const TARGET: &str = "llama-small-f32";
-
-/// A grammar over token ids: the `i`-th token of the answer must have the parity of
-/// `i` (even, odd, even, ...). Like an output constraint it masks on the host from the
-/// tokens it was told, needs each accepted token before the next step, and reaches a
-/// dead end when told a token it does not allow.
-#[derive(Debug, Clone, Default)]
-struct Alternate {
-    accepted: u32,
-    failed: bool,
-}
-
-impl LogitsProcessor for Alternate {
-    fn process(&mut self, _history: &Array, logits: &Array) -> mlx_sample::Result<Array> {
-        let v = logits.dim(-1)?;
-        let allow: Vec<bool> = (0..v as u32)
-            .map(|t| t % 2 == self.accepted % 2 && !self.failed)
-            .collect();
-        let cond = Array::from_slice(&allow, &[1, v])?;
-        let neg = Array::scalar_f64(f64::NEG_INFINITY, logits.dtype())?;
-        Ok(mlx_array::where_(&cond, logits, &neg)?)
-    }
-
-    fn accept(&mut self, token: u32) -> mlx_sample::Result<()> {
-        if token % 2 != self.accepted % 2 {
-            self.failed = true;
-        }
-        self.accepted += 1;
-        Ok(())
-    }
-
-    fn needs_accepted_token(&self) -> bool {
-        true
-    }
-
-    fn dead_end(&self) -> bool {
-        self.failed
-    }
-
-    fn fork(&self) -> Box<dyn LogitsProcessor> {
-        Box::new(self.clone())
-    }
-}
-
-#[derive(Debug)]
-struct BuildAlternate;
-
-impl BuildProcessor for BuildAlternate {
-    fn build(&self) -> mlx_sample::Result<Box<dyn LogitsProcessor>> {
-        Ok(Box::new(Alternate::default()))
-    }
-}
 
 const PROMPTS: [&[u32]; 4] = [
     &[3, 4, 5, 6, 7, 8, 9, 10, 11],
@@ -81,7 +30,10 @@ const MAX: usize = 17;
 fn request(i: usize) -> GenerationRequest {
     let mut r = GenerationRequest::new(PROMPTS[i].to_vec(), MAX);
     if i == 0 || i == 2 {
-        r.processors.push(Arc::new(BuildAlternate));
+        r.processors.push(Arc::new(BuildPeriodic {
+            modulus: 2,
+            host_bits: false,
+        }));
     }
     if i == 1 {
         r.logits = LogitsParams {

@@ -482,7 +482,7 @@ const MASKS_BESIDE_MIN_ROWS: usize = 2;
 static MASKS_BESIDE_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How many decode steps of this process computed their grammar rows' masks on a
-/// second thread beside the forward ([`MasksBeside`]).
+/// second thread while the forward was queued (`MLX_MASKS_BESIDE`).
 pub fn masks_beside_steps() -> u64 {
     MASKS_BESIDE_STEPS.load(std::sync::atomic::Ordering::Relaxed)
 }

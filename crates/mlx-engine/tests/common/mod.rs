@@ -1,4 +1,4 @@
-//! Helpers shared by the speculation tests.
+//! Helpers shared by the speculation and batch tests.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 use mlx_array::{random, Array};
 use mlx_engine::batch::{Engine, EngineEvent, EngineOptions, GenerationRequest};
@@ -136,5 +136,86 @@ pub fn read(rx: &mpsc::Receiver<EngineEvent>, got: &mut Got, until: usize) {
             EngineEvent::Failed { error, .. } => panic!("{error}"),
             _ => {}
         }
+    }
+}
+
+/// A grammar over token ids that works as an output constraint does: the `i`-th token of
+/// the answer must be `i` modulo `modulus`; it needs each accepted token before the next
+/// step, reaches a dead end when told a token it does not allow, and with `host_bits`
+/// gives its mask as a bitset computed on the host (as llguidance's constraints do),
+/// else only as a `where` on the logits.
+#[allow(dead_code)] // not every test file uses it
+#[derive(Debug, Clone)]
+pub struct Periodic {
+    modulus: u32,
+    host_bits: bool,
+    accepted: u32,
+    failed: bool,
+}
+
+#[allow(dead_code)]
+impl Periodic {
+    fn allows(&self, t: u32) -> bool {
+        !self.failed && t % self.modulus == self.accepted % self.modulus
+    }
+}
+
+impl mlx_sample::LogitsProcessor for Periodic {
+    fn process(&mut self, _history: &Array, logits: &Array) -> mlx_sample::Result<Array> {
+        let v = logits.dim(-1)?;
+        let allow: Vec<bool> = (0..v as u32).map(|t| self.allows(t)).collect();
+        let cond = Array::from_slice(&allow, &[1, v])?;
+        let neg = Array::scalar_f64(f64::NEG_INFINITY, logits.dtype())?;
+        Ok(mlx_array::where_(&cond, logits, &neg)?)
+    }
+
+    fn allowed_bits(&mut self, vocab: usize) -> Option<mlx_sample::Result<Vec<u32>>> {
+        if !self.host_bits {
+            return None;
+        }
+        let mut words = vec![0u32; vocab.div_ceil(32)];
+        for t in (0..vocab as u32).filter(|&t| self.allows(t)) {
+            words[t as usize / 32] |= 1 << (t % 32);
+        }
+        Some(Ok(words))
+    }
+
+    fn accept(&mut self, token: u32) -> mlx_sample::Result<()> {
+        if token % self.modulus != self.accepted % self.modulus {
+            self.failed = true;
+        }
+        self.accepted += 1;
+        Ok(())
+    }
+
+    fn needs_accepted_token(&self) -> bool {
+        true
+    }
+
+    fn dead_end(&self) -> bool {
+        self.failed
+    }
+
+    fn fork(&self) -> Box<dyn mlx_sample::LogitsProcessor> {
+        Box::new(self.clone())
+    }
+}
+
+/// Builds a fresh [`Periodic`] for every choice of a request.
+#[allow(dead_code)] // not every test file uses it
+#[derive(Debug)]
+pub struct BuildPeriodic {
+    pub modulus: u32,
+    pub host_bits: bool,
+}
+
+impl mlx_sample::BuildProcessor for BuildPeriodic {
+    fn build(&self) -> mlx_sample::Result<Box<dyn mlx_sample::LogitsProcessor>> {
+        Ok(Box::new(Periodic {
+            modulus: self.modulus,
+            host_bits: self.host_bits,
+            accepted: 0,
+            failed: false,
+        }))
     }
 }
