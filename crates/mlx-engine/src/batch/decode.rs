@@ -272,6 +272,9 @@ impl DecodeBatch {
                 emitted = self.read_pending(&mut lap)?;
                 masks = self.queue_with_masks(&logits, vocab)?;
                 MASKS_BESIDE_STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // The masks were computed during the queueing: the profile charges the
+                // pair to the forward's `async_eval`.
+                lap.mark(&mut self.profile, BatchPhase::ForwardEval);
             } else {
                 transforms::async_eval(&[&logits])?;
                 lap.mark(&mut self.profile, BatchPhase::ForwardEval);
