@@ -175,8 +175,8 @@ pub(crate) struct SpecBatch {
     model_acceptance: Acceptance,
     pooled_acceptance: bool,
     /// Whether a step's time counts only once a step of its shape ran before
-    /// ([`SpecBatch::first_shapes_untimed`]), and the shapes `(draft model, rows,
-    /// positions)` that ran.
+    /// ([`SpecBatch::first_shapes_untimed`]), and (where it does) the shapes `(draft
+    /// model, rows, positions)` that ran.
     first_shapes_untimed: bool,
     shapes_run: std::collections::HashSet<(bool, usize, usize)>,
 }

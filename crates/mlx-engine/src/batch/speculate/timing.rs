@@ -146,7 +146,7 @@ impl SpecBatch {
         // caches' joins and filters).
         let same_rows = std::mem::replace(&mut self.last_rows, b) == b;
         // A shape's first step may compile its kernels ([`SpecBatch::first_shapes_untimed`]).
-        let first = self.shapes_run.insert((model, b, positions)) && self.first_shapes_untimed;
+        let first = self.first_shapes_untimed && self.shapes_run.insert((model, b, positions));
         if first && same_rows {
             tracing::debug!(
                 "speculative: the first step of {b} row(s) and {positions} position(s) took {:.1} ms, not timed",
