@@ -401,6 +401,24 @@ impl Width {
         self.fresh(b).is_some()
     }
 
+    /// The times this model holds, for a trace line: each size seen (positions: its
+    /// time in ms and how many choices ago), the last catch-up and the expected one
+    /// against its allowance.
+    pub fn describe(&self) -> String {
+        let seen: Vec<String> = self
+            .seen
+            .iter()
+            .map(|(n, &(t, at))| format!("{n}:{:.2}ms@-{}", t * 1e3, self.choices - at))
+            .collect();
+        format!(
+            "[{}] catch-up {:.1} ms, next {:.1} ms (allowance {:.1} plain steps)",
+            seen.join(" "),
+            self.catch_up * 1e3,
+            self.next_catch_up * 1e3,
+            self.catch_up_allowance
+        )
+    }
+
     /// [`Width::choose`] without counting the choice.
     fn best(&self, rows: &[(f64, usize)]) -> usize {
         let best = self.best_unexplored(rows);

@@ -29,7 +29,19 @@ impl SpecBatch {
                 } else {
                     self.width.get_or_insert_with(Width::for_current_device)
                 };
-                width.choose(&rates)
+                let chosen = width.choose(&rates);
+                if tracing::enabled!(tracing::Level::TRACE) {
+                    tracing::trace!(
+                        "speculative: width {chosen} for {} row(s) (rate, drafts) {:?}; times {}",
+                        rates.len(),
+                        rates
+                            .iter()
+                            .map(|&(a, d)| (format!("{a:.2}"), d))
+                            .collect::<Vec<_>>(),
+                        width.describe()
+                    );
+                }
+                chosen
             }
         }
     }
@@ -120,8 +132,19 @@ impl SpecBatch {
             })
             .collect();
         let b = rows.len();
-        self.width_of(model, b)
-            .is_some_and(|w| w.stays_plain(&rows))
+        self.width_of(model, b).is_some_and(|w| {
+            let plain = w.stays_plain(&rows);
+            if plain && tracing::enabled!(tracing::Level::TRACE) {
+                tracing::trace!(
+                    "speculative: plain ahead for {b} row(s) (rate, drafts) {:?}; times {}",
+                    rows.iter()
+                        .map(|&(a, d)| (format!("{a:.2}"), d))
+                        .collect::<Vec<_>>(),
+                    w.describe()
+                );
+            }
+            plain
+        })
     }
 
     /// Times a verification of `positions` positions that started at `started` (after
