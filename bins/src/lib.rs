@@ -17,6 +17,8 @@ pub fn init_logging(level: Option<&str>) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log redirected to a file stays plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 
