@@ -822,7 +822,8 @@ for PART in "$@"; do
       # default), pool (MLX_DRAFT_POOLED_ACCEPTANCE=1: joining rows start from the draft
       # model's acceptance over earlier rounds, session 41), first
       # (MLX_WIDTH_FIRST_SHAPES_UNTIMED=1: a step shape's first step, which may compile
-      # kernels, not timed for the width, session 42), firstpool (both), warmdraft (the default, outputs kept apart: a first
+      # kernels, not timed for the width, session 42), firstpool (both), feedfirst (feed and
+      # first), warmdraft (the default, outputs kept apart: a first
       # arm on a fresh machine, which compiles the draft's kernels); SPEC_STREAMS
       # (1,8,32); SPEC_LOG=DEBUG logs each step; SPEC_K sets --num-draft-tokens.
       # Our server's log of each arm is kept as ours-<arm>.log.
@@ -837,7 +838,8 @@ for PART in "$@"; do
           syncsteps) export MLX_MODEL_PLAIN_STEPS=0 ;; eager) export MLX_DRAFT_PREFILL=eager ;;
           nobound) export MLX_DRAFT_CATCH_UP_SHARE=inf ;; feed) export MLX_DRAFT_EAGER_FEED=1 ;;
           pool) export MLX_DRAFT_POOLED_ACCEPTANCE=1 ;; first) export MLX_WIDTH_FIRST_SHAPES_UNTIMED=1 ;;
-          firstpool) export MLX_WIDTH_FIRST_SHAPES_UNTIMED=1 MLX_DRAFT_POOLED_ACCEPTANCE=1 ;; esac
+          firstpool) export MLX_WIDTH_FIRST_SHAPES_UNTIMED=1 MLX_DRAFT_POOLED_ACCEPTANCE=1 ;;
+          feedfirst) export MLX_DRAFT_EAGER_FEED=1 MLX_WIDTH_FIRST_SHAPES_UNTIMED=1 ;; esac
         rm -rf /tmp/mlx-bench-server-*
         MLX_SDPA_SPLIT_QUERIES=1 timeout $(( $(left) > 30 ? $(left) : 30 )) "$NEW/xtask" bench --server \
           --ours "$NEW/mlx-server" --python python3 --model "$M" -p 128 -g 128 \

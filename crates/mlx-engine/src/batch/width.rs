@@ -214,6 +214,19 @@ impl Width {
             && self.last_time(b).is_some_and(|p| secs > STALL_RATIO * p)
     }
 
+    /// Whether a draft model's catch-up of `lagged` tokens a row in a batch of `b` rows
+    /// that took `secs` stalled: over `STALL_SECS` and longer than the target would take
+    /// to decode those tokens one plain step at a time (or with no plain step timed
+    /// yet). Then neither its time nor its rate is kept: on a fresh machine the first
+    /// catch-ups wait for MLX to compile the draft's kernels (25.4 s for 132 tokens of
+    /// one row on an H100, GPU.md session 43), and as the cost of trying drafts again
+    /// such a time kept the batch from drafting for good.
+    pub fn catch_up_stalled(&self, b: usize, lagged: usize, secs: f64) -> bool {
+        self.time_plain
+            && secs > STALL_SECS
+            && self.last_time(b).is_none_or(|p| secs > lagged as f64 * p)
+    }
+
     /// A draft model lagging behind plain steps took `secs` to catch up before a
     /// drafting step (timed apart from that step, whose own time is steady drafting's):
     /// what trying drafts again costs on top of that step.
@@ -581,6 +594,43 @@ mod tests {
             poor.record(3, 0);
         }
         assert_eq!(w.best_unexplored(&[(poor.rate(), 3)]), 0);
+    }
+
+    #[test]
+    fn a_catch_up_that_waited_for_compilation_does_not_stop_drafting_for_good() {
+        // One row of the echo 8B bf16 with its 4-bit copy on a fresh H100 (session 43's
+        // trace): plain 7.22 ms, the draft model's first catch-up (132 tokens) 25.4 s
+        // while MLX compiled its kernels, then one draft a row 27.6 ms.
+        let mut w = Width::new(32.0).timing_plain(true);
+        w.observe(1, 0.00722);
+        assert!(w.catch_up_stalled(1, 132, 25.445));
+        // A real catch-up (tens of ms), a CPU's (no plain steps timed apart), or one
+        // longer than a second that still beats decoding its tokens one at a time, is
+        // timed.
+        assert!(!w.catch_up_stalled(1, 132, 0.030));
+        assert!(!w.catch_up_stalled(1, 1000, 2.0));
+        assert!(!Width::new(3.0).catch_up_stalled(1, 132, 25.445));
+        w.observe(2, 0.0276);
+        let rows = [(0.97, 7)];
+        // Untimed, the stall leaves the catch-up at 0: one draft a row is tried again
+        // once its time is stale (64 choices; the plain steps since then took more than
+        // ten times its 27.6 ms).
+        let tried = (0..128).find(|_| {
+            let chosen = w.choose(&rows);
+            w.observe(1, 0.00722);
+            chosen > 0
+        });
+        assert!(matches!(tried, Some(i) if i >= 60), "{tried:?}");
+        // Kept as the cost of trying (the trap), it would not be tried in 3,000 steps.
+        let mut trapped = Width::new(32.0).timing_plain(true);
+        trapped.observe(1, 0.00722);
+        trapped.caught_up(25.445);
+        trapped.observe(2, 0.0276);
+        assert!((0..3000).all(|_| {
+            let chosen = trapped.choose(&rows);
+            trapped.observe(1, 0.00722);
+            chosen == 0
+        }));
     }
 
     /// A draft model's 32-row batch as the H200 ran it (session 31, echo 8B bf16 with its

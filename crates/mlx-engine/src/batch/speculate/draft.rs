@@ -137,6 +137,16 @@ impl SpecBatch {
         step::eval_state(self.draft_cache.layers())?;
         let secs = started.elapsed().as_secs_f64();
         let b = self.rows.len();
+        if self
+            .width_of(true, b)
+            .is_some_and(|w| w.catch_up_stalled(b, lagged, secs))
+        {
+            tracing::debug!(
+                "speculative: the draft model caught up on {lagged} token(s) of {b} row(s) in {:.1} ms, not timed (a stall)",
+                secs * 1e3
+            );
+            return Ok(std::time::Instant::now());
+        }
         tracing::debug!(
             "speculative: the draft model caught up on {lagged} token(s) of {b} row(s) in {:.1} ms",
             secs * 1e3
