@@ -768,9 +768,15 @@ for PART in "$@"; do
         --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams 1,32 \
         --trials "${STRUCT_TRIALS:-3}" > "$D/stdout.txt" 2>&1 ;;
     structprof)
-      OUT=$D MLX_ENGINE_PROFILE_EVERY=32 timeout "$L" bash benchmarks/gpu_structured.sh "$NEW" \
-        --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams 1,32 \
-        -g "${STRUCT_G:-256}" --trials "${STRUCT_TRIALS:-2}" > "$D/stdout.txt" 2>&1 ;;
+      # STRUCT_PROF_ARMS: default (the server's profile lines as they are), beside
+      # (MLX_MASKS_BESIDE=1); each arm's records under $D/<arm>
+      for arm in ${STRUCT_PROF_ARMS:-default}; do
+        e=(); [ "$arm" = beside ] && e=(MLX_MASKS_BESIDE=1)
+        mkdir -p "$D/$arm"
+        env "${e[@]}" OUT="$D/$arm" MLX_ENGINE_PROFILE_EVERY=32 timeout "$(left)" bash benchmarks/gpu_structured.sh "$NEW" \
+          --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams "${STRUCT_STREAMS:-1,32}" \
+          -g "${STRUCT_G:-256}" --trials "${STRUCT_TRIALS:-2}" > "$D/$arm/stdout.txt" 2>&1
+      done ;;
     saveptx)
       (cd /tmp/mlx && tar -cJf "$OUT/ptx-cache.tar.xz" .) && ls -la "$OUT/ptx-cache.tar.xz" > "$D/stdout.txt" ;;
     structarms)
