@@ -396,31 +396,36 @@ impl ConstraintProcessor {
     /// only the EOS tokens, so that the sequence ends; [`Self::dead_end_reason`] says
     /// why.
     pub fn allowed_words(&mut self, vocab: usize) -> Vec<u32> {
-        let tic = crate::profile::enabled().then(std::time::Instant::now);
-        let words = self.allowed_or_eos(vocab);
-        if let Some(t) = tic {
-            crate::profile::constraint_mask(t.elapsed());
-        }
+        let mut words = vec![0u32; vocab.div_ceil(32)];
+        self.allowed_words_into(vocab, &mut words);
         words
     }
 
-    fn allowed_or_eos(&mut self, vocab: usize) -> Vec<u32> {
+    /// [`Self::allowed_words`] written into `dst` (`vocab.div_ceil(32)` words, every one
+    /// written, which callers check): a batch's upload buffer, with no bitset of its own
+    /// in between.
+    fn allowed_words_into(&mut self, vocab: usize, dst: &mut [u32]) {
+        let tic = crate::profile::enabled().then(std::time::Instant::now);
         if self.failed.is_none() {
-            match self.grammar_mask(vocab) {
-                Ok(allow) => return allow,
-                Err(why) => {
-                    tracing::debug!("constraint dead end: {why}");
-                    self.failed = Some(why);
+            if let Err(why) = self.grammar_mask_into(vocab, dst) {
+                tracing::debug!("constraint dead end: {why}");
+                self.failed = Some(why);
+            }
+        }
+        if self.failed.is_some() {
+            dst.fill(0);
+            for &e in self.eos.iter() {
+                if let Some(w) = dst
+                    .get_mut(e as usize / 32)
+                    .filter(|_| (e as usize) < vocab)
+                {
+                    *w |= 1 << (e % 32);
                 }
             }
         }
-        let mut words = vec![0u32; vocab.div_ceil(32)];
-        for &e in self.eos.iter() {
-            if (e as usize) < vocab {
-                words[e as usize / 32] |= 1 << (e % 32);
-            }
+        if let Some(t) = tic {
+            crate::profile::constraint_mask(t.elapsed());
         }
-        words
     }
 
     /// The allowed tokens among `0..vocab` (a `vocab`-long mask): [`Self::allowed_words`]
@@ -432,7 +437,13 @@ impl ConstraintProcessor {
             .collect()
     }
 
-    fn grammar_mask(&mut self, vocab: usize) -> std::result::Result<Vec<u32>, String> {
+    /// The grammar's mask for this step into `dst` (`vocab.div_ceil(32)` words): one
+    /// pass over llguidance's bitset, which also tells whether any token is allowed.
+    fn grammar_mask_into(
+        &mut self,
+        vocab: usize,
+        dst: &mut [u32],
+    ) -> std::result::Result<(), String> {
         let mask = self.matcher.compute_mask_or_eos().map_err(|e| {
             format!(
                 "the {} allows no further token: {}",
@@ -441,34 +452,32 @@ impl ConstraintProcessor {
             )
         })?;
         // The trie's vocabulary may be shorter than the model's (padded embeddings:
-        // those ids stay forbidden) or longer (ids past the logits are dropped).
-        let n = vocab.div_ceil(32);
+        // those ids stay forbidden) or longer (ids past the logits are dropped). Bits
+        // past the trie's own size are never set by llguidance, but stay exact.
+        let n = dst.len();
+        let size = mask.len().min(vocab);
+        let full = size / 32;
         let src = mask.as_slice();
-        let mut words = vec![0u32; n];
-        let k = n.min(src.len());
-        words[..k].copy_from_slice(&src[..k]);
-        let tail = vocab % 32;
-        if tail != 0 && k == n {
-            words[n - 1] &= (1u32 << tail) - 1;
+        let mut any = 0u32;
+        for (d, &w) in dst[..full].iter_mut().zip(src) {
+            *d = w;
+            any |= w;
         }
-        // Bits past the trie's own size are never set by llguidance, but stay exact.
-        let size = mask.len();
-        if size < n * 32 {
-            let (w, b) = (size / 32, size % 32);
-            if w < n {
-                words[w] &= (1u32 << b).wrapping_sub(1);
-                for x in &mut words[w + 1..] {
-                    *x = 0;
-                }
-            }
+        let mut rest = full;
+        if size % 32 != 0 {
+            let w = src.get(full).copied().unwrap_or(0) & ((1u32 << (size % 32)) - 1);
+            dst[full] = w;
+            any |= w;
+            rest += 1;
         }
-        if words.iter().all(|&w| w == 0) {
+        dst[rest.min(n)..].fill(0);
+        if any == 0 {
             return Err(format!(
                 "the {} allows no token of the model's vocabulary here",
                 self.kind
             ));
         }
-        Ok(words)
+        Ok(())
     }
 }
 
@@ -542,6 +551,24 @@ impl LogitsProcessor for ConstraintProcessor {
 
     fn allowed_bits(&mut self, vocab: usize) -> Option<mlx_sample::Result<Vec<u32>>> {
         self.is_active().then(|| Ok(self.allowed_words(vocab)))
+    }
+
+    fn allowed_bits_into(
+        &mut self,
+        vocab: usize,
+        dst: &mut [u32],
+    ) -> Option<mlx_sample::Result<()>> {
+        if !self.is_active() {
+            return None;
+        }
+        if dst.len() != vocab.div_ceil(32) {
+            return Some(Err(mlx_sample::SampleError::Constraint(format!(
+                "a token mask of {} words for {vocab} tokens",
+                dst.len()
+            ))));
+        }
+        self.allowed_words_into(vocab, dst);
+        Some(Ok(()))
     }
 
     fn accept(&mut self, token: u32) -> mlx_sample::Result<()> {

@@ -175,6 +175,14 @@ impl RowSampling {
             .map(|r| r.map_err(EngineError::from))
     }
 
+    /// [`Self::host_mask`] written into `dst` (`vocab.div_ceil(32)` words): a step's
+    /// buffer of every row's mask.
+    pub fn host_mask_into(&mut self, vocab: usize, dst: &mut [u32]) -> Option<Result<()>> {
+        self.processors
+            .host_mask_into(vocab, dst)
+            .map(|r| r.map_err(EngineError::from))
+    }
+
     /// Whether the row has a grammar whose mask is its only processing this step.
     fn only_masks(&self) -> bool {
         self.processors.only_masks()
@@ -285,7 +293,7 @@ pub fn sample(
     logits: &Array,
     norm: LogSoftmax,
 ) -> Result<Sampled> {
-    sample_masked(rows, inputs, logits, Vec::new(), norm)
+    sample_masked(rows, inputs, logits, HostMasks::default(), norm)
 }
 
 /// [`sample`] with the rows' grammar masks already computed on the host
@@ -298,16 +306,16 @@ pub fn sample_masked(
     rows: &mut [&mut RowSampling],
     inputs: &Array,
     logits: &Array,
-    masks: Vec<Option<Result<Vec<u32>>>>,
+    masks: HostMasks,
     norm: LogSoftmax,
 ) -> Result<Sampled> {
     let mut failed: Vec<(usize, EngineError)> = Vec::new();
     let logits = if rows.iter().any(|r| r.has_processors()) {
-        let masks = if masks.len() == rows.len() {
+        let masks = if masks.masked.len() == rows.len() {
             masks
         } else {
             let vocab = logits.dim(-1)? as usize;
-            rows.iter_mut().map(|r| r.host_mask(vocab)).collect()
+            host_masks(rows, vocab)
         };
         process_rows(rows, inputs, logits, masks, &mut failed)?
     } else {
@@ -325,47 +333,126 @@ pub fn sample_masked(
     })
 }
 
-/// Each row's host mask ([`RowSampling::host_mask`]): a bitset of `vocab.div_ceil(32)`
-/// words, or `None` for a row without one.
-pub type HostMasks = Vec<Option<Result<Vec<u32>>>>;
+/// Every row's grammar mask for a step ([`host_masks`]): one buffer of each row's bitset
+/// in row order (`vocab.div_ceil(32)` words a row, all ones for a row without a mask),
+/// which the step uploads as it is. `Default` (no rows): [`sample_masked`] computes the
+/// masks itself.
+#[derive(Debug, Default)]
+pub struct HostMasks {
+    /// Words a row.
+    n: usize,
+    /// Every row's words.
+    packed: Packed,
+    /// Whether each row has a mask this step.
+    masked: Vec<bool>,
+    /// Rows whose mask could not be computed, with why (their words are all ones).
+    failed: Vec<(usize, EngineError)>,
+}
 
-/// Every row's grammar mask for this step ([`RowSampling::host_mask`]), computed on the
-/// host (no MLX call). One row after the other: at a 128k vocabulary a grammar's mask
+/// Where a step's mask words are.
+#[derive(Debug, Default)]
+enum Packed {
+    /// None computed.
+    #[default]
+    Nothing,
+    /// Written straight into the upload's buffer (`[rows, words, 1]` uint32).
+    Upload(Array),
+    /// In host memory (computed on a thread that makes no MLX call).
+    Host(Vec<u32>),
+}
+
+/// Each row's mask into its `n` words of `dst` (`vocab` tokens; all ones for a row
+/// without one): which rows have one, and the rows that failed.
+fn fill_masks(
+    rows: &mut [&mut RowSampling],
+    vocab: usize,
+    n: usize,
+    dst: &mut [u32],
+) -> (Vec<bool>, Vec<(usize, EngineError)>) {
+    let mut masked = vec![false; rows.len()];
+    let mut failed = Vec::new();
+    for (i, (r, d)) in rows
+        .iter_mut()
+        .zip(dst.chunks_exact_mut(n.max(1)))
+        .enumerate()
+    {
+        match r.host_mask_into(vocab, d) {
+            None => d.fill(u32::MAX),
+            Some(Ok(())) => masked[i] = true,
+            Some(Err(e)) => {
+                d.fill(u32::MAX);
+                failed.push((i, e));
+            }
+        }
+    }
+    (masked, failed)
+}
+
+/// Every row's grammar mask for this step ([`RowSampling::host_mask_into`]), computed on
+/// the host straight into the step's upload array (its one MLX call allocates that
+/// array; [`host_masks_apart`] makes none, for another thread). Writing into the upload
+/// instead of a bitset a row copied into it took the constrained sampling's host work
+/// at 32 rows of a 152k vocabulary from ~0.49 to ~0.42 ms a step on the 2-core CPU
+/// (session 43, `examples/constraint_host.rs`). One row after the other: at a 128k vocabulary a grammar's mask
 /// takes ~15 us once its lazily built state is warm (benchmarks/RESULTS.md, "CPU
 /// structured output"), less than starting a thread. Sharing the rows out to a thread
 /// pool was measured slower (session 33-34: 32 rows' masks 0.32-0.35 ms a step against
 /// 0.21-0.25 on this project's 2-core CPU; constrained / unconstrained decoding of the
 /// 0.5B shape at 32 streams 0.76 against 1.07 on an H100's host) and removed; with
-/// `MLX_MASKS_BESIDE=1` the decode batch runs this on one second thread while it
-/// queues the forward (`DecodeBatch::step`, session 42, opt-in).
+/// `MLX_MASKS_BESIDE=1` the decode batch runs [`host_masks_apart`] on one second thread
+/// while it queues the forward (`DecodeBatch::step`, session 42, opt-in).
 pub fn host_masks(rows: &mut [&mut RowSampling], vocab: usize) -> HostMasks {
-    rows.iter_mut().map(|r| r.host_mask(vocab)).collect()
+    let n = vocab.div_ceil(32);
+    let mut filled = None;
+    let upload = Array::from_fill::<u32>(&[rows.len() as i32, n as i32, 1], |dst| {
+        filled = Some(fill_masks(rows, vocab, n, dst));
+    });
+    match (upload, filled) {
+        (Ok(a), Some((masked, failed))) => HostMasks {
+            n,
+            packed: Packed::Upload(a),
+            masked,
+            failed,
+        },
+        // No upload buffer (or nothing to fill): the masks in host memory.
+        _ => host_masks_apart(rows, vocab),
+    }
+}
+
+/// [`host_masks`] without any MLX call (the words in host memory, uploaded by the step
+/// that uses them): for a thread beside the one queueing MLX's work.
+pub fn host_masks_apart(rows: &mut [&mut RowSampling], vocab: usize) -> HostMasks {
+    let n = vocab.div_ceil(32);
+    let mut words = vec![0u32; n * rows.len()];
+    let (masked, failed) = fill_masks(rows, vocab, n, &mut words);
+    HostMasks {
+        n,
+        packed: Packed::Host(words),
+        masked,
+        failed,
+    }
 }
 
 fn process_rows(
     rows: &mut [&mut RowSampling],
     inputs: &Array,
     logits: &Array,
-    masks: Vec<Option<Result<Vec<u32>>>>,
+    masks: HostMasks,
     failed: &mut Vec<(usize, EngineError)>,
 ) -> Result<Array> {
     let v = logits.dim(1)?;
-    let mut words: Vec<Option<Vec<u32>>> = Vec::with_capacity(rows.len());
-    for (e, m) in masks.into_iter().enumerate() {
-        words.push(match m {
-            Some(Ok(w)) => Some(w),
-            Some(Err(err)) => {
-                failed.push((e, err));
-                None
-            }
-            None => None,
-        });
-    }
+    let HostMasks {
+        n,
+        packed,
+        masked,
+        failed: mask_failed,
+    } = masks;
+    failed.extend(mask_failed);
     let rest = |r: &RowSampling, masked: bool| r.has_processors() && !(masked && r.only_masks());
-    let processed = if !rows.iter().zip(&words).any(|(r, w)| rest(r, w.is_some())) {
+    let processed = if !rows.iter().zip(&masked).any(|(r, &m)| rest(r, m)) {
         logits.clone()
-    } else if let ([row], [w], []) = (&mut *rows, words.as_slice(), failed.as_slice()) {
-        if w.is_some() {
+    } else if let ([row], [m], []) = (&mut *rows, masked.as_slice(), failed.as_slice()) {
+        if *m {
             row.processors.process_masked(inputs, logits)?
         } else {
             row.process(inputs, logits)?
@@ -375,13 +462,13 @@ fn process_rows(
         for (e, r) in rows.iter_mut().enumerate() {
             let e32 = e as i32;
             let row = logits.slice(&[e32, 0], &[e32 + 1, v], None)?;
-            let masked = words[e].is_some();
-            if !rest(r, masked) || failed.iter().any(|(i, _)| *i == e) {
+            let m = masked[e];
+            if !rest(r, m) || failed.iter().any(|(i, _)| *i == e) {
                 parts.push(row);
                 continue;
             }
             let input = inputs.slice(&[e32], &[e32 + 1], None)?;
-            let done = if masked {
+            let done = if m {
                 r.processors
                     .process_masked(&input, &row)
                     .map_err(EngineError::from)
@@ -399,28 +486,27 @@ fn process_rows(
         let refs: Vec<&Array> = parts.iter().collect();
         ops::concatenate(&refs, 0)?
     };
-    if words.iter().all(Option::is_none) {
+    if !masked.iter().any(|&m| m) {
         return Ok(processed);
     }
     let vocab = v as usize;
-    let n = vocab.div_ceil(32);
-    if let Some(w) = words.iter().flatten().find(|w| w.len() != n) {
+    if n != vocab.div_ceil(32) {
         return Err(EngineError::Internal(format!(
-            "a token mask of {} words for {vocab} tokens",
-            w.len()
+            "token masks of {n} words a row for {vocab} tokens"
         )));
     }
-    // Each row's bitset straight into the upload's buffer (at 32 rows of a 152k
-    // vocabulary, half a megabyte a step: gathered in a vector of its own first, it cost
-    // another copy and fresh pages every step).
-    let packed = Array::from_fill::<u32>(&[rows.len() as i32, n as i32, 1], |dst| {
-        for (row, w) in dst.chunks_exact_mut(n).zip(&words) {
-            match w {
-                Some(w) => row.copy_from_slice(w),
-                None => row.fill(u32::MAX),
-            }
+    // Each row's bitset is in the upload's buffer already (computed into it), or is
+    // copied there once from a helper thread's host memory.
+    let shape = [rows.len() as i32, n as i32, 1];
+    let packed = match packed {
+        Packed::Upload(a) => a,
+        Packed::Host(w) => Array::from_fill::<u32>(&shape, |dst| dst.copy_from_slice(&w))?,
+        Packed::Nothing => {
+            return Err(EngineError::Internal(
+                "masked rows without mask words".into(),
+            ))
         }
-    })?;
+    };
     let cond = crate::constrain::expand_mask_words(&packed, vocab)?;
     crate::constrain::apply_mask(&cond, &processed)
 }

@@ -580,3 +580,43 @@ fn a_batch_masks_each_row_as_its_own_chain_does() {
         }
     }
 }
+
+/// A row's mask follows the model's vocabulary, not the tokenizer's: padded embeddings
+/// past it stay forbidden, ids past the logits are dropped, the bits past the last
+/// token of the last word are clear, and a buffer of the wrong size is an error (no
+/// panic). The same masks whether the grammar makes its own bitset or writes into a
+/// batch's buffer.
+#[test]
+fn masks_follow_the_models_vocabulary() {
+    let tok = tokenizer("tokenizer-qwen3");
+    let vocab = ConstraintVocab::new(&tok).unwrap();
+    let c = vocab
+        .compile(&Constraint::Regex("[a-z ]{1,40}".into()))
+        .unwrap();
+    let v = tok.vocab_size();
+    let own = c.processor().unwrap().allowed(v);
+    assert!(own.iter().filter(|&&a| a).count() > 100);
+    let padded = c.processor().unwrap().allowed(v + 37);
+    assert_eq!(&padded[..v], &own[..]);
+    let shorter = c.processor().unwrap().allowed(v - 5);
+    assert_eq!(&shorter[..], &own[..v - 5]);
+    for n in [v - 5, v, v + 37] {
+        let words = c.processor().unwrap().allowed_bits(n).unwrap().unwrap();
+        assert_eq!(words.len(), n.div_ceil(32));
+        if n % 32 != 0 {
+            assert_eq!(words[words.len() - 1] >> (n % 32), 0, "bits past {n}");
+        }
+        let mut into = vec![0xdead_beef_u32; n.div_ceil(32)];
+        c.processor()
+            .unwrap()
+            .allowed_bits_into(n, &mut into)
+            .unwrap()
+            .unwrap();
+        assert_eq!(into, words, "into a buffer, {n} tokens");
+    }
+    let mut wrong = vec![0u32; 3];
+    assert!(matches!(
+        c.processor().unwrap().allowed_bits_into(v, &mut wrong),
+        Some(Err(_))
+    ));
+}

@@ -71,6 +71,24 @@ pub trait LogitsProcessor: Send {
     fn allowed_bits(&mut self, _vocab: usize) -> Option<Result<Vec<u32>>> {
         None
     }
+
+    /// [`Self::allowed_bits`] written into `dst` (`vocab.div_ceil(32)` words, every one
+    /// written): a batch's buffer of all its rows' masks, so that no bitset of the
+    /// processor's own is made and copied again. `None` (`dst` untouched) where
+    /// `allowed_bits` gives `None`. The default copies `allowed_bits`' bitset.
+    fn allowed_bits_into(&mut self, vocab: usize, dst: &mut [u32]) -> Option<Result<()>> {
+        Some(self.allowed_bits(vocab)?.and_then(|w| {
+            if w.len() != dst.len() {
+                return Err(SampleError::Constraint(format!(
+                    "a token mask of {} words where {} were expected for {vocab} tokens",
+                    w.len(),
+                    dst.len()
+                )));
+            }
+            dst.copy_from_slice(&w);
+            Ok(())
+        }))
+    }
 }
 
 impl<F> LogitsProcessor for F
@@ -170,6 +188,11 @@ impl LogitsProcessors {
     /// [`Self::process`].
     pub fn host_mask(&mut self, vocab: usize) -> Option<Result<Vec<u32>>> {
         self.list.last_mut()?.allowed_bits(vocab)
+    }
+
+    /// [`Self::host_mask`] written into `dst` ([`LogitsProcessor::allowed_bits_into`]).
+    pub fn host_mask_into(&mut self, vocab: usize, dst: &mut [u32]) -> Option<Result<()>> {
+        self.list.last_mut()?.allowed_bits_into(vocab, dst)
     }
 
     /// Whether the only work of a step whose [`Self::host_mask`] was taken is that mask

@@ -253,7 +253,7 @@ impl DecodeBatch {
             .count();
         let read_first = grammar_rows > 0;
         let mut emitted = Vec::new();
-        let mut masks = Vec::new();
+        let mut masks = step::HostMasks::default();
         let logits = mlx_nn::lora::with_row_adapters(&adapters, || {
             step::forward(model, &x, self.cache.layers_mut(), None)
         })?;
@@ -331,7 +331,7 @@ impl DecodeBatch {
         let mut rows: Vec<&mut RowSampling> =
             self.rows.iter_mut().map(|r| r.sampling_mut()).collect();
         std::thread::scope(|scope| {
-            let masks = scope.spawn(move || step::host_masks(&mut rows, vocab));
+            let masks = scope.spawn(move || step::host_masks_apart(&mut rows, vocab));
             let queued = transforms::async_eval(&[logits]);
             let masks = masks
                 .join()
