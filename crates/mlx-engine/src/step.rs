@@ -313,9 +313,14 @@ pub fn sample_masked(
     let logits = if rows.iter().any(|r| r.has_processors()) {
         let masks = if masks.masked.len() == rows.len() {
             masks
-        } else {
+        } else if rows.iter().any(|r| r.needs_accepted_token()) {
             let vocab = logits.dim(-1)? as usize;
             host_masks(rows, vocab)
+        } else {
+            // No grammar row (penalties, a bias): no mask buffer is made for the step,
+            // as the decode batch does; a processor's own `process` applies what it
+            // forbids.
+            HostMasks::none(rows.len())
         };
         process_rows(rows, inputs, logits, masks, &mut failed)?
     } else {
@@ -347,6 +352,16 @@ pub struct HostMasks {
     masked: Vec<bool>,
     /// Rows whose mask could not be computed, with why (their words are all ones).
     failed: Vec<(usize, EngineError)>,
+}
+
+impl HostMasks {
+    /// No row masked on the host (each row's processors run whole).
+    fn none(rows: usize) -> HostMasks {
+        HostMasks {
+            masked: vec![false; rows],
+            ..HostMasks::default()
+        }
+    }
 }
 
 /// Where a step's mask words are.
