@@ -32,12 +32,9 @@ impl SpecBatch {
                 let chosen = width.choose(&rates);
                 if tracing::enabled!(tracing::Level::TRACE) {
                     tracing::trace!(
-                        "speculative: width {chosen} for {} row(s) (rate, drafts) {:?}; times {}",
+                        "speculative: width {chosen} for {} row(s) (rate, drafts) {}; times {}",
                         rates.len(),
-                        rates
-                            .iter()
-                            .map(|&(a, d)| (format!("{a:.2}"), d))
-                            .collect::<Vec<_>>(),
+                        rows_line(&rates),
                         width.describe()
                     );
                 }
@@ -136,10 +133,8 @@ impl SpecBatch {
             let plain = w.stays_plain(&rows);
             if plain && tracing::enabled!(tracing::Level::TRACE) {
                 tracing::trace!(
-                    "speculative: plain ahead for {b} row(s) (rate, drafts) {:?}; times {}",
-                    rows.iter()
-                        .map(|&(a, d)| (format!("{a:.2}"), d))
-                        .collect::<Vec<_>>(),
+                    "speculative: plain ahead for {b} row(s) (rate, drafts) {}; times {}",
+                    rows_line(&rows),
                     w.describe()
                 );
             }
@@ -189,4 +184,13 @@ impl SpecBatch {
         }
         Ok(())
     }
+}
+
+/// The rows' `(acceptance rate, drafts)` for a trace line.
+fn rows_line(rows: &[(f64, usize)]) -> String {
+    let parts: Vec<String> = rows
+        .iter()
+        .map(|&(a, d)| format!("({a:.2}, {d})"))
+        .collect();
+    format!("[{}]", parts.join(", "))
 }
