@@ -23,6 +23,9 @@
 #   specsrv    issue 19: server aggregate decode at 1/8/32 streams, echo 8B target, with
 #              and without its 4-bit draft (SPEC_ARMS: plain draft draftall none syncsteps;
 #              SPEC_STREAMS; SPEC_LOG=DEBUG)
+#   specprof   issue 19: the speculating batch's step split into phases (engine profile) at
+#              1/8 streams, and mlx-generate's rounds on the same pair (SPEC_PROF_ARMS,
+#              SPEC_PROF_MODE, SPEC_K, SPEC_STREAMS, SPEC_ROUNDS)
 #   predsrv    issue 19: server speculation without a draft model (OpenAI predicted outputs)
 #              against plain requests at 1/8/32 streams (PRED_MODELS, PRED_STREAMS,
 #              PRED_TRIALS, PRED_G, PRED_SUSTAIN; benchmarks/predict_bench.py)
@@ -853,6 +856,52 @@ for PART in "$@"; do
         cp /tmp/mlx-bench-server-*/ours.log "$D/ours-$arm.log" 2>/dev/null
       done
       unset MLX_MODEL_DRAFTS MLX_MODEL_PLAIN_STEPS MLX_DRAFT_PREFILL MLX_DRAFT_CATCH_UP_SHARE MLX_DRAFT_EAGER_FEED MLX_DRAFT_POOLED_ACCEPTANCE MLX_WIDTH_FIRST_SHAPES_UNTIMED ;;
+    specprof)
+      # issue 19: where the speculating batch's steps go, against mlx-generate's rounds on
+      # the same pair: our server with the echo 8B bf16 and its 4-bit copy as the draft
+      # model (SPEC_K drafts, 3 by default), the engine's profile every 64 steps
+      # (MLX_ENGINE_PROFILE=SPEC_PROF_MODE, 1 by default; sync: the forwards waited for);
+      # SPEC_PROF_ARMS: all (MLX_MODEL_DRAFTS=all: every step drafts k a row), auto (the
+      # default width), plain (no draft model), alldev / autodev (all / auto with
+      # MLX_DRAFTS_ON_DEVICE=1: the drafts not read before the verification); SPEC_STREAMS (1,8): SPEC_ROUNDS (3) rounds
+      # of that many concurrent requests of 128 tokens (prompt ~128, greedy, as
+      # `xtask bench --server`); then mlx-generate --draft-model on the pair with the same k
+      # and profile (its rounds' split), and plain. Server logs ours-<arm>.log, stdout.txt
+      # the rounds' times and mlx-generate's profile lines.
+      ensure_echo "$D"
+      M=$MODELS/llama-3.1-8b-echo-bf16; DM=$MODELS/llama-3.1-8b-echo-4bit; K=${SPEC_K:-3}
+      port=18951
+      body=$(python3 -c "import json; print(json.dumps({'prompt': 'x' + ' hello' * 127, 'max_tokens': 128, 'temperature': 0.0}))")
+      for arm in ${SPEC_PROF_ARMS:-all auto}; do
+        [ "$(left)" -lt 60 ] && break
+        e=(MLX_SDPA_SPLIT_QUERIES=1 MLX_ENGINE_PROFILE="${SPEC_PROF_MODE:-1}" MLX_ENGINE_PROFILE_EVERY=64)
+        a=(--draft-model "$DM" --num-draft-tokens "$K")
+        case $arm in all) e+=(MLX_MODEL_DRAFTS=all) ;; plain) a=() ;;
+          alldev) e+=(MLX_MODEL_DRAFTS=all MLX_DRAFTS_ON_DEVICE=1) ;; autodev) e+=(MLX_DRAFTS_ON_DEVICE=1) ;; esac
+        env "${e[@]}" "$NEW/mlx-server" --model "$M" --port $port "${a[@]}" > "$D/ours-$arm.log" 2>&1 &
+        srv=$!
+        for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; sleep 1; done
+        for n in $(echo "${SPEC_STREAMS:-1,8}" | tr ',' ' '); do
+          for r in $(seq 0 "${SPEC_ROUNDS:-3}"); do
+            t0=$(date +%s.%N)
+            seq "$n" | xargs -P "$n" -I{} curl -s -o /dev/null http://127.0.0.1:$port/v1/completions \
+              -H 'Content-Type: application/json' -d "$body"
+            t1=$(date +%s.%N)
+            # round 0 warms the shapes up
+            echo "$arm streams $n round $r: $(python3 -c "print(f'{$n * 128 / ($t1 - $t0):.1f}')") tok/s" >> "$D/stdout.txt"
+          done
+        done
+        kill $srv; wait $srv 2>/dev/null
+      done
+      P="$(python3 -c "print(' '.join(['hello world'] * 40))")"
+      for g in draft plain; do
+        [ "$(left)" -lt 30 ] && break
+        a=(--draft-model "$DM" --num-draft-tokens "$K"); [ $g = plain ] && a=()
+        echo "== mlx-generate $g" >> "$D/stdout.txt"
+        env MLX_SDPA_SPLIT_QUERIES=1 MLX_ENGINE_PROFILE="${SPEC_PROF_MODE:-1}" timeout "$(left)" \
+          "$NEW/mlx-generate" --model "$M" "${a[@]}" --prompt "$P" -m 256 2>&1 |
+          grep -E "profile|tokens-per-sec|accept" >> "$D/stdout.txt"
+      done ;;
     predsrv)
       # issue 19: speculation inside the batching server without a draft model (OpenAI
       # predicted outputs, benchmarks/predict_bench.py) against the same requests without,

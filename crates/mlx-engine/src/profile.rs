@@ -250,7 +250,7 @@ impl BatchProfile {
 
     /// Steps between two printed summaries: `MLX_ENGINE_PROFILE_EVERY` (a positive
     /// count, read once), else [`Self::EVERY`].
-    fn every() -> u32 {
+    pub(crate) fn every() -> u32 {
         static EVERY: OnceLock<u32> = OnceLock::new();
         *EVERY.get_or_init(|| {
             std::env::var("MLX_ENGINE_PROFILE_EVERY")
@@ -317,6 +317,172 @@ impl BatchProfile {
     }
 }
 
+/// The timed phases of a speculating batch's step (`batch::speculate::SpecBatch::step`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SpecPhase {
+    /// Reading a queued plain step's tokens before a drafting step.
+    Flush,
+    /// Waiting for what was queued before a timed step (the plain batch's step, a
+    /// prefill chunk), choosing the width.
+    Before,
+    /// The draft model's catch-up on the tokens it lags by (waited for when timed).
+    CatchUp,
+    /// The draft model's forwards: their graphs and `async_eval`s.
+    Draft,
+    /// Waiting for the drafts and reading them back.
+    DraftRead,
+    /// The verification forward's graph (under `MLX_ENGINE_PROFILE=sync` also its
+    /// device time).
+    VerifyForward,
+    /// The rows' processors and samplers over the verified positions.
+    VerifySample,
+    /// Waiting for the verification's tokens and reading them back.
+    VerifyWait,
+    /// Trimming and rolling both models' caches, timing the step.
+    Keep,
+    /// Recording the emitted tokens.
+    Emit,
+    /// A plain step (queued; its tokens read during the next step).
+    Plain,
+}
+
+impl SpecPhase {
+    const COUNT: usize = 11;
+    const NAMES: [&'static str; Self::COUNT] = [
+        "flush",
+        "before",
+        "catch-up",
+        "draft",
+        "draft read",
+        "verify forward",
+        "verify sample",
+        "verify wait",
+        "keep",
+        "emit",
+        "plain",
+    ];
+}
+
+/// One shape's (rows, positions) accumulated step times.
+#[derive(Debug, Default, Clone)]
+struct ShapeTimes {
+    steps: u32,
+    phases: [Duration; SpecPhase::COUNT],
+    total: Duration,
+    min: Option<Duration>,
+    /// The shape's first step, and whether it ran.
+    first: Duration,
+    seen: bool,
+}
+
+/// Accumulated host times of a speculating batch's steps, by shape (rows and verified
+/// positions a row; plain steps are one position), printed to stderr every
+/// [`BatchProfile::every`] steps: where a drafting step's time goes (the draft's
+/// forwards and their read, the verification's forward, sampling and wait, the caches'
+/// trims), each shape's first step (kernel compiles and loads) apart from the mean of
+/// the others, and the fastest.
+#[derive(Debug, Default)]
+pub(crate) struct SpecProfile {
+    lap: Option<Instant>,
+    current: [Duration; SpecPhase::COUNT],
+    shapes: std::collections::BTreeMap<(usize, usize), ShapeTimes>,
+    steps: u32,
+    /// Step to step (between two steps' starts), and the steps it spans.
+    between: Duration,
+    intervals: u32,
+    started: Option<Instant>,
+}
+
+impl SpecProfile {
+    /// Starts a step.
+    pub(crate) fn begin(&mut self) {
+        let now = Instant::now();
+        if let Some(prev) = self.started.replace(now) {
+            self.between += now - prev;
+            self.intervals += 1;
+        }
+        self.lap = Some(now);
+        self.current = Default::default();
+    }
+
+    /// Adds the time since the last mark to `phase` of the current step.
+    pub(crate) fn mark(&mut self, phase: SpecPhase) {
+        if let Some(t) = self.lap.as_mut() {
+            let now = Instant::now();
+            self.current[phase as usize] += now - *t;
+            *t = now;
+        }
+    }
+
+    /// Ends the current step, of `rows` rows and `positions` positions a row; every
+    /// [`BatchProfile::every`] steps returns the summary and starts over.
+    pub(crate) fn end(&mut self, rows: usize, positions: usize) -> Option<String> {
+        self.lap.take()?;
+        let total: Duration = self.current.iter().sum();
+        let s = self.shapes.entry((rows, positions)).or_default();
+        if !s.seen {
+            // A shape's first step stands apart (it may compile kernels).
+            s.first = total;
+            s.seen = true;
+        } else {
+            s.steps += 1;
+            s.total += total;
+            s.min = Some(s.min.map_or(total, |m| m.min(total)));
+            for (a, &d) in s.phases.iter_mut().zip(&self.current) {
+                *a += d;
+            }
+        }
+        self.steps += 1;
+        if self.steps < BatchProfile::every() {
+            return None;
+        }
+        let line = self.summary();
+        self.steps = 0;
+        self.between = Duration::ZERO;
+        self.intervals = 0;
+        for s in self.shapes.values_mut() {
+            *s = ShapeTimes {
+                first: s.first,
+                seen: true,
+                ..Default::default()
+            };
+        }
+        Some(line)
+    }
+
+    fn summary(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let mut out = format!(
+            "[mlx-engine profile] speculating batch, {} steps, step to step {:.2} ms{}",
+            self.steps,
+            ms(self.between) / f64::from(self.intervals.max(1)),
+            if sync() { " (forwards waited for)" } else { "" },
+        );
+        for (&(rows, positions), s) in &self.shapes {
+            if s.steps == 0 {
+                continue;
+            }
+            let n = f64::from(s.steps);
+            let phases: Vec<String> = SpecPhase::NAMES
+                .iter()
+                .zip(&s.phases)
+                .filter(|(_, d)| !d.is_zero())
+                .map(|(name, &d)| format!("{name} {:.2}", ms(d) / n))
+                .collect();
+            out.push_str(&format!(
+                "\n[mlx-engine profile]   {rows} row(s) x {positions} position(s): {} steps, \
+                 mean {:.2} ms (min {:.2}, first {:.2}): {}",
+                s.steps,
+                ms(s.total) / n,
+                s.min.map_or(0.0, ms),
+                ms(s.first),
+                phases.join(", "),
+            ));
+        }
+        out
+    }
+}
+
 /// A stopwatch over the phases of a step (does nothing when profiling is off).
 pub(crate) struct Lap(Option<Instant>);
 
@@ -357,6 +523,35 @@ mod tests {
         }
         assert_eq!((p.steps, p.rows), (0, 0));
         assert!(p.step(1, 0).is_none());
+    }
+
+    #[test]
+    fn spec_profile_sets_each_shapes_first_step_apart() {
+        let mut p = SpecProfile::default();
+        let ms = Duration::from_millis;
+        // Phases are charged by `mark`; here their sums are set directly.
+        for (rows, positions, draft, verify) in
+            [(1, 2, 50, 10), (1, 2, 3, 9), (1, 2, 5, 7), (4, 1, 0, 8)]
+        {
+            p.begin();
+            p.current[SpecPhase::Draft as usize] = ms(draft);
+            p.current[SpecPhase::VerifyWait as usize] = ms(verify);
+            assert!(p.end(rows, positions).is_none());
+        }
+        let s = p.summary();
+        assert!(s.contains("speculating batch, 4 steps"), "{s}");
+        assert!(
+            s.contains(
+                "1 row(s) x 2 position(s): 2 steps, mean 12.00 ms (min 12.00, first 60.00): \
+                 draft 4.00, verify wait 8.00"
+            ),
+            "{s}"
+        );
+        // A shape seen only once has no later steps to show.
+        assert!(!s.contains("4 row(s)"), "{s}");
+        // `end` without `begin` records nothing.
+        assert!(p.end(1, 2).is_none());
+        assert_eq!(p.steps, 4);
     }
 
     #[test]

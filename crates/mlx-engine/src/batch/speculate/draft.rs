@@ -2,11 +2,12 @@
 //! tokens it lags behind the target by, its batched greedy drafts (under a row's
 //! processors where it has some), and what its caches keep of a verified round.
 use super::guide::{guide_rows, Guide};
-use super::{roll_rejected, SpecBatch};
+use super::{drafts_on_device, roll_rejected, Drafts, SpecBatch};
 use crate::batch::decode::cache_err;
 use crate::batch::prefill::padded_forward;
 use crate::batch::sequence::Sequence;
 use crate::error::{EngineError, Result};
+use crate::profile::SpecPhase;
 use crate::step;
 use mlx_array::{ops, transforms, Array, Dtype};
 use mlx_cache::{BatchPromptCache, KvCache, PromptCache};
@@ -159,16 +160,17 @@ impl SpecBatch {
     }
 
     /// `k` greedy drafts for every row from the draft model `[B][k]`; a row with
-    /// logits processors drafts its first `caps[r]` under them (see [`Guide`]).
+    /// logits processors drafts its first `caps[r]` under them (see [`Guide`]). Without
+    /// such a row, under [`drafts_on_device`], they stay on the device.
     pub(super) fn draft_with_model(
         &mut self,
         draft: &dyn LanguageModel,
         k: usize,
         caps: &[usize],
-    ) -> Result<Vec<Vec<u32>>> {
+    ) -> Result<Drafts> {
         let b = self.rows.len();
         if k == 0 {
-            return Ok(vec![Vec::new(); b]);
+            return Ok(Drafts::Host(vec![Vec::new(); b]));
         }
         // The first draft step feeds the lag and `y`: as many tokens a row, within one
         // catch-up piece.
@@ -213,6 +215,9 @@ impl SpecBatch {
                 for (h, tok) in host.iter_mut().zip(got) {
                     h.push(tok);
                 }
+            } else if self.profile.is_some() && crate::profile::sync() {
+                transforms::eval(&[&t])?;
+                ys.push(t.clone());
             } else {
                 transforms::async_eval(&[&t])?;
                 ys.push(t.clone());
@@ -222,13 +227,18 @@ impl SpecBatch {
         for l in &mut self.lag {
             l.clear();
         }
+        self.mark(SpecPhase::Draft);
         if guided {
-            return Ok(host);
+            return Ok(Drafts::Host(host));
         }
         let refs: Vec<&Array> = ys.iter().collect();
         let all = ops::stack(&refs, 1)?;
+        if drafts_on_device() {
+            return Ok(Drafts::Device { tokens: all, k });
+        }
         let flat = step::read_tokens(&all)?;
-        Ok(flat.chunks(k).map(|c| c.to_vec()).collect())
+        self.mark(SpecPhase::DraftRead);
+        Ok(Drafts::Host(flat.chunks(k).map(|c| c.to_vec()).collect()))
     }
 
     /// After a round of `k` model drafts, the draft caches keep what each row accepted

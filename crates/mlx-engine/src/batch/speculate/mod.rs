@@ -67,6 +67,7 @@ use super::sequence::Sequence;
 use super::stage::{keep_in_place, leaving_rows, Leave, Left, Outcome, Stage};
 use super::width::{Acceptance, DraftWidth, Width};
 use crate::error::{EngineError, Result};
+use crate::profile::{SpecPhase, SpecProfile};
 use crate::speculative::{lookup_draft, AcceptancePolicy};
 use crate::step;
 use mlx_array::{ops, transforms, Array, Dtype};
@@ -179,6 +180,8 @@ pub(crate) struct SpecBatch {
     /// model, rows, positions)` that ran.
     first_shapes_untimed: bool,
     shapes_run: std::collections::HashSet<(bool, usize, usize)>,
+    /// Per-phase step times (`MLX_ENGINE_PROFILE`).
+    profile: Option<Box<SpecProfile>>,
 }
 
 /// A draft model's catch-up before a drafting step may take at most this share of the
@@ -202,6 +205,52 @@ struct Verified {
     failed: Vec<Option<EngineError>>,
     /// Positions a row.
     l: usize,
+    /// The drafts verified, each row's (read back with the tokens where they stayed on
+    /// the device).
+    drafts: Vec<Vec<u32>>,
+}
+
+/// A step's drafts: on the host (prompt lookup, drafts under a row's processors, which
+/// take each draft before the next is masked), or the draft model's greedy drafts still
+/// on the device, `[rows, k]` (`MLX_DRAFTS_ON_DEVICE`: the verification's input is built
+/// from them without reading them first, as `mlx-generate`'s rounds do; read back with
+/// the verification's tokens).
+pub(super) enum Drafts {
+    Host(Vec<Vec<u32>>),
+    Device { tokens: Array, k: usize },
+}
+
+impl Drafts {
+    /// The most drafts of a row.
+    fn width(&self) -> usize {
+        match self {
+            Drafts::Host(d) => d.iter().map(Vec::len).max().unwrap_or(0),
+            Drafts::Device { k, .. } => *k,
+        }
+    }
+
+    /// Whether every row has `k` drafts.
+    fn all_of(&self, k: usize) -> bool {
+        match self {
+            Drafts::Host(d) => d.iter().all(|x| x.len() == k),
+            Drafts::Device { k: n, .. } => *n == k,
+        }
+    }
+
+    /// Row `r`'s number of drafts.
+    fn row_len(&self, r: usize) -> usize {
+        match self {
+            Drafts::Host(d) => d.get(r).map_or(0, Vec::len),
+            Drafts::Device { k, .. } => *k,
+        }
+    }
+}
+
+/// Whether the draft model's greedy drafts stay on the device into the verification
+/// (`MLX_DRAFTS_ON_DEVICE=1`; read once).
+pub(super) fn drafts_on_device() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_DRAFTS_ON_DEVICE").is_ok_and(|v| v == "1"))
 }
 
 /// Rows that stepped aside from speculation, to join the plain decode batch.
@@ -431,6 +480,12 @@ impl SpecBatch {
             return Ok((Vec::new(), Round::default()));
         }
         let b = self.rows.len();
+        if self.profile.is_none() && crate::profile::enabled() {
+            self.profile = Some(Box::default());
+        }
+        if let Some(p) = self.profile.as_mut() {
+            p.begin();
+        }
         let mut flushed = Vec::new();
         if let Some(p) = self.pending.take() {
             // Plain again whatever the last tokens draft: queue the step before reading
@@ -440,6 +495,7 @@ impl SpecBatch {
                 return self.step_plain(model, Some(p));
             }
             flushed = self.read_pending(p, false)?;
+            self.mark(SpecPhase::Flush);
             // A row the last tokens ended must not step again before it leaves.
             let ended = flushed
                 .iter()
@@ -463,15 +519,17 @@ impl SpecBatch {
         }
         let mut started = std::time::Instant::now();
         let mut lagged = 0;
-        let (drafts, lens): (Vec<Vec<u32>>, Vec<usize>) = match draft {
+        let (drafts, lens): (Drafts, Vec<usize>) = match draft {
             Some(d) => {
                 // Drafting costs the draft model's forwards: as many drafts as pay for
                 // them and their positions, by this row count's step times.
                 let w = self.choose_width(true, &caps);
                 let lens: Vec<usize> = caps.iter().map(|&c| c.min(w)).collect();
                 let k = lens.iter().copied().max().unwrap_or(0);
+                self.mark(SpecPhase::Before);
                 if k > 0 {
                     started = self.catch_up_timed(d, started, timed)?;
+                    self.mark(SpecPhase::CatchUp);
                 }
                 self.last_drafted = k > 0;
                 // Tokens the draft caches lag by (fed with this round's first draft step).
@@ -493,10 +551,10 @@ impl SpecBatch {
                     x.truncate(w);
                 }
                 let lens = d.iter().map(Vec::len).collect();
-                (d, lens)
+                (Drafts::Host(d), lens)
             }
         };
-        let k = drafts.iter().map(Vec::len).max().unwrap_or(0);
+        let k = drafts.width();
         let known = match self.drafts {
             DraftWidth::Paying => self
                 .width_of(draft.is_some(), b)
@@ -519,11 +577,12 @@ impl SpecBatch {
             mlx_array::current_stream().synchronize()?;
             started = std::time::Instant::now();
         }
+        self.mark(SpecPhase::Before);
         // Every row's last draft fed right behind the verification (every row drafted
         // `k`: the draft model's rounds draft as many for each).
-        let eager =
-            draft.filter(|_| self.eager_feed && k > 0 && drafts.iter().all(|d| d.len() == k));
-        let ver = self.verify(model, &drafts, &lens, k, eager)?;
+        let eager = draft.filter(|_| self.eager_feed && k > 0 && drafts.all_of(k));
+        let mut ver = self.verify(model, drafts, &lens, k, eager)?;
+        let drafts = std::mem::take(&mut ver.drafts);
         // Each row keeps its own acceptance: its drafts up to the first that is not the
         // target's own sample.
         let keep: Vec<usize> = (0..b)
@@ -550,12 +609,30 @@ impl SpecBatch {
                 started,
             )?;
         }
+        self.mark(SpecPhase::Keep);
         tracing::trace!(
             "speculative: {b} row(s) of {l} position(s) verified in {:.1} ms",
             started.elapsed().as_secs_f64() * 1e3
         );
         let round = self.emit(ver, &keep, &lens, draft.is_some() && k > 0, &mut flushed)?;
+        self.mark(SpecPhase::Emit);
+        self.end_profile(l);
         Ok((flushed, round))
+    }
+
+    /// Adds the time since the last mark to `phase` of this step's profile.
+    fn mark(&mut self, phase: SpecPhase) {
+        if let Some(p) = self.profile.as_mut() {
+            p.mark(phase);
+        }
+    }
+
+    /// Ends this step's profile (`l` positions a row), printing the summary when due.
+    fn end_profile(&mut self, l: usize) {
+        let b = self.rows.len();
+        if let Some(line) = self.profile.as_mut().and_then(|p| p.end(b, l)) {
+            eprintln!("{line}");
+        }
     }
 
     /// The verification forward over every row's `[y, drafts...]` (`k` positions after
@@ -566,25 +643,38 @@ impl SpecBatch {
     fn verify(
         &mut self,
         model: &dyn LanguageModel,
-        drafts: &[Vec<u32>],
+        drafts: Drafts,
         lens: &[usize],
         k: usize,
         eager: Option<&dyn LanguageModel>,
     ) -> Result<Verified> {
         let b = self.rows.len();
         let l = k + 1;
-        let mut flat = Vec::with_capacity(b * l);
-        for (r, d) in self.rows.iter().zip(drafts) {
-            flat.push(r.y);
-            flat.extend_from_slice(d);
-            // Padding (never accepted: a row accepts at most its own drafts).
-            flat.extend(std::iter::repeat_n(r.y, k - d.len()));
-        }
-        let input = Array::from_slice(&flat, &[b as i32, l as i32])?;
+        let input = match &drafts {
+            Drafts::Host(drafts) => {
+                let mut flat = Vec::with_capacity(b * l);
+                for (r, d) in self.rows.iter().zip(drafts) {
+                    flat.push(r.y);
+                    flat.extend_from_slice(d);
+                    // Padding (never accepted: a row accepts at most its own drafts).
+                    flat.extend(std::iter::repeat_n(r.y, k - d.len()));
+                }
+                Array::from_slice(&flat, &[b as i32, l as i32])?
+            }
+            Drafts::Device { tokens, .. } => {
+                let ys: Vec<u32> = self.rows.iter().map(|r| r.y).collect();
+                let ys = Array::from_slice(&ys, &[b as i32, 1])?;
+                ops::concatenate(&[&ys, tokens], 1)?
+            }
+        };
         let logits = step::forward_tail(model, &input, self.cache.layers_mut(), None, l as i32)?;
+        if self.profile.is_some() && crate::profile::sync() {
+            transforms::eval(&[&logits])?;
+        }
+        self.mark(SpecPhase::VerifyForward);
         // How many of its drafts each row may accept at most (its own, then fewer when
         // its processors reject one); rows whose processors failed accept none.
-        let mut limits: Vec<usize> = (0..b).map(|r| lens[r].min(drafts[r].len())).collect();
+        let mut limits: Vec<usize> = (0..b).map(|r| lens[r].min(drafts.row_len(r))).collect();
         let mut failed: Vec<Option<EngineError>> = (0..b).map(|_| None).collect();
         let logits = if self.rows.iter().any(|r| r.seq.has_processors()) {
             let v = logits.dim(2)?;
@@ -598,7 +688,13 @@ impl SpecBatch {
                     parts.push(own);
                     continue;
                 }
-                match Guide::new(row).verify(&own, &drafts[r][..limits[r]]) {
+                // Rows with processors draft on the host (`draft_with_model`): a row
+                // drafted on the device has none to verify under them.
+                let host = match &drafts {
+                    Drafts::Host(d) => &d[r][..limits[r]],
+                    Drafts::Device { .. } => &[][..],
+                };
+                match Guide::new(row).verify(&own, host) {
                     Ok((p, n)) => {
                         limits[r] = n;
                         parts.push(p);
@@ -627,13 +723,25 @@ impl SpecBatch {
         };
         let mut pending = vec![&tokens];
         pending.extend(chosen.as_ref());
+        if let Drafts::Device { tokens, .. } = &drafts {
+            pending.push(tokens);
+        }
         if let Some(d) = eager {
             transforms::async_eval(&pending)?;
-            let last: Vec<u32> = drafts.iter().filter_map(|x| x.last().copied()).collect();
-            let input = Array::from_slice(&last, &[b as i32, 1])?;
+            let input = match &drafts {
+                Drafts::Host(drafts) => {
+                    let last: Vec<u32> = drafts.iter().filter_map(|x| x.last().copied()).collect();
+                    Array::from_slice(&last, &[b as i32, 1])?
+                }
+                Drafts::Device { tokens, k } => {
+                    let k = *k as i32;
+                    tokens.slice(&[0, k - 1], &[b as i32, k], None)?
+                }
+            };
             let fed = step::forward(d, &input, self.draft_cache.layers_mut(), None)?;
             transforms::async_eval(&[&fed])?;
         }
+        self.mark(SpecPhase::VerifySample);
         transforms::eval(&pending)?;
         let toks = step::read_tokens(&tokens)?;
         if toks.len() != b * l {
@@ -645,6 +753,19 @@ impl SpecBatch {
             Some(c) => c.astype(Dtype::Float32)?.to_vec::<f32>()?,
             None => Vec::new(),
         };
+        let drafts = match drafts {
+            Drafts::Host(d) => d,
+            Drafts::Device { tokens, k } => {
+                let flat = step::read_tokens(&tokens)?;
+                if flat.len() != b * k {
+                    return Err(EngineError::Internal(
+                        "the draft model returned a wrong number of drafts".into(),
+                    ));
+                }
+                flat.chunks(k).map(<[u32]>::to_vec).collect()
+            }
+        };
+        self.mark(SpecPhase::VerifyWait);
         Ok(Verified {
             toks,
             chosen,
@@ -652,6 +773,7 @@ impl SpecBatch {
             limits,
             failed,
             l,
+            drafts,
         })
     }
 

@@ -6,6 +6,7 @@ use crate::batch::decode::Queued;
 use crate::batch::request::SeqId;
 use crate::batch::stage::Outcome;
 use crate::error::{EngineError, Result};
+use crate::profile::SpecPhase;
 use crate::step;
 use mlx_array::{ops, Array};
 use mlx_models::LanguageModel;
@@ -83,6 +84,8 @@ impl SpecBatch {
             rows: b as u64,
             ..Round::default()
         };
+        self.mark(SpecPhase::Plain);
+        self.end_profile(1);
         Ok((out, round))
     }
 
