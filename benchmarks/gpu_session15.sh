@@ -862,8 +862,9 @@ for PART in "$@"; do
       # model (SPEC_K drafts, 3 by default), the engine's profile every 64 steps
       # (MLX_ENGINE_PROFILE=SPEC_PROF_MODE, 1 by default; sync: the forwards waited for);
       # SPEC_PROF_ARMS: all (MLX_MODEL_DRAFTS=all: every step drafts k a row), auto (the
-      # default width), plain (no draft model), alldev / autodev (all / auto with
-      # MLX_DRAFTS_ON_DEVICE=1: the drafts not read before the verification); SPEC_STREAMS (1,8): SPEC_ROUNDS (3) rounds
+      # default width), plain (no draft model); an arm's name holding "feed" adds
+      # MLX_DRAFT_EAGER_FEED=1 (allfeed, autofeed), "dev" MLX_DRAFTS_ON_DEVICE=1 (the
+      # drafts not read before the verification: alldev, allfeeddev); SPEC_STREAMS (1,8): SPEC_ROUNDS (3) rounds
       # of that many concurrent requests of 128 tokens (prompt ~128, greedy, as
       # `xtask bench --server`); then mlx-generate --draft-model on the pair with the same k
       # and profile (its rounds' split), and plain. Server logs ours-<arm>.log, stdout.txt
@@ -876,8 +877,10 @@ for PART in "$@"; do
         [ "$(left)" -lt 60 ] && break
         e=(MLX_SDPA_SPLIT_QUERIES=1 MLX_ENGINE_PROFILE="${SPEC_PROF_MODE:-1}" MLX_ENGINE_PROFILE_EVERY=64)
         a=(--draft-model "$DM" --num-draft-tokens "$K")
-        case $arm in all) e+=(MLX_MODEL_DRAFTS=all) ;; plain) a=() ;;
-          alldev) e+=(MLX_MODEL_DRAFTS=all MLX_DRAFTS_ON_DEVICE=1) ;; autodev) e+=(MLX_DRAFTS_ON_DEVICE=1) ;; esac
+        case $arm in plain) a=() ;; esac
+        case $arm in *all*) e+=(MLX_MODEL_DRAFTS=all) ;; esac
+        case $arm in *feed*) e+=(MLX_DRAFT_EAGER_FEED=1) ;; esac
+        case $arm in *dev*) e+=(MLX_DRAFTS_ON_DEVICE=1) ;; esac
         env "${e[@]}" "$NEW/mlx-server" --model "$M" --port $port "${a[@]}" > "$D/ours-$arm.log" 2>&1 &
         srv=$!
         for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; sleep 1; done
@@ -894,11 +897,13 @@ for PART in "$@"; do
         kill $srv; wait $srv 2>/dev/null
       done
       P="$(python3 -c "print(' '.join(['hello world'] * 40))")"
-      for g in draft plain; do
+      # SPEC_GEN: draft (the default eager feed), nofeed (MLX_DRAFT_EAGER_FEED=0), plain
+      for g in ${SPEC_GEN:-draft nofeed plain}; do
         [ "$(left)" -lt 30 ] && break
         a=(--draft-model "$DM" --num-draft-tokens "$K"); [ $g = plain ] && a=()
+        f=(); [ $g = nofeed ] && f=(MLX_DRAFT_EAGER_FEED=0)
         echo "== mlx-generate $g" >> "$D/stdout.txt"
-        env MLX_SDPA_SPLIT_QUERIES=1 MLX_ENGINE_PROFILE="${SPEC_PROF_MODE:-1}" timeout "$(left)" \
+        env "${f[@]}" MLX_SDPA_SPLIT_QUERIES=1 MLX_ENGINE_PROFILE="${SPEC_PROF_MODE:-1}" timeout "$(left)" \
           "$NEW/mlx-generate" --model "$M" "${a[@]}" --prompt "$P" -m 256 2>&1 |
           grep -E "profile|tokens-per-sec|accept" >> "$D/stdout.txt"
       done ;;
