@@ -223,23 +223,16 @@ fn rows_fed_their_last_draft_eagerly_keep_their_tokens_and_acceptance() {
     // `MLX_DRAFT_EAGER_FEED=1` (each test runs in its own process; read when the engine
     // starts): every round feeds each row's last draft to the draft model right behind
     // the verification, and the draft caches keep what each row accepted of it.
+    // With the model as its own draft every draft is accepted: no row lags, ever. With
+    // a noisy copy the fed last drafts a row rejected are rolled away with the rest.
     std::env::set_var("MLX_DRAFT_EAGER_FEED", "1");
-    let want = alone();
-    // With the model as its own draft every draft is accepted: no row lags, ever.
-    check_every_round_accepted(&with_draft(model(TARGET)), &want);
-    // A noisy copy: the fed last drafts a row rejected are rolled away with the rest.
-    let (draft, _files) = common::noisy_copy(TARGET, 0.05);
-    let solo = check_rows_accept_as_alone(&with_draft(draft), &want);
-    assert!(solo.iter().any(|g| g.from_draft > 0), "{solo:?}");
-    assert!(solo.iter().any(|g| g.from_draft < g.drafted), "{solo:?}");
+    check_self_and_noisy_drafts();
 }
 
-/// With `MLX_DRAFTS_ON_DEVICE=1` (read once per process) the draft model's drafts go
-/// into the verification's input on the device and are read back with its tokens: with
-/// the model as its own draft every round is accepted in full, and with a noisy copy the
-/// rows give their plain tokens and are drafted and accept as alone.
-fn check_drafts_on_device() {
-    std::env::set_var("MLX_DRAFTS_ON_DEVICE", "1");
+/// With the model as its own draft every round is accepted in full; with a noisy copy
+/// the rows give their plain tokens, are drafted and accept as alone, some drafts
+/// accepted and some rejected.
+fn check_self_and_noisy_drafts() {
     let want = alone();
     check_every_round_accepted(&with_draft(model(TARGET)), &want);
     let (draft, _files) = common::noisy_copy(TARGET, 0.05);
@@ -248,16 +241,20 @@ fn check_drafts_on_device() {
     assert!(solo.iter().any(|g| g.from_draft < g.drafted), "{solo:?}");
 }
 
+/// `MLX_DRAFTS_ON_DEVICE=1` (read once per process): the draft model's drafts go into
+/// the verification's input on the device and are read back with its tokens.
 #[test]
 fn drafts_kept_on_the_device_give_the_tokens_and_acceptance_of_read_ones() {
-    check_drafts_on_device();
+    std::env::set_var("MLX_DRAFTS_ON_DEVICE", "1");
+    check_self_and_noisy_drafts();
 }
 
 #[test]
 fn drafts_kept_on_the_device_and_fed_eagerly_give_the_same_tokens_and_acceptance() {
     // The eager feed takes each row's last draft from the device array too.
+    std::env::set_var("MLX_DRAFTS_ON_DEVICE", "1");
     std::env::set_var("MLX_DRAFT_EAGER_FEED", "1");
-    check_drafts_on_device();
+    check_self_and_noisy_drafts();
 }
 
 #[test]
