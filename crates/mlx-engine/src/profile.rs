@@ -370,9 +370,8 @@ struct ShapeTimes {
     phases: [Duration; SpecPhase::COUNT],
     total: Duration,
     min: Option<Duration>,
-    /// The shape's first step, and whether it ran.
-    first: Duration,
-    seen: bool,
+    /// The shape's first step, once it ran.
+    first: Option<Duration>,
 }
 
 /// Accumulated host times of a speculating batch's steps, by shape (rows and verified
@@ -420,10 +419,9 @@ impl SpecProfile {
         self.lap.take()?;
         let total: Duration = self.current.iter().sum();
         let s = self.shapes.entry((rows, positions)).or_default();
-        if !s.seen {
+        if s.first.is_none() {
             // A shape's first step stands apart (it may compile kernels).
-            s.first = total;
-            s.seen = true;
+            s.first = Some(total);
         } else {
             s.steps += 1;
             s.total += total;
@@ -443,7 +441,6 @@ impl SpecProfile {
         for s in self.shapes.values_mut() {
             *s = ShapeTimes {
                 first: s.first,
-                seen: true,
                 ..Default::default()
             };
         }
@@ -475,7 +472,7 @@ impl SpecProfile {
                 s.steps,
                 ms(s.total) / n,
                 s.min.map_or(0.0, ms),
-                ms(s.first),
+                s.first.map_or(0.0, ms),
                 phases.join(", "),
             ));
         }

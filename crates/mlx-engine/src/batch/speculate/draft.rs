@@ -215,7 +215,7 @@ impl SpecBatch {
                 for (h, tok) in host.iter_mut().zip(got) {
                     h.push(tok);
                 }
-            } else if self.profile.is_some() && crate::profile::sync() {
+            } else if self.profile_sync() {
                 transforms::eval(&[&t])?;
                 ys.push(t.clone());
             } else {

@@ -627,6 +627,11 @@ impl SpecBatch {
         }
     }
 
+    /// Whether this step's profile waits for each forward (`MLX_ENGINE_PROFILE=sync`).
+    fn profile_sync(&self) -> bool {
+        self.profile.is_some() && crate::profile::sync()
+    }
+
     /// Ends this step's profile (`l` positions a row), printing the summary when due.
     fn end_profile(&mut self, l: usize) {
         let b = self.rows.len();
@@ -668,7 +673,7 @@ impl SpecBatch {
             }
         };
         let logits = step::forward_tail(model, &input, self.cache.layers_mut(), None, l as i32)?;
-        if self.profile.is_some() && crate::profile::sync() {
+        if self.profile_sync() {
             transforms::eval(&[&logits])?;
         }
         self.mark(SpecPhase::VerifyForward);
