@@ -448,6 +448,91 @@ pub fn host_masks_apart(rows: &mut [&mut RowSampling], vocab: usize) -> HostMask
     }
 }
 
+/// The persistent thread of [`accept_and_mask_beside`], started at its first use (`None`
+/// if it could not be started: the work then runs on the caller's thread).
+fn mask_worker() -> Option<&'static rayon_core::ThreadPool> {
+    static WORKER: std::sync::OnceLock<Option<rayon_core::ThreadPool>> = std::sync::OnceLock::new();
+    WORKER
+        .get_or_init(|| {
+            rayon_core::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .thread_name(|_| "mlx-grammar".into())
+                .build()
+                .ok()
+        })
+        .as_ref()
+}
+
+/// A decode step's grammar work on one persistent worker thread while `beside` runs on
+/// this one (the forward's queueing): the first `tokens.len()` rows accept their token
+/// ([`RowSampling::accept`]), then every row's mask is written into the step's upload
+/// buffer ([`host_masks`]). The same thread does both at every step, so the grammars'
+/// state stays in its core's caches (session 43 measured a thread started each step
+/// computing the masks at twice the cost, the accept having run on another core).
+/// Returns each accepting row's result (whether it reached a dead end by its token, as
+/// [`RowSampling::dead_end`] says after its accept and before its mask), the masks and
+/// what `beside` returned. The
+/// rows' processors run on the worker: a processor whose `accept` or host mask called
+/// MLX must not be used here (the crate's grammars make no MLX call). Where the worker
+/// or the upload buffer cannot be had, all of it runs on this thread.
+pub fn accept_and_mask_beside<R>(
+    rows: &mut [&mut RowSampling],
+    tokens: &[u32],
+    vocab: usize,
+    beside: impl FnOnce() -> R,
+) -> Result<(Vec<Result<bool>>, HostMasks, R)> {
+    let n = vocab.div_ceil(32);
+    let mut beside = Some(beside);
+    let (mut done, mut side, mut upload) = (None, None, None);
+    if let Some(pool) = mask_worker() {
+        upload = Array::from_fill::<u32>(&[rows.len() as i32, n as i32, 1], |dst| {
+            pool.in_place_scope(|s| {
+                let (rows, done) = (&mut *rows, &mut done);
+                s.spawn(move |_| {
+                    let accepted = accept_rows(rows, tokens);
+                    *done = Some((accepted, fill_masks(rows, vocab, n, dst)));
+                });
+                side = beside.take().map(|f| f());
+            });
+        })
+        .ok();
+    }
+    // What did not run on the worker (no worker, no upload buffer) runs here, in order.
+    let r = match (side, beside) {
+        (Some(r), _) => r,
+        (None, Some(f)) => f(),
+        (None, None) => {
+            return Err(EngineError::Internal(
+                "the step's queueing beside the grammar work did not run".into(),
+            ))
+        }
+    };
+    let (accepted, masks) = match (done, upload) {
+        (Some((accepted, (masked, failed))), Some(a)) => {
+            let masks = HostMasks {
+                n,
+                packed: Packed::Upload(a),
+                masked,
+                failed,
+            };
+            (accepted, masks)
+        }
+        (Some((accepted, _)), None) => (accepted, host_masks_apart(rows, vocab)),
+        (None, _) => (accept_rows(rows, tokens), host_masks_apart(rows, vocab)),
+    };
+    Ok((accepted, masks, r))
+}
+
+/// The first `tokens.len()` rows each accept their token: whether the row reached a dead
+/// end by it ([`RowSampling::dead_end`], asked before its next mask, which may find one
+/// more).
+fn accept_rows(rows: &mut [&mut RowSampling], tokens: &[u32]) -> Vec<Result<bool>> {
+    rows.iter_mut()
+        .zip(tokens)
+        .map(|(r, &t)| r.accept(t).map(|()| r.dead_end()))
+        .collect()
+}
+
 fn process_rows(
     rows: &mut [&mut RowSampling],
     inputs: &Array,

@@ -1,11 +1,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
-//! A decode step's grammar masks computed on a second thread while the forward is
-//! queued (`MLX_MASKS_BESIDE`, session 42) give every row the tokens it gets with the
-//! masks computed after the forward on the step's own thread (the default), together
-//! and alone.
-use common::{model, opts, serve, BuildPeriodic};
+//! A decode step's grammar accepts and masks on the grammar worker while the forward is
+//! queued (`MLX_MASKS_BESIDE`, sessions 42 and 45) give every row the tokens it gets with
+//! them after the forward on the step's own thread (the default), together and alone,
+//! a dead end found by a mask included.
+use common::{model, opts, serve, BuildPeriodic, PERIODIC_WORKER_ACCEPTS};
 use mlx_engine::batch::{Engine, EngineMetrics, GenerationRequest};
 use mlx_sample::LogitsParams;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 #[allow(dead_code)] // shared helpers this file does not use
@@ -22,15 +23,20 @@ const PROMPTS: [&[u32]; 5] = [
 ];
 const MAX: usize = 19;
 
+/// Row 4's grammar finds a dead end in its mask after this many tokens.
+const DEAD_END_AT: usize = 7;
+
 /// Rows 0, 2 and 4 constrained (a host-mask grammar: the `i`-th token `i` modulo 3, so
-/// each step's mask differs from the last; 2 also with a penalty), 1 with penalties, 3
-/// plain.
+/// each step's mask differs from the last; 2 also with a penalty; 4's mask finds a dead
+/// end after `DEAD_END_AT` tokens, which must end the row one token later, as a
+/// grammar's mask allowing only EOS does), 1 with penalties, 3 plain.
 fn request(i: usize) -> GenerationRequest {
     let mut r = GenerationRequest::new(PROMPTS[i].to_vec(), MAX);
     if i.is_multiple_of(2) {
         r.processors.push(Arc::new(BuildPeriodic {
             modulus: 3,
             host_bits: true,
+            dead_end_at: (i == 4).then_some(DEAD_END_AT as u32),
         }));
     }
     if i == 1 || i == 2 {
@@ -63,10 +69,18 @@ fn masks_beside_the_forward_give_the_tokens_of_masks_after_it() {
         .collect();
     drop(e);
     assert_eq!(mlx_engine::batch::masks_beside_steps(), 0);
+    assert_eq!(PERIODIC_WORKER_ACCEPTS.load(Ordering::Relaxed), 0);
     assert_eq!(together, alone, "served together against alone");
+    // Row 4 ends on the token after its dead end (the one its mask then allows).
+    assert_eq!(alone[4][DEAD_END_AT..], [0], "row 4 after its dead end");
     for i in (0..n).step_by(2) {
-        assert_eq!(alone[i].len(), MAX, "row {i} ran to its length");
-        for (j, t) in alone[i].iter().enumerate() {
+        let len = if i == 4 { DEAD_END_AT } else { MAX };
+        assert_eq!(
+            alone[i].len(),
+            len + usize::from(i == 4),
+            "row {i}'s length"
+        );
+        for (j, t) in alone[i][..len].iter().enumerate() {
             assert_eq!(
                 t % 3,
                 j as u32 % 3,
@@ -88,6 +102,11 @@ fn masks_beside_the_forward_give_the_tokens_of_masks_after_it() {
         mlx_engine::batch::masks_beside_steps() >= 2 * MAX as u64 - 4,
         "the masks were computed beside the forward in {} steps",
         mlx_engine::batch::masks_beside_steps()
+    );
+    assert!(
+        PERIODIC_WORKER_ACCEPTS.load(Ordering::Relaxed) >= 2 * MAX as u64,
+        "the grammars accepted {} tokens on the worker",
+        PERIODIC_WORKER_ACCEPTS.load(Ordering::Relaxed)
     );
     assert_eq!(beside, alone, "beside, together");
     assert_eq!(beside_alone, alone, "beside, alone");

@@ -33,6 +33,7 @@ fn request(i: usize) -> GenerationRequest {
         r.processors.push(Arc::new(BuildPeriodic {
             modulus: 2,
             host_bits: false,
+            dead_end_at: None,
         }));
     }
     if i == 1 {

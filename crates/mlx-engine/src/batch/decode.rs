@@ -220,13 +220,16 @@ impl DecodeBatch {
     /// host reads the previous tokens, moves each grammar on by its token and computes
     /// every grammar row's mask for this step (a bitset per row), then queues the
     /// sampling with one `where` for the batch: the host's grammar work overlaps the
-    /// forward instead of following it. With `MLX_MASKS_BESIDE=1` (opt-in: not measured
-    /// on a device yet), where the previous tokens are computed once the forward's
-    /// graph is built (a host-bound step: the device finished them while the host
-    /// built the graph) and at least two rows have a grammar, they are read before the
-    /// forward is queued and the masks are computed on a second thread while this one
-    /// queues it (MLX's encoding of the step), so that the grammars' work adds no host
-    /// time to the step (`always`: the second thread at every step, for tests).
+    /// forward instead of following it. With `MLX_MASKS_BESIDE=1` (opt-in), where the
+    /// previous tokens are computed once the forward's graph is built (a host-bound
+    /// step: the device finished them while the host built the graph) and at least two
+    /// rows have a grammar, they are read before the forward is queued, and one
+    /// persistent worker thread moves each grammar on by its token and computes the
+    /// masks while this one queues the forward (MLX's encoding of the step), so that
+    /// the grammars' work adds no host time to the step (`always`: the worker at every
+    /// step, for tests). Session 43 measured a thread started at each step for the
+    /// masks alone: they cost twice as much there (the grammars' state in another
+    /// core's caches after their accept on this one), no gain; the worker does both.
     pub fn step(&mut self, model: &dyn LanguageModel) -> Result<Vec<(SeqId, Outcome)>> {
         if self.rows.is_empty() {
             return Ok(Vec::new());
@@ -269,8 +272,10 @@ impl DecodeBatch {
                 }
             };
             if beside {
-                emitted = self.read_pending(&mut lap)?;
-                masks = self.queue_with_masks(&logits, vocab)?;
+                let read = self.read_pending_tokens(&mut lap)?;
+                let (accepted, m) = self.queue_with_masks(&logits, vocab, &read)?;
+                masks = m;
+                emitted = self.record_read(read, Some(accepted), &mut lap)?;
                 MASKS_BESIDE_STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 // The masks were computed during the queueing: the profile charges the
                 // pair to the forward's `async_eval`.
@@ -324,35 +329,68 @@ impl DecodeBatch {
         Ok(out)
     }
 
-    /// Queues `logits` (MLX encodes the forward on this thread) while a second thread
-    /// computes every row's host mask over `vocab` tokens (the grammars' work is host
-    /// work only, no MLX call).
-    fn queue_with_masks(&mut self, logits: &Array, vocab: usize) -> Result<step::HostMasks> {
+    /// Queues `logits` (MLX encodes the forward on this thread) while the grammar
+    /// worker ([`step::accept_and_mask_beside`]) moves each row that was read on by its
+    /// token (`read`, the first rows) and computes every row's host mask over `vocab`
+    /// tokens (host work only, no MLX call): each read row's accept result and the masks.
+    fn queue_with_masks(
+        &mut self,
+        logits: &Array,
+        vocab: usize,
+        read: &[ReadToken],
+    ) -> Result<(Vec<Result<bool>>, step::HostMasks)> {
+        let tokens: Vec<u32> = read.iter().map(|(t, _, _)| *t).collect();
         let mut rows: Vec<&mut RowSampling> =
             self.rows.iter_mut().map(|r| r.sampling_mut()).collect();
-        std::thread::scope(|scope| {
-            let masks = scope.spawn(move || step::host_masks_apart(&mut rows, vocab));
-            let queued = transforms::async_eval(&[logits]);
-            let masks = masks
-                .join()
-                .map_err(|_| EngineError::Internal("the token-mask thread panicked".into()))?;
-            queued?;
-            Ok(masks)
-        })
+        let (accepted, masks, queued) =
+            step::accept_and_mask_beside(&mut rows, &tokens, vocab, || {
+                transforms::async_eval(&[logits])
+            })?;
+        queued?;
+        Ok((accepted, masks))
     }
 
     /// Reads the previous step's tokens (and log-probabilities where asked for); the
     /// step being built fed them to the model, so the caches hold them.
     fn read_pending(&mut self, lap: &mut Lap) -> Result<Vec<(SeqId, TokenOut)>> {
+        let read = self.read_pending_tokens(lap)?;
+        self.record_read(read, None, lap)
+    }
+
+    /// The previous step's tokens as read, one for each of its rows (the first
+    /// `pending_rows`), nothing recorded yet.
+    fn read_pending_tokens(&mut self, lap: &mut Lap) -> Result<Vec<ReadToken>> {
         let Some(queued) = self.pending.take() else {
             return Ok(Vec::new());
         };
-        let rows = &mut self.rows[..self.pending_rows];
+        let rows = &self.rows[..self.pending_rows];
         let read = queued.read(rows.iter().map(|r| &*r.job().req))?;
         lap.mark(&mut self.profile, BatchPhase::Wait);
+        Ok(read)
+    }
+
+    /// Records each read token in its row; `accepted`: the rows' processors were given
+    /// their tokens already (by the grammar worker), with these results (whether the
+    /// token led to a dead end).
+    fn record_read(
+        &mut self,
+        read: Vec<ReadToken>,
+        accepted: Option<Vec<Result<bool>>>,
+        lap: &mut Lap,
+    ) -> Result<Vec<(SeqId, TokenOut)>> {
         let mut out = Vec::with_capacity(read.len());
-        for (r, (token, logprob, top)) in rows.iter_mut().zip(read) {
-            out.push((r.id(), r.record(token, logprob, top, true)?));
+        let mut accepted = accepted.map(Vec::into_iter);
+        for (r, (token, logprob, top)) in self.rows.iter_mut().zip(read) {
+            let done = match accepted.as_mut().map(Iterator::next) {
+                None => r.record(token, logprob, top, true)?,
+                Some(Some(result)) => r.record_accepted(token, logprob, top, true, result?),
+                Some(None) => {
+                    return Err(EngineError::Internal(
+                        "a read token without its grammar's accept".into(),
+                    ))
+                }
+            };
+            out.push((r.id(), done));
         }
         lap.mark(&mut self.profile, BatchPhase::Record);
         Ok(out)
@@ -457,13 +495,13 @@ pub(crate) fn cache_err(e: mlx_cache::CacheError) -> EngineError {
 /// Where a decode step with grammar rows computes their masks (`MLX_MASKS_BESIDE`,
 /// read at every such step).
 enum MasksBeside {
-    /// On a second thread while the forward is queued, where the previous step's
-    /// tokens are computed once the forward's graph is built and at least
-    /// `MASKS_BESIDE_MIN_ROWS` rows have a grammar (`1`).
+    /// On the grammar worker (with the grammars' accept) while the forward is queued,
+    /// where the previous step's tokens are computed once the forward's graph is built
+    /// and at least `MASKS_BESIDE_MIN_ROWS` rows have a grammar (`1`).
     WhenReady,
     /// After the forward is queued, on the step's thread (the default).
     Off,
-    /// On a second thread at every step, waiting for the previous tokens first
+    /// On the grammar worker at every step, waiting for the previous tokens first
     /// (`always`: for tests, on a CPU whose steps rarely find them computed).
     Always,
 }
@@ -478,14 +516,14 @@ impl MasksBeside {
     }
 }
 
-/// The fewest grammar rows whose masks go to a second thread: one row's mask (~15-35 us)
-/// costs about what starting the thread does.
+/// The fewest grammar rows whose masks go to the worker: one row's mask (~5-35 us) costs
+/// about what handing it over does.
 const MASKS_BESIDE_MIN_ROWS: usize = 2;
 
 static MASKS_BESIDE_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// How many decode steps of this process computed their grammar rows' masks on a
-/// second thread while the forward was queued (`MLX_MASKS_BESIDE`).
+/// How many decode steps of this process computed their grammar rows' masks on the
+/// grammar worker while the forward was queued (`MLX_MASKS_BESIDE`).
 pub fn masks_beside_steps() -> u64 {
     MASKS_BESIDE_STEPS.load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -436,13 +436,29 @@ impl Sequence {
         top: Vec<(u32, f32)>,
         fed: bool,
     ) -> Result<TokenOut> {
+        self.sampling.accept(token)?;
+        let dead_end = self.sampling.dead_end();
+        Ok(self.record_accepted(token, logprob, top, fed, dead_end))
+    }
+
+    /// [`Self::record`] of a token the processors accepted already (the grammar worker
+    /// of a decode step, `MLX_MASKS_BESIDE`): `dead_end`, whether a processor reached a
+    /// dead end by it (asked right after the accept: the next step's mask, which the
+    /// worker may have computed since, can find one that belongs to the next token).
+    pub(crate) fn record_accepted(
+        &mut self,
+        token: u32,
+        logprob: Option<f32>,
+        top: Vec<(u32, f32)>,
+        fed: bool,
+        dead_end: bool,
+    ) -> TokenOut {
         self.generated += 1;
         if fed {
             self.fed.push(token);
         }
-        self.sampling.accept(token)?;
         let mut stop_index = self.stop.advance(token);
-        let finish = if self.sampling.dead_end() {
+        let finish = if dead_end {
             stop_index = None;
             Some(Finish::Constraint)
         } else if stop_index.is_some() {
@@ -452,7 +468,7 @@ impl Sequence {
         } else {
             None
         };
-        Ok(TokenOut {
+        TokenOut {
             token,
             logprob,
             top,
@@ -460,6 +476,6 @@ impl Sequence {
             stop_index,
             from_draft: false,
             drafted: 0,
-        })
+        }
     }
 }

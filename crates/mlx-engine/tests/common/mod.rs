@@ -143,12 +143,15 @@ pub fn read(rx: &mpsc::Receiver<EngineEvent>, got: &mut Got, until: usize) {
 /// the answer must be `i` modulo `modulus`; it needs each accepted token before the next
 /// step, reaches a dead end when told a token it does not allow, and with `host_bits`
 /// gives its mask as a bitset computed on the host (as llguidance's constraints do),
-/// else only as a `where` on the logits.
+/// else only as a `where` on the logits. With `dead_end_at: Some(n)` its host mask finds
+/// a dead end once `n` tokens were accepted (as llguidance finds that no token can go
+/// on) and then allows token 0 only (as a constraint allows only EOS).
 #[allow(dead_code)] // not every test file uses it
 #[derive(Debug, Clone)]
 pub struct Periodic {
     modulus: u32,
     host_bits: bool,
+    dead_end_at: Option<u32>,
     accepted: u32,
     failed: bool,
 }
@@ -156,7 +159,10 @@ pub struct Periodic {
 #[allow(dead_code)]
 impl Periodic {
     fn allows(&self, t: u32) -> bool {
-        !self.failed && t % self.modulus == self.accepted % self.modulus
+        if self.failed {
+            return t == 0;
+        }
+        t % self.modulus == self.accepted % self.modulus
     }
 }
 
@@ -173,6 +179,9 @@ impl mlx_sample::LogitsProcessor for Periodic {
         if !self.host_bits {
             return None;
         }
+        if self.dead_end_at == Some(self.accepted) {
+            self.failed = true;
+        }
         let mut words = vec![0u32; vocab.div_ceil(32)];
         for t in (0..vocab as u32).filter(|&t| self.allows(t)) {
             words[t as usize / 32] |= 1 << (t % 32);
@@ -181,6 +190,9 @@ impl mlx_sample::LogitsProcessor for Periodic {
     }
 
     fn accept(&mut self, token: u32) -> mlx_sample::Result<()> {
+        if std::thread::current().name() == Some("mlx-grammar") {
+            PERIODIC_WORKER_ACCEPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         if token % self.modulus != self.accepted % self.modulus {
             self.failed = true;
         }
@@ -201,12 +213,19 @@ impl mlx_sample::LogitsProcessor for Periodic {
     }
 }
 
+/// How many tokens [`Periodic`]s accepted on the engine's grammar worker thread
+/// (`MLX_MASKS_BESIDE`).
+#[allow(dead_code)] // not every test file uses it
+pub static PERIODIC_WORKER_ACCEPTS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
 /// Builds a fresh [`Periodic`] for every choice of a request.
 #[allow(dead_code)] // not every test file uses it
 #[derive(Debug)]
 pub struct BuildPeriodic {
     pub modulus: u32,
     pub host_bits: bool,
+    pub dead_end_at: Option<u32>,
 }
 
 impl mlx_sample::BuildProcessor for BuildPeriodic {
@@ -214,6 +233,7 @@ impl mlx_sample::BuildProcessor for BuildPeriodic {
         Ok(Box::new(Periodic {
             modulus: self.modulus,
             host_bits: self.host_bits,
+            dead_end_at: self.dead_end_at,
             accepted: 0,
             failed: false,
         }))
