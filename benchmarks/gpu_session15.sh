@@ -108,11 +108,14 @@
 #   saveptx    MLX's kernel cache of this machine to $OUT/ptx-cache.tar.xz (carry it back as
 #              .gpu/ptx-cache.tar.xz for the next machine)
 #   structprof issue 20: gpu_structured.sh with the engine's profile lines every 32 steps
-#              (STRUCT_ONLY, STRUCT_TRIALS (2), -g STRUCT_G (256)), 1 and 32 streams
+#              (STRUCT_ONLY, STRUCT_TRIALS (2), -g STRUCT_G (256)), 1 and 32 streams,
+#              per arm (STRUCT_PROF_ARMS: default, beside, first, both: as structarms)
 #   structarms issue 20: gpu_structured.sh per arm (STRUCT_ARMS: default, noadvise =
 #              MLX_HOST_BUFFER_ADVISE=0, nopool = MLX_HOST_BUFFER_POOL=0, beside =
-#              MLX_MASKS_BESIDE=1: the masks on a second thread while the forward is
-#              queued, session 42), STRUCT_ONLY,
+#              MLX_MASKS_BESIDE=1: the grammar worker's accepts and masks while the
+#              forward is queued, sessions 42 and 45, first = MLX_MASKS_FIRST=1: the
+#              masks before the forward is queued, one evaluation a step, session 45,
+#              both), STRUCT_ONLY,
 #              1 and 32 streams, -g STRUCT_G (256), STRUCT_TRIALS (2) pairs, no profile lines
 #   structmb   issue 20: structab on the 8B bf16 shape (STRUCT_ONLY) under MLX's graph
 #              limits (STRUCT_MB_ARMS: default, mb4000 / mb16000 = MLX_MAX_MB_PER_BUFFER,
@@ -772,9 +775,16 @@ for PART in "$@"; do
         --trials "${STRUCT_TRIALS:-3}" > "$D/stdout.txt" 2>&1 ;;
     structprof)
       # STRUCT_PROF_ARMS: default (the server's profile lines as they are), beside
-      # (MLX_MASKS_BESIDE=1); each arm's records under $D/<arm>
+      # (MLX_MASKS_BESIDE=1: the grammar worker), first (MLX_MASKS_FIRST=1: the masks
+      # before the forward is queued, one evaluation a step), both (the two: beside
+      # from two grammar rows, first below); each arm's records under $D/<arm>
       for arm in ${STRUCT_PROF_ARMS:-default}; do
-        e=(); [ "$arm" = beside ] && e=(MLX_MASKS_BESIDE=1)
+        e=()
+        case $arm in
+          beside) e=(MLX_MASKS_BESIDE=1) ;;
+          first) e=(MLX_MASKS_FIRST=1) ;;
+          both) e=(MLX_MASKS_BESIDE=1 MLX_MASKS_FIRST=1) ;;
+        esac
         mkdir -p "$D/$arm"
         env "${e[@]}" OUT="$D/$arm" MLX_ENGINE_PROFILE_EVERY=32 timeout "$(left)" bash benchmarks/gpu_structured.sh "$NEW" \
           --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams "${STRUCT_STREAMS:-1,32}" \
@@ -789,6 +799,8 @@ for PART in "$@"; do
           noadvise) e=(MLX_HOST_BUFFER_ADVISE=0) ;;
           nopool) e=(MLX_HOST_BUFFER_POOL=0) ;;
           beside) e=(MLX_MASKS_BESIDE=1) ;;
+          first) e=(MLX_MASKS_FIRST=1) ;;
+          both) e=(MLX_MASKS_BESIDE=1 MLX_MASKS_FIRST=1) ;;
         esac
         mkdir -p "$D/$arm"
         env "${e[@]}" OUT="$D/$arm" MLX_ENGINE_PROFILE=0 timeout "$(left)" bash benchmarks/gpu_structured.sh \

@@ -2,7 +2,8 @@
 //! A decode step's grammar accepts and masks on the grammar worker while the forward is
 //! queued (`MLX_MASKS_BESIDE`, sessions 42 and 45) give every row the tokens it gets with
 //! them after the forward on the step's own thread (the default), together and alone,
-//! a dead end found by a mask included.
+//! a dead end found by a mask included; so do the masks computed before the forward is
+//! queued (`MLX_MASKS_FIRST`, one evaluation a step).
 use common::{model, opts, serve, BuildPeriodic, PERIODIC_WORKER_ACCEPTS};
 use mlx_engine::batch::{Engine, EngineMetrics, GenerationRequest};
 use mlx_sample::LogitsParams;
@@ -110,4 +111,24 @@ fn masks_beside_the_forward_give_the_tokens_of_masks_after_it() {
     );
     assert_eq!(beside, alone, "beside, together");
     assert_eq!(beside_alone, alone, "beside, alone");
+    assert_eq!(mlx_engine::batch::masks_first_steps(), 0);
+    drop(e);
+    // Before the forward is queued, one evaluation a step, at every step.
+    std::env::remove_var("MLX_MASKS_BESIDE");
+    std::env::set_var("MLX_MASKS_FIRST", "always");
+    let e = engine();
+    let first: Vec<Vec<u32>> = serve(&e, (0..n).map(request).collect())
+        .into_iter()
+        .map(|g| g.tokens)
+        .collect();
+    let first_alone: Vec<Vec<u32>> = (0..n)
+        .map(|i| serve(&e, vec![request(i)]).remove(0).tokens)
+        .collect();
+    assert!(
+        mlx_engine::batch::masks_first_steps() >= 2 * MAX as u64 - 4,
+        "the masks were computed before the forward in {} steps",
+        mlx_engine::batch::masks_first_steps()
+    );
+    assert_eq!(first, alone, "first, together");
+    assert_eq!(first_alone, alone, "first, alone");
 }

@@ -230,6 +230,10 @@ impl DecodeBatch {
     /// step, for tests). Session 43 measured a thread started at each step for the
     /// masks alone: they cost twice as much there (the grammars' state in another
     /// core's caches after their accept on this one), no gain; the worker does both.
+    /// With `MLX_MASKS_FIRST=1` (opt-in) and no masks beside, where the previous tokens
+    /// are computed once the forward's graph is built, the masks are computed on this
+    /// thread before the forward is queued, and the sampling's evaluation queues the
+    /// forward with it: one evaluation call a step, as without a grammar.
     pub fn step(&mut self, model: &dyn LanguageModel) -> Result<Vec<(SeqId, Outcome)>> {
         if self.rows.is_empty() {
             return Ok(Vec::new());
@@ -263,15 +267,27 @@ impl DecodeBatch {
         lap.mark(&mut self.profile, BatchPhase::Forward);
         if read_first {
             let vocab = logits.dim(-1)? as usize;
+            let ready = || self.pending.as_ref().is_none_or(Queued::is_available);
             let beside = match MasksBeside::from_env() {
                 MasksBeside::Off => false,
                 MasksBeside::Always => true,
-                MasksBeside::WhenReady => {
-                    grammar_rows >= MASKS_BESIDE_MIN_ROWS
-                        && self.pending.as_ref().is_none_or(Queued::is_available)
-                }
+                MasksBeside::WhenReady => grammar_rows >= MASKS_BESIDE_MIN_ROWS && ready(),
             };
-            if beside {
+            let first = !beside
+                && match MasksBeside::first_from_env() {
+                    MasksBeside::Off => false,
+                    MasksBeside::Always => true,
+                    MasksBeside::WhenReady => ready(),
+                };
+            if first {
+                // The masks before the forward is queued: the sampling's evaluation
+                // queues both (one `async_eval` a step, as without a grammar).
+                emitted = self.read_pending(&mut lap)?;
+                let mut rows: Vec<&mut RowSampling> =
+                    self.rows.iter_mut().map(|r| r.sampling_mut()).collect();
+                masks = step::host_masks(&mut rows, vocab);
+                MASKS_FIRST_STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            } else if beside {
                 let read = self.read_pending_tokens(&mut lap)?;
                 let (accepted, m) = self.queue_with_masks(&logits, vocab, &read)?;
                 masks = m;
@@ -492,23 +508,39 @@ pub(crate) fn cache_err(e: mlx_cache::CacheError) -> EngineError {
     EngineError::Unavailable(format!("batching the KV caches failed: {e}"))
 }
 
-/// Where a decode step with grammar rows computes their masks (`MLX_MASKS_BESIDE`,
-/// read at every such step).
+/// Where a decode step with grammar rows computes their masks, by one of two switches
+/// read at every such step: `MLX_MASKS_BESIDE` (on the grammar worker while the forward
+/// is queued) and `MLX_MASKS_FIRST` (on the step's thread before it is queued, one
+/// evaluation call for the step).
 enum MasksBeside {
-    /// On the grammar worker (with the grammars' accept) while the forward is queued,
-    /// where the previous step's tokens are computed once the forward's graph is built
-    /// and at least `MASKS_BESIDE_MIN_ROWS` rows have a grammar (`1`).
+    /// Where the previous step's tokens are computed once the forward's graph is built
+    /// (and, beside, at least `MASKS_BESIDE_MIN_ROWS` rows have a grammar) (`1`).
     WhenReady,
     /// After the forward is queued, on the step's thread (the default).
     Off,
-    /// On the grammar worker at every step, waiting for the previous tokens first
-    /// (`always`: for tests, on a CPU whose steps rarely find them computed).
+    /// At every step, waiting for the previous tokens first (`always`: for tests, on a
+    /// CPU whose steps rarely find them computed).
     Always,
 }
 
 impl MasksBeside {
     fn from_env() -> MasksBeside {
-        match std::env::var("MLX_MASKS_BESIDE").as_deref() {
+        Self::read("MLX_MASKS_BESIDE")
+    }
+
+    /// Whether a decode step with grammar rows (and no masks beside) reads the previous
+    /// tokens and computes the masks before the forward is queued, so that the step
+    /// makes one evaluation call instead of two (`MLX_MASKS_FIRST`: `1` where the
+    /// previous tokens are computed once the forward's graph is built, `always` at every
+    /// step, for tests). Off by default (not yet measured on a device): a step bound by
+    /// the host saves the second call (~70 us a step on an H100's host, GPU.md session
+    /// 43), the masks then being in series with the forward's queueing.
+    fn first_from_env() -> MasksBeside {
+        Self::read("MLX_MASKS_FIRST")
+    }
+
+    fn read(var: &str) -> MasksBeside {
+        match std::env::var(var).as_deref() {
             Ok("1") => MasksBeside::WhenReady,
             Ok("always") => MasksBeside::Always,
             _ => MasksBeside::Off,
@@ -526,4 +558,12 @@ static MASKS_BESIDE_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::Ato
 /// grammar worker while the forward was queued (`MLX_MASKS_BESIDE`).
 pub fn masks_beside_steps() -> u64 {
     MASKS_BESIDE_STEPS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static MASKS_FIRST_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many decode steps of this process computed their grammar rows' masks before the
+/// forward was queued, in one evaluation with the sampling (`MLX_MASKS_FIRST`).
+pub fn masks_first_steps() -> u64 {
+    MASKS_FIRST_STEPS.load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -25,7 +25,7 @@ mod stop;
 mod width;
 
 pub use admission::{Admit, MemoryAdmission};
-pub use decode::masks_beside_steps;
+pub use decode::{masks_beside_steps, masks_first_steps};
 pub use disk_cache::{file_metadata, DiskCache, DiskCacheOptions, DiskHit};
 pub use generator::{BatchGenerator, BatchOptions, BatchResponse, BatchStats};
 pub use metrics::{Counter, EngineMetrics, Gauge, Histogram};
