@@ -105,6 +105,8 @@
 #              8B bf16 shapes (STRUCT_ONLY) at 1 and 32 streams, no profile lines
 #   smolab     issue 21: the real default model and one-change variants (float32 scales,
 #              float16, bfloat16 group 64) against mlx-lm (SMOL_VARIANTS, SMOL_ROUNDS)
+#   maskcheck  issue 20: mask_check (our grammar-mask kernel, MLX_FAST_MASK, against the
+#              ops it replaces: equal bits for every shape and dtype, and times)
 #   saveptx    MLX's kernel cache of this machine to $OUT/ptx-cache.tar.xz (carry it back as
 #              .gpu/ptx-cache.tar.xz for the next machine)
 #   structprof issue 20: gpu_structured.sh with the engine's profile lines every 32 steps
@@ -115,7 +117,8 @@
 #              MLX_MASKS_BESIDE=1: the grammar worker's accepts and masks while the
 #              forward is queued, sessions 42 and 45, first = MLX_MASKS_FIRST=1: the
 #              masks before the forward is queued, one evaluation a step, session 45,
-#              both), STRUCT_ONLY,
+#              both; a name holding fast adds MLX_FAST_MASK=1: the masks applied by one
+#              kernel, session 45), STRUCT_ONLY,
 #              1 and 32 streams, -g STRUCT_G (256), STRUCT_TRIALS (2) pairs, no profile lines
 #   structmb   issue 20: structab on the 8B bf16 shape (STRUCT_ONLY) under MLX's graph
 #              limits (STRUCT_MB_ARMS: default, mb4000 / mb16000 = MLX_MAX_MB_PER_BUFFER,
@@ -774,22 +777,25 @@ for PART in "$@"; do
         --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams 1,32 \
         --trials "${STRUCT_TRIALS:-3}" > "$D/stdout.txt" 2>&1 ;;
     structprof)
-      # STRUCT_PROF_ARMS: default (the server's profile lines as they are), beside
-      # (MLX_MASKS_BESIDE=1: the grammar worker), first (MLX_MASKS_FIRST=1: the masks
-      # before the forward is queued, one evaluation a step), both (the two: beside
-      # from two grammar rows, first below); each arm's records under $D/<arm>
+      # STRUCT_PROF_ARMS: default (the server's profile lines as they are); a name
+      # holding beside adds MLX_MASKS_BESIDE=1 (the grammar worker), first
+      # MLX_MASKS_FIRST=1 (the masks before the forward is queued, one evaluation a
+      # step), fast MLX_FAST_MASK=1 (the masks applied by our one kernel), both the
+      # first two (beside from two grammar rows, first below): beside, first, fast,
+      # firstfast, bothfast; each arm's records under $D/<arm>
       for arm in ${STRUCT_PROF_ARMS:-default}; do
         e=()
-        case $arm in
-          beside) e=(MLX_MASKS_BESIDE=1) ;;
-          first) e=(MLX_MASKS_FIRST=1) ;;
-          both) e=(MLX_MASKS_BESIDE=1 MLX_MASKS_FIRST=1) ;;
-        esac
+        case $arm in *beside*|both*) e+=(MLX_MASKS_BESIDE=1) ;; esac
+        case $arm in *first*|both*) e+=(MLX_MASKS_FIRST=1) ;; esac
+        case $arm in *fast*) e+=(MLX_FAST_MASK=1) ;; esac
         mkdir -p "$D/$arm"
         env "${e[@]}" OUT="$D/$arm" MLX_ENGINE_PROFILE_EVERY=32 timeout "$(left)" bash benchmarks/gpu_structured.sh "$NEW" \
           --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams "${STRUCT_STREAMS:-1,32}" \
           -g "${STRUCT_G:-256}" --trials "${STRUCT_TRIALS:-2}" > "$D/$arm/stdout.txt" 2>&1
       done ;;
+    maskcheck)
+      # issue 20: our grammar-mask kernel against MLX's ops (bits and times)
+      timeout "$(left)" "$NEW/mask_check" 5 > "$D/stdout.txt" 2>&1 || echo "rc=$?" >> "$D/stdout.txt" ;;
     saveptx)
       (cd /tmp/mlx && tar -cJf "$OUT/ptx-cache.tar.xz" .) && ls -la "$OUT/ptx-cache.tar.xz" > "$D/stdout.txt" ;;
     structarms)
@@ -798,10 +804,10 @@ for PART in "$@"; do
         case $arm in
           noadvise) e=(MLX_HOST_BUFFER_ADVISE=0) ;;
           nopool) e=(MLX_HOST_BUFFER_POOL=0) ;;
-          beside) e=(MLX_MASKS_BESIDE=1) ;;
-          first) e=(MLX_MASKS_FIRST=1) ;;
-          both) e=(MLX_MASKS_BESIDE=1 MLX_MASKS_FIRST=1) ;;
         esac
+        case $arm in *beside*|both*) e+=(MLX_MASKS_BESIDE=1) ;; esac
+        case $arm in *first*|both*) e+=(MLX_MASKS_FIRST=1) ;; esac
+        case $arm in *fast*) e+=(MLX_FAST_MASK=1) ;; esac
         mkdir -p "$D/$arm"
         env "${e[@]}" OUT="$D/$arm" MLX_ENGINE_PROFILE=0 timeout "$(left)" bash benchmarks/gpu_structured.sh \
           "$NEW" --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams 1,32 \

@@ -8,7 +8,7 @@
 #   .gpu/tok          the real Llama 3 / Qwen2.5 tokenizers for make_bench_models.py
 #   .gpu/new.tar.xz   stripped release binaries (BINS), xtask, qmm_rows_check,
 #                     qmm_mma_check, decode_build, fused_check, qgemm_check,
-#                     sdpa_pad_check and gemv_rows_check, with a
+#                     sdpa_pad_check, gemv_rows_check and mask_check, with a
 #                     COMMIT file
 #   .gpu/m0..m3       the real default model (SmolLM2-135M-Instruct, 4-bit, ~100 MB) in four
 #                     parts, m0 18 MB (it rides with the binaries), m1..m3 ~27.5 MB each,
@@ -78,7 +78,7 @@ rm -rf .gpu/tok
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   args=(); for b in $BINS; do args+=(--bin "$b"); done
   cargo build --release -p mlx-bins "${args[@]}"
-  cargo build --release -p mlx-engine --features mimalloc --example qmm_rows_check --example qmm_mma_check --example decode_build --example fused_check --example qgemm_check --example sdpa_pad_check --example gemv_rows_check
+  cargo build --release -p mlx-engine --features mimalloc --example qmm_rows_check --example qmm_mma_check --example decode_build --example fused_check --example qgemm_check --example sdpa_pad_check --example gemv_rows_check --example mask_check
   cargo build --release -p xtask
 fi
 tmp=$(mktemp -d)
@@ -91,6 +91,7 @@ strip -o "$tmp/new/fused_check" target/release/examples/fused_check
 strip -o "$tmp/new/qgemm_check" target/release/examples/qgemm_check
 strip -o "$tmp/new/sdpa_pad_check" target/release/examples/sdpa_pad_check
 strip -o "$tmp/new/gemv_rows_check" target/release/examples/gemv_rows_check
+strip -o "$tmp/new/mask_check" target/release/examples/mask_check
 strip -o "$tmp/new/xtask" target/release/xtask
 { git rev-parse --short HEAD; git status --porcelain --untracked-files=no | sed 's/^/dirty: /'; } > "$tmp/new/COMMIT"
 tar -C "$tmp" -cf - new | xz -9 -T2 > .gpu/new.tar.xz

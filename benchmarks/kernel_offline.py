@@ -123,7 +123,7 @@ def device_code(file):
     return m.group(1)
 
 
-CUDA_TYPE = {"bf16": "__nv_bfloat16", "f16": "__half", "u32": "uint32_t", "i32": "int32_t"}
+CUDA_TYPE = {"bf16": "__nv_bfloat16", "f16": "__half", "f32": "float", "u32": "uint32_t", "i32": "int32_t"}
 
 
 def full_source(func, inputs, outputs, src, code):
@@ -273,6 +273,12 @@ def kernels():
                 src = (f"  mlxs_sdpa::sdpa_padded<{CUDA_TYPE[t]}, {d}, {g}, {str(p).lower()}>(q, k, v, lp, out, "
                        "q_strides.data(), k_strides.data(), v_strides.data(), q_shape[1], k_shape[1], k_shape[2], 0x1p-3f);")
                 out.append((name, 1024, ins, [("out", t)], src, "fast_sdpa.cpp"))
+    # fast_mask.cpp: a batch's grammar masks on its logits, one thread a logit.
+    for t in ("bf16", "f16", "f32"):
+        src = (f"  mlxs_mask::masked_logits<{CUDA_TYPE[t]}>(words, logits, out, logits_shape[0], "
+               "logits_shape[1], words_shape[1]);")
+        out.append((f"masked_logits_{t}", 256, [("words", "u32"), ("logits", t)], [("out", t)], src,
+                    "fast_mask.cpp"))
     return out
 
 

@@ -154,6 +154,8 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/fast_gemv.h");
     println!("cargo:rerun-if-changed=shim/fast_sdpa.cpp");
     println!("cargo:rerun-if-changed=shim/fast_sdpa.h");
+    println!("cargo:rerun-if-changed=shim/fast_mask.cpp");
+    println!("cargo:rerun-if-changed=shim/fast_mask.h");
     println!("cargo:rerun-if-changed=shim/fast_qmm.cpp");
     println!("cargo:rerun-if-changed=shim/fast_qmm.h");
     println!("cargo:rerun-if-changed=shim/cpu_gemv.cpp");
@@ -198,6 +200,7 @@ fn main() {
         .file("shim/fast_qmv.cpp")
         .file("shim/fast_gemv.cpp")
         .file("shim/fast_sdpa.cpp")
+        .file("shim/fast_mask.cpp")
         .file("shim/fast_qmm.cpp")
         .file("shim/cpu_gemv.cpp")
         .file("shim/kernel_cache.cpp")

@@ -222,6 +222,50 @@ pub fn sdpa_padded_launches() -> u64 {
     unsafe { sys::mlxs_sdpa_padded_launches() }
 }
 
+/// `logits` (`[R, V]`) with every token whose bit is clear in `words` (`uint32`
+/// `[R, V.div_ceil(32)]` or `[R, V.div_ceil(32), 1]`: bit `v % 32` of word `v / 32`
+/// allows token `v`) set to `-inf` and every other logit's bits kept, which is MLX's
+/// `where` over the bits expanded to one flag a token, as one launch of our CUDA kernel
+/// (`crates/mlx-sys/shim/fast_mask.cpp`: a float dtype, the CUDA backend) where it covers
+/// the call and is on (`MLX_FAST_MASK=1` or [`set_fast_mask`]; off by default); `None`
+/// elsewhere.
+#[track_caller]
+pub fn masked_logits(words: &Array, logits: &Array) -> Result<Option<Array>> {
+    let mut taken = false;
+    let mut p: sys::mlxs_array = std::ptr::null_mut();
+    // SAFETY: both handles are live arrays; the shim writes `taken` and, where it took
+    // the call, a new owned handle into `p`.
+    crate::error::check(unsafe {
+        sys::mlxs_masked_logits(
+            &mut p,
+            &mut taken,
+            words.as_raw(),
+            logits.as_raw(),
+            Array::s(),
+        )
+    })?;
+    // SAFETY: where it took the call, the shim wrote a new owned handle.
+    Ok(taken.then(|| unsafe { Array::from_raw(p) }))
+}
+
+/// Turns the kernel of [`masked_logits`] on or off (default off, `MLX_FAST_MASK=1` on).
+pub fn set_fast_mask(on: bool) {
+    // SAFETY: sets an atomic switch in the shim.
+    unsafe { sys::mlxs_set_fast_mask(on) }
+}
+
+/// Whether [`masked_logits`]'s kernel is on (it still runs only on the CUDA backend).
+pub fn fast_mask_enabled() -> bool {
+    // SAFETY: reads an atomic switch in the shim.
+    unsafe { sys::mlxs_fast_mask_enabled() }
+}
+
+/// How many masks of this process were applied with [`masked_logits`]'s kernel.
+pub fn fast_mask_launches() -> u64 {
+    // SAFETY: reads an atomic counter in the shim.
+    unsafe { sys::mlxs_fast_mask_launches() }
+}
+
 /// Turns the kernel of [`matmul_add`] and [`matmul_swiglu`] on or off (default on; the
 /// environment variable `MLX_FAST_GEMV=0` starts it off).
 pub fn set_gemv(on: bool) {

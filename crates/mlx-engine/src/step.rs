@@ -607,8 +607,7 @@ fn process_rows(
             ))
         }
     };
-    let cond = crate::constrain::expand_mask_words(&packed, vocab)?;
-    crate::constrain::apply_mask(&cond, &processed)
+    crate::constrain::apply_mask_words(&packed, &processed, vocab)
 }
 
 fn sample_rows(

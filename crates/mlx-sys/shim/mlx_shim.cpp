@@ -11,6 +11,7 @@
 #include "affine_operands.h"
 #include "cpu_gemv.h"
 #include "fast_gemv.h"
+#include "fast_mask.h"
 #include "fast_sdpa.h"
 #include "fast_qmm.h"
 #include "fast_qmv.h"
@@ -844,6 +845,17 @@ int mlxs_sdpa_padded(mlxs_array* out, bool* taken, mlxs_array q, mlxs_array k, m
   });
 }
 uint64_t mlxs_sdpa_padded_launches(void) { return mlxs_detail::sdpa_padded_launches(); }
+int mlxs_masked_logits(mlxs_array* out, bool* taken, mlxs_array words, mlxs_array logits,
+                       mlxs_stream s) {
+  return guard([&] {
+    auto fast = mlxs_detail::try_masked_logits(A(words), A(logits), S(s));
+    *taken = fast.has_value();
+    if (fast) *out = wrap(std::move(*fast));
+  });
+}
+void mlxs_set_fast_mask(bool on) { mlxs_detail::set_fast_mask(on); }
+bool mlxs_fast_mask_enabled(void) { return mlxs_detail::fast_mask_enabled(); }
+uint64_t mlxs_fast_mask_launches(void) { return mlxs_detail::fast_mask_launches(); }
 int mlxs_astype(mlxs_array* out, mlxs_array a, int32_t dtype, mlxs_stream s) {
   OUT1(mx::astype(A(a), to_dtype(dtype), S(s)));
 }

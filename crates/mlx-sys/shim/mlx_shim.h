@@ -253,6 +253,17 @@ int32_t mlxs_fast_gemv_rows_mode(void);
 int mlxs_sdpa_padded(mlxs_array* out, bool* taken, mlxs_array q, mlxs_array k, mlxs_array v,
                      float scale, mlxs_array left_padding, mlxs_stream s);
 uint64_t mlxs_sdpa_padded_launches(void);
+/* `logits` [R, V] with each token whose bit is clear in `words` (uint32 [R, ceil(V/32)] or
+   [R, ceil(V/32), 1]; bit v % 32 of word v / 32 allows token v) set to -inf, the others'
+   bits kept (MLX's `where` over the expanded bits): in *out with *taken true where one
+   launch of our CUDA kernel covers the call (fast_mask.cpp: the CUDA backend, a float
+   dtype, MLX_FAST_MASK=1 or mlxs_set_fast_mask(true); off by default), else *taken false
+   and nothing in *out. */
+int mlxs_masked_logits(mlxs_array* out, bool* taken, mlxs_array words, mlxs_array logits,
+                       mlxs_stream s);
+void mlxs_set_fast_mask(bool on);
+bool mlxs_fast_mask_enabled(void);
+uint64_t mlxs_fast_mask_launches(void);
 int mlxs_addmm(mlxs_array* out, mlxs_array c, mlxs_array a, mlxs_array b, float alpha,
                float beta, mlxs_stream s);
 int mlxs_astype(mlxs_array* out, mlxs_array a, int32_t dtype, mlxs_stream s);

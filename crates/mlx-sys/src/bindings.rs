@@ -606,6 +606,24 @@ unsafe extern "C" {
     pub fn mlxs_sdpa_padded_launches() -> u64;
 }
 unsafe extern "C" {
+    pub fn mlxs_masked_logits(
+        out: *mut mlxs_array,
+        taken: *mut bool,
+        words: mlxs_array,
+        logits: mlxs_array,
+        s: mlxs_stream,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn mlxs_set_fast_mask(on: bool);
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_mask_enabled() -> bool;
+}
+unsafe extern "C" {
+    pub fn mlxs_fast_mask_launches() -> u64;
+}
+unsafe extern "C" {
     pub fn mlxs_addmm(
         out: *mut mlxs_array,
         c: mlxs_array,
