@@ -54,22 +54,30 @@ fn engine() -> Engine {
     Engine::start(model(TARGET), opts(), Arc::new(EngineMetrics::default())).expect("engine")
 }
 
-#[test]
-fn masks_beside_the_forward_give_the_tokens_of_masks_after_it() {
+/// Every request served together, then each alone, on a fresh engine (which reads the
+/// switches as the test set them): (together, alone).
+fn served() -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
     let n = PROMPTS.len();
-    // The masks after the forward, on the step's thread: each request alone, then all
-    // together.
-    std::env::remove_var("MLX_MASKS_BESIDE");
     let e = engine();
-    let alone: Vec<Vec<u32>> = (0..n)
-        .map(|i| serve(&e, vec![request(i)]).remove(0).tokens)
-        .collect();
-    let together: Vec<Vec<u32>> = serve(&e, (0..n).map(request).collect())
+    let together = serve(&e, (0..n).map(request).collect())
         .into_iter()
         .map(|g| g.tokens)
         .collect();
-    drop(e);
+    let alone = (0..n)
+        .map(|i| serve(&e, vec![request(i)]).remove(0).tokens)
+        .collect();
+    (together, alone)
+}
+
+#[test]
+fn masks_beside_the_forward_give_the_tokens_of_masks_after_it() {
+    let n = PROMPTS.len();
+    // The masks after the forward, on the step's thread.
+    std::env::remove_var("MLX_MASKS_BESIDE");
+    std::env::remove_var("MLX_MASKS_FIRST");
+    let (together, alone) = served();
     assert_eq!(mlx_engine::batch::masks_beside_steps(), 0);
+    assert_eq!(mlx_engine::batch::masks_first_steps(), 0);
     assert_eq!(PERIODIC_WORKER_ACCEPTS.load(Ordering::Relaxed), 0);
     assert_eq!(together, alone, "served together against alone");
     // Row 4 ends on the token after its dead end (the one its mask then allows).
@@ -91,14 +99,7 @@ fn masks_beside_the_forward_give_the_tokens_of_masks_after_it() {
     }
     // Beside the forward at every step.
     std::env::set_var("MLX_MASKS_BESIDE", "always");
-    let e = engine();
-    let beside: Vec<Vec<u32>> = serve(&e, (0..n).map(request).collect())
-        .into_iter()
-        .map(|g| g.tokens)
-        .collect();
-    let beside_alone: Vec<Vec<u32>> = (0..n)
-        .map(|i| serve(&e, vec![request(i)]).remove(0).tokens)
-        .collect();
+    let (beside, beside_alone) = served();
     assert!(
         mlx_engine::batch::masks_beside_steps() >= 2 * MAX as u64 - 4,
         "the masks were computed beside the forward in {} steps",
@@ -112,18 +113,10 @@ fn masks_beside_the_forward_give_the_tokens_of_masks_after_it() {
     assert_eq!(beside, alone, "beside, together");
     assert_eq!(beside_alone, alone, "beside, alone");
     assert_eq!(mlx_engine::batch::masks_first_steps(), 0);
-    drop(e);
     // Before the forward is queued, one evaluation a step, at every step.
     std::env::remove_var("MLX_MASKS_BESIDE");
     std::env::set_var("MLX_MASKS_FIRST", "always");
-    let e = engine();
-    let first: Vec<Vec<u32>> = serve(&e, (0..n).map(request).collect())
-        .into_iter()
-        .map(|g| g.tokens)
-        .collect();
-    let first_alone: Vec<Vec<u32>> = (0..n)
-        .map(|i| serve(&e, vec![request(i)]).remove(0).tokens)
-        .collect();
+    let (first, first_alone) = served();
     assert!(
         mlx_engine::batch::masks_first_steps() >= 2 * MAX as u64 - 4,
         "the masks were computed before the forward in {} steps",
