@@ -517,8 +517,8 @@ pub fn accept_and_mask_beside<R>(
             };
             (accepted, masks)
         }
-        (Some((accepted, _)), None) => (accepted, host_masks_apart(rows, vocab)),
-        (None, _) => (accept_rows(rows, tokens), host_masks_apart(rows, vocab)),
+        (Some((accepted, _)), None) => (accepted, host_masks(rows, vocab)),
+        (None, _) => (accept_rows(rows, tokens), host_masks(rows, vocab)),
     };
     Ok((accepted, masks, r))
 }
