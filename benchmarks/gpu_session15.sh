@@ -107,6 +107,9 @@
 #              float16, bfloat16 group 64) against mlx-lm (SMOL_VARIANTS, SMOL_ROUNDS)
 #   maskcheck  issue 20: mask_check (our grammar-mask kernel, MLX_FAST_MASK, against the
 #              ops it replaces: equal bits for every shape and dtype, and times)
+#   sdpaprobe  issue 19: benchmarks/sdpa_graph_probe.py (a verification's attention: cuDNN's
+#              graph built for every new key length, against cached, masked, padded and
+#              one-query calls), the 8B's head shape at 4 and 8 query positions
 #   saveptx    MLX's kernel cache of this machine to $OUT/ptx-cache.tar.xz (carry it back as
 #              .gpu/ptx-cache.tar.xz for the next machine)
 #   structprof issue 20: gpu_structured.sh with the engine's profile lines every 32 steps
@@ -796,6 +799,11 @@ for PART in "$@"; do
     maskcheck)
       # issue 20: our grammar-mask kernel against MLX's ops (bits and times)
       timeout "$(left)" "$NEW/mask_check" 5 > "$D/stdout.txt" 2>&1 || echo "rc=$?" >> "$D/stdout.txt" ;;
+    sdpaprobe)
+      # issue 19: what a verification's attention costs (cuDNN graphs by key length)
+      for nq in 4 8; do
+        timeout "$(left)" python3 benchmarks/sdpa_graph_probe.py --queries $nq >> "$D/stdout.txt" 2>&1 || echo "rc=$?" >> "$D/stdout.txt"
+      done ;;
     saveptx)
       (cd /tmp/mlx && tar -cJf "$OUT/ptx-cache.tar.xz" .) && ls -la "$OUT/ptx-cache.tar.xz" > "$D/stdout.txt" ;;
     structarms)
