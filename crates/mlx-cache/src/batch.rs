@@ -402,6 +402,13 @@ pub(crate) fn keep_decode_mask() -> bool {
     *KEEP.get_or_init(|| std::env::var("MLX_BATCH_DECODE_MASK").as_deref() == Ok("array"))
 }
 
+/// `MLX_BATCH_VERIFY_MASK=array` (read once): a few positions a row hand attention
+/// mlx-lm's array mask even while it splits them one query at a time.
+fn keep_verify_mask() -> bool {
+    static KEEP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KEEP.get_or_init(|| std::env::var("MLX_BATCH_VERIFY_MASK").as_deref() == Ok("array"))
+}
+
 /// mlx-lm's `create_causal_mask(N, offset, window_size, left_padding=lp)`: a boolean
 /// `[B, 1, N, offset + N]` mask that also hides each row's padding.
 #[track_caller]
@@ -682,13 +689,26 @@ impl KvCache for BatchKVCache {
     ///
     /// On a GPU both are another order of sums, where mlx-lm's batched decoding is not
     /// reproducible either (docs/parity.md).
+    ///
+    /// A few positions a row (a speculative verification) while attention splits them
+    /// one query at a time (`MLX_SDPA_SPLIT_QUERIES`, [`mlx_nn::attention::splits_queries`]):
+    /// causal where no row is padded (each query then runs what a single sequence's
+    /// verification runs), else the mask with the padding alongside (each query our
+    /// padded-rows kernel; `MLX_BATCH_VERIFY_MASK=array` keeps the array). Otherwise
+    /// mlx-lm's array.
     fn make_mask(&self, n: i32, _return_array: bool, window_size: Option<i32>) -> Result<AttnMask> {
-        let decoding = n == 1 && window_size.is_none() && !keep_decode_mask();
-        if decoding && self.left_padding.iter().all(|&l| l == 0) {
+        let plain = window_size.is_none() && !keep_decode_mask();
+        let decoding = n == 1 && plain;
+        let split = n > 1 && plain && !keep_verify_mask() && mlx_nn::attention::splits_queries(n);
+        let unpadded = self.left_padding.iter().all(|&l| l == 0);
+        if decoding && unpadded {
             return Ok(AttnMask::None);
         }
+        if split && unpadded {
+            return Ok(AttnMask::Causal);
+        }
         let mask = batch_causal_mask(n, self.idx, window_size, &self.left_padding)?;
-        if decoding {
+        if decoding || split {
             return Ok(AttnMask::LeftPadded {
                 mask,
                 left_padding: int_array(&self.left_padding)?,

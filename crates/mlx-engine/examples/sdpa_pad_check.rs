@@ -6,6 +6,11 @@
 //! of each (median of rounds of 64 evaluations). Exits 1 when ours is missing where it
 //! should apply or errs by more than twice MLX's error plus one bfloat16 step.
 //!
+//! Then a speculative verification's attention (a few queries a row, causal over the
+//! rows' padding) as `mlx_nn::attention` runs it with `MLX_SDPA_SPLIT_QUERIES=1` (each
+//! query our padded-rows kernel, or MLX's one-query kernel where no row is padded) against
+//! MLX's fused call under mlx-lm's array mask (cuDNN), with the same checks.
+//!
 //! ```sh
 //! cargo run --release -p mlx-engine --example sdpa_pad_check -- [ITERS]
 //! ```
@@ -17,6 +22,7 @@ use common::{scaled_normal, time_us, Res};
 use mlx_array::fast::{scaled_dot_product_attention, sdpa_padded, SdpaMask};
 use mlx_array::ops::arange;
 use mlx_array::{transforms, Array, Device, DeviceType, Dtype};
+use mlx_nn::cache::{AttnMask, KvFetch};
 
 /// Rows, query heads, key-value heads, head size, keys.
 const SHAPES: [(i32, i32, i32, i32, i32); 8] = [
@@ -105,9 +111,130 @@ fn main() -> Res<()> {
             "| {b} | {hq} / {hkv} | {d} | {l} | {e_ours:.2e} | {e_mlx:.2e} | {t_ours:.1} | {t_mlx:.1} |"
         );
     }
+    failed |= verification_cases(iters)?;
     println!("RESULT: {}", if failed { "FAIL" } else { "PASS" });
     if failed {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// Rows, queries a row, query / key-value heads, head size, keys (the queries' included).
+const VERIFY_SHAPES: [(i32, i32, i32, i32, i32, i32); 6] = [
+    (1, 4, 32, 8, 128, 600),
+    (8, 4, 32, 8, 128, 600),
+    (8, 8, 32, 8, 128, 1100),
+    (32, 4, 32, 8, 128, 300),
+    (4, 4, 14, 2, 64, 500),
+    (2, 2, 9, 3, 64, 120),
+];
+
+/// The verification cases; whether any failed.
+fn verification_cases(iters: usize) -> Res<bool> {
+    let split = std::env::var("MLX_SDPA_SPLIT_QUERIES").as_deref() == Ok("1");
+    println!();
+    println!(
+        "verification (MLX_SDPA_SPLIT_QUERIES={})",
+        if split { "1" } else { "unset" }
+    );
+    println!("| B | N | Hq / Hkv | D | L | padded | err split | err MLX | us split | us MLX |");
+    println!("| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |");
+    let mut failed = false;
+    for (i, &(b, n, hq, hkv, d, l)) in VERIFY_SHAPES.iter().enumerate() {
+        for padded in [false, true] {
+            let seed = 1000 + 10 * i as u64 + padded as u64;
+            let q = scaled_normal(&[b, hq, n, d], seed, 1.0)?;
+            let kbuf = scaled_normal(&[b, hkv, l + 37, d], seed + 1, 1.0)?;
+            let vbuf = scaled_normal(&[b, hkv, l + 37, d], seed + 2, 1.0)?;
+            let k = kbuf.slice(&[0, 0, 0, 0], &[b, hkv, l, d], None)?;
+            let v = vbuf.slice(&[0, 0, 0, 0], &[b, hkv, l, d], None)?;
+            let pads: Vec<i32> = (0..b)
+                .map(|r| {
+                    if padded {
+                        (r * 7919) % (l - n) * (r % 3) / 3
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let mask = mlx_cache_mask(n, l, &pads)?;
+            let attn_mask = if padded {
+                AttnMask::LeftPadded {
+                    mask: mask.clone(),
+                    left_padding: Array::from_slice(&pads, &[b])?,
+                }
+            } else {
+                AttnMask::Causal
+            };
+            let scale = 1.0 / (d as f32).sqrt();
+            let f32 = |a: &Array| a.astype(Dtype::Float32);
+            let reference = scaled_dot_product_attention(
+                &f32(&q)?,
+                &f32(&k)?,
+                &f32(&v)?,
+                scale,
+                SdpaMask::Array(&mask),
+                None,
+            )?;
+            let fetch = KvFetch::Plain {
+                keys: k.clone(),
+                values: v.clone(),
+            };
+            let ours_of = || {
+                mlx_nn::attention::scaled_dot_product_attention(
+                    &q,
+                    &fetch,
+                    scale as f64,
+                    &attn_mask,
+                    None,
+                )
+            };
+            let launches = mlx_array::fast::sdpa_padded_launches();
+            let ours = ours_of()?;
+            let took = mlx_array::fast::sdpa_padded_launches() - launches;
+            let mlx =
+                scaled_dot_product_attention(&q, &k, &v, scale, SdpaMask::Array(&mask), None)?;
+            transforms::eval(&[&reference, &mlx, &ours])?;
+            let err = |a: &Array| -> Res<f64> {
+                Ok(f32(a)?
+                    .subtract(&reference)?
+                    .abs()?
+                    .max(None, false)?
+                    .item::<f32>()? as f64)
+            };
+            let (e_ours, e_mlx) = (err(&ours)?, err(&mlx)?);
+            let t_ours = time_us(iters, &|| Ok(ours_of()?))?;
+            let t_mlx = time_us(iters, &|| {
+                Ok(scaled_dot_product_attention(
+                    &q,
+                    &k,
+                    &v,
+                    scale,
+                    SdpaMask::Array(&mask),
+                    None,
+                )?)
+            })?;
+            // With the split on, padded rows must have run our kernel, a launch a query.
+            let missing = split && padded && took != n as u64;
+            let within = e_ours <= 2.0 * e_mlx + 1.0 / 128.0;
+            failed |= missing || !within;
+            println!(
+                "| {b} | {n} | {hq} / {hkv} | {d} | {l} | {padded}{} | {e_ours:.2e} | {e_mlx:.2e} | {t_ours:.1} | {t_mlx:.1} |",
+                if missing { " (kernel not taken)" } else { "" }
+            );
+        }
+    }
+    Ok(failed)
+}
+
+/// mlx-lm's batch mask for `n` queries ending at key `l`: query `i` sees keys
+/// `pads[b] ..= l - n + i`, `[B, 1, N, L]` boolean.
+fn mlx_cache_mask(n: i32, l: i32, pads: &[i32]) -> Res<Array> {
+    let b = pads.len() as i32;
+    let keys = arange(0.0, l as f64, 1.0, Dtype::Int32)?.reshape(&[1, 1, 1, l])?;
+    let queries = arange((l - n) as f64, l as f64, 1.0, Dtype::Int32)?.reshape(&[1, 1, n, 1])?;
+    let lp = Array::from_slice(pads, &[b, 1, 1, 1])?;
+    Ok(queries
+        .greater_equal(&keys)?
+        .logical_and(&keys.greater_equal(&lp)?)?)
 }

@@ -132,6 +132,23 @@ fn split_queries_setting() -> SplitQueries {
 /// Most queries the split takes: a verification of 64 drafts.
 const SPLIT_MAX_QUERIES: i32 = 65;
 
+/// Whether the split ([`split_small_queries`]) is on for an attention of `queries`
+/// positions on the current device (whatever the dtype): a batch cache then hands its
+/// rows' padding alongside the mask (or a causal mask where no row is padded) so that
+/// each query runs a decoding kernel instead of MLX's masked attention.
+pub fn splits_queries(queries: i32) -> bool {
+    if !(2..=SPLIT_MAX_QUERIES).contains(&queries) {
+        return false;
+    }
+    match split_queries_setting() {
+        SplitQueries::Off => false,
+        SplitQueries::Force => true,
+        SplitQueries::Gpu => {
+            mlx_array::current_device().is_ok_and(|d| d.kind == mlx_array::DeviceType::Gpu)
+        }
+    }
+}
+
 /// Opt-in (`MLX_SDPA_SPLIT_QUERIES=1`) GPU path for attention over a few queries (2 to
 /// 65: speculative verification, short prompts). MLX's CUDA backend sends every
 /// half-precision attention over more than one query to cuDNN, whose execution plan is
@@ -140,8 +157,14 @@ const SPLIT_MAX_QUERIES: i32 = 65;
 /// (benchmarks/verify_shapes_probe.py). One query at a time takes MLX's decoding kernels
 /// instead, whose plans do not depend on the key length; with a causal mask query `i`
 /// sees the keys up to its own position, exactly what decoding that token alone sees; an
-/// array mask (batched rows) gives each query its own row. Rows come from another kernel
-/// than mlx-lm's, so the bits differ (docs/parity.md). `None` when the path does not
+/// array mask (batched rows) gives each query its own row. A batch's left-padded rows
+/// (`AttnMask::LeftPadded` with a row of the mask a query, which a batch cache hands
+/// out while the split is on: [`splits_queries`]) take our padded-rows kernel for each
+/// query over the keys up to its position (`fast::sdpa_padded`) rather than MLX's masked
+/// attention, which its CUDA backend runs unfused for one query (five kernels a layer
+/// and query: the ~4 ms more a one-row drafting step of the 8B pair waited on its
+/// verification than `mlx-generate`'s round, GPU.md session 45). Rows come from another
+/// kernel than mlx-lm's, so the bits differ (docs/parity.md). `None` when the path does not
 /// apply (off, not on the GPU in half precision, one query, more than
 /// [`SPLIT_MAX_QUERIES`], a mask of another shape).
 fn split_small_queries(
@@ -199,6 +222,10 @@ fn split_small_queries_as(
     let mut rows = Vec::with_capacity(l as usize);
     for i in 0..l {
         let q = queries.slice_axis(2, i, i + 1)?;
+        if let Some(row) = padded_query(&q, keys, values, scale, mask, sinks, kl - l + i + 1)? {
+            rows.push(row);
+            continue;
+        }
         let row = match mask {
             AttnMask::Causal => {
                 let visible = kl - l + i + 1;
@@ -240,6 +267,33 @@ fn split_small_queries_as(
     }
     let refs: Vec<&Array> = rows.iter().collect();
     ops::concatenate(&refs, 2).map(Some)
+}
+
+/// One query of a few over left-padded rows (`LeftPadded`, the mask a row a query), seeing
+/// the first `visible` keys from each row's padding on, as one launch of our padded-rows
+/// kernel; `None` where the mask is another or the kernel declines (the CPU, sinks).
+fn padded_query(
+    q: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f64,
+    mask: &AttnMask,
+    sinks: Option<&Array>,
+    visible: i32,
+) -> Result<Option<Array>> {
+    let AttnMask::LeftPadded { mask, left_padding } = mask else {
+        return Ok(None);
+    };
+    if sinks.is_some() || !padded_kernel_on() || mask.dim(-2)? == 1 {
+        return Ok(None);
+    }
+    fast::sdpa_padded(
+        q,
+        &keys.slice_axis(2, 0, visible)?,
+        &values.slice_axis(2, 0, visible)?,
+        scale as f32,
+        left_padding,
+    )
 }
 
 type Triple = (Array, Array, Array);

@@ -15,10 +15,10 @@ pub enum AttnMask {
     Causal,
     /// An explicit boolean or additive mask.
     Array(Array),
-    /// One query a row over rows left-padded by `left_padding` (`[B]`, int32): `mask` is
-    /// the boolean `[B, 1, 1, L]` mask `position >= left_padding[b]` (what mlx-lm's batch
-    /// cache hands attention while decoding), and the padding lets a kernel skip each
-    /// row's padded keys instead (`mlx_array::fast::sdpa_padded`, on a GPU). Code that
+    /// Rows left-padded by `left_padding` (`[B]`, int32): `mask` is mlx-lm's boolean
+    /// `[B, 1, N, L]` mask (query `i` sees keys `left_padding[b] ..= L - N + i`; one query
+    /// a row while decoding, a few in a verification), and the padding lets a kernel skip
+    /// each row's padded keys instead (`mlx_array::fast::sdpa_padded`, on a GPU). Code that
     /// reads, reshapes or gathers the mask treats `mask` as an [`AttnMask::Array`]
     /// (`AttnMask::Array(m) | AttnMask::LeftPadded { mask: m, .. }`) and hands on an
     /// `Array` of what it made.
