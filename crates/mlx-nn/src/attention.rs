@@ -132,10 +132,10 @@ fn split_queries_setting() -> SplitQueries {
 /// Most queries the split takes: a verification of 64 drafts.
 const SPLIT_MAX_QUERIES: i32 = 65;
 
-/// Whether the split ([`split_small_queries`]) is on for an attention of `queries`
-/// positions on the current device (whatever the dtype): a batch cache then hands its
-/// rows' padding alongside the mask (or a causal mask where no row is padded) so that
-/// each query runs a decoding kernel instead of MLX's masked attention.
+/// Whether attention over `queries` positions is split one query at a time on the
+/// current device (`MLX_SDPA_SPLIT_QUERIES`, whatever the dtype): a batch cache then
+/// hands its rows' padding alongside the mask (or a causal mask where no row is padded)
+/// so that each query runs a decoding kernel instead of MLX's masked attention.
 pub fn splits_queries(queries: i32) -> bool {
     if !(2..=SPLIT_MAX_QUERIES).contains(&queries) {
         return false;
