@@ -227,7 +227,7 @@ pub fn sdpa_padded_launches() -> u64 {
 /// allows token `v`) set to `-inf` and every other logit's bits kept, which is MLX's
 /// `where` over the bits expanded to one flag a token, as one launch of our CUDA kernel
 /// (`crates/mlx-sys/shim/fast_mask.cpp`: a float dtype, the CUDA backend) where it covers
-/// the call and is on (`MLX_FAST_MASK=1` or [`set_fast_mask`]; off by default); `None`
+/// the call and is on (the default; `MLX_FAST_MASK=0` or [`set_fast_mask`] turns it off); `None`
 /// elsewhere.
 #[track_caller]
 pub fn masked_logits(words: &Array, logits: &Array) -> Result<Option<Array>> {
@@ -248,7 +248,7 @@ pub fn masked_logits(words: &Array, logits: &Array) -> Result<Option<Array>> {
     Ok(taken.then(|| unsafe { Array::from_raw(p) }))
 }
 
-/// Turns the kernel of [`masked_logits`] on or off (default off, `MLX_FAST_MASK=1` on).
+/// Turns the kernel of [`masked_logits`] on or off (default on, `MLX_FAST_MASK=0` off).
 pub fn set_fast_mask(on: bool) {
     // SAFETY: sets an atomic switch in the shim.
     unsafe { sys::mlxs_set_fast_mask(on) }

@@ -1,5 +1,5 @@
 //! Our grammar-mask kernel (`mlx_array::fast::masked_logits`,
-//! `crates/mlx-sys/shim/fast_mask.cpp`, `MLX_FAST_MASK=1`) against the ops the decoding
+//! `crates/mlx-sys/shim/fast_mask.cpp`, on by default) against the ops the decoding
 //! step uses without it (`constrain::expand_mask_words` then `constrain::apply_mask`): for
 //! each shape (rows, vocabulary, some not a multiple of 32) and dtype, random logits and
 //! random bitsets (with rows allowing nothing, everything, and a few tokens), whether every
@@ -8,7 +8,7 @@
 //! should be.
 //!
 //! ```sh
-//! MLX_FAST_MASK=1 cargo run --release -p mlx-engine --example mask_check -- [ITERS]
+//! cargo run --release -p mlx-engine --example mask_check -- [ITERS]
 //! ```
 //! Needs a CUDA device (on the CPU it says so and exits 0).
 #[path = "common/qmm.rs"]

@@ -525,7 +525,7 @@ pub fn expand_mask_words(words: &Array, vocab: usize) -> Result<Array> {
 /// `logits` (`[rows, vocab]`) with every token the rows' bitsets `words` (`[rows,
 /// vocab.div_ceil(32), 1]` `uint32`, as [`expand_mask_words`] takes them) forbid set to
 /// `-inf`, allowed logits keeping their bits: [`expand_mask_words`] then [`apply_mask`],
-/// or the same in one launch of our CUDA kernel where it is on (`MLX_FAST_MASK=1`,
+/// or the same in one launch of our CUDA kernel on a GPU (`MLX_FAST_MASK=0` turns it off;
 /// [`mlx_array::fast::masked_logits`]: five graph nodes fewer a step).
 pub fn apply_mask_words(words: &Array, logits: &Array, vocab: usize) -> Result<Array> {
     if logits.ndim() == 2 && logits.dim(1)? as usize == vocab {

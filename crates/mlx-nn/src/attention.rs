@@ -110,7 +110,9 @@ fn padded_rows(
 }
 
 /// `MLX_SDPA_SPLIT_QUERIES` (read once): `1` turns the split on for the GPU; `force`
-/// applies it on any device and dtype (the CPU quality gate, bins/tests/sdpa_split.rs).
+/// applies it on any device and dtype (the CPU quality gate, bins/tests/sdpa_split.rs);
+/// `0` (or any other value) turns it off; unset, the process's default
+/// ([`set_split_queries_default`]: off unless a caller turned it on).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum SplitQueries {
     Off,
@@ -118,13 +120,33 @@ enum SplitQueries {
     Force,
 }
 
+/// The split's setting where `MLX_SDPA_SPLIT_QUERIES` is unset: on for the GPU.
+static SPLIT_BY_DEFAULT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes the split of a few queries' attention one query at a time the default of this
+/// process on the GPU (`MLX_SDPA_SPLIT_QUERIES` still decides where it is set). The
+/// serving engine turns it on: its batches are not mlx-lm's bits on a GPU anyway, and
+/// without it every speculative verification builds a cuDNN plan (~45 ms on the H200).
+/// `mlx-generate` keeps mlx-lm's attention by default.
+pub fn set_split_queries_default(on: bool) {
+    SPLIT_BY_DEFAULT.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn split_queries_setting() -> SplitQueries {
-    static SETTING: std::sync::OnceLock<SplitQueries> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(
+    static SETTING: std::sync::OnceLock<Option<SplitQueries>> = std::sync::OnceLock::new();
+    let set = *SETTING.get_or_init(
         || match std::env::var("MLX_SDPA_SPLIT_QUERIES").as_deref() {
-            Ok("1") => SplitQueries::Gpu,
-            Ok("force") => SplitQueries::Force,
-            _ => SplitQueries::Off,
+            Ok("1") => Some(SplitQueries::Gpu),
+            Ok("force") => Some(SplitQueries::Force),
+            Ok(_) => Some(SplitQueries::Off),
+            Err(_) => None,
+        },
+    );
+    set.unwrap_or(
+        if SPLIT_BY_DEFAULT.load(std::sync::atomic::Ordering::Relaxed) {
+            SplitQueries::Gpu
+        } else {
+            SplitQueries::Off
         },
     )
 }

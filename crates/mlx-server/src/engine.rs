@@ -128,6 +128,11 @@ impl Engine {
         opts: EngineOptions,
         metrics: Arc<EngineMetrics>,
     ) -> Result<Engine, ServerError> {
+        // A few queries' attention one query at a time on the GPU (`MLX_SDPA_SPLIT_QUERIES=0`
+        // keeps MLX's): a speculating batch's verification would otherwise build a cuDNN
+        // plan at every step (~45 ms on the H200), and the server's batches are not
+        // mlx-lm's bits on a GPU either way (docs/parity.md).
+        mlx_nn::attention::set_split_queries_default(true);
         let inner = batch::Engine::start_with_draft(model, draft, opts, metrics)
             .map_err(|e| ServerError::Engine(e.to_string()))?;
         Ok(Engine {

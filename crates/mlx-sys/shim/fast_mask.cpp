@@ -8,9 +8,9 @@
 // bound by the host for small models: GPU.md session 43 put the constrained step's
 // overhead at 32 rows of the 0.5B shape at ~350 us, ~60 of them the mask's upload and
 // ops). Here one thread a logit reads its row's word and writes the logit or -inf: the
-// same bits as `where` (either the logit's own bits or the dtype's -inf). Off by default
-// until measured on a device: `MLX_FAST_MASK=1` (or `mlxs_set_fast_mask(true)`) turns it
-// on.
+// same bits as `where` (either the logit's own bits or the dtype's -inf). On by default
+// since session 46 (every bit equal to the ops' and 2-3x faster a call on an H100, GPU.md
+// session 45): `MLX_FAST_MASK=0` (or `mlxs_set_fast_mask(false)`) turns it off.
 #include "fast_mask.h"
 
 #include "kernel_cache.h"
@@ -26,7 +26,7 @@ namespace mx = mlx::core;
 namespace mlxs_detail {
 namespace {
 
-KernelSwitch g_switch("MLX_FAST_MASK", /*on_by_default=*/false);
+KernelSwitch g_switch("MLX_FAST_MASK", /*on_by_default=*/true);
 
 const char* const kDeviceCode = R"(// mlx-rs: grammar masks on logits (fast_mask.cpp).
 #pragma once
