@@ -953,7 +953,8 @@ for PART in "$@"; do
       # default, every other stream predicted: predict_bench.py --mix); PRED_SUSTAIN=S:
       # closed loops of S seconds a run instead of bursts (predict_bench.py --sustain; the
       # real default model only: it predicts the source passages); an arm's name ending in
-      # "split" adds MLX_SDPA_SPLIT_QUERIES=1 (autosplit, allsplit)
+      # "split" adds MLX_SDPA_SPLIT_QUERIES=1 (autosplit, allsplit; the server's default
+      # since session 46), "nosplit" MLX_SDPA_SPLIT_QUERIES=0 (MLX's cuDNN attention)
       port=18941
       for arm in ${PRED_ARMS:-auto}; do
       for m in ${PRED_MODELS:-smollm2 llama-3.1-8b-bf16}; do
@@ -961,7 +962,7 @@ for PART in "$@"; do
         e=(); mix=()
         case $arm in all*) e=(MLX_PREDICTION_DRAFTS=all) ;; none*) e=(MLX_PREDICTION_DRAFTS=none) ;;
           mix*) mix=(--mix) ;; esac
-        case $arm in *split*) e+=(MLX_SDPA_SPLIT_QUERIES=1) ;; esac
+        case $arm in *nosplit*) e+=(MLX_SDPA_SPLIT_QUERIES=0) ;; *split*) e+=(MLX_SDPA_SPLIT_QUERIES=1) ;; esac
         if [ "$m" = smollm2 ]; then
           dir=/root/stash/smollm2; how=source
           [ -f "$dir/config.json" ] || { echo "== $m: $dir not staged" >> "$D/stdout.txt"; continue; }
