@@ -42,6 +42,60 @@ fn padding_mask(lp: &Array, b: i32, l: i32) -> Res<Array> {
     Ok(pos.greater_equal(&lp.reshape(&[b, 1, 1, 1])?)?)
 }
 
+/// Queries `[B, Hq, N, D]`, and keys and values `[B, Hkv, L, D]` as views of a longer
+/// buffer (as a KV cache hands them out), from `seed`.
+fn qkv(b: i32, hq: i32, hkv: i32, d: i32, n: i32, l: i32, seed: u64) -> Res<[Array; 3]> {
+    let q = scaled_normal(&[b, hq, n, d], seed, 1.0)?;
+    let kbuf = scaled_normal(&[b, hkv, l + 37, d], seed + 1, 1.0)?;
+    let vbuf = scaled_normal(&[b, hkv, l + 37, d], seed + 2, 1.0)?;
+    let k = kbuf.slice(&[0, 0, 0, 0], &[b, hkv, l, d], None)?;
+    let v = vbuf.slice(&[0, 0, 0, 0], &[b, hkv, l, d], None)?;
+    Ok([q, k, v])
+}
+
+/// The masked attention in float32, the reference both sides' errors are taken from.
+fn reference(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Array) -> Res<Array> {
+    let f32 = |a: &Array| a.astype(Dtype::Float32);
+    Ok(scaled_dot_product_attention(
+        &f32(q)?,
+        &f32(k)?,
+        &f32(v)?,
+        scale,
+        SdpaMask::Array(mask),
+        None,
+    )?)
+}
+
+/// The time of MLX's attention under the array `mask` (what `time_us` reports).
+fn time_masked(
+    iters: usize,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    mask: &Array,
+) -> Res<f64> {
+    time_us(iters, &|| {
+        Ok(scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            scale,
+            SdpaMask::Array(mask),
+            None,
+        )?)
+    })
+}
+
+/// The largest absolute difference of `a` from `reference`.
+fn max_err(a: &Array, reference: &Array) -> Res<f64> {
+    Ok(a.astype(Dtype::Float32)?
+        .subtract(reference)?
+        .abs()?
+        .max(None, false)?
+        .item::<f32>()? as f64)
+}
+
 fn main() -> Res<()> {
     let iters: usize = std::env::args().nth(1).map_or(Ok(5), |s| s.parse())?;
     if Device::default_device()?.kind != DeviceType::Gpu {
@@ -53,12 +107,7 @@ fn main() -> Res<()> {
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for (i, &(b, hq, hkv, d, l)) in SHAPES.iter().enumerate() {
         let seed = 10 * i as u64;
-        let q = scaled_normal(&[b, hq, 1, d], seed, 1.0)?;
-        // Keys and values as a view of a longer buffer, as a KV cache hands them out.
-        let kbuf = scaled_normal(&[b, hkv, l + 37, d], seed + 1, 1.0)?;
-        let vbuf = scaled_normal(&[b, hkv, l + 37, d], seed + 2, 1.0)?;
-        let k = kbuf.slice(&[0, 0, 0, 0], &[b, hkv, l, d], None)?;
-        let v = vbuf.slice(&[0, 0, 0, 0], &[b, hkv, l, d], None)?;
+        let [q, k, v] = qkv(b, hq, hkv, d, 1, l, seed)?;
         // Paddings from 0 to most of the keys (row 0 unpadded), the last key always seen.
         let pads: Vec<i32> = (0..b)
             .map(|r| (r * 7919) % l.max(1) * (r % 3) / 3)
@@ -66,15 +115,7 @@ fn main() -> Res<()> {
         let lp = Array::from_slice(&pads, &[b])?;
         let mask = padding_mask(&lp, b, l)?;
         let scale = 1.0 / (d as f32).sqrt();
-        let f32 = |a: &Array| a.astype(Dtype::Float32);
-        let reference = scaled_dot_product_attention(
-            &f32(&q)?,
-            &f32(&k)?,
-            &f32(&v)?,
-            scale,
-            SdpaMask::Array(&mask),
-            None,
-        )?;
+        let reference = reference(&q, &k, &v, scale, &mask)?;
         let mlx = scaled_dot_product_attention(&q, &k, &v, scale, SdpaMask::Array(&mask), None)?;
         let Some(ours) = sdpa_padded(&q, &k, &v, scale, &lp)? else {
             println!("| {b} | {hq} / {hkv} | {d} | {l} | not taken | | | |");
@@ -82,27 +123,11 @@ fn main() -> Res<()> {
             continue;
         };
         transforms::eval(&[&reference, &mlx, &ours])?;
-        let err = |a: &Array| -> Res<f64> {
-            Ok(f32(a)?
-                .subtract(&reference)?
-                .abs()?
-                .max(None, false)?
-                .item::<f32>()? as f64)
-        };
-        let (e_ours, e_mlx) = (err(&ours)?, err(&mlx)?);
+        let (e_ours, e_mlx) = (max_err(&ours, &reference)?, max_err(&mlx, &reference)?);
         let t_ours = time_us(iters, &|| {
             Ok(sdpa_padded(&q, &k, &v, scale, &lp)?.ok_or("gone")?)
         })?;
-        let t_mlx = time_us(iters, &|| {
-            Ok(scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                scale,
-                SdpaMask::Array(&mask),
-                None,
-            )?)
-        })?;
+        let t_mlx = time_masked(iters, &q, &k, &v, scale, &mask)?;
         // One bfloat16 step at the outputs' size (~1) on top of twice MLX's error (a NaN
         // fails too).
         let within = e_ours <= 2.0 * e_mlx + 1.0 / 128.0;
@@ -143,11 +168,7 @@ fn verification_cases(iters: usize) -> Res<bool> {
     for (i, &(b, n, hq, hkv, d, l)) in VERIFY_SHAPES.iter().enumerate() {
         for padded in [false, true] {
             let seed = 1000 + 10 * i as u64 + padded as u64;
-            let q = scaled_normal(&[b, hq, n, d], seed, 1.0)?;
-            let kbuf = scaled_normal(&[b, hkv, l + 37, d], seed + 1, 1.0)?;
-            let vbuf = scaled_normal(&[b, hkv, l + 37, d], seed + 2, 1.0)?;
-            let k = kbuf.slice(&[0, 0, 0, 0], &[b, hkv, l, d], None)?;
-            let v = vbuf.slice(&[0, 0, 0, 0], &[b, hkv, l, d], None)?;
+            let [q, k, v] = qkv(b, hq, hkv, d, n, l, seed)?;
             let pads: Vec<i32> = (0..b)
                 .map(|r| {
                     if padded {
@@ -167,15 +188,7 @@ fn verification_cases(iters: usize) -> Res<bool> {
                 AttnMask::Causal
             };
             let scale = 1.0 / (d as f32).sqrt();
-            let f32 = |a: &Array| a.astype(Dtype::Float32);
-            let reference = scaled_dot_product_attention(
-                &f32(&q)?,
-                &f32(&k)?,
-                &f32(&v)?,
-                scale,
-                SdpaMask::Array(&mask),
-                None,
-            )?;
+            let reference = reference(&q, &k, &v, scale, &mask)?;
             let fetch = KvFetch::Plain {
                 keys: k.clone(),
                 values: v.clone(),
@@ -195,25 +208,9 @@ fn verification_cases(iters: usize) -> Res<bool> {
             let mlx =
                 scaled_dot_product_attention(&q, &k, &v, scale, SdpaMask::Array(&mask), None)?;
             transforms::eval(&[&reference, &mlx, &ours])?;
-            let err = |a: &Array| -> Res<f64> {
-                Ok(f32(a)?
-                    .subtract(&reference)?
-                    .abs()?
-                    .max(None, false)?
-                    .item::<f32>()? as f64)
-            };
-            let (e_ours, e_mlx) = (err(&ours)?, err(&mlx)?);
+            let (e_ours, e_mlx) = (max_err(&ours, &reference)?, max_err(&mlx, &reference)?);
             let t_ours = time_us(iters, &|| Ok(ours_of()?))?;
-            let t_mlx = time_us(iters, &|| {
-                Ok(scaled_dot_product_attention(
-                    &q,
-                    &k,
-                    &v,
-                    scale,
-                    SdpaMask::Array(&mask),
-                    None,
-                )?)
-            })?;
+            let t_mlx = time_masked(iters, &q, &k, &v, scale, &mask)?;
             // With the split on, padded rows must have run our kernel, a launch a query.
             let missing = split && padded && took != n as u64;
             let within = e_ours <= 2.0 * e_mlx + 1.0 / 128.0;
