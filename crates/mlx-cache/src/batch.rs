@@ -694,13 +694,23 @@ impl KvCache for BatchKVCache {
     /// one query at a time (`MLX_SDPA_SPLIT_QUERIES`, [`mlx_nn::attention::splits_queries`]):
     /// causal where no row is padded (each query then runs what a single sequence's
     /// verification runs), else the mask with the padding alongside (each query our
-    /// padded-rows kernel; `MLX_BATCH_VERIFY_MASK=array` keeps the array). Otherwise
-    /// mlx-lm's array.
+    /// padded-rows kernel; `MLX_BATCH_VERIFY_MASK=array` keeps the array) where every
+    /// query sees a key of its row: a query before its row's first key (a short prompt's
+    /// left-padded prefill) gets mlx-lm's array, under which MLX attends to all keys
+    /// evenly, where the kernel, seeing none, would write NaN that later attention
+    /// under a mask would carry into the rows (0 x NaN). Otherwise mlx-lm's array.
     fn make_mask(&self, n: i32, _return_array: bool, window_size: Option<i32>) -> Result<AttnMask> {
         let plain = window_size.is_none() && !keep_decode_mask();
         let decoding = n == 1 && plain;
-        let split = n > 1 && plain && !keep_verify_mask() && mlx_nn::attention::splits_queries(n);
         let unpadded = self.left_padding.iter().all(|&l| l == 0);
+        // Query `i` sees its row's keys `left_padding ..= idx + i`: none for some query
+        // of a row padded beyond `idx`.
+        let every_query_sees = self.left_padding.iter().all(|&l| l <= self.idx);
+        let split = n > 1
+            && plain
+            && every_query_sees
+            && !keep_verify_mask()
+            && mlx_nn::attention::splits_queries(n);
         if decoding && unpadded {
             return Ok(AttnMask::None);
         }

@@ -143,3 +143,27 @@ fn padded_rows_verify_with_their_padding_alongside() {
         .unwrap();
     assert!(close, "bfloat16 attention differs from the array mask's");
 }
+
+/// A short prompt's prefill in a left-padded batch (from position 0): a query before its
+/// row's first key would see no key of its row through the padded-rows kernel, so the
+/// batch keeps mlx-lm's array there (under which MLX attends to every key evenly); once
+/// every query sees a key of its row (the same rows a step later), the padding goes
+/// beside the mask.
+#[test]
+fn a_left_padded_prefill_keeps_the_array() {
+    force_split();
+    random::seed(9).unwrap();
+    let pads = [0, 3];
+    let mut c = BatchKVCache::new(&pads);
+    let mask = c.make_mask(5, false, None).unwrap();
+    assert!(matches!(mask, AttnMask::Array(_)), "{mask:?}");
+    let fetch = verify(&mut c, 5);
+    let q = normal(&[2, HEADS, 5, DIM]);
+    let array = batch_causal_mask(5, 0, None, &pads).unwrap();
+    assert_attends_as_the_array(&q, &fetch, &mask, &array);
+    // Rows padded by at most the positions held: each query sees a key of its row.
+    assert!(matches!(
+        c.make_mask(2, false, None).unwrap(),
+        AttnMask::LeftPadded { .. }
+    ));
+}

@@ -171,8 +171,9 @@ pub fn splits_queries(queries: i32) -> bool {
     }
 }
 
-/// Opt-in (`MLX_SDPA_SPLIT_QUERIES=1`) GPU path for attention over a few queries (2 to
-/// 65: speculative verification, short prompts). MLX's CUDA backend sends every
+/// GPU path for attention over a few queries (2 to 65: speculative verification, short
+/// prompts), opt-in for a single sequence (`MLX_SDPA_SPLIT_QUERIES=1`) and the serving
+/// engine's default ([`set_split_queries_default`]). MLX's CUDA backend sends every
 /// half-precision attention over more than one query to cuDNN, whose execution plan is
 /// built for each (queries, keys) shape: ~45 ms on the H200, paid on every round of
 /// speculative decoding since the KV cache grows between rounds
