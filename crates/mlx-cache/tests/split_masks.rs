@@ -49,6 +49,18 @@ fn verify(c: &mut BatchKVCache, n: i32) -> KvFetch {
 
 /// Attention of `q` under `mask` against the fused call under mlx-lm's array mask.
 fn assert_attends_as_the_array(q: &Array, fetch: &KvFetch, mask: &AttnMask, array: &Array) {
+    assert_attends_as_the_array_within(q, fetch, mask, array, 1e-5, 1e-6);
+}
+
+/// The same within `rtol` / `atol`, compared in float32.
+fn assert_attends_as_the_array_within(
+    q: &Array,
+    fetch: &KvFetch,
+    mask: &AttnMask,
+    array: &Array,
+    rtol: f64,
+    atol: f64,
+) {
     let KvFetch::Plain { keys, values } = fetch else {
         panic!("a plain fetch")
     };
@@ -57,12 +69,17 @@ fn assert_attends_as_the_array(q: &Array, fetch: &KvFetch, mask: &AttnMask, arra
         fast::scaled_dot_product_attention(q, keys, values, 0.125, SdpaMask::Array(array), None)
             .unwrap();
     assert_eq!(got.shape(), want.shape());
-    let close = got
-        .allclose(&want, 1e-5, 1e-6, false)
+    let f32 = |a: &Array| a.astype(Dtype::Float32).unwrap();
+    let close = f32(&got)
+        .allclose(&f32(&want), rtol, atol, false)
         .unwrap()
         .item::<bool>()
         .unwrap();
-    assert!(close, "{mask:?}: attention differs from the array mask's");
+    assert!(
+        close,
+        "{mask:?} ({}): attention differs from the array mask's",
+        q.dtype()
+    );
 }
 
 #[test]
@@ -124,24 +141,7 @@ fn padded_rows_verify_with_their_padding_alongside() {
         keys: bf(keys),
         values: bf(values),
     };
-    let got = scaled_dot_product_attention(&bf(&q), &fetch16, 0.125, &mask, None).unwrap();
-    let want = fast::scaled_dot_product_attention(
-        &bf(&q),
-        &bf(keys),
-        &bf(values),
-        0.125,
-        SdpaMask::Array(&array),
-        None,
-    )
-    .unwrap();
-    let close = got
-        .astype(Dtype::Float32)
-        .unwrap()
-        .allclose(&want.astype(Dtype::Float32).unwrap(), 2e-2, 2e-2, false)
-        .unwrap()
-        .item::<bool>()
-        .unwrap();
-    assert!(close, "bfloat16 attention differs from the array mask's");
+    assert_attends_as_the_array_within(&bf(&q), &fetch16, &mask, &array, 2e-2, 2e-2);
 }
 
 /// A short prompt's prefill in a left-padded batch (from position 0): a query before its

@@ -178,7 +178,8 @@ fn verification_cases(iters: usize) -> Res<bool> {
                     }
                 })
                 .collect();
-            let mask = mlx_cache_mask(n, l, &pads)?;
+            // mlx-lm's batch mask: query `i` sees keys `pads[b] ..= l - n + i`.
+            let mask = mlx_cache::batch_causal_mask(n, l - n, None, &pads)?;
             let attn_mask = if padded {
                 AttnMask::LeftPadded {
                     mask: mask.clone(),
@@ -222,16 +223,4 @@ fn verification_cases(iters: usize) -> Res<bool> {
         }
     }
     Ok(failed)
-}
-
-/// mlx-lm's batch mask for `n` queries ending at key `l`: query `i` sees keys
-/// `pads[b] ..= l - n + i`, `[B, 1, N, L]` boolean.
-fn mlx_cache_mask(n: i32, l: i32, pads: &[i32]) -> Res<Array> {
-    let b = pads.len() as i32;
-    let keys = arange(0.0, l as f64, 1.0, Dtype::Int32)?.reshape(&[1, 1, 1, l])?;
-    let queries = arange((l - n) as f64, l as f64, 1.0, Dtype::Int32)?.reshape(&[1, 1, n, 1])?;
-    let lp = Array::from_slice(pads, &[b, 1, 1, 1])?;
-    Ok(queries
-        .greater_equal(&keys)?
-        .logical_and(&keys.greater_equal(&lp)?)?)
 }

@@ -159,10 +159,15 @@ const SPLIT_MAX_QUERIES: i32 = 65;
 /// hands its rows' padding alongside the mask (or a causal mask where no row is padded)
 /// so that each query runs a decoding kernel instead of MLX's masked attention.
 pub fn splits_queries(queries: i32) -> bool {
+    split_applies(split_queries_setting(), queries)
+}
+
+/// Whether `setting` splits `queries` positions on the current device (the dtype aside).
+fn split_applies(setting: SplitQueries, queries: i32) -> bool {
     if !(2..=SPLIT_MAX_QUERIES).contains(&queries) {
         return false;
     }
-    match split_queries_setting() {
+    match setting {
         SplitQueries::Off => false,
         SplitQueries::Force => true,
         SplitQueries::Gpu => {
@@ -218,23 +223,17 @@ fn split_small_queries_as(
     mask: &AttnMask,
     sinks: Option<&Array>,
 ) -> Result<Option<Array>> {
-    if setting == SplitQueries::Off {
-        return Ok(None);
-    }
     let (qs, ks) = (queries.shape(), keys.shape());
     if qs.len() != 4 || ks.len() != 4 {
         return Ok(None);
     }
     let (l, kl) = (qs[2], ks[2]);
-    if !(2..=SPLIT_MAX_QUERIES).contains(&l) || kl < l {
+    if !split_applies(setting, l) || kl < l {
         return Ok(None);
     }
-    if setting == SplitQueries::Gpu {
-        let half = matches!(queries.dtype(), Dtype::Float16 | Dtype::Bfloat16);
-        let gpu = mlx_array::current_device()?.kind == mlx_array::DeviceType::Gpu;
-        if !half || !gpu {
-            return Ok(None);
-        }
+    let half = matches!(queries.dtype(), Dtype::Float16 | Dtype::Bfloat16);
+    if setting == SplitQueries::Gpu && !half {
+        return Ok(None);
     }
     if let AttnMask::Array(m) | AttnMask::LeftPadded { mask: m, .. } = mask {
         // A mask of one row per query (batched rows' padding): query `i` takes its row.
