@@ -109,7 +109,9 @@
 #              ops it replaces: equal bits for every shape and dtype, and times)
 #   sdpaprobe  issue 19: benchmarks/sdpa_graph_probe.py (a verification's attention: cuDNN's
 #              graph built for every new key length, against cached, masked, padded and
-#              one-query calls), the 8B's head shape at 4 and 8 query positions
+#              one-query calls), the 8B's head shape at 4 and 8 query positions; then
+#              a prompt's prefill (--prefill: a plan per new prompt length, padded to
+#              256-multiples or not, one row and 8 rows)
 #   saveptx    MLX's kernel cache of this machine to $OUT/ptx-cache.tar.xz (carry it back as
 #              .gpu/ptx-cache.tar.xz for the next machine)
 #   structprof issue 20: gpu_structured.sh with the engine's profile lines every 32 steps
@@ -805,7 +807,9 @@ for PART in "$@"; do
       # issue 19: what a verification's attention costs (cuDNN graphs by key length)
       for nq in 4 8; do
         timeout "$(left)" python3 benchmarks/sdpa_graph_probe.py --queries $nq >> "$D/stdout.txt" 2>&1 || echo "rc=$?" >> "$D/stdout.txt"
-      done ;;
+      done
+      # a prompt's prefill: a plan per new prompt length, one row and 8 left-padded rows
+      timeout "$(left)" python3 benchmarks/sdpa_graph_probe.py --prefill --calls 24 >> "$D/stdout.txt" 2>&1 || echo "rc=$?" >> "$D/stdout.txt" ;;
     saveptx)
       (cd /tmp/mlx && tar -cJf "$OUT/ptx-cache.tar.xz" .) && ls -la "$OUT/ptx-cache.tar.xz" > "$D/stdout.txt" ;;
     structarms)

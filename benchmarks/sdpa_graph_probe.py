@@ -13,6 +13,12 @@ round, so each round may build a new graph on the host. This times one attention
             positions past the length: one shape for 256 lengths
   vector    one query position (MLX's vector kernel, no cuDNN), new lengths
 
+With `--prefill`, a prompt's attention instead (queries = keys = the prompt's length, the
+lengths a server's prompts bring, each new one a plan): `pfresh` / `pagain` causal, one
+row; `bfresh` / `bagain` `--rows` left-padded rows under mlx-lm's boolean mask (a batch's
+prefill); `ppadded` / `bpadded` queries and keys padded to a multiple of 256 under an
+additive mask (one shape for 256 lengths; the padded queries' outputs are dropped).
+
 Run on the device with MLX's CUDA build: `python benchmarks/sdpa_graph_probe.py`.
 Prints one line a case: median and mean microseconds a call.
 """
@@ -44,7 +50,11 @@ def main():
     p.add_argument("--queries", type=int, default=4)
     p.add_argument("--start", type=int, default=600)
     p.add_argument("--calls", type=int, default=48)
+    p.add_argument("--prefill", action="store_true")
+    p.add_argument("--rows", type=int, default=8)
     a = p.parse_args()
+    if a.prefill:
+        return prefill(a)
     dt = mx.bfloat16
     n = a.queries
     cap = ((a.start + n * a.calls * 2) // 256 + 1) * 256
@@ -100,6 +110,67 @@ def main():
     print(
         f"device {mx.default_device()} q {a.heads}x{n}x{a.dim} kv {a.kv_heads} "
         f"lengths {a.start}..{second[-1]} buffer {cap}"
+    )
+    for name, fn, lens in cases:
+        us = timed(fn, lens)
+        print(
+            f"{name:10s} median {statistics.median(us):9.1f} us  mean "
+            f"{statistics.mean(us):9.1f} us  first {us[0]:9.1f} us  ({len(us)} calls)"
+        )
+
+
+def prefill(a):
+    dt = mx.bfloat16
+    lengths = [97 + 41 * i for i in range(a.calls)]
+    cap = (max(lengths) // 256 + 1) * 256
+    mx.random.seed(0)
+    shape = lambda b, h: (b, h, cap, a.dim)
+    q = mx.random.normal(shape(a.rows, a.heads)).astype(dt)
+    k = mx.random.normal(shape(a.rows, a.kv_heads)).astype(dt)
+    v = mx.random.normal(shape(a.rows, a.kv_heads)).astype(dt)
+    mx.eval(q, k, v)
+    scale = a.dim**-0.5
+
+    def call(b, t, w, mask):
+        return mx.fast.scaled_dot_product_attention(
+            q[:b, :, :w], k[:b, :, :w], v[:b, :, :w], scale=scale, mask=mask
+        )
+
+    def causal(t):
+        return call(1, t, t, "causal")
+
+    def batch(t):
+        # Row r left-padded by 3 r positions, as a batch of prompts of unequal lengths.
+        pad = mx.arange(a.rows)[:, None, None, None] * 3
+        rows = mx.arange(t)[:, None]
+        cols = mx.arange(t)[None]
+        m = (cols <= rows) & (cols >= pad)
+        return call(a.rows, t, t, m | (rows < pad))
+
+    def padded_to(b):
+        def run(t):
+            w = (t // 256 + 1) * 256
+            pad = mx.arange(b)[:, None, None, None] * (3 if b > 1 else 0)
+            rows = mx.arange(w)[:, None]
+            cols = mx.arange(w)[None]
+            see = (cols <= rows) & (cols < t) & ((cols >= pad) | (rows < pad))
+            return call(b, t, w, mx.where(see, 0.0, -mx.inf).astype(dt))
+
+        return run
+
+    for f in (causal, batch, padded_to(1), padded_to(a.rows)):
+        mx.eval(f(50))
+    cases = [
+        ("pfresh", causal, lengths),
+        ("pagain", causal, lengths),
+        ("ppadded", padded_to(1), [t + 1 for t in lengths]),
+        ("bfresh", batch, [t + 2 for t in lengths]),
+        ("bagain", batch, [t + 2 for t in lengths]),
+        ("bpadded", padded_to(a.rows), [t + 3 for t in lengths]),
+    ]
+    print(
+        f"device {mx.default_device()} prefill q {a.heads}x{a.dim} kv {a.kv_heads} "
+        f"rows {a.rows} lengths {lengths[0]}..{lengths[-1]}"
     )
     for name, fn, lens in cases:
         us = timed(fn, lens)
