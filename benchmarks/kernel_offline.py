@@ -271,7 +271,7 @@ def kernels():
                 name = f"sdpa_pad_{t}_d{d}_g{g}{'_p' if p else ''}"
                 ins = [("q", t), ("k", t), ("v", t), ("lp", "i32")]
                 src = (f"  mlxs_sdpa::sdpa_padded<{CUDA_TYPE[t]}, {d}, {g}, {str(p).lower()}>(q, k, v, lp, out, "
-                       "q_strides.data(), k_strides.data(), v_strides.data(), q_shape[1], k_shape[1], k_shape[2], 0x1p-3f);")
+                       "q_strides.data(), k_strides.data(), v_strides.data(), q_shape[1], k_shape[1], k_shape[2], q_shape[2], 0x1p-3f);")
                 out.append((name, 1024, ins, [("out", t)], src, "fast_sdpa.cpp"))
     # fast_mask.cpp: a batch's grammar masks on its logits, one thread a logit.
     for t in ("bf16", "f16", "f32"):

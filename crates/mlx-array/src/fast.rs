@@ -185,12 +185,15 @@ pub fn matmul_swiglu(x: &Array, wt: &Array) -> Result<Option<Array>> {
     Ok(taken.then(|| unsafe { Array::from_raw(p) }))
 }
 
-/// Attention of one query a row, `q` `[B, Hq, 1, D]` over `k` / `v` `[B, Hkv, L, D]`, row
-/// `b` seeing the keys from `left_padding[b]` (`[B]`, int32) on, scaled by `scale`: what
-/// MLX's attention gives with the boolean mask `position >= left_padding[b]`, as one
-/// launch of our CUDA kernel (`crates/mlx-sys/shim/fast_sdpa.cpp`: bfloat16 or float16,
-/// `D` of 64 or 128) where it covers the call; `None` elsewhere. `mlx_nn::attention`
-/// takes it for a batch's decoding step of padded rows (`AttnMask::LeftPadded`).
+/// Attention of `N` queries a row, `q` `[B, Hq, N, D]` over `k` / `v` `[B, Hkv, L, D]`
+/// (`N <= L`), query `i` of row `b` seeing the keys from `left_padding[b]` (`[B]`, int32)
+/// up to `L - N + i`, scaled by `scale`: what MLX's attention gives with the boolean mask
+/// `left_padding[b] <= position <= L - N + i` (one query: `position >= left_padding[b]`),
+/// as one launch of our CUDA kernel (`crates/mlx-sys/shim/fast_sdpa.cpp`: bfloat16 or
+/// float16, `D` of 64 or 128) where it covers the call; `None` elsewhere. Each query gets
+/// the bits a call with that query alone over its visible keys gives. `mlx_nn::attention`
+/// takes it for a batch's decoding step of padded rows (`AttnMask::LeftPadded`) and, while
+/// its split of a few queries is on, for a batch's verification over padded rows.
 #[track_caller]
 pub fn sdpa_padded(
     q: &Array,

@@ -9,7 +9,9 @@
 //! Then a speculative verification's attention (a few queries a row, causal over the
 //! rows' padding) as `mlx_nn::attention` runs it with `MLX_SDPA_SPLIT_QUERIES=1` (each
 //! query our padded-rows kernel, or MLX's one-query kernel where no row is padded) against
-//! MLX's fused call under mlx-lm's array mask (cuDNN), with the same checks.
+//! MLX's fused call under mlx-lm's array mask (cuDNN), with the same checks; and, for the
+//! padded rows, the queries as one launch of our kernel (`MLX_SDPA_PADDED_QUERIES=1`)
+//! against a launch a query: every bit equal.
 //!
 //! ```sh
 //! cargo run --release -p mlx-engine --example sdpa_pad_check -- [ITERS]
@@ -144,6 +146,49 @@ fn main() -> Res<()> {
     Ok(())
 }
 
+/// A verification's queries over padded rows as one launch of our kernel against a launch
+/// a query over the keys up to its position (what the split ran before
+/// `MLX_SDPA_PADDED_QUERIES`): every bit must be equal. Prints a line; whether it failed.
+fn one_launch_case(
+    iters: usize,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    pads: &[i32],
+) -> Res<bool> {
+    let (b, n, l) = (q.dim(0)?, q.dim(2)?, k.dim(2)?);
+    let lp = Array::from_slice(pads, &[b])?;
+    let one = || -> Res<Array> { Ok(sdpa_padded(q, k, v, scale, &lp)?.ok_or("not taken")?) };
+    let each = || -> Res<Array> {
+        let rows = (0..n)
+            .map(|i| {
+                let visible = l - n + i + 1;
+                let row = sdpa_padded(
+                    &q.slice_axis(2, i, i + 1)?,
+                    &k.slice_axis(2, 0, visible)?,
+                    &v.slice_axis(2, 0, visible)?,
+                    scale,
+                    &lp,
+                )?;
+                Ok(row.ok_or("not taken")?)
+            })
+            .collect::<Res<Vec<_>>>()?;
+        Ok(mlx_array::ops::concatenate(
+            &rows.iter().collect::<Vec<_>>(),
+            2,
+        )?)
+    };
+    let (a, e) = (one()?, each()?);
+    let same = a.array_equal(&e, false)?.item::<bool>()?;
+    let (t_one, t_each) = (time_us(iters, &one)?, time_us(iters, &each)?);
+    println!(
+        "  one launch for {n} queries of {b} rows: {} a launch a query; us {t_one:.1} against {t_each:.1}",
+        if same { "identical to" } else { "DIFFERS from" }
+    );
+    Ok(!same)
+}
+
 /// Rows, queries a row, query / key-value heads, head size, keys (the queries' included).
 const VERIFY_SHAPES: [(i32, i32, i32, i32, i32, i32); 6] = [
     (1, 4, 32, 8, 128, 600),
@@ -157,6 +202,7 @@ const VERIFY_SHAPES: [(i32, i32, i32, i32, i32, i32); 6] = [
 /// The verification cases; whether any failed.
 fn verification_cases(iters: usize) -> Res<bool> {
     let split = std::env::var("MLX_SDPA_SPLIT_QUERIES").as_deref() == Ok("1");
+    let one_launch = std::env::var("MLX_SDPA_PADDED_QUERIES").as_deref() == Ok("1");
     println!();
     println!(
         "verification (MLX_SDPA_SPLIT_QUERIES={})",
@@ -206,14 +252,19 @@ fn verification_cases(iters: usize) -> Res<bool> {
             let launches = mlx_array::fast::sdpa_padded_launches();
             let ours = ours_of()?;
             let took = mlx_array::fast::sdpa_padded_launches() - launches;
+            if padded {
+                failed |= one_launch_case(iters, &q, &k, &v, scale, &pads)?;
+            }
             let mlx =
                 scaled_dot_product_attention(&q, &k, &v, scale, SdpaMask::Array(&mask), None)?;
             transforms::eval(&[&reference, &mlx, &ours])?;
             let (e_ours, e_mlx) = (max_err(&ours, &reference)?, max_err(&mlx, &reference)?);
             let t_ours = time_us(iters, &|| Ok(ours_of()?))?;
             let t_mlx = time_masked(iters, &q, &k, &v, scale, &mask)?;
-            // With the split on, padded rows must have run our kernel, a launch a query.
-            let missing = split && padded && took != n as u64;
+            // With the split on, padded rows must have run our kernel: one launch for the
+            // queries with `MLX_SDPA_PADDED_QUERIES=1`, else a launch a query.
+            let want = if one_launch { 1 } else { n as u64 };
+            let missing = split && padded && took != want;
             let within = e_ours <= 2.0 * e_mlx + 1.0 / 128.0;
             failed |= missing || !within;
             println!(

@@ -241,6 +241,9 @@ fn split_small_queries_as(
             return Ok(None);
         }
     }
+    if let Some(all) = padded_queries(queries, keys, values, scale, mask, sinks)? {
+        return Ok(Some(all));
+    }
     let mut rows = Vec::with_capacity(l as usize);
     for i in 0..l {
         let q = queries.slice_axis(2, i, i + 1)?;
@@ -289,6 +292,40 @@ fn split_small_queries_as(
     }
     let refs: Vec<&Array> = rows.iter().collect();
     ops::concatenate(&refs, 2).map(Some)
+}
+
+/// Whether a verification over left-padded rows runs its queries in one launch of our
+/// padded-rows kernel ([`padded_queries`]) rather than a launch a query
+/// (`MLX_SDPA_PADDED_QUERIES=1`, read once; opt-in until a device has run
+/// `sdpa_pad_check`'s comparison of the two).
+fn padded_queries_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_SDPA_PADDED_QUERIES").as_deref() == Ok("1"))
+}
+
+/// Every query of a few over left-padded rows (`LeftPadded`, the mask a row a query),
+/// query `i` of `l` seeing the keys up to its position (`kl - l + i`) from each row's
+/// padding on, as one launch of our padded-rows kernel: the bits of [`padded_query`]'s
+/// launch a query, without its `l` launches, `2 l` key slices and the concatenation a
+/// layer (`MLX_SDPA_PADDED_QUERIES=1`); `None` where it is off or does not apply.
+fn padded_queries(
+    queries: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f64,
+    mask: &AttnMask,
+    sinks: Option<&Array>,
+) -> Result<Option<Array>> {
+    let AttnMask::LeftPadded { mask, left_padding } = mask else {
+        return Ok(None);
+    };
+    if sinks.is_some() || !padded_kernel_on() || !padded_queries_on() {
+        return Ok(None);
+    }
+    if mask.dim(-2)? != queries.dim(2)? {
+        return Ok(None);
+    }
+    fast::sdpa_padded(queries, keys, values, scale as f32, left_padding)
 }
 
 /// One query of a few over left-padded rows (`LeftPadded`, the mask a row a query), seeing

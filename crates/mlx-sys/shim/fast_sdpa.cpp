@@ -1,6 +1,9 @@
 // fast_sdpa.cpp: attention of one query a row over left-padded rows (batched decoding),
 // in one CUDA kernel, taken by `mlx_nn::attention` for a batch's decoding step of padded
-// rows on a GPU (`AttnMask::LeftPadded`; `MLX_SDPA_PADDED=0` keeps MLX's attention).
+// rows on a GPU (`AttnMask::LeftPadded`; `MLX_SDPA_PADDED=0` keeps MLX's attention), and
+// of a few queries a row, causal (a speculating batch's verification while the split of
+// `mlx_nn::attention` is on: one launch for the nq positions, each query's block the
+// arithmetic a launch of that query alone over its visible keys would do).
 //
 // MLX 0.32.4's CUDA attention for one query (`sdpa_vector`) takes no array mask, so a
 // batch whose rows are left-padded by different amounts (rows that joined the batch at
@@ -60,8 +63,9 @@ __device__ __forceinline__ float warp_max(float x) {
 }
 
 // Block (blockIdx.x = group of G query heads h0 .. h0 + G - 1, all of one key-value head;
-// blockIdx.z = row b) of 32 x 32 threads: out[b, h, 0, :] = softmax(scale q_h . k_j) v_j
-// over keys j in [start[b], L) of kv head h0 / (Hq / Hkv). A key and value row read once
+// blockIdx.y = query qi of nq; blockIdx.z = row b) of 32 x 32 threads: out[b, h, qi, :] =
+// softmax(scale q_h . k_j) v_j over keys j in [start[b], L - nq + 1 + qi) of kv head
+// h0 / (Hq / Hkv) (causal over a verification's nq positions; nq = 1: decoding). A key and value row read once
 // serves the G heads (Hq / Hkv heads share it), so a batch's attention takes Hq / G blocks
 // a row. Element strides of q, k, v come from MLX (views of the caches' buffers are fine).
 // With P, a warp loads its next key and value rows before the G heads' arithmetic on the
@@ -71,7 +75,7 @@ __device__ __forceinline__ void sdpa_padded(const T* q, const T* k, const T* v,
                                             const int* start, T* out, const int64_t* qs,
                                             const int64_t* ks, const int64_t* vs,
                                             const int hq, const int hkv, const int len,
-                                            const float scale) {
+                                            const int nq, const float scale) {
   constexpr int BN = 32;
   constexpr int E = D / 32;
   __shared__ float outs[BN][D + 1];
@@ -81,6 +85,10 @@ __device__ __forceinline__ void sdpa_padded(const T* q, const T* k, const T* v,
   const int warp = threadIdx.y;
   const int h0 = blockIdx.x * G;
   const int b = blockIdx.z;
+  // Query qi of the row's nq (a verification's positions) sees the keys before
+  // len - nq + 1 + qi: what the same kernel gives that query alone over those keys.
+  const int qi = blockIdx.y;
+  const int end = len - nq + 1 + qi;
   const int kvh = h0 / (hq / hkv);
   const T* kp = k + b * ks[0] + kvh * ks[1];
   const T* vp = v + b * vs[0] + kvh * vs[1];
@@ -91,7 +99,7 @@ __device__ __forceinline__ void sdpa_padded(const T* q, const T* k, const T* v,
   const float neg_inf = __int_as_float(0xff800000);
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    const T* qp = q + b * qs[0] + (h0 + g) * qs[1];
+    const T* qp = q + b * qs[0] + (h0 + g) * qs[1] + qi * qs[2];
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       qv[g][e] = scale * static_cast<float>(qp[(lane * E + e) * qs[3]]);
@@ -111,13 +119,13 @@ __device__ __forceinline__ void sdpa_padded(const T* q, const T* k, const T* v,
   float kk[E];
   float vv[E];
   const int first = start[b] + warp;
-  if (P && first < len) load_row(first, kk, vv);
-  for (int j = first; j < len; j += BN) {
+  if (P && first < end) load_row(first, kk, vv);
+  for (int j = first; j < end; j += BN) {
     float kn[E] = {};
     float vn[E] = {};
     if (!P) {
       load_row(j, kk, vv);
-    } else if (j + BN < len) {
+    } else if (j + BN < end) {
       load_row(j + BN, kn, vn);
     }
 #pragma unroll
@@ -164,7 +172,9 @@ __device__ __forceinline__ void sdpa_padded(const T* q, const T* k, const T* v,
     for (int e = 0; e < E; ++e) {
       const int dim = warp * E + e;
       const float val = warp_sum(outs[lane][dim] * wf);
-      if (lane == 0) out[((long long)b * hq + h0 + g) * D + dim] = static_cast<T>(val / gs);
+      if (lane == 0) {
+        out[(((long long)b * hq + h0 + g) * nq + qi) * D + dim] = static_cast<T>(val / gs);
+      }
     }
     // The next head's outputs overwrite `outs`.
     __syncthreads();
@@ -197,7 +207,7 @@ const mx::fast::CustomKernelFunction& kernel_for(mx::Dtype dtype, int d, int g, 
   const std::string src = std::string("  mlxs_sdpa::sdpa_padded<") + cuda_type(dtype) + ", " +
                           std::to_string(d) + ", " + std::to_string(g) + ", " +
                           (prefetch ? "true" : "false") + ">(q, k, v, lp, out, q_strides.data(), k_strides.data(), "
-                          "v_strides.data(), q_shape[1], k_shape[1], k_shape[2], " +
+                          "v_strides.data(), q_shape[1], k_shape[1], k_shape[2], q_shape[2], " +
                           lit + ");\n";
   auto fn = device_kernel(name, {{"q", dtype}, {"k", dtype}, {"v", dtype}, {"lp", mx::int32}},
                           {{"out", dtype}}, src, DeviceCode{kDeviceCode, "mlxs_sdpa"}, device,
@@ -229,8 +239,9 @@ std::optional<mx::array> try_sdpa_padded(const mx::array& q, const mx::array& k,
   if ((dt != mx::bfloat16 && dt != mx::float16) || k.dtype() != dt || v.dtype() != dt) {
     return std::nullopt;
   }
-  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.shape(2) != 1) return std::nullopt;
-  const int b = q.shape(0), hq = q.shape(1), d = q.shape(3);
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4) return std::nullopt;
+  const int b = q.shape(0), hq = q.shape(1), nq = q.shape(2), d = q.shape(3);
+  if (nq < 1 || nq > k.shape(2)) return std::nullopt;
   if ((d != 64 && d != 128) || k.shape(0) != b || v.shape(0) != b || k.shape(3) != d ||
       v.shape(3) != d || k.shape(1) != v.shape(1) || k.shape(2) != v.shape(2) ||
       k.shape(1) < 1 || hq % k.shape(1) != 0 || k.shape(2) < 1) {
@@ -245,7 +256,7 @@ std::optional<mx::array> try_sdpa_padded(const mx::array& q, const mx::array& k,
   // before the current one's arithmetic.
   static const bool prefetch = env_count("MLX_SDPA_PADDED_PREFETCH", 0) == 1;
   const auto& fn = kernel_for(dt, d, g, prefetch, scale, st.device.index);
-  auto outs = fn({q, k, v, lp}, {{b, hq, 1, d}}, {dt}, std::make_tuple(hq / g * 32, 32, b),
+  auto outs = fn({q, k, v, lp}, {{b, hq, nq, d}}, {dt}, std::make_tuple(hq / g * 32, 32 * nq, b),
                  std::make_tuple(32, 32, 1), {}, std::nullopt, false, st);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   return outs[0];
