@@ -17,7 +17,9 @@ With `--prefill`, a prompt's attention instead (queries = keys = the prompt's le
 lengths a server's prompts bring, each new one a plan): `pfresh` / `pagain` causal, one
 row; `bfresh` / `bagain` `--rows` left-padded rows under mlx-lm's boolean mask (a batch's
 prefill); `ppadded` / `bpadded` queries and keys padded to a multiple of 256 under an
-additive mask (one shape for 256 lengths; the padded queries' outputs are dropped).
+additive mask (one shape for 256 lengths; the padded queries' outputs are dropped);
+`pcpadded` the same padding under the causal mask alone (the padded keys come after every
+real query's last visible key, so no mask array is needed).
 
 Run on the device with MLX's CUDA build: `python benchmarks/sdpa_graph_probe.py`.
 Prints one line a case: median and mean microseconds a call.
@@ -158,12 +160,23 @@ def prefill(a):
 
         return run
 
-    for f in (causal, batch, padded_to(1), padded_to(a.rows)):
+    def causal_padded(t):
+        # Queries, keys and values all padded by the same p to a 256-multiple: causal
+        # (bottom-right) then still hides the padded keys from the real queries, so no mask
+        # array is needed; the padded queries' rows are dropped.
+        w = (t // 256 + 1) * 256
+        o = mx.fast.scaled_dot_product_attention(
+            q[:1, :, :w], k[:1, :, :w], v[:1, :, :w], scale=scale, mask="causal"
+        )
+        return o[:, :, :t]
+
+    for f in (causal, batch, padded_to(1), padded_to(a.rows), causal_padded):
         mx.eval(f(50))
     cases = [
         ("pfresh", causal, lengths),
         ("pagain", causal, lengths),
         ("ppadded", padded_to(1), [t + 1 for t in lengths]),
+        ("pcpadded", causal_padded, [t + 4 for t in lengths]),
         ("bfresh", batch, [t + 2 for t in lengths]),
         ("bagain", batch, [t + 2 for t in lengths]),
         ("bpadded", padded_to(a.rows), [t + 3 for t in lengths]),
@@ -178,6 +191,11 @@ def prefill(a):
             f"{name:10s} median {statistics.median(us):9.1f} us  mean "
             f"{statistics.mean(us):9.1f} us  first {us[0]:9.1f} us  ({len(us)} calls)"
         )
+    for t in lengths[:3]:
+        a, b = causal(t), causal_padded(t)
+        same = mx.array_equal(a, b).item()
+        diff = mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()
+        print(f"pcpadded against causal at {t}: {'identical' if same else 'differs'}, max abs diff {diff:.3g}")
 
 
 if __name__ == "__main__":
