@@ -107,6 +107,9 @@
 #              float16, bfloat16 group 64) against mlx-lm (SMOL_VARIANTS, SMOL_ROUNDS)
 #   maskcheck  issue 20: mask_check (our grammar-mask kernel, MLX_FAST_MASK, against the
 #              ops it replaces: equal bits for every shape and dtype, and times)
+#   ttftlen    issue 21: time to first token for prompts of many lengths (a cuDNN plan
+#              per new shape): our server, with MLX_SDPA_BUCKET=256, and mlx_lm.server
+#              (TTFT_MODELS, TTFT_ARMS, TTFT_LENGTHS)
 #   sdpaprobe  issue 19: benchmarks/sdpa_graph_probe.py (a verification's attention: cuDNN's
 #              graph built for every new key length, against cached, masked, padded and
 #              one-query calls), the 8B's head shape at 4 and 8 query positions; then
@@ -1012,6 +1015,28 @@ for PART in "$@"; do
           done
         done
         r=$((r + 1))
+      done ;;
+    ttftlen)
+      # issue 21: time to first token for prompts of many lengths (benchmarks/ttft_lengths.py:
+      # a cuDNN plan per new prompt shape), TTFT_MODELS (qwen2.5-0.5b-bf16) x TTFT_ARMS
+      # (default: our server as it is; bucket: MLX_SDPA_BUCKET=256, a prompt's attention
+      # padded to 256-multiples; mlxlm: mlx_lm.server), two passes of TTFT_LENGTHS (24)
+      # lengths of 40-1500 words, one request at a time
+      port=18961
+      for m in ${TTFT_MODELS:-qwen2.5-0.5b-bf16}; do
+        ensure_model "$m" "$D"
+        for arm in ${TTFT_ARMS:-default bucket mlxlm}; do
+          [ "$(left)" -lt 60 ] && break 2
+          e=(); cmd=("$NEW/mlx-server")
+          case $arm in bucket) e=(MLX_SDPA_BUCKET=256) ;; mlxlm) cmd=(python3 -m mlx_lm server) ;; esac
+          env "${e[@]}" "${cmd[@]}" --model "$MODELS/$m" --port $port > "$D/server-$m-$arm.log" 2>&1 &
+          srv=$!
+          for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; sleep 1; done
+          timeout "$(left)" python3 benchmarks/ttft_lengths.py --base-url http://127.0.0.1:$port \
+            --lengths "${TTFT_LENGTHS:-24}" --label "$m $arm" >> "$D/stdout.txt" 2>&1
+          echo "rc=$?" >> "$D/stdout.txt"
+          kill $srv; wait $srv 2>/dev/null
+        done
       done ;;
     *) echo "unknown part $PART" > "$D/stdout.txt" ;;
   esac

@@ -57,6 +57,9 @@ pub fn scaled_dot_product_attention(
             if let Some(out) = split_small_queries(queries, keys, values, scale, mask, sinks)? {
                 return Ok(out);
             }
+            if let Some(out) = bucketed_queries(queries, keys, values, scale, mask, sinks)? {
+                return Ok(out);
+            }
             fast::scaled_dot_product_attention(queries, keys, values, scale as f32, m, sinks)
         }
         KvFetch::Quantized {
@@ -107,6 +110,102 @@ fn padded_rows(
         return Ok(None);
     }
     fast::sdpa_padded(queries, keys, values, scale as f32, left_padding)
+}
+
+/// `MLX_SDPA_BUCKET` (read once): the multiple of positions [`bucketed_queries`] pads a
+/// prompt's attention to (e.g. `256`); unset, `0` or not a number: off.
+fn bucket_setting() -> Option<i32> {
+    static SETTING: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| {
+        std::env::var("MLX_SDPA_BUCKET")
+            .ok()
+            .and_then(|v| v.parse::<i32>().ok())
+            .filter(|&n| n > 1)
+    })
+}
+
+/// A prompt's attention (more than one query, not split) on the GPU in half precision
+/// with its queries, keys and values padded at the end by the same number of positions,
+/// up to a multiple of `MLX_SDPA_BUCKET` queries (opt-in, session 47, not yet run on a
+/// device), the padded queries' rows dropped. MLX's CUDA backend sends such attention to
+/// cuDNN, which builds an execution plan for every new (rows, heads, queries, keys) shape
+/// (~45 ms on the H200, benchmarks/GPU.md session 13): a server pays it for every prompt
+/// length it has not seen, where padded lengths repeat. Under the causal mask (aligned
+/// to the last key, as MLX's is) the padded keys come after every real query's last
+/// visible key, so no mask array is needed; under an array mask (a batch's left-padded
+/// prefill) the padded keys are hidden from the real rows and the padded rows see every
+/// key (no row without a key). `None` where it is off or does not apply (the CPU, single
+/// precision, one query, no mask, a length already a multiple, a mask of another shape).
+fn bucketed_queries(
+    queries: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f64,
+    mask: &AttnMask,
+    sinks: Option<&Array>,
+) -> Result<Option<Array>> {
+    let Some(bucket) = bucket_setting() else {
+        return Ok(None);
+    };
+    if !matches!(queries.dtype(), Dtype::Float16 | Dtype::Bfloat16)
+        || !mlx_array::current_device().is_ok_and(|d| d.kind == mlx_array::DeviceType::Gpu)
+    {
+        return Ok(None);
+    }
+    padded_to_bucket(bucket, queries, keys, values, scale, mask, sinks)
+}
+
+/// [`bucketed_queries`] on any device and dtype.
+fn padded_to_bucket(
+    bucket: i32,
+    queries: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f64,
+    mask: &AttnMask,
+    sinks: Option<&Array>,
+) -> Result<Option<Array>> {
+    let (qs, ks) = (queries.shape(), keys.shape());
+    if qs.len() != 4 || ks.len() != 4 || values.ndim() != 4 {
+        return Ok(None);
+    }
+    let (l, kl) = (qs[2], ks[2]);
+    if l < 2 || kl < l || l % bucket == 0 {
+        return Ok(None);
+    }
+    let p = (l + bucket - 1) / bucket * bucket - l;
+    let pad_end =
+        |a: &Array, axis: i32, value: Option<&Array>| a.pad(&[axis], &[0], &[p], value, "constant");
+    let padded_mask;
+    let m = match mask {
+        AttnMask::Causal => SdpaMask::Causal,
+        AttnMask::Array(a) | AttnMask::LeftPadded { mask: a, .. } => {
+            let n = a.ndim() as i32;
+            if n < 2 || a.dim(-2)? != l || a.dim(-1)? != kl {
+                return Ok(None);
+            }
+            let (hide, show) = if a.dtype() == Dtype::Bool {
+                (Array::scalar(false)?, Array::scalar(true)?)
+            } else {
+                (
+                    Array::scalar_f64(finfo_min(a.dtype())?, a.dtype())?,
+                    Array::scalar_f64(0.0, a.dtype())?,
+                )
+            };
+            padded_mask = pad_end(&pad_end(a, n - 1, Some(&hide))?, n - 2, Some(&show))?;
+            SdpaMask::Array(&padded_mask)
+        }
+        AttnMask::None => return Ok(None),
+    };
+    let out = fast::scaled_dot_product_attention(
+        &pad_end(queries, 2, None)?,
+        &pad_end(keys, 2, None)?,
+        &pad_end(values, 2, None)?,
+        scale as f32,
+        m,
+        sinks,
+    )?;
+    out.slice_axis(2, 0, l).map(Some)
 }
 
 /// `MLX_SDPA_SPLIT_QUERIES` (read once): `1` turns the split on for the GPU; `force`
@@ -444,6 +543,75 @@ mod tests {
             .unwrap()
             .item::<bool>()
             .unwrap()
+    }
+
+    /// A prompt's attention padded to a bucket of positions (`MLX_SDPA_BUCKET`'s path, run
+    /// here on the CPU in float32): under the causal mask, with and without keys before the
+    /// queries, and under a batch's boolean and additive masks of left-padded rows, the
+    /// real queries' rows equal the unpadded attention's.
+    #[test]
+    fn bucketed_queries_match_the_unpadded_attention() {
+        random::seed(5).unwrap();
+        let (b, hq, hkv, d) = (2, 4, 2, 32);
+        let normal =
+            |shape: &[i32]| random::normal(shape, Dtype::Float32, None, None, None).unwrap();
+        for (l, offset) in [(7, 0), (13, 5), (2, 30)] {
+            let kl = l + offset;
+            let q = normal(&[b, hq, l, d]);
+            let (k, v) = (normal(&[b, hkv, kl, d]), normal(&[b, hkv, kl, d]));
+            // `seeing`: the rows that see a key (a left-padded row's queries inside its
+            // padding see none: what they give is nobody's, padded or not).
+            let run = |mask: &AttnMask, seeing: Option<&Array>| {
+                let m = match mask {
+                    AttnMask::Causal => SdpaMask::Causal,
+                    AttnMask::Array(a) => SdpaMask::Array(a),
+                    _ => unreachable!(),
+                };
+                let want = fast::scaled_dot_product_attention(&q, &k, &v, 0.2, m, None).unwrap();
+                let got = padded_to_bucket(8, &q, &k, &v, 0.2, mask, None)
+                    .unwrap()
+                    .expect("the bucket applies");
+                assert_eq!(got.shape(), want.shape());
+                let only = |a: &Array| match seeing {
+                    Some(rows) => ops::where_(rows, a, &Array::scalar(0f32).unwrap()).unwrap(),
+                    None => a.clone(),
+                };
+                assert!(close(&only(&got), &only(&want)), "l {l} offset {offset}");
+            };
+            run(&AttnMask::Causal, None);
+            // mlx-lm's mask for left-padded rows: row r padded by 2 r positions.
+            let rows = ops::arange(offset as f64, kl as f64, 1.0, Dtype::Int32)
+                .unwrap()
+                .reshape(&[1, 1, l, 1])
+                .unwrap();
+            let cols = ops::arange(0.0, kl as f64, 1.0, Dtype::Int32)
+                .unwrap()
+                .reshape(&[1, 1, 1, kl])
+                .unwrap();
+            let pads = Array::from_slice(&[0i32, 2], &[b, 1, 1, 1]).unwrap();
+            let seen = cols
+                .less_equal(&rows)
+                .unwrap()
+                .logical_and(&cols.greater_equal(&pads).unwrap())
+                .unwrap();
+            let seeing = seen.any(Some(&[-1]), true).unwrap();
+            run(&AttnMask::Array(seen.clone()), Some(&seeing));
+            let additive = ops::where_(
+                &seen,
+                &Array::scalar(0f32).unwrap(),
+                &Array::scalar(f32::MIN).unwrap(),
+            )
+            .unwrap();
+            run(&AttnMask::Array(additive), Some(&seeing));
+        }
+        // Already a multiple, or one query: the path declines.
+        let q = normal(&[1, 4, 8, 32]);
+        let k = normal(&[1, 2, 8, 32]);
+        assert!(
+            padded_to_bucket(8, &q, &k, &k, 0.2, &AttnMask::Causal, None)
+                .unwrap()
+                .is_none()
+        );
     }
 
     /// A decoding step of left-padded rows on the CPU: the padded-rows kernel declines and
