@@ -131,11 +131,14 @@ fn bucket_setting() -> Option<i32> {
 /// cuDNN, which builds an execution plan for every new (rows, heads, queries, keys) shape
 /// (~45 ms on the H200, benchmarks/GPU.md session 13): a server pays it for every prompt
 /// length it has not seen, where padded lengths repeat. Under the causal mask (aligned
-/// to the last key, as MLX's is) the padded keys come after every real query's last
-/// visible key, so no mask array is needed; under an array mask (a batch's left-padded
-/// prefill) the padded keys are hidden from the real rows and the padded rows see every
-/// key (no row without a key). `None` where it is off or does not apply (the CPU, single
-/// precision, one query, no mask, a length already a multiple, a mask of another shape).
+/// to the last key, as MLX's is) keys padded as the queries are come after every real
+/// query's last visible key, so no mask array is needed where that makes the keys a
+/// multiple too (no keys before the queries, or a multiple of them); otherwise (a cached
+/// prefix of another length) the keys are padded to the next multiple under a boolean
+/// mask of the same causal pattern. Under an array mask (a batch's left-padded prefill)
+/// the padded keys are hidden from the real rows and the padded rows see every key (no
+/// row without a key). `None` where it is off or does not apply (the CPU, single
+/// precision, one query, no mask, lengths already multiples, a mask of another shape).
 fn bucketed_queries(
     queries: &Array,
     keys: &Array,
@@ -170,18 +173,41 @@ fn padded_to_bucket(
         return Ok(None);
     }
     let (l, kl) = (qs[2], ks[2]);
-    if l < 2 || kl < l || l % bucket == 0 {
+    if l < 2 || kl < l {
         return Ok(None);
     }
-    let p = (l + bucket - 1) / bucket * bucket - l;
-    let pad_end =
-        |a: &Array, axis: i32, value: Option<&Array>| a.pad(&[axis], &[0], &[p], value, "constant");
+    let up = |n: i32| (n + bucket - 1) / bucket * bucket;
+    // Queries padded by `p`; keys by `p` too where that lands on a multiple (causal alone
+    // then hides them), else up to the next multiple under a mask.
+    let p = up(l) - l;
+    let pad_end = |a: &Array, axis: i32, by: i32, value: Option<&Array>| {
+        a.pad(&[axis], &[0], &[by], value, "constant")
+    };
     let padded_mask;
-    let m = match mask {
-        AttnMask::Causal => SdpaMask::Causal,
+    let (pk, m) = match mask {
+        AttnMask::Causal if (kl + p) % bucket == 0 => {
+            if p == 0 {
+                return Ok(None);
+            }
+            (p, SdpaMask::Causal)
+        }
+        AttnMask::Causal => {
+            // Query i (of the padded queries) sees the keys up to kl - l + i: the real
+            // rows exactly theirs, the padded rows every real key and some padded ones.
+            let kb = up(kl);
+            let rows = ops::arange((kl - l) as f64, (kl + p) as f64, 1.0, Dtype::Int32)?
+                .reshape(&[l + p, 1])?;
+            let cols = ops::arange(0.0, kb as f64, 1.0, Dtype::Int32)?.reshape(&[1, kb])?;
+            padded_mask = cols.less_equal(&rows)?;
+            (kb - kl, SdpaMask::Array(&padded_mask))
+        }
         AttnMask::Array(a) | AttnMask::LeftPadded { mask: a, .. } => {
             let n = a.ndim() as i32;
             if n < 2 || a.dim(-2)? != l || a.dim(-1)? != kl {
+                return Ok(None);
+            }
+            let pk = up(kl) - kl;
+            if p == 0 && pk == 0 {
                 return Ok(None);
             }
             let (hide, show) = if a.dtype() == Dtype::Bool {
@@ -192,15 +218,16 @@ fn padded_to_bucket(
                     Array::scalar_f64(0.0, a.dtype())?,
                 )
             };
-            padded_mask = pad_end(&pad_end(a, n - 1, Some(&hide))?, n - 2, Some(&show))?;
-            SdpaMask::Array(&padded_mask)
+            let hidden = pad_end(a, n - 1, pk, Some(&hide))?;
+            padded_mask = pad_end(&hidden, n - 2, p, Some(&show))?;
+            (pk, SdpaMask::Array(&padded_mask))
         }
         AttnMask::None => return Ok(None),
     };
     let out = fast::scaled_dot_product_attention(
-        &pad_end(queries, 2, None)?,
-        &pad_end(keys, 2, None)?,
-        &pad_end(values, 2, None)?,
+        &pad_end(queries, 2, p, None)?,
+        &pad_end(keys, 2, pk, None)?,
+        &pad_end(values, 2, pk, None)?,
         scale as f32,
         m,
         sinks,
@@ -555,7 +582,7 @@ mod tests {
         let (b, hq, hkv, d) = (2, 4, 2, 32);
         let normal =
             |shape: &[i32]| random::normal(shape, Dtype::Float32, None, None, None).unwrap();
-        for (l, offset) in [(7, 0), (13, 5), (2, 30)] {
+        for (l, offset) in [(7, 0), (13, 5), (2, 30), (8, 3), (5, 11)] {
             let kl = l + offset;
             let q = normal(&[b, hq, l, d]);
             let (k, v) = (normal(&[b, hkv, kl, d]), normal(&[b, hkv, kl, d]));
