@@ -1020,7 +1020,8 @@ for PART in "$@"; do
       # issue 21: time to first token for prompts of many lengths (benchmarks/ttft_lengths.py:
       # a cuDNN plan per new prompt shape), TTFT_MODELS (qwen2.5-0.5b-bf16) x TTFT_ARMS
       # (default: our server as it is; bucket: MLX_SDPA_BUCKET=256, a prompt's attention
-      # padded to 256-multiples; mlxlm: mlx_lm.server), two passes of TTFT_LENGTHS (24)
+      # padded to 256-multiples, bucketN: N-multiples, nobucket: MLX_SDPA_BUCKET=0; mlxlm:
+      # mlx_lm.server), two passes of TTFT_LENGTHS (24)
       # lengths of 40-1500 words, one request at a time
       port=18961
       for m in ${TTFT_MODELS:-qwen2.5-0.5b-bf16}; do
@@ -1028,7 +1029,8 @@ for PART in "$@"; do
         for arm in ${TTFT_ARMS:-default bucket mlxlm}; do
           [ "$(left)" -lt 60 ] && break 2
           e=(); cmd=("$NEW/mlx-server")
-          case $arm in bucket) e=(MLX_SDPA_BUCKET=256) ;; mlxlm) cmd=(python3 -m mlx_lm server) ;; esac
+          case $arm in bucket) e=(MLX_SDPA_BUCKET=256) ;; bucket*) e=(MLX_SDPA_BUCKET="${arm#bucket}") ;;
+            nobucket) e=(MLX_SDPA_BUCKET=0) ;; mlxlm) cmd=(python3 -m mlx_lm server) ;; esac
           env "${e[@]}" "${cmd[@]}" --model "$MODELS/$m" --port $port > "$D/server-$m-$arm.log" 2>&1 &
           srv=$!
           for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; sleep 1; done

@@ -10,8 +10,9 @@
 //! rows' padding) as `mlx_nn::attention` runs it with `MLX_SDPA_SPLIT_QUERIES=1` (each
 //! query our padded-rows kernel, or MLX's one-query kernel where no row is padded) against
 //! MLX's fused call under mlx-lm's array mask (cuDNN), with the same checks; and, for the
-//! padded rows, the queries as one launch of our kernel (`MLX_SDPA_PADDED_QUERIES=1`)
-//! against a launch a query: every bit equal.
+//! padded rows, the queries as one launch of our kernel (the default;
+//! `MLX_SDPA_PADDED_QUERIES=0`: a launch a query) against a launch a query: every bit
+//! equal.
 //!
 //! ```sh
 //! cargo run --release -p mlx-engine --example sdpa_pad_check -- [ITERS]
@@ -202,7 +203,7 @@ const VERIFY_SHAPES: [(i32, i32, i32, i32, i32, i32); 6] = [
 /// The verification cases; whether any failed.
 fn verification_cases(iters: usize) -> Res<bool> {
     let split = std::env::var("MLX_SDPA_SPLIT_QUERIES").as_deref() == Ok("1");
-    let one_launch = std::env::var("MLX_SDPA_PADDED_QUERIES").as_deref() == Ok("1");
+    let one_launch = std::env::var("MLX_SDPA_PADDED_QUERIES").as_deref() != Ok("0");
     println!();
     println!(
         "verification (MLX_SDPA_SPLIT_QUERIES={})",
@@ -262,7 +263,7 @@ fn verification_cases(iters: usize) -> Res<bool> {
             let t_ours = time_us(iters, &|| Ok(ours_of()?))?;
             let t_mlx = time_masked(iters, &q, &k, &v, scale, &mask)?;
             // With the split on, padded rows must have run our kernel: one launch for the
-            // queries with `MLX_SDPA_PADDED_QUERIES=1`, else a launch a query.
+            // queries by default, a launch a query with `MLX_SDPA_PADDED_QUERIES=0`.
             let want = if one_launch { 1 } else { n as u64 };
             let missing = split && padded && took != want;
             let within = e_ours <= 2.0 * e_mlx + 1.0 / 128.0;

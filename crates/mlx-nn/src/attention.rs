@@ -112,22 +112,38 @@ fn padded_rows(
     fast::sdpa_padded(queries, keys, values, scale as f32, left_padding)
 }
 
+/// The bucket of [`bucketed_queries`] where `MLX_SDPA_BUCKET` is unset (0: off).
+static BUCKET_BY_DEFAULT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Makes [`bucketed_queries`] pad a prompt's attention to multiples of `positions` by
+/// default in this process (0 or 1: off; `MLX_SDPA_BUCKET` still decides where it is
+/// set). The serving engine sets 256: a server sees prompts of every length, and on an
+/// H100 the time to a first token of a prompt of a new length fell from 84-92 ms to
+/// 17-47 ms with it (0.5B / 8B shapes, benchmarks/GPU.md session 47). `mlx-generate`
+/// leaves it off (one prompt a process builds one plan either way).
+pub fn set_bucket_default(positions: i32) {
+    BUCKET_BY_DEFAULT.store(positions, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// `MLX_SDPA_BUCKET` (read once): the multiple of positions [`bucketed_queries`] pads a
-/// prompt's attention to (e.g. `256`); unset, `0` or not a number: off.
+/// prompt's attention to (e.g. `256`); `0` (or `1`, or not a number): off; unset, the
+/// process's default ([`set_bucket_default`]: off unless a caller set one).
 fn bucket_setting() -> Option<i32> {
-    static SETTING: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(|| {
+    static SETTING: std::sync::OnceLock<Option<Option<i32>>> = std::sync::OnceLock::new();
+    let set = *SETTING.get_or_init(|| {
         std::env::var("MLX_SDPA_BUCKET")
             .ok()
-            .and_then(|v| v.parse::<i32>().ok())
-            .filter(|&n| n > 1)
+            .map(|v| v.parse::<i32>().ok().filter(|&n| n > 1))
+    });
+    set.unwrap_or_else(|| {
+        Some(BUCKET_BY_DEFAULT.load(std::sync::atomic::Ordering::Relaxed)).filter(|&n| n > 1)
     })
 }
 
 /// A prompt's attention (more than one query, not split) on the GPU in half precision
 /// with its queries, keys and values padded at the end by the same number of positions,
-/// up to a multiple of `MLX_SDPA_BUCKET` queries (opt-in, session 47, not yet run on a
-/// device), the padded queries' rows dropped. MLX's CUDA backend sends such attention to
+/// up to a multiple of `MLX_SDPA_BUCKET` queries (the serving engine's default, 256:
+/// [`set_bucket_default`]), the padded queries' rows dropped. MLX's CUDA backend sends such attention to
 /// cuDNN, which builds an execution plan for every new (rows, heads, queries, keys) shape
 /// (~45 ms on the H200, benchmarks/GPU.md session 13): a server pays it for every prompt
 /// length it has not seen, where padded lengths repeat. Under the causal mask (aligned
@@ -421,19 +437,19 @@ fn split_small_queries_as(
 }
 
 /// Whether a verification over left-padded rows runs its queries in one launch of our
-/// padded-rows kernel ([`padded_queries`]) rather than a launch a query
-/// (`MLX_SDPA_PADDED_QUERIES=1`, read once; opt-in until a device has run
-/// `sdpa_pad_check`'s comparison of the two).
+/// padded-rows kernel ([`padded_queries`]) rather than a launch a query (read once;
+/// `MLX_SDPA_PADDED_QUERIES=0` turns it off). On an H100 (`sdpa_pad_check`, GPU.md session
+/// 47) every bit equal to a launch a query, 1.3-3x faster a call.
 fn padded_queries_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLX_SDPA_PADDED_QUERIES").as_deref() == Ok("1"))
+    *ON.get_or_init(|| std::env::var("MLX_SDPA_PADDED_QUERIES").as_deref() != Ok("0"))
 }
 
 /// Every query of a few over left-padded rows (`LeftPadded`, the mask a row a query),
 /// query `i` of `l` seeing the keys up to its position (`kl - l + i`) from each row's
 /// padding on, as one launch of our padded-rows kernel: the bits of [`padded_query`]'s
 /// launch a query, without its `l` launches, `2 l` key slices and the concatenation a
-/// layer (`MLX_SDPA_PADDED_QUERIES=1`); `None` where it is off or does not apply.
+/// layer; `None` where it is off (`MLX_SDPA_PADDED_QUERIES=0`) or does not apply.
 fn padded_queries(
     queries: &Array,
     keys: &Array,
@@ -570,6 +586,20 @@ mod tests {
             .unwrap()
             .item::<bool>()
             .unwrap()
+    }
+
+    /// Where `MLX_SDPA_BUCKET` is unset, the process's default decides (the server sets
+    /// 256); 0 turns it off again.
+    #[test]
+    fn the_bucket_default_applies_where_the_variable_is_unset() {
+        if std::env::var_os("MLX_SDPA_BUCKET").is_some() {
+            return;
+        }
+        assert_eq!(bucket_setting(), None);
+        set_bucket_default(256);
+        assert_eq!(bucket_setting(), Some(256));
+        set_bucket_default(0);
+        assert_eq!(bucket_setting(), None);
     }
 
     /// A prompt's attention padded to a bucket of positions (`MLX_SDPA_BUCKET`'s path, run

@@ -133,6 +133,10 @@ impl Engine {
         // plan at every step (~45 ms on the H200), and the server's batches are not
         // mlx-lm's bits on a GPU either way (docs/parity.md).
         mlx_nn::attention::set_split_queries_default(true);
+        // A prompt's attention padded to 256-multiples (`MLX_SDPA_BUCKET` decides where
+        // set): cuDNN builds a plan for every new attention shape (~35 ms on an H100), and
+        // a server's prompts come in every length (GPU.md session 47).
+        mlx_nn::attention::set_bucket_default(256);
         let inner = batch::Engine::start_with_draft(model, draft, opts, metrics)
             .map_err(|e| ServerError::Engine(e.to_string()))?;
         Ok(Engine {
