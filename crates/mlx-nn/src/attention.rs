@@ -386,6 +386,9 @@ fn split_small_queries_as(
     if let Some(all) = padded_queries(queries, keys, values, scale, mask, sinks)? {
         return Ok(Some(all));
     }
+    if let Some(all) = causal_queries(queries, keys, values, scale, mask, sinks)? {
+        return Ok(Some(all));
+    }
     let mut rows = Vec::with_capacity(l as usize);
     for i in 0..l {
         let q = queries.slice_axis(2, i, i + 1)?;
@@ -468,6 +471,37 @@ fn padded_queries(
         return Ok(None);
     }
     fast::sdpa_padded(queries, keys, values, scale as f32, left_padding)
+}
+
+/// Whether a split causal verification (no row padded) runs as one launch of our
+/// padded-rows kernel with no padding instead of MLX's one-query kernel a query
+/// (`MLX_SPLIT_CAUSAL_KERNEL=padded`, read once; an experiment, session 47: another
+/// order of sums than MLX's, so a verification's attention is no longer bit for bit
+/// what decoding its tokens gives). `sdpa_pad_check` on an H100 timed a launch a query
+/// at 50.6 us for one row of 4 queries over 600 keys and 565.1 for 8 rows of 8 over
+/// 1,100 (MLX's two-pass form), where the padded rows' single launch took 21.1 and 275.8.
+fn causal_kernel_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_SPLIT_CAUSAL_KERNEL").as_deref() == Ok("padded"))
+}
+
+/// Every query of a few under the causal mask as one launch of our padded-rows kernel,
+/// no row padded (`MLX_SPLIT_CAUSAL_KERNEL=padded`); `None` where it is off or the kernel
+/// declines (the CPU, sinks).
+fn causal_queries(
+    queries: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f64,
+    mask: &AttnMask,
+    sinks: Option<&Array>,
+) -> Result<Option<Array>> {
+    if !matches!(mask, AttnMask::Causal) || sinks.is_some() || !causal_kernel_on() {
+        return Ok(None);
+    }
+    let rows = queries.dim(0)?;
+    let none = ops::zeros(&[rows], Dtype::Int32)?;
+    fast::sdpa_padded(queries, keys, values, scale as f32, &none)
 }
 
 /// One query of a few over left-padded rows (`LeftPadded`, the mask a row a query), seeing
