@@ -115,7 +115,8 @@ fn padded_rows(
 /// The bucket of [`bucketed_queries`] where `MLX_SDPA_BUCKET` is unset (0: off).
 static BUCKET_BY_DEFAULT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
-/// Makes [`bucketed_queries`] pad a prompt's attention to multiples of `positions` by
+/// Makes attention pad a prompt's queries, keys and values to multiples of `positions`
+/// (on the GPU in half precision, so that cuDNN's plans repeat across prompt lengths) by
 /// default in this process (0 or 1: off; `MLX_SDPA_BUCKET` still decides where it is
 /// set). The serving engine sets 256: a server sees prompts of every length, and on an
 /// H100 the time to a first token of a prompt of a new length fell from 84-92 ms to
@@ -143,10 +144,12 @@ fn bucket_setting() -> Option<i32> {
 /// A prompt's attention (more than one query, not split) on the GPU in half precision
 /// with its queries, keys and values padded at the end by the same number of positions,
 /// up to a multiple of `MLX_SDPA_BUCKET` queries (the serving engine's default, 256:
-/// [`set_bucket_default`]), the padded queries' rows dropped. MLX's CUDA backend sends such attention to
-/// cuDNN, which builds an execution plan for every new (rows, heads, queries, keys) shape
-/// (~45 ms on the H200, benchmarks/GPU.md session 13): a server pays it for every prompt
-/// length it has not seen, where padded lengths repeat. Under the causal mask (aligned
+/// [`set_bucket_default`]), the padded queries' rows dropped. MLX's CUDA backend sends
+/// such attention to cuDNN, which builds an execution plan for every new (rows, heads,
+/// queries, keys) shape (~35 ms on an H100, ~45 on the H200, benchmarks/GPU.md sessions
+/// 13 and 47): a server pays it for every prompt length it has not seen, where padded
+/// lengths repeat; under the causal mask the padded call's rows are bit for bit the
+/// unpadded call's (an H100, `sdpa_graph_probe.py --prefill`). Under the causal mask (aligned
 /// to the last key, as MLX's is) keys padded as the queries are come after every real
 /// query's last visible key, so no mask array is needed where that makes the keys a
 /// multiple too (no keys before the queries, or a multiple of them); otherwise (a cached
