@@ -85,13 +85,16 @@ fn padded_kernel_on() -> bool {
     *ON.get_or_init(|| std::env::var("MLX_SDPA_PADDED").as_deref() != Ok("0"))
 }
 
-/// Attention of one query a row over left-padded rows (a batch's decoding step) as our
-/// kernel's one launch (`fast::sdpa_padded`: each row's keys from its padding on, on a
-/// GPU in half precision) instead of MLX's masked attention, which its CUDA backend runs
-/// unfused (five kernels a layer, ~2-3x the time on an H100: GPU.md session 34); `None`
-/// where the kernel does not cover the call (the CPU, sinks, a mask not over these
-/// keys). Another order of sums than MLX's, where mlx-lm's batched decoding on a GPU is
-/// not reproducible either (docs/parity.md).
+/// Attention over left-padded rows as our kernel's one launch (`fast::sdpa_padded`: each
+/// row's keys from its padding on, on a GPU in half precision) instead of MLX's masked
+/// attention, which its CUDA backend runs unfused (five kernels a layer, ~2-3x the time
+/// on an H100: GPU.md session 34): one query a row (a batch's decoding step), or, with a
+/// row of the mask a query (the split's verification, [`splits_queries`]), each query
+/// over the keys up to its position, the bits of a launch a query
+/// (`MLX_SDPA_PADDED_QUERIES=0`: a launch a query, [`padded_query`]). `None` where the
+/// kernel does not cover the call (the CPU, sinks, a mask not over these keys or with
+/// another number of rows than queries). Another order of sums than MLX's, where mlx-lm's
+/// batched decoding on a GPU is not reproducible either (docs/parity.md).
 fn padded_rows(
     queries: &Array,
     keys: &Array,
@@ -106,7 +109,11 @@ fn padded_rows(
     if sinks.is_some() || !padded_kernel_on() || keys.ndim() != 4 {
         return Ok(None);
     }
-    if mask.ndim() != 4 || mask.dim(-1)? != keys.dim(2)? || mask.dim(-2)? != 1 {
+    let rows = mask.dim(-2)?;
+    if mask.ndim() != 4 || mask.dim(-1)? != keys.dim(2)? || rows != queries.dim(2)? {
+        return Ok(None);
+    }
+    if rows > 1 && !padded_queries_on() {
         return Ok(None);
     }
     fast::sdpa_padded(queries, keys, values, scale as f32, left_padding)
@@ -386,9 +393,6 @@ fn split_small_queries_as(
             return Ok(None);
         }
     }
-    if let Some(all) = padded_queries(queries, keys, values, scale, mask, sinks)? {
-        return Ok(Some(all));
-    }
     if let Some(all) = causal_queries(queries, keys, values, scale, mask, sinks)? {
         return Ok(Some(all));
     }
@@ -443,37 +447,12 @@ fn split_small_queries_as(
 }
 
 /// Whether a verification over left-padded rows runs its queries in one launch of our
-/// padded-rows kernel ([`padded_queries`]) rather than a launch a query (read once;
+/// padded-rows kernel ([`padded_rows`]) rather than a launch a query (read once;
 /// `MLX_SDPA_PADDED_QUERIES=0` turns it off). On an H100 (`sdpa_pad_check`, GPU.md session
 /// 47) every bit equal to a launch a query, 1.3-3x faster a call.
 fn padded_queries_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MLX_SDPA_PADDED_QUERIES").as_deref() != Ok("0"))
-}
-
-/// Every query of a few over left-padded rows (`LeftPadded`, the mask a row a query),
-/// query `i` of `l` seeing the keys up to its position (`kl - l + i`) from each row's
-/// padding on, as one launch of our padded-rows kernel: the bits of [`padded_query`]'s
-/// launch a query, without its `l` launches, `2 l` key slices and the concatenation a
-/// layer; `None` where it is off (`MLX_SDPA_PADDED_QUERIES=0`) or does not apply.
-fn padded_queries(
-    queries: &Array,
-    keys: &Array,
-    values: &Array,
-    scale: f64,
-    mask: &AttnMask,
-    sinks: Option<&Array>,
-) -> Result<Option<Array>> {
-    let AttnMask::LeftPadded { mask, left_padding } = mask else {
-        return Ok(None);
-    };
-    if sinks.is_some() || !padded_kernel_on() || !padded_queries_on() {
-        return Ok(None);
-    }
-    if mask.dim(-2)? != queries.dim(2)? {
-        return Ok(None);
-    }
-    fast::sdpa_padded(queries, keys, values, scale as f32, left_padding)
 }
 
 /// Whether a split causal verification (no row padded) runs as one launch of our
