@@ -184,6 +184,11 @@ fn bucketed_queries(
     padded_to_bucket(bucket, queries, keys, values, scale, mask, sinks)
 }
 
+/// The most elements of the causal mask [`bucketed_queries`] builds where keys before
+/// the queries leave the keys off a multiple (a 2,048-position prompt chunk after 6,000
+/// cached positions); larger ones go unpadded.
+const MAX_BUCKET_MASK: i64 = 1 << 24;
+
 /// [`bucketed_queries`] on any device and dtype.
 fn padded_to_bucket(
     bucket: i32,
@@ -220,7 +225,12 @@ fn padded_to_bucket(
         AttnMask::Causal => {
             // Query i (of the padded queries) sees the keys up to kl - l + i: the real
             // rows exactly theirs, the padded rows every real key and some padded ones.
+            // A mask of at most MAX_BUCKET_MASK elements: past it (a long cached prefix)
+            // the mask costs more than the plan it saves.
             let kb = up(kl);
+            if (l + p) as i64 * kb as i64 > MAX_BUCKET_MASK {
+                return Ok(None);
+            }
             let rows = ops::arange((kl - l) as f64, (kl + p) as f64, 1.0, Dtype::Int32)?
                 .reshape(&[l + p, 1])?;
             let cols = ops::arange(0.0, kb as f64, 1.0, Dtype::Int32)?.reshape(&[1, kb])?;
@@ -677,6 +687,13 @@ mod tests {
             .unwrap();
             run(&AttnMask::Array(additive), Some(&seeing));
         }
+        // A causal mask past MAX_BUCKET_MASK elements: the path declines.
+        let (q1, k1) = (normal(&[1, 1, 64, 1]), normal(&[1, 1, 300_000, 1]));
+        assert!(
+            padded_to_bucket(256, &q1, &k1, &k1, 1.0, &AttnMask::Causal, None)
+                .unwrap()
+                .is_none()
+        );
         // Already a multiple, or one query: the path declines.
         let q = normal(&[1, 4, 8, 32]);
         let k = normal(&[1, 2, 8, 32]);
