@@ -8,10 +8,10 @@ pub enum Error {
     #[error(transparent)]
     Mlx(#[from] mlx_array::Error),
     /// Parameters the module has but the weights lack.
-    #[error("missing {} parameter(s): {}", .0.len(), .0.join(", "))]
+    #[error("missing {} parameter(s): {}", .0.len(), some(.0))]
     MissingParameters(Vec<String>),
     /// Weights the module has no parameter for.
-    #[error("{} parameter(s) not in the model: {}", .0.len(), .0.join(", "))]
+    #[error("{} parameter(s) not in the model: {}", .0.len(), some(.0))]
     UnexpectedParameters(Vec<String>),
     /// A weight whose shape differs from the parameter's.
     #[error("parameter {name}: expected shape {expected:?}, got {got:?}")]
@@ -49,3 +49,17 @@ pub enum Error {
 
 /// Result alias of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The first few of a list of parameter names, and how many more there are (a model of
+/// another depth lists hundreds).
+fn some(names: &[String]) -> String {
+    const SHOWN: usize = 12;
+    if names.len() <= SHOWN {
+        return names.join(", ");
+    }
+    format!(
+        "{}, and {} more",
+        names[..SHOWN].join(", "),
+        names.len() - SHOWN
+    )
+}

@@ -74,6 +74,29 @@ fn strict_load_names_the_unexpected_tensor() {
     assert!(err.to_string().contains("blocks.0.k_proj.weight"));
 }
 
+/// A checkpoint of a deeper model lists hundreds of extra tensors: the message names the
+/// first dozen and counts the rest (the error still holds them all).
+#[test]
+fn strict_load_of_many_unexpected_tensors_names_a_few_and_counts_the_rest() {
+    let mut n = net();
+    let mut w = full_weights(&n);
+    for i in 0..40 {
+        w.insert(
+            format!("blocks.{}.k_proj.weight", i + 5),
+            ops::ones(&[2], Dtype::Float32).unwrap(),
+        );
+    }
+    let err = n.load_weights(w, true).unwrap_err();
+    assert!(matches!(&err, Error::UnexpectedParameters(v) if v.len() == 40));
+    let message = err.to_string();
+    assert!(
+        message.starts_with("40 parameter(s) not in the model: "),
+        "{message}"
+    );
+    assert!(message.ends_with(", and 28 more"), "{message}");
+    assert_eq!(message.matches("k_proj.weight").count(), 12, "{message}");
+}
+
 #[test]
 fn strict_load_names_the_wrongly_shaped_tensor() {
     let mut n = net();
