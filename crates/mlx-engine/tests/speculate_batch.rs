@@ -6,7 +6,7 @@
 //! is accepted in full; each row keeps its own acceptance, so batched rows are drafted
 //! and accept exactly as alone, with the last drafts fed eagerly too
 //! (`MLX_DRAFT_EAGER_FEED=1`); rows starting from the draft model's pooled acceptance
-//! (`MLX_DRAFT_POOLED_ACCEPTANCE=1`) answer as alone.
+//! (the default; `MLX_DRAFT_POOLED_ACCEPTANCE=0` from the fixed prior) answer as alone.
 use common::{model, opts, read, serve, Got};
 use mlx_engine::batch::{
     DraftFrom, DraftWidth, Engine, EngineMetrics, GenerationRequest, Speculate,
@@ -437,13 +437,14 @@ fn draft_model_rows_under_the_default_width_or_none_answer_as_alone() {
 
 #[test]
 fn rows_starting_from_the_draft_models_pooled_acceptance_answer_as_alone() {
-    // MLX_DRAFT_POOLED_ACCEPTANCE=1: a joining row starts from the acceptance the draft
-    // model had over the batch's earlier rounds. It changes the widths only: requests
+    // A joining row starts from the acceptance the draft model had over the batch's
+    // earlier rounds (the default since session 47; `MLX_DRAFT_POOLED_ACCEPTANCE=0`: from
+    // the fixed prior, read at each engine's start). It changes the widths only: requests
     // served in two waves (the second starting from the first's rounds), with a noisy
-    // draft and with the model itself as the draft, answer as alone.
-    std::env::set_var("MLX_DRAFT_POOLED_ACCEPTANCE", "1");
+    // draft and with the model itself as the draft, answer as alone, either way.
     let want = alone();
-    for draft in [DRAFT, TARGET] {
+    for (pooled, draft) in [("1", DRAFT), ("1", TARGET), ("0", DRAFT), ("0", TARGET)] {
+        std::env::set_var("MLX_DRAFT_POOLED_ACCEPTANCE", pooled);
         let o = mlx_engine::batch::EngineOptions {
             model_drafts: DraftWidth::Paying,
             ..opts()

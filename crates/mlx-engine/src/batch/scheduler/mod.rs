@@ -218,7 +218,7 @@ impl Engine {
                         .catch_up_share(catch_up_share_from_env())
                         .eager_feed(crate::speculative::eager_feed_every_round())
                         .pooled_acceptance(
-                            std::env::var("MLX_DRAFT_POOLED_ACCEPTANCE").as_deref() == Ok("1"),
+                            std::env::var("MLX_DRAFT_POOLED_ACCEPTANCE").as_deref() != Ok("0"),
                         )
                         .first_shapes_untimed(first_shapes_untimed()),
                 ),

@@ -332,8 +332,14 @@ impl SpecBatch {
     /// be found to pay (the echo 8B with its 4-bit copy on an H100, session 41: one
     /// stream's requests drafted once each, 1 of 1 accepted, and decoded at the plain
     /// server's speed); the draft model's pooled acceptance carries what earlier rows
-    /// showed to the next ones. Widths only: every row's tokens are the target's.
-    /// Off by default (`MLX_DRAFT_POOLED_ACCEPTANCE=1` turns it on for the server's batch).
+    /// showed to the next ones. Widths only: every row's tokens are the target's. The
+    /// server's batch turns it on (`MLX_DRAFT_POOLED_ACCEPTANCE=0` off): session 47's
+    /// trace of the width on an H100 showed the trap (a request starting from the prior
+    /// tried one draft, reached 0.88, where seven drafts were worth 0.126 tokens a ms
+    /// against plain's 0.128, and stepped plainly to its end, the first request having
+    /// accepted every draft), and on the CPU with a useless draft the pooled start was
+    /// no slower (benchmarks/runs/2026-12-07-session47/cpu_pooled_ab.txt). Off where a
+    /// batch is built without it.
     pub fn pooled_acceptance(mut self, on: bool) -> SpecBatch {
         self.pooled_acceptance = on;
         self
