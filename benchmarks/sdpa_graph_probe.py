@@ -44,6 +44,16 @@ def timed(fn, lengths):
     return out
 
 
+def report(cases):
+    """Times each (name, call, lengths) case and prints a line for it."""
+    for name, fn, lens in cases:
+        us = timed(fn, lens)
+        print(
+            f"{name:10s} median {statistics.median(us):9.1f} us  mean "
+            f"{statistics.mean(us):9.1f} us  first {us[0]:9.1f} us  ({len(us)} calls)"
+        )
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--heads", type=int, default=32)
@@ -113,12 +123,7 @@ def main():
         f"device {mx.default_device()} q {a.heads}x{n}x{a.dim} kv {a.kv_heads} "
         f"lengths {a.start}..{second[-1]} buffer {cap}"
     )
-    for name, fn, lens in cases:
-        us = timed(fn, lens)
-        print(
-            f"{name:10s} median {statistics.median(us):9.1f} us  mean "
-            f"{statistics.mean(us):9.1f} us  first {us[0]:9.1f} us  ({len(us)} calls)"
-        )
+    report(cases)
 
 
 def prefill(a):
@@ -185,12 +190,7 @@ def prefill(a):
         f"device {mx.default_device()} prefill q {a.heads}x{a.dim} kv {a.kv_heads} "
         f"rows {a.rows} lengths {lengths[0]}..{lengths[-1]}"
     )
-    for name, fn, lens in cases:
-        us = timed(fn, lens)
-        print(
-            f"{name:10s} median {statistics.median(us):9.1f} us  mean "
-            f"{statistics.mean(us):9.1f} us  first {us[0]:9.1f} us  ({len(us)} calls)"
-        )
+    report(cases)
     for t in lengths[:3]:
         a, b = causal(t), causal_padded(t)
         same = mx.array_equal(a, b).item()

@@ -155,9 +155,9 @@ fn bucket_setting() -> Option<i32> {
 /// such attention to cuDNN, which builds an execution plan for every new (rows, heads,
 /// queries, keys) shape (~35 ms on an H100, ~45 on the H200, benchmarks/GPU.md sessions
 /// 13 and 47): a server pays it for every prompt length it has not seen, where padded
-/// lengths repeat; under the causal mask the padded call's rows are bit for bit the
-/// unpadded call's (an H100, `sdpa_graph_probe.py --prefill`). Under the causal mask (aligned
-/// to the last key, as MLX's is) keys padded as the queries are come after every real
+/// lengths repeat. Under the causal mask (aligned to the last key, as MLX's is; the
+/// padded call's rows bit for bit the unpadded call's on an H100, `sdpa_graph_probe.py
+/// --prefill`) keys padded as the queries are come after every real
 /// query's last visible key, so no mask array is needed where that makes the keys a
 /// multiple too (no keys before the queries, or a multiple of them); otherwise (a cached
 /// prefix of another length) the keys are padded to the next multiple under a boolean
@@ -176,12 +176,7 @@ fn bucketed_queries(
     let Some(bucket) = bucket_setting() else {
         return Ok(None);
     };
-    if !matches!(queries.dtype(), Dtype::Float16 | Dtype::Bfloat16)
-        || !mlx_array::current_device().is_ok_and(|d| d.kind == mlx_array::DeviceType::Gpu)
-    {
-        return Ok(None);
-    }
-    padded_to_bucket(bucket, queries, keys, values, scale, mask, sinks)
+    padded_to_bucket(bucket, true, queries, keys, values, scale, mask, sinks)
 }
 
 /// The most elements of the causal mask [`bucketed_queries`] builds where keys before
@@ -189,9 +184,12 @@ fn bucketed_queries(
 /// cached positions); larger ones go unpadded.
 const MAX_BUCKET_MASK: i64 = 1 << 24;
 
-/// [`bucketed_queries`] on any device and dtype.
+/// [`bucketed_queries`] with `bucket`; on any device and dtype unless `gpu_half_only`
+/// (asked after the shapes, so that a decoding step's one query costs no device query).
+#[allow(clippy::too_many_arguments)]
 fn padded_to_bucket(
     bucket: i32,
+    gpu_half_only: bool,
     queries: &Array,
     keys: &Array,
     values: &Array,
@@ -205,6 +203,12 @@ fn padded_to_bucket(
     }
     let (l, kl) = (qs[2], ks[2]);
     if l < 2 || kl < l {
+        return Ok(None);
+    }
+    if gpu_half_only
+        && (!matches!(queries.dtype(), Dtype::Float16 | Dtype::Bfloat16)
+            || !mlx_array::current_device().is_ok_and(|d| d.kind == mlx_array::DeviceType::Gpu))
+    {
         return Ok(None);
     }
     let up = |n: i32| (n + bucket - 1) / bucket * bucket;
@@ -651,7 +655,7 @@ mod tests {
                     _ => unreachable!(),
                 };
                 let want = fast::scaled_dot_product_attention(&q, &k, &v, 0.2, m, None).unwrap();
-                let got = padded_to_bucket(8, &q, &k, &v, 0.2, mask, None)
+                let got = padded_to_bucket(8, false, &q, &k, &v, 0.2, mask, None)
                     .unwrap()
                     .expect("the bucket applies");
                 assert_eq!(got.shape(), want.shape());
@@ -690,7 +694,7 @@ mod tests {
         // A causal mask past MAX_BUCKET_MASK elements: the path declines.
         let (q1, k1) = (normal(&[1, 1, 64, 1]), normal(&[1, 1, 300_000, 1]));
         assert!(
-            padded_to_bucket(256, &q1, &k1, &k1, 1.0, &AttnMask::Causal, None)
+            padded_to_bucket(256, false, &q1, &k1, &k1, 1.0, &AttnMask::Causal, None)
                 .unwrap()
                 .is_none()
         );
@@ -698,7 +702,7 @@ mod tests {
         let q = normal(&[1, 4, 8, 32]);
         let k = normal(&[1, 2, 8, 32]);
         assert!(
-            padded_to_bucket(8, &q, &k, &k, 0.2, &AttnMask::Causal, None)
+            padded_to_bucket(8, false, &q, &k, &k, 0.2, &AttnMask::Causal, None)
                 .unwrap()
                 .is_none()
         );
