@@ -250,8 +250,11 @@ impl Width {
     /// Whether the expected catch-up ([`Width::expect_catch_up`]) fits its allowance at
     /// this row count's plain step time (when there is one).
     fn catch_up_repaid(&self, b: usize) -> bool {
-        self.last_time(b)
-            .is_none_or(|p| self.next_catch_up <= self.catch_up_allowance * p)
+        // An infinite catch-up is one not to start now, timed plain step or not.
+        self.next_catch_up.is_finite()
+            && self
+                .last_time(b)
+                .is_none_or(|p| self.next_catch_up <= self.catch_up_allowance * p)
     }
 
     /// The expected time of a step of `n` positions in a batch of `b` rows: its recent
@@ -721,6 +724,25 @@ mod tests {
         let mut p = Width::new(32.0);
         p.observe(8, 0.006);
         assert!(!p.stalled(8, 7.2), "only a draft model's steps");
+    }
+
+    #[test]
+    fn a_held_catch_up_keeps_a_paying_width_plain() {
+        // One row whose 7 drafts pay (session 48's times: a plain step 7.34 ms, 8
+        // positions 40.3 ms, every draft accepted) while 31 prompts wait to join: the
+        // catch-up is held (infinite), so the step is plain and may be queued; once they
+        // joined (a finite catch-up within its allowance) it drafts again.
+        let mut w = Width::new(32.0).timing_plain(true);
+        w.observe(1, 0.00734);
+        w.observe(8, 0.0403);
+        let rows = [(1.0, 7)];
+        w.expect_catch_up(0.0138, 32.0);
+        assert_eq!(w.choose(&rows), 7);
+        w.expect_catch_up(f64::INFINITY, 0.0);
+        assert_eq!(w.choose(&rows), 0);
+        assert!(w.stays_plain(&rows));
+        w.expect_catch_up(0.0138, 32.0);
+        assert_eq!(w.choose(&rows), 7);
     }
 
     #[test]

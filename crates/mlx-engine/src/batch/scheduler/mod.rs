@@ -220,7 +220,10 @@ impl Engine {
                         .pooled_acceptance(
                             std::env::var("MLX_DRAFT_POOLED_ACCEPTANCE").as_deref() != Ok("0"),
                         )
-                        .first_shapes_untimed(first_shapes_untimed()),
+                        .first_shapes_untimed(first_shapes_untimed())
+                        .hold_for_joining(
+                            std::env::var("MLX_DRAFT_JOINING_HOLD").as_deref() != Ok("0"),
+                        ),
                 ),
                 predicting: Box::new(
                     SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch)
@@ -583,6 +586,9 @@ impl Scheduler {
                 };
                 self.shared.prefill_batched(model, prefilling, &mut joining);
                 self.shared.decode_batched(model, decoding);
+                // The prompts still to join: a draft-model batch about to grow does not
+                // start a catch-up ([`SpecBatch::expect_joining`]).
+                drafting.expect_joining(self.waiting.len() + prefilling.len());
                 // Rows stepping aside join `decoding`: the count holds for both.
                 let running = decoding.len() + drafting.len() + predicting.len();
                 self.shared

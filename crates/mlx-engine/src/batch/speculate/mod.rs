@@ -168,6 +168,10 @@ pub(crate) struct SpecBatch {
     /// The share of the rows' remaining plain decoding time that a catch-up before a
     /// drafting step may take ([`SpecBatch::catch_up_share`]).
     catch_up_share: f64,
+    /// Prompts admitted or waiting that will join the decoding batches, and whether a
+    /// catch-up waits for them ([`SpecBatch::expect_joining`]).
+    joining: usize,
+    hold_for_joining: bool,
     /// Whether a draft-model round feeds every row's last draft to the draft model right
     /// behind the verification ([`SpecBatch::eager_feed`]).
     eager_feed: bool,
@@ -290,6 +294,26 @@ impl SpecBatch {
     /// `inf` tries drafting whatever its catch-up costs, as before session 33).
     pub fn catch_up_share(mut self, share: f64) -> SpecBatch {
         self.catch_up_share = share;
+        self
+    }
+
+    /// Before a step: `n` prompts are waiting or prefilling to join the decoding
+    /// batches. While at least as many as this batch's rows are, a drafting step that
+    /// would first feed the draft model its lag (deferred prompts, plain steps' tokens)
+    /// is not taken: the batch is about to grow, and the joining rows lag by their
+    /// prompts. In a burst the first row drafted alone (its whole prompt fed to the
+    /// draft model) while the others waited for their prefill, which the draft model
+    /// then took at once too, and at 32 rows, where plain steps are best, the batch
+    /// kept trying drafts: 2,298-2,369 tok/s against 3,126-3,263 without a draft model
+    /// (GPU.md session 48). Only where [`SpecBatch::hold_for_joining`] is on.
+    pub fn expect_joining(&mut self, n: usize) {
+        self.joining = n;
+    }
+
+    /// Whether a catch-up waits while prompts join ([`SpecBatch::expect_joining`]); the
+    /// scheduler turns it on (`MLX_DRAFT_JOINING_HOLD=0` turns it off).
+    pub fn hold_for_joining(mut self, on: bool) -> SpecBatch {
+        self.hold_for_joining = on;
         self
     }
 

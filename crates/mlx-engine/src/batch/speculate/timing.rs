@@ -88,11 +88,16 @@ impl SpecBatch {
 
     /// The expected time of the draft model's catch-up before a drafting step now (0
     /// with a lag of at most the one token a drafting round leaves, or no catch-up
-    /// timed yet), and how many plain steps' time it may take: the batch's share of the
-    /// rows' mean remaining tokens ([`SpecBatch::catch_up_share`]).
+    /// timed yet; infinite while as many prompts as rows are about to join:
+    /// [`SpecBatch::expect_joining`]), and how many plain steps' time it may take: the
+    /// batch's share of the rows' mean remaining tokens ([`SpecBatch::catch_up_share`]).
     fn catch_up_expected(&self) -> (f64, f64) {
         let b = self.rows.len();
         let lag = self.lag.iter().map(Vec::len).max().unwrap_or(0);
+        if self.hold_for_joining && lag > 1 && self.joining >= b.max(1) {
+            // Held while the batch is about to grow ([`SpecBatch::expect_joining`]).
+            return (f64::INFINITY, 0.0);
+        }
         let secs = match self.catch_up_rate {
             Some(rate) if lag > 1 && rate > 0.0 => (lag * b) as f64 / rate,
             _ => 0.0,
