@@ -29,10 +29,11 @@
 //! knows. There the catch-up is timed apart ([`Width::caught_up`]); a drafting size's
 //! time, however old, stands for it until it is timed again, and one not timed is a
 //! plain step's (the verification) plus a draft forward's for each draft, from the
-//! nearest drafting size timed; a plain batch tries one draft a row again only once the
-//! plain steps since its last try took ten times what that try and its catch-up took
-//! (the try feeds the draft model every token of those steps, so trying every 64 steps
-//! cost ~30% of a 32-row batch's time on the H200); and a row count not timed yet starts
+//! nearest drafting size timed; a plain batch tries drafts again, at its widest step
+//! (every row's drafts: [`widest_tries`]), only once the plain steps since its last
+//! drafting step took ten times what that step and its catch-up took (the try feeds the
+//! draft model every token of those steps, so trying every 64 steps cost ~30% of a
+//! 32-row batch's time on the H200); and a row count not timed yet starts
 //! from a near row count's times (at most 1.5x as many or as few rows). A drafting step
 //! whose catch-up would take more than a share of the rows' remaining plain decoding
 //! time is not taken ([`Width::expect_catch_up`]): the drafts could not repay it.
@@ -67,6 +68,20 @@ impl DraftWidth {
     }
 }
 
+/// Whether a draft model's batch tries its widest step (every row's drafts) when no
+/// width pays by the times known, rather than one draft a row: the draft model's catch-up
+/// costs a try the same at any width, and a try of one draft a row times a size that
+/// says little of the wider ones (its fixed cost spread over one draft), so a wide
+/// size's old time, however unlucky, stood for good. At 8 streams of the echo 8B pair on
+/// an H100 (GPU.md session 48) the batch stepped plainly behind a 59 ms time of 4
+/// positions a row and paid a one-draft try with its catch-up (~114 ms) each burst:
+/// 0.92x of the server without a draft model. `MLX_WIDTH_TRY_ONE=1` tries one draft a
+/// row, as before.
+pub(crate) fn widest_tries() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_WIDTH_TRY_ONE").as_deref() != Ok("1"))
+}
+
 /// Weight of older observations after each new one.
 const DECAY: f64 = 0.95;
 /// Weight of a row's older rounds after each new one.
@@ -80,8 +95,8 @@ const MARGIN: f64 = 0.15;
 const STALE: u64 = 64;
 /// Weight of the newest time of a size in its average.
 const SEEN_WEIGHT: f64 = 0.3;
-/// The most of a draft-model batch's time that its tries of one draft a row take, over
-/// the plain steps between them.
+/// The most of a draft-model batch's time that its tries of drafts take, over the plain
+/// steps between them.
 const EXPLORE_SHARE: f64 = 0.1;
 /// A draft model's step of over this many seconds and `STALL_RATIO` plain steps is not
 /// timed: a stall (on a fresh machine MLX compiles kernels for each new shape of the
@@ -181,7 +196,7 @@ impl Width {
     /// every draft accepted, 91 tok/s against 182 plain). Timing plain steps lets the
     /// draft model lag by many tokens, which its next drafting step feeds it (on by
     /// default on a GPU since session 31). Also what a drafting size's time stands for
-    /// and how often one draft a row is tried (the module's note).
+    /// and how often, and how wide, drafts are tried (the module's note).
     pub fn timing_plain(mut self, on: bool) -> Width {
         self.time_plain = on;
         self
@@ -322,11 +337,22 @@ impl Width {
         Some(self.scaled(t0, n0, n).unwrap_or(t0))
     }
 
-    /// Whether one draft a row (`2 b` positions) was timed lately: in the last `STALE`
-    /// choices, or for a draft model's steps in fewer choices than make the plain steps
-    /// since take `1 / EXPLORE_SHARE` times what that step and its catch-up took.
-    fn tried_one_lately(&self, b: usize) -> bool {
-        let Some(&(t, at)) = self.seen.get(&(2 * b)) else {
+    /// Whether a try was timed lately: one draft a row (`2 b` positions) in the last
+    /// `STALE` choices; for a draft model's steps ([`Width::timing_plain`]) its last
+    /// drafting step of any width (the widest where tries are: [`widest_tries`]), in
+    /// those choices or in fewer than make the plain steps since take
+    /// `1 / EXPLORE_SHARE` times what that step and its catch-up took.
+    fn tried_lately(&self, b: usize) -> bool {
+        let last = if self.time_plain && widest_tries() {
+            self.seen
+                .iter()
+                .filter(|(&m, _)| m > b)
+                .map(|(_, &seen)| seen)
+                .max_by_key(|&(_, at)| at)
+        } else {
+            self.seen.get(&(2 * b)).copied()
+        };
+        let Some((t, at)) = last else {
             return false;
         };
         let since = self.choices - at;
@@ -336,6 +362,16 @@ impl Width {
         match (self.time_plain, self.last_time(b)) {
             (true, Some(p)) => since as f64 * p < (t + self.catch_up) / EXPLORE_SHARE,
             _ => false,
+        }
+    }
+
+    /// The width of a try when no width pays by the times known: one draft a row, or
+    /// for a draft model's steps the most drafts a row has ([`widest_tries`]).
+    fn try_width(&self, rows: &[(f64, usize)]) -> usize {
+        if self.time_plain && widest_tries() {
+            rows.iter().map(|&(_, d)| d).max().unwrap_or(0).max(1)
+        } else {
+            1
         }
     }
 
@@ -386,9 +422,10 @@ impl Width {
     /// The width (drafts verified a row, at most the most any row has) for rows of
     /// `(acceptance rate, drafts available)`.
     ///
-    /// When that is 0 (a plain step) while some row has a draft and one draft a row was
-    /// not timed lately (in the last `STALE` choices; for a draft model's steps see the
-    /// module's note), it is 1 (and with [`Width::timing_plain`],
+    /// When that is 0 (a plain step) while some row has a draft and no try was timed
+    /// lately (one draft a row in the last `STALE` choices; for a draft model's steps
+    /// see the module's note), it is a try's width ([`Width::try_width`]; and with
+    /// [`Width::timing_plain`],
     /// when it is more while a plain step was not timed in those choices, it is 0): the
     /// step times then tell what each costs (the backend's prior may be far off for the
     /// model at hand).
@@ -442,11 +479,12 @@ impl Width {
         if best == 0 && rows.iter().all(|&(_, d)| d == 0) {
             return 0;
         }
-        // Each way of stepping is timed now and then: one draft a row when stepping
-        // plainly, and (with `time_plain`) a plain step first when it has no fresh time,
-        // so that a draft model's try and its catch-up are weighed against it.
-        let best = if best == 0 && !self.tried_one_lately(b) {
-            1
+        // Each way of stepping is timed now and then: a try of drafts when stepping
+        // plainly ([`Width::try_width`]), and (with `time_plain`) a plain step first when
+        // it has no fresh time, so that a draft model's try and its catch-up are weighed
+        // against it.
+        let best = if best == 0 && !self.tried_lately(b) {
+            self.try_width(rows)
         } else {
             best
         };
@@ -560,13 +598,10 @@ mod tests {
         }
         let rows = [(1.0, 3)];
         assert_eq!(w.best_unexplored(&rows), 3, "the line alone");
-        // So a plain step is timed first...
+        // So a plain step is timed first, and 4 tokens in 44 ms lose to 1 in 5.5 ms (the
+        // drafting size was timed lately: no try).
         assert_eq!(w.choose(&rows), 0);
         w.observe(1, 0.0055);
-        // ...then one draft (never timed) once...
-        assert_eq!(w.choose(&rows), 1);
-        w.observe(2, 0.018);
-        // ...and 4 tokens in 44 ms or 2 in 18 lose to 1 in 5.5 ms.
         assert_eq!(w.choose(&rows), 0);
         assert!(w.stays_plain(&rows));
     }
@@ -646,7 +681,8 @@ mod tests {
         w.observe(32, 0.0087);
         assert_eq!(w.choose(&rows), 3, "the prior: drafts look nearly free");
         w.observe(128, 0.300);
-        assert_eq!(w.choose(&rows), 1, "one draft a row tried");
+        assert_eq!(w.choose(&rows), 0, "drafting timed lately: plain");
+        // One draft a row timed too (a try before `widest_tries`).
         w.observe(64, 0.200);
         w
     }
@@ -681,7 +717,7 @@ mod tests {
     }
 
     #[test]
-    fn a_draft_model_tries_one_draft_when_plain_steps_took_ten_times_its_last_try() {
+    fn a_draft_model_tries_drafts_again_when_plain_steps_took_ten_times_its_last_try() {
         let mut w = draft_model_32_rows();
         let rows = [(1.0, 3); 32];
         // 0.2 s a try and 0.1 s its catch-up against 8.7 ms a plain step: tried again
@@ -694,9 +730,10 @@ mod tests {
             assert!(plain < 1000);
         }
         assert!((340..=350).contains(&plain), "{plain}");
-        // A try that found drafts cheap again (the rows' lag was short) is trusted.
-        w.observe(64, 0.012);
-        assert!(w.choose(&rows) >= 1);
+        // The try is the widest step (3 drafts a row), and one that found drafts cheap
+        // again (the rows' lag was short) is trusted.
+        w.observe(128, 0.025);
+        assert_eq!(w.choose(&rows), 3);
         // Without a draft model the try comes every `STALE` choices, as before.
         let mut p = Width::new(32.0);
         p.observe(32, 0.0087);
@@ -724,6 +761,35 @@ mod tests {
         let mut p = Width::new(32.0);
         p.observe(8, 0.006);
         assert!(!p.stalled(8, 7.2), "only a draft model's steps");
+    }
+
+    #[test]
+    fn a_draft_models_try_is_its_widest_step_so_an_unlucky_old_time_is_replaced() {
+        // Session 48's 8 rows of the echo 8B pair on an H100, every draft accepted: plain
+        // 8.3 ms, 4 positions a row once 59.2 ms (an unlucky step), one draft a row 19.5
+        // ms. Seven drafts a row, never timed, look like 127 ms from the 4-position time,
+        // so the batch steps plainly; its try is then 7 drafts a row (not one, whose time
+        // says little of 8 positions), which took 48 ms: it drafts from then on.
+        let mut w = Width::new(32.0).timing_plain(true);
+        w.observe(8, 0.0083);
+        w.observe(32, 0.0592);
+        w.observe(16, 0.0195);
+        w.caught_up(0.09);
+        let rows = [(1.0, 7); 8];
+        assert_eq!(w.best_unexplored(&rows), 0);
+        let mut plain = 0;
+        let tried = loop {
+            let chosen = w.choose(&rows);
+            if chosen > 0 {
+                break chosen;
+            }
+            w.observe(8, 0.0083);
+            plain += 1;
+            assert!(plain < 1000);
+        };
+        assert_eq!(tried, 7);
+        w.observe(64, 0.048);
+        assert_eq!(w.choose(&rows), 7);
     }
 
     #[test]
@@ -778,12 +844,17 @@ mod tests {
         w.expect_catch_up(0.34, 0.25 * 5.0);
         assert_eq!(w.choose(&rows), 0, "plain first");
         w.observe(16, 0.008);
-        assert_eq!(w.choose(&rows), 0, "then weighed: not repaid");
+        // Then weighed: not repaid, also once the plain steps since the drafting time
+        // took ten times it (a try is due).
+        for _ in 0..260 {
+            assert_eq!(w.choose(&rows), 0, "not repaid");
+            w.observe(16, 0.008);
+        }
         w.expect_catch_up(0.0, 0.0);
         assert_eq!(
             w.choose(&rows),
-            1,
-            "no lag: nothing to repay, one draft tried"
+            3,
+            "no lag: nothing to repay, the widest step tried"
         );
     }
 

@@ -351,8 +351,8 @@ impl SpecBatch {
 
     /// A row joining a draft-model batch starts from the acceptance the draft model had
     /// in the batch's rounds so far, not from the fixed prior (0.7). A row's rate is
-    /// learned only from rounds that draft for it, and one draft a row is tried rarely
-    /// while the batch steps plainly, so from the prior a well-matched draft may never
+    /// learned only from rounds that draft for it, and drafts are tried rarely while the
+    /// batch steps plainly, so from the prior a well-matched draft may never
     /// be found to pay (the echo 8B with its 4-bit copy on an H100, session 41: one
     /// stream's requests drafted once each, 1 of 1 accepted, and decoded at the plain
     /// server's speed); the draft model's pooled acceptance carries what earlier rows
