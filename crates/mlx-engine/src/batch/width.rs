@@ -29,11 +29,12 @@
 //! knows. There the catch-up is timed apart ([`Width::caught_up`]); a drafting size's
 //! time, however old, stands for it until it is timed again, and one not timed is a
 //! plain step's (the verification) plus a draft forward's for each draft, from the
-//! nearest drafting size timed; a plain batch tries drafts again, at its widest step
-//! (every row's drafts: [`widest_tries`]), only once the plain steps since its last
-//! drafting step took ten times what that step and its catch-up took (the try feeds the
-//! draft model every token of those steps, so trying every 64 steps cost ~30% of a
-//! 32-row batch's time on the H200); and a row count not timed yet starts
+//! nearest drafting size timed; a plain batch tries one draft a row again only once the
+//! plain steps since its last try took ten times what that try and its catch-up took
+//! (the try feeds the draft model every token of those steps, so trying every 64 steps
+//! cost ~30% of a 32-row batch's time on the H200; with [`Width::try_widest`] the try is
+//! the widest step instead, spaced from the last drafting step of any width); and a row
+//! count not timed yet starts
 //! from a near row count's times (at most 1.5x as many or as few rows). A drafting step
 //! whose catch-up would take more than a share of the rows' remaining plain decoding
 //! time is not taken ([`Width::expect_catch_up`]): the drafts could not repay it.
@@ -68,20 +69,6 @@ impl DraftWidth {
     }
 }
 
-/// Whether a draft model's batch tries its widest step (every row's drafts) when no
-/// width pays by the times known, rather than one draft a row: the draft model's catch-up
-/// costs a try the same at any width, and a try of one draft a row times a size that
-/// says little of the wider ones (its fixed cost spread over one draft), so a wide
-/// size's old time, however unlucky, stood for good. At 8 streams of the echo 8B pair on
-/// an H100 (GPU.md session 48) the batch stepped plainly behind a 59 ms time of 4
-/// positions a row and paid a one-draft try with its catch-up (~114 ms) each burst:
-/// 0.92x of the server without a draft model. `MLX_WIDTH_TRY_ONE=1` tries one draft a
-/// row, as before.
-pub(crate) fn widest_tries() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLX_WIDTH_TRY_ONE").as_deref() != Ok("1"))
-}
-
 /// Weight of older observations after each new one.
 const DECAY: f64 = 0.95;
 /// Weight of a row's older rounds after each new one.
@@ -95,8 +82,8 @@ const MARGIN: f64 = 0.15;
 const STALE: u64 = 64;
 /// Weight of the newest time of a size in its average.
 const SEEN_WEIGHT: f64 = 0.3;
-/// The most of a draft-model batch's time that its tries of drafts take, over the plain
-/// steps between them.
+/// The most of a draft-model batch's time that its tries of one draft a row take, over
+/// the plain steps between them.
 const EXPLORE_SHARE: f64 = 0.1;
 /// A draft model's step of over this many seconds and `STALL_RATIO` plain steps is not
 /// timed: a stall (on a fresh machine MLX compiles kernels for each new shape of the
@@ -168,6 +155,8 @@ pub(crate) struct Width {
     /// plain steps' time it may take ([`Width::expect_catch_up`]).
     next_catch_up: f64,
     catch_up_allowance: f64,
+    /// Whether a draft model's try is its widest step ([`Width::try_widest`]).
+    widest: bool,
 }
 
 impl Width {
@@ -186,7 +175,23 @@ impl Width {
             catch_up: 0.0,
             next_catch_up: 0.0,
             catch_up_allowance: f64::INFINITY,
+            widest: false,
         }
+    }
+
+    /// With [`Width::timing_plain`]: a plain batch's try of drafts is its widest step
+    /// (every row's drafts) rather than one draft a row, and tries are spaced from its
+    /// last drafting step of any width (off by default; `MLX_WIDTH_TRY_WIDEST=1` in the
+    /// server). The draft model's catch-up costs a try the same at any width, and a try
+    /// of one draft a row times a size that says little of the wider ones (its fixed
+    /// cost spread over one draft): at 8 streams of the echo 8B pair on an H100 the batch
+    /// stepped plainly behind an unlucky old time of 4 positions a row while each burst
+    /// paid a one-draft try with its catch-up. Measured (GPU.md session 48): with it the
+    /// 8-row batch drafted, at 62 ms a step of 8 positions a row (mean, its rows'
+    /// catch-ups within) against eight plain steps' 57.6: not faster, so it stays off.
+    pub fn try_widest(mut self, on: bool) -> Width {
+        self.widest = on;
+        self
     }
 
     /// Also times a plain step when a step with drafts is best and a plain one has no
@@ -196,7 +201,7 @@ impl Width {
     /// every draft accepted, 91 tok/s against 182 plain). Timing plain steps lets the
     /// draft model lag by many tokens, which its next drafting step feeds it (on by
     /// default on a GPU since session 31). Also what a drafting size's time stands for
-    /// and how often, and how wide, drafts are tried (the module's note).
+    /// and how often one draft a row is tried (the module's note).
     pub fn timing_plain(mut self, on: bool) -> Width {
         self.time_plain = on;
         self
@@ -337,13 +342,12 @@ impl Width {
         Some(self.scaled(t0, n0, n).unwrap_or(t0))
     }
 
-    /// Whether a try was timed lately: one draft a row (`2 b` positions) in the last
-    /// `STALE` choices; for a draft model's steps ([`Width::timing_plain`]) its last
-    /// drafting step of any width (the widest where tries are: [`widest_tries`]), in
-    /// those choices or in fewer than make the plain steps since take
+    /// Whether one draft a row (`2 b` positions; with [`Width::try_widest`], a drafting
+    /// step of any width) was timed lately: in the last `STALE` choices, or for a draft
+    /// model's steps in fewer choices than make the plain steps since take
     /// `1 / EXPLORE_SHARE` times what that step and its catch-up took.
     fn tried_lately(&self, b: usize) -> bool {
-        let last = if self.time_plain && widest_tries() {
+        let last = if self.time_plain && self.widest {
             self.seen
                 .iter()
                 .filter(|(&m, _)| m > b)
@@ -365,23 +369,15 @@ impl Width {
         }
     }
 
-    /// The width of a try when no width pays by the times known: one draft a row, or
-    /// for a draft model's steps the most drafts a row has ([`widest_tries`]).
-    fn try_width(&self, rows: &[(f64, usize)]) -> usize {
-        if self.time_plain && widest_tries() {
-            rows.iter().map(|&(_, d)| d).max().unwrap_or(0).max(1)
-        } else {
-            1
-        }
-    }
-
     /// A copy for a batch of `to` rows of this model of `from` rows' steps: each size's
     /// time at the same width (`n` positions become `n to / from`), fresh as it was; the
     /// line is left to be fitted again. A draft model's row count that was not timed yet
     /// starts from the nearest one's times, so that it neither drafts nor steps plainly
     /// blind.
     pub fn for_rows(&self, from: usize, to: usize) -> Width {
-        let mut w = Width::new(self.prior).timing_plain(self.time_plain);
+        let mut w = Width::new(self.prior)
+            .timing_plain(self.time_plain)
+            .try_widest(self.widest);
         w.choices = self.choices;
         w.catch_up = self.catch_up;
         if from > 0 {
@@ -422,10 +418,9 @@ impl Width {
     /// The width (drafts verified a row, at most the most any row has) for rows of
     /// `(acceptance rate, drafts available)`.
     ///
-    /// When that is 0 (a plain step) while some row has a draft and no try was timed
-    /// lately (one draft a row in the last `STALE` choices; for a draft model's steps
-    /// see the module's note), it is a try's width ([`Width::try_width`]; and with
-    /// [`Width::timing_plain`],
+    /// When that is 0 (a plain step) while some row has a draft and one draft a row was
+    /// not timed lately (in the last `STALE` choices; for a draft model's steps see the
+    /// module's note), it is 1 (and with [`Width::timing_plain`],
     /// when it is more while a plain step was not timed in those choices, it is 0): the
     /// step times then tell what each costs (the backend's prior may be far off for the
     /// model at hand).
@@ -479,10 +474,9 @@ impl Width {
         if best == 0 && rows.iter().all(|&(_, d)| d == 0) {
             return 0;
         }
-        // Each way of stepping is timed now and then: a try of drafts when stepping
-        // plainly ([`Width::try_width`]), and (with `time_plain`) a plain step first when
-        // it has no fresh time, so that a draft model's try and its catch-up are weighed
-        // against it.
+        // Each way of stepping is timed now and then: one draft a row when stepping
+        // plainly, and (with `time_plain`) a plain step first when it has no fresh time,
+        // so that a draft model's try and its catch-up are weighed against it.
         let best = if best == 0 && !self.tried_lately(b) {
             self.try_width(rows)
         } else {
@@ -495,6 +489,16 @@ impl Width {
             return 0;
         }
         best
+    }
+
+    /// The width of a try when no width pays by the times known: one draft a row, or
+    /// with [`Width::try_widest`] the most drafts a row has.
+    fn try_width(&self, rows: &[(f64, usize)]) -> usize {
+        if self.time_plain && self.widest {
+            rows.iter().map(|&(_, d)| d).max().unwrap_or(0).max(1)
+        } else {
+            1
+        }
     }
 
     /// The width of the most expected tokens a second by the times known.
@@ -598,10 +602,13 @@ mod tests {
         }
         let rows = [(1.0, 3)];
         assert_eq!(w.best_unexplored(&rows), 3, "the line alone");
-        // So a plain step is timed first, and 4 tokens in 44 ms lose to 1 in 5.5 ms (the
-        // drafting size was timed lately: no try).
+        // So a plain step is timed first...
         assert_eq!(w.choose(&rows), 0);
         w.observe(1, 0.0055);
+        // ...then one draft (never timed) once...
+        assert_eq!(w.choose(&rows), 1);
+        w.observe(2, 0.018);
+        // ...and 4 tokens in 44 ms or 2 in 18 lose to 1 in 5.5 ms.
         assert_eq!(w.choose(&rows), 0);
         assert!(w.stays_plain(&rows));
     }
@@ -681,8 +688,7 @@ mod tests {
         w.observe(32, 0.0087);
         assert_eq!(w.choose(&rows), 3, "the prior: drafts look nearly free");
         w.observe(128, 0.300);
-        assert_eq!(w.choose(&rows), 0, "drafting timed lately: plain");
-        // One draft a row timed too (a try before `widest_tries`).
+        assert_eq!(w.choose(&rows), 1, "one draft a row tried");
         w.observe(64, 0.200);
         w
     }
@@ -717,7 +723,7 @@ mod tests {
     }
 
     #[test]
-    fn a_draft_model_tries_drafts_again_when_plain_steps_took_ten_times_its_last_try() {
+    fn a_draft_model_tries_one_draft_when_plain_steps_took_ten_times_its_last_try() {
         let mut w = draft_model_32_rows();
         let rows = [(1.0, 3); 32];
         // 0.2 s a try and 0.1 s its catch-up against 8.7 ms a plain step: tried again
@@ -730,10 +736,9 @@ mod tests {
             assert!(plain < 1000);
         }
         assert!((340..=350).contains(&plain), "{plain}");
-        // The try is the widest step (3 drafts a row), and one that found drafts cheap
-        // again (the rows' lag was short) is trusted.
-        w.observe(128, 0.025);
-        assert_eq!(w.choose(&rows), 3);
+        // A try that found drafts cheap again (the rows' lag was short) is trusted.
+        w.observe(64, 0.012);
+        assert!(w.choose(&rows) >= 1);
         // Without a draft model the try comes every `STALE` choices, as before.
         let mut p = Width::new(32.0);
         p.observe(32, 0.0087);
@@ -764,32 +769,41 @@ mod tests {
     }
 
     #[test]
-    fn a_draft_models_try_is_its_widest_step_so_an_unlucky_old_time_is_replaced() {
+    fn a_widest_try_replaces_an_unlucky_old_time() {
         // Session 48's 8 rows of the echo 8B pair on an H100, every draft accepted: plain
         // 8.3 ms, 4 positions a row once 59.2 ms (an unlucky step), one draft a row 19.5
         // ms. Seven drafts a row, never timed, look like 127 ms from the 4-position time,
-        // so the batch steps plainly; its try is then 7 drafts a row (not one, whose time
-        // says little of 8 positions), which took 48 ms: it drafts from then on.
-        let mut w = Width::new(32.0).timing_plain(true);
-        w.observe(8, 0.0083);
-        w.observe(32, 0.0592);
-        w.observe(16, 0.0195);
-        w.caught_up(0.09);
-        let rows = [(1.0, 7); 8];
-        assert_eq!(w.best_unexplored(&rows), 0);
-        let mut plain = 0;
-        let tried = loop {
-            let chosen = w.choose(&rows);
-            if chosen > 0 {
-                break chosen;
-            }
+        // so the batch steps plainly. By default its tries are one draft a row, which
+        // keep that estimate; with `try_widest` the try is 7 drafts a row, which took 48
+        // ms: it drafts from then on.
+        for widest in [false, true] {
+            let mut w = Width::new(32.0).timing_plain(true).try_widest(widest);
             w.observe(8, 0.0083);
-            plain += 1;
-            assert!(plain < 1000);
-        };
-        assert_eq!(tried, 7);
-        w.observe(64, 0.048);
-        assert_eq!(w.choose(&rows), 7);
+            w.observe(32, 0.0592);
+            w.observe(16, 0.0195);
+            w.caught_up(0.09);
+            let rows = [(1.0, 7); 8];
+            assert_eq!(w.best_unexplored(&rows), 0);
+            let mut plain = 0;
+            let tried = loop {
+                let chosen = w.choose(&rows);
+                if chosen > 0 {
+                    break chosen;
+                }
+                w.observe(8, 0.0083);
+                plain += 1;
+                assert!(plain < 1000);
+            };
+            if widest {
+                assert_eq!(tried, 7);
+                w.observe(64, 0.048);
+                assert_eq!(w.choose(&rows), 7);
+            } else {
+                assert_eq!(tried, 1);
+                w.observe(16, 0.0195);
+                assert_eq!(w.choose(&rows), 0);
+            }
+        }
     }
 
     #[test]
@@ -844,17 +858,12 @@ mod tests {
         w.expect_catch_up(0.34, 0.25 * 5.0);
         assert_eq!(w.choose(&rows), 0, "plain first");
         w.observe(16, 0.008);
-        // Then weighed: not repaid, also once the plain steps since the drafting time
-        // took ten times it (a try is due).
-        for _ in 0..260 {
-            assert_eq!(w.choose(&rows), 0, "not repaid");
-            w.observe(16, 0.008);
-        }
+        assert_eq!(w.choose(&rows), 0, "then weighed: not repaid");
         w.expect_catch_up(0.0, 0.0);
         assert_eq!(
             w.choose(&rows),
-            3,
-            "no lag: nothing to repay, the widest step tried"
+            1,
+            "no lag: nothing to repay, one draft tried"
         );
     }
 

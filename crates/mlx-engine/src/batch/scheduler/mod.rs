@@ -223,7 +223,8 @@ impl Engine {
                         .first_shapes_untimed(first_shapes_untimed())
                         .hold_for_joining(
                             std::env::var("MLX_DRAFT_JOINING_HOLD").as_deref() != Ok("0"),
-                        ),
+                        )
+                        .widest_tries(std::env::var("MLX_WIDTH_TRY_WIDEST").as_deref() == Ok("1")),
                 ),
                 predicting: Box::new(
                     SpecBatch::new(opts.draft_min_acceptance, opts.draft_max_batch)

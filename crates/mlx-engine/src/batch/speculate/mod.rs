@@ -172,6 +172,8 @@ pub(crate) struct SpecBatch {
     /// catch-up waits for them ([`SpecBatch::expect_joining`]).
     joining: usize,
     hold_for_joining: bool,
+    /// Whether a plain batch's try of drafts is its widest step ([`Width::try_widest`]).
+    widest_tries: bool,
     /// Whether a draft-model round feeds every row's last draft to the draft model right
     /// behind the verification ([`SpecBatch::eager_feed`]).
     eager_feed: bool,
@@ -314,6 +316,13 @@ impl SpecBatch {
     /// scheduler turns it on (`MLX_DRAFT_JOINING_HOLD=0` turns it off).
     pub fn hold_for_joining(mut self, on: bool) -> SpecBatch {
         self.hold_for_joining = on;
+        self
+    }
+
+    /// Whether the draft model's width models try the widest step rather than one draft
+    /// a row ([`Width::try_widest`]; off by default, `MLX_WIDTH_TRY_WIDEST=1` on).
+    pub fn widest_tries(mut self, on: bool) -> SpecBatch {
+        self.widest_tries = on;
         self
     }
 

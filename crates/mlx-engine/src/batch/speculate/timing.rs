@@ -80,7 +80,11 @@ impl SpecBatch {
             None
         };
         let w = self.model_widths.entry(b).or_insert_with(|| {
-            seed.unwrap_or_else(|| Width::for_current_device().timing_plain(timed))
+            seed.unwrap_or_else(|| {
+                Width::for_current_device()
+                    .timing_plain(timed)
+                    .try_widest(self.widest_tries)
+            })
         });
         w.expect_catch_up(catch_up, allowance);
         w
@@ -198,4 +202,34 @@ fn rows_line(rows: &[(f64, usize)]) -> String {
         .map(|&(a, d)| format!("({a:.2}, {d})"))
         .collect();
     format!("[{}]", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_catch_up_is_held_while_as_many_prompts_as_rows_join() {
+        // A batch whose draft model lags by a deferred prompt (no rows stepping yet, as
+        // the first row of a burst before its step): held while a prompt joins, with
+        // the hold on; not held with it off, nor once nothing joins, nor with a lag of
+        // the one token a drafting round leaves.
+        let mut b = SpecBatch::new(0.0, 0).hold_for_joining(true);
+        b.catch_up_rate = Some(10_000.0);
+        b.lag = vec![vec![1, 2, 3, 4]];
+        b.expect_joining(1);
+        assert_eq!(b.catch_up_expected(), (f64::INFINITY, 0.0));
+        b.expect_joining(0);
+        assert!(b.catch_up_expected().0.is_finite());
+        b.expect_joining(3);
+        b.lag = vec![vec![1]];
+        assert_eq!(b.catch_up_expected().0, 0.0);
+        b.lag = vec![vec![1, 2, 3, 4]];
+        let mut off = SpecBatch::new(0.0, 0);
+        off.catch_up_rate = Some(10_000.0);
+        off.lag = vec![vec![1, 2, 3, 4]];
+        off.expect_joining(3);
+        assert!(off.catch_up_expected().0.is_finite());
+        assert_eq!(b.catch_up_expected(), (f64::INFINITY, 0.0));
+    }
 }
