@@ -911,7 +911,8 @@ for PART in "$@"; do
       # catch-up not held while prompts join, as before session 48), "widest"
       # MLX_WIDTH_TRY_WIDEST=1 (a plain batch's try is its widest step, not one draft a
       # row; session 48's "tryone" arm was its build with MLX_WIDTH_TRY_ONE=1, the
-      # default since); SPEC_STREAMS (1,8): SPEC_ROUNDS (3) rounds
+      # default since), "robust" MLX_WIDTH_ROBUST_TIMES=1 (a slow step moves a size's
+      # time less); SPEC_STREAMS (1,8): SPEC_ROUNDS (3) rounds
       # of that many concurrent requests of 128 tokens (prompt ~128, greedy, as
       # `xtask bench --server`); then mlx-generate --draft-model on the pair with the same k
       # and profile (its rounds' split), and plain. Server logs ours-<arm>.log, stdout.txt
@@ -937,6 +938,7 @@ for PART in "$@"; do
         case $arm in *nopooled*) e+=(MLX_DRAFT_POOLED_ACCEPTANCE=0) ;; *pooled*) e+=(MLX_DRAFT_POOLED_ACCEPTANCE=1) ;; esac
         case $arm in *nohold*) e+=(MLX_DRAFT_JOINING_HOLD=0) ;; esac
         case $arm in *tryone*) ;; *widest*) e+=(MLX_WIDTH_TRY_WIDEST=1) ;; esac
+        case $arm in *robust*) e+=(MLX_WIDTH_ROBUST_TIMES=1) ;; esac
         env "${e[@]}" "$NEW/mlx-server" --model "$M" --port $port "${a[@]}" > "$D/ours-$arm.log" 2>&1 &
         srv=$!
         for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; sleep 1; done

@@ -82,6 +82,20 @@ const MARGIN: f64 = 0.15;
 const STALE: u64 = 64;
 /// Weight of the newest time of a size in its average.
 const SEEN_WEIGHT: f64 = 0.3;
+/// Its weight where it is above the average, with [`robust_times`].
+const SEEN_WEIGHT_UP: f64 = 0.1;
+
+/// `MLX_WIDTH_ROBUST_TIMES=1`: a size's newest time above its average weighs
+/// `SEEN_WEIGHT_UP` in it instead of `SEEN_WEIGHT` (an experiment, off by default). A
+/// step's time is its cost plus delays that only lengthen it (a prefill chunk or a
+/// compile queued ahead of it), and one such step moved the one-stream server's time of
+/// 8 positions a row from 46.8 to 64.1 ms, where drafting looked no better than plain
+/// steps and the next try came seconds later (GPU.md session 48); real costs rise slowly
+/// (the context's attention), which the lighter weight still follows.
+fn robust_times() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_WIDTH_ROBUST_TIMES").as_deref() == Ok("1"))
+}
 /// The most of a draft-model batch's time that its tries of one draft a row take, over
 /// the plain steps between them.
 const EXPLORE_SHARE: f64 = 0.1;
@@ -223,7 +237,12 @@ impl Width {
         self.s2 = DECAY * self.s2 + x * x;
         self.sy = DECAY * self.sy + secs;
         self.sxy = DECAY * self.sxy + x * secs;
-        remember(&mut self.seen, n, secs, self.choices);
+        let up = if robust_times() {
+            SEEN_WEIGHT_UP
+        } else {
+            SEEN_WEIGHT
+        };
+        remember(&mut self.seen, n, secs, self.choices, up);
     }
 
     /// Whether a draft model's step of `b` rows that took `secs` stalled (see
@@ -549,17 +568,22 @@ pub(crate) fn nearest<T>(
 }
 
 /// Puts `secs` into the recent time of `key` seen at choice `now` (averaged with a fresh
-/// one, replacing a stale one).
+/// one, at weight `up` where it is above it, replacing a stale one).
 fn remember(
     times: &mut std::collections::BTreeMap<usize, (f64, u64)>,
     key: usize,
     secs: f64,
     now: u64,
+    up: f64,
 ) {
     times
         .entry(key)
         .and_modify(|(t, at)| {
-            let w = if now - *at <= STALE { SEEN_WEIGHT } else { 1.0 };
+            let w = match (now - *at <= STALE, secs > *t) {
+                (false, _) => 1.0,
+                (true, true) => up,
+                (true, false) => SEEN_WEIGHT,
+            };
             *t = w * secs + (1.0 - w) * *t;
             *at = now;
         })
@@ -803,6 +827,26 @@ mod tests {
                 w.observe(16, 0.0195);
                 assert_eq!(w.choose(&rows), 0);
             }
+        }
+    }
+
+    #[test]
+    fn a_slow_step_moves_a_robust_time_less() {
+        // Session 48's one stream: 8 positions a row at 46.8 ms, then one step of 104.5
+        // ms (a delay queued ahead of it). The plain mean moves to 64.1 ms, where 8 tokens
+        // are worth less than plain steps of 7.87 ms with the margin; the robust one to
+        // 52.6 ms, where they still pay. Faster times weigh the same either way.
+        let rows = [(1.0, 7)];
+        for (up, drafts) in [(SEEN_WEIGHT, 0), (SEEN_WEIGHT_UP, 7)] {
+            let mut w = Width::new(32.0).timing_plain(true);
+            w.observe(1, 0.00787);
+            remember(&mut w.seen, 8, 0.0468, w.choices, up);
+            remember(&mut w.seen, 8, 0.1045, w.choices, up);
+            assert_eq!(w.best_unexplored(&rows), drafts, "up weight {up}");
+            remember(&mut w.seen, 8, 0.040, w.choices, up);
+            let t = w.last_time(8).expect("timed");
+            let slow = up * 0.1045 + (1.0 - up) * 0.0468;
+            assert!((t - (SEEN_WEIGHT * 0.040 + (1.0 - SEEN_WEIGHT) * slow)).abs() < 1e-12);
         }
     }
 
