@@ -96,6 +96,7 @@ fn robust_times() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MLX_WIDTH_ROBUST_TIMES").as_deref() == Ok("1"))
 }
+
 /// The most of a draft-model batch's time that its tries of one draft a row take, over
 /// the plain steps between them.
 const EXPLORE_SHARE: f64 = 0.1;

@@ -307,7 +307,9 @@ impl SpecBatch {
     /// draft model) while the others waited for their prefill, which the draft model
     /// then took at once too, and at 32 rows, where plain steps are best, the batch
     /// kept trying drafts: 2,298-2,369 tok/s against 3,126-3,263 without a draft model
-    /// (GPU.md session 48). Only where [`SpecBatch::hold_for_joining`] is on.
+    /// (GPU.md session 48; on a warm machine, two runs of three rounds, 3,022-3,495 with
+    /// the hold but for one round of 2,433 that tried 7 drafts a row, 3,314-3,476 without
+    /// it: at par). Only where [`SpecBatch::hold_for_joining`] is on.
     pub fn expect_joining(&mut self, n: usize) {
         self.joining = n;
     }
