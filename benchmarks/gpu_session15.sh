@@ -25,7 +25,7 @@
 #              SPEC_STREAMS; SPEC_LOG=DEBUG)
 #   specprof   issue 19: the speculating batch's step split into phases (engine profile) at
 #              1/8 streams, and mlx-generate's rounds on the same pair (SPEC_PROF_ARMS,
-#              SPEC_PROF_MODE, SPEC_K, SPEC_STREAMS, SPEC_ROUNDS)
+#              SPEC_PROF_MODE, SPEC_K, SPEC_STREAMS, SPEC_ROUNDS, SPEC_WARM)
 #   predsrv    issue 19: server speculation without a draft model (OpenAI predicted outputs)
 #              against plain requests at 1/8/32 streams (PRED_MODELS, PRED_STREAMS,
 #              PRED_TRIALS, PRED_G, PRED_SUSTAIN; benchmarks/predict_bench.py)
@@ -921,7 +921,11 @@ for PART in "$@"; do
       M=$MODELS/llama-3.1-8b-echo-bf16; DM=$MODELS/llama-3.1-8b-echo-4bit; K=${SPEC_K:-3}
       port=18951
       body=$(python3 -c "import json; print(json.dumps({'prompt': 'x' + ' hello' * 127, 'max_tokens': 128, 'temperature': 0.0}))")
-      for arm in ${SPEC_PROF_ARMS:-all auto}; do
+      # SPEC_WARM=1: first a server with the draft model runs one burst at each stream
+      # count (its lines labelled "warmup"), so that a fresh machine's compiles (64 s inside the first
+      # arm's timed rounds in session 48's call 10) fall before the arms.
+      warm=(); [ "${SPEC_WARM:-0}" = 1 ] && warm=(warmup)
+      for arm in "${warm[@]}" ${SPEC_PROF_ARMS:-all auto}; do
         [ "$(left)" -lt 60 ] && break
         e=(MLX_SDPA_SPLIT_QUERIES=1 MLX_ENGINE_PROFILE="${SPEC_PROF_MODE:-1}" MLX_ENGINE_PROFILE_EVERY=64)
         a=(--draft-model "$DM" --num-draft-tokens "$K")
@@ -943,7 +947,8 @@ for PART in "$@"; do
         srv=$!
         for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; sleep 1; done
         for n in $(echo "${SPEC_STREAMS:-1,8}" | tr ',' ' '); do
-          for r in $(seq 0 "${SPEC_ROUNDS:-3}"); do
+          rounds=${SPEC_ROUNDS:-3}; [ "$arm" = warmup ] && rounds=0
+          for r in $(seq 0 "$rounds"); do
             t0=$(date +%s.%N)
             seq "$n" | xargs -P "$n" -I{} curl -s -o /dev/null http://127.0.0.1:$port/v1/completions \
               -H 'Content-Type: application/json' -d "$body"
