@@ -925,7 +925,7 @@ for PART in "$@"; do
       # count (its lines labelled "warmup"), so that a fresh machine's compiles (64 s inside the first
       # arm's timed rounds in session 48's call 10) fall before the arms.
       warm=(); [ "${SPEC_WARM:-0}" = 1 ] && warm=(warmup)
-      for arm in "${warm[@]}" ${SPEC_PROF_ARMS:-all auto}; do
+      for arm in ${warm[@]+"${warm[@]}"} ${SPEC_PROF_ARMS:-all auto}; do
         [ "$(left)" -lt 60 ] && break
         e=(MLX_SDPA_SPLIT_QUERIES=1 MLX_ENGINE_PROFILE="${SPEC_PROF_MODE:-1}" MLX_ENGINE_PROFILE_EVERY=64)
         a=(--draft-model "$DM" --num-draft-tokens "$K")
