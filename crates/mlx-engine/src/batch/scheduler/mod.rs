@@ -587,9 +587,10 @@ impl Scheduler {
                 };
                 self.shared.prefill_batched(model, prefilling, &mut joining);
                 self.shared.decode_batched(model, decoding);
-                // The prompts still to join: a draft-model batch about to grow does not
-                // start a catch-up ([`SpecBatch::expect_joining`]).
-                drafting.expect_joining(self.waiting.len() + prefilling.len());
+                // The prompts admitted and still to join (not those waiting for a slot,
+                // which may wait long): a draft-model batch about to grow does not start
+                // a catch-up ([`SpecBatch::expect_joining`]).
+                drafting.expect_joining(prefilling.len());
                 // Rows stepping aside join `decoding`: the count holds for both.
                 let running = decoding.len() + drafting.len() + predicting.len();
                 self.shared

@@ -168,8 +168,8 @@ pub(crate) struct SpecBatch {
     /// The share of the rows' remaining plain decoding time that a catch-up before a
     /// drafting step may take ([`SpecBatch::catch_up_share`]).
     catch_up_share: f64,
-    /// Prompts admitted or waiting that will join the decoding batches, and whether a
-    /// catch-up waits for them ([`SpecBatch::expect_joining`]).
+    /// Prompts admitted and prefilling that will join the decoding batches, and whether
+    /// a catch-up waits for them ([`SpecBatch::expect_joining`]).
     joining: usize,
     hold_for_joining: bool,
     /// Whether a plain batch's try of drafts is its widest step ([`Width::try_widest`]).
@@ -299,8 +299,10 @@ impl SpecBatch {
         self
     }
 
-    /// Before a step: `n` prompts are waiting or prefilling to join the decoding
-    /// batches. While at least as many as this batch's rows are, a drafting step that
+    /// Before a step: `n` admitted prompts are prefilling (or queued to) to join the
+    /// decoding batches (requests still waiting for a slot do not count: under a long
+    /// queue at full concurrency the batch does not grow). While at least as many as
+    /// this batch's rows are, a drafting step that
     /// would first feed the draft model its lag (deferred prompts, plain steps' tokens)
     /// is not taken: the batch is about to grow, and the joining rows lag by their
     /// prompts. In a burst the first row drafted alone (its whole prompt fed to the
