@@ -912,7 +912,8 @@ for PART in "$@"; do
       # MLX_WIDTH_TRY_WIDEST=1 (a plain batch's try is its widest step, not one draft a
       # row; session 48's "tryone" arm was its build with MLX_WIDTH_TRY_ONE=1, the
       # default since), "robust" MLX_WIDTH_ROBUST_TIMES=1 (a slow step moves a size's
-      # time less); SPEC_STREAMS (1,8): SPEC_ROUNDS (3) rounds
+      # time less), "wholepiece" MLX_DRAFT_CATCH_UP_PIECE=0 (one row's catch-up in one
+      # forward, not pieces of 32 tokens); SPEC_STREAMS (1,8): SPEC_ROUNDS (3) rounds
       # of that many concurrent requests of 128 tokens (prompt ~128, greedy, as
       # `xtask bench --server`); then mlx-generate --draft-model on the pair with the same k
       # and profile (its rounds' split), and plain. Server logs ours-<arm>.log, stdout.txt
@@ -943,6 +944,7 @@ for PART in "$@"; do
         case $arm in *nohold*) e+=(MLX_DRAFT_JOINING_HOLD=0) ;; esac
         case $arm in *tryone*) ;; *widest*) e+=(MLX_WIDTH_TRY_WIDEST=1) ;; esac
         case $arm in *robust*) e+=(MLX_WIDTH_ROBUST_TIMES=1) ;; esac
+        case $arm in *wholepiece*) e+=(MLX_DRAFT_CATCH_UP_PIECE=0) ;; esac
         env "${e[@]}" "$NEW/mlx-server" --model "$M" --port $port "${a[@]}" > "$D/ours-$arm.log" 2>&1 &
         srv=$!
         for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; sleep 1; done

@@ -53,10 +53,10 @@ impl SpecBatch {
     }
 
     /// The most lagging tokens one catch-up forward feeds the draft model: all of them,
-    /// or [`ONE_ROW_PIECE`] for a batch of one row.
+    /// or [`one_row_piece`] for a batch of one row.
     pub(super) fn catch_up_piece(&self) -> usize {
         if self.rows.len() == 1 {
-            ONE_ROW_PIECE
+            one_row_piece()
         } else {
             usize::MAX
         }
@@ -294,6 +294,27 @@ impl SpecBatch {
 /// waited 14-35 s each and later processes did not (GPU.md session 31: most likely MLX
 /// compiling kernels for the draft's new shapes once per machine).
 pub(super) const ONE_ROW_PIECE: usize = 32;
+
+/// [`ONE_ROW_PIECE`], or `MLX_DRAFT_CATCH_UP_PIECE=N` tokens (0: the whole lag in one
+/// forward; an experiment). One row's catch-up on its deferred 128-token prompt took
+/// 92-99 ms on a warm H100 in pieces of 32 (~1,350 tok/s), about what eight rows' 129
+/// tokens each took in one padded forward (84-113 ms; GPU.md session 48), and the stall
+/// the pieces were made for (session 31) was most likely MLX compiling the draft's
+/// kernels on a fresh machine (session 43).
+pub(super) fn one_row_piece() -> usize {
+    static PIECE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PIECE.get_or_init(|| {
+        match std::env::var("MLX_DRAFT_CATCH_UP_PIECE").map(|v| v.trim().parse::<usize>()) {
+            Ok(Ok(0)) => usize::MAX,
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) => {
+                tracing::warn!("MLX_DRAFT_CATCH_UP_PIECE is not a number of tokens: 32 stands");
+                ONE_ROW_PIECE
+            }
+            Err(_) => ONE_ROW_PIECE,
+        }
+    })
+}
 
 /// Draft caches for `n` joining rows that hold nothing yet (their prompts deferred:
 /// [`SpecBatch::deferred_draft_prefill`]).
