@@ -127,7 +127,8 @@
 #              masks before the forward is queued, one evaluation a step, session 45,
 #              both; a name holding fast adds MLX_FAST_MASK=1: the masks applied by one
 #              kernel, session 45, the default since session 46; ops adds MLX_FAST_MASK=0:
-#              MLX's five ops), STRUCT_ONLY,
+#              MLX's five ops; spliteval adds MLX_DECODE_SPLIT_EVAL=1: an unconstrained
+#              step's forward queued before its sampling, session 48), STRUCT_ONLY,
 #              1 and 32 streams, -g STRUCT_G (256), STRUCT_TRIALS (2) pairs, no profile lines
 #   structmb   issue 20: structab on the 8B bf16 shape (STRUCT_ONLY) under MLX's graph
 #              limits (STRUCT_MB_ARMS: default, mb4000 / mb16000 = MLX_MAX_MB_PER_BUFFER,
@@ -798,6 +799,7 @@ for PART in "$@"; do
         case $arm in *beside*|both*) e+=(MLX_MASKS_BESIDE=1) ;; esac
         case $arm in *first*|both*) e+=(MLX_MASKS_FIRST=1) ;; esac
         case $arm in *fast*) e+=(MLX_FAST_MASK=1) ;; *ops*) e+=(MLX_FAST_MASK=0) ;; esac
+        case $arm in *spliteval*) e+=(MLX_DECODE_SPLIT_EVAL=1) ;; esac
         mkdir -p "$D/$arm"
         env "${e[@]}" OUT="$D/$arm" MLX_ENGINE_PROFILE_EVERY=32 timeout "$(left)" bash benchmarks/gpu_structured.sh "$NEW" \
           --only "${STRUCT_ONLY:-qwen2.5-0.5b-bf16,llama-3.1-8b-bf16}" --streams "${STRUCT_STREAMS:-1,32}" \

@@ -265,6 +265,10 @@ impl DecodeBatch {
             step::forward(model, &x, self.cache.layers_mut(), None)
         })?;
         lap.mark(&mut self.profile, BatchPhase::Forward);
+        if !read_first && split_eval() {
+            transforms::async_eval(&[&logits])?;
+            lap.mark(&mut self.profile, BatchPhase::ForwardEval);
+        }
         if read_first {
             let vocab = logits.dim(-1)? as usize;
             let ready = || self.pending.as_ref().is_none_or(Queued::is_available);
@@ -551,6 +555,17 @@ impl MasksBeside {
 /// The fewest grammar rows whose masks go to the worker: one row's mask (~5-35 us) costs
 /// about what handing it over does.
 const MASKS_BESIDE_MIN_ROWS: usize = 2;
+
+/// `MLX_DECODE_SPLIT_EVAL=1` (an experiment, off): a step without grammar rows queues
+/// its forward before building the sampling, as a step with them does (two evaluation
+/// calls a step instead of one; the same graph, the same tokens). Session 47's profile
+/// of the 0.5B on an H100 showed the single call of forward and sampling at 1.6-2.0 ms a
+/// step where a constrained step's two took 1.3 + 0.03 (different minutes of a noisy
+/// run): for an A/B on a quiet device.
+fn split_eval() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_DECODE_SPLIT_EVAL").as_deref() == Ok("1"))
+}
 
 static MASKS_BESIDE_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
