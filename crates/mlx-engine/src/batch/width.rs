@@ -491,7 +491,7 @@ impl Width {
     fn best(&self, rows: &[(f64, usize)]) -> usize {
         let best = self.best_unexplored(rows);
         let b = rows.len();
-        if best == 0 && rows.iter().all(|&(_, d)| d == 0) {
+        if best == 0 && most_drafts(rows) == 0 {
             return 0;
         }
         // Each way of stepping is timed now and then: one draft a row when stepping
@@ -511,11 +511,11 @@ impl Width {
         best
     }
 
-    /// The width of a try when no width pays by the times known: one draft a row, or
-    /// with [`Width::try_widest`] the most drafts a row has.
+    /// The width of a try when no width pays by the times known (some row having a
+    /// draft): one draft a row, or with [`Width::try_widest`] the most drafts a row has.
     fn try_width(&self, rows: &[(f64, usize)]) -> usize {
         if self.time_plain && self.widest {
-            rows.iter().map(|&(_, d)| d).max().unwrap_or(0).max(1)
+            most_drafts(rows)
         } else {
             1
         }
@@ -523,7 +523,7 @@ impl Width {
 
     /// The width of the most expected tokens a second by the times known.
     fn best_unexplored(&self, rows: &[(f64, usize)]) -> usize {
-        let most = rows.iter().map(|&(_, d)| d).max().unwrap_or(0);
+        let most = most_drafts(rows);
         if most == 0 {
             return 0;
         }
@@ -553,6 +553,11 @@ impl Width {
         }
         best.0
     }
+}
+
+/// The most drafts any of `rows` (`(acceptance rate, drafts)`) has; 0 for none.
+fn most_drafts(rows: &[(f64, usize)]) -> usize {
+    rows.iter().map(|&(_, d)| d).max().unwrap_or(0)
 }
 
 /// The nearer to `n` of `below` and `above` (`(size, what it holds)`), the lower on a
