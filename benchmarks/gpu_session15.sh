@@ -43,7 +43,8 @@
 #              4-bit draft model alone), k7oneseq / k7oneseqsync (MLX_FAST_QMM_ONE_SEQ_ROWS=2);
 #              kNe / kNn / kNd (k = N, MLX_DRAFT_EAGER_FEED=1 / 0 / unset), rNd / rNn / rNz (the
 #              random 1B draft; z: --draft-min-acceptance 0), kNm / plain4m (the draft's
-#              groups as one launch: MLX_FAST_QMV_MANY_MAX_ELEMENTS), kNs / plain4s (run 8's
+#              groups as one launch: MLX_FAST_QMV_MANY_MAX_ELEMENTS), kNp (MLX_DRAFT_PIPELINE=1:
+#              the next round drafted behind the verification), kNs / plain4s (run 8's
 #              16M bound: the draft's groups apart), mlxlmN (mlx-lm's speculation, k = N); SPEC_M tokens (128)
 #   rowscheck  issue 19 / 21: gemv_rows_check (the rows form of the dense kernel against the
 #              one-row path, every shape at 2..8 rows; on the echo 8B bf16: a verification
@@ -420,6 +421,9 @@ for PART in "$@"; do
           plain4s) e+=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=16777216); a=() ;;
           k*d) kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%d}") ;;
           k*n) e+=(MLX_DRAFT_EAGER_FEED=0); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%n}") ;;
+          # kNp: k = N with the pipelined rounds (MLX_DRAFT_PIPELINE=1: the next round's
+          # drafts queued behind the verification, session 49)
+          k*p) e+=(MLX_DRAFT_PIPELINE=1); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%p}") ;;
           # oneseq: the draft's two-token catch-up through our multi-row 4-bit kernel
           # (MLX_FAST_QMM_ONE_SEQ_ROWS=2; MLX's qmm_sm90 otherwise)
           k7oneseq) e+=(MLX_FAST_QMM_ONE_SEQ_ROWS=2); a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens 7) ;;

@@ -163,6 +163,12 @@ pub fn report(stats: &SpeculativeStats) -> Vec<String> {
         "Speculative: {} of {} drafted tokens accepted ({rate:.1}%) in {} rounds",
         stats.accepted, stats.drafted, stats.rounds
     )];
+    if stats.pipelined > 0 {
+        lines.push(format!(
+            "Speculative: {} rounds drafted behind the verification before them",
+            stats.pipelined
+        ));
+    }
     if let Some(why) = &stats.fallback {
         lines.push(format!("Speculative: {why}"));
     }

@@ -208,6 +208,9 @@ pub struct SpeculativeStats {
     pub fallback: Option<String>,
     /// Whether it fell back because its drafts were rejected ([`AcceptancePolicy`]).
     pub stepped_aside: bool,
+    /// Rounds whose drafts the round before queued behind its verification
+    /// (`MLX_DRAFT_PIPELINE=1`).
+    pub pipelined: u64,
 }
 
 /// Up to `k` tokens that follow the latest match, in `haystack`, of the final n-gram of
@@ -298,6 +301,39 @@ fn eager_feed_policy() -> EagerFeed {
     }
 }
 
+/// Whether a round that feeds its last draft eagerly also drafts the next round behind
+/// its verification (`MLX_DRAFT_PIPELINE=1`; an experiment, off by default).
+///
+/// A round's host work (the draft steps' graphs, the verification's) and the GPU's run
+/// one after the other around the round's one wait: while the host waits for the
+/// verification, it builds nothing, and while it reads the tokens and builds the next
+/// round's first draft step, the GPU idles (H100, echo 8B bf16 with its 4-bit copy,
+/// k = 7: a 41.7 ms round, 12.5 ms of it the wait; benchmarks/GPU.md session 48). Pipelined,
+/// the round queues, right behind the eager feed, the draft model's next round as if every
+/// draft were accepted: the draft's own sample after the last draft stands for the
+/// target's bonus token, and `k` more one-token draft steps from it give the next round's
+/// drafts, all on the device. The next round uses them when the guess was right (every
+/// draft accepted and the target's token equal to the guess): its draft steps are then
+/// exactly those it would have run (the same inputs on the same caches), so the tokens
+/// and caches are unchanged; otherwise they are trimmed from the draft's caches and the
+/// round drafts as before. Greedy decoding with a draft model only (a sampled draft would
+/// draw random numbers mlx-lm does not), without logits processors, quantized KV caches
+/// or rotating caches.
+fn pipeline_policy() -> bool {
+    std::env::var("MLX_DRAFT_PIPELINE").as_deref() == Ok("1")
+}
+
+/// The next round's drafts, queued behind a round's verification ([`pipeline_policy`]).
+struct Predraft {
+    /// The draft model's sample after the round's last draft (`[1]`): its guess of the
+    /// target's token after a fully accepted round, fed to it first.
+    guess: Array,
+    /// The drafts after the guess (`[fed]`, uint32).
+    drafts: Array,
+    /// Tokens fed to the draft model for them (the guess and all drafts but the last).
+    fed: i32,
+}
+
 /// mlx-lm's `speculative_generate_step` behind [`TokenIterator`].
 pub struct SpeculativeGenerator<'a> {
     model: &'a dyn LanguageModel,
@@ -340,6 +376,11 @@ pub struct SpeculativeGenerator<'a> {
     eager: EagerFeed,
     /// The last round accepted every draft (true before the first).
     all_accepted: bool,
+    /// Rounds may draft the next round behind their verification ([`pipeline_policy`]).
+    pipeline: bool,
+    /// The next round's drafts, queued by the last round (their tokens are in the draft
+    /// model's caches until used or dropped).
+    predraft: Option<Predraft>,
 }
 
 impl Drop for SpeculativeGenerator<'_> {
@@ -352,6 +393,7 @@ impl Drop for SpeculativeGenerator<'_> {
         if let Some(r) = self.round.take() {
             self.rewind(r.num_draft, r.consumed.min(r.n), r.fed, true);
         }
+        self.drop_predraft();
     }
 }
 
@@ -459,6 +501,11 @@ impl<'a> SpeculativeGenerator<'a> {
         let sampling =
             RowSampling::new(opts.sampler, LogitsProcessors::new(opts.logits_processors));
         let constrained = sampling.needs_accepted_token();
+        let pipeline = pipeline_policy()
+            && greedy_draft
+            && !sampling.has_processors()
+            && opts.kv_quantization.is_none()
+            && caches.iter().all(|c| rotating_room(c.as_ref()).is_none());
         Ok(SpeculativeGenerator {
             model,
             drafter,
@@ -492,6 +539,8 @@ impl<'a> SpeculativeGenerator<'a> {
             profile: crate::profile::enabled().then(Default::default),
             eager: eager_feed_policy(),
             all_accepted: true,
+            pipeline,
+            predraft: None,
         })
     }
 
@@ -566,6 +615,52 @@ impl<'a> SpeculativeGenerator<'a> {
                 num_draft - num_accept
             };
             mlx_cache::trim_prompt_cache(draft, trim);
+        }
+    }
+
+    /// Queues the next round's `next` drafts behind this round's verification
+    /// ([`pipeline_policy`]): the draft model's sample from `fed` (its logits after the
+    /// round's last draft) as the guess of the target's token, then `next` one-token
+    /// draft steps from it.
+    fn queue_predraft(&mut self, draft: &dyn LanguageModel, fed: &Array, next: i32) -> Result<()> {
+        let (guess, _) =
+            step::sample_with_history(&mut self.sampling, None, &fed.squeeze(Some(&[0]))?)?;
+        let mut y = guess.clone();
+        let mut ys = Vec::with_capacity(next as usize);
+        self.draft_loop(draft, next, &mut y, &mut ys)?;
+        let refs: Vec<&Array> = ys.iter().collect();
+        self.predraft = Some(Predraft {
+            guess,
+            drafts: ops::concatenate(&refs, 0)?.astype(mlx_array::Dtype::Uint32)?,
+            fed: next,
+        });
+        Ok(())
+    }
+
+    /// After a round's tokens were handed out: keeps the next round's predraft only if
+    /// that round starts where it guessed (every draft accepted, the target's token the
+    /// guess, speculation going on), else trims it from the draft model's caches.
+    fn settle_predraft(&mut self, r: &Round) -> Result<()> {
+        let Some(p) = &self.predraft else {
+            return Ok(());
+        };
+        let keep = !r.last
+            && r.num_draft > 0
+            && r.n == r.num_draft
+            && self.step_aside.is_none()
+            && !self.plain
+            && self.y.len() == 1
+            && step::read_token(&p.guess)? == self.y[0];
+        if !keep {
+            self.drop_predraft();
+        }
+        Ok(())
+    }
+
+    /// Trims an unused predraft's tokens from the draft model's caches.
+    fn drop_predraft(&mut self) {
+        if let Some(p) = self.predraft.take() {
+            mlx_cache::trim_prompt_cache(&mut self.caches[self.n_target..], p.fed);
         }
     }
 
@@ -703,10 +798,22 @@ impl<'a> SpeculativeGenerator<'a> {
         let (draft_tokens, num_draft): (Array, i32) = match &self.drafter {
             Drafter::Model(d) => {
                 let d = *d;
-                if num_draft == 0 {
-                    (Array::from_slice::<u32>(&[], &[0])?, 0)
-                } else {
-                    (self.draft_with_model(d, num_draft)?, num_draft)
+                match self.predraft.take() {
+                    // Queued by the last round, whose guess was right.
+                    Some(p) if p.fed == num_draft && num_draft > 0 => {
+                        self.stats.pipelined += 1;
+                        (p.drafts, num_draft)
+                    }
+                    other => {
+                        if let Some(p) = other {
+                            mlx_cache::trim_prompt_cache(&mut self.caches[self.n_target..], p.fed);
+                        }
+                        if num_draft == 0 {
+                            (Array::from_slice::<u32>(&[], &[0])?, 0)
+                        } else {
+                            (self.draft_with_model(d, num_draft)?, num_draft)
+                        }
+                    }
                 }
             }
             Drafter::Lookup {
@@ -803,6 +910,7 @@ impl<'a> SpeculativeGenerator<'a> {
             step::sample_with_history(&mut self.sampling, None, &logits.squeeze(Some(&[0]))?)?
         };
         let t2 = t0.map(|_| Instant::now());
+        let mut predraft_time = std::time::Duration::ZERO;
         let fed = match &self.drafter {
             Drafter::Model(d) if self.feeds_eagerly(num_draft) => {
                 let d = *d;
@@ -812,6 +920,15 @@ impl<'a> SpeculativeGenerator<'a> {
                 let fed =
                     step::forward_tail(d, &last.expand_dims(&[0])?, draft_caches, self.kv, 1)?;
                 transforms::async_eval(&[&fed])?;
+                // The next round's drafts, if every draft here is accepted: as many as
+                // it will draft then (`max_tokens` permitting).
+                let left = self.remaining().saturating_sub(num_draft as i64 + 1);
+                let next = left.min(self.num_draft_tokens as i64) as i32;
+                if self.pipeline && next > 0 {
+                    let tic = Instant::now();
+                    self.queue_predraft(d, &fed, next)?;
+                    predraft_time = tic.elapsed();
+                }
                 true
             }
             _ => false,
@@ -820,7 +937,12 @@ impl<'a> SpeculativeGenerator<'a> {
         let drafts: Vec<u32> = step::read_tokens(&draft_tokens)?;
         let tokens: Vec<u32> = step::read_tokens(&tokens)?;
         if let (Some(p), Some(t0), Some(t1), Some(t2)) = (self.profile.as_mut(), t0, t1, t2) {
-            p.round(num_draft as usize, t1 - t0, t2 - t1, t2.elapsed());
+            p.round(
+                num_draft as usize,
+                t1 - t0 + predraft_time,
+                t2 - t1,
+                t2.elapsed().saturating_sub(predraft_time),
+            );
         }
         let row = |i: i32| -> Result<Array> {
             Ok(logprobs
@@ -951,6 +1073,7 @@ impl<'a> SpeculativeGenerator<'a> {
                     .take()
                     .ok_or_else(|| EngineError::Internal("speculative round vanished".into()))?;
                 self.rewind(r.num_draft, r.n, r.fed, r.last);
+                self.settle_predraft(&r)?;
                 if r.last {
                     self.finished = true;
                     return Ok(None);
@@ -980,6 +1103,7 @@ impl<'a> SpeculativeGenerator<'a> {
                     self.ntoks
                 ));
                 self.stats.stepped_aside = true;
+                self.drop_predraft();
                 self.plain = true;
                 continue;
             }
@@ -987,6 +1111,7 @@ impl<'a> SpeculativeGenerator<'a> {
             let fed = self.feeds_eagerly(num_draft);
             let draft_in = self.draft_y.len() as i32 + num_draft - 1 + i32::from(fed);
             if let Some(why) = self.would_wrap(self.y.len() as i32 + num_draft, draft_in) {
+                self.drop_predraft();
                 self.stats.fallback = Some(why);
                 self.plain = true;
                 continue;

@@ -8,6 +8,10 @@
 //!   a draft that agrees with the target every round (the target itself) and one that
 //!   does not (a noisy copy); after the last token, or when the consumer stops early,
 //!   both models' caches hold what mlx-lm's would;
+//! - the pipelined rounds (`MLX_DRAFT_PIPELINE=1`): a round that feeds eagerly also queues
+//!   the next round's drafts behind its verification, from the draft's own guess of the
+//!   target's token; used when the guess was right, trimmed otherwise: the same tokens,
+//!   counts and caches as without, with every kind of draft and every way of stopping;
 //! - the default acceptance floor of greedy decoding with a draft model
 //!   (`GREEDY_MIN_ACCEPTANCE`): a draft that is almost never accepted is dropped after
 //!   `ACCEPTANCE_WINDOW` rounds and the rest decodes plainly, giving the same greedy
@@ -141,4 +145,75 @@ fn a_useless_draft_is_dropped_by_default_for_greedy_decoding_only() {
         !kept.stepped_aside && kept.accepted == kept.drafted,
         "{kept:?}"
     );
+}
+
+#[test]
+fn pipelined_rounds_give_the_same_tokens_and_caches() {
+    let target = model(TARGET);
+    let (noisy, _d1) = noisy_copy(TARGET, 0.05);
+    let (useless, _d2) = noisy_copy(TARGET, 2.0);
+    // Often right for a draft or two, often wrong about the token after them: rounds that
+    // accept every draft whose guess is wrong.
+    let (fair, _d3) = noisy_copy(TARGET, 0.3);
+    let same = model(TARGET);
+    std::env::set_var("MLX_DRAFT_EAGER_FEED", "1");
+    let with = |pipeline: &str, draft: &dyn LanguageModel, r: &Run| {
+        std::env::set_var("MLX_DRAFT_PIPELINE", pipeline);
+        run(target.as_ref(), draft, r)
+    };
+    let mut used = 0;
+    let drafts = [
+        ("itself", &same),
+        ("noisy copy", &noisy),
+        ("fair copy", &fair),
+        ("useless", &useless),
+    ];
+    for (name, draft) in drafts {
+        for (k, max, take) in [
+            (4, 23, usize::MAX),
+            (4, 23, 7),
+            (4, 21, usize::MAX),
+            (3, 30, 12),
+            (1, 40, usize::MAX),
+            (2, 40, usize::MAX),
+        ] {
+            for min_acceptance in [Some(0.0), None] {
+                let r = Run {
+                    k,
+                    max,
+                    take,
+                    temp: 0.0,
+                    min_acceptance,
+                };
+                let off = with("0", draft.as_ref(), &r);
+                let on = with("1", draft.as_ref(), &r);
+                let what =
+                    format!("draft {name}, k {k}, max {max}, take {take}, {min_acceptance:?}");
+                assert_eq!(on.0, off.0, "tokens: {what}");
+                assert_eq!(on.2, off.2, "caches: {what}");
+                let counts =
+                    |s: &SpeculativeStats| (s.drafted, s.accepted, s.rounds, s.stepped_aside);
+                assert_eq!(counts(&on.1), counts(&off.1), "{what}");
+                assert_eq!(off.1.pipelined, 0);
+                assert!(!off.0.is_empty());
+                used += on.1.pipelined;
+                if name == "itself" && take == usize::MAX {
+                    // Every round after the first starts from the round before's guess.
+                    assert_eq!(on.1.pipelined, on.1.rounds - 1, "{what}: {:?}", on.1);
+                }
+            }
+        }
+    }
+    assert!(used > 0);
+    // Sampled decoding does not pipeline (its draft would draw random numbers).
+    std::env::set_var("MLX_DRAFT_PIPELINE", "1");
+    let r = Run {
+        k: 4,
+        max: 23,
+        take: usize::MAX,
+        temp: 0.8,
+        min_acceptance: Some(0.0),
+    };
+    let (_, s, _) = run(target.as_ref(), same.as_ref(), &r);
+    assert_eq!(s.pipelined, 0, "{s:?}");
 }
