@@ -441,8 +441,9 @@ def main():
         code = codes.setdefault(file, device_code(file))
         func = "custom_kernel_" + name
         if args.assume_aligned:
-            code = code.replace("const bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;",
-                                "const bool x_aligned = true;")
+            # (row_sum's flag is not const: a norm computed in the launch sets it later)
+            code = re.sub(r"(const )?bool x_aligned = \(reinterpret_cast<uintptr_t>\(x\) & 15\) == 0;",
+                          r"\1bool x_aligned = true;", code)
         source = full_source(func, ins, outs, src, code)
         (out / f"{name}.cu").write_text(source)
         cubin, log = nv.compile(name, source, "mlx::core::cu::" + func, headers)
