@@ -194,9 +194,46 @@ fn qmv_shapes() -> Res<bool> {
             );
         }
     }
+    all &= qmv_large_scale_shapes()?;
     all &= qmv_many_shapes()?;
     all &= qmv_residual_shapes()?;
     all &= qmv_swiglu_shapes()?;
+    Ok(all)
+}
+
+/// Weights whose scales reach 2^-2 and more in every third row (those rows' values ~60x
+/// the rest): the subnormal form of the one-row bodies (`MLX_FAST_QMV_SUBNORMAL=1`) sums
+/// such rows again in the lean form, so they too must equal MLX's `qmv`. One-row, window
+/// and two-rows-a-warp layouts (the 8B's q, down and head shapes).
+fn qmv_large_scale_shapes() -> Res<bool> {
+    use mlx_array::quant::{quantize, set_fast_qmv, QuantMode};
+    let mut all = true;
+    for (k, n) in [(4096, 4096), (14336, 4096), (4096, 128256), (896, 4864)] {
+        for gs in [32, 64, 128] {
+            if k % gs != 0 {
+                continue;
+            }
+            let factor: Vec<f32> = (0..n).map(|r| if r % 3 == 1 { 60.0 } else { 1.0 }).collect();
+            let w = scaled_normal(&[n, k], 11, 0.05)?
+                .multiply(&Array::from_slice(&factor, &[n, 1])?.astype(Dtype::Bfloat16)?)?;
+            let q = quantize(&w, Some(gs), Some(4), QuantMode::Affine)?;
+            let mut same = true;
+            for t in 0..2 {
+                let x = scaled_normal(&[1, k], 50 + t, 1.0 + 3.0 * t as f32)?;
+                set_fast_qmv(true);
+                let ours = qmm4(&x, &q, gs)?;
+                set_fast_qmv(false);
+                let theirs = qmm4(&x, &q, gs)?;
+                same &= ours.array_equal(&theirs, false)?.item::<bool>()?;
+            }
+            set_fast_qmv(true);
+            all &= same;
+            println!(
+                "qmv large scales K={k} N={n} group {gs}: {}",
+                if same { "identical" } else { "DIFFER" }
+            );
+        }
+    }
     Ok(all)
 }
 
