@@ -213,7 +213,9 @@ fn qmv_large_scale_shapes() -> Res<bool> {
             if k % gs != 0 {
                 continue;
             }
-            let factor: Vec<f32> = (0..n).map(|r| if r % 3 == 1 { 60.0 } else { 1.0 }).collect();
+            let factor: Vec<f32> = (0..n)
+                .map(|r| if r % 3 == 1 { 60.0 } else { 1.0 })
+                .collect();
             let w = scaled_normal(&[n, k], 11, 0.05)?
                 .multiply(&Array::from_slice(&factor, &[n, 1])?.astype(Dtype::Bfloat16)?)?;
             let q = quantize(&w, Some(gs), Some(4), QuantMode::Affine)?;
