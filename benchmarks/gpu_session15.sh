@@ -52,10 +52,6 @@
 #   abbf       issue 21: mlx-benchmark 8B bf16 (the echo shape) at batch 2 / 4 / 8
 #              (ABBF_BATCHES), MLX's gemm (off) against the rows form (batch:
 #              MLX_FAST_GEMV_ROWS=batch), ABBF_ARMS
-#   subcheck   issue 21: fused_check qmv and qgemm_check --gather-m under
-#              MLX_FAST_QMV_SUBNORMAL=1 (the one-row bodies' subnormal form against MLX's
-#              qmv and gather_qmv, bit for bit; large scales included), then the 1B's and
-#              0.5B's logits
 #   qmm        issue 21: qmm_rows_check (our M-row 4-bit product against MLX's, bits and time)
 #   ab8b       issue 21: mlx-benchmark 8B 4-bit at batch 1/8/32 (AB_BATCHES), arms (AB_ARMS):
 #              on (the defaults: the tensor-core form of the M-row product), exact
@@ -68,8 +64,7 @@
 #              MLX_FAST_QMM_MMA_MIN_BLOCKS=1000000000, both), mmarw4 / mmaw4rw4 (64 rows
 #              of w a block: MLX_FAST_QMM_MMA_RW=4, alone and with 4 warps), lean / nolean
 #              (MLX_FAST_QMV_LEAN=1 / 0: the one-row 4-bit kernels' lean bodies, the default
-#              since session 37, / their first form), sub / nosub (MLX_FAST_QMV_SUBNORMAL=1 /
-#              0: the lean bodies' subnormal form, session 50), manyall (MLX_FAST_QMV_MANY_MAX_ELEMENTS:
+#              since session 37, / their first form), manyall (MLX_FAST_QMV_MANY_MAX_ELEMENTS:
 #              q/k/v and gate/up as one launch each at every size; the default since
 #              session 40), sep (run 8's 16M bound: the 8B's groups as separate launches)
 #   leancheck  issue 21: fused_check qmv under MLX_FAST_QMV_LEAN=1 (every product shape and
@@ -288,26 +283,6 @@ for PART in "$@"; do
       MLX_FAST_QMV_LEAN=1 MLX_FAST_QMM_MMA=0 timeout 100 "$NEW/qmm_rows_check" --gs 64 --m 2,8,32 --iters 5 \
         >> "$D/stdout.txt" 2>&1
       echo "rc=$?" >> "$D/stdout.txt" ;;
-    subcheck)
-      # issue 21: the one-row bodies' subnormal form (MLX_FAST_QMV_SUBNORMAL=1, session 50)
-      # against MLX's qmv, bit for bit: every product shape (the large-scale rows summed
-      # again in the lean form too), the groups, residual and swiglu, then the 8B's logits;
-      # then llama-3.2-1b-4bit's and qwen2.5-0.5b-4bit's logits; then the gathered
-      # products below 8 rows against MLX's gather_qmv (qgemm_check --gather-m)
-      ensure_model llama-3.1-8b-4bit "$D"
-      ensure_model llama-3.2-1b-4bit "$D"
-      ensure_model qwen2.5-0.5b-4bit "$D"
-      MLX_FAST_QMV_SUBNORMAL=1 timeout $(( $(left) > 260 ? $(left) - 200 : 60 )) "$NEW/fused_check" "$MODELS/llama-3.1-8b-4bit" 64 16 qmv \
-        > "$D/stdout.txt" 2>&1
-      echo "rc=$?" >> "$D/stdout.txt"
-      for m in llama-3.2-1b-4bit qwen2.5-0.5b-4bit; do
-        MLX_FAST_QMV_SUBNORMAL=1 FUSED_CHECK_SHAPES=0 timeout 70 "$NEW/fused_check" "$MODELS/$m" 64 16 qmv \
-          >> "$D/stdout.txt" 2>&1
-        echo "rc=$?" >> "$D/stdout.txt"
-      done
-      MLX_FAST_QMV_SUBNORMAL=1 timeout $(( $(left) > 70 ? $(left) - 10 : 60 )) "$NEW/qgemm_check" ${SUB_QGEMM_ARGS:---gather-m 2,4} \
-        >> "$D/stdout.txt" 2>&1
-      echo "rc=$?" >> "$D/stdout.txt" ;;
     qmm)
       timeout $(( L < ${QMM_CAP:-200} ? L : ${QMM_CAP:-200} )) "$NEW/qmm_rows_check" ${QMM_ARGS:---gs 64 --m 2,3,4,8,16,32 --iters 20} \
         > "$D/stdout.txt" 2>&1 ;;
@@ -444,10 +419,6 @@ for PART in "$@"; do
           # kNs / plain4s: run 8's 16M bound of one launch (the default before session 40)
           k*s) e+=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=16777216); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%s}") ;;
           plain4s) e+=(MLX_FAST_QMV_MANY_MAX_ELEMENTS=16777216); a=() ;;
-          # kNu / plain4u: the draft's one-row bodies in their subnormal form
-          # (MLX_FAST_QMV_SUBNORMAL=1, session 50)
-          k*u) e+=(MLX_FAST_QMV_SUBNORMAL=1); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%u}") ;;
-          plain4u) e+=(MLX_FAST_QMV_SUBNORMAL=1); a=() ;;
           k*d) kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%d}") ;;
           k*n) e+=(MLX_DRAFT_EAGER_FEED=0); kk=${arm#k}; a=(--draft-model "$MODELS/llama-3.1-8b-echo-4bit" --num-draft-tokens "${kk%n}") ;;
           # kNp: k = N with the pipelined rounds (MLX_DRAFT_PIPELINE=1: the next round's
@@ -525,7 +496,6 @@ for PART in "$@"; do
               [ "$arm" = gqmv ] && e=(MLX_FAST_GATHER_QMV=1)
               [ "$arm" = gqmvlean ] && e=(MLX_FAST_GATHER_QMV=1 MLX_FAST_QMV_LEAN=1)
               [ "$arm" = nogqmv ] && e=(MLX_FAST_GATHER_QMV=0)
-              [ "$arm" = sub ] && e=(MLX_FAST_QMV_SUBNORMAL=1)
               echo "## round=$r model=$m b=$b p=$p g=$g arm=$arm" >> "$D/stdout.txt"
               env "${e[@]}" timeout 240 "${cmd[@]}" --model "$MODELS/$m" -p "$p" -g "$g" -b "$b" \
                 -n "${MOE_N:-2}" >> "$D/stdout.txt" 2>&1
@@ -553,9 +523,6 @@ for PART in "$@"; do
         # lean: the one-row 4-bit kernels' lean bodies (byte-permute unpack, per-lane bases)
         [ "$arm" = lean ] && e=(MLX_FAST_QMV_LEAN=1)
         [ "$arm" = nolean ] && e=(MLX_FAST_QMV_LEAN=0)
-        # sub / nosub: the lean bodies' subnormal form (MLX_FAST_QMV_SUBNORMAL, session 50)
-        [ "$arm" = sub ] && e=(MLX_FAST_QMV_SUBNORMAL=1)
-        [ "$arm" = nosub ] && e=(MLX_FAST_QMV_SUBNORMAL=0)
         # manyall: q/k/v and gate/up (with the swiglu) as one launch each at every size
         # (the 16M-element bound of run 8 keeps the 8B's groups apart; session 39 found
         # its step bound by the host: ~3.8 us of MLX's encode a primitive)

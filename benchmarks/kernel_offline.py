@@ -61,7 +61,7 @@ HEADER_MARKERS = {
 }
 PREFIX = "mlx/backend/cuda/device/"
 # --quick: every body and form once, at the 8B's shapes and group size 64.
-QUICK = (r"^(qmv_(rows1|rows1_res|rows_n_heads|rows_n_long|swiglu|gather)_k(4096|14336)_g64(_lean(_sub)?)?"
+QUICK = (r"^(qmv_(rows1|rows1_res|rows_n_heads|rows_n_long|swiglu|gather)_k(4096|14336)_g64(_lean)?"
          r"|qmv_rows_m_rw2_k4096_g64(_lean)?|qmv_mma_w8_rw2_m32_k4096_g64(_lean)?|qmv_mma_w4_rw4_m32_k4096_g64"
          r"|qmv_dequant4_g64|qgemm(_gemm_gather|_gemm_runs)?_g64_m64|gemv_(add|swiglu)_k4096|gemv_rows[248]_r[124]_(plain|add|swiglu)_k4096"
          r"|sdpa_pad_(bf16_d128_g2|f16_d64_g4)(_p)?)$")
@@ -161,32 +161,31 @@ def kernels():
             t = f"{k}, {gs}"
             # kBody (kOneRow: 4 warps a block, all loads first), with and without the residual.
             # `_lean` (the default; MLX_FAST_QMV_LEAN=0 the other): fewer instructions a chunk, the same values.
-            # `_lean_sub` (MLX_FAST_QMV_SUBNORMAL=1): the lean bodies' subnormal form (LEAN 2).
             for res in (False, True):
-                for lean in (0, 1, 2):
+                for lean in (False, True):
                     ins = x + weight() + ([("res", "bf16")] if res else [])
                     r = "res" if res else "nullptr"
-                    out.append((f"qmv_rows1_k{k}_g{gs}{'_res' if res else ''}{('', '_lean', '_lean_sub')[lean]}", 128, ins,
+                    out.append((f"qmv_rows1_k{k}_g{gs}{'_res' if res else ''}{'_lean' if lean else ''}", 128, ins,
                                 [("out0", "bf16")],
-                                f"  mlxs_qmv::rows1<{t}, 4, 32, {str(res).lower()}, {lean}>(x, w, scales, biases, out0, 4096, blockIdx.y - 0, {r});",
+                                f"  mlxs_qmv::rows1<{t}, 4, 32, {str(res).lower()}, {str(lean).lower()}>(x, w, scales, biases, out0, 4096, blockIdx.y - 0, {r});",
                                 "fast_qmv.cpp"))
             # kBodyRows: layout_for's two pipelined layouts.
             for name, lay in (("heads", "4, 8, 2, false"), ("long", "4, 4, 1, true")):
-                for lean in (0, 1, 2):
-                    out.append((f"qmv_rows_n_{name}_k{k}_g{gs}{('', '_lean', '_lean_sub')[lean]}", 128, x + weight(),
+                for lean in (False, True):
+                    out.append((f"qmv_rows_n_{name}_k{k}_g{gs}{'_lean' if lean else ''}", 128, x + weight(),
                                 [("out0", "bf16")],
-                                f"  mlxs_qmv::rows_n<{t}, {lay}, false, {lean}>(x, w, scales, biases, out0, 128256, blockIdx.y - 0, nullptr);",
+                                f"  mlxs_qmv::rows_n<{t}, {lay}, false, {str(lean).lower()}>(x, w, scales, biases, out0, 128256, blockIdx.y - 0, nullptr);",
                                 "fast_qmv.cpp"))
             # the gathered form (MLX_FAST_GATHER_QMV, on by default): below 8 rows, a row of it a part.
-            for lean in (0, 1, 2):
-                out.append((f"qmv_gather_k{k}_g{gs}{('', '_lean', '_lean_sub')[lean]}", 128,
+            for lean in (False, True):
+                out.append((f"qmv_gather_k{k}_g{gs}{'_lean' if lean else ''}", 128,
                             x + weight() + [("idx", "u32")], [("out", "bf16")],
-                            f"  mlxs_qmv::gather_rows1<{t}, 4, 32, {lean}>(x, w, scales, biases, idx, out, w_shape[1], idx_shape[0] / x_shape[0], w_shape[0], blockIdx.y, blockIdx.x);",
+                            f"  mlxs_qmv::gather_rows1<{t}, 4, 32, {str(lean).lower()}>(x, w, scales, biases, idx, out, w_shape[1], idx_shape[0] / x_shape[0], w_shape[0], blockIdx.y, blockIdx.x);",
                             "fast_qmv.cpp"))
-            for lean in (0, 1, 2):
-                out.append((f"qmv_swiglu_k{k}_g{gs}{('', '_lean', '_lean_sub')[lean]}", 256,
+            for lean in (False, True):
+                out.append((f"qmv_swiglu_k{k}_g{gs}{'_lean' if lean else ''}", 256,
                             x + weight("w0", "s0", "b0") + weight("w1", "s1", "b1"), [("out", "bf16")],
-                            f"  mlxs_qmv::swiglu_rows<{t}, 4, 32, {lean}>(x, w0, s0, b0, w1, s1, b1, out, 14336, blockIdx.y);",
+                            f"  mlxs_qmv::swiglu_rows<{t}, 4, 32, {str(lean).lower()}>(x, w0, s0, b0, w1, s1, b1, out, 14336, blockIdx.y);",
                             "fast_qmv.cpp"))
             # MLX_FAST_QMV_NORM: x as MLX's rms_norm of xr (weight nw) computed in the launch,
             # MLX's rms_norm block shape for this K (fast_qmv.cpp's pending_rms_norm).
@@ -197,15 +196,13 @@ def kernels():
                 pre = f"mlxs_qmv::NormPre<{k}, {bs}, {nc}>"
                 eps = "__uint_as_float(0x3727c5acu)"
                 xn = [("xr", "bf16"), ("nw", "bf16")]
-                for lean in (1, 2):
-                    sfx = ('', '_lean', '_lean_sub')[lean]
-                    out.append((f"qmv_norm_rows1_k{k}_g{gs}{sfx}", 128, xn + weight(), [("out0", "bf16")],
-                                f"  mlxs_qmv::rows1_norm<{t}, 4, 32, {bs}, {nc}, {lean}>(xr, nw, {eps}, w, scales, biases, out0, 4096, blockIdx.y - 0);",
-                                "fast_qmv.cpp"))
-                    out.append((f"qmv_norm_swiglu_k{k}_g{gs}{sfx}", 256,
-                                xn + weight("w0", "s0", "b0") + weight("w1", "s1", "b1"), [("out", "bf16")],
-                                f"  mlxs_qmv::swiglu_rows<{t}, 4, 32, {lean}, {pre}>(nullptr, w0, s0, b0, w1, s1, b1, out, 14336, blockIdx.y, {pre}{{xr, nw, {eps}}});",
-                                "fast_qmv.cpp"))
+                out.append((f"qmv_norm_rows1_k{k}_g{gs}_lean", 128, xn + weight(), [("out0", "bf16")],
+                            f"  mlxs_qmv::rows1_norm<{t}, 4, 32, {bs}, {nc}, true>(xr, nw, {eps}, w, scales, biases, out0, 4096, blockIdx.y - 0);",
+                            "fast_qmv.cpp"))
+                out.append((f"qmv_norm_swiglu_k{k}_g{gs}_lean", 256,
+                            xn + weight("w0", "s0", "b0") + weight("w1", "s1", "b1"), [("out", "bf16")],
+                            f"  mlxs_qmv::swiglu_rows<{t}, 4, 32, true, {pre}>(nullptr, w0, s0, b0, w1, s1, b1, out, 14336, blockIdx.y, {pre}{{xr, nw, {eps}}});",
+                            "fast_qmv.cpp"))
             # kBodyM: rw rows of w a warp, kQmmPartRows / rw rows of x, kQmmLoads / rw loads.
             for rw in (1, 2, 4):
                 for lean in (False, True):

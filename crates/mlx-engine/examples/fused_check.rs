@@ -202,9 +202,10 @@ fn qmv_shapes() -> Res<bool> {
 }
 
 /// Weights whose scales reach 2^-2 and more in every third row (those rows' values ~60x
-/// the rest): the subnormal form of the one-row bodies (`MLX_FAST_QMV_SUBNORMAL=1`) sums
-/// such rows again in the lean form, so they too must equal MLX's `qmv`. One-row, window
-/// and two-rows-a-warp layouts (the 8B's q, down and head shapes).
+/// the rest, as outlier channels of real checkpoints): our kernels must equal MLX's `qmv`
+/// there too (session 50's subnormal form, since removed, had to take another path for
+/// such scales). One-row, window and two-rows-a-warp layouts (the 8B's q, down and head
+/// shapes, and the 0.5B's up projection).
 fn qmv_large_scale_shapes() -> Res<bool> {
     use mlx_array::quant::{quantize, set_fast_qmv, QuantMode};
     let mut all = true;

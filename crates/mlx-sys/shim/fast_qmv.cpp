@@ -156,12 +156,6 @@ KernelSwitch g_swiglu("MLX_FAST_QMV_SWIGLU");
 // logits identical to MLX's qmv; the 8B 4-bit decodes 299 -> 340 tok/s at batch 1).
 // MLX_FAST_QMV_LEAN=0 restores the earlier bodies.
 KernelSwitch g_lean("MLX_FAST_QMV_LEAN");
-// The lean one-row bodies' subnormal form (row_sum's and rows_n's LEAN == 2, see sub_words
-// in the device code): the nibbles dequantized without the subtraction of 128 a pair,
-// every value the same (a row with a scale of 2^-2 or more is summed again in the lean
-// form). Off by default until measured on a device; MLX_FAST_QMV_SUBNORMAL=1 turns it on
-// (with the lean bodies; the multi-row and tensor-core bodies keep the lean form).
-KernelSwitch g_subnormal("MLX_FAST_QMV_SUBNORMAL", false);
 // Gathered products of fewer than 8 rows (try_fast_gather_qmv) through the one-row body,
 // MLX's gather_qmv bits (H100, session 37: identical; gpt-oss-20b shape batch-1 decode
 // 450 -> 528 tok/s). MLX_FAST_GATHER_QMV=0 leaves them to MLX.
@@ -450,42 +444,6 @@ __device__ __forceinline__ uint32_t chunk_pair(uint2 wv, int j) {
   }
 }
 
-// The subnormal form of the lean bodies (their LEAN == 2; MLX_FAST_QMV_SUBNORMAL): each
-// nibble v as the bfloat16 subnormal v * 2^-130 (v at bits 3..6 of a half, exponent 0,
-// exact) and the scale as s * 2^130 (two exact doublings by 2^65), so MLX's dequantize
-// v * s + b gets the same exact product v * s and the same single rounding (the device
-// contracts it into one FMA either way) without the subtraction of 128 a pair: 42 -> 30
-// arithmetic instructions a chunk. Where |s| >= 2^-2, s * 2^130 overflows to infinity, so
-// the row's sum is not finite and the row is summed again in the lean form
-// (`lean_again`); an infinite or NaN sum in the lean form is recomputed to itself.
-// sub_words: a word's low nibbles (w << 3) and high nibbles (w >> 1) at bits 3..6 of each
-// byte; sub_pair: pair i of the word (byte i's two nibbles, low first) as the two halves,
-// byte i of each source in a half's low byte and its sign (bit 7: zero) copied over the
-// high byte by prmt's sign mode (selector bit 3).
-__device__ __forceinline__ void sub_words(uint32_t word, uint32_t& lo, uint32_t& hi) {
-  lo = (word << 3) & 0x78787878u;
-  hi = (word >> 1) & 0x78787878u;
-}
-__device__ __forceinline__ uint32_t sub_pair(uint32_t lo, uint32_t hi, int i) {
-  const uint32_t sel = static_cast<uint32_t>(i) | ((8u + i) << 4) | ((4u + i) << 8) |
-                       ((12u + i) << 12);
-#ifdef __CUDA_ARCH__
-  uint32_t bits;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(bits) : "r"(lo), "r"(hi), "r"(sel));
-  return bits;
-#else
-  (void)sel;
-  return ((lo >> (8 * i)) & 0xFFu) | (((hi >> (8 * i)) & 0xFFu) << 16);
-#endif
-}
-// s * 2^130 in both halves (2^65 = bfloat16 bits 0x6000, twice: exact below the overflow).
-__device__ __forceinline__ __nv_bfloat162 sub_scale(__nv_bfloat16 s) {
-  const __nv_bfloat162 k65 = __floats2bfloat162_rn(0x1p65f, 0x1p65f);
-  return __hmul2(__hmul2(__bfloat162bfloat162(s), k65), k65);
-}
-// Whether a row sum of the subnormal form stands (else the row goes again, lean).
-__device__ __forceinline__ bool sub_sum_ok(float sum) { return isfinite(sum); }
-
 // MLX's `rms_norm` of the row x (K bfloat16 values, weight nw, eps) into the block's shared
 // memory, every value as MLX's rms_norm_small<bfloat16, BS, NC, *, 8> stores it (the kernel
 // MLX runs for K <= 8192): MLX thread t's sum of squares over its vectors BS * i + t (eight
@@ -590,7 +548,7 @@ struct NormPre {
   }
 };
 
-template <int K, int GS, int U, int LEAN, class Pre = NoPre>
+template <int K, int GS, int U, bool LEAN, class Pre = NoPre>
 __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t* w,
                                          const __nv_bfloat16* scales,
                                          const __nv_bfloat16* biases, const int row,
@@ -614,26 +572,11 @@ __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t*
     load_x16(x, idx, x_aligned, xa, xb);
     const __nv_bfloat162* x0 = reinterpret_cast<const __nv_bfloat162*>(&xa);
     const __nv_bfloat162* x1 = reinterpret_cast<const __nv_bfloat162*>(&xb);
-    __nv_bfloat162 b2 = __bfloat162bfloat162(b);
-    if constexpr (LEAN == 2) {
-      const __nv_bfloat162 s2 = sub_scale(s);
-      uint32_t lo[2], hi[2];
-      sub_words(wv.x, lo[0], hi[0]);
-      sub_words(wv.y, lo[1], hi[1]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        uint32_t bits = sub_pair(lo[j >> 2], hi[j >> 2], j & 3);
-        // v * 2^-130 times s * 2^130: the exact v * s, then MLX's expression.
-        __nv_bfloat162 q = *reinterpret_cast<__nv_bfloat162*>(&bits);
-        __nv_bfloat162 d = __hadd2(__hmul2(q, s2), b2);
-        acc[j] = __hfma2(j < 4 ? x0[j] : x1[j - 4], d, acc[j]);
-      }
-      return;
-    }
     __nv_bfloat162 s2 = __bfloat162bfloat162(s);
+    __nv_bfloat162 b2 = __bfloat162bfloat162(b);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      uint32_t bits = chunk_pair<LEAN == 1>(wv, j);
+      uint32_t bits = chunk_pair<LEAN>(wv, j);
       // bfloat16 bits of 128 + v, minus 128: the nibble v, exactly.
       __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&bits), k128);
       __nv_bfloat162 d = __hadd2(__hmul2(q, s2), b2);
@@ -695,17 +638,11 @@ __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t*
     sum += __low2float(acc[j]);
     sum += __high2float(acc[j]);
   }
-  sum = cg::reduce(warp, sum, cg::plus<float>());
-  if constexpr (LEAN == 2) {
-    // Every lane holds the same sum, so the warp takes this branch as one. x is the row's
-    // input as used (after a NormPre, the block's normed copy).
-    if (!sub_sum_ok(sum)) sum = row_sum<K, GS, U, 1>(x, w, scales, biases, row);
-  }
-  return sum;
+  return cg::reduce(warp, sum, cg::plus<float>());
 }
 
 // One row a warp: row `block * ROWS + threadIdx.y` of n.
-template <int K, int GS, int ROWS, int U, bool RES, int LEAN = 0>
+template <int K, int GS, int ROWS, int U, bool RES, bool LEAN = false>
 __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
                                       const __nv_bfloat16* scales,
                                       const __nv_bfloat16* biases, __nv_bfloat16* out,
@@ -720,7 +657,7 @@ __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
 // rows1 where x is MLX's rms_norm of xr (weight nw, eps; MLX's block of BS threads, NC
 // vectors each), computed by every block (NormPre): a warp past n runs its last row too,
 // so every thread meets the norm's barriers, and stores nothing.
-template <int K, int GS, int ROWS, int U, int BS, int NC, int LEAN>
+template <int K, int GS, int ROWS, int U, int BS, int NC, bool LEAN>
 __device__ __forceinline__ void rows1_norm(const __nv_bfloat16* xr, const __nv_bfloat16* nw,
                                            const float eps, const uint32_t* w,
                                            const __nv_bfloat16* scales,
@@ -736,7 +673,7 @@ __device__ __forceinline__ void rows1_norm(const __nv_bfloat16* xr, const __nv_b
 // idx[i]'s n rows of w [E, n, K / 8] (an index past the E experts reads the last one,
 // where MLX would read past the stack), x's row i / xrep, out's row i. MLX's gather_qmv
 // runs its qmv body on the same slices, so each output has MLX's bits.
-template <int K, int GS, int ROWS, int U, int LEAN>
+template <int K, int GS, int ROWS, int U, bool LEAN>
 __device__ __forceinline__ void gather_rows1(const __nv_bfloat16* x, const uint32_t* w,
                                              const __nv_bfloat16* scales,
                                              const __nv_bfloat16* biases, const uint32_t* idx,
@@ -890,7 +827,7 @@ __device__ __forceinline__ void rows_m(const __nv_bfloat16* x, const uint32_t* w
 // up's, each the same row body as alone, its product rounded to bfloat16 as MLX stores it.
 // (With a NormPre, x is MLX's rms_norm computed by the block: every warp runs a row, a
 // warp past n its last one, and stores only rows of n.)
-template <int K, int GS, int ROWS, int U, int LEAN = 0, class Pre = NoPre>
+template <int K, int GS, int ROWS, int U, bool LEAN = false, class Pre = NoPre>
 __device__ __forceinline__ void swiglu_rows(const __nv_bfloat16* x, const uint32_t* wg,
                                             const __nv_bfloat16* sg,
                                             const __nv_bfloat16* bg, const uint32_t* wu,
@@ -920,7 +857,7 @@ __device__ __forceinline__ void swiglu_rows(const __nv_bfloat16* x, const uint32
 // unpacked as the pairs (e, e + 4) of each 32-bit word and x permuted to match (each
 // element keeps its own accumulator, so the pairing changes no result), and the loads
 // either issued `U` chunks ahead of their arithmetic (WIN) or `U` chunks at a time.
-template <int K, int GS, int ROWS, int U, int RW, bool WIN, bool RES, int LEAN = 0>
+template <int K, int GS, int ROWS, int U, int RW, bool WIN, bool RES, bool LEAN = false>
 __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w,
                                        const __nv_bfloat16* scales,
                                        const __nv_bfloat16* biases, __nv_bfloat16* out,
@@ -977,22 +914,8 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
   // Then MLX's dequantize and FMA.
   auto tile = [&](__nv_bfloat162* a, const __nv_bfloat162* xp, uint2 wv,
                   __nv_bfloat16 s, __nv_bfloat16 b) {
-    const __nv_bfloat162 b2 = __bfloat162bfloat162(b);
-    if constexpr (LEAN == 2) {
-      // row_sum's subnormal form (the nibble pairs as they lie, as under LEAN).
-      const __nv_bfloat162 s2 = sub_scale(s);
-      uint32_t lo[2], hi[2];
-      sub_words(wv.x, lo[0], hi[0]);
-      sub_words(wv.y, lo[1], hi[1]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const __nv_bfloat162 q = bf2(sub_pair(lo[j >> 2], hi[j >> 2], j & 3));
-        const __nv_bfloat162 d = __hadd2(__hmul2(q, s2), b2);
-        a[j] = __hfma2(xp[j], d, a[j]);
-      }
-      return;
-    }
     const __nv_bfloat162 s2 = __bfloat162bfloat162(s);
+    const __nv_bfloat162 b2 = __bfloat162bfloat162(b);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       uint32_t bits;
@@ -1089,7 +1012,6 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
     }
   }
   // Each lane's sum in element order 0..15, then the warp's, as MLX.
-  float sums[RW];
 #pragma unroll
   for (int i = 0; i < RW; ++i) {
     float sum = 0.f;
@@ -1109,22 +1031,8 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
 #pragma unroll
       for (int j = 4; j < 8; ++j) sum += __high2float(acc[i][j]);
     }
-    sums[i] = cg::reduce(warp, sum, cg::plus<float>());
-  }
-  if constexpr (LEAN == 2) {
-    // A sum that is not finite (a scale of 2^-2 or more, see sub_words): the warp's rows
-    // again in the lean form, which stores them.
-    bool ok = true;
-#pragma unroll
-    for (int i = 0; i < RW; ++i) ok &= sub_sum_ok(sums[i]);
-    if (!ok) {
-      rows_n<K, GS, ROWS, U, RW, WIN, RES, 1>(x, w, scales, biases, out, n, block, res);
-      return;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < RW; ++i) {
-    if (lane == 0 && row0 + i < n) store<RES>(out, res, row0 + i, sums[i]);
+    sum = cg::reduce(warp, sum, cg::plus<float>());
+    if (lane == 0 && row0 + i < n) store<RES>(out, res, row0 + i, sum);
   }
 }
 
@@ -1420,16 +1328,13 @@ std::vector<KernelParam> weight_params(const std::string& w, const std::string& 
 
 const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int device) {
   static std::mutex mu;
-  static std::map<std::pair<KernelKey, int>, mx::fast::CustomKernelFunction> kernels;
+  static std::map<std::pair<KernelKey, bool>, mx::fast::CustomKernelFunction> kernels;
   std::lock_guard<std::mutex> lock(mu);
-  // The bodies' form: 0 the first, 1 lean, 2 lean's subnormal form (one-row bodies only).
-  const int lean = g_lean.on() ? (g_subnormal.on() ? 2 : 1) : 0;
+  const bool lean = g_lean.on();
   auto it = kernels.find({key, lean});
   if (it != kernels.end()) return it->second;
-  // The bodies' last template argument (LEAN), where they have it: the one-row bodies
-  // (row_sum's callers, rows_n) take the form, kBodyM and the tensor-core form lean or not.
-  const std::string lean_arg = ", " + std::to_string(lean);
-  const std::string lean_flag = lean > 0 ? ", true" : ", false";
+  // The bodies' last template argument (LEAN), where they have it.
+  const std::string lean_arg = lean ? ", true" : ", false";
   const Layout& l = key.layout;
   const int parts = static_cast<int>(key.ns.size());
   // The body's template arguments: K, group size, warps a block, chunks a load.
@@ -1479,7 +1384,7 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
             std::to_string(key.mt) + "u" + std::to_string(l.u);
     src = "  mlxs_qmv::rows_mma<" + std::to_string(key.k) + ", " + std::to_string(key.gs) +
           ", " + std::to_string(l.rows) + ", " + std::to_string(l.u) + ", " +
-          std::to_string(l.rw) + ", " + std::to_string(key.mt / 8) + lean_flag +
+          std::to_string(l.rw) + ", " + std::to_string(key.mt / 8) + lean_arg +
           ">(x, w, scales, biases, out, w_shape[0], x_shape[0], blockIdx.y, blockIdx.x);\n";
   } else if (key.mt > 0) {
     // The rows of x and of w come from their shapes (x is passed as [m, K]), so one compiled
@@ -1489,7 +1394,7 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
     outputs.push_back("out");
     name += "_m" + std::to_string(key.mt) + "x" + std::to_string(l.rw);
     src = "  mlxs_qmv::rows_m<" + targs + ", " + std::to_string(key.mt) + ", " +
-          std::to_string(l.rw) + lean_flag +
+          std::to_string(l.rw) + lean_arg +
           ">(x, w, scales, biases, out, w_shape[0], x_shape[0], blockIdx.y, blockIdx.x);\n";
   } else if (key.swiglu) {
     add(weight_params("w0", "s0", "b0"));
@@ -1542,8 +1447,7 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
     inputs.emplace_back("res", mx::bfloat16);
     name += "_res";
   }
-  if (lean > 0) name += "_lean";
-  if (lean == 2 && l.body != 3 && key.mt == 0) name += "_sub";
+  if (lean) name += "_lean";
   return kernels.emplace(std::make_pair(key, lean), tagged_kernel(name, inputs, outputs, src, device))
       .first->second;
 }
