@@ -64,7 +64,8 @@
 #              MLX_FAST_QMM_MMA_MIN_BLOCKS=1000000000, both), mmarw4 / mmaw4rw4 (64 rows
 #              of w a block: MLX_FAST_QMM_MMA_RW=4, alone and with 4 warps), lean / nolean
 #              (MLX_FAST_QMV_LEAN=1 / 0: the one-row 4-bit kernels' lean bodies, the default
-#              since session 37, / their first form), manyall (MLX_FAST_QMV_MANY_MAX_ELEMENTS:
+#              since session 37, / their first form), xs (MLX_FAST_QMV_ALIGNED_SPLIT=1:
+#              an unaligned x out of line, 48 registers a thread), manyall (MLX_FAST_QMV_MANY_MAX_ELEMENTS:
 #              q/k/v and gate/up as one launch each at every size; the default since
 #              session 40), sep (run 8's 16M bound: the 8B's groups as separate launches)
 #   leancheck  issue 21: fused_check qmv under MLX_FAST_QMV_LEAN=1 (every product shape and
@@ -523,6 +524,9 @@ for PART in "$@"; do
         # lean: the one-row 4-bit kernels' lean bodies (byte-permute unpack, per-lane bases)
         [ "$arm" = lean ] && e=(MLX_FAST_QMV_LEAN=1)
         [ "$arm" = nolean ] && e=(MLX_FAST_QMV_LEAN=0)
+        # xs: the one-row bodies with x's alignment decided once (MLX_FAST_QMV_ALIGNED_SPLIT,
+        # session 50: 48 registers against 64)
+        [ "$arm" = xs ] && e=(MLX_FAST_QMV_ALIGNED_SPLIT=1)
         # manyall: q/k/v and gate/up (with the swiglu) as one launch each at every size
         # (the 16M-element bound of run 8 keeps the 8B's groups apart; session 39 found
         # its step bound by the host: ~3.8 us of MLX's encode a primitive)

@@ -169,6 +169,11 @@ def kernels():
                                 [("out0", "bf16")],
                                 f"  mlxs_qmv::rows1<{t}, 4, 32, {str(res).lower()}, {str(lean).lower()}>(x, w, scales, biases, out0, 4096, blockIdx.y - 0, {r});",
                                 "fast_qmv.cpp"))
+                # `_xs` (MLX_FAST_QMV_ALIGNED_SPLIT=1): an unaligned x out of line (row_sum_any).
+                out.append((f"qmv_rows1_k{k}_g{gs}{'_res' if res else ''}_lean_xs", 128, ins,
+                            [("out0", "bf16")],
+                            f"  mlxs_qmv::rows1<{t}, 4, 32, {str(res).lower()}, true, true>(x, w, scales, biases, out0, 4096, blockIdx.y - 0, {r});",
+                            "fast_qmv.cpp"))
             # kBodyRows: layout_for's two pipelined layouts.
             for name, lay in (("heads", "4, 8, 2, false"), ("long", "4, 4, 1, true")):
                 for lean in (False, True):
@@ -182,6 +187,14 @@ def kernels():
                             x + weight() + [("idx", "u32")], [("out", "bf16")],
                             f"  mlxs_qmv::gather_rows1<{t}, 4, 32, {str(lean).lower()}>(x, w, scales, biases, idx, out, w_shape[1], idx_shape[0] / x_shape[0], w_shape[0], blockIdx.y, blockIdx.x);",
                             "fast_qmv.cpp"))
+            out.append((f"qmv_gather_k{k}_g{gs}_lean_xs", 128,
+                        x + weight() + [("idx", "u32")], [("out", "bf16")],
+                        f"  mlxs_qmv::gather_rows1<{t}, 4, 32, true, true>(x, w, scales, biases, idx, out, w_shape[1], idx_shape[0] / x_shape[0], w_shape[0], blockIdx.y, blockIdx.x);",
+                        "fast_qmv.cpp"))
+            out.append((f"qmv_swiglu_k{k}_g{gs}_lean_xs", 256,
+                        x + weight("w0", "s0", "b0") + weight("w1", "s1", "b1"), [("out", "bf16")],
+                        f"  mlxs_qmv::swiglu_rows<{t}, 4, 32, true, mlxs_qmv::NoPre, true>(x, w0, s0, b0, w1, s1, b1, out, 14336, blockIdx.y);",
+                        "fast_qmv.cpp"))
             for lean in (False, True):
                 out.append((f"qmv_swiglu_k{k}_g{gs}{'_lean' if lean else ''}", 256,
                             x + weight("w0", "s0", "b0") + weight("w1", "s1", "b1"), [("out", "bf16")],

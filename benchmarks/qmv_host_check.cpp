@@ -1,6 +1,7 @@
 // qmv_host_check.cpp: fast_qmv.cpp's one-row 4-bit bodies run on the CPU, lane by lane, to
 // check that each form hands the bfloat16 operations the same operands as the other
-// (MLX_FAST_QMV_LEAN=1 against the default): built and run by
+// (MLX_FAST_QMV_LEAN=1 against the default, and the lean one-row body with x's alignment
+// decided once, MLX_FAST_QMV_ALIGNED_SPLIT=1): built and run by
 // `benchmarks/kernel_offline.py --host-check`, which writes the file's device code to
 // `qmv_device.h` beside a stub `cooperative_groups/reduce.h`.
 //
@@ -21,6 +22,7 @@
 
 #define __device__
 #define __forceinline__ inline
+#define __noinline__
 #define __shared__ static
 
 struct Dim3 {
@@ -212,6 +214,15 @@ void check(std::mt19937& rng) {
     };
     std::snprintf(what, sizeof(what), "rows1 K %d GS %d x+%d", K, GS, off);
     compare(what, rows1(std::false_type{}), rows1(std::true_type{}));
+    // XS (MLX_FAST_QMV_ALIGNED_SPLIT): an unaligned x (off 1) through row_sum_any.
+    auto rows1_xs = [&]() {
+      return run(3, 4, out, [&](int blk) {
+        mlxs_qmv::rows1<K, GS, 4, 32, false, true, true>(x, o.w.data(), o.s.data(), o.b.data(),
+                                                         out.data(), n, blk, nullptr);
+      });
+    };
+    std::snprintf(what, sizeof(what), "rows1 (aligned split) K %d GS %d x+%d", K, GS, off);
+    compare(what, rows1(std::false_type{}), rows1_xs());
     auto heads = [&](auto lean) {
       return run(2, 4, out, [&](int blk) {
         mlxs_qmv::rows_n<K, GS, 4, 8, 2, false, false, decltype(lean)::value>(

@@ -156,6 +156,14 @@ KernelSwitch g_swiglu("MLX_FAST_QMV_SWIGLU");
 // logits identical to MLX's qmv; the 8B 4-bit decodes 299 -> 340 tok/s at batch 1).
 // MLX_FAST_QMV_LEAN=0 restores the earlier bodies.
 KernelSwitch g_lean("MLX_FAST_QMV_LEAN");
+// The one-row bodies with x's alignment decided once (row_sum's XS): an x view that is not
+// 16-byte aligned goes to an out-of-line body (row_sum_any), so the aligned body, which is
+// what runs in practice, keeps its own registers: 64 -> 48 for the 8B's lean one-row,
+// o_proj and gate/up swiglu launches (ptxas for sm_90a, benchmarks/kernel_offline.py), 50%
+// -> 62.5% of an H100's warps. Session 50's ncu found these launches bound by the warps
+// and bytes in flight, not by instructions. Every value the same. Opt-in until measured on
+// a device: MLX_FAST_QMV_ALIGNED_SPLIT=1.
+KernelSwitch g_xsplit("MLX_FAST_QMV_ALIGNED_SPLIT", false);
 // Gathered products of fewer than 8 rows (try_fast_gather_qmv) through the one-row body,
 // MLX's gather_qmv bits (H100, session 37: identical; gpt-oss-20b shape batch-1 decode
 // 450 -> 528 tok/s). MLX_FAST_GATHER_QMV=0 leaves them to MLX.
@@ -548,11 +556,34 @@ struct NormPre {
   }
 };
 
-template <int K, int GS, int U, bool LEAN, class Pre = NoPre>
+template <int K, int GS, int U, bool LEAN, class Pre = NoPre, bool XS = false>
 __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t* w,
                                          const __nv_bfloat16* scales,
                                          const __nv_bfloat16* biases, const int row,
-                                         const Pre pre = Pre{}) {
+                                         const Pre pre = Pre{});
+
+// row_sum of an x that is not 16-byte aligned (a view at another offset) under XS: the same
+// chunks in the same order, one chunk's loads at a time, out of line, so that the aligned
+// body's registers (and the warps an SM holds) are not those of the element-wise loads.
+template <int K, int GS, bool LEAN>
+__device__ __noinline__ float row_sum_any(const __nv_bfloat16* x, const uint32_t* w,
+                                          const __nv_bfloat16* scales,
+                                          const __nv_bfloat16* biases, const int row) {
+  return row_sum<K, GS, 1, LEAN>(x, w, scales, biases, row);
+}
+
+// XS (MLX_FAST_QMV_ALIGNED_SPLIT): x's alignment decided once, an unaligned x handed to
+// row_sum_any; every value the same (the same tiles in the same order).
+template <int K, int GS, int U, bool LEAN, class Pre, bool XS>
+__device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t* w,
+                                         const __nv_bfloat16* scales,
+                                         const __nv_bfloat16* biases, const int row,
+                                         const Pre pre) {
+  if constexpr (XS && !Pre::kActive) {
+    if ((reinterpret_cast<uintptr_t>(x) & 15) != 0) {
+      return row_sum_any<K, GS, LEAN>(x, w, scales, biases, row);
+    }
+  }
   constexpr int NCH = K / 512;
   constexpr int REST = K % 512;
   constexpr int G = K / GS;
@@ -564,7 +595,8 @@ __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t*
   __nv_bfloat162 acc[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j] = __floats2bfloat162_rn(0.f, 0.f);
-  bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  // (Under XS an x that reaches here is aligned; a NormPre's is the block's aligned copy.)
+  bool x_aligned = XS || (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
   // One chunk: 16 weights (8 bytes, low nibble first) against 16 activations.
   auto tile = [&](int idx, uint2 wv, __nv_bfloat16 s, __nv_bfloat16 b) {
@@ -642,7 +674,7 @@ __device__ __forceinline__ float row_sum(const __nv_bfloat16* x, const uint32_t*
 }
 
 // One row a warp: row `block * ROWS + threadIdx.y` of n.
-template <int K, int GS, int ROWS, int U, bool RES, bool LEAN = false>
+template <int K, int GS, int ROWS, int U, bool RES, bool LEAN = false, bool XS = false>
 __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
                                       const __nv_bfloat16* scales,
                                       const __nv_bfloat16* biases, __nv_bfloat16* out,
@@ -650,7 +682,7 @@ __device__ __forceinline__ void rows1(const __nv_bfloat16* x, const uint32_t* w,
                                       const __nv_bfloat16* res) {
   const int row = block * ROWS + threadIdx.y;
   if (row >= n) return;
-  const float sum = row_sum<K, GS, U, LEAN>(x, w, scales, biases, row);
+  const float sum = row_sum<K, GS, U, LEAN, NoPre, XS>(x, w, scales, biases, row);
   if (threadIdx.x == 0) store<RES>(out, res, row, sum);
 }
 
@@ -673,14 +705,14 @@ __device__ __forceinline__ void rows1_norm(const __nv_bfloat16* xr, const __nv_b
 // idx[i]'s n rows of w [E, n, K / 8] (an index past the E experts reads the last one,
 // where MLX would read past the stack), x's row i / xrep, out's row i. MLX's gather_qmv
 // runs its qmv body on the same slices, so each output has MLX's bits.
-template <int K, int GS, int ROWS, int U, bool LEAN>
+template <int K, int GS, int ROWS, int U, bool LEAN, bool XS = false>
 __device__ __forceinline__ void gather_rows1(const __nv_bfloat16* x, const uint32_t* w,
                                              const __nv_bfloat16* scales,
                                              const __nv_bfloat16* biases, const uint32_t* idx,
                                              __nv_bfloat16* out, const int n, const int xrep,
                                              const int experts, const int block, const int i) {
   const size_t rows = (size_t)min(idx[i], (uint32_t)(experts - 1)) * n;
-  rows1<K, GS, ROWS, U, false, LEAN>(x + (size_t)(i / xrep) * K, w + rows * (K / 8),
+  rows1<K, GS, ROWS, U, false, LEAN, XS>(x + (size_t)(i / xrep) * K, w + rows * (K / 8),
                                      scales + rows * (K / GS), biases + rows * (K / GS),
                                      out + (size_t)i * n, n, block, nullptr);
 }
@@ -827,7 +859,7 @@ __device__ __forceinline__ void rows_m(const __nv_bfloat16* x, const uint32_t* w
 // up's, each the same row body as alone, its product rounded to bfloat16 as MLX stores it.
 // (With a NormPre, x is MLX's rms_norm computed by the block: every warp runs a row, a
 // warp past n its last one, and stores only rows of n.)
-template <int K, int GS, int ROWS, int U, bool LEAN = false, class Pre = NoPre>
+template <int K, int GS, int ROWS, int U, bool LEAN = false, class Pre = NoPre, bool XS = false>
 __device__ __forceinline__ void swiglu_rows(const __nv_bfloat16* x, const uint32_t* wg,
                                             const __nv_bfloat16* sg,
                                             const __nv_bfloat16* bg, const uint32_t* wu,
@@ -840,8 +872,8 @@ __device__ __forceinline__ void swiglu_rows(const __nv_bfloat16* x, const uint32
   const int i = threadIdx.y - up * ROWS;
   const int row = block * ROWS + i;
   if (Pre::kActive || row < n) {
-    const float sum = row_sum<K, GS, U, LEAN>(x, up ? wu : wg, up ? su : sg, up ? bu : bg,
-                                              min(row, n - 1), pre);
+    const float sum = row_sum<K, GS, U, LEAN, Pre, XS>(x, up ? wu : wg, up ? su : sg,
+                                                       up ? bu : bg, min(row, n - 1), pre);
     if (row < n && threadIdx.x == 0) prod[up][i] = __float2bfloat16_rn(sum);
   }
   __syncthreads();
@@ -1328,10 +1360,14 @@ std::vector<KernelParam> weight_params(const std::string& w, const std::string& 
 
 const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int device) {
   static std::mutex mu;
-  static std::map<std::pair<KernelKey, bool>, mx::fast::CustomKernelFunction> kernels;
+  static std::map<std::tuple<KernelKey, bool, bool>, mx::fast::CustomKernelFunction> kernels;
   std::lock_guard<std::mutex> lock(mu);
   const bool lean = g_lean.on();
-  auto it = kernels.find({key, lean});
+  // XS of the one-row bodies without a norm in the launch (rows1, gather_rows1,
+  // swiglu_rows; not rows_n's layouts).
+  const bool xs = lean && g_xsplit.on() && key.norm_bs == 0 &&
+                  (key.swiglu || key.gather || (key.layout.body == 0 && key.mt == 0));
+  auto it = kernels.find({key, lean, xs});
   if (it != kernels.end()) return it->second;
   // The bodies' last template argument (LEAN), where they have it.
   const std::string lean_arg = lean ? ", true" : ", false";
@@ -1372,7 +1408,7 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
     inputs.emplace_back("idx", mx::uint32);
     outputs.push_back("out");
     name += "_gather";
-    src = "  mlxs_qmv::gather_rows1<" + targs + lean_arg +
+    src = "  mlxs_qmv::gather_rows1<" + targs + lean_arg + (xs ? ", true" : "") +
           ">(x, w, scales, biases, idx, out, w_shape[1], idx_shape[0] / x_shape[0], "
           "w_shape[0], blockIdx.y, blockIdx.x);\n";
   } else if (l.body == 3) {
@@ -1406,14 +1442,15 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
             ">(nullptr, w0, s0, b0, w1, s1, b1, out, " + std::to_string(key.ns[0]) +
             ", blockIdx.y, " + norm_pre + "{xr, nw, " + norm_eps + "});\n";
     } else {
-      src = "  mlxs_qmv::swiglu_rows<" + targs + lean_arg + ">(x, w0, s0, b0, w1, s1, b1, out, " +
+      src = "  mlxs_qmv::swiglu_rows<" + targs + lean_arg +
+            (xs ? ", mlxs_qmv::NoPre, true" : "") + ">(x, w0, s0, b0, w1, s1, b1, out, " +
             std::to_string(key.ns[0]) + ", blockIdx.y);\n";
     }
   } else {
     std::string body = l.body == 1 ? "mlxs_qmv::rows_n<" : "mlxs_qmv::rows1<";
     body += targs;
     if (l.body == 1) body += ", " + std::to_string(l.rw) + (l.window ? ", true" : ", false");
-    body += (key.res ? ", true" : ", false") + lean_arg + ">";
+    body += (key.res ? ", true" : ", false") + lean_arg + (xs ? ", true" : "") + ">";
     if (norm) {
       // rows1 with the norm (the caller takes it only with kOneRow and no residual).
       body = "mlxs_qmv::rows1_norm<" + targs + ", " + std::to_string(key.norm_bs) + ", " +
@@ -1448,7 +1485,9 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
     name += "_res";
   }
   if (lean) name += "_lean";
-  return kernels.emplace(std::make_pair(key, lean), tagged_kernel(name, inputs, outputs, src, device))
+  if (xs) name += "_xs";
+  return kernels
+      .emplace(std::make_tuple(key, lean, xs), tagged_kernel(name, inputs, outputs, src, device))
       .first->second;
 }
 
