@@ -182,23 +182,18 @@ def kernels():
                                 f"  mlxs_qmv::rows_n<{t}, {lay}, false, {str(lean).lower()}>(x, w, scales, biases, out0, 128256, blockIdx.y - 0, nullptr);",
                                 "fast_qmv.cpp"))
             # the gathered form (MLX_FAST_GATHER_QMV, on by default): below 8 rows, a row of it a part.
-            for lean in (False, True):
-                out.append((f"qmv_gather_k{k}_g{gs}{'_lean' if lean else ''}", 128,
+            # (lean, xs): the first form, the lean one, the lean one with the aligned split.
+            for lean, xs in ((False, False), (True, False), (True, True)):
+                sfx = ("_lean" if lean else "") + ("_xs" if xs else "")
+                targ = str(lean).lower() + (", true" if xs else "")
+                out.append((f"qmv_gather_k{k}_g{gs}{sfx}", 128,
                             x + weight() + [("idx", "u32")], [("out", "bf16")],
-                            f"  mlxs_qmv::gather_rows1<{t}, 4, 32, {str(lean).lower()}>(x, w, scales, biases, idx, out, w_shape[1], idx_shape[0] / x_shape[0], w_shape[0], blockIdx.y, blockIdx.x);",
+                            f"  mlxs_qmv::gather_rows1<{t}, 4, 32, {targ}>(x, w, scales, biases, idx, out, w_shape[1], idx_shape[0] / x_shape[0], w_shape[0], blockIdx.y, blockIdx.x);",
                             "fast_qmv.cpp"))
-            out.append((f"qmv_gather_k{k}_g{gs}_lean_xs", 128,
-                        x + weight() + [("idx", "u32")], [("out", "bf16")],
-                        f"  mlxs_qmv::gather_rows1<{t}, 4, 32, true, true>(x, w, scales, biases, idx, out, w_shape[1], idx_shape[0] / x_shape[0], w_shape[0], blockIdx.y, blockIdx.x);",
-                        "fast_qmv.cpp"))
-            out.append((f"qmv_swiglu_k{k}_g{gs}_lean_xs", 256,
-                        x + weight("w0", "s0", "b0") + weight("w1", "s1", "b1"), [("out", "bf16")],
-                        f"  mlxs_qmv::swiglu_rows<{t}, 4, 32, true, mlxs_qmv::NoPre, true>(x, w0, s0, b0, w1, s1, b1, out, 14336, blockIdx.y);",
-                        "fast_qmv.cpp"))
-            for lean in (False, True):
-                out.append((f"qmv_swiglu_k{k}_g{gs}{'_lean' if lean else ''}", 256,
+                targ = str(lean).lower() + (", mlxs_qmv::NoPre, true" if xs else "")
+                out.append((f"qmv_swiglu_k{k}_g{gs}{sfx}", 256,
                             x + weight("w0", "s0", "b0") + weight("w1", "s1", "b1"), [("out", "bf16")],
-                            f"  mlxs_qmv::swiglu_rows<{t}, 4, 32, {str(lean).lower()}>(x, w0, s0, b0, w1, s1, b1, out, 14336, blockIdx.y);",
+                            f"  mlxs_qmv::swiglu_rows<{t}, 4, 32, {targ}>(x, w0, s0, b0, w1, s1, b1, out, 14336, blockIdx.y);",
                             "fast_qmv.cpp"))
             # MLX_FAST_QMV_NORM: x as MLX's rms_norm of xr (weight nw) computed in the launch,
             # MLX's rms_norm block shape for this K (fast_qmv.cpp's pending_rms_norm).
