@@ -161,19 +161,17 @@ def kernels():
             t = f"{k}, {gs}"
             # kBody (kOneRow: 4 warps a block, all loads first), with and without the residual.
             # `_lean` (the default; MLX_FAST_QMV_LEAN=0 the other): fewer instructions a chunk, the same values.
+            # `_lean_xs` (MLX_FAST_QMV_ALIGNED_SPLIT=1): an unaligned x out of line (row_sum_any).
             for res in (False, True):
-                for lean in (False, True):
+                for lean, xs in ((False, False), (True, False), (True, True)):
                     ins = x + weight() + ([("res", "bf16")] if res else [])
                     r = "res" if res else "nullptr"
-                    out.append((f"qmv_rows1_k{k}_g{gs}{'_res' if res else ''}{'_lean' if lean else ''}", 128, ins,
+                    sfx = ("_res" if res else "") + ("_lean" if lean else "") + ("_xs" if xs else "")
+                    targ = str(lean).lower() + (", true" if xs else "")
+                    out.append((f"qmv_rows1_k{k}_g{gs}{sfx}", 128, ins,
                                 [("out0", "bf16")],
-                                f"  mlxs_qmv::rows1<{t}, 4, 32, {str(res).lower()}, {str(lean).lower()}>(x, w, scales, biases, out0, 4096, blockIdx.y - 0, {r});",
+                                f"  mlxs_qmv::rows1<{t}, 4, 32, {str(res).lower()}, {targ}>(x, w, scales, biases, out0, 4096, blockIdx.y - 0, {r});",
                                 "fast_qmv.cpp"))
-                # `_xs` (MLX_FAST_QMV_ALIGNED_SPLIT=1): an unaligned x out of line (row_sum_any).
-                out.append((f"qmv_rows1_k{k}_g{gs}{'_res' if res else ''}_lean_xs", 128, ins,
-                            [("out0", "bf16")],
-                            f"  mlxs_qmv::rows1<{t}, 4, 32, {str(res).lower()}, true, true>(x, w, scales, biases, out0, 4096, blockIdx.y - 0, {r});",
-                            "fast_qmv.cpp"))
             # kBodyRows: layout_for's two pipelined layouts.
             for name, lay in (("heads", "4, 8, 2, false"), ("long", "4, 4, 1, true")):
                 for lean in (False, True):

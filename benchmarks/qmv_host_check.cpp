@@ -205,24 +205,18 @@ void check(std::mt19937& rng) {
     const __nv_bfloat16* x = o.x.data() + off;
     std::vector<__nv_bfloat16> out(n);
     char what[96];
-    auto rows1 = [&](auto lean) {
+    // xs: XS (MLX_FAST_QMV_ALIGNED_SPLIT), an unaligned x (off 1) through row_sum_any.
+    auto rows1 = [&](auto lean, auto xs) {
       return run(3, 4, out, [&](int blk) {
-        mlxs_qmv::rows1<K, GS, 4, 32, false, decltype(lean)::value>(x, o.w.data(), o.s.data(),
-                                                                     o.b.data(), out.data(), n,
-                                                                     blk, nullptr);
+        mlxs_qmv::rows1<K, GS, 4, 32, false, decltype(lean)::value, decltype(xs)::value>(
+            x, o.w.data(), o.s.data(), o.b.data(), out.data(), n, blk, nullptr);
       });
     };
+    const auto first = rows1(std::false_type{}, std::false_type{});
     std::snprintf(what, sizeof(what), "rows1 K %d GS %d x+%d", K, GS, off);
-    compare(what, rows1(std::false_type{}), rows1(std::true_type{}));
-    // XS (MLX_FAST_QMV_ALIGNED_SPLIT): an unaligned x (off 1) through row_sum_any.
-    auto rows1_xs = [&]() {
-      return run(3, 4, out, [&](int blk) {
-        mlxs_qmv::rows1<K, GS, 4, 32, false, true, true>(x, o.w.data(), o.s.data(), o.b.data(),
-                                                         out.data(), n, blk, nullptr);
-      });
-    };
+    compare(what, first, rows1(std::true_type{}, std::false_type{}));
     std::snprintf(what, sizeof(what), "rows1 (aligned split) K %d GS %d x+%d", K, GS, off);
-    compare(what, rows1(std::false_type{}), rows1_xs());
+    compare(what, first, rows1(std::true_type{}, std::true_type{}));
     auto heads = [&](auto lean) {
       return run(2, 4, out, [&](int blk) {
         mlxs_qmv::rows_n<K, GS, 4, 8, 2, false, false, decltype(lean)::value>(
