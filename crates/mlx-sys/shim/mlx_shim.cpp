@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -38,6 +39,8 @@
 #include "mlx/einsum.h"
 #include "mlx/graph_utils.h"
 #include "mlx/mlx.h"
+#include "mlx/primitives.h"
+#include "mlx/scheduler.h"
 #include "mlx/version.h"
 
 namespace mx = mlx::core;
@@ -1639,8 +1642,61 @@ int mlxs_linalg_eigh(mlxs_array* w, mlxs_array* v, mlxs_array a, const char* upl
 int mlxs_eval(mlxs_vec arrays) {
   return guard([&] { mx::eval(arrays->v); });
 }
+namespace {
+
+// Work `async_eval` queued may still run on a stream's thread when the process exits
+// (a generator dropped with its next step in flight, as mlx-lm's generate_step leaves
+// one). MLX's statics (the allocator, the scheduler) are destroyed by `exit`, under that
+// thread's feet: a crash after the program's last line. So the first `async_eval`
+// registers an `atexit` handler that waits for every stream it has seen. It is
+// registered after the scheduler and the allocator exist, so it runs before their
+// destructors (handlers and destructors run in the reverse order of registration).
+std::mutex g_async_streams_mtx;
+std::vector<mx::Stream>* g_async_streams = new std::vector<mx::Stream>();  // never freed
+
+void drain_async_streams() {
+  std::vector<mx::Stream> streams;
+  {
+    std::lock_guard<std::mutex> lk(g_async_streams_mtx);
+    streams = *g_async_streams;
+  }
+  for (const auto& s : streams) {
+    try {
+      mx::synchronize(s);
+    } catch (...) {
+      // An error a stream kept is the program's, reported where it waited (or not at all).
+    }
+  }
+}
+
+void note_async_streams(const std::vector<mx::array>& arrays) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    mx::scheduler::scheduler();
+    (void)mx::get_active_memory();
+    std::atexit(drain_async_streams);
+  });
+  std::lock_guard<std::mutex> lk(g_async_streams_mtx);
+  auto note = [](const mx::Stream& s) {
+    if (std::find(g_async_streams->begin(), g_async_streams->end(), s) ==
+        g_async_streams->end()) {
+      g_async_streams->push_back(s);
+    }
+  };
+  for (const auto& a : arrays) {
+    if (a.has_primitive()) {
+      note(a.primitive().stream());
+    }
+  }
+}
+
+}  // namespace
+
 int mlxs_async_eval(mlxs_vec arrays) {
-  return guard([&] { mx::async_eval(arrays->v); });
+  return guard([&] {
+    note_async_streams(arrays->v);
+    mx::async_eval(arrays->v);
+  });
 }
 
 int mlxs_closure_new(mlxs_closure* out, mlxs_closure_fn fn, void* payload, void (*dtor)(void*)) {
