@@ -25,7 +25,7 @@ mod util;
 pub use error::{Result, SampleError};
 pub use processors::{
     make_logits_processors, BuildProcessor, FrequencyPenalty, LogitBias, LogitsParams,
-    LogitsProcessor, LogitsProcessors, PresencePenalty, RepetitionPenalty,
+    LogitsProcessor, LogitsProcessors, MinTokens, PresencePenalty, RepetitionPenalty,
 };
 pub use sampler::{
     apply_min_p, apply_top_k, apply_top_p, apply_xtc, categorical_sampling, greedy, make_sampler,

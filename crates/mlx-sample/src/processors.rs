@@ -369,6 +369,68 @@ impl LogitsProcessor for LogitBias {
     }
 }
 
+/// vLLM's `min_tokens`: the given tokens (end-of-sequence and stop tokens) are
+/// impossible until the sequence has generated `min_tokens` tokens. Built for each
+/// sequence of a request; the count comes from the token history (`prompt_len` tokens
+/// of prompt, then the generated ones), so it holds across forks and verified drafts.
+#[derive(Debug, Clone)]
+pub struct MinTokens {
+    ids: Vec<u32>,
+    min_tokens: usize,
+    prompt_len: usize,
+}
+
+impl MinTokens {
+    /// Masks `ids` while fewer than `min_tokens` tokens follow the `prompt_len` tokens
+    /// of the prompt.
+    pub fn new(ids: Vec<u32>, min_tokens: usize, prompt_len: usize) -> MinTokens {
+        MinTokens {
+            ids,
+            min_tokens,
+            prompt_len,
+        }
+    }
+}
+
+impl BuildProcessor for MinTokens {
+    fn build(&self) -> Result<Box<dyn LogitsProcessor>> {
+        let bias: Vec<(i32, f64)> = self
+            .ids
+            .iter()
+            .map(|&id| (id as i32, f64::NEG_INFINITY))
+            .collect();
+        Ok(Box::new(MinTokensProcessor {
+            mask: LogitBias::new(&bias)?,
+            min_tokens: self.min_tokens,
+            prompt_len: self.prompt_len,
+        }))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct MinTokensProcessor {
+    mask: LogitBias,
+    min_tokens: usize,
+    prompt_len: usize,
+}
+
+impl LogitsProcessor for MinTokensProcessor {
+    fn fork(&self) -> Box<dyn LogitsProcessor> {
+        Box::new(self.clone())
+    }
+
+    fn process(&mut self, history: &Array, logits: &Array) -> Result<Array> {
+        // The history ends with this step's input: the tokens generated so far follow
+        // the prompt's.
+        let seen = history.shape().first().copied().unwrap_or(0).max(0) as usize;
+        if seen.saturating_sub(self.prompt_len) < self.min_tokens {
+            self.mask.process(history, logits)
+        } else {
+            Ok(logits.clone())
+        }
+    }
+}
+
 /// mlx-lm's `make_repetition_penalty`: recent tokens' logits are multiplied by the
 /// penalty when negative and divided by it otherwise.
 #[derive(Debug, Clone, PartialEq)]

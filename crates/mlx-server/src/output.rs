@@ -24,8 +24,11 @@ pub struct OutputSpec {
     pub tools: Option<Vec<Json>>,
     /// Number of choices.
     pub n: usize,
-    /// How many of the engine's stop sequences are EOS ids (the stop words follow).
+    /// How many of the engine's stop sequences are single stop tokens (EOS ids and
+    /// `stop_token_ids`; the stop words follow).
     pub n_eos: usize,
+    /// Stop words end a choice only once it has this many tokens (vLLM's `min_tokens`).
+    pub min_tokens: usize,
 }
 
 /// A tool call ready to send.
@@ -333,6 +336,9 @@ impl Generation {
             return;
         }
         c.tokens += 1;
+        if self.spec.min_tokens > 0 {
+            c.router.arm_stops(c.tokens >= self.spec.min_tokens);
+        }
         let mut pieces = Vec::new();
         match out.finish {
             // The stop token (EOS or the end of a stop sequence) is not shown.

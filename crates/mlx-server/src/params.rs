@@ -138,6 +138,46 @@ pub struct CommonParams {
     pub chat_template_kwargs: Map<String, Json>,
     /// Speculative decoding asked for (see [`speculation`]).
     pub speculation: Speculation,
+    /// vLLM's stopping extensions (see [`StopControl`]).
+    pub stop_control: StopControl,
+}
+
+/// vLLM's request fields that change where an answer may stop (mlx-lm has none of
+/// them): `min_tokens`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StopControl {
+    /// No end-of-sequence token, stop token or stop word ends a choice before it has
+    /// this many tokens (the end-of-sequence and stop tokens are masked until then).
+    pub min_tokens: usize,
+    /// The model's end-of-sequence tokens do not end the answer.
+    pub ignore_eos: bool,
+    /// More tokens that end the answer as the end-of-sequence token does (not shown).
+    pub stop_token_ids: Vec<u32>,
+    /// The stop word that ended the answer is kept at the end of its text.
+    pub include_stop_str_in_output: bool,
+}
+
+fn stop_control(body: &Body<'_>, max_tokens: i64) -> Result<StopControl, ApiError> {
+    let min_tokens = body.int("min_tokens", 0, max_tokens)?.unwrap_or(0) as usize;
+    let stop_token_ids = match body.array("stop_token_ids")? {
+        None => Vec::new(),
+        Some(a) => a
+            .iter()
+            .map(|v| v.as_u64().and_then(|i| u32::try_from(i).ok()))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| {
+                ApiError::invalid_param(
+                    "stop_token_ids",
+                    "stop_token_ids must be a list of non-negative token ids",
+                )
+            })?,
+    };
+    Ok(StopControl {
+        min_tokens,
+        ignore_eos: body.bool("ignore_eos")?.unwrap_or(false),
+        stop_token_ids,
+        include_stop_str_in_output: body.bool("include_stop_str_in_output")?.unwrap_or(false),
+    })
 }
 
 /// The speculative-decoding fields of a request.
@@ -168,6 +208,174 @@ pub enum Flavor {
     Anthropic,
     /// `/v1/responses` (`max_output_tokens`).
     Responses,
+}
+
+/// Top-level request fields every endpoint reads (sampling, logits processors,
+/// stopping, speculation, structured output, adapters).
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "xtc_probability",
+    "xtc_threshold",
+    "seed",
+    "logit_bias",
+    "repetition_penalty",
+    "repetition_context_size",
+    "presence_penalty",
+    "presence_context_size",
+    "frequency_penalty",
+    "frequency_context_size",
+    "logprobs",
+    "top_logprobs",
+    "n",
+    "chat_template_kwargs",
+    "draft_model",
+    "num_draft_tokens",
+    "adapters",
+    "min_tokens",
+    "ignore_eos",
+    "stop_token_ids",
+    "include_stop_str_in_output",
+    "grammar",
+    "json_schema",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "role_mapping",
+    // Bookkeeping that does not change the answer (OpenAI's and Anthropic's).
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "safety_identifier",
+    "prompt_cache_key",
+];
+
+/// The further fields of each endpoint.
+fn endpoint_fields(flavor: Flavor) -> &'static [&'static str] {
+    match flavor {
+        Flavor::Chat => &[
+            "messages",
+            "max_tokens",
+            "max_completion_tokens",
+            "stop",
+            "response_format",
+            "prediction",
+            "reasoning_effort",
+        ],
+        Flavor::Completions => &[
+            "prompt",
+            "max_tokens",
+            "stop",
+            "response_format",
+            "echo",
+            "best_of",
+            "suffix",
+        ],
+        Flavor::Anthropic => &[
+            "messages",
+            "max_tokens",
+            "stop_sequences",
+            "system",
+            "thinking",
+        ],
+        Flavor::Responses => &[
+            "input",
+            "instructions",
+            "max_output_tokens",
+            "text",
+            "previous_response_id",
+            "reasoning",
+            "include",
+            "truncation",
+        ],
+    }
+}
+
+/// Fields a client may send that would change the answer in a way this server cannot
+/// give: a 400 naming them, never a silently different answer. Fields outside every
+/// known list are logged as ignored (vLLM's behaviour; mlx-lm ignores them silently).
+fn check_fields(body: &Body<'_>, flavor: Flavor) -> Result<(), ApiError> {
+    let refuse = |name: &str, why: &str| Err(ApiError::invalid_param(name, why.to_string()));
+    if body.get("functions").is_some() || body.get("function_call").is_some() {
+        let name = if body.get("functions").is_some() {
+            "functions"
+        } else {
+            "function_call"
+        };
+        return refuse(
+            name,
+            "the deprecated `functions` / `function_call` fields are not supported: send \
+             `tools` and `tool_choice`",
+        );
+    }
+    if body.bool("use_beam_search")? == Some(true) {
+        return refuse("use_beam_search", "beam search is not supported");
+    }
+    if body.get("prompt_logprobs").is_some() {
+        return refuse(
+            "prompt_logprobs",
+            "prompt_logprobs is not supported: send `echo: true` with `logprobs` to \
+             /v1/completions for the prompt's log-probabilities",
+        );
+    }
+    if let Some(m) = body.array("modalities")? {
+        if m.iter().any(|v| v.as_str() != Some("text")) {
+            return refuse("modalities", "only the `text` modality is supported");
+        }
+    }
+    if body.get("audio").is_some() {
+        return refuse("audio", "audio output is not supported");
+    }
+    if flavor == Flavor::Completions {
+        if body.str("suffix")?.is_some_and(|s| !s.is_empty()) {
+            return refuse("suffix", "suffix (text insertion) is not supported");
+        }
+        let n = body.int("n", 1, MAX_N)?.unwrap_or(1);
+        if let Some(best_of) = body.int("best_of", 1, i64::MAX)? {
+            if best_of != 1 && best_of != n {
+                return refuse(
+                    "best_of",
+                    "best_of other than 1 or n is not supported (each choice is returned)",
+                );
+            }
+        }
+    }
+    if flavor == Flavor::Responses {
+        if body.bool("background")? == Some(true) {
+            return refuse("background", "background responses are not supported");
+        }
+        if let Some(t) = body.str("truncation")?.filter(|t| *t != "disabled") {
+            return refuse(
+                "truncation",
+                &format!("truncation `{t}` is not supported: the prompt is never truncated"),
+            );
+        }
+    }
+    let known = endpoint_fields(flavor);
+    let ignored: Vec<&str> = body
+        .0
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !COMMON_FIELDS.contains(k) && !known.contains(k))
+        .collect();
+    if !ignored.is_empty() {
+        tracing::warn!(
+            "request fields not supported, ignored: {}",
+            ignored.join(", ")
+        );
+    }
+    Ok(())
 }
 
 /// Checks the request's `model` against the served one (404 when unknown).
@@ -316,6 +524,7 @@ pub fn common(
     flavor: Flavor,
 ) -> Result<CommonParams, ApiError> {
     let model = check_model(body, cfg)?;
+    check_fields(body, flavor)?;
     let speculation = speculation(body, cfg, flavor)?;
     let stream = body.bool("stream")?.unwrap_or(false);
     let include_usage = match body.object("stream_options")? {
@@ -386,10 +595,27 @@ pub fn common(
         _ => stop_words(body.get("stop"), "stop")?,
     };
     let n = body.int("n", 1, MAX_N)?.unwrap_or(1) as usize;
-    let chat_template_kwargs = body
+    let stop_control = stop_control(body, max_tokens)?;
+    let mut chat_template_kwargs = body
         .object("chat_template_kwargs")?
         .cloned()
         .unwrap_or_default();
+    // OpenAI's reasoning effort (chat `reasoning_effort`, Responses `reasoning.effort`)
+    // reaches the chat template as the variable templates read (gpt-oss's), as vLLM
+    // passes it; an explicit `chat_template_kwargs` entry wins.
+    let effort = match flavor {
+        Flavor::Chat => body.str("reasoning_effort")?,
+        Flavor::Responses => match body.object("reasoning")? {
+            Some(r) => Body(r).str("effort")?,
+            None => None,
+        },
+        _ => None,
+    };
+    if let Some(e) = effort {
+        chat_template_kwargs
+            .entry("reasoning_effort")
+            .or_insert_with(|| Json::String(e.to_string()));
+    }
     let sampling = Sampling {
         params: SamplerParams {
             temp,
@@ -415,6 +641,7 @@ pub fn common(
         n,
         chat_template_kwargs,
         speculation,
+        stop_control,
     })
 }
 
@@ -502,4 +729,35 @@ pub fn check_tools(tools: &[Json]) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn params(body: Json, flavor: Flavor) -> Result<CommonParams, ApiError> {
+        let Json::Object(m) = body else {
+            panic!("not an object")
+        };
+        common(&Body(&m), &ServerConfig::default(), flavor)
+    }
+
+    #[test]
+    fn reasoning_effort_reaches_the_chat_template() {
+        let kw = |body: Json, flavor| params(body, flavor).expect("params").chat_template_kwargs;
+        let chat = kw(json!({"reasoning_effort": "low"}), Flavor::Chat);
+        assert_eq!(chat.get("reasoning_effort"), Some(&json!("low")));
+        let resp = kw(json!({"reasoning": {"effort": "high"}}), Flavor::Responses);
+        assert_eq!(resp.get("reasoning_effort"), Some(&json!("high")));
+        // An explicit template variable wins; other endpoints leave it alone.
+        let both = kw(
+            json!({"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "medium"}}),
+            Flavor::Chat,
+        );
+        assert_eq!(both.get("reasoning_effort"), Some(&json!("medium")));
+        let none = kw(json!({"reasoning_effort": "low"}), Flavor::Completions);
+        assert_eq!(none.get("reasoning_effort"), None);
+        assert!(params(json!({"reasoning_effort": 3}), Flavor::Chat).is_err());
+    }
 }

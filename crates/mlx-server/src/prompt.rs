@@ -272,14 +272,45 @@ pub fn finish_request(
         }
     }
     let tok = &state.tokenizer;
-    let mut stop_sequences: Vec<Vec<u32>> =
-        tok.eos_token_ids().iter().map(|&id| vec![id]).collect();
+    let ctl = &params.stop_control;
+    // The tokens that end the answer unseen: the model's end-of-sequence tokens (unless
+    // `ignore_eos`) and the request's `stop_token_ids`; then the stop words.
+    let mut stop_ids: Vec<u32> = Vec::new();
+    if !ctl.ignore_eos {
+        stop_ids.extend(tok.eos_token_ids().iter().copied());
+    }
+    let vocab = state.info.vocab_size;
+    for &id in &ctl.stop_token_ids {
+        if vocab > 0 && id as usize >= vocab {
+            return Err(ApiError::invalid_param(
+                "stop_token_ids",
+                format!("stop token id {id} is outside the model's vocabulary of {vocab}"),
+            ));
+        }
+        if !stop_ids.contains(&id) {
+            stop_ids.push(id);
+        }
+    }
+    let mut stop_sequences: Vec<Vec<u32>> = stop_ids.iter().map(|&id| vec![id]).collect();
     let n_eos = stop_sequences.len();
-    for w in &params.stop {
-        let ids = tok
-            .encode(w, false)
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        stop_sequences.push(ids);
+    // Stop words also end the answer as token sequences in the engine, unless they may
+    // not end it yet (`min_tokens`) or their text is kept: then the text router alone
+    // finds them, once the answer is long enough.
+    if ctl.min_tokens == 0 && !ctl.include_stop_str_in_output {
+        for w in &params.stop {
+            let ids = tok
+                .encode(w, false)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            stop_sequences.push(ids);
+        }
+    }
+    let mut processors: Vec<std::sync::Arc<dyn mlx_sample::BuildProcessor>> = Vec::new();
+    if ctl.min_tokens > 0 && !stop_ids.is_empty() {
+        processors.push(std::sync::Arc::new(mlx_sample::MinTokens::new(
+            stop_ids,
+            ctl.min_tokens,
+            prompt.len(),
+        )));
     }
     let mut sampling = params.sampling.clone();
     sampling.params.xtc_special_tokens = state.info.xtc_special_tokens.clone();
@@ -288,7 +319,7 @@ pub fn finish_request(
         max_tokens: params.max_tokens,
         sampling,
         logits: params.logits.clone(),
-        processors: Vec::new(),
+        processors,
         stop_sequences,
         logprobs: params.logprobs,
         top_logprobs: params.top_logprobs,
@@ -315,6 +346,7 @@ pub fn finish_request(
             (s.to_string(), e.to_string())
         }),
         stop_words: params.stop.clone(),
+        include_stop: ctl.include_stop_str_in_output,
     };
     let spec = OutputSpec {
         tokenizer: std::sync::Arc::clone(&state.tokenizer),
@@ -324,6 +356,7 @@ pub fn finish_request(
         tools,
         n: params.n,
         n_eos,
+        min_tokens: ctl.min_tokens,
     };
     Ok((req, spec))
 }

@@ -40,6 +40,9 @@ pub struct Markers {
     pub tool: Option<(String, String)>,
     /// Stop words.
     pub stop_words: Vec<String>,
+    /// The stop word that ends the answer stays in its text (vLLM's
+    /// `include_stop_str_in_output`).
+    pub include_stop: bool,
 }
 
 /// mlx-lm's text state machine: feed decoded text, get routed pieces. Text that may be
@@ -50,6 +53,7 @@ pub struct TextRouter {
     state: Channel,
     buf: String,
     stopped: bool,
+    stops_armed: bool,
 }
 
 impl TextRouter {
@@ -60,7 +64,14 @@ impl TextRouter {
             state: initial,
             buf: String::new(),
             stopped: false,
+            stops_armed: true,
         }
+    }
+
+    /// Whether stop words end the answer yet (vLLM's `min_tokens`: not before the
+    /// answer has that many tokens; text fed while disarmed is never matched later).
+    pub fn arm_stops(&mut self, armed: bool) {
+        self.stops_armed = armed;
     }
 
     /// The current channel.
@@ -68,7 +79,9 @@ impl TextRouter {
         self.state
     }
 
-    fn patterns(&self) -> Vec<(&str, Action)> {
+    /// The markers to look for; stop words only when `stops` (a disarmed router still
+    /// holds back a stop word's beginning, which the next text may complete once armed).
+    fn patterns(&self, stops: bool) -> Vec<(&str, Action)> {
         let mut p: Vec<(&str, Action)> = Vec::new();
         let m = &self.markers;
         match self.state {
@@ -94,8 +107,10 @@ impl TextRouter {
                 }
             }
         }
-        for (i, w) in m.stop_words.iter().enumerate() {
-            p.push((w, Action::Stop(i)));
+        if stops {
+            for (i, w) in m.stop_words.iter().enumerate() {
+                p.push((w, Action::Stop(i)));
+            }
         }
         p.retain(|(s, _)| !s.is_empty());
         p
@@ -103,7 +118,7 @@ impl TextRouter {
 
     /// The earliest-ending complete marker in `buf` (longest on ties): (start, end, action).
     fn find_match(&self) -> Option<(usize, usize, Action)> {
-        let pats = self.patterns();
+        let pats = self.patterns(self.stops_armed);
         let mut best: Option<(usize, usize, Action)> = None;
         for (pat, action) in pats {
             if let Some(start) = self.buf.find(pat) {
@@ -123,7 +138,7 @@ impl TextRouter {
     /// Length of the longest suffix of `buf` that is a proper prefix of a marker.
     fn held_back(&self) -> usize {
         let mut keep = 0;
-        for (pat, _) in self.patterns() {
+        for (pat, _) in self.patterns(true) {
             for (i, _) in pat.char_indices().skip(1) {
                 if i > keep && self.buf.ends_with(&pat[..i]) {
                     keep = i;
@@ -149,9 +164,11 @@ impl TextRouter {
                 Action::Stop(i) => {
                     self.stopped = true;
                     self.buf.clear();
-                    out.push(Piece::Stop(
-                        self.markers.stop_words.get(i).cloned().unwrap_or_default(),
-                    ));
+                    let word = self.markers.stop_words.get(i).cloned().unwrap_or_default();
+                    if self.markers.include_stop && !word.is_empty() {
+                        out.push(Piece::Text(self.state, word.clone()));
+                    }
+                    out.push(Piece::Stop(word));
                     return out;
                 }
                 Action::Goto(next) => {
@@ -194,6 +211,7 @@ mod tests {
             think: Some(("<think>".into(), "</think>".into())),
             tool: Some(("<tool_call>".into(), "</tool_call>".into())),
             stop_words: stop.iter().map(|s| s.to_string()).collect(),
+            include_stop: false,
         }
     }
 
@@ -266,6 +284,35 @@ mod tests {
             ]
         );
         assert!(r.feed("more").is_empty());
+    }
+
+    #[test]
+    fn a_kept_stop_word_closes_the_text_and_a_disarmed_one_is_plain_text() {
+        let mut m = qwen_markers(&["END"]);
+        m.include_stop = true;
+        let mut r = TextRouter::new(m.clone(), Channel::Normal);
+        let pieces = collect(&mut r, &["one E", "ND two"]);
+        assert_eq!(
+            pieces,
+            vec![
+                Piece::Text(Channel::Normal, "one END".into()),
+                Piece::Stop("END".into())
+            ]
+        );
+        // Disarmed (min_tokens not reached), the word passes; armed, the next one stops,
+        // even where its first letter came while disarmed.
+        let mut r = TextRouter::new(qwen_markers(&["END"]), Channel::Normal);
+        r.arm_stops(false);
+        let mut pieces = r.feed("a END b E");
+        r.arm_stops(true);
+        pieces.extend(r.feed("ND c"));
+        assert_eq!(
+            pieces,
+            vec![
+                Piece::Text(Channel::Normal, "a END b ".into()),
+                Piece::Stop("END".into())
+            ]
+        );
     }
 
     #[test]

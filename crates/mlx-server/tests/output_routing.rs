@@ -41,6 +41,7 @@ async fn route(
         },
         tool: format.map(|f| (f.markers().0.to_string(), f.markers().1.to_string())),
         stop_words: stop.iter().map(|s| s.to_string()).collect(),
+        include_stop: false,
     };
     let spec = OutputSpec {
         tokenizer: Arc::new(tok.clone()),
@@ -52,6 +53,7 @@ async fn route(
         ]),
         n: 1,
         n_eos: 1,
+        min_tokens: 0,
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let mut ids = tok.encode(answer, false).unwrap();
