@@ -187,3 +187,38 @@ async fn bad_stop_fields_are_refused_by_name() {
     assert_eq!(r.status, 200);
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn min_tokens_holds_while_speculating_from_a_prediction() {
+    // A real (tiny, random) model, whose every position has its own logits, with EOS
+    // pushed to the top: the answer is `min_tokens` tokens and then EOS, with or without
+    // drafts from a predicted output, accepted or not.
+    let (model, tok) = tiny_model();
+    let eos = *tok.eos_token_ids().iter().min().unwrap();
+    let server = start(model, tok, ServerConfig::default()).await;
+    let addr = server.local_addr();
+    let base = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 30,
+        "min_tokens": 12, "logit_bias": {eos.to_string(): 100.0}});
+    let (plain, finish, tokens) = ask(addr, base.clone()).await;
+    assert_eq!((finish.as_str(), tokens), ("stop", 13));
+    for pred in [
+        plain.clone(),
+        format!("{plain} and more"),
+        "nothing alike".into(),
+    ] {
+        let mut body = base.clone();
+        body["prediction"] = json!({"type": "content", "content": pred});
+        let v = post(addr, CHAT, &body).await.json();
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            plain.as_str(),
+            "{pred}"
+        );
+        assert_eq!(v["usage"]["completion_tokens"], 13, "{pred}");
+        let d = &v["usage"]["completion_tokens_details"];
+        let drafted = d["accepted_prediction_tokens"].as_u64().unwrap()
+            + d["rejected_prediction_tokens"].as_u64().unwrap();
+        assert!(drafted > 0, "{pred}: no drafts were verified");
+    }
+    server.shutdown().await.unwrap();
+}
