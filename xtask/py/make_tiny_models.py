@@ -1480,6 +1480,62 @@ GOLDENS.update({
     "lille-130m-small-f32": ("lille-130m", {"n_layer": 1}, {}),
 })
 
+# Pixtral and LFM2-VL: a Llama / LFM2 text model under `language_model` (its config in
+# text_config), the top-level vision_tower and multi_modal_projector trees beside it that
+# sanitize drops (wrap_towers). mlx-lm calls neither text model's sanitize, so the text
+# weights are written as mlx-lm names them (no HF rotary buffers, LFM2's convolution
+# weights [C, K, 1]); Pixtral's head is always untied, whatever text_config says.
+VARIANTS.update({
+    # A Mistral text config that says tied: the head is still its own lm_head.
+    "pixtral-f32": ("llama", {"model_type": "mistral"}, {"wrap_towers": ("pixtral", {"tie_word_embeddings": True})}),
+    # No num_attention_heads in text_config (32 heads of head_dim 8 over 8 kv heads),
+    # llama3 RoPE, biases.
+    "pixtral-f32-defaultheads-llama3-bias": (
+        "llama", {"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 8, "rope_scaling": LLAMA3,
+                  "attention_bias": True, "mlp_bias": True},
+        {"wrap_towers": ("pixtral", {"num_attention_heads": None})}),
+    # Head size 32 (the quantized KV-cache decode), traditional RoPE.
+    "pixtral-f32-hd32-traditional": (
+        "llama", {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "rope_traditional": True},
+        {"wrap_towers": ("pixtral", {})}),
+    "pixtral-q4": ("llama", {}, {"wrap_towers": ("pixtral", {}), "quant": {"bits": 4, "group_size": 32}}),
+    "pixtral-bf16-q4": ("llama", {}, {"wrap_towers": ("pixtral", {}), "dtype": "bfloat16",
+                                      "quant": {"bits": 4, "group_size": 64}}),
+    # LFM2's convolution and attention layers; its own caches (make_cache).
+    "lfm2-vl-f32": ("lfm2", {}, {"wrap_towers": ("lfm2-vl", {})}),
+    "lfm2-vl-f32-bias-layer-types": (
+        "lfm2", {"conv_bias": True, "full_attn_idxs": None, "block_ff_dim": None, "intermediate_size": 96,
+                 "block_auto_adjust_ff_dim": False, "layer_types": ["full_attention", "conv", "conv", "full_attention"],
+                 "num_attention_heads": 2, "num_key_value_heads": 1},
+        {"wrap_towers": ("lfm2-vl", {})}),
+    "lfm2-vl-q4": ("lfm2", {}, {"wrap_towers": ("lfm2-vl", {}), "quant": {"bits": 4, "group_size": 64}}),
+    "lfm2-vl-bf16-q4": ("lfm2", {}, {"wrap_towers": ("lfm2-vl", {}), "dtype": "bfloat16",
+                                     "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "pixtral-small-f32": ("llama", dict(SMALL, model_type="mistral"), {"wrap_towers": ("pixtral", {})}),
+    "lfm2-vl-small-f32": ("lfm2", dict(SMALL, block_dim=32, block_ff_dim=64, block_multiple_of=16),
+                          {"wrap_towers": ("lfm2-vl", {})}),
+})
+
+
+def wrap_towers(config, weights, wrap):
+    """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
+    model_type, text_overrides = wrap
+    text = dict(config)
+    for k, v in text_overrides.items():
+        if v is None:
+            text.pop(k, None)
+        else:
+            text[k] = v
+    config = {"model_type": model_type, "text_config": text, "vision_config": {"hidden_size": 8}}
+    weights = {f"language_model.{k}": v for k, v in weights.items()}
+    weights["vision_tower.patch_conv.weight"] = np.ones((4, 4), np.float32)
+    weights["vision_tower.transformer.layers.0.attention.q_proj.weight"] = np.ones((4, 4), np.float32)
+    weights["multi_modal_projector.linear_1.weight"] = np.ones((4, 4), np.float32)
+    return config, weights
+
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1662,7 +1718,7 @@ def to_hf_names(config, weights, opts, rng):
         elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1") \
                 and k.endswith("conv1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
-        elif mt in ("lfm2", "lfm2_moe") and k.endswith("conv.conv.weight"):
+        elif mt in ("lfm2", "lfm2_moe") and k.endswith("conv.conv.weight") and not opts.get("wrap_towers"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "lfm2_moe" and ".feed_forward." in k and k.endswith("_proj.weight"):
             # HF layout: w1 / w3 / w2, per-expert weights.
@@ -1872,6 +1928,8 @@ def write_dense(out, name, arch, overrides, opts):
         # model.language_model (HF's names too), the towers beside it.
         config = {"model_type": "gemma3n", "text_config": config,
                   "vision_config": {"hidden_size": 8}, "audio_config": {"hidden_size": 8}}
+    if opts.get("wrap_towers", ("",))[0] == "pixtral":
+        config["tie_word_embeddings"] = False  # pixtral's __post_init__
     weights = random_weights(config, rng)
     if arch == "gemma3n":
         for tower in ("vision_tower.encoder.weight", "audio_tower.conv.weight",
@@ -1907,6 +1965,8 @@ def write_dense(out, name, arch, overrides, opts):
                        for k, v in weights.items()}
         weights["vision_tower.patch_conv.weight"] = np.ones((4, 4), np.float32)
         weights["multi_modal_projector.linear_1.weight"] = np.ones((4, 4), np.float32)
+    if opts.get("wrap_towers"):
+        config, weights = wrap_towers(config, weights, opts["wrap_towers"])
     if opts.get("wrap_vl"):
         # A Qwen2-VL / Qwen3-VL checkpoint: "flat" keeps the text config at the top and the
         # text weights as they are; "nested" has a text_config and the newer

@@ -169,6 +169,10 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-nanbeige", "nanbeige-q4", None),
     ("lille-130m", "lille-130m-f32", None),
     ("q-lille-130m", "lille-130m-q4", None),
+    ("pixtral", "pixtral-f32", None),
+    ("q-pixtral", "pixtral-q4", None),
+    ("lfm2-vl", "lfm2-vl-f32", None),
+    ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -514,6 +518,14 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("lille-130m", flags);
     }
     add("q-lille-130m", "-d");
+    // Pixtral and LFM2-VL: the text model under language_model, the towers dropped.
+    for src in ["pixtral", "lfm2-vl"] {
+        for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+            add(src, flags);
+        }
+    }
+    add("q-pixtral", "-d");
+    add("q-lfm2-vl", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

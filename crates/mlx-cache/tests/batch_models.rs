@@ -579,6 +579,12 @@ model_tests! {
     // Lille 130M: the fused qkv_proj, traditional RoPE, norms inside the blocks, tied.
     batched_decode_equals_alone_lille_130m, prefilled_together_equals_alone_lille_130m
         => "lille-130m-small-f32", true;
+    // Pixtral: a Llama text model under language_model, untied.
+    batched_decode_equals_alone_pixtral, prefilled_together_equals_alone_pixtral
+        => "pixtral-small-f32", true;
+    // LFM2-VL: LFM2 under language_model, its convolution states and KV caches.
+    batched_decode_equals_alone_lfm2_vl, prefilled_together_equals_alone_lfm2_vl
+        => "lfm2-vl-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

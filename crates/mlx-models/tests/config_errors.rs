@@ -559,3 +559,42 @@ fn lille_130m_requires_its_keys_and_positive_heads() {
     let e = err(&with(c, json!({"n_head": 0})));
     assert!(e.contains("n_head"), "{e}");
 }
+
+#[test]
+fn pixtral_and_lfm2_vl_require_a_text_config() {
+    let llama = json!({"model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2,
+                       "intermediate_size": 128, "num_key_value_heads": 8,
+                       "rms_norm_eps": 1e-5, "vocab_size": 64});
+    // Without num_attention_heads: 32, as pixtral's __post_init__ sets.
+    let c = json!({"model_type": "pixtral", "text_config": llama});
+    assert!(build_model(&c).is_ok());
+    assert!(err(&json!({"model_type": "pixtral"})).contains("text_config"));
+    let e = err(&json!({"model_type": "pixtral", "text_config": [1]}));
+    assert!(e.contains("text_config"), "{e}");
+    // The text model's own required keys.
+    let mut no_width = c.clone();
+    no_width["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("hidden_size");
+    assert!(err(&no_width).contains("hidden_size"));
+
+    let lfm2 = json!({"model_type": "lfm2", "vocab_size": 64, "hidden_size": 64,
+                      "num_hidden_layers": 2, "num_attention_heads": 4,
+                      "num_key_value_heads": 2, "max_position_embeddings": 128,
+                      "norm_eps": 1e-5, "conv_bias": false, "conv_L_cache": 3,
+                      "block_dim": 64, "block_ff_dim": 128, "block_multiple_of": 64,
+                      "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": true,
+                      "full_attn_idxs": [1]});
+    let c = json!({"model_type": "lfm2-vl", "text_config": lfm2});
+    assert!(build_model(&c).is_ok());
+    // The module's name is no model_type of mlx-lm's.
+    assert!(build_model(&with(c.clone(), json!({"model_type": "lfm2_vl"}))).is_err());
+    assert!(err(&json!({"model_type": "lfm2-vl"})).contains("text_config"));
+    let mut no_conv = c;
+    no_conv["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("conv_L_cache");
+    assert!(err(&no_conv).contains("conv_L_cache"));
+}

@@ -145,6 +145,8 @@ golden_tests! {
     telechat3_llama_shaped_logits_match_mlx_lm => "telechat3-small-f32",
     nanbeige_looped_layers_logits_match_mlx_lm => "nanbeige-small-f32",
     lille_130m_fused_qkv_inner_norms_logits_match_mlx_lm => "lille-130m-small-f32",
+    pixtral_llama_text_logits_match_mlx_lm => "pixtral-small-f32",
+    lfm2_vl_lfm2_text_logits_match_mlx_lm => "lfm2-vl-small-f32",
 }
 
 #[test]

@@ -101,6 +101,8 @@ pub const TINY: &[&str] = &[
     "telechat3-f32",
     "nanbeige-f32",
     "lille-130m-f32",
+    "pixtral-f32",
+    "lfm2-vl-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

@@ -164,6 +164,8 @@ architectures! {
     telechat3,
     nanbeige,
     lille_130m = "lille-130m",
+    pixtral,
+    lfm2_vl = "lfm2-vl",
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
