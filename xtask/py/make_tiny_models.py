@@ -1519,6 +1519,30 @@ GOLDENS.update({
 })
 
 
+# Kimi-VL: DeepSeek-V3's text model (kimi_vl's TextArgs: the same keys and defaults)
+# under `language_model`. Its sanitize drops every key containing vision_tower,
+# rotary_emb or multi_modal_projector and stacks the experts, nothing else: MLA's
+# `embed_q` / `unembed_out` stay as mlx-lm names them (mlx-lm's kimi_vl cannot load a
+# `kv_b_proj`).
+VARIANTS.update({
+    "kimi_vl-f32": ("deepseek_v3", {}, {"wrap_kimi_vl": True}),
+    # No q LoRA, yarn RoPE, attention biases, MoE every other layer, two shared experts.
+    "kimi_vl-f32-noqlora-yarn-bias-freq2": (
+        "deepseek_v3", {"q_lora_rank": None, "attention_bias": True, "rope_scaling": DS_YARN, "n_group": 1,
+                        "topk_group": 1, "norm_topk_prob": False, "moe_layer_freq": 2, "first_k_dense_replace": 0,
+                        "n_shared_experts": 2}, {"wrap_kimi_vl": True}),
+    # No routed experts: every layer dense (nothing to stack).
+    "kimi_vl-f32-dense": ("deepseek_v3", {"n_routed_experts": None, "n_shared_experts": None},
+                          {"wrap_kimi_vl": True}),
+    "kimi_vl-q4": ("deepseek_v3", {}, {"wrap_kimi_vl": True, "quant": {"bits": 4, "group_size": 32}}),
+    "kimi_vl-bf16-q4": ("deepseek_v3", {}, {"wrap_kimi_vl": True, "dtype": "bfloat16",
+                                            "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "kimi_vl-small-f32": ("deepseek_v3", MLA_SMALL, {"wrap_kimi_vl": True}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -1651,12 +1675,12 @@ def to_hf_names(config, weights, opts, rng):
                 prefix = k.split(".mlp.switch_mlp.")[0]
                 for e in range(v.shape[0]):
                     out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
-            elif k.endswith(".embed_q.weight"):
+            elif k.endswith(".embed_q.weight") and not opts.get("wrap_kimi_vl"):
                 wv = weights[k.replace(".embed_q.", ".unembed_out.")]
                 kv = np.concatenate([np.swapaxes(v, 1, 2), wv], axis=1)
                 out[k.replace(".embed_q.weight", ".kv_b_proj.weight")] = np.ascontiguousarray(
                     kv.reshape(-1, kv.shape[-1]))
-            elif not k.endswith(".unembed_out.weight"):
+            elif not k.endswith(".unembed_out.weight") or opts.get("wrap_kimi_vl"):
                 out[k] = v
         elif mt == "qwen3_next":
             # HF layout: per-expert weights, zero-centred norms, conv1d as [C, 1, K].
@@ -2036,6 +2060,14 @@ def write_dense(out, name, arch, overrides, opts):
         weights = {f"language_model.{k}": v for k, v in weights.items()}
         weights["vision_tower.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)
         weights["mm_projector.proj.0.weight"] = np.ones((4, 4), np.float32)
+    if opts.get("wrap_kimi_vl"):
+        # A Kimi-VL checkpoint: the DeepSeek-V3 text model under `language_model` (HF's
+        # per-expert weights and rotary buffers, which sanitize stacks and drops), the
+        # vision tower and projector beside it.
+        config = {"model_type": "kimi_vl", "text_config": dict(config), "vision_config": {"hidden_size": 8}}
+        weights = {f"language_model.{k}": v for k, v in weights.items()}
+        weights["vision_tower.encoder.blocks.0.wqkv.weight"] = np.ones((4, 4), np.float32)
+        weights["multi_modal_projector.linear_1.weight"] = np.ones((4, 4), np.float32)
     if opts.get("hf_mxfp4"):
         config["quantization_config"] = {"quant_method": "mxfp4"}
     if config["model_type"] == "llama4":

@@ -172,6 +172,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("pixtral", "pixtral-f32", None),
     ("q-pixtral", "pixtral-q4", None),
     ("lfm2-vl", "lfm2-vl-f32", None),
+    ("kimi_vl", "kimi_vl-f32", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -354,6 +355,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     for src in [
         "deepseek_v3",
         "kimi_k25",
+        "kimi_vl",
         "glm4_moe_lite",
         "deepseek_v2",
         "minicpm3",

@@ -585,6 +585,9 @@ model_tests! {
     // LFM2-VL: LFM2 under language_model, its convolution states and KV caches.
     batched_decode_equals_alone_lfm2_vl, prefilled_together_equals_alone_lfm2_vl
         => "lfm2-vl-small-f32", true;
+    // Kimi-VL: DeepSeek-V3's MLA and routed experts under language_model.
+    batched_decode_equals_alone_kimi_vl, prefilled_together_equals_alone_kimi_vl
+        => "kimi_vl-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

@@ -598,3 +598,21 @@ fn pixtral_and_lfm2_vl_require_a_text_config() {
         .remove("conv_L_cache");
     assert!(err(&no_conv).contains("conv_L_cache"));
 }
+
+#[test]
+fn kimi_vl_requires_a_text_config_and_checks_deepseek_v3s_keys() {
+    // kimi_vl's TextArgs: DeepSeek-V3's keys, every one defaulted.
+    let c = json!({"model_type": "kimi_vl",
+                   "text_config": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1,
+                                   "num_attention_heads": 2, "kv_lora_rank": 16,
+                                   "q_lora_rank": 16, "qk_rope_head_dim": 8,
+                                   "qk_nope_head_dim": 8, "v_head_dim": 8,
+                                   "intermediate_size": 64}});
+    assert!(build_model(&c).is_ok());
+    assert!(err(&json!({"model_type": "kimi_vl"})).contains("text_config"));
+    let e = err(&json!({"text_config": c["text_config"].clone()}));
+    assert!(e.contains("model_type"), "{e}");
+    let mut bad = c;
+    bad["text_config"]["topk_method"] = json!("greedy");
+    assert!(err(&bad).contains("topk_method"));
+}

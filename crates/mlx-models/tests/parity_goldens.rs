@@ -147,6 +147,7 @@ golden_tests! {
     lille_130m_fused_qkv_inner_norms_logits_match_mlx_lm => "lille-130m-small-f32",
     pixtral_llama_text_logits_match_mlx_lm => "pixtral-small-f32",
     lfm2_vl_lfm2_text_logits_match_mlx_lm => "lfm2-vl-small-f32",
+    kimi_vl_deepseek_v3_text_logits_match_mlx_lm => "kimi_vl-small-f32",
 }
 
 #[test]

@@ -166,6 +166,7 @@ architectures! {
     lille_130m = "lille-130m",
     pixtral,
     lfm2_vl = "lfm2-vl",
+    kimi_vl,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
