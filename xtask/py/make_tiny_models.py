@@ -1543,6 +1543,57 @@ GOLDENS.update({
 })
 
 
+# Nemotron-NAS: each layer's attention and FFN shaped by its block_configs entry: full
+# (GQA of n_heads_in_group query heads per kv head; a gated MLP int(2 * ffn_mult * 64 / 3)
+# rounded up to 256 wide), a dim x dim linear layer (replace_with_linear) or absent
+# (no_op, its norm too). Every layer with an attention block has a cache, a linear one
+# too (never updated), the mask made from the first.
+def nas_block(attn, ffn):
+    a = {"no_op": {"no_op": True}, "linear": {"replace_with_linear": True}}.get(attn)
+    f = {"no_op": {"no_op": True}, "linear": {"replace_with_linear": True}}.get(ffn)
+    return {"attention": a or {"n_heads_in_group": attn, "no_op": False, "replace_with_linear": False,
+                               "sparsify": None, "window_length": None, "num_sink_tokens": None,
+                               "use_prefill_window_in_sink_attention": False, "unshifted_sink": False},
+            "ffn": f or {"ffn_mult": ffn, "no_op": False, "replace_with_linear": False, "sparsify": None}}
+
+
+ARCHS["nemotron-nas"] = {
+    "model_type": "nemotron-nas", "num_hidden_layers": 4, "rope_theta": 500000.0, "hidden_act": "silu",
+    "max_position_embeddings": 256, "tie_word_embeddings": False,
+    # full GQA 4/2 + MLP 256 wide; no attention + MLP; linear + linear; GQA 4/1 + no FFN.
+    "block_configs": [nas_block(2, 1.0), nas_block("no_op", 0.5), nas_block("linear", "linear"),
+                      nas_block(4, "no_op")],
+}
+VARIANTS.update({
+    "nemotron-nas-f32": ("nemotron-nas", {}, {}),
+    # The first cache belongs to a linear attention layer; biases, relu, llama3 RoPE, tied,
+    # head size 32 (the quantized KV-cache decode); ffn_mult 3.2 -> int(136.53) -> 256.
+    "nemotron-nas-f32-linearfirst-bias-relu-llama3-tied-hd32": (
+        "nemotron-nas", {"num_attention_heads": 2, "attention_bias": True, "mlp_bias": True, "hidden_act": "relu",
+                         "rope_scaling": LLAMA3, "tie_word_embeddings": True,
+                         "block_configs": [nas_block("linear", 3.2), nas_block(1, "no_op"),
+                                           nas_block("no_op", "linear"), nas_block(2, 1.3)]}, {}),
+    # gelu_new (gelu_approx) over an ffn_mult past 256: 12.0 -> 512 wide; 3 layers.
+    "nemotron-nas-f32-gelunew-wide": (
+        "nemotron-nas", {"hidden_act": "gelu_new", "num_hidden_layers": 3,
+                         "block_configs": [nas_block(1, 12.0), nas_block(2, "linear"), nas_block(4, 1.0)]}, {}),
+    # Exact gelu, every layer full.
+    "nemotron-nas-f32-gelu": (
+        "nemotron-nas", {"hidden_act": "gelu", "num_hidden_layers": 2,
+                         "block_configs": [nas_block(2, 1.0), nas_block(2, 1.0)]}, {}),
+    "nemotron-nas-q4": ("nemotron-nas", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "nemotron-nas-bf16-q4": ("nemotron-nas", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    # A full first layer (batched prompts' masks come from its cache), then no attention
+    # and a linear FFN. Not a linear attention: its cache, never written, makes mlx-lm's
+    # batch_generate raise (BatchKVCache.extract of no keys).
+    "nemotron-nas-small-f32": ("nemotron-nas", dict(SMALL, num_hidden_layers=2,
+                                                    block_configs=[nas_block(2, 1.0), nas_block("no_op", "linear")]),
+                               {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap

@@ -173,6 +173,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-pixtral", "pixtral-q4", None),
     ("lfm2-vl", "lfm2-vl-f32", None),
     ("kimi_vl", "kimi_vl-f32", None),
+    ("nemotron-nas", "nemotron-nas-f32", None),
+    ("q-nemotron-nas", "nemotron-nas-q4", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -528,6 +530,11 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     }
     add("q-pixtral", "-d");
     add("q-lfm2-vl", "-d");
+    // Nemotron-NAS: per-layer blocks (full, linear, absent).
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("nemotron-nas", flags);
+    }
+    add("q-nemotron-nas", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -588,6 +588,9 @@ model_tests! {
     // Kimi-VL: DeepSeek-V3's MLA and routed experts under language_model.
     batched_decode_equals_alone_kimi_vl, prefilled_together_equals_alone_kimi_vl
         => "kimi_vl-small-f32", true;
+    // Nemotron-NAS: a full layer, then one without attention (a linear FFN).
+    batched_decode_equals_alone_nemotron_nas, prefilled_together_equals_alone_nemotron_nas
+        => "nemotron-nas-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

@@ -616,3 +616,54 @@ fn kimi_vl_requires_a_text_config_and_checks_deepseek_v3s_keys() {
     bad["text_config"]["topk_method"] = json!("greedy");
     assert!(err(&bad).contains("topk_method"));
 }
+
+#[test]
+fn nemotron_nas_checks_its_block_configs() {
+    let full = json!({"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.0}});
+    let c = json!({"model_type": "nemotron-nas", "hidden_size": 64, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "vocab_size": 64,
+                   "block_configs": [full.clone(),
+                                     {"attention": {"replace_with_linear": true},
+                                      "ffn": {"no_op": true}}]});
+    assert!(build_model(&c).is_ok());
+    // The module's name is no model_type of mlx-lm's.
+    assert!(build_model(&with(c.clone(), json!({"model_type": "nemotron_nas"}))).is_err());
+    let e = err(&with(c.clone(), json!({"num_hidden_layers": 3})));
+    assert!(e.contains("block_configs"), "{e}");
+    let blocks = |b: Value| with(c.clone(), json!({"block_configs": [full.clone(), b]}));
+    let e = err(&blocks(json!({"attention": {}, "ffn": {"ffn_mult": 1.0}})));
+    assert!(e.contains("n_heads_in_group"), "{e}");
+    let e = err(&blocks(
+        json!({"attention": {"n_heads_in_group": 0}, "ffn": {"no_op": true}}),
+    ));
+    assert!(e.contains("n_heads_in_group"), "{e}");
+    let e = err(&blocks(
+        json!({"attention": {"n_heads_in_group": 3}, "ffn": {"no_op": true}}),
+    ));
+    assert!(e.contains("divisible"), "{e}");
+    let e = err(&blocks(json!({"attention": {"no_op": true}, "ffn": {}})));
+    assert!(e.contains("ffn_mult"), "{e}");
+    // AttentionConfig(**data): an unknown key is refused.
+    let e = err(&blocks(
+        json!({"attention": {"no_op": true, "heads": 2}, "ffn": {"no_op": true}}),
+    ));
+    assert!(e.contains("heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"hidden_act": "swish"})));
+    assert!(e.contains("swish"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_scaling": {"factor": 8.0, "type": "llama3"}}),
+    ));
+    assert!(e.contains("rope_type"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_scaling": {"rope_type": "linear"}}),
+    ));
+    assert!(e.contains("factor"), "{e}");
+    let e = err(&with(c.clone(), json!({"hidden_size": 66})));
+    assert!(e.contains("divisible"), "{e}");
+    // No attention layer at all: mlx-lm's forward reads cache[0].
+    let none = json!({"attention": {"no_op": true}, "ffn": {"ffn_mult": 1.0}});
+    let e = err(&with(c, json!({"block_configs": [none.clone(), none]})));
+    assert!(e.contains("no_op"), "{e}");
+}

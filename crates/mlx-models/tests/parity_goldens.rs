@@ -148,6 +148,7 @@ golden_tests! {
     pixtral_llama_text_logits_match_mlx_lm => "pixtral-small-f32",
     lfm2_vl_lfm2_text_logits_match_mlx_lm => "lfm2-vl-small-f32",
     kimi_vl_deepseek_v3_text_logits_match_mlx_lm => "kimi_vl-small-f32",
+    nemotron_nas_per_layer_blocks_logits_match_mlx_lm => "nemotron-nas-small-f32",
 }
 
 #[test]

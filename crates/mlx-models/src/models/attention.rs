@@ -196,6 +196,24 @@ impl Attention {
         })
     }
 
+    /// [`Attention::new`] with the default scale `head_dim ** -0.5` and RoPE from
+    /// `initialize_rope(head_dim, rope_theta, False, rope_scaling, max_position_embeddings)`.
+    pub(crate) fn with_scaled_rope(
+        d: AttentionDims,
+        rope_theta: f64,
+        rope_scaling: Option<&serde_json::Value>,
+        max_position_embeddings: Option<i32>,
+    ) -> crate::Result<Attention> {
+        let rope = mlx_nn::initialize_rope(
+            d.head_dim,
+            rope_theta,
+            false,
+            crate::config::rope_scaling(rope_scaling)?.as_ref(),
+            max_position_embeddings,
+        )?;
+        Attention::new(d, rope, (d.head_dim as f64).powf(-0.5))
+    }
+
     /// Adds `q_norm` and `k_norm` applied `at`; `norm(dims)` builds one of `dims` features.
     pub(crate) fn with_qk_norms(
         mut self,

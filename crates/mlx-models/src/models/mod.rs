@@ -167,6 +167,7 @@ architectures! {
     pixtral,
     lfm2_vl = "lfm2-vl",
     kimi_vl,
+    nemotron_nas = "nemotron-nas",
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
