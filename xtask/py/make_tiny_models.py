@@ -1594,6 +1594,30 @@ GOLDENS.update({
 })
 
 
+# Youtu-LLM: DeepSeek-V2's low-rank queries and compressed keys / values expanded by
+# kv_b_proj (rotary part repeated over the heads), norms at rms_norm_eps, initialize_rope
+# over qk_rope_head_dim (traditional by default), dense SwiGLU MLPs; tied by default.
+ARCHS["youtu_llm"] = {"model_type": "youtu_llm", "num_attention_heads": 4, "num_key_value_heads": 4,
+                      "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+                      "v_head_dim": 16, "rope_theta": 1600000.0, "max_position_embeddings": 256}
+VARIANTS.update({
+    "youtu_llm-f32": ("youtu_llm", {}, {}),
+    # No q LoRA, untied, biases, llama3 RoPE not traditional; query / key heads of 24 + 8
+    # and values of 32 (the quantized KV-cache decode).
+    "youtu_llm-f32-noqlora-untied-bias-llama3-hd32": (
+        "youtu_llm", {"q_lora_rank": None, "tie_word_embeddings": False, "attention_bias": True, "mlp_bias": True,
+                      "rope_scaling": LLAMA3, "rope_traditional": False, "qk_nope_head_dim": 24, "v_head_dim": 32},
+        {}),
+    "youtu_llm-f32-yarn": ("youtu_llm", {"rope_scaling": YARN}, {}),
+    "youtu_llm-q4": ("youtu_llm", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "youtu_llm-bf16-q4": ("youtu_llm", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "youtu_llm-small-f32": ("youtu_llm", dict(SMALL, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                                              qk_nope_head_dim=8, v_head_dim=8), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap

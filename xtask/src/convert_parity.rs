@@ -175,6 +175,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("kimi_vl", "kimi_vl-f32", None),
     ("nemotron-nas", "nemotron-nas-f32", None),
     ("q-nemotron-nas", "nemotron-nas-q4", None),
+    ("youtu_llm", "youtu_llm-f32", None),
+    ("q-youtu_llm", "youtu_llm-q4", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -522,19 +524,20 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("lille-130m", flags);
     }
     add("q-lille-130m", "-d");
-    // Pixtral and LFM2-VL: the text model under language_model, the towers dropped.
-    for src in ["pixtral", "lfm2-vl"] {
+    // Pixtral and LFM2-VL (the text model under language_model, the towers dropped),
+    // Nemotron-NAS (per-layer blocks: full, linear, absent), Youtu-LLM (DeepSeek-V2's
+    // expanded low-rank attention, dense MLPs, tied).
+    for (src, quantized) in [
+        ("pixtral", "q-pixtral"),
+        ("lfm2-vl", "q-lfm2-vl"),
+        ("nemotron-nas", "q-nemotron-nas"),
+        ("youtu_llm", "q-youtu_llm"),
+    ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);
         }
+        add(quantized, "-d");
     }
-    add("q-pixtral", "-d");
-    add("q-lfm2-vl", "-d");
-    // Nemotron-NAS: per-layer blocks (full, linear, absent).
-    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
-        add("nemotron-nas", flags);
-    }
-    add("q-nemotron-nas", "-d");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -591,6 +591,9 @@ model_tests! {
     // Nemotron-NAS: a full layer, then one without attention (a linear FFN).
     batched_decode_equals_alone_nemotron_nas, prefilled_together_equals_alone_nemotron_nas
         => "nemotron-nas-small-f32", true;
+    // Youtu-LLM: keys expanded from the compressed projection, traditional RoPE, tied.
+    batched_decode_equals_alone_youtu_llm, prefilled_together_equals_alone_youtu_llm
+        => "youtu_llm-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

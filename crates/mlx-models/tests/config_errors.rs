@@ -667,3 +667,23 @@ fn nemotron_nas_checks_its_block_configs() {
     let e = err(&with(c, json!({"block_configs": [none.clone(), none]})));
     assert!(e.contains("no_op"), "{e}");
 }
+
+#[test]
+fn youtu_llm_defaults_every_key_and_refuses_a_bad_rope_scaling() {
+    let c = json!({"model_type": "youtu_llm", "vocab_size": 64, "hidden_size": 32,
+                   "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                   "kv_lora_rank": 16, "q_lora_rank": null, "qk_rope_head_dim": 8,
+                   "qk_nope_head_dim": 8, "v_head_dim": 8});
+    let m = build_model(&c).expect("youtu_llm builds");
+    assert_eq!((m.model_type(), m.num_layers()), ("youtu_llm", 1));
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_scaling": {"rope_type": "llama3"}}),
+    ));
+    assert!(e.contains("factor"), "{e}");
+    let e = err(&with(
+        c,
+        json!({"rope_scaling": {"type": "unknown_kind", "factor": 2.0}}),
+    ));
+    assert!(e.contains("unknown_kind"), "{e}");
+}

@@ -105,6 +105,7 @@ pub const TINY: &[&str] = &[
     "lfm2-vl-f32",
     "kimi_vl-f32",
     "nemotron-nas-f32",
+    "youtu_llm-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

@@ -168,6 +168,7 @@ architectures! {
     lfm2_vl = "lfm2-vl",
     kimi_vl,
     nemotron_nas = "nemotron-nas",
+    youtu_llm,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
