@@ -1618,6 +1618,32 @@ GOLDENS.update({
 })
 
 
+# Klear: Qwen3-shaped attention (per-head q/k norms, heads of hidden / heads, biases by
+# attention_bias), experts on the layers (i + 1) % decoder_sparse_step == 0 outside
+# mlp_only_layers: sigmoid scores plus expert_bias pick them, the shared experts mixed
+# in by softmax(coefficient(x)); HF's per-expert weights, which sanitize stacks.
+ARCHS["Klear"] = {"model_type": "Klear", "num_hidden_layers": 3, "attention_bias": False, "mlp_only_layers": [0],
+                  "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "n_shared_experts": 1,
+                  "moe_intermediate_size": 32, "rope_theta": 10000.0, "max_position_embeddings": 256,
+                  "norm_topk_prob": True}
+VARIANTS.update({
+    "Klear-f32": ("Klear", {}, {}),
+    # Every second layer sparse (layers 1 and 3), none excluded; biases, raw top-k scores,
+    # two shared experts, heads of 32 (the quantized KV-cache decode).
+    "Klear-f32-step2-bias-nonorm-hd32": (
+        "Klear", {"num_hidden_layers": 4, "mlp_only_layers": [], "decoder_sparse_step": 2, "attention_bias": True,
+                  "norm_topk_prob": False, "n_shared_experts": 2, "num_attention_heads": 2,
+                  "num_key_value_heads": 1}, {}),
+    # No experts at all: every layer dense (decoder_sparse_step never read).
+    "Klear-f32-dense": ("Klear", {"num_experts": 0, "decoder_sparse_step": 0}, {}),
+    "Klear-q4": ("Klear", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "Klear-bf16-q4": ("Klear", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "Klear-small-f32": ("Klear", dict(SMALL, num_hidden_layers=2, moe_intermediate_size=16), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -1694,6 +1720,12 @@ def to_hf_names(config, weights, opts, rng):
     mt = config["model_type"]
     out = {}
     for k, v in weights.items():
+        if mt == "Klear" and ".mlp.experts." in k and v.ndim == 3:
+            # HF's experts one by one: `mlp.experts.{e}.{proj}.weight`.
+            prefix, proj = k.split(".mlp.experts.")
+            for e in range(v.shape[0]):
+                out[f"{prefix}.mlp.experts.{e}.{proj}"] = v[e]
+            continue
         if opts.get("fused_vl_experts") and ".mlp.switch_mlp." in k:
             # Qwen3-VL-MoE's HF experts: gate_up_proj [E, D, 2I], down_proj [E, I, D].
             prefix = k.split(".mlp.switch_mlp.")[0]

@@ -594,6 +594,9 @@ model_tests! {
     // Youtu-LLM: keys expanded from the compressed projection, traditional RoPE, tied.
     batched_decode_equals_alone_youtu_llm, prefilled_together_equals_alone_youtu_llm
         => "youtu_llm-small-f32", true;
+    // Klear: sigmoid-routed experts with expert_bias, shared experts mixed by coefficients.
+    batched_decode_equals_alone_klear, prefilled_together_equals_alone_klear
+        => "Klear-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

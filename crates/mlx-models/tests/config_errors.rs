@@ -687,3 +687,61 @@ fn youtu_llm_defaults_every_key_and_refuses_a_bad_rope_scaling() {
     ));
     assert!(e.contains("unknown_kind"), "{e}");
 }
+
+#[test]
+fn klear_requires_its_keys_and_a_sparse_step_with_experts() {
+    let c = json!({"model_type": "Klear", "hidden_size": 64, "num_hidden_layers": 2,
+                   "intermediate_size": 128, "num_attention_heads": 4, "attention_bias": false,
+                   "mlp_only_layers": [0], "num_experts": 4, "num_experts_per_tok": 2,
+                   "decoder_sparse_step": 1, "n_shared_experts": 1, "moe_intermediate_size": 32,
+                   "rms_norm_eps": 1e-6, "vocab_size": 64, "num_key_value_heads": 2,
+                   "rope_theta": 10000.0, "max_position_embeddings": 128,
+                   "norm_topk_prob": true});
+    assert!(build_model(&c).is_ok());
+    // The model_type is capitalised, as mlx-lm's file.
+    assert!(build_model(&with(c.clone(), json!({"model_type": "klear"}))).is_err());
+    for key in [
+        "mlp_only_layers",
+        "decoder_sparse_step",
+        "n_shared_experts",
+        "norm_topk_prob",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+    let e = err(&with(c.clone(), json!({"decoder_sparse_step": 0})));
+    assert!(e.contains("decoder_sparse_step"), "{e}");
+    // Without experts the step is never read.
+    assert!(build_model(&with(
+        c.clone(),
+        json!({"num_experts": 0, "decoder_sparse_step": 0})
+    ))
+    .is_ok());
+    let e = err(&with(c, json!({"num_experts_per_tok": 5})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+}
+
+#[test]
+fn klear_keeps_expert_bias_in_its_dtype_when_cast() {
+    let c = json!({"model_type": "Klear", "hidden_size": 64, "num_hidden_layers": 2,
+                   "intermediate_size": 128, "num_attention_heads": 4, "attention_bias": false,
+                   "mlp_only_layers": [], "num_experts": 4, "num_experts_per_tok": 2,
+                   "decoder_sparse_step": 1, "n_shared_experts": 1, "moe_intermediate_size": 32,
+                   "rms_norm_eps": 1e-6, "vocab_size": 64, "num_key_value_heads": 2,
+                   "rope_theta": 10000.0, "max_position_embeddings": 128,
+                   "norm_topk_prob": true});
+    let mut m = build_model(&c).unwrap();
+    let module = m.as_module_mut().unwrap();
+    module.cast_floating(mlx_array::Dtype::Bfloat16).unwrap();
+    let mut seen = 0;
+    module.visit_params("", &mut |name, p| {
+        let want = match name.contains("expert_bias") {
+            true => mlx_array::Dtype::Float32,
+            false => mlx_array::Dtype::Bfloat16,
+        };
+        seen += usize::from(name.contains("expert_bias"));
+        assert_eq!(p.dtype(), want, "{name}");
+    });
+    assert_eq!(seen, 2);
+}

@@ -452,6 +452,21 @@ pub(crate) fn stack_experts_in(
     kinds: &[&str],
     n_experts: i32,
 ) -> crate::Result<()> {
+    let lists = (list, "switch_mlp");
+    stack_experts_into(weights, layers, prefix, lists, names, kinds, n_experts)
+}
+
+/// [`stack_experts_in`] into `{prefix}.{stacked}.{proj}.{kind}` (`lists` is `(list,
+/// stacked)`; Klear stacks `experts.{e}` into `experts` itself).
+pub(crate) fn stack_experts_into(
+    weights: &mut super::Weights,
+    layers: i32,
+    prefix: impl Fn(i32) -> String,
+    (list, stacked): (&str, &str),
+    names: &[(&str, &str)],
+    kinds: &[&str],
+    n_experts: i32,
+) -> crate::Result<()> {
     for l in 0..layers {
         let prefix = prefix(l);
         for (name, proj) in names {
@@ -469,7 +484,7 @@ pub(crate) fn stack_experts_in(
                 }
                 let refs: Vec<&Array> = parts.iter().collect();
                 weights.insert(
-                    format!("{prefix}.switch_mlp.{proj}.{kind}"),
+                    format!("{prefix}.{stacked}.{proj}.{kind}"),
                     mlx_array::ops::stack(&refs, 0)?,
                 );
             }

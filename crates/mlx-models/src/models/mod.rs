@@ -169,6 +169,7 @@ architectures! {
     kimi_vl,
     nemotron_nas = "nemotron-nas",
     youtu_llm,
+    klear = "Klear",
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
