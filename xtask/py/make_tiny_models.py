@@ -1644,6 +1644,43 @@ GOLDENS.update({
 })
 
 
+# Mellum: Qwen3-shaped attention whose RoPE each layer type takes from
+# rope_parameters[type] (default / linear: plain, whatever else the section says),
+# sliding layers with a rotating cache of 4 (prompts cross it), Qwen3-MoE's softmax
+# experts in every layer (HF's per-expert weights, stacked by sanitize).
+MELLUM_ROPE = {"full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+               "sliding_attention": {"rope_theta": 10000.0}}
+ARCHS["mellum"] = {"model_type": "mellum", "num_hidden_layers": 3, "head_dim": 16, "num_experts": 4,
+                   "num_experts_per_tok": 2, "moe_intermediate_size": 32, "tie_word_embeddings": False,
+                   "max_position_embeddings": 256, "norm_topk_prob": True, "sliding_window": 4,
+                   "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                   "rope_parameters": MELLUM_ROPE}
+VARIANTS.update({
+    "mellum-f32": ("mellum", {}, {}),
+    # yarn on the global layers, linear (so plain) on the sliding ones; tied, raw top-k
+    # scores, heads of 32 (the quantized KV-cache decode), the global layer first.
+    "mellum-f32-yarn-linear-tied-nonorm-hd32": (
+        "mellum", {"tie_word_embeddings": True, "norm_topk_prob": False, "head_dim": 32, "num_attention_heads": 2,
+                   "num_key_value_heads": 1,
+                   "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+                   "rope_parameters": {
+                       "full_attention": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                                          "original_max_position_embeddings": 64},
+                       "sliding_attention": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}}, {}),
+    # Global layers only (no windowed mask), llama3 RoPE.
+    "mellum-f32-full-llama3": (
+        "mellum", {"num_hidden_layers": 2, "layer_types": ["full_attention"] * 2,
+                   "rope_parameters": {"full_attention": dict(LLAMA3, rope_theta=500000.0)}}, {}),
+    "mellum-q4": ("mellum", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "mellum-bf16-q4": ("mellum", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "mellum-small-f32": ("mellum", dict(SMALL, head_dim=8, moe_intermediate_size=16,
+                                        layer_types=["sliding_attention", "full_attention"], num_hidden_layers=2),
+                         {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -1738,7 +1775,7 @@ def to_hf_names(config, weights, opts, rng):
                     np.concatenate([np.swapaxes(v, -1, -2), np.swapaxes(up, -1, -2)], axis=-1))
             continue
         if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe", "ernie4_5_moe", "hunyuan",
-                  "bailing_moe", "solar_open") \
+                  "bailing_moe", "solar_open", "mellum") \
                 and ".mlp.switch_mlp." in k and not k.endswith(".bias"):
             # (Stacked expert biases stay as they are: the sanitize of bailing_moe, the only
             # file with them, stacks weights, scales and biases, not `bias`.)

@@ -597,6 +597,10 @@ model_tests! {
     // Klear: sigmoid-routed experts with expert_bias, shared experts mixed by coefficients.
     batched_decode_equals_alone_klear, prefilled_together_equals_alone_klear
         => "Klear-small-f32", true;
+    // Mellum: a sliding layer (rotating cache of 4) and a global one, experts in both;
+    // within 1e-4 with the same tokens, as the other sliding models.
+    batched_decode_matches_alone_mellum_sliding, prefilled_together_matches_alone_mellum_sliding
+        => "mellum-small-f32", false;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

@@ -745,3 +745,47 @@ fn klear_keeps_expert_bias_in_its_dtype_when_cast() {
     });
     assert_eq!(seen, 2);
 }
+
+#[test]
+fn mellum_checks_its_layer_types_and_rope_parameters() {
+    let c = json!({"model_type": "mellum", "hidden_size": 32, "num_hidden_layers": 2,
+                   "intermediate_size": 64, "num_attention_heads": 4, "num_experts": 4,
+                   "num_experts_per_tok": 2, "moe_intermediate_size": 16, "rms_norm_eps": 1e-6,
+                   "vocab_size": 64, "num_key_value_heads": 2, "head_dim": 8,
+                   "tie_word_embeddings": false, "max_position_embeddings": 128,
+                   "norm_topk_prob": true, "sliding_window": 4,
+                   "layer_types": ["sliding_attention", "full_attention"],
+                   "rope_parameters": {"full_attention": {"rope_theta": 1e6},
+                                       "sliding_attention": {"rope_theta": 1e4}}});
+    let m = build_model(&c).unwrap();
+    // make_cache: a rotating cache of the window for the sliding layer.
+    assert!(m.defines_make_cache());
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_parameters": {"full_attention": {"rope_theta": 1e6}}}),
+    ));
+    assert!(e.contains("rope_parameters.sliding_attention"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_parameters": {"full_attention": {},
+                                                             "sliding_attention": {"rope_theta": 1e4}}}),
+    ));
+    assert!(e.contains("rope_theta"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"layer_types": ["sliding_attention", "sliding_attention"]}),
+    ));
+    assert!(e.contains("full_attention"), "{e}");
+    let e = err(&with(c.clone(), json!({"layer_types": ["full_attention"]})));
+    assert!(e.contains("layer_types"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"layer_types": ["full_attention", "chunked"]}),
+    ));
+    assert!(e.contains("chunked"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 0})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let mut missing = c;
+    missing.as_object_mut().unwrap().remove("sliding_window");
+    assert!(err(&missing).contains("sliding_window"));
+}

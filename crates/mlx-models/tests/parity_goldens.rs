@@ -151,6 +151,7 @@ golden_tests! {
     nemotron_nas_per_layer_blocks_logits_match_mlx_lm => "nemotron-nas-small-f32",
     youtu_llm_expanded_low_rank_attention_logits_match_mlx_lm => "youtu_llm-small-f32",
     klear_coefficient_mixed_experts_logits_match_mlx_lm => "Klear-small-f32",
+    mellum_sliding_experts_logits_match_mlx_lm => "mellum-small-f32",
 }
 
 #[test]

@@ -177,7 +177,7 @@ impl MixedPredicate {
 }
 
 /// The `quant_predicate` property some mlx-lm models define (used when no recipe is
-/// given): qwen3_moe (and Klear) keeps its router (`mlp.gate`) at 8 bits, group size 64, gpt_oss
+/// given): qwen3_moe (and Klear, mellum) keeps its router (`mlp.gate`) at 8 bits, group size 64, gpt_oss
 /// its `router`, minimax its `block_sparse_moe.gate`, granite its `o_proj`, `down_proj`
 /// and `lm_head` (granitemoe those and
 /// its `router.layer`), the qwen3_next family
@@ -199,7 +199,9 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
         }
     };
     match model_type {
-        "qwen3_moe" | "qwen3_vl_moe" | "Klear" => Some(choose(path.ends_with("mlp.gate"))),
+        "qwen3_moe" | "qwen3_vl_moe" | "Klear" | "mellum" => {
+            Some(choose(path.ends_with("mlp.gate")))
+        }
         "gpt_oss" => Some(choose(path.ends_with("router"))),
         "granite" => Some(choose(
             path.ends_with("self_attn.o_proj")

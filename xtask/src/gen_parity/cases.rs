@@ -107,6 +107,7 @@ pub const TINY: &[&str] = &[
     "nemotron-nas-f32",
     "youtu_llm-f32",
     "Klear-f32",
+    "mellum-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

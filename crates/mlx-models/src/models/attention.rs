@@ -214,6 +214,17 @@ impl Attention {
         Attention::new(d, rope, (d.head_dim as f64).powf(-0.5))
     }
 
+    /// Qwen3's attention: per-head `q_norm` / `k_norm` RMS norms of epsilon `eps` before
+    /// `rope`, the default scale `head_dim ** -0.5` (Klear's, Mellum's).
+    pub(crate) fn with_rms_head_norms(
+        d: AttentionDims,
+        rope: Rope,
+        eps: f64,
+    ) -> crate::Result<Attention> {
+        Attention::new(d, rope, (d.head_dim as f64).powf(-0.5))?
+            .with_qk_norms(NormAt::Heads, |n| Ok(HeadNorm::Rms(RmsNorm::new(n, eps)?)))
+    }
+
     /// Adds `q_norm` and `k_norm` applied `at`; `norm(dims)` builds one of `dims` features.
     pub(crate) fn with_qk_norms(
         mut self,

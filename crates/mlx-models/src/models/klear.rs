@@ -6,14 +6,14 @@
 //! `coefficient` projection; the other layers a SwiGLU MLP. The head is always untied;
 //! `expert_bias` keeps its dtype (`cast_predicate`) and the router its 8 bits
 //! (`quant_predicate`, in mlx-quant).
-use super::attention::{Attention, AttentionDims, HeadNorm, NormAt};
+use super::attention::{Attention, AttentionDims};
 use super::decoder::{stack_experts_into, DecoderLayer, DenseOrMoe, FeedForward, LINEAR_KINDS};
 use super::lm::{DecoderLm, LmDims};
 use super::mlp::Mlp;
 use super::{top_k_indices_of_negated, weigh_experts, Architecture, Weights};
 use crate::config::parse_args;
 use mlx_array::{ops, Array, Dtype, Result};
-use mlx_nn::{impl_module, LinearLayer, Param, RmsNorm, SwitchGlu};
+use mlx_nn::{impl_module, initialize_rope, LinearLayer, Param, SwitchGlu};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -135,9 +135,8 @@ fn attention(args: &ModelArgs) -> crate::Result<Attention> {
         qkv_bias: args.attention_bias,
         o_bias: args.attention_bias,
     };
-    let eps = args.rms_norm_eps;
-    Attention::with_scaled_rope(d, args.rope_theta, None, None)?
-        .with_qk_norms(NormAt::Heads, |n| Ok(HeadNorm::Rms(RmsNorm::new(n, eps)?)))
+    let rope = initialize_rope(head_dim, args.rope_theta, false, None, None)?;
+    Attention::with_rms_head_norms(d, rope, args.rms_norm_eps)
 }
 
 /// Registry entry.

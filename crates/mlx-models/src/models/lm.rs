@@ -85,6 +85,17 @@ impl<A, F: FeedForward + 'static> DecoderLm<A, F> {
         self
     }
 
+    /// The stack with sliding-window layers (see [`Decoder::with_sliding`]).
+    pub(crate) fn with_sliding(
+        mut self,
+        sliding: Vec<bool>,
+        window: i32,
+        full_idx: usize,
+    ) -> DecoderLm<A, F> {
+        self.model = self.model.with_sliding(sliding, window, full_idx);
+        self
+    }
+
     /// Casting the model leaves the parameters whose name contains `name` as they are
     /// (mlx-lm's `cast_predicate`, Klear's `expert_bias`).
     pub(crate) fn keeping_dtype(mut self, name: &'static str) -> DecoderLm<A, F> {
@@ -120,9 +131,10 @@ impl<A: std::fmt::Debug + Send + 'static, F: FeedForward + 'static> LanguageMode
         let embed = &self.model.embed_tokens;
         head::logits(embed, self.lm_head.as_ref(), &out, LogitScale::None)
     }
-    /// A standard cache per layer (and per run of the layers, see `Decoder::with_loops`).
+    /// A standard cache per layer (and per run of the layers, see `Decoder::with_loops`),
+    /// rotating ones for sliding layers (`Decoder::with_sliding`).
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        vec![CacheSpec::Standard; self.model.num_caches()]
+        self.model.cache_specs()
     }
     fn defines_make_cache(&self) -> bool {
         self.model.defines_make_cache

@@ -170,6 +170,7 @@ architectures! {
     nemotron_nas = "nemotron-nas",
     youtu_llm,
     klear = "Klear",
+    mellum,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
