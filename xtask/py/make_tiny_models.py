@@ -1681,6 +1681,26 @@ GOLDENS.update({
 })
 
 
+# Talkie: weightless RMS norms, RoPE with negated frequencies, queries and keys normed
+# after it and the queries scaled per head, gains on every residual branch and a skip
+# from the normed embeddings, a bare lm_head parameter times a gain.
+ARCHS["talkie"] = {"model_type": "talkie", "num_attention_heads": 4, "head_dim": 16, "rope_theta": 1000000.0,
+                   "max_position_embeddings": 256, "rms_norm_eps": 1.1920928955078125e-07}
+VARIANTS.update({
+    # With rotary buffers that sanitize drops; float32's epsilon (mlx-lm's default).
+    "talkie-f32": ("talkie", {}, {"extras": True}),
+    # Heads of 32 (the quantized KV-cache decode), another theta and eps, wider heads than
+    # the width (4 x 32 = 128 over 64).
+    "talkie-f32-hd32-eps": ("talkie", {"num_attention_heads": 4, "head_dim": 32, "rope_theta": 10000.0,
+                                       "rms_norm_eps": 1e-5}, {}),
+    "talkie-q4": ("talkie", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "talkie-bf16-q4": ("talkie", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "talkie-small-f32": ("talkie", dict(SMALL, head_dim=8), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -2004,6 +2024,12 @@ def to_hf_names(config, weights, opts, rng):
             out[f"gpt_neox.layers.{i}.attention.bias"] = np.tril(np.ones((1, 1, L, L), np.float32))
             out[f"gpt_neox.layers.{i}.attention.masked_bias"] = np.array(-1e9, np.float32)
             out[f"gpt_neox.layers.{i}.attention.rotary_emb.inv_freq"] = rng.standard_normal((2,)).astype(np.float32)
+    elif opts.get("extras") and mt == "talkie":
+        # Precomputed rotary buffers (sanitize drops `rotary` keys and `cos` / `sin` ones).
+        out["model.blocks.0.attn.rotary.inv_freq"] = rng.standard_normal((config["head_dim"] // 2,)).astype(
+            np.float32)
+        out["model.rope_cos"] = np.ones((4, config["head_dim"]), np.float32)
+        out["model.rope_sin"] = np.zeros((4, config["head_dim"]), np.float32)
     elif opts.get("extras") and mt == "lille-130m":
         # HF's rotary buffers (sanitize drops every rotary_emb key); no lm_head.
         head_dim = config["n_embd"] // config["n_head"]

@@ -181,6 +181,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-Klear", "Klear-q4", None),
     ("mellum", "mellum-f32", None),
     ("q-mellum", "mellum-q4", None),
+    ("talkie", "talkie-f32", None),
+    ("q-talkie", "talkie-q4", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -531,7 +533,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // Pixtral and LFM2-VL (the text model under language_model, the towers dropped),
     // Nemotron-NAS (per-layer blocks: full, linear, absent), Youtu-LLM (DeepSeek-V2's
     // expanded low-rank attention, dense MLPs, tied), Klear (its router kept at 8 bits,
-    // expert_bias in its dtype), Mellum (its router kept at 8 bits).
+    // expert_bias in its dtype), Mellum (its router kept at 8 bits), Talkie (a bare
+    // lm_head parameter, never quantized; rotary buffers dropped).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -539,6 +542,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("youtu_llm", "q-youtu_llm"),
         ("Klear", "q-Klear"),
         ("mellum", "q-mellum"),
+        ("talkie", "q-talkie"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);

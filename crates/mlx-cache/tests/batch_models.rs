@@ -601,6 +601,9 @@ model_tests! {
     // within 1e-4 with the same tokens, as the other sliding models.
     batched_decode_matches_alone_mellum_sliding, prefilled_together_matches_alone_mellum_sliding
         => "mellum-small-f32", false;
+    // Talkie: weightless norms, negated-frequency RoPE, gains, the embedding skip.
+    batched_decode_equals_alone_talkie, prefilled_together_equals_alone_talkie
+        => "talkie-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

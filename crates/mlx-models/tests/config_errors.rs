@@ -789,3 +789,16 @@ fn mellum_checks_its_layer_types_and_rope_parameters() {
     missing.as_object_mut().unwrap().remove("sliding_window");
     assert!(err(&missing).contains("sliding_window"));
 }
+
+#[test]
+fn talkie_defaults_its_keys_and_needs_even_heads() {
+    let c = json!({"model_type": "talkie", "hidden_size": 32, "num_hidden_layers": 1,
+                   "num_attention_heads": 2, "head_dim": 8, "intermediate_size": 64,
+                   "vocab_size": 64});
+    let m = build_model(&c).unwrap();
+    assert_eq!((m.model_type(), m.num_layers()), ("talkie", 1));
+    let e = err(&with(c.clone(), json!({"head_dim": 7})));
+    assert!(e.contains("head_dim"), "{e}");
+    let e = err(&with(c, json!({"num_attention_heads": 0})));
+    assert!(e.contains("num_attention_heads"), "{e}");
+}

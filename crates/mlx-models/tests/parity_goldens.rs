@@ -152,6 +152,7 @@ golden_tests! {
     youtu_llm_expanded_low_rank_attention_logits_match_mlx_lm => "youtu_llm-small-f32",
     klear_coefficient_mixed_experts_logits_match_mlx_lm => "Klear-small-f32",
     mellum_sliding_experts_logits_match_mlx_lm => "mellum-small-f32",
+    talkie_gains_embedding_skip_logits_match_mlx_lm => "talkie-small-f32",
 }
 
 #[test]

@@ -108,6 +108,7 @@ pub const TINY: &[&str] = &[
     "youtu_llm-f32",
     "Klear-f32",
     "mellum-f32",
+    "talkie-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

@@ -61,6 +61,9 @@ pub(crate) enum HeadNorm {
     PerHead(super::cohere::LayerNorm2d),
     /// `mx.fast.rms_norm(x, None, eps)`: no weight (nanochat's).
     Weightless(f32),
+    /// [`HeadNorm::Weightless`], then each head times its gain `head_g` (cast to the
+    /// input's dtype; Talkie's queries).
+    WeightlessGain(f32, Param),
 }
 
 impl HeadNorm {
@@ -70,6 +73,10 @@ impl HeadNorm {
             HeadNorm::Gemma(n) => n.forward(x),
             HeadNorm::PerHead(n) => n.forward(x),
             HeadNorm::Weightless(eps) => mlx_array::fast::rms_norm(x, None, *eps),
+            HeadNorm::WeightlessGain(eps, g) => {
+                let gain = g.astype(x.dtype())?.reshape(&[1, -1, 1, 1])?;
+                mlx_array::fast::rms_norm(x, None, *eps)?.multiply(&gain)
+            }
         }
     }
 }
@@ -81,6 +88,7 @@ impl Module for HeadNorm {
             HeadNorm::Gemma(n) => n.visit_params(prefix, f),
             HeadNorm::PerHead(n) => n.visit_params(prefix, f),
             HeadNorm::Weightless(_) => {}
+            HeadNorm::WeightlessGain(_, g) => f(&join(prefix, "head_g"), g),
         }
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
@@ -89,6 +97,7 @@ impl Module for HeadNorm {
             HeadNorm::Gemma(n) => n.visit_params_mut(prefix, f),
             HeadNorm::PerHead(n) => n.visit_params_mut(prefix, f),
             HeadNorm::Weightless(_) => {}
+            HeadNorm::WeightlessGain(_, g) => f(&join(prefix, "head_g"), g),
         }
     }
 }

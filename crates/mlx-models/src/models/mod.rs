@@ -171,6 +171,7 @@ architectures! {
     youtu_llm,
     klear = "Klear",
     mellum,
+    talkie,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
