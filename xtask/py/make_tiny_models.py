@@ -1701,6 +1701,25 @@ GOLDENS.update({
 })
 
 
+# PLaMo: parallel layers over one pre-norm (model.layers.layers), key-value heads
+# ceil(heads / n_shared_head) tiled (not repeated) over the query heads after the cache.
+ARCHS["plamo"] = {"model_type": "plamo", "n_shared_head": 2, "rope_theta": 10000.0}
+VARIANTS.update({
+    # 4 query heads over 2 tiled key heads (head i reads key head i % 2).
+    "plamo-f32": ("plamo", {}, {}),
+    # One key head for 4, traditional RoPE at another theta.
+    "plamo-f32-shared4-traditional": ("plamo", {"n_shared_head": 4, "rope_traditional": True,
+                                                "rope_theta": 50000.0}, {}),
+    # mlx-lm's default n_shared_head (8) over 8 heads of 8.
+    "plamo-f32-h8-defaultshared": ("plamo", {"num_attention_heads": 8}, {"drop_keys": ["n_shared_head"]}),
+    "plamo-q4": ("plamo", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "plamo-bf16-q4": ("plamo", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "plamo-small-f32": ("plamo", dict(SMALL), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -2116,6 +2135,8 @@ def write_dense(out, name, arch, overrides, opts):
     config = dict(BASE)
     config.update(ARCHS[arch])
     config.update(overrides)
+    for k in opts.get("drop_keys", []):  # mlx-lm's default for that key
+        config.pop(k, None)
     rng = np.random.default_rng(seed_of(name))
     if arch == "gemma3n":
         # Only the multimodal config exists in mlx-lm; its text model is under

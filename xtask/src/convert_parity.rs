@@ -183,6 +183,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-mellum", "mellum-q4", None),
     ("talkie", "talkie-f32", None),
     ("q-talkie", "talkie-q4", None),
+    ("plamo", "plamo-f32", None),
+    ("q-plamo", "plamo-q4", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -534,7 +536,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // Nemotron-NAS (per-layer blocks: full, linear, absent), Youtu-LLM (DeepSeek-V2's
     // expanded low-rank attention, dense MLPs, tied), Klear (its router kept at 8 bits,
     // expert_bias in its dtype), Mellum (its router kept at 8 bits), Talkie (a bare
-    // lm_head parameter, never quantized; rotary buffers dropped).
+    // lm_head parameter, never quantized; rotary buffers dropped), PLaMo (parallel
+    // layers under model.layers.layers).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -543,6 +546,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("Klear", "q-Klear"),
         ("mellum", "q-mellum"),
         ("talkie", "q-talkie"),
+        ("plamo", "q-plamo"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);

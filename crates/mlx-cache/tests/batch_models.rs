@@ -604,6 +604,9 @@ model_tests! {
     // Talkie: weightless norms, negated-frequency RoPE, gains, the embedding skip.
     batched_decode_equals_alone_talkie, prefilled_together_equals_alone_talkie
         => "talkie-small-f32", true;
+    // PLaMo: parallel layers, key heads tiled after the cache.
+    batched_decode_equals_alone_plamo, prefilled_together_equals_alone_plamo
+        => "plamo-small-f32", true;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

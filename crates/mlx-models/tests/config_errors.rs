@@ -802,3 +802,19 @@ fn talkie_defaults_its_keys_and_needs_even_heads() {
     let e = err(&with(c, json!({"num_attention_heads": 0})));
     assert!(e.contains("num_attention_heads"), "{e}");
 }
+
+#[test]
+fn plamo_needs_heads_that_the_shared_heads_divide() {
+    let c = json!({"model_type": "plamo", "hidden_size": 64, "num_hidden_layers": 1,
+                   "intermediate_size": 128, "num_attention_heads": 8, "rms_norm_eps": 1e-6,
+                   "vocab_size": 64});
+    // n_shared_head defaults to 8: one key head for eight.
+    assert!(build_model(&c).is_ok());
+    let e = err(&with(c.clone(), json!({"num_attention_heads": 4})));
+    assert!(e.contains("n_shared_head"), "{e}");
+    let e = err(&with(c.clone(), json!({"n_shared_head": 0})));
+    assert!(e.contains("n_shared_head"), "{e}");
+    let mut missing = c;
+    missing.as_object_mut().unwrap().remove("rms_norm_eps");
+    assert!(err(&missing).contains("rms_norm_eps"));
+}

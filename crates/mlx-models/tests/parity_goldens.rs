@@ -153,6 +153,7 @@ golden_tests! {
     klear_coefficient_mixed_experts_logits_match_mlx_lm => "Klear-small-f32",
     mellum_sliding_experts_logits_match_mlx_lm => "mellum-small-f32",
     talkie_gains_embedding_skip_logits_match_mlx_lm => "talkie-small-f32",
+    plamo_tiled_heads_parallel_layers_logits_match_mlx_lm => "plamo-small-f32",
 }
 
 #[test]

@@ -7,8 +7,8 @@ use super::{rope_cache_with, AfterRope};
 use mlx_array::{Array, Dtype, Result};
 use mlx_nn::module::{join, QuantVisitor};
 use mlx_nn::{
-    scaled_dot_product_attention, AttnMask, FusedLinears, KvCache, LinearLayer, Module, Param,
-    RmsNorm, Rope,
+    scaled_dot_product_attention, AttnMask, FusedLinears, KvCache, KvFetch, LinearLayer, Module,
+    Param, RmsNorm, Rope,
 };
 
 /// Sizes and biases of an [`Attention`].
@@ -129,6 +129,10 @@ pub struct Attention {
     scale: f64,
     /// q/k/v as one matmul for decoding steps (set by the loader).
     qkv: Option<Box<FusedLinears>>,
+    /// The fetched keys and values tiled this many times over the heads (`mx.tile(k,
+    /// [1, n, 1, 1])`, PLaMo's shared heads), so query head `i` reads key head
+    /// `i % n_kv_heads`.
+    kv_tile: Option<i32>,
 }
 
 impl Module for Attention {
@@ -202,6 +206,7 @@ impl Attention {
             head_dim: d.head_dim,
             scale,
             qkv: None,
+            kv_tile: None,
         })
     }
 
@@ -232,6 +237,12 @@ impl Attention {
     ) -> crate::Result<Attention> {
         Attention::new(d, rope, (d.head_dim as f64).powf(-0.5))?
             .with_qk_norms(NormAt::Heads, |n| Ok(HeadNorm::Rms(RmsNorm::new(n, eps)?)))
+    }
+
+    /// The fetched keys and values tiled `n` times over the heads (see `kv_tile`).
+    pub(crate) fn with_tiled_kv(mut self, n: i32) -> Attention {
+        self.kv_tile = Some(n);
+        self
     }
 
     /// Adds `q_norm` and `k_norm` applied `at`; `norm(dims)` builds one of `dims` features.
@@ -368,6 +379,21 @@ impl Attention {
         if let Some(s) = extras.query_scale {
             queries = queries.multiply(s)?;
         }
+        let fetch = match (self.kv_tile, fetch) {
+            (None, fetch) => fetch,
+            (Some(n), KvFetch::Plain { keys, values }) => KvFetch::Plain {
+                keys: keys.tile(&[1, n, 1, 1])?,
+                values: values.tile(&[1, n, 1, 1])?,
+            },
+            // mlx-lm's `mx.tile` of the quantized (packed, scales, biases) tuple raises.
+            (Some(_), _) => {
+                return Err(mlx_array::Error::InvalidArgument(
+                    "tiling the heads of a quantized KV cache is not supported (mlx-lm's \
+                     PLaMo cannot either)"
+                        .into(),
+                ))
+            }
+        };
         let dtype = queries.dtype();
         let in_f32 =
             extras.queries_in_f32 || (extras.f16_queries_in_f32 && dtype == Dtype::Float16);

@@ -172,6 +172,7 @@ architectures! {
     klear = "Klear",
     mellum,
     talkie,
+    plamo,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
