@@ -1720,6 +1720,27 @@ GOLDENS.update({
 })
 
 
+# IQuest-Loop-Coder: the layers run twice; the second run mixes attention over the
+# first run's keys (global) with its own in a rotating window, per head by a sigmoid
+# gate. A window of 4 that the prompts cross.
+ARCHS["iquestloopcoder"] = {"model_type": "iquestloopcoder", "head_dim": 16, "rope_theta": 500000.0,
+                            "loop_window_size": 4, "tie_word_embeddings": False}
+VARIANTS.update({
+    "iquestloopcoder-f32": ("iquestloopcoder", {}, {}),
+    # Biases, tied, llama3 RoPE, a window of 8, heads of 32 (MHA 2/2).
+    "iquestloopcoder-f32-bias-tied-llama3-hd32": (
+        "iquestloopcoder", {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True,
+                            "rope_scaling": LLAMA3, "loop_window_size": 8, "num_attention_heads": 2,
+                            "num_key_value_heads": 2, "head_dim": 32}, {}),
+    "iquestloopcoder-q4": ("iquestloopcoder", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "iquestloopcoder-bf16-q4": ("iquestloopcoder", {}, {"dtype": "bfloat16",
+                                                        "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "iquestloopcoder-small-f32": ("iquestloopcoder", dict(SMALL, head_dim=8), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap

@@ -818,3 +818,20 @@ fn plamo_needs_heads_that_the_shared_heads_divide() {
     missing.as_object_mut().unwrap().remove("rms_norm_eps");
     assert!(err(&missing).contains("rms_norm_eps"));
 }
+
+#[test]
+fn iquestloopcoder_runs_two_loops_only() {
+    let c = json!({"model_type": "iquestloopcoder", "hidden_size": 32, "num_hidden_layers": 2,
+                   "intermediate_size": 64, "num_attention_heads": 4, "rms_norm_eps": 1e-6,
+                   "vocab_size": 64, "head_dim": 8, "num_key_value_heads": 2});
+    let m = build_model(&c).unwrap();
+    // make_cache: a KVCache per layer, then a rotating one per layer for the second run.
+    assert!(m.defines_make_cache());
+    let e = err(&with(c.clone(), json!({"loop_num": 3})));
+    assert!(e.contains("loop_num"), "{e}");
+    let e = err(&with(c.clone(), json!({"loop_window_size": 0})));
+    assert!(e.contains("loop_window_size"), "{e}");
+    let mut missing = c;
+    missing.as_object_mut().unwrap().remove("head_dim");
+    assert!(err(&missing).contains("head_dim"));
+}

@@ -154,6 +154,7 @@ golden_tests! {
     mellum_sliding_experts_logits_match_mlx_lm => "mellum-small-f32",
     talkie_gains_embedding_skip_logits_match_mlx_lm => "talkie-small-f32",
     plamo_tiled_heads_parallel_layers_logits_match_mlx_lm => "plamo-small-f32",
+    iquestloopcoder_gated_loops_logits_match_mlx_lm => "iquestloopcoder-small-f32",
 }
 
 #[test]

@@ -407,6 +407,42 @@ impl Attention {
         project_out(&self.o_proj, &merge_heads(&out, b, l)?, residual)
     }
 
+    /// mlx-lm's `get_qkv` (IQuest-Loop-Coder): the heads of q, k and v of `x` (no q/k
+    /// norms), q and k rotated at `cache`'s position (0 without one), before any cache
+    /// update.
+    pub(crate) fn rotated_qkv(&self, x: &Array, cache: Option<&dyn KvCache>) -> Result<[Array; 3]> {
+        let (b, l) = batch_len(x)?;
+        let projs = [&self.q_proj, &self.k_proj, &self.v_proj];
+        let [q, k, v] = project(self.qkv.as_deref(), projs, x)?;
+        let q = split_heads(&q, b, l, self.n_heads)?;
+        let k = split_heads(&k, b, l, self.n_kv_heads)?;
+        let (q, k) = match cache {
+            Some(c) => {
+                let offset = c.rope_offset()?;
+                let q = self.rope.forward_at(&q, offset.as_rope_offset())?;
+                (q, self.rope.forward_at(&k, offset.as_rope_offset())?)
+            }
+            None => (self.rope.forward(&q, 0)?, self.rope.forward(&k, 0)?),
+        };
+        Ok([q, k, split_heads(&v, b, l, self.n_kv_heads)?])
+    }
+
+    /// SDPA of rotated `queries` over `fetch` at this attention's scale.
+    pub(crate) fn attend(
+        &self,
+        queries: &Array,
+        fetch: &KvFetch,
+        mask: &AttnMask,
+    ) -> Result<Array> {
+        scaled_dot_product_attention(queries, fetch, self.scale, mask, None)
+    }
+
+    /// `o_proj` of the attention output's heads (plus `residual`).
+    pub(crate) fn output(&self, out: &Array, residual: Option<&Array>) -> Result<Array> {
+        let (b, l) = (out.dim(0)?, out.dim(2)?);
+        project_out(&self.o_proj, &merge_heads(out, b, l)?, residual)
+    }
+
     /// Replaces the rotary embedding (SmolLM3's NoPE layers).
     pub(crate) fn set_rope(&mut self, rope: Rope) {
         self.rope = rope;

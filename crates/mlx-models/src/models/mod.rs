@@ -173,6 +173,7 @@ architectures! {
     mellum,
     talkie,
     plamo,
+    iquestloopcoder,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
