@@ -58,6 +58,8 @@ RECURRENT_CASES = [
     ("gemma4_text-small-f32", {"prefill_batch_size": 3}),
     ("gemma4_text-small-f32-moe", {"completion_batch_size": 2, "prefill_step_size": 4}),
     ("gemma3n-small-f32", {"prefill_batch_size": 2}),
+    # LFM2-VL: LFM2's convolution and attention layers under language_model.
+    ("lfm2-vl-small-f32", {"prefill_batch_size": 2}),
 ]
 # Every other architecture with a committed logits golden, each under one of three
 # batch settings in turn (a 2-prompt prefill, a 2-row completion batch that later
@@ -93,7 +95,9 @@ ARCH_CASES = [
         "apertus-small-f32", "qwen-small-f32", "gptj-small-f32", "glm-small-f32",
         "openelm-small-f32", "nanochat-small-f32", "mistral4-small-f32", "deepseek-small-f32",
         "dbrx-small-f32", "phixtral-small-f32", "telechat3-small-f32", "nanbeige-small-f32",
-        "lille-130m-small-f32",
+        "lille-130m-small-f32", "pixtral-small-f32", "kimi_vl-small-f32", "nemotron-nas-small-f32",
+        "youtu_llm-small-f32", "Klear-small-f32", "mellum-small-f32",
+        "talkie-small-f32", "plamo-small-f32", "iquestloopcoder-small-f32",
     ])
 ]
 LENGTHS = [5, 1, 12, 7, 3]

@@ -1480,6 +1480,284 @@ GOLDENS.update({
     "lille-130m-small-f32": ("lille-130m", {"n_layer": 1}, {}),
 })
 
+# Pixtral and LFM2-VL: a Llama / LFM2 text model under `language_model` (its config in
+# text_config), the top-level vision_tower and multi_modal_projector trees beside it that
+# sanitize drops (wrap_towers). mlx-lm calls neither text model's sanitize, so the text
+# weights are written as mlx-lm names them (no HF rotary buffers, LFM2's convolution
+# weights [C, K, 1]); Pixtral's head is always untied, whatever text_config says.
+VARIANTS.update({
+    # A Mistral text config that says tied: the head is still its own lm_head.
+    "pixtral-f32": ("llama", {"model_type": "mistral"}, {"wrap_towers": ("pixtral", {"tie_word_embeddings": True})}),
+    # No num_attention_heads in text_config (32 heads of head_dim 8 over 8 kv heads),
+    # llama3 RoPE, biases.
+    "pixtral-f32-defaultheads-llama3-bias": (
+        "llama", {"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 8, "rope_scaling": LLAMA3,
+                  "attention_bias": True, "mlp_bias": True},
+        {"wrap_towers": ("pixtral", {"num_attention_heads": None})}),
+    # Head size 32 (the quantized KV-cache decode), traditional RoPE.
+    "pixtral-f32-hd32-traditional": (
+        "llama", {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "rope_traditional": True},
+        {"wrap_towers": ("pixtral", {})}),
+    "pixtral-q4": ("llama", {}, {"wrap_towers": ("pixtral", {}), "quant": {"bits": 4, "group_size": 32}}),
+    "pixtral-bf16-q4": ("llama", {}, {"wrap_towers": ("pixtral", {}), "dtype": "bfloat16",
+                                      "quant": {"bits": 4, "group_size": 64}}),
+    # LFM2's convolution and attention layers; its own caches (make_cache).
+    "lfm2-vl-f32": ("lfm2", {}, {"wrap_towers": ("lfm2-vl", {})}),
+    "lfm2-vl-f32-bias-layer-types": (
+        "lfm2", {"conv_bias": True, "full_attn_idxs": None, "block_ff_dim": None, "intermediate_size": 96,
+                 "block_auto_adjust_ff_dim": False, "layer_types": ["full_attention", "conv", "conv", "full_attention"],
+                 "num_attention_heads": 2, "num_key_value_heads": 1},
+        {"wrap_towers": ("lfm2-vl", {})}),
+    "lfm2-vl-q4": ("lfm2", {}, {"wrap_towers": ("lfm2-vl", {}), "quant": {"bits": 4, "group_size": 64}}),
+    "lfm2-vl-bf16-q4": ("lfm2", {}, {"wrap_towers": ("lfm2-vl", {}), "dtype": "bfloat16",
+                                     "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "pixtral-small-f32": ("llama", dict(SMALL, model_type="mistral"), {"wrap_towers": ("pixtral", {})}),
+    "lfm2-vl-small-f32": ("lfm2", dict(SMALL, block_dim=32, block_ff_dim=64, block_multiple_of=16),
+                          {"wrap_towers": ("lfm2-vl", {})}),
+})
+
+
+# Kimi-VL: DeepSeek-V3's text model (kimi_vl's TextArgs: the same keys and defaults)
+# under `language_model`. Its sanitize drops every key containing vision_tower,
+# rotary_emb or multi_modal_projector and stacks the experts, nothing else: MLA's
+# `embed_q` / `unembed_out` stay as mlx-lm names them (mlx-lm's kimi_vl cannot load a
+# `kv_b_proj`).
+VARIANTS.update({
+    "kimi_vl-f32": ("deepseek_v3", {}, {"wrap_kimi_vl": True}),
+    # No q LoRA, yarn RoPE, attention biases, MoE every other layer, two shared experts.
+    "kimi_vl-f32-noqlora-yarn-bias-freq2": (
+        "deepseek_v3", {"q_lora_rank": None, "attention_bias": True, "rope_scaling": DS_YARN, "n_group": 1,
+                        "topk_group": 1, "norm_topk_prob": False, "moe_layer_freq": 2, "first_k_dense_replace": 0,
+                        "n_shared_experts": 2}, {"wrap_kimi_vl": True}),
+    # No routed experts: every layer dense (nothing to stack).
+    "kimi_vl-f32-dense": ("deepseek_v3", {"n_routed_experts": None, "n_shared_experts": None},
+                          {"wrap_kimi_vl": True}),
+    "kimi_vl-q4": ("deepseek_v3", {}, {"wrap_kimi_vl": True, "quant": {"bits": 4, "group_size": 32}}),
+    "kimi_vl-bf16-q4": ("deepseek_v3", {}, {"wrap_kimi_vl": True, "dtype": "bfloat16",
+                                            "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "kimi_vl-small-f32": ("deepseek_v3", MLA_SMALL, {"wrap_kimi_vl": True}),
+})
+
+
+# Nemotron-NAS: each layer's attention and FFN shaped by its block_configs entry: full
+# (GQA of n_heads_in_group query heads per kv head; a gated MLP int(2 * ffn_mult * 64 / 3)
+# rounded up to 256 wide), a dim x dim linear layer (replace_with_linear) or absent
+# (no_op, its norm too). Every layer with an attention block has a cache, a linear one
+# too (never updated), the mask made from the first.
+def nas_block(attn, ffn):
+    a = {"no_op": {"no_op": True}, "linear": {"replace_with_linear": True}}.get(attn)
+    f = {"no_op": {"no_op": True}, "linear": {"replace_with_linear": True}}.get(ffn)
+    return {"attention": a or {"n_heads_in_group": attn, "no_op": False, "replace_with_linear": False,
+                               "sparsify": None, "window_length": None, "num_sink_tokens": None,
+                               "use_prefill_window_in_sink_attention": False, "unshifted_sink": False},
+            "ffn": f or {"ffn_mult": ffn, "no_op": False, "replace_with_linear": False, "sparsify": None}}
+
+
+ARCHS["nemotron-nas"] = {
+    "model_type": "nemotron-nas", "num_hidden_layers": 4, "rope_theta": 500000.0, "hidden_act": "silu",
+    "max_position_embeddings": 256, "tie_word_embeddings": False,
+    # full GQA 4/2 + MLP 256 wide; no attention + MLP; linear + linear; GQA 4/1 + no FFN.
+    "block_configs": [nas_block(2, 1.0), nas_block("no_op", 0.5), nas_block("linear", "linear"),
+                      nas_block(4, "no_op")],
+}
+VARIANTS.update({
+    "nemotron-nas-f32": ("nemotron-nas", {}, {}),
+    # The first cache belongs to a linear attention layer; biases, relu, llama3 RoPE, tied,
+    # head size 32 (the quantized KV-cache decode); ffn_mult 3.2 -> int(136.53) -> 256.
+    "nemotron-nas-f32-linearfirst-bias-relu-llama3-tied-hd32": (
+        "nemotron-nas", {"num_attention_heads": 2, "attention_bias": True, "mlp_bias": True, "hidden_act": "relu",
+                         "rope_scaling": LLAMA3, "tie_word_embeddings": True,
+                         "block_configs": [nas_block("linear", 3.2), nas_block(1, "no_op"),
+                                           nas_block("no_op", "linear"), nas_block(2, 1.3)]}, {}),
+    # gelu_new (gelu_approx) over an ffn_mult past 256: 12.0 -> 512 wide; 3 layers.
+    "nemotron-nas-f32-gelunew-wide": (
+        "nemotron-nas", {"hidden_act": "gelu_new", "num_hidden_layers": 3,
+                         "block_configs": [nas_block(1, 12.0), nas_block(2, "linear"), nas_block(4, 1.0)]}, {}),
+    # Exact gelu, every layer full.
+    "nemotron-nas-f32-gelu": (
+        "nemotron-nas", {"hidden_act": "gelu", "num_hidden_layers": 2,
+                         "block_configs": [nas_block(2, 1.0), nas_block(2, 1.0)]}, {}),
+    "nemotron-nas-q4": ("nemotron-nas", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "nemotron-nas-bf16-q4": ("nemotron-nas", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    # A full first layer (batched prompts' masks come from its cache), then no attention
+    # and a linear FFN. Not a linear attention: its cache, never written, makes mlx-lm's
+    # batch_generate raise (BatchKVCache.extract of no keys).
+    "nemotron-nas-small-f32": ("nemotron-nas", dict(SMALL, num_hidden_layers=2,
+                                                    block_configs=[nas_block(2, 1.0), nas_block("no_op", "linear")]),
+                               {}),
+})
+
+
+# Youtu-LLM: DeepSeek-V2's low-rank queries and compressed keys / values expanded by
+# kv_b_proj (rotary part repeated over the heads), norms at rms_norm_eps, initialize_rope
+# over qk_rope_head_dim (traditional by default), dense SwiGLU MLPs; tied by default.
+ARCHS["youtu_llm"] = {"model_type": "youtu_llm", "num_attention_heads": 4, "num_key_value_heads": 4,
+                      "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+                      "v_head_dim": 16, "rope_theta": 1600000.0, "max_position_embeddings": 256}
+VARIANTS.update({
+    "youtu_llm-f32": ("youtu_llm", {}, {}),
+    # No q LoRA, untied, biases, llama3 RoPE not traditional; query / key heads of 24 + 8
+    # and values of 32 (the quantized KV-cache decode).
+    "youtu_llm-f32-noqlora-untied-bias-llama3-hd32": (
+        "youtu_llm", {"q_lora_rank": None, "tie_word_embeddings": False, "attention_bias": True, "mlp_bias": True,
+                      "rope_scaling": LLAMA3, "rope_traditional": False, "qk_nope_head_dim": 24, "v_head_dim": 32},
+        {}),
+    "youtu_llm-f32-yarn": ("youtu_llm", {"rope_scaling": YARN}, {}),
+    "youtu_llm-q4": ("youtu_llm", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "youtu_llm-bf16-q4": ("youtu_llm", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "youtu_llm-small-f32": ("youtu_llm", dict(SMALL, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                                              qk_nope_head_dim=8, v_head_dim=8), {}),
+})
+
+
+# Klear: Qwen3-shaped attention (per-head q/k norms, heads of hidden / heads, biases by
+# attention_bias), experts on the layers (i + 1) % decoder_sparse_step == 0 outside
+# mlp_only_layers: sigmoid scores plus expert_bias pick them, the shared experts mixed
+# in by softmax(coefficient(x)); HF's per-expert weights, which sanitize stacks.
+ARCHS["Klear"] = {"model_type": "Klear", "num_hidden_layers": 3, "attention_bias": False, "mlp_only_layers": [0],
+                  "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "n_shared_experts": 1,
+                  "moe_intermediate_size": 32, "rope_theta": 10000.0, "max_position_embeddings": 256,
+                  "norm_topk_prob": True}
+VARIANTS.update({
+    "Klear-f32": ("Klear", {}, {}),
+    # Every second layer sparse (layers 1 and 3), none excluded; biases, raw top-k scores,
+    # two shared experts, heads of 32 (the quantized KV-cache decode).
+    "Klear-f32-step2-bias-nonorm-hd32": (
+        "Klear", {"num_hidden_layers": 4, "mlp_only_layers": [], "decoder_sparse_step": 2, "attention_bias": True,
+                  "norm_topk_prob": False, "n_shared_experts": 2, "num_attention_heads": 2,
+                  "num_key_value_heads": 1}, {}),
+    # No experts at all: every layer dense (decoder_sparse_step never read).
+    "Klear-f32-dense": ("Klear", {"num_experts": 0, "decoder_sparse_step": 0}, {}),
+    "Klear-q4": ("Klear", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "Klear-bf16-q4": ("Klear", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "Klear-small-f32": ("Klear", dict(SMALL, num_hidden_layers=2, moe_intermediate_size=16), {}),
+})
+
+
+# Mellum: Qwen3-shaped attention whose RoPE each layer type takes from
+# rope_parameters[type] (default / linear: plain, whatever else the section says),
+# sliding layers with a rotating cache of 4 (prompts cross it), Qwen3-MoE's softmax
+# experts in every layer (HF's per-expert weights, stacked by sanitize).
+MELLUM_ROPE = {"full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+               "sliding_attention": {"rope_theta": 10000.0}}
+ARCHS["mellum"] = {"model_type": "mellum", "num_hidden_layers": 3, "head_dim": 16, "num_experts": 4,
+                   "num_experts_per_tok": 2, "moe_intermediate_size": 32, "tie_word_embeddings": False,
+                   "max_position_embeddings": 256, "norm_topk_prob": True, "sliding_window": 4,
+                   "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                   "rope_parameters": MELLUM_ROPE}
+VARIANTS.update({
+    "mellum-f32": ("mellum", {}, {}),
+    # yarn on the global layers, linear (so plain) on the sliding ones; tied, raw top-k
+    # scores, heads of 32 (the quantized KV-cache decode), the global layer first.
+    "mellum-f32-yarn-linear-tied-nonorm-hd32": (
+        "mellum", {"tie_word_embeddings": True, "norm_topk_prob": False, "head_dim": 32, "num_attention_heads": 2,
+                   "num_key_value_heads": 1,
+                   "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+                   "rope_parameters": {
+                       "full_attention": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                                          "original_max_position_embeddings": 64},
+                       "sliding_attention": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}}, {}),
+    # Global layers only (no windowed mask), llama3 RoPE.
+    "mellum-f32-full-llama3": (
+        "mellum", {"num_hidden_layers": 2, "layer_types": ["full_attention"] * 2,
+                   "rope_parameters": {"full_attention": dict(LLAMA3, rope_theta=500000.0)}}, {}),
+    "mellum-q4": ("mellum", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "mellum-bf16-q4": ("mellum", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 32}}),
+})
+GOLDENS.update({
+    "mellum-small-f32": ("mellum", dict(SMALL, head_dim=8, moe_intermediate_size=16,
+                                        layer_types=["sliding_attention", "full_attention"], num_hidden_layers=2),
+                         {}),
+})
+
+
+# Talkie: weightless RMS norms, RoPE with negated frequencies, queries and keys normed
+# after it and the queries scaled per head, gains on every residual branch and a skip
+# from the normed embeddings, a bare lm_head parameter times a gain.
+ARCHS["talkie"] = {"model_type": "talkie", "num_attention_heads": 4, "head_dim": 16, "rope_theta": 1000000.0,
+                   "max_position_embeddings": 256, "rms_norm_eps": 1.1920928955078125e-07}
+VARIANTS.update({
+    # With rotary buffers that sanitize drops; float32's epsilon (mlx-lm's default).
+    "talkie-f32": ("talkie", {}, {"extras": True}),
+    # Heads of 32 (the quantized KV-cache decode), another theta and eps, wider heads than
+    # the width (4 x 32 = 128 over 64).
+    "talkie-f32-hd32-eps": ("talkie", {"num_attention_heads": 4, "head_dim": 32, "rope_theta": 10000.0,
+                                       "rms_norm_eps": 1e-5}, {}),
+    "talkie-q4": ("talkie", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "talkie-bf16-q4": ("talkie", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "talkie-small-f32": ("talkie", dict(SMALL, head_dim=8), {}),
+})
+
+
+# PLaMo: parallel layers over one pre-norm (model.layers.layers), key-value heads
+# ceil(heads / n_shared_head) tiled (not repeated) over the query heads after the cache.
+ARCHS["plamo"] = {"model_type": "plamo", "n_shared_head": 2, "rope_theta": 10000.0}
+VARIANTS.update({
+    # 4 query heads over 2 tiled key heads (head i reads key head i % 2).
+    "plamo-f32": ("plamo", {}, {}),
+    # One key head for 4, traditional RoPE at another theta.
+    "plamo-f32-shared4-traditional": ("plamo", {"n_shared_head": 4, "rope_traditional": True,
+                                                "rope_theta": 50000.0}, {}),
+    # mlx-lm's default n_shared_head (8) over 8 heads of 8.
+    "plamo-f32-h8-defaultshared": ("plamo", {"num_attention_heads": 8}, {"drop_keys": ["n_shared_head"]}),
+    "plamo-q4": ("plamo", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "plamo-bf16-q4": ("plamo", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "plamo-small-f32": ("plamo", dict(SMALL), {}),
+})
+
+
+# IQuest-Loop-Coder: the layers run twice; the second run mixes attention over the
+# first run's keys (global) with its own in a rotating window, per head by a sigmoid
+# gate. A window of 4 that the prompts cross.
+ARCHS["iquestloopcoder"] = {"model_type": "iquestloopcoder", "head_dim": 16, "rope_theta": 500000.0,
+                            "loop_window_size": 4, "tie_word_embeddings": False}
+VARIANTS.update({
+    "iquestloopcoder-f32": ("iquestloopcoder", {}, {}),
+    # Biases, tied, llama3 RoPE, a window of 8, heads of 32 (MHA 2/2).
+    "iquestloopcoder-f32-bias-tied-llama3-hd32": (
+        "iquestloopcoder", {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True,
+                            "rope_scaling": LLAMA3, "loop_window_size": 8, "num_attention_heads": 2,
+                            "num_key_value_heads": 2, "head_dim": 32}, {}),
+    "iquestloopcoder-q4": ("iquestloopcoder", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "iquestloopcoder-bf16-q4": ("iquestloopcoder", {}, {"dtype": "bfloat16",
+                                                        "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "iquestloopcoder-small-f32": ("iquestloopcoder", dict(SMALL, head_dim=8), {}),
+})
+
+
+def wrap_towers(config, weights, wrap):
+    """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
+    model_type, text_overrides = wrap
+    text = dict(config)
+    for k, v in text_overrides.items():
+        if v is None:
+            text.pop(k, None)
+        else:
+            text[k] = v
+    config = {"model_type": model_type, "text_config": text, "vision_config": {"hidden_size": 8}}
+    weights = {f"language_model.{k}": v for k, v in weights.items()}
+    weights["vision_tower.patch_conv.weight"] = np.ones((4, 4), np.float32)
+    weights["vision_tower.transformer.layers.0.attention.q_proj.weight"] = np.ones((4, 4), np.float32)
+    weights["multi_modal_projector.linear_1.weight"] = np.ones((4, 4), np.float32)
+    return config, weights
+
+
 def seed_of(name):
     return zlib.crc32(name.encode())
 
@@ -1539,6 +1817,12 @@ def to_hf_names(config, weights, opts, rng):
     mt = config["model_type"]
     out = {}
     for k, v in weights.items():
+        if mt == "Klear" and ".mlp.experts." in k and v.ndim == 3:
+            # HF's experts one by one: `mlp.experts.{e}.{proj}.weight`.
+            prefix, proj = k.split(".mlp.experts.")
+            for e in range(v.shape[0]):
+                out[f"{prefix}.mlp.experts.{e}.{proj}"] = v[e]
+            continue
         if opts.get("fused_vl_experts") and ".mlp.switch_mlp." in k:
             # Qwen3-VL-MoE's HF experts: gate_up_proj [E, D, 2I], down_proj [E, I, D].
             prefix = k.split(".mlp.switch_mlp.")[0]
@@ -1551,7 +1835,7 @@ def to_hf_names(config, weights, opts, rng):
                     np.concatenate([np.swapaxes(v, -1, -2), np.swapaxes(up, -1, -2)], axis=-1))
             continue
         if mt in ("qwen3_moe", "qwen2_moe", "olmoe", "glm4_moe", "ernie4_5_moe", "hunyuan",
-                  "bailing_moe", "solar_open") \
+                  "bailing_moe", "solar_open", "mellum") \
                 and ".mlp.switch_mlp." in k and not k.endswith(".bias"):
             # (Stacked expert biases stay as they are: the sanitize of bailing_moe, the only
             # file with them, stacks weights, scales and biases, not `bias`.)
@@ -1595,12 +1879,12 @@ def to_hf_names(config, weights, opts, rng):
                 prefix = k.split(".mlp.switch_mlp.")[0]
                 for e in range(v.shape[0]):
                     out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = v[e]
-            elif k.endswith(".embed_q.weight"):
+            elif k.endswith(".embed_q.weight") and not opts.get("wrap_kimi_vl"):
                 wv = weights[k.replace(".embed_q.", ".unembed_out.")]
                 kv = np.concatenate([np.swapaxes(v, 1, 2), wv], axis=1)
                 out[k.replace(".embed_q.weight", ".kv_b_proj.weight")] = np.ascontiguousarray(
                     kv.reshape(-1, kv.shape[-1]))
-            elif not k.endswith(".unembed_out.weight"):
+            elif not k.endswith(".unembed_out.weight") or opts.get("wrap_kimi_vl"):
                 out[k] = v
         elif mt == "qwen3_next":
             # HF layout: per-expert weights, zero-centred norms, conv1d as [C, 1, K].
@@ -1662,7 +1946,7 @@ def to_hf_names(config, weights, opts, rng):
         elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1") \
                 and k.endswith("conv1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
-        elif mt in ("lfm2", "lfm2_moe") and k.endswith("conv.conv.weight"):
+        elif mt in ("lfm2", "lfm2_moe") and k.endswith("conv.conv.weight") and not opts.get("wrap_towers"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "lfm2_moe" and ".feed_forward." in k and k.endswith("_proj.weight"):
             # HF layout: w1 / w3 / w2, per-expert weights.
@@ -1780,6 +2064,12 @@ def to_hf_names(config, weights, opts, rng):
             out[f"gpt_neox.layers.{i}.attention.bias"] = np.tril(np.ones((1, 1, L, L), np.float32))
             out[f"gpt_neox.layers.{i}.attention.masked_bias"] = np.array(-1e9, np.float32)
             out[f"gpt_neox.layers.{i}.attention.rotary_emb.inv_freq"] = rng.standard_normal((2,)).astype(np.float32)
+    elif opts.get("extras") and mt == "talkie":
+        # Precomputed rotary buffers (sanitize drops `rotary` keys and `cos` / `sin` ones).
+        out["model.blocks.0.attn.rotary.inv_freq"] = rng.standard_normal((config["head_dim"] // 2,)).astype(
+            np.float32)
+        out["model.rope_cos"] = np.ones((4, config["head_dim"]), np.float32)
+        out["model.rope_sin"] = np.zeros((4, config["head_dim"]), np.float32)
     elif opts.get("extras") and mt == "lille-130m":
         # HF's rotary buffers (sanitize drops every rotary_emb key); no lm_head.
         head_dim = config["n_embd"] // config["n_head"]
@@ -1866,12 +2156,16 @@ def write_dense(out, name, arch, overrides, opts):
     config = dict(BASE)
     config.update(ARCHS[arch])
     config.update(overrides)
+    for k in opts.get("drop_keys", []):  # mlx-lm's default for that key
+        config.pop(k, None)
     rng = np.random.default_rng(seed_of(name))
     if arch == "gemma3n":
         # Only the multimodal config exists in mlx-lm; its text model is under
         # model.language_model (HF's names too), the towers beside it.
         config = {"model_type": "gemma3n", "text_config": config,
                   "vision_config": {"hidden_size": 8}, "audio_config": {"hidden_size": 8}}
+    if opts.get("wrap_towers", ("",))[0] == "pixtral":
+        config["tie_word_embeddings"] = False  # pixtral's __post_init__
     weights = random_weights(config, rng)
     if arch == "gemma3n":
         for tower in ("vision_tower.encoder.weight", "audio_tower.conv.weight",
@@ -1907,6 +2201,8 @@ def write_dense(out, name, arch, overrides, opts):
                        for k, v in weights.items()}
         weights["vision_tower.patch_conv.weight"] = np.ones((4, 4), np.float32)
         weights["multi_modal_projector.linear_1.weight"] = np.ones((4, 4), np.float32)
+    if opts.get("wrap_towers"):
+        config, weights = wrap_towers(config, weights, opts["wrap_towers"])
     if opts.get("wrap_vl"):
         # A Qwen2-VL / Qwen3-VL checkpoint: "flat" keeps the text config at the top and the
         # text weights as they are; "nested" has a text_config and the newer
@@ -1976,6 +2272,14 @@ def write_dense(out, name, arch, overrides, opts):
         weights = {f"language_model.{k}": v for k, v in weights.items()}
         weights["vision_tower.patch_embed.proj.weight"] = np.ones((4, 4), np.float32)
         weights["mm_projector.proj.0.weight"] = np.ones((4, 4), np.float32)
+    if opts.get("wrap_kimi_vl"):
+        # A Kimi-VL checkpoint: the DeepSeek-V3 text model under `language_model` (HF's
+        # per-expert weights and rotary buffers, which sanitize stacks and drops), the
+        # vision tower and projector beside it.
+        config = {"model_type": "kimi_vl", "text_config": dict(config), "vision_config": {"hidden_size": 8}}
+        weights = {f"language_model.{k}": v for k, v in weights.items()}
+        weights["vision_tower.encoder.blocks.0.wqkv.weight"] = np.ones((4, 4), np.float32)
+        weights["multi_modal_projector.linear_1.weight"] = np.ones((4, 4), np.float32)
     if opts.get("hf_mxfp4"):
         config["quantization_config"] = {"quant_method": "mxfp4"}
     if config["model_type"] == "llama4":

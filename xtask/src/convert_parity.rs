@@ -169,6 +169,25 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-nanbeige", "nanbeige-q4", None),
     ("lille-130m", "lille-130m-f32", None),
     ("q-lille-130m", "lille-130m-q4", None),
+    ("pixtral", "pixtral-f32", None),
+    ("q-pixtral", "pixtral-q4", None),
+    ("lfm2-vl", "lfm2-vl-f32", None),
+    ("kimi_vl", "kimi_vl-f32", None),
+    ("nemotron-nas", "nemotron-nas-f32", None),
+    ("q-nemotron-nas", "nemotron-nas-q4", None),
+    ("youtu_llm", "youtu_llm-f32", None),
+    ("q-youtu_llm", "youtu_llm-q4", None),
+    ("Klear", "Klear-f32", None),
+    ("q-Klear", "Klear-q4", None),
+    ("mellum", "mellum-f32", None),
+    ("q-mellum", "mellum-q4", None),
+    ("talkie", "talkie-f32", None),
+    ("q-talkie", "talkie-q4", None),
+    ("plamo", "plamo-f32", None),
+    ("q-plamo", "plamo-q4", None),
+    ("iquestloopcoder", "iquestloopcoder-f32", None),
+    ("q-iquestloopcoder", "iquestloopcoder-q4", None),
+    ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
     ("gemma4_text", "gemma4_text-f32", None),
@@ -350,6 +369,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     for src in [
         "deepseek_v3",
         "kimi_k25",
+        "kimi_vl",
         "glm4_moe_lite",
         "deepseek_v2",
         "minicpm3",
@@ -514,6 +534,28 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         add("lille-130m", flags);
     }
     add("q-lille-130m", "-d");
+    // Pixtral and LFM2-VL (the text model under language_model, the towers dropped),
+    // Nemotron-NAS (per-layer blocks: full, linear, absent), Youtu-LLM (DeepSeek-V2's
+    // expanded low-rank attention, dense MLPs, tied), Klear (its router kept at 8 bits,
+    // expert_bias in its dtype), Mellum (its router kept at 8 bits), Talkie (a bare
+    // lm_head parameter, never quantized; rotary buffers dropped), PLaMo (parallel
+    // layers under model.layers.layers), IQuest-Loop-Coder (its gate projections).
+    for (src, quantized) in [
+        ("pixtral", "q-pixtral"),
+        ("lfm2-vl", "q-lfm2-vl"),
+        ("nemotron-nas", "q-nemotron-nas"),
+        ("youtu_llm", "q-youtu_llm"),
+        ("Klear", "q-Klear"),
+        ("mellum", "q-mellum"),
+        ("talkie", "q-talkie"),
+        ("plamo", "q-plamo"),
+        ("iquestloopcoder", "q-iquestloopcoder"),
+    ] {
+        for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+            add(src, flags);
+        }
+        add(quantized, "-d");
+    }
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

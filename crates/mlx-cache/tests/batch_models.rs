@@ -579,6 +579,37 @@ model_tests! {
     // Lille 130M: the fused qkv_proj, traditional RoPE, norms inside the blocks, tied.
     batched_decode_equals_alone_lille_130m, prefilled_together_equals_alone_lille_130m
         => "lille-130m-small-f32", true;
+    // Pixtral: a Llama text model under language_model, untied.
+    batched_decode_equals_alone_pixtral, prefilled_together_equals_alone_pixtral
+        => "pixtral-small-f32", true;
+    // LFM2-VL: LFM2 under language_model, its convolution states and KV caches.
+    batched_decode_equals_alone_lfm2_vl, prefilled_together_equals_alone_lfm2_vl
+        => "lfm2-vl-small-f32", true;
+    // Kimi-VL: DeepSeek-V3's MLA and routed experts under language_model.
+    batched_decode_equals_alone_kimi_vl, prefilled_together_equals_alone_kimi_vl
+        => "kimi_vl-small-f32", true;
+    // Nemotron-NAS: a full layer, then one without attention (a linear FFN).
+    batched_decode_equals_alone_nemotron_nas, prefilled_together_equals_alone_nemotron_nas
+        => "nemotron-nas-small-f32", true;
+    // Youtu-LLM: keys expanded from the compressed projection, traditional RoPE, tied.
+    batched_decode_equals_alone_youtu_llm, prefilled_together_equals_alone_youtu_llm
+        => "youtu_llm-small-f32", true;
+    // Klear: sigmoid-routed experts with expert_bias, shared experts mixed by coefficients.
+    batched_decode_equals_alone_klear, prefilled_together_equals_alone_klear
+        => "Klear-small-f32", true;
+    // Mellum: a sliding layer (rotating cache of 4) and a global one, experts in both;
+    // within 1e-4 with the same tokens, as the other sliding models.
+    batched_decode_matches_alone_mellum_sliding, prefilled_together_matches_alone_mellum_sliding
+        => "mellum-small-f32", false;
+    // Talkie: weightless norms, negated-frequency RoPE, gains, the embedding skip.
+    batched_decode_equals_alone_talkie, prefilled_together_equals_alone_talkie
+        => "talkie-small-f32", true;
+    // PLaMo: parallel layers, key heads tiled after the cache.
+    batched_decode_equals_alone_plamo, prefilled_together_equals_alone_plamo
+        => "plamo-small-f32", true;
+    // IQuest-Loop-Coder: two runs of the layers, the second over rotating caches of 4.
+    batched_decode_matches_alone_iquestloopcoder, prefilled_together_matches_alone_iquestloopcoder
+        => "iquestloopcoder-small-f32", false;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

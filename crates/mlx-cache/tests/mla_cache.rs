@@ -32,6 +32,7 @@ fn trimmed_latent_cache_decodes_like_the_untrimmed_one() {
     for name in [
         "deepseek_v3-small-f32",
         "kimi_k25-small-f32",
+        "kimi_vl-small-f32",
         "glm4_moe_lite-small-f32",
     ] {
         let model = load(name);

@@ -559,3 +559,279 @@ fn lille_130m_requires_its_keys_and_positive_heads() {
     let e = err(&with(c, json!({"n_head": 0})));
     assert!(e.contains("n_head"), "{e}");
 }
+
+#[test]
+fn pixtral_and_lfm2_vl_require_a_text_config() {
+    let llama = json!({"model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2,
+                       "intermediate_size": 128, "num_key_value_heads": 8,
+                       "rms_norm_eps": 1e-5, "vocab_size": 64});
+    // Without num_attention_heads: 32, as pixtral's __post_init__ sets.
+    let c = json!({"model_type": "pixtral", "text_config": llama});
+    assert!(build_model(&c).is_ok());
+    assert!(err(&json!({"model_type": "pixtral"})).contains("text_config"));
+    let e = err(&json!({"model_type": "pixtral", "text_config": [1]}));
+    assert!(e.contains("text_config"), "{e}");
+    // The text model's own required keys.
+    let mut no_width = c.clone();
+    no_width["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("hidden_size");
+    assert!(err(&no_width).contains("hidden_size"));
+
+    let lfm2 = json!({"model_type": "lfm2", "vocab_size": 64, "hidden_size": 64,
+                      "num_hidden_layers": 2, "num_attention_heads": 4,
+                      "num_key_value_heads": 2, "max_position_embeddings": 128,
+                      "norm_eps": 1e-5, "conv_bias": false, "conv_L_cache": 3,
+                      "block_dim": 64, "block_ff_dim": 128, "block_multiple_of": 64,
+                      "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": true,
+                      "full_attn_idxs": [1]});
+    let c = json!({"model_type": "lfm2-vl", "text_config": lfm2});
+    assert!(build_model(&c).is_ok());
+    // The module's name is no model_type of mlx-lm's.
+    assert!(build_model(&with(c.clone(), json!({"model_type": "lfm2_vl"}))).is_err());
+    assert!(err(&json!({"model_type": "lfm2-vl"})).contains("text_config"));
+    let mut no_conv = c;
+    no_conv["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("conv_L_cache");
+    assert!(err(&no_conv).contains("conv_L_cache"));
+}
+
+#[test]
+fn kimi_vl_requires_a_text_config_and_checks_deepseek_v3s_keys() {
+    // kimi_vl's TextArgs: DeepSeek-V3's keys, every one defaulted.
+    let c = json!({"model_type": "kimi_vl",
+                   "text_config": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1,
+                                   "num_attention_heads": 2, "kv_lora_rank": 16,
+                                   "q_lora_rank": 16, "qk_rope_head_dim": 8,
+                                   "qk_nope_head_dim": 8, "v_head_dim": 8,
+                                   "intermediate_size": 64}});
+    assert!(build_model(&c).is_ok());
+    assert!(err(&json!({"model_type": "kimi_vl"})).contains("text_config"));
+    let e = err(&json!({"text_config": c["text_config"].clone()}));
+    assert!(e.contains("model_type"), "{e}");
+    let mut bad = c;
+    bad["text_config"]["topk_method"] = json!("greedy");
+    assert!(err(&bad).contains("topk_method"));
+}
+
+#[test]
+fn nemotron_nas_checks_its_block_configs() {
+    let full = json!({"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.0}});
+    let c = json!({"model_type": "nemotron-nas", "hidden_size": 64, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "vocab_size": 64,
+                   "block_configs": [full.clone(),
+                                     {"attention": {"replace_with_linear": true},
+                                      "ffn": {"no_op": true}}]});
+    assert!(build_model(&c).is_ok());
+    // The module's name is no model_type of mlx-lm's.
+    assert!(build_model(&with(c.clone(), json!({"model_type": "nemotron_nas"}))).is_err());
+    let e = err(&with(c.clone(), json!({"num_hidden_layers": 3})));
+    assert!(e.contains("block_configs"), "{e}");
+    let blocks = |b: Value| with(c.clone(), json!({"block_configs": [full.clone(), b]}));
+    let e = err(&blocks(json!({"attention": {}, "ffn": {"ffn_mult": 1.0}})));
+    assert!(e.contains("n_heads_in_group"), "{e}");
+    let e = err(&blocks(
+        json!({"attention": {"n_heads_in_group": 0}, "ffn": {"no_op": true}}),
+    ));
+    assert!(e.contains("n_heads_in_group"), "{e}");
+    let e = err(&blocks(
+        json!({"attention": {"n_heads_in_group": 3}, "ffn": {"no_op": true}}),
+    ));
+    assert!(e.contains("divisible"), "{e}");
+    let e = err(&blocks(json!({"attention": {"no_op": true}, "ffn": {}})));
+    assert!(e.contains("ffn_mult"), "{e}");
+    // AttentionConfig(**data): an unknown key is refused.
+    let e = err(&blocks(
+        json!({"attention": {"no_op": true, "heads": 2}, "ffn": {"no_op": true}}),
+    ));
+    assert!(e.contains("heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"hidden_act": "swish"})));
+    assert!(e.contains("swish"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_scaling": {"factor": 8.0, "type": "llama3"}}),
+    ));
+    assert!(e.contains("rope_type"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_scaling": {"rope_type": "linear"}}),
+    ));
+    assert!(e.contains("factor"), "{e}");
+    let e = err(&with(c.clone(), json!({"hidden_size": 66})));
+    assert!(e.contains("divisible"), "{e}");
+    // No attention layer at all: mlx-lm's forward reads cache[0].
+    let none = json!({"attention": {"no_op": true}, "ffn": {"ffn_mult": 1.0}});
+    let e = err(&with(c, json!({"block_configs": [none.clone(), none]})));
+    assert!(e.contains("no_op"), "{e}");
+}
+
+#[test]
+fn youtu_llm_defaults_every_key_and_refuses_a_bad_rope_scaling() {
+    let c = json!({"model_type": "youtu_llm", "vocab_size": 64, "hidden_size": 32,
+                   "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                   "kv_lora_rank": 16, "q_lora_rank": null, "qk_rope_head_dim": 8,
+                   "qk_nope_head_dim": 8, "v_head_dim": 8});
+    let m = build_model(&c).expect("youtu_llm builds");
+    assert_eq!((m.model_type(), m.num_layers()), ("youtu_llm", 1));
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_scaling": {"rope_type": "llama3"}}),
+    ));
+    assert!(e.contains("factor"), "{e}");
+    let e = err(&with(
+        c,
+        json!({"rope_scaling": {"type": "unknown_kind", "factor": 2.0}}),
+    ));
+    assert!(e.contains("unknown_kind"), "{e}");
+}
+
+#[test]
+fn klear_requires_its_keys_and_a_sparse_step_with_experts() {
+    let c = json!({"model_type": "Klear", "hidden_size": 64, "num_hidden_layers": 2,
+                   "intermediate_size": 128, "num_attention_heads": 4, "attention_bias": false,
+                   "mlp_only_layers": [0], "num_experts": 4, "num_experts_per_tok": 2,
+                   "decoder_sparse_step": 1, "n_shared_experts": 1, "moe_intermediate_size": 32,
+                   "rms_norm_eps": 1e-6, "vocab_size": 64, "num_key_value_heads": 2,
+                   "rope_theta": 10000.0, "max_position_embeddings": 128,
+                   "norm_topk_prob": true});
+    assert!(build_model(&c).is_ok());
+    // The model_type is capitalised, as mlx-lm's file.
+    assert!(build_model(&with(c.clone(), json!({"model_type": "klear"}))).is_err());
+    for key in [
+        "mlp_only_layers",
+        "decoder_sparse_step",
+        "n_shared_experts",
+        "norm_topk_prob",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        assert!(err(&missing).contains(key), "{key}");
+    }
+    let e = err(&with(c.clone(), json!({"decoder_sparse_step": 0})));
+    assert!(e.contains("decoder_sparse_step"), "{e}");
+    // Without experts the step is never read.
+    assert!(build_model(&with(
+        c.clone(),
+        json!({"num_experts": 0, "decoder_sparse_step": 0})
+    ))
+    .is_ok());
+    let e = err(&with(c, json!({"num_experts_per_tok": 5})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+}
+
+#[test]
+fn klear_keeps_expert_bias_in_its_dtype_when_cast() {
+    let c = json!({"model_type": "Klear", "hidden_size": 64, "num_hidden_layers": 2,
+                   "intermediate_size": 128, "num_attention_heads": 4, "attention_bias": false,
+                   "mlp_only_layers": [], "num_experts": 4, "num_experts_per_tok": 2,
+                   "decoder_sparse_step": 1, "n_shared_experts": 1, "moe_intermediate_size": 32,
+                   "rms_norm_eps": 1e-6, "vocab_size": 64, "num_key_value_heads": 2,
+                   "rope_theta": 10000.0, "max_position_embeddings": 128,
+                   "norm_topk_prob": true});
+    let mut m = build_model(&c).unwrap();
+    let module = m.as_module_mut().unwrap();
+    module.cast_floating(mlx_array::Dtype::Bfloat16).unwrap();
+    let mut seen = 0;
+    module.visit_params("", &mut |name, p| {
+        let want = match name.contains("expert_bias") {
+            true => mlx_array::Dtype::Float32,
+            false => mlx_array::Dtype::Bfloat16,
+        };
+        seen += usize::from(name.contains("expert_bias"));
+        assert_eq!(p.dtype(), want, "{name}");
+    });
+    assert_eq!(seen, 2);
+}
+
+#[test]
+fn mellum_checks_its_layer_types_and_rope_parameters() {
+    let c = json!({"model_type": "mellum", "hidden_size": 32, "num_hidden_layers": 2,
+                   "intermediate_size": 64, "num_attention_heads": 4, "num_experts": 4,
+                   "num_experts_per_tok": 2, "moe_intermediate_size": 16, "rms_norm_eps": 1e-6,
+                   "vocab_size": 64, "num_key_value_heads": 2, "head_dim": 8,
+                   "tie_word_embeddings": false, "max_position_embeddings": 128,
+                   "norm_topk_prob": true, "sliding_window": 4,
+                   "layer_types": ["sliding_attention", "full_attention"],
+                   "rope_parameters": {"full_attention": {"rope_theta": 1e6},
+                                       "sliding_attention": {"rope_theta": 1e4}}});
+    let m = build_model(&c).unwrap();
+    // make_cache: a rotating cache of the window for the sliding layer.
+    assert!(m.defines_make_cache());
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_parameters": {"full_attention": {"rope_theta": 1e6}}}),
+    ));
+    assert!(e.contains("rope_parameters.sliding_attention"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_parameters": {"full_attention": {},
+                                                             "sliding_attention": {"rope_theta": 1e4}}}),
+    ));
+    assert!(e.contains("rope_theta"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"layer_types": ["sliding_attention", "sliding_attention"]}),
+    ));
+    assert!(e.contains("full_attention"), "{e}");
+    let e = err(&with(c.clone(), json!({"layer_types": ["full_attention"]})));
+    assert!(e.contains("layer_types"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"layer_types": ["full_attention", "chunked"]}),
+    ));
+    assert!(e.contains("chunked"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 0})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let mut missing = c;
+    missing.as_object_mut().unwrap().remove("sliding_window");
+    assert!(err(&missing).contains("sliding_window"));
+}
+
+#[test]
+fn talkie_defaults_its_keys_and_needs_even_heads() {
+    let c = json!({"model_type": "talkie", "hidden_size": 32, "num_hidden_layers": 1,
+                   "num_attention_heads": 2, "head_dim": 8, "intermediate_size": 64,
+                   "vocab_size": 64});
+    let m = build_model(&c).unwrap();
+    assert_eq!((m.model_type(), m.num_layers()), ("talkie", 1));
+    let e = err(&with(c.clone(), json!({"head_dim": 7})));
+    assert!(e.contains("head_dim"), "{e}");
+    let e = err(&with(c, json!({"num_attention_heads": 0})));
+    assert!(e.contains("num_attention_heads"), "{e}");
+}
+
+#[test]
+fn plamo_needs_heads_that_the_shared_heads_divide() {
+    let c = json!({"model_type": "plamo", "hidden_size": 64, "num_hidden_layers": 1,
+                   "intermediate_size": 128, "num_attention_heads": 8, "rms_norm_eps": 1e-6,
+                   "vocab_size": 64});
+    // n_shared_head defaults to 8: one key head for eight.
+    assert!(build_model(&c).is_ok());
+    let e = err(&with(c.clone(), json!({"num_attention_heads": 4})));
+    assert!(e.contains("n_shared_head"), "{e}");
+    let e = err(&with(c.clone(), json!({"n_shared_head": 0})));
+    assert!(e.contains("n_shared_head"), "{e}");
+    let mut missing = c;
+    missing.as_object_mut().unwrap().remove("rms_norm_eps");
+    assert!(err(&missing).contains("rms_norm_eps"));
+}
+
+#[test]
+fn iquestloopcoder_runs_two_loops_only() {
+    let c = json!({"model_type": "iquestloopcoder", "hidden_size": 32, "num_hidden_layers": 2,
+                   "intermediate_size": 64, "num_attention_heads": 4, "rms_norm_eps": 1e-6,
+                   "vocab_size": 64, "head_dim": 8, "num_key_value_heads": 2});
+    let m = build_model(&c).unwrap();
+    // make_cache: a KVCache per layer, then a rotating one per layer for the second run.
+    assert!(m.defines_make_cache());
+    let e = err(&with(c.clone(), json!({"loop_num": 3})));
+    assert!(e.contains("loop_num"), "{e}");
+    let e = err(&with(c.clone(), json!({"loop_window_size": 0})));
+    assert!(e.contains("loop_window_size"), "{e}");
+    let mut missing = c;
+    missing.as_object_mut().unwrap().remove("head_dim");
+    assert!(err(&missing).contains("head_dim"));
+}

@@ -145,6 +145,16 @@ golden_tests! {
     telechat3_llama_shaped_logits_match_mlx_lm => "telechat3-small-f32",
     nanbeige_looped_layers_logits_match_mlx_lm => "nanbeige-small-f32",
     lille_130m_fused_qkv_inner_norms_logits_match_mlx_lm => "lille-130m-small-f32",
+    pixtral_llama_text_logits_match_mlx_lm => "pixtral-small-f32",
+    lfm2_vl_lfm2_text_logits_match_mlx_lm => "lfm2-vl-small-f32",
+    kimi_vl_deepseek_v3_text_logits_match_mlx_lm => "kimi_vl-small-f32",
+    nemotron_nas_per_layer_blocks_logits_match_mlx_lm => "nemotron-nas-small-f32",
+    youtu_llm_expanded_low_rank_attention_logits_match_mlx_lm => "youtu_llm-small-f32",
+    klear_coefficient_mixed_experts_logits_match_mlx_lm => "Klear-small-f32",
+    mellum_sliding_experts_logits_match_mlx_lm => "mellum-small-f32",
+    talkie_gains_embedding_skip_logits_match_mlx_lm => "talkie-small-f32",
+    plamo_tiled_heads_parallel_layers_logits_match_mlx_lm => "plamo-small-f32",
+    iquestloopcoder_gated_loops_logits_match_mlx_lm => "iquestloopcoder-small-f32",
 }
 
 #[test]

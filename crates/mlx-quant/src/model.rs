@@ -45,8 +45,19 @@ fn no_tree(model_type: &str) -> QuantError {
 
 /// What mlx-lm's model arguments change in the config dict they were read from (and so
 /// in the config `mlx_lm.convert` saves): qwen3_5's `__post_init__` renames
-/// `rope_parameters.rope_type` to `type` in place.
+/// `rope_parameters.rope_type` to `type` in place; pixtral's and lfm2-vl's set
+/// `text_config.tie_word_embeddings` false (pixtral's also `num_attention_heads` 32 when
+/// missing).
 fn args_side_effects(model_type: &str, config: &mut Map<String, Value>) {
+    if matches!(model_type, "pixtral" | "lfm2-vl") {
+        if let Some(Value::Object(text)) = config.get_mut("text_config") {
+            text.insert("tie_word_embeddings".into(), false.into());
+            if model_type == "pixtral" {
+                text.entry("num_attention_heads").or_insert(32.into());
+            }
+        }
+        return;
+    }
     if !matches!(model_type, "qwen3_5" | "qwen3_5_moe") {
         return;
     }

@@ -177,7 +177,7 @@ impl MixedPredicate {
 }
 
 /// The `quant_predicate` property some mlx-lm models define (used when no recipe is
-/// given): qwen3_moe keeps its router (`mlp.gate`) at 8 bits, group size 64, gpt_oss
+/// given): qwen3_moe (and Klear, mellum) keeps its router (`mlp.gate`) at 8 bits, group size 64, gpt_oss
 /// its `router`, minimax its `block_sparse_moe.gate`, granite its `o_proj`, `down_proj`
 /// and `lm_head` (granitemoe those and
 /// its `router.layer`), the qwen3_next family
@@ -199,7 +199,9 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
         }
     };
     match model_type {
-        "qwen3_moe" | "qwen3_vl_moe" => Some(choose(path.ends_with("mlp.gate"))),
+        "qwen3_moe" | "qwen3_vl_moe" | "Klear" | "mellum" => {
+            Some(choose(path.ends_with("mlp.gate")))
+        }
         "gpt_oss" => Some(choose(path.ends_with("router"))),
         "granite" => Some(choose(
             path.ends_with("self_attn.o_proj")
@@ -227,16 +229,15 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
 
 /// The `cast_predicate` some mlx-lm models define: parameters `--dtype` leaves in their
 /// own dtype (the SSM decay `A_log` of qwen3_5 and nemotron_h, the router correction
-/// bias of glm4_moe (and solar_open), minimax, exaone_moe, the DeepSeek-V3 family (V3.2
-/// and glm_moe_dsa included),
-/// nemotron_h, and the `expert_bias` of lfm2_moe and bailing_moe).
+/// bias of glm4_moe (and solar_open), minimax, exaone_moe, the DeepSeek-V3 family (V3.2,
+/// glm_moe_dsa, kimi_k25 and kimi_vl included),
+/// nemotron_h, and the `expert_bias` of lfm2_moe, bailing_moe and Klear).
 pub fn model_keeps_dtype(model_type: &str, path: &str) -> bool {
     match model_type {
         "glm4_moe" | "glm4_moe_lite" | "deepseek_v3" | "kimi_k2" | "joyai_llm_flash"
-        | "kimi_k25" | "deepseek_v32" | "glm_moe_dsa" | "solar_open" | "minimax" | "exaone_moe" => {
-            path.contains("e_score_correction_bias")
-        }
-        "lfm2_moe" | "bailing_moe" => path.contains("expert_bias"),
+        | "kimi_k25" | "kimi_vl" | "deepseek_v32" | "glm_moe_dsa" | "solar_open" | "minimax"
+        | "exaone_moe" => path.contains("e_score_correction_bias"),
+        "lfm2_moe" | "bailing_moe" | "Klear" => path.contains("expert_bias"),
         "qwen3_5" | "qwen3_5_moe" => path.ends_with("A_log"),
         "nemotron_h" => path.contains("e_score_correction_bias") || path.contains("A_log"),
         _ => false,

@@ -7,8 +7,8 @@ use super::{rope_cache_with, AfterRope};
 use mlx_array::{Array, Dtype, Result};
 use mlx_nn::module::{join, QuantVisitor};
 use mlx_nn::{
-    scaled_dot_product_attention, AttnMask, FusedLinears, KvCache, LinearLayer, Module, Param,
-    RmsNorm, Rope,
+    scaled_dot_product_attention, AttnMask, FusedLinears, KvCache, KvFetch, LinearLayer, Module,
+    Param, RmsNorm, Rope,
 };
 
 /// Sizes and biases of an [`Attention`].
@@ -61,6 +61,9 @@ pub(crate) enum HeadNorm {
     PerHead(super::cohere::LayerNorm2d),
     /// `mx.fast.rms_norm(x, None, eps)`: no weight (nanochat's).
     Weightless(f32),
+    /// [`HeadNorm::Weightless`], then each head times its gain `head_g` (cast to the
+    /// input's dtype; Talkie's queries).
+    WeightlessGain(f32, Param),
 }
 
 impl HeadNorm {
@@ -70,6 +73,10 @@ impl HeadNorm {
             HeadNorm::Gemma(n) => n.forward(x),
             HeadNorm::PerHead(n) => n.forward(x),
             HeadNorm::Weightless(eps) => mlx_array::fast::rms_norm(x, None, *eps),
+            HeadNorm::WeightlessGain(eps, g) => {
+                let gain = g.astype(x.dtype())?.reshape(&[1, -1, 1, 1])?;
+                mlx_array::fast::rms_norm(x, None, *eps)?.multiply(&gain)
+            }
         }
     }
 }
@@ -81,6 +88,7 @@ impl Module for HeadNorm {
             HeadNorm::Gemma(n) => n.visit_params(prefix, f),
             HeadNorm::PerHead(n) => n.visit_params(prefix, f),
             HeadNorm::Weightless(_) => {}
+            HeadNorm::WeightlessGain(_, g) => f(&join(prefix, "head_g"), g),
         }
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
@@ -89,6 +97,7 @@ impl Module for HeadNorm {
             HeadNorm::Gemma(n) => n.visit_params_mut(prefix, f),
             HeadNorm::PerHead(n) => n.visit_params_mut(prefix, f),
             HeadNorm::Weightless(_) => {}
+            HeadNorm::WeightlessGain(_, g) => f(&join(prefix, "head_g"), g),
         }
     }
 }
@@ -120,6 +129,10 @@ pub struct Attention {
     scale: f64,
     /// q/k/v as one matmul for decoding steps (set by the loader).
     qkv: Option<Box<FusedLinears>>,
+    /// The fetched keys and values tiled this many times over the heads (`mx.tile(k,
+    /// [1, n, 1, 1])`, PLaMo's shared heads), so query head `i` reads key head
+    /// `i % n_kv_heads`.
+    kv_tile: Option<i32>,
 }
 
 impl Module for Attention {
@@ -193,7 +206,43 @@ impl Attention {
             head_dim: d.head_dim,
             scale,
             qkv: None,
+            kv_tile: None,
         })
+    }
+
+    /// [`Attention::new`] with the default scale `head_dim ** -0.5` and RoPE from
+    /// `initialize_rope(head_dim, rope_theta, False, rope_scaling, max_position_embeddings)`.
+    pub(crate) fn with_scaled_rope(
+        d: AttentionDims,
+        rope_theta: f64,
+        rope_scaling: Option<&serde_json::Value>,
+        max_position_embeddings: Option<i32>,
+    ) -> crate::Result<Attention> {
+        let rope = mlx_nn::initialize_rope(
+            d.head_dim,
+            rope_theta,
+            false,
+            crate::config::rope_scaling(rope_scaling)?.as_ref(),
+            max_position_embeddings,
+        )?;
+        Attention::new(d, rope, (d.head_dim as f64).powf(-0.5))
+    }
+
+    /// Qwen3's attention: per-head `q_norm` / `k_norm` RMS norms of epsilon `eps` before
+    /// `rope`, the default scale `head_dim ** -0.5` (Klear's, Mellum's).
+    pub(crate) fn with_rms_head_norms(
+        d: AttentionDims,
+        rope: Rope,
+        eps: f64,
+    ) -> crate::Result<Attention> {
+        Attention::new(d, rope, (d.head_dim as f64).powf(-0.5))?
+            .with_qk_norms(NormAt::Heads, |n| Ok(HeadNorm::Rms(RmsNorm::new(n, eps)?)))
+    }
+
+    /// The fetched keys and values tiled `n` times over the heads (see `kv_tile`).
+    pub(crate) fn with_tiled_kv(mut self, n: i32) -> Attention {
+        self.kv_tile = Some(n);
+        self
     }
 
     /// Adds `q_norm` and `k_norm` applied `at`; `norm(dims)` builds one of `dims` features.
@@ -330,6 +379,21 @@ impl Attention {
         if let Some(s) = extras.query_scale {
             queries = queries.multiply(s)?;
         }
+        let fetch = match (self.kv_tile, fetch) {
+            (None, fetch) => fetch,
+            (Some(n), KvFetch::Plain { keys, values }) => KvFetch::Plain {
+                keys: keys.tile(&[1, n, 1, 1])?,
+                values: values.tile(&[1, n, 1, 1])?,
+            },
+            // mlx-lm's `mx.tile` of the quantized (packed, scales, biases) tuple raises.
+            (Some(_), _) => {
+                return Err(mlx_array::Error::InvalidArgument(
+                    "tiling the heads of a quantized KV cache is not supported (mlx-lm's \
+                     PLaMo cannot either)"
+                        .into(),
+                ))
+            }
+        };
         let dtype = queries.dtype();
         let in_f32 =
             extras.queries_in_f32 || (extras.f16_queries_in_f32 && dtype == Dtype::Float16);
@@ -341,6 +405,42 @@ impl Attention {
             scaled_dot_product_attention(&queries, &fetch, self.scale, mask, extras.sinks)?
         };
         project_out(&self.o_proj, &merge_heads(&out, b, l)?, residual)
+    }
+
+    /// mlx-lm's `get_qkv` (IQuest-Loop-Coder): the heads of q, k and v of `x` (no q/k
+    /// norms), q and k rotated at `cache`'s position (0 without one), before any cache
+    /// update.
+    pub(crate) fn rotated_qkv(&self, x: &Array, cache: Option<&dyn KvCache>) -> Result<[Array; 3]> {
+        let (b, l) = batch_len(x)?;
+        let projs = [&self.q_proj, &self.k_proj, &self.v_proj];
+        let [q, k, v] = project(self.qkv.as_deref(), projs, x)?;
+        let q = split_heads(&q, b, l, self.n_heads)?;
+        let k = split_heads(&k, b, l, self.n_kv_heads)?;
+        let (q, k) = match cache {
+            Some(c) => {
+                let offset = c.rope_offset()?;
+                let q = self.rope.forward_at(&q, offset.as_rope_offset())?;
+                (q, self.rope.forward_at(&k, offset.as_rope_offset())?)
+            }
+            None => (self.rope.forward(&q, 0)?, self.rope.forward(&k, 0)?),
+        };
+        Ok([q, k, split_heads(&v, b, l, self.n_kv_heads)?])
+    }
+
+    /// SDPA of rotated `queries` over `fetch` at this attention's scale.
+    pub(crate) fn attend(
+        &self,
+        queries: &Array,
+        fetch: &KvFetch,
+        mask: &AttnMask,
+    ) -> Result<Array> {
+        scaled_dot_product_attention(queries, fetch, self.scale, mask, None)
+    }
+
+    /// `o_proj` of the attention output's heads (plus `residual`).
+    pub(crate) fn output(&self, out: &Array, residual: Option<&Array>) -> Result<Array> {
+        let (b, l) = (out.dim(0)?, out.dim(2)?);
+        project_out(&self.o_proj, &merge_heads(out, b, l)?, residual)
     }
 
     /// Replaces the rotary embedding (SmolLM3's NoPE layers).

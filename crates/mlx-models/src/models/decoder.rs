@@ -6,9 +6,8 @@
 //! stay in each model's file.
 use super::attention::{Attention, Extras};
 use super::mlp::Mlp;
-use super::{cache_at, layer_caches};
+use super::{layer_caches, LayerMasks};
 use mlx_array::{Array, Result};
-use mlx_nn::cache::create_attention_mask;
 use mlx_nn::module::{join, QuantVisitor};
 use mlx_nn::{EmbeddingLayer, KvCache, Module, Param, RmsNorm, SwitchGlu};
 
@@ -278,9 +277,23 @@ pub struct Decoder<F> {
     loops: usize,
     /// With `loops`: the final norm once at the end instead of after every run.
     skip_loop_final_norm: bool,
-    /// Set by [`Decoder::with_loops`]: mlx-lm's class defines `make_cache` (so
-    /// `make_prompt_cache` ignores `max_kv_size`).
+    /// Set by [`Decoder::with_loops`] and [`Decoder::with_sliding`]: mlx-lm's class
+    /// defines `make_cache` (so `make_prompt_cache` ignores `max_kv_size`).
     pub(crate) defines_make_cache: bool,
+    /// Set by [`Decoder::with_sliding`]: which layers attend through a window.
+    sliding: Option<Sliding>,
+}
+
+/// The layers of a [`Decoder`] that attend through a window of `window` positions.
+#[derive(Debug, Clone)]
+struct Sliding {
+    /// Per layer: whether it slides.
+    layers: Vec<bool>,
+    window: i32,
+    /// The first global layer (its cache makes the global mask) and the first sliding
+    /// one (its cache makes the windowed mask).
+    full_idx: usize,
+    swa_idx: Option<usize>,
 }
 
 impl<F: FeedForward + 'static> Decoder<F> {
@@ -300,7 +313,38 @@ impl<F: FeedForward + 'static> Decoder<F> {
             loops: 1,
             skip_loop_final_norm: false,
             defines_make_cache: false,
+            sliding: None,
         })
+    }
+
+    /// The layers whose flag in `sliding` is set attend through a window of `window`
+    /// positions, with a rotating cache of that size (mlx-lm's `make_cache`), the others
+    /// globally; each kind's mask comes from the cache of its first layer (`full_idx`:
+    /// the first global one).
+    pub(crate) fn with_sliding(
+        mut self,
+        sliding: Vec<bool>,
+        window: i32,
+        full_idx: usize,
+    ) -> Decoder<F> {
+        let swa_idx = sliding.iter().position(|&s| s);
+        self.sliding = Some(Sliding {
+            layers: sliding,
+            window,
+            full_idx,
+            swa_idx,
+        });
+        self.defines_make_cache = true;
+        self
+    }
+
+    /// The caches mlx-lm's `make_cache` gives: a rotating one of the window for each
+    /// sliding layer (see [`Decoder::with_sliding`]), else a plain one per layer and run.
+    pub(crate) fn cache_specs(&self) -> Vec<crate::model::CacheSpec> {
+        match &self.sliding {
+            Some(s) => super::window_cache_specs(s.layers.iter().copied(), s.window),
+            None => vec![crate::model::CacheSpec::Standard; self.num_caches()],
+        }
     }
 
     /// The stack with the token embeddings multiplied by `m`.
@@ -343,11 +387,17 @@ impl<F: FeedForward + 'static> Decoder<F> {
         if let Some(m) = self.embedding_scale {
             h = h.multiply(m)?;
         }
-        let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
+        let n = h.dim(1)?;
+        let masks = match &self.sliding {
+            Some(s) => LayerMasks::new(n, caches, s.full_idx, s.swa_idx, Some(s.window))?,
+            None => LayerMasks::new(n, caches, 0, None, None)?,
+        };
+        let sliding = |i: usize| self.sliding.as_ref().is_some_and(|s| s.layers[i]);
         let mut caches = layer_caches(caches, self.num_caches())?.into_iter();
         for _ in 0..self.loops {
-            for (layer, cache) in self.layers.iter().zip(caches.by_ref()) {
-                h = mlx_nn::checkpoint::layer(layer, &h, &mask, cache, |l, x, m, c| {
+            for (i, (layer, cache)) in self.layers.iter().zip(caches.by_ref()).enumerate() {
+                let mask = masks.get(sliding(i));
+                h = mlx_nn::checkpoint::layer(layer, &h, mask, cache, |l, x, m, c| {
                     l.forward(x, m, c)
                 })?;
             }
@@ -452,6 +502,21 @@ pub(crate) fn stack_experts_in(
     kinds: &[&str],
     n_experts: i32,
 ) -> crate::Result<()> {
+    let lists = (list, "switch_mlp");
+    stack_experts_into(weights, layers, prefix, lists, names, kinds, n_experts)
+}
+
+/// [`stack_experts_in`] into `{prefix}.{stacked}.{proj}.{kind}` (`lists` is `(list,
+/// stacked)`; Klear stacks `experts.{e}` into `experts` itself).
+pub(crate) fn stack_experts_into(
+    weights: &mut super::Weights,
+    layers: i32,
+    prefix: impl Fn(i32) -> String,
+    (list, stacked): (&str, &str),
+    names: &[(&str, &str)],
+    kinds: &[&str],
+    n_experts: i32,
+) -> crate::Result<()> {
     for l in 0..layers {
         let prefix = prefix(l);
         for (name, proj) in names {
@@ -469,7 +534,7 @@ pub(crate) fn stack_experts_in(
                 }
                 let refs: Vec<&Array> = parts.iter().collect();
                 weights.insert(
-                    format!("{prefix}.switch_mlp.{proj}.{kind}"),
+                    format!("{prefix}.{stacked}.{proj}.{kind}"),
                     mlx_array::ops::stack(&refs, 0)?,
                 );
             }

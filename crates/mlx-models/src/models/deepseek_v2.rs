@@ -352,11 +352,12 @@ impl FeedForward for Moe {
     }
 }
 
-/// One decoder layer.
+/// One decoder layer (its feed-forward DeepSeek-V2's dense-or-experts block, Youtu-LLM's
+/// SwiGLU MLP).
 #[derive(Debug)]
 pub struct Layer {
     self_attn: Attention,
-    mlp: DenseOrMoe<Moe>,
+    mlp: Box<dyn FeedForward>,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
 }
@@ -380,8 +381,47 @@ impl_module!(Stack {
     norm
 });
 
+impl Layer {
+    /// A pre-norm layer of `dim` features whose norms have epsilon `eps`.
+    pub(crate) fn new(
+        self_attn: Attention,
+        mlp: Box<dyn FeedForward>,
+        dim: i32,
+        eps: f64,
+    ) -> crate::Result<Layer> {
+        Ok(Layer {
+            self_attn,
+            mlp,
+            input_layernorm: RmsNorm::new(dim, eps)?,
+            post_attention_layernorm: RmsNorm::new(dim, eps)?,
+        })
+    }
+}
+
 impl Stack {
-    fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+    /// `vocab x dim` embeddings, `layers`, and the final norm of epsilon `eps`.
+    pub(crate) fn new(vocab: i32, dim: i32, eps: f64, layers: Vec<Layer>) -> crate::Result<Stack> {
+        Ok(Stack {
+            embed_tokens: EmbeddingLayer::new(vocab, dim)?,
+            layers,
+            norm: RmsNorm::new(dim, eps)?,
+        })
+    }
+
+    /// The embedding, to read tied logits from.
+    pub(crate) fn embed_tokens(&self) -> &EmbeddingLayer {
+        &self.embed_tokens
+    }
+
+    /// Fuses every layer's feed-forward projections.
+    pub(crate) fn fuse(&mut self) -> crate::Result<()> {
+        for layer in &mut self.layers {
+            layer.mlp.fuse()?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
         let mask = create_attention_mask(h.dim(1)?, cache_at(caches, 0), None, false)?;
         for (layer, cache) in self
@@ -427,19 +467,10 @@ impl Model {
                     }
                     _ => DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?.up_before_down())),
                 };
-                Ok(Layer {
-                    self_attn: Attention::new(&args)?,
-                    mlp,
-                    input_layernorm: RmsNorm::new(dim, eps)?,
-                    post_attention_layernorm: RmsNorm::new(dim, eps)?,
-                })
+                Layer::new(Attention::new(&args)?, Box::new(mlp), dim, eps)
             })
             .collect::<crate::Result<Vec<_>>>()?;
-        let model = Stack {
-            embed_tokens: EmbeddingLayer::new(args.vocab_size, dim)?,
-            layers,
-            norm: RmsNorm::new(dim, eps)?,
-        };
+        let model = Stack::new(args.vocab_size, dim, eps, layers)?;
         let lm_head = LinearLayer::new(dim, args.vocab_size, false)?;
         Ok(Model {
             args,
@@ -531,9 +562,6 @@ impl Architecture for Model {
         Ok(weights)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
-        for layer in &mut self.model.layers {
-            layer.mlp.fuse()?;
-        }
-        Ok(())
+        self.model.fuse()
     }
 }

@@ -741,9 +741,18 @@ pub(crate) fn cast_all_except(
     dtype: Dtype,
     keep: &str,
 ) -> mlx_nn::Result<()> {
+    cast_all_but(module, dtype, |name| name.contains(keep))
+}
+
+/// Casts every floating parameter to `dtype` but those whose name `keep` accepts.
+pub(crate) fn cast_all_but(
+    module: &mut dyn Module,
+    dtype: Dtype,
+    keep: impl Fn(&str) -> bool,
+) -> mlx_nn::Result<()> {
     let mut err = None;
     module.visit_params_mut("", &mut |name, p| {
-        let kept = name.contains(keep);
+        let kept = keep(name);
         if err.is_none() && !kept && p.dtype().is_floating() && p.dtype() != dtype {
             match p.astype(dtype) {
                 Ok(a) => p.set(a),

@@ -6,6 +6,7 @@
 //! their own there is [`Stack`] (`embed_tokens`, `layers`, `norm`), the loop over the
 //! layers (`causal_layers`, `masked_layers`) and the head-size check.
 use super::decoder::{Decoder, DecoderLayer, FeedForward};
+use super::deepseek_v3::cast_all_but;
 use super::head::{self, LogitScale};
 use super::{cache_at, layer_caches, Weights};
 use crate::model::{CacheSpec, LanguageModel};
@@ -51,6 +52,9 @@ pub struct DecoderLm<A, F> {
     lm_head: Option<LinearLayer>,
     /// The checkpoint name of the stack (default `model`).
     model_name: &'static str,
+    /// Parameters whose name contains this keep their dtype when the model is cast
+    /// (mlx-lm's `cast_predicate`).
+    keep_dtype: Option<&'static str>,
 }
 
 impl<A, F: FeedForward + 'static> DecoderLm<A, F> {
@@ -71,12 +75,31 @@ impl<A, F: FeedForward + 'static> DecoderLm<A, F> {
             model: Decoder::new(d.vocab, d.dim, d.eps, layers)?,
             lm_head: head::untied(d.tied, d.dim, d.vocab)?,
             model_name: "model",
+            keep_dtype: None,
         })
     }
 
     /// The stack named as the checkpoint names it (Qwen's and OpenELM's `transformer`).
     pub(crate) fn with_model_name(mut self, name: &'static str) -> DecoderLm<A, F> {
         self.model_name = name;
+        self
+    }
+
+    /// The stack with sliding-window layers (see [`Decoder::with_sliding`]).
+    pub(crate) fn with_sliding(
+        mut self,
+        sliding: Vec<bool>,
+        window: i32,
+        full_idx: usize,
+    ) -> DecoderLm<A, F> {
+        self.model = self.model.with_sliding(sliding, window, full_idx);
+        self
+    }
+
+    /// Casting the model leaves the parameters whose name contains `name` as they are
+    /// (mlx-lm's `cast_predicate`, Klear's `expert_bias`).
+    pub(crate) fn keeping_dtype(mut self, name: &'static str) -> DecoderLm<A, F> {
+        self.keep_dtype = Some(name);
         self
     }
 
@@ -108,9 +131,10 @@ impl<A: std::fmt::Debug + Send + 'static, F: FeedForward + 'static> LanguageMode
         let embed = &self.model.embed_tokens;
         head::logits(embed, self.lm_head.as_ref(), &out, LogitScale::None)
     }
-    /// A standard cache per layer (and per run of the layers, see `Decoder::with_loops`).
+    /// A standard cache per layer (and per run of the layers, see `Decoder::with_loops`),
+    /// rotating ones for sliding layers (`Decoder::with_sliding`).
     fn cache_specs(&self) -> Vec<CacheSpec> {
-        vec![CacheSpec::Standard; self.model.num_caches()]
+        self.model.cache_specs()
     }
     fn defines_make_cache(&self) -> bool {
         self.model.defines_make_cache
@@ -262,5 +286,9 @@ impl<A, F: FeedForward> Module for DecoderLm<A, F> {
             .visit_quantizable_mut(&join(prefix, self.model_name), f)?;
         self.lm_head
             .visit_quantizable_mut(&join(prefix, "lm_head"), f)
+    }
+    fn cast_floating(&mut self, dtype: mlx_array::Dtype) -> mlx_nn::Result<()> {
+        let keep = self.keep_dtype;
+        cast_all_but(self, dtype, |name| keep.is_some_and(|k| name.contains(k)))
     }
 }

@@ -1,6 +1,6 @@
 //! The SwiGLU feed-forward block most mlx-lm files write out again:
 //! `down_proj(swiglu(gate_proj(x), up_proj(x)))`.
-use super::{fuse, project_out, swiglu_mlp};
+use super::{fuse, project, project_out, swiglu_mlp};
 use mlx_array::{Array, Result};
 use mlx_nn::module::{join, QuantVisitor};
 use mlx_nn::{FusedLinears, LinearLayer, Module, Param};
@@ -21,6 +21,9 @@ pub struct Mlp {
     /// declaration order (reversed), which orders LoRA's key draws and the saved
     /// adapters.
     up_before_down: bool,
+    /// `down(act(gate(x)) * up(x))` with this activation instead of the compiled
+    /// `swiglu` (Nemotron-NAS's `_ACT2FN`).
+    act: Option<fn(&Array) -> Result<Array>>,
 }
 
 impl Module for Mlp {
@@ -73,6 +76,7 @@ impl Mlp {
             gate_up: None,
             names: ["gate_proj", "up_proj", "down_proj"],
             up_before_down: false,
+            act: None,
         })
     }
 
@@ -93,9 +97,22 @@ impl Mlp {
         self
     }
 
+    /// `down(act(gate(x)) * up(x))`: the activation applied alone, then the product.
+    pub(crate) fn with_activation(mut self, act: fn(&Array) -> Result<Array>) -> Mlp {
+        self.act = Some(act);
+        self
+    }
+
     /// The block's output (plus `residual`, added as `residual + down_proj(..)` would).
     pub(crate) fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
-        let h = swiglu_mlp(self.gate_up.as_deref(), &self.gate_proj, &self.up_proj, x)?;
+        let h = match self.act {
+            Some(act) => {
+                let gate_up = [&self.gate_proj, &self.up_proj];
+                let [g, u] = project(self.gate_up.as_deref(), gate_up, x)?;
+                act(&g)?.multiply(&u)?
+            }
+            None => swiglu_mlp(self.gate_up.as_deref(), &self.gate_proj, &self.up_proj, x)?,
+        };
         project_out(&self.down_proj, &h, residual)
     }
 

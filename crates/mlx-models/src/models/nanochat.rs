@@ -121,7 +121,13 @@ fn negated_rope(head_dim: i32, theta: f64) -> crate::Result<Rope> {
         .multiply(theta.ln() / half as f64)?
         .exp()?
         .negative()?;
-    // Evaluated now, as mlx-nn's own frequency tables are (see `Rope::Freqs`).
+    freqs_rope(head_dim, freqs)
+}
+
+/// Non-traditional RoPE over `head_dim` with the frequency table `freqs` (mlx's
+/// `fast.rope(..., base=None, freqs=freqs)`), evaluated now as mlx-nn's own tables are
+/// (see `Rope::Freqs`); nanochat's and Talkie's negated tables.
+pub(crate) fn freqs_rope(head_dim: i32, freqs: Array) -> crate::Result<Rope> {
     mlx_array::transforms::eval(&[&freqs])?;
     Ok(Rope::Freqs {
         dims: head_dim,

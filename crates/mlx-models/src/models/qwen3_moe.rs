@@ -72,6 +72,26 @@ pub struct SparseMoeBlock {
 }
 impl_module!(SparseMoeBlock { gate, switch_mlp });
 
+impl SparseMoeBlock {
+    /// `num_experts` SwitchGLU experts of `moe_dim` hidden units behind a bias-free
+    /// `gate`, the top `top_k` of their softmax scores used (renormalized when
+    /// `norm_topk_prob`).
+    pub(crate) fn new(
+        dim: i32,
+        moe_dim: i32,
+        num_experts: i32,
+        top_k: i32,
+        norm_topk_prob: bool,
+    ) -> crate::Result<SparseMoeBlock> {
+        Ok(SparseMoeBlock {
+            gate: LinearLayer::new(dim, num_experts, false)?,
+            switch_mlp: SwitchGlu::new(dim, moe_dim, num_experts, false)?,
+            top_k,
+            norm_topk_prob,
+        })
+    }
+}
+
 impl FeedForward for SparseMoeBlock {
     fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
         let gates = self.gate.forward(x)?.softmax(Some(&[-1]), true)?;
@@ -91,6 +111,26 @@ impl FeedForward for SparseMoeBlock {
     }
 }
 
+/// Drops `lm_head.weight` when `tied`, then stacks the first `layers` layers'
+/// `model.layers.{l}.mlp.experts.{e}.{proj}.weight` into `switch_mlp` (Qwen3-MoE's and
+/// Mellum's `sanitize`).
+pub(crate) fn drop_head_stack_experts(
+    weights: &mut Weights,
+    tied: bool,
+    layers: i32,
+    n_experts: i32,
+) -> crate::Result<()> {
+    drop_tied_head(tied, weights);
+    stack_experts(
+        weights,
+        layers,
+        |l| format!("model.layers.{l}.mlp"),
+        GLU_EXPERT_PROJS,
+        &["weight"],
+        n_experts,
+    )
+}
+
 /// Qwen3-MoE with its output head.
 pub type Model = DecoderLm<ModelArgs, DenseOrMoe<SparseMoeBlock>>;
 
@@ -105,17 +145,13 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
             && args.decoder_sparse_step > 0
             && (i + 1) % args.decoder_sparse_step == 0;
         let mlp = if sparse {
-            DenseOrMoe::Moe(Box::new(SparseMoeBlock {
-                gate: LinearLayer::new(dim, args.num_experts, false)?,
-                switch_mlp: SwitchGlu::new(
-                    dim,
-                    args.moe_intermediate_size,
-                    args.num_experts,
-                    false,
-                )?,
-                top_k: args.num_experts_per_tok,
-                norm_topk_prob: args.norm_topk_prob,
-            }))
+            DenseOrMoe::Moe(Box::new(SparseMoeBlock::new(
+                dim,
+                args.moe_intermediate_size,
+                args.num_experts,
+                args.num_experts_per_tok,
+                args.norm_topk_prob,
+            )?))
         } else {
             DenseOrMoe::Dense(Box::new(Mlp::new(dim, args.intermediate_size, false)?))
         };
@@ -127,15 +163,9 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
 impl Architecture for Model {
     /// Drops a tied head and stacks per-expert weights into `switch_mlp`.
     fn sanitize(&mut self, mut weights: Weights) -> crate::Result<Weights> {
-        drop_tied_head(self.args.tie_word_embeddings, &mut weights);
-        stack_experts(
-            &mut weights,
-            self.args.num_hidden_layers,
-            |l| format!("model.layers.{l}.mlp"),
-            GLU_EXPERT_PROJS,
-            &["weight"],
-            self.args.num_experts,
-        )?;
+        let a = &self.args;
+        let (tied, layers) = (a.tie_word_embeddings, a.num_hidden_layers);
+        drop_head_stack_experts(&mut weights, tied, layers, a.num_experts)?;
         Ok(weights)
     }
     fn fuse_projections(&mut self) -> crate::Result<()> {
