@@ -2,7 +2,7 @@
 //! DeepSeek-V3 text model of [`super::deepseek_v3`] (from `text_config`) under
 //! `language_model`; vision tower and projector weights are dropped. Kimi-VL
 //! (`kimi_vl.py`) holds its text model the same way with its own `sanitize`
-//! ([`Layout::Vl`]).
+//! (`Layout::Vl`).
 use super::deepseek_v3::{self, cast_all_but_bias};
 use super::decoder::{stack_experts, GLU_EXPERT_PROJS, LINEAR_KINDS};
 use super::{Architecture, Weights};
@@ -129,7 +129,7 @@ const VL_DROPPED: [&str; 3] = ["vision_tower", "rotary_emb", "multi_modal_projec
 
 impl Architecture for Model {
     /// Drops the vision modules, then DeepSeek-V3's `sanitize` on `language_model.*`
-    /// ([`Layout::Vl`]: see there).
+    /// (`Layout::Vl`: see there).
     fn sanitize(&mut self, weights: Weights) -> crate::Result<Weights> {
         if self.layout == Layout::Vl {
             let mut kept: Weights = weights

@@ -1,7 +1,7 @@
 //! Kimi-VL, text part only, following `mlx_lm/models/kimi_vl.py`: the DeepSeek-V3 text
 //! model (its arguments and defaults, from `text_config`) with an untied `lm_head` under
 //! `language_model`, held as Kimi K2.5's ([`super::kimi_k25::Model`]) with Kimi-VL's own
-//! `sanitize` ([`Layout::Vl`]); the routers' `e_score_correction_bias` keeps its dtype
+//! `sanitize` (`Layout::Vl`); the routers' `e_score_correction_bias` keeps its dtype
 //! (`cast_predicate`).
 use super::kimi_k25::{Layout, Model};
 use super::Architecture;

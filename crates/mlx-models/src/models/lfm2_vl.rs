@@ -1,7 +1,7 @@
 //! LFM2-VL (`lfm2-vl`), text part only, following `mlx_lm/models/lfm2-vl.py`: an LFM2
 //! model built from `text_config` under `language_model`, whose caches it makes
 //! (`make_cache`); the `vision_tower` and `multi_modal_projector` trees are dropped and
-//! LFM2's own `sanitize` is not called ([`Layout::Towers`](super::qwen2_vl::Layout)).
+//! LFM2's own `sanitize` is not called (`qwen2_vl::Layout::Towers`).
 use super::qwen2_vl::VlText;
 use super::{lfm2, Architecture};
 use serde_json::{Map, Value};

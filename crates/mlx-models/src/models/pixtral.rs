@@ -1,7 +1,7 @@
 //! Pixtral, text part only, following `mlx_lm/models/pixtral.py`: a Llama model built
 //! from `text_config` under `language_model`, its head always untied and its head count
 //! 32 unless given; the `vision_tower` and `multi_modal_projector` trees are dropped
-//! ([`Layout::Towers`](super::qwen2_vl::Layout)).
+//! (`qwen2_vl::Layout::Towers`).
 use super::qwen2_vl::VlText;
 use super::{llama, Architecture};
 use serde_json::{Map, Value};

@@ -2,7 +2,7 @@
 //! a Qwen2 model under `language_model` built from `text_config` (or from the whole
 //! config when it has none); the vision tower's weights are dropped. Qwen3-VL wraps a
 //! Qwen3 model the same way ([`VlText`]), and Pixtral and LFM2-VL wrap theirs with
-//! [`Layout::Towers`].
+//! `Layout::Towers`.
 use super::{qwen2, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -66,7 +66,7 @@ impl VlText {
 
     /// Pixtral's and LFM2-VL's `Model`: `model_type` and `text_config` required, the
     /// text model built by `build_text` from `text_config` once `post_init` edited it
-    /// (their `__post_init__`), laid out as [`Layout::Towers`].
+    /// (their `__post_init__`), laid out as `Layout::Towers`.
     pub(crate) fn build_towers(
         config: &Value,
         what: &str,
@@ -128,7 +128,7 @@ impl LanguageModel for VlText {
 }
 
 impl Architecture for VlText {
-    /// [`Layout::Towers`]: see there. [`Layout::QwenVl`]: drops the `visual` /
+    /// `Layout::Towers`: see there. `Layout::QwenVl`: drops the `visual` /
     /// `vision_tower` trees; where the checkpoint nests the text
     /// model as `model.language_model.*` that tree becomes `model.*` (and the rest of
     /// `model.*` goes); every key then lives under `language_model.`. The text model's
