@@ -47,8 +47,14 @@ fn no_tree(model_type: &str) -> QuantError {
 /// in the config `mlx_lm.convert` saves): qwen3_5's `__post_init__` renames
 /// `rope_parameters.rope_type` to `type` in place; pixtral's and lfm2-vl's set
 /// `text_config.tie_word_embeddings` false (pixtral's also `num_attention_heads` 32 when
-/// missing).
+/// missing); mistral3's sets it false only when missing.
 fn args_side_effects(model_type: &str, config: &mut Map<String, Value>) {
+    if model_type == "mistral3" {
+        if let Some(Value::Object(text)) = config.get_mut("text_config") {
+            text.entry("tie_word_embeddings").or_insert(false.into());
+        }
+        return;
+    }
     if matches!(model_type, "pixtral" | "lfm2-vl") {
         if let Some(Value::Object(text)) = config.get_mut("text_config") {
             text.insert("tie_word_embeddings".into(), false.into());
@@ -322,4 +328,37 @@ pub fn cast_model(model: &mut LoadedModel, dtype: Dtype) -> Result<()> {
 pub fn check_quantization(config: &Map<String, Value>) -> Result<()> {
     QuantizationConfig::from_config(&Value::Object(config.clone()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn edited(model_type: &str, config: Value) -> Value {
+        let Value::Object(mut m) = config else {
+            panic!("not an object")
+        };
+        args_side_effects(model_type, &mut m);
+        Value::Object(m)
+    }
+
+    #[test]
+    fn the_text_configs_get_mlx_lm_s_edits() {
+        let c = edited("mistral3", json!({"text_config": {"model_type": "llama"}}));
+        assert_eq!(c["text_config"]["tie_word_embeddings"], json!(false));
+        let c = edited(
+            "mistral3",
+            json!({"text_config": {"tie_word_embeddings": true}}),
+        );
+        assert_eq!(c["text_config"]["tie_word_embeddings"], json!(true));
+        let c = edited(
+            "pixtral",
+            json!({"text_config": {"tie_word_embeddings": true}}),
+        );
+        assert_eq!(c["text_config"]["tie_word_embeddings"], json!(false));
+        assert_eq!(c["text_config"]["num_attention_heads"], json!(32));
+        let c = edited("llama", json!({"text_config": {}}));
+        assert_eq!(c["text_config"], json!({}));
+    }
 }
