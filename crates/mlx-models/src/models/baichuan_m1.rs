@@ -7,6 +7,7 @@
 //! keep the last raw key and value (the convolution's state), the second cache the
 //! rotated keys and values. `sanitize` scales each row of a dense `lm_head` to unit
 //! norm (its "NormHead").
+use super::config_error;
 use super::lm::{even_head_dim, Stack};
 use super::mlp::Mlp;
 use super::{batch_len, layer_caches, merge_heads, rope_cache, split_heads};
@@ -53,13 +54,6 @@ pub struct ModelArgs {
 
 fn default_model_type() -> String {
     "baichuan_m1".into()
-}
-
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (baichuan_m1)".into(),
-        message,
-    }
 }
 
 impl ModelArgs {
@@ -112,7 +106,7 @@ impl Attention {
         let dim = args.hidden_size;
         let head_dim = even_head_dim(dim, n_heads, "baichuan_m1")?;
         if args.conv_window != 2 {
-            return Err(config_error(format!(
+            return Err(config_error("baichuan_m1", format!(
                 "key `conv_window` must be 2 (mlx-lm's assertion), got {}",
                 args.conv_window
             )));
@@ -249,14 +243,14 @@ impl Model {
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
         if args.tie_word_embeddings {
             // mlx-lm builds no `lm_head` then, and its forward calls it.
-            return Err(config_error(
+            return Err(config_error("baichuan_m1", 
                 "`tie_word_embeddings` is not supported: mlx-lm's model has no tied head \
                  (its forward always calls `lm_head`)"
                     .into(),
             ));
         }
         if args.sliding_window < 1 && !args.sliding_window_layers.is_empty() {
-            return Err(config_error(format!(
+            return Err(config_error("baichuan_m1", format!(
                 "key `sliding_window` must be positive with sliding layers, got {}",
                 args.sliding_window
             )));
@@ -267,7 +261,7 @@ impl Model {
             .iter()
             .find(|&&l| l < 0 || l as usize >= n)
         {
-            return Err(config_error(format!(
+            return Err(config_error("baichuan_m1", format!(
                 "key `sliding_window_layers`: {l} is not a layer of {n}"
             )));
         }

@@ -8,6 +8,7 @@
 //! shared experts. `sanitize` drops a tied `lm_head`, divides each column of the head
 //! by its norm where `norm_head` (at every load, as mlx-lm), stacks per-expert tensors
 //! and moves the router's `mlp.gate.*` to `mlp.gate.gate_proj.*`.
+use super::config_error;
 use super::decoder::{stack_mlp_experts, DenseOrMoe, FeedForward, fuse_shared, routed_output};
 use super::deepseek_v3::cast_all_except;
 use super::head::{self, LogitScale};
@@ -98,13 +99,6 @@ fn default_topk_group() -> i32 {
     4
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (bailing_moe)".into(),
-        message,
-    }
-}
-
 /// Self-attention through the fused `query_key_value` projection.
 #[derive(Debug)]
 pub struct Attention {
@@ -133,7 +127,7 @@ impl Attention {
             args.num_key_value_heads,
         );
         if n_heads < 1 || n_kv_heads < 1 {
-            return Err(config_error(
+            return Err(config_error("bailing_moe", 
                 "keys `num_attention_heads` and `num_key_value_heads` must be positive".into(),
             ));
         }
@@ -298,14 +292,14 @@ impl Moe {
     fn new(args: &ModelArgs, n_experts: i32) -> crate::Result<Moe> {
         let (dim, k) = (args.hidden_size, args.num_experts_per_tok);
         if k < 1 || k > n_experts {
-            return Err(config_error(format!(
+            return Err(config_error("bailing_moe", format!(
                 "key `num_experts_per_tok` must be between 1 and `num_experts` ({n_experts}), \
                  got {k}"
             )));
         }
         let (g, tg) = (args.n_group, args.topk_group);
         if g > 1 && (n_experts % g != 0 || n_experts / g < 2 || tg < 0 || tg > g) {
-            return Err(config_error(format!(
+            return Err(config_error("bailing_moe", format!(
                 "with `n_group` {g}, `num_experts` ({n_experts}) must split into groups of at \
                  least two and `topk_group` ({tg}) must be between 0 and `n_group`"
             )));
@@ -424,7 +418,7 @@ impl Model {
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
         let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
         if args.norm_head && args.tie_word_embeddings {
-            return Err(config_error(
+            return Err(config_error("bailing_moe", 
                 "`norm_head` with `tie_word_embeddings`: mlx-lm's sanitize normalizes \
                  `lm_head.weight` after dropping it (a KeyError)"
                     .into(),

@@ -4,6 +4,7 @@
 //! and values, kept in a plain `KVCache`; DeepSeek's own YaRN rotary embedding (always,
 //! from the required `rope_scaling`); softmax-scored top-k experts (optionally
 //! group-limited) plus shared experts after the first `first_k_dense_replace` layers.
+use super::config_error;
 use super::decoder::{add_residual, stack_mlp_experts, DenseOrMoe, FeedForward};
 use super::mlp::Mlp;
 use super::{batch_len, cache_at, layer_caches, merge_heads, split_heads, top_k_indices_of_negated};
@@ -82,13 +83,6 @@ impl Default for ModelArgs {
             rope_scaling: None,
             attention_bias: false,
         }
-    }
-}
-
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (deepseek_v2)".into(),
-        message,
     }
 }
 
@@ -189,11 +183,11 @@ impl Attention {
         // mlx-lm reads `rope_scaling["factor"]` unconditionally and always builds its
         // YaRN embedding from the section's keys.
         let mut cfg = rope_scaling(args.rope_scaling.as_ref())?.ok_or_else(|| {
-            config_error("key `rope_scaling`: required (with `factor`) by DeepSeek-V2".into())
+            config_error("deepseek_v2", "key `rope_scaling`: required (with `factor`) by DeepSeek-V2".into())
         })?;
         let factor = cfg
             .factor
-            .ok_or_else(|| config_error("key `rope_scaling.factor` is missing".into()))?;
+            .ok_or_else(|| config_error("deepseek_v2", "key `rope_scaling.factor` is missing".into()))?;
         let mut scale = (q_head_dim as f64).powf(-0.5);
         let mscale_all_dim = cfg.mscale_all_dim.unwrap_or(0.0);
         if mscale_all_dim != 0.0 {
@@ -454,7 +448,7 @@ impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
         if args.moe_layer_freq <= 0 {
-            return Err(config_error("key `moe_layer_freq` must be positive".into()));
+            return Err(config_error("deepseek_v2", "key `moe_layer_freq` must be positive".into()));
         }
         let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
         let layers = (0..args.num_hidden_layers)
@@ -484,13 +478,13 @@ impl Model {
 fn moe(args: &ModelArgs, n_experts: i32) -> crate::Result<Moe> {
     let dim = args.hidden_size;
     let top_k = args.num_experts_per_tok.ok_or_else(|| {
-        config_error("key `num_experts_per_tok`: required with `n_routed_experts`".into())
+        config_error("deepseek_v2", "key `num_experts_per_tok`: required with `n_routed_experts`".into())
     })?;
     let group_limited = if args.topk_method == "group_limited_greedy" {
         match (args.n_group, args.topk_group) {
             (Some(g), Some(t)) => Some((g, t)),
             _ => {
-                return Err(config_error(
+                return Err(config_error("deepseek_v2", 
                     "keys `n_group` and `topk_group`: required by `group_limited_greedy`".into(),
                 ))
             }

@@ -4,6 +4,7 @@
 //! `CacheList(ArraysCache(2), KVCache())`. `sanitize` folds the checkpoint's µP
 //! multipliers into the weights (HF checkpoints only, told apart by their convolution
 //! layout); tied heads scale the logits by `lm_head_multiplier / embedding_multiplier`.
+use super::config_error;
 use super::attention::{Attention, AttentionDims, Extras};
 use super::mamba2::{GateNorm, Mamba2Block, MixerDims};
 use super::mlp::Mlp;
@@ -109,13 +110,6 @@ impl Default for ModelArgs {
     }
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (falcon_h1)".into(),
-        message,
-    }
-}
-
 /// One layer: mixer and attention in parallel, then the MLP.
 #[derive(Debug)]
 struct Layer {
@@ -160,13 +154,13 @@ impl Model {
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
         let a = &args;
         if a.mamba_n_heads * a.mamba_d_head != a.mamba_d_ssm {
-            return Err(config_error(format!(
+            return Err(config_error("falcon_h1", format!(
                 "mamba_n_heads * mamba_d_head ({} * {}) must equal mamba_d_ssm ({})",
                 a.mamba_n_heads, a.mamba_d_head, a.mamba_d_ssm
             )));
         }
         if a.ssm_multipliers.len() != 5 || a.mlp_multipliers.len() != 2 {
-            return Err(config_error(
+            return Err(config_error("falcon_h1", 
                 "ssm_multipliers needs 5 values and mlp_multipliers 2".into(),
             ));
         }

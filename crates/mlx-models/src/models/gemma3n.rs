@@ -3,6 +3,7 @@
 //! others corrected), the LAuReL low-rank residual, per-layer input embeddings, MLPs
 //! with Gaussian top-k activation sparsity, and KV-shared layers that read the last
 //! earlier cache of their type (the model has fewer caches than layers).
+use super::config_error;
 use super::{batch_len, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -57,13 +58,6 @@ pub struct TextConfig {
 pub struct ModelArgs {
     pub model_type: String,
     pub text_config: Value,
-}
-
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (gemma3n)".into(),
-        message,
-    }
 }
 
 fn bad(message: &str) -> mlx_array::Error {
@@ -318,7 +312,7 @@ impl DecoderLayer {
         let hidden = c.intermediate_size.at(i, "intermediate_size", "gemma3n")?;
         let sparsity = match &c.activation_sparsity_pattern {
             Some(v) => *v.get(i).ok_or_else(|| {
-                config_error(format!(
+                config_error("gemma3n", format!(
                     "key `activation_sparsity_pattern` has no entry for layer {i}"
                 ))
             })?,
@@ -473,21 +467,21 @@ impl TextModel {
     fn new(c: TextConfig) -> crate::Result<TextModel> {
         let n = c.num_hidden_layers.max(0) as usize;
         if c.layer_types.len() < n {
-            return Err(config_error(format!(
+            return Err(config_error("gemma3n", format!(
                 "key `layer_types` has {} entries for {n} layers",
                 c.layer_types.len()
             )));
         }
         let types = &c.layer_types[..n];
         if let Some(bad) = types.iter().find(|t| *t != FULL && *t != SLIDING) {
-            return Err(config_error(format!("unknown layer type \"{bad}\"")));
+            return Err(config_error("gemma3n", format!("unknown layer type \"{bad}\"")));
         }
         let first_shared = (c.num_hidden_layers - c.num_kv_shared_layers).clamp(0, n as i32) as usize;
         let first = |t: &str| {
             types
                 .iter()
                 .position(|x| x == t)
-                .ok_or_else(|| config_error(format!("key `layer_types`: no \"{t}\" layer")))
+                .ok_or_else(|| config_error("gemma3n", format!("key `layer_types`: no \"{t}\" layer")))
         };
         let (first_full, first_sliding) = (first(FULL)?, first(SLIDING)?);
         let last = |t: &str| {
@@ -495,7 +489,7 @@ impl TextModel {
                 .iter()
                 .rposition(|x| x == t)
                 .ok_or_else(|| {
-                    config_error(format!(
+                    config_error("gemma3n", format!(
                         "no \"{t}\" layer before the KV-shared layers (layer {first_shared} on)"
                     ))
                 })

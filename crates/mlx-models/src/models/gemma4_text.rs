@@ -3,6 +3,7 @@
 //! norms, later layers reading an earlier layer's keys and values (the model has fewer
 //! caches than layers), per-layer input embeddings, an optional expert block beside the
 //! MLP, a scalar per layer and soft-capped logits.
+use super::config_error;
 use super::head;
 use super::{batch_len, top_k_indices, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
@@ -92,13 +93,6 @@ impl Default for ModelArgs {
     }
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (gemma4_text)".into(),
-        message,
-    }
-}
-
 impl ModelArgs {
     /// `__post_init__`: the default RoPE parameters and layer pattern.
     fn post_init(&mut self) -> crate::Result<()> {
@@ -113,7 +107,7 @@ impl ModelArgs {
         let n = self.num_hidden_layers.max(0) as usize;
         if self.layer_types.is_none() {
             if self.sliding_window_pattern <= 0 {
-                return Err(config_error(
+                return Err(config_error("gemma4_text", 
                     "key `sliding_window_pattern` must be positive".into(),
                 ));
             }
@@ -125,18 +119,18 @@ impl ModelArgs {
         }
         let types = self.types();
         if types.len() < n {
-            return Err(config_error(format!(
+            return Err(config_error("gemma4_text", format!(
                 "key `layer_types` has {} entries for {n} layers",
                 types.len()
             )));
         }
         if let Some(bad) = types[..n].iter().find(|t| *t != FULL && *t != SLIDING) {
-            return Err(config_error(format!(
+            return Err(config_error("gemma4_text", format!(
                 "key `layer_types`: unknown layer type \"{bad}\""
             )));
         }
         if self.num_kv_shared_layers < 0 || self.num_kv_shared_layers > self.num_hidden_layers {
-            return Err(config_error(format!(
+            return Err(config_error("gemma4_text", format!(
                 "key `num_kv_shared_layers` ({}) must be between 0 and num_hidden_layers ({n})",
                 self.num_kv_shared_layers
             )));
@@ -407,7 +401,7 @@ impl DecoderLayer {
         let norm = || Ok(RmsNorm::new(dim, eps)?);
         let moe = args.enable_moe_block;
         let need = |v: Option<i32>, key: &str| {
-            v.ok_or_else(|| config_error(format!("key `{key}` is required with enable_moe_block")))
+            v.ok_or_else(|| config_error("gemma4_text", format!("key `{key}` is required with enable_moe_block")))
         };
         let router = some(moe, || {
             let n = need(args.num_experts, "num_experts")?;
@@ -640,7 +634,7 @@ impl Gemma4TextModel {
         if args.num_kv_shared_layers > 0 {
             for j in m..n {
                 previous_kvs[j] = (0..m).rev().find(|&i| types[i] == types[j]).ok_or_else(|| {
-                    config_error(format!(
+                    config_error("gemma4_text", format!(
                         "layer {j} shares the keys and values of an earlier \"{}\" layer, \
                          but none of the first {m} layers is one",
                         types[j]

@@ -2,6 +2,7 @@
 //! Mamba-2 mixers (mamba2's block) and attention layers in the order of `layer_types`,
 //! Granite's embedding / attention / residual / logits multipliers, and either routed
 //! experts beside a shared MLP or a dense MLP.
+use super::config_error;
 use super::mamba2::{GateNorm, Mamba2Block, MixerDims};
 use super::recurrent::recurrent_state;
 use super::{batch_len, layer_caches, rope_cache, top_k_indices, Architecture, Weights};
@@ -83,13 +84,6 @@ pub struct ModelArgs {
     pub rope_parameters: Option<Value>,
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (granitemoehybrid)".into(),
-        message,
-    }
-}
-
 impl ModelArgs {
     fn use_moe(&self) -> bool {
         self.num_local_experts.is_some_and(|n| n != 0)
@@ -98,10 +92,10 @@ impl ModelArgs {
     /// The Mamba-2 mixer's sizes; each `mamba_*` key is required once a layer is one.
     fn mixer_dims(&self) -> crate::Result<MixerDims> {
         let need = |v: Option<i32>, k: &str| {
-            v.ok_or_else(|| config_error(format!("key `{k}` is needed by the mamba layers")))
+            v.ok_or_else(|| config_error("granitemoehybrid", format!("key `{k}` is needed by the mamba layers")))
         };
         let needb = |v: Option<bool>, k: &str| {
-            v.ok_or_else(|| config_error(format!("key `{k}` is needed by the mamba layers")))
+            v.ok_or_else(|| config_error("granitemoehybrid", format!("key `{k}` is needed by the mamba layers")))
         };
         Ok(MixerDims {
             hidden_size: self.hidden_size,
@@ -152,7 +146,7 @@ impl Attention {
             a.attention_bias,
         );
         if nh <= 0 {
-            return Err(config_error("num_attention_heads must be positive".into()));
+            return Err(config_error("granitemoehybrid", "num_attention_heads must be positive".into()));
         }
         let hd = dim / nh;
         let rope = if a.position_embedding_type != "nope" {
@@ -355,7 +349,7 @@ impl Model {
             .and_then(|p| p.get("rope_theta"))
         {
             args.rope_theta = t.as_f64().ok_or_else(|| {
-                config_error("key `rope_parameters.rope_theta` is not a number".into())
+                config_error("granitemoehybrid", "key `rope_parameters.rope_theta` is not a number".into())
             })?;
         }
         let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
@@ -369,15 +363,15 @@ impl Model {
                         "granitemoehybrid",
                     )?)),
                     "attention" => Mixer::Attention(Box::new(Attention::new(&args)?)),
-                    other => return Err(config_error(format!("unknown layer type `{other}`"))),
+                    other => return Err(config_error("granitemoehybrid", format!("unknown layer type `{other}`"))),
                 };
                 let ff = if args.use_moe() {
                     let experts = args.num_local_experts.unwrap_or_default();
                     let shared = args.shared_intermediate_size.ok_or_else(|| {
-                        config_error("key `shared_intermediate_size` is needed with experts".into())
+                        config_error("granitemoehybrid", "key `shared_intermediate_size` is needed with experts".into())
                     })?;
                     let top_k = args.num_experts_per_tok.ok_or_else(|| {
-                        config_error("key `num_experts_per_tok` is needed with experts".into())
+                        config_error("granitemoehybrid", "key `num_experts_per_tok` is needed with experts".into())
                     })?;
                     FeedForward::Moe(Box::new(MoeFf {
                         shared_mlp: SharedMlp {

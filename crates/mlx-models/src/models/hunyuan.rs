@@ -10,6 +10,7 @@
 //! itself and stores them in its own cache, as mlx-lm's `kv_states` does. Every layer
 //! keeps its own `KVCache` (mlx-lm's default `make_cache`), so the cache count is the
 //! layer count.
+use super::config_error;
 use super::decoder::{add_residual, stack_mlp_experts, DenseOrMoe, FeedForward};
 use super::hunyuan_v1_dense::alpha_rope;
 use super::lm::{even_head_dim, Stack};
@@ -57,29 +58,22 @@ pub struct ModelArgs {
     pub tie_word_embeddings: bool,
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (hunyuan)".into(),
-        message,
-    }
-}
-
 impl ModelArgs {
     /// `rope_scaling.alpha`. mlx-lm's `__post_init__` wants `factor` and `type` in a
     /// non-empty `rope_scaling`, and its attention reads `rope_scaling["alpha"]`, so the
     /// section and its `alpha` are required.
     fn rope_alpha(&self) -> crate::Result<f64> {
         let s = self.rope_scaling.as_ref().ok_or_else(|| {
-            config_error("key `rope_scaling` is required (its `alpha` scales the RoPE base)".into())
+            config_error("hunyuan", "key `rope_scaling` is required (its `alpha` scales the RoPE base)".into())
         })?;
         if !s.is_empty() && !["factor", "type"].iter().all(|k| s.contains_key(*k)) {
-            return Err(config_error(
+            return Err(config_error("hunyuan", 
                 "key `rope_scaling` must contain keys `factor` and `type`".into(),
             ));
         }
         s.get("alpha")
             .and_then(Value::as_f64)
-            .ok_or_else(|| config_error("key `rope_scaling.alpha`: a number is required".into()))
+            .ok_or_else(|| config_error("hunyuan", "key `rope_scaling.alpha`: a number is required".into()))
     }
 
     /// Whether layer `i` has its own k/v projections (`not use_cla or i % f == 0`).
@@ -220,7 +214,7 @@ impl MoeBlock {
         };
         let top_k = args.moe_topk.at(i, "moe_topk", "hunyuan")?;
         if top_k < 1 || top_k > args.num_experts {
-            return Err(config_error(format!(
+            return Err(config_error("hunyuan", format!(
                 "key `moe_topk`: layer {i} picks {top_k} of {} experts",
                 args.num_experts
             )));
@@ -342,10 +336,10 @@ impl Model {
         let dim = args.hidden_size;
         let head_dim = even_head_dim(dim, args.num_attention_heads, "hunyuan")?;
         if args.vocab_size <= 0 {
-            return Err(config_error("`vocab_size` must be positive".into()));
+            return Err(config_error("hunyuan", "`vocab_size` must be positive".into()));
         }
         if args.use_cla && args.cla_share_factor < 1 {
-            return Err(config_error(format!(
+            return Err(config_error("hunyuan", format!(
                 "key `cla_share_factor` must be at least 1 with `use_cla` (got {})",
                 args.cla_share_factor
             )));

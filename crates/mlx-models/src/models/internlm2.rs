@@ -2,6 +2,7 @@
 //! and v come from one `wqkv` projection laid out per key-value group
 //! (`[q x groups, k, v]` for each group), named `attention` / `feed_forward`
 //! (`w1`, `w3`, `w2`) with `tok_embeddings` and an `output` head.
+use super::config_error;
 use super::mlp::Mlp;
 use super::{cache_at, layer_caches, merge_heads, rope_attend, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
@@ -48,13 +49,6 @@ fn default_rope_theta() -> f64 {
     10000.0
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (internlm2)".into(),
-        message,
-    }
-}
-
 /// mlx-lm's `__post_init__` check: a non-empty `rope_scaling` has `factor` and a
 /// `type` of `linear` or `dynamic`.
 fn check_rope_scaling(v: Option<&Value>) -> crate::Result<()> {
@@ -62,13 +56,13 @@ fn check_rope_scaling(v: Option<&Value>) -> crate::Result<()> {
         return Ok(());
     };
     if !obj.contains_key("factor") || !obj.contains_key("type") {
-        return Err(config_error(
+        return Err(config_error("internlm2", 
             "rope_scaling must contain keys {'factor', 'type'}".into(),
         ));
     }
     match obj["type"].as_str() {
         Some("linear" | "dynamic") => Ok(()),
-        _ => Err(config_error(
+        _ => Err(config_error("internlm2", 
             "rope_scaling 'type' currently only supports 'linear' or 'dynamic'".into(),
         )),
     }
@@ -160,12 +154,12 @@ impl Model {
         check_rope_scaling(args.rope_scaling.as_ref())?;
         let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
         if args.vocab_size <= 0 {
-            return Err(config_error("vocab_size must be positive".into()));
+            return Err(config_error("internlm2", "vocab_size must be positive".into()));
         }
         let n_heads = args.num_attention_heads;
         let n_kv_heads = args.num_key_value_heads.unwrap_or(n_heads);
         if n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads != 0 {
-            return Err(config_error(format!(
+            return Err(config_error("internlm2", format!(
                 "num_attention_heads ({n_heads}) must be a multiple of num_key_value_heads \
                  ({n_kv_heads})"
             )));

@@ -6,6 +6,7 @@
 //! keys (global mask) with attention over its own keys in a `RotatingKVCache` of
 //! `loop_window_size` (windowed mask), weighted by `sigmoid(q . w + b)` from the layer's
 //! `gate_projections` entry; then the final norm and the head (tied or not).
+use super::config_error;
 use super::attention::{Attention, AttentionDims};
 use super::head::{self, LogitScale};
 use super::mlp::Mlp;
@@ -147,24 +148,17 @@ pub struct Model {
 }
 impl_module!(Model { model, lm_head });
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (iquestloopcoder)".into(),
-        message,
-    }
-}
-
 impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
         if args.loop_num != 2 {
-            return Err(config_error(format!(
+            return Err(config_error("iquestloopcoder", format!(
                 "Only loop_num=2 is supported, got {}",
                 args.loop_num
             )));
         }
         if args.loop_window_size <= 0 {
-            return Err(config_error("key `loop_window_size` must be positive".into()));
+            return Err(config_error("iquestloopcoder", "key `loop_window_size` must be positive".into()));
         }
         let (dim, eps, heads) = (args.hidden_size, args.rms_norm_eps, args.num_attention_heads);
         let layers = (0..args.num_hidden_layers)

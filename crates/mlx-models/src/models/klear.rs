@@ -6,6 +6,7 @@
 //! `coefficient` projection; the other layers a SwiGLU MLP. The head is always untied;
 //! `expert_bias` keeps its dtype (`cast_predicate`) and the router its 8 bits
 //! (`quant_predicate`, in mlx-quant).
+use super::config_error;
 use super::attention::{Attention, AttentionDims};
 use super::decoder::{stack_experts_into, DecoderLayer, DenseOrMoe, FeedForward, LINEAR_KINDS};
 use super::lm::{DecoderLm, LmDims};
@@ -41,13 +42,6 @@ pub struct ModelArgs {
     pub norm_topk_prob: bool,
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (Klear)".into(),
-        message,
-    }
-}
-
 /// `KlearSparseMoeBlock`.
 #[derive(Debug)]
 pub struct Moe {
@@ -72,7 +66,7 @@ impl Moe {
         let (dim, n) = (args.hidden_size, args.num_experts);
         let k = args.num_experts_per_tok;
         if k < 1 || k > n {
-            return Err(config_error(format!(
+            return Err(config_error("Klear", format!(
                 "key `num_experts_per_tok` must be between 1 and `num_experts` ({n}), got {k}"
             )));
         }
@@ -122,7 +116,7 @@ pub type Model = DecoderLm<ModelArgs, DenseOrMoe<Moe>>;
 fn attention(args: &ModelArgs) -> crate::Result<Attention> {
     let n_heads = args.num_attention_heads;
     if n_heads <= 0 {
-        return Err(config_error(
+        return Err(config_error("Klear", 
             "key `num_attention_heads` must be positive".into(),
         ));
     }
@@ -143,7 +137,7 @@ fn attention(args: &ModelArgs) -> crate::Result<Attention> {
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
     let args: ModelArgs = parse_args(config, "Klear")?;
     if args.num_experts > 0 && args.decoder_sparse_step <= 0 {
-        return Err(config_error(
+        return Err(config_error("Klear", 
             "key `decoder_sparse_step` must be positive with experts".into(),
         ));
     }

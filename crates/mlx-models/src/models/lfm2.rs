@@ -1,6 +1,7 @@
 //! LFM2, following `mlx_lm/models/lfm2.py`: gated short-convolution layers (their
 //! convolution window in an [`ArraysState`] of one slot) mixed with attention layers
 //! (per-head q/k norms), SwiGLU feed-forward, the embedding as head.
+use super::config_error;
 use super::recurrent::{conv_window_or_zeros, keep_conv_window, mask_positions, recurrent_state};
 use super::{batch_len, layer_caches, rope_cache, Architecture, Weights};
 use crate::config::parse_args;
@@ -53,20 +54,13 @@ pub struct ModelArgs {
     pub layer_types: Option<Vec<String>>,
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (lfm2)".into(),
-        message,
-    }
-}
-
 impl ModelArgs {
     /// `__post_init__`: the feed-forward size, `rope_parameters.rope_theta`, the
     /// key/value heads and the attention layers.
     fn resolve(mut self) -> crate::Result<ModelArgs> {
         if self.block_ff_dim.is_none() {
             self.block_ff_dim = Some(self.intermediate_size.ok_or_else(|| {
-                config_error(
+                config_error("lfm2", 
                     "config must specify either `block_ff_dim` or `intermediate_size`".into(),
                 )
             })?);
@@ -77,7 +71,7 @@ impl ModelArgs {
             .and_then(|p| p.get("rope_theta"))
         {
             self.rope_theta = t.as_f64().ok_or_else(|| {
-                config_error("key `rope_parameters.rope_theta` is not a number".into())
+                config_error("lfm2", "key `rope_parameters.rope_theta` is not a number".into())
             })?;
         }
         if self.num_key_value_heads.is_none() {
@@ -85,7 +79,7 @@ impl ModelArgs {
         }
         if self.full_attn_idxs.is_none() {
             let types = self.layer_types.as_ref().ok_or_else(|| {
-                config_error("config must specify either `full_attn_idxs` or `layer_types`".into())
+                config_error("lfm2", "config must specify either `full_attn_idxs` or `layer_types`".into())
             })?;
             let idxs = types.iter().enumerate();
             self.full_attn_idxs = Some(
@@ -95,7 +89,7 @@ impl ModelArgs {
             );
         }
         if self.num_attention_heads <= 0 {
-            return Err(config_error("num_attention_heads must be positive".into()));
+            return Err(config_error("lfm2", "num_attention_heads must be positive".into()));
         }
         Ok(self)
     }
@@ -263,7 +257,7 @@ impl Mlp {
             }
             let k = a.block_multiple_of;
             if k <= 0 {
-                return Err(config_error(format!(
+                return Err(config_error("lfm2", format!(
                     "block_multiple_of must be positive, got {k}"
                 )));
             }
@@ -396,7 +390,7 @@ impl Model {
         let fa_idx = match first_attn {
             Some(i) if (0..n).contains(&i) => i as usize,
             _ => {
-                return Err(config_error(format!(
+                return Err(config_error("lfm2", format!(
                     "no attention layer among the {n} layers (`full_attn_idxs` / `layer_types`): \
                      mlx-lm masks attention with the first one's cache"
                 )))
@@ -404,7 +398,7 @@ impl Model {
         };
         let conv_idx = (0..n).take_while(|&i| args.is_attention(i)).count();
         if conv_idx as i32 >= n {
-            return Err(config_error(
+            return Err(config_error("lfm2", 
                 "every layer is an attention layer: mlx-lm needs a convolution layer".into(),
             ));
         }

@@ -1,6 +1,7 @@
 //! Mamba-2, following `mlx_lm/models/mamba2.py`: every layer a Mamba-2 block (gated
 //! depthwise convolution, then the SSD scan of `mlx_nn::ssm`), its convolution window
 //! and SSM state in a two-slot [`ArraysState`].
+use super::config_error;
 use super::recurrent::{conv_window_or_zeros, keep_conv_window, mask_positions, recurrent_state};
 use super::{batch_len, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
@@ -42,13 +43,6 @@ pub struct ModelArgs {
     pub ssm_state_size: Option<i32>,
     #[serde(default = "default_max_pos")]
     pub max_position_embeddings: i32,
-}
-
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (mamba2)".into(),
-        message,
-    }
 }
 
 /// `MambaRMSNormGated`: `rms_norm(silu(gate) * x)`, over groups of channels where
@@ -390,7 +384,7 @@ impl Model {
             Value::Number(_) => {}
             Value::String(s) if s == "auto" => {}
             other => {
-                return Err(config_error(format!(
+                return Err(config_error("mamba2", format!(
                     "key `time_step_rank`: expected an integer or \"auto\", got {other}"
                 )))
             }

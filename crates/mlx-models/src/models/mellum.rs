@@ -5,6 +5,7 @@
 //! first layer's cache), and in every layer Qwen3-MoE's softmax-routed experts
 //! ([`super::qwen3_moe::SparseMoeBlock`]); tied or not by `tie_word_embeddings`. The
 //! router keeps 8 bits (`quant_predicate`, in mlx-quant).
+use super::config_error;
 use super::attention::{Attention, AttentionDims};
 use super::decoder::DecoderLayer;
 use super::lm::DecoderLm;
@@ -40,13 +41,6 @@ pub struct ModelArgs {
     pub rope_parameters: Map<String, Value>,
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (mellum)".into(),
-        message,
-    }
-}
-
 /// `_rope_for`: `rope_parameters[kind]`'s `rope_theta`; a `default` or `linear`
 /// `rope_type` (the default) gives plain RoPE, any other the scaled one of those
 /// parameters.
@@ -55,18 +49,18 @@ fn rope_for(kind: &str, args: &ModelArgs) -> crate::Result<Rope> {
         .rope_parameters
         .get(kind)
         .and_then(Value::as_object)
-        .ok_or_else(|| config_error(format!("key `rope_parameters.{kind}` is missing")))?;
+        .ok_or_else(|| config_error("mellum", format!("key `rope_parameters.{kind}` is missing")))?;
     let base = params
         .get("rope_theta")
         .and_then(Value::as_f64)
         .ok_or_else(|| {
-            config_error(format!("key `rope_parameters.{kind}.rope_theta` is missing"))
+            config_error("mellum", format!("key `rope_parameters.{kind}.rope_theta` is missing"))
         })?;
     let rope_type = params
         .get("rope_type")
         .map(|t| {
             t.as_str().ok_or_else(|| {
-                config_error(format!("key `rope_parameters.{kind}.rope_type` is not a string"))
+                config_error("mellum", format!("key `rope_parameters.{kind}.rope_type` is not a string"))
             })
         })
         .transpose()?
@@ -89,7 +83,7 @@ pub type Model = DecoderLm<ModelArgs, SparseMoeBlock>;
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
     let args: ModelArgs = parse_args(config, "mellum")?;
     if args.layer_types.len() != args.num_hidden_layers as usize {
-        return Err(config_error(format!(
+        return Err(config_error("mellum", format!(
             "key `layer_types` has {} entries for {} layers",
             args.layer_types.len(),
             args.num_hidden_layers
@@ -100,15 +94,15 @@ pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
         match t.as_str() {
             "full_attention" => sliding.push(false),
             "sliding_attention" => sliding.push(true),
-            _ => return Err(config_error(format!("unknown layer type {t:?}"))),
+            _ => return Err(config_error("mellum", format!("unknown layer type {t:?}"))),
         }
     }
     let full_idx = sliding.iter().position(|&s| !s).ok_or_else(|| {
-        config_error("key `layer_types`: mlx-lm needs a full_attention layer".into())
+        config_error("mellum", "key `layer_types`: mlx-lm needs a full_attention layer".into())
     })?;
     let (k, n) = (args.num_experts_per_tok, args.num_experts);
     if k < 1 || k > n {
-        return Err(config_error(format!(
+        return Err(config_error("mellum", format!(
             "key `num_experts_per_tok` must be between 1 and `num_experts` ({n}), got {k}"
         )));
     }

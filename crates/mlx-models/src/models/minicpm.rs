@@ -2,6 +2,7 @@
 //! embedding times `scale_emb`, each residual branch times
 //! `scale_depth / sqrt(num_hidden_layers)`), the untied head reading the hidden states
 //! divided by `hidden_size / dim_model_base`.
+use super::config_error;
 use super::decoder::Decoder;
 use super::granite;
 use super::head::{self, LogitScale};
@@ -45,13 +46,6 @@ fn default_rope_theta() -> f64 {
     1000000.0
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (minicpm)".into(),
-        message,
-    }
-}
-
 impl ModelArgs {
     /// Granite's arguments for the same layers.
     fn as_granite(&self) -> crate::Result<granite::ModelArgs> {
@@ -62,7 +56,7 @@ impl ModelArgs {
         let max_pos = match self.max_position_embeddings {
             Some(m) => m,
             None if needs_max => {
-                return Err(config_error(
+                return Err(config_error("minicpm", 
                     "key `max_position_embeddings` is needed by its rope_scaling".into(),
                 ))
             }
@@ -107,7 +101,7 @@ impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
         if args.vocab_size <= 0 {
-            return Err(config_error("vocab_size must be positive".into()));
+            return Err(config_error("minicpm", "vocab_size must be positive".into()));
         }
         let g = args.as_granite()?;
         let (dim, hidden) = (args.hidden_size, args.intermediate_size);

@@ -4,6 +4,7 @@
 //! rotary embedding from the required `rope_scaling`, dense SwiGLU MLPs, embeddings
 //! scaled by `scale_emb`, residual branches by `scale_depth / sqrt(layers)`, and an
 //! untied head reading `h / (hidden_size / dim_model_base)`.
+use super::config_error;
 use super::deepseek_v2::{Attention, AttentionParts};
 use super::mlp::Mlp;
 use super::{cache_at, layer_caches, Architecture};
@@ -84,21 +85,14 @@ pub struct Model {
 }
 impl_module!(Model { model, lm_head });
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (minicpm3)".into(),
-        message,
-    }
-}
-
 impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
         let cfg = rope_scaling(args.rope_scaling.as_ref())?.ok_or_else(|| {
-            config_error("key `rope_scaling`: required by MiniCPM3's Su-scaled RoPE".into())
+            config_error("minicpm3", "key `rope_scaling`: required by MiniCPM3's Su-scaled RoPE".into())
         })?;
         if args.num_attention_heads <= 0 || args.dim_model_base == 0 {
-            return Err(config_error(
+            return Err(config_error("minicpm3", 
                 "keys `num_attention_heads` and `dim_model_base` must be non-zero".into(),
             ));
         }

@@ -220,6 +220,15 @@ pub trait Architecture: LanguageModel + Module + IntoLanguageModel {
     }
 }
 
+/// A malformed config.json of architecture `model_type` (the error's path reads
+/// `config.json (model_type)`).
+pub(crate) fn config_error(model_type: &str, message: String) -> crate::Error {
+    crate::Error::Config {
+        path: format!("config.json ({model_type})"),
+        message,
+    }
+}
+
 /// [`FusedLinears::fuse`] over a fixed set of dense layers. Quantized layers stay
 /// separate: on the H200 (benchmarks/GPU.md, run 5) fused 4-bit projections were
 /// bit-identical but slower for llama-3.2-1b-4bit (decode ~-20%, prefill through the

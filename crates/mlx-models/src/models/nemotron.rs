@@ -1,6 +1,7 @@
 //! Nemotron (Nemotron-3 / 4, Minitron), following `mlx_lm/models/nemotron.py`: pre-norm
 //! layers with `1 + weight` layer norms, a partial RoPE (linear scaling only) and a
 //! squared-ReLU feed-forward (`up_proj`, `down_proj`).
+use super::config_error;
 use super::lm::Stack;
 use super::attention::{Attention, AttentionDims, Extras};
 use super::head::{self, LogitScale};
@@ -51,13 +52,6 @@ fn default_rope_theta() -> f64 {
     10000.0
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (nemotron)".into(),
-        message,
-    }
-}
-
 /// The RoPE position scale: `1 / factor` for mlx-lm's only accepted scaling, `linear`
 /// (its `__post_init__` checks).
 fn rope_scale(v: Option<&Value>) -> crate::Result<f64> {
@@ -66,21 +60,21 @@ fn rope_scale(v: Option<&Value>) -> crate::Result<f64> {
     };
     let factor = obj
         .get("factor")
-        .ok_or_else(|| config_error("rope_scaling must contain 'factor'".into()))?;
+        .ok_or_else(|| config_error("nemotron", "rope_scaling must contain 'factor'".into()))?;
     let ty = obj
         .get("type")
         .filter(|t| !t.is_null())
         .or_else(|| obj.get("rope_type").filter(|t| !t.is_null()))
         .ok_or_else(|| {
-            config_error("rope_scaling must contain either 'type' or 'rope_type'".into())
+            config_error("nemotron", "rope_scaling must contain either 'type' or 'rope_type'".into())
         })?;
     if ty.as_str() != Some("linear") {
-        return Err(config_error(
+        return Err(config_error("nemotron", 
             "rope_scaling 'type' currently only supports 'linear'".into(),
         ));
     }
     if !factor.is_f64() {
-        return Err(config_error("rope_scaling 'factor' must be a float".into()));
+        return Err(config_error("nemotron", "rope_scaling 'factor' must be a float".into()));
     }
     let f = factor.as_f64().unwrap_or(1.0);
     Ok(1.0 / f)
@@ -171,7 +165,7 @@ impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
         if args.vocab_size <= 0 {
-            return Err(config_error("vocab_size must be positive".into()));
+            return Err(config_error("nemotron", "vocab_size must be positive".into()));
         }
         let scale = rope_scale(args.rope_scaling.as_ref())?;
         let (dim, eps) = (args.hidden_size, args.norm_eps);

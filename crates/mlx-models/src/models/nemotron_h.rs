@@ -4,6 +4,7 @@
 //! and squared-ReLU MLPs, each `x + block(norm(x))`; only mixers and attention layers
 //! hold caches. The routed-expert layers (`E`, Nemotron 3 MoE checkpoints) are not
 //! ported: such a config is refused at load.
+use super::config_error;
 use super::mamba2::{GateNorm, Mamba2Block, MixerDims};
 use super::recurrent::recurrent_state;
 use super::{batch_len, Architecture, Weights};
@@ -54,13 +55,6 @@ pub struct ModelArgs {
     pub time_step_limit: Option<(f64, f64)>,
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (nemotron_h)".into(),
-        message,
-    }
-}
-
 impl ModelArgs {
     /// `__post_init__`: the block pattern as one character per layer.
     fn pattern(&self) -> crate::Result<Vec<char>> {
@@ -75,7 +69,7 @@ impl ModelArgs {
                         let mut c = s.chars();
                         match (c.next(), c.next()) {
                             (Some(ch), None) => Ok(ch),
-                            _ => Err(config_error(format!(
+                            _ => Err(config_error("nemotron_h", format!(
                                 "key `hybrid_override_pattern`: {v} is not one character"
                             ))),
                         }
@@ -83,7 +77,7 @@ impl ModelArgs {
                     .collect();
             }
             Some(other) => {
-                return Err(config_error(format!(
+                return Err(config_error("nemotron_h", format!(
                     "key `hybrid_override_pattern`: expected a string or a list, got {other}"
                 )))
             }
@@ -93,7 +87,7 @@ impl ModelArgs {
             .as_ref()
             .or(self.layer_types.as_ref())
         else {
-            return Err(config_error(
+            return Err(config_error("nemotron_h", 
                 "the config must have layers_block_type or hybrid_override_pattern to \
                  describe the layer stack"
                     .into(),
@@ -106,7 +100,7 @@ impl ModelArgs {
                 "linear_attention" | "mamba" | "conv" => Ok('M'),
                 "moe" => Ok('E'),
                 "mlp" => Ok('-'),
-                other => Err(config_error(format!(
+                other => Err(config_error("nemotron_h", format!(
                     "unsupported layers_block_type `{other}`, expected any of attention, \
                      conv, full_attention, linear_attention, mamba, mlp, moe"
                 ))),
@@ -163,7 +157,7 @@ impl Attention {
             a.attention_bias,
         );
         if nh <= 0 {
-            return Err(config_error("num_attention_heads must be positive".into()));
+            return Err(config_error("nemotron_h", "num_attention_heads must be positive".into()));
         }
         let hd = a.head_dim.unwrap_or(dim / nh);
         Ok(Attention {
@@ -285,7 +279,7 @@ impl Model {
                                 .into(),
                         })
                     }
-                    other => return Err(config_error(format!("unknown block type `{other}`"))),
+                    other => return Err(config_error("nemotron_h", format!("unknown block type `{other}`"))),
                 };
                 Ok(Block {
                     norm: RmsNorm::new(args.hidden_size, eps)?,

@@ -7,6 +7,7 @@
 //! activation), `mlp.linear`, or absent (with its `post_attention_layernorm`). Every
 //! layer that has an attention block, a linear one too, has a cache (mlx-lm's
 //! `make_cache`), the mask made from the first of them.
+use super::config_error;
 use super::attention::{Attention, AttentionDims, Extras};
 use super::decoder::FeedForward;
 use super::head::{self, LogitScale};
@@ -101,18 +102,11 @@ pub struct FfnConfig {
     pub ffn_mult: Option<f64>,
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (nemotron-nas)".into(),
-        message,
-    }
-}
-
 impl ModelArgs {
     /// `__post_init__`'s checks (and `AttentionConfig` / `FFNConfig`'s).
     fn check(&self) -> crate::Result<()> {
         if self.block_configs.len() as i64 != i64::from(self.num_hidden_layers) {
-            return Err(config_error(format!(
+            return Err(config_error("nemotron-nas", format!(
                 "Number of block_configs ({}) must match num_hidden_layers ({})",
                 self.block_configs.len(),
                 self.num_hidden_layers
@@ -121,10 +115,10 @@ impl ModelArgs {
         if let Some(Value::Object(s)) = &self.rope_scaling {
             if !s.is_empty() {
                 if !s.contains_key("factor") {
-                    return Err(config_error("rope_scaling must contain 'factor'".into()));
+                    return Err(config_error("nemotron-nas", "rope_scaling must contain 'factor'".into()));
                 }
                 if s.get("rope_type").is_none_or(Value::is_null) {
-                    return Err(config_error("rope_scaling must contain 'rope_type'".into()));
+                    return Err(config_error("nemotron-nas", "rope_scaling must contain 'rope_type'".into()));
                 }
             }
         }
@@ -132,18 +126,18 @@ impl ModelArgs {
             let a = &b.attention;
             if !a.no_op && !a.replace_with_linear {
                 let group = a.n_heads_in_group.ok_or_else(|| {
-                    config_error(format!(
+                    config_error("nemotron-nas", format!(
                         "layer {i}: n_heads_in_group must be specified for active attention \
                          blocks"
                     ))
                 })?;
                 if group <= 0 {
-                    return Err(config_error(format!(
+                    return Err(config_error("nemotron-nas", format!(
                         "layer {i}: n_heads_in_group must be positive, got {group}"
                     )));
                 }
                 if self.num_attention_heads % group != 0 {
-                    return Err(config_error(format!(
+                    return Err(config_error("nemotron-nas", format!(
                         "Layer {i}: num_attention_heads ({}) must be divisible by \
                          n_heads_in_group ({group})",
                         self.num_attention_heads
@@ -152,7 +146,7 @@ impl ModelArgs {
             }
             let f = &b.ffn;
             if !f.no_op && !f.replace_with_linear && f.ffn_mult.is_none() {
-                return Err(config_error(format!(
+                return Err(config_error("nemotron-nas", format!(
                     "layer {i}: ffn_mult must be specified for active FFN blocks"
                 )));
             }
@@ -166,7 +160,7 @@ impl ModelArgs {
 fn ffn_width(ffn_mult: f64, dim: i32) -> crate::Result<i32> {
     let rounded: f64 = format!("{ffn_mult:.6}")
         .parse()
-        .map_err(|_| config_error(format!("ffn_mult {ffn_mult} is not a number")))?;
+        .map_err(|_| config_error("nemotron-nas", format!("ffn_mult {ffn_mult} is not a number")))?;
     let width = (2.0 * rounded * f64::from(dim) / 3.0) as i64;
     let width = if width % 256 == 0 {
         width
@@ -176,7 +170,7 @@ fn ffn_width(ffn_mult: f64, dim: i32) -> crate::Result<i32> {
     i32::try_from(width)
         .ok()
         .filter(|&w| w > 0)
-        .ok_or_else(|| config_error(format!("ffn_mult {ffn_mult} gives an MLP {width} wide")))
+        .ok_or_else(|| config_error("nemotron-nas", format!("ffn_mult {ffn_mult} gives an MLP {width} wide")))
 }
 
 /// `_ACT2FN`.
@@ -187,7 +181,7 @@ fn activation(name: &str) -> crate::Result<fn(&Array) -> Result<Array>> {
         "gelu" => gelu,
         "gelu_new" | "gelu_fast" => gelu_approx,
         _ => {
-            return Err(config_error(format!(
+            return Err(config_error("nemotron-nas", format!(
                 "Unknown activation function: {name}"
             )))
         }
@@ -304,7 +298,7 @@ fn attention(args: &ModelArgs, n_heads_in_group: i32) -> crate::Result<Attention
     let (dim, n_heads) = (args.hidden_size, args.num_attention_heads);
     let head_dim = dim / n_heads;
     if head_dim * n_heads != dim {
-        return Err(config_error(format!(
+        return Err(config_error("nemotron-nas", format!(
             "hidden_size ({dim}) must be divisible by num_attention_heads ({n_heads})"
         )));
     }
@@ -345,7 +339,7 @@ impl Model {
         let num_attn_layers = layers.iter().filter(|l| l.self_attn.is_some()).count();
         if num_attn_layers == 0 {
             // mlx-lm's forward reads `cache[0]`, which does not exist then.
-            return Err(config_error(
+            return Err(config_error("nemotron-nas", 
                 "every layer's attention is no_op: mlx-lm's forward needs at least one".into(),
             ));
         }

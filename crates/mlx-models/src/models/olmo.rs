@@ -11,6 +11,7 @@
 //! masked scores set to the dtype's most negative value, which gives the same bits as
 //! the additive masks the file was written against). Its tied head returns
 //! `(logits, cache)`; here the logits.
+use super::config_error;
 use super::head::{self, LogitScale};
 use super::lm::even_head_dim;
 use super::{batch_len, cache_at, layer_caches, merge_heads, rope_cache, split_heads};
@@ -57,13 +58,6 @@ fn default_mlp_ratio() -> i32 {
     4
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (olmo)".into(),
-        message,
-    }
-}
-
 impl ModelArgs {
     /// `__post_init__`: `mlp_hidden_size` defaults to `mlp_ratio * d_model`. It must be
     /// even (mlx-lm splits `ff_proj` in two halves).
@@ -72,7 +66,7 @@ impl ModelArgs {
             .mlp_hidden_size
             .unwrap_or(self.mlp_ratio * self.d_model);
         if hidden < 2 || hidden % 2 != 0 {
-            return Err(config_error(format!(
+            return Err(config_error("olmo", format!(
                 "the MLP width (`mlp_hidden_size`, else `mlp_ratio * d_model`) must be a \
                  positive even number (got {hidden}): `ff_proj` is split in two halves"
             )));
@@ -209,7 +203,7 @@ impl Model {
         let head_dim = even_head_dim(args.d_model, args.n_heads, "olmo")?;
         let mlp_hidden = args.mlp_hidden()?;
         if args.embedding_size <= 0 {
-            return Err(config_error(format!(
+            return Err(config_error("olmo", format!(
                 "`embedding_size` must be positive (got {})",
                 args.embedding_size
             )));

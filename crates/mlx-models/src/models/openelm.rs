@@ -6,6 +6,7 @@
 //! `normalize_qk_projections`, non-traditional RoPE at `rope_freq_constant`, and a SwiGLU
 //! MLP (fused `proj_1`, then `proj_2`) `make_divisible(ffn_multipliers[i] * model_dim,
 //! ffn_dim_divisor)` wide. The head is the embedding where `share_input_output_layers`.
+use super::config_error;
 use super::attention::{Attention, AttentionDims, HeadNorm, NormAt};
 use super::decoder::DecoderLayer;
 use super::lm::{DecoderLm, LmDims};
@@ -49,18 +50,11 @@ fn default_rope_freq_constant() -> f64 {
     10000.0
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (openelm)".into(),
-        message,
-    }
-}
-
 /// mlx-lm's `make_divisible(v, divisor)` (from the TF MobileNet code): `v` rounded to
 /// the nearest multiple of `divisor`, at least `divisor`, and at most 10% below `v`.
 fn make_divisible(v: f64, divisor: i32) -> crate::Result<i32> {
     if divisor == 0 {
-        return Err(config_error("key `ffn_dim_divisor` must not be 0".into()));
+        return Err(config_error("openelm", "key `ffn_dim_divisor` must not be 0".into()));
     }
     let d = divisor as i64;
     // `int(v + divisor / 2) // divisor * divisor`: truncation, then floor division.
@@ -69,7 +63,7 @@ fn make_divisible(v: f64, divisor: i32) -> crate::Result<i32> {
     if (new_v as f64) < 0.9 * v {
         new_v += d;
     }
-    i32::try_from(new_v).map_err(|_| config_error(format!("FFN width {new_v} is out of range")))
+    i32::try_from(new_v).map_err(|_| config_error("openelm", format!("FFN width {new_v} is out of range")))
 }
 
 /// Entry `i` of the per-layer list `key` (mlx-lm's `IndexError` as a config error).
@@ -78,7 +72,7 @@ fn per_layer<T: Copy>(list: &[T], i: i32, key: &str) -> crate::Result<T> {
         .ok()
         .and_then(|i| list.get(i).copied())
         .ok_or_else(|| {
-            config_error(format!(
+            config_error("openelm", format!(
                 "key `{key}` has {} entries, fewer than `num_transformer_layers`",
                 list.len()
             ))
@@ -115,7 +109,7 @@ pub type Model = DecoderLm<ModelArgs, GateUpMlp>;
 pub fn build(config: &Value) -> crate::Result<Box<dyn Architecture>> {
     let args: ModelArgs = parse_args(config, "openelm")?;
     if args.vocab_size <= 0 {
-        return Err(config_error("key `vocab_size` must be positive".into()));
+        return Err(config_error("openelm", "key `vocab_size` must be positive".into()));
     }
     let (dim, eps) = (args.model_dim, args.rms_norm_eps);
     let d = LmDims {

@@ -1,6 +1,7 @@
 //! Phi-3.5-MoE, following `mlx_lm/models/phimoe.py`: biased attention with the
 //! `SuScaledRoPE` of Phi-3 (plain RoPE when `rope_scaling` is null), layer norms, and
 //! SwitchGLU experts routed by HF's `sparsemixer`; the head is biased.
+use super::config_error;
 use super::attention::{Attention, AttentionDims, Extras};
 use super::decoder::stack_experts;
 use super::lm::causal_layers;
@@ -94,13 +95,6 @@ fn default_jitter() -> f64 {
     0.01
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (phimoe)".into(),
-        message,
-    }
-}
-
 /// Plain RoPE, or `SuScaledRoPE` from `rope_scaling` (whose four keys mlx-lm reads
 /// unconditionally); a non-zero `long_mscale` replaces the default input scale.
 fn rope(args: &ModelArgs, head_dim: i32) -> crate::Result<Rope> {
@@ -109,11 +103,11 @@ fn rope(args: &ModelArgs, head_dim: i32) -> crate::Result<Rope> {
     };
     for key in ["short_factor", "long_factor", "short_mscale", "long_mscale"] {
         if section.get(key).is_none() {
-            return Err(config_error(format!("key `rope_scaling.{key}` is missing")));
+            return Err(config_error("phimoe", format!("key `rope_scaling.{key}` is missing")));
         }
     }
     let scaling =
-        rope_scaling(Some(section))?.ok_or_else(|| config_error("rope_scaling".into()))?;
+        rope_scaling(Some(section))?.ok_or_else(|| config_error("phimoe", "rope_scaling".into()))?;
     let long = scaling.long_factor.unwrap_or_else(|| vec![1.0]);
     let mut rope = Rope::su_scaled(
         head_dim,
@@ -235,7 +229,7 @@ impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
         if args.num_experts_per_tok > args.num_local_experts {
-            return Err(config_error(format!(
+            return Err(config_error("phimoe", format!(
                 "num_experts_per_tok ({}) is larger than num_local_experts ({})",
                 args.num_experts_per_tok, args.num_local_experts
             )));

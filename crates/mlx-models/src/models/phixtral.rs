@@ -6,6 +6,7 @@
 //! over the top-k router logits, each a biased `fc2(gelu_approx(fc1(x)))` four times the
 //! width (`SwitchMLP`); a head of a layer norm and a biased linear. `sanitize` stacks
 //! the per-expert `moe.mlp.{e}` tensors.
+use super::config_error;
 use super::attention::{Attention, AttentionDims, Extras};
 use super::decoder::stack_experts_in;
 use super::lm::{causal_layers, even_head_dim};
@@ -65,13 +66,6 @@ fn default_num_experts_per_tok() -> i32 {
 }
 fn default_num_local_experts() -> i32 {
     4
-}
-
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (phixtral)".into(),
-        message,
-    }
 }
 
 /// The router and its experts.
@@ -157,18 +151,18 @@ impl Model {
         let head_dim = even_head_dim(dim, n_heads, "phixtral")?;
         let (k, n_experts) = (args.num_experts_per_tok, args.num_local_experts);
         if k < 1 || k > n_experts {
-            return Err(config_error(format!(
+            return Err(config_error("phixtral", format!(
                 "num_experts_per_tok ({k}) must be between 1 and num_local_experts ({n_experts})"
             )));
         }
         if args.rotary_dim < 1 || args.rotary_dim > head_dim || args.rotary_dim % 2 != 0 {
-            return Err(config_error(format!(
+            return Err(config_error("phixtral", format!(
                 "rotary_dim ({}) must be even and at most the head size ({head_dim})",
                 args.rotary_dim
             )));
         }
         if args.num_vocab < 1 {
-            return Err(config_error(format!(
+            return Err(config_error("phixtral", format!(
                 "num_vocab must be positive (got {})",
                 args.num_vocab
             )));

@@ -4,6 +4,7 @@
 //! `n_shared_head` times after the cache (query head `i` reads key head `i % k_heads`),
 //! `nn.RoPE` at `rope_theta` (traditional by `rope_traditional`), a SwiGLU MLP, an
 //! untied `lm_head`. No `sanitize`, as in mlx-lm.
+use super::config_error;
 use super::attention::{Attention, AttentionDims, Extras};
 use super::lm::causal_layers;
 use super::mlp::Mlp;
@@ -99,26 +100,19 @@ pub struct Model {
 }
 impl_module!(Model { model, lm_head });
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (plamo)".into(),
-        message,
-    }
-}
-
 impl Model {
     /// Builds the model (zero placeholders) from config.json.
     pub fn new(args: ModelArgs) -> crate::Result<Model> {
         let (dim, q_heads, shared) = (args.hidden_size, args.num_attention_heads, args.n_shared_head);
         if q_heads <= 0 || shared <= 0 || dim % q_heads != 0 {
-            return Err(config_error(format!(
+            return Err(config_error("plamo", format!(
                 "`num_attention_heads` ({q_heads}) and `n_shared_head` ({shared}) must be \
                  positive, the heads dividing `hidden_size` ({dim})"
             )));
         }
         // The tiled key heads must match the query heads for the attention to run.
         if q_heads % shared != 0 {
-            return Err(config_error(format!(
+            return Err(config_error("plamo", format!(
                 "`num_attention_heads` ({q_heads}) must be a multiple of `n_shared_head` \
                  ({shared}): mlx-lm's attention of the tiled heads fails otherwise"
             )));

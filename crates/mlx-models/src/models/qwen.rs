@@ -4,6 +4,7 @@
 //! (no grouped heads) and `c_proj`, a SwiGLU MLP of `c_proj(swiglu(w2(x), w1(x)))` half
 //! `intermediate_size` wide, and an untied `lm_head`. `no_bias` drops the biases of
 //! `c_proj`, the MLP and the head (never `c_attn`'s). No `sanitize`, as in mlx-lm.
+use super::config_error;
 use super::attention::{Attention, AttentionDims};
 use super::decoder::DecoderLayer;
 use super::lm::{DecoderLm, LmDims};
@@ -59,20 +60,13 @@ fn default_vocab_size() -> i32 {
     151936
 }
 
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (qwen)".into(),
-        message,
-    }
-}
-
 /// `c_proj(sdpa(rope(q), rope(k), v))` over the biased `c_attn`: `kv_channels` per head,
 /// rotated over `hidden_size / num_attention_heads` dimensions (non-traditional, base
 /// 10000), scaled by that size's inverse square root.
 fn attention(args: &ModelArgs) -> crate::Result<Attention> {
     let n_heads = args.num_attention_heads;
     if n_heads < 1 {
-        return Err(config_error(
+        return Err(config_error("qwen", 
             "key `num_attention_heads` must be positive".into(),
         ));
     }
@@ -80,7 +74,7 @@ fn attention(args: &ModelArgs) -> crate::Result<Attention> {
     // mlx-lm's `c_proj` is `Linear(hidden_size, kv_channels * num_attention_heads)` over
     // the attention's `kv_channels * num_attention_heads` features: only equal sizes run.
     if args.kv_channels * n_heads != args.hidden_size {
-        return Err(config_error(format!(
+        return Err(config_error("qwen", format!(
             "`kv_channels` * `num_attention_heads` ({} * {n_heads}) must equal `hidden_size` \
              ({}): mlx-lm's c_proj reads hidden_size features",
             args.kv_channels, args.hidden_size

@@ -2,6 +2,7 @@
 //! attention (an [`ArraysState`] of convolution window and recurrent state) on three of
 //! every `full_attention_interval` layers, gated full attention on the others, and
 //! softmax-routed experts with a gated shared expert.
+use super::config_error;
 use super::recurrent::{conv_window_or_zeros, keep_conv_window, mask_positions, recurrent_state};
 use super::{batch_len, layer_caches, top_k_indices, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
@@ -58,13 +59,6 @@ pub struct ModelArgs {
     pub rope_scaling: Option<Value>,
     #[serde(default = "default_interval")]
     pub full_attention_interval: i32,
-}
-
-fn config_error(message: String) -> crate::Error {
-    crate::Error::Config {
-        path: "config.json (qwen3_next)".into(),
-        message,
-    }
 }
 
 /// `Qwen3NextRMSNormGated`: RMS norm, then `silu(gate) * x` in float32.
@@ -236,7 +230,7 @@ impl GatedDeltaNet {
             a.linear_value_head_dim,
         );
         if nk <= 0 || nv % nk != 0 {
-            return Err(config_error(format!(
+            return Err(config_error("qwen3_next", format!(
                 "linear_num_value_heads ({nv}) must be a multiple of linear_num_key_heads ({nk})"
             )));
         }
@@ -511,7 +505,7 @@ impl Model {
         let (dim, eps) = (args.hidden_size, args.rms_norm_eps);
         let interval = args.full_attention_interval;
         if interval <= 0 || interval > args.num_hidden_layers {
-            return Err(config_error(format!(
+            return Err(config_error("qwen3_next", format!(
                 "full_attention_interval {interval} must be in 1..={} (num_hidden_layers): \
                  mlx-lm masks full attention with layer {}'s cache",
                 args.num_hidden_layers,
