@@ -401,8 +401,7 @@ impl BuildProcessor for MinTokens {
             .collect();
         Ok(Box::new(MinTokensProcessor {
             mask: LogitBias::new(&bias)?,
-            min_tokens: self.min_tokens,
-            prompt_len: self.prompt_len,
+            until: self.prompt_len + self.min_tokens,
         }))
     }
 }
@@ -410,8 +409,8 @@ impl BuildProcessor for MinTokens {
 #[derive(Debug, Clone)]
 struct MinTokensProcessor {
     mask: LogitBias,
-    min_tokens: usize,
-    prompt_len: usize,
+    /// The history length (prompt and generated tokens) from which nothing is masked.
+    until: usize,
 }
 
 impl LogitsProcessor for MinTokensProcessor {
@@ -420,10 +419,10 @@ impl LogitsProcessor for MinTokensProcessor {
     }
 
     fn process(&mut self, history: &Array, logits: &Array) -> Result<Array> {
-        // The history ends with this step's input: the tokens generated so far follow
-        // the prompt's.
+        // The history ends with this step's input: the prompt, then the tokens
+        // generated so far.
         let seen = history.shape().first().copied().unwrap_or(0).max(0) as usize;
-        if seen.saturating_sub(self.prompt_len) < self.min_tokens {
+        if seen < self.until {
             self.mask.process(history, logits)
         } else {
             Ok(logits.clone())

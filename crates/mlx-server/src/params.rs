@@ -307,12 +307,10 @@ fn endpoint_fields(flavor: Flavor) -> &'static [&'static str] {
 /// known list are logged as ignored (vLLM's behaviour; mlx-lm ignores them silently).
 fn check_fields(body: &Body<'_>, flavor: Flavor) -> Result<(), ApiError> {
     let refuse = |name: &str, why: &str| Err(ApiError::invalid_param(name, why.to_string()));
-    if body.get("functions").is_some() || body.get("function_call").is_some() {
-        let name = if body.get("functions").is_some() {
-            "functions"
-        } else {
-            "function_call"
-        };
+    if let Some(name) = ["functions", "function_call"]
+        .into_iter()
+        .find(|f| body.get(f).is_some())
+    {
         return refuse(
             name,
             "the deprecated `functions` / `function_call` fields are not supported: send \

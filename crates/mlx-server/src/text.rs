@@ -69,7 +69,8 @@ impl TextRouter {
     }
 
     /// Whether stop words end the answer yet (vLLM's `min_tokens`: not before the
-    /// answer has that many tokens; text fed while disarmed is never matched later).
+    /// answer has that many tokens). A word wholly fed while disarmed passes as text; one
+    /// whose beginning was held back then and whose end comes once armed stops it.
     pub fn arm_stops(&mut self, armed: bool) {
         self.stops_armed = armed;
     }
