@@ -158,7 +158,10 @@
 #              arm (NCU_ARMS: default, sep = MLX_FAST_QMV_MANY_MAX_ELEMENTS=16777216)
 #   ncudeep    issue 21: ncu's speed-of-light, occupancy, warp-state and memory sections of a
 #              few launches of one kernel (DEEP_KERNEL regex, DEEP_MODEL, DEEP_BATCH,
-#              DEEP_SKIP, DEEP_COUNT, DEEP_ENV): why it runs at the speed it does
+#              DEEP_SKIP, DEEP_COUNT, DEEP_ENV; DEEP_ARMS: default / xs / env, one ncu run
+#              each): why it runs at the speed it does
+#   xscheck    issue 21: fused_check qmv under MLX_FAST_QMV_ALIGNED_SPLIT=1 (every product
+#              shape, then the 8B 4-bit and qwen2.5-0.5b-4bit logits against MLX's qmv)
 #   ncubf16    issue 21: ncu kernel durations of decoding steps of NCU_MODEL
 #              (llama-3.1-8b-bf16; mlx-generate, 64 tokens, or with NCU_BATCH=B
 #              mlx-benchmark -b B -p 64 -g 128; kernels NCU_SKIP (8000) to
@@ -651,15 +654,34 @@ for PART in "$@"; do
       ensure_model "$DEEP_MODEL" "$D"
       if [ -z "$NCU" ]; then echo "no ncu" > "$D/stdout.txt"; else
         decode_cmd "$DEEP_MODEL" "${DEEP_BATCH:-}"
-        env ${DEEP_ENV:-} timeout $(( L - 10 )) "$NCU" --kernel-name "regex:${DEEP_KERNEL:-mlxs_qmv}" \
-          --launch-skip "${DEEP_SKIP:-200}" --launch-count "${DEEP_COUNT:-3}" \
-          --section SpeedOfLight --section Occupancy --section WarpStateStats \
-          --section MemoryWorkloadAnalysis --section LaunchStats \
-          "${cmd[@]}" > "$D/ncu.txt" 2> "$D/stderr.txt"
-        echo "rc=$? ncu=$NCU" > "$D/stdout.txt"
-        grep -E "^  [a-z_]|Duration|Throughput|Occupancy|Registers|Stall|Block Size|Grid Size|Waves" \
-          "$D/ncu.txt" | head -150 >> "$D/stdout.txt"
+        # DEEP_ARMS: one ncu run an arm, in order (default: DEEP_ENV's switches or none;
+        # xs: MLX_FAST_QMV_ALIGNED_SPLIT=1), each in its own files, the time left shared
+        arms=(${DEEP_ARMS:-env}); i=0
+        for arm in "${arms[@]}"; do
+          t=$(( ($(left) - 10) / (${#arms[@]} - i) )); i=$((i + 1))
+          e=(${DEEP_ENV:-}); [ "$arm" = default ] && e=(); [ "$arm" = xs ] && e=(MLX_FAST_QMV_ALIGNED_SPLIT=1)
+          f=$D/ncu-$i-$arm
+          env "${e[@]}" timeout "$t" "$NCU" --kernel-name "regex:${DEEP_KERNEL:-mlxs_qmv}" \
+            --launch-skip "${DEEP_SKIP:-200}" --launch-count "${DEEP_COUNT:-3}" \
+            --section SpeedOfLight --section Occupancy --section WarpStateStats \
+            --section MemoryWorkloadAnalysis --section LaunchStats \
+            "${cmd[@]}" > "$f.txt" 2> "$f.stderr.txt"
+          echo "## $arm (${e[*]}) rc=$? ncu=$NCU" >> "$D/stdout.txt"
+          grep -E "^  [a-z_]|Duration|Throughput|Occupancy|Registers|Stall|Block Size|Grid Size|Waves" \
+            "$f.txt" | head -150 >> "$D/stdout.txt"
+        done
       fi ;;
+    xscheck)
+      # MLX_FAST_QMV_ALIGNED_SPLIT=1's kernels against MLX's qmv, bit for bit: every product
+      # shape, then the 8B 4-bit and qwen2.5-0.5b-4bit logits
+      ensure_model llama-3.1-8b-4bit "$D"
+      ensure_model qwen2.5-0.5b-4bit "$D"
+      MLX_FAST_QMV_ALIGNED_SPLIT=1 timeout $(( $(left) > 150 ? $(left) - 90 : 60 )) "$NEW/fused_check" "$MODELS/llama-3.1-8b-4bit" 64 16 qmv \
+        > "$D/stdout.txt" 2>&1
+      echo "rc=$?" >> "$D/stdout.txt"
+      MLX_FAST_QMV_ALIGNED_SPLIT=1 FUSED_CHECK_SHAPES=0 timeout 60 "$NEW/fused_check" "$MODELS/qwen2.5-0.5b-4bit" 64 16 qmv \
+        >> "$D/stdout.txt" 2>&1
+      echo "rc=$?" >> "$D/stdout.txt" ;;
     ncubf16)
       NCU_MODEL=${NCU_MODEL:-llama-3.1-8b-bf16}
       ensure_model "$NCU_MODEL" "$D"

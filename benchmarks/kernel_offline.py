@@ -174,10 +174,12 @@ def kernels():
                                 "fast_qmv.cpp"))
             # kBodyRows: layout_for's two pipelined layouts.
             for name, lay in (("heads", "4, 8, 2, false"), ("long", "4, 4, 1, true")):
-                for lean in (False, True):
-                    out.append((f"qmv_rows_n_{name}_k{k}_g{gs}{'_lean' if lean else ''}", 128, x + weight(),
+                for lean, xs in ((False, False), (True, False), (True, True)):
+                    sfx = ("_lean" if lean else "") + ("_xs" if xs else "")
+                    targ = str(lean).lower() + (", true" if xs else "")
+                    out.append((f"qmv_rows_n_{name}_k{k}_g{gs}{sfx}", 128, x + weight(),
                                 [("out0", "bf16")],
-                                f"  mlxs_qmv::rows_n<{t}, {lay}, false, {str(lean).lower()}>(x, w, scales, biases, out0, 128256, blockIdx.y - 0, nullptr);",
+                                f"  mlxs_qmv::rows_n<{t}, {lay}, false, {targ}>(x, w, scales, biases, out0, 128256, blockIdx.y - 0, nullptr);",
                                 "fast_qmv.cpp"))
             # the gathered form (MLX_FAST_GATHER_QMV, on by default): below 8 rows, a row of it a part.
             # (lean, xs): the first form, the lean one, the lean one with the aligned split.

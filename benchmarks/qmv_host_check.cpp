@@ -217,22 +217,33 @@ void check(std::mt19937& rng) {
     compare(what, first, rows1(std::true_type{}, std::false_type{}));
     std::snprintf(what, sizeof(what), "rows1 (aligned split) K %d GS %d x+%d", K, GS, off);
     compare(what, first, rows1(std::true_type{}, std::true_type{}));
-    auto heads = [&](auto lean) {
+    // xs as rows1's: an unaligned x (off 1) through rows_n_any.
+    auto heads = [&](auto lean, auto xs) {
       return run(2, 4, out, [&](int blk) {
-        mlxs_qmv::rows_n<K, GS, 4, 8, 2, false, false, decltype(lean)::value>(
-            x, o.w.data(), o.s.data(), o.b.data(), out.data(), n - 1, blk, nullptr);
+        mlxs_qmv::rows_n<K, GS, 4, 8, 2, false, false, decltype(lean)::value,
+                         decltype(xs)::value>(x, o.w.data(), o.s.data(), o.b.data(),
+                                              out.data(), n - 1, blk, nullptr);
       });
     };
+    const auto heads0 = heads(std::false_type{}, std::false_type{});
     std::snprintf(what, sizeof(what), "rows_n (2 rows a warp) K %d GS %d x+%d", K, GS, off);
-    compare(what, heads(std::false_type{}), heads(std::true_type{}));
-    auto longr = [&](auto lean) {
+    compare(what, heads0, heads(std::true_type{}, std::false_type{}));
+    std::snprintf(what, sizeof(what), "rows_n (2 rows a warp, aligned split) K %d GS %d x+%d",
+                  K, GS, off);
+    compare(what, heads0, heads(std::true_type{}, std::true_type{}));
+    auto longr = [&](auto lean, auto xs) {
       return run(3, 4, out, [&](int blk) {
-        mlxs_qmv::rows_n<K, GS, 4, 4, 1, true, false, decltype(lean)::value>(
-            x, o.w.data(), o.s.data(), o.b.data(), out.data(), n, blk, nullptr);
+        mlxs_qmv::rows_n<K, GS, 4, 4, 1, true, false, decltype(lean)::value,
+                         decltype(xs)::value>(x, o.w.data(), o.s.data(), o.b.data(),
+                                              out.data(), n, blk, nullptr);
       });
     };
+    const auto long0 = longr(std::false_type{}, std::false_type{});
     std::snprintf(what, sizeof(what), "rows_n (window) K %d GS %d x+%d", K, GS, off);
-    compare(what, longr(std::false_type{}), longr(std::true_type{}));
+    compare(what, long0, longr(std::true_type{}, std::false_type{}));
+    std::snprintf(what, sizeof(what), "rows_n (window, aligned split) K %d GS %d x+%d", K, GS,
+                  off);
+    compare(what, long0, longr(std::true_type{}, std::true_type{}));
     std::vector<__nv_bfloat16> outm(static_cast<size_t>(m) * n);
     auto rowsm = [&](auto lean) {
       return run(2, 4, outm, [&](int blk) {

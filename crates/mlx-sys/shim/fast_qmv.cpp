@@ -156,11 +156,12 @@ KernelSwitch g_swiglu("MLX_FAST_QMV_SWIGLU");
 // logits identical to MLX's qmv; the 8B 4-bit decodes 299 -> 340 tok/s at batch 1).
 // MLX_FAST_QMV_LEAN=0 restores the earlier bodies.
 KernelSwitch g_lean("MLX_FAST_QMV_LEAN");
-// The one-row bodies with x's alignment decided once (row_sum's XS): an x view that is not
-// 16-byte aligned goes to an out-of-line body (row_sum_any), so the aligned body, which is
-// what runs in practice, keeps its own registers: 64 -> 48 for the 8B's lean one-row,
-// o_proj and gate/up swiglu launches (ptxas for sm_90a, benchmarks/kernel_offline.py), 50%
-// -> 62.5% of an H100's warps. Session 50's ncu found these launches bound by the warps
+// The one-row bodies with x's alignment decided once (row_sum's and rows_n's XS): an x view
+// that is not 16-byte aligned goes to an out-of-line body (row_sum_any, rows_n_any), so the
+// aligned body, which is what runs in practice, keeps its own registers: 64 -> 48 for the
+// 8B's lean one-row, o_proj and gate/up swiglu launches, 168 -> 64 for its vocabulary
+// head's two-row layout (ptxas for sm_90a, benchmarks/kernel_offline.py), 50% -> 62.5% of
+// an H100's warps (the head: 18.75% -> 50%). Session 50's ncu found these launches bound by the warps
 // and bytes in flight, not by instructions. Every value the same. Opt-in until measured on
 // a device: MLX_FAST_QMV_ALIGNED_SPLIT=1.
 KernelSwitch g_xsplit("MLX_FAST_QMV_ALIGNED_SPLIT", false);
@@ -889,12 +890,37 @@ __device__ __forceinline__ void swiglu_rows(const __nv_bfloat16* x, const uint32
 // unpacked as the pairs (e, e + 4) of each 32-bit word and x permuted to match (each
 // element keeps its own accumulator, so the pairing changes no result), and the loads
 // either issued `U` chunks ahead of their arithmetic (WIN) or `U` chunks at a time.
-template <int K, int GS, int ROWS, int U, int RW, bool WIN, bool RES, bool LEAN = false>
+template <int K, int GS, int ROWS, int U, int RW, bool WIN, bool RES, bool LEAN = false,
+          bool XS = false>
+__device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w,
+                                       const __nv_bfloat16* scales,
+                                       const __nv_bfloat16* biases, __nv_bfloat16* out,
+                                       const int n, const int block,
+                                       const __nv_bfloat16* res);
+
+// rows_n of an x that is not 16-byte aligned under XS: the same chunks in the same order
+// into the same accumulators, one chunk's loads at a time, out of line (as row_sum_any).
+template <int K, int GS, int ROWS, int RW, bool RES, bool LEAN>
+__device__ __noinline__ void rows_n_any(const __nv_bfloat16* x, const uint32_t* w,
+                                        const __nv_bfloat16* scales,
+                                        const __nv_bfloat16* biases, __nv_bfloat16* out,
+                                        const int n, const int block,
+                                        const __nv_bfloat16* res) {
+  rows_n<K, GS, ROWS, 1, RW, false, RES, LEAN>(x, w, scales, biases, out, n, block, res);
+}
+
+template <int K, int GS, int ROWS, int U, int RW, bool WIN, bool RES, bool LEAN, bool XS>
 __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w,
                                        const __nv_bfloat16* scales,
                                        const __nv_bfloat16* biases, __nv_bfloat16* out,
                                        const int n, const int block,
                                        const __nv_bfloat16* res) {
+  if constexpr (XS) {
+    if ((reinterpret_cast<uintptr_t>(x) & 15) != 0) {
+      rows_n_any<K, GS, ROWS, RW, RES, LEAN>(x, w, scales, biases, out, n, block, res);
+      return;
+    }
+  }
   constexpr int NCH = K / 512;
   constexpr int REST = K % 512;
   constexpr int G = K / GS;
@@ -918,7 +944,8 @@ __device__ __forceinline__ void rows_n(const __nv_bfloat16* x, const uint32_t* w
   for (int i = 0; i < RW; ++i)
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[i][j] = __floats2bfloat162_rn(0.f, 0.f);
-  const bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  // (Under XS an x that reaches here is aligned.)
+  const bool x_aligned = XS || (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
   auto bf2 = [](uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); };
   // x of one chunk as the pairs (e, e + 4) and (8 + e, 12 + e), e = 0..3; under LEAN as
@@ -1364,9 +1391,9 @@ const mx::fast::CustomKernelFunction& kernel_for(const KernelKey& key, int devic
   std::lock_guard<std::mutex> lock(mu);
   const bool lean = g_lean.on();
   // XS of the one-row bodies without a norm in the launch (rows1, gather_rows1,
-  // swiglu_rows; not rows_n's layouts).
+  // swiglu_rows, rows_n).
   const bool xs = lean && g_xsplit.on() && key.norm_bs == 0 &&
-                  (key.swiglu || key.gather || (key.layout.body == 0 && key.mt == 0));
+                  (key.swiglu || key.gather || (key.layout.body <= 1 && key.mt == 0));
   auto it = kernels.find({key, lean, xs});
   if (it != kernels.end()) return it->second;
   // The bodies' last template argument (LEAN), where they have it.
