@@ -123,4 +123,15 @@ STASH
   done
 fi
 du -sh .gpu/s1 .gpu/s2 .gpu/s3 .gpu/tok .gpu/new.tar.xz .gpu/m? 2>/dev/null
-echo "tracked tree: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes (each call carries it too)"
+tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+echo "tracked tree: $tree bytes (each call carries it too)"
+# A call carries at most 64 MiB: the tree and the largest part must fit together.
+largest=$(du -cb .gpu/s1/* | tail -1 | cut -f1)
+for p in .gpu/s2 .gpu/s2b .gpu/s3 .gpu/m1; do
+  [ -d "$p" ] || continue
+  b=$(du -cb "$p"/* | tail -1 | cut -f1); [ "$b" -gt "$largest" ] && largest=$b
+done
+if [ $((tree + largest)) -gt 67108864 ]; then
+  echo "gpu_stage.sh: the tracked tree ($tree bytes) and the largest part ($largest) exceed the 64 MiB a call carries: compress large records (benchmarks/README.md) or split the parts smaller" >&2
+  exit 1
+fi
