@@ -10,8 +10,8 @@
 #                     qmm_mma_check, decode_build, fused_check, qgemm_check,
 #                     sdpa_pad_check, gemv_rows_check and mask_check, with a
 #                     COMMIT file
-#   .gpu/m0..m3       the real default model (SmolLM2-135M-Instruct, 4-bit, ~100 MB) in four
-#                     parts, m0 18 MB (it rides with the binaries), m1..m3 ~27.5 MB each,
+#   .gpu/m0..m4       the real default model (SmolLM2-135M-Instruct, 4-bit, ~100 MB) in five
+#                     parts of ~20 MB, each riding alone beside the tree,
 #                     for the parts that read /root/stash/smollm2 (MODEL_PARTS=0 leaves
 #                     them out)
 # Run from the repository root on this machine (network for pip; ~15 min for a cold
@@ -31,7 +31,7 @@
 #        rm -rf /root/stash/tok && cp -r .gpu/tok /root/stash/tok &&
 #        source /root/stash/activate.sh && DEADLINE=540 bash benchmarks/gpu_session15.sh PART...
 #   optional, for the parts on the real model: carry [.gpu/m0] `bash .gpu/m0/stash.sh`,
-#      then the same with m1, m2 and m3 (the last unpacks it to /root/stash/smollm2)
+#      then the same with m1 .. m4 (the last unpacks it to /root/stash/smollm2)
 #   5. later calls on the warm machine:
 #        source /root/stash/activate.sh && DEADLINE=... bash benchmarks/gpu_session15.sh PART...
 #
@@ -102,20 +102,18 @@ if [ "${MODEL_PARTS:-1}" != 0 ]; then
   cache=${MLX_RS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlx-rs}
   [ -f "$cache/models/SmolLM2-135M-Instruct/.mlx-rs-import-complete" ] ||
     target/release/mlx-generate --prompt hi -m 1 > /dev/null
-  rm -rf .gpu/m0 .gpu/m1 .gpu/m2 .gpu/m3
+  rm -rf .gpu/m0 .gpu/m1 .gpu/m2 .gpu/m3 .gpu/m4
   tar -C "$cache/models" -cf .gpu/model.tar --transform 's#^SmolLM2-135M-Instruct#smollm2#' \
     SmolLM2-135M-Instruct
-  (cd .gpu && head -c 18000000 model.tar > model.part.00 &&
-    tail -c +18000001 model.tar > model.rest &&
-    split -n 3 -d --numeric-suffixes=1 model.rest model.part. && rm model.tar model.rest)
-  for i in 0 1 2 3; do
+  (cd .gpu && split -n 5 -d model.tar model.part. && rm model.tar)
+  for i in 0 1 2 3 4; do
     mkdir -p .gpu/m$i && mv .gpu/model.part.0$i .gpu/m$i/
     cat > .gpu/m$i/stash.sh <<'STASH'
 #!/usr/bin/env bash
 set -e
 mkdir -p /root/stash
 cp "$(dirname "$0")"/model.part.* /root/stash/
-if [ -f /root/stash/model.part.00 ] && [ -f /root/stash/model.part.01 ] && [ -f /root/stash/model.part.02 ] && [ -f /root/stash/model.part.03 ]; then
+if [ "$(ls /root/stash/model.part.0? 2>/dev/null | wc -l)" = 5 ]; then
   cat /root/stash/model.part.0? | tar -C /root/stash -xf - && rm /root/stash/model.part.0?
   ls -la /root/stash/smollm2
 fi
@@ -127,7 +125,7 @@ tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 echo "tracked tree: $tree bytes (each call carries it too)"
 # A call carries at most 64 MiB: the tree and the largest part must fit together.
 largest=$(du -cb .gpu/s1/* | tail -1 | cut -f1)
-for p in .gpu/s2 .gpu/s2b .gpu/s3 .gpu/m1; do
+for p in .gpu/s2 .gpu/s2b .gpu/s3 .gpu/m0 .gpu/m1; do
   [ -d "$p" ] || continue
   b=$(du -cb "$p"/* | tail -1 | cut -f1); [ "$b" -gt "$largest" ] && largest=$b
 done
