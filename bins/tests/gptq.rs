@@ -1,8 +1,8 @@
 //! `mlx-gptq` against mlx-lm's `mlx_lm.gptq` command on the same tiny models: both read
-//! mlx-lm's calibration file from `~/.cache/mlx-lm` (a temporary `HOME` holding a short
-//! text, one calibration sequence, so the shuffle has nothing to order) and write the same
-//! tensors bit for bit and the same quantization section; the output loads and
-//! generates. Bad flags are refused with a message.
+//! mlx-lm's calibration file from `~/.cache/mlx-lm` (a temporary `HOME` holding a text of
+//! several calibration sequences, shuffled by both after the model's initial-weight key
+//! draws) and write the same tensors bit for bit and the same quantization section; the
+//! output loads and generates. Bad flags are refused with a message.
 mod common;
 
 use common::{check, tensors, TempDir};
@@ -13,12 +13,21 @@ fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-/// A temporary HOME whose mlx-lm cache holds a calibration text of one 32-token sequence.
+/// A temporary HOME whose mlx-lm cache holds a calibration text of several 32-token
+/// sequences, each unlike the others (so their order shows in the Hessians' sums).
 fn home(tmp: &TempDir) -> std::path::PathBuf {
     let home = tmp.0.join("home");
     let cache = home.join(".cache/mlx-lm");
     std::fs::create_dir_all(&cache).unwrap();
-    let text = "the quick brown fox jumps over the lazy dog while a small cat sleeps";
+    let text = [
+        "the quick brown fox jumps over the lazy dog while a small cat sleeps",
+        "rivers carry silt to the sea and the delta grows a little every spring",
+        "seven bakers argued about bread until the ovens cooled in the night",
+        "a lighthouse keeper counted ships and wrote their names in a blue book",
+        "numbers like 1024 and 3.14159 appear in code, tables and old letters",
+        "when the train stopped, everyone looked out at the snow on the hills",
+    ]
+    .join(" ");
     std::fs::write(cache.join("calibration_v5.txt"), text).unwrap();
     home
 }
@@ -70,7 +79,9 @@ fn gptq_matches_mlx_lm_gptq_command() {
         check(&out, "mlx-gptq");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            stdout.contains("calibration_v5.txt") && stdout.contains("1 sequences of 32"),
+            stdout.contains("calibration_v5.txt")
+                && !stdout.contains(" 1 sequences of 32")
+                && stdout.contains(" sequences of 32"),
             "{stdout}"
         );
         let mut t = vec!["-m", "mlx_lm.quant.gptq"];

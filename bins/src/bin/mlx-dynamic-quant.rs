@@ -103,7 +103,7 @@ fn run(args: Args) -> Result<()> {
         }
     };
     let tokens = tokenizer.encode(&text, true)?;
-    let data = calibration_data(&tokens, args.sequence_length, args.seed)?;
+    let data = calibration_data(&tokens, args.sequence_length, args.seed, 0)?;
     outln!(
         "[INFO] Calibration data: {} sequences of {} tokens",
         data.dim(0)?,

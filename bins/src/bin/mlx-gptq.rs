@@ -102,7 +102,15 @@ fn run(args: Args) -> Result<()> {
     let (text, from) = calibration_text(args.data.as_ref())?;
     outln!("[INFO] Calibrating on {from}")?;
     let tokens = tokenizer.encode(&text, true)?;
-    let mut data = calibration_data(&tokens, args.sequence_length, args.seed)?;
+    // mlx_lm.gptq seeds before `load`, whose model construction draws keys for the
+    // initial weights; its calibration rows are shuffled after them.
+    let draws = mlx_models::model::mlx_lm_init_key_draws(&source.dir).with_context(|| {
+        format!(
+            "counting the initial-weight draws of the model in {}",
+            source.dir.display()
+        )
+    })?;
+    let mut data = calibration_data(&tokens, args.sequence_length, args.seed, draws)?;
     if args.num_samples > 0 && (args.num_samples as i32) < data.dim(0)? {
         data = data.slice_axis(0, 0, args.num_samples as i32)?;
     }

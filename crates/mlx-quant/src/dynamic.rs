@@ -49,8 +49,17 @@ impl Default for BitChoices {
 }
 
 /// mlx-lm's `load_data`: the tokens cut into rows of `sequence_length` (the remainder
-/// dropped), rows shuffled with `mx.random.permutation` after `mx.random.seed(seed)`.
-pub fn calibration_data(tokens: &[u32], sequence_length: usize, seed: u64) -> Result<Array> {
+/// dropped), rows shuffled with `mx.random.permutation` after `mx.random.seed(seed)` and
+/// `init_draws` keys taken from the global sequence: the keys mlx-lm's `load` draws for
+/// the model's initial weights between its seed and `load_data` (`mlx_lm.gptq` and
+/// `mlx_lm.awq` seed before loading: [`mlx_models::model::mlx_lm_init_key_draws`] of
+/// the model; `mlx_lm.dynamic_quant` seeds after: 0).
+pub fn calibration_data(
+    tokens: &[u32],
+    sequence_length: usize,
+    seed: u64,
+    init_draws: usize,
+) -> Result<Array> {
     if sequence_length < 2 {
         return Err(QuantError::Options(
             "the sequence length must be at least 2".into(),
@@ -70,6 +79,9 @@ pub fn calibration_data(tokens: &[u32], sequence_length: usize, seed: u64) -> Re
         .collect();
     let data = Array::from_slice(&ids, &[rows as i32, sequence_length as i32])?;
     mlx_array::random::seed(seed)?;
+    for _ in 0..init_draws {
+        mlx_array::random::next_key()?;
+    }
     let order = mlx_array::random::permutation_n(rows as i32, None)?;
     Ok(data.take(&order, Some(0))?)
 }

@@ -72,7 +72,7 @@ fn dynamic_quant_pieces_match_mlx_lm_dynamic_quant() {
 
     // load_data's shuffle: mx.random.seed(123); permutation(rows).
     let flat_u: Vec<u32> = flat.iter().map(|&t| t as u32).collect();
-    let shuffled = calibration_data(&flat_u, len, 123).unwrap();
+    let shuffled = calibration_data(&flat_u, len, 123, 0).unwrap();
     let perm: Vec<usize> = g["permutation_seed_123"]
         .as_array()
         .unwrap()
@@ -128,4 +128,41 @@ fn dynamic_quant_pieces_match_mlx_lm_dynamic_quant() {
         "ppl ours {ppl}, mlx-lm {want_ppl}"
     );
     assert!(matches!(g["model"], Value::String(_)));
+}
+
+/// `mlx_lm.gptq` seeds MLX before `load`, which draws a key for each initial weight of
+/// the model it builds (and each layer it quantizes), so its calibration rows are the
+/// permutation drawn after those keys: mlx-lm's orders of 20 rows after
+/// `mx.random.seed(123); load_model(dir, lazy=True)`, recorded with mlx-lm 0.32.2.
+#[test]
+fn calibration_rows_follow_mlx_lm_load_draws() {
+    for (name, want) in [
+        (
+            "helium-small-f32",
+            [
+                0, 9, 3, 5, 16, 18, 13, 14, 2, 19, 10, 4, 11, 7, 8, 17, 12, 1, 15, 6,
+            ],
+        ),
+        (
+            "llama-small-q4-g32",
+            [
+                18, 5, 3, 0, 17, 4, 8, 14, 10, 16, 19, 15, 6, 13, 2, 1, 7, 11, 12, 9,
+            ],
+        ),
+    ] {
+        let dir = root().join("goldens/models").join(name);
+        let draws = mlx_models::model::mlx_lm_init_key_draws(&dir).unwrap();
+        // Row r holds the tokens 2r, 2r + 1: the first token of each shuffled row is
+        // twice its index.
+        let tokens: Vec<u32> = (0..40).collect();
+        let rows = calibration_data(&tokens, 2, 123, draws).unwrap();
+        let firsts: Vec<i32> = rows
+            .to_vec::<i32>()
+            .unwrap()
+            .iter()
+            .step_by(2)
+            .map(|t| t / 2)
+            .collect();
+        assert_eq!(firsts, want, "{name}: {draws} draws");
+    }
 }
