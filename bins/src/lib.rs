@@ -1,5 +1,6 @@
 //! Shared plumbing of the command-line front ends: logging, error reporting, mlx-lm
 //! argument quirks, and loading a model with its tokenizer.
+pub mod calibration;
 pub mod constrain;
 pub mod load;
 pub mod speculative;

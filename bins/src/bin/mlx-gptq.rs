@@ -4,8 +4,8 @@
 //! that file is used when it is there, else `--data FILE` (ours) or a small built-in text.
 use anyhow::{Context, Result};
 use clap::Parser;
+use mlx_bins::calibration::{calibration_rows, calibration_text};
 use mlx_bins::outln;
-use mlx_quant::dynamic::{calibration_data, CALIBRATION_TEXT};
 use mlx_quant::gptq::{gptq_quantize, GptqOptions};
 use mlx_quant::model::load;
 use mlx_quant::{resolve_source, save_model_over};
@@ -61,30 +61,6 @@ struct Args {
     data: Option<PathBuf>,
 }
 
-/// The calibration text and where it came from.
-fn calibration_text(data: Option<&PathBuf>) -> Result<(String, String)> {
-    if let Some(p) = data {
-        let text =
-            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-        return Ok((text, p.display().to_string()));
-    }
-    let cached = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .map(|h| h.join(".cache/mlx-lm/calibration_v5.txt"))
-        .filter(|p| p.is_file());
-    if let Some(p) = cached {
-        let text =
-            std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-        return Ok((text, p.display().to_string()));
-    }
-    Ok((
-        CALIBRATION_TEXT.to_string(),
-        "the built-in text (mlx-lm's calibration file cannot be downloaded here; pass --data \
-         FILE for your own)"
-            .into(),
-    ))
-}
-
 fn run(args: Args) -> Result<()> {
     let opts = GptqOptions {
         bits: args.bits,
@@ -101,19 +77,14 @@ fn run(args: Args) -> Result<()> {
         .with_context(|| format!("loading the tokenizer in {}", source.dir.display()))?;
     let (text, from) = calibration_text(args.data.as_ref())?;
     outln!("[INFO] Calibrating on {from}")?;
-    let tokens = tokenizer.encode(&text, true)?;
-    // mlx_lm.gptq seeds before `load`, whose model construction draws keys for the
-    // initial weights; its calibration rows are shuffled after them.
-    let draws = mlx_models::model::mlx_lm_init_key_draws(&source.dir).with_context(|| {
-        format!(
-            "counting the initial-weight draws of the model in {}",
-            source.dir.display()
-        )
-    })?;
-    let mut data = calibration_data(&tokens, args.sequence_length, args.seed, draws)?;
-    if args.num_samples > 0 && (args.num_samples as i32) < data.dim(0)? {
-        data = data.slice_axis(0, 0, args.num_samples as i32)?;
-    }
+    let data = calibration_rows(
+        &source.dir,
+        &tokenizer,
+        &text,
+        args.sequence_length,
+        args.seed,
+        args.num_samples,
+    )?;
     outln!(
         "[INFO] Calibration data: {} sequences of {} tokens",
         data.dim(0)?,

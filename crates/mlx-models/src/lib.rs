@@ -12,6 +12,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod awq;
 pub mod config;
 mod error;
 pub mod loader;

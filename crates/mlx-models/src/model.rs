@@ -64,6 +64,12 @@ pub trait LanguageModel: Send {
         None
     }
 
+    /// The blocks, norms and projections activation-aware quantization works on
+    /// ([`crate::awq`]); `None` for architectures it does not cover.
+    fn as_awq_mut(&mut self) -> Option<&mut dyn crate::awq::AwqModel> {
+        None
+    }
+
     /// Whether mlx-lm's class for this model defines `make_cache`: mlx-lm's
     /// `make_prompt_cache(model, max_kv_size)` then returns the model's own caches and
     /// ignores `max_kv_size`. Each architecture answers for its own mlx-lm class.

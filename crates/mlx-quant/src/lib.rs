@@ -10,6 +10,7 @@
 //! - [`gptq`]: `mlx_lm.gptq` (GPTQ on calibration rows, fallback bits for the rest).
 #![warn(missing_docs)]
 
+pub mod awq;
 pub mod convert;
 pub mod dynamic;
 mod error;

@@ -444,6 +444,19 @@ impl Attention {
     }
 
     /// Replaces the rotary embedding (SmolLM3's NoPE layers).
+    /// q/k/v/o, where q, k and v are separate projections and none is fused (AWQ).
+    pub(crate) fn projections_mut(&mut self) -> Option<[&mut LinearLayer; 4]> {
+        if self.joint_qkv.is_some() || self.qkv.is_some() {
+            return None;
+        }
+        Some([
+            &mut self.q_proj,
+            &mut self.k_proj,
+            &mut self.v_proj,
+            &mut self.o_proj,
+        ])
+    }
+
     pub(crate) fn set_rope(&mut self, rope: Rope) {
         self.rope = rope;
     }

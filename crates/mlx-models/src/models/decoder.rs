@@ -9,7 +9,7 @@ use super::mlp::Mlp;
 use super::{layer_caches, LayerMasks};
 use mlx_array::{Array, Result};
 use mlx_nn::module::{join, QuantVisitor};
-use mlx_nn::{EmbeddingLayer, KvCache, Module, Param, RmsNorm, SwitchGlu};
+use mlx_nn::{EmbeddingLayer, KvCache, LinearLayer, Module, Param, RmsNorm, SwitchGlu};
 
 /// A layer's feed-forward block.
 pub trait FeedForward: Module + std::fmt::Debug + Send {
@@ -20,11 +20,19 @@ pub trait FeedForward: Module + std::fmt::Debug + Send {
     fn fuse(&mut self) -> crate::Result<()> {
         Ok(())
     }
+
+    /// The block as a Llama MLP's gate/up/down, where it is one (AWQ).
+    fn mlp_projections_mut(&mut self) -> Option<[&mut LinearLayer; 3]> {
+        None
+    }
 }
 
 impl FeedForward for Mlp {
     fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
         Mlp::forward(self, x, residual)
+    }
+    fn mlp_projections_mut(&mut self) -> Option<[&mut LinearLayer; 3]> {
+        self.projections_mut()
     }
     fn fuse(&mut self) -> crate::Result<()> {
         Mlp::fuse(self)
@@ -258,6 +266,37 @@ impl<F: FeedForward> Module for DecoderLayer<F> {
             .visit_quantizable_mut(&join(prefix, self.attn_name), f)?;
         self.mlp
             .visit_quantizable_mut(&join(prefix, self.ff_name), f)
+    }
+}
+
+impl<F: FeedForward> crate::awq::AwqBlock for DecoderLayer<F> {
+    fn forward_block(&self, x: &Array, mask: &mlx_nn::AttnMask) -> Result<Array> {
+        self.forward(x, mask, None)
+    }
+    fn attention(&self, x: &Array, mask: &mlx_nn::AttnMask) -> Result<Array> {
+        self.self_attn
+            .forward(x, mask, None, None, Extras::default())
+    }
+    fn feed_forward(&self, x: &Array) -> Result<Array> {
+        self.mlp.forward(x, None)
+    }
+    fn parts(&mut self) -> Option<crate::awq::AwqParts<'_>> {
+        if self.residual_scale.is_some() {
+            return None;
+        }
+        let [q, k, v, o] = self.self_attn.projections_mut()?;
+        let [gate, up, down] = self.mlp.mlp_projections_mut()?;
+        Some(crate::awq::AwqParts {
+            input_norm: &mut self.input_layernorm,
+            post_norm: &mut self.post_attention_layernorm,
+            q,
+            k,
+            v,
+            o,
+            gate,
+            up,
+            down,
+        })
     }
 }
 

@@ -138,6 +138,44 @@ impl TransformerBlock {
     }
 }
 
+impl crate::awq::AwqBlock for TransformerBlock {
+    fn forward_block(&self, x: &Array, mask: &AttnMask) -> Result<Array> {
+        self.forward(x, mask, None, Extras::default())
+    }
+    fn attention(&self, x: &Array, mask: &AttnMask) -> Result<Array> {
+        self.self_attn
+            .forward(x, mask, None, None, Extras::default())
+    }
+    fn feed_forward(&self, x: &Array) -> Result<Array> {
+        self.mlp.forward(x, None)
+    }
+    fn parts(&mut self) -> Option<crate::awq::AwqParts<'_>> {
+        let [q, k, v, o] = self.self_attn.projections_mut()?;
+        let [gate, up, down] = self.mlp.projections_mut()?;
+        Some(crate::awq::AwqParts {
+            input_norm: &mut self.input_layernorm,
+            post_norm: &mut self.post_attention_layernorm,
+            q,
+            k,
+            v,
+            o,
+            gate,
+            up,
+            down,
+        })
+    }
+}
+
+impl LlamaModel {
+    /// The blocks as AWQ runs them.
+    pub(crate) fn awq_blocks(&mut self) -> Vec<&mut dyn crate::awq::AwqBlock> {
+        self.layers
+            .iter_mut()
+            .map(|l| l as &mut dyn crate::awq::AwqBlock)
+            .collect()
+    }
+}
+
 /// What a model multiplies the queries by (ministral3's position-dependent scale), made
 /// from the embedded inputs and the first layer's cache.
 pub(crate) type QueryScale<'a> = &'a dyn Fn(&Array, Option<&dyn KvCache>) -> Result<Array>;
@@ -325,6 +363,21 @@ impl LanguageModel for Model {
     decoder_accessors!();
     fn defines_make_cache(&self) -> bool {
         self.makes_cache
+    }
+    fn as_awq_mut(&mut self) -> Option<&mut dyn crate::awq::AwqModel> {
+        Some(self)
+    }
+}
+
+impl crate::awq::AwqModel for Model {
+    fn embed_tokens_mut(&mut self) -> &mut mlx_nn::EmbeddingLayer {
+        &mut self.model.embed_tokens
+    }
+    fn awq_blocks(&mut self) -> Vec<&mut dyn crate::awq::AwqBlock> {
+        self.model.awq_blocks()
+    }
+    fn lm_head_mut(&mut self) -> Option<&mut LinearLayer> {
+        self.lm_head.as_mut()
     }
 }
 

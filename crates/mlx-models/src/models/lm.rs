@@ -154,6 +154,25 @@ impl<A: std::fmt::Debug + Send + 'static, F: FeedForward + 'static> LanguageMode
     fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
         Some(self)
     }
+    fn as_awq_mut(&mut self) -> Option<&mut dyn crate::awq::AwqModel> {
+        Some(self)
+    }
+}
+
+impl<A, F: FeedForward + 'static> crate::awq::AwqModel for DecoderLm<A, F> {
+    fn embed_tokens_mut(&mut self) -> &mut mlx_nn::EmbeddingLayer {
+        &mut self.model.embed_tokens
+    }
+    fn awq_blocks(&mut self) -> Vec<&mut dyn crate::awq::AwqBlock> {
+        self.model
+            .layers
+            .iter_mut()
+            .map(|l| l as &mut dyn crate::awq::AwqBlock)
+            .collect()
+    }
+    fn lm_head_mut(&mut self) -> Option<&mut LinearLayer> {
+        self.lm_head.as_mut()
+    }
 }
 
 /// mlx-lm's `for layer, c in zip(self.layers, cache): h = layer(h, mask, c)` over the

@@ -182,6 +182,22 @@ impl LanguageModel for Model {
     fn defines_make_cache(&self) -> bool {
         true
     }
+    fn as_awq_mut(&mut self) -> Option<&mut dyn crate::awq::AwqModel> {
+        Some(self)
+    }
+}
+
+/// mlx-lm's AWQ calls each block without `attn_scale` (the queries unscaled).
+impl crate::awq::AwqModel for Model {
+    fn embed_tokens_mut(&mut self) -> &mut mlx_nn::EmbeddingLayer {
+        &mut self.model.embed_tokens
+    }
+    fn awq_blocks(&mut self) -> Vec<&mut dyn crate::awq::AwqBlock> {
+        self.model.awq_blocks()
+    }
+    fn lm_head_mut(&mut self) -> Option<&mut mlx_nn::LinearLayer> {
+        self.lm_head.as_mut()
+    }
 }
 
 impl Architecture for Model {

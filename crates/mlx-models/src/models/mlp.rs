@@ -104,6 +104,14 @@ impl Mlp {
     }
 
     /// The block's output (plus `residual`, added as `residual + down_proj(..)` would).
+    /// gate/up/down with the default SwiGLU and unfused (AWQ).
+    pub(crate) fn projections_mut(&mut self) -> Option<[&mut LinearLayer; 3]> {
+        if self.act.is_some() || self.gate_up.is_some() {
+            return None;
+        }
+        Some([&mut self.gate_proj, &mut self.up_proj, &mut self.down_proj])
+    }
+
     pub(crate) fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
         let h = match self.act {
             Some(act) => {

@@ -1,0 +1,246 @@
+//! `mlx-awq` against mlx-lm's `mlx_lm.awq` command on the same tiny models (a float32
+//! Llama with an untied head, a tied one of head_dim 32, a bfloat16 Qwen3 with q/k norms):
+//! both read mlx-lm's calibration file from `~/.cache/mlx-lm` (a temporary `HOME` holding a
+//! text of several sequences, shuffled by both after the model's initial-weight key draws)
+//! and write the same tensors bit for bit and the same quantization section (every leaf
+//! module, `rope` included); the output loads and generates. Bad flags and models AWQ does
+//! not cover are refused with a message, and nothing is written.
+mod common;
+
+use common::{check, tensors, TempDir};
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// A temporary HOME whose mlx-lm cache holds a calibration text of several sequences of
+/// 16 or 32 tokens.
+fn home(tmp: &TempDir) -> std::path::PathBuf {
+    let home = tmp.0.join("home");
+    let cache = home.join(".cache/mlx-lm");
+    std::fs::create_dir_all(&cache).unwrap();
+    let text = [
+        "the quick brown fox jumps over the lazy dog while a small cat sleeps",
+        "rivers carry silt to the sea and the delta grows a little every spring",
+        "seven bakers argued about bread until the ovens cooled in the night",
+        "a lighthouse keeper counted ships and wrote their names in a blue book",
+        "numbers like 1024 and 3.14159 appear in code, tables and old letters",
+        "when the train stopped, everyone looked out at the snow on the hills",
+    ]
+    .join(" ");
+    std::fs::write(cache.join("calibration_v5.txt"), text).unwrap();
+    home
+}
+
+fn awq(bin: &str, home: &Path, args: &[&str]) -> Output {
+    Command::new(bin)
+        .args(args)
+        .env("HOME", home)
+        .env_remove("MLX_LOG")
+        .output()
+        .expect("the command starts")
+}
+
+#[test]
+fn awq_matches_mlx_lm_awq_command() {
+    let py = common::mlx_lm_python("mlx_lm.quant.awq");
+    let tmp = TempDir::new("awq");
+    let home = home(&tmp);
+    // `--n-grid 1`: no clipping step runs, so every weight clips to zero and each block
+    // falls back to its original weights, plainly quantized (mlx-lm's fallback path).
+    let cases: [(&str, &str, Vec<&str>); 5] = [
+        (
+            "llama-small-f32",
+            "grid1-fallback",
+            vec!["--n-grid", "1", "--sequence-length", "32"],
+        ),
+        ("llama-small-f32", "q4", vec!["--sequence-length", "32"]),
+        (
+            "llama-small-f32-hd32",
+            "q3-grid10",
+            vec![
+                "--bits",
+                "3",
+                "--n-grid",
+                "10",
+                "--num-samples",
+                "4",
+                "--sequence-length",
+                "32",
+            ],
+        ),
+        ("qwen3-small-bf16", "q4", vec!["--sequence-length", "32"]),
+        (
+            "qwen3-small-bf16",
+            "q8-e6-seed7",
+            vec![
+                "--bits",
+                "8",
+                "--embed-bits",
+                "6",
+                "--sequence-length",
+                "16",
+                "--seed",
+                "7",
+            ],
+        ),
+    ];
+    for (model_name, name, flags) in cases {
+        let model = common::golden_model(model_name);
+        let model = model.to_str().unwrap();
+        let tag = format!("{model_name}-{name}");
+        let (ours, theirs) = (
+            tmp.0.join(format!("ours-{tag}")),
+            tmp.0.join(format!("mlx-lm-{tag}")),
+        );
+        let mut args = vec!["--model", model, "--group-size", "32"];
+        args.extend(&flags);
+        let mut o = args.clone();
+        o.extend(["--mlx-path", ours.to_str().unwrap()]);
+        let out = awq(env!("CARGO_BIN_EXE_mlx-awq"), &home, &o);
+        check(&out, "mlx-awq");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("calibration_v5.txt") && stdout.contains("Loss reduction: "),
+            "{stdout}"
+        );
+        if name == "grid1-fallback" {
+            assert_eq!(
+                stdout.matches("falling back to original weights").count(),
+                2,
+                "{tag}: {stdout}"
+            );
+        }
+        // mlx_lm.awq has no `__main__` guard: its command is `mlx_lm awq`.
+        let mut t = vec!["-m", "mlx_lm", "awq"];
+        t.extend(&args);
+        t.extend(["--mlx-path", theirs.to_str().unwrap()]);
+        check(&awq(py.to_str().unwrap(), &home, &t), "mlx_lm.awq");
+        let (want, got) = (tensors(&theirs), tensors(&ours));
+        assert_eq!(
+            want.keys().collect::<Vec<_>>(),
+            got.keys().collect::<Vec<_>>(),
+            "{tag}"
+        );
+        for (k, w) in &want {
+            assert!(w == &got[k], "{tag}: {k} differs from mlx-lm's");
+        }
+        let (wc, gc) = (
+            json(&theirs.join("config.json")),
+            json(&ours.join("config.json")),
+        );
+        assert_eq!(wc["quantization"], gc["quantization"], "{tag}");
+        assert_eq!(
+            wc["quantization_config"], gc["quantization_config"],
+            "{tag}"
+        );
+        assert_eq!(
+            gc["quantization"]["model.layers.0.self_attn.rope"],
+            serde_json::Value::Bool(false),
+            "{tag}"
+        );
+        // The quantized model loads and generates.
+        let gen = common::generate(
+            &[
+                "--model",
+                ours.to_str().unwrap(),
+                "--prompt",
+                "hello",
+                "-m",
+                "4",
+            ],
+            b"",
+        );
+        check(&gen, "mlx-generate on the AWQ model");
+    }
+}
+
+#[test]
+fn awq_refuses_what_it_cannot_quantize_with_a_message() {
+    let tmp = TempDir::new("awq-bad");
+    let home = home(&tmp);
+    let out_dir = tmp.0.join("out");
+    let llama = common::golden_model("llama-small-f32");
+    let gemma = common::golden_model("gemma3_text-small-f32");
+    let q4 = common::golden_model("llama-small-q4-g32");
+    for (model, flags, want) in [
+        (&llama, vec!["--bits", "9"], "--bits must be 2 to 8"),
+        (
+            &llama,
+            vec!["--group-size", "48"],
+            "--group-size must be 32, 64 or 128",
+        ),
+        (&llama, vec!["--n-grid", "0"], "--n-grid must be at least 1"),
+        (
+            &llama,
+            vec!["--group-size", "32", "--sequence-length", "4096"],
+            "fewer than one sequence",
+        ),
+        (
+            &gemma,
+            vec!["--group-size", "32", "--sequence-length", "32"],
+            "AWQ support for gemma3_text models is not implemented",
+        ),
+        (
+            &q4,
+            vec!["--group-size", "32", "--sequence-length", "32"],
+            "already quantized",
+        ),
+    ] {
+        let mut args = vec![
+            "--model",
+            model.to_str().unwrap(),
+            "--mlx-path",
+            out_dir.to_str().unwrap(),
+        ];
+        args.extend(&flags);
+        let out = awq(env!("CARGO_BIN_EXE_mlx-awq"), &home, &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(want),
+            "{flags:?}: {stderr}"
+        );
+        assert!(
+            !out_dir.exists(),
+            "{flags:?}: nothing is written on an error"
+        );
+    }
+}
+
+#[test]
+fn awq_takes_every_mlx_lm_awq_flag() {
+    let py = common::mlx_lm_python("mlx_lm.quant.awq");
+    let flags = |text: &str| -> std::collections::BTreeSet<String> {
+        text.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(|w| {
+                w.trim_end_matches(|c: char| !c.is_alphanumeric())
+                    .to_string()
+            })
+            .collect()
+    };
+    let theirs = Command::new(&py)
+        .args(["-m", "mlx_lm", "awq", "--help"])
+        .output()
+        .unwrap();
+    check(&theirs, "mlx_lm.awq --help");
+    let ours = Command::new(env!("CARGO_BIN_EXE_mlx-awq"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    check(&ours, "mlx-awq --help");
+    let (theirs, ours) = (
+        flags(&String::from_utf8_lossy(&theirs.stdout)),
+        flags(&String::from_utf8_lossy(&ours.stdout)),
+    );
+    assert!(theirs.len() >= 10, "{theirs:?}");
+    let missing: Vec<_> = theirs.difference(&ours).collect();
+    assert!(
+        missing.is_empty(),
+        "mlx_lm.awq flags mlx-awq lacks: {missing:?}"
+    );
+    let extra: Vec<_> = ours.difference(&theirs).collect();
+    assert_eq!(extra, ["--data", "--version"], "our own flags");
+}
