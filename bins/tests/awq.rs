@@ -50,7 +50,8 @@ fn awq(bin: &str, home: &Path, args: &[&str]) -> Output {
 /// with mlx-lm's classes (`mx.random.seed(5)`): Qwen2 (biased q/k/v, tied) over the real
 /// Qwen2.5 tokenizer of the test assets (transformers gives a `qwen2` model type its own
 /// tokenizer class), Mistral, Ministral 3 and Mistral 3 (a Mistral text model under
-/// `language_model`) over the committed Llama's tokenizer.
+/// `language_model`) over the committed Llama's tokenizer, a bfloat16 Gemma 3 text model
+/// and Gemma 3 (its text model under `language_model`) over the committed Gemma's.
 fn generated_models(py: &Path, dir: &Path) -> Vec<std::path::PathBuf> {
     let assets = std::env::var_os("MLX_TEST_ASSETS")
         .map(std::path::PathBuf::from)
@@ -66,11 +67,11 @@ import importlib, json, shutil, sys
 from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
-out, llama, qwen_tok = map(Path, sys.argv[1:4])
+out, llama, qwen_tok, gemma = map(Path, sys.argv[1:5])
 base = json.load(open(llama / "config.json"))
 dims = {k: base[k] for k in ["hidden_size", "intermediate_size", "num_hidden_layers",
         "num_attention_heads", "num_key_value_heads", "vocab_size", "rms_norm_eps"]}
-def make(name, module, cfg, tok):
+def make(name, module, cfg, tok, dtype=None):
     d = out / name
     d.mkdir(parents=True)
     for f in tok.iterdir():
@@ -80,7 +81,11 @@ def make(name, module, cfg, tok):
     mx.random.seed(5)
     m = mod.Model(mod.ModelArgs.from_dict(cfg))
     mx.eval(m.parameters())
-    mx.save_safetensors(str(d / "model.safetensors"), dict(tree_flatten(m.parameters())))
+    w = dict(tree_flatten(m.parameters()))
+    # Gemma 3's tied head is built and dropped by sanitize: not saved.
+    w = {k: v.astype(dtype or v.dtype) for k, v in w.items() if not k.endswith("lm_head.weight")
+         or module not in ("gemma3_text", "gemma3")}
+    mx.save_safetensors(str(d / "model.safetensors"), w)
     json.dump(cfg, open(d / "config.json", "w"))
 make("qwen2", "qwen2", dict(dims, model_type="qwen2", vocab_size=151936,
      tie_word_embeddings=True, rope_theta=1000000.0), qwen_tok)
@@ -91,6 +96,10 @@ make("ministral3", "ministral3", dict(dims, model_type="ministral3", head_dim=8,
      "llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 64}), llama)
 make("mistral3", "mistral3", dict(model_type="mistral3",
      text_config=dict(dims, model_type="mistral", rope_theta=10000.0)), llama)
+gemma_cfg = json.load(open(gemma / "config.json"))
+make("gemma3_text-bf16", "gemma3_text", gemma_cfg, gemma, mx.bfloat16)
+make("gemma3", "gemma3", dict(model_type="gemma3", vocab_size=gemma_cfg["vocab_size"],
+     text_config=gemma_cfg), gemma)
 "#;
     let llama = common::golden_model("llama-small-f32");
     let out = Command::new(py)
@@ -99,13 +108,21 @@ make("mistral3", "mistral3", dict(model_type="mistral3",
         .arg(dir)
         .arg(&llama)
         .arg(&qwen_tok)
+        .arg(common::golden_model("gemma3_text-small-f32"))
         .output()
         .unwrap();
     check(&out, "making the tiny models with mlx-lm");
-    ["qwen2", "mistral", "ministral3", "mistral3"]
-        .iter()
-        .map(|n| dir.join(n))
-        .collect()
+    [
+        "qwen2",
+        "mistral",
+        "ministral3",
+        "mistral3",
+        "gemma3_text-bf16",
+        "gemma3",
+    ]
+    .iter()
+    .map(|n| dir.join(n))
+    .collect()
 }
 
 #[test]
@@ -115,7 +132,7 @@ fn awq_matches_mlx_lm_awq_command() {
     let home = home(&tmp);
     // `--n-grid 1`: no clipping step runs, so every weight clips to zero and each block
     // falls back to its original weights, plainly quantized (mlx-lm's fallback path).
-    let cases: [(&str, &str, Vec<&str>); 5] = [
+    let cases: [(&str, &str, Vec<&str>); 6] = [
         (
             "llama-small-f32",
             "grid1-fallback",
@@ -137,6 +154,11 @@ fn awq_matches_mlx_lm_awq_command() {
             ],
         ),
         ("qwen3-small-bf16", "q4", vec!["--sequence-length", "32"]),
+        (
+            "gemma3_text-small-f32",
+            "q3-grid8",
+            vec!["--bits", "3", "--n-grid", "8", "--sequence-length", "16"],
+        ),
         (
             "qwen3-small-bf16",
             "q8-e6-seed7",
@@ -240,7 +262,27 @@ fn awq_refuses_what_it_cannot_quantize_with_a_message() {
     let home = home(&tmp);
     let out_dir = tmp.0.join("out");
     let llama = common::golden_model("llama-small-f32");
-    let gemma = common::golden_model("gemma3_text-small-f32");
+    // A Llama checkpoint under a Granite config (an architecture AWQ does not cover).
+    let granite = tmp.0.join("granite");
+    std::fs::create_dir_all(&granite).unwrap();
+    let llama_dir = common::golden_model("llama-small-f32");
+    for e in std::fs::read_dir(&llama_dir).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), granite.join(e.file_name())).unwrap();
+    }
+    let mut cfg = json(&granite.join("config.json"));
+    for (k, v) in [
+        ("model_type", serde_json::json!("granite")),
+        ("embedding_multiplier", serde_json::json!(1.0)),
+        ("attention_multiplier", serde_json::json!(0.25)),
+        ("residual_multiplier", serde_json::json!(1.0)),
+        ("logits_scaling", serde_json::json!(1.0)),
+        ("attention_bias", serde_json::json!(false)),
+        ("mlp_bias", serde_json::json!(false)),
+    ] {
+        cfg[k] = v;
+    }
+    std::fs::write(granite.join("config.json"), cfg.to_string()).unwrap();
     let q4 = common::golden_model("llama-small-q4-g32");
     for (model, flags, want) in [
         (&llama, vec!["--bits", "9"], "--bits must be 2 to 8"),
@@ -256,9 +298,9 @@ fn awq_refuses_what_it_cannot_quantize_with_a_message() {
             "fewer than one sequence",
         ),
         (
-            &gemma,
+            &granite,
             vec!["--group-size", "32", "--sequence-length", "32"],
-            "AWQ support for gemma3_text models is not implemented",
+            "AWQ support for granite models is not implemented",
         ),
         (
             &q4,

@@ -2,17 +2,21 @@
 //! for: the embedding and the head, each transformer block run alone on given hidden
 //! states, its attention and feed-forward parts run alone, and the block's norms and
 //! projections. Implemented by the Llama-shaped architectures mlx-lm's AWQ supports
-//! (Llama / Mistral, Ministral 3 and Mistral 3's text model, Qwen2, Qwen3); the algorithm
+//! (Llama / Mistral, Ministral 3 and Mistral 3's text model, Qwen2, Qwen3, Gemma 3's text
+//! model); the algorithm
 //! is `mlx_quant::awq`.
 use mlx_array::{Array, Result};
-use mlx_nn::{AttnMask, EmbeddingLayer, LinearLayer, Module, RmsNorm};
+use mlx_nn::{AttnMask, EmbeddingLayer, LinearLayer, Module, Param};
 
 /// A block's norms and projections, mutably (mlx-lm's names).
 pub struct AwqParts<'a> {
-    /// `input_layernorm` (before attention).
-    pub input_norm: &'a mut RmsNorm,
-    /// `post_attention_layernorm` (before the feed-forward).
-    pub post_norm: &'a mut RmsNorm,
+    /// The weight of `input_layernorm` (before attention).
+    pub input_norm: &'a mut Param,
+    /// The weight of the norm before the feed-forward (`post_attention_layernorm`;
+    /// Gemma 3's `pre_feedforward_layernorm`).
+    pub ff_norm: &'a mut Param,
+    /// The norms multiply by `1 + weight` (Gemma's `RMSNorm`) rather than by `weight`.
+    pub norm_offset: bool,
     /// `self_attn.q_proj`, `k_proj`, `v_proj`, `o_proj`.
     pub q: &'a mut LinearLayer,
     #[allow(missing_docs)]

@@ -5,8 +5,8 @@
 //! Then, block by block: the block runs on its input (32 rows at a time) while every
 //! projection's input is recorded (mlx-lm's `Catcher`, here [`mlx_nn::tap`]); a plain
 //! quantization of the block gives the reference loss. For q/k/v (scaled through
-//! `input_layernorm`), `down_proj` (through `up_proj`) and gate/up (through
-//! `post_attention_layernorm`) a grid of per-channel scales `mean|x| ^ (i / n_grid)` is
+//! `input_layernorm`), `down_proj` (through `up_proj`) and gate/up (through the norm
+//! before the feed-forward) a grid of per-channel scales `mean|x| ^ (i / n_grid)` is
 //! tried, each quantizing the scaled weights and measuring the sub-block's output error;
 //! the best is folded into the previous operation. Each projection but q and k then gets
 //! the per-group clipping of its weights that best keeps its output on a subsample of its
@@ -18,18 +18,19 @@
 //! Same operations in the same order as mlx-lm (Python scalars as MLX's weak scalars), so
 //! the same calibration rows give the same weights bit for bit (`bins/tests/awq.rs`
 //! against `mlx_lm.awq`). mlx-lm covers Llama / Mistral / Ministral 3 / Mistral 3 / Qwen2
-//! / Qwen3 with one configuration (and Gemma 3, DeepSeek-V2 and LLaVA with others, not
-//! ported here): [`SUPPORTED`].
+//! / Qwen3 with one configuration and Gemma 3 with another (gate/up scaled through
+//! `pre_feedforward_layernorm`, norms of `1 + weight`), both here; its DeepSeek-V2 one is
+//! not ported ([`SUPPORTED`]).
 use crate::error::{QuantError, Result};
 use crate::model::{layer_specs, set_quantization, LoadedModel};
 use mlx_array::quant::{dequantize, quantize, QuantMode};
 use mlx_array::{ops, transforms, Array, Dtype, Scalar};
 use mlx_models::awq::{AwqBlock, AwqParts};
-use mlx_nn::{AttnMask, LinearLayer, Module, QuantSpec, Quantizable, RmsNorm};
+use mlx_nn::{AttnMask, LinearLayer, Module, Param, QuantSpec, Quantizable};
 use serde_json::{Map, Value};
 
-/// The model types mlx-lm's AWQ configures with its Llama configuration (`llava` is not
-/// an architecture here).
+/// The model types mlx-lm's AWQ configures with its Llama and Gemma 3 configurations
+/// (`llava` is not an architecture here; `deepseek_v2`'s configuration is not ported).
 pub const SUPPORTED: &[&str] = &[
     "llama",
     "mistral",
@@ -37,6 +38,8 @@ pub const SUPPORTED: &[&str] = &[
     "mistral3",
     "qwen2",
     "qwen3",
+    "gemma3_text",
+    "gemma3",
 ];
 
 /// AWQ's settings (`mlx_lm.awq`'s flags and defaults).
@@ -191,7 +194,7 @@ fn parts<'a>(block: &'a mut dyn AwqBlock, index: usize) -> Result<AwqParts<'a>> 
 #[derive(Clone)]
 struct Snapshot {
     linears: Vec<LinearLayer>,
-    norms: [RmsNorm; 2],
+    norms: [Param; 2],
 }
 
 fn snapshot(block: &mut dyn AwqBlock, index: usize) -> Result<Snapshot> {
@@ -199,7 +202,7 @@ fn snapshot(block: &mut dyn AwqBlock, index: usize) -> Result<Snapshot> {
     let linears = (0..7).map(|i| linear(&mut p, i).clone()).collect();
     Ok(Snapshot {
         linears,
-        norms: [p.input_norm.clone(), p.post_norm.clone()],
+        norms: [p.input_norm.clone(), p.ff_norm.clone()],
     })
 }
 
@@ -209,7 +212,7 @@ fn restore(block: &mut dyn AwqBlock, index: usize, s: &Snapshot) -> Result<()> {
         *linear(&mut p, i) = l.clone();
     }
     *p.input_norm = s.norms[0].clone();
-    *p.post_norm = s.norms[1].clone();
+    *p.ff_norm = s.norms[1].clone();
     Ok(())
 }
 
@@ -397,13 +400,22 @@ fn apply_scale(
     let mut p = parts(block, index)?;
     match scope {
         Scope::Attention | Scope::Mlp => {
+            let offset = p.norm_offset;
             let norm = if matches!(scope, Scope::Attention) {
                 &mut *p.input_norm
             } else {
-                &mut *p.post_norm
+                &mut *p.ff_norm
             };
-            let w = norm.weight.value().divide(s)?;
-            norm.weight.set(w);
+            let w = norm.value();
+            let w = if offset {
+                // Gemma's RMSNorm: ((1 + w.astype(float32)) / s - 1).astype(w.dtype).
+                let wf = w.astype(Dtype::Float32)?;
+                let scaled = weak(1.0, &wf)?.add(&wf)?.divide(s)?;
+                scaled.subtract(&weak(1.0, &scaled)?)?.astype(w.dtype())?
+            } else {
+                w.divide(s)?
+            };
+            norm.set(w);
         }
         Scope::Down => {
             let LinearLayer::Dense(up) = &mut *p.up else {
@@ -495,8 +507,7 @@ pub fn awq_quantize(
     if !SUPPORTED.contains(&model_type.as_str()) {
         return Err(QuantError::Unsupported(format!(
             "AWQ support for {model_type} models is not implemented (mlx-lm's AWQ \
-             configurations here: {}; mlx-lm also has gemma3 / gemma3_text / deepseek_v2, \
-             not yet here)",
+             configurations here: {}; mlx-lm also has deepseek_v2, not yet here)",
             SUPPORTED.join(", ")
         )));
     }

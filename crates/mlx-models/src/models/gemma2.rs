@@ -68,6 +68,11 @@ impl RmsNorm {
         })
     }
 
+    /// The weight (applied as `1 + weight`), mutably (AWQ).
+    pub(crate) fn weight_mut(&mut self) -> &mut Param {
+        &mut self.weight
+    }
+
     /// `mx.fast.rms_norm(x, 1.0 + weight, eps)`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let w = Array::weak_scalar(mlx_array::Scalar::Float(1.0), self.weight.dtype())?
@@ -212,6 +217,11 @@ impl Mlp {
             down_proj: LinearLayer::new(hidden, dim, false)?,
             up_proj: LinearLayer::new(dim, hidden, false)?,
         })
+    }
+
+    /// gate/up/down, mutably (AWQ).
+    pub(crate) fn projections_mut(&mut self) -> [&mut LinearLayer; 3] {
+        [&mut self.gate_proj, &mut self.up_proj, &mut self.down_proj]
     }
 
     /// `down(gelu_approx(gate(x)) * up(x))`.

@@ -69,6 +69,10 @@ impl LanguageModel for Model {
     fn as_module_mut(&mut self) -> Option<&mut dyn Module> {
         Some(self)
     }
+    /// The text model's (mlx-lm's AWQ configuration for gemma3 works on `language_model`).
+    fn as_awq_mut(&mut self) -> Option<&mut dyn crate::awq::AwqModel> {
+        self.language_model.as_awq_mut()
+    }
 }
 
 impl Architecture for Model {

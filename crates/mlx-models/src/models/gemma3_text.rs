@@ -147,6 +147,36 @@ impl TransformerBlock {
     }
 }
 
+impl crate::awq::AwqBlock for TransformerBlock {
+    fn forward_block(&self, x: &Array, mask: &AttnMask) -> Result<Array> {
+        self.forward(x, mask, None)
+    }
+    fn attention(&self, x: &Array, mask: &AttnMask) -> Result<Array> {
+        self.self_attn
+            .forward(x, mask, None, None, Extras::default())
+    }
+    fn feed_forward(&self, x: &Array) -> Result<Array> {
+        self.mlp.forward(x)
+    }
+    /// mlx-lm's Gemma 3 configuration scales gate/up through `pre_feedforward_layernorm`.
+    fn parts(&mut self) -> Option<crate::awq::AwqParts<'_>> {
+        let [q, k, v, o] = self.self_attn.projections_mut()?;
+        let [gate, up, down] = self.mlp.projections_mut();
+        Some(crate::awq::AwqParts {
+            input_norm: self.input_layernorm.weight_mut(),
+            ff_norm: self.pre_feedforward_layernorm.weight_mut(),
+            norm_offset: true,
+            q,
+            k,
+            v,
+            o,
+            gate,
+            up,
+            down,
+        })
+    }
+}
+
 /// The decoder stack.
 #[derive(Debug)]
 pub struct Gemma3Model {
@@ -273,6 +303,27 @@ impl LanguageModel for Model {
     decoder_accessors!();
     fn defines_make_cache(&self) -> bool {
         true
+    }
+    fn as_awq_mut(&mut self) -> Option<&mut dyn crate::awq::AwqModel> {
+        Some(self)
+    }
+}
+
+/// mlx-lm's AWQ embeds the calibration rows with `embed_tokens` alone (no scaling by
+/// `sqrt(hidden_size)`) and runs each block under one causal mask.
+impl crate::awq::AwqModel for Model {
+    fn embed_tokens_mut(&mut self) -> &mut EmbeddingLayer {
+        &mut self.model.embed_tokens
+    }
+    fn awq_blocks(&mut self) -> Vec<&mut dyn crate::awq::AwqBlock> {
+        self.model
+            .layers
+            .iter_mut()
+            .map(|l| l as &mut dyn crate::awq::AwqBlock)
+            .collect()
+    }
+    fn lm_head_mut(&mut self) -> Option<&mut LinearLayer> {
+        self.lm_head.as_mut()
     }
 }
 

@@ -153,8 +153,9 @@ impl crate::awq::AwqBlock for TransformerBlock {
         let [q, k, v, o] = self.self_attn.projections_mut()?;
         let [gate, up, down] = self.mlp.projections_mut()?;
         Some(crate::awq::AwqParts {
-            input_norm: &mut self.input_layernorm,
-            post_norm: &mut self.post_attention_layernorm,
+            input_norm: &mut self.input_layernorm.weight,
+            ff_norm: &mut self.post_attention_layernorm.weight,
+            norm_offset: false,
             q,
             k,
             v,
