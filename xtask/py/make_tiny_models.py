@@ -1741,6 +1741,34 @@ GOLDENS.update({
 })
 
 
+# PLaMo 3: sandwich norms applied as rms_norm(x, weight + offset) (post-norms offset
+# 1/5 and 1/5^1.5), one qkv_proj with q/k norms, sliding layers (RotatingKVCache of
+# window_size, masked with window_size + 1) and a full one every sliding_window_pattern
+# layers at its own RoPE base, one gate_up_proj, a tied head by default.
+ARCHS["plamo3"] = {"model_type": "plamo3", "head_dim": 16, "window_size": 4, "sliding_window_pattern": 2,
+                   "rope_theta": 1000000.0, "rope_local_theta": 10000.0, "tie_word_embeddings": True}
+VARIANTS.update({
+    # A sliding layer (window 4, the prompts cross it) then a full one; tied head.
+    "plamo3-f32": ("plamo3", {}, {}),
+    # sliding_window (3) replacing window_size, two sliding layers before the full one,
+    # an untied lm_head, head_dim 32.
+    "plamo3-f32-untied-slidingwindow-hd32": ("plamo3", {
+        "tie_word_embeddings": False, "sliding_window": 3, "window_size": 100, "num_hidden_layers": 3,
+        "sliding_window_pattern": 3, "head_dim": 32, "rope_local_theta": 500.0}, {}),
+    # Every layer full (pattern 1): plain KV caches, so the quantized-KV decode runs.
+    "plamo3-f32-allfull-hd32": ("plamo3", {"sliding_window_pattern": 1, "head_dim": 32}, {}),
+    # mlx-lm's defaults for the window (2048) and the pattern (8): no full layer at all.
+    "plamo3-f32-defaults": ("plamo3", {}, {"drop_keys": ["window_size", "sliding_window_pattern",
+                                                          "rope_theta", "rope_local_theta",
+                                                          "tie_word_embeddings"]}),
+    "plamo3-q4": ("plamo3", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "plamo3-bf16-q4": ("plamo3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "plamo3-small-f32": ("plamo3", dict(SMALL, head_dim=8, tie_word_embeddings=False), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap

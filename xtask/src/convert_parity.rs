@@ -187,6 +187,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-plamo", "plamo-q4", None),
     ("iquestloopcoder", "iquestloopcoder-f32", None),
     ("q-iquestloopcoder", "iquestloopcoder-q4", None),
+    ("plamo3", "plamo3-f32", None),
+    ("q-plamo3", "plamo3-q4", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -539,7 +541,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // expanded low-rank attention, dense MLPs, tied), Klear (its router kept at 8 bits,
     // expert_bias in its dtype), Mellum (its router kept at 8 bits), Talkie (a bare
     // lm_head parameter, never quantized; rotary buffers dropped), PLaMo (parallel
-    // layers under model.layers.layers), IQuest-Loop-Coder (its gate projections).
+    // layers under model.layers.layers), IQuest-Loop-Coder (its gate projections), PLaMo 3
+    // (fused qkv_proj / gate_up_proj, offset norms, a tied head).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -550,6 +553,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("talkie", "q-talkie"),
         ("plamo", "q-plamo"),
         ("iquestloopcoder", "q-iquestloopcoder"),
+        ("plamo3", "q-plamo3"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);

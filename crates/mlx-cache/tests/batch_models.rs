@@ -621,3 +621,15 @@ model_tests! {
     batched_decode_matches_alone_gemma3n,
     prefilled_together_matches_alone_gemma3n => "gemma3n-small-f32", false;
 }
+
+// PLaMo 3: offset norms, a sliding layer and a full one. mlx-lm masks the sliding layers
+// with a window of `window_size + 1` over a `RotatingKVCache(window_size)`, which keeps
+// `window_size - 1` earlier positions for a multi-token call: a prompt prefilled in
+// chunks sees one position fewer at each later chunk's start than one prefilled at once
+// (in mlx-lm as here), so only batched decoding is compared with alone; the chunked,
+// right-padded prefill is checked against mlx-lm's `batch_generate` (mlx-engine's
+// batch_generate test).
+#[test]
+fn batched_decode_matches_alone_plamo3_sliding() {
+    check_model("plamo3-small-f32", false, false);
+}

@@ -835,3 +835,29 @@ fn iquestloopcoder_runs_two_loops_only() {
     missing.as_object_mut().unwrap().remove("head_dim");
     assert!(err(&missing).contains("head_dim"));
 }
+
+#[test]
+fn plamo3_defaults_its_keys_and_checks_heads_and_windows() {
+    // Every key has mlx-lm's default: 32 layers, a full layer every 8th.
+    let m = build_model(
+        &json!({"model_type": "plamo3", "hidden_size": 64, "head_dim": 16,
+                                "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "intermediate_size": 64, "vocab_size": 64}),
+    )
+    .unwrap();
+    assert_eq!((m.model_type(), m.num_layers()), ("plamo3", 32));
+    assert!(m.defines_make_cache());
+    let c = with(
+        base("plamo3"),
+        json!({"window_size": 4, "sliding_window_pattern": 2}),
+    );
+    assert!(build_model(&c).is_ok());
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"sliding_window_pattern": 0})));
+    assert!(e.contains("sliding_window_pattern"), "{e}");
+    let e = err(&with(c.clone(), json!({"sliding_window": 0})));
+    assert!(e.contains("sliding_window"), "{e}");
+    let e = err(&with(c, json!({"hidden_size": "wide"})));
+    assert!(e.contains("hidden_size"), "{e}");
+}

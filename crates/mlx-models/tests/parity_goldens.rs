@@ -155,6 +155,7 @@ golden_tests! {
     talkie_gains_embedding_skip_logits_match_mlx_lm => "talkie-small-f32",
     plamo_tiled_heads_parallel_layers_logits_match_mlx_lm => "plamo-small-f32",
     iquestloopcoder_gated_loops_logits_match_mlx_lm => "iquestloopcoder-small-f32",
+    plamo3_offset_norms_sliding_logits_match_mlx_lm => "plamo3-small-f32",
 }
 
 #[test]

@@ -111,6 +111,7 @@ pub const TINY: &[&str] = &[
     "talkie-f32",
     "plamo-f32",
     "iquestloopcoder-f32",
+    "plamo3-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

@@ -174,6 +174,7 @@ architectures! {
     talkie,
     plamo,
     iquestloopcoder,
+    plamo3,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
