@@ -1769,6 +1769,37 @@ GOLDENS.update({
 })
 
 
+# Muse Glimmer: weightless-normed embeddings, Gemma (1 + weight) sandwich norms, weightless
+# q/k norms (queries times qk_scale_factor), RoPE only where layer_rope_theta is nonzero
+# (default: the sliding layers), a sigmoid output gate, soft-capped scaled logits.
+ARCHS["muse_glimmer"] = {"model_type": "muse_glimmer", "num_hidden_layers": 4, "head_dim": 16,
+                         "sliding_window": 4, "rope_theta": 10000.0, "qk_scale_factor": 2.5,
+                         "post_norm_eps": 1e-6, "final_logit_softcapping": 5.0,
+                         "output_multiplier": 0.5, "tie_word_embeddings": False}
+VARIANTS.update({
+    # The default pattern: three sliding layers (window 4, RoPE), then a NoPE full one.
+    "muse_glimmer-f32": ("muse_glimmer", {}, {}),
+    # Meta's nested text_config and language_model.* names (vision weights dropped),
+    # explicit layer_types and layer_rope_theta (RoPE on the full layer only), rope_theta
+    # from rope_parameters, a tied head.
+    "muse_glimmer-f32-nested-tied-layertypes": ("muse_glimmer", {
+        "num_hidden_layers": 3, "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+        "layer_rope_theta": [1.0, 0, 0], "rope_parameters": {"rope_theta": 500.0, "rope_type": "default"},
+        "tie_word_embeddings": True, "sliding_window": 3}, {"glimmer_nested": True}),
+    # Full layers only, head_dim 32: plain KV caches, so the quantized-KV decode runs;
+    # mlx-lm's defaults for the scales and caps.
+    "muse_glimmer-f32-allfull-hd32": ("muse_glimmer", {
+        "num_hidden_layers": 2, "head_dim": 32, "layer_types": ["full_attention", "full_attention"],
+        "layer_rope_theta": [10000.0, 0]}, {"drop_keys": ["qk_scale_factor", "post_norm_eps",
+                                                         "final_logit_softcapping", "output_multiplier"]}),
+    "muse_glimmer-q4": ("muse_glimmer", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "muse_glimmer-bf16-q4": ("muse_glimmer", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "muse_glimmer-small-f32": ("muse_glimmer", dict(SMALL, head_dim=8), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -2312,6 +2343,15 @@ def write_dense(out, name, arch, overrides, opts):
         config["quantization_config"] = {"quant_method": "mxfp4"}
     if config["model_type"] == "llama4":
         config = llama4_nested(config)
+    if opts.get("glimmer_nested"):
+        # Meta's Muse Glimmer layout: the text keys under text_config (over the top-level
+        # ones), the text model under language_model.*, the vision tower beside it.
+        text = {k: v for k, v in config.items() if k != "model_type"}
+        config = {"model_type": config["model_type"], "text_config": text, "hidden_size": 8,
+                  "vision_config": {"hidden_size": 8}}
+        weights = {f"language_model.{k}": v for k, v in weights.items()}
+        weights["vision_tower.patch_embed.weight"] = np.ones((4, 4), np.float32)
+        weights["vision_adapter.proj.weight"] = np.ones((4, 4), np.float32)
     if opts.get("text_config"):
         text = dict(config, model_type=config["model_type"] + "_text")
         config = {"model_type": config["model_type"], "text_config": text,

@@ -189,6 +189,13 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-iquestloopcoder", "iquestloopcoder-q4", None),
     ("plamo3", "plamo3-f32", None),
     ("q-plamo3", "plamo3-q4", None),
+    ("muse_glimmer", "muse_glimmer-f32", None),
+    ("q-muse_glimmer", "muse_glimmer-q4", None),
+    (
+        "muse_glimmer-nested",
+        "muse_glimmer-f32-nested-tied-layertypes",
+        None,
+    ),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -542,7 +549,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // expert_bias in its dtype), Mellum (its router kept at 8 bits), Talkie (a bare
     // lm_head parameter, never quantized; rotary buffers dropped), PLaMo (parallel
     // layers under model.layers.layers), IQuest-Loop-Coder (its gate projections), PLaMo 3
-    // (fused qkv_proj / gate_up_proj, offset norms, a tied head).
+    // (fused qkv_proj / gate_up_proj, offset norms, a tied head), Muse Glimmer (its
+    // attention's gate_proj quantized too).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -554,12 +562,17 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("plamo", "q-plamo"),
         ("iquestloopcoder", "q-iquestloopcoder"),
         ("plamo3", "q-plamo3"),
+        ("muse_glimmer", "q-muse_glimmer"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);
         }
         add(quantized, "-d");
     }
+    // Muse Glimmer's nested layout: text_config over the top-level keys, the text model
+    // lifted out of language_model.* and the vision weights dropped by sanitize.
+    add("muse_glimmer-nested", "");
+    add("muse_glimmer-nested", "-q");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -610,6 +610,9 @@ model_tests! {
     // IQuest-Loop-Coder: two runs of the layers, the second over rotating caches of 4.
     batched_decode_matches_alone_iquestloopcoder, prefilled_together_matches_alone_iquestloopcoder
         => "iquestloopcoder-small-f32", false;
+    // Muse Glimmer: sliding RoPE layers and a NoPE full one, a gated attention output.
+    batched_decode_matches_alone_muse_glimmer_sliding,
+    prefilled_together_matches_alone_muse_glimmer_sliding => "muse_glimmer-small-f32", false;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

@@ -861,3 +861,33 @@ fn plamo3_defaults_its_keys_and_checks_heads_and_windows() {
     let e = err(&with(c, json!({"hidden_size": "wide"})));
     assert!(e.contains("hidden_size"), "{e}");
 }
+
+#[test]
+fn muse_glimmer_reads_text_config_and_checks_its_layer_lists() {
+    let c = with(
+        base("muse_glimmer"),
+        json!({"num_hidden_layers": 4, "sliding_window": 4}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    // Meta's layout: the text keys under text_config override the top-level ones.
+    let nested = json!({"model_type": "muse_glimmer", "hidden_size": 8,
+                        "text_config": with(c.clone(), json!({"num_hidden_layers": 3}))});
+    let m = build_model(&nested).unwrap();
+    assert_eq!((m.model_type(), m.num_layers()), ("muse_glimmer", 3));
+    let e = err(&with(c.clone(), json!({"layer_types": ["full_attention"]})));
+    assert!(e.contains("layer_types"), "{e}");
+    let e = err(&with(c.clone(), json!({"layer_rope_theta": [1.0, 0.0]})));
+    assert!(e.contains("layer_rope_theta"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_parameters": {"rope_theta": "big"}}),
+    ));
+    assert!(e.contains("rope_theta"), "{e}");
+    let e = err(&with(c.clone(), json!({"sliding_window": 0})));
+    assert!(e.contains("sliding_window"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&json!({"model_type": "muse_glimmer", "text_config": [1]}));
+    assert!(e.contains("text_config"), "{e}");
+}

@@ -156,6 +156,7 @@ golden_tests! {
     plamo_tiled_heads_parallel_layers_logits_match_mlx_lm => "plamo-small-f32",
     iquestloopcoder_gated_loops_logits_match_mlx_lm => "iquestloopcoder-small-f32",
     plamo3_offset_norms_sliding_logits_match_mlx_lm => "plamo3-small-f32",
+    muse_glimmer_gated_nope_softcapped_logits_match_mlx_lm => "muse_glimmer-small-f32",
 }
 
 #[test]

@@ -112,6 +112,7 @@ pub const TINY: &[&str] = &[
     "plamo-f32",
     "iquestloopcoder-f32",
     "plamo3-f32",
+    "muse_glimmer-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

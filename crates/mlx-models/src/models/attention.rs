@@ -64,6 +64,9 @@ pub(crate) enum HeadNorm {
     /// [`HeadNorm::Weightless`], then each head times its gain `head_g` (cast to the
     /// input's dtype; Talkie's queries).
     WeightlessGain(f32, Param),
+    /// [`HeadNorm::Weightless`] times a constant (Muse Glimmer's queries, scaled by
+    /// `qk_scale_factor` before the rotation).
+    WeightlessTimes(f32, f64),
 }
 
 impl HeadNorm {
@@ -77,6 +80,9 @@ impl HeadNorm {
                 let gain = g.astype(x.dtype())?.reshape(&[1, -1, 1, 1])?;
                 mlx_array::fast::rms_norm(x, None, *eps)?.multiply(&gain)
             }
+            HeadNorm::WeightlessTimes(eps, s) => {
+                mlx_array::fast::rms_norm(x, None, *eps)?.multiply(*s)
+            }
         }
     }
 }
@@ -87,7 +93,7 @@ impl Module for HeadNorm {
             HeadNorm::Rms(n) => n.visit_params(prefix, f),
             HeadNorm::Gemma(n) => n.visit_params(prefix, f),
             HeadNorm::PerHead(n) => n.visit_params(prefix, f),
-            HeadNorm::Weightless(_) => {}
+            HeadNorm::Weightless(_) | HeadNorm::WeightlessTimes(..) => {}
             HeadNorm::WeightlessGain(_, g) => f(&join(prefix, "head_g"), g),
         }
     }
@@ -96,7 +102,7 @@ impl Module for HeadNorm {
             HeadNorm::Rms(n) => n.visit_params_mut(prefix, f),
             HeadNorm::Gemma(n) => n.visit_params_mut(prefix, f),
             HeadNorm::PerHead(n) => n.visit_params_mut(prefix, f),
-            HeadNorm::Weightless(_) => {}
+            HeadNorm::Weightless(_) | HeadNorm::WeightlessTimes(..) => {}
             HeadNorm::WeightlessGain(_, g) => f(&join(prefix, "head_g"), g),
         }
     }
@@ -133,6 +139,9 @@ pub struct Attention {
     /// [1, n, 1, 1])`, PLaMo's shared heads), so query head `i` reads key head
     /// `i % n_kv_heads`.
     kv_tile: Option<i32>,
+    /// The merged heads times `sigmoid(gate(x))` before `o_proj` (Muse Glimmer's gated
+    /// output), the gate named as the checkpoint names it.
+    out_gate: Option<(&'static str, LinearLayer)>,
 }
 
 impl Module for Attention {
@@ -147,6 +156,9 @@ impl Module for Attention {
             }
         }
         self.o_proj.visit_params(&join(prefix, self.o_name), f);
+        if let Some((name, gate)) = &self.out_gate {
+            gate.visit_params(&join(prefix, name), f);
+        }
         let [q, k] = self.norm_names;
         self.q_norm.visit_params(&join(prefix, q), f);
         self.k_norm.visit_params(&join(prefix, k), f);
@@ -162,6 +174,9 @@ impl Module for Attention {
             }
         }
         self.o_proj.visit_params_mut(&join(prefix, self.o_name), f);
+        if let Some((name, gate)) = &mut self.out_gate {
+            gate.visit_params_mut(&join(prefix, name), f);
+        }
         let [q, k] = self.norm_names;
         self.q_norm.visit_params_mut(&join(prefix, q), f);
         self.k_norm.visit_params_mut(&join(prefix, k), f);
@@ -181,7 +196,11 @@ impl Module for Attention {
             }
         }
         self.o_proj
-            .visit_quantizable_mut(&join(prefix, self.o_name), f)
+            .visit_quantizable_mut(&join(prefix, self.o_name), f)?;
+        match &mut self.out_gate {
+            Some((name, gate)) => gate.visit_quantizable_mut(&join(prefix, name), f),
+            None => Ok(()),
+        }
     }
 }
 
@@ -207,6 +226,7 @@ impl Attention {
             scale,
             qkv: None,
             kv_tile: None,
+            out_gate: None,
         })
     }
 
@@ -243,6 +263,18 @@ impl Attention {
     pub(crate) fn with_tiled_kv(mut self, n: i32) -> Attention {
         self.kv_tile = Some(n);
         self
+    }
+
+    /// Gates the merged heads by `sigmoid(gate(x))` before `o_proj`, the gate a bias-free
+    /// `Linear(dim, n_heads * head_dim)` named `name` (see `out_gate`).
+    pub(crate) fn with_output_gate(
+        mut self,
+        name: &'static str,
+        dim: i32,
+    ) -> crate::Result<Attention> {
+        let gate = LinearLayer::new(dim, self.n_heads * self.head_dim, false)?;
+        self.out_gate = Some((name, gate));
+        Ok(self)
     }
 
     /// Adds `q_norm` and `k_norm` applied `at`; `norm(dims)` builds one of `dims` features.
@@ -404,7 +436,12 @@ impl Attention {
         } else {
             scaled_dot_product_attention(&queries, &fetch, self.scale, mask, extras.sinks)?
         };
-        project_out(&self.o_proj, &merge_heads(&out, b, l)?, residual)
+        let out = merge_heads(&out, b, l)?;
+        let out = match &self.out_gate {
+            Some((_, gate)) => out.multiply(&gate.forward(x)?.sigmoid()?)?,
+            None => out,
+        };
+        project_out(&self.o_proj, &out, residual)
     }
 
     /// mlx-lm's `get_qkv` (IQuest-Loop-Coder): the heads of q, k and v of `x` (no q/k

@@ -175,6 +175,7 @@ architectures! {
     plamo,
     iquestloopcoder,
     plamo3,
+    muse_glimmer,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
