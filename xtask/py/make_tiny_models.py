@@ -1800,6 +1800,34 @@ GOLDENS.update({
 })
 
 
+# Spark 2.5: one q_k_v_proj, per-layer-type (partial) RoPE from rope_parameters, one
+# sigmoid gate per head (g_proj, left dense by quant_predicate) before out_proj, sliding
+# and full layers by layer_types, a gelu MLP, model.embedding, a tied head by default.
+SPARK_ROPE = {"sliding_attention": {"rope_theta": 10000.0},
+              "full_attention": {"rope_theta": 1000000.0, "partial_rotary_factor": 0.5}}
+ARCHS["spark2_5"] = {"model_type": "spark2_5", "num_hidden_layers": 4, "head_dim": 16, "sliding_window": 4,
+                     "rope_parameters": SPARK_ROPE, "tie_word_embeddings": True}
+VARIANTS.update({
+    # The default pattern (three sliding layers, window 4, then a full one), tied.
+    "spark2_5-f32": ("spark2_5", {}, {}),
+    # Biases everywhere, an untied head, explicit layer_types (full then sliding), a
+    # quarter of the sliding heads rotated, embed_tokens renamed and rotary buffers.
+    "spark2_5-f32-bias-untied-layertypes-hd32": ("spark2_5", {
+        "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False, "head_dim": 32,
+        "num_hidden_layers": 2, "layer_types": ["full_attention", "sliding_attention"],
+        "rope_parameters": {"sliding_attention": {"rope_theta": 500.0, "partial_rotary_factor": 0.25},
+                            "full_attention": {"rope_theta": 10000.0}}}, {"spark_hf_names": True}),
+    # Full layers only: plain caches, so the quantized-KV decode runs.
+    "spark2_5-f32-allfull-hd32": ("spark2_5", {
+        "num_hidden_layers": 2, "head_dim": 32, "layer_types": ["full_attention", "full_attention"]}, {}),
+    "spark2_5-q4": ("spark2_5", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "spark2_5-bf16-q4": ("spark2_5", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "spark2_5-small-f32": ("spark2_5", dict(SMALL, head_dim=8, tie_word_embeddings=False), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -1856,7 +1884,7 @@ def random_weights(config, rng):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif config["model_type"] == "phixtral" and name.endswith("ln.weight"):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif "embed_tokens" in name or (config["model_type"] in ("qwen", "gptj", "openelm", "nanochat", "phixtral",
+        elif "embed_tokens" in name or name == "model.embedding.weight" or (config["model_type"] in ("qwen", "gptj", "openelm", "nanochat", "phixtral",
                                                                  "lille-130m")
                                         and name.endswith(("wte.weight", "token_embeddings.weight",
                                                            "tok_embeddings.weight"))):
@@ -2343,6 +2371,11 @@ def write_dense(out, name, arch, overrides, opts):
         config["quantization_config"] = {"quant_method": "mxfp4"}
     if config["model_type"] == "llama4":
         config = llama4_nested(config)
+    if opts.get("spark_hf_names"):
+        # An MLX conversion's embed_tokens name and a serialized RoPE buffer, both undone
+        # by sanitize.
+        weights["model.embed_tokens.weight"] = weights.pop("model.embedding.weight")
+        weights["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones((4,), np.float32)
     if opts.get("glimmer_nested"):
         # Meta's Muse Glimmer layout: the text keys under text_config (over the top-level
         # ones), the text model under language_model.*, the vision tower beside it.

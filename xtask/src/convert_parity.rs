@@ -196,6 +196,13 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
         "muse_glimmer-f32-nested-tied-layertypes",
         None,
     ),
+    ("spark2_5", "spark2_5-f32", None),
+    ("q-spark2_5", "spark2_5-q4", None),
+    (
+        "spark2_5-hf",
+        "spark2_5-f32-bias-untied-layertypes-hd32",
+        None,
+    ),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -550,7 +557,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // lm_head parameter, never quantized; rotary buffers dropped), PLaMo (parallel
     // layers under model.layers.layers), IQuest-Loop-Coder (its gate projections), PLaMo 3
     // (fused qkv_proj / gate_up_proj, offset norms, a tied head), Muse Glimmer (its
-    // attention's gate_proj quantized too).
+    // attention's gate_proj quantized too), Spark 2.5 (its per-head g_proj left dense by
+    // quant_predicate).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -563,6 +571,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("iquestloopcoder", "q-iquestloopcoder"),
         ("plamo3", "q-plamo3"),
         ("muse_glimmer", "q-muse_glimmer"),
+        ("spark2_5", "q-spark2_5"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);
@@ -573,6 +582,10 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // lifted out of language_model.* and the vision weights dropped by sanitize.
     add("muse_glimmer-nested", "");
     add("muse_glimmer-nested", "-q");
+    // Spark 2.5 with biases, an untied head, embed_tokens renamed to embedding and the
+    // rotary buffers dropped by sanitize.
+    add("spark2_5-hf", "");
+    add("spark2_5-hf", "-q");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

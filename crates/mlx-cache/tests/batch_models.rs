@@ -613,6 +613,9 @@ model_tests! {
     // Muse Glimmer: sliding RoPE layers and a NoPE full one, a gated attention output.
     batched_decode_matches_alone_muse_glimmer_sliding,
     prefilled_together_matches_alone_muse_glimmer_sliding => "muse_glimmer-small-f32", false;
+    // Spark 2.5: sliding and full layers with partial RoPE, one gate per head.
+    batched_decode_matches_alone_spark2_5_sliding,
+    prefilled_together_matches_alone_spark2_5_sliding => "spark2_5-small-f32", false;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

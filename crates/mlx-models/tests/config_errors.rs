@@ -891,3 +891,46 @@ fn muse_glimmer_reads_text_config_and_checks_its_layer_lists() {
     let e = err(&json!({"model_type": "muse_glimmer", "text_config": [1]}));
     assert!(e.contains("text_config"), "{e}");
 }
+
+#[test]
+fn spark2_5_checks_its_layer_types_rope_parameters_and_gates() {
+    let rope = json!({"sliding_attention": {"rope_theta": 10000.0},
+                      "full_attention": {"rope_theta": 1e6, "partial_rotary_factor": 0.5}});
+    let c = with(
+        base("spark2_5"),
+        json!({"num_hidden_layers": 4, "sliding_window": 4, "rope_parameters": rope}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    let e = err(&with(c.clone(), json!({"layer_types": ["full_attention"]})));
+    assert!(e.contains("layer_types"), "{e}");
+    let types = json!([
+        "full_attention",
+        "chunked",
+        "full_attention",
+        "full_attention"
+    ]);
+    let e = err(&with(c.clone(), json!({"layer_types": types})));
+    assert!(e.contains("chunked"), "{e}");
+    let only_full = json!({"full_attention": {"rope_theta": 1e6}});
+    let e = err(&with(c.clone(), json!({"rope_parameters": only_full})));
+    assert!(e.contains("sliding_attention"), "{e}");
+    let odd = json!({"sliding_attention": {"partial_rotary_factor": 0.125},
+                     "full_attention": {}});
+    let e = err(&with(c.clone(), json!({"rope_parameters": odd})));
+    assert!(e.contains("rotary"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"hidden_act": "silu"})));
+    assert!(e.contains("hidden_act"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"headwise_attn_output_gate": false}),
+    ));
+    assert!(e.contains("headwise_attn_output_gate"), "{e}");
+    let e = err(&with(c.clone(), json!({"gate_attn_act_mode": "softmax"})));
+    assert!(e.contains("gate_attn_act_mode"), "{e}");
+    let mut missing = c;
+    missing.as_object_mut().unwrap().remove("sliding_window");
+    assert!(err(&missing).contains("sliding_window"));
+}

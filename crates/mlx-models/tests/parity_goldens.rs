@@ -157,6 +157,7 @@ golden_tests! {
     iquestloopcoder_gated_loops_logits_match_mlx_lm => "iquestloopcoder-small-f32",
     plamo3_offset_norms_sliding_logits_match_mlx_lm => "plamo3-small-f32",
     muse_glimmer_gated_nope_softcapped_logits_match_mlx_lm => "muse_glimmer-small-f32",
+    spark2_5_head_gates_partial_rope_logits_match_mlx_lm => "spark2_5-small-f32",
 }
 
 #[test]

@@ -183,7 +183,8 @@ impl MixedPredicate {
 /// its `router.layer`), the qwen3_next family
 /// its router and shared-expert gate, granitemoehybrid its `router.layer`, lfm2_moe
 /// its `feed_forward.gate`, bailing_moe its `mlp.gate.gate_proj`, Gemma 4 its
-/// `router.proj` (affine, whatever the mode asked for).
+/// `router.proj` (affine, whatever the mode asked for); spark2_5 leaves its
+/// `self_attn.g_proj` dense.
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
     let eight_bits = || {
         let mut m = Map::new();
@@ -217,6 +218,12 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
         "lfm2_moe" => Some(choose(path.ends_with("feed_forward.gate"))),
         "bailing_moe" => Some(choose(path.ends_with("mlp.gate.gate_proj"))),
         "gemma4_text" | "gemma4" => Some(choose(path.ends_with("router.proj"))),
+        // The per-head attention gate stays in the source precision.
+        "spark2_5" => Some(if path.ends_with("self_attn.g_proj") {
+            LayerChoice::Skip
+        } else {
+            LayerChoice::Default
+        }),
         "granitemoe" => Some(choose(
             path.ends_with("block_sparse_moe.router.layer")
                 || path.ends_with("self_attn.o_proj")

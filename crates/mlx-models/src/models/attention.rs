@@ -140,8 +140,18 @@ pub struct Attention {
     /// `i % n_kv_heads`.
     kv_tile: Option<i32>,
     /// The merged heads times `sigmoid(gate(x))` before `o_proj` (Muse Glimmer's gated
-    /// output), the gate named as the checkpoint names it.
-    out_gate: Option<(&'static str, LinearLayer)>,
+    /// output; Spark 2.5's one gate per head), the gate named as the checkpoint names it.
+    out_gate: Option<(&'static str, LinearLayer, OutGate)>,
+}
+
+/// How [`Attention::with_output_gate`]'s gate multiplies the attention output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OutGate {
+    /// One gate per output feature: `out * sigmoid(gate(x))` (Muse Glimmer).
+    PerFeature,
+    /// One gate per head, its sigmoid taken in float32 and cast to the output's dtype:
+    /// `out * sigmoid(gate(x).astype(float32)).astype(out.dtype)[..., None]` (Spark 2.5).
+    PerHeadF32,
 }
 
 impl Module for Attention {
@@ -156,7 +166,7 @@ impl Module for Attention {
             }
         }
         self.o_proj.visit_params(&join(prefix, self.o_name), f);
-        if let Some((name, gate)) = &self.out_gate {
+        if let Some((name, gate, _)) = &self.out_gate {
             gate.visit_params(&join(prefix, name), f);
         }
         let [q, k] = self.norm_names;
@@ -174,7 +184,7 @@ impl Module for Attention {
             }
         }
         self.o_proj.visit_params_mut(&join(prefix, self.o_name), f);
-        if let Some((name, gate)) = &mut self.out_gate {
+        if let Some((name, gate, _)) = &mut self.out_gate {
             gate.visit_params_mut(&join(prefix, name), f);
         }
         let [q, k] = self.norm_names;
@@ -198,7 +208,7 @@ impl Module for Attention {
         self.o_proj
             .visit_quantizable_mut(&join(prefix, self.o_name), f)?;
         match &mut self.out_gate {
-            Some((name, gate)) => gate.visit_quantizable_mut(&join(prefix, name), f),
+            Some((name, gate, _)) => gate.visit_quantizable_mut(&join(prefix, name), f),
             None => Ok(()),
         }
     }
@@ -265,15 +275,21 @@ impl Attention {
         self
     }
 
-    /// Gates the merged heads by `sigmoid(gate(x))` before `o_proj`, the gate a bias-free
-    /// `Linear(dim, n_heads * head_dim)` named `name` (see `out_gate`).
+    /// Gates the merged heads by `sigmoid(gate(x))` before `o_proj` (see `out_gate`), the
+    /// gate a `Linear(dim, n)` named `name`, biased by `bias`, of `n` the output features
+    /// ([`OutGate::PerFeature`]) or the heads ([`OutGate::PerHeadF32`]).
     pub(crate) fn with_output_gate(
         mut self,
         name: &'static str,
         dim: i32,
+        bias: bool,
+        kind: OutGate,
     ) -> crate::Result<Attention> {
-        let gate = LinearLayer::new(dim, self.n_heads * self.head_dim, false)?;
-        self.out_gate = Some((name, gate));
+        let n = match kind {
+            OutGate::PerFeature => self.n_heads * self.head_dim,
+            OutGate::PerHeadF32 => self.n_heads,
+        };
+        self.out_gate = Some((name, LinearLayer::new(dim, n, bias)?, kind));
         Ok(self)
     }
 
@@ -438,7 +454,18 @@ impl Attention {
         };
         let out = merge_heads(&out, b, l)?;
         let out = match &self.out_gate {
-            Some((_, gate)) => out.multiply(&gate.forward(x)?.sigmoid()?)?,
+            Some((_, gate, OutGate::PerFeature)) => out.multiply(&gate.forward(x)?.sigmoid()?)?,
+            Some((_, gate, OutGate::PerHeadF32)) => {
+                let g = gate
+                    .forward(x)?
+                    .astype(Dtype::Float32)?
+                    .sigmoid()?
+                    .astype(out.dtype())?
+                    .expand_dims(&[-1])?;
+                out.reshape(&[b, l, self.n_heads, self.head_dim])?
+                    .multiply(&g)?
+                    .reshape(&[b, l, -1])?
+            }
             None => out,
         };
         project_out(&self.o_proj, &out, residual)

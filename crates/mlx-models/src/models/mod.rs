@@ -176,6 +176,7 @@ architectures! {
     iquestloopcoder,
     plamo3,
     muse_glimmer,
+    spark2_5,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,

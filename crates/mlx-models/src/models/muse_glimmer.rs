@@ -13,7 +13,7 @@
 //! and `tanh(logits / cap) * cap`. The keys of a nested `text_config` override the
 //! top-level ones; `sanitize` drops the vision weights and lifts the text model out of
 //! `language_model`.
-use super::attention::{Attention, AttentionDims, HeadNorm, NormAt};
+use super::attention::{Attention, AttentionDims, HeadNorm, NormAt, OutGate};
 use super::config_error;
 use super::gemma2::RmsNorm as CenteredRmsNorm;
 use super::head::{self, LogitScale};
@@ -235,7 +235,7 @@ impl Model {
                         HeadNorm::WeightlessTimes(q_eps, factor),
                         HeadNorm::Weightless(q_eps),
                     )
-                    .with_output_gate("gate_proj", dim)?;
+                    .with_output_gate("gate_proj", dim, false, OutGate::PerFeature)?;
                 Ok(DecoderLayer {
                     self_attn,
                     mlp: Mlp::new(dim, args.intermediate_size, false)?
