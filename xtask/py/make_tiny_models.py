@@ -1828,6 +1828,44 @@ GOLDENS.update({
 })
 
 
+# Laguna: per-layer query heads, q/k norms, per-layer-type RoPE (YaRN and partial on the
+# full layers here), a softplus gate per head, sliding and full layers, a dense first
+# layer then sigmoid-routed experts (correction bias, scaling) plus a shared expert.
+ARCHS["laguna"] = {
+    "model_type": "laguna", "num_hidden_layers": 3, "head_dim": 16, "sliding_window": 4,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "num_attention_heads_per_layer": [4, 8, 2],
+    "rope_parameters": {
+        "full_attention": {"rope_theta": 1000000.0, "rope_type": "yarn", "factor": 4.0,
+                           "original_max_position_embeddings": 64, "partial_rotary_factor": 0.5},
+        "sliding_attention": {"rope_theta": 10000.0},
+    },
+    "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 48, "moe_routed_scaling_factor": 2.5,
+    "tie_word_embeddings": False,
+}
+VARIANTS.update({
+    # Sliding (window 4), full (YaRN, half rotated, 8 heads), sliding (2 heads); the
+    # original layout (bare router, bias under experts., experts one by one).
+    "laguna-f32": ("laguna", {}, {"laguna_hf": True}),
+    # All full (the defaults), soft-capped sqrtsoftplus routing, no gate, biases, a tied
+    # head, a top-level partial_rotary_factor, head_dim 32 (the 8-bit KV-cache decode
+    # runs), every tensor under language_model..
+    "laguna-f32-softcap-sqrtsoftplus-nogate-tied-hd32": ("laguna", {
+        "moe_router_logit_softcapping": 3.0, "moe_router_score_func": "sqrtsoftplus", "gating": False,
+        "qkv_bias": True, "attention_bias": True, "tie_word_embeddings": True, "partial_rotary_factor": 0.5,
+        "head_dim": 32, "mlp_layer_types": ["sparse", "dense", "sparse"]},
+        {"drop_keys": ["layer_types", "num_attention_heads_per_layer", "rope_parameters"],
+         "language_model_prefix": True}),
+    "laguna-q4": ("laguna", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "laguna-bf16-q4": ("laguna", {"moe_intermediate_size": 64}, {"dtype": "bfloat16",
+                                                              "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "laguna-small-f32": ("laguna", dict(SMALL, head_dim=8, num_attention_heads_per_layer=[4, 8, 2]), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -2371,6 +2409,21 @@ def write_dense(out, name, arch, overrides, opts):
         config["quantization_config"] = {"quant_method": "mxfp4"}
     if config["model_type"] == "llama4":
         config = llama4_nested(config)
+    if opts.get("laguna_hf"):
+        # Laguna's original layout: a bare router `mlp.gate.weight`, its bias under
+        # `experts.`, the experts one by one (sanitize moves and stacks them).
+        for k in [k for k in weights if ".mlp.gate.proj." in k or ".mlp.switch_mlp." in k
+                  or k.endswith(".mlp.gate.e_score_correction_bias")]:
+            v = weights.pop(k)
+            if ".mlp.gate.proj." in k:
+                weights[k.replace(".mlp.gate.proj.", ".mlp.gate.")] = v
+            elif k.endswith("e_score_correction_bias"):
+                weights[k.replace(".mlp.gate.", ".mlp.experts.")] = v
+            else:
+                for e in range(v.shape[0]):
+                    weights[k.replace(".mlp.switch_mlp.", f".mlp.experts.{e}.")] = np.ascontiguousarray(v[e])
+    if opts.get("language_model_prefix"):
+        weights = {f"language_model.{k}": v for k, v in weights.items()}
     if opts.get("spark_hf_names"):
         # An MLX conversion's embed_tokens name and a serialized RoPE buffer, both undone
         # by sanitize.

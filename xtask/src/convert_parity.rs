@@ -203,6 +203,13 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
         "spark2_5-f32-bias-untied-layertypes-hd32",
         None,
     ),
+    ("laguna", "laguna-f32", None),
+    ("q-laguna", "laguna-q4", None),
+    (
+        "laguna-prefixed",
+        "laguna-f32-softcap-sqrtsoftplus-nogate-tied-hd32",
+        None,
+    ),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -558,7 +565,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // layers under model.layers.layers), IQuest-Loop-Coder (its gate projections), PLaMo 3
     // (fused qkv_proj / gate_up_proj, offset norms, a tied head), Muse Glimmer (its
     // attention's gate_proj quantized too), Spark 2.5 (its per-head g_proj left dense by
-    // quant_predicate).
+    // quant_predicate), Laguna (the original layout's experts stacked, its router kept at
+    // 8 bits, e_score_correction_bias in its dtype).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -572,6 +580,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("plamo3", "q-plamo3"),
         ("muse_glimmer", "q-muse_glimmer"),
         ("spark2_5", "q-spark2_5"),
+        ("laguna", "q-laguna"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);
@@ -586,6 +595,9 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // rotary buffers dropped by sanitize.
     add("spark2_5-hf", "");
     add("spark2_5-hf", "-q");
+    // Laguna with every tensor under language_model. and a tied head.
+    add("laguna-prefixed", "");
+    add("laguna-prefixed", "-q");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

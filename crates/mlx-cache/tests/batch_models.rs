@@ -616,6 +616,10 @@ model_tests! {
     // Spark 2.5: sliding and full layers with partial RoPE, one gate per head.
     batched_decode_matches_alone_spark2_5_sliding,
     prefilled_together_matches_alone_spark2_5_sliding => "spark2_5-small-f32", false;
+    // Laguna: per-layer query heads, a softplus gate per head, sliding and full layers,
+    // routed experts plus a shared one.
+    batched_decode_matches_alone_laguna_sliding,
+    prefilled_together_matches_alone_laguna_sliding => "laguna-small-f32", false;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

@@ -934,3 +934,46 @@ fn spark2_5_checks_its_layer_types_rope_parameters_and_gates() {
     missing.as_object_mut().unwrap().remove("sliding_window");
     assert!(err(&missing).contains("sliding_window"));
 }
+
+#[test]
+fn laguna_checks_its_layer_lists_rope_and_router() {
+    let c = with(
+        base("laguna"),
+        json!({"num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16,
+               "sliding_window": 4,
+               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    let e = err(&with(c.clone(), json!({"layer_types": ["full_attention"]})));
+    assert!(e.contains("layer_types"), "{e}");
+    let only_sliding = json!([
+        "sliding_attention",
+        "sliding_attention",
+        "sliding_attention"
+    ]);
+    let e = err(&with(c.clone(), json!({"layer_types": only_sliding})));
+    assert!(e.contains("full_attention"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"num_attention_heads_per_layer": [4, 3, 4]}),
+    ));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"mlp_layer_types": ["dense"]})));
+    assert!(e.contains("mlp_layer_types"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"moe_router_score_func": "softmax"}),
+    ));
+    assert!(e.contains("moe_router_score_func"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 8})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let e = err(&with(c.clone(), json!({"partial_rotary_factor": 0.1})));
+    assert!(e.contains("rotary"), "{e}");
+    let e = err(&with(c.clone(), json!({"sliding_window": null})));
+    assert!(e.contains("sliding_window"), "{e}");
+    let rope = json!({"full_attention": {"rope_theta": "big"}});
+    let e = err(&with(c, json!({"rope_parameters": rope})));
+    assert!(e.contains("rope_theta"), "{e}");
+}

@@ -152,6 +152,9 @@ pub(crate) enum OutGate {
     /// One gate per head, its sigmoid taken in float32 and cast to the output's dtype:
     /// `out * sigmoid(gate(x).astype(float32)).astype(out.dtype)[..., None]` (Spark 2.5).
     PerHeadF32,
+    /// One gate per head through the compiled `nn.softplus` in float32, cast to the
+    /// output's dtype (Laguna).
+    PerHeadSoftplusF32,
 }
 
 impl Module for Attention {
@@ -287,7 +290,7 @@ impl Attention {
     ) -> crate::Result<Attention> {
         let n = match kind {
             OutGate::PerFeature => self.n_heads * self.head_dim,
-            OutGate::PerHeadF32 => self.n_heads,
+            OutGate::PerHeadF32 | OutGate::PerHeadSoftplusF32 => self.n_heads,
         };
         self.out_gate = Some((name, LinearLayer::new(dim, n, bias)?, kind));
         Ok(self)
@@ -455,13 +458,14 @@ impl Attention {
         let out = merge_heads(&out, b, l)?;
         let out = match &self.out_gate {
             Some((_, gate, OutGate::PerFeature)) => out.multiply(&gate.forward(x)?.sigmoid()?)?,
-            Some((_, gate, OutGate::PerHeadF32)) => {
-                let g = gate
-                    .forward(x)?
-                    .astype(Dtype::Float32)?
-                    .sigmoid()?
-                    .astype(out.dtype())?
-                    .expand_dims(&[-1])?;
+            Some((_, gate, kind)) => {
+                let g = gate.forward(x)?.astype(Dtype::Float32)?;
+                let g = if *kind == OutGate::PerHeadSoftplusF32 {
+                    mlx_nn::activations::softplus(&g)?
+                } else {
+                    g.sigmoid()?
+                };
+                let g = g.astype(out.dtype())?.expand_dims(&[-1])?;
                 out.reshape(&[b, l, self.n_heads, self.head_dim])?
                     .multiply(&g)?
                     .reshape(&[b, l, -1])?

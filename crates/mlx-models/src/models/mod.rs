@@ -177,6 +177,7 @@ architectures! {
     plamo3,
     muse_glimmer,
     spark2_5,
+    laguna,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
