@@ -1866,6 +1866,38 @@ GOLDENS.update({
 })
 
 
+# MiMo-V2-Flash: sliding and full layers with their own heads, head sizes (values apart),
+# RoPE bases and sinks, partial RoPE, scaled values, DeepSeek-V3's grouped sigmoid router
+# (1e-20 in the normalizing sum) with shared experts, an untied head.
+ARCHS["mimo_v2_flash"] = {
+    "model_type": "mimo_v2_flash", "num_hidden_layers": 3, "hybrid_layer_pattern": [0, 1, 1],
+    "moe_layer_freq": [0, 1, 1], "add_swa_attention_sink_bias": True, "add_full_attention_sink_bias": False,
+    "sliding_window_size": 4, "moe_intermediate_size": 32, "n_shared_experts": 1, "n_routed_experts": 4,
+    "routed_scaling_factor": 2.0, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+    "norm_topk_prob": True, "n_group": 2, "topk_group": 1, "num_experts_per_tok": 2,
+    "layernorm_epsilon": 1e-5, "rope_theta": 1000000.0, "swa_rope_theta": 10000.0,
+    "swa_num_attention_heads": 8, "swa_num_key_value_heads": 4, "head_dim": 16, "v_head_dim": 8,
+    "swa_head_dim": 8, "swa_v_head_dim": 16, "partial_rotary_factor": 0.5, "attention_value_scale": 0.7,
+}
+VARIANTS.update({
+    # Full (no sinks, dense MLP), then two sliding layers (window 4, sinks, experts in
+    # groups); HF's experts one by one and a multi-token-prediction layer.
+    "mimo_v2_flash-f32": ("mimo_v2_flash", {}, {"mtp_layer": True}),
+    # FP8 block-scaled weights, sinks on both kinds, sliding first, experts everywhere,
+    # no shared experts or scaling factor, one group, unnormalized scores, no value scale.
+    "mimo_v2_flash-f32-fp8-sinks-noshared": ("mimo_v2_flash", {
+        "num_hidden_layers": 2, "hybrid_layer_pattern": [1, 0], "moe_layer_freq": [1, 1],
+        "add_full_attention_sink_bias": True, "n_shared_experts": None, "routed_scaling_factor": None,
+        "n_group": 1, "topk_group": 1, "norm_topk_prob": False}, {"fp8": True, "drop_keys": ["attention_value_scale"]}),
+    "mimo_v2_flash-q4": ("mimo_v2_flash", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "mimo_v2_flash-bf16-q4": ("mimo_v2_flash", {"moe_intermediate_size": 64}, {
+        "dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "mimo_v2_flash-small-f32": ("mimo_v2_flash", dict(SMALL, head_dim=8, v_head_dim=8, swa_v_head_dim=8), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -1983,6 +2015,12 @@ def to_hf_names(config, weights, opts, rng):
                 [weights[k.replace("gate_proj", "up_proj")], v], axis=0)
         elif mt == "bailing_moe" and k.endswith(".mlp.gate.gate_proj.weight"):
             out[k.replace(".gate.gate_proj.", ".gate.")] = v
+        elif mt == "mimo_v2_flash" and ".mlp.switch_mlp." in k:
+            # HF's experts one by one: `mlp.experts.{e}.{proj}.weight`.
+            proj = k.split(".")[-2]
+            prefix = k.split(".mlp.switch_mlp.")[0]
+            for e in range(v.shape[0]):
+                out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = np.ascontiguousarray(v[e])
         elif mt in ("deepseek_v2", "deepseek") and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
@@ -2409,6 +2447,9 @@ def write_dense(out, name, arch, overrides, opts):
         config["quantization_config"] = {"quant_method": "mxfp4"}
     if config["model_type"] == "llama4":
         config = llama4_nested(config)
+    if opts.get("mtp_layer"):
+        # A multi-token-prediction layer, dropped by sanitize.
+        weights["model.mtp.layers.0.proj.weight"] = np.ones((4, 4), np.float32)
     if opts.get("laguna_hf"):
         # Laguna's original layout: a bare router `mlp.gate.weight`, its bias under
         # `experts.`, the experts one by one (sanitize moves and stacks them).

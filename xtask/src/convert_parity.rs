@@ -210,6 +210,13 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
         "laguna-f32-softcap-sqrtsoftplus-nogate-tied-hd32",
         None,
     ),
+    ("mimo_v2_flash", "mimo_v2_flash-f32", None),
+    ("q-mimo_v2_flash", "mimo_v2_flash-q4", None),
+    (
+        "mimo_v2_flash-fp8",
+        "mimo_v2_flash-f32-fp8-sinks-noshared",
+        None,
+    ),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -566,7 +573,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // (fused qkv_proj / gate_up_proj, offset norms, a tied head), Muse Glimmer (its
     // attention's gate_proj quantized too), Spark 2.5 (its per-head g_proj left dense by
     // quant_predicate), Laguna (the original layout's experts stacked, its router kept at
-    // 8 bits, e_score_correction_bias in its dtype).
+    // 8 bits, e_score_correction_bias in its dtype), MiMo-V2-Flash (HF's experts stacked,
+    // the MTP layer dropped, e_score_correction_bias in its dtype).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -581,6 +589,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("muse_glimmer", "q-muse_glimmer"),
         ("spark2_5", "q-spark2_5"),
         ("laguna", "q-laguna"),
+        ("mimo_v2_flash", "q-mimo_v2_flash"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);
@@ -598,6 +607,9 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // Laguna with every tensor under language_model. and a tied head.
     add("laguna-prefixed", "");
     add("laguna-prefixed", "-q");
+    // MiMo-V2-Flash's FP8 block-scaled checkpoint, dequantized by sanitize.
+    add("mimo_v2_flash-fp8", "");
+    add("mimo_v2_flash-fp8", "-q");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

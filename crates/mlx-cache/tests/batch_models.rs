@@ -620,6 +620,10 @@ model_tests! {
     // routed experts plus a shared one.
     batched_decode_matches_alone_laguna_sliding,
     prefilled_together_matches_alone_laguna_sliding => "laguna-small-f32", false;
+    // MiMo-V2-Flash: sliding layers with sinks and their own head sizes, a full one,
+    // grouped experts plus shared ones.
+    batched_decode_matches_alone_mimo_v2_flash_sliding,
+    prefilled_together_matches_alone_mimo_v2_flash_sliding => "mimo_v2_flash-small-f32", false;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

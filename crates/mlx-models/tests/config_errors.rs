@@ -977,3 +977,39 @@ fn laguna_checks_its_layer_lists_rope_and_router() {
     let e = err(&with(c, json!({"rope_parameters": rope})));
     assert!(e.contains("rope_theta"), "{e}");
 }
+
+#[test]
+fn mimo_v2_flash_needs_both_layer_kinds_and_a_known_router() {
+    let c = json!({"model_type": "mimo_v2_flash", "num_experts_per_tok": 2,
+        "hybrid_layer_pattern": [0, 1], "moe_layer_freq": [0, 1],
+        "add_swa_attention_sink_bias": true, "add_full_attention_sink_bias": false,
+        "sliding_window_size": 4, "vocab_size": 64, "hidden_size": 32,
+        "intermediate_size": 64, "moe_intermediate_size": 16, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "n_shared_experts": 1,
+        "n_routed_experts": 4, "routed_scaling_factor": null, "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid", "norm_topk_prob": true, "n_group": 1, "topk_group": 1,
+        "max_position_embeddings": 128, "layernorm_epsilon": 1e-5, "rope_theta": 1e6,
+        "swa_rope_theta": 1e4, "swa_num_attention_heads": 8, "swa_num_key_value_heads": 4,
+        "head_dim": 8, "v_head_dim": 4, "swa_head_dim": 8, "swa_v_head_dim": 8,
+        "partial_rotary_factor": 0.5});
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    let e = err(&with(c.clone(), json!({"hybrid_layer_pattern": [0, 0]})));
+    assert!(e.contains("hybrid_layer_pattern"), "{e}");
+    let e = err(&with(c.clone(), json!({"moe_layer_freq": [1]})));
+    assert!(e.contains("moe_layer_freq"), "{e}");
+    let e = err(&with(c.clone(), json!({"topk_method": "greedy"})));
+    assert!(e.contains("topk_method"), "{e}");
+    let e = err(&with(c.clone(), json!({"swa_num_key_value_heads": 3})));
+    assert!(e.contains("sliding"), "{e}");
+    let e = err(&with(c.clone(), json!({"partial_rotary_factor": 0.1})));
+    assert!(e.contains("partial_rotary_factor"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 5})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let mut missing = c;
+    missing
+        .as_object_mut()
+        .unwrap()
+        .remove("routed_scaling_factor");
+    assert!(err(&missing).contains("routed_scaling_factor"));
+}

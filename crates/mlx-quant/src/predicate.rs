@@ -238,14 +238,15 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
 
 /// The `cast_predicate` some mlx-lm models define: parameters `--dtype` leaves in their
 /// own dtype (the SSM decay `A_log` of qwen3_5 and nemotron_h, the router correction
-/// bias of glm4_moe (and solar_open), minimax, exaone_moe, laguna, the DeepSeek-V3 family (V3.2,
+/// bias of glm4_moe (and solar_open), minimax, exaone_moe, laguna, mimo_v2_flash, the
+/// DeepSeek-V3 family (V3.2,
 /// glm_moe_dsa, kimi_k25 and kimi_vl included),
 /// nemotron_h, and the `expert_bias` of lfm2_moe, bailing_moe and Klear).
 pub fn model_keeps_dtype(model_type: &str, path: &str) -> bool {
     match model_type {
         "glm4_moe" | "glm4_moe_lite" | "deepseek_v3" | "kimi_k2" | "joyai_llm_flash"
         | "kimi_k25" | "kimi_vl" | "deepseek_v32" | "glm_moe_dsa" | "solar_open" | "minimax"
-        | "exaone_moe" | "laguna" => path.contains("e_score_correction_bias"),
+        | "exaone_moe" | "laguna" | "mimo_v2_flash" => path.contains("e_score_correction_bias"),
         "lfm2_moe" | "bailing_moe" | "Klear" => path.contains("expert_bias"),
         "qwen3_5" | "qwen3_5_moe" => path.ends_with("A_log"),
         "nemotron_h" => path.contains("e_score_correction_bias") || path.contains("A_log"),

@@ -115,6 +115,7 @@ pub const TINY: &[&str] = &[
     "muse_glimmer-f32",
     "spark2_5-f32",
     "laguna-f32",
+    "mimo_v2_flash-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

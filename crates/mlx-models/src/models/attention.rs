@@ -142,6 +142,9 @@ pub struct Attention {
     /// The merged heads times `sigmoid(gate(x))` before `o_proj` (Muse Glimmer's gated
     /// output; Spark 2.5's one gate per head), the gate named as the checkpoint names it.
     out_gate: Option<(&'static str, LinearLayer, OutGate)>,
+    /// The value heads times this before the cache (MiMo-V2-Flash's
+    /// `attention_value_scale`).
+    value_scale: Option<f64>,
 }
 
 /// How [`Attention::with_output_gate`]'s gate multiplies the attention output.
@@ -240,6 +243,7 @@ impl Attention {
             qkv: None,
             kv_tile: None,
             out_gate: None,
+            value_scale: None,
         })
     }
 
@@ -275,6 +279,25 @@ impl Attention {
     /// The fetched keys and values tiled `n` times over the heads (see `kv_tile`).
     pub(crate) fn with_tiled_kv(mut self, n: i32) -> Attention {
         self.kv_tile = Some(n);
+        self
+    }
+
+    /// Value heads of `v_head_dim` features instead of `head_dim` (`v_proj` and `o_proj`
+    /// rebuilt for them; MiMo-V2-Flash), over a model of `dim` features.
+    pub(crate) fn with_v_head_dim(
+        mut self,
+        dim: i32,
+        v_head_dim: i32,
+        bias: bool,
+    ) -> crate::Result<Attention> {
+        self.v_proj = LinearLayer::new(dim, self.n_kv_heads * v_head_dim, bias)?;
+        self.o_proj = LinearLayer::new(self.n_heads * v_head_dim, dim, bias)?;
+        Ok(self)
+    }
+
+    /// Multiplies the value heads by `s` before the cache (see `value_scale`).
+    pub(crate) fn with_value_scale(mut self, s: Option<f64>) -> Attention {
+        self.value_scale = s;
         self
     }
 
@@ -416,7 +439,10 @@ impl Attention {
         };
         let queries = self.heads(&q, b, l, self.n_heads, self.q_norm.as_ref())?;
         let keys = self.heads(&k, b, l, self.n_kv_heads, self.k_norm.as_ref())?;
-        let values = split_heads(&v, b, l, self.n_kv_heads)?;
+        let mut values = split_heads(&v, b, l, self.n_kv_heads)?;
+        if let Some(s) = self.value_scale {
+            values = values.multiply(s)?;
+        }
         let after_rope = |q: Array, k: Array| -> Result<(Array, Array)> {
             match (&self.q_norm, &self.k_norm) {
                 (Some(qn), Some(kn)) => Ok((qn.forward(&q)?, kn.forward(&k)?)),
@@ -466,7 +492,7 @@ impl Attention {
                     g.sigmoid()?
                 };
                 let g = g.astype(out.dtype())?.expand_dims(&[-1])?;
-                out.reshape(&[b, l, self.n_heads, self.head_dim])?
+                out.reshape(&[b, l, self.n_heads, -1])?
                     .multiply(&g)?
                     .reshape(&[b, l, -1])?
             }
