@@ -98,6 +98,8 @@ ARCH_CASES = [
         "lille-130m-small-f32", "pixtral-small-f32", "kimi_vl-small-f32", "nemotron-nas-small-f32",
         "youtu_llm-small-f32", "Klear-small-f32", "mellum-small-f32",
         "talkie-small-f32", "plamo-small-f32", "iquestloopcoder-small-f32",
+        "plamo3-small-f32", "muse_glimmer-small-f32", "spark2_5-small-f32",
+        "laguna-small-f32", "mimo_v2_flash-small-f32",
     ])
 ]
 LENGTHS = [5, 1, 12, 7, 3]

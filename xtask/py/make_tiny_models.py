@@ -1741,6 +1741,163 @@ GOLDENS.update({
 })
 
 
+# PLaMo 3: sandwich norms applied as rms_norm(x, weight + offset) (post-norms offset
+# 1/5 and 1/5^1.5), one qkv_proj with q/k norms, sliding layers (RotatingKVCache of
+# window_size, masked with window_size + 1) and a full one every sliding_window_pattern
+# layers at its own RoPE base, one gate_up_proj, a tied head by default.
+ARCHS["plamo3"] = {"model_type": "plamo3", "head_dim": 16, "window_size": 4, "sliding_window_pattern": 2,
+                   "rope_theta": 1000000.0, "rope_local_theta": 10000.0, "tie_word_embeddings": True}
+VARIANTS.update({
+    # A sliding layer (window 4, the prompts cross it) then a full one; tied head.
+    "plamo3-f32": ("plamo3", {}, {}),
+    # sliding_window (3) replacing window_size, two sliding layers before the full one,
+    # an untied lm_head, head_dim 32.
+    "plamo3-f32-untied-slidingwindow-hd32": ("plamo3", {
+        "tie_word_embeddings": False, "sliding_window": 3, "window_size": 100, "num_hidden_layers": 3,
+        "sliding_window_pattern": 3, "head_dim": 32, "rope_local_theta": 500.0}, {}),
+    # Every layer full (pattern 1): plain KV caches, so the quantized-KV decode runs.
+    "plamo3-f32-allfull-hd32": ("plamo3", {"sliding_window_pattern": 1, "head_dim": 32}, {}),
+    # mlx-lm's defaults for the window (2048) and the pattern (8): no full layer at all.
+    "plamo3-f32-defaults": ("plamo3", {}, {"drop_keys": ["window_size", "sliding_window_pattern",
+                                                          "rope_theta", "rope_local_theta",
+                                                          "tie_word_embeddings"]}),
+    "plamo3-q4": ("plamo3", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "plamo3-bf16-q4": ("plamo3", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "plamo3-small-f32": ("plamo3", dict(SMALL, head_dim=8, tie_word_embeddings=False), {}),
+})
+
+
+# Muse Glimmer: weightless-normed embeddings, Gemma (1 + weight) sandwich norms, weightless
+# q/k norms (queries times qk_scale_factor), RoPE only where layer_rope_theta is nonzero
+# (default: the sliding layers), a sigmoid output gate, soft-capped scaled logits.
+ARCHS["muse_glimmer"] = {"model_type": "muse_glimmer", "num_hidden_layers": 4, "head_dim": 16,
+                         "sliding_window": 4, "rope_theta": 10000.0, "qk_scale_factor": 2.5,
+                         "post_norm_eps": 1e-6, "final_logit_softcapping": 5.0,
+                         "output_multiplier": 0.5, "tie_word_embeddings": False}
+VARIANTS.update({
+    # The default pattern: three sliding layers (window 4, RoPE), then a NoPE full one.
+    "muse_glimmer-f32": ("muse_glimmer", {}, {}),
+    # Meta's nested text_config and language_model.* names (vision weights dropped),
+    # explicit layer_types and layer_rope_theta (RoPE on the full layer only), rope_theta
+    # from rope_parameters, a tied head.
+    "muse_glimmer-f32-nested-tied-layertypes": ("muse_glimmer", {
+        "num_hidden_layers": 3, "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+        "layer_rope_theta": [1.0, 0, 0], "rope_parameters": {"rope_theta": 500.0, "rope_type": "default"},
+        "tie_word_embeddings": True, "sliding_window": 3}, {"glimmer_nested": True}),
+    # Full layers only, head_dim 32: plain KV caches, so the quantized-KV decode runs;
+    # mlx-lm's defaults for the scales and caps.
+    "muse_glimmer-f32-allfull-hd32": ("muse_glimmer", {
+        "num_hidden_layers": 2, "head_dim": 32, "layer_types": ["full_attention", "full_attention"],
+        "layer_rope_theta": [10000.0, 0]}, {"drop_keys": ["qk_scale_factor", "post_norm_eps",
+                                                         "final_logit_softcapping", "output_multiplier"]}),
+    "muse_glimmer-q4": ("muse_glimmer", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "muse_glimmer-bf16-q4": ("muse_glimmer", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "muse_glimmer-small-f32": ("muse_glimmer", dict(SMALL, head_dim=8), {}),
+})
+
+
+# Spark 2.5: one q_k_v_proj, per-layer-type (partial) RoPE from rope_parameters, one
+# sigmoid gate per head (g_proj, left dense by quant_predicate) before out_proj, sliding
+# and full layers by layer_types, a gelu MLP, model.embedding, a tied head by default.
+SPARK_ROPE = {"sliding_attention": {"rope_theta": 10000.0},
+              "full_attention": {"rope_theta": 1000000.0, "partial_rotary_factor": 0.5}}
+ARCHS["spark2_5"] = {"model_type": "spark2_5", "num_hidden_layers": 4, "head_dim": 16, "sliding_window": 4,
+                     "rope_parameters": SPARK_ROPE, "tie_word_embeddings": True}
+VARIANTS.update({
+    # The default pattern (three sliding layers, window 4, then a full one), tied.
+    "spark2_5-f32": ("spark2_5", {}, {}),
+    # Biases everywhere, an untied head, explicit layer_types (full then sliding), a
+    # quarter of the sliding heads rotated, embed_tokens renamed and rotary buffers.
+    "spark2_5-f32-bias-untied-layertypes-hd32": ("spark2_5", {
+        "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False, "head_dim": 32,
+        "num_hidden_layers": 2, "layer_types": ["full_attention", "sliding_attention"],
+        "rope_parameters": {"sliding_attention": {"rope_theta": 500.0, "partial_rotary_factor": 0.25},
+                            "full_attention": {"rope_theta": 10000.0}}}, {"spark_hf_names": True}),
+    # Full layers only: plain caches, so the quantized-KV decode runs.
+    "spark2_5-f32-allfull-hd32": ("spark2_5", {
+        "num_hidden_layers": 2, "head_dim": 32, "layer_types": ["full_attention", "full_attention"]}, {}),
+    "spark2_5-q4": ("spark2_5", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "spark2_5-bf16-q4": ("spark2_5", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "spark2_5-small-f32": ("spark2_5", dict(SMALL, head_dim=8, tie_word_embeddings=False), {}),
+})
+
+
+# Laguna: per-layer query heads, q/k norms, per-layer-type RoPE (YaRN and partial on the
+# full layers here), a softplus gate per head, sliding and full layers, a dense first
+# layer then sigmoid-routed experts (correction bias, scaling) plus a shared expert.
+ARCHS["laguna"] = {
+    "model_type": "laguna", "num_hidden_layers": 3, "head_dim": 16, "sliding_window": 4,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "num_attention_heads_per_layer": [4, 8, 2],
+    "rope_parameters": {
+        "full_attention": {"rope_theta": 1000000.0, "rope_type": "yarn", "factor": 4.0,
+                           "original_max_position_embeddings": 64, "partial_rotary_factor": 0.5},
+        "sliding_attention": {"rope_theta": 10000.0},
+    },
+    "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 48, "moe_routed_scaling_factor": 2.5,
+    "tie_word_embeddings": False,
+}
+VARIANTS.update({
+    # Sliding (window 4), full (YaRN, half rotated, 8 heads), sliding (2 heads); the
+    # original layout (bare router, bias under experts., experts one by one).
+    "laguna-f32": ("laguna", {}, {"laguna_hf": True}),
+    # All full (the defaults), soft-capped sqrtsoftplus routing, no gate, biases, a tied
+    # head, a top-level partial_rotary_factor, head_dim 32 (the 8-bit KV-cache decode
+    # runs), every tensor under language_model..
+    "laguna-f32-softcap-sqrtsoftplus-nogate-tied-hd32": ("laguna", {
+        "moe_router_logit_softcapping": 3.0, "moe_router_score_func": "sqrtsoftplus", "gating": False,
+        "qkv_bias": True, "attention_bias": True, "tie_word_embeddings": True, "partial_rotary_factor": 0.5,
+        "head_dim": 32, "mlp_layer_types": ["sparse", "dense", "sparse"]},
+        {"drop_keys": ["layer_types", "num_attention_heads_per_layer", "rope_parameters"],
+         "language_model_prefix": True}),
+    "laguna-q4": ("laguna", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "laguna-bf16-q4": ("laguna", {"moe_intermediate_size": 64}, {"dtype": "bfloat16",
+                                                              "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "laguna-small-f32": ("laguna", dict(SMALL, head_dim=8, num_attention_heads_per_layer=[4, 8, 2]), {}),
+})
+
+
+# MiMo-V2-Flash: sliding and full layers with their own heads, head sizes (values apart),
+# RoPE bases and sinks, partial RoPE, scaled values, DeepSeek-V3's grouped sigmoid router
+# (1e-20 in the normalizing sum) with shared experts, an untied head.
+ARCHS["mimo_v2_flash"] = {
+    "model_type": "mimo_v2_flash", "num_hidden_layers": 3, "hybrid_layer_pattern": [0, 1, 1],
+    "moe_layer_freq": [0, 1, 1], "add_swa_attention_sink_bias": True, "add_full_attention_sink_bias": False,
+    "sliding_window_size": 4, "moe_intermediate_size": 32, "n_shared_experts": 1, "n_routed_experts": 4,
+    "routed_scaling_factor": 2.0, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+    "norm_topk_prob": True, "n_group": 2, "topk_group": 1, "num_experts_per_tok": 2,
+    "layernorm_epsilon": 1e-5, "rope_theta": 1000000.0, "swa_rope_theta": 10000.0,
+    "swa_num_attention_heads": 8, "swa_num_key_value_heads": 4, "head_dim": 16, "v_head_dim": 8,
+    "swa_head_dim": 8, "swa_v_head_dim": 16, "partial_rotary_factor": 0.5, "attention_value_scale": 0.7,
+}
+VARIANTS.update({
+    # Full (no sinks, dense MLP), then two sliding layers (window 4, sinks, experts in
+    # groups); HF's experts one by one and a multi-token-prediction layer.
+    "mimo_v2_flash-f32": ("mimo_v2_flash", {}, {"mtp_layer": True}),
+    # FP8 block-scaled weights, sinks on both kinds, sliding first, experts everywhere,
+    # no shared experts or scaling factor, one group, unnormalized scores, no value scale.
+    "mimo_v2_flash-f32-fp8-sinks-noshared": ("mimo_v2_flash", {
+        "num_hidden_layers": 2, "hybrid_layer_pattern": [1, 0], "moe_layer_freq": [1, 1],
+        "add_full_attention_sink_bias": True, "n_shared_experts": None, "routed_scaling_factor": None,
+        "n_group": 1, "topk_group": 1, "norm_topk_prob": False}, {"fp8": True, "drop_keys": ["attention_value_scale"]}),
+    "mimo_v2_flash-q4": ("mimo_v2_flash", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "mimo_v2_flash-bf16-q4": ("mimo_v2_flash", {"moe_intermediate_size": 64}, {
+        "dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "mimo_v2_flash-small-f32": ("mimo_v2_flash", dict(SMALL, head_dim=8, v_head_dim=8, swa_v_head_dim=8), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -1797,7 +1954,7 @@ def random_weights(config, rng):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif config["model_type"] == "phixtral" and name.endswith("ln.weight"):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif "embed_tokens" in name or (config["model_type"] in ("qwen", "gptj", "openelm", "nanochat", "phixtral",
+        elif "embed_tokens" in name or name == "model.embedding.weight" or (config["model_type"] in ("qwen", "gptj", "openelm", "nanochat", "phixtral",
                                                                  "lille-130m")
                                         and name.endswith(("wte.weight", "token_embeddings.weight",
                                                            "tok_embeddings.weight"))):
@@ -1858,6 +2015,12 @@ def to_hf_names(config, weights, opts, rng):
                 [weights[k.replace("gate_proj", "up_proj")], v], axis=0)
         elif mt == "bailing_moe" and k.endswith(".mlp.gate.gate_proj.weight"):
             out[k.replace(".gate.gate_proj.", ".gate.")] = v
+        elif mt == "mimo_v2_flash" and ".mlp.switch_mlp." in k:
+            # HF's experts one by one: `mlp.experts.{e}.{proj}.weight`.
+            proj = k.split(".")[-2]
+            prefix = k.split(".mlp.switch_mlp.")[0]
+            for e in range(v.shape[0]):
+                out[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = np.ascontiguousarray(v[e])
         elif mt in ("deepseek_v2", "deepseek") and ".mlp.switch_mlp." in k:
             proj = k.split(".")[-2]
             prefix = k.split(".mlp.switch_mlp.")[0]
@@ -2284,6 +2447,38 @@ def write_dense(out, name, arch, overrides, opts):
         config["quantization_config"] = {"quant_method": "mxfp4"}
     if config["model_type"] == "llama4":
         config = llama4_nested(config)
+    if opts.get("mtp_layer"):
+        # A multi-token-prediction layer, dropped by sanitize.
+        weights["model.mtp.layers.0.proj.weight"] = np.ones((4, 4), np.float32)
+    if opts.get("laguna_hf"):
+        # Laguna's original layout: a bare router `mlp.gate.weight`, its bias under
+        # `experts.`, the experts one by one (sanitize moves and stacks them).
+        for k in [k for k in weights if ".mlp.gate.proj." in k or ".mlp.switch_mlp." in k
+                  or k.endswith(".mlp.gate.e_score_correction_bias")]:
+            v = weights.pop(k)
+            if ".mlp.gate.proj." in k:
+                weights[k.replace(".mlp.gate.proj.", ".mlp.gate.")] = v
+            elif k.endswith("e_score_correction_bias"):
+                weights[k.replace(".mlp.gate.", ".mlp.experts.")] = v
+            else:
+                for e in range(v.shape[0]):
+                    weights[k.replace(".mlp.switch_mlp.", f".mlp.experts.{e}.")] = np.ascontiguousarray(v[e])
+    if opts.get("language_model_prefix"):
+        weights = {f"language_model.{k}": v for k, v in weights.items()}
+    if opts.get("spark_hf_names"):
+        # An MLX conversion's embed_tokens name and a serialized RoPE buffer, both undone
+        # by sanitize.
+        weights["model.embed_tokens.weight"] = weights.pop("model.embedding.weight")
+        weights["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones((4,), np.float32)
+    if opts.get("glimmer_nested"):
+        # Meta's Muse Glimmer layout: the text keys under text_config (over the top-level
+        # ones), the text model under language_model.*, the vision tower beside it.
+        text = {k: v for k, v in config.items() if k != "model_type"}
+        config = {"model_type": config["model_type"], "text_config": text, "hidden_size": 8,
+                  "vision_config": {"hidden_size": 8}}
+        weights = {f"language_model.{k}": v for k, v in weights.items()}
+        weights["vision_tower.patch_embed.weight"] = np.ones((4, 4), np.float32)
+        weights["vision_adapter.proj.weight"] = np.ones((4, 4), np.float32)
     if opts.get("text_config"):
         text = dict(config, model_type=config["model_type"] + "_text")
         config = {"model_type": config["model_type"], "text_config": text,

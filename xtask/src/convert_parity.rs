@@ -187,6 +187,36 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-plamo", "plamo-q4", None),
     ("iquestloopcoder", "iquestloopcoder-f32", None),
     ("q-iquestloopcoder", "iquestloopcoder-q4", None),
+    ("plamo3", "plamo3-f32", None),
+    ("q-plamo3", "plamo3-q4", None),
+    ("muse_glimmer", "muse_glimmer-f32", None),
+    ("q-muse_glimmer", "muse_glimmer-q4", None),
+    (
+        "muse_glimmer-nested",
+        "muse_glimmer-f32-nested-tied-layertypes",
+        None,
+    ),
+    ("spark2_5", "spark2_5-f32", None),
+    ("q-spark2_5", "spark2_5-q4", None),
+    (
+        "spark2_5-hf",
+        "spark2_5-f32-bias-untied-layertypes-hd32",
+        None,
+    ),
+    ("laguna", "laguna-f32", None),
+    ("q-laguna", "laguna-q4", None),
+    (
+        "laguna-prefixed",
+        "laguna-f32-softcap-sqrtsoftplus-nogate-tied-hd32",
+        None,
+    ),
+    ("mimo_v2_flash", "mimo_v2_flash-f32", None),
+    ("q-mimo_v2_flash", "mimo_v2_flash-q4", None),
+    (
+        "mimo_v2_flash-fp8",
+        "mimo_v2_flash-f32-fp8-sinks-noshared",
+        None,
+    ),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -539,7 +569,12 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // expanded low-rank attention, dense MLPs, tied), Klear (its router kept at 8 bits,
     // expert_bias in its dtype), Mellum (its router kept at 8 bits), Talkie (a bare
     // lm_head parameter, never quantized; rotary buffers dropped), PLaMo (parallel
-    // layers under model.layers.layers), IQuest-Loop-Coder (its gate projections).
+    // layers under model.layers.layers), IQuest-Loop-Coder (its gate projections), PLaMo 3
+    // (fused qkv_proj / gate_up_proj, offset norms, a tied head), Muse Glimmer (its
+    // attention's gate_proj quantized too), Spark 2.5 (its per-head g_proj left dense by
+    // quant_predicate), Laguna (the original layout's experts stacked, its router kept at
+    // 8 bits, e_score_correction_bias in its dtype), MiMo-V2-Flash (HF's experts stacked,
+    // the MTP layer dropped, e_score_correction_bias in its dtype).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -550,12 +585,31 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("talkie", "q-talkie"),
         ("plamo", "q-plamo"),
         ("iquestloopcoder", "q-iquestloopcoder"),
+        ("plamo3", "q-plamo3"),
+        ("muse_glimmer", "q-muse_glimmer"),
+        ("spark2_5", "q-spark2_5"),
+        ("laguna", "q-laguna"),
+        ("mimo_v2_flash", "q-mimo_v2_flash"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);
         }
         add(quantized, "-d");
     }
+    // Muse Glimmer's nested layout: text_config over the top-level keys, the text model
+    // lifted out of language_model.* and the vision weights dropped by sanitize.
+    add("muse_glimmer-nested", "");
+    add("muse_glimmer-nested", "-q");
+    // Spark 2.5 with biases, an untied head, embed_tokens renamed to embedding and the
+    // rotary buffers dropped by sanitize.
+    add("spark2_5-hf", "");
+    add("spark2_5-hf", "-q");
+    // Laguna with every tensor under language_model. and a tied head.
+    add("laguna-prefixed", "");
+    add("laguna-prefixed", "-q");
+    // MiMo-V2-Flash's FP8 block-scaled checkpoint, dequantized by sanitize.
+    add("mimo_v2_flash-fp8", "");
+    add("mimo_v2_flash-fp8", "-q");
     // `MLX_CONVERT_FILTER=a,b`: only the cases whose name contains one of them.
     if let Ok(f) = std::env::var("MLX_CONVERT_FILTER") {
         let keys: Vec<&str> = f.split(',').filter(|k| !k.is_empty()).collect();

@@ -610,6 +610,20 @@ model_tests! {
     // IQuest-Loop-Coder: two runs of the layers, the second over rotating caches of 4.
     batched_decode_matches_alone_iquestloopcoder, prefilled_together_matches_alone_iquestloopcoder
         => "iquestloopcoder-small-f32", false;
+    // Muse Glimmer: sliding RoPE layers and a NoPE full one, a gated attention output.
+    batched_decode_matches_alone_muse_glimmer_sliding,
+    prefilled_together_matches_alone_muse_glimmer_sliding => "muse_glimmer-small-f32", false;
+    // Spark 2.5: sliding and full layers with partial RoPE, one gate per head.
+    batched_decode_matches_alone_spark2_5_sliding,
+    prefilled_together_matches_alone_spark2_5_sliding => "spark2_5-small-f32", false;
+    // Laguna: per-layer query heads, a softplus gate per head, sliding and full layers,
+    // routed experts plus a shared one.
+    batched_decode_matches_alone_laguna_sliding,
+    prefilled_together_matches_alone_laguna_sliding => "laguna-small-f32", false;
+    // MiMo-V2-Flash: sliding layers with sinks and their own head sizes, a full one,
+    // grouped experts plus shared ones.
+    batched_decode_matches_alone_mimo_v2_flash_sliding,
+    prefilled_together_matches_alone_mimo_v2_flash_sliding => "mimo_v2_flash-small-f32", false;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;
@@ -620,4 +634,16 @@ model_tests! {
     prefilled_together_matches_alone_gemma4_text_experts => "gemma4_text-small-f32-moe", false;
     batched_decode_matches_alone_gemma3n,
     prefilled_together_matches_alone_gemma3n => "gemma3n-small-f32", false;
+}
+
+// PLaMo 3: offset norms, a sliding layer and a full one. mlx-lm masks the sliding layers
+// with a window of `window_size + 1` over a `RotatingKVCache(window_size)`, which keeps
+// `window_size - 1` earlier positions for a multi-token call: a prompt prefilled in
+// chunks sees one position fewer at each later chunk's start than one prefilled at once
+// (in mlx-lm as here), so only batched decoding is compared with alone; the chunked,
+// right-padded prefill is checked against mlx-lm's `batch_generate` (mlx-engine's
+// batch_generate test).
+#[test]
+fn batched_decode_matches_alone_plamo3_sliding() {
+    check_model("plamo3-small-f32", false, false);
 }

@@ -835,3 +835,181 @@ fn iquestloopcoder_runs_two_loops_only() {
     missing.as_object_mut().unwrap().remove("head_dim");
     assert!(err(&missing).contains("head_dim"));
 }
+
+#[test]
+fn plamo3_defaults_its_keys_and_checks_heads_and_windows() {
+    // Every key has mlx-lm's default: 32 layers, a full layer every 8th.
+    let m = build_model(
+        &json!({"model_type": "plamo3", "hidden_size": 64, "head_dim": 16,
+                                "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "intermediate_size": 64, "vocab_size": 64}),
+    )
+    .unwrap();
+    assert_eq!((m.model_type(), m.num_layers()), ("plamo3", 32));
+    assert!(m.defines_make_cache());
+    let c = with(
+        base("plamo3"),
+        json!({"window_size": 4, "sliding_window_pattern": 2}),
+    );
+    assert!(build_model(&c).is_ok());
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"sliding_window_pattern": 0})));
+    assert!(e.contains("sliding_window_pattern"), "{e}");
+    let e = err(&with(c.clone(), json!({"sliding_window": 0})));
+    assert!(e.contains("sliding_window"), "{e}");
+    let e = err(&with(c, json!({"hidden_size": "wide"})));
+    assert!(e.contains("hidden_size"), "{e}");
+}
+
+#[test]
+fn muse_glimmer_reads_text_config_and_checks_its_layer_lists() {
+    let c = with(
+        base("muse_glimmer"),
+        json!({"num_hidden_layers": 4, "sliding_window": 4}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    // Meta's layout: the text keys under text_config override the top-level ones.
+    let nested = json!({"model_type": "muse_glimmer", "hidden_size": 8,
+                        "text_config": with(c.clone(), json!({"num_hidden_layers": 3}))});
+    let m = build_model(&nested).unwrap();
+    assert_eq!((m.model_type(), m.num_layers()), ("muse_glimmer", 3));
+    let e = err(&with(c.clone(), json!({"layer_types": ["full_attention"]})));
+    assert!(e.contains("layer_types"), "{e}");
+    let e = err(&with(c.clone(), json!({"layer_rope_theta": [1.0, 0.0]})));
+    assert!(e.contains("layer_rope_theta"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"rope_parameters": {"rope_theta": "big"}}),
+    ));
+    assert!(e.contains("rope_theta"), "{e}");
+    let e = err(&with(c.clone(), json!({"sliding_window": 0})));
+    assert!(e.contains("sliding_window"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&json!({"model_type": "muse_glimmer", "text_config": [1]}));
+    assert!(e.contains("text_config"), "{e}");
+}
+
+#[test]
+fn spark2_5_checks_its_layer_types_rope_parameters_and_gates() {
+    let rope = json!({"sliding_attention": {"rope_theta": 10000.0},
+                      "full_attention": {"rope_theta": 1e6, "partial_rotary_factor": 0.5}});
+    let c = with(
+        base("spark2_5"),
+        json!({"num_hidden_layers": 4, "sliding_window": 4, "rope_parameters": rope}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    let e = err(&with(c.clone(), json!({"layer_types": ["full_attention"]})));
+    assert!(e.contains("layer_types"), "{e}");
+    let types = json!([
+        "full_attention",
+        "chunked",
+        "full_attention",
+        "full_attention"
+    ]);
+    let e = err(&with(c.clone(), json!({"layer_types": types})));
+    assert!(e.contains("chunked"), "{e}");
+    let only_full = json!({"full_attention": {"rope_theta": 1e6}});
+    let e = err(&with(c.clone(), json!({"rope_parameters": only_full})));
+    assert!(e.contains("sliding_attention"), "{e}");
+    let odd = json!({"sliding_attention": {"partial_rotary_factor": 0.125},
+                     "full_attention": {}});
+    let e = err(&with(c.clone(), json!({"rope_parameters": odd})));
+    assert!(e.contains("rotary"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"hidden_act": "silu"})));
+    assert!(e.contains("hidden_act"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"headwise_attn_output_gate": false}),
+    ));
+    assert!(e.contains("headwise_attn_output_gate"), "{e}");
+    let e = err(&with(c.clone(), json!({"gate_attn_act_mode": "softmax"})));
+    assert!(e.contains("gate_attn_act_mode"), "{e}");
+    let mut missing = c;
+    missing.as_object_mut().unwrap().remove("sliding_window");
+    assert!(err(&missing).contains("sliding_window"));
+}
+
+#[test]
+fn laguna_checks_its_layer_lists_rope_and_router() {
+    let c = with(
+        base("laguna"),
+        json!({"num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16,
+               "sliding_window": 4,
+               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    let e = err(&with(c.clone(), json!({"layer_types": ["full_attention"]})));
+    assert!(e.contains("layer_types"), "{e}");
+    let only_sliding = json!([
+        "sliding_attention",
+        "sliding_attention",
+        "sliding_attention"
+    ]);
+    let e = err(&with(c.clone(), json!({"layer_types": only_sliding})));
+    assert!(e.contains("full_attention"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"num_attention_heads_per_layer": [4, 3, 4]}),
+    ));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"mlp_layer_types": ["dense"]})));
+    assert!(e.contains("mlp_layer_types"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"moe_router_score_func": "softmax"}),
+    ));
+    assert!(e.contains("moe_router_score_func"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 8})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let e = err(&with(c.clone(), json!({"partial_rotary_factor": 0.1})));
+    assert!(e.contains("rotary"), "{e}");
+    let e = err(&with(c.clone(), json!({"sliding_window": null})));
+    assert!(e.contains("sliding_window"), "{e}");
+    let rope = json!({"full_attention": {"rope_theta": "big"}});
+    let e = err(&with(c, json!({"rope_parameters": rope})));
+    assert!(e.contains("rope_theta"), "{e}");
+}
+
+#[test]
+fn mimo_v2_flash_needs_both_layer_kinds_and_a_known_router() {
+    let c = json!({"model_type": "mimo_v2_flash", "num_experts_per_tok": 2,
+        "hybrid_layer_pattern": [0, 1], "moe_layer_freq": [0, 1],
+        "add_swa_attention_sink_bias": true, "add_full_attention_sink_bias": false,
+        "sliding_window_size": 4, "vocab_size": 64, "hidden_size": 32,
+        "intermediate_size": 64, "moe_intermediate_size": 16, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "n_shared_experts": 1,
+        "n_routed_experts": 4, "routed_scaling_factor": null, "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid", "norm_topk_prob": true, "n_group": 1, "topk_group": 1,
+        "max_position_embeddings": 128, "layernorm_epsilon": 1e-5, "rope_theta": 1e6,
+        "swa_rope_theta": 1e4, "swa_num_attention_heads": 8, "swa_num_key_value_heads": 4,
+        "head_dim": 8, "v_head_dim": 4, "swa_head_dim": 8, "swa_v_head_dim": 8,
+        "partial_rotary_factor": 0.5});
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    let e = err(&with(c.clone(), json!({"hybrid_layer_pattern": [0, 0]})));
+    assert!(e.contains("hybrid_layer_pattern"), "{e}");
+    let e = err(&with(c.clone(), json!({"moe_layer_freq": [1]})));
+    assert!(e.contains("moe_layer_freq"), "{e}");
+    let e = err(&with(c.clone(), json!({"topk_method": "greedy"})));
+    assert!(e.contains("topk_method"), "{e}");
+    let e = err(&with(c.clone(), json!({"swa_num_key_value_heads": 3})));
+    assert!(e.contains("sliding"), "{e}");
+    let e = err(&with(c.clone(), json!({"partial_rotary_factor": 0.1})));
+    assert!(e.contains("partial_rotary_factor"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 5})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let mut missing = c;
+    missing
+        .as_object_mut()
+        .unwrap()
+        .remove("routed_scaling_factor");
+    assert!(err(&missing).contains("routed_scaling_factor"));
+}

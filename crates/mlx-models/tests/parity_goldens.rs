@@ -155,6 +155,11 @@ golden_tests! {
     talkie_gains_embedding_skip_logits_match_mlx_lm => "talkie-small-f32",
     plamo_tiled_heads_parallel_layers_logits_match_mlx_lm => "plamo-small-f32",
     iquestloopcoder_gated_loops_logits_match_mlx_lm => "iquestloopcoder-small-f32",
+    plamo3_offset_norms_sliding_logits_match_mlx_lm => "plamo3-small-f32",
+    muse_glimmer_gated_nope_softcapped_logits_match_mlx_lm => "muse_glimmer-small-f32",
+    spark2_5_head_gates_partial_rope_logits_match_mlx_lm => "spark2_5-small-f32",
+    laguna_per_layer_heads_routed_experts_logits_match_mlx_lm => "laguna-small-f32",
+    mimo_v2_flash_hybrid_sinks_grouped_experts_logits_match_mlx_lm => "mimo_v2_flash-small-f32",
 }
 
 #[test]

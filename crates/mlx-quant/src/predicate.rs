@@ -183,7 +183,9 @@ impl MixedPredicate {
 /// its `router.layer`), the qwen3_next family
 /// its router and shared-expert gate, granitemoehybrid its `router.layer`, lfm2_moe
 /// its `feed_forward.gate`, bailing_moe its `mlp.gate.gate_proj`, Gemma 4 its
-/// `router.proj` (affine, whatever the mode asked for).
+/// `router.proj` (affine, whatever the mode asked for), laguna its `mlp.gate.proj`;
+/// spark2_5 leaves its
+/// `self_attn.g_proj` dense.
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
     let eight_bits = || {
         let mut m = Map::new();
@@ -217,6 +219,13 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
         "lfm2_moe" => Some(choose(path.ends_with("feed_forward.gate"))),
         "bailing_moe" => Some(choose(path.ends_with("mlp.gate.gate_proj"))),
         "gemma4_text" | "gemma4" => Some(choose(path.ends_with("router.proj"))),
+        "laguna" => Some(choose(path.ends_with("mlp.gate.proj"))),
+        // The per-head attention gate stays in the source precision.
+        "spark2_5" => Some(if path.ends_with("self_attn.g_proj") {
+            LayerChoice::Skip
+        } else {
+            LayerChoice::Default
+        }),
         "granitemoe" => Some(choose(
             path.ends_with("block_sparse_moe.router.layer")
                 || path.ends_with("self_attn.o_proj")
@@ -229,14 +238,15 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
 
 /// The `cast_predicate` some mlx-lm models define: parameters `--dtype` leaves in their
 /// own dtype (the SSM decay `A_log` of qwen3_5 and nemotron_h, the router correction
-/// bias of glm4_moe (and solar_open), minimax, exaone_moe, the DeepSeek-V3 family (V3.2,
+/// bias of glm4_moe (and solar_open), minimax, exaone_moe, laguna, mimo_v2_flash, the
+/// DeepSeek-V3 family (V3.2,
 /// glm_moe_dsa, kimi_k25 and kimi_vl included),
 /// nemotron_h, and the `expert_bias` of lfm2_moe, bailing_moe and Klear).
 pub fn model_keeps_dtype(model_type: &str, path: &str) -> bool {
     match model_type {
         "glm4_moe" | "glm4_moe_lite" | "deepseek_v3" | "kimi_k2" | "joyai_llm_flash"
         | "kimi_k25" | "kimi_vl" | "deepseek_v32" | "glm_moe_dsa" | "solar_open" | "minimax"
-        | "exaone_moe" => path.contains("e_score_correction_bias"),
+        | "exaone_moe" | "laguna" | "mimo_v2_flash" => path.contains("e_score_correction_bias"),
         "lfm2_moe" | "bailing_moe" | "Klear" => path.contains("expert_bias"),
         "qwen3_5" | "qwen3_5_moe" => path.ends_with("A_log"),
         "nemotron_h" => path.contains("e_score_correction_bias") || path.contains("A_log"),

@@ -111,6 +111,11 @@ pub const TINY: &[&str] = &[
     "talkie-f32",
     "plamo-f32",
     "iquestloopcoder-f32",
+    "plamo3-f32",
+    "muse_glimmer-f32",
+    "spark2_5-f32",
+    "laguna-f32",
+    "mimo_v2_flash-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

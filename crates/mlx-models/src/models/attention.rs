@@ -64,6 +64,9 @@ pub(crate) enum HeadNorm {
     /// [`HeadNorm::Weightless`], then each head times its gain `head_g` (cast to the
     /// input's dtype; Talkie's queries).
     WeightlessGain(f32, Param),
+    /// [`HeadNorm::Weightless`] times a constant (Muse Glimmer's queries, scaled by
+    /// `qk_scale_factor` before the rotation).
+    WeightlessTimes(f32, f64),
 }
 
 impl HeadNorm {
@@ -77,6 +80,9 @@ impl HeadNorm {
                 let gain = g.astype(x.dtype())?.reshape(&[1, -1, 1, 1])?;
                 mlx_array::fast::rms_norm(x, None, *eps)?.multiply(&gain)
             }
+            HeadNorm::WeightlessTimes(eps, s) => {
+                mlx_array::fast::rms_norm(x, None, *eps)?.multiply(*s)
+            }
         }
     }
 }
@@ -87,7 +93,7 @@ impl Module for HeadNorm {
             HeadNorm::Rms(n) => n.visit_params(prefix, f),
             HeadNorm::Gemma(n) => n.visit_params(prefix, f),
             HeadNorm::PerHead(n) => n.visit_params(prefix, f),
-            HeadNorm::Weightless(_) => {}
+            HeadNorm::Weightless(_) | HeadNorm::WeightlessTimes(..) => {}
             HeadNorm::WeightlessGain(_, g) => f(&join(prefix, "head_g"), g),
         }
     }
@@ -96,7 +102,7 @@ impl Module for HeadNorm {
             HeadNorm::Rms(n) => n.visit_params_mut(prefix, f),
             HeadNorm::Gemma(n) => n.visit_params_mut(prefix, f),
             HeadNorm::PerHead(n) => n.visit_params_mut(prefix, f),
-            HeadNorm::Weightless(_) => {}
+            HeadNorm::Weightless(_) | HeadNorm::WeightlessTimes(..) => {}
             HeadNorm::WeightlessGain(_, g) => f(&join(prefix, "head_g"), g),
         }
     }
@@ -133,6 +139,25 @@ pub struct Attention {
     /// [1, n, 1, 1])`, PLaMo's shared heads), so query head `i` reads key head
     /// `i % n_kv_heads`.
     kv_tile: Option<i32>,
+    /// The merged heads times `sigmoid(gate(x))` before `o_proj` (Muse Glimmer's gated
+    /// output; Spark 2.5's one gate per head), the gate named as the checkpoint names it.
+    out_gate: Option<(&'static str, LinearLayer, OutGate)>,
+    /// The value heads times this before the cache (MiMo-V2-Flash's
+    /// `attention_value_scale`).
+    value_scale: Option<f64>,
+}
+
+/// How [`Attention::with_output_gate`]'s gate multiplies the attention output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OutGate {
+    /// One gate per output feature: `out * sigmoid(gate(x))` (Muse Glimmer).
+    PerFeature,
+    /// One gate per head, its sigmoid taken in float32 and cast to the output's dtype:
+    /// `out * sigmoid(gate(x).astype(float32)).astype(out.dtype)[..., None]` (Spark 2.5).
+    PerHeadF32,
+    /// One gate per head through the compiled `nn.softplus` in float32, cast to the
+    /// output's dtype (Laguna).
+    PerHeadSoftplusF32,
 }
 
 impl Module for Attention {
@@ -147,6 +172,9 @@ impl Module for Attention {
             }
         }
         self.o_proj.visit_params(&join(prefix, self.o_name), f);
+        if let Some((name, gate, _)) = &self.out_gate {
+            gate.visit_params(&join(prefix, name), f);
+        }
         let [q, k] = self.norm_names;
         self.q_norm.visit_params(&join(prefix, q), f);
         self.k_norm.visit_params(&join(prefix, k), f);
@@ -162,6 +190,9 @@ impl Module for Attention {
             }
         }
         self.o_proj.visit_params_mut(&join(prefix, self.o_name), f);
+        if let Some((name, gate, _)) = &mut self.out_gate {
+            gate.visit_params_mut(&join(prefix, name), f);
+        }
         let [q, k] = self.norm_names;
         self.q_norm.visit_params_mut(&join(prefix, q), f);
         self.k_norm.visit_params_mut(&join(prefix, k), f);
@@ -181,7 +212,11 @@ impl Module for Attention {
             }
         }
         self.o_proj
-            .visit_quantizable_mut(&join(prefix, self.o_name), f)
+            .visit_quantizable_mut(&join(prefix, self.o_name), f)?;
+        match &mut self.out_gate {
+            Some((name, gate, _)) => gate.visit_quantizable_mut(&join(prefix, name), f),
+            None => Ok(()),
+        }
     }
 }
 
@@ -207,6 +242,8 @@ impl Attention {
             scale,
             qkv: None,
             kv_tile: None,
+            out_gate: None,
+            value_scale: None,
         })
     }
 
@@ -243,6 +280,43 @@ impl Attention {
     pub(crate) fn with_tiled_kv(mut self, n: i32) -> Attention {
         self.kv_tile = Some(n);
         self
+    }
+
+    /// Value heads of `v_head_dim` features instead of `head_dim` (`v_proj` and `o_proj`
+    /// rebuilt for them; MiMo-V2-Flash), over a model of `dim` features.
+    pub(crate) fn with_v_head_dim(
+        mut self,
+        dim: i32,
+        v_head_dim: i32,
+        bias: bool,
+    ) -> crate::Result<Attention> {
+        self.v_proj = LinearLayer::new(dim, self.n_kv_heads * v_head_dim, bias)?;
+        self.o_proj = LinearLayer::new(self.n_heads * v_head_dim, dim, bias)?;
+        Ok(self)
+    }
+
+    /// Multiplies the value heads by `s` before the cache (see `value_scale`).
+    pub(crate) fn with_value_scale(mut self, s: Option<f64>) -> Attention {
+        self.value_scale = s;
+        self
+    }
+
+    /// Gates the merged heads by `sigmoid(gate(x))` before `o_proj` (see `out_gate`), the
+    /// gate a `Linear(dim, n)` named `name`, biased by `bias`, of `n` the output features
+    /// ([`OutGate::PerFeature`]) or the heads ([`OutGate::PerHeadF32`]).
+    pub(crate) fn with_output_gate(
+        mut self,
+        name: &'static str,
+        dim: i32,
+        bias: bool,
+        kind: OutGate,
+    ) -> crate::Result<Attention> {
+        let n = match kind {
+            OutGate::PerFeature => self.n_heads * self.head_dim,
+            OutGate::PerHeadF32 | OutGate::PerHeadSoftplusF32 => self.n_heads,
+        };
+        self.out_gate = Some((name, LinearLayer::new(dim, n, bias)?, kind));
+        Ok(self)
     }
 
     /// Adds `q_norm` and `k_norm` applied `at`; `norm(dims)` builds one of `dims` features.
@@ -365,7 +439,10 @@ impl Attention {
         };
         let queries = self.heads(&q, b, l, self.n_heads, self.q_norm.as_ref())?;
         let keys = self.heads(&k, b, l, self.n_kv_heads, self.k_norm.as_ref())?;
-        let values = split_heads(&v, b, l, self.n_kv_heads)?;
+        let mut values = split_heads(&v, b, l, self.n_kv_heads)?;
+        if let Some(s) = self.value_scale {
+            values = values.multiply(s)?;
+        }
         let after_rope = |q: Array, k: Array| -> Result<(Array, Array)> {
             match (&self.q_norm, &self.k_norm) {
                 (Some(qn), Some(kn)) => Ok((qn.forward(&q)?, kn.forward(&k)?)),
@@ -404,7 +481,24 @@ impl Attention {
         } else {
             scaled_dot_product_attention(&queries, &fetch, self.scale, mask, extras.sinks)?
         };
-        project_out(&self.o_proj, &merge_heads(&out, b, l)?, residual)
+        let out = merge_heads(&out, b, l)?;
+        let out = match &self.out_gate {
+            Some((_, gate, OutGate::PerFeature)) => out.multiply(&gate.forward(x)?.sigmoid()?)?,
+            Some((_, gate, kind)) => {
+                let g = gate.forward(x)?.astype(Dtype::Float32)?;
+                let g = if *kind == OutGate::PerHeadSoftplusF32 {
+                    mlx_nn::activations::softplus(&g)?
+                } else {
+                    g.sigmoid()?
+                };
+                let g = g.astype(out.dtype())?.expand_dims(&[-1])?;
+                out.reshape(&[b, l, self.n_heads, -1])?
+                    .multiply(&g)?
+                    .reshape(&[b, l, -1])?
+            }
+            None => out,
+        };
+        project_out(&self.o_proj, &out, residual)
     }
 
     /// mlx-lm's `get_qkv` (IQuest-Loop-Coder): the heads of q, k and v of `x` (no q/k

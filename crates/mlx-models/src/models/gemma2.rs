@@ -51,31 +51,39 @@ fn default_query_pre_attn_scalar() -> f64 {
     144.0
 }
 
-/// Gemma's RMS norm: `rms_norm(x, 1 + weight, eps)`.
+/// Gemma's RMS norm: `rms_norm(x, 1 + weight, eps)` (or another `offset + weight`).
 #[derive(Debug)]
 pub struct RmsNorm {
     weight: Param,
     eps: f32,
+    /// Added to the weight (1 for Gemma; PLaMo 3's post-norms use 1/5 and 1/5^1.5).
+    offset: f64,
 }
 impl_module!(RmsNorm { weight });
 
 impl RmsNorm {
     /// A norm with a zero weight (the checkpoint stores `weight`, applied as `1 + weight`).
     pub fn new(dims: i32, eps: f64) -> crate::Result<RmsNorm> {
+        RmsNorm::with_offset(dims, eps, 1.0)
+    }
+
+    /// A norm applied as `rms_norm(x, weight + offset, eps)` (PLaMo 3's `RMSNorm`).
+    pub fn with_offset(dims: i32, eps: f64, offset: f64) -> crate::Result<RmsNorm> {
         Ok(RmsNorm {
             weight: Param::new(ops::ones(&[dims], Dtype::Float32)?),
             eps: eps as f32,
+            offset,
         })
     }
 
-    /// The weight (applied as `1 + weight`), mutably (AWQ).
+    /// The weight (applied as `offset + weight`), mutably (AWQ, on Gemma's offset of 1).
     pub(crate) fn weight_mut(&mut self) -> &mut Param {
         &mut self.weight
     }
 
-    /// `mx.fast.rms_norm(x, 1.0 + weight, eps)`.
+    /// `mx.fast.rms_norm(x, offset + weight, eps)`, the offset in the weight's dtype.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let w = Array::weak_scalar(mlx_array::Scalar::Float(1.0), self.weight.dtype())?
+        let w = Array::weak_scalar(mlx_array::Scalar::Float(self.offset), self.weight.dtype())?
             .add(&self.weight)?;
         fast::rms_norm(x, Some(&w), self.eps)
     }

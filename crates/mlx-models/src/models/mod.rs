@@ -174,6 +174,11 @@ architectures! {
     talkie,
     plamo,
     iquestloopcoder,
+    plamo3,
+    muse_glimmer,
+    spark2_5,
+    laguna,
+    mimo_v2_flash,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
