@@ -10,41 +10,9 @@
 //! the same way.
 mod common;
 
-use common::{check, tensors, TempDir};
+use common::{calibration_home, check, help_flags, read_json, run_with_home, tensors, TempDir};
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-/// A temporary HOME whose mlx-lm cache holds a calibration text of several sequences of
-/// 16 or 32 tokens.
-fn home(tmp: &TempDir) -> std::path::PathBuf {
-    let home = tmp.0.join("home");
-    let cache = home.join(".cache/mlx-lm");
-    std::fs::create_dir_all(&cache).unwrap();
-    let text = [
-        "the quick brown fox jumps over the lazy dog while a small cat sleeps",
-        "rivers carry silt to the sea and the delta grows a little every spring",
-        "seven bakers argued about bread until the ovens cooled in the night",
-        "a lighthouse keeper counted ships and wrote their names in a blue book",
-        "numbers like 1024 and 3.14159 appear in code, tables and old letters",
-        "when the train stopped, everyone looked out at the snow on the hills",
-    ]
-    .join(" ");
-    std::fs::write(cache.join("calibration_v5.txt"), text).unwrap();
-    home
-}
-
-fn awq(bin: &str, home: &Path, args: &[&str]) -> Output {
-    Command::new(bin)
-        .args(args)
-        .env("HOME", home)
-        .env_remove("MLX_LOG")
-        .output()
-        .expect("the command starts")
-}
+use std::process::Command;
 
 /// Tiny random models of the architectures AWQ covers besides the committed ones, made
 /// with mlx-lm's classes (`mx.random.seed(5)`): Qwen2 (biased q/k/v, tied) over the real
@@ -129,7 +97,7 @@ make("gemma3", "gemma3", dict(model_type="gemma3", vocab_size=gemma_cfg["vocab_s
 fn awq_matches_mlx_lm_awq_command() {
     let py = common::mlx_lm_python("mlx_lm.quant.awq");
     let tmp = TempDir::new("awq");
-    let home = home(&tmp);
+    let home = calibration_home(&tmp);
     // `--n-grid 1`: no clipping step runs, so every weight clips to zero and each block
     // falls back to its original weights, plainly quantized (mlx-lm's fallback path).
     let cases: [(&str, &str, Vec<&str>); 6] = [
@@ -193,7 +161,7 @@ fn awq_matches_mlx_lm_awq_command() {
         args.extend(&flags);
         let mut o = args.clone();
         o.extend(["--mlx-path", ours.to_str().unwrap()]);
-        let out = awq(env!("CARGO_BIN_EXE_mlx-awq"), &home, &o);
+        let out = run_with_home(env!("CARGO_BIN_EXE_mlx-awq"), &home, &o);
         check(&out, "mlx-awq");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
@@ -211,7 +179,10 @@ fn awq_matches_mlx_lm_awq_command() {
         let mut t = vec!["-m", "mlx_lm", "awq"];
         t.extend(&args);
         t.extend(["--mlx-path", theirs.to_str().unwrap()]);
-        check(&awq(py.to_str().unwrap(), &home, &t), "mlx_lm.awq");
+        check(
+            &run_with_home(py.to_str().unwrap(), &home, &t),
+            "mlx_lm.awq",
+        );
         let (want, got) = (tensors(&theirs), tensors(&ours));
         assert_eq!(
             want.keys().collect::<Vec<_>>(),
@@ -222,8 +193,8 @@ fn awq_matches_mlx_lm_awq_command() {
             assert!(w == &got[k], "{tag}: {k} differs from mlx-lm's");
         }
         let (wc, gc) = (
-            json(&theirs.join("config.json")),
-            json(&ours.join("config.json")),
+            read_json(&theirs.join("config.json")),
+            read_json(&ours.join("config.json")),
         );
         assert_eq!(wc["quantization"], gc["quantization"], "{tag}");
         assert_eq!(
@@ -259,7 +230,7 @@ fn awq_matches_mlx_lm_awq_command() {
 #[test]
 fn awq_refuses_what_it_cannot_quantize_with_a_message() {
     let tmp = TempDir::new("awq-bad");
-    let home = home(&tmp);
+    let home = calibration_home(&tmp);
     let out_dir = tmp.0.join("out");
     let llama = common::golden_model("llama-small-f32");
     // A Llama checkpoint under a Granite config (an architecture AWQ does not cover).
@@ -270,7 +241,7 @@ fn awq_refuses_what_it_cannot_quantize_with_a_message() {
         let e = e.unwrap();
         std::fs::copy(e.path(), granite.join(e.file_name())).unwrap();
     }
-    let mut cfg = json(&granite.join("config.json"));
+    let mut cfg = read_json(&granite.join("config.json"));
     for (k, v) in [
         ("model_type", serde_json::json!("granite")),
         ("embedding_multiplier", serde_json::json!(1.0)),
@@ -315,7 +286,7 @@ fn awq_refuses_what_it_cannot_quantize_with_a_message() {
             out_dir.to_str().unwrap(),
         ];
         args.extend(&flags);
-        let out = awq(env!("CARGO_BIN_EXE_mlx-awq"), &home, &args);
+        let out = run_with_home(env!("CARGO_BIN_EXE_mlx-awq"), &home, &args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success() && stderr.contains(want),
@@ -331,15 +302,6 @@ fn awq_refuses_what_it_cannot_quantize_with_a_message() {
 #[test]
 fn awq_takes_every_mlx_lm_awq_flag() {
     let py = common::mlx_lm_python("mlx_lm.quant.awq");
-    let flags = |text: &str| -> std::collections::BTreeSet<String> {
-        text.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
-            .filter(|w| w.starts_with("--") && w.len() > 2)
-            .map(|w| {
-                w.trim_end_matches(|c: char| !c.is_alphanumeric())
-                    .to_string()
-            })
-            .collect()
-    };
     let theirs = Command::new(&py)
         .args(["-m", "mlx_lm", "awq", "--help"])
         .output()
@@ -351,8 +313,8 @@ fn awq_takes_every_mlx_lm_awq_flag() {
         .unwrap();
     check(&ours, "mlx-awq --help");
     let (theirs, ours) = (
-        flags(&String::from_utf8_lossy(&theirs.stdout)),
-        flags(&String::from_utf8_lossy(&ours.stdout)),
+        help_flags(&String::from_utf8_lossy(&theirs.stdout)),
+        help_flags(&String::from_utf8_lossy(&ours.stdout)),
     );
     assert!(theirs.len() >= 10, "{theirs:?}");
     let missing: Vec<_> = theirs.difference(&ours).collect();

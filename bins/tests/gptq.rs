@@ -5,47 +5,14 @@
 //! output loads and generates. Bad flags are refused with a message.
 mod common;
 
-use common::{check, tensors, TempDir};
-use std::path::Path;
-use std::process::{Command, Output};
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-/// A temporary HOME whose mlx-lm cache holds a calibration text of several 32-token
-/// sequences, each unlike the others (so their order shows in the Hessians' sums).
-fn home(tmp: &TempDir) -> std::path::PathBuf {
-    let home = tmp.0.join("home");
-    let cache = home.join(".cache/mlx-lm");
-    std::fs::create_dir_all(&cache).unwrap();
-    let text = [
-        "the quick brown fox jumps over the lazy dog while a small cat sleeps",
-        "rivers carry silt to the sea and the delta grows a little every spring",
-        "seven bakers argued about bread until the ovens cooled in the night",
-        "a lighthouse keeper counted ships and wrote their names in a blue book",
-        "numbers like 1024 and 3.14159 appear in code, tables and old letters",
-        "when the train stopped, everyone looked out at the snow on the hills",
-    ]
-    .join(" ");
-    std::fs::write(cache.join("calibration_v5.txt"), text).unwrap();
-    home
-}
-
-fn gptq(bin: &str, home: &Path, args: &[&str]) -> Output {
-    Command::new(bin)
-        .args(args)
-        .env("HOME", home)
-        .env_remove("MLX_LOG")
-        .output()
-        .expect("the command starts")
-}
+use common::{calibration_home, check, help_flags, read_json, run_with_home, tensors, TempDir};
+use std::process::Command;
 
 #[test]
 fn gptq_matches_mlx_lm_gptq_command() {
     let py = common::mlx_lm_python("mlx_lm.quant.gptq");
     let tmp = TempDir::new("gptq");
-    let home = home(&tmp);
+    let home = calibration_home(&tmp);
     let model = common::golden_model("llama-small-f32");
     let model = model.to_str().unwrap();
     for (name, flags) in [
@@ -75,7 +42,7 @@ fn gptq_matches_mlx_lm_gptq_command() {
         args.extend(&flags);
         let mut o = args.clone();
         o.extend(["--mlx-path", ours.to_str().unwrap()]);
-        let out = gptq(env!("CARGO_BIN_EXE_mlx-gptq"), &home, &o);
+        let out = run_with_home(env!("CARGO_BIN_EXE_mlx-gptq"), &home, &o);
         check(&out, "mlx-gptq");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
@@ -87,7 +54,10 @@ fn gptq_matches_mlx_lm_gptq_command() {
         let mut t = vec!["-m", "mlx_lm.quant.gptq"];
         t.extend(&args);
         t.extend(["--mlx-path", theirs.to_str().unwrap()]);
-        check(&gptq(py.to_str().unwrap(), &home, &t), "mlx_lm.gptq");
+        check(
+            &run_with_home(py.to_str().unwrap(), &home, &t),
+            "mlx_lm.gptq",
+        );
         let (want, got) = (tensors(&theirs), tensors(&ours));
         assert_eq!(
             want.keys().collect::<Vec<_>>(),
@@ -98,8 +68,8 @@ fn gptq_matches_mlx_lm_gptq_command() {
             assert!(w == &got[k], "{name}: {k} differs from mlx-lm's");
         }
         let (wc, gc) = (
-            json(&theirs.join("config.json")),
-            json(&ours.join("config.json")),
+            read_json(&theirs.join("config.json")),
+            read_json(&ours.join("config.json")),
         );
         assert_eq!(wc["quantization"], gc["quantization"], "{name}");
         assert_eq!(
@@ -126,7 +96,7 @@ fn gptq_matches_mlx_lm_gptq_command() {
 #[test]
 fn gptq_refuses_bad_flags_with_a_message() {
     let tmp = TempDir::new("gptq-bad");
-    let home = home(&tmp);
+    let home = calibration_home(&tmp);
     let model = common::golden_model("llama-small-f32");
     let out_dir = tmp.0.join("out");
     for (flags, want) in [
@@ -147,7 +117,7 @@ fn gptq_refuses_bad_flags_with_a_message() {
             out_dir.to_str().unwrap(),
         ];
         args.extend(&flags);
-        let out = gptq(env!("CARGO_BIN_EXE_mlx-gptq"), &home, &args);
+        let out = run_with_home(env!("CARGO_BIN_EXE_mlx-gptq"), &home, &args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success() && stderr.contains(want),
@@ -163,15 +133,6 @@ fn gptq_refuses_bad_flags_with_a_message() {
 #[test]
 fn gptq_takes_every_mlx_lm_gptq_flag() {
     let py = common::mlx_lm_python("mlx_lm.quant.gptq");
-    let flags = |text: &str| -> std::collections::BTreeSet<String> {
-        text.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
-            .filter(|w| w.starts_with("--") && w.len() > 2)
-            .map(|w| {
-                w.trim_end_matches(|c: char| !c.is_alphanumeric())
-                    .to_string()
-            })
-            .collect()
-    };
     let theirs = Command::new(&py)
         .args(["-m", "mlx_lm.quant.gptq", "--help"])
         .output()
@@ -183,8 +144,8 @@ fn gptq_takes_every_mlx_lm_gptq_flag() {
         .unwrap();
     check(&ours, "mlx-gptq --help");
     let (theirs, ours) = (
-        flags(&String::from_utf8_lossy(&theirs.stdout)),
-        flags(&String::from_utf8_lossy(&ours.stdout)),
+        help_flags(&String::from_utf8_lossy(&theirs.stdout)),
+        help_flags(&String::from_utf8_lossy(&ours.stdout)),
     );
     assert!(theirs.len() >= 10, "{theirs:?}");
     let missing: Vec<_> = theirs.difference(&ours).collect();

@@ -238,3 +238,49 @@ pub fn tensors(dir: &Path) -> std::collections::BTreeMap<String, (String, Vec<i3
     assert!(!out.is_empty(), "no weights saved in {}", dir.display());
     out
 }
+
+/// A temporary HOME (under `tmp`) whose mlx-lm cache holds a calibration text of several
+/// sequences of 16 or 32 tokens, each unlike the others (so their order shows): what
+/// `mlx_lm.gptq` / `mlx_lm.awq` and ours read as `~/.cache/mlx-lm/calibration_v5.txt`.
+pub fn calibration_home(tmp: &TempDir) -> PathBuf {
+    let home = tmp.0.join("home");
+    let cache = home.join(".cache/mlx-lm");
+    std::fs::create_dir_all(&cache).unwrap();
+    let text = [
+        "the quick brown fox jumps over the lazy dog while a small cat sleeps",
+        "rivers carry silt to the sea and the delta grows a little every spring",
+        "seven bakers argued about bread until the ovens cooled in the night",
+        "a lighthouse keeper counted ships and wrote their names in a blue book",
+        "numbers like 1024 and 3.14159 appear in code, tables and old letters",
+        "when the train stopped, everyone looked out at the snow on the hills",
+    ]
+    .join(" ");
+    std::fs::write(cache.join("calibration_v5.txt"), text).unwrap();
+    home
+}
+
+/// The `--flag` names a command's `--help` text lists.
+pub fn help_flags(text: &str) -> std::collections::BTreeSet<String> {
+    text.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+        .map(|w| {
+            w.trim_end_matches(|c: char| !c.is_alphanumeric())
+                .to_string()
+        })
+        .collect()
+}
+
+/// A JSON file's value.
+pub fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Runs `bin` with `args` and `HOME` set to `home` (no `MLX_LOG`).
+pub fn run_with_home(bin: &str, home: &Path, args: &[&str]) -> Output {
+    Command::new(bin)
+        .args(args)
+        .env("HOME", home)
+        .env_remove("MLX_LOG")
+        .output()
+        .expect("the command starts")
+}
