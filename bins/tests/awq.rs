@@ -265,6 +265,23 @@ fn awq_refuses_what_it_cannot_quantize_with_a_message() {
         (&llama, vec!["--n-grid", "0"], "--n-grid must be at least 1"),
         (
             &llama,
+            vec!["--sequence-length", "32"],
+            "layer 0 self_attn.q_proj: input dimension 32 is not a multiple of the group size 64",
+        ),
+        (
+            &llama,
+            vec![
+                "--group-size",
+                "32",
+                "--embed-group-size",
+                "64",
+                "--sequence-length",
+                "32",
+            ],
+            "embed_tokens: input dimension 32 is not a multiple of the group size 64",
+        ),
+        (
+            &llama,
             vec!["--group-size", "32", "--sequence-length", "4096"],
             "fewer than one sequence",
         ),

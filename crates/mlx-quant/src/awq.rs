@@ -535,6 +535,7 @@ pub fn awq_quantize(
     let awq = model.model.as_awq_mut().ok_or_else(|| {
         QuantError::Unsupported(format!("the {model_type} model gives AWQ no layer access"))
     })?;
+    check_group_sizes(awq, opts)?;
     let embed = awq.embed_tokens_mut();
     embed.quantize(embed_spec)?;
     let mut inputs = embed.forward(data)?;
@@ -592,6 +593,58 @@ pub fn awq_quantize(
     let specs = layer_specs(model.module_mut()?)?;
     let section = quantization_section(model.module()?, specs)?;
     set_quantization(model, section);
+    Ok(())
+}
+
+/// Every layer AWQ quantizes has an input size its group size divides (mlx-lm fails
+/// inside `mx.quantize` without naming the layer).
+fn check_group_sizes(awq: &mut dyn mlx_models::awq::AwqModel, opts: &AwqOptions) -> Result<()> {
+    const NAMES: [&str; 7] = [
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    ];
+    let bad = |what: String, dims: i32, gs: i32, flag: &str| {
+        QuantError::Options(format!(
+            "{what}: input dimension {dims} is not a multiple of the group size {gs} ({flag})"
+        ))
+    };
+    let embed_dims = awq
+        .embed_tokens_mut()
+        .dense_weight_shape()
+        .last()
+        .copied()
+        .unwrap_or(0);
+    if embed_dims % opts.embed_group_size != 0 {
+        return Err(bad(
+            "embed_tokens".into(),
+            embed_dims,
+            opts.embed_group_size,
+            "--embed-group-size",
+        ));
+    }
+    for (index, block) in awq.awq_blocks().into_iter().enumerate() {
+        let mut p = parts(block, index)?;
+        for (i, name) in NAMES.iter().enumerate() {
+            let dims = linear(&mut p, i)
+                .dense_weight_shape()
+                .last()
+                .copied()
+                .unwrap_or(0);
+            if dims % opts.group_size != 0 {
+                return Err(bad(
+                    format!("layer {index} {name}"),
+                    dims,
+                    opts.group_size,
+                    "--group-size",
+                ));
+            }
+        }
+    }
     Ok(())
 }
 
