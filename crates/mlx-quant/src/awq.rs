@@ -21,9 +21,10 @@
 //! / Qwen3 with one configuration and Gemma 3 with another (gate/up scaled through
 //! `pre_feedforward_layernorm`, norms of `1 + weight`), both here; its DeepSeek-V2 one is
 //! not ported ([`SUPPORTED`]).
+use crate::dynamic::qdq;
 use crate::error::{QuantError, Result};
 use crate::model::{layer_specs, set_quantization, LoadedModel};
-use mlx_array::quant::{dequantize, quantize, QuantMode};
+use mlx_array::quant::QuantMode;
 use mlx_array::{ops, transforms, Array, Dtype, Scalar};
 use mlx_models::awq::{AwqBlock, AwqParts};
 use mlx_nn::{AttnMask, LinearLayer, Module, Param, QuantSpec, Quantizable};
@@ -135,20 +136,6 @@ fn loss(out: &Array, out_q: &Array) -> Result<f32> {
     let l = l.divide(&weak_int(out.size() as i64, &l)?)?;
     transforms::eval(&[&l])?;
     Ok(l.item::<f32>()?)
-}
-
-/// `quantize_func`: quantize, then dequantize.
-fn qdq(w: &Array, opts: &AwqOptions) -> Result<Array> {
-    let q = quantize(w, Some(opts.group_size), Some(opts.bits), QuantMode::Affine)?;
-    Ok(dequantize(
-        &q.weight,
-        &q.scales,
-        q.biases.as_ref(),
-        Some(opts.group_size),
-        Some(opts.bits),
-        QuantMode::Affine,
-        None,
-    )?)
 }
 
 fn linear<'p>(p: &'p mut AwqParts<'_>, i: usize) -> &'p mut LinearLayer {
@@ -263,22 +250,15 @@ fn capture(
         ids
     };
     let mut feats: Vec<Vec<Array>> = vec![Vec::new(); 7];
-    let n = x.dim(0)?;
-    let mut ys = Vec::new();
-    for start in (0..n).step_by(BATCH as usize) {
-        let xb = x.slice_axis(0, start, (start + BATCH).min(n))?;
-        let (y, seen) = mlx_nn::tap::record_inputs(|| block.forward_block(&xb, mask));
-        ys.push(y?);
+    let out = run_layer(x, |xb| {
+        let (y, seen) = mlx_nn::tap::record_inputs(|| block.forward_block(xb, mask));
         for (id, input) in seen {
             if let Some(i) = ids.iter().position(|&w| w == id) {
                 feats[i].push(input);
             }
         }
-        let refs: Vec<&Array> = ys.iter().collect();
-        transforms::eval(&refs)?;
-    }
-    let refs: Vec<&Array> = ys.iter().collect();
-    let out = ops::concatenate(&refs, 0)?;
+        y
+    })?;
     let mut inputs = Vec::with_capacity(7);
     for (i, f) in feats.iter().enumerate() {
         if f.is_empty() {
@@ -363,7 +343,10 @@ fn search_best_scale(
         {
             let mut p = parts(block, index)?;
             for (&i, w) in layers.iter().zip(&originals) {
-                set_weight(linear(&mut p, i), qdq(&w.multiply(&s)?, opts)?.divide(&s)?);
+                set_weight(
+                    linear(&mut p, i),
+                    qdq(&w.multiply(&s)?, opts.bits, opts.group_size)?.divide(&s)?,
+                );
             }
         }
         let out_q = run_layer(x, |xb| run_scope(block, index, scope, xb, mask))?;
@@ -472,7 +455,8 @@ fn search_best_clip(feat: &Array, w: &Array, opts: &AwqOptions) -> Result<Array>
             let w_m = wg
                 .clip(Some(&w_max.negative()?), Some(&w_max))?
                 .reshape(&wb_shape)?;
-            let w_q = qdq(&w_m, opts)?;
+            // quantize_func
+            let w_q = qdq(&w_m, opts.bits, opts.group_size)?;
             let w_q = w_q.reshape(&[wb_shape[0], -1, gs])?;
             let out_q = ops::einsum("bdg,odg->bod", &[&x, &w_q])?;
             let l = mse(&out, &out_q)?.sum(Some(&[0]), false)?;

@@ -86,7 +86,9 @@ pub fn calibration_data(
     Ok(data.take(&order, Some(0))?)
 }
 
-fn qdq(w: &Array, bits: i32, group_size: i32) -> Result<Array> {
+/// `mx.dequantize(*mx.quantize(w, group_size, bits))` (affine): the weight as its
+/// quantization reads it back.
+pub(crate) fn qdq(w: &Array, bits: i32, group_size: i32) -> Result<Array> {
     let q = quantize(w, Some(group_size), Some(bits), QuantMode::Affine)?;
     Ok(dequantize(
         &q.weight,
