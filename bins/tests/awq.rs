@@ -10,7 +10,10 @@
 //! the same way.
 mod common;
 
-use common::{calibration_home, check, help_flags, read_json, run_with_home, tensors, TempDir};
+use common::{
+    assert_same_quantized_model, assert_takes_mlx_lm_flags, calibration_home, check, read_json,
+    run_with_home, TempDir,
+};
 use std::path::Path;
 use std::process::Command;
 
@@ -183,24 +186,7 @@ fn awq_matches_mlx_lm_awq_command() {
             &run_with_home(py.to_str().unwrap(), &home, &t),
             "mlx_lm.awq",
         );
-        let (want, got) = (tensors(&theirs), tensors(&ours));
-        assert_eq!(
-            want.keys().collect::<Vec<_>>(),
-            got.keys().collect::<Vec<_>>(),
-            "{tag}"
-        );
-        for (k, w) in &want {
-            assert!(w == &got[k], "{tag}: {k} differs from mlx-lm's");
-        }
-        let (wc, gc) = (
-            read_json(&theirs.join("config.json")),
-            read_json(&ours.join("config.json")),
-        );
-        assert_eq!(wc["quantization"], gc["quantization"], "{tag}");
-        assert_eq!(
-            wc["quantization_config"], gc["quantization_config"],
-            "{tag}"
-        );
+        let gc = assert_same_quantized_model(&theirs, &ours, &tag);
         let rope = gc["quantization"]
             .as_object()
             .unwrap()
@@ -319,26 +305,10 @@ fn awq_refuses_what_it_cannot_quantize_with_a_message() {
 #[test]
 fn awq_takes_every_mlx_lm_awq_flag() {
     let py = common::mlx_lm_python("mlx_lm.quant.awq");
-    let theirs = Command::new(&py)
-        .args(["-m", "mlx_lm", "awq", "--help"])
-        .output()
-        .unwrap();
-    check(&theirs, "mlx_lm.awq --help");
-    let ours = Command::new(env!("CARGO_BIN_EXE_mlx-awq"))
-        .arg("--help")
-        .output()
-        .unwrap();
-    check(&ours, "mlx-awq --help");
-    let (theirs, ours) = (
-        help_flags(&String::from_utf8_lossy(&theirs.stdout)),
-        help_flags(&String::from_utf8_lossy(&ours.stdout)),
+    assert_takes_mlx_lm_flags(
+        &py,
+        &["-m", "mlx_lm", "awq"],
+        env!("CARGO_BIN_EXE_mlx-awq"),
+        &["--data", "--version"],
     );
-    assert!(theirs.len() >= 10, "{theirs:?}");
-    let missing: Vec<_> = theirs.difference(&ours).collect();
-    assert!(
-        missing.is_empty(),
-        "mlx_lm.awq flags mlx-awq lacks: {missing:?}"
-    );
-    let extra: Vec<_> = ours.difference(&theirs).collect();
-    assert_eq!(extra, ["--data", "--version"], "our own flags");
 }

@@ -5,8 +5,10 @@
 //! output loads and generates. Bad flags are refused with a message.
 mod common;
 
-use common::{calibration_home, check, help_flags, read_json, run_with_home, tensors, TempDir};
-use std::process::Command;
+use common::{
+    assert_same_quantized_model, assert_takes_mlx_lm_flags, calibration_home, check, run_with_home,
+    TempDir,
+};
 
 #[test]
 fn gptq_matches_mlx_lm_gptq_command() {
@@ -58,24 +60,7 @@ fn gptq_matches_mlx_lm_gptq_command() {
             &run_with_home(py.to_str().unwrap(), &home, &t),
             "mlx_lm.gptq",
         );
-        let (want, got) = (tensors(&theirs), tensors(&ours));
-        assert_eq!(
-            want.keys().collect::<Vec<_>>(),
-            got.keys().collect::<Vec<_>>(),
-            "{name}"
-        );
-        for (k, w) in &want {
-            assert!(w == &got[k], "{name}: {k} differs from mlx-lm's");
-        }
-        let (wc, gc) = (
-            read_json(&theirs.join("config.json")),
-            read_json(&ours.join("config.json")),
-        );
-        assert_eq!(wc["quantization"], gc["quantization"], "{name}");
-        assert_eq!(
-            wc["quantization_config"], gc["quantization_config"],
-            "{name}"
-        );
+        assert_same_quantized_model(&theirs, &ours, name);
         assert!(stdout.contains("Quantized model with "), "{stdout}");
         // The quantized model loads and generates.
         let gen = common::generate(
@@ -133,30 +118,10 @@ fn gptq_refuses_bad_flags_with_a_message() {
 #[test]
 fn gptq_takes_every_mlx_lm_gptq_flag() {
     let py = common::mlx_lm_python("mlx_lm.quant.gptq");
-    let theirs = Command::new(&py)
-        .args(["-m", "mlx_lm.quant.gptq", "--help"])
-        .output()
-        .unwrap();
-    check(&theirs, "mlx_lm.gptq --help");
-    let ours = Command::new(env!("CARGO_BIN_EXE_mlx-gptq"))
-        .arg("--help")
-        .output()
-        .unwrap();
-    check(&ours, "mlx-gptq --help");
-    let (theirs, ours) = (
-        help_flags(&String::from_utf8_lossy(&theirs.stdout)),
-        help_flags(&String::from_utf8_lossy(&ours.stdout)),
-    );
-    assert!(theirs.len() >= 10, "{theirs:?}");
-    let missing: Vec<_> = theirs.difference(&ours).collect();
-    assert!(
-        missing.is_empty(),
-        "mlx_lm.gptq flags mlx-gptq lacks: {missing:?}"
-    );
-    let extra: Vec<_> = ours.difference(&theirs).collect();
-    assert_eq!(
-        extra,
-        ["--data", "--hessian-float32", "--version"],
-        "our own flags"
+    assert_takes_mlx_lm_flags(
+        &py,
+        &["-m", "mlx_lm.quant.gptq"],
+        env!("CARGO_BIN_EXE_mlx-gptq"),
+        &["--data", "--hessian-float32", "--version"],
     );
 }

@@ -284,3 +284,53 @@ pub fn run_with_home(bin: &str, home: &Path, args: &[&str]) -> Output {
         .output()
         .expect("the command starts")
 }
+
+/// Asserts that `ours` holds the same tensors, bit for bit, and the same `quantization`
+/// and `quantization_config` sections as mlx-lm's output `theirs`; returns our
+/// config.json.
+pub fn assert_same_quantized_model(theirs: &Path, ours: &Path, tag: &str) -> serde_json::Value {
+    let (want, got) = (tensors(theirs), tensors(ours));
+    assert_eq!(
+        want.keys().collect::<Vec<_>>(),
+        got.keys().collect::<Vec<_>>(),
+        "{tag}"
+    );
+    for (k, w) in &want {
+        assert!(w == &got[k], "{tag}: {k} differs from mlx-lm's");
+    }
+    let (wc, gc) = (
+        read_json(&theirs.join("config.json")),
+        read_json(&ours.join("config.json")),
+    );
+    assert_eq!(wc["quantization"], gc["quantization"], "{tag}");
+    assert_eq!(
+        wc["quantization_config"], gc["quantization_config"],
+        "{tag}"
+    );
+    gc
+}
+
+/// Asserts that our command `ours` (`--help`) takes every flag mlx-lm's (`python
+/// theirs_args... --help`) lists, and has only `extra` besides.
+pub fn assert_takes_mlx_lm_flags(py: &Path, theirs_args: &[&str], ours: &str, extra: &[&str]) {
+    let theirs_out = Command::new(py)
+        .args(theirs_args)
+        .arg("--help")
+        .output()
+        .unwrap();
+    check(&theirs_out, &format!("{theirs_args:?} --help"));
+    let ours_out = Command::new(ours).arg("--help").output().unwrap();
+    check(&ours_out, &format!("{ours} --help"));
+    let (theirs, ours_flags) = (
+        help_flags(&String::from_utf8_lossy(&theirs_out.stdout)),
+        help_flags(&String::from_utf8_lossy(&ours_out.stdout)),
+    );
+    assert!(theirs.len() >= 10, "{theirs:?}");
+    let missing: Vec<_> = theirs.difference(&ours_flags).collect();
+    assert!(
+        missing.is_empty(),
+        "{theirs_args:?} flags {ours} lacks: {missing:?}"
+    );
+    let own: Vec<_> = ours_flags.difference(&theirs).collect();
+    assert_eq!(own, extra, "our own flags");
+}
