@@ -57,3 +57,33 @@ pub fn calibration_rows(
     }
     Ok(data)
 }
+
+/// The rows `mlx-gptq` and `mlx-awq` calibrate on: the tokenizer of `model_dir`, the text
+/// [`calibration_text`] picks, [`calibration_rows`]; where they came from and their
+/// shape printed as mlx-lm's commands print them.
+pub fn load_calibration(
+    model_dir: &Path,
+    data: Option<&PathBuf>,
+    sequence_length: usize,
+    seed: u64,
+    num_samples: i64,
+) -> Result<Array> {
+    let tokenizer = Tokenizer::from_dir(model_dir)
+        .with_context(|| format!("loading the tokenizer in {}", model_dir.display()))?;
+    let (text, from) = calibration_text(data)?;
+    crate::outln!("[INFO] Calibrating on {from}")?;
+    let rows = calibration_rows(
+        model_dir,
+        &tokenizer,
+        &text,
+        sequence_length,
+        seed,
+        num_samples,
+    )?;
+    crate::outln!(
+        "[INFO] Calibration data: {} sequences of {} tokens",
+        rows.dim(0)?,
+        sequence_length
+    )?;
+    Ok(rows)
+}

@@ -3,14 +3,13 @@
 //!
 //! mlx-lm calibrates on a text file it downloads into `~/.cache/mlx-lm/calibration_v5.txt`;
 //! that file is used when it is there, else `--data FILE` (ours) or a small built-in text.
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
-use mlx_bins::calibration::{calibration_rows, calibration_text};
+use mlx_bins::calibration::load_calibration;
 use mlx_bins::outln;
 use mlx_quant::awq::{awq_quantize, AwqOptions};
 use mlx_quant::model::load;
 use mlx_quant::{resolve_source, save_model_over};
-use mlx_tokenizer::Tokenizer;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -75,22 +74,12 @@ fn run(args: Args) -> Result<()> {
     opts.validate()?;
     let source = resolve_source(&args.model, &args.mlx_path)?;
     let mut model = load(&source.dir, true)?;
-    let tokenizer = Tokenizer::from_dir(&source.dir)
-        .with_context(|| format!("loading the tokenizer in {}", source.dir.display()))?;
-    let (text, from) = calibration_text(args.data.as_ref())?;
-    outln!("[INFO] Calibrating on {from}")?;
-    let data = calibration_rows(
+    let data = load_calibration(
         &source.dir,
-        &tokenizer,
-        &text,
+        args.data.as_ref(),
         args.sequence_length,
         args.seed,
         args.num_samples,
-    )?;
-    outln!(
-        "[INFO] Calibration data: {} sequences of {} tokens",
-        data.dim(0)?,
-        args.sequence_length
     )?;
     awq_quantize(&mut model, &data, &opts, &mut |i, n, ratio, fell_back| {
         let _ = writeln!(std::io::stdout(), "Loss reduction: {ratio}");
