@@ -11,7 +11,8 @@ use mlx_bins::outln;
 use mlx_quant::model::{load, quantize_model, LoadedModel, QuantArgs};
 use mlx_quant::{convert::convert_predicate, resolve_source, save_model_over};
 use mlx_train::dwq::{
-    compute_targets, dwq_quantize, has_targets, load_data, DwqOptions, Reporter, Targets,
+    batch_order, compute_targets, dwq_quantize, has_targets, load_data, DwqOptions, Reporter,
+    Targets,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -115,6 +116,11 @@ fn read_rows(data_path: &str) -> Result<(Vec<serde_json::Value>, String)> {
             "--data-path {data_path}: a file; a local dataset is a directory of data files \
              (e.g. train.jsonl), as datasets.load_dataset reads it"
         );
+    } else if data_path.starts_with(['/', '.', '~']) || data_path.split('/').count() > 2 {
+        bail!(
+            "--data-path {data_path}: no such directory (a local dataset is a directory of \
+             data files, e.g. train.jsonl; a Hugging Face dataset is `org/name`)"
+        );
     } else {
         mlx_hub::Locations::from_env()
             .and_then(|l| l.hub_dataset(data_path, "main"))
@@ -168,6 +174,26 @@ fn run(args: Args) -> Result<()> {
         args.max_seq_length,
         args.seed,
     )?;
+    // Every batch of both splits is checked before any model is loaded (mlx-lm finds a
+    // split smaller than a batch when it first iterates it).
+    batch_order(&train, args.batch_size, args.seed)?;
+    batch_order(&valid, args.batch_size, args.seed)?;
+    // An unquantized student is refused before the teacher runs.
+    let quantized = match &args.quantized_model {
+        Some(q) => {
+            let qs = resolve_source(q, &args.mlx_path)?;
+            let m = load(&qs.dir, true)
+                .with_context(|| format!("loading the model in {}", qs.dir.display()))?;
+            if !m.config.contains_key("quantization") {
+                bail!(
+                    "Quantized model must already be quantized: {q} has no quantization \
+                     section in its config.json"
+                );
+            }
+            Some((m, qs))
+        }
+        None => None,
+    };
     let mut line = |s: &str| {
         let _ = outln!("{s}");
     };
@@ -190,16 +216,8 @@ fn run(args: Args) -> Result<()> {
     if args.targets_only {
         return Ok(());
     }
-    let (mut student, student_source): (LoadedModel, _) = match &args.quantized_model {
-        Some(q) => {
-            let qs = resolve_source(q, &args.mlx_path)?;
-            let m = load(&qs.dir, true)
-                .with_context(|| format!("loading the model in {}", qs.dir.display()))?;
-            if !m.config.contains_key("quantization") {
-                bail!("Quantized model must already be quantized: {q} has no quantization in its config.json");
-            }
-            (m, qs)
-        }
+    let (mut student, student_source): (LoadedModel, _) = match quantized {
+        Some(q) => q,
         None => {
             let mut m = load(&source.dir, true)
                 .with_context(|| format!("loading the model in {}", source.dir.display()))?;
