@@ -178,8 +178,9 @@ fn run(args: Args) -> Result<()> {
     // split smaller than a batch when it first iterates it).
     batch_order(&train, args.batch_size, args.seed)?;
     batch_order(&valid, args.batch_size, args.seed)?;
-    // An unquantized student is refused before the teacher runs.
-    let quantized = match &args.quantized_model {
+    // An unquantized student is refused before the teacher runs (with --targets-only no
+    // student is loaded, as in mlx-lm).
+    let quantized = match args.quantized_model.as_ref().filter(|_| !args.targets_only) {
         Some(q) => {
             let qs = resolve_source(q, &args.mlx_path)?;
             let m = load(&qs.dir, true)
