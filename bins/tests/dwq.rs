@@ -2,7 +2,8 @@
 //! models and a local dataset directory (rows of real text, tokenized by the models'
 //! real tokenizers; read by mlx-lm through `datasets.load_dataset(dir)`): a float32
 //! Llama quantized to 4 bits, a bfloat16 Qwen3 quantized to 3 bits with chat rows and
-//! gradient checkpointing, an already quantized student (`--quantized-model`), and
+//! gradient checkpointing, a Llama with biased projections, a 210-iteration run (its
+//! report lines too), an already quantized student (`--quantized-model`), and
 //! precomputed top-1024 targets (`--target-dir`, `--targets-only`, then targets read back
 //! with no teacher loaded) on a Llama whose vocabulary holds more than 1024 entries. Every
 //! output tensor must be the same bits, the config's quantization sections the same, the
@@ -82,19 +83,25 @@ fn validation_lines(out: &Output) -> Vec<String> {
 /// Runs both commands with `args` plus their own `--mlx-path` under `tmp` and asserts
 /// the same model comes out; returns our run's output.
 fn compare(py: &Path, tmp: &Path, tag: &str, args: &[&str]) -> Output {
+    compare_both(py, tmp, tag, args).1
+}
+
+/// [`compare`], returning both runs' outputs (mlx-lm's, ours).
+fn compare_both(py: &Path, tmp: &Path, tag: &str, args: &[&str]) -> (Output, Output) {
     let (theirs, mine) = (
         tmp.join(format!("{tag}-mlx-lm")),
         tmp.join(format!("{tag}-ours")),
     );
     let mut a: Vec<&str> = args.to_vec();
     a.extend(["--mlx-path", theirs.to_str().unwrap()]);
-    check(&run_theirs(py, tmp, &a), &format!("{tag}: mlx_lm dwq"));
+    let theirs_out = run_theirs(py, tmp, &a);
+    check(&theirs_out, &format!("{tag}: mlx_lm dwq"));
     let mut b: Vec<&str> = args.to_vec();
     b.extend(["--mlx-path", mine.to_str().unwrap()]);
     let out = run_ours(tmp, &b);
     check(&out, &format!("{tag}: mlx-dwq"));
     assert_same_quantized_model(&theirs, &mine, tag);
-    out
+    (theirs_out, out)
 }
 
 /// Asserts training moved the validation loss (so the comparison covers trained values,
@@ -171,6 +178,94 @@ fn dwq_matches_mlx_lm_dwq_command() {
         ],
     );
     assert_trained(&out, "qwen3-bf16-q3-chat-checkpointed");
+    // Biased projections: a quantized layer's `bias` trains too (mlx.nn sets it after
+    // freezing the layer).
+    let biased = made_llama(
+        &py,
+        &tmp.0,
+        "llama-biased",
+        r#"{"attention_bias": true, "mlp_bias": true}"#,
+    );
+    let (theirs, out) = compare_both(
+        &py,
+        &tmp.0,
+        "llama-biased-q4",
+        &[
+            "--model",
+            biased.to_str().unwrap(),
+            "--data-path",
+            text.to_str().unwrap(),
+            "--num-samples",
+            "8",
+            "--batch-size",
+            "2",
+            "--max-seq-length",
+            "40",
+            "--group-size",
+            "32",
+            "--learning-rate",
+            "1e-3",
+        ],
+    );
+    assert_trained(&out, "llama-biased-q4");
+    let trainable = |o: &Output| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .find(|l| l.starts_with("Trainable parameters: "))
+            .map(str::to_string)
+    };
+    assert_eq!(trainable(&theirs), trainable(&out));
+}
+
+/// The fields of the report lines that do not depend on time or memory: validation
+/// lines whole, and `it`, `avg_loss`, `total_tokens` of the lines every 20 iterations.
+fn report(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            if l.starts_with("Validation: ") {
+                Some(l.to_string())
+            } else if l.starts_with("it=") {
+                Some(l.split(", ").take(3).collect::<Vec<_>>().join(", "))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn dwq_long_run_matches_mlx_lm() {
+    // 210 iterations of one row: the report every 20 iterations and the validation at
+    // iteration 200 run, and Adam's state builds up over many steps.
+    let py = common::mlx_lm_python("mlx_lm.quant.dwq");
+    let tmp = TempDir::new("dwq-long");
+    let text = dataset(&tmp.0, "data", 250, false);
+    let llama = common::golden_model("llama-small-f32");
+    let (theirs, ours) = compare_both(
+        &py,
+        &tmp.0,
+        "long",
+        &[
+            "--model",
+            llama.to_str().unwrap(),
+            "--data-path",
+            text.to_str().unwrap(),
+            "--num-samples",
+            "210",
+            "--batch-size",
+            "1",
+            "--max-seq-length",
+            "24",
+            "--group-size",
+            "32",
+            "--learning-rate",
+            "1e-3",
+        ],
+    );
+    let (want, got) = (report(&theirs), report(&ours));
+    assert_eq!(want.len(), 3 + 10, "{want:?}");
+    assert_eq!(want, got);
 }
 
 #[test]
@@ -206,9 +301,9 @@ fn dwq_of_a_quantized_model_matches_mlx_lm() {
     assert_trained(&out, "q4-g32-student");
 }
 
-/// A float32 Llama of 1100 tokens (top-1024 targets need more than 1024), made with
-/// mlx-lm's class (`mx.random.seed(5)`), over the committed Llama's tokenizer.
-fn big_vocab_llama(py: &Path, dir: &Path) -> PathBuf {
+/// A float32 Llama made with mlx-lm's class (`mx.random.seed(5)`) from the committed
+/// Llama's config with `edits` (a JSON object) merged in, over its tokenizer.
+fn made_llama(py: &Path, dir: &Path, name: &str, edits: &str) -> PathBuf {
     let script = r#"
 import json, shutil, sys
 from pathlib import Path
@@ -218,7 +313,7 @@ from mlx_lm.models import llama
 src, out = Path(sys.argv[1]), Path(sys.argv[2])
 out.mkdir(parents=True)
 cfg = json.load(open(src / "config.json"))
-cfg["vocab_size"] = 1100
+cfg.update(json.loads(sys.argv[3]))
 for f in ("tokenizer.json", "tokenizer_config.json"):
     shutil.copy(src / f, out / f)
 mx.random.seed(5)
@@ -227,12 +322,13 @@ mx.eval(m.parameters())
 mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(m.parameters())))
 json.dump(cfg, open(out / "config.json", "w"))
 "#;
-    let out = dir.join("llama-vocab1100");
+    let out = dir.join(name);
     let made = Command::new(py)
         .arg("-c")
         .arg(script)
         .arg(common::golden_model("llama-small-f32"))
         .arg(&out)
+        .arg(edits)
         .output()
         .unwrap();
     check(&made, "making the model with mlx-lm");
@@ -263,7 +359,8 @@ fn dwq_with_precomputed_targets_matches_mlx_lm() {
     let py = common::mlx_lm_python("mlx_lm.quant.dwq");
     let tmp = TempDir::new("dwq-targets");
     let text = dataset(&tmp.0, "data", 24, false);
-    let model = big_vocab_llama(&py, &tmp.0);
+    // Top-1024 targets need more than 1024 tokens.
+    let model = made_llama(&py, &tmp.0, "llama-vocab1100", r#"{"vocab_size": 1100}"#);
     let (t_theirs, t_ours) = (tmp.0.join("targets-mlx-lm"), tmp.0.join("targets-ours"));
     let common_args = [
         "--model",

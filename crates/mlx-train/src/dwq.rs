@@ -388,13 +388,15 @@ fn quantized_layers(module: &mut dyn Module) -> Result<Vec<(String, bool)>> {
     Ok(out)
 }
 
-/// mlx-lm's DWQ `unfreeze` over a loaded model: every parameter of a quantized layer is
-/// frozen (mlx.nn's quantized layers freeze themselves, their `bias` included) except the
-/// `scales` and `biases` of affine layers of fewer than 8 bits; the parameters of other
-/// layers (norms, unquantized layers) keep their state (a loaded model's are trainable).
+/// mlx-lm's DWQ `unfreeze` over a loaded model: the packed `weight`, `scales` and
+/// `biases` of every quantized layer frozen (mlx.nn's quantized layers freeze them),
+/// then the `scales` and `biases` of affine layers of fewer than 8 bits unfrozen; every
+/// other parameter keeps its state (a loaded model's are trainable: the norms, layers
+/// left unquantized, and a quantized layer's `bias`, which mlx.nn's `from_linear` and
+/// mlx-lm's `to_quantized` set after freezing).
 pub fn unfreeze_for_dwq(module: &mut dyn Module) -> Result<()> {
     let layers = quantized_layers(module)?;
-    let owner = |name: &str| {
+    let split = |name: &str| {
         name.rsplit_once('.')
             .map(|(o, l)| (o.to_string(), l.to_string()))
     };
@@ -405,11 +407,14 @@ pub fn unfreeze_for_dwq(module: &mut dyn Module) -> Result<()> {
         .map(|(p, _)| p.as_str())
         .collect();
     module.set_frozen_where(true, &|n| {
-        owner(n).is_some_and(|(o, _)| all.contains(o.as_str()))
+        split(n).is_some_and(|(o, l)| {
+            all.contains(o.as_str()) && matches!(l.as_str(), "weight" | "scales" | "biases")
+        })
     });
     module.set_frozen_where(false, &|n| {
-        owner(n)
-            .is_some_and(|(o, l)| trained.contains(o.as_str()) && (l == "scales" || l == "biases"))
+        split(n).is_some_and(|(o, l)| {
+            trained.contains(o.as_str()) && matches!(l.as_str(), "scales" | "biases")
+        })
     });
     Ok(())
 }
