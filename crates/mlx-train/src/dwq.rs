@@ -623,3 +623,52 @@ pub fn dwq_quantize(
         iterations: train_order.len(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples(lens: &[usize]) -> Vec<Sample> {
+        lens.iter()
+            .enumerate()
+            .map(|(i, &n)| ((0..n as u32).map(|t| t + i as u32).collect(), 0))
+            .collect()
+    }
+
+    #[test]
+    fn batches_sort_by_length_and_drop_the_remainder() {
+        // Rows of 5, 3, 9, 3, 7 tokens in batches of 2: sorted (stably) 1, 3, 0, 4, 2;
+        // the last row is left out.
+        let data = samples(&[5, 3, 9, 3, 7]);
+        let mut got = batch_order(&data, 2, 123).unwrap();
+        got.sort();
+        assert_eq!(got, vec![vec![0, 4], vec![1, 3]]);
+        let err = batch_order(&data[..1], 2, 123).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "Dataset must have at least batch_size=2 examples but only has 1."
+        );
+        assert!(batch_order(&data, 0, 123).is_err());
+    }
+
+    #[test]
+    fn a_batch_pads_to_one_plus_a_multiple_of_32() {
+        let data = samples(&[5, 40]);
+        let (tokens, lengths) = make_batch(&data, &[0, 1], 1025).unwrap();
+        assert_eq!(tokens.shape(), vec![2, 65]);
+        assert_eq!(lengths.to_vec::<i32>().unwrap(), vec![0, 5, 0, 40]);
+        let t = tokens.to_vec::<i32>().unwrap();
+        assert_eq!(&t[..6], &[0, 1, 2, 3, 4, 0]);
+        assert_eq!(&t[65..67], &[1, 2]);
+        // At most max_seq_length wide, rows cut to it.
+        let (tokens, lengths) = make_batch(&data, &[0, 1], 16).unwrap();
+        assert_eq!(tokens.shape(), vec![2, 16]);
+        assert_eq!(lengths.to_vec::<i32>().unwrap(), vec![0, 5, 0, 16]);
+    }
+
+    #[test]
+    fn target_files_are_numbered_with_ten_digits() {
+        let f = target_file(Path::new("t"), "train", 42);
+        assert_eq!(f, Path::new("t/train/0000000042.safetensors"));
+    }
+}
