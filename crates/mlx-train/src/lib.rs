@@ -14,6 +14,9 @@
 //!   learning-rate schedules; [`ui`]: the printed report and the metrics file.
 //! - [`run`]: `mlx_lm.lora`'s `run` after loading (datasets, training, testing).
 //!
+//! Distillation: [`dwq`]: `mlx_lm.dwq` (a quantized student's scales and biases trained
+//! on the teacher's output distribution, live or precomputed top-1024 targets).
+//!
 //! Adapters:
 //! - [`adapters`]: reading an adapter directory: the fine-tune type (`lora`, `dora`,
 //!   `full`), the LoRA parameters, the weights, with errors naming what is wrong.
@@ -29,6 +32,7 @@ pub mod adapters;
 pub mod apply;
 pub mod batches;
 pub mod config;
+pub mod dwq;
 mod error;
 pub mod fuse;
 pub mod hf;
