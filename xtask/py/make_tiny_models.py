@@ -1898,6 +1898,45 @@ GOLDENS.update({
 })
 
 
+# AFMoE: mup-scaled embeddings, sandwich norms, per-head q/k norms, RoPE on the sliding
+# layers only, a sigmoid gate over the attention output, a dense first layer then
+# sigmoid-routed experts (expert_bias, groups) times route_scale plus shared experts.
+ARCHS["afmoe"] = {
+    "model_type": "afmoe", "num_hidden_layers": 4, "head_dim": 16, "sliding_window": 4,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    "rope_theta": 10000.0, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "num_shared_experts": 1, "num_dense_layers": 1, "route_scale": 2.5, "n_group": 2, "topk_group": 1,
+    "tie_word_embeddings": False,
+}
+VARIANTS.update({
+    # Sliding (window 4), full, sliding, full; grouped sigmoid routing, HF's experts one
+    # by one.
+    "afmoe-f32": ("afmoe", {}, {}),
+    # Softmax scores without normalization, two shared experts' width, no mup scaling,
+    # YaRN on the sliding layers, a tied head (and HF's rotary buffers), head_dim 32, two
+    # dense layers.
+    "afmoe-f32-softmax-tied-hd32": ("afmoe", {
+        "score_func": "softmax", "route_norm": False, "num_shared_experts": 2, "mup_enabled": False,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        "tie_word_embeddings": True, "head_dim": 32, "n_group": 1, "num_dense_layers": 2},
+        {"extras": True}),
+    # All full layers (the 8-bit KV-cache decode runs), one expert chosen (route_norm
+    # skipped), no shared experts.
+    "afmoe-f32-allfull-top1-noshared-hd32": ("afmoe", {
+        "layer_types": ["full_attention"] * 4, "num_experts_per_tok": 1, "num_shared_experts": 0,
+        "n_group": 1, "head_dim": 32}, {}),
+    "afmoe-q4": ("afmoe", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "afmoe-bf16-q4": ("afmoe", {"moe_intermediate_size": 64}, {"dtype": "bfloat16",
+                                                            "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "afmoe-small-f32": ("afmoe", dict(SMALL, head_dim=8, num_hidden_layers=3, num_experts=4,
+                                      moe_intermediate_size=16,
+                                      layer_types=["sliding_attention", "full_attention",
+                                                   "sliding_attention"]), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -1974,7 +2013,7 @@ def to_hf_names(config, weights, opts, rng):
     mt = config["model_type"]
     out = {}
     for k, v in weights.items():
-        if mt == "Klear" and ".mlp.experts." in k and v.ndim == 3:
+        if mt in ("Klear", "afmoe") and ".mlp.experts." in k and v.ndim == 3:
             # HF's experts one by one: `mlp.experts.{e}.{proj}.weight`.
             prefix, proj = k.split(".mlp.experts.")
             for e in range(v.shape[0]):

@@ -217,6 +217,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
         "mimo_v2_flash-f32-fp8-sinks-noshared",
         None,
     ),
+    ("afmoe", "afmoe-f32", None),
+    ("q-afmoe", "afmoe-q4", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -574,7 +576,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // attention's gate_proj quantized too), Spark 2.5 (its per-head g_proj left dense by
     // quant_predicate), Laguna (the original layout's experts stacked, its router kept at
     // 8 bits, e_score_correction_bias in its dtype), MiMo-V2-Flash (HF's experts stacked,
-    // the MTP layer dropped, e_score_correction_bias in its dtype).
+    // the MTP layer dropped, e_score_correction_bias in its dtype), AFMoE (HF's experts
+    // stacked, its router kept at 8 bits, expert_bias in its dtype).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -590,6 +593,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("spark2_5", "q-spark2_5"),
         ("laguna", "q-laguna"),
         ("mimo_v2_flash", "q-mimo_v2_flash"),
+        ("afmoe", "q-afmoe"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);

@@ -624,6 +624,10 @@ model_tests! {
     // grouped experts plus shared ones.
     batched_decode_matches_alone_mimo_v2_flash_sliding,
     prefilled_together_matches_alone_mimo_v2_flash_sliding => "mimo_v2_flash-small-f32", false;
+    // AFMoE: sandwich norms, RoPE on the sliding layers only, a gated attention output,
+    // grouped sigmoid-routed experts plus a shared one.
+    batched_decode_matches_alone_afmoe_sliding,
+    prefilled_together_matches_alone_afmoe_sliding => "afmoe-small-f32", false;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

@@ -1013,3 +1013,38 @@ fn mimo_v2_flash_needs_both_layer_kinds_and_a_known_router() {
         .remove("routed_scaling_factor");
     assert!(err(&missing).contains("routed_scaling_factor"));
 }
+
+#[test]
+fn afmoe_checks_its_layer_types_heads_and_router() {
+    let c = with(
+        base("afmoe"),
+        json!({"num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 16, "num_dense_layers": 1, "sliding_window": 4,
+               "n_group": 2, "topk_group": 1,
+               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    // `layer_types` is the dataclass's one required key.
+    let mut missing = c.clone();
+    missing.as_object_mut().unwrap().remove("layer_types");
+    let e = err(&missing);
+    assert!(e.contains("layer_types"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"layer_types": ["sliding_attention", "sliding_attention"]}),
+    ));
+    assert!(e.contains("full_attention"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 8})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let e = err(&with(c.clone(), json!({"score_func": "sqrtsoftplus"})));
+    assert!(e.contains("score_func"), "{e}");
+    let e = err(&with(c.clone(), json!({"n_group": 3})));
+    assert!(e.contains("n_group"), "{e}");
+    let e = err(&with(c.clone(), json!({"sliding_window": 0})));
+    assert!(e.contains("sliding_window"), "{e}");
+    let e = err(&with(c, json!({"head_dim": 7})));
+    assert!(e.contains("head_dim"), "{e}");
+}

@@ -160,6 +160,7 @@ golden_tests! {
     spark2_5_head_gates_partial_rope_logits_match_mlx_lm => "spark2_5-small-f32",
     laguna_per_layer_heads_routed_experts_logits_match_mlx_lm => "laguna-small-f32",
     mimo_v2_flash_hybrid_sinks_grouped_experts_logits_match_mlx_lm => "mimo_v2_flash-small-f32",
+    afmoe_sandwich_gated_grouped_experts_logits_match_mlx_lm => "afmoe-small-f32",
 }
 
 #[test]

@@ -116,6 +116,7 @@ pub const TINY: &[&str] = &[
     "spark2_5-f32",
     "laguna-f32",
     "mimo_v2_flash-f32",
+    "afmoe-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

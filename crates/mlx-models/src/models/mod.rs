@@ -179,6 +179,8 @@ architectures! {
     spark2_5,
     laguna,
     mimo_v2_flash,
+    // Wave 5.
+    afmoe,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
