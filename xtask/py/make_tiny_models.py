@@ -1937,6 +1937,36 @@ GOLDENS.update({
 })
 
 
+# Jamba: Mamba mixers (weighted delta/B/C norms) and attention without RoPE by
+# attn_layer_period / offset, experts (softmax over the chosen raw logits) by
+# expert_layer_period / offset.
+ARCHS["jamba"] = {
+    "model_type": "jamba", "num_hidden_layers": 4, "attn_layer_offset": 1, "attn_layer_period": 2,
+    "expert_layer_offset": 1, "expert_layer_period": 2, "mamba_d_conv": 4, "mamba_d_state": 8,
+    "mamba_expand": 2, "num_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": False,
+}
+VARIANTS.update({
+    # Mamba, attention, Mamba, attention; experts on the attention layers; HF's layout
+    # (convolutions [C, 1, K], experts one by one).
+    "jamba-f32": ("jamba", {}, {}),
+    # An explicit layers_block_type, experts on layers 0 and 3 (one chosen), dt rank 6,
+    # projection biases without a convolution bias, a tied head.
+    "jamba-f32-blocktypes-top1-tied": ("jamba", {
+        "layers_block_type": ["attention", "mamba", "mamba", "attention"], "expert_layer_offset": 0,
+        "expert_layer_period": 3, "num_experts_per_tok": 1, "mamba_dt_rank": 6, "mamba_proj_bias": True,
+        "mamba_conv_bias": False, "tie_word_embeddings": True}, {}),
+    # No experts (num_experts 1), head_dim 32 (the 8-bit KV-cache decode runs).
+    "jamba-f32-dense-hd32": ("jamba", {"num_experts": 1, "num_attention_heads": 2,
+                                        "num_key_value_heads": 1}, {}),
+    "jamba-q4": ("jamba", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "jamba-bf16-q4": ("jamba", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "jamba-small-f32": ("jamba", dict(SMALL, num_hidden_layers=3, intermediate_size=32), {}),
+})
+
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -2145,7 +2175,12 @@ def to_hf_names(config, weights, opts, rng):
             elif proj == "gate_proj":
                 up = weights[k.replace("gate_proj", "up_proj")]
                 out[f"{prefix}.input_linear.weight"] = np.concatenate([v, up], axis=0)
-        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1") \
+        elif mt == "jamba" and ".feed_forward.switch_mlp." in k:
+            # HF's experts one by one: `feed_forward.experts.{e}.{proj}.weight`.
+            prefix, rest = k.split(".feed_forward.switch_mlp.")
+            for e in range(v.shape[0]):
+                out[f"{prefix}.feed_forward.experts.{e}.{rest}"] = np.ascontiguousarray(v[e])
+        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "jamba") \
                 and k.endswith("conv1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt in ("lfm2", "lfm2_moe") and k.endswith("conv.conv.weight") and not opts.get("wrap_towers"):

@@ -219,6 +219,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ),
     ("afmoe", "afmoe-f32", None),
     ("q-afmoe", "afmoe-q4", None),
+    ("jamba", "jamba-f32", None),
+    ("q-jamba", "jamba-q4", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -577,7 +579,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // quant_predicate), Laguna (the original layout's experts stacked, its router kept at
     // 8 bits, e_score_correction_bias in its dtype), MiMo-V2-Flash (HF's experts stacked,
     // the MTP layer dropped, e_score_correction_bias in its dtype), AFMoE (HF's experts
-    // stacked, its router kept at 8 bits, expert_bias in its dtype).
+    // stacked, its router kept at 8 bits, expert_bias in its dtype), Jamba (HF's
+    // convolutions moved and experts stacked, its routers kept at 8 bits).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -594,6 +597,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("laguna", "q-laguna"),
         ("mimo_v2_flash", "q-mimo_v2_flash"),
         ("afmoe", "q-afmoe"),
+        ("jamba", "q-jamba"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);

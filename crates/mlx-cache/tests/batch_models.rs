@@ -359,6 +359,12 @@ fn batched_decode_equals_alone_mamba() {
     check_model("mamba-small-f32", true, false);
 }
 
+// Jamba's mixer takes no padding mask either (as mlx-lm's): only decoding is batched.
+#[test]
+fn batched_decode_equals_alone_jamba() {
+    check_model("jamba-small-f32", true, false);
+}
+
 #[test]
 fn batched_decode_equals_alone_nemotron_h() {
     check_model("nemotron_h-small-f32", true, false);

@@ -1048,3 +1048,50 @@ fn afmoe_checks_its_layer_types_heads_and_router() {
     let e = err(&with(c, json!({"head_dim": 7})));
     assert!(e.contains("head_dim"), "{e}");
 }
+
+#[test]
+fn jamba_checks_its_layer_kinds_experts_and_mixer() {
+    let c = with(
+        base("jamba"),
+        json!({"num_hidden_layers": 4, "attn_layer_offset": 1, "attn_layer_period": 2,
+               "expert_layer_offset": 1, "expert_layer_period": 2, "mamba_d_conv": 4,
+               "mamba_d_state": 8, "mamba_expand": 2, "num_experts": 4,
+               "num_experts_per_tok": 2}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    // The dataclass's required keys.
+    for key in [
+        "attn_layer_period",
+        "expert_layer_offset",
+        "mamba_d_state",
+        "num_experts",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let e = err(&with(c.clone(), json!({"attn_layer_period": 0})));
+    assert!(e.contains("attn_layer_period"), "{e}");
+    let e = err(&with(c.clone(), json!({"expert_layer_period": 0})));
+    assert!(e.contains("expert_layer_period"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"layers_block_type": ["mamba", "mamba", "mamba", "mamba"]}),
+    ));
+    assert!(e.contains("attention"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"layers_block_type": ["attention", "attention"]}),
+    ));
+    assert!(e.contains("mamba"), "{e}");
+    let e = err(&with(c.clone(), json!({"mamba_dt_rank": "big"})));
+    assert!(e.contains("mamba_dt_rank"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 8})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c, json!({"mamba_d_conv": 1})));
+    assert!(e.contains("mamba_d_conv"), "{e}");
+}

@@ -161,6 +161,7 @@ golden_tests! {
     laguna_per_layer_heads_routed_experts_logits_match_mlx_lm => "laguna-small-f32",
     mimo_v2_flash_hybrid_sinks_grouped_experts_logits_match_mlx_lm => "mimo_v2_flash-small-f32",
     afmoe_sandwich_gated_grouped_experts_logits_match_mlx_lm => "afmoe-small-f32",
+    jamba_mamba_attention_experts_logits_match_mlx_lm => "jamba-small-f32",
 }
 
 #[test]

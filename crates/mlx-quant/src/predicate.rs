@@ -184,7 +184,7 @@ impl MixedPredicate {
 /// its router and shared-expert gate, granitemoehybrid its `router.layer`, lfm2_moe
 /// its `feed_forward.gate`, bailing_moe its `mlp.gate.gate_proj`, Gemma 4 its
 /// `router.proj` (affine, whatever the mode asked for), laguna its `mlp.gate.proj`, afmoe
-/// any layer whose path contains `router.gate`;
+/// any layer whose path contains `router.gate`, jamba its `feed_forward.router`;
 /// spark2_5 leaves its
 /// `self_attn.g_proj` dense.
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
@@ -222,6 +222,7 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
         "gemma4_text" | "gemma4" => Some(choose(path.ends_with("router.proj"))),
         "laguna" => Some(choose(path.ends_with("mlp.gate.proj"))),
         "afmoe" => Some(choose(path.contains("router.gate"))),
+        "jamba" => Some(choose(path.ends_with("router"))),
         // The per-head attention gate stays in the source precision.
         "spark2_5" => Some(if path.ends_with("self_attn.g_proj") {
             LayerChoice::Skip

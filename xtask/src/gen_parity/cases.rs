@@ -117,6 +117,7 @@ pub const TINY: &[&str] = &[
     "laguna-f32",
     "mimo_v2_flash-f32",
     "afmoe-f32",
+    "jamba-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

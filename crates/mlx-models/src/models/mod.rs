@@ -181,6 +181,7 @@ architectures! {
     mimo_v2_flash,
     // Wave 5.
     afmoe,
+    jamba,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
