@@ -37,7 +37,7 @@ CASES = [
 # Models with recurrent layers (ArraysCache: convolution and SSM / delta-net states),
 # from the logits goldens (goldens/models, vocabulary 128); mlx-lm loads each from a
 # copy with the generation tokenizer beside it, ours from the directory itself. Not
-# mamba, nemotron_h and jamba: their blocks ignore the right padding of a batched prefill (in
+# mamba, nemotron_h, jamba, olmo_hybrid and recurrent_gemma: their blocks ignore the right padding of a batched prefill (in
 # mlx-lm as here), so mlx-lm's rows depend on which prompts shared a prefill; our
 # engine prefills their prompts one at a time (checked against each prompt alone in
 # crates/mlx-engine/tests/batch_generate.rs).

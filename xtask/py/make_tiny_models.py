@@ -1966,6 +1966,64 @@ GOLDENS.update({
 })
 
 
+# OLMo Hybrid: gated delta-net layers (q/k/v each through its own convolution, beta
+# doubled by linear_allow_neg_eigval) and OLMo 2 attention layers (whole-projection q/k
+# norms, post-norms), by layer_types (default every fourth layer full).
+ARCHS["olmo_hybrid"] = {
+    "model_type": "olmo_hybrid", "num_hidden_layers": 4, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4, "linear_allow_neg_eigval": True, "tie_word_embeddings": False,
+    "attention_bias": False, "rope_theta": 10000.0,
+}
+VARIANTS.update({
+    # The default layer_types (linear x3, full), beta in [0, 2], HF's convolution layout.
+    "olmo_hybrid-f32": ("olmo_hybrid", {}, {}),
+    # Full, linear, full, linear; no RoPE (rope_theta null), biases, a tied head, as many
+    # key-value heads as heads (null), beta in [0, 1], as many value heads as key heads.
+    "olmo_hybrid-f32-types-norope-tied-bias": ("olmo_hybrid", {
+        "layer_types": ["full_attention", "linear_attention", "full_attention", "linear_attention"],
+        "rope_theta": None, "attention_bias": True, "tie_word_embeddings": True,
+        "num_key_value_heads": None, "linear_allow_neg_eigval": False, "linear_num_value_heads": 2}, {}),
+    # rope_parameters' base, head_dim 32, layer_norm_epsilon 1e-3 for the gated norms.
+    "olmo_hybrid-f32-ropeparams-hd32": ("olmo_hybrid", {
+        "rope_parameters": {"rope_theta": 50000.0, "rope_type": "default"}, "head_dim": 32,
+        "layer_norm_epsilon": 1e-3}, {}),
+    "olmo_hybrid-q4": ("olmo_hybrid", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "olmo_hybrid-bf16-q4": ("olmo_hybrid", {}, {"dtype": "bfloat16",
+                                                "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "olmo_hybrid-small-f32": ("olmo_hybrid", dict(SMALL, linear_num_value_heads=2, linear_key_head_dim=8,
+                                                  linear_value_head_dim=8), {}),
+})
+
+
+# RecurrentGemma (Griffin): 1 + weight norms, recurrent blocks (width-4 convolution,
+# RG-LRU scan) and local attention (one key-value head, half the head rotated), by
+# block_types cycled over the layers; soft-capped logits.
+ARCHS["recurrent_gemma"] = {
+    "model_type": "recurrent_gemma", "num_hidden_layers": 4, "attention_bias": False, "conv1d_width": 4,
+    "logits_soft_cap": 30.0, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "attention_window_size": 4,
+    "block_types": ["recurrent", "recurrent", "attention"], "num_key_value_heads": 1,
+}
+VARIANTS.update({
+    # Recurrent, recurrent, attention, recurrent (the pattern cycled), window 4 crossed,
+    # an lm_head, HF's convolution layout.
+    "recurrent_gemma-f32": ("recurrent_gemma", {}, {}),
+    # `_block_types` (the 9B's name), attention first, no soft cap (0), unscaled embeddings,
+    # no lm_head in the checkpoint (the embedding serves), head_dim 32.
+    "recurrent_gemma-f32-altnames-tied-hd32": ("recurrent_gemma", {
+        "_block_types": ["attention", "recurrent"], "logits_soft_cap": 0.0,
+        "embeddings_scale_by_sqrt_dim": False, "num_attention_heads": 2},
+        {"drop_keys": ["block_types"], "drop_lm_head": True}),
+    "recurrent_gemma-q4": ("recurrent_gemma", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "recurrent_gemma-bf16-q4": ("recurrent_gemma", {}, {"dtype": "bfloat16",
+                                                        "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "recurrent_gemma-small-f32": ("recurrent_gemma", dict(SMALL, num_key_value_heads=1), {}),
+})
+
 
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
@@ -2180,8 +2238,10 @@ def to_hf_names(config, weights, opts, rng):
             prefix, rest = k.split(".feed_forward.switch_mlp.")
             for e in range(v.shape[0]):
                 out[f"{prefix}.feed_forward.experts.{e}.{rest}"] = np.ascontiguousarray(v[e])
-        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "jamba") \
+        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "jamba", "olmo_hybrid") \
                 and k.endswith("conv1d.weight"):
+            out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
+        elif mt == "recurrent_gemma" and k.endswith("conv_1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt in ("lfm2", "lfm2_moe") and k.endswith("conv.conv.weight") and not opts.get("wrap_towers"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
@@ -2412,6 +2472,8 @@ def write_dense(out, name, arch, overrides, opts):
         weights["lm_head.weight"] = (rng.standard_normal(
             (config["vocab_size"], config["hidden_size"])) / np.sqrt(config["hidden_size"])).astype(np.float32)
     elif arch == "gemma3_text":
+        weights.pop("lm_head.weight", None)
+    if opts.get("drop_lm_head"):
         weights.pop("lm_head.weight", None)
     weights = to_hf_names(config, weights, opts, rng)
     if opts.get("wrap_gemma3"):

@@ -365,6 +365,20 @@ fn batched_decode_equals_alone_jamba() {
     check_model("jamba-small-f32", true, false);
 }
 
+// OLMo Hybrid's convolutions take no padding mask (as mlx-lm's): only decoding is batched.
+#[test]
+fn batched_decode_equals_alone_olmo_hybrid() {
+    check_model("olmo_hybrid-small-f32", true, false);
+}
+
+// RecurrentGemma's recurrent blocks take no padding mask (as mlx-lm's): only decoding is
+// batched; its local attention's rotating caches put it within 1e-4 of alone, as the
+// other sliding models.
+#[test]
+fn batched_decode_matches_alone_recurrent_gemma() {
+    check_model("recurrent_gemma-small-f32", false, false);
+}
+
 #[test]
 fn batched_decode_equals_alone_nemotron_h() {
     check_model("nemotron_h-small-f32", true, false);

@@ -148,6 +148,8 @@ fn recurrent_models_batched_equal_alone() {
         "lfm2_moe-small-f32",
         "falcon_h1-small-f32",
         "jamba-small-f32",
+        "olmo_hybrid-small-f32",
+        "recurrent_gemma-small-f32",
     ] {
         let dir = root().join("goldens/models").join(name);
         let (model, _) = mlx_models::load_model(&dir).expect("tiny model");

@@ -1095,3 +1095,74 @@ fn jamba_checks_its_layer_kinds_experts_and_mixer() {
     let e = err(&with(c, json!({"mamba_d_conv": 1})));
     assert!(e.contains("mamba_d_conv"), "{e}");
 }
+
+#[test]
+fn olmo_hybrid_checks_its_heads_and_linear_attention() {
+    let c = with(
+        base("olmo_hybrid"),
+        json!({"num_hidden_layers": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+               "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+               "linear_allow_neg_eigval": true, "attention_bias": false}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    // `num_key_value_heads` is required but may be null (as many as the heads).
+    build_model(&with(c.clone(), json!({"num_key_value_heads": null}))).unwrap();
+    for key in [
+        "num_key_value_heads",
+        "linear_num_key_heads",
+        "linear_conv_kernel_dim",
+        "linear_allow_neg_eigval",
+        "attention_bias",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"linear_num_value_heads": 3})));
+    assert!(e.contains("linear_num_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"linear_conv_kernel_dim": 1})));
+    assert!(e.contains("linear_conv_kernel_dim"), "{e}");
+    let e = err(&with(c.clone(), json!({"head_dim": 7})));
+    assert!(e.contains("head_dim"), "{e}");
+    let e = err(&with(c, json!({"rope_parameters": {"rope_theta": "big"}})));
+    assert!(e.contains("rope_theta"), "{e}");
+}
+
+#[test]
+fn recurrent_gemma_checks_its_block_types_and_heads() {
+    let c = with(
+        base("recurrent_gemma"),
+        json!({"num_hidden_layers": 3, "attention_bias": false, "conv1d_width": 4,
+               "logits_soft_cap": 30.0, "attention_window_size": 4, "num_key_value_heads": 1,
+               "block_types": ["recurrent", "recurrent", "attention"]}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    // The 9B's `_block_types` serves too; `logits_soft_cap` is required but may be null.
+    let mut alt = with(
+        c.clone(),
+        json!({"_block_types": ["attention", "recurrent"], "logits_soft_cap": null}),
+    );
+    alt.as_object_mut().unwrap().remove("block_types");
+    build_model(&alt).unwrap();
+    for key in ["logits_soft_cap", "attention_window_size", "conv1d_width"] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let mut none = c.clone();
+    none.as_object_mut().unwrap().remove("block_types");
+    let e = err(&none);
+    assert!(e.contains("block_types"), "{e}");
+    let e = err(&with(c.clone(), json!({"block_types": ["recurrent"]})));
+    assert!(e.contains("attention"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_attention_heads": 3})));
+    assert!(e.contains("num_attention_heads"), "{e}");
+    let e = err(&with(c, json!({"attention_window_size": 0})));
+    assert!(e.contains("attention_window_size"), "{e}");
+}

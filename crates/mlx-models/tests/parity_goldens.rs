@@ -162,6 +162,8 @@ golden_tests! {
     mimo_v2_flash_hybrid_sinks_grouped_experts_logits_match_mlx_lm => "mimo_v2_flash-small-f32",
     afmoe_sandwich_gated_grouped_experts_logits_match_mlx_lm => "afmoe-small-f32",
     jamba_mamba_attention_experts_logits_match_mlx_lm => "jamba-small-f32",
+    olmo_hybrid_gated_delta_attention_logits_match_mlx_lm => "olmo_hybrid-small-f32",
+    recurrent_gemma_rg_lru_local_attention_logits_match_mlx_lm => "recurrent_gemma-small-f32",
 }
 
 #[test]

@@ -182,6 +182,8 @@ architectures! {
     // Wave 5.
     afmoe,
     jamba,
+    olmo_hybrid,
+    recurrent_gemma,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
