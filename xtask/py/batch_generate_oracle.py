@@ -99,7 +99,7 @@ ARCH_CASES = [
         "youtu_llm-small-f32", "Klear-small-f32", "mellum-small-f32",
         "talkie-small-f32", "plamo-small-f32", "iquestloopcoder-small-f32",
         "plamo3-small-f32", "muse_glimmer-small-f32", "spark2_5-small-f32",
-        "laguna-small-f32", "mimo_v2_flash-small-f32", "afmoe-small-f32",
+        "laguna-small-f32", "mimo_v2_flash-small-f32", "afmoe-small-f32", "step3p5-small-f32",
     ])
 ]
 LENGTHS = [5, 1, 12, 7, 3]

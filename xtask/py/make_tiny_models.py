@@ -2025,6 +2025,47 @@ GOLDENS.update({
 })
 
 
+# Step 3.5: sliding / full attention (the sliding layers with their own heads), per-layer
+# RoPE bases and rotary fractions, YaRN on some layer types, a sigmoid gate per head;
+# sigmoid-routed experts with a router bias plus a shared expert, SwiGLUs clamped per
+# layer.
+ARCHS["step3p5"] = {
+    "model_type": "step3p5", "num_hidden_layers": 4, "num_attention_groups": 2, "head_dim": 16,
+    "sliding_window": 4, "moe_num_experts": 4, "moe_top_k": 2, "moe_intermediate_size": 32,
+    "share_expert_dim": 48, "moe_router_scaling_factor": 2.5,
+    "attention_other_setting": {"num_attention_heads": 2, "num_attention_groups": 1},
+    "rope_theta": [10000.0, 1000000.0, 10000.0, 1000000.0],
+    "partial_rotary_factors": [0.5, 1.0, 0.5, 1.0],
+    "swiglu_limits": [None, 7.0, None, 0.5], "swiglu_limits_shared": [1.0, 0.5, None, 0.8],
+    "tie_word_embeddings": False,
+}
+VARIANTS.update({
+    # The default pattern (even layers sliding, window 4, 2 heads), per-layer bases and
+    # rotary fractions, clamped SwiGLUs; the original layout (moe.*, share_expert.*,
+    # norms minus one) with MTP tensors.
+    "step3p5-f32": ("step3p5", {}, {"step_vanilla": True}),
+    # layer_types full / sliding, YaRN only on the full layers, no head gate, experts on
+    # layers 0 and 2 (moe_layers_enum), unnormalized weights, one base, head_dim 32.
+    "step3p5-f32-layertypes-yarn-nogate-hd32": ("step3p5", {
+        "layer_types": ["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        "yarn_only_types": ["full_attention"],
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        "use_head_wise_attn_gate": False, "moe_layers_enum": "0,2", "norm_expert_weight": False,
+        "rope_theta": 50000.0, "head_dim": 32, "partial_rotary_factors": None,
+        "attention_other_setting": None}, {}),
+    "step3p5-q4": ("step3p5", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "step3p5-bf16-q4": ("step3p5", {"moe_intermediate_size": 64, "share_expert_dim": 64},
+                        {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "step3p5-small-f32": ("step3p5", dict(SMALL, num_hidden_layers=3, head_dim=8, moe_intermediate_size=16,
+                                          share_expert_dim=16, rope_theta=[10000.0, 1000000.0, 10000.0],
+                                          partial_rotary_factors=[0.5, 1.0, 0.5],
+                                          swiglu_limits=[None, 0.5, 7.0],
+                                          swiglu_limits_shared=[1.0, 0.5, None]), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -2599,6 +2640,24 @@ def write_dense(out, name, arch, overrides, opts):
             else:
                 for e in range(v.shape[0]):
                     weights[k.replace(".mlp.switch_mlp.", f".mlp.experts.{e}.")] = np.ascontiguousarray(v[e])
+    if opts.get("step_vanilla"):
+        # Step 3.5's original layout: moe.* / share_expert.* names, norms stored minus one,
+        # MTP tensors and a layer past the last (sanitize renames, adds one and drops).
+        renames = [(".mlp.switch_mlp.", ".moe."), (".mlp.gate.gate.", ".moe.gate."),
+                   (".mlp.gate.router_bias", ".moe.router_bias"), (".mlp.share_expert.", ".share_expert.")]
+        out_w = {}
+        for k, v in weights.items():
+            for dst, src in renames:
+                if dst in k:
+                    k = k.replace(dst, src)
+                    break
+            if k.endswith(".weight") and "norm" in k:
+                v = v - np.float32(1.0)
+            out_w[k] = v
+        n = config["num_hidden_layers"]
+        out_w[f"model.layers.{n}.eh_proj.weight"] = np.ones((4, 4), np.float32)
+        out_w["model.mtp.fc.weight"] = np.ones((4, 4), np.float32)
+        weights = out_w
     if opts.get("language_model_prefix"):
         weights = {f"language_model.{k}": v for k, v in weights.items()}
     if opts.get("spark_hf_names"):

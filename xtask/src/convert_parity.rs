@@ -230,6 +230,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
         "recurrent_gemma-f32-altnames-tied-hd32",
         None,
     ),
+    ("step3p5", "step3p5-f32", None),
+    ("q-step3p5", "step3p5-q4", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -590,7 +592,9 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // the MTP layer dropped, e_score_correction_bias in its dtype), AFMoE (HF's experts
     // stacked, its router kept at 8 bits, expert_bias in its dtype), Jamba (HF's
     // convolutions moved and experts stacked, its routers kept at 8 bits), OLMo Hybrid
-    // (HF's convolutions moved), RecurrentGemma (HF's convolutions moved).
+    // (HF's convolutions moved), RecurrentGemma (HF's convolutions moved), Step 3.5 (the
+    // original layout renamed, its norms plus one, MTP tensors dropped, its routers kept
+    // at 8 bits, router_bias in its dtype).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -610,6 +614,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("jamba", "q-jamba"),
         ("olmo_hybrid", "q-olmo_hybrid"),
         ("recurrent_gemma", "q-recurrent_gemma"),
+        ("step3p5", "q-step3p5"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);

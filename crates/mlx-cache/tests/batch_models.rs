@@ -648,6 +648,10 @@ model_tests! {
     // grouped sigmoid-routed experts plus a shared one.
     batched_decode_matches_alone_afmoe_sliding,
     prefilled_together_matches_alone_afmoe_sliding => "afmoe-small-f32", false;
+    // Step 3.5: sliding layers with their own heads, a sigmoid gate per head, clamped
+    // SwiGLUs, routed experts plus a shared one.
+    batched_decode_matches_alone_step3p5_sliding,
+    prefilled_together_matches_alone_step3p5_sliding => "step3p5-small-f32", false;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

@@ -1166,3 +1166,49 @@ fn recurrent_gemma_checks_its_block_types_and_heads() {
     let e = err(&with(c, json!({"attention_window_size": 0})));
     assert!(e.contains("attention_window_size"), "{e}");
 }
+
+#[test]
+fn step3p5_checks_its_heads_rope_lists_and_experts() {
+    let c = with(
+        base("step3p5"),
+        json!({"num_hidden_layers": 3, "num_attention_groups": 2, "sliding_window": 4,
+               "moe_num_experts": 4, "moe_top_k": 2, "moe_intermediate_size": 16,
+               "share_expert_dim": 16, "rope_theta": [10000.0, 1000000.0, 10000.0],
+               "partial_rotary_factors": [0.5, 1.0, 0.5],
+               "attention_other_setting": {"num_attention_heads": 2, "num_attention_groups": 1},
+               "swiglu_limits": [null, 7.0, null]}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    for key in ["num_attention_groups", "head_dim", "intermediate_size"] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let e = err(&with(c.clone(), json!({"num_attention_groups": 3})));
+    assert!(e.contains("key-value groups"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"attention_other_setting": {"num_attention_heads": 2}}),
+    ));
+    assert!(
+        e.contains("attention_other_setting.num_attention_groups"),
+        "{e}"
+    );
+    let e = err(&with(c.clone(), json!({"rope_theta": [10000.0]})));
+    assert!(e.contains("rope_theta"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"partial_rotary_factors": [0.1, 1.0, 1.0]}),
+    ));
+    assert!(e.contains("rotary"), "{e}");
+    let e = err(&with(c.clone(), json!({"layer_types": ["full_attention"]})));
+    assert!(e.contains("layer_types"), "{e}");
+    let e = err(&with(c.clone(), json!({"moe_layers_enum": "1,x"})));
+    assert!(e.contains("moe_layers_enum"), "{e}");
+    let e = err(&with(c.clone(), json!({"moe_top_k": 8})));
+    assert!(e.contains("moe_top_k"), "{e}");
+    let e = err(&with(c, json!({"sliding_window": 0})));
+    assert!(e.contains("sliding_window"), "{e}");
+}

@@ -120,6 +120,7 @@ pub const TINY: &[&str] = &[
     "jamba-f32",
     "olmo_hybrid-f32",
     "recurrent_gemma-f32",
+    "step3p5-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

@@ -184,6 +184,7 @@ architectures! {
     jamba,
     olmo_hybrid,
     recurrent_gemma,
+    step3p5,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
