@@ -51,6 +51,7 @@ RECURRENT_CASES = [
     ("granitemoehybrid-small-f32", {"prefill_batch_size": 2}),
     ("lfm2_moe-small-f32", {"prefill_step_size": 4}),
     ("falcon_h1-small-f32", {"prefill_batch_size": 2}),
+    ("plamo2-small-f32", {"prefill_batch_size": 2, "prefill_step_size": 4}),
     # Not recurrent: a CacheList of the latent KV and the indexer's keys.
     ("deepseek_v32-small-f32", {"completion_batch_size": 2, "prefill_batch_size": 2}),
     # Gemma 4: fewer caches than layers (the KV-shared layers read an earlier layer's),

@@ -2066,6 +2066,28 @@ GOLDENS.update({
 })
 
 
+# PLaMo 2: Mamba-2 mixers (weighted B/C/dt norms, one group) and attention (q/k weights
+# per head) by mamba_step, offset sandwich norms, fused qkv and gate/up projections.
+ARCHS["plamo2"] = {
+    "model_type": "plamo2", "num_hidden_layers": 4, "hidden_size_per_head": 16, "mamba_d_state": 8,
+    "mamba_d_conv": 4, "mamba_num_heads": 4, "mamba_step": 2, "rms_norm_eps": 1e-6,
+}
+VARIANTS.update({
+    # Mamba, attention, Mamba, attention; a tied head; HF's convolution layout.
+    "plamo2-f32": ("plamo2", {}, {}),
+    # mamba_step 4 (attention on layer 2 only), one key-value head, an untied head.
+    "plamo2-f32-step4-untied": ("plamo2", {"mamba_step": 4, "num_key_value_heads": 1,
+                                            "tie_word_embeddings": False}, {}),
+    # No Mamba at all (mamba_enabled false).
+    "plamo2-f32-nomamba": ("plamo2", {"mamba_enabled": False}, {}),
+    "plamo2-q4": ("plamo2", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "plamo2-bf16-q4": ("plamo2", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "plamo2-small-f32": ("plamo2", dict(SMALL, hidden_size_per_head=8), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -2279,7 +2301,7 @@ def to_hf_names(config, weights, opts, rng):
             prefix, rest = k.split(".feed_forward.switch_mlp.")
             for e in range(v.shape[0]):
                 out[f"{prefix}.feed_forward.experts.{e}.{rest}"] = np.ascontiguousarray(v[e])
-        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "jamba", "olmo_hybrid") \
+        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "jamba", "olmo_hybrid", "plamo2") \
                 and k.endswith("conv1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "recurrent_gemma" and k.endswith("conv_1d.weight"):

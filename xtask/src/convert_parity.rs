@@ -232,6 +232,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ),
     ("step3p5", "step3p5-f32", None),
     ("q-step3p5", "step3p5-q4", None),
+    ("plamo2", "plamo2-f32", None),
+    ("q-plamo2", "plamo2-q4", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -594,7 +596,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // convolutions moved and experts stacked, its routers kept at 8 bits), OLMo Hybrid
     // (HF's convolutions moved), RecurrentGemma (HF's convolutions moved), Step 3.5 (the
     // original layout renamed, its norms plus one, MTP tensors dropped, its routers kept
-    // at 8 bits, router_bias in its dtype).
+    // at 8 bits, router_bias in its dtype), PLaMo 2 (HF's convolutions moved, its layers
+    // under model.layers.layers).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -615,6 +618,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("olmo_hybrid", "q-olmo_hybrid"),
         ("recurrent_gemma", "q-recurrent_gemma"),
         ("step3p5", "q-step3p5"),
+        ("plamo2", "q-plamo2"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);

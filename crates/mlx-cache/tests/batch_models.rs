@@ -344,6 +344,16 @@ fn prefilled_together_matches_alone_falcon_h1_chunked_scan() {
 }
 
 #[test]
+fn batched_decode_equals_alone_plamo2() {
+    check_model("plamo2-small-f32", true, false);
+}
+
+#[test]
+fn prefilled_together_matches_alone_plamo2_chunked_scan() {
+    check_model("plamo2-small-f32", false, true);
+}
+
+#[test]
 fn batched_decode_equals_alone_granitemoehybrid() {
     check_model("granitemoehybrid-small-f32", true, false);
 }

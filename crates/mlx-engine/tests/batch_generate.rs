@@ -150,6 +150,7 @@ fn recurrent_models_batched_equal_alone() {
         "jamba-small-f32",
         "olmo_hybrid-small-f32",
         "recurrent_gemma-small-f32",
+        "plamo2-small-f32",
     ] {
         let dir = root().join("goldens/models").join(name);
         let (model, _) = mlx_models::load_model(&dir).expect("tiny model");

@@ -1212,3 +1212,24 @@ fn step3p5_checks_its_heads_rope_lists_and_experts() {
     let e = err(&with(c, json!({"sliding_window": 0})));
     assert!(e.contains("sliding_window"), "{e}");
 }
+
+#[test]
+fn plamo2_checks_its_mamba_step_and_heads() {
+    let c = with(
+        base("plamo2"),
+        json!({"num_hidden_layers": 4, "hidden_size_per_head": 8, "mamba_d_state": 8,
+               "mamba_d_conv": 4, "mamba_num_heads": 4, "mamba_step": 2}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    let e = err(&with(c.clone(), json!({"mamba_step": 1})));
+    assert!(e.contains("mamba_step"), "{e}");
+    let e = err(&with(c.clone(), json!({"mamba_step": 10})));
+    assert!(e.contains("mamba_step"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"hidden_size_per_head": 7})));
+    assert!(e.contains("hidden_size_per_head"), "{e}");
+    let e = err(&with(c, json!({"mamba_d_conv": 1})));
+    assert!(e.contains("mamba_d_conv"), "{e}");
+}

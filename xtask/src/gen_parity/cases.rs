@@ -121,6 +121,7 @@ pub const TINY: &[&str] = &[
     "olmo_hybrid-f32",
     "recurrent_gemma-f32",
     "step3p5-f32",
+    "plamo2-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

@@ -185,6 +185,7 @@ architectures! {
     olmo_hybrid,
     recurrent_gemma,
     step3p5,
+    plamo2,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
