@@ -37,7 +37,7 @@ CASES = [
 # Models with recurrent layers (ArraysCache: convolution and SSM / delta-net states),
 # from the logits goldens (goldens/models, vocabulary 128); mlx-lm loads each from a
 # copy with the generation tokenizer beside it, ours from the directory itself. Not
-# mamba and nemotron_h: their blocks ignore the right padding of a batched prefill (in
+# mamba, nemotron_h, jamba, olmo_hybrid and recurrent_gemma: their blocks ignore the right padding of a batched prefill (in
 # mlx-lm as here), so mlx-lm's rows depend on which prompts shared a prefill; our
 # engine prefills their prompts one at a time (checked against each prompt alone in
 # crates/mlx-engine/tests/batch_generate.rs).
@@ -51,6 +51,7 @@ RECURRENT_CASES = [
     ("granitemoehybrid-small-f32", {"prefill_batch_size": 2}),
     ("lfm2_moe-small-f32", {"prefill_step_size": 4}),
     ("falcon_h1-small-f32", {"prefill_batch_size": 2}),
+    ("plamo2-small-f32", {"prefill_batch_size": 2, "prefill_step_size": 4}),
     # Not recurrent: a CacheList of the latent KV and the indexer's keys.
     ("deepseek_v32-small-f32", {"completion_batch_size": 2, "prefill_batch_size": 2}),
     # Gemma 4: fewer caches than layers (the KV-shared layers read an earlier layer's),
@@ -99,7 +100,7 @@ ARCH_CASES = [
         "youtu_llm-small-f32", "Klear-small-f32", "mellum-small-f32",
         "talkie-small-f32", "plamo-small-f32", "iquestloopcoder-small-f32",
         "plamo3-small-f32", "muse_glimmer-small-f32", "spark2_5-small-f32",
-        "laguna-small-f32", "mimo_v2_flash-small-f32",
+        "laguna-small-f32", "mimo_v2_flash-small-f32", "afmoe-small-f32", "step3p5-small-f32",
     ])
 ]
 LENGTHS = [5, 1, 12, 7, 3]

@@ -1898,6 +1898,196 @@ GOLDENS.update({
 })
 
 
+# AFMoE: mup-scaled embeddings, sandwich norms, per-head q/k norms, RoPE on the sliding
+# layers only, a sigmoid gate over the attention output, a dense first layer then
+# sigmoid-routed experts (expert_bias, groups) times route_scale plus shared experts.
+ARCHS["afmoe"] = {
+    "model_type": "afmoe", "num_hidden_layers": 4, "head_dim": 16, "sliding_window": 4,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    "rope_theta": 10000.0, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "num_shared_experts": 1, "num_dense_layers": 1, "route_scale": 2.5, "n_group": 2, "topk_group": 1,
+    "tie_word_embeddings": False,
+}
+VARIANTS.update({
+    # Sliding (window 4), full, sliding, full; grouped sigmoid routing, HF's experts one
+    # by one.
+    "afmoe-f32": ("afmoe", {}, {}),
+    # Softmax scores without normalization, two shared experts' width, no mup scaling,
+    # YaRN on the sliding layers, a tied head (and HF's rotary buffers), head_dim 32, two
+    # dense layers.
+    "afmoe-f32-softmax-tied-hd32": ("afmoe", {
+        "score_func": "softmax", "route_norm": False, "num_shared_experts": 2, "mup_enabled": False,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        "tie_word_embeddings": True, "head_dim": 32, "n_group": 1, "num_dense_layers": 2},
+        {"extras": True}),
+    # All full layers (the 8-bit KV-cache decode runs), one expert chosen (route_norm
+    # skipped), no shared experts.
+    "afmoe-f32-allfull-top1-noshared-hd32": ("afmoe", {
+        "layer_types": ["full_attention"] * 4, "num_experts_per_tok": 1, "num_shared_experts": 0,
+        "n_group": 1, "head_dim": 32}, {}),
+    "afmoe-q4": ("afmoe", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "afmoe-bf16-q4": ("afmoe", {"moe_intermediate_size": 64}, {"dtype": "bfloat16",
+                                                            "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "afmoe-small-f32": ("afmoe", dict(SMALL, head_dim=8, num_hidden_layers=3, num_experts=4,
+                                      moe_intermediate_size=16,
+                                      layer_types=["sliding_attention", "full_attention",
+                                                   "sliding_attention"]), {}),
+})
+
+
+# Jamba: Mamba mixers (weighted delta/B/C norms) and attention without RoPE by
+# attn_layer_period / offset, experts (softmax over the chosen raw logits) by
+# expert_layer_period / offset.
+ARCHS["jamba"] = {
+    "model_type": "jamba", "num_hidden_layers": 4, "attn_layer_offset": 1, "attn_layer_period": 2,
+    "expert_layer_offset": 1, "expert_layer_period": 2, "mamba_d_conv": 4, "mamba_d_state": 8,
+    "mamba_expand": 2, "num_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": False,
+}
+VARIANTS.update({
+    # Mamba, attention, Mamba, attention; experts on the attention layers; HF's layout
+    # (convolutions [C, 1, K], experts one by one).
+    "jamba-f32": ("jamba", {}, {}),
+    # An explicit layers_block_type, experts on layers 0 and 3 (one chosen), dt rank 6,
+    # projection biases without a convolution bias, a tied head.
+    "jamba-f32-blocktypes-top1-tied": ("jamba", {
+        "layers_block_type": ["attention", "mamba", "mamba", "attention"], "expert_layer_offset": 0,
+        "expert_layer_period": 3, "num_experts_per_tok": 1, "mamba_dt_rank": 6, "mamba_proj_bias": True,
+        "mamba_conv_bias": False, "tie_word_embeddings": True}, {}),
+    # No experts (num_experts 1), head_dim 32 (the 8-bit KV-cache decode runs).
+    "jamba-f32-dense-hd32": ("jamba", {"num_experts": 1, "num_attention_heads": 2,
+                                        "num_key_value_heads": 1}, {}),
+    "jamba-q4": ("jamba", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "jamba-bf16-q4": ("jamba", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "jamba-small-f32": ("jamba", dict(SMALL, num_hidden_layers=3, intermediate_size=32), {}),
+})
+
+
+# OLMo Hybrid: gated delta-net layers (q/k/v each through its own convolution, beta
+# doubled by linear_allow_neg_eigval) and OLMo 2 attention layers (whole-projection q/k
+# norms, post-norms), by layer_types (default every fourth layer full).
+ARCHS["olmo_hybrid"] = {
+    "model_type": "olmo_hybrid", "num_hidden_layers": 4, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4, "linear_allow_neg_eigval": True, "tie_word_embeddings": False,
+    "attention_bias": False, "rope_theta": 10000.0,
+}
+VARIANTS.update({
+    # The default layer_types (linear x3, full), beta in [0, 2], HF's convolution layout.
+    "olmo_hybrid-f32": ("olmo_hybrid", {}, {}),
+    # Full, linear, full, linear; no RoPE (rope_theta null), biases, a tied head, as many
+    # key-value heads as heads (null), beta in [0, 1], as many value heads as key heads.
+    "olmo_hybrid-f32-types-norope-tied-bias": ("olmo_hybrid", {
+        "layer_types": ["full_attention", "linear_attention", "full_attention", "linear_attention"],
+        "rope_theta": None, "attention_bias": True, "tie_word_embeddings": True,
+        "num_key_value_heads": None, "linear_allow_neg_eigval": False, "linear_num_value_heads": 2}, {}),
+    # rope_parameters' base, head_dim 32, layer_norm_epsilon 1e-3 for the gated norms.
+    "olmo_hybrid-f32-ropeparams-hd32": ("olmo_hybrid", {
+        "rope_parameters": {"rope_theta": 50000.0, "rope_type": "default"}, "head_dim": 32,
+        "layer_norm_epsilon": 1e-3}, {}),
+    "olmo_hybrid-q4": ("olmo_hybrid", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "olmo_hybrid-bf16-q4": ("olmo_hybrid", {}, {"dtype": "bfloat16",
+                                                "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "olmo_hybrid-small-f32": ("olmo_hybrid", dict(SMALL, linear_num_value_heads=2, linear_key_head_dim=8,
+                                                  linear_value_head_dim=8), {}),
+})
+
+
+# RecurrentGemma (Griffin): 1 + weight norms, recurrent blocks (width-4 convolution,
+# RG-LRU scan) and local attention (one key-value head, half the head rotated), by
+# block_types cycled over the layers; soft-capped logits.
+ARCHS["recurrent_gemma"] = {
+    "model_type": "recurrent_gemma", "num_hidden_layers": 4, "attention_bias": False, "conv1d_width": 4,
+    "logits_soft_cap": 30.0, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "attention_window_size": 4,
+    "block_types": ["recurrent", "recurrent", "attention"], "num_key_value_heads": 1,
+}
+VARIANTS.update({
+    # Recurrent, recurrent, attention, recurrent (the pattern cycled), window 4 crossed,
+    # an lm_head, HF's convolution layout.
+    "recurrent_gemma-f32": ("recurrent_gemma", {}, {}),
+    # `_block_types` (the 9B's name), attention first, no soft cap (0), unscaled embeddings,
+    # no lm_head in the checkpoint (the embedding serves), head_dim 32.
+    "recurrent_gemma-f32-altnames-tied-hd32": ("recurrent_gemma", {
+        "_block_types": ["attention", "recurrent"], "logits_soft_cap": 0.0,
+        "embeddings_scale_by_sqrt_dim": False, "num_attention_heads": 2},
+        {"drop_keys": ["block_types"], "drop_lm_head": True}),
+    "recurrent_gemma-q4": ("recurrent_gemma", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "recurrent_gemma-bf16-q4": ("recurrent_gemma", {}, {"dtype": "bfloat16",
+                                                        "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "recurrent_gemma-small-f32": ("recurrent_gemma", dict(SMALL, num_key_value_heads=1), {}),
+})
+
+
+# Step 3.5: sliding / full attention (the sliding layers with their own heads), per-layer
+# RoPE bases and rotary fractions, YaRN on some layer types, a sigmoid gate per head;
+# sigmoid-routed experts with a router bias plus a shared expert, SwiGLUs clamped per
+# layer.
+ARCHS["step3p5"] = {
+    "model_type": "step3p5", "num_hidden_layers": 4, "num_attention_groups": 2, "head_dim": 16,
+    "sliding_window": 4, "moe_num_experts": 4, "moe_top_k": 2, "moe_intermediate_size": 32,
+    "share_expert_dim": 48, "moe_router_scaling_factor": 2.5,
+    "attention_other_setting": {"num_attention_heads": 2, "num_attention_groups": 1},
+    "rope_theta": [10000.0, 1000000.0, 10000.0, 1000000.0],
+    "partial_rotary_factors": [0.5, 1.0, 0.5, 1.0],
+    "swiglu_limits": [None, 7.0, None, 0.5], "swiglu_limits_shared": [1.0, 0.5, None, 0.8],
+    "tie_word_embeddings": False,
+}
+VARIANTS.update({
+    # The default pattern (even layers sliding, window 4, 2 heads), per-layer bases and
+    # rotary fractions, clamped SwiGLUs; the original layout (moe.*, share_expert.*,
+    # norms minus one) with MTP tensors.
+    "step3p5-f32": ("step3p5", {}, {"step_vanilla": True}),
+    # layer_types full / sliding, YaRN only on the full layers, no head gate, experts on
+    # layers 0 and 2 (moe_layers_enum), unnormalized weights, one base, head_dim 32.
+    "step3p5-f32-layertypes-yarn-nogate-hd32": ("step3p5", {
+        "layer_types": ["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        "yarn_only_types": ["full_attention"],
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        "use_head_wise_attn_gate": False, "moe_layers_enum": "0,2", "norm_expert_weight": False,
+        "rope_theta": 50000.0, "head_dim": 32, "partial_rotary_factors": None,
+        "attention_other_setting": None}, {}),
+    "step3p5-q4": ("step3p5", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "step3p5-bf16-q4": ("step3p5", {"moe_intermediate_size": 64, "share_expert_dim": 64},
+                        {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "step3p5-small-f32": ("step3p5", dict(SMALL, num_hidden_layers=3, head_dim=8, moe_intermediate_size=16,
+                                          share_expert_dim=16, rope_theta=[10000.0, 1000000.0, 10000.0],
+                                          partial_rotary_factors=[0.5, 1.0, 0.5],
+                                          swiglu_limits=[None, 0.5, 7.0],
+                                          swiglu_limits_shared=[1.0, 0.5, None]), {}),
+})
+
+
+# PLaMo 2: Mamba-2 mixers (weighted B/C/dt norms, one group) and attention (q/k weights
+# per head) by mamba_step, offset sandwich norms, fused qkv and gate/up projections.
+ARCHS["plamo2"] = {
+    "model_type": "plamo2", "num_hidden_layers": 4, "hidden_size_per_head": 16, "mamba_d_state": 8,
+    "mamba_d_conv": 4, "mamba_num_heads": 4, "mamba_step": 2, "rms_norm_eps": 1e-6,
+}
+VARIANTS.update({
+    # Mamba, attention, Mamba, attention; a tied head; HF's convolution layout.
+    "plamo2-f32": ("plamo2", {}, {}),
+    # mamba_step 4 (attention on layer 2 only), one key-value head, an untied head.
+    "plamo2-f32-step4-untied": ("plamo2", {"mamba_step": 4, "num_key_value_heads": 1,
+                                            "tie_word_embeddings": False}, {}),
+    # No Mamba at all (mamba_enabled false).
+    "plamo2-f32-nomamba": ("plamo2", {"mamba_enabled": False}, {}),
+    "plamo2-q4": ("plamo2", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "plamo2-bf16-q4": ("plamo2", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "plamo2-small-f32": ("plamo2", dict(SMALL, hidden_size_per_head=8), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -1974,7 +2164,7 @@ def to_hf_names(config, weights, opts, rng):
     mt = config["model_type"]
     out = {}
     for k, v in weights.items():
-        if mt == "Klear" and ".mlp.experts." in k and v.ndim == 3:
+        if mt in ("Klear", "afmoe") and ".mlp.experts." in k and v.ndim == 3:
             # HF's experts one by one: `mlp.experts.{e}.{proj}.weight`.
             prefix, proj = k.split(".mlp.experts.")
             for e in range(v.shape[0]):
@@ -2106,8 +2296,15 @@ def to_hf_names(config, weights, opts, rng):
             elif proj == "gate_proj":
                 up = weights[k.replace("gate_proj", "up_proj")]
                 out[f"{prefix}.input_linear.weight"] = np.concatenate([v, up], axis=0)
-        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1") \
+        elif mt == "jamba" and ".feed_forward.switch_mlp." in k:
+            # HF's experts one by one: `feed_forward.experts.{e}.{proj}.weight`.
+            prefix, rest = k.split(".feed_forward.switch_mlp.")
+            for e in range(v.shape[0]):
+                out[f"{prefix}.feed_forward.experts.{e}.{rest}"] = np.ascontiguousarray(v[e])
+        elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "jamba", "olmo_hybrid", "plamo2") \
                 and k.endswith("conv1d.weight"):
+            out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
+        elif mt == "recurrent_gemma" and k.endswith("conv_1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt in ("lfm2", "lfm2_moe") and k.endswith("conv.conv.weight") and not opts.get("wrap_towers"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
@@ -2339,6 +2536,8 @@ def write_dense(out, name, arch, overrides, opts):
             (config["vocab_size"], config["hidden_size"])) / np.sqrt(config["hidden_size"])).astype(np.float32)
     elif arch == "gemma3_text":
         weights.pop("lm_head.weight", None)
+    if opts.get("drop_lm_head"):
+        weights.pop("lm_head.weight", None)
     weights = to_hf_names(config, weights, opts, rng)
     if opts.get("wrap_gemma3"):
         text_config = dict(config)
@@ -2463,6 +2662,24 @@ def write_dense(out, name, arch, overrides, opts):
             else:
                 for e in range(v.shape[0]):
                     weights[k.replace(".mlp.switch_mlp.", f".mlp.experts.{e}.")] = np.ascontiguousarray(v[e])
+    if opts.get("step_vanilla"):
+        # Step 3.5's original layout: moe.* / share_expert.* names, norms stored minus one,
+        # MTP tensors and a layer past the last (sanitize renames, adds one and drops).
+        renames = [(".mlp.switch_mlp.", ".moe."), (".mlp.gate.gate.", ".moe.gate."),
+                   (".mlp.gate.router_bias", ".moe.router_bias"), (".mlp.share_expert.", ".share_expert.")]
+        out_w = {}
+        for k, v in weights.items():
+            for dst, src in renames:
+                if dst in k:
+                    k = k.replace(dst, src)
+                    break
+            if k.endswith(".weight") and "norm" in k:
+                v = v - np.float32(1.0)
+            out_w[k] = v
+        n = config["num_hidden_layers"]
+        out_w[f"model.layers.{n}.eh_proj.weight"] = np.ones((4, 4), np.float32)
+        out_w["model.mtp.fc.weight"] = np.ones((4, 4), np.float32)
+        weights = out_w
     if opts.get("language_model_prefix"):
         weights = {f"language_model.{k}": v for k, v in weights.items()}
     if opts.get("spark_hf_names"):

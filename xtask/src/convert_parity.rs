@@ -217,6 +217,23 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
         "mimo_v2_flash-f32-fp8-sinks-noshared",
         None,
     ),
+    ("afmoe", "afmoe-f32", None),
+    ("q-afmoe", "afmoe-q4", None),
+    ("jamba", "jamba-f32", None),
+    ("q-jamba", "jamba-q4", None),
+    ("olmo_hybrid", "olmo_hybrid-f32", None),
+    ("q-olmo_hybrid", "olmo_hybrid-q4", None),
+    ("recurrent_gemma", "recurrent_gemma-f32", None),
+    ("q-recurrent_gemma", "recurrent_gemma-q4", None),
+    (
+        "recurrent_gemma-tied",
+        "recurrent_gemma-f32-altnames-tied-hd32",
+        None,
+    ),
+    ("step3p5", "step3p5-f32", None),
+    ("q-step3p5", "step3p5-q4", None),
+    ("plamo2", "plamo2-f32", None),
+    ("q-plamo2", "plamo2-q4", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -574,7 +591,13 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // attention's gate_proj quantized too), Spark 2.5 (its per-head g_proj left dense by
     // quant_predicate), Laguna (the original layout's experts stacked, its router kept at
     // 8 bits, e_score_correction_bias in its dtype), MiMo-V2-Flash (HF's experts stacked,
-    // the MTP layer dropped, e_score_correction_bias in its dtype).
+    // the MTP layer dropped, e_score_correction_bias in its dtype), AFMoE (HF's experts
+    // stacked, its router kept at 8 bits, expert_bias in its dtype), Jamba (HF's
+    // convolutions moved and experts stacked, its routers kept at 8 bits), OLMo Hybrid
+    // (HF's convolutions moved), RecurrentGemma (HF's convolutions moved), Step 3.5 (the
+    // original layout renamed, its norms plus one, MTP tensors dropped, its routers kept
+    // at 8 bits, router_bias in its dtype), PLaMo 2 (HF's convolutions moved, its layers
+    // under model.layers.layers).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -590,6 +613,12 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("spark2_5", "q-spark2_5"),
         ("laguna", "q-laguna"),
         ("mimo_v2_flash", "q-mimo_v2_flash"),
+        ("afmoe", "q-afmoe"),
+        ("jamba", "q-jamba"),
+        ("olmo_hybrid", "q-olmo_hybrid"),
+        ("recurrent_gemma", "q-recurrent_gemma"),
+        ("step3p5", "q-step3p5"),
+        ("plamo2", "q-plamo2"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);
@@ -607,6 +636,9 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // Laguna with every tensor under language_model. and a tied head.
     add("laguna-prefixed", "");
     add("laguna-prefixed", "-q");
+    // RecurrentGemma without lm_head in the checkpoint (sanitize drops the head).
+    add("recurrent_gemma-tied", "");
+    add("recurrent_gemma-tied", "-q");
     // MiMo-V2-Flash's FP8 block-scaled checkpoint, dequantized by sanitize.
     add("mimo_v2_flash-fp8", "");
     add("mimo_v2_flash-fp8", "-q");

@@ -344,6 +344,16 @@ fn prefilled_together_matches_alone_falcon_h1_chunked_scan() {
 }
 
 #[test]
+fn batched_decode_equals_alone_plamo2() {
+    check_model("plamo2-small-f32", true, false);
+}
+
+#[test]
+fn prefilled_together_matches_alone_plamo2_chunked_scan() {
+    check_model("plamo2-small-f32", false, true);
+}
+
+#[test]
 fn batched_decode_equals_alone_granitemoehybrid() {
     check_model("granitemoehybrid-small-f32", true, false);
 }
@@ -357,6 +367,26 @@ fn prefilled_together_matches_alone_granitemoehybrid_chunked_scan() {
 #[test]
 fn batched_decode_equals_alone_mamba() {
     check_model("mamba-small-f32", true, false);
+}
+
+// Jamba's mixer takes no padding mask either (as mlx-lm's): only decoding is batched.
+#[test]
+fn batched_decode_equals_alone_jamba() {
+    check_model("jamba-small-f32", true, false);
+}
+
+// OLMo Hybrid's convolutions take no padding mask (as mlx-lm's): only decoding is batched.
+#[test]
+fn batched_decode_equals_alone_olmo_hybrid() {
+    check_model("olmo_hybrid-small-f32", true, false);
+}
+
+// RecurrentGemma's recurrent blocks take no padding mask (as mlx-lm's): only decoding is
+// batched; its local attention's rotating caches put it within 1e-4 of alone, as the
+// other sliding models.
+#[test]
+fn batched_decode_matches_alone_recurrent_gemma() {
+    check_model("recurrent_gemma-small-f32", false, false);
 }
 
 #[test]
@@ -624,6 +654,14 @@ model_tests! {
     // grouped experts plus shared ones.
     batched_decode_matches_alone_mimo_v2_flash_sliding,
     prefilled_together_matches_alone_mimo_v2_flash_sliding => "mimo_v2_flash-small-f32", false;
+    // AFMoE: sandwich norms, RoPE on the sliding layers only, a gated attention output,
+    // grouped sigmoid-routed experts plus a shared one.
+    batched_decode_matches_alone_afmoe_sliding,
+    prefilled_together_matches_alone_afmoe_sliding => "afmoe-small-f32", false;
+    // Step 3.5: sliding layers with their own heads, a sigmoid gate per head, clamped
+    // SwiGLUs, routed experts plus a shared one.
+    batched_decode_matches_alone_step3p5_sliding,
+    prefilled_together_matches_alone_step3p5_sliding => "step3p5-small-f32", false;
     // Bailing MoE: the fused query_key_value split per row, routed experts.
     batched_decode_equals_alone_bailing_moe, prefilled_together_equals_alone_bailing_moe
         => "bailing_moe-small-f32", true;

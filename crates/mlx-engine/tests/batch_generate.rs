@@ -147,6 +147,10 @@ fn recurrent_models_batched_equal_alone() {
         "granitemoehybrid-small-f32",
         "lfm2_moe-small-f32",
         "falcon_h1-small-f32",
+        "jamba-small-f32",
+        "olmo_hybrid-small-f32",
+        "recurrent_gemma-small-f32",
+        "plamo2-small-f32",
     ] {
         let dir = root().join("goldens/models").join(name);
         let (model, _) = mlx_models::load_model(&dir).expect("tiny model");

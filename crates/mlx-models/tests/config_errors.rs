@@ -1013,3 +1013,223 @@ fn mimo_v2_flash_needs_both_layer_kinds_and_a_known_router() {
         .remove("routed_scaling_factor");
     assert!(err(&missing).contains("routed_scaling_factor"));
 }
+
+#[test]
+fn afmoe_checks_its_layer_types_heads_and_router() {
+    let c = with(
+        base("afmoe"),
+        json!({"num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 16, "num_dense_layers": 1, "sliding_window": 4,
+               "n_group": 2, "topk_group": 1,
+               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    // `layer_types` is the dataclass's one required key.
+    let mut missing = c.clone();
+    missing.as_object_mut().unwrap().remove("layer_types");
+    let e = err(&missing);
+    assert!(e.contains("layer_types"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"layer_types": ["sliding_attention", "sliding_attention"]}),
+    ));
+    assert!(e.contains("full_attention"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 8})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let e = err(&with(c.clone(), json!({"score_func": "sqrtsoftplus"})));
+    assert!(e.contains("score_func"), "{e}");
+    let e = err(&with(c.clone(), json!({"n_group": 3})));
+    assert!(e.contains("n_group"), "{e}");
+    let e = err(&with(c.clone(), json!({"sliding_window": 0})));
+    assert!(e.contains("sliding_window"), "{e}");
+    let e = err(&with(c, json!({"head_dim": 7})));
+    assert!(e.contains("head_dim"), "{e}");
+}
+
+#[test]
+fn jamba_checks_its_layer_kinds_experts_and_mixer() {
+    let c = with(
+        base("jamba"),
+        json!({"num_hidden_layers": 4, "attn_layer_offset": 1, "attn_layer_period": 2,
+               "expert_layer_offset": 1, "expert_layer_period": 2, "mamba_d_conv": 4,
+               "mamba_d_state": 8, "mamba_expand": 2, "num_experts": 4,
+               "num_experts_per_tok": 2}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    // The dataclass's required keys.
+    for key in [
+        "attn_layer_period",
+        "expert_layer_offset",
+        "mamba_d_state",
+        "num_experts",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let e = err(&with(c.clone(), json!({"attn_layer_period": 0})));
+    assert!(e.contains("attn_layer_period"), "{e}");
+    let e = err(&with(c.clone(), json!({"expert_layer_period": 0})));
+    assert!(e.contains("expert_layer_period"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"layers_block_type": ["mamba", "mamba", "mamba", "mamba"]}),
+    ));
+    assert!(e.contains("attention"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"layers_block_type": ["attention", "attention"]}),
+    ));
+    assert!(e.contains("mamba"), "{e}");
+    let e = err(&with(c.clone(), json!({"mamba_dt_rank": "big"})));
+    assert!(e.contains("mamba_dt_rank"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_experts_per_tok": 8})));
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c, json!({"mamba_d_conv": 1})));
+    assert!(e.contains("mamba_d_conv"), "{e}");
+}
+
+#[test]
+fn olmo_hybrid_checks_its_heads_and_linear_attention() {
+    let c = with(
+        base("olmo_hybrid"),
+        json!({"num_hidden_layers": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+               "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+               "linear_allow_neg_eigval": true, "attention_bias": false}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    // `num_key_value_heads` is required but may be null (as many as the heads).
+    build_model(&with(c.clone(), json!({"num_key_value_heads": null}))).unwrap();
+    for key in [
+        "num_key_value_heads",
+        "linear_num_key_heads",
+        "linear_conv_kernel_dim",
+        "linear_allow_neg_eigval",
+        "attention_bias",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"linear_num_value_heads": 3})));
+    assert!(e.contains("linear_num_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"linear_conv_kernel_dim": 1})));
+    assert!(e.contains("linear_conv_kernel_dim"), "{e}");
+    let e = err(&with(c.clone(), json!({"head_dim": 7})));
+    assert!(e.contains("head_dim"), "{e}");
+    let e = err(&with(c, json!({"rope_parameters": {"rope_theta": "big"}})));
+    assert!(e.contains("rope_theta"), "{e}");
+}
+
+#[test]
+fn recurrent_gemma_checks_its_block_types_and_heads() {
+    let c = with(
+        base("recurrent_gemma"),
+        json!({"num_hidden_layers": 3, "attention_bias": false, "conv1d_width": 4,
+               "logits_soft_cap": 30.0, "attention_window_size": 4, "num_key_value_heads": 1,
+               "block_types": ["recurrent", "recurrent", "attention"]}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    // The 9B's `_block_types` serves too; `logits_soft_cap` is required but may be null.
+    let mut alt = with(
+        c.clone(),
+        json!({"_block_types": ["attention", "recurrent"], "logits_soft_cap": null}),
+    );
+    alt.as_object_mut().unwrap().remove("block_types");
+    build_model(&alt).unwrap();
+    for key in ["logits_soft_cap", "attention_window_size", "conv1d_width"] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let mut none = c.clone();
+    none.as_object_mut().unwrap().remove("block_types");
+    let e = err(&none);
+    assert!(e.contains("block_types"), "{e}");
+    let e = err(&with(c.clone(), json!({"block_types": ["recurrent"]})));
+    assert!(e.contains("attention"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_attention_heads": 3})));
+    assert!(e.contains("num_attention_heads"), "{e}");
+    let e = err(&with(c, json!({"attention_window_size": 0})));
+    assert!(e.contains("attention_window_size"), "{e}");
+}
+
+#[test]
+fn step3p5_checks_its_heads_rope_lists_and_experts() {
+    let c = with(
+        base("step3p5"),
+        json!({"num_hidden_layers": 3, "num_attention_groups": 2, "sliding_window": 4,
+               "moe_num_experts": 4, "moe_top_k": 2, "moe_intermediate_size": 16,
+               "share_expert_dim": 16, "rope_theta": [10000.0, 1000000.0, 10000.0],
+               "partial_rotary_factors": [0.5, 1.0, 0.5],
+               "attention_other_setting": {"num_attention_heads": 2, "num_attention_groups": 1},
+               "swiglu_limits": [null, 7.0, null]}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    for key in ["num_attention_groups", "head_dim", "intermediate_size"] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let e = err(&with(c.clone(), json!({"num_attention_groups": 3})));
+    assert!(e.contains("key-value groups"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"attention_other_setting": {"num_attention_heads": 2}}),
+    ));
+    assert!(
+        e.contains("attention_other_setting.num_attention_groups"),
+        "{e}"
+    );
+    let e = err(&with(c.clone(), json!({"rope_theta": [10000.0]})));
+    assert!(e.contains("rope_theta"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"partial_rotary_factors": [0.1, 1.0, 1.0]}),
+    ));
+    assert!(e.contains("rotary"), "{e}");
+    let e = err(&with(c.clone(), json!({"layer_types": ["full_attention"]})));
+    assert!(e.contains("layer_types"), "{e}");
+    let e = err(&with(c.clone(), json!({"moe_layers_enum": "1,x"})));
+    assert!(e.contains("moe_layers_enum"), "{e}");
+    let e = err(&with(c.clone(), json!({"moe_top_k": 8})));
+    assert!(e.contains("moe_top_k"), "{e}");
+    let e = err(&with(c, json!({"sliding_window": 0})));
+    assert!(e.contains("sliding_window"), "{e}");
+}
+
+#[test]
+fn plamo2_checks_its_mamba_step_and_heads() {
+    let c = with(
+        base("plamo2"),
+        json!({"num_hidden_layers": 4, "hidden_size_per_head": 8, "mamba_d_state": 8,
+               "mamba_d_conv": 4, "mamba_num_heads": 4, "mamba_step": 2}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    let e = err(&with(c.clone(), json!({"mamba_step": 1})));
+    assert!(e.contains("mamba_step"), "{e}");
+    let e = err(&with(c.clone(), json!({"mamba_step": 10})));
+    assert!(e.contains("mamba_step"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"hidden_size_per_head": 7})));
+    assert!(e.contains("hidden_size_per_head"), "{e}");
+    let e = err(&with(c, json!({"mamba_d_conv": 1})));
+    assert!(e.contains("mamba_d_conv"), "{e}");
+}

@@ -160,6 +160,12 @@ golden_tests! {
     spark2_5_head_gates_partial_rope_logits_match_mlx_lm => "spark2_5-small-f32",
     laguna_per_layer_heads_routed_experts_logits_match_mlx_lm => "laguna-small-f32",
     mimo_v2_flash_hybrid_sinks_grouped_experts_logits_match_mlx_lm => "mimo_v2_flash-small-f32",
+    afmoe_sandwich_gated_grouped_experts_logits_match_mlx_lm => "afmoe-small-f32",
+    jamba_mamba_attention_experts_logits_match_mlx_lm => "jamba-small-f32",
+    olmo_hybrid_gated_delta_attention_logits_match_mlx_lm => "olmo_hybrid-small-f32",
+    recurrent_gemma_rg_lru_local_attention_logits_match_mlx_lm => "recurrent_gemma-small-f32",
+    step3p5_head_gates_clamped_experts_logits_match_mlx_lm => "step3p5-small-f32",
+    plamo2_mamba2_offset_norms_logits_match_mlx_lm => "plamo2-small-f32",
 }
 
 #[test]

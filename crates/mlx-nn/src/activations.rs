@@ -117,6 +117,27 @@ pub fn sigmoid(x: &Array) -> Result<Array> {
     call_compiled("sigmoid", |a| Ok(vec![a[0].sigmoid()?]), &[x])
 }
 
+/// Step 3.5's `clamped_swiglu(x, gate, limit)`: `min(silu(gate), limit) * clip(x,
+/// -limit, limit)`, compiled (the limit a constant of the trace, a weak scalar as
+/// Python's float).
+#[track_caller]
+pub fn clamped_swiglu(x: &Array, gate: &Array, limit: f64) -> Result<Array> {
+    let key = format!("clamped_swiglu:{limit:e}");
+    let make = move || -> KeyedBody {
+        Box::new(move |a| {
+            let (x, gate) = (&a[0], &a[1]);
+            let g_hi = Array::weak_scalar(Scalar::Float(limit), gate.dtype())?;
+            let g = silu(gate)?.clip(None, Some(&g_hi))?;
+            let lo = Array::weak_scalar(Scalar::Float(-limit), x.dtype())?;
+            let hi = Array::weak_scalar(Scalar::Float(limit), x.dtype())?;
+            Ok(vec![g.multiply(&x.clip(Some(&lo), Some(&hi))?)?])
+        })
+    };
+    call_compiled_keyed(&key, make, &[x, gate])?
+        .pop()
+        .ok_or_else(|| mlx_array::Error::InvalidArgument("clamped_swiglu: no output".into()))
+}
+
 /// mlx-lm's `swiglu(gate, x) = silu(gate) * x`, compiled with the compiled `silu`
 /// nested inside, as in `mlx_lm/models/activations.py`.
 #[track_caller]

@@ -1,6 +1,6 @@
 //! Mixture-of-experts layers of `mlx_lm/models/switch_layers.py`: `SwitchLinear`,
 //! `QuantizedSwitchLinear` and `SwitchGLU`, on `gather_mm` / `gather_qmm`.
-use crate::activations::{geglu, swiglu, swiglu_oai};
+use crate::activations::{clamped_swiglu, geglu, swiglu, swiglu_oai};
 use crate::error::Result as NnResult;
 use crate::module::Param;
 use crate::quantize::QuantSpec;
@@ -193,7 +193,7 @@ layer_variants!(
 );
 
 /// The gated activation of a [`SwitchGlu`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum GluActivation {
     /// mlx-lm's `SwiGLU`: `silu(gate) * up`.
     #[default]
@@ -202,6 +202,8 @@ pub enum GluActivation {
     SwigluOai,
     /// Gemma 4's `GeGLU`: [`geglu`] (`gelu_approx(gate) * up`).
     Geglu,
+    /// Step 3.5's `ClampedSwiGLU(limit)`: [`clamped_swiglu`].
+    ClampedSwiglu(f64),
 }
 
 /// `SwitchGLU`: `down(activation(gate(x), up(x)))` with per-token experts.
@@ -263,6 +265,7 @@ impl SwitchGlu {
             GluActivation::Swiglu => swiglu(&x_gate, &x_up)?,
             GluActivation::SwigluOai => swiglu_oai(&x_gate, &x_up)?,
             GluActivation::Geglu => geglu(&x_gate, &x_up)?,
+            GluActivation::ClampedSwiglu(limit) => clamped_swiglu(&x_up, &x_gate, limit)?,
         };
         let mut y = self.down_proj.forward(&h, &idx, do_sort)?;
         if let Some(inv) = inv_order {

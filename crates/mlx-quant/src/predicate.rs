@@ -183,7 +183,9 @@ impl MixedPredicate {
 /// its `router.layer`), the qwen3_next family
 /// its router and shared-expert gate, granitemoehybrid its `router.layer`, lfm2_moe
 /// its `feed_forward.gate`, bailing_moe its `mlp.gate.gate_proj`, Gemma 4 its
-/// `router.proj` (affine, whatever the mode asked for), laguna its `mlp.gate.proj`;
+/// `router.proj` (affine, whatever the mode asked for), laguna its `mlp.gate.proj`, afmoe
+/// any layer whose path contains `router.gate`, jamba its `feed_forward.router`, step3p5
+/// any layer whose path contains `mlp.gate.gate`;
 /// spark2_5 leaves its
 /// `self_attn.g_proj` dense.
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
@@ -220,6 +222,9 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
         "bailing_moe" => Some(choose(path.ends_with("mlp.gate.gate_proj"))),
         "gemma4_text" | "gemma4" => Some(choose(path.ends_with("router.proj"))),
         "laguna" => Some(choose(path.ends_with("mlp.gate.proj"))),
+        "afmoe" => Some(choose(path.contains("router.gate"))),
+        "jamba" => Some(choose(path.ends_with("router"))),
+        "step3p5" => Some(choose(path.contains("mlp.gate.gate"))),
         // The per-head attention gate stays in the source precision.
         "spark2_5" => Some(if path.ends_with("self_attn.g_proj") {
             LayerChoice::Skip
@@ -241,13 +246,15 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
 /// bias of glm4_moe (and solar_open), minimax, exaone_moe, laguna, mimo_v2_flash, the
 /// DeepSeek-V3 family (V3.2,
 /// glm_moe_dsa, kimi_k25 and kimi_vl included),
-/// nemotron_h, and the `expert_bias` of lfm2_moe, bailing_moe and Klear).
+/// nemotron_h, the `expert_bias` of lfm2_moe, bailing_moe, Klear and afmoe, and the
+/// `router_bias` of step3p5).
 pub fn model_keeps_dtype(model_type: &str, path: &str) -> bool {
     match model_type {
         "glm4_moe" | "glm4_moe_lite" | "deepseek_v3" | "kimi_k2" | "joyai_llm_flash"
         | "kimi_k25" | "kimi_vl" | "deepseek_v32" | "glm_moe_dsa" | "solar_open" | "minimax"
         | "exaone_moe" | "laguna" | "mimo_v2_flash" => path.contains("e_score_correction_bias"),
-        "lfm2_moe" | "bailing_moe" | "Klear" => path.contains("expert_bias"),
+        "lfm2_moe" | "bailing_moe" | "Klear" | "afmoe" => path.contains("expert_bias"),
+        "step3p5" => path.contains("router_bias"),
         "qwen3_5" | "qwen3_5_moe" => path.ends_with("A_log"),
         "nemotron_h" => path.contains("e_score_correction_bias") || path.contains("A_log"),
         _ => false,

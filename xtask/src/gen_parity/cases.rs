@@ -116,6 +116,12 @@ pub const TINY: &[&str] = &[
     "spark2_5-f32",
     "laguna-f32",
     "mimo_v2_flash-f32",
+    "afmoe-f32",
+    "jamba-f32",
+    "olmo_hybrid-f32",
+    "recurrent_gemma-f32",
+    "step3p5-f32",
+    "plamo2-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

@@ -158,6 +158,9 @@ pub(crate) enum OutGate {
     /// One gate per head through the compiled `nn.softplus` in float32, cast to the
     /// output's dtype (Laguna).
     PerHeadSoftplusF32,
+    /// One gate per head in the gate's own dtype: `out * sigmoid(gate(x))[..., None]`
+    /// (Step 3.5).
+    PerHead,
 }
 
 impl Module for Attention {
@@ -313,7 +316,7 @@ impl Attention {
     ) -> crate::Result<Attention> {
         let n = match kind {
             OutGate::PerFeature => self.n_heads * self.head_dim,
-            OutGate::PerHeadF32 | OutGate::PerHeadSoftplusF32 => self.n_heads,
+            OutGate::PerHeadF32 | OutGate::PerHeadSoftplusF32 | OutGate::PerHead => self.n_heads,
         };
         self.out_gate = Some((name, LinearLayer::new(dim, n, bias)?, kind));
         Ok(self)
@@ -484,6 +487,12 @@ impl Attention {
         let out = merge_heads(&out, b, l)?;
         let out = match &self.out_gate {
             Some((_, gate, OutGate::PerFeature)) => out.multiply(&gate.forward(x)?.sigmoid()?)?,
+            Some((_, gate, OutGate::PerHead)) => {
+                let g = gate.forward(x)?.sigmoid()?.expand_dims(&[-1])?;
+                out.reshape(&[b, l, self.n_heads, -1])?
+                    .multiply(&g)?
+                    .reshape(&[b, l, -1])?
+            }
             Some((_, gate, kind)) => {
                 let g = gate.forward(x)?.astype(Dtype::Float32)?;
                 let g = if *kind == OutGate::PerHeadSoftplusF32 {

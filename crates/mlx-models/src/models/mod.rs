@@ -179,6 +179,13 @@ architectures! {
     spark2_5,
     laguna,
     mimo_v2_flash,
+    // Wave 5.
+    afmoe,
+    jamba,
+    olmo_hybrid,
+    recurrent_gemma,
+    step3p5,
+    plamo2,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
