@@ -264,30 +264,10 @@ pub enum FeedForward {
     Sparse(Box<Moe>),
 }
 
-impl Module for FeedForward {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        match self {
-            FeedForward::Dense(m) => m.visit_params(prefix, f),
-            FeedForward::Sparse(m) => m.visit_params(prefix, f),
-        }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        match self {
-            FeedForward::Dense(m) => m.visit_params_mut(prefix, f),
-            FeedForward::Sparse(m) => m.visit_params_mut(prefix, f),
-        }
-    }
-    fn visit_quantizable_mut(
-        &mut self,
-        prefix: &str,
-        f: &mut QuantVisitor<'_>,
-    ) -> mlx_nn::Result<()> {
-        match self {
-            FeedForward::Dense(m) => m.visit_quantizable_mut(prefix, f),
-            FeedForward::Sparse(m) => m.visit_quantizable_mut(prefix, f),
-        }
-    }
-}
+enum_module!(FeedForward {
+    Dense => "",
+    Sparse => "",
+});
 
 /// `DecoderLayer`.
 #[derive(Debug)]

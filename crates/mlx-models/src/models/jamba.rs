@@ -14,7 +14,7 @@ use super::config_error;
 use super::head::{self, LogitScale};
 use super::lm::drop_tied_head;
 use super::mlp::Mlp;
-use super::recurrent::recurrent_state;
+use super::recurrent::{recurrent_state, DepthwiseConv};
 use super::{layer_caches, top_k_indices_of_negated, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -161,19 +161,11 @@ fn plan(a: &ModelArgs) -> crate::Result<Plan> {
     })
 }
 
-/// A depthwise `nn.Conv1d` (`[channels, kernel, 1]`), with an optional bias.
-#[derive(Debug)]
-struct Conv {
-    weight: Param,
-    bias: Option<Param>,
-}
-impl_module!(Conv { weight, bias });
-
 /// `JambaMambaMixer`.
 #[derive(Debug)]
 struct MambaMixer {
     in_proj: LinearLayer,
-    conv1d: Conv,
+    conv1d: DepthwiseConv,
     x_proj: LinearLayer,
     dt_proj: LinearLayer,
     a_log: Param,
@@ -184,7 +176,6 @@ struct MambaMixer {
     c_layernorm: RmsNorm,
     rank: i32,
     state_size: i32,
-    kernel: i32,
 }
 impl_module!(MambaMixer {
     in_proj,
@@ -215,14 +206,7 @@ impl MambaMixer {
         let f32z = |s: &[i32]| ops::zeros(s, Dtype::Float32);
         Ok(MambaMixer {
             in_proj: LinearLayer::new(h, inner * 2, a.mamba_proj_bias)?,
-            conv1d: Conv {
-                weight: Param::new(f32z(&[inner, a.mamba_d_conv, 1])?),
-                bias: if a.mamba_conv_bias {
-                    Some(Param::new(f32z(&[inner])?))
-                } else {
-                    None
-                },
-            },
+            conv1d: DepthwiseConv::zeros(inner, a.mamba_d_conv, a.mamba_conv_bias)?,
             x_proj: LinearLayer::new(inner, rank + 2 * st, false)?,
             dt_proj: LinearLayer::new(rank, inner, true)?,
             a_log: Param::new(f32z(&[inner, st])?),
@@ -233,7 +217,6 @@ impl MambaMixer {
             c_layernorm: RmsNorm::new(st, eps)?,
             rank,
             state_size: st,
-            kernel: a.mamba_d_conv,
         })
     }
 
@@ -276,19 +259,8 @@ impl MambaMixer {
     fn forward(&self, x: &Array, cache: Option<&mut ArraysState>) -> Result<Array> {
         let xz = self.in_proj.forward(x)?.split_sections(2, -1)?;
         let (x, z) = (&xz[0], &xz[1]);
-        let k = self.kernel;
         let conv_state = cache.as_deref().and_then(|c| c.get(0)).cloned();
-        let x_full = match &conv_state {
-            Some(cs) => ops::concatenate(&[cs, x], 1)?,
-            None => x.pad(&[1], &[k - 1], &[0], None, "constant")?,
-        };
-        let channels = self.conv1d.weight.dim(0)?;
-        let mut conv_out = ops::conv1d(&x_full, &self.conv1d.weight, 1, 0, 1, channels)?;
-        if let Some(b) = &self.conv1d.bias {
-            conv_out = conv_out.add(b)?;
-        }
-        let n = x_full.dim(1)?;
-        let new_conv_state = x_full.slice_axis(1, n - (k - 1), n)?;
+        let (conv_out, new_conv_state) = self.conv1d.causal(x, conv_state.as_ref())?;
         let xs = silu(&conv_out)?;
         let a = self.a_log.exp()?.negative()?;
         let ssm_state = cache.as_deref().and_then(|c| c.get(1)).cloned();

@@ -2,7 +2,9 @@
 //! convolution window in an [`ArraysState`] of one slot) mixed with attention layers
 //! (per-head q/k norms), SwiGLU feed-forward, the embedding as head.
 use super::config_error;
-use super::recurrent::{conv_window_or_zeros, keep_conv_window, mask_positions, recurrent_state};
+use super::recurrent::{
+    conv_window_or_zeros, keep_conv_window, mask_positions, recurrent_state, DepthwiseConv,
+};
 use super::{batch_len, layer_caches, rope_cache, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -168,18 +170,10 @@ impl Attention {
     }
 }
 
-/// A depthwise `nn.Conv1d` (`[channels, kernel, 1]`), with an optional bias.
-#[derive(Debug)]
-struct Conv {
-    weight: Param,
-    bias: Option<Param>,
-}
-impl_module!(Conv { weight, bias });
-
 /// The gated short convolution: `out_proj(C * conv(B * x))`.
 #[derive(Debug)]
 struct ShortConv {
-    conv: Conv,
+    conv: DepthwiseConv,
     in_proj: LinearLayer,
     out_proj: LinearLayer,
     l_cache: i32,
@@ -194,14 +188,7 @@ impl ShortConv {
     fn new(a: &ModelArgs) -> crate::Result<ShortConv> {
         let h = a.hidden_size;
         Ok(ShortConv {
-            conv: Conv {
-                weight: Param::new(ops::zeros(&[h, a.conv_l_cache, 1], Dtype::Float32)?),
-                bias: if a.conv_bias {
-                    Some(Param::new(ops::zeros(&[h], Dtype::Float32)?))
-                } else {
-                    None
-                },
-            },
+            conv: DepthwiseConv::zeros(h, a.conv_l_cache, a.conv_bias)?,
             in_proj: LinearLayer::new(h, 3 * h, a.conv_bias)?,
             out_proj: LinearLayer::new(h, h, a.conv_bias)?,
             l_cache: a.conv_l_cache,
@@ -229,11 +216,7 @@ impl ShortConv {
             }
             None => bx = bx.pad(&[1], &[n_keep], &[0], None, "constant")?,
         }
-        let channels = self.conv.weight.dim(0)?;
-        let mut conv_out = ops::conv1d(&bx, &self.conv.weight, 1, 0, 1, channels)?;
-        if let Some(bias) = &self.conv.bias {
-            conv_out = conv_out.add(bias)?;
-        }
+        let conv_out = self.conv.apply(&bx)?;
         self.out_proj.forward(&c.multiply(&conv_out)?)
     }
 }

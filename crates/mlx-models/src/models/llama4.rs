@@ -10,10 +10,9 @@ use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::{fast, ops, Array, Dtype, Result};
 use mlx_nn::cache::create_attention_mask;
-use mlx_nn::module::QuantVisitor;
 use mlx_nn::{
     impl_module, initialize_rope, scaled_dot_product_attention, AttnMask, EmbeddingLayer,
-    KvCache, KvFetch, LinearLayer, Module, Param, RmsNorm, Rope, SwitchGlu,
+    KvCache, KvFetch, LinearLayer, Module, RmsNorm, Rope, SwitchGlu,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -228,30 +227,10 @@ pub enum FeedForward {
     Dense(Box<Mlp>),
 }
 
-impl Module for FeedForward {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        match self {
-            FeedForward::Moe(m) => m.visit_params(prefix, f),
-            FeedForward::Dense(m) => m.visit_params(prefix, f),
-        }
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        match self {
-            FeedForward::Moe(m) => m.visit_params_mut(prefix, f),
-            FeedForward::Dense(m) => m.visit_params_mut(prefix, f),
-        }
-    }
-    fn visit_quantizable_mut(
-        &mut self,
-        prefix: &str,
-        f: &mut QuantVisitor<'_>,
-    ) -> mlx_nn::Result<()> {
-        match self {
-            FeedForward::Moe(m) => m.visit_quantizable_mut(prefix, f),
-            FeedForward::Dense(m) => m.visit_quantizable_mut(prefix, f),
-        }
-    }
-}
+enum_module!(FeedForward {
+    Moe => "",
+    Dense => "",
+});
 
 /// One decoder layer.
 #[derive(Debug)]

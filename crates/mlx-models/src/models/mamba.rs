@@ -2,7 +2,7 @@
 //! layer a selective-scan block run one token at a time, its convolution window and
 //! state in a two-slot [`ArraysState`]. Like mlx-lm's, the block takes no padding mask,
 //! so prompts of a batch must not be padded.
-use super::recurrent::recurrent_state;
+use super::recurrent::{recurrent_state, DepthwiseConv};
 use super::{layer_caches, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -65,19 +65,11 @@ impl ModelArgs {
     }
 }
 
-/// A depthwise `nn.Conv1d` (`[channels, kernel, 1]`), with an optional bias.
-#[derive(Debug)]
-struct Conv {
-    weight: Param,
-    bias: Option<Param>,
-}
-impl_module!(Conv { weight, bias });
-
 /// The selective-scan block.
 #[derive(Debug)]
 struct MambaBlock {
     in_proj: LinearLayer,
-    conv1d: Conv,
+    conv1d: DepthwiseConv,
     x_proj: LinearLayer,
     dt_proj: LinearLayer,
     a_log: Param,
@@ -85,7 +77,6 @@ struct MambaBlock {
     out_proj: LinearLayer,
     rank: i32,
     state_size: i32,
-    kernel: i32,
     bcdt_eps: Option<f32>,
 }
 impl_module!(MambaBlock {
@@ -104,14 +95,7 @@ impl MambaBlock {
         let f32z = |s: &[i32]| ops::zeros(s, Dtype::Float32);
         Ok(MambaBlock {
             in_proj: LinearLayer::new(h, inner * 2, a.use_bias)?,
-            conv1d: Conv {
-                weight: Param::new(f32z(&[inner, a.conv_kernel, 1])?),
-                bias: if a.use_conv_bias {
-                    Some(Param::new(f32z(&[inner])?))
-                } else {
-                    None
-                },
-            },
+            conv1d: DepthwiseConv::zeros(inner, a.conv_kernel, a.use_conv_bias)?,
             x_proj: LinearLayer::new(inner, rank + 2 * st, false)?,
             dt_proj: LinearLayer::new(rank, inner, true)?,
             a_log: Param::new(f32z(&[inner, st])?),
@@ -119,7 +103,6 @@ impl MambaBlock {
             out_proj: LinearLayer::new(inner, h, a.use_bias)?,
             rank,
             state_size: st,
-            kernel: a.conv_kernel,
             bcdt_eps: a.use_bcdt_rms.then_some(a.mixer_rms_eps as f32),
         })
     }
@@ -155,19 +138,8 @@ impl MambaBlock {
         let t = x.dim(1)?;
         let xz = self.in_proj.forward(x)?.split_sections(2, -1)?;
         let (x, z) = (&xz[0], &xz[1]);
-        let k = self.kernel;
         let conv_cache = cache.as_deref().and_then(|c| c.get(0)).cloned();
-        let x_full = match &conv_cache {
-            Some(cc) => ops::concatenate(&[cc, x], 1)?,
-            None => x.pad(&[1], &[k - 1], &[0], None, "constant")?,
-        };
-        let channels = self.conv1d.weight.dim(0)?;
-        let mut conv_out = ops::conv1d(&x_full, &self.conv1d.weight, 1, 0, 1, channels)?;
-        if let Some(b) = &self.conv1d.bias {
-            conv_out = conv_out.add(b)?;
-        }
-        let n = x_full.dim(1)?;
-        let new_conv_cache = x_full.slice_axis(1, n - (k - 1), n)?;
+        let (conv_out, new_conv_cache) = self.conv1d.causal(x, conv_cache.as_ref())?;
         let xs = silu(&conv_out)?;
         let a = self.a_log.exp()?.negative()?;
         let mut state = cache.as_deref().and_then(|c| c.get(1)).cloned();

@@ -2,7 +2,7 @@
 //! depthwise convolution, then the SSD scan of `mlx_nn::ssm`), its convolution window
 //! and SSM state in a two-slot [`ArraysState`].
 use super::config_error;
-use super::recurrent::{conv_window_or_zeros, keep_conv_window, mask_positions, recurrent_state};
+use super::recurrent::{recurrent_state, DepthwiseConv};
 use super::{batch_len, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -55,14 +55,6 @@ struct GatedNorm {
 }
 impl_module!(GatedNorm { weight });
 
-/// A depthwise `nn.Conv1d` (`[channels, kernel, 1]`), with an optional bias.
-#[derive(Debug)]
-struct Conv {
-    weight: Param,
-    bias: Option<Param>,
-}
-impl_module!(Conv { weight, bias });
-
 /// The sizes and options of a [`Mamba2Block`] (every Mamba-2-style mixer of mlx-lm:
 /// mamba2, granitemoehybrid, ...).
 #[derive(Debug, Clone, Copy)]
@@ -105,7 +97,7 @@ pub(crate) enum GateNorm {
 /// The Mamba-2 mixer.
 #[derive(Debug)]
 pub(crate) struct Mamba2Block {
-    conv1d: Conv,
+    conv1d: DepthwiseConv,
     in_proj: LinearLayer,
     dt_bias: Param,
     a_log: Param,
@@ -117,7 +109,6 @@ pub(crate) struct Mamba2Block {
     head_dim: i32,
     n_groups: i32,
     state_size: i32,
-    kernel: i32,
     limit: (f64, f64),
     cast_d: bool,
     scan_lengths: bool,
@@ -209,14 +200,7 @@ impl Mamba2Block {
         }
         let f32z = |s: &[i32]| ops::zeros(s, Dtype::Float32);
         Ok(Mamba2Block {
-            conv1d: Conv {
-                weight: Param::new(f32z(&[conv_dim, a.conv_kernel, 1])?),
-                bias: if a.conv_bias {
-                    Some(Param::new(f32z(&[conv_dim])?))
-                } else {
-                    None
-                },
-            },
+            conv1d: DepthwiseConv::zeros(conv_dim, a.conv_kernel, a.conv_bias)?,
             in_proj: LinearLayer::new(a.hidden_size, inner + conv_dim + a.num_heads, a.proj_bias)?,
             dt_bias: Param::new(ops::ones(&[a.num_heads], Dtype::Float32)?),
             a_log: Param::new(f32z(&[a.num_heads])?),
@@ -236,7 +220,6 @@ impl Mamba2Block {
             head_dim: a.head_dim,
             n_groups: a.n_groups,
             state_size: state,
-            kernel: a.conv_kernel,
             limit: a.time_step_limit,
             cast_d: a.cast_d,
             scan_lengths: a.scan_lengths,
@@ -250,24 +233,7 @@ impl Mamba2Block {
         cache: Option<&mut ArraysState>,
         mask: Option<&Array>,
     ) -> Result<Array> {
-        let input = mask_positions(input.clone(), mask)?;
-        let n_keep = self.kernel - 1;
-        let channels = self.conv1d.weight.dim(0)?;
-        let padded = match cache {
-            Some(cache) => {
-                let (b, dtype) = (input.dim(0)?, input.dtype());
-                let state = conv_window_or_zeros(Some(cache), b, n_keep, channels, dtype)?;
-                let padded = ops::concatenate(&[&state, &input], 1)?;
-                keep_conv_window(cache, &padded, n_keep, padded.dim(1)? - n_keep, false)?;
-                padded
-            }
-            None => input.pad(&[1], &[n_keep], &[0], None, "constant")?,
-        };
-        let mut out = ops::conv1d(&padded, &self.conv1d.weight, 1, 0, 1, channels)?;
-        if let Some(b) = &self.conv1d.bias {
-            out = out.add(b)?;
-        }
-        silu(&out)
+        silu(&self.conv1d.masked_causal(input, cache, mask)?)
     }
 
     pub(crate) fn forward(

@@ -14,7 +14,7 @@ use super::config_error;
 use super::head::{self, LogitScale};
 use super::lm::drop_tied_head;
 use super::mlp::Mlp;
-use super::recurrent::recurrent_state;
+use super::recurrent::{recurrent_state, DepthwiseConv};
 use super::{batch_len, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -145,13 +145,6 @@ fn resolve(a: &ModelArgs) -> crate::Result<Resolved> {
     })
 }
 
-/// A depthwise `nn.Conv1d` without bias: weight `[channels, kernel, 1]`.
-#[derive(Debug)]
-struct Conv {
-    weight: Param,
-}
-impl_module!(Conv { weight });
-
 /// `RMSNormGated`: RMS norm, then `silu(gate) * normed` in float32.
 #[derive(Debug)]
 struct GatedRmsNorm {
@@ -170,9 +163,9 @@ struct GatedDeltaNet {
     b_proj: LinearLayer,
     g_proj: LinearLayer,
     o_proj: LinearLayer,
-    q_conv1d: Conv,
-    k_conv1d: Conv,
-    v_conv1d: Conv,
+    q_conv1d: DepthwiseConv,
+    k_conv1d: DepthwiseConv,
+    v_conv1d: DepthwiseConv,
     a_log: Param,
     dt_bias: Param,
     o_norm: GatedRmsNorm,
@@ -209,11 +202,7 @@ impl GatedDeltaNet {
         );
         let (d, key_dim, value_dim, kern) = (a.hidden_size, nk * dk, nv * dv, a.linear_conv_kernel_dim);
         let zeros = |s: &[i32]| ops::zeros(s, Dtype::Float32);
-        let conv = |c: i32| -> crate::Result<Conv> {
-            Ok(Conv {
-                weight: Param::new(zeros(&[c, kern, 1])?),
-            })
-        };
+        let conv = |c: i32| DepthwiseConv::zeros(c, kern, false);
         Ok(GatedDeltaNet {
             q_proj: LinearLayer::new(d, key_dim, false)?,
             k_proj: LinearLayer::new(d, key_dim, false)?,
@@ -245,7 +234,7 @@ impl GatedDeltaNet {
     fn conv(
         &self,
         x: &Array,
-        conv: &Conv,
+        conv: &DepthwiseConv,
         cache: Option<&mut ArraysState>,
         slot: usize,
     ) -> Result<Array> {
@@ -261,7 +250,7 @@ impl GatedDeltaNet {
             let t = n_keep + s;
             c.set(slot, padded.slice_axis(1, t - n_keep, t)?.contiguous()?)?;
         }
-        silu(&ops::conv1d(&padded, &conv.weight, 1, 0, 1, channels)?)
+        silu(&conv.apply(&padded)?)
     }
 
     fn forward(

@@ -17,7 +17,7 @@ use super::decoder::FeedForward;
 use super::gemma2::RmsNorm;
 use super::head::{self, LogitScale};
 use super::mlp::GateUpMlp;
-use super::recurrent::{conv_window_or_zeros, keep_conv_window, mask_positions, recurrent_state};
+use super::recurrent::{recurrent_state, DepthwiseConv};
 use super::{batch_len, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -92,18 +92,11 @@ fn is_mamba(a: &ModelArgs, i: i32) -> bool {
     i % a.mamba_step != a.mamba_step / 2
 }
 
-/// A depthwise `nn.Conv1d` without bias: weight `[channels, kernel, 1]`.
-#[derive(Debug)]
-struct Conv {
-    weight: Param,
-}
-impl_module!(Conv { weight });
-
 /// The Mamba mixer.
 #[derive(Debug)]
 struct Mamba {
     in_proj: LinearLayer,
-    conv1d: Conv,
+    conv1d: DepthwiseConv,
     bcdt_proj: LinearLayer,
     dt_proj: LinearLayer,
     dt_bias: Param,
@@ -116,7 +109,6 @@ struct Mamba {
     heads: i32,
     head_dim: i32,
     d_state: i32,
-    kernel: i32,
     eps: f32,
 }
 impl_module!(Mamba {
@@ -141,9 +133,7 @@ impl Mamba {
         let ones = |n: i32| -> crate::Result<Param> { Ok(Param::new(ops::ones(&[n], Dtype::Float32)?)) };
         Ok(Mamba {
             in_proj: LinearLayer::new(a.hidden_size, 2 * inner, false)?,
-            conv1d: Conv {
-                weight: Param::new(ops::zeros(&[inner, a.mamba_d_conv, 1], Dtype::Float32)?),
-            },
+            conv1d: DepthwiseConv::zeros(inner, a.mamba_d_conv, false)?,
             bcdt_proj: LinearLayer::new(inner, dt_dim + 2 * ds, false)?,
             dt_proj: LinearLayer::new(dt_dim, h, false)?,
             dt_bias: Param::new(ops::zeros(&[h], Dtype::Float32)?),
@@ -156,7 +146,6 @@ impl Mamba {
             heads: h,
             head_dim: hd,
             d_state: ds,
-            kernel: a.mamba_d_conv,
             eps: a.rms_norm_eps as f32,
         })
     }
@@ -164,20 +153,7 @@ impl Mamba {
     /// `_conv`: the masked input after the cached window (zeros without one; the last
     /// `kernel - 1` real positions kept), or after `kernel - 1` zeros without a cache.
     fn conv(&self, input: &Array, cache: Option<&mut ArraysState>, mask: Option<&Array>) -> Result<Array> {
-        let input = mask_positions(input.clone(), mask)?;
-        let n_keep = self.kernel - 1;
-        let channels = self.conv1d.weight.dim(0)?;
-        let padded = match cache {
-            Some(cache) => {
-                let (b, dtype) = (input.dim(0)?, input.dtype());
-                let state = conv_window_or_zeros(Some(cache), b, n_keep, channels, dtype)?;
-                let padded = ops::concatenate(&[&state, &input], 1)?;
-                keep_conv_window(cache, &padded, n_keep, padded.dim(1)? - n_keep, false)?;
-                padded
-            }
-            None => input.pad(&[1], &[n_keep], &[0], None, "constant")?,
-        };
-        silu(&ops::conv1d(&padded, &self.conv1d.weight, 1, 0, 1, channels)?)
+        silu(&self.conv1d.masked_causal(input, cache, mask)?)
     }
 
     fn forward(&self, x: &Array, mask: Option<&Array>, mut cache: Option<&mut ArraysState>) -> Result<Array> {

@@ -43,6 +43,81 @@ macro_rules! enum_module {
     };
 }
 
+/// A depthwise `nn.Conv1d` (weight `[channels, kernel, 1]`), with an optional bias: the
+/// short convolution of the Mamba, short-convolution and RG-LRU mixers.
+#[derive(Debug)]
+pub(crate) struct DepthwiseConv {
+    pub(crate) weight: mlx_nn::Param,
+    pub(crate) bias: Option<mlx_nn::Param>,
+}
+mlx_nn::impl_module!(DepthwiseConv { weight, bias });
+
+impl DepthwiseConv {
+    /// Float32 zeros (placeholders until the weights load): `[channels, kernel, 1]`, and
+    /// a `[channels]` bias when `bias`.
+    pub(crate) fn zeros(channels: i32, kernel: i32, bias: bool) -> Result<DepthwiseConv> {
+        Ok(DepthwiseConv {
+            weight: mlx_nn::Param::new(ops::zeros(&[channels, kernel, 1], Dtype::Float32)?),
+            bias: if bias {
+                Some(mlx_nn::Param::new(ops::zeros(&[channels], Dtype::Float32)?))
+            } else {
+                None
+            },
+        })
+    }
+
+    /// `conv1d(x, weight, groups=channels)` of an input already padded on the left, plus
+    /// the bias.
+    pub(crate) fn apply(&self, padded: &Array) -> Result<Array> {
+        let channels = self.weight.dim(0)?;
+        let out = ops::conv1d(padded, &self.weight, 1, 0, 1, channels)?;
+        match &self.bias {
+            Some(b) => out.add(b),
+            None => Ok(out),
+        }
+    }
+
+    /// mlx-lm's unmasked causal form (Mamba, Jamba, RecurrentGemma): `x` `[B, L, C]`
+    /// after the cached `window` (its last `kernel - 1` inputs), or after `kernel - 1`
+    /// zeros without one, through [`DepthwiseConv::apply`]; with the new window.
+    pub(crate) fn causal(&self, x: &Array, window: Option<&Array>) -> Result<(Array, Array)> {
+        let k = self.weight.dim(1)?;
+        let padded = match window {
+            Some(w) => ops::concatenate(&[w, x], 1)?,
+            None => x.pad(&[1], &[k - 1], &[0], None, "constant")?,
+        };
+        let out = self.apply(&padded)?;
+        let n = padded.dim(1)?;
+        Ok((out, padded.slice_axis(1, n - (k - 1), n)?))
+    }
+
+    /// mlx-lm's masked form (the Mamba-2 family's and PLaMo 2's `_conv`): `input`'s padded
+    /// positions zeroed (`mask`), then after the cached window (zeros for a fresh cache;
+    /// the last `kernel - 1` positions kept in its slot 0), or after `kernel - 1` zeros
+    /// without a cache, through [`DepthwiseConv::apply`].
+    pub(crate) fn masked_causal(
+        &self,
+        input: &Array,
+        cache: Option<&mut ArraysState>,
+        mask: Option<&Array>,
+    ) -> Result<Array> {
+        let input = mask_positions(input.clone(), mask)?;
+        let n_keep = self.weight.dim(1)? - 1;
+        let padded = match cache {
+            Some(cache) => {
+                let (b, dtype) = (input.dim(0)?, input.dtype());
+                let channels = self.weight.dim(0)?;
+                let state = conv_window_or_zeros(Some(cache), b, n_keep, channels, dtype)?;
+                let padded = ops::concatenate(&[&state, &input], 1)?;
+                keep_conv_window(cache, &padded, n_keep, padded.dim(1)? - n_keep, false)?;
+                padded
+            }
+            None => input.pad(&[1], &[n_keep], &[0], None, "constant")?,
+        };
+        self.apply(&padded)
+    }
+}
+
 /// `mx.where(mask[..., None], x, 0)`: padded positions zeroed (`x` unchanged without a
 /// mask).
 pub(crate) fn mask_positions(x: Array, mask: Option<&Array>) -> Result<Array> {

@@ -21,7 +21,7 @@ use super::config_error;
 use super::gemma2::RmsNorm;
 use super::head::{self, LogitScale};
 use super::mlp::Mlp;
-use super::recurrent::recurrent_state;
+use super::recurrent::{recurrent_state, DepthwiseConv};
 use super::{batch_len, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
 use crate::model::{CacheSpec, LanguageModel};
@@ -66,14 +66,6 @@ pub struct ModelArgs {
     #[serde(default, rename = "_block_types")]
     pub block_types_alt: Option<Vec<String>>,
 }
-
-/// `Conv1d`: a depthwise convolution `[channels, kernel, 1]` with a bias.
-#[derive(Debug)]
-struct Conv {
-    weight: Param,
-    bias: Param,
-}
-impl_module!(Conv { weight, bias });
 
 /// `RGLRU`.
 #[derive(Debug)]
@@ -168,7 +160,7 @@ struct RecurrentBlock {
     linear_y: LinearLayer,
     linear_x: LinearLayer,
     linear_out: LinearLayer,
-    conv_1d: Conv,
+    conv_1d: DepthwiseConv,
     rg_lru: RgLru,
 }
 impl_module!(RecurrentBlock {
@@ -187,10 +179,7 @@ impl RecurrentBlock {
             linear_y: LinearLayer::new(width, width, true)?,
             linear_x: LinearLayer::new(width, width, true)?,
             linear_out: LinearLayer::new(width, width, true)?,
-            conv_1d: Conv {
-                weight: z(&[width, CONV_WIDTH, 1])?,
-                bias: z(&[width])?,
-            },
+            conv_1d: DepthwiseConv::zeros(width, CONV_WIDTH, true)?,
             rg_lru: RgLru {
                 recurrent_param: z(&[width])?,
                 input_gate_weight: z(&[heads, hd, hd])?,
@@ -208,15 +197,7 @@ impl RecurrentBlock {
         let x = self.linear_x.forward(x)?;
         // Conv1d: over the cached window, else after K - 1 zeros.
         let conv_state = cache.as_deref().and_then(|c| c.get(0)).cloned();
-        let k = CONV_WIDTH;
-        let xp = match conv_state {
-            Some(c) => ops::concatenate(&[&c, &x], 1)?,
-            None => x.pad(&[1], &[k - 1], &[0], None, "constant")?,
-        };
-        let groups = self.conv_1d.weight.dim(0)?;
-        let conv = ops::conv1d(&xp, &self.conv_1d.weight, 1, 0, 1, groups)?.add(&self.conv_1d.bias)?;
-        let n = xp.dim(1)?;
-        let window = xp.slice_axis(1, n - (k - 1), n)?;
+        let (conv, window) = self.conv_1d.causal(&x, conv_state.as_ref())?;
         let h0 = cache.as_deref().and_then(|c| c.get(1)).cloned();
         let (x, last) = self.rg_lru.forward(&conv, h0.as_ref())?;
         if let Some(c) = cache {
