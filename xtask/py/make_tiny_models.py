@@ -2088,6 +2088,44 @@ GOLDENS.update({
 })
 
 
+# Gear: sandwich layers of full attention, sliding attention and a convolutional
+# key/value-gated mixer (depthwise convolutions over k and v, sigmoid(q * k) * v); soft-
+# capped attention and logits; 1 + weight norms; HF's convolution layout.
+ARCHS["gear"] = {
+    "model_type": "gear", "num_hidden_layers": 4, "head_dim": 16, "sliding_window": 4,
+    "layer_types": ["conv_mixer", "sliding_attention", "conv_mixer", "full_attention"],
+    "attn_logit_softcapping": 5.0, "final_logit_softcapping": 10.0, "rope_theta": 10000.0,
+}
+VARIANTS.update({
+    # Conv, sliding, conv, full; soft caps on scores and logits; a tied head.
+    "gear-f32": ("gear", {}, {}),
+    # No soft caps (the fused attention), biases everywhere (convolutions too), one
+    # key-value head, width-4 convolutions, SiLU, an untied head, linear RoPE scaling on
+    # the full layers, query_pre_attn_scalar.
+    "gear-f32-nocap-bias-untied": ("gear", {
+        "attn_logit_softcapping": None, "final_logit_softcapping": None, "attention_bias": True,
+        "num_key_value_heads": 1, "conv_L_cache": 4, "hidden_activation": "silu",
+        "tie_word_embeddings": False, "query_pre_attn_scalar": 32.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, {}),
+    # Width-1 convolutions (no window kept), exact GELU, null key-value heads, head_dim 32,
+    # no sliding layer.
+    "gear-f32-conv1-gelu-hd32": ("gear", {
+        "layer_types": ["conv_mixer", "full_attention", "full_attention", "conv_mixer"],
+        "conv_L_cache": 1, "hidden_activation": "gelu", "num_key_value_heads": None, "head_dim": 32}, {}),
+    "gear-q4": ("gear", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    # Sliding and full attention only, for the cases where mlx_lm loads a tokenizer
+    # (generation, convert): transformers' strict config check refuses a `layer_types`
+    # entry "conv_mixer" in any config it reads.
+    "gear-f32-attention-only": ("gear", {"layer_types": ["sliding_attention", "full_attention"] * 2}, {}),
+    "gear-q4-attention-only": ("gear", {"layer_types": ["sliding_attention", "full_attention"] * 2},
+                               {"quant": {"bits": 4, "group_size": 32}}),
+    "gear-bf16-q4": ("gear", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "gear-small-f32": ("gear", dict(SMALL, head_dim=8), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -2126,7 +2164,8 @@ def llama4_nested(config):
 
 def random_weights(config, rng):
     out = {}
-    gemma = config["model_type"].startswith("gemma") and config["model_type"] not in ("gemma4_text", "gemma3n")
+    gemma = (config["model_type"].startswith("gemma") and config["model_type"] not in ("gemma4_text", "gemma3n")) \
+        or config["model_type"] == "gear"
     for name, shape in mlx_names(config):
         if name.endswith("norm.weight"):
             base = 0.0 if gemma else 1.0
@@ -2303,6 +2342,8 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.feed_forward.experts.{e}.{rest}"] = np.ascontiguousarray(v[e])
         elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "jamba", "olmo_hybrid", "plamo2") \
                 and k.endswith("conv1d.weight"):
+            out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
+        elif mt == "gear" and k.endswith(("key_conv.weight", "value_conv.weight")):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "recurrent_gemma" and k.endswith("conv_1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]

@@ -234,6 +234,10 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-step3p5", "step3p5-q4", None),
     ("plamo2", "plamo2-f32", None),
     ("q-plamo2", "plamo2-q4", None),
+    // Attention layers only: transformers refuses "conv_mixer" in `layer_types` when
+    // mlx_lm.convert loads the tokenizer.
+    ("gear", "gear-f32-attention-only", None),
+    ("q-gear", "gear-q4-attention-only", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -597,7 +601,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // (HF's convolutions moved), RecurrentGemma (HF's convolutions moved), Step 3.5 (the
     // original layout renamed, its norms plus one, MTP tensors dropped, its routers kept
     // at 8 bits, router_bias in its dtype), PLaMo 2 (HF's convolutions moved, its layers
-    // under model.layers.layers).
+    // under model.layers.layers), Gear (sandwich norms, soft caps; its attention layers
+    // alone, see the sources).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -619,6 +624,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("recurrent_gemma", "q-recurrent_gemma"),
         ("step3p5", "q-step3p5"),
         ("plamo2", "q-plamo2"),
+        ("gear", "q-gear"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);

@@ -354,6 +354,17 @@ fn prefilled_together_matches_alone_plamo2_chunked_scan() {
 }
 
 #[test]
+fn batched_decode_equals_alone_gear() {
+    // Within 1e-4: rotating caches and left-padded keys in the soft-capped scores.
+    check_model("gear-small-f32", false, false);
+}
+
+#[test]
+fn prefilled_together_matches_alone_gear() {
+    check_model("gear-small-f32", false, true);
+}
+
+#[test]
 fn batched_decode_equals_alone_granitemoehybrid() {
     check_model("granitemoehybrid-small-f32", true, false);
 }

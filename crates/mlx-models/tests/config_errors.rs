@@ -1233,3 +1233,51 @@ fn plamo2_checks_its_mamba_step_and_heads() {
     let e = err(&with(c, json!({"mamba_d_conv": 1})));
     assert!(e.contains("mamba_d_conv"), "{e}");
 }
+
+#[test]
+fn gear_checks_its_required_keys_layer_types_and_heads() {
+    let c = with(
+        base("gear"),
+        json!({"num_hidden_layers": 3, "head_dim": 8, "sliding_window": 4,
+               "layer_types": ["conv_mixer", "sliding_attention", "full_attention"]}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    // Required by the dataclass (layer_types and num_key_value_heads may be null).
+    for key in [
+        "layer_types",
+        "head_dim",
+        "num_key_value_heads",
+        "rms_norm_eps",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    build_model(&with(
+        c.clone(),
+        json!({"layer_types": null, "num_key_value_heads": null}),
+    ))
+    .unwrap();
+    let e = err(&with(c.clone(), json!({"layer_types": ["full_attention"]})));
+    assert!(e.contains("layer_types"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"layer_types": ["conv_mixer", "conv", "full_attention"]}),
+    ));
+    assert!(e.contains("layer_types"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"use_bidirectional_attention": true}),
+    ));
+    assert!(e.contains("use_bidirectional_attention"), "{e}");
+    let e = err(&with(c.clone(), json!({"hidden_activation": "relu"})));
+    assert!(e.contains("hidden_activation"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"conv_L_cache": 0})));
+    assert!(e.contains("conv_L_cache"), "{e}");
+    let e = err(&with(c, json!({"sliding_window": 0})));
+    assert!(e.contains("sliding_window"), "{e}");
+}
