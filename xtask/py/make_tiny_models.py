@@ -2126,6 +2126,31 @@ GOLDENS.update({
 })
 
 
+# RWKV-7: token-shift interpolations, LoRA-made decay / learning rate / gate / value
+# mixing, the WKV-7 recurrence position by position (mlx-lm's operations path), per-head
+# layer norms, relu^2 channel mixing; HF's flat k_k / k_a / g_norm.
+ARCHS["rwkv7"] = {
+    "model_type": "rwkv7", "num_hidden_layers": 3, "head_dim": 16, "norm_eps": 1e-5,
+    "a_low_rank_dim": 64, "v_low_rank_dim": 64, "gate_low_rank_dim": 64, "decay_low_rank_dim": 64,
+}
+VARIANTS.update({
+    # Three layers (the later ones mixing in the first layer's values), an lm_head.
+    "rwkv7-f32": ("rwkv7", {}, {}),
+    # A tied head, head_dim 32, small ranks.
+    "rwkv7-f32-tied-hd32": ("rwkv7", {"tie_word_embeddings": True, "head_dim": 32, "a_low_rank_dim": 8,
+                                      "v_low_rank_dim": 16, "gate_low_rank_dim": 8,
+                                      "decay_low_rank_dim": 16}, {}),
+    # The LoRAs' up projections and the embeddings at 8 bits (quant_predicate's {"bits": 8}
+    # takes group size 64, so mlx-lm needs ranks that 64 divides).
+    "rwkv7-q4": ("rwkv7", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "rwkv7-bf16-q4": ("rwkv7", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "rwkv7-small-f32": ("rwkv7", dict(SMALL, head_dim=8, a_low_rank_dim=8, v_low_rank_dim=8,
+                                      gate_low_rank_dim=8, decay_low_rank_dim=8), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -2343,6 +2368,8 @@ def to_hf_names(config, weights, opts, rng):
         elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "jamba", "olmo_hybrid", "plamo2") \
                 and k.endswith("conv1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
+        elif mt == "rwkv7" and k.endswith(("attn.k_k", "attn.k_a", "g_norm.weight", "g_norm.bias")):
+            out[k] = np.ascontiguousarray(v.reshape(-1))  # HF: flat [hidden_size]
         elif mt == "gear" and k.endswith(("key_conv.weight", "value_conv.weight")):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "recurrent_gemma" and k.endswith("conv_1d.weight"):

@@ -238,6 +238,8 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     // mlx_lm.convert loads the tokenizer.
     ("gear", "gear-f32-attention-only", None),
     ("q-gear", "gear-q4-attention-only", None),
+    ("rwkv7", "rwkv7-f32", None),
+    ("q-rwkv7", "rwkv7-q4", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -602,7 +604,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // original layout renamed, its norms plus one, MTP tensors dropped, its routers kept
     // at 8 bits, router_bias in its dtype), PLaMo 2 (HF's convolutions moved, its layers
     // under model.layers.layers), Gear (sandwich norms, soft caps; its attention layers
-    // alone, see the sources).
+    // alone, see the sources), RWKV-7 (HF's flat k_k / k_a / g_norm reshaped, its LoRAs'
+    // up projections and embeddings at 8 bits by quant_predicate).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -625,6 +628,7 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("step3p5", "q-step3p5"),
         ("plamo2", "q-plamo2"),
         ("gear", "q-gear"),
+        ("rwkv7", "q-rwkv7"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);

@@ -400,6 +400,12 @@ fn batched_decode_matches_alone_recurrent_gemma() {
     check_model("recurrent_gemma-small-f32", false, false);
 }
 
+// RWKV-7's blocks take no padding mask (as mlx-lm's): only decoding is batched.
+#[test]
+fn batched_decode_equals_alone_rwkv7() {
+    check_model("rwkv7-small-f32", true, false);
+}
+
 #[test]
 fn batched_decode_equals_alone_nemotron_h() {
     check_model("nemotron_h-small-f32", true, false);

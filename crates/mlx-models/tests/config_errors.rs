@@ -1281,3 +1281,32 @@ fn gear_checks_its_required_keys_layer_types_and_heads() {
     let e = err(&with(c, json!({"sliding_window": 0})));
     assert!(e.contains("sliding_window"), "{e}");
 }
+
+#[test]
+fn rwkv7_requires_its_ranks_and_a_head_dim_dividing_the_width() {
+    let c = json!({
+        "model_type": "rwkv7", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+        "norm_eps": 1e-5, "head_dim": 8, "num_hidden_layers": 2, "a_low_rank_dim": 8,
+        "v_low_rank_dim": 8, "gate_low_rank_dim": 8, "decay_low_rank_dim": 8,
+    });
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    assert!(!m.padded_prefill_is_exact());
+    for key in [
+        "norm_eps",
+        "head_dim",
+        "a_low_rank_dim",
+        "v_low_rank_dim",
+        "gate_low_rank_dim",
+        "decay_low_rank_dim",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let e = err(&with(c.clone(), json!({"head_dim": 12})));
+    assert!(e.contains("head_dim"), "{e}");
+    let e = err(&with(c, json!({"head_dim": 0})));
+    assert!(e.contains("head_dim"), "{e}");
+}

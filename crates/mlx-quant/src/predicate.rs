@@ -185,7 +185,8 @@ impl MixedPredicate {
 /// its `feed_forward.gate`, bailing_moe its `mlp.gate.gate_proj`, Gemma 4 its
 /// `router.proj` (affine, whatever the mode asked for), laguna its `mlp.gate.proj`, afmoe
 /// any layer whose path contains `router.gate`, jamba its `feed_forward.router`, step3p5
-/// any layer whose path contains `mlp.gate.gate`;
+/// any layer whose path contains `mlp.gate.gate`, rwkv7 its LoRAs' `lora.2` and its
+/// `embeddings` (`{"bits": 8}`, no group size);
 /// spark2_5 leaves its
 /// `self_attn.g_proj` dense.
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
@@ -225,6 +226,14 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
         "afmoe" => Some(choose(path.contains("router.gate"))),
         "jamba" => Some(choose(path.ends_with("router"))),
         "step3p5" => Some(choose(path.contains("mlp.gate.gate"))),
+        // `{"bits": 8}` alone: the group size and mode are `to_quantized`'s defaults.
+        "rwkv7" => Some(if path.contains("lora.2") || path.contains("embeddings") {
+            let mut m = Map::new();
+            m.insert("bits".into(), 8.into());
+            LayerChoice::Params(m)
+        } else {
+            LayerChoice::Default
+        }),
         // The per-head attention gate stays in the source precision.
         "spark2_5" => Some(if path.ends_with("self_attn.g_proj") {
             LayerChoice::Skip

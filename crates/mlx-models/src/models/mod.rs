@@ -188,6 +188,7 @@ architectures! {
     plamo2,
     // Wave 6.
     gear,
+    rwkv7,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
