@@ -55,6 +55,8 @@ RECURRENT_CASES = [
     ("plamo2-small-f32", {"prefill_batch_size": 2, "prefill_step_size": 4}),
     # Gear: convolution windows per row and sliding windows of 4 crossed by prompts.
     ("gear-small-f32", {"prefill_batch_size": 2, "prefill_step_size": 4}),
+    # LongCat-Flash: a CacheList of two latent KV caches per layer.
+    ("longcat_flash-small-f32", {"completion_batch_size": 2, "prefill_batch_size": 2}),
     # Not recurrent: a CacheList of the latent KV and the indexer's keys.
     ("deepseek_v32-small-f32", {"completion_batch_size": 2, "prefill_batch_size": 2}),
     # Gemma 4: fewer caches than layers (the KV-shared layers read an earlier layer's),

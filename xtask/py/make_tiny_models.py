@@ -2151,6 +2151,38 @@ GOLDENS.update({
 })
 
 
+# LongCat-Flash: two MLA sub-blocks per layer (DeepSeek-V3's latent attention with
+# q / kv LoRA scales) each with a dense SwiGLU, the first feeding routed experts plus
+# identity (zero-compute) experts added after the second; HF's per-expert weights and
+# kv_b_proj.
+ARCHS["longcat_flash"] = {
+    "model_type": "longcat_flash", "attention_method": "MLA", "zero_expert_type": "identity",
+    "ffn_hidden_size": 128, "moe_topk": 2, "expert_ffn_hidden_size": 32, "n_routed_experts": 4,
+    "zero_expert_num": 2, "num_layers": 2, "kv_lora_rank": 32, "q_lora_rank": 32,
+    "qk_rope_head_dim": 8, "qk_nope_head_dim": 32, "v_head_dim": 32, "routed_scaling_factor": 2.0,
+    "rope_theta": 10000.0, "mla_scale_q_lora": True, "mla_scale_kv_lora": True, "attention_bias": False,
+}
+VARIANTS.update({
+    # Unnormalized top-2 of 4 routed + 2 identity experts; HF's layout.
+    "longcat_flash-f32": ("longcat_flash", {}, {}),
+    # Normalized weights, a router bias, biased attention projections, YaRN with
+    # mscale_all_dim (the softmax scale grows), top-3.
+    "longcat_flash-f32-norm-bias-yarn": ("longcat_flash", {
+        "norm_topk_prob": True, "router_bias": True, "attention_bias": True, "moe_topk": 3,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                         "mscale": 1.0, "mscale_all_dim": 1.0}}, {}),
+    "longcat_flash-q4": ("longcat_flash", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    # Experts of 64 so every expert is quantized (bfloat16 GatherMM does not run on the CPU).
+    "longcat_flash-bf16-q4": ("longcat_flash", {"expert_ffn_hidden_size": 64}, {"dtype": "bfloat16",
+                                                    "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "longcat_flash-small-f32": ("longcat_flash", dict(SMALL, ffn_hidden_size=64, expert_ffn_hidden_size=16,
+                                                      kv_lora_rank=16, q_lora_rank=16, qk_nope_head_dim=8,
+                                                      v_head_dim=8), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -2288,7 +2320,7 @@ def to_hf_names(config, weights, opts, rng):
             elif proj == "gate_proj":
                 up = weights[k.replace("gate_proj", "up_proj")]
                 out[f"{prefix}.mlp.experts.gate_up_proj"] = np.concatenate([v, up], axis=1)
-        elif mt in ("deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "mistral4"):
+        elif mt in ("deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "mistral4", "longcat_flash"):
             # HF layout: per-expert weights, and `kv_b_proj` instead of MLA's per-head
             # `embed_q` / `unembed_out` (mlx-lm's sanitize splits it).
             if ".mlp.switch_mlp." in k:

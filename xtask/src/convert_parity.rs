@@ -240,6 +240,7 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-gear", "gear-q4-attention-only", None),
     ("rwkv7", "rwkv7-f32", None),
     ("q-rwkv7", "rwkv7-q4", None),
+    ("longcat_flash", "longcat_flash-f32", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -438,6 +439,12 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // longer loads); ours dequantizes them.
     for flags in ["", "-q", "--dtype float32"] {
         add("q-deepseek_v3-kvb", flags);
+    }
+    // LongCat-Flash: HF's experts stacked, kv_b_proj split into MultiLinear, its
+    // classifier at 8 bits, e_score_correction_bias in its dtype. Not `-d` of a quantized
+    // one: mlx-lm's dequantize_model skips `QuantizedMultiLinear` (see q-deepseek_v3-kvb).
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("longcat_flash", flags);
     }
     add("q-qwen3_next", "-d");
     add("q-qwen3_next", "-q");

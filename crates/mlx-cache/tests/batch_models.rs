@@ -400,6 +400,17 @@ fn batched_decode_matches_alone_recurrent_gemma() {
     check_model("recurrent_gemma-small-f32", false, false);
 }
 
+// LongCat-Flash: a CacheList of two latent KV caches per layer.
+#[test]
+fn batched_decode_equals_alone_longcat_flash() {
+    check_model("longcat_flash-small-f32", true, false);
+}
+
+#[test]
+fn prefilled_together_matches_alone_longcat_flash() {
+    check_model("longcat_flash-small-f32", false, true);
+}
+
 // RWKV-7's blocks take no padding mask (as mlx-lm's): only decoding is batched.
 #[test]
 fn batched_decode_equals_alone_rwkv7() {

@@ -1310,3 +1310,40 @@ fn rwkv7_requires_its_ranks_and_a_head_dim_dividing_the_width() {
     let e = err(&with(c, json!({"head_dim": 0})));
     assert!(e.contains("head_dim"), "{e}");
 }
+
+#[test]
+fn longcat_flash_checks_its_scales_experts_and_required_keys() {
+    let c = json!({
+        "model_type": "longcat_flash", "attention_method": "MLA", "zero_expert_type": "identity",
+        "hidden_size": 32, "ffn_hidden_size": 64, "moe_topk": 2, "expert_ffn_hidden_size": 16,
+        "n_routed_experts": 4, "zero_expert_num": 2, "num_layers": 2, "vocab_size": 64,
+        "max_position_embeddings": 128, "num_attention_heads": 4, "kv_lora_rank": 16,
+        "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+        "routed_scaling_factor": 2.0, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "mla_scale_q_lora": true, "mla_scale_kv_lora": true, "attention_bias": false,
+    });
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    for key in [
+        "zero_expert_type",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "mla_scale_kv_lora",
+        "num_layers",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let e = err(&with(c.clone(), json!({"zero_expert_type": "zero"})));
+    assert!(e.contains("zero_expert_type"), "{e}");
+    let e = err(&with(c.clone(), json!({"mla_scale_q_lora": false})));
+    assert!(e.contains("mla_scale_q_lora"), "{e}");
+    let e = err(&with(c.clone(), json!({"q_lora_rank": null})));
+    assert!(e.contains("q_lora_rank"), "{e}");
+    let e = err(&with(c.clone(), json!({"moe_topk": 7})));
+    assert!(e.contains("moe_topk"), "{e}");
+    let e = err(&with(c, json!({"qk_rope_head_dim": 7})));
+    assert!(e.contains("qk_rope_head_dim"), "{e}");
+}

@@ -168,6 +168,7 @@ golden_tests! {
     plamo2_mamba2_offset_norms_logits_match_mlx_lm => "plamo2-small-f32",
     gear_conv_mixer_softcapped_attention_logits_match_mlx_lm => "gear-small-f32",
     rwkv7_wkv7_recurrence_token_shift_logits_match_mlx_lm => "rwkv7-small-f32",
+    longcat_flash_two_mla_blocks_identity_experts_logits_match_mlx_lm => "longcat_flash-small-f32",
 }
 
 #[test]

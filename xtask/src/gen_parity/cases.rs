@@ -126,6 +126,7 @@ pub const TINY: &[&str] = &[
     // mlx_lm loads the tokenizer.
     "gear-f32-attention-only",
     "rwkv7-f32",
+    "longcat_flash-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

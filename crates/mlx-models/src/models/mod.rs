@@ -189,6 +189,7 @@ architectures! {
     // Wave 6.
     gear,
     rwkv7,
+    longcat_flash,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
