@@ -2088,6 +2088,101 @@ GOLDENS.update({
 })
 
 
+# Gear: sandwich layers of full attention, sliding attention and a convolutional
+# key/value-gated mixer (depthwise convolutions over k and v, sigmoid(q * k) * v); soft-
+# capped attention and logits; 1 + weight norms; HF's convolution layout.
+ARCHS["gear"] = {
+    "model_type": "gear", "num_hidden_layers": 4, "head_dim": 16, "sliding_window": 4,
+    "layer_types": ["conv_mixer", "sliding_attention", "conv_mixer", "full_attention"],
+    "attn_logit_softcapping": 5.0, "final_logit_softcapping": 10.0, "rope_theta": 10000.0,
+}
+VARIANTS.update({
+    # Conv, sliding, conv, full; soft caps on scores and logits; a tied head.
+    "gear-f32": ("gear", {}, {}),
+    # No soft caps (the fused attention), biases everywhere (convolutions too), one
+    # key-value head, width-4 convolutions, SiLU, an untied head, linear RoPE scaling on
+    # the full layers, query_pre_attn_scalar.
+    "gear-f32-nocap-bias-untied": ("gear", {
+        "attn_logit_softcapping": None, "final_logit_softcapping": None, "attention_bias": True,
+        "num_key_value_heads": 1, "conv_L_cache": 4, "hidden_activation": "silu",
+        "tie_word_embeddings": False, "query_pre_attn_scalar": 32.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, {}),
+    # Width-1 convolutions (no window kept), exact GELU, null key-value heads, head_dim 32,
+    # no sliding layer.
+    "gear-f32-conv1-gelu-hd32": ("gear", {
+        "layer_types": ["conv_mixer", "full_attention", "full_attention", "conv_mixer"],
+        "conv_L_cache": 1, "hidden_activation": "gelu", "num_key_value_heads": None, "head_dim": 32}, {}),
+    "gear-q4": ("gear", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    # Sliding and full attention only, for the cases where mlx_lm loads a tokenizer
+    # (generation, convert): transformers' strict config check refuses a `layer_types`
+    # entry "conv_mixer" in any config it reads.
+    "gear-f32-attention-only": ("gear", {"layer_types": ["sliding_attention", "full_attention"] * 2}, {}),
+    "gear-q4-attention-only": ("gear", {"layer_types": ["sliding_attention", "full_attention"] * 2},
+                               {"quant": {"bits": 4, "group_size": 32}}),
+    "gear-bf16-q4": ("gear", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "gear-small-f32": ("gear", dict(SMALL, head_dim=8), {}),
+})
+
+
+# RWKV-7: token-shift interpolations, LoRA-made decay / learning rate / gate / value
+# mixing, the WKV-7 recurrence position by position (mlx-lm's operations path), per-head
+# layer norms, relu^2 channel mixing; HF's flat k_k / k_a / g_norm.
+ARCHS["rwkv7"] = {
+    "model_type": "rwkv7", "num_hidden_layers": 3, "head_dim": 16, "norm_eps": 1e-5,
+    "a_low_rank_dim": 64, "v_low_rank_dim": 64, "gate_low_rank_dim": 64, "decay_low_rank_dim": 64,
+}
+VARIANTS.update({
+    # Three layers (the later ones mixing in the first layer's values), an lm_head.
+    "rwkv7-f32": ("rwkv7", {}, {}),
+    # A tied head, head_dim 32, small ranks.
+    "rwkv7-f32-tied-hd32": ("rwkv7", {"tie_word_embeddings": True, "head_dim": 32, "a_low_rank_dim": 8,
+                                      "v_low_rank_dim": 16, "gate_low_rank_dim": 8,
+                                      "decay_low_rank_dim": 16}, {}),
+    # The LoRAs' up projections and the embeddings at 8 bits (quant_predicate's {"bits": 8}
+    # takes group size 64, so mlx-lm needs ranks that 64 divides).
+    "rwkv7-q4": ("rwkv7", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    "rwkv7-bf16-q4": ("rwkv7", {}, {"dtype": "bfloat16", "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "rwkv7-small-f32": ("rwkv7", dict(SMALL, head_dim=8, a_low_rank_dim=8, v_low_rank_dim=8,
+                                      gate_low_rank_dim=8, decay_low_rank_dim=8), {}),
+})
+
+
+# LongCat-Flash: two MLA sub-blocks per layer (DeepSeek-V3's latent attention with
+# q / kv LoRA scales) each with a dense SwiGLU, the first feeding routed experts plus
+# identity (zero-compute) experts added after the second; HF's per-expert weights and
+# kv_b_proj.
+ARCHS["longcat_flash"] = {
+    "model_type": "longcat_flash", "attention_method": "MLA", "zero_expert_type": "identity",
+    "ffn_hidden_size": 128, "moe_topk": 2, "expert_ffn_hidden_size": 32, "n_routed_experts": 4,
+    "zero_expert_num": 2, "num_layers": 2, "kv_lora_rank": 32, "q_lora_rank": 32,
+    "qk_rope_head_dim": 8, "qk_nope_head_dim": 32, "v_head_dim": 32, "routed_scaling_factor": 2.0,
+    "rope_theta": 10000.0, "mla_scale_q_lora": True, "mla_scale_kv_lora": True, "attention_bias": False,
+}
+VARIANTS.update({
+    # Unnormalized top-2 of 4 routed + 2 identity experts; HF's layout.
+    "longcat_flash-f32": ("longcat_flash", {}, {}),
+    # Normalized weights, a router bias, biased attention projections, YaRN with
+    # mscale_all_dim (the softmax scale grows), top-3.
+    "longcat_flash-f32-norm-bias-yarn": ("longcat_flash", {
+        "norm_topk_prob": True, "router_bias": True, "attention_bias": True, "moe_topk": 3,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                         "mscale": 1.0, "mscale_all_dim": 1.0}}, {}),
+    "longcat_flash-q4": ("longcat_flash", {}, {"quant": {"bits": 4, "group_size": 32}}),
+    # Experts of 64 so every expert is quantized (bfloat16 GatherMM does not run on the CPU).
+    "longcat_flash-bf16-q4": ("longcat_flash", {"expert_ffn_hidden_size": 64}, {"dtype": "bfloat16",
+                                                    "quant": {"bits": 4, "group_size": 64}}),
+})
+GOLDENS.update({
+    "longcat_flash-small-f32": ("longcat_flash", dict(SMALL, ffn_hidden_size=64, expert_ffn_hidden_size=16,
+                                                      kv_lora_rank=16, q_lora_rank=16, qk_nope_head_dim=8,
+                                                      v_head_dim=8), {}),
+})
+
+
 def wrap_towers(config, weights, wrap):
     """A Pixtral / LFM2-VL checkpoint of a text model (see wrap_towers above)."""
     model_type, text_overrides = wrap
@@ -2126,7 +2221,8 @@ def llama4_nested(config):
 
 def random_weights(config, rng):
     out = {}
-    gemma = config["model_type"].startswith("gemma") and config["model_type"] not in ("gemma4_text", "gemma3n")
+    gemma = (config["model_type"].startswith("gemma") and config["model_type"] not in ("gemma4_text", "gemma3n")) \
+        or config["model_type"] == "gear"
     for name, shape in mlx_names(config):
         if name.endswith("norm.weight"):
             base = 0.0 if gemma else 1.0
@@ -2224,7 +2320,7 @@ def to_hf_names(config, weights, opts, rng):
             elif proj == "gate_proj":
                 up = weights[k.replace("gate_proj", "up_proj")]
                 out[f"{prefix}.mlp.experts.gate_up_proj"] = np.concatenate([v, up], axis=1)
-        elif mt in ("deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "mistral4"):
+        elif mt in ("deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "mistral4", "longcat_flash"):
             # HF layout: per-expert weights, and `kv_b_proj` instead of MLA's per-head
             # `embed_q` / `unembed_out` (mlx-lm's sanitize splits it).
             if ".mlp.switch_mlp." in k:
@@ -2303,6 +2399,10 @@ def to_hf_names(config, weights, opts, rng):
                 out[f"{prefix}.feed_forward.experts.{e}.{rest}"] = np.ascontiguousarray(v[e])
         elif mt in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "jamba", "olmo_hybrid", "plamo2") \
                 and k.endswith("conv1d.weight"):
+            out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
+        elif mt == "rwkv7" and k.endswith(("attn.k_k", "attn.k_a", "g_norm.weight", "g_norm.bias")):
+            out[k] = np.ascontiguousarray(v.reshape(-1))  # HF: flat [hidden_size]
+        elif mt == "gear" and k.endswith(("key_conv.weight", "value_conv.weight")):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]
         elif mt == "recurrent_gemma" and k.endswith("conv_1d.weight"):
             out[k] = np.ascontiguousarray(np.moveaxis(v, 1, 2))  # HF: [C, 1, K]

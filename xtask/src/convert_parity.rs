@@ -234,6 +234,13 @@ const SOURCES: &[(&str, &str, Option<&str>)] = &[
     ("q-step3p5", "step3p5-q4", None),
     ("plamo2", "plamo2-f32", None),
     ("q-plamo2", "plamo2-q4", None),
+    // Attention layers only: transformers refuses "conv_mixer" in `layer_types` when
+    // mlx_lm.convert loads the tokenizer.
+    ("gear", "gear-f32-attention-only", None),
+    ("q-gear", "gear-q4-attention-only", None),
+    ("rwkv7", "rwkv7-f32", None),
+    ("q-rwkv7", "rwkv7-q4", None),
+    ("longcat_flash", "longcat_flash-f32", None),
     ("q-lfm2-vl", "lfm2-vl-q4", None),
     ("deepseek_v32", "deepseek_v32-f32", None),
     // Issue 26, Gemma 4 (KV caches shared between layers).
@@ -433,6 +440,12 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     for flags in ["", "-q", "--dtype float32"] {
         add("q-deepseek_v3-kvb", flags);
     }
+    // LongCat-Flash: HF's experts stacked, kv_b_proj split into MultiLinear, its
+    // classifier at 8 bits, e_score_correction_bias in its dtype. Not `-d` of a quantized
+    // one: mlx-lm's dequantize_model skips `QuantizedMultiLinear` (see q-deepseek_v3-kvb).
+    for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
+        add("longcat_flash", flags);
+    }
     add("q-qwen3_next", "-d");
     add("q-qwen3_next", "-q");
     // Llama 4: HF's fused expert tensors split by sanitize, the vision weights dropped,
@@ -597,7 +610,9 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
     // (HF's convolutions moved), RecurrentGemma (HF's convolutions moved), Step 3.5 (the
     // original layout renamed, its norms plus one, MTP tensors dropped, its routers kept
     // at 8 bits, router_bias in its dtype), PLaMo 2 (HF's convolutions moved, its layers
-    // under model.layers.layers).
+    // under model.layers.layers), Gear (sandwich norms, soft caps; its attention layers
+    // alone, see the sources), RWKV-7 (HF's flat k_k / k_a / g_norm reshaped, its LoRAs'
+    // up projections and embeddings at 8 bits by quant_predicate).
     for (src, quantized) in [
         ("pixtral", "q-pixtral"),
         ("lfm2-vl", "q-lfm2-vl"),
@@ -619,6 +634,8 @@ fn cases() -> Vec<(String, &'static str, Vec<String>)> {
         ("recurrent_gemma", "q-recurrent_gemma"),
         ("step3p5", "q-step3p5"),
         ("plamo2", "q-plamo2"),
+        ("gear", "q-gear"),
+        ("rwkv7", "q-rwkv7"),
     ] {
         for flags in ["", "-q", "-q --q-group-size 32", "--dtype bfloat16"] {
             add(src, flags);

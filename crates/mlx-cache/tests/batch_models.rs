@@ -354,6 +354,17 @@ fn prefilled_together_matches_alone_plamo2_chunked_scan() {
 }
 
 #[test]
+fn batched_decode_equals_alone_gear() {
+    // Within 1e-4: rotating caches and left-padded keys in the soft-capped scores.
+    check_model("gear-small-f32", false, false);
+}
+
+#[test]
+fn prefilled_together_matches_alone_gear() {
+    check_model("gear-small-f32", false, true);
+}
+
+#[test]
 fn batched_decode_equals_alone_granitemoehybrid() {
     check_model("granitemoehybrid-small-f32", true, false);
 }
@@ -387,6 +398,23 @@ fn batched_decode_equals_alone_olmo_hybrid() {
 #[test]
 fn batched_decode_matches_alone_recurrent_gemma() {
     check_model("recurrent_gemma-small-f32", false, false);
+}
+
+// LongCat-Flash: a CacheList of two latent KV caches per layer.
+#[test]
+fn batched_decode_equals_alone_longcat_flash() {
+    check_model("longcat_flash-small-f32", true, false);
+}
+
+#[test]
+fn prefilled_together_matches_alone_longcat_flash() {
+    check_model("longcat_flash-small-f32", false, true);
+}
+
+// RWKV-7's blocks take no padding mask (as mlx-lm's): only decoding is batched.
+#[test]
+fn batched_decode_equals_alone_rwkv7() {
+    check_model("rwkv7-small-f32", true, false);
 }
 
 #[test]

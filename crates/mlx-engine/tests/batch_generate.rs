@@ -151,6 +151,7 @@ fn recurrent_models_batched_equal_alone() {
         "olmo_hybrid-small-f32",
         "recurrent_gemma-small-f32",
         "plamo2-small-f32",
+        "rwkv7-small-f32",
     ] {
         let dir = root().join("goldens/models").join(name);
         let (model, _) = mlx_models::load_model(&dir).expect("tiny model");

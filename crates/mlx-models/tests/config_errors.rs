@@ -1233,3 +1233,117 @@ fn plamo2_checks_its_mamba_step_and_heads() {
     let e = err(&with(c, json!({"mamba_d_conv": 1})));
     assert!(e.contains("mamba_d_conv"), "{e}");
 }
+
+#[test]
+fn gear_checks_its_required_keys_layer_types_and_heads() {
+    let c = with(
+        base("gear"),
+        json!({"num_hidden_layers": 3, "head_dim": 8, "sliding_window": 4,
+               "layer_types": ["conv_mixer", "sliding_attention", "full_attention"]}),
+    );
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    // Required by the dataclass (layer_types and num_key_value_heads may be null).
+    for key in [
+        "layer_types",
+        "head_dim",
+        "num_key_value_heads",
+        "rms_norm_eps",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    build_model(&with(
+        c.clone(),
+        json!({"layer_types": null, "num_key_value_heads": null}),
+    ))
+    .unwrap();
+    let e = err(&with(c.clone(), json!({"layer_types": ["full_attention"]})));
+    assert!(e.contains("layer_types"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"layer_types": ["conv_mixer", "conv", "full_attention"]}),
+    ));
+    assert!(e.contains("layer_types"), "{e}");
+    let e = err(&with(
+        c.clone(),
+        json!({"use_bidirectional_attention": true}),
+    ));
+    assert!(e.contains("use_bidirectional_attention"), "{e}");
+    let e = err(&with(c.clone(), json!({"hidden_activation": "relu"})));
+    assert!(e.contains("hidden_activation"), "{e}");
+    let e = err(&with(c.clone(), json!({"num_key_value_heads": 3})));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let e = err(&with(c.clone(), json!({"conv_L_cache": 0})));
+    assert!(e.contains("conv_L_cache"), "{e}");
+    let e = err(&with(c, json!({"sliding_window": 0})));
+    assert!(e.contains("sliding_window"), "{e}");
+}
+
+#[test]
+fn rwkv7_requires_its_ranks_and_a_head_dim_dividing_the_width() {
+    let c = json!({
+        "model_type": "rwkv7", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+        "norm_eps": 1e-5, "head_dim": 8, "num_hidden_layers": 2, "a_low_rank_dim": 8,
+        "v_low_rank_dim": 8, "gate_low_rank_dim": 8, "decay_low_rank_dim": 8,
+    });
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    assert!(!m.padded_prefill_is_exact());
+    for key in [
+        "norm_eps",
+        "head_dim",
+        "a_low_rank_dim",
+        "v_low_rank_dim",
+        "gate_low_rank_dim",
+        "decay_low_rank_dim",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let e = err(&with(c.clone(), json!({"head_dim": 12})));
+    assert!(e.contains("head_dim"), "{e}");
+    let e = err(&with(c, json!({"head_dim": 0})));
+    assert!(e.contains("head_dim"), "{e}");
+}
+
+#[test]
+fn longcat_flash_checks_its_scales_experts_and_required_keys() {
+    let c = json!({
+        "model_type": "longcat_flash", "attention_method": "MLA", "zero_expert_type": "identity",
+        "hidden_size": 32, "ffn_hidden_size": 64, "moe_topk": 2, "expert_ffn_hidden_size": 16,
+        "n_routed_experts": 4, "zero_expert_num": 2, "num_layers": 2, "vocab_size": 64,
+        "max_position_embeddings": 128, "num_attention_heads": 4, "kv_lora_rank": 16,
+        "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+        "routed_scaling_factor": 2.0, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "mla_scale_q_lora": true, "mla_scale_kv_lora": true, "attention_bias": false,
+    });
+    let m = build_model(&c).unwrap();
+    assert!(m.defines_make_cache());
+    for key in [
+        "zero_expert_type",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "mla_scale_kv_lora",
+        "num_layers",
+    ] {
+        let mut missing = c.clone();
+        missing.as_object_mut().unwrap().remove(key);
+        let e = err(&missing);
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let e = err(&with(c.clone(), json!({"zero_expert_type": "zero"})));
+    assert!(e.contains("zero_expert_type"), "{e}");
+    let e = err(&with(c.clone(), json!({"mla_scale_q_lora": false})));
+    assert!(e.contains("mla_scale_q_lora"), "{e}");
+    let e = err(&with(c.clone(), json!({"q_lora_rank": null})));
+    assert!(e.contains("q_lora_rank"), "{e}");
+    let e = err(&with(c.clone(), json!({"moe_topk": 7})));
+    assert!(e.contains("moe_topk"), "{e}");
+    let e = err(&with(c, json!({"qk_rope_head_dim": 7})));
+    assert!(e.contains("qk_rope_head_dim"), "{e}");
+}

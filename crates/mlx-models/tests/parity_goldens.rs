@@ -166,6 +166,9 @@ golden_tests! {
     recurrent_gemma_rg_lru_local_attention_logits_match_mlx_lm => "recurrent_gemma-small-f32",
     step3p5_head_gates_clamped_experts_logits_match_mlx_lm => "step3p5-small-f32",
     plamo2_mamba2_offset_norms_logits_match_mlx_lm => "plamo2-small-f32",
+    gear_conv_mixer_softcapped_attention_logits_match_mlx_lm => "gear-small-f32",
+    rwkv7_wkv7_recurrence_token_shift_logits_match_mlx_lm => "rwkv7-small-f32",
+    longcat_flash_two_mla_blocks_identity_experts_logits_match_mlx_lm => "longcat_flash-small-f32",
 }
 
 #[test]

@@ -185,7 +185,8 @@ impl MixedPredicate {
 /// its `feed_forward.gate`, bailing_moe its `mlp.gate.gate_proj`, Gemma 4 its
 /// `router.proj` (affine, whatever the mode asked for), laguna its `mlp.gate.proj`, afmoe
 /// any layer whose path contains `router.gate`, jamba its `feed_forward.router`, step3p5
-/// any layer whose path contains `mlp.gate.gate`;
+/// any layer whose path contains `mlp.gate.gate`, rwkv7 its LoRAs' `lora.2` and its
+/// `embeddings` (`{"bits": 8}`, no group size), longcat_flash its `classifier`;
 /// spark2_5 leaves its
 /// `self_attn.g_proj` dense.
 pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
@@ -225,6 +226,15 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
         "afmoe" => Some(choose(path.contains("router.gate"))),
         "jamba" => Some(choose(path.ends_with("router"))),
         "step3p5" => Some(choose(path.contains("mlp.gate.gate"))),
+        "longcat_flash" => Some(choose(path.ends_with("classifier"))),
+        // `{"bits": 8}` alone: the group size and mode are `to_quantized`'s defaults.
+        "rwkv7" => Some(if path.contains("lora.2") || path.contains("embeddings") {
+            let mut m = Map::new();
+            m.insert("bits".into(), 8.into());
+            LayerChoice::Params(m)
+        } else {
+            LayerChoice::Default
+        }),
         // The per-head attention gate stays in the source precision.
         "spark2_5" => Some(if path.ends_with("self_attn.g_proj") {
             LayerChoice::Skip
@@ -247,12 +257,14 @@ pub fn model_predicate(model_type: &str, path: &str) -> Option<LayerChoice> {
 /// DeepSeek-V3 family (V3.2,
 /// glm_moe_dsa, kimi_k25 and kimi_vl included),
 /// nemotron_h, the `expert_bias` of lfm2_moe, bailing_moe, Klear and afmoe, and the
-/// `router_bias` of step3p5).
+/// `router_bias` of step3p5; longcat_flash's correction bias too).
 pub fn model_keeps_dtype(model_type: &str, path: &str) -> bool {
     match model_type {
         "glm4_moe" | "glm4_moe_lite" | "deepseek_v3" | "kimi_k2" | "joyai_llm_flash"
         | "kimi_k25" | "kimi_vl" | "deepseek_v32" | "glm_moe_dsa" | "solar_open" | "minimax"
-        | "exaone_moe" | "laguna" | "mimo_v2_flash" => path.contains("e_score_correction_bias"),
+        | "exaone_moe" | "laguna" | "mimo_v2_flash" | "longcat_flash" => {
+            path.contains("e_score_correction_bias")
+        }
         "lfm2_moe" | "bailing_moe" | "Klear" | "afmoe" => path.contains("expert_bias"),
         "step3p5" => path.contains("router_bias"),
         "qwen3_5" | "qwen3_5_moe" => path.ends_with("A_log"),

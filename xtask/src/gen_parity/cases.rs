@@ -122,6 +122,11 @@ pub const TINY: &[&str] = &[
     "recurrent_gemma-f32",
     "step3p5-f32",
     "plamo2-f32",
+    // Attention layers only: transformers refuses "conv_mixer" in `layer_types` when
+    // mlx_lm loads the tokenizer.
+    "gear-f32-attention-only",
+    "rwkv7-f32",
+    "longcat_flash-f32",
     // Issue 26, Gemma 4 (KV caches shared between layers).
     "gemma4_text-f32",
     "gemma4_text-f32-moe-keqv-untied",

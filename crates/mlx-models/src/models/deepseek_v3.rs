@@ -132,6 +132,9 @@ pub struct MlaAttention {
     /// Prompts (`L > 1`) attend to the expanded keys and values with the rope half
     /// concatenated and the ordinary mask (mistral4), not through the latent scores.
     concat_prefill: bool,
+    /// LongCat-Flash's `mla_scale_q_lora` (times the split-off queries) and
+    /// `mla_scale_kv_lora` (times the normed latent).
+    lora_scales: (Option<f64>, Option<f64>),
 }
 impl_module!(MlaAttention {
     q_proj,
@@ -217,7 +220,15 @@ impl MlaAttention {
             kv_lora_rank: args.kv_lora_rank,
             scale,
             concat_prefill: false,
+            lora_scales: (None, None),
         })
+    }
+
+    /// LongCat-Flash's attention: the queries (after the head split) times `q`, the
+    /// normed latent times `kv`.
+    pub(crate) fn with_lora_scales(mut self, q: Option<f64>, kv: Option<f64>) -> MlaAttention {
+        self.lora_scales = (q, kv);
+        self
     }
 
     /// mistral4's attention: its own rotation and softmax scale (from its
@@ -270,11 +281,19 @@ impl MlaAttention {
         let q = q
             .reshape(&[b, l, self.num_heads, self.q_head_dim])?
             .transpose(Some(&[0, 2, 1, 3]))?;
+        let q = match self.lora_scales.0 {
+            Some(s) => q.multiply(s)?,
+            None => q,
+        };
         let [q_nope, q_pe] = two(q.split_at(&[self.qk_nope_head_dim], -1)?)?;
         let compressed = self.kv_a_proj_with_mqa.forward(x)?;
         let [compressed, k_pe] = two(compressed.split_at(&[self.kv_lora_rank], -1)?)?;
         let k_pe = split_heads(&k_pe, b, l, 1)?;
         let kv_latent = self.kv_a_layernorm.forward(&compressed)?;
+        let kv_latent = match self.lora_scales.1 {
+            Some(s) => kv_latent.multiply(s)?,
+            None => kv_latent,
+        };
 
         let (q_pe, kv_latent, k_pe) = match cache {
             Some(c) => {

@@ -186,6 +186,10 @@ architectures! {
     recurrent_gemma,
     step3p5,
     plamo2,
+    // Wave 6.
+    gear,
+    rwkv7,
+    longcat_flash,
     // Issue 26: Gemma 4 (KV caches shared between layers).
     gemma4_text,
     gemma4,
