@@ -15,7 +15,7 @@
 //! `embed_scale` and a tied head and moves HF's convolution weights to MLX's layout.
 use super::config_error;
 use super::head::{self, LogitScale};
-use super::recurrent::{mask_positions, recurrent_state};
+use super::recurrent::{mask_positions, recurrent_state, DepthwiseConv};
 use super::{batch_len, cache_at, layer_caches, merge_heads, split_heads, Architecture, Weights};
 use crate::config::{parse_args, rope_scaling};
 use crate::model::{CacheSpec, LanguageModel};
@@ -297,19 +297,11 @@ fn softcap_attention(
     scores.softmax(Some(&[-1]), true)?.matmul(&values)
 }
 
-/// A depthwise `nn.Conv1d` (weight `[channels, kernel, 1]`, bias by `attention_bias`).
-#[derive(Debug)]
-struct Conv {
-    weight: Param,
-    bias: Option<Param>,
-}
-impl_module!(Conv { weight, bias });
-
 /// `ConvKVGatedMixer`.
 #[derive(Debug)]
 struct ConvMixer {
-    key_conv: Conv,
-    value_conv: Conv,
+    key_conv: DepthwiseConv,
+    value_conv: DepthwiseConv,
     q_proj: LinearLayer,
     k_proj: LinearLayer,
     v_proj: LinearLayer,
@@ -336,16 +328,7 @@ impl ConvMixer {
     fn new(a: &ModelArgs, kv: i32) -> crate::Result<ConvMixer> {
         let (dim, h, hd, bias) = (a.hidden_size, a.num_attention_heads, a.head_dim, a.attention_bias);
         let kv_dim = kv * hd;
-        let conv = || -> crate::Result<Conv> {
-            Ok(Conv {
-                weight: Param::new(ops::zeros(&[kv_dim, a.conv_l_cache, 1], Dtype::Float32)?),
-                bias: if bias {
-                    Some(Param::new(ops::zeros(&[kv_dim], Dtype::Float32)?))
-                } else {
-                    None
-                },
-            })
-        };
+        let conv = || DepthwiseConv::zeros(kv_dim, a.conv_l_cache, bias);
         Ok(ConvMixer {
             key_conv: conv()?,
             value_conv: conv()?,
@@ -364,7 +347,7 @@ impl ConvMixer {
 
     /// `_conv`: `x` after the cached window of slot `idx` (zeros without one), the last
     /// `L_cache - 1` real positions kept there; after that many zeros without a cache.
-    fn conv(&self, x: &Array, conv: &Conv, cache: Option<&mut ArraysState>, idx: usize) -> Result<Array> {
+    fn conv(&self, x: &Array, conv: &DepthwiseConv, cache: Option<&mut ArraysState>, idx: usize) -> Result<Array> {
         let n_keep = self.l_cache - 1;
         let (b, l, c) = (x.dim(0)?, x.dim(1)?, x.dim(2)?);
         let input = match cache {
@@ -397,11 +380,7 @@ impl ConvMixer {
             }
             None => x.pad(&[1], &[n_keep], &[0], None, "constant")?,
         };
-        let y = ops::conv1d(&input, &conv.weight, 1, 0, 1, c)?;
-        match &conv.bias {
-            Some(bias) => y.add(bias),
-            None => Ok(y),
-        }
+        conv.apply(&input)
     }
 
     /// `_expand_kv`: `[B, L, n_kv * D]` to `[B, L, n_heads * D]`, each head repeated.
