@@ -402,10 +402,14 @@ impl<M: Module + ?Sized> Module for Box<M> {
 /// assert_eq!(names, ["up_proj.weight", "down_proj.weight", "down_proj.bias"]);
 /// # Ok::<(), mlx_nn::Error>(())
 /// ```
+///
+/// Other methods of [`Module`] (a `cast_floating` that keeps some parameters' dtype, ...)
+/// follow the field list and go into the same `impl`.
 #[macro_export]
 macro_rules! impl_module {
-    ($ty:ty { $($field:ident $(as $name:literal)?),* $(,)? }) => {
+    ($ty:ty { $($field:ident $(as $name:literal)?),* $(,)? } $($extra:item)*) => {
         impl $crate::Module for $ty {
+            $($extra)*
             fn visit_params<'a>(
                 &'a self,
                 prefix: &str,

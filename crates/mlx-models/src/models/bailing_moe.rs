@@ -21,9 +21,8 @@ use crate::model::{CacheSpec, LanguageModel};
 use mlx_array::linalg::{norm, NormOrd};
 use mlx_array::{Array, Dtype, Result};
 use mlx_nn::activations::{call_compiled_keyed, KeyedBody};
-use mlx_nn::module::{join, QuantVisitor};
 use mlx_nn::{
-    impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Module, Param,
+    impl_module, initialize_rope, AttnMask, EmbeddingLayer, KvCache, LinearLayer, Param,
     RmsNorm, Rope, SwitchGlu,
 };
 use serde::Deserialize;
@@ -390,28 +389,12 @@ pub struct Model {
     lm_head: Option<LinearLayer>,
 }
 
-impl Module for Model {
-    fn visit_params<'a>(&'a self, prefix: &str, f: &mut dyn FnMut(&str, &'a Param)) {
-        self.model.visit_params(&join(prefix, "model"), f);
-        self.lm_head.visit_params(&join(prefix, "lm_head"), f);
-    }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        self.model.visit_params_mut(&join(prefix, "model"), f);
-        self.lm_head.visit_params_mut(&join(prefix, "lm_head"), f);
-    }
-    fn visit_quantizable_mut(
-        &mut self,
-        prefix: &str,
-        f: &mut QuantVisitor<'_>,
-    ) -> mlx_nn::Result<()> {
-        self.model.visit_quantizable_mut(&join(prefix, "model"), f)?;
-        self.lm_head.visit_quantizable_mut(&join(prefix, "lm_head"), f)
-    }
+impl_module!(Model { model, lm_head }
     /// mlx-lm's `cast_predicate`: the routers' `expert_bias` keeps its dtype.
     fn cast_floating(&mut self, dtype: Dtype) -> mlx_nn::Result<()> {
         cast_all_except(self, dtype, "expert_bias")
     }
-}
+);
 
 impl Model {
     /// Builds the model (zero placeholders) from config.json.
