@@ -12,6 +12,7 @@
 //! experts.
 use super::attention::{Attention, AttentionDims, HeadNorm, NormAt, OutGate};
 use super::config_error;
+use super::decoder::{stack_experts_into, GLU_EXPERT_PROJS, LINEAR_KINDS};
 use super::deepseek_v3::cast_all_except;
 use super::head::{self, LogitScale};
 use super::lm::drop_tied_head;
@@ -468,29 +469,16 @@ impl Architecture for Model {
     fn sanitize(&mut self, weights: Weights) -> crate::Result<Weights> {
         let mut weights = drop_rotary_inv_freq(weights);
         drop_tied_head(self.args.tie_word_embeddings, &mut weights);
-        for l in self.args.num_dense_layers.max(0)..self.args.num_hidden_layers {
-            let prefix = format!("model.layers.{l}.mlp");
-            for proj in ["up_proj", "down_proj", "gate_proj"] {
-                for suffix in ["weight", "scales", "biases"] {
-                    if !weights.contains_key(&format!("{prefix}.experts.0.{proj}.{suffix}")) {
-                        continue;
-                    }
-                    let mut parts = Vec::new();
-                    for e in 0..self.args.num_experts {
-                        let key = format!("{prefix}.experts.{e}.{proj}.{suffix}");
-                        parts.push(weights.remove(&key).ok_or_else(|| crate::Error::Weights {
-                            path: "model weights".into(),
-                            message: format!("missing expert tensor `{key}`"),
-                        })?);
-                    }
-                    let refs: Vec<&Array> = parts.iter().collect();
-                    weights.insert(
-                        format!("{prefix}.experts.{proj}.{suffix}"),
-                        ops::stack(&refs, 0)?,
-                    );
-                }
-            }
-        }
+        // The dense layers have no experts: stack_experts_into skips them.
+        stack_experts_into(
+            &mut weights,
+            self.args.num_hidden_layers,
+            |l| format!("model.layers.{l}.mlp"),
+            ("experts", "experts"),
+            GLU_EXPERT_PROJS,
+            LINEAR_KINDS,
+            self.args.num_experts,
+        )?;
         Ok(weights)
     }
 

@@ -14,6 +14,7 @@
 //! moves the bare router and its bias under `gate`, and stacks the experts.
 use super::attention::{Attention, AttentionDims, HeadNorm, NormAt, OutGate};
 use super::config_error;
+use super::decoder::stack_mlp_experts;
 use super::deepseek_v3::cast_all_but_bias;
 use super::head::{self, LogitScale};
 use super::lm::drop_tied_head;
@@ -495,27 +496,8 @@ impl Architecture for Model {
             if let Some(b) = weights.remove(&bias) {
                 weights.insert(format!("{prefix}.gate.e_score_correction_bias"), b);
             }
-            for proj in ["gate_proj", "up_proj", "down_proj"] {
-                for suffix in ["weight", "scales", "biases"] {
-                    if !weights.contains_key(&format!("{prefix}.experts.0.{proj}.{suffix}")) {
-                        continue;
-                    }
-                    let mut parts = Vec::new();
-                    for e in 0..self.args.num_experts {
-                        let key = format!("{prefix}.experts.{e}.{proj}.{suffix}");
-                        parts.push(weights.remove(&key).ok_or_else(|| crate::Error::Weights {
-                            path: "model weights".into(),
-                            message: format!("missing expert tensor `{key}`"),
-                        })?);
-                    }
-                    let refs: Vec<&Array> = parts.iter().collect();
-                    weights.insert(
-                        format!("{prefix}.switch_mlp.{proj}.{suffix}"),
-                        ops::stack(&refs, 0)?,
-                    );
-                }
-            }
         }
+        stack_mlp_experts(&mut weights, self.args.num_hidden_layers, self.args.num_experts)?;
         Ok(weights)
     }
 

@@ -15,6 +15,7 @@
 //! experts' weights added. `sanitize` stacks HF's experts, splits `kv_b_proj` and drops
 //! MTP tensors.
 use super::config_error;
+use super::decoder::stack_mlp_experts;
 use super::deepseek_v3::{self, split_kv_b_proj, Flavor, MlaAttention};
 use super::{batch_len, cache_at, layer_caches, Architecture, Weights};
 use crate::config::parse_args;
@@ -379,26 +380,9 @@ impl LanguageModel for Model {
 
 impl Architecture for Model {
     fn sanitize(&mut self, mut weights: Weights) -> crate::Result<Weights> {
-        let n_experts = self.args.n_routed_experts;
+        stack_mlp_experts(&mut weights, self.args.num_layers, self.args.n_routed_experts)?;
         for l in 0..self.args.num_layers {
             let prefix = format!("model.layers.{l}");
-            for m in ["gate_proj", "down_proj", "up_proj"] {
-                for k in ["weight", "scales", "biases"] {
-                    if !weights.contains_key(&format!("{prefix}.mlp.experts.0.{m}.{k}")) {
-                        continue;
-                    }
-                    let parts = (0..n_experts)
-                        .map(|e| {
-                            let key = format!("{prefix}.mlp.experts.{e}.{m}.{k}");
-                            weights.remove(&key).ok_or_else(|| {
-                                deepseek_v3::weight_error(format!("missing expert tensor `{key}`"))
-                            })
-                        })
-                        .collect::<crate::Result<Vec<_>>>()?;
-                    let refs: Vec<&Array> = parts.iter().collect();
-                    weights.insert(format!("{prefix}.mlp.switch_mlp.{m}.{k}"), ops::stack(&refs, 0)?);
-                }
-            }
             for i in 0..2 {
                 split_kv_b_proj(&mut weights, &format!("{prefix}.self_attn.{i}"), &self.ds)?;
             }

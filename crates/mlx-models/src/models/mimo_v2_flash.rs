@@ -11,7 +11,7 @@
 //! experts and drops the multi-token-prediction layers (`model.mtp`).
 use super::attention::{Attention, AttentionDims, Extras};
 use super::config_error;
-use super::decoder::{DenseOrMoe, FeedForward};
+use super::decoder::{stack_mlp_experts, DenseOrMoe, FeedForward};
 use super::deepseek_v3::{cast_all_but_bias, Moe, MoeGate};
 use super::mlp::Mlp;
 use super::{layer_caches, Architecture, LayerMasks, Weights};
@@ -386,31 +386,7 @@ impl Architecture for Model {
             }
         }
         let mut weights = out;
-        let n_experts = self.args.n_routed_experts.unwrap_or(0);
-        for l in 0..self.args.num_hidden_layers {
-            let prefix = format!("model.layers.{l}");
-            for m in ["gate_proj", "down_proj", "up_proj"] {
-                for k in ["weight", "scales", "biases"] {
-                    if !weights.contains_key(&format!("{prefix}.mlp.experts.0.{m}.{k}")) {
-                        continue;
-                    }
-                    let mut parts = Vec::new();
-                    for e in 0..n_experts {
-                        let key = format!("{prefix}.mlp.experts.{e}.{m}.{k}");
-                        parts.push(
-                            weights
-                                .remove(&key)
-                                .ok_or_else(|| weight_error(format!("missing expert tensor `{key}`")))?,
-                        );
-                    }
-                    let refs: Vec<&Array> = parts.iter().collect();
-                    weights.insert(
-                        format!("{prefix}.mlp.switch_mlp.{m}.{k}"),
-                        ops::stack(&refs, 0)?,
-                    );
-                }
-            }
-        }
+        stack_mlp_experts(&mut weights, self.args.num_hidden_layers, self.args.n_routed_experts.unwrap_or(0))?;
         Ok(weights
             .into_iter()
             .filter(|(k, _)| !k.starts_with("model.mtp"))
